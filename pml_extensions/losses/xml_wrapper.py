@@ -1,0 +1,226 @@
+"""Cross-batch metric learning (XML) as a wrapper around any PML loss.
+
+Source: Y. Z. Gurbuz and A. A. Alatan, "Generalizable Embeddings with Cross-batch Metric Learning", ICIP 2023
+(arXiv 2307.07620), Sec. 2.3. No official code exists; the closed-form ridge step follows the authors' related
+``yetigurbuz/generalized-sum-pooling`` (``pytorch/gsp/zsr_loss.py``) in spirit, with ``linalg.solve`` instead of
+``inv``, a split by class instead of by position, and batch embeddings (not class proxies) as targets.
+"""
+
+import inspect
+import math
+from typing import Optional
+
+import torch
+from pytorch_metric_learning.utils.module_with_records import ModuleWithRecords
+
+from ..utils.class_split import class_disjoint_split
+from ..utils.ridge import ridge_prototypes
+
+
+def _check_finite(name, tensor):
+    if not torch.is_tensor(tensor) or not tensor.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {type(tensor).__name__}")
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"{name} contains NaN or inf values")
+
+
+def _restrict_indices_tuple(indices_tuple, half):
+    """Keep the mined tuples whose members all lie in ``half`` and renumber them inside the half."""
+    if indices_tuple is None:
+        return None
+    device = indices_tuple[0].device
+    size = int(max([int(t.max()) + 1 if len(t) else 0 for t in indices_tuple] + [int(half.max()) + 1]))
+    local = torch.full((size,), -1, dtype=torch.long, device=device)
+    local[half.to(device)] = torch.arange(len(half), device=device)
+    if len(indices_tuple) == 3:
+        groups = [indices_tuple]
+    elif len(indices_tuple) == 4:
+        groups = [indices_tuple[:2], indices_tuple[2:]]
+    else:
+        raise ValueError(f"indices_tuple must have 3 or 4 elements, got {len(indices_tuple)}")
+    out = []
+    for group in groups:
+        mapped = [local[t] for t in group]
+        keep = torch.stack([m >= 0 for m in mapped]).all(dim=0) if len(mapped[0]) else mapped[0] >= 0
+        out.extend(m[keep] for m in mapped)
+    return tuple(out)
+
+
+class XMLWrapper(ModuleWithRecords):
+    """Cross-batch metric learning loss around any PML loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
+
+    The batch is split into two halves with disjoint classes. On each half k the ridge prototypes
+    ``V_k = argmin_A ||Z_k A - Y_k||² + ridge ||A||²`` map histograms to embeddings (closed form, kernel form when the
+    half is smaller than m). Each half is then predicted from the OTHER half's prototypes,
+    ``Ŷ_1 = Z_1 V_2`` and ``Ŷ_2 = Z_2 V_1``, and the inner loss judges the predictions with the true labels:
+
+        L = loss(Y, L) + xml_weight · L_XML,   L_XML = loss(Ŷ_1, L_1) + loss(Ŷ_2, L_2)   (SUM over the halves).
+
+    Pairs of the XML term are formed inside each half. Nothing is detached: gradients reach Y, the histograms Z and,
+    through Z, the prototypes of the histogram layer, which receive gradient only from L_XML. With a miner, the mined
+    ``indices_tuple`` drives the inner term, and its tuples that fall inside a half (renumbered) drive that half's
+    XML term. ProxyAnchor-style losses reuse their own proxies on the predicted halves (same module). ``ref_emb`` /
+    ``ref_labels`` go to the inner term only.
+
+    Args:
+        loss: any PML loss module whose ``forward`` takes ``(embeddings, labels, ...)``.
+        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the output is the inner loss, exactly.
+        ridge: ε_r > 0 added once to the Gram matrix. Default 0.05 (paper).
+        histogram_layer: a module with a ``last_histograms`` attribute ([B, m], e.g.
+            :class:`pml_extensions.trunks.HistogramPooling`), read when ``histograms`` is not passed.
+        seed: seed of the private generator that draws the class split (reproducible; global RNG untouched).
+        ridge_form: ``"auto"`` (default), ``"primal"`` or ``"kernel"``; see :func:`pml_extensions.utils.ridge_prototypes`.
+
+    ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
+    histograms [N, m] = None) -> scalar``.
+
+    Recordable attributes (logged by record-keeper / ``HookContainer``): ``inner_loss``, ``xml_loss`` (L_XML before
+    weighting), ``num_skipped_xml`` (batches that could not form two halves, each with a positive pair — those return
+    the inner loss alone), ``xml_weight``, ``ridge``.
+
+    Raises:
+        TypeError: if ``loss`` is not a loss module taking ``(embeddings, labels)``, or inputs are not float tensors.
+        ValueError: on negative/non-finite ``xml_weight``, non-positive ``ridge``, NaN/inf embeddings or histograms,
+            histograms whose batch size differs from the embeddings', or no histograms at all.
+    """
+
+    def __init__(
+        self,
+        loss: torch.nn.Module,
+        xml_weight: float = 0.01,
+        ridge: float = 0.05,
+        histogram_layer: Optional[torch.nn.Module] = None,
+        seed: int = 0,
+        ridge_form: str = "auto",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(loss, torch.nn.Module) or not self._takes_embeddings_and_labels(loss):
+            raise TypeError(
+                "loss must be a loss module whose forward takes (embeddings, labels, ...), e.g. "
+                f"pytorch_metric_learning.losses.ContrastiveLoss(); got {type(loss).__name__}"
+            )
+        if isinstance(xml_weight, bool) or not isinstance(xml_weight, (int, float)) or not math.isfinite(xml_weight):
+            raise ValueError(f"xml_weight must be a finite number >= 0, got {xml_weight!r}")
+        if xml_weight < 0:
+            raise ValueError(f"xml_weight must be >= 0, got {xml_weight!r}")
+        if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not (math.isfinite(ridge) and ridge > 0):
+            raise ValueError(f"ridge must be a finite number > 0, got {ridge!r}")
+        if histogram_layer is not None and not hasattr(histogram_layer, "last_histograms"):
+            raise TypeError(
+                "histogram_layer must keep its last histograms in `last_histograms` "
+                f"(e.g. pml_extensions.trunks.HistogramPooling), got {type(histogram_layer).__name__}"
+            )
+        if ridge_form not in ("auto", "primal", "kernel"):
+            raise ValueError(f"ridge_form must be 'auto', 'primal' or 'kernel', got {ridge_form!r}")
+        self.loss = loss
+        self.xml_weight = float(xml_weight)
+        self.ridge = float(ridge)
+        self.ridge_form = ridge_form
+        # Kept out of the module tree on purpose: the layer belongs to the trunk, not to the loss.
+        self.__dict__["histogram_layer"] = histogram_layer
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
+        self.inner_loss = 0.0
+        self.xml_loss = 0.0
+        self.num_skipped_xml = 0
+        self.add_to_recordable_attributes(
+            list_of_names=["xml_weight", "ridge", "inner_loss", "xml_loss", "num_skipped_xml"], is_stat=False
+        )
+
+    @staticmethod
+    def _takes_embeddings_and_labels(loss):
+        try:
+            params = inspect.signature(loss.forward).parameters
+        except (TypeError, ValueError):
+            return False
+        positional = [
+            p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+        return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)
+
+    def get_histograms(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Return the histograms for ``embeddings`` ([N, m]) from the keyword or from ``histogram_layer``.
+
+        Raises:
+            ValueError: if none are available or their batch size differs from ``embeddings``'.
+        """
+        source = "histograms"
+        if histograms is None:
+            layer = self.histogram_layer
+            if layer is None:
+                raise ValueError(
+                    "histograms were not passed and XMLWrapper has no histogram_layer: pass histograms=[N, m] or "
+                    "construct XMLWrapper(loss, histogram_layer=<HistogramPooling in the trunk>)"
+                )
+            histograms = layer.last_histograms
+            source = "histogram_layer.last_histograms"
+            if histograms is None:
+                raise ValueError("histogram_layer.last_histograms is None: run the trunk forward before the loss")
+        if not torch.is_tensor(histograms) or histograms.ndim != 2:
+            raise ValueError(f"{source} must be a [N, m] tensor, got {getattr(histograms, 'shape', type(histograms))}")
+        if histograms.shape[0] != embeddings.shape[0]:
+            raise ValueError(
+                f"{source} has batch size {histograms.shape[0]} but embeddings has {embeddings.shape[0]}: "
+                "histograms must come from the same forward pass as the embeddings"
+            )
+        return histograms
+
+    def _call_inner(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
+        kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return self.loss(embeddings, labels, **kwargs)
+
+    def cross_predictions(self, embeddings: torch.Tensor, histograms: torch.Tensor, halves):
+        """Predict each half from the other half's ridge prototypes.
+
+        Args:
+            embeddings: ``[N, d]``; histograms: ``[N, m]``; halves: ``(indices_1, indices_2)``.
+
+        Returns:
+            ``(Ŷ_1 [N_1, d], Ŷ_2 [N_2, d])`` in the embeddings' dtype; ``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``.
+        """
+        first, second = halves
+        z1, z2 = histograms[first], histograms[second]
+        v1 = ridge_prototypes(z1, embeddings[first], self.ridge, self.ridge_form)
+        v2 = ridge_prototypes(z2, embeddings[second], self.ridge, self.ridge_form)
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            pred1 = z1.to(v2.dtype) @ v2
+            pred2 = z2.to(v1.dtype) @ v1
+        return pred1.to(embeddings.dtype), pred2.to(embeddings.dtype)
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        indices_tuple=None,
+        ref_emb: Optional[torch.Tensor] = None,
+        ref_labels: Optional[torch.Tensor] = None,
+        *,
+        histograms: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        _check_finite("embeddings", embeddings)
+        if embeddings.ndim != 2:
+            raise ValueError(f"embeddings must be [N, d], got {tuple(embeddings.shape)}")
+        if not torch.is_tensor(labels) or labels.shape != embeddings.shape[:1]:
+            raise ValueError(
+                f"labels must be a [N] tensor with N = {embeddings.shape[0]}, got {getattr(labels, 'shape', labels)}"
+            )
+        inner = self._call_inner(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        self.inner_loss = inner.detach()
+        if self.xml_weight == 0:
+            self.xml_loss = 0.0
+            return inner
+        histograms = self.get_histograms(embeddings, histograms)
+        _check_finite("histograms", histograms)
+        halves = class_disjoint_split(labels, self.generator)
+        if halves is None:
+            self.num_skipped_xml += 1
+            self.xml_loss = 0.0
+            return inner
+        pred1, pred2 = self.cross_predictions(embeddings, histograms, halves)
+        labels = labels.to(embeddings.device)
+        xml = self._call_inner(pred1, labels[halves[0]], _restrict_indices_tuple(indices_tuple, halves[0]))
+        xml = xml + self._call_inner(pred2, labels[halves[1]], _restrict_indices_tuple(indices_tuple, halves[1]))
+        self.xml_loss = xml.detach()
+        return inner + self.xml_weight * xml

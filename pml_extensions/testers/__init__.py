@@ -1,0 +1,10 @@
+"""Every PML tester (the same class objects) plus the testers of pml_extensions."""
+
+import pytorch_metric_learning.testers as _pml_testers
+
+PML_TESTERS = sorted(
+    name for name, obj in vars(_pml_testers).items() if isinstance(obj, type) and not name.startswith("_")
+)
+globals().update({name: getattr(_pml_testers, name) for name in PML_TESTERS})
+
+__all__ = list(PML_TESTERS)

@@ -1,0 +1,244 @@
+"""Prototype-histogram pooling (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.1-2.2).
+
+A drop-in replacement for global average pooling that also computes the soft histogram of the local features over
+m learnable prototypes, which :class:`pml_extensions.losses.XMLWrapper` needs. The layer follows the paper: 1×1 conv
+with the prototypes as weights and no bias, logits multiplied by ε (``scale``), soft-max over the m prototype
+channels, mean over the positions. Deliberate deviation (not stated in the paper's text): local features and
+prototypes are L2-normalised by default, as the authors' related GSP code does, because raw CNN features make the
+ε = 10 soft-max one-hot; ``normalize=False`` gives the paper's literal raw inner products.
+"""
+
+from typing import Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+
+PROTOTYPE_INITS = ("random", "kcenter", "kmeans")
+
+
+def _check_feature_map(x, in_channels, name="x"):
+    if not torch.is_tensor(x) or x.ndim != 4:
+        raise ValueError(f"{name} must be a [B, C, H, W] tensor, got {getattr(x, 'shape', type(x))}")
+    if x.shape[1] != in_channels:
+        raise ValueError(f"{name} has {x.shape[1]} channels but the layer was built with in_channels={in_channels}")
+
+
+class HistogramPooling(torch.nn.Module):
+    """Global average pooling that also keeps the soft prototype histogram of each image.
+
+    Args:
+        in_channels: C, the width of the feature map (e.g. 1280 for MobileNetV2).
+        num_prototypes: m. Paper: 64 (CUB, Cars), 128 (SOP, InShop).
+        scale: ε, inverse temperature of the soft-max over prototypes. Paper: 10.
+        normalize: L2-normalise local features and prototypes before the inner product (default ``True``; our
+            choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
+        device, dtype: factory arguments for the prototype weights.
+
+    ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector, so an existing embedder fits unchanged. The soft
+    histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
+    ``last_histograms`` for the loss. ``feat_mult()`` and ``num_features`` give the output width (C);
+    ``histogram_size`` gives m.
+
+    Raises:
+        ValueError: on non-positive sizes or scale, or a feature map with the wrong rank or width.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_prototypes: int = 64,
+        scale: float = 10.0,
+        normalize: bool = True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("num_prototypes", num_prototypes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not float(scale) > 0:
+            raise ValueError(f"scale must be > 0, got {scale!r}")
+        self.in_channels = in_channels
+        self.num_prototypes = num_prototypes
+        self.scale = float(scale)
+        self.normalize = bool(normalize)
+        self.prototype_conv = torch.nn.Conv2d(
+            in_channels, num_prototypes, kernel_size=1, bias=False, device=device, dtype=dtype
+        )
+        self.last_histograms: Optional[torch.Tensor] = None
+        self.reset_parameters()
+
+    # ----------------------------------------------------------------------------------------------------------
+    @property
+    def prototypes(self) -> torch.Tensor:
+        """The prototypes ν as a ``[m, C]`` view of the 1×1 conv weight (raw, not normalised)."""
+        return self.prototype_conv.weight.view(self.num_prototypes, self.in_channels)
+
+    @property
+    def num_features(self) -> int:
+        return self.in_channels
+
+    @property
+    def histogram_size(self) -> int:
+        return self.num_prototypes
+
+    def feat_mult(self) -> int:
+        """Output width multiplier relative to ``in_channels`` (1: the output is the C-wide GAP vector)."""
+        return 1
+
+    def reset_parameters(self, generator: Optional[torch.Generator] = None):
+        """Random prototypes: i.i.d. N(0, 1/C) entries (unit-norm rows in expectation)."""
+        with torch.no_grad():
+            w = torch.randn(self.prototype_conv.weight.shape, generator=generator, dtype=torch.float32)
+            self.prototype_conv.weight.copy_(w / self.in_channels**0.5)
+
+    # ----------------------------------------------------------------------------------------------------------
+    def _space(self, x: torch.Tensor):
+        """Local features and prototypes in the space the layer compares them in."""
+        protos = self.prototypes
+        if self.normalize:
+            return F.normalize(x, dim=1), F.normalize(protos, dim=1)
+        return x, protos
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """ε · ν_iᵀ x_j for every prototype i and position j: ``[B, m, H, W]``."""
+        _check_feature_map(x, self.in_channels)
+        feats, protos = self._space(x)
+        return self.scale * F.conv2d(feats, protos[:, :, None, None].to(feats.dtype))
+
+    def histograms(self, x: torch.Tensor) -> torch.Tensor:
+        """Soft histograms z' (paper eq. for the trainable histogram): ``[B, m]``, rows on the simplex."""
+        return torch.softmax(self.logits(x), dim=1).mean(dim=(2, 3))
+
+    def hard_histograms(self, x: torch.Tensor) -> torch.Tensor:
+        """Hard histograms z* (Sec. 2.1): the fraction of positions whose NEAREST prototype (L2, in the layer's
+        comparison space) is i. ``[B, m]``, non-differentiable."""
+        _check_feature_map(x, self.in_channels)
+        with torch.no_grad():
+            feats, protos = self._space(x)
+            b, c, h, w = feats.shape
+            flat = feats.permute(0, 2, 3, 1).reshape(-1, c)
+            nearest = torch.cdist(flat, protos.to(flat.dtype)).argmin(dim=1).view(b, h * w)
+            counts = F.one_hot(nearest, self.num_prototypes).sum(dim=1)
+            return counts.to(feats.dtype) / (h * w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last_histograms = self.histograms(x)
+        return x.mean(dim=(2, 3))
+
+    # ----------------------------------------------------------------------------------------------------------
+    def local_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Local features of ``x`` [B, C, H, W] as rows ``[B·H·W, C]`` in the layer's comparison space."""
+        _check_feature_map(x, self.in_channels)
+        feats, _ = self._space(x)
+        return feats.permute(0, 2, 3, 1).reshape(-1, self.in_channels)
+
+    def covering_radius(self, x: torch.Tensor) -> torch.Tensor:
+        """δ of Lemma 2.1 over the given features: max over local features of the distance to the nearest prototype.
+
+        Args:
+            x: ``[B, C, H, W]`` feature map. Returns a 0-d tensor (same units as the features).
+        """
+        with torch.no_grad():
+            feats = self.local_features(x)
+            _, protos = self._space(x)
+            return torch.cdist(feats, protos.to(feats.dtype)).min(dim=1).values.max()
+
+    def gap_reconstruction_error(self, x: torch.Tensor) -> torch.Tensor:
+        """‖ȳ − V z*‖ per image, Lemma 2.1's left side: ȳ the mean local feature (comparison space), z* the hard
+        histogram. ``[B]``. Lemma 2.1: every entry is ≤ :meth:`covering_radius` over the same features."""
+        with torch.no_grad():
+            feats, protos = self._space(x)
+            mean = feats.mean(dim=(2, 3))
+            return torch.linalg.vector_norm(mean - self.hard_histograms(x) @ protos.to(mean.dtype), dim=1)
+
+    # ----------------------------------------------------------------------------------------------------------
+    def init_prototypes(
+        self,
+        features: torch.Tensor,
+        method: str = "kmeans",
+        seed: int = 0,
+        kmeans_iters: int = 20,
+    ) -> "HistogramPooling":
+        """Initialise the prototypes from local features (the paper does not state an initialisation).
+
+        Args:
+            features: ``[N, C]`` local features (e.g. from :meth:`local_features`) or a ``[B, C, H, W]`` map.
+            method: ``"kmeans"`` (faiss k-means), ``"kcenter"`` (greedy farthest-point, as the authors' GSP code
+                does), or ``"random"`` (N(0, 1/C)).
+            seed: seed for the random start / k-means initialisation.
+
+        Raises:
+            ValueError: on an unknown method or fewer features than prototypes.
+        """
+        if method not in PROTOTYPE_INITS:
+            raise ValueError(f"method must be one of {PROTOTYPE_INITS}, got {method!r}")
+        gen = torch.Generator().manual_seed(seed)
+        if method == "random":
+            self.reset_parameters(gen)
+            return self
+        if features.ndim == 4:
+            features = self.local_features(features)
+        elif self.normalize:
+            features = F.normalize(features, dim=1)
+        features = features.detach().to("cpu", torch.float32)
+        if features.ndim != 2 or features.shape[1] != self.in_channels:
+            raise ValueError(f"features must be [N, {self.in_channels}], got {tuple(features.shape)}")
+        if features.shape[0] < self.num_prototypes:
+            raise ValueError(
+                f"need at least num_prototypes={self.num_prototypes} features to initialise, got {features.shape[0]}"
+            )
+        if method == "kcenter":
+            centres = self._greedy_k_center(features, gen)
+        else:
+            import faiss
+
+            km = faiss.Kmeans(self.in_channels, self.num_prototypes, niter=kmeans_iters, seed=seed, verbose=False)
+            km.train(features.numpy())
+            centres = torch.from_numpy(km.centroids.copy())
+        with torch.no_grad():
+            self.prototype_conv.weight.copy_(centres.view_as(self.prototype_conv.weight))
+        return self
+
+    def _greedy_k_center(self, features, gen):
+        first = int(torch.randint(len(features), (1,), generator=gen))
+        chosen = [first]
+        dist = torch.cdist(features, features[first : first + 1]).squeeze(1)
+        for _ in range(self.num_prototypes - 1):
+            nxt = int(dist.argmax())
+            chosen.append(nxt)
+            dist = torch.minimum(dist, torch.cdist(features, features[nxt : nxt + 1]).squeeze(1))
+        return features[chosen]
+
+    @torch.no_grad()
+    def init_from_data(
+        self,
+        body: torch.nn.Module,
+        batches: Iterable,
+        num_batches: int = 4,
+        method: str = "kmeans",
+        max_features: int = 20000,
+        seed: int = 0,
+    ) -> "HistogramPooling":
+        """Initialise prototypes from the local features that ``body`` (the trunk before this layer) produces on a
+        few batches. ``batches`` yields images ``[B, 3, H, W]`` or ``(images, labels)`` pairs. The caller's
+        train/eval mode of ``body`` is restored afterwards."""
+        was_training = body.training
+        body.eval()
+        try:
+            feats = []
+            device = next(iter(self.parameters())).device
+            for i, batch in enumerate(batches):
+                if i >= num_batches:
+                    break
+                images = batch[0] if isinstance(batch, (list, tuple)) else batch
+                feats.append(self.local_features(body(images.to(device))).cpu())
+        finally:
+            body.train(was_training)
+        if not feats:
+            raise ValueError("batches yielded no data")
+        feats = torch.cat(feats)
+        if len(feats) > max_features:
+            feats = feats[torch.randperm(len(feats), generator=torch.Generator().manual_seed(seed))[:max_features]]
+        # features are already in the comparison space; avoid normalising twice (idempotent anyway)
+        return self.init_prototypes(feats, method=method, seed=seed)

@@ -1,0 +1,44 @@
+"""Class-disjoint half-batch split used by the cross-batch (XML) loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3)."""
+
+from typing import Optional, Tuple
+
+import torch
+
+
+def class_disjoint_split(
+    labels: torch.Tensor, generator: Optional[torch.Generator] = None
+) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """Split a batch into two halves whose label sets are disjoint.
+
+    The unique labels are shuffled with ``generator`` (classes with at least two samples and singleton classes
+    separately) and dealt alternately to the two sides, so the halves get ⌈c/2⌉ and ⌊c/2⌋ classes and every
+    class with a positive pair is spread evenly. The result depends only on the label multiset and the generator
+    state, not on the order of the batch.
+
+    Args:
+        labels: ``[N]`` integer tensor.
+        generator: a CPU ``torch.Generator``; ``None`` uses the global RNG.
+
+    Returns:
+        ``(indices_1, indices_2)``: sorted 1-D long tensors on ``labels.device``, or ``None`` when the batch cannot
+        form two halves that each hold at least one positive pair (fewer than two classes with ≥ 2 samples).
+
+    Raises:
+        ValueError: if ``labels`` is not a 1-D integer tensor.
+    """
+    if not torch.is_tensor(labels) or labels.ndim != 1 or labels.is_floating_point():
+        raise ValueError(f"labels must be a 1-D integer tensor, got {getattr(labels, 'shape', type(labels))}")
+    classes, counts = torch.unique(labels.detach().cpu(), return_counts=True)
+    paired = classes[counts >= 2]
+    single = classes[counts < 2]
+    if len(paired) < 2:
+        return None
+    paired = paired[torch.randperm(len(paired), generator=generator)]
+    single = single[torch.randperm(len(single), generator=generator)]
+    order = torch.cat([paired, single])
+    side = torch.arange(len(order)) % 2
+    side_of_label = dict(zip(order.tolist(), side.tolist()))
+    sides = torch.tensor([side_of_label[v] for v in labels.tolist()], device=labels.device)
+    first = torch.nonzero(sides == 0).flatten()
+    second = torch.nonzero(sides == 1).flatten()
+    return first, second

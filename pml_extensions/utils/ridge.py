@@ -1,0 +1,54 @@
+"""Closed-form ridge regression of embeddings on histograms (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
+
+Row layout, as everywhere in PML: one sample per row. With histograms ``H`` [B, m] and embeddings ``Y`` [B, d] the
+prototypes are the ridge solution ``V = argmin_A ||H A - Y||_F^2 + ridge ||A||_F^2`` [m, d], in one of two equal forms
+
+* primal: ``V = (H^T H + ridge I_m)^{-1} H^T Y`` (an m × m solve),
+* kernel: ``V = H^T (H H^T + ridge I_B)^{-1} Y`` (a B × B solve), cheaper when B < m (paper: "use the kernel form").
+
+The paper writes samples as columns (``V_k = Y_k Z_k^T (Z_k Z_k^T + eps I)^{-1}``); this is its transpose. The ridge
+term is added once to the Gram matrix (methods.md A1, step 3).
+"""
+
+import torch
+
+RIDGE_FORMS = ("auto", "primal", "kernel")
+
+
+def ridge_prototypes(histograms: torch.Tensor, embeddings: torch.Tensor, ridge: float, form: str = "auto"):
+    """Fit ridge prototypes that map histograms to embeddings.
+
+    Args:
+        histograms: ``[B, m]`` floating tensor (rows usually on the simplex).
+        embeddings: ``[B, d]`` floating tensor on the same device.
+        ridge: ε_r > 0 added to the diagonal of the Gram matrix. Paper: 0.05.
+        form: ``"primal"``, ``"kernel"`` or ``"auto"`` (kernel when B < m, else primal).
+
+    Returns:
+        ``[m, d]`` prototypes in float32, or float64 when an input is float64. The solve runs with autocast
+        disabled and uses ``torch.linalg.solve`` (never an explicit inverse); gradients flow into both inputs.
+
+    Raises:
+        ValueError: on mismatched shapes, an unknown ``form`` or a non-positive ``ridge``.
+    """
+    if form not in RIDGE_FORMS:
+        raise ValueError(f"form must be one of {RIDGE_FORMS}, got {form!r}")
+    if not ridge > 0:
+        raise ValueError(f"ridge must be > 0, got {ridge!r}")
+    if histograms.ndim != 2 or embeddings.ndim != 2 or histograms.shape[0] != embeddings.shape[0]:
+        raise ValueError(
+            "histograms must be [B, m] and embeddings [B, d] with the same B, got "
+            f"{tuple(histograms.shape)} and {tuple(embeddings.shape)}"
+        )
+    dtype = torch.promote_types(torch.promote_types(histograms.dtype, embeddings.dtype), torch.float32)
+    batch, num_prototypes = histograms.shape
+    if form == "auto":
+        form = "kernel" if batch < num_prototypes else "primal"
+    with torch.autocast(device_type=histograms.device.type, enabled=False):
+        h = histograms.to(dtype)
+        y = embeddings.to(dtype)
+        if form == "kernel":
+            gram = h @ h.T + ridge * torch.eye(batch, dtype=dtype, device=h.device)
+            return h.T @ torch.linalg.solve(gram, y)
+        gram = h.T @ h + ridge * torch.eye(num_prototypes, dtype=dtype, device=h.device)
+        return torch.linalg.solve(gram, h.T @ y)
