@@ -1,0 +1,20 @@
+"""Offline real data: glyphs rendered from installed fonts, Open Clip Art, Fashion-MNIST, ImageFolder trees and
+PML's CUB / Cars196 / SOP classes, all with class-disjoint splits. Nothing downloads."""
+
+from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
+from .fashion_mnist import FashionMNIST
+from .get_dataset import DATASET_NAMES, get_dataset
+from .glyph_dataset import GlyphDataset
+from .image_folder_split import ImageFolderSplit
+from .open_clip_art import OpenClipArt
+
+__all__ = [
+    "ClassDisjointDataset",
+    "DATASET_NAMES",
+    "FashionMNIST",
+    "GlyphDataset",
+    "ImageFolderSplit",
+    "OpenClipArt",
+    "get_dataset",
+    "select_split_classes",
+]

@@ -1,0 +1,69 @@
+"""One entry point for every dataset the runner and benchmarks use."""
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from .fashion_mnist import FashionMNIST
+from .glyph_dataset import GlyphDataset
+from .image_folder_split import ImageFolderSplit
+from .open_clip_art import OpenClipArt
+
+PML_DATASETS = {"cub": "CUB", "cars196": "Cars196", "sop": "SOP"}
+DATASET_NAMES = ("glyphs", "glyphs_debian", "openclipart", "fashion_mnist", "imagefolder") + tuple(PML_DATASETS)
+
+
+class _RGBLabels:
+    """Wraps PML's dataset classes: RGB images and a numpy ``labels`` array, through the same code path."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.labels = np.asarray(dataset.labels, dtype=np.int64)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        transform, self.dataset.transform = self.dataset.transform, None
+        try:
+            image, label = self.dataset[index]
+        finally:
+            self.dataset.transform = transform
+        image = image.convert("RGB")
+        return (transform(image) if transform is not None else image), label
+
+
+def get_dataset(name: str, split: str = "train", transform: Optional[Callable] = None, root: Optional[str] = None, **kwargs):
+    """Build a dataset by name.
+
+    Args:
+        name: one of ``DATASET_NAMES``: ``glyphs`` (matplotlib fonts, the embedded default), ``glyphs_debian``
+            (Debian ``fonts-*``), ``openclipart``, ``fashion_mnist``, ``imagefolder`` (needs ``root``), or PML's
+            ``cub`` / ``cars196`` / ``sop`` (need ``root`` with the extracted data; nothing is downloaded).
+        split: ``"train"`` or ``"test"`` (class-disjoint) or ``"all"``.
+
+    Raises:
+        ValueError: on an unknown name; FileNotFoundError when the data is missing (names the package/path).
+    """
+    if name == "glyphs":
+        return GlyphDataset(split=split, transform=transform, **kwargs)
+    if name == "glyphs_debian":
+        return GlyphDataset(split=split, transform=transform, source="debian", **kwargs)
+    if name == "openclipart":
+        return OpenClipArt(split=split, transform=transform, **({"root": root} if root else {}), **kwargs)
+    if name == "fashion_mnist":
+        return FashionMNIST(split=split, transform=transform, **({"root": root} if root else {}), **kwargs)
+    if name == "imagefolder":
+        if root is None:
+            raise ValueError("dataset 'imagefolder' needs root=<folder with one sub-folder per class>")
+        return ImageFolderSplit(root, split=split, transform=transform, **kwargs)
+    if name in PML_DATASETS:
+        import os
+
+        import pytorch_metric_learning.datasets as pml_datasets
+
+        if root is None or not os.path.isdir(root):
+            raise FileNotFoundError(f"dataset {name!r} needs root=<folder with the extracted data>, got {root!r}")
+        pml_split = "train+test" if split == "all" else split
+        return _RGBLabels(getattr(pml_datasets, PML_DATASETS[name])(root, split=pml_split, transform=transform, download=False))
+    raise ValueError(f"unknown dataset {name!r}; choose one of {DATASET_NAMES}")

@@ -1,0 +1,1 @@
+"""Configs, the main job and the powerful-benchmarker-style runner."""
