@@ -166,6 +166,13 @@ class XMLWrapper(ModuleWithRecords):
             )
         return histograms
 
+    def extra_tensors_for_gather(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> dict:
+        """Per-sample tensors a distributed wrapper must gather with the embeddings: ``{"histograms": [N, m]}``
+        (empty when ``xml_weight == 0``). Used by :class:`pml_extensions.utils.DistributedLossWrapper`."""
+        if self.xml_weight == 0:
+            return {}
+        return {"histograms": self.get_histograms(embeddings, histograms)}
+
     def _call_inner(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
@@ -220,7 +227,9 @@ class XMLWrapper(ModuleWithRecords):
             return inner
         pred1, pred2 = self.cross_predictions(embeddings, histograms, halves)
         labels = labels.to(embeddings.device)
-        xml = self._call_inner(pred1, labels[halves[0]], _restrict_indices_tuple(indices_tuple, halves[0]))
-        xml = xml + self._call_inner(pred2, labels[halves[1]], _restrict_indices_tuple(indices_tuple, halves[1]))
+        # Mined tuples index the batch only when there is no separate reference set.
+        mined = indices_tuple if ref_emb is None else None
+        xml = self._call_inner(pred1, labels[halves[0]], _restrict_indices_tuple(mined, halves[0]))
+        xml = xml + self._call_inner(pred2, labels[halves[1]], _restrict_indices_tuple(mined, halves[1]))
         self.xml_loss = xml.detach()
         return inner + self.xml_weight * xml

@@ -112,7 +112,9 @@ class HistogramPooling(torch.nn.Module):
 
     def hard_histograms(self, x: torch.Tensor) -> torch.Tensor:
         """Hard histograms z* (Sec. 2.1): the fraction of positions whose NEAREST prototype (L2, in the layer's
-        comparison space) is i. ``[B, m]``, non-differentiable."""
+        comparison space) is i. ``[B, m]``, non-differentiable. The soft histogram tends to this as ε → ∞ when the
+        prototypes have equal norms (always with ``normalize=True``); with raw prototypes of unequal norms the
+        soft arg-max of ν·x and the nearest prototype can differ."""
         _check_feature_map(x, self.in_channels)
         with torch.no_grad():
             feats, protos = self._space(x)

@@ -1,0 +1,30 @@
+"""The drop-in promise: pml_extensions.losses / trainers / testers re-export PML's classes as the same objects."""
+
+import unittest
+
+import pytorch_metric_learning.losses as pml_losses
+import pytorch_metric_learning.testers as pml_testers
+import pytorch_metric_learning.trainers as pml_trainers
+
+import pml_extensions
+from pml_extensions import losses, testers, trainers
+
+
+class TestReExports(unittest.TestCase):
+    def check(self, ours, theirs, at_least):
+        names = [n for n, o in vars(theirs).items() if isinstance(o, type) and not n.startswith("_")]
+        self.assertGreaterEqual(len(names), at_least)
+        for name in names:
+            self.assertIs(getattr(ours, name), getattr(theirs, name), name)
+            self.assertIn(name, ours.__all__)
+
+    def test_losses(self):
+        self.check(losses, pml_losses, 30)
+        self.assertIn("XMLWrapper", losses.__all__)
+
+    def test_trainers_and_testers(self):
+        self.check(trainers, pml_trainers, 5)
+        self.check(testers, pml_testers, 2)
+
+    def test_version(self):
+        self.assertRegex(pml_extensions.__version__, r"^\d+\.\d+\.\d+")

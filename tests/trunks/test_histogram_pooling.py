@@ -1,0 +1,131 @@
+import math
+import unittest
+
+import torch
+
+from pml_extensions.trunks import HistogramPooling
+
+
+def _layer(weights, scale=1.0, normalize=False):
+    weights = torch.as_tensor(weights, dtype=torch.float64)
+    layer = HistogramPooling(weights.shape[1], weights.shape[0], scale=scale, normalize=normalize).double()
+    with torch.no_grad():
+        layer.prototype_conv.weight.copy_(weights[:, :, None, None])
+    return layer
+
+
+class TestHistogramPooling(unittest.TestCase):
+    def test_hand_computed_soft_histogram(self):
+        # one image, two positions x1 = (2, 0), x2 = (1, 0); prototypes e1, e2; raw inner products, ε = 1:
+        # x1 -> softmax([2, 0]) = [e^2, 1] / (e^2 + 1); x2 -> softmax([1, 0]) = [e, 1] / (e + 1); z' = mean.
+        layer = _layer([[1.0, 0.0], [0.0, 1.0]])
+        x = torch.tensor([[[[2.0, 1.0]], [[0.0, 0.0]]]], dtype=torch.float64)  # [1, C=2, H=1, W=2]
+        gap = layer(x)
+        e = math.e
+        expected = torch.tensor(
+            [[(e**2 / (e**2 + 1) + e / (e + 1)) / 2, (1 / (e**2 + 1) + 1 / (e + 1)) / 2]], dtype=torch.float64
+        )
+        torch.testing.assert_close(layer.last_histograms, expected, rtol=0, atol=1e-15)
+        torch.testing.assert_close(gap, torch.tensor([[1.5, 0.0]], dtype=torch.float64))
+        self.assertTrue(layer.last_histograms.requires_grad)
+
+    def test_hand_computed_hard_histogram(self):
+        # prototypes (0,0), (10,0); positions (1,0), (2,0), (9,0), (1,1): nearest = 0, 0, 1, 0 -> z* = [3/4, 1/4]
+        layer = _layer([[0.0, 0.0], [10.0, 0.0]])
+        x = torch.tensor([[1.0, 2.0, 9.0, 1.0], [0.0, 0.0, 0.0, 1.0]], dtype=torch.float64).view(1, 2, 2, 2)
+        torch.testing.assert_close(layer.hard_histograms(x), torch.tensor([[0.75, 0.25]], dtype=torch.float64))
+
+    def test_rows_on_simplex_and_large_scale_gives_hard_histogram(self):
+        torch.manual_seed(0)
+        x = torch.randn(3, 8, 4, 5, dtype=torch.float64)
+        for normalize in (True, False):
+            layer = HistogramPooling(8, 6, scale=10.0, normalize=normalize).double()
+            if not normalize:
+                # ε → ∞ gives arg-max of ν·x, which is the nearest prototype (z*) when all prototypes have equal norm
+                with torch.no_grad():
+                    w = layer.prototype_conv.weight
+                    w.div_(w.flatten(1).norm(dim=1)[:, None, None, None])
+            z = layer.histograms(x)
+            self.assertEqual(z.shape, (3, 6))
+            self.assertTrue(bool((z >= 0).all()))
+            torch.testing.assert_close(z.sum(dim=1), torch.ones(3, dtype=torch.float64))
+            layer.scale = 1e6
+            torch.testing.assert_close(layer.histograms(x), layer.hard_histograms(x), rtol=0, atol=1e-6)
+
+    def test_normalised_logits_are_cosines(self):
+        layer = _layer([[3.0, 4.0], [0.0, 2.0]], scale=10.0, normalize=True)
+        x = torch.tensor([[[[1.0]], [[0.0]]]], dtype=torch.float64)  # feature (1, 0)
+        # cosines with (3,4)/5 and (0,1): 0.6 and 0 -> logits 6 and 0
+        torch.testing.assert_close(layer.logits(x).flatten(), torch.tensor([6.0, 0.0], dtype=torch.float64))
+
+    def test_output_width_and_gap(self):
+        layer = HistogramPooling(16, 4)
+        x = torch.randn(2, 16, 3, 3)
+        torch.testing.assert_close(layer(x), x.mean(dim=(2, 3)))
+        self.assertEqual((layer.num_features, layer.histogram_size, layer.feat_mult()), (16, 4, 1))
+
+    def test_lemma_on_hand_made_features(self):
+        # covering radius: features (0,0),(1,0),(4,0); prototypes (0,0),(5,0): distances 0, 1, 1 -> δ = 1
+        layer = _layer([[0.0, 0.0], [5.0, 0.0]])
+        x = torch.tensor([[0.0, 1.0, 4.0], [0.0, 0.0, 0.0]], dtype=torch.float64).view(1, 2, 1, 3)
+        self.assertAlmostEqual(float(layer.covering_radius(x)), 1.0)
+        # mean (5/3, 0), z* = [2/3, 1/3], V z* = (5/3, 0) -> error 0 <= δ
+        self.assertAlmostEqual(float(layer.gap_reconstruction_error(x)), 0.0, places=12)
+
+    def test_init_methods(self):
+        torch.manual_seed(0)
+        feats = torch.randn(200, 8)
+        for method in ("kmeans", "kcenter", "random"):
+            layer = HistogramPooling(8, 5).init_prototypes(feats, method=method, seed=1)
+            again = HistogramPooling(8, 5).init_prototypes(feats, method=method, seed=1)
+            torch.testing.assert_close(layer.prototypes, again.prototypes)
+        # k-center on the normalised features: its covering radius is at most that of random prototypes
+        layer = HistogramPooling(8, 16).init_prototypes(feats, method="kcenter")
+        rnd = HistogramPooling(8, 16).init_prototypes(feats, method="random")
+        x = feats.T.reshape(1, 8, 10, 20)
+        self.assertLess(float(layer.covering_radius(x)), float(rnd.covering_radius(x)))
+
+    def test_bad_input(self):
+        with self.assertRaisesRegex(ValueError, "num_prototypes"):
+            HistogramPooling(8, 0)
+        with self.assertRaisesRegex(ValueError, "scale"):
+            HistogramPooling(8, 4, scale=0)
+        layer = HistogramPooling(8, 4)
+        with self.assertRaisesRegex(ValueError, "in_channels=8"):
+            layer(torch.randn(2, 7, 3, 3))
+        with self.assertRaisesRegex(ValueError, r"\[B, C, H, W\]"):
+            layer(torch.randn(2, 8))
+        with self.assertRaisesRegex(ValueError, "method"):
+            layer.init_prototypes(torch.randn(10, 8), method="spectral")
+        with self.assertRaisesRegex(ValueError, "at least num_prototypes"):
+            layer.init_prototypes(torch.randn(3, 8), method="kmeans")
+
+
+class TestLemmaOnTrainedTrunk(unittest.TestCase):
+    """Lemma 2.1 (‖GAP − V z*‖ ≤ δ) on local features of a real trained trunk: ImageNet MobileNetV2 on photos."""
+
+    def test_lemma_holds(self):
+        try:
+            from skimage import data as skdata
+
+            from pml_extensions.trunks import mobilenet_v2_features
+
+            body = mobilenet_v2_features(pretrained=True).eval()
+        except (ImportError, FileNotFoundError) as e:  # pragma: no cover - the tox env installs both
+            self.skipTest(str(e))
+        import torchvision.transforms.functional as TF
+
+        images = [skdata.astronaut(), skdata.coffee(), skdata.chelsea(), skdata.rocket()]
+        batch = torch.stack(
+            [TF.normalize(TF.resize(TF.to_tensor(im), [128, 128], antialias=True), [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]) for im in images]
+        )
+        with torch.no_grad():
+            feats = body(batch).double()  # [4, 1280, 4, 4]
+        for normalize in (True, False):
+            for method in ("kcenter", "random"):
+                layer = HistogramPooling(1280, 8, normalize=normalize).double()
+                layer.init_prototypes(feats, method=method)
+                delta = layer.covering_radius(feats)
+                err = layer.gap_reconstruction_error(feats)
+                self.assertTrue(bool((err <= delta + 1e-9).all()), f"{normalize=} {method=} {err} > {delta}")
+                self.assertGreater(float(err.max()), 0)
