@@ -13,6 +13,21 @@ OPENCLIPART_ROOT = "/usr/share/openclipart/png"
 OPENCLIPART_HINT = "apt-get install openclipart-png"
 
 
+def pixel_count(path: str) -> int:
+    """Width × height read from the PNG IHDR chunk (24 bytes, no decoding, no decompression-bomb limit)."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
+        return int.from_bytes(head[16:20], "big") * int.from_bytes(head[20:24], "big")
+    old = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with Image.open(path) as image:
+            return image.size[0] * image.size[1]
+    finally:
+        Image.MAX_IMAGE_PIXELS = old
+
+
 def load_rgba_cropped(path: str, max_side: int) -> Image.Image:
     """RGBA drawing cropped to its alpha box and shrunk so its longer side is at most ``max_side`` pixels."""
     with Image.open(path) as raw:
@@ -46,6 +61,9 @@ class OpenClipArt(ClassDisjointDataset):
         max_side: longer side in pixels of the cached drawing. Default 128.
         root: the package's PNG folder.
         rgba: return the cropped RGBA drawing instead of the white composite (for pasting onto photos).
+        max_pixels: drawings larger than this (width × height, from the header) are left out before classes are
+            counted; the package holds a few poster-size files (over 200 Mpx) that PIL refuses as decompression
+            bombs. Their paths are kept in ``excluded_paths``. Default 25 Mpx.
 
     Raises:
         FileNotFoundError: if ``root`` does not exist (names the Debian package to install).
@@ -62,17 +80,25 @@ class OpenClipArt(ClassDisjointDataset):
         max_side: int = 128,
         root: str = OPENCLIPART_ROOT,
         rgba: bool = False,
+        max_pixels: int = 25_000_000,
     ):
         super().__init__(transform, target_transform)
         if not os.path.isdir(root):
             raise FileNotFoundError(f"Open Clip Art not found at {root}: {OPENCLIPART_HINT}")
         by_class = defaultdict(list)
+        self.excluded_paths = []
         for dirpath, _, files in os.walk(root):
             rel = os.path.relpath(dirpath, root)
             if rel == ".":
                 continue
             name = "/".join(rel.split(os.sep)[:2])
-            by_class[name] += [os.path.join(dirpath, f) for f in files if f.lower().endswith(".png")]
+            for f in files:
+                if f.lower().endswith(".png"):
+                    path = os.path.join(dirpath, f)
+                    if pixel_count(path) > max_pixels:
+                        self.excluded_paths.append(path)
+                    else:
+                        by_class[name].append(path)
         eligible = sorted(c for c, paths in by_class.items() if len(paths) >= min_images)
         if not eligible:
             raise ValueError(f"no Open Clip Art class under {root} has min_images={min_images} images")

@@ -2,6 +2,6 @@
 
 from .conv_net_body import ConvNetBody
 from .histogram_pooling import HistogramPooling
-from .pretrained import mobilenet_v2_features, mobilenet_v2_weights_path
+from .pretrained import MobileNetV2Features, mobilenet_v2_features, mobilenet_v2_weights_path
 
-__all__ = ["ConvNetBody", "HistogramPooling", "mobilenet_v2_features", "mobilenet_v2_weights_path"]
+__all__ = ["ConvNetBody", "HistogramPooling", "MobileNetV2Features", "mobilenet_v2_features", "mobilenet_v2_weights_path"]

@@ -31,6 +31,18 @@ def mobilenet_v2_weights_path() -> str:
     )
 
 
+class MobileNetV2Features(torch.nn.Sequential):
+    """torchvision MobileNetV2's convolutional body as a trunk component (config name ``MobileNetV2Features``).
+
+    ``forward(images [B, 3, H, W]) -> [B, 1280, ⌈H/32⌉, ⌈W/32⌉]``; inputs are ImageNet-normalised RGB. Same
+    arguments and errors as :func:`mobilenet_v2_features`; ``out_channels`` = 1280.
+    """
+
+    def __init__(self, pretrained: bool = True, check_hash: bool = False):
+        super().__init__(*mobilenet_v2_features(pretrained, check_hash).children())
+        self.out_channels = 1280
+
+
 def mobilenet_v2_features(pretrained: bool = True, check_hash: bool = False) -> torch.nn.Module:
     """torchvision ``mobilenet_v2().features``: ``[B, 3, H, W] -> [B, 1280, H/32, W/32]`` (ImageNet-normalised RGB).
 
