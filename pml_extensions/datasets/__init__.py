@@ -2,6 +2,7 @@
 PML's CUB / Cars196 / SOP classes, all with class-disjoint splits. Nothing downloads."""
 
 from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
+from .coupled_augmentation_dataset import CoupledAugmentationDataset
 from .fashion_mnist import FashionMNIST
 from .get_dataset import DATASET_NAMES, get_dataset
 from .glyph_dataset import GlyphDataset
@@ -10,6 +11,7 @@ from .open_clip_art import OpenClipArt
 
 __all__ = [
     "ClassDisjointDataset",
+    "CoupledAugmentationDataset",
     "DATASET_NAMES",
     "FashionMNIST",
     "GlyphDataset",

@@ -5,6 +5,7 @@
 
 import pytorch_metric_learning.losses as _pml_losses
 
+from .resolution_distillation_loss import ResolutionDistillationLoss
 from .xml_wrapper import XMLWrapper
 
 PML_LOSSES = sorted(
@@ -12,4 +13,4 @@ PML_LOSSES = sorted(
 )
 globals().update({name: getattr(_pml_losses, name) for name in PML_LOSSES})
 
-__all__ = PML_LOSSES + ["XMLWrapper"]
+__all__ = PML_LOSSES + ["ResolutionDistillationLoss", "XMLWrapper"]

@@ -39,7 +39,9 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
     ``rel_ts_loss``, ``rel_ss_loss``) with ``reduction_type="element"``: one already-weighted value per source image,
     indexed by that image's first row. The default ``MeanReducer`` therefore returns the MEAN over source images.
     Deviation: the paper's code SUMS over the images of a batch; the sum equals the mean times the number of images, i.e.
-    a learning rate scaled by the images per step (200 in the paper). ``reducer=reducers.SumReducer()`` restores the sum.
+    a learning rate scaled by the images per step (200 in the paper) for SGD; with Adam/AdamW (the paper's optimiser)
+    the update is invariant to that constant up to Adam's eps, so the two agree. ``reducer=reducers.SumReducer()``
+    restores the sum.
     Any term can be used alone (the paper's Table 3 ablation) by setting the other weights to 0, e.g.
     ``ResolutionDistillationLoss(lambda_abs=0, lambda_ts=0, lambda_ss=1)`` is L_rel-ss alone; ``lambda_ts=lambda_ss=0``
     is the absolute distillation of eq. (5) (the ``ts_reg``/AML baseline when ``ref_emb`` are un-augmented features).
@@ -92,9 +94,7 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
         self.abs_loss = 0.0
         self.rel_ts_loss = 0.0
         self.rel_ss_loss = 0.0
-        self.add_to_recordable_attributes(
-            list_of_names=["lambda_ts", "lambda_ss", "lambda_abs", "eps0"], is_stat=False
-        )
+        self.add_to_recordable_attributes(list_of_names=["lambda_ts", "lambda_ss", "lambda_abs", "eps0"], is_stat=False)
         self.add_to_recordable_attributes(list_of_names=["abs_loss", "rel_ts_loss", "rel_ss_loss"], is_stat=False)
 
     def get_default_distance(self):
@@ -149,7 +149,7 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
             raise ValueError(f"labels has {labels.shape[0]} entries but embeddings has {embeddings.shape[0]} rows")
         if ref_labels is not None and not torch.equal(ref_labels.to(labels.device), labels):
             raise ValueError("ref_labels must equal labels (rows of student and teacher are aligned by index)")
-        if self.lambda_ts > 0 or self.lambda_ss > 0:
+        if (self.lambda_ts > 0 or self.lambda_ss > 0) and labels.numel() > 0:
             _, counts = torch.unique(labels, return_counts=True)
             if int(counts.min()) < 2:
                 raise ValueError(

@@ -247,7 +247,11 @@ def save_plots(results, out_dir, class_names, num_prototypes, device, seed):
             ax.set_title(f"{r['name']}: class '{class_names[int(classes[col])]}'", fontsize=8)
             ax.set_xticks([])
             ax.set_ylim(0, float(hist.max()) * 1.05)
-    fig.suptitle("Mean prototype histogram per unseen class (cf. XML paper Fig. 4)", fontsize=9)
+    fig.suptitle(
+        "Mean prototype histogram per unseen class (cf. XML paper Fig. 4); "
+        "trunks without HistogramPooling: post-hoc k-means prototypes of their own features",
+        fontsize=9,
+    )
     fig.tight_layout()
     usage_path = os.path.join(out_dir, "prototype_usage.png")
     fig.savefig(usage_path + ".tmp.png", dpi=110)

@@ -7,4 +7,6 @@ PML_TESTERS = sorted(
 )
 globals().update({name: getattr(_pml_testers, name) for name in PML_TESTERS})
 
-__all__ = list(PML_TESTERS)
+from .asymmetric_tester import AsymmetricTester  # noqa: E402
+
+__all__ = PML_TESTERS + ["AsymmetricTester"]

@@ -7,4 +7,18 @@ PML_TRAINERS = sorted(
 )
 globals().update({name: getattr(_pml_trainers, name) for name in PML_TRAINERS})
 
-__all__ = list(PML_TRAINERS)
+from .resolution_distillation_trainer import (  # noqa: E402
+    ResolutionDistillationTrainer,
+    gem_parameters,
+    make_optimizers,
+    set_batchnorm_eval,
+)
+from .teacher_recipe import make_teacher_trainer  # noqa: E402
+
+__all__ = PML_TRAINERS + [
+    "ResolutionDistillationTrainer",
+    "gem_parameters",
+    "make_optimizers",
+    "make_teacher_trainer",
+    "set_batchnorm_eval",
+]

@@ -1,0 +1,222 @@
+"""Coupled augmentations at two resolutions for RAML distillation (teacher and student see the same transform).
+
+Source: P. Suma and G. Tolias, WACV 2023, Sec. 4 and 5 ("coupled" augmentations, Fig. 2 and Table 3: random resized
+crop, horizontal flip, colour distortion of strength 0.5 [SimCLR], mixup with alpha = 0.2 with the next image of the
+batch). The jitter factors (brightness/contrast/saturation 0.8·s, hue 0.2·s) follow SimCLR and ``pavelsuma/raml``
+(``lib/datasets/datahelpers.py``). Deviation from that code: parameters are drawn ONCE from a private
+``numpy.random.Generator`` seeded by (seed, epoch, index) and applied at both sizes with torchvision's functional ops,
+instead of reseeding the global ``random``/``numpy``/``torch`` RNGs before each transform chain; the mixup partner is
+the next image of the batch (the paper), not a random training image (the code).
+"""
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torchvision.transforms.functional as TF
+from PIL import Image
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+JITTER_OPS = ("brightness", "contrast", "saturation", "hue")
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class CoupledAugmentationDataset(torch.utils.data.Dataset):
+    """Wraps a dataset of ``(PIL image, class label)`` into P coupled augmentations per image at two sizes.
+
+    For every augmentation the crop box (RandomResizedCrop parameters on the ORIGINAL image), the horizontal flip,
+    the colour-jitter factors and their order, and the mixup λ ~ Beta(alpha, alpha) are drawn once and applied at the
+    query size (student) and the database size (teacher). Both crops therefore cover the same fraction of the image.
+    Mixup happens in :meth:`collate`: row p of image b is mixed with row p of the NEXT image of the batch
+    (``(b + 1) mod B``), with image b's λ, identically at both sizes, on normalised tensors (as the paper's code).
+
+    Draws come from ``numpy.random.default_rng([seed, epoch, index])``: reproducible, independent of the order in
+    which DataLoader workers fetch items, and the global RNGs are never touched. Call :meth:`set_epoch` before
+    each epoch for fresh augmentations (with workers, before the DataLoader iterator is created, as with
+    ``DistributedSampler``).
+
+    Args:
+        dataset: items ``(PIL.Image, int label)`` (any mode, converted to RGB).
+        query_size: student (small) square size in pixels.
+        database_size: teacher (large) square size in pixels.
+        num_augmentations: P per image. Default 8 (paper).
+        scale, ratio: RandomResizedCrop ranges. Default torchvision's (the paper code uses the defaults).
+        flip_p: horizontal-flip probability. Default 0.5.
+        jitter_strength: SimCLR colour-distortion strength s (0 disables). Default 0.5 (paper).
+        jitter_p: probability of applying the jitter. Default 1.0 (paper code; SimCLR uses 0.8).
+        mixup_alpha: Beta parameter of the mixup λ; ``None`` disables mixup. Default 0.2 (paper).
+        mean, std: normalisation. Default ImageNet.
+        seed: base seed. Default 0.
+        coupled: ``False`` draws the teacher's crop/flip/jitter independently of the student's (the paper's
+            "non-coupled" ablation, Table 3); λ stays shared.
+
+    ``__getitem__(i) -> (student [P, 3, q, q] float32, teacher [P, 3, d, d] float32, lam [P] float32, i, class_label)``.
+    ``collate(batch) -> ((student [B·P, 3, q, q], teacher [B·P, 3, d, d], class_labels [B·P]), image_ids [B·P])``,
+    rows image-major (row b·P + p); pass it as the DataLoader's / trainer's ``collate_fn``. ``labels`` are the class
+    labels of the wrapped dataset (P per image are NOT repeated there).
+
+    Raises:
+        ValueError: non-positive sizes or P, invalid ranges or probabilities, negative jitter strength or
+            non-positive mixup alpha.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        query_size: int,
+        database_size: int,
+        num_augmentations: int = 8,
+        scale: Tuple[float, float] = (0.08, 1.0),
+        ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+        flip_p: float = 0.5,
+        jitter_strength: float = 0.5,
+        jitter_p: float = 1.0,
+        mixup_alpha: Optional[float] = 0.2,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        seed: int = 0,
+        coupled: bool = True,
+    ):
+        self.dataset = dataset
+        self.query_size = _positive_int("query_size", query_size)
+        self.database_size = _positive_int("database_size", database_size)
+        self.num_augmentations = _positive_int("num_augmentations", num_augmentations)
+        if not (0 < scale[0] <= scale[1] <= 1):
+            raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {scale!r}")
+        if not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"ratio must satisfy 0 < min <= max, got {ratio!r}")
+        for name, p in (("flip_p", flip_p), ("jitter_p", jitter_p)):
+            if not 0 <= p <= 1:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
+        if not jitter_strength >= 0:
+            raise ValueError(f"jitter_strength must be >= 0, got {jitter_strength!r}")
+        if mixup_alpha is not None and not mixup_alpha > 0:
+            raise ValueError(f"mixup_alpha must be > 0 or None (no mixup), got {mixup_alpha!r}")
+        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+            raise ValueError("mean and std must have 3 entries each, std > 0")
+        self.scale, self.ratio = tuple(scale), tuple(ratio)
+        self.flip_p, self.jitter_p, self.jitter_strength = (
+            float(flip_p),
+            float(jitter_p),
+            float(jitter_strength),
+        )
+        self.mixup_alpha = None if mixup_alpha is None else float(mixup_alpha)
+        self.mean, self.std = list(mean), list(std)
+        self.seed = int(seed)
+        self.coupled = bool(coupled)
+        self.epoch = 0
+        labels = getattr(dataset, "labels", None)
+        self.labels = np.asarray(labels if labels is not None else [dataset[i][1] for i in range(len(dataset))])
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int):
+        """Select the augmentation draws of ``epoch`` (part of the per-item seed)."""
+        self.epoch = int(epoch)
+
+    # ------------------------------------------------------------------ parameter draws
+    def generator(self, index: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, self.epoch, int(index)])
+
+    def _crop_box(self, rng, width, height):
+        """RandomResizedCrop's box (top, left, h, w) on the original image, drawn with ``rng`` (torchvision's rule)."""
+        area = width * height
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            target_area = area * rng.uniform(self.scale[0], self.scale[1])
+            aspect = math.exp(rng.uniform(*log_ratio))
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            w, h = width, int(round(width / self.ratio[0]))
+        elif in_ratio > self.ratio[1]:
+            h, w = height, int(round(height * self.ratio[1]))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def _geometry_and_colour(self, rng, width, height):
+        params = {"crop": self._crop_box(rng, width, height), "flip": bool(rng.random() < self.flip_p)}
+        s = self.jitter_strength
+        if s > 0 and rng.random() < self.jitter_p:
+            params["jitter"] = {
+                "order": [JITTER_OPS[k] for k in rng.permutation(4)],
+                "brightness": float(rng.uniform(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s)),
+                "contrast": float(rng.uniform(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s)),
+                "saturation": float(rng.uniform(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s)),
+                "hue": float(rng.uniform(-min(0.5, 0.2 * s), min(0.5, 0.2 * s))),
+            }
+        else:
+            params["jitter"] = None
+        return params
+
+    def draw_params(self, index: int, width: int, height: int) -> list:
+        """The P parameter sets of item ``index`` (original size ``width`` × ``height``).
+
+        Each is ``{"student": {"crop": (top, left, h, w), "flip": bool, "jitter": dict | None}, "teacher": same
+        (the very same dict when coupled), "lam": float}``; λ = 1 means no mixup.
+        """
+        rng = self.generator(index)
+        out = []
+        for _ in range(self.num_augmentations):
+            student = self._geometry_and_colour(rng, width, height)
+            teacher = student if self.coupled else self._geometry_and_colour(rng, width, height)
+            lam = 1.0 if self.mixup_alpha is None else float(rng.beta(self.mixup_alpha, self.mixup_alpha))
+            out.append({"student": student, "teacher": teacher, "lam": lam})
+        return out
+
+    def apply(self, image: Image.Image, params: dict, size: int) -> torch.Tensor:
+        """Crop box -> resize to ``size`` -> flip -> jitter -> tensor -> normalise: ``[3, size, size]`` float32."""
+        top, left, h, w = params["crop"]
+        out = TF.resized_crop(image, top, left, h, w, [size, size], antialias=True)
+        if params["flip"]:
+            out = TF.hflip(out)
+        jitter = params["jitter"]
+        if jitter is not None:
+            for op in jitter["order"]:
+                out = getattr(TF, f"adjust_{op}")(out, jitter[op])
+        return TF.normalize(TF.to_tensor(out), self.mean, self.std)
+
+    def __getitem__(self, index):
+        image, label = self.dataset[index]
+        if not isinstance(image, Image.Image):
+            raise TypeError(f"the wrapped dataset must yield PIL images, got {type(image).__name__}")
+        image = image.convert("RGB")
+        params = self.draw_params(index, *image.size)
+        student = torch.stack([self.apply(image, p["student"], self.query_size) for p in params])
+        teacher = torch.stack([self.apply(image, p["teacher"], self.database_size) for p in params])
+        lam = torch.tensor([p["lam"] for p in params], dtype=torch.float32)
+        return student, teacher, lam, int(index), int(label)
+
+    # ------------------------------------------------------------------ batching and mixup
+    @staticmethod
+    def mix(images: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """Mixup with the next image of the batch: ``lam[b,p]·x[b,p] + (1 − lam[b,p])·x[(b+1) mod B, p]``.
+
+        images: [B, P, C, H, W]; lam: [B, P]. Returns the same shape.
+        """
+        partner = torch.roll(images, shifts=-1, dims=0)
+        lam = lam.to(images.dtype).view(*lam.shape, *([1] * (images.ndim - 2)))
+        return lam * images + (1 - lam) * partner
+
+    @classmethod
+    def collate(cls, batch):
+        """Stack items, apply the shared mixup and flatten to rows (see the class docstring)."""
+        student, teacher, lam, ids, labels = zip(*batch)
+        student, teacher, lam = torch.stack(student), torch.stack(teacher), torch.stack(lam)
+        b, p = lam.shape
+        student, teacher = cls.mix(student, lam), cls.mix(teacher, lam)
+        image_ids = torch.tensor(ids).repeat_interleave(p)
+        class_labels = torch.tensor(labels).repeat_interleave(p)
+        return (student.flatten(0, 1), teacher.flatten(0, 1), class_labels), image_ids

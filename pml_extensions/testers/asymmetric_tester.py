@@ -1,0 +1,273 @@
+"""Tester for asymmetric retrieval: queries by one model/resolution, the database by another.
+
+Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 5
+(the four evaluation setups; query cost in FLOPs, Fig. 1 and 4). Query FLOPs come from ``torch.utils.flop_counter``
+(one multiply-add counts 2 FLOPs, convolutions and matmuls only, as torch counts them).
+"""
+
+from collections import defaultdict
+from typing import Callable, Dict, Optional, Sequence
+
+import torch
+from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
+from pytorch_metric_learning.utils import common_functions as c_f
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..utils.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+
+SETUPS = ("teacher_student_asymmetric", "student_symmetric", "teacher_symmetric", "teacher_asymmetric")
+
+
+def _models(pair, name):
+    if isinstance(pair, torch.nn.Module):
+        return pair, torch.nn.Identity()
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(isinstance(m, torch.nn.Module) for m in pair):
+        raise TypeError(f"{name} must be a module or a (trunk, embedder) pair of modules, got {type(pair).__name__}")
+    return pair[0], (torch.nn.Identity() if pair[1] is None else pair[1])
+
+
+def _check_resolution(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int (pixels), got {value!r}")
+
+
+class AsymmetricTester(GlobalEmbeddingSpaceTester):
+    """``GlobalEmbeddingSpaceTester`` whose reference (database) side may use another model and another dataset.
+
+    ``test(dataset_dict, epoch, trunk_model, embedder_model=None, splits_to_eval=None, collate_fn=None, *,
+    reference_trunk_model=None, reference_embedder_model=None, reference_dataset_dict=None)``: queries are embedded
+    by ``trunk_model``/``embedder_model`` from ``dataset_dict`` (e.g. the small query resolution), references by the
+    reference models from ``reference_dataset_dict`` (e.g. the teacher at the database resolution). Missing reference
+    arguments fall back to the query side, so without them the tester is ``GlobalEmbeddingSpaceTester``. When a
+    query split is among its reference splits, each query's own image is excluded BY INDEX (the two dataset dicts
+    must list the same images in the same order), through :class:`AsymmetricAccuracyCalculator` (the default
+    calculator; PML's stock calculator rejects rows that differ). Accuracy keys are PML's (``<metric>_level0``), so
+    ``HookContainer`` and its primary metric work unchanged; embeddings are L2-normalised as in PML
+    (``normalize_embeddings=True``).
+
+    The same three reference arguments can be given to the constructor as defaults; that is how a
+    ``HookContainer.end_of_epoch_hook`` (which calls ``test`` with the trained student only) validates the
+    teacher-student asymmetric setup during training.
+
+    :meth:`evaluate_setups` runs the paper's four setups with the FLOPs per query image of each; :meth:`query_flops`
+    counts them for any model and resolution.
+
+    Raises:
+        ValueError: query and reference splits of one name that list different labels (not the same images), a
+            non-positive resolution, query and reference embedding dimensions that differ.
+        TypeError: models that are not modules.
+    """
+
+    def __init__(
+        self,
+        *args,
+        reference_trunk_model: Optional[torch.nn.Module] = None,
+        reference_embedder_model: Optional[torch.nn.Module] = None,
+        reference_dataset_dict: Optional[dict] = None,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.reference_trunk_model = reference_trunk_model
+        self.reference_embedder_model = reference_embedder_model
+        self.reference_dataset_dict = reference_dataset_dict
+        self.reference_embeddings_and_labels = None
+
+    def initialize_accuracy_calculator(self):
+        if self.accuracy_calculator is None:
+            self.accuracy_calculator = AsymmetricAccuracyCalculator(device=self.data_device)
+
+    # ------------------------------------------------------------------ PML override points
+    def test(
+        self,
+        dataset_dict,
+        epoch,
+        trunk_model,
+        embedder_model=None,
+        splits_to_eval=None,
+        collate_fn=None,
+        *,
+        reference_trunk_model: Optional[torch.nn.Module] = None,
+        reference_embedder_model: Optional[torch.nn.Module] = None,
+        reference_dataset_dict: Optional[dict] = None,
+    ):
+        self._reference_side = (
+            self.reference_trunk_model if reference_trunk_model is None else reference_trunk_model,
+            self.reference_embedder_model if reference_embedder_model is None else reference_embedder_model,
+            self.reference_dataset_dict if reference_dataset_dict is None else reference_dataset_dict,
+        )
+        try:
+            return super().test(dataset_dict, epoch, trunk_model, embedder_model, splits_to_eval, collate_fn)
+        finally:
+            self._reference_side = None
+            self.reference_embeddings_and_labels = None
+
+    def get_all_embeddings_for_all_splits(
+        self, dataset_dict, trunk_model, embedder_model, splits_to_compute_embeddings, collate_fn
+    ):
+        query_side = super().get_all_embeddings_for_all_splits(
+            dataset_dict, trunk_model, embedder_model, splits_to_compute_embeddings, collate_fn
+        )
+        ref_trunk, ref_embedder, ref_dict = getattr(self, "_reference_side", None) or (None, None, None)
+        if ref_trunk is None and ref_embedder is None and ref_dict is None:
+            self.reference_embeddings_and_labels = None
+            return query_side
+        if ref_trunk is None:
+            ref_trunk = trunk_model
+            ref_embedder = embedder_model if ref_embedder is None else ref_embedder
+        self.reference_embeddings_and_labels = super().get_all_embeddings_for_all_splits(
+            dataset_dict if ref_dict is None else ref_dict,
+            ref_trunk,
+            torch.nn.Identity() if ref_embedder is None else ref_embedder,
+            splits_to_compute_embeddings,
+            collate_fn,
+        )
+        self._check_same_images(query_side, self.reference_embeddings_and_labels)
+        return query_side
+
+    def set_reference_and_query(self, embeddings_and_labels, query_split_name, reference_split_names):
+        query_embeddings, query_labels = embeddings_and_labels[query_split_name]
+        reference_side = self.reference_embeddings_and_labels or embeddings_and_labels
+        reference_embeddings, reference_labels = self.maybe_combine_splits(reference_side, reference_split_names)
+        if query_embeddings.shape[1] != reference_embeddings.shape[1]:
+            raise ValueError(
+                f"query embeddings have D={query_embeddings.shape[1]} but reference embeddings have "
+                f"D={reference_embeddings.shape[1]}"
+            )
+        return query_embeddings, query_labels, reference_embeddings, reference_labels
+
+    @staticmethod
+    def _check_same_images(query_side, reference_side):
+        for split, (_, labels) in query_side.items():
+            ref_labels = reference_side[split][1]
+            if labels.shape != ref_labels.shape or not torch.equal(labels.cpu(), ref_labels.cpu()):
+                raise ValueError(
+                    f"split {split!r}: the query and reference datasets must list the same images in the same order "
+                    "(their labels differ)"
+                )
+
+    # ------------------------------------------------------------------ FLOPs and the four setups
+    @staticmethod
+    def query_flops(trunk_model, embedder_model=None, image_size: int = 224, in_channels: int = 3) -> int:
+        """FLOPs to embed ONE query image of ``image_size`` × ``image_size`` pixels (torch flop counter).
+
+        Runs a zero image ``[1, in_channels, s, s]`` under ``no_grad`` on the trunk's device; restores train/eval
+        modes. Raises ValueError on a non-positive ``image_size``.
+        """
+        _check_resolution("image_size", image_size)
+        embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
+        param = next(iter(trunk_model.parameters()), None)
+        device = param.device if param is not None else torch.device("cpu")
+        dtype = param.dtype if param is not None else torch.float32
+        modes = [(m, m.training) for m in (trunk_model, embedder_model)]
+        try:
+            trunk_model.eval()
+            embedder_model.eval()
+            counter = FlopCounterMode(display=False)
+            with torch.no_grad(), counter:
+                embedder_model(
+                    trunk_model(torch.zeros(1, in_channels, image_size, image_size, device=device, dtype=dtype))
+                )
+        finally:
+            for m, was_training in modes:
+                m.train(was_training)
+        return int(counter.get_total_flops())
+
+    def evaluate_setups(
+        self,
+        make_dataset_dict: Callable[[int], Dict[str, torch.utils.data.Dataset]],
+        teacher,
+        student,
+        query_resolution: int,
+        database_resolution: int,
+        teacher_resolution: Optional[int] = None,
+        splits_to_eval=None,
+        setups: Sequence[str] = SETUPS,
+        epoch: int = 0,
+        collate_fn=None,
+    ) -> Dict[str, dict]:
+        """The paper's four evaluation setups (Sec. 5), each with its query cost.
+
+        - ``teacher_student_asymmetric``: database by the teacher at ``database_resolution``, queries by the student
+          at ``query_resolution`` (eq. 4, the proposed setup);
+        - ``student_symmetric``: student at ``query_resolution`` on both sides (eq. 1);
+        - ``teacher_symmetric``: teacher at ``teacher_resolution`` (its training resolution; default
+          ``database_resolution``) on both sides (eq. 1);
+        - ``teacher_asymmetric``: teacher at ``database_resolution`` for the database and at ``query_resolution`` for
+          the queries (eq. 3, one network, two resolutions).
+
+        Args:
+            make_dataset_dict: ``resolution -> {split_name: dataset}``; the datasets at every resolution must list
+                the same images in the same order (e.g. the evaluation transform at that size).
+            teacher, student: a module or a ``(trunk, embedder)`` pair each. ``student`` may be None when only
+                teacher setups are asked for.
+            query_resolution, database_resolution, teacher_resolution: square input sizes in pixels.
+            splits_to_eval: as in PML's ``test`` (default: every split against itself).
+            setups: a subset of :data:`SETUPS`.
+
+        Returns:
+            ``{setup: {"accuracies": {query_split: {metric_level0: value, "epoch": epoch}}, "query_flops": int,
+            "query_resolution": int, "reference_resolution": int}}``. Embeddings of each (model, resolution) are
+            computed once; ``end_of_testing_hook`` is not called.
+
+        Raises:
+            ValueError: unknown setup names, non-positive resolutions, a student setup without a student.
+        """
+        for name, value in (
+            ("query_resolution", query_resolution),
+            ("database_resolution", database_resolution),
+        ):
+            _check_resolution(name, value)
+        teacher_resolution = database_resolution if teacher_resolution is None else teacher_resolution
+        _check_resolution("teacher_resolution", teacher_resolution)
+        unknown = [s for s in setups if s not in SETUPS]
+        if unknown:
+            raise ValueError(f"unknown setups {unknown}; valid: {list(SETUPS)}")
+        models = {"teacher": _models(teacher, "teacher")}
+        if student is not None:
+            models["student"] = _models(student, "student")
+        elif any(s.startswith(("teacher_student", "student")) for s in setups):
+            raise ValueError("student is required for the teacher_student_asymmetric and student_symmetric setups")
+        sides = {
+            "teacher_student_asymmetric": (("student", query_resolution), ("teacher", database_resolution)),
+            "student_symmetric": (("student", query_resolution), ("student", query_resolution)),
+            "teacher_symmetric": (("teacher", teacher_resolution), ("teacher", teacher_resolution)),
+            "teacher_asymmetric": (("teacher", query_resolution), ("teacher", database_resolution)),
+        }
+        datasets, cache = {}, {}
+
+        def embeddings(side):
+            if side not in cache:
+                name, res = side
+                if res not in datasets:
+                    datasets[res] = make_dataset_dict(res)
+                trunk, embedder = models[name]
+                cache[side] = super(AsymmetricTester, self).get_all_embeddings_for_all_splits(
+                    datasets[res], trunk, embedder, splits_to_compute, collate_fn
+                )
+            return cache[side]
+
+        first = make_dataset_dict(query_resolution)
+        datasets[query_resolution] = first
+        splits, splits_to_compute = self.get_splits_to_compute_embeddings(first, splits_to_eval)
+        results = {}
+        for setup in setups:
+            query_side, reference_side = sides[setup]
+            query_e, reference_e = embeddings(query_side), embeddings(reference_side)
+            self._check_same_images(query_e, reference_e)
+            self.reference_embeddings_and_labels = reference_e
+            accuracies = defaultdict(dict)
+            try:
+                for query_split, reference_splits in splits:
+                    accuracies[query_split]["epoch"] = epoch
+                    self.do_knn_and_accuracies(accuracies[query_split], query_e, query_split, reference_splits)
+            finally:
+                self.reference_embeddings_and_labels = None
+            trunk, embedder = models[query_side[0]]
+            results[setup] = {
+                "accuracies": dict(accuracies),
+                "query_flops": self.query_flops(trunk, embedder, query_side[1]),
+                "query_resolution": query_side[1],
+                "reference_resolution": reference_side[1],
+            }
+            c_f.LOGGER.info(f"{setup}: {results[setup]}")
+        return results

@@ -1,0 +1,250 @@
+"""Teacher-student trainer for resolution-asymmetric distillation (RAML), built on PML's ``MetricLossOnly``.
+
+Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 4-5
+(frozen teacher, student initialised from the teacher, AdamW + one-cycle). Details from ``pavelsuma/raml``: BatchNorm in
+eval mode (``train.py`` ``set_batchnorm_eval``), GeM p at 10× the learning rate without weight decay, weight decay
+1e-6, ``OneCycleLR(div_factor=10)`` (``modelhelpers.py``). Deliberate deviation from that code: the teacher runs under
+``torch.no_grad`` with frozen parameters (the code builds an autograd graph through it, see
+``benchmarks/distill_memory.py``); the numbers are unchanged since the teacher is never updated.
+"""
+
+from typing import Dict, Optional
+
+import torch
+from pytorch_metric_learning.trainers import MetricLossOnly
+from pytorch_metric_learning.utils import common_functions as c_f
+
+from ..datasets.coupled_augmentation_dataset import CoupledAugmentationDataset
+from ..losses.resolution_distillation_loss import ResolutionDistillationLoss
+from ..trunks.gem_pooling import GeMPooling
+
+
+def gem_parameters(*modules: torch.nn.Module) -> list:
+    """The exponents ``p`` of every trainable :class:`GeMPooling` inside ``modules``."""
+    out = []
+    for module in modules:
+        for m in module.modules():
+            if isinstance(m, GeMPooling) and isinstance(m.p, torch.nn.Parameter):
+                out.append(m.p)
+    return out
+
+
+def make_optimizers(
+    trunk: torch.nn.Module,
+    embedder: Optional[torch.nn.Module] = None,
+    lr: float = 1.1e-4,
+    weight_decay: float = 1e-6,
+    gem_lr_multiplier: float = 10.0,
+) -> Dict[str, torch.optim.Optimizer]:
+    """RAML's optimisers: AdamW (lr, weight_decay) with GeM p in its own group (lr × gem_lr_multiplier, no decay).
+
+    Returns ``{"trunk_optimizer": ..., "embedder_optimizer": ...}`` (the second only when ``embedder`` has
+    parameters). Frozen parameters (``requires_grad=False``) are left out. Defaults: lr 1.1e-4, weight decay
+    1e-6, multiplier 10 (paper / paper code).
+
+    Raises:
+        ValueError: on a non-positive lr or multiplier, negative weight decay, or no trainable parameter at all.
+    """
+    if not lr > 0 or not gem_lr_multiplier > 0 or not weight_decay >= 0:
+        raise ValueError(
+            f"need lr > 0, gem_lr_multiplier > 0, weight_decay >= 0; got {lr!r}, {gem_lr_multiplier!r}, {weight_decay!r}"
+        )
+    gem = {id(p) for p in gem_parameters(*[m for m in (trunk, embedder) if m is not None])}
+    optimizers = {}
+    for name, model in (("trunk", trunk), ("embedder", embedder)):
+        if model is None:
+            continue
+        params = [p for p in model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if id(p) not in gem], "lr": lr, "weight_decay": weight_decay},
+            {
+                "params": [p for p in params if id(p) in gem],
+                "lr": lr * gem_lr_multiplier,
+                "weight_decay": 0.0,
+            },
+        ]
+        groups = [g for g in groups if g["params"]]
+        if groups:
+            optimizers[f"{name}_optimizer"] = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    if not optimizers:
+        raise ValueError("no trainable parameters in trunk/embedder")
+    return optimizers
+
+
+def set_batchnorm_eval(module: torch.nn.Module):
+    """Put every BatchNorm layer of ``module`` in eval mode (running statistics frozen)."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.eval()
+
+
+class ResolutionDistillationTrainer(MetricLossOnly):
+    """Distil a small-resolution student (``trunk``/``embedder``) from a frozen teacher (``teacher_trunk``/
+    ``teacher_embedder``) without labels, optionally beside a labelled metric loss.
+
+    ``models``: ``trunk`` (required), ``embedder``, ``teacher_trunk`` (required), ``teacher_embedder`` (default
+    ``Identity``). ``loss_funcs``: ``distillation_loss`` (default ``ResolutionDistillationLoss()``) and
+    optional ``metric_loss`` (any PML loss on the student embeddings and CLASS labels, mined by ``tuple_miner`` when
+    given; weighted by ``loss_weights``, e.g. ``{"distillation_loss": 1, "metric_loss": 0.1}``).
+    ``dataset``: a :class:`CoupledAugmentationDataset` (or anything whose ``collate_fn`` yields
+    ``((student_images, teacher_images, class_labels), image_ids)``; the default ``collate_fn`` is
+    ``CoupledAugmentationDataset.collate``).
+
+    Per step: student embeddings of the small images (with graph); teacher embeddings of the large images under
+    ``torch.no_grad`` with the teacher in eval mode; ``distillation_loss(student, image_ids, ref_emb=teacher)``.
+    The teacher's parameters are frozen (``requires_grad=False``), never zeroed, never stepped; the student's
+    BatchNorm layers stay in eval mode (``freeze_batchnorm=True``, paper code). At construction the student gets the
+    teacher's weights (``init_student_from_teacher=True``, paper; set False for the ImageNet-init ablation).
+    At the start of every epoch ``dataset.set_epoch(epoch)`` is called when the dataset has it (fresh coupled
+    augmentations; with DataLoader workers they take effect when PML re-creates the iterator).
+
+    Defaults when ``optimizers``/``lr_schedulers`` are None: :func:`make_optimizers` (AdamW, GeM p at lr × 10 without
+    weight decay) and, at :meth:`train`, ``OneCycleLR(max_lr=group lr, div_factor=10)`` per optimiser, stepped every
+    iteration over ``num_epochs × iterations_per_epoch`` (one ``train`` call). Record-keeper / ``HookContainer``
+    hooks receive the usual trainer attributes; the losses are logged as ``distillation_loss``/``metric_loss``
+    and the loss's sub-terms through its recordable attributes.
+
+    Keyword-only args: ``init_student_from_teacher``, ``freeze_batchnorm``, ``lr`` (1.1e-4, paper's indicative value),
+    ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor`` (10); the rest as PML's trainers.
+
+    Raises:
+        ValueError: ``models`` without ``trunk``/``teacher_trunk`` modules; teacher and student of different
+            architectures with ``init_student_from_teacher``; a
+            ``subset_batch_miner`` (not supported: the batch holds two resolutions).
+    """
+
+    def __init__(
+        self,
+        models,
+        optimizers=None,
+        batch_size=8,
+        loss_funcs=None,
+        dataset=None,
+        *args,
+        init_student_from_teacher: bool = True,
+        freeze_batchnorm: bool = True,
+        lr: float = 1.1e-4,
+        weight_decay: float = 1e-6,
+        gem_lr_multiplier: float = 10.0,
+        one_cycle_div_factor: float = 10.0,
+        **kwargs,
+    ):
+        if not isinstance(models, dict) or not all(
+            isinstance(models.get(k), torch.nn.Module) for k in ("trunk", "teacher_trunk")
+        ):
+            raise ValueError("models must be a dict with modules under 'trunk' (student) and 'teacher_trunk'")
+        if loss_funcs is None:
+            loss_funcs = {"distillation_loss": ResolutionDistillationLoss()}
+        self.init_student_from_teacher = init_student_from_teacher
+        self.freeze_batchnorm = freeze_batchnorm
+        self.default_one_cycle = optimizers is None and kwargs.get("lr_schedulers") is None
+        self.one_cycle_div_factor = one_cycle_div_factor
+        if kwargs.get("collate_fn") is None:
+            kwargs["collate_fn"] = CoupledAugmentationDataset.collate
+        if "teacher_embedder" not in models:
+            models["teacher_embedder"] = torch.nn.Identity()
+        if "embedder" not in models:
+            models["embedder"] = torch.nn.Identity()
+        if init_student_from_teacher:
+            self._copy_teacher_into_student(models)
+        for key in ("teacher_trunk", "teacher_embedder"):
+            if key in models:
+                models[key].requires_grad_(False)
+                models[key].eval()
+        if optimizers is None:
+            optimizers = make_optimizers(models["trunk"], models["embedder"], lr, weight_decay, gem_lr_multiplier)
+        super().__init__(models, optimizers, batch_size, loss_funcs, dataset, *args, **kwargs)
+        if "subset_batch_miner" in self.mining_funcs:
+            raise ValueError("subset_batch_miner is not supported by ResolutionDistillationTrainer")
+
+    @staticmethod
+    def _copy_teacher_into_student(models):
+        if "teacher_trunk" not in models:
+            return
+        for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
+            try:
+                models[student].load_state_dict(models[teacher].state_dict())
+            except RuntimeError as e:
+                raise ValueError(
+                    f"cannot initialise the student's {student} from the teacher's (different architectures); "
+                    f"pass init_student_from_teacher=False. {e}"
+                ) from e
+
+    # ------------------------------------------------------------------ PML override points
+    def modify_schema(self):
+        self.schema["models"].keys = ["trunk", "embedder", "teacher_trunk", "teacher_embedder"]
+        self.schema["models"].essential = ["trunk", "teacher_trunk"]
+        self.schema["models"].important = ["embedder"]
+        self.schema["loss_funcs"].keys = ["distillation_loss", "metric_loss"]
+        self.schema["loss_funcs"].essential = ["distillation_loss"]
+        self.schema["loss_funcs"].important = []
+        self.schema["optimizers"].important = ["trunk_optimizer"]
+
+    def teacher_modules(self):
+        return [self.models["teacher_trunk"], self.models["teacher_embedder"]]
+
+    def set_to_train(self):
+        super().set_to_train()
+        epoch = getattr(self, "epoch", None)
+        if epoch is not None and hasattr(self.dataset, "set_epoch"):
+            # fresh coupled augmentations every epoch (workers pick it up when the iterator is re-created)
+            self.dataset.set_epoch(epoch)
+        for m in self.teacher_modules():
+            m.eval()
+            m.requires_grad_(False)
+        if self.freeze_batchnorm:
+            set_batchnorm_eval(self.models["trunk"])
+            set_batchnorm_eval(self.models["embedder"])
+
+    def zero_grad(self):
+        for k, v in self.models.items():
+            if not k.startswith("teacher_"):
+                v.zero_grad()
+        for v in self.optimizers.values():
+            v.zero_grad()
+
+    def compute_teacher_embeddings(self, data: torch.Tensor) -> torch.Tensor:
+        """Teacher embeddings [N, D] of the large images, without autograd graph (no_grad, eval mode)."""
+        teacher_trunk, teacher_embedder = self.teacher_modules()
+        teacher_trunk.eval()
+        teacher_embedder.eval()
+        with torch.no_grad():
+            data = c_f.to_device(data, device=self.data_device, dtype=self.dtype)
+            return teacher_embedder(teacher_trunk(data))
+
+    def calculate_loss(self, curr_batch):
+        data, image_ids = curr_batch
+        if not isinstance(data, (tuple, list)) or len(data) != 3:
+            raise ValueError(
+                "a batch must be ((student_images, teacher_images, class_labels), image_ids); use "
+                "CoupledAugmentationDataset.collate as collate_fn"
+            )
+        student_images, teacher_images, class_labels = data
+        embeddings = self.compute_embeddings(student_images)
+        teacher_embeddings = self.compute_teacher_embeddings(teacher_images)
+        image_ids = c_f.to_device(image_ids, embeddings)
+        self.losses["distillation_loss"] = self.loss_funcs["distillation_loss"](
+            embeddings, image_ids, ref_emb=teacher_embeddings
+        )
+        if "metric_loss" in self.loss_funcs and self.loss_weights.get("metric_loss", 0) > 0:
+            class_labels = c_f.to_device(class_labels, embeddings)
+            indices_tuple = self.maybe_mine_embeddings(embeddings, class_labels)
+            self.losses["metric_loss"] = self.loss_funcs["metric_loss"](embeddings, class_labels, indices_tuple)
+
+    # ------------------------------------------------------------------ default one-cycle schedule
+    def train(self, start_epoch=1, num_epochs=1):
+        self._num_epochs_to_run = num_epochs - start_epoch + 1
+        return super().train(start_epoch=start_epoch, num_epochs=num_epochs)
+
+    def initialize_dataloader(self):
+        super().initialize_dataloader()
+        if self.default_one_cycle and not self.lr_schedulers:
+            total = self.iterations_per_epoch * max(1, getattr(self, "_num_epochs_to_run", 1))
+            for name, optimizer in self.optimizers.items():
+                model = c_f.regex_replace("_optimizer$", "", name)
+                self.lr_schedulers[f"{model}_scheduler_by_iteration"] = torch.optim.lr_scheduler.OneCycleLR(
+                    optimizer,
+                    max_lr=[g["lr"] for g in optimizer.param_groups],
+                    total_steps=total,
+                    div_factor=self.one_cycle_div_factor,
+                )

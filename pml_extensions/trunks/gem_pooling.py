@@ -1,0 +1,53 @@
+"""Generalized-mean (GeM) pooling (Radenović, Tolias & Chum, TPAMI 2019), as used by RAML.
+
+Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 5
+("Generalized mean pooling (GeM) ... added on top of the FCN"); the formula and the clamp follow the authors' code
+``pavelsuma/raml`` (``lib/layers/pooling.py``, ``lib/layers/functional.py``), which inherits them from
+``filipradenovic/cnnimageretrieval-pytorch``. Written from the formula, no code copied.
+"""
+
+import torch
+
+
+class GeMPooling(torch.nn.Module):
+    """GeM pooling: ``y_c = (mean_{h,w} max(x_{c,h,w}, eps)^p)^(1/p)`` with one scalar p.
+
+    Args:
+        p: initial exponent (> 0). Default 3 (paper code). p = 1 is average pooling, p → ∞ tends to max pooling.
+        eps: clamp floor applied BEFORE the power, so negative or zero activations never reach ``pow``.
+            Default 1e-6 (paper code).
+        trainable: p is an ``nn.Parameter`` (default, as in the paper) or a fixed buffer.
+
+    ``forward(x [B, C, H, W]) -> [B, C]`` in the dtype/device of ``x``. ``feat_mult()`` is 1 (output width = C).
+    RAML trains p at 10× the learning rate without weight decay; :class:`ResolutionDistillationTrainer` finds GeM
+    modules and builds that parameter group.
+
+    Raises:
+        ValueError: if ``p`` or ``eps`` is not > 0, or the input is not a 4-D tensor.
+    """
+
+    def __init__(self, p: float = 3.0, eps: float = 1e-6, trainable: bool = True):
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not p > 0:
+            raise ValueError(f"p must be a number > 0, got {p!r}")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+            raise ValueError(f"eps must be a number > 0, got {eps!r}")
+        self.eps = float(eps)
+        self.trainable = bool(trainable)
+        value = torch.tensor([float(p)])
+        if self.trainable:
+            self.p = torch.nn.Parameter(value)
+        else:
+            self.register_buffer("p", value)
+
+    def feat_mult(self) -> int:
+        return 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_tensor(x) or x.ndim != 4:
+            raise ValueError(f"x must be a [B, C, H, W] tensor, got {getattr(x, 'shape', type(x))}")
+        p = self.p.to(dtype=x.dtype)
+        return x.clamp(min=self.eps).pow(p).mean(dim=(-2, -1)).pow(1.0 / p)
+
+    def extra_repr(self) -> str:
+        return f"p={float(self.p.detach()):.4f}, eps={self.eps}, trainable={self.trainable}"

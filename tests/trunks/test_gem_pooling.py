@@ -1,0 +1,51 @@
+import math
+import unittest
+
+import torch
+
+from pml_extensions.trunks.gem_pooling import GeMPooling
+
+
+class TestGeMPooling(unittest.TestCase):
+    def test_hand_value_p2(self):
+        # one channel with values 1, 2, 3, 4: (mean(1, 4, 9, 16))^(1/2) = sqrt(7.5)
+        x = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64).view(1, 1, 2, 2)
+        out = GeMPooling(p=2.0)(x)
+        self.assertEqual(out.shape, (1, 1))
+        self.assertAlmostEqual(out.item(), math.sqrt(7.5), places=12)
+
+    def test_p1_is_average_pooling(self):
+        x = torch.rand(3, 5, 4, 6, dtype=torch.float64) + 0.1
+        out = GeMPooling(p=1.0)(x)
+        torch.testing.assert_close(out, x.mean(dim=(2, 3)))
+
+    def test_clamp_before_power(self):
+        # negatives and zeros are clamped to eps before pow: (mean(eps^3, eps^3, 8, 8))^(1/3) = (4 + eps^3/2)^(1/3)
+        x = torch.tensor([-5.0, 0.0, 2.0, 2.0], dtype=torch.float64).view(1, 1, 2, 2)
+        out = GeMPooling(p=3.0, eps=1e-6)(x)
+        self.assertTrue(torch.isfinite(out).all())
+        self.assertAlmostEqual(out.item(), 4.0 ** (1 / 3), places=10)
+
+    def test_p_is_trainable_and_gets_gradient(self):
+        pool = GeMPooling()
+        self.assertIsInstance(pool.p, torch.nn.Parameter)
+        self.assertEqual(float(pool.p.detach()), 3.0)
+        pool(torch.rand(2, 3, 4, 4)).sum().backward()
+        self.assertIsNotNone(pool.p.grad)
+        self.assertTrue(torch.isfinite(pool.p.grad).all())
+        fixed = GeMPooling(trainable=False)
+        self.assertEqual(len(list(fixed.parameters())), 0)
+        self.assertIn("p", dict(fixed.named_buffers()))
+
+    def test_dtype_follows_input(self):
+        for dtype in (torch.float32, torch.float64):
+            self.assertEqual(GeMPooling()(torch.rand(1, 2, 3, 3, dtype=dtype)).dtype, dtype)
+
+    def test_bad_input(self):
+        for p in (0, -1.0, True, "3"):
+            with self.assertRaisesRegex(ValueError, "p must be"):
+                GeMPooling(p=p)
+        with self.assertRaisesRegex(ValueError, "eps must be"):
+            GeMPooling(eps=0)
+        with self.assertRaisesRegex(ValueError, r"\[B, C, H, W\]"):
+            GeMPooling()(torch.rand(2, 3))
