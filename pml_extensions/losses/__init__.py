@@ -5,6 +5,7 @@
 
 import pytorch_metric_learning.losses as _pml_losses
 
+from .patch_classification_loss import PatchClassificationLoss
 from .resolution_distillation_loss import ResolutionDistillationLoss
 from .xml_wrapper import XMLWrapper
 
@@ -13,4 +14,4 @@ PML_LOSSES = sorted(
 )
 globals().update({name: getattr(_pml_losses, name) for name in PML_LOSSES})
 
-__all__ = PML_LOSSES + ["ResolutionDistillationLoss", "XMLWrapper"]
+__all__ = PML_LOSSES + ["PatchClassificationLoss", "ResolutionDistillationLoss", "XMLWrapper"]

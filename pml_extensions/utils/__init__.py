@@ -8,4 +8,7 @@ from .ridge import ridge_prototypes
 __all__ = [
     "AsymmetricAccuracyCalculator",
     "DistributedLossWrapper",
-    "trapezoidal_average_precision", "class_disjoint_split", "ridge_prototypes"]
+    "class_disjoint_split",
+    "ridge_prototypes",
+    "trapezoidal_average_precision",
+]

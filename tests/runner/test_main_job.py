@@ -28,7 +28,12 @@ class TestMainJob(unittest.TestCase):
             self.assertTrue(rows and "xml_loss" in rows[0])
             self.assertTrue(os.path.isfile(os.path.join(run, "contrastive_xml", "records.db")))
             # rerunning the same command replaces the previous run instead of failing on the existing database
-            self.assertEqual(main_job.main(["--epochs", "1", "--iterations", "1", "--output", out, "--variants", "contrastive_gap"]), 0)
+            self.assertEqual(
+                main_job.main(
+                    ["--epochs", "1", "--iterations", "1", "--output", out, "--variants", "contrastive_gap"]
+                ),
+                0,
+            )
 
     def test_config_errors_are_one_line(self):
         with tempfile.TemporaryDirectory() as cfg:

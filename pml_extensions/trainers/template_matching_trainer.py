@@ -1,0 +1,121 @@
+"""PML trainer that adds the template-matching block's auxiliary patch-classification loss (Gorgun, Gurbuz &
+Alatan, BMVC 2022, arXiv 2210.00992, Sec. 3.3, Eq. 3.1):
+
+    L = (1 − λ) · main + λ · mean_patches CE(h2(h1(I)), y),        λ = 0.5 (paper: "equal weighting").
+
+"main" is whatever PML's ``TrainWithClassifier`` computes: the classifier loss (classification, as in the
+paper) and/or the metric loss (deep metric learning; the block's training-class scores then act as templates
+for unseen classes at test time).
+"""
+
+from typing import List
+
+import torch
+from pytorch_metric_learning.trainers import TrainWithClassifier
+
+from ..losses.patch_classification_loss import PatchClassificationLoss
+from ..trunks.template_matching_block import TemplateMatchingBlock
+
+AUX_LOSS = "template_aux_loss"
+
+
+class TemplateMatchingTrainer(TrainWithClassifier):
+    """``TrainWithClassifier`` plus the auxiliary per-patch loss of every :class:`TemplateMatchingBlock` in
+    the models.
+
+    Args:
+        *args, **kwargs: as for PML's ``TrainWithClassifier`` (``models`` with ``"trunk"``, optional
+            ``"embedder"`` and ``"classifier"``; ``loss_funcs`` with ``"metric_loss"`` and/or
+            ``"classifier_loss"``; ...). ``loss_funcs[AUX_LOSS]`` (``"template_aux_loss"``) defaults to
+            :class:`PatchClassificationLoss`; any callable ``(class_scores [B, c, H, W], labels [B]) ->
+            scalar`` may replace it.
+        aux_weight: λ in [0, 1]. Default 0.5 (paper). The effective PML loss weights are (1 − λ)·w for every
+            main loss (w from ``loss_weights``, default 1) and λ·w for ``"template_aux_loss"`` (w default 1),
+            so ``total_loss`` = (1 − λ)·main + λ·aux. λ = 0 trains the main loss only (the block's classifier
+            then gets no gradient from the aux loss).
+        freeze_block_batchnorm: with PML's ``freeze_trunk_batchnorm=True`` (pretrained trunks), also freeze
+            the BN of the blocks' BN-ReLU mixing. Default ``False``: the block's BN, which is new, keeps
+            learning its statistics while the pretrained trunk's BN layers are frozen.
+
+    Losses: ``self.losses`` (the loss tracker's dict, which PML's ``HookContainer`` logs to record-keeper
+    under ``loss_histories``) holds ``metric_loss``, ``classifier_loss``, ``template_aux_loss`` and
+    ``total_loss``, each already multiplied by its effective weight. With several blocks, the aux loss is the
+    mean over blocks. Labels must be the block's training-class indices in [0, c) (PML's
+    ``set_min_label_to_zero`` helps).
+
+    Raises:
+        ValueError: if ``aux_weight`` is outside [0, 1], ``loss_weights`` names a loss not in ``loss_funcs``,
+            or no :class:`TemplateMatchingBlock` is found in the models (use
+            :func:`pml_extensions.trunks.template_matching_inserter.insert_template_matching`), or the models
+            ran without any block producing scores (e.g. a block outside the forward path).
+
+    Note: the block keeps its scores as an attribute, so the trunk must not be wrapped in ``DataParallel``
+    (use ``DistributedDataParallel``, one process per device).
+    """
+
+    def __init__(self, *args, aux_weight: float = 0.5, freeze_block_batchnorm: bool = False, **kwargs):
+        aux_weight = float(aux_weight)
+        if not 0.0 <= aux_weight <= 1.0:
+            raise ValueError(f"aux_weight (λ) must be in [0, 1], got {aux_weight!r}")
+        self.aux_weight = aux_weight
+        self.freeze_block_batchnorm = bool(freeze_block_batchnorm)
+        super().__init__(*args, **kwargs)
+
+    def maybe_freeze_trunk_batchnorm(self):
+        """PML's ``freeze_trunk_batchnorm`` puts every BatchNorm of the trunk in eval mode; the blocks' own
+        (new, randomly initialised) BN-ReLU mixing layers are switched back to training mode unless
+        ``freeze_block_batchnorm`` is set."""
+        super().maybe_freeze_trunk_batchnorm()
+        if self.freeze_trunk_batchnorm and not self.freeze_block_batchnorm:
+            for block in getattr(self, "template_blocks", []):
+                if block.mixer is not None and block.training:
+                    block.mixer.train()
+
+    def custom_setup(self):
+        self.loss_funcs = dict(self.loss_funcs)
+        self.loss_funcs.setdefault(AUX_LOSS, PatchClassificationLoss())
+        self.loss_names = list(self.loss_funcs.keys())
+        given = dict(self.loss_weights) if self.loss_weights is not None else {}
+        unknown = sorted(set(given) - set(self.loss_names))
+        if unknown:
+            raise ValueError(f"loss_weights has keys {unknown} that are not in loss_funcs {self.loss_names}")
+        self.user_loss_weights = {k: given.get(k, 1) for k in self.loss_names}
+        self.loss_weights = {
+            k: (self.aux_weight if k == AUX_LOSS else 1 - self.aux_weight) * w
+            for k, w in self.user_loss_weights.items()
+        }
+
+    def modify_schema(self):
+        super().modify_schema()
+        self.schema["loss_funcs"].keys += [AUX_LOSS]
+
+    def initialize_models(self):
+        super().initialize_models()
+        self.template_blocks: List[TemplateMatchingBlock] = []
+        for model in self.models.values():
+            for m in model.modules():
+                if isinstance(m, TemplateMatchingBlock) and all(m is not b for b in self.template_blocks):
+                    self.template_blocks.append(m)
+        if not self.template_blocks:
+            raise ValueError(
+                "no TemplateMatchingBlock found in the models; build the trunk with "
+                "pml_extensions.trunks.template_matching_inserter.insert_template_matching"
+            )
+
+    def calculate_loss(self, curr_batch):
+        for block in self.template_blocks:
+            block.last_class_scores = None
+        super().calculate_loss(curr_batch)
+        _, labels = curr_batch
+        self.losses[AUX_LOSS] = self.maybe_get_template_aux_loss(labels)
+
+    def maybe_get_template_aux_loss(self, labels) -> torch.Tensor:
+        """λ-unweighted aux loss: the mean over blocks of ``loss_funcs["template_aux_loss"](scores, labels)``;
+        0 when its effective weight is 0."""
+        if self.loss_weights.get(AUX_LOSS, 0) <= 0:
+            return 0
+        scores = [b.last_class_scores for b in self.template_blocks if b.last_class_scores is not None]
+        if not scores:
+            raise ValueError("no TemplateMatchingBlock produced class scores in this forward pass")
+        losses = [self.loss_funcs[AUX_LOSS](s, labels.to(s.device)) for s in scores]
+        return losses[0] if len(losses) == 1 else torch.stack(losses).mean()

@@ -1,0 +1,108 @@
+"""Margin-augmented soft-max: the entropy-regularised solution of the template-matching linear program.
+
+Gorgun, Gurbuz & Alatan, "Feature Embedding by Template Matching as a ResNet Block", BMVC 2022 (arXiv
+2210.00992), Sec. 3.1 problem (P3) and Sec. 4.1 "Replacing BN-ReLU with soft-maximizers". The hard problem
+(P1) is
+
+    p* = argmax_{p >= 0, 1ᵀp <= 1}  Σ_k p_k (a_k − μ),
+
+whose solution is one-hot at argmax_k a_k when max_k a_k > μ and the zero vector otherwise
+(:func:`margin_argmax`). Adding the entropy −ε Σ_{k>=0} p_k log p_k over the K entries and the slack p_0 = 1 −
+Σ_k p_k gives
+
+    p_k = exp(a_k / ε) / (exp(μ / ε) + Σ_j exp(a_j / ε)),
+
+i.e. "append μ to the activations, soft-max, drop the slack" (the paper's margin-augmented soft-max), which
+the paper scales by a constant η when it replaces BN-ReLU.
+"""
+
+from typing import Union
+
+import torch
+
+
+def _check_dim(x: torch.Tensor, dim: int, name: str = "activations") -> int:
+    if not torch.is_tensor(x):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not torch.is_floating_point(x):
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.ndim == 0:
+        raise ValueError(f"{name} must have at least one dimension (the K template/class scores)")
+    if not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"dim={dim} is out of range for {name} of shape {tuple(x.shape)}")
+    return dim % x.ndim
+
+
+def margin_argmax(
+    activations: torch.Tensor, mu: Union[float, torch.Tensor] = 0.0, dim: int = 1
+) -> torch.Tensor:
+    """Exact solution of the linear program (P1) (paper Sec. 3.1): one-hot at argmax_k a_k if max_k a_k > μ,
+    else 0.
+
+    Args:
+        activations: a, any float tensor with the K scores along ``dim`` (e.g. ``[B, K, H, W]`` with
+            ``dim=1``).
+        mu: the margin μ (same units as ``a``); a float or a tensor broadcastable against ``a`` with ``dim``
+            of size 1.
+        dim: the dimension holding the K scores.
+
+    Returns:
+        Tensor of the same shape, dtype and device as ``activations`` with entries in {0, 1} and at most one 1
+        along ``dim``. Ties at the maximum go to the lowest index (``torch.argmax``); ``max_k a_k == μ`` gives
+        the zero vector (the objective is 0 for both, the paper's text says "no greater than μ" gives 0). Not
+        differentiable.
+
+    Raises:
+        TypeError: if ``activations`` is not a floating-point tensor.
+        ValueError: if ``dim`` is out of range.
+    """
+    dim = _check_dim(activations, dim)
+    top, idx = activations.max(dim=dim, keepdim=True)
+    one_hot = torch.zeros_like(activations).scatter_(dim, idx, 1.0)
+    return one_hot * (top > mu).to(activations.dtype)
+
+
+class MarginAugmentedSoftmax(torch.nn.Module):
+    """η · soft-max([a, μ] / ε) with the slack entry dropped (paper Sec. 3.1 (P3) and Sec. 4.1).
+
+    Args:
+        mu: μ, the score of the "no match" slack entry (units of the activations). Default 0. The paper's
+            BN-ReLU replacement in a CIFAR-10 ResNet20 uses μ = 2.5, estimated with
+            :func:`pml_extensions.trunks.soft_maximizer_swap.estimate_mu`.
+        epsilon: ε > 0, the entropy weight / temperature. Default 1 (paper).
+        eta: η > 0, the constant output scale. Default 1 (plain soft-max probabilities). Paper, ResNet20: η =
+            17 (:func:`pml_extensions.trunks.soft_maximizer_swap.estimate_eta`).
+        dim: the dimension of the K scores. Default 1 (channels of a ``[B, K, H, W]`` map).
+
+    ``forward(activations [..., K, ...]) -> [..., K, ...]`` (same shape, dtype, device), entries in [0, η)
+    summing to less than η along ``dim``:  p_k = η·exp(a_k/ε) / (exp(μ/ε) + Σ_j exp(a_j/ε)). The Jacobian of
+    p/η is (diag(p/η) − (p/η)(p/η)ᵀ)/ε; plain autograd ops, so it works in float16/32/64 and under
+    ``gradcheck``. As ε → 0 the output tends to η·:func:`margin_argmax`.
+
+    Raises:
+        ValueError: if ``epsilon`` or ``eta`` is not > 0 or ``mu`` is not finite (at construction); if ``dim``
+            is out of range for the input (at forward).
+        TypeError: if the input is not a floating-point tensor.
+    """
+
+    def __init__(self, mu: float = 0.0, epsilon: float = 1.0, eta: float = 1.0, dim: int = 1):
+        super().__init__()
+        mu, epsilon, eta = float(mu), float(epsilon), float(eta)
+        if not epsilon > 0 or epsilon == float("inf"):
+            raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+        if not eta > 0 or eta == float("inf"):
+            raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
+        if mu != mu or abs(mu) == float("inf"):
+            raise ValueError(f"mu must be finite, got {mu!r}")
+        self.mu, self.epsilon, self.eta, self.dim = mu, epsilon, eta, int(dim)
+
+    def extra_repr(self) -> str:
+        return f"mu={self.mu}, epsilon={self.epsilon}, eta={self.eta}, dim={self.dim}"
+
+    def forward(self, activations: torch.Tensor) -> torch.Tensor:
+        dim = _check_dim(activations, self.dim)
+        shape = list(activations.shape)
+        shape[dim] = 1
+        slack = activations.new_full(shape, self.mu)
+        probs = torch.softmax(torch.cat([activations, slack], dim=dim) / self.epsilon, dim=dim)
+        return self.eta * probs.narrow(dim, 0, activations.shape[dim])

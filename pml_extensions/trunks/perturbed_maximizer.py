@@ -1,0 +1,204 @@
+"""Perturbed maximizer (Berthet et al., "Learning with Differentiable Perturbed Optimizers", NeurIPS 2020) of
+the template-matching linear program (P1) in Gorgun, Gurbuz & Alatan, BMVC 2022 (arXiv 2210.00992), Sec. 3.1
+(P2) and 4.1.
+
+With the slack entry appended, ã = [a_1 … a_K, μ], the smoothed solution is
+
+    p_ε(a) = E_Z[ onehot(argmax_k (ã_k + ε Z_k)) ]            (the slack entry is dropped from the output),
+
+estimated with S Monte-Carlo samples. Its Jacobian is estimated (Berthet et al., Prop. 3.1) by
+
+    ∂p_ε/∂ã ≈ E_Z[ onehot(argmax(ã + ε Z)) ∇ν(Z)ᵀ ] / ε,   ∇ν(Z) = Z (Gaussian), 1 − exp(−Z) (Gumbel),
+
+where ν is the noise's negative log-density. With Gumbel noise p_ε is exactly the margin-augmented soft-max
+(:class:`pml_extensions.trunks.margin_softmax.MarginAugmentedSoftmax`). Public implementations of the same
+estimator: ``google-research/perturbations`` (``perturbations/perturbations.py``, TensorFlow) and JAXopt's
+``make_perturbed_argmax``; this one is written from the equations, no code was copied.
+
+Implementation notes: samples are drawn and reduced in chunks, so memory is O(chunk · numel(ã)) instead of
+O(S · numel(ã)); the backward pass regenerates the same noise from the saved generator state instead of
+storing it.
+"""
+
+from typing import Dict, Optional, Union
+
+import torch
+
+NOISES = ("normal", "gumbel")
+DEFAULT_MAX_CHUNK_ELEMENTS = 2**24  # 64 MiB of float32 noise per chunk
+
+
+def _sample_noise(shape, noise: str, generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+    if noise == "normal":
+        return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
+    # Gumbel(0, 1) = −log(E), E ~ Exp(1)
+    e = torch.empty(shape, device=like.device, dtype=like.dtype).exponential_(generator=generator)
+    return -torch.log(e.clamp_min(torch.finfo(like.dtype).tiny))
+
+
+def _noise_score(z: torch.Tensor, noise: str) -> torch.Tensor:
+    """∇ν(z) for the noise's negative log-density ν."""
+    return z if noise == "normal" else 1.0 - torch.exp(-z)
+
+
+def _chunks(num_samples: int, chunk: int):
+    done = 0
+    while done < num_samples:
+        s = min(chunk, num_samples - done)
+        yield s
+        done += s
+
+
+class PerturbedArgmaxFunction(torch.autograd.Function):
+    """Custom autograd Function: forward = Monte-Carlo mean of the perturbed one-hot arg-maxes of [a, μ]
+    (slack dropped, scaled by η); backward = the Berthet et al. Jacobian estimator with the same noise
+    samples.
+
+    ``apply(x [N, K], mu, epsilon, eta, num_samples, chunk_size, noise, generator) -> [N, K]``. Works on rows
+    (the module moves the class dimension last and flattens). ``generator`` is advanced by the forward pass;
+    its state at the start of the forward pass is saved and replayed in the backward pass. No gradient flows
+    to μ, ε, η.
+    """
+
+    @staticmethod
+    def forward(ctx, x, mu, epsilon, eta, num_samples, chunk_size, noise, generator):
+        n, k = x.shape
+        state = generator.get_state()
+        aug = torch.cat([x, x.new_full((n, 1), mu)], dim=1)  # [N, K+1]
+        counts = torch.zeros(
+            n * (k + 1), dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device
+        )
+        offsets = torch.arange(n, device=x.device) * (k + 1)
+        for s in _chunks(num_samples, chunk_size):
+            z = _sample_noise((s, n, k + 1), noise, generator, x)
+            idx = torch.argmax(aug.unsqueeze(0) + epsilon * z, dim=2)  # [s, N]
+            counts += torch.bincount((idx + offsets).view(-1), minlength=n * (k + 1)).to(counts.dtype)
+        probs = counts.view(n, k + 1)[:, :k] / num_samples
+        ctx.save_for_backward(x)
+        ctx.cfg = (mu, epsilon, eta, num_samples, chunk_size, noise, state, generator.device)
+        return (eta * probs).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        mu, epsilon, eta, num_samples, chunk_size, noise, state, gen_device = ctx.cfg
+        n, k = x.shape
+        generator = torch.Generator(device=gen_device)
+        generator.set_state(state)
+        aug = torch.cat([x, x.new_full((n, 1), mu)], dim=1)
+        g_aug = torch.cat([grad_out.to(x.dtype), x.new_zeros(n, 1)], dim=1)  # the slack is not an output
+        grad = torch.zeros_like(aug)
+        for s in _chunks(num_samples, chunk_size):
+            z = _sample_noise((s, n, k + 1), noise, generator, x)
+            idx = torch.argmax(aug.unsqueeze(0) + epsilon * z, dim=2, keepdim=True)  # [s, N, 1]
+            g_sel = torch.gather(g_aug.unsqueeze(0).expand(s, n, k + 1), 2, idx)  # g_{argmax}: [s, N, 1]
+            grad += (g_sel * _noise_score(z, noise)).sum(0)
+        grad_x = grad[:, :k] * (eta / (num_samples * epsilon))
+        return grad_x, None, None, None, None, None, None, None
+
+
+class PerturbedMaximizer(torch.nn.Module):
+    """η · E_Z[argmax one-hot of [a, μ] + εZ] with the slack dropped (paper Sec. 3.1 (P2), Sec. 4.1; Berthet
+    et al. 2020).
+
+    Args:
+        mu: μ, the score of the "no match" slack entry (units of the activations). Default 0. Paper, ResNet20:
+            2.5.
+        epsilon: ε > 0, the noise scale. Default 1 (paper, following Berthet et al.'s ablation).
+        eta: η > 0, output scale. Default 1. Paper, ResNet20: 17.
+        num_samples: S ≥ 1 Monte-Carlo samples per forward pass. Default 600 (paper).
+        noise: ``"normal"`` (default, Berthet et al. and the paper) or ``"gumbel"`` (then E[·] is exactly the
+            margin-augmented soft-max; used in tests).
+        chunk_size: samples drawn at once; ``None`` (default) picks the largest chunk with at most 2^24 noise
+            entries, so memory stays bounded whatever S is.
+        seed: seed of the module's own noise generator (one per device, created lazily); the global RNG is
+            never used. :meth:`reset_generator` restarts the stream.
+        dim: dimension of the K scores. Default 1 (channels of ``[B, K, H, W]``).
+
+    ``forward(activations [..., K, ...]) -> [..., K, ...]`` (same shape, dtype and device): entries in [0, η]
+    that are multiples of η/S, summing to at most η along ``dim``. Backward uses
+    :class:`PerturbedArgmaxFunction` (Jacobian estimator; same noise as the forward pass). In eval mode the
+    module is still stochastic (a fresh draw per call) unless ``reset_generator`` is called before each call.
+
+    Raises:
+        ValueError: on ε ≤ 0, η ≤ 0, non-finite μ, ``num_samples`` < 1 (e.g. zero samples), ``chunk_size`` <
+            1, an unknown ``noise`` (lists the valid names), or ``dim`` out of range for the input.
+        TypeError: if the input is not a floating-point tensor.
+    """
+
+    def __init__(
+        self,
+        mu: float = 0.0,
+        epsilon: float = 1.0,
+        eta: float = 1.0,
+        num_samples: int = 600,
+        noise: str = "normal",
+        chunk_size: Optional[int] = None,
+        seed: int = 0,
+        dim: int = 1,
+    ):
+        super().__init__()
+        mu, epsilon, eta = float(mu), float(epsilon), float(eta)
+        if not epsilon > 0 or epsilon == float("inf"):
+            raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+        if not eta > 0 or eta == float("inf"):
+            raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
+        if mu != mu or abs(mu) == float("inf"):
+            raise ValueError(f"mu must be finite, got {mu!r}")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size must be None or an int >= 1, got {chunk_size!r}")
+        if noise not in NOISES:
+            raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
+        self.mu, self.epsilon, self.eta = mu, epsilon, eta
+        self.num_samples, self.noise, self.chunk_size = num_samples, noise, chunk_size
+        self.seed, self.dim = int(seed), int(dim)
+        self._generators: Dict[str, torch.Generator] = {}
+
+    def extra_repr(self) -> str:
+        return (
+            f"mu={self.mu}, epsilon={self.epsilon}, eta={self.eta}, num_samples={self.num_samples}, "
+            f"noise={self.noise!r}, seed={self.seed}, dim={self.dim}"
+        )
+
+    def reset_generator(self, seed: Optional[int] = None) -> None:
+        """Restart the noise stream (all devices) from ``seed`` (default: the constructor's seed)."""
+        if seed is not None:
+            self.seed = int(seed)
+        self._generators = {}
+
+    def generator(self, device: Union[str, torch.device]) -> torch.Generator:
+        """The module's noise generator on ``device`` (created from ``seed`` on first use)."""
+        device = torch.device(device)
+        key = str(device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._generators[key]
+
+    def forward(self, activations: torch.Tensor) -> torch.Tensor:
+        if not torch.is_tensor(activations):
+            raise TypeError(f"activations must be a torch.Tensor, got {type(activations).__name__}")
+        if not torch.is_floating_point(activations):
+            raise TypeError(f"activations must be a floating-point tensor, got dtype {activations.dtype}")
+        if activations.ndim == 0 or not -activations.ndim <= self.dim < activations.ndim:
+            raise ValueError(
+                f"dim={self.dim} is out of range for activations of shape {tuple(activations.shape)}"
+            )
+        moved = activations.movedim(self.dim, -1)
+        k = moved.shape[-1]
+        rows = moved.reshape(-1, k)
+        chunk = self.chunk_size or max(1, DEFAULT_MAX_CHUNK_ELEMENTS // max(1, rows.numel() + rows.shape[0]))
+        out = PerturbedArgmaxFunction.apply(
+            rows,
+            self.mu,
+            self.epsilon,
+            self.eta,
+            self.num_samples,
+            chunk,
+            self.noise,
+            self.generator(activations.device),
+        )
+        return out.view(moved.shape).movedim(-1, self.dim)

@@ -1,0 +1,246 @@
+"""Replace the BN-ReLU after the 3×3 convolutions of a ResNet by a soft maximizer, and estimate μ and η.
+
+Gorgun, Gurbuz & Alatan, BMVC 2022 (arXiv 2210.00992), Sec. 3.2 and Sec. 4.1 "Replacing BN-ReLU with
+soft-maximizers". BN-ReLU, p̂_k = max(γ_k (a_k − E a_k)/sqrt(Var a_k + eps) + β_k, 0), is positive exactly
+when a_k > μ_k with
+
+    μ_k = E a_k − β_k · sqrt(Var a_k + eps) / γ_k          (γ_k > 0; PyTorch's eps included),
+
+and writes p̂ = η · p̂* with η = Σ_k p̂_k and p̂* feasible for the linear program (P1). The paper replaces
+BN-ReLU by η · (margin-augmented soft-max or perturbed maximizer of [a, μ]) with one constant μ (the mean of
+the non-zero μ_k over the BN layers of a trained network; 2.5 for its CIFAR-10 ResNet20) and one constant η
+(the mean per-pixel sum of the BN-ReLU outputs; 17), ε = 1 and 600 noise samples.
+
+Sites: in a torchvision ``BasicBlock`` (conv1 3×3 → bn1 → relu) the replaced BN is ``bn1``; in a
+``Bottleneck`` (conv2 3×3 → bn2 → relu) it is ``bn2``. The BN is replaced by the soft maximizer; the block's
+ReLU that follows stays and is the identity on the maximizer's non-negative output. The BN before the residual
+addition (``bn2`` of a BasicBlock) and the stem are left alone (no ReLU directly follows them / not a 3×3 conv
+in torchvision).
+"""
+
+import copy
+from typing import Iterable, List, Optional, Tuple
+
+import torch
+import torchvision
+
+from .margin_softmax import MarginAugmentedSoftmax
+from .perturbed_maximizer import PerturbedMaximizer
+
+MAXIMIZERS = ("softmax", "perturbed")
+
+
+def bn_relu_sites(model: torch.nn.Module) -> List[Tuple[torch.nn.Module, str]]:
+    """(block, attribute name) of every BN that follows a 3×3 conv and precedes a ReLU in the torchvision
+    ``BasicBlock`` (``bn1``) and ``Bottleneck`` (``bn2``) modules of ``model``, in module order."""
+    sites = []
+    for m in model.modules():
+        if isinstance(m, torchvision.models.resnet.BasicBlock):
+            sites.append((m, "bn1"))
+        elif isinstance(m, torchvision.models.resnet.Bottleneck):
+            sites.append((m, "bn2"))
+    return sites
+
+
+def _check_bn(bn) -> None:
+    if not isinstance(bn, torch.nn.modules.batchnorm._BatchNorm):
+        raise TypeError(f"expected a BatchNorm layer, got {type(bn).__name__}")
+
+
+def bn_relu_thresholds(
+    bn: torch.nn.Module, mean: Optional[torch.Tensor] = None, var: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """Per-channel thresholds μ_k = E a_k − β_k·sqrt(Var a_k + eps)/γ_k of BN-ReLU (paper Sec. 3.2).
+
+    Args:
+        bn: an affine BatchNorm layer.
+        mean, var: ``[C]`` statistics of the BN input a; default: the layer's running statistics (what eval
+            mode uses).
+
+    Returns:
+        ``[C]`` float tensor (units of a). For γ_k > 0, eval-mode ReLU(BN(a))_k > 0 exactly when a_k > μ_k;
+        for γ_k < 0 the inequality flips; γ_k = 0 gives ±inf (or nan when β_k = 0).
+
+    Raises:
+        TypeError: if ``bn`` is not a BatchNorm layer.
+        ValueError: if it is not affine, or has no running statistics and none are given.
+    """
+    _check_bn(bn)
+    if not bn.affine:
+        raise ValueError("bn must be affine (γ, β) for the BN-ReLU threshold")
+    if mean is None or var is None:
+        if not bn.track_running_stats:
+            raise ValueError("bn has no running statistics; pass mean and var")
+        mean = bn.running_mean if mean is None else mean
+        var = bn.running_var if var is None else var
+    gamma, beta = bn.weight.detach(), bn.bias.detach()
+    return mean.to(gamma.dtype) - beta * torch.sqrt(var.to(gamma.dtype) + bn.eps) / gamma
+
+
+def soft_maximizer_swap(
+    model: torch.nn.Module,
+    maximizer: str = "softmax",
+    mu: float = 2.5,
+    eta: float = 17.0,
+    epsilon: float = 1.0,
+    num_samples: int = 600,
+    seed: int = 0,
+    inplace: bool = False,
+) -> torch.nn.Module:
+    """Replace every BN-ReLU after a 3×3 conv (:func:`bn_relu_sites`) by η·soft-maximizer([a, μ]) (paper Sec.
+    4.1).
+
+    Args:
+        model: a torchvision ResNet (or any model built from torchvision ``BasicBlock``/``Bottleneck``).
+        maximizer: ``"softmax"`` (:class:`MarginAugmentedSoftmax`) or ``"perturbed"``
+            (:class:`PerturbedMaximizer`, Gaussian noise; site i uses seed ``seed + i``).
+        mu, eta, epsilon, num_samples: paper defaults μ = 2.5, η = 17 (CIFAR-10 ResNet20 values; estimate
+            yours with :func:`estimate_mu` / :func:`estimate_eta` from a trained model), ε = 1, S = 600.
+        inplace: modify ``model`` (default ``False``: a deep copy).
+
+    Returns:
+        The model; output shapes are unchanged.
+
+    Raises:
+        ValueError: on an unknown ``maximizer`` (lists the valid names), bad μ/η/ε/S (see the maximizer
+            classes), or a model without any such site.
+    """
+    if maximizer not in MAXIMIZERS:
+        raise ValueError(f"maximizer must be one of {MAXIMIZERS}, got {maximizer!r}")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not bn_relu_sites(model):
+        raise ValueError(
+            f"{type(model).__name__} has no torchvision BasicBlock/Bottleneck, so no BN-ReLU after a 3×3 "
+            "conv to replace"
+        )
+    if not inplace:
+        model = copy.deepcopy(model)
+    for i, (block, name) in enumerate(bn_relu_sites(model)):
+        if maximizer == "softmax":
+            new = MarginAugmentedSoftmax(mu=mu, epsilon=epsilon, eta=eta, dim=1)
+        else:
+            new = PerturbedMaximizer(
+                mu=mu, epsilon=epsilon, eta=eta, num_samples=num_samples, seed=seed + i, dim=1
+            )
+        setattr(block, name, new)
+    return model
+
+
+def _run_with_hooks(model, batches, num_batches, hook_fn, sites):
+    if not sites:
+        raise ValueError(f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)")
+    for block, name in sites:
+        _check_bn(getattr(block, name))
+    handles = []
+    was_training = model.training
+    p = next(model.parameters(), None)
+    device = p.device if p is not None else torch.device("cpu")
+    seen = 0
+    try:
+        for i, (block, name) in enumerate(sites):
+            handles.append(
+                getattr(block, name).register_forward_hook(lambda m, inp, out, i=i: hook_fn(i, m, inp, out))
+            )
+        model.eval()
+        with torch.no_grad():
+            for b, batch in enumerate(batches):
+                if num_batches is not None and b >= num_batches:
+                    break
+                images = batch[0] if isinstance(batch, (list, tuple)) else batch
+                model(images.to(device))
+                seen += 1
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    if seen == 0:
+        raise ValueError("batches yielded no data")
+
+
+def estimate_mu(
+    model: torch.nn.Module,
+    batches: Optional[Iterable] = None,
+    num_batches: Optional[int] = None,
+    return_per_channel: bool = False,
+):
+    """μ: the mean of the non-zero per-channel thresholds μ_k over the BN-ReLU sites of a trained model (paper
+    Sec. 4.1; 2.5 for its CIFAR-10 ResNet20).
+
+    Args:
+        model: trained model with torchvision ``BasicBlock``/``Bottleneck`` modules (BN not yet swapped).
+        batches: iterable of images ``[B, C, H, W]`` or ``(images, labels)``; E a_k and Var a_k are then
+            measured on this data (eval mode, the caller's train/eval mode restored, hooks removed). ``None``:
+            use the BN running statistics (no data needed).
+        num_batches: use at most this many batches (default: all).
+        return_per_channel: also return the list of ``[C]`` μ_k tensors, one per site.
+
+    Returns:
+        float μ (units of the conv activations a), or ``(μ, [μ_k per site])``. The mean is over the channels
+        with γ_k > 0 (where "positive ⇔ a_k > μ_k" holds) and μ_k ≠ 0.
+
+    Raises:
+        ValueError: if the model has no sites, ``batches`` yields nothing, or no channel qualifies.
+    """
+    sites = bn_relu_sites(model)
+    if batches is None:
+        if not sites:
+            raise ValueError(
+                f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)"
+            )
+        per_site = [bn_relu_thresholds(getattr(b, n)).detach().double().cpu() for b, n in sites]
+    else:
+        stats = [[0.0, 0.0, 0] for _ in sites]
+
+        def hook(i, m, inp, out):
+            a = inp[0].detach().double().transpose(0, 1).reshape(inp[0].shape[1], -1)
+            stats[i][0] = stats[i][0] + a.sum(1)
+            stats[i][1] = stats[i][1] + (a * a).sum(1)
+            stats[i][2] += a.shape[1]
+
+        _run_with_hooks(model, batches, num_batches, hook, sites)
+        per_site = []
+        for (block, name), (s, ss, n) in zip(sites, stats):
+            mean = s / n
+            var = (ss / n - mean * mean).clamp_min(0)
+            bn = getattr(block, name)
+            per_site.append(
+                bn_relu_thresholds(bn, mean.to(bn.weight.device), var.to(bn.weight.device)).double().cpu()
+            )
+    gammas = [getattr(b, n).weight.detach().double().cpu() for b, n in sites]
+    valid = torch.cat(
+        [mu_k[(g > 0) & (mu_k != 0) & torch.isfinite(mu_k)] for mu_k, g in zip(per_site, gammas)]
+    )
+    if valid.numel() == 0:
+        raise ValueError("no channel with γ_k > 0 and a finite non-zero μ_k")
+    mu = float(valid.mean())
+    return (mu, per_site) if return_per_channel else mu
+
+
+def estimate_eta(model: torch.nn.Module, batches: Iterable, num_batches: Optional[int] = None) -> float:
+    """η: the mean per-pixel sum over channels of the BN-ReLU outputs at the sites of a trained model (paper
+    Sec. 4.1; 17 for its CIFAR-10 ResNet20), measured on ``batches`` in eval mode (the caller's mode
+    restored).
+
+    Args:
+        model: trained model with torchvision ``BasicBlock``/``Bottleneck`` modules (BN not yet swapped).
+        batches: iterable of images ``[B, C, H, W]`` or ``(images, labels)``.
+        num_batches: use at most this many batches (default: all).
+
+    Returns:
+        float η: per site, the mean over images and pixels of Σ_k ReLU(BN(a))_k; then the mean over sites
+            (each site weighted equally).
+
+    Raises:
+        ValueError: if the model has no sites or ``batches`` yields nothing.
+    """
+    sites = bn_relu_sites(model)
+    sums = [[0.0, 0] for _ in sites]
+
+    def hook(i, m, inp, out):
+        per_pixel = torch.relu(out.detach().double()).sum(1)
+        sums[i][0] += float(per_pixel.sum())
+        sums[i][1] += per_pixel.numel()
+
+    _run_with_hooks(model, batches, num_batches, hook, sites)
+    return float(sum(s / n for s, n in sums) / len(sums))

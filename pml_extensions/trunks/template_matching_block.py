@@ -1,0 +1,231 @@
+"""Feature embedding by template matching (Gorgun, Gurbuz & Alatan, BMVC 2022, arXiv 2210.00992, Sec. 3.3,
+Fig. 2).
+
+Given the stage-3 feature map f [B, d, H, W] of a CNN, the block
+
+1. pools a (H/2 × W/2) patch centred on every pixel ('same' output size, padding excluded from the mean): x_g;
+2. scores every pooled patch against the c training classes with a 1×1 conv with bias: a_k = α_kᵀ x_g + β_k;
+3. turns the scores into mixing coefficients p̂ (BN-ReLU in the paper; optionally the margin-augmented
+   soft-max or the perturbed maximizer of Sec. 3.1);
+4. embeds every patch as f' = Σ_k p̂_k ν_k with learnable value vectors ν_k (1×1 conv c → d', no bias);
+5. outputs f_out = conv1×1(f) + f' (paper) or the concatenation [f, f'] (the paper's DenseNet variant
+   "Ours-C").
+
+The per-pixel class scores a of the last forward pass are kept (with their graph) in ``last_class_scores`` for
+the auxiliary patch-classification loss
+(:class:`pml_extensions.losses.patch_classification_loss.PatchClassificationLoss`).
+
+No official code exists. The add-variant matches ``valueLayer_1x1sum`` in ``adagorgun/letKD-framework``
+(``distillation/architectures/miscellaneous/valueLayer.py``) structurally; no code was copied.
+"""
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from .margin_softmax import MarginAugmentedSoftmax
+from .perturbed_maximizer import PerturbedMaximizer
+
+MIXINGS = ("bn_relu", "softmax", "perturbed", "none")
+COMBINES = ("add", "concat")
+
+
+def _pair(window, name="window") -> Optional[Tuple[int, int]]:
+    if window is None:
+        return None
+    if isinstance(window, int) and not isinstance(window, bool):
+        window = (window, window)
+    if (
+        not isinstance(window, (tuple, list))
+        or len(window) != 2
+        or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in window)
+    ):
+        raise ValueError(f"{name} must be None, a positive int or a pair of positive ints, got {window!r}")
+    return int(window[0]), int(window[1])
+
+
+def same_patch_mean(feature_map: torch.Tensor, window: Union[int, Sequence[int]]) -> torch.Tensor:
+    """Mean over the (kh × kw) window centred on every pixel, 'same' output size, padding excluded from the
+    mean.
+
+    For an odd size k the window spans [i − (k−1)/2, i + (k−1)/2]; for an even size it spans [i − (k/2 − 1), i
+    + k/2] (TensorFlow 'same' padding: the extra row/column goes after the pixel). Near the borders the mean
+    is over the pixels inside the map only.
+
+    Args:
+        feature_map: ``[B, C, H, W]`` float tensor.
+        window: k or (kh, kw), each between 1 and the map's size.
+
+    Returns: ``[B, C, H, W]`` on the input's device and dtype.
+
+    Raises:
+        ValueError: if the map is not 4-D or the window is not positive or larger than the map.
+    """
+    if not torch.is_tensor(feature_map) or feature_map.ndim != 4:
+        raise ValueError(
+            "feature_map must be a [B, C, H, W] tensor, got "
+            f"{getattr(feature_map, 'shape', type(feature_map))}"
+        )
+    kh, kw = _pair(window)
+    h, w = feature_map.shape[-2:]
+    if kh > h or kw > w:
+        raise ValueError(f"window {(kh, kw)} is larger than the {h}×{w} feature map")
+    pad = ((kw - 1) // 2, kw // 2, (kh - 1) // 2, kh // 2)  # left, right, top, bottom
+    sums = F.avg_pool2d(F.pad(feature_map, pad), (kh, kw), stride=1, divisor_override=1)
+    ones = feature_map.new_ones(1, 1, h, w)
+    counts = F.avg_pool2d(F.pad(ones, pad), (kh, kw), stride=1, divisor_override=1)
+    return sums / counts
+
+
+class TemplateMatchingBlock(torch.nn.Module):
+    """Template-matching block between the last two stages of a CNN (paper Sec. 3.3, Fig. 2).
+
+    Args:
+        in_channels: d, channels of the input map f.
+        num_classes: c ≥ 2, training classes scored by the patch classifier (the aux loss's classes).
+        value_channels: d', width of f' (the value vectors ν_k). Default ``in_channels``.
+        window: patch window (kh, kw) or k; ``None`` (default, paper) uses (max(1, H // 2), max(1, W // 2)) of
+            each input map, i.e. the paper's w/2 × h/2.
+        mixing: how scores become mixing coefficients: ``"bn_relu"`` (default, paper:
+            ReLU(BatchNorm2d(c)(a))), ``"softmax"`` (:class:`MarginAugmentedSoftmax`), ``"perturbed"``
+            (:class:`PerturbedMaximizer`), or ``"none"`` (the paper's "auxiliary loss only" baseline: no value
+            vectors and no shortcut conv; the block returns f unchanged and only scores patches for the
+            auxiliary loss).
+        combine: ``"add"`` (default, paper): f_out = conv1×1(f) + f', width d'; ``"concat"`` (paper's DenseNet
+            "Ours-C"): f_out = [f, f'], width d + d', no shortcut conv.
+        mu, epsilon, eta, num_samples, seed: passed to the soft maximizer for
+            ``mixing="softmax"``/``"perturbed"`` (defaults μ = 0, ε = 1, η = 1, S = 600, seed 0; ε and S as in
+            the paper's Sec. 4.1 ablation).
+        norm_layer: normalisation class for ``"bn_relu"``, called as ``norm_layer(c, device=..., dtype=...)``.
+            Default BatchNorm2d.
+        act_layer: activation class for ``"bn_relu"``. Default ReLU (paper).
+        device, dtype: factory arguments of the convolutions.
+
+    ``forward(f [B, d, H, W]) -> [B, out_channels, H, W]``; ``out_channels`` is d' (add), d + d' (concat) or d
+    (``mixing="none"``). After every forward pass ``last_class_scores`` holds a ``[B, c, H, W]`` (graph
+    attached) and ``last_mixing`` holds p̂ ``[B, c, H, W]`` (``None`` for ``mixing="none"``). The block adds
+    exactly three 1×1 convs for (add, any mixing but none): ``classifier`` (d → c, bias), ``values`` (c → d',
+    no bias), ``shortcut`` (d → d', no bias); two for concat; one for ``mixing="none"``.
+
+    Deviations: none in the computation. The paper does not state whether the shortcut and value convs have a
+    bias; here neither does (a purely linear per-pixel transform, as written in the paper).
+
+    Raises:
+        ValueError: on ``num_classes`` < 2, non-positive widths, unknown ``mixing``/``combine`` (lists the
+            valid ones), a malformed window, or at forward time a map with the wrong rank/width or smaller
+            than the window.
+    """
+
+    expansion = 1  # timm/torchvision block convention
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        value_channels: Optional[int] = None,
+        window: Optional[Union[int, Sequence[int]]] = None,
+        mixing: str = "bn_relu",
+        combine: str = "add",
+        mu: float = 0.0,
+        epsilon: float = 1.0,
+        eta: float = 1.0,
+        num_samples: int = 600,
+        seed: int = 0,
+        norm_layer=torch.nn.BatchNorm2d,
+        act_layer=torch.nn.ReLU,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if num_classes < 2:
+            raise ValueError(
+                f"num_classes must be >= 2 (the block scores patches against classes), got {num_classes}"
+            )
+        if value_channels is None:
+            value_channels = in_channels
+        if isinstance(value_channels, bool) or not isinstance(value_channels, int) or value_channels < 1:
+            raise ValueError(f"value_channels must be None or a positive int, got {value_channels!r}")
+        if mixing not in MIXINGS:
+            raise ValueError(f"mixing must be one of {MIXINGS}, got {mixing!r}")
+        if combine not in COMBINES:
+            raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+        self.window = _pair(window)
+        self.in_channels, self.num_classes, self.value_channels = in_channels, num_classes, value_channels
+        self.mixing, self.combine = mixing, combine
+        fk = {"device": device, "dtype": dtype}
+        self.classifier = torch.nn.Conv2d(in_channels, num_classes, 1, bias=True, **fk)
+        self.mixer: Optional[torch.nn.Module] = None
+        self.values: Optional[torch.nn.Module] = None
+        self.shortcut: Optional[torch.nn.Module] = None
+        if mixing != "none":
+            if mixing == "bn_relu":
+                self.mixer = torch.nn.Sequential(norm_layer(num_classes, **fk), act_layer())
+            elif mixing == "softmax":
+                self.mixer = MarginAugmentedSoftmax(mu=mu, epsilon=epsilon, eta=eta, dim=1)
+            else:
+                self.mixer = PerturbedMaximizer(
+                    mu=mu, epsilon=epsilon, eta=eta, num_samples=num_samples, seed=seed, dim=1
+                )
+            self.values = torch.nn.Conv2d(num_classes, value_channels, 1, bias=False, **fk)
+            if combine == "add":
+                self.shortcut = torch.nn.Conv2d(in_channels, value_channels, 1, bias=False, **fk)
+        self.last_class_scores: Optional[torch.Tensor] = None
+        self.last_mixing: Optional[torch.Tensor] = None
+
+    @property
+    def out_channels(self) -> int:
+        """Width of the output map: d' (add), d + d' (concat), d (mixing="none")."""
+        if self.mixing == "none":
+            return self.in_channels
+        return self.value_channels if self.combine == "add" else self.in_channels + self.value_channels
+
+    def zero_init_last(self) -> None:
+        """Zero the value vectors ν (timm convention): f' = 0 at start, so the add variant starts as
+        conv1×1(f) and the concat variant as [f, 0]. The classifier still learns from the auxiliary loss."""
+        if self.values is not None:
+            torch.nn.init.zeros_(self.values.weight)
+
+    def feat_mult(self) -> float:
+        """Output width relative to ``in_channels`` (timm's ``feat_mult`` convention)."""
+        return self.out_channels / self.in_channels
+
+    def extra_repr(self) -> str:
+        return f"window={self.window or 'half'}, mixing={self.mixing!r}, combine={self.combine!r}"
+
+    def window_for(self, height: int, width: int) -> Tuple[int, int]:
+        """The (kh, kw) window used on an H × W map."""
+        if self.window is not None:
+            return self.window
+        return max(1, height // 2), max(1, width // 2)
+
+    def class_scores(self, feature_map: torch.Tensor) -> torch.Tensor:
+        """a = classifier(patch mean of f): ``[B, c, H, W]`` per-pixel class scores (logits)."""
+        if not torch.is_tensor(feature_map) or feature_map.ndim != 4:
+            raise ValueError(
+                "feature_map must be a [B, C, H, W] tensor, got "
+                f"{getattr(feature_map, 'shape', type(feature_map))}"
+            )
+        if feature_map.shape[1] != self.in_channels:
+            raise ValueError(
+                f"feature_map has {feature_map.shape[1]} channels but the block was built with "
+                f"in_channels={self.in_channels}"
+            )
+        pooled = same_patch_mean(feature_map, self.window_for(*feature_map.shape[-2:]))
+        return self.classifier(pooled)
+
+    def forward(self, feature_map: torch.Tensor) -> torch.Tensor:
+        scores = self.class_scores(feature_map)
+        self.last_class_scores = scores
+        if self.mixing == "none":
+            self.last_mixing = None
+            return feature_map
+        mix = self.mixer(scores)
+        self.last_mixing = mix
+        embedded = self.values(mix)
+        if self.combine == "add":
+            return self.shortcut(feature_map) + embedded
+        return torch.cat([feature_map, embedded], dim=1)

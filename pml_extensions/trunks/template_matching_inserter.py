@@ -1,0 +1,222 @@
+"""Insert a :class:`TemplateMatchingBlock` between the last two stages of a torchvision CNN (Gorgun, Gurbuz &
+Alatan, BMVC 2022, arXiv 2210.00992, Sec. 3.3 "We place our layer in between the last two stages").
+
+Where the block goes (the paper's f is the last map before the final down-sampling stage, stride 16 on
+ImageNet input):
+
+* ResNet (torchvision ``resnet18/34/50/...`` and any ResNet-style model with ``layer3``/``layer4`` stages of
+  torchvision ``BasicBlock``/``Bottleneck``): appended to ``layer3`` (``layer3[n]``, existing keys unchanged).
+* MobileNetV2: before the last stride-2 inverted residual of ``features`` (index 14 in torchvision's model),
+  so the following ``features`` indices shift by one.
+* DenseNet (``densenet121/161/169/201``): after ``denseblock3``, as ``features.template_block`` (keys
+  unchanged).
+
+With ``combine="concat"`` the next layer's input is widened by d' channels whose new weights are zero (and,
+for DenseNet's transition BN, identity statistics), so a pretrained model computes the same function at
+insertion time.
+"""
+
+import copy
+from collections import OrderedDict
+from typing import List
+
+import torch
+import torchvision
+
+from .template_matching_block import TemplateMatchingBlock
+
+SUPPORTED = (
+    "torchvision ResNet (resnet18, resnet34, resnet50, ... or any model with layer3/layer4 stages of "
+    "torchvision "
+    "BasicBlock/Bottleneck)",
+    "torchvision MobileNetV2 (mobilenet_v2)",
+    "torchvision DenseNet (densenet121, densenet161, densenet169, densenet201)",
+)
+
+
+def template_matching_blocks(model: torch.nn.Module) -> List[TemplateMatchingBlock]:
+    """All :class:`TemplateMatchingBlock` submodules of ``model`` in registration order (possibly empty)."""
+    return [m for m in model.modules() if isinstance(m, TemplateMatchingBlock)]
+
+
+def _widen_conv(conv: torch.nn.Conv2d, extra: int) -> torch.nn.Conv2d:
+    if conv.groups != 1:
+        raise ValueError(f"cannot widen the input of a grouped convolution ({conv})")
+    new = torch.nn.Conv2d(
+        conv.in_channels + extra,
+        conv.out_channels,
+        conv.kernel_size,
+        stride=conv.stride,
+        padding=conv.padding,
+        dilation=conv.dilation,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+        device=conv.weight.device,
+        dtype=conv.weight.dtype,
+    )
+    with torch.no_grad():
+        new.weight.zero_()
+        new.weight[:, : conv.in_channels].copy_(conv.weight)
+        if conv.bias is not None:
+            new.bias.copy_(conv.bias)
+    return new
+
+
+def _widen_bn(bn: torch.nn.BatchNorm2d, extra: int) -> torch.nn.BatchNorm2d:
+    p = bn.weight if bn.weight is not None else bn.running_mean
+    new = torch.nn.BatchNorm2d(
+        bn.num_features + extra,
+        eps=bn.eps,
+        momentum=bn.momentum,
+        affine=bn.affine,
+        track_running_stats=bn.track_running_stats,
+        device=p.device,
+        dtype=p.dtype,
+    )
+    n = bn.num_features
+    with torch.no_grad():
+        if bn.affine:
+            new.weight[:n].copy_(bn.weight)
+            new.bias[:n].copy_(bn.bias)
+        if bn.track_running_stats:
+            new.running_mean[:n].copy_(bn.running_mean)
+            new.running_var[:n].copy_(bn.running_var)
+            new.num_batches_tracked.copy_(bn.num_batches_tracked)
+    return new
+
+
+def _first_conv(module: torch.nn.Module) -> torch.nn.Conv2d:
+    for m in module.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            return m
+    raise ValueError(f"no Conv2d found in {type(module).__name__}")
+
+
+def _is_resnet_like(model) -> bool:
+    blocks = (torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)
+    l3, l4 = getattr(model, "layer3", None), getattr(model, "layer4", None)
+    return (
+        isinstance(l3, torch.nn.Sequential)
+        and isinstance(l4, torch.nn.Sequential)
+        and len(l4) > 0
+        and all(isinstance(b, blocks) for b in list(l3) + list(l4))
+    )
+
+
+def _insert_resnet(model, make_block, combine):
+    first = model.layer4[0]
+    block = make_block(first.conv1.in_channels)
+    if combine == "concat":
+        extra = block.out_channels - block.in_channels
+        if first.downsample is None:
+            raise ValueError(
+                "combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input"
+            )
+        first.conv1 = _widen_conv(first.conv1, extra)
+        first.downsample[0] = _widen_conv(first.downsample[0], extra)
+    model.layer3 = torch.nn.Sequential(*model.layer3, block)
+    return block
+
+
+def _insert_mobilenet(model, make_block, combine):
+    feats = list(model.features)
+    stride2 = [
+        i
+        for i, m in enumerate(feats)
+        if isinstance(m, torchvision.models.mobilenetv2.InvertedResidual) and m.stride == 2
+    ]
+    if not stride2:
+        raise ValueError("MobileNetV2.features has no stride-2 inverted residual to insert the block before")
+    j = stride2[-1]
+    conv = _first_conv(feats[j])
+    block = make_block(conv.in_channels)
+    if combine == "concat":
+        inner = feats[j].conv[0]
+        widened = _widen_conv(inner[0], block.out_channels - block.in_channels)
+        inner[0] = widened
+    model.features = torch.nn.Sequential(*feats[:j], block, *feats[j:])
+    return block
+
+
+def _insert_densenet(model, make_block, combine):
+    named = OrderedDict(model.features.named_children())
+    if "denseblock3" not in named or "transition3" not in named:
+        raise ValueError("DenseNet.features must contain denseblock3 and transition3")
+    trans = named["transition3"]
+    block = make_block(trans.norm.num_features)
+    if combine == "concat":
+        extra = block.out_channels - block.in_channels
+        trans.norm = _widen_bn(trans.norm, extra)
+        trans.conv = _widen_conv(trans.conv, extra)
+    new = OrderedDict()
+    for name, module in named.items():
+        new[name] = module
+        if name == "denseblock3":
+            new["template_block"] = block
+    model.features = torch.nn.Sequential(new)
+    return block
+
+
+def insert_template_matching(
+    model: torch.nn.Module,
+    num_classes: int,
+    inplace: bool = False,
+    **block_kwargs,
+) -> torch.nn.Module:
+    """Return ``model`` with a template-matching block between its last two stages.
+
+    Args:
+        model: a torchvision ResNet / MobileNetV2 / DenseNet (or a ResNet-style model, see the module
+            docstring), random or pretrained. Its classifier head (``fc``/``classifier``) is left as it is;
+            set it to ``torch.nn.Identity()`` to use the model as a PML trunk.
+        num_classes: c, training classes of the block's patch classifier (≥ 2).
+        inplace: modify ``model`` itself (default ``False``: a deep copy is modified and returned).
+        **block_kwargs: passed to :class:`TemplateMatchingBlock` (``mixing``, ``combine``, ``window``, ...);
+            ``value_channels`` defaults to the map's width d, so with ``combine="add"`` the block keeps the
+            width.
+
+    Returns:
+        The model; ``model(images [B, 3, H, W])`` has the same output shape as before (also for
+        ``combine="concat"``, whose extra d' channels are absorbed by the widened next layer,
+        zero-initialised). The block is found again with :func:`template_matching_blocks`. It adds three 1×1
+        convs (add variant), two (concat).
+
+    Raises:
+        TypeError: if ``model`` is not one of the supported architectures (the message names it and lists
+            them).
+        ValueError: on bad block arguments (see :class:`TemplateMatchingBlock`), or ``combine="concat"`` on a
+            ResNet whose ``layer4[0]`` has no downsample shortcut.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, torchvision.models.DenseNet):
+        insert = _insert_densenet
+    elif isinstance(model, torchvision.models.MobileNetV2):
+        insert = _insert_mobilenet
+    elif _is_resnet_like(model):
+        insert = _insert_resnet
+    else:
+        raise TypeError(
+            f"insert_template_matching does not know the architecture {type(model).__name__}; supported: "
+            + "; ".join(SUPPORTED)
+        )
+    if not inplace:
+        model = copy.deepcopy(model)
+    combine = block_kwargs.get("combine", "add")
+
+    def make_block(width: int) -> TemplateMatchingBlock:
+        kwargs = dict(block_kwargs)
+        if combine == "add" and kwargs.get("value_channels") not in (None, width):
+            raise ValueError(
+                f"value_channels={kwargs['value_channels']} would change the width {width} that the next "
+                "stage "
+                "expects; leave it None for combine='add'"
+            )
+        p = next(model.parameters(), None)
+        if p is not None:
+            kwargs.setdefault("device", p.device)
+            kwargs.setdefault("dtype", p.dtype)
+        return TemplateMatchingBlock(width, num_classes, **kwargs)
+
+    insert(model, make_block, combine)
+    return model
