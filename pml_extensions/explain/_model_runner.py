@@ -1,0 +1,233 @@
+"""Internal: run a PML trunk + embedder with temporary hooks on the explained feature map.
+
+Every hook registered here is removed in a ``finally`` block, also when the forward pass raises; the caller's
+train/eval state is restored the same way (the forward passes run in eval mode).
+"""
+
+import contextlib
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+POOLING_TYPES = (
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool2d,
+    nn.AvgPool2d,
+    nn.MaxPool2d,
+    nn.LPPool2d,
+    nn.FractionalMaxPool2d,
+)
+
+
+def _leaves(model: nn.Module) -> List[nn.Module]:
+    return [m for m in model.modules() if next(m.children(), None) is None]
+
+
+@contextlib.contextmanager
+def eval_mode(*models: nn.Module):
+    """Switch ``models`` to eval mode and restore every submodule's ``training`` flag on exit."""
+    saved = [(m, m.training) for model in models for m in model.modules()]
+    try:
+        for model in models:
+            model.eval()
+        yield
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+@contextlib.contextmanager
+def removing(handles: list):
+    """Remove every hook handle appended to ``handles`` on exit, whatever happens."""
+    try:
+        yield handles
+    finally:
+        for h in handles:
+            h.remove()
+        handles.clear()
+
+
+class HeadRecord:
+    """One module call after the explained layer: the module, its qualified name, first input and output."""
+
+    __slots__ = ("module", "name", "input", "output")
+
+    def __init__(self, module, name, inp, out):
+        self.module = module
+        self.name = name
+        self.input = inp
+        self.output = out
+
+
+class RunResult:
+    """What one hooked forward pass produced."""
+
+    def __init__(self, feature_map, output, head, image_size):
+        self.feature_map = feature_map  # [N, C, h, w]
+        self.output = output  # model output [N, L]
+        self.head: List[HeadRecord] = head  # module calls after the layer, in execution order
+        self.image_size = image_size  # (H, W)
+
+
+class ModelRunner:
+    """Locates the explained layer of ``embedder(trunk(x))`` and runs hooked forward passes.
+
+    Args:
+        trunk: PML trunk (images ``[N, 3, H, W]`` -> features).
+        embedder: PML embedder or ``None`` (identity).
+        layer: the module whose output ``[N, C, h, w]`` is explained, its qualified name inside ``trunk``, or
+            ``None`` for the last module call with a 4-D output that is not a pooling layer.
+    """
+
+    def __init__(self, trunk: nn.Module, embedder: Optional[nn.Module] = None, layer=None):
+        if not isinstance(trunk, nn.Module):
+            raise TypeError(f"trunk must be a torch.nn.Module, got {type(trunk).__name__}")
+        if embedder is None:
+            embedder = nn.Identity()
+        if not isinstance(embedder, nn.Module):
+            raise TypeError(f"embedder must be a torch.nn.Module or None, got {type(embedder).__name__}")
+        self.trunk = trunk
+        self.embedder = embedder
+        self.names: Dict[int, str] = {}
+        for name, m in trunk.named_modules():
+            self.names[id(m)] = f"trunk.{name}" if name else "trunk"
+        for name, m in embedder.named_modules():
+            self.names.setdefault(id(m), f"embedder.{name}" if name else "embedder")
+        self.layer: Optional[nn.Module] = None
+        self.layer_call = -1  # which call of the layer module (shared modules are called several times)
+        if isinstance(layer, str):
+            modules = dict(trunk.named_modules())
+            if layer not in modules:
+                raise ValueError(f"layer {layer!r} is not a submodule name of the trunk")
+            layer = modules[layer]
+        if layer is not None:
+            if not isinstance(layer, nn.Module):
+                raise TypeError(
+                    f"layer must be None, a module name or a torch.nn.Module, got {type(layer).__name__}"
+                )
+            if not any(layer is m for m in trunk.modules()):
+                raise ValueError("layer must be a submodule of the trunk")
+            self.layer = layer
+
+    def name_of(self, module: nn.Module) -> str:
+        return self.names.get(id(module), type(module).__name__)
+
+    @staticmethod
+    def check_images(images, arg: str = "images") -> torch.Tensor:
+        if not torch.is_tensor(images):
+            raise TypeError(f"{arg} must be a torch.Tensor [N, C, H, W], got {type(images).__name__}")
+        if images.ndim != 4 or images.shape[0] == 0:
+            raise ValueError(f"{arg} must have shape [N, C, H, W] with N >= 1, got {tuple(images.shape)}")
+        if not images.is_floating_point():
+            raise TypeError(f"{arg} must be a floating-point tensor, got {images.dtype}")
+        return images
+
+    def _find_layer(self, images: torch.Tensor):
+        """One plain forward pass that records the last 4-D, non-pooling module call."""
+        found: Dict[str, object] = {}
+        calls: Dict[int, int] = {}
+
+        def hook(m, inp, out):
+            calls[id(m)] = calls.get(id(m), -1) + 1
+            if torch.is_tensor(out) and out.ndim == 4 and not isinstance(m, POOLING_TYPES):
+                found["module"] = m
+                found["call"] = calls[id(m)]
+
+        with removing([]) as handles, eval_mode(self.trunk, self.embedder), torch.no_grad():
+            for m in _leaves(self.trunk):
+                handles.append(m.register_forward_hook(hook))
+            self.embedder(self.trunk(images[:1]))
+        if "module" not in found:
+            raise ValueError(
+                "the trunk has no module with a 4-D [N, C, h, w] output to explain; pass layer=..."
+            )
+        self.layer = found["module"]
+        self.layer_call = found["call"]
+
+    def run(
+        self,
+        images: torch.Tensor,
+        mode: str = "capture",
+        replacement: Optional[torch.Tensor] = None,
+        repeat: int = 1,
+    ) -> RunResult:
+        """Hooked forward pass in eval mode.
+
+        Args:
+            images: ``[N, C, H, W]``.
+            mode: ``"capture"`` (no grad; the feature map is detached and cloned), ``"leaf"`` (the feature map
+                is replaced by a detached copy that requires grad, so ``torch.autograd.grad`` can
+                differentiate the output with respect to it without touching parameter ``.grad``; ``repeat`` >
+                1 repeats that copy along the batch so the head runs once per pair while the body runs once),
+                ``"replace"`` (the feature map is replaced by ``replacement``; used inside ``torch.func``
+                transforms).
+        """
+        self.check_images(images)
+        if self.layer is None:
+            self._find_layer(images)
+        layer = self.layer
+        state: Dict[str, object] = {"calls": 0}
+        head: List[HeadRecord] = []
+
+        def layer_hook(m, inp, out):
+            call = state["calls"]
+            state["calls"] = call + 1
+            if self.layer_call >= 0 and call != self.layer_call:
+                return None
+            if not torch.is_tensor(out) or out.ndim != 4:
+                raise ValueError(
+                    f"layer {self.name_of(m)} must output a [N, C, h, w] tensor, got "
+                    f"{tuple(out.shape) if torch.is_tensor(out) else type(out).__name__}"
+                )
+            head.clear()
+            if mode == "capture":
+                state["A"] = out.detach().clone()
+                return None
+            if mode == "leaf":
+                leaf = out.detach()
+                if repeat > 1:
+                    leaf = leaf.repeat(repeat, 1, 1, 1)
+                leaf.requires_grad_(True)
+                state["A"] = leaf
+                return leaf.clone()
+            state["A"] = replacement
+            return replacement.clone()
+
+        def leaf_hook(m, inp, out):
+            if "A" in state and m is not layer:
+                head.append(HeadRecord(m, self.name_of(m), inp[0] if len(inp) else None, out))
+
+        grad_ctx = torch.no_grad() if mode == "capture" else contextlib.nullcontext()
+        with removing([]) as handles, eval_mode(self.trunk, self.embedder), grad_ctx:
+            handles.append(layer.register_forward_hook(layer_hook))
+            for m in _leaves(self.trunk) + _leaves(self.embedder):
+                handles.append(m.register_forward_hook(leaf_hook))
+            output = self.embedder(self.trunk(images))
+        if "A" not in state:
+            raise ValueError(f"layer {self.name_of(layer)} was not called in the forward pass")
+        if not torch.is_tensor(output) or output.ndim != 2:
+            raise ValueError(
+                "embedder(trunk(images)) must return [N, L] embeddings, got "
+                f"{tuple(output.shape) if torch.is_tensor(output) else type(output).__name__}"
+            )
+        return RunResult(state["A"], output, head, (images.shape[-2], images.shape[-1]))
+
+
+def is_l2_normaliser(record: HeadRecord) -> bool:
+    """Does this module call map its input to ``input / ||input||`` along dim 1 (checked on the actual
+    values)?"""
+    inp, out = record.input, record.output
+    if not (torch.is_tensor(inp) and torch.is_tensor(out)) or inp.shape != out.shape or inp.ndim != 2:
+        return False
+    ref = torch.nn.functional.normalize(inp.detach(), dim=1)
+    tol = 1e-5 if out.dtype == torch.float64 else 1e-4
+    return bool(torch.allclose(out.detach(), ref, rtol=tol, atol=tol))
+
+
+def split_normaliser(head: List[HeadRecord]) -> Tuple[List[HeadRecord], Union[HeadRecord, None]]:
+    """Separate a trailing L2-normalisation module call (detected numerically) from the rest of the head."""
+    if head and is_l2_normaliser(head[-1]) and not isinstance(head[-1].module, (nn.Identity, nn.Dropout)):
+        if head[-1].output is not head[-1].input:
+            return head[:-1], head[-1]
+    return head, None

@@ -1,0 +1,258 @@
+"""Activation decomposition of a metric-learning similarity into image regions.
+
+Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric Learning", IEEE TIP 2021 (arXiv
+1909.12977), Sec. III (eq. 5: point-to-point map, overall maps "Decomposition" and "Decomposition+Bias",
+point-specific maps). Public demo code followed for the coordinate mapping of point-specific maps:
+Jeff-Zilence/Explain_Metric_Learning, ``*/demo.py`` (``Overall_map``, ``Point_Specific``).
+
+Deviations from the demo code (each the paper's formula; the demo's behaviour is available where it differs):
+- D(i, j, x, y) comes from one batched einsum F_q F_rᵀ instead of four nested Python loops;
+- overall maps are the exact sums of eq. 5 with their sign; the demo divides D by its maximum and applies a
+  ReLU to every (i, j, x, y) entry before summing: ``relu_then_sum=True`` reproduces that (the division by the
+  maximum is a positive rescaling and is omitted; use ``normalize`` for display);
+- the bias terms are available (``bias=True``, "Decomposition+Bias"); the demo has them commented out.
+"""
+
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from .folded_embedding import FoldedEmbedding
+from .head_folder import HeadFolder
+from .map_utils import normalize_maps, point_weights, resize_maps
+
+SCALES = ("cosine", "dot")
+Images = Union[torch.Tensor, FoldedEmbedding]
+
+
+class ActivationDecomposition:
+    """Explain S = E^q · E^r / (‖E^q‖ ‖E^r‖) through the last convolutional feature maps of both images.
+
+    With the folded head E = Σ_ij W_ij A_ij + B (:class:`HeadFolder`) and F_ij = W_ij A_ij:
+
+    - point-to-point map D(i, j, x, y) = F^q_ij · F^r_xy (eq. 5, first term);
+    - overall query map "Decomposition" Q(i, j) = F^q_ij · Σ_xy F^r_xy; "Decomposition+Bias" adds F^q_ij ·
+      B^r, so it equals F^q_ij · E^r; the retrieved-image maps swap q and r; the constant B^q · B^r term is
+      dropped;
+    - point-specific map of query pixel (y, x): I(x', y') = F^q_(y,x) · F^r_(x', y'), with F^q at the pixel
+      interpolated bilinearly from the feature grid.
+
+    Σ_ijxy D + Σ_ij F^q_ij·B^r + Σ_xy B^q·F^r_xy + B^q·B^r = E^q·E^r exactly, so with ``scale="cosine"``
+    (default, everything divided by Z = ‖E^q‖‖E^r‖ per pair, as in eq. 5) the terms sum to the cosine
+    similarity.
+
+    Args:
+        trunk, embedder, layer: the query model (see :class:`HeadFolder`; ``layer=None`` finds the last 4-D
+            feature map itself).
+        reference_trunk, reference_embedder, reference_layer: an optional second model for the reference /
+            database side (e.g. a teacher, or the aerial branch of a cross-view Siamese network). Default: the
+            query model. Both must produce embeddings of the same width L.
+        fallback: ``"error"`` or ``"jacobian"``, passed to :class:`HeadFolder`.
+
+    Inputs are image batches ``[N, 3, H, W]`` or :class:`FoldedEmbedding` objects (to reuse a fold). A query
+    batch of size 1 is paired with every reference (a query and its top-k); otherwise queries and references
+    pair up one-to-one. Outputs are signed float tensors on the input's device and dtype. The models run in
+    eval mode inside each call (their flags are restored afterwards) and no hooks remain after a call, also
+    after an exception.
+
+    Raises:
+        ValueError: batch sizes that do not pair, embeddings of different widths, unknown options, points
+            outside the image, an unsupported head (see :class:`HeadFolder`).
+        TypeError: inputs that are neither tensors nor :class:`FoldedEmbedding`.
+    """
+
+    def __init__(
+        self,
+        trunk: nn.Module,
+        embedder: Optional[nn.Module] = None,
+        layer=None,
+        *,
+        reference_trunk: Optional[nn.Module] = None,
+        reference_embedder: Optional[nn.Module] = None,
+        reference_layer=None,
+        fallback: str = "error",
+    ):
+        self.query_folder = HeadFolder(trunk, embedder, layer, fallback=fallback)
+        if reference_trunk is None:
+            if reference_embedder is not None or reference_layer is not None:
+                raise ValueError("reference_embedder / reference_layer need reference_trunk")
+            self.reference_folder = self.query_folder
+        else:
+            self.reference_folder = HeadFolder(
+                reference_trunk, reference_embedder, reference_layer, fallback=fallback
+            )
+
+    # ------------------------------------------------------------------ folds
+    def fold_query(self, images: Images) -> FoldedEmbedding:
+        """Fold the query model at ``images [N, 3, H, W]`` (a :class:`FoldedEmbedding` passes through)."""
+        return self._fold(self.query_folder, images, "query_images")
+
+    def fold_reference(self, images: Images) -> FoldedEmbedding:
+        """Fold the reference model at ``images [M, 3, H, W]`` (a :class:`FoldedEmbedding` passes through)."""
+        return self._fold(self.reference_folder, images, "reference_images")
+
+    @staticmethod
+    def _fold(folder: HeadFolder, images: Images, arg: str) -> FoldedEmbedding:
+        if isinstance(images, FoldedEmbedding):
+            return images
+        if not torch.is_tensor(images):
+            raise TypeError(
+                f"{arg} must be a tensor [N, 3, H, W] or a FoldedEmbedding, got {type(images).__name__}"
+            )
+        if images.ndim != 4:
+            raise ValueError(f"{arg} must have shape [N, C, H, W], got {tuple(images.shape)}")
+        return folder(images)
+
+    def _pair(self, query: Images, reference: Images) -> Tuple[FoldedEmbedding, FoldedEmbedding]:
+        fq, fr = self.fold_query(query), self.fold_reference(reference)
+        if fq.features.shape[-1] != fr.features.shape[-1]:
+            raise ValueError(
+                f"query and reference embeddings differ in width: {fq.features.shape[-1]} vs "
+                f"{fr.features.shape[-1]}"
+            )
+        if len(fq) == 1 and len(fr) > 1:
+            n = len(fr)
+            fq = FoldedEmbedding(
+                fq.features.expand(n, -1, -1, -1),
+                fq.bias.expand(n, -1),
+                fq.embedding.expand(n, -1),
+                fq.feature_map.expand(n, -1, -1, -1),
+                fq.image_size,
+                fq.normalised,
+                fq.exact,
+            )
+        elif len(fq) != len(fr):
+            raise ValueError(
+                f"query batch ({len(fq)}) and reference batch ({len(fr)}) must have the same size, or "
+                "the query batch "
+                "size must be 1"
+            )
+        return fq, fr
+
+    @staticmethod
+    def _check_scale(scale: str) -> None:
+        if scale not in SCALES:
+            raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+
+    @staticmethod
+    def _z(fq: FoldedEmbedding, fr: FoldedEmbedding) -> torch.Tensor:
+        return fq.embedding.norm(dim=1) * fr.embedding.norm(dim=1)
+
+    @staticmethod
+    def _resize(maps: torch.Tensor, output_size, image_size) -> torch.Tensor:
+        if output_size is None:
+            return maps
+        size = image_size if (isinstance(output_size, str) and output_size == "image") else output_size
+        if isinstance(size, str):
+            raise ValueError(f"output_size must be None, 'image' or (H, W), got {output_size!r}")
+        return resize_maps(maps, size)
+
+    # ------------------------------------------------------------------ maps
+    def point_to_point(
+        self, query_images: Images, reference_images: Images, *, scale: str = "dot"
+    ) -> torch.Tensor:
+        """D(i, j, x, y) = F^q_ij · F^r_xy for every pair, from one batched einsum.
+
+        Args:
+            query_images: ``[N, 3, H, W]`` (or ``[1, ...]``, paired with every reference) or a
+                FoldedEmbedding.
+            reference_images: ``[N, 3, H', W']`` or a FoldedEmbedding.
+            scale: ``"dot"`` (default, the un-normalised terms) or ``"cosine"`` (divided by Z per pair).
+
+        Returns:
+            ``[N, h, w, h', w']`` signed tensor.
+        """
+        self._check_scale(scale)
+        fq, fr = self._pair(query_images, reference_images)
+        D = torch.einsum("nijl,nxyl->nijxy", fq.features, fr.features)
+        if scale == "cosine":
+            D = D / self._z(fq, fr).view(-1, 1, 1, 1, 1)
+        return D
+
+    def overall_maps(
+        self,
+        query_images: Images,
+        reference_images: Images,
+        *,
+        bias: bool = False,
+        scale: str = "cosine",
+        relu_then_sum: bool = False,
+        normalize: Optional[str] = None,
+        output_size=None,
+    ) -> Dict[str, torch.Tensor]:
+        """Overall maps on the query and on the retrieved image (paper Sec. III, "Decomposition" / "+Bias").
+
+        Args:
+            bias: ``False`` → "Decomposition" F^q_ij · Σ_xy F^r_xy; ``True`` → "Decomposition+Bias" F^q_ij ·
+                E^r (and the swap for the reference map).
+            scale: ``"cosine"`` (default; divided by Z = ‖E^q‖‖E^r‖, eq. 5) or ``"dot"``.
+            relu_then_sum: the authors' demo variant Σ_xy ReLU(D(i, j, x, y)) (drops negative evidence; not
+                eq. 5; incompatible with ``bias``).
+            normalize: ``None`` (default; signed, comparable across pairs), ``"minmax"`` or ``"max_abs"``
+                (:func:`normalize_maps`).
+            output_size: ``None`` (feature resolution), ``"image"`` (each map bilinearly resized to its image)
+                or ``(H, W)``.
+
+        Returns:
+            dict with ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``, ``"similarity"`` ``[N]``
+            (cosine of the pre-normalisation embeddings) and ``"dot"`` ``[N]`` (E^q · E^r).
+        """
+        self._check_scale(scale)
+        if relu_then_sum and bias:
+            raise ValueError("relu_then_sum reproduces the demo code, which has no bias term: use bias=False")
+        fq, fr = self._pair(query_images, reference_images)
+        if relu_then_sum:
+            D = torch.relu(torch.einsum("nijl,nxyl->nijxy", fq.features, fr.features))
+            q, r = D.sum(dim=(3, 4)), D.sum(dim=(1, 2))
+        else:
+            target_q = fr.features.sum(dim=(1, 2)) + (fr.bias if bias else 0)
+            target_r = fq.features.sum(dim=(1, 2)) + (fq.bias if bias else 0)
+            q = torch.einsum("nijl,nl->nij", fq.features, target_q)
+            r = torch.einsum("nxyl,nl->nxy", fr.features, target_r)
+        z = self._z(fq, fr)
+        dot = (fq.embedding * fr.embedding).sum(dim=1)
+        if scale == "cosine":
+            q, r = q / z.view(-1, 1, 1), r / z.view(-1, 1, 1)
+        q = self._resize(normalize_maps(q, normalize), output_size, fq.image_size)
+        r = self._resize(normalize_maps(r, normalize), output_size, fr.image_size)
+        return {"query": q, "reference": r, "similarity": dot / z, "dot": dot}
+
+    def point_specific(
+        self,
+        query_images: Images,
+        reference_images: Images,
+        points: Sequence[Sequence[float]],
+        *,
+        coordinates: str = "image",
+        scale: str = "cosine",
+        normalize: Optional[str] = None,
+        output_size=None,
+    ) -> torch.Tensor:
+        """Point-specific maps I_p(x, y) = F^q_p · F^r_xy on the reference image for query points p.
+
+        Args:
+            points: ``[P, 2]`` (y, x) pairs, the same for every pair. ``coordinates="image"`` (default):
+                pixels of the query image, mapped bilinearly to the feature grid (half-pixel centres, edge
+                clamping, as the demo's ``Point_Specific``); ``"feature"``: integer feature positions (i, j),
+                so the map summed over (x, y) equals the (i, j) entry of the "Decomposition" query map.
+            scale, normalize, output_size: as in :meth:`overall_maps` (``"image"`` resizes to the reference
+                image).
+
+        Returns:
+            ``[N, P, h', w']`` signed tensor.
+
+        Raises:
+            ValueError: a point outside the query image / feature map.
+        """
+        self._check_scale(scale)
+        fq, fr = self._pair(query_images, reference_images)
+        n, h, w, L = fq.features.shape
+        wts = point_weights(
+            points, fq.image_size, (h, w), coordinates, dtype=fq.features.dtype, device=fq.features.device
+        )
+        Fp = torch.einsum("pk,nkl->npl", wts, fq.features.reshape(n, h * w, L))
+        maps = torch.einsum("npl,nxyl->npxy", Fp, fr.features)
+        if scale == "cosine":
+            maps = maps / self._z(fq, fr).view(-1, 1, 1, 1)
+        return self._resize(normalize_maps(maps, normalize), output_size, fr.image_size)

@@ -1,0 +1,268 @@
+"""Fold the head of a metric-learning model into E = Σ_ij W_ij A_ij + B.
+
+Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec.
+III-A (eq. 4, GAP and flatten heads), Sec. IV (GMP and ReLU as masks computed once per image; Taylor expansion
+for other non-linear parts). The authors' demos (Jeff-Zilence/Explain_Metric_Learning, ``*/demo.py``) fold one
+fixed head per model by hand; here any sequence of supported modules is folded, BatchNorm1d uses its ``eps``
+(the demo omits it) and GMP ties go to a single position (the demo's ``== max`` marks all tied positions).
+"""
+
+import warnings
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ._model_runner import POOLING_TYPES, ModelRunner, split_normaliser
+from .folded_embedding import FoldedEmbedding
+
+SUPPORTED = (
+    "AdaptiveAvgPool2d(1) (GAP), AdaptiveMaxPool2d(1) (GMP), Flatten, Linear, BatchNorm1d (eval, "
+    "running stats), "
+    "ReLU, Dropout (eval), Identity, and a trailing L2 normalisation"
+)
+FALLBACKS = ("error", "jacobian")
+
+
+def _is_passthrough(record) -> bool:
+    m = record.module
+    if isinstance(m, (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout)):
+        return True
+    return record.output is record.input  # e.g. PML's c_f.Identity
+
+
+def _is_global(pool_size) -> bool:
+    return pool_size == 1 or tuple(pool_size) == (1, 1)
+
+
+class _Unsupported(Exception):
+    def __init__(self, record, why=""):
+        super().__init__(f"{record.name} ({type(record.module).__name__}){why}")
+
+
+def _bn_scale_shift(bn: nn.BatchNorm1d, dtype, device):
+    if bn.running_mean is None or bn.running_var is None:
+        raise ValueError("BatchNorm1d without running statistics cannot be folded")
+    inv = torch.rsqrt(bn.running_var.to(device=device, dtype=dtype) + bn.eps)
+    weight = bn.weight.to(device=device, dtype=dtype) if bn.weight is not None else torch.ones_like(inv)
+    bias = bn.bias.to(device=device, dtype=dtype) if bn.bias is not None else torch.zeros_like(inv)
+    scale = weight * inv
+    shift = bias - bn.running_mean.to(device=device, dtype=dtype) * scale
+    return scale, shift
+
+
+def fold_records(records, A: torch.Tensor):
+    """Fold module calls (in execution order) applied to ``A [N, C, h, w]`` into ``(F [N, h, w, L], B [N,
+    L])``.
+
+    Raises ``_Unsupported`` naming the first module that has no exact fold.
+    """
+    N, C, h, w = A.shape
+    dtype, device = A.dtype, A.device
+    kind, X = "map", A
+    F = b = None
+    for rec in records:
+        m = rec.module
+        if _is_passthrough(rec) or (isinstance(m, nn.Flatten) and kind != "map"):
+            continue
+        if kind == "map":
+            if isinstance(m, nn.AdaptiveAvgPool2d) and _is_global(m.output_size):
+                F, b, kind = X.permute(0, 2, 3, 1) / (h * w), X.new_zeros(N, C), "vec"
+            elif isinstance(m, nn.AdaptiveMaxPool2d) and _is_global(m.output_size):
+                # Sec. IV: GMP = Σ_ij (M ⊙ A)_ij, M one-hot at each channel's arg-max (first index on ties).
+                flat = X.reshape(N, C, h * w)
+                mask = torch.zeros_like(flat).scatter_(2, flat.argmax(dim=2, keepdim=True), 1.0)
+                F, b, kind = (flat * mask).reshape(N, C, h, w).permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
+            elif isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
+                if h * w == 1:
+                    F, b, kind = X.permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
+                else:
+                    b, kind = X.new_zeros(N, C * h * w), "flat"
+            else:
+                raise _Unsupported(rec, " on the [N, C, h, w] feature map")
+        elif kind == "flat":
+            if isinstance(m, nn.BatchNorm1d) and m.num_features == C * h * w:
+                s, t = _bn_scale_shift(m, dtype, device)
+                X = X * s.view(1, C, h, w)
+                b = b * s + t
+            elif isinstance(m, nn.ReLU):
+                keep = ((X + b.view(N, C, h, w)) > 0).to(dtype)
+                X, b = X * keep, b * keep.reshape(N, -1)
+            elif isinstance(m, nn.Linear) and m.in_features == C * h * w:
+                W = m.weight.to(device=device, dtype=dtype)
+                # Flatten + FC (the face model): W_ij = the FC-weight columns of position (i, j).
+                F = torch.einsum("lcij,ncij->nijl", W.view(-1, C, h, w), X)
+                b = b @ W.t()
+                if m.bias is not None:
+                    b = b + m.bias.to(device=device, dtype=dtype)
+                kind = "vec"
+            else:
+                raise _Unsupported(rec, " after Flatten")
+        else:
+            if isinstance(m, nn.Linear):
+                W = m.weight.to(device=device, dtype=dtype)
+                F, b = F @ W.t(), b @ W.t()
+                if m.bias is not None:
+                    b = b + m.bias.to(device=device, dtype=dtype)
+            elif isinstance(m, nn.BatchNorm1d):
+                s, t = _bn_scale_shift(m, dtype, device)
+                F, b = F * s, b * s + t
+            elif isinstance(m, nn.ReLU):
+                keep = ((F.sum(dim=(1, 2)) + b) > 0).to(dtype)  # Sec. IV: ReLU = diag(1[z > 0]) at this input
+                F, b = F * keep[:, None, None, :], b * keep
+            else:
+                raise _Unsupported(rec)
+    if kind == "map":
+        raise _Unsupported(
+            records[-1] if records else _Rec("no pooling"), ": no pooling or Flatten after the map"
+        )
+    if kind == "flat":
+        raise _Unsupported(records[-1], ": Flatten must be followed by a Linear layer")
+    return F, b
+
+
+class _Rec:
+    def __init__(self, name):
+        self.name, self.module = name, None
+
+
+class HeadFolder:
+    """Write a trunk + embedder's embedding as Σ_ij W_ij A_ij + B over the last convolutional feature map.
+
+    Exact fold for a torchvision-style CNN body followed by GAP (``AdaptiveAvgPool2d(1)``), GMP
+    (``AdaptiveMaxPool2d(1)``, arg-max mask with ties broken to the first position) or ``Flatten`` and then
+    any sequence of ``Linear``, ``BatchNorm1d`` (eval, running statistics and ``eps``), ``ReLU`` (mask of the
+    current input), ``Dropout`` (eval) and ``Identity``; an L2 normalisation at the end (a module, or inside
+    ``forward``) is detected numerically and the pre-normalisation embedding is folded. Any other head raises,
+    or, with ``fallback="jacobian"``, is linearised at the current input with ``torch.func`` (first-order
+    Taylor, paper Sec. IV): W_ij = ∂E/∂A_ij, B = E(A₀) - Σ_ij W_ij A₀_ij, with a warning that the result is
+    approximate.
+
+    Args:
+        trunk: PML trunk; ``[N, 3, H, W] -> [N, D]`` (pooling included, as in PML).
+        embedder: PML embedder ``[N, D] -> [N, L]`` or ``None``.
+        layer: module (or its name in ``trunk``) whose output A ``[N, C, h, w]`` is explained. Default: the
+            last module call with a 4-D output that is not pooling (found with one forward pass).
+        fallback: ``"error"`` (default) or ``"jacobian"``.
+        rtol: relative tolerance of the self-check ``Σ F + B == E``. Default 1e-4 (float32); float64 is exact.
+
+    Calling ``folder(images [N, 3, H, W])`` returns a :class:`FoldedEmbedding` (``features [N, h, w, L]``,
+    ``bias [N, L]``, ``embedding [N, L]``; detached: no gradient flows into the models). The models run in
+    eval mode inside the call; their train/eval flags and hooks are restored afterwards, also after an
+    exception.
+
+    Raises:
+        ValueError: an unsupported head module (named) with ``fallback="error"``; a fold that does not
+            reproduce the model's embedding (an operation outside modules, e.g. a functional call); bad
+            images.
+        TypeError: non-module trunk/embedder, non-tensor images.
+    """
+
+    def __init__(
+        self,
+        trunk: nn.Module,
+        embedder: Optional[nn.Module] = None,
+        layer=None,
+        *,
+        fallback: str = "error",
+        rtol: float = 1e-4,
+        jacobian_chunk_size: Optional[int] = 16,
+    ):
+        if fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+        self.runner = ModelRunner(trunk, embedder, layer)
+        self.fallback = fallback
+        self.rtol = float(rtol)
+        self.jacobian_chunk_size = jacobian_chunk_size
+
+    @property
+    def layer(self) -> Optional[nn.Module]:
+        """The explained module (``None`` until the first call when it is found automatically)."""
+        return self.runner.layer
+
+    def __call__(self, images: torch.Tensor) -> FoldedEmbedding:
+        return self.fold(images)
+
+    def fold(self, images: torch.Tensor) -> FoldedEmbedding:
+        """Fold the head at ``images [N, 3, H, W]``; see the class docstring."""
+        res = self.runner.run(images, mode="capture")
+        head, normaliser = split_normaliser(res.head)
+        E = (normaliser.input if normaliser is not None else res.output).detach()
+        A = res.feature_map
+        try:
+            with torch.no_grad():
+                F, b = fold_records(head, A)
+        except _Unsupported as err:
+            if self.fallback == "error":
+                raise ValueError(
+                    f"head module {err} cannot be folded exactly; supported after the feature map: "
+                    f"{SUPPORTED}. "
+                    "Pass fallback='jacobian' for a first-order (approximate) fold."
+                ) from None
+            warnings.warn(
+                f"head module {err} has no exact fold; using the first-order torch.func Jacobian at "
+                "the current "
+                "input (Zhu et al. 2021, Sec. IV): maps are approximate away from this input",
+                stacklevel=2,
+            )
+            return self._jacobian_fold(images, res, head, normaliser)
+        folded = F.sum(dim=(1, 2)) + b
+        normalised = normaliser is not None
+        if not self._close(folded, E.to(folded.dtype)):
+            unit = torch.nn.functional.normalize(folded, dim=1)
+            if self._close(unit, E.to(folded.dtype)):
+                normalised, E = (
+                    True,
+                    folded,
+                )  # normalisation inside forward(): E is the pre-normalisation vector
+            elif self.fallback == "jacobian":
+                warnings.warn(
+                    "the exact fold does not reproduce the embedding (operations outside modules); using the "
+                    "first-order torch.func Jacobian at the current input: maps are approximate",
+                    stacklevel=2,
+                )
+                return self._jacobian_fold(images, res, head, normaliser)
+            else:
+                err = (folded - E).abs().max().item()
+                raise ValueError(
+                    "the folded head does not reproduce the model's embedding (max abs error "
+                    f"{err:.3g}); the head probably applies operations outside modules (functional calls). "
+                    "Use fallback='jacobian' or pass layer=..."
+                )
+        return FoldedEmbedding(F, b, E.to(F.dtype), A, res.image_size, normalised, True)
+
+    def _close(self, x, y) -> bool:
+        tol = self.rtol * (y.abs().max() + 1e-12)
+        return bool(((x - y).abs() <= tol).all())
+
+    def _jacobian_fold(self, images, res, head, normaliser) -> FoldedEmbedding:
+        A0 = res.feature_map
+        if normaliser is None and torch.allclose(
+            res.output.norm(dim=1), torch.ones_like(res.output[:, 0]), rtol=1e-4, atol=1e-4
+        ):
+            raise ValueError(
+                "the model normalises its output inside forward(); the first-order fallback needs the "
+                "pre-normalisation embedding: put the normalisation in its own module"
+            )
+        k = len(res.head) - 1 if normaliser is not None else None
+
+        def g(A):
+            r = self.runner.run(images, mode="replace", replacement=A)
+            return r.head[k].input if k is not None else r.output
+
+        N, C, h, w = A0.shape
+        eye = torch.eye(h * w, dtype=A0.dtype, device=A0.device).view(h * w, 1, 1, h, w)
+        tangents = A0.unsqueeze(0) * eye  # T_ij = A₀ restricted to position (i, j)
+
+        def one(t):
+            return torch.func.jvp(g, (A0,), (t,))[1]
+
+        with torch.no_grad():
+            E0 = g(A0).detach()
+        F = torch.func.vmap(one, chunk_size=self.jacobian_chunk_size)(tangents).detach()  # [hw, N, L]
+        F = F.permute(1, 0, 2).reshape(N, h, w, -1)
+        b = E0 - F.sum(dim=(1, 2))
+        return FoldedEmbedding(F, b, E0, A0, res.image_size, normaliser is not None, False)
+
+
+__all__ = ["HeadFolder", "POOLING_TYPES"]

@@ -1,0 +1,134 @@
+"""Cross-view orientation estimation from activation maps.
+
+Source: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-D (CVUSA): the
+street-view overall map's maximum gives the angle θ_s (its panorama column); that pixel's point-specific map
+on the aerial image gives a maximum with polar angle θ_a around the aerial image centre; estimate = θ_a − θ_s,
+error = ground truth − estimate, wrapped to [−180°, 180°] (the paper adds or subtracts 360°).
+
+Conventions (degrees): a panorama column x of width W has angle 360·(x + 0.5)/W (0° at the left edge; CVUSA
+puts south there). The polar angle of aerial pixel (y, x) is atan2(x − c_x, y − c_y) mod 360: 0° points down
+(south in a north-up image) and the angle grows counter-clockwise as displayed, which is the direction of a
+positive angle in ``skimage.transform.rotate`` and ``torchvision.transforms.functional.rotate``.
+``clockwise=True`` flips it.
+"""
+
+import math
+from typing import Dict, Optional
+
+import torch
+
+from .activation_decomposition import ActivationDecomposition
+
+GEOMETRIES = ("panorama", "polar")
+
+
+class OrientationEstimator:
+    """Rotation between a query view and an aerial view from point-specific maps (or overall maps, for
+    comparison).
+
+    Args:
+        decomposition: :class:`ActivationDecomposition` (query model = street branch, reference model = aerial
+            branch; they may differ).
+        query_geometry: ``"panorama"`` (default; the query angle is its column) or ``"polar"`` (the query is
+            itself a centred view, e.g. an unrotated aerial image; its angle is polar).
+        clockwise: measure polar angles clockwise. Default ``False``.
+
+    Raises:
+        ValueError: unknown ``query_geometry``.
+    """
+
+    def __init__(
+        self,
+        decomposition: Optional[ActivationDecomposition] = None,
+        query_geometry: str = "panorama",
+        clockwise: bool = False,
+    ):
+        if query_geometry not in GEOMETRIES:
+            raise ValueError(f"query_geometry must be one of {GEOMETRIES}, got {query_geometry!r}")
+        self.decomposition = decomposition
+        self.query_geometry = query_geometry
+        self.clockwise = bool(clockwise)
+
+    @staticmethod
+    def wrap_degrees(angle):
+        """Wrap degrees to [−180, 180) (a tensor, array or float); 180 maps to −180."""
+        return ((angle + 180.0) % 360.0) - 180.0
+
+    @classmethod
+    def angle_error(cls, ground_truth, estimate):
+        """ground truth − estimate, wrapped to [−180°, 180°) (paper Sec. VI-D)."""
+        return cls.wrap_degrees(ground_truth - estimate)
+
+    @staticmethod
+    def panorama_angle(x: float, width: int) -> float:
+        """Angle in degrees of panorama column ``x`` (pixels, 0-based) for a panorama ``width`` pixels
+        wide."""
+        if not 0 <= x < width:
+            raise ValueError(f"column {x} is outside a panorama of width {width}")
+        return 360.0 * (x + 0.5) / width
+
+    def polar_angle(self, y: float, x: float, height: int, width: int) -> float:
+        """Polar angle in degrees [0, 360) of pixel (y, x) around the centre of an ``height × width``
+        image."""
+        if not (0 <= y < height and 0 <= x < width):
+            raise ValueError(f"pixel {(y, x)} is outside an image of size {(height, width)}")
+        dy, dx = y - (height - 1) / 2.0, x - (width - 1) / 2.0
+        angle = math.degrees(math.atan2(dx, dy)) % 360.0
+        return (-angle) % 360.0 if self.clockwise else angle
+
+    def query_angle(self, y: float, x: float, height: int, width: int) -> float:
+        if self.query_geometry == "panorama":
+            return self.panorama_angle(x, width)
+        return self.polar_angle(y, x, height, width)
+
+    @staticmethod
+    def _argmax2d(m: torch.Tensor):
+        idx = int(torch.argmax(m))
+        return idx // m.shape[1], idx % m.shape[1]
+
+    def estimate(
+        self, query_images: torch.Tensor, aerial_images: torch.Tensor, *, method: str = "point_specific"
+    ) -> Dict[str, torch.Tensor]:
+        """Estimate the rotation (degrees, in [0, 360)) of each aerial image relative to its query.
+
+        Args:
+            query_images: ``[N, 3, H, W]`` street panoramas (or centred views with
+                ``query_geometry="polar"``).
+            aerial_images: ``[N, 3, H', W']``.
+            method: ``"point_specific"`` (paper's proposal: the query's max pixel → its point-specific map on
+                the aerial image) or ``"overall"`` (the aerial overall map's maximum).
+
+        Returns:
+            dict with ``"estimate"`` ``[N]``, ``"query_angle"`` ``[N]``, ``"aerial_angle"`` ``[N]`` (degrees)
+            and ``"query_point"``/``"aerial_point"`` ``[N, 2]`` pixel (y, x) (maps upsampled to image size).
+
+        Raises:
+            ValueError: no decomposition, unknown method.
+        """
+        if self.decomposition is None:
+            raise ValueError("estimate() needs a decomposition")
+        if method not in ("point_specific", "overall"):
+            raise ValueError(f"method must be 'point_specific' or 'overall', got {method!r}")
+        dec = self.decomposition
+        fq, fr = dec.fold_query(query_images), dec.fold_reference(aerial_images)
+        overall = dec.overall_maps(fq, fr, output_size="image")
+        H, W = fq.image_size
+        Ha, Wa = fr.image_size
+        out = {k: [] for k in ("estimate", "query_angle", "aerial_angle", "query_point", "aerial_point")}
+        for n in range(len(fr)):
+            qy, qx = self._argmax2d(overall["query"][n if overall["query"].shape[0] > 1 else 0])
+            if method == "overall":
+                ay, ax = self._argmax2d(overall["reference"][n])
+            else:
+                pmap = dec.point_specific(
+                    fq[n if len(fq) > 1 else 0], fr[n], [(qy, qx)], output_size="image"
+                )[0, 0]
+                ay, ax = self._argmax2d(pmap)
+            ts = self.query_angle(qy, qx, H, W)
+            ta = self.polar_angle(ay, ax, Ha, Wa)
+            out["estimate"].append((ta - ts) % 360.0)
+            out["query_angle"].append(ts)
+            out["aerial_angle"].append(ta)
+            out["query_point"].append((qy, qx))
+            out["aerial_point"].append((ay, ax))
+        return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}

@@ -1,0 +1,144 @@
+"""Partial-similarity (region-of-interest) retrieval with stored database embeddings.
+
+Source: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-E (interactive
+retrieval): the per-position feature F_ij = W_ij A_ij of the query, normalised by the ORIGINAL query
+embedding's norm, is matched against the database embeddings E^r, so the database is not re-extracted; the
+point similarity F_ij · E^r / (‖E^q‖ ‖E^r‖) equals the point-specific map summed over the reference plus its
+bias term, over Z. Nearest neighbours come from faiss (inner product on the normalised database).
+"""
+
+from typing import Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+
+from .activation_decomposition import ActivationDecomposition
+from .folded_embedding import FoldedEmbedding
+from .map_utils import point_weights
+
+
+class PartialSimilarityRetrieval:
+    """Rank stored reference embeddings by their similarity to a region of one query image.
+
+    Args:
+        decomposition: an :class:`ActivationDecomposition` (its query model embeds the query image).
+
+    ROI forms (image pixels of the query): a point ``(y, x)`` (F bilinearly interpolated from the feature
+    grid, as the paper's upsampled F), a box ``(x0, y0, x1, y1)`` (half-open) or a boolean mask ``[H, W]``. A
+    region merges the F_ij of the cells it covers, weighted by the covered fraction of each cell and divided
+    by the total weight (a weighted mean, so a region's scores are on the same scale as a point's; the ranking
+    does not depend on this choice). The paper uses the ROI's centre pixel: pass ``(y, x)`` for that.
+
+    Raises:
+        TypeError: a decomposition of the wrong type.
+    """
+
+    def __init__(self, decomposition: ActivationDecomposition):
+        if not isinstance(decomposition, ActivationDecomposition):
+            raise TypeError(
+                f"decomposition must be an ActivationDecomposition, got {type(decomposition).__name__}"
+            )
+        self.decomposition = decomposition
+
+    def roi_weights(self, roi, image_size, feature_size, dtype=torch.float32, device=None) -> torch.Tensor:
+        """``[h * w]`` weights (summing to 1) of the feature cells for ``roi``.
+
+        Raises:
+            ValueError: a point outside the image, an empty / mis-sized mask, a malformed box.
+        """
+        H, W = image_size
+        h, w = feature_size
+        if torch.is_tensor(roi) or isinstance(roi, np.ndarray):
+            arr = torch.as_tensor(np.asarray(roi.cpu() if torch.is_tensor(roi) else roi))
+            if arr.ndim == 2 and arr.dtype == torch.bool:
+                mask = arr
+            elif arr.ndim == 1 and arr.numel() in (2, 4):
+                roi = tuple(arr.tolist())
+                mask = None
+            else:
+                raise ValueError(
+                    "roi must be (y, x), (x0, y0, x1, y1) or a bool mask [H, W], got shape "
+                    f"{tuple(arr.shape)}"
+                )
+        else:
+            mask = None
+        if mask is None:
+            roi = tuple(roi)
+            if len(roi) == 2:
+                return point_weights([roi], (H, W), (h, w), "image", dtype=dtype, device=device)[0]
+            if len(roi) != 4:
+                raise ValueError(f"roi must be (y, x), (x0, y0, x1, y1) or a bool mask [H, W], got {roi!r}")
+            x0, y0, x1, y1 = (int(v) for v in roi)
+            if not (0 <= x0 < x1 <= W and 0 <= y0 < y1 <= H):
+                raise ValueError(f"roi box {roi} must satisfy 0 <= x0 < x1 <= {W} and 0 <= y0 < y1 <= {H}")
+            mask = torch.zeros(H, W, dtype=torch.bool)
+            mask[y0:y1, x0:x1] = True
+        if tuple(mask.shape) != (H, W):
+            raise ValueError(f"roi mask has shape {tuple(mask.shape)}, the query image is {(H, W)}")
+        if not bool(mask.any()):
+            raise ValueError("roi mask is empty")
+        cover = nnf.interpolate(mask.to(torch.float64)[None, None], size=(h, w), mode="area")[0, 0]
+        if (
+            float(cover.sum()) == 0
+        ):  # a region smaller than a cell between sample points: fall back to its centre
+            ys, xs = torch.nonzero(mask, as_tuple=True)
+            centre = (float(ys.float().mean()), float(xs.float().mean()))
+            return point_weights([centre], (H, W), (h, w), "image", dtype=dtype, device=device)[0]
+        return (cover / cover.sum()).reshape(-1).to(dtype=dtype, device=device)
+
+    def roi_embedding(
+        self, query_image: Union[torch.Tensor, FoldedEmbedding], roi
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(F_roi [L], ‖E^q‖ scalar)`` for one query image ``[1, 3, H, W]`` (or a one-image fold)."""
+        fq = self.decomposition.fold_query(query_image)
+        if len(fq) != 1:
+            raise ValueError(f"query_image must hold one image, got {len(fq)}")
+        _, h, w, L = fq.features.shape
+        wts = self.roi_weights(roi, fq.image_size, (h, w), fq.features.dtype, fq.features.device)
+        return wts @ fq.features[0].reshape(h * w, L), fq.embedding[0].norm()
+
+    def scores(self, query_image, roi, ref_emb: torch.Tensor) -> torch.Tensor:
+        """``[M]`` partial similarities F_roi · E^r / (‖E^q‖ ‖E^r‖) against stored ``ref_emb [M, L]``.
+
+        ``ref_emb`` may be the stored, already normalised database embeddings (only their direction matters).
+
+        Raises:
+            ValueError: ``ref_emb`` not ``[M, L]`` with the query's L.
+        """
+        f, norm = self.roi_embedding(query_image, roi)
+        ref = self._check_ref(ref_emb, f)
+        return (ref.to(f) @ f) / (norm * ref.to(f).norm(dim=1)).clamp_min(1e-12)
+
+    def search(self, query_image, roi, ref_emb: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Top-``k`` references for the ROI: ``(scores [k], indices [k])``, best first (faiss inner product).
+
+        Raises:
+            ValueError: ``k`` not in 1..M, bad ``ref_emb``.
+        """
+        import faiss
+
+        f, norm = self.roi_embedding(query_image, roi)
+        ref = self._check_ref(ref_emb, f)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= ref.shape[0]:
+            raise ValueError(f"k must be an int in [1, {ref.shape[0]}] (the reference set size), got {k!r}")
+        db = nnf.normalize(ref.detach().to("cpu", torch.float32), dim=1).numpy()
+        index = faiss.IndexFlatIP(db.shape[1])
+        index.add(np.ascontiguousarray(db))
+        q = (f.detach() / norm).to("cpu", torch.float32).numpy()[None]
+        dist, idx = index.search(np.ascontiguousarray(q), k)
+        return torch.from_numpy(dist[0]).to(f.device), torch.from_numpy(idx[0]).long().to(f.device)
+
+    @staticmethod
+    def _check_ref(ref_emb, f) -> torch.Tensor:
+        if (
+            not torch.is_tensor(ref_emb)
+            or ref_emb.ndim != 2
+            or ref_emb.shape[1] != f.shape[0]
+            or ref_emb.shape[0] == 0
+        ):
+            raise ValueError(
+                f"ref_emb must be a non-empty [M, {f.shape[0]}] tensor, got "
+                f"{getattr(ref_emb, 'shape', type(ref_emb))}"
+            )
+        return ref_emb

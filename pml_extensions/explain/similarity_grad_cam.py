@@ -1,0 +1,141 @@
+"""Grad-CAM baselines for a pair of images under a metric-learning model.
+
+Sources: Selvaraju et al., "Grad-CAM", ICCV 2017 (α_k = mean_ij ∂y/∂A_ijk, map = ReLU(Σ_k α_k A_k)); its use
+for metric learning and the "no norm" and rectified variants: Zhu et al., "Visual Explanation for Deep Metric
+Learning", IEEE TIP 2021, Sec. V and Sec. VI-A, and the authors' demo code
+(Jeff-Zilence/Explain_Metric_Learning, ``Image_Retrieval/demo.py``: ``GradCAM`` and ``RGradCAM``). Target for
+similarity: pytorch-grad-cam's embedding-similarity target (jacobgil/pytorch-grad-cam,
+``utils/model_targets.py``), batched here.
+
+Deviation from the demo code: gradients come from ``torch.autograd.grad`` with respect to a detached copy of
+the feature map, so nothing accumulates in ``.grad`` between calls (the demo calls ``backward()`` repeatedly
+without zeroing, so its "no norm" and rectified maps mix gradients of earlier calls).
+"""
+
+from typing import Dict, Optional
+
+import torch
+from torch import nn
+
+from ._model_runner import ModelRunner, split_normaliser
+from .map_utils import normalize_maps, resize_maps
+
+VARIANTS = ("cosine", "dot", "rectified")
+
+
+class SimilarityGradCAM:
+    """Grad-CAM maps of the similarity of query/reference pairs, on both images.
+
+    Variants:
+        ``"cosine"``: Grad-CAM of S = cos(E^q, E^r) (the paper's "Grad-CAM"); ``"dot"``: Grad-CAM of E^q · E^r
+        with the pre-normalisation embeddings ("Grad-CAM (no norm)"); for a GAP + linear head it equals
+        "Decomposition+Bias" with ``scale="dot"`` (paper Sec. V), with GMP it differs; ``"rectified"``: Σ_k
+        ∂(E^q·E^r)/∂A_ijk · A_ijk without averaging the gradient (the demo's RGrad-CAM), equal to
+        "Decomposition+Bias" for linear heads, GMP included.
+
+    Args:
+        trunk, embedder, layer: query model (``layer=None``: the last 4-D, non-pooling module call).
+        reference_trunk, reference_embedder, reference_layer: optional second model for the references.
+
+    ``maps(query_images [N or 1, 3, H, W], reference_images [N, 3, H', W'], variant=..., relu=True)`` returns
+    a dict with ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``, ``"similarity"`` ``[N]`` (the
+    differentiated score) — detached tensors on the input's device. ``relu=True`` (default, Grad-CAM's
+    definition) clamps at 0; ``relu=False`` keeps the sign. Models run in eval mode inside the call, flags and
+    hooks are restored afterwards.
+
+    Raises:
+        ValueError: unknown variant; batch sizes that do not pair; ``"dot"``/``"rectified"`` on a model that
+            normalises inside ``forward`` (the pre-normalisation embedding is not reachable: wrap the
+            normalisation in its own module).
+    """
+
+    def __init__(
+        self,
+        trunk: nn.Module,
+        embedder: Optional[nn.Module] = None,
+        layer=None,
+        *,
+        reference_trunk: Optional[nn.Module] = None,
+        reference_embedder: Optional[nn.Module] = None,
+        reference_layer=None,
+    ):
+        self.query_runner = ModelRunner(trunk, embedder, layer)
+        if reference_trunk is None:
+            if reference_embedder is not None or reference_layer is not None:
+                raise ValueError("reference_embedder / reference_layer need reference_trunk")
+            self.reference_runner = self.query_runner
+        else:
+            self.reference_runner = ModelRunner(reference_trunk, reference_embedder, reference_layer)
+
+    @staticmethod
+    def _pre_norm(res, variant: str, side: str) -> torch.Tensor:
+        head, normaliser = split_normaliser(res.head)
+        if normaliser is not None:
+            return normaliser.input
+        out = res.output
+        if variant != "cosine":
+            norms = out.detach().norm(dim=1)
+            if torch.allclose(norms, torch.ones_like(norms), rtol=1e-4, atol=1e-4):
+                raise ValueError(
+                    f"the {side} model's output is L2-normalised inside forward(); variant "
+                    f"{variant!r} needs the "
+                    "pre-normalisation embedding: put the normalisation in its own module"
+                )
+        return out
+
+    def maps(
+        self,
+        query_images: torch.Tensor,
+        reference_images: torch.Tensor,
+        *,
+        variant: str = "cosine",
+        relu: bool = True,
+        normalize: Optional[str] = None,
+        output_size=None,
+    ) -> Dict[str, torch.Tensor]:
+        """Compute the maps; see the class docstring. ``normalize``/``output_size`` as in
+        :meth:`ActivationDecomposition.overall_maps`."""
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        ModelRunner.check_images(query_images, "query_images")
+        ModelRunner.check_images(reference_images, "reference_images")
+        nq, nr = query_images.shape[0], reference_images.shape[0]
+        repeat = nr if (nq == 1 and nr > 1) else 1  # one body pass for the query, its head once per pair
+        if nq != nr and repeat == 1:
+            raise ValueError(
+                f"query batch ({nq}) and reference batch ({nr}) must have the same size, or the query "
+                "batch size must be 1"
+            )
+        with torch.enable_grad():
+            rq = self.query_runner.run(query_images, mode="leaf", repeat=repeat)
+            rr = self.reference_runner.run(reference_images, mode="leaf")
+            eq = self._pre_norm(rq, variant, "query")
+            er = self._pre_norm(rr, variant, "reference")
+            if variant == "cosine":
+                score = torch.nn.functional.cosine_similarity(eq, er, dim=1)
+            else:
+                score = (eq * er).sum(dim=1)
+            # pairs are independent in eval mode, so the gradient of the sum is each pair's gradient
+            gq, gr = torch.autograd.grad(score.sum(), [rq.feature_map, rr.feature_map])
+        out = {}
+        for key, A, g, res in (("query", rq.feature_map, gq, rq), ("reference", rr.feature_map, gr, rr)):
+            A = A.detach()
+            if variant == "rectified":
+                cam = (g * A).sum(dim=1)
+            else:
+                cam = (g.mean(dim=(2, 3), keepdim=True) * A).sum(dim=1)
+            if relu:
+                cam = torch.relu(cam)
+            cam = normalize_maps(cam, normalize)
+            if output_size is not None:
+                size = (
+                    res.image_size
+                    if (isinstance(output_size, str) and output_size == "image")
+                    else output_size
+                )
+                cam = resize_maps(cam, size)
+            out[key] = cam
+        out["similarity"] = score.detach()
+        return out
+
+    __call__ = maps
