@@ -28,6 +28,12 @@ SEARCH_MODULES = (
     "torch.optim.lr_scheduler",
     "torchvision.models",
     "torchvision.transforms",
+    # Added for the powerful-benchmarker runner (issue 5); modules that do not exist yet are skipped by resolve().
+    "pml_extensions.runner.mlp",
+    "pml_extensions.utils.chunked_accuracy_calculator",
+    "pml_extensions.hooks",
+    "pml_extensions.explain",
+    "torchvision.datasets",
 )
 
 _REGISTRY: Dict[str, Any] = {}

@@ -1,12 +1,14 @@
 """Helpers shared by the pml_extensions methods."""
 
 from .asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator, trapezoidal_average_precision
+from .chunked_accuracy_calculator import ChunkedAccuracyCalculator
 from .class_split import class_disjoint_split
 from .distributed_loss_wrapper import DistributedLossWrapper
 from .ridge import ridge_prototypes
 
 __all__ = [
     "AsymmetricAccuracyCalculator",
+    "ChunkedAccuracyCalculator",
     "DistributedLossWrapper",
     "class_disjoint_split",
     "ridge_prototypes",

@@ -1,0 +1,227 @@
+"""Atomic checkpoints and record-keeper logs that survive SIGKILL.
+
+Contract (used by :mod:`pml_extensions.runner.mlrc`): log rows are buffered in memory during an epoch; at the
+end of the epoch :meth:`Checkpointer.commit` first writes the rows to record-keeper's SQLite database (one
+transaction per table) and rewrites each table's CSV from the database (tmp file + ``os.replace``), then
+writes the checkpoint (tmp file + fsync + ``os.replace``). On restart :meth:`Checkpointer.resume` loads the
+checkpoint with ``torch.load(weights_only=True)`` and deletes every log row newer than it, so rows of an epoch
+that was killed after its logs but before its checkpoint are not duplicated when the epoch is rerun, and rows
+of a killed epoch that
+never reached the database are simply written by the rerun: no row is lost, none is duplicated.
+"""
+
+import csv
+import os
+import sqlite3
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+from record_keeper import RecordKeeper, RecordWriter
+from record_keeper import utils as rk_utils
+
+ITERATION_COLUMN = "~iteration~"
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    """``torch.save`` to ``path`` atomically (tmp file in the same folder, fsync, ``os.replace``)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_weights(path: str, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``: tensors, dicts, lists, tuples and numbers only."""
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def rng_state() -> Dict[str, Any]:
+    """The global torch / numpy / python RNG states in a ``weights_only``-loadable form."""
+    import random
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned (the runner's resume step; documented runner behaviour)."""
+    import random
+
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+class _AtomicRecordWriter(RecordWriter):
+    """record-keeper's writer, but each table goes to SQLite in one transaction and its CSV is regenerated
+    atomically from the database (record-keeper appends to the CSV before the DB write, which a kill can
+    split).
+    """
+
+    def save_records(self):
+        for table, series in self.records.items():
+            if len(series) == 0:
+                continue
+            columns = rk_utils.separate_iterations_from_series(series)
+            if not self.save_lists:
+                self.remove_lists(columns)
+            self.local_db.write(table, columns)
+            self.rewrite_csv(table)
+        self.records = self.get_empty_nested_dict()
+
+    def tables(self):
+        if not os.path.exists(self.local_db.db_path):
+            return []
+        rows = self.local_db.query(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name != 'sqlite_sequence'"
+        )
+        return [r["name"] for r in rows]
+
+    def rows(self, table: str):
+        return self.local_db.query(f"SELECT * FROM [{table}] ORDER BY id")
+
+    def rewrite_csv(self, table: str):
+        rows = self.rows(table)
+        path = os.path.join(self.folder, f"{table}.csv")
+        if not rows:
+            if os.path.exists(path):
+                os.remove(path)
+            return
+        names = [k for k in rows[0].keys() if k != "id"]
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(names)
+            for r in rows:
+                w.writerow([r[k] for k in names])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def truncate(self, thresholds: Dict[str, float], default: float):
+        for table in self.tables():
+            limit = thresholds.get(table, default)
+            try:
+                self.local_db.execute(f"DELETE FROM [{table}] WHERE [{ITERATION_COLUMN}] > ?", (limit,))
+            except sqlite3.OperationalError:
+                continue
+            self.rewrite_csv(table)
+
+
+class Checkpointer:
+    """Atomic checkpoint file plus record-keeper logs kept consistent with it.
+
+    Args:
+        folder: where ``checkpoint.pth`` and the ``logs/`` folder (``logs.db`` + one CSV per table) live.
+        epoch_tables: names of tables whose ``~iteration~`` column holds the epoch (e.g. accuracies); all
+        other tables hold the global training iteration.
+        save_lists: keep list-valued records (record-keeper's ``save_lists``).
+
+    Attributes:
+        record_keeper: a ``record_keeper.RecordKeeper`` to log into (``update_records`` / ``append_data``);
+        rows stay in memory until :meth:`commit`.
+
+    A checkpoint ``state`` is a dict of tensors, numbers, strings, lists, tuples and dicts (``weights_only``
+    safe); it must hold ``"epoch"`` and ``"global_iteration"`` (ints).
+    """
+
+    FILENAME = "checkpoint.pth"
+
+    def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False):
+        self.folder = folder
+        os.makedirs(folder, exist_ok=True)
+        self.epoch_tables = set(epoch_tables)
+        self.writer = _AtomicRecordWriter(os.path.join(folder, "logs"), save_lists=save_lists)
+        self.record_keeper = RecordKeeper(
+            record_writer=self.writer, attributes_to_search_for=["_record_these"]
+        )
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.folder, self.FILENAME)
+
+    def commit(self, state: Dict[str, Any]) -> None:
+        """Write the buffered log rows, then the checkpoint (in that order; see the module docstring).
+
+        Raises:
+            ValueError: if ``state`` lacks ``epoch`` or ``global_iteration``.
+        """
+        for key in ("epoch", "global_iteration"):
+            if not isinstance(state.get(key), int):
+                raise ValueError(f"state[{key!r}] must be an int, got {state.get(key)!r}")
+        self.writer.save_records()
+        atomic_torch_save(state, self.path)
+
+    def resume(self, map_location: Any = "cpu") -> Optional[Dict[str, Any]]:
+        """Load the last checkpoint (``weights_only=True``) and drop log rows written after it.
+
+        Returns:
+            the state, or ``None`` when there is no checkpoint (then every log row is dropped: the run
+            restarts).
+        """
+        self.writer.records = self.writer.get_empty_nested_dict()
+        state = load_weights(self.path, map_location) if os.path.exists(self.path) else None
+        if state is None:
+            self.writer.truncate({}, default=float("-inf"))
+            return None
+        thresholds = {t: state["epoch"] for t in self.writer.tables() if t in self.epoch_tables}
+        self.writer.truncate(thresholds, default=state["global_iteration"])
+        return state
+
+    def rows(self, table: str):
+        """All committed rows of ``table`` as dicts (``[]`` when it does not exist)."""
+        if table not in self.writer.tables():
+            return []
+        return [dict(r) for r in self.writer.rows(table)]

@@ -1,0 +1,217 @@
+"""The CLI and the shipped MLRC-layout configs."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from pml_extensions.runner import cli
+from pml_extensions.runner.config_loader import load_config
+from pml_extensions.runner.mlrc import MLRCRunner
+
+SHIPPED = (
+    "contrastive",
+    "contrastive_xml",
+    "proxy_anchor",
+    "proxy_anchor_xml",
+    "template_block",
+    "explanation",
+)
+CONFIGS = os.path.join(os.path.dirname(cli.__file__), "..", "configs")
+
+
+def _dataset_or_skip():
+    try:
+        from pml_extensions.datasets import GlyphDataset  # noqa: F401
+    except ImportError as e:  # pragma: no cover
+        pytest.skip(f"pml_extensions.datasets not available: {e}")
+
+
+class TestShippedConfigs:
+    @pytest.mark.parametrize("name", SHIPPED)
+    def test_full_variant_is_mlrc(self, name):
+        cfg, _ = load_config(cli.find_config_root(name))
+        for key in ("trunk_optimizer", "embedder_optimizer"):
+            assert cfg["optimizers"][key] == {"RMSprop": {"lr": 1e-6, "weight_decay": 1e-4, "momentum": 0.9}}
+        assert cfg["models"]["embedder"] == {"MLP": {"layer_sizes": [128]}}
+        (trainer_kwargs,) = cfg["trainer"].values()
+        assert trainer_kwargs["freeze_trunk_batchnorm"] is True and trainer_kwargs["batch_size"] == 32
+        assert cfg["eval_primary_metric"] == "mean_average_precision_at_r"
+        assert (cfg["test_size"], cfg["test_start_idx"], cfg["num_training_partitions"]) == (0.5, 0.5, 4)
+        assert list(cfg["dataset"]) == ["CUB"]
+        for extra, cls in (("with_cars196", "Cars196"), ("with_sop", "StanfordOnlineProducts")):
+            other, _ = load_config(cli.find_config_root(name), {"config_dataset": ["default", extra]})
+            assert list(other["dataset"]) == [cls]
+
+    @pytest.mark.parametrize("name", SHIPPED)
+    def test_quick_variant_builds(self, name, tmp_path):
+        _dataset_or_skip()
+        root = cli.find_config_root(name)
+        cfg, sources = load_config(root, cli._variant_selection(root, "quick", {}))
+        assert list(cfg["dataset"]) == ["GlyphDataset"]
+        runner = MLRCRunner(cfg, str(tmp_path), sources, log=lambda *a: None)
+        channels = 3 if name == "explanation" else 1
+        models = runner.build_models(torch.zeros(channels, 32, 32), num_classes=23)
+        losses, _ = runner.build_losses(models, num_classes=23)
+        optimizers = runner.build_optimizers(models, losses)
+        assert set(optimizers) >= {"trunk_optimizer", "embedder_optimizer"}
+        if name.startswith("proxy"):
+            assert "metric_loss_optimizer" in optimizers
+        emb = models["embedder"](models["trunk"](torch.randn(8, channels, 32, 32)))
+        assert emb.shape == (8, 128)
+        loss = losses["metric_loss"](emb, torch.arange(4).repeat_interleave(2))
+        assert torch.isfinite(loss)
+        if name.endswith("_xml"):
+            assert losses["metric_loss"].histogram_layer is not None  # wired to the trunk's HistogramPooling
+        if name == "template_block":
+            from pml_extensions.trunks.template_matching_block import TemplateMatchingBlock
+
+            (block,) = [m for m in models["trunk"].modules() if isinstance(m, TemplateMatchingBlock)]
+            assert block.num_classes == 23  # filled in per fold
+        if name == "explanation":
+            assert list(cfg["test_hooks"]["explanations"]) == ["ExplanationHook"]
+
+
+def _copy(name, tmp_path):
+    dst = str(tmp_path / name)
+    shutil.copytree(cli.find_config_root(name), dst)
+    return dst
+
+
+def _edit(path, old, new):
+    with open(path) as f:
+        text = f.read()
+    assert old in text
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+
+
+class TestErrors:
+    """Each kind of config error: exit status 2 and one line naming the file and the key."""
+
+    def _check(self, capsys, argv, *needles):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0, err
+        for n in needles:
+            assert n in err, err
+
+    def test_unknown_class(self, tmp_path, capsys):
+        _dataset_or_skip()
+        root = _copy("contrastive", tmp_path)
+        _edit(os.path.join(root, "config_dataset", "quick.yaml"), "GlyphDataset:", "GlyphDatasett:")
+        self._check(
+            capsys,
+            [root, "--variant", "quick", "--root_experiment_folder", str(tmp_path / "e")],
+            os.path.join("config_dataset", "quick.yaml"),
+            "dataset",
+            "unknown class 'GlyphDatasett'",
+        )
+
+    def test_bad_keyword(self, tmp_path, capsys):
+        _dataset_or_skip()
+        root = _copy("contrastive", tmp_path)
+        _edit(os.path.join(root, "config_loss_and_miners", "default.yaml"), "neg_margin", "neg_margn")
+        self._check(
+            capsys,
+            [root, "--variant", "quick", "--root_experiment_folder", str(tmp_path / "e")],
+            os.path.join("config_loss_and_miners", "default.yaml"),
+            "loss_funcs.metric_loss.ContrastiveLoss",
+            "neg_margn",
+        )
+
+    def test_missing_file(self, tmp_path, capsys):
+        self._check(
+            capsys,
+            ["contrastive", "--config_general", "[default, with_nothing]"],
+            os.path.join("config_general", "with_nothing.yaml"),
+            "missing config file",
+            "config_general",
+        )
+
+    def test_missing_config_folder(self, tmp_path, capsys):
+        self._check(capsys, [str(tmp_path / "nowhere")], "nowhere", "missing config folder")
+
+    def test_malformed_yaml(self, tmp_path, capsys):
+        root = _copy("contrastive", tmp_path)
+        _edit(
+            os.path.join(root, "config_optimizers", "default.yaml"),
+            "RMSprop: {lr: 0.000001,",
+            "RMSprop: {lr: [0.000001,",
+        )
+        self._check(
+            capsys, [root], os.path.join("config_optimizers", "default.yaml:"), "malformed YAML", "RMSprop"
+        )
+
+    def test_bayesian_refused(self, tmp_path, capsys):
+        self._check(
+            capsys,
+            [
+                "contrastive",
+                "--loss_funcs~OVERRIDE~",
+                "{metric_loss:",
+                "{ContrastiveLoss:",
+                "{neg_margin~BAYESIAN~:",
+                "[0.5,",
+                "2]}}}",
+            ],
+            "command line",
+            "neg_margin~BAYESIAN~",
+        )
+
+
+def test_list_roles(capsys):
+    assert cli.main(["--list", "loss"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("loss:") and "XMLWrapper" in out
+
+
+def test_new_user_changes_dataset_and_trunk_lines_and_runs(tmp_path, capsys):
+    """Tried as a new user would: copy a config folder in powerful-benchmarker's layout, change only the
+    dataset
+    and trunk lines to offline ones, run it with the CLI (here shortened from the command line)."""
+    _dataset_or_skip()
+    root = _copy("contrastive", tmp_path)
+    _edit(
+        os.path.join(root, "config_dataset", "default.yaml"),
+        "  CUB:\n    split: train+test\n    download: false",
+        "  GlyphDataset:\n    split: all",
+    )
+    _edit(
+        os.path.join(root, "config_models", "default.yaml"),
+        "    - mobilenet_v2_features: {pretrained: true}",
+        "    - ConvNetBody: {in_channels: 3, widths: [8, 16], blocks_per_stage: 1}",
+    )
+    argv = [
+        root,
+        "--root_experiment_folder",
+        str(tmp_path / "exp"),
+        "--num_epochs_train",
+        "1",
+        "--num_training_sets",
+        "1",
+        "--check_untrained_accuracy",
+        "false",
+        "--trainer~APPLY~2",
+        "{iterations_per_epoch:",
+        "2,",
+        "dataloader_num_workers:",
+        "0}",
+        "--eval_dataloader_num_workers",
+        "0",
+    ]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "test separate_128D" in out
+    results = json.load(open(tmp_path / "exp" / "contrastive" / "results.json"))
+    assert results["test_classes"] == list(range(31, 62))  # second half of the 62 glyph classes
+    html = open(tmp_path / "exp" / "contrastive" / "report.html").read()
+    assert "data:image/png;base64," in html and "mean_average_precision_at_r" in html
+
+
+def test_full_variant_without_data_folder_says_how_to_fix(tmp_path, capsys):
+    assert cli.main(["contrastive", "--root_experiment_folder", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "config_dataset" in err and "dataset.CUB" in err and "--dataset_root" in err and "\n" not in err
