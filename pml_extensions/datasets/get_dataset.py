@@ -45,6 +45,8 @@ def get_dataset(name: str, split: str = "train", transform: Optional[Callable] =
     Raises:
         ValueError: on an unknown name; FileNotFoundError when the data is missing (names the package/path).
     """
+    if root is not None and name in ("glyphs", "glyphs_debian"):
+        raise ValueError(f"dataset {name!r} takes no root (fonts are found by source=); got root={root!r}")
     if name == "glyphs":
         return GlyphDataset(split=split, transform=transform, **kwargs)
     if name == "glyphs_debian":

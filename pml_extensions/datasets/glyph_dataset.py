@@ -107,6 +107,12 @@ class GlyphDataset(ClassDisjointDataset):
                 if not debian:
                     raise FileNotFoundError(f"no Debian fonts under {DEBIAN_FONT_DIRS}: {DEBIAN_HINT}")
                 font_files += debian
+        elif isinstance(font_files, (str, bytes)) or not all(isinstance(f, str) for f in font_files):
+            raise TypeError(f"font_files must be a list of font file paths, got {font_files!r}")
+        else:
+            missing = [f for f in font_files if not os.path.isfile(f)]
+            if missing:
+                raise FileNotFoundError(f"font_files: no such font file {missing[0]!r}")
         font_files = [f for f in font_files if not os.path.basename(f).startswith(EXCLUDED_FONTS)]
         self.classes = list(CHARACTERS)
         wanted = set(select_split_classes(range(len(CHARACTERS)), split, "halves"))
@@ -135,6 +141,8 @@ class GlyphDataset(ClassDisjointDataset):
                 images.append(image)
                 labels.append(label)
                 fonts.append(path)
+        if not images:
+            raise ValueError(f"no usable glyphs rendered from {len(font_files)} font file(s): {font_files[:3]}")
         self.images = images
         self.labels = np.asarray(labels, dtype=np.int64)
         self.fonts = fonts

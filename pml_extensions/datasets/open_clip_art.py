@@ -83,6 +83,9 @@ class OpenClipArt(ClassDisjointDataset):
         max_pixels: int = 25_000_000,
     ):
         super().__init__(transform, target_transform)
+        select_split_classes([], split)  # validates split before the folder scan
+        if not isinstance(root, str):
+            raise TypeError(f"root must be a folder path (str), got {root!r}")
         if not os.path.isdir(root):
             raise FileNotFoundError(f"Open Clip Art not found at {root}: {OPENCLIPART_HINT}")
         by_class = defaultdict(list)

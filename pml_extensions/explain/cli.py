@@ -77,6 +77,14 @@ def _latest(folder: str, prefix: str) -> Optional[str]:
     return os.path.join(folder, pick[0]) if pick else None
 
 
+def _load(path: str, trust: bool):
+    """``torch.load`` with an error that names the file (empty, truncated or foreign files)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trust)
+    except Exception as e:  # torch raises EOFError, UnpicklingError, RuntimeError... for unreadable files
+        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+
+
 def load_models(checkpoint: Optional[str], trust: bool = False):
     """``(trunk, embedder)`` from ``checkpoint`` (see ``--checkpoint``) or the ImageNet MobileNetV2.
 
@@ -91,11 +99,11 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
         trunk_file, emb_file = _latest(checkpoint, "trunk_"), _latest(checkpoint, "embedder_")
         if trunk_file is None:
             raise ValueError(f"no trunk_*.pth in {checkpoint}")
-        content = {"trunk": torch.load(trunk_file, map_location="cpu", weights_only=not trust)}
+        content = {"trunk": _load(trunk_file, trust)}
         if emb_file is not None:
-            content["embedder"] = torch.load(emb_file, map_location="cpu", weights_only=not trust)
+            content["embedder"] = _load(emb_file, trust)
     else:
-        content = torch.load(checkpoint, map_location="cpu", weights_only=not trust)
+        content = _load(checkpoint, trust)
     if isinstance(content, nn.Module):
         return content, nn.Identity()
     if not isinstance(content, dict) or "trunk" not in content:
@@ -128,8 +136,11 @@ def load_image(path: str, size: int) -> torch.Tensor:
     demo)."""
     from torchvision.transforms import functional as TF
 
-    with Image.open(path) as im:
-        im = im.convert("RGB").resize((size, size), Image.BILINEAR)
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB").resize((size, size), Image.BILINEAR)
+    except (OSError, Image.UnidentifiedImageError) as e:
+        raise ValueError(f"cannot read image {path}: {e}") from e
     x = TF.to_tensor(im)
     return TF.normalize(x, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -165,7 +176,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"reference {args.reference} not found", file=sys.stderr)
         return 2
     device = torch.device(args.device)
-    trunk, embedder = load_models(args.checkpoint, args.trust_checkpoint)
+    try:
+        trunk, embedder = load_models(args.checkpoint, args.trust_checkpoint)
+        load_image(args.query, args.image_size)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     trunk.to(device)
     embedder.to(device)
     dec = ActivationDecomposition(trunk, embedder)

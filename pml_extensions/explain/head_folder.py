@@ -32,7 +32,9 @@ def _is_passthrough(record) -> bool:
 
 
 def _is_global(pool_size) -> bool:
-    return pool_size == 1 or tuple(pool_size) == (1, 1)
+    if isinstance(pool_size, int):
+        return pool_size == 1
+    return tuple(pool_size) in ((1, 1), (1,))
 
 
 class _Unsupported(Exception):

@@ -115,6 +115,8 @@ def point_weights(
         raise ValueError(
             f"points must be a non-empty [P, 2] list of (y, x) pairs, got shape {tuple(pts.shape)}"
         )
+    if not bool(torch.isfinite(pts).all()):
+        raise ValueError(f"points must be finite (y, x) pairs, got {pts.tolist()}")
     H, W = image_size
     h, w = feature_size
     lim_y, lim_x = (H, W) if coordinates == "image" else (h, w)

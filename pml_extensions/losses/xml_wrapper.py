@@ -137,7 +137,12 @@ class XMLWrapper(ModuleWithRecords):
         positional = [
             p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
         ]
-        return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)
+        if not (len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)):
+            return False
+        # a metric loss, not e.g. nn.MSELoss(input, target): it names labels / mined tuples / a reference set
+        return any(name in params for name in ("labels", "indices_tuple", "ref_emb")) or any(
+            p.kind == p.VAR_KEYWORD for p in params.values()
+        )
 
     def get_histograms(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Return the histograms for ``embeddings`` ([N, m]) from the keyword or from ``histogram_layer``.

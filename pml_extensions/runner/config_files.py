@@ -35,7 +35,9 @@ def load_yaml(path: str) -> Dict[str, Any]:
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: file not found") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: malformed YAML: {str(e).splitlines()[0]}") from e
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: malformed YAML: {str(e).splitlines()[0]}") from e
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -97,8 +97,12 @@ def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
                 kwargs = {k: build(v, f"{inner}.{k}") for k, v in args.items()}
                 return cls(**kwargs, **extra_kwargs)
             return cls(build(args, inner), **extra_kwargs)
+        except ConfigError:
+            raise
         except TypeError as e:
             raise ConfigError(f"{inner}: bad arguments: {e}") from e
+        except ValueError as e:  # the class rejected a value (e.g. a negative ridge)
+            raise ConfigError(f"{inner}: {e}") from e
     if isinstance(spec, list):
         return [build(v, f"{where}[{i}]") for i, v in enumerate(spec)]
     if isinstance(spec, dict):

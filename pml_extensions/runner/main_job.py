@@ -43,13 +43,52 @@ def atomic_write_text(path: str, text: str):
         raise
 
 
+REQUIRED_KEYS = {
+    "dataset": "config_dataset.yaml",
+    "models": "config_models.yaml",
+    "loss_funcs": "config_loss_and_miners.yaml",
+    "sampler": "config_loss_and_miners.yaml",
+    "optimizers": "config_optimizers.yaml",
+    "transforms": "config_transforms.yaml",
+    "accuracy_calculator": "config_eval.yaml",
+    "tester": "config_eval.yaml",
+    "num_epochs": "config_general.yaml",
+    "iterations_per_epoch": "config_general.yaml",
+    "batch_size": "config_general.yaml",
+}
+
+
+def check_config(cfg: dict):
+    """Required keys present; epochs, iterations and batch size positive integers.
+
+    Raises:
+        ConfigError: naming the file that should define the key.
+    """
+    for key, filename in REQUIRED_KEYS.items():
+        if cfg.get(key) is None:
+            raise ConfigError(f"{filename}: missing key {key!r}")
+    for key in ("num_epochs", "iterations_per_epoch", "batch_size"):
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"config_general.yaml: {key} must be a positive integer, got {value!r}")
+    for key in ("models", "transforms"):
+        for sub in {"models": ("trunk", "embedder"), "transforms": ("train", "eval")}[key]:
+            if not isinstance(cfg[key], dict) or cfg[key].get(sub) is None:
+                raise ConfigError(f"{REQUIRED_KEYS[key]}: missing key {key}.{sub}")
+    if not isinstance(cfg["dataset"], dict) or not cfg["dataset"].get("name"):
+        raise ConfigError("config_dataset.yaml: missing key dataset.name")
+
+
 def select_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError as e:
-        raise ConfigError(f"config_general.device: {e}") from e
+        raise ConfigError(f"config_general.yaml: device: {e}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"config_general.yaml: device {name!r} requested but no CUDA device is available")
+    return device
 
 
 def find_histogram_layers(module: torch.nn.Module):
@@ -105,9 +144,12 @@ def run_variant(name: str, cfg: dict, out_dir: str, device: torch.device, log=pr
     train_tf = build(cfg["transforms"]["train"], where.get("transforms", "config_transforms"))
     eval_tf = build(cfg["transforms"]["eval"], where.get("transforms", "config_transforms"))
     ds_kwargs = dict(ds_cfg.get("kwargs") or {})
-    train_set = get_dataset(ds_cfg["name"], "train", train_tf, ds_cfg.get("root"), **ds_kwargs)
-    test_set = get_dataset(ds_cfg["name"], "test", eval_tf, ds_cfg.get("root"), **ds_kwargs)
-    train_eval_set = get_dataset(ds_cfg["name"], "train", eval_tf, ds_cfg.get("root"), **ds_kwargs)
+    try:
+        train_set = get_dataset(ds_cfg["name"], "train", train_tf, ds_cfg.get("root"), **ds_kwargs)
+        test_set = get_dataset(ds_cfg["name"], "test", eval_tf, ds_cfg.get("root"), **ds_kwargs)
+        train_eval_set = get_dataset(ds_cfg["name"], "train", eval_tf, ds_cfg.get("root"), **ds_kwargs)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        raise ConfigError(f"{where.get('dataset', 'config_dataset.yaml')}: dataset: {e}") from e
 
     models_where = where.get("models", "config_models")
     trunk = build(cfg["models"]["trunk"], f"{models_where}: models.trunk").to(device)
@@ -301,6 +343,8 @@ def main(argv=None) -> int:
         elif args.dataset_root:
             cfg["dataset"]["root"] = args.dataset_root
         variants = cfg.pop("variants", None) or {"default": {}}
+        for name, override in variants.items():
+            check_config(deep_merge(cfg, override or {}))
         if args.variants:
             unknown = set(args.variants) - set(variants)
             if unknown:

@@ -689,7 +689,9 @@ class MLRCRunner:
                 validate(0)
             commit(0, 0, False)
 
-        num_epochs = int(self.get("num_epochs_train", 1000))
+        num_epochs = self.get("num_epochs_train", 1000)
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ConfigError(f"config_general: num_epochs_train must be a positive integer, got {num_epochs!r}")
         patience = self.get("patience", 9)
         save_interval = max(1, int(self.get("save_interval", 1)))
         if not finished and start_epoch <= num_epochs:

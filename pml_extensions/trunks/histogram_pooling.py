@@ -8,6 +8,7 @@ prototypes are L2-normalised by default, as the authors' related GSP code does, 
 ε = 10 soft-max one-hot; ``normalize=False`` gives the paper's literal raw inner products.
 """
 
+import math
 from typing import Iterable, Optional
 
 import torch
@@ -19,6 +20,10 @@ PROTOTYPE_INITS = ("random", "kcenter", "kmeans")
 def _check_feature_map(x, in_channels, name="x"):
     if not torch.is_tensor(x) or x.ndim != 4:
         raise ValueError(f"{name} must be a [B, C, H, W] tensor, got {getattr(x, 'shape', type(x))}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point feature map, got dtype {x.dtype}")
+    if x.shape[2] < 1 or x.shape[3] < 1:
+        raise ValueError(f"{name} must have at least one position (H, W >= 1), got {tuple(x.shape)}")
     if x.shape[1] != in_channels:
         raise ValueError(f"{name} has {x.shape[1]} channels but the layer was built with in_channels={in_channels}")
 
@@ -56,8 +61,8 @@ class HistogramPooling(torch.nn.Module):
         for name, value in (("in_channels", in_channels), ("num_prototypes", num_prototypes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not float(scale) > 0:
-            raise ValueError(f"scale must be > 0, got {scale!r}")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
         self.in_channels = in_channels
         self.num_prototypes = num_prototypes
         self.scale = float(scale)
@@ -179,6 +184,13 @@ class HistogramPooling(torch.nn.Module):
         if method == "random":
             self.reset_parameters(gen)
             return self
+        if not torch.is_tensor(features) or features.ndim not in (2, 4) or not features.is_floating_point():
+            raise ValueError(
+                f"features must be a floating-point [N, {self.in_channels}] or [B, {self.in_channels}, H, W] tensor, "
+                f"got {getattr(features, 'shape', type(features))}"
+            )
+        if not bool(torch.isfinite(features).all()):
+            raise ValueError("features contains NaN or inf values")
         if features.ndim == 4:
             features = self.local_features(features)
         elif self.normalize:

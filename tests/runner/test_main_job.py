@@ -42,3 +42,28 @@ class TestMainJob(unittest.TestCase):
             self.assertEqual(main_job.main(["--config", cfg]), 2)
         self.assertEqual(main_job.main(["--config", "no_such_config"]), 2)
         self.assertEqual(main_job.main(["--variants", "nope", "--epochs", "1"]), 2)
+
+
+class TestMainJobValidation(unittest.TestCase):
+    def test_non_positive_sizes_and_missing_sections_are_config_errors(self):
+        self.assertEqual(main_job.main(["--epochs", "-3"]), 2)
+        self.assertEqual(main_job.main(["--iterations", "0"]), 2)
+        with tempfile.TemporaryDirectory() as cfg:
+            from pml_extensions.runner.config_files import find_config_dir
+
+            shipped = find_config_dir("xml_glyphs")
+            for name in os.listdir(shipped):
+                if name != "config_eval.yaml":
+                    with open(os.path.join(shipped, name)) as src, open(os.path.join(cfg, name), "w") as dst:
+                        dst.write(src.read())
+            with self.assertRaisesRegex(main_job.ConfigError, "config_eval.yaml: missing key 'accuracy_calculator'"):
+                main_job.check_config(main_job.load_config_dir(cfg))
+
+    def test_bad_constructor_values_name_the_key(self):
+        from pml_extensions.runner.factory import ConfigError, build
+
+        with self.assertRaisesRegex(ConfigError, r"config_loss_and_miners: loss_funcs.metric_loss.XMLWrapper: ridge"):
+            build(
+                {"XMLWrapper": {"loss": {"ContrastiveLoss": {}}, "ridge": -0.05}},
+                "config_loss_and_miners: loss_funcs.metric_loss",
+            )
