@@ -15,32 +15,17 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
 import torch
 
+from .checkpoint import atomic_write_text
 from .config_files import deep_merge, find_config_dir, load_config_dir
 from .factory import ConfigError, build
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
 METRIC_NAMES = {"mean_average_precision_at_r": "MAP@R", "precision_at_1": "P@1", "r_precision": "R-precision"}
-
-
-def atomic_write_text(path: str, text: str):
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 REQUIRED_KEYS = {
