@@ -148,10 +148,16 @@ def run_variant(name: str, cfg: dict, out_dir: str, device: torch.device, log=pr
 
     batch_size = int(cfg["batch_size"])
     iterations = int(cfg["iterations_per_epoch"])
-    sampler = build(
-        cfg["sampler"], f"{loss_where}: sampler", labels=train_set.labels, batch_size=batch_size,
-        length_before_new_iter=batch_size * iterations,
-    )
+    try:
+        sampler = build(
+            cfg["sampler"], f"{loss_where}: sampler", labels=train_set.labels, batch_size=batch_size,
+            length_before_new_iter=batch_size * iterations,
+        )
+    except AssertionError as e:  # PML's samplers check their arguments with assert
+        raise ConfigError(
+            f"{loss_where}: sampler: {e} (the {ds_cfg['name']} train split has "
+            f"{len(np.unique(train_set.labels))} classes; batch_size is {batch_size})"
+        ) from e
     pools = find_histogram_layers(trunk)
     init = cfg.get("prototype_init")
     if pools and init:
