@@ -11,7 +11,7 @@ Usage::
 
 ``CONFIG`` is a folder holding ``config_general/``, ``config_models/`` ... or the name of a shipped config
 (``pml_extensions/configs/<name>``: contrastive, contrastive_xml, proxy_anchor, proxy_anchor_xml,
-template_block, explanation). ``--variant NAME`` merges ``NAME.yaml`` after ``default.yaml`` in every folder
+template_block, explanation, resolution_distillation). ``--variant NAME`` merges ``NAME.yaml`` after ``default.yaml`` in every folder
 that has one (the shipped configs have ``quick``: embedded glyph data, minutes on 2 CPU cores).
 ``--config_<folder> [a, b]`` chooses the files of one folder explicitly. Every other ``--key value`` is merged
 into the config with powerful-benchmarker's syntax.
@@ -116,6 +116,33 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
 
+def _run_resolution_distillation(config: dict, folder: str) -> int:
+    """The resolution-asymmetry protocol (teacher at the database resolution, students at the query resolutions,
+    four setups with query FLOPs): ``config["resolution_job"]`` is the job config of
+    :func:`pml_extensions.utils.resolution_job.run_resolution_job`. Writes results.json, results.md and
+    performance_vs_flops.png into the experiment folder."""
+    from ..utils import resolution_job as job
+
+    spec = config.get("resolution_job")
+    if not isinstance(spec, dict):
+        raise ConfigError("config_general: resolution_job must be a mapping (the job config)")
+    try:
+        result = job.run_resolution_job(spec)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"config_general: resolution_job: {type(e).__name__}: {e}") from e
+    summary = job.summarize(result["rows"])
+    table = job.markdown_table(summary)
+    os.makedirs(folder, exist_ok=True)
+    job.save_json({**result, "summary": summary}, os.path.join(folder, "results.json"))
+    from .checkpoint import atomic_write_text
+
+    atomic_write_text(os.path.join(folder, "results.md"), table + "\n")
+    job.plot_performance_vs_flops(summary, os.path.join(folder, "performance_vs_flops.png"))
+    print(table)
+    print(f"results: {os.path.join(folder, 'results.json')}")
+    return 0
+
+
 def _main(argv: List[str]) -> int:
     from .config_loader import load_config, parse_command_line, split_selection
 
@@ -154,6 +181,13 @@ def _main(argv: List[str]) -> int:
     config, sources = load_config(root, selection, rest)
     if not show_progress:
         _quiet_progress_bars()
+    if config.get("protocol", "mlrc") == "resolution_distillation":
+        return _run_resolution_distillation(config, folder)
+    if config.get("protocol", "mlrc") != "mlrc":
+        raise ConfigError(
+            f"{sources.get('protocol', 'config_general')}: protocol must be 'mlrc' or 'resolution_distillation', "
+            f"got {config['protocol']!r}"
+        )
     from .mlrc import MLRCRunner
 
     results = MLRCRunner(config, folder, sources).run()
