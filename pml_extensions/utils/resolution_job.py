@@ -142,7 +142,8 @@ def cap_per_class(labels, max_per_class: Optional[int], seed: int = 0) -> np.nda
 
 
 def load_dataset(name: str, cfg: dict):
-    """(train, test) PIL datasets of ``name`` (``openclipart`` or ``glyphs``), class-disjoint."""
+    """(train, test) PIL datasets of ``name`` (``openclipart``, ``glyphs``, or ``cub`` / ``cars196`` / ``sop`` /
+    ``imagefolder`` with ``cfg["root"]``), class-disjoint."""
     from ..datasets import GlyphDataset, OpenClipArt
 
     if name == "openclipart":
@@ -151,7 +152,13 @@ def load_dataset(name: str, cfg: dict):
     if name == "glyphs":
         kw = {"image_size": cfg.get("image_size", 64), "source": cfg.get("source", "matplotlib")}
         return GlyphDataset("train", **kw), GlyphDataset("test", **kw)
-    raise ValueError(f"unknown dataset {name!r}; valid: 'openclipart', 'glyphs'")
+    if name in ("cub", "cars196", "sop", "imagefolder"):
+        # PML's CUB / Cars196 / SOP classes (or any ImageFolder tree) from ``root``; nothing is downloaded
+        from ..datasets import get_dataset
+
+        root = cfg.get("root")
+        return get_dataset(name, "train", root=root), get_dataset(name, "test", root=root)
+    raise ValueError(f"unknown dataset {name!r}; valid: 'openclipart', 'glyphs', 'cub', 'cars196', 'sop', 'imagefolder'")
 
 
 def build_model(embedding_dim: int, pretrained: bool = True):

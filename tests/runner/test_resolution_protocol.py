@@ -71,3 +71,16 @@ class TestResolutionProtocol(unittest.TestCase):
         self.assertEqual(config["protocol"], "resolution_distillation")
         self.assertEqual(list(config["resolution_job"]["datasets"]), ["glyphs"])
         self.assertEqual(config["resolution_job"]["device"], "cpu")
+
+    def test_pml_dataset_variants_parse_and_need_a_root(self):
+        from pml_extensions.runner.cli import find_config_root
+        from pml_extensions.runner.config_loader import load_config
+        from pml_extensions.utils.resolution_job import load_dataset
+
+        for name in ("cub", "cars196", "sop"):
+            config, _ = load_config(
+                find_config_root("resolution_distillation"), {"config_general": ["default", f"with_{name}"]}, {}
+            )
+            self.assertEqual(list(config["resolution_job"]["datasets"]), [name])
+            with self.assertRaisesRegex(FileNotFoundError, name):
+                load_dataset(name, {"root": "/nonexistent"})

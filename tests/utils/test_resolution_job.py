@@ -73,7 +73,7 @@ class TestResolutionJob(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "query resolution 64 must be in"):
             job.run_resolution_job(cfg, log=lambda *a: None)
         with self.assertRaisesRegex(ValueError, "unknown dataset"):
-            job.load_dataset("cub", {})
+            job.load_dataset("mnist", {})
 
     def test_tiny_end_to_end_on_glyphs(self):
         try:
