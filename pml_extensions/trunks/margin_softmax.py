@@ -62,6 +62,22 @@ def margin_argmax(
     return one_hot * (top > mu).to(activations.dtype)
 
 
+def check_soft_maximizer_params(mu, epsilon, eta):
+    """Validate the soft maximizers' μ (finite), ε and η (finite, > 0); returns them as floats.
+
+    Raises:
+        ValueError: naming the offending parameter.
+    """
+    mu, epsilon, eta = float(mu), float(epsilon), float(eta)
+    if not epsilon > 0 or epsilon == float("inf"):
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    if not eta > 0 or eta == float("inf"):
+        raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
+    if mu != mu or abs(mu) == float("inf"):
+        raise ValueError(f"mu must be finite, got {mu!r}")
+    return mu, epsilon, eta
+
+
 class MarginAugmentedSoftmax(torch.nn.Module):
     """η · soft-max([a, μ] / ε) with the slack entry dropped (paper Sec. 3.1 (P3) and Sec. 4.1).
 
@@ -87,13 +103,7 @@ class MarginAugmentedSoftmax(torch.nn.Module):
 
     def __init__(self, mu: float = 0.0, epsilon: float = 1.0, eta: float = 1.0, dim: int = 1):
         super().__init__()
-        mu, epsilon, eta = float(mu), float(epsilon), float(eta)
-        if not epsilon > 0 or epsilon == float("inf"):
-            raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-        if not eta > 0 or eta == float("inf"):
-            raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
-        if mu != mu or abs(mu) == float("inf"):
-            raise ValueError(f"mu must be finite, got {mu!r}")
+        mu, epsilon, eta = check_soft_maximizer_params(mu, epsilon, eta)
         self.mu, self.epsilon, self.eta, self.dim = mu, epsilon, eta, int(dim)
 
     def extra_repr(self) -> str:

@@ -24,6 +24,8 @@ from typing import Dict, Optional, Union
 
 import torch
 
+from .margin_softmax import check_soft_maximizer_params
+
 NOISES = ("normal", "gumbel")
 DEFAULT_MAX_CHUNK_ELEMENTS = 2**24  # 64 MiB of float32 noise per chunk
 
@@ -138,13 +140,7 @@ class PerturbedMaximizer(torch.nn.Module):
         dim: int = 1,
     ):
         super().__init__()
-        mu, epsilon, eta = float(mu), float(epsilon), float(eta)
-        if not epsilon > 0 or epsilon == float("inf"):
-            raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-        if not eta > 0 or eta == float("inf"):
-            raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
-        if mu != mu or abs(mu) == float("inf"):
-            raise ValueError(f"mu must be finite, got {mu!r}")
+        mu, epsilon, eta = check_soft_maximizer_params(mu, epsilon, eta)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
         if chunk_size is not None and (
