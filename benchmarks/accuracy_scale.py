@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from pml_extensions.utils.atomic_io import atomic_write_json
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -137,11 +138,7 @@ def main(argv=None) -> int:
                 f"{r['precision_at_1']:.5f} | {r['r_precision']:.5f} |"
             )
     path = args.out
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows}, f, indent=2)
-    os.replace(tmp, path)
+    atomic_write_json(path, {"args": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows})
     print(f"wrote {path}")
     return 0
 

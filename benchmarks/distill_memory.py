@@ -22,7 +22,7 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
+from pml_extensions.utils.atomic_io import atomic_write_json
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -173,12 +173,7 @@ def main(argv=None):
         f"| {args.device} | {args.images} × {args.augs} | {args.query_size} → {args.database_size} | "
         f"{result['peak_mib_no_grad']:.1f} | {result['peak_mib_autograd']:.1f} | {ratio:.3f} |"
     )
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"distill_memory_{args.device}.json")
-    fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, path)
+    atomic_write_json(os.path.join(RESULTS, f"distill_memory_{args.device}.json"), result)
     return result
 
 

@@ -15,7 +15,6 @@ Writes benchmarks/results/explain_speed.json and prints a markdown table.
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pml_extensions.explain.activation_decomposition import ActivationDecomposition  # noqa: E402
 from pml_extensions.explain.similarity_grad_cam import SimilarityGradCAM  # noqa: E402
+from pml_extensions.utils.atomic_io import atomic_write_json
 
 
 def build_model(pretrained: bool, dim: int = 512):
@@ -157,10 +157,7 @@ def main(argv=None):
         "rows": [dict(name=n, seconds=t, baseline_seconds=b, ratio=r, target=tg) for n, t, b, r, tg in rows],
         "point_to_point_rel_max_diff": max_err,
     }
-    tmp = os.path.join(args.out, "explain_speed.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, os.path.join(args.out, "explain_speed.json"))
+    atomic_write_json(os.path.join(args.out, "explain_speed.json"), result)
     return result
 
 

@@ -18,7 +18,6 @@ Writes benchmarks/results/localization.json, localization_example.png and prints
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -34,6 +33,7 @@ from pml_extensions.explain.composite_localization_dataset import CompositeLocal
 from pml_extensions.explain.localization_evaluator import LocalizationEvaluator  # noqa: E402
 from pml_extensions.explain.overlay import save_pair_overlay, to_display_image  # noqa: E402
 from pml_extensions.explain.similarity_grad_cam import SimilarityGradCAM  # noqa: E402
+from pml_extensions.utils.atomic_io import atomic_write_json
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 METHODS = (
@@ -312,10 +312,7 @@ def main(argv=None):
         f"\nsame-class precision@1 on the test composites: "
         f"{np.mean([r['precision_at_1'] for r in runs]):.3f}"
     )
-    tmp = os.path.join(args.out, "localization.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump({"args": vars(args), "runs": runs}, f, indent=2)
-    os.replace(tmp, os.path.join(args.out, "localization.json"))
+    atomic_write_json(os.path.join(args.out, "localization.json"), {"args": vars(args), "runs": runs})
     return runs
 
 

@@ -16,6 +16,7 @@ import copy
 import json
 import os
 
+from pml_extensions.utils.atomic_io import atomic_write_text
 from pml_extensions.utils.resolution_job import (
     GPU_CONFIG,
     QUICK_CONFIG,
@@ -67,9 +68,7 @@ def main(argv=None):
         {"config": cfg, "rows": result["rows"], "summary": summary, "seconds": result["seconds"]},
         base + ".json",
     )
-    with open(base + ".md.tmp", "w") as f:
-        f.write(table + "\n")
-    os.replace(base + ".md.tmp", base + ".md")
+    atomic_write_text(base + ".md", table + "\n")
     plot_performance_vs_flops(summary, base + ".png")
     print(f"wrote {base}.json/.md/.png")
 

@@ -27,11 +27,9 @@ Outputs: a markdown table on stdout, ``benchmarks/results/template_block.json`` 
 """
 
 import argparse
-import json
 import logging
 import os
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -55,6 +53,7 @@ from pml_extensions.trunks.template_matching_inserter import (  # noqa: E402
     insert_template_matching,
     template_matching_blocks,
 )
+from pml_extensions.utils.atomic_io import atomic_savefig, atomic_write_json  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 FASHION_CLASSES = [
@@ -372,11 +371,10 @@ def visual_words(trainer, xte, yte, device, k, path, seed=0, max_images=1000):
         fontsize=8,
     )
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=os.path.dirname(path))
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_savefig(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def mean_std(values):
@@ -385,10 +383,7 @@ def mean_std(values):
 
 
 def write_json(obj, path):
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=os.path.dirname(path))
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+    atomic_write_json(path, obj)
 
 
 def main(argv=None):

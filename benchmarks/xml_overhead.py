@@ -8,7 +8,6 @@ medians is reported (target ≤ 1.03). Results: a markdown table on stdout and b
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -17,6 +16,7 @@ import time
 import torch
 
 from pml_extensions import losses, trunks
+from pml_extensions.utils.atomic_io import atomic_write_json
 
 
 def build(use_xml: bool, num_prototypes: int, device):
@@ -80,11 +80,10 @@ def main(argv=None):
     print("|---|---|---|---|")
     for r in rows:
         print(f"| {r['prototypes']} | {r['gap_s']:.4f} | {r['xml_s']:.4f} | {r['ratio']:.3f} |")
-    os.makedirs(args.output, exist_ok=True)
-    path = os.path.join(args.output, "xml_overhead.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"device": str(device), "image_size": args.image_size, "batch_size": args.batch_size, "rows": rows}, f, indent=2)
-    os.replace(path + ".tmp", path)
+    atomic_write_json(
+        os.path.join(args.output, "xml_overhead.json"),
+        {"device": str(device), "image_size": args.image_size, "batch_size": args.batch_size, "rows": rows},
+    )
     return 0
 
 

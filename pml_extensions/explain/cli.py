@@ -12,15 +12,15 @@ similarity and dot product of the pre-normalisation embeddings, and the file nam
 """
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 from typing import List, Optional
 
 import torch
 from PIL import Image
 from torch import nn
+
+from ..utils.atomic_io import atomic_write_json
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -242,14 +242,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         print(f"{refs[idx]}: cosine similarity {float(plain['similarity'][0]):.4f} -> {path}")
     out = os.path.join(args.out, "similarity.json")
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=args.out)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(
-            {"query": args.query, "maps": "Zhu et al. 2021 eq. 5, scale=cosine, signed", "results": results},
-            fh,
-            indent=2,
-        )
-    os.replace(tmp, out)
+    atomic_write_json(
+        out, {"query": args.query, "maps": "Zhu et al. 2021 eq. 5, scale=cosine, signed", "results": results}
+    )
     return 0
 
 

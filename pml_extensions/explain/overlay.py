@@ -1,12 +1,11 @@
 """PNG overlays of explanation maps (matplotlib, Agg backend; files written atomically)."""
 
-import os
-import tempfile
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
+from ..utils.atomic_io import atomic_savefig, atomic_torch_save
 from .map_utils import check_map_matches_image, normalize_maps, resize_maps
 
 
@@ -100,17 +99,7 @@ def save_pair_overlay(
         if title:
             fig.suptitle(title, fontsize=8)
         fig.tight_layout()
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".png", dir=folder)
-        os.close(fd)
-        try:
-            fig.savefig(tmp, dpi=80)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        atomic_savefig(fig, path, dpi=80)
     finally:
         plt.close(fig)
     return path
@@ -118,15 +107,5 @@ def save_pair_overlay(
 
 def save_tensors(path: str, tensors: dict) -> str:
     """``torch.save`` a dict of tensors atomically (temporary file + ``os.replace``)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".pt", dir=folder)
-    os.close(fd)
-    try:
-        torch.save(tensors, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    atomic_torch_save(tensors, path)
     return path

@@ -20,53 +20,9 @@ import torch
 from record_keeper import RecordKeeper, RecordWriter
 from record_keeper import utils as rk_utils
 
+from ..utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text  # noqa: F401 (re-exported)
+
 ITERATION_COLUMN = "~iteration~"
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_torch_save(obj: Any, path: str) -> None:
-    """``torch.save`` to ``path`` atomically (tmp file in the same folder, fsync, ``os.replace``)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(folder)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def load_weights(path: str, map_location: Any = "cpu") -> Any:
@@ -140,15 +96,12 @@ class _AtomicRecordWriter(RecordWriter):
                 os.remove(path)
             return
         names = [k for k in rows[0].keys() if k != "id"]
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(names)
-            for r in rows:
-                w.writerow([r[k] for k in names])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                w = csv.writer(f)
+                w.writerow(names)
+                for r in rows:
+                    w.writerow([r[k] for k in names])
 
     def truncate(self, thresholds: Dict[str, float], default: float):
         for table in self.tables():

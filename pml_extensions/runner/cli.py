@@ -134,7 +134,7 @@ def _run_resolution_distillation(config: dict, folder: str) -> int:
     table = job.markdown_table(summary)
     os.makedirs(folder, exist_ok=True)
     job.save_json({**result, "summary": summary}, os.path.join(folder, "results.json"))
-    from .checkpoint import atomic_write_text
+    from ..utils.atomic_io import atomic_write_text
 
     atomic_write_text(os.path.join(folder, "results.md"), table + "\n")
     job.plot_performance_vs_flops(summary, os.path.join(folder, "performance_vs_flops.png"))

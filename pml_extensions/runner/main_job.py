@@ -11,7 +11,6 @@ record-keeper + ``HookContainer`` (CSV and SQLite). Outputs under ``<output>/<ex
 """
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -20,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from .checkpoint import atomic_write_text
+from ..utils.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
 from .config_files import deep_merge, find_config_dir, load_config_dir
 from .factory import ConfigError, build
 
@@ -266,8 +265,7 @@ def save_plots(results, out_dir, class_names, num_prototypes, device, seed):
     ax.legend()
     fig.tight_layout()
     map_path = os.path.join(out_dir, "map_at_r.png")
-    fig.savefig(map_path + ".tmp.png", dpi=120)
-    os.replace(map_path + ".tmp.png", map_path)
+    atomic_savefig(fig, map_path, dpi=120)
     plt.close(fig)
 
     shown = 4
@@ -287,8 +285,7 @@ def save_plots(results, out_dir, class_names, num_prototypes, device, seed):
     )
     fig.tight_layout()
     usage_path = os.path.join(out_dir, "prototype_usage.png")
-    fig.savefig(usage_path + ".tmp.png", dpi=110)
-    os.replace(usage_path + ".tmp.png", usage_path)
+    atomic_savefig(fig, usage_path, dpi=110)
     plt.close(fig)
     return map_path, usage_path
 
@@ -376,7 +373,7 @@ def main(argv=None) -> int:
         "config": args.config, "dataset": cfg["dataset"], "device": str(device), "total_seconds": total,
         "variants": [{k: r[k] for k in ("name", "history", "final", "best", "train_seconds", "xml")} for r in results],
     }
-    atomic_write_text(os.path.join(out_dir, "results.json"), json.dumps(summary, indent=2))
+    atomic_write_json(os.path.join(out_dir, "results.json"), summary)
     print("\n" + header + "\n\n" + table)
     print(f"\nplots: {map_path}, {usage_path}\nlogs: {out_dir}/<variant>/logs (CSV) and records.db (SQLite)")
     return 0

@@ -10,10 +10,7 @@ hundred iterations, P = 4 augmentations, capped test sets; :data:`GPU_CONFIG` sc
 """
 
 import copy
-import json
 import math
-import os
-import tempfile
 import time
 from typing import Dict, Optional
 
@@ -29,6 +26,7 @@ from ..trainers.teacher_recipe import make_teacher_trainer
 from ..trunks.pretrained import mobilenet_v2_features
 from ..trunks.retrieval_head import RetrievalHead
 from .asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+from .atomic_io import atomic_savefig, atomic_write_json
 
 METRICS = {
     "MAP@R": "mean_average_precision_at_r_level0",
@@ -364,17 +362,13 @@ def plot_performance_vs_flops(summary, path: str, metric: str = "MAP@R"):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_savefig(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
 
 
 def save_json(obj, path: str):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, default=lambda o: o if not isinstance(o, float) or math.isfinite(o) else None)
-    os.replace(tmp, path)
+    atomic_write_json(
+        path, obj, default=lambda o: o if not isinstance(o, float) or math.isfinite(o) else None
+    )
