@@ -2,11 +2,17 @@
 
 A reader (or a rerun after SIGKILL) sees either the old file or the complete new one, never a partial file. One
 implementation for every checkpoint, log, table, plot and tensor file the package writes.
+
+File modes: the result has the mode an ordinary ``open(path, "w")`` would give it: a new file gets ``0o666`` minus
+the process umask (``-rw-r--r--`` under umask 022, ``-rw-------`` under 077), and replacing an existing file keeps
+that file's permission bits. (``tempfile.mkstemp`` would give ``0o600`` whatever the umask; the temporary file is
+therefore created with ``os.open(..., 0o666)`` so the kernel applies the umask.)
 """
 
 import json
 import os
-import tempfile
+import secrets
+import stat
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -24,14 +30,31 @@ def _fsync_path(path: str, flags: int = os.O_RDONLY) -> None:
         os.close(fd)
 
 
+def _create_temporary(folder: str, suffix: str) -> str:
+    """Create an empty, new file in ``folder`` with mode ``0o666 & ~umask`` (what ``open()`` gives); return its path."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".tmp_{secrets.token_hex(8)}{suffix}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return tmp
+    raise FileExistsError(f"could not create a temporary file in {folder}")
+
+
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary path next to ``path`` (same extension); on normal exit it is fsynced and moved onto
     ``path`` (and the folder fsynced); on an exception it is removed and ``path`` is left as it was."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=os.path.splitext(path)[1])
-    os.close(fd)
+    tmp = _create_temporary(folder, os.path.splitext(path)[1])
+    try:
+        # as open() on an existing file: keep its permission bits
+        os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+    except FileNotFoundError:
+        pass
     try:
         yield tmp
         _fsync_path(tmp)

@@ -37,3 +37,50 @@ class TestAtomicIO(unittest.TestCase):
             self.assertEqual(os.listdir(d), ["a.txt"])
             with atomic_path(os.path.join(d, "fig.png")) as tmp:
                 self.assertTrue(tmp.endswith(".png"))  # the extension survives (matplotlib picks the format from it)
+
+
+class TestAtomicIOFileModes(unittest.TestCase):
+    """Every writer gets the mode an ordinary open() gives under the process umask (issue 12, item 5)."""
+
+    def _write_all(self, d):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from pml_extensions.utils.atomic_io import atomic_savefig
+
+        atomic_write_text(os.path.join(d, "a.txt"), "x")
+        atomic_write_json(os.path.join(d, "b.json"), {"x": 1})
+        atomic_torch_save({"w": torch.zeros(1)}, os.path.join(d, "c.pt"))
+        fig = plt.figure()
+        atomic_savefig(fig, os.path.join(d, "d.png"))
+        plt.close(fig)
+        with open(os.path.join(d, "plain.txt"), "w") as f:  # the reference: an ordinary open()
+            f.write("x")
+        return ["a.txt", "b.json", "c.pt", "d.png"]
+
+    def test_new_files_follow_the_umask(self):
+        for umask, expected in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+            old = os.umask(umask)
+            try:
+                with tempfile.TemporaryDirectory() as d:
+                    names = self._write_all(d)
+                    self.assertEqual(os.stat(os.path.join(d, "plain.txt")).st_mode & 0o777, expected)
+                    for name in names:
+                        mode = os.stat(os.path.join(d, name)).st_mode & 0o777
+                        self.assertEqual(mode, expected, f"{name} under umask {umask:03o}: {mode:03o}")
+            finally:
+                os.umask(old)
+
+    def test_replacing_keeps_the_existing_mode(self):
+        old = os.umask(0o022)
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                p = os.path.join(d, "a.txt")
+                atomic_write_text(p, "one")
+                os.chmod(p, 0o640)
+                atomic_write_text(p, "two")
+                self.assertEqual(os.stat(p).st_mode & 0o777, 0o640)
+        finally:
+            os.umask(old)
