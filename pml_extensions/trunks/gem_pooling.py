@@ -6,6 +6,8 @@ Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Dee
 ``filipradenovic/cnnimageretrieval-pytorch``. Written from the formula, no code copied.
 """
 
+import math
+
 import torch
 
 
@@ -18,7 +20,8 @@ class GeMPooling(torch.nn.Module):
             Default 1e-6 (paper code).
         trainable: p is an ``nn.Parameter`` (default, as in the paper) or a fixed buffer.
 
-    ``forward(x [B, C, H, W]) -> [B, C]`` in the dtype/device of ``x``. ``feat_mult()`` is 1 (output width = C).
+    ``forward(x [B, C, H, W]) -> [B, C]`` in the dtype/device of ``x``; computed in float32 inside (in the log domain,
+    so ``eps^p`` never underflows) for float16/bfloat16 inputs and under ``torch.autocast``. ``feat_mult()`` is 1 (output width = C).
     RAML trains p at 10× the learning rate without weight decay; :class:`ResolutionDistillationTrainer` finds GeM
     modules and builds that parameter group.
 
@@ -46,8 +49,15 @@ class GeMPooling(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.is_tensor(x) or x.ndim != 4:
             raise ValueError(f"x must be a [B, C, H, W] tensor, got {getattr(x, 'shape', type(x))}")
-        p = self.p.to(dtype=x.dtype)
-        return x.clamp(min=self.eps).pow(p).mean(dim=(-2, -1)).pow(1.0 / p)
+        # Float32 inside (float64 stays float64), in the log domain: y = exp(log mean exp(p·log x) / p). The plain
+        # pow form underflows (eps^p = 1e-18 is 0 in float16, and 0 in float32 too once p > 12), which gave y = 0 and
+        # p.grad = nan; the log form is exact in value and finite for every p > 0 and every dtype.
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            p = self.p.to(dtype)
+            log_x = x.to(dtype).clamp(min=self.eps).log().flatten(-2)
+            log_mean = torch.logsumexp(p * log_x, dim=-1) - math.log(log_x.shape[-1])
+            return torch.exp(log_mean / p).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"p={float(self.p.detach()):.4f}, eps={self.eps}, trainable={self.trainable}"

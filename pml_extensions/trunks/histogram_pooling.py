@@ -39,9 +39,10 @@ class HistogramPooling(torch.nn.Module):
             choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
         device, dtype: factory arguments for the prototype weights.
 
-    ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector, so an existing embedder fits unchanged. The soft
-    histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
-    ``last_histograms`` for the loss. ``feat_mult()`` and ``num_features`` give the output width (C);
+    ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``), so an existing embedder fits unchanged.
+    The soft histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
+    ``last_histograms`` for the loss; they are computed and kept in float32 (float64 for float64 input) also for
+    float16/bfloat16 inputs and under ``torch.autocast``. ``feat_mult()`` and ``num_features`` give the output width (C);
     ``histogram_size`` gives m.
 
     Raises:
@@ -99,17 +100,21 @@ class HistogramPooling(torch.nn.Module):
 
     # ----------------------------------------------------------------------------------------------------------
     def _space(self, x: torch.Tensor):
-        """Local features and prototypes in the space the layer compares them in."""
-        protos = self.prototypes
+        """Local features and prototypes in the space the layer compares them in, in float32 (float64 stays float64):
+        F.normalize's eps (1e-12) is 0 in float16, so a zero feature would give 0/0 = NaN in half precision."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        x, protos = x.to(dtype), self.prototypes.to(dtype)
         if self.normalize:
             return F.normalize(x, dim=1), F.normalize(protos, dim=1)
         return x, protos
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """ε · ν_iᵀ x_j for every prototype i and position j: ``[B, m, H, W]``."""
+        """ε · ν_iᵀ x_j for every prototype i and position j: ``[B, m, H, W]``, float32 (float64 for float64 input),
+        autocast disabled: with ε = 10 half-precision logits would lose the soft-max's resolution."""
         _check_feature_map(x, self.in_channels)
-        feats, protos = self._space(x)
-        return self.scale * F.conv2d(feats, protos[:, :, None, None].to(feats.dtype))
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            feats, protos = self._space(x)
+            return self.scale * F.conv2d(feats, protos[:, :, None, None])
 
     def histograms(self, x: torch.Tensor) -> torch.Tensor:
         """Soft histograms z' (paper eq. for the trainable histogram): ``[B, m]``, rows on the simplex."""

@@ -49,3 +49,33 @@ class TestGeMPooling(unittest.TestCase):
             GeMPooling(eps=0)
         with self.assertRaisesRegex(ValueError, r"\[B, C, H, W\]"):
             GeMPooling()(torch.rand(2, 3))
+
+
+class TestGeMPoolingLowPrecision(unittest.TestCase):
+    def test_half_all_zero_input_matches_float32(self):
+        # issue 12: GeMPooling(p=3).half() on all-zero [1, 2, 4, 4] gave 0 and p.grad = nan (eps^3 = 1e-18 underflows
+        # in float16). Every position is clamped to eps, so y = (mean eps^3)^(1/3) = eps = 1e-6 exactly, for any p,
+        # hence dy/dp = 0. Float32 gives 1e-6; float16 must give the float16 number nearest to 1e-6 (subnormal,
+        # spacing 2^-24 ~ 6e-8) and a finite p.grad that is 0 up to float32 rounding.
+        ref = GeMPooling(p=3.0)
+        y32 = ref(torch.zeros(1, 2, 4, 4))
+        y32.sum().backward()
+        self.assertTrue(torch.allclose(y32, torch.full((1, 2), 1e-6), rtol=1e-5, atol=0))
+        self.assertLess(abs(float(ref.p.grad)), 1e-9)
+        for dtype in (torch.float16, torch.bfloat16):
+            pool = GeMPooling(p=3.0).to(dtype)
+            y = pool(torch.zeros(1, 2, 4, 4, dtype=dtype))
+            self.assertEqual(y.dtype, dtype)
+            self.assertTrue(torch.equal(y, torch.full((1, 2), 1e-6, dtype=dtype)), f"{dtype}: {y}")
+            y.sum().backward()
+            self.assertTrue(torch.isfinite(pool.p.grad).all(), f"{dtype}: p.grad = {pool.p.grad}")
+            self.assertLess(abs(float(pool.p.grad)), 1e-9)  # 0 up to float32 rounding inside
+
+    def test_large_p_does_not_underflow_in_float32(self):
+        # p = 20: eps^p = 1e-120 is 0 in float32; the value is still eps (all positions clamped) and
+        # (mean(eps^20, 1))^(1/20) = 2^(-1/20) for a half-one map, as in float64.
+        x = torch.tensor([0.0, 1.0], dtype=torch.float64).view(1, 1, 1, 2)
+        for dtype in (torch.float32, torch.float64):
+            pool = GeMPooling(p=20.0).to(dtype)
+            self.assertAlmostEqual(float(pool(torch.zeros(1, 1, 2, 2, dtype=dtype)).detach()), 1e-6, delta=1e-12)
+            self.assertAlmostEqual(float(pool(x.to(dtype)).detach()), 0.5 ** (1 / 20), places=6)

@@ -129,3 +129,32 @@ class TestLemmaOnTrainedTrunk(unittest.TestCase):
                 err = layer.gap_reconstruction_error(feats)
                 self.assertTrue(bool((err <= delta + 1e-9).all()), f"{normalize=} {method=} {err} > {delta}")
                 self.assertGreater(float(err.max()), 0)
+
+
+class TestHistogramPoolingLowPrecision(unittest.TestCase):
+    def test_half_zero_column_gives_a_simplex_row_as_in_float32(self):
+        # issue 12: HistogramPooling(8, 4).half() with a zero feature at position (0, 0) left last_histograms all NaN
+        # (F.normalize's eps 1e-12 is 0 in float16). In float32 the zero feature normalises to 0, its logits are 0
+        # and it adds the uniform row 1/4 to the mean; the other 8 positions are as usual.
+        torch.manual_seed(0)
+        layer = HistogramPooling(8, 4).half()
+        x = torch.rand(1, 8, 3, 3, dtype=torch.float16)
+        x[:, :, 0, 0] = 0
+        out = layer(x)
+        self.assertEqual(out.dtype, torch.float16)
+        hist = layer.last_histograms
+        self.assertTrue(torch.isfinite(hist).all(), hist)
+        ref = HistogramPooling(8, 4)
+        ref.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
+        ref(x.float())
+        # same float32 arithmetic inside on the same (float16-representable) numbers: equal to float32 exactly
+        self.assertTrue(torch.equal(hist.float(), ref.last_histograms), (hist, ref.last_histograms))
+        self.assertAlmostEqual(float(hist.sum()), 1.0, places=6)
+        self.assertTrue(bool((hist >= 0).all()))
+        self.assertTrue(torch.equal(layer.logits(x)[0, :, 0, 0], torch.zeros(4)))
+        # the histogram is the mean of the per-position soft-maxes; position (0, 0) contributes exactly 1/4 each
+        per_position = torch.softmax(ref.logits(x.float()), dim=1)
+        self.assertTrue(torch.equal(per_position[0, :, 0, 0], torch.full((4,), 0.25)))
+        # gradients reach the float16 prototypes and are finite
+        hist.sum().backward()
+        self.assertTrue(torch.isfinite(layer.prototype_conv.weight.grad).all())
