@@ -66,7 +66,8 @@ def run_step(variant, images, augs, query_size, database_size, device):
         models,
         None,
         images,
-        {"distillation_loss": ResolutionDistillationLoss()},
+        # the paper-code arm keeps the graph into the teacher rows (the loss detaches them by default)
+        {"distillation_loss": ResolutionDistillationLoss(detach_ref_emb=variant == "no_grad")},
         dataset=None,
         data_device=device,
         dataloader_num_workers=0,

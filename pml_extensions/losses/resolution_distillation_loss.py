@@ -56,10 +56,15 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
         lambda_ss: λ_s, weight of L_rel-ss (CLI ``--lam-2``). Default 0.7 (paper).
         lambda_abs: weight of L_abs. Default 1 (paper; 0 only for ablations).
         eps0: constant inside each square. Default 1e-6 (paper code); 0 gives the paper's text literally.
+        detach_ref_emb: detach the teacher rows ``ref_emb`` (default ``True``), so the loss used on its own, outside
+            :class:`ResolutionDistillationTrainer`, never sends gradient into the teacher (RAML's teacher is frozen).
+            ``False`` lets gradient reach ``ref_emb`` (e.g. to reproduce the paper code's autograd graph).
         **kwargs: ``distance``, ``reducer``, ``embedding_regularizer``... as for every PML loss.
 
     ``forward(embeddings [N, D] float, labels [N] int, indices_tuple=None, ref_emb [N, D] float, ref_labels=None)``
-    -> scalar. ``indices_tuple`` is ignored (the pairs are fixed by ``labels``); ``ref_labels``, when given, must equal
+    -> scalar. Precision: ``embeddings`` and ``ref_emb`` are promoted to their common dtype, at least float32
+    (float16/bfloat16 rows and rows produced under ``torch.autocast`` are computed in float32 with autocast disabled,
+    float32 with float64 in float64); the scalar comes back in that dtype. Both must be on the same device. ``indices_tuple`` is ignored (the pairs are fixed by ``labels``); ``ref_labels``, when given, must equal
     ``labels``. Student = teacher with exactly unit-norm rows gives ``(lambda_abs+lambda_ts+lambda_ss)·eps0²`` per image.
 
     Raises:
@@ -76,6 +81,7 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
         lambda_ss: float = 0.7,
         lambda_abs: float = 1.0,
         eps0: float = 1e-6,
+        detach_ref_emb: bool = True,
         **kwargs,
     ):
         # Set before the base constructor, which already asks for the sub-loss names (they depend on the weights).
@@ -83,6 +89,9 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
         self.lambda_ss = _check_weight("lambda_ss", lambda_ss)
         self.lambda_abs = _check_weight("lambda_abs", lambda_abs)
         self.eps0 = _check_weight("eps0", eps0)
+        if not isinstance(detach_ref_emb, bool):
+            raise TypeError(f"detach_ref_emb must be True or False, got {detach_ref_emb!r}")
+        self.detach_ref_emb = detach_ref_emb
         super().__init__(**kwargs)
         if self.lambda_ts == self.lambda_ss == self.lambda_abs == 0:
             raise ValueError("at least one of lambda_abs, lambda_ts, lambda_ss must be > 0")
@@ -118,7 +127,11 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
         ref_labels: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         self.check_inputs(embeddings, labels, ref_emb, ref_labels)
-        return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        if self.detach_ref_emb:
+            ref_emb = ref_emb.detach()
+        dtype = torch.promote_types(torch.promote_types(embeddings.dtype, ref_emb.dtype), torch.float32)
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            return super().forward(embeddings.to(dtype), labels, indices_tuple, ref_emb.to(dtype), ref_labels)
 
     def check_inputs(self, embeddings, labels, ref_emb, ref_labels):
         """Validate a forward call (see the class docstring for the rules). Raises ValueError/TypeError."""
@@ -132,6 +145,10 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
                 raise TypeError(f"{name} must be a floating-point [N, D] tensor, got {getattr(t, 'shape', type(t))}")
             if not bool(torch.isfinite(t).all()):
                 raise ValueError(f"{name} contains NaN or inf values")
+        if embeddings.device != ref_emb.device:
+            raise ValueError(
+                f"embeddings are on {embeddings.device} but ref_emb on {ref_emb.device}; put both on one device"
+            )
         if embeddings.shape[0] != ref_emb.shape[0]:
             raise ValueError(
                 f"student rows (embeddings, {embeddings.shape[0]}) and teacher rows (ref_emb, {ref_emb.shape[0]}) "

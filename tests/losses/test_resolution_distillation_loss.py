@@ -142,3 +142,55 @@ class TestResolutionDistillationLoss(unittest.TestCase):
             ResolutionDistillationLoss(lambda_abs=0, lambda_ts=0, lambda_ss=0)
         with self.assertRaisesRegex(ValueError, "similarity"):
             ResolutionDistillationLoss(distance=LpDistance())
+
+
+class TestResolutionDistillationLossAlone(unittest.TestCase):
+    """Issue 12: used alone (outside the trainer) the loss must not train the teacher; mixed dtypes are promoted."""
+
+    def test_no_gradient_reaches_ref_emb_by_default(self):
+        u, v, labels = toy(dtype=torch.float32)
+        teacher = torch.nn.Linear(2, 2, bias=False)
+        with torch.no_grad():
+            teacher.weight.copy_(torch.eye(2))
+        u.requires_grad_(True)
+        v.requires_grad_(True)
+        ref_emb = teacher(v)  # a teacher forward WITH autograd graph, as a user calling the loss by hand would have
+        ResolutionDistillationLoss()(u, labels, ref_emb=ref_emb).backward()
+        self.assertIsNone(v.grad)
+        self.assertIsNone(teacher.weight.grad)
+        self.assertGreater(u.grad.abs().sum().item(), 0)
+        # opt-in: the graph into the teacher rows is kept
+        u.grad = None
+        ResolutionDistillationLoss(detach_ref_emb=False)(u, labels, ref_emb=teacher(v)).backward()
+        self.assertGreater(teacher.weight.grad.abs().sum().item(), 0)
+        self.assertGreater(v.grad.abs().sum().item(), 0)
+        with self.assertRaisesRegex(TypeError, "detach_ref_emb"):
+            ResolutionDistillationLoss(detach_ref_emb="yes")
+
+    def test_mixed_dtypes_are_promoted(self):
+        # float32 student with float64 teacher: computed in float64, the hand value 79/60 (eps0 = 0).
+        u, v, labels = toy()
+        loss_fn = ResolutionDistillationLoss(eps0=0.0)
+        mixed = loss_fn(u.float(), labels, ref_emb=v)
+        self.assertEqual(mixed.dtype, torch.float64)
+        self.assertAlmostEqual(mixed.item(), 79 / 60, places=6)  # u rounded to float32 (cos 90 deg = 6e-17 -> 4e-8)
+        swapped = loss_fn(u, labels, ref_emb=v.float())
+        self.assertEqual(swapped.dtype, torch.float64)
+        self.assertAlmostEqual(swapped.item(), 79 / 60, places=6)
+
+    def test_half_precision_and_autocast(self):
+        # rows are 0/±1 up to rounding, exact in float16/bfloat16 after rounding; computed in float32 inside.
+        u, v, labels = toy()
+        loss_fn = ResolutionDistillationLoss(eps0=0.0)
+        for dtype in (torch.float16, torch.bfloat16):
+            uu = u.to(dtype).requires_grad_(True)
+            value = loss_fn(uu, labels, ref_emb=v.to(dtype))
+            self.assertEqual(value.dtype, torch.float32)
+            self.assertAlmostEqual(value.item(), 79 / 60, places=5)
+            value.backward()
+            self.assertEqual(uu.grad.dtype, dtype)
+            self.assertTrue(torch.isfinite(uu.grad).all())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            value = loss_fn(u.float(), labels, ref_emb=v.float())
+        self.assertEqual(value.dtype, torch.float32)
+        self.assertAlmostEqual(value.item(), 79 / 60, places=5)
