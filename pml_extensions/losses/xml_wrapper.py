@@ -8,6 +8,7 @@ Source: Y. Z. Gurbuz and A. A. Alatan, "Generalizable Embeddings with Cross-batc
 
 import inspect
 import math
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -46,6 +47,36 @@ def _restrict_indices_tuple(indices_tuple, half):
     return tuple(out)
 
 
+@contextmanager
+def _state_left_untouched(module: torch.nn.Module):
+    """Run a block that calls ``module`` without letting it change the module's state: every buffer (memory banks,
+    running statistics, counters) is swapped for a clone during the block and the originals put back afterwards
+    (the originals are never written, so a graph that saved them stays valid), and plain number/bool attributes
+    (queue positions, call counters, recorded statistics) get their values back."""
+    saved_buffers, saved_numbers = [], []
+    for sub in module.modules():
+        for name, buf in sub._buffers.items():
+            if buf is not None:
+                saved_buffers.append((sub, name, buf))
+                sub._buffers[name] = buf.clone()
+        numbers = {k: v for k, v in vars(sub).items() if isinstance(v, (bool, int, float)) and not k.startswith("__")}
+        saved_numbers.append((sub, numbers))
+    try:
+        yield
+    finally:
+        for sub, name, buf in saved_buffers:
+            sub._buffers[name] = buf
+        for sub, numbers in saved_numbers:
+            sub.__dict__.update(numbers)
+
+
+def _is_memory_wrapper(loss: torch.nn.Module) -> bool:
+    """A cross-batch memory loss (PML's ``CrossBatchMemory`` or alike): a memory-bank buffer around a wrapped loss."""
+    return isinstance(getattr(loss, "loss", None), torch.nn.Module) and torch.is_tensor(
+        getattr(loss, "embedding_memory", None)
+    )
+
+
 class XMLWrapper(ModuleWithRecords):
     """Cross-batch metric learning loss around any PML loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
 
@@ -61,6 +92,20 @@ class XMLWrapper(ModuleWithRecords):
     ``indices_tuple`` drives the inner term, and its tuples that fall inside a half (renumbered) drive that half's
     XML term. ProxyAnchor-style losses reuse their own proxies on the predicted halves (same module). ``ref_emb`` /
     ``ref_labels`` go to the inner term only.
+
+    Stateful inner losses: the XML term never changes the inner loss's state. Its calls run with every buffer of the
+    loss swapped for a throw-away copy and plain number attributes restored afterwards, so memory banks, running
+    statistics and counters (and the inner loss's recorded statistics) are exactly what the real term left; proxies
+    (parameters) are only read. Two compositions with PML's ``CrossBatchMemory`` (CBM):
+
+    * ``XMLWrapper(CrossBatchMemory(L, ...))`` (supported): the inner term is CBM's, so the memory receives the N real
+      embeddings and nothing else; the XML term judges each predicted half with the loss CBM wraps, ``L``, inside the
+      half (predictions never enter, nor are compared with, the memory).
+    * ``CrossBatchMemory(XMLWrapper(L, histogram_layer=...), ...)``: refused by PML's CBM (its class-name list,
+      ``Exception: CrossBatchMemory not supported for XMLWrapper``). A CBM subclass that admits it works: CBM enqueues
+      the real batch, calls this wrapper with the memory as ``ref_emb``; the inner term compares the batch with the
+      memory and the XML term is formed within the batch (histograms from ``histogram_layer``). CBM's
+      ``enqueue_mask`` is refused there: the rows passed on no longer match the histograms (batch-size ValueError).
 
     Args:
         loss: any PML loss module whose ``forward`` takes ``(embeddings, labels, ...)``.
@@ -178,10 +223,10 @@ class XMLWrapper(ModuleWithRecords):
             return {}
         return {"histograms": self.get_histograms(embeddings, histograms)}
 
-    def _call_inner(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
+    def _call_inner(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, loss=None):
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return self.loss(embeddings, labels, **kwargs)
+        return (self.loss if loss is None else loss)(embeddings, labels, **kwargs)
 
     def cross_predictions(self, embeddings: torch.Tensor, histograms: torch.Tensor, halves):
         """Predict each half from the other half's ridge prototypes.
@@ -234,7 +279,9 @@ class XMLWrapper(ModuleWithRecords):
         labels = labels.to(embeddings.device)
         # Mined tuples index the batch only when there is no separate reference set.
         mined = indices_tuple if ref_emb is None else None
-        xml = self._call_inner(pred1, labels[halves[0]], _restrict_indices_tuple(mined, halves[0]))
-        xml = xml + self._call_inner(pred2, labels[halves[1]], _restrict_indices_tuple(mined, halves[1]))
+        judge = self.loss.loss if _is_memory_wrapper(self.loss) else self.loss
+        with _state_left_untouched(judge):
+            xml = self._call_inner(pred1, labels[halves[0]], _restrict_indices_tuple(mined, halves[0]), loss=judge)
+            xml = xml + self._call_inner(pred2, labels[halves[1]], _restrict_indices_tuple(mined, halves[1]), loss=judge)
         self.xml_loss = xml.detach()
         return inner + self.xml_weight * xml
