@@ -204,8 +204,17 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
     def mix(images: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
         """Mixup with the next image of the batch: ``lam[b,p]·x[b,p] + (1 − lam[b,p])·x[(b+1) mod B, p]``.
 
-        images: [B, P, C, H, W]; lam: [B, P]. Returns the same shape.
+        images: [B, P, C, H, W]; lam: [B, P]. Returns the same shape. A one-image batch (B = 1, e.g. the last batch of
+        an epoch) has no other image to mix with: its rows are returned unmixed (λ taken as 1), not mixed with
+        themselves.
+
+        Raises:
+            ValueError: if ``lam`` is not ``[B, P]`` for images ``[B, P, ...]``.
         """
+        if lam.shape != images.shape[:2]:
+            raise ValueError(f"lam must be [B, P] = {list(images.shape[:2])} for these images, got {list(lam.shape)}")
+        if images.shape[0] < 2:
+            return images
         partner = torch.roll(images, shifts=-1, dims=0)
         lam = lam.to(images.dtype).view(*lam.shape, *([1] * (images.ndim - 2)))
         return lam * images + (1 - lam) * partner

@@ -119,6 +119,20 @@ class TestCoupledAugmentationDataset(unittest.TestCase):
             for x in (s[3 + p], t[3 + p]):
                 torch.testing.assert_close(x, torch.full_like(x, lam1[p].item()))
 
+    def test_one_image_batch_is_not_mixed(self):
+        # issue 12: with B = 1 the "next image" is the image itself; the rows come back exactly unmixed (lam := 1).
+        ds = plain(mixup_alpha=0.2)
+        item = ds[0]
+        self.assertTrue(((item[2] > 0) & (item[2] < 1)).all())
+        (s, t, labels), ids = CoupledAugmentationDataset.collate([item])
+        self.assertTrue(torch.equal(s, item[0]))
+        self.assertTrue(torch.equal(t, item[1]))
+        self.assertEqual(ids.tolist(), [0] * 4)
+        x = torch.rand(1, 3, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+        self.assertTrue(torch.equal(CoupledAugmentationDataset.mix(x, torch.full((1, 3), 0.3)), x))
+        with self.assertRaisesRegex(ValueError, r"lam must be \[B, P\] = \[1, 3\]"):
+            CoupledAugmentationDataset.mix(x, torch.full((3,), 0.3))
+
     def test_seed_reproduces_the_batch_without_global_rng(self):
         batch = lambda ds: CoupledAugmentationDataset.collate([ds[0], ds[1]])  # noqa: E731
         state = torch.get_rng_state()
