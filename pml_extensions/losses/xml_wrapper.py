@@ -117,7 +117,9 @@ class XMLWrapper(ModuleWithRecords):
         ridge_form: ``"auto"`` (default), ``"primal"`` or ``"kernel"``; see :func:`pml_extensions.utils.ridge_prototypes`.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
-    histograms [N, m] = None) -> scalar``.
+    histograms [N, m] = None) -> scalar``. Precision: float16/bfloat16 embeddings (pure half models or
+    ``torch.autocast``) are lifted to float32 and the whole loss (inner term, ridge solve, XML term) runs with
+    autocast disabled; the scalar is float32 (float64 for float64 embeddings).
 
     Recordable attributes (logged by record-keeper / ``HookContainer``): ``inner_loss``, ``xml_loss`` (L_XML before
     weighting), ``num_skipped_xml`` (batches that could not form two halves, each with a positive pair — those return
@@ -263,6 +265,15 @@ class XMLWrapper(ModuleWithRecords):
             raise ValueError(
                 f"labels must be a [N] tensor with N = {embeddings.shape[0]}, got {getattr(labels, 'shape', labels)}"
             )
+        # float32 inside for float16/bfloat16 embeddings, autocast off: PML's distances are neither accurate nor
+        # always implemented in half precision (cdist has no CPU bfloat16 kernel); float64 stays float64.
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            return self._forward(embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms)
+
+    def _forward(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms):
+        work = torch.promote_types(embeddings.dtype, torch.float32)
+        embeddings = embeddings.to(work)
+        ref_emb = ref_emb if ref_emb is None or not ref_emb.is_floating_point() else ref_emb.to(work)
         inner = self._call_inner(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         self.inner_loss = inner.detach()
         if self.xml_weight == 0:

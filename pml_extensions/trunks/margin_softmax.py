@@ -113,6 +113,8 @@ class MarginAugmentedSoftmax(torch.nn.Module):
         dim = _check_dim(activations, self.dim)
         shape = list(activations.shape)
         shape[dim] = 1
-        slack = activations.new_full(shape, self.mu)
-        probs = torch.softmax(torch.cat([activations, slack], dim=dim) / self.epsilon, dim=dim)
-        return self.eta * probs.narrow(dim, 0, activations.shape[dim])
+        # float32 inside for float16/bfloat16 (a / ε overflows float16 for small ε); output in the input's dtype
+        work = activations.to(torch.promote_types(activations.dtype, torch.float32))
+        slack = work.new_full(shape, self.mu)
+        probs = torch.softmax(torch.cat([work, slack], dim=dim) / self.epsilon, dim=dim)
+        return (self.eta * probs.narrow(dim, 0, activations.shape[dim])).to(activations.dtype)

@@ -30,6 +30,12 @@ NOISES = ("normal", "gumbel")
 DEFAULT_MAX_CHUNK_ELEMENTS = 2**24  # 64 MiB of float32 noise per chunk
 
 
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 for float16/bfloat16/float32 inputs, float64 for float64: noise and arg-maxes are never drawn in half
+    precision (ties would multiply and the noise stream would depend on the input's dtype)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def _sample_noise(shape, noise: str, generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
     if noise == "normal":
         return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
@@ -66,13 +72,12 @@ class PerturbedArgmaxFunction(torch.autograd.Function):
     def forward(ctx, x, mu, epsilon, eta, num_samples, chunk_size, noise, generator):
         n, k = x.shape
         state = generator.get_state()
-        aug = torch.cat([x, x.new_full((n, 1), mu)], dim=1)  # [N, K+1]
-        counts = torch.zeros(
-            n * (k + 1), dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device
-        )
+        xw = x.to(_work_dtype(x))
+        aug = torch.cat([xw, xw.new_full((n, 1), mu)], dim=1)  # [N, K+1]
+        counts = torch.zeros(n * (k + 1), dtype=xw.dtype, device=x.device)
         offsets = torch.arange(n, device=x.device) * (k + 1)
         for s in _chunks(num_samples, chunk_size):
-            z = _sample_noise((s, n, k + 1), noise, generator, x)
+            z = _sample_noise((s, n, k + 1), noise, generator, xw)
             idx = torch.argmax(aug.unsqueeze(0) + epsilon * z, dim=2)  # [s, N]
             counts += torch.bincount((idx + offsets).view(-1), minlength=n * (k + 1)).to(counts.dtype)
         probs = counts.view(n, k + 1)[:, :k] / num_samples
@@ -87,15 +92,16 @@ class PerturbedArgmaxFunction(torch.autograd.Function):
         n, k = x.shape
         generator = torch.Generator(device=gen_device)
         generator.set_state(state)
-        aug = torch.cat([x, x.new_full((n, 1), mu)], dim=1)
-        g_aug = torch.cat([grad_out.to(x.dtype), x.new_zeros(n, 1)], dim=1)  # the slack is not an output
+        xw = x.to(_work_dtype(x))
+        aug = torch.cat([xw, xw.new_full((n, 1), mu)], dim=1)
+        g_aug = torch.cat([grad_out.to(xw.dtype), xw.new_zeros(n, 1)], dim=1)  # the slack is not an output
         grad = torch.zeros_like(aug)
         for s in _chunks(num_samples, chunk_size):
-            z = _sample_noise((s, n, k + 1), noise, generator, x)
+            z = _sample_noise((s, n, k + 1), noise, generator, xw)
             idx = torch.argmax(aug.unsqueeze(0) + epsilon * z, dim=2, keepdim=True)  # [s, N, 1]
             g_sel = torch.gather(g_aug.unsqueeze(0).expand(s, n, k + 1), 2, idx)  # g_{argmax}: [s, N, 1]
             grad += (g_sel * _noise_score(z, noise)).sum(0)
-        grad_x = grad[:, :k] * (eta / (num_samples * epsilon))
+        grad_x = (grad[:, :k] * (eta / (num_samples * epsilon))).to(x.dtype)
         return grad_x, None, None, None, None, None, None, None
 
 
