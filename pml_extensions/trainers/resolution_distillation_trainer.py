@@ -17,6 +17,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from ..datasets.coupled_augmentation_dataset import CoupledAugmentationDataset
 from ..losses.resolution_distillation_loss import ResolutionDistillationLoss
 from ..trunks.gem_pooling import GeMPooling
+from .pinned_memory import PinnedMemoryMixin, to_data_device
 
 
 def gem_parameters(*modules: torch.nn.Module) -> list:
@@ -78,7 +79,7 @@ def set_batchnorm_eval(module: torch.nn.Module):
             m.eval()
 
 
-class ResolutionDistillationTrainer(MetricLossOnly):
+class ResolutionDistillationTrainer(PinnedMemoryMixin, MetricLossOnly):
     """Distil a small-resolution student (``trunk``/``embedder``) from a frozen teacher (``teacher_trunk``/
     ``teacher_embedder``) without labels, optionally beside a labelled metric loss.
 
@@ -209,8 +210,7 @@ class ResolutionDistillationTrainer(MetricLossOnly):
         teacher_trunk.eval()
         teacher_embedder.eval()
         with torch.no_grad():
-            data = c_f.to_device(data, device=self.data_device, dtype=self.dtype)
-            return teacher_embedder(teacher_trunk(data))
+            return teacher_embedder(teacher_trunk(to_data_device(data, self.data_device, self.dtype)))
 
     def calculate_loss(self, curr_batch):
         data, image_ids = curr_batch

@@ -15,11 +15,12 @@ from pytorch_metric_learning.trainers import TrainWithClassifier
 
 from ..losses.patch_classification_loss import PatchClassificationLoss
 from ..trunks.template_matching_block import TemplateMatchingBlock
+from .pinned_memory import PinnedMemoryMixin
 
 AUX_LOSS = "template_aux_loss"
 
 
-class TemplateMatchingTrainer(TrainWithClassifier):
+class TemplateMatchingTrainer(PinnedMemoryMixin, TrainWithClassifier):
     """``TrainWithClassifier`` plus the auxiliary per-patch loss of every :class:`TemplateMatchingBlock` in
     the models.
 
