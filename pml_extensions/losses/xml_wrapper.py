@@ -195,7 +195,8 @@ class XMLWrapper(ModuleWithRecords):
         """Return the histograms for ``embeddings`` ([N, m]) from the keyword or from ``histogram_layer``.
 
         Raises:
-            ValueError: if none are available or their batch size differs from ``embeddings``'.
+            ValueError: if none are available, their batch size differs from ``embeddings``', or they contain
+                NaN/inf (the message names where they came from).
         """
         source = "histograms"
         if histograms is None:
@@ -216,6 +217,12 @@ class XMLWrapper(ModuleWithRecords):
                 f"{source} has batch size {histograms.shape[0]} but embeddings has {embeddings.shape[0]}: "
                 "histograms must come from the same forward pass as the embeddings"
             )
+        if histograms.is_floating_point() and not bool(torch.isfinite(histograms).all()):
+            hint = "" if source == "histograms" else (
+                " (HistogramPooling gives finite histograms for every finite feature map, in every dtype: the "
+                "trunk's feature map has NaN/inf values)"
+            )
+            raise ValueError(f"{source} contains NaN or inf values{hint}")
         return histograms
 
     def extra_tensors_for_gather(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> dict:

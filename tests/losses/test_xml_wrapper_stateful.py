@@ -142,3 +142,19 @@ class TestStateOfOtherInnerLosses(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestNonFiniteHistogramsNameTheirSource(unittest.TestCase):
+    def test_message_names_the_layer(self):
+        from pml_extensions.trunks import HistogramPooling
+
+        layer = HistogramPooling(4, 3)
+        x = torch.rand(16, 4, 2, 2)
+        x[0, 0, 0, 0] = float("nan")
+        layer(x)
+        wrapper = XMLWrapper(pml_losses.ContrastiveLoss(), histogram_layer=layer)
+        with self.assertRaisesRegex(ValueError, r"histogram_layer.last_histograms contains NaN .*feature map"):
+            wrapper(torch.randn(16, 4), LABELS)
+        hist = torch.full((16, 3), float("nan"))
+        with self.assertRaisesRegex(ValueError, r"^histograms contains NaN or inf values$"):
+            XMLWrapper(pml_losses.ContrastiveLoss())(torch.randn(16, 4), LABELS, histograms=hist)
