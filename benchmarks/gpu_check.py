@@ -13,7 +13,9 @@ Steps (each is timed; a failing step is recorded and the next one runs; the exit
    for float16) of every method: HistogramPooling + XMLWrapper(ContrastiveLoss), the template-matching block
    (ResNet-18 + PatchClassificationLoss), RAML distillation (frozen teacher, ResolutionDistillationLoss); the
    losses must stay finite and the parameters must move;
-5. ``explain_speed``: ``benchmarks/explain_speed.py --device DEV`` (its ratios are reported);
+5. ``dtype_matrix`` (CUDA only; the CPU test suite runs it already): ``tests/test_low_precision.py``, every module
+   in float32/bfloat16/float16, pure and autocast, on CPU and CUDA;
+   ``explain_speed``: ``benchmarks/explain_speed.py --device DEV`` (its ratios are reported);
 6. ``accuracy_scale``: ``benchmarks/accuracy_scale.py --device DEV`` at its GPU sizes; recorded as skipped, with
    the reason, when that script has no ``--device`` option;
 7. ``torchrun_<backend>``: a one-process ``torchrun`` that initialises the process group (nccl on CUDA, gloo on
@@ -163,6 +165,14 @@ def step_resolution(device, tiny, work, timeout):
         "run", "resolution_distillation", "--variant", "quick", "--resolution_job", job,
         "--root_experiment_folder", os.path.join(work, "resolution"), "--experiment_name", "r",
     )  # fmt: skip
+    status, seconds, note = run_command(cmd, timeout)
+    return status, seconds, {}, note
+
+
+def step_dtype_matrix(device, tiny, work, timeout):
+    """tests/test_low_precision.py (every module x float32/bfloat16/float16 x pure/autocast), on CUDA as well."""
+    test = os.path.join("tests", "test_low_precision.py")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
     status, seconds, note = run_command(cmd, timeout)
     return status, seconds, {}, note
 
@@ -366,7 +376,8 @@ def torchrun_child(out, device_name, tiny):
     dist.init_process_group(backend)
     try:
         model, loss = xml_model(True, device)
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         wrapped = DistributedLossWrapper(loss)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(0)
@@ -471,6 +482,8 @@ def main(argv=None) -> int:
                     return "ok", time.perf_counter() - t, figures, ""
 
                 record(f"autocast_{method}_{dtype_name}", autocast_step)
+        if device.type == "cuda":  # on CPU the test suite runs it already
+            record("dtype_matrix", step_dtype_matrix, args.device, args.tiny, work, share=0.15)
         record("explain_speed", step_explain_speed, args.device, args.tiny, work, share=0.15)
         record("accuracy_scale", step_accuracy_scale, args.device, args.tiny, work, share=0.2)
         backend = "nccl" if device.type == "cuda" else "gloo"

@@ -1,6 +1,7 @@
 """Dtype matrix (issue 12, item 1): every trunk component, loss and the distillation loss in float32, bfloat16 and
-float16, as a pure ``.to(dtype)`` model and under ``torch.autocast`` (CPU here; the same code runs on CUDA in
-``benchmarks/gpu_check.py``). The explanation module has its own matrix in ``tests/explain/``.
+float16, as a pure ``.to(dtype)`` model and under ``torch.autocast``, on CPU and, when one is present, on CUDA
+(``benchmarks/gpu_check.py`` runs this file on the GPU machine; TF32 is switched off there so that the float32
+reference is float32). The explanation module has its own matrix in ``tests/explain/``.
 
 For each (module, dtype, mode) the outputs and the gradients (parameters and input) must be finite, the same
 tensors must receive gradient, and both must agree with float32 on the same inputs (in pure mode the float32
@@ -203,28 +204,31 @@ def as_dict(out):
     return out if isinstance(out, dict) else {"out": out}
 
 
-def run(model, inputs, dtype, mode, train=True):
-    """Forward + backward with a fixed cotangent; returns (outputs, grads) as float32 dicts."""
-    model = copy.deepcopy(model)
+def run(model, inputs, dtype, mode, train=True, device="cpu"):
+    """Forward + backward with a fixed cotangent; returns (outputs, grads) as float32 CPU dicts."""
+    model = copy.deepcopy(model).to(device)
     model.train(train)
     cast = dtype if mode == "pure" else torch.float32
     if mode == "pure":
         model = model.to(dtype)
-    xs = [x.detach().to(cast).clone().requires_grad_(True) if x.is_floating_point() else x for x in inputs]
-    with torch.autocast("cpu", dtype=dtype, enabled=mode == "autocast"):
+    xs = [
+        x.detach().to(device, cast).clone().requires_grad_(True) if x.is_floating_point() else x.to(device)
+        for x in inputs
+    ]
+    with torch.autocast(torch.device(device).type, dtype=dtype, enabled=mode == "autocast"):
         outs = as_dict(model(*xs))
     total = 0
     for i, (name, o) in enumerate(sorted(outs.items())):
         if o.requires_grad:
-            w = randn(*o.shape, seed=100 + i) if o.ndim else torch.tensor(1.0)
+            w = (randn(*o.shape, seed=100 + i) if o.ndim else torch.tensor(1.0)).to(o.device)
             total = total + (o.float() * w).sum()
     total.backward()
     grads = {f"grad:{n}": p.grad for n, p in model.named_parameters() if p.grad is not None}
     if xs[0].is_floating_point() and xs[0].grad is not None:
         grads["grad:input"] = xs[0].grad
     return (
-        {k: v.detach().float() for k, v in outs.items()},
-        {k: v.float() for k, v in grads.items()},
+        {k: v.detach().float().cpu() for k, v in outs.items()},
+        {k: v.float().cpu() for k, v in grads.items()},
     )
 
 
@@ -242,8 +246,23 @@ def relative_error(x, ref):
     return err / scale if scale > 0 else err
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # the reference is float32 on the same device
+
+
 class TestDtypeMatrix(unittest.TestCase):
     def test_every_module_every_dtype_pure_and_autocast(self):
+        for device in DEVICES:
+            if device == "cuda":
+                tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+                try:
+                    self._matrix(device)
+                finally:
+                    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+            else:
+                self._matrix(device)
+
+    def _matrix(self, device):
         for name, (build, make_inputs) in cases().items():
             train, factor = (False, BACKBONE_FACTOR) if name in BACKBONES else (True, 1)
             torch.manual_seed(0)
@@ -253,11 +272,11 @@ class TestDtypeMatrix(unittest.TestCase):
                 for mode in MODES:
                     if dtype == torch.float32 and mode == "autocast":
                         continue  # autocast to float32 is not a mode
-                    with self.subTest(module=name, dtype=str(dtype), mode=mode):
+                    with self.subTest(module=name, dtype=str(dtype), mode=mode, device=device):
                         rounded = [x.to(dtype).float() if x.is_floating_point() else x for x in inputs]
                         ref_in = rounded if mode == "pure" else inputs
-                        ref_out, ref_grad = run(model32, ref_in, torch.float32, "pure", train)
-                        out, grad = run(model32, inputs, dtype, mode, train)
+                        ref_out, ref_grad = run(model32, ref_in, torch.float32, "pure", train, device)
+                        out, grad = run(model32, inputs, dtype, mode, train, device)
                         self.assertEqual(set(out), set(ref_out))
                         self.assertEqual(set(grad), set(ref_grad), "the same tensors must receive gradient")
                         for key, value in list(out.items()) + list(grad.items()):

@@ -299,7 +299,8 @@ class XMLWrapper(ModuleWithRecords):
         mined = indices_tuple if ref_emb is None else None
         judge = self.loss.loss if _is_memory_wrapper(self.loss) else self.loss
         with _state_left_untouched(judge):
-            xml = self._call_inner(pred1, labels[halves[0]], _restrict_indices_tuple(mined, halves[0]), loss=judge)
-            xml = xml + self._call_inner(pred2, labels[halves[1]], _restrict_indices_tuple(mined, halves[1]), loss=judge)
+            xml = 0
+            for pred, half in ((pred1, halves[0]), (pred2, halves[1])):
+                xml = xml + self._call_inner(pred, labels[half], _restrict_indices_tuple(mined, half), loss=judge)
         self.xml_loss = xml.detach()
         return inner + self.xml_weight * xml

@@ -21,7 +21,8 @@ class GeMPooling(torch.nn.Module):
         trainable: p is an ``nn.Parameter`` (default, as in the paper) or a fixed buffer.
 
     ``forward(x [B, C, H, W]) -> [B, C]`` in the dtype/device of ``x``; computed in float32 inside (in the log domain,
-    so ``eps^p`` never underflows) for float16/bfloat16 inputs and under ``torch.autocast``. ``feat_mult()`` is 1 (output width = C).
+    so ``eps^p`` never underflows) for float16/bfloat16 inputs and under ``torch.autocast``. ``feat_mult()`` is 1
+    (output width = C).
     RAML trains p at 10× the learning rate without weight decay; :class:`ResolutionDistillationTrainer` finds GeM
     modules and builds that parameter group.
 

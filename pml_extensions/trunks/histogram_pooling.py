@@ -42,8 +42,8 @@ class HistogramPooling(torch.nn.Module):
     ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``), so an existing embedder fits unchanged.
     The soft histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
     ``last_histograms`` for the loss; they are computed and kept in float32 (float64 for float64 input) also for
-    float16/bfloat16 inputs and under ``torch.autocast``. ``feat_mult()`` and ``num_features`` give the output width (C);
-    ``histogram_size`` gives m.
+    float16/bfloat16 inputs and under ``torch.autocast``. ``feat_mult()`` and ``num_features`` give the output
+    width (C); ``histogram_size`` gives m.
 
     Raises:
         ValueError: on non-positive sizes or scale, or a feature map with the wrong rank or width.
@@ -109,8 +109,8 @@ class HistogramPooling(torch.nn.Module):
         return x, protos
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """ε · ν_iᵀ x_j for every prototype i and position j: ``[B, m, H, W]``, float32 (float64 for float64 input),
-        autocast disabled: with ε = 10 half-precision logits would lose the soft-max's resolution."""
+        """ε · ν_iᵀ x_j for every prototype i and position j: ``[B, m, H, W]``, float32 (float64 for float64
+        input), autocast disabled: with ε = 10 half-precision logits would lose the soft-max's resolution."""
         _check_feature_map(x, self.in_channels)
         with torch.autocast(device_type=x.device.type, enabled=False):
             feats, protos = self._space(x)
