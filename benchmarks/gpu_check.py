@@ -120,21 +120,29 @@ def cli(*args):
     return [sys.executable, "-m", "pml_extensions", *args]
 
 
+def _result_figures(folder, keys=("total_seconds", "mean_average_precision_at_r", "precision_at_1"), limit=6):
+    """A few figures from the first ``results.json`` under ``folder`` (tolerant of layout changes: missing -> {})."""
+    import glob
+
+    paths = sorted(glob.glob(os.path.join(folder, "**", "results.json"), recursive=True))
+    if not paths:
+        return {}
+    with open(paths[0]) as f:
+        flat = _flatten(json.load(f))
+    picked = {
+        k: v
+        for k, v in flat.items()
+        if isinstance(v, (int, float)) and k.split(".")[-1] in keys and ".history." not in k and ".per_model." not in k
+    }
+    return dict(list(picked.items())[:limit])
+
+
 def step_job(device, tiny, work, timeout):
     cmd = cli("job", "--device", device, "--output", os.path.join(work, "job"))
     if tiny:
         cmd += ["--epochs", "1", "--iterations", "2", "--variants", "contrastive_xml"]
     status, seconds, note = run_command(cmd, timeout)
-    figures = {}
-    summary = os.path.join(work, "job", "xml_glyphs", "summary.json")
-    if os.path.isfile(summary):
-        with open(summary) as f:
-            data = json.load(f)
-        for v in data.get("variants", []):
-            acc = v.get("test_accuracy") or v.get("accuracies") or {}
-            if isinstance(acc, dict) and "precision_at_1" in acc:
-                figures[f"{v.get('name')}_P@1"] = acc["precision_at_1"]
-    return status, seconds, figures, note
+    return status, seconds, _result_figures(os.path.join(work, "job")), note
 
 
 def step_mlrc(device, tiny, work, timeout):
@@ -148,7 +156,7 @@ def step_mlrc(device, tiny, work, timeout):
             "--trainer~APPLY~2", "{iterations_per_epoch: 2, dataloader_num_workers: 0}",
         ]  # fmt: skip
     status, seconds, note = run_command(cmd, timeout)
-    return status, seconds, {}, note
+    return status, seconds, _result_figures(os.path.join(work, "mlrc")), note
 
 
 TINY_RESOLUTION_JOB = (
