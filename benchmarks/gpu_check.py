@@ -491,7 +491,7 @@ def main(argv=None) -> int:
 
                 record(f"autocast_{method}_{dtype_name}", autocast_step)
         if device.type == "cuda":  # on CPU the test suite runs it already
-            record("dtype_matrix", step_dtype_matrix, args.device, args.tiny, work, share=0.15)
+            record("dtype_matrix", step_dtype_matrix, args.device, args.tiny, work, share=0.2)
         record("explain_speed", step_explain_speed, args.device, args.tiny, work, share=0.15)
         record("accuracy_scale", step_accuracy_scale, args.device, args.tiny, work, share=0.2)
         backend = "nccl" if device.type == "cuda" else "gloo"
