@@ -442,7 +442,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        print(f"gpu_check: --device must be cuda, cuda:N or cpu, got {args.device!r}", file=sys.stderr)
+        return 2
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; nothing to check (the CPU smoke run is --device cpu --tiny)")
         return 0
@@ -490,6 +494,8 @@ def main(argv=None) -> int:
                     return "ok", time.perf_counter() - t, figures, ""
 
                 record(f"autocast_{method}_{dtype_name}", autocast_step)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the benchmarks below run in their own processes on the same GPU
         if device.type == "cuda":  # on CPU the test suite runs it already
             record("dtype_matrix", step_dtype_matrix, args.device, args.tiny, work, share=0.2)
         record("explain_speed", step_explain_speed, args.device, args.tiny, work, share=0.15)
