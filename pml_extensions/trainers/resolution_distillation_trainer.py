@@ -17,7 +17,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from ..datasets.coupled_augmentation_dataset import CoupledAugmentationDataset
 from ..losses.resolution_distillation_loss import ResolutionDistillationLoss
 from ..trunks.gem_pooling import GeMPooling
-from .pinned_memory import PinnedMemoryMixin, to_data_device
+from ._pinned_memory import _PinnedMemoryMixin, to_data_device
 
 
 def gem_parameters(*modules: torch.nn.Module) -> list:
@@ -79,7 +79,7 @@ def set_batchnorm_eval(module: torch.nn.Module):
             m.eval()
 
 
-class ResolutionDistillationTrainer(PinnedMemoryMixin, MetricLossOnly):
+class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     """Distil a small-resolution student (``trunk``/``embedder``) from a frozen teacher (``teacher_trunk``/
     ``teacher_embedder``) without labels, optionally beside a labelled metric loss.
 

@@ -15,12 +15,12 @@ from pytorch_metric_learning.trainers import TrainWithClassifier
 
 from ..losses.patch_classification_loss import PatchClassificationLoss
 from ..trunks.template_matching_block import TemplateMatchingBlock
-from .pinned_memory import PinnedMemoryMixin
+from ._pinned_memory import _PinnedMemoryMixin
 
 AUX_LOSS = "template_aux_loss"
 
 
-class TemplateMatchingTrainer(PinnedMemoryMixin, TrainWithClassifier):
+class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
     """``TrainWithClassifier`` plus the auxiliary per-patch loss of every :class:`TemplateMatchingBlock` in
     the models.
 

@@ -3,7 +3,7 @@ import warnings
 
 import torch
 
-from pml_extensions.trainers.pinned_memory import to_data_device
+from pml_extensions.trainers._pinned_memory import to_data_device
 from tests.trainers.test_resolution_distillation_trainer import make
 
 

@@ -17,8 +17,8 @@ def to_data_device(data: torch.Tensor, device, dtype=None) -> torch.Tensor:
     return data if dtype is None else c_f.to_dtype(data, dtype=dtype)
 
 
-class PinnedMemoryMixin:
-    """Put first in a PML trainer's bases: ``class T(PinnedMemoryMixin, MetricLossOnly)``."""
+class _PinnedMemoryMixin:
+    """Put first in a PML trainer's bases: ``class T(_PinnedMemoryMixin, MetricLossOnly)``."""
 
     def _pins(self) -> bool:
         return self.data_device is not None and torch.device(self.data_device).type == "cuda"
