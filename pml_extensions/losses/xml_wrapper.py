@@ -128,6 +128,46 @@ class XMLWrapper(ModuleWithRecords):
             list_of_names=["xml_weight", "ridge", "inner_loss", "xml_loss", "num_skipped_xml"], is_stat=False
         )
 
+    def attach(self, trunk: torch.nn.Module) -> "XMLWrapper":
+        """Read histograms from the single :class:`pml_extensions.trunks.HistogramPooling` inside ``trunk``
+        (kept out of this module's parameters and state dict: the layer belongs to the trunk). Returns ``self``.
+
+        Raises:
+            ValueError: if ``trunk`` holds no HistogramPooling or more than one.
+
+        Example::
+
+            >>> from pytorch_metric_learning.losses import ContrastiveLoss
+            >>> from pml_extensions.trunks import HistogramPooling
+            >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
+            >>> XMLWrapper(ContrastiveLoss()).attach(trunk).histogram_layer is trunk[1]
+            True
+        """
+        from ..trunks.histogram_pooling import find_histogram_layers
+
+        layers = find_histogram_layers(trunk)
+        if len(layers) != 1:
+            raise ValueError(f"XMLWrapper.attach: the trunk must hold exactly one HistogramPooling, found {len(layers)}")
+        self.__dict__["histogram_layer"] = layers[0]
+        return self
+
+    @staticmethod
+    def attach_all(loss_funcs, trunk: torch.nn.Module) -> int:
+        """:meth:`attach` ``trunk`` to every XMLWrapper without a ``histogram_layer`` nested in the loss modules
+        (a dict or an iterable of modules, e.g. a config's ``loss_funcs``). Returns how many were attached.
+
+        Raises:
+            ValueError: as :meth:`attach`, when some wrapper needs a layer.
+        """
+        modules = loss_funcs.values() if isinstance(loss_funcs, dict) else loss_funcs
+        attached = 0
+        for loss in modules:
+            for m in loss.modules():
+                if isinstance(m, XMLWrapper) and m.histogram_layer is None:
+                    m.attach(trunk)
+                    attached += 1
+        return attached
+
     @staticmethod
     def _takes_embeddings_and_labels(loss):
         try:

@@ -2,7 +2,7 @@
 
 from .conv_net_body import ConvNetBody
 from .gem_pooling import GeMPooling
-from .histogram_pooling import HistogramPooling
+from .histogram_pooling import HistogramPooling, find_histogram_layers, trunk_body
 from .margin_softmax import MarginAugmentedSoftmax, margin_argmax
 from .perturbed_maximizer import PerturbedArgmaxFunction, PerturbedMaximizer
 from .retrieval_head import RetrievalHead, l2n
@@ -25,6 +25,7 @@ __all__ = [
     "bn_relu_thresholds",
     "estimate_eta",
     "estimate_mu",
+    "find_histogram_layers",
     "insert_template_matching",
     "l2n",
     "margin_argmax",
@@ -33,4 +34,5 @@ __all__ = [
     "same_patch_mean",
     "soft_maximizer_swap",
     "template_matching_blocks",
+    "trunk_body",
 ]

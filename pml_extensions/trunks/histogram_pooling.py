@@ -9,7 +9,7 @@ prototypes are L2-normalised by default, as the authors' related GSP code does, 
 """
 
 import math
-from typing import Iterable, Optional
+from typing import Iterable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -256,3 +256,37 @@ class HistogramPooling(torch.nn.Module):
             feats = feats[torch.randperm(len(feats), generator=torch.Generator().manual_seed(seed))[:max_features]]
         # features are already in the comparison space; avoid normalising twice (idempotent anyway)
         return self.init_prototypes(feats, method=method, seed=seed)
+
+
+def find_histogram_layers(module: torch.nn.Module) -> List[HistogramPooling]:
+    """Every :class:`HistogramPooling` inside ``module`` (itself included), in ``module.modules()`` order.
+
+    Example::
+
+        >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
+        >>> [type(m).__name__ for m in find_histogram_layers(trunk)]
+        ['HistogramPooling']
+    """
+    return [m for m in module.modules() if isinstance(m, HistogramPooling)]
+
+
+def trunk_body(trunk: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Sequential:
+    """The part of a ``Sequential`` trunk before its child ``layer`` (e.g. the body whose local features
+    :meth:`HistogramPooling.init_from_data` clusters). The returned Sequential shares the trunk's modules.
+
+    Raises:
+        ValueError: if ``trunk`` is not a ``torch.nn.Sequential`` or ``layer`` is not one of its children.
+
+    Example::
+
+        >>> pool = HistogramPooling(8, 4)
+        >>> body = trunk_body(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), pool, torch.nn.Flatten()), pool)
+        >>> len(body)
+        1
+    """
+    if not isinstance(trunk, torch.nn.Sequential):
+        raise ValueError(f"trunk must be a torch.nn.Sequential ([body, HistogramPooling, ...]), got {type(trunk).__name__}")
+    children = list(trunk.children())
+    if not any(c is layer for c in children):
+        raise ValueError("layer must be a direct child of the Sequential trunk")
+    return torch.nn.Sequential(*children[: next(i for i, c in enumerate(children) if c is layer)])
