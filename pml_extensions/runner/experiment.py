@@ -149,8 +149,9 @@ def select_device(name: Any, where: str = "config_general: device") -> torch.dev
 
 
 def seed_everything(seed: Optional[int]) -> Optional[int]:
-    """Seed torch, numpy and python's global RNGs (PML's samplers and miners draw from them) and PML's
-    ``c_f.NUMPY_RANDOM``; ``None`` leaves them alone. Returns the seed."""
+    """Seed torch, numpy and python's global RNGs (PML's samplers and miners draw from them) and point PML's
+    ``c_f.NUMPY_RANDOM`` at numpy's global RNG (its default), whose state :func:`checkpoint.rng_state` saves, so
+    a resumed epoch draws the same batches; ``None`` leaves them alone. Returns the seed."""
     if seed is None:
         return None
     seed = int(seed)
@@ -159,7 +160,7 @@ def seed_everything(seed: Optional[int]) -> Optional[int]:
     random.seed(seed)
     from pytorch_metric_learning.utils import common_functions as c_f
 
-    c_f.NUMPY_RANDOM = np.random.RandomState(seed)
+    c_f.NUMPY_RANDOM = np.random
     return seed
 
 

@@ -1,6 +1,351 @@
-"""The MLRC protocol (transitional: being moved out of ``runner/mlrc.py``)."""
+"""The "Metric Learning Reality Check" (MLRC) protocol on PML 2.x, driven by a merged
+powerful-benchmarker config.
 
+Protocol (Musgrave, Belongie & Lim, "A Metric Learning Reality Check", ECCV 2020, Sec. 4;
+powerful-benchmarker's ``metric-learning`` branch, rewritten here):
+
+1. Class-disjoint split: the classes (sorted) in ``[test_start_idx, test_start_idx + test_size)``
+   (fractions of the class count; default the second half) are the test set; the rest is the train/val pool.
+2. ``num_training_partitions`` (default 4) class-disjoint folds of the pool: fold k validates on partition k
+   and trains on the others; ``num_training_sets`` of them are trained (default all 4).
+3. Each fold trains with the configured PML trainer; every ``save_interval`` epochs
+   ``GlobalEmbeddingSpaceTester`` evaluates the validation classes (``eval_primary_metric``, default MAP@R);
+   training stops when the primary metric has not improved for more than ``patience`` epochs or after
+   ``num_epochs_train``. The best epoch's weights are kept per fold.
+4. Test: each fold's best model embeds the test classes; reported are the mean over the folds of the separate
+   models' metrics (``separate_<d>D``, "128D" in the paper) and the metrics of the concatenation of the
+   L2-normalised embeddings (``concatenated_<k·d>D``, "512D"), both for every metric of
+   ``eval_accuracy_calculator`` (MAP@R, P@1 and R-precision in the shipped configs).
+
+Config keys read (powerful-benchmarker names): ``trainer``, ``num_epochs_train``, ``save_interval``,
+``patience``, ``check_untrained_accuracy``, ``models`` (``trunk``, ``embedder``), ``loss_funcs``,
+``mining_funcs``, ``sampler``, ``optimizers`` (``<model or loss name>_optimizer``), ``transforms`` (``train``,
+``eval``), ``eval_*``, ``factories`` (only the default factory names are accepted), ``dataset``,
+``dataset_root``, ``test_size``, ``test_start_idx``, ``num_training_partitions``, ``num_training_sets``; ours:
+``seed`` (default 0), ``device`` (``auto``), ``normalize`` (mean/std appended after ``ToTensor``; default
+ImageNet's, and then PIL images are converted to RGB first, so grayscale datasets meet RGB trunks). Loss specs
+whose class takes ``num_classes`` / ``embedding_size`` (ProxyAnchor, ...) get the fold's number of training
+classes and the embedder's output width when the config leaves them out; model specs likewise get
+``num_classes``. ``test_hooks`` (ours): ``{name: {HookClass: {kwargs}}}`` run once after testing on fold 0's
+best model as PML ``end_of_testing_hook``s (e.g. ``ExplanationHook``; see :meth:`MLRCRunner.run_test_hooks`).
+
+Deviations from powerful-benchmarker, by design: a trunk whose output is a feature map must end in a pooling
+layer (the configs list it); ``MLP`` layer sizes get the trunk's output width prepended automatically (as
+upstream); only ``eval_reference_set: compared_to_self`` is supported; the runner seeds the global
+torch/numpy/python RNGs at the start of each fold (``seed + fold``; PML's samplers draw from them) and
+restores them on resume — set ``seed: null`` to leave them alone.
+"""
+
+import math
+import os
+import time
 from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+
+from .. import distributed as dist_utils
+from ..builders import Builder, accepts, one_spec
+from ..checkpoint import atomic_torch_save, load_weights, restore_training_state, training_state
+from ..data import Subset, dataset_labels
+from ..experiment import Experiment
+from ..factory import ConfigError, resolve
+from .mlrc_splits import ensemble_metrics, mlrc_class_splits
+
+__all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits", "run"]
+
+
+class MLRCRunner:
+    """Run one experiment of the MLRC protocol (see the module docstring) from a merged config.
+
+    Args:
+        config: the merged dict from :func:`pml_extensions.runner.config_loader.load_config`.
+        experiment_folder: output folder; rerunning with the same folder resumes (finished folds are skipped,
+            the running fold continues from its last checkpoint).
+        sources: top-level key -> file, to name the file in error messages.
+        log: a print-like function.
+
+    ``run() -> dict`` returns (and writes atomically to ``results.json``) the per-fold validation summary and
+    the test metrics ``{"separate_<d>D": {...}, "concatenated_<D>D": {...}}``. Objects come from
+    :class:`pml_extensions.runner.builders.Builder` (``self.builder``); the folder from
+    :class:`pml_extensions.runner.experiment.Experiment` (``self.experiment``).
+
+    Raises:
+        ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values.
+    """
+
+    def __init__(
+        self,
+        config: Dict[str, Any],
+        experiment_folder: str,
+        sources: Optional[Dict[str, str]] = None,
+        log: Callable[[str], None] = print,
+    ):
+        self.config = config
+        self.folder = experiment_folder
+        self.experiment = Experiment(experiment_folder, config, sources, log)
+        self.log = self.experiment.log
+        self.device = self.experiment.device
+        self.builder = Builder(config, sources, self.device, self.log)
+        self.where = self.builder.where
+        self.get = self.builder.get
+
+    # evaluation
+    def primary_metric(self) -> str:
+        return self.get("eval_primary_metric", "mean_average_precision_at_r")
+
+    def evaluate(self, tester, dataset, models) -> Dict[str, float]:
+        trunk, embedder = models["trunk"], models["embedder"]
+        modes = (trunk.training, embedder.training)
+        emb, labels = tester.get_all_embeddings(
+            dataset, dist_utils.unwrap(trunk), dist_utils.unwrap(embedder)
+        )
+        trunk.train(modes[0])
+        embedder.train(modes[1])
+        acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, 0])
+        return {k: float(v) for k, v in acc.items() if isinstance(v, (int, float))}
+
+    # ---------------------------------------------------------------------------------------------- one fold
+    def _seed(self, fold: int):
+        self.experiment.seed_everything(fold)
+
+    def train_fold(self, fold: int, base, labels, split, transforms) -> Dict[str, Any]:
+        stage = f"fold_{fold}"
+        fold_dir = self.experiment.stage_folder(stage)
+        ckpt = self.experiment.checkpointer(stage, epoch_tables={"accuracies_val"})
+        train_idx = np.nonzero(np.isin(labels, split["train"]))[0]
+        val_idx = np.nonzero(np.isin(labels, split["val"]))[0]
+        train_ds = Subset(base, train_idx, labels, transforms["train"])
+        val_ds = Subset(base, val_idx, labels, transforms["eval"])
+
+        trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
+        trainer_kwargs = dict(trainer_kwargs)
+        global_batch = int(trainer_kwargs.get("batch_size", 32))
+        if global_batch % dist_utils.world_size():
+            raise ConfigError(
+                f"{self.where('trainer')}: batch_size {global_batch} is "
+                f"not divisible by {dist_utils.world_size()} processes"
+            )
+        trainer_kwargs["batch_size"] = global_batch // dist_utils.world_size()
+
+        self._seed(fold)
+        models = self.builder.build_models(val_ds[0][0], len(split["train"]))
+        loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
+        optimizers = self.builder.build_optimizers(models, loss_funcs)
+        sampler = self.builder.build_sampler(train_ds.labels, global_batch)
+        tester = self.builder.build_tester()
+
+        state = ckpt.resume()
+        best = {"metric": -math.inf, "epoch": -1}
+        start_epoch, finished = 1, False
+        if state is not None:
+            restore_training_state(state, models, optimizers, loss_funcs)
+            best = {"metric": float(state["best_metric"]), "epoch": int(state["best_epoch"])}
+            start_epoch, finished = int(state["epoch"]) + 1, bool(state["finished"])
+            self.log(
+                f"fold {fold}: resuming after epoch {state['epoch']} "
+                f"(best {best['metric']:.4f} at {best['epoch']})"
+            )
+
+        wrapped_models = dist_utils.wrap_models(models, self.device)
+        wrapped_losses = dist_utils.wrap_losses(loss_funcs)
+        rk = ckpt.record_keeper
+        primary = self.primary_metric()
+        best_path = os.path.join(fold_dir, "best.pth")
+
+        def state_dict(epoch, global_iteration, finished_flag):
+            return training_state(
+                epoch,
+                global_iteration,
+                models,
+                optimizers,
+                loss_funcs,
+                best_metric=float(best["metric"]),
+                best_epoch=int(best["epoch"]),
+                finished=bool(finished_flag),
+            )
+
+        def validate(epoch):
+            acc = self.evaluate(tester, val_ds, models)
+            if primary not in acc:
+                raise ConfigError(
+                    f"{self.where('eval_primary_metric')}: {primary!r} "
+                    f"is not computed; available: {', '.join(acc)}"
+                )
+            if dist_utils.is_main():
+                rk.update_records({"accuracies_val": dict(acc, epoch=epoch)}, epoch)
+            improved = acc[primary] > best["metric"]
+            if improved:
+                best.update(metric=acc[primary], epoch=epoch)
+                if dist_utils.is_main():
+                    atomic_torch_save({k: m.state_dict() for k, m in models.items()}, best_path)
+            self.log(
+                f"fold {fold} epoch {epoch}: val {primary}={acc[primary]:.4f}"
+                + (" (best)" if improved else "")
+            )
+            return acc
+
+        def commit(epoch, gi, finished_flag):
+            if dist_utils.is_main():
+                ckpt.commit(state_dict(epoch, gi, finished_flag))
+            dist_utils.barrier()
+
+        if state is None:
+            if self.get("check_untrained_accuracy", True):
+                validate(0)
+            commit(0, 0, False)
+
+        num_epochs = self.get("num_epochs_train", 1000)
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ConfigError(f"config_general: num_epochs_train must be a positive integer, got {num_epochs!r}")
+        patience = self.get("patience", 9)
+        save_interval = max(1, int(self.get("save_interval", 1)))
+        if not finished and start_epoch <= num_epochs:
+
+            def end_of_iteration(trainer):
+                if dist_utils.is_main():
+                    gi = trainer.get_global_iteration() + 1
+                    # DistributedLossWrapper returns world_size x the loss (PML's convention): log the loss
+                    # itself
+                    w = dist_utils.world_size()
+                    rk.update_records(
+                        {"loss_histories": {k: v / w for k, v in trainer.loss_tracker.losses.items()}}, gi
+                    )
+                    rk.update_records(
+                        {k: dist_utils.unwrap(v) for k, v in loss_funcs.items()},
+                        gi,
+                        recursive_types=[torch.nn.Module],
+                    )
+
+            trainer = self.builder._build(
+                "trainer",
+                {trainer_name: trainer_kwargs},
+                models=wrapped_models,
+                optimizers=optimizers,
+                loss_funcs=wrapped_losses,
+                mining_funcs=mining_funcs,
+                dataset=train_ds,
+                dataset_labels=train_ds.labels,
+                sampler=sampler,
+                data_device=self.device,
+                end_of_iteration_hook=end_of_iteration,
+                end_of_epoch_hook=lambda trainer: True,
+            )
+            for epoch in range(start_epoch, num_epochs + 1):
+                # A fresh sampler per epoch: PML's MPerClassSampler reorders its own label list in place,
+                # state that a
+                # checkpoint would not hold; rebuilt from the (checkpointed) RNG, a resumed epoch draws the
+                # same batches.
+                trainer.sampler = self.builder.build_sampler(train_ds.labels, global_batch)
+                trainer.train(start_epoch=epoch, num_epochs=epoch)
+                gi = trainer.iterations_per_epoch * epoch
+                if epoch % save_interval == 0 or epoch == num_epochs:
+                    validate(epoch)
+                stop = epoch == num_epochs or (patience is not None and epoch - best["epoch"] > int(patience))
+                commit(epoch, gi, stop)
+                if stop:
+                    break
+        return {
+            "best_val_" + primary: best["metric"],
+            "best_epoch": best["epoch"],
+            "best_path": best_path,
+            "val_classes": split["val"],
+            "train_classes": split["train"],
+        }
+
+    # ---------------------------------------------------------------------------------------------- test
+    def test(self, base, labels, classes, transforms, fold_results) -> Dict[str, Dict[str, float]]:
+        test_idx = np.nonzero(np.isin(labels, classes))[0]
+        test_ds = Subset(base, test_idx, labels, transforms["eval"])
+        tester = self.builder.build_tester()
+        calc = tester.accuracy_calculator
+        embeddings, y = [], None
+        for k, fr in enumerate(fold_results):
+            if not os.path.exists(fr["best_path"]):
+                raise ConfigError(
+                    f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test"
+                )
+            self._seed(k)
+            models = self.builder.build_models(test_ds[0][0], len(fr["train_classes"]))
+            for name, sd in load_weights(fr["best_path"], self.device).items():
+                models[name].load_state_dict(sd)
+            emb, lab = tester.get_all_embeddings(test_ds, models["trunk"], models["embedder"])
+            embeddings.append(emb)
+            y = lab[:, 0]
+            if k == 0 and dist_utils.is_main():
+                self.run_test_hooks(test_ds, models)
+        return ensemble_metrics(embeddings, y, calc)
+
+    def run_test_hooks(self, test_ds, models) -> None:
+        """Run the config's ``test_hooks`` (ours; e.g. ``{explanations: {ExplanationHook: {n_queries: 4}}}``)
+        once on the test split with fold 0's best model, as PML ``end_of_testing_hook``s. Arguments the hook
+        takes and the config leaves out are filled: ``trunk``, ``embedder``, ``dataset_dict``
+        (``{"test": ...}``) and ``output_dir`` (``<experiment>/explanations``, which the report embeds)."""
+        specs = self.get("test_hooks") or {}
+        if not specs:
+            return
+        from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
+
+        fills = {
+            "trunk": models["trunk"],
+            "embedder": models["embedder"],
+            "dataset_dict": {"test": test_ds},
+            "output_dir": os.path.join(self.folder, "explanations"),
+        }
+        for key, spec in specs.items():
+            name, kwargs = one_spec(spec, self.where(f"test_hooks.{key}"))
+            cls = resolve(name, self.where(f"test_hooks.{key}"))
+            extra = {k: v for k, v in fills.items() if k not in (kwargs or {}) and accepts(cls, k)}
+            hook = self.builder._build(f"test_hooks.{key}", {name: kwargs}, **extra)
+            call = getattr(hook, "end_of_testing_hook", hook)
+            tester = GlobalEmbeddingSpaceTester(
+                normalize_embeddings=bool(self.get("eval_normalize_embeddings", True)),
+                batch_size=int(self.get("eval_batch_size", 32)),
+                dataloader_num_workers=int(self.get("eval_dataloader_num_workers", 0)),
+                data_device=self.device,
+                accuracy_calculator=self.builder.build_accuracy_calculator(),
+                end_of_testing_hook=call,
+            )
+            tester.test({"test": test_ds}, 0, models["trunk"], models["embedder"])
+
+    # ---------------------------------------------------------------------------------------------- all
+    def run(self) -> Dict[str, Any]:
+        t0 = time.time()
+        base = self.builder.build_dataset()
+        labels = dataset_labels(base)
+        try:
+            splits = mlrc_class_splits(
+                labels,
+                float(self.get("test_size", 0.5)),
+                float(self.get("test_start_idx", 0.5)),
+                int(self.get("num_training_partitions", 4)),
+            )
+        except ValueError as e:
+            raise ConfigError(f"{self.where('num_training_partitions')}: {e}") from None
+        num_sets = int(self.get("num_training_sets", len(splits["folds"])))
+        if not 1 <= num_sets <= len(splits["folds"]):
+            raise ConfigError(
+                f"{self.where('num_training_sets')}: must be in [1, {len(splits['folds'])}], got {num_sets}"
+            )
+        transforms = {"train": self.builder.build_transform("train"), "eval": self.builder.build_transform("eval")}
+        self.log(
+            f"{len(labels)} items, {len(np.unique(labels))} classes; test "
+            f"classes {splits['test'][0]}..{splits['test'][-1]}; {num_sets} folds"
+        )
+        fold_results = [
+            self.train_fold(k, base, labels, splits["folds"][k], transforms) for k in range(num_sets)
+        ]
+        test = self.test(base, labels, splits["test"], transforms, fold_results)
+        results = {
+            "experiment_folder": os.path.abspath(self.folder),
+            "primary_metric": self.primary_metric(),
+            "folds": fold_results,
+            "test": test,
+            "test_classes": splits["test"],
+            "seconds": time.time() - t0,
+        }
+        self.experiment.write_results(results)
+        return results
 
 
 def run(
@@ -9,6 +354,7 @@ def run(
     sources: Optional[Dict[str, str]] = None,
     log: Callable[..., None] = print,
 ) -> Dict[str, Any]:
-    from ..mlrc import MLRCRunner
-
+    """The ``mlrc`` protocol: :meth:`MLRCRunner.run` (see the module docstring). Call it through
+    :func:`pml_extensions.runner.protocols.run_protocol`, which also saves ``config.yaml`` and writes
+    ``report.html``."""
     return MLRCRunner(config, experiment_folder, sources, log).run()
