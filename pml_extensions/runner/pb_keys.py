@@ -1,0 +1,550 @@
+"""Every powerful-benchmarker (PB v0.9.33) config key: honoured, mapped from an older spelling, or refused.
+
+PB's config folder (``config_general``, ``config_dataset``, ``config_eval``, ...) names keys whose effect this
+module defines for the ``mlrc`` protocol; the loader (:func:`pml_extensions.runner.config_loader.load_config`)
+calls :func:`check_keys`, :func:`map_old_keys` and :func:`check_values`, so a run never starts with a key it would
+ignore. The protocol reads the honoured values through the accessors below (:func:`split_settings`,
+:func:`build_tester`, :func:`primary_metric`, :func:`aggregate`, :func:`ensemble_settings`, ...).
+
+Honoured (as in PB):
+
+* ``split_manager: {ClassDisjointSplitManager: {test_size, test_start_idx, num_training_partitions,
+  num_training_sets, hierarchy_level, data_and_label_getter_keys}}``: the class-disjoint split and its folds;
+* ``splits_to_eval``: the splits evaluated every ``save_interval`` epochs (``val``; ``train`` is logged too);
+* ``tester: {GlobalEmbeddingSpaceTester: {normalize_embeddings, use_trunk_output, batch_size,
+  dataloader_num_workers, pca, accuracy_calculator, label_hierarchy_level, reference_set: compared_to_self,
+  visualizer: null}}``: passed to PML's tester (``accuracy_calculator`` built by name, its ``include`` honoured);
+* ``aggregator: {MeanAggregator: {split_to_aggregate}}``: the mean over folds of the best validation metrics
+  (``results.json["aggregate"]``, the search objective);
+* ``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}``: the concatenated test model;
+* ``hook_container: {HookContainer: {primary_metric, validation_split_name: val, save_models: true}}``:
+  ``primary_metric`` drives early stopping and model selection;
+* ``config_general`` flags: ``api_parser: null``, ``skip_eval_if_already_done: true`` (a resumed run never
+  re-evaluates a logged epoch), ``skip_ensemble_eval_if_already_done`` (reuse the saved test numbers or compute
+  them again), ``log_data_to_tensorboard`` (needs ``tensorboard``), ``save_figures_on_tensorboard: false``,
+  ``save_lists_in_db`` (record-keeper's ``save_lists``), ``override_required_compatible_factories: false``.
+
+Every other value of these keys stops the run with one line naming the key and why (e.g. ``reference_set:
+compared_to_training_set`` — this runner compares each split to itself). Older PB spellings (before v0.9.29:
+``eval_*``, top-level ``test_size`` ..., ``iterations_per_epoch``, ``batch_size``) are mapped with a note.
+
+Example::
+
+    >>> from pml_extensions.runner.pb_keys import split_settings
+    >>> split_settings({"split_manager": {"ClassDisjointSplitManager": {"test_size": 0.25}}})["test_size"]
+    0.25
+"""
+
+import difflib
+import inspect
+import os
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from .config_syntax import split_marker
+from .factory import ConfigError
+
+#: top-level keys the mlrc protocol reads (PB v0.9.33's and ours)
+MLRC_KEYS = (
+    # config_general (PB)
+    "trainer", "num_epochs_train", "save_interval", "patience", "check_untrained_accuracy", "api_parser",
+    "skip_eval_if_already_done", "skip_ensemble_eval_if_already_done", "log_data_to_tensorboard",
+    "save_figures_on_tensorboard", "save_lists_in_db", "override_required_compatible_factories",
+    # other PB categories
+    "models", "loss_funcs", "mining_funcs", "sampler", "optimizers", "transforms", "tester", "aggregator",
+    "ensemble", "hook_container", "factories", "dataset", "splits_to_eval", "split_manager", "bayes_opt_iters",
+    # ours
+    "protocol", "seed", "device", "normalize", "dataset_root", "test_hooks", "prototype_init",
+)
+#: top-level keys of the other protocols (used when a protocol module defines no ``CONFIG_KEYS``)
+PROTOCOL_KEYS: Dict[str, Tuple[str, ...]] = {
+    "mlrc": MLRC_KEYS,
+    "xml_vs_gap": (
+        "protocol", "experiment_name", "seed", "num_epochs", "iterations_per_epoch", "batch_size",
+        "dataloader_num_workers", "device", "prototype_init", "variants", "dataset", "models", "loss_funcs",
+        "mining_funcs", "sampler", "optimizers", "transforms", "accuracy_calculator", "tester", "seeds",
+    ),
+    "resolution_distillation": ("protocol", "resolution_job", "seed", "device"),
+}
+
+_TESTER = "GlobalEmbeddingSpaceTester"
+_DEFAULT_SPLIT = {
+    "test_size": 0.5, "test_start_idx": 0.5, "num_training_partitions": 4, "num_training_sets": 4,
+    "hierarchy_level": 0, "data_and_label_getter_keys": None,
+}
+_DEFAULT_HOOKS = {"primary_metric": "mean_average_precision_at_r", "validation_split_name": "val", "save_models": True}
+_DEFAULT_ENSEMBLE = {"normalize_embeddings": True, "use_trunk_output": False}
+#: PB's own classes for these keys that this runner does not implement (refused by name, not "unknown")
+_PB_ONLY = {
+    "split_manager": ("ClosedSetSplitManager", "IndexSplitManager", "PredefinedSplitManager",
+                      "EmbeddingSpaceSplitManager", "MLRCSplitManager", "UseOriginalTestSplitManager"),
+    "aggregator": (),
+    "ensemble": (),
+    "hook_container": (),
+}
+#: config_general flags: key -> (default, allowed values or None for any bool, reason when refused)
+_FLAGS = {
+    "api_parser": (None, (None,), "API parsers are PB's internals; choose the protocol with `protocol:`"),
+    "skip_eval_if_already_done": (True, (True,), "a resumed run continues from its checkpoint and never "
+                                  "evaluates a logged epoch again"),
+    "skip_ensemble_eval_if_already_done": (True, (True, False), ""),
+    "log_data_to_tensorboard": (False, (True, False), ""),
+    "save_figures_on_tensorboard": (False, (False,), "figures go to report.html, not to tensorboard"),
+    "save_lists_in_db": (False, (True, False), ""),
+    "override_required_compatible_factories": (False, (False,), "custom factories are not supported; register "
+                                               "classes with pml_extensions.runner.registry.register instead"),
+}
+
+#: PB's older spellings -> (new key path, note); a path ending in "*" applies to the class's kwargs
+OLD_KEYS = {
+    "eval_reference_set": ("tester", "reference_set"),
+    "eval_normalize_embeddings": ("tester", "normalize_embeddings"),
+    "eval_use_trunk_output": ("tester", "use_trunk_output"),
+    "eval_batch_size": ("tester", "batch_size"),
+    "eval_dataloader_num_workers": ("tester", "dataloader_num_workers"),
+    "eval_pca": ("tester", "pca"),
+    "eval_accuracy_calculator": ("tester", "accuracy_calculator"),
+    "eval_label_hierarchy_level": ("tester", "label_hierarchy_level"),
+    "label_hierarchy_level": ("tester", "label_hierarchy_level"),
+    "eval_primary_metric": ("hook_container", "primary_metric"),
+    "eval_metric_for_best_epoch": ("hook_container", "primary_metric"),
+    "test_size": ("split_manager", "test_size"),
+    "test_start_idx": ("split_manager", "test_start_idx"),
+    "num_training_partitions": ("split_manager", "num_training_partitions"),
+    "num_training_sets": ("split_manager", "num_training_sets"),
+    "iterations_per_epoch": ("trainer", "iterations_per_epoch"),
+    "batch_size": ("trainer", "batch_size"),
+    "dataloader_num_workers": ("trainer", "dataloader_num_workers"),
+}
+_OLD_REFUSED = {
+    "training_method": "PB's pre-0.9.29 name of the trainer; write `trainer: {MetricLossOnly: {...}}`",
+    "split_names": "the splits are always train/val/test here; remove the key",
+    "eval_size_of_ensemble": "the ensemble is every trained fold; remove the key",
+    "meta_testing_method": "the ensemble is set with `ensemble: {ConcatenateEmbeddings: {...}}`",
+}
+_DEFAULT_CLASS = {"tester": _TESTER, "hook_container": "HookContainer", "split_manager": "ClassDisjointSplitManager",
+                  "trainer": "MetricLossOnly"}
+
+
+def _where(sources: Optional[Dict[str, str]], key: str) -> str:
+    return f"{(sources or {}).get(key.split('.')[0], 'config')}: {key}"
+
+
+def nearest(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for the closest known name (``difflib``), or ``""``."""
+    close = difflib.get_close_matches(str(name), sorted(set(known)), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def known_keys(config: Dict[str, Any]) -> Tuple[str, Set[str]]:
+    """``(protocol, top-level keys it reads)``: the protocol module's ``CONFIG_KEYS`` if it defines them, else
+    :data:`PROTOCOL_KEYS`."""
+    name = config.get("protocol") or "mlrc"
+    keys = None
+    try:
+        from .protocols import PROTOCOLS, get_protocol
+
+        if name in PROTOCOLS:
+            keys = getattr(get_protocol(name), "CONFIG_KEYS", None)
+    except ImportError:  # a sibling protocol being rewritten must not break loading
+        keys = None
+    return name, set(keys or PROTOCOL_KEYS.get(name, ())) | {"protocol"}
+
+
+def check_keys(config: Dict[str, Any], sources: Dict[str, str], file_keys: Iterable[str] = ()) -> None:
+    """Refuse top-level keys the config's protocol does not read.
+
+    A file key must be known to the protocol (or be one of PB's older spellings, :data:`OLD_KEYS`); a
+    command-line key must be defined by a config file or known to the protocol.
+
+    Raises:
+        ConfigError: ``"<file>: key 'num_epoch_train': the mlrc protocol reads no such key; did you mean
+        num_epochs_train?"`` or ``"command line: --bogus_key: no config file defines this key ..."``.
+    """
+    protocol, known = known_keys(config)
+    if protocol not in PROTOCOL_KEYS and not known - {"protocol"}:
+        return  # unknown protocol: protocol_name() reports it
+    allowed = known | (set(OLD_KEYS) | set(_OLD_REFUSED) if protocol == "mlrc" else set())
+    file_keys = {split_marker(k)[0] for k in file_keys}
+    for key in config:
+        name = split_marker(key)[0]
+        if name in allowed:
+            continue
+        if sources.get(name) == "command line" and name not in file_keys:
+            raise ConfigError(
+                f"command line: --{name}: no config file defines this key and the {protocol} protocol does not "
+                f"read it{nearest(name, known | file_keys) or '; see python -m pml_extensions run CONFIG --dry-run'}"
+            )
+        raise ConfigError(f"{_where(sources, name)}: the {protocol} protocol reads no such key{nearest(name, known)}")
+
+
+def _one_class(config: Dict[str, Any], key: str, sources, default: Optional[str] = None) -> Tuple[str, Dict]:
+    spec = config.get(key)
+    if spec is None:
+        if default is None:
+            raise ConfigError(f"{_where(sources, key)}: missing")
+        return default, {}
+    if not (isinstance(spec, dict) and len(spec) == 1 and isinstance(next(iter(spec)), str)):
+        raise ConfigError(f"{_where(sources, key)}: expected {{ClassName: {{kwargs}}}}, got {spec!r}")
+    name, kwargs = next(iter(spec.items()))
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{_where(sources, key)}.{name}: expected keyword arguments (a mapping), got {kwargs!r}")
+    return name, kwargs
+
+
+def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[Callable[..., None]] = None):
+    """Map PB's pre-0.9.29 spellings (``eval_batch_size``, top-level ``test_size``, ``batch_size`` ...) to
+    today's keys, printing one note per key; refuse those with no counterpart (:data:`_OLD_REFUSED`). Only for
+    the ``mlrc`` protocol (the other protocols have their own top-level keys).
+
+    Returns:
+        a new config dict.
+
+    Raises:
+        ConfigError: one line naming the old key and what to write instead.
+    """
+    if (config.get("protocol") or "mlrc") != "mlrc":
+        return config
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    out = dict(config)
+    for old in [k for k in config if k in _OLD_REFUSED]:
+        raise ConfigError(f"{_where(sources, old)}: {_OLD_REFUSED[old]}")
+    for old in [k for k in config if k in OLD_KEYS]:
+        value = out.pop(old)
+        parent, arg = OLD_KEYS[old]
+        if parent in out and out[parent] is not None:
+            name, kwargs = _one_class(out, parent, sources)
+        else:
+            name, kwargs = _DEFAULT_CLASS[parent], {}
+        out[parent] = {name: dict(kwargs, **{arg: value})}
+        sources.setdefault(parent, sources.get(old, "config"))
+        log(f"note: {_where(sources, old)} is powerful-benchmarker's pre-0.9.29 spelling; read as "
+            f"{parent}~APPLY~2: {{{arg}: {value!r}}}")
+    return out
+
+
+def _check_kwargs(where: str, kwargs: Dict, allowed: Iterable[str]) -> None:
+    for k in kwargs:
+        if k not in allowed:
+            raise ConfigError(f"{where}: unknown argument {k!r}{nearest(k, allowed)} (known: {', '.join(allowed)})")
+
+
+def _check_class(where: str, key: str, name: str, allowed: Sequence[str]) -> None:
+    if name in allowed:
+        return
+    if name in _PB_ONLY.get(key, ()):
+        raise ConfigError(f"{where}: {name} is powerful-benchmarker's, not implemented here; use {allowed[0]}")
+    raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, allowed)} (known: {', '.join(allowed)})")
+
+
+def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (test the second half of the
+    classes, 4 partitions, 4 training sets, hierarchy level 0, tuple items).
+
+    Raises:
+        ConfigError: another split manager, an unknown argument, or a value out of range.
+    """
+    name, kwargs = _one_class(config, "split_manager", sources, "ClassDisjointSplitManager")
+    where = _where(sources, "split_manager") + f".{name}"
+    _check_class(where, "split_manager", name, ("ClassDisjointSplitManager",))
+    _check_kwargs(where, kwargs, tuple(_DEFAULT_SPLIT))
+    out = dict(_DEFAULT_SPLIT, **kwargs)
+    for k in ("test_size", "test_start_idx"):
+        v = out[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ConfigError(f"{where}.{k}: expected a fraction of the classes in [0, 1], got {v!r}")
+    for k in ("num_training_partitions", "num_training_sets", "hierarchy_level"):
+        v = out[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "hierarchy_level" else 1):
+            raise ConfigError(f"{where}.{k}: expected a {'non-negative' if k == 'hierarchy_level' else 'positive'}"
+                              f" integer, got {v!r}")
+    if out["num_training_sets"] > out["num_training_partitions"]:
+        raise ConfigError(f"{where}.num_training_sets: {out['num_training_sets']} is more than "
+                          f"num_training_partitions ({out['num_training_partitions']})")
+    keys = out["data_and_label_getter_keys"]
+    if keys is not None and not (isinstance(keys, list) and len(keys) == 2 and all(isinstance(x, (str, int)) for x in keys)):
+        raise ConfigError(f"{where}.data_and_label_getter_keys: expected null (items are (image, label)) or "
+                          f"[data_key, label_key], got {keys!r}")
+    return out
+
+
+def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tuple[Any, Any]]:
+    """``item -> (data, label)``: ``item[0], item[1]`` for ``None``, else ``item[keys[0]], item[keys[1]]``
+    (datasets that return dicts, PB's ``data_and_label_getter_keys``)."""
+    if keys is None:
+        return lambda item: (item[0], item[1])
+    a, b = keys
+    return lambda item: (item[a], item[b])
+
+
+def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSplitManager.hierarchy_level"):
+    """Column ``level`` of ``[N, L]`` labels (``[N]`` labels have only level 0).
+
+    Raises:
+        ConfigError: for a level the labels do not have.
+    """
+    import numpy as np
+
+    labels = np.asarray(labels)
+    if labels.ndim == 1:
+        labels = labels[:, None]
+    if not 0 <= level < labels.shape[1]:
+        raise ConfigError(f"{where}: level {level} does not exist; the dataset's labels have {labels.shape[1]} level(s)")
+    return labels[:, level]
+
+
+def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> List[str]:
+    """PB's ``splits_to_eval`` (default ``[val]``): a subset of ``[train, val]`` holding the validation split.
+
+    Raises:
+        ConfigError: other names, or a list without the validation split.
+    """
+    splits = config.get("splits_to_eval", ["val"])
+    where = _where(sources, "splits_to_eval")
+    val = hook_settings(config, sources)["validation_split_name"]
+    if not isinstance(splits, list) or not all(s in ("train", "val") for s in splits) or val not in splits:
+        raise ConfigError(f"{where}: expected a list of train/val holding {val!r} (the test split is evaluated once, "
+                          f"by the ensemble), got {splits!r}")
+    return list(dict.fromkeys(splits))
+
+
+def hook_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """``hook_container``'s HookContainer arguments with PB's defaults.
+
+    Raises:
+        ConfigError: another class, an unknown argument, ``validation_split_name`` other than ``val`` or
+        ``save_models: false`` (the test step loads each fold's best saved model).
+    """
+    name, kwargs = _one_class(config, "hook_container", sources, "HookContainer")
+    where = _where(sources, "hook_container") + f".{name}"
+    _check_class(where, "hook_container", name, ("HookContainer",))
+    _check_kwargs(where, kwargs, tuple(_DEFAULT_HOOKS))
+    out = dict(_DEFAULT_HOOKS, **kwargs)
+    if not isinstance(out["primary_metric"], str):
+        raise ConfigError(f"{where}.primary_metric: expected a metric name, got {out['primary_metric']!r}")
+    if out["validation_split_name"] != "val":
+        raise ConfigError(f"{where}.validation_split_name: the splits here are train/val/test; got "
+                          f"{out['validation_split_name']!r}")
+    if out["save_models"] is not True:
+        raise ConfigError(f"{where}.save_models: must be true: the test step loads each fold's best saved model")
+    return out
+
+
+def primary_metric(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> str:
+    """``hook_container.HookContainer.primary_metric`` (default MAP@R): the metric that selects the best epoch."""
+    return hook_settings(config, sources)["primary_metric"]
+
+
+def _tester_params() -> Tuple[str, ...]:
+    from pytorch_metric_learning.testers import BaseTester
+
+    internal = {"self", "data_device", "dtype", "end_of_testing_hook", "dataset_labels", "data_and_label_getter",
+                "visualizer_hook"}
+    return tuple(p for p in inspect.signature(BaseTester.__init__).parameters if p not in internal) + ("reference_set",)
+
+
+def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
+    """``tester``'s class and checked arguments (``reference_set`` removed: only ``compared_to_self``).
+
+    Raises:
+        ConfigError: an unknown tester class or argument, ``reference_set`` other than ``compared_to_self``,
+        a ``visualizer`` (embedding plots need umap, not a dependency), a bad ``accuracy_calculator``.
+    """
+    from .registry import classes_for_role
+
+    name, kwargs = _one_class(config, "tester", sources, _TESTER)
+    where = _where(sources, "tester") + f".{name}"
+    testers = classes_for_role("tester")
+    if name not in testers:
+        raise ConfigError(f"{where}: unknown tester class {name!r}{nearest(name, testers)}")
+    _check_kwargs(where, kwargs, _tester_params())
+    kwargs = dict(kwargs)
+    reference = kwargs.pop("reference_set", "compared_to_self")
+    if reference != "compared_to_self":
+        raise ConfigError(f"{where}.reference_set: only compared_to_self is supported (each split is its own "
+                          f"reference set, as in the MLRC paper), got {reference!r}")
+    if kwargs.get("visualizer") is not None:
+        raise ConfigError(f"{where}.visualizer: embedding plots are not supported (PB used umap, not a "
+                          "dependency); set visualizer: null")
+    kwargs.pop("visualizer", None)
+    pca = kwargs.get("pca")
+    if pca is not None and (isinstance(pca, bool) or not isinstance(pca, int) or pca < 1):
+        raise ConfigError(f"{where}.pca: expected null or a positive number of dimensions, got {pca!r}")
+    level = kwargs.get("label_hierarchy_level", 0)
+    if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+        raise ConfigError(f"{where}.label_hierarchy_level: expected a non-negative integer, got {level!r}")
+    accuracy_calculator_spec(kwargs, where)
+    return name, kwargs
+
+
+def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple[str, Dict[str, Any]]:
+    """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")`` as in the MLRC
+    paper); ``include``/``exclude`` name PML metrics.
+
+    Raises:
+        ConfigError: unknown class, or a metric name PML does not compute.
+    """
+    from .registry import classes_for_role
+
+    spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
+    where = f"{where}.accuracy_calculator"
+    if not (isinstance(spec, dict) and len(spec) == 1):
+        raise ConfigError(f"{where}: expected one {{ClassName: {{kwargs}}}}, got {spec!r}")
+    name, kwargs = next(iter(spec.items()))
+    kwargs = dict(kwargs or {})
+    calculators = classes_for_role("accuracy_calculator")
+    if name not in calculators:
+        raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
+    known = set(calculators[name]().get_curr_metrics()) | {"mean_reciprocal_rank"}
+    for key in ("include", "exclude"):
+        for metric in kwargs.get(key) or ():
+            if metric not in known:
+                raise ConfigError(f"{where}.{name}.{key}: unknown metric {metric!r}{nearest(metric, known)}")
+    return name, kwargs
+
+
+def build_tester(config: Dict[str, Any], device, sources: Optional[Dict[str, str]] = None, **extra):
+    """The configured PML tester with its accuracy calculator built (``data_device=device``; ``extra`` are passed
+    on, e.g. ``end_of_testing_hook``). ``tester.label_hierarchy_level`` is the label column evaluated.
+
+    Raises:
+        ConfigError: as :func:`tester_spec`.
+
+    Example::
+
+        >>> import torch
+        >>> t = build_tester({"tester": {"GlobalEmbeddingSpaceTester": {"accuracy_calculator":
+        ...     {"AccuracyCalculator": {"include": ["precision_at_1"], "k": 1}}}}}, torch.device("cpu"))
+        >>> t.accuracy_calculator.get_curr_metrics()
+        ['precision_at_1']
+    """
+    import torch
+
+    from .factory import build
+    from .registry import classes_for_role
+
+    name, kwargs = tester_spec(config, sources)
+    where = _where(sources, "tester") + f".{name}"
+    calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, where)
+    calc_kwargs.setdefault("device", torch.device("cpu"))
+    calculator = build({calc_name: calc_kwargs}, f"{where}.accuracy_calculator")
+    kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
+    kwargs.setdefault("dataloader_num_workers", 0)
+    cls = classes_for_role("tester")[name]
+    try:
+        return cls(**kwargs, accuracy_calculator=calculator, data_device=device, **extra)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def aggregate(config: Dict[str, Any], fold_metrics: Sequence[Dict[str, float]],
+              sources: Optional[Dict[str, str]] = None) -> Dict[str, float]:
+    """``aggregator: {MeanAggregator: {split_to_aggregate: val}}``: the mean over folds of each fold's metrics
+    at its best validation epoch — PB's single number per experiment (the search objective).
+
+    Args:
+        fold_metrics: one ``{metric: value}`` per trained fold.
+
+    Raises:
+        ConfigError: another aggregator class or split, an unknown argument, no folds.
+    """
+    name, kwargs = _one_class(config, "aggregator", sources, "MeanAggregator")
+    where = _where(sources, "aggregator") + f".{name}"
+    _check_class(where, "aggregator", name, ("MeanAggregator",))
+    _check_kwargs(where, kwargs, ("split_to_aggregate",))
+    if kwargs.get("split_to_aggregate", "val") != "val":
+        raise ConfigError(f"{where}.split_to_aggregate: only val is aggregated (the test split is evaluated by "
+                          f"the ensemble), got {kwargs['split_to_aggregate']!r}")
+    if not fold_metrics:
+        return {}
+    common = set.intersection(*(set(m) for m in fold_metrics))
+    return {m: float(sum(f[m] for f in fold_metrics) / len(fold_metrics)) for m in sorted(common)}
+
+
+def ensemble_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, bool]:
+    """``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}`` (PB's defaults: True,
+    False): whether each fold's embeddings are L2-normalised before concatenation, and whether the trunk output
+    (not the embedder's) is concatenated.
+
+    Raises:
+        ConfigError: another class, an unknown argument, non-boolean values.
+    """
+    name, kwargs = _one_class(config, "ensemble", sources, "ConcatenateEmbeddings")
+    where = _where(sources, "ensemble") + f".{name}"
+    _check_class(where, "ensemble", name, ("ConcatenateEmbeddings",))
+    _check_kwargs(where, kwargs, tuple(_DEFAULT_ENSEMBLE))
+    out = dict(_DEFAULT_ENSEMBLE, **kwargs)
+    for k, v in out.items():
+        if not isinstance(v, bool):
+            raise ConfigError(f"{where}.{k}: expected true or false, got {v!r}")
+    return out
+
+
+def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = None) -> Any:
+    """A ``config_general`` flag of :data:`_FLAGS` (PB's default when absent), refused with one line when its
+    value would change the run in a way this runner does not implement.
+
+    Raises:
+        ConfigError: ``"<file>: skip_eval_if_already_done: False is not supported: ..."``; a non-boolean value;
+        ``log_data_to_tensorboard: true`` without the ``tensorboard`` package.
+    """
+    default, allowed, reason = _FLAGS[key]
+    value = config.get(key, default)
+    where = _where(sources, key)
+    if key != "api_parser" and not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if value not in allowed:
+        raise ConfigError(f"{where}: {value!r} is not supported: {reason}")
+    if key == "log_data_to_tensorboard" and value:
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"{where}: true needs the tensorboard package (pip install tensorboard); the CSV and "
+                              "SQLite logs are always written") from None
+    return value
+
+
+def record_keeper_options(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
+    """Keyword arguments for record-keeper from the flags: ``{"save_lists": save_lists_in_db,
+    "tensorboard_writer": SummaryWriter(<folder>/tensorboard) or None}``."""
+    writer = None
+    if flag(config, "log_data_to_tensorboard", sources):
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(os.path.join(folder, "tensorboard"))
+    return {"save_lists": bool(flag(config, "save_lists_in_db", sources)), "tensorboard_writer": writer}
+
+
+def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
+    """PB's ``skip_ensemble_eval_if_already_done``: the saved test numbers (``results.json["test"]``) when the
+    flag is true and they exist, else None (compute them)."""
+    import json
+
+    path = os.path.join(folder, "results.json")
+    if not flag(config, "skip_ensemble_eval_if_already_done", sources) or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("test")
+
+
+def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+    """Check every PB key of the mlrc protocol at load time (before any training): honoured values pass,
+    the others stop the run with one line naming the key and why.
+
+    Raises:
+        ConfigError: see the accessors.
+    """
+    if (config.get("protocol") or "mlrc") != "mlrc":
+        return
+    for key in _FLAGS:
+        flag(config, key, sources)
+    split_settings(config, sources)
+    splits_to_eval(config, sources)
+    tester_spec(config, sources)
+    aggregate(config, [], sources)
+    ensemble_settings(config, sources)
+    iters = config.get("bayes_opt_iters")
+    if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
+        raise ConfigError(f"{_where(sources, 'bayes_opt_iters')}: expected a positive number of trials, got {iters!r}")
