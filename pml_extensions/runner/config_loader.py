@@ -58,7 +58,7 @@ def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> N
     try:
         import optuna  # noqa: F401
 
-        reason = "hyper-parameter search is not implemented by this runner yet"
+        reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner.search)"
     except ImportError:
         reason = "hyper-parameter search needs optuna, which is not installed (pip install optuna)"
     raise ConfigError(f"{source}: key {found[0]}: {reason}; replace the marker by a fixed value")
