@@ -10,7 +10,7 @@ import importlib
 import sys
 
 COMMANDS = {
-    "job": "pml_extensions.runner.main_job",
+    "job": "pml_extensions.runner.protocols.xml_vs_gap",
     "run": "pml_extensions.runner.cli",
     "explain": "pml_extensions.explain.cli",
 }

@@ -38,6 +38,9 @@ class HistogramPooling(torch.nn.Module):
         normalize: L2-normalise local features and prototypes before the inner product (default ``True``; our
             choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
         device, dtype: factory arguments for the prototype weights.
+        seed: seed of the private generator that draws the random prototypes (:meth:`reset_parameters`); the
+            global RNG is never touched, so adding this layer to a trunk does not change any other module's
+            initialisation.
 
     ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector, so an existing embedder fits unchanged. The soft
     histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
@@ -56,8 +59,12 @@ class HistogramPooling(torch.nn.Module):
         normalize: bool = True,
         device=None,
         dtype=None,
+        seed: int = 0,
     ):
         super().__init__()
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.seed = seed
         for name, value in (("in_channels", in_channels), ("num_prototypes", num_prototypes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -67,9 +74,13 @@ class HistogramPooling(torch.nn.Module):
         self.num_prototypes = num_prototypes
         self.scale = float(scale)
         self.normalize = bool(normalize)
-        self.prototype_conv = torch.nn.Conv2d(
-            in_channels, num_prototypes, kernel_size=1, bias=False, device=device, dtype=dtype
-        )
+        # The conv's default initialisation draws from the global RNG: restore its state afterwards (CPU and, when
+        # the layer is built on CUDA, that device); reset_parameters then draws from the private generator.
+        cuda = [torch.device(device)] if device is not None and torch.device(device).type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            self.prototype_conv = torch.nn.Conv2d(
+                in_channels, num_prototypes, kernel_size=1, bias=False, device=device, dtype=dtype
+            )
         self.last_histograms: Optional[torch.Tensor] = None
         self.reset_parameters()
 
@@ -92,7 +103,10 @@ class HistogramPooling(torch.nn.Module):
         return 1
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None):
-        """Random prototypes: i.i.d. N(0, 1/C) entries (unit-norm rows in expectation)."""
+        """Random prototypes: i.i.d. N(0, 1/C) entries (unit-norm rows in expectation), drawn from ``generator``
+        (default: a fresh CPU generator seeded with ``self.seed``; never the global RNG)."""
+        if generator is None:
+            generator = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
             w = torch.randn(self.prototype_conv.weight.shape, generator=generator, dtype=torch.float32)
             self.prototype_conv.weight.copy_(w / self.in_channels**0.5)
