@@ -277,15 +277,23 @@ def load_config(
     config: Dict[str, Any] = {}
     sources: Dict[str, str] = {}
     per_folder: Dict[str, Dict[str, Any]] = {}
+    variants: Dict[str, Any] = {}
     for folder, path in _file_list(config_root, selection):
         shown = display_path(path)
         data = load_yaml(path)
+        if "variants" in data:  # kept raw: their markers act on the merged config (variant_configs)
+            if not isinstance(data["variants"] or {}, dict):
+                raise ConfigError(f"{shown}: variants: expected a mapping name -> changes")
+            variants.update(data.pop("variants") or {})
+            sources["variants"] = shown
         per_folder[folder] = merge(per_folder.get(folder, {}), data, shown)
         for k in data:
             sources[split_marker(k, shown)[0]] = shown
     for folder in CONFIG_FOLDERS:
         if folder in per_folder:
             config = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
+    if variants:
+        config["variants"] = variants
     if config_layout(config_root) == "flat" and "protocol" not in config:
         config["protocol"] = "xml_vs_gap"  # the flat form is the main job's
         sources["protocol"] = display_path(config_root)
