@@ -4,7 +4,7 @@ calculators and testers of every protocol (:mod:`pml_extensions.runner.protocols
 
 Config keys read (powerful-benchmarker names): ``models`` (``trunk``, ``embedder``, others), ``loss_funcs``,
 ``mining_funcs``, ``sampler``, ``optimizers`` (``<model or loss name>_optimizer``), ``transforms`` (``train``,
-``eval``), ``eval_*``, ``factories`` (only the default factory names), ``dataset``, ``dataset_root``, ``trainer``
+``eval``), ``tester``, ``factories`` (only the default factory names), ``dataset``, ``dataset_root``, ``trainer``
 (its ``iterations_per_epoch`` sizes the sampler); ours: ``normalize`` (mean/std appended after ``ToTensor``;
 default ImageNet's, and then PIL images are converted to RGB first, so grayscale datasets meet RGB trunks),
 ``seed`` and ``prototype_init`` (``{method: kmeans|kcenter|random, num_batches: 4, batch_size: 32}``: the
@@ -360,29 +360,13 @@ class Builder:
     def _trainer_kwargs(self) -> Dict[str, Any]:
         return dict(one_spec(self._require("trainer"), self.where("trainer"))[1])
 
-    def build_accuracy_calculator(self):
-        spec = self.get("eval_accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
-        name, kwargs = one_spec(spec, self.where("eval_accuracy_calculator"))
-        kwargs = dict(kwargs)
-        kwargs.setdefault("device", torch.device("cpu"))
-        return self._build("eval_accuracy_calculator", {name: kwargs})
+    def build_tester(self, **extra):
+        """The config's ``tester`` (PML tester with its ``accuracy_calculator``; powerful-benchmarker's keys, see
+        :func:`pml_extensions.runner.pb_keys.build_tester`) on this device; ``extra`` (e.g.
+        ``end_of_testing_hook``) is passed on."""
+        from . import pb_keys
 
-    def build_tester(self):
-        reference = self.get("eval_reference_set", "compared_to_self")
-        if reference not in (None, "compared_to_self"):
-            raise ConfigError(
-                f"{self.where('eval_reference_set')}: only 'compared_to_self' is supported, got {reference!r}"
-            )
-        from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
-
-        return GlobalEmbeddingSpaceTester(
-            normalize_embeddings=bool(self.get("eval_normalize_embeddings", True)),
-            use_trunk_output=bool(self.get("eval_use_trunk_output", False)),
-            batch_size=int(self.get("eval_batch_size", 32)),
-            dataloader_num_workers=int(self.get("eval_dataloader_num_workers", 0)),
-            data_device=self.device,
-            accuracy_calculator=self.build_accuracy_calculator(),
-        )
+        return pb_keys.build_tester(self.config, self.device, self.sources, **extra)
 
     # ---------------------------------------------------------------------------------------------- prototypes
     def prototype_init(self, models: Dict[str, torch.nn.Module], dataset, seed: Optional[int] = None) -> bool:

@@ -195,6 +195,7 @@ class Checkpointer:
         epoch_tables: names of tables whose ``~iteration~`` column holds the epoch (e.g. accuracies); all
         other tables hold the global training iteration.
         save_lists: keep list-valued records (record-keeper's ``save_lists``).
+        tensorboard_writer: a ``torch.utils.tensorboard.SummaryWriter`` the record keeper also writes to.
 
     Attributes:
         record_keeper: a ``record_keeper.RecordKeeper`` to log into (``update_records`` / ``append_data``);
@@ -206,13 +207,15 @@ class Checkpointer:
 
     FILENAME = "checkpoint.pth"
 
-    def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False):
+    def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False, tensorboard_writer=None):
         self.folder = folder
         os.makedirs(folder, exist_ok=True)
         self.epoch_tables = set(epoch_tables)
         self.writer = _AtomicRecordWriter(os.path.join(folder, "logs"), save_lists=save_lists)
         self.record_keeper = RecordKeeper(
-            record_writer=self.writer, attributes_to_search_for=["_record_these"]
+            tensorboard_writer=tensorboard_writer,
+            record_writer=self.writer,
+            attributes_to_search_for=["_record_these"],
         )
 
     @property

@@ -22,10 +22,13 @@ class Subset(torch.utils.data.Dataset):
         labels: ``[len(dataset)]`` labels of the whole dataset; ``self.labels`` (``[n]`` numpy) keeps the subset's
             for samplers.
         transform: applied to the image (``None``: unchanged).
+        getter: ``item -> (image, label)`` (default ``item[0], item[1]``; e.g.
+            :func:`pml_extensions.runner.pb_keys.data_and_label_getter` for datasets that return dicts).
     """
 
-    def __init__(self, dataset, indices, labels, transform):
+    def __init__(self, dataset, indices, labels, transform, getter=None):
         self.dataset = dataset
+        self.getter = getter
         self.indices = np.asarray(indices, dtype=np.int64)
         self.labels = np.asarray(labels)[self.indices]
         self.transform = transform
@@ -35,10 +38,10 @@ class Subset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         item = self.dataset[int(self.indices[i])]
-        image, label = item[0], item[1]
+        image, label = self.getter(item) if self.getter is not None else (item[0], item[1])
         if self.transform is not None:
             image = self.transform(image)
-        return image, int(label)
+        return image, (int(label) if np.ndim(label) == 0 else torch.as_tensor(label))
 
 
 class ToRGB:
@@ -53,10 +56,12 @@ class ToRGB:
 
 
 def dataset_labels(dataset) -> np.ndarray:
-    """``[N]`` int64 labels from ``dataset.labels``, ``dataset.targets`` or, failing both, item ``[1]`` of every item."""
+    """``[N]`` (or ``[N, L]`` for hierarchical labels) int64 labels from ``dataset.labels``, ``dataset.targets``
+    or, failing both, item ``[1]`` of every item."""
     labels = getattr(dataset, "labels", None)
     if labels is None:
         labels = getattr(dataset, "targets", None)
     if labels is None:
         labels = [dataset[i][1] for i in range(len(dataset))]
-    return np.asarray(labels).astype(np.int64).reshape(-1)
+    labels = np.asarray(labels).astype(np.int64)
+    return labels if labels.ndim == 2 else labels.reshape(-1)

@@ -214,9 +214,10 @@ class Experiment:
     def stage_folder(self, stage: str) -> str:
         return os.path.join(self.folder, stage)
 
-    def checkpointer(self, stage: str, epoch_tables: Iterable[str] = ()) -> Checkpointer:
-        """The stage's :class:`Checkpointer` (``<folder>/<stage>/checkpoint.pth`` + ``logs/``)."""
-        return Checkpointer(self.stage_folder(stage), epoch_tables=epoch_tables)
+    def checkpointer(self, stage: str, epoch_tables: Iterable[str] = (), **options: Any) -> Checkpointer:
+        """The stage's :class:`Checkpointer` (``<folder>/<stage>/checkpoint.pth`` + ``logs/``); ``options``:
+        ``save_lists``, ``tensorboard_writer``."""
+        return Checkpointer(self.stage_folder(stage), epoch_tables=epoch_tables, **options)
 
     def stage_result(self, stage: str) -> Optional[Dict[str, Any]]:
         """The saved summary of a finished stage, or ``None`` (then run it; it resumes from its checkpoint)."""

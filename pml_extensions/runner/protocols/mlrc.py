@@ -4,34 +4,33 @@ powerful-benchmarker config.
 Protocol (Musgrave, Belongie & Lim, "A Metric Learning Reality Check", ECCV 2020, Sec. 4;
 powerful-benchmarker's ``metric-learning`` branch, rewritten here):
 
-1. Class-disjoint split: the classes (sorted) in ``[test_start_idx, test_start_idx + test_size)``
-   (fractions of the class count; default the second half) are the test set; the rest is the train/val pool.
+1. Class-disjoint split (``split_manager: {ClassDisjointSplitManager: {...}}``): the classes (sorted, at
+   ``hierarchy_level``) in ``[test_start_idx, test_start_idx + test_size)`` (fractions of the class count; default
+   the second half) are the test set; the rest is the train/val pool.
 2. ``num_training_partitions`` (default 4) class-disjoint folds of the pool: fold k validates on partition k
    and trains on the others; ``num_training_sets`` of them are trained (default all 4).
-3. Each fold trains with the configured PML trainer; every ``save_interval`` epochs
-   ``GlobalEmbeddingSpaceTester`` evaluates the validation classes (``eval_primary_metric``, default MAP@R);
-   training stops when the primary metric has not improved for more than ``patience`` epochs or after
-   ``num_epochs_train``. The best epoch's weights are kept per fold.
+3. Each fold trains with the configured PML trainer; every ``save_interval`` epochs the ``tester`` evaluates
+   ``splits_to_eval`` (always the validation classes); ``hook_container``'s ``primary_metric`` (default MAP@R)
+   on val picks the best epoch; training stops when it has not improved for more than ``patience`` epochs or
+   after ``num_epochs_train``. The best epoch's weights are kept per fold; ``aggregator`` averages the folds'
+   best validation metrics (``results["aggregate"]``).
 4. Test: each fold's best model embeds the test classes; reported are the mean over the folds of the separate
-   models' metrics (``separate_<d>D``, "128D" in the paper) and the metrics of the concatenation of the
-   L2-normalised embeddings (``concatenated_<k·d>D``, "512D"), both for every metric of
-   ``eval_accuracy_calculator`` (MAP@R, P@1 and R-precision in the shipped configs).
+   models' metrics (``separate_<d>D``, "128D" in the paper) and the metrics of the concatenation
+   (``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}``; ``concatenated_<k·d>D``,
+   "512D"), for every metric of the tester's ``accuracy_calculator``.
 
-Config keys read (powerful-benchmarker names): ``trainer``, ``num_epochs_train``, ``save_interval``,
-``patience``, ``check_untrained_accuracy``, ``models`` (``trunk``, ``embedder``), ``loss_funcs``,
-``mining_funcs``, ``sampler``, ``optimizers`` (``<model or loss name>_optimizer``), ``transforms`` (``train``,
-``eval``), ``eval_*``, ``factories`` (only the default factory names are accepted), ``dataset``,
-``dataset_root``, ``test_size``, ``test_start_idx``, ``num_training_partitions``, ``num_training_sets``; ours:
-``seed`` (default 0), ``device`` (``auto``), ``normalize`` (mean/std appended after ``ToTensor``; default
-ImageNet's, and then PIL images are converted to RGB first, so grayscale datasets meet RGB trunks). Loss specs
-whose class takes ``num_classes`` / ``embedding_size`` (ProxyAnchor, ...) get the fold's number of training
-classes and the embedder's output width when the config leaves them out; model specs likewise get
-``num_classes``. ``test_hooks`` (ours): ``{name: {HookClass: {kwargs}}}`` run once after testing on fold 0's
-best model as PML ``end_of_testing_hook``s (e.g. ``ExplanationHook``; see :meth:`MLRCRunner.run_test_hooks`).
+Config keys read (powerful-benchmarker v0.9.33 names, checked by :mod:`pml_extensions.runner.pb_keys`):
+``trainer``, ``num_epochs_train``, ``save_interval``, ``patience``, ``check_untrained_accuracy``, ``models``,
+``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimizers``, ``transforms``, ``tester``, ``split_manager``,
+``splits_to_eval``, ``hook_container``, ``aggregator``, ``ensemble``, the ``config_general`` flags, ``factories``
+(only the default factory names), ``dataset``, ``dataset_root``; ours: ``seed`` (default 0), ``device``
+(``auto``), ``normalize``, ``prototype_init`` (see :mod:`pml_extensions.runner.builders`) and ``test_hooks``:
+``{name: {HookClass: {kwargs}}}`` run once after testing on fold 0's best model as PML ``end_of_testing_hook``s
+(e.g. ``ExplanationHook``; see :meth:`MLRCRunner.run_test_hooks`).
 
 Deviations from powerful-benchmarker, by design: a trunk whose output is a feature map must end in a pooling
 layer (the configs list it); ``MLP`` layer sizes get the trunk's output width prepended automatically (as
-upstream); only ``eval_reference_set: compared_to_self`` is supported; the runner seeds the global
+upstream); only ``reference_set: compared_to_self`` is supported; the runner seeds the global
 torch/numpy/python RNGs at the start of each fold (``seed + fold``; PML's samplers draw from them) and
 restores them on resume — set ``seed: null`` to leave them alone.
 """
@@ -49,6 +48,7 @@ from ..builders import Builder, accepts, one_spec
 from ..checkpoint import atomic_torch_save, load_weights, restore_training_state, training_state
 from ..data import Subset, dataset_labels
 from ..experiment import Experiment
+from .. import pb_keys
 from ..factory import ConfigError, resolve
 from .mlrc_splits import ensemble_metrics, mlrc_class_splits
 
@@ -89,10 +89,15 @@ class MLRCRunner:
         self.builder = Builder(config, sources, self.device, self.log)
         self.where = self.builder.where
         self.get = self.builder.get
+        self.sources = self.experiment.sources
+        self.split = pb_keys.split_settings(config, self.sources)
+        self.getter = pb_keys.data_and_label_getter(self.split["data_and_label_getter_keys"])
+        self.trained = False  # did this call train any epoch (then saved test numbers are stale)
 
     # evaluation
     def primary_metric(self) -> str:
-        return self.get("eval_primary_metric", "mean_average_precision_at_r")
+        """``hook_container``'s ``primary_metric`` (default MAP@R): selects the best epoch, drives patience."""
+        return pb_keys.primary_metric(self.config, self.sources)
 
     def evaluate(self, tester, dataset, models) -> Dict[str, float]:
         trunk, embedder = models["trunk"], models["embedder"]
@@ -102,7 +107,7 @@ class MLRCRunner:
         )
         trunk.train(modes[0])
         embedder.train(modes[1])
-        acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, 0])
+        acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, tester.label_hierarchy_level])
         return {k: float(v) for k, v in acc.items() if isinstance(v, (int, float))}
 
     # ---------------------------------------------------------------------------------------------- one fold
@@ -112,11 +117,19 @@ class MLRCRunner:
     def train_fold(self, fold: int, base, labels, split, transforms) -> Dict[str, Any]:
         stage = f"fold_{fold}"
         fold_dir = self.experiment.stage_folder(stage)
-        ckpt = self.experiment.checkpointer(stage, epoch_tables={"accuracies_val"})
+        splits_to_eval = pb_keys.splits_to_eval(self.config, self.sources)
+        ckpt = self.experiment.checkpointer(
+            stage,
+            epoch_tables={f"accuracies_{s}" for s in splits_to_eval},
+            **pb_keys.record_keeper_options(self.config, fold_dir, self.sources),
+        )
         train_idx = np.nonzero(np.isin(labels, split["train"]))[0]
         val_idx = np.nonzero(np.isin(labels, split["val"]))[0]
-        train_ds = Subset(base, train_idx, labels, transforms["train"])
-        val_ds = Subset(base, val_idx, labels, transforms["eval"])
+        train_ds = Subset(base, train_idx, labels, transforms["train"], self.getter)
+        val_ds = Subset(base, val_idx, labels, transforms["eval"], self.getter)
+        eval_sets = {"val": val_ds}
+        if "train" in splits_to_eval:
+            eval_sets["train"] = Subset(base, train_idx, labels, transforms["eval"], self.getter)
 
         trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
         trainer_kwargs = dict(trainer_kwargs)
@@ -130,18 +143,35 @@ class MLRCRunner:
 
         self._seed(fold)
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
+        # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
+        self.builder.prototype_init(
+            models, Subset(base, train_idx, labels, transforms["eval"], self.getter), seed=(self.experiment.seed or 0) + fold
+        )
         loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
         optimizers = self.builder.build_optimizers(models, loss_funcs)
         sampler = self.builder.build_sampler(train_ds.labels, global_batch)
         tester = self.builder.build_tester()
 
         state = ckpt.resume()
-        best = {"metric": -math.inf, "epoch": -1}
+        best = {"metric": -math.inf, "epoch": -1, "metrics": {}}
+        num_epochs = self.get("num_epochs_train", 1000)
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ConfigError(f"{self.where('num_epochs_train')}: must be a positive integer, got {num_epochs!r}")
+        patience = self.get("patience", 9)
+        save_interval = max(1, int(self.get("save_interval", 1)))
         start_epoch, finished = 1, False
         if state is not None:
             restore_training_state(state, models, optimizers, loss_funcs)
-            best = {"metric": float(state["best_metric"]), "epoch": int(state["best_epoch"])}
-            start_epoch, finished = int(state["epoch"]) + 1, bool(state["finished"])
+            best = {
+                "metric": float(state["best_metric"]),
+                "epoch": int(state["best_epoch"]),
+                "metrics": dict(state.get("best_metrics", {})),
+            }
+            # finished = stopped by num_epochs_train or patience, judged with this config's values (a run continued
+            # with --resume-anyway and a larger num_epochs_train trains on)
+            done = int(state["epoch"])
+            start_epoch = done + 1
+            finished = done >= num_epochs or (patience is not None and done - best["epoch"] > int(patience))
             self.log(
                 f"fold {fold}: resuming after epoch {state['epoch']} "
                 f"(best {best['metric']:.4f} at {best['epoch']})"
@@ -162,21 +192,28 @@ class MLRCRunner:
                 loss_funcs,
                 best_metric=float(best["metric"]),
                 best_epoch=int(best["epoch"]),
+                best_metrics={k: float(v) for k, v in best["metrics"].items()},
                 finished=bool(finished_flag),
             )
 
         def validate(epoch):
+            for name, ds in eval_sets.items():
+                if name == "val":
+                    continue
+                other = self.evaluate(tester, ds, models)
+                if dist_utils.is_main():
+                    rk.update_records({f"accuracies_{name}": dict(other, epoch=epoch)}, epoch)
             acc = self.evaluate(tester, val_ds, models)
             if primary not in acc:
                 raise ConfigError(
-                    f"{self.where('eval_primary_metric')}: {primary!r} "
-                    f"is not computed; available: {', '.join(acc)}"
+                    f"{self.where('hook_container')}: primary_metric {primary!r} "
+                    f"is not computed by the tester's accuracy_calculator; available: {', '.join(acc)}"
                 )
             if dist_utils.is_main():
                 rk.update_records({"accuracies_val": dict(acc, epoch=epoch)}, epoch)
             improved = acc[primary] > best["metric"]
             if improved:
-                best.update(metric=acc[primary], epoch=epoch)
+                best.update(metric=acc[primary], epoch=epoch, metrics=dict(acc))
                 if dist_utils.is_main():
                     atomic_torch_save({k: m.state_dict() for k, m in models.items()}, best_path)
             self.log(
@@ -195,12 +232,8 @@ class MLRCRunner:
                 validate(0)
             commit(0, 0, False)
 
-        num_epochs = self.get("num_epochs_train", 1000)
-        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
-            raise ConfigError(f"config_general: num_epochs_train must be a positive integer, got {num_epochs!r}")
-        patience = self.get("patience", 9)
-        save_interval = max(1, int(self.get("save_interval", 1)))
         if not finished and start_epoch <= num_epochs:
+            self.trained = True
 
             def end_of_iteration(trainer):
                 if dist_utils.is_main():
@@ -248,6 +281,7 @@ class MLRCRunner:
         return {
             "best_val_" + primary: best["metric"],
             "best_epoch": best["epoch"],
+            "best_val_metrics": best["metrics"],
             "best_path": best_path,
             "val_classes": split["val"],
             "train_classes": split["train"],
@@ -256,9 +290,10 @@ class MLRCRunner:
     # ---------------------------------------------------------------------------------------------- test
     def test(self, base, labels, classes, transforms, fold_results) -> Dict[str, Dict[str, float]]:
         test_idx = np.nonzero(np.isin(labels, classes))[0]
-        test_ds = Subset(base, test_idx, labels, transforms["eval"])
+        test_ds = Subset(base, test_idx, labels, transforms["eval"], self.getter)
         tester = self.builder.build_tester()
         calc = tester.accuracy_calculator
+        ensemble = pb_keys.ensemble_settings(self.config, self.sources)
         embeddings, y = [], None
         for k, fr in enumerate(fold_results):
             if not os.path.exists(fr["best_path"]):
@@ -269,12 +304,13 @@ class MLRCRunner:
             models = self.builder.build_models(test_ds[0][0], len(fr["train_classes"]))
             for name, sd in load_weights(fr["best_path"], self.device).items():
                 models[name].load_state_dict(sd)
-            emb, lab = tester.get_all_embeddings(test_ds, models["trunk"], models["embedder"])
+            embedder = torch.nn.Identity() if ensemble["use_trunk_output"] else models["embedder"]
+            emb, lab = tester.get_all_embeddings(test_ds, models["trunk"], embedder)
             embeddings.append(emb)
-            y = lab[:, 0]
+            y = lab[:, tester.label_hierarchy_level]
             if k == 0 and dist_utils.is_main():
                 self.run_test_hooks(test_ds, models)
-        return ensemble_metrics(embeddings, y, calc)
+        return ensemble_metrics(embeddings, y, calc, normalize=ensemble["normalize_embeddings"])
 
     def run_test_hooks(self, test_ds, models) -> None:
         """Run the config's ``test_hooks`` (ours; e.g. ``{explanations: {ExplanationHook: {n_queries: 4}}}``)
@@ -284,8 +320,6 @@ class MLRCRunner:
         specs = self.get("test_hooks") or {}
         if not specs:
             return
-        from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
-
         fills = {
             "trunk": models["trunk"],
             "embedder": models["embedder"],
@@ -298,35 +332,25 @@ class MLRCRunner:
             extra = {k: v for k, v in fills.items() if k not in (kwargs or {}) and accepts(cls, k)}
             hook = self.builder._build(f"test_hooks.{key}", {name: kwargs}, **extra)
             call = getattr(hook, "end_of_testing_hook", hook)
-            tester = GlobalEmbeddingSpaceTester(
-                normalize_embeddings=bool(self.get("eval_normalize_embeddings", True)),
-                batch_size=int(self.get("eval_batch_size", 32)),
-                dataloader_num_workers=int(self.get("eval_dataloader_num_workers", 0)),
-                data_device=self.device,
-                accuracy_calculator=self.builder.build_accuracy_calculator(),
-                end_of_testing_hook=call,
-            )
+            tester = self.builder.build_tester(end_of_testing_hook=call)
             tester.test({"test": test_ds}, 0, models["trunk"], models["embedder"])
 
     # ---------------------------------------------------------------------------------------------- all
     def run(self) -> Dict[str, Any]:
         t0 = time.time()
         base = self.builder.build_dataset()
-        labels = dataset_labels(base)
+        split_where = self.where("split_manager")
+        labels = pb_keys.label_level(dataset_labels(base), self.split["hierarchy_level"], split_where)
         try:
             splits = mlrc_class_splits(
                 labels,
-                float(self.get("test_size", 0.5)),
-                float(self.get("test_start_idx", 0.5)),
-                int(self.get("num_training_partitions", 4)),
+                float(self.split["test_size"]),
+                float(self.split["test_start_idx"]),
+                int(self.split["num_training_partitions"]),
             )
         except ValueError as e:
-            raise ConfigError(f"{self.where('num_training_partitions')}: {e}") from None
-        num_sets = int(self.get("num_training_sets", len(splits["folds"])))
-        if not 1 <= num_sets <= len(splits["folds"]):
-            raise ConfigError(
-                f"{self.where('num_training_sets')}: must be in [1, {len(splits['folds'])}], got {num_sets}"
-            )
+            raise ConfigError(f"{split_where}: {e}") from None
+        num_sets = int(self.split["num_training_sets"])
         transforms = {"train": self.builder.build_transform("train"), "eval": self.builder.build_transform("eval")}
         self.log(
             f"{len(labels)} items, {len(np.unique(labels))} classes; test "
@@ -335,10 +359,14 @@ class MLRCRunner:
         fold_results = [
             self.train_fold(k, base, labels, splits["folds"][k], transforms) for k in range(num_sets)
         ]
-        test = self.test(base, labels, splits["test"], transforms, fold_results)
+        # PB's skip_ensemble_eval_if_already_done, only when no fold trained in this call
+        test = None if self.trained else pb_keys.reuse_test_results(self.config, self.folder, self.sources)
+        if test is None:
+            test = self.test(base, labels, splits["test"], transforms, fold_results)
         results = {
             "experiment_folder": os.path.abspath(self.folder),
             "primary_metric": self.primary_metric(),
+            "aggregate": pb_keys.aggregate(self.config, [f["best_val_metrics"] for f in fold_results], self.sources),
             "folds": fold_results,
             "test": test,
             "test_classes": splits["test"],

@@ -63,13 +63,16 @@ def mlrc_class_splits(
     return {"test": test, "trainval": pool, "folds": folds}
 
 
-def ensemble_metrics(embeddings: List[torch.Tensor], labels: torch.Tensor, calculator) -> Dict[str, Any]:
+def ensemble_metrics(
+    embeddings: List[torch.Tensor], labels: torch.Tensor, calculator, normalize: bool = True
+) -> Dict[str, Any]:
     """MLRC test numbers from the k models' embeddings of the same test items.
 
     Args:
         embeddings: k tensors ``[N, d]`` (float), one per fold model, rows aligned.
         labels: ``[N]`` integer labels.
         calculator: a PML ``AccuracyCalculator`` (queries compared to themselves).
+        normalize: L2-normalise each model's embeddings first (PB's ``ConcatenateEmbeddings.normalize_embeddings``).
 
     Returns:
         ``{"separate_<d>D": mean over the k models of each metric, "concatenated_<k·d>D": metrics of
@@ -85,7 +88,7 @@ def ensemble_metrics(embeddings: List[torch.Tensor], labels: torch.Tensor, calcu
         raise ValueError(
             f"embeddings must all be [N, d] with the same shape, got {[tuple(e.shape) for e in embeddings]}"
         )
-    normalized = [torch.nn.functional.normalize(e.float(), dim=1) for e in embeddings]
+    normalized = [torch.nn.functional.normalize(e.float(), dim=1) if normalize else e.float() for e in embeddings]
     per_model = [{m: float(v) for m, v in calculator.get_accuracy(e, labels).items()} for e in normalized]
     d = embeddings[0].shape[1]
     separate = {m: float(np.mean([p[m] for p in per_model])) for m in per_model[0]}
