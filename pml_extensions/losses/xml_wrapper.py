@@ -70,6 +70,21 @@ class XMLWrapper(ModuleWithRecords):
             :class:`pml_extensions.trunks.HistogramPooling`), read when ``histograms`` is not passed.
         seed: seed of the private generator that draws the class split (reproducible; global RNG untouched).
         ridge_form: ``"auto"`` (default), ``"primal"`` or ``"kernel"``; see :func:`pml_extensions.utils.ridge_prototypes`.
+        target: what the ridge prototypes regress (see "Ridge target" below): ``"embeddings"`` (default; the
+            embeddings the loss receives) or ``"pooled"`` (the paper's: the GAP vectors ``histogram_layer.last_pooled``,
+            the predictions then pass through ``head`` to become embeddings).
+        head: with ``target="pooled"``, the module that maps a GAP vector ``[N, C]`` to the embedding ``[N, d]`` (the
+            embedder, and any trunk layer after the pooling); see :meth:`attach_head`. Kept out of this module's
+            parameters (it belongs to the model and is trained by its own optimizer).
+
+    Ridge target. The paper (Sec. 2.3) regresses the GAP representations Y of the batch on the histograms Z,
+    ``V_k = argmin ||V Z_k - Y_k||² + ε||V||²`` (Lemma 2.1: a GAP vector is close to a convex combination of
+    prototypes), and asks the predicted ``Ŷ = V_1 Z_2`` to minimise the DML loss, i.e. the loss sees
+    ``head(Ŷ)``: ``target="pooled"`` is the faithful form. ``target="embeddings"`` regresses the embedder's
+    output instead; the ridge solution is linear in its target, so both agree exactly when the head is a linear
+    map without bias (``head(Z V) = Z V Wᵀ`` and the fit to ``Y Wᵀ`` is ``V Wᵀ``); with a bias (shrunk by the
+    ridge penalty) or an MLP they differ. ``"embeddings"`` stays the default because it needs nothing but the
+    loss's inputs (any trunk/embedder, drop-in for PML); the shipped configs and the main job use ``"pooled"``.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
     histograms [N, m] = None) -> scalar``.
@@ -92,6 +107,8 @@ class XMLWrapper(ModuleWithRecords):
         histogram_layer: Optional[torch.nn.Module] = None,
         seed: int = 0,
         ridge_form: str = "auto",
+        target: str = "embeddings",
+        head: Optional[torch.nn.Module] = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -113,6 +130,12 @@ class XMLWrapper(ModuleWithRecords):
             )
         if ridge_form not in ("auto", "primal", "kernel"):
             raise ValueError(f"ridge_form must be 'auto', 'primal' or 'kernel', got {ridge_form!r}")
+        if target not in ("embeddings", "pooled"):
+            raise ValueError(f"target must be 'embeddings' or 'pooled', got {target!r}")
+        if head is not None and not callable(head):
+            raise TypeError(f"head must be a module mapping [N, C] GAP vectors to embeddings, got {type(head).__name__}")
+        self.target = target
+        self.__dict__["head"] = head
         self.loss = loss
         self.xml_weight = float(xml_weight)
         self.ridge = float(ridge)
@@ -211,35 +234,97 @@ class XMLWrapper(ModuleWithRecords):
             )
         return histograms
 
+    def get_pooled(self, embeddings: torch.Tensor, pooled: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The GAP vectors ``[N, C]`` (``target="pooled"``): the keyword, else ``histogram_layer.last_pooled``.
+
+        Raises:
+            ValueError: if none are available, they are not finite, or their batch size differs from the embeddings'.
+        """
+        if pooled is None:
+            pooled = getattr(self.histogram_layer, "last_pooled", None)
+            if pooled is None:
+                raise ValueError("target='pooled' needs the GAP vectors: pass pooled=[N, C] or use a histogram_layer "
+                                 "that keeps last_pooled (HistogramPooling), run after the trunk's forward")
+        if not torch.is_tensor(pooled) or pooled.ndim != 2 or pooled.shape[0] != embeddings.shape[0]:
+            raise ValueError(f"pooled must be [N, C] with N = {embeddings.shape[0]}, got {getattr(pooled, 'shape', type(pooled))}")
+        _check_finite("pooled", pooled)
+        return pooled
+
     def extra_tensors_for_gather(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> dict:
         """Per-sample tensors a distributed wrapper must gather with the embeddings: ``{"histograms": [N, m]}``
         (empty when ``xml_weight == 0``). Used by :class:`pml_extensions.utils.DistributedLossWrapper`."""
         if self.xml_weight == 0:
             return {}
-        return {"histograms": self.get_histograms(embeddings, histograms)}
+        extra = {"histograms": self.get_histograms(embeddings, histograms)}
+        if self.target == "pooled":
+            extra["pooled"] = self.get_pooled(embeddings)
+        return extra
 
     def _call_inner(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None):
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         return self.loss(embeddings, labels, **kwargs)
 
-    def cross_predictions(self, embeddings: torch.Tensor, histograms: torch.Tensor, halves):
-        """Predict each half from the other half's ridge prototypes.
+    def cross_predictions(self, targets: torch.Tensor, histograms: torch.Tensor, halves):
+        """Predict each half's ridge targets from the other half's prototypes.
 
         Args:
-            embeddings: ``[N, d]``; histograms: ``[N, m]``; halves: ``(indices_1, indices_2)``.
+            targets: ``[N, t]`` what the prototypes regress (embeddings, or GAP vectors with ``target="pooled"``);
+            histograms: ``[N, m]``; halves: ``(indices_1, indices_2)``.
 
         Returns:
-            ``(Ŷ_1 [N_1, d], Ŷ_2 [N_2, d])`` in the embeddings' dtype; ``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``.
+            ``(Ŷ_1 [N_1, t], Ŷ_2 [N_2, t])`` in the targets' dtype; ``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``.
         """
         first, second = halves
         z1, z2 = histograms[first], histograms[second]
-        v1 = ridge_prototypes(z1, embeddings[first], self.ridge, self.ridge_form)
-        v2 = ridge_prototypes(z2, embeddings[second], self.ridge, self.ridge_form)
-        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        v1 = ridge_prototypes(z1, targets[first], self.ridge, self.ridge_form)
+        v2 = ridge_prototypes(z2, targets[second], self.ridge, self.ridge_form)
+        with torch.autocast(device_type=targets.device.type, enabled=False):
             pred1 = z1.to(v2.dtype) @ v2
             pred2 = z2.to(v1.dtype) @ v1
-        return pred1.to(embeddings.dtype), pred2.to(embeddings.dtype)
+        return pred1.to(targets.dtype), pred2.to(targets.dtype)
+
+    def attach_head(self, trunk: torch.nn.Module, embedder: Optional[torch.nn.Module] = None) -> "XMLWrapper":
+        """Set ``head`` = the trunk's layers after its HistogramPooling, then ``embedder`` (for ``target="pooled"``).
+
+        Raises:
+            ValueError: if ``trunk`` is not a Sequential holding ``histogram_layer`` (or one HistogramPooling) as a
+                direct child.
+
+        Example::
+
+            >>> from pytorch_metric_learning.losses import ContrastiveLoss
+            >>> from pml_extensions.trunks import HistogramPooling
+            >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
+            >>> loss = XMLWrapper(ContrastiveLoss(), target="pooled").attach(trunk).attach_head(trunk, torch.nn.Linear(8, 2))
+            >>> type(loss.head).__name__
+            'Sequential'
+        """
+        layer = self.histogram_layer
+        children = list(trunk.children()) if isinstance(trunk, torch.nn.Sequential) else []
+        if layer is None:
+            from ..trunks.histogram_pooling import find_histogram_layers
+
+            found = find_histogram_layers(trunk)
+            layer = found[0] if len(found) == 1 else None
+        if layer is None or not any(c is layer for c in children):
+            raise ValueError("XMLWrapper.attach_head: the trunk must be a Sequential with the HistogramPooling as a direct child")
+        after = children[next(i for i, c in enumerate(children) if c is layer) + 1 :]
+        self.__dict__["head"] = torch.nn.Sequential(*after, *([embedder] if embedder is not None else []))
+        return self
+
+    @staticmethod
+    def attach_heads(loss_funcs, trunk: torch.nn.Module, embedder: Optional[torch.nn.Module] = None) -> int:
+        """:meth:`attach_head` on every ``target="pooled"`` XMLWrapper without a head nested in the loss modules.
+        Returns how many were set."""
+        modules = loss_funcs.values() if isinstance(loss_funcs, dict) else loss_funcs
+        count = 0
+        for loss in modules:
+            for m in loss.modules():
+                if isinstance(m, XMLWrapper) and m.target == "pooled" and m.head is None:
+                    m.attach_head(trunk, embedder)
+                    count += 1
+        return count
 
     def forward(
         self,
@@ -250,6 +335,7 @@ class XMLWrapper(ModuleWithRecords):
         ref_labels: Optional[torch.Tensor] = None,
         *,
         histograms: Optional[torch.Tensor] = None,
+        pooled: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         _check_finite("embeddings", embeddings)
         if embeddings.ndim != 2:
@@ -270,7 +356,15 @@ class XMLWrapper(ModuleWithRecords):
             self.num_skipped_xml += 1
             self.xml_loss = 0.0
             return inner
-        pred1, pred2 = self.cross_predictions(embeddings, histograms, halves)
+        if self.target == "pooled":
+            pooled = self.get_pooled(embeddings, pooled)
+            if self.head is None:
+                raise ValueError("target='pooled' needs a head (GAP vector -> embedding): pass head=embedder or call "
+                                 "attach_head(trunk, embedder)")
+            pred1, pred2 = self.cross_predictions(pooled, histograms, halves)
+            pred1, pred2 = self.head(pred1), self.head(pred2)
+        else:
+            pred1, pred2 = self.cross_predictions(embeddings, histograms, halves)
         labels = labels.to(embeddings.device)
         # Mined tuples index the batch only when there is no separate reference set.
         mined = indices_tuple if ref_emb is None else None

@@ -44,7 +44,8 @@ class HistogramPooling(torch.nn.Module):
 
     ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector, so an existing embedder fits unchanged. The soft
     histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
-    ``last_histograms`` for the loss. ``feat_mult()`` and ``num_features`` give the output width (C);
+    ``last_histograms`` for the loss, and the GAP vectors ``[B, C]`` in ``last_pooled`` (the ridge target of
+    ``XMLWrapper(target="pooled")``). ``feat_mult()`` and ``num_features`` give the output width (C);
     ``histogram_size`` gives m.
 
     Raises:
@@ -82,6 +83,7 @@ class HistogramPooling(torch.nn.Module):
                 in_channels, num_prototypes, kernel_size=1, bias=False, device=device, dtype=dtype
             )
         self.last_histograms: Optional[torch.Tensor] = None
+        self.last_pooled: Optional[torch.Tensor] = None
         self.reset_parameters()
 
     # ----------------------------------------------------------------------------------------------------------
@@ -145,7 +147,8 @@ class HistogramPooling(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.last_histograms = self.histograms(x)
-        return x.mean(dim=(2, 3))
+        self.last_pooled = x.mean(dim=(2, 3))
+        return self.last_pooled
 
     # ----------------------------------------------------------------------------------------------------------
     def local_features(self, x: torch.Tensor) -> torch.Tensor:
