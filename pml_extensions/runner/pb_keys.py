@@ -63,6 +63,7 @@ PROTOCOL_KEYS: Dict[str, Tuple[str, ...]] = {
         "protocol", "experiment_name", "seed", "num_epochs", "iterations_per_epoch", "batch_size",
         "dataloader_num_workers", "device", "prototype_init", "variants", "dataset", "models", "loss_funcs",
         "mining_funcs", "sampler", "optimizers", "transforms", "accuracy_calculator", "tester", "seeds",
+        "validation", "comparisons",
     ),
     "resolution_distillation": ("protocol", "resolution_job", "seed", "device"),
 }
@@ -536,6 +537,12 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
     Raises:
         ConfigError: see the accessors.
     """
+    check_single_class(config, sources)
+    for name, variant in (config.get("variants") or {}).items():
+        if isinstance(variant, dict):
+            from .config_syntax import merge
+
+            check_single_class(merge(config, variant, f"variants.{name}"), sources, f" (variant {name})")
     if (config.get("protocol") or "mlrc") != "mlrc":
         return
     for key in _FLAGS:
@@ -548,3 +555,29 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
     iters = config.get("bayes_opt_iters")
     if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
         raise ConfigError(f"{_where(sources, 'bayes_opt_iters')}: expected a positive number of trials, got {iters!r}")
+
+
+_ONE_CLASS = ("trainer", "sampler", "tester", "accuracy_calculator", "split_manager", "aggregator", "ensemble",
+              "hook_container")
+_ONE_CLASS_EACH = ("loss_funcs", "mining_funcs", "optimizers", "models")
+
+
+def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -> None:
+    """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both
+    (its docs call this "a problem with the config file"); here it is an error pointing at ``~OVERRIDE~``.
+
+    Raises:
+        ConfigError: ``"<file>: loss_funcs.metric_loss: two classes (XMLWrapper, ContrastiveLoss) ..."``.
+    """
+    def check(key, spec):
+        if isinstance(spec, dict) and len(spec) > 1 and all(isinstance(k, str) and k[:1].isupper() for k in spec):
+            top = key.split(".")[0]
+            raise ConfigError(f"{_where(sources, key)}: {len(spec)} classes ({', '.join(spec)}){suffix}; a merge "
+                              f"adds a class next to the old one, write {key.split('.')[-1]}~OVERRIDE~ to replace it"
+                              if top else "")
+
+    for key in _ONE_CLASS:
+        check(key, config.get(key))
+    for key in _ONE_CLASS_EACH:
+        for name, spec in (config.get(key) or {}).items() if isinstance(config.get(key), dict) else ():
+            check(f"{key}.{name}", spec)
