@@ -252,9 +252,24 @@ class Builder:
             models["embedder"].train(was_training)
         return models
 
+    def _function_spec(self, spec):
+        """``(name, function)`` for a powerful-benchmarker lower-case model-function spec ``{resnet50: {...}}``
+        whose name resolves, else ``None`` (a plain mapping such as ``{layer_sizes: [...]}``)."""
+        if not (isinstance(spec, dict) and len(spec) == 1):
+            return None
+        name, args = next(iter(spec.items()))
+        if not (isinstance(name, str) and name[:1].islower() and (args is None or isinstance(args, dict))):
+            return None
+        try:
+            return name, resolve(name, "config")
+        except ConfigError:
+            return None
+
     def _build_trunk(self, spec, key):
         """Like ``build``, plus powerful-benchmarker's lower-case model functions (``{resnet50: {..}}``,
-        ``{mobilenet_v2_features: {pretrained: true}}``) and lists / ``Sequential`` of such entries."""
+        ``{mobilenet_v2_features: {pretrained: true}}``, also nested as arguments, e.g.
+        ``{template_matching_trunk: {model: {mobilenet_v2_imagenet: {}}}}``) and lists / ``Sequential`` of such
+        entries."""
         if isinstance(spec, list):
             return torch.nn.Sequential(*[self._build_trunk(s, f"{key}[{i}]") for i, s in enumerate(spec)])
         if isinstance(spec, dict) and len(spec) == 1:
@@ -263,8 +278,12 @@ class Builder:
                 return self._build_trunk(args, f"{key}.Sequential")
             if isinstance(name, str) and name[:1].islower():
                 fn = resolve(name, self.where(key))
+                kwargs = {
+                    k: self._build_trunk(v, f"{key}.{name}.{k}") if self._function_spec(v) else build(v, f"{key}.{name}.{k}")
+                    for k, v in (args or {}).items()
+                }
                 try:
-                    return fn(**(args or {}))
+                    return fn(**kwargs)
                 except (TypeError, ValueError, FileNotFoundError) as e:
                     raise ConfigError(
                         f"{self.where(key)}.{name}: bad arguments: {str(e).splitlines()[0]}"
@@ -272,12 +291,13 @@ class Builder:
         return self._build(key, spec)
 
     def _fill(self, spec, fills, key):
-        """Insert ``num_classes`` / ``embedding_size`` into nested specs whose class takes them but lacks
-        them."""
-        if is_object_spec(spec):
+        """Insert ``num_classes`` / ``embedding_size`` into nested specs (classes, or lower-case model functions)
+        whose signature names them and that lack them."""
+        function = self._function_spec(spec)
+        if is_object_spec(spec) or function is not None:
             name, args = next(iter(spec.items()))
             if args is None or isinstance(args, dict):
-                cls = resolve(name, self.where(key))
+                cls = function[1] if function is not None else resolve(name, self.where(key))
                 try:
                     params = inspect.signature(cls).parameters
                 except (TypeError, ValueError):
