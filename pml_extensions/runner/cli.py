@@ -142,6 +142,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _print_results(results: dict, folder: str) -> None:
+    best = results.get("best") if isinstance(results, dict) and "trials" in results else None
+    if best:
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in best["params"].items())
+        print(f"best of {results['n_trials']} trials: trial {best['number']} (objective {best['value']:.4f}): {shown}")
     test = results.get("test") if isinstance(results, dict) else None
     if isinstance(test, dict):
         for key, metrics in test.items():
@@ -149,7 +153,8 @@ def _print_results(results: dict, folder: str) -> None:
                 continue
             shown = ", ".join(f"{m}={v:.4f}" for m, v in metrics.items() if isinstance(v, float))
             print(f"test {key}: {shown}")
-    print(f"results: {os.path.join(folder, 'results.json')}; report: {os.path.join(folder, 'report.html')}")
+    main_file = "search.json" if best else "results.json"
+    print(f"results: {os.path.join(folder, main_file)}; report: {os.path.join(folder, 'report.html')}")
 
 
 def _main(argv: List[str]) -> int:

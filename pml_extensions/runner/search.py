@@ -171,7 +171,14 @@ def run_search(
     done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     if done < n_trials:
         study.optimize(evaluate, n_trials=n_trials - done, catch=())
-    return write_summary(study, folder)
+    summary = write_summary(study, folder)
+    from . import distributed as dist_utils
+
+    if dist_utils.is_main():
+        from .report import write_report
+
+        write_report(folder)  # shows results.md (the trials, best marked) and search.png
+    return summary
 
 
 def write_summary(study, folder: str) -> Dict[str, Any]:
