@@ -323,7 +323,9 @@ class Builder:
         from ..losses import XMLWrapper
 
         try:
-            XMLWrapper.attach_all(loss_funcs, dist_utils.unwrap(models["trunk"]))
+            trunk = dist_utils.unwrap(models["trunk"])
+            XMLWrapper.attach_all(loss_funcs, trunk)
+            XMLWrapper.attach_heads(loss_funcs, trunk, dist_utils.unwrap(models["embedder"]))  # target="pooled"
         except ValueError as e:
             raise ConfigError(f"{self.where('loss_funcs')}: {e}") from None
         mining_funcs = {
