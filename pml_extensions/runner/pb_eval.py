@@ -29,9 +29,9 @@ def _where(sources: Optional[Dict[str, str]], key: str) -> str:
     return f"{(sources or {}).get(key.split('.')[0], 'config')}: {key}"
 
 
-def nearest(name: str, known: Iterable[str]) -> str:
-    """``"; did you mean X?"`` for the closest known name (``difflib``), or ``""``."""
-    close = difflib.get_close_matches(str(name), sorted(set(known)), n=1, cutoff=0.5)
+def nearest(name: str, known: Iterable[str], cutoff: float = 0.5) -> str:
+    """``"; did you mean X?"`` for the closest known name (``difflib``; ``cutoff=0`` always names one), or ``""``."""
+    close = difflib.get_close_matches(str(name), sorted(set(known)), n=1, cutoff=cutoff)
     return f"; did you mean {close[0]}?" if close else ""
 
 

@@ -166,9 +166,10 @@ def check_keys(config: Dict[str, Any], sources: Dict[str, str], file_keys: Itera
         if sources.get(name) == "command line" and name not in file_keys:
             raise ConfigError(
                 f"command line: --{name}: no config file defines this key and the {protocol} protocol does not "
-                f"read it{nearest(name, known | file_keys) or '; see python -m pml_extensions run CONFIG --dry-run'}"
+                f"read it{nearest(name, known | file_keys, cutoff=0)} (all keys: run CONFIG --dry-run)"
             )
-        raise ConfigError(f"{_where(sources, name)}: the {protocol} protocol reads no such key{nearest(name, known)}")
+        raise ConfigError(f"{_where(sources, name)}: the {protocol} protocol reads no such key"
+                          f"{nearest(name, known, cutoff=0)}")
 
 
 def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[Callable[..., None]] = None):
