@@ -46,6 +46,15 @@ def _restrict_indices_tuple(indices_tuple, half):
     return tuple(out)
 
 
+class _Ref:
+    """Holds a module without registering it (not a Module, list or dict: invisible to record-keeper's walk)."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module):
+        self.module = module
+
+
 class XMLWrapper(ModuleWithRecords):
     """Cross-batch metric learning loss around any PML loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
 
@@ -135,7 +144,9 @@ class XMLWrapper(ModuleWithRecords):
         if head is not None and not callable(head):
             raise TypeError(f"head must be a module mapping [N, C] GAP vectors to embeddings, got {type(head).__name__}")
         self.target = target
-        self.__dict__["head"] = head
+        # In a plain holder, not an attribute: the head belongs to the model (not this module's parameters or state
+        # dict), and record-keeper, which walks module attributes, must not log the embedder's tensors.
+        self._head_ref = _Ref(head)
         self.loss = loss
         self.xml_weight = float(xml_weight)
         self.ridge = float(ridge)
@@ -206,6 +217,11 @@ class XMLWrapper(ModuleWithRecords):
         return any(name in params for name in ("labels", "indices_tuple", "ref_emb")) or any(
             p.kind == p.VAR_KEYWORD for p in params.values()
         )
+
+    @property
+    def head(self) -> Optional[torch.nn.Module]:
+        """GAP vector -> embedding module of ``target="pooled"`` (``None`` until given or attached)."""
+        return self._head_ref.module
 
     def get_histograms(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Return the histograms for ``embeddings`` ([N, m]) from the keyword or from ``histogram_layer``.
@@ -310,7 +326,7 @@ class XMLWrapper(ModuleWithRecords):
         if layer is None or not any(c is layer for c in children):
             raise ValueError("XMLWrapper.attach_head: the trunk must be a Sequential with the HistogramPooling as a direct child")
         after = children[next(i for i, c in enumerate(children) if c is layer) + 1 :]
-        self.__dict__["head"] = torch.nn.Sequential(*after, *([embedder] if embedder is not None else []))
+        self._head_ref = _Ref(torch.nn.Sequential(*after, *([embedder] if embedder is not None else [])))
         return self
 
     @staticmethod

@@ -35,6 +35,8 @@ METRIC_NAMES = {
     "r_precision": "R-precision",
     "AMI": "AMI",
     "NMI": "NMI",
+    "map_unseen": "MAP_x (unseen half)",
+    "map_seen": "MAP_c (seen half)",
 }
 
 

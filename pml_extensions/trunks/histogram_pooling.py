@@ -15,6 +15,11 @@ import torch
 import torch.nn.functional as F
 
 PROTOTYPE_INITS = ("random", "kcenter", "kmeans")
+#: ε of the paper (raw inner products of CNN features)
+PAPER_SCALE = 10.0
+#: ε on cosine logits (``normalize=True``): 10 leaves the histograms nearly uniform and the XML term constant
+#: (benchmarks/xml_signal.py); 100 makes them peaked from the first step
+DEFAULT_SCALE_NORMALIZED = 100.0
 
 
 def _check_feature_map(x, in_channels, name="x"):
@@ -34,7 +39,15 @@ class HistogramPooling(torch.nn.Module):
     Args:
         in_channels: C, the width of the feature map (e.g. 1280 for MobileNetV2).
         num_prototypes: m. Paper: 64 (CUB, Cars), 128 (SOP, InShop).
-        scale: ε, inverse temperature of the soft-max over prototypes. Paper: 10.
+        scale: ε, inverse temperature of the soft-max over prototypes. Default: 100 with ``normalize=True``, 10
+            (the paper's value) with ``normalize=False``. Why 100 on cosines: the logits are ε·cos ∈ [−ε, ε], and
+            the cosines of a feature to its nearest and to its farthest prototypes differ by a few tenths, so with
+            ε = 10 every histogram is nearly uniform (MobileNetV2, 64 prototypes: mean largest bin 0.027 with
+            random and 0.054 with k-means prototypes, uniform 0.016). ‖z‖² is then far below the XML ridge 0.05,
+            the ridge dominates the fit, every cross-batch prediction collapses onto the other half's mean embedding
+            (mean pairwise cosine 0.9999) and the contrastive XML term sits at its collapse value 2.00. With
+            ε = 100 and k-means prototypes the largest bin is 0.53, ‖z‖²/ridge 7.8 and the predictions are as
+            spread as the embeddings (``benchmarks/results/xml_signal.md``).
         normalize: L2-normalise local features and prototypes before the inner product (default ``True``; our
             choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
         device, dtype: factory arguments for the prototype weights.
@@ -56,7 +69,7 @@ class HistogramPooling(torch.nn.Module):
         self,
         in_channels: int,
         num_prototypes: int = 64,
-        scale: float = 10.0,
+        scale: Optional[float] = None,
         normalize: bool = True,
         device=None,
         dtype=None,
@@ -69,6 +82,8 @@ class HistogramPooling(torch.nn.Module):
         for name, value in (("in_channels", in_channels), ("num_prototypes", num_prototypes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if scale is None:
+            scale = DEFAULT_SCALE_NORMALIZED if normalize else PAPER_SCALE
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
         self.in_channels = in_channels

@@ -20,6 +20,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -92,6 +93,8 @@ def _unit_result(name, seed, cfg, folder, device, log):
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             return json.load(f), None
+    if os.path.isdir(stage):  # an unfinished unit (killed or failed) restarts from its first step
+        shutil.rmtree(stage)
     r = train_and_select(name, cfg, seed, stage, device, log)
     test = evaluate(cfg, r["models"], device, "test")
     result = {k: v for k, v in r.items() if k != "models"}

@@ -105,6 +105,7 @@ def build_models(cfg: Dict[str, Any], seed: int, device: torch.device, init_set=
     loss_funcs = {k: build(v, f"config_loss_and_miners: loss_funcs.{k}").to(device) for k, v in cfg["loss_funcs"].items()}
     try:
         XMLWrapper.attach_all(loss_funcs, trunk)
+        XMLWrapper.attach_heads(loss_funcs, trunk, embedder)  # target="pooled": GAP predictions -> embeddings
     except ValueError as e:
         raise ConfigError(f"config_loss_and_miners: {e}") from e
     mining_funcs = {k: build(v, f"config_loss_and_miners: mining_funcs.{k}") for k, v in (cfg.get("mining_funcs") or {}).items()}
