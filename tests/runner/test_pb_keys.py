@@ -161,3 +161,46 @@ def test_general_flags_honoured(tmp_path):
 def test_two_classes_after_a_merge_are_an_error():
     with pytest.raises(ConfigError, match=r"optimizers.trunk_optimizer: 2 classes \(RMSprop, Adam\).*~OVERRIDE~"):
         pb_keys.check_values({"optimizers": {"trunk_optimizer": {"RMSprop": {}, "Adam": {}}}})
+
+
+def test_keys_take_effect_in_an_mlrc_run(tmp_path):
+    """PB v0.9.33 keys through the protocol: primary_metric selects, include limits the metrics, splits_to_eval
+    adds a train table, num_training_sets limits the folds, the aggregator averages them."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from runner_testing_utils import register_tiny, write_tiny_config
+
+    from pml_extensions.runner.config_loader import load_config
+    from pml_extensions.runner.protocols import run_protocol
+
+    register_tiny()
+    root = write_tiny_config(str(tmp_path / "cfg"), {
+        "config_eval/default.yaml": """
+tester:
+  GlobalEmbeddingSpaceTester:
+    batch_size: 64
+    dataloader_num_workers: 0
+    accuracy_calculator: {AccuracyCalculator: {include: [precision_at_1], k: 1}}
+hook_container: {HookContainer: {primary_metric: precision_at_1}}
+aggregator: {MeanAggregator: {split_to_aggregate: val}}
+ensemble: {ConcatenateEmbeddings: {normalize_embeddings: True, use_trunk_output: False}}
+""",
+        "config_dataset/default.yaml": """
+dataset: {TinyVectors: {num_classes: 16, per_class: 8}}
+splits_to_eval: [train, val]
+split_manager: {ClassDisjointSplitManager: {num_training_partitions: 4, num_training_sets: 2}}
+""",
+    })
+    cfg, sources = load_config(root, None, {"num_epochs_train": 1})
+    results = run_protocol(cfg, str(tmp_path / "exp"), sources, log=lambda *a: None)
+    assert results["primary_metric"] == "precision_at_1" and len(results["folds"]) == 2
+    assert all("best_val_precision_at_1" in f for f in results["folds"])
+    for key, metrics in results["test"].items():
+        if key != "per_model":
+            assert set(metrics) == {"precision_at_1"}
+    best = [f["best_val_precision_at_1"] for f in results["folds"]]
+    assert results["aggregate"]["precision_at_1"] == pytest.approx(sum(best) / 2, abs=1e-12)
+    logs = " ".join(os.listdir(tmp_path / "exp" / "fold_0" / "logs"))
+    assert "accuracies_train" in logs and "accuracies_val" in logs
