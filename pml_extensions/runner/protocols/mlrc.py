@@ -35,7 +35,6 @@ torch/numpy/python RNGs at the start of each fold (``seed + fold``; PML's sample
 restores them on resume — set ``seed: null`` to leave them alone.
 """
 
-import math
 import os
 import time
 from typing import Any, Callable, Dict, Optional
@@ -45,11 +44,12 @@ import torch
 
 from .. import distributed as dist_utils
 from ..builders import Builder, accepts, one_spec
-from ..checkpoint import atomic_torch_save, load_weights, restore_training_state, training_state
+from ..checkpoint import load_weights
 from ..data import Subset, dataset_labels
 from ..experiment import Experiment
 from .. import pb_keys
 from ..factory import ConfigError, resolve
+from ..training import EpochLoop
 from .mlrc_splits import ensemble_metrics, mlrc_class_splits
 
 __all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits", "run"]
@@ -152,132 +152,54 @@ class MLRCRunner:
         sampler = self.builder.build_sampler(train_ds.labels, global_batch)
         tester = self.builder.build_tester()
 
-        state = ckpt.resume()
-        best = {"metric": -math.inf, "epoch": -1, "metrics": {}}
         num_epochs = self.get("num_epochs_train", 1000)
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
             raise ConfigError(f"{self.where('num_epochs_train')}: must be a positive integer, got {num_epochs!r}")
-        patience = self.get("patience", 9)
-        save_interval = max(1, int(self.get("save_interval", 1)))
-        start_epoch, finished = 1, False
-        if state is not None:
-            restore_training_state(state, models, optimizers, loss_funcs)
-            best = {
-                "metric": float(state["best_metric"]),
-                "epoch": int(state["best_epoch"]),
-                "metrics": dict(state.get("best_metrics", {})),
-            }
-            # finished = stopped by num_epochs_train or patience, judged with this config's values (a run continued
-            # with --resume-anyway and a larger num_epochs_train trains on)
-            done = int(state["epoch"])
-            start_epoch = done + 1
-            finished = done >= num_epochs or (patience is not None and done - best["epoch"] > int(patience))
-            self.log(
-                f"fold {fold}: resuming after epoch {state['epoch']} "
-                f"(best {best['metric']:.4f} at {best['epoch']})"
-            )
-
-        wrapped_models = dist_utils.wrap_models(models, self.device)
-        wrapped_losses = dist_utils.wrap_losses(loss_funcs)
-        rk = ckpt.record_keeper
         primary = self.primary_metric()
         best_path = os.path.join(fold_dir, "best.pth")
 
-        def state_dict(epoch, global_iteration, finished_flag):
-            return training_state(
-                epoch,
-                global_iteration,
-                models,
-                optimizers,
-                loss_funcs,
-                best_metric=float(best["metric"]),
-                best_epoch=int(best["epoch"]),
-                best_metrics={k: float(v) for k, v in best["metrics"].items()},
-                finished=bool(finished_flag),
-            )
+        def evaluate(epoch):
+            return {name: self.evaluate(tester, ds, models) for name, ds in eval_sets.items()}
 
-        def validate(epoch):
-            for name, ds in eval_sets.items():
-                if name == "val":
-                    continue
-                other = self.evaluate(tester, ds, models)
-                if dist_utils.is_main():
-                    rk.update_records({f"accuracies_{name}": dict(other, epoch=epoch)}, epoch)
-            acc = self.evaluate(tester, val_ds, models)
-            if primary not in acc:
-                raise ConfigError(
-                    f"{self.where('hook_container')}: primary_metric {primary!r} "
-                    f"is not computed by the tester's accuracy_calculator; available: {', '.join(acc)}"
-                )
-            if dist_utils.is_main():
-                rk.update_records({"accuracies_val": dict(acc, epoch=epoch)}, epoch)
-            improved = acc[primary] > best["metric"]
-            if improved:
-                best.update(metric=acc[primary], epoch=epoch, metrics=dict(acc))
-                if dist_utils.is_main():
-                    atomic_torch_save({k: m.state_dict() for k, m in models.items()}, best_path)
-            self.log(
-                f"fold {fold} epoch {epoch}: val {primary}={acc[primary]:.4f}"
-                + (" (best)" if improved else "")
-            )
-            return acc
-
-        def commit(epoch, gi, finished_flag):
-            if dist_utils.is_main():
-                ckpt.commit(state_dict(epoch, gi, finished_flag))
-            dist_utils.barrier()
-
-        if state is None:
-            if self.get("check_untrained_accuracy", True):
-                validate(0)
-            commit(0, 0, False)
-
-        if not finished and start_epoch <= num_epochs:
+        loop = EpochLoop(
+            ckpt,
+            models,
+            optimizers,
+            loss_funcs,
+            num_epochs=num_epochs,
+            primary=primary,
+            evaluate=evaluate,
+            best_path=best_path,
+            patience=self.get("patience", 9),
+            save_interval=int(self.get("save_interval", 1)),
+            check_untrained=bool(self.get("check_untrained_accuracy", True)),
+            log=self.log,
+            name=f"fold {fold}",
+            where=self.where("hook_container"),
+        )
+        loop.resume()
+        if not loop.finished:
             self.trained = True
 
-            def end_of_iteration(trainer):
-                if dist_utils.is_main():
-                    gi = trainer.get_global_iteration() + 1
-                    # DistributedLossWrapper returns world_size x the loss (PML's convention): log the loss
-                    # itself
-                    w = dist_utils.world_size()
-                    rk.update_records(
-                        {"loss_histories": {k: v / w for k, v in trainer.loss_tracker.losses.items()}}, gi
-                    )
-                    rk.update_records(
-                        {k: dist_utils.unwrap(v) for k, v in loss_funcs.items()},
-                        gi,
-                        recursive_types=[torch.nn.Module],
-                    )
-
-            trainer = self.builder._build(
+        def make_trainer():
+            return self.builder._build(
                 "trainer",
                 {trainer_name: trainer_kwargs},
-                models=wrapped_models,
+                models=dist_utils.wrap_models(models, self.device),
                 optimizers=optimizers,
-                loss_funcs=wrapped_losses,
+                loss_funcs=dist_utils.wrap_losses(loss_funcs),
                 mining_funcs=mining_funcs,
                 dataset=train_ds,
                 dataset_labels=train_ds.labels,
                 sampler=sampler,
                 data_device=self.device,
-                end_of_iteration_hook=end_of_iteration,
+                end_of_iteration_hook=loop.end_of_iteration,
                 end_of_epoch_hook=lambda trainer: True,
             )
-            for epoch in range(start_epoch, num_epochs + 1):
-                # A fresh sampler per epoch: PML's MPerClassSampler reorders its own label list in place,
-                # state that a
-                # checkpoint would not hold; rebuilt from the (checkpointed) RNG, a resumed epoch draws the
-                # same batches.
-                trainer.sampler = self.builder.build_sampler(train_ds.labels, global_batch)
-                trainer.train(start_epoch=epoch, num_epochs=epoch)
-                gi = trainer.iterations_per_epoch * epoch
-                if epoch % save_interval == 0 or epoch == num_epochs:
-                    validate(epoch)
-                stop = epoch == num_epochs or (patience is not None and epoch - best["epoch"] > int(patience))
-                commit(epoch, gi, stop)
-                if stop:
-                    break
+
+        # A fresh sampler per epoch: PML's MPerClassSampler reorders its own label list in place, state that a
+        # checkpoint would not hold; rebuilt from the (checkpointed) RNG, a resumed epoch draws the same batches.
+        best = loop.run(make_trainer, lambda: self.builder.build_sampler(train_ds.labels, global_batch))
         return {
             "best_val_" + primary: best["metric"],
             "best_epoch": best["epoch"],
