@@ -146,6 +146,9 @@ def run_search(
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
         raise ConfigError(f"{(sources or {}).get('bayes_opt_iters', 'command line')}: bayes_opt_iters: the search "
                           f"needs the number of trials, e.g. --bayes_opt_iters 20 (got {n_trials!r})")
+    if objective is None and (config.get("protocol") or "mlrc") != "mlrc":
+        raise ConfigError(f"{(sources or {}).get('protocol', 'config')}: protocol: the search optimises the mlrc "
+                          f"protocol's aggregated validation metric; {config['protocol']} reports none")
     from .experiment import prepare_folder
 
     prepare_folder(folder, config, on_change=on_change, command=command, log=log)
