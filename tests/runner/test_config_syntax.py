@@ -141,3 +141,15 @@ def test_messages_show_no_install_path():
     with pytest.raises(ConfigError) as e:
         load_config(find_config("contrastive"), {"config_general": ["default", "nothing"]})
     assert str(e.value).startswith(os.path.join("configs", "contrastive", "config_general", "nothing.yaml"))
+
+
+def test_nested_markers_in_files(tmp_path):
+    (tmp_path / "config_eval").mkdir()
+    (tmp_path / "config_eval" / "default.yaml").write_text(
+        "tester: {GlobalEmbeddingSpaceTester: {batch_size: 32, accuracy_calculator: "
+        "{AccuracyCalculator: {k: max_bin_count}}}}\n")
+    (tmp_path / "config_eval" / "chunked.yaml").write_text(
+        "tester~APPLY~2:\n  accuracy_calculator~OVERRIDE~:\n    ChunkedAccuracyCalculator: {chunk_size: 64}\n")
+    cfg, _ = load_config(str(tmp_path), {"config_eval": ["default", "chunked"]})
+    assert cfg["tester"] == {"GlobalEmbeddingSpaceTester": {
+        "batch_size": 32, "accuracy_calculator": {"ChunkedAccuracyCalculator": {"chunk_size": 64}}}}
