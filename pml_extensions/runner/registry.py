@@ -269,8 +269,14 @@ def find(role: str, name: str) -> Any:
     classes = classes_for_role(role)
     if name in classes:
         return classes[name]
-    sample = ", ".join(sorted(classes)[:12])
-    raise factory.ConfigError(f"{role}: unknown class {name!r}; known {role} classes include {sample}, ...")
+    import difflib
+
+    close = difflib.get_close_matches(str(name), sorted(classes), n=3, cutoff=0.5)
+    sample = ", ".join(close or sorted(classes)[:12])
+    raise factory.ConfigError(
+        f"{role}: unknown class {name!r}; {'did you mean' if close else 'known classes include'} {sample}"
+        f"{'?' if close else ', ... (run --list ' + role + ')'}"
+    )
 
 
 def roles_of(obj: Any) -> List[str]:
