@@ -8,11 +8,12 @@ prototypes of its own training-set local features, same m, so both are binned th
 ``--splits`` random class partitions (half / half, ``numpy.random.default_rng(split)``; the same partitions for
 every model):
 
-1. fit the ridge prototypes ``V_c`` on the seen half ``c`` (``utils.ridge_prototypes(z_c, y_c, 0.05)``, as XML does
-   inside a batch);
-2. ``MAP_c`` = MAP@R (PML ``AccuracyCalculator``) of the seen half's predictions ``z_c V_c`` among themselves;
-3. ``MAP_x`` = MAP@R of the unseen half's predictions ``z_x V_c`` among themselves — prototypes fitted on other
-   classes, the paper's "unseen class generalisation" of features and prototypes.
+1. fit the ridge prototypes ``V_c`` on the seen half ``c``: GAP vectors ``y_c`` on histograms ``z_c``
+   (``utils.ridge_prototypes(z_c, y_c, 0.05)``, as ``XMLWrapper(target="pooled")`` does inside a batch);
+2. ``MAP_c`` = MAP@R (PML ``AccuracyCalculator``) of the seen half's predicted embeddings ``embedder(z_c V_c)``
+   among themselves;
+3. ``MAP_x`` = MAP@R of the unseen half's predicted embeddings ``embedder(z_x V_c)`` among themselves — prototypes
+   fitted on other classes, the paper's "unseen class generalisation" of features and prototypes.
 
 Reported per variant: mean over seeds of the split-averaged MAP_c and MAP_x, and the paired (by seed) difference of
 XML against GAP with a 95 % t interval. Cheap: no training here, one forward pass per model.
@@ -43,7 +44,7 @@ from pml_extensions.utils.ridge import ridge_prototypes  # noqa: E402
 
 @torch.no_grad()
 def embeddings_and_histograms(cfg, models, device, seed, num_prototypes=64, batch_size=128):
-    """``(y [N, d], z [N, m], labels [N])`` of the test split, in eval mode, float64 on the CPU."""
+    """``(pooled [N, C], z [N, m], labels [N])`` of the test split, in eval mode, float64 on the CPU."""
     trunk, embedder = models["trunk"].eval(), models["embedder"].eval()
     pools = find_histogram_layers(trunk)
     if pools:
@@ -57,14 +58,16 @@ def embeddings_and_histograms(cfg, models, device, seed, num_prototypes=64, batc
     ys, zs, ls = [], [], []
     for images, labels in torch.utils.data.DataLoader(load_split(cfg, "test", train_transform=False), batch_size=batch_size):
         images = images.to(device)
-        ys.append(embedder(trunk(images)).double().cpu())
+        ys.append(trunk(images).double().cpu())  # the GAP vectors: the ridge target (XMLWrapper target="pooled")
         zs.append(pool.histograms(body(images)).double().cpu())
         ls.append(labels)
     return torch.cat(ys), torch.cat(zs), torch.cat(ls)
 
 
-def probe(y, z, labels, splits, ridge=0.05):
-    """Mean MAP_c, MAP_x (and per split) over ``splits`` random half/half class partitions."""
+@torch.no_grad()
+def probe(y, z, labels, splits, head, ridge=0.05):
+    """Mean MAP_c, MAP_x (and per split) over ``splits`` random half/half class partitions. ``y``: GAP vectors;
+    ``head``: the embedder (GAP vector -> embedding) applied to the predictions."""
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
     calc = AccuracyCalculator(include=("mean_average_precision_at_r",), k="max_bin_count", device=torch.device("cpu"))
@@ -75,7 +78,7 @@ def probe(y, z, labels, splits, ridge=0.05):
         seen = torch.from_numpy(np.isin(labels.numpy(), perm[: len(classes) // 2]))
         v = ridge_prototypes(z[seen], y[seen], ridge)
         for mask, out in ((seen, map_c), (~seen, map_x)):
-            pred = (z[mask] @ v).float()
+            pred = head((z[mask] @ v).float())
             acc = calc.get_accuracy(pred, labels[mask], ref_includes_query=True)
             out.append(float(acc["mean_average_precision_at_r"]))
     return float(np.mean(map_c)), float(np.mean(map_x)), map_c, map_x
@@ -107,8 +110,9 @@ def main(argv=None):
             stage = os.path.join(args.run_folder, name, f"seed_{seed}")
             if not os.path.exists(os.path.join(stage, "best_models.pth")):
                 raise SystemExit(f"error: {stage}/best_models.pth missing: run the main job first")
-            y, z, labels = embeddings_and_histograms(cfg, load_models(cfg, stage, device), device, seed)
-            mc, mx, lc, lx = probe(y, z, labels, args.splits)
+            models = load_models(cfg, stage, device)
+            y, z, labels = embeddings_and_histograms(cfg, models, device, seed)
+            mc, mx, lc, lx = probe(y, z, labels, args.splits, lambda p: models["embedder"](p.to(device)).cpu())
             per_seed.setdefault(name, {})[seed] = {"map_seen": mc, "map_unseen": mx, "gap_seen_minus_unseen": mc - mx}
             per_split[f"{name}/seed_{seed}"] = {"map_seen": np.round(lc, 4).tolist(), "map_unseen": np.round(lx, 4).tolist()}
             print(f"{name} seed {seed}: MAP_c {mc:.4f}  MAP_x {mx:.4f}")
