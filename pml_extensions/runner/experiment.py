@@ -76,6 +76,14 @@ def saved_config(folder: str) -> Optional[Dict[str, Any]]:
         return yaml.safe_load(f) or {}
 
 
+def has_progress(folder: str) -> bool:
+    """True when ``folder`` holds anything a run produced (a checkpoint, a stage result, ``results.json``)."""
+    for _, _, files in os.walk(folder):
+        if {"checkpoint.pth", "result.json", "results.json"} & set(files):
+            return True
+    return False
+
+
 def prepare_folder(
     folder: str,
     config: Dict[str, Any],
@@ -86,7 +94,8 @@ def prepare_folder(
     """Make ``folder`` ready for ``config``: check a rerun's saved config, then save ``config.yaml`` and
     ``command.txt``.
 
-    A rerun resumes only when its config equals the saved one (keys in :data:`RESUME_NEUTRAL_KEYS` aside).
+    A rerun resumes only when its config equals the saved one (keys in :data:`RESUME_NEUTRAL_KEYS` aside); a
+    folder with no progress yet (e.g. a run that stopped at a config error) simply takes the new config.
 
     Args:
         on_change: ``"stop"``, ``"new"`` (move the old folder to ``<folder>.old-<n>`` and start afresh) or
@@ -101,7 +110,7 @@ def prepare_folder(
 
     if on_change not in ("stop", "new", "resume"):
         raise ValueError(f"on_change must be 'stop', 'new' or 'resume', got {on_change!r}")
-    old = saved_config(folder)
+    old = saved_config(folder) if has_progress(folder) else None  # a folder that trained nothing is just reused
     if old is not None:
         diff = [
             k for k in config_differences(old, _yaml_roundtrip(config)) if k.split(".")[0] not in RESUME_NEUTRAL_KEYS

@@ -121,3 +121,15 @@ def test_reproduce_gives_the_same_metrics_exactly(tmp_path):
     assert main(folder, str(tmp_path / "again")) == 1
     with pytest.raises(ConfigError, match="not a finished experiment folder"):
         reproduce(str(tmp_path / "nothing_here"))
+
+
+def test_a_folder_that_trained_nothing_takes_the_new_config(tmp_path):
+    from pml_extensions.runner.experiment import prepare_folder
+
+    folder = str(tmp_path / "exp")
+    prepare_folder(folder, {"a": 1}, **QUIET)  # e.g. the run then stopped at a config error
+    prepare_folder(folder, {"a": 2}, **QUIET)
+    assert "a: 2" in open(os.path.join(folder, "config.yaml")).read()
+    open(os.path.join(folder, "results.json"), "w").write("{}")
+    with pytest.raises(ConfigError, match=r"differs from this run's config in a;"):
+        prepare_folder(folder, {"a": 3}, **QUIET)
