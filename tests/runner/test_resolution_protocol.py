@@ -174,6 +174,10 @@ class TestResolutionProtocolConfig(unittest.TestCase):
         from pml_extensions.runner.protocols import resolution_distillation as rd
 
         self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": [3, 4, 5]})["seeds"], [3, 4, 5])
+        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 1 2"})["seeds"], [0, 1, 2])  # --seeds 0 1 2
+        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": 7})["seeds"], [7])
+        with self.assertRaisesRegex(ConfigError, "seeds: a list of distinct ints"):
+            rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 x"})
 
     def test_bad_protocol_is_a_config_error(self):
         with tempfile.TemporaryDirectory() as tmp:

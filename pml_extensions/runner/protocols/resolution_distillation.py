@@ -116,8 +116,13 @@ def job_config(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
     _unknown(spec, JOB_DEFAULTS, where)
     job = copy.deepcopy(JOB_DEFAULTS)
     job.update(copy.deepcopy(spec))
-    if config.get("seeds") is not None:
-        job["seeds"] = list(config["seeds"])
+    if config.get("seeds") is not None:  # top level (--seeds 0 1 2 on the command line) wins
+        job["seeds"] = config["seeds"]
+    if isinstance(job["seeds"], str):  # "0 1 2" or "0,1,2" from the command line
+        try:
+            job["seeds"] = [int(s) for s in job["seeds"].replace(",", " ").split()]
+        except ValueError:
+            raise ConfigError(f"{where}.seeds: a list of distinct ints is required, got {job['seeds']!r}") from None
     if not isinstance(job["datasets"], dict) or not job["datasets"]:
         raise ConfigError(f"{where}.datasets: a non-empty mapping {{name: settings}} is required")
     seeds = job["seeds"] if isinstance(job["seeds"], (list, tuple)) else [job["seeds"]]
