@@ -35,7 +35,6 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from pml_extensions.runner.protocols import xml_vs_gap  # noqa: E402
 from pml_extensions.runner.protocols.xml_vs_gap_train import load_models, load_split, make_loader  # noqa: E402
 from pml_extensions.runner.results import summarize, write_results  # noqa: E402
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body  # noqa: E402
@@ -97,7 +96,9 @@ def main(argv=None):
         p.error(f"--splits must be >= 100 (the paper uses 1000), got {args.splits}")
     with open(os.path.join(args.run_folder, "config.yaml"), encoding="utf-8") as f:
         config = yaml.safe_load(f)
-    base = {k: v for k, v in config.items() if k not in ("variants", "comparisons", "seeds", "protocol")}
+    from pml_extensions.runner.config_loader import variant_configs
+
+    merged = variant_configs(config)
     pairs = [tuple(x.split(":")) for x in args.pairs]
     wanted = [v for pair in pairs for v in pair]
     variants = [v for v in config["variants"] if v in wanted]
@@ -105,7 +106,7 @@ def main(argv=None):
     start = time.time()
     per_seed, per_split = {}, {}
     for name in variants:
-        cfg = xml_vs_gap.deep_merge(base, config["variants"][name] or {})
+        cfg = merged[name]
         for seed in config["seeds"]:
             stage = os.path.join(args.run_folder, name, f"seed_{seed}")
             if not os.path.exists(os.path.join(stage, "best_models.pth")):

@@ -19,7 +19,9 @@ def tiny_config(**overrides):
 
 
 def variant(cfg, name):
-    return xml_vs_gap.deep_merge({k: v for k, v in cfg.items() if k not in ("variants", "comparisons")}, cfg["variants"][name])
+    from pml_extensions.runner.config_loader import variant_configs
+
+    return variant_configs(cfg)[name]
 
 
 class TestPairing(unittest.TestCase):
@@ -130,6 +132,8 @@ class TestJob(unittest.TestCase):
     def test_bad_input(self):
         self.assertEqual(xml_vs_gap.main(["--variants", "nope"]), 2)
         self.assertEqual(xml_vs_gap.main(["--seed", "1", "--seeds", "0"]), 2)
+        with self.assertRaisesRegex(Exception, "powerful-benchmarker folder config; run it with python -m pml_extensions run contrastive"):
+            xml_vs_gap.load_job_config(xml_vs_gap.parse_args(["--config", "contrastive"]))
         with self.assertRaisesRegex(Exception, "seeds must be distinct"):
             xml_vs_gap.check_seeds([0, 0])
         with self.assertRaisesRegex(Exception, "comparisons"):

@@ -2,7 +2,7 @@
 
 ``python -m pml_extensions job [--config xml_glyphs] [--seeds 0 1 2] [--dataset NAME] [--output runs] ...``
 
-Every entry of ``variants`` is deep-merged over the config and trained once per seed of ``seeds`` (default
+Every entry of ``variants`` is merged over the config (powerful-benchmarker syntax, ``config_loader.variant_configs``) and trained once per seed of ``seeds`` (default
 ``[0, 1, 2]``). Within a seed all variants start from bit-identical weights for the modules they share and see the
 same batches (:mod:`.xml_vs_gap_train`); the best epoch is chosen on a class-disjoint validation part of the
 training classes (``validation: {class_fraction, seed}``) and only the selected model is evaluated, once, on the
@@ -28,26 +28,18 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ...utils.atomic_io import atomic_write_json
-from ..factory import ConfigError, is_object_spec
+from ..factory import ConfigError
 from ..results import summarize, write_results
 from .xml_vs_gap_train import METRICS, evaluate, load_models, train_and_select
 
 DEFAULT_SEEDS = (0, 1, 2)
+#: every top-level key this protocol reads (the loader refuses others, naming the nearest)
+CONFIG_KEYS = ("protocol", "experiment_name", "seeds", "seed", "num_epochs", "iterations_per_epoch", "batch_size",
+               "dataloader_num_workers", "device", "validation", "prototype_init", "comparisons", "variants", "dataset",
+               "models", "loss_funcs", "mining_funcs", "sampler", "optimizers", "transforms", "accuracy_calculator",
+               "tester")
 REQUIRED_KEYS = ("dataset", "models", "loss_funcs", "sampler", "optimizers", "transforms", "accuracy_calculator",
                  "tester", "num_epochs", "iterations_per_epoch", "batch_size")
-
-
-def deep_merge(base: Any, override: Any) -> Any:
-    """``override`` merged into a copy of ``base`` (dicts key by key; an object spec with another class name
-    replaces the spec)."""
-    if isinstance(base, dict) and isinstance(override, dict):
-        if is_object_spec(base) and is_object_spec(override) and next(iter(base)) != next(iter(override)):
-            return copy.deepcopy(override)
-        merged = copy.deepcopy(base)
-        for key, value in override.items():
-            merged[key] = deep_merge(merged[key], value) if key in merged else copy.deepcopy(value)
-        return merged
-    return copy.deepcopy(override)
 
 
 def check_config(cfg: dict, where: str = "config") -> None:
@@ -122,13 +114,17 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
     seeds = check_seeds(cfg.pop("seeds", None) or list(DEFAULT_SEEDS))
     cfg.pop("seed", None)
     variants = cfg.pop("variants", None) or {"default": {}}
+    variants = {k: (v or {}) for k, v in variants.items()}
     comparisons = cfg.pop("comparisons", None) or []
     for pair in comparisons:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(p in variants for p in pair)):
             raise ConfigError(f"comparisons: each entry must be [variant, baseline] naming variants of {sorted(variants)}, got {pair!r}")
-    merged = {}
-    for name, override in variants.items():
-        merged[name] = deep_merge(cfg, override or {})
+    from ..config_loader import variant_configs
+
+    merged = variant_configs({**cfg, "variants": variants}) if variants else {}
+    for name in merged:
+        for key in ("variants", "comparisons", "seeds", "seed", "protocol"):
+            merged[name].pop(key, None)
         check_config(merged[name], f"variants.{name}")
     device = select_device(cfg.get("device", "auto"))
     os.makedirs(experiment_folder, exist_ok=True)
@@ -204,11 +200,18 @@ def parse_args(argv):
 
 
 def load_job_config(args) -> Dict[str, Any]:
-    """The job's config folder merged, with the command-line overrides applied."""
-    from ..config_files import find_config_dir, load_config_dir
+    """The job's flat config folder (``config_*.yaml``) loaded by the one loader, with the command-line overrides.
 
-    cfg = load_config_dir(find_config_dir(args.config))
-    cfg.pop("_origin", None)
+    Raises:
+        ConfigError: a powerful-benchmarker folder config (use ``run``), unknown variants, ``--seed`` with ``--seeds``.
+    """
+    from ..config_loader import config_layout, find_config, load_config
+
+    root = find_config(args.config)
+    if config_layout(root) == "folders":
+        raise ConfigError(f"job: {args.config} is a powerful-benchmarker folder config; run it with "
+                          f"python -m pml_extensions run {args.config}")
+    cfg, _ = load_config(root)
     for key, value in (("num_epochs", args.epochs), ("iterations_per_epoch", args.iterations), ("device", args.device)):
         if value is not None:
             cfg[key] = value
