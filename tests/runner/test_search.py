@@ -55,3 +55,27 @@ def test_fill_replaces_markers_in_place():
 def test_bad_ranges(cfg, message):
     with pytest.raises(ConfigError, match=message):
         search_space(cfg)
+
+
+def test_search_through_the_mlrc_protocol(tmp_path):
+    """Two real trials on the tiny config: each trial's objective is its run's aggregated validation metric."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from runner_testing_utils import register_tiny, write_tiny_config
+
+    from pml_extensions.runner.config_loader import load_config, parse_command_line
+    from pml_extensions.runner.search import run_search
+
+    register_tiny()
+    root = write_tiny_config(str(tmp_path / "cfg"))
+    argv = ["--bayes_opt_iters", "2", "--num_epochs_train", "1", "--num_training_sets", "1",
+            "--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}"]
+    cfg, sources = load_config(root, None, parse_command_line(argv), allow_search=True, log=lambda *a: None)
+    folder = str(tmp_path / "exp")
+    summary = run_search(cfg, folder, sources, log=lambda *a: None)
+    assert summary["n_trials"] == 2
+    for trial in summary["trials"]:
+        results = json.load(open(os.path.join(folder, trial["folder"], "results.json")))
+        assert trial["value"] == results["aggregate"]["mean_average_precision_at_r"]
+        saved = open(os.path.join(folder, trial["folder"], "config.yaml")).read()
+        assert "BAYESIAN" not in saved and repr(trial["params"]["optimizers.trunk_optimizer.RMSprop.lr"])[:8] in saved
+    assert "best: trial" in open(os.path.join(folder, "report.html")).read()
