@@ -115,6 +115,8 @@ def _list(role: Optional[str]) -> int:
         )
     print("Classes a config can name, by role: pml_extensions (and registered) classes, then the stock classes of")
     print("pytorch-metric-learning, torch and torchvision, grouped by module. `--list protocol` lists the protocols.")
+    print("Trunks may also name model functions: torchvision.models' (resnet50, mobilenet_v2, ...) and ours "
+          "(mobilenet_v2_features, ...).")
     for r in [role] if role else ROLES:
         groups = {}
         for name, cls in classes_for_role(r).items():
