@@ -76,6 +76,7 @@ def claims(results) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", choices=("quick", "full"), default="quick")
+    p.add_argument("--quick", action="store_true", help="same as --size quick (the default)")
     p.add_argument("--seeds", nargs="+", type=int, help="override the config's seeds")
     p.add_argument("--device", help="override resolution_job.device (e.g. cpu, cuda)")
     p.add_argument("--experiment-folder", help="default experiments/resolution_distillation_<size>")
