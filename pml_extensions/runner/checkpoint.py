@@ -74,6 +74,34 @@ def module_generators(modules: Dict[str, torch.nn.Module]) -> Dict[str, torch.Ge
     return out
 
 
+def module_records(modules: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
+    """The numeric recordable attributes (PML's ``_record_these``, e.g. ``XMLWrapper.num_skipped_xml``) of the
+    modules and their submodules, by dotted path: counters a resumed run must continue, not restart."""
+    from .distributed import unwrap
+
+    out = {}
+    for key, module in modules.items():
+        for path, m in unwrap(module).named_modules():
+            for attr in getattr(m, "_record_these", ()) or ():
+                value = getattr(m, attr, None)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value
+                elif torch.is_tensor(value) and value.numel() == 1:
+                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value.detach().cpu().clone()
+    return out
+
+
+def _restore_records(modules: Dict[str, torch.nn.Module], saved: Dict[str, Any]) -> None:
+    from .distributed import unwrap
+
+    for key, module in modules.items():
+        for path, m in unwrap(module).named_modules():
+            for attr in getattr(m, "_record_these", ()) or ():
+                name = f"{key}.{path}.{attr}" if path else f"{key}.{attr}"
+                if name in saved:
+                    setattr(m, attr, saved[name])
+
+
 def training_state(
     epoch: int,
     global_iteration: int,
@@ -83,7 +111,8 @@ def training_state(
     **extra: Any,
 ) -> Dict[str, Any]:
     """Everything a resumed epoch needs, ``weights_only``-loadable: the models', optimizers' and losses' state
-    dicts, the global RNG states, the losses' private generators and ``extra`` (numbers, strings, tensors ...).
+    dicts, the global RNG states, the losses' private generators and recordable counters
+    (:func:`module_records`) and ``extra`` (numbers, strings, tensors ...).
 
     Example::
 
@@ -102,6 +131,7 @@ def training_state(
         "loss_funcs": {k: unwrap(l).state_dict() for k, l in loss_funcs.items()},
         "rng": rng_state(),
         "generators": {k: g.get_state() for k, g in module_generators(loss_funcs).items()},
+        "records": module_records(loss_funcs),
         **extra,
     }
 
@@ -131,6 +161,7 @@ def restore_training_state(
     for k, g in module_generators(loss_funcs).items():
         if k in saved:
             g.set_state(saved[k])
+    _restore_records(loss_funcs, state.get("records", {}))
     return state
 
 

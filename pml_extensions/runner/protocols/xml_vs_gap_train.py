@@ -168,11 +168,9 @@ def train_and_select(
         ``{"history": [{epoch, metric...}] (validation), "best_epoch", "best_is_untrained", "train_seconds",
         "models": {"trunk", "embedder"} (at the best epoch), "xml": {...}}``.
     """
-    import record_keeper
-    from pytorch_metric_learning.utils import common_functions as c_f
-    from pytorch_metric_learning.utils import logging_presets
-
     from ...trainers import MetricLossOnly
+    from ..checkpoint import Checkpointer, load_weights
+    from ..training import EpochLoop
 
     val_cfg = cfg.get("validation") or {}
     full_train = load_split(cfg, "train", train_transform=True)
@@ -183,48 +181,48 @@ def train_and_select(
     trunk, embedder, loss_funcs = models["trunk"], models["embedder"], models["loss_funcs"]
     optimizers = build_optimizers(cfg, models)
     batch_size, iterations = int(cfg["batch_size"]), int(cfg["iterations_per_epoch"])
-    try:
-        sampler = build(cfg["sampler"], "config_loss_and_miners: sampler", labels=train_set.labels,
-                        batch_size=batch_size, length_before_new_iter=batch_size * iterations)
-    except AssertionError as e:  # PML's samplers check their arguments with assert
-        raise ConfigError(f"config_loss_and_miners: sampler: {e} (the training part has "
-                          f"{len(np.unique(train_set.labels))} classes; batch_size is {batch_size})") from e
-    os.makedirs(stage_dir, exist_ok=True)
-    writer = record_keeper.RecordWriter(folder=os.path.join(stage_dir, "logs"), global_db_path=os.path.join(stage_dir, "records.db"),
-                                        experiment_name=f"{name}_seed{seed}", is_new_experiment=True)
-    rk = record_keeper.RecordKeeper(record_writer=writer, attributes_to_search_for=c_f.list_of_recordable_attributes_list_names())
-    hooks = logging_presets.HookContainer(rk, primary_metric=METRICS[0], log_freq=10)
-    history, best = [], {"score": -float("inf")}
 
-    def end_of_testing(tester):
-        hooks.end_of_testing_hook(tester)
+    def new_sampler():
+        try:
+            return build(cfg["sampler"], "config_loss_and_miners: sampler", labels=train_set.labels,
+                         batch_size=batch_size, length_before_new_iter=batch_size * iterations)
+        except AssertionError as e:  # PML's samplers check their arguments with assert
+            raise ConfigError(f"config_loss_and_miners: sampler: {e} (the training part has "
+                              f"{len(np.unique(train_set.labels))} classes; batch_size is {batch_size})") from e
+
+    sampler = new_sampler()
+    tester = make_tester(cfg, device)
+
+    def validate(epoch):
+        tester.test({"val": val_set}, epoch, trunk, embedder)
         acc = tester.all_accuracies["val"]
-        row = {"epoch": int(acc["epoch"]), **{m: float(acc[f"{m}_level0"]) for m in METRICS}}
-        history.append(row)
-        if row[METRICS[0]] > best["score"]:
-            best.update(score=row[METRICS[0]], epoch=row["epoch"],
-                        state={k: copy.deepcopy(models[k].state_dict()) for k in ("trunk", "embedder")})
-        log(f"  [{name} seed {seed}] epoch {row['epoch']}: validation MAP@R {row[METRICS[0]]:.4f}")
+        return {"val": {m: float(acc[f"{m}_level0"]) for m in METRICS}}
 
-    tester = make_tester(cfg, device, end_of_testing)
-    dataset_dict = {"val": val_set}
-    end_of_epoch = hooks.end_of_epoch_hook(tester, dataset_dict, os.path.join(stage_dir, "models"), test_interval=1, patience=None)
-    trainer = MetricLossOnly(
-        models={"trunk": trunk, "embedder": embedder}, optimizers=optimizers, batch_size=batch_size,
-        loss_funcs=loss_funcs, mining_funcs=models["mining_funcs"], dataset=train_set, sampler=sampler,
-        iterations_per_epoch=iterations, dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)),
-        data_device=device, end_of_iteration_hook=hooks.end_of_iteration_hook, end_of_epoch_hook=end_of_epoch,
+    # checkpoint.pth + logs/ (CSV + SQLite) per epoch: a killed unit resumes after its last finished epoch
+    ckpt = Checkpointer(stage_dir, epoch_tables={"accuracies_val"})
+    loop = EpochLoop(
+        ckpt, {"trunk": trunk, "embedder": embedder}, optimizers, loss_funcs, num_epochs=int(cfg["num_epochs"]),
+        primary=METRICS[0], evaluate=validate, best_path=os.path.join(stage_dir, "best_models.pth"), patience=None,
+        log=lambda line: log(f"  {line}"), name=f"[{name} seed {seed}]", where="config_eval: accuracy_calculator",
     )
-    tester.test(dataset_dict, 0, trunk, embedder)
-    seed_everything(seed + 3)  # same batches and augmentations for every variant of this seed
+    if loop.resume() is None:  # (a resumed unit gets its RNG states back from the checkpoint instead)
+        seed_everything(seed + 3)  # the same batches and augmentations for every variant of this seed
+
+    def make_trainer():
+        return MetricLossOnly(
+            models={"trunk": trunk, "embedder": embedder}, optimizers=optimizers, batch_size=batch_size,
+            loss_funcs=loss_funcs, mining_funcs=models["mining_funcs"], dataset=train_set, sampler=sampler,
+            iterations_per_epoch=iterations, dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)),
+            data_device=device, end_of_iteration_hook=loop.end_of_iteration, end_of_epoch_hook=lambda trainer: True,
+        )
+
     start = time.time()
-    trainer.train(num_epochs=int(cfg["num_epochs"]))
+    best = loop.run(make_trainer, new_sampler)
     train_seconds = time.time() - start
-    rk.save_records()
+    state = load_weights(os.path.join(stage_dir, "best_models.pth"), device)
     for k in ("trunk", "embedder"):
-        models[k].load_state_dict(best["state"][k])
-    with atomic_path(os.path.join(stage_dir, "best_models.pth")) as tmp:
-        torch.save(best["state"], tmp)
+        models[k].load_state_dict(state[k])
+    history = [{"epoch": int(r["epoch"]), **{m: float(r[m]) for m in METRICS}} for r in ckpt.rows("accuracies_val")]
     xml = {}
     for loss in loss_funcs.values():
         if hasattr(loss, "num_skipped_xml"):
