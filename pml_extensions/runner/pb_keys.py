@@ -236,11 +236,29 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tuple[Any, Any]]:
     """``item -> (data, label)``: ``item[0], item[1]`` for ``None``, else ``item[keys[0]], item[keys[1]]``
-    (datasets that return dicts, PB's ``data_and_label_getter_keys``)."""
+    (datasets that return dicts, PB's ``data_and_label_getter_keys``).
+
+    The getter raises ConfigError when string keys meet a dataset that returns tuples (PB's datasets returned
+    ``{"data": ..., "label": ...}``; PML's and ours return ``(image, label)``: set the key to null).
+
+    Example::
+
+        >>> data_and_label_getter(["img", "y"])({"img": "x", "y": 3})
+        ('x', 3)
+    """
     if keys is None:
         return lambda item: (item[0], item[1])
     a, b = keys
-    return lambda item: (item[a], item[b])
+
+    def getter(item):
+        if isinstance(item, (tuple, list)) and not (isinstance(a, int) and isinstance(b, int)):
+            raise ConfigError(
+                f"split_manager.ClassDisjointSplitManager.data_and_label_getter_keys: {list(keys)} names dict keys, "
+                "but the dataset returns (image, label) tuples; set it to null"
+            )
+        return item[a], item[b]
+
+    return getter
 
 
 def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSplitManager.hierarchy_level"):

@@ -204,3 +204,60 @@ split_manager: {ClassDisjointSplitManager: {num_training_partitions: 4, num_trai
     assert results["aggregate"]["precision_at_1"] == pytest.approx(sum(best) / 2, abs=1e-12)
     logs = " ".join(os.listdir(tmp_path / "exp" / "fold_0" / "logs"))
     assert "accuracies_train" in logs and "accuracies_val" in logs
+
+
+def test_getter_keys_on_tuple_datasets_say_what_to_do():
+    with pytest.raises(ConfigError, match=r"names dict keys, but the dataset returns \(image, label\) tuples; set it to null"):
+        pb_keys.data_and_label_getter(["data", "label"])(("img", 1))
+    assert pb_keys.data_and_label_getter(None)(("img", 1)) == ("img", 1)
+    assert pb_keys.data_and_label_getter([1, 0])(("img", 1)) == (1, "img")
+
+
+PB_0933 = {  # PB v0.9.33's config keys with its documented defaults (dataset, trunk and sizes overridden)
+    "config_general/default.yaml": """
+trainer: {MetricLossOnly: {iterations_per_epoch: 2, dataloader_num_workers: 0, batch_size: 8,
+          freeze_trunk_batchnorm: True, label_hierarchy_level: 0, loss_weights: null, set_min_label_to_zero: True}}
+num_epochs_train: 1
+save_interval: 2
+patience: 9
+check_untrained_accuracy: True
+skip_eval_if_already_done: True
+skip_ensemble_eval_if_already_done: True
+save_figures_on_tensorboard: False
+save_lists_in_db: False
+override_required_compatible_factories: False
+api_parser: null
+""",
+    "config_eval/default.yaml": """
+tester: {GlobalEmbeddingSpaceTester: {reference_set: compared_to_self, normalize_embeddings: True,
+         use_trunk_output: False, batch_size: 32, dataloader_num_workers: 0, pca: null,
+         accuracy_calculator: {AccuracyCalculator: null}, label_hierarchy_level: 0}}
+aggregator: {MeanAggregator: null}
+ensemble: {ConcatenateEmbeddings: {normalize_embeddings: True, use_trunk_output: False}}
+hook_container: {HookContainer: {primary_metric: mean_average_precision_at_r, validation_split_name: val}}
+""",
+    "config_dataset/default.yaml": """
+dataset: {TinyVectors: {num_classes: 16, per_class: 8}}
+splits_to_eval: [val]
+split_manager: {ClassDisjointSplitManager: {test_size: 0.5, test_start_idx: 0.5, num_training_partitions: 4,
+                num_training_sets: 4, hierarchy_level: 0, data_and_label_getter_keys: null}}
+""",
+}
+
+
+def test_pb_0933_defaults_are_all_honoured(tmp_path, capsys):
+    import os
+    import sys
+
+    import yaml
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from runner_testing_utils import register_tiny, write_tiny_config
+
+    from pml_extensions.runner import cli
+
+    register_tiny()
+    root = write_tiny_config(str(tmp_path / "cfg"), PB_0933)
+    assert cli.main([root, "--dry-run"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["hook_container"]["HookContainer"]["validation_split_name"] == "val" and cfg["api_parser"] is None
