@@ -139,12 +139,31 @@ def render_markdown(results: dict, metrics: Optional[Sequence[str]] = None, head
     return "\n".join(lines) + "\n"
 
 
+def verdict(comparison: dict, decimals: int = 4) -> str:
+    """One line on a comparison whose claim is "variant > baseline": reproduced when the 95 % CI of the paired
+    difference lies above 0, contradicted when below, not shown when it contains 0 (or with a single seed)."""
+    c, ci = comparison, comparison["ci95"]
+    name = METRIC_NAMES.get(c["metric"], c["metric"])
+    diff = f"{c['variant']} − {c['baseline']} {name} {c['mean_difference']:+.{decimals}f}"
+    if ci is None:
+        return f"{diff} (1 seed, no interval): not shown"
+    diff += f", 95 % CI [{ci[0]:+.{decimals}f}, {ci[1]:+.{decimals}f}] over {c['n']} seeds"
+    if ci[0] > 0:
+        return f"{diff}: reproduced (the interval lies above 0)"
+    if ci[1] < 0:
+        return f"{diff}: contradicted (the interval lies below 0)"
+    return f"{diff}: not shown at this scale (the interval contains 0)"
+
+
 def write_results(folder: str, results: dict, metrics: Optional[Sequence[str]] = None, header: str = "",
-                  name: str = "results") -> Tuple[str, str]:
-    """Write ``NAME.json`` and ``NAME.md`` into ``folder`` atomically; return both paths."""
+                  name: str = "results", footer: str = "") -> Tuple[str, str]:
+    """Write ``NAME.json`` and ``NAME.md`` (tables, then ``footer``) into ``folder`` atomically; return both paths."""
     os.makedirs(folder, exist_ok=True)
     json_path = os.path.join(folder, f"{name}.json")
     md_path = os.path.join(folder, f"{name}.md")
     atomic_write_json(json_path, results)
-    atomic_write_text(md_path, render_markdown(results, metrics, header))
+    md = render_markdown(results, metrics, header)
+    if footer:
+        md += "\n" + footer.rstrip() + "\n"
+    atomic_write_text(md_path, md)
     return json_path, md_path

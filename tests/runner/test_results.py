@@ -60,3 +60,15 @@ class TestResults(unittest.TestCase):
         del bad["xml"][1][M]
         with self.assertRaisesRegex(ValueError, "missing for seeds"):
             summarize(bad)
+
+
+class TestVerdict(unittest.TestCase):
+    def test_three_outcomes(self):
+        from pml_extensions.runner.results import verdict
+
+        base = {"variant": "xml", "baseline": "gap", "metric": M, "mean_difference": 0.02, "n": 3}
+        self.assertTrue(verdict({**base, "ci95": [0.01, 0.03]}).endswith("reproduced (the interval lies above 0)"))
+        self.assertIn("xml − gap MAP@R +0.0200, 95 % CI [+0.0100, +0.0300] over 3 seeds", verdict({**base, "ci95": [0.01, 0.03]}))
+        self.assertTrue(verdict({**base, "ci95": [-0.03, -0.01]}).endswith("contradicted (the interval lies below 0)"))
+        self.assertTrue(verdict({**base, "ci95": [-0.01, 0.05]}).endswith("not shown at this scale (the interval contains 0)"))
+        self.assertTrue(verdict({**base, "ci95": None, "n": 1}).endswith("not shown"))

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...utils.atomic_io import atomic_write_json
 from ..factory import ConfigError
-from ..results import summarize, write_results
+from ..results import summarize, verdict, write_results
 from .xml_vs_gap_train import METRICS, evaluate, load_models, train_and_select
 
 DEFAULT_SEEDS = (0, 1, 2)
@@ -161,7 +161,10 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
         f"and same batches within a seed), device {device}. Test metrics; differences are paired by seed, 95 % "
         f"Student-t interval."
     )
-    write_results(experiment_folder, results, metrics=list(METRICS), header=header)
+    claims = [f"- {verdict(c)}" for c in results["comparisons"] if c["baseline"].endswith("_gap")]
+    footer = ("Paper (XML, ICIP 2023): XML gives \"consistent improvements\" on unseen classes. Here, per XML-vs-GAP "
+              "comparison:\n" + "\n".join(claims)) if claims else ""
+    write_results(experiment_folder, results, metrics=list(METRICS), header=header, footer=footer)
     num_prototypes = 64
     for name, vcfg, _, _ in first_seed_units:
         trunk = vcfg["models"]["trunk"]
