@@ -12,15 +12,14 @@ unseen test classes. ``comparisons: [[variant, baseline], ...]`` are reported as
 Outputs under ``<output>/<experiment_name>/``: ``results.json`` (``variants`` / ``comparisons`` layout, plus
 ``units``: per variant and seed the validation history, best epoch and train time), ``results.md``,
 ``map_at_r.png``, ``prototype_usage.png``, ``config.yaml``, ``report.html`` and ``<variant>/seed_<s>/`` with the
-record-keeper logs (CSV + SQLite), the selected weights and ``result.json``. A rerun with the same config skips the
-finished ``(variant, seed)`` units.
+record-keeper logs (CSV + SQLite), ``checkpoint.pth`` (per epoch), the selected weights and ``result.json``. A rerun
+with the same config skips the finished ``(variant, seed)`` units and resumes an interrupted one from its last epoch.
 """
 
 import argparse
 import copy
 import json
 import os
-import shutil
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -85,8 +84,6 @@ def _unit_result(name, seed, cfg, folder, device, log):
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             return json.load(f), None
-    if os.path.isdir(stage):  # an unfinished unit (killed or failed) restarts from its first step
-        shutil.rmtree(stage)
     r = train_and_select(name, cfg, seed, stage, device, log)
     test = evaluate(cfg, r["models"], device, "test")
     result = {k: v for k, v in r.items() if k != "models"}
