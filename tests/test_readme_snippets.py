@@ -69,3 +69,15 @@ def test_runner_section_first_command_merges(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "GlyphDataset" in out.stdout and "XMLWrapper" in out.stdout
     assert not os.listdir(tmp_path)  # nothing trained, nothing written
+
+
+def test_runner_section_dry_run_commands_run_as_written():
+    commands = [c for c in _runner_commands() if c.endswith("--dry-run")]
+    assert len(commands) == 2
+    outputs = []
+    for command in commands:
+        out = _run(command)
+        assert out.returncode == 0, out.stderr
+        outputs.append(out.stdout)
+    # the nested-marker example: ~OVERRIDE~ inside ~APPLY~ leaves only the chunked calculator
+    assert "ChunkedAccuracyCalculator" in outputs[1] and "  AccuracyCalculator:" not in outputs[1]
