@@ -237,7 +237,10 @@ def load_job_config(args) -> Dict[str, Any]:
 def main(argv=None) -> int:
     from . import run_protocol
 
+    from .. import distributed as dist_utils
+
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    dist_utils.init_from_env()  # torchrun: gloo on CPU, nccl on GPU; a no-op otherwise
     try:
         cfg = load_job_config(args)
         folder = os.path.join(args.output, cfg.get("experiment_name", "experiment"))

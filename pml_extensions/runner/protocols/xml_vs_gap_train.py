@@ -169,6 +169,7 @@ def train_and_select(
         "models": {"trunk", "embedder"} (at the best epoch), "xml": {...}}``.
     """
     from ...trainers import MetricLossOnly
+    from .. import distributed as dist_utils
     from ..checkpoint import Checkpointer, load_weights
     from ..training import EpochLoop
 
@@ -208,16 +209,25 @@ def train_and_select(
     if loop.resume() is None:  # (a resumed unit gets its RNG states back from the checkpoint instead)
         seed_everything(seed + 3)  # the same batches and augmentations for every variant of this seed
 
+    world = dist_utils.world_size()  # under torchrun each process trains on its slice of every global batch
+    if batch_size % world:
+        raise ConfigError(f"config_general: batch_size {batch_size} is not divisible by {world} processes")
+
     def make_trainer():
         return MetricLossOnly(
-            models={"trunk": trunk, "embedder": embedder}, optimizers=optimizers, batch_size=batch_size,
-            loss_funcs=loss_funcs, mining_funcs=models["mining_funcs"], dataset=train_set, sampler=sampler,
-            iterations_per_epoch=iterations, dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)),
-            data_device=device, end_of_iteration_hook=loop.end_of_iteration, end_of_epoch_hook=lambda trainer: True,
+            models=dist_utils.wrap_models({"trunk": trunk, "embedder": embedder}, device), optimizers=optimizers,
+            batch_size=batch_size // world, loss_funcs=dist_utils.wrap_losses(loss_funcs),
+            mining_funcs=models["mining_funcs"], dataset=train_set, sampler=sampler, iterations_per_epoch=iterations,
+            dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)), data_device=device,
+            end_of_iteration_hook=loop.end_of_iteration, end_of_epoch_hook=lambda trainer: True,
         )
 
+    def rank_sampler():  # the same global batches on every rank, each rank its slice
+        s = new_sampler()
+        return dist_utils.DistributedBatchSliceSampler(s, batch_size) if dist_utils.is_active() else s
+
     start = time.time()
-    best = loop.run(make_trainer, new_sampler)
+    best = loop.run(make_trainer, rank_sampler)
     train_seconds = time.time() - start
     state = load_weights(os.path.join(stage_dir, "best_models.pth"), device)
     for k in ("trunk", "embedder"):
