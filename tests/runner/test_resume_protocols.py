@@ -93,3 +93,11 @@ def test_job_sigkilled_mid_unit_resumes_with_no_lost_or_duplicated_rows(tmp_path
     a = json.load(open(os.path.join(killed_out, "xml_glyphs", "results.json")))
     b = json.load(open(os.path.join(clean_out, "xml_glyphs", "results.json")))
     assert numeric_differences(a, b) == []
+
+    # --reproduce: the clean run again from its saved config.yaml gives every number exactly (CPU, same seed)
+    from pml_extensions.runner.reproduce import reproduce
+
+    outcome = reproduce(os.path.join(clean_out, "xml_glyphs"), log=lambda *a, **k: None)
+    assert outcome["equal"] and outcome["differences"] == []
+    again = json.load(open(os.path.join(outcome["output_folder"], "results.json")))
+    assert again["variants"] == b["variants"]
