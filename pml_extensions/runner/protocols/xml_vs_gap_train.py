@@ -27,7 +27,7 @@ from ...utils.atomic_io import atomic_path
 from ..experiment import seed_everything
 from ..factory import ConfigError, build
 from ...losses import XMLWrapper
-from ...trunks import find_histogram_layers, trunk_body
+from ...trunks import find_histogram_layers
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
 
@@ -114,17 +114,13 @@ def build_models(cfg: Dict[str, Any], seed: int, device: torch.device, init_set=
         pool.reset_parameters(torch.Generator().manual_seed(seed))
         pool.to(device)
     init = cfg.get("prototype_init")
-    if pools and init:
+    if pools and init:  # variants without HistogramPooling (GAP) share the key and skip it
         if init_set is None:
             raise ConfigError("prototype_init needs the training images (init_set)")
-        try:
-            body = trunk_body(trunk, pools[0])
-        except ValueError as e:
-            raise ConfigError(f"prototype_init: {e}") from e
-        pools[0].init_from_data(
-            body, make_loader(init_set, int(cfg["batch_size"]), seed),
-            num_batches=int(init.get("num_batches", 4)), method=init.get("method", "kmeans"), seed=seed,
-        )
+        from ..builders import Builder  # the one prototype_init of every protocol
+
+        spec = {"batch_size": int(cfg["batch_size"]), **(init if isinstance(init, dict) else {})}
+        Builder({"prototype_init": spec}, {"prototype_init": "config_general"}).prototype_init({"trunk": trunk}, init_set, seed=seed)
     return {"trunk": trunk, "embedder": embedder, "loss_funcs": loss_funcs, "mining_funcs": mining_funcs}
 
 
