@@ -27,7 +27,7 @@ selection happens (a fixed schedule; no test split is read before the final eval
 Resume: each stage saves ``checkpoint.pth`` + record-keeper logs every ``checkpoint_every`` iterations and
 ``result.json`` when done; a rerun skips finished stages and continues a killed one from its last checkpoint.
 Students resume bit-exactly (their randomness is keyed by (seed, pass)); teachers reseed torch/numpy/PML's RNG at
-every chunk from (seed, chunk), so they resume exactly too.
+every chunk from (seed, chunk) and checkpoint the order of the MPerClassSampler's label list, so they resume exactly too.
 
 Writes ``results.json`` (``variants``/``comparisons`` of :mod:`pml_extensions.runner.results`, plus ``rows``,
 ``curve``, ``config``, ``seconds``), ``results.md`` and ``performance_vs_flops.png``.
@@ -40,6 +40,7 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 import torch
+from pytorch_metric_learning.samplers import MPerClassSampler
 
 from ...datasets.coupled_augmentation_dataset import CoupledAugmentationDataset, PassShuffleSampler
 from ...losses.resolution_distillation_loss import ResolutionDistillationLoss
@@ -210,6 +211,9 @@ class _Chunks:
         if trainer is not None and hasattr(trainer, "data_pass"):
             trainer.data_pass = int(state["data_pass"])
         self.extra = dict(state.get("extra", {}))
+        if trainer is not None and "sampler_labels" in self.extra:
+            # PML's MPerClassSampler shuffles its public label list in place from one pass to the next
+            trainer.sampler.labels = list(self.extra["sampler_labels"])
         return int(state["epoch"]) + 1
 
     def end_of_iteration_hook(self, trainer):
@@ -219,6 +223,8 @@ class _Chunks:
     def end_of_epoch_hook(self, trainer):
         if self.on_chunk is not None:
             self.on_chunk(trainer, self)
+        if isinstance(trainer.sampler, MPerClassSampler):
+            self.extra["sampler_labels"] = [int(x) for x in trainer.sampler.labels]
         state = training_state(
             trainer.epoch, trainer.epoch * self.chunk, self.models, self.optimizers,
             schedulers={k: s.state_dict() for k, s in self.schedulers.items()},
@@ -256,6 +262,7 @@ def _teacher_stage(exp, stage, ctx, resolution, job):
     if job["teacher_iterations"] > 0:
         chunks_ = {}
         models = {"trunk": trunk, "embedder": embedder}
+
         trainer = make_teacher_trainer(
             trunk, embedder, data, lr=job["teacher_lr"], classes_per_batch=job["teacher_classes_per_batch"],
             iterations_per_epoch=job["checkpoint_every"] or job["teacher_iterations"], data_device=device,
@@ -267,7 +274,7 @@ def _teacher_stage(exp, stage, ctx, resolution, job):
         chunks = _Chunks(exp, stage, models, trainer.optimizers, {}, job["teacher_iterations"], job["checkpoint_every"],
                          reseed=lambda epoch: seed_everything(seed * 100_003 + epoch))
         chunks_["c"] = chunks
-        chunks.train(trainer, chunks.resume())
+        chunks.train(trainer, chunks.resume(trainer))
     trunk.eval(), embedder.eval()
     atomic_torch_save({"trunk": trunk.state_dict(), "embedder": embedder.state_dict()}, path)
     return trunk, embedder
