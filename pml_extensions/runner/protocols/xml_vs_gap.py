@@ -87,6 +87,23 @@ def _xml_weight(cfg) -> Optional[float]:
     return None
 
 
+def xml_loss_curve(stage: str) -> Optional[Dict[str, float]]:
+    """Summary of a unit's logged ``xml_loss`` (record-keeper CSV of its XMLWrapper): mean of the first and last 10
+    iterations and the std over all iterations; ``None`` without an XMLWrapper log."""
+    import csv
+    import glob
+
+    files = [f for f in glob.glob(os.path.join(stage, "logs", "*XMLWrapper.csv")) if "_modules" not in os.path.basename(f)]
+    if not files:
+        return None
+    with open(files[0], newline="", encoding="utf-8") as f:
+        values = [float(r["xml_loss"]) for r in csv.DictReader(f) if r.get("xml_loss") not in (None, "")]
+    if not values:
+        return None
+    return {"first10": float(np.mean(values[:10])), "last10": float(np.mean(values[-10:])),
+            "std": float(np.std(values)), "iterations": len(values)}
+
+
 def _unit_result(name, seed, cfg, folder, device, log):
     stage = os.path.join(folder, name, f"seed_{seed}")
     path = os.path.join(stage, "result.json")
@@ -167,10 +184,24 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
         f"and same batches within a seed), device {device}. Test metrics; differences are paired by seed, 95 % "
         f"Student-t interval."
     )
+    curves = {n: {str(sd): xml_loss_curve(os.path.join(experiment_folder, n, f"seed_{sd}")) for sd in seeds}
+              for n in merged if (_xml_weight(merged[n]) or 0) > 0}
+    results["xml_loss_curves"] = curves
+    curve_lines = []
+    for n, per in curves.items():
+        ok = [c for c in per.values() if c]
+        if ok:
+            curve_lines.append(
+                f"- `xml_loss` of {n} (logged every iteration, mean over seeds): first 10 iterations "
+                f"{np.mean([c['first10'] for c in ok]):.3f}, last 10 {np.mean([c['last10'] for c in ok]):.3f}, std over "
+                f"iterations {np.mean([c['std'] for c in ok]):.3f}")
     claims = [f"- {verdict(c)}" for c in results["comparisons"]
               if _xml_weight(merged[c["variant"]]) > 0 and _xml_weight(merged[c["baseline"]]) is None]
     footer = ("Paper (XML, ICIP 2023): XML gives \"consistent improvements\" on unseen classes. Here, per XML-vs-GAP "
               "comparison:\n" + "\n".join(claims)) if claims else ""
+    if curve_lines:
+        footer += ("\n\nThe XML term (contrastive: 2.00 is its value when all cross-batch predictions coincide):\n"
+                   + "\n".join(curve_lines))
     write_results(experiment_folder, results, metrics=list(METRICS), header=header, footer=footer)
     num_prototypes = 64
     for name, vcfg, _, _ in first_seed_units:
