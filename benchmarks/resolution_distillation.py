@@ -30,6 +30,21 @@ def _delta(results, variant, baseline):
     return None
 
 
+def _verdict(c, want):
+    """``want``: "above" (the paper says the variant is better) or "below" (the paper says it is worse)."""
+    if c is None or c["ci95"] is None:
+        return "undecided (fewer than 2 seeds)"
+    lo, hi = c["ci95"]
+    good = lo > 0 if want == "above" else hi < 0
+    bad = hi < 0 if want == "above" else lo > 0
+    same_sign = c["mean_difference"] > 0 if want == "above" else c["mean_difference"] < 0
+    if good:
+        return "reproduces"
+    if bad:
+        return "does not reproduce (significantly the other way)"
+    return "same direction, not significant" if same_sign else "does not reproduce (other direction, not significant)"
+
+
 def _say(c):
     if c is None:
         return "not measured"
@@ -50,21 +65,27 @@ def claims(results) -> str:
         qs = sorted({r["query_resolution"] for r in rows if r["dataset"] == dataset and r["query_resolution"] != db})
         for q in qs:
             asym = variant_name(dataset, q, "teacher_student_asymmetric")
+            naive = _delta(results, asym, variant_name(dataset, q, "teacher_asymmetric"))
+            low = _delta(results, asym, variant_name(dataset, q, "low_resolution_teacher_symmetric"))
+            sym = _delta(results, asym, variant_name(dataset, q, "student_symmetric"))
+            close = sym is not None and sym["ci95"] is not None and sym["ci95"][0] <= 0 <= sym["ci95"][1]
             lines.append(
                 f"- {dataset}, {q} px queries against the {db} px database. Paper: distilled asymmetric retrieval "
                 f"beats the teacher on small queries (naive asymmetric) and the model trained at the small resolution, "
                 f"and comes close to symmetric retrieval. Ours: vs naive asymmetric "
-                f"{_say(_delta(results, asym, variant_name(dataset, q, 'teacher_asymmetric')))}; vs low-resolution "
-                f"teacher {_say(_delta(results, asym, variant_name(dataset, q, 'low_resolution_teacher_symmetric')))}; "
-                f"vs the student's own symmetric {_say(_delta(results, asym, variant_name(dataset, q, 'student_symmetric')))}."
+                f"{_say(naive)}: **{_verdict(naive, 'above')}**; vs low-resolution teacher {_say(low)}: "
+                f"**{_verdict(low, 'above')}**; vs the student's own symmetric {_say(sym)}: "
+                f"**{'reproduces (no significant gap)' if close else 'does not reproduce (asymmetric stays below)'}**."
             )
         ablated = sorted({(r["query_resolution"], r["student_variant"]) for r in rows
                           if r["dataset"] == dataset and r.get("student_variant") not in (None, "full")})
         if ablated:
             q = ablated[0][0]
             full = variant_name(dataset, q, "teacher_student_asymmetric")
-            parts = [f"{v} {_say(_delta(results, variant_name(dataset, q, 'teacher_student_asymmetric', v), full))}"
-                     for _, v in ablated]
+            parts = []
+            for _, v in ablated:
+                c = _delta(results, variant_name(dataset, q, "teacher_student_asymmetric", v), full)
+                parts.append(f"{v} {_say(c)}: **{_verdict(c, 'below')}**")
             lines.append(
                 f"- {dataset}, Tables 3-4 at {q} px. Paper: every loss term and augmentation group helps, the "
                 f"combination is best, L_abs alone is strong, initialising from the teacher beats ImageNet and the "
@@ -81,7 +102,15 @@ def main(argv=None):
     p.add_argument("--device", help="override resolution_job.device (e.g. cpu, cuda)")
     p.add_argument("--experiment-folder", help="default experiments/resolution_distillation_<size>")
     p.add_argument("--resume-anyway", action="store_true", help="continue a folder whose saved config differs")
+    p.add_argument("--render-only", action="store_true", help="rewrite the .md from the saved results JSON, no run")
     args = p.parse_args(argv)
+    name = "resolution_distillation" if args.size == "quick" else "resolution_distillation_full"
+    if args.render_only:
+        import json
+
+        with open(os.path.join(RESULTS, name + ".json"), encoding="utf-8") as f:
+            results = json.load(f)
+        return _write_md(results, name, results["command"].split())
     selection = {"config_general": ["default", "quick"] if args.size == "quick" else ["default"]}
     config, sources = load_config(find_config("resolution_distillation"), selection, {})
     if args.seeds:
@@ -94,14 +123,18 @@ def main(argv=None):
     )
     results = run_protocol(config, folder, sources, on_change="resume" if args.resume_anyway else "stop",
                            command=command)
-    name = "resolution_distillation" if args.size == "quick" else "resolution_distillation_full"
     results = dict(results, command=" ".join(command))
     atomic_write_json(os.path.join(RESULTS, name + ".json"), results, indent=1)
+    _write_md(results, name, command)
+    print(f"experiment folder {folder}")
+
+
+def _write_md(results, name, command):
     text = markdown_tables(results) + "\n" + claims(results)
     text += f"\nCommand: `{' '.join(command)}`; {results['seconds'] / 60:.1f} min wall for this call.\n"
     atomic_write_text(os.path.join(RESULTS, name + ".md"), text)
     print(text)
-    print(f"wrote {os.path.join(RESULTS, name)}.json/.md; experiment folder {folder}")
+    print(f"wrote {os.path.join(RESULTS, name)}.json/.md")
 
 
 if __name__ == "__main__":
