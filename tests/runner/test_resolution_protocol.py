@@ -25,7 +25,7 @@ TINY_JOB = {
             "crop_scale": [0.5, 1.0],
         }
     },
-    "seeds": [0, 1], "teacher_iterations": 2, "student_iterations": 6, "checkpoint_every": 2, "images_per_batch": 2,
+    "seeds": [0, 1], "teacher_iterations": 4, "student_iterations": 6, "checkpoint_every": 2, "images_per_batch": 2,
     "num_augmentations": 2, "embedding_dim": 16, "eval_batch_size": 64, "device": "cpu", "num_workers": 0,
     "student_variants": ["loss_abs_only"],
 }
@@ -98,27 +98,34 @@ class TestResolutionProtocolRun(unittest.TestCase):
         self.assertEqual(self.run_cli("whole"), 0)
         self.assertEqual(self.results("whole")["variants"], result["variants"])
 
-        # SIGKILL inside a student stage, then rerun: identical results, no lost or duplicated log rows
-        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-        argv = [sys.executable, "-m", "pml_extensions", "run", self.cfg, "--root_experiment_folder",
-                os.path.join(self.tmp.name, "exp"), "--experiment_name", "killed"]
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        stage = os.path.join(self.tmp.name, "exp", "killed", "glyphs", "seed_0", "student_16px_full")
-        deadline = time.time() + 300
-        while not os.path.exists(os.path.join(stage, "checkpoint.pth")) and time.time() < deadline:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        self.assertFalse(os.path.exists(os.path.join(stage, "result.json")), "killed too late to test a resume")
+        # SIGKILL inside the teacher stage, rerun, SIGKILL inside a student stage, rerun: identical results, no lost
+        # or duplicated log rows
+        seed0 = os.path.join(self.tmp.name, "exp", "killed", "glyphs", "seed_0")
+        for stage in ("teacher", "student_16px_full"):
+            self.kill_inside(os.path.join(seed0, stage))
         self.assertEqual(self.run_cli("killed"), 0)
         killed = self.results("killed")
         self.assertEqual(killed["variants"], result["variants"])
         self.assertEqual(killed["curve"], result["curve"])
-        with open(os.path.join(stage, "logs", "loss_histories.csv")) as f:
-            iterations = [int(float(r["~iteration~"])) for r in csv.DictReader(f)]
-        self.assertEqual(iterations, list(range(1, 7)))
+        for stage, n in (("teacher", 4), ("student_16px_full", 6)):
+            with open(os.path.join(seed0, stage, "logs", "loss_histories.csv")) as f:
+                iterations = [int(float(r["~iteration~"])) for r in csv.DictReader(f)]
+            self.assertEqual(iterations, list(range(1, n + 1)), stage)
+
+    def kill_inside(self, stage):
+        """Start the run in a subprocess and SIGKILL it once ``stage`` has committed its first checkpoint."""
+        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+        argv = [sys.executable, "-m", "pml_extensions", "run", self.cfg, "--root_experiment_folder",
+                os.path.join(self.tmp.name, "exp"), "--experiment_name", "killed"]
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 300
+        while not os.path.exists(os.path.join(stage, "checkpoint.pth")) and time.time() < deadline:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        self.assertFalse(os.path.exists(os.path.join(stage, "result.json")), f"killed too late inside {stage}")
 
     def test_paired_students_start_identical(self):
         _need_weights(self)
