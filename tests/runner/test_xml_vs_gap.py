@@ -136,5 +136,7 @@ class TestJob(unittest.TestCase):
             xml_vs_gap.load_job_config(xml_vs_gap.parse_args(["--config", "contrastive"]))
         with self.assertRaisesRegex(Exception, "seeds must be distinct"):
             xml_vs_gap.check_seeds([0, 0])
+        with self.assertRaisesRegex(Exception, "both given; keep one"):
+            xml_vs_gap.run({**tiny_config(), "seed": 0}, tempfile.mkdtemp())
         with self.assertRaisesRegex(Exception, "comparisons"):
             xml_vs_gap.run({**tiny_config(), "comparisons": [["contrastive_xml", "nope"]]}, tempfile.mkdtemp())

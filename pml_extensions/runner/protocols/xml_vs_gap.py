@@ -134,8 +134,10 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
 
     cfg = copy.deepcopy(config)
     cfg.pop("protocol", None)
-    seeds = check_seeds(cfg.pop("seeds", None) or list(DEFAULT_SEEDS))
-    cfg.pop("seed", None)
+    seed = cfg.pop("seed", None)
+    if cfg.get("seeds") is not None and seed is not None:
+        raise ConfigError(f"seed: {seed!r} and seeds: {cfg['seeds']!r} both given; keep one (seeds: [...] runs every seed)")
+    seeds = check_seeds(cfg.pop("seeds", None) or ([seed] if seed is not None else list(DEFAULT_SEEDS)))
     variants = cfg.pop("variants", None) or {"default": {}}
     variants = {k: (v or {}) for k, v in variants.items()}
     comparisons = cfg.pop("comparisons", None) or []
