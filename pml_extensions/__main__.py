@@ -1,16 +1,17 @@
-"""Command line: ``python -m pml_extensions <command> ...`` (also the ``pml-extensions`` console script).
+"""usage: python -m pml_extensions {job,run,explain} ...   (also the pml-extensions console script)
 
 Commands:
-    job      the main XML job (HistogramPooling + XMLWrapper vs the GAP baseline) from a shipped or given config.
-    run      run a powerful-benchmarker-style config folder (see ``pml_extensions.runner.cli``).
-    explain  explain why two images are similar (see ``pml_extensions.explain.cli``).
+    job      the main XML job: the xml_vs_gap protocol (HistogramPooling + XMLWrapper vs the GAP baseline)
+             from a shipped or given flat config; same output folder and files as before.
+    run      run a config with its protocol (mlrc, xml_vs_gap, resolution_distillation); run --help for more.
+    explain  explain why two images are similar; explain --help for more.
 """
 
 import importlib
 import sys
 
 COMMANDS = {
-    "job": "pml_extensions.runner.main_job",
+    "job": "pml_extensions.runner.protocols.xml_vs_gap",
     "run": "pml_extensions.runner.cli",
     "explain": "pml_extensions.explain.cli",
 }

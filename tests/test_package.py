@@ -28,3 +28,12 @@ class TestReExports(unittest.TestCase):
 
     def test_version(self):
         self.assertRegex(pml_extensions.__version__, r"^\d+\.\d+\.\d+")
+
+
+def test_top_level_help_has_a_usage_line_and_no_rst(capsys):
+    from pml_extensions.__main__ import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("usage: python -m pml_extensions {job,run,explain}")
+    assert "``" not in out and ":mod:" not in out and ":func:" not in out

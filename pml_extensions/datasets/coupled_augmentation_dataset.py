@@ -4,7 +4,7 @@ Source: P. Suma and G. Tolias, WACV 2023, Sec. 4 and 5 ("coupled" augmentations,
 crop, horizontal flip, colour distortion of strength 0.5 [SimCLR], mixup with alpha = 0.2 with the next image of the
 batch). The jitter factors (brightness/contrast/saturation 0.8·s, hue 0.2·s) follow SimCLR and ``pavelsuma/raml``
 (``lib/datasets/datahelpers.py``). Deviation from that code: parameters are drawn ONCE from a private
-``numpy.random.Generator`` seeded by (seed, epoch, index) and applied at both sizes with torchvision's functional ops,
+``numpy.random.Generator`` seeded by (seed, epoch, data pass, index) and applied at both sizes with torchvision's functional ops,
 instead of reseeding the global ``random``/``numpy``/``torch`` RNGs before each transform chain; the mixup partner is
 the next image of the batch (the paper), not a random training image (the code).
 """
@@ -37,10 +37,12 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
     Mixup happens in :meth:`collate`: row p of image b is mixed with row p of the NEXT image of the batch
     (``(b + 1) mod B``), with image b's λ, identically at both sizes, on normalised tensors (as the paper's code).
 
-    Draws come from ``numpy.random.default_rng([seed, epoch, index])``: reproducible, independent of the order in
-    which DataLoader workers fetch items, and the global RNGs are never touched. Call :meth:`set_epoch` before
-    each epoch for fresh augmentations (with workers, before the DataLoader iterator is created, as with
-    ``DistributedSampler``).
+    Draws come from ``numpy.random.default_rng([seed, epoch, data_pass, index])``: reproducible, independent of the
+    order in which DataLoader workers fetch items, and the global RNGs are never touched. Call :meth:`set_epoch`
+    before each epoch and :meth:`set_pass` before each new pass over the data (every time a DataLoader iterator is
+    created; :class:`~pml_extensions.trainers.ResolutionDistillationTrainer` does both), otherwise a second pass
+    repeats the first pass's crops, flips, jitter and mixup λ. With workers, call them before the iterator is
+    created, as with ``DistributedSampler``.
 
     Args:
         dataset: items ``(PIL.Image, int label)`` (any mode, converted to RGB).
@@ -112,6 +114,7 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         self.seed = int(seed)
         self.coupled = bool(coupled)
         self.epoch = 0
+        self.data_pass = 0
         labels = getattr(dataset, "labels", None)
         self.labels = np.asarray(labels if labels is not None else [dataset[i][1] for i in range(len(dataset))])
 
@@ -119,12 +122,22 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def set_epoch(self, epoch: int):
-        """Select the augmentation draws of ``epoch`` (part of the per-item seed)."""
+        """Select the augmentation draws of ``epoch`` (part of the per-item seed). Raises ValueError if negative."""
+        if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         self.epoch = int(epoch)
+
+    def set_pass(self, data_pass: int):
+        """Select the draws of pass ``data_pass`` over the data (part of the per-item seed): fresh crops, flips,
+        jitter and mixup λ on every pass. Raises ValueError if negative."""
+        if isinstance(data_pass, bool) or int(data_pass) != data_pass or data_pass < 0:
+            raise ValueError(f"data_pass must be an int >= 0, got {data_pass!r}")
+        self.data_pass = int(data_pass)
 
     # ------------------------------------------------------------------ parameter draws
     def generator(self, index: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, self.epoch, int(index)])
+        """The private generator of item ``index`` for the current epoch and pass."""
+        return np.random.default_rng([self.seed, self.epoch, self.data_pass, int(index)])
 
     def _crop_box(self, rng, width, height):
         """RandomResizedCrop's box (top, left, h, w) on the original image, drawn with ``rng`` (torchvision's rule)."""
@@ -229,3 +242,38 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         image_ids = torch.tensor(ids).repeat_interleave(p)
         class_labels = torch.tensor(labels).repeat_interleave(p)
         return (student.flatten(0, 1), teacher.flatten(0, 1), class_labels), image_ids
+
+
+class PassShuffleSampler(torch.utils.data.Sampler):
+    """A random permutation of ``range(num_items)`` per pass, drawn from ``(seed, data_pass)`` alone.
+
+    Unlike ``RandomSampler`` it keeps no generator state between passes: the order of pass p is a function of
+    (seed, p), so a run resumed at a pass boundary sees exactly the batches of an uninterrupted run.
+    :meth:`set_pass` selects the pass (the trainer calls it with the dataset's).
+
+    Example::
+
+        >>> s = PassShuffleSampler(4, seed=0)
+        >>> sorted(s) == [0, 1, 2, 3], list(s) == list(PassShuffleSampler(4, seed=0))
+        (True, True)
+
+    Raises:
+        ValueError: a non-positive ``num_items`` or a negative pass.
+    """
+
+    def __init__(self, num_items: int, seed: int = 0):
+        self.num_items = _positive_int("num_items", num_items)
+        self.seed = int(seed)
+        self.data_pass = 0
+
+    def set_pass(self, data_pass: int):
+        if isinstance(data_pass, bool) or int(data_pass) != data_pass or data_pass < 0:
+            raise ValueError(f"data_pass must be an int >= 0, got {data_pass!r}")
+        self.data_pass = int(data_pass)
+
+    def __len__(self):
+        return self.num_items
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.data_pass)
+        return iter(torch.randperm(self.num_items, generator=generator).tolist())

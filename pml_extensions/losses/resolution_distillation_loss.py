@@ -47,9 +47,11 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
     is the absolute distillation of eq. (5) (the ``ts_reg``/AML baseline when ``ref_emb`` are un-augmented features).
     The unweighted per-batch means are kept in the recordable attributes ``abs_loss``, ``rel_ts_loss``, ``rel_ss_loss``.
 
-    Similarities come from ``distance`` (default ``DotProductSimilarity()``, as the paper's code: the embeddings are
-    expected L2-normalised by the head). ``CosineSimilarity()`` normalises them first. Distances (non-inverted) are
-    rejected since the formula is written in similarities.
+    Similarities come from ``distance``. The default, PML's ``DotProductSimilarity()``, L2-normalises both
+    ``embeddings`` and ``ref_emb`` first (PML distances have ``normalize_embeddings=True`` by default), so the loss
+    works on COSINES, as the paper's code does with its L2-normalising head. ``DotProductSimilarity
+    (normalize_embeddings=False)`` uses the raw dot products (the same for unit-norm rows, different otherwise).
+    Distances (non-inverted) are rejected since the formula is written in similarities.
 
     Args:
         lambda_ts: λ_t, weight of L_rel-ts (CLI ``--lam-1``). Default 0.7 (paper's indicative value).
@@ -175,7 +177,7 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
                 )
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
-        # maybe_normalize: identity for DotProductSimilarity, L2 normalisation for CosineSimilarity.
+        # maybe_normalize: L2 normalisation unless the distance has normalize_embeddings=False (PML default True).
         u, v = self.distance.maybe_normalize(embeddings), self.distance.maybe_normalize(ref_emb)
         sim = self.distance.compute_mat
         n = u.shape[0]

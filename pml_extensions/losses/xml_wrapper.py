@@ -8,7 +8,6 @@ Source: Y. Z. Gurbuz and A. A. Alatan, "Generalizable Embeddings with Cross-batc
 
 import inspect
 import math
-from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -16,6 +15,7 @@ from pytorch_metric_learning.utils.module_with_records import ModuleWithRecords
 
 from ..utils.class_split import class_disjoint_split
 from ..utils.ridge import ridge_prototypes
+from ._loss_state import _is_memory_wrapper, _state_left_untouched
 
 
 def _check_finite(name, tensor):
@@ -47,34 +47,13 @@ def _restrict_indices_tuple(indices_tuple, half):
     return tuple(out)
 
 
-@contextmanager
-def _state_left_untouched(module: torch.nn.Module):
-    """Run a block that calls ``module`` without letting it change the module's state: every buffer (memory banks,
-    running statistics, counters) is swapped for a clone during the block and the originals put back afterwards
-    (the originals are never written, so a graph that saved them stays valid), and plain number/bool attributes
-    (queue positions, call counters, recorded statistics) get their values back."""
-    saved_buffers, saved_numbers = [], []
-    for sub in module.modules():
-        for name, buf in sub._buffers.items():
-            if buf is not None:
-                saved_buffers.append((sub, name, buf))
-                sub._buffers[name] = buf.clone()
-        numbers = {k: v for k, v in vars(sub).items() if isinstance(v, (bool, int, float)) and not k.startswith("__")}
-        saved_numbers.append((sub, numbers))
-    try:
-        yield
-    finally:
-        for sub, name, buf in saved_buffers:
-            sub._buffers[name] = buf
-        for sub, numbers in saved_numbers:
-            sub.__dict__.update(numbers)
+class _Ref:
+    """Holds a module without registering it (not a Module, list or dict: invisible to record-keeper's walk)."""
 
+    __slots__ = ("module",)
 
-def _is_memory_wrapper(loss: torch.nn.Module) -> bool:
-    """A cross-batch memory loss (PML's ``CrossBatchMemory`` or alike): a memory-bank buffer around a wrapped loss."""
-    return isinstance(getattr(loss, "loss", None), torch.nn.Module) and torch.is_tensor(
-        getattr(loss, "embedding_memory", None)
-    )
+    def __init__(self, module):
+        self.module = module
 
 
 class XMLWrapper(ModuleWithRecords):
@@ -115,6 +94,21 @@ class XMLWrapper(ModuleWithRecords):
             :class:`pml_extensions.trunks.HistogramPooling`), read when ``histograms`` is not passed.
         seed: seed of the private generator that draws the class split (reproducible; global RNG untouched).
         ridge_form: ``"auto"`` (default), ``"primal"`` or ``"kernel"``; see :func:`pml_extensions.utils.ridge_prototypes`.
+        target: what the ridge prototypes regress (see "Ridge target" below): ``"embeddings"`` (default; the
+            embeddings the loss receives) or ``"pooled"`` (the paper's: the GAP vectors ``histogram_layer.last_pooled``,
+            the predictions then pass through ``head`` to become embeddings).
+        head: with ``target="pooled"``, the module that maps a GAP vector ``[N, C]`` to the embedding ``[N, d]`` (the
+            embedder, and any trunk layer after the pooling); see :meth:`attach_head`. Kept out of this module's
+            parameters (it belongs to the model and is trained by its own optimizer).
+
+    Ridge target. The paper (Sec. 2.3) regresses the GAP representations Y of the batch on the histograms Z,
+    ``V_k = argmin ||V Z_k - Y_k||² + ε||V||²`` (Lemma 2.1: a GAP vector is close to a convex combination of
+    prototypes), and asks the predicted ``Ŷ = V_1 Z_2`` to minimise the DML loss, i.e. the loss sees
+    ``head(Ŷ)``: ``target="pooled"`` is the faithful form. ``target="embeddings"`` regresses the embedder's
+    output instead; the ridge solution is linear in its target, so both agree exactly when the head is a linear
+    map without bias (``head(Z V) = Z V Wᵀ`` and the fit to ``Y Wᵀ`` is ``V Wᵀ``); with a bias (shrunk by the
+    ridge penalty) or an MLP they differ. ``"embeddings"`` stays the default because it needs nothing but the
+    loss's inputs (any trunk/embedder, drop-in for PML); the shipped configs and the main job use ``"pooled"``.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
     histograms [N, m] = None) -> scalar``. Precision: float16/bfloat16 embeddings (pure half models or
@@ -139,6 +133,8 @@ class XMLWrapper(ModuleWithRecords):
         histogram_layer: Optional[torch.nn.Module] = None,
         seed: int = 0,
         ridge_form: str = "auto",
+        target: str = "embeddings",
+        head: Optional[torch.nn.Module] = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -160,6 +156,14 @@ class XMLWrapper(ModuleWithRecords):
             )
         if ridge_form not in ("auto", "primal", "kernel"):
             raise ValueError(f"ridge_form must be 'auto', 'primal' or 'kernel', got {ridge_form!r}")
+        if target not in ("embeddings", "pooled"):
+            raise ValueError(f"target must be 'embeddings' or 'pooled', got {target!r}")
+        if head is not None and not callable(head):
+            raise TypeError(f"head must be a module mapping [N, C] GAP vectors to embeddings, got {type(head).__name__}")
+        self.target = target
+        # In a plain holder, not an attribute: the head belongs to the model (not this module's parameters or state
+        # dict), and record-keeper, which walks module attributes, must not log the embedder's tensors.
+        self._head_ref = _Ref(head)
         self.loss = loss
         self.xml_weight = float(xml_weight)
         self.ridge = float(ridge)
@@ -174,6 +178,46 @@ class XMLWrapper(ModuleWithRecords):
         self.add_to_recordable_attributes(
             list_of_names=["xml_weight", "ridge", "inner_loss", "xml_loss", "num_skipped_xml"], is_stat=False
         )
+
+    def attach(self, trunk: torch.nn.Module) -> "XMLWrapper":
+        """Read histograms from the single :class:`pml_extensions.trunks.HistogramPooling` inside ``trunk``
+        (kept out of this module's parameters and state dict: the layer belongs to the trunk). Returns ``self``.
+
+        Raises:
+            ValueError: if ``trunk`` holds no HistogramPooling or more than one.
+
+        Example::
+
+            >>> from pytorch_metric_learning.losses import ContrastiveLoss
+            >>> from pml_extensions.trunks import HistogramPooling
+            >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
+            >>> XMLWrapper(ContrastiveLoss()).attach(trunk).histogram_layer is trunk[1]
+            True
+        """
+        from ..trunks.histogram_pooling import find_histogram_layers
+
+        layers = find_histogram_layers(trunk)
+        if len(layers) != 1:
+            raise ValueError(f"XMLWrapper.attach: the trunk must hold exactly one HistogramPooling, found {len(layers)}")
+        self.__dict__["histogram_layer"] = layers[0]
+        return self
+
+    @staticmethod
+    def attach_all(loss_funcs, trunk: torch.nn.Module) -> int:
+        """:meth:`attach` ``trunk`` to every XMLWrapper without a ``histogram_layer`` nested in the loss modules
+        (a dict or an iterable of modules, e.g. a config's ``loss_funcs``). Returns how many were attached.
+
+        Raises:
+            ValueError: as :meth:`attach`, when some wrapper needs a layer.
+        """
+        modules = loss_funcs.values() if isinstance(loss_funcs, dict) else loss_funcs
+        attached = 0
+        for loss in modules:
+            for m in loss.modules():
+                if isinstance(m, XMLWrapper) and m.histogram_layer is None:
+                    m.attach(trunk)
+                    attached += 1
+        return attached
 
     @staticmethod
     def _takes_embeddings_and_labels(loss):
@@ -190,6 +234,11 @@ class XMLWrapper(ModuleWithRecords):
         return any(name in params for name in ("labels", "indices_tuple", "ref_emb")) or any(
             p.kind == p.VAR_KEYWORD for p in params.values()
         )
+
+    @property
+    def head(self) -> Optional[torch.nn.Module]:
+        """GAP vector -> embedding module of ``target="pooled"`` (``None`` until given or attached)."""
+        return self._head_ref.module
 
     def get_histograms(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Return the histograms for ``embeddings`` ([N, m]) from the keyword or from ``histogram_layer``.
@@ -225,35 +274,97 @@ class XMLWrapper(ModuleWithRecords):
             raise ValueError(f"{source} contains NaN or inf values{hint}")
         return histograms
 
+    def get_pooled(self, embeddings: torch.Tensor, pooled: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The GAP vectors ``[N, C]`` (``target="pooled"``): the keyword, else ``histogram_layer.last_pooled``.
+
+        Raises:
+            ValueError: if none are available, they are not finite, or their batch size differs from the embeddings'.
+        """
+        if pooled is None:
+            pooled = getattr(self.histogram_layer, "last_pooled", None)
+            if pooled is None:
+                raise ValueError("target='pooled' needs the GAP vectors: pass pooled=[N, C] or use a histogram_layer "
+                                 "that keeps last_pooled (HistogramPooling), run after the trunk's forward")
+        if not torch.is_tensor(pooled) or pooled.ndim != 2 or pooled.shape[0] != embeddings.shape[0]:
+            raise ValueError(f"pooled must be [N, C] with N = {embeddings.shape[0]}, got {getattr(pooled, 'shape', type(pooled))}")
+        _check_finite("pooled", pooled)
+        return pooled
+
     def extra_tensors_for_gather(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> dict:
         """Per-sample tensors a distributed wrapper must gather with the embeddings: ``{"histograms": [N, m]}``
         (empty when ``xml_weight == 0``). Used by :class:`pml_extensions.utils.DistributedLossWrapper`."""
         if self.xml_weight == 0:
             return {}
-        return {"histograms": self.get_histograms(embeddings, histograms)}
+        extra = {"histograms": self.get_histograms(embeddings, histograms)}
+        if self.target == "pooled":
+            extra["pooled"] = self.get_pooled(embeddings)
+        return extra
 
     def _call_inner(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, loss=None):
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         return (self.loss if loss is None else loss)(embeddings, labels, **kwargs)
 
-    def cross_predictions(self, embeddings: torch.Tensor, histograms: torch.Tensor, halves):
-        """Predict each half from the other half's ridge prototypes.
+    def cross_predictions(self, targets: torch.Tensor, histograms: torch.Tensor, halves):
+        """Predict each half's ridge targets from the other half's prototypes.
 
         Args:
-            embeddings: ``[N, d]``; histograms: ``[N, m]``; halves: ``(indices_1, indices_2)``.
+            targets: ``[N, t]`` what the prototypes regress (embeddings, or GAP vectors with ``target="pooled"``);
+            histograms: ``[N, m]``; halves: ``(indices_1, indices_2)``.
 
         Returns:
-            ``(Ŷ_1 [N_1, d], Ŷ_2 [N_2, d])`` in the embeddings' dtype; ``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``.
+            ``(Ŷ_1 [N_1, t], Ŷ_2 [N_2, t])`` in the targets' dtype; ``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``.
         """
         first, second = halves
         z1, z2 = histograms[first], histograms[second]
-        v1 = ridge_prototypes(z1, embeddings[first], self.ridge, self.ridge_form)
-        v2 = ridge_prototypes(z2, embeddings[second], self.ridge, self.ridge_form)
-        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        v1 = ridge_prototypes(z1, targets[first], self.ridge, self.ridge_form)
+        v2 = ridge_prototypes(z2, targets[second], self.ridge, self.ridge_form)
+        with torch.autocast(device_type=targets.device.type, enabled=False):
             pred1 = z1.to(v2.dtype) @ v2
             pred2 = z2.to(v1.dtype) @ v1
-        return pred1.to(embeddings.dtype), pred2.to(embeddings.dtype)
+        return pred1.to(targets.dtype), pred2.to(targets.dtype)
+
+    def attach_head(self, trunk: torch.nn.Module, embedder: Optional[torch.nn.Module] = None) -> "XMLWrapper":
+        """Set ``head`` = the trunk's layers after its HistogramPooling, then ``embedder`` (for ``target="pooled"``).
+
+        Raises:
+            ValueError: if ``trunk`` is not a Sequential holding ``histogram_layer`` (or one HistogramPooling) as a
+                direct child.
+
+        Example::
+
+            >>> from pytorch_metric_learning.losses import ContrastiveLoss
+            >>> from pml_extensions.trunks import HistogramPooling
+            >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
+            >>> loss = XMLWrapper(ContrastiveLoss(), target="pooled").attach(trunk).attach_head(trunk, torch.nn.Linear(8, 2))
+            >>> type(loss.head).__name__
+            'Sequential'
+        """
+        layer = self.histogram_layer
+        children = list(trunk.children()) if isinstance(trunk, torch.nn.Sequential) else []
+        if layer is None:
+            from ..trunks.histogram_pooling import find_histogram_layers
+
+            found = find_histogram_layers(trunk)
+            layer = found[0] if len(found) == 1 else None
+        if layer is None or not any(c is layer for c in children):
+            raise ValueError("XMLWrapper.attach_head: the trunk must be a Sequential with the HistogramPooling as a direct child")
+        after = children[next(i for i, c in enumerate(children) if c is layer) + 1 :]
+        self._head_ref = _Ref(torch.nn.Sequential(*after, *([embedder] if embedder is not None else [])))
+        return self
+
+    @staticmethod
+    def attach_heads(loss_funcs, trunk: torch.nn.Module, embedder: Optional[torch.nn.Module] = None) -> int:
+        """:meth:`attach_head` on every ``target="pooled"`` XMLWrapper without a head nested in the loss modules.
+        Returns how many were set."""
+        modules = loss_funcs.values() if isinstance(loss_funcs, dict) else loss_funcs
+        count = 0
+        for loss in modules:
+            for m in loss.modules():
+                if isinstance(m, XMLWrapper) and m.target == "pooled" and m.head is None:
+                    m.attach_head(trunk, embedder)
+                    count += 1
+        return count
 
     def forward(
         self,
@@ -264,6 +375,7 @@ class XMLWrapper(ModuleWithRecords):
         ref_labels: Optional[torch.Tensor] = None,
         *,
         histograms: Optional[torch.Tensor] = None,
+        pooled: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         _check_finite("embeddings", embeddings)
         if embeddings.ndim != 2:
@@ -275,9 +387,9 @@ class XMLWrapper(ModuleWithRecords):
         # float32 inside for float16/bfloat16 embeddings, autocast off: PML's distances are neither accurate nor
         # always implemented in half precision (cdist has no CPU bfloat16 kernel); float64 stays float64.
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
-            return self._forward(embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms)
+            return self._forward(embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled)
 
-    def _forward(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms):
+    def _forward(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled):
         work = torch.promote_types(embeddings.dtype, torch.float32)
         embeddings = embeddings.to(work)
         ref_emb = ref_emb if ref_emb is None or not ref_emb.is_floating_point() else ref_emb.to(work)
@@ -293,7 +405,17 @@ class XMLWrapper(ModuleWithRecords):
             self.num_skipped_xml += 1
             self.xml_loss = 0.0
             return inner
-        pred1, pred2 = self.cross_predictions(embeddings, histograms, halves)
+        if self.target == "pooled":
+            pooled = self.get_pooled(embeddings, pooled)
+            if self.head is None:
+                raise ValueError("target='pooled' needs a head (GAP vector -> embedding): pass head=embedder or call "
+                                 "attach_head(trunk, embedder)")
+            pred1, pred2 = self.cross_predictions(pooled.to(torch.promote_types(pooled.dtype, work)), histograms, halves)
+            # the head runs in its own parameters' dtype (a half model stays half); the loss sees float32 or wider
+            head_dtype = next((p.dtype for p in self.head.parameters() if p.is_floating_point()), pred1.dtype)
+            pred1, pred2 = (self.head(p.to(head_dtype)).to(work) for p in (pred1, pred2))
+        else:
+            pred1, pred2 = self.cross_predictions(embeddings, histograms, halves)
         labels = labels.to(embeddings.device)
         # Mined tuples index the batch only when there is no separate reference set.
         mined = indices_tuple if ref_emb is None else None

@@ -5,7 +5,7 @@ from .config_loader import CONFIG_FOLDERS, load_config, merge, parse_command_lin
 from .distributed import DistributedBatchSliceSampler
 from .factory import ConfigError, build, resolve
 from .mlp import MLP
-from .mlrc import MLRCRunner, ensemble_metrics, mlrc_class_splits
+from .protocols.mlrc import MLRCRunner, ensemble_metrics, mlrc_class_splits
 from .registry import ROLES, classes_for_role, find, register
 from .report import write_report
 

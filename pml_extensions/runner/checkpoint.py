@@ -1,6 +1,6 @@
 """Atomic checkpoints and record-keeper logs that survive SIGKILL.
 
-Contract (used by :mod:`pml_extensions.runner.mlrc`): log rows are buffered in memory during an epoch; at the
+Contract (used by every protocol in :mod:`pml_extensions.runner.protocols`): log rows are buffered in memory during an epoch; at the
 end of the epoch :meth:`Checkpointer.commit` first writes the rows to record-keeper's SQLite database (one
 transaction per table) and rewrites each table's CSV from the database (tmp file + ``os.replace``), then
 writes the checkpoint (tmp file + fsync + ``os.replace``). On restart :meth:`Checkpointer.resume` loads the
@@ -58,6 +58,111 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
+
+
+def module_generators(modules: Dict[str, torch.nn.Module]) -> Dict[str, torch.Generator]:
+    """The CPU ``torch.Generator`` attributes of the modules and their submodules (e.g. ``XMLWrapper.generator``),
+    by dotted path, so a checkpoint also restores the losses' own random streams (read only)."""
+    from .distributed import unwrap
+
+    out = {}
+    for key, module in modules.items():
+        for path, m in unwrap(module).named_modules():
+            for attr, value in vars(m).items():
+                if isinstance(value, torch.Generator) and value.device.type == "cpu":
+                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value
+    return out
+
+
+def module_records(modules: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
+    """The numeric recordable attributes (PML's ``_record_these``, e.g. ``XMLWrapper.num_skipped_xml``) of the
+    modules and their submodules, by dotted path: counters a resumed run must continue, not restart."""
+    from .distributed import unwrap
+
+    out = {}
+    for key, module in modules.items():
+        for path, m in unwrap(module).named_modules():
+            for attr in getattr(m, "_record_these", ()) or ():
+                value = getattr(m, attr, None)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value
+                elif torch.is_tensor(value) and value.numel() == 1:
+                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value.detach().cpu().clone()
+    return out
+
+
+def _restore_records(modules: Dict[str, torch.nn.Module], saved: Dict[str, Any]) -> None:
+    from .distributed import unwrap
+
+    for key, module in modules.items():
+        for path, m in unwrap(module).named_modules():
+            for attr in getattr(m, "_record_these", ()) or ():
+                name = f"{key}.{path}.{attr}" if path else f"{key}.{attr}"
+                if name in saved:
+                    setattr(m, attr, saved[name])
+
+
+def training_state(
+    epoch: int,
+    global_iteration: int,
+    models: Dict[str, torch.nn.Module],
+    optimizers: Optional[Dict[str, Any]] = None,
+    loss_funcs: Optional[Dict[str, torch.nn.Module]] = None,
+    **extra: Any,
+) -> Dict[str, Any]:
+    """Everything a resumed epoch needs, ``weights_only``-loadable: the models', optimizers' and losses' state
+    dicts, the global RNG states, the losses' private generators and recordable counters
+    (:func:`module_records`) and ``extra`` (numbers, strings, tensors ...).
+
+    Example::
+
+        >>> s = training_state(2, 20, {"trunk": torch.nn.Linear(2, 2)}, best_metric=0.5)
+        >>> s["epoch"], s["global_iteration"], s["best_metric"]
+        (2, 20, 0.5)
+    """
+    from .distributed import unwrap
+
+    loss_funcs = loss_funcs or {}
+    return {
+        "epoch": int(epoch),
+        "global_iteration": int(global_iteration),
+        "models": {k: unwrap(m).state_dict() for k, m in models.items()},
+        "optimizers": {k: o.state_dict() for k, o in (optimizers or {}).items()},
+        "loss_funcs": {k: unwrap(l).state_dict() for k, l in loss_funcs.items()},
+        "rng": rng_state(),
+        "generators": {k: g.get_state() for k, g in module_generators(loss_funcs).items()},
+        "records": module_records(loss_funcs),
+        **extra,
+    }
+
+
+def restore_training_state(
+    state: Dict[str, Any],
+    models: Dict[str, torch.nn.Module],
+    optimizers: Optional[Dict[str, Any]] = None,
+    loss_funcs: Optional[Dict[str, torch.nn.Module]] = None,
+) -> Dict[str, Any]:
+    """Load what :func:`training_state` saved into the objects and restore the RNGs; returns ``state``.
+
+    Raises:
+        KeyError: when the state lacks a model, optimizer or loss that is given.
+    """
+    from .distributed import unwrap
+
+    loss_funcs = loss_funcs or {}
+    for k, m in models.items():
+        unwrap(m).load_state_dict(state["models"][k])
+    for k, o in (optimizers or {}).items():
+        o.load_state_dict(state["optimizers"][k])
+    for k, l in loss_funcs.items():
+        unwrap(l).load_state_dict(state["loss_funcs"][k])
+    set_rng_state(state["rng"])
+    saved = state.get("generators", {})
+    for k, g in module_generators(loss_funcs).items():
+        if k in saved:
+            g.set_state(saved[k])
+    _restore_records(loss_funcs, state.get("records", {}))
+    return state
 
 
 class _AtomicRecordWriter(RecordWriter):
@@ -121,6 +226,7 @@ class Checkpointer:
         epoch_tables: names of tables whose ``~iteration~`` column holds the epoch (e.g. accuracies); all
         other tables hold the global training iteration.
         save_lists: keep list-valued records (record-keeper's ``save_lists``).
+        tensorboard_writer: a ``torch.utils.tensorboard.SummaryWriter`` the record keeper also writes to.
 
     Attributes:
         record_keeper: a ``record_keeper.RecordKeeper`` to log into (``update_records`` / ``append_data``);
@@ -132,13 +238,15 @@ class Checkpointer:
 
     FILENAME = "checkpoint.pth"
 
-    def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False):
+    def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False, tensorboard_writer=None):
         self.folder = folder
         os.makedirs(folder, exist_ok=True)
         self.epoch_tables = set(epoch_tables)
         self.writer = _AtomicRecordWriter(os.path.join(folder, "logs"), save_lists=save_lists)
         self.record_keeper = RecordKeeper(
-            record_writer=self.writer, attributes_to_search_for=["_record_these"]
+            tensorboard_writer=tensorboard_writer,
+            record_writer=self.writer,
+            attributes_to_search_for=["_record_these"],
         )
 
     @property

@@ -1,23 +1,26 @@
-"""``python -m pml_extensions run`` (also ``pml-extensions run``): run a config folder in
-powerful-benchmarker's MLRC layout with the MLRC protocol.
+"""usage: python -m pml_extensions run CONFIG [--variant NAME] [--experiment_name NAME] [--dry-run] [--KEY VALUE ...]
 
-Usage::
+Run a powerful-benchmarker-style config with its protocol (the config's `protocol:` key, default mlrc).
 
-    python -m pml_extensions run CONFIG [--variant quick] [--experiment_name NAME]
-        [--root_experiment_folder DIR] [--config_general [default, other]] ...
-        [--key value | --key~OVERRIDE~ {...} | --key~APPLY~2 {...} ...]
-    python -m pml_extensions run --list [ROLE]
-    torchrun --nproc_per_node 2 -m pml_extensions run CONFIG ...      (gloo on CPU, nccl on GPU)
+  python -m pml_extensions run CONFIG [--variant quick] [--experiment_name NAME] [--root_experiment_folder DIR]
+      [--config_general [default, other]] ... [--key value | --key~OVERRIDE~ {...} | --key~APPLY~2 {...} ...]
+  python -m pml_extensions run CONFIG ... --dry-run     print the fully merged config as YAML, train nothing
+  python -m pml_extensions run --list [ROLE | protocol]  the class names a config can use, or the protocols
+  python -m pml_extensions run --reproduce RUN_FOLDER    rerun a finished experiment from its saved config
+  torchrun --nproc_per_node 2 -m pml_extensions run CONFIG ...   (gloo on CPU, nccl on GPU)
 
-``CONFIG`` is a folder holding ``config_general/``, ``config_models/`` ... or the name of a shipped config
-(``pml_extensions/configs/<name>``: contrastive, contrastive_xml, proxy_anchor, proxy_anchor_xml,
-template_block, explanation, resolution_distillation). ``--variant NAME`` merges ``NAME.yaml`` after ``default.yaml`` in every folder
-that has one (the shipped configs have ``quick``: embedded glyph data, minutes on 2 CPU cores).
-``--config_<folder> [a, b]`` chooses the files of one folder explicitly. Every other ``--key value`` is merged
-into the config with powerful-benchmarker's syntax.
-``--progress`` shows PML's progress bars. The experiment goes to
-``<root_experiment_folder>/<experiment_name>`` (default ``experiments/<config>[_<variant>]``);
-running the same command again resumes it. Exit status: 0 done, 2 config error (one line on stderr).
+CONFIG is a config folder or the name of a shipped config (contrastive, contrastive_xml, proxy_anchor,
+proxy_anchor_xml, template_block, explanation, resolution_distillation, xml_glyphs, ...).
+--variant NAME merges NAME.yaml after default.yaml in every folder that has one (the shipped configs have quick:
+embedded glyph data, minutes on 2 CPU cores). --config_<folder> [a, b] chooses the files of one folder.
+Every other --key value is merged into the config with powerful-benchmarker's syntax; a key that no config
+file defines and the protocol does not read is an error naming the nearest known key.
+Keys marked ~BAYESIAN~ / ~LOG_BAYESIAN~ / ~INT_BAYESIAN~ run an Optuna search (pip install optuna;
+--bayes_opt_iters N trials, stored in the experiment folder, resumable).
+--progress shows progress bars. The experiment goes to <root_experiment_folder>/<experiment_name> (default
+experiments/<config>[_<variant>]); running the same command again resumes it; a changed config stops with the
+differing keys: --new starts afresh, --resume-anyway continues deliberately.
+Exit status: 0 done, 2 config error (one line on stderr).
 """
 
 import os
@@ -34,49 +37,51 @@ RUNNER_KEYS = (
     "list",
     "report_only",
     "progress",
+    "dry-run",
+    "dry_run",
+    "new",
+    "resume-anyway",
+    "resume_anyway",
+    "reproduce",
 )
 
 
-def _configs_dir() -> str:
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-
-
 def find_config_root(name_or_path: str) -> str:
-    """A folder path, or the name of a shipped MLRC-layout config.
+    """A config folder path or the name of a shipped config (see :func:`config_loader.find_config`)."""
+    from .config_loader import find_config
 
-    Raises:
-        ConfigError: naming what was looked for and the shipped names.
-    """
+    return find_config(name_or_path)
+
+
+def _variants(root: str) -> List[str]:
     from .config_loader import CONFIG_FOLDERS
 
-    if os.path.isdir(name_or_path):
-        return name_or_path
-    shipped = os.path.join(_configs_dir(), name_or_path)
-    if os.path.isdir(shipped):
-        return shipped
-    names = (
-        sorted(
-            d
-            for d in os.listdir(_configs_dir())
-            if os.path.isdir(os.path.join(_configs_dir(), d, CONFIG_FOLDERS[0]))
+    names = set()
+    for folder in CONFIG_FOLDERS:
+        path = os.path.join(root, folder)
+        if os.path.isdir(path):
+            names |= {f[:-5] for f in os.listdir(path) if f.endswith(".yaml") and f != "default.yaml"}
+    return sorted(names)
+
+
+def _variant_selection(root: str, variant, selection: dict) -> dict:
+    from .config_loader import CONFIG_FOLDERS, display_path
+
+    if variant is True or variant is None or not isinstance(variant, str) or not variant:
+        raise ConfigError(
+            f"command line: --variant: needs a name; {display_path(root)} has: {', '.join(_variants(root)) or '-'}"
         )
-        if os.path.isdir(_configs_dir())
-        else []
-    )
-    raise ConfigError(f"{name_or_path}: missing config folder (shipped MLRC configs: {', '.join(names)})")
-
-
-def _variant_selection(root: str, variant: str, selection: dict) -> dict:
-    from .config_loader import CONFIG_FOLDERS
-
-    found = False
     out = dict(selection)
+    found = False
     for folder in CONFIG_FOLDERS:
         if os.path.isfile(os.path.join(root, folder, f"{variant}.yaml")):
             found = True
             out.setdefault(folder, ["default", variant])
     if not found:
-        raise ConfigError(f"{root}: --variant {variant}: no config folder has {variant}.yaml")
+        raise ConfigError(
+            f"command line: --variant {variant}: no such variant; {display_path(root)} has: "
+            f"{', '.join(_variants(root)) or '-'}"
+        )
     return out
 
 
@@ -93,13 +98,35 @@ def _quiet_progress_bars():
 
 
 def _list(role: Optional[str]) -> int:
+    """Every class a config can name, per role: pml_extensions' own, registered ones, and the stock classes of
+    PML, torch and torchvision (their module is shown), or the protocols."""
     from .registry import ROLES, classes_for_role
 
+    if role == "protocol":
+        from .protocols import DESCRIPTIONS
+
+        print("protocols (the config's `protocol:` key):")
+        for name, text in DESCRIPTIONS.items():
+            print(f"  {name}: {text}")
+        return 0
+    if role is not None and role not in ROLES:
+        raise ConfigError(
+            f"command line: --list: unknown role {role!r}; choose from {', '.join(ROLES)} or protocol"
+        )
+    print("Classes a config can name, by role: pml_extensions (and registered) classes, then the stock classes of")
+    print("pytorch-metric-learning, torch and torchvision, grouped by module. `--list protocol` lists the protocols.")
+    print("Trunks may also name model functions: torchvision.models' (resnet50, mobilenet_v2, ...) and ours "
+          "(mobilenet_v2_features, ...).")
     for r in [role] if role else ROLES:
-        if r not in ROLES:
-            raise ConfigError(f"command line: --list: unknown role {r!r}; choose from {', '.join(ROLES)}")
-        ours = classes_for_role(r, include_stock=False)
-        print(f"{r}: {', '.join(sorted(ours)) or '-'}")
+        groups = {}
+        for name, cls in classes_for_role(r).items():
+            module = getattr(cls, "__module__", "") or ""
+            top = module if module.startswith("pml_extensions") else ".".join(module.split(".")[:2])
+            group = "pml_extensions" if top.startswith("pml_extensions") else top
+            groups.setdefault(group, []).append(name)
+        print(f"{r}:")
+        for group in sorted(groups, key=lambda g: (not g.startswith("pml_extensions"), g)):
+            print(f"  {group}: {', '.join(sorted(groups[group]))}")
     return 0
 
 
@@ -116,35 +143,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
 
-def _run_resolution_distillation(config: dict, folder: str) -> int:
-    """The resolution-asymmetry protocol (teacher at the database resolution, students at the query resolutions,
-    four setups with query FLOPs): ``config["resolution_job"]`` is the job config of
-    :func:`pml_extensions.utils.resolution_job.run_resolution_job`. Writes results.json, results.md and
-    performance_vs_flops.png into the experiment folder."""
-    from ..utils import resolution_job as job
-
-    spec = config.get("resolution_job")
-    if not isinstance(spec, dict):
-        raise ConfigError("config_general: resolution_job must be a mapping (the job config)")
-    try:
-        result = job.run_resolution_job(spec)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"config_general: resolution_job: {type(e).__name__}: {e}") from e
-    summary = job.summarize(result["rows"])
-    table = job.markdown_table(summary)
-    os.makedirs(folder, exist_ok=True)
-    job.save_json({**result, "summary": summary}, os.path.join(folder, "results.json"))
-    from ..utils.atomic_io import atomic_write_text
-
-    atomic_write_text(os.path.join(folder, "results.md"), table + "\n")
-    job.plot_performance_vs_flops(summary, os.path.join(folder, "performance_vs_flops.png"))
-    print(table)
-    print(f"results: {os.path.join(folder, 'results.json')}")
-    return 0
+def _print_results(results: dict, folder: str) -> None:
+    best = results.get("best") if isinstance(results, dict) and "trials" in results else None
+    if best:
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in best["params"].items())
+        print(f"best of {results['n_trials']} trials: trial {best['number']} (objective {best['value']:.4f}): {shown}")
+    test = results.get("test") if isinstance(results, dict) else None
+    if isinstance(test, dict):
+        for key, metrics in test.items():
+            if key == "per_model" or not isinstance(metrics, dict):
+                continue
+            shown = ", ".join(f"{m}={v:.4f}" for m, v in metrics.items() if isinstance(v, float))
+            print(f"test {key}: {shown}")
+    main_file = "search.json" if best else "results.json"
+    print(f"results: {os.path.join(folder, main_file)}; report: {os.path.join(folder, 'report.html')}")
 
 
 def _main(argv: List[str]) -> int:
-    from .config_loader import load_config, parse_command_line, split_selection
+    from .config_loader import display_path, find_search_markers, load_config, parse_command_line, split_selection
 
     config_arg = None
     if argv and not argv[0].startswith("--"):
@@ -152,18 +168,24 @@ def _main(argv: List[str]) -> int:
     cli = parse_command_line(argv)
     if "list" in cli:
         value = cli["list"]
-        return _list(None if value is True else (config_arg or value))
+        return _list(None if value is True and config_arg is None else (config_arg if value is True else value))
     selection, rest = split_selection(cli)
-    runner = {k: rest.pop(k) for k in RUNNER_KEYS if k in rest}
+    runner = {k.replace("-", "_"): rest.pop(k) for k in RUNNER_KEYS if k in rest}
+    if "reproduce" in runner:
+        from . import reproduce
+
+        if not isinstance(runner["reproduce"], str):
+            raise ConfigError("command line: --reproduce: needs the folder of a finished run")
+        return reproduce.main(runner["reproduce"], command=["python", "-m", "pml_extensions", "run"] + argv)
     config_arg = runner.get("config_root", config_arg)
     if config_arg is None:
         raise ConfigError(
             "command line: CONFIG: give a config folder or a shipped config name as the first argument"
         )
     root = find_config_root(str(config_arg))
+    if "variant" in runner:
+        selection = _variant_selection(root, runner["variant"], selection)
     variant = runner.get("variant")
-    if variant:
-        selection = _variant_selection(root, str(variant), selection)
     name = runner.get("experiment_name") or (
         os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
     )
@@ -177,29 +199,29 @@ def _main(argv: List[str]) -> int:
 
         print(write_report(folder))
         return 0
-    show_progress = bool(runner.get("progress", False))
-    config, sources = load_config(root, selection, rest)
-    if not show_progress:
-        _quiet_progress_bars()
-    if config.get("protocol", "mlrc") == "resolution_distillation":
-        return _run_resolution_distillation(config, folder)
-    if config.get("protocol", "mlrc") != "mlrc":
-        raise ConfigError(
-            f"{sources.get('protocol', 'config_general')}: protocol must be 'mlrc' or 'resolution_distillation', "
-            f"got {config['protocol']!r}"
-        )
-    from .mlrc import MLRCRunner
+    config, sources = load_config(root, selection, rest, allow_search=True)
+    if runner.get("dry_run"):
+        import yaml
 
-    results = MLRCRunner(config, folder, sources).run()
+        print(f"# {display_path(root)} merged with the command line (not run)")
+        print(yaml.safe_dump(config, sort_keys=False), end="")
+        return 0
+    if runner.get("new") and runner.get("resume_anyway"):
+        raise ConfigError("command line: --new and --resume-anyway exclude each other")
+    on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")
+    if not runner.get("progress", False):
+        _quiet_progress_bars()
+    command = ["python", "-m", "pml_extensions", "run"] + ([str(config_arg)] if config_arg else []) + argv
+    if find_search_markers(config):
+        from .search import run_search
+
+        results = run_search(config, folder, sources, on_change=on_change, command=command)
+    else:
+        from .protocols import run_protocol
+
+        results = run_protocol(config, folder, sources, on_change=on_change, command=command)
     if dist_utils.is_main():
-        for key, metrics in results["test"].items():
-            if key == "per_model":
-                continue
-            shown = ", ".join(f"{m}={v:.4f}" for m, v in metrics.items() if isinstance(v, float))
-            print(f"test {key}: {shown}")
-        print(
-            f"results: {os.path.join(folder, 'results.json')}; report: {os.path.join(folder, 'report.html')}"
-        )
+        _print_results(results, folder)
     return 0
 
 

@@ -1,30 +1,23 @@
-"""Read config folders in powerful-benchmarker's "Metric Learning Reality Check" (MLRC) layout.
+"""The one config loader: powerful-benchmarker (PB) syntax, two input forms, one merge.
 
-A config root holds one folder per category (:data:`CONFIG_FOLDERS`); each folder holds YAML files. A run
-selects, per folder, a list of file names (default ``[default]``) that are merged in the given order, and then
-the command line is merged on top. The syntax follows powerful-benchmarker's documentation
-(``docs/cl_syntax.md`` and ``docs/yaml_syntax.md`` of ``KevinMusgrave/powerful-benchmarker``); the code is
-ours.
+Input forms (:func:`load_config`, located by :func:`find_config`):
 
-Merging and its key markers (usable in YAML files and on the command line):
+* PB's folders ("Metric Learning Reality Check" layout): one folder per category (:data:`CONFIG_FOLDERS`),
+  each holding YAML files; a run selects, per folder, a list of file names (default ``[default]``) merged in
+  order;
+* the flat form: one ``config_<category>.yaml`` per category (protocol ``xml_vs_gap`` unless the files say
+  otherwise); its ``variants`` key (name -> changes) is expanded by :func:`variant_configs` with the same
+  :func:`merge`.
 
-* plain keys merge recursively: ``{trunk_optimizer: {RMSprop: {lr: 0.01}}}`` changes ``lr`` and keeps the
-  rest;
-* ``key~OVERRIDE~: value`` replaces ``key`` instead of merging into it;
-* ``key~APPLY~n: {..}`` merges the dict into every dict found at depth ``n`` below ``key`` (``key``'s own
-  value is depth 1): ``trainer~APPLY~2: {batch_size: 256}`` sets the batch size of whatever trainer is
-  configured;
-* ``key~SWAP~n: {old: new}`` renames keys at depth ``n`` (order kept); ``{New: null}`` renames the only key
-  there: ``trainer~SWAP~1: {TrainWithClassifier: null}`` keeps the trainer's arguments and changes its class;
-* ``key~DELETE~: anything`` removes ``key``;
-* ``key~BAYESIAN~`` / ``~LOG_BAYESIAN~`` / ``~INT_BAYESIAN~: [low, high]`` mark a hyper-parameter search. Not
-  supported here: :func:`load_config` refuses them with a one-line :class:`ConfigError` (see
-  ``check_no_search``).
+The command line is merged last. The syntax is PB's (``docs/cl_syntax.md``, ``docs/yaml_syntax.md`` of
+``KevinMusgrave/powerful-benchmarker``): :func:`pml_extensions.runner.config_syntax.merge` and its markers
+(``~OVERRIDE~``, ``~APPLY~n``, ``~SWAP~n``, ``~DELETE~``, ``~BAYESIAN~``), nested in one another at any depth.
 
-Command line (``parse_command_line``): ``--name value`` pairs, the value parsed as YAML, so a value may span
+Command line (:func:`parse_command_line`): ``--name value`` pairs, the value parsed as YAML, so a value may span
 several shell words: ``--optimizers~APPLY~3 {lr: 0.01}``, ``--config_general [default, with_quick]``. A
 flag with no value is ``True``. ``--config_<folder> [names]`` select files; every other flag is merged into
-the config.
+the config. Top-level keys are checked against what the config's protocol reads
+(:func:`pml_extensions.runner.pb_keys.check_keys`): a typo is an error naming the nearest known key.
 
 Every error is a :class:`pml_extensions.runner.factory.ConfigError` whose one-line message starts with the
 file (or ``command line``) and names the key.
@@ -33,10 +26,11 @@ file (or ``command line``) and names the key.
 import copy
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from .config_syntax import _SEARCH_OPS, find_search_markers, merge, split_marker  # noqa: F401
 from .factory import ConfigError
 
 CONFIG_FOLDERS = (
@@ -49,133 +43,6 @@ CONFIG_FOLDERS = (
     "config_factories",
     "config_dataset",
 )
-
-_MARKER = re.compile(
-    r"^(?P<name>.*?)~(?P<op>OVERRIDE|DELETE|APPLY|SWAP|BAYESIAN|LOG_BAYESIAN|INT_BAYESIAN)~(?P<n>\d*)$"
-)
-_SEARCH_OPS = ("BAYESIAN", "LOG_BAYESIAN", "INT_BAYESIAN")
-
-
-def split_marker(key: Any, where: str = "config") -> Tuple[Any, Optional[str], Optional[int]]:
-    """Split ``"name~OP~n"`` into ``(name, OP, n)``; plain keys give ``(key, None, None)``.
-
-    Raises:
-        ConfigError: if ``~APPLY~``/``~SWAP~`` lack a positive depth or other markers carry one.
-    """
-    if not isinstance(key, str):
-        return key, None, None
-    match = _MARKER.match(key)
-    if match is None:
-        return key, None, None
-    name, op, n = match.group("name"), match.group("op"), match.group("n")
-    if op in ("APPLY", "SWAP"):
-        if not n or int(n) < 1:
-            raise ConfigError(f"{where}: key {key!r}: ~{op}~ needs a depth >= 1, e.g. {name}~{op}~1")
-        return name, op, int(n)
-    if n:
-        raise ConfigError(f"{where}: key {key!r}: ~{op}~ takes no depth number")
-    return name, op, None
-
-
-def _join(where: str, key: Any) -> str:
-    return f"{where}.{key}" if where else str(key)
-
-
-def _clean(value: Any, where: str) -> Any:
-    """Resolve markers inside a value that is inserted as a whole (merge into an empty dict)."""
-    if isinstance(value, dict):
-        return merge({}, value, where)
-    return copy.deepcopy(value)
-
-
-def merge(base: Dict, update: Dict, where: str = "") -> Dict:
-    """Return ``base`` with ``update`` merged in (neither input is modified).
-
-    Args:
-        base: the config so far (plain keys only).
-        update: a dict that may use the key markers described in the module docstring.
-        where: prefix of error messages: the file name, then the key path.
-
-    Raises:
-        ConfigError: on ``~APPLY~``/``~SWAP~`` whose target is missing or not a dict, a ``~SWAP~`` mapping
-        that names a missing key or is ambiguous, or a non-dict ``update``.
-    """
-    if not isinstance(update, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(update).__name__}")
-    out = copy.deepcopy(base) if isinstance(base, dict) else {}
-    for key, value in update.items():
-        name, op, depth = split_marker(key, where or "config")
-        here = _join(where, key)
-        if op == "DELETE":
-            out.pop(name, None)
-        elif op == "OVERRIDE":
-            out[name] = _clean(value, here)
-        elif op in ("APPLY", "SWAP"):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{here}: ~{op}~ needs a mapping value, got {type(value).__name__}")
-            if name not in out or not isinstance(out[name], dict):
-                raise ConfigError(f"{here}: ~{op}~ target {name!r} does not exist or is not a mapping")
-            if op == "APPLY":
-                out[name] = _apply(out[name], _clean(value, here), depth, here)
-            else:
-                out[name] = _swap(out[name], value, depth, here)
-        elif op in _SEARCH_OPS:
-            out[key] = copy.deepcopy(value)  # kept with its marker; refused later by check_no_search
-        elif name in out and isinstance(out[name], dict) and isinstance(value, dict):
-            out[name] = merge(out[name], value, here)
-        else:
-            out[name] = _clean(value, here)
-    return out
-
-
-def _apply(target: Dict, value: Dict, depth: int, where: str) -> Dict:
-    if depth == 1:
-        return merge(target, value, where)
-    out = {}
-    for k, v in target.items():
-        if isinstance(v, dict):
-            out[k] = _apply(v, value, depth - 1, _join(where, k))
-        elif v is None and depth == 2:
-            out[k] = copy.deepcopy(value)  # e.g. ``ContrastiveLoss: null`` receives the applied kwargs
-        else:
-            out[k] = v
-    return out
-
-
-def _swap(target: Dict, mapping: Dict, depth: int, where: str) -> Dict:
-    if depth > 1:
-        return {
-            k: (_swap(v, mapping, depth - 1, _join(where, k)) if isinstance(v, dict) else v)
-            for k, v in target.items()
-        }
-    renames = {}
-    for old, new in mapping.items():
-        if new is None or new == {}:
-            if len(target) != 1:
-                raise ConfigError(
-                    f"{where}: ~SWAP~ to {old!r} needs exactly one key at that depth, found {list(target)}; "
-                    f"use {{old_name: {old}}}"
-                )
-            renames[next(iter(target))] = old
-        elif old in target:
-            renames[old] = new
-    return {renames.get(k, k): v for k, v in target.items()}
-
-
-def find_search_markers(config: Any, where: str = "") -> List[str]:
-    """Key paths that carry a ``~BAYESIAN~``-family marker."""
-    found = []
-    if isinstance(config, dict):
-        for k, v in config.items():
-            _, op, _ = split_marker(k)
-            if op in _SEARCH_OPS:
-                found.append(_join(where, k))
-            found.extend(find_search_markers(v, _join(where, k)))
-    elif isinstance(config, list):
-        for i, v in enumerate(config):
-            found.extend(find_search_markers(v, f"{where}[{i}]"))
-    return found
-
 
 def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> None:
     """Refuse hyper-parameter search markers with one line.
@@ -191,7 +58,7 @@ def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> N
     try:
         import optuna  # noqa: F401
 
-        reason = "hyper-parameter search is not implemented by this runner yet"
+        reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner.search)"
     except ImportError:
         reason = "hyper-parameter search needs optuna, which is not installed (pip install optuna)"
     raise ConfigError(f"{source}: key {found[0]}: {reason}; replace the marker by a fixed value")
@@ -207,7 +74,7 @@ def _key_before_line(text: str, line: int) -> str:
     return "<top>"
 
 
-def load_yaml_file(path: str) -> Dict:
+def load_yaml(path: str) -> Dict:
     """Load one YAML file as a dict (empty file -> ``{}``).
 
     Raises:
@@ -215,7 +82,7 @@ def load_yaml_file(path: str) -> Dict:
             ``"<path>: top level must be a mapping"``.
     """
     if not os.path.isfile(path):
-        raise ConfigError(f"{path}: missing config file")
+        raise ConfigError(f"{display_path(path)}: missing config file")
     with open(path, "r", encoding="utf-8") as f:
         text = f.read()
     try:
@@ -225,13 +92,16 @@ def load_yaml_file(path: str) -> Dict:
         line = mark.line if mark is not None else 0
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(
-            f"{path}:{line + 1}: key {_key_before_line(text, line)!r}: malformed YAML: {problem}"
+            f"{display_path(path)}:{line + 1}: key {_key_before_line(text, line)!r}: malformed YAML: {problem}"
         ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: key <top>: top level must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{display_path(path)}: key <top>: top level must be a mapping, got {type(data).__name__}")
     return data
+
+
+load_yaml_file = load_yaml  # the name used before issue 9
 
 
 def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
@@ -268,30 +138,136 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
     return out
 
 
+def _configs_dir() -> str:
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def config_layout(root: str) -> Optional[str]:
+    """``"folders"`` (``config_general/default.yaml`` ...), ``"flat"`` (``config_general.yaml`` ...) or None."""
+    if any(os.path.isdir(os.path.join(root, f)) for f in CONFIG_FOLDERS):
+        return "folders"
+    if any(os.path.isfile(os.path.join(root, f + ".yaml")) for f in CONFIG_FOLDERS):
+        return "flat"
+    return None
+
+
+def shipped_configs() -> List[str]:
+    """Names of the configs shipped in ``pml_extensions/configs`` (both layouts)."""
+    d = _configs_dir()
+    return sorted(n for n in os.listdir(d) if config_layout(os.path.join(d, n))) if os.path.isdir(d) else []
+
+
+def find_config(name_or_path: str) -> str:
+    """The one config locator: a folder path, or the name of a config shipped in ``pml_extensions/configs``.
+
+    Raises:
+        ConfigError: naming what was looked for and the shipped names (never an absolute install path).
+    """
+    name_or_path = str(name_or_path)
+    if os.path.isdir(name_or_path) and config_layout(name_or_path):
+        return name_or_path
+    shipped = os.path.join(_configs_dir(), name_or_path)
+    if os.sep not in name_or_path and os.path.isdir(shipped):
+        return shipped
+    if os.path.isdir(name_or_path):
+        raise ConfigError(f"{name_or_path}: no config_<category>/ folders or config_<category>.yaml files in it")
+    raise ConfigError(f"{name_or_path}: missing config folder (shipped configs: {', '.join(shipped_configs())})")
+
+
+def display_path(path: str) -> str:
+    """``path`` for messages: relative to the shipped configs (``configs/x/...``) or to the working folder."""
+    path = os.path.abspath(path)
+    root = os.path.dirname(_configs_dir())
+    if path.startswith(root + os.sep):
+        return os.path.relpath(path, root)
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith(".." + os.sep + "..") else rel
+
+
+def _file_list(config_root: str, selection: Dict[str, Sequence[str]]) -> List[Tuple[str, str]]:
+    """(category, path) in merge order for either layout."""
+    files = []
+    if config_layout(config_root) == "flat":
+        if selection:
+            raise ConfigError(
+                f"command line: --{next(iter(selection))}: {display_path(config_root)} keeps one file per category "
+                "(config_<category>.yaml); choose variants with its `variants` key instead"
+            )
+        unknown = sorted(
+            f for f in os.listdir(config_root)
+            if f.startswith("config_") and f.endswith(".yaml") and f[:-5] not in CONFIG_FOLDERS
+        )
+        if unknown:
+            raise ConfigError(
+                f"{display_path(os.path.join(config_root, unknown[0]))}: unknown config category; "
+                f"choose from {', '.join(CONFIG_FOLDERS)}"
+            )
+        for folder in CONFIG_FOLDERS:
+            path = os.path.join(config_root, folder + ".yaml")
+            if os.path.isfile(path):
+                files.append((folder, path))
+        return files
+    for folder in CONFIG_FOLDERS:
+        names = selection.get(folder)
+        folder_path = os.path.join(config_root, folder)
+        if names is None:
+            if not os.path.isdir(folder_path):
+                continue
+            names = ["default"]
+        for name in [names] if isinstance(names, str) else names:
+            path = os.path.join(folder_path, f"{name}.yaml")
+            if not os.path.isfile(path):
+                raise ConfigError(
+                    f"{display_path(path)}: missing config file (selected by {folder}: {list(names)})"
+                )
+            files.append((folder, path))
+    return files
+
+
 def load_config(
     config_root: str,
     selection: Optional[Dict[str, Sequence[str]]] = None,
     overrides: Optional[Dict[str, Any]] = None,
     allow_search: bool = False,
+    check_keys: bool = True,
+    log: Callable[..., None] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """Merge a config root's files and the command-line overrides.
+    """The one loader: merge a config's files, then the command-line overrides.
+
+    Two input forms: powerful-benchmarker's folders (``config_general/default.yaml`` ..., a ``selection`` of
+    file names per folder, merged in order) and the flat form (``config_general.yaml`` ..., one file per
+    category, optionally a ``variants`` key; see :func:`variant_configs`). Both go through the same
+    :func:`load_yaml` and :func:`merge`.
 
     Args:
-        config_root: folder that holds the ``config_*`` folders.
+        config_root: a config folder (see :func:`find_config`).
         selection: folder -> list of file names without ``.yaml`` (default ``["default"]`` for every folder
-        that exists under ``config_root``), merged in order.
+            that exists under ``config_root``), merged in order; folders form only.
         overrides: parsed command-line dict (markers allowed), merged last.
-        allow_search: keep ``~BAYESIAN~`` markers instead of refusing them.
+        allow_search: keep ``~BAYESIAN~`` markers (for :mod:`pml_extensions.runner.search`) instead of refusing.
+        check_keys: refuse top-level keys the config's protocol does not read (a typo is an error naming the
+            nearest known key, :func:`pml_extensions.runner.pb_keys.check_keys`) and map PB's older spellings.
+        log: where notes about mapped old keys go (default: stderr).
 
     Returns:
         ``(config, sources)``: the merged dict and, per top-level key, the file (or ``"command line"``) that
         set it last — used to name the file in later error messages.
 
     Raises:
-        ConfigError: missing root/folder/file, malformed YAML, bad markers, unknown folder in ``selection``.
+        ConfigError: missing root/folder/file, malformed YAML, bad markers, unknown folder in ``selection``,
+        unknown keys.
+
+    Example::
+
+        >>> cfg, src = load_config(find_config("contrastive"), {"config_general": ["default", "quick"]})
+        >>> cfg["num_epochs_train"], src["num_epochs_train"]
+        (3, 'configs/contrastive/config_general/quick.yaml')
     """
     if not os.path.isdir(config_root):
-        raise ConfigError(f"{config_root}: missing config folder")
+        raise ConfigError(f"{display_path(config_root)}: missing config folder")
     selection = dict(selection or {})
     for folder in selection:
         if folder not in CONFIG_FOLDERS:
@@ -300,32 +276,77 @@ def load_config(
             )
     config: Dict[str, Any] = {}
     sources: Dict[str, str] = {}
+    per_folder: Dict[str, Dict[str, Any]] = {}
+    variants: Dict[str, Any] = {}
+    for folder, path in _file_list(config_root, selection):
+        shown = display_path(path)
+        data = load_yaml(path)
+        if "variants" in data:  # kept raw: their markers act on the merged config (variant_configs)
+            if not isinstance(data["variants"] or {}, dict):
+                raise ConfigError(f"{shown}: variants: expected a mapping name -> changes")
+            variants.update(data.pop("variants") or {})
+            sources["variants"] = shown
+        per_folder[folder] = merge(per_folder.get(folder, {}), data, shown)
+        for k in data:
+            sources[split_marker(k, shown)[0]] = shown
     for folder in CONFIG_FOLDERS:
-        names = selection.get(folder)
-        folder_path = os.path.join(config_root, folder)
-        if names is None:
-            if not os.path.isdir(folder_path):
-                continue
-            names = ["default"]
-        if isinstance(names, str):
-            names = [names]
-        per_folder: Dict[str, Any] = {}
-        for name in names:
-            path = os.path.join(folder_path, f"{name}.yaml")
-            if not os.path.isfile(path):
-                raise ConfigError(f"{path}: missing config file (selected by {folder}: {list(names)})")
-            data = load_yaml_file(path)
-            per_folder = merge(per_folder, data, path)
-            for k in data:
-                sources[split_marker(k, path)[0]] = path
-        config = merge(config, per_folder, folder_path)
+        if folder in per_folder:
+            config = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
+    if variants:
+        config["variants"] = variants
+    if config_layout(config_root) == "flat" and "protocol" not in config:
+        config["protocol"] = "xml_vs_gap"  # the flat form is the main job's
+        sources["protocol"] = display_path(config_root)
+    file_keys = set(config)
     if overrides:
         config = merge(config, overrides, "command line")
         for k in overrides:
             sources[split_marker(k, "command line")[0]] = "command line"
+    if check_keys:
+        from . import pb_keys
+
+        pb_keys.check_keys(config, sources, file_keys)
+        config = pb_keys.map_old_keys(config, sources, log=log)
+        pb_keys.check_values(config, sources)
     if not allow_search:
         check_no_search(config, sources)
     return config, sources
+
+
+def variant_configs(
+    config: Dict[str, Any], names: Optional[Sequence[str]] = None, where: str = "config_general"
+) -> Dict[str, Dict[str, Any]]:
+    """The flat form's ``variants``: ``{name: update}``, each merged (with :func:`merge`, markers allowed) over the
+    rest of the config. A config without ``variants`` is one variant called ``default``.
+
+    Args:
+        config: a merged config from :func:`load_config`.
+        names: only these variants, in this order (default all).
+        where: the file named in error messages.
+
+    Returns:
+        variant name -> full config (without ``variants``).
+
+    Raises:
+        ConfigError: ``variants`` not a mapping, or an unknown name (the message lists the existing ones).
+
+    Example::
+
+        >>> variant_configs({"seed": 0, "variants": {"a": {}, "b": {"seed": 1}}})
+        {'a': {'seed': 0}, 'b': {'seed': 1}}
+    """
+    base = {k: v for k, v in config.items() if k != "variants"}
+    variants = config.get("variants") or {"default": {}}
+    if not isinstance(variants, dict):
+        raise ConfigError(f"{where}: variants: expected a mapping name -> changes, got {type(variants).__name__}")
+    if names:
+        unknown = [n for n in names if n not in variants]
+        if unknown:
+            raise ConfigError(
+                f"{where}: variants: unknown {', '.join(map(repr, unknown))}; this config has {', '.join(variants)}"
+            )
+        variants = {n: variants[n] for n in names}
+    return {name: merge(base, update or {}, f"{where}: variants.{name}") for name, update in variants.items()}
 
 
 def split_selection(cli: Dict[str, Any]) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:

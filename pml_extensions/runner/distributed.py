@@ -136,7 +136,10 @@ def wrap_models(models: Dict[str, torch.nn.Module], device: torch.device) -> Dic
     for k, m in models.items():
         if any(p.requires_grad for p in m.parameters()):
             ids = [device.index] if device.type == "cuda" else None
-            out[k] = torch.nn.parallel.DistributedDataParallel(m, device_ids=ids, find_unused_parameters=True)
+            # static_graph: parameters reached only through a side output of the forward (HistogramPooling's
+            # prototypes, whose gradient comes from XMLWrapper's histograms, not from the returned vector) are
+            # reduced once; find_unused_parameters would mark them ready at forward time and again in backward.
+            out[k] = torch.nn.parallel.DistributedDataParallel(m, device_ids=ids, static_graph=True)
         else:
             out[k] = m
     return out

@@ -28,14 +28,14 @@ SEARCH_MODULES = (
     "torch.optim.lr_scheduler",
     "torchvision.models",
     "torchvision.transforms",
-    # Added for the powerful-benchmarker runner (issue 5); modules that do not exist yet are skipped by resolve().
     "pml_extensions.runner.mlp",
     "pml_extensions.utils.chunked_accuracy_calculator",
-    "pml_extensions.hooks",
     "pml_extensions.explain",
     "torchvision.datasets",
 )
 
+#: the one store of user registrations: config name -> (class or callable, role or None);
+#: written only by :func:`pml_extensions.runner.registry.register`
 _REGISTRY: Dict[str, Any] = {}
 
 
@@ -43,11 +43,11 @@ class ConfigError(ValueError):
     """A config problem; the message names the file (when known) and the key."""
 
 
-def register(obj: Any, name: Optional[str] = None) -> Any:
-    """Make ``obj`` (a class or factory function) available to configs under ``name`` (default ``obj.__name__``).
-    Usable as a decorator. Returns ``obj``."""
-    _REGISTRY[name or obj.__name__] = obj
-    return obj
+def register(obj: Any = None, name: Optional[str] = None, *, role: Optional[str] = None) -> Any:
+    """The same function as :func:`pml_extensions.runner.registry.register` (one store, :data:`_REGISTRY`)."""
+    from .registry import register as _register
+
+    return _register(obj, role=role, name=name)
 
 
 def resolve(name: str, where: str = "config") -> Any:
@@ -57,7 +57,7 @@ def resolve(name: str, where: str = "config") -> Any:
         ConfigError: if no allowed module defines ``name``.
     """
     if name in _REGISTRY:
-        return _REGISTRY[name]
+        return _REGISTRY[name][0]
     for module_name in SEARCH_MODULES:
         try:
             module = importlib.import_module(module_name)

@@ -2,9 +2,19 @@
 
 Every class of ``pml_extensions`` is found under its role with no user code: :func:`classes_for_role` scans
 the package's subpackages (and PML, torch, torchvision for the stock classes) and sorts classes by what they
-are (a PML loss is a ``loss``, a ``BaseTester`` a ``tester`` ...). Users who keep their own runner call
-:func:`register` (``@register(role="loss")`` works as a decorator); it also makes the class visible to
-:func:`pml_extensions.runner.factory.build`, so configs can name it.
+are (a PML loss is a ``loss``, a ``BaseTester`` a ``tester`` ...). Users call :func:`register`
+(``@register(role="loss")`` works as a decorator): one store (``factory._REGISTRY``) makes the class visible to
+configs (:func:`pml_extensions.runner.factory.build`) and to :func:`classes_for_role`.
+
+Example::
+
+    >>> import torch
+    >>> from pml_extensions.runner.registry import register, find
+    >>> @register(role="model", name="TinyHead")
+    ... class TinyHead(torch.nn.Linear):
+    ...     pass
+    >>> find("model", "TinyHead") is TinyHead
+    True
 
 Roles (:data:`ROLES`): loss, miner, reducer, distance, regularizer, model (trunks, embedders, layers),
 trainer, tester, accuracy_calculator, hook, dataset, sampler, optimizer, lr_scheduler, transform.
@@ -35,14 +45,12 @@ ROLES = (
     "transform",
 )
 
-# Modules scanned per role, ours first. Missing optional modules (sub-packages other helpers are still
-# writing) are
-# skipped silently; they are picked up as soon as they exist.
+# Modules scanned per role, ours first (only subpackages that exist).
 ROLE_MODULES: Dict[str, tuple] = {
     "loss": ("pml_extensions.losses", "pytorch_metric_learning.losses"),
-    "miner": ("pml_extensions.miners", "pytorch_metric_learning.miners"),
-    "reducer": ("pml_extensions.reducers", "pytorch_metric_learning.reducers"),
-    "distance": ("pml_extensions.distances", "pytorch_metric_learning.distances"),
+    "miner": ("pytorch_metric_learning.miners",),
+    "reducer": ("pytorch_metric_learning.reducers",),
+    "distance": ("pytorch_metric_learning.distances",),
     "regularizer": ("pytorch_metric_learning.regularizers",),
     "model": ("pml_extensions.trunks", "pml_extensions.runner.mlp", "torch.nn", "torchvision.models"),
     "trainer": ("pml_extensions.trainers", "pytorch_metric_learning.trainers"),
@@ -53,22 +61,18 @@ ROLE_MODULES: Dict[str, tuple] = {
         "pytorch_metric_learning.utils.accuracy_calculator",
     ),
     "hook": (
-        "pml_extensions.hooks",
         "pml_extensions.explain",
         "pytorch_metric_learning.utils.logging_presets",
     ),
     "dataset": ("pml_extensions.datasets", "pytorch_metric_learning.datasets", "torchvision.datasets"),
-    "sampler": ("pml_extensions.samplers", "pytorch_metric_learning.samplers", "torch.utils.data"),
+    "sampler": ("pytorch_metric_learning.samplers", "torch.utils.data"),
     "optimizer": ("torch.optim",),
     "lr_scheduler": ("torch.optim.lr_scheduler",),
-    "transform": ("pml_extensions.transforms", "torchvision.transforms"),
+    "transform": ("torchvision.transforms",),
 }
 
-_USER: Dict[str, Dict[str, Any]] = {role: {} for role in ROLES}
-
 # Sub-packages of pml_extensions whose modules are scanned one by one, so a class is found under its role even
-# before
-# it is re-exported from its package's __init__ (other modules are not imported).
+# before it is re-exported from its package's __init__ (other modules are not imported).
 SCANNED_PACKAGES = (
     "pml_extensions.losses",
     "pml_extensions.trunks",
@@ -77,17 +81,13 @@ SCANNED_PACKAGES = (
     "pml_extensions.utils",
     "pml_extensions.datasets",
     "pml_extensions.explain",
-    "pml_extensions.hooks",
-    "pml_extensions.samplers",
-    "pml_extensions.miners",
-    "pml_extensions.transforms",
 )
 MODEL_PACKAGES = ("pml_extensions.trunks", "pml_extensions.runner.mlp", "torch.nn", "torchvision.models")
 # Roles whose type test is loose (any Module / any callable) only take classes from these places.
 ROLE_PLACES = {
     "model": MODEL_PACKAGES,
-    "regularizer": ("pml_extensions.regularizers", "pytorch_metric_learning.regularizers"),
-    "transform": ("pml_extensions.transforms", "torchvision.transforms"),
+    "regularizer": ("pytorch_metric_learning.regularizers",),
+    "transform": ("torchvision.transforms",),
 }
 _SCAN_CACHE: Dict[str, Any] = {}
 
@@ -132,7 +132,7 @@ def discover() -> List[str]:
         try:
             factory.resolve(name)
         except factory.ConfigError:
-            factory.register(obj, name)
+            factory._REGISTRY[name] = (obj, None)
             added.append(name)
     return added
 
@@ -207,10 +207,7 @@ def register(obj: Any = None, *, role: Optional[str] = None, name: Optional[str]
         return lambda o: register(o, role=role, name=name)
     if not callable(obj):
         raise TypeError(f"obj must be a class or callable, got {type(obj).__name__}")
-    key = name or obj.__name__
-    factory.register(obj, key)
-    if role is not None:
-        _USER[role][key] = obj
+    factory._REGISTRY[name or obj.__name__] = (obj, role)
     return obj
 
 
@@ -231,7 +228,7 @@ def classes_for_role(role: str, include_stock: bool = True) -> Dict[str, Any]:
     """
     _check_role(role)
     test = _role_test(role)
-    found: Dict[str, Any] = dict(_USER[role])
+    found: Dict[str, Any] = {n: o for n, (o, r) in factory._REGISTRY.items() if r == role}
 
     def consider(name, obj, module_name):
         if name in found or not inspect.isclass(obj) or name.startswith("_"):
@@ -272,8 +269,14 @@ def find(role: str, name: str) -> Any:
     classes = classes_for_role(role)
     if name in classes:
         return classes[name]
-    sample = ", ".join(sorted(classes)[:12])
-    raise factory.ConfigError(f"{role}: unknown class {name!r}; known {role} classes include {sample}, ...")
+    import difflib
+
+    close = difflib.get_close_matches(str(name), sorted(classes), n=3, cutoff=0.5)
+    sample = ", ".join(close or sorted(classes)[:12])
+    raise factory.ConfigError(
+        f"{role}: unknown class {name!r}; {'did you mean' if close else 'known classes include'} {sample}"
+        f"{'?' if close else ', ... (run --list ' + role + ')'}"
+    )
 
 
 def roles_of(obj: Any) -> List[str]:

@@ -96,8 +96,14 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     The teacher's parameters are frozen (``requires_grad=False``), never zeroed, never stepped; the student's
     BatchNorm layers stay in eval mode (``freeze_batchnorm=True``, paper code). At construction the student gets the
     teacher's weights (``init_student_from_teacher=True``, paper; set False for the ImageNet-init ablation).
-    At the start of every epoch ``dataset.set_epoch(epoch)`` is called when the dataset has it (fresh coupled
-    augmentations; with DataLoader workers they take effect when PML re-creates the iterator).
+    Fresh coupled augmentations on every pass: at the start of every epoch ``dataset.set_epoch(epoch)`` is called,
+    and every time the DataLoader iterator runs out (PML re-creates it inside an epoch) the trainer starts pass
+    ``data_pass + 1`` through :meth:`start_new_pass`, which calls ``set_pass`` on the dataset and the sampler when
+    they have it. Without it, a student trained for many iterations in one epoch would see the same crops, flips,
+    jitter and mixup λ on every pass. ``new_pass_each_epoch=True`` also starts a new pass at every epoch start, so
+    that an epoch's batches depend only on (seed, pass) -- what a run resumed at an epoch boundary needs (restore
+    ``trainer.data_pass`` before ``train``). The DataLoader shuffles and draws its base seed from a private generator seeded by
+    ``dataset.seed`` (from the global RNG, as PML, when the dataset has none).
 
     Defaults when ``optimizers``/``lr_schedulers`` are None: :func:`make_optimizers` (AdamW, GeM p at lr × 10 without
     weight decay) and, at :meth:`train`, ``OneCycleLR(max_lr=group lr, div_factor=10)`` per optimiser, stepped every
@@ -105,7 +111,7 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     hooks receive the usual trainer attributes; the losses are logged as ``distillation_loss``/``metric_loss``
     and the loss's sub-terms through its recordable attributes.
 
-    Keyword-only args: ``init_student_from_teacher``, ``freeze_batchnorm``, ``lr`` (1.1e-4, paper's indicative value),
+    Keyword-only args: ``init_student_from_teacher``, ``freeze_batchnorm``, ``new_pass_each_epoch`` (False), ``lr`` (1.1e-4, paper's indicative value),
     ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor`` (10); the rest as PML's trainers.
 
     Raises:
@@ -124,6 +130,7 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
         *args,
         init_student_from_teacher: bool = True,
         freeze_batchnorm: bool = True,
+        new_pass_each_epoch: bool = False,
         lr: float = 1.1e-4,
         weight_decay: float = 1e-6,
         gem_lr_multiplier: float = 10.0,
@@ -138,6 +145,8 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             loss_funcs = {"distillation_loss": ResolutionDistillationLoss()}
         self.init_student_from_teacher = init_student_from_teacher
         self.freeze_batchnorm = freeze_batchnorm
+        self.new_pass_each_epoch = bool(new_pass_each_epoch)
+        self.data_pass = 0
         self.default_one_cycle = optimizers is None and kwargs.get("lr_schedulers") is None
         self.one_cycle_div_factor = one_cycle_div_factor
         if kwargs.get("collate_fn") is None:
@@ -190,12 +199,36 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
         if epoch is not None and hasattr(self.dataset, "set_epoch"):
             # fresh coupled augmentations every epoch (workers pick it up when the iterator is re-created)
             self.dataset.set_epoch(epoch)
+            if self.new_pass_each_epoch:
+                self.start_new_pass()
         for m in self.teacher_modules():
             m.eval()
             m.requires_grad_(False)
         if self.freeze_batchnorm:
             set_batchnorm_eval(self.models["trunk"])
             set_batchnorm_eval(self.models["embedder"])
+
+    # ------------------------------------------------------------------ passes over the data
+    def _select_pass(self):
+        for obj in (self.dataset, self.sampler):
+            if hasattr(obj, "set_pass"):
+                obj.set_pass(self.data_pass)
+
+    def start_new_pass(self):
+        """Pass ``data_pass + 1``: fresh augmentation draws (and sampler order) and a new DataLoader iterator."""
+        self.data_pass += 1
+        self._select_pass()
+        self.dataloader_iter = iter(self.dataloader)
+
+    def get_batch(self):
+        try:
+            curr_batch = next(self.dataloader_iter)
+        except StopIteration:
+            self.start_new_pass()
+            curr_batch = next(self.dataloader_iter)
+        data, labels = self.data_and_label_getter(curr_batch)
+        labels = c_f.process_label(labels, self.label_hierarchy_level, self.label_mapper)
+        return self.maybe_do_batch_mining(data, labels)
 
     def zero_grad(self):
         for k, v in self.models.items():
@@ -237,7 +270,27 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
         return super().train(start_epoch=start_epoch, num_epochs=num_epochs)
 
     def initialize_dataloader(self):
-        super().initialize_dataloader()
+        self._select_pass()
+        if isinstance(self.sampler, torch.utils.data.BatchSampler):
+            super().initialize_dataloader()
+        else:  # PML's loader, but shuffling and base seed come from a private generator seeded by the dataset's seed
+            seed = getattr(self.dataset, "seed", None)
+            if seed is None:  # as PML: from the global RNG
+                seed = int(torch.randint(2**31 - 1, ()).item())
+            self.dataloader = torch.utils.data.DataLoader(
+                self.dataset,
+                batch_size=int(self.batch_size),
+                sampler=self.sampler,
+                drop_last=True,
+                num_workers=self.dataloader_num_workers,
+                collate_fn=self.collate_fn,
+                shuffle=self.sampler is None,
+                pin_memory=False,
+                generator=torch.Generator().manual_seed(int(seed)),
+            )
+            if not self.iterations_per_epoch:
+                self.iterations_per_epoch = len(self.dataloader)
+            self.dataloader_iter = iter(self.dataloader)
         if self.default_one_cycle and not self.lr_schedulers:
             total = self.iterations_per_epoch * max(1, getattr(self, "_num_epochs_to_run", 1))
             for name, optimizer in self.optimizers.items():

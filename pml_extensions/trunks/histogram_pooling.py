@@ -9,12 +9,17 @@ prototypes are L2-normalised by default, as the authors' related GSP code does, 
 """
 
 import math
-from typing import Iterable, Optional
+from typing import Iterable, List, Optional
 
 import torch
 import torch.nn.functional as F
 
 PROTOTYPE_INITS = ("random", "kcenter", "kmeans")
+#: ε of the paper (raw inner products of CNN features)
+PAPER_SCALE = 10.0
+#: ε on cosine logits (``normalize=True``): 10 leaves the histograms nearly uniform and the XML term constant
+#: (benchmarks/xml_signal.py); 100 makes them peaked from the first step
+DEFAULT_SCALE_NORMALIZED = 100.0
 
 
 def _check_feature_map(x, in_channels, name="x"):
@@ -34,15 +39,27 @@ class HistogramPooling(torch.nn.Module):
     Args:
         in_channels: C, the width of the feature map (e.g. 1280 for MobileNetV2).
         num_prototypes: m. Paper: 64 (CUB, Cars), 128 (SOP, InShop).
-        scale: ε, inverse temperature of the soft-max over prototypes. Paper: 10.
+        scale: ε, inverse temperature of the soft-max over prototypes. Default: 100 with ``normalize=True``, 10
+            (the paper's value) with ``normalize=False``. Why 100 on cosines: the logits are ε·cos ∈ [−ε, ε], and
+            the cosines of a feature to its nearest and to its farthest prototypes differ by a few tenths, so with
+            ε = 10 every histogram is nearly uniform (MobileNetV2, 64 prototypes: mean largest bin 0.027 with
+            random and 0.054 with k-means prototypes, uniform 0.016). ‖z‖² is then far below the XML ridge 0.05,
+            the ridge dominates the fit, every cross-batch prediction collapses onto the other half's mean embedding
+            (mean pairwise cosine 0.9999) and the contrastive XML term sits at its collapse value 2.00. With
+            ε = 100 and k-means prototypes the largest bin is 0.53, ‖z‖²/ridge 7.8 and the predictions are as
+            spread as the embeddings (``benchmarks/results/xml_signal.md``).
         normalize: L2-normalise local features and prototypes before the inner product (default ``True``; our
             choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
         device, dtype: factory arguments for the prototype weights.
+        seed: seed of the private generator that draws the random prototypes (:meth:`reset_parameters`); the
+            global RNG is never touched, so adding this layer to a trunk does not change any other module's
+            initialisation.
 
     ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``), so an existing embedder fits unchanged.
     The soft histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
     ``last_histograms`` for the loss; they are computed and kept in float32 (float64 for float64 input) also for
-    float16/bfloat16 inputs and under ``torch.autocast``. ``feat_mult()`` and ``num_features`` give the output
+    float16/bfloat16 inputs and under ``torch.autocast``. The GAP vectors ``[B, C]`` are kept in ``last_pooled``
+    (the ridge target of ``XMLWrapper(target="pooled")``). ``feat_mult()`` and ``num_features`` give the output
     width (C); ``histogram_size`` gives m.
 
     Raises:
@@ -53,25 +70,36 @@ class HistogramPooling(torch.nn.Module):
         self,
         in_channels: int,
         num_prototypes: int = 64,
-        scale: float = 10.0,
+        scale: Optional[float] = None,
         normalize: bool = True,
         device=None,
         dtype=None,
+        seed: int = 0,
     ):
         super().__init__()
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.seed = seed
         for name, value in (("in_channels", in_channels), ("num_prototypes", num_prototypes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if scale is None:
+            scale = DEFAULT_SCALE_NORMALIZED if normalize else PAPER_SCALE
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
         self.in_channels = in_channels
         self.num_prototypes = num_prototypes
         self.scale = float(scale)
         self.normalize = bool(normalize)
-        self.prototype_conv = torch.nn.Conv2d(
-            in_channels, num_prototypes, kernel_size=1, bias=False, device=device, dtype=dtype
-        )
+        # The conv's default initialisation draws from the global RNG: restore its state afterwards (CPU and, when
+        # the layer is built on CUDA, that device); reset_parameters then draws from the private generator.
+        cuda = [torch.device(device)] if device is not None and torch.device(device).type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            self.prototype_conv = torch.nn.Conv2d(
+                in_channels, num_prototypes, kernel_size=1, bias=False, device=device, dtype=dtype
+            )
         self.last_histograms: Optional[torch.Tensor] = None
+        self.last_pooled: Optional[torch.Tensor] = None
         self.reset_parameters()
 
     # ----------------------------------------------------------------------------------------------------------
@@ -93,7 +121,10 @@ class HistogramPooling(torch.nn.Module):
         return 1
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None):
-        """Random prototypes: i.i.d. N(0, 1/C) entries (unit-norm rows in expectation)."""
+        """Random prototypes: i.i.d. N(0, 1/C) entries (unit-norm rows in expectation), drawn from ``generator``
+        (default: a fresh CPU generator seeded with ``self.seed``; never the global RNG)."""
+        if generator is None:
+            generator = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
             w = torch.randn(self.prototype_conv.weight.shape, generator=generator, dtype=torch.float32)
             self.prototype_conv.weight.copy_(w / self.in_channels**0.5)
@@ -136,7 +167,8 @@ class HistogramPooling(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.last_histograms = self.histograms(x)
-        return x.mean(dim=(2, 3))
+        self.last_pooled = x.mean(dim=(2, 3))
+        return self.last_pooled
 
     # ----------------------------------------------------------------------------------------------------------
     def local_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -261,3 +293,37 @@ class HistogramPooling(torch.nn.Module):
             feats = feats[torch.randperm(len(feats), generator=torch.Generator().manual_seed(seed))[:max_features]]
         # features are already in the comparison space; avoid normalising twice (idempotent anyway)
         return self.init_prototypes(feats, method=method, seed=seed)
+
+
+def find_histogram_layers(module: torch.nn.Module) -> List[HistogramPooling]:
+    """Every :class:`HistogramPooling` inside ``module`` (itself included), in ``module.modules()`` order.
+
+    Example::
+
+        >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
+        >>> [type(m).__name__ for m in find_histogram_layers(trunk)]
+        ['HistogramPooling']
+    """
+    return [m for m in module.modules() if isinstance(m, HistogramPooling)]
+
+
+def trunk_body(trunk: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Sequential:
+    """The part of a ``Sequential`` trunk before its child ``layer`` (e.g. the body whose local features
+    :meth:`HistogramPooling.init_from_data` clusters). The returned Sequential shares the trunk's modules.
+
+    Raises:
+        ValueError: if ``trunk`` is not a ``torch.nn.Sequential`` or ``layer`` is not one of its children.
+
+    Example::
+
+        >>> pool = HistogramPooling(8, 4)
+        >>> body = trunk_body(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), pool, torch.nn.Flatten()), pool)
+        >>> len(body)
+        1
+    """
+    if not isinstance(trunk, torch.nn.Sequential):
+        raise ValueError(f"trunk must be a torch.nn.Sequential ([body, HistogramPooling, ...]), got {type(trunk).__name__}")
+    children = list(trunk.children())
+    if not any(c is layer for c in children):
+        raise ValueError("layer must be a direct child of the Sequential trunk")
+    return torch.nn.Sequential(*children[: next(i for i, c in enumerate(children) if c is layer)])

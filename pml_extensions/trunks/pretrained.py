@@ -43,6 +43,27 @@ class MobileNetV2Features(torch.nn.Sequential):
         self.out_channels = 1280
 
 
+def mobilenet_v2_imagenet(pretrained: bool = True, check_hash: bool = False) -> torch.nn.Module:
+    """The whole torchvision ``MobileNetV2`` (head included) with the offline IMAGENET1K_V1 weights, e.g. for
+    :func:`pml_extensions.trunks.insert_template_matching`; arguments and errors as :func:`mobilenet_v2_features`.
+
+    Example::
+
+        >>> type(mobilenet_v2_imagenet(pretrained=False)).__name__
+        'MobileNetV2'
+    """
+    model = torchvision.models.mobilenet_v2(weights=None)
+    if pretrained:
+        path = mobilenet_v2_weights_path()
+        if check_hash:
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            if not digest.startswith(MOBILENET_V2_SHA256_PREFIX):
+                raise ValueError(f"{path}: SHA-256 {digest[:8]} does not match torchvision's {MOBILENET_V2_SHA256_PREFIX}")
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return model
+
+
 def mobilenet_v2_features(pretrained: bool = True, check_hash: bool = False) -> torch.nn.Module:
     """torchvision ``mobilenet_v2().features``: ``[B, 3, H, W] -> [B, 1280, H/32, W/32]`` (ImageNet-normalised RGB).
 
@@ -54,15 +75,7 @@ def mobilenet_v2_features(pretrained: bool = True, check_hash: bool = False) -> 
         FileNotFoundError: if ``pretrained`` and the weights package is not installed.
         ValueError: if ``check_hash`` and the file does not match.
     """
-    model = torchvision.models.mobilenet_v2(weights=None)
-    if pretrained:
-        path = mobilenet_v2_weights_path()
-        if check_hash:
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-            if not digest.startswith(MOBILENET_V2_SHA256_PREFIX):
-                raise ValueError(f"{path}: SHA-256 {digest[:8]} does not match torchvision's {MOBILENET_V2_SHA256_PREFIX}")
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    model = mobilenet_v2_imagenet(pretrained, check_hash)
     features = model.features
     features.out_channels = 1280
     return features

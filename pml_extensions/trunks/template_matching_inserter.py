@@ -220,3 +220,30 @@ def insert_template_matching(
 
     insert(model, make_block, combine)
     return model
+
+
+def template_matching_trunk(model: torch.nn.Module, num_classes: int, **block_kwargs) -> torch.nn.Sequential:
+    """A PML trunk body from a torchvision CNN with a template-matching block between its last two stages:
+    :func:`insert_template_matching` (on a copy), then the model without its pooling and classifier head, so
+    ``trunk(images [B, 3, H, W]) -> [B, C, H/32, W/32]`` feature maps (end the trunk with a pooling layer).
+
+    Args:
+        model, num_classes, **block_kwargs: as :func:`insert_template_matching`.
+
+    Raises:
+        TypeError: an unsupported architecture (see :func:`insert_template_matching`).
+
+    Example::
+
+        >>> body = template_matching_trunk(torchvision.models.resnet18(weights=None), num_classes=4)
+        >>> body(torch.zeros(2, 3, 64, 64)).shape, len(template_matching_blocks(body))
+        (torch.Size([2, 512, 2, 2]), 1)
+    """
+    model = insert_template_matching(model, num_classes, inplace=False, **block_kwargs)
+    if isinstance(model, torchvision.models.MobileNetV2):
+        return torch.nn.Sequential(*model.features.children())
+    if isinstance(model, torchvision.models.DenseNet):
+        return torch.nn.Sequential(*model.features.children(), torch.nn.ReLU(inplace=False))
+    return torch.nn.Sequential(
+        model.conv1, model.bn1, model.relu, model.maxpool, model.layer1, model.layer2, model.layer3, model.layer4
+    )

@@ -1,7 +1,7 @@
 import unittest
 
 import torch
-from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
+from pytorch_metric_learning.distances import CosineSimilarity, DotProductSimilarity, LpDistance
 from pytorch_metric_learning.reducers import SumReducer
 
 from pml_extensions.losses.resolution_distillation_loss import ResolutionDistillationLoss
@@ -97,6 +97,14 @@ class TestResolutionDistillationLoss(unittest.TestCase):
         u, v, labels = toy()
         scaled = ResolutionDistillationLoss(eps0=0.0, distance=CosineSimilarity())(3 * u, labels, ref_emb=2 * v)
         self.assertAlmostEqual(scaled.item(), 79 / 60, places=12)
+
+    def test_default_similarity_works_on_cosines(self):
+        # the default DotProductSimilarity() L2-normalises: scaling the rows changes nothing (79/60 as for cosines)
+        u, v, labels = toy()
+        scaled = ResolutionDistillationLoss(eps0=0.0)(3 * u, labels, ref_emb=2 * v)
+        self.assertAlmostEqual(scaled.item(), 79 / 60, places=12)
+        raw = ResolutionDistillationLoss(eps0=0.0, distance=DotProductSimilarity(normalize_embeddings=False))
+        self.assertNotAlmostEqual(raw(3 * u, labels, ref_emb=2 * v).item(), 79 / 60, places=3)
 
     def test_variable_number_of_augmentations(self):
         # image 0 keeps its first two rows only: abs (0 + 1)/2, rel-ts 12: 0 and 21: (1 - 0)^2 -> 1/2,

@@ -9,7 +9,7 @@ import torch
 
 from pml_extensions.runner import cli
 from pml_extensions.runner.config_loader import load_config
-from pml_extensions.runner.mlrc import MLRCRunner
+from pml_extensions.runner.protocols.mlrc import MLRCRunner
 
 SHIPPED = (
     "contrastive",
@@ -38,8 +38,9 @@ class TestShippedConfigs:
         assert cfg["models"]["embedder"] == {"MLP": {"layer_sizes": [128]}}
         (trainer_kwargs,) = cfg["trainer"].values()
         assert trainer_kwargs["freeze_trunk_batchnorm"] is True and trainer_kwargs["batch_size"] == 32
-        assert cfg["eval_primary_metric"] == "mean_average_precision_at_r"
-        assert (cfg["test_size"], cfg["test_start_idx"], cfg["num_training_partitions"]) == (0.5, 0.5, 4)
+        assert cfg["hook_container"]["HookContainer"]["primary_metric"] == "mean_average_precision_at_r"
+        split = cfg["split_manager"]["ClassDisjointSplitManager"]
+        assert (split["test_size"], split["test_start_idx"], split["num_training_partitions"]) == (0.5, 0.5, 4)
         assert list(cfg["dataset"]) == ["CUB"]
         for extra, cls in (("with_cars196", "Cars196"), ("with_sop", "StanfordOnlineProducts")):
             other, _ = load_config(cli.find_config_root(name), {"config_dataset": ["default", extra]})
@@ -53,9 +54,9 @@ class TestShippedConfigs:
         assert list(cfg["dataset"]) == ["GlyphDataset"]
         runner = MLRCRunner(cfg, str(tmp_path), sources, log=lambda *a: None)
         channels = 3 if name == "explanation" else 1
-        models = runner.build_models(torch.zeros(channels, 32, 32), num_classes=23)
-        losses, _ = runner.build_losses(models, num_classes=23)
-        optimizers = runner.build_optimizers(models, losses)
+        models = runner.builder.build_models(torch.zeros(channels, 32, 32), num_classes=23)
+        losses, _ = runner.builder.build_losses(models, num_classes=23)
+        optimizers = runner.builder.build_optimizers(models, losses)
         assert set(optimizers) >= {"trunk_optimizer", "embedder_optimizer"}
         if name.startswith("proxy"):
             assert "metric_loss_optimizer" in optimizers
@@ -145,27 +146,62 @@ class TestErrors:
             capsys, [root], os.path.join("config_optimizers", "default.yaml:"), "malformed YAML", "RMSprop"
         )
 
-    def test_bayesian_refused(self, tmp_path, capsys):
+    def test_search_needs_the_number_of_trials(self, tmp_path, capsys):
+        pytest.importorskip("optuna")
         self._check(
             capsys,
-            [
-                "contrastive",
-                "--loss_funcs~OVERRIDE~",
-                "{metric_loss:",
-                "{ContrastiveLoss:",
-                "{neg_margin~BAYESIAN~:",
-                "[0.5,",
-                "2]}}}",
-            ],
-            "command line",
-            "neg_margin~BAYESIAN~",
+            ["contrastive", "--variant", "quick", "--root_experiment_folder", str(tmp_path),
+             "--loss_funcs~APPLY~3", "{neg_margin~BAYESIAN~:", "[0.5,", "2]}"],
+            "bayes_opt_iters",
+            "--bayes_opt_iters 20",
         )
+
+    def test_unknown_variant_lists_the_variants(self, capsys):
+        self._check(capsys, ["contrastive", "--variant", "quik"], "--variant quik: no such variant",
+                    "quick", "with_cars196", "with_sop")
+
+    def test_bare_variant_is_an_error(self, capsys):
+        self._check(capsys, ["contrastive", "--variant"], "--variant: needs a name", "quick")
+
+    def test_unknown_key_names_the_nearest(self, capsys):
+        self._check(capsys, ["contrastive", "--variant", "quick", "--num_epochs", "1"],
+                    "command line: --num_epochs", "did you mean num_epochs_train")
+
+
+def test_dry_run_prints_the_merged_config_and_trains_nothing(tmp_path, capsys):
+    import yaml
+
+    argv = ["contrastive", "--variant", "quick", "--root_experiment_folder", str(tmp_path), "--dry-run",
+            "--tester~APPLY~2", "{accuracy_calculator~OVERRIDE~:", "{ChunkedAccuracyCalculator:", "{chunk_size:",
+            "64}}}"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    cfg = yaml.safe_load(out)
+    assert cfg["num_epochs_train"] == 3 and list(cfg["dataset"]) == ["GlyphDataset"]
+    assert cfg["tester"]["GlobalEmbeddingSpaceTester"]["accuracy_calculator"] == {
+        "ChunkedAccuracyCalculator": {"chunk_size": 64}}
+    assert not os.listdir(tmp_path)  # nothing written
+    assert os.path.abspath(CONFIGS) not in out and "site-packages" not in out
+
+
+def test_help_has_a_usage_line_and_no_rst(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m pml_extensions run") and "``" not in out and ":func:" not in out
+
+
+def test_list_protocols(capsys):
+    assert cli.main(["--list", "protocol"]) == 0
+    out = capsys.readouterr().out
+    assert all(p in out for p in ("mlrc", "xml_vs_gap", "resolution_distillation"))
 
 
 def test_list_roles(capsys):
     assert cli.main(["--list", "loss"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("loss:") and "XMLWrapper" in out
+    assert out.startswith("Classes a config can name") and "torchvision" in out.splitlines()[1]
+    assert "\nloss:\n" in out and "XMLWrapper" in out
+    assert "pytorch_metric_learning.losses: " in out and "ContrastiveLoss" in out
 
 
 def test_new_user_changes_dataset_and_trunk_lines_and_runs(tmp_path, capsys):

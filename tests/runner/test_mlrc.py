@@ -9,7 +9,8 @@ from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
 from pml_extensions.runner.config_loader import load_config, parse_command_line
 from pml_extensions.runner.factory import ConfigError
-from pml_extensions.runner.mlrc import MLRCRunner, ensemble_metrics, mlrc_class_splits
+from pml_extensions.runner.protocols import run_protocol
+from pml_extensions.runner.protocols.mlrc import MLRCRunner, ensemble_metrics, mlrc_class_splits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -94,9 +95,14 @@ def _runner(tmp_path, argv=(), files=None):
     return MLRCRunner(cfg, str(tmp_path / "exp"), sources, log=lambda *a: None)
 
 
+def _run(runner):
+    """The protocol through the one entry point (saves config.yaml, writes report.html)."""
+    return run_protocol(runner.config, runner.folder, runner.experiment.sources, log=lambda *a: None)
+
+
 class TestRunner:
     def test_full_protocol_on_tiny_data(self, tmp_path):
-        results = _runner(tmp_path, ["--num_epochs_train", "2"]).run()
+        results = _run(_runner(tmp_path, ["--num_epochs_train", "2"]))
         assert len(results["folds"]) == 4
         test = results["test"]
         assert set(test) == {"separate_8D", "concatenated_32D", "per_model"}
@@ -126,7 +132,7 @@ class TestRunner:
                 "0.0}",
             ],
         )
-        results = runner.run()
+        results = _run(runner)
         from pml_extensions.runner.checkpoint import load_weights
 
         state = load_weights(str(tmp_path / "exp" / "fold_0" / "checkpoint.pth"))
@@ -156,7 +162,7 @@ models:
             ],
             files,
         )
-        runner.run()
+        _run(runner)
         from pml_extensions.runner.checkpoint import load_weights
 
         sd = load_weights(str(tmp_path / "exp" / "fold_0" / "checkpoint.pth"))["models"]["trunk"]
@@ -167,12 +173,12 @@ models:
         runner = _runner(
             tmp_path, ["--loss_funcs~OVERRIDE~", "{metric_loss:", "{ProxyAnchorLoss:", "{margin:", "0.1}}}"]
         )
-        models = runner.build_models(torch.zeros(1, 4, 4))
-        losses, _ = runner.build_losses(models, num_classes=6)
+        models = runner.builder.build_models(torch.zeros(1, 4, 4))
+        losses, _ = runner.builder.build_losses(models, num_classes=6)
         assert tuple(losses["metric_loss"].proxies.shape) == (6, 8)
 
     def test_embedder_mlp_gets_trunk_width(self, tmp_path):
-        models = _runner(tmp_path).build_models(torch.zeros(1, 4, 4))
+        models = _runner(tmp_path).builder.build_models(torch.zeros(1, 4, 4))
         assert models["embedder"].layer_sizes == [16, 8]
 
     @pytest.mark.parametrize(
@@ -192,9 +198,9 @@ models:
     def test_build_errors_name_file_and_key(self, tmp_path, argv, match):
         runner = _runner(tmp_path, argv)
         with pytest.raises(ConfigError, match=match) as e:
-            models = runner.build_models(torch.zeros(1, 4, 4))
-            losses, _ = runner.build_losses(models, 4)
-            runner.build_optimizers(models, losses)
+            models = runner.builder.build_models(torch.zeros(1, 4, 4))
+            losses, _ = runner.builder.build_losses(models, 4)
+            runner.builder.build_optimizers(models, losses)
         assert "\n" not in str(e.value)
 
     def test_errors_from_files_name_the_file(self, tmp_path):
@@ -203,7 +209,7 @@ models:
         }
         runner = _runner(tmp_path, [], files)
         with pytest.raises(ConfigError) as e:
-            runner.build_losses(runner.build_models(torch.zeros(1, 4, 4)), 4)
+            runner.builder.build_losses(runner.builder.build_models(torch.zeros(1, 4, 4)), 4)
         msg = str(e.value)
         assert msg.startswith(os.path.join(str(tmp_path), "cfg", "config_loss_and_miners", "default.yaml"))
         assert "loss_funcs.metric_loss" in msg and "'ContrastivLoss'" in msg
@@ -252,7 +258,7 @@ def test_test_hooks_run_once_and_reach_the_report(tmp_path):
             "y}}}",
         ],
     )
-    runner.run()
+    _run(runner)
     assert len(RecordingHook.calls) == 1
     (trunk, embedder, dataset_dict, output_dir, note), splits = RecordingHook.calls[0]
     assert splits == ["test"] and list(dataset_dict) == ["test"] and note == "y"
@@ -266,10 +272,10 @@ def test_loss_generators_are_found_for_the_checkpoint():
     from pytorch_metric_learning.losses import ContrastiveLoss
 
     from pml_extensions.losses.xml_wrapper import XMLWrapper
-    from pml_extensions.runner.mlrc import _module_generators
+    from pml_extensions.runner.checkpoint import module_generators
 
     loss = XMLWrapper(ContrastiveLoss(), seed=3)
-    gens = _module_generators({"metric_loss": loss})
+    gens = module_generators({"metric_loss": loss})
     assert list(gens) == ["metric_loss.generator"] and gens["metric_loss.generator"] is loss.generator
     state = gens["metric_loss.generator"].get_state()
     a = torch.randperm(10, generator=loss.generator)

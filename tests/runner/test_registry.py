@@ -103,3 +103,26 @@ class TestRegister:
 
     def test_roles_constant(self):
         assert {"loss", "model", "trainer", "tester", "accuracy_calculator", "hook", "dataset"} <= set(ROLES)
+
+
+def test_every_named_module_exists():
+    import importlib
+
+    from pml_extensions.runner import registry
+
+    names = set(factory.SEARCH_MODULES) | set(registry.SCANNED_PACKAGES)
+    names |= {m for mods in registry.ROLE_MODULES.values() for m in mods}
+    names |= {m for mods in registry.ROLE_PLACES.values() for m in mods}
+    for name in sorted(names):
+        importlib.import_module(name)  # no names of subpackages that do not exist
+
+
+def test_one_store_for_both_register_functions():
+    class OneStoreLoss(torch.nn.Module):
+        def forward(self, embeddings, labels):
+            return embeddings.sum()
+
+    assert factory.register(OneStoreLoss, "OneStoreAlias", role="loss") is OneStoreLoss
+    assert factory._REGISTRY["OneStoreAlias"] == (OneStoreLoss, "loss")
+    assert classes_for_role("loss")["OneStoreAlias"] is OneStoreLoss
+    assert factory.resolve("OneStoreAlias") is OneStoreLoss

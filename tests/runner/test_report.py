@@ -55,3 +55,35 @@ def test_missing_folder(tmp_path):
 
 def test_empty_folder_still_writes(tmp_path):
     assert os.path.exists(write_report(str(tmp_path)))
+
+
+def test_any_protocol_layout_command_dataset_xml_loss_and_untrained_flag(tmp_path):
+    folder = tmp_path / "exp"
+    # a nested stage (resolution_distillation style) that logged an XMLWrapper's xml_loss
+    ck = Checkpointer(str(folder / "glyphs" / "seed_0" / "student"), epoch_tables={"accuracies"})
+    for it in range(1, 41):
+        ck.record_keeper.append_data("loss_histories", "total_loss", 1.0 / it, it)
+        ck.record_keeper.append_data("metric_loss", "xml_loss", 2.0 / it, it)
+    ck.commit({"epoch": 1, "global_iteration": 40})
+    (folder / "results.json").write_text(
+        json.dumps({"protocol": "xml_vs_gap", "folds": [{"best_epoch": 0, "best_val_mean_average_precision_at_r": 0.1}]})
+    )
+    (folder / "results.md").write_text("| variant | MAP@R |\n|---|---|\n| xml | 0.4321 |\n")
+    (folder / "config.yaml").write_text("protocol: xml_vs_gap\ndataset: {name: glyphs}\n")
+    (folder / "command.txt").write_text("python -m pml_extensions job --epochs 1\n")
+    (folder / "map_at_r.png").write_bytes(PNG_1x1)
+    html = open(write_report(str(folder))).read()
+    assert "<title>xml_vs_gap report</title>" in html
+    assert "python -m pml_extensions job --epochs 1" in html
+    assert "&quot;name&quot;: &quot;glyphs&quot;" in html
+    assert "the untrained model" in html and "0.4321" in html
+    assert "training loss (smoothed)" not in html  # titles live inside the PNGs; count the images instead
+    assert len(re.findall(r"src='data:image/png;base64,", html)) == 3  # loss, xml_loss, map_at_r.png
+
+
+def test_smoothing_is_a_trailing_mean():
+    from pml_extensions.runner.report import _smooth
+
+    values = [float(v) for v in range(50)]  # window 50 // 25 = 2
+    assert _smooth(values)[:3] == [0.0, 0.5, 1.5]
+    assert _smooth([1.0, float("nan"), 3.0] * 20)[1] == 1.0  # window 60 // 25 = 2, the NaN skipped

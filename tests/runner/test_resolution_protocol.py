@@ -1,25 +1,35 @@
-"""The resolution-distillation protocol through the runner CLI (a config folder in the MLRC layout)."""
+"""The resolution-distillation protocol through the runner: Table-2 blocks (block 1 included), paired seeds, the
+results.json layout, SIGKILL-resume, paired student variants and config errors."""
 
+import csv
+import glob
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 import unittest
 
+import torch
 import yaml
 
 from pml_extensions.runner import cli
+from pml_extensions.runner.factory import ConfigError
 
 TINY_JOB = {
     "datasets": {
         "glyphs": {
-            "database_resolution": 32, "query_resolutions": [16], "image_size": 32, "max_test_per_class": 4,
+            "database_resolution": 32, "query_resolutions": [16], "image_size": 32, "max_test_per_class": 2,
             "crop_scale": [0.5, 1.0],
         }
     },
-    "seeds": [0], "teacher_iterations": 1, "teacher_lr": 1e-4, "student_iterations": 1, "images_per_batch": 4,
-    "num_augmentations": 2, "lr": 1e-4, "lambda_ts": 0.7, "lambda_ss": 0.7, "embedding_dim": 16,
-    "eval_batch_size": 64, "device": "cpu", "num_workers": 0,
+    "seeds": [0, 1], "teacher_iterations": 4, "student_iterations": 6, "checkpoint_every": 2, "images_per_batch": 2,
+    "num_augmentations": 2, "embedding_dim": 16, "eval_batch_size": 64, "device": "cpu", "num_workers": 0,
+    "student_variants": ["loss_abs_only"],
 }
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _write_config(root, general):
@@ -28,59 +38,176 @@ def _write_config(root, general):
         yaml.safe_dump(general, f)
 
 
-class TestResolutionProtocol(unittest.TestCase):
-    def test_runs_and_writes_the_four_setups(self):
-        try:
-            from pml_extensions.trunks import mobilenet_v2_weights_path
+def _need_weights(test):
+    try:
+        from pml_extensions.trunks import mobilenet_v2_weights_path
 
-            mobilenet_v2_weights_path()
-        except FileNotFoundError as e:  # pragma: no cover - the tox env installs the weights package
-            self.skipTest(str(e))
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = os.path.join(tmp, "cfg")
-            _write_config(cfg, {"protocol": "resolution_distillation", "resolution_job": TINY_JOB})
-            rc = cli.main([cfg, "--root_experiment_folder", os.path.join(tmp, "exp"), "--experiment_name", "r"])
-            self.assertEqual(rc, 0)
-            out = os.path.join(tmp, "exp", "r")
-            with open(os.path.join(out, "results.json")) as f:
-                result = json.load(f)
-            setups = {row["setup"] for row in result["rows"]}
-            self.assertEqual(
-                setups, {"teacher_student_asymmetric", "student_symmetric", "teacher_symmetric", "teacher_asymmetric"}
-            )
-            self.assertTrue(all(row["query_flops"] > 0 for row in result["rows"]))
-            for name in ("results.md", "performance_vs_flops.png"):
-                self.assertGreater(os.path.getsize(os.path.join(out, name)), 0)
+        mobilenet_v2_weights_path()
+    except FileNotFoundError as e:  # pragma: no cover - the tox env installs the weights package
+        test.skipTest(str(e))
 
-    def test_bad_protocol_and_job_are_config_errors(self):
+
+class TestResolutionProtocolRun(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.cfg = os.path.join(cls.tmp.name, "cfg")
+        _write_config(cls.cfg, {"protocol": "resolution_distillation", "resolution_job": TINY_JOB})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def run_cli(self, name):
+        return cli.main([self.cfg, "--root_experiment_folder", os.path.join(self.tmp.name, "exp"), "--experiment_name", name])
+
+    def results(self, name):
+        with open(os.path.join(self.tmp.name, "exp", name, "results.json")) as f:
+            return json.load(f)
+
+    def test_table2_blocks_paired_seeds_and_layout(self):
+        _need_weights(self)
+        self.assertEqual(self.run_cli("whole"), 0)
+        result = self.results("whole")
+        self.assertEqual(
+            sorted(result["variants"]),
+            ["glyphs/16px/low_resolution_teacher_symmetric", "glyphs/16px/student_symmetric",
+             "glyphs/16px/student_symmetric/loss_abs_only", "glyphs/16px/teacher_asymmetric",
+             "glyphs/16px/teacher_student_asymmetric", "glyphs/16px/teacher_student_asymmetric/loss_abs_only",
+             "glyphs/32px/teacher_symmetric"],
+        )
+        block1 = result["variants"]["glyphs/16px/low_resolution_teacher_symmetric"]
+        self.assertEqual(sorted(block1["per_seed"]), ["0", "1"])
+        self.assertIn("mean_average_precision_at_r", block1["mean"])
+        rows = [r for r in result["rows"] if r["setup"] == "low_resolution_teacher_symmetric"]
+        self.assertEqual([(r["query_resolution"], r["reference_resolution"]) for r in rows], [(16, 16), (16, 16)])
+        comps = {(c["variant"], c["baseline"]): c for c in result["comparisons"]}
+        c = comps[("glyphs/16px/teacher_student_asymmetric", "glyphs/16px/teacher_asymmetric")]
+        self.assertEqual(c["n"], 2)
+        self.assertEqual(len(c["ci95"]), 2)
+        self.assertIn(("glyphs/16px/teacher_student_asymmetric/loss_abs_only", "glyphs/16px/teacher_student_asymmetric"),
+                      comps)
+        self.assertEqual(sorted({p["iteration"] for p in result["curve"]}), [0, 2, 4, 6])
+        self.assertTrue(all(r["query_flops"] > 0 for r in result["rows"]))
+        out = os.path.join(self.tmp.name, "exp", "whole")
+        for name in ("results.md", "performance_vs_flops.png", "report.html"):
+            self.assertGreater(os.path.getsize(os.path.join(out, name)), 0)
+        with open(os.path.join(out, "results.md")) as f:
+            self.assertIn("| 1 symmetric | low_resolution_teacher_symmetric |", f.read())
+        # a rerun finds every stage finished and gives the same results
+        self.assertEqual(self.run_cli("whole"), 0)
+        self.assertEqual(self.results("whole")["variants"], result["variants"])
+
+        # SIGKILL inside the teacher stage, rerun, SIGKILL inside a student stage, rerun: identical results, no lost
+        # or duplicated log rows
+        seed0 = os.path.join(self.tmp.name, "exp", "killed", "glyphs", "seed_0")
+        for stage in ("teacher", "student_16px_full"):
+            self.kill_inside(os.path.join(seed0, stage))
+        self.assertEqual(self.run_cli("killed"), 0)
+        killed = self.results("killed")
+        self.assertEqual(killed["variants"], result["variants"])
+        self.assertEqual(killed["curve"], result["curve"])
+        for stage, n in (("teacher", 4), ("student_16px_full", 6)):
+            with open(os.path.join(seed0, stage, "logs", "loss_histories.csv")) as f:
+                iterations = [int(float(r["~iteration~"])) for r in csv.DictReader(f)]
+            self.assertEqual(iterations, list(range(1, n + 1)), stage)
+
+    def kill_inside(self, stage):
+        """Start the run in a subprocess and SIGKILL it once ``stage`` has committed its first checkpoint."""
+        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+        argv = [sys.executable, "-m", "pml_extensions", "run", self.cfg, "--root_experiment_folder",
+                os.path.join(self.tmp.name, "exp"), "--experiment_name", "killed"]
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 300
+        while not os.path.exists(os.path.join(stage, "checkpoint.pth")) and time.time() < deadline:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        self.assertFalse(os.path.exists(os.path.join(stage, "result.json")), f"killed too late inside {stage}")
+
+    def test_paired_students_start_identical(self):
+        _need_weights(self)
+        from pml_extensions.runner.protocols import resolution_distillation as rd
+        from pml_extensions.runner.protocols import resolution_distillation_parts as parts
+
+        job = rd.job_config({"resolution_job": TINY_JOB})
+        train_set, _ = parts.load_dataset("glyphs", job["datasets"]["glyphs"])
+        torch.manual_seed(5)
+        teacher = parts.build_model(16)
+        ctx = {"seed": 0, "dcfg": job["datasets"]["glyphs"], "db": 32, "train_set": train_set}
+        built = {v: rd.build_student(ctx, 16, v, job, teacher) for v in ("full", "loss_abs_only", "augment_no_mixup")}
+        for v, trainer in built.items():
+            trainer.initialize_dataloader()
+            for key in ("trunk", "embedder"):
+                for k, w in trainer.models[key].state_dict().items():
+                    self.assertTrue(torch.equal(w, teacher[0 if key == "trunk" else 1].state_dict()[k]), (v, key, k))
+        first = {v: t.get_batch() for v, t in built.items()}
+        (s0, t0, c0), ids0 = first["full"]
+        (s1, t1, c1), ids1 = first["loss_abs_only"]
+        self.assertTrue(torch.equal(s0, s1) and torch.equal(t0, t1) and torch.equal(ids0, ids1))
+        self.assertTrue(torch.equal(ids0, first["augment_no_mixup"][1]))  # same batch order, other augmentations
+        self.assertFalse(torch.equal(s0, first["augment_no_mixup"][0][0]))
+        other_seed = rd.build_student(dict(ctx, seed=1), 16, "full", job, teacher)
+        other_seed.initialize_dataloader()
+        self.assertFalse(torch.equal(ids0, other_seed.get_batch()[1]))
+
+
+class TestResolutionProtocolConfig(unittest.TestCase):
+    def job(self, **changes):
+        from pml_extensions.runner.protocols import resolution_distillation as rd
+
+        spec = dict(TINY_JOB, **changes)
+        return rd.job_config({"resolution_job": spec})
+
+    def test_errors_name_the_key(self):
+        glyphs = TINY_JOB["datasets"]["glyphs"]
+        cases = [
+            ({"student_iteration": 3}, "unknown key 'student_iteration'; did you mean 'student_iterations'"),
+            ({"datasets": {"glyphs": dict(glyphs, query_resolutions=[64])}},
+             r"query resolution 64 must be in \(0, database_resolution=32\)"),
+            ({"datasets": {"glyphs": dict(glyphs, query_resolution=[8])}}, "did you mean 'query_resolutions'"),
+            ({"student_variants": ["loss_abs"]}, "student_variants: unknown"),
+            ({"checkpoint_every": 3}, "checkpoint_every: 3 must divide teacher_iterations"),
+            ({"seeds": [0, 0]}, "distinct ints"),
+            ({"datasets": {"mnist": glyphs}}, "unknown dataset"),
+        ]
+        for changes, message in cases:
+            with self.assertRaisesRegex(ConfigError, message):
+                self.job(**changes)
+
+    def test_top_level_seeds_win(self):
+        from pml_extensions.runner.protocols import resolution_distillation as rd
+
+        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": [3, 4, 5]})["seeds"], [3, 4, 5])
+        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 1 2"})["seeds"], [0, 1, 2])  # --seeds 0 1 2
+        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": 7})["seeds"], [7])
+        with self.assertRaisesRegex(ConfigError, "seeds: a list of distinct ints"):
+            rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 x"})
+
+    def test_bad_protocol_is_a_config_error(self):
         with tempfile.TemporaryDirectory() as tmp:
             cfg = os.path.join(tmp, "cfg")
             _write_config(cfg, {"protocol": "nope"})
             self.assertEqual(cli.main([cfg, "--root_experiment_folder", tmp]), 2)
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = os.path.join(tmp, "cfg")
-            bad = dict(TINY_JOB, datasets={"glyphs": dict(TINY_JOB["datasets"]["glyphs"], query_resolutions=[64])})
-            _write_config(cfg, {"protocol": "resolution_distillation", "resolution_job": bad})
-            self.assertEqual(cli.main([cfg, "--root_experiment_folder", tmp]), 2)
 
-    def test_shipped_config_parses(self):
-        from pml_extensions.runner.cli import find_config_root
-        from pml_extensions.runner.config_loader import load_config
+    def test_shipped_configs_parse(self):
+        from pml_extensions.runner.config_loader import find_config, load_config
+        from pml_extensions.runner.protocols import resolution_distillation as rd
+        from pml_extensions.runner.protocols.resolution_distillation_parts import load_dataset
 
-        config, _ = load_config(find_config_root("resolution_distillation"), {"config_general": ["default", "quick"]}, {})
+        root = find_config("resolution_distillation")
+        config, _ = load_config(root, {"config_general": ["default", "quick"]}, {})
+        job = rd.job_config(config)
         self.assertEqual(config["protocol"], "resolution_distillation")
-        self.assertEqual(list(config["resolution_job"]["datasets"]), ["glyphs"])
-        self.assertEqual(config["resolution_job"]["device"], "cpu")
-
-    def test_pml_dataset_variants_parse_and_need_a_root(self):
-        from pml_extensions.runner.cli import find_config_root
-        from pml_extensions.runner.config_loader import load_config
-        from pml_extensions.utils.resolution_job import load_dataset
-
+        self.assertEqual(list(job["datasets"]), ["glyphs"])
+        self.assertEqual(job["device"], "cpu")
+        self.assertEqual(len(job["seeds"]), 3)
+        self.assertIn("init_imagenet", job["student_variants"])
+        self.assertEqual(rd.job_config(load_config(root, {"config_general": ["default"]}, {})[0])["device"], "cuda")
         for name in ("cub", "cars196", "sop"):
-            config, _ = load_config(
-                find_config_root("resolution_distillation"), {"config_general": ["default", f"with_{name}"]}, {}
-            )
-            self.assertEqual(list(config["resolution_job"]["datasets"]), [name])
+            config, _ = load_config(root, {"config_general": ["default", f"with_{name}"]}, {})
+            self.assertEqual(list(rd.job_config(config)["datasets"]), [name])
             with self.assertRaisesRegex(FileNotFoundError, name):
                 load_dataset(name, {"root": "/nonexistent"})

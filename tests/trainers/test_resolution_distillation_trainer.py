@@ -229,3 +229,58 @@ class TestResolutionDistillationTrainer(unittest.TestCase):
             self.assertEqual(best_epoch, 1)
             self.assertAlmostEqual(best, tester.all_accuracies["val"]["mean_average_precision_at_r_level0"])
             self.assertIn("mean_average_precision_trapezoidal_level0", tester.all_accuracies["val"])
+
+
+class RecordingCoupled(CoupledAugmentationDataset):
+    """Remembers the (pass, index, crop boxes, λ) of every item it serves."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.served = []
+
+    def __getitem__(self, index):
+        image, _ = self.dataset[index]
+        params = self.draw_params(index, *image.size)
+        self.served.append(
+            (self.data_pass, int(index), tuple((p["student"]["crop"], round(p["lam"], 8)) for p in params))
+        )
+        return super().__getitem__(index)
+
+
+class TestFreshDrawsEveryPass(unittest.TestCase):
+    def run_trainer(self, iterations, **kw):
+        trainer = make(iterations_per_epoch=iterations, **kw)
+        trainer.dataset = RecordingCoupled(Pictures(4), query_size=8, database_size=16, num_augmentations=3, seed=0)
+        trainer.train(1, 1)
+        return trainer
+
+    def test_second_pass_draws_differ(self):
+        # 4 images, batch 2, 6 iterations = three passes in ONE epoch (the issue's case)
+        trainer = self.run_trainer(6)
+        served = trainer.dataset.served
+        self.assertEqual(len(served), 12)
+        self.assertEqual(sorted({p for p, _, _ in served}), [0, 1, 2])
+        self.assertEqual(trainer.data_pass, 2)
+        by_pass = {}
+        for p, i, draws in served:
+            by_pass.setdefault(i, {})[p] = draws
+        for i, passes in by_pass.items():
+            self.assertEqual(sorted(passes), [0, 1, 2], i)  # each image exactly once per pass
+            self.assertNotEqual(passes[0], passes[1], i)
+            self.assertNotEqual(passes[1], passes[2], i)
+
+    def test_same_seed_same_stream_and_global_rng_untouched(self):
+        trainer = make(iterations_per_epoch=6)
+        trainer.dataset = RecordingCoupled(Pictures(4), query_size=8, database_size=16, num_augmentations=3, seed=0)
+        torch.manual_seed(7)
+        state = torch.get_rng_state()
+        trainer.train(1, 1)  # shuffling and draws come from private generators
+        self.assertTrue(torch.equal(state, torch.get_rng_state()))
+        self.assertEqual(trainer.dataset.served, self.run_trainer(6).dataset.served)
+
+    def test_new_pass_each_epoch(self):
+        trainer = make(iterations_per_epoch=1, new_pass_each_epoch=True)
+        trainer.dataset = RecordingCoupled(Pictures(4), query_size=8, database_size=16, num_augmentations=3, seed=0)
+        trainer.train(1, 3)
+        self.assertEqual(trainer.data_pass, 3)
+        self.assertEqual([p for p, _, _ in trainer.dataset.served], [1, 1, 2, 2, 3, 3])

@@ -1,0 +1,419 @@
+"""Every powerful-benchmarker (PB v0.9.33) config key: honoured, mapped from an older spelling, or refused.
+
+PB's config folder (``config_general``, ``config_dataset``, ``config_eval``, ...) names keys whose effect this
+module defines for the ``mlrc`` protocol; the loader (:func:`pml_extensions.runner.config_loader.load_config`)
+calls :func:`check_keys`, :func:`map_old_keys` and :func:`check_values`, so a run never starts with a key it would
+ignore. The protocol reads the honoured values through the accessors below (:func:`split_settings`,
+:func:`build_tester`, :func:`primary_metric`, :func:`aggregate`, :func:`ensemble_settings`, ...).
+
+Honoured (as in PB):
+
+* ``split_manager: {ClassDisjointSplitManager: {test_size, test_start_idx, num_training_partitions,
+  num_training_sets, hierarchy_level, data_and_label_getter_keys}}``: the class-disjoint split and its folds;
+* ``splits_to_eval``: the splits evaluated every ``save_interval`` epochs (``val``; ``train`` is logged too);
+* ``tester: {GlobalEmbeddingSpaceTester: {normalize_embeddings, use_trunk_output, batch_size,
+  dataloader_num_workers, pca, accuracy_calculator, label_hierarchy_level, reference_set: compared_to_self,
+  visualizer: null}}``: passed to PML's tester (``accuracy_calculator`` built by name, its ``include`` honoured);
+* ``aggregator: {MeanAggregator: {split_to_aggregate}}``: the mean over folds of the best validation metrics
+  (``results.json["aggregate"]``, the search objective);
+* ``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}``: the concatenated test model;
+* ``hook_container: {HookContainer: {primary_metric, validation_split_name: val, save_models: true}}``:
+  ``primary_metric`` drives early stopping and model selection;
+* ``config_general`` flags: ``api_parser: null``, ``skip_eval_if_already_done: true`` (a resumed run never
+  re-evaluates a logged epoch), ``skip_ensemble_eval_if_already_done`` (reuse the saved test numbers or compute
+  them again), ``log_data_to_tensorboard`` (needs ``tensorboard``), ``save_figures_on_tensorboard: false``,
+  ``save_lists_in_db`` (record-keeper's ``save_lists``), ``override_required_compatible_factories: false``.
+
+Every other value of these keys stops the run with one line naming the key and why (e.g. ``reference_set:
+compared_to_training_set`` — this runner compares each split to itself). Older PB spellings (before v0.9.29:
+``eval_*``, top-level ``test_size`` ..., ``iterations_per_epoch``, ``batch_size``) are mapped with a note.
+
+Example::
+
+    >>> from pml_extensions.runner.pb_keys import split_settings
+    >>> split_settings({"split_manager": {"ClassDisjointSplitManager": {"test_size": 0.25}}})["test_size"]
+    0.25
+"""
+
+import os
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from .config_syntax import split_marker
+from .factory import ConfigError
+from .pb_eval import (  # noqa: F401  (re-exported: the protocol reads every PB key through pb_keys)
+    _DEFAULT_ENSEMBLE,
+    _TESTER,
+    _check_class,
+    _check_kwargs,
+    _one_class,
+    _where,
+    accuracy_calculator_spec,
+    aggregate,
+    build_tester,
+    ensemble_settings,
+    nearest,
+    tester_spec,
+)
+
+#: top-level keys the mlrc protocol reads (PB v0.9.33's and ours)
+MLRC_KEYS = (
+    # config_general (PB)
+    "trainer", "num_epochs_train", "save_interval", "patience", "check_untrained_accuracy", "api_parser",
+    "skip_eval_if_already_done", "skip_ensemble_eval_if_already_done", "log_data_to_tensorboard",
+    "save_figures_on_tensorboard", "save_lists_in_db", "override_required_compatible_factories",
+    # other PB categories
+    "models", "loss_funcs", "mining_funcs", "sampler", "optimizers", "transforms", "tester", "aggregator",
+    "ensemble", "hook_container", "factories", "dataset", "splits_to_eval", "split_manager", "bayes_opt_iters",
+    # ours
+    "protocol", "seed", "device", "normalize", "dataset_root", "test_hooks", "prototype_init",
+)
+#: top-level keys of the other protocols (used when a protocol module defines no ``CONFIG_KEYS``)
+PROTOCOL_KEYS: Dict[str, Tuple[str, ...]] = {
+    "mlrc": MLRC_KEYS,
+    "xml_vs_gap": (
+        "protocol", "experiment_name", "seed", "num_epochs", "iterations_per_epoch", "batch_size",
+        "dataloader_num_workers", "device", "prototype_init", "variants", "dataset", "models", "loss_funcs",
+        "mining_funcs", "sampler", "optimizers", "transforms", "accuracy_calculator", "tester", "seeds",
+        "validation", "comparisons",
+    ),
+    "resolution_distillation": ("protocol", "resolution_job", "seed", "device"),
+}
+
+_DEFAULT_SPLIT = {
+    "test_size": 0.5, "test_start_idx": 0.5, "num_training_partitions": 4, "num_training_sets": 4,
+    "hierarchy_level": 0, "data_and_label_getter_keys": None,
+}
+_DEFAULT_HOOKS = {"primary_metric": "mean_average_precision_at_r", "validation_split_name": "val", "save_models": True}
+#: config_general flags: key -> (default, allowed values or None for any bool, reason when refused)
+_FLAGS = {
+    "api_parser": (None, (None,), "API parsers are PB's internals; choose the protocol with `protocol:`"),
+    "skip_eval_if_already_done": (True, (True,), "a resumed run continues from its checkpoint and never "
+                                  "evaluates a logged epoch again"),
+    "skip_ensemble_eval_if_already_done": (True, (True, False), ""),
+    "log_data_to_tensorboard": (False, (True, False), ""),
+    "save_figures_on_tensorboard": (False, (False,), "figures go to report.html, not to tensorboard"),
+    "save_lists_in_db": (False, (True, False), ""),
+    "override_required_compatible_factories": (False, (False,), "custom factories are not supported; register "
+                                               "classes with pml_extensions.runner.registry.register instead"),
+}
+
+#: PB's older spellings -> (new key path, note); a path ending in "*" applies to the class's kwargs
+OLD_KEYS = {
+    "eval_reference_set": ("tester", "reference_set"),
+    "eval_normalize_embeddings": ("tester", "normalize_embeddings"),
+    "eval_use_trunk_output": ("tester", "use_trunk_output"),
+    "eval_batch_size": ("tester", "batch_size"),
+    "eval_dataloader_num_workers": ("tester", "dataloader_num_workers"),
+    "eval_pca": ("tester", "pca"),
+    "eval_accuracy_calculator": ("tester", "accuracy_calculator"),
+    "eval_label_hierarchy_level": ("tester", "label_hierarchy_level"),
+    "label_hierarchy_level": ("tester", "label_hierarchy_level"),
+    "eval_primary_metric": ("hook_container", "primary_metric"),
+    "eval_metric_for_best_epoch": ("hook_container", "primary_metric"),
+    "test_size": ("split_manager", "test_size"),
+    "test_start_idx": ("split_manager", "test_start_idx"),
+    "num_training_partitions": ("split_manager", "num_training_partitions"),
+    "num_training_sets": ("split_manager", "num_training_sets"),
+    "iterations_per_epoch": ("trainer", "iterations_per_epoch"),
+    "batch_size": ("trainer", "batch_size"),
+    "dataloader_num_workers": ("trainer", "dataloader_num_workers"),
+}
+_OLD_REFUSED = {
+    "training_method": "PB's pre-0.9.29 name of the trainer; write `trainer: {MetricLossOnly: {...}}`",
+    "split_names": "the splits are always train/val/test here; remove the key",
+    "eval_size_of_ensemble": "the ensemble is every trained fold; remove the key",
+    "meta_testing_method": "the ensemble is set with `ensemble: {ConcatenateEmbeddings: {...}}`",
+}
+_DEFAULT_CLASS = {"tester": _TESTER, "hook_container": "HookContainer", "split_manager": "ClassDisjointSplitManager",
+                  "trainer": "MetricLossOnly"}
+
+
+def known_keys(config: Dict[str, Any]) -> Tuple[str, Set[str]]:
+    """``(protocol, top-level keys it reads)``: the protocol module's ``CONFIG_KEYS`` if it defines them, else
+    :data:`PROTOCOL_KEYS`."""
+    name = config.get("protocol") or "mlrc"
+    keys = None
+    try:
+        from .protocols import PROTOCOLS, get_protocol
+
+        if name in PROTOCOLS:
+            keys = getattr(get_protocol(name), "CONFIG_KEYS", None)
+    except ImportError:  # a sibling protocol being rewritten must not break loading
+        keys = None
+    return name, set(keys or PROTOCOL_KEYS.get(name, ())) | {"protocol"}
+
+
+def check_keys(config: Dict[str, Any], sources: Dict[str, str], file_keys: Iterable[str] = ()) -> None:
+    """Refuse top-level keys the config's protocol does not read.
+
+    A file key must be known to the protocol (or be one of PB's older spellings, :data:`OLD_KEYS`); a
+    command-line key must be defined by a config file or known to the protocol.
+
+    Raises:
+        ConfigError: ``"<file>: key 'num_epoch_train': the mlrc protocol reads no such key; did you mean
+        num_epochs_train?"`` or ``"command line: --bogus_key: no config file defines this key ..."``.
+    """
+    protocol, known = known_keys(config)
+    if protocol not in PROTOCOL_KEYS and not known - {"protocol"}:
+        return  # unknown protocol: protocol_name() reports it
+    allowed = known | (set(OLD_KEYS) | set(_OLD_REFUSED) if protocol == "mlrc" else set())
+    file_keys = {split_marker(k)[0] for k in file_keys}
+    for key in config:
+        name = split_marker(key)[0]
+        if name in allowed:
+            continue
+        if sources.get(name) == "command line" and name not in file_keys:
+            raise ConfigError(
+                f"command line: --{name}: no config file defines this key and the {protocol} protocol does not "
+                f"read it{nearest(name, known | file_keys, cutoff=0)} (all keys: run CONFIG --dry-run)"
+            )
+        raise ConfigError(f"{_where(sources, name)}: the {protocol} protocol reads no such key"
+                          f"{nearest(name, known, cutoff=0)}")
+
+
+def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[Callable[..., None]] = None):
+    """Map PB's pre-0.9.29 spellings (``eval_batch_size``, top-level ``test_size``, ``batch_size`` ...) to
+    today's keys, printing one note per key; refuse those with no counterpart (:data:`_OLD_REFUSED`). Only for
+    the ``mlrc`` protocol (the other protocols have their own top-level keys).
+
+    Returns:
+        a new config dict.
+
+    Raises:
+        ConfigError: one line naming the old key and what to write instead.
+    """
+    if (config.get("protocol") or "mlrc") != "mlrc":
+        return config
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    out = dict(config)
+    for old in [k for k in config if k in _OLD_REFUSED]:
+        raise ConfigError(f"{_where(sources, old)}: {_OLD_REFUSED[old]}")
+    for old in [k for k in config if k in OLD_KEYS]:
+        value = out.pop(old)
+        parent, arg = OLD_KEYS[old]
+        if parent in out and out[parent] is not None:
+            name, kwargs = _one_class(out, parent, sources)
+        else:
+            name, kwargs = _DEFAULT_CLASS[parent], {}
+        out[parent] = {name: dict(kwargs, **{arg: value})}
+        sources.setdefault(parent, sources.get(old, "config"))
+        log(f"note: {_where(sources, old)} is powerful-benchmarker's pre-0.9.29 spelling; read as "
+            f"{parent}~APPLY~2: {{{arg}: {value!r}}}")
+    return out
+
+
+def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (test the second half of the
+    classes, 4 partitions, 4 training sets, hierarchy level 0, tuple items).
+
+    Raises:
+        ConfigError: another split manager, an unknown argument, or a value out of range.
+    """
+    name, kwargs = _one_class(config, "split_manager", sources, "ClassDisjointSplitManager")
+    where = _where(sources, "split_manager") + f".{name}"
+    _check_class(where, "split_manager", name, ("ClassDisjointSplitManager",))
+    _check_kwargs(where, kwargs, tuple(_DEFAULT_SPLIT))
+    out = dict(_DEFAULT_SPLIT, **kwargs)
+    for k in ("test_size", "test_start_idx"):
+        v = out[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ConfigError(f"{where}.{k}: expected a fraction of the classes in [0, 1], got {v!r}")
+    for k in ("num_training_partitions", "num_training_sets", "hierarchy_level"):
+        v = out[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "hierarchy_level" else 1):
+            raise ConfigError(f"{where}.{k}: expected a {'non-negative' if k == 'hierarchy_level' else 'positive'}"
+                              f" integer, got {v!r}")
+    if out["num_training_sets"] > out["num_training_partitions"]:
+        raise ConfigError(f"{where}.num_training_sets: {out['num_training_sets']} is more than "
+                          f"num_training_partitions ({out['num_training_partitions']})")
+    keys = out["data_and_label_getter_keys"]
+    if keys is not None and not (isinstance(keys, list) and len(keys) == 2 and all(isinstance(x, (str, int)) for x in keys)):
+        raise ConfigError(f"{where}.data_and_label_getter_keys: expected null (items are (image, label)) or "
+                          f"[data_key, label_key], got {keys!r}")
+    return out
+
+
+def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tuple[Any, Any]]:
+    """``item -> (data, label)``: ``item[0], item[1]`` for ``None``, else ``item[keys[0]], item[keys[1]]``
+    (datasets that return dicts, PB's ``data_and_label_getter_keys``).
+
+    The getter raises ConfigError when string keys meet a dataset that returns tuples (PB's datasets returned
+    ``{"data": ..., "label": ...}``; PML's and ours return ``(image, label)``: set the key to null).
+
+    Example::
+
+        >>> data_and_label_getter(["img", "y"])({"img": "x", "y": 3})
+        ('x', 3)
+    """
+    if keys is None:
+        return lambda item: (item[0], item[1])
+    a, b = keys
+
+    def getter(item):
+        if isinstance(item, (tuple, list)) and not (isinstance(a, int) and isinstance(b, int)):
+            raise ConfigError(
+                f"split_manager.ClassDisjointSplitManager.data_and_label_getter_keys: {list(keys)} names dict keys, "
+                "but the dataset returns (image, label) tuples; set it to null"
+            )
+        return item[a], item[b]
+
+    return getter
+
+
+def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSplitManager.hierarchy_level"):
+    """Column ``level`` of ``[N, L]`` labels (``[N]`` labels have only level 0).
+
+    Raises:
+        ConfigError: for a level the labels do not have.
+    """
+    import numpy as np
+
+    labels = np.asarray(labels)
+    if labels.ndim == 1:
+        labels = labels[:, None]
+    if not 0 <= level < labels.shape[1]:
+        raise ConfigError(f"{where}: level {level} does not exist; the dataset's labels have {labels.shape[1]} level(s)")
+    return labels[:, level]
+
+
+def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> List[str]:
+    """PB's ``splits_to_eval`` (default ``[val]``): a subset of ``[train, val]`` holding the validation split.
+
+    Raises:
+        ConfigError: other names, or a list without the validation split.
+    """
+    splits = config.get("splits_to_eval", ["val"])
+    where = _where(sources, "splits_to_eval")
+    val = hook_settings(config, sources)["validation_split_name"]
+    if not isinstance(splits, list) or not all(s in ("train", "val") for s in splits) or val not in splits:
+        raise ConfigError(f"{where}: expected a list of train/val holding {val!r} (the test split is evaluated once, "
+                          f"by the ensemble), got {splits!r}")
+    return list(dict.fromkeys(splits))
+
+
+def hook_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """``hook_container``'s HookContainer arguments with PB's defaults.
+
+    Raises:
+        ConfigError: another class, an unknown argument, ``validation_split_name`` other than ``val`` or
+        ``save_models: false`` (the test step loads each fold's best saved model).
+    """
+    name, kwargs = _one_class(config, "hook_container", sources, "HookContainer")
+    where = _where(sources, "hook_container") + f".{name}"
+    _check_class(where, "hook_container", name, ("HookContainer",))
+    _check_kwargs(where, kwargs, tuple(_DEFAULT_HOOKS))
+    out = dict(_DEFAULT_HOOKS, **kwargs)
+    if not isinstance(out["primary_metric"], str):
+        raise ConfigError(f"{where}.primary_metric: expected a metric name, got {out['primary_metric']!r}")
+    if out["validation_split_name"] != "val":
+        raise ConfigError(f"{where}.validation_split_name: the splits here are train/val/test; got "
+                          f"{out['validation_split_name']!r}")
+    if out["save_models"] is not True:
+        raise ConfigError(f"{where}.save_models: must be true: the test step loads each fold's best saved model")
+    return out
+
+
+def primary_metric(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> str:
+    """``hook_container.HookContainer.primary_metric`` (default MAP@R): the metric that selects the best epoch."""
+    return hook_settings(config, sources)["primary_metric"]
+
+
+def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = None) -> Any:
+    """A ``config_general`` flag of :data:`_FLAGS` (PB's default when absent), refused with one line when its
+    value would change the run in a way this runner does not implement.
+
+    Raises:
+        ConfigError: ``"<file>: skip_eval_if_already_done: False is not supported: ..."``; a non-boolean value;
+        ``log_data_to_tensorboard: true`` without the ``tensorboard`` package.
+    """
+    default, allowed, reason = _FLAGS[key]
+    value = config.get(key, default)
+    where = _where(sources, key)
+    if key != "api_parser" and not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if value not in allowed:
+        raise ConfigError(f"{where}: {value!r} is not supported: {reason}")
+    if key == "log_data_to_tensorboard" and value:
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"{where}: true needs the tensorboard package (pip install tensorboard); the CSV and "
+                              "SQLite logs are always written") from None
+    return value
+
+
+def record_keeper_options(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
+    """Keyword arguments for record-keeper from the flags: ``{"save_lists": save_lists_in_db,
+    "tensorboard_writer": SummaryWriter(<folder>/tensorboard) or None}``."""
+    writer = None
+    if flag(config, "log_data_to_tensorboard", sources):
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(os.path.join(folder, "tensorboard"))
+    return {"save_lists": bool(flag(config, "save_lists_in_db", sources)), "tensorboard_writer": writer}
+
+
+def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
+    """PB's ``skip_ensemble_eval_if_already_done``: the saved test numbers (``results.json["test"]``) when the
+    flag is true and they exist, else None (compute them)."""
+    import json
+
+    path = os.path.join(folder, "results.json")
+    if not flag(config, "skip_ensemble_eval_if_already_done", sources) or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("test")
+
+
+def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+    """Check every PB key of the mlrc protocol at load time (before any training): honoured values pass,
+    the others stop the run with one line naming the key and why.
+
+    Raises:
+        ConfigError: see the accessors.
+    """
+    check_single_class(config, sources)
+    for name, variant in (config.get("variants") or {}).items():
+        if isinstance(variant, dict):
+            from .config_syntax import merge
+
+            check_single_class(merge(config, variant, f"variants.{name}"), sources, f" (variant {name})")
+    if (config.get("protocol") or "mlrc") != "mlrc":
+        return
+    for key in _FLAGS:
+        flag(config, key, sources)
+    split_settings(config, sources)
+    splits_to_eval(config, sources)
+    tester_spec(config, sources)
+    aggregate(config, [], sources)
+    ensemble_settings(config, sources)
+    iters = config.get("bayes_opt_iters")
+    if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
+        raise ConfigError(f"{_where(sources, 'bayes_opt_iters')}: expected a positive number of trials, got {iters!r}")
+
+
+_ONE_CLASS = ("trainer", "sampler", "tester", "accuracy_calculator", "split_manager", "aggregator", "ensemble",
+              "hook_container")
+_ONE_CLASS_EACH = ("loss_funcs", "mining_funcs", "optimizers", "models")
+
+
+def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -> None:
+    """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both
+    (its docs call this "a problem with the config file"); here it is an error pointing at ``~OVERRIDE~``.
+
+    Raises:
+        ConfigError: ``"<file>: loss_funcs.metric_loss: two classes (XMLWrapper, ContrastiveLoss) ..."``.
+    """
+    def check(key, spec):
+        if isinstance(spec, dict) and len(spec) > 1 and all(isinstance(k, str) and k[:1].isupper() for k in spec):
+            top = key.split(".")[0]
+            raise ConfigError(f"{_where(sources, key)}: {len(spec)} classes ({', '.join(spec)}){suffix}; a merge "
+                              f"adds a class next to the old one, write {key.split('.')[-1]}~OVERRIDE~ to replace it"
+                              if top else "")
+
+    for key in _ONE_CLASS:
+        check(key, config.get(key))
+    for key in _ONE_CLASS_EACH:
+        for name, spec in (config.get(key) or {}).items() if isinstance(config.get(key), dict) else ():
+            check(f"{key}.{name}", spec)

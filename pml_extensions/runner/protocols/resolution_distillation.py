@@ -1,0 +1,433 @@
+"""The resolution-distillation protocol (RAML): paper Tables 2-4 and the asymmetric-vs-iterations curve, multi-seed,
+paired, resumable after SIGKILL.
+
+Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 5
+(teacher trained with triplet loss + distance-weighted mining at the database resolution; student initialised from
+it and distilled label-free with coupled augmentations; unseen-class evaluation, every test image a query against
+the whole test set with itself excluded; mean of 3 seeds). Deviations (a CPU size exists): ImageNet MobileNetV2
+instead of ResNet50, small resolutions, few iterations, capped test sets; every size is a config entry.
+
+Per dataset and seed ``s`` (stages under ``<experiment_folder>/<dataset>/seed_<s>/``, each resumable):
+
+- ``teacher``: trained at ``database_resolution`` -> ``teacher_symmetric`` (Table 2 block 1) and, per query
+  resolution q, ``teacher_asymmetric`` (block 2: the teacher on q-px queries against its database);
+- ``low_res_teacher_<q>px`` (``low_resolution_teacher: true``): the same recipe trained AT q from ImageNet ->
+  ``low_resolution_teacher_symmetric`` (block 1: a model trained and tested at the query resolution);
+- ``student_<q>px_full`` per q: distilled from the teacher -> ``teacher_student_asymmetric`` (block 3) and
+  ``student_symmetric`` (block 4); at ``ablation_query_resolution`` also the asymmetric/symmetric curve at every
+  ``checkpoint_every`` iterations;
+- ``student_<q>px_<variant>`` at ``ablation_query_resolution`` for every ``student_variants`` entry of
+  :data:`STUDENT_VARIANTS` (Table 3: each loss term alone, augmentation groups; Table 4: initialisation).
+
+Pairing: within a seed every student starts from the same weights (the seed's teacher, or for the ImageNet-init
+variant the same seeded head) and sees the same batches and augmentation draws (a :class:`PassShuffleSampler` and
+the dataset's draws both keyed by (seed, pass)); the seed's teacher is shared by all its setups. No model
+selection happens (a fixed schedule; no test split is read before the final evaluation).
+
+Resume: each stage saves ``checkpoint.pth`` + record-keeper logs every ``checkpoint_every`` iterations and
+``result.json`` when done; a rerun skips finished stages and continues a killed one from its last checkpoint.
+Students resume bit-exactly (their randomness is keyed by (seed, pass)); teachers reseed torch/numpy/PML's RNG at
+every chunk from (seed, chunk) and checkpoint the order of the MPerClassSampler's label list, so they resume exactly too.
+
+Writes ``results.json`` (``variants``/``comparisons`` of :mod:`pml_extensions.runner.results`, plus ``rows``,
+``curve``, ``config``, ``seconds``), ``results.md`` and ``performance_vs_flops.png``.
+"""
+
+import copy
+import difflib
+import os
+import time
+from typing import Any, Callable, Dict, Optional
+
+import torch
+from pytorch_metric_learning.samplers import MPerClassSampler
+
+from ...datasets.coupled_augmentation_dataset import CoupledAugmentationDataset, PassShuffleSampler
+from ...losses.resolution_distillation_loss import ResolutionDistillationLoss
+from ...testers.asymmetric_tester import AsymmetricTester
+from ...trainers.resolution_distillation_trainer import ResolutionDistillationTrainer, make_optimizers
+from ...trainers.teacher_recipe import make_teacher_trainer
+from ...utils.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+from ...utils.atomic_io import atomic_torch_save, atomic_write_text
+from ..checkpoint import load_weights, restore_training_state, training_state
+from ..experiment import Experiment, seed_everything
+from ..factory import ConfigError
+from . import resolution_distillation_parts as parts
+
+CONFIG_KEYS = ("protocol", "resolution_job", "seeds")
+
+#: student variants (Tables 3-4); "full" is the paper's student and the baseline of every comparison
+STUDENT_VARIANTS: Dict[str, dict] = {
+    "full": {},
+    "loss_abs_only": {"loss": {"lambda_abs": 1.0, "lambda_ts": 0.0, "lambda_ss": 0.0}},
+    "loss_rel_ts_only": {"loss": {"lambda_abs": 0.0, "lambda_ts": 1.0, "lambda_ss": 0.0}},
+    "loss_rel_ss_only": {"loss": {"lambda_abs": 0.0, "lambda_ts": 0.0, "lambda_ss": 1.0}},
+    "augment_uncoupled": {"augment": {"coupled": False}},
+    "augment_no_geometric": {"augment": {"scale": (1.0, 1.0), "ratio": (1.0, 1.0), "flip_p": 0.0}},
+    "augment_no_colour": {"augment": {"jitter_strength": 0.0}},
+    "augment_no_mixup": {"augment": {"mixup_alpha": None}},
+    "init_imagenet": {"init": "imagenet"},
+    "init_low_resolution_teacher": {"init": "low_resolution_teacher"},
+}
+
+#: every key of ``resolution_job`` with its default (``None``: required)
+JOB_DEFAULTS: Dict[str, Any] = {
+    "datasets": None,
+    "seeds": [0],
+    "teacher_iterations": 40,
+    "teacher_lr": 1e-4,
+    "teacher_classes_per_batch": 2,
+    "student_iterations": 40,
+    "images_per_batch": 8,
+    "num_augmentations": 4,
+    "lr": 1e-4,
+    "lambda_ts": 0.7,
+    "lambda_ss": 0.7,
+    "embedding_dim": 512,
+    "eval_batch_size": 64,
+    "device": "cpu",
+    "num_workers": 0,
+    "low_resolution_teacher": True,
+    "student_variants": [],
+    "checkpoint_every": 0,
+}
+DATASET_KEYS = ("database_resolution", "query_resolutions", "max_test_per_class", "crop_scale", "image_size",
+                "source", "max_classes", "max_side", "root", "ablation_query_resolution")
+
+
+def _unknown(keys, known, where):
+    for k in keys:
+        if k not in known:
+            near = difflib.get_close_matches(str(k), list(known), n=1)
+            raise ConfigError(f"{where}: unknown key {k!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+
+
+def job_config(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """The validated ``resolution_job`` settings with defaults filled in (top-level ``seeds`` wins).
+
+    Raises:
+        ConfigError: one line naming the key: a missing or non-mapping ``resolution_job``, an unknown key (with
+        the nearest known one), a query resolution not in (0, database_resolution), an unknown student variant,
+        ``checkpoint_every`` that does not divide the iterations, a non-positive size.
+    """
+    where = (sources or {}).get("resolution_job", "config_general") + ": resolution_job"
+    spec = config.get("resolution_job")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: must be a mapping (the job settings), got {type(spec).__name__}")
+    _unknown(spec, JOB_DEFAULTS, where)
+    job = copy.deepcopy(JOB_DEFAULTS)
+    job.update(copy.deepcopy(spec))
+    if config.get("seeds") is not None:  # top level (--seeds 0 1 2 on the command line) wins
+        job["seeds"] = config["seeds"]
+    if isinstance(job["seeds"], str):  # "0 1 2" or "0,1,2" from the command line
+        try:
+            job["seeds"] = [int(s) for s in job["seeds"].replace(",", " ").split()]
+        except ValueError:
+            raise ConfigError(f"{where}.seeds: a list of distinct ints is required, got {job['seeds']!r}") from None
+    if not isinstance(job["datasets"], dict) or not job["datasets"]:
+        raise ConfigError(f"{where}.datasets: a non-empty mapping {{name: settings}} is required")
+    seeds = job["seeds"] if isinstance(job["seeds"], (list, tuple)) else [job["seeds"]]
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{where}.seeds: a list of distinct ints is required, got {job['seeds']!r}")
+    job["seeds"] = list(seeds)
+    for key in ("teacher_iterations", "student_iterations", "images_per_batch", "num_augmentations", "embedding_dim",
+                "eval_batch_size", "teacher_classes_per_batch"):
+        v = job[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "teacher_iterations" else 1):
+            raise ConfigError(f"{where}.{key}: a positive int is required, got {v!r}")
+    every = job["checkpoint_every"]
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ConfigError(f"{where}.checkpoint_every: an int >= 0 is required (0: once at the end), got {every!r}")
+    for key in ("teacher_iterations", "student_iterations"):
+        if every and job[key] % every:
+            raise ConfigError(f"{where}.checkpoint_every: {every} must divide {key} ({job[key]})")
+    bad = [v for v in job["student_variants"] if v not in STUDENT_VARIANTS or v == "full"]
+    if bad:
+        raise ConfigError(
+            f"{where}.student_variants: unknown {bad}; choose from {', '.join(v for v in STUDENT_VARIANTS if v != 'full')}"
+        )
+    if "init_low_resolution_teacher" in job["student_variants"] and not job["low_resolution_teacher"]:
+        raise ConfigError(f"{where}.student_variants: init_low_resolution_teacher needs low_resolution_teacher: true")
+    for name, d in job["datasets"].items():
+        dw = f"{where}.datasets.{name}"
+        if name not in parts.DATASETS:
+            raise ConfigError(f"{dw}: unknown dataset; valid: {', '.join(parts.DATASETS)}")
+        if not isinstance(d, dict):
+            raise ConfigError(f"{dw}: must be a mapping")
+        _unknown(d, DATASET_KEYS, dw)
+        db, qs = d.get("database_resolution"), d.get("query_resolutions")
+        if isinstance(db, bool) or not isinstance(db, int) or db <= 0:
+            raise ConfigError(f"{dw}.database_resolution: a positive int is required, got {db!r}")
+        if not isinstance(qs, (list, tuple)) or not qs:
+            raise ConfigError(f"{dw}.query_resolutions: a non-empty list is required, got {qs!r}")
+        for q in qs:
+            if isinstance(q, bool) or not isinstance(q, int) or not 0 < q < db:
+                raise ConfigError(f"{dw}.query_resolutions: query resolution {q!r} must be in (0, database_resolution={db})")
+        aq = d.setdefault("ablation_query_resolution", qs[0])
+        if aq not in qs:
+            raise ConfigError(f"{dw}.ablation_query_resolution: {aq!r} is not one of query_resolutions {list(qs)}")
+    return job
+
+
+def _finish(exp, stage, result):
+    """Mark ``stage`` finished and drop its training checkpoint (its logs, result and models.pth stay)."""
+    exp.finish_stage(stage, result)
+    path = os.path.join(exp.stage_folder(stage), "checkpoint.pth")
+    if os.path.exists(path):
+        os.remove(path)
+    return result
+
+
+def _evaluate(tester, make_dataset_dict, teacher, student, q, db, setups, fields, teacher_resolution=None, rename=None):
+    out = tester.evaluate_setups(make_dataset_dict, teacher, student, q, db, teacher_resolution, setups=setups)
+    rows = []
+    for setup, res in out.items():
+        row = dict(fields, setup=(rename or {}).get(setup, setup), query_resolution=res["query_resolution"],
+                   database_resolution=db, reference_resolution=res["reference_resolution"],
+                   query_flops=int(res["query_flops"]))
+        row.update(parts.metrics_of(res["accuracies"]["test"]))
+        rows.append(row)
+    return rows
+
+
+class _Chunks:
+    """Checkpointed training of one stage in chunks ("epochs") of ``chunk`` iterations (see the module docstring)."""
+
+    def __init__(self, exp, stage, models, optimizers, schedulers, total, chunk, reseed=None, on_chunk=None):
+        self.ck = exp.checkpointer(stage, epoch_tables={"accuracies"})
+        self.models, self.optimizers, self.schedulers = models, optimizers, schedulers
+        self.chunk = chunk or total
+        self.num_chunks = max(1, total // self.chunk) if total else 0
+        self.reseed, self.on_chunk = reseed, on_chunk
+        self.extra: Dict[str, Any] = {}
+
+    def resume(self, trainer=None) -> int:
+        state = self.ck.resume()
+        if state is None:
+            return 1
+        restore_training_state(state, self.models, self.optimizers)
+        for k, s in self.schedulers.items():
+            s.load_state_dict(state["schedulers"][k])
+        if trainer is not None and hasattr(trainer, "data_pass"):
+            trainer.data_pass = int(state["data_pass"])
+        self.extra = dict(state.get("extra", {}))
+        if trainer is not None and "sampler_labels" in self.extra:
+            # PML's MPerClassSampler shuffles its public label list in place from one pass to the next
+            trainer.sampler.labels = list(self.extra["sampler_labels"])
+        return int(state["epoch"]) + 1
+
+    def end_of_iteration_hook(self, trainer):
+        losses = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in trainer.losses.items()}
+        self.ck.record_keeper.update_records({"loss_histories": losses}, trainer.get_global_iteration() + 1)
+
+    def end_of_epoch_hook(self, trainer):
+        if self.on_chunk is not None:
+            self.on_chunk(trainer, self)
+        if isinstance(trainer.sampler, MPerClassSampler):
+            self.extra["sampler_labels"] = [int(x) for x in trainer.sampler.labels]
+        state = training_state(
+            trainer.epoch, trainer.epoch * self.chunk, self.models, self.optimizers,
+            schedulers={k: s.state_dict() for k, s in self.schedulers.items()},
+            data_pass=int(getattr(trainer, "data_pass", 0)), extra=self.extra,
+        )
+        self.ck.commit(state)
+        if self.reseed is not None and trainer.epoch < self.num_chunks:
+            self.reseed(trainer.epoch + 1)
+            trainer.dataloader_iter = iter(trainer.dataloader)  # the next chunk's batches from (seed, chunk) only
+        return True
+
+    def train(self, trainer, start):
+        if start > self.num_chunks:
+            return
+        trainer.iterations_per_epoch = self.chunk
+        if self.reseed is not None:
+            self.reseed(start)
+        trainer.train(start, self.num_chunks)
+
+
+def _teacher_stage(exp, stage, ctx, resolution, job):
+    """Train (or load) a teacher-recipe model at ``resolution`` from ImageNet; returns (trunk, embedder)."""
+    seed, device = ctx["seed"], exp.device
+    seed_everything(seed)
+    trunk, embedder = (m.to(device) for m in parts.build_model(job["embedding_dim"]))
+    path = os.path.join(exp.stage_folder(stage), "models.pth")
+    if exp.stage_result(stage) is not None:
+        weights = load_weights(path, device)
+        trunk.load_state_dict(weights["trunk"])
+        embedder.load_state_dict(weights["embedder"])
+        return trunk.eval(), embedder.eval()
+    data = parts.Transformed(ctx["train_set"], range(len(ctx["train_set"])),
+                             parts.train_transform(resolution, ctx["dcfg"].get("crop_scale", (0.08, 1.0))))
+    chunks = None
+    if job["teacher_iterations"] > 0:
+        chunks_ = {}
+        models = {"trunk": trunk, "embedder": embedder}
+
+        trainer = make_teacher_trainer(
+            trunk, embedder, data, lr=job["teacher_lr"], classes_per_batch=job["teacher_classes_per_batch"],
+            iterations_per_epoch=job["checkpoint_every"] or job["teacher_iterations"], data_device=device,
+            dataloader_num_workers=job["num_workers"],
+            end_of_iteration_hook=lambda t: chunks_["c"].end_of_iteration_hook(t),
+            end_of_epoch_hook=lambda t: chunks_["c"].end_of_epoch_hook(t),
+        )
+        trainer.freeze_trunk_batchnorm = True
+        chunks = _Chunks(exp, stage, models, trainer.optimizers, {}, job["teacher_iterations"], job["checkpoint_every"],
+                         reseed=lambda epoch: seed_everything(seed * 100_003 + epoch))
+        chunks_["c"] = chunks
+        chunks.train(trainer, chunks.resume(trainer))
+    trunk.eval(), embedder.eval()
+    atomic_torch_save({"trunk": trunk.state_dict(), "embedder": embedder.state_dict()}, path)
+    return trunk, embedder
+
+
+def build_student(ctx, q, variant, job, teacher, low_res_teacher=None, device="cpu", hooks=None):
+    """The :class:`ResolutionDistillationTrainer` of one student variant (not trained yet).
+
+    Within a seed (``ctx["seed"]``) every variant starts from the same weights for its initialisation (the teacher,
+    the low-resolution teacher, or ImageNet + a head drawn after ``seed_everything(seed)``) and sees the same
+    batches (:class:`PassShuffleSampler`) and augmentation draws (keyed by (seed, pass, index)) unless the variant
+    changes the augmentations. ``hooks``: ``(end_of_iteration_hook, end_of_epoch_hook)``. The one-cycle schedulers
+    span ``student_iterations`` (``trainer.lr_schedulers``).
+    """
+    seed, spec = ctx["seed"], STUDENT_VARIANTS[variant]
+    seed_everything(seed)  # the ImageNet-init head; every other init overwrites it
+    init = spec.get("init", "teacher")
+    trunk, embedder = (m.to(device) for m in parts.build_model(job["embedding_dim"], pretrained=(init == "imagenet")))
+    if init == "low_resolution_teacher":
+        trunk.load_state_dict(low_res_teacher[0].state_dict())
+        embedder.load_state_dict(low_res_teacher[1].state_dict())
+    models = {"trunk": trunk, "embedder": embedder, "teacher_trunk": teacher[0], "teacher_embedder": teacher[1]}
+    augment = dict(num_augmentations=job["num_augmentations"], scale=tuple(ctx["dcfg"].get("crop_scale", (0.08, 1.0))),
+                   seed=seed)
+    augment.update(spec.get("augment", {}))
+    data = CoupledAugmentationDataset(ctx["train_set"], q, ctx["db"], **augment)
+    weights = {"lambda_ts": job["lambda_ts"], "lambda_ss": job["lambda_ss"]}
+    weights.update(spec.get("loss", {}))
+    if init == "teacher":  # the trainer's own copy, done here so that the optimizers see the final weights
+        trunk.load_state_dict(teacher[0].state_dict())
+        embedder.load_state_dict(teacher[1].state_dict())
+    optimizers = make_optimizers(trunk, embedder, lr=job["lr"])
+    total = job["student_iterations"]
+    schedulers = {
+        f"{name[:-len('_optimizer')]}_scheduler_by_iteration": torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=[g["lr"] for g in opt.param_groups], total_steps=total, div_factor=10.0
+        )
+        for name, opt in optimizers.items()
+    }
+    iteration_hook, epoch_hook = hooks or (None, None)
+    kwargs = {} if hooks is None else {"end_of_iteration_hook": iteration_hook, "end_of_epoch_hook": epoch_hook}
+    return ResolutionDistillationTrainer(
+        models, optimizers, job["images_per_batch"], {"distillation_loss": ResolutionDistillationLoss(**weights)},
+        data, init_student_from_teacher=False, new_pass_each_epoch=True, lr_schedulers=schedulers,
+        sampler=PassShuffleSampler(len(data), seed=seed), iterations_per_epoch=job["checkpoint_every"] or total,
+        data_device=device, dataloader_num_workers=job["num_workers"], **kwargs,
+    )
+
+
+def _student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=None, curve=False):
+    """Distil (or skip when finished) one student; returns the stage result ``{"rows", "curve"}``."""
+    done = exp.stage_result(stage)
+    if done is not None:
+        return done
+    holder = {}
+    trainer = build_student(ctx, q, variant, job, teacher, low_res_teacher, exp.device, hooks=(
+        lambda t: holder["c"].end_of_iteration_hook(t), lambda t: holder["c"].end_of_epoch_hook(t)))
+    trunk, embedder = trainer.models["trunk"], trainer.models["embedder"]
+    fields = {"dataset": ctx["dataset"], "seed": ctx["seed"], "student_variant": variant}
+
+    def evaluate(setups):
+        return _evaluate(ctx["tester"], ctx["make_dataset_dict"], teacher, (trunk, embedder), q, ctx["db"], setups,
+                         fields)
+
+    def on_chunk(trainer, chunks):
+        if curve:
+            it = trainer.epoch * chunks.chunk
+            for r in evaluate(("teacher_student_asymmetric", "student_symmetric")):
+                chunks.extra.setdefault("curve", []).append(dict(r, iteration=it))
+                chunks.ck.record_keeper.update_records(
+                    {"accuracies": {f"{r['setup']}_{parts.PRIMARY}": r[parts.PRIMARY], "iteration": it}}, trainer.epoch)
+
+    chunks = _Chunks(exp, stage, {"trunk": trunk, "embedder": embedder}, trainer.optimizers, trainer.lr_schedulers,
+                     job["student_iterations"], job["checkpoint_every"], on_chunk=on_chunk)
+    holder["c"] = chunks
+    start = chunks.resume(trainer)
+    if curve and start == 1:  # iteration 0: the initial student
+        chunks.extra["curve"] = [dict(r, iteration=0) for r in evaluate(("teacher_student_asymmetric", "student_symmetric"))]
+    chunks.train(trainer, start)
+    trunk.eval(), embedder.eval()
+    result = {"rows": evaluate(("teacher_student_asymmetric", "student_symmetric")),
+              "curve": list(chunks.extra.get("curve", []))}
+    return _finish(exp, stage, result)
+
+
+def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[str, str]] = None,
+        log: Callable[..., None] = print) -> Dict[str, Any]:
+    """Run (or resume) the protocol in ``experiment_folder``; returns what it writes to ``results.json``.
+
+    Raises:
+        ConfigError: bad settings (see :func:`job_config`), a dataset that cannot be loaded.
+    """
+    from ..results import render_markdown, summarize
+
+    job = job_config(config, sources)
+    exp = Experiment(experiment_folder, {"device": job["device"], "seed": None}, sources, log)
+    start, rows, curve = time.time(), [], []
+    for dataset, dcfg in job["datasets"].items():
+        try:
+            train_set, test_set = parts.load_dataset(dataset, dcfg)
+        except (FileNotFoundError, ValueError) as e:
+            raise ConfigError(f"resolution_job.datasets.{dataset}: {str(e).splitlines()[0]}") from e
+        test_idx = parts.cap_per_class(test_set.labels, dcfg.get("max_test_per_class"), seed=0)
+        exp.log(f"[{dataset}] train {len(train_set)} images, test {len(test_idx)} images of "
+                f"{len(set(test_set.labels.tolist()))} unseen classes; seeds {job['seeds']}")
+        tester = AsymmetricTester(
+            batch_size=job["eval_batch_size"], dataloader_num_workers=job["num_workers"], data_device=exp.device,
+            accuracy_calculator=AsymmetricAccuracyCalculator(
+                include=tuple(parts.METRICS), device=exp.device),
+        )
+        db, qs, aq = dcfg["database_resolution"], dcfg["query_resolutions"], dcfg["ablation_query_resolution"]
+        ctx = {"dataset": dataset, "dcfg": dcfg, "db": db, "train_set": train_set, "tester": tester,
+               "make_dataset_dict": lambda res: {"test": parts.Transformed(test_set, test_idx, parts.eval_transform(res))}}
+        for seed in job["seeds"]:
+            ctx["seed"] = seed
+            base = f"{dataset}/seed_{seed}"
+            teacher = _teacher_stage(exp, f"{base}/teacher", ctx, db, job)
+            if exp.stage_result(f"{base}/teacher") is None:
+                fields = {"dataset": dataset, "seed": seed, "student_variant": None}
+                t_rows = _evaluate(tester, ctx["make_dataset_dict"], teacher, None, qs[0], db,
+                                   ("teacher_symmetric", "teacher_asymmetric"), fields)
+                for q in qs[1:]:
+                    t_rows += _evaluate(tester, ctx["make_dataset_dict"], teacher, None, q, db, ("teacher_asymmetric",),
+                                        fields)
+                _finish(exp, f"{base}/teacher", {"rows": t_rows})
+            rows += exp.stage_result(f"{base}/teacher")["rows"]
+            low = {}
+            if job["low_resolution_teacher"]:
+                for q in qs:
+                    stage = f"{base}/low_res_teacher_{q}px"
+                    low[q] = _teacher_stage(exp, stage, ctx, q, job)
+                    if exp.stage_result(stage) is None:
+                        _finish(exp, stage, {"rows": _evaluate(
+                            tester, ctx["make_dataset_dict"], low[q], None, q, q, ("teacher_symmetric",),
+                            {"dataset": dataset, "seed": seed, "student_variant": None}, teacher_resolution=q,
+                            rename={"teacher_symmetric": "low_resolution_teacher_symmetric"})})
+                    rows += [dict(r, database_resolution=db) for r in exp.stage_result(stage)["rows"]]
+            plan = [(q, "full") for q in qs] + [(aq, v) for v in job["student_variants"]]
+            for q, variant in plan:
+                out = _student_stage(exp, f"{base}/student_{q}px_{variant}", ctx, q, variant, job, teacher,
+                                     low.get(q), curve=(variant == "full" and q == aq))
+                rows += out["rows"]
+                curve += out["curve"]
+                shown = ", ".join(f"{r['setup']} MAP@R={r[parts.PRIMARY]:.4f}" for r in out["rows"])
+                exp.log(f"[{dataset}] seed {seed} {q}px {variant}: {shown} ({time.time() - start:.0f}s)")
+    curve = [{k: p[k] for k in ("dataset", "seed", "query_resolution", "setup", "iteration", *parts.METRICS)}
+             for p in curve]
+    results = summarize(parts.per_seed_table(rows), parts.default_comparisons(rows), metrics=(parts.PRIMARY,),
+                        extra={"rows": rows, "curve": curve, "config": job, "seconds": time.time() - start})
+    exp.write_results(results)
+    tables = parts.markdown_tables(results)
+    atomic_write_text(os.path.join(experiment_folder, "results.md"),
+                      tables + "\n## Every variant and comparison\n\n" + render_markdown(results))
+    parts.plot_performance_vs_flops(results, os.path.join(experiment_folder, "performance_vs_flops.png"))
+    exp.log(tables)
+    return results

@@ -1,0 +1,327 @@
+"""Data, models and result tables of the resolution-distillation protocol (RAML, Suma & Tolias, WACV 2023).
+
+The protocol itself (stages, resume, variants) is :mod:`pml_extensions.runner.protocols.resolution_distillation`;
+this module holds what it builds on: the class-disjoint datasets, the paper code's evaluation transform, the
+MobileNetV2 + GeM/whitening model, and the paper-layout tables (Table 2 blocks, Table 3/4 ablations, the
+asymmetric-vs-iterations curve) written from the protocol's per-seed rows.
+"""
+
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+import torchvision.transforms as T
+
+from ...datasets.coupled_augmentation_dataset import IMAGENET_MEAN, IMAGENET_STD
+from ...trunks.pretrained import mobilenet_v2_features
+from ...trunks.retrieval_head import RetrievalHead
+
+#: metric key in results.json -> (PML accuracy key, label in the tables)
+METRICS = {
+    "mean_average_precision_at_r": ("mean_average_precision_at_r_level0", "MAP@R"),
+    "mean_average_precision": ("mean_average_precision_level0", "mAP (PML)"),
+    "mean_average_precision_trapezoidal": ("mean_average_precision_trapezoidal_level0", "mAP (trapezoid)"),
+    "recall_at_1": ("recall_at_1_level0", "R@1"),
+}
+PRIMARY = "mean_average_precision_at_r"
+
+#: Table 2 blocks in the paper's order: (1) symmetric baselines, (2) naive asymmetric, (3) distilled asymmetric,
+#: (4) distilled student symmetric
+TABLE2_SETUPS = (
+    "low_resolution_teacher_symmetric",
+    "teacher_symmetric",
+    "teacher_asymmetric",
+    "teacher_student_asymmetric",
+    "student_symmetric",
+)
+
+
+class Transformed(torch.utils.data.Dataset):
+    """``(transform(RGB image), label)`` for a subset ``indices`` of a PIL dataset; ``labels`` kept."""
+
+    def __init__(self, base, indices, transform):
+        self.base, self.indices, self.transform = base, np.asarray(indices, dtype=np.int64), transform
+        self.labels = np.asarray(base.labels)[self.indices]
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        image, label = self.base[int(self.indices[i])]
+        image = image.convert("RGB")
+        return (image if self.transform is None else self.transform(image)), label
+
+
+def eval_transform(size: int):
+    """Paper code's evaluation transform: shorter side to ``size·8/7``, centre crop ``size``, ImageNet normalisation.
+
+    Example::
+
+        >>> from PIL import Image
+        >>> tuple(eval_transform(24)(Image.new("RGB", (50, 30))).shape)
+        (3, 24, 24)
+    """
+    return T.Compose(
+        [T.Resize(int(round(size * 8 / 7))), T.CenterCrop(size), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    )
+
+
+def train_transform(size: int, crop_scale=(0.08, 1.0)):
+    """The teachers' training transform: RandomResizedCrop(size, crop_scale), horizontal flip, ImageNet
+    normalisation (torchvision, global torch RNG: the protocol reseeds it per epoch)."""
+    return T.Compose(
+        [
+            T.RandomResizedCrop(size, scale=tuple(crop_scale)),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def cap_per_class(labels, max_per_class: Optional[int], seed: int = 0) -> np.ndarray:
+    """Indices keeping at most ``max_per_class`` items of each label (a seeded draw, sorted); all when None.
+
+    Example::
+
+        >>> cap_per_class([0, 0, 0, 1], 2).tolist()
+        [0, 2, 3]
+    """
+    labels = np.asarray(labels)
+    if max_per_class is None:
+        return np.arange(len(labels))
+    rng = np.random.default_rng(seed)
+    keep = []
+    for label in np.unique(labels):
+        idx = np.where(labels == label)[0]
+        keep.append(idx if len(idx) <= max_per_class else rng.choice(idx, max_per_class, replace=False))
+    return np.sort(np.concatenate(keep))
+
+
+DATASETS = ("openclipart", "glyphs", "cub", "cars196", "sop", "imagefolder")
+
+
+def load_dataset(name: str, cfg: dict):
+    """(train, test) PIL datasets of ``name`` (one of :data:`DATASETS`; ``cub`` / ``cars196`` / ``sop`` /
+    ``imagefolder`` read ``cfg["root"]``), with class-disjoint splits. Nothing is downloaded.
+
+    Raises:
+        ValueError: an unknown name. FileNotFoundError: a missing root (from the dataset classes).
+    """
+    from ...datasets import GlyphDataset, OpenClipArt
+
+    if name == "openclipart":
+        kw = {"max_classes": cfg.get("max_classes", 40), "max_side": cfg.get("max_side", 128)}
+        return OpenClipArt("train", **kw), OpenClipArt("test", **kw)
+    if name == "glyphs":
+        kw = {"image_size": cfg.get("image_size", 64), "source": cfg.get("source", "matplotlib")}
+        return GlyphDataset("train", **kw), GlyphDataset("test", **kw)
+    if name in ("cub", "cars196", "sop", "imagefolder"):
+        from ...datasets import get_dataset
+
+        root = cfg.get("root")
+        return get_dataset(name, "train", root=root), get_dataset(name, "test", root=root)
+    raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(repr(d) for d in DATASETS)}")
+
+
+def build_model(embedding_dim: int, pretrained: bool = True):
+    """``(trunk, embedder)``: MobileNetV2 features (ImageNet weights from the offline package when ``pretrained``)
+    and a GeM + whitening + L2N :class:`RetrievalHead` of ``embedding_dim`` (initialised from the global RNG)."""
+    return mobilenet_v2_features(pretrained=pretrained), RetrievalHead(1280, embedding_dim)
+
+
+def metrics_of(accuracies: dict) -> Dict[str, float]:
+    """``{metric key: value}`` from a tester's ``accuracies[split]`` dict (PML ``*_level0`` keys)."""
+    return {key: float(accuracies[pml_key]) for key, (pml_key, _) in METRICS.items()}
+
+
+# ---------------------------------------------------------------------------------------------- result tables
+def variant_name(dataset: str, resolution: int, setup: str, student_variant: Optional[str] = None) -> str:
+    """``"glyphs/24px/teacher_student_asymmetric"`` (+ ``"/<student variant>"`` for an ablation)."""
+    name = f"{dataset}/{resolution}px/{setup}"
+    return name if student_variant in (None, "full") else f"{name}/{student_variant}"
+
+
+def per_seed_table(rows: List[dict]) -> Dict[str, Dict[int, Dict[str, float]]]:
+    """``{variant name: {seed: {metric: value}}}`` from the protocol's rows (each row one setup of one seed)."""
+    out: Dict[str, Dict[int, Dict[str, float]]] = {}
+    for r in rows:
+        name = variant_name(r["dataset"], r["query_resolution"], r["setup"], r.get("student_variant"))
+        out.setdefault(name, {})[int(r["seed"])] = {k: float(r[k]) for k in METRICS}
+    return out
+
+
+def default_comparisons(rows: List[dict]) -> List[tuple]:
+    """The paired comparisons of the paper's claims, on the variants present in ``rows``:
+
+    - Table 2, per dataset and query resolution: the distilled asymmetric setup against the naive asymmetric
+      (teacher on small queries), the low-resolution teacher, the student symmetric and the teacher symmetric;
+    - Tables 3-4: every ablated student's asymmetric setup against the full student's.
+    """
+    names = set(per_seed_table(rows))
+    out = []
+    groups = sorted({(r["dataset"], r["query_resolution"], r["database_resolution"]) for r in rows})
+    for dataset, q, db in groups:
+        if q == db:
+            continue
+        asym = variant_name(dataset, q, "teacher_student_asymmetric")
+        for base in (
+            variant_name(dataset, q, "teacher_asymmetric"),
+            variant_name(dataset, q, "low_resolution_teacher_symmetric"),
+            variant_name(dataset, q, "student_symmetric"),
+            variant_name(dataset, db, "teacher_symmetric"),
+        ):
+            if asym in names and base in names:
+                out.append((asym, base))
+    for r in rows:
+        v = r.get("student_variant")
+        if v not in (None, "full") and r["setup"] == "teacher_student_asymmetric":
+            pair = (
+                variant_name(r["dataset"], r["query_resolution"], r["setup"], v),
+                variant_name(r["dataset"], r["query_resolution"], r["setup"]),
+            )
+            if pair[1] in names and pair not in out:
+                out.append(pair)
+    return out
+
+
+def _pm(mean, std):
+    return "–" if mean is None else f"{100 * mean:.2f}" + ("" if std is None else f" ± {100 * std:.2f}")
+
+
+def _ci(c):
+    if c is None:
+        return "–"
+    if c["ci95"] is None:
+        return f"{100 * c['mean_difference']:+.2f} (1 seed)"
+    lo, hi = c["ci95"]
+    return f"{100 * c['mean_difference']:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+
+
+def markdown_tables(results: dict) -> str:
+    """Paper-layout markdown: Table 2 (setups × query resolutions, MAP@R and mAP mean ± std over seeds, query
+    MFLOPs), Tables 3-4 (ablated students against the full one, paired difference and 95 % CI of MAP@R) and the
+    asymmetric-vs-iterations curve. Values in %."""
+    variants, rows = results["variants"], results.get("rows", [])
+    comps = {(c["variant"], c["baseline"]): c for c in results["comparisons"] if c["metric"] == PRIMARY}
+    seeds = sorted({int(s) for v in variants.values() for s in v["per_seed"]})
+    flops = {}
+    for r in rows:
+        flops[variant_name(r["dataset"], r["query_resolution"], r["setup"], r.get("student_variant"))] = r["query_flops"]
+    lines = [f"Seeds: {', '.join(map(str, seeds))}; values in % (mean ± std over seeds); Δ = paired difference of "
+             "MAP@R with its 95 % CI (Student t over seeds).", ""]
+    for dataset in sorted({r["dataset"] for r in rows}):
+        db = max(r["database_resolution"] for r in rows if r["dataset"] == dataset)
+        qs = sorted({r["query_resolution"] for r in rows if r["dataset"] == dataset and r["query_resolution"] != db})
+        lines += [f"**Table 2 ({dataset}, database {db} px)**", ""]
+        head = "| block | setup | " + " | ".join(f"{q} px MAP@R | {q} px mAP (trapezoid) | {q} px query MFLOPs" for q in qs)
+        lines += [head + " |", "|---|---|" + "---|" * (3 * len(qs))]
+        blocks = {"low_resolution_teacher_symmetric": "1 symmetric", "teacher_symmetric": "1 symmetric",
+                  "teacher_asymmetric": "2 naive asymmetric", "teacher_student_asymmetric": "3 distilled asymmetric",
+                  "student_symmetric": "4 distilled symmetric"}
+        for setup in TABLE2_SETUPS:
+            cells = []
+            for q in qs:
+                name = variant_name(dataset, db if setup == "teacher_symmetric" else q, setup)
+                v = variants.get(name)
+                if v is None:
+                    cells += ["–", "–", "–"]
+                    continue
+                cells += [
+                    _pm(v["mean"].get(PRIMARY), v["std"].get(PRIMARY)),
+                    _pm(v["mean"].get("mean_average_precision_trapezoidal"),
+                        v["std"].get("mean_average_precision_trapezoidal")),
+                    f"{flops.get(name, 0) / 1e6:.1f}",
+                ]
+            label = f"{setup} ({db} px)" if setup == "teacher_symmetric" else setup
+            lines.append(f"| {blocks[setup]} | {label} | " + " | ".join(cells) + " |")
+        lines += ["", "| comparison (MAP@R) | " + " | ".join(f"Δ at {q} px" for q in qs) + " |",
+                  "|---|" + "---|" * len(qs)]
+        for base, label in (("teacher_asymmetric", "distilled asym. − naive asym. (teacher on small queries)"),
+                            ("low_resolution_teacher_symmetric", "distilled asym. − low-resolution teacher sym."),
+                            ("student_symmetric", "distilled asym. − student sym."),
+                            ("teacher_symmetric", f"distilled asym. − teacher sym. ({db} px)")):
+            cells = []
+            for q in qs:
+                b = variant_name(dataset, db if base == "teacher_symmetric" else q, base)
+                cells.append(_ci(comps.get((variant_name(dataset, q, "teacher_student_asymmetric"), b))))
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+        ablated = sorted({(r["query_resolution"], r["student_variant"]) for r in rows
+                          if r["dataset"] == dataset and r.get("student_variant") not in (None, "full")})
+        if ablated:
+            lines += [f"**Tables 3-4 ({dataset}): students distilled at {ablated[0][0]} px, asymmetric MAP@R**", "",
+                      "| student | asymmetric MAP@R | student symmetric MAP@R | Δ asym. vs full student |",
+                      "|---|---|---|---|"]
+            q = ablated[0][0]
+            for v in ["full"] + [a for _, a in ablated]:
+                asym = variants.get(variant_name(dataset, q, "teacher_student_asymmetric", v), {})
+                sym = variants.get(variant_name(dataset, q, "student_symmetric", v), {})
+                delta = "–" if v == "full" else _ci(comps.get(
+                    (variant_name(dataset, q, "teacher_student_asymmetric", v),
+                     variant_name(dataset, q, "teacher_student_asymmetric"))))
+                lines.append(
+                    f"| {v} | {_pm(asym.get('mean', {}).get(PRIMARY), asym.get('std', {}).get(PRIMARY))} | "
+                    f"{_pm(sym.get('mean', {}).get(PRIMARY), sym.get('std', {}).get(PRIMARY))} | {delta} |"
+                )
+            lines.append("")
+    for (dataset, q), points in sorted(_curve_points(results.get("curve", [])).items()):
+        lines += [f"**Asymmetric vs symmetric MAP@R along the student's training ({dataset}, {q} px queries)**", "",
+                  "| student iterations | teacher_student_asymmetric | student_symmetric | asym. − sym. |",
+                  "|---|---|---|---|"]
+        for it in sorted(points):
+            a, s = points[it].get("teacher_student_asymmetric", []), points[it].get("student_symmetric", [])
+            diff = [x - y for x, y in zip(a, s)]
+            lines.append(f"| {it} | {_pm(*_mean_std(a))} | {_pm(*_mean_std(s))} | {_pm(*_mean_std(diff))} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _mean_std(values):
+    if not values:
+        return None, None
+    v = np.asarray(values, dtype=np.float64)
+    return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)
+
+
+def _curve_points(curve: List[dict]) -> dict:
+    out: dict = {}
+    for p in curve:
+        out.setdefault((p["dataset"], p["query_resolution"]), {}).setdefault(p["iteration"], {}).setdefault(
+            p["setup"], []
+        ).append(p[PRIMARY])
+    return out
+
+
+def plot_performance_vs_flops(results: dict, path: str):
+    """Fig. 4 style: MAP@R (mean over seeds) against query MFLOPs, one panel per dataset, one line per setup.
+    Atomic write."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ...utils.atomic_io import atomic_savefig
+
+    rows = [r for r in results.get("rows", []) if r.get("student_variant") in (None, "full")]
+    datasets = sorted({r["dataset"] for r in rows}) or ["-"]
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4.2), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets):
+        for setup, marker in zip(TABLE2_SETUPS, "vos^D"):
+            pts = {}
+            for r in rows:
+                if r["dataset"] == dataset and r["setup"] == setup:
+                    pts.setdefault(r["query_flops"], []).append(r[PRIMARY])
+            if pts:
+                xs = sorted(pts)
+                ax.plot([x / 1e6 for x in xs], [100 * np.mean(pts[x]) for x in xs], marker=marker, label=setup)
+        ax.set_xlabel("query MFLOPs per image (torch flop counter)")
+        ax.set_ylabel("MAP@R (%)")
+        ax.set_title(dataset)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    try:
+        atomic_savefig(fig, path, dpi=110)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,81 @@
+"""runner.builders: lower-case model functions with filled num_classes (template_block's paper placement) and
+prototype_init from data."""
+
+import pytest
+import torch
+
+from pml_extensions.runner.builders import Builder
+from pml_extensions.runner.config_loader import find_config, load_config
+from pml_extensions.runner.factory import ConfigError
+from pml_extensions.trunks import HistogramPooling, find_histogram_layers, template_matching_blocks
+
+
+def test_template_block_config_puts_the_block_between_the_last_two_stages():
+    cfg, sources = load_config(find_config("template_block"))
+    cfg["models"]["trunk"][0]["template_matching_trunk"]["model"] = {"mobilenet_v2_imagenet": {"pretrained": False}}
+    builder = Builder(cfg, sources)
+    torch.manual_seed(0)
+    models = builder.build_models(torch.zeros(3, 64, 64), num_classes=7)
+    body = models["trunk"][0]
+    kinds = [type(m).__name__ for m in body]
+    # torchvision MobileNetV2.features: 18 stages + final conv; the block goes before the last stride-2 stage (14)
+    assert kinds.index("TemplateMatchingBlock") == 14 and len(kinds) == 20
+    assert body[15].conv[1][0].stride == (2, 2)  # the last down-sampling stage follows the block
+    (block,) = template_matching_blocks(models["trunk"])
+    assert block.num_classes == 7  # filled per fold from the fold's training classes
+    assert builder.embedding_size == 128
+    with torch.no_grad():
+        assert models["trunk"](torch.zeros(2, 3, 64, 64)).shape == (2, 1280)
+
+
+def test_a_plain_mapping_is_not_a_model_function():
+    b = Builder({})
+    assert b._function_spec({"layer_sizes": [128]}) is None
+    assert b._function_spec({"mobilenet_v2_imagenet": {"pretrained": False}})[0] == "mobilenet_v2_imagenet"
+    assert b._function_spec({"Flatten": {}}) is None
+
+
+class _Images(torch.utils.data.Dataset):
+    def __init__(self, n=12):
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, 3, 4, 4, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], i % 3
+
+
+def _models():
+    torch.manual_seed(0)
+    trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 1), HistogramPooling(5, 6), torch.nn.Flatten())
+    return {"trunk": trunk, "embedder": torch.nn.Identity()}
+
+
+def test_prototype_init_kcenter_picks_local_features_of_the_body():
+    models = _models()
+    data = _Images()
+    builder = Builder({"prototype_init": {"method": "kcenter", "num_batches": 2, "batch_size": 4}, "seed": 3})
+    assert builder.prototype_init(models, data) is True
+    pool = find_histogram_layers(models["trunk"])[0]
+    # the same two shuffled batches the builder drew (generator seeded with the config's seed)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        feats = torch.cat([pool.local_features(models["trunk"][0](x)) for (x, _), _ in zip(loader, range(2))])
+    protos = pool.prototypes.detach()
+    dists = torch.cdist(protos.double(), feats.double())
+    assert dists.min(dim=1).values.max().item() < 1e-6  # every prototype is one of the 32 local features
+    assert len({int(i) for i in dists.argmin(dim=1)}) == 6  # ... six different ones
+
+
+def test_prototype_init_absent_unknown_keys_and_missing_layer():
+    assert Builder({}).prototype_init(_models(), _Images()) is False
+    with pytest.raises(ConfigError, match=r"prototype_init: unknown keys \['metod'\]"):
+        Builder({"prototype_init": {"metod": "kmeans"}}).prototype_init(_models(), _Images())
+    with pytest.raises(ConfigError, match="exactly one HistogramPooling"):
+        Builder({"prototype_init": {"method": "kmeans"}}).prototype_init(
+            {"trunk": torch.nn.Sequential(torch.nn.Flatten())}, _Images()
+        )
+    with pytest.raises(ConfigError, match="method must be one of"):
+        Builder({"prototype_init": {"method": "kmedians"}}).prototype_init(_models(), _Images())

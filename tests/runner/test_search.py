@@ -1,0 +1,81 @@
+"""~BAYESIAN~ markers run an Optuna study that survives SIGKILL: rerunning ends with exactly the requested trials."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pml_extensions.runner.factory import ConfigError
+from pml_extensions.runner.search import fill, search_space
+
+optuna = pytest.importorskip("optuna")
+SCRIPT = os.path.join(os.path.dirname(__file__), "search_kill_script.py")
+
+
+def _run(folder, kill_at):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, SCRIPT, folder, str(kill_at)], env=env, capture_output=True, timeout=120)
+
+
+def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path):
+    folder = str(tmp_path / "exp")
+    first = _run(folder, 2)
+    assert first.returncode == -9  # SIGKILL inside trial 2 (trials 0 and 1 finished)
+    second = _run(folder, -1)
+    assert second.returncode == 0, second.stderr.decode()[-500:]
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
+    assert [t.number for t in study.trials] == [0, 1, 2, 3]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    params = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(params)) == 4  # no duplicated trial
+    calls = [line.split() for line in open(os.path.join(folder, "calls.txt"))]
+    assert [c[0] for c in calls] == ["0", "1", "2", "2", "3"]
+    assert calls[2] == calls[3]  # the killed trial was finished with its own parameters
+    summary = json.load(open(os.path.join(folder, "search.json")))
+    best = max(study.trials, key=lambda t: t.value)
+    assert summary["n_trials"] == 4 and summary["best"]["number"] == best.number
+    assert os.path.isfile(os.path.join(folder, "search.png")) and os.path.isfile(os.path.join(folder, "study.db"))
+
+
+def test_fill_replaces_markers_in_place():
+    cfg = {"a": 1, "lr~LOG_BAYESIAN~": [0.1, 1.0], "n": {"k~INT_BAYESIAN~": [1, 4], "z": 0}}
+    space = search_space(cfg)
+    assert [(s[1], s[2]) for s in space] == [("lr", "LOG_BAYESIAN"), ("n.k", "INT_BAYESIAN")]
+    out = fill(cfg, space, {"lr": 0.5, "n.k": 3})
+    assert out == {"a": 1, "lr": 0.5, "n": {"k": 3, "z": 0}} and list(out) == ["a", "lr", "n"]
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"x~BAYESIAN~": [1, 0]}, r"expected \[low, high\] with low < high"),
+    ({"x~LOG_BAYESIAN~": [0, 1]}, "and low > 0"),
+    ({"x~INT_BAYESIAN~": [0.5, 2]}, "expected two integers"),
+])
+def test_bad_ranges(cfg, message):
+    with pytest.raises(ConfigError, match=message):
+        search_space(cfg)
+
+
+def test_search_through_the_mlrc_protocol(tmp_path):
+    """Two real trials on the tiny config: each trial's objective is its run's aggregated validation metric."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from runner_testing_utils import register_tiny, write_tiny_config
+
+    from pml_extensions.runner.config_loader import load_config, parse_command_line
+    from pml_extensions.runner.search import run_search
+
+    register_tiny()
+    root = write_tiny_config(str(tmp_path / "cfg"))
+    argv = ["--bayes_opt_iters", "2", "--num_epochs_train", "1", "--num_training_sets", "1",
+            "--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}"]
+    cfg, sources = load_config(root, None, parse_command_line(argv), allow_search=True, log=lambda *a: None)
+    folder = str(tmp_path / "exp")
+    summary = run_search(cfg, folder, sources, log=lambda *a: None)
+    assert summary["n_trials"] == 2
+    for trial in summary["trials"]:
+        results = json.load(open(os.path.join(folder, trial["folder"], "results.json")))
+        assert trial["value"] == results["aggregate"]["mean_average_precision_at_r"]
+        saved = open(os.path.join(folder, trial["folder"], "config.yaml")).read()
+        assert "BAYESIAN" not in saved and repr(trial["params"]["optimizers.trunk_optimizer.RMSprop.lr"])[:8] in saved
+    assert "best: trial" in open(os.path.join(folder, "report.html")).read()

@@ -1,0 +1,28 @@
+import os
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class TestReproduce(unittest.TestCase):
+    def run_script(self, *args):
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "reproduce.py"), *args],
+                              capture_output=True, text=True, env=env, cwd=ROOT)
+
+    def test_list_names_every_step_with_its_command(self):
+        r = self.run_script("--size", "full", "--device", "cuda", "--list")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.strip().splitlines()
+        self.assertEqual([l.split(":")[0] for l in lines], ["xml_vs_gap", "xml_generalization", "xml_signal",
+                                                            "resolution_distillation", "template_block", "localization"])
+        self.assertIn("xml_vs_gap: python -m pml_extensions job --output runs/reproduce/full --new --device cuda", lines)
+        self.assertIn("localization: python benchmarks/localization.py --size full --device cuda", lines)
+        self.assertIn("--splits 1000", r.stdout)
+
+    def test_unknown_step_is_refused(self):
+        r = self.run_script("--only", "nope")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--only: unknown steps ['nope']", r.stderr)
