@@ -1,0 +1,77 @@
+"""Distributed evaluation: each rank embeds only its shard of an evaluation set, the embeddings are gathered once,
+and the accuracy calculator splits its query blocks over the ranks (``distributed=True``).
+
+Outside ``torch.distributed`` (or with one rank) everything is PML's ``GlobalEmbeddingSpaceTester``. Under
+``torchrun`` every rank must call ``test`` (all-gather and all-reduce are collective); every rank then holds the
+single-process accuracies.
+"""
+
+import torch
+from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
+from pytorch_metric_learning.utils import common_functions as c_f
+
+from ..utils.chunked_accuracy_calculator import ChunkedAccuracyCalculator
+
+
+def _world():
+    d = torch.distributed
+    if d.is_available() and d.is_initialized() and d.get_world_size() > 1:
+        return d.get_rank(), d.get_world_size()
+    return 0, 1
+
+
+def shard_bounds(n: int, rank: int, world_size: int):
+    """Contiguous shard ``[lo, hi)`` of ``n`` items for ``rank`` of ``world_size`` (sizes differ by at most 1)."""
+    return rank * n // world_size, (rank + 1) * n // world_size
+
+
+def all_gather_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Concatenate, in rank order, the ``[hi - lo, ...]`` shards (see :func:`shard_bounds`) of all ranks: ``[n, ...]``.
+
+    Shards are padded to ``ceil(n / world_size)`` rows for ``all_gather`` (one call). Collective: every rank calls it.
+    """
+    rank, world = _world()
+    if world == 1:
+        return x
+    width = -(-n // world)
+    padded = x.new_zeros((width,) + tuple(x.shape[1:]))
+    padded[: len(x)] = x
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(parts, padded)
+    return torch.cat([p[: hi - lo] for p, (lo, hi) in zip(parts, (shard_bounds(n, r, world) for r in range(world)))])
+
+
+class ShardedEmbeddingMixin:
+    """Mixin for a PML ``BaseTester``: ``compute_all_embeddings`` embeds only this rank's contiguous shard and
+    all-gathers the rows once (returned in dataset order, so PCA/normalisation and the metrics see the full set).
+    Sets with fewer items than ranks are embedded whole on every rank."""
+
+    def compute_all_embeddings(self, dataloader, trunk_model, embedder_model):
+        rank, world = _world()
+        n = len(dataloader.dataset)
+        if world == 1 or n < world:
+            return super().compute_all_embeddings(dataloader, trunk_model, embedder_model)
+        lo, hi = shard_bounds(n, rank, world)
+        shard = c_f.get_eval_dataloader(
+            torch.utils.data.Subset(dataloader.dataset, range(lo, hi)),
+            self.batch_size,
+            self.dataloader_num_workers,
+            dataloader.collate_fn,
+        )
+        embeddings, labels = super().compute_all_embeddings(shard, trunk_model, embedder_model)
+        return all_gather_rows(embeddings, n), all_gather_rows(labels, n)
+
+
+class ShardedGlobalEmbeddingSpaceTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
+    """PML's ``GlobalEmbeddingSpaceTester`` with sharded embedding under ``torch.distributed`` and, by default,
+    :class:`~pml_extensions.utils.ChunkedAccuracyCalculator` (exact blocked engine, PML's default ``k=None``) with
+    its query blocks split over the ranks. Same arguments and results as PML's tester.
+
+    Example:
+        >>> tester = ShardedGlobalEmbeddingSpaceTester(dataloader_num_workers=0)  # doctest: +SKIP
+        >>> tester.test({"val": val_dataset}, epoch, trunk, embedder)  # on every rank under torchrun  # doctest: +SKIP
+    """
+
+    def initialize_accuracy_calculator(self):
+        if self.accuracy_calculator is None:
+            self.accuracy_calculator = ChunkedAccuracyCalculator(device=self.data_device, distributed=True)
