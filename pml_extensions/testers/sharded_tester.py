@@ -46,6 +46,12 @@ class ShardedEmbeddingMixin:
     all-gathers the rows once (returned in dataset order, so PCA/normalisation and the metrics see the full set).
     Sets with fewer items than ranks are embedded whole on every rank."""
 
+    def get_all_embeddings_for_all_splits(self, dataset_dict, trunk_model, embedder_model, splits, collate_fn):
+        # PML passes list(set(...)): its order differs between processes, the collectives need one order
+        return super().get_all_embeddings_for_all_splits(
+            dataset_dict, trunk_model, embedder_model, sorted(splits), collate_fn
+        )
+
     def compute_all_embeddings(self, dataloader, trunk_model, embedder_model):
         rank, world = _world()
         n = len(dataloader.dataset)
