@@ -103,7 +103,7 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
         {'recall_at_1': 0.5}
     """
 
-    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 256 * 2**20, distance=None,
+    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 512 * 2**20, distance=None,
                  distributed: bool = False, **kwargs):
         if chunk_size is not None and (
             isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1

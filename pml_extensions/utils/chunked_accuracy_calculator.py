@@ -23,7 +23,7 @@ class ChunkedAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
     Args:
         chunk_size: query rows per block; None (default) derives it from ``memory_budget``. With a user
             ``knn_func`` (e.g. PML's ``FaissKNN``) the default is 1024.
-        memory_budget: bytes per block of the default engine (default 256 MiB).
+        memory_budget: bytes per block of the default engine (default 512 MiB).
         distance: the default engine's distance: ``"euclidean"`` (default, as PML's ``FaissKNN``),
             ``"inner_product"`` or a PML distance object (see ``BlockedKNN``). Not with ``knn_func``.
         distributed: when True and ``torch.distributed`` is initialised with several ranks, the blocks are split
@@ -56,7 +56,7 @@ class ChunkedAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
         {'precision_at_1': 1.0}
     """
 
-    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 256 * 2**20, distance=None,
+    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 512 * 2**20, distance=None,
                  distributed: bool = False, **kwargs):
         if chunk_size is not None and (
             isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1

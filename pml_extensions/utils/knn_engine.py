@@ -36,7 +36,7 @@ class BlockedKNN:
             PML distance object: ``LpDistance(p=2)`` -> euclidean, ``DotProductSimilarity`` / ``CosineSimilarity``
             -> inner product; its ``normalize_embeddings`` is honoured (L2-normalised rows first).
         memory_budget: bytes for one block's temporaries (score matrix, candidates, per-query metric rows);
-            default 256 MiB. The block size is ``budget // (12·M + 96·(k + 1))`` rows, at least 1.
+            default 512 MiB. The block size is ``budget // (12·M + 96·(k + 1))`` rows, at least 1.
         block_size: fixed number of query rows per block instead (optional, positive int).
 
     ``search(query [b, D], k, reference [M, D], self_indices [b] long = None, return_distances=False)`` returns
@@ -60,7 +60,7 @@ class BlockedKNN:
         [1, 0, 1]
     """
 
-    def __init__(self, distance: Union[str, object, None] = None, memory_budget: int = 256 * 2**20,
+    def __init__(self, distance: Union[str, object, None] = None, memory_budget: int = 512 * 2**20,
                  block_size: Optional[int] = None):
         self.inner_product, self.normalize = self._parse_distance(distance)
         if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
@@ -112,17 +112,19 @@ class BlockedKNN:
         available = m - (self_indices is not None)
         if not 1 <= k <= available:
             raise ValueError(f"k must lie in [1, {available}] (available references), got {k}")
-        # ascending scores: squared distance minus |q|² (euclidean), or minus the similarity (inner product)
-        prod = query @ reference.T
+        # ascending scores in one GEMM: |r|² − 2 q·r (squared distance minus |q|²) or −q·r (inner product)
         if self.inner_product:
-            scores = prod.neg_()
+            scores = query @ reference.T
+            scores.neg_()
         else:
             sq = (reference * reference).sum(1) if reference_sq_norms is None else reference_sq_norms
-            scores = prod.mul_(-2).add_(sq)
+            scores = torch.addmm(sq, query, reference.T, beta=1, alpha=-2)
         scores = scores.to(torch.float32)
         rows = torch.arange(len(query), device=query.device)
         if self_indices is not None:
             scores[rows, self_indices] = float("inf")
+        # k + 1 candidates (unordered), ordered on exact (score, index) keys; a row whose k-th and (k+1)-th
+        # scores tie is re-ranked on keys over all its references, so the rule holds across the boundary too
         columns = torch.arange(m, device=query.device)
         if k < available:
             cand_scores, cand_idx = scores.topk(k + 1, dim=1, largest=False, sorted=False)

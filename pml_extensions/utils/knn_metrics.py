@@ -39,26 +39,30 @@ def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> D
     ``num_relevant [b]`` (int, > 0), following the definitions in the module docstring."""
     b, k = rel.shape
     out = {}
-    ranks = torch.arange(1, k + 1, device=rel.device, dtype=torch.float64)
     R = num_relevant.to(torch.float64)
-    within_r = torch.arange(k, device=rel.device)[None, :] < num_relevant[:, None]
+    upto_r = num_relevant.clamp(max=k).sub(1)[:, None]  # column of rank min(R, k)
     if {"precision_at_1", "recall_at_1"} & set(names):
         first = rel[:, 0].to(torch.float64)
         out.update({n: first for n in ("precision_at_1", "recall_at_1") if n in names})
-    if "r_precision" in names:
-        out["r_precision"] = (rel & within_r).sum(1).to(torch.float64) / within_r.sum(1).to(torch.float64)
-    if "mean_average_precision_at_r" in names or "mean_average_precision" in names:
-        # precision at each rank in float32 (relative error 6e-8 per term), summed in float64
-        precision = rel.cumsum(1, dtype=torch.int32).to(torch.float32).div_(ranks.to(torch.float32))
-        if "mean_average_precision" in names:
-            out["mean_average_precision"] = (precision * rel).sum(1, dtype=torch.float64) / R
-        if "mean_average_precision_at_r" in names:
-            # the count of relevant items before a rank <= R is the same with or without PML's mask
-            out["mean_average_precision_at_r"] = (precision * (rel & within_r)).sum(1, dtype=torch.float64) / R
     if "mean_reciprocal_rank" in names:
         hit = rel.any(1)
         first_rank = torch.argmax(rel.to(torch.uint8), dim=1).to(torch.float64) + 1
         out["mean_reciprocal_rank"] = torch.where(hit, 1.0 / first_rank, torch.zeros_like(first_rank))
+    wanted = {"r_precision", "mean_average_precision_at_r", "mean_average_precision"} & set(names)
+    if wanted:
+        relf = rel.to(torch.float32)
+        hits = relf.cumsum(1)  # exact in float32 up to 2^24 hits
+        if "r_precision" in names:
+            out["r_precision"] = hits.gather(1, upto_r).squeeze(1).to(torch.float64) / (upto_r.squeeze(1) + 1)
+        if wanted - {"r_precision"}:
+            # precision at each relevant rank in float32 (relative error 6e-8 per term), summed in float64
+            ranks = torch.arange(1, k + 1, device=rel.device, dtype=torch.float32)
+            ap = hits.mul_(relf).div_(ranks).cumsum(1, dtype=torch.float64)
+            if "mean_average_precision" in names:
+                out["mean_average_precision"] = ap[:, -1] / R
+            if "mean_average_precision_at_r" in names:
+                # PML masks ranks > R; the hit count before rank R is the same with or without the mask
+                out["mean_average_precision_at_r"] = ap.gather(1, upto_r).squeeze(1) / R
     if "mean_average_precision_trapezoidal" in names:
         from .asymmetric_accuracy_calculator import trapezoidal_average_precision
 
