@@ -158,7 +158,7 @@ class EngineAccuracyMixin:
         nan = [float("nan")] * len(label_counts[0]) if self.return_per_class else float("nan")
         if len(rows) == 0 or k < 1:
             return {m: nan for m in metrics}
-        class_counts = torch.bincount(cls, minlength=len(classes)).to(torch.float64)
+        class_counts = torch.bincount(cls, minlength=len(classes)).to(torch.float64).cpu()
         sums = torch.zeros(len(metrics), len(classes), dtype=torch.float64, device=query.device)
         rank, world = _dist_info(self.distributed)
         builtin = [m for m in metrics if self._is_builtin(m)]

@@ -143,6 +143,20 @@ class TestSameNumbersAsPML:
         got = AsymmetricAccuracyCalculator(include=PML_KNN + OURS, k=10, distance="inner_product").get_accuracy(x, y)
         assert got == pytest.approx({m: want[m] for m in got}, rel=1e-6)
 
+    def test_inner_product_matches_stock_with_faiss_index_flat_ip(self):
+        import faiss
+
+        x, y = blobs(90)  # not normalised: inner-product and L2 rankings differ
+        stock = AccuracyCalculator(include=PML_KNN, k="max_bin_count", device=CPU,
+                                   knn_func=FaissKNN(index_init_fn=faiss.IndexFlatIP)).get_accuracy(x, y)
+        ours = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count", distance="inner_product")
+        assert_same(ours.get_accuracy(x, y), stock)
+        l2 = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count").get_accuracy(x, y)
+        assert l2 != ours.get_accuracy(x, y)
+        cosine = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count", distance=CosineSimilarity())
+        xn = torch.nn.functional.normalize(x, dim=1)
+        assert_same(cosine.get_accuracy(x, y), ours.get_accuracy(xn, y))
+
     def test_faiss_stays_usable_as_knn_func(self):
         x, y = blobs(80)
         stock = AccuracyCalculator(include=PML_KNN, k="max_bin_count", device=CPU).get_accuracy(x, y)
