@@ -128,7 +128,8 @@ def _save(rows, args, base):
     cmd = "python benchmarks/accuracy_scale.py" + (" --device cuda" if args.device == "cuda" else "")
     text = (f"`{cmd}` (128-D, `k=\"max_bin_count\"`, MAP@R / P@1 / R-precision; engine = "
             "`ChunkedAccuracyCalculator()` on the torch k-NN engine; one subprocess per row, "
-            f"{rows[0].get('torch_threads', '?') if rows else '?'} torch threads, shared 2-core machine under load)\n\n"
+            f"{rows[0].get('torch_threads', '?') if rows else '?'} torch threads, shared 2-core machine "
+            "under load)\n\n"
             + render(rows, args.device))
     if same:
         text += "\nLargest |engine − stock| over the three metrics: " + ", ".join(

@@ -26,7 +26,7 @@ def shard_bounds(n: int, rank: int, world_size: int):
 
 
 def all_gather_rows(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Concatenate, in rank order, the ``[hi - lo, ...]`` shards (see :func:`shard_bounds`) of all ranks: ``[n, ...]``.
+    """The ``[hi - lo, ...]`` shards (:func:`shard_bounds`) of all ranks, concatenated in rank order: ``[n, ...]``.
 
     Shards are padded to ``ceil(n / world_size)`` rows for ``all_gather`` (one call). Collective: every rank calls it.
     """
@@ -75,7 +75,8 @@ class ShardedGlobalEmbeddingSpaceTester(ShardedEmbeddingMixin, GlobalEmbeddingSp
 
     Example:
         >>> tester = ShardedGlobalEmbeddingSpaceTester(dataloader_num_workers=0)  # doctest: +SKIP
-        >>> tester.test({"val": val_dataset}, epoch, trunk, embedder)  # on every rank under torchrun  # doctest: +SKIP
+        >>> # under torchrun, on every rank:
+        >>> tester.test({"val": val_dataset}, epoch, trunk, embedder)  # doctest: +SKIP
     """
 
     def initialize_accuracy_calculator(self):

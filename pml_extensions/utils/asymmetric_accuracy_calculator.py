@@ -100,7 +100,8 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
         >>> calc = AsymmetricAccuracyCalculator(include=("recall_at_1",))
         >>> q = torch.tensor([[0.0], [5.0]]); ref = torch.tensor([[0.2], [5.1], [0.1]])
         >>> # query 1's only label-2 reference is its own image: it is lone and skipped, as in PML
-        >>> calc.get_accuracy(q, torch.tensor([1, 2]), ref, torch.tensor([1, 2, 1]), self_indices=torch.tensor([0, 1]))
+        >>> own = torch.tensor([0, 1])
+        >>> calc.get_accuracy(q, torch.tensor([1, 2]), ref, torch.tensor([1, 2, 1]), self_indices=own)
         {'recall_at_1': 1.0}
     """
 

@@ -28,7 +28,7 @@ def _ordered_keys(scores: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
 
 
 class BlockedKNN:
-    """Exact k-NN by blocked matmul + ``topk``; also a PML ``knn_func`` (``knn(query, k, reference, ref_includes_query)``).
+    """Exact k-NN by blocked matmul + ``topk``; also a PML ``knn_func``: ``knn(query, k, reference, ref_includes_query)``.
 
     Args:
         distance: ``"euclidean"`` (default; squared L2 ``|q|² + |r|² − 2 q·r`` ranks the same as PML's default

@@ -200,7 +200,8 @@ class TestIssueInputs:
         for calc_cls in CALCS:
             got = calc_cls(include=PML_KNN).get_accuracy(x, big)
             assert got == pytest.approx({m: want[m] for m in PML_KNN}, rel=1e-6)
-            assert calc_cls(include=PML_KNN, return_per_class=True).get_accuracy(x, big)["precision_at_1"].__len__() == 3
+            per_class = calc_cls(include=PML_KNN, return_per_class=True).get_accuracy(x, big)
+            assert len(per_class["precision_at_1"]) == 3
 
 
 class TestSeveralReferenceSets:
