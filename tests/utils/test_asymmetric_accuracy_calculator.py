@@ -143,7 +143,7 @@ class TestAsymmetricAccuracyCalculator(unittest.TestCase):
         stock = AccuracyCalculator(device=CPU).get_accuracy(self.emb[perm], self.labels[perm], pml_ref, pml_lab, True)
         ours = calc().get_accuracy(self.emb[perm], self.labels[perm], self.emb, self.labels, self_indices=perm)
         for key in ("precision_at_1", "mean_average_precision_at_r", "r_precision", "mean_average_precision"):
-            self.assertAlmostEqual(ours[key], stock[key], places=12)
+            self.assertAlmostEqual(ours[key], stock[key], places=6)  # float32 round-off
 
     def test_bad_input(self):
         c = calc()
