@@ -114,7 +114,7 @@ def render(rows, device) -> str:
             lines.append(f"{head} – | – | – | – | {r['skipped']} | | |")
             continue
         ref = stock.get(key(r))
-        ratio = f"{r['seconds'] / ref['seconds']:.2f}" if ref and r is not ref else "–"
+        ratio = f"{r['seconds'] / ref['seconds']:.2f}" if ref and r["method"] == "engine" else "–"
         mem = f"{r['peak_rss_gib']:.2f}" + (f" (GPU {r['peak_gpu_gib']:.2f})" if "peak_gpu_gib" in r else "")
         lines.append(
             f"{head} {r['seconds']:.1f} | {ratio} | {mem} | {r['rss_increase_gib']:.2f} | "
@@ -144,6 +144,8 @@ def _save(rows, args, base):
     if any(r.get("label_offset") for r in rows):
         text += ("\nRows with labels 10⁹ + c: stock PML casts labels to float32 and merges neighbouring classes, so "
                  "its metrics (and its class count, hence memory) there are wrong; the engine keeps them exact.\n")
+    if getattr(args, "note", None):
+        text += "\n" + args.note + "\n"
     atomic_write_json(base + ".json", {"args": {k: v for k, v in vars(args).items() if k != "child"},
                                        "rows": rows, "max_abs_difference_vs_stock": same})
     atomic_write_text(base + ".md", text)
