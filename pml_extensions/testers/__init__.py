@@ -8,5 +8,6 @@ PML_TESTERS = sorted(
 globals().update({name: getattr(_pml_testers, name) for name in PML_TESTERS})
 
 from .asymmetric_tester import AsymmetricTester  # noqa: E402
+from .sharded_tester import ShardedGlobalEmbeddingSpaceTester  # noqa: E402
 
-__all__ = PML_TESTERS + ["AsymmetricTester"]
+__all__ = PML_TESTERS + ["AsymmetricTester", "ShardedGlobalEmbeddingSpaceTester"]

@@ -14,6 +14,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..utils.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+from ..utils.sharded_embedding import ShardedEmbeddingMixin
 
 SETUPS = ("teacher_student_asymmetric", "student_symmetric", "teacher_symmetric", "teacher_asymmetric")
 
@@ -31,7 +32,7 @@ def _check_resolution(name, value):
         raise ValueError(f"{name} must be a positive int (pixels), got {value!r}")
 
 
-class AsymmetricTester(GlobalEmbeddingSpaceTester):
+class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
     """``GlobalEmbeddingSpaceTester`` whose reference (database) side may use another model and another dataset.
 
     ``test(dataset_dict, epoch, trunk_model, embedder_model=None, splits_to_eval=None, collate_fn=None, *,
@@ -48,6 +49,10 @@ class AsymmetricTester(GlobalEmbeddingSpaceTester):
     The same three reference arguments can be given to the constructor as defaults; that is how a
     ``HookContainer.end_of_epoch_hook`` (which calls ``test`` with the trained student only) validates the
     teacher-student asymmetric setup during training.
+
+    Under ``torch.distributed`` each rank embeds only its shard of every set and the default calculator splits its
+    query blocks over the ranks (:mod:`~pml_extensions.testers.sharded_tester`; every rank calls ``test``).
+    :meth:`test_reference_sets` evaluates one query split against several reference sets, each embedded once.
 
     :meth:`evaluate_setups` runs the paper's four setups with the FLOPs per query image of each; :meth:`query_flops`
     counts them for any model and resolution.
@@ -74,7 +79,7 @@ class AsymmetricTester(GlobalEmbeddingSpaceTester):
 
     def initialize_accuracy_calculator(self):
         if self.accuracy_calculator is None:
-            self.accuracy_calculator = AsymmetricAccuracyCalculator(device=self.data_device)
+            self.accuracy_calculator = AsymmetricAccuracyCalculator(device=self.data_device, distributed=True)
 
     # ------------------------------------------------------------------ PML override points
     def test(
@@ -100,6 +105,71 @@ class AsymmetricTester(GlobalEmbeddingSpaceTester):
         finally:
             self._reference_side = None
             self.reference_embeddings_and_labels = None
+
+    def test_reference_sets(
+        self,
+        dataset_dict,
+        epoch,
+        trunk_model,
+        embedder_model=None,
+        query_split: str = "test",
+        reference_sets: Optional[Dict[str, Sequence[str]]] = None,
+        collate_fn=None,
+        *,
+        reference_trunk_model: Optional[torch.nn.Module] = None,
+        reference_embedder_model: Optional[torch.nn.Module] = None,
+        reference_dataset_dict: Optional[dict] = None,
+    ) -> Dict[str, dict]:
+        """One query split against several reference sets (e.g. ``{"test": ["test"], "test+val": ["test", "val"]}``).
+
+        The query split is embedded once by the query models; every split of the reference sets is embedded once by
+        the reference models (the query models and ``dataset_dict`` when no reference argument is given; then the
+        query split's embeddings are reused). A set containing the query split excludes each query's own image.
+
+        Returns:
+            ``{set_name: {"epoch": epoch, "<metric>_level<L>": value}}``; ``end_of_testing_hook`` is not called.
+
+        Raises:
+            ValueError: empty ``reference_sets``, an unknown split, splits of one name listing different images.
+        """
+        if not reference_sets or not isinstance(reference_sets, dict):
+            raise ValueError("reference_sets must be a non-empty dict {name: [split names]}")
+        ref_trunk = self.reference_trunk_model if reference_trunk_model is None else reference_trunk_model
+        ref_embedder = self.reference_embedder_model if reference_embedder_model is None else reference_embedder_model
+        ref_dict = self.reference_dataset_dict if reference_dataset_dict is None else reference_dataset_dict
+        needed = sorted({s for splits in reference_sets.values() for s in splits})
+        for split in needed + [query_split]:
+            if split not in (dataset_dict if ref_dict is None or split == query_split else ref_dict):
+                raise ValueError(f"split {split!r} is not in the dataset dict")
+        embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
+        same = ref_trunk is None and ref_embedder is None and ref_dict is None
+        base = super(AsymmetricTester, self).get_all_embeddings_for_all_splits
+        query_side = base(dataset_dict, trunk_model, embedder_model, sorted({query_split, *needed}) if same
+                          else [query_split], collate_fn)
+        if same:
+            reference_side = query_side
+        else:
+            reference_side = base(
+                dataset_dict if ref_dict is None else ref_dict,
+                trunk_model if ref_trunk is None else ref_trunk,
+                torch.nn.Identity() if ref_embedder is None else ref_embedder,
+                needed,
+                collate_fn,
+            )
+            if query_split in reference_side:
+                self._check_same_images({query_split: query_side[query_split]}, reference_side)
+        results = {}
+        self.reference_embeddings_and_labels = reference_side
+        try:
+            for name, splits in reference_sets.items():
+                splits = list(splits)
+                if query_split in splits:  # the queries first, as PML's layout
+                    splits = [query_split] + [s for s in splits if s != query_split]
+                results[name] = {"epoch": epoch}
+                self.do_knn_and_accuracies(results[name], query_side, query_split, splits)
+        finally:
+            self.reference_embeddings_and_labels = None
+        return results
 
     def get_all_embeddings_for_all_splits(
         self, dataset_dict, trunk_model, embedder_model, splits_to_compute_embeddings, collate_fn

@@ -10,16 +10,15 @@ the precision-recall curve by the trapezoid rule), not ported.
 from typing import Optional
 
 import torch
-from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import (
     AccuracyCalculator,
-    get_label_match_counts,
-    get_lone_query_labels,
     get_relevance_mask,
     maybe_get_avg_of_avgs,
     nan_accuracy,
     try_getting_not_lone_labels,
 )
+
+from .knn_metrics import EngineAccuracyMixin
 
 
 def trapezoidal_average_precision(is_relevant: torch.Tensor, num_relevant: torch.Tensor) -> torch.Tensor:
@@ -56,19 +55,24 @@ def trapezoidal_average_precision(is_relevant: torch.Tensor, num_relevant: torch
     return ((p_before + p_at) * rel).sum(dim=1) / (2 * num_relevant.to(torch.float64))
 
 
-class AsymmetricAccuracyCalculator(AccuracyCalculator):
+class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
     """``AccuracyCalculator`` whose query and reference sets may come from different models or resolutions.
 
     PML's ``ref_includes_query=True`` drops the nearest neighbour of every query and insists (``allclose``) that the
     query embeddings are the first rows of the reference. Both fail for teacher-student retrieval, where a query's
     own image is in the reference but embedded by another network (it need not be the nearest neighbour, and the
     rows differ). This subclass excludes each query's own image BY INDEX: ``self_indices[i]`` is the reference row of
-    query i's image (default ``arange(Nq)`` when ``ref_includes_query=True``, i.e. PML's layout). It asks the
-    ``knn_func`` for k + 1 neighbours and removes the query's own row when present, else the last one.
+    query i's image (default ``arange(Nq)`` when ``ref_includes_query=True``, i.e. PML's layout).
+
+    The k-NN runs block by block on :class:`~pml_extensions.utils.knn_engine.BlockedKNN` (exact, matmul + topk on
+    the inputs' device, memory ``O(block · (M + k) + N + M)``, ties by increasing reference index); a user's
+    ``knn_func`` (e.g. PML's ``FaissKNN``) is asked for k + 1 neighbours and the own row is removed by index.
+    Labels stay integers. k rule (shared by every calculator of this package): k (int, None = all references,
+    ``"max_bin_count"``) is clamped to the references available to a query (M, or M − 1 with its own row excluded).
 
     All of PML's metrics keep their key names (``precision_at_1``, ``mean_average_precision_at_r``,
-    ``mean_average_precision``, ``r_precision``, ``NMI``, ``AMI``...), so ``HookContainer(primary_metric=...)`` works.
-    Added metrics:
+    ``mean_average_precision``, ``r_precision``, ``mean_reciprocal_rank``, ``NMI``, ``AMI``...), so
+    ``HookContainer(primary_metric=...)`` works. Added metrics:
 
     - ``mean_average_precision_trapezoidal``: mAP of the retrieval literature (``compute_ap``), see
       :func:`trapezoidal_average_precision`. PML's ``mean_average_precision`` is the non-interpolated AP (mean of
@@ -77,20 +81,40 @@ class AsymmetricAccuracyCalculator(AccuracyCalculator):
       label, the R@1 of the paper. It equals PML's ``precision_at_1`` and exists under the paper's name.
 
     Both mAPs cover the first k references (``k=None``, the default, ranks the whole reference set, as the paper).
-    With the same embeddings on both sides the numbers equal PML's stock ``AccuracyCalculator`` exactly.
+
+    Args: as ``ChunkedAccuracyCalculator`` (``chunk_size``, ``memory_budget``, ``distance``, ``distributed`` and
+    PML's arguments).
 
     ``get_accuracy(query [Nq, D], query_labels [Nq], reference [M, D] = None, reference_labels [M] = None,
-    ref_includes_query=False, include=(), exclude=(), *, self_indices [Nq] long = None) -> {metric: float}``.
+    ref_includes_query=False, include=(), exclude=(), *, self_indices [Nq] long = None) -> {metric: float}``;
+    ``get_accuracy_multi(query, query_labels, {name: (reference, reference_labels) or dict}) -> {name: {...}}``.
     NMI/AMI cluster the queries only, as in PML.
 
     Raises:
         ValueError: query and reference dimensions differ; embeddings and labels of different lengths;
             ``self_indices`` of the wrong length, out of range, repeated, or pointing at rows whose label differs
-            from the query's; an unknown metric name (as PML).
+            from the query's; non-finite embeddings; an unknown metric name (as PML).
+
+    Example:
+        >>> import torch
+        >>> calc = AsymmetricAccuracyCalculator(include=("recall_at_1",))
+        >>> q = torch.tensor([[0.0], [5.0]]); ref = torch.tensor([[0.2], [5.1], [0.1]])
+        >>> # query 1's only label-2 reference is its own image: it is lone and skipped, as in PML
+        >>> own = torch.tensor([0, 1])
+        >>> calc.get_accuracy(q, torch.tensor([1, 2]), ref, torch.tensor([1, 2, 1]), self_indices=own)
+        {'recall_at_1': 1.0}
     """
 
-    def requires_knn(self):
-        return super().requires_knn() + ["mean_average_precision_trapezoidal", "recall_at_1"]
+    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 512 * 2**20, distance=None,
+                 distributed: bool = False, **kwargs):
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+        knn_func = kwargs.get("knn_func", args[7] if len(args) > 7 else None)
+        device = kwargs.get("device", args[6] if len(args) > 6 else None)
+        super().__init__(*args, **kwargs)
+        self._setup_engine(knn_func, distance, memory_budget, chunk_size, device, distributed)
 
     def calculate_recall_at_1(self, **kwargs):
         return self.calculate_precision_at_1(**kwargs)
@@ -106,21 +130,8 @@ class AsymmetricAccuracyCalculator(AccuracyCalculator):
         ap = trapezoidal_average_precision(self.label_comparison_fn(gt, knn_labels), num_relevant)
         return maybe_get_avg_of_avgs(ap, gt, self.avg_of_avgs, self.return_per_class)
 
-    def knn_excluding_self(
-        self, query: torch.Tensor, k: int, reference: torch.Tensor, self_indices: torch.Tensor
-    ) -> tuple:
-        """k nearest references of each query with its own row ``self_indices[i]`` removed.
-
-        Returns ``(distances [Nq, k], indices [Nq, k])`` in the ``knn_func``'s order and units.
-        """
-        k_plus = min(k + 1, reference.shape[0])
-        distances, indices = self.knn_func(query, k_plus, reference, False)
-        is_self = indices == self_indices.to(indices.device)[:, None]
-        drop = is_self.clone()
-        drop[:, -1] |= ~is_self.any(dim=1)
-        keep = ~drop
-        n = query.shape[0]
-        return distances[keep].view(n, k_plus - 1), indices[keep].view(n, k_plus - 1)
+    calculate_recall_at_1._pml_extensions_builtin = True
+    calculate_mean_average_precision_trapezoidal._pml_extensions_builtin = True
 
     def get_accuracy(
         self,
@@ -134,77 +145,5 @@ class AsymmetricAccuracyCalculator(AccuracyCalculator):
         *,
         self_indices: Optional[torch.Tensor] = None,
     ):
-        if reference is None:
-            reference, reference_labels, ref_includes_query = query, query_labels, True
-        query, reference, query_labels, reference_labels = [
-            c_f.numpy_to_torch(x).to(self.device).type(torch.float)
-            for x in [query, reference, query_labels, reference_labels]
-        ]
-        if len(query) != len(query_labels) or len(reference) != len(reference_labels):
-            raise ValueError("embeddings and labels must have the same length")
-        if query.ndim != 2 or reference.ndim != 2 or query.shape[1] != reference.shape[1]:
-            raise ValueError(
-                f"query [Nq, D] and reference [M, D] must have the same dimension D, got {tuple(query.shape)} and "
-                f"{tuple(reference.shape)}"
-            )
-        exclude_self = bool(ref_includes_query) or self_indices is not None
-        if exclude_self:
-            self_indices = self._check_self_indices(self_indices, query_labels, reference_labels)
-
-        self.curr_function_dict = self.get_function_dict(include, exclude)
-        kwargs = {
-            "query": query,
-            "reference": reference,
-            "query_labels": query_labels,
-            "reference_labels": reference_labels,
-            "ref_includes_query": exclude_self,
-            "label_comparison_fn": self.label_comparison_fn,
-        }
-        if any(x in self.requires_knn() for x in self.get_curr_metrics()):
-            label_counts = get_label_match_counts(query_labels, reference_labels, self.label_comparison_fn)
-            lone_query_labels, not_lone_query_mask = get_lone_query_labels(
-                query_labels, label_counts, exclude_self, self.label_comparison_fn
-            )
-            num_k = self.determine_k(label_counts[1], len(reference), exclude_self)
-            if exclude_self:
-                knn_distances, knn_indices = self.knn_excluding_self(query, num_k, reference, self_indices)
-            else:
-                knn_distances, knn_indices = self.knn_func(query, num_k, reference, False)
-            if not any(not_lone_query_mask):
-                c_f.LOGGER.warning("None of the query labels are in the reference set.")
-            kwargs.update(
-                label_counts=label_counts,
-                knn_labels=reference_labels[knn_indices],
-                knn_distances=knn_distances,
-                knn_indices=knn_indices,
-                lone_query_labels=lone_query_labels,
-                not_lone_query_mask=not_lone_query_mask,
-            )
-        if any(x in self.requires_clustering() for x in self.get_curr_metrics()):
-            kwargs["cluster_labels"] = self.get_cluster_labels(**kwargs)
-        return self._get_accuracy(self.curr_function_dict, **kwargs)
-
-    @staticmethod
-    def _check_self_indices(self_indices, query_labels, reference_labels):
-        n, m = len(query_labels), len(reference_labels)
-        if self_indices is None:
-            if n > m:
-                raise ValueError(
-                    f"ref_includes_query=True needs the {n} query images as the first reference rows, but the "
-                    f"reference has only {m} rows; pass self_indices"
-                )
-            self_indices = torch.arange(n, device=query_labels.device)
-        self_indices = torch.as_tensor(self_indices, device=query_labels.device)
-        if self_indices.ndim != 1 or len(self_indices) != n or self_indices.is_floating_point():
-            raise ValueError(f"self_indices must be a 1-D integer tensor of length {n} (one per query)")
-        self_indices = self_indices.long()
-        if n and (int(self_indices.min()) < 0 or int(self_indices.max()) >= m):
-            raise ValueError(f"self_indices must lie in [0, {m}) (reference rows)")
-        if len(torch.unique(self_indices)) != n:
-            raise ValueError("self_indices must not repeat: each query has its own reference row")
-        if not torch.equal(reference_labels[self_indices], query_labels):
-            raise ValueError(
-                "the reference rows named by self_indices have labels different from their queries; query i and "
-                "reference row self_indices[i] must be the same image"
-            )
-        return self_indices
+        return self._common_get_accuracy(query, query_labels, reference, reference_labels, ref_includes_query,
+                                         include, exclude, self_indices, require_query_rows=False)

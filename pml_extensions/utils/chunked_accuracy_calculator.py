@@ -1,164 +1,74 @@
-"""PML's ``AccuracyCalculator`` with the k-nearest-neighbour step done in query chunks.
+"""PML's ``AccuracyCalculator`` on the blocked k-NN engine: exact metrics with memory bounded in N.
 
 With ``k="max_bin_count"`` the stock calculator searches ``k`` neighbours for every query at once and keeps
-``[N, k]`` distances, indices, labels and relevance masks: for 100k embeddings in 6 classes k ≈ 16.7k, i.e.
-tens of GiB (reported on PML's tracker, ``KevinMusgrave/pytorch-metric-learning``, "AccuracyCalculator out of
-memory with max_bin_count"). This subclass runs the same ``knn_func`` (faiss by default) on ``chunk_size``
-queries at a time against the whole reference set, evaluates every k-NN metric on the chunk, and combines the
-chunks exactly: each metric is a mean over queries (or a mean of per-class means with ``avg_of_avgs``), so
-per-class sums and counts are accumulated and divided at the end. Peak memory is ``O(chunk_size · k)`` instead
-of ``O(N · k)``.
+``[N, k]`` distances, indices, labels and relevance masks, and its label counts compare every class with every
+reference (``[classes, M]``): for 100k embeddings in 6 classes (k ≈ 16.7k) that is tens of GiB, for 30k items in
+10,000 classes 2.9 GiB (PML's tracker, ``KevinMusgrave/pytorch-metric-learning``, "AccuracyCalculator out of
+memory"). This subclass computes the k-NN of one block of queries at a time with
+:class:`~pml_extensions.utils.knn_engine.BlockedKNN` (matmul + ``topk`` on the inputs' device), reduces the block
+to per-query metric values and adds them into per-class sums (:mod:`~pml_extensions.utils.knn_metrics`). Peak
+memory is ``O(block · (M + k) + N + M)``; labels are mapped to class ids, never cast to float.
 """
 
-from typing import Dict
+from typing import Optional
 
-import torch
-from pytorch_metric_learning.utils import common_functions as c_f
-from pytorch_metric_learning.utils.accuracy_calculator import (
-    AccuracyCalculator,
-    get_label_match_counts,
-    get_lone_query_labels,
-)
+from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+from .knn_metrics import EngineAccuracyMixin
 
 
-class ChunkedAccuracyCalculator(AccuracyCalculator):
-    """``AccuracyCalculator`` whose k-NN metrics are computed ``chunk_size`` queries at a time.
+class ChunkedAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
+    """``AccuracyCalculator`` whose k-NN metrics run block by block on the exact torch engine.
 
     Args:
-        chunk_size: queries per k-NN search. Memory per chunk ≈ ``chunk_size · k · 24`` bytes plus the metric
-        masks. Default 1024. *args, **kwargs: as for ``AccuracyCalculator`` (``include``, ``exclude``,
-        ``avg_of_avgs``, ``return_per_class``, ``k``, ``label_comparison_fn``, ``device``, ``knn_func``,
-            ``kmeans_func``).
+        chunk_size: query rows per block; None (default) derives it from ``memory_budget``. With a user
+            ``knn_func`` (e.g. PML's ``FaissKNN``) the default is 1024.
+        memory_budget: bytes per block of the default engine (default 512 MiB).
+        distance: the default engine's distance: ``"euclidean"`` (default, as PML's ``FaissKNN``),
+            ``"inner_product"`` or a PML distance object (see ``BlockedKNN``). Not with ``knn_func``.
+        distributed: when True and ``torch.distributed`` is initialised with several ranks, the blocks are split
+            over the ranks and the sums all-reduced; every rank must then call ``get_accuracy`` with the same
+            inputs (e.g. gathered embeddings), and all get the single-process result.
+        *args, **kwargs: as for ``AccuracyCalculator`` (``include``, ``exclude``, ``avg_of_avgs``,
+            ``return_per_class``, ``k``, ``label_comparison_fn``, ``device``, ``knn_func``, ``kmeans_func``).
+            ``device=None`` keeps the inputs' device.
 
-    ``get_accuracy(query [N, D], query_labels [N], reference [M, D] = None, reference_labels [M] = None,
-    ref_includes_query=False, include=(), exclude=()) -> {metric: float or per-class list}``, the same numbers
-    as the stock calculator (up to float summation order). Labels must be 1-D. Clustering metrics (NMI, AMI)
-    are not k-NN based and go through the stock code on all queries. A custom ``calculate_*`` k-NN metric must
-    be a mean over queries (as all of PML's are) to be combined correctly.
+    ``get_accuracy(query [N, D], query_labels [N] or [N, L], reference [M, D] = None, reference_labels = None,
+    ref_includes_query=False, include=(), exclude=(), *, self_indices [N] long = None) -> {metric: float or
+    per-class list}``: the numbers of the stock calculator (float32 round-off; stock PML drops the NEAREST
+    neighbour when ``ref_includes_query``, this one drops the query's own row, the same unless duplicates).
+    ``get_accuracy_multi`` evaluates several reference sets in one call. Every metric that is not NMI/AMI is a
+    k-NN metric (MRR alone works). Ties: by distance, then by increasing reference index.
+
+    k rule (all calculators of this package): ``k`` (an int, None = all references, or ``"max_bin_count"``, as
+    PML) is clamped to the references available to a query: M, or M − 1 when its own row is excluded.
 
     Raises:
-        ValueError: if ``chunk_size`` < 1, labels are not 1-D, or lengths mismatch (as the stock calculator).
+        ValueError: ``chunk_size`` not a positive int, embeddings not ``[n, D]`` with one D, labels not ``[n]`` /
+            ``[n, L]`` of their embeddings' length, non-finite embeddings, ``ref_includes_query`` with a
+            reference whose first rows are not the queries (without ``self_indices``), unknown metric names.
+
+    Example:
+        >>> import torch
+        >>> calc = ChunkedAccuracyCalculator(include=("precision_at_1",), k="max_bin_count")
+        >>> x = torch.tensor([[0.0], [0.1], [5.0], [5.2]]); y = torch.tensor([7, 7, 9, 9])
+        >>> calc.get_accuracy(x, y)
+        {'precision_at_1': 1.0}
     """
 
-    def __init__(self, *args, chunk_size: int = 1024, **kwargs):
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 512 * 2**20, distance=None,
+                 distributed: bool = False, **kwargs):
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+        knn_func = kwargs.get("knn_func", args[7] if len(args) > 7 else None)
+        device = kwargs.get("device", args[6] if len(args) > 6 else None)
         super().__init__(*args, **kwargs)
+        self._setup_engine(knn_func, distance, memory_budget, chunk_size, device, distributed)
         self.chunk_size = chunk_size
 
-    def get_accuracy(
-        self,
-        query,
-        query_labels,
-        reference=None,
-        reference_labels=None,
-        ref_includes_query=False,
-        include=(),
-        exclude=(),
-    ):
-        if reference is None:
-            reference, reference_labels, ref_includes_query = query, query_labels, True
-        query, reference, query_labels, reference_labels = [
-            c_f.numpy_to_torch(x).to(self.device).type(torch.float)
-            for x in (query, reference, query_labels, reference_labels)
-        ]
-        if query_labels.ndim != 1 or reference_labels.ndim != 1:
-            raise ValueError("ChunkedAccuracyCalculator needs 1-D query_labels and reference_labels")
-        if len(query) != len(query_labels) or len(reference) != len(reference_labels):
-            raise ValueError("embeddings and labels must have the same length")
-        if ref_includes_query and not (
-            torch.allclose(query, reference[: len(query)])
-            and torch.equal(query_labels, reference_labels[: len(query)])
-        ):
-            raise ValueError(
-                "When ref_includes_query is True, the first len(query) rows of reference must equal query"
-            )
-
-        metrics = list(self.get_function_dict(include, exclude))
-        clustering = [m for m in metrics if m in self.requires_clustering()]
-        knn_metrics = [m for m in metrics if m not in clustering]
-        out: Dict[str, object] = {}
-        if clustering:
-            out.update(
-                super().get_accuracy(
-                    query, query_labels, reference, reference_labels, ref_includes_query, include=clustering
-                )
-            )
-        if knn_metrics:
-            out.update(
-                self._chunked_knn_metrics(
-                    query, query_labels, reference, reference_labels, ref_includes_query, knn_metrics
-                )
-            )
-        self.curr_function_dict = self.get_function_dict(include, exclude)
-        return {m: out[m] for m in metrics}
-
-    def _chunked_knn_metrics(
-        self, query, query_labels, reference, reference_labels, ref_includes_query, metrics
-    ):
-        function_dict = self.get_function_dict(include=metrics)
-        self.curr_function_dict = function_dict
-        label_counts = get_label_match_counts(query_labels, reference_labels, self.label_comparison_fn)
-        _, not_lone = get_lone_query_labels(
-            query_labels, label_counts, ref_includes_query, self.label_comparison_fn
-        )
-        num_k = self.determine_k(label_counts[1], len(reference), ref_includes_query)
-        classes = torch.unique(query_labels[not_lone]) if bool(not_lone.any()) else query_labels.new_zeros(0)
-        sums = {m: torch.zeros(len(classes), dtype=torch.float64) for m in metrics}
-        counts = torch.zeros(len(classes), dtype=torch.float64)
-        saved = (self.avg_of_avgs, self.return_per_class)
-        self.avg_of_avgs, self.return_per_class = False, True
-        try:
-            for start in range(0, len(query), self.chunk_size):
-                stop = min(start + self.chunk_size, len(query))
-                mask = not_lone[start:stop]
-                if not bool(mask.any()):
-                    continue
-                q = query[start:stop]
-                if ref_includes_query:
-                    # The stock k-NN removes each query's own row by position; keep positions global by
-                    # searching
-                    # the chunk against a reference whose first rows are this chunk.
-                    ref = torch.cat([q, reference[:start], reference[stop:]])
-                    ref_lab = torch.cat(
-                        [reference_labels[start:stop], reference_labels[:start], reference_labels[stop:]]
-                    )
-                else:
-                    ref, ref_lab = reference, reference_labels
-                dist, idx = self.knn_func(q, num_k, ref, ref_includes_query)
-                knn_labels = ref_lab[idx]
-                q_lab = query_labels[start:stop]
-                kwargs = {
-                    "query": q,
-                    "reference": ref,
-                    "query_labels": q_lab,
-                    "reference_labels": ref_lab,
-                    "ref_includes_query": ref_includes_query,
-                    "label_comparison_fn": self.label_comparison_fn,
-                    "label_counts": label_counts,
-                    "knn_labels": knn_labels,
-                    "knn_distances": dist,
-                    "lone_query_labels": None,
-                    "not_lone_query_mask": mask,
-                }
-                chunk_classes, chunk_counts = torch.unique(q_lab[mask], return_counts=True)
-                pos = torch.searchsorted(classes, chunk_classes)
-                counts[pos] += chunk_counts.double().cpu()
-                for m, fn in function_dict.items():
-                    per_class = torch.tensor(fn(**kwargs), dtype=torch.float64)
-                    sums[m][pos] += per_class * chunk_counts.double().cpu()
-        finally:
-            self.avg_of_avgs, self.return_per_class = saved
-        result = {}
-        for m in metrics:
-            if len(classes) == 0:
-                result[m] = [float("nan")] * len(label_counts[0]) if self.return_per_class else float("nan")
-                continue
-            per_class = sums[m] / counts
-            if self.return_per_class:
-                result[m] = per_class.tolist()
-            elif self.avg_of_avgs:
-                result[m] = float(per_class.mean())
-            else:
-                result[m] = float(sums[m].sum() / counts.sum())
-        return result
+    def get_accuracy(self, query, query_labels, reference=None, reference_labels=None, ref_includes_query=False,
+                     include=(), exclude=(), *, self_indices=None):
+        return self._common_get_accuracy(query, query_labels, reference, reference_labels, ref_includes_query,
+                                         include, exclude, self_indices, require_query_rows=True)

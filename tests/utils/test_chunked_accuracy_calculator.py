@@ -88,9 +88,9 @@ class TestErrors:
         with pytest.raises(ValueError, match="chunk_size"):
             ChunkedAccuracyCalculator(chunk_size=chunk_size)
 
-    def test_two_dimensional_labels(self):
-        with pytest.raises(ValueError, match="1-D"):
-            ChunkedAccuracyCalculator(device=CPU).get_accuracy(torch.zeros(4, 2), torch.zeros(4, 2))
+    def test_three_dimensional_labels(self):
+        with pytest.raises(ValueError, match="query_labels"):
+            ChunkedAccuracyCalculator(device=CPU).get_accuracy(torch.zeros(4, 2), torch.zeros(4, 2, 1))
 
     def test_length_mismatch(self):
         with pytest.raises(ValueError, match="same length"):

@@ -1,0 +1,342 @@
+"""Block-wise retrieval metrics on top of :class:`~pml_extensions.utils.knn_engine.BlockedKNN`, shared by
+``ChunkedAccuracyCalculator`` and ``AsymmetricAccuracyCalculator``.
+
+Every k-NN metric of PML's ``AccuracyCalculator`` is a mean over (non-lone) queries, or a mean of per-class means
+(``avg_of_avgs``); the calculators therefore reduce each block of queries to per-query values, add them into
+per-class sums (float64) and divide at the end. Labels stay in their integer dtype: they are mapped once to class
+ids with ``torch.unique`` (O(N + M) memory, any number of classes), never cast to float. Under
+``torch.distributed`` (``distributed=True``) the blocks are dealt round-robin over the ranks and the per-class sums
+are all-reduced, so every rank returns the single-process numbers.
+
+Definitions (R = relevant references of a query, self excluded; k = neighbours searched; rel_j = 1 when the j-th
+neighbour is relevant; P_j = precision at rank j), identical to PML's:
+``precision_at_1 = rel_1``; ``r_precision = Σ_{j≤min(R,k)} rel_j / min(R,k)``;
+``mean_average_precision_at_r = Σ_{j≤min(R,k)} rel_j P_j / R``; ``mean_average_precision = Σ_{j≤k} rel_j P_j / R``;
+``mean_reciprocal_rank = 1 / (first relevant rank)`` (0 when none in the top k); ours: ``recall_at_1 = rel_1`` and
+``mean_average_precision_trapezoidal`` (see ``trapezoidal_average_precision``).
+"""
+
+from typing import Dict, Optional
+
+import torch
+from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
+
+from .knn_engine import BlockedKNN
+
+BUILTIN = (
+    "precision_at_1",
+    "r_precision",
+    "mean_average_precision_at_r",
+    "mean_average_precision",
+    "mean_reciprocal_rank",
+    "recall_at_1",
+    "mean_average_precision_trapezoidal",
+)
+
+
+def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> Dict[str, torch.Tensor]:
+    """Per-query values ``[b]`` float64 of the built-in metrics ``names`` from relevance ``rel [b, k]`` (bool) and
+    ``num_relevant [b]`` (int, > 0), following the definitions in the module docstring."""
+    b, k = rel.shape
+    out = {}
+    R = num_relevant.to(torch.float64)
+    upto_r = num_relevant.clamp(max=k).sub(1)[:, None]  # column of rank min(R, k)
+    if {"precision_at_1", "recall_at_1"} & set(names):
+        first = rel[:, 0].to(torch.float64)
+        out.update({n: first for n in ("precision_at_1", "recall_at_1") if n in names})
+    if "mean_reciprocal_rank" in names:
+        hit = rel.any(1)
+        first_rank = torch.argmax(rel.to(torch.uint8), dim=1).to(torch.float64) + 1
+        out["mean_reciprocal_rank"] = torch.where(hit, 1.0 / first_rank, torch.zeros_like(first_rank))
+    wanted = {"r_precision", "mean_average_precision_at_r", "mean_average_precision"} & set(names)
+    if wanted:
+        relf = rel.to(torch.float32)
+        hits = relf.cumsum(1)  # exact in float32 up to 2^24 hits
+        if "r_precision" in names:
+            out["r_precision"] = hits.gather(1, upto_r).squeeze(1).to(torch.float64) / (upto_r.squeeze(1) + 1)
+        if wanted - {"r_precision"}:
+            # precision at each relevant rank in float32 (relative error 6e-8 per term), summed in float64
+            ranks = torch.arange(1, k + 1, device=rel.device, dtype=torch.float32)
+            ap = hits.mul_(relf).div_(ranks).cumsum(1, dtype=torch.float64)
+            if "mean_average_precision" in names:
+                out["mean_average_precision"] = ap[:, -1] / R
+            if "mean_average_precision_at_r" in names:
+                # PML masks ranks > R; the hit count before rank R is the same with or without the mask
+                out["mean_average_precision_at_r"] = ap.gather(1, upto_r).squeeze(1) / R
+    if "mean_average_precision_trapezoidal" in names:
+        from .asymmetric_accuracy_calculator import trapezoidal_average_precision
+
+        out["mean_average_precision_trapezoidal"] = trapezoidal_average_precision(rel, num_relevant)
+    return out
+
+
+def _dist_info(enabled: bool):
+    d = torch.distributed
+    if enabled and d.is_available() and d.is_initialized() and d.get_world_size() > 1:
+        return d.get_rank(), d.get_world_size()
+    return 0, 1
+
+
+class EngineAccuracyMixin:
+    """k-NN metrics of an ``AccuracyCalculator`` subclass through the blocked engine (see the module doc).
+
+    Set up by :meth:`_setup_engine`; :meth:`_engine_accuracy` evaluates one reference set, :meth:`get_accuracy_multi`
+    one query set against several reference sets in one call.
+    """
+
+    def _setup_engine(self, knn_func, distance, memory_budget, block_size, device, distributed):
+        if knn_func is None:
+            self.knn_func = BlockedKNN(distance, memory_budget, block_size)
+        elif distance is not None:
+            raise ValueError("pass either knn_func or distance, not both (distance configures the default engine)")
+        self.block_size = block_size
+        self.distributed = bool(distributed)
+        self._device_given = device is not None
+
+    def requires_knn(self):
+        """Every metric that is not a clustering metric needs the k-NN (PML's list misses MRR)."""
+        return [m for m in self.original_function_dict if m not in self.requires_clustering()]
+
+    def _is_builtin(self, name):
+        fn = getattr(type(self), "calculate_" + name, None)
+        if name in ("recall_at_1", "mean_average_precision_trapezoidal"):
+            return getattr(fn, "_pml_extensions_builtin", False)
+        return name in BUILTIN and fn is getattr(AccuracyCalculator, "calculate_" + name, None)
+
+    # ------------------------------------------------------------------ inputs
+    def _to_tensor(self, x, name, device):
+        if x is None:
+            raise ValueError(f"{name} is missing")
+        t = torch.as_tensor(x)
+        return t.to(device)
+
+    def _labels(self, labels, n, name, device):
+        labels = self._to_tensor(labels, name, device)
+        if labels.ndim not in (1, 2) or len(labels) != n:
+            raise ValueError(f"{name} must be [n] or [n, L] and have the same length n = {n} as its embeddings, "
+                             f"got {tuple(labels.shape)}")
+        return labels
+
+    def _class_structure(self, q_lab, r_lab, exclude_self):
+        """Per query: class id (sorted like ``torch.unique`` of the query labels), relevant count, lone flag, and
+        the ids of the references (equality only) plus PML's ``label_counts``."""
+        fn = self.label_comparison_fn
+        if fn is EQUALITY:
+            dtype = torch.promote_types(q_lab.dtype, r_lab.dtype)
+            both = torch.cat([q_lab.to(dtype), r_lab.to(dtype)])
+            uniq, inv = torch.unique(both, dim=0, return_inverse=True)
+            q_ids, r_ids = inv[: len(q_lab)], inv[len(q_lab):]
+            ref_counts = torch.bincount(r_ids, minlength=len(uniq))
+            count_q = ref_counts[q_ids]
+            self_match = torch.ones_like(count_q)
+            uq_ids = torch.unique(q_ids)
+            label_counts = (uniq[uq_ids], ref_counts[uq_ids])
+        else:
+            uniq, q_ids = torch.unique(q_lab, dim=0, return_inverse=True)
+            counts = torch.stack([fn(uniq[i: i + 1], r_lab).sum() for i in range(len(uniq))]).long()
+            count_q = counts[q_ids]
+            self_match = fn(uniq, uniq).long()[q_ids]
+            r_ids = None
+            label_counts = (uniq, counts)
+        if exclude_self:
+            not_lone = count_q - self_match > 0
+        else:
+            not_lone = count_q > 0
+        num_relevant = count_q - int(exclude_self)
+        return q_ids, r_ids, num_relevant, not_lone, label_counts
+
+    # ------------------------------------------------------------------ one reference set
+    def _engine_accuracy(self, query, q_lab, reference, r_lab, self_indices, metrics) -> dict:
+        """k-NN ``metrics`` of ``query`` against one reference set; ``self_indices`` [Nq] long or None."""
+        exclude_self = self_indices is not None
+        q_ids, r_ids, num_relevant, not_lone, label_counts = self._class_structure(q_lab, r_lab, exclude_self)
+        available = len(reference) - int(exclude_self)
+        k = self.determine_k(label_counts[1], len(reference), exclude_self) if len(label_counts[1]) else 0
+        k = min(k, available)  # the clamp rule: never more neighbours than references left
+        rows = not_lone.nonzero().flatten()
+        classes, cls = torch.unique(q_ids[rows], return_inverse=True)
+        nan = [float("nan")] * len(label_counts[0]) if self.return_per_class else float("nan")
+        if len(rows) == 0 or k < 1:
+            return {m: nan for m in metrics}
+        class_counts = torch.bincount(cls, minlength=len(classes)).to(torch.float64).cpu()
+        sums = torch.zeros(len(metrics), len(classes), dtype=torch.float64, device=query.device)
+        rank, world = _dist_info(self.distributed)
+        builtin = [m for m in metrics if self._is_builtin(m)]
+        engine = self.knn_func if isinstance(self.knn_func, BlockedKNN) else None
+        if engine is not None:
+            query, reference = engine.prepare(query, "query"), engine.prepare(reference, "reference")
+            sq = None if engine.inner_product else (reference * reference).sum(1)
+            bs = engine.block_size(len(reference), k)
+        else:
+            query, reference = query.float(), reference.float()
+            bs = self.block_size or 1024
+        for j, start in enumerate(range(0, len(rows), bs)):
+            if j % world != rank:
+                continue
+            block = rows[start: start + bs]
+            own = self_indices[block] if exclude_self else None
+            if engine is not None:
+                idx, dist = engine.search(query[block], k, reference, own, len(builtin) < len(metrics), sq)
+            else:
+                dist, idx = self._user_knn(query[block], k, reference, own)
+            if r_ids is not None:
+                rel = r_ids[idx] == q_ids[block][:, None]
+            else:
+                rel = self.label_comparison_fn(q_lab[block][:, None], r_lab[idx]).bool()
+            values = per_query_metrics(rel, num_relevant[block], builtin)
+            for i, m in enumerate(metrics):
+                if m in values:
+                    sums[i].index_add_(0, cls[start: start + bs], values[m])
+                else:
+                    sums[i] += self._custom_block(m, cls[start: start + bs], len(classes), dict(
+                        query=query[block], reference=reference, query_labels=q_lab[block],
+                        reference_labels=r_lab, ref_includes_query=exclude_self, label_counts=label_counts,
+                        knn_labels=r_lab[idx], knn_distances=dist, knn_indices=idx, lone_query_labels=None,
+                        not_lone_query_mask=torch.ones(len(block), dtype=torch.bool, device=query.device),
+                        label_comparison_fn=self.label_comparison_fn))
+        if world > 1:
+            torch.distributed.all_reduce(sums)
+        sums = sums.cpu()
+        out = {}
+        for i, m in enumerate(metrics):
+            per_class = sums[i] / class_counts
+            if self.return_per_class:
+                out[m] = per_class.tolist()
+            elif self.avg_of_avgs:
+                out[m] = float(per_class.mean())
+            else:
+                out[m] = float(sums[i].sum() / class_counts.sum())
+        return out
+
+    def knn_excluding_self(self, query, k: int, reference, self_indices) -> tuple:
+        """k nearest references of each query with its own row ``self_indices[i]`` removed (k clamped to M − 1).
+
+        Returns ``(distances [Nq, k], indices [Nq, k])`` in the ``knn_func``'s order and units.
+        """
+        self_indices = torch.as_tensor(self_indices, device=query.device).long()
+        k = min(k, len(reference) - 1)
+        if isinstance(self.knn_func, BlockedKNN):
+            q, r = self.knn_func.prepare(query, "query"), self.knn_func.prepare(reference, "reference")
+            idx, dist = self.knn_func.search(q, k, r, self_indices, True)
+            return dist, idx
+        return self._user_knn(query, k, reference, self_indices)
+
+    def _user_knn(self, query, k, reference, own):
+        """A user's ``knn_func`` (e.g. faiss) on one block; the own row is removed by index from k + 1."""
+        if own is None:
+            return self.knn_func(query, k, reference, False)
+        dist, idx = self.knn_func(query, min(k + 1, len(reference)), reference, False)
+        is_self = idx == own.to(idx.device)[:, None]
+        drop = is_self.clone()
+        drop[:, -1] |= ~is_self.any(dim=1)
+        n = len(query)
+        return dist[~drop].view(n, -1)[:, :k], idx[~drop].view(n, -1)[:, :k]
+
+    def _custom_block(self, name, cls, num_classes, kwargs):
+        """A user's own ``calculate_<name>`` on one block (must be a mean over queries): per-class sums."""
+        saved = (self.avg_of_avgs, self.return_per_class)
+        self.avg_of_avgs, self.return_per_class = False, True
+        try:
+            per_class = torch.tensor(self.original_function_dict[name](**kwargs), dtype=torch.float64)
+        finally:
+            self.avg_of_avgs, self.return_per_class = saved
+        block_classes, counts = torch.unique(cls, return_counts=True)
+        out = torch.zeros(num_classes, dtype=torch.float64)
+        out[block_classes.cpu()] = per_class * counts.cpu().to(torch.float64)
+        return out.to(cls.device)
+
+    # ------------------------------------------------------------------ get_accuracy
+    def _common_get_accuracy(self, query, query_labels, reference, reference_labels, ref_includes_query,
+                             include, exclude, self_indices, require_query_rows):
+        if reference is None:
+            if reference_labels is not None:
+                raise ValueError("reference_labels given without reference")
+            reference, reference_labels, ref_includes_query = query, query_labels, True
+        dev = self.device if self._device_given else torch.as_tensor(query).device
+        query, reference = self._to_tensor(query, "query", dev), self._to_tensor(reference, "reference", dev)
+        if query.ndim != 2 or reference.ndim != 2 or query.shape[1] != reference.shape[1]:
+            raise ValueError(f"query [Nq, D] and reference [M, D] must have the same dimension D, got "
+                             f"{tuple(query.shape)} and {tuple(reference.shape)}")
+        q_lab = self._labels(query_labels, len(query), "query_labels", dev)
+        r_lab = self._labels(reference_labels, len(reference), "reference_labels", dev)
+        self.check_primary_metrics(include, exclude)
+        if require_query_rows and ref_includes_query and self_indices is None and not (
+            len(query) <= len(reference)
+            and torch.allclose(query.float(), reference[: len(query)].float())
+            and torch.equal(q_lab, r_lab[: len(query)])
+        ):
+            raise ValueError("When ref_includes_query is True, the first len(query) rows of reference (and "
+                             "reference_labels) must equal query (and query_labels); or pass self_indices")
+        exclude_self = bool(ref_includes_query) or self_indices is not None
+        if exclude_self:
+            self_indices = self._check_self_indices(self_indices, q_lab, r_lab)
+        function_dict = self.get_function_dict(include, exclude)
+        metrics = list(function_dict)
+        clustering = [m for m in metrics if m in self.requires_clustering()]
+        knn = [m for m in metrics if m not in clustering]
+        out = {}
+        if clustering:
+            ids = torch.unique(q_lab, dim=0, return_inverse=True)[1].to(torch.float32)
+            out.update(AccuracyCalculator.get_accuracy(self, query, ids, include=clustering))
+        if knn:
+            out.update(self._engine_accuracy(query, q_lab, reference, r_lab, self_indices, knn))
+        self.curr_function_dict = function_dict
+        return {m: out[m] for m in metrics}
+
+    @staticmethod
+    def _check_self_indices(self_indices, query_labels, reference_labels):
+        n, m = len(query_labels), len(reference_labels)
+        if self_indices is None:
+            if n > m:
+                raise ValueError(
+                    f"ref_includes_query=True needs the {n} query images as the first reference rows, but the "
+                    f"reference has only {m} rows; pass self_indices"
+                )
+            self_indices = torch.arange(n, device=query_labels.device)
+        self_indices = torch.as_tensor(self_indices, device=query_labels.device)
+        if self_indices.ndim != 1 or len(self_indices) != n or self_indices.is_floating_point():
+            raise ValueError(f"self_indices must be a 1-D integer tensor of length {n} (one per query)")
+        self_indices = self_indices.long()
+        if n and (int(self_indices.min()) < 0 or int(self_indices.max()) >= m):
+            raise ValueError(f"self_indices must lie in [0, {m}) (reference rows)")
+        if len(torch.unique(self_indices)) != n:
+            raise ValueError("self_indices must not repeat: each query has its own reference row")
+        if not torch.equal(reference_labels[self_indices], query_labels):
+            raise ValueError(
+                "the reference rows named by self_indices have labels different from their queries; query i and "
+                "reference row self_indices[i] must be the same image"
+            )
+        return self_indices
+
+    # ------------------------------------------------------------------ several reference sets
+    def get_accuracy_multi(self, query, query_labels, references: dict, include=(), exclude=()) -> dict:
+        """One query set against several reference sets in one call.
+
+        Args:
+            query: [Nq, D] embeddings; query_labels: [Nq] (or [Nq, L]) integer labels.
+            references: ``{name: (reference [M, D], reference_labels [M])}`` or ``{name: dict(reference=...,
+                reference_labels=..., ref_includes_query=False, self_indices=None)}``; ``ref_includes_query`` /
+                ``self_indices`` as in ``get_accuracy``.
+            include, exclude: metric names, as in ``get_accuracy``.
+
+        Returns:
+            ``{name: {metric: value}}``, each equal to ``get_accuracy`` on that reference set.
+
+        Raises:
+            ValueError: ``references`` empty or not a dict of pairs/dicts, and everything ``get_accuracy`` raises.
+        """
+        if not isinstance(references, dict) or not references:
+            raise ValueError("references must be a non-empty dict {name: (reference, reference_labels)}")
+        out = {}
+        for name, spec in references.items():
+            if isinstance(spec, dict):
+                unknown = set(spec) - {"reference", "reference_labels", "ref_includes_query", "self_indices"}
+                if unknown:
+                    raise ValueError(f"references[{name!r}] has unknown keys {sorted(unknown)}")
+                spec = dict(spec)
+            elif isinstance(spec, (tuple, list)) and len(spec) == 2:
+                spec = {"reference": spec[0], "reference_labels": spec[1]}
+            else:
+                raise ValueError(f"references[{name!r}] must be (reference, reference_labels) or a dict")
+            out[name] = self.get_accuracy(query, query_labels, include=include, exclude=exclude, **spec)
+        return out

@@ -1,0 +1,248 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from pytorch_metric_learning.distances import CosineSimilarity, LpDistance, SNRDistance
+from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+from pytorch_metric_learning.utils.inference import FaissKNN
+
+from pml_extensions.utils import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
+from pml_extensions.utils.knn_engine import BlockedKNN
+from tests.utils import knn_brute_force as bf
+
+CPU = torch.device("cpu")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PML_KNN = ("precision_at_1", "r_precision", "mean_average_precision_at_r", "mean_average_precision",
+           "mean_reciprocal_rank")
+OURS = ("recall_at_1", "mean_average_precision_trapezoidal")
+CALCS = (ChunkedAccuracyCalculator, AsymmetricAccuracyCalculator)
+
+
+def assert_same(got, want, rel=1e-6):
+    """Equal metric dicts within float32 round-off; per-class lists compared element by element."""
+    assert set(got) == set(want)
+    for m in want:
+        assert got[m] == pytest.approx(want[m], rel=rel, abs=1e-7, nan_ok=True), m
+
+
+def blobs(n, d=6, classes=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (n,), generator=g)
+    centers = torch.randn(classes, d, generator=g)
+    return centers[labels] + 1.5 * torch.randn(n, d, generator=g), labels
+
+
+def integer_points(n, d=3, seed=0):
+    """Embeddings with entries in {0, 1, 2}: every distance is exact in float32 and many tie."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 3, (n, d), generator=g).float(), torch.randint(0, 3, (n,), generator=g)
+
+
+class TestEngine:
+    @pytest.mark.parametrize("inner_product", [False, True])
+    @pytest.mark.parametrize("block_size", [1, 3, 64])
+    def test_ties_by_reference_index_against_brute_force(self, inner_product, block_size):
+        x, _ = integer_points(40)
+        knn = BlockedKNN("inner_product" if inner_product else "euclidean", block_size=block_size)
+        for k in (1, 5, 38, 39):  # 39 = every reference but the own row
+            want = [order[:k] for order in bf.ranking(x, x, torch.arange(40), inner_product)]
+            dist, idx = knn(x, k, x, ref_includes_query=True)
+            assert idx.tolist() == want
+            exact = bf.ranking(x, x, None, inner_product)  # distances follow the indices
+            d64 = -(x.double() @ x.double().T) if inner_product else torch.cdist(x.double(), x.double()) ** 2
+            assert torch.allclose(dist.double(), (-d64 if inner_product else d64).gather(1, idx), atol=1e-5)
+            assert exact  # brute force ran
+
+    def test_same_neighbours_as_faiss_without_ties(self):
+        x, _ = blobs(200, d=8)
+        _, want = FaissKNN()(x, 7, x, True)
+        _, got = BlockedKNN(block_size=17)(x, 7, x, True)
+        assert torch.equal(got, want)
+
+    def test_block_size_from_budget(self):
+        assert BlockedKNN(memory_budget=12 * 1000 + 96 * 11).block_size(1000, 10) == 1
+        assert BlockedKNN(memory_budget=10 * (12 * 1000 + 96 * 11)).block_size(1000, 10) == 10
+
+    def test_distance_objects(self):
+        assert (BlockedKNN(CosineSimilarity()).inner_product, BlockedKNN(CosineSimilarity()).normalize) == (True, True)
+        assert BlockedKNN(LpDistance(normalize_embeddings=False)).inner_product is False
+        for bad in (SNRDistance(), "manhattan", LpDistance(p=1)):
+            with pytest.raises(ValueError, match="distance"):
+                BlockedKNN(bad)
+
+    def test_bad_input(self):
+        knn = BlockedKNN()
+        with pytest.raises(ValueError, match="k must lie"):
+            knn(torch.zeros(3, 2), 3, torch.zeros(3, 2), True)
+        with pytest.raises(ValueError, match="NaN"):
+            knn(torch.full((3, 2), float("nan")), 1)
+        with pytest.raises(ValueError, match="memory_budget"):
+            BlockedKNN(memory_budget=0)
+
+
+class TestSameNumbersAsPML:
+    @pytest.mark.parametrize("calc_cls", CALCS)
+    @pytest.mark.parametrize("k", [None, "max_bin_count", 7])
+    @pytest.mark.parametrize("option", [{}, {"avg_of_avgs": True}, {"return_per_class": True}])
+    def test_compared_to_self(self, calc_cls, k, option):
+        x, y = blobs(120)
+        stock = AccuracyCalculator(include=PML_KNN, k=k, device=CPU, **option).get_accuracy(x, y)
+        ours = calc_cls(include=PML_KNN, k=k, device=CPU, memory_budget=50_000, **option).get_accuracy(x, y)
+        assert_same(ours, stock)
+
+    @pytest.mark.parametrize("calc_cls", CALCS)
+    def test_separate_reference_with_lone_queries(self, calc_cls):
+        x, y = blobs(90)
+        q, ql, r, rl = x[:30], y[:30].clone(), x[30:], y[30:]
+        ql[:4] = 99  # a label the reference lacks: those queries are lone
+        for option in ({}, {"avg_of_avgs": True}, {"return_per_class": True}):
+            stock = AccuracyCalculator(include=PML_KNN, k="max_bin_count", device=CPU, **option)
+            ours = calc_cls(include=PML_KNN, k="max_bin_count", device=CPU, chunk_size=4, **option)
+            assert_same(ours.get_accuracy(q, ql, r, rl), stock.get_accuracy(q, ql, r, rl))
+
+    @pytest.mark.parametrize("calc_cls", CALCS)
+    def test_ref_includes_query_and_label_comparison_fn(self, calc_cls):
+        x, y = blobs(100, classes=8)
+
+        def same_pair(a, b):  # labels 2c and 2c + 1 count as one class
+            return (a // 2) == (b // 2)
+
+        for fn in (None, same_pair):
+            kw = dict(include=PML_KNN, k="max_bin_count", device=CPU, label_comparison_fn=fn)
+            stock = AccuracyCalculator(**kw).get_accuracy(x[:40], y[:40], x, y, ref_includes_query=True)
+            ours = calc_cls(chunk_size=9, **kw).get_accuracy(x[:40], y[:40], x, y, ref_includes_query=True)
+            assert_same(ours, stock)
+
+    def test_two_dimensional_labels_with_a_custom_comparison(self):
+        x, y = blobs(60)
+        labels = torch.stack([y, y % 2], dim=1)
+
+        def first_column(a, b):
+            return a[..., 0] == b[..., 0]
+
+        kw = dict(include=PML_KNN, k="max_bin_count", device=CPU, label_comparison_fn=first_column)
+        stock = AccuracyCalculator(**kw).get_accuracy(x, labels)
+        assert ChunkedAccuracyCalculator(**kw).get_accuracy(x, labels) == pytest.approx(stock, rel=1e-6)
+
+    @pytest.mark.parametrize("avg_of_avgs", [False, True])
+    def test_ours_and_ties_against_brute_force(self, avg_of_avgs):
+        x, y = integer_points(50)  # heavy ties: the rule (reference index) decides every metric
+        want = bf.metrics(x, y, x, y, k=None, self_indices=torch.arange(50), avg_of_avgs=avg_of_avgs)
+        for calc_cls in CALCS:
+            names = PML_KNN + (OURS if calc_cls is AsymmetricAccuracyCalculator else ())
+            got = calc_cls(include=names, device=CPU, avg_of_avgs=avg_of_avgs, chunk_size=7).get_accuracy(x, y)
+            assert got == pytest.approx({m: want[m] for m in names}, rel=1e-6)
+
+    def test_inner_product_against_brute_force(self):
+        x, y = blobs(70)
+        x = torch.nn.functional.normalize(x, dim=1)
+        want = bf.metrics(x, y, x, y, k=10, self_indices=torch.arange(70), inner_product=True)
+        got = AsymmetricAccuracyCalculator(include=PML_KNN + OURS, k=10, distance="inner_product").get_accuracy(x, y)
+        assert got == pytest.approx({m: want[m] for m in got}, rel=1e-6)
+
+    def test_inner_product_matches_stock_with_faiss_index_flat_ip(self):
+        import faiss
+
+        x, y = blobs(90)  # not normalised: inner-product and L2 rankings differ
+        stock = AccuracyCalculator(include=PML_KNN, k="max_bin_count", device=CPU,
+                                   knn_func=FaissKNN(index_init_fn=faiss.IndexFlatIP)).get_accuracy(x, y)
+        ours = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count", distance="inner_product")
+        assert_same(ours.get_accuracy(x, y), stock)
+        l2 = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count").get_accuracy(x, y)
+        assert l2 != ours.get_accuracy(x, y)
+        cosine = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count", distance=CosineSimilarity())
+        xn = torch.nn.functional.normalize(x, dim=1)
+        assert_same(cosine.get_accuracy(x, y), ours.get_accuracy(xn, y))
+
+    def test_faiss_stays_usable_as_knn_func(self):
+        x, y = blobs(80)
+        stock = AccuracyCalculator(include=PML_KNN, k="max_bin_count", device=CPU).get_accuracy(x, y)
+        ours = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count", device=CPU, knn_func=FaissKNN(),
+                                         chunk_size=16).get_accuracy(x, y)
+        assert_same(ours, stock)
+
+
+class TestIssueInputs:
+    def test_mrr_alone(self):
+        torch.manual_seed(0)
+        x = torch.nn.functional.normalize(torch.randn(20, 4), dim=1)
+        y = torch.arange(20) % 4
+        want = bf.metrics(x, y, x, y, self_indices=torch.arange(20))["mean_reciprocal_rank"]
+        for calc_cls in CALCS:
+            got = calc_cls(include=("mean_reciprocal_rank",)).get_accuracy(x, y)
+            assert got["mean_reciprocal_rank"] == pytest.approx(want, rel=1e-6)
+
+    @pytest.mark.parametrize("calc_cls", CALCS)
+    def test_k_larger_than_the_references_is_clamped(self, calc_cls):
+        torch.manual_seed(0)
+        q, ref = torch.randn(4, 8), torch.randn(6, 8)
+        ql, rl = torch.zeros(4, dtype=torch.long), torch.tensor([1, 1, 1, 0, 1, 0])
+        names = ("mean_average_precision", "mean_reciprocal_rank", "precision_at_1")
+        got = calc_cls(k=10, include=names).get_accuracy(q, ql, ref, rl)
+        want = bf.metrics(q, ql, ref, rl, k=None)  # all 6 references ranked: the clamp
+        assert got == pytest.approx({m: want[m] for m in names}, rel=1e-6)
+        assert got["mean_average_precision"] <= 1.0
+        # with self exclusion the clamp is M - 1
+        x = torch.cat([q, ref])
+        y = torch.cat([ql, rl])
+        got = calc_cls(k=50, include=names).get_accuracy(x, y)
+        want = bf.metrics(x, y, x, y, k=None, self_indices=torch.arange(10))
+        assert got == pytest.approx({m: want[m] for m in names}, rel=1e-6)
+
+    @pytest.mark.parametrize("base", [10**9, 2**40 - 2])
+    def test_large_integer_labels_stay_distinct(self, base):
+        x, y = blobs(30, classes=3)
+        big = y + base
+        want = bf.metrics(x, y, x, y, k=None, self_indices=torch.arange(30))
+        for calc_cls in CALCS:
+            got = calc_cls(include=PML_KNN).get_accuracy(x, big)
+            assert got == pytest.approx({m: want[m] for m in PML_KNN}, rel=1e-6)
+            per_class = calc_cls(include=PML_KNN, return_per_class=True).get_accuracy(x, big)
+            assert len(per_class["precision_at_1"]) == 3
+
+
+class TestSeveralReferenceSets:
+    @pytest.mark.parametrize("calc_cls", CALCS)
+    def test_equals_one_call_per_set(self, calc_cls):
+        x, y = blobs(90)
+        calc = calc_cls(include=PML_KNN, k="max_bin_count")
+        out = calc.get_accuracy_multi(x[:30], y[:30], {
+            "self": dict(reference=x[:30], reference_labels=y[:30], ref_includes_query=True),
+            "rest": (x[30:], y[30:]),
+            "all": dict(reference=x, reference_labels=y, self_indices=torch.arange(30)),
+        })
+        assert out["self"] == calc.get_accuracy(x[:30], y[:30])
+        assert out["rest"] == calc.get_accuracy(x[:30], y[:30], x[30:], y[30:])
+        assert out["all"] == calc.get_accuracy(x[:30], y[:30], x, y, ref_includes_query=True)
+        with pytest.raises(ValueError, match="unknown keys"):
+            calc.get_accuracy_multi(x, y, {"a": dict(reference=x, labels=y)})
+
+
+MEMORY_SCRIPT = r"""
+import json, resource, sys, torch
+from pml_extensions.utils import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
+g = torch.Generator().manual_seed(0)
+labels = torch.randperm(30000, generator=g) // 3 + 10**9   # 10,000 classes of 3
+emb = torch.randn(30000, 16, generator=g)
+cls = ChunkedAccuracyCalculator if sys.argv[1] == "chunked" else AsymmetricAccuracyCalculator
+calc = cls(k="max_bin_count", chunk_size=256, include=("precision_at_1", "mean_average_precision_at_r"))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+acc = calc.get_accuracy(emb, labels)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"increase_mib": (after - before) / 1024, **acc}))
+"""
+
+
+@pytest.mark.parametrize("which", ["chunked", "asymmetric"])
+def test_peak_memory_many_small_classes(which):
+    """30,000 items in 10,000 classes of 3: PML's label counts alone would add ~2.9 GiB; ours stays O(block + N)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, which], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["increase_mib"] < 400, out
+    assert 0.0 <= out["precision_at_1"] <= 1.0
