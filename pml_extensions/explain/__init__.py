@@ -18,6 +18,7 @@ from .map_utils import normalize_maps, point_weights, resize_maps
 from .orientation_estimator import OrientationEstimator
 from .partial_similarity_retrieval import PartialSimilarityRetrieval
 from .similarity_grad_cam import SimilarityGradCAM
+from .topk_maps import topk_overall_maps
 
 __all__ = [
     "ActivationDecomposition",
@@ -32,4 +33,5 @@ __all__ = [
     "normalize_maps",
     "point_weights",
     "resize_maps",
+    "topk_overall_maps",
 ]

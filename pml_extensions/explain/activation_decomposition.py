@@ -136,8 +136,18 @@ class ActivationDecomposition:
             raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
 
     @staticmethod
-    def _z(fq: FoldedEmbedding, fr: FoldedEmbedding) -> torch.Tensor:
-        return fq.embedding.norm(dim=1) * fr.embedding.norm(dim=1)
+    def _z(fq: FoldedEmbedding, fr: FoldedEmbedding, check: bool = True) -> torch.Tensor:
+        """Z = ‖E^q‖‖E^r‖ per pair; with ``check`` a zero embedding (cosine undefined) raises ValueError."""
+        nq, nr = fq.embedding.norm(dim=1), fr.embedding.norm(dim=1)
+        if check:
+            for side, norms in (("query", nq), ("reference", nr)):
+                zero = (norms == 0).nonzero().flatten().tolist()
+                if zero:
+                    raise ValueError(
+                        f"the {side} embedding of pair(s) {zero} is exactly zero: its cosine similarity and "
+                        "scale='cosine' maps are undefined; use scale='dot'"
+                    )
+        return nq * nr
 
     @staticmethod
     def _resize(maps: torch.Tensor, output_size, image_size) -> torch.Tensor:
@@ -196,7 +206,12 @@ class ActivationDecomposition:
 
         Returns:
             dict with ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``, ``"similarity"`` ``[N]``
-            (cosine of the pre-normalisation embeddings) and ``"dot"`` ``[N]`` (E^q · E^r).
+            (cosine of the pre-normalisation embeddings; 0 for a zero embedding with ``scale="dot"``) and
+            ``"dot"`` ``[N]`` (E^q · E^r).
+
+        Raises:
+            ValueError: with ``scale="cosine"``, an exactly-zero embedding (named by pair and side): the cosine
+                is undefined (issue 12).
         """
         self._check_scale(scale)
         if relu_then_sum and bias:
@@ -210,13 +225,14 @@ class ActivationDecomposition:
             target_r = fq.features.sum(dim=(1, 2)) + (fq.bias if bias else 0)
             q = torch.einsum("nijl,nl->nij", fq.features, target_q)
             r = torch.einsum("nxyl,nl->nxy", fr.features, target_r)
-        z = self._z(fq, fr)
+        z = self._z(fq, fr, check=scale == "cosine")
         dot = (fq.embedding * fr.embedding).sum(dim=1)
+        similarity = dot / torch.where(z > 0, z, torch.ones_like(z))  # 0 for a zero embedding (torch's rule)
         if scale == "cosine":
             q, r = q / z.view(-1, 1, 1), r / z.view(-1, 1, 1)
         q = self._resize(normalize_maps(q, normalize), output_size, fq.image_size)
         r = self._resize(normalize_maps(r, normalize), output_size, fr.image_size)
-        return {"query": q, "reference": r, "similarity": dot / z, "dot": dot}
+        return {"query": q, "reference": r, "similarity": similarity, "dot": dot}
 
     def point_specific(
         self,
