@@ -30,7 +30,7 @@ def _reverse_mode(g, A0, chunk_size):
         L = E.shape[1]
         eye = torch.eye(L, dtype=E.dtype, device=E.device)
         cols = []
-        step = chunk_size or L
+        step = max(chunk_size or L, 256)
         for start in range(0, L, step):  # images are independent in eval mode: one grad of the sum per dim
             v = eye[start : start + step, None, :].expand(-1, E.shape[0], -1)
             try:

@@ -210,16 +210,23 @@ class ModelRunner:
         kept, and a warning names it."""
         found: List[Tuple[nn.Module, int, torch.Tensor]] = []
         calls: Dict[int, int] = {}
+        attention_at: List[int] = []  # len(found) when each attention module was called
 
         def hook(m, inp, out):
             calls[id(m)] = calls.get(id(m), -1) + 1
             if _is_candidate(m, out):
                 found.append((m, calls[id(m)], out))
 
+        def attention_hook(m, inp):
+            attention_at.append(len(found))
+
         x = images[:1].detach().clone().requires_grad_(True)
         with removing([]) as handles, eval_mode(self.trunk, self.embedder), torch.enable_grad():
             for m in _leaves(self.trunk):
                 handles.append(m.register_forward_hook(hook))
+            for m in self.trunk.modules():
+                if "attention" in type(m).__name__.lower():
+                    handles.append(m.register_forward_pre_hook(attention_hook))
             output = self.embedder(self.trunk(x))
         if not found:
             raise ValueError(
@@ -227,17 +234,24 @@ class ModelRunner:
                 "explain; pass layer=... (a module of the trunk, or its name)"
             )
         pick = found[-1]
-        if pick[2].ndim == 3 and torch.is_tensor(output) and output.requires_grad:
-            outs = [f[2] for f in found if f[2].requires_grad]
-            grads = torch.autograd.grad(output.float().sum(), outs, allow_unused=True)
-            reach = {id(o): (g is not None and bool((g[:, token_grid(o.shape[1])[1]:] != 0).any())) if
-                     o.ndim == 3 else g is not None for o, g in zip(outs, grads)}
-            usable = [f for f in found if reach.get(id(f[2]), False)]
-            if usable:
-                pick = usable[-1]
+        if pick[2].ndim == 3:
+            out = pick[2]
+            reach = False
+            if torch.is_tensor(output) and output.requires_grad and out.requires_grad:
+                (g,) = torch.autograd.grad(output.float().sum(), [out], allow_unused=True)
+                reach = g is not None and bool((g[:, token_grid(out.shape[1])[1] :] != 0).any())
+            if not reach:  # a class-token read-out: explain the input of the last attention instead
+                before = [f for f in found[: attention_at[-1]]] if attention_at else []
+                if not before:
+                    raise ValueError(
+                        f"layer=None: the grid tokens of {self.name_of(pick[0])} do not reach the embedding "
+                        "(a class-token head) and no attention module precedes it; pass layer=..."
+                    )
+                pick = before[-1]
             warnings.warn(
-                f"layer=None: explaining {self.name_of(pick[0])} (output {tuple(pick[2].shape)}), the last "
-                "token layer whose grid tokens reach the embedding; pass layer=... to choose another",
+                f"layer=None: explaining {self.name_of(pick[0])} (output {tuple(pick[2].shape)})"
+                + (" (the input of the last attention: the head reads the class token)" if not reach else "")
+                + "; pass layer=... to choose another",
                 stacklevel=4,
             )
         self.layer, self.layer_call = pick[0], pick[1]

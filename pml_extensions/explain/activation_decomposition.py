@@ -18,6 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from .base import SimilarityExplainer
 from .folded_embedding import FoldedEmbedding
 from .head_folder import HeadFolder
 from .map_utils import normalize_maps, point_weights, resize_maps
@@ -26,7 +27,7 @@ SCALES = ("cosine", "dot")
 Images = Union[torch.Tensor, FoldedEmbedding]
 
 
-class ActivationDecomposition:
+class ActivationDecomposition(SimilarityExplainer):
     """Explain S = E^q · E^r / (‖E^q‖ ‖E^r‖) through the last convolutional feature maps of both images.
 
     With the folded head E = Σ_ij W_ij A_ij + B (:class:`HeadFolder`) and F_ij = W_ij A_ij:
@@ -56,11 +57,26 @@ class ActivationDecomposition:
     eval mode inside each call (their flags are restored afterwards) and no hooks remain after a call, also
     after an exception.
 
+    ``attribute(q, r, **options)`` (the shared verb of :class:`SimilarityExplainer`) is :meth:`overall_maps`.
+
     Raises:
         ValueError: batch sizes that do not pair, embeddings of different widths, unknown options, points
             outside the image, an unsupported head (see :class:`HeadFolder`).
         TypeError: inputs that are neither tensors nor :class:`FoldedEmbedding`.
+
+    Example::
+
+        >>> import torch; from torch import nn; from pml_extensions import explain
+        >>> trunk = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        >>> dec = explain.ActivationDecomposition(trunk, nn.Linear(4, 5))
+        >>> maps = dec.attribute(torch.rand(1, 3, 10, 12), torch.rand(3, 3, 10, 12))  # a query and its top-3
+        >>> tuple(maps["query"].shape), tuple(maps["reference"].shape), tuple(maps["similarity"].shape)
+        ((3, 8, 10), (3, 8, 10), (3,))
     """
+
+    def attribute(self, query_images: Images, reference_images: Images, **options) -> Dict[str, torch.Tensor]:
+        """:meth:`overall_maps` (the shared verb)."""
+        return self.overall_maps(query_images, reference_images, **options)
 
     def __init__(
         self,
