@@ -118,6 +118,7 @@ class ActivationDecomposition(SimilarityExplainer):
             )
         if images.ndim != 4:
             raise ValueError(f"{arg} must have shape [N, C, H, W], got {tuple(images.shape)}")
+        folder.runner.check_images(images, arg)  # names the argument (NaN / inf images, dtype)
         return folder(images)
 
     def _pair(self, query: Images, reference: Images) -> Tuple[FoldedEmbedding, FoldedEmbedding]:

@@ -196,7 +196,7 @@ def _explain(args, refs, device) -> int:
         if "no module with a 4-D" in msg or "cannot be folded" in msg:
             names = [n for n, m in trunk.named_modules() if n][-3:]
             msg += f"; try --layer NAME with a module of the trunk, e.g. {', '.join(names)}"
-        raise ValueError(msg) from None
+        raise ValueError(msg.replace("; pass layer=... (a module of the trunk, or its name)", "")) from None
     emb = torch.cat(chunks)
     cos = torch.nn.functional.cosine_similarity(fq.embedding, emb, dim=1)
     order = torch.argsort(cos, descending=True)[: (args.k if len(refs) > 1 else 1)].tolist()
