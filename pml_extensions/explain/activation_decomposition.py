@@ -53,7 +53,8 @@ class ActivationDecomposition(SimilarityExplainer):
 
     Inputs are image batches ``[N, 3, H, W]`` or :class:`FoldedEmbedding` objects (to reuse a fold). A query
     batch of size 1 is paired with every reference (a query and its top-k); otherwise queries and references
-    pair up one-to-one. Outputs are signed float tensors on the input's device and dtype. The models run in
+    pair up one-to-one. Outputs are signed float tensors on the input's device, in the input's dtype for
+    float32/float64 and in float32 for bfloat16/float16 models or autocast (folds and sums run in float32 there). The models run in
     eval mode inside each call (their flags are restored afterwards) and no hooks remain after a call, also
     after an exception.
 

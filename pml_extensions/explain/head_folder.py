@@ -4,7 +4,8 @@ Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric L
 III-A (eq. 4, GAP and flatten heads), Sec. IV (GMP and ReLU as masks computed once per image; Taylor expansion
 for other non-linear parts). The authors' demos (Jeff-Zilence/Explain_Metric_Learning, ``*/demo.py``) fold one
 fixed head per model by hand; here any sequence of supported modules is folded, BatchNorm1d uses its ``eps``
-(the demo omits it) and GMP ties go to a single position (the demo's ``== max`` marks all tied positions).
+(the demo omits it) and GMP ties share the maximum equally (the demo's ``== max`` gives each tied position the full
+maximum, which double-counts).
 """
 
 import warnings
@@ -213,20 +214,40 @@ class _Rec:
 class HeadFolder:
     """Write a trunk + embedder's embedding as Σ_ij W_ij A_ij + B over the last convolutional feature map.
 
+    Half precision: for bfloat16/float16 maps (pure models or autocast) the fold runs in float32 and the
+    self-check tolerance widens to 8 ulps of the half type. GMP ties (e.g. saturated ReLU6 channels) share the
+    channel's value equally among the tied positions (no raster-order preference).
+
     Exact fold for a torchvision-style CNN body followed by GAP (``AdaptiveAvgPool2d(1)``), GMP
-    (``AdaptiveMaxPool2d(1)``, arg-max mask with ties broken to the first position) or ``Flatten`` and then
+    (``AdaptiveMaxPool2d(1)``, arg-max mask, ties shared equally) or ``Flatten`` and then
     any sequence of ``Linear``, ``BatchNorm1d`` (eval, running statistics and ``eps``), ``ReLU`` (mask of the
-    current input), ``Dropout`` (eval) and ``Identity``; an L2 normalisation at the end (a module, or inside
-    ``forward``) is detected numerically and the pre-normalisation embedding is folded. Any other head raises,
-    or, with ``fallback="jacobian"``, is linearised at the current input with ``torch.func`` (first-order
-    Taylor, paper Sec. IV): W_ij = ∂E/∂A_ij, B = E(A₀) - Σ_ij W_ij A₀_ij, with a warning that the result is
-    approximate.
+    current input), ``Dropout`` (eval) and ``Identity``. Also exact: ``GeMPooling`` (GeM_c = Σ_ij w_ijc x_ijc
+    with input-dependent weights w_ijc = x_ijc^(p−1) / (hw · GeM_c^(p−1)), like the GMP mask),
+    ``HistogramPooling`` (its output is the GAP), a mean over a transformer's token grid taken outside modules
+    (``tokens[:, 1:].mean(1)``, or over all tokens with the class token's share in B), and L2 normalisations
+    anywhere in the head (modules, or functional calls inside ``forward`` such as ``trunks.RetrievalHead``'s
+    two L2N): they are detected numerically as a positive per-image scale of the previous value and folded as
+    that scale; a trailing one is left out (the pre-normalisation embedding is folded). Token layers ``[N, T,
+    C]`` are reshaped to their square grid (class token kept aside); channels-last ``[N, H, W, C]`` maps
+    (Swin) are permuted. Any other head raises, or, with ``fallback="jacobian"``, is linearised at the current
+    input (first-order Taylor, paper Sec. IV): W_ij = ∂E/∂A_ij, B = E(A₀) - Σ_ij W_ij A₀_ij, with a warning —
+    forward-mode ``torch.func.jvp`` where it works, reverse mode otherwise (e.g. CPU flash attention).
+
+    Example::
+
+        >>> import torch; from torch import nn; from pml_extensions import explain
+        >>> from pml_extensions.trunks import RetrievalHead
+        >>> body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+        >>> f = explain.HeadFolder(body, RetrievalHead(8, 4))(torch.rand(2, 3, 10, 12))  # GeM + 2 L2N
+        >>> tuple(f.features.shape), tuple(f.bias.shape), f.normalised, f.exact
+        ((2, 8, 10, 4), (2, 4), True, True)
 
     Args:
         trunk: PML trunk; ``[N, 3, H, W] -> [N, D]`` (pooling included, as in PML).
         embedder: PML embedder ``[N, D] -> [N, L]`` or ``None``.
-        layer: module (or its name in ``trunk``) whose output A ``[N, C, h, w]`` is explained. Default: the
-            last module call with a 4-D output that is not pooling (found with one forward pass).
+        layer: module (or its name in ``trunk``) whose output A ``[N, C, h, w]`` (or ``[N, T, C]`` tokens, or
+            ``[N, H, W, C]``) is explained. Default: the last module call with such an output that is not
+            pooling (found with one forward pass); for token models a warning names the chosen layer.
         fallback: ``"error"`` (default) or ``"jacobian"``.
         rtol: relative tolerance of the self-check ``Σ F + B == E``. Default 1e-4 (float32); float64 is exact.
 

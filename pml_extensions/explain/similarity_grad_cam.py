@@ -127,8 +127,10 @@ class SimilarityGradCAM(SimilarityExplainer):
         with torch.enable_grad():
             rq = self.query_runner.run(query_images, mode="leaf", repeat=repeat)
             rr = self.reference_runner.run(reference_images, mode="leaf")
-            eq = self._pre_norm(rq, variant, "query")
-            er = self._pre_norm(rr, variant, "reference")
+            # the score and the map sums in float32 (float64 stays) for half-precision models
+            up = torch.float64 if rq.output.dtype == torch.float64 else torch.float32
+            eq = self._pre_norm(rq, variant, "query").to(up)
+            er = self._pre_norm(rr, variant, "reference").to(up)
             if variant == "cosine":
                 score = torch.nn.functional.cosine_similarity(eq, er, dim=1)
             else:
@@ -137,7 +139,7 @@ class SimilarityGradCAM(SimilarityExplainer):
             gq, gr = torch.autograd.grad(score.sum(), [rq.feature_map, rr.feature_map])
         out = {}
         for key, A, g, res in (("query", rq.feature_map, gq, rq), ("reference", rr.feature_map, gr, rr)):
-            A = A.detach()
+            A, g = A.detach().to(up), g.to(up)
             if variant == "rectified":
                 cam = (g * A).sum(dim=1)
             else:
