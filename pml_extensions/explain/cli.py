@@ -66,7 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
         "resolution",
     )
     p.add_argument(
-        "--image-size", type=int, default=320, help="square input size in pixels (default 320: 10x10 maps)"
+        "--image-size", type=int, default=320,
+        help="shorter side of the query images in pixels (default 320: 10 x w maps for MobileNetV2)"
+    )
+    p.add_argument(
+        "--square", action="store_true",
+        help="resize images to --image-size squares (the authors' demo); default: the shorter side to "
+        "--image-size, aspect ratio kept",
     )
     p.add_argument(
         "--k", type=int, default=5, help="references explained when REFERENCE is a folder (default 5)"
@@ -102,14 +108,21 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
     return _load_models(checkpoint, trust, default=lambda: (_mobilenet_trunk(True), nn.Identity()))
 
 
-def load_image(path: str, size: int, channels: int = 3) -> torch.Tensor:
-    """Image file → ``[channels, size, size]`` tensor (resized without cropping, as the authors' demo);
-    ImageNet-normalised for 3 channels, grey in [0, 1] for 1 channel."""
+def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False) -> torch.Tensor:
+    """Image file → ``[channels, size, size]`` tensor (resized without cropping, as the authors' demo), or
+    with ``keep_aspect`` the shorter side resized to ``size`` (``[channels, size, W']`` or ``[channels, H',
+    size]``); ImageNet-normalised for 3 channels, grey in [0, 1] for 1 channel."""
     from torchvision.transforms import functional as TF
 
     try:
         with Image.open(path) as im:
-            im = im.convert("RGB" if channels == 3 else "L").resize((size, size), Image.BILINEAR)
+            im = im.convert("RGB" if channels == 3 else "L")
+            if keep_aspect:
+                w, h = im.size
+                new = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
+            else:
+                new = (size, size)
+            im = im.resize(new, Image.BILINEAR)
     except (OSError, Image.UnidentifiedImageError) as e:
         raise ValueError(f"cannot read image {path}: {e}") from e
     x = TF.to_tensor(im)
@@ -156,7 +169,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = torch.device(args.device)
     try:
         return _explain(args, refs, device)
-    except (ValueError, FileNotFoundError, TypeError) as e:
+    except (ValueError, FileNotFoundError, TypeError, RuntimeError) as e:  # RuntimeError: the model's forward
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
 
@@ -184,13 +197,13 @@ def _explain(args, refs, device) -> int:
         raise ValueError(f"{e} (--layer / --reference-layer)") from None
     cq = _channels(trunk)
     cr = _channels(ref_models[0]) if ref_models else cq
-    q = load_image(args.query, size_q, cq).to(device)[None]
+    keep = not args.square
+    q = load_image(args.query, size_q, cq, keep).to(device)[None]
     try:
         fq = dec.fold_query(q)
         chunks = []
-        for start in range(0, len(refs), 16):
-            batch = torch.stack([load_image(p, size_r, cr) for p in refs[start : start + 16]]).to(device)
-            chunks.append(dec.fold_reference(batch).embedding)
+        for p in refs:  # one at a time: images keep their own aspect ratio
+            chunks.append(dec.fold_reference(load_image(p, size_r, cr, keep).to(device)[None]).embedding)
     except ValueError as e:
         msg = str(e)
         if "no module with a 4-D" in msg or "cannot be folded" in msg:
@@ -206,7 +219,7 @@ def _explain(args, refs, device) -> int:
     stats_r = (IMAGENET_MEAN, IMAGENET_STD) if cr == 3 else (None, None)
     qd = to_display_image(q[0], *stats)
     for rank, idx in enumerate(order):
-        r = load_image(refs[idx], size_r, cr).to(device)[None]
+        r = load_image(refs[idx], size_r, cr, keep).to(device)[None]
         fr = dec.fold_reference(r)
         plain = dec.overall_maps(fq, fr)
         bias = dec.overall_maps(fq, fr, bias=True)
@@ -215,7 +228,8 @@ def _explain(args, refs, device) -> int:
             point = tuple(args.point)
         else:
             i, j = divmod(int(torch.argmax(plain["query"][0])), w)
-            point = ((i + 0.5) * size_q / h - 0.5, (j + 0.5) * size_q / w - 0.5)
+            H, W = fq.image_size
+            point = ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)
         pmap = dec.point_specific(fq, fr, [point])[0, 0]
         name = f"{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png"
         sim = float(plain["similarity"][0])

@@ -75,7 +75,7 @@ class TestCheckpoints(unittest.TestCase):
         trunk = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
         emb = nn.Linear(4, 5)
         torch.save({"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, os.path.join(exp, "fold_0", "best.pth"))
-        expected = cosine(trunk, emb, load_image(self.q, 32), load_image(self.r, 32))
+        expected = cosine(trunk, emb, load_image(self.q, 32, keep_aspect=True), load_image(self.r, 32, keep_aspect=True))
         for ckpt in (os.path.join(exp, "fold_0", "best.pth"), os.path.join(exp, "fold_0")):
             with self.subTest(checkpoint=ckpt):
                 rc, err = run_cli([self.q, self.r, "--checkpoint", ckpt, "--image-size", "32", "--out", self.out])
@@ -120,7 +120,7 @@ class TestCheckpoints(unittest.TestCase):
                 torch.save(opt.state_dict(), os.path.join(folder, "trunk_optimizer_best2.pth"))
                 torch.save(opt.state_dict(), os.path.join(folder, "trunk_optimizer_best10.pth"))
                 self.assertEqual(os.path.basename(pml_model_files(folder)[0]), "trunk_best2.pth")
-                expected = cosine(trunk, emb, load_image(q, 32, 1), load_image(r, 32, 1))
+                expected = cosine(trunk, emb, load_image(q, 32, 1, True), load_image(r, 32, 1, True))
                 rc, err = run_cli([q, r, "--checkpoint", folder, "--image-size", "32", "--out", self.out])
                 self.assertEqual(rc, 0, err)
                 self.assertAlmostEqual(self._similarity(), expected, places=5)
@@ -138,7 +138,8 @@ class TestCheckpoints(unittest.TestCase):
             trunk, emb = build_model(8, pretrained=False)
             torch.save({"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, os.path.join(exp, name + ".pth"))
             models[name] = (trunk, emb)
-        expected = cosine(*models["student_32"], load_image(self.q, 32), load_image(self.r, 64), models["teacher"])
+        q32, r64 = load_image(self.q, 32, keep_aspect=True), load_image(self.r, 64, keep_aspect=True)
+        expected = cosine(*models["student_32"], q32, r64, models["teacher"])
         rc, err = run_cli(
             [self.q, self.r, "--checkpoint", os.path.join(exp, "student_32.pth"), "--image-size", "32",
              "--reference-checkpoint", os.path.join(exp, "teacher.pth"), "--reference-image-size", "64",
@@ -155,10 +156,17 @@ class TestCheckpoints(unittest.TestCase):
         self.assertIn("--trust-checkpoint", err)
         self.assertEqual(len(err.strip().splitlines()), 1)
         rc, err = run_cli(
-            [self.q, self.r, "--checkpoint", path, "--trust-checkpoint", "--image-size", "32", "--out", self.out]
+            [self.q, self.r, "--checkpoint", path, "--trust-checkpoint", "--image-size", "32", "--square",
+             "--out", self.out]
         )
         self.assertEqual(rc, 2)
         self.assertIn("--layer", err)
+        self.assertEqual(len(err.strip().splitlines()), 1)
+        # without --square the 32 x 38 image does not fit the Linear layer: still one line, exit 2
+        rc, err = run_cli(
+            [self.q, self.r, "--checkpoint", path, "--trust-checkpoint", "--image-size", "32", "--out", self.out]
+        )
+        self.assertEqual(rc, 2)
         self.assertEqual(len(err.strip().splitlines()), 1)
         rc, err = run_cli(
             [self.q, self.r, "--checkpoint", path, "--trust-checkpoint", "--layer", "nope", "--out", self.out]
