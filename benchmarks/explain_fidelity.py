@@ -1,8 +1,9 @@
 """Deletion / insertion fidelity of similarity maps (issue 13 item 4), 3 seeds, paired against a random map.
 
-For each seed s: a CompositeLocalizationDataset test set (Open Clip Art drawings pasted on scikit-image photos,
-class-disjoint from training; seed s), the ImageNet MobileNetV2 features with a GAP or GMP head and a
-Linear(1280, 128) embedder initialised from seed s (no fine-tuning: the similarity is the one of ImageNet features), and
+For each seed s: a CompositeLocalizationDataset test set (Open Clip Art drawings pasted on scikit-image
+photos, class-disjoint from training; seed s), the ImageNet MobileNetV2 features with a GAP or GMP head and a
+Linear(1280, 128) embedder initialised from seed s (no fine-tuning: the similarity is the one of ImageNet
+features), and
 --queries queries each paired with its nearest other image (cosine). Every method explains the same pairs:
 Decomposition, Decomposition+Bias (Zhu et al. 2021), Grad-CAM (cosine), Grad-CAM (dot, "no norm"), RGrad-CAM
 (rectified), and a uniform random map (seeded control). ``SimilarityFidelity`` removes (deletion) or reveals
@@ -13,7 +14,7 @@ Reported: mean ± std over seeds of the per-seed mean areas (deletion: lower is 
 better), and the paired difference method − random over seeds with its 95 % t interval (scipy). A method
 "beats random" on a curve only when the whole interval is on the right side of 0.
 
-    python benchmarks/explain_fidelity.py                 # 3 seeds x {GAP, GMP}, 16 queries, 160 px, 1 CPU core
+    python benchmarks/explain_fidelity.py             # 3 seeds x {GAP, GMP}, 16 queries, 160 px, 1 CPU core
     python benchmarks/explain_fidelity.py --device cuda --queries 64 --size 224
 
 Writes benchmarks/results/explain_fidelity.json (per-seed values) and .md (the README table and ranking).
@@ -61,7 +62,9 @@ def one_seed(seed: int, args, device, pool: str):
     import torchvision.transforms as T
 
     tf = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
-    data = CompositeLocalizationDataset("test", n_images=args.images, image_size=args.size, seed=seed, transform=tf)
+    data = CompositeLocalizationDataset(
+        "test", n_images=args.images, image_size=args.size, seed=seed, transform=tf
+    )
     x = torch.stack([data[i][0] for i in range(len(data))]).to(device)
     trunk, embedder = build(seed, device, pool)
     with torch.no_grad():
@@ -79,7 +82,9 @@ def one_seed(seed: int, args, device, pool: str):
         "Grad-CAM": cam.maps(q, r, variant="cosine")["query"],
         "Grad-CAM (no norm)": cam.maps(q, r, variant="dot")["query"],
         "RGrad-CAM": cam.maps(q, r, variant="rectified")["query"],
-        "random map": RandomExplainer(seed=seed, map_size=dec.fold_query(q[:1]).feature_size).attribute(q, r)["query"],
+        "random map": RandomExplainer(seed=seed, map_size=dec.fold_query(q[:1]).feature_size).attribute(q, r)[
+            "query"
+        ],
     }
     fid = SimilarityFidelity(trunk, embedder, steps=args.steps, baseline="zero", batch_size=args.batch_size)
     out = {}
@@ -106,18 +111,27 @@ def summarise(per_seed):
             n = len(d)
             sem = stats.sem(d) if n > 1 else float("nan")
             lo, hi = stats.t.interval(0.95, n - 1, loc=d.mean(), scale=sem) if n > 1 else (float("nan"),) * 2
-            row[curve] = {"mean": float(vals.mean()), "std": float(vals.std(ddof=1)) if n > 1 else 0.0,
-                          "per_seed": vals.tolist(), "diff_vs_random": {"mean": float(d.mean()),
-                          "std": float(d.std(ddof=1)) if n > 1 else 0.0, "ci95": [float(lo), float(hi)]}}
+            row[curve] = {
+                "mean": float(vals.mean()),
+                "std": float(vals.std(ddof=1)) if n > 1 else 0.0,
+                "per_seed": vals.tolist(),
+                "diff_vs_random": {
+                    "mean": float(d.mean()),
+                    "std": float(d.std(ddof=1)) if n > 1 else 0.0,
+                    "ci95": [float(lo), float(hi)],
+                },
+            }
         summary[name] = row
     return summary
 
 
 def render(summaries, args, seconds):
     lines = [
-        f"`python benchmarks/explain_fidelity.py` ({len(args.seeds)} seeds, {args.queries} query/top-1 pairs per seed, "
-        f"{args.size} px composites, ImageNet MobileNetV2 + GAP or GMP + seeded Linear(1280, 128), {args.steps} "
-        f"steps, removed pixels set to the ImageNet mean; {seconds:.0f} s). Areas under the cosine-similarity "
+        f"`python benchmarks/explain_fidelity.py --queries {args.queries} --steps {args.steps} --images "
+        f"{args.images}` ({len(args.seeds)} seeds, {args.queries} query/top-1 pairs per seed, "
+        f"{args.size} px composites, ImageNet MobileNetV2 + GAP or GMP + seeded Linear(1280, 128), "
+        f"{args.steps} steps, removed pixels set to the ImageNet mean; {seconds:.0f} s). Areas under the "
+        "cosine-similarity "
         "curves (mean ± std over seeds); Δ = method − random map, paired by seed, 95 % t interval:",
     ]
     for pool, summary in summaries.items():
@@ -125,9 +139,15 @@ def render(summaries, args, seconds):
     return "\n".join(lines) + "\n"
 
 
+def _diff(entry) -> str:
+    diff = entry["diff_vs_random"]
+    return f"{diff['mean']:+.4f} [{diff['ci95'][0]:+.4f}, {diff['ci95'][1]:+.4f}]"
+
+
 def _table(summary):
     lines = [
-        "| method | deletion area ↓ | Δ deletion vs random [95 % CI] | insertion area ↑ | Δ insertion vs random [95 % CI] |",
+        "| method | deletion area ↓ | Δ deletion vs random [95 % CI] | insertion area ↑ "
+        "| Δ insertion vs random [95 % CI] |",
         "|---|---|---|---|---|",
     ]
     for name in METHODS:
@@ -135,20 +155,27 @@ def _table(summary):
         if name == "random map":
             dd = di = "—"
         else:
-            dd = f"{d['diff_vs_random']['mean']:+.4f} [{d['diff_vs_random']['ci95'][0]:+.4f}, {d['diff_vs_random']['ci95'][1]:+.4f}]"
-            di = f"{i['diff_vs_random']['mean']:+.4f} [{i['diff_vs_random']['ci95'][0]:+.4f}, {i['diff_vs_random']['ci95'][1]:+.4f}]"
-        lines.append(f"| {name} | {d['mean']:.4f} ± {d['std']:.4f} | {dd} | {i['mean']:.4f} ± {i['std']:.4f} | {di} |")
+            dd, di = _diff(d), _diff(i)
+        lines.append(
+            f"| {name} | {d['mean']:.4f} ± {d['std']:.4f} | {dd} | {i['mean']:.4f} ± {i['std']:.4f} | {di} |"
+        )
     methods = [m for m in METHODS if m != "random map"]
     rank_del = sorted(methods + ["random map"], key=lambda m: summary[m]["deletion_area"]["mean"])
     rank_ins = sorted(methods + ["random map"], key=lambda m: -summary[m]["insertion_area"]["mean"])
-    beats = [m for m in methods if summary[m]["deletion_area"]["diff_vs_random"]["ci95"][1] < 0
-             and summary[m]["insertion_area"]["diff_vs_random"]["ci95"][0] > 0]  # NaN (1 seed) never passes
+    beats = [
+        m
+        for m in methods
+        if summary[m]["deletion_area"]["diff_vs_random"]["ci95"][1] < 0
+        and summary[m]["insertion_area"]["diff_vs_random"]["ci95"][0] > 0
+    ]  # NaN (1 seed) never passes
     fails = [m for m in methods if m not in beats]
     lines += [
         "",
         "Ranking by deletion area (best first): " + " > ".join(rank_del) + ".",
         "Ranking by insertion area (best first): " + " > ".join(rank_ins) + ".",
-        "Beat the random map on both curves (whole interval past 0): " + (", ".join(beats) if beats else "none") + ".",
+        "Beat the random map on both curves (whole interval past 0): "
+        + (", ".join(beats) if beats else "none")
+        + ".",
         "Not shown to beat it: " + (", ".join(fails) if fails else "none") + ".",
     ]
     return lines
@@ -175,18 +202,30 @@ def main(argv=None):
         per_seed[pool] = {}
         for s in args.seeds:
             per_seed[pool][s] = one_seed(s, args, device, pool)
-            print(f"{pool} seed {s}: " + ", ".join(
-                f"{m} del {np.mean(per_seed[pool][s][m]['deletion_area']):.4f} ins "
-                f"{np.mean(per_seed[pool][s][m]['insertion_area']):.4f}" for m in METHODS), flush=True)
+            print(
+                f"{pool} seed {s}: "
+                + ", ".join(
+                    f"{m} del {np.mean(per_seed[pool][s][m]['deletion_area']):.4f} ins "
+                    f"{np.mean(per_seed[pool][s][m]['insertion_area']):.4f}"
+                    for m in METHODS
+                ),
+                flush=True,
+            )
         summaries[pool] = summarise(per_seed[pool])
     seconds = time.time() - start
     md = render(summaries, args, seconds)
     print(md)
     name = "explain_fidelity" if device.type == "cpu" else f"explain_fidelity_{device.type}"
     os.makedirs(args.out, exist_ok=True)
-    atomic_write_json(os.path.join(args.out, name + ".json"),
-                      {"args": vars(args), "seconds": seconds, "summary": summaries,
-                       "per_seed": {p: {str(k): v for k, v in d.items()} for p, d in per_seed.items()}})
+    atomic_write_json(
+        os.path.join(args.out, name + ".json"),
+        {
+            "args": vars(args),
+            "seconds": seconds,
+            "summary": summaries,
+            "per_seed": {p: {str(k): v for k, v in d.items()} for p, d in per_seed.items()},
+        },
+    )
     atomic_write_text(os.path.join(args.out, name + ".md"), md)
     return summaries
 

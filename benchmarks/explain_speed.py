@@ -193,8 +193,15 @@ def main(argv=None):
 
         t_emb = timed(embed_pass, args.repeats, sync)
         t_maps = timed(topk_maps, args.repeats, sync)
-        rows.append((f"overall maps, {n_q} queries x top-{k5} ({args.topk_size} px, batched)", t_maps, t_emb,
-                     t_maps / t_emb, "<= 1.3"))
+        rows.append(
+            (
+                f"overall maps, {n_q} queries x top-{k5} ({args.topk_size} px, batched)",
+                t_maps,
+                t_emb,
+                t_maps / t_emb,
+                "<= 1.3",
+            )
+        )
         memory[n_q] = peak_memory(topk_maps, device)
         del pool
 
@@ -217,7 +224,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     table = [
         f"`python benchmarks/explain_speed.py{' --device ' + args.device if args.device != 'cpu' else ''}` "
-        f"(MobileNetV2 + GAP + Linear(1280, 512), {args.size} px, device {args.device}, {args.threads} threads, "
+        f"(MobileNetV2 + GAP + Linear(1280, 512), {args.size} px, device {args.device}, "
+        f"{args.threads} threads, "
         f"median of {args.repeats}):",
         "",
         "| measurement | time (s) | baseline (s) | ratio | target |",
@@ -227,7 +235,8 @@ def main(argv=None):
     table += [
         "",
         f"Baselines: one batched forward of the {args.k + 1} images; the authors' four nested loops (NumPy); "
-        f"forward + backward of the {args.k + 1} images; the batched embedding pass over the same N x 6 images. "
+        f"forward + backward of the {args.k + 1} images; the batched embedding pass over the same N x 6 "
+        "images. "
         f"Peak working memory of the batched top-5 maps: {mem_line}.",
     ]
     name = "explain_speed" if device.type == "cpu" else f"explain_speed_{device.type}"

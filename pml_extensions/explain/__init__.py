@@ -5,7 +5,8 @@
 overall and point-specific maps), ``SimilarityGradCAM`` gives the Grad-CAM baselines,
 ``LocalizationEvaluator`` and ``CompositeLocalizationDataset`` measure weakly supervised localisation,
 ``PartialSimilarityRetrieval`` does region-of-interest retrieval, ``OrientationEstimator`` cross-view
-orientation, ``ExplanationHook`` plugs the maps into a PML tester, ``topk_overall_maps`` explains a whole test set's top-k
+orientation, ``ExplanationHook`` plugs the maps into a PML tester, ``topk_overall_maps`` explains a
+whole test set's top-k
 in batches, and ``SimilarityFidelity`` scores any map by deletion / insertion curves of the similarity. Every
 explainer derives from ``SimilarityExplainer`` and shares one verb, ``attribute(query_images,
 reference_images)``.

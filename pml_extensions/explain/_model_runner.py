@@ -26,7 +26,8 @@ def _leaves(model: nn.Module) -> List[nn.Module]:
 
 
 def token_grid(n_tokens: int):
-    """``(g, extra)`` when ``n_tokens`` is a square grid ``g × g`` (extra = 0) or ``g × g`` + 1 class token."""
+    """``(g, extra)`` when ``n_tokens`` is a square grid ``g × g`` (extra = 0) or ``g × g`` + 1 class
+    token; ``None`` otherwise."""
     for extra in (0, 1):
         g = int(round((n_tokens - extra) ** 0.5))
         if g >= 2 and g * g == n_tokens - extra:
@@ -63,7 +64,8 @@ class MapLayout:
             grid = token_grid(out.shape[1])
             if grid is None:
                 raise ValueError(
-                    f"layer {name} outputs {out.shape[1]} tokens [N, T, C] = {tuple(out.shape)}: not a square "
+                    f"layer {name} outputs {out.shape[1]} tokens [N, T, C] = {tuple(out.shape)}: not a "
+                    "square "
                     "grid g*g (or g*g + 1 with a class token); pass layer=... with a square token grid"
                 )
             return cls("tokens")

@@ -54,7 +54,8 @@ class ActivationDecomposition(SimilarityExplainer):
     Inputs are image batches ``[N, 3, H, W]`` or :class:`FoldedEmbedding` objects (to reuse a fold). A query
     batch of size 1 is paired with every reference (a query and its top-k); otherwise queries and references
     pair up one-to-one. Outputs are signed float tensors on the input's device, in the input's dtype for
-    float32/float64 and in float32 for bfloat16/float16 models or autocast (folds and sums run in float32 there). The models run in
+    float32/float64 and in float32 for bfloat16/float16 models or autocast (folds and sums run in
+    float32 there). The models run in
     eval mode inside each call (their flags are restored afterwards) and no hooks remain after a call, also
     after an exception.
 
@@ -228,8 +229,8 @@ class ActivationDecomposition(SimilarityExplainer):
             ``"dot"`` ``[N]`` (E^q · E^r).
 
         Raises:
-            ValueError: with ``scale="cosine"``, an exactly-zero embedding (named by pair and side): the cosine
-                is undefined (issue 12).
+            ValueError: with ``scale="cosine"``, an exactly-zero embedding (named by pair and side): the
+                cosine is undefined (issue 12).
         """
         self._check_scale(scale)
         if relu_then_sum and bias:

@@ -78,5 +78,3 @@ class RandomExplainer(SimilarityExplainer):
         r = self._draw(reference_images)
         sim = torch.full((n,), float("nan"), dtype=q.dtype, device=q.device)
         return {"query": q, "reference": r, "similarity": sim}
-
-

@@ -1,7 +1,7 @@
 """Load the models that this package's runs write, for ``python -m pml_extensions explain --checkpoint``.
 
-Layouts read (the model is rebuilt from the run's saved ``config.yaml``, found in the checkpoint's folder or up
-to three folders above it, and the state dicts are loaded into it):
+Layouts read (the model is rebuilt from the run's saved ``config.yaml``, found in the checkpoint's folder
+or up to three folders above it, and the state dicts are loaded into it):
 
 - an MLRC fold: ``<experiment>/fold_K/best.pth`` = ``{"trunk": state, "embedder": state, ...}`` (or the fold
   folder itself); the config's ``models`` are built by the MLRC runner's own factory;
@@ -36,7 +36,9 @@ def _load(path: str, trust: bool):
                 f"checkpoint {path} holds pickled Python objects (whole modules): pass --trust-checkpoint to "
                 "load it (only for files you trust)"
             ) from None
-        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise ValueError(
+            f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}"
+        ) from None
 
 
 def _epoch(name: str) -> int:
@@ -50,7 +52,8 @@ def pml_model_files(folder: str) -> Tuple[Optional[str], Optional[str]]:
     picks = []
     for prefix in ("trunk_", "embedder_"):
         files = [
-            f for f in os.listdir(folder)
+            f
+            for f in os.listdir(folder)
             if f.startswith(prefix) and f.endswith(".pth") and not f.startswith(prefix + "optimizer")
         ]
         best = [f for f in files if "best" in f]
@@ -80,7 +83,11 @@ def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optiona
 
 
 def _mlrc_runner_class():
-    for module in ("pml_extensions.runner.protocols.mlrc", "pml_extensions.runner.mlrc", "pml_extensions.runner"):
+    for module in (
+        "pml_extensions.runner.protocols.mlrc",
+        "pml_extensions.runner.mlrc",
+        "pml_extensions.runner",
+    ):
         try:
             mod = __import__(module, fromlist=["MLRCRunner"])
             return getattr(mod, "MLRCRunner")
@@ -90,7 +97,10 @@ def _mlrc_runner_class():
 
 
 def _resolution_build_model():
-    for module in ("pml_extensions.runner.protocols.resolution_distillation", "pml_extensions.utils.resolution_job"):
+    for module in (
+        "pml_extensions.runner.protocols.resolution_distillation",
+        "pml_extensions.utils.resolution_job",
+    ):
         try:
             return getattr(__import__(module, fromlist=["build_model"]), "build_model")
         except (ImportError, AttributeError):
@@ -105,7 +115,9 @@ def _in_channels(state: dict) -> int:
     return 3
 
 
-def models_from_config(cfg: dict, path: str, trunk_state: Optional[dict] = None) -> Tuple[nn.Module, nn.Module]:
+def models_from_config(
+    cfg: dict, path: str, trunk_state: Optional[dict] = None
+) -> Tuple[nn.Module, nn.Module]:
     """Build ``(trunk, embedder)`` (random weights) from a run's saved config with the runner's factories."""
     if "resolution_job" in cfg:
         dim = int((cfg.get("resolution_job") or {}).get("embedding_dim", 512))
@@ -129,7 +141,7 @@ def models_from_config(cfg: dict, path: str, trunk_state: Optional[dict] = None)
 
 
 def _strip(state: dict) -> dict:
-    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+    return {k[len("module.") :] if k.startswith("module.") else k: v for k, v in state.items()}
 
 
 def _load_state(module: nn.Module, state: dict, what: str, path: str) -> None:
@@ -168,7 +180,9 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
     if isinstance(content, nn.Module):
         return content, nn.Identity()
     if not isinstance(content, dict) or "trunk" not in content:
-        raise ValueError(f"checkpoint {checkpoint} must hold a dict with a 'trunk' entry (module or state dict)")
+        raise ValueError(
+            f"checkpoint {checkpoint} must hold a dict with a 'trunk' entry (module or state dict)"
+        )
     trunk, embedder = content["trunk"], content.get("embedder")
     if isinstance(trunk, nn.Module) and (embedder is None or isinstance(embedder, nn.Module)):
         return trunk, embedder if embedder is not None else nn.Identity()
@@ -199,12 +213,13 @@ def _without_config(trunk, embedder, path):
         weights = [k for k, v in state.items() if k.endswith("weight")]
         if len(weights) != 1 or state[weights[0]].ndim != 2:
             raise ValueError(
-                f"checkpoint {path}: no config.yaml found and the embedder state is not a single Linear layer; "
+                f"checkpoint {path}: no config.yaml found and the embedder state is not a single Linear "
+                "layer; "
                 "save the run's config.yaml next to it or pass a module with --trust-checkpoint"
             )
         key = weights[0][: -len("weight")]
         w = state[weights[0]]
         lin = nn.Linear(w.shape[1], w.shape[0], bias=(key + "bias") in state)
-        lin.load_state_dict({k[len(key):]: v for k, v in state.items()})
+        lin.load_state_dict({k[len(key) :]: v for k, v in state.items()})
         embedder = lin
     return trunk, embedder

@@ -56,21 +56,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--trust-checkpoint", action="store_true", help="allow unpickling whole modules from --checkpoint"
     )
     p.add_argument(
-        "--layer", default=None, help="name of the trunk module whose [N, C, h, w] map (or [N, T, C] tokens) "
+        "--layer",
+        default=None,
+        help="name of the trunk module whose [N, C, h, w] map (or [N, T, C] tokens) "
         "is explained, e.g. 'features.18' or '0.features'. Default: the last such module",
     )
     p.add_argument("--reference-layer", default=None, help="--layer for the reference model")
     p.add_argument(
-        "--reference-image-size", type=int, default=None,
+        "--reference-image-size",
+        type=int,
+        default=None,
         help="square size of the reference images (default: --image-size); e.g. the teacher's database "
         "resolution",
     )
     p.add_argument(
-        "--image-size", type=int, default=320,
-        help="shorter side of the query images in pixels (default 320: 10 x w maps for MobileNetV2)"
+        "--image-size",
+        type=int,
+        default=320,
+        help="shorter side of the query images in pixels (default 320: 10 x w maps for MobileNetV2)",
     )
     p.add_argument(
-        "--square", action="store_true",
+        "--square",
+        action="store_true",
         help="resize images to --image-size squares (the authors' demo); default: the shorter side to "
         "--image-size, aspect ratio kept",
     )
@@ -188,7 +195,9 @@ def _explain(args, refs, device) -> int:
         m.to(device)
     try:
         dec = ActivationDecomposition(
-            trunk, embedder, args.layer,
+            trunk,
+            embedder,
+            args.layer,
             reference_trunk=ref_models[0] if ref_models else None,
             reference_embedder=ref_models[1] if ref_models else None,
             reference_layer=args.reference_layer if ref_models else None,

@@ -47,7 +47,8 @@ class ExplanationHook:
             ``record_keeper`` is used unless ``record_keeper`` is given.
         split_name: query split. Default: the first split of ``tester.embeddings_and_labels``.
         reference_split_name: reference split. Default: ``split_name``.
-        n_queries: queries per call, chosen with ``seed`` (the same ones every epoch); ``None``: every query of
+        n_queries: queries per call, chosen with ``seed`` (the same ones every epoch); ``None``: every
+            query of
             the split (maps at evaluation scale; set ``save_png=False``). Default 4.
         k: retrievals per query. Default 3.
         mean, std: de-normalisation for display. Default ``"auto"``: ImageNet for 3-channel images, min–max
@@ -90,7 +91,11 @@ class ExplanationHook:
         batch_size: int = 16,
         device=None,
     ):
-        for name, v in (("k", k), ("n_queries", 1 if n_queries is None else n_queries), ("batch_size", batch_size)):
+        for name, v in (
+            ("k", k),
+            ("n_queries", 1 if n_queries is None else n_queries),
+            ("batch_size", batch_size),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if decomposition is None:
@@ -186,8 +191,13 @@ class ExplanationHook:
         dec = self.decomposition
         nb = torch.as_tensor(neighbours, dtype=torch.long)
         allmaps = topk_overall_maps(
-            dec, self.dataset_dict[split], self.dataset_dict[ref_split], nb, query_indices=queries,
-            batch_size=self.batch_size, device=self.device,
+            dec,
+            self.dataset_dict[split],
+            self.dataset_dict[ref_split],
+            nb,
+            query_indices=queries,
+            batch_size=self.batch_size,
+            device=self.device,
         )
         self.last_maps = {"query_indices": torch.as_tensor(queries), "reference_indices": nb, **allmaps}
         loc_maps, loc_boxes, loc_sizes = [], [], []
@@ -234,13 +244,22 @@ class ExplanationHook:
                         ("Decomposition (query)", "query", allmaps["query"][n, m], point),
                         ("Decomposition+Bias (query)", "query", allmaps["query_bias"][n, m], None),
                         ("Decomposition (retrieved)", "reference", allmaps["reference"][n, m], None),
-                        ("Decomposition+Bias (retrieved)", "reference", allmaps["reference_bias"][n, m], None),
+                        (
+                            "Decomposition+Bias (retrieved)",
+                            "reference",
+                            allmaps["reference_bias"][n, m],
+                            None,
+                        ),
                         ("point-specific: match of ×", "reference", pmaps[m], None, True),
                     ]
                     for m in range(len(refs))
                 ]
                 save_pair_overlay(
-                    stem + ".png", qd, rds, panels, title=f"{split} query {int(qi)}",
+                    stem + ".png",
+                    qd,
+                    rds,
+                    panels,
+                    title=f"{split} query {int(qi)}",
                     similarities=sims.tolist(),
                 )
             del fq, fr, pmaps

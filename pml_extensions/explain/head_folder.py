@@ -4,7 +4,8 @@ Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric L
 III-A (eq. 4, GAP and flatten heads), Sec. IV (GMP and ReLU as masks computed once per image; Taylor expansion
 for other non-linear parts). The authors' demos (Jeff-Zilence/Explain_Metric_Learning, ``*/demo.py``) fold one
 fixed head per model by hand; here any sequence of supported modules is folded, BatchNorm1d uses its ``eps``
-(the demo omits it) and GMP ties share the maximum equally (the demo's ``== max`` gives each tied position the full
+(the demo omits it) and GMP ties share the maximum equally (the demo's ``== max`` gives each tied
+position the full
 maximum, which double-counts).
 """
 

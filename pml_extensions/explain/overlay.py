@@ -128,10 +128,11 @@ def save_pair_overlay(
                 m = _map_on_image(heatmap, base.shape[:2])
                 top = float(np.abs(m).max()) or 1.0
                 exp10 = int(np.floor(np.log10(top))) if top > 0 else 0
-                unit = 10.0**exp10 if abs(exp10) >= 2 else 1.0  # the colour bar reads in units of 10^exp10
+                unit = 10.0 ** exp10 if abs(exp10) >= 2 else 1.0  # the colour bar reads in units of 10^exp10
                 ax.imshow(base.mean(axis=2), cmap="gray", vmin=0, vmax=1, aspect="equal")
-                im = ax.imshow(m / unit, cmap="RdBu_r", vmin=-top / unit, vmax=top / unit, alpha=alpha,
-                               aspect="equal")
+                im = ax.imshow(
+                    m / unit, cmap="RdBu_r", vmin=-top / unit, vmax=top / unit, alpha=alpha, aspect="equal"
+                )
                 bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
                 bar.ax.tick_params(labelsize=7)
                 if unit != 1.0:

@@ -52,7 +52,9 @@ class TestGeMAndNorms(unittest.TestCase):
                 f = HeadFolder(trunk, lin)(x)
                 with torch.no_grad():
                     expected = lin(trunk(x))
-                torch.testing.assert_close(f.features.sum(dim=(1, 2)) + f.bias, expected, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(
+                    f.features.sum(dim=(1, 2)) + f.bias, expected, rtol=1e-12, atol=1e-12
+                )
                 self.assertTrue(f.exact)
 
     def test_gem_weights_by_hand(self):
@@ -71,7 +73,9 @@ class TestGeMAndNorms(unittest.TestCase):
         f = HeadFolder(tr, emb)(x)
         self.assertTrue(f.normalised)
         with torch.no_grad():
-            torch.testing.assert_close(f.features.sum(dim=(1, 2)) + f.bias, emb.lin(tr(x)), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(
+                f.features.sum(dim=(1, 2)) + f.bias, emb.lin(tr(x)), rtol=1e-12, atol=1e-12
+            )
 
     def test_retrieval_head_student_teacher(self):
         # RAML: student at 16 px, teacher at 32 px, both GeM + L2N inside forward + whitening + L2N
@@ -103,7 +107,9 @@ class TestGeMAndNorms(unittest.TestCase):
         x = images(2)
         f = HeadFolder(trunk, lin)(x)
         with torch.no_grad():
-            torch.testing.assert_close(f.features.sum(dim=(1, 2)) + f.bias, lin(trunk(x)), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(
+                f.features.sum(dim=(1, 2)) + f.bias, lin(trunk(x)), rtol=1e-12, atol=1e-12
+            )
 
 
 class TestTokenBackbones(unittest.TestCase):

@@ -74,11 +74,18 @@ class TestCheckpoints(unittest.TestCase):
         torch.manual_seed(3)
         trunk = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
         emb = nn.Linear(4, 5)
-        torch.save({"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, os.path.join(exp, "fold_0", "best.pth"))
-        expected = cosine(trunk, emb, load_image(self.q, 32, keep_aspect=True), load_image(self.r, 32, keep_aspect=True))
+        torch.save(
+            {"trunk": trunk.state_dict(), "embedder": emb.state_dict()},
+            os.path.join(exp, "fold_0", "best.pth"),
+        )
+        expected = cosine(
+            trunk, emb, load_image(self.q, 32, keep_aspect=True), load_image(self.r, 32, keep_aspect=True)
+        )
         for ckpt in (os.path.join(exp, "fold_0", "best.pth"), os.path.join(exp, "fold_0")):
             with self.subTest(checkpoint=ckpt):
-                rc, err = run_cli([self.q, self.r, "--checkpoint", ckpt, "--image-size", "32", "--out", self.out])
+                rc, err = run_cli(
+                    [self.q, self.r, "--checkpoint", ckpt, "--image-size", "32", "--out", self.out]
+                )
                 self.assertEqual(rc, 0, err)
                 self.assertAlmostEqual(self._similarity(), expected, places=5)
         rc, err = run_cli([self.q, self.r, "--checkpoint", exp, "--image-size", "32", "--out", self.out])
@@ -91,13 +98,19 @@ class TestCheckpoints(unittest.TestCase):
         body = {"ConvNetBody": {"in_channels": 1, "widths": [4, 8], "blocks_per_stage": 1}}
         cfg = {
             "models": {
-                "trunk": {"Sequential": [body, {"HistogramPooling": {"in_channels": 8, "num_prototypes": 4}}]},
+                "trunk": {
+                    "Sequential": [body, {"HistogramPooling": {"in_channels": 8, "num_prototypes": 4}}]
+                },
                 "embedder": {"Linear": {"in_features": 8, "out_features": 6}},
             },
             "variants": {
                 "contrastive_xml": {},
                 "contrastive_gap": {
-                    "models": {"trunk": {"Sequential": [body, {"AdaptiveAvgPool2d": {"output_size": 1}}, {"Flatten": {}}]}}
+                    "models": {
+                        "trunk": {
+                            "Sequential": [body, {"AdaptiveAvgPool2d": {"output_size": 1}}, {"Flatten": {}}]
+                        }
+                    }
                 },
             },
         }
@@ -136,14 +149,27 @@ class TestCheckpoints(unittest.TestCase):
         for seed, name in ((7, "student_32"), (8, "teacher")):
             torch.manual_seed(seed)
             trunk, emb = build_model(8, pretrained=False)
-            torch.save({"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, os.path.join(exp, name + ".pth"))
+            torch.save(
+                {"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, os.path.join(exp, name + ".pth")
+            )
             models[name] = (trunk, emb)
         q32, r64 = load_image(self.q, 32, keep_aspect=True), load_image(self.r, 64, keep_aspect=True)
         expected = cosine(*models["student_32"], q32, r64, models["teacher"])
         rc, err = run_cli(
-            [self.q, self.r, "--checkpoint", os.path.join(exp, "student_32.pth"), "--image-size", "32",
-             "--reference-checkpoint", os.path.join(exp, "teacher.pth"), "--reference-image-size", "64",
-             "--out", self.out]
+            [
+                self.q,
+                self.r,
+                "--checkpoint",
+                os.path.join(exp, "student_32.pth"),
+                "--image-size",
+                "32",
+                "--reference-checkpoint",
+                os.path.join(exp, "teacher.pth"),
+                "--reference-image-size",
+                "64",
+                "--out",
+                self.out,
+            ]
         )
         self.assertEqual(rc, 0, err)
         self.assertAlmostEqual(self._similarity(), expected, places=4)  # RetrievalHead's L2N +1e-6
@@ -156,15 +182,35 @@ class TestCheckpoints(unittest.TestCase):
         self.assertIn("--trust-checkpoint", err)
         self.assertEqual(len(err.strip().splitlines()), 1)
         rc, err = run_cli(
-            [self.q, self.r, "--checkpoint", path, "--trust-checkpoint", "--image-size", "32", "--square",
-             "--out", self.out]
+            [
+                self.q,
+                self.r,
+                "--checkpoint",
+                path,
+                "--trust-checkpoint",
+                "--image-size",
+                "32",
+                "--square",
+                "--out",
+                self.out,
+            ]
         )
         self.assertEqual(rc, 2)
         self.assertIn("--layer", err)
         self.assertEqual(len(err.strip().splitlines()), 1)
         # without --square the 32 x 38 image does not fit the Linear layer: still one line, exit 2
         rc, err = run_cli(
-            [self.q, self.r, "--checkpoint", path, "--trust-checkpoint", "--image-size", "32", "--out", self.out]
+            [
+                self.q,
+                self.r,
+                "--checkpoint",
+                path,
+                "--trust-checkpoint",
+                "--image-size",
+                "32",
+                "--out",
+                self.out,
+            ]
         )
         self.assertEqual(rc, 2)
         self.assertEqual(len(err.strip().splitlines()), 1)

@@ -7,7 +7,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from pml_extensions.explain import ActivationDecomposition, HeadFolder, OrientationEstimator, SimilarityGradCAM
+from pml_extensions.explain import (
+    ActivationDecomposition,
+    HeadFolder,
+    OrientationEstimator,
+    SimilarityGradCAM,
+)
 from tests.explain.explain_testing_utils import images, linear_gap_model
 
 
@@ -35,7 +40,9 @@ class TestDegenerateInputs(unittest.TestCase):
         x = images(3)
         x[1, 0, 2, 2] = float("nan")
         dec = ActivationDecomposition(trunk, emb)
-        with self.assertRaisesRegex(ValueError, r"query_images contains NaN or inf values \(image\(s\) \[1\]"):
+        with self.assertRaisesRegex(
+            ValueError, r"query_images contains NaN or inf values \(image\(s\) \[1\]"
+        ):
             dec.overall_maps(x, images(3))
         with self.assertRaisesRegex(ValueError, r"reference_images contains NaN"):
             dec.overall_maps(images(3), x)

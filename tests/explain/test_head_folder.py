@@ -210,10 +210,13 @@ if __name__ == "__main__":
 
 class TestIntPoolSizes(unittest.TestCase):
     def test_non_global_int_pool_size_is_a_clear_error(self):
-        # AdaptiveAvgPool2d(2) stores output_size as an int: must give the "cannot be folded" error, not a TypeError
+        # AdaptiveAvgPool2d(2) stores output_size as an int: must give the "cannot be folded" error, not a
+        # TypeError
         from pml_extensions.explain import ActivationDecomposition
 
-        trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten())
+        trunk = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten()
+        )
         dec = ActivationDecomposition(trunk.eval(), torch.nn.Linear(16, 5).eval())
         with self.assertRaisesRegex(ValueError, "AdaptiveAvgPool2d.*cannot be folded"):
             dec.overall_maps(torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 8))

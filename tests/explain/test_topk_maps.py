@@ -45,7 +45,10 @@ def frequency_trunk():
     """Downsamples only the frequency axis: [N, 1, 128, 431] -> [N, 4, 16, 431] (strides 8 and 1)."""
     torch.manual_seed(0)  # the test's own module initialisation
     conv = nn.Conv2d(1, 4, (8, 1), stride=(8, 1))
-    return nn.Sequential(conv, nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).double(), nn.Linear(4, 3).double()
+    return (
+        nn.Sequential(conv, nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).double(),
+        nn.Linear(4, 3).double(),
+    )
 
 
 class TestTopkMaps(unittest.TestCase):
@@ -91,7 +94,10 @@ class TestTopkMaps(unittest.TestCase):
         m[10, 300] = -0.5
         with tempfile.TemporaryDirectory() as tmp:
             path = save_pair_overlay(
-                os.path.join(tmp, "o.png"), disp, [disp], [[("map", "query", m, (40.0, 100.0), True)]],
+                os.path.join(tmp, "o.png"),
+                disp,
+                [disp],
+                [[("map", "query", m, (40.0, 100.0), True)]],
                 similarities=[0.5],
             )
             with Image.open(path) as im:
