@@ -5,12 +5,18 @@
 overall and point-specific maps), ``SimilarityGradCAM`` gives the Grad-CAM baselines,
 ``LocalizationEvaluator`` and ``CompositeLocalizationDataset`` measure weakly supervised localisation,
 ``PartialSimilarityRetrieval`` does region-of-interest retrieval, ``OrientationEstimator`` cross-view
-orientation, and ``ExplanationHook`` plugs the maps into a PML tester.
+orientation, ``ExplanationHook`` plugs the maps into a PML tester, ``topk_overall_maps`` explains a
+whole test set's top-k
+in batches, and ``SimilarityFidelity`` scores any map by deletion / insertion curves of the similarity. Every
+explainer derives from ``SimilarityExplainer`` and shares one verb, ``attribute(query_images,
+reference_images)``.
 """
 
 from .activation_decomposition import ActivationDecomposition
+from .base import RandomExplainer, SimilarityExplainer
 from .composite_localization_dataset import CompositeLocalizationDataset
 from .explanation_hook import ExplanationHook
+from .fidelity import SimilarityFidelity
 from .folded_embedding import FoldedEmbedding
 from .head_folder import HeadFolder
 from .localization_evaluator import LocalizationEvaluator
@@ -18,6 +24,7 @@ from .map_utils import normalize_maps, point_weights, resize_maps
 from .orientation_estimator import OrientationEstimator
 from .partial_similarity_retrieval import PartialSimilarityRetrieval
 from .similarity_grad_cam import SimilarityGradCAM
+from .topk_maps import topk_overall_maps
 
 __all__ = [
     "ActivationDecomposition",
@@ -28,8 +35,12 @@ __all__ = [
     "LocalizationEvaluator",
     "OrientationEstimator",
     "PartialSimilarityRetrieval",
+    "RandomExplainer",
+    "SimilarityExplainer",
+    "SimilarityFidelity",
     "SimilarityGradCAM",
     "normalize_maps",
     "point_weights",
     "resize_maps",
+    "topk_overall_maps",
 ]

@@ -5,6 +5,7 @@ train/eval state is restored the same way (the forward passes run in eval mode).
 """
 
 import contextlib
+import warnings
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch
@@ -22,6 +23,81 @@ POOLING_TYPES = (
 
 def _leaves(model: nn.Module) -> List[nn.Module]:
     return [m for m in model.modules() if next(m.children(), None) is None]
+
+
+def token_grid(n_tokens: int):
+    """``(g, extra)`` when ``n_tokens`` is a square grid ``g × g`` (extra = 0) or ``g × g`` + 1 class
+    token; ``None`` otherwise."""
+    for extra in (0, 1):
+        g = int(round((n_tokens - extra) ** 0.5))
+        if g >= 2 and g * g == n_tokens - extra:
+            return g, extra
+    return None
+
+
+def _channels_last(module: nn.Module, out: torch.Tensor) -> bool:
+    """Is a 4-D output ``[N, H, W, C]`` (torchvision Swin): the module is a Swin block/stage, or ends in a
+    LayerNorm over the last dimension (and that dimension is not also dim 1)."""
+    if out.shape[1] == out.shape[-1]:
+        return False
+    if "swin" in type(module).__name__.lower():
+        return True
+    norms = [m for m in module.modules() if isinstance(m, nn.LayerNorm)]
+    return bool(norms) and tuple(norms[-1].normalized_shape) == (out.shape[-1],)
+
+
+class MapLayout:
+    """How a layer's output maps to the canonical ``[N, C, h, w]`` feature map and back.
+
+    ``"NCHW"`` (CNNs), ``"NHWC"`` (torchvision Swin) or ``"tokens"`` (``[N, T, C]`` with ``T = g·g`` or
+    ``g·g + 1``: the leading class token is kept aside in ``extra`` and is not part of the map).
+    """
+
+    def __init__(self, kind: str, extra: Optional[torch.Tensor] = None):
+        self.kind, self.extra = kind, extra
+
+    @classmethod
+    def of(cls, module: nn.Module, out, name: str) -> "MapLayout":
+        if torch.is_tensor(out) and out.ndim == 4:
+            return cls("NHWC" if _channels_last(module, out) else "NCHW")
+        if torch.is_tensor(out) and out.ndim == 3:
+            grid = token_grid(out.shape[1])
+            if grid is None:
+                raise ValueError(
+                    f"layer {name} outputs {out.shape[1]} tokens [N, T, C] = {tuple(out.shape)}: not a "
+                    "square "
+                    "grid g*g (or g*g + 1 with a class token); pass layer=... with a square token grid"
+                )
+            return cls("tokens")
+        raise ValueError(
+            f"layer {name} must output a [N, C, h, w] map or [N, T, C] tokens, got "
+            f"{tuple(out.shape) if torch.is_tensor(out) else type(out).__name__}"
+        )
+
+    def to_map(self, out: torch.Tensor) -> torch.Tensor:
+        if self.kind == "NCHW":
+            return out
+        if self.kind == "NHWC":
+            return out.permute(0, 3, 1, 2)
+        g, extra = token_grid(out.shape[1])
+        self.extra = out[:, :extra]
+        return out[:, extra:].transpose(1, 2).reshape(out.shape[0], out.shape[2], g, g)
+
+    def from_map(self, A: torch.Tensor) -> torch.Tensor:
+        if self.kind == "NCHW":
+            return A.clone()
+        if self.kind == "NHWC":
+            return A.permute(0, 2, 3, 1).clone()
+        extra = self.extra
+        if extra.shape[0] != A.shape[0]:
+            extra = extra.repeat(A.shape[0] // extra.shape[0], 1, 1)
+        return torch.cat([extra.to(A.dtype), A.flatten(2).transpose(1, 2)], dim=1)
+
+
+def _is_candidate(m: nn.Module, out) -> bool:
+    if not torch.is_tensor(out) or isinstance(m, POOLING_TYPES):
+        return False
+    return out.ndim == 4 or (out.ndim == 3 and token_grid(out.shape[1]) is not None)
 
 
 @contextlib.contextmanager
@@ -63,7 +139,8 @@ class HeadRecord:
 class RunResult:
     """What one hooked forward pass produced."""
 
-    def __init__(self, feature_map, output, head, image_size):
+    def __init__(self, feature_map, output, head, image_size, layout=None):
+        self.layout: Optional[MapLayout] = layout  # how the layer's output became feature_map
         self.feature_map = feature_map  # [N, C, h, w]
         self.output = output  # model output [N, L]
         self.head: List[HeadRecord] = head  # module calls after the layer, in execution order
@@ -121,29 +198,65 @@ class ModelRunner:
             raise ValueError(f"{arg} must have shape [N, C, H, W] with N >= 1, got {tuple(images.shape)}")
         if not images.is_floating_point():
             raise TypeError(f"{arg} must be a floating-point tensor, got {images.dtype}")
+        bad = ~torch.isfinite(images.detach()).flatten(1).all(dim=1)
+        if bool(bad.any()):
+            raise ValueError(
+                f"{arg} contains NaN or inf values (image(s) {bad.nonzero().flatten().tolist()} of the batch)"
+            )
         return images
 
     def _find_layer(self, images: torch.Tensor):
-        """One plain forward pass that records the last 4-D, non-pooling module call."""
-        found: Dict[str, object] = {}
+        """One forward pass that records the candidate layers (4-D maps, square token grids; no pooling) and
+        keeps the last one. For token models (transformers) the last candidate whose grid tokens reach the
+        output (checked with one backward pass: a class-token head reads no grid token of the final norm) is
+        kept, and a warning names it."""
+        found: List[Tuple[nn.Module, int, torch.Tensor]] = []
         calls: Dict[int, int] = {}
+        attention_at: List[int] = []  # len(found) when each attention module was called
 
         def hook(m, inp, out):
             calls[id(m)] = calls.get(id(m), -1) + 1
-            if torch.is_tensor(out) and out.ndim == 4 and not isinstance(m, POOLING_TYPES):
-                found["module"] = m
-                found["call"] = calls[id(m)]
+            if _is_candidate(m, out):
+                found.append((m, calls[id(m)], out))
 
-        with removing([]) as handles, eval_mode(self.trunk, self.embedder), torch.no_grad():
+        def attention_hook(m, inp):
+            attention_at.append(len(found))
+
+        x = images[:1].detach().clone().requires_grad_(True)
+        with removing([]) as handles, eval_mode(self.trunk, self.embedder), torch.enable_grad():
             for m in _leaves(self.trunk):
                 handles.append(m.register_forward_hook(hook))
-            self.embedder(self.trunk(images[:1]))
-        if "module" not in found:
+            for m in self.trunk.modules():
+                if "attention" in type(m).__name__.lower():
+                    handles.append(m.register_forward_pre_hook(attention_hook))
+            output = self.embedder(self.trunk(x))
+        if not found:
             raise ValueError(
-                "the trunk has no module with a 4-D [N, C, h, w] output to explain; pass layer=..."
+                "the trunk has no module with a 4-D [N, C, h, w] output (or [N, T, C] square token grid) to "
+                "explain; pass layer=... (a module of the trunk, or its name)"
             )
-        self.layer = found["module"]
-        self.layer_call = found["call"]
+        pick = found[-1]
+        if pick[2].ndim == 3:
+            out = pick[2]
+            reach = False
+            if torch.is_tensor(output) and output.requires_grad and out.requires_grad:
+                (g,) = torch.autograd.grad(output.float().sum(), [out], allow_unused=True)
+                reach = g is not None and bool((g[:, token_grid(out.shape[1])[1] :] != 0).any())
+            if not reach:  # a class-token read-out: explain the input of the last attention instead
+                before = [f for f in found[: attention_at[-1]]] if attention_at else []
+                if not before:
+                    raise ValueError(
+                        f"layer=None: the grid tokens of {self.name_of(pick[0])} do not reach the embedding "
+                        "(a class-token head) and no attention module precedes it; pass layer=..."
+                    )
+                pick = before[-1]
+            warnings.warn(
+                f"layer=None: explaining {self.name_of(pick[0])} (output {tuple(pick[2].shape)})"
+                + (" (the input of the last attention: the head reads the class token)" if not reach else "")
+                + "; pass layer=... to choose another",
+                stacklevel=4,
+            )
+        self.layer, self.layer_call = pick[0], pick[1]
 
     def run(
         self,
@@ -175,24 +288,26 @@ class ModelRunner:
             state["calls"] = call + 1
             if self.layer_call >= 0 and call != self.layer_call:
                 return None
-            if not torch.is_tensor(out) or out.ndim != 4:
-                raise ValueError(
-                    f"layer {self.name_of(m)} must output a [N, C, h, w] tensor, got "
-                    f"{tuple(out.shape) if torch.is_tensor(out) else type(out).__name__}"
-                )
+            layout = MapLayout.of(m, out, self.name_of(m))
+            A = layout.to_map(out)
+            state["layout"] = layout
             head.clear()
             if mode == "capture":
-                state["A"] = out.detach().clone()
+                state["A"] = A.detach().clone()
+                if layout.extra is not None:
+                    layout.extra = layout.extra.detach().clone()
                 return None
             if mode == "leaf":
-                leaf = out.detach()
+                leaf = A.detach()
+                if layout.extra is not None:
+                    layout.extra = layout.extra.detach()
                 if repeat > 1:
                     leaf = leaf.repeat(repeat, 1, 1, 1)
                 leaf.requires_grad_(True)
                 state["A"] = leaf
-                return leaf.clone()
+                return layout.from_map(leaf)
             state["A"] = replacement
-            return replacement.clone()
+            return layout.from_map(replacement)
 
         def leaf_hook(m, inp, out):
             if "A" in state and m is not layer:
@@ -211,7 +326,7 @@ class ModelRunner:
                 "embedder(trunk(images)) must return [N, L] embeddings, got "
                 f"{tuple(output.shape) if torch.is_tensor(output) else type(output).__name__}"
             )
-        return RunResult(state["A"], output, head, (images.shape[-2], images.shape[-1]))
+        return RunResult(state["A"], output, head, (images.shape[-2], images.shape[-1]), state["layout"])
 
 
 def is_l2_normaliser(record: HeadRecord) -> bool:

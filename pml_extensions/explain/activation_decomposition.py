@@ -18,6 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from .base import SimilarityExplainer
 from .folded_embedding import FoldedEmbedding
 from .head_folder import HeadFolder
 from .map_utils import normalize_maps, point_weights, resize_maps
@@ -26,7 +27,7 @@ SCALES = ("cosine", "dot")
 Images = Union[torch.Tensor, FoldedEmbedding]
 
 
-class ActivationDecomposition:
+class ActivationDecomposition(SimilarityExplainer):
     """Explain S = E^q · E^r / (‖E^q‖ ‖E^r‖) through the last convolutional feature maps of both images.
 
     With the folded head E = Σ_ij W_ij A_ij + B (:class:`HeadFolder`) and F_ij = W_ij A_ij:
@@ -52,15 +53,32 @@ class ActivationDecomposition:
 
     Inputs are image batches ``[N, 3, H, W]`` or :class:`FoldedEmbedding` objects (to reuse a fold). A query
     batch of size 1 is paired with every reference (a query and its top-k); otherwise queries and references
-    pair up one-to-one. Outputs are signed float tensors on the input's device and dtype. The models run in
+    pair up one-to-one. Outputs are signed float tensors on the input's device, in the input's dtype for
+    float32/float64 and in float32 for bfloat16/float16 models or autocast (folds and sums run in
+    float32 there). The models run in
     eval mode inside each call (their flags are restored afterwards) and no hooks remain after a call, also
     after an exception.
+
+    ``attribute(q, r, **options)`` (the shared verb of :class:`SimilarityExplainer`) is :meth:`overall_maps`.
 
     Raises:
         ValueError: batch sizes that do not pair, embeddings of different widths, unknown options, points
             outside the image, an unsupported head (see :class:`HeadFolder`).
         TypeError: inputs that are neither tensors nor :class:`FoldedEmbedding`.
+
+    Example::
+
+        >>> import torch; from torch import nn; from pml_extensions import explain
+        >>> trunk = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        >>> dec = explain.ActivationDecomposition(trunk, nn.Linear(4, 5))
+        >>> maps = dec.attribute(torch.rand(1, 3, 10, 12), torch.rand(3, 3, 10, 12))  # a query and its top-3
+        >>> tuple(maps["query"].shape), tuple(maps["reference"].shape), tuple(maps["similarity"].shape)
+        ((3, 8, 10), (3, 8, 10), (3,))
     """
+
+    def attribute(self, query_images: Images, reference_images: Images, **options) -> Dict[str, torch.Tensor]:
+        """:meth:`overall_maps` (the shared verb)."""
+        return self.overall_maps(query_images, reference_images, **options)
 
     def __init__(
         self,
@@ -102,6 +120,7 @@ class ActivationDecomposition:
             )
         if images.ndim != 4:
             raise ValueError(f"{arg} must have shape [N, C, H, W], got {tuple(images.shape)}")
+        folder.runner.check_images(images, arg)  # names the argument (NaN / inf images, dtype)
         return folder(images)
 
     def _pair(self, query: Images, reference: Images) -> Tuple[FoldedEmbedding, FoldedEmbedding]:
@@ -136,8 +155,18 @@ class ActivationDecomposition:
             raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
 
     @staticmethod
-    def _z(fq: FoldedEmbedding, fr: FoldedEmbedding) -> torch.Tensor:
-        return fq.embedding.norm(dim=1) * fr.embedding.norm(dim=1)
+    def _z(fq: FoldedEmbedding, fr: FoldedEmbedding, check: bool = True) -> torch.Tensor:
+        """Z = ‖E^q‖‖E^r‖ per pair; with ``check`` a zero embedding (cosine undefined) raises ValueError."""
+        nq, nr = fq.embedding.norm(dim=1), fr.embedding.norm(dim=1)
+        if check:
+            for side, norms in (("query", nq), ("reference", nr)):
+                zero = (norms == 0).nonzero().flatten().tolist()
+                if zero:
+                    raise ValueError(
+                        f"the {side} embedding of pair(s) {zero} is exactly zero: its cosine similarity and "
+                        "scale='cosine' maps are undefined; use scale='dot'"
+                    )
+        return nq * nr
 
     @staticmethod
     def _resize(maps: torch.Tensor, output_size, image_size) -> torch.Tensor:
@@ -196,7 +225,12 @@ class ActivationDecomposition:
 
         Returns:
             dict with ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``, ``"similarity"`` ``[N]``
-            (cosine of the pre-normalisation embeddings) and ``"dot"`` ``[N]`` (E^q · E^r).
+            (cosine of the pre-normalisation embeddings; 0 for a zero embedding with ``scale="dot"``) and
+            ``"dot"`` ``[N]`` (E^q · E^r).
+
+        Raises:
+            ValueError: with ``scale="cosine"``, an exactly-zero embedding (named by pair and side): the
+                cosine is undefined (issue 12).
         """
         self._check_scale(scale)
         if relu_then_sum and bias:
@@ -210,13 +244,14 @@ class ActivationDecomposition:
             target_r = fq.features.sum(dim=(1, 2)) + (fq.bias if bias else 0)
             q = torch.einsum("nijl,nl->nij", fq.features, target_q)
             r = torch.einsum("nxyl,nl->nxy", fr.features, target_r)
-        z = self._z(fq, fr)
+        z = self._z(fq, fr, check=scale == "cosine")
         dot = (fq.embedding * fr.embedding).sum(dim=1)
+        similarity = dot / torch.where(z > 0, z, torch.ones_like(z))  # 0 for a zero embedding (torch's rule)
         if scale == "cosine":
             q, r = q / z.view(-1, 1, 1), r / z.view(-1, 1, 1)
         q = self._resize(normalize_maps(q, normalize), output_size, fq.image_size)
         r = self._resize(normalize_maps(r, normalize), output_size, fr.image_size)
-        return {"query": q, "reference": r, "similarity": dot / z, "dot": dot}
+        return {"query": q, "reference": r, "similarity": similarity, "dot": dot}
 
     def point_specific(
         self,

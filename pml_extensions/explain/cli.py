@@ -22,6 +22,9 @@ from torch import nn
 
 from ..utils.atomic_io import atomic_write_json
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
@@ -37,16 +40,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--checkpoint",
         default=None,
-        help="a file with {'trunk': ..., 'embedder': ...} (modules, or state dicts for a "
-        "MobileNetV2-features + GAP trunk and a Linear embedder), or a PML model folder with "
-        "trunk_*.pth / embedder_*.pth. Default: the "
-        "ImageNet MobileNetV2 features with GAP and no embedder.",
+        help="what our runs write: an MLRC fold's best.pth or fold folder, the XML job's PML model "
+        "folder (trunk_best*.pth / embedder_best*.pth), the resolution protocol's student or teacher "
+        "file; the model is rebuilt from the run's config.yaml. Also a {'trunk': ..., 'embedder': ...} "
+        "file (modules need --trust-checkpoint; state dicts without a config are read as MobileNetV2 + "
+        "GAP and a Linear embedder). Default: the ImageNet MobileNetV2 features with GAP.",
+    )
+    p.add_argument(
+        "--reference-checkpoint",
+        default=None,
+        help="the database model, when it differs from the query model (e.g. RAML: a student query "
+        "against a teacher database); same formats as --checkpoint. Default: the query model",
     )
     p.add_argument(
         "--trust-checkpoint", action="store_true", help="allow unpickling whole modules from --checkpoint"
     )
     p.add_argument(
-        "--image-size", type=int, default=320, help="square input size in pixels (default 320: 10x10 maps)"
+        "--layer",
+        default=None,
+        help="name of the trunk module whose [N, C, h, w] map (or [N, T, C] tokens) "
+        "is explained, e.g. 'features.18' or '0.features'. Default: the last such module",
+    )
+    p.add_argument("--reference-layer", default=None, help="--layer for the reference model")
+    p.add_argument(
+        "--reference-image-size",
+        type=int,
+        default=None,
+        help="square size of the reference images (default: --image-size); e.g. the teacher's database "
+        "resolution",
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=320,
+        help="shorter side of the query images in pixels (default 320: 10 x w maps for MobileNetV2)",
+    )
+    p.add_argument(
+        "--square",
+        action="store_true",
+        help="resize images to --image-size squares (the authors' demo); default: the shorter side to "
+        "--image-size, aspect ratio kept",
     )
     p.add_argument(
         "--k", type=int, default=5, help="references explained when REFERENCE is a folder (default 5)"
@@ -70,91 +103,56 @@ def _mobilenet_trunk(pretrained: bool) -> nn.Module:
     return nn.Sequential(mobilenet_v2_features(pretrained=pretrained), nn.AdaptiveAvgPool2d(1), nn.Flatten())
 
 
-def _latest(folder: str, prefix: str) -> Optional[str]:
-    files = sorted(f for f in os.listdir(folder) if f.startswith(prefix) and f.endswith(".pth"))
-    best = [f for f in files if "best" in f]
-    pick = (best or files)[-1:] if files else []
-    return os.path.join(folder, pick[0]) if pick else None
-
-
-def _load(path: str, trust: bool):
-    """``torch.load`` with an error that names the file (empty, truncated or foreign files)."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=not trust)
-    except Exception as e:  # torch raises EOFError, UnpicklingError, RuntimeError... for unreadable files
-        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
-
-
 def load_models(checkpoint: Optional[str], trust: bool = False):
-    """``(trunk, embedder)`` from ``checkpoint`` (see ``--checkpoint``) or the ImageNet MobileNetV2.
+    """``(trunk, embedder)`` from ``checkpoint`` (see ``--checkpoint`` and
+    :mod:`pml_extensions.explain.checkpoints`) or the ImageNet MobileNetV2.
 
     Raises:
-        FileNotFoundError: a missing checkpoint; ValueError: a checkpoint that holds no trunk.
+        FileNotFoundError: a missing checkpoint; ValueError: an unreadable one (one line naming the file).
     """
-    if checkpoint is None:
-        return _mobilenet_trunk(True), nn.Identity()
-    if not os.path.exists(checkpoint):
-        raise FileNotFoundError(f"checkpoint {checkpoint} not found")
-    if os.path.isdir(checkpoint):
-        trunk_file, emb_file = _latest(checkpoint, "trunk_"), _latest(checkpoint, "embedder_")
-        if trunk_file is None:
-            raise ValueError(f"no trunk_*.pth in {checkpoint}")
-        content = {"trunk": _load(trunk_file, trust)}
-        if emb_file is not None:
-            content["embedder"] = _load(emb_file, trust)
-    else:
-        content = _load(checkpoint, trust)
-    if isinstance(content, nn.Module):
-        return content, nn.Identity()
-    if not isinstance(content, dict) or "trunk" not in content:
-        raise ValueError(
-            f"checkpoint {checkpoint} must hold a dict with a 'trunk' entry (module or state dict)"
-        )
-    trunk, embedder = content["trunk"], content.get("embedder")
-    if not isinstance(trunk, nn.Module):
-        state = {k.replace("module.", "", 1): v for k, v in trunk.items()}
-        trunk = _mobilenet_trunk(False)
-        trunk.load_state_dict(state)
-    if embedder is None:
-        embedder = nn.Identity()
-    elif not isinstance(embedder, nn.Module):
-        state = {k.replace("module.", "", 1): v for k, v in embedder.items()}
-        weight = [v for k, v in state.items() if k.endswith("weight")]
-        if len(weight) != 1 or weight[0].ndim != 2:
-            raise ValueError(
-                "embedder state dict must be a single Linear layer; save the module with --trust-checkpoint"
-            )
-        key = [k for k in state if k.endswith("weight")][0][: -len("weight")]
-        lin = nn.Linear(weight[0].shape[1], weight[0].shape[0], bias=(key + "bias") in state)
-        lin.load_state_dict({k[len(key) :]: v for k, v in state.items()})
-        embedder = lin
-    return trunk, embedder
+    from .checkpoints import load_models as _load_models
+
+    return _load_models(checkpoint, trust, default=lambda: (_mobilenet_trunk(True), nn.Identity()))
 
 
-def load_image(path: str, size: int) -> torch.Tensor:
-    """RGB file → ``[3, size, size]`` ImageNet-normalised tensor (resized without cropping, as the authors'
-    demo)."""
+def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False) -> torch.Tensor:
+    """Image file → ``[channels, size, size]`` tensor (resized without cropping, as the authors' demo), or
+    with ``keep_aspect`` the shorter side resized to ``size`` (``[channels, size, W']`` or ``[channels, H',
+    size]``); ImageNet-normalised for 3 channels, grey in [0, 1] for 1 channel."""
     from torchvision.transforms import functional as TF
 
     try:
         with Image.open(path) as im:
-            im = im.convert("RGB").resize((size, size), Image.BILINEAR)
+            im = im.convert("RGB" if channels == 3 else "L")
+            if keep_aspect:
+                w, h = im.size
+                new = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
+            else:
+                new = (size, size)
+            im = im.resize(new, Image.BILINEAR)
     except (OSError, Image.UnidentifiedImageError) as e:
         raise ValueError(f"cannot read image {path}: {e}") from e
     x = TF.to_tensor(im)
-    return TF.normalize(x, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    if channels == 3:
+        return TF.normalize(x, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    return x
+
+
+def _channels(trunk: nn.Module) -> int:
+    for m in trunk.modules():
+        if isinstance(m, nn.Conv2d):
+            return int(m.in_channels)
+    return 3
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the command; returns the exit status (0 on success)."""
     args = build_parser().parse_args(argv)
-    from .activation_decomposition import ActivationDecomposition
-    from .explanation_hook import IMAGENET_MEAN, IMAGENET_STD
-    from .overlay import save_pair_overlay, to_display_image
 
-    if args.image_size < 32:
-        print("--image-size must be at least 32", file=sys.stderr)
-        return 2
+    for flag, v in (("--image-size", args.image_size), ("--reference-image-size", args.reference_image_size)):
+        if v is not None and v < 16:
+            print(f"{flag} must be at least 16", file=sys.stderr)
+            return 2
     if not os.path.isfile(args.query):
         print(f"query image {args.query} not found", file=sys.stderr)
         return 2
@@ -177,29 +175,60 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     device = torch.device(args.device)
     try:
-        trunk, embedder = load_models(args.checkpoint, args.trust_checkpoint)
-        load_image(args.query, args.image_size)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        return _explain(args, refs, device)
+    except (ValueError, FileNotFoundError, TypeError, RuntimeError) as e:  # RuntimeError: the model's forward
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
-    trunk.to(device)
-    embedder.to(device)
-    dec = ActivationDecomposition(trunk, embedder)
-    q = load_image(args.query, args.image_size).to(device)[None]
-    fq = dec.fold_query(q)
-    chunks = []
-    for start in range(0, len(refs), 16):
-        batch = torch.stack([load_image(p, args.image_size) for p in refs[start : start + 16]]).to(device)
-        f = dec.fold_reference(batch)
-        chunks.append(f)
-    emb = torch.cat([c.embedding for c in chunks])
+
+
+def _explain(args, refs, device) -> int:
+    from .activation_decomposition import ActivationDecomposition
+    from .overlay import save_pair_overlay, to_display_image
+
+    trunk, embedder = load_models(args.checkpoint, args.trust_checkpoint)
+    ref_models = None
+    if args.reference_checkpoint is not None:
+        ref_models = load_models(args.reference_checkpoint, args.trust_checkpoint)
+    size_q = args.image_size
+    size_r = args.reference_image_size or args.image_size
+    for m in (trunk, embedder) + (tuple(ref_models) if ref_models else ()):
+        m.to(device)
+    try:
+        dec = ActivationDecomposition(
+            trunk,
+            embedder,
+            args.layer,
+            reference_trunk=ref_models[0] if ref_models else None,
+            reference_embedder=ref_models[1] if ref_models else None,
+            reference_layer=args.reference_layer if ref_models else None,
+        )
+    except ValueError as e:
+        raise ValueError(f"{e} (--layer / --reference-layer)") from None
+    cq = _channels(trunk)
+    cr = _channels(ref_models[0]) if ref_models else cq
+    keep = not args.square
+    q = load_image(args.query, size_q, cq, keep).to(device)[None]
+    try:
+        fq = dec.fold_query(q)
+        chunks = []
+        for p in refs:  # one at a time: images keep their own aspect ratio
+            chunks.append(dec.fold_reference(load_image(p, size_r, cr, keep).to(device)[None]).embedding)
+    except ValueError as e:
+        msg = str(e)
+        if "no module with a 4-D" in msg or "cannot be folded" in msg:
+            names = [n for n, m in trunk.named_modules() if n][-3:]
+            msg += f"; try --layer NAME with a module of the trunk, e.g. {', '.join(names)}"
+        raise ValueError(msg.replace("; pass layer=... (a module of the trunk, or its name)", "")) from None
+    emb = torch.cat(chunks)
     cos = torch.nn.functional.cosine_similarity(fq.embedding, emb, dim=1)
     order = torch.argsort(cos, descending=True)[: (args.k if len(refs) > 1 else 1)].tolist()
     os.makedirs(args.out, exist_ok=True)
     results = []
-    qd = to_display_image(q[0], IMAGENET_MEAN, IMAGENET_STD)
+    stats = (IMAGENET_MEAN, IMAGENET_STD) if cq == 3 else (None, None)
+    stats_r = (IMAGENET_MEAN, IMAGENET_STD) if cr == 3 else (None, None)
+    qd = to_display_image(q[0], *stats)
     for rank, idx in enumerate(order):
-        r = load_image(refs[idx], args.image_size).to(device)[None]
+        r = load_image(refs[idx], size_r, cr, keep).to(device)[None]
         fr = dec.fold_reference(r)
         plain = dec.overall_maps(fq, fr)
         bias = dec.overall_maps(fq, fr, bias=True)
@@ -208,39 +237,39 @@ def main(argv: Optional[List[str]] = None) -> int:
             point = tuple(args.point)
         else:
             i, j = divmod(int(torch.argmax(plain["query"][0])), w)
-            point = ((i + 0.5) * args.image_size / h - 0.5, (j + 0.5) * args.image_size / w - 0.5)
-        try:
-            pmap = dec.point_specific(fq, fr, [point])[0, 0]
-        except ValueError as err:
-            print(str(err), file=sys.stderr)
-            return 2
+            H, W = fq.image_size
+            point = ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)
+        pmap = dec.point_specific(fq, fr, [point])[0, 0]
         name = f"{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png"
+        sim = float(plain["similarity"][0])
         panels = [
             [
                 ("Decomposition (query)", "query", plain["query"][0], point),
                 ("Decomposition+Bias (query)", "query", bias["query"][0], None),
                 ("Decomposition (reference)", "reference", plain["reference"][0], None),
-                ("Decomposition+Bias (ref.)", "reference", bias["reference"][0], None),
-                ("point-specific (ref.)", "reference", pmap, None),
+                ("Decomposition+Bias (reference)", "reference", bias["reference"][0], None),
+                ("point-specific: match of ×", "reference", pmap, None, True),
             ]
         ]
         path = save_pair_overlay(
             os.path.join(args.out, name),
             qd,
-            [to_display_image(r[0], IMAGENET_MEAN, IMAGENET_STD)],
+            [to_display_image(r[0], *stats_r)],
             panels,
-            title=f"cosine similarity {float(plain['similarity'][0]):.4f}",
+            title=f"{os.path.basename(args.query)} vs {os.path.basename(refs[idx])}",
+            similarities=[sim],
         )
         results.append(
             {
                 "reference": refs[idx],
-                "cosine_similarity": float(plain["similarity"][0]),
+                "rank": rank + 1,
+                "cosine_similarity": sim,
                 "dot_product": float(plain["dot"][0]),
                 "overlay": path,
                 "point": [float(point[0]), float(point[1])],
             }
         )
-        print(f"{refs[idx]}: cosine similarity {float(plain['similarity'][0]):.4f} -> {path}")
+        print(f"{refs[idx]}: cosine similarity {sim:.4f} -> {path}")
     out = os.path.join(args.out, "similarity.json")
     atomic_write_json(
         out, {"query": args.query, "maps": "Zhu et al. 2021 eq. 5, scale=cosine, signed", "results": results}

@@ -19,6 +19,7 @@ from torch import nn
 from .activation_decomposition import ActivationDecomposition
 from .localization_evaluator import LocalizationEvaluator
 from .overlay import save_pair_overlay, save_tensors, to_display_image
+from .topk_maps import model_device, topk_overall_maps
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -29,7 +30,8 @@ class ExplanationHook:
 
     For every chosen query of ``split_name`` the top-``k`` references (cosine similarity of the tester's
     embeddings, faiss; the query itself excluded when the reference split is the query split) are explained
-    with :class:`ActivationDecomposition`: "Decomposition" and "Decomposition+Bias" overall maps on both
+    with :class:`ActivationDecomposition`, in batches on the models' device (:func:`topk_overall_maps`; all
+    maps are kept on the CPU in ``last_maps``): "Decomposition" and "Decomposition+Bias" overall maps on both
     images (signed, ``scale="cosine"``) and one point-specific map per pair, for the query pixel at the
     maximum of the first pair's query map. Written to ``output_dir``:
     ``{split}_epoch{epoch}_query{index}.png`` (query | retrieved | maps) and ``….pt`` (the tensors) when
@@ -45,9 +47,14 @@ class ExplanationHook:
             ``record_keeper`` is used unless ``record_keeper`` is given.
         split_name: query split. Default: the first split of ``tester.embeddings_and_labels``.
         reference_split_name: reference split. Default: ``split_name``.
-        n_queries: queries per call, chosen with ``seed`` (the same ones every epoch). Default 4.
+        n_queries: queries per call, chosen with ``seed`` (the same ones every epoch); ``None``: every
+            query of
+            the split (maps at evaluation scale; set ``save_png=False``). Default 4.
         k: retrievals per query. Default 3.
-        mean, std: de-normalisation for display. Default: ImageNet.
+        mean, std: de-normalisation for display. Default ``"auto"``: ImageNet for 3-channel images, min–max
+            scaling for one-channel images (shown grey).
+        batch_size: queries folded per batch (:func:`topk_overall_maps`). Default 16.
+        device: where the models run; images are moved there. Default: the trunk's device.
         save_png, save_tensors: what to write. Default both.
         boxes: optional ``{split: [N, 4]}`` ground-truth boxes.
         decomposition: use this :class:`ActivationDecomposition` instead of building one from trunk/embedder.
@@ -72,17 +79,23 @@ class ExplanationHook:
         record_keeper=None,
         split_name: Optional[str] = None,
         reference_split_name: Optional[str] = None,
-        n_queries: int = 4,
+        n_queries: Optional[int] = 4,
         k: int = 3,
-        mean: Optional[Sequence[float]] = IMAGENET_MEAN,
-        std: Optional[Sequence[float]] = IMAGENET_STD,
+        mean="auto",
+        std="auto",
         save_png: bool = True,
         save_tensors: bool = True,
         boxes: Optional[Mapping[str, np.ndarray]] = None,
         seed: int = 0,
         decomposition: Optional[ActivationDecomposition] = None,
+        batch_size: int = 16,
+        device=None,
     ):
-        for name, v in (("k", k), ("n_queries", n_queries)):
+        for name, v in (
+            ("k", k),
+            ("n_queries", 1 if n_queries is None else n_queries),
+            ("batch_size", batch_size),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if decomposition is None:
@@ -101,6 +114,8 @@ class ExplanationHook:
         self.split_name, self.reference_split_name = split_name, reference_split_name
         self.n_queries, self.k, self.seed = n_queries, k, int(seed)
         self.mean, self.std = mean, std
+        self.batch_size, self.device = batch_size, device
+        self.last_maps: Optional[Dict[str, torch.Tensor]] = None
         self.save_png, self.save_tensors = bool(save_png), bool(save_tensors)
         self.boxes = dict(boxes) if boxes is not None else {}
         self.evaluator = LocalizationEvaluator()
@@ -115,12 +130,17 @@ class ExplanationHook:
             self.hook_container.end_of_testing_hook(tester)
         self.explain(tester)
 
+    def _display_stats(self, image: torch.Tensor):
+        if isinstance(self.mean, str) and self.mean == "auto":
+            return (IMAGENET_MEAN, IMAGENET_STD) if image.shape[0] == 3 else (None, None)
+        return self.mean, self.std
+
     def _image(self, split: str, index: int) -> torch.Tensor:
         item = self.dataset_dict[split][int(index)]
         image = item[0] if isinstance(item, (tuple, list)) else item
         if not torch.is_tensor(image) or image.ndim != 3:
             raise ValueError(
-                f"dataset {split!r} must return image tensors [3, H, W] (set its transform), got "
+                f"dataset {split!r} must return image tensors [C, H, W] (set its transform), got "
                 f"{type(image).__name__}"
             )
         return image
@@ -161,66 +181,88 @@ class ExplanationHook:
         q_emb = torch.as_tensor(data[split][0])
         r_emb = torch.as_tensor(data[ref_split][0])
         gen = torch.Generator().manual_seed(self.seed)
-        queries = torch.randperm(q_emb.shape[0], generator=gen)[: self.n_queries].sort().values.numpy()
+        if self.n_queries is None:
+            queries = np.arange(q_emb.shape[0])
+        else:
+            queries = torch.randperm(q_emb.shape[0], generator=gen)[: self.n_queries].sort().values.numpy()
         same = ref_split == split
         neighbours = self._topk(q_emb[queries], r_emb, queries if same else None)
         boxes = self.boxes.get(split, getattr(self.dataset_dict[split], "boxes", None))
         dec = self.decomposition
+        nb = torch.as_tensor(neighbours, dtype=torch.long)
+        allmaps = topk_overall_maps(
+            dec,
+            self.dataset_dict[split],
+            self.dataset_dict[ref_split],
+            nb,
+            query_indices=queries,
+            batch_size=self.batch_size,
+            device=self.device,
+        )
+        self.last_maps = {"query_indices": torch.as_tensor(queries), "reference_indices": nb, **allmaps}
         loc_maps, loc_boxes, loc_sizes = [], [], []
-        for qi, refs in zip(queries, neighbours):
+        device = self.device if self.device is not None else model_device(dec)
+        for n, (qi, refs) in enumerate(zip(queries, neighbours)):
             q_img = self._image(split, qi)
+            H, W = q_img.shape[-2:]
+            if boxes is not None:
+                loc_maps.append(allmaps["query"][n, 0])
+                loc_boxes.append(np.asarray(boxes[qi]))
+                loc_sizes.append((H, W))
+            if not (self.save_png or self.save_tensors):
+                continue
             r_imgs = torch.stack([self._image(ref_split, j) for j in refs])
-            fq = dec.fold_query(q_img[None])
-            fr = dec.fold_reference(r_imgs)
-            plain = dec.overall_maps(fq, fr)
-            with_bias = dec.overall_maps(fq, fr, bias=True)
+            fq = dec.fold_query(q_img[None].to(device))
+            fr = dec.fold_reference(r_imgs.to(device))
             h, w = fq.feature_size
-            H, W = fq.image_size
-            i, j = divmod(int(torch.argmax(plain["query"][0])), w)
-            point = (
-                (i + 0.5) * H / h - 0.5,
-                (j + 0.5) * W / w - 0.5,
-            )  # the centre of that feature cell, in pixels
-            pmaps = dec.point_specific(fq, fr, [point])[:, 0]
+            i, j = divmod(int(torch.argmax(allmaps["query"][n, 0])), w)
+            point = ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)  # that feature cell's centre, pixels
+            pmaps = dec.point_specific(fq, fr, [point])[:, 0].cpu()
             stem = os.path.join(self.output_dir, f"{split}_epoch{epoch}_query{int(qi)}")
+            sims = allmaps["similarity"][n]
             if self.save_tensors:
                 save_tensors(
                     stem + ".pt",
                     {
                         "query_index": int(qi),
                         "reference_indices": torch.tensor(refs),
-                        "similarity": plain["similarity"].cpu(),
-                        "decomposition_query": plain["query"].cpu(),
-                        "decomposition_reference": plain["reference"].cpu(),
-                        "decomposition_bias_query": with_bias["query"].cpu(),
-                        "decomposition_bias_reference": with_bias["reference"].cpu(),
+                        "similarity": sims,
+                        "decomposition_query": allmaps["query"][n],
+                        "decomposition_reference": allmaps["reference"][n],
+                        "decomposition_bias_query": allmaps["query_bias"][n],
+                        "decomposition_bias_reference": allmaps["reference_bias"][n],
                         "point": torch.tensor(point),
-                        "point_specific": pmaps.cpu(),
+                        "point_specific": pmaps,
                     },
                 )
             if self.save_png:
-                qd = to_display_image(q_img, self.mean, self.std)
-                rds = [to_display_image(r, self.mean, self.std) for r in r_imgs]
+                mean, std = self._display_stats(q_img)
+                qd = to_display_image(q_img, mean, std)
+                rds = [to_display_image(r, mean, std) for r in r_imgs]
                 panels = [
                     [
-                        ("Decomposition (query)", "query", plain["query"][n], None),
-                        ("Decomposition+Bias (query)", "query", with_bias["query"][n], None),
-                        ("Decomposition (retrieved)", "reference", plain["reference"][n], None),
-                        ("Decomposition+Bias (retr.)", "reference", with_bias["reference"][n], None),
-                        ("point-specific (retr.)", "reference", pmaps[n], None),
+                        ("Decomposition (query)", "query", allmaps["query"][n, m], point),
+                        ("Decomposition+Bias (query)", "query", allmaps["query_bias"][n, m], None),
+                        ("Decomposition (retrieved)", "reference", allmaps["reference"][n, m], None),
+                        (
+                            "Decomposition+Bias (retrieved)",
+                            "reference",
+                            allmaps["reference_bias"][n, m],
+                            None,
+                        ),
+                        ("point-specific: match of ×", "reference", pmaps[m], None, True),
                     ]
-                    for n in range(len(refs))
+                    for m in range(len(refs))
                 ]
-                panels[0][0] = ("Decomposition (query) + point", "query", plain["query"][0], point)
-                sims = ", ".join(f"{s:.3f}" for s in plain["similarity"].tolist())
                 save_pair_overlay(
-                    stem + ".png", qd, rds, panels, title=f"{split} query {int(qi)}, cosine: {sims}"
+                    stem + ".png",
+                    qd,
+                    rds,
+                    panels,
+                    title=f"{split} query {int(qi)}",
+                    similarities=sims.tolist(),
                 )
-            if boxes is not None:
-                loc_maps.append(plain["query"][0].detach().cpu())
-                loc_boxes.append(np.asarray(boxes[qi]))
-                loc_sizes.append((H, W))
-            del fq, fr, plain, with_bias, pmaps
+            del fq, fr, pmaps
         self.last_localization = None
         if loc_maps:
             res = self.evaluator.evaluate(loc_maps, loc_boxes, loc_sizes)

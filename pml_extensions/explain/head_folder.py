@@ -4,7 +4,9 @@ Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric L
 III-A (eq. 4, GAP and flatten heads), Sec. IV (GMP and ReLU as masks computed once per image; Taylor expansion
 for other non-linear parts). The authors' demos (Jeff-Zilence/Explain_Metric_Learning, ``*/demo.py``) fold one
 fixed head per model by hand; here any sequence of supported modules is folded, BatchNorm1d uses its ``eps``
-(the demo omits it) and GMP ties go to a single position (the demo's ``== max`` marks all tied positions).
+(the demo omits it) and GMP ties share the maximum equally (the demo's ``== max`` gives each tied
+position the full
+maximum, which double-counts).
 """
 
 import warnings
@@ -13,13 +15,16 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..trunks.gem_pooling import GeMPooling
+from ..trunks.histogram_pooling import HistogramPooling
+from ._jacobian import jacobian_features
 from ._model_runner import POOLING_TYPES, ModelRunner, split_normaliser
 from .folded_embedding import FoldedEmbedding
 
 SUPPORTED = (
-    "AdaptiveAvgPool2d(1) (GAP), AdaptiveMaxPool2d(1) (GMP), Flatten, Linear, BatchNorm1d (eval, "
-    "running stats), "
-    "ReLU, Dropout (eval), Identity, and a trailing L2 normalisation"
+    "AdaptiveAvgPool2d(1) (GAP), HistogramPooling (its output is the GAP), AdaptiveMaxPool2d(1) (GMP), "
+    "GeMPooling, a token mean, Flatten, Linear, BatchNorm1d (eval, running stats), ReLU, Dropout (eval), "
+    "Identity, and L2 normalisations (modules or inside forward)"
 )
 FALLBACKS = ("error", "jacobian")
 
@@ -28,6 +33,8 @@ def _is_passthrough(record) -> bool:
     m = record.module
     if isinstance(m, (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout)):
         return True
+    if isinstance(m, nn.ReLU):  # an in-place ReLU returns its input object
+        return False
     return record.output is record.input  # e.g. PML's c_f.Identity
 
 
@@ -53,28 +60,92 @@ def _bn_scale_shift(bn: nn.BatchNorm1d, dtype, device):
     return scale, shift
 
 
-def fold_records(records, A: torch.Tensor):
-    """Fold module calls (in execution order) applied to ``A [N, C, h, w]`` into ``(F [N, h, w, L], B [N,
-    L])``.
+def _close(x: torch.Tensor, y: torch.Tensor, rtol: float) -> bool:
+    """Entry-wise ``|x - y| <= rtol · max|y|`` per row (both cast to float64)."""
+    x, y = x.detach().double(), y.detach().double()
+    if x.shape != y.shape:
+        return False
+    tol = rtol * (y.abs().flatten(1).amax(dim=1) + 1e-30)
+    return bool(((x - y).abs().flatten(1) <= tol[:, None]).all())
 
-    Raises ``_Unsupported`` naming the first module that has no exact fold.
+
+def row_scale(x: torch.Tensor, y: torch.Tensor, rtol: float) -> Optional[torch.Tensor]:
+    """The per-row factor s > 0 with ``y = s · x`` (an L2 normalisation inside ``forward``), or ``None``."""
+    if x.shape != y.shape or x.ndim != 2:
+        return None
+    xd, yd = x.detach().double(), y.detach().double()
+    s = (xd * yd).sum(dim=1) / (xd * xd).sum(dim=1).clamp_min(1e-300)
+    if not bool((s > 0).all()) or not _close(s[:, None] * xd, yd, rtol):
+        return None
+    return s.to(x.dtype)
+
+
+def _virtual_pool(A, extra, target, rtol):
+    """The map was reduced to ``target [N, C]`` outside modules (e.g. ``tokens.mean(1)``): fold a mean over
+    the grid, or over every token (class token included, its share in B); refuse a class-token read-out."""
+    N, C, h, w = A.shape
+    if _close(A.mean(dim=(2, 3)), target, rtol):
+        return A.permute(0, 2, 3, 1) / (h * w), A.new_zeros(N, C)
+    if extra is not None and extra.shape[1] > 0:
+        e = extra.to(A.dtype)
+        T = h * w + e.shape[1]
+        if _close((A.sum(dim=(2, 3)) + e.sum(dim=1)) / T, target, rtol):
+            return A.permute(0, 2, 3, 1) / T, e.sum(dim=1) / T
+        if _close(e[:, 0], target, rtol):
+            raise _Unsupported(
+                _Rec("the class token"),
+                ": a class-token read-out has no exact fold over the token grid; use SimilarityGradCAM, or "
+                "fallback='jacobian' at a layer before the last attention",
+            )
+    return None
+
+
+def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float = 1e-4):
+    """Fold module calls (in execution order) applied to ``A [N, C, h, w]`` into ``(F [N, h, w, L], B [N,
+    L])``, computed in float64 for float64 maps and in float32 otherwise (half precision is unsafe for the
+    sums).
+
+    ``extra`` ``[N, e, C]``: tokens that are not on the grid (a class token); ``output``: the model's output,
+    for a map reduced outside modules. Raises ``_Unsupported`` naming the first module with no exact fold.
     """
     N, C, h, w = A.shape
-    dtype, device = A.dtype, A.device
-    kind, X = "map", A
+    dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
+    device = A.device
+    X = A.to(dtype)
+    kind = "map"
     F = b = None
+
+    def cur():
+        return F.sum(dim=(1, 2)) + b
+
     for rec in records:
         m = rec.module
         if _is_passthrough(rec) or (isinstance(m, nn.Flatten) and kind != "map"):
             continue
+        if kind == "map" and torch.is_tensor(rec.input) and rec.input.ndim == 2:
+            pooled = _virtual_pool(X, extra, rec.input, rtol)
+            if pooled is None:
+                raise _Unsupported(rec, ": its input is reduced from the map outside modules (not a mean)")
+            (F, b), kind = pooled, "vec"
         if kind == "map":
-            if isinstance(m, nn.AdaptiveAvgPool2d) and _is_global(m.output_size):
+            if isinstance(m, (nn.AdaptiveAvgPool2d, HistogramPooling)) and (
+                isinstance(m, HistogramPooling) or _is_global(m.output_size)
+            ):  # HistogramPooling returns the GAP vector (its histograms are a side output)
                 F, b, kind = X.permute(0, 2, 3, 1) / (h * w), X.new_zeros(N, C), "vec"
             elif isinstance(m, nn.AdaptiveMaxPool2d) and _is_global(m.output_size):
-                # Sec. IV: GMP = Σ_ij (M ⊙ A)_ij, M one-hot at each channel's arg-max (first index on ties).
+                # Sec. IV: GMP = Σ_ij (M ⊙ A)_ij with M the arg-max mask; tied positions share the mass
+                # equally (saturated ReLU6 channels tie exactly; no raster-order preference).
                 flat = X.reshape(N, C, h * w)
-                mask = torch.zeros_like(flat).scatter_(2, flat.argmax(dim=2, keepdim=True), 1.0)
+                mask = (flat == flat.amax(dim=2, keepdim=True)).to(dtype)
+                mask = mask / mask.sum(dim=2, keepdim=True)
                 F, b, kind = (flat * mask).reshape(N, C, h, w).permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
+            elif isinstance(m, GeMPooling):
+                # GeM_c = Σ_ij w_ijc x_ijc with w_ijc = x_ijc^(p-1) / (hw · GeM_c^(p-1)), x clamped at eps
+                p = float(m.p.detach().double())
+                xc = X.clamp(min=m.eps)
+                gem = xc.pow(p).mean(dim=(2, 3), keepdim=True).pow(1.0 / p)
+                Fm = xc.pow(p) / (h * w * gem.pow(p - 1.0))
+                F, b, kind = Fm.permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
             elif isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
                 if h * w == 1:
                     F, b, kind = X.permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
@@ -101,6 +172,15 @@ def fold_records(records, A: torch.Tensor):
             else:
                 raise _Unsupported(rec, " after Flatten")
         else:
+            if (
+                torch.is_tensor(rec.input)
+                and tuple(rec.input.shape) == (N, F.shape[-1])
+                and not _close(cur(), rec.input, rtol)
+            ):
+                s = row_scale(cur(), rec.input, rtol)  # e.g. RetrievalHead's L2N between GeM and whitening
+                if s is None:
+                    raise _Unsupported(rec, ": its input is not the previous module's output")
+                F, b = F * s[:, None, None, None], b * s[:, None]
             if isinstance(m, nn.Linear):
                 W = m.weight.to(device=device, dtype=dtype)
                 F, b = F @ W.t(), b @ W.t()
@@ -114,6 +194,10 @@ def fold_records(records, A: torch.Tensor):
                 F, b = F * keep[:, None, None, :], b * keep
             else:
                 raise _Unsupported(rec)
+    if kind == "map" and torch.is_tensor(output) and output.ndim == 2:
+        pooled = _virtual_pool(X, extra, output, rtol)
+        if pooled is not None:
+            (F, b), kind = pooled, "vec"
     if kind == "map":
         raise _Unsupported(
             records[-1] if records else _Rec("no pooling"), ": no pooling or Flatten after the map"
@@ -131,20 +215,40 @@ class _Rec:
 class HeadFolder:
     """Write a trunk + embedder's embedding as Σ_ij W_ij A_ij + B over the last convolutional feature map.
 
+    Half precision: for bfloat16/float16 maps (pure models or autocast) the fold runs in float32 and the
+    self-check tolerance widens to 8 ulps of the half type. GMP ties (e.g. saturated ReLU6 channels) share the
+    channel's value equally among the tied positions (no raster-order preference).
+
     Exact fold for a torchvision-style CNN body followed by GAP (``AdaptiveAvgPool2d(1)``), GMP
-    (``AdaptiveMaxPool2d(1)``, arg-max mask with ties broken to the first position) or ``Flatten`` and then
+    (``AdaptiveMaxPool2d(1)``, arg-max mask, ties shared equally) or ``Flatten`` and then
     any sequence of ``Linear``, ``BatchNorm1d`` (eval, running statistics and ``eps``), ``ReLU`` (mask of the
-    current input), ``Dropout`` (eval) and ``Identity``; an L2 normalisation at the end (a module, or inside
-    ``forward``) is detected numerically and the pre-normalisation embedding is folded. Any other head raises,
-    or, with ``fallback="jacobian"``, is linearised at the current input with ``torch.func`` (first-order
-    Taylor, paper Sec. IV): W_ij = ∂E/∂A_ij, B = E(A₀) - Σ_ij W_ij A₀_ij, with a warning that the result is
-    approximate.
+    current input), ``Dropout`` (eval) and ``Identity``. Also exact: ``GeMPooling`` (GeM_c = Σ_ij w_ijc x_ijc
+    with input-dependent weights w_ijc = x_ijc^(p−1) / (hw · GeM_c^(p−1)), like the GMP mask),
+    ``HistogramPooling`` (its output is the GAP), a mean over a transformer's token grid taken outside modules
+    (``tokens[:, 1:].mean(1)``, or over all tokens with the class token's share in B), and L2 normalisations
+    anywhere in the head (modules, or functional calls inside ``forward`` such as ``trunks.RetrievalHead``'s
+    two L2N): they are detected numerically as a positive per-image scale of the previous value and folded as
+    that scale; a trailing one is left out (the pre-normalisation embedding is folded). Token layers ``[N, T,
+    C]`` are reshaped to their square grid (class token kept aside); channels-last ``[N, H, W, C]`` maps
+    (Swin) are permuted. Any other head raises, or, with ``fallback="jacobian"``, is linearised at the current
+    input (first-order Taylor, paper Sec. IV): W_ij = ∂E/∂A_ij, B = E(A₀) - Σ_ij W_ij A₀_ij, with a warning —
+    forward-mode ``torch.func.jvp`` where it works, reverse mode otherwise (e.g. CPU flash attention).
+
+    Example::
+
+        >>> import torch; from torch import nn; from pml_extensions import explain
+        >>> from pml_extensions.trunks import RetrievalHead
+        >>> body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+        >>> f = explain.HeadFolder(body, RetrievalHead(8, 4))(torch.rand(2, 3, 10, 12))  # GeM + 2 L2N
+        >>> tuple(f.features.shape), tuple(f.bias.shape), f.normalised, f.exact
+        ((2, 8, 10, 4), (2, 4), True, True)
 
     Args:
         trunk: PML trunk; ``[N, 3, H, W] -> [N, D]`` (pooling included, as in PML).
         embedder: PML embedder ``[N, D] -> [N, L]`` or ``None``.
-        layer: module (or its name in ``trunk``) whose output A ``[N, C, h, w]`` is explained. Default: the
-            last module call with a 4-D output that is not pooling (found with one forward pass).
+        layer: module (or its name in ``trunk``) whose output A ``[N, C, h, w]`` (or ``[N, T, C]`` tokens, or
+            ``[N, H, W, C]``) is explained. Default: the last module call with such an output that is not
+            pooling (found with one forward pass); for token models a warning names the chosen layer.
         fallback: ``"error"`` (default) or ``"jacobian"``.
         rtol: relative tolerance of the self-check ``Σ F + B == E``. Default 1e-4 (float32); float64 is exact.
 
@@ -185,15 +289,27 @@ class HeadFolder:
     def __call__(self, images: torch.Tensor) -> FoldedEmbedding:
         return self.fold(images)
 
+    @property
+    def layer_name(self) -> Optional[str]:
+        """Qualified name of the explained module (``None`` until it is known)."""
+        return None if self.runner.layer is None else self.runner.name_of(self.runner.layer)
+
+    def tolerance(self, *tensors) -> float:
+        """``rtol``, widened to 8 ulps of the least precise dtype among ``tensors`` (bfloat16/float16)."""
+        eps = max(torch.finfo(t.dtype).eps for t in tensors if torch.is_tensor(t) and t.is_floating_point())
+        return max(self.rtol, 8 * eps)
+
     def fold(self, images: torch.Tensor) -> FoldedEmbedding:
-        """Fold the head at ``images [N, 3, H, W]``; see the class docstring."""
+        """Fold the head at ``images [N, C, H, W]``; see the class docstring."""
         res = self.runner.run(images, mode="capture")
         head, normaliser = split_normaliser(res.head)
         E = (normaliser.input if normaliser is not None else res.output).detach()
         A = res.feature_map
+        rtol = self.tolerance(A, E, *[r.input for r in head])
+        extra = res.layout.extra if res.layout is not None else None
         try:
             with torch.no_grad():
-                F, b = fold_records(head, A)
+                F, b = fold_records(head, A, extra, E, rtol)
         except _Unsupported as err:
             if self.fallback == "error":
                 raise ValueError(
@@ -202,25 +318,22 @@ class HeadFolder:
                     "Pass fallback='jacobian' for a first-order (approximate) fold."
                 ) from None
             warnings.warn(
-                f"head module {err} has no exact fold; using the first-order torch.func Jacobian at "
-                "the current "
+                f"head module {err} has no exact fold; using the first-order Jacobian at the current "
                 "input (Zhu et al. 2021, Sec. IV): maps are approximate away from this input",
                 stacklevel=2,
             )
             return self._jacobian_fold(images, res, head, normaliser)
         folded = F.sum(dim=(1, 2)) + b
         normalised = normaliser is not None
-        if not self._close(folded, E.to(folded.dtype)):
-            unit = torch.nn.functional.normalize(folded, dim=1)
-            if self._close(unit, E.to(folded.dtype)):
-                normalised, E = (
-                    True,
-                    folded,
-                )  # normalisation inside forward(): E is the pre-normalisation vector
+        E = E.to(folded.dtype)
+        if not _close(folded, E, rtol):
+            scale = row_scale(folded, E, rtol)
+            if scale is not None:  # normalisation inside forward(): E is the pre-normalisation vector
+                normalised, E = True, folded
             elif self.fallback == "jacobian":
                 warnings.warn(
                     "the exact fold does not reproduce the embedding (operations outside modules); using the "
-                    "first-order torch.func Jacobian at the current input: maps are approximate",
+                    "first-order Jacobian at the current input: maps are approximate",
                     stacklevel=2,
                 )
                 return self._jacobian_fold(images, res, head, normaliser)
@@ -231,16 +344,11 @@ class HeadFolder:
                     f"{err:.3g}); the head probably applies operations outside modules (functional calls). "
                     "Use fallback='jacobian' or pass layer=..."
                 )
-        return FoldedEmbedding(F, b, E.to(F.dtype), A, res.image_size, normalised, True)
-
-    def _close(self, x, y) -> bool:
-        tol = self.rtol * (y.abs().max() + 1e-12)
-        return bool(((x - y).abs() <= tol).all())
+        return FoldedEmbedding(F, b, E, A.to(F.dtype), res.image_size, normalised, True)
 
     def _jacobian_fold(self, images, res, head, normaliser) -> FoldedEmbedding:
-        A0 = res.feature_map
         if normaliser is None and torch.allclose(
-            res.output.norm(dim=1), torch.ones_like(res.output[:, 0]), rtol=1e-4, atol=1e-4
+            res.output.float().norm(dim=1), torch.ones_like(res.output[:, 0]).float(), rtol=1e-4, atol=1e-4
         ):
             raise ValueError(
                 "the model normalises its output inside forward(); the first-order fallback needs the "
@@ -252,17 +360,8 @@ class HeadFolder:
             r = self.runner.run(images, mode="replace", replacement=A)
             return r.head[k].input if k is not None else r.output
 
-        N, C, h, w = A0.shape
-        eye = torch.eye(h * w, dtype=A0.dtype, device=A0.device).view(h * w, 1, 1, h, w)
-        tangents = A0.unsqueeze(0) * eye  # T_ij = A₀ restricted to position (i, j)
-
-        def one(t):
-            return torch.func.jvp(g, (A0,), (t,))[1]
-
-        with torch.no_grad():
-            E0 = g(A0).detach()
-        F = torch.func.vmap(one, chunk_size=self.jacobian_chunk_size)(tangents).detach()  # [hw, N, L]
-        F = F.permute(1, 0, 2).reshape(N, h, w, -1)
+        A0 = res.feature_map
+        F, E0 = jacobian_features(g, A0, self.jacobian_chunk_size)
         b = E0 - F.sum(dim=(1, 2))
         return FoldedEmbedding(F, b, E0, A0, res.image_size, normaliser is not None, False)
 

@@ -58,11 +58,11 @@ def resize_maps(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
 
 
 def check_map_matches_image(map_size: Sequence[int], image_size: Sequence[int], arg: str = "map") -> None:
-    """Raise ``ValueError`` when a map cannot belong to an image: larger than it, or a different aspect ratio.
+    """Raise ``ValueError`` when a map cannot belong to an image: an empty size, or a map larger than the
+    image along an axis.
 
-    A stride-s network maps an ``H × W`` image to ``floor`` or ``ceil`` of ``H/s × W/s``, so a map ``h × w``
-    fits when one stride s satisfies H/(h+1) < s < H/(h−1) and W/(w+1) < s < W/(w−1) (no upper bound for a
-    size of 1).
+    The two axes may have different strides (a trunk that downsamples only the frequency axis of a
+    ``1 × 128 × 431`` spectrogram gives a ``16 × 431`` map: strides 8 and 1); maps are resized per axis.
     """
     h, w = int(map_size[0]), int(map_size[1])
     H, W = int(image_size[0]), int(image_size[1])
@@ -70,13 +70,13 @@ def check_map_matches_image(map_size: Sequence[int], image_size: Sequence[int], 
         raise ValueError(f"{arg} size {(h, w)} and image size {(H, W)} must be positive")
     if h > H or w > W:
         raise ValueError(f"{arg} size {(h, w)} is larger than the image size {(H, W)}")
-    lo = max(H / (h + 1), W / (w + 1))
-    hi = min(H / (h - 1) if h > 1 else float("inf"), W / (w - 1) if w > 1 else float("inf"))
-    if not lo < hi:
-        raise ValueError(
-            f"{arg} size {(h, w)} does not match the image size {(H, W)}: no common stride "
-            f"(strides {H / h:.2f} and {W / w:.2f})"
-        )
+
+
+def map_strides(map_size: Sequence[int], image_size: Sequence[int]) -> Tuple[float, float]:
+    """Pixels per map cell along (y, x): ``(H / h, W / w)``, e.g. ``(8.0, 1.0)`` for a 16 × 431 map of a
+    128 × 431 spectrogram."""
+    check_map_matches_image(map_size, image_size)
+    return image_size[0] / map_size[0], image_size[1] / map_size[1]
 
 
 def point_weights(

@@ -15,6 +15,7 @@ positive angle in ``skimage.transform.rotate`` and ``torchvision.transforms.func
 import math
 from typing import Dict, Optional
 
+import numpy as np
 import torch
 
 from .activation_decomposition import ActivationDecomposition
@@ -51,8 +52,23 @@ class OrientationEstimator:
 
     @staticmethod
     def wrap_degrees(angle):
-        """Wrap degrees to [−180, 180) (a tensor, array or float); 180 maps to −180."""
-        return ((angle + 180.0) % 360.0) - 180.0
+        """Wrap degrees to [−180, 180) (a tensor, array or float); +180 and −180 both map to −180.
+
+        Floating-point ``%`` can round a value just below −180 up to +180 (``(-1e-5) % 360 == 360`` in
+        float32); such results are folded back so the range stays half-open.
+        """
+        wrapped = ((angle + 180.0) % 360.0) - 180.0
+        if torch.is_tensor(wrapped):
+            return torch.where(wrapped >= 180.0, wrapped - 360.0, wrapped)
+        if isinstance(wrapped, np.ndarray) or isinstance(wrapped, np.generic):
+            return np.where(wrapped >= 180.0, wrapped - 360.0, wrapped).astype(np.asarray(wrapped).dtype)[()]
+        return wrapped - 360.0 if wrapped >= 180.0 else wrapped
+
+    @staticmethod
+    def wrap_360(angle: float) -> float:
+        """Wrap degrees to [0, 360) (``x % 360`` may round to 360.0 for tiny negative x)."""
+        wrapped = angle % 360.0
+        return 0.0 if wrapped >= 360.0 else wrapped
 
     @classmethod
     def angle_error(cls, ground_truth, estimate):
@@ -73,8 +89,8 @@ class OrientationEstimator:
         if not (0 <= y < height and 0 <= x < width):
             raise ValueError(f"pixel {(y, x)} is outside an image of size {(height, width)}")
         dy, dx = y - (height - 1) / 2.0, x - (width - 1) / 2.0
-        angle = math.degrees(math.atan2(dx, dy)) % 360.0
-        return (-angle) % 360.0 if self.clockwise else angle
+        angle = self.wrap_360(math.degrees(math.atan2(dx, dy)))
+        return self.wrap_360(-angle) if self.clockwise else angle
 
     def query_angle(self, y: float, x: float, height: int, width: int) -> float:
         if self.query_geometry == "panorama":
@@ -126,7 +142,7 @@ class OrientationEstimator:
                 ay, ax = self._argmax2d(pmap)
             ts = self.query_angle(qy, qx, H, W)
             ta = self.polar_angle(ay, ax, Ha, Wa)
-            out["estimate"].append((ta - ts) % 360.0)
+            out["estimate"].append(self.wrap_360(ta - ts))
             out["query_angle"].append(ts)
             out["aerial_angle"].append(ta)
             out["query_point"].append((qy, qx))

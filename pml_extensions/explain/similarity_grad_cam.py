@@ -18,12 +18,13 @@ import torch
 from torch import nn
 
 from ._model_runner import ModelRunner, split_normaliser
+from .base import SimilarityExplainer
 from .map_utils import normalize_maps, resize_maps
 
 VARIANTS = ("cosine", "dot", "rectified")
 
 
-class SimilarityGradCAM:
+class SimilarityGradCAM(SimilarityExplainer):
     """Grad-CAM maps of the similarity of query/reference pairs, on both images.
 
     Variants:
@@ -43,10 +44,27 @@ class SimilarityGradCAM:
     definition) clamps at 0; ``relu=False`` keeps the sign. Models run in eval mode inside the call, flags and
     hooks are restored afterwards.
 
+    Transformers: a layer with ``[N, T, C]`` token output is reshaped to its square ``g × g`` grid (a leading
+    class token is dropped; a non-square grid is an error naming the layer); channels-last ``[N, H, W, C]``
+    maps (torchvision Swin) are permuted. With ``layer=None`` on a token model, the last token layer whose
+    grid tokens reach the embedding is chosen (for a class-token ViT: the last block's ``ln_1``) and a
+    warning names it.
+
+    ``attribute(q, r, **options)`` (the shared verb of :class:`SimilarityExplainer`) is :meth:`maps`.
+
     Raises:
         ValueError: unknown variant; batch sizes that do not pair; ``"dot"``/``"rectified"`` on a model that
             normalises inside ``forward`` (the pre-normalisation embedding is not reachable: wrap the
             normalisation in its own module).
+
+    Example::
+
+        >>> import torch; from torch import nn; from pml_extensions import explain
+        >>> trunk = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        >>> cam = explain.SimilarityGradCAM(trunk, nn.Linear(4, 5))
+        >>> maps = cam.attribute(torch.rand(2, 3, 10, 12), torch.rand(2, 3, 10, 12), variant="cosine")
+        >>> tuple(maps["query"].shape), tuple(maps["reference"].shape), tuple(maps["similarity"].shape)
+        ((2, 8, 10), (2, 8, 10), (2,))
     """
 
     def __init__(
@@ -109,8 +127,10 @@ class SimilarityGradCAM:
         with torch.enable_grad():
             rq = self.query_runner.run(query_images, mode="leaf", repeat=repeat)
             rr = self.reference_runner.run(reference_images, mode="leaf")
-            eq = self._pre_norm(rq, variant, "query")
-            er = self._pre_norm(rr, variant, "reference")
+            # the score and the map sums in float32 (float64 stays) for half-precision models
+            up = torch.float64 if rq.output.dtype == torch.float64 else torch.float32
+            eq = self._pre_norm(rq, variant, "query").to(up)
+            er = self._pre_norm(rr, variant, "reference").to(up)
             if variant == "cosine":
                 score = torch.nn.functional.cosine_similarity(eq, er, dim=1)
             else:
@@ -119,7 +139,7 @@ class SimilarityGradCAM:
             gq, gr = torch.autograd.grad(score.sum(), [rq.feature_map, rr.feature_map])
         out = {}
         for key, A, g, res in (("query", rq.feature_map, gq, rq), ("reference", rr.feature_map, gr, rr)):
-            A = A.detach()
+            A, g = A.detach().to(up), g.to(up)
             if variant == "rectified":
                 cam = (g * A).sum(dim=1)
             else:
@@ -137,5 +157,9 @@ class SimilarityGradCAM:
             out[key] = cam
         out["similarity"] = score.detach()
         return out
+
+    def attribute(self, query_images, reference_images, **options) -> Dict[str, torch.Tensor]:
+        """:meth:`maps` (the shared verb)."""
+        return self.maps(query_images, reference_images, **options)
 
     __call__ = maps

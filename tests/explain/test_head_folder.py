@@ -73,13 +73,24 @@ class TestHeadFolder(unittest.TestCase):
             f.embedding[0], torch.tensor([1.5, 5.5], dtype=torch.float64) * scale + f.bias[0]
         )
 
-    def test_gmp_ties_go_to_one_position(self):
+    def test_gmp_ties_share_the_mass_equally(self):
         trunk = nn.Sequential(nn.Identity(), nn.AdaptiveMaxPool2d(1), nn.Flatten()).double()
         x = torch.ones(1, 2, 3, 3, dtype=torch.float64)  # every position ties
         f = HeadFolder(trunk, None)(x)
-        self.assertEqual(int((f.features != 0).sum()), 2)  # one position per channel
-        torch.testing.assert_close(f.features[0, 0, 0], torch.ones(2, dtype=torch.float64))
+        torch.testing.assert_close(f.features, torch.full((1, 3, 3, 2), 1 / 9, dtype=torch.float64))
         torch.testing.assert_close(f.embedding, torch.ones(1, 2, dtype=torch.float64))
+
+    def test_saturated_relu6_ties(self):
+        # issue 12: ReLU6 saturates two positions of channel 0 at exactly 6; each gets half the max
+        trunk = nn.Sequential(nn.ReLU6(), nn.AdaptiveMaxPool2d(1), nn.Flatten()).double()
+        x = torch.tensor([[[[7.0, 9.0], [1.0, -2.0]], [[0.5, 2.0], [3.0, 1.0]]]], dtype=torch.float64)
+        f = HeadFolder(trunk, None, layer="0")(x)
+        # ReLU6: channel 0 = [[6, 6], [1, 0]] (tie at (0, 0), (0, 1)); channel 1 max 3 at (1, 0)
+        expected = torch.zeros(2, 2, 2, dtype=torch.float64)  # [h, w, C]
+        expected[0, 0, 0] = expected[0, 1, 0] = 3.0
+        expected[1, 0, 1] = 3.0
+        torch.testing.assert_close(f.features[0], expected, rtol=0, atol=0)
+        torch.testing.assert_close(f.embedding, torch.tensor([[6.0, 3.0]], dtype=torch.float64))
 
     def test_torchvision_resnet(self):
         trunk = torchvision.models.resnet18(weights=None)
@@ -199,10 +210,13 @@ if __name__ == "__main__":
 
 class TestIntPoolSizes(unittest.TestCase):
     def test_non_global_int_pool_size_is_a_clear_error(self):
-        # AdaptiveAvgPool2d(2) stores output_size as an int: must give the "cannot be folded" error, not a TypeError
+        # AdaptiveAvgPool2d(2) stores output_size as an int: must give the "cannot be folded" error, not a
+        # TypeError
         from pml_extensions.explain import ActivationDecomposition
 
-        trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten())
+        trunk = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten()
+        )
         dec = ActivationDecomposition(trunk.eval(), torch.nn.Linear(16, 5).eval())
         with self.assertRaisesRegex(ValueError, "AdaptiveAvgPool2d.*cannot be folded"):
             dec.overall_maps(torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 8))

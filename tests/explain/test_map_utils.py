@@ -4,6 +4,7 @@ import torch
 
 from pml_extensions.explain.map_utils import (
     check_map_matches_image,
+    map_strides,
     normalize_maps,
     point_weights,
     resize_maps,
@@ -47,8 +48,10 @@ class TestMapUtils(unittest.TestCase):
         check_map_matches_image((8, 4), (256, 128))
         check_map_matches_image((1, 2), (20, 40))
         check_map_matches_image((7, 7), (224, 224))
-        with self.assertRaisesRegex(ValueError, "does not match"):
-            check_map_matches_image((10, 10), (320, 160))
+        check_map_matches_image((16, 431), (128, 431))  # per-axis strides 8 and 1 (spectrogram)
+        self.assertEqual(map_strides((16, 431), (128, 431)), (8.0, 1.0))
+        with self.assertRaisesRegex(ValueError, "larger than the image"):
+            check_map_matches_image((10, 10), (320, 8))
 
 
 if __name__ == "__main__":

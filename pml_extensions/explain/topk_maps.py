@@ -1,0 +1,115 @@
+"""Overall maps for every query's top-k of a test set, in batches (maps at evaluation scale).
+
+Maps: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. III ("Decomposition" and
+"Decomposition+Bias" overall maps). Each image is folded once per batch on the models' device, so the cost is
+one forward pass of the images plus the folding (small for GAP/GMP/GeM heads); only one batch of folds is
+alive at a time and the maps go to the CPU, so the working memory does not grow with the number of queries.
+"""
+
+from typing import Dict, Optional, Sequence
+
+import torch
+
+from .activation_decomposition import ActivationDecomposition
+
+
+def _image(source, index: int, arg: str) -> torch.Tensor:
+    item = source[int(index)]
+    image = item[0] if isinstance(item, (tuple, list)) else item
+    if not torch.is_tensor(image) or image.ndim != 3:
+        raise ValueError(
+            f"{arg} must give image tensors [C, H, W] (set the dataset's transform), got "
+            f"{type(image).__name__}{tuple(image.shape) if torch.is_tensor(image) else ''}"
+        )
+    return image
+
+
+def _stack(source, indices, arg: str) -> torch.Tensor:
+    if torch.is_tensor(source):
+        return source[torch.as_tensor(indices, dtype=torch.long, device=source.device)]
+    return torch.stack([_image(source, i, arg) for i in indices])
+
+
+def model_device(decomposition: ActivationDecomposition) -> torch.device:
+    """The device of the query trunk's first parameter or buffer (CPU for a parameter-free trunk)."""
+    trunk = decomposition.query_folder.runner.trunk
+    for t in list(trunk.parameters()) + list(trunk.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def topk_overall_maps(
+    decomposition: ActivationDecomposition,
+    queries,
+    references,
+    neighbours,
+    *,
+    query_indices: Optional[Sequence[int]] = None,
+    batch_size: int = 16,
+    device=None,
+    with_bias: bool = True,
+    scale: str = "cosine",
+) -> Dict[str, torch.Tensor]:
+    """Overall maps of every query and each of its ``k`` neighbours, ``batch_size`` queries at a time.
+
+    Args:
+        decomposition: the :class:`ActivationDecomposition` to use.
+        queries, references: image tensors ``[N, C, H, W]`` or datasets whose items are ``image [C, H, W]`` or
+            ``(image, label, ...)``.
+        neighbours: ``[Q, k]`` indices into ``references`` (e.g. a faiss top-k).
+        query_indices: ``Q`` indices into ``queries``. Default ``range(Q)``.
+        batch_size: queries per batch (each batch folds ``batch_size · (1 + k)`` images). Default 16.
+        device: where the models run. Default: the query trunk's device; images are moved there.
+        with_bias: also return the "Decomposition+Bias" maps. Default ``True``.
+        scale: ``"cosine"`` (default) or ``"dot"``.
+
+    Returns:
+        CPU tensors ``"query"`` ``[Q, k, h, w]``, ``"reference"`` ``[Q, k, h', w']``, ``"similarity"``
+        ``[Q, k]`` and, with ``with_bias``, ``"query_bias"``/``"reference_bias"``; identical (up to float
+        summation order) to calling :meth:`ActivationDecomposition.overall_maps` for one query at a time.
+
+    Raises:
+        ValueError: ``neighbours`` not ``[Q, k]``, a ``query_indices`` of another length, ``batch_size`` < 1.
+
+    Example::
+
+        >>> import torch; from torch import nn; from pml_extensions import explain
+        >>> trunk = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        >>> dec = explain.ActivationDecomposition(trunk)
+        >>> out = explain.topk_overall_maps(dec, torch.rand(5, 3, 8, 8), torch.rand(7, 3, 8, 8),
+        ...                                 torch.tensor([[0, 1], [2, 3], [4, 5], [6, 0], [1, 2]]))
+        >>> tuple(out["query"].shape), tuple(out["similarity"].shape)
+        ((5, 2, 6, 6), (5, 2))
+    """
+    nb = torch.as_tensor(neighbours, dtype=torch.long).cpu()
+    if nb.ndim != 2 or nb.shape[1] < 1:
+        raise ValueError(f"neighbours must be [Q, k] indices, got shape {tuple(nb.shape)}")
+    Q, k = nb.shape
+    qi = torch.arange(Q) if query_indices is None else torch.as_tensor(query_indices, dtype=torch.long).cpu()
+    if qi.shape != (Q,):
+        raise ValueError(f"query_indices must have {Q} entries (one per row of neighbours), got {qi.shape}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    device = torch.device(device) if device is not None else model_device(decomposition)
+    out: Dict[str, torch.Tensor] = {}
+    keys = ("query", "reference", "similarity") + (("query_bias", "reference_bias") if with_bias else ())
+    for start in range(0, Q, batch_size):
+        q_idx, n_idx = qi[start : start + batch_size], nb[start : start + batch_size]
+        b = len(q_idx)
+        fq = decomposition.fold_query(_stack(queries, q_idx.tolist(), "queries").to(device))
+        fr = decomposition.fold_reference(
+            _stack(references, n_idx.flatten().tolist(), "references").to(device)
+        )
+        fq = fq[torch.arange(b, device=fq.features.device).repeat_interleave(k)]
+        maps = decomposition.overall_maps(fq, fr, scale=scale)
+        got = {"query": maps["query"], "reference": maps["reference"], "similarity": maps["similarity"]}
+        if with_bias:
+            mb = decomposition.overall_maps(fq, fr, bias=True, scale=scale)
+            got["query_bias"], got["reference_bias"] = mb["query"], mb["reference"]
+        for key in keys:
+            value = got[key].detach().to("cpu").reshape(b, k, *got[key].shape[1:])
+            if key not in out:
+                out[key] = value.new_empty((Q,) + tuple(value.shape[1:]))
+            out[key][start : start + b] = value
+        del fq, fr, maps, got
+    return out
