@@ -79,6 +79,7 @@ SIZES = {
         iters=500,
         ablation_iters=300,
         eval_every=50,
+        ablation_eval_every=100,
         batch=32,
         lr=5e-3,
         seeds=(0, 1, 2),
@@ -98,6 +99,7 @@ SIZES = {
         iters=8000,
         ablation_iters=6000,
         eval_every=250,
+        ablation_eval_every=500,
         batch=64,
         lr=2e-3,
         seeds=(0, 1, 2, 3, 4),
@@ -263,7 +265,7 @@ def accuracy(models, x, y, device, bs=1000):
     return 100.0 * correct / len(x)
 
 
-def train_eval(models, data, seed, cfg, device, iters, batch, aux_weight=0.5):
+def train_eval(models, data, seed, cfg, device, iters, batch, aux_weight=0.5, eval_every=None):
     """Train with PML's TrainWithClassifier (TemplateMatchingTrainer when a block is present), validation accuracy
     every ``eval_every`` iterations, test accuracy of the best-validation checkpoint.
 
@@ -272,7 +274,7 @@ def train_eval(models, data, seed, cfg, device, iters, batch, aux_weight=0.5):
     (xtr, ytr), (xva, yva), (xte, yte) = data
     t0 = time.time()
     dataset = torch.utils.data.TensorDataset(xtr, ytr)
-    ev = cfg["eval_every"]
+    ev = eval_every or cfg["eval_every"]
     if iters % ev:
         raise ValueError(f"iters ({iters}) must be a multiple of eval_every ({ev})")
     models = {k: v.to(device) for k, v in models.items()}
@@ -335,7 +337,9 @@ def run_ablation(mixing, batch, seed, cfg, data, device, mu=None, eta=None):
             models["trunk"], mixing, mu=mu, eta=eta, epsilon=1.0, num_samples=cfg["perturbed_samples"],
             seed=seed + BLOCK_SEED_OFFSET, inplace=True,
         )
-    return train_eval(models, data, seed, cfg, device, cfg["ablation_iters"], batch)
+    return train_eval(
+        models, data, seed, cfg, device, cfg["ablation_iters"], batch, eval_every=cfg["ablation_eval_every"]
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -505,6 +509,8 @@ def main(argv=None):
     parser.add_argument("--perturbed-samples", type=int, default=None, help="S of the perturbed maximizer")
     parser.add_argument("--lambdas", type=float, nargs="*", default=None, help="aux_weight values of the sweep")
     parser.add_argument("--visual-words", action="store_true", help="also save the k-means visual-words PNG")
+    parser.add_argument("--iters", type=int, default=None, help="override the training iterations (all parts)")
+    parser.add_argument("--eval-every", type=int, default=None, help="override the validation interval")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args(argv)
@@ -520,6 +526,14 @@ def main(argv=None):
         if bad:
             raise ValueError(f"--lambdas must lie in [0, 1], got {bad}")
         cfg["lambdas"] = tuple(args.lambdas)
+    if args.eval_every is not None:
+        cfg["eval_every"] = args.eval_every
+    if args.iters is not None:
+        cfg["iters"] = cfg["ablation_iters"] = args.iters
+        cfg["ablation_eval_every"] = cfg["eval_every"]
+    for key, ev in (("iters", "eval_every"), ("ablation_iters", "ablation_eval_every")):
+        if cfg[ev] < 1 or cfg[key] % cfg[ev]:
+            raise ValueError(f"{key} ({cfg[key]}) must be a positive multiple of {ev} ({cfg[ev]})")
     suffix = f"_{args.tag}" if args.tag else ""
     device = torch.device(args.device)
     logging.getLogger("PML").setLevel(logging.ERROR)
