@@ -106,3 +106,27 @@ def fmt_diff(comp: Dict, digits: int = 2) -> str:
     if math.isnan(lo):
         return f"{comp['mean_difference']:+.{digits}f} (1 seed)"
     return f"{comp['mean_difference']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def verdict(comp: Dict, claim: str = "greater") -> str:
+    """Whether a paired comparison supports a paper's claim, read from its 95 % CI.
+
+    ``claim="greater"`` (the variant beats the baseline): ``"reproduces"`` when the CI lies above 0,
+    ``"opposite"`` when it lies below 0, otherwise ``"not shown (CI includes 0)"``. ``claim="on_par"``:
+    ``"consistent (CI includes 0)"`` or ``"differs"``. One seed (no CI): ``"1 seed, no CI"``.
+
+    Raises:
+        ValueError: unknown ``claim``.
+    """
+    if claim not in ("greater", "on_par"):
+        raise ValueError(f"claim must be 'greater' or 'on_par', got {claim!r}")
+    lo, hi = comp["ci95"]
+    if math.isnan(lo):
+        return "1 seed, no CI"
+    if claim == "on_par":
+        return "consistent (CI includes 0)" if lo <= 0 <= hi else "differs"
+    if lo > 0:
+        return "reproduces"
+    if hi < 0:
+        return "opposite"
+    return "not shown (CI includes 0)"

@@ -64,3 +64,15 @@ def test_summaries_and_comparisons_layout():
     # t_{0.975, 1} = 12.706204736174707, std of (1, 2) = sqrt(0.5)
     half = 12.706204736174707 * math.sqrt(0.5) / math.sqrt(2.0)
     assert c["ci95"] == pytest.approx([1.5 - half, 1.5 + half], abs=1e-9)
+
+
+def test_verdict_reads_the_interval():
+    bs = _module()
+    assert bs.verdict({"ci95": [0.1, 2.0]}) == "reproduces"
+    assert bs.verdict({"ci95": [-2.0, -0.1]}) == "opposite"
+    assert bs.verdict({"ci95": [-0.1, 2.0]}) == "not shown (CI includes 0)"
+    assert bs.verdict({"ci95": [-0.1, 2.0]}, "on_par") == "consistent (CI includes 0)"
+    assert bs.verdict({"ci95": [0.1, 2.0]}, "on_par") == "differs"
+    assert bs.verdict({"ci95": [float("nan"), float("nan")]}) == "1 seed, no CI"
+    with pytest.raises(ValueError, match="claim"):
+        bs.verdict({"ci95": [0.0, 1.0]}, "less")
