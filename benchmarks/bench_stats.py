@@ -1,13 +1,16 @@
 """Paired-comparison statistics shared by the benchmarks (issue 10, item 1's results layout).
 
-A comparison is *paired*: variant and baseline ran with the same seed (same initial weights of every shared module,
-same batches), so the per-seed difference is the quantity of interest. Its 95 % confidence interval uses Student's
+A comparison is *paired*: variant and baseline ran with the same seed (same initial weights of every shared
+module,
+same batches), so the per-seed difference is the quantity of interest. Its 95 % confidence interval uses
+Student's
 t distribution (``scipy.stats.t``) with n − 1 degrees of freedom:
 
     d_s = variant_s − baseline_s,   mean ± t_{0.975, n−1} · std(d, ddof=1) / √n
 
 The results layout (``variants`` → {name: {``per_seed``: {seed: {metric: value}}, ``mean``, ``std``}} and
-``comparisons`` → [{``variant``, ``baseline``, ``metric``, ``mean_difference``, ``ci95``, ...}]) is the one issue 10
+``comparisons`` → [{``variant``, ``baseline``, ``metric``, ``mean_difference``, ``ci95``, ...}]) is the one
+issue 10
 asks every benchmark to write so that other tools can read it.
 
     >>> paired_difference({0: 2.0, 1: 3.0, 2: 4.0}, {0: 1.0, 1: 1.0, 2: 1.0})["mean_difference"]
@@ -28,7 +31,8 @@ def paired_difference(variant: Mapping, baseline: Mapping, confidence: float = 0
         confidence: two-sided level in (0, 1).
 
     Returns:
-        dict with ``n``, ``seeds``, ``differences`` (per seed), ``mean_difference``, ``std_difference`` (ddof 1),
+        dict with ``n``, ``seeds``, ``differences`` (per seed), ``mean_difference``, ``std_difference`` (ddof
+        1),
         ``ci95`` ``[low, high]`` (``[nan, nan]`` when n < 2: no interval from one seed) and ``wins``
         (seeds with a positive difference).
 
@@ -43,7 +47,9 @@ def paired_difference(variant: Mapping, baseline: Mapping, confidence: float = 0
     seeds = sorted(variant)
     missing = [s for s in seeds if s not in baseline]
     if missing:
-        raise ValueError(f"baseline has no value for seed(s) {missing}: a paired difference needs the same seeds")
+        raise ValueError(
+            f"baseline has no value for seed(s) {missing}: a paired difference needs the same seeds"
+        )
     if not seeds:
         raise ValueError("variant has no seeds")
     d = np.array([float(variant[s]) - float(baseline[s]) for s in seeds], dtype=np.float64)
@@ -84,7 +90,8 @@ def summarize_variants(per_seed: Mapping[str, Mapping]) -> Dict[str, Dict]:
 
 
 def compare(variants: Mapping[str, Dict], names: Iterable[str], baseline: str, metric: str) -> list:
-    """Paired comparisons of each of ``names`` against ``baseline`` on ``metric`` (items of ``comparisons``)."""
+    """Paired comparisons of each of ``names`` against ``baseline`` on ``metric`` (items of
+    ``comparisons``)."""
     base = {s: v[metric] for s, v in variants[baseline]["per_seed"].items()}
     out = []
     for name in names:

@@ -2,25 +2,37 @@
 issue 10 item 5).
 
 Data: ``CompositeLocalizationDataset`` — Open Clip Art drawings (``--source glyph``: glyph ink) pasted on
-scikit-image photos/textures with exact boxes; class-disjoint: the models are fine-tuned on the training classes and
-scored on the test classes (the paper's CUB "validation set"). Models: ImageNet MobileNetV2 features -> GMP (the
-paper's CUB model is GMP-based; ``--pool gap``) -> Linear(1280, 128), fine-tuned with the Multi-Similarity loss (the
+scikit-image photos/textures with exact boxes; class-disjoint: the models are fine-tuned on the training
+classes and
+scored on the test classes (the paper's CUB "validation set"). Models: ImageNet MobileNetV2 features -> GMP
+(the
+paper's CUB model is GMP-based; ``--pool gap``) -> Linear(1280, 128), fine-tuned with the Multi-Similarity
+loss (the
 paper's recipe) and, for Tables III-IV, with the Triplet loss — paired: within a seed both start from the same
-weights and see the same batches. Each test image (query) is paired with its nearest test image of the same class
-(cosine); the query's map is scored: min-max -> bilinear resize -> threshold grid -> largest connected component ->
+weights and see the same batches. Each test image (query) is paired with its nearest test image of the same
+class
+(cosine); the query's map is scored: min-max -> bilinear resize -> threshold grid -> largest connected
+component ->
 box -> correct when IoU > 0.5 (paper Sec. VI-A).
 
 Every method is scored under both sign conventions, so the table separates the method from the sign:
 ``signed`` (the map as the method defines it, negative evidence kept) and ``ReLU`` (clamped at 0, Grad-CAM's
-convention). Methods: Decomposition, Decomposition+Bias (the first two terms of eq. 5), Grad-CAM (of the cosine),
+convention). Methods: Decomposition, Decomposition+Bias (the first two terms of eq. 5), Grad-CAM (of the
+cosine),
 Grad-CAM (no norm) (of E^q · E^r), and the authors' demo variant (ReLU of each point-to-point term, then sum;
-non-negative by construction). RGrad-CAM (Σ_k ∂(E^q·E^r)/∂A · A without averaging the gradient, ``SimilarityGradCAM``
-variant ``"rectified"``) equals Decomposition+Bias exactly for a linear head (GMP included), so "rectified Grad-CAM"
-is ReLU(Decomposition+Bias): the benchmark computes it by autograd for the first ``--eval-batch`` queries of every
-run and reports the largest difference and whether the localisation hits agree, instead of scoring a duplicate row.
+non-negative by construction). RGrad-CAM (Σ_k ∂(E^q·E^r)/∂A · A without averaging the gradient,
+``SimilarityGradCAM``
+variant ``"rectified"``) equals Decomposition+Bias exactly for a linear head (GMP included), so "rectified
+Grad-CAM"
+is ReLU(Decomposition+Bias): the benchmark computes it by autograd for the first ``--eval-batch`` queries of
+every
+run and reports the largest difference and whether the localisation hits agree, instead of scoring a
+duplicate row.
 
-Tables: I (accuracy per threshold, MS model), II (best threshold per method, chosen on the test classes as in the
-paper, with paired differences vs Decomposition under the same convention), III (MS vs Triplet: P@1 on the training
+Tables: I (accuracy per threshold, MS model), II (best threshold per method, chosen on the test classes as in
+the
+paper, with paired differences vs Decomposition under the same convention), III (MS vs Triplet: P@1 on the
+training
 and on the test classes), IV (best localisation accuracy per method, MS vs Triplet, paired difference).
 
     python benchmarks/localization.py --size quick                 # ~15 min on 2 shared CPU cores
@@ -60,11 +72,15 @@ SIZES = {
 }
 # The paper's statements (values not in the text we have): Table II ordering and Tables III-IV trends.
 PAPER = {
-    "table2": "Decomposition ≥ Decomposition+Bias (\"the bias term does not help\"); the decomposition beats both "
-    "Grad-CAMs; Grad-CAM (no norm) ≫ Grad-CAM (\"by a large margin\"). Paper maps: decomposition signed, Grad-CAM "
-    "with its ReLU.",
-    "table3": "MS and Triplet: almost the same training accuracy, a big gap on the validation (unseen) classes in "
-    "favour of MS.",
+    "table2": (
+        'Decomposition ≥ Decomposition+Bias ("the bias term does not help"); the decomposition beats '
+        'both Grad-CAMs; Grad-CAM (no norm) ≫ Grad-CAM ("by a large margin"). Paper maps: decomposition '
+        "signed, Grad-CAM with its ReLU."
+    ),
+    "table3": (
+        "MS and Triplet: almost the same training accuracy, a big gap on the validation (unseen) classes "
+        "in favour of MS."
+    ),
     "table4": "Localisation accuracy drops for Triplet, for Decomposition and Decomposition+Bias alike.",
 }
 
@@ -81,7 +97,8 @@ def to_tensor_batch(pil_images, size):
 
 
 def build(pool: str, dim: int, seed: int):
-    """ImageNet MobileNetV2 features -> GMP/GAP -> Linear(1280, dim); the embedder is drawn from ``seed`` alone,
+    """ImageNet MobileNetV2 features -> GMP/GAP -> Linear(1280, dim); the embedder is drawn from ``seed``
+    alone,
     so the MS and Triplet models of one seed start from identical weights."""
     from pml_extensions.trunks.pretrained import mobilenet_v2_features
 
@@ -96,7 +113,8 @@ def build(pool: str, dim: int, seed: int):
 
 def finetune(trunk, embedder, train_set, args, seed, device, loss="ms", cache=None):
     """Fine-tune the unfrozen tail and the embedder on cached frozen-block features; ``loss``: ``"ms"``
-    (Multi-Similarity loss + miner, the paper's CUB recipe) or ``"triplet"`` (PML TripletMarginLoss, margin 0.1,
+    (Multi-Similarity loss + miner, the paper's CUB recipe) or ``"triplet"`` (PML TripletMarginLoss, margin
+    0.1,
     all triplets of the batch). Returns (mean loss of the first 10 steps, of the last 10, the cache)."""
     from pytorch_metric_learning import losses, miners, samplers
 
@@ -159,7 +177,8 @@ def same_class_neighbours(emb: torch.Tensor, labels: np.ndarray) -> np.ndarray:
 
 def compute_maps(dec, cam, x, fold, fr, nn_idx, eval_batch, device, boxes, size):
     """Signed maps of every method ``[N, h, w]``, and the RGrad-CAM = Decomposition+Bias identity measured by
-    autograd on the first ``eval_batch`` pairs (relative max difference, signed and after ReLU, and whether the
+    autograd on the first ``eval_batch`` pairs (relative max difference, signed and after ReLU, and whether
+    the
     localisation hits agree at every threshold)."""
     maps = {
         "Decomposition": dec.overall_maps(fold, fr)["query"],
@@ -228,7 +247,9 @@ def run_seed(seed, args, device, losses):
         try:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                c_f.NUMPY_RANDOM = np.random.RandomState(seed)  # MPerClassSampler: same batches for every loss
+                c_f.NUMPY_RANDOM = np.random.RandomState(
+                    seed
+                )  # MPerClassSampler: same batches for every loss
                 trunk, embedder = build(args.pool, args.dim, seed)
                 trunk.to(device)
                 embedder.to(device)
@@ -240,11 +261,18 @@ def run_seed(seed, args, device, losses):
         train_p1 = p_at_1(train_embeddings(trunk, embedder, cache, args.freeze), np.asarray(train_set.labels))
         dec = ActivationDecomposition(trunk, embedder)
         cam = SimilarityGradCAM(trunk, embedder)
-        folds = [dec.fold_query(x[i : i + args.eval_batch].to(device)) for i in range(0, len(x), args.eval_batch)]
+        folds = [
+            dec.fold_query(x[i : i + args.eval_batch].to(device)) for i in range(0, len(x), args.eval_batch)
+        ]
         cat = lambda name: torch.cat([getattr(f, name) for f in folds])  # noqa: E731
         fold = FoldedEmbedding(
-            cat("features"), cat("bias"), cat("embedding"), cat("feature_map"),
-            folds[0].image_size, folds[0].normalised, folds[0].exact,
+            cat("features"),
+            cat("bias"),
+            cat("embedding"),
+            cat("feature_map"),
+            folds[0].image_size,
+            folds[0].normalised,
+            folds[0].exact,
         )
         nn_idx = same_class_neighbours(fold.embedding.cpu(), test_set.labels)
         fr = fold[torch.as_tensor(nn_idx)]
@@ -273,7 +301,8 @@ def run_seed(seed, args, device, losses):
             "seconds": time.time() - t1,
         }
         print(
-            f"seed {seed} {loss}: {time.time() - t1:.0f}s, loss {loss_start:.3f} -> {loss_end:.3f}, P@1 train "
+            f"seed {seed} {loss}: {time.time() - t1:.0f}s, loss {loss_start:.3f} -> {loss_end:.3f}, P@1 "
+            "train "
             f"{train_p1:.1f} test {out[loss]['test_p_at_1']:.1f}; "
             + ", ".join(f"{k}: {v['best_accuracy']:.1f}" for k, v in scores.items()),
             flush=True,
@@ -281,7 +310,10 @@ def run_seed(seed, args, device, losses):
     centre = LocalizationEvaluator.centre_box_accuracy(test_set.boxes, sizes)
     return {
         "losses": out,
-        "centre_box": {"best_accuracy": 100.0 * centre["best_accuracy"], "best_fraction": centre["best_fraction"]},
+        "centre_box": {
+            "best_accuracy": 100.0 * centre["best_accuracy"],
+            "best_fraction": centre["best_fraction"],
+        },
         "thresholds": ev.thresholds.tolist(),
         "feature_size": list(fold.feature_size),
         "seconds": time.time() - t0,
@@ -289,8 +321,10 @@ def run_seed(seed, args, device, losses):
 
 
 def ordering(variants, names):
-    return " > ".join(f"{n} ({variants[n]['mean']['best_accuracy']:.1f})" for n in
-                      sorted(names, key=lambda n: -variants[n]["mean"]["best_accuracy"]))
+    return " > ".join(
+        f"{n} ({variants[n]['mean']['best_accuracy']:.1f})"
+        for n in sorted(names, key=lambda n: -variants[n]["mean"]["best_accuracy"])
+    )
 
 
 def analyse(runs, seeds, losses):
@@ -333,13 +367,31 @@ def claims(res, main):
     rows = []
     for a, b, claim, kind in (
         ("Decomposition [signed]", "Grad-CAM [ReLU]", "Decomposition beats Grad-CAM (Table II)", "greater"),
-        ("Decomposition [signed]", "Grad-CAM (no norm) [ReLU]", "Decomposition beats Grad-CAM (no norm) (Table II)",
-         "greater"),
-        ("Decomposition [ReLU]", "Grad-CAM [ReLU]", "same, both maps with ReLU (method without the sign)", "greater"),
+        (
+            "Decomposition [signed]",
+            "Grad-CAM (no norm) [ReLU]",
+            "Decomposition beats Grad-CAM (no norm) (Table II)",
+            "greater",
+        ),
+        (
+            "Decomposition [ReLU]",
+            "Grad-CAM [ReLU]",
+            "same, both maps with ReLU (method without the sign)",
+            "greater",
+        ),
         ("Decomposition [ReLU]", "Grad-CAM (no norm) [ReLU]", "same, both maps with ReLU", "greater"),
-        ("Grad-CAM (no norm) [ReLU]", "Grad-CAM [ReLU]", "no norm improves Grad-CAM by a large margin (Table II)",
-         "greater"),
-        ("Decomposition+Bias [signed]", "Decomposition [signed]", "the bias term does not help (Table II)", "on_par"),
+        (
+            "Grad-CAM (no norm) [ReLU]",
+            "Grad-CAM [ReLU]",
+            "no norm improves Grad-CAM by a large margin (Table II)",
+            "greater",
+        ),
+        (
+            "Decomposition+Bias [signed]",
+            "Decomposition [signed]",
+            "the bias term does not help (Table II)",
+            "on_par",
+        ),
     ):
         (c,) = compare(v, [a], b, "best_accuracy")
         rows.append(f"| {claim} | {a} − {b}: {fmt_diff(c, 1)} | {verdict(c, kind)} |")
@@ -353,9 +405,18 @@ def claims(res, main):
         ):
             (c,) = compare(t, ["ms"], "triplet", metric)
             rows.append(f"| {claim} | MS − Triplet, {metric}: {fmt_diff(c, 1)} | {verdict(c, kind)} |")
-    return ["**Paper claims at our scale** (paired differences, points [95 % CI]; an interval that includes 0 "
-            "shows no difference at this size, it does not prove equality):", "",
-            "| paper claim | ours | verdict |", "|---|---|---|"] + rows + [""]
+    return (
+        [
+            "**Paper claims at our scale** (paired differences, points [95 % CI]; an interval that "
+            "includes 0 "
+            "shows no difference at this size, it does not prove equality):",
+            "",
+            "| paper claim | ours | verdict |",
+            "|---|---|---|",
+        ]
+        + rows
+        + [""]
+    )
 
 
 def markdown(out, args, seeds, losses):
@@ -364,8 +425,10 @@ def markdown(out, args, seeds, losses):
     main = "ms" if "ms" in losses else losses[0]
     L = [
         f"Setup: {args.source} composites, {args.n_test} test images of unseen classes at {args.size} px -> "
-        f"{fs[0]}×{fs[1]} maps; ImageNet MobileNetV2 + {args.pool.upper()} + Linear({args.dim}), {args.steps} "
-        f"fine-tuning steps on {args.n_train} training composites; seeds {list(seeds)}; accuracy = % of queries "
+        f"{fs[0]}×{fs[1]} maps; ImageNet MobileNetV2 + {args.pool.upper()} + Linear({args.dim}), "
+        f"{args.steps} "
+        f"fine-tuning steps on {args.n_train} training composites; seeds {list(seeds)}; accuracy = % of "
+        "queries "
         "whose box has IoU > 0.5.",
         "",
         f"**Table I layout** — accuracy (%) per threshold, {LOSSES[main]} model, mean over seeds:",
@@ -373,8 +436,10 @@ def markdown(out, args, seeds, losses):
     ]
     thr = runs[seeds[0]]["thresholds"]
     shown = [i for i, t in enumerate(thr) if round(t * 100) % 10 == 0]
-    L += ["| method | convention | " + " | ".join(f"{thr[i]:.1f}" for i in shown) + " |",
-          "|---|---|" + "---|" * len(shown)]
+    L += [
+        "| method | convention | " + " | ".join(f"{thr[i]:.1f}" for i in shown) + " |",
+        "|---|---|" + "---|" * len(shown),
+    ]
     keys = list(runs[seeds[0]]["losses"][main]["scores"])
     for k in keys:
         acc = np.mean([runs[s]["losses"][main]["scores"][k]["accuracy"] for s in seeds], axis=0)
@@ -384,7 +449,8 @@ def markdown(out, args, seeds, losses):
     comps = {(c["variant"], c["baseline"]): c for c in res[main]["comparisons"]}
     L += [
         "",
-        f"**Table II layout** — best accuracy over thresholds (%), {LOSSES[main]} model, mean ± std over seeds; "
+        f"**Table II layout** — best accuracy over thresholds (%), {LOSSES[main]} model, mean ± std over "
+        "seeds; "
         "paired difference vs Decomposition under the same convention, and ReLU minus signed per method "
         "[95 % CI]:",
         "",
@@ -393,7 +459,10 @@ def markdown(out, args, seeds, losses):
     ]
     for m in METHODS + (DEMO,):
         s_key, r_key = f"{m} [signed]", f"{m} [ReLU]"
-        cells = [fmt_ms(v[s_key], "best_accuracy", 1), fmt_ms(v[r_key], "best_accuracy", 1) if r_key in v else "(= signed)"]
+        cells = [
+            fmt_ms(v[s_key], "best_accuracy", 1),
+            fmt_ms(v[r_key], "best_accuracy", 1) if r_key in v else "(= signed)",
+        ]
         for key, conv in ((s_key, "signed"), (r_key, "ReLU")):
             c = comps.get((key, f"Decomposition [{conv}]"))
             cells.append(fmt_diff(c, 1) if c else "—")
@@ -401,20 +470,31 @@ def markdown(out, args, seeds, losses):
         cells.append(fmt_diff(c, 1) if c else "—")
         L.append(f"| {m} | " + " | ".join(cells) + " |")
     L.append(f"| centre box (best side fraction) | {fmt_ms(v['centre box'], 'best_accuracy', 1)} | | | | |")
-    ident = [runs[s]["losses"][lo]["identity_rgradcam_vs_relu_decomposition_bias"] for s in seeds for lo in losses]
+    ident = [
+        runs[s]["losses"][lo]["identity_rgradcam_vs_relu_decomposition_bias"] for s in seeds for lo in losses
+    ]
     L += [
         "",
         "Rectified Grad-CAM (RGrad-CAM with its ReLU, by autograd) vs ReLU(Decomposition+Bias) on the first "
         f"{ident[0]['n_pairs']} pairs of every run: max |difference| / max |map| = "
         f"{max(i['max_rel_diff_relu'] for i in ident):.1e}; localisation hits identical at every threshold: "
-        f"{'yes' if all(i['same_hits_every_threshold'] for i in ident) else 'no'} — so the rectified Grad-CAM row "
+        f"{'yes' if all(i['same_hits_every_threshold'] for i in ident) else 'no'} — so the rectified "
+        "Grad-CAM row "
         "is the Decomposition+Bias [ReLU] row.",
         "",
         f"Ours, signed: {ordering(v, [f'{m} [signed]' for m in METHODS])}.",
         f"Ours, ReLU: {ordering(v, [f'{m} [ReLU]' for m in METHODS])}.",
         "Ours, the paper's conventions (decomposition signed, Grad-CAM ReLU): "
-        + ordering(v, ["Decomposition [signed]", "Decomposition+Bias [signed]", "Grad-CAM [ReLU]",
-                       "Grad-CAM (no norm) [ReLU]"]) + ".",
+        + ordering(
+            v,
+            [
+                "Decomposition [signed]",
+                "Decomposition+Bias [signed]",
+                "Grad-CAM [ReLU]",
+                "Grad-CAM (no norm) [ReLU]",
+            ],
+        )
+        + ".",
         f"Paper (Table II, CUB): {PAPER['table2']}",
     ]
     if "ms_vs_triplet" in res:
@@ -423,18 +503,28 @@ def markdown(out, args, seeds, losses):
         tc = {c["metric"]: c for c in t["comparisons"]}
         L += [
             "",
-            "**Tables III–IV layout** — Multi-Similarity vs Triplet (same initial weights and batches per seed); "
-            "P@1 (%) and best localisation accuracy (%), mean ± std; paired difference Triplet − MS [95 % CI]:",
+            "**Tables III–IV layout** — Multi-Similarity vs Triplet (same initial weights and batches per "
+            "seed); "
+            "P@1 (%) and best localisation accuracy (%), mean ± std; paired difference Triplet − MS [95 % "
+            "CI]:",
             "",
             "| metric | Multi-Similarity | Triplet | Triplet − MS |",
             "|---|---|---|---|",
         ]
-        rows = ["train_p_at_1", "test_p_at_1"] + [f"{m} [{c}]" for m in ("Decomposition", "Decomposition+Bias",
-                                                                        "Grad-CAM (no norm)") for c in CONVENTIONS]
-        labels = {"train_p_at_1": "P@1 training classes (Table III)", "test_p_at_1": "P@1 unseen classes (Table III)"}
+        rows = ["train_p_at_1", "test_p_at_1"] + [
+            f"{m} [{c}]"
+            for m in ("Decomposition", "Decomposition+Bias", "Grad-CAM (no norm)")
+            for c in CONVENTIONS
+        ]
+        labels = {
+            "train_p_at_1": "P@1 training classes (Table III)",
+            "test_p_at_1": "P@1 unseen classes (Table III)",
+        }
         for r in rows:
-            L.append(f"| {labels.get(r, r)} | {fmt_ms(tv['ms'], r, 1)} | {fmt_ms(tv['triplet'], r, 1)} | "
-                     f"{fmt_diff(tc[r], 1)} |")
+            L.append(
+                f"| {labels.get(r, r)} | {fmt_ms(tv['ms'], r, 1)} | {fmt_ms(tv['triplet'], r, 1)} | "
+                f"{fmt_diff(tc[r], 1)} |"
+            )
         L += ["", f"Paper (Table III): {PAPER['table3']} Paper (Table IV): {PAPER['table4']}"]
     L += [""] + claims(res, main)
     L += [f"Size `{out['size']}` on {out['device']}, {out['seconds'] / 60:.1f} min wall."]
@@ -492,8 +582,14 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     runs = {s: run_seed(s, args, device, args.losses) for s in seeds}
-    out = {"size": args.size_name, "device": str(device), "args": vars(args), "seeds": list(seeds),
-           "paper": PAPER, "runs": runs}
+    out = {
+        "size": args.size_name,
+        "device": str(device),
+        "args": vars(args),
+        "seeds": list(seeds),
+        "paper": PAPER,
+        "runs": runs,
+    }
     out["analysis"] = analyse(runs, seeds, args.losses)
     out["seconds"] = time.time() - t0
     md = markdown(out, args, seeds, args.losses)

@@ -1,29 +1,42 @@
 #!/usr/bin/env python
-"""Template-matching block benchmark (Gorgun, Gurbuz & Alatan, BMVC 2022: Table 1, Fig. 3, Fig. 4; issue 10 item 3).
+"""Template-matching block benchmark (Gorgun, Gurbuz & Alatan, BMVC 2022: Table 1, Fig. 3, Fig. 4; issue 10
+item 3).
 
-Paired, multi-seed classification experiments on two offline data sets, model selection on validation data only:
+Paired, multi-seed classification experiments on two offline data sets, model selection on validation data
+only:
 
-1. **Table 1** on Fashion-MNIST (official train file split per class into train / validation; official test file)
-   and on glyphs (62 characters rendered from every installed font, ``GlyphDataset(split="all")``, split per class
+1. **Table 1** on Fashion-MNIST (official train file split per class into train / validation; official test
+file)
+   and on glyphs (62 characters rendered from every installed font, ``GlyphDataset(split="all")``, split per
+   class
    into train / validation / test images): a small 4-stage ResNet of torchvision BasicBlocks (down-sampling in
-   stages 2 and 3 as the paper's RN) as ``baseline``; ``block`` (+ template-matching block between stages 3 and 4,
-   λ = 0.5); ``aux_only`` (the block's patch classifier and auxiliary loss, no mixing; the paper's "auxiliary loss
+   stages 2 and 3 as the paper's RN) as ``baseline``; ``block`` (+ template-matching block between stages 3
+   and 4,
+   λ = 0.5); ``aux_only`` (the block's patch classifier and auxiliary loss, no mixing; the paper's "auxiliary
+   loss
    only" row); ``wider`` (the baseline with every stage widened by the smallest factor k/8 that gives at least
-   the block variant's parameter count: the "does it come from the parameters?" control, the paper's RN26+block
+   the block variant's parameter count: the "does it come from the parameters?" control, the paper's
+   RN26+block
    vs RN38 claim).
 2. **Fig. 4** (λ sweep) on Fashion-MNIST: the block with ``aux_weight`` λ in ``--lambdas`` (0.5 is ``block``).
 3. **Fig. 3** (soft maximizers) on Fashion-MNIST with a 3-stage ResNet: BN-ReLU after every 3×3 conv vs the
-   margin-augmented soft-max vs the perturbed maximizer (``--perturbed-samples`` S; the paper uses 600), μ and η
+   margin-augmented soft-max vs the perturbed maximizer (``--perturbed-samples`` S; the paper uses 600), μ
+   and η
    estimated from the trained BN-ReLU models of the same seeds; batch 8 and 32, the perturbed maximizer at
    batch 8 only (as the paper).
 
-Pairing: within a seed every variant builds the baseline's modules first under ``torch.manual_seed(seed)`` (so the
-shared trunk and classifier weights are bit-identical at step 0), then adds its own modules from a separate seed,
-and draws its batches from ``torch.Generator().manual_seed(seed)`` (identical batch order). Training: Adam with a
+Pairing: within a seed every variant builds the baseline's modules first under ``torch.manual_seed(seed)``
+(so the
+shared trunk and classifier weights are bit-identical at step 0), then adds its own modules from a separate
+seed,
+and draws its batches from ``torch.Generator().manual_seed(seed)`` (identical batch order). Training: Adam
+with a
 one-cycle learning rate over ``iters`` iterations (not stated in the paper), no augmentation; the validation
-accuracy is measured every ``eval_every`` iterations, the checkpoint with the best validation accuracy is scored
+accuracy is measured every ``eval_every`` iterations, the checkpoint with the best validation accuracy is
+scored
 on the test images (test data is read once, after training). The baseline's validation curve is in the results
-to show it has plateaued. Each variant is compared with the baseline of the same seed: mean paired difference with
+to show it has plateaued. Each variant is compared with the baseline of the same seed: mean paired difference
+with
 a 95 % t interval (``benchmarks/bench_stats.py``).
 
     OMP_NUM_THREADS=1 python benchmarks/template_block.py --size quick      # ~15 min on 2 shared CPU cores
@@ -62,9 +75,22 @@ from pml_extensions.trunks.template_matching_inserter import (  # noqa: E402
 from pml_extensions.utils.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-FASHION_CLASSES = ["T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Boot"]
+FASHION_CLASSES = [
+    "T-shirt",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Boot",
+]
 VARIANTS = ("baseline", "block", "aux_only", "wider")
-BLOCK_SEED_OFFSET = 100_003  # the block's own modules draw from seed + this (never the shared modules' stream)
+BLOCK_SEED_OFFSET = (
+    100_003  # the block's own modules draw from seed + this (never the shared modules' stream)
+)
 
 SIZES = {
     "quick": dict(
@@ -114,8 +140,9 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# data: preloaded float tensors; the splits use their own fixed RandomState (the same for every seed and variant)
+# ------------------------------------------------------------------------------------------------------------
+# data: preloaded float tensors; the splits use their own fixed RandomState (the same for every seed and
+# variant)
 def load_fashion(cfg):
     """Fashion-MNIST: train / validation from the official train file (disjoint images, per class), test from
     the official test file. Returns three (x [N, 1, 28, 28] float32 normalised, y [N] int64) pairs."""
@@ -163,9 +190,10 @@ def load_glyphs(cfg):
     return tuple((x[np.concatenate(p)], yt[np.concatenate(p)]) for p in parts)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 class SmallResNet(torch.nn.Module):
-    """ResNet of torchvision BasicBlocks for small images: 3×3 stem (stride 1), stages ``layer1..layerS`` where
+    """ResNet of torchvision BasicBlocks for small images: 3×3 stem (stride 1), stages ``layer1..layerS``
+    where
     stages 2 and 3 halve the resolution (paper's RN: reduction in stages 2-3), global average pooling ->
     ``[B, widths[-1]]``."""
 
@@ -184,7 +212,9 @@ class SmallResNet(torch.nn.Module):
                 st = stride if b == 0 else 1
                 down = None
                 if st != 1 or c != w:
-                    down = torch.nn.Sequential(torch.nn.Conv2d(c, w, 1, stride=st, bias=False), torch.nn.BatchNorm2d(w))
+                    down = torch.nn.Sequential(
+                        torch.nn.Conv2d(c, w, 1, stride=st, bias=False), torch.nn.BatchNorm2d(w)
+                    )
                 layers.append(BasicBlock(c, w, stride=st, downsample=down))
                 c = w
             setattr(self, f"layer{s + 1}", torch.nn.Sequential(*layers))
@@ -226,8 +256,10 @@ def wider_widths(widths, blocks, num_classes, target_params):
 def build_models(variant, seed, widths, blocks, num_classes):
     """Models of one variant for one seed (see the module docstring on pairing).
 
-    ``variant``: ``"baseline"``, ``"block"``, ``"aux_only"`` or ``"wider"``. The first three share the baseline's
-    trunk and classifier weights bit for bit; the block's own modules are drawn from ``seed + BLOCK_SEED_OFFSET``.
+    ``variant``: ``"baseline"``, ``"block"``, ``"aux_only"`` or ``"wider"``. The first three share the
+    baseline's
+    trunk and classifier weights bit for bit; the block's own modules are drawn from ``seed +
+    BLOCK_SEED_OFFSET``.
 
     Raises:
         ValueError: unknown variant.
@@ -236,7 +268,9 @@ def build_models(variant, seed, widths, blocks, num_classes):
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if variant == "wider":
         block_params = count_params(build_models("block", seed, widths, blocks, num_classes))
-        return _base_models(wider_widths(widths, blocks, num_classes, block_params), blocks, num_classes, seed)
+        return _base_models(
+            wider_widths(widths, blocks, num_classes, block_params), blocks, num_classes, seed
+        )
     models = _base_models(widths, blocks, num_classes, seed)
     if variant in ("block", "aux_only"):
         with torch.random.fork_rng(devices=[]):
@@ -247,10 +281,14 @@ def build_models(variant, seed, widths, blocks, num_classes):
 
 
 def make_sampler(dataset, seed, eval_every, batch):
-    """Uniform sampling with replacement from a generator seeded by ``seed`` alone: every variant of a seed sees
+    """Uniform sampling with replacement from a generator seeded by ``seed`` alone: every variant of a seed
+    sees
     the same batches (``eval_every·batch`` indices per PML "epoch")."""
     return torch.utils.data.RandomSampler(
-        dataset, replacement=True, num_samples=eval_every * batch, generator=torch.Generator().manual_seed(seed)
+        dataset,
+        replacement=True,
+        num_samples=eval_every * batch,
+        generator=torch.Generator().manual_seed(seed),
     )
 
 
@@ -266,10 +304,12 @@ def accuracy(models, x, y, device, bs=1000):
 
 
 def train_eval(models, data, seed, cfg, device, iters, batch, aux_weight=0.5, eval_every=None):
-    """Train with PML's TrainWithClassifier (TemplateMatchingTrainer when a block is present), validation accuracy
+    """Train with PML's TrainWithClassifier (TemplateMatchingTrainer when a block is present), validation
+    accuracy
     every ``eval_every`` iterations, test accuracy of the best-validation checkpoint.
 
-    Returns: dict(test_accuracy, val_accuracy (best), best_iteration, val_curve [(iteration, accuracy)], params,
+    Returns: dict(test_accuracy, val_accuracy (best), best_iteration, val_curve [(iteration, accuracy)],
+    params,
     seconds) and the trained models (best checkpoint loaded)."""
     (xtr, ytr), (xva, yva), (xte, yte) = data
     t0 = time.time()
@@ -293,7 +333,11 @@ def train_eval(models, data, seed, cfg, device, iters, batch, aux_weight=0.5, ev
         it = trainer.epoch * ev
         curve.append((it, acc))
         if acc > best["acc"]:
-            best.update(acc=acc, iteration=it, state={k: copy.deepcopy(m.state_dict()) for k, m in trainer.models.items()})
+            best.update(
+                acc=acc,
+                iteration=it,
+                state={k: copy.deepcopy(m.state_dict()) for k, m in trainer.models.items()},
+            )
         for m in trainer.models.values():
             m.train()
         return True
@@ -329,20 +373,27 @@ def train_eval(models, data, seed, cfg, device, iters, batch, aux_weight=0.5, ev
 
 
 def run_ablation(mixing, batch, seed, cfg, data, device, mu=None, eta=None):
-    """3-stage ResNet with BN-ReLU (``"bn_relu"``) or the soft maximizers swapped in (paired: the convs are the
+    """3-stage ResNet with BN-ReLU (``"bn_relu"``) or the soft maximizers swapped in (paired: the convs are
+    the
     BN-ReLU model's weights of the same seed)."""
     models = _base_models(cfg["ablation_widths"], 1, 10, seed)
     if mixing != "bn_relu":
         soft_maximizer_swap(
-            models["trunk"], mixing, mu=mu, eta=eta, epsilon=1.0, num_samples=cfg["perturbed_samples"],
-            seed=seed + BLOCK_SEED_OFFSET, inplace=True,
+            models["trunk"],
+            mixing,
+            mu=mu,
+            eta=eta,
+            epsilon=1.0,
+            num_samples=cfg["perturbed_samples"],
+            seed=seed + BLOCK_SEED_OFFSET,
+            inplace=True,
         )
     return train_eval(
         models, data, seed, cfg, device, cfg["ablation_iters"], batch, eval_every=cfg["ablation_eval_every"]
     )
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def visual_words(models, xte, device, k, path, seed=0, max_images=1000):
     """k-means (faiss) of the block's soft-maxed per-pixel class scores; one patch per the 16 largest
@@ -395,7 +446,7 @@ def visual_words(models, xte, device, k, path, seed=0, max_images=1000):
         plt.close(fig)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def _metrics(r, keys=("test_accuracy", "val_accuracy", "best_iteration")):
     return {k: r[k] for k in keys}
 
@@ -407,9 +458,16 @@ def table1(name, runs, data, cfg):
     params = {v: next(iter(runs[v].values()))["params"] for v in runs}
     curves = {v: np.mean([np.array(r["val_curve"])[:, 1] for r in runs[v].values()], axis=0) for v in runs}
     its = [int(i) for i, _ in next(iter(runs["baseline"].values()))["val_curve"]]
-    return {"variants": variants, "comparisons": comps, "params": params,
-            "mean_val_curve": {v: c.tolist() for v, c in curves.items()}, "curve_iterations": its,
-            "n_train": len(data[0][1]), "n_val": len(data[1][1]), "n_test": len(data[2][1])}
+    return {
+        "variants": variants,
+        "comparisons": comps,
+        "params": params,
+        "mean_val_curve": {v: c.tolist() for v, c in curves.items()},
+        "curve_iterations": its,
+        "n_train": len(data[0][1]),
+        "n_val": len(data[1][1]),
+        "n_test": len(data[2][1]),
+    }
 
 
 LABELS = {
@@ -429,8 +487,13 @@ def claims(out):
         v = out[ds]["variants"]
         for var, base, claim, kind in (
             ("block", "baseline", "block improves the baseline (Table 1)", "greater"),
-            ("block", "wider", "the gain is not from parameters: block beats a baseline with ≥ its parameters "
-             "(Table 1, RN26+block vs RN38)", "greater"),
+            (
+                "block",
+                "wider",
+                "the gain is not from parameters: block beats a baseline with ≥ its parameters "
+                "(Table 1, RN26+block vs RN38)",
+                "greater",
+            ),
             ("block", "aux_only", "block beats the auxiliary loss alone (Table 1)", "greater"),
         ):
             (c,) = compare(v, [var], base, "test_accuracy")
@@ -439,16 +502,29 @@ def claims(out):
         v = out["lambda_sweep"]["variants"]
         for lam in sorted((k for k in v if k != "λ=0.5"), key=lambda k: float(k.split("=")[1])):
             (c,) = compare(v, ["λ=0.5"], lam, "test_accuracy")
-            rows.append(f"| λ = 0.5 is best; smaller λ degrades (Fig. 4) | Fashion-MNIST | λ 0.5 − {lam.split('=')[1]}: "
-                        f"{fmt_diff(c)} | {verdict(c, 'greater')} |")
+            rows.append(
+                "| λ = 0.5 is best; smaller λ degrades (Fig. 4) | Fashion-MNIST | λ 0.5 − "
+                f"{lam.split('=')[1]}: "
+                f"{fmt_diff(c)} | {verdict(c, 'greater')} |"
+            )
     if "ablation" in out:
         for c in out["ablation"]["comparisons"]:
-            rows.append(f"| soft maximizers perform on par with BN-ReLU (Fig. 3) | Fashion-MNIST | {c['variant']} − "
-                        f"{c['baseline']}: {fmt_diff(c)} | {verdict(c, 'on_par')} |")
+            rows.append(
+                f"| soft maximizers perform on par with BN-ReLU (Fig. 3) | Fashion-MNIST | {c['variant']} − "
+                f"{c['baseline']}: {fmt_diff(c)} | {verdict(c, 'on_par')} |"
+            )
     if not rows:
         return []
-    return ["**Paper claims at our scale** (paired difference of test accuracy, points [95 % CI]):", "",
-            "| paper claim | data | ours | verdict |", "|---|---|---|---|"] + rows + [""]
+    return (
+        [
+            "**Paper claims at our scale** (paired difference of test accuracy, points [95 % CI]):",
+            "",
+            "| paper claim | data | ours | verdict |",
+            "|---|---|---|---|",
+        ]
+        + rows
+        + [""]
+    )
 
 
 def markdown(out, cfg):
@@ -458,13 +534,20 @@ def markdown(out, cfg):
         if ds not in out:
             continue
         t = out[ds]
-        title = "Fashion-MNIST" if ds == "fashion" else f"Glyphs ({t['num_classes']} characters, every installed font)"
+        title = (
+            "Fashion-MNIST"
+            if ds == "fashion"
+            else f"Glyphs ({t['num_classes']} characters, every installed font)"
+        )
         L += [
             f"**{title}**: {t['n_train']} train / {t['n_val']} validation / {t['n_test']} test images; "
-            f"4-stage ResNet widths {list(cfg['widths'])} × {cfg['blocks']} BasicBlock(s) per stage, {cfg['iters']} "
-            f"iterations × batch {cfg['batch']}, checkpoint chosen on validation; test accuracy %, seeds {list(seeds)}.",
+            f"4-stage ResNet widths {list(cfg['widths'])} × {cfg['blocks']} BasicBlock(s) per stage, "
+            f"{cfg['iters']} "
+            f"iterations × batch {cfg['batch']}, checkpoint chosen on validation; test accuracy %, seeds "
+            f"{list(seeds)}.",
             "",
-            "| variant | params | test accuracy (mean ± std) | paired diff. vs baseline [95 % CI] | wins | best-val iteration |",
+            "| variant | params | test accuracy (mean ± std) | paired diff. vs baseline [95 % CI] | wins | "
+            "best-val iteration |",
             "|---|---|---|---|---|---|",
         ]
         comps = {c["variant"]: c for c in t["comparisons"]}
@@ -488,7 +571,8 @@ def markdown(out, cfg):
     if "lambda_sweep" in out:
         t = out["lambda_sweep"]
         L += [
-            f"**λ sweep (paper Fig. 4)**, Fashion-MNIST, block variant with aux_weight λ (0.5 = the row above); "
+            "**λ sweep (paper Fig. 4)**, Fashion-MNIST, block variant with aux_weight λ (0.5 = the row "
+            "above); "
             "paired differences vs the baseline.",
             "",
             "| λ | test accuracy | paired diff. vs baseline [95 % CI] |",
@@ -496,7 +580,9 @@ def markdown(out, cfg):
         ]
         comps = {c["variant"]: c for c in t["comparisons"]}
         for v in sorted(t["variants"], key=lambda n: float(n.split("=")[1])):
-            L.append(f"| {v.split('=')[1]} | {fmt_ms(t['variants'][v], 'test_accuracy')} | {fmt_diff(comps[v])} |")
+            L.append(
+                f"| {v.split('=')[1]} | {fmt_ms(t['variants'][v], 'test_accuracy')} | {fmt_diff(comps[v])} |"
+            )
         L.append("")
     if "ablation" in out:
         t = out["ablation"]
@@ -504,7 +590,8 @@ def markdown(out, cfg):
             f"**Soft maximizers instead of BN-ReLU (paper Fig. 3)**, Fashion-MNIST, 3-stage ResNet widths "
             f"{list(cfg['ablation_widths'])}, {cfg['ablation_iters']} iterations; μ = {t['mu']:.2f}, "
             f"η = {t['eta']:.2f} estimated from the trained BN-ReLU models; ε = 1; perturbed maximizer with "
-            f"S = {cfg['perturbed_samples']} samples (paper: 600); test accuracy %, paired diff. vs BN-ReLU at the "
+            f"S = {cfg['perturbed_samples']} samples (paper: 600); test accuracy %, paired diff. vs "
+            "BN-ReLU at the "
             "same batch size [95 % CI].",
             "",
             "| mixing | " + " | ".join(f"batch {b}" for b in cfg["ablation_batches"]) + " |",
@@ -539,9 +626,13 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the size's seeds")
     parser.add_argument("--skip", nargs="*", default=(), choices=("fashion", "glyphs", "lambda", "ablation"))
     parser.add_argument("--perturbed-samples", type=int, default=None, help="S of the perturbed maximizer")
-    parser.add_argument("--lambdas", type=float, nargs="*", default=None, help="aux_weight values of the sweep")
+    parser.add_argument(
+        "--lambdas", type=float, nargs="*", default=None, help="aux_weight values of the sweep"
+    )
     parser.add_argument("--visual-words", action="store_true", help="also save the k-means visual-words PNG")
-    parser.add_argument("--iters", type=int, default=None, help="override the training iterations (all parts)")
+    parser.add_argument(
+        "--iters", type=int, default=None, help="override the training iterations (all parts)"
+    )
     parser.add_argument("--eval-every", type=int, default=None, help="override the validation interval")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     parser.add_argument("--out", default=RESULTS)
@@ -583,7 +674,12 @@ def main(argv=None):
     logging.getLogger("PML").setLevel(logging.ERROR)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    out = {"size": args.size, "config": dict(cfg), "device": str(device), "torch_threads": torch.get_num_threads()}
+    out = {
+        "size": args.size,
+        "config": dict(cfg),
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+    }
     seeds = cfg["seeds"]
 
     fashion = load_fashion(cfg)
@@ -596,16 +692,20 @@ def main(argv=None):
                 models = build_models(v, seed, cfg["widths"], cfg["blocks"], num_classes)
                 r, trained = train_eval(models, data, seed, cfg, device, cfg["iters"], cfg["batch"])
                 runs.setdefault(v, {})[seed] = r
-                log(f"{name} {v} seed {seed}: test {r['test_accuracy']:.2f} val {r['val_accuracy']:.2f} "
-                    f"@{r['best_iteration']} ({r['seconds']:.0f}s, {time.time() - t0:.0f}s total)")
+                log(
+                    f"{name} {v} seed {seed}: test {r['test_accuracy']:.2f} val {r['val_accuracy']:.2f} "
+                    f"@{r['best_iteration']} ({r['seconds']:.0f}s, {time.time() - t0:.0f}s total)"
+                )
                 if args.visual_words and name == "fashion" and v == "block" and seed == seeds[0]:
                     png = os.path.join(args.out, f"template_block_visual_words{suffix}.png")
                     visual_words(trained, data[2][0], device, cfg.get("kmeans_k", 32), png)
                     out["visual_words_png"] = png
         t = table1(name, runs, data, cfg)
         t["num_classes"] = num_classes
-        t["per_run"] = {v: {str(s): {"val_curve": r["val_curve"], "seconds": r["seconds"]} for s, r in rs.items()}
-                        for v, rs in runs.items()}
+        t["per_run"] = {
+            v: {str(s): {"val_curve": r["val_curve"], "seconds": r["seconds"]} for s, r in rs.items()}
+            for v, rs in runs.items()
+        }
         return runs, t
 
     if "fashion" not in args.skip:
@@ -619,13 +719,17 @@ def main(argv=None):
         for lam in cfg["lambdas"]:
             for seed in seeds:
                 models = build_models("block", seed, cfg["widths"], cfg["blocks"], 10)
-                r, _ = train_eval(models, fashion, seed, cfg, device, cfg["iters"], cfg["batch"], aux_weight=lam)
+                r, _ = train_eval(
+                    models, fashion, seed, cfg, device, cfg["iters"], cfg["batch"], aux_weight=lam
+                )
                 runs.setdefault(f"λ={lam:g}", {})[seed] = r
                 log(f"lambda {lam} seed {seed}: test {r['test_accuracy']:.2f} ({r['seconds']:.0f}s)")
         variants = summarize_variants({v: {s: _metrics(r) for s, r in rs.items()} for v, rs in runs.items()})
         out["lambda_sweep"] = {
             "variants": {k: v for k, v in variants.items() if k != "baseline"},
-            "comparisons": compare(variants, [k for k in runs if k != "baseline"], "baseline", "test_accuracy"),
+            "comparisons": compare(
+                variants, [k for k in runs if k != "baseline"], "baseline", "test_accuracy"
+            ),
         }
     if "ablation" not in args.skip:
         runs, mus, etas = {}, [], []
@@ -644,15 +748,24 @@ def main(argv=None):
                 for seed in seeds:
                     r, _ = run_ablation(mixing, b, seed, cfg, fashion, device, mu=mu, eta=eta)
                     runs.setdefault(f"{mixing}/{b}", {})[seed] = r
-                    log(f"ablation {mixing} bs {b} seed {seed}: {r['test_accuracy']:.2f} ({r['seconds']:.0f}s)")
+                    log(
+                        f"ablation {mixing} bs {b} seed {seed}: {r['test_accuracy']:.2f} "
+                        f"({r['seconds']:.0f}s)"
+                    )
         variants = summarize_variants({v: {s: _metrics(r) for s, r in rs.items()} for v, rs in runs.items()})
         comps = []
         for name in variants:
             m, b = name.split("/")
             if m != "bn_relu":
                 comps += compare(variants, [name], f"bn_relu/{b}", "test_accuracy")
-        out["ablation"] = {"variants": variants, "comparisons": comps, "mu": mu, "eta": eta,
-                           "mu_per_model": mus, "eta_per_model": etas}
+        out["ablation"] = {
+            "variants": variants,
+            "comparisons": comps,
+            "mu": mu,
+            "eta": eta,
+            "mu_per_model": mus,
+            "eta_per_model": etas,
+        }
     out["seconds"] = time.time() - t0
     md = markdown(out, cfg)
     out["markdown"] = md

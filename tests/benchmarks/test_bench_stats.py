@@ -10,7 +10,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bench_stats", os.path.join(ROOT, "benchmarks", "bench_stats.py"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_stats", os.path.join(ROOT, "benchmarks", "bench_stats.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -18,7 +20,8 @@ def _module():
 
 def test_paired_difference_hand_computed():
     bs = _module()
-    # differences 1, 2, 6: mean 3, sample std sqrt(((−2)² + (−1)² + 3²) / 2) = sqrt(7); t_{0.975, 2} = 4.302652729911275
+    # differences 1, 2, 6: mean 3, sample std sqrt(((−2)² + (−1)² + 3²) / 2) = sqrt(7); t_{0.975, 2} =
+    # 4.302652729911275
     r = bs.paired_difference({0: 11.0, 1: 12.0, 2: 16.0}, {0: 10.0, 1: 10.0, 2: 10.0})
     assert r["differences"] == [1.0, 2.0, 6.0]
     assert r["mean_difference"] == 3.0

@@ -14,7 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(scope="module")
 def loc():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location("localization", os.path.join(ROOT, "benchmarks", "localization.py"))
+    spec = importlib.util.spec_from_file_location(
+        "localization", os.path.join(ROOT, "benchmarks", "localization.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -42,13 +44,19 @@ def _runs(loc):
             losses[loss] = {
                 "scores": scores,
                 "identity_rgradcam_vs_relu_decomposition_bias": {
-                    "n_pairs": 2, "max_rel_diff_relu": 0.0, "same_hits_every_threshold": True
+                    "n_pairs": 2,
+                    "max_rel_diff_relu": 0.0,
+                    "same_hits_every_threshold": True,
                 },
                 "train_p_at_1": 90.0 + i,
                 "test_p_at_1": 50.0 + i + shift,
             }
-        runs[s] = {"losses": losses, "centre_box": {"best_accuracy": 5.0}, "thresholds": [0.05 * k for k in range(1, 20)],
-                   "feature_size": [8, 8]}
+        runs[s] = {
+            "losses": losses,
+            "centre_box": {"best_accuracy": 5.0},
+            "thresholds": [0.05 * k for k in range(1, 20)],
+            "feature_size": [8, 8],
+        }
     return runs
 
 

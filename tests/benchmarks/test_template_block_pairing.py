@@ -1,4 +1,5 @@
-"""Pairing of the template-block benchmark: same seed -> bit-identical shared weights and batches at step 0."""
+"""Pairing of the template-block benchmark: same seed -> bit-identical shared weights and batches at step
+0."""
 
 import importlib.util
 import os
@@ -14,7 +15,9 @@ WIDTHS = (4, 4, 8, 8)
 @pytest.fixture(scope="module")
 def tb():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location("template_block", os.path.join(ROOT, "benchmarks", "template_block.py"))
+    spec = importlib.util.spec_from_file_location(
+        "template_block", os.path.join(ROOT, "benchmarks", "template_block.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
