@@ -527,8 +527,60 @@ def markdown(out, args, seeds, losses):
             )
         L += ["", f"Paper (Table III): {PAPER['table3']} Paper (Table IV): {PAPER['table4']}"]
     L += [""] + claims(res, main)
-    L += [f"Size `{out['size']}` on {out['device']}, {out['seconds'] / 60:.1f} min wall."]
+    parts = ""
+    if "part_seconds" in out:
+        parts = (
+            f"; {len(out['part_seconds'])} per-seed parts run in parallel, "
+            + ", ".join(f"{t / 60:.1f}" for t in out["part_seconds"])
+            + " min each"
+        )
+    L += [f"Size `{out['size']}` on {out['device']}, {out['seconds'] / 60:.1f} min wall{parts}."]
     return "\n".join(L) + "\n"
+
+
+def merge_parts(paths, out_dir, tag=""):
+    """Combine per-seed parts (same arguments apart from the seeds) into one results file and its tables.
+
+    Raises:
+        ValueError: parts with other arguments, or a seed in two parts.
+    """
+    import json
+
+    parts = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            parts.append(json.load(f))
+    ignore = ("seeds", "tag", "out", "merge", "from_json")
+    ref = {k: v for k, v in parts[0]["args"].items() if k not in ignore}
+    runs = {}
+    for path, part in zip(paths, parts):
+        if {k: v for k, v in part["args"].items() if k not in ignore} != ref:
+            raise ValueError(f"--merge: {path} was run with other arguments than {paths[0]}")
+        for s in part["seeds"]:
+            if s in runs:
+                raise ValueError(f"--merge: seed {s} is in two parts")
+            runs[s] = part["runs"][str(s)]
+    seeds = sorted(runs)
+    args = argparse.Namespace(**parts[0]["args"])
+    args.seeds = seeds
+    out = {
+        "size": parts[0]["size"],
+        "device": parts[0]["device"],
+        "args": vars(args),
+        "seeds": seeds,
+        "paper": PAPER,
+        "runs": runs,
+        "part_seconds": [p["seconds"] for p in parts],
+    }
+    out["seconds"] = max(out["part_seconds"])
+    out["analysis"] = analyse(runs, seeds, args.losses)
+    md = markdown(out, args, seeds, args.losses)
+    out["markdown"] = md
+    suffix = f"_{tag}" if tag else ""
+    atomic_write_json(os.path.join(out_dir, f"localization{suffix}.json"), out)
+    atomic_write_text(os.path.join(out_dir, f"localization{suffix}.md"), md)
+    print(md)
+    return out
 
 
 def main(argv=None):
@@ -553,7 +605,15 @@ def main(argv=None):
     p.add_argument("--tag", default="", help="suffix of the result file names")
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--from-json", default=None, help="re-render the .md from an existing results JSON")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        help="combine the JSONs of per-seed parts run in parallel into --out/localization[_TAG].json",
+    )
     args = p.parse_args(argv)
+    if args.merge:
+        return merge_parts(args.merge, args.out, args.tag)
     if args.from_json:
         import json
 

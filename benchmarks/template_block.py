@@ -612,11 +612,50 @@ def markdown(out, cfg):
             L.append(f"| {mixing} | " + " | ".join(cells) + " |")
         L.append("")
     L += claims(out)
+    parts = ""
+    if "part_seconds" in out:
+        parts = (
+            f"; {len(out['part_seconds'])} parts run in parallel, "
+            + ", ".join(f"{t / 60:.1f}" for t in out["part_seconds"])
+            + " min each"
+        )
     L.append(
         f"Size `{out['size']}` on {out['device']}, {out['seconds'] / 60:.1f} min wall "
-        f"(torch threads {out['torch_threads']})."
+        f"(torch threads {out['torch_threads']}{parts})."
     )
     return "\n".join(L) + "\n"
+
+
+def merge_parts(paths, out_dir, tag=""):
+    """Combine part results (same size and config, disjoint parts) into one results file and its table.
+
+    Raises:
+        ValueError: parts with different size/config, or two parts holding the same experiment.
+    """
+    import json
+
+    parts = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            parts.append(json.load(f))
+    out = {k: parts[0][k] for k in ("size", "config", "device", "torch_threads")}
+    for path, part in zip(paths, parts):
+        if (part["size"], part["config"]) != (out["size"], out["config"]):
+            raise ValueError(f"--merge: {path} has another size/config than {paths[0]}")
+        for key in ("fashion", "glyphs", "lambda_sweep", "ablation", "visual_words_png"):
+            if key in part:
+                if key in out:
+                    raise ValueError(f"--merge: two parts hold {key!r}")
+                out[key] = part[key]
+    out["part_seconds"] = [p["seconds"] for p in parts]
+    out["seconds"] = max(out["part_seconds"])
+    md = markdown(out, out["config"])
+    out["markdown"] = md
+    suffix = f"_{tag}" if tag else ""
+    atomic_write_json(os.path.join(out_dir, f"template_block{suffix}.json"), out)
+    atomic_write_text(os.path.join(out_dir, f"template_block{suffix}.md"), md)
+    print(md)
+    return out
 
 
 def main(argv=None):
@@ -637,7 +676,15 @@ def main(argv=None):
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--from-json", default=None, help="re-render the .md from an existing results JSON")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        help="combine the JSONs of parts run in parallel (--skip/--tag) into --out/template_block[_TAG].json",
+    )
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge_parts(args.merge, args.out, args.tag)
     if args.from_json:
         import json
 
