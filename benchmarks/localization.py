@@ -35,7 +35,8 @@ paper, with paired differences vs Decomposition under the same convention), III 
 training
 and on the test classes), IV (best localisation accuracy per method, MS vs Triplet, paired difference).
 
-    python benchmarks/localization.py --size quick                 # ~15 min on 2 shared CPU cores
+    python benchmarks/localization.py --size quick   # 40 test images at 224 px, 30 steps: smoke scale
+    python benchmarks/localization.py --size medium  # 60 test images at 256 px, 60 steps
     python benchmarks/localization.py --size full --device cuda    # more images, more fine-tuning
 
 Writes ``benchmarks/results/localization.json`` and ``.md`` (the README's ``results:localization`` block).
@@ -67,7 +68,8 @@ DEMO = "Decomposition (demo ReLU-then-sum)"
 CONVENTIONS = ("signed", "ReLU")
 LOSSES = {"ms": "Multi-Similarity", "triplet": "Triplet"}
 SIZES = {
-    "quick": dict(n_train=240, n_test=60, steps=60, seeds=(0, 1, 2), size=256, train_size=224),
+    "quick": dict(n_train=96, n_test=40, steps=30, seeds=(0, 1, 2), size=224, train_size=224),
+    "medium": dict(n_train=240, n_test=60, steps=60, seeds=(0, 1, 2), size=256, train_size=224),
     "full": dict(n_train=3000, n_test=1000, steps=2000, seeds=(0, 1, 2, 3, 4), size=448, train_size=224),
 }
 # The paper's statements (values not in the text we have): Table II ordering and Tables III-IV trends.

@@ -39,8 +39,13 @@ to show it has plateaued. Each variant is compared with the baseline of the same
 with
 a 95 % t interval (``benchmarks/bench_stats.py``).
 
-    OMP_NUM_THREADS=1 python benchmarks/template_block.py --size quick      # ~15 min on 2 shared CPU cores
+    OMP_NUM_THREADS=1 python benchmarks/template_block.py --size quick   # 200 iterations: a smoke-scale check
+    OMP_NUM_THREADS=1 python benchmarks/template_block.py --size medium  # 500 iterations, λ 0 and 0.25
     python benchmarks/template_block.py --size full --device cuda          # full data, wider nets, S = 600
+
+``--size quick`` needs about 10 CPU-minutes in all (the three experiments can run as parallel processes with
+``--skip``/``--tag`` and be joined with ``--merge``); at 200 iterations the baseline has not fully converged on
+Fashion-MNIST (the printed validation curve shows it), so quick results are indicative only.
 
 Writes ``benchmarks/results/template_block.json`` and ``.md`` (the README's ``results:template_block`` block).
 """
@@ -94,6 +99,26 @@ BLOCK_SEED_OFFSET = (
 
 SIZES = {
     "quick": dict(
+        fashion_train_per_class=300,
+        fashion_val_per_class=100,
+        fashion_test_per_class=100,
+        glyph_source="all",
+        glyph_split=(0.6, 0.2, 0.2),
+        widths=(8, 16, 32, 32),
+        blocks=1,
+        ablation_widths=(8, 16, 32),
+        iters=200,
+        ablation_iters=100,
+        eval_every=50,
+        ablation_eval_every=50,
+        batch=32,
+        lr=5e-3,
+        seeds=(0, 1, 2),
+        lambdas=(0.0,),
+        perturbed_samples=8,
+        ablation_batches=(8,),
+    ),
+    "medium": dict(
         fashion_train_per_class=300,
         fashion_val_per_class=100,
         fashion_test_per_class=100,

@@ -80,3 +80,46 @@ def test_analysis_pairs_methods_conventions_and_losses(loc):
         assert f"| {m} | signed |" in md and f"| {m} | ReLU |" in md  # Table I: both conventions
     assert "| Decomposition beats Grad-CAM (Table II) | Decomposition [signed] − Grad-CAM [ReLU]: +30.0" in md
     assert "MS − Triplet, test_p_at_1: +5.0 [+5.0, +5.0] | reproduces |" in md
+
+
+def test_merge_of_per_seed_parts(loc, tmp_path):
+    import json
+
+    runs = _runs(loc)
+    args = dict(
+        source="clipart",
+        n_test=3,
+        size=256,
+        pool="gmp",
+        dim=128,
+        steps=1,
+        n_train=3,
+        losses=["ms", "triplet"],
+    )
+    paths = []
+    for s in (0, 1, 2):
+        part = {
+            "size": "quick",
+            "device": "cpu",
+            "seeds": [s],
+            "runs": {str(s): runs[s]},
+            "seconds": 10.0 + s,
+            "args": dict(args, seeds=[s], tag=f"part_s{s}"),
+        }
+        paths.append(str(tmp_path / f"p{s}.json"))
+        with open(paths[-1], "w") as f:
+            json.dump(part, f)
+    out = loc.merge_parts(paths, str(tmp_path))
+    assert out["seeds"] == [0, 1, 2] and out["seconds"] == 12.0
+    whole = loc.analyse(runs, (0, 1, 2), ["ms", "triplet"])
+    assert out["analysis"]["ms"]["comparisons"] == whole["ms"]["comparisons"]
+    assert (tmp_path / "localization.md").read_text() == out["markdown"]
+    with pytest.raises(ValueError, match="seed 0 is in two parts"):
+        loc.merge_parts([paths[0], paths[0]], str(tmp_path))
+    with open(paths[1]) as f:
+        other = json.load(f)
+    other["args"]["steps"] = 5
+    with open(paths[1], "w") as f:
+        json.dump(other, f)
+    with pytest.raises(ValueError, match="other arguments"):
+        loc.merge_parts(paths, str(tmp_path))
