@@ -1,17 +1,14 @@
 """Paired-comparison statistics shared by the benchmarks (issue 10, item 1's results layout).
 
 A comparison is *paired*: variant and baseline ran with the same seed (same initial weights of every shared
-module,
-same batches), so the per-seed difference is the quantity of interest. Its 95 % confidence interval uses
-Student's
-t distribution (``scipy.stats.t``) with n − 1 degrees of freedom:
+module, same batches), so the per-seed difference is the quantity of interest. Its 95 % confidence interval
+uses Student's t distribution (``scipy.stats.t``) with n − 1 degrees of freedom:
 
     d_s = variant_s − baseline_s,   mean ± t_{0.975, n−1} · std(d, ddof=1) / √n
 
 The results layout (``variants`` → {name: {``per_seed``: {seed: {metric: value}}, ``mean``, ``std``}} and
 ``comparisons`` → [{``variant``, ``baseline``, ``metric``, ``mean_difference``, ``ci95``, ...}]) is the one
-issue 10
-asks every benchmark to write so that other tools can read it.
+issue 10 asks every benchmark to write so that other tools can read it.
 
     >>> paired_difference({0: 2.0, 1: 3.0, 2: 4.0}, {0: 1.0, 1: 1.0, 2: 1.0})["mean_difference"]
     2.0

@@ -3,37 +3,27 @@ issue 10 item 5).
 
 Data: ``CompositeLocalizationDataset`` — Open Clip Art drawings (``--source glyph``: glyph ink) pasted on
 scikit-image photos/textures with exact boxes; class-disjoint: the models are fine-tuned on the training
-classes and
-scored on the test classes (the paper's CUB "validation set"). Models: ImageNet MobileNetV2 features -> GMP
-(the
-paper's CUB model is GMP-based; ``--pool gap``) -> Linear(1280, 128), fine-tuned with the Multi-Similarity
-loss (the
-paper's recipe) and, for Tables III-IV, with the Triplet loss — paired: within a seed both start from the same
-weights and see the same batches. Each test image (query) is paired with its nearest test image of the same
-class
-(cosine); the query's map is scored: min-max -> bilinear resize -> threshold grid -> largest connected
-component ->
-box -> correct when IoU > 0.5 (paper Sec. VI-A).
+classes and scored on the test classes (the paper's CUB "validation set"). Models: ImageNet MobileNetV2
+features -> GMP (the paper's CUB model is GMP-based; ``--pool gap``) -> Linear(1280, 128), fine-tuned with the
+Multi-Similarity loss (the paper's recipe) and, for Tables III-IV, with the Triplet loss — paired: within a
+seed both start from the same weights and see the same batches. Each test image (query) is paired with its
+nearest test image of the same class (cosine); the query's map is scored: min-max -> bilinear resize ->
+threshold grid -> largest connected component -> box -> correct when IoU > 0.5 (paper Sec. VI-A).
 
 Every method is scored under both sign conventions, so the table separates the method from the sign:
 ``signed`` (the map as the method defines it, negative evidence kept) and ``ReLU`` (clamped at 0, Grad-CAM's
 convention). Methods: Decomposition, Decomposition+Bias (the first two terms of eq. 5), Grad-CAM (of the
-cosine),
-Grad-CAM (no norm) (of E^q · E^r), and the authors' demo variant (ReLU of each point-to-point term, then sum;
-non-negative by construction). RGrad-CAM (Σ_k ∂(E^q·E^r)/∂A · A without averaging the gradient,
-``SimilarityGradCAM``
-variant ``"rectified"``) equals Decomposition+Bias exactly for a linear head (GMP included), so "rectified
-Grad-CAM"
-is ReLU(Decomposition+Bias): the benchmark computes it by autograd for the first ``--eval-batch`` queries of
-every
-run and reports the largest difference and whether the localisation hits agree, instead of scoring a
-duplicate row.
+cosine), Grad-CAM (no norm) (of E^q · E^r), and the authors' demo variant (ReLU of each point-to-point term,
+then sum; non-negative by construction). RGrad-CAM (Σ_k ∂(E^q·E^r)/∂A · A without averaging the gradient,
+``SimilarityGradCAM`` variant ``"rectified"``) equals Decomposition+Bias exactly for a linear head (GMP
+included), so "rectified Grad-CAM" is ReLU(Decomposition+Bias): the benchmark computes it by autograd for the
+first ``--eval-batch`` queries of every run and reports the largest difference and whether the localisation
+hits agree, instead of scoring a duplicate row.
 
 Tables: I (accuracy per threshold, MS model), II (best threshold per method, chosen on the test classes as in
-the
-paper, with paired differences vs Decomposition under the same convention), III (MS vs Triplet: P@1 on the
-training
-and on the test classes), IV (best localisation accuracy per method, MS vs Triplet, paired difference).
+the paper, with paired differences vs Decomposition under the same convention), III (MS vs Triplet: P@1 on the
+training and on the test classes), IV (best localisation accuracy per method, MS vs Triplet, paired
+difference).
 
     python benchmarks/localization.py --size quick   # 40 test images at 224 px, 30 steps: smoke scale
     python benchmarks/localization.py --size medium  # 60 test images at 256 px, 60 steps

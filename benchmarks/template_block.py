@@ -1,51 +1,40 @@
 #!/usr/bin/env python
-"""Template-matching block benchmark (Gorgun, Gurbuz & Alatan, BMVC 2022: Table 1, Fig. 3, Fig. 4; issue 10
-item 3).
+"""Template-matching block benchmark (Gorgun, Gurbuz & Alatan, BMVC 2022: Table 1, Fig. 3, Fig. 4; issue 10 item
+3).
 
 Paired, multi-seed classification experiments on two offline data sets, model selection on validation data
 only:
 
 1. **Table 1** on Fashion-MNIST (official train file split per class into train / validation; official test
-file)
-   and on glyphs (62 characters rendered from every installed font, ``GlyphDataset(split="all")``, split per
-   class
-   into train / validation / test images): a small 4-stage ResNet of torchvision BasicBlocks (down-sampling in
-   stages 2 and 3 as the paper's RN) as ``baseline``; ``block`` (+ template-matching block between stages 3
-   and 4,
-   λ = 0.5); ``aux_only`` (the block's patch classifier and auxiliary loss, no mixing; the paper's "auxiliary
-   loss
-   only" row); ``wider`` (the baseline with every stage widened by the smallest factor k/8 that gives at least
-   the block variant's parameter count: the "does it come from the parameters?" control, the paper's
-   RN26+block
-   vs RN38 claim).
+   file) and on glyphs (62 characters rendered from every installed font, ``GlyphDataset(split="all")``, split
+   per class into train / validation / test images): a small 4-stage ResNet of torchvision BasicBlocks
+   (down-sampling in stages 2 and 3 as the paper's RN) as ``baseline``; ``block`` (+ template-matching block
+   between stages 3 and 4, λ = 0.5); ``aux_only`` (the block's patch classifier and auxiliary loss, no mixing;
+   the paper's "auxiliary loss only" row); ``wider`` (the baseline with every stage widened by the smallest
+   factor k/8 that gives at least the block variant's parameter count: the "does it come from the parameters?"
+   control, the paper's RN26+block vs RN38 claim).
 2. **Fig. 4** (λ sweep) on Fashion-MNIST: the block with ``aux_weight`` λ in ``--lambdas`` (0.5 is ``block``).
 3. **Fig. 3** (soft maximizers) on Fashion-MNIST with a 3-stage ResNet: BN-ReLU after every 3×3 conv vs the
-   margin-augmented soft-max vs the perturbed maximizer (``--perturbed-samples`` S; the paper uses 600), μ
-   and η
-   estimated from the trained BN-ReLU models of the same seeds; batch 8 and 32, the perturbed maximizer at
+   margin-augmented soft-max vs the perturbed maximizer (``--perturbed-samples`` S; the paper uses 600), μ and
+   η estimated from the trained BN-ReLU models of the same seeds; batch 8 and 32, the perturbed maximizer at
    batch 8 only (as the paper).
 
-Pairing: within a seed every variant builds the baseline's modules first under ``torch.manual_seed(seed)``
-(so the
-shared trunk and classifier weights are bit-identical at step 0), then adds its own modules from a separate
-seed,
-and draws its batches from ``torch.Generator().manual_seed(seed)`` (identical batch order). Training: Adam
-with a
-one-cycle learning rate over ``iters`` iterations (not stated in the paper), no augmentation; the validation
-accuracy is measured every ``eval_every`` iterations, the checkpoint with the best validation accuracy is
-scored
-on the test images (test data is read once, after training). The baseline's validation curve is in the results
-to show it has plateaued. Each variant is compared with the baseline of the same seed: mean paired difference
-with
-a 95 % t interval (``benchmarks/bench_stats.py``).
+Pairing: within a seed every variant builds the baseline's modules first under ``torch.manual_seed(seed)`` (so
+the shared trunk and classifier weights are bit-identical at step 0), then adds its own modules from a
+separate seed, and draws its batches from ``torch.Generator().manual_seed(seed)`` (identical batch order).
+Training: Adam with a one-cycle learning rate over ``iters`` iterations (not stated in the paper), no
+augmentation; the validation accuracy is measured every ``eval_every`` iterations, the checkpoint with the
+best validation accuracy is scored on the test images (test data is read once, after training). The baseline's
+validation curve is in the results to show whether it has plateaued. Each variant is compared with the baseline of the
+same seed: mean paired difference with a 95 % t interval (``benchmarks/bench_stats.py``).
 
     OMP_NUM_THREADS=1 python benchmarks/template_block.py --size quick   # 200 iterations: a smoke-scale check
     OMP_NUM_THREADS=1 python benchmarks/template_block.py --size medium  # 500 iterations, λ 0 and 0.25
     python benchmarks/template_block.py --size full --device cuda          # full data, wider nets, S = 600
 
 ``--size quick`` needs about 10 CPU-minutes in all (the three experiments can run as parallel processes with
-``--skip``/``--tag`` and be joined with ``--merge``); at 200 iterations the baseline has not fully converged on
-Fashion-MNIST (the printed validation curve shows it), so quick results are indicative only.
+``--skip``/``--tag`` and be joined with ``--merge``); at 200 iterations the baseline has not fully converged
+on Fashion-MNIST (the printed validation curve shows it), so quick results are indicative only.
 
 Writes ``benchmarks/results/template_block.json`` and ``.md`` (the README's ``results:template_block`` block).
 """
