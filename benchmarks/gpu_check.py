@@ -161,7 +161,7 @@ def step_mlrc(device, tiny, work, timeout):
 
 TINY_RESOLUTION_JOB = (
     "{datasets~OVERRIDE~: {glyphs: {database_resolution: 32, query_resolutions: [16], image_size: 32, "
-    "max_test_per_class: 4, crop_scale: [0.5, 1.0]}}, teacher_iterations: 1, student_iterations: 1, "
+    "max_test_per_class: 4, crop_scale: [0.5, 1.0]}}, teacher_iterations: 1, student_iterations: 1, checkpoint_every: 1, "
     "images_per_batch: 4, num_augmentations: 2, embedding_dim: 16, eval_batch_size: 64, num_workers: 0, "
     "device: %s}"
 )
@@ -211,7 +211,7 @@ def step_accuracy_scale(device, tiny, work, timeout):
     out = os.path.join(work, "accuracy_scale.json")
     cmd = [sys.executable, script, "--device", device, "--out", out]
     if tiny:
-        cmd += ["--sizes", "2000"]
+        cmd += ["--cases", "2000:6", "--methods", "engine", "asymmetric_k_none"]
     status, seconds, note = run_command(cmd, timeout)
     figures = {}
     if os.path.isfile(out):

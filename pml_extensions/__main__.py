@@ -26,7 +26,12 @@ def main(argv=None) -> int:
             return 2
         return 0
     module = importlib.import_module(COMMANDS[argv[0]])
-    return module.main(argv[1:]) or 0
+    status = module.main(argv[1:]) or 0
+    if status == 0:  # under torchrun: every rank reached the end; leave the process group together
+        from pml_extensions.runner.distributed import shutdown
+
+        shutdown()
+    return status
 
 
 if __name__ == "__main__":

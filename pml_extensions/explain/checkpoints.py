@@ -16,7 +16,6 @@ or up to three folders above it, and the state dicts are loaded into it):
 Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line that names the file.
 """
 
-import copy
 import os
 import re
 from typing import Optional, Tuple
@@ -82,30 +81,10 @@ def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optiona
     return None, None
 
 
-def _mlrc_runner_class():
-    for module in (
-        "pml_extensions.runner.protocols.mlrc",
-        "pml_extensions.runner.mlrc",
-        "pml_extensions.runner",
-    ):
-        try:
-            mod = __import__(module, fromlist=["MLRCRunner"])
-            return getattr(mod, "MLRCRunner")
-        except (ImportError, AttributeError):
-            continue
-    raise ValueError("the MLRC runner (pml_extensions.runner MLRCRunner) is not importable")
-
-
 def _resolution_build_model():
-    for module in (
-        "pml_extensions.runner.protocols.resolution_distillation",
-        "pml_extensions.utils.resolution_job",
-    ):
-        try:
-            return getattr(__import__(module, fromlist=["build_model"]), "build_model")
-        except (ImportError, AttributeError):
-            continue
-    raise ValueError("the resolution protocol's build_model is not importable")
+    from pml_extensions.runner.protocols.resolution_distillation_parts import build_model
+
+    return build_model
 
 
 def _in_channels(state: dict) -> int:
@@ -122,21 +101,20 @@ def models_from_config(
     if "resolution_job" in cfg:
         dim = int((cfg.get("resolution_job") or {}).get("embedding_dim", 512))
         return _resolution_build_model()(dim, pretrained=False)
-    models = cfg.get("models")
     variants = cfg.get("variants") or {}
     parts = os.path.abspath(path).split(os.sep)
-    for name, override in variants.items():  # the XML job: <experiment>/<variant>/models/
-        if name in parts and isinstance(override, dict) and "models" in override:
-            from pml_extensions.runner.config_files import deep_merge
+    chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
+    if chosen:
+        from pml_extensions.runner.config_loader import variant_configs
 
-            models = deep_merge(copy.deepcopy(cfg), override)["models"]
+        cfg = variant_configs(cfg, [chosen[-1]])[chosen[-1]]
+    models = cfg.get("models")
     if not isinstance(models, dict) or "trunk" not in models:
         raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
-    cfg = dict(cfg, models=models, device="cpu")
-    cfg.pop("factories", None)
-    runner = _mlrc_runner_class()(cfg, os.path.dirname(os.path.abspath(path)), log=lambda *a, **k: None)
+    from pml_extensions.runner.builders import Builder
+
     sample = torch.zeros(_in_channels(trunk_state or {}), 64, 64)
-    built = runner.build_models(sample)
+    built = Builder({"models": models}, log=lambda *a, **k: None).build_models(sample)
     return built["trunk"], built["embedder"]
 
 

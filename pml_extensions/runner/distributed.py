@@ -74,6 +74,22 @@ def barrier() -> None:
         dist.barrier()
 
 
+def shutdown() -> None:
+    """Leave the process group cleanly at the end of a torchrun run: wait for every rank, free the DDP wrappers
+    that are no longer referenced (their reducers hold the group), then destroy the group. A no-op without one.
+
+    Without the barrier a rank that finishes first tears its group down while another still talks to it (gloo
+    then aborts the late rank with "terminate called without an active exception").
+    """
+    if not is_active():
+        return
+    import gc
+
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+
+
 class DistributedBatchSliceSampler(torch.utils.data.Sampler):
     """Give this rank its slice of every global batch drawn by ``sampler``.
 

@@ -285,7 +285,7 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
                 num_workers=self.dataloader_num_workers,
                 collate_fn=self.collate_fn,
                 shuffle=self.sampler is None,
-                pin_memory=False,
+                pin_memory=self._pins(),  # pinned host batches for a CUDA data device
                 generator=torch.Generator().manual_seed(int(seed)),
             )
             if not self.iterations_per_epoch:

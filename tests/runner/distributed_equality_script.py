@@ -36,7 +36,8 @@ def main(out_path):
     if d.is_main():
         with open(out_path, "w") as f:
             json.dump(gathered, f)
-    torch.distributed.destroy_process_group()
+    del models, losses, emb, loss  # DDP wrappers first, then the group they hold
+    d.shutdown()
 
 
 if __name__ == "__main__":

@@ -94,6 +94,7 @@ class TestResolutionProtocolRun(unittest.TestCase):
             self.assertGreater(os.path.getsize(os.path.join(out, name)), 0)
         with open(os.path.join(out, "results.md")) as f:
             self.assertIn("| 1 symmetric | low_resolution_teacher_symmetric |", f.read())
+        self.explain_round_trip(os.path.join(out, "glyphs", "seed_0"))
         # a rerun finds every stage finished and gives the same results
         self.assertEqual(self.run_cli("whole"), 0)
         self.assertEqual(self.results("whole")["variants"], result["variants"])
@@ -111,6 +112,39 @@ class TestResolutionProtocolRun(unittest.TestCase):
             with open(os.path.join(seed0, stage, "logs", "loss_histories.csv")) as f:
                 iterations = [int(float(r["~iteration~"])) for r in csv.DictReader(f)]
             self.assertEqual(iterations, list(range(1, n + 1)), stage)
+
+    def explain_round_trip(self, seed_folder):
+        """``explain`` on the run's own files: the student's ``models.pth`` queries the teacher's, rebuilt from the
+        run's ``config.yaml``; the CLI's cosine is the one of the saved weights."""
+        import numpy as np
+        from PIL import Image
+
+        from pml_extensions.explain.cli import load_image, main as explain_main
+        from pml_extensions.runner.protocols.resolution_distillation_parts import build_model
+
+        rng = np.random.default_rng(0)
+        images = []
+        for i in range(2):
+            path = os.path.join(self.tmp.name, f"img{i}.png")
+            Image.fromarray((rng.random((40, 40, 3)) * 255).astype(np.uint8)).save(path)
+            images.append(path)
+        nets = {}
+        for stage in ("student_16px_full", "teacher"):
+            state = torch.load(os.path.join(seed_folder, stage, "models.pth"), weights_only=True)
+            trunk, emb = build_model(16, pretrained=False)
+            trunk.load_state_dict(state["trunk"]), emb.load_state_dict(state["embedder"])
+            nets[stage] = (trunk.eval(), emb.eval())
+        with torch.no_grad():
+            q = nets["student_16px_full"][1](nets["student_16px_full"][0](load_image(images[0], 16, keep_aspect=True)[None]))
+            r = nets["teacher"][1](nets["teacher"][0](load_image(images[1], 32, keep_aspect=True)[None]))
+        expected = float(torch.nn.functional.cosine_similarity(q, r)[0])
+        out = os.path.join(self.tmp.name, "why")
+        rc = explain_main([images[0], images[1], "--checkpoint", os.path.join(seed_folder, "student_16px_full", "models.pth"),
+                           "--image-size", "16", "--reference-checkpoint", os.path.join(seed_folder, "teacher", "models.pth"),
+                           "--reference-image-size", "32", "--out", out])
+        self.assertEqual(rc, 0)
+        with open(os.path.join(out, "similarity.json")) as f:
+            self.assertAlmostEqual(json.load(f)["results"][0]["cosine_similarity"], expected, places=4)
 
     def kill_inside(self, stage):
         """Start the run in a subprocess and SIGKILL it once ``stage`` has committed its first checkpoint."""

@@ -124,10 +124,39 @@ class TestJob(unittest.TestCase):
             self.assertEqual((c["variant"], c["baseline"]), ("contrastive_xml", "contrastive_gap"))
             self.assertEqual(len(c["ci95"]), 2)
             self.assertTrue(os.path.isfile(os.path.join(run, "contrastive_xml", "seed_1", "logs", "metric_loss_XMLWrapper.csv")))
+            self.explain_round_trip(run)
             # a rerun of the same command resumes: finished units are not retrained, results are the same
             with mock.patch.object(xml_vs_gap, "train_and_select", side_effect=AssertionError("retrained")):
                 self.assertEqual(xml_vs_gap.main(["--epochs", "1", "--iterations", "2", "--seeds", "0", "1", "--output", out,
                                                   "--variants", "contrastive_gap", "contrastive_xml"]), 0)
+
+    def explain_round_trip(self, run):
+        """``explain --checkpoint <variant>/seed_0/best_models.pth``: each variant's model (XML: HistogramPooling;
+        GAP: average pooling) is rebuilt from the run's config.yaml and its cosine is the one of the saved weights."""
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        from pml_extensions.explain.checkpoints import load_models
+        from pml_extensions.explain.cli import load_image, main as explain_main
+
+        rng = np.random.default_rng(0)
+        images = []
+        for i in range(2):
+            images.append(os.path.join(run, f"img{i}.png"))
+            Image.fromarray((rng.random((32, 32)) * 255).astype(np.uint8)).save(images[-1])
+        for variant in ("contrastive_xml", "contrastive_gap"):
+            ckpt = os.path.join(run, variant, "seed_0", "best_models.pth")
+            trunk, emb = load_models(ckpt)
+            state = torch.load(ckpt, weights_only=True)
+            self.assertTrue(all(torch.equal(v, state["trunk"][k]) for k, v in trunk.state_dict().items()))
+            with torch.no_grad():
+                q, r = (emb.eval()(trunk.eval()(load_image(p, 32, 1, True)[None])) for p in images)
+            out = os.path.join(run, "why_" + variant)
+            self.assertEqual(explain_main([images[0], images[1], "--checkpoint", ckpt, "--image-size", "32", "--out", out]), 0)
+            with open(os.path.join(out, "similarity.json")) as f:
+                got = json.load(f)["results"][0]["cosine_similarity"]
+            self.assertAlmostEqual(got, float(torch.nn.functional.cosine_similarity(q, r)[0]), places=5)
 
     def test_bad_input(self):
         self.assertEqual(xml_vs_gap.main(["--variants", "nope"]), 2)

@@ -355,6 +355,9 @@ def _student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=No
         chunks.extra["curve"] = [dict(r, iteration=0) for r in evaluate(("teacher_student_asymmetric", "student_symmetric"))]
     chunks.train(trainer, start)
     trunk.eval(), embedder.eval()
+    # the student's weights beside the teacher's (``explain --checkpoint <stage>/models.pth``)
+    atomic_torch_save({"trunk": trunk.state_dict(), "embedder": embedder.state_dict()},
+                      os.path.join(exp.stage_folder(stage), "models.pth"))
     result = {"rows": evaluate(("teacher_student_asymmetric", "student_symmetric")),
               "curve": list(chunks.extra.get("curve", []))}
     return _finish(exp, stage, result)
