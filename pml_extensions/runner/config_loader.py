@@ -175,7 +175,8 @@ def find_config(name_or_path: str) -> str:
 
 
 def display_path(path: str) -> str:
-    """``path`` for messages: relative to the shipped configs (``configs/x/...``) or to the working folder."""
+    """``path`` for messages: relative to the shipped configs (``configs/x/...``), relative to the working folder
+    when inside it, else absolute (the same message wherever the command was started)."""
     path = os.path.abspath(path)
     root = os.path.dirname(_configs_dir())
     if path.startswith(root + os.sep):
@@ -184,7 +185,7 @@ def display_path(path: str) -> str:
         rel = os.path.relpath(path)
     except ValueError:
         return path
-    return path if rel.startswith(".." + os.sep + "..") else rel
+    return path if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
 def _file_list(config_root: str, selection: Dict[str, Sequence[str]]) -> List[Tuple[str, str]]:

@@ -135,7 +135,24 @@ def prepare_folder(
         atomic_write_text(os.path.join(folder, "config.yaml"), yaml.safe_dump(config, sort_keys=False))
         if command is not None:
             atomic_write_text(os.path.join(folder, "command.txt"), " ".join(str(c) for c in command) + "\n")
+        env_path = os.path.join(folder, ENVIRONMENT_NAME)
+        if not os.path.exists(env_path):  # the first run's; a resume keeps it
+            atomic_write_text(env_path, json.dumps(run_environment(), indent=2) + "\n")
     dist_utils.barrier()
+
+
+#: the file beside ``config.yaml`` that records what a CPU run's exact numbers depend on besides the config
+ENVIRONMENT_NAME = "environment.json"
+
+
+def run_environment() -> Dict[str, Any]:
+    """``{"torch", "python", "torch_threads", "cuda"}``: versions and the intra-op thread count. CPU reductions
+    (matmul, convolution) split work by thread, so the same config gives bit-identical numbers only with the same
+    ``torch_threads``; :func:`pml_extensions.runner.reproduce.reproduce` reruns with the recorded count."""
+    import platform
+
+    return {"torch": torch.__version__, "python": platform.python_version(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.version.cuda if torch.cuda.is_available() else None}
 
 
 def select_device(name: Any, where: str = "config_general: device") -> torch.device:

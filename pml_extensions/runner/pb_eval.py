@@ -133,9 +133,17 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
     return name, kwargs
 
 
-def build_tester(config: Dict[str, Any], device, sources: Optional[Dict[str, str]] = None, **extra):
+def build_tester(config: Dict[str, Any], device, sources: Optional[Dict[str, str]] = None, sharded: bool = True,
+                 **extra):
     """The configured PML tester with its accuracy calculator built (``data_device=device``; ``extra`` are passed
     on, e.g. ``end_of_testing_hook``). ``tester.label_hierarchy_level`` is the label column evaluated.
+
+    PML's ``GlobalEmbeddingSpaceTester`` is built as its subclass
+    :class:`pml_extensions.testers.ShardedGlobalEmbeddingSpaceTester` and PML's ``AccuracyCalculator`` as
+    :class:`pml_extensions.utils.ChunkedAccuracyCalculator` (the exact blocked k-NN engine, bounded memory), both
+    with the same arguments and the same numbers (within float32 round-off); under torchrun every rank then embeds
+    only its shard and the metric blocks are split over the ranks, so every rank must evaluate. ``sharded=False``
+    keeps PML's classes (for evaluation that only rank 0 runs, e.g. test hooks). Other classes are built as named.
 
     Raises:
         ConfigError: as :func:`tester_spec`.
@@ -157,10 +165,14 @@ def build_tester(config: Dict[str, Any], device, sources: Optional[Dict[str, str
     where = _where(sources, "tester") + f".{name}"
     calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, where)
     calc_kwargs.setdefault("device", torch.device("cpu"))
+    if sharded and calc_name == "AccuracyCalculator":
+        calc_name, calc_kwargs = "ChunkedAccuracyCalculator", dict(calc_kwargs, distributed=True)
     calculator = build({calc_name: calc_kwargs}, f"{where}.accuracy_calculator")
     kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
     kwargs.setdefault("dataloader_num_workers", 0)
     cls = classes_for_role("tester")[name]
+    if sharded and name == _TESTER:
+        from ..testers import ShardedGlobalEmbeddingSpaceTester as cls
     try:
         return cls(**kwargs, accuracy_calculator=calculator, data_device=device, **extra)
     except (TypeError, ValueError) as e:

@@ -17,6 +17,8 @@ import math
 import os
 from typing import Any, Callable, Dict, List, Optional
 
+import torch
+
 from ..utils.atomic_io import atomic_write_json
 from .experiment import saved_config
 from .factory import ConfigError
@@ -58,6 +60,17 @@ def numeric_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
     return [] if old == new else [prefix]
 
 
+def _recorded_threads(run_folder: str) -> Optional[int]:
+    from .experiment import ENVIRONMENT_NAME
+
+    path = os.path.join(run_folder, ENVIRONMENT_NAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        threads = json.load(f).get("torch_threads")
+    return int(threads) if isinstance(threads, int) and threads > 0 else None
+
+
 def reproduce(
     run_folder: str,
     output_folder: Optional[str] = None,
@@ -65,6 +78,9 @@ def reproduce(
     command: Optional[List[str]] = None,
 ) -> Dict[str, Any]:
     """Rerun ``run_folder`` from its saved config into ``output_folder`` and compare the results.
+
+    The rerun uses the torch thread count recorded in the run's ``environment.json`` (CPU reductions are split by
+    thread, so bit-identical numbers need the same count); this process's count is restored afterwards.
 
     Returns:
         ``{"run_folder", "output_folder", "equal": bool, "differences": [dotted keys]}`` (also written to
@@ -84,7 +100,15 @@ def reproduce(
     with open(results_path, encoding="utf-8") as f:
         original = json.load(f)
     out = output_folder or os.path.normpath(run_folder) + "_reproduced"
-    run_protocol(config, out, log=log, command=command)
+    threads = _recorded_threads(run_folder)
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:  # CPU reductions split by thread: rerun with the run's count
+        log(f"note: rerunning with {threads} torch threads as the original run (this process had {before})")
+        torch.set_num_threads(threads)
+    try:
+        run_protocol(config, out, log=log, command=command)
+    finally:
+        torch.set_num_threads(before)
     with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
         rerun = json.load(f)  # what was written, so both sides went through the same JSON encoding
     diffs = numeric_differences(original, rerun)

@@ -37,6 +37,28 @@ def test_accuracy_calculator_include_computes_only_p_at_1():
     assert acc == {"precision_at_1": 0.5}
 
 
+def test_pml_tester_and_calculator_run_on_the_blocked_engine():
+    """GlobalEmbeddingSpaceTester / AccuracyCalculator become their sharded, blocked-engine subclasses (same
+    arguments, same numbers as PML's classes); sharded=False keeps PML's classes."""
+    from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    from pml_extensions.testers import ShardedGlobalEmbeddingSpaceTester
+    from pml_extensions.utils import ChunkedAccuracyCalculator
+
+    calc = {"AccuracyCalculator": {"include": ["precision_at_1", "mean_average_precision_at_r"], "k": "max_bin_count"}}
+    ours = pb_keys.build_tester(_tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"))
+    stock = pb_keys.build_tester(_tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"),
+                                 sharded=False)
+    assert type(ours) is ShardedGlobalEmbeddingSpaceTester and type(ours.accuracy_calculator) is ChunkedAccuracyCalculator
+    assert type(stock) is GlobalEmbeddingSpaceTester and type(stock.accuracy_calculator) is AccuracyCalculator
+    emb, labels = ours.get_all_embeddings(_Points(), torch.nn.Identity())
+    a = ours.accuracy_calculator.get_accuracy(emb, labels[:, 0])
+    b = stock.accuracy_calculator.get_accuracy(emb, labels[:, 0])
+    assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-6 for k in a)
+    assert a["precision_at_1"] == 0.5
+
+
 def test_tester_arguments_reach_pml():
     t = pb_keys.build_tester(_tester_cfg(normalize_embeddings=False, use_trunk_output=True, batch_size=3, pca=1,
                                         dataloader_num_workers=0, label_hierarchy_level=0), torch.device("cpu"))

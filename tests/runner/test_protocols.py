@@ -123,6 +123,34 @@ def test_reproduce_gives_the_same_metrics_exactly(tmp_path):
         reproduce(str(tmp_path / "nothing_here"))
 
 
+def test_reproduce_reruns_with_the_recorded_thread_count(tmp_path, monkeypatch):
+    """environment.json records torch's thread count; --reproduce reruns with it (CPU sums split by thread)
+    and gives this process its own count back."""
+    import torch
+
+    from pml_extensions.runner import reproduce as rep
+    from pml_extensions.runner.experiment import ENVIRONMENT_NAME, prepare_folder
+
+    folder = str(tmp_path / "exp")
+    prepare_folder(folder, {"protocol": "mlrc"}, **QUIET)
+    env = json.load(open(os.path.join(folder, ENVIRONMENT_NAME)))
+    assert env["torch_threads"] == torch.get_num_threads() and env["torch"] == torch.__version__
+    env["torch_threads"] = torch.get_num_threads() + 1
+    json.dump(env, open(os.path.join(folder, ENVIRONMENT_NAME), "w"))
+    json.dump({"x": 1.0}, open(os.path.join(folder, "results.json"), "w"))
+    seen = []
+
+    def fake_run(config, out, **kwargs):
+        seen.append(torch.get_num_threads())
+        os.makedirs(out, exist_ok=True)
+        json.dump({"x": 1.0}, open(os.path.join(out, "results.json"), "w"))
+
+    monkeypatch.setattr("pml_extensions.runner.protocols.run_protocol", fake_run)
+    before = torch.get_num_threads()
+    assert rep.reproduce(folder, **QUIET)["equal"]
+    assert seen == [before + 1] and torch.get_num_threads() == before
+
+
 def test_a_folder_that_trained_nothing_takes_the_new_config(tmp_path):
     from pml_extensions.runner.experiment import prepare_folder
 

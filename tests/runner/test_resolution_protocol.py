@@ -148,7 +148,8 @@ class TestResolutionProtocolRun(unittest.TestCase):
 
     def kill_inside(self, stage):
         """Start the run in a subprocess and SIGKILL it once ``stage`` has committed its first checkpoint."""
-        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+        # the same thread count as this process: the killed runs are resumed here and compared bit for bit
+        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(torch.get_num_threads()))
         argv = [sys.executable, "-m", "pml_extensions", "run", self.cfg, "--root_experiment_folder",
                 os.path.join(self.tmp.name, "exp"), "--experiment_name", "killed"]
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

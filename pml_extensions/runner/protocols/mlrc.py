@@ -254,7 +254,7 @@ class MLRCRunner:
             extra = {k: v for k, v in fills.items() if k not in (kwargs or {}) and accepts(cls, k)}
             hook = self.builder._build(f"test_hooks.{key}", {name: kwargs}, **extra)
             call = getattr(hook, "end_of_testing_hook", hook)
-            tester = self.builder.build_tester(end_of_testing_hook=call)
+            tester = self.builder.build_tester(end_of_testing_hook=call, sharded=False)  # rank 0 only
             tester.test({"test": test_ds}, 0, models["trunk"], models["embedder"])
 
     # ---------------------------------------------------------------------------------------------- all

@@ -149,9 +149,14 @@ def build_optimizers(cfg, models):
 
 
 def make_tester(cfg, device, end_of_testing_hook=None):
-    accuracy_calculator = build(cfg["accuracy_calculator"], "config_eval: accuracy_calculator")
-    kwargs = {"end_of_testing_hook": end_of_testing_hook} if end_of_testing_hook else {}
-    return build(cfg["tester"], "config_eval: tester", accuracy_calculator=accuracy_calculator, data_device=device, **kwargs)
+    """The variant's tester through the runner's one tester builder (:func:`pml_extensions.runner.pb_eval.build_tester`:
+    PML's GlobalEmbeddingSpaceTester / AccuracyCalculator become their sharded, blocked-engine subclasses)."""
+    from ..pb_eval import build_tester
+
+    (name, kwargs), = cfg["tester"].items()
+    spec = {"tester": {name: dict(kwargs or {}, accuracy_calculator=cfg["accuracy_calculator"])}}
+    extra = {"end_of_testing_hook": end_of_testing_hook} if end_of_testing_hook else {}
+    return build_tester(spec, device, {"tester": "config_eval"}, **extra)
 
 
 def train_and_select(
