@@ -105,16 +105,6 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
         {'recall_at_1': 1.0}
     """
 
-    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 512 * 2**20, distance=None,
-                 distributed: bool = False, **kwargs):
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
-        knn_func = kwargs.get("knn_func", args[7] if len(args) > 7 else None)
-        device = kwargs.get("device", args[6] if len(args) > 6 else None)
-        super().__init__(*args, **kwargs)
-        self._setup_engine(knn_func, distance, memory_budget, chunk_size, device, distributed)
 
     def calculate_recall_at_1(self, **kwargs):
         return self.calculate_precision_at_1(**kwargs)

@@ -10,7 +10,6 @@ to per-query metric values and adds them into per-class sums (:mod:`~pml_extensi
 memory is ``O(block · (M + k) + N + M)``; labels are mapped to class ids, never cast to float.
 """
 
-from typing import Optional
 
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
@@ -55,18 +54,6 @@ class ChunkedAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
         >>> calc.get_accuracy(x, y)
         {'precision_at_1': 1.0}
     """
-
-    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 512 * 2**20, distance=None,
-                 distributed: bool = False, **kwargs):
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
-        knn_func = kwargs.get("knn_func", args[7] if len(args) > 7 else None)
-        device = kwargs.get("device", args[6] if len(args) > 6 else None)
-        super().__init__(*args, **kwargs)
-        self._setup_engine(knn_func, distance, memory_budget, chunk_size, device, distributed)
-        self.chunk_size = chunk_size
 
     def get_accuracy(self, query, query_labels, reference=None, reference_labels=None, ref_includes_query=False,
                      include=(), exclude=(), *, self_indices=None):

@@ -47,7 +47,7 @@ class BlockedKNN:
     ``ref_includes_query`` (the queries are the first rows of the reference, PML's layout).
 
     k must lie in ``[1, available references]``; the calculators clamp it first (see their docs).
-    Runs on the inputs' device; no ``.cuda()``.
+    Runs on the inputs' device (never moves them to another device).
 
     Raises:
         ValueError: unknown ``distance``, non-positive ``memory_budget``/``block_size``, k out of range, embeddings

@@ -84,6 +84,18 @@ class EngineAccuracyMixin:
     one query set against several reference sets in one call.
     """
 
+    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 512 * 2**20, distance=None,
+                 distributed: bool = False, **kwargs):
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+        knn_func = kwargs.get("knn_func", args[7] if len(args) > 7 else None)  # PML's positional order
+        device = kwargs.get("device", args[6] if len(args) > 6 else None)
+        super().__init__(*args, **kwargs)
+        self._setup_engine(knn_func, distance, memory_budget, chunk_size, device, distributed)
+        self.chunk_size = chunk_size
+
     def _setup_engine(self, knn_func, distance, memory_budget, block_size, device, distributed):
         if knn_func is None:
             self.knn_func = BlockedKNN(distance, memory_budget, block_size)
