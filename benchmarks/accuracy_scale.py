@@ -63,6 +63,7 @@ def _child(method: str, n: int, classes: int, dim: int, device: str, seed: int, 
     if dev.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    load_before = os.getloadavg()[0]  # other work on the machine slows every row; recorded, not hidden
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     t0 = time.perf_counter()
     acc = calc.get_accuracy(emb, labels)
@@ -73,7 +74,7 @@ def _child(method: str, n: int, classes: int, dim: int, device: str, seed: int, 
     out = {"method": method, "n": n, "classes": classes, "label_offset": label_offset, "dim": dim,
            "device": device, "seconds": seconds,
            "peak_rss_gib": peak, "rss_increase_gib": peak - rss_before,
-           "torch_threads": torch.get_num_threads(), **acc}
+           "torch_threads": torch.get_num_threads(), "load_average_before": load_before, **acc}
     if dev.type == "cuda":
         out["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
         out["gpu"] = torch.cuda.get_device_name()
@@ -133,10 +134,11 @@ def _save(rows, args, base):
         if s:
             same[f"{r['n']}:{r['classes']}"] = max(abs(r[m] - s[m]) for m in METRICS)
     cmd = "python benchmarks/accuracy_scale.py" + (" --device cuda" if args.device == "cuda" else "")
+    loads = [r["load_average_before"] for r in rows if "load_average_before" in r]
+    load = f", 1-min load average before the rows {min(loads):.1f}–{max(loads):.1f}" if loads else ""
     text = (f"`{cmd}` (128-D, `k=\"max_bin_count\"`, MAP@R / P@1 / R-precision; engine = "
             "`ChunkedAccuracyCalculator()` on the torch k-NN engine; one subprocess per row, "
-            f"{rows[0].get('torch_threads', '?') if rows else '?'} torch threads, shared 2-core machine "
-            "under load)\n\n"
+            f"{rows[0].get('torch_threads', '?') if rows else '?'} torch threads, {os.cpu_count()} cores{load})\n\n"
             + render(rows, args.device))
     if same:
         text += "\nLargest |engine − stock| over the three metrics: " + ", ".join(
@@ -144,8 +146,6 @@ def _save(rows, args, base):
     if any(r.get("label_offset") for r in rows):
         text += ("\nRows with labels 10⁹ + c: stock PML casts labels to float32 and merges neighbouring classes, so "
                  "its metrics (and its class count, hence memory) there are wrong; the engine keeps them exact.\n")
-    if getattr(args, "note", None):
-        text += "\n" + args.note + "\n"
     atomic_write_json(base + ".json", {"args": {k: v for k, v in vars(args).items() if k != "child"},
                                        "rows": rows, "max_abs_difference_vs_stock": same})
     atomic_write_text(base + ".md", text)

@@ -2,7 +2,8 @@
 
 A comparison is *paired*: variant and baseline ran with the same seed (same initial weights of every shared
 module, same batches), so the per-seed difference is the quantity of interest. Its 95 % confidence interval
-uses Student's t distribution (``scipy.stats.t``) with n − 1 degrees of freedom:
+uses Student's t distribution (``scipy.stats.t``) with n − 1 degrees of freedom, computed by the package's
+:mod:`pml_extensions.utils.paired_stats` (this module only adapts it to the benchmarks' layout):
 
     d_s = variant_s − baseline_s,   mean ± t_{0.975, n−1} · std(d, ddof=1) / √n
 
@@ -15,59 +16,58 @@ issue 10 asks every benchmark to write so that other tools can read it.
 """
 
 import math
+import os
+import sys
 from typing import Dict, Iterable, Mapping
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pml_extensions.utils import paired_stats  # noqa: E402
 
 
 def paired_difference(variant: Mapping, baseline: Mapping, confidence: float = 0.95) -> Dict[str, object]:
-    """Mean, std and t confidence interval of the paired per-seed difference ``variant − baseline``.
+    """Mean, std and t confidence interval of the paired per-seed difference ``variant − baseline``, in the
+    benchmarks' layout: :func:`pml_extensions.utils.paired_stats.paired_difference` on the variant's seeds, plus
+    the one-seed case (a benchmark run with one seed reports its difference with no interval).
 
     Args:
         variant, baseline: {seed: value} (floats); the seeds of ``variant`` must all be in ``baseline``.
         confidence: two-sided level in (0, 1).
 
     Returns:
-        dict with ``n``, ``seeds``, ``differences`` (per seed), ``mean_difference``, ``std_difference`` (ddof
-        1),
-        ``ci95`` ``[low, high]`` (``[nan, nan]`` when n < 2: no interval from one seed) and ``wins``
-        (seeds with a positive difference).
+        dict with ``n``, ``seeds``, ``differences`` (per seed), ``mean_difference``, ``std_difference`` (ddof 1),
+        ``ci95`` ``[low, high]`` (``[nan, nan]`` when n < 2: no interval from one seed) and ``wins`` (seeds with
+        a positive difference).
 
     Raises:
-        ValueError: no common seed, a seed of ``variant`` missing from ``baseline``, a non-finite value, or a
-            confidence outside (0, 1).
+        ValueError: no seed, a seed of ``variant`` missing from ``baseline``, a non-finite value, or a confidence
+            outside (0, 1).
     """
-    from scipy import stats
-
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     seeds = sorted(variant)
     missing = [s for s in seeds if s not in baseline]
     if missing:
-        raise ValueError(
-            f"baseline has no value for seed(s) {missing}: a paired difference needs the same seeds"
-        )
+        raise ValueError(f"baseline has no value for seed(s) {missing}: a paired difference needs the same seeds")
     if not seeds:
         raise ValueError("variant has no seeds")
-    d = np.array([float(variant[s]) - float(baseline[s]) for s in seeds], dtype=np.float64)
-    if not np.all(np.isfinite(d)):
-        raise ValueError(f"non-finite value among the paired differences {d.tolist()}")
-    n = len(d)
-    mean = float(d.mean())
-    if n < 2:
-        std, ci = float("nan"), [float("nan"), float("nan")]
+    pairs_v, pairs_b = {s: variant[s] for s in seeds}, {s: baseline[s] for s in seeds}
+    if len(seeds) == 1:
+        d = float(pairs_v[seeds[0]]) - float(pairs_b[seeds[0]])
+        if not math.isfinite(d):
+            raise ValueError(f"variant and baseline values of seed {seeds[0]} must be finite, got "
+                             f"{pairs_v[seeds[0]]!r} and {pairs_b[seeds[0]]!r}")
+        r = {"seeds": seeds, "differences": [d], "mean_difference": d, "std": float("nan"),
+             "ci": [float("nan"), float("nan")]}
     else:
-        std = float(d.std(ddof=1))
-        half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
-        ci = [mean - half, mean + half]
+        r = paired_stats.paired_difference(pairs_v, pairs_b, confidence)
     return {
-        "n": n,
-        "seeds": seeds,
-        "differences": d.tolist(),
-        "mean_difference": mean,
-        "std_difference": std,
-        "ci95": ci,
-        "wins": int((d > 0).sum()),
+        "n": len(seeds),
+        "seeds": r["seeds"],
+        "differences": r["differences"],
+        "mean_difference": r["mean_difference"],
+        "std_difference": r["std"],
+        "ci95": r["ci"],
+        "wins": int(sum(d > 0 for d in r["differences"])),
     }
 
 
@@ -79,9 +79,8 @@ def summarize_variants(per_seed: Mapping[str, Mapping]) -> Dict[str, Dict]:
         metrics = sorted({m for v in seeds.values() for m in v})
         mean, std = {}, {}
         for m in metrics:
-            a = np.array([float(v[m]) for v in seeds.values() if m in v], dtype=np.float64)
-            mean[m] = float(a.mean())
-            std[m] = float(a.std(ddof=1)) if len(a) > 1 else 0.0
+            ms = paired_stats.mean_std([float(v[m]) for v in seeds.values() if m in v])
+            mean[m], std[m] = ms["mean"], ms["std"] if ms["std"] is not None else 0.0
         out[name] = {"per_seed": {str(s): dict(v) for s, v in seeds.items()}, "mean": mean, "std": std}
     return out
 

@@ -39,9 +39,9 @@ from pml_extensions.explain import (  # noqa: E402
     SimilarityFidelity,
     SimilarityGradCAM,
 )
+from pml_extensions.datasets.normalization import IMAGENET_MEAN as MEAN, IMAGENET_STD as STD  # noqa: E402
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
 
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 METHODS = ("Decomposition", "Decomposition+Bias", "Grad-CAM", "Grad-CAM (no norm)", "RGrad-CAM", "random map")
 
 

@@ -49,10 +49,10 @@ from pml_extensions.explain.activation_decomposition import ActivationDecomposit
 from pml_extensions.explain.composite_localization_dataset import CompositeLocalizationDataset  # noqa: E402
 from pml_extensions.explain.localization_evaluator import LocalizationEvaluator  # noqa: E402
 from pml_extensions.explain.similarity_grad_cam import SimilarityGradCAM  # noqa: E402
+from pml_extensions.datasets.normalization import IMAGENET_MEAN as MEAN, IMAGENET_STD as STD  # noqa: E402
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 METHODS = ("Decomposition", "Decomposition+Bias", "Grad-CAM", "Grad-CAM (no norm)")
 DEMO = "Decomposition (demo ReLU-then-sum)"
 CONVENTIONS = ("signed", "ReLU")

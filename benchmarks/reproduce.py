@@ -36,6 +36,8 @@ def steps(size: str, device: str, runs: str):
          ["resolution_distillation"]),
         ("template_block", [PY, "benchmarks/template_block.py", "--size", size] + dev, ["template_block"]),
         ("localization", [PY, "benchmarks/localization.py", "--size", size] + dev, ["localization"]),
+        ("mlrc_quick", [PY, "benchmarks/mlrc_quick.py"] + dev, ["mlrc_quick"]),
+        ("accuracy_scale", [PY, "benchmarks/accuracy_scale.py"] + dev, ["accuracy_scale" + ("_cuda" if device == "cuda" else "")]),
     ]
 
 

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from pml_extensions import losses, trunks  # noqa: E402
-from pml_extensions.datasets import get_dataset  # noqa: E402
+from pml_extensions.datasets import IMAGENET_MEAN, IMAGENET_STD, get_dataset  # noqa: E402
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
 
 SETTINGS = [
@@ -113,7 +113,7 @@ def main(argv=None):
     args.steps = args.steps or (20 if args.size == "quick" else 100)
     from torchvision import transforms as T
 
-    tf = T.Compose([T.Resize((128, 128)), T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    tf = T.Compose([T.Resize((128, 128)), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     data = get_dataset("openclipart", "train", tf)
     torch.manual_seed(0)
     backbone_state = trunks.MobileNetV2Features(pretrained=True).state_dict()

@@ -17,10 +17,12 @@ class TestReproduce(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stdout.strip().splitlines()
         self.assertEqual([l.split(":")[0] for l in lines], ["xml_vs_gap", "xml_generalization", "xml_signal",
-                                                            "resolution_distillation", "template_block", "localization"])
+                                                            "resolution_distillation", "template_block", "localization",
+                                                            "mlrc_quick", "accuracy_scale"])
         self.assertIn("xml_vs_gap: python -m pml_extensions job --output runs/reproduce/full --new --device cuda", lines)
         self.assertIn("localization: python benchmarks/localization.py --size full --device cuda", lines)
         self.assertIn("--splits 1000", r.stdout)
+        self.assertIn("accuracy_scale: python benchmarks/accuracy_scale.py --device cuda", lines)
 
     def test_unknown_step_is_refused(self):
         r = self.run_script("--only", "nope")

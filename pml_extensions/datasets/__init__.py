@@ -5,6 +5,7 @@ from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
 from .coupled_augmentation_dataset import CoupledAugmentationDataset
 from .fashion_mnist import FashionMNIST
 from .get_dataset import DATASET_NAMES, get_dataset
+from .normalization import IMAGENET_MEAN, IMAGENET_STD
 from .glyph_dataset import GlyphDataset
 from .image_folder_split import ImageFolderSplit
 from .open_clip_art import OpenClipArt
@@ -15,6 +16,8 @@ __all__ = [
     "DATASET_NAMES",
     "FashionMNIST",
     "GlyphDataset",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "ImageFolderSplit",
     "OpenClipArt",
     "get_dataset",

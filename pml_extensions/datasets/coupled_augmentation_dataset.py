@@ -17,8 +17,8 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from .normalization import IMAGENET_MEAN, IMAGENET_STD
+
 JITTER_OPS = ("brightness", "contrast", "saturation", "hue")
 
 

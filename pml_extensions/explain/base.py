@@ -6,7 +6,7 @@ and a reference batch and returns a dict with ``"query"`` ``[N, h, w]``, ``"refe
 calling ``attribute``.
 """
 
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 

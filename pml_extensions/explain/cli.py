@@ -20,10 +20,8 @@ import torch
 from PIL import Image
 from torch import nn
 
+from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from ..utils.atomic_io import atomic_write_json
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -134,7 +132,7 @@ def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = Fals
         raise ValueError(f"cannot read image {path}: {e}") from e
     x = TF.to_tensor(im)
     if channels == 3:
-        return TF.normalize(x, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+        return TF.normalize(x, IMAGENET_MEAN, IMAGENET_STD)
     return x
 
 

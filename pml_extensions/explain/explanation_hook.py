@@ -9,20 +9,18 @@ chained first, so accuracies are still recorded.
 """
 
 import os
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as nnf
 from torch import nn
 
+from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from .activation_decomposition import ActivationDecomposition
 from .localization_evaluator import LocalizationEvaluator
 from .overlay import save_pair_overlay, save_tensors, to_display_image
 from .topk_maps import model_device, topk_overall_maps
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class ExplanationHook:

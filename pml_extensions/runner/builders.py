@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from . import distributed as dist_utils
 from .data import ToRGB
 from .factory import ConfigError, build, is_object_spec, resolve
@@ -46,7 +47,7 @@ DEFAULT_FACTORIES = {
     "aggregator": "AggregatorFactory",
     "ensemble": "EnsembleFactory",
 }
-IMAGENET_NORMALIZE = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+IMAGENET_NORMALIZE = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
 PROTOTYPE_INIT_KEYS = ("method", "num_batches", "batch_size")
 
 

@@ -273,13 +273,18 @@ class Checkpointer:
             restarts).
         """
         self.writer.records = self.writer.get_empty_nested_dict()
-        state = load_weights(self.path, map_location) if os.path.exists(self.path) else None
+        state = self.load_state(map_location)
         if state is None:
             self.writer.truncate({}, default=float("-inf"))
             return None
         thresholds = {t: state["epoch"] for t in self.writer.tables() if t in self.epoch_tables}
         self.writer.truncate(thresholds, default=state["global_iteration"])
         return state
+
+    def load_state(self, map_location: Any = "cpu") -> Optional[Dict[str, Any]]:
+        """The last checkpoint (``weights_only=True``) or ``None``; read only (the logs are left alone: what the
+        ranks other than 0 use under torchrun, where rank 0 alone writes the logs)."""
+        return load_weights(self.path, map_location) if os.path.exists(self.path) else None
 
     def rows(self, table: str):
         """All committed rows of ``table`` as dicts (``[]`` when it does not exist)."""

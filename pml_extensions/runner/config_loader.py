@@ -23,7 +23,6 @@ Every error is a :class:`pml_extensions.runner.factory.ConfigError` whose one-li
 file (or ``command line``) and names the key.
 """
 
-import copy
 import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple

@@ -11,7 +11,7 @@ Outside ``torchrun`` (no ``WORLD_SIZE`` in the environment) every function here 
 """
 
 import os
-from typing import Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -72,6 +72,16 @@ def device_for_rank(requested: torch.device) -> torch.device:
 def barrier() -> None:
     if is_active():
         dist.barrier()
+
+
+def broadcast_object(obj: Any = None, src: int = 0) -> Any:
+    """``obj`` of rank ``src`` on every rank (``torch.distributed.broadcast_object_list``); ``obj`` itself
+    outside torchrun. Collective: every rank calls it (the others pass anything, e.g. ``None``)."""
+    if not is_active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
 
 
 def shutdown() -> None:

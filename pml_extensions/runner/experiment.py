@@ -253,12 +253,18 @@ class Experiment:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
 
-    def finish_stage(self, stage: str, result: Dict[str, Any]) -> Dict[str, Any]:
-        """Save a finished stage's JSON-able summary (main rank) and return it."""
-        if dist_utils.is_main():
+    def finish_stage(self, stage: str, result: Dict[str, Any], rank_local: bool = False) -> Dict[str, Any]:
+        """Save a finished stage's JSON-able summary and return it.
+
+        Shared stages (every rank trains them together) are written by the main rank, then every rank waits for
+        it; ``rank_local=True`` marks a stage this rank ran alone (a protocol that deals stages over the ranks): it
+        writes the file itself and waits for no one.
+        """
+        if rank_local or dist_utils.is_main():
             os.makedirs(self.stage_folder(stage), exist_ok=True)
             atomic_write_json(os.path.join(self.stage_folder(stage), "result.json"), result, indent=2)
-        dist_utils.barrier()
+        if not rank_local:
+            dist_utils.barrier()
         return result
 
     # ------------------------------------------------------------------------------------------------ output

@@ -7,9 +7,12 @@ is one run of the config's protocol with the sampled values, in ``<experiment>/t
 aggregated validation primary metric (``results["aggregate"][primary_metric]``, :func:`pb_keys.aggregate`),
 maximised with Optuna's TPE sampler seeded by the config's ``seed``.
 
-The study lives in ``<experiment>/study.db`` (SQLite). Rerunning the same command resumes it: a trial that was
-running when the process died (SIGKILL) is finished with the same parameters (its protocol run resumes from its
-checkpoint) and only the missing trials are added, so the study ends with exactly ``bayes_opt_iters`` trials.
+The study lives in ``<experiment>/study.db`` (SQLite). Rerunning the same command resumes it, with Optuna's public
+API only: a trial that was running when the process died (SIGKILL) is marked FAIL and its parameters are queued
+again (``Study.enqueue_trial``) to run in the killed trial's own folder, so its protocol run resumes from its
+checkpoint; only the missing trials are added, and the study ends with exactly ``bayes_opt_iters`` COMPLETE trials
+(the interrupted one stays in the history as FAIL). One process drives a study folder; under ``torchrun`` that is
+rank 0, which sends every trial's config to the other ranks so that all of them train it together.
 ``search.json`` / ``results.md`` / ``search.png`` (objective per trial, best so far) hold the trials and the best
 one, which report.html shows.
 
@@ -28,6 +31,7 @@ from .config_syntax import _SEARCH_OPS, split_marker
 from .factory import ConfigError
 
 STUDY_NAME = "search"
+FOLDER_ATTR = "folder"  # user attribute: the trial's folder under the experiment folder
 
 
 def search_space(config: Any, path: Tuple = ()) -> List[Tuple[Tuple, str, str, Any]]:
@@ -149,10 +153,13 @@ def run_search(
     if objective is None and (config.get("protocol") or "mlrc") != "mlrc":
         raise ConfigError(f"{(sources or {}).get('protocol', 'config')}: protocol: the search optimises the mlrc "
                           f"protocol's aggregated validation metric; {config['protocol']} reports none")
+    from . import distributed as dist_utils
     from .experiment import prepare_folder
 
     prepare_folder(folder, config, on_change=on_change, command=command, log=log)
     objective = objective or _protocol_objective(sources, on_change, command, log)
+    if not dist_utils.is_main():
+        return _follow_rank_0(objective)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{os.path.abspath(os.path.join(folder, 'study.db'))}"
     seed = config.get("seed", 0)
@@ -162,26 +169,44 @@ def run_search(
     study.sampler = optuna.samplers.TPESampler(seed=None if seed is None else int(seed) + offset)
 
     def evaluate(trial) -> float:
+        name = _trial_folder_name(trial)  # a re-queued interrupted trial keeps its folder
+        trial.set_user_attr(FOLDER_ATTR, name)
         values = suggest(trial, space)
-        trial_folder = os.path.join(folder, f"trial_{trial.number}")
         log(f"trial {trial.number}: " + ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
-        return objective(fill(config, space, values), trial_folder)
+        job = (fill(config, space, values), os.path.join(folder, name))
+        dist_utils.broadcast_object(("trial", job))  # under torchrun every rank trains the trial
+        return objective(*job)
 
     for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        trial = optuna.trial.Trial(study, frozen._trial_id)  # killed mid-trial: finish it with its own params
-        log(f"trial {frozen.number}: resuming after an interruption")
-        study.tell(trial, evaluate(trial))
+        # one process drives a study folder, so a trial still RUNNING now was killed: FAIL it, queue its parameters
+        # again, in its own folder (the protocol run there resumes from its checkpoint)
+        log(f"trial {frozen.number}: interrupted; its parameters run again in {_trial_folder_name(frozen)}")
+        study.tell(frozen.number, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(frozen.params, user_attrs={FOLDER_ATTR: _trial_folder_name(frozen)})
     done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     if done < n_trials:
         study.optimize(evaluate, n_trials=n_trials - done, catch=())
     summary = write_summary(study, folder)
+    dist_utils.broadcast_object(("done", summary))
+    from .report import write_report
+
+    write_report(folder)  # shows results.md (the trials, best marked) and search.png
+    return summary
+
+
+def _trial_folder_name(trial) -> str:
+    return trial.user_attrs.get(FOLDER_ATTR) or f"trial_{trial.number}"
+
+
+def _follow_rank_0(objective) -> Dict[str, Any]:
+    """Ranks other than 0 under torchrun: train every trial rank 0 sends, until it sends the summary."""
     from . import distributed as dist_utils
 
-    if dist_utils.is_main():
-        from .report import write_report
-
-        write_report(folder)  # shows results.md (the trials, best marked) and search.png
-    return summary
+    while True:
+        kind, payload = dist_utils.broadcast_object(None)
+        if kind == "done":
+            return payload
+        objective(*payload)
 
 
 def write_summary(study, folder: str) -> Dict[str, Any]:
@@ -191,9 +216,10 @@ def write_summary(study, folder: str) -> Dict[str, Any]:
     from ..utils.atomic_io import atomic_savefig, atomic_write_text
 
     trials = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
-    rows = [{"number": t.number, "value": t.value, "params": t.params, "folder": f"trial_{t.number}"} for t in trials]
+    rows = [{"number": t.number, "value": t.value, "params": t.params, "folder": _trial_folder_name(t)} for t in trials]
     best = max(rows, key=lambda r: r["value"]) if rows else None
-    summary = {"n_trials": len(rows), "best": best, "trials": rows}
+    interrupted = [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))]
+    summary = {"n_trials": len(rows), "best": best, "trials": rows, "interrupted_trials": interrupted}
     atomic_write_text(os.path.join(folder, "search.json"), json.dumps(summary, indent=2))
     if rows:
         names = list(rows[0]["params"])

@@ -93,7 +93,10 @@ class EpochLoop:
     def resume(self) -> Optional[Dict[str, Any]]:
         """Load the stage's checkpoint into the objects (RNGs included); returns the state or ``None``.
         Whether the stage is finished is judged with this loop's ``num_epochs`` / ``patience``."""
-        state = self.ckpt.resume()
+        # rank 0 alone truncates the logs; every rank reads the checkpoint before any rank may write the next one
+        # (without the barrier a late rank could read the checkpoint an early rank just committed and skip ahead)
+        state = self.ckpt.resume() if dist_utils.is_main() else self.ckpt.load_state()
+        dist_utils.barrier()
         if state is None:
             return None
         restore_training_state(state, self.models, self.optimizers, self.loss_funcs)

@@ -79,7 +79,7 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
 
     def initialize_accuracy_calculator(self):
         if self.accuracy_calculator is None:
-            self.accuracy_calculator = AsymmetricAccuracyCalculator(device=self.data_device, distributed=True)
+            self.accuracy_calculator = AsymmetricAccuracyCalculator(device=self.data_device, distributed=self.distributed)
 
     # ------------------------------------------------------------------ PML override points
     def test(

@@ -25,4 +25,4 @@ class ShardedGlobalEmbeddingSpaceTester(ShardedEmbeddingMixin, GlobalEmbeddingSp
 
     def initialize_accuracy_calculator(self):
         if self.accuracy_calculator is None:
-            self.accuracy_calculator = ChunkedAccuracyCalculator(device=self.data_device, distributed=True)
+            self.accuracy_calculator = ChunkedAccuracyCalculator(device=self.data_device, distributed=self.distributed)

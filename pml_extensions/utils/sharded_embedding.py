@@ -39,7 +39,15 @@ def all_gather_rows(x: torch.Tensor, n: int) -> torch.Tensor:
 class ShardedEmbeddingMixin:
     """Mixin for a PML ``BaseTester``: ``compute_all_embeddings`` embeds only this rank's contiguous shard and
     all-gathers the rows once (returned in dataset order, so PCA/normalisation and the metrics see the full set).
-    Sets with fewer items than ranks are embedded whole on every rank."""
+    Sets with fewer items than ranks are embedded whole on every rank.
+
+    ``distributed=False`` (keyword of the tester) makes the tester rank-local: it embeds whole sets and calls no
+    collective, for protocols whose ranks evaluate different models (e.g. the resolution protocol's dealt seeds).
+    """
+
+    def __init__(self, *args, distributed: bool = True, **kwargs):
+        self.distributed = bool(distributed)
+        super().__init__(*args, **kwargs)
 
     def get_all_embeddings_for_all_splits(self, dataset_dict, trunk_model, embedder_model, splits, collate_fn):
         # PML passes list(set(...)): its order differs between processes, the collectives need one order
@@ -48,7 +56,7 @@ class ShardedEmbeddingMixin:
         )
 
     def compute_all_embeddings(self, dataloader, trunk_model, embedder_model):
-        rank, world = _world()
+        rank, world = _world() if self.distributed else (0, 1)
         n = len(dataloader.dataset)
         if world == 1 or n < world:
             return super().compute_all_embeddings(dataloader, trunk_model, embedder_model)

@@ -47,8 +47,10 @@ def test_one_seed_has_no_interval_and_errors_are_named():
     assert r["mean_difference"] == 1.0 and all(math.isnan(v) for v in r["ci95"])
     with pytest.raises(ValueError, match="seed"):
         bs.paired_difference({0: 1.0, 3: 1.0}, {0: 1.0})
-    with pytest.raises(ValueError, match="non-finite"):
+    with pytest.raises(ValueError, match=r"variant\[0\] must be finite"):
         bs.paired_difference({0: float("nan"), 1: 1.0}, {0: 1.0, 1: 1.0})
+    with pytest.raises(ValueError, match=r"seed 0 must be finite"):
+        bs.paired_difference({0: 1.0}, {0: float("inf")})
     with pytest.raises(ValueError, match="confidence"):
         bs.paired_difference({0: 1.0}, {0: 1.0}, confidence=1.5)
 

@@ -129,5 +129,9 @@ def register_tiny():
 if __name__ == "__main__":
     register_tiny()
     from pml_extensions.runner.cli import main
+    from pml_extensions.runner.distributed import shutdown
 
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    if status == 0:
+        shutdown()  # as python -m pml_extensions does: under torchrun the ranks leave the group together
+    sys.exit(status)

@@ -246,3 +246,35 @@ class TestResolutionProtocolConfig(unittest.TestCase):
             self.assertEqual(list(rd.job_config(config)["datasets"]), [name])
             with self.assertRaisesRegex(FileNotFoundError, name):
                 load_dataset(name, {"root": "/nonexistent"})
+
+
+def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path):
+    """Under torchrun (2 gloo processes) the (dataset, seed) units are dealt over the ranks — seed 0 on rank 0, seed
+    1 on rank 1, each written by its own rank — and results.json equals the one-process run's."""
+    import pytest
+
+    try:
+        from pml_extensions.trunks import mobilenet_v2_weights_path
+
+        mobilenet_v2_weights_path()
+    except FileNotFoundError as e:  # pragma: no cover - the tox env installs the weights package
+        pytest.skip(str(e))
+    cfg = str(tmp_path / "cfg")
+    _write_config(cfg, {"protocol": "resolution_distillation",
+                        "resolution_job": dict(TINY_JOB, student_variants=[], teacher_iterations=2,
+                                               student_iterations=2, checkpoint_every=0)})
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    args = ["-m", "pml_extensions", "run", cfg, "--root_experiment_folder", str(tmp_path / "exp")]
+    one = subprocess.run([sys.executable] + args + ["--experiment_name", "one"], env=env, capture_output=True,
+                         text=True, timeout=400)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+                         + args[1:] + ["--experiment_name", "two"], env=env, capture_output=True, text=True, timeout=400)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "units dealt over 2 ranks" in two.stdout
+    results = [json.load(open(tmp_path / "exp" / name / "results.json")) for name in ("one", "two")]
+    assert results[1]["rows"] == results[0]["rows"]
+    assert results[1]["variants"] == results[0]["variants"]
+    assert sorted(results[1]["variants"]["glyphs/16px/teacher_student_asymmetric"]["per_seed"]) == ["0", "1"]
+    for seed in (0, 1):
+        assert os.path.exists(tmp_path / "exp" / "two" / "glyphs" / f"seed_{seed}" / "student_16px_full" / "result.json")

@@ -26,16 +26,20 @@ def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path):
     second = _run(folder, -1)
     assert second.returncode == 0, second.stderr.decode()[-500:]
     study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
-    assert [t.number for t in study.trials] == [0, 1, 2, 3]
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    params = [tuple(sorted(t.params.items())) for t in study.trials]
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE", "COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # trial 2 killed, re-queued as 3
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    params = [tuple(sorted(t.params.items())) for t in complete]
     assert len(set(params)) == 4  # no duplicated trial
+    assert complete[2].params == study.trials[2].params  # the re-queued trial has the killed one's parameters
+    assert [t.user_attrs["folder"] for t in complete] == ["trial_0", "trial_1", "trial_2", "trial_4"]
     calls = [line.split() for line in open(os.path.join(folder, "calls.txt"))]
-    assert [c[0] for c in calls] == ["0", "1", "2", "2", "3"]
+    assert [c[0] for c in calls] == ["0", "1", "2", "2", "4"]  # trial 2's folder runs again (it resumes there)
     assert calls[2] == calls[3]  # the killed trial was finished with its own parameters
     summary = json.load(open(os.path.join(folder, "search.json")))
-    best = max(study.trials, key=lambda t: t.value)
+    best = max(complete, key=lambda t: t.value)
     assert summary["n_trials"] == 4 and summary["best"]["number"] == best.number
+    assert summary["interrupted_trials"] == [2]
     assert os.path.isfile(os.path.join(folder, "search.png")) and os.path.isfile(os.path.join(folder, "study.db"))
 
 
@@ -79,3 +83,29 @@ def test_search_through_the_mlrc_protocol(tmp_path):
         saved = open(os.path.join(folder, trial["folder"], "config.yaml")).read()
         assert "BAYESIAN" not in saved and repr(trial["params"]["optimizers.trunk_optimizer.RMSprop.lr"])[:8] in saved
     assert "best: trial" in open(os.path.join(folder, "report.html")).read()
+
+
+def test_search_under_torchrun_runs_each_trial_on_every_rank(tmp_path):
+    """Two gloo processes: rank 0 drives the study and sends each trial to rank 1; both train it together, so the
+    study has exactly 2 trials (not 2 per rank) and each trial folder holds one run."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from runner_testing_utils import write_tiny_config
+
+    root = write_tiny_config(str(tmp_path / "cfg"))
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
+    script = os.path.join(os.path.dirname(__file__), "runner_testing_utils.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, root,
+         "--bayes_opt_iters", "2", "--num_epochs_train", "1", "--num_training_sets", "1",
+         "--check_untrained_accuracy", "false", "--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}",
+         "--root_experiment_folder", str(tmp_path / "exp")],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = tmp_path / "exp" / "cfg"
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    summary = json.load(open(folder / "search.json"))
+    for trial in summary["trials"]:
+        results = json.load(open(folder / trial["folder"] / "results.json"))
+        assert trial["value"] == results["aggregate"]["mean_average_precision_at_r"]

@@ -29,6 +29,11 @@ Resume: each stage saves ``checkpoint.pth`` + record-keeper logs every ``checkpo
 Students resume bit-exactly (their randomness is keyed by (seed, pass)); teachers reseed torch/numpy/PML's RNG at
 every chunk from (seed, chunk) and checkpoint the order of the MPerClassSampler's label list, so they resume exactly too.
 
+Under ``torchrun`` the (dataset, seed) units are dealt round-robin over the ranks: each rank trains and evaluates
+its units alone (rank-local stages and testers, no collective inside a unit; a rank's GPU is ``cuda:LOCAL_RANK``),
+then the rows are gathered and rank 0 writes the results, equal to one process's. A rerun with the same world size
+resumes each unit where its rank left it. Ranks beyond the number of units wait.
+
 Writes ``results.json`` (``variants``/``comparisons`` of :mod:`pml_extensions.runner.results`, plus ``rows``,
 ``curve``, ``config``, ``seconds``), ``results.md`` and ``performance_vs_flops.png``.
 """
@@ -40,7 +45,6 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 import torch
-from pytorch_metric_learning.samplers import MPerClassSampler
 
 from ...datasets.coupled_augmentation_dataset import CoupledAugmentationDataset, PassShuffleSampler
 from ...losses.resolution_distillation_loss import ResolutionDistillationLoss
@@ -49,7 +53,8 @@ from ...trainers.resolution_distillation_trainer import ResolutionDistillationTr
 from ...trainers.teacher_recipe import make_teacher_trainer
 from ...utils.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
 from ...utils.atomic_io import atomic_torch_save, atomic_write_text
-from ..checkpoint import load_weights, restore_training_state, training_state
+from .. import distributed as dist_utils
+from ..checkpoint import load_weights
 from ..experiment import Experiment, seed_everything
 from ..factory import ConfigError
 from . import resolution_distillation_parts as parts
@@ -171,7 +176,7 @@ def job_config(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
 
 def _finish(exp, stage, result):
     """Mark ``stage`` finished and drop its training checkpoint (its logs, result and models.pth stay)."""
-    exp.finish_stage(stage, result)
+    exp.finish_stage(stage, result, rank_local=True)  # each stage belongs to the one rank running its seed
     path = os.path.join(exp.stage_folder(stage), "checkpoint.pth")
     if os.path.exists(path):
         os.remove(path)
@@ -188,61 +193,6 @@ def _evaluate(tester, make_dataset_dict, teacher, student, q, db, setups, fields
         row.update(parts.metrics_of(res["accuracies"]["test"]))
         rows.append(row)
     return rows
-
-
-class _Chunks:
-    """Checkpointed training of one stage in chunks ("epochs") of ``chunk`` iterations (see the module docstring)."""
-
-    def __init__(self, exp, stage, models, optimizers, schedulers, total, chunk, reseed=None, on_chunk=None):
-        self.ck = exp.checkpointer(stage, epoch_tables={"accuracies"})
-        self.models, self.optimizers, self.schedulers = models, optimizers, schedulers
-        self.chunk = chunk or total
-        self.num_chunks = max(1, total // self.chunk) if total else 0
-        self.reseed, self.on_chunk = reseed, on_chunk
-        self.extra: Dict[str, Any] = {}
-
-    def resume(self, trainer=None) -> int:
-        state = self.ck.resume()
-        if state is None:
-            return 1
-        restore_training_state(state, self.models, self.optimizers)
-        for k, s in self.schedulers.items():
-            s.load_state_dict(state["schedulers"][k])
-        if trainer is not None and hasattr(trainer, "data_pass"):
-            trainer.data_pass = int(state["data_pass"])
-        self.extra = dict(state.get("extra", {}))
-        if trainer is not None and "sampler_labels" in self.extra:
-            # PML's MPerClassSampler shuffles its public label list in place from one pass to the next
-            trainer.sampler.labels = list(self.extra["sampler_labels"])
-        return int(state["epoch"]) + 1
-
-    def end_of_iteration_hook(self, trainer):
-        losses = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in trainer.losses.items()}
-        self.ck.record_keeper.update_records({"loss_histories": losses}, trainer.get_global_iteration() + 1)
-
-    def end_of_epoch_hook(self, trainer):
-        if self.on_chunk is not None:
-            self.on_chunk(trainer, self)
-        if isinstance(trainer.sampler, MPerClassSampler):
-            self.extra["sampler_labels"] = [int(x) for x in trainer.sampler.labels]
-        state = training_state(
-            trainer.epoch, trainer.epoch * self.chunk, self.models, self.optimizers,
-            schedulers={k: s.state_dict() for k, s in self.schedulers.items()},
-            data_pass=int(getattr(trainer, "data_pass", 0)), extra=self.extra,
-        )
-        self.ck.commit(state)
-        if self.reseed is not None and trainer.epoch < self.num_chunks:
-            self.reseed(trainer.epoch + 1)
-            trainer.dataloader_iter = iter(trainer.dataloader)  # the next chunk's batches from (seed, chunk) only
-        return True
-
-    def train(self, trainer, start):
-        if start > self.num_chunks:
-            return
-        trainer.iterations_per_epoch = self.chunk
-        if self.reseed is not None:
-            self.reseed(start)
-        trainer.train(start, self.num_chunks)
 
 
 def _teacher_stage(exp, stage, ctx, resolution, job):
@@ -271,7 +221,7 @@ def _teacher_stage(exp, stage, ctx, resolution, job):
             end_of_epoch_hook=lambda t: chunks_["c"].end_of_epoch_hook(t),
         )
         trainer.freeze_trunk_batchnorm = True
-        chunks = _Chunks(exp, stage, models, trainer.optimizers, {}, job["teacher_iterations"], job["checkpoint_every"],
+        chunks = parts.Chunks(exp, stage, models, trainer.optimizers, {}, job["teacher_iterations"], job["checkpoint_every"],
                          reseed=lambda epoch: seed_everything(seed * 100_003 + epoch))
         chunks_["c"] = chunks
         chunks.train(trainer, chunks.resume(trainer))
@@ -347,7 +297,7 @@ def _student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=No
                 chunks.ck.record_keeper.update_records(
                     {"accuracies": {f"{r['setup']}_{parts.PRIMARY}": r[parts.PRIMARY], "iteration": it}}, trainer.epoch)
 
-    chunks = _Chunks(exp, stage, {"trunk": trunk, "embedder": embedder}, trainer.optimizers, trainer.lr_schedulers,
+    chunks = parts.Chunks(exp, stage, {"trunk": trunk, "embedder": embedder}, trainer.optimizers, trainer.lr_schedulers,
                      job["student_iterations"], job["checkpoint_every"], on_chunk=on_chunk)
     holder["c"] = chunks
     start = chunks.resume(trainer)
@@ -363,6 +313,42 @@ def _student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=No
     return _finish(exp, stage, result)
 
 
+def _seed_unit(exp, ctx, job, start):
+    """Every stage of one (dataset, seed): teacher, low-resolution teachers, students; returns (rows, curve)."""
+    dataset, seed, db, tester = ctx["dataset"], ctx["seed"], ctx["db"], ctx["tester"]
+    qs, aq = ctx["dcfg"]["query_resolutions"], ctx["dcfg"]["ablation_query_resolution"]
+    base, rows, curve = f"{dataset}/seed_{seed}", [], []
+    teacher = _teacher_stage(exp, f"{base}/teacher", ctx, db, job)
+    if exp.stage_result(f"{base}/teacher") is None:
+        fields = {"dataset": dataset, "seed": seed, "student_variant": None}
+        t_rows = _evaluate(tester, ctx["make_dataset_dict"], teacher, None, qs[0], db,
+                           ("teacher_symmetric", "teacher_asymmetric"), fields)
+        for q in qs[1:]:
+            t_rows += _evaluate(tester, ctx["make_dataset_dict"], teacher, None, q, db, ("teacher_asymmetric",), fields)
+        _finish(exp, f"{base}/teacher", {"rows": t_rows})
+    rows += exp.stage_result(f"{base}/teacher")["rows"]
+    low = {}
+    if job["low_resolution_teacher"]:
+        for q in qs:
+            stage = f"{base}/low_res_teacher_{q}px"
+            low[q] = _teacher_stage(exp, stage, ctx, q, job)
+            if exp.stage_result(stage) is None:
+                _finish(exp, stage, {"rows": _evaluate(
+                    tester, ctx["make_dataset_dict"], low[q], None, q, q, ("teacher_symmetric",),
+                    {"dataset": dataset, "seed": seed, "student_variant": None}, teacher_resolution=q,
+                    rename={"teacher_symmetric": "low_resolution_teacher_symmetric"})})
+            rows += [dict(r, database_resolution=db) for r in exp.stage_result(stage)["rows"]]
+    plan = [(q, "full") for q in qs] + [(aq, v) for v in job["student_variants"]]
+    for q, variant in plan:
+        out = _student_stage(exp, f"{base}/student_{q}px_{variant}", ctx, q, variant, job, teacher, low.get(q),
+                             curve=(variant == "full" and q == aq))
+        rows += out["rows"]
+        curve += out["curve"]
+        shown = ", ".join(f"{r['setup']} MAP@R={r[parts.PRIMARY]:.4f}" for r in out["rows"])
+        exp.log(f"[{dataset}] seed {seed} {q}px {variant}: {shown} ({time.time() - start:.0f}s)")
+    return rows, curve
+
+
 def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[str, str]] = None,
         log: Callable[..., None] = print) -> Dict[str, Any]:
     """Run (or resume) the protocol in ``experiment_folder``; returns what it writes to ``results.json``.
@@ -374,7 +360,8 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
 
     job = job_config(config, sources)
     exp = Experiment(experiment_folder, {"device": job["device"], "seed": None}, sources, log)
-    start, rows, curve = time.time(), [], []
+    rank, world = dist_utils.rank(), dist_utils.world_size()
+    start, units, unit = time.time(), [], 0
     for dataset, dcfg in job["datasets"].items():
         try:
             train_set, test_set = parts.load_dataset(dataset, dcfg)
@@ -382,55 +369,36 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
             raise ConfigError(f"resolution_job.datasets.{dataset}: {str(e).splitlines()[0]}") from e
         test_idx = parts.cap_per_class(test_set.labels, dcfg.get("max_test_per_class"), seed=0)
         exp.log(f"[{dataset}] train {len(train_set)} images, test {len(test_idx)} images of "
-                f"{len(set(test_set.labels.tolist()))} unseen classes; seeds {job['seeds']}")
-        tester = AsymmetricTester(
+                f"{len(set(test_set.labels.tolist()))} unseen classes; seeds {job['seeds']}"
+                + (f"; (dataset, seed) units dealt over {world} ranks" if world > 1 else ""))
+        tester = AsymmetricTester(  # rank-local: under torchrun each rank evaluates its own units' models
             batch_size=job["eval_batch_size"], dataloader_num_workers=job["num_workers"], data_device=exp.device,
-            accuracy_calculator=AsymmetricAccuracyCalculator(
-                include=tuple(parts.METRICS), device=exp.device),
+            accuracy_calculator=AsymmetricAccuracyCalculator(include=tuple(parts.METRICS), device=exp.device),
+            distributed=False,
         )
-        db, qs, aq = dcfg["database_resolution"], dcfg["query_resolutions"], dcfg["ablation_query_resolution"]
-        ctx = {"dataset": dataset, "dcfg": dcfg, "db": db, "train_set": train_set, "tester": tester,
+        ctx = {"dataset": dataset, "dcfg": dcfg, "db": dcfg["database_resolution"], "train_set": train_set,
+               "tester": tester,
                "make_dataset_dict": lambda res: {"test": parts.Transformed(test_set, test_idx, parts.eval_transform(res))}}
         for seed in job["seeds"]:
-            ctx["seed"] = seed
-            base = f"{dataset}/seed_{seed}"
-            teacher = _teacher_stage(exp, f"{base}/teacher", ctx, db, job)
-            if exp.stage_result(f"{base}/teacher") is None:
-                fields = {"dataset": dataset, "seed": seed, "student_variant": None}
-                t_rows = _evaluate(tester, ctx["make_dataset_dict"], teacher, None, qs[0], db,
-                                   ("teacher_symmetric", "teacher_asymmetric"), fields)
-                for q in qs[1:]:
-                    t_rows += _evaluate(tester, ctx["make_dataset_dict"], teacher, None, q, db, ("teacher_asymmetric",),
-                                        fields)
-                _finish(exp, f"{base}/teacher", {"rows": t_rows})
-            rows += exp.stage_result(f"{base}/teacher")["rows"]
-            low = {}
-            if job["low_resolution_teacher"]:
-                for q in qs:
-                    stage = f"{base}/low_res_teacher_{q}px"
-                    low[q] = _teacher_stage(exp, stage, ctx, q, job)
-                    if exp.stage_result(stage) is None:
-                        _finish(exp, stage, {"rows": _evaluate(
-                            tester, ctx["make_dataset_dict"], low[q], None, q, q, ("teacher_symmetric",),
-                            {"dataset": dataset, "seed": seed, "student_variant": None}, teacher_resolution=q,
-                            rename={"teacher_symmetric": "low_resolution_teacher_symmetric"})})
-                    rows += [dict(r, database_resolution=db) for r in exp.stage_result(stage)["rows"]]
-            plan = [(q, "full") for q in qs] + [(aq, v) for v in job["student_variants"]]
-            for q, variant in plan:
-                out = _student_stage(exp, f"{base}/student_{q}px_{variant}", ctx, q, variant, job, teacher,
-                                     low.get(q), curve=(variant == "full" and q == aq))
-                rows += out["rows"]
-                curve += out["curve"]
-                shown = ", ".join(f"{r['setup']} MAP@R={r[parts.PRIMARY]:.4f}" for r in out["rows"])
-                exp.log(f"[{dataset}] seed {seed} {q}px {variant}: {shown} ({time.time() - start:.0f}s)")
+            if unit % world == rank:
+                ctx["seed"] = seed
+                units.append((unit, *_seed_unit(exp, ctx, job, start)))
+            unit += 1
+    if world > 1:  # every rank's (unit, rows, curve), back in the one-process order
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, units)
+        units = sorted((u for part in gathered for u in part), key=lambda u: u[0])
+    rows = [r for _, unit_rows, _ in units for r in unit_rows]
+    curve = [p for _, _, unit_curve in units for p in unit_curve]
     curve = [{k: p[k] for k in ("dataset", "seed", "query_resolution", "setup", "iteration", *parts.METRICS)}
              for p in curve]
     results = summarize(parts.per_seed_table(rows), parts.default_comparisons(rows), metrics=(parts.PRIMARY,),
                         extra={"rows": rows, "curve": curve, "config": job, "seconds": time.time() - start})
     exp.write_results(results)
     tables = parts.markdown_tables(results)
-    atomic_write_text(os.path.join(experiment_folder, "results.md"),
-                      tables + "\n## Every variant and comparison\n\n" + render_markdown(results))
-    parts.plot_performance_vs_flops(results, os.path.join(experiment_folder, "performance_vs_flops.png"))
+    if dist_utils.is_main():
+        atomic_write_text(os.path.join(experiment_folder, "results.md"),
+                          tables + "\n## Every variant and comparison\n\n" + render_markdown(results))
+        parts.plot_performance_vs_flops(results, os.path.join(experiment_folder, "performance_vs_flops.png"))
     exp.log(tables)
     return results

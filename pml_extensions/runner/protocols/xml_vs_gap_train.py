@@ -18,12 +18,11 @@ selected model.
 import copy
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 import torch
 
-from ...utils.atomic_io import atomic_path
 from ..experiment import seed_everything
 from ..factory import ConfigError, build
 from ...losses import XMLWrapper
