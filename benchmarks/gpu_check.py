@@ -120,7 +120,8 @@ def cli(*args):
     return [sys.executable, "-m", "pml_extensions", *args]
 
 
-def _result_figures(folder, keys=("total_seconds", "mean_average_precision_at_r", "precision_at_1"), limit=6):
+def _result_figures(folder, keys=("seconds_this_invocation", "train_seconds_sum", "mean_average_precision_at_r",
+                                  "precision_at_1"), limit=6):
     """A few figures from the first ``results.json`` under ``folder`` (tolerant of layout changes: missing -> {})."""
     import glob
 

@@ -1,12 +1,13 @@
 """Regenerate every result table of the README with one command.
 
-    python benchmarks/reproduce.py --size quick                  # CPU, about an hour on 2 cores
+    python benchmarks/reproduce.py --size quick                  # CPU, several hours on 2 cores
     python benchmarks/reproduce.py --size full --device cuda     # GPU sizes
     python benchmarks/reproduce.py --size quick --only xml_vs_gap xml_generalization
 
 Each step is one benchmark run by its stable command line (below); it writes ``benchmarks/results/NAME.json`` and
 ``NAME.md``. The main job's ``results.json``/``results.md`` are copied to ``benchmarks/results/xml_vs_gap.*``.
-Then ``benchmarks/readme_tables.py`` copies every ``NAME.md`` into its README block. A tqdm bar shows the steps;
+Then ``benchmarks/readme_tables.py`` copies every ``NAME.md`` into its README block (every README block has a step
+here; a test checks it). A tqdm bar shows the steps;
 each step's output goes to ``runs/reproduce/<size>/NAME.log``. A failing step is reported (with the end of its
 log) and the others still run; the exit status is 1 when any step failed.
 """
@@ -35,6 +36,13 @@ def steps(size: str, device: str, runs: str):
         ("resolution_distillation", [PY, "benchmarks/resolution_distillation.py", "--size", size] + dev,
          ["resolution_distillation"]),
         ("template_block", [PY, "benchmarks/template_block.py", "--size", size] + dev, ["template_block"]),
+        ("template_block_medium", [PY, "benchmarks/template_block.py", "--size", "medium", "--skip", "lambda",
+                                   "ablation", "--tag", "_medium"] + dev, ["template_block_medium"]),
+        ("explain_speed", [PY, "benchmarks/explain_speed.py"] + dev, ["explain_speed"]),
+        ("explain_fidelity", [PY, "benchmarks/explain_fidelity.py", "--seeds", "0", "1", "2", "3", "4", "--queries",
+                              "12", "--steps", "8", "--images", "32"] + dev, ["explain_fidelity"]),
+        ("xml_overhead", [PY, "benchmarks/xml_overhead.py"] + dev, ["xml_overhead"]),
+        ("distill_memory", [PY, "benchmarks/distill_memory.py", "--repeats", "3"] + dev, ["distill_memory_" + device]),
         ("localization", [PY, "benchmarks/localization.py", "--size", size] + dev, ["localization"]),
         ("mlrc_quick", [PY, "benchmarks/mlrc_quick.py"] + dev, ["mlrc_quick"]),
         ("accuracy_scale", [PY, "benchmarks/accuracy_scale.py"] + dev, ["accuracy_scale" + ("_cuda" if device == "cuda" else "")]),

@@ -2,7 +2,7 @@
 
 MobileNetV2 (ImageNet weights when the offline package is installed), 96-px RGB input, batch 32 (8 classes × 4),
 embedder Linear(1280 → 128), ContrastiveLoss, SGD. The two steps alternate in one process; the ratio of their
-medians is reported (target ≤ 1.03). Results: a markdown table on stdout and benchmarks/results/xml_overhead.json.
+medians is reported (target ≤ 1.03). Results: benchmarks/results/xml_overhead.json and .md (the README block).
 
     python benchmarks/xml_overhead.py [--repeats 30] [--image-size 96] [--batch-size 32] [--prototypes 64 128]
 """
@@ -16,7 +16,7 @@ import time
 import torch
 
 from pml_extensions import losses, trunks
-from pml_extensions.utils.atomic_io import atomic_write_json
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 
 def build(use_xml: bool, num_prototypes: int, device):
@@ -75,15 +75,19 @@ def main(argv=None):
                     times[name].append(time.perf_counter() - start)
         med = {k: statistics.median(v) for k, v in times.items()}
         rows.append({"prototypes": m, "gap_s": med["gap"], "xml_s": med["xml"], "ratio": med["xml"] / med["gap"]})
-    print(f"device {device}, MobileNetV2 at {args.image_size} px, batch {args.batch_size}, median of {args.repeats} steps, torch threads {torch.get_num_threads()}\n")
-    print("| prototypes m | GAP + Contrastive step (s) | HistogramPooling + XMLWrapper step (s) | ratio |")
-    print("|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['prototypes']} | {r['gap_s']:.4f} | {r['xml_s']:.4f} | {r['ratio']:.3f} |")
+    text = (f"`python benchmarks/xml_overhead.py` (device {device}, MobileNetV2 at {args.image_size} px, batch "
+            f"{args.batch_size}, median of {args.repeats} steps, the two variants alternating in one process, torch "
+            f"threads {torch.get_num_threads()}, 1-min load average {os.getloadavg()[0]:.1f} at the end; target ≤ 1.03)\n\n"
+            "| prototypes m | GAP + Contrastive step (s) | HistogramPooling + XMLWrapper step (s) | ratio |\n"
+            "|---|---|---|---|\n"
+            + "".join(f"| {r['prototypes']} | {r['gap_s']:.4f} | {r['xml_s']:.4f} | {r['ratio']:.3f} |\n" for r in rows))
+    print(text)
     atomic_write_json(
         os.path.join(args.output, "xml_overhead.json"),
-        {"device": str(device), "image_size": args.image_size, "batch_size": args.batch_size, "rows": rows},
+        {"device": str(device), "image_size": args.image_size, "batch_size": args.batch_size,
+         "repeats": args.repeats, "torch_threads": torch.get_num_threads(), "rows": rows},
     )
+    atomic_write_text(os.path.join(args.output, "xml_overhead.md"), text)
     return 0
 
 

@@ -178,7 +178,8 @@ class EngineAccuracyMixin:
         if engine is not None:
             query, reference = engine.prepare(query, "query"), engine.prepare(reference, "reference")
             sq = None if engine.inner_product else (reference * reference).sum(1)
-            bs = engine.block_size(len(reference), k)
+            bs = min(engine.block_size(len(reference), k), len(rows))
+            buffer = engine.score_buffer(bs, reference)
         else:
             query, reference = query.float(), reference.float()
             bs = self.block_size or 1024
@@ -188,7 +189,7 @@ class EngineAccuracyMixin:
             block = rows[start: start + bs]
             own = self_indices[block] if exclude_self else None
             if engine is not None:
-                idx, dist = engine.search(query[block], k, reference, own, len(builtin) < len(metrics), sq)
+                idx, dist = engine.search(query[block], k, reference, own, len(builtin) < len(metrics), sq, buffer)
             else:
                 dist, idx = self._user_knn(query[block], k, reference, own)
             if r_ids is not None:

@@ -43,10 +43,12 @@ def integer_points(n, d=3, seed=0):
 
 class TestEngine:
     @pytest.mark.parametrize("inner_product", [False, True])
-    @pytest.mark.parametrize("block_size", [1, 3, 64])
-    def test_ties_by_reference_index_against_brute_force(self, inner_product, block_size):
+    @pytest.mark.parametrize("block_size, budget", [(1, 2**29), (3, 2**29), (64, 2**29), (64, 16 * 40 * 2)])
+    def test_ties_by_reference_index_against_brute_force(self, inner_product, block_size, budget):
+        # the last case re-ranks the tied rows 2 at a time (budget // (16·M) = 2): the same neighbours
         x, _ = integer_points(40)
-        knn = BlockedKNN("inner_product" if inner_product else "euclidean", block_size=block_size)
+        knn = BlockedKNN("inner_product" if inner_product else "euclidean", block_size=block_size,
+                         memory_budget=budget)
         for k in (1, 5, 38, 39):  # 39 = every reference but the own row
             want = [order[:k] for order in bf.ranking(x, x, torch.arange(40), inner_product)]
             dist, idx = knn(x, k, x, ref_includes_query=True)
@@ -63,8 +65,9 @@ class TestEngine:
         assert torch.equal(got, want)
 
     def test_block_size_from_budget(self):
-        assert BlockedKNN(memory_budget=12 * 1000 + 96 * 11).block_size(1000, 10) == 1
-        assert BlockedKNN(memory_budget=10 * (12 * 1000 + 96 * 11)).block_size(1000, 10) == 10
+        assert BlockedKNN(memory_budget=4 * 1000 + 96 * 11).block_size(1000, 10) == 1
+        assert BlockedKNN(memory_budget=10 * (4 * 1000 + 96 * 11)).block_size(1000, 10) == 10
+        assert BlockedKNN(memory_budget=10 * (4 * 1000 + 96 * 11) - 1).block_size(1000, 10) == 9
 
     def test_distance_objects(self):
         assert (BlockedKNN(CosineSimilarity()).inner_product, BlockedKNN(CosineSimilarity()).normalize) == (True, True)

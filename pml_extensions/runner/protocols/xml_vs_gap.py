@@ -174,7 +174,8 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
     results = summarize(per_seed, comparisons=[tuple(p) for p in comparisons], metrics=[METRICS[0]], extra={
         "protocol": "xml_vs_gap", "seeds": seeds, "dataset": first["dataset"], "device": str(device),
         "num_epochs": first["num_epochs"], "iterations_per_epoch": first["iterations_per_epoch"],
-        "batch_size": first["batch_size"], "validation": first.get("validation") or {}, "total_seconds": total,
+        "batch_size": first["batch_size"], "validation": first.get("validation") or {},
+        "seconds_this_invocation": total,  # wall time of this command: small when it found the units finished
         "train_seconds_sum": sum(u["train_seconds"] for v in units.values() for u in v.values()), "units": units,
     })
     any_unit = next(iter(units.values()))[str(seeds[0])]
