@@ -36,9 +36,10 @@ class BlockedKNN:
             PML distance object: ``LpDistance(p=2)`` -> euclidean, ``DotProductSimilarity`` / ``CosineSimilarity``
             -> inner product; its ``normalize_embeddings`` is honoured (L2-normalised rows first).
         memory_budget: bytes for one block's temporaries (score matrix, candidates, per-query metric rows);
-            default 512 MiB. The block size is ``budget // (4·M + 96·(k + 1))`` rows, at least 1; rows whose k-th
-            and (k+1)-th scores tie are re-ranked in chunks of at most ``budget // (16·M)`` rows, so the peak of the
-            temporaries stays below twice the budget.
+            default 512 MiB. The block size is ``budget // (4·M + 144·(k + 1))`` rows (the score row, and ~144
+            bytes of candidates, keys and metric rows per neighbour), at least 1; rows whose k-th and (k+1)-th
+            scores tie are re-ranked in chunks of at most ``budget // (16·M)`` rows, so the peak of the temporaries
+            stays below twice the budget.
         block_size: fixed number of query rows per block instead (optional, positive int).
 
     ``search(query [b, D], k, reference [M, D], self_indices [b] long = None, return_distances=False)`` returns
@@ -92,7 +93,7 @@ class BlockedKNN:
         """Query rows per block for ``num_references`` references and ``k`` neighbours."""
         if self.fixed_block_size is not None:
             return self.fixed_block_size
-        return max(1, self.memory_budget // (4 * num_references + 96 * (k + 1)))
+        return max(1, self.memory_budget // (4 * num_references + 144 * (k + 1)))
 
     def prepare(self, embeddings: torch.Tensor, name: str) -> torch.Tensor:
         """float32 (or float64) ``[n, D]`` copy of ``embeddings``, L2-normalised if the distance asks for it."""

@@ -65,9 +65,9 @@ class TestEngine:
         assert torch.equal(got, want)
 
     def test_block_size_from_budget(self):
-        assert BlockedKNN(memory_budget=4 * 1000 + 96 * 11).block_size(1000, 10) == 1
-        assert BlockedKNN(memory_budget=10 * (4 * 1000 + 96 * 11)).block_size(1000, 10) == 10
-        assert BlockedKNN(memory_budget=10 * (4 * 1000 + 96 * 11) - 1).block_size(1000, 10) == 9
+        assert BlockedKNN(memory_budget=4 * 1000 + 144 * 11).block_size(1000, 10) == 1
+        assert BlockedKNN(memory_budget=10 * (4 * 1000 + 144 * 11)).block_size(1000, 10) == 10
+        assert BlockedKNN(memory_budget=10 * (4 * 1000 + 144 * 11) - 1).block_size(1000, 10) == 9
 
     def test_distance_objects(self):
         assert (BlockedKNN(CosineSimilarity()).inner_product, BlockedKNN(CosineSimilarity()).normalize) == (True, True)
