@@ -57,9 +57,8 @@ def render(rows, device) -> str:
         if "failed" in r:
             lines.append(f"| {r['config']} | failed: {r['failed']} | | | | |")
             continue
-        lines.append(f"| {r['config']} | {r['mean_average_precision_at_r_128D']:.3f} | {r['precision_at_1_128D']:.3f} | "
-                     f"{r['mean_average_precision_at_r_512D']:.3f} | {r['precision_at_1_512D']:.3f} | "
-                     f"{r['seconds']:.0f} |")
+        cells = [r[f"{m}_{d}"] for d in ("128D", "512D") for m in METRICS]
+        lines.append(f"| {r['config']} | " + " | ".join(f"{v:.3f}" for v in cells) + f" | {r['seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

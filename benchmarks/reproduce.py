@@ -45,7 +45,8 @@ def steps(size: str, device: str, runs: str):
         ("distill_memory", [PY, "benchmarks/distill_memory.py", "--repeats", "3"] + dev, ["distill_memory_" + device]),
         ("localization", [PY, "benchmarks/localization.py", "--size", size] + dev, ["localization"]),
         ("mlrc_quick", [PY, "benchmarks/mlrc_quick.py"] + dev, ["mlrc_quick"]),
-        ("accuracy_scale", [PY, "benchmarks/accuracy_scale.py"] + dev, ["accuracy_scale" + ("_cuda" if device == "cuda" else "")]),
+        ("accuracy_scale", [PY, "benchmarks/accuracy_scale.py"] + dev,
+         ["accuracy_scale" + ("_cuda" if device == "cuda" else "")]),
     ]
 
 

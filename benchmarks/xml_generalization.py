@@ -149,10 +149,10 @@ def render(results, out):
                                                         else "not similar (the interval excludes 0)"))
     footer = ("Paper (Sec. 3, CIFAR-10, 1000 splits): with XML the unseen half's MAP_x is higher while the seen half's "
               "MAP_c is similar. Here:\n" + "\n".join(lines)
-              + "\n\nRead the XML − GAP rows with care: they change two things at once, the XML term and where the "
-              "prototypes come from (HistogramPooling's trained prototypes vs k-means fitted to the GAP trunk's features "
-              "after training). The XML − λ = 0 rows change only the XML term (same trunk, same prototype layer, same "
-              "seed and batches): they isolate the claim.") if lines else ""
+              + "\n\nRead the XML − GAP rows with care: they change two things at once, the XML term and where "
+              "the prototypes come from (HistogramPooling's trained prototypes vs k-means fitted to the GAP trunk's "
+              "features after training). The XML − λ = 0 rows change only the XML term (same trunk, same prototype "
+              "layer, same seed and batches): they isolate the claim.") if lines else ""
     write_results(out, results, metrics=["map_unseen", "map_seen"], header=header, name="xml_generalization",
                   footer=footer)
     with open(os.path.join(out, "xml_generalization.md"), encoding="utf-8") as f:

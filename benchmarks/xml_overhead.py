@@ -77,7 +77,8 @@ def main(argv=None):
         rows.append({"prototypes": m, "gap_s": med["gap"], "xml_s": med["xml"], "ratio": med["xml"] / med["gap"]})
     text = (f"`python benchmarks/xml_overhead.py` (device {device}, MobileNetV2 at {args.image_size} px, batch "
             f"{args.batch_size}, median of {args.repeats} steps, the two variants alternating in one process, torch "
-            f"threads {torch.get_num_threads()}, 1-min load average {os.getloadavg()[0]:.1f} at the end; target ≤ 1.03)\n\n"
+            f"threads {torch.get_num_threads()}, 1-min load average {os.getloadavg()[0]:.1f} at the end; "
+            "target ≤ 1.03)\n\n"
             "| prototypes m | GAP + Contrastive step (s) | HistogramPooling + XMLWrapper step (s) | ratio |\n"
             "|---|---|---|---|\n"
             + "".join(f"| {r['prototypes']} | {r['gap_s']:.4f} | {r['xml_s']:.4f} | {r['ratio']:.3f} |\n" for r in rows))

@@ -218,8 +218,9 @@ def write_summary(study, folder: str) -> Dict[str, Any]:
     trials = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     rows = [{"number": t.number, "value": t.value, "params": t.params, "folder": _trial_folder_name(t)} for t in trials]
     best = max(rows, key=lambda r: r["value"]) if rows else None
-    interrupted = [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))]
-    summary = {"n_trials": len(rows), "best": best, "trials": rows, "interrupted_trials": interrupted}
+    # FAIL: killed (and re-queued) or raised
+    failed = [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))]
+    summary = {"n_trials": len(rows), "best": best, "trials": rows, "failed_trials": failed}
     atomic_write_text(os.path.join(folder, "search.json"), json.dumps(summary, indent=2))
     if rows:
         names = list(rows[0]["params"])

@@ -39,7 +39,7 @@ def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path):
     summary = json.load(open(os.path.join(folder, "search.json")))
     best = max(complete, key=lambda t: t.value)
     assert summary["n_trials"] == 4 and summary["best"]["number"] == best.number
-    assert summary["interrupted_trials"] == [2]
+    assert summary["failed_trials"] == [2]  # the killed one, kept in the history
     assert os.path.isfile(os.path.join(folder, "search.png")) and os.path.isfile(os.path.join(folder, "study.db"))
 
 
