@@ -81,6 +81,43 @@ def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optiona
     return None, None
 
 
+def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
+    """How the run that wrote ``checkpoint`` fed images to its model at evaluation, from its saved config.
+
+    Returns ``None`` without a run config, else ``{"mean": [...] or None, "std": [...] or None, "image_size":
+    int or None}``: the ``Normalize`` of ``transforms.eval`` (or the runner's default, ``normalize`` or
+    ImageNet's, which the runner appends after ``ToTensor``; ``normalize: null`` -> no normalisation), and the
+    image side in pixels from the dataset's ``image_size`` or the eval ``CenterCrop``/``Resize`` size.
+    """
+    if checkpoint is None:
+        return None
+    cfg, _ = find_run_config(checkpoint)
+    if cfg is None or "resolution_job" in cfg:  # the resolution protocol: ImageNet statistics, sizes on the CLI
+        return None
+    eval_spec = (cfg.get("transforms") or {}).get("eval")
+    if isinstance(eval_spec, dict) and list(eval_spec) == ["Compose"]:  # {Compose: {transforms: [...]}}
+        eval_spec = (eval_spec["Compose"] or {}).get("transforms")
+    steps = list(eval_spec.items()) if isinstance(eval_spec, dict) else [
+        next(iter(t.items())) for t in (eval_spec or []) if isinstance(t, dict) and len(t) == 1]
+    kwargs = {name: (v or {}) for name, v in steps if isinstance(v, (dict, type(None)))}
+    from ..runner.builders import IMAGENET_NORMALIZE
+
+    norm = kwargs.get("Normalize") if "Normalize" in kwargs else (
+        None if "ToTensor" in kwargs else cfg.get("normalize", IMAGENET_NORMALIZE))
+    size = None
+    dataset = cfg.get("dataset")
+    if isinstance(dataset, dict) and len(dataset) == 1 and isinstance(next(iter(dataset.values())), dict):
+        size = next(iter(dataset.values())).get("image_size")
+    for name in ("CenterCrop", "Resize"):
+        given = kwargs.get(name, {}).get("size")
+        if size is None and isinstance(given, (list, tuple)) and given and all(isinstance(v, int) for v in given):
+            given = min(given)  # [h, w]: the shorter side, as --image-size
+        if size is None and isinstance(given, int):
+            size = given
+    return {"mean": list(norm["mean"]) if norm else None, "std": list(norm["std"]) if norm else None,
+            "image_size": size if isinstance(size, int) and not isinstance(size, bool) else None}
+
+
 def _resolution_build_model():
     from pml_extensions.runner.protocols.resolution_distillation_parts import build_model
 

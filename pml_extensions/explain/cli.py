@@ -23,6 +23,7 @@ from torch import nn
 from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from ..utils.atomic_io import atomic_write_json
 
+DEFAULT_IMAGE_SIZE = 320
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
@@ -70,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--image-size",
         type=int,
-        default=320,
-        help="shorter side of the query images in pixels (default 320: 10 x w maps for MobileNetV2)",
+        default=None,
+        help="shorter side of the query images in pixels (default: the run's image size when --checkpoint is a "
+        "run's file, else 320: 10 x w maps for MobileNetV2); images are normalised as the run's eval transform",
     )
     p.add_argument(
         "--square",
@@ -113,10 +115,11 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
     return _load_models(checkpoint, trust, default=lambda: (_mobilenet_trunk(True), nn.Identity()))
 
 
-def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False) -> torch.Tensor:
+def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False, stats=None) -> torch.Tensor:
     """Image file → ``[channels, size, size]`` tensor (resized without cropping, as the authors' demo), or
     with ``keep_aspect`` the shorter side resized to ``size`` (``[channels, size, W']`` or ``[channels, H',
-    size]``); ImageNet-normalised for 3 channels, grey in [0, 1] for 1 channel."""
+    size]``); normalised with ``stats = (mean, std)`` when given (a run's own eval normalisation), else
+    ImageNet-normalised for 3 channels and grey in [0, 1] for 1 channel."""
     from torchvision.transforms import functional as TF
 
     try:
@@ -131,9 +134,22 @@ def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = Fals
     except (OSError, Image.UnidentifiedImageError) as e:
         raise ValueError(f"cannot read image {path}: {e}") from e
     x = TF.to_tensor(im)
-    if channels == 3:
-        return TF.normalize(x, IMAGENET_MEAN, IMAGENET_STD)
-    return x
+    mean, std = stats if stats is not None else _default_stats(channels)
+    return x if mean is None else TF.normalize(x, mean, std)
+
+
+def _default_stats(channels: int):
+    return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (None, None)
+
+
+def _side(checkpoint, channels, size):
+    """``(size, (mean, std))`` of one side: the run's own preprocessing when ``checkpoint`` is a run's file."""
+    from .checkpoints import run_preprocessing
+
+    run = run_preprocessing(checkpoint)
+    fits = run is not None and (run["mean"] is None or len(run["mean"]) == channels)  # else a config we cannot read
+    stats = (run["mean"], run["std"]) if fits else _default_stats(channels)
+    return size or (run or {}).get("image_size") or DEFAULT_IMAGE_SIZE, stats
 
 
 def _channels(trunk: nn.Module) -> int:
@@ -187,8 +203,6 @@ def _explain(args, refs, device) -> int:
     ref_models = None
     if args.reference_checkpoint is not None:
         ref_models = load_models(args.reference_checkpoint, args.trust_checkpoint)
-    size_q = args.image_size
-    size_r = args.reference_image_size or args.image_size
     for m in (trunk, embedder) + (tuple(ref_models) if ref_models else ()):
         m.to(device)
     try:
@@ -204,13 +218,18 @@ def _explain(args, refs, device) -> int:
         raise ValueError(f"{e} (--layer / --reference-layer)") from None
     cq = _channels(trunk)
     cr = _channels(ref_models[0]) if ref_models else cq
+    size_q, stats = _side(args.checkpoint, cq, args.image_size)
+    if ref_models:
+        size_r, stats_r = _side(args.reference_checkpoint, cr, args.reference_image_size or args.image_size)
+    else:
+        size_r, stats_r = args.reference_image_size or size_q, stats
     keep = not args.square
-    q = load_image(args.query, size_q, cq, keep).to(device)[None]
+    q = load_image(args.query, size_q, cq, keep, stats).to(device)[None]
     try:
         fq = dec.fold_query(q)
         chunks = []
         for p in refs:  # one at a time: images keep their own aspect ratio
-            chunks.append(dec.fold_reference(load_image(p, size_r, cr, keep).to(device)[None]).embedding)
+            chunks.append(dec.fold_reference(load_image(p, size_r, cr, keep, stats_r).to(device)[None]).embedding)
     except ValueError as e:
         msg = str(e)
         if "no module with a 4-D" in msg or "cannot be folded" in msg:
@@ -222,11 +241,9 @@ def _explain(args, refs, device) -> int:
     order = torch.argsort(cos, descending=True)[: (args.k if len(refs) > 1 else 1)].tolist()
     os.makedirs(args.out, exist_ok=True)
     results = []
-    stats = (IMAGENET_MEAN, IMAGENET_STD) if cq == 3 else (None, None)
-    stats_r = (IMAGENET_MEAN, IMAGENET_STD) if cr == 3 else (None, None)
     qd = to_display_image(q[0], *stats)
     for rank, idx in enumerate(order):
-        r = load_image(refs[idx], size_r, cr, keep).to(device)[None]
+        r = load_image(refs[idx], size_r, cr, keep, stats_r).to(device)[None]
         fr = dec.fold_reference(r)
         plain = dec.overall_maps(fq, fr)
         bias = dec.overall_maps(fq, fr, bias=True)

@@ -85,9 +85,9 @@ def _variant_selection(root: str, variant, selection: dict) -> dict:
     return out
 
 
-def _quiet_progress_bars():
+def quiet_progress_bars():
     """PML's trainers and testers draw tqdm bars with no switch; the CLI (an application) turns them off
-    unless ``--progress`` is given."""
+    (``run`` unless ``--progress`` is given; ``job`` when its output is not a terminal)."""
     from functools import partialmethod
 
     import tqdm
@@ -210,7 +210,7 @@ def _main(argv: List[str]) -> int:
         raise ConfigError("command line: --new and --resume-anyway exclude each other")
     on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")
     if not runner.get("progress", False):
-        _quiet_progress_bars()
+        quiet_progress_bars()
     command = ["python", "-m", "pml_extensions", "run"] + ([str(config_arg)] if config_arg else []) + argv
     if find_search_markers(config):
         from .search import run_search

@@ -270,6 +270,9 @@ class EngineAccuracyMixin:
         if query.ndim != 2 or reference.ndim != 2 or query.shape[1] != reference.shape[1]:
             raise ValueError(f"query [Nq, D] and reference [M, D] must have the same dimension D, got "
                              f"{tuple(query.shape)} and {tuple(reference.shape)}")
+        for name, x in (("query", query), ("reference", reference)):  # before any metric (NMI/AMI included) runs
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError(f"{name} contains NaN or infinite values")
         q_lab = self._labels(query_labels, len(query), "query_labels", dev)
         r_lab = self._labels(reference_labels, len(reference), "reference_labels", dev)
         self.check_primary_metrics(include, exclude)

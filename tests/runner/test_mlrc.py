@@ -281,3 +281,13 @@ def test_loss_generators_are_found_for_the_checkpoint():
     a = torch.randperm(10, generator=loss.generator)
     loss.generator.set_state(state)
     assert torch.equal(a, torch.randperm(10, generator=loss.generator))
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-4", "true"])
+def test_bad_batch_size_is_one_config_error(tmp_path, value):
+    """batch_size 0 used to end in a ZeroDivisionError inside PML's sampler, 'abc' in int(); now one line."""
+    register_tiny()
+    runner = _runner(tmp_path, ["--trainer~APPLY~2", "{batch_size: %s}" % value, "--num_training_sets", "1"])
+    with pytest.raises(ConfigError, match=r"trainer: batch_size must be a positive integer, got ") as e:
+        _run(runner)
+    assert "\n" not in str(e.value)

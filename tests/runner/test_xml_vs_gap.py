@@ -151,9 +151,10 @@ class TestJob(unittest.TestCase):
             state = torch.load(ckpt, weights_only=True)
             self.assertTrue(all(torch.equal(v, state["trunk"][k]) for k, v in trunk.state_dict().items()))
             with torch.no_grad():
-                q, r = (emb.eval()(trunk.eval()(load_image(p, 32, 1, True)[None])) for p in images)
+                # the run's eval transform: 32 px, Normalize(0.5, 0.5); the CLI reads both from the run's config.yaml
+                q, r = (emb.eval()(trunk.eval()(load_image(p, 32, 1, True, ([0.5], [0.5]))[None])) for p in images)
             out = os.path.join(run, "why_" + variant)
-            self.assertEqual(explain_main([images[0], images[1], "--checkpoint", ckpt, "--image-size", "32", "--out", out]), 0)
+            self.assertEqual(explain_main([images[0], images[1], "--checkpoint", ckpt, "--out", out]), 0)
             with open(os.path.join(out, "similarity.json")) as f:
                 got = json.load(f)["results"][0]["cosine_similarity"]
             self.assertAlmostEqual(got, float(torch.nn.functional.cosine_similarity(q, r)[0]), places=5)

@@ -249,3 +249,20 @@ def test_peak_memory_many_small_classes(which):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["increase_mib"] < 400, out
     assert 0.0 <= out["precision_at_1"] <= 1.0
+
+
+@pytest.mark.parametrize("calc_cls", [ChunkedAccuracyCalculator, AsymmetricAccuracyCalculator])
+def test_nan_embeddings_are_named_before_any_metric_runs(calc_cls):
+    """A NaN in the query (or an inf in a separate reference) is reported as such, also with the default metrics
+    (PML's NMI/AMI path used to fail first with a message about ref_includes_query)."""
+    x, y = torch.randn(20, 4, generator=torch.Generator().manual_seed(0)), torch.arange(20) % 4
+    bad = x.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="^query contains NaN or infinite values$"):
+        calc_cls(k=10).get_accuracy(bad, y)
+    with pytest.raises(ValueError, match="^query contains NaN or infinite values$"):
+        calc_cls().get_accuracy(bad, y, x, y, ref_includes_query=False)
+    ref = x.clone()
+    ref[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="^reference contains NaN or infinite values$"):
+        calc_cls().get_accuracy(x, y, ref, y)

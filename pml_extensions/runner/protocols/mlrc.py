@@ -133,7 +133,9 @@ class MLRCRunner:
 
         trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
         trainer_kwargs = dict(trainer_kwargs)
-        global_batch = int(trainer_kwargs.get("batch_size", 32))
+        global_batch = trainer_kwargs.get("batch_size", 32)
+        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+            raise ConfigError(f"{self.where('trainer')}: batch_size must be a positive integer, got {global_batch!r}")
         if global_batch % dist_utils.world_size():
             raise ConfigError(
                 f"{self.where('trainer')}: batch_size {global_batch} is "

@@ -285,6 +285,10 @@ def main(argv=None) -> int:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     dist_utils.init_from_env()  # torchrun: gloo on CPU, nccl on GPU; a no-op otherwise
+    if not sys.stderr.isatty():  # a log file or a pipe: no thousands of progress-bar lines
+        from ..cli import quiet_progress_bars
+
+        quiet_progress_bars()
     try:
         cfg = load_job_config(args)
         folder = os.path.join(args.output, cfg.get("experiment_name", "experiment"))
