@@ -171,6 +171,8 @@ def _main(argv: List[str]) -> int:
         return _list(None if value is True and config_arg is None else (config_arg if value is True else value))
     selection, rest = split_selection(cli)
     runner = {k.replace("-", "_"): rest.pop(k) for k in RUNNER_KEYS if k in rest}
+    if not runner.get("progress", False):
+        quiet_progress_bars()
     if "reproduce" in runner:
         from . import reproduce
 
@@ -209,8 +211,6 @@ def _main(argv: List[str]) -> int:
     if runner.get("new") and runner.get("resume_anyway"):
         raise ConfigError("command line: --new and --resume-anyway exclude each other")
     on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")
-    if not runner.get("progress", False):
-        quiet_progress_bars()
     command = ["python", "-m", "pml_extensions", "run"] + ([str(config_arg)] if config_arg else []) + argv
     if find_search_markers(config):
         from .search import run_search
