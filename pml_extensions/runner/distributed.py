@@ -84,6 +84,16 @@ def broadcast_object(obj: Any = None, src: int = 0) -> Any:
     return box[0]
 
 
+def gather_objects(obj: Any) -> list:
+    """Every rank's ``obj`` in rank order (``torch.distributed.all_gather_object``); ``[obj]`` outside torchrun.
+    Collective: every rank calls it."""
+    if not is_active():
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def shutdown() -> None:
     """Leave the process group cleanly at the end of a torchrun run: wait for every rank, free the DDP wrappers
     that are no longer referenced (their reducers hold the group), then destroy the group. A no-op without one.

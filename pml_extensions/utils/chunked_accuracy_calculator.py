@@ -10,7 +10,6 @@ to per-query metric values and adds them into per-class sums (:mod:`~pml_extensi
 memory is ``O(block · (M + k) + N + M)``; labels are mapped to class ids, never cast to float.
 """
 
-
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
 from .knn_metrics import EngineAccuracyMixin

@@ -1,9 +1,9 @@
 """Exact k nearest neighbours by blocked matrix products: the k-NN engine of the accuracy calculators.
 
 For a block of ``b`` queries the engine computes one ``[b, M]`` score matrix against all ``M`` references (one
-matmul, into a buffer reused from block to block), removes each query's own reference row BY INDEX, selects ``k + 1`` candidates
-with ``torch.topk`` (no ordering), and orders only those. Nothing larger than ``[b, M]`` or ``[b, k]`` is ever built, and ``b`` follows
-from a memory budget, so the caller never holds an ``[N, k]`` tensor for the whole set (the accuracy calculators
+matmul, into a buffer reused from block to block), removes each query's own reference row BY INDEX, selects
+``k + 1`` candidates with ``torch.topk`` (no ordering), and orders only those. Nothing larger than ``[b, M]`` or
+``[b, k]`` is ever built, and ``b`` follows from a memory budget, so the caller never holds an ``[N, k]`` tensor for the whole set (the accuracy calculators
 reduce each block to per-query numbers before the next one).
 
 Tie rule (the same everywhere): neighbours are ordered by distance, and equal distances by increasing reference

@@ -221,8 +221,8 @@ def _teacher_stage(exp, stage, ctx, resolution, job):
             end_of_epoch_hook=lambda t: chunks_["c"].end_of_epoch_hook(t),
         )
         trainer.freeze_trunk_batchnorm = True
-        chunks = parts.Chunks(exp, stage, models, trainer.optimizers, {}, job["teacher_iterations"], job["checkpoint_every"],
-                         reseed=lambda epoch: seed_everything(seed * 100_003 + epoch))
+        chunks = parts.Chunks(exp, stage, models, trainer.optimizers, {}, job["teacher_iterations"],
+                              job["checkpoint_every"], reseed=lambda epoch: seed_everything(seed * 100_003 + epoch))
         chunks_["c"] = chunks
         chunks.train(trainer, chunks.resume(trainer))
     trunk.eval(), embedder.eval()
@@ -297,8 +297,8 @@ def _student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=No
                 chunks.ck.record_keeper.update_records(
                     {"accuracies": {f"{r['setup']}_{parts.PRIMARY}": r[parts.PRIMARY], "iteration": it}}, trainer.epoch)
 
-    chunks = parts.Chunks(exp, stage, {"trunk": trunk, "embedder": embedder}, trainer.optimizers, trainer.lr_schedulers,
-                     job["student_iterations"], job["checkpoint_every"], on_chunk=on_chunk)
+    chunks = parts.Chunks(exp, stage, {"trunk": trunk, "embedder": embedder}, trainer.optimizers,
+                          trainer.lr_schedulers, job["student_iterations"], job["checkpoint_every"], on_chunk=on_chunk)
     holder["c"] = chunks
     start = chunks.resume(trainer)
     if curve and start == 1:  # iteration 0: the initial student
@@ -384,10 +384,8 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
                 ctx["seed"] = seed
                 units.append((unit, *_seed_unit(exp, ctx, job, start)))
             unit += 1
-    if world > 1:  # every rank's (unit, rows, curve), back in the one-process order
-        gathered = [None] * world
-        torch.distributed.all_gather_object(gathered, units)
-        units = sorted((u for part in gathered for u in part), key=lambda u: u[0])
+    # every rank's (unit, rows, curve), back in the one-process order
+    units = sorted((u for part in dist_utils.gather_objects(units) for u in part), key=lambda u: u[0])
     rows = [r for _, unit_rows, _ in units for r in unit_rows]
     curve = [p for _, _, unit_curve in units for p in unit_curve]
     curve = [{k: p[k] for k in ("dataset", "seed", "query_resolution", "setup", "iteration", *parts.METRICS)}
