@@ -1,15 +1,24 @@
 """Regenerate every result table of the README with one command.
 
-    python benchmarks/reproduce.py --size quick                  # CPU, several hours on 2 cores
+    python benchmarks/reproduce.py --size quick                  # CPU: see the README for the measured wall time
     python benchmarks/reproduce.py --size full --device cuda     # GPU sizes
     python benchmarks/reproduce.py --size quick --only xml_vs_gap xml_generalization
+    python benchmarks/reproduce.py --list                        # the plan: every process, its threads, its order
 
 Each step is one benchmark run by its stable command line (below); it writes ``benchmarks/results/NAME.json`` and
 ``NAME.md``. The main job's ``results.json``/``results.md`` are copied to ``benchmarks/results/xml_vs_gap.*``.
 Then ``benchmarks/readme_tables.py`` copies every ``NAME.md`` into its README block (every README block has a step
-here; a test checks it). A tqdm bar shows the steps;
-each step's output goes to ``runs/reproduce/<size>/NAME.log``. A failing step is reported (with the end of its
-log) and the others still run; the exit status is 1 when any step failed.
+here; a test checks it).
+
+Scheduling: the training steps share the cores first: each of their processes runs with one torch thread (``OMP_NUM_THREADS=1``), as many at
+once as ``--jobs`` (default: the CPU count); steps with per-seed or per-experiment parts run them as parallel
+processes and join them with the benchmark's own ``--merge``. Every call starts afresh: ``runs/reproduce/<size>``
+(the experiment folders, logs and parts) is deleted first. Then the steps whose numbers are wall times or memory peaks (and the main job, whose README table must
+equal what ``tox -e job`` writes with the machine's default threads) run alone, one after another, with every core;
+the XML generalisation probe (it reads the main job's models) comes last. A tqdm bar counts the processes; each process's
+output goes to ``runs/reproduce/<size>/NAME.log``. A failing process is reported (with the end of its log), the
+processes that need it are skipped, the others still run; the exit status is 1 when anything failed. The wall time
+of every process and of the whole call is written to ``benchmarks/results/reproduce_<size>_<device>.json``.
 """
 
 import argparse
@@ -18,36 +27,80 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import List, NamedTuple, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 PY = sys.executable
 
 
-def steps(size: str, device: str, runs: str):
-    """``[(name, argv, results written)]`` in order; the XML generalisation probe reads the main job's models."""
+class Step(NamedTuple):
+    """One README-level benchmark. ``alone``: runs with every core and nothing beside it (timings, memory, the main
+    job). ``parts``: ``[(part name, argv)]`` run as parallel single-thread processes before ``argv`` (the merge)."""
+
+    name: str
+    argv: List[str]
+    results: List[str]
+    alone: bool = False
+    parts: Tuple = ()
+    needs: Tuple = ()
+
+
+def steps(size: str, device: str, runs: str) -> List[Step]:
+    """The steps in order; the XML generalisation probe reads the main job's models."""
     dev = ["--device", device]
     job_folder = os.path.join(runs, "xml_glyphs")
+    parts = os.path.join(runs, "parts")
+    tb = [PY, "benchmarks/template_block.py", "--size", "medium" if size == "quick" else size, "--out", parts] + dev
+    tb_parts = (("ablation", tb + ["--skip", "fashion", "glyphs", "lambda", "--tag", "ablation"]),
+                ("fashion_lambda", tb + ["--skip", "glyphs", "ablation", "--tag", "fashion_lambda"]),
+                ("glyphs", tb + ["--skip", "fashion", "lambda", "ablation", "--tag", "glyphs"]))
+    loc_seeds = (0, 1, 2) if size == "quick" else (0, 1, 2, 3, 4)
+    loc = [PY, "benchmarks/localization.py", "--size", size, "--out", parts] + dev
+    loc_parts = tuple((f"seed{s}", loc + ["--seeds", str(s), "--tag", f"seed{s}"]) for s in loc_seeds)
     return [
-        ("xml_vs_gap", [PY, "-m", "pml_extensions", "job", "--output", runs, "--new"] + dev, ["xml_vs_gap"]),
-        ("xml_generalization", [PY, "benchmarks/xml_generalization.py", "--run-folder", job_folder,
-                                "--splits", "200" if size == "quick" else "1000"] + dev, ["xml_generalization"]),
-        ("xml_signal", [PY, "benchmarks/xml_signal.py", "--size", size] + dev, ["xml_signal"]),
-        ("resolution_distillation", [PY, "benchmarks/resolution_distillation.py", "--size", size] + dev,
-         ["resolution_distillation"]),
-        ("template_block", [PY, "benchmarks/template_block.py", "--size", size] + dev, ["template_block"]),
-        ("template_block_medium", [PY, "benchmarks/template_block.py", "--size", "medium", "--skip", "lambda",
-                                   "ablation", "--tag", "_medium"] + dev, ["template_block_medium"]),
-        ("explain_speed", [PY, "benchmarks/explain_speed.py"] + dev, ["explain_speed"]),
-        ("explain_fidelity", [PY, "benchmarks/explain_fidelity.py", "--seeds", "0", "1", "2", "3", "4", "--queries",
-                              "12", "--steps", "8", "--images", "32"] + dev, ["explain_fidelity"]),
-        ("xml_overhead", [PY, "benchmarks/xml_overhead.py"] + dev, ["xml_overhead"]),
-        ("distill_memory", [PY, "benchmarks/distill_memory.py", "--repeats", "3"] + dev, ["distill_memory_" + device]),
-        ("localization", [PY, "benchmarks/localization.py", "--size", size] + dev, ["localization"]),
-        ("mlrc_quick", [PY, "benchmarks/mlrc_quick.py"] + dev, ["mlrc_quick"]),
-        ("accuracy_scale", [PY, "benchmarks/accuracy_scale.py"] + dev,
-         ["accuracy_scale" + ("_cuda" if device == "cuda" else "")]),
+        Step("resolution_distillation", [PY, "benchmarks/resolution_distillation.py", "--size", size,
+                                         "--experiment-folder", os.path.join(runs, "resolution_distillation")] + dev,
+             ["resolution_distillation"]),
+        Step("template_block", [PY, "benchmarks/template_block.py", "--out", "benchmarks/results", "--merge"]
+             + [os.path.join(parts, f"template_block_{name}.json") for name, _ in tb_parts], ["template_block"],
+             parts=tb_parts),
+        Step("localization", [PY, "benchmarks/localization.py", "--out", "benchmarks/results", "--merge"]
+             + [os.path.join(parts, f"localization_seed{s}.json") for s in loc_seeds], ["localization"],
+             parts=loc_parts),
+        Step("xml_signal", [PY, "benchmarks/xml_signal.py", "--size", size] + dev, ["xml_signal"]),
+        Step("explain_fidelity", [PY, "benchmarks/explain_fidelity.py", "--seeds", "0", "1", "2", "3", "4",
+                                  "--queries", "12", "--steps", "8", "--images", "32"] + dev, ["explain_fidelity"]),
+        Step("mlrc_quick", [PY, "benchmarks/mlrc_quick.py"] + dev, ["mlrc_quick"]),
+        Step("xml_vs_gap", [PY, "-m", "pml_extensions", "job", "--output", runs, "--new"] + dev, ["xml_vs_gap"],
+             alone=True),
+        Step("explain_speed", [PY, "benchmarks/explain_speed.py"] + dev, ["explain_speed"], alone=True),
+        Step("xml_overhead", [PY, "benchmarks/xml_overhead.py"] + dev, ["xml_overhead"], alone=True),
+        Step("distill_memory", [PY, "benchmarks/distill_memory.py", "--repeats", "3"] + dev,
+             ["distill_memory_" + device], alone=True),
+        Step("accuracy_scale", [PY, "benchmarks/accuracy_scale.py"] + dev,
+             ["accuracy_scale" + ("_cuda" if device == "cuda" else "")], alone=True),
+        Step("xml_generalization", [PY, "benchmarks/xml_generalization.py", "--run-folder", job_folder,
+                                    "--splits", "200" if size == "quick" else "1000"] + dev, ["xml_generalization"],
+             needs=("xml_vs_gap",)),
     ]
+
+
+class Process(NamedTuple):
+    name: str  # the step's name, or STEP.PART
+    argv: List[str]
+    alone: bool
+    needs: Tuple  # process names that must have succeeded first
+
+
+def processes(plan: List[Step]) -> List[Process]:
+    """Expand the steps into processes in start order: parts before their merge."""
+    out = []
+    for s in plan:
+        part_names = tuple(f"{s.name}.{p}" for p, _ in s.parts)
+        out += [Process(n, argv, False, s.needs) for n, (_, argv) in zip(part_names, s.parts)]
+        out.append(Process(s.name, s.argv, s.alone, s.needs + part_names))
+    return out
 
 
 def copy_job_results(runs: str) -> None:
@@ -56,54 +109,128 @@ def copy_job_results(runs: str) -> None:
         shutil.copyfile(os.path.join(runs, "xml_glyphs", f"results.{ext}"), os.path.join(RESULTS, f"xml_vs_gap.{ext}"))
 
 
-def main(argv=None) -> int:
+def show(argv: List[str]) -> str:
+    return " ".join("python" if a == PY else a for a in argv)
+
+
+def run_plan(procs: List[Process], runs: str, jobs: int, write=None) -> Tuple[dict, list, list]:
+    """Run ``procs``: an ``alone`` process starts when nothing runs and nothing starts beside it; the others run
+    ``jobs`` at a time with one torch thread each, in list order, each once its ``needs`` have succeeded.
+    Returns (seconds per process, failed names, skipped names)."""
     from tqdm import tqdm
 
+    # no progress bars inside the logs (tqdm honours TQDM_DISABLE); the call's own bar counts the processes
+    base_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TQDM_DISABLE="1")
+    single = dict(base_env, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    pending, running, seconds, failed, skipped = list(procs), {}, {}, [], []
+    bar = tqdm(total=len(procs), desc="reproduce", unit="process")
+    write = write or bar.write
+    while pending or running:
+        for p in list(pending):  # a process whose prerequisite failed is skipped
+            if any(n in failed or n in skipped for n in p.needs):
+                pending.remove(p)
+                skipped.append(p.name)
+                bar.update(1)
+                write(f"{p.name}: skipped ({', '.join(n for n in p.needs if n in failed or n in skipped)} failed)")
+        for p in list(pending):
+            if running and (p.alone or any(q.alone for q, _, _ in running.values())):
+                break
+            if len(running) >= jobs or any(n not in seconds for n in p.needs):
+                if p.alone:
+                    break
+                continue
+            log_path = os.path.join(ROOT, runs, f"{p.name}.log")
+            log = open(log_path, "w", encoding="utf-8")
+            proc = subprocess.Popen(p.argv, cwd=ROOT, env=base_env if p.alone else single, stdout=log,
+                                    stderr=subprocess.STDOUT)
+            running[proc.pid] = (p, proc, (log, log_path, time.time()))
+            pending.remove(p)
+            if p.alone:
+                break
+        postfix = ", ".join(p.name for p, _, _ in running.values())
+        if postfix != bar.postfix:
+            bar.set_postfix_str(postfix)
+        time.sleep(0.5)
+        for pid, (p, proc, (log, log_path, start)) in list(running.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            log.close()
+            del running[pid]
+            bar.update(1)
+            if rc == 0 and p.name == "xml_vs_gap":
+                copy_job_results(os.path.join(ROOT, runs))
+            if rc != 0:
+                failed.append(p.name)
+                with open(log_path, encoding="utf-8", errors="replace") as f:
+                    tail = f.read()[-1500:]
+                write(f"{p.name} failed (exit {rc}); end of {log_path}:\n{tail}")
+            else:
+                seconds[p.name] = time.time() - start
+                write(f"{p.name}: done in {seconds[p.name]:.0f} s")
+    bar.close()
+    return seconds, failed, skipped
+
+
+def write_record(args, plan, wall, seconds, failed, skipped) -> None:
+    """``benchmarks/results/reproduce_<size>_<device>.{json,md}``: the call's wall time and every process's."""
+    sys.path.insert(0, ROOT)
+    from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+
+    name = f"reproduce_{args.size}_{args.device}"
+    record = {"size": args.size, "device": args.device, "jobs": args.jobs, "cpu_count": os.cpu_count(),
+              "steps": [s.name for s in plan], "wall_seconds": wall, "process_seconds": seconds,
+              "failed": failed, "skipped": skipped}
+    atomic_write_json(os.path.join(RESULTS, name + ".json"), record, indent=1)
+    status = "every process succeeded" if not failed and not skipped else \
+        f"failed: {', '.join(failed) or '-'}; skipped: {', '.join(skipped) or '-'}"
+    lines = [f"`python benchmarks/reproduce.py --size {args.size} --device {args.device}`: **{wall / 60:.1f} min** "
+             f"wall on {os.cpu_count()} CPU cores ({args.jobs} single-thread processes at once), {status}.", "",
+             "| process | minutes |", "|---|---|"]
+    lines += [f"| {n} | {t / 60:.1f} |" for n, t in seconds.items()]
+    atomic_write_text(os.path.join(RESULTS, name + ".md"), "\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=("quick", "full"), default="quick")
     p.add_argument("--device", default="cpu", help="cpu (quick) or cuda (full)")
     p.add_argument("--only", nargs="+", help="run only these steps")
-    p.add_argument("--list", action="store_true", help="print the steps and their commands, run nothing")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="single-thread processes run at once (default: the CPU count)")
+    p.add_argument("--list", action="store_true", help="print the processes and their commands, run nothing")
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
     runs = os.path.join("runs", "reproduce", args.size)
     plan = steps(args.size, args.device, runs)
-    names = [s[0] for s in plan]
+    names = [s.name for s in plan]
     if args.only:
         unknown = sorted(set(args.only) - set(names))
         if unknown:
             p.error(f"--only: unknown steps {unknown}; steps are {names}")
-        plan = [s for s in plan if s[0] in args.only]
+        plan = [s._replace(needs=tuple(n for n in s.needs if n in args.only)) for s in plan if s.name in args.only]
+    procs = processes(plan)
     if args.list:
-        for name, argv_, _ in plan:
-            print(f"{name}: {' '.join('python' if a == PY else a for a in argv_)}")
+        for q in procs:
+            print(f"{q.name}: {show(q.argv)}" + ("  [alone, every core]" if q.alone else "  [1 thread]"))
         return 0
-    os.makedirs(os.path.join(ROOT, runs), exist_ok=True)
+    shutil.rmtree(os.path.join(ROOT, runs), ignore_errors=True)  # reproduce's own scratch folder: start afresh
+    for d in (runs, os.path.join(runs, "parts")):
+        os.makedirs(os.path.join(ROOT, d), exist_ok=True)
     os.makedirs(RESULTS, exist_ok=True)
+    t0 = time.time()
+    seconds, failed, skipped = run_plan(procs, runs, args.jobs)
+    wall = time.time() - t0
+    if not args.only:  # the record of a whole call (a README block); a partial call leaves it alone
+        write_record(args, plan, wall, seconds, failed, skipped)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    failed, timings = [], {}
-    bar = tqdm(plan, desc=f"reproduce ({args.size})", unit="step")
-    for name, cmd, _ in bar:
-        bar.set_postfix_str(name)
-        log_path = os.path.join(ROOT, runs, f"{name}.log")
-        start = time.time()
-        with open(log_path, "w", encoding="utf-8") as log:
-            rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        if rc == 0 and name == "xml_vs_gap":
-            copy_job_results(os.path.join(ROOT, runs))
-        timings[name] = time.time() - start
-        if rc != 0:
-            failed.append(name)
-            with open(log_path, encoding="utf-8", errors="replace") as f:
-                tail = f.read()[-1500:]
-            tqdm.write(f"step {name} failed (exit {rc}); end of {log_path}:\n{tail}")
-        else:
-            tqdm.write(f"step {name}: done in {timings[name]:.0f} s")
-    rc = subprocess.call([PY, os.path.join("benchmarks", "readme_tables.py")], cwd=ROOT, env=env)
-    if rc != 0:
+    if subprocess.call([PY, os.path.join("benchmarks", "readme_tables.py")], cwd=ROOT, env=env) != 0:
         failed.append("readme_tables")
-    print(f"reproduce ({args.size}): {len(plan) - len(failed)} of {len(plan)} steps done"
-          + (f"; failed: {', '.join(failed)}" if failed else "") + ", README tables updated")
-    return 1 if failed else 0
+    print(f"reproduce ({args.size}): {len(procs) - len(failed) - len(skipped)} of {len(procs)} processes done in "
+          f"{wall / 60:.1f} min" + (f"; failed: {', '.join(failed)}" if failed else "")
+          + (f"; skipped: {', '.join(skipped)}" if skipped else "") + ", README tables updated")
+    return 1 if failed or skipped else 0
 
 
 if __name__ == "__main__":

@@ -29,12 +29,13 @@ validation curve is in the results to show whether it has plateaued. Each varian
 same seed: mean paired difference with a 95 % t interval (``benchmarks/bench_stats.py``).
 
     OMP_NUM_THREADS=1 python benchmarks/template_block.py --size quick   # 200 iterations: a smoke-scale check
-    OMP_NUM_THREADS=1 python benchmarks/template_block.py --size medium  # 500 iterations, λ 0 and 0.25
+    OMP_NUM_THREADS=1 python benchmarks/template_block.py --size medium  # 500 iterations, λ 0 and 0.25 (README)
     python benchmarks/template_block.py --size full --device cuda          # full data, wider nets, S = 600
 
-``--size quick`` needs about 10 CPU-minutes in all (the three experiments can run as parallel processes with
-``--skip``/``--tag`` and be joined with ``--merge``); at 200 iterations the baseline has not fully converged
-on Fashion-MNIST (the printed validation curve shows it), so quick results are indicative only.
+The three experiments (Table 1 + λ sweep on Fashion-MNIST, Table 1 on glyphs, the soft-maximizer ablation) can
+run as parallel processes with ``--skip``/``--tag`` and be joined with ``--merge``; ``benchmarks/reproduce.py``
+does so for ``--size medium``. At 200 iterations the baseline has not converged on Fashion-MNIST (the printed
+validation curve shows it), so quick results are indicative only.
 
 Writes ``benchmarks/results/template_block.json`` and ``.md`` (the README's ``results:template_block`` block).
 """

@@ -16,15 +16,16 @@ class TestReproduce(unittest.TestCase):
         r = self.run_script("--size", "full", "--device", "cuda", "--list")
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stdout.strip().splitlines()
-        self.assertEqual([l.split(":")[0] for l in lines], ["xml_vs_gap", "xml_generalization", "xml_signal",
-                                                            "resolution_distillation", "template_block",
-                                                            "template_block_medium", "explain_speed",
-                                                            "explain_fidelity", "xml_overhead", "distill_memory",
-                                                            "localization", "mlrc_quick", "accuracy_scale"])
-        self.assertIn("xml_vs_gap: python -m pml_extensions job --output runs/reproduce/full --new --device cuda", lines)
-        self.assertIn("localization: python benchmarks/localization.py --size full --device cuda", lines)
+        steps = [l.split(":")[0] for l in lines if "." not in l.split(":")[0]]
+        self.assertEqual(steps, ["resolution_distillation", "template_block", "localization", "xml_signal",
+                                 "explain_fidelity", "mlrc_quick", "xml_vs_gap", "explain_speed", "xml_overhead",
+                                 "distill_memory", "accuracy_scale", "xml_generalization"])
+        self.assertIn("xml_vs_gap: python -m pml_extensions job --output runs/reproduce/full --new --device cuda"
+                      "  [alone, every core]", lines)
+        self.assertIn("localization.seed4: python benchmarks/localization.py --size full --out runs/reproduce/full/parts"
+                      " --device cuda --seeds 4 --tag seed4  [1 thread]", lines)
         self.assertIn("--splits 1000", r.stdout)
-        self.assertIn("accuracy_scale: python benchmarks/accuracy_scale.py --device cuda", lines)
+        self.assertIn("accuracy_scale: python benchmarks/accuracy_scale.py --device cuda  [alone, every core]", lines)
 
     def test_unknown_step_is_refused(self):
         r = self.run_script("--only", "nope")
@@ -42,6 +43,72 @@ def test_every_readme_block_has_a_step():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from readme_tables import block_names
 
-    written = {name for step in mod.steps("quick", "cpu", "runs") for name in step[2]}
+    written = {name for step in mod.steps("quick", "cpu", "runs") for name in step[2]} | {"reproduce_quick_cpu"}
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         assert sorted(set(block_names(f.read())) - written) == []
+
+
+def _load_reproduce():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reproduce_mod", os.path.join(ROOT, "benchmarks", "reproduce.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_run_plan_orders_alone_processes_and_skips_after_a_failure(tmp_path, monkeypatch):
+    """Parallel processes start in list order, an alone process runs with nothing beside it, a failed process's
+    dependants are skipped and the others still run."""
+    mod = _load_reproduce()
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    stamp = str(tmp_path / "order.txt")
+
+    def proc(name, code, alone=False, needs=()):
+        body = (f"import time, os; f = open({stamp!r}, 'a'); f.write('start {name}\\n'); f.flush(); "
+                f"time.sleep(0.3); f.write('end {name} ' + os.environ.get('OMP_NUM_THREADS', '-') + '\\n'); "
+                f"f.close(); raise SystemExit({code})")
+        return mod.Process(name, [sys.executable, "-c", body], alone, needs)
+
+    runs = os.path.relpath(str(tmp_path), mod.ROOT)
+    procs = [proc("a", 0), proc("b", 1), proc("c", 0, needs=("b",)), proc("m", 0, needs=("a",)),
+             proc("solo", 0, alone=True), proc("after", 0, needs=("solo",))]
+    seconds, failed, skipped = mod.run_plan(procs, runs, jobs=2, write=lambda *_: None)
+    assert failed == ["b"] and skipped == ["c"]
+    assert sorted(seconds) == ["a", "after", "m", "solo"]
+    lines = open(stamp).read().split("\n")
+    solo_start, solo_end = lines.index("start solo"), [i for i, l in enumerate(lines) if l.startswith("end solo")][0]
+    assert solo_end == solo_start + 1  # nothing started or ended while it ran
+    assert lines[solo_end] == "end solo 7"  # every core: the caller's OMP_NUM_THREADS, not forced to 1
+    assert "end a 1" in lines and "end after 1" in lines  # parallel processes get one thread
+    assert lines.index("start m") > lines.index("end a 1")  # a merge waits for its parts
+
+
+def test_parts_come_before_their_merge():
+    mod = _load_reproduce()
+    procs = mod.processes(mod.steps("quick", "cpu", "runs"))
+    names = [p.name for p in procs]
+    merge = names.index("template_block")
+    assert {n for n in names[:merge] if n.startswith("template_block.")} == {
+        "template_block.ablation", "template_block.fashion_lambda", "template_block.glyphs"}
+    assert set(procs[merge].needs) == {"template_block.ablation", "template_block.fashion_lambda",
+                                       "template_block.glyphs"}
+    assert names.index("xml_generalization") > names.index("xml_vs_gap")
+
+
+def test_record_names_the_wall_time_and_every_process(tmp_path, monkeypatch):
+    import argparse
+    import json
+
+    mod = _load_reproduce()
+    monkeypatch.setattr(mod, "RESULTS", str(tmp_path))
+    args = argparse.Namespace(size="quick", device="cpu", jobs=2)
+    plan = mod.steps("quick", "cpu", "runs")[:1]
+    mod.write_record(args, plan, 125.0, {"resolution_distillation": 90.0}, [], [])
+    rec = json.load(open(tmp_path / "reproduce_quick_cpu.json"))
+    assert rec["wall_seconds"] == 125.0 and rec["steps"] == ["resolution_distillation"]
+    md = open(tmp_path / "reproduce_quick_cpu.md").read()
+    assert "**2.1 min** wall" in md and "every process succeeded" in md
+    assert "| resolution_distillation | 1.5 |" in md
+    mod.write_record(args, plan, 60.0, {}, ["resolution_distillation"], ["xml_generalization"])
+    assert "failed: resolution_distillation; skipped: xml_generalization" in open(tmp_path / "reproduce_quick_cpu.md").read()

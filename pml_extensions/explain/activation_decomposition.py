@@ -50,6 +50,9 @@ class ActivationDecomposition(SimilarityExplainer):
             database side (e.g. a teacher, or the aerial branch of a cross-view Siamese network). Default: the
             query model. Both must produce embeddings of the same width L.
         fallback: ``"error"`` or ``"jacobian"``, passed to :class:`HeadFolder`.
+        gmp_ties: ``"share"`` (default) or ``"first"``, passed to :class:`HeadFolder` (how a GMP maximum reached
+            at several positions is attributed; ``"first"`` matches autograd, so rectified Grad-CAM equals
+            ReLU(Decomposition+Bias) exactly).
 
     Inputs are image batches ``[N, 3, H, W]`` or :class:`FoldedEmbedding` objects (to reuse a fold). A query
     batch of size 1 is paired with every reference (a query and its top-k); otherwise queries and references
@@ -90,15 +93,16 @@ class ActivationDecomposition(SimilarityExplainer):
         reference_embedder: Optional[nn.Module] = None,
         reference_layer=None,
         fallback: str = "error",
+        gmp_ties: str = "share",
     ):
-        self.query_folder = HeadFolder(trunk, embedder, layer, fallback=fallback)
+        self.query_folder = HeadFolder(trunk, embedder, layer, fallback=fallback, gmp_ties=gmp_ties)
         if reference_trunk is None:
             if reference_embedder is not None or reference_layer is not None:
                 raise ValueError("reference_embedder / reference_layer need reference_trunk")
             self.reference_folder = self.query_folder
         else:
             self.reference_folder = HeadFolder(
-                reference_trunk, reference_embedder, reference_layer, fallback=fallback
+                reference_trunk, reference_embedder, reference_layer, fallback=fallback, gmp_ties=gmp_ties
             )
 
     # ------------------------------------------------------------------ folds

@@ -27,6 +27,7 @@ SUPPORTED = (
     "Identity, and L2 normalisations (modules or inside forward)"
 )
 FALLBACKS = ("error", "jacobian")
+GMP_TIES = ("share", "first")
 
 
 def _is_passthrough(record) -> bool:
@@ -100,13 +101,14 @@ def _virtual_pool(A, extra, target, rtol):
     return None
 
 
-def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float = 1e-4):
+def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float = 1e-4, gmp_ties: str = "share"):
     """Fold module calls (in execution order) applied to ``A [N, C, h, w]`` into ``(F [N, h, w, L], B [N,
     L])``, computed in float64 for float64 maps and in float32 otherwise (half precision is unsafe for the
     sums).
 
     ``extra`` ``[N, e, C]``: tokens that are not on the grid (a class token); ``output``: the model's output,
-    for a map reduced outside modules. Raises ``_Unsupported`` naming the first module with no exact fold.
+    for a map reduced outside modules; ``gmp_ties``: see :class:`HeadFolder`. Raises ``_Unsupported`` naming the
+    first module with no exact fold.
     """
     N, C, h, w = A.shape
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
@@ -134,10 +136,14 @@ def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float 
                 F, b, kind = X.permute(0, 2, 3, 1) / (h * w), X.new_zeros(N, C), "vec"
             elif isinstance(m, nn.AdaptiveMaxPool2d) and _is_global(m.output_size):
                 # Sec. IV: GMP = Σ_ij (M ⊙ A)_ij with M the arg-max mask; tied positions share the mass
-                # equally (saturated ReLU6 channels tie exactly; no raster-order preference).
+                # equally (saturated ReLU6 channels tie exactly; no raster-order preference), or, with
+                # gmp_ties="first", all of it goes to the first tied position in raster order (autograd's)
                 flat = X.reshape(N, C, h * w)
-                mask = (flat == flat.amax(dim=2, keepdim=True)).to(dtype)
-                mask = mask / mask.sum(dim=2, keepdim=True)
+                if gmp_ties == "first":
+                    mask = torch.zeros_like(flat).scatter_(2, flat.argmax(dim=2, keepdim=True), 1.0)
+                else:
+                    mask = (flat == flat.amax(dim=2, keepdim=True)).to(dtype)
+                    mask = mask / mask.sum(dim=2, keepdim=True)
                 F, b, kind = (flat * mask).reshape(N, C, h, w).permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
             elif isinstance(m, GeMPooling):
                 # GeM_c = Σ_ij w_ijc x_ijc with w_ijc = x_ijc^(p-1) / (hw · GeM_c^(p-1)), x clamped at eps
@@ -250,6 +256,11 @@ class HeadFolder:
             ``[N, H, W, C]``) is explained. Default: the last module call with such an output that is not
             pooling (found with one forward pass); for token models a warning names the chosen layer.
         fallback: ``"error"`` (default) or ``"jacobian"``.
+        gmp_ties: how a GMP channel whose maximum is reached at several positions is folded: ``"share"``
+            (default; each tied position gets an equal share) or ``"first"`` (all of it at the first position in
+            raster order, the position ``torch.max`` and autograd pick: then rectified Grad-CAM equals
+            ReLU(Decomposition+Bias) exactly, also on saturated ReLU6 features). Both folds are exact
+            (Σ F + B = E); they differ only at tied positions.
         rtol: relative tolerance of the self-check ``Σ F + B == E``. Default 1e-4 (float32); float64 is exact.
 
     Calling ``folder(images [N, 3, H, W])`` returns a :class:`FoldedEmbedding` (``features [N, h, w, L]``,
@@ -273,9 +284,13 @@ class HeadFolder:
         fallback: str = "error",
         rtol: float = 1e-4,
         jacobian_chunk_size: Optional[int] = 16,
+        gmp_ties: str = "share",
     ):
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+        if gmp_ties not in GMP_TIES:
+            raise ValueError(f"gmp_ties must be one of {GMP_TIES}, got {gmp_ties!r}")
+        self.gmp_ties = gmp_ties
         self.runner = ModelRunner(trunk, embedder, layer)
         self.fallback = fallback
         self.rtol = float(rtol)
@@ -309,7 +324,7 @@ class HeadFolder:
         extra = res.layout.extra if res.layout is not None else None
         try:
             with torch.no_grad():
-                F, b = fold_records(head, A, extra, E, rtol)
+                F, b = fold_records(head, A, extra, E, rtol, self.gmp_ties)
         except _Unsupported as err:
             if self.fallback == "error":
                 raise ValueError(
