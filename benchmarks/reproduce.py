@@ -123,6 +123,7 @@ def run_plan(procs: List[Process], runs: str, jobs: int, write=None) -> Tuple[di
     base_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TQDM_DISABLE="1")
     single = dict(base_env, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     pending, running, seconds, failed, skipped = list(procs), {}, {}, [], []
+    shown = None
     bar = tqdm(total=len(procs), desc="reproduce", unit="process")
     write = write or bar.write
     while pending or running:
@@ -147,9 +148,10 @@ def run_plan(procs: List[Process], runs: str, jobs: int, write=None) -> Tuple[di
             pending.remove(p)
             if p.alone:
                 break
-        postfix = ", ".join(p.name for p, _, _ in running.values())
-        if postfix != bar.postfix:
-            bar.set_postfix_str(postfix)
+        names = ", ".join(p.name for p, _, _ in running.values())
+        if names != shown:  # redraw only on a change (a disabled bar has no postfix to compare with)
+            bar.set_postfix_str(names)
+            shown = names
         time.sleep(0.5)
         for pid, (p, proc, (log, log_path, start)) in list(running.items()):
             rc = proc.poll()
