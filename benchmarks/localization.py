@@ -187,9 +187,8 @@ def compute_maps(dec, cam, x, fold, fr, nn_idx, eval_batch, device, boxes, size,
             parts.append(cam.maps(q, r, variant=variant, relu=False)["query"])
         maps[name] = torch.cat(parts)
     n = min(eval_batch, len(x))
-    rgc = cam.maps(
-        x[:n].to(device), x[torch.as_tensor(nn_idx[:n])].to(device), variant="rectified", relu=True
-    )["query"]
+    q, r = x[:n].to(device), x[torch.as_tensor(nn_idx[:n])].to(device)
+    rgc = cam.maps(q, r, variant="rectified", relu=True)["query"]
     ev = LocalizationEvaluator()
     hits_rgc = [ev.correct(m, boxes[i], size) for i, m in enumerate(rgc.cpu())]
 
@@ -203,7 +202,6 @@ def compute_maps(dec, cam, x, fold, fr, nn_idx, eval_batch, device, boxes, size,
     identity["max_rel_diff_relu"], identity["same_hits_every_threshold"] = compare(
         dec.overall_maps(fold[torch.arange(n)], fr[torch.arange(n)], bias=True, scale="dot")["query"])
     if dec_first is not None:
-        q, r = x[:n].to(device), x[torch.as_tensor(nn_idx[:n])].to(device)
         identity["max_rel_diff_relu_first"], identity["same_hits_every_threshold_first"] = compare(
             dec_first.overall_maps(q, r, bias=True, scale="dot")["query"])
     return maps, identity
@@ -474,6 +472,7 @@ def markdown(out, args, seeds, losses):
     ident = [
         runs[s]["losses"][lo]["identity_rgradcam_vs_relu_decomposition_bias"] for s in seeds for lo in losses
     ]
+
     def yes(key):
         return "yes" if all(i[key] for i in ident) else "no"
 

@@ -10,15 +10,18 @@ Each step is one benchmark run by its stable command line (below); it writes ``b
 Then ``benchmarks/readme_tables.py`` copies every ``NAME.md`` into its README block (every README block has a step
 here; a test checks it).
 
-Scheduling: the training steps share the cores first: each of their processes runs with one torch thread (``OMP_NUM_THREADS=1``), as many at
-once as ``--jobs`` (default: the CPU count); steps with per-seed or per-experiment parts run them as parallel
-processes and join them with the benchmark's own ``--merge``. Every call starts afresh: ``runs/reproduce/<size>``
-(the experiment folders, logs and parts) is deleted first. Then the steps whose numbers are wall times or memory peaks (and the main job, whose README table must
-equal what ``tox -e job`` writes with the machine's default threads) run alone, one after another, with every core;
-the XML generalisation probe (it reads the main job's models) comes last. A tqdm bar counts the processes; each process's
-output goes to ``runs/reproduce/<size>/NAME.log``. A failing process is reported (with the end of its log), the
-processes that need it are skipped, the others still run; the exit status is 1 when anything failed. The wall time
-of every process and of the whole call is written to ``benchmarks/results/reproduce_<size>_<device>.json``.
+Scheduling: the training steps share the cores first: each of their processes runs with one torch thread
+(``OMP_NUM_THREADS=1``), as many at once as ``--jobs`` (default: the CPU count); steps with per-seed or
+per-experiment parts run them as parallel processes and join them with the benchmark's own ``--merge``. Then the
+steps whose numbers are wall times or memory peaks (and the main job, whose README table must equal what
+``tox -e job`` writes with the machine's default threads) run alone, one after another, with every core; the XML
+generalisation probe (it reads the main job's models) comes last. The experiment folders of the selected steps that
+would resume (the main job's, resolution distillation's) are deleted first, so every step starts afresh; with
+``--only`` the other steps' folders stay (``--only xml_generalization`` reads the last job's models). A tqdm bar
+counts the processes; each process's output goes to ``runs/reproduce/<size>/NAME.log``. A failing process is
+reported (with the end of its log), the processes that need it are skipped, the others still run; the exit status is
+1 when anything failed. The wall time of every process and of the whole call is written to
+``benchmarks/results/reproduce_<size>_<device>.json``.
 """
 
 import argparse
@@ -36,7 +39,8 @@ PY = sys.executable
 
 class Step(NamedTuple):
     """One README-level benchmark. ``alone``: runs with every core and nothing beside it (timings, memory, the main
-    job). ``parts``: ``[(part name, argv)]`` run as parallel single-thread processes before ``argv`` (the merge)."""
+    job). ``parts``: ``[(part name, argv)]`` run as parallel single-thread processes before ``argv`` (the merge).
+    ``fresh``: folders (relative to the repository) deleted before the step, where a rerun would resume."""
 
     name: str
     argv: List[str]
@@ -44,6 +48,7 @@ class Step(NamedTuple):
     alone: bool = False
     parts: Tuple = ()
     needs: Tuple = ()
+    fresh: Tuple = ()
 
 
 def steps(size: str, device: str, runs: str) -> List[Step]:
@@ -61,7 +66,7 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
     return [
         Step("resolution_distillation", [PY, "benchmarks/resolution_distillation.py", "--size", size,
                                          "--experiment-folder", os.path.join(runs, "resolution_distillation")] + dev,
-             ["resolution_distillation"]),
+             ["resolution_distillation"], fresh=(os.path.join(runs, "resolution_distillation"),)),
         Step("template_block", [PY, "benchmarks/template_block.py", "--out", "benchmarks/results", "--merge"]
              + [os.path.join(parts, f"template_block_{name}.json") for name, _ in tb_parts], ["template_block"],
              parts=tb_parts),
@@ -73,7 +78,7 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
                                   "--queries", "12", "--steps", "8", "--images", "32"] + dev, ["explain_fidelity"]),
         Step("mlrc_quick", [PY, "benchmarks/mlrc_quick.py"] + dev, ["mlrc_quick"]),
         Step("xml_vs_gap", [PY, "-m", "pml_extensions", "job", "--output", runs, "--new"] + dev, ["xml_vs_gap"],
-             alone=True),
+             alone=True, fresh=(job_folder,)),
         Step("explain_speed", [PY, "benchmarks/explain_speed.py"] + dev, ["explain_speed"], alone=True),
         Step("xml_overhead", [PY, "benchmarks/xml_overhead.py"] + dev, ["xml_overhead"], alone=True),
         Step("distill_memory", [PY, "benchmarks/distill_memory.py", "--repeats", "3"] + dev,
@@ -217,7 +222,8 @@ def main(argv=None) -> int:
         for q in procs:
             print(f"{q.name}: {show(q.argv)}" + ("  [alone, every core]" if q.alone else "  [1 thread]"))
         return 0
-    shutil.rmtree(os.path.join(ROOT, runs), ignore_errors=True)  # reproduce's own scratch folder: start afresh
+    for folder in (f for s in plan for f in s.fresh):
+        shutil.rmtree(os.path.join(ROOT, folder), ignore_errors=True)
     for d in (runs, os.path.join(runs, "parts")):
         os.makedirs(os.path.join(ROOT, d), exist_ok=True)
     os.makedirs(RESULTS, exist_ok=True)

@@ -22,7 +22,8 @@ class TestReproduce(unittest.TestCase):
                                  "distill_memory", "accuracy_scale", "xml_generalization"])
         self.assertIn("xml_vs_gap: python -m pml_extensions job --output runs/reproduce/full --new --device cuda"
                       "  [alone, every core]", lines)
-        self.assertIn("localization.seed4: python benchmarks/localization.py --size full --out runs/reproduce/full/parts"
+        self.assertIn("localization.seed4: python benchmarks/localization.py --size full "
+                      "--out runs/reproduce/full/parts"
                       " --device cuda --seeds 4 --tag seed4  [1 thread]", lines)
         self.assertIn("--splits 1000", r.stdout)
         self.assertIn("accuracy_scale: python benchmarks/accuracy_scale.py --device cuda  [alone, every core]", lines)
@@ -94,6 +95,10 @@ def test_parts_come_before_their_merge():
     assert set(procs[merge].needs) == {"template_block.ablation", "template_block.fashion_lambda",
                                        "template_block.glyphs"}
     assert names.index("xml_generalization") > names.index("xml_vs_gap")
+    fresh = {s.name: s.fresh for s in mod.steps("quick", "cpu", "runs")}
+    assert fresh["xml_vs_gap"] == (os.path.join("runs", "xml_glyphs"),)  # resumable folders start afresh
+    assert fresh["resolution_distillation"] == (os.path.join("runs", "resolution_distillation"),)
+    assert fresh["xml_generalization"] == ()  # it reads the job's folder, never deletes it
 
 
 def test_record_names_the_wall_time_and_every_process(tmp_path, monkeypatch):
@@ -111,4 +116,5 @@ def test_record_names_the_wall_time_and_every_process(tmp_path, monkeypatch):
     assert "**2.1 min** wall" in md and "every process succeeded" in md
     assert "| resolution_distillation | 1.5 |" in md
     mod.write_record(args, plan, 60.0, {}, ["resolution_distillation"], ["xml_generalization"])
-    assert "failed: resolution_distillation; skipped: xml_generalization" in open(tmp_path / "reproduce_quick_cpu.md").read()
+    md = open(tmp_path / "reproduce_quick_cpu.md").read()
+    assert "failed: resolution_distillation; skipped: xml_generalization" in md
