@@ -3,8 +3,8 @@
 For a block of ``b`` queries the engine computes one ``[b, M]`` score matrix against all ``M`` references (one
 matmul, into a buffer reused from block to block), removes each query's own reference row BY INDEX, selects
 ``k + 1`` candidates with ``torch.topk`` (no ordering), and orders only those. Nothing larger than ``[b, M]`` or
-``[b, k]`` is ever built, and ``b`` follows from a memory budget, so the caller never holds an ``[N, k]`` tensor for the whole set (the accuracy calculators
-reduce each block to per-query numbers before the next one).
+``[b, k]`` is ever built, and ``b`` follows from a memory budget, so the caller never holds an ``[N, k]`` tensor
+for the whole set (the accuracy calculators reduce each block to per-query numbers before the next one).
 
 Tie rule (the same everywhere): neighbours are ordered by distance, and equal distances by increasing reference
 index. The engine sorts 64-bit keys ``(float32 score bits, reference index)``, so the rule holds exactly for the
