@@ -88,3 +88,19 @@ class TestParts(unittest.TestCase):
             parts.plot_performance_vs_flops(results, path)
             with open(path, "rb") as f:
                 self.assertEqual(f.read(4), b"\x89PNG")
+
+
+class TestSelectionTable(unittest.TestCase):
+    def test_grid_and_selected_iterations(self):
+        selection = [
+            {"dataset": "glyphs", "seed": s, "query_resolution": 24, "student_variant": v, "lr": 3e-05,
+             "iteration": it, "validation": val}
+            for s, v, it, val in ((0, "full", 150, 0.3617), (1, "full", 200, 0.25), (0, "loss_abs_only", 0, 0.1))
+        ] + [{"dataset": "glyphs", "seed": 0, "query_resolution": 24, "student_variant": "lr_grid", "lr": 3e-05,
+              "validation_by_lr": {"1e-05": 0.3158, "3e-05": 0.3617}}]
+        text = "\n".join(parts._selection_lines(selection))
+        self.assertIn("| glyphs | 0 | 31.58 | 36.17 | 3e-05 |", text)
+        self.assertIn("| glyphs | 24 | full | 150, 200 | 36.17, 25.00 |", text)
+        self.assertIn("| glyphs | 24 | loss_abs_only | 0 | 10.00 |", text)
+        self.assertLess(text.index("| full |"), text.index("| loss_abs_only |"))
+        self.assertEqual(parts._selection_lines([]), [])

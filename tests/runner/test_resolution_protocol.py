@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import unittest
+import unittest.mock
 
 import torch
 import yaml
@@ -207,6 +208,12 @@ class TestResolutionProtocolConfig(unittest.TestCase):
             ({"checkpoint_every": 3}, "checkpoint_every: 3 must divide teacher_iterations"),
             ({"seeds": [0, 0]}, "distinct ints"),
             ({"datasets": {"mnist": glyphs}}, "unknown dataset"),
+            ({"validation": {"class_fraction": 1.5}}, r"validation.class_fraction: a number in \(0, 1\)"),
+            ({"validation": {"fraction": 0.25}}, "validation: unknown key 'fraction'; did you mean 'class_fraction'"),
+            ({"validation": 0.25}, "validation: a mapping"),
+            ({"student_lr_grid": [1e-4]}, "student_lr_grid: needs validation"),
+            ({"student_lr_grid": [1e-4, -1], "validation": {}}, "student_lr_grid: a non-empty list of distinct positive"),
+            ({"student_lr_grid": [1e-4], "lr": 1e-4, "validation": {}}, "give lr .* or student_lr_grid"),
         ]
         for changes, message in cases:
             with self.assertRaisesRegex(ConfigError, message):
@@ -246,6 +253,54 @@ class TestResolutionProtocolConfig(unittest.TestCase):
             self.assertEqual(list(rd.job_config(config)["datasets"]), [name])
             with self.assertRaisesRegex(FileNotFoundError, name):
                 load_dataset(name, {"root": "/nonexistent"})
+
+
+class TestResolutionSelection(unittest.TestCase):
+    """Selection on validation classes: the learning rate and each student's checkpoint are the argmax of the
+    validation curve, and the test split is never read for them (a run on shuffled test labels chooses the same)."""
+
+    def test_selection_uses_only_validation(self):
+        _need_weights(self)
+        from pml_extensions.runner.protocols import resolution_distillation as rd
+        from pml_extensions.runner.protocols import resolution_distillation_parts as parts
+
+        config = {"protocol": "resolution_distillation", "resolution_job": dict(
+            TINY_JOB, seeds=[0], validation={"class_fraction": 0.25, "seed": 0}, student_lr_grid=[1e-5, 1e-3])}
+        load = parts.load_dataset
+
+        def shuffled_test(name, cfg):
+            train, test = load(name, cfg)
+            test.labels = torch.randperm(len(test.labels), generator=torch.Generator().manual_seed(1)).numpy() % 5
+            return train, test
+
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = rd.run(config, os.path.join(tmp, "plain"), log=lambda *a: None)
+            with unittest.mock.patch.object(parts, "load_dataset", shuffled_test):
+                other = rd.run(config, os.path.join(tmp, "shuffled"), log=lambda *a: None)
+            seed0 = os.path.join(tmp, "plain", "glyphs", "seed_0")
+            chosen = {}
+            for stage in ("student_16px_full_lr1e-05", "student_16px_full_lr0.001", "student_16px_loss_abs_only"):
+                with open(os.path.join(seed0, stage, "result.json")) as f:
+                    sel = json.load(f)["selection"]
+                curve = sel["curve"]
+                self.assertEqual([p["iteration"] for p in curve], [0, 2, 4, 6])
+                best = max(curve, key=lambda p: (p["teacher_student_asymmetric"], -p["iteration"]))
+                self.assertEqual((sel["iteration"], sel["validation"]), (best["iteration"], best["teacher_student_asymmetric"]))
+                kept = torch.load(os.path.join(seed0, stage, "models.pth"), weights_only=True)
+                best_w = torch.load(os.path.join(seed0, stage, "best_models.pth"), weights_only=True)
+                self.assertTrue(all(torch.equal(kept["trunk"][k], best_w["trunk"][k]) for k in kept["trunk"]))
+                chosen[stage] = sel["validation"]
+            grid = [s for s in plain["selection"] if s["student_variant"] == "lr_grid"][0]
+            self.assertEqual(grid["validation_by_lr"], {"1e-05": chosen["student_16px_full_lr1e-05"],
+                                                        "0.001": chosen["student_16px_full_lr0.001"]})
+            winner = 1e-05 if chosen["student_16px_full_lr1e-05"] >= chosen["student_16px_full_lr0.001"] else 1e-3
+            self.assertEqual(grid["lr"], winner)
+            self.assertEqual([s["lr"] for s in plain["selection"] if s["student_variant"] != "lr_grid"], [winner] * 2)
+            # a run whose test labels are shuffled makes the same choices, yet its test metrics differ
+            self.assertEqual(other["selection"], plain["selection"])
+            self.assertNotEqual(other["variants"], plain["variants"])
+            with open(os.path.join(tmp, "plain", "results.md")) as f:
+                self.assertIn("**Selection on the validation classes**", f.read())
 
 
 def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path):

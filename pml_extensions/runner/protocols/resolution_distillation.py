@@ -21,8 +21,15 @@ Per dataset and seed ``s`` (stages under ``<experiment_folder>/<dataset>/seed_<s
 
 Pairing: within a seed every student starts from the same weights (the seed's teacher, or for the ImageNet-init
 variant the same seeded head) and sees the same batches and augmentation draws (a :class:`PassShuffleSampler` and
-the dataset's draws both keyed by (seed, pass)); the seed's teacher is shared by all its setups. No model
-selection happens (a fixed schedule; no test split is read before the final evaluation).
+the dataset's draws both keyed by (seed, pass)); the seed's teacher is shared by all its setups.
+
+Selection (``validation: {class_fraction, seed}``): a class-disjoint part of the training classes
+(:func:`~.xml_vs_gap_train.validation_split`) is held out from every teacher and student; each student keeps the
+checkpoint (iteration 0 included) with the best asymmetric MAP@R on it, and with ``student_lr_grid`` the full student
+at ``ablation_query_resolution`` is distilled once per learning rate and the rate with the best validation score is
+used by every student of that seed (the paper code's ``optimize.py`` also tunes the rate on held-out training
+classes). The test classes are read only to evaluate the selected weights (and for the reported curve, never for a
+choice). Without ``validation`` the schedule is fixed and the last weights are evaluated.
 
 Resume: each stage saves ``checkpoint.pth`` + record-keeper logs every ``checkpoint_every`` iterations and
 ``result.json`` when done; a rerun skips finished stages and continues a killed one from its last checkpoint.
@@ -35,7 +42,8 @@ then the rows are gathered and rank 0 writes the results, equal to one process's
 resumes each unit where its rank left it. Ranks beyond the number of units wait.
 
 Writes ``results.json`` (``variants``/``comparisons`` of :mod:`pml_extensions.runner.results`, plus ``rows``,
-``curve``, ``config``, ``seconds``), ``results.md`` and ``performance_vs_flops.png``.
+``curve``, ``selection`` (per student: learning rate, selected iteration, its validation MAP@R; per seed the
+grid's scores), ``config``, ``seconds``), ``results.md`` and ``performance_vs_flops.png``.
 """
 
 import copy
@@ -58,6 +66,7 @@ from ..checkpoint import load_weights
 from ..experiment import Experiment, seed_everything
 from ..factory import ConfigError
 from . import resolution_distillation_parts as parts
+from .xml_vs_gap_train import validation_split
 
 CONFIG_KEYS = ("protocol", "resolution_job", "seeds")
 
@@ -95,7 +104,10 @@ JOB_DEFAULTS: Dict[str, Any] = {
     "low_resolution_teacher": True,
     "student_variants": [],
     "checkpoint_every": 0,
+    "validation": None,
+    "student_lr_grid": None,
 }
+VALIDATION_KEYS = ("class_fraction", "seed")
 DATASET_KEYS = ("database_resolution", "query_resolutions", "max_test_per_class", "crop_scale", "image_size",
                 "source", "max_classes", "max_side", "root", "ablation_query_resolution")
 
@@ -151,6 +163,30 @@ def job_config(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
         raise ConfigError(
             f"{where}.student_variants: unknown {bad}; choose from {', '.join(v for v in STUDENT_VARIANTS if v != 'full')}"
         )
+    val = job["validation"]
+    if val is not None:
+        if not isinstance(val, dict):
+            raise ConfigError(f"{where}.validation: a mapping {{class_fraction, seed}} or null is required, got {val!r}")
+        _unknown(val, VALIDATION_KEYS, f"{where}.validation")
+        job["validation"] = val = {"class_fraction": val.get("class_fraction", 0.25), "seed": val.get("seed", 0)}
+        fraction = val["class_fraction"]
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+            raise ConfigError(f"{where}.validation.class_fraction: a number in (0, 1) is required, got {fraction!r}")
+        if isinstance(val["seed"], bool) or not isinstance(val["seed"], int):
+            raise ConfigError(f"{where}.validation.seed: an int is required, got {val['seed']!r}")
+    grid = job["student_lr_grid"]
+    if grid is not None:
+        if (not isinstance(grid, (list, tuple)) or not grid or len(set(grid)) != len(grid)
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in grid)):
+            raise ConfigError(f"{where}.student_lr_grid: a non-empty list of distinct positive numbers is required, "
+                              f"got {grid!r}")
+        if "lr" in spec:
+            raise ConfigError(f"{where}: give lr (one learning rate) or student_lr_grid (chosen on validation), "
+                              "not both")
+        if val is None:
+            raise ConfigError(f"{where}.student_lr_grid: needs validation (the learning rate is chosen on the "
+                              "validation classes)")
+        job["student_lr_grid"] = [float(v) for v in grid]
     if "init_low_resolution_teacher" in job["student_variants"] and not job["low_resolution_teacher"]:
         raise ConfigError(f"{where}.student_variants: init_low_resolution_teacher needs low_resolution_teacher: true")
     for name, d in job["datasets"].items():
@@ -184,13 +220,16 @@ def _finish(exp, stage, result):
 
 
 def _evaluate(tester, make_dataset_dict, teacher, student, q, db, setups, fields, teacher_resolution=None, rename=None):
+    """Rows ``fields + {setup, resolutions, query_flops, metrics}``, one per setup, on the one split of
+    ``make_dataset_dict(resolution)`` (the test classes, or the validation classes during selection)."""
     out = tester.evaluate_setups(make_dataset_dict, teacher, student, q, db, teacher_resolution, setups=setups)
     rows = []
     for setup, res in out.items():
         row = dict(fields, setup=(rename or {}).get(setup, setup), query_resolution=res["query_resolution"],
                    database_resolution=db, reference_resolution=res["reference_resolution"],
                    query_flops=int(res["query_flops"]))
-        row.update(parts.metrics_of(res["accuracies"]["test"]))
+        (split,) = res["accuracies"]
+        row.update(parts.metrics_of(res["accuracies"][split]))
         rows.append(row)
     return rows
 
@@ -274,47 +313,101 @@ def build_student(ctx, q, variant, job, teacher, low_res_teacher=None, device="c
     )
 
 
-def _student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=None, curve=False):
-    """Distil (or skip when finished) one student; returns the stage result ``{"rows", "curve"}``."""
+def _student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=None, curve=False, lr=None):
+    """Distil (or skip when finished) one student; returns the stage result ``{"rows", "curve", "selection"}``.
+
+    ``lr``: the student's learning rate (default ``job["lr"]``). With a validation split (``ctx["make_validation_dict"]``)
+    the asymmetric and symmetric MAP@R on the validation classes are measured at iteration 0 and after every chunk,
+    the weights with the best validation asymmetric MAP@R are kept (``best_models.pth``; the earliest on a tie) and
+    only those are evaluated on the test classes; ``selection`` = ``{"lr", "iteration", "validation", "curve"}``.
+    Without one, the last weights are evaluated (a fixed schedule). The test-set ``curve`` (``curve=True``) is
+    reported, never used for a choice.
+    """
     done = exp.stage_result(stage)
     if done is not None:
         return done
+    lr = job["lr"] if lr is None else lr
     holder = {}
-    trainer = build_student(ctx, q, variant, job, teacher, low_res_teacher, exp.device, hooks=(
+    trainer = build_student(ctx, q, variant, dict(job, lr=lr), teacher, low_res_teacher, exp.device, hooks=(
         lambda t: holder["c"].end_of_iteration_hook(t), lambda t: holder["c"].end_of_epoch_hook(t)))
     trunk, embedder = trainer.models["trunk"], trainer.models["embedder"]
     fields = {"dataset": ctx["dataset"], "seed": ctx["seed"], "student_variant": variant}
+    setups = ("teacher_student_asymmetric", "student_symmetric")
+    validate = ctx.get("make_validation_dict")
+    best_path = os.path.join(exp.stage_folder(stage), "best_models.pth")
 
-    def evaluate(setups):
-        return _evaluate(ctx["tester"], ctx["make_dataset_dict"], teacher, (trunk, embedder), q, ctx["db"], setups,
-                         fields)
+    def evaluate(make_dataset_dict):
+        return _evaluate(ctx["tester"], make_dataset_dict, teacher, (trunk, embedder), q, ctx["db"], setups, fields)
+
+    def observe(it, extra):
+        if curve:
+            extra.setdefault("curve", []).extend(dict(r, iteration=it) for r in evaluate(ctx["make_dataset_dict"]))
+        if validate is not None:
+            rows = {r["setup"]: r[parts.PRIMARY] for r in evaluate(validate)}
+            extra.setdefault("validation_curve", []).append(dict(rows, iteration=it))
+            best = extra.get("best")
+            if best is None or rows["teacher_student_asymmetric"] > best["validation"]:
+                atomic_torch_save({"trunk": trunk.state_dict(), "embedder": embedder.state_dict()}, best_path)
+                extra["best"] = {"iteration": it, "validation": rows["teacher_student_asymmetric"]}
 
     def on_chunk(trainer, chunks):
-        if curve:
-            it = trainer.epoch * chunks.chunk
-            for r in evaluate(("teacher_student_asymmetric", "student_symmetric")):
-                chunks.extra.setdefault("curve", []).append(dict(r, iteration=it))
-                chunks.ck.record_keeper.update_records(
-                    {"accuracies": {f"{r['setup']}_{parts.PRIMARY}": r[parts.PRIMARY], "iteration": it}}, trainer.epoch)
+        it = trainer.epoch * chunks.chunk
+        observe(it, chunks.extra)
+        for p in chunks.extra.get("curve", [])[-len(setups):] if curve else ():
+            chunks.ck.record_keeper.update_records(
+                {"accuracies": {f"{p['setup']}_{parts.PRIMARY}": p[parts.PRIMARY], "iteration": it}}, trainer.epoch)
+        if validate is not None:
+            v = chunks.extra["validation_curve"][-1]
+            chunks.ck.record_keeper.update_records({"accuracies": {
+                **{f"validation_{k}_{parts.PRIMARY}": v[k] for k in setups}, "iteration": it}}, trainer.epoch)
 
     chunks = parts.Chunks(exp, stage, {"trunk": trunk, "embedder": embedder}, trainer.optimizers,
                           trainer.lr_schedulers, job["student_iterations"], job["checkpoint_every"], on_chunk=on_chunk)
     holder["c"] = chunks
     start = chunks.resume(trainer)
-    if curve and start == 1:  # iteration 0: the initial student
-        chunks.extra["curve"] = [dict(r, iteration=0) for r in evaluate(("teacher_student_asymmetric", "student_symmetric"))]
+    if start == 1:  # iteration 0: the initial student
+        chunks.extra = {}
+        observe(0, chunks.extra)
     chunks.train(trainer, start)
+    selection = None
+    if validate is not None:
+        best = chunks.extra["best"]
+        weights = load_weights(best_path, exp.device)
+        trunk.load_state_dict(weights["trunk"])
+        embedder.load_state_dict(weights["embedder"])
+        selection = {"lr": lr, "iteration": best["iteration"], "validation": best["validation"],
+                     "curve": list(chunks.extra["validation_curve"])}
+        if best["iteration"] == 0:
+            exp.log(f"warning: {stage}: the best validation checkpoint is the undistilled student (iteration 0)")
     trunk.eval(), embedder.eval()
-    # the student's weights beside the teacher's (``explain --checkpoint <stage>/models.pth``)
+    # the student's (selected) weights beside the teacher's (``explain --checkpoint <stage>/models.pth``)
     atomic_torch_save({"trunk": trunk.state_dict(), "embedder": embedder.state_dict()},
                       os.path.join(exp.stage_folder(stage), "models.pth"))
-    result = {"rows": evaluate(("teacher_student_asymmetric", "student_symmetric")),
-              "curve": list(chunks.extra.get("curve", []))}
+    result = {"rows": evaluate(ctx["make_dataset_dict"]), "curve": list(chunks.extra.get("curve", [])),
+              "selection": selection}
     return _finish(exp, stage, result)
 
 
+def _choose_lr(exp, ctx, job, teacher, low, base):
+    """The student learning rate of one (dataset, seed): the full student at the ablation query resolution is
+    distilled once per ``student_lr_grid`` entry and the rate whose selected checkpoint has the best validation
+    asymmetric MAP@R wins (the first on a tie). Returns ``(lr, {lr: stage result})``; without a grid ``job["lr"]``."""
+    if not job["student_lr_grid"]:
+        return job["lr"], {}
+    aq = ctx["dcfg"]["ablation_query_resolution"]
+    tried = {}
+    for lr in job["student_lr_grid"]:
+        tried[lr] = _student_stage(exp, f"{base}/student_{aq}px_full_lr{lr:g}", ctx, aq, "full", job, teacher,
+                                   low.get(aq), curve=True, lr=lr)
+        exp.log(f"[{ctx['dataset']}] seed {ctx['seed']} {aq}px student lr {lr:g}: validation asymmetric MAP@R "
+                f"{tried[lr]['selection']['validation']:.4f} at iteration {tried[lr]['selection']['iteration']}")
+    best = max(tried, key=lambda lr: (tried[lr]["selection"]["validation"], -job["student_lr_grid"].index(lr)))
+    return best, tried
+
+
 def _seed_unit(exp, ctx, job, start):
-    """Every stage of one (dataset, seed): teacher, low-resolution teachers, students; returns (rows, curve)."""
+    """Every stage of one (dataset, seed): teacher, low-resolution teachers, the student learning-rate choice,
+    students; returns (rows, curve, selections)."""
     dataset, seed, db, tester = ctx["dataset"], ctx["seed"], ctx["db"], ctx["tester"]
     qs, aq = ctx["dcfg"]["query_resolutions"], ctx["dcfg"]["ablation_query_resolution"]
     base, rows, curve = f"{dataset}/seed_{seed}", [], []
@@ -338,15 +431,32 @@ def _seed_unit(exp, ctx, job, start):
                     {"dataset": dataset, "seed": seed, "student_variant": None}, teacher_resolution=q,
                     rename={"teacher_symmetric": "low_resolution_teacher_symmetric"})})
             rows += [dict(r, database_resolution=db) for r in exp.stage_result(stage)["rows"]]
+    lr, tried = _choose_lr(exp, ctx, job, teacher, low, base)
     plan = [(q, "full") for q in qs] + [(aq, v) for v in job["student_variants"]]
+    selections = []
     for q, variant in plan:
-        out = _student_stage(exp, f"{base}/student_{q}px_{variant}", ctx, q, variant, job, teacher, low.get(q),
-                             curve=(variant == "full" and q == aq))
+        if variant == "full" and q == aq and tried:
+            out = tried[lr]  # the grid's winner is the full student at this resolution
+        else:
+            out = _student_stage(exp, f"{base}/student_{q}px_{variant}", ctx, q, variant, job, teacher, low.get(q),
+                                 curve=(variant == "full" and q == aq), lr=lr)
         rows += out["rows"]
         curve += out["curve"]
+        if out.get("selection") is not None:
+            selections.append({"dataset": dataset, "seed": seed, "query_resolution": q, "student_variant": variant,
+                               **{k: v for k, v in out["selection"].items() if k != "curve"}})
         shown = ", ".join(f"{r['setup']} MAP@R={r[parts.PRIMARY]:.4f}" for r in out["rows"])
         exp.log(f"[{dataset}] seed {seed} {q}px {variant}: {shown} ({time.time() - start:.0f}s)")
-    return rows, curve
+    if tried:
+        selections.append({"dataset": dataset, "seed": seed, "query_resolution": aq, "student_variant": "lr_grid",
+                           "lr": lr, "validation_by_lr": {f"{k:g}": v["selection"]["validation"]
+                                                          for k, v in tried.items()}})
+    return rows, curve, selections
+
+
+def _split_maker(dataset, indices, split):
+    """``resolution -> {split: images of indices at that resolution (the paper code's evaluation transform)}``."""
+    return lambda res: {split: parts.Transformed(dataset, indices, parts.eval_transform(res))}
 
 
 def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[str, str]] = None,
@@ -368,7 +478,17 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(f"resolution_job.datasets.{dataset}: {str(e).splitlines()[0]}") from e
         test_idx = parts.cap_per_class(test_set.labels, dcfg.get("max_test_per_class"), seed=0)
-        exp.log(f"[{dataset}] train {len(train_set)} images, test {len(test_idx)} images of "
+        train_part, make_validation_dict, held_out = train_set, None, ""
+        if job["validation"] is not None:
+            try:
+                train_idx, val_idx, val_classes = validation_split(
+                    train_set.labels, job["validation"]["class_fraction"], job["validation"]["seed"])
+            except ConfigError as e:
+                raise ConfigError(f"resolution_job.datasets.{dataset}: {e}") from None
+            train_part = parts.Transformed(train_set, train_idx, None)
+            make_validation_dict = _split_maker(train_set, val_idx, "validation")
+            held_out = f" ({len(val_idx)} images of {len(val_classes)} training classes held out for validation)"
+        exp.log(f"[{dataset}] train {len(train_part)} images{held_out}, test {len(test_idx)} images of "
                 f"{len(set(test_set.labels.tolist()))} unseen classes; seeds {job['seeds']}"
                 + (f"; (dataset, seed) units dealt over {world} ranks" if world > 1 else ""))
         tester = AsymmetricTester(  # rank-local: under torchrun each rank evaluates its own units' models
@@ -376,9 +496,9 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
             accuracy_calculator=AsymmetricAccuracyCalculator(include=tuple(parts.METRICS), device=exp.device),
             distributed=False,
         )
-        ctx = {"dataset": dataset, "dcfg": dcfg, "db": dcfg["database_resolution"], "train_set": train_set,
-               "tester": tester,
-               "make_dataset_dict": lambda res: {"test": parts.Transformed(test_set, test_idx, parts.eval_transform(res))}}
+        ctx = {"dataset": dataset, "dcfg": dcfg, "db": dcfg["database_resolution"], "train_set": train_part,
+               "tester": tester, "make_dataset_dict": _split_maker(test_set, test_idx, "test"),
+               "make_validation_dict": make_validation_dict}
         for seed in job["seeds"]:
             if unit % world == rank:
                 ctx["seed"] = seed
@@ -386,12 +506,14 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
             unit += 1
     # every rank's (unit, rows, curve), back in the one-process order
     units = sorted((u for part in dist_utils.gather_objects(units) for u in part), key=lambda u: u[0])
-    rows = [r for _, unit_rows, _ in units for r in unit_rows]
-    curve = [p for _, _, unit_curve in units for p in unit_curve]
+    rows = [r for _, unit_rows, _, _ in units for r in unit_rows]
+    curve = [p for _, _, unit_curve, _ in units for p in unit_curve]
+    selections = [s for _, _, _, unit_selections in units for s in unit_selections]
     curve = [{k: p[k] for k in ("dataset", "seed", "query_resolution", "setup", "iteration", *parts.METRICS)}
              for p in curve]
     results = summarize(parts.per_seed_table(rows), parts.default_comparisons(rows), metrics=(parts.PRIMARY,),
-                        extra={"rows": rows, "curve": curve, "config": job, "seconds": time.time() - start})
+                        extra={"rows": rows, "curve": curve, "selection": selections, "config": job,
+                                "seconds": time.time() - start})
     exp.write_results(results)
     tables = parts.markdown_tables(results)
     if dist_utils.is_main():
