@@ -83,6 +83,11 @@ class TestParts(unittest.TestCase):
         md = parts.markdown_tables(results)
         self.assertIn("| 0 | 15.00 ± 7.07 | 35.00 ± 7.07 | -20.00 ± 0.00 |", md)
         self.assertIn("| 10 | 30.00 ± 7.07 | 35.00 ± 7.07 | -5.00 ± 0.00 |", md)
+        self.assertNotIn("one-cycle", md)  # no config: the schedule is not named
+        results["config"], results["selection"] = {"student_iterations": 10}, [{
+            "dataset": "glyphs", "seed": 0, "query_resolution": 24, "student_variant": "full", "lr": 1e-4, "iteration": 10,
+            "validation": 0.5}]
+        self.assertIn("One one-cycle schedule of 10 iterations", parts.markdown_tables(results))
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "fig.png")
             parts.plot_performance_vs_flops(results, path)

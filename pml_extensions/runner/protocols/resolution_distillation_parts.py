@@ -269,8 +269,14 @@ def markdown_tables(results: dict) -> str:
                 )
             lines.append("")
     for (dataset, q), points in sorted(_curve_points(results.get("curve", [])).items()):
-        lines += [f"**Asymmetric vs symmetric MAP@R along the student's training ({dataset}, {q} px queries)**", "",
-                  "| student iterations | teacher_student_asymmetric | student_symmetric | asym. − sym. |",
+        lines += [f"**Asymmetric vs symmetric MAP@R along the student's training ({dataset}, {q} px queries)**", ""]
+        total = (results.get("config") or {}).get("student_iterations")
+        if total:
+            lines += [f"One one-cycle schedule of {total} iterations (the learning rate peaks at 30 % and decays to "
+                      "about 0 at the end), test classes, the full student"
+                      + (" of the chosen learning rate; Table 2 scores its best validation checkpoint, which may be an "
+                         "earlier row." if results.get("selection") else "."), ""]
+        lines += ["| student iterations | teacher_student_asymmetric | student_symmetric | asym. − sym. |",
                   "|---|---|---|---|"]
         for it in sorted(points):
             a, s = points[it].get("teacher_student_asymmetric", []), points[it].get("student_symmetric", [])
