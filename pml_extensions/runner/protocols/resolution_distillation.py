@@ -15,7 +15,8 @@ Per dataset and seed ``s`` (stages under ``<experiment_folder>/<dataset>/seed_<s
   ``low_resolution_teacher_symmetric`` (block 1: a model trained and tested at the query resolution);
 - ``student_<q>px_full`` per q: distilled from the teacher -> ``teacher_student_asymmetric`` (block 3) and
   ``student_symmetric`` (block 4); at ``ablation_query_resolution`` also the asymmetric/symmetric curve at every
-  ``checkpoint_every`` iterations;
+  ``checkpoint_every`` iterations; with ``student_lr_grid`` the full students at ``ablation_query_resolution`` are
+  ``student_<q>px_full_lr<lr>`` (one per rate; the chosen one fills blocks 3-4);
 - ``student_<q>px_<variant>`` at ``ablation_query_resolution`` for every ``student_variants`` entry of
   :data:`STUDENT_VARIANTS` (Table 3: each loss term alone, augmentation groups; Table 4: initialisation).
 
