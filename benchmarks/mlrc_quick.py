@@ -15,6 +15,7 @@ Writes ``benchmarks/results/mlrc_quick.json`` and ``.md`` (the README's ``result
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,16 +30,22 @@ METRICS = ("mean_average_precision_at_r", "precision_at_1")
 
 
 def run_config(name: str, runs: str, device: str) -> dict:
-    """Run one config's quick variant afresh; returns its row (or ``{"config", "failed"}``)."""
+    """Run one config's quick variant afresh; returns its row (or ``{"config", "failed"}``).
+
+    The config's experiment folder ``<runs>/<name>_quick`` is deleted first: the runner resumes a folder whose
+    config is unchanged (``--new`` only acts on a changed config), so a kept folder would report its old results
+    and the few seconds of the resume after any change to the code."""
+    folder = os.path.join(runs, f"{name}_quick")
+    shutil.rmtree(folder, ignore_errors=True)
     cmd = [sys.executable, "-m", "pml_extensions", "run", name, "--variant", "quick", "--root_experiment_folder",
-           runs, "--new", "--device", device]
+           runs, "--device", device]
     start = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
     wall = time.time() - start
     if proc.returncode != 0:
         return {"config": name, "failed": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    with open(os.path.join(runs, f"{name}_quick", "results.json"), encoding="utf-8") as f:
+    with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
         res = json.load(f)
     row = {"config": name, "seconds": res["seconds"], "wall_seconds": wall}
     for split, label in (("separate_128D", "128D"), ("concatenated_512D", "512D")):

@@ -56,6 +56,9 @@ def _say(c):
     return text + f" (95 % CI [{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}], {sign})"
 
 
+_NO_GAP = "no significant gap (the CI includes 0, which does not show that the gap is small)"
+
+
 def claims(results) -> str:
     """The paper's claims, each with this run's paired difference (generated, never typed)."""
     rows = results["rows"]
@@ -75,7 +78,7 @@ def claims(results) -> str:
                 f"and comes close to symmetric retrieval. Ours: vs naive asymmetric "
                 f"{_say(naive)}: **{_verdict(naive, 'above')}**; vs low-resolution teacher {_say(low)}: "
                 f"**{_verdict(low, 'above')}**; vs the student's own symmetric {_say(sym)}: "
-                f"**{'reproduces (no significant gap)' if close else 'does not reproduce (asymmetric stays below)'}**."
+                f"**{_NO_GAP if close else 'does not reproduce (asymmetric stays below)'}**."
             )
         ablated = sorted({(r["query_resolution"], r["student_variant"]) for r in rows
                           if r["dataset"] == dataset and r.get("student_variant") not in (None, "full")})
