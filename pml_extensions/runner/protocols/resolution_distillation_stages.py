@@ -163,33 +163,33 @@ def student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=Non
         return evaluate_rows(ctx["tester"], make_dataset_dict, teacher, (trunk, embedder), q, ctx["db"], setups, fields)
 
     def observe(it, extra):
+        """Score the student at iteration ``it`` (test curve, validation); returns ``{log key: value}``."""
+        scores = {}
         if curve:
-            extra.setdefault("curve", []).extend(dict(r, iteration=it) for r in evaluate(ctx["make_dataset_dict"]))
+            points = [dict(r, iteration=it) for r in evaluate(ctx["make_dataset_dict"])]
+            extra.setdefault("curve", []).extend(points)
+            scores.update({f"{p['setup']}_{parts.PRIMARY}": p[parts.PRIMARY] for p in points})
         if validate is not None:
             rows = {r["setup"]: r[parts.PRIMARY] for r in evaluate(validate)}
             extra.setdefault("validation_curve", []).append(dict(rows, iteration=it))
+            scores.update({f"validation_{k}_{parts.PRIMARY}": v for k, v in rows.items()})
             best = extra.get("best")
             if best is None or rows["teacher_student_asymmetric"] > best["validation"]:
                 atomic_torch_save({"trunk": trunk.state_dict(), "embedder": embedder.state_dict()}, best_path)
                 extra["best"] = {"iteration": it, "validation": rows["teacher_student_asymmetric"]}
+        return scores
 
     def on_chunk(trainer, chunks):
         it = trainer.epoch * chunks.chunk
-        observe(it, chunks.extra)
-        for p in chunks.extra.get("curve", [])[-len(setups):] if curve else ():
-            chunks.ck.record_keeper.update_records(
-                {"accuracies": {f"{p['setup']}_{parts.PRIMARY}": p[parts.PRIMARY], "iteration": it}}, trainer.epoch)
-        if validate is not None:
-            v = chunks.extra["validation_curve"][-1]
-            chunks.ck.record_keeper.update_records({"accuracies": {
-                **{f"validation_{k}_{parts.PRIMARY}": v[k] for k in setups}, "iteration": it}}, trainer.epoch)
+        scores = observe(it, chunks.extra)
+        if scores:
+            chunks.ck.record_keeper.update_records({"accuracies": dict(scores, iteration=it)}, trainer.epoch)
 
     chunks = parts.Chunks(exp, stage, {"trunk": trunk, "embedder": embedder}, trainer.optimizers,
                           trainer.lr_schedulers, job["student_iterations"], job["checkpoint_every"], on_chunk=on_chunk)
     holder["c"] = chunks
     start = chunks.resume(trainer)
     if start == 1:  # iteration 0: the initial student
-        chunks.extra = {}
         observe(0, chunks.extra)
     chunks.train(trainer, start)
     selection = None
@@ -224,5 +224,5 @@ def choose_student_lr(exp, ctx, job, teacher, low, base):
                                    low.get(aq), curve=True, lr=lr)
         exp.log(f"[{ctx['dataset']}] seed {ctx['seed']} {aq}px student lr {lr:g}: validation asymmetric MAP@R "
                 f"{tried[lr]['selection']['validation']:.4f} at iteration {tried[lr]['selection']['iteration']}")
-    best = max(tried, key=lambda lr: (tried[lr]["selection"]["validation"], -job["student_lr_grid"].index(lr)))
+    best = max(tried, key=lambda lr: tried[lr]["selection"]["validation"])  # max keeps the first of equals
     return best, tried
