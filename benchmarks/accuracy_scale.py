@@ -47,9 +47,7 @@ def _child(method: str, n: int, classes: int, dim: int, device: str, seed: int, 
     else:
         labels = torch.randint(0, classes, (n,), generator=g, device=dev)
     centers = torch.randn(classes, dim, generator=g, device=dev)
-    emb = torch.nn.functional.normalize(
-        centers[labels] + 2.0 * torch.randn(n, dim, generator=g, device=dev), dim=1
-    )
+    emb = torch.nn.functional.normalize(centers[labels] + 2.0 * torch.randn(n, dim, generator=g, device=dev), dim=1)
     labels = labels + label_offset  # e.g. 10**9: beyond float32's exact integers
     kwargs = dict(include=METRICS, k="max_bin_count", device=dev)
     if method == "stock":
@@ -71,10 +69,20 @@ def _child(method: str, n: int, classes: int, dim: int, device: str, seed: int, 
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    out = {"method": method, "n": n, "classes": classes, "label_offset": label_offset, "dim": dim,
-           "device": device, "seconds": seconds,
-           "peak_rss_gib": peak, "rss_increase_gib": peak - rss_before,
-           "torch_threads": torch.get_num_threads(), "load_average_before": load_before, **acc}
+    out = {
+        "method": method,
+        "n": n,
+        "classes": classes,
+        "label_offset": label_offset,
+        "dim": dim,
+        "device": device,
+        "seconds": seconds,
+        "peak_rss_gib": peak,
+        "rss_increase_gib": peak - rss_before,
+        "torch_threads": torch.get_num_threads(),
+        "load_average_before": load_before,
+        **acc,
+    }
     if dev.type == "cuda":
         out["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
         out["gpu"] = torch.cuda.get_device_name()
@@ -87,9 +95,22 @@ def stock_estimate_gib(n: int, classes: int) -> float:
 
 
 def _run_child(method, n, classes, args):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", method, str(n), str(classes), "--dim",
-           str(args.dim), "--device", args.device, "--seed", str(args.seed), "--label-offset",
-           str(args.label_offset)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        method,
+        str(n),
+        str(classes),
+        "--dim",
+        str(args.dim),
+        "--device",
+        args.device,
+        "--seed",
+        str(args.seed),
+        "--label-offset",
+        str(args.label_offset),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not line:
@@ -129,25 +150,47 @@ def _save(rows, args, base):
     for r in rows:
         if r["method"] != "engine" or "skipped" in r or r.get("label_offset"):
             continue  # labels 10^9 + c: stock PML merges classes when it casts them to float32
-        s = next((x for x in rows if x["method"] == "stock" and "skipped" not in x and not x.get("label_offset")
-                  and (x["n"], x["classes"]) == (r["n"], r["classes"])), None)
+        s = next(
+            (
+                x
+                for x in rows
+                if x["method"] == "stock"
+                and "skipped" not in x
+                and not x.get("label_offset")
+                and (x["n"], x["classes"]) == (r["n"], r["classes"])
+            ),
+            None,
+        )
         if s:
             same[f"{r['n']}:{r['classes']}"] = max(abs(r[m] - s[m]) for m in METRICS)
     cmd = "python benchmarks/accuracy_scale.py" + (" --device cuda" if args.device == "cuda" else "")
     loads = [r["load_average_before"] for r in rows if "load_average_before" in r]
     load = f", 1-min load average before the rows {min(loads):.1f}–{max(loads):.1f}" if loads else ""
-    text = (f"`{cmd}` (128-D, `k=\"max_bin_count\"`, MAP@R / P@1 / R-precision; engine = "
-            "`ChunkedAccuracyCalculator()` on the torch k-NN engine; one subprocess per row, "
-            f"{rows[0].get('torch_threads', '?') if rows else '?'} torch threads, {os.cpu_count()} cores{load})\n\n"
-            + render(rows, args.device))
+    text = (
+        f'`{cmd}` (128-D, `k="max_bin_count"`, MAP@R / P@1 / R-precision; engine = '
+        "`ChunkedAccuracyCalculator()` on the torch k-NN engine; one subprocess per row, "
+        f"{rows[0].get('torch_threads', '?') if rows else '?'} torch threads, {os.cpu_count()} cores{load})\n\n"
+        + render(rows, args.device)
+    )
     if same:
-        text += "\nLargest |engine − stock| over the three metrics: " + ", ".join(
-            f"{k}: {v:.1e}" for k, v in same.items()) + "\n"
+        text += (
+            "\nLargest |engine − stock| over the three metrics: "
+            + ", ".join(f"{k}: {v:.1e}" for k, v in same.items())
+            + "\n"
+        )
     if any(r.get("label_offset") for r in rows):
-        text += ("\nRows with labels 10⁹ + c: stock PML casts labels to float32 and merges neighbouring classes, so "
-                 "its metrics (and its class count, hence memory) there are wrong; the engine keeps them exact.\n")
-    atomic_write_json(base + ".json", {"args": {k: v for k, v in vars(args).items() if k != "child"},
-                                       "rows": rows, "max_abs_difference_vs_stock": same})
+        text += (
+            "\nRows with labels 10⁹ + c: stock PML casts labels to float32 and merges neighbouring classes, so "
+            "its metrics (and its class count, hence memory) there are wrong; the engine keeps them exact.\n"
+        )
+    atomic_write_json(
+        base + ".json",
+        {
+            "args": {k: v for k, v in vars(args).items() if k != "child"},
+            "rows": rows,
+            "max_abs_difference_vs_stock": same,
+        },
+    )
     atomic_write_text(base + ".md", text)
 
 
@@ -164,19 +207,24 @@ def main(argv=None) -> int:
     p.add_argument("--child", nargs=3, metavar=("METHOD", "N", "CLASSES"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        out = _child(args.child[0], int(args.child[1]), int(args.child[2]), args.dim, args.device, args.seed,
-                     args.label_offset)
+        out = _child(
+            args.child[0], int(args.child[1]), int(args.child[2]), args.dim, args.device, args.seed, args.label_offset
+        )
         print("RESULT " + json.dumps(out))
         return 0
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            print("no CUDA device on this machine: the --device cuda sizes (1M x 128 / 1000 classes, "
-                  "100k x 128 / 6 classes) are skipped; nothing written")
+            print(
+                "no CUDA device on this machine: the --device cuda sizes (1M x 128 / 1000 classes, "
+                "100k x 128 / 6 classes) are skipped; nothing written"
+            )
             return 0
-    cases = [tuple(int(v) for v in c.split(":")) for c in (args.cases or (CUDA_CASES if args.device == "cuda"
-                                                                          else CPU_CASES))]
+    cases = [
+        tuple(int(v) for v in c.split(":"))
+        for c in (args.cases or (CUDA_CASES if args.device == "cuda" else CPU_CASES))
+    ]
     base = args.out or os.path.join(RESULTS, "accuracy_scale" + ("_cuda" if args.device == "cuda" else ""))
     os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
     rows = []
@@ -186,8 +234,14 @@ def main(argv=None) -> int:
         for method in methods:
             est = stock_estimate_gib(n, classes)
             if method == "stock" and est > args.max_gib:
-                rows.append({"method": method, "n": n, "classes": classes,
-                             "skipped": f"not run: estimated {est:.1f} GiB > {args.max_gib} GiB"})
+                rows.append(
+                    {
+                        "method": method,
+                        "n": n,
+                        "classes": classes,
+                        "skipped": f"not run: estimated {est:.1f} GiB > {args.max_gib} GiB",
+                    }
+                )
             else:
                 t0 = time.time()
                 rows.append(_run_child(method, n, classes, args))

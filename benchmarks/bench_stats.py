@@ -54,10 +54,17 @@ def paired_difference(variant: Mapping, baseline: Mapping, confidence: float = 0
     if len(seeds) == 1:
         d = float(pairs_v[seeds[0]]) - float(pairs_b[seeds[0]])
         if not math.isfinite(d):
-            raise ValueError(f"variant and baseline values of seed {seeds[0]} must be finite, got "
-                             f"{pairs_v[seeds[0]]!r} and {pairs_b[seeds[0]]!r}")
-        r = {"seeds": seeds, "differences": [d], "mean_difference": d, "std": float("nan"),
-             "ci": [float("nan"), float("nan")]}
+            raise ValueError(
+                f"variant and baseline values of seed {seeds[0]} must be finite, got "
+                f"{pairs_v[seeds[0]]!r} and {pairs_b[seeds[0]]!r}"
+            )
+        r = {
+            "seeds": seeds,
+            "differences": [d],
+            "mean_difference": d,
+            "std": float("nan"),
+            "ci": [float("nan"), float("nan")],
+        }
     else:
         r = paired_stats.paired_difference(pairs_v, pairs_b, confidence)
     return {

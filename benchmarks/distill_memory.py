@@ -22,6 +22,7 @@ import os
 import resource
 import subprocess
 import sys
+
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -168,12 +169,14 @@ def main(argv=None):
         "target": 0.6,
         "meets_target": ratio <= 0.6,
     }
-    text = (f"`python benchmarks/distill_memory.py --repeats {args.repeats}` ({args.images} images × {args.augs} "
-            f"augmentations, {args.query_size} → {args.database_size} px, MobileNetV2 + GeM head, peak RSS of one "
-            f"training step in a fresh process, median of {args.repeats}; target ratio ≤ 0.6)\n\n"
-            "| device | peak, frozen teacher under no_grad (MiB) | peak, teacher inside autograd as the official code "
-            "(MiB) | ratio |\n|---|---|---|---|\n"
-            f"| {args.device} | {result['peak_mib_no_grad']:.1f} | {result['peak_mib_autograd']:.1f} | {ratio:.3f} |\n")
+    text = (
+        f"`python benchmarks/distill_memory.py --repeats {args.repeats}` ({args.images} images × {args.augs} "
+        f"augmentations, {args.query_size} → {args.database_size} px, MobileNetV2 + GeM head, peak RSS of one "
+        f"training step in a fresh process, median of {args.repeats}; target ratio ≤ 0.6)\n\n"
+        "| device | peak, frozen teacher under no_grad (MiB) | peak, teacher inside autograd as the official code "
+        "(MiB) | ratio |\n|---|---|---|---|\n"
+        f"| {args.device} | {result['peak_mib_no_grad']:.1f} | {result['peak_mib_autograd']:.1f} | {ratio:.3f} |\n"
+    )
     print(text)
     atomic_write_json(os.path.join(RESULTS, f"distill_memory_{args.device}.json"), result)
     atomic_write_text(os.path.join(RESULTS, f"distill_memory_{args.device}.md"), text)

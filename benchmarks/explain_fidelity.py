@@ -32,6 +32,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from pml_extensions.datasets.normalization import IMAGENET_MEAN as MEAN  # noqa: E402
+from pml_extensions.datasets.normalization import IMAGENET_STD as STD
 from pml_extensions.explain import (  # noqa: E402
     ActivationDecomposition,
     CompositeLocalizationDataset,
@@ -39,7 +41,6 @@ from pml_extensions.explain import (  # noqa: E402
     SimilarityFidelity,
     SimilarityGradCAM,
 )
-from pml_extensions.datasets.normalization import IMAGENET_MEAN as MEAN, IMAGENET_STD as STD  # noqa: E402
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
 
 METHODS = ("Decomposition", "Decomposition+Bias", "Grad-CAM", "Grad-CAM (no norm)", "RGrad-CAM", "random map")
@@ -62,9 +63,7 @@ def one_seed(seed: int, args, device, pool: str):
     import torchvision.transforms as T
 
     tf = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
-    data = CompositeLocalizationDataset(
-        "test", n_images=args.images, image_size=args.size, seed=seed, transform=tf
-    )
+    data = CompositeLocalizationDataset("test", n_images=args.images, image_size=args.size, seed=seed, transform=tf)
     x = torch.stack([data[i][0] for i in range(len(data))]).to(device)
     trunk, embedder = build(seed, device, pool)
     with torch.no_grad():
@@ -82,9 +81,7 @@ def one_seed(seed: int, args, device, pool: str):
         "Grad-CAM": cam.maps(q, r, variant="cosine")["query"],
         "Grad-CAM (no norm)": cam.maps(q, r, variant="dot")["query"],
         "RGrad-CAM": cam.maps(q, r, variant="rectified")["query"],
-        "random map": RandomExplainer(seed=seed, map_size=dec.fold_query(q[:1]).feature_size).attribute(q, r)[
-            "query"
-        ],
+        "random map": RandomExplainer(seed=seed, map_size=dec.fold_query(q[:1]).feature_size).attribute(q, r)["query"],
     }
     fid = SimilarityFidelity(trunk, embedder, steps=args.steps, baseline="zero", batch_size=args.batch_size)
     out = {}
@@ -156,9 +153,7 @@ def _table(summary):
             dd = di = "—"
         else:
             dd, di = _diff(d), _diff(i)
-        lines.append(
-            f"| {name} | {d['mean']:.4f} ± {d['std']:.4f} | {dd} | {i['mean']:.4f} ± {i['std']:.4f} | {di} |"
-        )
+        lines.append(f"| {name} | {d['mean']:.4f} ± {d['std']:.4f} | {dd} | {i['mean']:.4f} ± {i['std']:.4f} | {di} |")
     methods = [m for m in METHODS if m != "random map"]
     rank_del = sorted(methods + ["random map"], key=lambda m: summary[m]["deletion_area"]["mean"])
     rank_ins = sorted(methods + ["random map"], key=lambda m: -summary[m]["insertion_area"]["mean"])
@@ -173,9 +168,7 @@ def _table(summary):
         "",
         "Ranking by deletion area (best first): " + " > ".join(rank_del) + ".",
         "Ranking by insertion area (best first): " + " > ".join(rank_ins) + ".",
-        "Beat the random map on both curves (whole interval past 0): "
-        + (", ".join(beats) if beats else "none")
-        + ".",
+        "Beat the random map on both curves (whole interval past 0): " + (", ".join(beats) if beats else "none") + ".",
         "Not shown to beat it: " + (", ".join(fails) if fails else "none") + ".",
     ]
     return lines

@@ -183,12 +183,12 @@ def main(argv=None):
         queries = pool[:n_q]
         neighbours = (n_q + torch.arange(n_q * k5)).view(n_q, k5)  # distinct references per query
 
-        def embed_pass():
+        def embed_pass(pool=pool):
             with torch.no_grad():
                 for start in range(0, pool.shape[0], args.batch_queries * (1 + k5)):
                     embedder(trunk(pool[start : start + args.batch_queries * (1 + k5)]))
 
-        def topk_maps():
+        def topk_maps(queries=queries, pool=pool, neighbours=neighbours):
             topk_overall_maps(dec, queries, pool, neighbours, batch_size=args.batch_queries, device=device)
 
         t_emb = timed(embed_pass, args.repeats, sync)
@@ -203,7 +203,7 @@ def main(argv=None):
             )
         )
         memory[n_q] = peak_memory(topk_maps, device)
-        del pool
+        del pool, queries, embed_pass, topk_maps
 
     print(
         f"\nexplain_speed: MobileNetV2 + GAP + Linear(1280, 512), {args.size}-px inputs, device "

@@ -103,9 +103,7 @@ def run_command(cmd, timeout, cwd=None):
         tail = " | ".join(text.strip().splitlines()[-6:])[-600:]
         return "failed", time.perf_counter() - start, f"exit {code}: {tail}"
     try:
-        proc = subprocess.run(
-            cmd, cwd=cwd or REPO, env=_env(), capture_output=True, text=True, timeout=max(1, timeout)
-        )
+        proc = subprocess.run(cmd, cwd=cwd or REPO, env=_env(), capture_output=True, text=True, timeout=max(1, timeout))
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         return "failed", time.perf_counter() - start, f"timed out after {timeout:.0f} s; {out[-300:]}"
@@ -120,8 +118,11 @@ def cli(*args):
     return [sys.executable, "-m", "pml_extensions", *args]
 
 
-def _result_figures(folder, keys=("seconds_this_invocation", "train_seconds_sum", "mean_average_precision_at_r",
-                                  "precision_at_1"), limit=6):
+def _result_figures(
+    folder,
+    keys=("seconds_this_invocation", "train_seconds_sum", "mean_average_precision_at_r", "precision_at_1"),
+    limit=6,
+):
     """A few figures from the first ``results.json`` under ``folder`` (tolerant of layout changes: missing -> {})."""
     import glob
 
@@ -162,7 +163,8 @@ def step_mlrc(device, tiny, work, timeout):
 
 TINY_RESOLUTION_JOB = (
     "{datasets~OVERRIDE~: {glyphs: {database_resolution: 32, query_resolutions: [16], image_size: 32, "
-    "max_test_per_class: 4, crop_scale: [0.5, 1.0]}}, teacher_iterations: 1, student_iterations: 1, checkpoint_every: 1, "
+    "max_test_per_class: 4, crop_scale: [0.5, 1.0]}}, teacher_iterations: 1, student_iterations: 1, "
+    "checkpoint_every: 1, "
     "images_per_batch: 4, num_augmentations: 2, embedding_dim: 16, eval_batch_size: 64, num_workers: 0, "
     "device: %s}"
 )

@@ -47,11 +47,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_stats import compare, fmt_diff, fmt_ms, summarize_variants, verdict  # noqa: E402
+
+from pml_extensions.datasets.normalization import IMAGENET_MEAN as MEAN  # noqa: E402
+from pml_extensions.datasets.normalization import IMAGENET_STD as STD
 from pml_extensions.explain.activation_decomposition import ActivationDecomposition  # noqa: E402
 from pml_extensions.explain.composite_localization_dataset import CompositeLocalizationDataset  # noqa: E402
 from pml_extensions.explain.localization_evaluator import LocalizationEvaluator  # noqa: E402
 from pml_extensions.explain.similarity_grad_cam import SimilarityGradCAM  # noqa: E402
-from pml_extensions.datasets.normalization import IMAGENET_MEAN as MEAN, IMAGENET_STD as STD  # noqa: E402
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -138,7 +140,7 @@ def finetune(trunk, embedder, train_set, args, seed, device, loss="ms", cache=No
     embedder.train()
     it = iter(sampler)
     losses_seen = []
-    for step in range(args.steps):
+    for _ in range(args.steps):
         idx = torch.tensor([next(it) for _ in range(args.batch_size)])
         emb = embedder(tail(cache[idx]))
         lab = labels[idx].to(device)
@@ -195,15 +197,19 @@ def compute_maps(dec, cam, x, fold, fr, nn_idx, eval_batch, device, boxes, size,
     def compare(dot_bias):
         scale = dot_bias.abs().amax().clamp_min(1e-30)
         hits_dec = [ev.correct(m, boxes[i], size) for i, m in enumerate(dot_bias.relu().cpu())]
-        return (float((rgc - dot_bias.relu()).abs().max() / scale),
-                bool(all(np.array_equal(a, b) for a, b in zip(hits_rgc, hits_dec))))
+        return (
+            float((rgc - dot_bias.relu()).abs().max() / scale),
+            bool(all(np.array_equal(a, b) for a, b in zip(hits_rgc, hits_dec))),
+        )
 
     identity = {"n_pairs": n}
     identity["max_rel_diff_relu"], identity["same_hits_every_threshold"] = compare(
-        dec.overall_maps(fold[torch.arange(n)], fr[torch.arange(n)], bias=True, scale="dot")["query"])
+        dec.overall_maps(fold[torch.arange(n)], fr[torch.arange(n)], bias=True, scale="dot")["query"]
+    )
     if dec_first is not None:
         identity["max_rel_diff_relu_first"], identity["same_hits_every_threshold_first"] = compare(
-            dec_first.overall_maps(q, r, bias=True, scale="dot")["query"])
+            dec_first.overall_maps(q, r, bias=True, scale="dot")["query"]
+        )
     return maps, identity
 
 
@@ -245,9 +251,7 @@ def run_seed(seed, args, device, losses):
         try:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                c_f.NUMPY_RANDOM = np.random.RandomState(
-                    seed
-                )  # MPerClassSampler: same batches for every loss
+                c_f.NUMPY_RANDOM = np.random.RandomState(seed)  # MPerClassSampler: same batches for every loss
                 trunk, embedder = build(args.pool, args.dim, seed)
                 trunk.to(device)
                 embedder.to(device)
@@ -260,10 +264,8 @@ def run_seed(seed, args, device, losses):
         dec = ActivationDecomposition(trunk, embedder)
         dec_first = ActivationDecomposition(trunk, embedder, gmp_ties="first")
         cam = SimilarityGradCAM(trunk, embedder)
-        folds = [
-            dec.fold_query(x[i : i + args.eval_batch].to(device)) for i in range(0, len(x), args.eval_batch)
-        ]
-        cat = lambda name: torch.cat([getattr(f, name) for f in folds])  # noqa: E731
+        folds = [dec.fold_query(x[i : i + args.eval_batch].to(device)) for i in range(0, len(x), args.eval_batch)]
+        cat = lambda name, folds=folds: torch.cat([getattr(f, name) for f in folds])  # noqa: E731
         fold = FoldedEmbedding(
             cat("features"),
             cat("bias"),
@@ -469,9 +471,7 @@ def markdown(out, args, seeds, losses):
         cells.append(fmt_diff(c, 1) if c else "—")
         L.append(f"| {m} | " + " | ".join(cells) + " |")
     L.append(f"| centre box (best side fraction) | {fmt_ms(v['centre box'], 'best_accuracy', 1)} | | | | |")
-    ident = [
-        runs[s]["losses"][lo]["identity_rgradcam_vs_relu_decomposition_bias"] for s in seeds for lo in losses
-    ]
+    ident = [runs[s]["losses"][lo]["identity_rgradcam_vs_relu_decomposition_bias"] for s in seeds for lo in losses]
 
     def yes(key):
         return "yes" if all(i[key] for i in ident) else "no"
@@ -483,14 +483,20 @@ def markdown(out, args, seeds, losses):
         f"{ident[0]['n_pairs']} pairs of every run, the decomposition with GMP ties shared (the default, the "
         f"rows above): max |difference| / max |map| = {max(i['max_rel_diff_relu'] for i in ident):.1e}, "
         f"localisation hits identical at every threshold: {yes('same_hits_every_threshold')}"
-        + (f"; with ties broken as autograd breaks them (`gmp_ties=\"first\"`): "
-           f"{max(i['max_rel_diff_relu_first'] for i in ident):.1e}, hits identical: "
-           f"{yes('same_hits_every_threshold_first')}" if same_first else "")
+        + (
+            f'; with ties broken as autograd breaks them (`gmp_ties="first"`): '
+            f"{max(i['max_rel_diff_relu_first'] for i in ident):.1e}, hits identical: "
+            f"{yes('same_hits_every_threshold_first')}"
+            if same_first
+            else ""
+        )
         + ". MobileNetV2's last features are ReLU6 outputs: a channel saturated at 6 at several positions ties "
         "in GMP, where autograd credits the first position and the default fold shares the maximum equally; "
-        + ("so the Decomposition+Bias [ReLU] row is rectified Grad-CAM up to that tie rule."
-           if same_first and yes("same_hits_every_threshold_first") == "yes"
-           else "the identity is not exact here."),
+        + (
+            "so the Decomposition+Bias [ReLU] row is rectified Grad-CAM up to that tie rule."
+            if same_first and yes("same_hits_every_threshold_first") == "yes"
+            else "the identity is not exact here."
+        ),
         "",
         f"Ours, signed: {ordering(v, [f'{m} [signed]' for m in METHODS])}.",
         f"Ours, ReLU: {ordering(v, [f'{m} [ReLU]' for m in METHODS])}.",
@@ -522,9 +528,7 @@ def markdown(out, args, seeds, losses):
             "|---|---|---|---|",
         ]
         rows = ["train_p_at_1", "test_p_at_1"] + [
-            f"{m} [{c}]"
-            for m in ("Decomposition", "Decomposition+Bias", "Grad-CAM (no norm)")
-            for c in CONVENTIONS
+            f"{m} [{c}]" for m in ("Decomposition", "Decomposition+Bias", "Grad-CAM (no norm)") for c in CONVENTIONS
         ]
         labels = {
             "train_p_at_1": "P@1 training classes (Table III)",

@@ -37,11 +37,27 @@ def run_config(name: str, runs: str, device: str) -> dict:
     and the few seconds of the resume after any change to the code."""
     folder = os.path.join(runs, f"{name}_quick")
     shutil.rmtree(folder, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pml_extensions", "run", name, "--variant", "quick", "--root_experiment_folder",
-           runs, "--device", device]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pml_extensions",
+        "run",
+        name,
+        "--variant",
+        "quick",
+        "--root_experiment_folder",
+        runs,
+        "--device",
+        device,
+    ]
     start = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
+    )
     wall = time.time() - start
     if proc.returncode != 0:
         return {"config": name, "failed": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
@@ -55,11 +71,13 @@ def run_config(name: str, runs: str, device: str) -> dict:
 
 
 def render(rows, device) -> str:
-    lines = [f"`python benchmarks/mlrc_quick.py` (`run NAME --variant quick --device {device}`: glyphs, one seed; "
-             "128D = mean of the four fold models, 512D = their concatenation; seconds = the protocol's own time)",
-             "",
-             "| config | MAP@R 128D | P@1 128D | MAP@R 512D | P@1 512D | seconds |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"`python benchmarks/mlrc_quick.py` (`run NAME --variant quick --device {device}`: glyphs, one seed; "
+        "128D = mean of the four fold models, 512D = their concatenation; seconds = the protocol's own time)",
+        "",
+        "| config | MAP@R 128D | P@1 128D | MAP@R 512D | P@1 512D | seconds |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "failed" in r:
             lines.append(f"| {r['config']} | failed: {r['failed']} | | | | |")

@@ -57,37 +57,101 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
     job_folder = os.path.join(runs, "xml_glyphs")
     parts = os.path.join(runs, "parts")
     tb = [PY, "benchmarks/template_block.py", "--size", "medium" if size == "quick" else size, "--out", parts] + dev
-    tb_parts = (("ablation", tb + ["--skip", "fashion", "glyphs", "lambda", "--tag", "ablation"]),
-                ("fashion_lambda", tb + ["--skip", "glyphs", "ablation", "--tag", "fashion_lambda"]),
-                ("glyphs", tb + ["--skip", "fashion", "lambda", "ablation", "--tag", "glyphs"]))
+    tb_parts = (
+        ("ablation", tb + ["--skip", "fashion", "glyphs", "lambda", "--tag", "ablation"]),
+        ("fashion_lambda", tb + ["--skip", "glyphs", "ablation", "--tag", "fashion_lambda"]),
+        ("glyphs", tb + ["--skip", "fashion", "lambda", "ablation", "--tag", "glyphs"]),
+    )
     loc_seeds = (0, 1, 2) if size == "quick" else (0, 1, 2, 3, 4)
     loc = [PY, "benchmarks/localization.py", "--size", size, "--out", parts] + dev
     loc_parts = tuple((f"seed{s}", loc + ["--seeds", str(s), "--tag", f"seed{s}"]) for s in loc_seeds)
     return [
-        Step("resolution_distillation", [PY, "benchmarks/resolution_distillation.py", "--size", size,
-                                         "--experiment-folder", os.path.join(runs, "resolution_distillation")] + dev,
-             ["resolution_distillation"], fresh=(os.path.join(runs, "resolution_distillation"),)),
-        Step("template_block", [PY, "benchmarks/template_block.py", "--out", "benchmarks/results", "--merge"]
-             + [os.path.join(parts, f"template_block_{name}.json") for name, _ in tb_parts], ["template_block"],
-             parts=tb_parts),
-        Step("localization", [PY, "benchmarks/localization.py", "--out", "benchmarks/results", "--merge"]
-             + [os.path.join(parts, f"localization_seed{s}.json") for s in loc_seeds], ["localization"],
-             parts=loc_parts),
+        Step(
+            "resolution_distillation",
+            [
+                PY,
+                "benchmarks/resolution_distillation.py",
+                "--size",
+                size,
+                "--experiment-folder",
+                os.path.join(runs, "resolution_distillation"),
+            ]
+            + dev,
+            ["resolution_distillation"],
+            fresh=(os.path.join(runs, "resolution_distillation"),),
+        ),
+        Step(
+            "template_block",
+            [PY, "benchmarks/template_block.py", "--out", "benchmarks/results", "--merge"]
+            + [os.path.join(parts, f"template_block_{name}.json") for name, _ in tb_parts],
+            ["template_block"],
+            parts=tb_parts,
+        ),
+        Step(
+            "localization",
+            [PY, "benchmarks/localization.py", "--out", "benchmarks/results", "--merge"]
+            + [os.path.join(parts, f"localization_seed{s}.json") for s in loc_seeds],
+            ["localization"],
+            parts=loc_parts,
+        ),
         Step("xml_signal", [PY, "benchmarks/xml_signal.py", "--size", size] + dev, ["xml_signal"]),
-        Step("explain_fidelity", [PY, "benchmarks/explain_fidelity.py", "--seeds", "0", "1", "2", "3", "4",
-                                  "--queries", "12", "--steps", "8", "--images", "32"] + dev, ["explain_fidelity"]),
+        Step(
+            "explain_fidelity",
+            [
+                PY,
+                "benchmarks/explain_fidelity.py",
+                "--seeds",
+                "0",
+                "1",
+                "2",
+                "3",
+                "4",
+                "--queries",
+                "12",
+                "--steps",
+                "8",
+                "--images",
+                "32",
+            ]
+            + dev,
+            ["explain_fidelity"],
+        ),
         Step("mlrc_quick", [PY, "benchmarks/mlrc_quick.py"] + dev, ["mlrc_quick"]),
-        Step("xml_vs_gap", [PY, "-m", "pml_extensions", "job", "--output", runs, "--new"] + dev, ["xml_vs_gap"],
-             alone=True, fresh=(job_folder,)),
+        Step(
+            "xml_vs_gap",
+            [PY, "-m", "pml_extensions", "job", "--output", runs, "--new"] + dev,
+            ["xml_vs_gap"],
+            alone=True,
+            fresh=(job_folder,),
+        ),
         Step("explain_speed", [PY, "benchmarks/explain_speed.py"] + dev, ["explain_speed"], alone=True),
         Step("xml_overhead", [PY, "benchmarks/xml_overhead.py"] + dev, ["xml_overhead"], alone=True),
-        Step("distill_memory", [PY, "benchmarks/distill_memory.py", "--repeats", "3"] + dev,
-             ["distill_memory_" + device], alone=True),
-        Step("accuracy_scale", [PY, "benchmarks/accuracy_scale.py"] + dev,
-             ["accuracy_scale" + ("_cuda" if device == "cuda" else "")], alone=True),
-        Step("xml_generalization", [PY, "benchmarks/xml_generalization.py", "--run-folder", job_folder,
-                                    "--splits", "200" if size == "quick" else "1000"] + dev, ["xml_generalization"],
-             needs=("xml_vs_gap",)),
+        Step(
+            "distill_memory",
+            [PY, "benchmarks/distill_memory.py", "--repeats", "3"] + dev,
+            ["distill_memory_" + device],
+            alone=True,
+        ),
+        Step(
+            "accuracy_scale",
+            [PY, "benchmarks/accuracy_scale.py"] + dev,
+            ["accuracy_scale" + ("_cuda" if device == "cuda" else "")],
+            alone=True,
+        ),
+        Step(
+            "xml_generalization",
+            [
+                PY,
+                "benchmarks/xml_generalization.py",
+                "--run-folder",
+                job_folder,
+                "--splits",
+                "200" if size == "quick" else "1000",
+            ]
+            + dev,
+            ["xml_generalization"],
+            needs=("xml_vs_gap",),
+        ),
     ]
 
 
@@ -147,8 +211,9 @@ def run_plan(procs: List[Process], runs: str, jobs: int, write=None) -> Tuple[di
                 continue
             log_path = os.path.join(ROOT, runs, f"{p.name}.log")
             log = open(log_path, "w", encoding="utf-8")
-            proc = subprocess.Popen(p.argv, cwd=ROOT, env=base_env if p.alone else single, stdout=log,
-                                    stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                p.argv, cwd=ROOT, env=base_env if p.alone else single, stdout=log, stderr=subprocess.STDOUT
+            )
             running[proc.pid] = (p, proc, (log, log_path, time.time()))
             pending.remove(p)
             if p.alone:
@@ -185,15 +250,30 @@ def write_record(args, plan, wall, seconds, failed, skipped) -> None:
     from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
     name = f"reproduce_{args.size}_{args.device}"
-    record = {"size": args.size, "device": args.device, "jobs": args.jobs, "cpu_count": os.cpu_count(),
-              "steps": [s.name for s in plan], "wall_seconds": wall, "process_seconds": seconds,
-              "failed": failed, "skipped": skipped}
+    record = {
+        "size": args.size,
+        "device": args.device,
+        "jobs": args.jobs,
+        "cpu_count": os.cpu_count(),
+        "steps": [s.name for s in plan],
+        "wall_seconds": wall,
+        "process_seconds": seconds,
+        "failed": failed,
+        "skipped": skipped,
+    }
     atomic_write_json(os.path.join(RESULTS, name + ".json"), record, indent=1)
-    status = "every process succeeded" if not failed and not skipped else \
-        f"failed: {', '.join(failed) or '-'}; skipped: {', '.join(skipped) or '-'}"
-    lines = [f"`python benchmarks/reproduce.py --size {args.size} --device {args.device}`: **{wall / 60:.1f} min** "
-             f"wall on {os.cpu_count()} CPU cores ({args.jobs} single-thread processes at once), {status}.", "",
-             "| process | minutes |", "|---|---|"]
+    status = (
+        "every process succeeded"
+        if not failed and not skipped
+        else f"failed: {', '.join(failed) or '-'}; skipped: {', '.join(skipped) or '-'}"
+    )
+    lines = [
+        f"`python benchmarks/reproduce.py --size {args.size} --device {args.device}`: **{wall / 60:.1f} min** "
+        f"wall on {os.cpu_count()} CPU cores ({args.jobs} single-thread processes at once), {status}.",
+        "",
+        "| process | minutes |",
+        "|---|---|",
+    ]
     lines += [f"| {n} | {t / 60:.1f} |" for n, t in seconds.items()]
     atomic_write_text(os.path.join(RESULTS, name + ".md"), "\n".join(lines) + "\n")
 
@@ -203,8 +283,12 @@ def main(argv=None) -> int:
     p.add_argument("--size", choices=("quick", "full"), default="quick")
     p.add_argument("--device", default="cpu", help="cpu (quick) or cuda (full)")
     p.add_argument("--only", nargs="+", help="run only these steps")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                   help="single-thread processes run at once (default: the CPU count)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="single-thread processes run at once (default: the CPU count)",
+    )
     p.add_argument("--list", action="store_true", help="print the processes and their commands, run nothing")
     args = p.parse_args(argv)
     if args.jobs < 1:
@@ -235,9 +319,13 @@ def main(argv=None) -> int:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if subprocess.call([PY, os.path.join("benchmarks", "readme_tables.py")], cwd=ROOT, env=env) != 0:
         failed.append("readme_tables")
-    print(f"reproduce ({args.size}): {len(procs) - len(failed) - len(skipped)} of {len(procs)} processes done in "
-          f"{wall / 60:.1f} min" + (f"; failed: {', '.join(failed)}" if failed else "")
-          + (f"; skipped: {', '.join(skipped)}" if skipped else "") + ", README tables updated")
+    print(
+        f"reproduce ({args.size}): {len(procs) - len(failed) - len(skipped)} of {len(procs)} processes done in "
+        f"{wall / 60:.1f} min"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + (f"; skipped: {', '.join(skipped)}" if skipped else "")
+        + ", README tables updated"
+    )
     return 1 if failed or skipped else 0
 
 

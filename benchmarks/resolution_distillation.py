@@ -80,8 +80,13 @@ def claims(results) -> str:
                 f"**{_verdict(low, 'above')}**; vs the student's own symmetric {_say(sym)}: "
                 f"**{_NO_GAP if close else 'does not reproduce (asymmetric stays below)'}**."
             )
-        ablated = sorted({(r["query_resolution"], r["student_variant"]) for r in rows
-                          if r["dataset"] == dataset and r.get("student_variant") not in (None, "full")})
+        ablated = sorted(
+            {
+                (r["query_resolution"], r["student_variant"])
+                for r in rows
+                if r["dataset"] == dataset and r.get("student_variant") not in (None, "full")
+            }
+        )
         if ablated:
             q = ablated[0][0]
             full = variant_name(dataset, q, "teacher_student_asymmetric")
@@ -124,8 +129,9 @@ def main(argv=None):
     command = [os.path.basename(sys.executable), "benchmarks/resolution_distillation.py"] + list(
         sys.argv[1:] if argv is None else argv
     )
-    results = run_protocol(config, folder, sources, on_change="resume" if args.resume_anyway else "stop",
-                           command=command)
+    results = run_protocol(
+        config, folder, sources, on_change="resume" if args.resume_anyway else "stop", command=command
+    )
     results = dict(results, command=" ".join(command))
     atomic_write_json(os.path.join(RESULTS, name + ".json"), results, indent=1)
     _write_md(results, name, command)

@@ -56,13 +56,16 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from bench_stats import compare, fmt_diff, fmt_ms, summarize_variants, verdict  # noqa: E402
 from pytorch_metric_learning import trainers as pml_trainers  # noqa: E402
 from torchvision.models.resnet import BasicBlock  # noqa: E402
 
-from bench_stats import compare, fmt_diff, fmt_ms, summarize_variants, verdict  # noqa: E402
 from pml_extensions.trainers.template_matching_trainer import TemplateMatchingTrainer  # noqa: E402
-from pml_extensions.trunks.soft_maximizer_swap import estimate_eta  # noqa: E402
-from pml_extensions.trunks.soft_maximizer_swap import estimate_mu, soft_maximizer_swap  # noqa: E402
+from pml_extensions.trunks.soft_maximizer_swap import (  # noqa: E402
+    estimate_eta,  # noqa: E402
+    estimate_mu,
+    soft_maximizer_swap,
+)
 from pml_extensions.trunks.template_matching_inserter import (  # noqa: E402
     insert_template_matching,
     template_matching_blocks,
@@ -83,9 +86,7 @@ FASHION_CLASSES = [
     "Boot",
 ]
 VARIANTS = ("baseline", "block", "aux_only", "wider")
-BLOCK_SEED_OFFSET = (
-    100_003  # the block's own modules draw from seed + this (never the shared modules' stream)
-)
+BLOCK_SEED_OFFSET = 100_003  # the block's own modules draw from seed + this (never the shared modules' stream)
 
 SIZES = {
     "quick": dict(
@@ -227,9 +228,7 @@ class SmallResNet(torch.nn.Module):
                 st = stride if b == 0 else 1
                 down = None
                 if st != 1 or c != w:
-                    down = torch.nn.Sequential(
-                        torch.nn.Conv2d(c, w, 1, stride=st, bias=False), torch.nn.BatchNorm2d(w)
-                    )
+                    down = torch.nn.Sequential(torch.nn.Conv2d(c, w, 1, stride=st, bias=False), torch.nn.BatchNorm2d(w))
                 layers.append(BasicBlock(c, w, stride=st, downsample=down))
                 c = w
             setattr(self, f"layer{s + 1}", torch.nn.Sequential(*layers))
@@ -283,9 +282,7 @@ def build_models(variant, seed, widths, blocks, num_classes):
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if variant == "wider":
         block_params = count_params(build_models("block", seed, widths, blocks, num_classes))
-        return _base_models(
-            wider_widths(widths, blocks, num_classes, block_params), blocks, num_classes, seed
-        )
+        return _base_models(wider_widths(widths, blocks, num_classes, block_params), blocks, num_classes, seed)
     models = _base_models(widths, blocks, num_classes, seed)
     if variant in ("block", "aux_only"):
         with torch.random.fork_rng(devices=[]):
@@ -549,11 +546,7 @@ def markdown(out, cfg):
         if ds not in out:
             continue
         t = out[ds]
-        title = (
-            "Fashion-MNIST"
-            if ds == "fashion"
-            else f"Glyphs ({t['num_classes']} characters, every installed font)"
-        )
+        title = "Fashion-MNIST" if ds == "fashion" else f"Glyphs ({t['num_classes']} characters, every installed font)"
         L += [
             f"**{title}**: {t['n_train']} train / {t['n_val']} validation / {t['n_test']} test images; "
             f"4-stage ResNet widths {list(cfg['widths'])} × {cfg['blocks']} BasicBlock(s) per stage, "
@@ -595,9 +588,7 @@ def markdown(out, cfg):
         ]
         comps = {c["variant"]: c for c in t["comparisons"]}
         for v in sorted(t["variants"], key=lambda n: float(n.split("=")[1])):
-            L.append(
-                f"| {v.split('=')[1]} | {fmt_ms(t['variants'][v], 'test_accuracy')} | {fmt_diff(comps[v])} |"
-            )
+            L.append(f"| {v.split('=')[1]} | {fmt_ms(t['variants'][v], 'test_accuracy')} | {fmt_diff(comps[v])} |")
         L.append("")
     if "ablation" in out:
         t = out["ablation"]
@@ -680,13 +671,9 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the size's seeds")
     parser.add_argument("--skip", nargs="*", default=(), choices=("fashion", "glyphs", "lambda", "ablation"))
     parser.add_argument("--perturbed-samples", type=int, default=None, help="S of the perturbed maximizer")
-    parser.add_argument(
-        "--lambdas", type=float, nargs="*", default=None, help="aux_weight values of the sweep"
-    )
+    parser.add_argument("--lambdas", type=float, nargs="*", default=None, help="aux_weight values of the sweep")
     parser.add_argument("--visual-words", action="store_true", help="also save the k-means visual-words PNG")
-    parser.add_argument(
-        "--iters", type=int, default=None, help="override the training iterations (all parts)"
-    )
+    parser.add_argument("--iters", type=int, default=None, help="override the training iterations (all parts)")
     parser.add_argument("--eval-every", type=int, default=None, help="override the validation interval")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     parser.add_argument("--out", default=RESULTS)
@@ -781,17 +768,13 @@ def main(argv=None):
         for lam in cfg["lambdas"]:
             for seed in seeds:
                 models = build_models("block", seed, cfg["widths"], cfg["blocks"], 10)
-                r, _ = train_eval(
-                    models, fashion, seed, cfg, device, cfg["iters"], cfg["batch"], aux_weight=lam
-                )
+                r, _ = train_eval(models, fashion, seed, cfg, device, cfg["iters"], cfg["batch"], aux_weight=lam)
                 runs.setdefault(f"λ={lam:g}", {})[seed] = r
                 log(f"lambda {lam} seed {seed}: test {r['test_accuracy']:.2f} ({r['seconds']:.0f}s)")
         variants = summarize_variants({v: {s: _metrics(r) for s, r in rs.items()} for v, rs in runs.items()})
         out["lambda_sweep"] = {
             "variants": {k: v for k, v in variants.items() if k != "baseline"},
-            "comparisons": compare(
-                variants, [k for k in runs if k != "baseline"], "baseline", "test_accuracy"
-            ),
+            "comparisons": compare(variants, [k for k in runs if k != "baseline"], "baseline", "test_accuracy"),
         }
     if "ablation" not in args.skip:
         runs, mus, etas = {}, [], []
@@ -806,14 +789,11 @@ def main(argv=None):
                 log(f"ablation bn_relu bs {b} seed {seed}: {r['test_accuracy']:.2f} ({r['seconds']:.0f}s)")
         mu, eta = float(np.mean(mus)), float(np.mean(etas))
         for mixing in ("softmax", "perturbed"):
-            for b in (cfg["ablation_batches"] if mixing == "softmax" else cfg["ablation_batches"][:1]):
+            for b in cfg["ablation_batches"] if mixing == "softmax" else cfg["ablation_batches"][:1]:
                 for seed in seeds:
                     r, _ = run_ablation(mixing, b, seed, cfg, fashion, device, mu=mu, eta=eta)
                     runs.setdefault(f"{mixing}/{b}", {})[seed] = r
-                    log(
-                        f"ablation {mixing} bs {b} seed {seed}: {r['test_accuracy']:.2f} "
-                        f"({r['seconds']:.0f}s)"
-                    )
+                    log(f"ablation {mixing} bs {b} seed {seed}: {r['test_accuracy']:.2f} ({r['seconds']:.0f}s)")
         variants = summarize_variants({v: {s: _metrics(r) for s, r in rs.items()} for v, rs in runs.items()})
         comps = []
         for name in variants:

@@ -44,7 +44,8 @@ from pml_extensions.utils.ridge import ridge_prototypes  # noqa: E402
 @torch.no_grad()
 def embeddings_and_histograms(cfg, models, device, seed, num_prototypes=64, batch_size=128):
     """``(pooled [N, C], z [N, m], labels [N])`` of the test split, in eval mode, float64 on the CPU."""
-    trunk, embedder = models["trunk"].eval(), models["embedder"].eval()
+    trunk = models["trunk"].eval()
+    models["embedder"].eval()
     pools = find_histogram_layers(trunk)
     if pools:
         pool, body = pools[0], trunk_body(trunk, pools[0])
@@ -55,7 +56,9 @@ def embeddings_and_histograms(cfg, models, device, seed, num_prototypes=64, batc
         pool = HistogramPooling(width, num_prototypes, seed=seed).to(device)
         pool.init_from_data(body, make_loader(train_eval, batch_size, seed), num_batches=4, seed=seed)
     ys, zs, ls = [], [], []
-    for images, labels in torch.utils.data.DataLoader(load_split(cfg, "test", train_transform=False), batch_size=batch_size):
+    for images, labels in torch.utils.data.DataLoader(
+        load_split(cfg, "test", train_transform=False), batch_size=batch_size
+    ):
         images = images.to(device)
         ys.append(trunk(images).double().cpu())  # the GAP vectors: the ridge target (XMLWrapper target="pooled")
         zs.append(pool.histograms(body(images)).double().cpu())
@@ -88,8 +91,16 @@ def main(argv=None):
     p.add_argument("--run-folder", default=os.path.join("runs", "xml_glyphs"), help="a finished main-job folder")
     p.add_argument("--splits", type=int, default=200, help="random class partitions (>= 100)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--pairs", nargs="+", default=["contrastive_xml:contrastive_gap", "contrastive_xml:contrastive_xml_lambda0",
-                                                  "proxy_anchor_xml:proxy_anchor_gap"], help="VARIANT:BASELINE pairs")
+    p.add_argument(
+        "--pairs",
+        nargs="+",
+        default=[
+            "contrastive_xml:contrastive_gap",
+            "contrastive_xml:contrastive_xml_lambda0",
+            "proxy_anchor_xml:proxy_anchor_gap",
+        ],
+        help="VARIANT:BASELINE pairs",
+    )
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     p.add_argument("--render-only", action="store_true", help="re-render the .md from the saved .json")
     args = p.parse_args(argv)
@@ -119,44 +130,70 @@ def main(argv=None):
                 raise SystemExit(f"error: {stage}/best_models.pth missing: run the main job first")
             models = load_models(cfg, stage, device)
             y, z, labels = embeddings_and_histograms(cfg, models, device, seed)
-            mc, mx, lc, lx = probe(y, z, labels, args.splits, lambda p: models["embedder"](p.to(device)).cpu())
+            mc, mx, lc, lx = probe(
+                y, z, labels, args.splits, lambda p, models=models: models["embedder"](p.to(device)).cpu()
+            )
             per_seed.setdefault(name, {})[seed] = {"map_seen": mc, "map_unseen": mx, "gap_seen_minus_unseen": mc - mx}
-            per_split[f"{name}/seed_{seed}"] = {"map_seen": np.round(lc, 4).tolist(), "map_unseen": np.round(lx, 4).tolist()}
+            per_split[f"{name}/seed_{seed}"] = {
+                "map_seen": np.round(lc, 4).tolist(),
+                "map_unseen": np.round(lx, 4).tolist(),
+            }
             print(f"{name} seed {seed}: MAP_c {mc:.4f}  MAP_x {mx:.4f}")
-    results = summarize(per_seed, comparisons=[p for p in pairs if p[0] in per_seed and p[1] in per_seed],
-                        metrics=["map_unseen", "map_seen"],
-                        extra={"run_folder": os.path.basename(os.path.normpath(args.run_folder)), "seeds": config["seeds"],
-                               "splits": args.splits, "seconds": time.time() - start, "per_split": per_split})
+    results = summarize(
+        per_seed,
+        comparisons=[p for p in pairs if p[0] in per_seed and p[1] in per_seed],
+        metrics=["map_unseen", "map_seen"],
+        extra={
+            "run_folder": os.path.basename(os.path.normpath(args.run_folder)),
+            "seeds": config["seeds"],
+            "splits": args.splits,
+            "seconds": time.time() - start,
+            "per_split": per_split,
+        },
+    )
     render(results, args.out)
 
 
 def render(results, out):
     """Write ``xml_generalization.json`` / ``.md`` from the results dict (``--render-only`` re-renders the saved
     json without recomputing)."""
-    header = (f"XML generalisation probe on the main job's models (`{results['run_folder']}`, seeds "
-              f"{', '.join(map(str, results['seeds']))}): ridge prototypes fitted on a random half of the unseen "
-              f"test classes (seen, MAP_c) predict the other half (unseen, MAP_x); MAP@R of the predictions, averaged "
-              f"over {results['splits']} random class splits, then over seeds. GAP trunks are binned with post-hoc "
-              f"k-means prototypes. `python benchmarks/xml_generalization.py --splits {results['splits']}`")
+    header = (
+        f"XML generalisation probe on the main job's models (`{results['run_folder']}`, seeds "
+        f"{', '.join(map(str, results['seeds']))}): ridge prototypes fitted on a random half of the unseen "
+        f"test classes (seen, MAP_c) predict the other half (unseen, MAP_x); MAP@R of the predictions, averaged "
+        f"over {results['splits']} random class splits, then over seeds. GAP trunks are binned with post-hoc "
+        f"k-means prototypes. `python benchmarks/xml_generalization.py --splits {results['splits']}`"
+    )
     lines = []
     for c in results["comparisons"]:
         if c["metric"] == "map_unseen":  # the paper's claim: higher with XML
             lines.append(f"- {verdict(c)}")
         elif c["ci95"] is not None:  # the paper's claim: similar
             lo, hi = c["ci95"]
-            lines.append(f"- {c['variant']} − {c['baseline']} MAP_c (seen half) {c['mean_difference']:+.4f}, 95 % CI "
-                         f"[{lo:+.4f}, {hi:+.4f}]: " + ("similar (the interval contains 0)" if lo <= 0 <= hi
-                                                        else "not similar (the interval excludes 0)"))
-    footer = ("Paper (Sec. 3, CIFAR-10, 1000 splits): with XML the unseen half's MAP_x is higher while the seen half's "
-              "MAP_c is similar. Here:\n" + "\n".join(lines)
-              + "\n\nRead the XML − GAP rows with care: they change two things at once, the XML term and where "
-              "the prototypes come from (HistogramPooling's trained prototypes vs k-means fitted to the GAP trunk's "
-              "features after training). The XML − λ = 0 rows change only the XML term (same trunk, same prototype "
-              "layer, same seed and batches): they isolate the claim.") if lines else ""
-    write_results(out, results, metrics=["map_unseen", "map_seen"], header=header, name="xml_generalization",
-                  footer=footer)
+            lines.append(
+                f"- {c['variant']} − {c['baseline']} MAP_c (seen half) {c['mean_difference']:+.4f}, 95 % CI "
+                f"[{lo:+.4f}, {hi:+.4f}]: "
+                + ("similar (the interval contains 0)" if lo <= 0 <= hi else "not similar (the interval excludes 0)")
+            )
+    footer = (
+        (
+            "Paper (Sec. 3, CIFAR-10, 1000 splits): with XML the unseen half's MAP_x is higher while the seen half's "
+            "MAP_c is similar. Here:\n"
+            + "\n".join(lines)
+            + "\n\nRead the XML − GAP rows with care: they change two things at once, the XML term and where "
+            "the prototypes come from (HistogramPooling's trained prototypes vs k-means fitted to the GAP trunk's "
+            "features after training). The XML − λ = 0 rows change only the XML term (same trunk, same prototype "
+            "layer, same seed and batches): they isolate the claim."
+        )
+        if lines
+        else ""
+    )
+    write_results(
+        out, results, metrics=["map_unseen", "map_seen"], header=header, name="xml_generalization", footer=footer
+    )
     with open(os.path.join(out, "xml_generalization.md"), encoding="utf-8") as f:
         print(f.read())
+
 
 if __name__ == "__main__":
     main()

@@ -75,18 +75,26 @@ def main(argv=None):
                     times[name].append(time.perf_counter() - start)
         med = {k: statistics.median(v) for k, v in times.items()}
         rows.append({"prototypes": m, "gap_s": med["gap"], "xml_s": med["xml"], "ratio": med["xml"] / med["gap"]})
-    text = (f"`python benchmarks/xml_overhead.py` (device {device}, MobileNetV2 at {args.image_size} px, batch "
-            f"{args.batch_size}, median of {args.repeats} steps, the two variants alternating in one process, torch "
-            f"threads {torch.get_num_threads()}, 1-min load average {os.getloadavg()[0]:.1f} at the end; "
-            "target ≤ 1.03)\n\n"
-            "| prototypes m | GAP + Contrastive step (s) | HistogramPooling + XMLWrapper step (s) | ratio |\n"
-            "|---|---|---|---|\n"
-            + "".join(f"| {r['prototypes']} | {r['gap_s']:.4f} | {r['xml_s']:.4f} | {r['ratio']:.3f} |\n" for r in rows))
+    text = (
+        f"`python benchmarks/xml_overhead.py` (device {device}, MobileNetV2 at {args.image_size} px, batch "
+        f"{args.batch_size}, median of {args.repeats} steps, the two variants alternating in one process, torch "
+        f"threads {torch.get_num_threads()}, 1-min load average {os.getloadavg()[0]:.1f} at the end; "
+        "target ≤ 1.03)\n\n"
+        "| prototypes m | GAP + Contrastive step (s) | HistogramPooling + XMLWrapper step (s) | ratio |\n"
+        "|---|---|---|---|\n"
+        + "".join(f"| {r['prototypes']} | {r['gap_s']:.4f} | {r['xml_s']:.4f} | {r['ratio']:.3f} |\n" for r in rows)
+    )
     print(text)
     atomic_write_json(
         os.path.join(args.output, "xml_overhead.json"),
-        {"device": str(device), "image_size": args.image_size, "batch_size": args.batch_size,
-         "repeats": args.repeats, "torch_threads": torch.get_num_threads(), "rows": rows},
+        {
+            "device": str(device),
+            "image_size": args.image_size,
+            "batch_size": args.batch_size,
+            "repeats": args.repeats,
+            "torch_threads": torch.get_num_threads(),
+            "rows": rows,
+        },
     )
     atomic_write_text(os.path.join(args.output, "xml_overhead.md"), text)
     return 0

@@ -63,7 +63,9 @@ def run_setting(name, scale, init, proto_lr, data, backbone_state, embedder_stat
     embedder.load_state_dict(embedder_state)
     body, pool, embedder = body.to(args.device), pool.to(args.device), embedder.to(args.device)
     if init != "random":
-        loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+        loader = torch.utils.data.DataLoader(
+            data, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0)
+        )
         pool.init_from_data(body, loader, num_batches=4, method=init, seed=0)
     trunk = torch.nn.Sequential(body, pool)
     loss_func = losses.XMLWrapper(losses.ContrastiveLoss(pos_margin=0.0, neg_margin=1.0), histogram_layer=pool)
@@ -83,23 +85,32 @@ def run_setting(name, scale, init, proto_lr, data, backbone_state, embedder_stat
         loss = loss_func(emb, labels.to(args.device))
         with torch.no_grad():
             halves = __import__("pml_extensions.utils.class_split", fromlist=["x"]).class_disjoint_split(
-                labels, torch.Generator().manual_seed(len(rows)))
+                labels, torch.Generator().manual_seed(len(rows))
+            )
             pred1, _ = loss_func.cross_predictions(emb.detach(), z.detach(), halves)
-            rows.append({
-                "max_bin": float(z.max(dim=1).values.mean()),
-                "pred_cos": pairwise_cos(pred1),
-                "emb_cos": pairwise_cos(emb.detach()),
-                "gram_ratio": float((z * z).sum(1).mean() / 0.05),
-                "xml_loss": float(loss_func.xml_loss),
-            })
+            rows.append(
+                {
+                    "max_bin": float(z.max(dim=1).values.mean()),
+                    "pred_cos": pairwise_cos(pred1),
+                    "emb_cos": pairwise_cos(emb.detach()),
+                    "gram_ratio": float((z * z).sum(1).mean() / 0.05),
+                    "xml_loss": float(loss_func.xml_loss),
+                }
+            )
         opt.zero_grad()
         loss.backward()
         opt.step()
     xml = [r["xml_loss"] for r in rows]
     return {
-        "setting": name, "scale": scale, "init": init, "prototype_lr": proto_lr,
+        "setting": name,
+        "scale": scale,
+        "init": init,
+        "prototype_lr": proto_lr,
         **{k: float(np.mean([r[k] for r in rows])) for k in ("max_bin", "pred_cos", "emb_cos", "gram_ratio")},
-        "xml_first": xml[0], "xml_last": xml[-1], "xml_std": float(np.std(xml)), "xml_curve": xml,
+        "xml_first": xml[0],
+        "xml_last": xml[-1],
+        "xml_std": float(np.std(xml)),
+        "xml_curve": xml,
     }
 
 
@@ -127,18 +138,24 @@ def main(argv=None):
     lines = [
         f"MobileNetV2 (ImageNet) + HistogramPooling(1280, 64) + Linear(1280, 64), XMLWrapper(ContrastiveLoss), Adam "
         f"1e-4, batch 32, OpenClipArt 128 px, {args.steps} steps, same weights and batches for every row "
-        f"(`python benchmarks/xml_signal.py --size {args.size}`). Uniform histogram: max bin 1/64 = 0.0156.", "",
-        "| setting | ε | init | prototype lr | mean max bin | pred. cosine | ‖z‖²/ridge | xml_loss first → last (std) |",
+        f"(`python benchmarks/xml_signal.py --size {args.size}`). Uniform histogram: max bin 1/64 = 0.0156.",
+        "",
+        "| setting | ε | init | prototype lr | mean max bin | pred. cosine | ‖z‖²/ridge "
+        "| xml_loss first → last (std) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['setting']} | {r['scale']:g} | {r['init']} | {r['prototype_lr'] or '1e-4'} | {r['max_bin']:.3f} | "
-            f"{r['pred_cos']:.4f} | {r['gram_ratio']:.2f} | {r['xml_first']:.3f} → {r['xml_last']:.3f} ({r['xml_std']:.3f}) |"
+            f"{r['pred_cos']:.4f} | {r['gram_ratio']:.2f} | {r['xml_first']:.3f} → {r['xml_last']:.3f} "
+            f"({r['xml_std']:.3f}) |"
         )
     os.makedirs(args.out, exist_ok=True)
-    atomic_write_json(os.path.join(args.out, "xml_signal.json"),
-                      {"steps": args.steps, "seconds": time.time() - start, "settings": results}, indent=2)
+    atomic_write_json(
+        os.path.join(args.out, "xml_signal.json"),
+        {"steps": args.steps, "seconds": time.time() - start, "settings": results},
+        indent=2,
+    )
     atomic_write_text(os.path.join(args.out, "xml_signal.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
 

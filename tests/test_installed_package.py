@@ -17,12 +17,29 @@ def installed(tmp_path_factory):
     base = tmp_path_factory.mktemp("installed")
     src = base / "src"
     shutil.copytree(
-        ROOT, src, ignore=shutil.ignore_patterns(".git", "tests", "benchmarks", "runs", "experiments", "*.pyc", "__pycache__", ".tox")
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", "tests", "benchmarks", "runs", "experiments", "*.pyc", "__pycache__", ".tox"
+        ),
     )
     site = base / "site"
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site), str(src)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if out.returncode != 0:
         pytest.skip(f"pip could not build the package here: {out.stderr.strip().splitlines()[-1:]}")

@@ -218,7 +218,7 @@ def run(model, inputs, dtype, mode, train=True, device="cpu"):
     with torch.autocast(torch.device(device).type, dtype=dtype, enabled=mode == "autocast"):
         outs = as_dict(model(*xs))
     total = 0
-    for i, (name, o) in enumerate(sorted(outs.items())):
+    for i, (_, o) in enumerate(sorted(outs.items())):
         if o.requires_grad:
             w = (randn(*o.shape, seed=100 + i) if o.ndim else torch.tensor(1.0)).to(o.device)
             total = total + (o.float() * w).sum()

@@ -9,22 +9,47 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class TestReproduce(unittest.TestCase):
     def run_script(self, *args):
         env = dict(os.environ, PYTHONPATH=ROOT)
-        return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "reproduce.py"), *args],
-                              capture_output=True, text=True, env=env, cwd=ROOT)
+        return subprocess.run(
+            [sys.executable, os.path.join(ROOT, "benchmarks", "reproduce.py"), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
 
     def test_list_names_every_step_with_its_command(self):
         r = self.run_script("--size", "full", "--device", "cuda", "--list")
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stdout.strip().splitlines()
         steps = [l.split(":")[0] for l in lines if "." not in l.split(":")[0]]
-        self.assertEqual(steps, ["resolution_distillation", "template_block", "localization", "xml_signal",
-                                 "explain_fidelity", "mlrc_quick", "xml_vs_gap", "explain_speed", "xml_overhead",
-                                 "distill_memory", "accuracy_scale", "xml_generalization"])
-        self.assertIn("xml_vs_gap: python -m pml_extensions job --output runs/reproduce/full --new --device cuda"
-                      "  [alone, every core]", lines)
-        self.assertIn("localization.seed4: python benchmarks/localization.py --size full "
-                      "--out runs/reproduce/full/parts"
-                      " --device cuda --seeds 4 --tag seed4  [1 thread]", lines)
+        self.assertEqual(
+            steps,
+            [
+                "resolution_distillation",
+                "template_block",
+                "localization",
+                "xml_signal",
+                "explain_fidelity",
+                "mlrc_quick",
+                "xml_vs_gap",
+                "explain_speed",
+                "xml_overhead",
+                "distill_memory",
+                "accuracy_scale",
+                "xml_generalization",
+            ],
+        )
+        self.assertIn(
+            "xml_vs_gap: python -m pml_extensions job --output runs/reproduce/full --new --device cuda"
+            "  [alone, every core]",
+            lines,
+        )
+        self.assertIn(
+            "localization.seed4: python benchmarks/localization.py --size full "
+            "--out runs/reproduce/full/parts"
+            " --device cuda --seeds 4 --tag seed4  [1 thread]",
+            lines,
+        )
         self.assertIn("--splits 1000", r.stdout)
         self.assertIn("accuracy_scale: python benchmarks/accuracy_scale.py --device cuda  [alone, every core]", lines)
 
@@ -66,14 +91,22 @@ def test_run_plan_orders_alone_processes_and_skips_after_a_failure(tmp_path, mon
     stamp = str(tmp_path / "order.txt")
 
     def proc(name, code, alone=False, needs=()):
-        body = (f"import time, os; f = open({stamp!r}, 'a'); f.write('start {name}\\n'); f.flush(); "
-                f"time.sleep(0.3); f.write('end {name} ' + os.environ.get('OMP_NUM_THREADS', '-') + '\\n'); "
-                f"f.close(); raise SystemExit({code})")
+        body = (
+            f"import time, os; f = open({stamp!r}, 'a'); f.write('start {name}\\n'); f.flush(); "
+            f"time.sleep(0.3); f.write('end {name} ' + os.environ.get('OMP_NUM_THREADS', '-') + '\\n'); "
+            f"f.close(); raise SystemExit({code})"
+        )
         return mod.Process(name, [sys.executable, "-c", body], alone, needs)
 
     runs = os.path.relpath(str(tmp_path), mod.ROOT)
-    procs = [proc("a", 0), proc("b", 1), proc("c", 0, needs=("b",)), proc("m", 0, needs=("a",)),
-             proc("solo", 0, alone=True), proc("after", 0, needs=("solo",))]
+    procs = [
+        proc("a", 0),
+        proc("b", 1),
+        proc("c", 0, needs=("b",)),
+        proc("m", 0, needs=("a",)),
+        proc("solo", 0, alone=True),
+        proc("after", 0, needs=("solo",)),
+    ]
     seconds, failed, skipped = mod.run_plan(procs, runs, jobs=2, write=lambda *_: None)
     assert failed == ["b"] and skipped == ["c"]
     assert sorted(seconds) == ["a", "after", "m", "solo"]
@@ -91,9 +124,15 @@ def test_parts_come_before_their_merge():
     names = [p.name for p in procs]
     merge = names.index("template_block")
     assert {n for n in names[:merge] if n.startswith("template_block.")} == {
-        "template_block.ablation", "template_block.fashion_lambda", "template_block.glyphs"}
-    assert set(procs[merge].needs) == {"template_block.ablation", "template_block.fashion_lambda",
-                                       "template_block.glyphs"}
+        "template_block.ablation",
+        "template_block.fashion_lambda",
+        "template_block.glyphs",
+    }
+    assert set(procs[merge].needs) == {
+        "template_block.ablation",
+        "template_block.fashion_lambda",
+        "template_block.glyphs",
+    }
     assert names.index("xml_generalization") > names.index("xml_vs_gap")
     fresh = {s.name: s.fresh for s in mod.steps("quick", "cpu", "runs")}
     assert fresh["xml_vs_gap"] == (os.path.join("runs", "xml_glyphs"),)  # resumable folders start afresh

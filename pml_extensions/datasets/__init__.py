@@ -5,9 +5,9 @@ from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
 from .coupled_augmentation_dataset import CoupledAugmentationDataset
 from .fashion_mnist import FashionMNIST
 from .get_dataset import DATASET_NAMES, get_dataset
-from .normalization import IMAGENET_MEAN, IMAGENET_STD
 from .glyph_dataset import GlyphDataset
 from .image_folder_split import ImageFolderSplit
+from .normalization import IMAGENET_MEAN, IMAGENET_STD
 from .open_clip_art import OpenClipArt
 
 __all__ = [

@@ -4,9 +4,9 @@ Source: P. Suma and G. Tolias, WACV 2023, Sec. 4 and 5 ("coupled" augmentations,
 crop, horizontal flip, colour distortion of strength 0.5 [SimCLR], mixup with alpha = 0.2 with the next image of the
 batch). The jitter factors (brightness/contrast/saturation 0.8·s, hue 0.2·s) follow SimCLR and ``pavelsuma/raml``
 (``lib/datasets/datahelpers.py``). Deviation from that code: parameters are drawn ONCE from a private
-``numpy.random.Generator`` seeded by (seed, epoch, data pass, index) and applied at both sizes with torchvision's functional ops,
-instead of reseeding the global ``random``/``numpy``/``torch`` RNGs before each transform chain; the mixup partner is
-the next image of the batch (the paper), not a random training image (the code).
+``numpy.random.Generator`` seeded by (seed, epoch, data pass, index) and applied at both sizes with torchvision's
+functional ops, instead of reseeding the global ``random``/``numpy``/``torch`` RNGs before each transform chain; the
+mixup partner is the next image of the batch (the paper), not a random training image (the code).
 """
 
 import math

@@ -12,7 +12,16 @@ from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_HINT = "apt-get install dataset-fashion-mnist"
 FASHION_MNIST_CLASSES = [
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 ]
 
 

@@ -33,7 +33,9 @@ class _RGBLabels:
         return (transform(image) if transform is not None else image), label
 
 
-def get_dataset(name: str, split: str = "train", transform: Optional[Callable] = None, root: Optional[str] = None, **kwargs):
+def get_dataset(
+    name: str, split: str = "train", transform: Optional[Callable] = None, root: Optional[str] = None, **kwargs
+):
     """Build a dataset by name.
 
     Args:
@@ -67,5 +69,7 @@ def get_dataset(name: str, split: str = "train", transform: Optional[Callable] =
         if root is None or not os.path.isdir(root):
             raise FileNotFoundError(f"dataset {name!r} needs root=<folder with the extracted data>, got {root!r}")
         pml_split = "train+test" if split == "all" else split
-        return _RGBLabels(getattr(pml_datasets, PML_DATASETS[name])(root, split=pml_split, transform=transform, download=False))
+        return _RGBLabels(
+            getattr(pml_datasets, PML_DATASETS[name])(root, split=pml_split, transform=transform, download=False)
+        )
     raise ValueError(f"unknown dataset {name!r}; choose one of {DATASET_NAMES}")

@@ -180,9 +180,7 @@ class ModelRunner:
             layer = modules[layer]
         if layer is not None:
             if not isinstance(layer, nn.Module):
-                raise TypeError(
-                    f"layer must be None, a module name or a torch.nn.Module, got {type(layer).__name__}"
-                )
+                raise TypeError(f"layer must be None, a module name or a torch.nn.Module, got {type(layer).__name__}")
             if not any(layer is m for m in trunk.modules()):
                 raise ValueError("layer must be a submodule of the trunk")
             self.layer = layer

@@ -119,9 +119,7 @@ class ActivationDecomposition(SimilarityExplainer):
         if isinstance(images, FoldedEmbedding):
             return images
         if not torch.is_tensor(images):
-            raise TypeError(
-                f"{arg} must be a tensor [N, 3, H, W] or a FoldedEmbedding, got {type(images).__name__}"
-            )
+            raise TypeError(f"{arg} must be a tensor [N, 3, H, W] or a FoldedEmbedding, got {type(images).__name__}")
         if images.ndim != 4:
             raise ValueError(f"{arg} must have shape [N, C, H, W], got {tuple(images.shape)}")
         folder.runner.check_images(images, arg)  # names the argument (NaN / inf images, dtype)
@@ -131,8 +129,7 @@ class ActivationDecomposition(SimilarityExplainer):
         fq, fr = self.fold_query(query), self.fold_reference(reference)
         if fq.features.shape[-1] != fr.features.shape[-1]:
             raise ValueError(
-                f"query and reference embeddings differ in width: {fq.features.shape[-1]} vs "
-                f"{fr.features.shape[-1]}"
+                f"query and reference embeddings differ in width: {fq.features.shape[-1]} vs {fr.features.shape[-1]}"
             )
         if len(fq) == 1 and len(fr) > 1:
             n = len(fr)
@@ -182,9 +179,7 @@ class ActivationDecomposition(SimilarityExplainer):
         return resize_maps(maps, size)
 
     # ------------------------------------------------------------------ maps
-    def point_to_point(
-        self, query_images: Images, reference_images: Images, *, scale: str = "dot"
-    ) -> torch.Tensor:
+    def point_to_point(self, query_images: Images, reference_images: Images, *, scale: str = "dot") -> torch.Tensor:
         """D(i, j, x, y) = F^q_ij · F^r_xy for every pair, from one batched einsum.
 
         Args:

@@ -35,9 +35,7 @@ def _load(path: str, trust: bool):
                 f"checkpoint {path} holds pickled Python objects (whole modules): pass --trust-checkpoint to "
                 "load it (only for files you trust)"
             ) from None
-        raise ValueError(
-            f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}"
-        ) from None
+        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 
 
 def _epoch(name: str) -> int:
@@ -97,13 +95,19 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
     eval_spec = (cfg.get("transforms") or {}).get("eval")
     if isinstance(eval_spec, dict) and list(eval_spec) == ["Compose"]:  # {Compose: {transforms: [...]}}
         eval_spec = (eval_spec["Compose"] or {}).get("transforms")
-    steps = list(eval_spec.items()) if isinstance(eval_spec, dict) else [
-        next(iter(t.items())) for t in (eval_spec or []) if isinstance(t, dict) and len(t) == 1]
+    steps = (
+        list(eval_spec.items())
+        if isinstance(eval_spec, dict)
+        else [next(iter(t.items())) for t in (eval_spec or []) if isinstance(t, dict) and len(t) == 1]
+    )
     kwargs = {name: (v or {}) for name, v in steps if isinstance(v, (dict, type(None)))}
     from ..runner.builders import IMAGENET_NORMALIZE
 
-    norm = kwargs.get("Normalize") if "Normalize" in kwargs else (
-        None if "ToTensor" in kwargs else cfg.get("normalize", IMAGENET_NORMALIZE))
+    norm = (
+        kwargs.get("Normalize")
+        if "Normalize" in kwargs
+        else (None if "ToTensor" in kwargs else cfg.get("normalize", IMAGENET_NORMALIZE))
+    )
     size = None
     dataset = cfg.get("dataset")
     if isinstance(dataset, dict) and len(dataset) == 1 and isinstance(next(iter(dataset.values())), dict):
@@ -114,8 +118,11 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
             given = min(given)  # [h, w]: the shorter side, as --image-size
         if size is None and isinstance(given, int):
             size = given
-    return {"mean": list(norm["mean"]) if norm else None, "std": list(norm["std"]) if norm else None,
-            "image_size": size if isinstance(size, int) and not isinstance(size, bool) else None}
+    return {
+        "mean": list(norm["mean"]) if norm else None,
+        "std": list(norm["std"]) if norm else None,
+        "image_size": size if isinstance(size, int) and not isinstance(size, bool) else None,
+    }
 
 
 def _resolution_build_model():
@@ -131,9 +138,7 @@ def _in_channels(state: dict) -> int:
     return 3
 
 
-def models_from_config(
-    cfg: dict, path: str, trunk_state: Optional[dict] = None
-) -> Tuple[nn.Module, nn.Module]:
+def models_from_config(cfg: dict, path: str, trunk_state: Optional[dict] = None) -> Tuple[nn.Module, nn.Module]:
     """Build ``(trunk, embedder)`` (random weights) from a run's saved config with the runner's factories."""
     if "resolution_job" in cfg:
         dim = int((cfg.get("resolution_job") or {}).get("embedding_dim", 512))
@@ -164,8 +169,7 @@ def _load_state(module: nn.Module, state: dict, what: str, path: str) -> None:
         module.load_state_dict(_strip(state))
     except RuntimeError as e:
         raise ValueError(
-            f"{what} of checkpoint {path} does not fit the model rebuilt from the run config: "
-            f"{str(e).splitlines()[0]}"
+            f"{what} of checkpoint {path} does not fit the model rebuilt from the run config: {str(e).splitlines()[0]}"
         ) from None
 
 
@@ -195,9 +199,7 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
     if isinstance(content, nn.Module):
         return content, nn.Identity()
     if not isinstance(content, dict) or "trunk" not in content:
-        raise ValueError(
-            f"checkpoint {checkpoint} must hold a dict with a 'trunk' entry (module or state dict)"
-        )
+        raise ValueError(f"checkpoint {checkpoint} must hold a dict with a 'trunk' entry (module or state dict)")
     trunk, embedder = content["trunk"], content.get("embedder")
     if isinstance(trunk, nn.Module) and (embedder is None or isinstance(embedder, nn.Module)):
         return trunk, embedder if embedder is not None else nn.Identity()

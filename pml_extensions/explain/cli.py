@@ -30,8 +30,7 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pml_extensions explain",
-        description="Explain the similarity of a query image and a reference image "
-        "(or the top-k of a folder).",
+        description="Explain the similarity of a query image and a reference image (or the top-k of a folder).",
     )
     p.add_argument("query", help="query image file")
     p.add_argument("reference", help="reference image file, or a folder of images (the top-k are explained)")
@@ -51,9 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the database model, when it differs from the query model (e.g. RAML: a student query "
         "against a teacher database); same formats as --checkpoint. Default: the query model",
     )
-    p.add_argument(
-        "--trust-checkpoint", action="store_true", help="allow unpickling whole modules from --checkpoint"
-    )
+    p.add_argument("--trust-checkpoint", action="store_true", help="allow unpickling whole modules from --checkpoint")
     p.add_argument(
         "--layer",
         default=None,
@@ -65,8 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--reference-image-size",
         type=int,
         default=None,
-        help="square size of the reference images (default: --image-size); e.g. the teacher's database "
-        "resolution",
+        help="square size of the reference images (default: --image-size); e.g. the teacher's database resolution",
     )
     p.add_argument(
         "--image-size",
@@ -81,9 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="resize images to --image-size squares (the authors' demo); default: the shorter side to "
         "--image-size, aspect ratio kept",
     )
-    p.add_argument(
-        "--k", type=int, default=5, help="references explained when REFERENCE is a folder (default 5)"
-    )
+    p.add_argument("--k", type=int, default=5, help="references explained when REFERENCE is a folder (default 5)")
     p.add_argument(
         "--point",
         type=float,
@@ -172,9 +166,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if os.path.isdir(args.reference):
         refs = sorted(
-            os.path.join(args.reference, f)
-            for f in os.listdir(args.reference)
-            if f.lower().endswith(IMAGE_EXTENSIONS)
+            os.path.join(args.reference, f) for f in os.listdir(args.reference) if f.lower().endswith(IMAGE_EXTENSIONS)
         )
         if not refs:
             print(f"no images in {args.reference}", file=sys.stderr)

@@ -138,8 +138,7 @@ class ExplanationHook:
         image = item[0] if isinstance(item, (tuple, list)) else item
         if not torch.is_tensor(image) or image.ndim != 3:
             raise ValueError(
-                f"dataset {split!r} must return image tensors [C, H, W] (set its transform), got "
-                f"{type(image).__name__}"
+                f"dataset {split!r} must return image tensors [C, H, W] (set its transform), got {type(image).__name__}"
             )
         return image
 
@@ -165,9 +164,7 @@ class ExplanationHook:
         """Compute and save the maps for ``tester`` (called by the hook; usable directly)."""
         data = getattr(tester, "embeddings_and_labels", None)
         if not data:
-            raise ValueError(
-                "tester.embeddings_and_labels is missing: call the hook from a PML tester's test()"
-            )
+            raise ValueError("tester.embeddings_and_labels is missing: call the hook from a PML tester's test()")
         split = self.split_name or next(iter(data))
         ref_split = self.reference_split_name or split
         for s in (split, ref_split):

@@ -71,10 +71,7 @@ class SimilarityFidelity:
         for name, v in (("steps", steps), ("batch_size", batch_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if (
-            not (isinstance(baseline, (int, float)) and not isinstance(baseline, bool))
-            and baseline not in BASELINES
-        ):
+        if not (isinstance(baseline, (int, float)) and not isinstance(baseline, bool)) and baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES} or a number, got {baseline!r}")
         self.trunk, self.embedder = trunk, embedder if embedder is not None else nn.Identity()
         self.reference_trunk = reference_trunk if reference_trunk is not None else trunk
@@ -105,15 +102,11 @@ class SimilarityFidelity:
         k = 2 * int(3 * sigma) + 1
         return gaussian_blur(images, [k, k], [sigma, sigma])
 
-    def curves(
-        self, query_images: torch.Tensor, reference_images: torch.Tensor, maps
-    ) -> Dict[str, torch.Tensor]:
+    def curves(self, query_images: torch.Tensor, reference_images: torch.Tensor, maps) -> Dict[str, torch.Tensor]:
         """See the class docstring."""
         for arg, x in (("query_images", query_images), ("reference_images", reference_images)):
             if not torch.is_tensor(x) or x.ndim != 4 or not x.is_floating_point():
-                raise ValueError(
-                    f"{arg} must be a float [N, C, H, W] tensor, got {getattr(x, 'shape', type(x))}"
-                )
+                raise ValueError(f"{arg} must be a float [N, C, H, W] tensor, got {getattr(x, 'shape', type(x))}")
         N, C, H, W = query_images.shape
         maps = torch.as_tensor(maps).detach()
         if maps.ndim != 3 or maps.shape[0] != N:
@@ -127,9 +120,7 @@ class SimilarityFidelity:
         if tuple(m.shape[-2:]) != (H, W):
             m = resize_maps(m, (H, W))
         order = torch.argsort(m.flatten(1), dim=1, descending=True, stable=True)  # [N, HW]
-        rank = torch.empty_like(order).scatter_(
-            1, order, torch.arange(H * W, device=order.device).expand(N, -1)
-        )
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=order.device).expand(N, -1))
         counts = [round(s / self.steps * H * W) for s in range(self.steps + 1)]
         er = self._embed(self.reference_trunk, self.reference_embedder, reference_images)
         er = er.expand(N, -1) if er.shape[0] == 1 else er
@@ -160,8 +151,6 @@ class SimilarityFidelity:
         if side != "query":
             raise ValueError("only the query side is perturbed; side must be 'query'")
         return {
-            name: self.curves(
-                query_images, reference_images, ex.attribute(query_images, reference_images)[side]
-            )
+            name: self.curves(query_images, reference_images, ex.attribute(query_images, reference_images)[side])
             for name, ex in explainers.items()
         }

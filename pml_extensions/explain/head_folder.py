@@ -205,9 +205,7 @@ def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float 
         if pooled is not None:
             (F, b), kind = pooled, "vec"
     if kind == "map":
-        raise _Unsupported(
-            records[-1] if records else _Rec("no pooling"), ": no pooling or Flatten after the map"
-        )
+        raise _Unsupported(records[-1] if records else _Rec("no pooling"), ": no pooling or Flatten after the map")
     if kind == "flat":
         raise _Unsupported(records[-1], ": Flatten must be followed by a Linear layer")
     return F, b

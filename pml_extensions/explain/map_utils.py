@@ -35,9 +35,7 @@ def normalize_maps(maps: torch.Tensor, mode: Optional[str] = "minmax") -> torch.
         lo = flat.min(dim=-1, keepdim=True).values
         hi = flat.max(dim=-1, keepdim=True).values
         span = hi - lo
-        out = torch.where(
-            span > 0, (flat - lo) / torch.where(span > 0, span, torch.ones_like(span)), 0 * flat
-        )
+        out = torch.where(span > 0, (flat - lo) / torch.where(span > 0, span, torch.ones_like(span)), 0 * flat)
     else:
         top = flat.abs().max(dim=-1, keepdim=True).values
         out = flat / torch.where(top > 0, top, torch.ones_like(top))
@@ -112,9 +110,7 @@ def point_weights(
     if pts.ndim == 1 and pts.numel() == 2:
         pts = pts.view(1, 2)
     if pts.ndim != 2 or pts.shape[1] != 2 or pts.shape[0] == 0:
-        raise ValueError(
-            f"points must be a non-empty [P, 2] list of (y, x) pairs, got shape {tuple(pts.shape)}"
-        )
+        raise ValueError(f"points must be a non-empty [P, 2] list of (y, x) pairs, got shape {tuple(pts.shape)}")
     if not bool(torch.isfinite(pts).all()):
         raise ValueError(f"points must be finite (y, x) pairs, got {pts.tolist()}")
     H, W = image_size

@@ -136,9 +136,7 @@ class OrientationEstimator:
             if method == "overall":
                 ay, ax = self._argmax2d(overall["reference"][n])
             else:
-                pmap = dec.point_specific(
-                    fq[n if len(fq) > 1 else 0], fr[n], [(qy, qx)], output_size="image"
-                )[0, 0]
+                pmap = dec.point_specific(fq[n if len(fq) > 1 else 0], fr[n], [(qy, qx)], output_size="image")[0, 0]
                 ay, ax = self._argmax2d(pmap)
             ts = self.query_angle(qy, qx, H, W)
             ta = self.polar_angle(ay, ax, Ha, Wa)

@@ -27,12 +27,9 @@ def to_display_image(
         if mean is not None and std is not None:
             if len(mean) != x.shape[0] or len(std) != x.shape[0]:
                 raise ValueError(
-                    f"mean and std must have one value per channel ({x.shape[0]}), got {len(mean)} and "
-                    f"{len(std)}"
+                    f"mean and std must have one value per channel ({x.shape[0]}), got {len(mean)} and {len(std)}"
                 )
-            x = x * torch.tensor(std, dtype=x.dtype).view(-1, 1, 1) + torch.tensor(mean, dtype=x.dtype).view(
-                -1, 1, 1
-            )
+            x = x * torch.tensor(std, dtype=x.dtype).view(-1, 1, 1) + torch.tensor(mean, dtype=x.dtype).view(-1, 1, 1)
         elif x.min() < 0 or x.max() > 1:
             x = (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
         x = x.permute(1, 2, 0).numpy()
@@ -104,9 +101,7 @@ def save_pair_overlay(
     if len(panels) != rows:
         raise ValueError(f"panels must have one list per reference ({rows}), got {len(panels)}")
     cols = 2 + max(len(p) for p in panels)
-    aspect = max(
-        [query_image.shape[0] / query_image.shape[1]] + [r.shape[0] / r.shape[1] for r in reference_images]
-    )
+    aspect = max([query_image.shape[0] / query_image.shape[1]] + [r.shape[0] / r.shape[1] for r in reference_images])
     height = min(max(panel_width * aspect, 1.6), 3 * panel_width) + 0.7
     fig, axes = plt.subplots(rows, cols, figsize=(panel_width * cols, height * rows), squeeze=False)
     try:
@@ -128,11 +123,9 @@ def save_pair_overlay(
                 m = _map_on_image(heatmap, base.shape[:2])
                 top = float(np.abs(m).max()) or 1.0
                 exp10 = int(np.floor(np.log10(top))) if top > 0 else 0
-                unit = 10.0 ** exp10 if abs(exp10) >= 2 else 1.0  # the colour bar reads in units of 10^exp10
+                unit = 10.0**exp10 if abs(exp10) >= 2 else 1.0  # the colour bar reads in units of 10^exp10
                 ax.imshow(base.mean(axis=2), cmap="gray", vmin=0, vmax=1, aspect="equal")
-                im = ax.imshow(
-                    m / unit, cmap="RdBu_r", vmin=-top / unit, vmax=top / unit, alpha=alpha, aspect="equal"
-                )
+                im = ax.imshow(m / unit, cmap="RdBu_r", vmin=-top / unit, vmax=top / unit, alpha=alpha, aspect="equal")
                 bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
                 bar.ax.tick_params(labelsize=7)
                 if unit != 1.0:

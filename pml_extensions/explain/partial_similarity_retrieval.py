@@ -36,9 +36,7 @@ class PartialSimilarityRetrieval:
 
     def __init__(self, decomposition: ActivationDecomposition):
         if not isinstance(decomposition, ActivationDecomposition):
-            raise TypeError(
-                f"decomposition must be an ActivationDecomposition, got {type(decomposition).__name__}"
-            )
+            raise TypeError(f"decomposition must be an ActivationDecomposition, got {type(decomposition).__name__}")
         self.decomposition = decomposition
 
     def roi_weights(self, roi, image_size, feature_size, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -58,8 +56,7 @@ class PartialSimilarityRetrieval:
                 mask = None
             else:
                 raise ValueError(
-                    "roi must be (y, x), (x0, y0, x1, y1) or a bool mask [H, W], got shape "
-                    f"{tuple(arr.shape)}"
+                    f"roi must be (y, x), (x0, y0, x1, y1) or a bool mask [H, W], got shape {tuple(arr.shape)}"
                 )
         else:
             mask = None
@@ -79,9 +76,7 @@ class PartialSimilarityRetrieval:
         if not bool(mask.any()):
             raise ValueError("roi mask is empty")
         cover = nnf.interpolate(mask.to(torch.float64)[None, None], size=(h, w), mode="area")[0, 0]
-        if (
-            float(cover.sum()) == 0
-        ):  # a region smaller than a cell between sample points: fall back to its centre
+        if float(cover.sum()) == 0:  # a region smaller than a cell between sample points: fall back to its centre
             ys, xs = torch.nonzero(mask, as_tuple=True)
             centre = (float(ys.float().mean()), float(xs.float().mean()))
             return point_weights([centre], (H, W), (h, w), "image", dtype=dtype, device=device)[0]
@@ -131,14 +126,8 @@ class PartialSimilarityRetrieval:
 
     @staticmethod
     def _check_ref(ref_emb, f) -> torch.Tensor:
-        if (
-            not torch.is_tensor(ref_emb)
-            or ref_emb.ndim != 2
-            or ref_emb.shape[1] != f.shape[0]
-            or ref_emb.shape[0] == 0
-        ):
+        if not torch.is_tensor(ref_emb) or ref_emb.ndim != 2 or ref_emb.shape[1] != f.shape[0] or ref_emb.shape[0] == 0:
             raise ValueError(
-                f"ref_emb must be a non-empty [M, {f.shape[0]}] tensor, got "
-                f"{getattr(ref_emb, 'shape', type(ref_emb))}"
+                f"ref_emb must be a non-empty [M, {f.shape[0]}] tensor, got {getattr(ref_emb, 'shape', type(ref_emb))}"
             )
         return ref_emb

@@ -148,11 +148,7 @@ class SimilarityGradCAM(SimilarityExplainer):
                 cam = torch.relu(cam)
             cam = normalize_maps(cam, normalize)
             if output_size is not None:
-                size = (
-                    res.image_size
-                    if (isinstance(output_size, str) and output_size == "image")
-                    else output_size
-                )
+                size = res.image_size if (isinstance(output_size, str) and output_size == "image") else output_size
                 cam = resize_maps(cam, size)
             out[key] = cam
         out["similarity"] = score.detach()

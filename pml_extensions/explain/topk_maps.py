@@ -97,9 +97,7 @@ def topk_overall_maps(
         q_idx, n_idx = qi[start : start + batch_size], nb[start : start + batch_size]
         b = len(q_idx)
         fq = decomposition.fold_query(_stack(queries, q_idx.tolist(), "queries").to(device))
-        fr = decomposition.fold_reference(
-            _stack(references, n_idx.flatten().tolist(), "references").to(device)
-        )
+        fr = decomposition.fold_reference(_stack(references, n_idx.flatten().tolist(), "references").to(device))
         fq = fq[torch.arange(b, device=fq.features.device).repeat_interleave(k)]
         maps = decomposition.overall_maps(fq, fr, scale=scale)
         got = {"query": maps["query"], "reference": maps["reference"], "similarity": maps["similarity"]}

@@ -24,17 +24,14 @@ class PatchClassificationLoss(torch.nn.Module):
         TypeError: if the labels are not an integer tensor.
     """
 
-    def forward(
-        self, class_scores: Union[torch.Tensor, Sequence[torch.Tensor]], labels: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, class_scores: Union[torch.Tensor, Sequence[torch.Tensor]], labels: torch.Tensor) -> torch.Tensor:
         if isinstance(class_scores, (list, tuple)):
             if not class_scores:
                 raise ValueError("class_scores is an empty list")
             return torch.stack([self.forward(s, labels) for s in class_scores]).mean()
         if not torch.is_tensor(class_scores) or class_scores.ndim != 4:
             raise ValueError(
-                "class_scores must be a [B, c, H, W] tensor, got "
-                f"{getattr(class_scores, 'shape', type(class_scores))}"
+                f"class_scores must be a [B, c, H, W] tensor, got {getattr(class_scores, 'shape', type(class_scores))}"
             )
         if not torch.is_tensor(labels) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
             raise TypeError(f"labels must be an integer tensor, got {getattr(labels, 'dtype', type(labels))}")

@@ -2,9 +2,9 @@
 
 Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023,
 Sec. 4, eq. (5), (8)-(10). Details not in the paper's text follow the authors' code ``pavelsuma/raml``
-(``lib/layers/loss.py`` ``SecondOrderLoss``, ``lib/layers/functional.py``): ``eps0 = 1e-6`` inside each square, relations
-only among the P augmentations of the same source image with the diagonal excluded. Written from the equations; no
-code copied.
+(``lib/layers/loss.py`` ``SecondOrderLoss``, ``lib/layers/functional.py``): ``eps0 = 1e-6`` inside each square,
+relations only among the P augmentations of the same source image with the diagonal excluded. Written from the
+equations; no code copied.
 """
 
 import math
@@ -38,10 +38,10 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
     Relations never cross source images. Each active term (weight > 0) is its own PML sub-loss (``abs_loss``,
     ``rel_ts_loss``, ``rel_ss_loss``) with ``reduction_type="element"``: one already-weighted value per source image,
     indexed by that image's first row. The default ``MeanReducer`` therefore returns the MEAN over source images.
-    Deviation: the paper's code SUMS over the images of a batch; the sum equals the mean times the number of images, i.e.
-    a learning rate scaled by the images per step (200 in the paper) for SGD; with Adam/AdamW (the paper's optimiser)
-    the update is invariant to that constant up to Adam's eps, so the two agree. ``reducer=reducers.SumReducer()``
-    restores the sum.
+    Deviation: the paper's code SUMS over the images of a batch; the sum equals the mean times the number of images,
+    i.e. a learning rate scaled by the images per step (200 in the paper) for SGD; with Adam/AdamW (the paper's
+    optimiser) the update is invariant to that constant up to Adam's eps, so the two agree.
+    ``reducer=reducers.SumReducer()`` restores the sum.
     Any term can be used alone (the paper's Table 3 ablation) by setting the other weights to 0, e.g.
     ``ResolutionDistillationLoss(lambda_abs=0, lambda_ts=0, lambda_ss=1)`` is L_rel-ss alone; ``lambda_ts=lambda_ss=0``
     is the absolute distillation of eq. (5) (the ``ts_reg``/AML baseline when ``ref_emb`` are un-augmented features).
@@ -66,8 +66,10 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
     ``forward(embeddings [N, D] float, labels [N] int, indices_tuple=None, ref_emb [N, D] float, ref_labels=None)``
     -> scalar. Precision: ``embeddings`` and ``ref_emb`` are promoted to their common dtype, at least float32
     (float16/bfloat16 rows and rows produced under ``torch.autocast`` are computed in float32 with autocast disabled,
-    float32 with float64 in float64); the scalar comes back in that dtype. Both must be on the same device. ``indices_tuple`` is ignored (the pairs are fixed by ``labels``); ``ref_labels``, when given, must equal
-    ``labels``. Student = teacher with exactly unit-norm rows gives ``(lambda_abs+lambda_ts+lambda_ss)·eps0²`` per image.
+    float32 with float64 in float64); the scalar comes back in that dtype. Both must be on the same device.
+    ``indices_tuple`` is ignored (the pairs are fixed by ``labels``); ``ref_labels``, when given, must equal
+    ``labels``. Student = teacher with exactly unit-norm rows gives ``(lambda_abs+lambda_ts+lambda_ss)·eps0²`` per
+    image.
 
     Raises:
         ValueError: negative/non-finite weights or eps0, all weights zero, a non-similarity distance; at forward:

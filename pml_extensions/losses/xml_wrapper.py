@@ -93,7 +93,8 @@ class XMLWrapper(ModuleWithRecords):
         histogram_layer: a module with a ``last_histograms`` attribute ([B, m], e.g.
             :class:`pml_extensions.trunks.HistogramPooling`), read when ``histograms`` is not passed.
         seed: seed of the private generator that draws the class split (reproducible; global RNG untouched).
-        ridge_form: ``"auto"`` (default), ``"primal"`` or ``"kernel"``; see :func:`pml_extensions.utils.ridge_prototypes`.
+        ridge_form: ``"auto"`` (default), ``"primal"`` or ``"kernel"``; see
+            :func:`pml_extensions.utils.ridge_prototypes`.
         target: what the ridge prototypes regress (see "Ridge target" below): ``"embeddings"`` (default; the
             embeddings the loss receives) or ``"pooled"`` (the paper's: the GAP vectors ``histogram_layer.last_pooled``,
             the predictions then pass through ``head`` to become embeddings).
@@ -159,7 +160,9 @@ class XMLWrapper(ModuleWithRecords):
         if target not in ("embeddings", "pooled"):
             raise ValueError(f"target must be 'embeddings' or 'pooled', got {target!r}")
         if head is not None and not callable(head):
-            raise TypeError(f"head must be a module mapping [N, C] GAP vectors to embeddings, got {type(head).__name__}")
+            raise TypeError(
+                f"head must be a module mapping [N, C] GAP vectors to embeddings, got {type(head).__name__}"
+            )
         self.target = target
         # In a plain holder, not an attribute: the head belongs to the model (not this module's parameters or state
         # dict), and record-keeper, which walks module attributes, must not log the embedder's tensors.
@@ -198,7 +201,9 @@ class XMLWrapper(ModuleWithRecords):
 
         layers = find_histogram_layers(trunk)
         if len(layers) != 1:
-            raise ValueError(f"XMLWrapper.attach: the trunk must hold exactly one HistogramPooling, found {len(layers)}")
+            raise ValueError(
+                f"XMLWrapper.attach: the trunk must hold exactly one HistogramPooling, found {len(layers)}"
+            )
         self.__dict__["histogram_layer"] = layers[0]
         return self
 
@@ -267,9 +272,13 @@ class XMLWrapper(ModuleWithRecords):
                 "histograms must come from the same forward pass as the embeddings"
             )
         if histograms.is_floating_point() and not bool(torch.isfinite(histograms).all()):
-            hint = "" if source == "histograms" else (
-                " (HistogramPooling gives finite histograms for every finite feature map, in every dtype: the "
-                "trunk's feature map has NaN/inf values)"
+            hint = (
+                ""
+                if source == "histograms"
+                else (
+                    " (HistogramPooling gives finite histograms for every finite feature map, in every dtype: the "
+                    "trunk's feature map has NaN/inf values)"
+                )
             )
             raise ValueError(f"{source} contains NaN or inf values{hint}")
         return histograms
@@ -283,10 +292,14 @@ class XMLWrapper(ModuleWithRecords):
         if pooled is None:
             pooled = getattr(self.histogram_layer, "last_pooled", None)
             if pooled is None:
-                raise ValueError("target='pooled' needs the GAP vectors: pass pooled=[N, C] or use a histogram_layer "
-                                 "that keeps last_pooled (HistogramPooling), run after the trunk's forward")
+                raise ValueError(
+                    "target='pooled' needs the GAP vectors: pass pooled=[N, C] or use a histogram_layer "
+                    "that keeps last_pooled (HistogramPooling), run after the trunk's forward"
+                )
         if not torch.is_tensor(pooled) or pooled.ndim != 2 or pooled.shape[0] != embeddings.shape[0]:
-            raise ValueError(f"pooled must be [N, C] with N = {embeddings.shape[0]}, got {getattr(pooled, 'shape', type(pooled))}")
+            raise ValueError(
+                f"pooled must be [N, C] with N = {embeddings.shape[0]}, got {getattr(pooled, 'shape', type(pooled))}"
+            )
         _check_finite("pooled", pooled)
         return pooled
 
@@ -336,7 +349,8 @@ class XMLWrapper(ModuleWithRecords):
             >>> from pytorch_metric_learning.losses import ContrastiveLoss
             >>> from pml_extensions.trunks import HistogramPooling
             >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
-            >>> loss = XMLWrapper(ContrastiveLoss(), target="pooled").attach(trunk).attach_head(trunk, torch.nn.Linear(8, 2))
+            >>> loss = XMLWrapper(ContrastiveLoss(), target="pooled").attach(trunk)
+            >>> loss = loss.attach_head(trunk, torch.nn.Linear(8, 2))
             >>> type(loss.head).__name__
             'Sequential'
         """
@@ -348,7 +362,9 @@ class XMLWrapper(ModuleWithRecords):
             found = find_histogram_layers(trunk)
             layer = found[0] if len(found) == 1 else None
         if layer is None or not any(c is layer for c in children):
-            raise ValueError("XMLWrapper.attach_head: the trunk must be a Sequential with the HistogramPooling as a direct child")
+            raise ValueError(
+                "XMLWrapper.attach_head: the trunk must be a Sequential with the HistogramPooling as a direct child"
+            )
         after = children[next(i for i, c in enumerate(children) if c is layer) + 1 :]
         self._head_ref = _Ref(torch.nn.Sequential(*after, *([embedder] if embedder is not None else [])))
         return self
@@ -408,9 +424,13 @@ class XMLWrapper(ModuleWithRecords):
         if self.target == "pooled":
             pooled = self.get_pooled(embeddings, pooled)
             if self.head is None:
-                raise ValueError("target='pooled' needs a head (GAP vector -> embedding): pass head=embedder or call "
-                                 "attach_head(trunk, embedder)")
-            pred1, pred2 = self.cross_predictions(pooled.to(torch.promote_types(pooled.dtype, work)), histograms, halves)
+                raise ValueError(
+                    "target='pooled' needs a head (GAP vector -> embedding): pass head=embedder or call "
+                    "attach_head(trunk, embedder)"
+                )
+            pred1, pred2 = self.cross_predictions(
+                pooled.to(torch.promote_types(pooled.dtype, work)), histograms, halves
+            )
             # the head runs in its own parameters' dtype (a half model stays half); the loss sees float32 or wider
             head_dtype = next((p.dtype for p in self.head.parameters() if p.is_floating_point()), pred1.dtype)
             pred1, pred2 = (self.head(p.to(head_dtype)).to(work) for p in (pred1, pred2))

@@ -202,9 +202,7 @@ class Builder:
 
     # ---------------------------------------------------------------------------------------------- models
     # etc.
-    def build_models(
-        self, sample: torch.Tensor, num_classes: Optional[int] = None
-    ) -> Dict[str, torch.nn.Module]:
+    def build_models(self, sample: torch.Tensor, num_classes: Optional[int] = None) -> Dict[str, torch.nn.Module]:
         """Trunk, embedder (``MLP`` sizes get the trunk width) and any other configured model.
 
         ``num_classes`` (the fold's training classes) is filled into model specs that take it and lack it
@@ -215,8 +213,7 @@ class Builder:
             raise ConfigError(f"{self.where('models')}: missing key 'trunk'")
         if num_classes is not None:
             models_cfg = {
-                k: self._fill(v, {"num_classes": int(num_classes)}, f"models.{k}")
-                for k, v in models_cfg.items()
+                k: self._fill(v, {"num_classes": int(num_classes)}, f"models.{k}") for k, v in models_cfg.items()
             }
         trunk = self._build_trunk(models_cfg["trunk"], "models.trunk").to(self.device)
         with torch.no_grad():
@@ -238,9 +235,7 @@ class Builder:
             name, kwargs = one_spec(spec, self.where("models.embedder"))
             cls = resolve(name, self.where("models.embedder"))
             kwargs = dict(kwargs)
-            if "input_size" not in kwargs and "input_size" in getattr(
-                inspect.signature(cls), "parameters", {}
-            ):
+            if "input_size" not in kwargs and "input_size" in getattr(inspect.signature(cls), "parameters", {}):
                 kwargs["input_size"] = int(out.shape[1])
             models["embedder"] = self._build("models.embedder", {name: kwargs}).to(self.device)
         for k, spec in models_cfg.items():
@@ -280,15 +275,15 @@ class Builder:
             if isinstance(name, str) and name[:1].islower():
                 fn = resolve(name, self.where(key))
                 kwargs = {
-                    k: self._build_trunk(v, f"{key}.{name}.{k}") if self._function_spec(v) else build(v, f"{key}.{name}.{k}")
+                    k: self._build_trunk(v, f"{key}.{name}.{k}")
+                    if self._function_spec(v)
+                    else build(v, f"{key}.{name}.{k}")
                     for k, v in (args or {}).items()
                 }
                 try:
                     return fn(**kwargs)
                 except (TypeError, ValueError, FileNotFoundError) as e:
-                    raise ConfigError(
-                        f"{self.where(key)}.{name}: bad arguments: {str(e).splitlines()[0]}"
-                    ) from e
+                    raise ConfigError(f"{self.where(key)}.{name}: bad arguments: {str(e).splitlines()[0]}") from e
         return self._build(key, spec)
 
     def _fill(self, spec, fills, key):
@@ -329,9 +324,7 @@ class Builder:
             XMLWrapper.attach_heads(loss_funcs, trunk, dist_utils.unwrap(models["embedder"]))  # target="pooled"
         except ValueError as e:
             raise ConfigError(f"{self.where('loss_funcs')}: {e}") from None
-        mining_funcs = {
-            k: self._build(f"mining_funcs.{k}", v) for k, v in (self.get("mining_funcs") or {}).items()
-        }
+        mining_funcs = {k: self._build(f"mining_funcs.{k}", v) for k, v in (self.get("mining_funcs") or {}).items()}
         return loss_funcs, mining_funcs
 
     def build_optimizers(self, models, loss_funcs):
@@ -339,8 +332,7 @@ class Builder:
         for key, spec in (self.get("optimizers") or {}).items():
             if not str(key).endswith("_optimizer"):
                 raise ConfigError(
-                    f"{self.where('optimizers.' + str(key))}: optimizer "
-                    "names end in _optimizer, e.g. trunk_optimizer"
+                    f"{self.where('optimizers.' + str(key))}: optimizer names end in _optimizer, e.g. trunk_optimizer"
                 )
             target = key[: -len("_optimizer")]
             owner = models.get(target, loss_funcs.get(target))
@@ -421,7 +413,9 @@ class Builder:
         trunk = dist_utils.unwrap(models["trunk"])
         layers = find_histogram_layers(trunk)
         if len(layers) != 1:
-            raise ConfigError(f"{self.where(key)}: needs exactly one HistogramPooling in the trunk, found {len(layers)}")
+            raise ConfigError(
+                f"{self.where(key)}: needs exactly one HistogramPooling in the trunk, found {len(layers)}"
+            )
         seed = int(self.get("seed") or 0) if seed is None else int(seed)
         try:
             body = trunk_body(trunk, layers[0])
@@ -432,7 +426,11 @@ class Builder:
                 generator=torch.Generator().manual_seed(seed),
             )
             layers[0].init_from_data(
-                body, loader, num_batches=int(spec.get("num_batches", 4)), method=spec.get("method", "kmeans"), seed=seed
+                body,
+                loader,
+                num_batches=int(spec.get("num_batches", 4)),
+                method=spec.get("method", "kmeans"),
+                seed=seed,
             )
         except ValueError as e:
             raise ConfigError(f"{self.where(key)}: {str(e).splitlines()[0]}") from None

@@ -1,8 +1,8 @@
 """Atomic checkpoints and record-keeper logs that survive SIGKILL.
 
-Contract (used by every protocol in :mod:`pml_extensions.runner.protocols`): log rows are buffered in memory during an epoch; at the
-end of the epoch :meth:`Checkpointer.commit` first writes the rows to record-keeper's SQLite database (one
-transaction per table) and rewrites each table's CSV from the database (tmp file + ``os.replace``), then
+Contract (used by every protocol in :mod:`pml_extensions.runner.protocols`): log rows are buffered in memory during
+an epoch; at the end of the epoch :meth:`Checkpointer.commit` first writes the rows to record-keeper's SQLite database
+(one transaction per table) and rewrites each table's CSV from the database (tmp file + ``os.replace``), then
 writes the checkpoint (tmp file + fsync + ``os.replace``). On restart :meth:`Checkpointer.resume` loads the
 checkpoint with ``torch.load(weights_only=True)`` and deletes every log row newer than it, so rows of an epoch
 that was killed after its logs but before its checkpoint are not duplicated when the epoch is rerun, and rows
@@ -53,9 +53,7 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
-    )
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
 
@@ -185,9 +183,7 @@ class _AtomicRecordWriter(RecordWriter):
     def tables(self):
         if not os.path.exists(self.local_db.db_path):
             return []
-        rows = self.local_db.query(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name != 'sqlite_sequence'"
-        )
+        rows = self.local_db.query("SELECT name FROM sqlite_master WHERE type='table' AND name != 'sqlite_sequence'")
         return [r["name"] for r in rows]
 
     def rows(self, table: str):

@@ -110,13 +110,13 @@ def _list(role: Optional[str]) -> int:
             print(f"  {name}: {text}")
         return 0
     if role is not None and role not in ROLES:
-        raise ConfigError(
-            f"command line: --list: unknown role {role!r}; choose from {', '.join(ROLES)} or protocol"
-        )
+        raise ConfigError(f"command line: --list: unknown role {role!r}; choose from {', '.join(ROLES)} or protocol")
     print("Classes a config can name, by role: pml_extensions (and registered) classes, then the stock classes of")
     print("pytorch-metric-learning, torch and torchvision, grouped by module. `--list protocol` lists the protocols.")
-    print("Trunks may also name model functions: torchvision.models' (resnet50, mobilenet_v2, ...) and ours "
-          "(mobilenet_v2_features, ...).")
+    print(
+        "Trunks may also name model functions: torchvision.models' (resnet50, mobilenet_v2, ...) and ours "
+        "(mobilenet_v2_features, ...)."
+    )
     for r in [role] if role else ROLES:
         groups = {}
         for name, cls in classes_for_role(r).items():
@@ -181,9 +181,7 @@ def _main(argv: List[str]) -> int:
         return reproduce.main(runner["reproduce"], command=["python", "-m", "pml_extensions", "run"] + argv)
     config_arg = runner.get("config_root", config_arg)
     if config_arg is None:
-        raise ConfigError(
-            "command line: CONFIG: give a config folder or a shipped config name as the first argument"
-        )
+        raise ConfigError("command line: CONFIG: give a config folder or a shipped config name as the first argument")
     root = find_config_root(str(config_arg))
     if "variant" in runner:
         selection = _variant_selection(root, runner["variant"], selection)

@@ -43,6 +43,7 @@ CONFIG_FOLDERS = (
     "config_dataset",
 )
 
+
 def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> None:
     """Refuse hyper-parameter search markers with one line.
 
@@ -197,7 +198,8 @@ def _file_list(config_root: str, selection: Dict[str, Sequence[str]]) -> List[Tu
                 "(config_<category>.yaml); choose variants with its `variants` key instead"
             )
         unknown = sorted(
-            f for f in os.listdir(config_root)
+            f
+            for f in os.listdir(config_root)
             if f.startswith("config_") and f.endswith(".yaml") and f[:-5] not in CONFIG_FOLDERS
         )
         if unknown:
@@ -220,9 +222,7 @@ def _file_list(config_root: str, selection: Dict[str, Sequence[str]]) -> List[Tu
         for name in [names] if isinstance(names, str) else names:
             path = os.path.join(folder_path, f"{name}.yaml")
             if not os.path.isfile(path):
-                raise ConfigError(
-                    f"{display_path(path)}: missing config file (selected by {folder}: {list(names)})"
-                )
+                raise ConfigError(f"{display_path(path)}: missing config file (selected by {folder}: {list(names)})")
             files.append((folder, path))
     return files
 

@@ -161,8 +161,7 @@ def _apply(target: Dict, value: Dict, depth: int, where: str) -> Dict:
 def _swap(target: Dict, mapping: Dict, depth: int, where: str) -> Dict:
     if depth > 1:
         return {
-            k: (_swap(v, mapping, depth - 1, _join(where, k)) if isinstance(v, dict) else v)
-            for k, v in target.items()
+            k: (_swap(v, mapping, depth - 1, _join(where, k)) if isinstance(v, dict) else v) for k, v in target.items()
         }
     renames = {}
     for old, new in mapping.items():
@@ -195,5 +194,3 @@ def find_search_markers(config: Any, where: str = "") -> List[str]:
         for i, v in enumerate(config):
             found.extend(find_search_markers(v, f"{where}[{i}]"))
     return found
-
-

@@ -126,9 +126,7 @@ class DistributedBatchSliceSampler(torch.utils.data.Sampler):
         of range.
     """
 
-    def __init__(
-        self, sampler, global_batch_size: int, rank: Optional[int] = None, world_size: Optional[int] = None
-    ):
+    def __init__(self, sampler, global_batch_size: int, rank: Optional[int] = None, world_size: Optional[int] = None):
         self.sampler = sampler
         self.world_size = _current_world_size() if world_size is None else int(world_size)
         self.rank = _current_rank() if rank is None else int(rank)

@@ -151,8 +151,12 @@ def run_environment() -> Dict[str, Any]:
     ``torch_threads``; :func:`pml_extensions.runner.reproduce.reproduce` reruns with the recorded count."""
     import platform
 
-    return {"torch": torch.__version__, "python": platform.python_version(), "torch_threads": torch.get_num_threads(),
-            "cuda": torch.version.cuda if torch.cuda.is_available() else None}
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+    }
 
 
 def select_device(name: Any, where: str = "config_general: device") -> torch.device:

@@ -66,12 +66,19 @@ def resolve(name: str, where: str = "config") -> Any:
         obj = getattr(module, name, None)
         if obj is not None and callable(obj) and not name.startswith("_"):
             return obj
-    raise ConfigError(f"{where}: unknown class {name!r} (searched pml_extensions, pytorch_metric_learning, torch, torchvision)")
+    raise ConfigError(
+        f"{where}: unknown class {name!r} (searched pml_extensions, pytorch_metric_learning, torch, torchvision)"
+    )
 
 
 def is_object_spec(spec: Any) -> bool:
     """True for a one-key dict whose key starts with an upper-case letter: ``{ClassName: kwargs}``."""
-    return isinstance(spec, dict) and len(spec) == 1 and isinstance(next(iter(spec)), str) and next(iter(spec))[:1].isupper()
+    return (
+        isinstance(spec, dict)
+        and len(spec) == 1
+        and isinstance(next(iter(spec)), str)
+        and next(iter(spec))[:1].isupper()
+    )
 
 
 def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:

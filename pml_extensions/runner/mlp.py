@@ -27,17 +27,13 @@ class MLP(torch.nn.Module):
         ValueError: if ``layer_sizes`` is empty or holds non-positive sizes.
     """
 
-    def __init__(
-        self, layer_sizes: Sequence[int], final_relu: bool = False, input_size: Optional[int] = None
-    ):
+    def __init__(self, layer_sizes: Sequence[int], final_relu: bool = False, input_size: Optional[int] = None):
         super().__init__()
         sizes = [int(s) for s in layer_sizes] if layer_sizes is not None else []
         if input_size is not None:
             sizes = [int(input_size)] + sizes
         if not sizes or any(s < 1 for s in sizes):
-            raise ValueError(
-                f"layer_sizes must be a non-empty list of positive ints, got {list(layer_sizes or [])}"
-            )
+            raise ValueError(f"layer_sizes must be a non-empty list of positive ints, got {list(layer_sizes or [])}")
         layers = []
         if len(sizes) == 1:
             layers.append(torch.nn.LazyLinear(sizes[0]))

@@ -18,12 +18,19 @@ _TESTER = "GlobalEmbeddingSpaceTester"
 _DEFAULT_ENSEMBLE = {"normalize_embeddings": True, "use_trunk_output": False}
 #: PB's own classes for these keys that this runner does not implement (refused by name, not "unknown")
 _PB_ONLY = {
-    "split_manager": ("ClosedSetSplitManager", "IndexSplitManager", "PredefinedSplitManager",
-                      "EmbeddingSpaceSplitManager", "MLRCSplitManager", "UseOriginalTestSplitManager"),
+    "split_manager": (
+        "ClosedSetSplitManager",
+        "IndexSplitManager",
+        "PredefinedSplitManager",
+        "EmbeddingSpaceSplitManager",
+        "MLRCSplitManager",
+        "UseOriginalTestSplitManager",
+    ),
     "aggregator": (),
     "ensemble": (),
     "hook_container": (),
 }
+
 
 def _where(sources: Optional[Dict[str, str]], key: str) -> str:
     return f"{(sources or {}).get(key.split('.')[0], 'config')}: {key}"
@@ -68,8 +75,15 @@ def _check_class(where: str, key: str, name: str, allowed: Sequence[str]) -> Non
 def _tester_params() -> Tuple[str, ...]:
     from pytorch_metric_learning.testers import BaseTester
 
-    internal = {"self", "data_device", "dtype", "end_of_testing_hook", "dataset_labels", "data_and_label_getter",
-                "visualizer_hook"}
+    internal = {
+        "self",
+        "data_device",
+        "dtype",
+        "end_of_testing_hook",
+        "dataset_labels",
+        "data_and_label_getter",
+        "visualizer_hook",
+    }
     return tuple(p for p in inspect.signature(BaseTester.__init__).parameters if p not in internal) + ("reference_set",)
 
 
@@ -91,11 +105,15 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
     kwargs = dict(kwargs)
     reference = kwargs.pop("reference_set", "compared_to_self")
     if reference != "compared_to_self":
-        raise ConfigError(f"{where}.reference_set: only compared_to_self is supported (each split is its own "
-                          f"reference set, as in the MLRC paper), got {reference!r}")
+        raise ConfigError(
+            f"{where}.reference_set: only compared_to_self is supported (each split is its own "
+            f"reference set, as in the MLRC paper), got {reference!r}"
+        )
     if kwargs.get("visualizer") is not None:
-        raise ConfigError(f"{where}.visualizer: embedding plots are not supported (PB used umap, not a "
-                          "dependency); set visualizer: null")
+        raise ConfigError(
+            f"{where}.visualizer: embedding plots are not supported (PB used umap, not a "
+            "dependency); set visualizer: null"
+        )
     kwargs.pop("visualizer", None)
     pca = kwargs.get("pca")
     if pca is not None and (isinstance(pca, bool) or not isinstance(pca, int) or pca < 1):
@@ -133,8 +151,9 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
     return name, kwargs
 
 
-def build_tester(config: Dict[str, Any], device, sources: Optional[Dict[str, str]] = None, sharded: bool = True,
-                 **extra):
+def build_tester(
+    config: Dict[str, Any], device, sources: Optional[Dict[str, str]] = None, sharded: bool = True, **extra
+):
     """The configured PML tester with its accuracy calculator built (``data_device=device``; ``extra`` are passed
     on, e.g. ``end_of_testing_hook``). ``tester.label_hierarchy_level`` is the label column evaluated.
 
@@ -179,8 +198,9 @@ def build_tester(config: Dict[str, Any], device, sources: Optional[Dict[str, str
         raise ConfigError(f"{where}: {e}") from None
 
 
-def aggregate(config: Dict[str, Any], fold_metrics: Sequence[Dict[str, float]],
-              sources: Optional[Dict[str, str]] = None) -> Dict[str, float]:
+def aggregate(
+    config: Dict[str, Any], fold_metrics: Sequence[Dict[str, float]], sources: Optional[Dict[str, str]] = None
+) -> Dict[str, float]:
     """``aggregator: {MeanAggregator: {split_to_aggregate: val}}``: the mean over folds of each fold's metrics
     at its best validation epoch — PB's single number per experiment (the search objective).
 
@@ -195,8 +215,10 @@ def aggregate(config: Dict[str, Any], fold_metrics: Sequence[Dict[str, float]],
     _check_class(where, "aggregator", name, ("MeanAggregator",))
     _check_kwargs(where, kwargs, ("split_to_aggregate",))
     if kwargs.get("split_to_aggregate", "val") != "val":
-        raise ConfigError(f"{where}.split_to_aggregate: only val is aggregated (the test split is evaluated by "
-                          f"the ensemble), got {kwargs['split_to_aggregate']!r}")
+        raise ConfigError(
+            f"{where}.split_to_aggregate: only val is aggregated (the test split is evaluated by "
+            f"the ensemble), got {kwargs['split_to_aggregate']!r}"
+        )
     if not fold_metrics:
         return {}
     common = set.intersection(*(set(m) for m in fold_metrics))
@@ -220,5 +242,3 @@ def ensemble_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] 
         if not isinstance(v, bool):
             raise ConfigError(f"{where}.{k}: expected true or false, got {v!r}")
     return out
-
-

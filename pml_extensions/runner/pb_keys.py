@@ -59,43 +59,99 @@ from .pb_eval import (  # noqa: F401  (re-exported: the protocol reads every PB 
 #: top-level keys the mlrc protocol reads (PB v0.9.33's and ours)
 MLRC_KEYS = (
     # config_general (PB)
-    "trainer", "num_epochs_train", "save_interval", "patience", "check_untrained_accuracy", "api_parser",
-    "skip_eval_if_already_done", "skip_ensemble_eval_if_already_done", "log_data_to_tensorboard",
-    "save_figures_on_tensorboard", "save_lists_in_db", "override_required_compatible_factories",
+    "trainer",
+    "num_epochs_train",
+    "save_interval",
+    "patience",
+    "check_untrained_accuracy",
+    "api_parser",
+    "skip_eval_if_already_done",
+    "skip_ensemble_eval_if_already_done",
+    "log_data_to_tensorboard",
+    "save_figures_on_tensorboard",
+    "save_lists_in_db",
+    "override_required_compatible_factories",
     # other PB categories
-    "models", "loss_funcs", "mining_funcs", "sampler", "optimizers", "transforms", "tester", "aggregator",
-    "ensemble", "hook_container", "factories", "dataset", "splits_to_eval", "split_manager", "bayes_opt_iters",
+    "models",
+    "loss_funcs",
+    "mining_funcs",
+    "sampler",
+    "optimizers",
+    "transforms",
+    "tester",
+    "aggregator",
+    "ensemble",
+    "hook_container",
+    "factories",
+    "dataset",
+    "splits_to_eval",
+    "split_manager",
+    "bayes_opt_iters",
     # ours
-    "protocol", "seed", "device", "normalize", "dataset_root", "test_hooks", "prototype_init",
+    "protocol",
+    "seed",
+    "device",
+    "normalize",
+    "dataset_root",
+    "test_hooks",
+    "prototype_init",
 )
 #: top-level keys of the other protocols (used when a protocol module defines no ``CONFIG_KEYS``)
 PROTOCOL_KEYS: Dict[str, Tuple[str, ...]] = {
     "mlrc": MLRC_KEYS,
     "xml_vs_gap": (
-        "protocol", "experiment_name", "seed", "num_epochs", "iterations_per_epoch", "batch_size",
-        "dataloader_num_workers", "device", "prototype_init", "variants", "dataset", "models", "loss_funcs",
-        "mining_funcs", "sampler", "optimizers", "transforms", "accuracy_calculator", "tester", "seeds",
-        "validation", "comparisons",
+        "protocol",
+        "experiment_name",
+        "seed",
+        "num_epochs",
+        "iterations_per_epoch",
+        "batch_size",
+        "dataloader_num_workers",
+        "device",
+        "prototype_init",
+        "variants",
+        "dataset",
+        "models",
+        "loss_funcs",
+        "mining_funcs",
+        "sampler",
+        "optimizers",
+        "transforms",
+        "accuracy_calculator",
+        "tester",
+        "seeds",
+        "validation",
+        "comparisons",
     ),
     "resolution_distillation": ("protocol", "resolution_job", "seed", "device"),
 }
 
 _DEFAULT_SPLIT = {
-    "test_size": 0.5, "test_start_idx": 0.5, "num_training_partitions": 4, "num_training_sets": 4,
-    "hierarchy_level": 0, "data_and_label_getter_keys": None,
+    "test_size": 0.5,
+    "test_start_idx": 0.5,
+    "num_training_partitions": 4,
+    "num_training_sets": 4,
+    "hierarchy_level": 0,
+    "data_and_label_getter_keys": None,
 }
 _DEFAULT_HOOKS = {"primary_metric": "mean_average_precision_at_r", "validation_split_name": "val", "save_models": True}
 #: config_general flags: key -> (default, allowed values or None for any bool, reason when refused)
 _FLAGS = {
     "api_parser": (None, (None,), "API parsers are PB's internals; choose the protocol with `protocol:`"),
-    "skip_eval_if_already_done": (True, (True,), "a resumed run continues from its checkpoint and never "
-                                  "evaluates a logged epoch again"),
+    "skip_eval_if_already_done": (
+        True,
+        (True,),
+        "a resumed run continues from its checkpoint and never evaluates a logged epoch again",
+    ),
     "skip_ensemble_eval_if_already_done": (True, (True, False), ""),
     "log_data_to_tensorboard": (False, (True, False), ""),
     "save_figures_on_tensorboard": (False, (False,), "figures go to report.html, not to tensorboard"),
     "save_lists_in_db": (False, (True, False), ""),
-    "override_required_compatible_factories": (False, (False,), "custom factories are not supported; register "
-                                               "classes with pml_extensions.runner.registry.register instead"),
+    "override_required_compatible_factories": (
+        False,
+        (False,),
+        "custom factories are not supported; register classes with pml_extensions.runner.registry.register instead",
+    ),
 }
 
 #: PB's older spellings -> (new key path, note); a path ending in "*" applies to the class's kwargs
@@ -125,8 +181,12 @@ _OLD_REFUSED = {
     "eval_size_of_ensemble": "the ensemble is every trained fold; remove the key",
     "meta_testing_method": "the ensemble is set with `ensemble: {ConcatenateEmbeddings: {...}}`",
 }
-_DEFAULT_CLASS = {"tester": _TESTER, "hook_container": "HookContainer", "split_manager": "ClassDisjointSplitManager",
-                  "trainer": "MetricLossOnly"}
+_DEFAULT_CLASS = {
+    "tester": _TESTER,
+    "hook_container": "HookContainer",
+    "split_manager": "ClassDisjointSplitManager",
+    "trainer": "MetricLossOnly",
+}
 
 
 def known_keys(config: Dict[str, Any]) -> Tuple[str, Set[str]]:
@@ -168,8 +228,9 @@ def check_keys(config: Dict[str, Any], sources: Dict[str, str], file_keys: Itera
                 f"command line: --{name}: no config file defines this key and the {protocol} protocol does not "
                 f"read it{nearest(name, known | file_keys, cutoff=0)} (all keys: run CONFIG --dry-run)"
             )
-        raise ConfigError(f"{_where(sources, name)}: the {protocol} protocol reads no such key"
-                          f"{nearest(name, known, cutoff=0)}")
+        raise ConfigError(
+            f"{_where(sources, name)}: the {protocol} protocol reads no such key{nearest(name, known, cutoff=0)}"
+        )
 
 
 def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[Callable[..., None]] = None):
@@ -198,8 +259,10 @@ def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[
             name, kwargs = _DEFAULT_CLASS[parent], {}
         out[parent] = {name: dict(kwargs, **{arg: value})}
         sources.setdefault(parent, sources.get(old, "config"))
-        log(f"note: {_where(sources, old)} is powerful-benchmarker's pre-0.9.29 spelling; read as "
-            f"{parent}~APPLY~2: {{{arg}: {value!r}}}")
+        log(
+            f"note: {_where(sources, old)} is powerful-benchmarker's pre-0.9.29 spelling; read as "
+            f"{parent}~APPLY~2: {{{arg}: {value!r}}}"
+        )
     return out
 
 
@@ -222,15 +285,22 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
     for k in ("num_training_partitions", "num_training_sets", "hierarchy_level"):
         v = out[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "hierarchy_level" else 1):
-            raise ConfigError(f"{where}.{k}: expected a {'non-negative' if k == 'hierarchy_level' else 'positive'}"
-                              f" integer, got {v!r}")
+            raise ConfigError(
+                f"{where}.{k}: expected a {'non-negative' if k == 'hierarchy_level' else 'positive'} integer, got {v!r}"
+            )
     if out["num_training_sets"] > out["num_training_partitions"]:
-        raise ConfigError(f"{where}.num_training_sets: {out['num_training_sets']} is more than "
-                          f"num_training_partitions ({out['num_training_partitions']})")
+        raise ConfigError(
+            f"{where}.num_training_sets: {out['num_training_sets']} is more than "
+            f"num_training_partitions ({out['num_training_partitions']})"
+        )
     keys = out["data_and_label_getter_keys"]
-    if keys is not None and not (isinstance(keys, list) and len(keys) == 2 and all(isinstance(x, (str, int)) for x in keys)):
-        raise ConfigError(f"{where}.data_and_label_getter_keys: expected null (items are (image, label)) or "
-                          f"[data_key, label_key], got {keys!r}")
+    if keys is not None and not (
+        isinstance(keys, list) and len(keys) == 2 and all(isinstance(x, (str, int)) for x in keys)
+    ):
+        raise ConfigError(
+            f"{where}.data_and_label_getter_keys: expected null (items are (image, label)) or "
+            f"[data_key, label_key], got {keys!r}"
+        )
     return out
 
 
@@ -273,7 +343,9 @@ def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSpl
     if labels.ndim == 1:
         labels = labels[:, None]
     if not 0 <= level < labels.shape[1]:
-        raise ConfigError(f"{where}: level {level} does not exist; the dataset's labels have {labels.shape[1]} level(s)")
+        raise ConfigError(
+            f"{where}: level {level} does not exist; the dataset's labels have {labels.shape[1]} level(s)"
+        )
     return labels[:, level]
 
 
@@ -287,8 +359,10 @@ def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
     where = _where(sources, "splits_to_eval")
     val = hook_settings(config, sources)["validation_split_name"]
     if not isinstance(splits, list) or not all(s in ("train", "val") for s in splits) or val not in splits:
-        raise ConfigError(f"{where}: expected a list of train/val holding {val!r} (the test split is evaluated once, "
-                          f"by the ensemble), got {splits!r}")
+        raise ConfigError(
+            f"{where}: expected a list of train/val holding {val!r} (the test split is evaluated once, "
+            f"by the ensemble), got {splits!r}"
+        )
     return list(dict.fromkeys(splits))
 
 
@@ -307,8 +381,9 @@ def hook_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = No
     if not isinstance(out["primary_metric"], str):
         raise ConfigError(f"{where}.primary_metric: expected a metric name, got {out['primary_metric']!r}")
     if out["validation_split_name"] != "val":
-        raise ConfigError(f"{where}.validation_split_name: the splits here are train/val/test; got "
-                          f"{out['validation_split_name']!r}")
+        raise ConfigError(
+            f"{where}.validation_split_name: the splits here are train/val/test; got {out['validation_split_name']!r}"
+        )
     if out["save_models"] is not True:
         raise ConfigError(f"{where}.save_models: must be true: the test step loads each fold's best saved model")
     return out
@@ -338,8 +413,10 @@ def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = N
         try:
             import tensorboard  # noqa: F401
         except ImportError:
-            raise ConfigError(f"{where}: true needs the tensorboard package (pip install tensorboard); the CSV and "
-                              "SQLite logs are always written") from None
+            raise ConfigError(
+                f"{where}: true needs the tensorboard package (pip install tensorboard); the CSV and "
+                "SQLite logs are always written"
+            ) from None
     return value
 
 
@@ -393,8 +470,16 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
         raise ConfigError(f"{_where(sources, 'bayes_opt_iters')}: expected a positive number of trials, got {iters!r}")
 
 
-_ONE_CLASS = ("trainer", "sampler", "tester", "accuracy_calculator", "split_manager", "aggregator", "ensemble",
-              "hook_container")
+_ONE_CLASS = (
+    "trainer",
+    "sampler",
+    "tester",
+    "accuracy_calculator",
+    "split_manager",
+    "aggregator",
+    "ensemble",
+    "hook_container",
+)
 _ONE_CLASS_EACH = ("loss_funcs", "mining_funcs", "optimizers", "models")
 
 
@@ -405,12 +490,16 @@ def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -
     Raises:
         ConfigError: ``"<file>: loss_funcs.metric_loss: two classes (XMLWrapper, ContrastiveLoss) ..."``.
     """
+
     def check(key, spec):
         if isinstance(spec, dict) and len(spec) > 1 and all(isinstance(k, str) and k[:1].isupper() for k in spec):
             top = key.split(".")[0]
-            raise ConfigError(f"{_where(sources, key)}: {len(spec)} classes ({', '.join(spec)}){suffix}; a merge "
-                              f"adds a class next to the old one, write {key.split('.')[-1]}~OVERRIDE~ to replace it"
-                              if top else "")
+            raise ConfigError(
+                f"{_where(sources, key)}: {len(spec)} classes ({', '.join(spec)}){suffix}; a merge "
+                f"adds a class next to the old one, write {key.split('.')[-1]}~OVERRIDE~ to replace it"
+                if top
+                else ""
+            )
 
     for key in _ONE_CLASS:
         check(key, config.get(key))

@@ -153,11 +153,13 @@ def _role_test(role: str):
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
     tests = {
-        "loss": lambda c: issubclass(c, losses.BaseMetricLossFunction)
-        or (
-            issubclass(c, torch.nn.Module)
-            and not issubclass(c, miners.BaseMiner)
-            and (_forward_takes_embeddings(c) or c.__module__.startswith("pml_extensions.losses"))
+        "loss": lambda c: (
+            issubclass(c, losses.BaseMetricLossFunction)
+            or (
+                issubclass(c, torch.nn.Module)
+                and not issubclass(c, miners.BaseMiner)
+                and (_forward_takes_embeddings(c) or c.__module__.startswith("pml_extensions.losses"))
+            )
         ),
         "miner": lambda c: issubclass(c, miners.BaseMiner),
         "reducer": lambda c: issubclass(c, reducers.BaseReducer),
@@ -168,8 +170,7 @@ def _role_test(role: str):
         "tester": lambda c: issubclass(c, testers.BaseTester),
         "accuracy_calculator": lambda c: issubclass(c, AccuracyCalculator),
         "hook": lambda c: any(
-            callable(getattr(c, m, None))
-            for m in ("end_of_testing_hook", "end_of_epoch_hook", "end_of_iteration_hook")
+            callable(getattr(c, m, None)) for m in ("end_of_testing_hook", "end_of_epoch_hook", "end_of_iteration_hook")
         ),
         "dataset": lambda c: issubclass(c, torch.utils.data.Dataset),
         "sampler": lambda c: issubclass(c, torch.utils.data.Sampler),

@@ -87,7 +87,13 @@ def _curves(folder: str, primary: str) -> List[str]:
         (
             f"validation {primary}",
             "epoch",
-            [(p, c) for t, ps in tables.items() if t.startswith("accuracies") for p in ps for c in (primary, primary + "_level0")],
+            [
+                (p, c)
+                for t, ps in tables.items()
+                if t.startswith("accuracies")
+                for p in ps
+                for c in (primary, primary + "_level0")
+            ],
             False,
         ),
     ]
@@ -195,8 +201,7 @@ def write_report(folder: str) -> str:
     folds = results.get("folds", [])
     if folds:
         parts.append(
-            "<h2>Folds</h2><table><tr><th>fold</th><th>best "
-            f"epoch</th><th>best val {html.escape(primary)}</th></tr>"
+            f"<h2>Folds</h2><table><tr><th>fold</th><th>best epoch</th><th>best val {html.escape(primary)}</th></tr>"
         )
         for k, fr in enumerate(folds):
             best = fr.get("best_val_" + primary, float("nan"))

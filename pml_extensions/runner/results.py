@@ -80,19 +80,27 @@ def summarize(
     for variant, baseline in comparisons:
         for name in (variant, baseline):
             if name not in variants:
-                raise ValueError(f"comparison ({variant!r}, {baseline!r}): unknown variant {name!r}; have {sorted(variants)}")
+                raise ValueError(
+                    f"comparison ({variant!r}, {baseline!r}): unknown variant {name!r}; have {sorted(variants)}"
+                )
         for m in metrics:
             a = {s: row[m] for s, row in variants[variant]["per_seed"].items()}
             b = {s: row[m] for s, row in variants[baseline]["per_seed"].items()}
             entry = {"variant": variant, "baseline": baseline, "metric": m}
             if len(a) == 1 and set(a) == set(b):
                 (s,) = a
-                entry.update(mean_difference=a[s] - b[s], std=None, n=1, seeds=[s], differences=[a[s] - b[s]], ci95=None)
+                entry.update(
+                    mean_difference=a[s] - b[s], std=None, n=1, seeds=[s], differences=[a[s] - b[s]], ci95=None
+                )
             else:
                 d = paired_difference(a, b, 0.95)
                 entry.update(
-                    mean_difference=d["mean_difference"], std=d["std"], n=d["n"], seeds=d["seeds"],
-                    differences=d["differences"], ci95=d["ci"],
+                    mean_difference=d["mean_difference"],
+                    std=d["std"],
+                    n=d["n"],
+                    seeds=d["seeds"],
+                    differences=d["differences"],
+                    ci95=d["ci"],
                 )
             out["comparisons"].append(entry)
     for key, value in (extra or {}).items():
@@ -116,7 +124,8 @@ def render_markdown(results: dict, metrics: Optional[Sequence[str]] = None, head
     seeds = sorted({s for v in variants.values() for s in v["per_seed"]}, key=lambda s: (len(s), s))
     lines = [header.rstrip() + "\n"] if header else []
     lines.append(
-        "| variant | " + " | ".join(f"{METRIC_NAMES.get(m, m)} (mean ± std)" for m in metrics)
+        "| variant | "
+        + " | ".join(f"{METRIC_NAMES.get(m, m)} (mean ± std)" for m in metrics)
         + f" | {METRIC_NAMES.get(first, first)} per seed ({', '.join(seeds)}) |"
     )
     lines.append("|---|" + "---|" * (len(metrics) + 1))
@@ -125,8 +134,12 @@ def render_markdown(results: dict, metrics: Optional[Sequence[str]] = None, head
         per = ", ".join(_fmt(v["per_seed"][s].get(first), decimals) if s in v["per_seed"] else "–" for s in seeds)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {per} |")
     if results.get("comparisons"):
-        lines += ["", "| comparison (paired by seed) | metric | mean difference | 95 % CI | per-seed differences | CI excludes 0 |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| comparison (paired by seed) | metric | mean difference | 95 % CI | per-seed differences "
+            "| CI excludes 0 |",
+            "|---|---|---|---|---|---|",
+        ]
         for c in results["comparisons"]:
             ci = c["ci95"]
             ci_text = "n/a (1 seed)" if ci is None else f"[{ci[0]:+.{decimals}f}, {ci[1]:+.{decimals}f}]"
@@ -155,8 +168,14 @@ def verdict(comparison: dict, decimals: int = 4) -> str:
     return f"{diff}: not shown at this scale (the interval contains 0)"
 
 
-def write_results(folder: str, results: dict, metrics: Optional[Sequence[str]] = None, header: str = "",
-                  name: str = "results", footer: str = "") -> Tuple[str, str]:
+def write_results(
+    folder: str,
+    results: dict,
+    metrics: Optional[Sequence[str]] = None,
+    header: str = "",
+    name: str = "results",
+    footer: str = "",
+) -> Tuple[str, str]:
     """Write ``NAME.json`` and ``NAME.md`` (tables, then ``footer``) into ``folder`` atomically; return both paths."""
     os.makedirs(folder, exist_ok=True)
     json_path = os.path.join(folder, f"{name}.json")

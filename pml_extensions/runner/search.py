@@ -46,11 +46,16 @@ def search_space(config: Any, path: Tuple = ()) -> List[Tuple[Tuple, str, str, A
             name, op, _ = split_marker(key)
             if op in _SEARCH_OPS:
                 where = ".".join(map(str, path + (name,)))
-                ok = isinstance(value, list) and len(value) == 2 and all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+                ok = (
+                    isinstance(value, list)
+                    and len(value) == 2
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+                )
                 if not ok or value[0] >= value[1] or (op == "LOG_BAYESIAN" and value[0] <= 0):
-                    raise ConfigError(f"{where}~{op}~: expected [low, high] with low < high"
-                                      f"{' and low > 0' if op == 'LOG_BAYESIAN' else ''}, got {value!r}")
+                    raise ConfigError(
+                        f"{where}~{op}~: expected [low, high] with low < high"
+                        f"{' and low > 0' if op == 'LOG_BAYESIAN' else ''}, got {value!r}"
+                    )
                 if op == "INT_BAYESIAN" and not all(isinstance(v, int) for v in value):
                     raise ConfigError(f"{where}~{op}~: expected two integers, got {value!r}")
                 found.append((path + (key,), where, op, value))
@@ -102,8 +107,10 @@ def objective_value(results: Dict[str, Any], config: Dict[str, Any]) -> float:
     folds = [f.get(f"best_val_{primary}") for f in results.get("folds") or []]
     if folds and all(isinstance(v, (int, float)) for v in folds):
         return float(sum(folds) / len(folds))
-    raise ConfigError(f"bayes_opt_iters: the {config.get('protocol', 'mlrc')} protocol reports no validation "
-                      f"{primary} to optimise (the search supports the mlrc protocol)")
+    raise ConfigError(
+        f"bayes_opt_iters: the {config.get('protocol', 'mlrc')} protocol reports no validation "
+        f"{primary} to optimise (the search supports the mlrc protocol)"
+    )
 
 
 def _protocol_objective(sources, on_change, command, log):
@@ -143,16 +150,22 @@ def run_search(
     try:
         import optuna
     except ImportError:
-        raise ConfigError("search markers (~BAYESIAN~) need optuna, which is not installed "
-                          "(pip install optuna); replace the markers by fixed values") from None
+        raise ConfigError(
+            "search markers (~BAYESIAN~) need optuna, which is not installed "
+            "(pip install optuna); replace the markers by fixed values"
+        ) from None
     space = search_space(config)
     n_trials = config.get("bayes_opt_iters")
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
-        raise ConfigError(f"{(sources or {}).get('bayes_opt_iters', 'command line')}: bayes_opt_iters: the search "
-                          f"needs the number of trials, e.g. --bayes_opt_iters 20 (got {n_trials!r})")
+        raise ConfigError(
+            f"{(sources or {}).get('bayes_opt_iters', 'command line')}: bayes_opt_iters: the search "
+            f"needs the number of trials, e.g. --bayes_opt_iters 20 (got {n_trials!r})"
+        )
     if objective is None and (config.get("protocol") or "mlrc") != "mlrc":
-        raise ConfigError(f"{(sources or {}).get('protocol', 'config')}: protocol: the search optimises the mlrc "
-                          f"protocol's aggregated validation metric; {config['protocol']} reports none")
+        raise ConfigError(
+            f"{(sources or {}).get('protocol', 'config')}: protocol: the search optimises the mlrc "
+            f"protocol's aggregated validation metric; {config['protocol']} reports none"
+        )
     from . import distributed as dist_utils
     from .experiment import prepare_folder
 
@@ -227,11 +240,16 @@ def write_summary(study, folder: str) -> Dict[str, Any]:
         lines = ["| trial | objective | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
         for r in rows:
             mark = " (best)" if r is best else ""
-            lines.append(f"| {r['number']}{mark} | {r['value']:.4f} | "
-                         + " | ".join(f"{r['params'][n]:.4g}" for n in names) + " |")
-        atomic_write_text(os.path.join(folder, "results.md"),
-                          f"Optuna study ({len(rows)} trials, maximising the aggregated validation metric); "
-                          f"best: trial {best['number']}.\n\n" + "\n".join(lines) + "\n")
+            lines.append(
+                f"| {r['number']}{mark} | {r['value']:.4f} | "
+                + " | ".join(f"{r['params'][n]:.4g}" for n in names)
+                + " |"
+            )
+        atomic_write_text(
+            os.path.join(folder, "results.md"),
+            f"Optuna study ({len(rows)} trials, maximising the aggregated validation metric); "
+            f"best: trial {best['number']}.\n\n" + "\n".join(lines) + "\n",
+        )
         import matplotlib
 
         matplotlib.use("Agg")

@@ -108,7 +108,10 @@ class EpochLoop:
         self.start_epoch = int(state["epoch"]) + 1
         self.finished = self._stopped(int(state["epoch"]))
         self.fresh = False
-        self.log(f"{self.name}: resuming after epoch {state['epoch']} (best {self.best['metric']:.4f} at {self.best['epoch']})")
+        self.log(
+            f"{self.name}: resuming after epoch {state['epoch']} "
+            f"(best {self.best['metric']:.4f} at {self.best['epoch']})"
+        )
         return state
 
     # ------------------------------------------------------------------------------------------------ hooks
@@ -138,10 +141,16 @@ class EpochLoop:
                 self.ckpt.record_keeper.update_records({f"accuracies_{split}": dict(metrics, epoch=epoch)}, epoch)
         improved = acc[self.primary] > self.best["metric"]
         if improved:
-            self.best.update(metric=float(acc[self.primary]), epoch=epoch, metrics={k: float(v) for k, v in acc.items()})
+            self.best.update(
+                metric=float(acc[self.primary]), epoch=epoch, metrics={k: float(v) for k, v in acc.items()}
+            )
             if dist_utils.is_main():
-                atomic_torch_save({k: dist_utils.unwrap(m).state_dict() for k, m in self.models.items()}, self.best_path)
-        self.log(f"{self.name} epoch {epoch}: val {self.primary}={acc[self.primary]:.4f}" + (" (best)" if improved else ""))
+                atomic_torch_save(
+                    {k: dist_utils.unwrap(m).state_dict() for k, m in self.models.items()}, self.best_path
+                )
+        self.log(
+            f"{self.name} epoch {epoch}: val {self.primary}={acc[self.primary]:.4f}" + (" (best)" if improved else "")
+        )
 
     def _commit(self, epoch: int, global_iteration: int, finished: bool) -> None:
         if dist_utils.is_main():

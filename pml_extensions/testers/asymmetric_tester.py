@@ -79,7 +79,9 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
 
     def initialize_accuracy_calculator(self):
         if self.accuracy_calculator is None:
-            self.accuracy_calculator = AsymmetricAccuracyCalculator(device=self.data_device, distributed=self.distributed)
+            self.accuracy_calculator = AsymmetricAccuracyCalculator(
+                device=self.data_device, distributed=self.distributed
+            )
 
     # ------------------------------------------------------------------ PML override points
     def test(
@@ -144,8 +146,13 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
         same = ref_trunk is None and ref_embedder is None and ref_dict is None
         base = super(AsymmetricTester, self).get_all_embeddings_for_all_splits
-        query_side = base(dataset_dict, trunk_model, embedder_model, sorted({query_split, *needed}) if same
-                          else [query_split], collate_fn)
+        query_side = base(
+            dataset_dict,
+            trunk_model,
+            embedder_model,
+            sorted({query_split, *needed}) if same else [query_split],
+            collate_fn,
+        )
         if same:
             reference_side = query_side
         else:

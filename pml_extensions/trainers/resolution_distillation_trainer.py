@@ -48,7 +48,8 @@ def make_optimizers(
     """
     if not lr > 0 or not gem_lr_multiplier > 0 or not weight_decay >= 0:
         raise ValueError(
-            f"need lr > 0, gem_lr_multiplier > 0, weight_decay >= 0; got {lr!r}, {gem_lr_multiplier!r}, {weight_decay!r}"
+            f"need lr > 0, gem_lr_multiplier > 0, weight_decay >= 0; "
+            f"got {lr!r}, {gem_lr_multiplier!r}, {weight_decay!r}"
         )
     gem = {id(p) for p in gem_parameters(*[m for m in (trunk, embedder) if m is not None])}
     optimizers = {}
@@ -102,8 +103,8 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     they have it. Without it, a student trained for many iterations in one epoch would see the same crops, flips,
     jitter and mixup λ on every pass. ``new_pass_each_epoch=True`` also starts a new pass at every epoch start, so
     that an epoch's batches depend only on (seed, pass) -- what a run resumed at an epoch boundary needs (restore
-    ``trainer.data_pass`` before ``train``). The DataLoader shuffles and draws its base seed from a private generator seeded by
-    ``dataset.seed`` (from the global RNG, as PML, when the dataset has none).
+    ``trainer.data_pass`` before ``train``). The DataLoader shuffles and draws its base seed from a private generator
+    seeded by ``dataset.seed`` (from the global RNG, as PML, when the dataset has none).
 
     Defaults when ``optimizers``/``lr_schedulers`` are None: :func:`make_optimizers` (AdamW, GeM p at lr × 10 without
     weight decay) and, at :meth:`train`, ``OneCycleLR(max_lr=group lr, div_factor=10)`` per optimiser, stepped every
@@ -111,7 +112,8 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     hooks receive the usual trainer attributes; the losses are logged as ``distillation_loss``/``metric_loss``
     and the loss's sub-terms through its recordable attributes.
 
-    Keyword-only args: ``init_student_from_teacher``, ``freeze_batchnorm``, ``new_pass_each_epoch`` (False), ``lr`` (1.1e-4, paper's indicative value),
+    Keyword-only args: ``init_student_from_teacher``, ``freeze_batchnorm``, ``new_pass_each_epoch`` (False),
+    ``lr`` (1.1e-4, paper's indicative value),
     ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor`` (10); the rest as PML's trainers.
 
     Raises:

@@ -322,7 +322,9 @@ def trunk_body(trunk: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Seque
         1
     """
     if not isinstance(trunk, torch.nn.Sequential):
-        raise ValueError(f"trunk must be a torch.nn.Sequential ([body, HistogramPooling, ...]), got {type(trunk).__name__}")
+        raise ValueError(
+            f"trunk must be a torch.nn.Sequential ([body, HistogramPooling, ...]), got {type(trunk).__name__}"
+        )
     children = list(trunk.children())
     if not any(c is layer for c in children):
         raise ValueError("layer must be a direct child of the Sequential trunk")

@@ -33,9 +33,7 @@ def _check_dim(x: torch.Tensor, dim: int, name: str = "activations") -> int:
     return dim % x.ndim
 
 
-def margin_argmax(
-    activations: torch.Tensor, mu: Union[float, torch.Tensor] = 0.0, dim: int = 1
-) -> torch.Tensor:
+def margin_argmax(activations: torch.Tensor, mu: Union[float, torch.Tensor] = 0.0, dim: int = 1) -> torch.Tensor:
     """Exact solution of the linear program (P1) (paper Sec. 3.1): one-hot at argmax_k a_k if max_k a_k > μ,
     else 0.
 

@@ -186,9 +186,7 @@ class PerturbedMaximizer(torch.nn.Module):
         if not torch.is_floating_point(activations):
             raise TypeError(f"activations must be a floating-point tensor, got dtype {activations.dtype}")
         if activations.ndim == 0 or not -activations.ndim <= self.dim < activations.ndim:
-            raise ValueError(
-                f"dim={self.dim} is out of range for activations of shape {tuple(activations.shape)}"
-            )
+            raise ValueError(f"dim={self.dim} is out of range for activations of shape {tuple(activations.shape)}")
         moved = activations.movedim(self.dim, -1)
         k = moved.shape[-1]
         rows = moved.reshape(-1, k)

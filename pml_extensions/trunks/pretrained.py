@@ -59,7 +59,9 @@ def mobilenet_v2_imagenet(pretrained: bool = True, check_hash: bool = False) -> 
             with open(path, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()
             if not digest.startswith(MOBILENET_V2_SHA256_PREFIX):
-                raise ValueError(f"{path}: SHA-256 {digest[:8]} does not match torchvision's {MOBILENET_V2_SHA256_PREFIX}")
+                raise ValueError(
+                    f"{path}: SHA-256 {digest[:8]} does not match torchvision's {MOBILENET_V2_SHA256_PREFIX}"
+                )
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return model
 

@@ -120,9 +120,7 @@ def soft_maximizer_swap(
         if maximizer == "softmax":
             new = MarginAugmentedSoftmax(mu=mu, epsilon=epsilon, eta=eta, dim=1)
         else:
-            new = PerturbedMaximizer(
-                mu=mu, epsilon=epsilon, eta=eta, num_samples=num_samples, seed=seed + i, dim=1
-            )
+            new = PerturbedMaximizer(mu=mu, epsilon=epsilon, eta=eta, num_samples=num_samples, seed=seed + i, dim=1)
         setattr(block, name, new)
     return model
 
@@ -139,9 +137,7 @@ def _run_with_hooks(model, batches, num_batches, hook_fn, sites):
     seen = 0
     try:
         for i, (block, name) in enumerate(sites):
-            handles.append(
-                getattr(block, name).register_forward_hook(lambda m, inp, out, i=i: hook_fn(i, m, inp, out))
-            )
+            handles.append(getattr(block, name).register_forward_hook(lambda m, inp, out, i=i: hook_fn(i, m, inp, out)))
         model.eval()
         with torch.no_grad():
             for b, batch in enumerate(batches):
@@ -185,9 +181,7 @@ def estimate_mu(
     sites = bn_relu_sites(model)
     if batches is None:
         if not sites:
-            raise ValueError(
-                f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)"
-            )
+            raise ValueError(f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)")
         per_site = [bn_relu_thresholds(getattr(b, n)).detach().double().cpu() for b, n in sites]
     else:
         stats = [[0.0, 0.0, 0] for _ in sites]
@@ -204,13 +198,9 @@ def estimate_mu(
             mean = s / n
             var = (ss / n - mean * mean).clamp_min(0)
             bn = getattr(block, name)
-            per_site.append(
-                bn_relu_thresholds(bn, mean.to(bn.weight.device), var.to(bn.weight.device)).double().cpu()
-            )
+            per_site.append(bn_relu_thresholds(bn, mean.to(bn.weight.device), var.to(bn.weight.device)).double().cpu())
     gammas = [getattr(b, n).weight.detach().double().cpu() for b, n in sites]
-    valid = torch.cat(
-        [mu_k[(g > 0) & (mu_k != 0) & torch.isfinite(mu_k)] for mu_k, g in zip(per_site, gammas)]
-    )
+    valid = torch.cat([mu_k[(g > 0) & (mu_k != 0) & torch.isfinite(mu_k)] for mu_k, g in zip(per_site, gammas)])
     if valid.numel() == 0:
         raise ValueError("no channel with γ_k > 0 and a finite non-zero μ_k")
     mu = float(valid.mean())

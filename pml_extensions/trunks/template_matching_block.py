@@ -64,8 +64,7 @@ def same_patch_mean(feature_map: torch.Tensor, window: Union[int, Sequence[int]]
     """
     if not torch.is_tensor(feature_map) or feature_map.ndim != 4:
         raise ValueError(
-            "feature_map must be a [B, C, H, W] tensor, got "
-            f"{getattr(feature_map, 'shape', type(feature_map))}"
+            f"feature_map must be a [B, C, H, W] tensor, got {getattr(feature_map, 'shape', type(feature_map))}"
         )
     kh, kw = _pair(window)
     h, w = feature_map.shape[-2:]
@@ -142,9 +141,7 @@ class TemplateMatchingBlock(torch.nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if num_classes < 2:
-            raise ValueError(
-                f"num_classes must be >= 2 (the block scores patches against classes), got {num_classes}"
-            )
+            raise ValueError(f"num_classes must be >= 2 (the block scores patches against classes), got {num_classes}")
         if value_channels is None:
             value_channels = in_channels
         if isinstance(value_channels, bool) or not isinstance(value_channels, int) or value_channels < 1:
@@ -206,8 +203,7 @@ class TemplateMatchingBlock(torch.nn.Module):
         """a = classifier(patch mean of f): ``[B, c, H, W]`` per-pixel class scores (logits)."""
         if not torch.is_tensor(feature_map) or feature_map.ndim != 4:
             raise ValueError(
-                "feature_map must be a [B, C, H, W] tensor, got "
-                f"{getattr(feature_map, 'shape', type(feature_map))}"
+                f"feature_map must be a [B, C, H, W] tensor, got {getattr(feature_map, 'shape', type(feature_map))}"
             )
         if feature_map.shape[1] != self.in_channels:
             raise ValueError(

@@ -109,9 +109,7 @@ def _insert_resnet(model, make_block, combine):
     if combine == "concat":
         extra = block.out_channels - block.in_channels
         if first.downsample is None:
-            raise ValueError(
-                "combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input"
-            )
+            raise ValueError("combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input")
         first.conv1 = _widen_conv(first.conv1, extra)
         first.downsample[0] = _widen_conv(first.downsample[0], extra)
     model.layer3 = torch.nn.Sequential(*model.layer3, block)

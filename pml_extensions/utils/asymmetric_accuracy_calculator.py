@@ -105,7 +105,6 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
         {'recall_at_1': 1.0}
     """
 
-
     def calculate_recall_at_1(self, **kwargs):
         return self.calculate_precision_at_1(**kwargs)
 
@@ -135,5 +134,14 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
         *,
         self_indices: Optional[torch.Tensor] = None,
     ):
-        return self._common_get_accuracy(query, query_labels, reference, reference_labels, ref_includes_query,
-                                         include, exclude, self_indices, require_query_rows=False)
+        return self._common_get_accuracy(
+            query,
+            query_labels,
+            reference,
+            reference_labels,
+            ref_includes_query,
+            include,
+            exclude,
+            self_indices,
+            require_query_rows=False,
+        )

@@ -28,7 +28,8 @@ def _ordered_keys(scores: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
 
 
 class BlockedKNN:
-    """Exact k-NN by blocked matmul + ``topk``; also a PML ``knn_func``: ``knn(query, k, reference, ref_includes_query)``.
+    """Exact k-NN by blocked matmul + ``topk``; also a PML ``knn_func``:
+    ``knn(query, k, reference, ref_includes_query)``.
 
     Args:
         distance: ``"euclidean"`` (default; squared L2 ``|q|² + |r|² − 2 q·r`` ranks the same as PML's default
@@ -63,13 +64,18 @@ class BlockedKNN:
         [1, 0, 1]
     """
 
-    def __init__(self, distance: Union[str, object, None] = None, memory_budget: int = 512 * 2**20,
-                 block_size: Optional[int] = None):
+    def __init__(
+        self,
+        distance: Union[str, object, None] = None,
+        memory_budget: int = 512 * 2**20,
+        block_size: Optional[int] = None,
+    ):
         self.inner_product, self.normalize = self._parse_distance(distance)
         if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
             raise ValueError(f"memory_budget must be a positive int (bytes), got {memory_budget!r}")
-        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
-                                       or block_size < 1):
+        if block_size is not None and (
+            isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
+        ):
             raise ValueError(f"block_size must be None or a positive int, got {block_size!r}")
         self.memory_budget, self.fixed_block_size = memory_budget, block_size
 
@@ -124,8 +130,16 @@ class BlockedKNN:
         """An uninitialised ``[rows, M]`` buffer for :meth:`search`'s ``out`` (``reference``'s dtype and device)."""
         return torch.empty(rows, reference.shape[0], dtype=reference.dtype, device=reference.device)
 
-    def search(self, query, k: int, reference, self_indices=None, return_distances: bool = False,
-               reference_sq_norms=None, out=None):
+    def search(
+        self,
+        query,
+        k: int,
+        reference,
+        self_indices=None,
+        return_distances: bool = False,
+        reference_sq_norms=None,
+        out=None,
+    ):
         """k nearest references of each query row (see the class doc). Inputs must come from :meth:`prepare`;
         ``out``: an optional :meth:`score_buffer` with at least ``b`` rows, reused from block to block (its contents
         are overwritten)."""

@@ -84,8 +84,15 @@ class EngineAccuracyMixin:
     one query set against several reference sets in one call.
     """
 
-    def __init__(self, *args, chunk_size: Optional[int] = None, memory_budget: int = 512 * 2**20, distance=None,
-                 distributed: bool = False, **kwargs):
+    def __init__(
+        self,
+        *args,
+        chunk_size: Optional[int] = None,
+        memory_budget: int = 512 * 2**20,
+        distance=None,
+        distributed: bool = False,
+        **kwargs,
+    ):
         if chunk_size is not None and (
             isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
         ):
@@ -125,8 +132,10 @@ class EngineAccuracyMixin:
     def _labels(self, labels, n, name, device):
         labels = self._to_tensor(labels, name, device)
         if labels.ndim not in (1, 2) or len(labels) != n:
-            raise ValueError(f"{name} must be [n] or [n, L] and have the same length n = {n} as its embeddings, "
-                             f"got {tuple(labels.shape)}")
+            raise ValueError(
+                f"{name} must be [n] or [n, L] and have the same length n = {n} as its embeddings, "
+                f"got {tuple(labels.shape)}"
+            )
         return labels
 
     def _class_structure(self, q_lab, r_lab, exclude_self):
@@ -137,7 +146,7 @@ class EngineAccuracyMixin:
             dtype = torch.promote_types(q_lab.dtype, r_lab.dtype)
             both = torch.cat([q_lab.to(dtype), r_lab.to(dtype)])
             uniq, inv = torch.unique(both, dim=0, return_inverse=True)
-            q_ids, r_ids = inv[: len(q_lab)], inv[len(q_lab):]
+            q_ids, r_ids = inv[: len(q_lab)], inv[len(q_lab) :]
             ref_counts = torch.bincount(r_ids, minlength=len(uniq))
             count_q = ref_counts[q_ids]
             self_match = torch.ones_like(count_q)
@@ -145,7 +154,7 @@ class EngineAccuracyMixin:
             label_counts = (uniq[uq_ids], ref_counts[uq_ids])
         else:
             uniq, q_ids = torch.unique(q_lab, dim=0, return_inverse=True)
-            counts = torch.stack([fn(uniq[i: i + 1], r_lab).sum() for i in range(len(uniq))]).long()
+            counts = torch.stack([fn(uniq[i : i + 1], r_lab).sum() for i in range(len(uniq))]).long()
             count_q = counts[q_ids]
             self_match = fn(uniq, uniq).long()[q_ids]
             r_ids = None
@@ -186,7 +195,7 @@ class EngineAccuracyMixin:
         for j, start in enumerate(range(0, len(rows), bs)):
             if j % world != rank:
                 continue
-            block = rows[start: start + bs]
+            block = rows[start : start + bs]
             own = self_indices[block] if exclude_self else None
             if engine is not None:
                 idx, dist = engine.search(query[block], k, reference, own, len(builtin) < len(metrics), sq, buffer)
@@ -199,14 +208,27 @@ class EngineAccuracyMixin:
             values = per_query_metrics(rel, num_relevant[block], builtin)
             for i, m in enumerate(metrics):
                 if m in values:
-                    sums[i].index_add_(0, cls[start: start + bs], values[m])
+                    sums[i].index_add_(0, cls[start : start + bs], values[m])
                 else:
-                    sums[i] += self._custom_block(m, cls[start: start + bs], len(classes), dict(
-                        query=query[block], reference=reference, query_labels=q_lab[block],
-                        reference_labels=r_lab, ref_includes_query=exclude_self, label_counts=label_counts,
-                        knn_labels=r_lab[idx], knn_distances=dist, knn_indices=idx, lone_query_labels=None,
-                        not_lone_query_mask=torch.ones(len(block), dtype=torch.bool, device=query.device),
-                        label_comparison_fn=self.label_comparison_fn))
+                    sums[i] += self._custom_block(
+                        m,
+                        cls[start : start + bs],
+                        len(classes),
+                        dict(
+                            query=query[block],
+                            reference=reference,
+                            query_labels=q_lab[block],
+                            reference_labels=r_lab,
+                            ref_includes_query=exclude_self,
+                            label_counts=label_counts,
+                            knn_labels=r_lab[idx],
+                            knn_distances=dist,
+                            knn_indices=idx,
+                            lone_query_labels=None,
+                            not_lone_query_mask=torch.ones(len(block), dtype=torch.bool, device=query.device),
+                            label_comparison_fn=self.label_comparison_fn,
+                        ),
+                    )
         if world > 1:
             torch.distributed.all_reduce(sums)
         sums = sums.cpu()
@@ -259,8 +281,18 @@ class EngineAccuracyMixin:
         return out.to(cls.device)
 
     # ------------------------------------------------------------------ get_accuracy
-    def _common_get_accuracy(self, query, query_labels, reference, reference_labels, ref_includes_query,
-                             include, exclude, self_indices, require_query_rows):
+    def _common_get_accuracy(
+        self,
+        query,
+        query_labels,
+        reference,
+        reference_labels,
+        ref_includes_query,
+        include,
+        exclude,
+        self_indices,
+        require_query_rows,
+    ):
         if reference is None:
             if reference_labels is not None:
                 raise ValueError("reference_labels given without reference")
@@ -268,21 +300,30 @@ class EngineAccuracyMixin:
         dev = self.device if self._device_given else torch.as_tensor(query).device
         query, reference = self._to_tensor(query, "query", dev), self._to_tensor(reference, "reference", dev)
         if query.ndim != 2 or reference.ndim != 2 or query.shape[1] != reference.shape[1]:
-            raise ValueError(f"query [Nq, D] and reference [M, D] must have the same dimension D, got "
-                             f"{tuple(query.shape)} and {tuple(reference.shape)}")
+            raise ValueError(
+                f"query [Nq, D] and reference [M, D] must have the same dimension D, got "
+                f"{tuple(query.shape)} and {tuple(reference.shape)}"
+            )
         for name, x in (("query", query), ("reference", reference)):  # before any metric (NMI/AMI included) runs
             if not bool(torch.isfinite(x).all()):
                 raise ValueError(f"{name} contains NaN or infinite values")
         q_lab = self._labels(query_labels, len(query), "query_labels", dev)
         r_lab = self._labels(reference_labels, len(reference), "reference_labels", dev)
         self.check_primary_metrics(include, exclude)
-        if require_query_rows and ref_includes_query and self_indices is None and not (
-            len(query) <= len(reference)
-            and torch.allclose(query.float(), reference[: len(query)].float())
-            and torch.equal(q_lab, r_lab[: len(query)])
+        if (
+            require_query_rows
+            and ref_includes_query
+            and self_indices is None
+            and not (
+                len(query) <= len(reference)
+                and torch.allclose(query.float(), reference[: len(query)].float())
+                and torch.equal(q_lab, r_lab[: len(query)])
+            )
         ):
-            raise ValueError("When ref_includes_query is True, the first len(query) rows of reference (and "
-                             "reference_labels) must equal query (and query_labels); or pass self_indices")
+            raise ValueError(
+                "When ref_includes_query is True, the first len(query) rows of reference (and "
+                "reference_labels) must equal query (and query_labels); or pass self_indices"
+            )
         exclude_self = bool(ref_includes_query) or self_indices is not None
         if exclude_self:
             self_indices = self._check_self_indices(self_indices, q_lab, r_lab)

@@ -10,9 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "bench_stats", os.path.join(ROOT, "benchmarks", "bench_stats.py")
-    )
+    spec = importlib.util.spec_from_file_location("bench_stats", os.path.join(ROOT, "benchmarks", "bench_stats.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

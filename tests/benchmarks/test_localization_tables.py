@@ -14,9 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(scope="module")
 def loc():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "localization", os.path.join(ROOT, "benchmarks", "localization.py")
-    )
+    spec = importlib.util.spec_from_file_location("localization", os.path.join(ROOT, "benchmarks", "localization.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -23,8 +23,11 @@ def test_a_kept_folder_is_deleted_before_the_run(tmp_path, monkeypatch):
         seen["cmd"], seen["stale_left"] = cmd, (stale / "stale.txt").exists()
         stale.mkdir(exist_ok=True)
         test = {m: 0.25 for m in mlrc_quick.METRICS}
-        (stale / "results.json").write_text(json.dumps(
-            {"seconds": 7.0, "test": {"separate_128D": test, "concatenated_512D": dict(test, precision_at_1=0.5)}}))
+        (stale / "results.json").write_text(
+            json.dumps(
+                {"seconds": 7.0, "test": {"separate_128D": test, "concatenated_512D": dict(test, precision_at_1=0.5)}}
+            )
+        )
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(mlrc_quick.subprocess, "run", fake_run)

@@ -13,9 +13,7 @@ from pml_extensions.explain.similarity_grad_cam import SimilarityGradCAM
 def _model(pool):
     g = torch.Generator().manual_seed(3)
     body = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.ReLU())
-    trunk = nn.Sequential(
-        body, nn.AdaptiveMaxPool2d(1) if pool == "gmp" else nn.AdaptiveAvgPool2d(1), nn.Flatten()
-    )
+    trunk = nn.Sequential(body, nn.AdaptiveMaxPool2d(1) if pool == "gmp" else nn.AdaptiveAvgPool2d(1), nn.Flatten())
     embedder = nn.Linear(5, 4)
     for p in list(trunk.parameters()) + list(embedder.parameters()):
         with torch.no_grad():

@@ -4,9 +4,7 @@ import torch
 from torch import nn
 
 
-def make_model(
-    pool: str = "gap", dtype=torch.float64, seed: int = 0, channels: int = 4, size=(5, 6), out_dim: int = 6
-):
+def make_model(pool: str = "gap", dtype=torch.float64, seed: int = 0, channels: int = 4, size=(5, 6), out_dim: int = 6):
     """Conv-ReLU body + {GAP, GMP, Flatten} trunk and a Linear-BN1d-ReLU-Dropout-Linear embedder (eval
     statistics
     randomised so BN is not the identity)."""
@@ -36,9 +34,7 @@ def make_model(
     return trunk.to(dtype), embedder.to(dtype)
 
 
-def linear_gap_model(
-    pool: str = "gap", dtype=torch.float64, seed: int = 0, channels: int = 4, out_dim: int = 5
-):
+def linear_gap_model(pool: str = "gap", dtype=torch.float64, seed: int = 0, channels: int = 4, out_dim: int = 5):
     """Conv-ReLU body, GAP or GMP, one Linear layer: the setting of the paper's Section V."""
     g = torch.Generator().manual_seed(seed)
     pool_layer = nn.AdaptiveAvgPool2d(1) if pool == "gap" else nn.AdaptiveMaxPool2d(1)

@@ -55,9 +55,7 @@ class TestActivationDecomposition(unittest.TestCase):
                     eq, er = emb.eval()(trunk.eval()(q)), emb(trunk(r))
                 torch.testing.assert_close(total, (eq * er).sum(1), rtol=1e-12, atol=1e-12)
                 z = eq.norm(dim=1) * er.norm(dim=1)
-                torch.testing.assert_close(
-                    total / z, nn.functional.cosine_similarity(eq, er), rtol=1e-12, atol=1e-12
-                )
+                torch.testing.assert_close(total / z, nn.functional.cosine_similarity(eq, er), rtol=1e-12, atol=1e-12)
                 Dc = dec.point_to_point(fq, fr, scale="cosine")
                 torch.testing.assert_close(Dc, D / z.view(-1, 1, 1, 1, 1))
 
@@ -68,12 +66,8 @@ class TestActivationDecomposition(unittest.TestCase):
         fq, fr = dec.fold_query(q), dec.fold_reference(r)
         mb = dec.overall_maps(fq, fr, bias=True, scale="dot")
         # Decomposition+Bias query map sums to (E^q - B^q) · E^r
-        torch.testing.assert_close(
-            mb["query"].sum(dim=(1, 2)), ((fq.embedding - fq.bias) * fr.embedding).sum(1)
-        )
-        torch.testing.assert_close(
-            mb["reference"].sum(dim=(1, 2)), ((fr.embedding - fr.bias) * fq.embedding).sum(1)
-        )
+        torch.testing.assert_close(mb["query"].sum(dim=(1, 2)), ((fq.embedding - fq.bias) * fr.embedding).sum(1))
+        torch.testing.assert_close(mb["reference"].sum(dim=(1, 2)), ((fr.embedding - fr.bias) * fq.embedding).sum(1))
         m = dec.overall_maps(fq, fr, scale="dot")
         D = dec.point_to_point(fq, fr)
         torch.testing.assert_close(m["query"], D.sum(dim=(3, 4)))
@@ -89,9 +83,7 @@ class TestActivationDecomposition(unittest.TestCase):
         fq, fr = dec.fold_query(q), dec.fold_reference(r)
         D = dec.point_to_point(fq, fr)
         self.assertEqual(tuple(D.shape), (1, 3, 3, 3, 3))
-        torch.testing.assert_close(
-            D[0], loop_point_to_point(fq.features[0], fr.features[0]), rtol=1e-14, atol=1e-14
-        )
+        torch.testing.assert_close(D[0], loop_point_to_point(fq.features[0], fr.features[0]), rtol=1e-14, atol=1e-14)
 
     def test_point_specific(self):
         trunk, emb = make_model("gap")

@@ -52,9 +52,7 @@ class TestGeMAndNorms(unittest.TestCase):
                 f = HeadFolder(trunk, lin)(x)
                 with torch.no_grad():
                     expected = lin(trunk(x))
-                torch.testing.assert_close(
-                    f.features.sum(dim=(1, 2)) + f.bias, expected, rtol=1e-12, atol=1e-12
-                )
+                torch.testing.assert_close(f.features.sum(dim=(1, 2)) + f.bias, expected, rtol=1e-12, atol=1e-12)
                 self.assertTrue(f.exact)
 
     def test_gem_weights_by_hand(self):
@@ -73,18 +71,14 @@ class TestGeMAndNorms(unittest.TestCase):
         f = HeadFolder(tr, emb)(x)
         self.assertTrue(f.normalised)
         with torch.no_grad():
-            torch.testing.assert_close(
-                f.features.sum(dim=(1, 2)) + f.bias, emb.lin(tr(x)), rtol=1e-12, atol=1e-12
-            )
+            torch.testing.assert_close(f.features.sum(dim=(1, 2)) + f.bias, emb.lin(tr(x)), rtol=1e-12, atol=1e-12)
 
     def test_retrieval_head_student_teacher(self):
         # RAML: student at 16 px, teacher at 32 px, both GeM + L2N inside forward + whitening + L2N
         student_body, teacher_body = body(1), body(2)
         student, teacher = RetrievalHead(4, 6, p=3.0).double(), RetrievalHead(4, 6, p=2.5).double()
         q, r = images(2, size=(16, 16), seed=3), images(2, size=(32, 32), seed=4)
-        dec = ActivationDecomposition(
-            student_body, student, reference_trunk=teacher_body, reference_embedder=teacher
-        )
+        dec = ActivationDecomposition(student_body, student, reference_trunk=teacher_body, reference_embedder=teacher)
         fq, fr = dec.fold_query(q), dec.fold_reference(r)
         for f, b, head, x in ((fq, student_body, student, q), (fr, teacher_body, teacher, r)):
             self.assertTrue(f.normalised and f.exact)
@@ -107,9 +101,7 @@ class TestGeMAndNorms(unittest.TestCase):
         x = images(2)
         f = HeadFolder(trunk, lin)(x)
         with torch.no_grad():
-            torch.testing.assert_close(
-                f.features.sum(dim=(1, 2)) + f.bias, lin(trunk(x)), rtol=1e-12, atol=1e-12
-            )
+            torch.testing.assert_close(f.features.sum(dim=(1, 2)) + f.bias, lin(trunk(x)), rtol=1e-12, atol=1e-12)
 
 
 class TestTokenBackbones(unittest.TestCase):

@@ -83,9 +83,7 @@ class TestCheckpoints(unittest.TestCase):
         )
         for ckpt in (os.path.join(exp, "fold_0", "best.pth"), os.path.join(exp, "fold_0")):
             with self.subTest(checkpoint=ckpt):
-                rc, err = run_cli(
-                    [self.q, self.r, "--checkpoint", ckpt, "--image-size", "32", "--out", self.out]
-                )
+                rc, err = run_cli([self.q, self.r, "--checkpoint", ckpt, "--image-size", "32", "--out", self.out])
                 self.assertEqual(rc, 0, err)
                 self.assertAlmostEqual(self._similarity(), expected, places=5)
         rc, err = run_cli([self.q, self.r, "--checkpoint", exp, "--image-size", "32", "--out", self.out])
@@ -98,18 +96,14 @@ class TestCheckpoints(unittest.TestCase):
         body = {"ConvNetBody": {"in_channels": 1, "widths": [4, 8], "blocks_per_stage": 1}}
         cfg = {
             "models": {
-                "trunk": {
-                    "Sequential": [body, {"HistogramPooling": {"in_channels": 8, "num_prototypes": 4}}]
-                },
+                "trunk": {"Sequential": [body, {"HistogramPooling": {"in_channels": 8, "num_prototypes": 4}}]},
                 "embedder": {"Linear": {"in_features": 8, "out_features": 6}},
             },
             "variants": {
                 "contrastive_xml": {},
                 "contrastive_gap": {
                     "models": {
-                        "trunk": {
-                            "Sequential": [body, {"AdaptiveAvgPool2d": {"output_size": 1}}, {"Flatten": {}}]
-                        }
+                        "trunk": {"Sequential": [body, {"AdaptiveAvgPool2d": {"output_size": 1}}, {"Flatten": {}}]}
                     }
                 },
             },
@@ -149,9 +143,7 @@ class TestCheckpoints(unittest.TestCase):
         for seed, name in ((7, "student_32"), (8, "teacher")):
             torch.manual_seed(seed)
             trunk, emb = build_model(8, pretrained=False)
-            torch.save(
-                {"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, os.path.join(exp, name + ".pth")
-            )
+            torch.save({"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, os.path.join(exp, name + ".pth"))
             models[name] = (trunk, emb)
         q32, r64 = load_image(self.q, 32, keep_aspect=True), load_image(self.r, 64, keep_aspect=True)
         expected = cosine(*models["student_32"], q32, r64, models["teacher"])

@@ -40,9 +40,7 @@ class TestDegenerateInputs(unittest.TestCase):
         x = images(3)
         x[1, 0, 2, 2] = float("nan")
         dec = ActivationDecomposition(trunk, emb)
-        with self.assertRaisesRegex(
-            ValueError, r"query_images contains NaN or inf values \(image\(s\) \[1\]"
-        ):
+        with self.assertRaisesRegex(ValueError, r"query_images contains NaN or inf values \(image\(s\) \[1\]"):
             dec.overall_maps(x, images(3))
         with self.assertRaisesRegex(ValueError, r"reference_images contains NaN"):
             dec.overall_maps(images(3), x)

@@ -49,9 +49,7 @@ class TestDtypeMatrix(unittest.TestCase):
                     with self.subTest(model=name, dtype=dtype, mode=mode):
                         if mode == "pure":
                             t, e = copy.deepcopy(trunk).to(dtype), copy.deepcopy(emb).to(dtype)
-                            out = ActivationDecomposition(t, e).overall_maps(
-                                q.to(dtype), r.to(dtype), bias=True
-                            )
+                            out = ActivationDecomposition(t, e).overall_maps(q.to(dtype), r.to(dtype), bias=True)
                             cam = SimilarityGradCAM(t, e).maps(q.to(dtype), r.to(dtype), relu=False)
                         else:
                             with torch.autocast("cpu", dtype=dtype):

@@ -88,9 +88,7 @@ class TestExplanationHook(unittest.TestCase):
         group = [g for g in records if "explanations_val" in g]
         self.assertTrue(group, f"no explanations group in {list(records)}")
         self.assertIn("localization_accuracy", records[group[0]])
-        self.assertTrue(
-            any("precision_at_1" in series for g in records.values() for series in g)
-        )  # accuracies kept
+        self.assertTrue(any("precision_at_1" in series for g in records.values() for series in g))  # accuracies kept
         self.assertEqual(hook_count(self.trunk, self.emb), 0)
 
     def test_localization_uses_dataset_boxes(self):
@@ -127,9 +125,7 @@ class TestExplanationHook(unittest.TestCase):
         self.assertEqual(hook_count(self.trunk, self.emb), 0)
 
     def test_no_memory_growth_over_200_calls(self):
-        hook = ExplanationHook(
-            self.trunk, self.emb, {"val": self.ds}, self.tmp.name, n_queries=1, k=2, save_png=False
-        )
+        hook = ExplanationHook(self.trunk, self.emb, {"val": self.ds}, self.tmp.name, n_queries=1, k=2, save_png=False)
         tester = FakeTester(self.embeddings, torch.tensor(self.ds.labels))
         for _ in range(20):
             hook(tester)

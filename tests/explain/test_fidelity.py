@@ -52,12 +52,8 @@ class TestSimilarityFidelity(unittest.TestCase):
         res = fid.compare(
             {"decomposition": ActivationDecomposition(trunk, lin), "random": RandomExplainer(seed=0)}, x, x
         )
-        self.assertLess(
-            float(res["decomposition"]["deletion_area"][0]), float(res["random"]["deletion_area"][0])
-        )
-        self.assertGreater(
-            float(res["decomposition"]["insertion_area"][0]), float(res["random"]["insertion_area"][0])
-        )
+        self.assertLess(float(res["decomposition"]["deletion_area"][0]), float(res["random"]["deletion_area"][0]))
+        self.assertGreater(float(res["decomposition"]["insertion_area"][0]), float(res["random"]["insertion_area"][0]))
 
     def test_bad_inputs(self):
         trunk, lin = region_model()

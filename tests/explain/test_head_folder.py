@@ -48,9 +48,7 @@ class TestHeadFolder(unittest.TestCase):
                 f = HeadFolder(trunk, emb)(x)
                 with torch.no_grad():
                     expected = emb.eval()(trunk.eval()(x))
-                torch.testing.assert_close(
-                    f.features.sum(dim=(1, 2)) + f.bias, expected, rtol=1e-12, atol=1e-12
-                )
+                torch.testing.assert_close(f.features.sum(dim=(1, 2)) + f.bias, expected, rtol=1e-12, atol=1e-12)
                 self.assertEqual(tuple(f.features.shape), (3, 5, 6, 6))
 
     def test_batchnorm_uses_eps(self):
@@ -66,12 +64,9 @@ class TestHeadFolder(unittest.TestCase):
         scale = torch.tensor([2.0, 3.0 / 2**0.5], dtype=torch.float64)
         torch.testing.assert_close(
             f.bias[0],
-            torch.tensor([0.1, 0.2], dtype=torch.float64)
-            - torch.tensor([1.0, 2.0], dtype=torch.float64) * scale,
+            torch.tensor([0.1, 0.2], dtype=torch.float64) - torch.tensor([1.0, 2.0], dtype=torch.float64) * scale,
         )
-        torch.testing.assert_close(
-            f.embedding[0], torch.tensor([1.5, 5.5], dtype=torch.float64) * scale + f.bias[0]
-        )
+        torch.testing.assert_close(f.embedding[0], torch.tensor([1.5, 5.5], dtype=torch.float64) * scale + f.bias[0])
 
     def test_gmp_ties_share_the_mass_equally(self):
         trunk = nn.Sequential(nn.Identity(), nn.AdaptiveMaxPool2d(1), nn.Flatten()).double()
@@ -147,9 +142,7 @@ class TestHeadFolder(unittest.TestCase):
     def test_jacobian_equals_exact_fold_for_piecewise_linear_head(self):
         trunk, emb = make_model("gmp")
 
-        class Hidden(
-            nn.Module
-        ):  # the same head with a functional ReLU: no exact fold, Jacobian is exact locally
+        class Hidden(nn.Module):  # the same head with a functional ReLU: no exact fold, Jacobian is exact locally
             def __init__(self, e):
                 super().__init__()
                 self.e = e

@@ -19,7 +19,7 @@ def redness_model():
     map."""
     conv = nn.Conv2d(3, 1, 1, bias=False)
     blur = nn.Conv2d(1, 1, 9, padding=4, bias=False)
-    g = torch.exp(-torch.arange(-4, 5.0) ** 2 / 8.0)
+    g = torch.exp(-(torch.arange(-4, 5.0) ** 2) / 8.0)
     k = g[:, None] * g[None]
     with torch.no_grad():
         conv.weight.copy_(torch.tensor([1.0, -0.5, -0.5]).view(1, 3, 1, 1))

@@ -48,9 +48,9 @@ class TestSimilarityGradCAM(unittest.TestCase):
         fq, fr = dec.fold_query(q), dec.fold_reference(r)
         eq, er = fq.embedding, fr.embedding
         s = nn.functional.cosine_similarity(eq, er)
-        direction = (
-            er / er.norm(dim=1, keepdim=True) - s[:, None] * eq / eq.norm(dim=1, keepdim=True)
-        ) / eq.norm(dim=1, keepdim=True)
+        direction = (er / er.norm(dim=1, keepdim=True) - s[:, None] * eq / eq.norm(dim=1, keepdim=True)) / eq.norm(
+            dim=1, keepdim=True
+        )
         expected = torch.einsum("nijl,nl->nij", fq.features, direction)
         g = SimilarityGradCAM(trunk, emb).maps(q, r, variant="cosine", relu=False)
         torch.testing.assert_close(g["query"], expected, rtol=1e-12, atol=1e-14)

@@ -107,8 +107,14 @@ class TestTopkMaps(unittest.TestCase):
             to_display_image(x, mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2))
 
     def test_docstring_examples_run(self):
-        from pml_extensions.explain import activation_decomposition, base, fidelity, head_folder
-        from pml_extensions.explain import similarity_grad_cam, topk_maps
+        from pml_extensions.explain import (
+            activation_decomposition,
+            base,
+            fidelity,
+            head_folder,
+            similarity_grad_cam,
+            topk_maps,
+        )
 
         for module in (base, activation_decomposition, similarity_grad_cam, fidelity, topk_maps, head_folder):
             with self.subTest(module=module.__name__):

@@ -32,7 +32,9 @@ class TestRidgeTarget(unittest.TestCase):
         out = w(emb, labels, histograms=z, pooled=pooled)
         h1, h2 = class_disjoint_split(labels, torch.Generator().manual_seed(7))
         v1, v2 = ridge_np(z[h1], pooled[h1]), ridge_np(z[h2], pooled[h2])  # GAP vectors as combinations of prototypes
-        expected = inner(emb, labels) + 0.5 * (inner(head(z[h1] @ v2), labels[h1]) + inner(head(z[h2] @ v1), labels[h2]))
+        expected = inner(emb, labels) + 0.5 * (
+            inner(head(z[h1] @ v2), labels[h1]) + inner(head(z[h2] @ v1), labels[h2])
+        )
         self.assertAlmostEqual(out.item(), expected.item(), places=10)
 
     def test_targets_agree_for_a_linear_head_without_bias_and_differ_with_a_bias(self):
@@ -74,4 +76,6 @@ class TestRidgeTarget(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "needs a head"):
             w(pooled[:, :3], labels, histograms=z, pooled=pooled)
         with self.assertRaisesRegex(ValueError, "pooled must be"):
-            XMLWrapper(ContrastiveLoss(), target="pooled", head=torch.nn.Identity())(pooled, labels, histograms=z, pooled=pooled[:3])
+            XMLWrapper(ContrastiveLoss(), target="pooled", head=torch.nn.Identity())(
+                pooled, labels, histograms=z, pooled=pooled[:3]
+            )

@@ -194,5 +194,7 @@ class TestXMLBadInput(unittest.TestCase):
     def test_stale_histograms_from_layer_are_an_error(self):
         pool = HistogramPooling(5, 4)
         pool(torch.randn(4, 5, 2, 2))
-        with self.assertRaisesRegex(ValueError, "histogram_layer.last_histograms has batch size 4 but embeddings has 8"):
+        with self.assertRaisesRegex(
+            ValueError, "histogram_layer.last_histograms has batch size 4 but embeddings has 8"
+        ):
             XMLWrapper(pml_losses.ContrastiveLoss(), histogram_layer=pool)(torch.randn(8, 3), LABELS)

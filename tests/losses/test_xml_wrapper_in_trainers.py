@@ -21,7 +21,10 @@ class _TensorDataset(torch.utils.data.Dataset):
     def __init__(self, n=48, classes=6, seed=0):
         g = torch.Generator().manual_seed(seed)
         self.labels = np.arange(n) % classes
-        self.images = torch.randn(n, 3, 8, 8, generator=g) + torch.as_tensor(self.labels, dtype=torch.float32)[:, None, None, None]
+        self.images = (
+            torch.randn(n, 3, 8, 8, generator=g)
+            + torch.as_tensor(self.labels, dtype=torch.float32)[:, None, None, None]
+        )
 
     def __len__(self):
         return len(self.labels)
@@ -31,8 +34,12 @@ class _TensorDataset(torch.utils.data.Dataset):
 
 
 def _record_keeper(folder):
-    writer = record_keeper.RecordWriter(folder=folder, global_db_path=os.path.join(folder, "db.sqlite"), experiment_name="t", is_new_experiment=True)
-    return record_keeper.RecordKeeper(record_writer=writer, attributes_to_search_for=c_f.list_of_recordable_attributes_list_names())
+    writer = record_keeper.RecordWriter(
+        folder=folder, global_db_path=os.path.join(folder, "db.sqlite"), experiment_name="t", is_new_experiment=True
+    )
+    return record_keeper.RecordKeeper(
+        record_writer=writer, attributes_to_search_for=c_f.list_of_recordable_attributes_list_names()
+    )
 
 
 class TestXMLInTrainers(unittest.TestCase):
@@ -54,10 +61,15 @@ class TestXMLInTrainers(unittest.TestCase):
             rk = _record_keeper(tmp)
             hooks = logging_presets.HookContainer(rk, log_freq=1)
             trainer = trainers.MetricLossOnly(
-                models={"trunk": trunk, "embedder": embedder}, optimizers=opts, batch_size=12,
-                loss_funcs={"metric_loss": loss}, dataset=dataset, iterations_per_epoch=3,
+                models={"trunk": trunk, "embedder": embedder},
+                optimizers=opts,
+                batch_size=12,
+                loss_funcs={"metric_loss": loss},
+                dataset=dataset,
+                iterations_per_epoch=3,
                 sampler=samplers.MPerClassSampler(dataset.labels, m=2, batch_size=12, length_before_new_iter=36),
-                data_device=torch.device("cpu"), end_of_iteration_hook=hooks.end_of_iteration_hook,
+                data_device=torch.device("cpu"),
+                end_of_iteration_hook=hooks.end_of_iteration_hook,
                 dataloader_num_workers=0,
             )
             trainer.train(num_epochs=1)
@@ -78,11 +90,16 @@ class TestXMLInTrainers(unittest.TestCase):
         dataset = _TensorDataset()
         loss = losses.XMLWrapper(losses.MultiSimilarityLoss(), xml_weight=0.5, histogram_layer=pool)
         trainer = trainers.TrainWithClassifier(
-            models={"trunk": trunk, "embedder": embedder, "classifier": classifier}, optimizers=opts, batch_size=12,
+            models={"trunk": trunk, "embedder": embedder, "classifier": classifier},
+            optimizers=opts,
+            batch_size=12,
             loss_funcs={"metric_loss": loss, "classifier_loss": torch.nn.CrossEntropyLoss()},
-            loss_weights={"metric_loss": 1.0, "classifier_loss": 0.5}, dataset=dataset, iterations_per_epoch=2,
+            loss_weights={"metric_loss": 1.0, "classifier_loss": 0.5},
+            dataset=dataset,
+            iterations_per_epoch=2,
             sampler=samplers.MPerClassSampler(dataset.labels, m=2, batch_size=12, length_before_new_iter=24),
-            data_device=torch.device("cpu"), dataloader_num_workers=0,
+            data_device=torch.device("cpu"),
+            dataloader_num_workers=0,
         )
         trainer.train(num_epochs=1)
         self.assertTrue(np.isfinite(float(trainer.losses["total_loss"])))

@@ -23,9 +23,7 @@ class TinyVectors(torch.utils.data.Dataset):
         rng = np.random.RandomState(seed)
         centers = rng.randn(num_classes, 16) * 2.0
         self.labels = np.repeat(np.arange(num_classes), per_class).astype(np.int64)
-        self.data = (
-            (centers[self.labels] + rng.randn(len(self.labels), 16)).astype(np.float32).reshape(-1, 4, 4, 1)
-        )
+        self.data = (centers[self.labels] + rng.randn(len(self.labels), 16)).astype(np.float32).reshape(-1, 4, 4, 1)
         self.sleep = float(sleep)
         self.progress_file = progress_file
         self.transform = transform

@@ -7,8 +7,12 @@ import sys
 from pml_extensions.runner.search import run_search
 
 folder, kill_at = sys.argv[1], int(sys.argv[2])
-config = {"seed": 0, "bayes_opt_iters": 4, "margin~BAYESIAN~": [0.0, 1.0],
-          "optimizers": {"trunk_optimizer": {"Adam": {"lr~LOG_BAYESIAN~": [1e-4, 1e-1]}}}}
+config = {
+    "seed": 0,
+    "bayes_opt_iters": 4,
+    "margin~BAYESIAN~": [0.0, 1.0],
+    "optimizers": {"trunk_optimizer": {"Adam": {"lr~LOG_BAYESIAN~": [1e-4, 1e-1]}}},
+}
 
 
 def objective(cfg, trial_folder):

@@ -88,8 +88,7 @@ def test_template_block_quick_variant_puts_the_block_before_the_last_stage():
     torch.manual_seed(0)
     trunk = builder.build_models(torch.zeros(1, 32, 32), num_classes=5)["trunk"]
     kinds = [type(m).__name__ for m in trunk]
-    assert kinds == ["ConvNetBody", "TemplateMatchingBlock", "MaxPool2d", "ConvNetBody", "AdaptiveAvgPool2d",
-                     "Flatten"]
+    assert kinds == ["ConvNetBody", "TemplateMatchingBlock", "MaxPool2d", "ConvNetBody", "AdaptiveAvgPool2d", "Flatten"]
     assert trunk[1].num_classes == 5 and trunk[3].out_channels == 64
     with torch.no_grad():  # the 64-channel last stage runs on the block's output at stride 4, as ConvNetBody's did
         assert trunk[:4](torch.zeros(2, 1, 32, 32)).shape == (2, 64, 8, 8)

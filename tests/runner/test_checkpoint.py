@@ -134,9 +134,7 @@ device: cpu
             ckpt = os.path.join(fold, "checkpoint.pth")
             if start_size is None and os.path.exists(ckpt) and load_weights(ckpt)["epoch"] >= 1:
                 start_size = os.path.getsize(progress)
-            if (
-                start_size is not None and os.path.getsize(progress) - start_size >= 24
-            ):  # 3 of 6 batches of epoch 2
+            if start_size is not None and os.path.getsize(progress) - start_size >= 24:  # 3 of 6 batches of epoch 2
                 proc.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.005)
@@ -159,8 +157,7 @@ device: cpu
 
     for table in ("loss_histories", "accuracies_val"):
         got = [
-            (r["~iteration~"], r.get("total_loss", r.get("mean_average_precision_at_r")))
-            for r in _rows(fold, table)
+            (r["~iteration~"], r.get("total_loss", r.get("mean_average_precision_at_r"))) for r in _rows(fold, table)
         ]
         want = [
             (r["~iteration~"], r.get("total_loss", r.get("mean_average_precision_at_r")))

@@ -142,44 +142,72 @@ class TestErrors:
             "RMSprop: {lr: 0.000001,",
             "RMSprop: {lr: [0.000001,",
         )
-        self._check(
-            capsys, [root], os.path.join("config_optimizers", "default.yaml:"), "malformed YAML", "RMSprop"
-        )
+        self._check(capsys, [root], os.path.join("config_optimizers", "default.yaml:"), "malformed YAML", "RMSprop")
 
     def test_search_needs_the_number_of_trials(self, tmp_path, capsys):
         pytest.importorskip("optuna")
         self._check(
             capsys,
-            ["contrastive", "--variant", "quick", "--root_experiment_folder", str(tmp_path),
-             "--loss_funcs~APPLY~3", "{neg_margin~BAYESIAN~:", "[0.5,", "2]}"],
+            [
+                "contrastive",
+                "--variant",
+                "quick",
+                "--root_experiment_folder",
+                str(tmp_path),
+                "--loss_funcs~APPLY~3",
+                "{neg_margin~BAYESIAN~:",
+                "[0.5,",
+                "2]}",
+            ],
             "bayes_opt_iters",
             "--bayes_opt_iters 20",
         )
 
     def test_unknown_variant_lists_the_variants(self, capsys):
-        self._check(capsys, ["contrastive", "--variant", "quik"], "--variant quik: no such variant",
-                    "quick", "with_cars196", "with_sop")
+        self._check(
+            capsys,
+            ["contrastive", "--variant", "quik"],
+            "--variant quik: no such variant",
+            "quick",
+            "with_cars196",
+            "with_sop",
+        )
 
     def test_bare_variant_is_an_error(self, capsys):
         self._check(capsys, ["contrastive", "--variant"], "--variant: needs a name", "quick")
 
     def test_unknown_key_names_the_nearest(self, capsys):
-        self._check(capsys, ["contrastive", "--variant", "quick", "--num_epochs", "1"],
-                    "command line: --num_epochs", "did you mean num_epochs_train")
+        self._check(
+            capsys,
+            ["contrastive", "--variant", "quick", "--num_epochs", "1"],
+            "command line: --num_epochs",
+            "did you mean num_epochs_train",
+        )
 
 
 def test_dry_run_prints_the_merged_config_and_trains_nothing(tmp_path, capsys):
     import yaml
 
-    argv = ["contrastive", "--variant", "quick", "--root_experiment_folder", str(tmp_path), "--dry-run",
-            "--tester~APPLY~2", "{accuracy_calculator~OVERRIDE~:", "{ChunkedAccuracyCalculator:", "{chunk_size:",
-            "64}}}"]
+    argv = [
+        "contrastive",
+        "--variant",
+        "quick",
+        "--root_experiment_folder",
+        str(tmp_path),
+        "--dry-run",
+        "--tester~APPLY~2",
+        "{accuracy_calculator~OVERRIDE~:",
+        "{ChunkedAccuracyCalculator:",
+        "{chunk_size:",
+        "64}}}",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     cfg = yaml.safe_load(out)
     assert cfg["num_epochs_train"] == 3 and list(cfg["dataset"]) == ["GlyphDataset"]
     assert cfg["tester"]["GlobalEmbeddingSpaceTester"]["accuracy_calculator"] == {
-        "ChunkedAccuracyCalculator": {"chunk_size": 64}}
+        "ChunkedAccuracyCalculator": {"chunk_size": 64}
+    }
     assert not os.listdir(tmp_path)  # nothing written
     assert os.path.abspath(CONFIGS) not in out and "site-packages" not in out
 

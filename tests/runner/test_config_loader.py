@@ -177,11 +177,7 @@ class TestMarkers:
         }
 
     def test_swap_with_explicit_mapping_keeps_order(self):
-        cfg = {
-            "transforms": {
-                "train": {"Resize": {"size": 256}, "RandomHorizontalFlip": {"p": 0.5}, "CenterCrop": {}}
-            }
-        }
+        cfg = {"transforms": {"train": {"Resize": {"size": 256}, "RandomHorizontalFlip": {"p": 0.5}, "CenterCrop": {}}}}
         out = merge(cfg, {"transforms~SWAP~2": {"RandomHorizontalFlip": "RandomVerticalFlip"}})
         assert list(out["transforms"]["train"]) == ["Resize", "RandomVerticalFlip", "CenterCrop"]
         assert out["transforms"]["train"]["RandomVerticalFlip"] == {"p": 0.5}
@@ -259,9 +255,7 @@ class TestCommandLine:
             parse_command_line(["stray"])
         with pytest.raises(ConfigError) as e:
             parse_command_line(["--optimizers", "{trunk_optimizer:", "{Adam}"])
-        assert str(e.value).startswith("command line: --optimizers: malformed YAML") and "\n" not in str(
-            e.value
-        )
+        assert str(e.value).startswith("command line: --optimizers: malformed YAML") and "\n" not in str(e.value)
 
 
 class TestFileErrors:

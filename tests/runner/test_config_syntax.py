@@ -12,41 +12,84 @@ T = {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"AccuracyCalcula
 
 CASES = [
     # the issue's example: ~OVERRIDE~ inside ~APPLY~ replaces the calculator, it does not add a second one
-    ("override in apply", T, {"tester~APPLY~2": {"accuracy_calculator~OVERRIDE~": {"ChunkedAccuracyCalculator":
-                                                                                    {"chunk_size": 64}}}},
-     {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"ChunkedAccuracyCalculator": {"chunk_size": 64}}}}}),
+    (
+        "override in apply",
+        T,
+        {"tester~APPLY~2": {"accuracy_calculator~OVERRIDE~": {"ChunkedAccuracyCalculator": {"chunk_size": 64}}}},
+        {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"ChunkedAccuracyCalculator": {"chunk_size": 64}}}}},
+    ),
     # a plain key inside ~APPLY~ merges (PB's merge keeps both class names; ~OVERRIDE~ is how to replace)
-    ("plain in apply merges", T, {"tester~APPLY~2": {"accuracy_calculator": {"AccuracyCalculator": {"k": 5}}}},
-     {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"AccuracyCalculator": {"k": 5}}}}}),
+    (
+        "plain in apply merges",
+        T,
+        {"tester~APPLY~2": {"accuracy_calculator": {"AccuracyCalculator": {"k": 5}}}},
+        {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"AccuracyCalculator": {"k": 5}}}}},
+    ),
     # ~SWAP~ inside ~APPLY~: renames the calculator class, keeps its arguments
-    ("swap in apply", T, {"tester~APPLY~2": {"accuracy_calculator~SWAP~1": {"ChunkedAccuracyCalculator": None}}},
-     {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"ChunkedAccuracyCalculator": {"k": "max_bin_count"}}}}}),
+    (
+        "swap in apply",
+        T,
+        {"tester~APPLY~2": {"accuracy_calculator~SWAP~1": {"ChunkedAccuracyCalculator": None}}},
+        {
+            "tester": {
+                "T": {"batch_size": 32, "accuracy_calculator": {"ChunkedAccuracyCalculator": {"k": "max_bin_count"}}}
+            }
+        },
+    ),
     # ~SWAP~ inside ~OVERRIDE~ acts on the old value being replaced; unnamed keys are dropped
-    ("swap in override", T, {"tester~OVERRIDE~": {"T": {"accuracy_calculator~SWAP~1": {"C": None}}}},
-     {"tester": {"T": {"accuracy_calculator": {"C": {"k": "max_bin_count"}}}}}),
+    (
+        "swap in override",
+        T,
+        {"tester~OVERRIDE~": {"T": {"accuracy_calculator~SWAP~1": {"C": None}}}},
+        {"tester": {"T": {"accuracy_calculator": {"C": {"k": "max_bin_count"}}}}},
+    ),
     # ~APPLY~ inside ~OVERRIDE~
-    ("apply in override", T, {"tester~OVERRIDE~": {"T": {"accuracy_calculator~APPLY~2": {"k": 1}}}},
-     {"tester": {"T": {"accuracy_calculator": {"AccuracyCalculator": {"k": 1}}}}}),
+    (
+        "apply in override",
+        T,
+        {"tester~OVERRIDE~": {"T": {"accuracy_calculator~APPLY~2": {"k": 1}}}},
+        {"tester": {"T": {"accuracy_calculator": {"AccuracyCalculator": {"k": 1}}}}},
+    ),
     # ~DELETE~ inside ~APPLY~
-    ("delete in apply", T, {"tester~APPLY~2": {"batch_size~DELETE~": None}},
-     {"tester": {"T": {"accuracy_calculator": {"AccuracyCalculator": {"k": "max_bin_count"}}}}}),
+    (
+        "delete in apply",
+        T,
+        {"tester~APPLY~2": {"batch_size~DELETE~": None}},
+        {"tester": {"T": {"accuracy_calculator": {"AccuracyCalculator": {"k": "max_bin_count"}}}}},
+    ),
     # ~OVERRIDE~ inside a plain merge, at depth 3
-    ("override in plain", T, {"tester": {"T": {"accuracy_calculator~OVERRIDE~": {"C": {}}}}},
-     {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"C": {}}}}}),
+    (
+        "override in plain",
+        T,
+        {"tester": {"T": {"accuracy_calculator~OVERRIDE~": {"C": {}}}}},
+        {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"C": {}}}}},
+    ),
     # ~APPLY~ inside ~APPLY~
-    ("apply in apply", {"o": {"a": {"X": {"lr": 1}}, "b": {"Y": {"lr": 1}}}}, {"o~APPLY~1": {"a~APPLY~2": {"lr": 2}}},
-     {"o": {"a": {"X": {"lr": 2}}, "b": {"Y": {"lr": 1}}}}),
+    (
+        "apply in apply",
+        {"o": {"a": {"X": {"lr": 1}}, "b": {"Y": {"lr": 1}}}},
+        {"o~APPLY~1": {"a~APPLY~2": {"lr": 2}}},
+        {"o": {"a": {"X": {"lr": 2}}, "b": {"Y": {"lr": 1}}}},
+    ),
     # ~APPLY~ fills a null (PB replaced non-mappings at the applied depth)
-    ("apply fills null", {"l": {"m": {"ContrastiveLoss": None}}}, {"l~APPLY~3": {"neg_margin": 2}},
-     {"l": {"m": {"ContrastiveLoss": {"neg_margin": 2}}}}),
+    (
+        "apply fills null",
+        {"l": {"m": {"ContrastiveLoss": None}}},
+        {"l~APPLY~3": {"neg_margin": 2}},
+        {"l": {"m": {"ContrastiveLoss": {"neg_margin": 2}}}},
+    ),
     # ~DELETE~ inside ~OVERRIDE~ of a key that exists only in the old value: nothing to keep
     ("delete in override", {"o": {"a": 1, "b": 2}}, {"o~OVERRIDE~": {"a~DELETE~": None, "c": 3}}, {"o": {"c": 3}}),
     # a later plain value replaces a search marker and vice versa
     ("plain replaces bayesian", {"lr~BAYESIAN~": [0, 1]}, {"lr": 0.5}, {"lr": 0.5}),
     ("bayesian replaces plain", {"lr": 0.5}, {"lr~LOG_BAYESIAN~": [0.1, 1]}, {"lr~LOG_BAYESIAN~": [0.1, 1]}),
     # ~SWAP~ inside a plain merge, explicit mapping keeps the order
-    ("swap in plain", {"t": {"train": {"A": 1, "B": 2, "C": 3}}}, {"t": {"train~SWAP~1": {"B": "D"}}},
-     {"t": {"train": {"A": 1, "D": 2, "C": 3}}}),
+    (
+        "swap in plain",
+        {"t": {"train": {"A": 1, "B": 2, "C": 3}}},
+        {"t": {"train~SWAP~1": {"B": "D"}}},
+        {"t": {"train": {"A": 1, "D": 2, "C": 3}}},
+    ),
 ]
 
 
@@ -59,16 +102,20 @@ def test_nested_markers(name, base, update, expected):
 
 
 def test_issue_example_from_the_command_line():
-    cli = parse_command_line(["--tester~APPLY~2", "{accuracy_calculator~OVERRIDE~: {ChunkedAccuracyCalculator: "
-                              "{chunk_size: 64}}}"])
+    cli = parse_command_line(
+        ["--tester~APPLY~2", "{accuracy_calculator~OVERRIDE~: {ChunkedAccuracyCalculator: {chunk_size: 64}}}"]
+    )
     out = merge(T, cli, "command line")
     assert out["tester"]["T"]["accuracy_calculator"] == {"ChunkedAccuracyCalculator": {"chunk_size": 64}}
 
 
-@pytest.mark.parametrize("update, message", [
-    ({"tester~OVERRIDE~": {"Other": {"x~SWAP~1": {"C": None}}}}, "target 'x' does not exist"),
-    ({"t~SWAP~1": {"Missing": "New"}}, "no key 'Missing' here"),
-])
+@pytest.mark.parametrize(
+    "update, message",
+    [
+        ({"tester~OVERRIDE~": {"Other": {"x~SWAP~1": {"C": None}}}}, "target 'x' does not exist"),
+        ({"t~SWAP~1": {"Missing": "New"}}, "no key 'Missing' here"),
+    ],
+)
 def test_nested_marker_errors(update, message):
     with pytest.raises(ConfigError, match=message):
         merge({"tester": {"T": {}}, "t": {"A": {}}}, update, "f.yaml")
@@ -77,10 +124,16 @@ def test_nested_marker_errors(update, message):
 QUICK = {"config_general": ["default", "quick"]}
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--num_epochs", "1"], "command line: --num_epochs: no config file defines this key .* did you mean num_epochs_train"),
-    (["--bogus_key", "3"], "command line: --bogus_key: no config file defines this key .* did you mean "),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--num_epochs", "1"],
+            "command line: --num_epochs: no config file defines this key .* did you mean num_epochs_train",
+        ),
+        (["--bogus_key", "3"], "command line: --bogus_key: no config file defines this key .* did you mean "),
+    ],
+)
 def test_unknown_command_line_key_names_the_nearest(argv, message):
     with pytest.raises(ConfigError, match=message):
         load_config(find_config("contrastive"), QUICK, parse_command_line(argv))
@@ -103,16 +156,19 @@ def test_typo_in_a_yaml_key_is_an_error(tmp_path):
 def test_old_pb_spellings_are_mapped_with_a_note(tmp_path):
     (tmp_path / "config_eval").mkdir()
     (tmp_path / "config_eval" / "default.yaml").write_text(
-        "eval_metric_for_best_epoch: precision_at_1\neval_batch_size: 64\n")
+        "eval_metric_for_best_epoch: precision_at_1\neval_batch_size: 64\n"
+    )
     (tmp_path / "config_general").mkdir()
     (tmp_path / "config_general" / "default.yaml").write_text(
-        "trainer: {MetricLossOnly: {dataloader_num_workers: 0}}\niterations_per_epoch: 7\nbatch_size: 16\n")
+        "trainer: {MetricLossOnly: {dataloader_num_workers: 0}}\niterations_per_epoch: 7\nbatch_size: 16\n"
+    )
     notes = []
     cfg, _ = load_config(str(tmp_path), log=notes.append)
     assert cfg["hook_container"] == {"HookContainer": {"primary_metric": "precision_at_1"}}
     assert cfg["tester"] == {"GlobalEmbeddingSpaceTester": {"batch_size": 64}}
-    assert cfg["trainer"] == {"MetricLossOnly": {"dataloader_num_workers": 0, "iterations_per_epoch": 7,
-                                                 "batch_size": 16}}
+    assert cfg["trainer"] == {
+        "MetricLossOnly": {"dataloader_num_workers": 0, "iterations_per_epoch": 7, "batch_size": 16}
+    }
     assert len(notes) == 4 and all("pre-0.9.29" in n for n in notes)
 
 
@@ -126,7 +182,8 @@ def test_old_spelling_without_counterpart_is_refused(tmp_path):
 def test_flat_form_is_read_by_the_one_loader(tmp_path):
     (tmp_path / "config_general.yaml").write_text(
         "seed: 0\nloss_funcs: {metric_loss: {XMLWrapper: {loss: {ContrastiveLoss: {}}}}}\n"
-        "variants:\n  xml: {}\n  gap: {loss_funcs: {metric_loss~OVERRIDE~: {ContrastiveLoss: {}}}}\n")
+        "variants:\n  xml: {}\n  gap: {loss_funcs: {metric_loss~OVERRIDE~: {ContrastiveLoss: {}}}}\n"
+    )
     (tmp_path / "config_models.yaml").write_text("models: {trunk: {Linear: [2, 2]}}\n")
     cfg, src = load_config(str(tmp_path))
     assert cfg["protocol"] == "xml_vs_gap" and src["models"].endswith("config_models.yaml")
@@ -147,9 +204,15 @@ def test_nested_markers_in_files(tmp_path):
     (tmp_path / "config_eval").mkdir()
     (tmp_path / "config_eval" / "default.yaml").write_text(
         "tester: {GlobalEmbeddingSpaceTester: {batch_size: 32, accuracy_calculator: "
-        "{AccuracyCalculator: {k: max_bin_count}}}}\n")
+        "{AccuracyCalculator: {k: max_bin_count}}}}\n"
+    )
     (tmp_path / "config_eval" / "chunked.yaml").write_text(
-        "tester~APPLY~2:\n  accuracy_calculator~OVERRIDE~:\n    ChunkedAccuracyCalculator: {chunk_size: 64}\n")
+        "tester~APPLY~2:\n  accuracy_calculator~OVERRIDE~:\n    ChunkedAccuracyCalculator: {chunk_size: 64}\n"
+    )
     cfg, _ = load_config(str(tmp_path), {"config_eval": ["default", "chunked"]})
-    assert cfg["tester"] == {"GlobalEmbeddingSpaceTester": {
-        "batch_size": 32, "accuracy_calculator": {"ChunkedAccuracyCalculator": {"chunk_size": 64}}}}
+    assert cfg["tester"] == {
+        "GlobalEmbeddingSpaceTester": {
+            "batch_size": 32,
+            "accuracy_calculator": {"ChunkedAccuracyCalculator": {"chunk_size": 64}},
+        }
+    }

@@ -182,15 +182,41 @@ def test_job_runs_under_torchrun(tmp_path):
     tf["transforms"]["train"] = tf["transforms"]["eval"]
     yaml.safe_dump(tf, open(tf_path, "w"))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    args = ["-m", "pml_extensions", "job", "--config", cfg, "--epochs", "1", "--iterations", "4", "--seeds", "0",
-            "--variants", "contrastive_xml", "--device", "cpu"]
-    one = subprocess.run([sys.executable] + args + ["--output", str(tmp_path / "one")], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=400)
+    args = [
+        "-m",
+        "pml_extensions",
+        "job",
+        "--config",
+        cfg,
+        "--epochs",
+        "1",
+        "--iterations",
+        "4",
+        "--seeds",
+        "0",
+        "--variants",
+        "contrastive_xml",
+        "--device",
+        "cpu",
+    ]
+    one = subprocess.run(
+        [sys.executable] + args + ["--output", str(tmp_path / "one")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
     two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] + args[1:]
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + args[1:]
         + ["--output", str(tmp_path / "two")],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=400,
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
 

@@ -140,7 +140,8 @@ class TestRunner:
         assert state["epoch"] == 2 and state["finished"]
 
     def test_frozen_batchnorm_trunk(self, tmp_path):
-        files = {"config_models/default.yaml": """
+        files = {
+            "config_models/default.yaml": """
 models:
   trunk:
     - Flatten: null
@@ -148,7 +149,8 @@ models:
     - BatchNorm1d: [16]
   embedder:
     MLP: {layer_sizes: [8]}
-"""}
+"""
+        }
         runner = _runner(
             tmp_path,
             [
@@ -204,9 +206,7 @@ models:
         assert "\n" not in str(e.value)
 
     def test_errors_from_files_name_the_file(self, tmp_path):
-        files = {
-            "config_loss_and_miners/default.yaml": "loss_funcs:\n  metric_loss:\n    ContrastivLoss: {}\n"
-        }
+        files = {"config_loss_and_miners/default.yaml": "loss_funcs:\n  metric_loss:\n    ContrastivLoss: {}\n"}
         runner = _runner(tmp_path, [], files)
         with pytest.raises(ConfigError) as e:
             runner.builder.build_losses(runner.builder.build_models(torch.zeros(1, 4, 4)), 4)

@@ -29,8 +29,9 @@ class _Points(torch.utils.data.Dataset):
 
 def test_accuracy_calculator_include_computes_only_p_at_1():
     calc = {"AccuracyCalculator": {"include": ["precision_at_1"], "k": 1}}
-    tester = pb_keys.build_tester(_tester_cfg(accuracy_calculator=calc, normalize_embeddings=False),
-                                  torch.device("cpu"))
+    tester = pb_keys.build_tester(
+        _tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu")
+    )
     emb, labels = tester.get_all_embeddings(_Points(), torch.nn.Identity())
     acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, 0])
     # neighbours (L2, self excluded): 0->1 (same), 1->0 (same), 2->1 (other), 3->1 (other): P@1 = 2/4
@@ -48,9 +49,12 @@ def test_pml_tester_and_calculator_run_on_the_blocked_engine():
 
     calc = {"AccuracyCalculator": {"include": ["precision_at_1", "mean_average_precision_at_r"], "k": "max_bin_count"}}
     ours = pb_keys.build_tester(_tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"))
-    stock = pb_keys.build_tester(_tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"),
-                                 sharded=False)
-    assert type(ours) is ShardedGlobalEmbeddingSpaceTester and type(ours.accuracy_calculator) is ChunkedAccuracyCalculator
+    stock = pb_keys.build_tester(
+        _tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"), sharded=False
+    )
+    assert (
+        type(ours) is ShardedGlobalEmbeddingSpaceTester and type(ours.accuracy_calculator) is ChunkedAccuracyCalculator
+    )
     assert type(stock) is GlobalEmbeddingSpaceTester and type(stock.accuracy_calculator) is AccuracyCalculator
     emb, labels = ours.get_all_embeddings(_Points(), torch.nn.Identity())
     a = ours.accuracy_calculator.get_accuracy(emb, labels[:, 0])
@@ -60,23 +64,42 @@ def test_pml_tester_and_calculator_run_on_the_blocked_engine():
 
 
 def test_tester_arguments_reach_pml():
-    t = pb_keys.build_tester(_tester_cfg(normalize_embeddings=False, use_trunk_output=True, batch_size=3, pca=1,
-                                        dataloader_num_workers=0, label_hierarchy_level=0), torch.device("cpu"))
+    t = pb_keys.build_tester(
+        _tester_cfg(
+            normalize_embeddings=False,
+            use_trunk_output=True,
+            batch_size=3,
+            pca=1,
+            dataloader_num_workers=0,
+            label_hierarchy_level=0,
+        ),
+        torch.device("cpu"),
+    )
     assert (t.normalize_embeddings, t.use_trunk_output, t.batch_size, t.pca, t.dataloader_num_workers) == (
-        False, True, 3, 1, 0)
+        False,
+        True,
+        3,
+        1,
+        0,
+    )
     emb, _ = t.get_all_embeddings(_Points(), torch.nn.Identity(), torch.nn.Linear(2, 7))
     assert emb.shape == (4, 1)  # trunk output (2-D) reduced by PCA to 1, the embedder is not used
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"reference_set": "compared_to_training_set"}, "reference_set: only compared_to_self"),
-    ({"visualizer": {"UMAP": {}}}, "visualizer: embedding plots are not supported"),
-    ({"batch_sise": 3}, "unknown argument 'batch_sise'; did you mean batch_size"),
-    ({"pca": 0}, "pca: expected null or a positive"),
-    ({"accuracy_calculator": {"NoSuchCalculator": {}}}, "unknown class 'NoSuchCalculator'"),
-    ({"accuracy_calculator": {"AccuracyCalculator": {"include": ["precision_at_one"]}}},
-     "unknown metric 'precision_at_one'; did you mean precision_at_1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"reference_set": "compared_to_training_set"}, "reference_set: only compared_to_self"),
+        ({"visualizer": {"UMAP": {}}}, "visualizer: embedding plots are not supported"),
+        ({"batch_sise": 3}, "unknown argument 'batch_sise'; did you mean batch_size"),
+        ({"pca": 0}, "pca: expected null or a positive"),
+        ({"accuracy_calculator": {"NoSuchCalculator": {}}}, "unknown class 'NoSuchCalculator'"),
+        (
+            {"accuracy_calculator": {"AccuracyCalculator": {"include": ["precision_at_one"]}}},
+            "unknown metric 'precision_at_one'; did you mean precision_at_1",
+        ),
+    ],
+)
 def test_tester_refusals(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         pb_keys.check_values(_tester_cfg(**kwargs), {"tester": "config_eval/default.yaml"})
@@ -88,11 +111,28 @@ def test_unknown_tester_class():
 
 
 def test_split_manager_is_honoured_and_checked():
-    s = pb_keys.split_settings({"split_manager": {"ClassDisjointSplitManager": {
-        "test_size": 0.25, "test_start_idx": 0.0, "num_training_partitions": 3, "num_training_sets": 2,
-        "hierarchy_level": 1, "data_and_label_getter_keys": ["image", "label"]}}})
-    assert s == {"test_size": 0.25, "test_start_idx": 0.0, "num_training_partitions": 3, "num_training_sets": 2,
-                 "hierarchy_level": 1, "data_and_label_getter_keys": ["image", "label"]}
+    s = pb_keys.split_settings(
+        {
+            "split_manager": {
+                "ClassDisjointSplitManager": {
+                    "test_size": 0.25,
+                    "test_start_idx": 0.0,
+                    "num_training_partitions": 3,
+                    "num_training_sets": 2,
+                    "hierarchy_level": 1,
+                    "data_and_label_getter_keys": ["image", "label"],
+                }
+            }
+        }
+    )
+    assert s == {
+        "test_size": 0.25,
+        "test_start_idx": 0.0,
+        "num_training_partitions": 3,
+        "num_training_sets": 2,
+        "hierarchy_level": 1,
+        "data_and_label_getter_keys": ["image", "label"],
+    }
     assert pb_keys.split_settings({})["num_training_partitions"] == 4
     getter = pb_keys.data_and_label_getter(s["data_and_label_getter_keys"])
     assert getter({"image": "x", "label": 3}) == ("x", 3)
@@ -101,13 +141,16 @@ def test_split_manager_is_honoured_and_checked():
         pb_keys.label_level(np.array([0, 1]), 1)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"ClosedSetSplitManager": {}}, "ClosedSetSplitManager is powerful-benchmarker's, not implemented here"),
-    ({"ClassDisjointSplitManager": {"test_sizes": 0.5}}, "unknown argument 'test_sizes'; did you mean test_size"),
-    ({"ClassDisjointSplitManager": {"test_size": 1.5}}, "test_size: expected a fraction"),
-    ({"ClassDisjointSplitManager": {"num_training_sets": 5}}, "num_training_sets: 5 is more than"),
-    ({"ClassDisjointSplitManager": {"data_and_label_getter_keys": "data"}}, "data_and_label_getter_keys: expected"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"ClosedSetSplitManager": {}}, "ClosedSetSplitManager is powerful-benchmarker's, not implemented here"),
+        ({"ClassDisjointSplitManager": {"test_sizes": 0.5}}, "unknown argument 'test_sizes'; did you mean test_size"),
+        ({"ClassDisjointSplitManager": {"test_size": 1.5}}, "test_size: expected a fraction"),
+        ({"ClassDisjointSplitManager": {"num_training_sets": 5}}, "num_training_sets: 5 is more than"),
+        ({"ClassDisjointSplitManager": {"data_and_label_getter_keys": "data"}}, "data_and_label_getter_keys: expected"),
+    ],
+)
 def test_split_manager_refusals(spec, message):
     with pytest.raises(ConfigError, match=message):
         pb_keys.split_settings({"split_manager": spec})
@@ -123,9 +166,11 @@ def test_hook_container_primary_metric_and_refusals():
     cfg = {"hook_container": {"HookContainer": {"primary_metric": "precision_at_1"}}}
     assert pb_keys.primary_metric(cfg) == "precision_at_1"
     assert pb_keys.primary_metric({}) == "mean_average_precision_at_r"
-    for kwargs, message in [({"save_models": False}, "save_models: must be true"),
-                            ({"validation_split_name": "dev"}, "validation_split_name"),
-                            ({"primary_metrics": "x"}, "did you mean primary_metric")]:
+    for kwargs, message in [
+        ({"save_models": False}, "save_models: must be true"),
+        ({"validation_split_name": "dev"}, "validation_split_name"),
+        ({"primary_metrics": "x"}, "did you mean primary_metric"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             pb_keys.hook_settings({"hook_container": {"HookContainer": kwargs}})
 
@@ -133,7 +178,9 @@ def test_hook_container_primary_metric_and_refusals():
 def test_aggregator_is_the_mean_over_folds():
     folds = [{"precision_at_1": 0.5, "r_precision": 0.25}, {"precision_at_1": 0.75, "r_precision": 0.5}]
     assert pb_keys.aggregate({"aggregator": {"MeanAggregator": {"split_to_aggregate": "val"}}}, folds) == {
-        "precision_at_1": 0.625, "r_precision": 0.375}
+        "precision_at_1": 0.625,
+        "r_precision": 0.375,
+    }
     with pytest.raises(ConfigError, match="split_to_aggregate: only val"):
         pb_keys.aggregate({"aggregator": {"MeanAggregator": {"split_to_aggregate": "test"}}}, folds)
     with pytest.raises(ConfigError, match="unknown class 'MaxAggregator'"):
@@ -148,14 +195,17 @@ def test_ensemble_settings():
         pb_keys.ensemble_settings({"ensemble": {"Average": {}}})
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("api_parser", {"BaseAPIParser": {}}, "API parsers are PB's internals"),
-    ("skip_eval_if_already_done", False, "never evaluates a logged epoch again"),
-    ("save_figures_on_tensorboard", True, "figures go to report.html"),
-    ("override_required_compatible_factories", True, "custom factories are not supported"),
-    ("save_lists_in_db", "yes", "expected true or false"),
-    ("log_data_to_tensorboard", True, "needs the tensorboard package"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("api_parser", {"BaseAPIParser": {}}, "API parsers are PB's internals"),
+        ("skip_eval_if_already_done", False, "never evaluates a logged epoch again"),
+        ("save_figures_on_tensorboard", True, "figures go to report.html"),
+        ("override_required_compatible_factories", True, "custom factories are not supported"),
+        ("save_lists_in_db", "yes", "expected true or false"),
+        ("log_data_to_tensorboard", True, "needs the tensorboard package"),
+    ],
+)
 def test_general_flag_refusals(key, value, message):
     pytest.importorskip("yaml")
     if key == "log_data_to_tensorboard":
@@ -198,8 +248,10 @@ def test_keys_take_effect_in_an_mlrc_run(tmp_path):
     from pml_extensions.runner.protocols import run_protocol
 
     register_tiny()
-    root = write_tiny_config(str(tmp_path / "cfg"), {
-        "config_eval/default.yaml": """
+    root = write_tiny_config(
+        str(tmp_path / "cfg"),
+        {
+            "config_eval/default.yaml": """
 tester:
   GlobalEmbeddingSpaceTester:
     batch_size: 64
@@ -209,12 +261,13 @@ hook_container: {HookContainer: {primary_metric: precision_at_1}}
 aggregator: {MeanAggregator: {split_to_aggregate: val}}
 ensemble: {ConcatenateEmbeddings: {normalize_embeddings: True, use_trunk_output: False}}
 """,
-        "config_dataset/default.yaml": """
+            "config_dataset/default.yaml": """
 dataset: {TinyVectors: {num_classes: 16, per_class: 8}}
 splits_to_eval: [train, val]
 split_manager: {ClassDisjointSplitManager: {num_training_partitions: 4, num_training_sets: 2}}
 """,
-    })
+        },
+    )
     cfg, sources = load_config(root, None, {"num_epochs_train": 1})
     results = run_protocol(cfg, str(tmp_path / "exp"), sources, log=lambda *a: None)
     assert results["primary_metric"] == "precision_at_1" and len(results["folds"]) == 2
@@ -229,7 +282,9 @@ split_manager: {ClassDisjointSplitManager: {num_training_partitions: 4, num_trai
 
 
 def test_getter_keys_on_tuple_datasets_say_what_to_do():
-    with pytest.raises(ConfigError, match=r"names dict keys, but the dataset returns \(image, label\) tuples; set it to null"):
+    with pytest.raises(
+        ConfigError, match=r"names dict keys, but the dataset returns \(image, label\) tuples; set it to null"
+    ):
         pb_keys.data_and_label_getter(["data", "label"])(("img", 1))
     assert pb_keys.data_and_label_getter(None)(("img", 1)) == ("img", 1)
     assert pb_keys.data_and_label_getter([1, 0])(("img", 1)) == (1, "img")

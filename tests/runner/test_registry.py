@@ -98,7 +98,7 @@ class TestRegister:
 
     def test_discover_makes_unexported_classes_nameable(self):
         discover()
-        for name, cls in package_classes().items():
+        for name in package_classes():
             assert factory.resolve(name) is not None
 
     def test_roles_constant(self):

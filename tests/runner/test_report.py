@@ -66,7 +66,9 @@ def test_any_protocol_layout_command_dataset_xml_loss_and_untrained_flag(tmp_pat
         ck.record_keeper.append_data("metric_loss", "xml_loss", 2.0 / it, it)
     ck.commit({"epoch": 1, "global_iteration": 40})
     (folder / "results.json").write_text(
-        json.dumps({"protocol": "xml_vs_gap", "folds": [{"best_epoch": 0, "best_val_mean_average_precision_at_r": 0.1}]})
+        json.dumps(
+            {"protocol": "xml_vs_gap", "folds": [{"best_epoch": 0, "best_val_mean_average_precision_at_r": 0.1}]}
+        )
     )
     (folder / "results.md").write_text("| variant | MAP@R |\n|---|---|\n| xml | 0.4321 |\n")
     (folder / "config.yaml").write_text("protocol: xml_vs_gap\ndataset: {name: glyphs}\n")

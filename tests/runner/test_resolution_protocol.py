@@ -2,7 +2,6 @@
 results.json layout, SIGKILL-resume, paired student variants and config errors."""
 
 import csv
-import glob
 import json
 import os
 import signal
@@ -22,12 +21,23 @@ from pml_extensions.runner.factory import ConfigError
 TINY_JOB = {
     "datasets": {
         "glyphs": {
-            "database_resolution": 32, "query_resolutions": [16], "image_size": 32, "max_test_per_class": 2,
+            "database_resolution": 32,
+            "query_resolutions": [16],
+            "image_size": 32,
+            "max_test_per_class": 2,
             "crop_scale": [0.5, 1.0],
         }
     },
-    "seeds": [0, 1], "teacher_iterations": 4, "student_iterations": 6, "checkpoint_every": 2, "images_per_batch": 2,
-    "num_augmentations": 2, "embedding_dim": 16, "eval_batch_size": 64, "device": "cpu", "num_workers": 0,
+    "seeds": [0, 1],
+    "teacher_iterations": 4,
+    "student_iterations": 6,
+    "checkpoint_every": 2,
+    "images_per_batch": 2,
+    "num_augmentations": 2,
+    "embedding_dim": 16,
+    "eval_batch_size": 64,
+    "device": "cpu",
+    "num_workers": 0,
     "student_variants": ["loss_abs_only"],
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,7 +70,9 @@ class TestResolutionProtocolRun(unittest.TestCase):
         cls.tmp.cleanup()
 
     def run_cli(self, name):
-        return cli.main([self.cfg, "--root_experiment_folder", os.path.join(self.tmp.name, "exp"), "--experiment_name", name])
+        return cli.main(
+            [self.cfg, "--root_experiment_folder", os.path.join(self.tmp.name, "exp"), "--experiment_name", name]
+        )
 
     def results(self, name):
         with open(os.path.join(self.tmp.name, "exp", name, "results.json")) as f:
@@ -72,10 +84,15 @@ class TestResolutionProtocolRun(unittest.TestCase):
         result = self.results("whole")
         self.assertEqual(
             sorted(result["variants"]),
-            ["glyphs/16px/low_resolution_teacher_symmetric", "glyphs/16px/student_symmetric",
-             "glyphs/16px/student_symmetric/loss_abs_only", "glyphs/16px/teacher_asymmetric",
-             "glyphs/16px/teacher_student_asymmetric", "glyphs/16px/teacher_student_asymmetric/loss_abs_only",
-             "glyphs/32px/teacher_symmetric"],
+            [
+                "glyphs/16px/low_resolution_teacher_symmetric",
+                "glyphs/16px/student_symmetric",
+                "glyphs/16px/student_symmetric/loss_abs_only",
+                "glyphs/16px/teacher_asymmetric",
+                "glyphs/16px/teacher_student_asymmetric",
+                "glyphs/16px/teacher_student_asymmetric/loss_abs_only",
+                "glyphs/32px/teacher_symmetric",
+            ],
         )
         block1 = result["variants"]["glyphs/16px/low_resolution_teacher_symmetric"]
         self.assertEqual(sorted(block1["per_seed"]), ["0", "1"])
@@ -86,8 +103,9 @@ class TestResolutionProtocolRun(unittest.TestCase):
         c = comps[("glyphs/16px/teacher_student_asymmetric", "glyphs/16px/teacher_asymmetric")]
         self.assertEqual(c["n"], 2)
         self.assertEqual(len(c["ci95"]), 2)
-        self.assertIn(("glyphs/16px/teacher_student_asymmetric/loss_abs_only", "glyphs/16px/teacher_student_asymmetric"),
-                      comps)
+        self.assertIn(
+            ("glyphs/16px/teacher_student_asymmetric/loss_abs_only", "glyphs/16px/teacher_student_asymmetric"), comps
+        )
         self.assertEqual(sorted({p["iteration"] for p in result["curve"]}), [0, 2, 4, 6])
         self.assertTrue(all(r["query_flops"] > 0 for r in result["rows"]))
         out = os.path.join(self.tmp.name, "exp", "whole")
@@ -120,7 +138,8 @@ class TestResolutionProtocolRun(unittest.TestCase):
         import numpy as np
         from PIL import Image
 
-        from pml_extensions.explain.cli import load_image, main as explain_main
+        from pml_extensions.explain.cli import load_image
+        from pml_extensions.explain.cli import main as explain_main
         from pml_extensions.runner.protocols.resolution_distillation_parts import build_model
 
         rng = np.random.default_rng(0)
@@ -136,13 +155,28 @@ class TestResolutionProtocolRun(unittest.TestCase):
             trunk.load_state_dict(state["trunk"]), emb.load_state_dict(state["embedder"])
             nets[stage] = (trunk.eval(), emb.eval())
         with torch.no_grad():
-            q = nets["student_16px_full"][1](nets["student_16px_full"][0](load_image(images[0], 16, keep_aspect=True)[None]))
+            q = nets["student_16px_full"][1](
+                nets["student_16px_full"][0](load_image(images[0], 16, keep_aspect=True)[None])
+            )
             r = nets["teacher"][1](nets["teacher"][0](load_image(images[1], 32, keep_aspect=True)[None]))
         expected = float(torch.nn.functional.cosine_similarity(q, r)[0])
         out = os.path.join(self.tmp.name, "why")
-        rc = explain_main([images[0], images[1], "--checkpoint", os.path.join(seed_folder, "student_16px_full", "models.pth"),
-                           "--image-size", "16", "--reference-checkpoint", os.path.join(seed_folder, "teacher", "models.pth"),
-                           "--reference-image-size", "32", "--out", out])
+        rc = explain_main(
+            [
+                images[0],
+                images[1],
+                "--checkpoint",
+                os.path.join(seed_folder, "student_16px_full", "models.pth"),
+                "--image-size",
+                "16",
+                "--reference-checkpoint",
+                os.path.join(seed_folder, "teacher", "models.pth"),
+                "--reference-image-size",
+                "32",
+                "--out",
+                out,
+            ]
+        )
         self.assertEqual(rc, 0)
         with open(os.path.join(out, "similarity.json")) as f:
             self.assertAlmostEqual(json.load(f)["results"][0]["cosine_similarity"], expected, places=4)
@@ -151,8 +185,17 @@ class TestResolutionProtocolRun(unittest.TestCase):
         """Start the run in a subprocess and SIGKILL it once ``stage`` has committed its first checkpoint."""
         # the same thread count as this process: the killed runs are resumed here and compared bit for bit
         env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(torch.get_num_threads()))
-        argv = [sys.executable, "-m", "pml_extensions", "run", self.cfg, "--root_experiment_folder",
-                os.path.join(self.tmp.name, "exp"), "--experiment_name", "killed"]
+        argv = [
+            sys.executable,
+            "-m",
+            "pml_extensions",
+            "run",
+            self.cfg,
+            "--root_experiment_folder",
+            os.path.join(self.tmp.name, "exp"),
+            "--experiment_name",
+            "killed",
+        ]
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 300
         while not os.path.exists(os.path.join(stage, "checkpoint.pth")) and time.time() < deadline:
@@ -201,8 +244,10 @@ class TestResolutionProtocolConfig(unittest.TestCase):
         glyphs = TINY_JOB["datasets"]["glyphs"]
         cases = [
             ({"student_iteration": 3}, "unknown key 'student_iteration'; did you mean 'student_iterations'"),
-            ({"datasets": {"glyphs": dict(glyphs, query_resolutions=[64])}},
-             r"query resolution 64 must be in \(0, database_resolution=32\)"),
+            (
+                {"datasets": {"glyphs": dict(glyphs, query_resolutions=[64])}},
+                r"query resolution 64 must be in \(0, database_resolution=32\)",
+            ),
             ({"datasets": {"glyphs": dict(glyphs, query_resolution=[8])}}, "did you mean 'query_resolutions'"),
             ({"student_variants": ["loss_abs"]}, "student_variants: unknown"),
             ({"checkpoint_every": 3}, "checkpoint_every: 3 must divide teacher_iterations"),
@@ -212,7 +257,10 @@ class TestResolutionProtocolConfig(unittest.TestCase):
             ({"validation": {"fraction": 0.25}}, "validation: unknown key 'fraction'; did you mean 'class_fraction'"),
             ({"validation": 0.25}, "validation: a mapping"),
             ({"student_lr_grid": [1e-4]}, "student_lr_grid: needs validation"),
-            ({"student_lr_grid": [1e-4, -1], "validation": {}}, "student_lr_grid: a non-empty list of distinct positive"),
+            (
+                {"student_lr_grid": [1e-4, -1], "validation": {}},
+                "student_lr_grid: a non-empty list of distinct positive",
+            ),
             ({"student_lr_grid": [1e-4], "lr": 1e-4, "validation": {}}, "give lr .* or student_lr_grid"),
         ]
         for changes, message in cases:
@@ -223,7 +271,9 @@ class TestResolutionProtocolConfig(unittest.TestCase):
         from pml_extensions.runner.protocols import resolution_distillation as rd
 
         self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": [3, 4, 5]})["seeds"], [3, 4, 5])
-        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 1 2"})["seeds"], [0, 1, 2])  # --seeds 0 1 2
+        self.assertEqual(
+            rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 1 2"})["seeds"], [0, 1, 2]
+        )  # --seeds 0 1 2
         self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": 7})["seeds"], [7])
         with self.assertRaisesRegex(ConfigError, "seeds: a list of distinct ints"):
             rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 x"})
@@ -264,8 +314,12 @@ class TestResolutionSelection(unittest.TestCase):
         from pml_extensions.runner.protocols import resolution_distillation as rd
         from pml_extensions.runner.protocols import resolution_distillation_parts as parts
 
-        config = {"protocol": "resolution_distillation", "resolution_job": dict(
-            TINY_JOB, seeds=[0], validation={"class_fraction": 0.25, "seed": 0}, student_lr_grid=[1e-5, 1e-3])}
+        config = {
+            "protocol": "resolution_distillation",
+            "resolution_job": dict(
+                TINY_JOB, seeds=[0], validation={"class_fraction": 0.25, "seed": 0}, student_lr_grid=[1e-5, 1e-3]
+            ),
+        }
         load = parts.load_dataset
 
         def shuffled_test(name, cfg):
@@ -285,14 +339,18 @@ class TestResolutionSelection(unittest.TestCase):
                 curve = sel["curve"]
                 self.assertEqual([p["iteration"] for p in curve], [0, 2, 4, 6])
                 best = max(curve, key=lambda p: (p["teacher_student_asymmetric"], -p["iteration"]))
-                self.assertEqual((sel["iteration"], sel["validation"]), (best["iteration"], best["teacher_student_asymmetric"]))
+                self.assertEqual(
+                    (sel["iteration"], sel["validation"]), (best["iteration"], best["teacher_student_asymmetric"])
+                )
                 kept = torch.load(os.path.join(seed0, stage, "models.pth"), weights_only=True)
                 best_w = torch.load(os.path.join(seed0, stage, "best_models.pth"), weights_only=True)
                 self.assertTrue(all(torch.equal(kept["trunk"][k], best_w["trunk"][k]) for k in kept["trunk"]))
                 chosen[stage] = sel["validation"]
             grid = [s for s in plain["selection"] if s["student_variant"] == "lr_grid"][0]
-            self.assertEqual(grid["validation_by_lr"], {"1e-05": chosen["student_16px_full_lr1e-05"],
-                                                        "0.001": chosen["student_16px_full_lr0.001"]})
+            self.assertEqual(
+                grid["validation_by_lr"],
+                {"1e-05": chosen["student_16px_full_lr1e-05"], "0.001": chosen["student_16px_full_lr0.001"]},
+            )
             winner = 1e-05 if chosen["student_16px_full_lr1e-05"] >= chosen["student_16px_full_lr0.001"] else 1e-3
             self.assertEqual(grid["lr"], winner)
             self.assertEqual([s["lr"] for s in plain["selection"] if s["student_variant"] != "lr_grid"], [winner] * 2)
@@ -315,16 +373,30 @@ def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path):
     except FileNotFoundError as e:  # pragma: no cover - the tox env installs the weights package
         pytest.skip(str(e))
     cfg = str(tmp_path / "cfg")
-    _write_config(cfg, {"protocol": "resolution_distillation",
-                        "resolution_job": dict(TINY_JOB, student_variants=[], teacher_iterations=2,
-                                               student_iterations=2, checkpoint_every=0)})
+    _write_config(
+        cfg,
+        {
+            "protocol": "resolution_distillation",
+            "resolution_job": dict(
+                TINY_JOB, student_variants=[], teacher_iterations=2, student_iterations=2, checkpoint_every=0
+            ),
+        },
+    )
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     args = ["-m", "pml_extensions", "run", cfg, "--root_experiment_folder", str(tmp_path / "exp")]
-    one = subprocess.run([sys.executable] + args + ["--experiment_name", "one"], env=env, capture_output=True,
-                         text=True, timeout=400)
+    one = subprocess.run(
+        [sys.executable] + args + ["--experiment_name", "one"], env=env, capture_output=True, text=True, timeout=400
+    )
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-                         + args[1:] + ["--experiment_name", "two"], env=env, capture_output=True, text=True, timeout=400)
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + args[1:]
+        + ["--experiment_name", "two"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "units dealt over 2 ranks" in two.stdout
     results = [json.load(open(tmp_path / "exp" / name / "results.json")) for name in ("one", "two")]
@@ -332,4 +404,6 @@ def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path):
     assert results[1]["variants"] == results[0]["variants"]
     assert sorted(results[1]["variants"]["glyphs/16px/teacher_student_asymmetric"]["per_seed"]) == ["0", "1"]
     for seed in (0, 1):
-        assert os.path.exists(tmp_path / "exp" / "two" / "glyphs" / f"seed_{seed}" / "student_16px_full" / "result.json")
+        assert os.path.exists(
+            tmp_path / "exp" / "two" / "glyphs" / f"seed_{seed}" / "student_16px_full" / "result.json"
+        )

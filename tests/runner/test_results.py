@@ -1,6 +1,5 @@
 import json
 import math
-import os
 import tempfile
 import unittest
 
@@ -11,8 +10,16 @@ M = "mean_average_precision_at_r"
 
 def table():
     return {
-        "gap": {0: {M: 0.50, "precision_at_1": 0.6}, 1: {M: 0.49, "precision_at_1": 0.7}, 2: {M: 0.52, "precision_at_1": 0.8}},
-        "xml": {0: {M: 0.52, "precision_at_1": 0.6}, 1: {M: 0.50, "precision_at_1": 0.6}, 2: {M: 0.55, "precision_at_1": 0.6}},
+        "gap": {
+            0: {M: 0.50, "precision_at_1": 0.6},
+            1: {M: 0.49, "precision_at_1": 0.7},
+            2: {M: 0.52, "precision_at_1": 0.8},
+        },
+        "xml": {
+            0: {M: 0.52, "precision_at_1": 0.6},
+            1: {M: 0.50, "precision_at_1": 0.6},
+            2: {M: 0.55, "precision_at_1": 0.6},
+        },
     }
 
 
@@ -68,7 +75,11 @@ class TestVerdict(unittest.TestCase):
 
         base = {"variant": "xml", "baseline": "gap", "metric": M, "mean_difference": 0.02, "n": 3}
         self.assertTrue(verdict({**base, "ci95": [0.01, 0.03]}).endswith("reproduced (the interval lies above 0)"))
-        self.assertIn("xml − gap MAP@R +0.0200, 95 % CI [+0.0100, +0.0300] over 3 seeds", verdict({**base, "ci95": [0.01, 0.03]}))
+        self.assertIn(
+            "xml − gap MAP@R +0.0200, 95 % CI [+0.0100, +0.0300] over 3 seeds", verdict({**base, "ci95": [0.01, 0.03]})
+        )
         self.assertTrue(verdict({**base, "ci95": [-0.03, -0.01]}).endswith("contradicted (the interval lies below 0)"))
-        self.assertTrue(verdict({**base, "ci95": [-0.01, 0.05]}).endswith("not shown at this scale (the interval contains 0)"))
+        self.assertTrue(
+            verdict({**base, "ci95": [-0.01, 0.05]}).endswith("not shown at this scale (the interval contains 0)")
+        )
         self.assertTrue(verdict({**base, "ci95": None, "n": 1}).endswith("not shown"))

@@ -24,7 +24,11 @@ JOB = ["--epochs", "3", "--iterations", "8", "--seeds", "0", "--variants", "cont
 def _job(output):
     return subprocess.Popen(
         [sys.executable, "-m", "pml_extensions", "job", "--output", output] + JOB,
-        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -34,12 +38,19 @@ def _tables(stage):
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     try:
-        names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name != 'sqlite_sequence'")]
+        names = [
+            r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name != 'sqlite_sequence'")
+        ]
         out = {}
         for name in names:
             rows = [dict(r) for r in con.execute(f"SELECT * FROM [{name}] ORDER BY id")]
             out[name] = [
-                (r["~iteration~"], sorted((k, v) for k, v in r.items() if k not in ("id", "~iteration~") and isinstance(v, (int, float))))
+                (
+                    r["~iteration~"],
+                    sorted(
+                        (k, v) for k, v in r.items() if k not in ("id", "~iteration~") and isinstance(v, (int, float))
+                    ),
+                )
                 for r in rows
             ]
         return out

@@ -51,11 +51,14 @@ def test_fill_replaces_markers_in_place():
     assert out == {"a": 1, "lr": 0.5, "n": {"k": 3, "z": 0}} and list(out) == ["a", "lr", "n"]
 
 
-@pytest.mark.parametrize("cfg, message", [
-    ({"x~BAYESIAN~": [1, 0]}, r"expected \[low, high\] with low < high"),
-    ({"x~LOG_BAYESIAN~": [0, 1]}, "and low > 0"),
-    ({"x~INT_BAYESIAN~": [0.5, 2]}, "expected two integers"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"x~BAYESIAN~": [1, 0]}, r"expected \[low, high\] with low < high"),
+        ({"x~LOG_BAYESIAN~": [0, 1]}, "and low > 0"),
+        ({"x~INT_BAYESIAN~": [0.5, 2]}, "expected two integers"),
+    ],
+)
 def test_bad_ranges(cfg, message):
     with pytest.raises(ConfigError, match=message):
         search_space(cfg)
@@ -71,8 +74,16 @@ def test_search_through_the_mlrc_protocol(tmp_path):
 
     register_tiny()
     root = write_tiny_config(str(tmp_path / "cfg"))
-    argv = ["--bayes_opt_iters", "2", "--num_epochs_train", "1", "--num_training_sets", "1",
-            "--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}"]
+    argv = [
+        "--bayes_opt_iters",
+        "2",
+        "--num_epochs_train",
+        "1",
+        "--num_training_sets",
+        "1",
+        "--optimizers~APPLY~3",
+        "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}",
+    ]
     cfg, sources = load_config(root, None, parse_command_line(argv), allow_search=True, log=lambda *a: None)
     folder = str(tmp_path / "exp")
     summary = run_search(cfg, folder, sources, log=lambda *a: None)
@@ -92,15 +103,36 @@ def test_search_under_torchrun_runs_each_trial_on_every_rank(tmp_path):
     from runner_testing_utils import write_tiny_config
 
     root = write_tiny_config(str(tmp_path / "cfg"))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
     script = os.path.join(os.path.dirname(__file__), "runner_testing_utils.py")
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, root,
-         "--bayes_opt_iters", "2", "--num_epochs_train", "1", "--num_training_sets", "1",
-         "--check_untrained_accuracy", "false", "--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}",
-         "--root_experiment_folder", str(tmp_path / "exp")],
-        env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            script,
+            root,
+            "--bayes_opt_iters",
+            "2",
+            "--num_epochs_train",
+            "1",
+            "--num_training_sets",
+            "1",
+            "--check_untrained_accuracy",
+            "false",
+            "--optimizers~APPLY~3",
+            "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}",
+            "--root_experiment_folder",
+            str(tmp_path / "exp"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = tmp_path / "exp" / "cfg"
     study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")

@@ -1,4 +1,3 @@
-import argparse
 import json
 import os
 import tempfile
@@ -71,7 +70,9 @@ class TestPairing(unittest.TestCase):
         cfg = tiny_config()
         a = train.build_models(variant(cfg, "proxy_anchor_gap"), 0, torch.device("cpu"))
         b = train.build_models({**variant(cfg, "proxy_anchor_xml"), "prototype_init": None}, 0, torch.device("cpu"))
-        self.assertTrue(torch.equal(a["loss_funcs"]["metric_loss"].proxies, b["loss_funcs"]["metric_loss"].loss.proxies))
+        self.assertTrue(
+            torch.equal(a["loss_funcs"]["metric_loss"].proxies, b["loss_funcs"]["metric_loss"].loss.proxies)
+        )
 
 
 class TestSelection(unittest.TestCase):
@@ -110,8 +111,22 @@ class TestSelection(unittest.TestCase):
 class TestJob(unittest.TestCase):
     def test_job_writes_results_with_comparisons(self):
         with tempfile.TemporaryDirectory() as out:
-            rc = xml_vs_gap.main(["--epochs", "1", "--iterations", "2", "--seeds", "0", "1", "--output", out,
-                                  "--variants", "contrastive_gap", "contrastive_xml"])
+            rc = xml_vs_gap.main(
+                [
+                    "--epochs",
+                    "1",
+                    "--iterations",
+                    "2",
+                    "--seeds",
+                    "0",
+                    "1",
+                    "--output",
+                    out,
+                    "--variants",
+                    "contrastive_gap",
+                    "contrastive_xml",
+                ]
+            )
             self.assertEqual(rc, 0)
             run = os.path.join(out, "xml_glyphs")
             for name in ("results.md", "results.json", "map_at_r.png", "prototype_usage.png", "config.yaml"):
@@ -123,12 +138,31 @@ class TestJob(unittest.TestCase):
             (c,) = r["comparisons"]
             self.assertEqual((c["variant"], c["baseline"]), ("contrastive_xml", "contrastive_gap"))
             self.assertEqual(len(c["ci95"]), 2)
-            self.assertTrue(os.path.isfile(os.path.join(run, "contrastive_xml", "seed_1", "logs", "metric_loss_XMLWrapper.csv")))
+            self.assertTrue(
+                os.path.isfile(os.path.join(run, "contrastive_xml", "seed_1", "logs", "metric_loss_XMLWrapper.csv"))
+            )
             self.explain_round_trip(run)
             # a rerun of the same command resumes: finished units are not retrained, results are the same
             with mock.patch.object(xml_vs_gap, "train_and_select", side_effect=AssertionError("retrained")):
-                self.assertEqual(xml_vs_gap.main(["--epochs", "1", "--iterations", "2", "--seeds", "0", "1", "--output", out,
-                                                  "--variants", "contrastive_gap", "contrastive_xml"]), 0)
+                self.assertEqual(
+                    xml_vs_gap.main(
+                        [
+                            "--epochs",
+                            "1",
+                            "--iterations",
+                            "2",
+                            "--seeds",
+                            "0",
+                            "1",
+                            "--output",
+                            out,
+                            "--variants",
+                            "contrastive_gap",
+                            "contrastive_xml",
+                        ]
+                    ),
+                    0,
+                )
 
     def explain_round_trip(self, run):
         """``explain --checkpoint <variant>/seed_0/best_models.pth``: each variant's model (XML: HistogramPooling;
@@ -138,7 +172,8 @@ class TestJob(unittest.TestCase):
         from PIL import Image
 
         from pml_extensions.explain.checkpoints import load_models
-        from pml_extensions.explain.cli import load_image, main as explain_main
+        from pml_extensions.explain.cli import load_image
+        from pml_extensions.explain.cli import main as explain_main
 
         rng = np.random.default_rng(0)
         images = []
@@ -162,7 +197,9 @@ class TestJob(unittest.TestCase):
     def test_bad_input(self):
         self.assertEqual(xml_vs_gap.main(["--variants", "nope"]), 2)
         self.assertEqual(xml_vs_gap.main(["--seed", "1", "--seeds", "0"]), 2)
-        with self.assertRaisesRegex(Exception, "powerful-benchmarker folder config; run it with python -m pml_extensions run contrastive"):
+        with self.assertRaisesRegex(
+            Exception, "powerful-benchmarker folder config; run it with python -m pml_extensions run contrastive"
+        ):
             xml_vs_gap.load_job_config(xml_vs_gap.parse_args(["--config", "contrastive"]))
         with self.assertRaisesRegex(Exception, "seeds must be distinct"):
             xml_vs_gap.check_seeds([0, 0])

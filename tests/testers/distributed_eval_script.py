@@ -11,8 +11,13 @@ from pml_extensions.testers import AsymmetricTester, ShardedGlobalEmbeddingSpace
 from pml_extensions.utils import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
 
 CPU = torch.device("cpu")
-METRICS = ("precision_at_1", "mean_average_precision_at_r", "mean_average_precision", "mean_reciprocal_rank",
-           "r_precision")
+METRICS = (
+    "precision_at_1",
+    "mean_average_precision_at_r",
+    "mean_average_precision",
+    "mean_reciprocal_rank",
+    "r_precision",
+)
 
 
 class Points(torch.utils.data.Dataset):
@@ -44,14 +49,17 @@ def run():
     kw = dict(data_device=CPU, dataloader_num_workers=0, batch_size=6)
     calc = ChunkedAccuracyCalculator(include=METRICS, k="max_bin_count", chunk_size=4, distributed=True)
     plain = ShardedGlobalEmbeddingSpaceTester(accuracy_calculator=calc, **kw).test(
-        data, 0, student, splits_to_eval=[("val", ["val", "train"]), ("train", ["train"])])
-    asym_calc = AsymmetricAccuracyCalculator(include=METRICS + ("mean_average_precision_trapezoidal",),
-                                             chunk_size=5, distributed=True)
+        data, 0, student, splits_to_eval=[("val", ["val", "train"]), ("train", ["train"])]
+    )
+    asym_calc = AsymmetricAccuracyCalculator(
+        include=METRICS + ("mean_average_precision_trapezoidal",), chunk_size=5, distributed=True
+    )
     asym = AsymmetricTester(accuracy_calculator=asym_calc, **kw).test(data, 0, student, reference_trunk_model=teacher)
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(101, 4, generator=g), torch.randint(0, 5, (101,), generator=g)
-    direct = AsymmetricAccuracyCalculator(include=METRICS, chunk_size=3, distributed=True,
-                                          avg_of_avgs=True).get_accuracy(x, y)
+    direct = AsymmetricAccuracyCalculator(
+        include=METRICS, chunk_size=3, distributed=True, avg_of_avgs=True
+    ).get_accuracy(x, y)
     return {"plain": plain, "asymmetric": asym, "direct": direct, "embedded": counts}
 
 

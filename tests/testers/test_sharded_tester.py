@@ -24,8 +24,10 @@ def _run(cmd, out):
 def test_two_gloo_processes_equal_one_process(tmp_path):
     """Each rank embeds only its shard (37 + 22 images per model: 18 + 11 / 19 + 11), results equal one process."""
     one = _run([sys.executable], str(tmp_path / "one.json"))[0]
-    ranks = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
-                 str(tmp_path / "two.json"))
+    ranks = _run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+        str(tmp_path / "two.json"),
+    )
     assert [r["world_size"] for r in ranks] == [2, 2]
     # plain tester: student embeds val + train once; asymmetric tester: student and teacher embed both once
     assert one["embedded"] == {"student": 2 * (37 + 22), "teacher": 37 + 22}
@@ -64,8 +66,9 @@ def test_several_reference_sets_each_embedded_once():
     teacher.register_forward_hook(lambda m, i, o: seen.__setitem__("teacher", seen["teacher"] + len(o)))
     tester = AsymmetricTester(data_device=torch.device("cpu"), dataloader_num_workers=0, batch_size=5)
     sets = {"test": ["test"], "test+val": ["val", "test"], "val": ["val"]}
-    out = tester.test_reference_sets(data, 3, student, query_split="test", reference_sets=sets,
-                                     reference_trunk_model=teacher)
+    out = tester.test_reference_sets(
+        data, 3, student, query_split="test", reference_sets=sets, reference_trunk_model=teacher
+    )
     assert seen == {"student": 12, "teacher": 21}  # queries once by the student, each split once by the teacher
     q, ql = tester.get_all_embeddings(data["test"], student)
     t, tl = tester.get_all_embeddings(data["test"], teacher)

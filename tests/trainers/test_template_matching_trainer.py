@@ -21,9 +21,7 @@ class TinyResNet(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.stem = torch.nn.Sequential(
-            torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU()
-        )
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
         self.layer1 = torch.nn.Sequential(BasicBlock(4, 4))
 
         def down(i, o):
@@ -115,12 +113,8 @@ class TestTemplateMatchingTrainer(unittest.TestCase):
 
     def test_metric_loss_dml_and_record_keeper(self):
         writer = FakeWriter()
-        hooks = logging_presets.HookContainer(
-            RecordKeeper(tensorboard_writer=writer), log_freq=1, save_models=False
-        )
-        trainer = make_trainer(
-            metric=True, lr=0.01, hooks={"end_of_iteration_hook": hooks.end_of_iteration_hook}
-        )
+        hooks = logging_presets.HookContainer(RecordKeeper(tensorboard_writer=writer), log_freq=1, save_models=False)
+        trainer = make_trainer(metric=True, lr=0.01, hooks={"end_of_iteration_hook": hooks.end_of_iteration_hook})
         block = template_matching_blocks(trainer.models["trunk"])[0]
         before = block.classifier.weight.detach().clone()
         trainer.train(num_epochs=2)

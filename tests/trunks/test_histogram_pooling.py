@@ -117,7 +117,14 @@ class TestLemmaOnTrainedTrunk(unittest.TestCase):
 
         images = [skdata.astronaut(), skdata.coffee(), skdata.chelsea(), skdata.rocket()]
         batch = torch.stack(
-            [TF.normalize(TF.resize(TF.to_tensor(im), [128, 128], antialias=True), [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]) for im in images]
+            [
+                TF.normalize(
+                    TF.resize(TF.to_tensor(im), [128, 128], antialias=True),
+                    [0.485, 0.456, 0.406],
+                    [0.229, 0.224, 0.225],
+                )
+                for im in images
+            ]
         )
         with torch.no_grad():
             feats = body(batch).double()  # [4, 1280, 4, 4]

@@ -43,9 +43,7 @@ class TestMarginAugmentedSoftmax(unittest.TestCase):
         # 2 doubles it
         a = torch.log(torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64))
         p = MarginAugmentedSoftmax(mu=math.log(4.0), epsilon=1.0, eta=2.0)(a)
-        torch.testing.assert_close(
-            p, torch.tensor([[0.2, 0.4, 0.6]], dtype=torch.float64), rtol=0, atol=1e-15
-        )
+        torch.testing.assert_close(p, torch.tensor([[0.2, 0.4, 0.6]], dtype=torch.float64), rtol=0, atol=1e-15)
         # ε = 2 halves the logits: exp(a/2) = sqrt([1, 2, 3]), slack sqrt(4) = 2
         p = MarginAugmentedSoftmax(mu=math.log(4.0), epsilon=2.0)(a)
         e = torch.sqrt(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
@@ -67,18 +65,14 @@ class TestMarginAugmentedSoftmax(unittest.TestCase):
         p = layer(a).detach()
         jac = torch.autograd.functional.jacobian(layer, a)
         torch.testing.assert_close(jac, (torch.diag(p) - torch.outer(p, p)) / eps, rtol=1e-12, atol=1e-14)
-        x = torch.randn(
-            2, 4, 3, 3, dtype=torch.float64, requires_grad=True, generator=torch.Generator().manual_seed(1)
-        )
+        x = torch.randn(2, 4, 3, 3, dtype=torch.float64, requires_grad=True, generator=torch.Generator().manual_seed(1))
         self.assertTrue(torch.autograd.gradcheck(MarginAugmentedSoftmax(mu=0.5, epsilon=0.8, eta=2.0), (x,)))
 
     def test_small_epsilon_tends_to_lp(self):
         a = torch.tensor([[1.0, 3.0, 2.0]], dtype=torch.float64)
         for mu in (2.5, 3.5):
             hard = margin_argmax(a, mu)
-            errors = [
-                float((MarginAugmentedSoftmax(mu, eps)(a) - hard).abs().max()) for eps in (1.0, 0.1, 0.01)
-            ]
+            errors = [float((MarginAugmentedSoftmax(mu, eps)(a) - hard).abs().max()) for eps in (1.0, 0.1, 0.01)]
             # the closest competitor is 0.5 away from the max, so the error is at most ~ 3·exp(-0.5/ε)
             self.assertLess(errors[2], 3 * math.exp(-0.5 / 0.01) + 1e-15)
             self.assertTrue(errors[0] > errors[1] > errors[2])

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from scipy.special import ndtr
 
-from pml_extensions.trunks.margin_softmax import MarginAugmentedSoftmax
 from pml_extensions.trunks import perturbed_maximizer as pm
+from pml_extensions.trunks.margin_softmax import MarginAugmentedSoftmax
 from pml_extensions.trunks.perturbed_maximizer import PerturbedMaximizer
 
 
@@ -126,17 +126,11 @@ class TestPerturbedMaximizer(unittest.TestCase):
         self.assertEqual(shapes, [3, 3, 3, 1, 3, 3, 3, 1])
         # the automatic chunk keeps at most 2**24 noise entries
         shapes.clear()
-        with mock.patch.object(pm, "DEFAULT_MAX_CHUNK_ELEMENTS", 100), mock.patch.object(
-            pm, "_sample_noise", spy
-        ):
-            PerturbedMaximizer(num_samples=10)(
-                torch.zeros(1, 4)
-            )  # 5 entries per sample -> chunks of 100 // 5 = 20
+        with mock.patch.object(pm, "DEFAULT_MAX_CHUNK_ELEMENTS", 100), mock.patch.object(pm, "_sample_noise", spy):
+            PerturbedMaximizer(num_samples=10)(torch.zeros(1, 4))  # 5 entries per sample -> chunks of 100 // 5 = 20
         self.assertEqual(shapes, [10])
         shapes.clear()
-        with mock.patch.object(pm, "DEFAULT_MAX_CHUNK_ELEMENTS", 12), mock.patch.object(
-            pm, "_sample_noise", spy
-        ):
+        with mock.patch.object(pm, "DEFAULT_MAX_CHUNK_ELEMENTS", 12), mock.patch.object(pm, "_sample_noise", spy):
             PerturbedMaximizer(num_samples=10)(torch.zeros(1, 4))  # 12 // 5 = 2 samples per chunk
         self.assertEqual(shapes, [2] * 5)
 

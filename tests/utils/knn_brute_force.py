@@ -21,8 +21,17 @@ def metrics(q, ql, r, rl, k=None, self_indices=None, inner_product=False, same=N
     same = same or (lambda a, b: a == b)
     ql, rl = ql.tolist(), rl.tolist()
     ranks = ranking(q, r, self_indices, inner_product)
-    per = {m: [] for m in ("precision_at_1", "r_precision", "mean_average_precision_at_r",
-                           "mean_average_precision", "mean_reciprocal_rank", "trapezoidal")}
+    per = {
+        m: []
+        for m in (
+            "precision_at_1",
+            "r_precision",
+            "mean_average_precision_at_r",
+            "mean_average_precision",
+            "mean_reciprocal_rank",
+            "trapezoidal",
+        )
+    }
     groups = []
     for i, order in enumerate(ranks):
         num_rel = sum(same(ql[i], b) for b in rl) - (self_indices is not None)
@@ -50,9 +59,9 @@ def metrics(q, ql, r, rl, k=None, self_indices=None, inner_product=False, same=N
     for m, values in per.items():
         if avg_of_avgs:
             classes = sorted(set(groups))
-            out[m] = sum(
-                sum(v for v, g in zip(values, groups) if g == c) / groups.count(c) for c in classes
-            ) / len(classes)
+            out[m] = sum(sum(v for v, g in zip(values, groups) if g == c) / groups.count(c) for c in classes) / len(
+                classes
+            )
         else:
             out[m] = sum(values) / len(values)
     out["mean_average_precision_trapezoidal"] = out.pop("trapezoidal")

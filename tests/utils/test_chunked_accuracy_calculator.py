@@ -61,9 +61,7 @@ class TestEqualsStock:
 
     def test_separate_reference_and_clustering(self):
         x, y = blobs(seed=1)
-        stock = AccuracyCalculator(k="max_bin_count", device=CPU).get_accuracy(
-            x[:100], y[:100], x[100:], y[100:]
-        )
+        stock = AccuracyCalculator(k="max_bin_count", device=CPU).get_accuracy(x[:100], y[:100], x[100:], y[100:])
         chunked = ChunkedAccuracyCalculator(k="max_bin_count", device=CPU, chunk_size=16).get_accuracy(
             x[:100], y[:100], x[100:], y[100:]
         )
@@ -73,9 +71,9 @@ class TestEqualsStock:
 
     def test_fixed_k(self):
         x, y = blobs(seed=2)
-        stock = AccuracyCalculator(
-            include=("precision_at_1", "mean_average_precision"), k=5, device=CPU
-        ).get_accuracy(x, y)
+        stock = AccuracyCalculator(include=("precision_at_1", "mean_average_precision"), k=5, device=CPU).get_accuracy(
+            x, y
+        )
         chunked = ChunkedAccuracyCalculator(
             include=("precision_at_1", "mean_average_precision"), k=5, device=CPU, chunk_size=50
         ).get_accuracy(x, y)

@@ -55,7 +55,7 @@ class TestDistributedLossWrapper(unittest.TestCase):
         feats, labels = global_batch()
         single = XMLWrapper(pml_losses.ContrastiveLoss(), xml_weight=0.5, histogram_layer=pool)
         loss = single(embedder(pool(feats)), labels)
-        for rank, r in enumerate(results):
+        for r in results:
             # PML's convention: each process returns world_size × the loss on the gathered batch
             torch.testing.assert_close(r["loss"] / WORLD_SIZE, loss.detach(), rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(r["xml"], single.xml_loss, rtol=1e-12, atol=1e-12)

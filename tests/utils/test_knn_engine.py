@@ -15,8 +15,13 @@ from tests.utils import knn_brute_force as bf
 
 CPU = torch.device("cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PML_KNN = ("precision_at_1", "r_precision", "mean_average_precision_at_r", "mean_average_precision",
-           "mean_reciprocal_rank")
+PML_KNN = (
+    "precision_at_1",
+    "r_precision",
+    "mean_average_precision_at_r",
+    "mean_average_precision",
+    "mean_reciprocal_rank",
+)
 OURS = ("recall_at_1", "mean_average_precision_trapezoidal")
 CALCS = (ChunkedAccuracyCalculator, AsymmetricAccuracyCalculator)
 
@@ -47,8 +52,7 @@ class TestEngine:
     def test_ties_by_reference_index_against_brute_force(self, inner_product, block_size, budget):
         # the last case re-ranks the tied rows 2 at a time (budget // (16·M) = 2): the same neighbours
         x, _ = integer_points(40)
-        knn = BlockedKNN("inner_product" if inner_product else "euclidean", block_size=block_size,
-                         memory_budget=budget)
+        knn = BlockedKNN("inner_product" if inner_product else "euclidean", block_size=block_size, memory_budget=budget)
         for k in (1, 5, 38, 39):  # 39 = every reference but the own row
             want = [order[:k] for order in bf.ranking(x, x, torch.arange(40), inner_product)]
             dist, idx = knn(x, k, x, ref_includes_query=True)
@@ -150,8 +154,9 @@ class TestSameNumbersAsPML:
         import faiss
 
         x, y = blobs(90)  # not normalised: inner-product and L2 rankings differ
-        stock = AccuracyCalculator(include=PML_KNN, k="max_bin_count", device=CPU,
-                                   knn_func=FaissKNN(index_init_fn=faiss.IndexFlatIP)).get_accuracy(x, y)
+        stock = AccuracyCalculator(
+            include=PML_KNN, k="max_bin_count", device=CPU, knn_func=FaissKNN(index_init_fn=faiss.IndexFlatIP)
+        ).get_accuracy(x, y)
         ours = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count", distance="inner_product")
         assert_same(ours.get_accuracy(x, y), stock)
         l2 = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count").get_accuracy(x, y)
@@ -163,8 +168,9 @@ class TestSameNumbersAsPML:
     def test_faiss_stays_usable_as_knn_func(self):
         x, y = blobs(80)
         stock = AccuracyCalculator(include=PML_KNN, k="max_bin_count", device=CPU).get_accuracy(x, y)
-        ours = ChunkedAccuracyCalculator(include=PML_KNN, k="max_bin_count", device=CPU, knn_func=FaissKNN(),
-                                         chunk_size=16).get_accuracy(x, y)
+        ours = ChunkedAccuracyCalculator(
+            include=PML_KNN, k="max_bin_count", device=CPU, knn_func=FaissKNN(), chunk_size=16
+        ).get_accuracy(x, y)
         assert_same(ours, stock)
 
 
@@ -212,11 +218,15 @@ class TestSeveralReferenceSets:
     def test_equals_one_call_per_set(self, calc_cls):
         x, y = blobs(90)
         calc = calc_cls(include=PML_KNN, k="max_bin_count")
-        out = calc.get_accuracy_multi(x[:30], y[:30], {
-            "self": dict(reference=x[:30], reference_labels=y[:30], ref_includes_query=True),
-            "rest": (x[30:], y[30:]),
-            "all": dict(reference=x, reference_labels=y, self_indices=torch.arange(30)),
-        })
+        out = calc.get_accuracy_multi(
+            x[:30],
+            y[:30],
+            {
+                "self": dict(reference=x[:30], reference_labels=y[:30], ref_includes_query=True),
+                "rest": (x[30:], y[30:]),
+                "all": dict(reference=x, reference_labels=y, self_indices=torch.arange(30)),
+            },
+        )
         assert out["self"] == calc.get_accuracy(x[:30], y[:30])
         assert out["rest"] == calc.get_accuracy(x[:30], y[:30], x[30:], y[30:])
         assert out["all"] == calc.get_accuracy(x[:30], y[:30], x, y, ref_includes_query=True)
@@ -243,8 +253,9 @@ print(json.dumps({"increase_mib": (after - before) / 1024, **acc}))
 def test_peak_memory_many_small_classes(which):
     """30,000 items in 10,000 classes of 3: PML's label counts alone would add ~2.9 GiB; ours stays O(block + N)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, which], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, which], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["increase_mib"] < 400, out

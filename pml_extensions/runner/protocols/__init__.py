@@ -93,9 +93,9 @@ def run_protocol(
         ConfigError: unknown protocol, or a changed config with ``on_change="stop"`` (one line listing the
         differing keys and the two flags).
     """
+    from .. import distributed as dist_utils
     from ..experiment import prepare_folder
     from ..report import write_report
-    from .. import distributed as dist_utils
 
     name = protocol_name(config, sources)
     module = get_protocol(name)

@@ -43,11 +43,11 @@ import numpy as np
 import torch
 
 from .. import distributed as dist_utils
+from .. import pb_keys
 from ..builders import Builder, accepts, one_spec
 from ..checkpoint import load_weights
 from ..data import Subset, dataset_labels
 from ..experiment import Experiment
-from .. import pb_keys
 from ..factory import ConfigError, resolve
 from ..training import EpochLoop
 from .mlrc_splits import ensemble_metrics, mlrc_class_splits
@@ -102,9 +102,7 @@ class MLRCRunner:
     def evaluate(self, tester, dataset, models) -> Dict[str, float]:
         trunk, embedder = models["trunk"], models["embedder"]
         modes = (trunk.training, embedder.training)
-        emb, labels = tester.get_all_embeddings(
-            dataset, dist_utils.unwrap(trunk), dist_utils.unwrap(embedder)
-        )
+        emb, labels = tester.get_all_embeddings(dataset, dist_utils.unwrap(trunk), dist_utils.unwrap(embedder))
         trunk.train(modes[0])
         embedder.train(modes[1])
         acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, tester.label_hierarchy_level])
@@ -147,7 +145,9 @@ class MLRCRunner:
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
         self.builder.prototype_init(
-            models, Subset(base, train_idx, labels, transforms["eval"], self.getter), seed=(self.experiment.seed or 0) + fold
+            models,
+            Subset(base, train_idx, labels, transforms["eval"], self.getter),
+            seed=(self.experiment.seed or 0) + fold,
         )
         loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
         optimizers = self.builder.build_optimizers(models, loss_funcs)
@@ -221,9 +221,7 @@ class MLRCRunner:
         embeddings, y = [], None
         for k, fr in enumerate(fold_results):
             if not os.path.exists(fr["best_path"]):
-                raise ConfigError(
-                    f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test"
-                )
+                raise ConfigError(f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test")
             self._seed(k)
             models = self.builder.build_models(test_ds[0][0], len(fr["train_classes"]))
             for name, sd in load_weights(fr["best_path"], self.device).items():
@@ -280,9 +278,7 @@ class MLRCRunner:
             f"{len(labels)} items, {len(np.unique(labels))} classes; test "
             f"classes {splits['test'][0]}..{splits['test'][-1]}; {num_sets} folds"
         )
-        fold_results = [
-            self.train_fold(k, base, labels, splits["folds"][k], transforms) for k in range(num_sets)
-        ]
+        fold_results = [self.train_fold(k, base, labels, splits["folds"][k], transforms) for k in range(num_sets)]
         # PB's skip_ensemble_eval_if_already_done, only when no fold trained in this call
         test = None if self.trained else pb_keys.reuse_test_results(self.config, self.folder, self.sources)
         if test is None:

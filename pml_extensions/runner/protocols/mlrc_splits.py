@@ -41,9 +41,7 @@ def mlrc_class_splits(
     classes = sorted(int(c) for c in np.unique(np.asarray(labels)))
     c = len(classes)
     if not (0 <= test_size <= 1 and 0 <= test_start_idx <= 1):
-        raise ValueError(
-            f"test_size and test_start_idx must be fractions in [0, 1], got {test_size}, {test_start_idx}"
-        )
+        raise ValueError(f"test_size and test_start_idx must be fractions in [0, 1], got {test_size}, {test_start_idx}")
     start = int(math.floor(test_start_idx * c + 1e-9))
     stop = min(c, int(math.floor((test_start_idx + test_size) * c + 1e-9)))
     test = classes[start:stop]

@@ -34,8 +34,9 @@ choice). Without ``validation`` the schedule is fixed and the last weights are e
 
 Resume: each stage saves ``checkpoint.pth`` + record-keeper logs every ``checkpoint_every`` iterations and
 ``result.json`` when done; a rerun skips finished stages and continues a killed one from its last checkpoint.
-Students resume bit-exactly (their randomness is keyed by (seed, pass)); teachers reseed torch/numpy/PML's RNG at
-every chunk from (seed, chunk) and checkpoint the order of the MPerClassSampler's label list, so they resume exactly too.
+Students resume bit-exactly (their randomness is keyed by (seed, pass)); teachers reseed torch/numpy/PML's RNG
+at every chunk from (seed, chunk) and checkpoint the order of the MPerClassSampler's label list, so they resume
+exactly too.
 
 Under ``torchrun`` the (dataset, seed) units are dealt round-robin over the ranks: each rank trains and evaluates
 its units alone (rank-local stages and testers, no collective inside a unit; a rank's GPU is ``cuda:LOCAL_RANK``),
@@ -61,7 +62,14 @@ from ..experiment import Experiment
 from ..factory import ConfigError
 from . import resolution_distillation_parts as parts
 from .resolution_distillation_stages import (
-    STUDENT_VARIANTS, build_student, choose_student_lr, evaluate_rows, finish, student_stage, teacher_stage)
+    STUDENT_VARIANTS,
+    build_student,
+    choose_student_lr,
+    evaluate_rows,
+    finish,
+    student_stage,
+    teacher_stage,
+)
 from .xml_vs_gap_train import validation_split
 
 CONFIG_KEYS = ("protocol", "resolution_job", "seeds")
@@ -91,8 +99,18 @@ JOB_DEFAULTS: Dict[str, Any] = {
     "student_lr_grid": None,
 }
 VALIDATION_KEYS = ("class_fraction", "seed")
-DATASET_KEYS = ("database_resolution", "query_resolutions", "max_test_per_class", "crop_scale", "image_size",
-                "source", "max_classes", "max_side", "root", "ablation_query_resolution")
+DATASET_KEYS = (
+    "database_resolution",
+    "query_resolutions",
+    "max_test_per_class",
+    "crop_scale",
+    "image_size",
+    "source",
+    "max_classes",
+    "max_side",
+    "root",
+    "ablation_query_resolution",
+)
 
 
 def _unknown(keys, known, where):
@@ -130,8 +148,15 @@ def job_config(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
         raise ConfigError(f"{where}.seeds: a list of distinct ints is required, got {job['seeds']!r}")
     job["seeds"] = list(seeds)
-    for key in ("teacher_iterations", "student_iterations", "images_per_batch", "num_augmentations", "embedding_dim",
-                "eval_batch_size", "teacher_classes_per_batch"):
+    for key in (
+        "teacher_iterations",
+        "student_iterations",
+        "images_per_batch",
+        "num_augmentations",
+        "embedding_dim",
+        "eval_batch_size",
+        "teacher_classes_per_batch",
+    ):
         v = job[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "teacher_iterations" else 1):
             raise ConfigError(f"{where}.{key}: a positive int is required, got {v!r}")
@@ -144,12 +169,15 @@ def job_config(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
     bad = [v for v in job["student_variants"] if v not in STUDENT_VARIANTS or v == "full"]
     if bad:
         raise ConfigError(
-            f"{where}.student_variants: unknown {bad}; choose from {', '.join(v for v in STUDENT_VARIANTS if v != 'full')}"
+            f"{where}.student_variants: unknown {bad}; choose from "
+            f"{', '.join(v for v in STUDENT_VARIANTS if v != 'full')}"
         )
     val = job["validation"]
     if val is not None:
         if not isinstance(val, dict):
-            raise ConfigError(f"{where}.validation: a mapping {{class_fraction, seed}} or null is required, got {val!r}")
+            raise ConfigError(
+                f"{where}.validation: a mapping {{class_fraction, seed}} or null is required, got {val!r}"
+            )
         _unknown(val, VALIDATION_KEYS, f"{where}.validation")
         job["validation"] = val = {"class_fraction": val.get("class_fraction", 0.25), "seed": val.get("seed", 0)}
         fraction = val["class_fraction"]
@@ -159,16 +187,23 @@ def job_config(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
             raise ConfigError(f"{where}.validation.seed: an int is required, got {val['seed']!r}")
     grid = job["student_lr_grid"]
     if grid is not None:
-        if (not isinstance(grid, (list, tuple)) or not grid or len(set(grid)) != len(grid)
-                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in grid)):
-            raise ConfigError(f"{where}.student_lr_grid: a non-empty list of distinct positive numbers is required, "
-                              f"got {grid!r}")
+        if (
+            not isinstance(grid, (list, tuple))
+            or not grid
+            or len(set(grid)) != len(grid)
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in grid)
+        ):
+            raise ConfigError(
+                f"{where}.student_lr_grid: a non-empty list of distinct positive numbers is required, got {grid!r}"
+            )
         if "lr" in spec:
-            raise ConfigError(f"{where}: give lr (one learning rate) or student_lr_grid (chosen on validation), "
-                              "not both")
+            raise ConfigError(
+                f"{where}: give lr (one learning rate) or student_lr_grid (chosen on validation), not both"
+            )
         if val is None:
-            raise ConfigError(f"{where}.student_lr_grid: needs validation (the learning rate is chosen on the "
-                              "validation classes)")
+            raise ConfigError(
+                f"{where}.student_lr_grid: needs validation (the learning rate is chosen on the validation classes)"
+            )
         job["student_lr_grid"] = [float(v) for v in grid]
     if "init_low_resolution_teacher" in job["student_variants"] and not job["low_resolution_teacher"]:
         raise ConfigError(f"{where}.student_variants: init_low_resolution_teacher needs low_resolution_teacher: true")
@@ -186,7 +221,9 @@ def job_config(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
             raise ConfigError(f"{dw}.query_resolutions: a non-empty list is required, got {qs!r}")
         for q in qs:
             if isinstance(q, bool) or not isinstance(q, int) or not 0 < q < db:
-                raise ConfigError(f"{dw}.query_resolutions: query resolution {q!r} must be in (0, database_resolution={db})")
+                raise ConfigError(
+                    f"{dw}.query_resolutions: query resolution {q!r} must be in (0, database_resolution={db})"
+                )
         aq = d.setdefault("ablation_query_resolution", qs[0])
         if aq not in qs:
             raise ConfigError(f"{dw}.ablation_query_resolution: {aq!r} is not one of query_resolutions {list(qs)}")
@@ -202,10 +239,20 @@ def _seed_unit(exp, ctx, job, start):
     teacher = teacher_stage(exp, f"{base}/teacher", ctx, db, job)
     if exp.stage_result(f"{base}/teacher") is None:
         fields = {"dataset": dataset, "seed": seed, "student_variant": None}
-        t_rows = evaluate_rows(tester, ctx["make_dataset_dict"], teacher, None, qs[0], db,
-                           ("teacher_symmetric", "teacher_asymmetric"), fields)
+        t_rows = evaluate_rows(
+            tester,
+            ctx["make_dataset_dict"],
+            teacher,
+            None,
+            qs[0],
+            db,
+            ("teacher_symmetric", "teacher_asymmetric"),
+            fields,
+        )
         for q in qs[1:]:
-            t_rows += evaluate_rows(tester, ctx["make_dataset_dict"], teacher, None, q, db, ("teacher_asymmetric",), fields)
+            t_rows += evaluate_rows(
+                tester, ctx["make_dataset_dict"], teacher, None, q, db, ("teacher_asymmetric",), fields
+            )
         finish(exp, f"{base}/teacher", {"rows": t_rows})
     rows += exp.stage_result(f"{base}/teacher")["rows"]
     low = {}
@@ -214,10 +261,24 @@ def _seed_unit(exp, ctx, job, start):
             stage = f"{base}/low_res_teacher_{q}px"
             low[q] = teacher_stage(exp, stage, ctx, q, job)
             if exp.stage_result(stage) is None:
-                finish(exp, stage, {"rows": evaluate_rows(
-                    tester, ctx["make_dataset_dict"], low[q], None, q, q, ("teacher_symmetric",),
-                    {"dataset": dataset, "seed": seed, "student_variant": None}, teacher_resolution=q,
-                    rename={"teacher_symmetric": "low_resolution_teacher_symmetric"})})
+                finish(
+                    exp,
+                    stage,
+                    {
+                        "rows": evaluate_rows(
+                            tester,
+                            ctx["make_dataset_dict"],
+                            low[q],
+                            None,
+                            q,
+                            q,
+                            ("teacher_symmetric",),
+                            {"dataset": dataset, "seed": seed, "student_variant": None},
+                            teacher_resolution=q,
+                            rename={"teacher_symmetric": "low_resolution_teacher_symmetric"},
+                        )
+                    },
+                )
             rows += [dict(r, database_resolution=db) for r in exp.stage_result(stage)["rows"]]
     lr, tried = choose_student_lr(exp, ctx, job, teacher, low, base)
     plan = [(q, "full") for q in qs] + [(aq, v) for v in job["student_variants"]]
@@ -226,19 +287,43 @@ def _seed_unit(exp, ctx, job, start):
         if variant == "full" and q == aq and tried:
             out = tried[lr]  # the grid's winner is the full student at this resolution
         else:
-            out = student_stage(exp, f"{base}/student_{q}px_{variant}", ctx, q, variant, job, teacher, low.get(q),
-                                 curve=(variant == "full" and q == aq), lr=lr)
+            out = student_stage(
+                exp,
+                f"{base}/student_{q}px_{variant}",
+                ctx,
+                q,
+                variant,
+                job,
+                teacher,
+                low.get(q),
+                curve=(variant == "full" and q == aq),
+                lr=lr,
+            )
         rows += out["rows"]
         curve += out["curve"]
         if out.get("selection") is not None:
-            selections.append({"dataset": dataset, "seed": seed, "query_resolution": q, "student_variant": variant,
-                               **{k: v for k, v in out["selection"].items() if k != "curve"}})
+            selections.append(
+                {
+                    "dataset": dataset,
+                    "seed": seed,
+                    "query_resolution": q,
+                    "student_variant": variant,
+                    **{k: v for k, v in out["selection"].items() if k != "curve"},
+                }
+            )
         shown = ", ".join(f"{r['setup']} MAP@R={r[parts.PRIMARY]:.4f}" for r in out["rows"])
         exp.log(f"[{dataset}] seed {seed} {q}px {variant}: {shown} ({time.time() - start:.0f}s)")
     if tried:
-        selections.append({"dataset": dataset, "seed": seed, "query_resolution": aq, "student_variant": "lr_grid",
-                           "lr": lr, "validation_by_lr": {f"{k:g}": v["selection"]["validation"]
-                                                          for k, v in tried.items()}})
+        selections.append(
+            {
+                "dataset": dataset,
+                "seed": seed,
+                "query_resolution": aq,
+                "student_variant": "lr_grid",
+                "lr": lr,
+                "validation_by_lr": {f"{k:g}": v["selection"]["validation"] for k, v in tried.items()},
+            }
+        )
     return rows, curve, selections
 
 
@@ -247,8 +332,12 @@ def _split_maker(dataset, indices, split):
     return lambda res: {split: parts.Transformed(dataset, indices, parts.eval_transform(res))}
 
 
-def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[str, str]] = None,
-        log: Callable[..., None] = print) -> Dict[str, Any]:
+def run(
+    config: Dict[str, Any],
+    experiment_folder: str,
+    sources: Optional[Dict[str, str]] = None,
+    log: Callable[..., None] = print,
+) -> Dict[str, Any]:
     """Run (or resume) the protocol in ``experiment_folder``; returns what it writes to ``results.json``.
 
     Raises:
@@ -270,23 +359,34 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
         if job["validation"] is not None:
             try:
                 train_idx, val_idx, val_classes = validation_split(
-                    train_set.labels, job["validation"]["class_fraction"], job["validation"]["seed"])
+                    train_set.labels, job["validation"]["class_fraction"], job["validation"]["seed"]
+                )
             except ConfigError as e:
                 raise ConfigError(f"resolution_job.datasets.{dataset}: {e}") from None
             train_part = parts.Transformed(train_set, train_idx, None)
             make_validation_dict = _split_maker(train_set, val_idx, "validation")
             held_out = f" ({len(val_idx)} images of {len(val_classes)} training classes held out for validation)"
-        exp.log(f"[{dataset}] train {len(train_part)} images{held_out}, test {len(test_idx)} images of "
-                f"{len(set(test_set.labels.tolist()))} unseen classes; seeds {job['seeds']}"
-                + (f"; (dataset, seed) units dealt over {world} ranks" if world > 1 else ""))
+        exp.log(
+            f"[{dataset}] train {len(train_part)} images{held_out}, test {len(test_idx)} images of "
+            f"{len(set(test_set.labels.tolist()))} unseen classes; seeds {job['seeds']}"
+            + (f"; (dataset, seed) units dealt over {world} ranks" if world > 1 else "")
+        )
         tester = AsymmetricTester(  # rank-local: under torchrun each rank evaluates its own units' models
-            batch_size=job["eval_batch_size"], dataloader_num_workers=job["num_workers"], data_device=exp.device,
+            batch_size=job["eval_batch_size"],
+            dataloader_num_workers=job["num_workers"],
+            data_device=exp.device,
             accuracy_calculator=AsymmetricAccuracyCalculator(include=tuple(parts.METRICS), device=exp.device),
             distributed=False,
         )
-        ctx = {"dataset": dataset, "dcfg": dcfg, "db": dcfg["database_resolution"], "train_set": train_part,
-               "tester": tester, "make_dataset_dict": _split_maker(test_set, test_idx, "test"),
-               "make_validation_dict": make_validation_dict}
+        ctx = {
+            "dataset": dataset,
+            "dcfg": dcfg,
+            "db": dcfg["database_resolution"],
+            "train_set": train_part,
+            "tester": tester,
+            "make_dataset_dict": _split_maker(test_set, test_idx, "test"),
+            "make_validation_dict": make_validation_dict,
+        }
         for seed in job["seeds"]:
             if unit % world == rank:
                 ctx["seed"] = seed
@@ -297,16 +397,22 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
     rows = [r for _, unit_rows, _, _ in units for r in unit_rows]
     curve = [p for _, _, unit_curve, _ in units for p in unit_curve]
     selections = [s for _, _, _, unit_selections in units for s in unit_selections]
-    curve = [{k: p[k] for k in ("dataset", "seed", "query_resolution", "setup", "iteration", *parts.METRICS)}
-             for p in curve]
-    results = summarize(parts.per_seed_table(rows), parts.default_comparisons(rows), metrics=(parts.PRIMARY,),
-                        extra={"rows": rows, "curve": curve, "selection": selections, "config": job,
-                                "seconds": time.time() - start})
+    curve = [
+        {k: p[k] for k in ("dataset", "seed", "query_resolution", "setup", "iteration", *parts.METRICS)} for p in curve
+    ]
+    results = summarize(
+        parts.per_seed_table(rows),
+        parts.default_comparisons(rows),
+        metrics=(parts.PRIMARY,),
+        extra={"rows": rows, "curve": curve, "selection": selections, "config": job, "seconds": time.time() - start},
+    )
     exp.write_results(results)
     tables = parts.markdown_tables(results)
     if dist_utils.is_main():
-        atomic_write_text(os.path.join(experiment_folder, "results.md"),
-                          tables + "\n## Every variant and comparison\n\n" + render_markdown(results))
+        atomic_write_text(
+            os.path.join(experiment_folder, "results.md"),
+            tables + "\n## Every variant and comparison\n\n" + render_markdown(results),
+        )
         parts.plot_performance_vs_flops(results, os.path.join(experiment_folder, "performance_vs_flops.png"))
     exp.log(tables)
     return results

@@ -210,18 +210,29 @@ def markdown_tables(results: dict) -> str:
     seeds = sorted({int(s) for v in variants.values() for s in v["per_seed"]})
     flops = {}
     for r in rows:
-        flops[variant_name(r["dataset"], r["query_resolution"], r["setup"], r.get("student_variant"))] = r["query_flops"]
-    lines = [f"Seeds: {', '.join(map(str, seeds))}; values in % (mean ± std over seeds); Δ = paired difference of "
-             "MAP@R with its 95 % CI (Student t over seeds).", ""]
+        flops[variant_name(r["dataset"], r["query_resolution"], r["setup"], r.get("student_variant"))] = r[
+            "query_flops"
+        ]
+    lines = [
+        f"Seeds: {', '.join(map(str, seeds))}; values in % (mean ± std over seeds); Δ = paired difference of "
+        "MAP@R with its 95 % CI (Student t over seeds).",
+        "",
+    ]
     for dataset in sorted({r["dataset"] for r in rows}):
         db = max(r["database_resolution"] for r in rows if r["dataset"] == dataset)
         qs = sorted({r["query_resolution"] for r in rows if r["dataset"] == dataset and r["query_resolution"] != db})
         lines += [f"**Table 2 ({dataset}, database {db} px)**", ""]
-        head = "| block | setup | " + " | ".join(f"{q} px MAP@R | {q} px mAP (trapezoid) | {q} px query MFLOPs" for q in qs)
+        head = "| block | setup | " + " | ".join(
+            f"{q} px MAP@R | {q} px mAP (trapezoid) | {q} px query MFLOPs" for q in qs
+        )
         lines += [head + " |", "|---|---|" + "---|" * (3 * len(qs))]
-        blocks = {"low_resolution_teacher_symmetric": "1 symmetric", "teacher_symmetric": "1 symmetric",
-                  "teacher_asymmetric": "2 naive asymmetric", "teacher_student_asymmetric": "3 distilled asymmetric",
-                  "student_symmetric": "4 distilled symmetric"}
+        blocks = {
+            "low_resolution_teacher_symmetric": "1 symmetric",
+            "teacher_symmetric": "1 symmetric",
+            "teacher_asymmetric": "2 naive asymmetric",
+            "teacher_student_asymmetric": "3 distilled asymmetric",
+            "student_symmetric": "4 distilled symmetric",
+        }
         for setup in TABLE2_SETUPS:
             cells = []
             for q in qs:
@@ -232,37 +243,61 @@ def markdown_tables(results: dict) -> str:
                     continue
                 cells += [
                     _pm(v["mean"].get(PRIMARY), v["std"].get(PRIMARY)),
-                    _pm(v["mean"].get("mean_average_precision_trapezoidal"),
-                        v["std"].get("mean_average_precision_trapezoidal")),
+                    _pm(
+                        v["mean"].get("mean_average_precision_trapezoidal"),
+                        v["std"].get("mean_average_precision_trapezoidal"),
+                    ),
                     f"{flops.get(name, 0) / 1e6:.1f}",
                 ]
             label = f"{setup} ({db} px)" if setup == "teacher_symmetric" else setup
             lines.append(f"| {blocks[setup]} | {label} | " + " | ".join(cells) + " |")
-        lines += ["", "| comparison (MAP@R) | " + " | ".join(f"Δ at {q} px" for q in qs) + " |",
-                  "|---|" + "---|" * len(qs)]
-        for base, label in (("teacher_asymmetric", "distilled asym. − naive asym. (teacher on small queries)"),
-                            ("low_resolution_teacher_symmetric", "distilled asym. − low-resolution teacher sym."),
-                            ("student_symmetric", "distilled asym. − student sym."),
-                            ("teacher_symmetric", f"distilled asym. − teacher sym. ({db} px)")):
+        lines += [
+            "",
+            "| comparison (MAP@R) | " + " | ".join(f"Δ at {q} px" for q in qs) + " |",
+            "|---|" + "---|" * len(qs),
+        ]
+        for base, label in (
+            ("teacher_asymmetric", "distilled asym. − naive asym. (teacher on small queries)"),
+            ("low_resolution_teacher_symmetric", "distilled asym. − low-resolution teacher sym."),
+            ("student_symmetric", "distilled asym. − student sym."),
+            ("teacher_symmetric", f"distilled asym. − teacher sym. ({db} px)"),
+        ):
             cells = []
             for q in qs:
                 b = variant_name(dataset, db if base == "teacher_symmetric" else q, base)
                 cells.append(_ci(comps.get((variant_name(dataset, q, "teacher_student_asymmetric"), b))))
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
-        ablated = sorted({(r["query_resolution"], r["student_variant"]) for r in rows
-                          if r["dataset"] == dataset and r.get("student_variant") not in (None, "full")})
+        ablated = sorted(
+            {
+                (r["query_resolution"], r["student_variant"])
+                for r in rows
+                if r["dataset"] == dataset and r.get("student_variant") not in (None, "full")
+            }
+        )
         if ablated:
-            lines += [f"**Tables 3-4 ({dataset}): students distilled at {ablated[0][0]} px, asymmetric MAP@R**", "",
-                      "| student | asymmetric MAP@R | student symmetric MAP@R | Δ asym. vs full student |",
-                      "|---|---|---|---|"]
+            lines += [
+                f"**Tables 3-4 ({dataset}): students distilled at {ablated[0][0]} px, asymmetric MAP@R**",
+                "",
+                "| student | asymmetric MAP@R | student symmetric MAP@R | Δ asym. vs full student |",
+                "|---|---|---|---|",
+            ]
             q = ablated[0][0]
             for v in ["full"] + [a for _, a in ablated]:
                 asym = variants.get(variant_name(dataset, q, "teacher_student_asymmetric", v), {})
                 sym = variants.get(variant_name(dataset, q, "student_symmetric", v), {})
-                delta = "–" if v == "full" else _ci(comps.get(
-                    (variant_name(dataset, q, "teacher_student_asymmetric", v),
-                     variant_name(dataset, q, "teacher_student_asymmetric"))))
+                delta = (
+                    "–"
+                    if v == "full"
+                    else _ci(
+                        comps.get(
+                            (
+                                variant_name(dataset, q, "teacher_student_asymmetric", v),
+                                variant_name(dataset, q, "teacher_student_asymmetric"),
+                            )
+                        )
+                    )
+                )
                 lines.append(
                     f"| {v} | {_pm(asym.get('mean', {}).get(PRIMARY), asym.get('std', {}).get(PRIMARY))} | "
                     f"{_pm(sym.get('mean', {}).get(PRIMARY), sym.get('std', {}).get(PRIMARY))} | {delta} |"
@@ -272,12 +307,21 @@ def markdown_tables(results: dict) -> str:
         lines += [f"**Asymmetric vs symmetric MAP@R along the student's training ({dataset}, {q} px queries)**", ""]
         total = (results.get("config") or {}).get("student_iterations")
         if total:
-            lines += [f"One one-cycle schedule of {total} iterations (the learning rate peaks at 30 % and decays to "
-                      "about 0 at the end), test classes, the full student"
-                      + (" of the chosen learning rate; Table 2 scores its best validation checkpoint, which may be an "
-                         "earlier row." if results.get("selection") else "."), ""]
-        lines += ["| student iterations | teacher_student_asymmetric | student_symmetric | asym. − sym. |",
-                  "|---|---|---|---|"]
+            lines += [
+                f"One one-cycle schedule of {total} iterations (the learning rate peaks at 30 % and decays to "
+                "about 0 at the end), test classes, the full student"
+                + (
+                    " of the chosen learning rate; Table 2 scores its best validation checkpoint, which may be an "
+                    "earlier row."
+                    if results.get("selection")
+                    else "."
+                ),
+                "",
+            ]
+        lines += [
+            "| student iterations | teacher_student_asymmetric | student_symmetric | asym. − sym. |",
+            "|---|---|---|---|",
+        ]
         for it in sorted(points):
             a, s = points[it].get("teacher_student_asymmetric", []), points[it].get("student_symmetric", [])
             diff = [x - y for x, y in zip(a, s)]
@@ -297,23 +341,37 @@ def _selection_lines(selection: List[dict]) -> List[str]:
     lines = ["**Selection on the validation classes** (held out from the training classes; asymmetric MAP@R)", ""]
     if grid:
         rates = list(grid[0]["validation_by_lr"])
-        lines += [f"Student learning rate, full student at {grid[0]['query_resolution']} px:", "",
-                  "| dataset | seed | " + " | ".join(f"lr {r}" for r in rates) + " | chosen |",
-                  "|---|---|" + "---|" * (len(rates) + 1)]
+        lines += [
+            f"Student learning rate, full student at {grid[0]['query_resolution']} px:",
+            "",
+            "| dataset | seed | " + " | ".join(f"lr {r}" for r in rates) + " | chosen |",
+            "|---|---|" + "---|" * (len(rates) + 1),
+        ]
         for g in grid:
             cells = [_pm(g["validation_by_lr"].get(r), None) for r in rates]
             lines.append(f"| {g['dataset']} | {g['seed']} | " + " | ".join(cells) + f" | {g['lr']:g} |")
         lines.append("")
     if students:
-        lines += ["| dataset | query px | student | selected iteration per seed | validation MAP@R per seed |",
-                  "|---|---|---|---|---|"]
-        keys = sorted({(s["dataset"], s["query_resolution"], s["student_variant"]) for s in students},
-                      key=lambda k: (k[0], k[1], k[2] != "full", k[2]))
+        lines += [
+            "| dataset | query px | student | selected iteration per seed | validation MAP@R per seed |",
+            "|---|---|---|---|---|",
+        ]
+        keys = sorted(
+            {(s["dataset"], s["query_resolution"], s["student_variant"]) for s in students},
+            key=lambda k: (k[0], k[1], k[2] != "full", k[2]),
+        )
         for key in keys:
-            mine = sorted((s for s in students if (s["dataset"], s["query_resolution"], s["student_variant"]) == key),
-                          key=lambda s: s["seed"])
-            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + ", ".join(str(s["iteration"]) for s in mine)
-                         + " | " + ", ".join(f"{100 * s['validation']:.2f}" for s in mine) + " |")
+            mine = sorted(
+                (s for s in students if (s["dataset"], s["query_resolution"], s["student_variant"]) == key),
+                key=lambda s: s["seed"],
+            )
+            lines.append(
+                f"| {key[0]} | {key[1]} | {key[2]} | "
+                + ", ".join(str(s["iteration"]) for s in mine)
+                + " | "
+                + ", ".join(f"{100 * s['validation']:.2f}" for s in mine)
+                + " |"
+            )
         lines.append("")
     return lines
 
@@ -406,9 +464,13 @@ class Chunks:
         if isinstance(trainer.sampler, MPerClassSampler):
             self.extra["sampler_labels"] = [int(x) for x in trainer.sampler.labels]
         state = training_state(
-            trainer.epoch, trainer.epoch * self.chunk, self.models, self.optimizers,
+            trainer.epoch,
+            trainer.epoch * self.chunk,
+            self.models,
+            self.optimizers,
             schedulers={k: s.state_dict() for k, s in self.schedulers.items()},
-            data_pass=int(getattr(trainer, "data_pass", 0)), extra=self.extra,
+            data_pass=int(getattr(trainer, "data_pass", 0)),
+            extra=self.extra,
         )
         self.ck.commit(state)
         if self.reseed is not None and trainer.epoch < self.num_chunks:

@@ -42,15 +42,22 @@ def finish(exp, stage, result):
     return result
 
 
-def evaluate_rows(tester, make_dataset_dict, teacher, student, q, db, setups, fields, teacher_resolution=None, rename=None):
+def evaluate_rows(
+    tester, make_dataset_dict, teacher, student, q, db, setups, fields, teacher_resolution=None, rename=None
+):
     """Rows ``fields + {setup, resolutions, query_flops, metrics}``, one per setup, on the one split of
     ``make_dataset_dict(resolution)`` (the test classes, or the validation classes during selection)."""
     out = tester.evaluate_setups(make_dataset_dict, teacher, student, q, db, teacher_resolution, setups=setups)
     rows = []
     for setup, res in out.items():
-        row = dict(fields, setup=(rename or {}).get(setup, setup), query_resolution=res["query_resolution"],
-                   database_resolution=db, reference_resolution=res["reference_resolution"],
-                   query_flops=int(res["query_flops"]))
+        row = dict(
+            fields,
+            setup=(rename or {}).get(setup, setup),
+            query_resolution=res["query_resolution"],
+            database_resolution=db,
+            reference_resolution=res["reference_resolution"],
+            query_flops=int(res["query_flops"]),
+        )
         (split,) = res["accuracies"]
         row.update(parts.metrics_of(res["accuracies"][split]))
         rows.append(row)
@@ -68,23 +75,39 @@ def teacher_stage(exp, stage, ctx, resolution, job):
         trunk.load_state_dict(weights["trunk"])
         embedder.load_state_dict(weights["embedder"])
         return trunk.eval(), embedder.eval()
-    data = parts.Transformed(ctx["train_set"], range(len(ctx["train_set"])),
-                             parts.train_transform(resolution, ctx["dcfg"].get("crop_scale", (0.08, 1.0))))
+    data = parts.Transformed(
+        ctx["train_set"],
+        range(len(ctx["train_set"])),
+        parts.train_transform(resolution, ctx["dcfg"].get("crop_scale", (0.08, 1.0))),
+    )
     chunks = None
     if job["teacher_iterations"] > 0:
         chunks_ = {}
         models = {"trunk": trunk, "embedder": embedder}
 
         trainer = make_teacher_trainer(
-            trunk, embedder, data, lr=job["teacher_lr"], classes_per_batch=job["teacher_classes_per_batch"],
-            iterations_per_epoch=job["checkpoint_every"] or job["teacher_iterations"], data_device=device,
+            trunk,
+            embedder,
+            data,
+            lr=job["teacher_lr"],
+            classes_per_batch=job["teacher_classes_per_batch"],
+            iterations_per_epoch=job["checkpoint_every"] or job["teacher_iterations"],
+            data_device=device,
             dataloader_num_workers=job["num_workers"],
             end_of_iteration_hook=lambda t: chunks_["c"].end_of_iteration_hook(t),
             end_of_epoch_hook=lambda t: chunks_["c"].end_of_epoch_hook(t),
         )
         trainer.freeze_trunk_batchnorm = True
-        chunks = parts.Chunks(exp, stage, models, trainer.optimizers, {}, job["teacher_iterations"],
-                              job["checkpoint_every"], reseed=lambda epoch: seed_everything(seed * 100_003 + epoch))
+        chunks = parts.Chunks(
+            exp,
+            stage,
+            models,
+            trainer.optimizers,
+            {},
+            job["teacher_iterations"],
+            job["checkpoint_every"],
+            reseed=lambda epoch: seed_everything(seed * 100_003 + epoch),
+        )
         chunks_["c"] = chunks
         chunks.train(trainer, chunks.resume(trainer))
     trunk.eval(), embedder.eval()
@@ -109,8 +132,9 @@ def build_student(ctx, q, variant, job, teacher, low_res_teacher=None, device="c
         trunk.load_state_dict(low_res_teacher[0].state_dict())
         embedder.load_state_dict(low_res_teacher[1].state_dict())
     models = {"trunk": trunk, "embedder": embedder, "teacher_trunk": teacher[0], "teacher_embedder": teacher[1]}
-    augment = dict(num_augmentations=job["num_augmentations"], scale=tuple(ctx["dcfg"].get("crop_scale", (0.08, 1.0))),
-                   seed=seed)
+    augment = dict(
+        num_augmentations=job["num_augmentations"], scale=tuple(ctx["dcfg"].get("crop_scale", (0.08, 1.0))), seed=seed
+    )
     augment.update(spec.get("augment", {}))
     data = CoupledAugmentationDataset(ctx["train_set"], q, ctx["db"], **augment)
     weights = {"lambda_ts": job["lambda_ts"], "lambda_ss": job["lambda_ss"]}
@@ -121,7 +145,7 @@ def build_student(ctx, q, variant, job, teacher, low_res_teacher=None, device="c
     optimizers = make_optimizers(trunk, embedder, lr=job["lr"])
     total = job["student_iterations"]
     schedulers = {
-        f"{name[:-len('_optimizer')]}_scheduler_by_iteration": torch.optim.lr_scheduler.OneCycleLR(
+        f"{name[: -len('_optimizer')]}_scheduler_by_iteration": torch.optim.lr_scheduler.OneCycleLR(
             opt, max_lr=[g["lr"] for g in opt.param_groups], total_steps=total, div_factor=10.0
         )
         for name, opt in optimizers.items()
@@ -129,17 +153,27 @@ def build_student(ctx, q, variant, job, teacher, low_res_teacher=None, device="c
     iteration_hook, epoch_hook = hooks or (None, None)
     kwargs = {} if hooks is None else {"end_of_iteration_hook": iteration_hook, "end_of_epoch_hook": epoch_hook}
     return ResolutionDistillationTrainer(
-        models, optimizers, job["images_per_batch"], {"distillation_loss": ResolutionDistillationLoss(**weights)},
-        data, init_student_from_teacher=False, new_pass_each_epoch=True, lr_schedulers=schedulers,
-        sampler=PassShuffleSampler(len(data), seed=seed), iterations_per_epoch=job["checkpoint_every"] or total,
-        data_device=device, dataloader_num_workers=job["num_workers"], **kwargs,
+        models,
+        optimizers,
+        job["images_per_batch"],
+        {"distillation_loss": ResolutionDistillationLoss(**weights)},
+        data,
+        init_student_from_teacher=False,
+        new_pass_each_epoch=True,
+        lr_schedulers=schedulers,
+        sampler=PassShuffleSampler(len(data), seed=seed),
+        iterations_per_epoch=job["checkpoint_every"] or total,
+        data_device=device,
+        dataloader_num_workers=job["num_workers"],
+        **kwargs,
     )
 
 
 def student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=None, curve=False, lr=None):
     """Distil (or skip when finished) one student; returns the stage result ``{"rows", "curve", "selection"}``.
 
-    ``lr``: the student's learning rate (default ``job["lr"]``). With a validation split (``ctx["make_validation_dict"]``)
+    ``lr``: the student's learning rate (default ``job["lr"]``). With a validation split
+    (``ctx["make_validation_dict"]``)
     the asymmetric and symmetric MAP@R on the validation classes are measured at iteration 0 and after every chunk,
     the weights with the best validation asymmetric MAP@R are kept (``best_models.pth``; the earliest on a tie) and
     only those are evaluated on the test classes; ``selection`` = ``{"lr", "iteration", "validation", "curve"}``.
@@ -151,8 +185,16 @@ def student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=Non
         return done
     lr = job["lr"] if lr is None else lr
     holder = {}
-    trainer = build_student(ctx, q, variant, dict(job, lr=lr), teacher, low_res_teacher, exp.device, hooks=(
-        lambda t: holder["c"].end_of_iteration_hook(t), lambda t: holder["c"].end_of_epoch_hook(t)))
+    trainer = build_student(
+        ctx,
+        q,
+        variant,
+        dict(job, lr=lr),
+        teacher,
+        low_res_teacher,
+        exp.device,
+        hooks=(lambda t: holder["c"].end_of_iteration_hook(t), lambda t: holder["c"].end_of_epoch_hook(t)),
+    )
     trunk, embedder = trainer.models["trunk"], trainer.models["embedder"]
     fields = {"dataset": ctx["dataset"], "seed": ctx["seed"], "student_variant": variant}
     setups = ("teacher_student_asymmetric", "student_symmetric")
@@ -185,8 +227,16 @@ def student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=Non
         if scores:
             chunks.ck.record_keeper.update_records({"accuracies": dict(scores, iteration=it)}, trainer.epoch)
 
-    chunks = parts.Chunks(exp, stage, {"trunk": trunk, "embedder": embedder}, trainer.optimizers,
-                          trainer.lr_schedulers, job["student_iterations"], job["checkpoint_every"], on_chunk=on_chunk)
+    chunks = parts.Chunks(
+        exp,
+        stage,
+        {"trunk": trunk, "embedder": embedder},
+        trainer.optimizers,
+        trainer.lr_schedulers,
+        job["student_iterations"],
+        job["checkpoint_every"],
+        on_chunk=on_chunk,
+    )
     holder["c"] = chunks
     start = chunks.resume(trainer)
     if start == 1:  # iteration 0: the initial student
@@ -198,16 +248,25 @@ def student_stage(exp, stage, ctx, q, variant, job, teacher, low_res_teacher=Non
         weights = load_weights(best_path, exp.device)
         trunk.load_state_dict(weights["trunk"])
         embedder.load_state_dict(weights["embedder"])
-        selection = {"lr": lr, "iteration": best["iteration"], "validation": best["validation"],
-                     "curve": list(chunks.extra["validation_curve"])}
+        selection = {
+            "lr": lr,
+            "iteration": best["iteration"],
+            "validation": best["validation"],
+            "curve": list(chunks.extra["validation_curve"]),
+        }
         if best["iteration"] == 0:
             exp.log(f"warning: {stage}: the best validation checkpoint is the undistilled student (iteration 0)")
     trunk.eval(), embedder.eval()
     # the student's (selected) weights beside the teacher's (``explain --checkpoint <stage>/models.pth``)
-    atomic_torch_save({"trunk": trunk.state_dict(), "embedder": embedder.state_dict()},
-                      os.path.join(exp.stage_folder(stage), "models.pth"))
-    result = {"rows": evaluate(ctx["make_dataset_dict"]), "curve": list(chunks.extra.get("curve", [])),
-              "selection": selection}
+    atomic_torch_save(
+        {"trunk": trunk.state_dict(), "embedder": embedder.state_dict()},
+        os.path.join(exp.stage_folder(stage), "models.pth"),
+    )
+    result = {
+        "rows": evaluate(ctx["make_dataset_dict"]),
+        "curve": list(chunks.extra.get("curve", [])),
+        "selection": selection,
+    }
     return finish(exp, stage, result)
 
 
@@ -220,9 +279,12 @@ def choose_student_lr(exp, ctx, job, teacher, low, base):
     aq = ctx["dcfg"]["ablation_query_resolution"]
     tried = {}
     for lr in job["student_lr_grid"]:
-        tried[lr] = student_stage(exp, f"{base}/student_{aq}px_full_lr{lr:g}", ctx, aq, "full", job, teacher,
-                                   low.get(aq), curve=True, lr=lr)
-        exp.log(f"[{ctx['dataset']}] seed {ctx['seed']} {aq}px student lr {lr:g}: validation asymmetric MAP@R "
-                f"{tried[lr]['selection']['validation']:.4f} at iteration {tried[lr]['selection']['iteration']}")
+        tried[lr] = student_stage(
+            exp, f"{base}/student_{aq}px_full_lr{lr:g}", ctx, aq, "full", job, teacher, low.get(aq), curve=True, lr=lr
+        )
+        exp.log(
+            f"[{ctx['dataset']}] seed {ctx['seed']} {aq}px student lr {lr:g}: validation asymmetric MAP@R "
+            f"{tried[lr]['selection']['validation']:.4f} at iteration {tried[lr]['selection']['iteration']}"
+        )
     best = max(tried, key=lambda lr: tried[lr]["selection"]["validation"])  # max keeps the first of equals
     return best, tried

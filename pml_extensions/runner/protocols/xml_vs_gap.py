@@ -2,7 +2,8 @@
 
 ``python -m pml_extensions job [--config xml_glyphs] [--seeds 0 1 2] [--dataset NAME] [--output runs] ...``
 
-Every entry of ``variants`` is merged over the config (powerful-benchmarker syntax, ``config_loader.variant_configs``) and trained once per seed of ``seeds`` (default
+Every entry of ``variants`` is merged over the config (powerful-benchmarker syntax,
+``config_loader.variant_configs``) and trained once per seed of ``seeds`` (default
 ``[0, 1, 2]``). Within a seed all variants start from bit-identical weights for the modules they share and see the
 same batches (:mod:`.xml_vs_gap_train`); the best epoch is chosen on a class-disjoint validation part of the
 training classes (``validation: {class_fraction, seed}``) and only the selected model is evaluated, once, on the
@@ -33,12 +34,43 @@ from .xml_vs_gap_train import METRICS, evaluate, load_models, train_and_select
 
 DEFAULT_SEEDS = (0, 1, 2)
 #: every top-level key this protocol reads (the loader refuses others, naming the nearest)
-CONFIG_KEYS = ("protocol", "experiment_name", "seeds", "seed", "num_epochs", "iterations_per_epoch", "batch_size",
-               "dataloader_num_workers", "device", "validation", "prototype_init", "comparisons", "variants", "dataset",
-               "models", "loss_funcs", "mining_funcs", "sampler", "optimizers", "transforms", "accuracy_calculator",
-               "tester")
-REQUIRED_KEYS = ("dataset", "models", "loss_funcs", "sampler", "optimizers", "transforms", "accuracy_calculator",
-                 "tester", "num_epochs", "iterations_per_epoch", "batch_size")
+CONFIG_KEYS = (
+    "protocol",
+    "experiment_name",
+    "seeds",
+    "seed",
+    "num_epochs",
+    "iterations_per_epoch",
+    "batch_size",
+    "dataloader_num_workers",
+    "device",
+    "validation",
+    "prototype_init",
+    "comparisons",
+    "variants",
+    "dataset",
+    "models",
+    "loss_funcs",
+    "mining_funcs",
+    "sampler",
+    "optimizers",
+    "transforms",
+    "accuracy_calculator",
+    "tester",
+)
+REQUIRED_KEYS = (
+    "dataset",
+    "models",
+    "loss_funcs",
+    "sampler",
+    "optimizers",
+    "transforms",
+    "accuracy_calculator",
+    "tester",
+    "num_epochs",
+    "iterations_per_epoch",
+    "batch_size",
+)
 
 
 def check_config(cfg: dict, where: str = "config") -> None:
@@ -93,15 +125,21 @@ def xml_loss_curve(stage: str) -> Optional[Dict[str, float]]:
     import csv
     import glob
 
-    files = [f for f in glob.glob(os.path.join(stage, "logs", "*XMLWrapper.csv")) if "_modules" not in os.path.basename(f)]
+    files = [
+        f for f in glob.glob(os.path.join(stage, "logs", "*XMLWrapper.csv")) if "_modules" not in os.path.basename(f)
+    ]
     if not files:
         return None
     with open(files[0], newline="", encoding="utf-8") as f:
         values = [float(r["xml_loss"]) for r in csv.DictReader(f) if r.get("xml_loss") not in (None, "")]
     if not values:
         return None
-    return {"first10": float(np.mean(values[:10])), "last10": float(np.mean(values[-10:])),
-            "std": float(np.std(values)), "iterations": len(values)}
+    return {
+        "first10": float(np.mean(values[:10])),
+        "last10": float(np.mean(values[-10:])),
+        "std": float(np.std(values)),
+        "iterations": len(values),
+    }
 
 
 def _unit_result(name, seed, cfg, folder, device, log):
@@ -118,8 +156,12 @@ def _unit_result(name, seed, cfg, folder, device, log):
     return result, r["models"]
 
 
-def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[str, str]] = None,
-        log: Callable[..., None] = print) -> Dict[str, Any]:
+def run(
+    config: Dict[str, Any],
+    experiment_folder: str,
+    sources: Optional[Dict[str, str]] = None,
+    log: Callable[..., None] = print,
+) -> Dict[str, Any]:
     """Train every variant at every seed, select on validation classes, test once, compare; write the outputs.
 
     Returns:
@@ -136,14 +178,19 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
     cfg.pop("protocol", None)
     seed = cfg.pop("seed", None)
     if cfg.get("seeds") is not None and seed is not None:
-        raise ConfigError(f"seed: {seed!r} and seeds: {cfg['seeds']!r} both given; keep one (seeds: [...] runs every seed)")
+        raise ConfigError(
+            f"seed: {seed!r} and seeds: {cfg['seeds']!r} both given; keep one (seeds: [...] runs every seed)"
+        )
     seeds = check_seeds(cfg.pop("seeds", None) or ([seed] if seed is not None else list(DEFAULT_SEEDS)))
     variants = cfg.pop("variants", None) or {"default": {}}
     variants = {k: (v or {}) for k, v in variants.items()}
     comparisons = cfg.pop("comparisons", None) or []
     for pair in comparisons:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(p in variants for p in pair)):
-            raise ConfigError(f"comparisons: each entry must be [variant, baseline] naming variants of {sorted(variants)}, got {pair!r}")
+            raise ConfigError(
+                f"comparisons: each entry must be [variant, baseline] naming variants of {sorted(variants)}, "
+                f"got {pair!r}"
+            )
     from ..config_loader import variant_configs
 
     merged = variant_configs({**cfg, "variants": variants}) if variants else {}
@@ -171,13 +218,24 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
     bar.close()
     total = time.time() - start
     first = next(iter(merged.values()))
-    results = summarize(per_seed, comparisons=[tuple(p) for p in comparisons], metrics=[METRICS[0]], extra={
-        "protocol": "xml_vs_gap", "seeds": seeds, "dataset": first["dataset"], "device": str(device),
-        "num_epochs": first["num_epochs"], "iterations_per_epoch": first["iterations_per_epoch"],
-        "batch_size": first["batch_size"], "validation": first.get("validation") or {},
-        "seconds_this_invocation": total,  # wall time of this command: small when it found the units finished
-        "train_seconds_sum": sum(u["train_seconds"] for v in units.values() for u in v.values()), "units": units,
-    })
+    results = summarize(
+        per_seed,
+        comparisons=[tuple(p) for p in comparisons],
+        metrics=[METRICS[0]],
+        extra={
+            "protocol": "xml_vs_gap",
+            "seeds": seeds,
+            "dataset": first["dataset"],
+            "device": str(device),
+            "num_epochs": first["num_epochs"],
+            "iterations_per_epoch": first["iterations_per_epoch"],
+            "batch_size": first["batch_size"],
+            "validation": first.get("validation") or {},
+            "seconds_this_invocation": total,  # wall time of this command: small when it found the units finished
+            "train_seconds_sum": sum(u["train_seconds"] for v in units.values() for u in v.values()),
+            "units": units,
+        },
+    )
     any_unit = next(iter(units.values()))[str(seeds[0])]
     header = (
         f"Dataset `{first['dataset']['name']}`: trained on {any_unit['num_train_classes']} classes, best epoch chosen "
@@ -187,8 +245,11 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
         f"and same batches within a seed), device {device}. Test metrics; differences are paired by seed, 95 % "
         f"Student-t interval."
     )
-    curves = {n: {str(sd): xml_loss_curve(os.path.join(experiment_folder, n, f"seed_{sd}")) for sd in seeds}
-              for n in merged if (_xml_weight(merged[n]) or 0) > 0}
+    curves = {
+        n: {str(sd): xml_loss_curve(os.path.join(experiment_folder, n, f"seed_{sd}")) for sd in seeds}
+        for n in merged
+        if (_xml_weight(merged[n]) or 0) > 0
+    }
     results["xml_loss_curves"] = curves
     curve_lines = []
     for n, per in curves.items():
@@ -196,18 +257,31 @@ def run(config: Dict[str, Any], experiment_folder: str, sources: Optional[Dict[s
         if ok:
             curve_lines.append(
                 f"- `xml_loss` of {n} (logged every iteration, mean over seeds): first 10 iterations "
-                f"{np.mean([c['first10'] for c in ok]):.3f}, last 10 {np.mean([c['last10'] for c in ok]):.3f}, std over "
-                f"iterations {np.mean([c['std'] for c in ok]):.3f}")
-    claims = [f"- {verdict(c)}" for c in results["comparisons"]
-              if _xml_weight(merged[c["variant"]]) > 0 and _xml_weight(merged[c["baseline"]]) is None]
-    footer = ("Paper (XML, ICIP 2023): XML gives \"consistent improvements\" on unseen classes. Here, per XML-vs-GAP "
-              "comparison:\n" + "\n".join(claims)) if claims else ""
+                f"{np.mean([c['first10'] for c in ok]):.3f}, last 10 {np.mean([c['last10'] for c in ok]):.3f}, "
+                f"std over "
+                f"iterations {np.mean([c['std'] for c in ok]):.3f}"
+            )
+    claims = [
+        f"- {verdict(c)}"
+        for c in results["comparisons"]
+        if _xml_weight(merged[c["variant"]]) > 0 and _xml_weight(merged[c["baseline"]]) is None
+    ]
+    footer = (
+        (
+            'Paper (XML, ICIP 2023): XML gives "consistent improvements" on unseen classes. Here, per XML-vs-GAP '
+            "comparison:\n" + "\n".join(claims)
+        )
+        if claims
+        else ""
+    )
     if curve_lines:
-        footer += ("\n\nThe XML term (contrastive: 2.00 is its value when all cross-batch predictions coincide):\n"
-                   + "\n".join(curve_lines))
+        footer += (
+            "\n\nThe XML term (contrastive: 2.00 is its value when all cross-batch predictions coincide):\n"
+            + "\n".join(curve_lines)
+        )
     write_results(experiment_folder, results, metrics=list(METRICS), header=header, footer=footer)
     num_prototypes = 64
-    for name, vcfg, _, _ in first_seed_units:
+    for _, vcfg, _, _ in first_seed_units:
         trunk = vcfg["models"]["trunk"]
         for spec in (trunk.get("Sequential") or []) if isinstance(trunk, dict) else []:
             if isinstance(spec, dict) and "HistogramPooling" in spec:
@@ -253,8 +327,10 @@ def load_job_config(args) -> Dict[str, Any]:
 
     root = find_config(args.config)
     if config_layout(root) == "folders":
-        raise ConfigError(f"job: {args.config} is a powerful-benchmarker folder config; run it with "
-                          f"python -m pml_extensions run {args.config}")
+        raise ConfigError(
+            f"job: {args.config} is a powerful-benchmarker folder config; run it with "
+            f"python -m pml_extensions run {args.config}"
+        )
     cfg, _ = load_config(root)
     for key, value in (("num_epochs", args.epochs), ("iterations_per_epoch", args.iterations), ("device", args.device)):
         if value is not None:
@@ -279,9 +355,8 @@ def load_job_config(args) -> Dict[str, Any]:
 
 
 def main(argv=None) -> int:
-    from . import run_protocol
-
     from .. import distributed as dist_utils
+    from . import run_protocol
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     dist_utils.init_from_env()  # torchrun: gloo on CPU, nccl on GPU; a no-op otherwise
@@ -293,8 +368,12 @@ def main(argv=None) -> int:
         cfg = load_job_config(args)
         folder = os.path.join(args.output, cfg.get("experiment_name", "experiment"))
         print(f"pml_extensions job: config {args.config}, dataset {cfg['dataset']['name']}, output {folder}")
-        run_protocol(cfg, folder, on_change="new" if args.new else "stop",
-                     command=["python", "-m", "pml_extensions", "job"] + list(sys.argv[1:] if argv is None else argv))
+        run_protocol(
+            cfg,
+            folder,
+            on_change="new" if args.new else "stop",
+            command=["python", "-m", "pml_extensions", "job"] + list(sys.argv[1:] if argv is None else argv),
+        )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -72,8 +72,11 @@ def save_plots(units, out_dir, device, seed, num_prototypes):
             ax.set_title(f"{name}: class '{label}'", fontsize=7)
             ax.set_xticks([])
             ax.set_ylim(0, float(hist.max()) * 1.05)
-    fig.suptitle("Mean prototype histogram per unseen class (cf. XML paper Fig. 4); trunks without "
-                 "HistogramPooling: post-hoc k-means prototypes of their own features", fontsize=8)
+    fig.suptitle(
+        "Mean prototype histogram per unseen class (cf. XML paper Fig. 4); trunks without "
+        "HistogramPooling: post-hoc k-means prototypes of their own features",
+        fontsize=8,
+    )
     fig.tight_layout()
     usage_path = os.path.join(out_dir, "prototype_usage.png")
     atomic_savefig(fig, usage_path, dpi=100)

@@ -23,10 +23,10 @@ from typing import Any, Callable, Dict, Tuple
 import numpy as np
 import torch
 
-from ..experiment import seed_everything
-from ..factory import ConfigError, build
 from ...losses import XMLWrapper
 from ...trunks import find_histogram_layers
+from ..experiment import seed_everything
+from ..factory import ConfigError, build
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
 
@@ -101,13 +101,17 @@ def build_models(cfg: Dict[str, Any], seed: int, device: torch.device, init_set=
     seed_everything(seed + 1)
     embedder = build(cfg["models"]["embedder"], "config_models: models.embedder").to(device)
     seed_everything(seed + 2)
-    loss_funcs = {k: build(v, f"config_loss_and_miners: loss_funcs.{k}").to(device) for k, v in cfg["loss_funcs"].items()}
+    loss_funcs = {
+        k: build(v, f"config_loss_and_miners: loss_funcs.{k}").to(device) for k, v in cfg["loss_funcs"].items()
+    }
     try:
         XMLWrapper.attach_all(loss_funcs, trunk)
         XMLWrapper.attach_heads(loss_funcs, trunk, embedder)  # target="pooled": GAP predictions -> embeddings
     except ValueError as e:
         raise ConfigError(f"config_loss_and_miners: {e}") from e
-    mining_funcs = {k: build(v, f"config_loss_and_miners: mining_funcs.{k}") for k, v in (cfg.get("mining_funcs") or {}).items()}
+    mining_funcs = {
+        k: build(v, f"config_loss_and_miners: mining_funcs.{k}") for k, v in (cfg.get("mining_funcs") or {}).items()
+    }
     pools = find_histogram_layers(trunk)
     for pool in pools:  # own generator: the global RNG stays where the variant without prototypes has it
         pool.reset_parameters(torch.Generator().manual_seed(seed))
@@ -119,7 +123,9 @@ def build_models(cfg: Dict[str, Any], seed: int, device: torch.device, init_set=
         from ..builders import Builder  # the one prototype_init of every protocol
 
         spec = {"batch_size": int(cfg["batch_size"]), **(init if isinstance(init, dict) else {})}
-        Builder({"prototype_init": spec}, {"prototype_init": "config_general"}).prototype_init({"trunk": trunk}, init_set, seed=seed)
+        Builder({"prototype_init": spec}, {"prototype_init": "config_general"}).prototype_init(
+            {"trunk": trunk}, init_set, seed=seed
+        )
     return {"trunk": trunk, "embedder": embedder, "loss_funcs": loss_funcs, "mining_funcs": mining_funcs}
 
 
@@ -132,15 +138,21 @@ def build_optimizers(cfg, models):
         if model is None:
             model = models["loss_funcs"].get(key.replace("_optimizer", ""))
         if model is None:
-            raise ConfigError(f"config_optimizers: optimizers.{key} names no model or loss (use trunk_optimizer, embedder_optimizer or <loss>_optimizer)")
+            raise ConfigError(
+                f"config_optimizers: optimizers.{key} names no model or loss "
+                "(use trunk_optimizer, embedder_optimizer or <loss>_optimizer)"
+            )
         spec = copy.deepcopy(spec)
-        (cls, kwargs), = spec.items()
+        ((cls, kwargs),) = spec.items()
         kwargs = dict(kwargs or {})
         proto_lr = kwargs.pop("prototype_lr", None)
         protos = [p.prototype_conv.weight for p in find_histogram_layers(model)] if proto_lr is not None else []
         if protos:
             ids = {id(p) for p in protos}
-            params = [{"params": [p for p in model.parameters() if id(p) not in ids]}, {"params": protos, "lr": float(proto_lr)}]
+            params = [
+                {"params": [p for p in model.parameters() if id(p) not in ids]},
+                {"params": protos, "lr": float(proto_lr)},
+            ]
         else:
             params = model.parameters()
         optimizers[key] = build({cls: kwargs}, f"config_optimizers: optimizers.{key}", params=params)
@@ -152,7 +164,7 @@ def make_tester(cfg, device, end_of_testing_hook=None):
     PML's GlobalEmbeddingSpaceTester / AccuracyCalculator become their sharded, blocked-engine subclasses)."""
     from ..pb_eval import build_tester
 
-    (name, kwargs), = cfg["tester"].items()
+    ((name, kwargs),) = cfg["tester"].items()
     spec = {"tester": {name: dict(kwargs or {}, accuracy_calculator=cfg["accuracy_calculator"])}}
     extra = {"end_of_testing_hook": end_of_testing_hook} if end_of_testing_hook else {}
     return build_tester(spec, device, {"tester": "config_eval"}, **extra)
@@ -176,8 +188,14 @@ def train_and_select(
     val_cfg = cfg.get("validation") or {}
     full_train = load_split(cfg, "train", train_transform=True)
     full_eval = load_split(cfg, "train", train_transform=False)
-    train_idx, val_idx, _ = validation_split(full_train.labels, val_cfg.get("class_fraction", 0.25), int(val_cfg.get("seed", 0)))
-    train_set, init_set, val_set = LabelSubset(full_train, train_idx), LabelSubset(full_eval, train_idx), LabelSubset(full_eval, val_idx)
+    train_idx, val_idx, _ = validation_split(
+        full_train.labels, val_cfg.get("class_fraction", 0.25), int(val_cfg.get("seed", 0))
+    )
+    train_set, init_set, val_set = (
+        LabelSubset(full_train, train_idx),
+        LabelSubset(full_eval, train_idx),
+        LabelSubset(full_eval, val_idx),
+    )
     models = build_models(cfg, seed, device, init_set)
     trunk, embedder, loss_funcs = models["trunk"], models["embedder"], models["loss_funcs"]
     optimizers = build_optimizers(cfg, models)
@@ -185,11 +203,18 @@ def train_and_select(
 
     def new_sampler():
         try:
-            return build(cfg["sampler"], "config_loss_and_miners: sampler", labels=train_set.labels,
-                         batch_size=batch_size, length_before_new_iter=batch_size * iterations)
+            return build(
+                cfg["sampler"],
+                "config_loss_and_miners: sampler",
+                labels=train_set.labels,
+                batch_size=batch_size,
+                length_before_new_iter=batch_size * iterations,
+            )
         except AssertionError as e:  # PML's samplers check their arguments with assert
-            raise ConfigError(f"config_loss_and_miners: sampler: {e} (the training part has "
-                              f"{len(np.unique(train_set.labels))} classes; batch_size is {batch_size})") from e
+            raise ConfigError(
+                f"config_loss_and_miners: sampler: {e} (the training part has "
+                f"{len(np.unique(train_set.labels))} classes; batch_size is {batch_size})"
+            ) from e
 
     sampler = new_sampler()
     tester = make_tester(cfg, device)
@@ -202,9 +227,18 @@ def train_and_select(
     # checkpoint.pth + logs/ (CSV + SQLite) per epoch: a killed unit resumes after its last finished epoch
     ckpt = Checkpointer(stage_dir, epoch_tables={"accuracies_val"})
     loop = EpochLoop(
-        ckpt, {"trunk": trunk, "embedder": embedder}, optimizers, loss_funcs, num_epochs=int(cfg["num_epochs"]),
-        primary=METRICS[0], evaluate=validate, best_path=os.path.join(stage_dir, "best_models.pth"), patience=None,
-        log=lambda line: log(f"  {line}"), name=f"[{name} seed {seed}]", where="config_eval: accuracy_calculator",
+        ckpt,
+        {"trunk": trunk, "embedder": embedder},
+        optimizers,
+        loss_funcs,
+        num_epochs=int(cfg["num_epochs"]),
+        primary=METRICS[0],
+        evaluate=validate,
+        best_path=os.path.join(stage_dir, "best_models.pth"),
+        patience=None,
+        log=lambda line: log(f"  {line}"),
+        name=f"[{name} seed {seed}]",
+        where="config_eval: accuracy_calculator",
     )
     if loop.resume() is None:  # (a resumed unit gets its RNG states back from the checkpoint instead)
         seed_everything(seed + 3)  # the same batches and augmentations for every variant of this seed
@@ -215,11 +249,18 @@ def train_and_select(
 
     def make_trainer():
         return MetricLossOnly(
-            models=dist_utils.wrap_models({"trunk": trunk, "embedder": embedder}, device), optimizers=optimizers,
-            batch_size=batch_size // world, loss_funcs=dist_utils.wrap_losses(loss_funcs),
-            mining_funcs=models["mining_funcs"], dataset=train_set, sampler=sampler, iterations_per_epoch=iterations,
-            dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)), data_device=device,
-            end_of_iteration_hook=loop.end_of_iteration, end_of_epoch_hook=lambda trainer: True,
+            models=dist_utils.wrap_models({"trunk": trunk, "embedder": embedder}, device),
+            optimizers=optimizers,
+            batch_size=batch_size // world,
+            loss_funcs=dist_utils.wrap_losses(loss_funcs),
+            mining_funcs=models["mining_funcs"],
+            dataset=train_set,
+            sampler=sampler,
+            iterations_per_epoch=iterations,
+            dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)),
+            data_device=device,
+            end_of_iteration_hook=loop.end_of_iteration,
+            end_of_epoch_hook=lambda trainer: True,
         )
 
     def rank_sampler():  # the same global batches on every rank, each rank its slice
@@ -237,12 +278,21 @@ def train_and_select(
     for loss in loss_funcs.values():
         if hasattr(loss, "num_skipped_xml"):
             xml = {"num_skipped_xml": int(loss.num_skipped_xml), "last_xml_loss": float(loss.xml_loss)}
-    return {"history": history, "best_epoch": best["epoch"], "best_is_untrained": best["epoch"] == 0,
-            "train_seconds": train_seconds, "models": {"trunk": trunk, "embedder": embedder}, "xml": xml,
-            "num_train_classes": int(len(np.unique(train_set.labels))), "num_val_classes": int(len(np.unique(val_set.labels)))}
+    return {
+        "history": history,
+        "best_epoch": best["epoch"],
+        "best_is_untrained": best["epoch"] == 0,
+        "train_seconds": train_seconds,
+        "models": {"trunk": trunk, "embedder": embedder},
+        "xml": xml,
+        "num_train_classes": int(len(np.unique(train_set.labels))),
+        "num_val_classes": int(len(np.unique(val_set.labels))),
+    }
 
 
-def evaluate(cfg: Dict[str, Any], models: Dict[str, torch.nn.Module], device: torch.device, split: str = "test") -> Dict[str, float]:
+def evaluate(
+    cfg: Dict[str, Any], models: Dict[str, torch.nn.Module], device: torch.device, split: str = "test"
+) -> Dict[str, float]:
     """Metrics of the (selected) trunk + embedder on one split of the dataset (class-disjoint from training)."""
     dataset = load_split(cfg, split, train_transform=False)
     tester = make_tester(cfg, device)
