@@ -276,4 +276,4 @@ class PassShuffleSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.data_pass)
-        return iter(torch.randperm(self.num_items, generator=generator).tolist())
+        return iter(torch.randperm(self.num_items, generator=generator, device=generator.device).tolist())

@@ -62,7 +62,8 @@ class RandomExplainer(SimilarityExplainer):
 
     def _draw(self, images: torch.Tensor) -> torch.Tensor:
         size = self.map_size or tuple(images.shape[-2:])
-        m = torch.rand((images.shape[0],) + size, generator=self.generator, dtype=torch.float64)
+        shape = (images.shape[0],) + size
+        m = torch.rand(shape, generator=self.generator, dtype=torch.float64, device=self.generator.device)
         return m.to(device=images.device, dtype=images.dtype)
 
     def attribute(self, query_images, reference_images, **options) -> Dict[str, torch.Tensor]:

@@ -179,7 +179,9 @@ class ExplanationHook:
         if self.n_queries is None:
             queries = np.arange(q_emb.shape[0])
         else:
-            queries = torch.randperm(q_emb.shape[0], generator=gen)[: self.n_queries].sort().values.numpy()
+            queries = (
+                torch.randperm(q_emb.shape[0], generator=gen, device=gen.device)[: self.n_queries].sort().values.numpy()
+            )
         same = ref_split == split
         neighbours = self._topk(q_emb[queries], r_emb, queries if same else None)
         boxes = self.boxes.get(split, getattr(self.dataset_dict[split], "boxes", None))

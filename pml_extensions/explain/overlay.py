@@ -29,7 +29,8 @@ def to_display_image(
                 raise ValueError(
                     f"mean and std must have one value per channel ({x.shape[0]}), got {len(mean)} and {len(std)}"
                 )
-            x = x * torch.tensor(std, dtype=x.dtype).view(-1, 1, 1) + torch.tensor(mean, dtype=x.dtype).view(-1, 1, 1)
+            std_, mean_ = (torch.tensor(v, dtype=x.dtype, device=x.device).view(-1, 1, 1) for v in (std, mean))
+            x = x * std_ + mean_
         elif x.min() < 0 or x.max() > 1:
             x = (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
         x = x.permute(1, 2, 0).numpy()

@@ -19,6 +19,7 @@ class GeMPooling(torch.nn.Module):
         eps: clamp floor applied BEFORE the power, so negative or zero activations never reach ``pow``.
             Default 1e-6 (paper code).
         trainable: p is an ``nn.Parameter`` (default, as in the paper) or a fixed buffer.
+        device, dtype: factory arguments of p (default: the default device and dtype).
 
     ``forward(x [B, C, H, W]) -> [B, C]`` in the dtype/device of ``x``; computed in float32 inside (in the log domain,
     so ``eps^p`` never underflows) for float16/bfloat16 inputs and under ``torch.autocast``. ``feat_mult()`` is 1
@@ -30,7 +31,7 @@ class GeMPooling(torch.nn.Module):
         ValueError: if ``p`` or ``eps`` is not > 0, or the input is not a 4-D tensor.
     """
 
-    def __init__(self, p: float = 3.0, eps: float = 1e-6, trainable: bool = True):
+    def __init__(self, p: float = 3.0, eps: float = 1e-6, trainable: bool = True, device=None, dtype=None):
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not p > 0:
             raise ValueError(f"p must be a number > 0, got {p!r}")
@@ -38,7 +39,7 @@ class GeMPooling(torch.nn.Module):
             raise ValueError(f"eps must be a number > 0, got {eps!r}")
         self.eps = float(eps)
         self.trainable = bool(trainable)
-        value = torch.tensor([float(p)])
+        value = torch.tensor([float(p)], device=device, dtype=dtype)
         if self.trainable:
             self.p = torch.nn.Parameter(value)
         else:

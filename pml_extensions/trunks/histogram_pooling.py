@@ -91,13 +91,12 @@ class HistogramPooling(torch.nn.Module):
         self.num_prototypes = num_prototypes
         self.scale = float(scale)
         self.normalize = bool(normalize)
-        # The conv's default initialisation draws from the global RNG: restore its state afterwards (CPU and, when
-        # the layer is built on CUDA, that device); reset_parameters then draws from the private generator.
-        cuda = [torch.device(device)] if device is not None and torch.device(device).type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda):
-            self.prototype_conv = torch.nn.Conv2d(
-                in_channels, num_prototypes, kernel_size=1, bias=False, device=device, dtype=dtype
-            )
+        # Built on the meta device, so the conv's default initialisation (which would draw from the global RNG)
+        # never runs; its weight is then allocated on `device` and reset_parameters fills it from the private
+        # generator.
+        conv = torch.nn.Conv2d(in_channels, num_prototypes, kernel_size=1, bias=False, device="meta", dtype=dtype)
+        conv.weight = torch.nn.Parameter(torch.empty(conv.weight.shape, device=device, dtype=dtype))
+        self.prototype_conv = conv
         self.last_histograms: Optional[torch.Tensor] = None
         self.last_pooled: Optional[torch.Tensor] = None
         self.reset_parameters()
@@ -126,7 +125,8 @@ class HistogramPooling(torch.nn.Module):
         if generator is None:
             generator = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
-            w = torch.randn(self.prototype_conv.weight.shape, generator=generator, dtype=torch.float32)
+            shape = self.prototype_conv.weight.shape
+            w = torch.randn(shape, generator=generator, dtype=torch.float32, device=generator.device)
             self.prototype_conv.weight.copy_(w / self.in_channels**0.5)
 
     # ----------------------------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ class HistogramPooling(torch.nn.Module):
         return self
 
     def _greedy_k_center(self, features, gen):
-        first = int(torch.randint(len(features), (1,), generator=gen))
+        first = int(torch.randint(len(features), (1,), generator=gen, device=gen.device))
         chosen = [first]
         dist = torch.cdist(features, features[first : first + 1]).squeeze(1)
         for _ in range(self.num_prototypes - 1):
@@ -290,7 +290,8 @@ class HistogramPooling(torch.nn.Module):
             raise ValueError("batches yielded no data")
         feats = torch.cat(feats)
         if len(feats) > max_features:
-            feats = feats[torch.randperm(len(feats), generator=torch.Generator().manual_seed(seed))[:max_features]]
+            gen = torch.Generator().manual_seed(seed)
+            feats = feats[torch.randperm(len(feats), generator=gen, device=gen.device)[:max_features]]
         # features are already in the comparison space; avoid normalising twice (idempotent anyway)
         return self.init_prototypes(feats, method=method, seed=seed)
 

@@ -24,7 +24,7 @@ class RetrievalHead(torch.nn.Module):
         p: initial GeM exponent. Default 3 (paper code).
         eps: GeM clamp and L2N epsilon. Default 1e-6 (paper code).
         trainable_p: learn the GeM exponent (default, paper).
-        device, dtype: factory arguments of the linear layer ("whitening", with bias).
+        device, dtype: factory arguments of the GeM exponent and the linear layer ("whitening", with bias).
 
     ``forward(x [B, C, H, W]) -> [B, D]``, rows of norm 1 − O(eps) (dot product = cosine similarity).
     The GeM module is ``self.pool`` (its ``p`` gets its own parameter group in RAML's recipe).
@@ -50,7 +50,7 @@ class RetrievalHead(torch.nn.Module):
         self.in_channels = in_channels
         self.out_dim = out_dim
         self.eps = float(eps)
-        self.pool = GeMPooling(p=p, eps=eps, trainable=trainable_p)
+        self.pool = GeMPooling(p=p, eps=eps, trainable=trainable_p, device=device, dtype=dtype)
         self.whiten = torch.nn.Linear(in_channels, out_dim, bias=True, device=device, dtype=dtype)
 
     @property

@@ -33,10 +33,10 @@ def class_disjoint_split(
     single = classes[counts < 2]
     if len(paired) < 2:
         return None
-    paired = paired[torch.randperm(len(paired), generator=generator)]
-    single = single[torch.randperm(len(single), generator=generator)]
+    paired = paired[torch.randperm(len(paired), generator=generator, device=generator.device)]
+    single = single[torch.randperm(len(single), generator=generator, device=generator.device)]
     order = torch.cat([paired, single])
-    side = torch.arange(len(order)) % 2
+    side = torch.arange(len(order), device=order.device) % 2
     side_of_label = dict(zip(order.tolist(), side.tolist()))
     sides = torch.tensor([side_of_label[v] for v in labels.tolist()], device=labels.device)
     first = torch.nonzero(sides == 0).flatten()

@@ -41,6 +41,14 @@ class TestGeMPooling(unittest.TestCase):
         for dtype in (torch.float32, torch.float64):
             self.assertEqual(GeMPooling()(torch.rand(1, 2, 3, 3, dtype=dtype)).dtype, dtype)
 
+    def test_factory_arguments(self):
+        # p was always a CPU float32 tensor before: RetrievalHead(..., dtype=float64) had a float32 p
+        for trainable in (True, False):
+            pool = GeMPooling(p=2.5, trainable=trainable, device="cpu", dtype=torch.float64)
+            self.assertEqual((pool.p.dtype, pool.p.device.type, float(pool.p)), (torch.float64, "cpu", 2.5))
+            with torch.device("meta"):  # the default device is honoured when none is given
+                self.assertEqual(GeMPooling(trainable=trainable).p.device.type, "meta")
+
     def test_bad_input(self):
         for p in (0, -1.0, True, "3"):
             with self.assertRaisesRegex(ValueError, "p must be"):

@@ -29,6 +29,17 @@ class TestHistogramPooling(unittest.TestCase):
         torch.testing.assert_close(gap, torch.tensor([[1.5, 0.0]], dtype=torch.float64))
         self.assertTrue(layer.last_histograms.requires_grad)
 
+    def test_construction_leaves_the_global_rng_alone_and_honours_device_and_dtype(self):
+        before = torch.random.get_rng_state()
+        layer = HistogramPooling(8, 5, seed=3, dtype=torch.float64)
+        self.assertTrue(torch.equal(torch.random.get_rng_state(), before))
+        self.assertEqual(layer.prototype_conv.weight.dtype, torch.float64)
+        # the prototypes are N(0, 1/C) draws of the private generator, whatever the device and dtype
+        expected = torch.randn(5, 8, generator=torch.Generator().manual_seed(3)) / 8**0.5
+        torch.testing.assert_close(layer.prototypes, expected.double(), rtol=0, atol=0)
+        with torch.device("meta"):
+            self.assertEqual(HistogramPooling(8, 5).prototype_conv.weight.device.type, "meta")
+
     def test_hand_computed_hard_histogram(self):
         # prototypes (0,0), (10,0); positions (1,0), (2,0), (9,0), (1,1): nearest = 0, 0, 1, 0 -> z* = [3/4, 1/4]
         layer = _layer([[0.0, 0.0], [10.0, 0.0]])

@@ -30,6 +30,11 @@ class TestRetrievalHead(unittest.TestCase):
         self.assertEqual(out.shape, (4, 8))
         torch.testing.assert_close(out.norm(dim=1), torch.ones(4), atol=1e-5, rtol=0)
 
+    def test_factory_arguments_reach_every_tensor(self):
+        head = RetrievalHead(4, out_dim=3, dtype=torch.float64, device="cpu")
+        self.assertEqual({(t.dtype, t.device.type) for t in head.state_dict().values()}, {(torch.float64, "cpu")})
+        self.assertEqual(head(torch.rand(2, 4, 3, 3, dtype=torch.float64)).dtype, torch.float64)
+
     def test_l2n_uses_plus_eps(self):
         x = torch.tensor([[3.0, 4.0]], dtype=torch.float64)
         torch.testing.assert_close(l2n(x, eps=1.0), x / 6.0)
