@@ -14,6 +14,8 @@ from typing import Iterable, List, Optional
 import torch
 import torch.nn.functional as F
 
+from ._last_outputs import _KeepsLastOutputs
+
 PROTOTYPE_INITS = ("random", "kcenter", "kmeans")
 #: ε of the paper (raw inner products of CNN features)
 PAPER_SCALE = 10.0
@@ -33,7 +35,7 @@ def _check_feature_map(x, in_channels, name="x"):
         raise ValueError(f"{name} has {x.shape[1]} channels but the layer was built with in_channels={in_channels}")
 
 
-class HistogramPooling(torch.nn.Module):
+class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
     """Global average pooling that also keeps the soft prototype histogram of each image.
 
     Args:
@@ -59,12 +61,15 @@ class HistogramPooling(torch.nn.Module):
     The soft histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
     ``last_histograms`` for the loss; they are computed and kept in float32 (float64 for float64 input) also for
     float16/bfloat16 inputs and under ``torch.autocast``. The GAP vectors ``[B, C]`` are kept in ``last_pooled``
-    (the ridge target of ``XMLWrapper(target="pooled")``). ``feat_mult()`` and ``num_features`` give the output
-    width (C); ``histogram_size`` gives m.
+    (the ridge target of ``XMLWrapper(target="pooled")``). Both are left out of copies of the layer
+    (``copy.deepcopy``, pickling, ``AveragedModel``): a copy holds ``None`` until its own forward. ``feat_mult()``
+    and ``num_features`` give the output width (C); ``histogram_size`` gives m.
 
     Raises:
         ValueError: on non-positive sizes or scale, or a feature map with the wrong rank or width.
     """
+
+    _last_outputs = ("last_histograms", "last_pooled")
 
     def __init__(
         self,

@@ -24,6 +24,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from ._last_outputs import _KeepsLastOutputs
 from .margin_softmax import MarginAugmentedSoftmax
 from .perturbed_maximizer import PerturbedMaximizer
 
@@ -77,7 +78,7 @@ def same_patch_mean(feature_map: torch.Tensor, window: Union[int, Sequence[int]]
     return sums / counts
 
 
-class TemplateMatchingBlock(torch.nn.Module):
+class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
     """Template-matching block between the last two stages of a CNN (paper Sec. 3.3, Fig. 2).
 
     Args:
@@ -103,7 +104,8 @@ class TemplateMatchingBlock(torch.nn.Module):
 
     ``forward(f [B, d, H, W]) -> [B, out_channels, H, W]``; ``out_channels`` is d' (add), d + d' (concat) or d
     (``mixing="none"``). After every forward pass ``last_class_scores`` holds a ``[B, c, H, W]`` (graph
-    attached) and ``last_mixing`` holds p̂ ``[B, c, H, W]`` (``None`` for ``mixing="none"``). The block adds
+    attached) and ``last_mixing`` holds p̂ ``[B, c, H, W]`` (``None`` for ``mixing="none"``); copies of the block
+    (``copy.deepcopy``, pickling, ``AveragedModel``) hold ``None`` in both until their own forward. The block adds
     exactly three 1×1 convs for (add, any mixing but none): ``classifier`` (d → c, bias), ``values`` (c → d',
     no bias), ``shortcut`` (d → d', no bias); two for concat; one for ``mixing="none"``.
 
@@ -117,6 +119,7 @@ class TemplateMatchingBlock(torch.nn.Module):
     """
 
     expansion = 1  # timm/torchvision block convention
+    _last_outputs = ("last_class_scores", "last_mixing")
 
     def __init__(
         self,

@@ -1,8 +1,11 @@
+import copy
 import math
 import unittest
 
 import torch
+from torch import nn
 
+from pml_extensions import trunks
 from pml_extensions.trunks import HistogramPooling
 
 
@@ -39,6 +42,20 @@ class TestHistogramPooling(unittest.TestCase):
         torch.testing.assert_close(layer.prototypes, expected.double(), rtol=0, atol=0)
         with torch.device("meta"):
             self.assertEqual(HistogramPooling(8, 5).prototype_conv.weight.device.type, "meta")
+
+    def test_deepcopy_after_a_forward_pass_with_gradients(self):
+        # issue 22, the exact input: this raised "Only Tensors created explicitly by the user (graph leaves) support
+        # the deepcopy protocol" because last_histograms / last_pooled hold the forward pass's graph
+        m = nn.Sequential(nn.Conv2d(3, 6, 1), trunks.HistogramPooling(6, 4))
+        m(torch.rand(2, 3, 4, 4))
+        c = copy.deepcopy(m)
+        self.assertIsNone(c[1].last_histograms)
+        self.assertIsNone(c[1].last_pooled)
+        self.assertIsNotNone(m[1].last_histograms.grad_fn)  # the original keeps them for the loss
+        torch.testing.assert_close(c.state_dict(), m.state_dict(), rtol=0, atol=0)
+        x = torch.rand(2, 3, 4, 4)
+        torch.testing.assert_close(c(x), m(x), rtol=0, atol=0)
+        torch.testing.assert_close(c[1].last_histograms, m[1].last_histograms, rtol=0, atol=0)
 
     def test_hand_computed_hard_histogram(self):
         # prototypes (0,0), (10,0); positions (1,0), (2,0), (9,0), (1,1): nearest = 0, 0, 1, 0 -> z* = [3/4, 1/4]

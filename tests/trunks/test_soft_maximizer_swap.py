@@ -16,6 +16,7 @@ from pml_extensions.trunks.soft_maximizer_swap import (
     estimate_mu,
     soft_maximizer_swap,
 )
+from pml_extensions.trunks.template_matching_inserter import template_matching_blocks, template_matching_trunk
 
 
 def tiny_block_model():
@@ -114,6 +115,20 @@ class TestSwap(unittest.TestCase):
         out = swapped(x)
         self.assertEqual(out.shape, (2, 5))
         out.sum().backward()
+
+    def test_copy_of_a_model_that_has_run(self):
+        # issue 22: inplace=False deep-copies the model; with a template-matching block that has run (its class
+        # scores hold the graph) the copy raised "Only Tensors created explicitly by the user (graph leaves) ..."
+        torch.manual_seed(0)
+        model = template_matching_trunk(torchvision.models.resnet18(weights=None), num_classes=4)
+        model(torch.rand(2, 3, 32, 32)).sum().backward()
+        swapped = soft_maximizer_swap(model, "softmax", inplace=False)
+        self.assertIsInstance(model[4][0].bn1, torch.nn.BatchNorm2d)  # the original is untouched
+        self.assertIsInstance(swapped[4][0].bn1, MarginAugmentedSoftmax)
+        (block,), (copied,) = template_matching_blocks(model), template_matching_blocks(swapped)
+        self.assertIsNotNone(block.last_class_scores)
+        self.assertIsNone(copied.last_class_scores)
+        self.assertEqual(swapped(torch.rand(2, 3, 32, 32)).shape, (2, 512, 1, 1))
 
     def test_resnet50_perturbed(self):
         model = torchvision.models.resnet50(weights=None, num_classes=3)

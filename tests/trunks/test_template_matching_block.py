@@ -1,5 +1,6 @@
 """Tests for TemplateMatchingBlock and same_patch_mean (paper Sec. 3.3, Fig. 2)."""
 
+import copy
 import unittest
 
 import torch
@@ -121,6 +122,20 @@ class TestTemplateMatchingBlock(unittest.TestCase):
         torch.testing.assert_close(block.last_class_scores, block.classifier(brute_force_patch_mean(x, 2, 3)))
         self.assertEqual(TemplateMatchingBlock(8, 3).window_for(7, 5), (3, 2))
         self.assertEqual(TemplateMatchingBlock(8, 3).window_for(1, 1), (1, 1))
+
+    def test_deepcopy_after_a_forward_pass_with_gradients(self):
+        # last_class_scores / last_mixing hold the forward pass's graph: a copy starts without them
+        for mixing in ("bn_relu", "softmax", "none"):
+            with self.subTest(mixing=mixing):
+                torch.manual_seed(0)
+                block = TemplateMatchingBlock(4, 3, mixing=mixing)
+                block(torch.rand(2, 4, 6, 6))
+                twin = copy.deepcopy(block)
+                self.assertIsNone(twin.last_class_scores)
+                self.assertIsNone(twin.last_mixing)
+                self.assertIsNotNone(block.last_class_scores.grad_fn)
+                x = torch.rand(2, 4, 6, 6)
+                torch.testing.assert_close(twin(x), block(x), rtol=0, atol=0)
 
     def test_zero_init_last(self):
         block = TemplateMatchingBlock(8, 5)
