@@ -10,6 +10,8 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from ._model_runner import require_autograd
+
 
 def _forward_mode(g, A0, chunk_size):
     N, C, h, w = A0.shape
@@ -24,6 +26,7 @@ def _forward_mode(g, A0, chunk_size):
 
 
 def _reverse_mode(g, A0, chunk_size):
+    require_autograd("fallback='jacobian' (reverse mode, for a head without forward-mode rules)")
     A = A0.detach().clone().requires_grad_(True)
     with torch.enable_grad():
         E = g(A)

@@ -21,6 +21,22 @@ POOLING_TYPES = (
 )
 
 
+def require_autograd(who: str) -> None:
+    """Raise one line when autograd is off for good: under ``torch.inference_mode()`` no ``torch.enable_grad()``
+    switches it back on, and PyTorch would end with "element 0 of tensors does not require grad and does not have a
+    grad_fn" far from the call.
+
+    Raises:
+        RuntimeError: under ``torch.inference_mode()``, naming ``who`` and the fix.
+    """
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            f"{who} differentiates the model, but it was called under torch.inference_mode(), which "
+            "torch.enable_grad() cannot switch back on: call it outside inference_mode (torch.no_grad() around the "
+            "call is fine)"
+        )
+
+
 def _leaves(model: nn.Module) -> List[nn.Module]:
     return [m for m in model.modules() if next(m.children(), None) is None]
 
@@ -235,6 +251,8 @@ class ModelRunner:
             )
         pick = found[-1]
         if pick[2].ndim == 3:
+            # without autograd every token model would look like a class-token read-out: refuse instead of guessing
+            require_autograd(f"layer=None on a token model ({self.name_of(pick[0])})")
             out = pick[2]
             reach = False
             if torch.is_tensor(output) and output.requires_grad and out.requires_grad:

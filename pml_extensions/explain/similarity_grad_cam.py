@@ -17,7 +17,7 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from ._model_runner import ModelRunner, split_normaliser
+from ._model_runner import ModelRunner, require_autograd, split_normaliser
 from .base import SimilarityExplainer
 from .map_utils import normalize_maps, resize_maps
 
@@ -52,10 +52,15 @@ class SimilarityGradCAM(SimilarityExplainer):
 
     ``attribute(q, r, **options)`` (the shared verb of :class:`SimilarityExplainer`) is :meth:`maps`.
 
+    Autograd: the maps are gradients, so the call switches gradients on (also inside ``torch.no_grad()``); under
+    ``torch.inference_mode()``, which cannot be undone inside, it raises. Images made under inference mode are
+    cloned into ordinary tensors first.
+
     Raises:
         ValueError: unknown variant; batch sizes that do not pair; ``"dot"``/``"rectified"`` on a model that
             normalises inside ``forward`` (the pre-normalisation embedding is not reachable: wrap the
             normalisation in its own module).
+        RuntimeError: called under ``torch.inference_mode()``.
 
     Example::
 
@@ -113,10 +118,15 @@ class SimilarityGradCAM(SimilarityExplainer):
     ) -> Dict[str, torch.Tensor]:
         """Compute the maps; see the class docstring. ``normalize``/``output_size`` as in
         :meth:`ActivationDecomposition.overall_maps`."""
+        require_autograd("SimilarityGradCAM")
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         ModelRunner.check_images(query_images, "query_images")
         ModelRunner.check_images(reference_images, "reference_images")
+        # tensors made under inference_mode cannot enter a graph: ordinary copies (same values)
+        query_images, reference_images = (
+            x.clone() if x.is_inference() else x for x in (query_images, reference_images)
+        )
         nq, nr = query_images.shape[0], reference_images.shape[0]
         repeat = nr if (nq == 1 and nr > 1) else 1  # one body pass for the query, its head once per pair
         if nq != nr and repeat == 1:

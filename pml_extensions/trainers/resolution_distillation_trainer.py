@@ -117,7 +117,8 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor`` (10); the rest as PML's trainers.
 
     Raises:
-        ValueError: ``models`` without ``trunk``/``teacher_trunk`` modules; teacher and student of different
+        ValueError: ``models`` without ``trunk``/``teacher_trunk`` modules; a student module that is the teacher's
+            (the same object, or sharing parameters with it); teacher and student of different
             architectures with ``init_student_from_teacher``; a
             ``subset_batch_miner`` (not supported: the batch holds two resolutions).
     """
@@ -143,6 +144,7 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             isinstance(models.get(k), torch.nn.Module) for k in ("trunk", "teacher_trunk")
         ):
             raise ValueError("models must be a dict with modules under 'trunk' (student) and 'teacher_trunk'")
+        self._check_teacher_is_not_the_student(models)
         if loss_funcs is None:
             loss_funcs = {"distillation_loss": ResolutionDistillationLoss()}
         self.init_student_from_teacher = init_student_from_teacher
@@ -168,6 +170,26 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
         super().__init__(models, optimizers, batch_size, loss_funcs, dataset, *args, **kwargs)
         if "subset_batch_miner" in self.mining_funcs:
             raise ValueError("subset_batch_miner is not supported by ResolutionDistillationTrainer")
+
+    @staticmethod
+    def _check_teacher_is_not_the_student(models):
+        """The teacher is frozen in place: a module (or parameter) shared with the student would freeze the student
+        too, and the run would stop at "no trainable parameters" without saying why."""
+        for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
+            s, t = models.get(student), models.get(teacher)
+            if s is None or t is None:
+                continue
+            if s is t and any(True for _ in s.parameters()):
+                raise ValueError(
+                    f"models[{student!r}] and models[{teacher!r}] are one object; the teacher is frozen, so pass the "
+                    "student a copy (e.g. copy.deepcopy(teacher); init_student_from_teacher=True copies its weights)"
+                )
+            shared = {id(p) for p in s.parameters()} & {id(p) for p in t.parameters()}
+            if s is not t and shared:
+                raise ValueError(
+                    f"models[{student!r}] and models[{teacher!r}] share {len(shared)} parameter tensor(s); the "
+                    "teacher is frozen, so the student needs its own copy (e.g. copy.deepcopy(teacher))"
+                )
 
     @staticmethod
     def _copy_teacher_into_student(models):

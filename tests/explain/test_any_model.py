@@ -148,6 +148,21 @@ class TestTokenBackbones(unittest.TestCase):
         with torch.no_grad():
             torch.testing.assert_close(f.features.sum(dim=(1, 2)) + f.bias, self.vit(x), rtol=1e-4, atol=1e-4)
 
+    def test_autograd_steps_under_inference_mode_name_it_in_one_line(self):
+        # issue 22: layer=None on a token model needs one backward pass to tell a class-token read-out from a mean
+        # over the grid (without it every ViT would silently look like a class-token head), and the jacobian
+        # fallback's reverse mode needs autograd: under inference_mode both raise one line instead
+        x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.inference_mode():
+                with self.assertRaisesRegex(RuntimeError, r"^layer=None on a token model \(trunk\.vit\.encoder\.ln\)"):
+                    ActivationDecomposition(MeanPooledViT(self.vit)).fold_query(x)
+            dec = ActivationDecomposition(self.vit, layer="encoder.layers.encoder_layer_11.ln_1", fallback="jacobian")
+            with torch.inference_mode():
+                with self.assertRaisesRegex(RuntimeError, r"^fallback='jacobian' .* torch\.inference_mode\(\)"):
+                    dec.fold_query(x)
+
     def test_non_square_token_grid_is_an_error_naming_the_layer(self):
         class Tokens(nn.Module):
             def forward(self, x):

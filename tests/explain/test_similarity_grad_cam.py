@@ -96,6 +96,31 @@ class TestSimilarityGradCAM(unittest.TestCase):
         self.assertEqual(hook_count(trunk, emb), 0)
         self.assertEqual(training_flags(trunk, emb), flags)
 
+    def test_inference_mode_is_named_in_one_line(self):
+        # issue 22, the exact case: this ended with PyTorch's "element 0 of tensors does not require grad and does
+        # not have a grad_fn"
+        trunk = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        cam = SimilarityGradCAM(trunk, nn.Linear(4, 5))
+        flags = training_flags(trunk)
+        with torch.inference_mode():
+            with self.assertRaises(RuntimeError) as caught:
+                cam.attribute(torch.rand(2, 3, 10, 12), torch.rand(2, 3, 10, 12))
+        message = str(caught.exception)
+        self.assertEqual(message.count("\n"), 0)
+        self.assertIn("SimilarityGradCAM", message)
+        self.assertIn("torch.inference_mode()", message)
+        self.assertIn("call it outside inference_mode", message)
+        self.assertEqual(hook_count(trunk), 0)
+        self.assertEqual(training_flags(trunk), flags)
+        # torch.no_grad() is fine (the call switches gradients on), and so are images made under inference_mode
+        q, r = torch.rand(2, 3, 10, 12), torch.rand(2, 3, 10, 12)
+        expected = cam.attribute(q, r)
+        with torch.no_grad():
+            torch.testing.assert_close(cam.attribute(q, r), expected)
+        with torch.inference_mode():
+            q_inf, r_inf = q.clone(), r.clone()
+        torch.testing.assert_close(cam.attribute(q_inf, r_inf), expected)
+
     def test_bad_inputs(self):
         trunk, emb = make_model("gap")
         cam = SimilarityGradCAM(trunk, emb)

@@ -189,6 +189,36 @@ class TestResolutionDistillationTrainer(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "CoupledAugmentationDataset.collate"):
             trainer.calculate_loss((torch.rand(2, 3, 8, 8), torch.arange(2)))
 
+    def test_the_student_must_not_be_the_teacher(self):
+        # issue 22: the same module as trunk and teacher_trunk was refused with "no trainable parameters in
+        # trunk/embedder" (freezing the teacher froze the student), which did not say that the two are one object
+        trunk = backbone(0)
+        with self.assertRaisesRegex(ValueError, r"^models\['trunk'\] and models\['teacher_trunk'\] are one object"):
+            ResolutionDistillationTrainer({"trunk": trunk, "teacher_trunk": trunk}, None, dataset=None)
+        self.assertTrue(all(p.requires_grad for p in trunk.parameters()))  # refused before freezing anything
+        embedder = head(0)
+        models = {
+            "trunk": backbone(0),
+            "teacher_trunk": backbone(1),
+            "embedder": embedder,
+            "teacher_embedder": embedder,
+        }
+        with self.assertRaisesRegex(ValueError, r"models\['embedder'\] and models\['teacher_embedder'\] are one"):
+            ResolutionDistillationTrainer(models, None, dataset=None)
+        # a teacher built around the student shares its 4 parameters (conv weight and bias, BN weight and bias)
+        models = {"trunk": trunk, "teacher_trunk": torch.nn.Sequential(trunk, torch.nn.ReLU())}
+        with self.assertRaisesRegex(ValueError, "share 4 parameter tensor"):
+            ResolutionDistillationTrainer(models, None, dataset=None)
+        # shared parameter-free modules are harmless
+        identity = torch.nn.Identity()
+        models = {
+            "trunk": backbone(0),
+            "teacher_trunk": backbone(1),
+            "embedder": identity,
+            "teacher_embedder": identity,
+        }
+        ResolutionDistillationTrainer(models, None, dataset=None, data_device=CPU)
+
     def test_missing_teacher_and_default_loss(self):
         with self.assertRaisesRegex(ValueError, "teacher_trunk"):
             ResolutionDistillationTrainer({"trunk": backbone(0)}, None, 2, None, dataset=None, data_device=CPU)
