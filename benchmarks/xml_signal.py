@@ -41,6 +41,10 @@ SETTINGS = [
     ("eps30_kmeans", 30.0, "kmeans", None),
     ("eps100_kmeans", 100.0, "kmeans", None),
     ("eps30_kmeans_plr1e-2", 30.0, "kmeans", 1e-2),
+    # the README's two lines: trunks.use_histogram_pooling's default, k-means of the first 4 training batches' local
+    # features (train-mode BatchNorm) inside the loop instead of init_from_data beforehand; steps 1-3 use the
+    # seeded random prototypes
+    ("eps100_lazy_kmeans (two lines)", 100.0, "lazy_kmeans", None),
 ]
 
 
@@ -58,11 +62,12 @@ def run_setting(name, scale, init, proto_lr, data, backbone_state, embedder_stat
     torch.manual_seed(0)
     body = trunks.MobileNetV2Features(pretrained=True)
     body.load_state_dict(backbone_state)
-    pool = trunks.HistogramPooling(1280, 64, scale=scale, seed=0)
+    lazy = init == "lazy_kmeans"
+    pool = trunks.HistogramPooling(1280, 64, scale=scale, seed=0, lazy_init="kmeans" if lazy else None)
     embedder = torch.nn.Linear(1280, 64)
     embedder.load_state_dict(embedder_state)
     body, pool, embedder = body.to(args.device), pool.to(args.device), embedder.to(args.device)
-    if init != "random":
+    if init not in ("random", "lazy_kmeans"):
         loader = torch.utils.data.DataLoader(
             data, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0)
         )

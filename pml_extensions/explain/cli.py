@@ -5,10 +5,12 @@ Examples::
     python -m pml_extensions explain query.jpg other.jpg --out why/            # ImageNet MobileNetV2 + GAP
     python -m pml_extensions explain query.jpg photos/ --k 5 --checkpoint run/model.pth --out why/
 
-Writes one PNG overlay per (query, reference) pair — query | reference | "Decomposition" and
-"Decomposition+Bias" overall maps on both images | one point-specific map — and ``similarity.json`` (cosine
-similarity and dot product of the pre-normalisation embeddings, and the file names). Maps follow Zhu et al.,
-"Visual Explanation for Deep Metric Learning", IEEE TIP 2021.
+Writes one PNG overlay per (query, reference) pair — query | reference (its true rank, cosine and class) |
+"Decomposition" overall maps on both images ("Decomposition+Bias" too when the head's bias changes them) | one
+point-specific map — and ``similarity.json`` (rank, cosine similarity and dot product of the pre-normalisation
+embeddings, the file names and classes). A reference folder is read recursively, the first folder level naming the
+class (as torchvision's ImageFolder); the query's own file (same path or same bytes) is left out of it, with a note.
+Maps follow Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021.
 """
 
 import argparse
@@ -22,9 +24,9 @@ from torch import nn
 
 from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from ..utils.atomic_io import atomic_write_json
+from .reference_images import ReferenceImage, exclude_query, list_reference_images, read_image
 
 DEFAULT_IMAGE_SIZE = 320
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Explain the similarity of a query image and a reference image (or the top-k of a folder).",
     )
     p.add_argument("query", help="query image file")
-    p.add_argument("reference", help="reference image file, or a folder of images (the top-k are explained)")
+    p.add_argument(
+        "reference",
+        help="reference image file, or a folder of images read recursively, one class per first-level folder "
+        "(the top-k are explained; the query's own file is left out)",
+    )
     p.add_argument("--out", default="explanations", help="output folder (default: explanations)")
     p.add_argument(
         "--checkpoint",
@@ -116,17 +122,13 @@ def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = Fals
     ImageNet-normalised for 3 channels and grey in [0, 1] for 1 channel."""
     from torchvision.transforms import functional as TF
 
-    try:
-        with Image.open(path) as im:
-            im = im.convert("RGB" if channels == 3 else "L")
-            if keep_aspect:
-                w, h = im.size
-                new = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
-            else:
-                new = (size, size)
-            im = im.resize(new, Image.BILINEAR)
-    except (OSError, Image.UnidentifiedImageError) as e:
-        raise ValueError(f"cannot read image {path}: {e}") from e
+    im = read_image(path, "RGB" if channels == 3 else "L")  # transparency on white, as the datasets
+    if keep_aspect:
+        w, h = im.size
+        new = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
+    else:
+        new = (size, size)
+    im = im.resize(new, Image.BILINEAR)
     x = TF.to_tensor(im)
     mean, std = stats if stats is not None else _default_stats(channels)
     return x if mean is None else TF.normalize(x, mean, std)
@@ -164,32 +166,44 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not os.path.isfile(args.query):
         print(f"query image {args.query} not found", file=sys.stderr)
         return 2
+    excluded = []
     if os.path.isdir(args.reference):
-        refs = sorted(
-            os.path.join(args.reference, f) for f in os.listdir(args.reference) if f.lower().endswith(IMAGE_EXTENSIONS)
-        )
+        try:
+            refs, excluded = exclude_query(args.query, list_reference_images(args.reference))
+        except ValueError as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        for ref, why in excluded:
+            print(f"left out {ref.path}: {why}")
         if not refs:
-            print(f"no images in {args.reference}", file=sys.stderr)
+            print(f"{args.reference} holds no image but the query itself: nothing to compare with", file=sys.stderr)
             return 2
         if args.k < 1 or args.k > len(refs):
-            print(f"--k must be in [1, {len(refs)}] (the number of images in the folder)", file=sys.stderr)
+            left = " besides the query" if excluded else ""
+            print(f"--k must be in [1, {len(refs)}] (the number of images in the folder{left})", file=sys.stderr)
             return 2
     elif os.path.isfile(args.reference):
-        refs = [args.reference]
+        refs = [ReferenceImage(args.reference, None)]
     else:
         print(f"reference {args.reference} not found", file=sys.stderr)
         return 2
     device = torch.device(args.device)
     try:
-        return _explain(args, refs, device)
+        return _explain(args, refs, device, excluded)
     except (ValueError, FileNotFoundError, TypeError, RuntimeError) as e:  # RuntimeError: the model's forward
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
 
 
-def _explain(args, refs, device) -> int:
+def _explain(args, refs, device, excluded=()) -> int:
     from .activation_decomposition import ActivationDecomposition
-    from .overlay import save_pair_overlay, to_display_image
+    from .overlay import explanation_panels, save_pair_overlay, to_display_image
+
+    # the query's class: that of its own file in the reference folder, when it was found there
+    query_label = next((ref.label for ref, _ in excluded if ref.label is not None), None)
+    labels = [ref.label for ref in refs]
+    refs = [ref.path for ref in refs]
+    left_out = "; ".join(f"{os.path.basename(ref.path)} ({why})" for ref, why in excluded)
 
     trunk, embedder = load_models(args.checkpoint, args.trust_checkpoint)
     ref_models = None
@@ -248,27 +262,29 @@ def _explain(args, refs, device) -> int:
             point = ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)
         pmap = dec.point_specific(fq, fr, [point])[0, 0]
         name = f"{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png"
-        sim = float(plain["similarity"][0])
-        panels = [
-            [
-                ("Decomposition (query)", "query", plain["query"][0], point),
-                ("Decomposition+Bias (query)", "query", bias["query"][0], None),
-                ("Decomposition (reference)", "reference", plain["reference"][0], None),
-                ("Decomposition+Bias (reference)", "reference", bias["reference"][0], None),
-                ("point-specific: match of ×", "reference", pmap, None, True),
-            ]
-        ]
+        sim = float(cos[idx])  # the number the ranking used: title and similarity.json show the same one
+        panels, note = explanation_panels(
+            plain["query"][0], plain["reference"][0], bias["query"][0], bias["reference"][0], point, pmap
+        )
+        same = None if query_label is None or labels[idx] is None else labels[idx] == query_label
         path = save_pair_overlay(
             os.path.join(args.out, name),
             qd,
             [to_display_image(r[0], *stats_r)],
-            panels,
+            [panels],
             title=f"{os.path.basename(args.query)} vs {os.path.basename(refs[idx])}",
             similarities=[sim],
+            ranks=[rank + 1],
+            reference_labels=[labels[idx]],
+            same_class=[same],
+            query_label=query_label,
+            note="; ".join(n for n in (note, f"left out of the references: {left_out}" if left_out else None) if n),
         )
         results.append(
             {
                 "reference": refs[idx],
+                "label": labels[idx],
+                "same_class": same,
                 "rank": rank + 1,
                 "cosine_similarity": sim,
                 "dot_product": float(plain["dot"][0]),
@@ -279,7 +295,14 @@ def _explain(args, refs, device) -> int:
         print(f"{refs[idx]}: cosine similarity {sim:.4f} -> {path}")
     out = os.path.join(args.out, "similarity.json")
     atomic_write_json(
-        out, {"query": args.query, "maps": "Zhu et al. 2021 eq. 5, scale=cosine, signed", "results": results}
+        out,
+        {
+            "query": args.query,
+            "query_label": query_label,
+            "maps": "Zhu et al. 2021 eq. 5, scale=cosine, signed",
+            "excluded": [{"reference": ref.path, "reason": why} for ref, why in excluded],
+            "results": results,
+        },
     )
     return 0
 

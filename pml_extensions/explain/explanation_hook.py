@@ -19,7 +19,15 @@ from torch import nn
 from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from .activation_decomposition import ActivationDecomposition
 from .localization_evaluator import LocalizationEvaluator
-from .overlay import save_pair_overlay, save_tensors, to_display_image
+from .overlay import (
+    BIAS_RTOL,
+    bias_difference,
+    bias_note,
+    explanation_panels,
+    save_pair_overlay,
+    save_tensors,
+    to_display_image,
+)
 from .topk_maps import model_device, topk_overall_maps
 
 
@@ -32,7 +40,9 @@ class ExplanationHook:
     maps are kept on the CPU in ``last_maps``): "Decomposition" and "Decomposition+Bias" overall maps on both
     images (signed, ``scale="cosine"``) and one point-specific map per pair, for the query pixel at the
     maximum of the first pair's query map. Written to ``output_dir``:
-    ``{split}_epoch{epoch}_query{index}.png`` (query | retrieved | maps) and ``….pt`` (the tensors) when
+    ``{split}_epoch{epoch}_query{index}.png`` (query | retrieved, with its rank, cosine and a same class / other
+    class mark from the tester's labels | maps; the +Bias maps only where the head's bias changes them, see
+    :func:`pml_extensions.explain.overlay.explanation_panels`) and ``….pt`` (the tensors, all maps) when
     enabled. When ground-truth boxes exist (``boxes[split]`` or ``dataset.boxes``, ``(x0, y0, x1, y1)``
     pixels), the localisation accuracy of the queries' Decomposition maps (top-1 pair; best threshold of
     :class:`LocalizationEvaluator`) is logged through the record keeper under ``explanations_{split}``.
@@ -175,6 +185,7 @@ class ExplanationHook:
         epoch = int(getattr(tester, "all_accuracies", {}).get(split, {}).get("epoch", 0))
         q_emb = torch.as_tensor(data[split][0])
         r_emb = torch.as_tensor(data[ref_split][0])
+        q_labels, r_labels = _labels(data[split]), _labels(data[ref_split])
         gen = torch.Generator().manual_seed(self.seed)
         if self.n_queries is None:
             queries = np.arange(q_emb.shape[0])
@@ -182,8 +193,8 @@ class ExplanationHook:
             queries = (
                 torch.randperm(q_emb.shape[0], generator=gen, device=gen.device)[: self.n_queries].sort().values.numpy()
             )
-        same = ref_split == split
-        neighbours = self._topk(q_emb[queries], r_emb, queries if same else None)
+        same_split = ref_split == split
+        neighbours = self._topk(q_emb[queries], r_emb, queries if same_split else None)
         boxes = self.boxes.get(split, getattr(self.dataset_dict[split], "boxes", None))
         dec = self.decomposition
         nb = torch.as_tensor(neighbours, dtype=torch.long)
@@ -236,28 +247,35 @@ class ExplanationHook:
                 mean, std = self._display_stats(q_img)
                 qd = to_display_image(q_img, mean, std)
                 rds = [to_display_image(r, mean, std) for r in r_imgs]
-                panels = [
-                    [
-                        ("Decomposition (query)", "query", allmaps["query"][n, m], point),
-                        ("Decomposition+Bias (query)", "query", allmaps["query_bias"][n, m], None),
-                        ("Decomposition (retrieved)", "reference", allmaps["reference"][n, m], None),
-                        (
-                            "Decomposition+Bias (retrieved)",
-                            "reference",
-                            allmaps["reference_bias"][n, m],
-                            None,
-                        ),
-                        ("point-specific: match of ×", "reference", pmaps[m], None, True),
-                    ]
+                args = [
+                    (
+                        allmaps["query"][n, m],
+                        allmaps["reference"][n, m],
+                        allmaps["query_bias"][n, m],
+                        allmaps["reference_bias"][n, m],
+                    )
                     for m in range(len(refs))
                 ]
+                diff = max(bias_difference(*a) for a in args)  # one choice for every row of the figure
+                show_bias = diff > BIAS_RTOL
+                panels = [
+                    explanation_panels(*a, point, pmaps[m], reference_name="retrieved", show_bias=show_bias)[0]
+                    for m, a in enumerate(args)
+                ]
+                same = None
+                if q_labels is not None and r_labels is not None:
+                    same = [bool(torch.equal(q_labels[int(qi)], r_labels[int(j)])) for j in refs]
                 save_pair_overlay(
                     stem + ".png",
                     qd,
                     rds,
                     panels,
-                    title=f"{split} query {int(qi)}",
+                    title=f"{split} query {int(qi)}" + (" (itself left out of its references)" if same_split else ""),
                     similarities=sims.tolist(),
+                    reference_labels=None if r_labels is None else [_label_text(r_labels[int(j)]) for j in refs],
+                    query_label=None if q_labels is None else _label_text(q_labels[int(qi)]),
+                    same_class=same,
+                    note=None if show_bias else bias_note(diff),
                 )
             del fq, fr, pmaps
         self.last_localization = None
@@ -272,3 +290,15 @@ class ExplanationHook:
                     dict(self.last_localization), epoch, parent_name=f"explanations_{split}"
                 )
         return self.last_localization
+
+
+def _labels(embeddings_and_labels) -> Optional[torch.Tensor]:
+    """The tester's labels ``[N]`` or ``[N, levels]`` as a tensor (``None`` when it has none)."""
+    if len(embeddings_and_labels) < 2 or embeddings_and_labels[1] is None:
+        return None
+    return torch.as_tensor(np.asarray(embeddings_and_labels[1]))
+
+
+def _label_text(label: torch.Tensor) -> str:
+    values = label.flatten().tolist()
+    return str(values[0]) if len(values) == 1 else str(values)

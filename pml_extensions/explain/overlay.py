@@ -1,6 +1,8 @@
 """PNG overlays of explanation maps (matplotlib, Agg backend; files written atomically)."""
 
-from typing import Optional, Sequence
+import math
+import textwrap
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -53,86 +55,237 @@ def _map_on_image(heatmap: torch.Tensor, size) -> np.ndarray:
     return m.numpy()
 
 
+#: what every overall and point-specific map measures with ``scale="cosine"`` (the colour bars' label)
+COSINE_QUANTITY = "contribution to cosine similarity"
+#: Decomposition+Bias panels are shown when they differ from Decomposition by more than this fraction of its largest
+#: |value| (:func:`explanation_panels`)
+BIAS_RTOL = 0.01
+#: under every figure: how to read the colours
+LEGEND = (
+    "red: raises the similarity · blue: lowers it · clear: no contribution (colour and opacity grow with |value|); "
+    "symmetric scales: one for the overall maps of each image, one for the point-specific map"
+)
+
+
 def _panel(panel):
-    if len(panel) == 4:
-        return (*panel, False)
-    if len(panel) == 5:
-        return tuple(panel)
-    raise ValueError(f"panel must be (label, side, map, point[, mark_max]), got {len(panel)} entries")
+    """``(label, side, map, point[, mark_max[, scale_group]])`` -> all six entries (default group: "point" for a map
+    whose maximum is marked, else the side: the overall maps of one image share a scale)."""
+    if len(panel) not in (4, 5, 6):
+        raise ValueError(
+            f"panel must be (label, side, map, point[, mark_max[, scale_group]]), got {len(panel)} entries"
+        )
+    label, side, heatmap, point = panel[:4]
+    mark_max = bool(panel[4]) if len(panel) > 4 else False
+    group = panel[5] if len(panel) > 5 else ("point" if mark_max else side)
+    return label, side, heatmap, point, mark_max, group
 
 
-def save_pair_overlay(
-    path: str,
+def format_cosines(values: Sequence[float], decimals: int = 4, max_decimals: int = 6) -> List[str]:
+    """Cosines as text with ``decimals`` decimals, more (up to ``max_decimals``) while two different values would
+    print the same or a value below 1 would print as 1 (near-duplicates at 0.99996 and 0.99993 are not both
+    "1.0000").
+
+    Example::
+
+        >>> format_cosines([0.5, 0.99996, 0.99993])
+        ['0.50000', '0.99996', '0.99993']
+        >>> format_cosines([0.91234, 0.5])
+        ['0.9123', '0.5000']
+    """
+    values = [float(v) for v in values]
+    for d in range(decimals, max_decimals + 1):
+        text = [f"{v:.{d}f}" for v in values]
+        one = f"{1:.{d}f}"
+        distinct = all(a != b or x == y for (a, x), (b, y) in _pairs(list(zip(text, values))))
+        if distinct and not any(t == one and v < 1 for t, v in zip(text, values)):
+            return text
+    # still "1.000000" below 1: cut instead of rounding
+    return [
+        f"{math.floor(v * 10**max_decimals) / 10**max_decimals:.{max_decimals}f}" if v < 1 else t
+        for t, v in zip(text, values)
+    ]
+
+
+def _pairs(items):
+    return [(items[i], items[j]) for i in range(len(items)) for j in range(i + 1, len(items))]
+
+
+def explanation_panels(
+    query_map,
+    reference_map,
+    query_bias_map,
+    reference_bias_map,
+    point,
+    point_map,
+    *,
+    reference_name: str = "reference",
+    rtol: float = BIAS_RTOL,
+    show_bias: Optional[bool] = None,
+) -> Tuple[List[tuple], Optional[str]]:
+    """The panels of one (query, reference) row: Decomposition maps on both images (the query point marked ×), the
+    Decomposition+Bias maps only where they add something, and the point-specific map of the × (Zhu et al., TIP
+    2021, Sec. III).
+
+    Decomposition+Bias adds each cell's match with the other image's head bias B (``(W_ij A_ij)·B``) to the
+    Decomposition map. With a head without bias (GAP + Identity, e.g. the default ImageNet trunk) the two maps are
+    equal, and a second copy would only ask the reader to find a difference that is not there: the +Bias panels
+    are shown only when they differ from the Decomposition maps by more than ``rtol`` of the largest |value| of
+    those maps (:func:`bias_difference`), with titles that say what they add; otherwise a note says why they are
+    left out. ``show_bias`` forces the choice (e.g. one choice for all rows of a figure).
+
+    Args:
+        query_map, reference_map: Decomposition maps ``[h, w]`` / ``[h', w']``; ``*_bias_map``: the +Bias maps.
+        point: the query pixel ``(y, x)`` of the point-specific map; point_map: its map on the reference.
+        reference_name: how the titles call the reference (e.g. ``"retrieved"``).
+
+    Returns:
+        ``(panels, note)``: panels for :func:`save_pair_overlay`, and the note (``None`` when the +Bias panels are
+        shown).
+
+    Example::
+
+        >>> import torch
+        >>> m = torch.ones(2, 2)
+        >>> panels, note = explanation_panels(m, m, m, m, (0.5, 0.5), m)
+        >>> [p[0] for p in panels]
+        ['Decomposition (query)', 'Decomposition (reference)', 'point-specific: match of ×']
+        >>> note.split(":")[0]
+        'Decomposition+Bias not shown'
+    """
+    q, r = torch.as_tensor(query_map), torch.as_tensor(reference_map)
+    qb, rb = torch.as_tensor(query_bias_map), torch.as_tensor(reference_bias_map)
+    diff = bias_difference(q, r, qb, rb)
+    if show_bias is None:
+        show_bias = diff > rtol
+    panels = [("Decomposition (query)", "query", q, point)]
+    if show_bias:
+        panels += [
+            ("Decomposition+Bias (query):\n+ match with the reference's bias", "query", qb, None),
+            (f"Decomposition ({reference_name})", "reference", r, None),
+            (f"Decomposition+Bias ({reference_name}):\n+ match with the query's bias", "reference", rb, None),
+        ]
+    else:
+        panels.append((f"Decomposition ({reference_name})", "reference", r, None))
+    panels.append(("point-specific: match of ×", "reference", torch.as_tensor(point_map), None, True))
+    return panels, None if show_bias else bias_note(diff)
+
+
+def bias_difference(query_map, reference_map, query_bias_map, reference_bias_map) -> float:
+    """Largest |Decomposition+Bias − Decomposition| of a pair's maps, relative to the largest |Decomposition|
+    value (0 when the head has no bias)."""
+    q, r = torch.as_tensor(query_map), torch.as_tensor(reference_map)
+    top = max(float(q.abs().max()), float(r.abs().max()), 1e-30)
+    diff = max(
+        float((torch.as_tensor(query_bias_map) - q).abs().max()),
+        float((torch.as_tensor(reference_bias_map) - r).abs().max()),
+    )
+    return diff / top
+
+
+def bias_note(difference: float) -> str:
+    """The note that says why the Decomposition+Bias panels are left out (``difference`` from
+    :func:`bias_difference`, the largest over the figure's rows)."""
+    if difference == 0:
+        return "Decomposition+Bias not shown: equal to Decomposition (the head adds no bias)"
+    return (
+        f"Decomposition+Bias not shown: within {100 * difference:.2g} % of Decomposition (the head's bias is "
+        "small next to the features)"
+    )
+
+
+def pair_figure(
     query_image: np.ndarray,
     reference_images: Sequence[np.ndarray],
     panels: Sequence[Sequence[tuple]],
     title: Optional[str] = None,
-    alpha: float = 0.55,
+    alpha: float = 0.8,
     *,
     similarities: Optional[Sequence[float]] = None,
+    ranks: Optional[Sequence[int]] = None,
+    reference_labels: Optional[Sequence[Optional[str]]] = None,
+    same_class: Optional[Sequence[Optional[bool]]] = None,
+    query_label: Optional[str] = None,
+    colorbar_label: str = COSINE_QUANTITY,
+    note: Optional[str] = None,
     panel_width: float = 3.0,
-    dpi: int = 100,
-) -> str:
-    """Save a grid: one row per reference (rank order), columns = the query, the reference, each map panel.
-
-    Every image keeps its aspect ratio (non-square images and spectrograms are not squashed); each map is
-    drawn over its image with a diverging colour map centred at 0 (red > 0, blue < 0, symmetric limits
-    ±max|map|) and its own colour bar in the map's units (signed cosine contributions for
-    ``scale="cosine"``).
-
-    Args:
-        path: output ``.png`` (written to a temporary file, then ``os.replace``).
-        query_image / reference_images: ``[H, W, 3]`` float arrays in [0, 1] (:func:`to_display_image`).
-        panels: per reference, a list of ``(label, side, map [h, w], point or None[, mark_max])`` tuples,
-            ``side`` in ``{"query", "reference"}``; ``point`` (y, x) pixels is marked with a yellow cross;
-            ``mark_max=True`` marks the map's maximum (e.g. the strongest match of a point-specific map) with
-            a yellow star.
-        title: figure title; similarities: per reference, shown as "rank r · cos s" above the reference.
-        panel_width: inches per panel (default 3.0); dpi: default 100 (a 7-panel row is 2100 px wide).
-
-    Raises:
-        ValueError: a map larger than its image, a bad side or panel.
-    """
+):
+    """The figure of :func:`save_pair_overlay` (a matplotlib ``Figure``, for tests and notebooks; close it with
+    ``matplotlib.pyplot.close``). Arguments as there."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from mpl_toolkits.axes_grid1 import make_axes_locatable
 
     rows = len(reference_images)
     if len(panels) != rows:
         raise ValueError(f"panels must have one list per reference ({rows}), got {len(panels)}")
+    for name, values in (
+        ("similarities", similarities),
+        ("ranks", ranks),
+        ("reference_labels", reference_labels),
+        ("same_class", same_class),
+    ):
+        if values is not None and len(values) != rows:
+            raise ValueError(f"{name} must have one entry per reference ({rows}), got {len(values)}")
+    cmap = plt.get_cmap("RdBu_r")
     cols = 2 + max(len(p) for p in panels)
     aspect = max([query_image.shape[0] / query_image.shape[1]] + [r.shape[0] / r.shape[1] for r in reference_images])
-    height = min(max(panel_width * aspect, 1.6), 3 * panel_width) + 0.7
-    fig, axes = plt.subplots(rows, cols, figsize=(panel_width * cols, height * rows), squeeze=False)
+    height = min(max(panel_width * aspect, 1.6), 3 * panel_width) + 0.75
+    footer = 0.35 + (0.25 if note else 0.0)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_width * cols, height * rows + footer), squeeze=False)
+    cosines = format_cosines(similarities) if similarities is not None else None
     try:
         for r in range(rows):
             ref = reference_images[r]
             axes[r, 0].imshow(query_image, aspect="equal")
-            axes[r, 0].set_title("query", fontsize=10)
+            axes[r, 0].set_title("query" + (f"\nclass {query_label}" if query_label is not None else ""), fontsize=10)
             axes[r, 1].imshow(ref, aspect="equal")
-            rank = f"rank {r + 1}"
-            if similarities is not None:
-                rank += f" · cos {float(similarities[r]):.3f}"
-            axes[r, 1].set_title(rank, fontsize=10)
-            for c, panel in enumerate(panels[r]):
-                label, side, heatmap, point, mark_max = _panel(panel)
+            head = f"rank {ranks[r] if ranks is not None else r + 1}"
+            if cosines is not None:
+                head += f" · cos {cosines[r]}"
+            if reference_labels is not None and reference_labels[r] is not None:
+                head += f"\nclass {reference_labels[r]}"
+            colour = "black"
+            if same_class is not None and same_class[r] is not None:
+                head += " · same class" if same_class[r] else " · other class"
+                colour = "#1a7f37" if same_class[r] else "#c62828"
+                for spine in axes[r, 1].spines.values():
+                    spine.set_edgecolor(colour)
+                    spine.set_linewidth(4)
+            axes[r, 1].set_title(head, fontsize=10, color=colour)
+            entries = [_panel(p) for p in panels[r]]
+            maps = []
+            for _, side, heatmap, *_ in entries:
                 if side not in ("query", "reference"):
                     raise ValueError(f"panel side must be 'query' or 'reference', got {side!r}")
                 base = query_image if side == "query" else ref
+                maps.append(_map_on_image(heatmap, base.shape[:2]))
+            limits = {}
+            for (_, _, _, _, _, group), m in zip(entries, maps):
+                limits[group] = max(limits.get(group, 0.0), float(np.abs(m).max()))
+            for c, ((label, side, _, point, mark_max, group), m) in enumerate(zip(entries, maps)):
+                base = query_image if side == "query" else ref
                 ax = axes[r, 2 + c]
-                m = _map_on_image(heatmap, base.shape[:2])
-                top = float(np.abs(m).max()) or 1.0
-                exp10 = int(np.floor(np.log10(top))) if top > 0 else 0
+                top = limits[group] or 1.0
+                exp10 = int(np.floor(np.log10(top)))
                 unit = 10.0**exp10 if abs(exp10) >= 2 else 1.0  # the colour bar reads in units of 10^exp10
-                ax.imshow(base.mean(axis=2), cmap="gray", vmin=0, vmax=1, aspect="equal")
-                im = ax.imshow(m / unit, cmap="RdBu_r", vmin=-top / unit, vmax=top / unit, alpha=alpha, aspect="equal")
-                bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+                # the drawing lightened to [0.5, 1] so that colours read true on dark drawings too, then the map
+                # as a layer whose opacity grows with |value|: where the map is ~0 the drawing shows unchanged
+                ax.imshow(0.5 + 0.5 * base.mean(axis=2), cmap="gray", vmin=0, vmax=1, aspect="equal")
+                layer = cmap(Normalize(-top, top)(m))
+                layer[..., 3] = alpha * np.clip(np.abs(m) / top, 0, 1)
+                ax.imshow(layer, aspect="equal")
+                cax = make_axes_locatable(ax).append_axes("right", size="5%", pad=0.05)  # as tall as the image
+                cax.set_label("<colorbar>")  # matplotlib's name for a colour bar's axes, as with colorbar(ax=...)
+                bar = fig.colorbar(ScalarMappable(Normalize(-top / unit, top / unit), cmap), cax=cax)
                 bar.ax.tick_params(labelsize=7)
-                if unit != 1.0:
-                    bar.set_label(f"× 1e{exp10}", fontsize=7)
+                text = colorbar_label + (f" (× 1e{exp10})" if unit != 1.0 else "")
+                bar.set_label(textwrap.fill(text, 26), fontsize=7)  # two short lines fit beside a flat image
                 if point is not None:
-                    ax.plot([point[1]], [point[0]], marker="x", color="yellow", markersize=11, mew=3)
+                    ax.plot([point[1]], [point[0]], marker="X", color="yellow", markeredgecolor="black", markersize=13)
                 if mark_max:
                     y, x = np.unravel_index(int(np.argmax(m)), m.shape)
                     ax.plot([x], [y], marker="*", color="yellow", markeredgecolor="black", markersize=14)
@@ -144,7 +297,87 @@ def save_pair_overlay(
                 ax.set_yticks([])
         if title:
             fig.suptitle(title, fontsize=11)
-        fig.tight_layout()
+        fig.text(0.5, 0.004, LEGEND, ha="center", va="bottom", fontsize=8, color="#333333")
+        if note:
+            fig.text(0.5, 0.004 + 0.25 / fig.get_figheight(), note, ha="center", va="bottom", fontsize=8)
+        fig.tight_layout(rect=(0, footer / fig.get_figheight(), 1, 1))
+    except Exception:
+        plt.close(fig)
+        raise
+    return fig
+
+
+def save_pair_overlay(
+    path: str,
+    query_image: np.ndarray,
+    reference_images: Sequence[np.ndarray],
+    panels: Sequence[Sequence[tuple]],
+    title: Optional[str] = None,
+    alpha: float = 0.8,
+    *,
+    similarities: Optional[Sequence[float]] = None,
+    ranks: Optional[Sequence[int]] = None,
+    reference_labels: Optional[Sequence[Optional[str]]] = None,
+    same_class: Optional[Sequence[Optional[bool]]] = None,
+    query_label: Optional[str] = None,
+    colorbar_label: str = COSINE_QUANTITY,
+    note: Optional[str] = None,
+    panel_width: float = 3.0,
+    dpi: int = 100,
+) -> str:
+    """Save a grid: one row per reference (rank order), columns = the query, the reference, each map panel.
+
+    Every image keeps its aspect ratio (non-square images and spectrograms are not squashed). Each map is drawn
+    over a lightened grey copy of its image as a semi-transparent layer: diverging colours (red > 0, blue < 0)
+    whose opacity grows with |value|, so the drawing stays readable where the map is near 0 and colours read true
+    on dark drawings too. Scales are symmetric (±L, never min–max stretched) and shared within a row by the maps
+    of one group: by default the overall maps drawn on the same image (Decomposition and Decomposition+Bias
+    compare on one scale), and the point-specific map on its own (panels may name their group; a map spread over
+    more cells has smaller values per cell, so a scale shared across images would leave one of them blank). Each
+    colour bar, as tall as its image, names its quantity and unit (``colorbar_label``, default "contribution to
+    cosine similarity", times the power of ten shown), and a legend under the figure says how to read the colours.
+
+    Args:
+        path: output ``.png`` (written to a temporary file, then ``os.replace``).
+        query_image / reference_images: ``[H, W, 3]`` float arrays in [0, 1] (:func:`to_display_image`).
+        panels: per reference, a list of ``(label, side, map [h, w], point or None[, mark_max[, scale_group]])``
+            tuples (:func:`explanation_panels` builds the standard row), ``side`` in ``{"query", "reference"}``;
+            ``point`` (y, x) pixels is marked with a yellow cross; ``mark_max=True`` marks the map's maximum
+            (e.g. the strongest match of a point-specific map) with a yellow star.
+        title: figure title.
+        alpha: opacity of the strongest values of a map (default 0.8; 0 at value 0).
+        similarities: per reference, its cosine, shown as "rank r · cos s" above the reference (with as many
+            decimals as tell the row's values apart, :func:`format_cosines`).
+        ranks: per reference, its true rank (default 1, 2, ... in row order: pass it when a figure shows one
+            reference that is not the top match).
+        reference_labels, query_label: class names shown above the images (``None`` entries: unknown).
+        same_class: per reference, ``True`` / ``False`` marks "same class" (green frame) / "other class" (red
+            frame); ``None`` entries are not marked.
+        colorbar_label: the maps' quantity (e.g. "contribution to dot product" for ``scale="dot"``).
+        note: one line under the figure (e.g. which references were left out and why).
+        panel_width: inches per panel (default 3.0); dpi: default 100 (a 7-panel row is 2100 px wide).
+
+    Raises:
+        ValueError: a map larger than its image, a bad side or panel, per-reference lists of the wrong length.
+    """
+    import matplotlib.pyplot as plt
+
+    fig = pair_figure(
+        query_image,
+        reference_images,
+        panels,
+        title,
+        alpha,
+        similarities=similarities,
+        ranks=ranks,
+        reference_labels=reference_labels,
+        same_class=same_class,
+        query_label=query_label,
+        colorbar_label=colorbar_label,
+        note=note,
+        panel_width=panel_width,
+    )
+    try:
         atomic_savefig(fig, path, dpi=dpi)
     finally:
         plt.close(fig)

@@ -182,29 +182,62 @@ class XMLWrapper(ModuleWithRecords):
             list_of_names=["xml_weight", "ridge", "inner_loss", "xml_loss", "num_skipped_xml"], is_stat=False
         )
 
-    def attach(self, trunk: torch.nn.Module) -> "XMLWrapper":
-        """Read histograms from the single :class:`pml_extensions.trunks.HistogramPooling` inside ``trunk``
-        (kept out of this module's parameters and state dict: the layer belongs to the trunk). Returns ``self``.
+    def attach(self, trunk, embedder: Optional[torch.nn.Module] = None) -> "XMLWrapper":
+        """Take what the XML term needs from the model: the histogram layer and, with ``target="pooled"`` and an
+        embedder, the head. Returns ``self``, so ``loss = XMLWrapper(ContrastiveLoss()).attach(trunk)`` is one line.
+
+        Args:
+            trunk: the PML trunk holding exactly one :class:`pml_extensions.trunks.HistogramPooling` (e.g. after
+                ``trunk = pml_extensions.trunks.use_histogram_pooling(trunk)``), or PML's ``models`` dict
+                ``{"trunk": ..., "embedder": ...}`` (the embedder is then taken from it). The layer is read, not
+                owned: it stays out of this module's parameters and state dict.
+            embedder: with ``target="pooled"``, the module after the trunk (PML's embedder). The head becomes the
+                trunk's modules after the pooling (:func:`pml_extensions.trunks.pooling_tail`; the children after
+                the layer for a ``Sequential`` trunk) followed by the embedder. Without an embedder the head is
+                left as it is (:meth:`attach_head` / :meth:`attach_heads` can set it later), so
+                ``attach(trunk)`` keeps its meaning.
 
         Raises:
-            ValueError: if ``trunk`` holds no HistogramPooling or more than one.
+            ValueError: if ``trunk`` holds no HistogramPooling or more than one, a ``models`` dict has no
+                ``"trunk"``, or (``target="pooled"``) the trunk's output is not its modules after the pooling
+                applied to the GAP vector.
 
         Example::
 
+            >>> import torchvision
             >>> from pytorch_metric_learning.losses import ContrastiveLoss
-            >>> from pml_extensions.trunks import HistogramPooling
-            >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
-            >>> XMLWrapper(ContrastiveLoss()).attach(trunk).histogram_layer is trunk[1]
+            >>> from pml_extensions.trunks import use_histogram_pooling
+            >>> trunk = torchvision.models.resnet18()
+            >>> trunk.fc = torch.nn.Identity()  # PML's usual trunk
+            >>> trunk = use_histogram_pooling(trunk, num_prototypes=8)
+            >>> loss = XMLWrapper(ContrastiveLoss()).attach(trunk)
+            >>> loss.histogram_layer is trunk.avgpool
             True
+            >>> models = {"trunk": trunk, "embedder": torch.nn.Linear(512, 64)}
+            >>> loss = XMLWrapper(ContrastiveLoss(), target="pooled").attach(models)
+            >>> tuple(loss.head(torch.zeros(3, 512)).shape)
+            (3, 64)
         """
         from ..trunks.histogram_pooling import find_histogram_layers
 
+        if isinstance(trunk, dict):
+            if "trunk" not in trunk:
+                raise ValueError(f"XMLWrapper.attach: a models dict needs a 'trunk' key, got keys {sorted(trunk)}")
+            embedder = trunk.get("embedder", embedder)
+            trunk = trunk["trunk"]
         layers = find_histogram_layers(trunk)
         if len(layers) != 1:
             raise ValueError(
-                f"XMLWrapper.attach: the trunk must hold exactly one HistogramPooling, found {len(layers)}"
+                f"XMLWrapper.attach: the trunk must hold exactly one HistogramPooling, found {len(layers)} "
+                "(call trunk = pml_extensions.trunks.use_histogram_pooling(trunk) first)"
             )
         self.__dict__["histogram_layer"] = layers[0]
+        if self.target == "pooled" and embedder is not None:
+            if isinstance(trunk, torch.nn.Sequential) and any(c is layers[0] for c in trunk.children()):
+                return self.attach_head(trunk, embedder)
+            from ..trunks.histogram_pooling_swap import pooling_tail
+
+            self._head_ref = _Ref(torch.nn.Sequential(*pooling_tail(trunk, layers[0]), embedder))
         return self
 
     @staticmethod
@@ -257,8 +290,9 @@ class XMLWrapper(ModuleWithRecords):
             layer = self.histogram_layer
             if layer is None:
                 raise ValueError(
-                    "histograms were not passed and XMLWrapper has no histogram_layer: pass histograms=[N, m] or "
-                    "construct XMLWrapper(loss, histogram_layer=<HistogramPooling in the trunk>)"
+                    "XMLWrapper has no histogram_layer: call loss.attach(trunk) once, after "
+                    "trunk = pml_extensions.trunks.use_histogram_pooling(trunk) (or pass histogram_layer= to "
+                    "XMLWrapper, or histograms=[N, m] to each call)"
                 )
             histograms = layer.last_histograms
             source = "histogram_layer.last_histograms"
@@ -425,8 +459,8 @@ class XMLWrapper(ModuleWithRecords):
             pooled = self.get_pooled(embeddings, pooled)
             if self.head is None:
                 raise ValueError(
-                    "target='pooled' needs a head (GAP vector -> embedding): pass head=embedder or call "
-                    "attach_head(trunk, embedder)"
+                    "target='pooled' needs a head (GAP vector -> embedding): call loss.attach(trunk, embedder) or "
+                    "loss.attach(models) with PML's models dict (or pass head=)"
                 )
             pred1, pred2 = self.cross_predictions(
                 pooled.to(torch.promote_types(pooled.dtype, work)), histograms, halves

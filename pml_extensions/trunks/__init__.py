@@ -3,6 +3,7 @@
 from .conv_net_body import ConvNetBody
 from .gem_pooling import GeMPooling
 from .histogram_pooling import HistogramPooling, find_histogram_layers, trunk_body
+from .histogram_pooling_swap import pooling_tail, use_histogram_pooling
 from .margin_softmax import MarginAugmentedSoftmax, margin_argmax
 from .perturbed_maximizer import PerturbedArgmaxFunction, PerturbedMaximizer
 from .pretrained import MobileNetV2Features, mobilenet_v2_features, mobilenet_v2_imagenet, mobilenet_v2_weights_path
@@ -32,9 +33,11 @@ __all__ = [
     "mobilenet_v2_features",
     "mobilenet_v2_imagenet",
     "mobilenet_v2_weights_path",
+    "pooling_tail",
     "same_patch_mean",
     "soft_maximizer_swap",
     "template_matching_blocks",
     "template_matching_trunk",
     "trunk_body",
+    "use_histogram_pooling",
 ]

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from ._last_outputs import _KeepsLastOutputs
 
 PROTOTYPE_INITS = ("random", "kcenter", "kmeans")
+#: data-driven initialisations that ``HistogramPooling(lazy_init=...)`` can run on the first training batches
+LAZY_INITS = ("kmeans", "kcenter")
 #: ε of the paper (raw inner products of CNN features)
 PAPER_SCALE = 10.0
 #: ε on cosine logits (``normalize=True``): 10 leaves the histograms nearly uniform and the XML term constant
@@ -53,11 +55,26 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         normalize: L2-normalise local features and prototypes before the inner product (default ``True``; our
             choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
         device, dtype: factory arguments for the prototype weights.
-        seed: seed of the private generator that draws the random prototypes (:meth:`reset_parameters`); the
-            global RNG is never touched, so adding this layer to a trunk does not change any other module's
-            initialisation.
+        seed: seed of the private generator that draws the random prototypes (:meth:`reset_parameters`) and
+            the lazy initialisation below; the global RNG is never touched, so adding this layer to a trunk does
+            not change any other module's initialisation.
+        lazy_init: ``None`` (default: the random prototypes stay until you initialise them), ``"kmeans"`` or
+            ``"kcenter"``: the prototypes are initialised by :meth:`init_prototypes` from the local features of
+            the first ``lazy_init_batches`` forwards in training mode (no extra pass over the data, no loader
+            needed; eval-mode forwards, e.g. a tester run before training, neither count nor trigger it). The
+            forward that completes the count is already computed with the new prototypes; earlier ones use the
+            random ones. Deterministic given ``seed`` and the batches (at most ``20000 / lazy_init_batches``
+            features are kept per batch, drawn with a generator seeded by ``seed``; k-means is seeded by
+            ``seed``). Cancelled when prototypes are given: :meth:`init_prototypes`, :meth:`init_from_data`,
+            :meth:`reset_parameters` or ``load_state_dict`` with the prototype weight (a checkpoint's trained
+            prototypes are never overwritten). Under ``torch.distributed`` rank 0's prototypes are broadcast.
+        lazy_init_batches: how many training forwards feed the lazy initialisation (default 4, as the runner's
+            ``prototype_init``); more are taken while they hold fewer than ``num_prototypes`` local features.
+        keepdim: return ``[B, C, 1, 1]`` instead of ``[B, C]`` (the shape of ``AdaptiveAvgPool2d(1)``; used by
+            :func:`pml_extensions.trunks.use_histogram_pooling` where a model flattens after its pooling).
 
-    ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``), so an existing embedder fits unchanged.
+    ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``; ``[B, C, 1, 1]`` with ``keepdim``), so an
+    existing embedder fits unchanged.
     The soft histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
     ``last_histograms`` for the loss; they are computed and kept in float32 (float64 for float64 input) also for
     float16/bfloat16 inputs and under ``torch.autocast``. The GAP vectors ``[B, C]`` are kept in ``last_pooled``
@@ -66,7 +83,15 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
     and ``num_features`` give the output width (C); ``histogram_size`` gives m.
 
     Raises:
-        ValueError: on non-positive sizes or scale, or a feature map with the wrong rank or width.
+        ValueError: on non-positive sizes or scale, an unknown ``lazy_init``, or a feature map with the wrong rank
+            or width.
+
+    Example::
+
+        >>> pool = HistogramPooling(8, 4, lazy_init="kmeans", lazy_init_batches=1)
+        >>> _ = pool.train()(torch.randn(2, 8, 3, 3, generator=torch.Generator().manual_seed(0)))
+        >>> pool.lazy_init_pending, tuple(pool.last_histograms.shape)
+        (False, (2, 4))
     """
 
     _last_outputs = ("last_histograms", "last_pooled")
@@ -80,6 +105,9 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         device=None,
         dtype=None,
         seed: int = 0,
+        lazy_init: Optional[str] = None,
+        lazy_init_batches: int = 4,
+        keepdim: bool = False,
     ):
         super().__init__()
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -92,6 +120,10 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             scale = DEFAULT_SCALE_NORMALIZED if normalize else PAPER_SCALE
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+        if lazy_init is not None and lazy_init not in LAZY_INITS:
+            raise ValueError(f"lazy_init must be None or one of {LAZY_INITS}, got {lazy_init!r}")
+        if isinstance(lazy_init_batches, bool) or not isinstance(lazy_init_batches, int) or lazy_init_batches < 1:
+            raise ValueError(f"lazy_init_batches must be a positive int, got {lazy_init_batches!r}")
         self.in_channels = in_channels
         self.num_prototypes = num_prototypes
         self.scale = float(scale)
@@ -104,7 +136,13 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         self.prototype_conv = conv
         self.last_histograms: Optional[torch.Tensor] = None
         self.last_pooled: Optional[torch.Tensor] = None
+        self.keepdim = bool(keepdim)
+        self.lazy_init = lazy_init
+        self.lazy_init_batches = lazy_init_batches
         self.reset_parameters()
+        self._lazy_features: List[torch.Tensor] = []
+        self._lazy_generator: Optional[torch.Generator] = None
+        self.lazy_init_pending = lazy_init is not None
 
     # ----------------------------------------------------------------------------------------------------------
     @property
@@ -126,7 +164,9 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None):
         """Random prototypes: i.i.d. N(0, 1/C) entries (unit-norm rows in expectation), drawn from ``generator``
-        (default: a fresh CPU generator seeded with ``self.seed``; never the global RNG)."""
+        (default: a fresh CPU generator seeded with ``self.seed``; never the global RNG). Cancels a pending
+        ``lazy_init``."""
+        self._cancel_lazy_init()
         if generator is None:
             generator = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
@@ -171,9 +211,43 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             return counts.to(feats.dtype) / (h * w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and getattr(self, "lazy_init_pending", False):
+            self._lazy_step(x)
         self.last_histograms = self.histograms(x)
         self.last_pooled = x.mean(dim=(2, 3))
-        return self.last_pooled
+        return self.last_pooled[:, :, None, None] if getattr(self, "keepdim", False) else self.last_pooled
+
+    # ----------------------------------------------------------------------------------------------------------
+    def _cancel_lazy_init(self):
+        self.lazy_init_pending = False
+        self._lazy_features = []
+        self._lazy_generator = None
+
+    @torch.no_grad()
+    def _lazy_step(self, x: torch.Tensor):
+        """Keep (a seeded subset of) this training batch's local features; initialise once enough are kept."""
+        if self._lazy_generator is None:
+            self._lazy_generator = torch.Generator().manual_seed(self.seed)
+        feats = self.local_features(x.detach()).to("cpu", torch.float32)
+        if not bool(torch.isfinite(feats).all()):
+            raise ValueError(f"{type(self).__name__} lazy_init: the feature map has NaN or inf values")
+        per_batch = max(self.num_prototypes, 20000 // self.lazy_init_batches)
+        if len(feats) > per_batch:
+            feats = feats[torch.randperm(len(feats), generator=self._lazy_generator)[:per_batch]]
+        self._lazy_features.append(feats)
+        kept = sum(len(f) for f in self._lazy_features)
+        if len(self._lazy_features) < self.lazy_init_batches or kept < self.num_prototypes:
+            return
+        features, method = torch.cat(self._lazy_features), self.lazy_init
+        self.init_prototypes(features, method=method, seed=self.seed)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.broadcast(self.prototype_conv.weight.data, src=0)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # prototypes from a checkpoint are given prototypes: a pending lazy initialisation must not replace them
+        if prefix + "prototype_conv.weight" in state_dict:
+            self._cancel_lazy_init()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ----------------------------------------------------------------------------------------------------------
     def local_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -220,6 +294,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         Raises:
             ValueError: on an unknown method or fewer features than prototypes.
         """
+        self._cancel_lazy_init()
         if method not in PROTOTYPE_INITS:
             raise ValueError(f"method must be one of {PROTOTYPE_INITS}, got {method!r}")
         gen = torch.Generator().manual_seed(seed)

@@ -2,6 +2,7 @@ import gc
 import os
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 import record_keeper
@@ -10,6 +11,7 @@ from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 from pytorch_metric_learning.utils.logging_presets import HookContainer
 
+from pml_extensions.explain import overlay
 from pml_extensions.explain.explanation_hook import ExplanationHook
 from tests.explain.explain_testing_utils import hook_count, make_model, rss_bytes, training_flags
 
@@ -105,6 +107,38 @@ class TestExplanationHook(unittest.TestCase):
         res = hook.explain(FakeTester(self.embeddings, torch.tensor(self.ds.labels)))
         self.assertIn("localization_accuracy", res)
         self.assertTrue(0.0 <= res["localization_accuracy"] <= 1.0)
+
+    def test_figures_mark_same_and_other_class_with_true_rank_and_cosine(self):
+        # issue 23 item 3: each neighbour is marked with the tester's labels; titles carry the rank and the cosine
+        titles = {}
+        save = overlay.atomic_savefig
+
+        def record(fig, path, **kwargs):
+            titles[os.path.basename(path)] = [ax.get_title() for ax in fig.axes if ax.get_label() != "<colorbar>"]
+            save(fig, path, **kwargs)
+
+        hook = ExplanationHook(
+            self.trunk, self.emb, {"val": self.ds}, self.tmp.name, n_queries=3, k=3, save_tensors=False, mean=None
+        )
+        labels = torch.tensor(self.ds.labels)[:, None]  # PML testers give [N, 1] labels
+        with mock.patch.object(overlay, "atomic_savefig", record):
+            hook.explain(FakeTester(self.embeddings, labels))
+        queries = hook.last_maps["query_indices"].tolist()
+        self.assertEqual(len(titles), 3)
+        marks = set()
+        for n, q in enumerate(queries):
+            row_titles = titles[f"val_epoch3_query{q}.png"]
+            cols = len(row_titles) // 3  # 3 rows: query, retrieved, the maps
+            self.assertEqual(row_titles[0], f"query\nclass {self.ds.labels[q]}")
+            cosines = overlay.format_cosines(hook.last_maps["similarity"][n].tolist())
+            for m, j in enumerate(hook.last_maps["reference_indices"][n].tolist()):
+                same = self.ds.labels[j] == self.ds.labels[q]
+                expected = (
+                    f"rank {m + 1} · cos {cosines[m]}\nclass {self.ds.labels[j]} · {'same' if same else 'other'} class"
+                )
+                self.assertEqual(row_titles[m * cols + 1], expected)
+                marks.add(same)
+        self.assertEqual(marks, {True, False})  # both marks occur in this test
 
     def test_hooks_gone_after_exception_and_errors(self):
         flags = training_flags(self.trunk, self.emb)

@@ -193,3 +193,85 @@ class TestHistogramPoolingLowPrecision(unittest.TestCase):
         # gradients reach the float16 prototypes and are finite
         hist.sum().backward()
         self.assertTrue(torch.isfinite(layer.prototype_conv.weight.grad).all())
+
+
+class TestLazyInit(unittest.TestCase):
+    """``lazy_init``: prototypes from the local features of the first training forwards (issue 21, item 7)."""
+
+    def _batches(self, n=3, c=6, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randn(4, c, 3, 3, generator=g) for _ in range(n)]
+
+    def test_equals_explicit_init_on_the_first_training_batches(self):
+        b1, b2, b3 = self._batches()
+        layer = HistogramPooling(6, 5, seed=3, lazy_init="kmeans", lazy_init_batches=2).train()
+        random_prototypes = layer.prototypes.detach().clone()
+        layer(b1)
+        self.assertTrue(layer.lazy_init_pending)  # one batch of two: still the random prototypes
+        torch.testing.assert_close(layer.prototypes, random_prototypes, rtol=0, atol=0)
+        layer(b2)
+        self.assertFalse(layer.lazy_init_pending)
+        # 2 x 4 x 3 x 3 = 72 features, fewer than the 10000 kept per batch: all of them, in batch order
+        ref = HistogramPooling(6, 5).init_prototypes(
+            torch.cat([ref_feats(b) for b in (b1, b2)]), method="kmeans", seed=3
+        )
+        torch.testing.assert_close(layer.prototypes, ref.prototypes, rtol=0, atol=0)
+        # the completing forward already used them; later forwards leave them alone
+        torch.testing.assert_close(layer.last_histograms, ref.histograms(b2), rtol=0, atol=0)
+        layer(b3)
+        torch.testing.assert_close(layer.prototypes, ref.prototypes, rtol=0, atol=0)
+
+    def test_eval_forwards_do_not_count(self):
+        (b1,) = self._batches(1)
+        layer = HistogramPooling(6, 5, lazy_init="kcenter", lazy_init_batches=1).eval()
+        layer(b1)
+        self.assertTrue(layer.lazy_init_pending)
+        layer.train()(b1)
+        self.assertFalse(layer.lazy_init_pending)
+
+    def test_waits_for_enough_features(self):
+        # 1 image x 2 x 2 positions = 4 features per batch < 5 prototypes: the second batch completes it
+        layer = HistogramPooling(6, 5, lazy_init="kmeans", lazy_init_batches=1)
+        layer(torch.randn(1, 6, 2, 2))
+        self.assertTrue(layer.lazy_init_pending)
+        layer(torch.randn(1, 6, 2, 2))
+        self.assertFalse(layer.lazy_init_pending)
+
+    def test_given_prototypes_cancel_it(self):
+        b1, b2, _ = self._batches()
+        trained = HistogramPooling(6, 5)
+        for give in (
+            lambda layer: layer.load_state_dict(trained.state_dict()),
+            lambda layer: layer.init_prototypes(torch.randn(20, 6), method="kcenter"),
+            lambda layer: layer.reset_parameters(),
+        ):
+            layer = HistogramPooling(6, 5, seed=1, lazy_init="kmeans", lazy_init_batches=1)
+            give(layer)
+            kept = layer.prototypes.detach().clone()
+            layer(b1)
+            self.assertFalse(layer.lazy_init_pending)
+            torch.testing.assert_close(layer.prototypes, kept, rtol=0, atol=0)
+
+    def test_deterministic_given_seed(self):
+        batches = self._batches()
+        runs = []
+        for _ in range(2):
+            layer = HistogramPooling(6, 5, seed=7, lazy_init="kmeans", lazy_init_batches=3)
+            for b in batches:
+                layer(b)
+            runs.append(layer.prototypes.detach().clone())
+        torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
+
+    def test_keepdim_and_bad_arguments(self):
+        x = torch.randn(2, 6, 3, 3)
+        out = HistogramPooling(6, 5, keepdim=True)(x)
+        torch.testing.assert_close(out, x.mean(dim=(2, 3), keepdim=True))
+        with self.assertRaisesRegex(ValueError, "lazy_init must be None or one of"):
+            HistogramPooling(6, 5, lazy_init="random")
+        with self.assertRaisesRegex(ValueError, "lazy_init_batches must be a positive int"):
+            HistogramPooling(6, 5, lazy_init="kmeans", lazy_init_batches=0)
+
+
+def ref_feats(x):
+    """Local features of ``x`` in the normalised comparison space, as the lazy initialisation keeps them."""
+    return torch.nn.functional.normalize(x, dim=1).permute(0, 2, 3, 1).reshape(-1, x.shape[1])

@@ -1,0 +1,121 @@
+"""Reference images for an explanation: a folder read recursively with class labels from folder names (the layout
+of torchvision's ``ImageFolder``), the query's own file left out, transparent drawings shown on white."""
+
+import hashlib
+import os
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+from PIL import Image
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+class ReferenceImage(NamedTuple):
+    """One reference file: its ``path`` and ``label``, the first folder under the root (``None`` for a file directly
+    in the root), as ``torchvision.datasets.ImageFolder`` assigns classes."""
+
+    path: str
+    label: Optional[str]
+
+
+def read_image(path: str, mode: str = "RGB") -> Image.Image:
+    """Open ``path`` as a PIL image in ``mode`` (``"RGB"`` or ``"L"``); transparent pixels are composited on white,
+    as the package's datasets do (a black drawing on a transparent background would otherwise become all black).
+
+    Raises:
+        ValueError: the file cannot be read or decoded (one line naming the file).
+
+    Example::
+
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "clear.png")
+        >>> Image.new("RGBA", (2, 2), (0, 0, 0, 0)).save(path)
+        >>> read_image(path).getpixel((0, 0))
+        (255, 255, 255)
+    """
+    try:
+        with Image.open(path) as im:
+            im.load()
+            if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+                im = im.convert("RGBA")
+                im = Image.alpha_composite(Image.new("RGBA", im.size, (255, 255, 255, 255)), im)
+            return im.convert(mode)
+    except (OSError, Image.UnidentifiedImageError, Image.DecompressionBombError) as e:
+        raise ValueError(f"cannot read image {path}: {e}") from None
+
+
+def list_reference_images(folder: str) -> List[ReferenceImage]:
+    """Every image file under ``folder``, recursively (hidden files and folders skipped, symbolic links to folders
+    not followed), sorted by path, with the class label of :class:`ReferenceImage`.
+
+    Raises:
+        ValueError: ``folder`` is not a folder, or it holds no image file (the message names the extensions).
+
+    Example::
+
+        >>> import tempfile, os
+        >>> root = tempfile.mkdtemp()
+        >>> for name in ("birds/a.png", "birds/b.png", "fish/deep/c.png", "d.png"):
+        ...     os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+        ...     Image.new("RGB", (4, 4)).save(os.path.join(root, name))
+        >>> [(os.path.relpath(r.path, root), r.label) for r in list_reference_images(root)]
+        [('birds/a.png', 'birds'), ('birds/b.png', 'birds'), ('d.png', None), ('fish/deep/c.png', 'fish')]
+    """
+    if not os.path.isdir(folder):
+        raise ValueError(f"reference folder {folder} is not a folder")
+    found = []
+    for here, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        rel = os.path.relpath(here, folder)
+        label = None if rel == os.curdir else rel.split(os.sep)[0]
+        for name in files:
+            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
+                found.append(ReferenceImage(os.path.join(here, name), label))
+    if not found:
+        raise ValueError(f"no images in {folder} or its subfolders (looked for {', '.join(IMAGE_EXTENSIONS)})")
+    return sorted(found, key=lambda r: r.path)
+
+
+def _digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def exclude_query(
+    query: str, references: Sequence[ReferenceImage]
+) -> Tuple[List[ReferenceImage], List[Tuple[ReferenceImage, str]]]:
+    """Leave the query's own file out of its references: the same file (same path, or a link to it) or a file with
+    the same bytes (a copy). A query compared with itself is its own top match at cosine 1 and explains nothing.
+
+    Returns:
+        ``(kept, excluded)``: the other references in their order, and ``(reference, reason)`` pairs with
+        ``reason`` ``"same file as the query"`` or ``"same bytes as the query"``.
+
+    Example::
+
+        >>> import tempfile, os, shutil
+        >>> root = tempfile.mkdtemp()
+        >>> Image.new("RGB", (4, 4)).save(os.path.join(root, "q.png"))
+        >>> _ = shutil.copy(os.path.join(root, "q.png"), os.path.join(root, "copy.png"))
+        >>> Image.new("RGB", (4, 4), (9, 9, 9)).save(os.path.join(root, "other.png"))
+        >>> kept, excluded = exclude_query(os.path.join(root, "q.png"), list_reference_images(root))
+        >>> [os.path.basename(r.path) for r in kept], [(os.path.basename(r.path), why) for r, why in excluded]
+        (['other.png'], [('copy.png', 'same bytes as the query'), ('q.png', 'same file as the query')])
+    """
+    size = os.path.getsize(query)
+    query_digest = None
+    kept, excluded = [], []
+    for ref in references:
+        if os.path.exists(ref.path) and os.path.samefile(query, ref.path):
+            excluded.append((ref, "same file as the query"))
+            continue
+        if os.path.getsize(ref.path) == size:
+            query_digest = query_digest or _digest(query)
+            if _digest(ref.path) == query_digest:
+                excluded.append((ref, "same bytes as the query"))
+                continue
+        kept.append(ref)
+    return kept, excluded

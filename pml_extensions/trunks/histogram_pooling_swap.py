@@ -1,0 +1,353 @@
+"""Swap a model's global average pooling for :class:`HistogramPooling` in one call (XML, Gurbuz & Alatan, ICIP 2023).
+
+XML needs the soft prototype histograms of the last feature map; :class:`HistogramPooling` computes them and returns
+the GAP vector, so it replaces a model's global average pooling without changing what the model computes.
+:func:`use_histogram_pooling` finds that pooling by behaviour, not by class or attribute names: it runs the model
+once on a probe batch (eval mode, no gradient, the caller's train/eval modes restored) and takes the last
+parameter-free module whose output is the spatial mean of its ``[B, C, H, W]`` input and after which no spatial map
+is computed (torchvision's ``avgpool`` in ResNet / EfficientNet / MobileNetV3 / ConvNeXt / RegNet, timm's
+``global_pool``; the squeeze-and-excitation poolings inside the blocks come earlier and are skipped). A model that
+pools functionally (torchvision's MobileNetV2 calls ``adaptive_avg_pool2d`` in ``forward``) gets the layer appended
+to the ``Sequential`` that produces its last feature map (``features``), with a ``[B, C, 1, 1]`` output that the
+functional pooling leaves unchanged. Either way the swapped model's output is checked against the original's on the
+probe batch; a swap that would change it (e.g. DenseNet applies a ReLU between ``features`` and its functional
+pooling) is undone and refused.
+
+:func:`pooling_tail` finds, the same way, the modules a model applies after the pooling (e.g. ResNet's ``fc``,
+EfficientNet's ``classifier``): with the embedder they are the ``head`` that
+``XMLWrapper(target="pooled")`` sends its predicted GAP vectors through (:meth:`XMLWrapper.attach`).
+"""
+
+from contextlib import contextmanager
+from typing import List, Optional
+
+import torch
+
+from .histogram_pooling import HistogramPooling, find_histogram_layers
+
+#: probe side (pixels) when no ``example_input`` is given: a stride-32 body still ends in a 4 × 4 map
+PROBE_SIZE = 128
+
+
+class _Call:
+    """One module call of a probe forward: its path, whether it is a spatial mean / outputs a spatial map."""
+
+    __slots__ = ("name", "module", "is_gap", "is_map", "out_ndim", "in_channels", "out_channels")
+
+    def __init__(self, name, module, inp, out):
+        self.name, self.module = name, module
+        self.is_gap = _is_spatial_mean(module, inp, out)
+        self.is_map = _spatial_map(out)
+        self.out_ndim = out.ndim if torch.is_tensor(out) else None
+        self.in_channels = inp.shape[1] if _spatial_map(inp) else None
+        self.out_channels = out.shape[1] if self.is_map else None
+
+
+def _spatial_map(t) -> bool:
+    return torch.is_tensor(t) and t.ndim == 4 and t.is_floating_point() and t.shape[2] * t.shape[3] > 1
+
+
+def _first(x):
+    if torch.is_tensor(x):
+        return x
+    if isinstance(x, (list, tuple)) and x and torch.is_tensor(x[0]):
+        return x[0]
+    return None
+
+
+def _is_spatial_mean(module, inp, out) -> bool:
+    """A parameter-free module whose output is the spatial mean of its [B, C, H, W] input ([B, C] or [B, C, 1, 1])."""
+    if next(module.parameters(), None) is not None or not _spatial_map(inp) or not torch.is_tensor(out):
+        return False
+    b, c = inp.shape[:2]
+    if tuple(out.shape) not in ((b, c), (b, c, 1, 1)) or not out.is_floating_point():
+        return False
+    mean = inp.float().mean(dim=(2, 3))
+    return _close(out.reshape(b, c).float(), mean)
+
+
+def _close(a, b, rel=1e-4) -> bool:
+    """Equal up to float rounding, relative to the larger magnitude (float32: 1e-4 of the largest entry)."""
+    if a.shape != b.shape:
+        return False
+    scale = max(float(a.abs().max()), float(b.abs().max()), 1e-12)
+    return float((a - b).abs().max()) <= rel * scale
+
+
+@contextmanager
+def _eval_mode(model):
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def _trace(model, example_input):
+    """Run ``model`` once (eval, no grad); return its output and every module call in completion order."""
+    calls = []
+    names = {}
+    for name, m in model.named_modules():
+        names.setdefault(id(m), name)
+
+    def hook(module, args, out):
+        calls.append(_Call(names[id(module)], module, _first(args), _first(out)))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with _eval_mode(model), torch.no_grad():
+            out = model(example_input)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, calls
+
+
+def _below(name, ancestor) -> bool:
+    """``name`` is ``ancestor`` or inside it (dotted module paths; "" is the root)."""
+    return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
+
+
+def _probe(model, example_input):
+    if example_input is not None:
+        if not torch.is_tensor(example_input) or not example_input.is_floating_point():
+            raise ValueError(
+                f"example_input must be a floating-point tensor batch, got {getattr(example_input, 'shape', None)}"
+            )
+        return example_input
+    conv = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)
+    if conv is None:
+        raise ValueError(
+            f"{type(model).__name__} has no Conv2d to infer its input channels from: pass example_input=[B, C, H, W]"
+        )
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None else torch.float32
+    x = torch.randn(2, conv.in_channels, PROBE_SIZE, PROBE_SIZE, generator=torch.Generator().manual_seed(0))
+    return x.to(device=device, dtype=dtype)
+
+
+def _tensors(out):
+    if torch.is_tensor(out):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _same_output(a, b) -> bool:
+    ta, tb = _tensors(a), _tensors(b)
+    return len(ta) == len(tb) > 0 and all(_close(x.float(), y.float()) for x, y in zip(ta, tb))
+
+
+def _replace(model, name, new):
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name)
+    old = getattr(parent, attr)
+    setattr(parent, attr, new)
+    return lambda: setattr(parent, attr, old)
+
+
+def use_histogram_pooling(
+    model: torch.nn.Module,
+    num_prototypes: int = 64,
+    *,
+    scale: Optional[float] = None,
+    normalize: bool = True,
+    prototypes: Optional[torch.Tensor] = None,
+    init: Optional[str] = "kmeans",
+    init_batches: int = 4,
+    seed: int = 0,
+    example_input: Optional[torch.Tensor] = None,
+) -> torch.nn.Module:
+    """Replace ``model``'s global average pooling by :class:`HistogramPooling` (in place) and return the model.
+
+    The model computes exactly what it computed before (the layer returns the GAP vector; checked on a probe
+    batch), so a PML trunk keeps its output width and its embedder; the layer also keeps the soft prototype
+    histograms ``[B, m]`` of each forward for :class:`pml_extensions.losses.XMLWrapper` (attach it with
+    ``XMLWrapper(...).attach(model)``). How the pooling is found: see the module docstring. Build the optimizers
+    after the swap so that the prototypes are trained.
+
+    Args:
+        model: a CNN with a global average pooling (torchvision ResNet, MobileNetV2/V3, EfficientNet, ConvNeXt,
+            RegNet; timm-style models with ``global_pool``; a ``Sequential`` body + ``AdaptiveAvgPool2d(1)``),
+            or a body that ends in a feature map (then ``Sequential(model, HistogramPooling)`` is returned).
+        num_prototypes: m (paper: 64 for CUB/Cars, 128 for SOP/InShop).
+        scale, normalize, seed: as :class:`HistogramPooling` (defaults: cosine logits with ε = 100; our choice,
+            see that class: with ε = 10 on cosines the histograms stay nearly uniform and the XML term is constant).
+        prototypes: ``[m, C]`` initial prototypes; when given, ``init`` is not used.
+        init: ``"kmeans"`` (default), ``"kcenter"``: initialise the prototypes lazily from the local features of
+            the first ``init_batches`` training forwards (``HistogramPooling(lazy_init=...)``; deterministic given
+            ``seed`` and the batches); ``None`` keeps the layer's seeded random prototypes.
+        init_batches: training forwards that feed ``init`` (default 4).
+        example_input: the probe batch ``[B, C, H, W]`` (default: 2 seeded random images of ``PROBE_SIZE`` pixels
+            with the first Conv2d's input channels, on the model's device and dtype).
+
+    Returns:
+        ``model`` itself (with the layer in place of its pooling), or a new ``Sequential(model, layer)`` when
+        ``model`` is a body whose output is the feature map.
+
+    Raises:
+        ValueError: if ``model`` already holds a HistogramPooling, no global average pooling or feature map is
+            found, or the swap would change the model's output (the model is left unchanged).
+
+    Example::
+
+        >>> import torchvision
+        >>> model = torchvision.models.resnet18(num_classes=10)
+        >>> model = use_histogram_pooling(model, num_prototypes=8)
+        >>> type(model.avgpool).__name__, tuple(model(torch.rand(2, 3, 64, 64)).shape)
+        ('HistogramPooling', (2, 10))
+        >>> tuple(model.avgpool.last_histograms.shape)
+        (2, 8)
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if find_histogram_layers(model):
+        raise ValueError(f"{type(model).__name__} already holds a HistogramPooling: swap the pooling of a fresh model")
+    if prototypes is not None and (not torch.is_tensor(prototypes) or prototypes.ndim != 2):
+        raise ValueError(f"prototypes must be a [m, C] tensor, got {getattr(prototypes, 'shape', type(prototypes))}")
+    x = _probe(model, example_input)
+    before, calls = _trace(model, x)
+    site = _global_pooling(calls)
+    appended = site is None
+    if appended:
+        site = _last_map(calls)
+        if site is None:
+            raise ValueError(
+                f"{type(model).__name__}: no global average pooling and no [B, C, H, W] feature map with more than "
+                f"one position on a {tuple(x.shape)} probe (pass a larger example_input, or put "
+                "pml_extensions.trunks.HistogramPooling into the model yourself)"
+            )
+    channels = site.out_channels if appended else site.in_channels
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    pool = HistogramPooling(
+        channels,
+        num_prototypes if prototypes is None else prototypes.shape[0],
+        scale=scale,
+        normalize=normalize,
+        device=param.device if param is not None else None,
+        seed=seed,
+        lazy_init=init if prototypes is None else None,
+        lazy_init_batches=init_batches,
+        # the pooling's own output shape; appended inside the model: [B, C, 1, 1], which the model's functional
+        # pooling leaves as it is; appended after a body: the [B, C] GAP vector
+        keepdim=(site.name != "") if appended else site.out_ndim == 4,
+    )
+    if prototypes is not None:
+        if prototypes.shape[1] != channels:
+            raise ValueError(f"prototypes must be [m, {channels}] (the pooled map's channels), got {prototypes.shape}")
+        with torch.no_grad():
+            pool.prototype_conv.weight.copy_(prototypes.detach().reshape(pool.prototype_conv.weight.shape))
+    if appended and site.name == "":
+        return torch.nn.Sequential(model, pool)
+    if appended:
+        target = model.get_submodule(site.name)
+        if not isinstance(target, torch.nn.Sequential):
+            raise ValueError(
+                f"{type(model).__name__} has no global average pooling module, and its last feature map comes out "
+                f"of `{site.name}` (a {type(target).__name__}), not a Sequential the layer could be appended to: "
+                f"put HistogramPooling({channels}) into the model yourself"
+            )
+        target.append(pool)
+        undo = target.pop
+        where = f"appended to `{site.name}`"
+    else:
+        undo = _replace(model, site.name, pool)
+        where = f"in place of `{site.name}` ({type(site.module).__name__})"
+    after, _ = _trace(model, x)
+    if not _same_output(before, after):
+        undo(-1) if appended else undo()
+        raise ValueError(
+            f"{type(model).__name__}: HistogramPooling {where} changes the model's output (the model does more than "
+            "average its last feature map there, e.g. a ReLU in forward()); the model is left unchanged: put "
+            "HistogramPooling into the model yourself"
+        )
+    return model
+
+
+def _global_pooling(calls) -> Optional[_Call]:
+    """The innermost spatial-mean module of the last pooling group, if no spatial map is computed after it."""
+    gaps = [i for i, c in enumerate(calls) if c.is_gap]
+    if not gaps:
+        return None
+    last = calls[gaps[-1]]
+    inner = [i for i in gaps if _below(calls[i].name, last.name)]
+    i = inner[0]  # hooks fire inner-first: the first of the group is the innermost
+    site = calls[i]
+    if sum(c.module is site.module for c in calls) != 1:
+        return None  # a pooling module called more than once is not the model's one global pooling
+    later = [c for c in calls[i + 1 :] if not _below(site.name, c.name)]  # not an ancestor of the site
+    if any(c.is_map for c in later):
+        return None
+    return site
+
+
+def _last_map(calls) -> Optional[_Call]:
+    """The outermost module that outputs the model's last spatial feature map."""
+    maps = [c for c in calls if c.is_map]
+    return maps[-1] if maps else None
+
+
+def pooling_tail(
+    model: torch.nn.Module, layer: Optional[HistogramPooling] = None, example_input: Optional[torch.Tensor] = None
+) -> List[torch.nn.Module]:
+    """The modules ``model`` applies to the GAP vector after its :class:`HistogramPooling` ``layer``, in order:
+    ``model(x)`` equals them applied to ``layer.last_pooled`` (checked on a probe batch, eval mode; led by an
+    ``Unflatten`` to ``[N, C, 1, 1]`` where the model's next module needs the pooling's 4-D shape). ``[]`` when
+    the model's output is the GAP vector (e.g. a PML trunk whose ``fc`` is ``Identity``: then the embedder alone
+    maps GAP vectors to embeddings).
+
+    Args:
+        model: a model holding ``layer`` (e.g. one returned by :func:`use_histogram_pooling`).
+        layer: its HistogramPooling (default: the single one inside ``model``).
+        example_input: the probe batch (default as in :func:`use_histogram_pooling`).
+
+    Raises:
+        ValueError: if ``model`` holds no or several HistogramPooling layers (without ``layer``), ``layer`` is not
+            called exactly once, or the model's output is not the found modules applied to the GAP vector
+            (functional code after the pooling that no module shows).
+
+    Example::
+
+        >>> import torchvision
+        >>> model = use_histogram_pooling(torchvision.models.resnet18(num_classes=10), num_prototypes=8)
+        >>> [type(m).__name__ for m in pooling_tail(model)]
+        ['Linear']
+    """
+    if layer is None:
+        layers = find_histogram_layers(model)
+        if len(layers) != 1:
+            raise ValueError(f"{type(model).__name__} must hold exactly one HistogramPooling, found {len(layers)}")
+        layer = layers[0]
+    x = _probe(model, example_input)
+    out, calls = _trace(model, x)
+    index = [i for i, c in enumerate(calls) if c.module is layer]
+    if len(index) != 1:
+        raise ValueError(f"the HistogramPooling must run exactly once in {type(model).__name__}, ran {len(index)}")
+    site = calls[index[0]]
+    later = [c for c in calls[index[0] + 1 :] if not _below(site.name, c.name)]
+    tail = [c for c in later if not any(o is not c and _below(c.name, o.name) for o in later)]
+    names = ", ".join(c.name for c in tail) or "none"
+    # the GAP vector [N, C] goes in as it is or, for a [B, C, 1, 1] pooling (ConvNeXt's classifier starts with a
+    # LayerNorm2d), as a 1 x 1 map
+    starts = [[]] + ([[torch.nn.Unflatten(1, (layer.in_channels, 1, 1))]] if layer.keepdim else [])
+    for start in starts:
+        chain = start + [c.module for c in tail]
+        with _eval_mode(model), torch.no_grad():
+            y = layer.last_pooled
+            try:
+                for m in chain:
+                    y = m(y)
+            except Exception:  # a module that does not take this shape: not the chain
+                continue
+        if torch.is_tensor(out) and torch.is_tensor(y) and _close(y.float(), out.float()):
+            return chain
+    raise ValueError(
+        f"{type(model).__name__}: its output is not its modules after the HistogramPooling ({names}) applied to the "
+        "GAP vector (functional code after the pooling?); pass XMLWrapper(head=...) yourself"
+    )
