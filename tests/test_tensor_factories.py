@@ -42,6 +42,7 @@ _POINTS = "a few (y, x) points: weights built on the host in float64, moved to `
 _ROI = "the region of interest as a host mask (from numpy or a tensor); the weights are moved to `device` at the end"
 _TOPK = "neighbour and query indices select dataset items (host indexing)"
 _CUSTOM = "a user metric's per-class values (Python numbers), summed on the host, moved to the labels' device"
+_PLOT = "figure drawing: as_tensor keeps a tensor's own device (numpy maps are host arrays); only scalars are read back"
 #: "file (under the repository root)::enclosing function::factory" -> why that tensor is meant to be on the CPU
 CPU_ONLY = {
     "pml_extensions/trainers/resolution_distillation_trainer.py::ResolutionDistillationTrainer.initialize_dataloader"
@@ -49,6 +50,9 @@ CPU_ONLY = {
     "pml_extensions/datasets/coupled_augmentation_dataset.py::CoupledAugmentationDataset.__getitem__::tensor": _DATA,
     "pml_extensions/datasets/coupled_augmentation_dataset.py::CoupledAugmentationDataset.collate::tensor": _DATA,
     "pml_extensions/explain/explanation_hook.py::ExplanationHook.explain::as_tensor": _FAISS,
+    "pml_extensions/explain/explanation_hook.py::_labels::as_tensor": "the tester's labels arrive as a CPU numpy array",
+    "pml_extensions/explain/overlay.py::bias_difference::as_tensor": _PLOT,
+    "pml_extensions/explain/overlay.py::explanation_panels::as_tensor": _PLOT,
     "pml_extensions/explain/explanation_hook.py::ExplanationHook.explain::tensor": _FAISS,
     "pml_extensions/explain/fidelity.py::SimilarityFidelity.curves::as_tensor": (
         "maps may come as numpy arrays; they are moved to the images' device before use"

@@ -233,7 +233,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             raise ValueError(f"{type(self).__name__} lazy_init: the feature map has NaN or inf values")
         per_batch = max(self.num_prototypes, 20000 // self.lazy_init_batches)
         if len(feats) > per_batch:
-            feats = feats[torch.randperm(len(feats), generator=self._lazy_generator)[:per_batch]]
+            keep = torch.randperm(len(feats), generator=self._lazy_generator, device=self._lazy_generator.device)
+            feats = feats[keep[:per_batch]]
         self._lazy_features.append(feats)
         kept = sum(len(f) for f in self._lazy_features)
         if len(self._lazy_features) < self.lazy_init_batches or kept < self.num_prototypes:

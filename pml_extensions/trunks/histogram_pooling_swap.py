@@ -125,7 +125,9 @@ def _probe(model, example_input):
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None else torch.float32
-    x = torch.randn(2, conv.in_channels, PROBE_SIZE, PROBE_SIZE, generator=torch.Generator().manual_seed(0))
+    # drawn on the CPU from a seeded CPU generator (the same probe on every device), then moved to the model's device
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, conv.in_channels, PROBE_SIZE, PROBE_SIZE, generator=g, device=g.device)
     return x.to(device=device, dtype=dtype)
 
 
