@@ -60,7 +60,7 @@ class DerivedViews(torch.utils.data.Dataset):
         rows = []
         with torch.no_grad():
             for start in range(0, len(self.indices), batch):
-                x = torch.from_numpy(np.asarray(cached.features[self.indices[start : start + batch]])).float()
+                x = torch.from_numpy(np.array(cached.features[self.indices[start : start + batch]])).float()
                 n, v = x.shape[:2]
                 rows.append(head(x.flatten(0, 1)).view(n, v, *head(x[:1, 0]).shape[1:]).half())
         self.features = torch.cat(rows)

@@ -7,7 +7,8 @@ image (``num_views=1`` with the evaluation transform), and stores them in one me
 :class:`~pml_extensions.datasets.CachedFeatureDataset` serves them to PML's trainers, samplers and testers, which
 train and embed with the trainable rest only.
 
-Folder layout (``folder`` holds nothing else; all files written atomically)::
+Folder layout (``folder`` holds nothing else; ``meta.json``, ``labels.npy`` and the markers are written atomically,
+``features.npy`` is created atomically and then filled chunk by chunk)::
 
     meta.json        key, its parts' digests, N, V, feature shape, dtype, chunk size, complete flag
     labels.npy       int64 [N]
@@ -81,7 +82,18 @@ def _sha(chunks) -> str:
 
 
 def prefix_digest(prefix: torch.nn.Module) -> str:
-    """SHA-256 of a module's structure (``repr``, memory addresses dropped) and every ``state_dict`` tensor."""
+    """SHA-256 hex of a module's structure (``repr``, memory addresses dropped) and of every ``state_dict`` tensor
+    (name, dtype, size and bytes, read on the CPU): equal for equal weights on any device.
+
+    Example::
+
+        >>> conv = torch.nn.Conv2d(3, 2, 1)
+        >>> before = prefix_digest(conv)
+        >>> with torch.no_grad():
+        ...     _ = conv.bias.add_(1)
+        >>> before == prefix_digest(conv), len(before)
+        (False, 64)
+    """
 
     def parts():
         yield _ADDRESS.sub("", repr(prefix))
@@ -106,7 +118,14 @@ def _scalars(obj) -> dict:
 
 
 def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
-    """SHA-256 of what a dataset yields before the cache's transform (see the module docstring, **Key**).
+    """SHA-256 hex of what a dataset yields before the cache's transform (see the module docstring, **Key**).
+
+    Example::
+
+        >>> data = torch.utils.data.TensorDataset(torch.zeros(2, 1))
+        >>> data.labels = np.array([0, 1])
+        >>> dataset_digest(data) == dataset_digest(data, dataset_key="zeros"), len(dataset_digest(data))
+        (False, 64)
 
     Raises:
         FileNotFoundError: a path of ``dataset.paths`` does not exist.
