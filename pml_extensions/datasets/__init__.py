@@ -1,25 +1,33 @@
 """Offline real data: glyphs rendered from installed fonts, Open Clip Art, Fashion-MNIST, ImageFolder trees and
 PML's CUB / Cars196 / SOP classes, all with class-disjoint splits. Nothing downloads."""
 
+from .cached_feature_dataset import CachedFeatureDataset
 from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
 from .coupled_augmentation_dataset import CoupledAugmentationDataset
 from .fashion_mnist import FashionMNIST
+from .feature_cache import FeatureCache
 from .get_dataset import DATASET_NAMES, get_dataset
 from .glyph_dataset import GlyphDataset
 from .image_folder_split import ImageFolderSplit
 from .normalization import IMAGENET_MEAN, IMAGENET_STD
 from .open_clip_art import OpenClipArt
+from .seeded_view_dataset import SeededViewDataset, draw_view, seeded_view
 
 __all__ = [
+    "CachedFeatureDataset",
     "ClassDisjointDataset",
     "CoupledAugmentationDataset",
     "DATASET_NAMES",
     "FashionMNIST",
+    "FeatureCache",
     "GlyphDataset",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ImageFolderSplit",
     "OpenClipArt",
+    "SeededViewDataset",
+    "draw_view",
     "get_dataset",
+    "seeded_view",
     "select_split_classes",
 ]

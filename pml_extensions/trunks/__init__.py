@@ -1,6 +1,7 @@
 """Layers that go into a PML trunk."""
 
 from .conv_net_body import ConvNetBody
+from .frozen_prefix import FrozenPrefix
 from .gem_pooling import GeMPooling
 from .histogram_pooling import HistogramPooling, find_histogram_layers, trunk_body
 from .histogram_pooling_swap import pooling_tail, use_histogram_pooling
@@ -11,9 +12,11 @@ from .retrieval_head import RetrievalHead, l2n
 from .soft_maximizer_swap import bn_relu_sites, bn_relu_thresholds, estimate_eta, estimate_mu, soft_maximizer_swap
 from .template_matching_block import TemplateMatchingBlock, same_patch_mean
 from .template_matching_inserter import insert_template_matching, template_matching_blocks, template_matching_trunk
+from .trunk_split import split_trunk, trunk_stages
 
 __all__ = [
     "ConvNetBody",
+    "FrozenPrefix",
     "GeMPooling",
     "HistogramPooling",
     "MarginAugmentedSoftmax",
@@ -36,8 +39,10 @@ __all__ = [
     "pooling_tail",
     "same_patch_mean",
     "soft_maximizer_swap",
+    "split_trunk",
     "template_matching_blocks",
     "template_matching_trunk",
     "trunk_body",
+    "trunk_stages",
     "use_histogram_pooling",
 ]

@@ -1,0 +1,117 @@
+"""A Dataset over a finished :class:`~pml_extensions.datasets.FeatureCache`: ``(features, label)`` items (issue 24)."""
+
+import json
+import os
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .seeded_view_dataset import _non_negative_int, draw_view
+
+
+class CachedFeatureDataset(torch.utils.data.Dataset):
+    """Items ``(features, label)``: the cached prefix output of view ``draw_view(seed, epoch, i, V)`` of item ``i``.
+
+    Drop-in for the image dataset of a PML trainer or tester whose trunk is the trainable rest of a split model
+    (:func:`pml_extensions.trunks.split_trunk`): ``labels`` is the int64 numpy array [N] that
+    ``MPerClassSampler(dataset.labels, m)`` and the testers read, items collate into ``[B, *feature_shape]``.
+    With the same ``seed`` and epoch, :class:`~pml_extensions.datasets.SeededViewDataset` returns the images whose
+    prefix outputs these are. An evaluation cache (V = 1) always returns its one plain view.
+
+    Epochs: call :meth:`set_epoch` at each epoch boundary with the number of completed epochs (0 before the first);
+    with PML's trainers, ``end_of_epoch_hook=lambda trainer: dataset.set_epoch(trainer.epoch)`` does it (PML counts
+    epochs from 1), and a run resumed at PML epoch e calls ``set_epoch(e - 1)`` first. With DataLoader workers, the
+    epoch must be set before the iterator is created (workers hold a copy), as with ``DistributedSampler``.
+
+    Args:
+        folder: a :class:`FeatureCache` folder whose build is complete.
+        seed: seeds the per-epoch view draws (the training seed). Default 0.
+        dtype: dtype of the returned features (the stored float16 / float32 values converted). Default float32.
+        key: when given, the cache's key must equal it (as :meth:`FeatureCache.open` passes).
+
+    ``__getitem__(i) -> (features [*feature_shape] dtype, int label)``; ``features`` are read from the memory-mapped
+    file (the page cache keeps them after the first epoch); ``feature_shape``, ``num_views``, ``meta`` describe the
+    cache.
+
+    Raises:
+        FileNotFoundError: no ``meta.json`` in ``folder``.
+        ValueError: the cache is incomplete, of another format, or has another key than ``key``; a negative seed.
+
+    Example::
+
+        >>> import tempfile, torchvision.transforms as T
+        >>> from pml_extensions.datasets import FeatureCache
+        >>> from PIL import Image
+        >>> class Four(torch.utils.data.Dataset):
+        ...     labels = np.array([0, 0, 1, 1])
+        ...     def __len__(self): return 4
+        ...     def __getitem__(self, i): return Image.new("RGB", (8, 8), (50 * i, 9, 0)), int(self.labels[i])
+        >>> folder = tempfile.mkdtemp()
+        >>> FeatureCache(folder, torch.nn.Conv2d(3, 2, 3), Four(), T.Compose([T.RandomCrop(6), T.ToTensor()]),
+        ...              num_views=3, dataset_key="four").build()
+        True
+        >>> train = CachedFeatureDataset(folder, seed=1)
+        >>> train.num_views, train.feature_shape, train.labels.tolist(), train[2][0].shape
+        (3, (2, 4, 4), [0, 0, 1, 1], torch.Size([2, 4, 4]))
+    """
+
+    def __init__(self, folder: str, seed: int = 0, dtype: torch.dtype = torch.float32, key: Optional[str] = None):
+        from .feature_cache import FORMAT
+
+        self.folder = os.fspath(folder)
+        path = os.path.join(self.folder, "meta.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"no feature cache in {self.folder} (no meta.json): run FeatureCache.build"
+            ) from None
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        if key is not None and meta.get("key") != key:
+            raise ValueError(f"{path}: the cache's key differs from the expected one (its inputs changed): rebuild it")
+        if not meta.get("complete"):
+            done = len(os.listdir(os.path.join(self.folder, "chunks")))
+            raise ValueError(
+                f"the feature cache in {self.folder} is incomplete ({done} of {meta['num_chunks']} chunks): "
+                "run FeatureCache.build to finish it"
+            )
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
+        self.meta = meta
+        self.seed = _non_negative_int("seed", seed)
+        self.dtype = dtype
+        self.epoch = 0
+        self.num_views = int(meta["num_views"])
+        self.feature_shape = tuple(meta["feature_shape"])
+        self.labels = np.load(os.path.join(self.folder, "labels.npy"))
+        self._features = None
+
+    @property
+    def features(self) -> np.ndarray:
+        """The memory-mapped ``[N, V, *feature_shape]`` array (opened lazily, so a pickled dataset re-opens it)."""
+        if self._features is None:
+            self._features = np.load(os.path.join(self.folder, "features.npy"), mmap_mode="r")
+        return self._features
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_features"] = None  # a pickled memmap would copy the whole file
+        return state
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the view draws of ``epoch`` (completed epochs, an int >= 0; ValueError otherwise)."""
+        self.epoch = _non_negative_int("epoch", epoch)
+
+    def view_of(self, index: int) -> int:
+        """The view item ``index`` uses in the current epoch."""
+        return draw_view(self.seed, self.epoch, index, self.num_views)
+
+    def __getitem__(self, index: int):
+        row = np.array(self.features[index, self.view_of(index)])
+        return torch.from_numpy(row).to(self.dtype), int(self.labels[index])

@@ -1,0 +1,503 @@
+"""Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image, computed once (issue 24).
+
+A frozen pretrained prefix (the first part of :func:`pml_extensions.trunks.split_trunk`) computes the same features
+every epoch. :class:`FeatureCache` computes them once for a bank of ``num_views`` seeded augmented views per training
+image (:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`), or for the plain view of every evaluation
+image (``num_views=1`` with the evaluation transform), and stores them in one memory-mapped ``.npy`` file;
+:class:`~pml_extensions.datasets.CachedFeatureDataset` serves them to PML's trainers, samplers and testers, which
+train and embed with the trainable rest only.
+
+Folder layout (``folder`` holds nothing else; ``meta.json``, ``labels.npy`` and the markers are written atomically,
+``features.npy`` is created atomically and then filled chunk by chunk)::
+
+    meta.json        key, its parts' digests, N, V, feature shape, dtype, chunk size, complete flag
+    labels.npy       int64 [N]
+    features.npy     [N, V, *feature_shape] float16 / float32 / float64, numpy's .npy format (np.load(mmap_mode="r"))
+    chunks/00012     one marker per finished chunk of ``chunk_size`` items (all V views)
+
+**Key.** SHA-256 over: the prefix (``repr`` and every ``state_dict`` tensor's name, dtype, shape and bytes), the
+transform (``repr``, or ``transform_key``), the dataset (class, length, labels, scalar attributes such as ``split``
+and ``max_side``, the repr of its own transform, and either ``dataset_key``, or each path of its ``paths`` with the
+file's size and mtime, or, for a dataset without ``paths``, the bytes of every untransformed item), ``num_views``,
+``view_seed``, the stored dtype and ``chunk_size``. A different key empties the folder and rebuilds.
+
+**Resume.** A chunk is computed, written into its slice of ``features.npy``, flushed to disk, and only then marked
+done; a build that stops (exception, SIGKILL) recomputes the unmarked chunks and nothing else, and the finished file
+is byte-identical to an uninterrupted build's (same machine and batch size).
+
+**Shards.** ``build(rank, world_size)`` computes chunks ``rank, rank + world_size, ...``; all ranks write into the same
+file, and the call that finds every chunk done marks the cache complete. Under torchrun (``torch.distributed``
+initialised, no explicit rank) the ranks come from ``torch.distributed``, rank 0 prepares the folder, and barriers
+order prepare -> chunks -> completion. Separate processes given explicit ranks must find the folder prepared (run one
+``build`` or :meth:`FeatureCache.prepare` first), since nothing orders their preparation.
+
+Where the work runs: the prefix on its own device and dtype (move it with ``.to(device)`` first), images loaded and
+transformed on the CPU (``num_workers`` DataLoader workers), features stored on disk in ``dtype``.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from ..utils.atomic_io import atomic_path, atomic_write_json, atomic_write_text
+from .seeded_view_dataset import SeededViewDataset, _non_negative_int, _positive_int
+
+FORMAT = "pml_extensions.feature_cache/1"
+DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _dtype_name(dtype) -> str:
+    name = str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else dtype
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)} (or the torch dtype), got {dtype!r}")
+    return name
+
+
+def _opaque_part(transform) -> Optional[str]:
+    """What in ``transform`` its ``repr`` hides (a torchvision ``Lambda``'s function, an object shown by memory
+    address), or None."""
+    stack = [transform]
+    while stack:
+        t = stack.pop()
+        if type(t).__name__ == "Lambda" and type(t).__module__.startswith("torchvision."):
+            return "Lambda's function"
+        stack.extend(getattr(t, "transforms", None) or [])
+    return "object shown by memory address" if _ADDRESS.search(repr(transform)) else None
+
+
+def _sha(chunks) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c if isinstance(c, bytes) else str(c).encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def prefix_digest(prefix: torch.nn.Module) -> str:
+    """SHA-256 hex of a module's structure (``repr``, memory addresses dropped) and of every ``state_dict`` tensor
+    (name, dtype, size and bytes, read on the CPU): equal for equal weights on any device.
+
+    Example::
+
+        >>> conv = torch.nn.Conv2d(3, 2, 1)
+        >>> before = prefix_digest(conv)
+        >>> with torch.no_grad():
+        ...     _ = conv.bias.add_(1)
+        >>> before == prefix_digest(conv), len(before)
+        (False, 64)
+    """
+
+    def parts():
+        yield _ADDRESS.sub("", repr(prefix))
+        for name, t in sorted(prefix.state_dict().items()):
+            t = t.detach().to("cpu").contiguous().reshape(-1)
+            yield f"{name}|{t.dtype}|{t.numel()}"
+            yield t.view(torch.uint8).numpy().tobytes()
+
+    return _sha(parts())
+
+
+def _scalars(obj) -> dict:
+    out = {}
+    for k, v in sorted(vars(obj).items()):
+        if k.startswith("_") or k in ("transform", "paths", "labels"):
+            continue
+        if isinstance(v, (str, int, float, bool, type(None))):
+            out[k] = v
+        elif isinstance(v, (list, tuple)) and all(isinstance(e, (str, int, float, bool)) for e in v):
+            out[k] = list(v)
+    return out
+
+
+def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
+    """SHA-256 hex of what a dataset yields before the cache's transform (see the module docstring, **Key**).
+
+    Example::
+
+        >>> data = torch.utils.data.TensorDataset(torch.zeros(2, 1))
+        >>> data.labels = np.array([0, 1])
+        >>> dataset_digest(data) == dataset_digest(data, dataset_key="zeros"), len(dataset_digest(data))
+        (False, 64)
+
+    Raises:
+        FileNotFoundError: a path of ``dataset.paths`` does not exist.
+        ValueError: the dataset has no ``labels`` array of its length.
+    """
+    labels = getattr(dataset, "labels", None)
+    if labels is None or len(labels) != len(dataset):
+        raise ValueError(
+            f"dataset ({type(dataset).__name__}) must have a labels array of its length {len(dataset)}, "
+            f"got {None if labels is None else len(labels)}"
+        )
+    own = getattr(dataset, "transform", None)
+    head = [
+        f"{type(dataset).__module__}.{type(dataset).__qualname__}",
+        len(dataset),
+        np.asarray(labels, dtype=np.int64).tobytes(),
+        json.dumps(_scalars(dataset), sort_keys=True),
+        "" if own is None else _ADDRESS.sub("", repr(own)),
+    ]
+    if dataset_key is not None:
+        return _sha(head + ["key", str(dataset_key)])
+    paths = getattr(dataset, "paths", None)
+    if paths is not None:
+
+        def files():
+            for p in paths:
+                try:
+                    st = os.stat(p)
+                except FileNotFoundError:
+                    raise FileNotFoundError(f"dataset ({type(dataset).__name__}) lists a missing file {p}") from None
+                yield f"{p}|{st.st_size}|{st.st_mtime_ns}"
+
+        return _sha(head + ["paths"] + list(files()))
+
+    def items():
+        for i in range(len(dataset)):
+            x = dataset[i][0]
+            x = x.detach().cpu().numpy() if torch.is_tensor(x) else np.asarray(x)
+            yield f"{x.dtype}|{x.shape}"
+            yield np.ascontiguousarray(x).tobytes()
+
+    return _sha(head + ["items"] + list(items()))
+
+
+class _eval_mode:
+    """Every submodule in eval mode inside the block; each one's own mode restored afterwards."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __enter__(self):
+        self.modes = [(m, m.training) for m in self.module.modules()]
+        self.module.eval()
+
+    def __exit__(self, *exc):
+        for m, mode in self.modes:
+            m.training = mode
+        return False
+
+
+class _ViewItems(torch.utils.data.Dataset):
+    """Flat ``(index, view)`` items of one chunk, for a DataLoader: the seeded view tensor of each."""
+
+    def __init__(self, views: SeededViewDataset, start: int, stop: int):
+        self.views, self.start, self.num_views = views, start, views.num_views
+        self.count = (stop - start) * views.num_views
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, k):
+        i, v = divmod(k, self.num_views)
+        x = self.views.view(self.start + i, v)
+        if not torch.is_tensor(x):
+            raise TypeError(f"transform must return a tensor, got {type(x).__name__} for item {self.start + i}")
+        return x
+
+
+def _dist():
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed
+    return None
+
+
+class FeatureCache:
+    """The outputs of a frozen ``prefix`` for ``num_views`` seeded views of every item of ``dataset``, on disk.
+
+    Args:
+        folder: the cache's folder (created; it holds only this cache, e.g. ``<experiment>/feature_cache/train``).
+        prefix: the frozen module, run in eval mode under ``torch.no_grad()`` (each submodule's mode is restored
+            afterwards) on the device and dtype of its first floating parameter; inputs are cast to them.
+        dataset: items ``(untransformed image, label)`` with an int ``labels`` array [N].
+        transform: image -> ``[C, H, W]`` tensor, run seeded per (view_seed, index, view)
+            (:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`). Its ``repr`` is part of the key, so
+            a transform whose repr shows a memory address (a lambda, a class without ``__repr__``) needs
+            ``transform_key``.
+        num_views: V views per item. Training: a few (the issue's pilot used 4); evaluation: 1 (the plain view).
+        view_seed: seeds the views' contents. Default 0.
+        dtype: stored dtype, ``"float16"`` (half the disk and page cache; outputs must fit its range),
+            ``"float32"`` or ``"float64"`` (tests). Default ``"float16"``.
+        chunk_size: items per chunk, the unit of resume and sharding. Default 256.
+        batch_size: views per prefix forward. Default 64.
+        num_workers: DataLoader workers that load and transform images. Default 0.
+        transform_key, dataset_key: strings that replace the transform's repr / the dataset's file list or
+            contents in the key (you then own the job of changing them when the input changes).
+
+    Raises:
+        ValueError / TypeError: bad sizes, seeds or dtype; a transform repr with a memory address and no
+            ``transform_key``; a dataset without ``labels``; a prefix without floating parameters or buffers.
+
+    Example::
+
+        >>> import tempfile, torchvision.transforms as T
+        >>> from PIL import Image
+        >>> class Four(torch.utils.data.Dataset):
+        ...     labels = np.array([0, 0, 1, 1])
+        ...     def __len__(self): return 4
+        ...     def __getitem__(self, i): return Image.new("RGB", (8, 8), (50 * i, 9, 0)), int(self.labels[i])
+        >>> prefix = torch.nn.Conv2d(3, 2, 3)
+        >>> cache = FeatureCache(tempfile.mkdtemp(), prefix, Four(), T.Compose([T.RandomCrop(6), T.ToTensor()]),
+        ...                      num_views=2, dtype="float32", dataset_key="four-colours")
+        >>> cache.build()
+        True
+        >>> features, label = cache.open(seed=0)[3]
+        >>> features.shape, features.dtype, label
+        (torch.Size([2, 4, 4]), torch.float32, 1)
+    """
+
+    def __init__(
+        self,
+        folder: str,
+        prefix: torch.nn.Module,
+        dataset,
+        transform: Callable,
+        num_views: int = 1,
+        view_seed: int = 0,
+        dtype="float16",
+        chunk_size: int = 256,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        transform_key: Optional[str] = None,
+        dataset_key: Optional[str] = None,
+    ):
+        if not isinstance(folder, (str, os.PathLike)):
+            raise TypeError(f"folder must be a path, got {folder!r}")
+        if not isinstance(prefix, torch.nn.Module):
+            raise TypeError(f"prefix must be a torch.nn.Module, got {type(prefix).__name__}")
+        self.folder = os.fspath(folder)
+        self.prefix = prefix
+        self.views = SeededViewDataset(dataset, transform, num_views, view_seed)
+        self.dataset, self.transform = dataset, transform
+        self.num_views, self.view_seed = self.views.num_views, self.views.view_seed
+        self.dtype = _dtype_name(dtype)
+        self.chunk_size = _positive_int("chunk_size", chunk_size)
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.num_workers = _non_negative_int("num_workers", num_workers)
+        opaque = _opaque_part(transform)
+        if transform_key is None and opaque is not None:
+            raise ValueError(
+                f"transform's repr does not describe its {opaque}, so the cache key cannot see it change: pass "
+                "transform_key='<a name that changes with the transform>'"
+            )
+        self.transform_key, self.dataset_key = transform_key, dataset_key
+        floats = [t for t in list(prefix.parameters()) + list(prefix.buffers()) if t.is_floating_point()]
+        if not floats:
+            raise ValueError(
+                f"prefix ({type(prefix).__name__}) has no floating parameter or buffer to take a dtype from"
+            )
+        self.device, self.input_dtype = floats[0].device, floats[0].dtype
+        self.num_items = len(self.views)
+        if self.num_items == 0:
+            raise ValueError(f"dataset ({type(dataset).__name__}) is empty: nothing to cache")
+        self.num_chunks = -(-self.num_items // self.chunk_size)
+        self._key = None
+        #: what the last :meth:`build` call did: ``rebuilt`` (reason or None), ``chunks_computed``, ``seconds``
+        self.last_build = {}
+
+    # ------------------------------------------------------------------ key and files
+    @property
+    def key_parts(self) -> dict:
+        """Digests of the key's parts (computed once per object; hashing the prefix and files takes a moment)."""
+        if self._key is None:
+            transform = self.transform_key if self.transform_key is not None else repr(self.transform)
+            self._key = {
+                "format": FORMAT,
+                "prefix": prefix_digest(self.prefix),
+                "transform": _sha(["transform", transform]),
+                "dataset": dataset_digest(self.dataset, self.dataset_key),
+                "layout": f"views={self.num_views} view_seed={self.view_seed} dtype={self.dtype} "
+                f"chunk_size={self.chunk_size}",
+            }
+        return self._key
+
+    @property
+    def key(self) -> str:
+        """SHA-256 hex of :attr:`key_parts`."""
+        return _sha(json.dumps(self.key_parts, sort_keys=True))
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    def _marker(self, chunk: int) -> str:
+        return os.path.join(self.folder, "chunks", f"{chunk:05d}")
+
+    def read_meta(self) -> Optional[dict]:
+        """The folder's ``meta.json``, or None when there is none."""
+        try:
+            with open(self._path("meta.json"), encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the folder holds a finished cache with this object's key."""
+        meta = self.read_meta()
+        return bool(meta and meta.get("key") == self.key and meta.get("complete"))
+
+    def chunks_done(self):
+        """Indices of the chunks marked done."""
+        folder = self._path("chunks")
+        return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+
+    def _wipe(self):
+        # markers first and meta last: an interruption leaves the old meta, so the next call wipes again
+        shutil.rmtree(self._path("chunks"), ignore_errors=True)
+        for name in ("features.npy", "labels.npy", "meta.json"):
+            if os.path.exists(self._path(name)):
+                os.remove(self._path(name))
+
+    def _feature_shape(self):
+        x = self.views.view(0, 0)
+        if not torch.is_tensor(x):
+            raise TypeError(f"transform must return a tensor, got {type(x).__name__}")
+        with torch.no_grad(), _eval_mode(self.prefix):
+            y = self.prefix(x.unsqueeze(0).to(self.device, self.input_dtype))
+        if not torch.is_tensor(y) or not y.is_floating_point():
+            raise TypeError(f"prefix must return a floating-point tensor, got {getattr(y, 'dtype', type(y))}")
+        return tuple(y.shape[1:])
+
+    def prepare(self) -> Optional[str]:
+        """Make the folder hold this key's (possibly partial) cache: empty it when the key differs, create
+        ``features.npy`` (sparse, all chunks unmarked), ``labels.npy`` and ``meta.json``. Returns why it rebuilt
+        (``"new"``, ``"changed: prefix, transform"``, ...) or None when the folder already had this key."""
+        meta = self.read_meta()
+        if meta is not None and meta.get("key") == self.key:
+            return None
+        if meta is not None:
+            old = meta.get("key_parts", {})
+            reason = "changed: " + ", ".join(k for k in sorted(self.key_parts) if old.get(k) != self.key_parts[k])
+        else:
+            reason = "new"
+        self._wipe()
+        os.makedirs(self._path("chunks"), exist_ok=True)
+        shape = (self.num_items, self.num_views) + self._feature_shape()
+        target = self._path("features.npy")
+        if os.path.exists(target):  # another process prepared it first (explicit ranks)
+            existing = np.load(target, mmap_mode="r")
+            if existing.shape != shape or existing.dtype != DTYPES[self.dtype]:
+                del existing
+                os.remove(target)
+        if not os.path.exists(target):
+            with atomic_path(target) as tmp:
+                np.lib.format.open_memmap(tmp, mode="w+", dtype=DTYPES[self.dtype], shape=shape).flush()
+        with atomic_path(self._path("labels.npy")) as tmp:
+            np.save(tmp, self.views.labels)
+        atomic_write_json(
+            self._path("meta.json"),
+            {
+                "format": FORMAT,
+                "key": self.key,
+                "key_parts": self.key_parts,
+                "num_items": self.num_items,
+                "num_views": self.num_views,
+                "view_seed": self.view_seed,
+                "feature_shape": list(shape[2:]),
+                "dtype": self.dtype,
+                "chunk_size": self.chunk_size,
+                "num_chunks": self.num_chunks,
+                "complete": False,
+            },
+        )
+        return reason
+
+    # ------------------------------------------------------------------ build
+    def _compute_chunk(self, features: np.ndarray, chunk: int):
+        start = chunk * self.chunk_size
+        stop = min(start + self.chunk_size, self.num_items)
+        items = _ViewItems(self.views, start, stop)
+        # its own generator: a DataLoader iterator otherwise draws its workers' base seed from the global RNG
+        loader = torch.utils.data.DataLoader(
+            items, batch_size=self.batch_size, num_workers=self.num_workers, generator=torch.Generator()
+        )
+        out = np.empty((len(items),) + features.shape[2:], dtype=features.dtype)
+        pos = 0
+        with torch.no_grad(), _eval_mode(self.prefix):
+            for batch in loader:
+                y = self.prefix(batch.to(self.device, self.input_dtype)).to("cpu", getattr(torch, self.dtype))
+                if not torch.isfinite(y).all():
+                    hint = " (beyond float16's range: use dtype='float32')" if self.dtype == "float16" else ""
+                    raise ValueError(f"prefix output of chunk {chunk} (items {start}-{stop - 1}) is not finite{hint}")
+                out[pos : pos + len(y)] = y.numpy()
+                pos += len(y)
+        features[start:stop] = out.reshape((stop - start, self.num_views) + features.shape[2:])
+        features.flush()
+        atomic_write_text(self._marker(chunk), f"{stop - start}\n")
+
+    def _ranks(self, rank, world_size):
+        dist = _dist()
+        if rank is None and world_size is None:
+            if dist is not None:
+                return dist.get_rank(), dist.get_world_size(), dist
+            return 0, 1, None
+        if rank is None or world_size is None:
+            raise ValueError(f"give both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
+        world_size = _positive_int("world_size", world_size)
+        if not 0 <= _non_negative_int("rank", rank) < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        return int(rank), world_size, None
+
+    def build(self, rank: Optional[int] = None, world_size: Optional[int] = None, progress: bool = False) -> bool:
+        """Compute the missing chunks of this rank's shard; returns whether the whole cache is complete.
+
+        Args:
+            rank, world_size: this process's shard (chunks ``rank::world_size``). Both None: from
+                ``torch.distributed`` when it is initialised (with barriers; every rank returns True), else the
+                whole cache in this process.
+            progress: show a tqdm bar over this rank's chunks.
+
+        Raises:
+            ValueError: a bad rank / world_size; a non-finite output (float16 overflow); a folder whose meta.json
+                another process wrote with a different key.
+            Whatever the dataset, transform or prefix raise (the chunks finished before stay done).
+        """
+        rank, world_size, dist = self._ranks(rank, world_size)
+        start = time.perf_counter()
+        reason = self.prepare() if (dist is None or rank == 0) else None
+        if dist is not None:
+            dist.barrier()
+        meta = self.read_meta()
+        if meta is None or meta.get("key") != self.key:
+            raise ValueError(f"{self._path('meta.json')} holds another key than this process's (ranks disagree?)")
+        computed = 0
+        if not meta.get("complete"):
+            features = np.load(self._path("features.npy"), mmap_mode="r+")
+            done = set(self.chunks_done())
+            todo = [c for c in range(rank, self.num_chunks, world_size) if c not in done]
+            if progress:
+                from tqdm import tqdm
+
+                todo = tqdm(todo, desc=f"feature cache {os.path.basename(self.folder)} rank {rank}")
+            for chunk in todo:
+                self._compute_chunk(features, chunk)
+                computed += 1
+            del features
+        if dist is not None:
+            dist.barrier()
+        if (dist is None or rank == 0) and not meta.get("complete") and len(self.chunks_done()) == self.num_chunks:
+            meta["complete"] = True
+            atomic_write_json(self._path("meta.json"), meta)
+        if dist is not None:
+            dist.barrier()
+        self.last_build = {"rebuilt": reason, "chunks_computed": computed, "seconds": time.perf_counter() - start}
+        return self.complete
+
+    def open(self, seed: int = 0, dtype: torch.dtype = torch.float32):
+        """The finished cache as a :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing views with
+        ``seed`` (ValueError if the cache is not complete)."""
+        from .cached_feature_dataset import CachedFeatureDataset
+
+        return CachedFeatureDataset(self.folder, seed=seed, dtype=dtype, key=self.key)
+
+    def size_bytes(self) -> int:
+        """Bytes of ``features.npy`` on disk (its logical size)."""
+        return os.path.getsize(self._path("features.npy"))

@@ -1,0 +1,184 @@
+"""A fixed bank of V seeded augmented views per image, and the per-epoch draw of one of them (issue 24).
+
+The frozen-prefix feature cache (:class:`~pml_extensions.datasets.FeatureCache`) stores the prefix's output for
+views ``v = 0 .. V-1`` of every image; training draws one view per image and epoch. This module holds the two seeded
+functions both sides share, and :class:`SeededViewDataset`, the *uncached* twin of
+:class:`~pml_extensions.datasets.CachedFeatureDataset`: it returns the very image tensors whose prefix outputs the
+cache holds, for the same (seed, epoch, index), so a model trained through the full frozen trunk sees the same views
+and batches as one trained on the cache.
+
+Any torchvision transform works (v1 or v2): view ``v`` of item ``i`` is ``transform(image)`` computed with torch's CPU
+RNG, Python's ``random`` and numpy's legacy global RNG seeded from ``(view_seed, i, v)``; their previous states are
+restored afterwards, so the caller's random streams are untouched (unlike reseeding them for good).
+"""
+
+import random
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+# domain tags: view contents and per-epoch draws never share a seed sequence
+_VIEW_TAG = 0x76696577  # "view"
+_DRAW_TAG = 0x64726177  # "draw"
+
+
+def _non_negative_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+@contextmanager
+def _seeded_global_rngs(words) -> Iterator[None]:
+    """torch (CPU), ``random`` and numpy's global RNG seeded from ``words`` inside the block, restored after it."""
+    state = np.random.SeedSequence(list(words)).generate_state(2, np.uint32)
+    seed64 = (int(state[0]) << 32) | int(state[1])
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed64)
+        random.seed(seed64)
+        np.random.seed(int(state[0]))
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+def seeded_view(transform: Callable, image, view_seed: int, index: int, view: int):
+    """``transform(image)`` with every random draw seeded from ``(view_seed, index, view)``.
+
+    Args:
+        transform: any callable (a torchvision ``Compose`` of random transforms, typically).
+        image: its input (a PIL image for the datasets of this package).
+        view_seed, index, view: ints >= 0; the same triple gives the same output on every call and machine (as far
+            as the transform's own arithmetic is deterministic).
+
+    Returns:
+        whatever ``transform`` returns (``[C, H, W]`` float32 for a torchvision pipeline ending in ToTensor /
+        Normalize).
+
+    Raises:
+        ValueError: a negative or non-int ``view_seed``, ``index`` or ``view``.
+
+    Example::
+
+        >>> import torchvision.transforms as T
+        >>> flip = T.RandomHorizontalFlip()
+        >>> x = torch.arange(6.0).view(1, 2, 3)
+        >>> torch.equal(seeded_view(flip, x, 0, 5, 1), seeded_view(flip, x, 0, 5, 1))
+        True
+    """
+    words = (
+        _VIEW_TAG,
+        _non_negative_int("view_seed", view_seed),
+        _non_negative_int("index", index),
+        _non_negative_int("view", view),
+    )
+    with _seeded_global_rngs(words):
+        return transform(image)
+
+
+def draw_view(seed: int, epoch: int, index: int, num_views: int) -> int:
+    """Which of the ``num_views`` views item ``index`` uses in ``epoch``: an int in ``[0, num_views)`` drawn by
+    ``numpy.random.default_rng([tag, seed, epoch, index])`` (a pure function: reproducible, independent of the
+    order in which items or DataLoader workers fetch, resumable at any epoch). ``num_views == 1`` gives 0.
+
+    Raises:
+        ValueError: a negative ``seed``, ``epoch`` or ``index``, or ``num_views < 1``.
+
+    Example::
+
+        >>> [draw_view(0, epoch, 7, 4) for epoch in range(6)] == [draw_view(0, epoch, 7, 4) for epoch in range(6)]
+        True
+    """
+    words = [
+        _DRAW_TAG,
+        _non_negative_int("seed", seed),
+        _non_negative_int("epoch", epoch),
+        _non_negative_int("index", index),
+    ]
+    if _positive_int("num_views", num_views) == 1:
+        return 0
+    return int(np.random.default_rng(words).integers(num_views))
+
+
+class SeededViewDataset(torch.utils.data.Dataset):
+    """Items ``(transformed image, label)`` where the image is view ``draw_view(seed, epoch, i, V)`` of item ``i``
+    from the bank of ``num_views`` seeded views (see the module docstring).
+
+    With the same ``transform``, ``num_views``, ``view_seed`` and ``seed`` it returns exactly the images whose prefix
+    outputs :class:`~pml_extensions.datasets.CachedFeatureDataset` returns: the uncached baseline of the feature cache
+    (``Sequential(FrozenPrefix(prefix), rest)`` trained on it), and the image source of the cache build.
+
+    Args:
+        dataset: items ``(image, label)`` (untransformed images, e.g. an :class:`OpenClipArt` without transform) and
+            an int ``labels`` array [N] (as every dataset of this package).
+        transform: applied to each image, seeded per (view_seed, index, view).
+        num_views: V >= 1 views per image. ``1`` with a deterministic transform is the plain evaluation view.
+        view_seed: seeds the views' contents. Default 0.
+        seed: seeds the per-epoch draw of a view (the training seed). Default 0.
+
+    ``labels``: int64 numpy array [N] (``MPerClassSampler(dataset.labels, m)`` works). Call :meth:`set_epoch` at each
+    epoch boundary (epoch = completed epochs, starting at 0); with DataLoader workers, before the iterator is made.
+
+    Raises:
+        ValueError: ``num_views`` / seeds out of range, or a dataset without a ``labels`` array of its length.
+
+    Example::
+
+        >>> import torchvision.transforms as T
+        >>> from PIL import Image
+        >>> class Two(torch.utils.data.Dataset):
+        ...     labels = np.array([0, 1])
+        ...     def __len__(self): return 2
+        ...     def __getitem__(self, i): return Image.new("RGB", (8, 8), (60 * i, 0, 0)), int(self.labels[i])
+        >>> views = SeededViewDataset(Two(), T.Compose([T.RandomCrop(4), T.ToTensor()]), num_views=3)
+        >>> image, label = views[1]
+        >>> image.shape, label, torch.equal(image, views.view(1, views.view_of(1)))
+        (torch.Size([3, 4, 4]), 1, True)
+    """
+
+    def __init__(self, dataset, transform: Callable, num_views: int = 1, view_seed: int = 0, seed: int = 0):
+        self.dataset = dataset
+        self.transform = transform
+        self.num_views = _positive_int("num_views", num_views)
+        self.view_seed = _non_negative_int("view_seed", view_seed)
+        self.seed = _non_negative_int("seed", seed)
+        self.epoch = 0
+        labels = getattr(dataset, "labels", None)
+        if labels is None or len(labels) != len(dataset):
+            raise ValueError(
+                f"dataset ({type(dataset).__name__}) must have a labels array of its length {len(dataset)}, "
+                f"got {None if labels is None else len(labels)}"
+            )
+        self.labels = np.asarray(labels, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the view draws of ``epoch`` (an int >= 0; ValueError otherwise)."""
+        self.epoch = _non_negative_int("epoch", epoch)
+
+    def view_of(self, index: int) -> int:
+        """The view item ``index`` uses in the current epoch."""
+        return draw_view(self.seed, self.epoch, index, self.num_views)
+
+    def view(self, index: int, view: int):
+        """View ``view`` of item ``index``: the transformed image (ValueError if ``view`` is not in [0, V))."""
+        if not 0 <= _non_negative_int("view", view) < self.num_views:
+            raise ValueError(f"view must be in [0, {self.num_views}), got {view}")
+        image, _ = self.dataset[index]
+        return seeded_view(self.transform, image, self.view_seed, index, view)
+
+    def __getitem__(self, index: int):
+        return self.view(index, self.view_of(index)), int(self.labels[index])
