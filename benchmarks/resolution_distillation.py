@@ -15,9 +15,9 @@ import argparse
 import os
 import sys
 
-from pml_extensions.runner.config_loader import find_config, load_config
+from pml_extensions.runner.config.loader import find_config, load_config
 from pml_extensions.runner.protocols import run_protocol
-from pml_extensions.runner.protocols.resolution_distillation_parts import PRIMARY, markdown_tables, variant_name
+from pml_extensions.runner.protocols.resolution_distillation.tables import PRIMARY, markdown_tables, variant_name
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

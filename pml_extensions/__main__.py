@@ -11,9 +11,9 @@ import importlib
 import sys
 
 COMMANDS = {
-    "job": "pml_extensions.runner.protocols.xml_vs_gap",
-    "run": "pml_extensions.runner.cli",
-    "explain": "pml_extensions.explain.cli",
+    "job": "pml_extensions.runner.protocols.xml_vs_gap.protocol",
+    "run": "pml_extensions.cli.run",
+    "explain": "pml_extensions.cli.explain",
 }
 
 
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     module = importlib.import_module(COMMANDS[argv[0]])
     status = module.main(argv[1:]) or 0
     if status == 0:  # under torchrun: every rank reached the end; leave the process group together
-        from pml_extensions.runner.distributed import shutdown
+        from pml_extensions.runner.experiment.distributed import shutdown
 
         shutdown()
     return status

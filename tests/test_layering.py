@@ -62,4 +62,3 @@ def test_utils_imports_nothing_above_it():
         if bad:
             offenders[os.path.relpath(path, PKG)] = bad
     assert offenders == {}
-

@@ -1,13 +1,13 @@
 """Configs, the main job and the powerful-benchmarker-style runner (MLRC protocol, resume, torchrun)."""
 
-from .checkpoint import Checkpointer
-from .config_loader import CONFIG_FOLDERS, load_config, merge, parse_command_line
-from .distributed import DistributedBatchSliceSampler
-from .factory import ConfigError, build, resolve
-from .mlp import MLP
-from .protocols.mlrc import MLRCRunner, ensemble_metrics, mlrc_class_splits
-from .registry import ROLES, classes_for_role, find, register
-from .report import write_report
+from .build.mlp import MLP
+from .config.loader import CONFIG_FOLDERS, load_config, merge, parse_command_line
+from .config.registry import ROLES, classes_for_role, find, register
+from .errors import ConfigError, build, resolve
+from .experiment.checkpoint import Checkpointer
+from .experiment.distributed import DistributedBatchSliceSampler
+from .outputs.report import write_report
+from .protocols.mlrc.protocol import MLRCRunner, ensemble_metrics, mlrc_class_splits
 
 __all__ = [
     "CONFIG_FOLDERS",

@@ -7,7 +7,7 @@ import unittest
 import torch
 from PIL import Image
 
-from pml_extensions.explain.cli import main
+from pml_extensions.cli.explain import main
 from tests.explain.explain_testing_utils import make_model
 
 try:

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from pml_extensions.runner import distributed as d
+from pml_extensions.runner.experiment import distributed as d
 from tests.runner.test_distributed import global_batch, make_losses, make_model
 
 

@@ -119,15 +119,15 @@ def write_tiny_config(root: str, files=None) -> str:
 
 
 def register_tiny():
-    from pml_extensions.runner.registry import register
+    from pml_extensions.runner.config.registry import register
 
     register(TinyVectors, role="dataset")
 
 
 if __name__ == "__main__":
     register_tiny()
-    from pml_extensions.runner.cli import main
-    from pml_extensions.runner.distributed import shutdown
+    from pml_extensions.cli.run import main
+    from pml_extensions.runner.experiment.distributed import shutdown
 
     status = main(sys.argv[1:])
     if status == 0:

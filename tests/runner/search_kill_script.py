@@ -4,7 +4,7 @@ import os
 import signal
 import sys
 
-from pml_extensions.runner.search import run_search
+from pml_extensions.runner.protocols.search import run_search
 
 folder, kill_at = sys.argv[1], int(sys.argv[2])
 config = {

@@ -4,9 +4,9 @@ prototype_init from data."""
 import pytest
 import torch
 
-from pml_extensions.runner.builders import Builder
-from pml_extensions.runner.config_loader import find_config, load_config
-from pml_extensions.runner.factory import ConfigError
+from pml_extensions.runner.build.builder import Builder
+from pml_extensions.runner.config.loader import find_config, load_config
+from pml_extensions.runner.errors import ConfigError
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, template_matching_blocks
 
 

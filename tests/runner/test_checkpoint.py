@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from pml_extensions.runner.checkpoint import (
+from pml_extensions.runner.experiment.checkpoint import (
     Checkpointer,
     atomic_torch_save,
     load_weights,

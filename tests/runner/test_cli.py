@@ -7,9 +7,9 @@ import shutil
 import pytest
 import torch
 
-from pml_extensions.runner import cli
-from pml_extensions.runner.config_loader import load_config
-from pml_extensions.runner.protocols.mlrc import MLRCRunner
+from pml_extensions.cli import run as cli
+from pml_extensions.runner.config.loader import load_config
+from pml_extensions.runner.protocols.mlrc.protocol import MLRCRunner
 
 SHIPPED = (
     "contrastive",

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pml_extensions.runner.config_loader import (
+from pml_extensions.runner.config.loader import (
     CONFIG_FOLDERS,
     load_config,
     load_yaml_file,
@@ -14,7 +14,7 @@ from pml_extensions.runner.config_loader import (
     parse_command_line,
     split_selection,
 )
-from pml_extensions.runner.factory import ConfigError
+from pml_extensions.runner.errors import ConfigError
 
 GENERAL_DEFAULT = """
 trainer:

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from pml_extensions.runner.config_loader import find_config, load_config, parse_command_line, variant_configs
-from pml_extensions.runner.config_syntax import merge
-from pml_extensions.runner.factory import ConfigError
+from pml_extensions.runner.config.loader import find_config, load_config, parse_command_line, variant_configs
+from pml_extensions.runner.config.syntax import merge
+from pml_extensions.runner.errors import ConfigError
 
 T = {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"AccuracyCalculator": {"k": "max_bin_count"}}}}}
 

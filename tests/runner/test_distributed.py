@@ -9,7 +9,7 @@ from pytorch_metric_learning.losses import ContrastiveLoss
 from pytorch_metric_learning.samplers import MPerClassSampler
 
 from pml_extensions.losses.xml_wrapper import XMLWrapper
-from pml_extensions.runner import distributed as d
+from pml_extensions.runner.experiment import distributed as d
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -156,7 +156,7 @@ def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path):
         timeout=240,
     )
     assert two.returncode == 0, two.stderr[-3000:]
-    from pml_extensions.runner.checkpoint import Checkpointer
+    from pml_extensions.runner.experiment.checkpoint import Checkpointer
 
     rows = [Checkpointer(str(tmp_path / w / "cfg" / "fold_0")).rows("loss_histories") for w in ("one", "two")]
     assert [r["~iteration~"] for r in rows[0]] == [r["~iteration~"] for r in rows[1]] == [1, 2, 3, 4]

@@ -7,10 +7,10 @@ import pytest
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-from pml_extensions.runner.config_loader import load_config, parse_command_line
-from pml_extensions.runner.factory import ConfigError
+from pml_extensions.runner.config.loader import load_config, parse_command_line
+from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import run_protocol
-from pml_extensions.runner.protocols.mlrc import MLRCRunner, ensemble_metrics, mlrc_class_splits
+from pml_extensions.runner.protocols.mlrc.protocol import MLRCRunner, ensemble_metrics, mlrc_class_splits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -133,7 +133,7 @@ class TestRunner:
             ],
         )
         results = _run(runner)
-        from pml_extensions.runner.checkpoint import load_weights
+        from pml_extensions.runner.experiment.checkpoint import load_weights
 
         state = load_weights(str(tmp_path / "exp" / "fold_0" / "checkpoint.pth"))
         assert results["folds"][0]["best_epoch"] == 0
@@ -165,7 +165,7 @@ models:
             files,
         )
         _run(runner)
-        from pml_extensions.runner.checkpoint import load_weights
+        from pml_extensions.runner.experiment.checkpoint import load_weights
 
         sd = load_weights(str(tmp_path / "exp" / "fold_0" / "checkpoint.pth"))["models"]["trunk"]
         assert torch.equal(sd["2.running_mean"], torch.zeros(16))  # never updated: BN stayed in eval mode
@@ -240,7 +240,7 @@ class RecordingHook:
 
 
 def test_test_hooks_run_once_and_reach_the_report(tmp_path):
-    from pml_extensions.runner.registry import register
+    from pml_extensions.runner.config.registry import register
 
     register(RecordingHook, role="hook")
     RecordingHook.calls.clear()
@@ -272,7 +272,7 @@ def test_loss_generators_are_found_for_the_checkpoint():
     from pytorch_metric_learning.losses import ContrastiveLoss
 
     from pml_extensions.losses.xml_wrapper import XMLWrapper
-    from pml_extensions.runner.checkpoint import module_generators
+    from pml_extensions.runner.experiment.checkpoint import module_generators
 
     loss = XMLWrapper(ContrastiveLoss(), seed=3)
     gens = module_generators({"metric_loss": loss})

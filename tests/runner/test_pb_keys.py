@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pml_extensions.runner import pb_keys
-from pml_extensions.runner.factory import ConfigError
+from pml_extensions.runner.config import pb_keys
+from pml_extensions.runner.errors import ConfigError
 
 
 def _tester_cfg(**kwargs):
@@ -244,7 +244,7 @@ def test_keys_take_effect_in_an_mlrc_run(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from runner_testing_utils import register_tiny, write_tiny_config
 
-    from pml_extensions.runner.config_loader import load_config
+    from pml_extensions.runner.config.loader import load_config
     from pml_extensions.runner.protocols import run_protocol
 
     register_tiny()
@@ -331,7 +331,7 @@ def test_pb_0933_defaults_are_all_honoured(tmp_path, capsys):
     sys.path.insert(0, os.path.dirname(__file__))
     from runner_testing_utils import register_tiny, write_tiny_config
 
-    from pml_extensions.runner import cli
+    from pml_extensions.cli import run as cli
 
     register_tiny()
     root = write_tiny_config(str(tmp_path / "cfg"), PB_0933)

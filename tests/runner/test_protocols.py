@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pml_extensions.runner.config_loader import load_config, parse_command_line
-from pml_extensions.runner.factory import ConfigError
+from pml_extensions.runner.config.loader import load_config, parse_command_line
+from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import DESCRIPTIONS, PROTOCOLS, get_protocol, protocol_name, run_protocol
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +41,7 @@ class TestLookup:
         import pml_extensions
 
         pkg = os.path.dirname(pml_extensions.__file__)
-        for rel in ("__main__.py", "runner/cli.py", "runner/protocols/__init__.py", "runner/job.py"):
+        for rel in ("__main__.py", "cli/__init__.py", "cli/run.py", "cli/job.py", "runner/protocols/__init__.py"):
             path = os.path.join(pkg, rel)
             if not os.path.exists(path):
                 continue
@@ -90,7 +90,7 @@ class TestChangedConfig:
         assert "num_epochs_train: 2" in open(os.path.join(folder, "config.yaml")).read()
         cfg3, sources3 = _config(tmp_path, ["--num_epochs_train", "3", "--patience", "9"])
         out = run_protocol(cfg3, folder, sources3, on_change="resume", **QUIET)
-        from pml_extensions.runner.checkpoint import load_weights
+        from pml_extensions.runner.experiment.checkpoint import load_weights
 
         assert load_weights(os.path.join(folder, "fold_0", "checkpoint.pth"))["epoch"] == 3  # continued to 3
         assert out["folds"][0]["best_epoch"] <= 3
@@ -99,7 +99,7 @@ class TestChangedConfig:
 
 
 def test_reproduce_gives_the_same_metrics_exactly(tmp_path):
-    from pml_extensions.runner.reproduce import main, reproduce
+    from pml_extensions.runner.protocols.reproduce import main, reproduce
 
     folder = str(tmp_path / "exp")
     cfg, sources = _config(tmp_path, ["--num_epochs_train", "2", "--seed", "5"])
@@ -128,8 +128,8 @@ def test_reproduce_reruns_with_the_recorded_thread_count(tmp_path, monkeypatch):
     and gives this process its own count back."""
     import torch
 
-    from pml_extensions.runner import reproduce as rep
-    from pml_extensions.runner.experiment import ENVIRONMENT_NAME, prepare_folder
+    from pml_extensions.runner.experiment.folder import ENVIRONMENT_NAME, prepare_folder
+    from pml_extensions.runner.protocols import reproduce as rep
 
     folder = str(tmp_path / "exp")
     prepare_folder(folder, {"protocol": "mlrc"}, **QUIET)
@@ -152,7 +152,7 @@ def test_reproduce_reruns_with_the_recorded_thread_count(tmp_path, monkeypatch):
 
 
 def test_a_folder_that_trained_nothing_takes_the_new_config(tmp_path):
-    from pml_extensions.runner.experiment import prepare_folder
+    from pml_extensions.runner.experiment.folder import prepare_folder
 
     folder = str(tmp_path / "exp")
     prepare_folder(folder, {"a": 1}, **QUIET)  # e.g. the run then stopped at a config error

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from pml_extensions.runner import factory
-from pml_extensions.runner.registry import (
+from pml_extensions.runner import errors as factory
+from pml_extensions.runner.config.registry import (
     ROLES,
     classes_for_role,
     discover,
@@ -20,7 +20,7 @@ class TestRoles:
             ("loss", "pml_extensions.losses.xml_wrapper", "XMLWrapper"),
             ("model", "pml_extensions.trunks.histogram_pooling", "HistogramPooling"),
             ("model", "pml_extensions.trunks.conv_net_body", "ConvNetBody"),
-            ("model", "pml_extensions.runner.mlp", "MLP"),
+            ("model", "pml_extensions.runner.build.mlp", "MLP"),
             (
                 "accuracy_calculator",
                 "pml_extensions.utils.chunked_accuracy_calculator",
@@ -108,7 +108,7 @@ class TestRegister:
 def test_every_named_module_exists():
     import importlib
 
-    from pml_extensions.runner import registry
+    from pml_extensions.runner.config import registry
 
     names = set(factory.SEARCH_MODULES) | set(registry.SCANNED_PACKAGES)
     names |= {m for mods in registry.ROLE_MODULES.values() for m in mods}

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from pml_extensions.runner.checkpoint import Checkpointer
-from pml_extensions.runner.report import write_report
+from pml_extensions.runner.experiment.checkpoint import Checkpointer
+from pml_extensions.runner.outputs.report import write_report
 
 PNG_1x1 = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
@@ -84,7 +84,7 @@ def test_any_protocol_layout_command_dataset_xml_loss_and_untrained_flag(tmp_pat
 
 
 def test_smoothing_is_a_trailing_mean():
-    from pml_extensions.runner.report import _smooth
+    from pml_extensions.runner.outputs.report import _smooth
 
     values = [float(v) for v in range(50)]  # window 50 // 25 = 2
     assert _smooth(values)[:3] == [0.0, 0.5, 1.5]

@@ -6,8 +6,8 @@ import unittest
 
 import numpy as np
 
-from pml_extensions.runner.protocols import resolution_distillation_parts as parts
-from pml_extensions.runner.results import summarize
+from pml_extensions.runner.outputs.results import summarize
+from pml_extensions.runner.protocols.resolution_distillation import tables as parts
 
 KEYS = list(parts.METRICS)
 

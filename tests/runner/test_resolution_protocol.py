@@ -15,8 +15,8 @@ import unittest.mock
 import torch
 import yaml
 
-from pml_extensions.runner import cli
-from pml_extensions.runner.factory import ConfigError
+from pml_extensions.cli import run as cli
+from pml_extensions.runner.errors import ConfigError
 
 TINY_JOB = {
     "datasets": {
@@ -138,9 +138,9 @@ class TestResolutionProtocolRun(unittest.TestCase):
         import numpy as np
         from PIL import Image
 
-        from pml_extensions.explain.cli import load_image
-        from pml_extensions.explain.cli import main as explain_main
-        from pml_extensions.runner.protocols.resolution_distillation_parts import build_model
+        from pml_extensions.cli.explain import load_image
+        from pml_extensions.cli.explain import main as explain_main
+        from pml_extensions.runner.protocols.resolution_distillation.tables import build_model
 
         rng = np.random.default_rng(0)
         images = []
@@ -208,8 +208,8 @@ class TestResolutionProtocolRun(unittest.TestCase):
 
     def test_paired_students_start_identical(self):
         _need_weights(self)
-        from pml_extensions.runner.protocols import resolution_distillation as rd
-        from pml_extensions.runner.protocols import resolution_distillation_parts as parts
+        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
+        from pml_extensions.runner.protocols.resolution_distillation import tables as parts
 
         job = rd.job_config({"resolution_job": TINY_JOB})
         train_set, _ = parts.load_dataset("glyphs", job["datasets"]["glyphs"])
@@ -235,7 +235,7 @@ class TestResolutionProtocolRun(unittest.TestCase):
 
 class TestResolutionProtocolConfig(unittest.TestCase):
     def job(self, **changes):
-        from pml_extensions.runner.protocols import resolution_distillation as rd
+        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
 
         spec = dict(TINY_JOB, **changes)
         return rd.job_config({"resolution_job": spec})
@@ -268,7 +268,7 @@ class TestResolutionProtocolConfig(unittest.TestCase):
                 self.job(**changes)
 
     def test_top_level_seeds_win(self):
-        from pml_extensions.runner.protocols import resolution_distillation as rd
+        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
 
         self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": [3, 4, 5]})["seeds"], [3, 4, 5])
         self.assertEqual(
@@ -285,9 +285,9 @@ class TestResolutionProtocolConfig(unittest.TestCase):
             self.assertEqual(cli.main([cfg, "--root_experiment_folder", tmp]), 2)
 
     def test_shipped_configs_parse(self):
-        from pml_extensions.runner.config_loader import find_config, load_config
-        from pml_extensions.runner.protocols import resolution_distillation as rd
-        from pml_extensions.runner.protocols.resolution_distillation_parts import load_dataset
+        from pml_extensions.runner.config.loader import find_config, load_config
+        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
+        from pml_extensions.runner.protocols.resolution_distillation.tables import load_dataset
 
         root = find_config("resolution_distillation")
         config, _ = load_config(root, {"config_general": ["default", "quick"]}, {})
@@ -311,8 +311,8 @@ class TestResolutionSelection(unittest.TestCase):
 
     def test_selection_uses_only_validation(self):
         _need_weights(self)
-        from pml_extensions.runner.protocols import resolution_distillation as rd
-        from pml_extensions.runner.protocols import resolution_distillation_parts as parts
+        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
+        from pml_extensions.runner.protocols.resolution_distillation import tables as parts
 
         config = {
             "protocol": "resolution_distillation",

@@ -3,7 +3,7 @@ import math
 import tempfile
 import unittest
 
-from pml_extensions.runner.results import render_markdown, summarize, write_results
+from pml_extensions.runner.outputs.results import render_markdown, summarize, write_results
 
 M = "mean_average_precision_at_r"
 
@@ -71,7 +71,7 @@ class TestResults(unittest.TestCase):
 
 class TestVerdict(unittest.TestCase):
     def test_three_outcomes(self):
-        from pml_extensions.runner.results import verdict
+        from pml_extensions.runner.outputs.results import verdict
 
         base = {"variant": "xml", "baseline": "gap", "metric": M, "mean_difference": 0.02, "n": 3}
         self.assertTrue(verdict({**base, "ci95": [0.01, 0.03]}).endswith("reproduced (the interval lies above 0)"))

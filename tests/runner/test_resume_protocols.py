@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from pml_extensions.runner.checkpoint import load_weights
-from pml_extensions.runner.reproduce import numeric_differences
+from pml_extensions.runner.experiment.checkpoint import load_weights
+from pml_extensions.runner.protocols.reproduce import numeric_differences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
@@ -106,7 +106,7 @@ def test_job_sigkilled_mid_unit_resumes_with_no_lost_or_duplicated_rows(tmp_path
     assert numeric_differences(a, b) == []
 
     # --reproduce: the clean run again from its saved config.yaml gives every number exactly (CPU, same seed)
-    from pml_extensions.runner.reproduce import reproduce
+    from pml_extensions.runner.protocols.reproduce import reproduce
 
     outcome = reproduce(os.path.join(clean_out, "xml_glyphs"), log=lambda *a, **k: None)
     assert outcome["equal"] and outcome["differences"] == []

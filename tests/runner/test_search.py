@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pml_extensions.runner.factory import ConfigError
-from pml_extensions.runner.search import fill, search_space
+from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.protocols.search import fill, search_space
 
 optuna = pytest.importorskip("optuna")
 SCRIPT = os.path.join(os.path.dirname(__file__), "search_kill_script.py")
@@ -69,8 +69,8 @@ def test_search_through_the_mlrc_protocol(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from runner_testing_utils import register_tiny, write_tiny_config
 
-    from pml_extensions.runner.config_loader import load_config, parse_command_line
-    from pml_extensions.runner.search import run_search
+    from pml_extensions.runner.config.loader import load_config, parse_command_line
+    from pml_extensions.runner.protocols.search import run_search
 
     register_tiny()
     root = write_tiny_config(str(tmp_path / "cfg"))

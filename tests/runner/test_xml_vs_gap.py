@@ -6,8 +6,8 @@ from unittest import mock
 
 import torch
 
-from pml_extensions.runner.protocols import xml_vs_gap
-from pml_extensions.runner.protocols import xml_vs_gap_train as train
+from pml_extensions.runner.protocols.xml_vs_gap import protocol as xml_vs_gap
+from pml_extensions.runner.protocols.xml_vs_gap import unit as train
 
 
 def tiny_config(**overrides):
@@ -18,7 +18,7 @@ def tiny_config(**overrides):
 
 
 def variant(cfg, name):
-    from pml_extensions.runner.config_loader import variant_configs
+    from pml_extensions.runner.config.loader import variant_configs
 
     return variant_configs(cfg)[name]
 
@@ -171,9 +171,9 @@ class TestJob(unittest.TestCase):
         import torch
         from PIL import Image
 
-        from pml_extensions.explain.checkpoints import load_models
-        from pml_extensions.explain.cli import load_image
-        from pml_extensions.explain.cli import main as explain_main
+        from pml_extensions.cli.explain import load_image
+        from pml_extensions.cli.explain import main as explain_main
+        from pml_extensions.runner.build.saved_models import load_models
 
         rng = np.random.default_rng(0)
         images = []

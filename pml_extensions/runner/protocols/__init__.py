@@ -25,7 +25,7 @@ import importlib
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from ..factory import ConfigError
+from ..errors import ConfigError
 
 #: protocol name -> module (imported on first use, so one protocol's dependencies never load for another)
 PROTOCOLS: Dict[str, str] = {
@@ -93,9 +93,9 @@ def run_protocol(
         ConfigError: unknown protocol, or a changed config with ``on_change="stop"`` (one line listing the
         differing keys and the two flags).
     """
-    from .. import distributed as dist_utils
-    from ..experiment import prepare_folder
-    from ..report import write_report
+    from ..experiment import distributed as dist_utils
+    from ..experiment.folder import prepare_folder
+    from ..outputs.report import write_report
 
     name = protocol_name(config, sources)
     module = get_protocol(name)

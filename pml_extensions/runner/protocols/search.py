@@ -27,8 +27,8 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .config_syntax import _SEARCH_OPS, split_marker
-from .factory import ConfigError
+from ..config.syntax import _SEARCH_OPS, split_marker
+from ..errors import ConfigError
 
 STUDY_NAME = "search"
 FOLDER_ATTR = "folder"  # user attribute: the trial's folder under the experiment folder
@@ -98,7 +98,7 @@ def objective_value(results: Dict[str, Any], config: Dict[str, Any]) -> float:
     Raises:
         ConfigError: when the protocol reports no validation numbers to optimise.
     """
-    from . import pb_keys
+    from ..config import pb_keys
 
     primary = pb_keys.primary_metric(config)
     aggregate = results.get("aggregate") or {}
@@ -115,7 +115,7 @@ def objective_value(results: Dict[str, Any], config: Dict[str, Any]) -> float:
 
 def _protocol_objective(sources, on_change, command, log):
     def run(trial_config: Dict[str, Any], trial_folder: str) -> float:
-        from .protocols import run_protocol
+        from . import run_protocol
 
         results = run_protocol(trial_config, trial_folder, sources, log=log, on_change=on_change, command=command)
         return objective_value(results, trial_config)
@@ -166,8 +166,8 @@ def run_search(
             f"{(sources or {}).get('protocol', 'config')}: protocol: the search optimises the mlrc "
             f"protocol's aggregated validation metric; {config['protocol']} reports none"
         )
-    from . import distributed as dist_utils
-    from .experiment import prepare_folder
+    from ..experiment import distributed as dist_utils
+    from ..experiment.folder import prepare_folder
 
     prepare_folder(folder, config, on_change=on_change, command=command, log=log)
     objective = objective or _protocol_objective(sources, on_change, command, log)
@@ -201,7 +201,7 @@ def run_search(
         study.optimize(evaluate, n_trials=n_trials - done, catch=())
     summary = write_summary(study, folder)
     dist_utils.broadcast_object(("done", summary))
-    from .report import write_report
+    from ..outputs.report import write_report
 
     write_report(folder)  # shows results.md (the trials, best marked) and search.png
     return summary
@@ -213,7 +213,7 @@ def _trial_folder_name(trial) -> str:
 
 def _follow_rank_0(objective) -> Dict[str, Any]:
     """Ranks other than 0 under torchrun: train every trial rank 0 sends, until it sends the summary."""
-    from . import distributed as dist_utils
+    from ..experiment import distributed as dist_utils
 
     while True:
         kind, payload = dist_utils.broadcast_object(None)
@@ -226,7 +226,7 @@ def write_summary(study, folder: str) -> Dict[str, Any]:
     """``search.json``, ``results.md`` and ``search.png`` (objective per trial and best so far) of a study."""
     import optuna
 
-    from ..utils.atomic_io import atomic_savefig, atomic_write_text
+    from ...utils.atomic_io import atomic_savefig, atomic_write_text
 
     trials = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     rows = [{"number": t.number, "value": t.value, "params": t.params, "folder": _trial_folder_name(t)} for t in trials]

@@ -9,14 +9,14 @@ from typing import Dict
 
 import torch
 
-from ...datasets.coupled_augmentation_dataset import CoupledAugmentationDataset, PassShuffleSampler
-from ...losses.resolution_distillation_loss import ResolutionDistillationLoss
-from ...trainers.resolution_distillation_trainer import ResolutionDistillationTrainer, make_optimizers
-from ...trainers.teacher_recipe import make_teacher_trainer
-from ...utils.atomic_io import atomic_torch_save
-from ..checkpoint import load_weights
-from ..experiment import seed_everything
-from . import resolution_distillation_parts as parts
+from ....datasets.coupled_augmentation_dataset import CoupledAugmentationDataset, PassShuffleSampler
+from ....losses.resolution_distillation_loss import ResolutionDistillationLoss
+from ....trainers.resolution_distillation_trainer import ResolutionDistillationTrainer, make_optimizers
+from ....trainers.teacher_recipe import make_teacher_trainer
+from ....utils.atomic_io import atomic_torch_save
+from ...experiment.checkpoint import load_weights
+from ...experiment.folder import seed_everything
+from . import tables as parts
 
 #: student variants (Tables 3-4); "full" is the paper's student and the baseline of every comparison
 STUDENT_VARIANTS: Dict[str, dict] = {

@@ -27,7 +27,7 @@ import copy
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from .factory import ConfigError
+from ..errors import ConfigError
 
 _MARKER = re.compile(
     r"^(?P<name>.*?)~(?P<op>OVERRIDE|DELETE|APPLY|SWAP|BAYESIAN|LOG_BAYESIAN|INT_BAYESIAN)~(?P<n>\d*)$"

@@ -14,7 +14,7 @@ single seed. ``ci95`` is the 95 % Student-t interval of the paired per-seed diff
 (:func:`pml_extensions.utils.paired_stats.paired_difference`); with a single seed it is ``None`` and the markdown says
 so. Example::
 
-    >>> from pml_extensions.runner.results import summarize, render_markdown
+    >>> from pml_extensions.runner.outputs.results import summarize, render_markdown
     >>> per_seed = {"gap": {0: {"mean_average_precision_at_r": 0.50}, 1: {"mean_average_precision_at_r": 0.49}},
     ...             "xml": {0: {"mean_average_precision_at_r": 0.52}, 1: {"mean_average_precision_at_r": 0.50}}}
     >>> results = summarize(per_seed, comparisons=[("xml", "gap")])
@@ -25,8 +25,8 @@ so. Example::
 import os
 from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
-from ..utils.atomic_io import atomic_write_json, atomic_write_text
-from ..utils.paired_stats import mean_std, paired_difference
+from ...utils.atomic_io import atomic_write_json, atomic_write_text
+from ...utils.paired_stats import mean_std, paired_difference
 
 METRIC_NAMES = {
     "mean_average_precision_at_r": "MAP@R",

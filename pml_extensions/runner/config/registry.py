@@ -9,7 +9,7 @@ configs (:func:`pml_extensions.runner.factory.build`) and to :func:`classes_for_
 Example::
 
     >>> import torch
-    >>> from pml_extensions.runner.registry import register, find
+    >>> from pml_extensions.runner.config.registry import register, find
     >>> @register(role="model", name="TinyHead")
     ... class TinyHead(torch.nn.Linear):
     ...     pass
@@ -25,7 +25,7 @@ import inspect
 import pkgutil
 from typing import Any, Dict, List, Optional
 
-from . import factory
+from .. import errors as factory
 
 ROLES = (
     "loss",
@@ -52,7 +52,7 @@ ROLE_MODULES: Dict[str, tuple] = {
     "reducer": ("pytorch_metric_learning.reducers",),
     "distance": ("pytorch_metric_learning.distances",),
     "regularizer": ("pytorch_metric_learning.regularizers",),
-    "model": ("pml_extensions.trunks", "pml_extensions.runner.mlp", "torch.nn", "torchvision.models"),
+    "model": ("pml_extensions.trunks", "pml_extensions.runner.build.mlp", "torch.nn", "torchvision.models"),
     "trainer": ("pml_extensions.trainers", "pytorch_metric_learning.trainers"),
     "tester": ("pml_extensions.testers", "pytorch_metric_learning.testers"),
     "accuracy_calculator": (
@@ -82,7 +82,7 @@ SCANNED_PACKAGES = (
     "pml_extensions.datasets",
     "pml_extensions.explain",
 )
-MODEL_PACKAGES = ("pml_extensions.trunks", "pml_extensions.runner.mlp", "torch.nn", "torchvision.models")
+MODEL_PACKAGES = ("pml_extensions.trunks", "pml_extensions.runner.build.mlp", "torch.nn", "torchvision.models")
 # Roles whose type test is loose (any Module / any callable) only take classes from these places.
 ROLE_PLACES = {
     "model": MODEL_PACKAGES,

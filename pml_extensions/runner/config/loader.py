@@ -29,8 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from .config_syntax import _SEARCH_OPS, find_search_markers, merge, split_marker  # noqa: F401
-from .factory import ConfigError
+from ..errors import ConfigError
+from .syntax import _SEARCH_OPS, find_search_markers, merge, split_marker  # noqa: F401
 
 CONFIG_FOLDERS = (
     "config_general",
@@ -139,7 +139,7 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
 
 
 def _configs_dir() -> str:
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 
 
 def config_layout(root: str) -> Optional[str]:

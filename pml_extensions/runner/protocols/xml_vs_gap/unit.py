@@ -23,10 +23,10 @@ from typing import Any, Callable, Dict, Tuple
 import numpy as np
 import torch
 
-from ...losses import XMLWrapper
-from ...trunks import find_histogram_layers
-from ..experiment import seed_everything
-from ..factory import ConfigError, build
+from ....losses import XMLWrapper
+from ....trunks import find_histogram_layers
+from ...errors import ConfigError, build
+from ...experiment.folder import seed_everything
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
 
@@ -75,7 +75,7 @@ def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np
 
 def load_split(cfg: Dict[str, Any], split: str, train_transform: bool, where: str = "config_dataset"):
     """The dataset split ``"train"`` / ``"test"`` of the config, with the train or eval transform."""
-    from ...datasets import get_dataset
+    from ....datasets import get_dataset
 
     ds_cfg = cfg["dataset"]
     tf = build(cfg["transforms"]["train" if train_transform else "eval"], "config_transforms: transforms")
@@ -120,7 +120,7 @@ def build_models(cfg: Dict[str, Any], seed: int, device: torch.device, init_set=
     if pools and init:  # variants without HistogramPooling (GAP) share the key and skip it
         if init_set is None:
             raise ConfigError("prototype_init needs the training images (init_set)")
-        from ..builders import Builder  # the one prototype_init of every protocol
+        from ...build.builder import Builder  # the one prototype_init of every protocol
 
         spec = {"batch_size": int(cfg["batch_size"]), **(init if isinstance(init, dict) else {})}
         Builder({"prototype_init": spec}, {"prototype_init": "config_general"}).prototype_init(
@@ -162,7 +162,7 @@ def build_optimizers(cfg, models):
 def make_tester(cfg, device, end_of_testing_hook=None):
     """The variant's tester through the runner's one tester builder (:func:`pml_extensions.runner.pb_eval.build_tester`:
     PML's GlobalEmbeddingSpaceTester / AccuracyCalculator become their sharded, blocked-engine subclasses)."""
-    from ..pb_eval import build_tester
+    from ...config.eval_keys import build_tester
 
     ((name, kwargs),) = cfg["tester"].items()
     spec = {"tester": {name: dict(kwargs or {}, accuracy_calculator=cfg["accuracy_calculator"])}}
@@ -180,10 +180,10 @@ def train_and_select(
         ``{"history": [{epoch, metric...}] (validation), "best_epoch", "best_is_untrained", "train_seconds",
         "models": {"trunk", "embedder"} (at the best epoch), "xml": {...}}``.
     """
-    from ...trainers import MetricLossOnly
-    from .. import distributed as dist_utils
-    from ..checkpoint import Checkpointer, load_weights
-    from ..training import EpochLoop
+    from ....trainers import MetricLossOnly
+    from ...experiment import distributed as dist_utils
+    from ...experiment.checkpoint import Checkpointer, load_weights
+    from ...experiment.epoch_loop import EpochLoop
 
     val_cfg = cfg.get("validation") or {}
     full_train = load_split(cfg, "train", train_transform=True)

@@ -14,10 +14,10 @@ import torch
 import torchvision.transforms as T
 from pytorch_metric_learning.samplers import MPerClassSampler
 
-from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
-from ...trunks.pretrained import mobilenet_v2_features
-from ...trunks.retrieval_head import RetrievalHead
-from ..checkpoint import restore_training_state, training_state
+from ....datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+from ....trunks.pretrained import mobilenet_v2_features
+from ....trunks.retrieval_head import RetrievalHead
+from ...experiment.checkpoint import restore_training_state, training_state
 
 #: metric key in results.json -> (PML accuracy key, label in the tables)
 METRICS = {
@@ -111,7 +111,7 @@ def load_dataset(name: str, cfg: dict):
     Raises:
         ValueError: an unknown name. FileNotFoundError: a missing root (from the dataset classes).
     """
-    from ...datasets import GlyphDataset, OpenClipArt
+    from ....datasets import GlyphDataset, OpenClipArt
 
     if name == "openclipart":
         kw = {"max_classes": cfg.get("max_classes", 40), "max_side": cfg.get("max_side", 128)}
@@ -120,7 +120,7 @@ def load_dataset(name: str, cfg: dict):
         kw = {"image_size": cfg.get("image_size", 64), "source": cfg.get("source", "matplotlib")}
         return GlyphDataset("train", **kw), GlyphDataset("test", **kw)
     if name in ("cub", "cars196", "sop", "imagefolder"):
-        from ...datasets import get_dataset
+        from ....datasets import get_dataset
 
         root = cfg.get("root")
         return get_dataset(name, "train", root=root), get_dataset(name, "test", root=root)
@@ -400,7 +400,7 @@ def plot_performance_vs_flops(results: dict, path: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ...utils.atomic_io import atomic_savefig
+    from ....utils.atomic_io import atomic_savefig
 
     rows = [r for r in results.get("rows", []) if r.get("student_variant") in (None, "full")]
     datasets = sorted({r["dataset"] for r in rows}) or ["-"]

@@ -27,10 +27,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from ...utils.atomic_io import atomic_write_json
-from ..factory import ConfigError
-from ..results import summarize, verdict, write_results
-from .xml_vs_gap_train import METRICS, evaluate, load_models, train_and_select
+from ....utils.atomic_io import atomic_write_json
+from ...errors import ConfigError
+from ...outputs.results import summarize, verdict, write_results
+from .unit import METRICS, evaluate, load_models, train_and_select
 
 DEFAULT_SEEDS = (0, 1, 2)
 #: every top-level key this protocol reads (the loader refuses others, naming the nearest)
@@ -172,7 +172,7 @@ def run(
     """
     from tqdm import tqdm
 
-    from ..experiment import select_device
+    from ...experiment.folder import select_device
 
     cfg = copy.deepcopy(config)
     cfg.pop("protocol", None)
@@ -191,7 +191,7 @@ def run(
                 f"comparisons: each entry must be [variant, baseline] naming variants of {sorted(variants)}, "
                 f"got {pair!r}"
             )
-    from ..config_loader import variant_configs
+    from ...config.loader import variant_configs
 
     merged = variant_configs({**cfg, "variants": variants}) if variants else {}
     for name in merged:
@@ -291,7 +291,7 @@ def run(
         if models is None:
             models = load_models(vcfg, os.path.join(experiment_folder, name, f"seed_{seeds[0]}"), device)
         plot_units.append((name, vcfg, result, models))
-    from .xml_vs_gap_plots import save_plots
+    from .plots import save_plots
 
     save_plots(plot_units, experiment_folder, device, seeds[0], num_prototypes)
     log(f"{experiment_folder}/results.md:\n")
@@ -323,7 +323,7 @@ def load_job_config(args) -> Dict[str, Any]:
     Raises:
         ConfigError: a powerful-benchmarker folder config (use ``run``), unknown variants, ``--seed`` with ``--seeds``.
     """
-    from ..config_loader import config_layout, find_config, load_config
+    from ...config.loader import config_layout, find_config, load_config
 
     root = find_config(args.config)
     if config_layout(root) == "folders":
@@ -355,13 +355,13 @@ def load_job_config(args) -> Dict[str, Any]:
 
 
 def main(argv=None) -> int:
-    from .. import distributed as dist_utils
-    from . import run_protocol
+    from ...experiment import distributed as dist_utils
+    from .. import run_protocol
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     dist_utils.init_from_env()  # torchrun: gloo on CPU, nccl on GPU; a no-op otherwise
     if not sys.stderr.isatty():  # a log file or a pipe: no thousands of progress-bar lines
-        from ..cli import quiet_progress_bars
+        from ....cli.run import quiet_progress_bars
 
         quiet_progress_bars()
     try:

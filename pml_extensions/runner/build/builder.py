@@ -27,10 +27,10 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
-from . import distributed as dist_utils
+from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+from ..experiment import distributed as dist_utils
 from .data import ToRGB
-from .factory import ConfigError, build, is_object_spec, resolve
+from ..errors import ConfigError, build, is_object_spec, resolve
 
 DEFAULT_FACTORIES = {
     "model": "ModelFactory",
@@ -111,7 +111,7 @@ class Builder:
         self.log = log
         self.embedding_size: Optional[int] = None
         self.check_factories()
-        from .registry import discover
+        from ..config.registry import discover
 
         discover()  # pml_extensions classes not re-exported yet are still nameable in configs
 
@@ -316,7 +316,7 @@ class Builder:
         for k, spec in (self._require("loss_funcs") or {}).items():
             spec = self._fill(spec, fills, f"loss_funcs.{k}")
             loss_funcs[k] = self._build(f"loss_funcs.{k}", spec).to(self.device)
-        from ..losses import XMLWrapper
+        from ...losses import XMLWrapper
 
         try:
             trunk = dist_utils.unwrap(models["trunk"])
@@ -379,7 +379,7 @@ class Builder:
         """The config's ``tester`` (PML tester with its ``accuracy_calculator``; powerful-benchmarker's keys, see
         :func:`pml_extensions.runner.pb_keys.build_tester`) on this device; ``extra`` (e.g.
         ``end_of_testing_hook``) is passed on."""
-        from . import pb_keys
+        from ..config import pb_keys
 
         return pb_keys.build_tester(self.config, self.device, self.sources, **extra)
 
@@ -408,7 +408,7 @@ class Builder:
         unknown = sorted(set(spec) - set(PROTOTYPE_INIT_KEYS))
         if unknown:
             raise ConfigError(f"{self.where(key)}: unknown keys {unknown}; known: {', '.join(PROTOTYPE_INIT_KEYS)}")
-        from ..trunks import find_histogram_layers, trunk_body
+        from ...trunks import find_histogram_layers, trunk_body
 
         trunk = dist_utils.unwrap(models["trunk"])
         layers = find_histogram_layers(trunk)

@@ -10,7 +10,7 @@ after SIGKILL resumes after the last committed epoch with no lost or duplicated 
 Example::
 
     >>> import tempfile, torch
-    >>> from pml_extensions.runner.checkpoint import Checkpointer
+    >>> from pml_extensions.runner.experiment.checkpoint import Checkpointer
     >>> models = {"trunk": torch.nn.Linear(2, 2)}
     >>> scores = iter([0.1, 0.5, 0.3])
     >>> loop = EpochLoop(Checkpointer(tempfile.mkdtemp()), models, {}, {}, num_epochs=2, primary="p",
@@ -28,9 +28,9 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ..errors import ConfigError
 from . import distributed as dist_utils
 from .checkpoint import Checkpointer, atomic_torch_save, restore_training_state, training_state
-from .factory import ConfigError
 
 
 class EpochLoop:

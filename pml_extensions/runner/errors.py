@@ -28,7 +28,7 @@ SEARCH_MODULES = (
     "torch.optim.lr_scheduler",
     "torchvision.models",
     "torchvision.transforms",
-    "pml_extensions.runner.mlp",
+    "pml_extensions.runner.build.mlp",
     "pml_extensions.utils.chunked_accuracy_calculator",
     "pml_extensions.explain",
     "torchvision.datasets",
@@ -45,7 +45,7 @@ class ConfigError(ValueError):
 
 def register(obj: Any = None, name: Optional[str] = None, *, role: Optional[str] = None) -> Any:
     """The same function as :func:`pml_extensions.runner.registry.register` (one store, :data:`_REGISTRY`)."""
-    from .registry import register as _register
+    from .config.registry import register as _register
 
     return _register(obj, role=role, name=name)
 

@@ -18,7 +18,7 @@ import json
 import os
 from typing import Dict, List
 
-from .checkpoint import ITERATION_COLUMN, atomic_write_text
+from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
 
 
 def _read_csv(path: str) -> Dict[str, List[float]]:

@@ -5,9 +5,9 @@ import os
 import numpy as np
 import torch
 
-from ...trunks import HistogramPooling, find_histogram_layers, trunk_body
-from ...utils.atomic_io import atomic_savefig
-from .xml_vs_gap_train import load_split, make_loader
+from ....trunks import HistogramPooling, find_histogram_layers, trunk_body
+from ....utils.atomic_io import atomic_savefig
+from .unit import load_split, make_loader
 
 
 @torch.no_grad()

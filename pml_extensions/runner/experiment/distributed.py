@@ -157,7 +157,7 @@ def wrap_losses(loss_funcs: Dict[str, torch.nn.Module]) -> Dict[str, torch.nn.Mo
     """Wrap each loss in the package's ``DistributedLossWrapper`` when a process group is active."""
     if not is_active():
         return loss_funcs
-    from ..utils.distributed_loss_wrapper import DistributedLossWrapper
+    from ...utils.distributed_loss_wrapper import DistributedLossWrapper
 
     return {k: DistributedLossWrapper(v) for k, v in loss_funcs.items()}
 

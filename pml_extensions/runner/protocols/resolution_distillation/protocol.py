@@ -54,14 +54,15 @@ import os
 import time
 from typing import Any, Callable, Dict, Optional
 
-from ...testers.asymmetric_tester import AsymmetricTester
-from ...utils.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
-from ...utils.atomic_io import atomic_write_text
-from .. import distributed as dist_utils
-from ..experiment import Experiment
-from ..factory import ConfigError
-from . import resolution_distillation_parts as parts
-from .resolution_distillation_stages import (
+from ....testers.asymmetric_tester import AsymmetricTester
+from ....utils.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+from ....utils.atomic_io import atomic_write_text
+from ...errors import ConfigError
+from ...experiment import distributed as dist_utils
+from ...experiment.folder import Experiment
+from ..xml_vs_gap.unit import validation_split
+from . import tables as parts
+from .student import (
     STUDENT_VARIANTS,
     build_student,
     choose_student_lr,
@@ -70,7 +71,6 @@ from .resolution_distillation_stages import (
     student_stage,
     teacher_stage,
 )
-from .xml_vs_gap_train import validation_split
 
 CONFIG_KEYS = ("protocol", "resolution_job", "seeds")
 __all__ = ["CONFIG_KEYS", "JOB_DEFAULTS", "STUDENT_VARIANTS", "build_student", "job_config", "run"]
@@ -343,7 +343,7 @@ def run(
     Raises:
         ConfigError: bad settings (see :func:`job_config`), a dataset that cannot be loaded.
     """
-    from ..results import render_markdown, summarize
+    from ...outputs.results import render_markdown, summarize
 
     job = job_config(config, sources)
     exp = Experiment(experiment_folder, {"device": job["device"], "seed": None}, sources, log)

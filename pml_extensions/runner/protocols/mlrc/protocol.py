@@ -42,15 +42,15 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import torch
 
-from .. import distributed as dist_utils
-from .. import pb_keys
-from ..builders import Builder, accepts, one_spec
-from ..checkpoint import load_weights
-from ..data import Subset, dataset_labels
-from ..experiment import Experiment
-from ..factory import ConfigError, resolve
-from ..training import EpochLoop
-from .mlrc_splits import ensemble_metrics, mlrc_class_splits
+from ...build.builder import Builder, accepts, one_spec
+from ...build.data import Subset, dataset_labels
+from ...config import pb_keys
+from ...errors import ConfigError, resolve
+from ...experiment import distributed as dist_utils
+from ...experiment.checkpoint import load_weights
+from ...experiment.epoch_loop import EpochLoop
+from ...experiment.folder import Experiment
+from .splits import ensemble_metrics, mlrc_class_splits
 
 __all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits", "run"]
 

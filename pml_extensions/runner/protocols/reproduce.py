@@ -19,9 +19,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from ..utils.atomic_io import atomic_write_json
-from .experiment import saved_config
-from .factory import ConfigError
+from ...utils.atomic_io import atomic_write_json
+from ..errors import ConfigError
+from ..experiment.folder import saved_config
 
 IGNORED_KEY_PARTS = ("second", "time", "path", "folder")
 
@@ -61,7 +61,7 @@ def numeric_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
 
 
 def _recorded_threads(run_folder: str) -> Optional[int]:
-    from .experiment import ENVIRONMENT_NAME
+    from ..experiment.folder import ENVIRONMENT_NAME
 
     path = os.path.join(run_folder, ENVIRONMENT_NAME)
     if not os.path.isfile(path):
@@ -89,7 +89,7 @@ def reproduce(
     Raises:
         ConfigError: when ``run_folder`` has no ``config.yaml`` or no ``results.json`` (not a finished run).
     """
-    from .protocols import run_protocol
+    from . import run_protocol
 
     config = saved_config(run_folder)
     results_path = os.path.join(run_folder, "results.json")

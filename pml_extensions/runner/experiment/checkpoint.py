@@ -20,7 +20,7 @@ import torch
 from record_keeper import RecordKeeper, RecordWriter
 from record_keeper import utils as rk_utils
 
-from ..utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text  # noqa: F401 (re-exported)
+from ...utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text  # noqa: F401 (re-exported)
 
 ITERATION_COLUMN = "~iteration~"
 

@@ -27,7 +27,7 @@ import os
 import sys
 from typing import List, Optional
 
-from .factory import ConfigError
+from ..runner.errors import ConfigError
 
 RUNNER_KEYS = (
     "experiment_name",
@@ -48,13 +48,13 @@ RUNNER_KEYS = (
 
 def find_config_root(name_or_path: str) -> str:
     """A config folder path or the name of a shipped config (see :func:`config_loader.find_config`)."""
-    from .config_loader import find_config
+    from ..runner.config.loader import find_config
 
     return find_config(name_or_path)
 
 
 def _variants(root: str) -> List[str]:
-    from .config_loader import CONFIG_FOLDERS
+    from ..runner.config.loader import CONFIG_FOLDERS
 
     names = set()
     for folder in CONFIG_FOLDERS:
@@ -65,7 +65,7 @@ def _variants(root: str) -> List[str]:
 
 
 def _variant_selection(root: str, variant, selection: dict) -> dict:
-    from .config_loader import CONFIG_FOLDERS, display_path
+    from ..runner.config.loader import CONFIG_FOLDERS, display_path
 
     if variant is True or variant is None or not isinstance(variant, str) or not variant:
         raise ConfigError(
@@ -100,10 +100,10 @@ def quiet_progress_bars():
 def _list(role: Optional[str]) -> int:
     """Every class a config can name, per role: pml_extensions' own, registered ones, and the stock classes of
     PML, torch and torchvision (their module is shown), or the protocols."""
-    from .registry import ROLES, classes_for_role
+    from ..runner.config.registry import ROLES, classes_for_role
 
     if role == "protocol":
-        from .protocols import DESCRIPTIONS
+        from ..runner.protocols import DESCRIPTIONS
 
         print("protocols (the config's `protocol:` key):")
         for name, text in DESCRIPTIONS.items():
@@ -160,7 +160,13 @@ def _print_results(results: dict, folder: str) -> None:
 
 
 def _main(argv: List[str]) -> int:
-    from .config_loader import display_path, find_search_markers, load_config, parse_command_line, split_selection
+    from ..runner.config.loader import (
+        display_path,
+        find_search_markers,
+        load_config,
+        parse_command_line,
+        split_selection,
+    )
 
     config_arg = None
     if argv and not argv[0].startswith("--"):
@@ -174,7 +180,7 @@ def _main(argv: List[str]) -> int:
     if not runner.get("progress", False):
         quiet_progress_bars()
     if "reproduce" in runner:
-        from . import reproduce
+        from ..runner.protocols import reproduce
 
         if not isinstance(runner["reproduce"], str):
             raise ConfigError("command line: --reproduce: needs the folder of a finished run")
@@ -191,11 +197,11 @@ def _main(argv: List[str]) -> int:
     )
     folder = os.path.join(str(runner.get("root_experiment_folder", "experiments")), str(name))
 
-    from . import distributed as dist_utils
+    from ..runner.experiment import distributed as dist_utils
 
     dist_utils.init_from_env()
     if runner.get("report_only"):
-        from .report import write_report
+        from ..runner.outputs.report import write_report
 
         print(write_report(folder))
         return 0
@@ -211,11 +217,11 @@ def _main(argv: List[str]) -> int:
     on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")
     command = ["python", "-m", "pml_extensions", "run"] + ([str(config_arg)] if config_arg else []) + argv
     if find_search_markers(config):
-        from .search import run_search
+        from ..runner.protocols.search import run_search
 
         results = run_search(config, folder, sources, on_change=on_change, command=command)
     else:
-        from .protocols import run_protocol
+        from ..runner.protocols import run_protocol
 
         results = run_protocol(config, folder, sources, on_change=on_change, command=command)
     if dist_utils.is_main():

@@ -30,7 +30,7 @@ compared_to_training_set`` — this runner compares each split to itself). Older
 
 Example::
 
-    >>> from pml_extensions.runner.pb_keys import split_settings
+    >>> from pml_extensions.runner.config.pb_keys import split_settings
     >>> split_settings({"split_manager": {"ClassDisjointSplitManager": {"test_size": 0.25}}})["test_size"]
     0.25
 """
@@ -39,9 +39,8 @@ import os
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from .config_syntax import split_marker
-from .factory import ConfigError
-from .pb_eval import (  # noqa: F401  (re-exported: the protocol reads every PB key through pb_keys)
+from ..errors import ConfigError
+from .eval_keys import (  # noqa: F401  (re-exported: the protocol reads every PB key through pb_keys)
     _DEFAULT_ENSEMBLE,
     _TESTER,
     _check_class,
@@ -55,6 +54,7 @@ from .pb_eval import (  # noqa: F401  (re-exported: the protocol reads every PB 
     nearest,
     tester_spec,
 )
+from .syntax import split_marker
 
 #: top-level keys the mlrc protocol reads (PB v0.9.33's and ours)
 MLRC_KEYS = (
@@ -195,7 +195,7 @@ def known_keys(config: Dict[str, Any]) -> Tuple[str, Set[str]]:
     name = config.get("protocol") or "mlrc"
     keys = None
     try:
-        from .protocols import PROTOCOLS, get_protocol
+        from ..protocols import PROTOCOLS, get_protocol
 
         if name in PROTOCOLS:
             keys = getattr(get_protocol(name), "CONFIG_KEYS", None)
@@ -453,7 +453,7 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
     check_single_class(config, sources)
     for name, variant in (config.get("variants") or {}).items():
         if isinstance(variant, dict):
-            from .config_syntax import merge
+            from .syntax import merge
 
             check_single_class(merge(config, variant, f"variants.{name}"), sources, f" (variant {name})")
     if (config.get("protocol") or "mlrc") != "mlrc":

@@ -101,7 +101,7 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
         else [next(iter(t.items())) for t in (eval_spec or []) if isinstance(t, dict) and len(t) == 1]
     )
     kwargs = {name: (v or {}) for name, v in steps if isinstance(v, (dict, type(None)))}
-    from ..runner.builders import IMAGENET_NORMALIZE
+    from .builder import IMAGENET_NORMALIZE
 
     norm = (
         kwargs.get("Normalize")
@@ -126,7 +126,7 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
 
 
 def _resolution_build_model():
-    from pml_extensions.runner.protocols.resolution_distillation_parts import build_model
+    from pml_extensions.runner.protocols.resolution_distillation.tables import build_model
 
     return build_model
 
@@ -147,13 +147,13 @@ def models_from_config(cfg: dict, path: str, trunk_state: Optional[dict] = None)
     parts = os.path.abspath(path).split(os.sep)
     chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
     if chosen:
-        from pml_extensions.runner.config_loader import variant_configs
+        from pml_extensions.runner.config.loader import variant_configs
 
         cfg = variant_configs(cfg, [chosen[-1]])[chosen[-1]]
     models = cfg.get("models")
     if not isinstance(models, dict) or "trunk" not in models:
         raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
-    from pml_extensions.runner.builders import Builder
+    from pml_extensions.runner.build.builder import Builder
 
     sample = torch.zeros(_in_channels(trunk_state or {}), 64, 64)
     built = Builder({"models": models}, log=lambda *a, **k: None).build_models(sample)

@@ -3,7 +3,7 @@ helpers :mod:`pml_extensions.runner.pb_keys` shares: each value is honoured as i
 
 Example::
 
-    >>> from pml_extensions.runner.pb_eval import ensemble_settings
+    >>> from pml_extensions.runner.config.eval_keys import ensemble_settings
     >>> ensemble_settings({"ensemble": {"ConcatenateEmbeddings": {"normalize_embeddings": False}}})
     {'normalize_embeddings': False, 'use_trunk_output': False}
 """
@@ -12,7 +12,7 @@ import difflib
 import inspect
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
-from .factory import ConfigError
+from ..errors import ConfigError
 
 _TESTER = "GlobalEmbeddingSpaceTester"
 _DEFAULT_ENSEMBLE = {"normalize_embeddings": True, "use_trunk_output": False}
@@ -177,7 +177,7 @@ def build_tester(
     """
     import torch
 
-    from .factory import build
+    from ..errors import build
     from .registry import classes_for_role
 
     name, kwargs = tester_spec(config, sources)
@@ -191,7 +191,7 @@ def build_tester(
     kwargs.setdefault("dataloader_num_workers", 0)
     cls = classes_for_role("tester")[name]
     if sharded and name == _TESTER:
-        from ..testers import ShardedGlobalEmbeddingSpaceTester as cls
+        from ...testers import ShardedGlobalEmbeddingSpaceTester as cls
     try:
         return cls(**kwargs, accuracy_calculator=calculator, data_device=device, **extra)
     except (TypeError, ValueError) as e:

@@ -30,10 +30,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..utils.atomic_io import atomic_write_json, atomic_write_text
+from ...utils.atomic_io import atomic_write_json, atomic_write_text
+from ..errors import ConfigError
 from . import distributed as dist_utils
 from .checkpoint import Checkpointer
-from .factory import ConfigError
 
 #: keys that may change between a run and its resume without changing what is trained
 RESUME_NEUTRAL_KEYS = ("device", "progress")

@@ -1,0 +1,1 @@
+"""The command line: ``python -m pml_extensions {job,run,explain}``."""
