@@ -11,6 +11,10 @@ import time
 import numpy as np
 import torch
 
+#: this folder (the helper also runs as a script from here) and the checkout root
+RUNNER_TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(RUNNER_TESTS))
+
 
 class TinyVectors(torch.utils.data.Dataset):
     """``num_classes`` Gaussian blobs of 4×4×1 float32 arrays (HWC, so ``ToTensor`` gives [1, 4, 4] unscaled).

@@ -1,7 +1,7 @@
 """SIGKILL-resume through the one runner for the main job (``xml_vs_gap`` protocol, ``python -m pml_extensions job``):
 kill inside a unit's training, rerun the same command, and compare every log table and every number of
-``results.json`` with an uninterrupted run. (MLRC: tests/runner/test_checkpoint.py; resolution_distillation:
-tests/runner/test_resolution_protocol.py.)"""
+``results.json`` with an uninterrupted run. (MLRC: tests/runner/experiment/test_checkpoint.py; resolution_distillation:
+tests/runner/protocols/resolution_distillation/test_protocol.py.)"""
 
 import json
 import os
@@ -15,8 +15,8 @@ import pytest
 
 from pml_extensions.runner.experiment.checkpoint import load_weights
 from pml_extensions.runner.protocols.reproduce import numeric_differences
+from tests.runner.runner_testing_utils import REPO as ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 JOB = ["--epochs", "3", "--iterations", "8", "--seeds", "0", "--variants", "contrastive_xml", "--device", "cpu"]
 

@@ -239,13 +239,10 @@ def test_keys_take_effect_in_an_mlrc_run(tmp_path):
     """PB v0.9.33 keys through the protocol: primary_metric selects, include limits the metrics, splits_to_eval
     adds a train table, num_training_sets limits the folds, the aggregator averages them."""
     import os
-    import sys
-
-    sys.path.insert(0, os.path.dirname(__file__))
-    from runner_testing_utils import register_tiny, write_tiny_config
 
     from pml_extensions.runner.config.loader import load_config
     from pml_extensions.runner.protocols import run_protocol
+    from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
     register_tiny()
     root = write_tiny_config(
@@ -323,15 +320,11 @@ split_manager: {ClassDisjointSplitManager: {test_size: 0.5, test_start_idx: 0.5,
 
 
 def test_pb_0933_defaults_are_all_honoured(tmp_path, capsys):
-    import os
-    import sys
 
     import yaml
 
-    sys.path.insert(0, os.path.dirname(__file__))
-    from runner_testing_utils import register_tiny, write_tiny_config
-
     from pml_extensions.cli import run as cli
+    from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
     register_tiny()
     root = write_tiny_config(str(tmp_path / "cfg"), PB_0933)

@@ -10,8 +10,7 @@ from pytorch_metric_learning.samplers import MPerClassSampler
 
 from pml_extensions.losses.xml_wrapper import XMLWrapper
 from pml_extensions.runner.experiment import distributed as d
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.runner.runner_testing_utils import REPO, RUNNER_TESTS
 
 
 def global_batch():
@@ -94,7 +93,7 @@ def test_torchrun_two_processes_gloo_equal_one_process(tmp_path):
         "--standalone",
         "--nproc_per_node",
         "2",
-        os.path.join(REPO, "tests", "runner", "distributed_equality_script.py"),
+        os.path.join(RUNNER_TESTS, "experiment", "distributed_equality_script.py"),
         out,
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
@@ -119,16 +118,15 @@ def test_torchrun_two_processes_gloo_equal_one_process(tmp_path):
 def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path):
     """The same CLI command under torchrun (2 gloo processes) trains on the same global batches: equal loss
     rows."""
-    sys.path.insert(0, os.path.join(REPO, "tests", "runner"))
-    from runner_testing_utils import write_tiny_config
+    from tests.runner.runner_testing_utils import write_tiny_config
 
     root = write_tiny_config(str(tmp_path / "cfg"))
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests", "runner"), REPO] + sys.path),
+        PYTHONPATH=os.pathsep.join([RUNNER_TESTS, REPO] + sys.path),
     )
-    script = os.path.join(REPO, "tests", "runner", "runner_testing_utils.py")
+    script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
     args = [
         root,
         "--num_training_sets",

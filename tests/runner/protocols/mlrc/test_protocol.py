@@ -1,6 +1,5 @@
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -11,10 +10,7 @@ from pml_extensions.runner.config.loader import load_config, parse_command_line
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import run_protocol
 from pml_extensions.runner.protocols.mlrc.protocol import MLRCRunner, ensemble_metrics, mlrc_class_splits
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from runner_testing_utils import register_tiny, write_tiny_config  # noqa: E402
+from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
 register_tiny()
 

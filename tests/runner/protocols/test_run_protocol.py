@@ -3,17 +3,13 @@
 
 import json
 import os
-import sys
 
 import pytest
 
 from pml_extensions.runner.config.loader import load_config, parse_command_line
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import DESCRIPTIONS, PROTOCOLS, get_protocol, protocol_name, run_protocol
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from runner_testing_utils import register_tiny, write_tiny_config  # noqa: E402
+from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
 register_tiny()
 QUIET = dict(log=lambda *a, **k: None)

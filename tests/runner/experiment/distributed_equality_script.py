@@ -1,4 +1,4 @@
-"""Run by tests/runner/test_distributed.py under ``torchrun --nproc_per_node 2`` (gloo): each process takes
+"""Run by tests/runner/experiment/test_distributed.py under ``torchrun --nproc_per_node 2`` (gloo): each process takes
 its slice of one global batch through the runner's distributed helpers and rank 0 writes the loss and
 gradients as JSON.
 """
@@ -9,7 +9,7 @@ import sys
 import torch
 
 from pml_extensions.runner.experiment import distributed as d
-from tests.runner.test_distributed import global_batch, make_losses, make_model
+from tests.runner.experiment.test_distributed import global_batch, make_losses, make_model
 
 
 def main(out_path):

@@ -66,11 +66,9 @@ def test_bad_ranges(cfg, message):
 
 def test_search_through_the_mlrc_protocol(tmp_path):
     """Two real trials on the tiny config: each trial's objective is its run's aggregated validation metric."""
-    sys.path.insert(0, os.path.dirname(__file__))
-    from runner_testing_utils import register_tiny, write_tiny_config
-
     from pml_extensions.runner.config.loader import load_config, parse_command_line
     from pml_extensions.runner.protocols.search import run_search
+    from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
     register_tiny()
     root = write_tiny_config(str(tmp_path / "cfg"))
@@ -99,12 +97,11 @@ def test_search_through_the_mlrc_protocol(tmp_path):
 def test_search_under_torchrun_runs_each_trial_on_every_rank(tmp_path):
     """Two gloo processes: rank 0 drives the study and sends each trial to rank 1; both train it together, so the
     study has exactly 2 trials (not 2 per rank) and each trial folder holds one run."""
-    sys.path.insert(0, os.path.dirname(__file__))
-    from runner_testing_utils import write_tiny_config
+    from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
 
     root = write_tiny_config(str(tmp_path / "cfg"))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
-    script = os.path.join(os.path.dirname(__file__), "runner_testing_utils.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([RUNNER_TESTS] + sys.path))
+    script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
     proc = subprocess.run(
         [
             sys.executable,

@@ -17,6 +17,7 @@ import yaml
 
 from pml_extensions.cli import run as cli
 from pml_extensions.runner.errors import ConfigError
+from tests.runner.runner_testing_utils import REPO as ROOT
 
 TINY_JOB = {
     "datasets": {
@@ -40,7 +41,6 @@ TINY_JOB = {
     "num_workers": 0,
     "student_variants": ["loss_abs_only"],
 }
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _write_config(root, general):

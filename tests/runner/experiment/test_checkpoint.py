@@ -14,12 +14,9 @@ from pml_extensions.runner.experiment.checkpoint import (
     rng_state,
     set_rng_state,
 )
+from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from runner_testing_utils import write_tiny_config  # noqa: E402
-
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([HERE] + sys.path))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([RUNNER_TESTS] + sys.path))
 
 
 class TestAtomicFiles:
@@ -84,7 +81,7 @@ class TestCommitResume:
 
 def _run(args, **kw):
     return subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "runner_testing_utils.py")] + args,
+        [sys.executable, os.path.join(RUNNER_TESTS, "runner_testing_utils.py")] + args,
         env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
