@@ -104,7 +104,7 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
     Raises:
         FileNotFoundError: a missing checkpoint; ValueError: an unreadable one (one line naming the file).
     """
-    from ..runner.build.saved_models import load_models as _load_models
+    from ..runner.objects.saved_models import load_models as _load_models
 
     return _load_models(checkpoint, trust, default=lambda: (_mobilenet_trunk(True), nn.Identity()))
 
@@ -138,7 +138,7 @@ def _default_stats(channels: int):
 
 def _side(checkpoint, channels, size):
     """``(size, (mean, std))`` of one side: the run's own preprocessing when ``checkpoint`` is a run's file."""
-    from ..runner.build.saved_models import run_preprocessing
+    from ..runner.objects.saved_models import run_preprocessing
 
     run = run_preprocessing(checkpoint)
     fits = run is not None and (run["mean"] is None or len(run["mean"]) == channels)  # else a config we cannot read

@@ -15,20 +15,22 @@ proxy_anchor_xml, template_block, explanation, resolution_distillation, xml_glyp
 embedded glyph data, minutes on 2 CPU cores). --config_<folder> [a, b] chooses the files of one folder.
 Every other --key value is merged into the config with powerful-benchmarker's syntax; a key that no config
 file defines and the protocol does not read is an error naming the nearest known key.
+--variants a b keeps only these entries of a flat config's `variants` (and the comparisons between them).
 Keys marked ~BAYESIAN~ / ~LOG_BAYESIAN~ / ~INT_BAYESIAN~ run an Optuna search (pip install optuna;
 --bayes_opt_iters N trials, stored in the experiment folder, resumable).
 --progress shows progress bars. The experiment goes to <root_experiment_folder>/<experiment_name> (default
-experiments/<config>[_<variant>]); running the same command again resumes it; a changed config stops with the
-differing keys: --new starts afresh, --resume-anyway continues deliberately.
+experiments/<the config's experiment_name, or config>[_<variant>]); running the same command again resumes it; a
+changed config stops with the differing keys: --new starts afresh, --resume-anyway continues deliberately.
 Exit status: 0 done, 2 config error (one line on stderr).
 """
 
 import os
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from ..runner.errors import ConfigError
 
+PROG = ("python", "-m", "pml_extensions", "run")
 RUNNER_KEYS = (
     "experiment_name",
     "root_experiment_folder",
@@ -47,7 +49,7 @@ RUNNER_KEYS = (
 
 
 def find_config_root(name_or_path: str) -> str:
-    """A config folder path or the name of a shipped config (see :func:`config_loader.find_config`)."""
+    """A config folder path or a shipped config's name (:func:`pml_extensions.runner.config.loader.find_config`)."""
     from ..runner.config.loader import find_config
 
     return find_config(name_or_path)
@@ -159,15 +161,18 @@ def _print_results(results: dict, folder: str) -> None:
     print(f"results: {os.path.join(folder, main_file)}; report: {os.path.join(folder, 'report.html')}")
 
 
-def _main(argv: List[str]) -> int:
+def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callable[..., None]] = None) -> int:
+    """``run`` (and ``job``, which calls it with its own ``prog`` and an ``announce(config, folder)`` line)."""
     from ..runner.config.loader import (
         display_path,
         find_search_markers,
         load_config,
         parse_command_line,
+        select_variants,
         split_selection,
     )
 
+    typed = list(argv)
     config_arg = None
     if argv and not argv[0].startswith("--"):
         config_arg, argv = argv[0], argv[1:]
@@ -177,6 +182,7 @@ def _main(argv: List[str]) -> int:
         return _list(None if value is True and config_arg is None else (config_arg if value is True else value))
     selection, rest = split_selection(cli)
     runner = {k.replace("-", "_"): rest.pop(k) for k in RUNNER_KEYS if k in rest}
+    chosen = rest.pop("variants") if _names(rest.get("variants")) is not None else None
     if not runner.get("progress", False):
         quiet_progress_bars()
     if "reproduce" in runner:
@@ -184,7 +190,7 @@ def _main(argv: List[str]) -> int:
 
         if not isinstance(runner["reproduce"], str):
             raise ConfigError("command line: --reproduce: needs the folder of a finished run")
-        return reproduce.main(runner["reproduce"], command=["python", "-m", "pml_extensions", "run"] + argv)
+        return reproduce.main(runner["reproduce"], command=list(prog) + typed)
     config_arg = runner.get("config_root", config_arg)
     if config_arg is None:
         raise ConfigError("command line: CONFIG: give a config folder or a shipped config name as the first argument")
@@ -192,10 +198,9 @@ def _main(argv: List[str]) -> int:
     if "variant" in runner:
         selection = _variant_selection(root, runner["variant"], selection)
     variant = runner.get("variant")
-    name = runner.get("experiment_name") or (
-        os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
-    )
-    folder = os.path.join(str(runner.get("root_experiment_folder", "experiments")), str(name))
+    default_name = os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
+    root_folder = str(runner.get("root_experiment_folder", "experiments"))
+    folder = os.path.join(root_folder, str(runner.get("experiment_name") or default_name))
 
     from ..runner.experiment import distributed as dist_utils
 
@@ -206,6 +211,10 @@ def _main(argv: List[str]) -> int:
         print(write_report(folder))
         return 0
     config, sources = load_config(root, selection, rest, allow_search=True)
+    if not runner.get("experiment_name") and isinstance(config.get("experiment_name"), str):
+        folder = os.path.join(root_folder, config["experiment_name"])  # the flat form names its experiment
+    if chosen is not None:
+        config = select_variants(config, _names(chosen))
     if runner.get("dry_run"):
         import yaml
 
@@ -215,7 +224,9 @@ def _main(argv: List[str]) -> int:
     if runner.get("new") and runner.get("resume_anyway"):
         raise ConfigError("command line: --new and --resume-anyway exclude each other")
     on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")
-    command = ["python", "-m", "pml_extensions", "run"] + ([str(config_arg)] if config_arg else []) + argv
+    command = list(prog) + typed
+    if announce is not None and dist_utils.is_main():
+        announce(config, folder)
     if find_search_markers(config):
         from ..runner.protocols.search import run_search
 
@@ -227,6 +238,16 @@ def _main(argv: List[str]) -> int:
     if dist_utils.is_main():
         _print_results(results, folder)
     return 0
+
+
+def _names(value) -> Optional[List[str]]:
+    """``--variants a b`` (the string ``"a b"``) or ``[a, b]`` as names; None for anything else (a mapping merges
+    into the config's ``variants`` as usual)."""
+    if isinstance(value, str):
+        return value.replace(",", " ").split()
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import inspect
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
+from .specs import one_spec
 
 _TESTER = "GlobalEmbeddingSpaceTester"
 _DEFAULT_ENSEMBLE = {"normalize_embeddings": True, "use_trunk_output": False}
@@ -43,19 +44,9 @@ def nearest(name: str, known: Iterable[str], cutoff: float = 0.5) -> str:
 
 
 def _one_class(config: Dict[str, Any], key: str, sources, default: Optional[str] = None) -> Tuple[str, Dict]:
-    spec = config.get(key)
-    if spec is None:
-        if default is None:
-            raise ConfigError(f"{_where(sources, key)}: missing")
-        return default, {}
-    if not (isinstance(spec, dict) and len(spec) == 1 and isinstance(next(iter(spec)), str)):
-        raise ConfigError(f"{_where(sources, key)}: expected {{ClassName: {{kwargs}}}}, got {spec!r}")
-    name, kwargs = next(iter(spec.items()))
-    if kwargs is None:
-        kwargs = {}
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"{_where(sources, key)}.{name}: expected keyword arguments (a mapping), got {kwargs!r}")
-    return name, kwargs
+    """``(name, kwargs)`` of ``config[key]`` by the one parser (:func:`pml_extensions.runner.config.specs.one_spec`),
+    ``default`` when the key is absent."""
+    return one_spec(config.get(key), _where(sources, key), default)
 
 
 def _check_kwargs(where: str, kwargs: Dict, allowed: Iterable[str]) -> None:
@@ -72,7 +63,10 @@ def _check_class(where: str, key: str, name: str, allowed: Sequence[str]) -> Non
     raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, allowed)} (known: {', '.join(allowed)})")
 
 
-def _tester_params() -> Tuple[str, ...]:
+def _tester_params(cls=None) -> Tuple[str, ...]:
+    """The keyword arguments a tester class takes: PML's ``BaseTester`` ones and those of every class between
+    ``cls`` and it (e.g. :class:`pml_extensions.testers.AsymmetricTester`'s reference models), less the ones the
+    runner passes itself, plus PB's ``reference_set``."""
     from pytorch_metric_learning.testers import BaseTester
 
     internal = {
@@ -84,7 +78,13 @@ def _tester_params() -> Tuple[str, ...]:
         "data_and_label_getter",
         "visualizer_hook",
     }
-    return tuple(p for p in inspect.signature(BaseTester.__init__).parameters if p not in internal) + ("reference_set",)
+    names = list(inspect.signature(BaseTester.__init__).parameters)
+    for klass in getattr(cls, "__mro__", ()):
+        init = vars(klass).get("__init__") if klass is not object else None
+        if init is not None:
+            params = inspect.signature(init).parameters.values()
+            names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return tuple(dict.fromkeys(p for p in names if p not in internal)) + ("reference_set",)
 
 
 def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
@@ -101,7 +101,7 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
     testers = classes_for_role("tester")
     if name not in testers:
         raise ConfigError(f"{where}: unknown tester class {name!r}{nearest(name, testers)}")
-    _check_kwargs(where, kwargs, _tester_params())
+    _check_kwargs(where, kwargs, _tester_params(testers[name]))
     kwargs = dict(kwargs)
     reference = kwargs.pop("reference_set", "compared_to_self")
     if reference != "compared_to_self":
@@ -149,53 +149,6 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
             if metric not in known:
                 raise ConfigError(f"{where}.{name}.{key}: unknown metric {metric!r}{nearest(metric, known)}")
     return name, kwargs
-
-
-def build_tester(
-    config: Dict[str, Any], device, sources: Optional[Dict[str, str]] = None, sharded: bool = True, **extra
-):
-    """The configured PML tester with its accuracy calculator built (``data_device=device``; ``extra`` are passed
-    on, e.g. ``end_of_testing_hook``). ``tester.label_hierarchy_level`` is the label column evaluated.
-
-    PML's ``GlobalEmbeddingSpaceTester`` is built as its subclass
-    :class:`pml_extensions.testers.ShardedGlobalEmbeddingSpaceTester` and PML's ``AccuracyCalculator`` as
-    :class:`pml_extensions.utils.ChunkedAccuracyCalculator` (the exact blocked k-NN engine, bounded memory), both
-    with the same arguments and the same numbers (within float32 round-off); under torchrun every rank then embeds
-    only its shard and the metric blocks are split over the ranks, so every rank must evaluate. ``sharded=False``
-    keeps PML's classes (for evaluation that only rank 0 runs, e.g. test hooks). Other classes are built as named.
-
-    Raises:
-        ConfigError: as :func:`tester_spec`.
-
-    Example::
-
-        >>> import torch
-        >>> t = build_tester({"tester": {"GlobalEmbeddingSpaceTester": {"accuracy_calculator":
-        ...     {"AccuracyCalculator": {"include": ["precision_at_1"], "k": 1}}}}}, torch.device("cpu"))
-        >>> t.accuracy_calculator.get_curr_metrics()
-        ['precision_at_1']
-    """
-    import torch
-
-    from ..errors import build
-    from .registry import classes_for_role
-
-    name, kwargs = tester_spec(config, sources)
-    where = _where(sources, "tester") + f".{name}"
-    calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, where)
-    calc_kwargs.setdefault("device", torch.device("cpu"))
-    if sharded and calc_name == "AccuracyCalculator":
-        calc_name, calc_kwargs = "ChunkedAccuracyCalculator", dict(calc_kwargs, distributed=True)
-    calculator = build({calc_name: calc_kwargs}, f"{where}.accuracy_calculator")
-    kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
-    kwargs.setdefault("dataloader_num_workers", 0)
-    cls = classes_for_role("tester")[name]
-    if sharded and name == _TESTER:
-        from ...testers import ShardedGlobalEmbeddingSpaceTester as cls
-    try:
-        return cls(**kwargs, accuracy_calculator=calculator, data_device=device, **extra)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from None
 
 
 def aggregate(

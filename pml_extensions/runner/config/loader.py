@@ -10,16 +10,17 @@ Input forms (:func:`load_config`, located by :func:`find_config`):
   :func:`merge`.
 
 The command line is merged last. The syntax is PB's (``docs/cl_syntax.md``, ``docs/yaml_syntax.md`` of
-``KevinMusgrave/powerful-benchmarker``): :func:`pml_extensions.runner.config_syntax.merge` and its markers
+``KevinMusgrave/powerful-benchmarker``): :func:`pml_extensions.runner.config.syntax.merge` and its markers
 (``~OVERRIDE~``, ``~APPLY~n``, ``~SWAP~n``, ``~DELETE~``, ``~BAYESIAN~``), nested in one another at any depth.
 
 Command line (:func:`parse_command_line`): ``--name value`` pairs, the value parsed as YAML, so a value may span
 several shell words: ``--optimizers~APPLY~3 {lr: 0.01}``, ``--config_general [default, with_quick]``. A
 flag with no value is ``True``. ``--config_<folder> [names]`` select files; every other flag is merged into
 the config. Top-level keys are checked against what the config's protocol reads
-(:func:`pml_extensions.runner.pb_keys.check_keys`): a typo is an error naming the nearest known key.
+(:func:`pml_extensions.runner.config.keys.check_keys`): a typo is an error naming the nearest known key; older
+spellings are mapped with one note (:mod:`pml_extensions.runner.config.old_keys`).
 
-Every error is a :class:`pml_extensions.runner.factory.ConfigError` whose one-line message starts with the
+Every error is a :class:`pml_extensions.runner.errors.ConfigError` whose one-line message starts with the
 file (or ``command line``) and names the key.
 """
 
@@ -249,7 +250,8 @@ def load_config(
         overrides: parsed command-line dict (markers allowed), merged last.
         allow_search: keep ``~BAYESIAN~`` markers (for :mod:`pml_extensions.runner.search`) instead of refusing.
         check_keys: refuse top-level keys the config's protocol does not read (a typo is an error naming the
-            nearest known key, :func:`pml_extensions.runner.pb_keys.check_keys`) and map PB's older spellings.
+            nearest known key, :func:`pml_extensions.runner.config.keys.check_keys`) and map older spellings
+            (:func:`pml_extensions.runner.config.old_keys.map_old_keys`).
         log: where notes about mapped old keys go (default: stderr).
 
     Returns:
@@ -304,9 +306,11 @@ def load_config(
             sources[split_marker(k, "command line")[0]] = "command line"
     if check_keys:
         from . import pb_keys
+        from .keys import check_keys as check_top_level_keys
+        from .old_keys import map_old_keys
 
-        pb_keys.check_keys(config, sources, file_keys)
-        config = pb_keys.map_old_keys(config, sources, log=log)
+        check_top_level_keys(config, sources, file_keys)
+        config = map_old_keys(config, sources, log=log)
         pb_keys.check_values(config, sources)
     if not allow_search:
         check_no_search(config, sources)
@@ -347,6 +351,32 @@ def variant_configs(
             )
         variants = {n: variants[n] for n in names}
     return {name: merge(base, update or {}, f"{where}: variants.{name}") for name, update in variants.items()}
+
+
+def select_variants(config: Dict[str, Any], names: Sequence[str]) -> Dict[str, Any]:
+    """Keep only the flat form's ``variants`` called ``names`` (in the config's order) and the ``comparisons``
+    between them (``--variants a b`` on the command line).
+
+    Raises:
+        ConfigError: a config without ``variants``, or a name it does not have (the message lists them).
+
+    Example::
+
+        >>> cfg = {"variants": {"a": {}, "b": {}, "c": {}}, "comparisons": [["a", "b"], ["a", "c"]]}
+        >>> select_variants(cfg, ["c", "a"])
+        {'variants': {'a': {}, 'c': {}}, 'comparisons': [['a', 'c']]}
+    """
+    variants = config.get("variants")
+    if not isinstance(variants, dict) or not variants:
+        raise ConfigError("command line: --variants: this config has no variants to choose from")
+    unknown = sorted(set(names) - set(variants))
+    if unknown:
+        raise ConfigError(f"command line: --variants: unknown {unknown}; config has {sorted(variants)}")
+    out = dict(config)
+    out["variants"] = {k: v for k, v in variants.items() if k in names}
+    if "comparisons" in config:
+        out["comparisons"] = [p for p in config.get("comparisons") or [] if all(v in names for v in p)]
+    return out
 
 
 def split_selection(cli: Dict[str, Any]) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:

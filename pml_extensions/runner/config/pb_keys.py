@@ -1,10 +1,13 @@
-"""Every powerful-benchmarker (PB v0.9.33) config key: honoured, mapped from an older spelling, or refused.
+"""Every powerful-benchmarker (PB v0.9.33) config value: honoured or refused, with one line naming the key.
 
 PB's config folder (``config_general``, ``config_dataset``, ``config_eval``, ...) names keys whose effect this
-module defines for the ``mlrc`` protocol; the loader (:func:`pml_extensions.runner.config_loader.load_config`)
-calls :func:`check_keys`, :func:`map_old_keys` and :func:`check_values`, so a run never starts with a key it would
-ignore. The protocol reads the honoured values through the accessors below (:func:`split_settings`,
-:func:`build_tester`, :func:`primary_metric`, :func:`aggregate`, :func:`ensemble_settings`, ...).
+module defines for the ``mlrc`` protocol; the loader (:func:`pml_extensions.runner.config.loader.load_config`)
+calls :func:`pml_extensions.runner.config.keys.check_keys` (which keys exist),
+:func:`pml_extensions.runner.config.old_keys.map_old_keys` (older spellings) and :func:`check_values` (their
+values), so a run never starts with a key it would ignore. The protocol reads the honoured values through the
+accessors below (:func:`split_settings`, :func:`primary_metric`, :func:`aggregate`, :func:`ensemble_settings`,
+...; the tester is built by :meth:`pml_extensions.runner.objects.builder.Builder.build_tester` from
+:func:`tester_spec`).
 
 Honoured (as in PB):
 
@@ -26,7 +29,8 @@ Honoured (as in PB):
 
 Every other value of these keys stops the run with one line naming the key and why (e.g. ``reference_set:
 compared_to_training_set`` — this runner compares each split to itself). Older PB spellings (before v0.9.29:
-``eval_*``, top-level ``test_size`` ..., ``iterations_per_epoch``, ``batch_size``) are mapped with a note.
+``eval_*``, top-level ``test_size`` ..., ``iterations_per_epoch``, ``batch_size``) are mapped with a note
+(:mod:`pml_extensions.runner.config.old_keys`).
 
 Example::
 
@@ -36,8 +40,7 @@ Example::
 """
 
 import os
-import sys
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from .eval_keys import (  # noqa: F401  (re-exported: the protocol reads every PB key through pb_keys)
@@ -49,82 +52,10 @@ from .eval_keys import (  # noqa: F401  (re-exported: the protocol reads every P
     _where,
     accuracy_calculator_spec,
     aggregate,
-    build_tester,
     ensemble_settings,
     nearest,
     tester_spec,
 )
-from .syntax import split_marker
-
-#: top-level keys the mlrc protocol reads (PB v0.9.33's and ours)
-MLRC_KEYS = (
-    # config_general (PB)
-    "trainer",
-    "num_epochs_train",
-    "save_interval",
-    "patience",
-    "check_untrained_accuracy",
-    "api_parser",
-    "skip_eval_if_already_done",
-    "skip_ensemble_eval_if_already_done",
-    "log_data_to_tensorboard",
-    "save_figures_on_tensorboard",
-    "save_lists_in_db",
-    "override_required_compatible_factories",
-    # other PB categories
-    "models",
-    "loss_funcs",
-    "mining_funcs",
-    "sampler",
-    "optimizers",
-    "transforms",
-    "tester",
-    "aggregator",
-    "ensemble",
-    "hook_container",
-    "factories",
-    "dataset",
-    "splits_to_eval",
-    "split_manager",
-    "bayes_opt_iters",
-    # ours
-    "protocol",
-    "seed",
-    "device",
-    "normalize",
-    "dataset_root",
-    "test_hooks",
-    "prototype_init",
-)
-#: top-level keys of the other protocols (used when a protocol module defines no ``CONFIG_KEYS``)
-PROTOCOL_KEYS: Dict[str, Tuple[str, ...]] = {
-    "mlrc": MLRC_KEYS,
-    "xml_vs_gap": (
-        "protocol",
-        "experiment_name",
-        "seed",
-        "num_epochs",
-        "iterations_per_epoch",
-        "batch_size",
-        "dataloader_num_workers",
-        "device",
-        "prototype_init",
-        "variants",
-        "dataset",
-        "models",
-        "loss_funcs",
-        "mining_funcs",
-        "sampler",
-        "optimizers",
-        "transforms",
-        "accuracy_calculator",
-        "tester",
-        "seeds",
-        "validation",
-        "comparisons",
-    ),
-    "resolution_distillation": ("protocol", "resolution_job", "seed", "device"),
-}
 
 _DEFAULT_SPLIT = {
     "test_size": 0.5,
@@ -153,117 +84,6 @@ _FLAGS = {
         "custom factories are not supported; register classes with pml_extensions.runner.registry.register instead",
     ),
 }
-
-#: PB's older spellings -> (new key path, note); a path ending in "*" applies to the class's kwargs
-OLD_KEYS = {
-    "eval_reference_set": ("tester", "reference_set"),
-    "eval_normalize_embeddings": ("tester", "normalize_embeddings"),
-    "eval_use_trunk_output": ("tester", "use_trunk_output"),
-    "eval_batch_size": ("tester", "batch_size"),
-    "eval_dataloader_num_workers": ("tester", "dataloader_num_workers"),
-    "eval_pca": ("tester", "pca"),
-    "eval_accuracy_calculator": ("tester", "accuracy_calculator"),
-    "eval_label_hierarchy_level": ("tester", "label_hierarchy_level"),
-    "label_hierarchy_level": ("tester", "label_hierarchy_level"),
-    "eval_primary_metric": ("hook_container", "primary_metric"),
-    "eval_metric_for_best_epoch": ("hook_container", "primary_metric"),
-    "test_size": ("split_manager", "test_size"),
-    "test_start_idx": ("split_manager", "test_start_idx"),
-    "num_training_partitions": ("split_manager", "num_training_partitions"),
-    "num_training_sets": ("split_manager", "num_training_sets"),
-    "iterations_per_epoch": ("trainer", "iterations_per_epoch"),
-    "batch_size": ("trainer", "batch_size"),
-    "dataloader_num_workers": ("trainer", "dataloader_num_workers"),
-}
-_OLD_REFUSED = {
-    "training_method": "PB's pre-0.9.29 name of the trainer; write `trainer: {MetricLossOnly: {...}}`",
-    "split_names": "the splits are always train/val/test here; remove the key",
-    "eval_size_of_ensemble": "the ensemble is every trained fold; remove the key",
-    "meta_testing_method": "the ensemble is set with `ensemble: {ConcatenateEmbeddings: {...}}`",
-}
-_DEFAULT_CLASS = {
-    "tester": _TESTER,
-    "hook_container": "HookContainer",
-    "split_manager": "ClassDisjointSplitManager",
-    "trainer": "MetricLossOnly",
-}
-
-
-def known_keys(config: Dict[str, Any]) -> Tuple[str, Set[str]]:
-    """``(protocol, top-level keys it reads)``: the protocol module's ``CONFIG_KEYS`` if it defines them, else
-    :data:`PROTOCOL_KEYS`."""
-    name = config.get("protocol") or "mlrc"
-    keys = None
-    try:
-        from ..protocols import PROTOCOLS, get_protocol
-
-        if name in PROTOCOLS:
-            keys = getattr(get_protocol(name), "CONFIG_KEYS", None)
-    except ImportError:  # a sibling protocol being rewritten must not break loading
-        keys = None
-    return name, set(keys or PROTOCOL_KEYS.get(name, ())) | {"protocol"}
-
-
-def check_keys(config: Dict[str, Any], sources: Dict[str, str], file_keys: Iterable[str] = ()) -> None:
-    """Refuse top-level keys the config's protocol does not read.
-
-    A file key must be known to the protocol (or be one of PB's older spellings, :data:`OLD_KEYS`); a
-    command-line key must be defined by a config file or known to the protocol.
-
-    Raises:
-        ConfigError: ``"<file>: key 'num_epoch_train': the mlrc protocol reads no such key; did you mean
-        num_epochs_train?"`` or ``"command line: --bogus_key: no config file defines this key ..."``.
-    """
-    protocol, known = known_keys(config)
-    if protocol not in PROTOCOL_KEYS and not known - {"protocol"}:
-        return  # unknown protocol: protocol_name() reports it
-    allowed = known | (set(OLD_KEYS) | set(_OLD_REFUSED) if protocol == "mlrc" else set())
-    file_keys = {split_marker(k)[0] for k in file_keys}
-    for key in config:
-        name = split_marker(key)[0]
-        if name in allowed:
-            continue
-        if sources.get(name) == "command line" and name not in file_keys:
-            raise ConfigError(
-                f"command line: --{name}: no config file defines this key and the {protocol} protocol does not "
-                f"read it{nearest(name, known | file_keys, cutoff=0)} (all keys: run CONFIG --dry-run)"
-            )
-        raise ConfigError(
-            f"{_where(sources, name)}: the {protocol} protocol reads no such key{nearest(name, known, cutoff=0)}"
-        )
-
-
-def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[Callable[..., None]] = None):
-    """Map PB's pre-0.9.29 spellings (``eval_batch_size``, top-level ``test_size``, ``batch_size`` ...) to
-    today's keys, printing one note per key; refuse those with no counterpart (:data:`_OLD_REFUSED`). Only for
-    the ``mlrc`` protocol (the other protocols have their own top-level keys).
-
-    Returns:
-        a new config dict.
-
-    Raises:
-        ConfigError: one line naming the old key and what to write instead.
-    """
-    if (config.get("protocol") or "mlrc") != "mlrc":
-        return config
-    log = log or (lambda msg: print(msg, file=sys.stderr))
-    out = dict(config)
-    for old in [k for k in config if k in _OLD_REFUSED]:
-        raise ConfigError(f"{_where(sources, old)}: {_OLD_REFUSED[old]}")
-    for old in [k for k in config if k in OLD_KEYS]:
-        value = out.pop(old)
-        parent, arg = OLD_KEYS[old]
-        if parent in out and out[parent] is not None:
-            name, kwargs = _one_class(out, parent, sources)
-        else:
-            name, kwargs = _DEFAULT_CLASS[parent], {}
-        out[parent] = {name: dict(kwargs, **{arg: value})}
-        sources.setdefault(parent, sources.get(old, "config"))
-        log(
-            f"note: {_where(sources, old)} is powerful-benchmarker's pre-0.9.29 spelling; read as "
-            f"{parent}~APPLY~2: {{{arg}: {value!r}}}"
-        )
-    return out
 
 
 def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:

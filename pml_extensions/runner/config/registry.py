@@ -1,20 +1,26 @@
-"""Role-aware registry of the classes a powerful-benchmarker-style config may name.
+"""The one registry: every name a config may use, the one store of user registrations, and the role of each class.
 
-Every class of ``pml_extensions`` is found under its role with no user code: :func:`classes_for_role` scans
-the package's subpackages (and PML, torch, torchvision for the stock classes) and sorts classes by what they
+A powerful-benchmarker-style config names classes as ``{ClassName: {kwargs}}``. :func:`resolve` turns a name into
+the class (or factory function): first the user registrations (:func:`register`, the one store
+:data:`_REGISTRY`), then a fixed list of modules only (:data:`SEARCH_MODULES`: ``pml_extensions``,
+pytorch-metric-learning, torch, torchvision), so a config can never import an arbitrary path. Objects are built
+from resolved names in :mod:`pml_extensions.runner.objects`; the config layer only resolves and checks names.
+
+By role: every class of ``pml_extensions`` is found under its role with no user code: :func:`classes_for_role`
+scans the package's subpackages (and PML, torch, torchvision for the stock classes) and sorts classes by what they
 are (a PML loss is a ``loss``, a ``BaseTester`` a ``tester`` ...). Users call :func:`register`
-(``@register(role="loss")`` works as a decorator): one store (``factory._REGISTRY``) makes the class visible to
-configs (:func:`pml_extensions.runner.factory.build`) and to :func:`classes_for_role`.
+(``@register(role="loss")`` works as a decorator): the class becomes visible to configs and to
+:func:`classes_for_role`.
 
 Example::
 
     >>> import torch
-    >>> from pml_extensions.runner.config.registry import register, find
+    >>> from pml_extensions.runner.config.registry import find, register, resolve
     >>> @register(role="model", name="TinyHead")
     ... class TinyHead(torch.nn.Linear):
     ...     pass
-    >>> find("model", "TinyHead") is TinyHead
-    True
+    >>> find("model", "TinyHead") is TinyHead, resolve("TinyHead") is TinyHead
+    (True, True)
 
 Roles (:data:`ROLES`): loss, miner, reducer, distance, regularizer, model (trunks, embedders, layers),
 trainer, tester, accuracy_calculator, hook, dataset, sampler, optimizer, lr_scheduler, transform.
@@ -23,9 +29,41 @@ trainer, tester, accuracy_calculator, hook, dataset, sampler, optimizer, lr_sche
 import importlib
 import inspect
 import pkgutil
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from .. import errors as factory
+from ..errors import ConfigError
+
+#: the one store of user registrations: config name -> (class or callable, role or None); written only by
+#: :func:`register` and :func:`discover`
+_REGISTRY: Dict[str, Tuple[Any, Optional[str]]] = {}
+
+#: searched in this order by :func:`resolve`; the first module that has the name wins (ours shadow nothing: PML
+#: classes are re-exported as the same objects). ``pml_extensions.runner.objects.mlp`` is a name here, looked up
+#: only when a config asks for ``MLP`` (the config layer imports nothing from ``build``).
+SEARCH_MODULES = (
+    "pml_extensions.losses",
+    "pml_extensions.trunks",
+    "pml_extensions.trainers",
+    "pml_extensions.testers",
+    "pml_extensions.datasets",
+    "pml_extensions.utils",
+    "pytorch_metric_learning.miners",
+    "pytorch_metric_learning.reducers",
+    "pytorch_metric_learning.distances",
+    "pytorch_metric_learning.regularizers",
+    "pytorch_metric_learning.samplers",
+    "pytorch_metric_learning.utils.accuracy_calculator",
+    "pytorch_metric_learning.datasets",
+    "torch.nn",
+    "torch.optim",
+    "torch.optim.lr_scheduler",
+    "torchvision.models",
+    "torchvision.transforms",
+    "pml_extensions.runner.objects.mlp",
+    "pml_extensions.utils.chunked_accuracy_calculator",
+    "pml_extensions.explain",
+    "torchvision.datasets",
+)
 
 ROLES = (
     "loss",
@@ -52,7 +90,7 @@ ROLE_MODULES: Dict[str, tuple] = {
     "reducer": ("pytorch_metric_learning.reducers",),
     "distance": ("pytorch_metric_learning.distances",),
     "regularizer": ("pytorch_metric_learning.regularizers",),
-    "model": ("pml_extensions.trunks", "pml_extensions.runner.build.mlp", "torch.nn", "torchvision.models"),
+    "model": ("pml_extensions.trunks", "pml_extensions.runner.objects.mlp", "torch.nn", "torchvision.models"),
     "trainer": ("pml_extensions.trainers", "pytorch_metric_learning.trainers"),
     "tester": ("pml_extensions.testers", "pytorch_metric_learning.testers"),
     "accuracy_calculator": (
@@ -82,7 +120,7 @@ SCANNED_PACKAGES = (
     "pml_extensions.datasets",
     "pml_extensions.explain",
 )
-MODEL_PACKAGES = ("pml_extensions.trunks", "pml_extensions.runner.build.mlp", "torch.nn", "torchvision.models")
+MODEL_PACKAGES = ("pml_extensions.trunks", "pml_extensions.runner.objects.mlp", "torch.nn", "torchvision.models")
 # Roles whose type test is loose (any Module / any callable) only take classes from these places.
 ROLE_PLACES = {
     "model": MODEL_PACKAGES,
@@ -90,6 +128,28 @@ ROLE_PLACES = {
     "transform": ("torchvision.transforms",),
 }
 _SCAN_CACHE: Dict[str, Any] = {}
+
+
+def resolve(name: str, where: str = "config") -> Any:
+    """The class or function called ``name``: a user registration, else the first of :data:`SEARCH_MODULES`
+    that defines it.
+
+    Raises:
+        ConfigError: ``"<where>: unknown class 'X' (searched ...)"`` if no allowed module defines ``name``.
+    """
+    if name in _REGISTRY:
+        return _REGISTRY[name][0]
+    for module_name in SEARCH_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        obj = getattr(module, name, None)
+        if obj is not None and callable(obj) and not name.startswith("_"):
+            return obj
+    raise ConfigError(
+        f"{where}: unknown class {name!r} (searched pml_extensions, pytorch_metric_learning, torch, torchvision)"
+    )
 
 
 def package_classes() -> Dict[str, Any]:
@@ -124,15 +184,14 @@ def package_classes() -> Dict[str, Any]:
 
 
 def discover() -> List[str]:
-    """Make every class of :func:`package_classes` that :func:`factory.resolve` cannot find yet (not
-    re-exported
-    yet) available to configs. Returns the names added."""
+    """Make every class of :func:`package_classes` that :func:`resolve` cannot find yet (not re-exported yet)
+    available to configs. Returns the names added."""
     added = []
     for name, obj in package_classes().items():
         try:
-            factory.resolve(name)
-        except factory.ConfigError:
-            factory._REGISTRY[name] = (obj, None)
+            resolve(name)
+        except ConfigError:
+            _REGISTRY[name] = (obj, None)
             added.append(name)
     return added
 
@@ -208,7 +267,7 @@ def register(obj: Any = None, *, role: Optional[str] = None, name: Optional[str]
         return lambda o: register(o, role=role, name=name)
     if not callable(obj):
         raise TypeError(f"obj must be a class or callable, got {type(obj).__name__}")
-    factory._REGISTRY[name or obj.__name__] = (obj, role)
+    _REGISTRY[name or obj.__name__] = (obj, role)
     return obj
 
 
@@ -229,7 +288,7 @@ def classes_for_role(role: str, include_stock: bool = True) -> Dict[str, Any]:
     """
     _check_role(role)
     test = _role_test(role)
-    found: Dict[str, Any] = {n: o for n, (o, r) in factory._REGISTRY.items() if r == role}
+    found: Dict[str, Any] = {n: o for n, (o, r) in _REGISTRY.items() if r == role}
 
     def consider(name, obj, module_name):
         if name in found or not inspect.isclass(obj) or name.startswith("_"):
@@ -264,7 +323,7 @@ def find(role: str, name: str) -> Any:
     """The class called ``name`` under ``role``.
 
     Raises:
-        ValueError: on an unknown role. factory.ConfigError: if no class of that role has that name (lists a
+        ValueError: on an unknown role. ConfigError: if no class of that role has that name (lists a
         few).
     """
     classes = classes_for_role(role)
@@ -274,7 +333,7 @@ def find(role: str, name: str) -> Any:
 
     close = difflib.get_close_matches(str(name), sorted(classes), n=3, cutoff=0.5)
     sample = ", ".join(close or sorted(classes)[:12])
-    raise factory.ConfigError(
+    raise ConfigError(
         f"{role}: unknown class {name!r}; {'did you mean' if close else 'known classes include'} {sample}"
         f"{'?' if close else ', ... (run --list ' + role + ')'}"
     )

@@ -3,8 +3,8 @@
 Per epoch: train (PML ``trainer.train(start_epoch=e, num_epochs=e)``, a fresh sampler each epoch so a resumed
 epoch draws the same batches from the checkpointed RNG), evaluate every ``save_interval`` epochs, keep the best
 epoch's weights (``best_path``), then commit the log rows and the checkpoint
-(:class:`pml_extensions.runner.checkpoint.Checkpointer`: rows first, then the checkpoint, both atomic). A rerun
-after SIGKILL resumes after the last committed epoch with no lost or duplicated log rows. Stops after
+(:class:`pml_extensions.runner.experiment.checkpoint.Checkpointer`: rows first, then the checkpoint, both atomic).
+A rerun after SIGKILL resumes after the last committed epoch with no lost or duplicated log rows. Stops after
 ``num_epochs`` or when the primary metric has not improved for more than ``patience`` epochs.
 
 Example::

@@ -2,7 +2,7 @@
 smoothed loss curves, the ``xml_loss`` curve, validation curves, figures, explanation grids and the config.
 
 Everything is embedded (PNG as base64 ``data:`` URIs), so the file can be mailed or attached to an issue. Read
-from the experiment folder (layout: :mod:`pml_extensions.runner.experiment`): ``config.yaml``, ``command.txt``,
+from the experiment folder (layout: :mod:`pml_extensions.runner.experiment.folder`): ``config.yaml``, ``command.txt``,
 ``results.json`` (MLRC's ``test``/``folds`` as tables; a fold whose best epoch is 0, the untrained model, is
 flagged), ``results.md``, every stage's ``logs/*.csv`` (record-keeper tables, at any depth), the PNGs at the top
 of the folder and, when the explanation hook ran, every PNG under ``explanations/``.

@@ -2,9 +2,9 @@
 
 A protocol is a module with ``run(config, experiment_folder, sources=None, log=print) -> dict``:
 
-- ``config``: the merged config (``pml_extensions.runner.config_loader``); ``config["protocol"]`` names the
+- ``config``: the merged config (``pml_extensions.runner.config.loader``); ``config["protocol"]`` names the
   protocol (default ``"mlrc"``).
-- ``experiment_folder``: where everything goes (layout: :mod:`pml_extensions.runner.experiment`); rerunning
+- ``experiment_folder``: where everything goes (layout: :mod:`pml_extensions.runner.experiment.folder`); rerunning
   with the same folder resumes.
 - ``sources``: top-level key -> file, so errors name the file; ``log``: a print-like function.
 

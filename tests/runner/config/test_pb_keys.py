@@ -1,10 +1,9 @@
-"""Every PB v0.9.33 key: honoured (its effect) or refused (its one-line message)."""
+"""Every PB v0.9.33 key: honoured (its effect) or refused (its one-line message) — runner/config/pb_keys.py."""
 
 import json
 
 import numpy as np
 import pytest
-import torch
 
 from pml_extensions.runner.config import pb_keys
 from pml_extensions.runner.errors import ConfigError
@@ -12,78 +11,6 @@ from pml_extensions.runner.errors import ConfigError
 
 def _tester_cfg(**kwargs):
     return {"tester": {"GlobalEmbeddingSpaceTester": kwargs}}
-
-
-class _Points(torch.utils.data.Dataset):
-    """4 points on a line, labels [0, 0, 1, 1]: nearest neighbours are hand-checkable."""
-
-    x = torch.tensor([[0.0, 1.0], [0.1, 1.0], [1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
-    y = torch.tensor([0, 0, 1, 1])
-
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
-
-
-def test_accuracy_calculator_include_computes_only_p_at_1():
-    calc = {"AccuracyCalculator": {"include": ["precision_at_1"], "k": 1}}
-    tester = pb_keys.build_tester(
-        _tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu")
-    )
-    emb, labels = tester.get_all_embeddings(_Points(), torch.nn.Identity())
-    acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, 0])
-    # neighbours (L2, self excluded): 0->1 (same), 1->0 (same), 2->1 (other), 3->1 (other): P@1 = 2/4
-    assert acc == {"precision_at_1": 0.5}
-
-
-def test_pml_tester_and_calculator_run_on_the_blocked_engine():
-    """GlobalEmbeddingSpaceTester / AccuracyCalculator become their sharded, blocked-engine subclasses (same
-    arguments, same numbers as PML's classes); sharded=False keeps PML's classes."""
-    from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
-    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
-
-    from pml_extensions.testers import ShardedGlobalEmbeddingSpaceTester
-    from pml_extensions.utils import ChunkedAccuracyCalculator
-
-    calc = {"AccuracyCalculator": {"include": ["precision_at_1", "mean_average_precision_at_r"], "k": "max_bin_count"}}
-    ours = pb_keys.build_tester(_tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"))
-    stock = pb_keys.build_tester(
-        _tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"), sharded=False
-    )
-    assert (
-        type(ours) is ShardedGlobalEmbeddingSpaceTester and type(ours.accuracy_calculator) is ChunkedAccuracyCalculator
-    )
-    assert type(stock) is GlobalEmbeddingSpaceTester and type(stock.accuracy_calculator) is AccuracyCalculator
-    emb, labels = ours.get_all_embeddings(_Points(), torch.nn.Identity())
-    a = ours.accuracy_calculator.get_accuracy(emb, labels[:, 0])
-    b = stock.accuracy_calculator.get_accuracy(emb, labels[:, 0])
-    assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-6 for k in a)
-    assert a["precision_at_1"] == 0.5
-
-
-def test_tester_arguments_reach_pml():
-    t = pb_keys.build_tester(
-        _tester_cfg(
-            normalize_embeddings=False,
-            use_trunk_output=True,
-            batch_size=3,
-            pca=1,
-            dataloader_num_workers=0,
-            label_hierarchy_level=0,
-        ),
-        torch.device("cpu"),
-    )
-    assert (t.normalize_embeddings, t.use_trunk_output, t.batch_size, t.pca, t.dataloader_num_workers) == (
-        False,
-        True,
-        3,
-        1,
-        0,
-    )
-    emb, _ = t.get_all_embeddings(_Points(), torch.nn.Identity(), torch.nn.Linear(2, 7))
-    assert emb.shape == (4, 1)  # trunk output (2-D) reduced by PCA to 1, the embedder is not used
 
 
 @pytest.mark.parametrize(
@@ -103,11 +30,6 @@ def test_tester_arguments_reach_pml():
 def test_tester_refusals(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         pb_keys.check_values(_tester_cfg(**kwargs), {"tester": "config_eval/default.yaml"})
-
-
-def test_unknown_tester_class():
-    with pytest.raises(ConfigError, match="unknown tester class 'GlobalEmbedingSpaceTester'; did you mean"):
-        pb_keys.tester_spec({"tester": {"GlobalEmbedingSpaceTester": {}}})
 
 
 def test_split_manager_is_honoured_and_checked():
@@ -173,26 +95,6 @@ def test_hook_container_primary_metric_and_refusals():
     ]:
         with pytest.raises(ConfigError, match=message):
             pb_keys.hook_settings({"hook_container": {"HookContainer": kwargs}})
-
-
-def test_aggregator_is_the_mean_over_folds():
-    folds = [{"precision_at_1": 0.5, "r_precision": 0.25}, {"precision_at_1": 0.75, "r_precision": 0.5}]
-    assert pb_keys.aggregate({"aggregator": {"MeanAggregator": {"split_to_aggregate": "val"}}}, folds) == {
-        "precision_at_1": 0.625,
-        "r_precision": 0.375,
-    }
-    with pytest.raises(ConfigError, match="split_to_aggregate: only val"):
-        pb_keys.aggregate({"aggregator": {"MeanAggregator": {"split_to_aggregate": "test"}}}, folds)
-    with pytest.raises(ConfigError, match="unknown class 'MaxAggregator'"):
-        pb_keys.aggregate({"aggregator": {"MaxAggregator": {}}}, folds)
-
-
-def test_ensemble_settings():
-    assert pb_keys.ensemble_settings({}) == {"normalize_embeddings": True, "use_trunk_output": False}
-    cfg = {"ensemble": {"ConcatenateEmbeddings": {"normalize_embeddings": False}}}
-    assert pb_keys.ensemble_settings(cfg)["normalize_embeddings"] is False
-    with pytest.raises(ConfigError, match="unknown class 'Average'"):
-        pb_keys.ensemble_settings({"ensemble": {"Average": {}}})
 
 
 @pytest.mark.parametrize(

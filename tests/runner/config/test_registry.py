@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from pml_extensions.runner import errors as factory
+from pml_extensions.runner.config import registry
 from pml_extensions.runner.config.registry import (
     ROLES,
     classes_for_role,
@@ -11,6 +11,8 @@ from pml_extensions.runner.config.registry import (
     register,
     roles_of,
 )
+from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.objects.builder import build
 
 
 class TestRoles:
@@ -20,7 +22,7 @@ class TestRoles:
             ("loss", "pml_extensions.losses.xml_wrapper", "XMLWrapper"),
             ("model", "pml_extensions.trunks.histogram_pooling", "HistogramPooling"),
             ("model", "pml_extensions.trunks.conv_net_body", "ConvNetBody"),
-            ("model", "pml_extensions.runner.build.mlp", "MLP"),
+            ("model", "pml_extensions.runner.objects.mlp", "MLP"),
             (
                 "accuracy_calculator",
                 "pml_extensions.utils.chunked_accuracy_calculator",
@@ -69,7 +71,7 @@ class TestRoles:
     def test_unknown_role_and_name(self):
         with pytest.raises(ValueError, match="role must be one of"):
             classes_for_role("losses")
-        with pytest.raises(factory.ConfigError, match="unknown class 'Nope'"):
+        with pytest.raises(ConfigError, match="unknown class 'Nope'"):
             find("loss", "Nope")
 
 
@@ -81,14 +83,14 @@ class TestRegister:
                 return embeddings.sum() * 0
 
         assert find("loss", "MyUserLoss") is MyUserLoss
-        assert isinstance(factory.build({"MyUserLoss": {}}), MyUserLoss)
+        assert isinstance(build({"MyUserLoss": {}}), MyUserLoss)
 
     def test_plain_call_with_name(self):
         def make_head(width=4):
             return torch.nn.Linear(width, 2)
 
         assert register(make_head, role="model", name="MyHead") is make_head
-        assert factory.build({"MyHead": {"width": 3}}).in_features == 3
+        assert build({"MyHead": {"width": 3}}).in_features == 3
 
     def test_errors(self):
         with pytest.raises(ValueError):
@@ -99,7 +101,7 @@ class TestRegister:
     def test_discover_makes_unexported_classes_nameable(self):
         discover()
         for name in package_classes():
-            assert factory.resolve(name) is not None
+            assert registry.resolve(name) is not None
 
     def test_roles_constant(self):
         assert {"loss", "model", "trainer", "tester", "accuracy_calculator", "hook", "dataset"} <= set(ROLES)
@@ -108,21 +110,19 @@ class TestRegister:
 def test_every_named_module_exists():
     import importlib
 
-    from pml_extensions.runner.config import registry
-
-    names = set(factory.SEARCH_MODULES) | set(registry.SCANNED_PACKAGES)
+    names = set(registry.SEARCH_MODULES) | set(registry.SCANNED_PACKAGES)
     names |= {m for mods in registry.ROLE_MODULES.values() for m in mods}
     names |= {m for mods in registry.ROLE_PLACES.values() for m in mods}
     for name in sorted(names):
         importlib.import_module(name)  # no names of subpackages that do not exist
 
 
-def test_one_store_for_both_register_functions():
+def test_one_store_and_one_register():
     class OneStoreLoss(torch.nn.Module):
         def forward(self, embeddings, labels):
             return embeddings.sum()
 
-    assert factory.register(OneStoreLoss, "OneStoreAlias", role="loss") is OneStoreLoss
-    assert factory._REGISTRY["OneStoreAlias"] == (OneStoreLoss, "loss")
+    assert register(OneStoreLoss, name="OneStoreAlias", role="loss") is OneStoreLoss
+    assert registry._REGISTRY["OneStoreAlias"] == (OneStoreLoss, "loss")
     assert classes_for_role("loss")["OneStoreAlias"] is OneStoreLoss
-    assert factory.resolve("OneStoreAlias") is OneStoreLoss
+    assert registry.resolve("OneStoreAlias") is OneStoreLoss

@@ -19,12 +19,12 @@ powerful-benchmarker's ``metric-learning`` branch, rewritten here):
    (``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}``; ``concatenated_<k·d>D``,
    "512D"), for every metric of the tester's ``accuracy_calculator``.
 
-Config keys read (powerful-benchmarker v0.9.33 names, checked by :mod:`pml_extensions.runner.pb_keys`):
+Config keys read (powerful-benchmarker v0.9.33 names, checked by :mod:`pml_extensions.runner.config.pb_keys`):
 ``trainer``, ``num_epochs_train``, ``save_interval``, ``patience``, ``check_untrained_accuracy``, ``models``,
 ``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimizers``, ``transforms``, ``tester``, ``split_manager``,
 ``splits_to_eval``, ``hook_container``, ``aggregator``, ``ensemble``, the ``config_general`` flags, ``factories``
 (only the default factory names), ``dataset``, ``dataset_root``; ours: ``seed`` (default 0), ``device``
-(``auto``), ``normalize``, ``prototype_init`` (see :mod:`pml_extensions.runner.builders`) and ``test_hooks``:
+(``auto``), ``normalize``, ``prototype_init`` (see :mod:`pml_extensions.runner.objects.builder`) and ``test_hooks``:
 ``{name: {HookClass: {kwargs}}}`` run once after testing on fold 0's best model as PML ``end_of_testing_hook``s
 (e.g. ``ExplanationHook``; see :meth:`MLRCRunner.run_test_hooks`).
 
@@ -42,14 +42,16 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import torch
 
-from ...build.builder import Builder, accepts, one_spec
-from ...build.data import Subset, dataset_labels
 from ...config import pb_keys
-from ...errors import ConfigError, resolve
+from ...config.registry import resolve
+from ...config.specs import one_spec
+from ...errors import ConfigError
 from ...experiment import distributed as dist_utils
 from ...experiment.checkpoint import load_weights
 from ...experiment.epoch_loop import EpochLoop
 from ...experiment.folder import Experiment
+from ...objects.builder import Builder, accepts
+from ...objects.data import Subset, dataset_labels
 from .splits import ensemble_metrics, mlrc_class_splits
 
 __all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits", "run"]
@@ -59,7 +61,7 @@ class MLRCRunner:
     """Run one experiment of the MLRC protocol (see the module docstring) from a merged config.
 
     Args:
-        config: the merged dict from :func:`pml_extensions.runner.config_loader.load_config`.
+        config: the merged dict from :func:`pml_extensions.runner.config.loader.load_config`.
         experiment_folder: output folder; rerunning with the same folder resumes (finished folds are skipped,
             the running fold continues from its last checkpoint).
         sources: top-level key -> file, to name the file in error messages.
@@ -67,8 +69,8 @@ class MLRCRunner:
 
     ``run() -> dict`` returns (and writes atomically to ``results.json``) the per-fold validation summary and
     the test metrics ``{"separate_<d>D": {...}, "concatenated_<D>D": {...}}``. Objects come from
-    :class:`pml_extensions.runner.builders.Builder` (``self.builder``); the folder from
-    :class:`pml_extensions.runner.experiment.Experiment` (``self.experiment``).
+    :class:`pml_extensions.runner.objects.builder.Builder` (``self.builder``); the folder from
+    :class:`pml_extensions.runner.experiment.folder.Experiment` (``self.experiment``).
 
     Raises:
         ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values.
@@ -184,8 +186,7 @@ class MLRCRunner:
             self.trained = True
 
         def make_trainer():
-            return self.builder._build(
-                "trainer",
+            return self.builder.build_trainer(
                 {trainer_name: trainer_kwargs},
                 models=dist_utils.wrap_models(models, self.device),
                 optimizers=optimizers,
@@ -252,7 +253,7 @@ class MLRCRunner:
             name, kwargs = one_spec(spec, self.where(f"test_hooks.{key}"))
             cls = resolve(name, self.where(f"test_hooks.{key}"))
             extra = {k: v for k, v in fills.items() if k not in (kwargs or {}) and accepts(cls, k)}
-            hook = self.builder._build(f"test_hooks.{key}", {name: kwargs}, **extra)
+            hook = self.builder.build(f"test_hooks.{key}", {name: kwargs}, **extra)
             call = getattr(hook, "end_of_testing_hook", hook)
             tester = self.builder.build_tester(end_of_testing_hook=call, sharded=False)  # rank 0 only
             tester.test({"test": test_ds}, 0, models["trunk"], models["embedder"])

@@ -1,32 +1,17 @@
-"""Data, models and result tables of the resolution-distillation protocol (RAML, Suma & Tolias, WACV 2023).
+"""The paper-layout output of the resolution-distillation protocol (RAML, Suma & Tolias, WACV 2023): Table 2 blocks,
+Tables 3-4 ablations, the asymmetric-vs-iterations curve and the selection on validation classes as markdown, the
+paired comparisons of the paper's claims, and Fig. 4's performance against query FLOPs, all from the protocol's
+per-seed rows (:mod:`.evaluation`).
 
-The protocol itself (stages, resume, variants) is :mod:`pml_extensions.runner.protocols.resolution_distillation`;
-this module holds what it builds on: the class-disjoint datasets, the paper code's evaluation transform, the
-MobileNetV2 + GeM/whitening model, and the paper-layout tables (Table 2 blocks, Table 3/4 ablations, the
-asymmetric-vs-iterations curve) written from the protocol's per-seed rows, and the checkpointed chunked training
-of one stage (:class:`Chunks`).
+This formatting is the paper's, so it stays beside the protocol for now; moving the paper tables out of the package
+goes with the benchmarks (issue 20, item 4).
 """
 
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
-import torch
-import torchvision.transforms as T
-from pytorch_metric_learning.samplers import MPerClassSampler
 
-from ....datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
-from ....trunks.pretrained import mobilenet_v2_features
-from ....trunks.retrieval_head import RetrievalHead
-from ...experiment.checkpoint import restore_training_state, training_state
-
-#: metric key in results.json -> (PML accuracy key, label in the tables)
-METRICS = {
-    "mean_average_precision_at_r": ("mean_average_precision_at_r_level0", "MAP@R"),
-    "mean_average_precision": ("mean_average_precision_level0", "mAP (PML)"),
-    "mean_average_precision_trapezoidal": ("mean_average_precision_trapezoidal_level0", "mAP (trapezoid)"),
-    "recall_at_1": ("recall_at_1_level0", "R@1"),
-}
-PRIMARY = "mean_average_precision_at_r"
+from .evaluation import METRICS, PRIMARY  # noqa: F401  (PRIMARY and METRICS name the columns of every table)
 
 #: Table 2 blocks in the paper's order: (1) symmetric baselines, (2) naive asymmetric, (3) distilled asymmetric,
 #: (4) distilled student symmetric
@@ -37,105 +22,6 @@ TABLE2_SETUPS = (
     "teacher_student_asymmetric",
     "student_symmetric",
 )
-
-
-class Transformed(torch.utils.data.Dataset):
-    """``(transform(RGB image), label)`` for a subset ``indices`` of a PIL dataset; ``labels`` kept."""
-
-    def __init__(self, base, indices, transform):
-        self.base, self.indices, self.transform = base, np.asarray(indices, dtype=np.int64), transform
-        self.labels = np.asarray(base.labels)[self.indices]
-
-    def __len__(self):
-        return len(self.indices)
-
-    def __getitem__(self, i):
-        image, label = self.base[int(self.indices[i])]
-        image = image.convert("RGB")
-        return (image if self.transform is None else self.transform(image)), label
-
-
-def eval_transform(size: int):
-    """Paper code's evaluation transform: shorter side to ``size·8/7``, centre crop ``size``, ImageNet normalisation.
-
-    Example::
-
-        >>> from PIL import Image
-        >>> tuple(eval_transform(24)(Image.new("RGB", (50, 30))).shape)
-        (3, 24, 24)
-    """
-    return T.Compose(
-        [T.Resize(int(round(size * 8 / 7))), T.CenterCrop(size), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    )
-
-
-def train_transform(size: int, crop_scale=(0.08, 1.0)):
-    """The teachers' training transform: RandomResizedCrop(size, crop_scale), horizontal flip, ImageNet
-    normalisation (torchvision, global torch RNG: the protocol reseeds it per epoch)."""
-    return T.Compose(
-        [
-            T.RandomResizedCrop(size, scale=tuple(crop_scale)),
-            T.RandomHorizontalFlip(),
-            T.ToTensor(),
-            T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-        ]
-    )
-
-
-def cap_per_class(labels, max_per_class: Optional[int], seed: int = 0) -> np.ndarray:
-    """Indices keeping at most ``max_per_class`` items of each label (a seeded draw, sorted); all when None.
-
-    Example::
-
-        >>> cap_per_class([0, 0, 0, 1], 2).tolist()
-        [0, 2, 3]
-    """
-    labels = np.asarray(labels)
-    if max_per_class is None:
-        return np.arange(len(labels))
-    rng = np.random.default_rng(seed)
-    keep = []
-    for label in np.unique(labels):
-        idx = np.where(labels == label)[0]
-        keep.append(idx if len(idx) <= max_per_class else rng.choice(idx, max_per_class, replace=False))
-    return np.sort(np.concatenate(keep))
-
-
-DATASETS = ("openclipart", "glyphs", "cub", "cars196", "sop", "imagefolder")
-
-
-def load_dataset(name: str, cfg: dict):
-    """(train, test) PIL datasets of ``name`` (one of :data:`DATASETS`; ``cub`` / ``cars196`` / ``sop`` /
-    ``imagefolder`` read ``cfg["root"]``), with class-disjoint splits. Nothing is downloaded.
-
-    Raises:
-        ValueError: an unknown name. FileNotFoundError: a missing root (from the dataset classes).
-    """
-    from ....datasets import GlyphDataset, OpenClipArt
-
-    if name == "openclipart":
-        kw = {"max_classes": cfg.get("max_classes", 40), "max_side": cfg.get("max_side", 128)}
-        return OpenClipArt("train", **kw), OpenClipArt("test", **kw)
-    if name == "glyphs":
-        kw = {"image_size": cfg.get("image_size", 64), "source": cfg.get("source", "matplotlib")}
-        return GlyphDataset("train", **kw), GlyphDataset("test", **kw)
-    if name in ("cub", "cars196", "sop", "imagefolder"):
-        from ....datasets import get_dataset
-
-        root = cfg.get("root")
-        return get_dataset(name, "train", root=root), get_dataset(name, "test", root=root)
-    raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(repr(d) for d in DATASETS)}")
-
-
-def build_model(embedding_dim: int, pretrained: bool = True):
-    """``(trunk, embedder)``: MobileNetV2 features (ImageNet weights from the offline package when ``pretrained``)
-    and a GeM + whitening + L2N :class:`RetrievalHead` of ``embedding_dim`` (initialised from the global RNG)."""
-    return mobilenet_v2_features(pretrained=pretrained), RetrievalHead(1280, embedding_dim)
-
-
-def metrics_of(accuracies: dict) -> Dict[str, float]:
-    """``{metric key: value}`` from a tester's ``accuracies[split]`` dict (PML ``*_level0`` keys)."""
-    return {key: float(accuracies[pml_key]) for key, (pml_key, _) in METRICS.items()}
 
 
 # ---------------------------------------------------------------------------------------------- result tables
@@ -424,64 +310,3 @@ def plot_performance_vs_flops(results: dict, path: str):
         atomic_savefig(fig, path, dpi=110)
     finally:
         plt.close(fig)
-
-
-class Chunks:
-    """Checkpointed training of one stage in chunks ("epochs") of ``chunk`` iterations: commits a checkpoint and
-    the buffered log rows after every chunk, reseeds the next chunk's batches from (seed, chunk) when ``reseed`` is
-    given, and resumes a killed stage (the protocol's module docstring tells the rules)."""
-
-    def __init__(self, exp, stage, models, optimizers, schedulers, total, chunk, reseed=None, on_chunk=None):
-        self.ck = exp.checkpointer(stage, epoch_tables={"accuracies"})
-        self.models, self.optimizers, self.schedulers = models, optimizers, schedulers
-        self.chunk = chunk or total
-        self.num_chunks = max(1, total // self.chunk) if total else 0
-        self.reseed, self.on_chunk = reseed, on_chunk
-        self.extra: Dict[str, Any] = {}
-
-    def resume(self, trainer=None) -> int:
-        state = self.ck.resume()
-        if state is None:
-            return 1
-        restore_training_state(state, self.models, self.optimizers)
-        for k, s in self.schedulers.items():
-            s.load_state_dict(state["schedulers"][k])
-        if trainer is not None and hasattr(trainer, "data_pass"):
-            trainer.data_pass = int(state["data_pass"])
-        self.extra = dict(state.get("extra", {}))
-        if trainer is not None and "sampler_labels" in self.extra:
-            # PML's MPerClassSampler shuffles its public label list in place from one pass to the next
-            trainer.sampler.labels = list(self.extra["sampler_labels"])
-        return int(state["epoch"]) + 1
-
-    def end_of_iteration_hook(self, trainer):
-        losses = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in trainer.losses.items()}
-        self.ck.record_keeper.update_records({"loss_histories": losses}, trainer.get_global_iteration() + 1)
-
-    def end_of_epoch_hook(self, trainer):
-        if self.on_chunk is not None:
-            self.on_chunk(trainer, self)
-        if isinstance(trainer.sampler, MPerClassSampler):
-            self.extra["sampler_labels"] = [int(x) for x in trainer.sampler.labels]
-        state = training_state(
-            trainer.epoch,
-            trainer.epoch * self.chunk,
-            self.models,
-            self.optimizers,
-            schedulers={k: s.state_dict() for k, s in self.schedulers.items()},
-            data_pass=int(getattr(trainer, "data_pass", 0)),
-            extra=self.extra,
-        )
-        self.ck.commit(state)
-        if self.reseed is not None and trainer.epoch < self.num_chunks:
-            self.reseed(trainer.epoch + 1)
-            trainer.dataloader_iter = iter(trainer.dataloader)  # the next chunk's batches from (seed, chunk) only
-        return True
-
-    def train(self, trainer, start):
-        if start > self.num_chunks:
-            return
-        trainer.iterations_per_epoch = self.chunk
-        if self.reseed is not None:
-            self.reseed(start)
-        trainer.train(start, self.num_chunks)

@@ -5,8 +5,9 @@ import os
 import numpy as np
 import torch
 
-from ....trunks import HistogramPooling, find_histogram_layers, trunk_body
+from ....trunks import find_histogram_layers, trunk_body
 from ....utils.atomic_io import atomic_savefig
+from ...objects.builder import Builder
 from .unit import load_split, make_loader
 
 
@@ -14,17 +15,21 @@ from .unit import load_split, make_loader
 def class_histograms(cfg, models, num_prototypes: int, device, seed: int, batch_size: int = 128):
     """Mean soft histogram per test class ``[C, m]``. A trunk without HistogramPooling gets a post-hoc layer whose
     prototypes are k-means centres of its own training-set local features (same m), so variants compare."""
+    builder = Builder(cfg, device=device)
     trunk = models["trunk"].eval()
     pools = find_histogram_layers(trunk)
     if pools:
         pool, body = pools[0], trunk_body(trunk, pools[0])
     else:
         body = torch.nn.Sequential(*list(trunk.children())[:1])
-        train_eval = load_split(cfg, "train", train_transform=False)
+        train_eval = load_split(cfg, "train", train_transform=False, builder=builder)
         width = body(train_eval[0][0][None].to(device)).shape[1]
-        pool = HistogramPooling(width, num_prototypes).to(device)
+        pool = builder.build(
+            "plots.post_hoc_pooling",
+            {"HistogramPooling": {"in_channels": int(width), "num_prototypes": num_prototypes}},
+        ).to(device)
         pool.init_from_data(body, make_loader(train_eval, batch_size, seed), num_batches=4, seed=seed)
-    test_set = load_split(cfg, "test", train_transform=False)
+    test_set = load_split(cfg, "test", train_transform=False, builder=builder)
     labels, hists = [], []
     for images, y in torch.utils.data.DataLoader(test_set, batch_size=batch_size):
         hists.append(pool.histograms(body(images.to(device))).cpu())

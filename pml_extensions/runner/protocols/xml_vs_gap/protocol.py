@@ -1,14 +1,15 @@
 """The ``xml_vs_gap`` protocol (the main job): variants trained pairwise over several seeds and compared.
 
-``python -m pml_extensions job [--config xml_glyphs] [--seeds 0 1 2] [--dataset NAME] [--output runs] ...``
+``python -m pml_extensions job`` runs it on the shipped ``xml_glyphs`` config (:mod:`pml_extensions.cli.job`);
+``python -m pml_extensions run CONFIG`` on any flat config (``config_*.yaml`` files with ``variants``).
 
 Every entry of ``variants`` is merged over the config (powerful-benchmarker syntax,
-``config_loader.variant_configs``) and trained once per seed of ``seeds`` (default
+:func:`pml_extensions.runner.config.loader.variant_configs`) and trained once per seed of ``seeds`` (default
 ``[0, 1, 2]``). Within a seed all variants start from bit-identical weights for the modules they share and see the
-same batches (:mod:`.xml_vs_gap_train`); the best epoch is chosen on a class-disjoint validation part of the
+same batches (:mod:`.unit`); the best epoch is chosen on a class-disjoint validation part of the
 training classes (``validation: {class_fraction, seed}``) and only the selected model is evaluated, once, on the
 unseen test classes. ``comparisons: [[variant, baseline], ...]`` are reported as paired per-seed differences with a
-95 % t interval (:mod:`pml_extensions.runner.results`).
+95 % t interval (:mod:`pml_extensions.runner.outputs.results`).
 
 Outputs under ``<output>/<experiment_name>/``: ``results.json`` (``variants`` / ``comparisons`` layout, plus
 ``units``: per variant and seed the validation history, best epoch and train time), ``results.md``,
@@ -17,47 +18,23 @@ record-keeper logs (CSV + SQLite), ``checkpoint.pth`` (per epoch), the selected 
 with the same config skips the finished ``(variant, seed)`` units and resumes an interrupted one from its last epoch.
 """
 
-import argparse
 import copy
 import json
 import os
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
 from ....utils.atomic_io import atomic_write_json
+from ...config.keys import PROTOCOL_KEYS, seed_list
 from ...errors import ConfigError
 from ...outputs.results import summarize, verdict, write_results
 from .unit import METRICS, evaluate, load_models, train_and_select
 
 DEFAULT_SEEDS = (0, 1, 2)
 #: every top-level key this protocol reads (the loader refuses others, naming the nearest)
-CONFIG_KEYS = (
-    "protocol",
-    "experiment_name",
-    "seeds",
-    "seed",
-    "num_epochs",
-    "iterations_per_epoch",
-    "batch_size",
-    "dataloader_num_workers",
-    "device",
-    "validation",
-    "prototype_init",
-    "comparisons",
-    "variants",
-    "dataset",
-    "models",
-    "loss_funcs",
-    "mining_funcs",
-    "sampler",
-    "optimizers",
-    "transforms",
-    "accuracy_calculator",
-    "tester",
-)
+CONFIG_KEYS = PROTOCOL_KEYS["xml_vs_gap"]
 REQUIRED_KEYS = (
     "dataset",
     "models",
@@ -90,16 +67,26 @@ def check_config(cfg: dict, where: str = "config") -> None:
         for sub in subs:
             if not isinstance(cfg[key], dict) or cfg[key].get(sub) is None:
                 raise ConfigError(f"{where}: missing key {key}.{sub}")
-    if not isinstance(cfg["dataset"], dict) or not cfg["dataset"].get("name"):
+    if not dataset_name(cfg["dataset"]):
         raise ConfigError(f"{where}: missing key dataset.name")
 
 
+def dataset_name(spec: Any) -> Optional[str]:
+    """The dataset's name: ``glyphs``, ``{name: glyphs, ...}`` or the class of ``{ClassName: kwargs}``."""
+    if isinstance(spec, str):
+        return spec or None
+    if isinstance(spec, dict):
+        return spec.get("name") if "name" in spec else (next(iter(spec)) if len(spec) == 1 else None)
+    return None
+
+
 def check_seeds(seeds) -> List[int]:
-    """A non-empty list of distinct non-negative ints.
+    """A non-empty list of distinct non-negative ints (``"0 1 2"`` from the command line counts as a list).
 
     Raises:
         ConfigError: otherwise.
     """
+    seeds = seed_list(seeds)
     if not isinstance(seeds, (list, tuple)) or not seeds:
         raise ConfigError(f"seeds must be a non-empty list of ints, got {seeds!r}")
     for s in seeds:
@@ -142,14 +129,24 @@ def xml_loss_curve(stage: str) -> Optional[Dict[str, float]]:
     }
 
 
-def _unit_result(name, seed, cfg, folder, device, log):
+def variant_sources(sources: Optional[Dict[str, str]], name: str, update: Dict[str, Any]) -> Dict[str, str]:
+    """``sources`` for one variant: the top-level keys its ``variants`` entry changes name that entry, so an error
+    in them points at ``<file of variants> (variants.<name>)``."""
+    out = dict(sources or {})
+    here = f"{out.get('variants', 'config')} (variants.{name})"
+    for key in update or {}:
+        out[str(key).split("~")[0]] = here
+    return out
+
+
+def _unit_result(name, seed, cfg, folder, device, log, sources=None):
     stage = os.path.join(folder, name, f"seed_{seed}")
     path = os.path.join(stage, "result.json")
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             return json.load(f), None
-    r = train_and_select(name, cfg, seed, stage, device, log)
-    test = evaluate(cfg, r["models"], device, "test")
+    r = train_and_select(name, cfg, seed, stage, device, log, sources=sources)
+    test = evaluate(cfg, r["models"], device, "test", sources=sources)
     result = {k: v for k, v in r.items() if k != "models"}
     result["test"] = test
     atomic_write_json(path, result, indent=2)
@@ -207,7 +204,9 @@ def run(
     bar = tqdm(total=len(seeds) * len(variants), desc="xml_vs_gap", leave=False)
     for seed in seeds:
         for name in variants:
-            result, models = _unit_result(name, seed, merged[name], experiment_folder, device, log)
+            result, models = _unit_result(
+                name, seed, merged[name], experiment_folder, device, log, variant_sources(sources, name, variants[name])
+            )
             per_seed[name][seed] = result["test"]
             units[name][str(seed)] = {k: v for k, v in result.items() if k != "test"}
             if result.get("best_is_untrained"):
@@ -238,7 +237,8 @@ def run(
     )
     any_unit = next(iter(units.values()))[str(seeds[0])]
     header = (
-        f"Dataset `{first['dataset']['name']}`: trained on {any_unit['num_train_classes']} classes, best epoch chosen "
+        f"Dataset `{dataset_name(first['dataset'])}`: trained on {any_unit['num_train_classes']} classes, "
+        "best epoch chosen "
         f"on {any_unit['num_val_classes']} held-out training classes (validation), tested once on the unseen test "
         f"classes. {first['num_epochs']} epochs × {first['iterations_per_epoch']} iterations, batch "
         f"{first['batch_size']}, seeds {', '.join(map(str, seeds))} (paired: same initial weights for shared modules "
@@ -298,87 +298,3 @@ def run(
     with open(os.path.join(experiment_folder, "results.md"), encoding="utf-8") as f:
         log(f.read())
     return results
-
-
-# ----------------------------------------------------------------------------------------------------- job CLI
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m pml_extensions job", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="xml_glyphs", help="shipped config name or a folder of config_*.yaml files")
-    p.add_argument("--dataset", help="override dataset.name (glyphs, glyphs_debian, openclipart, fashion_mnist, ...)")
-    p.add_argument("--dataset-root", help="override dataset.root")
-    p.add_argument("--output", default="runs", help="output folder (default: runs)")
-    p.add_argument("--epochs", type=int, help="override num_epochs")
-    p.add_argument("--iterations", type=int, help="override iterations_per_epoch")
-    p.add_argument("--seeds", type=int, nargs="+", help="seeds, paired across variants (default: the config's, 0 1 2)")
-    p.add_argument("--seed", type=int, help="a single seed (same as --seeds SEED)")
-    p.add_argument("--device", help="override device (auto, cpu, cuda, cuda:1)")
-    p.add_argument("--variants", nargs="+", help="run only these variants (comparisons between them are kept)")
-    p.add_argument("--new", action="store_true", help="a changed config starts afresh (the old run is moved aside)")
-    return p.parse_args(argv)
-
-
-def load_job_config(args) -> Dict[str, Any]:
-    """The job's flat config folder (``config_*.yaml``) loaded by the one loader, with the command-line overrides.
-
-    Raises:
-        ConfigError: a powerful-benchmarker folder config (use ``run``), unknown variants, ``--seed`` with ``--seeds``.
-    """
-    from ...config.loader import config_layout, find_config, load_config
-
-    root = find_config(args.config)
-    if config_layout(root) == "folders":
-        raise ConfigError(
-            f"job: {args.config} is a powerful-benchmarker folder config; run it with "
-            f"python -m pml_extensions run {args.config}"
-        )
-    cfg, _ = load_config(root)
-    for key, value in (("num_epochs", args.epochs), ("iterations_per_epoch", args.iterations), ("device", args.device)):
-        if value is not None:
-            cfg[key] = value
-    if args.seeds is not None and args.seed is not None:
-        raise ConfigError("--seed and --seeds: give one of them")
-    if args.seeds is not None or args.seed is not None:
-        cfg["seeds"] = list(args.seeds) if args.seeds is not None else [args.seed]
-    if args.dataset:
-        cfg["dataset"] = {"name": args.dataset, "root": args.dataset_root, "kwargs": {}}
-    elif args.dataset_root:
-        cfg["dataset"]["root"] = args.dataset_root
-    variants = cfg.get("variants") or {"default": {}}
-    if args.variants:
-        unknown = sorted(set(args.variants) - set(variants))
-        if unknown:
-            raise ConfigError(f"--variants: unknown {unknown}; config has {sorted(variants)}")
-        cfg["variants"] = {k: variants[k] for k in variants if k in args.variants}
-        cfg["comparisons"] = [p for p in cfg.get("comparisons") or [] if all(v in args.variants for v in p)]
-    cfg["protocol"] = "xml_vs_gap"
-    return cfg
-
-
-def main(argv=None) -> int:
-    from ...experiment import distributed as dist_utils
-    from .. import run_protocol
-
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    dist_utils.init_from_env()  # torchrun: gloo on CPU, nccl on GPU; a no-op otherwise
-    if not sys.stderr.isatty():  # a log file or a pipe: no thousands of progress-bar lines
-        from ....cli.run import quiet_progress_bars
-
-        quiet_progress_bars()
-    try:
-        cfg = load_job_config(args)
-        folder = os.path.join(args.output, cfg.get("experiment_name", "experiment"))
-        print(f"pml_extensions job: config {args.config}, dataset {cfg['dataset']['name']}, output {folder}")
-        run_protocol(
-            cfg,
-            folder,
-            on_change="new" if args.new else "stop",
-            command=["python", "-m", "pml_extensions", "job"] + list(sys.argv[1:] if argv is None else argv),
-        )
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -140,7 +140,7 @@ class TestResolutionProtocolRun(unittest.TestCase):
 
         from pml_extensions.cli.explain import load_image
         from pml_extensions.cli.explain import main as explain_main
-        from pml_extensions.runner.protocols.resolution_distillation.tables import build_model
+        from pml_extensions.runner.protocols.resolution_distillation.recipe import build_model
 
         rng = np.random.default_rng(0)
         images = []
@@ -209,7 +209,7 @@ class TestResolutionProtocolRun(unittest.TestCase):
     def test_paired_students_start_identical(self):
         _need_weights(self)
         from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
-        from pml_extensions.runner.protocols.resolution_distillation import tables as parts
+        from pml_extensions.runner.protocols.resolution_distillation import recipe as parts
 
         job = rd.job_config({"resolution_job": TINY_JOB})
         train_set, _ = parts.load_dataset("glyphs", job["datasets"]["glyphs"])
@@ -287,7 +287,7 @@ class TestResolutionProtocolConfig(unittest.TestCase):
     def test_shipped_configs_parse(self):
         from pml_extensions.runner.config.loader import find_config, load_config
         from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
-        from pml_extensions.runner.protocols.resolution_distillation.tables import load_dataset
+        from pml_extensions.runner.protocols.resolution_distillation.recipe import load_dataset
 
         root = find_config("resolution_distillation")
         config, _ = load_config(root, {"config_general": ["default", "quick"]}, {})
@@ -312,7 +312,7 @@ class TestResolutionSelection(unittest.TestCase):
     def test_selection_uses_only_validation(self):
         _need_weights(self)
         from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
-        from pml_extensions.runner.protocols.resolution_distillation import tables as parts
+        from pml_extensions.runner.protocols.resolution_distillation import recipe as parts
 
         config = {
             "protocol": "resolution_distillation",
@@ -322,8 +322,8 @@ class TestResolutionSelection(unittest.TestCase):
         }
         load = parts.load_dataset
 
-        def shuffled_test(name, cfg):
-            train, test = load(name, cfg)
+        def shuffled_test(name, cfg, builder=None):
+            train, test = load(name, cfg, builder)
             test.labels = torch.randperm(len(test.labels), generator=torch.Generator().manual_seed(1)).numpy() % 5
             return train, test
 

@@ -6,7 +6,9 @@ import unittest
 
 import numpy as np
 
+from pml_extensions.runner.objects.data import cap_per_class
 from pml_extensions.runner.outputs.results import summarize
+from pml_extensions.runner.protocols.resolution_distillation import recipe
 from pml_extensions.runner.protocols.resolution_distillation import tables as parts
 
 KEYS = list(parts.METRICS)
@@ -49,19 +51,19 @@ def hand_rows():
 class TestParts(unittest.TestCase):
     def test_cap_per_class(self):
         labels = np.array([0] * 5 + [1] * 2 + [2] * 4)
-        idx = parts.cap_per_class(labels, 3, seed=0)
+        idx = cap_per_class(labels, 3, seed=0)
         self.assertEqual(np.bincount(labels[idx]).tolist(), [3, 2, 3])
-        self.assertTrue(np.array_equal(idx, parts.cap_per_class(labels, 3, seed=0)))
-        self.assertEqual(len(parts.cap_per_class(labels, None)), 11)
+        self.assertTrue(np.array_equal(idx, cap_per_class(labels, 3, seed=0)))
+        self.assertEqual(len(cap_per_class(labels, None)), 11)
 
     def test_eval_transform_size(self):
         from PIL import Image
 
-        self.assertEqual(tuple(parts.eval_transform(24)(Image.new("RGB", (50, 30))).shape), (3, 24, 24))
+        self.assertEqual(tuple(recipe.eval_transform(24)(Image.new("RGB", (50, 30))).shape), (3, 24, 24))
 
     def test_unknown_dataset(self):
         with self.assertRaisesRegex(ValueError, "unknown dataset 'mnist'"):
-            parts.load_dataset("mnist", {})
+            recipe.load_dataset("mnist", {})
 
     def test_per_seed_and_comparisons(self):
         rows = hand_rows()

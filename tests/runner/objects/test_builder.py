@@ -1,12 +1,12 @@
-"""runner.builders: lower-case model functions with filled num_classes (template_block's paper placement) and
-prototype_init from data."""
+"""runner/objects/builder.py: lower-case model functions with filled num_classes (template_block's paper placement),
+prototype_init from data, the testers PB's keys describe, and the objects of every other role."""
 
 import pytest
 import torch
 
-from pml_extensions.runner.build.builder import Builder
 from pml_extensions.runner.config.loader import find_config, load_config
 from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.objects.builder import Builder, build_tester
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, template_matching_blocks
 
 
@@ -92,3 +92,77 @@ def test_template_block_quick_variant_puts_the_block_before_the_last_stage():
     assert trunk[1].num_classes == 5 and trunk[3].out_channels == 64
     with torch.no_grad():  # the 64-channel last stage runs on the block's output at stride 4, as ConvNetBody's did
         assert trunk[:4](torch.zeros(2, 1, 32, 32)).shape == (2, 64, 8, 8)
+
+
+def _tester_cfg(**kwargs):
+    return {"tester": {"GlobalEmbeddingSpaceTester": kwargs}}
+
+
+class _Points(torch.utils.data.Dataset):
+    """4 points on a line, labels [0, 0, 1, 1]: nearest neighbours are hand-checkable."""
+
+    x = torch.tensor([[0.0, 1.0], [0.1, 1.0], [1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
+    y = torch.tensor([0, 0, 1, 1])
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def test_accuracy_calculator_include_computes_only_p_at_1():
+    calc = {"AccuracyCalculator": {"include": ["precision_at_1"], "k": 1}}
+    tester = build_tester(_tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"))
+    emb, labels = tester.get_all_embeddings(_Points(), torch.nn.Identity())
+    acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, 0])
+    # neighbours (L2, self excluded): 0->1 (same), 1->0 (same), 2->1 (other), 3->1 (other): P@1 = 2/4
+    assert acc == {"precision_at_1": 0.5}
+
+
+def test_pml_tester_and_calculator_run_on_the_blocked_engine():
+    """GlobalEmbeddingSpaceTester / AccuracyCalculator become their sharded, blocked-engine subclasses (same
+    arguments, same numbers as PML's classes); sharded=False keeps PML's classes."""
+    from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    from pml_extensions.testers import ShardedGlobalEmbeddingSpaceTester
+    from pml_extensions.utils import ChunkedAccuracyCalculator
+
+    calc = {"AccuracyCalculator": {"include": ["precision_at_1", "mean_average_precision_at_r"], "k": "max_bin_count"}}
+    ours = build_tester(_tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"))
+    stock = build_tester(
+        _tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"), sharded=False
+    )
+    assert (
+        type(ours) is ShardedGlobalEmbeddingSpaceTester and type(ours.accuracy_calculator) is ChunkedAccuracyCalculator
+    )
+    assert type(stock) is GlobalEmbeddingSpaceTester and type(stock.accuracy_calculator) is AccuracyCalculator
+    emb, labels = ours.get_all_embeddings(_Points(), torch.nn.Identity())
+    a = ours.accuracy_calculator.get_accuracy(emb, labels[:, 0])
+    b = stock.accuracy_calculator.get_accuracy(emb, labels[:, 0])
+    assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-6 for k in a)
+    assert a["precision_at_1"] == 0.5
+
+
+def test_tester_arguments_reach_pml():
+    t = build_tester(
+        _tester_cfg(
+            normalize_embeddings=False,
+            use_trunk_output=True,
+            batch_size=3,
+            pca=1,
+            dataloader_num_workers=0,
+            label_hierarchy_level=0,
+        ),
+        torch.device("cpu"),
+    )
+    assert (t.normalize_embeddings, t.use_trunk_output, t.batch_size, t.pca, t.dataloader_num_workers) == (
+        False,
+        True,
+        3,
+        1,
+        0,
+    )
+    emb, _ = t.get_all_embeddings(_Points(), torch.nn.Identity(), torch.nn.Linear(2, 7))
+    assert emb.shape == (4, 1)  # trunk output (2-D) reduced by PCA to 1, the embedder is not used

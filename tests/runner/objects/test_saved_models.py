@@ -14,7 +14,7 @@ from PIL import Image
 from torch import nn
 
 from pml_extensions.cli.explain import load_image, main
-from pml_extensions.runner.build.saved_models import load_models, pml_model_files
+from pml_extensions.runner.objects.saved_models import load_models, pml_model_files
 from pml_extensions.trunks import ConvNetBody, HistogramPooling
 
 
@@ -133,7 +133,7 @@ class TestCheckpoints(unittest.TestCase):
                 self.assertAlmostEqual(self._similarity(), expected, places=5)
 
     def test_resolution_student_query_against_teacher_database(self):
-        from pml_extensions.runner.protocols.resolution_distillation.tables import build_model
+        from pml_extensions.runner.protocols.resolution_distillation.recipe import build_model
 
         exp = os.path.join(self.dir, "raml")
         os.makedirs(exp)

@@ -5,7 +5,7 @@ import os
 import pytest
 import yaml
 
-from pml_extensions.runner.build.saved_models import run_preprocessing
+from pml_extensions.runner.objects.saved_models import run_preprocessing
 
 IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 

@@ -1,15 +1,18 @@
-"""Load the models that this package's runs write, for ``python -m pml_extensions explain --checkpoint``.
+"""A finished run's models, rebuilt from its saved ``config.yaml`` by the one :class:`~.builder.Builder` and loaded
+with the run's weights (``python -m pml_extensions explain --checkpoint``).
 
 Layouts read (the model is rebuilt from the run's saved ``config.yaml``, found in the checkpoint's folder
-or up to three folders above it, and the state dicts are loaded into it):
+or up to three folders above it, and the state dicts are loaded into it; ``pretrained: true`` in the config's
+``models`` is built as ``false``, since the run's weights replace every parameter):
 
 - an MLRC fold: ``<experiment>/fold_K/best.pth`` = ``{"trunk": state, "embedder": state, ...}`` (or the fold
-  folder itself); the config's ``models`` are built by the MLRC runner's own factory;
+  folder itself); the config's ``models`` are built by the runner's Builder;
 - the XML job's PML model folder ``<output>/<experiment>/<variant>/models/`` with ``trunk_best{E}.pth`` and
   ``embedder_best{E}.pth`` (PML's ``SaveModels`` names; ``trunk_optimizer_*.pth`` are optimizer states and are
   never taken for the trunk); the variant's override in ``variants`` is merged over ``models``;
-- the resolution protocol's student and teacher, ``{"trunk": state, "embedder": state}`` files in a run whose
-  config has ``resolution_job`` (MobileNetV2 features + ``RetrievalHead(1280, embedding_dim)``);
+- the resolution protocol's student and teacher, ``{"trunk": state, "embedder": state}`` files (its config's
+  ``models``; a run saved before the floor plan, with ``resolution_job``, is read through
+  :func:`pml_extensions.runner.config.old_keys.map_resolution_job`);
 - a file ``{"trunk": module or state, "embedder": ...}`` or a pickled module (``trust=True`` only); without a
   config, state dicts are read as the ImageNet MobileNetV2 + GAP trunk and a Linear embedder.
 
@@ -90,8 +93,8 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
     if checkpoint is None:
         return None
     cfg, _ = find_run_config(checkpoint)
-    if cfg is None or "resolution_job" in cfg:  # the resolution protocol: ImageNet statistics, sizes on the CLI
-        return None
+    if cfg is None or "resolution_job" in cfg or cfg.get("protocol") == "resolution_distillation":
+        return None  # the resolution protocol: ImageNet statistics, the image sizes on the command line
     eval_spec = (cfg.get("transforms") or {}).get("eval")
     if isinstance(eval_spec, dict) and list(eval_spec) == ["Compose"]:  # {Compose: {transforms: [...]}}
         eval_spec = (eval_spec["Compose"] or {}).get("transforms")
@@ -125,12 +128,6 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
     }
 
 
-def _resolution_build_model():
-    from pml_extensions.runner.protocols.resolution_distillation.tables import build_model
-
-    return build_model
-
-
 def _in_channels(state: dict) -> int:
     for v in state.values():
         if torch.is_tensor(v) and v.ndim == 4:
@@ -139,25 +136,34 @@ def _in_channels(state: dict) -> int:
 
 
 def models_from_config(cfg: dict, path: str, trunk_state: Optional[dict] = None) -> Tuple[nn.Module, nn.Module]:
-    """Build ``(trunk, embedder)`` (random weights) from a run's saved config with the runner's factories."""
-    if "resolution_job" in cfg:
-        dim = int((cfg.get("resolution_job") or {}).get("embedding_dim", 512))
-        return _resolution_build_model()(dim, pretrained=False)
+    """Build ``(trunk, embedder)`` (random weights) from a run's saved config with the runner's Builder."""
+    from ..config.old_keys import map_resolution_job
+
+    cfg = map_resolution_job(cfg)  # a resolution run saved before the floor plan
     variants = cfg.get("variants") or {}
     parts = os.path.abspath(path).split(os.sep)
     chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
     if chosen:
-        from pml_extensions.runner.config.loader import variant_configs
+        from ..config.loader import variant_configs
 
         cfg = variant_configs(cfg, [chosen[-1]])[chosen[-1]]
     models = cfg.get("models")
     if not isinstance(models, dict) or "trunk" not in models:
         raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
-    from pml_extensions.runner.build.builder import Builder
+    from .builder import Builder
 
     sample = torch.zeros(_in_channels(trunk_state or {}), 64, 64)
-    built = Builder({"models": models}, log=lambda *a, **k: None).build_models(sample)
+    built = Builder({"models": _not_pretrained(models)}, log=lambda *a, **k: None).build_models(sample)
     return built["trunk"], built["embedder"]
+
+
+def _not_pretrained(spec):
+    """``spec`` with every ``pretrained: true`` argument set to false (the saved weights replace them all)."""
+    if isinstance(spec, dict):
+        return {k: (False if k == "pretrained" and v is True else _not_pretrained(v)) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [_not_pretrained(v) for v in spec]
+    return spec
 
 
 def _strip(state: dict) -> dict:

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from pml_extensions.runner.build.mlp import MLP
+from pml_extensions.runner.objects.mlp import MLP
 
 
 def test_single_size_with_input_is_one_linear_layer():
