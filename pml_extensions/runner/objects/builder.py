@@ -41,11 +41,11 @@ import torch
 
 from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from ..config.eval_keys import _TESTER, _where, accuracy_calculator_spec, tester_spec
-from ..config.registry import classes_for_role, discover, resolve
+from ..config.registry import discover, resolve
 from ..config.specs import is_object_spec, one_spec, pb_numbers
 from ..errors import ConfigError, MissingDataError
 from ..experiment import distributed as dist_utils
-from .data import ToRGB
+from .data import Subset, ToRGB, dataset_labels
 
 DEFAULT_FACTORIES = {
     "model": "ModelFactory",
@@ -124,6 +124,7 @@ def build_tester(
     sources: Optional[Dict[str, str]] = None,
     sharded: bool = True,
     calculator_device=None,
+    make: Optional[Callable[..., Any]] = None,
     **extra,
 ):
     """The configured PML tester with its accuracy calculator built (``data_device=device``; ``extra`` are passed
@@ -136,7 +137,8 @@ def build_tester(
     with the same arguments and the same numbers (within float32 round-off); under torchrun every rank then embeds
     only its shard and the metric blocks are split over the ranks, so every rank must evaluate. ``sharded=False``
     keeps PML's classes (for evaluation that only rank 0 runs, e.g. test hooks). Other classes are built as named.
-    The calculator computes on ``calculator_device`` (default CPU) unless its spec names a ``device``.
+    The calculator computes on ``calculator_device`` (default CPU) unless its spec names a ``device``. ``make(key,
+    spec, **objects)`` builds the two objects (a :meth:`Builder.build`; default :func:`build`).
 
     Raises:
         ConfigError: as :func:`pml_extensions.runner.config.eval_keys.tester_spec`.
@@ -148,22 +150,27 @@ def build_tester(
         >>> t.accuracy_calculator.get_curr_metrics()
         ['precision_at_1']
     """
+    discover()  # a tester class of the package that is not re-exported yet is still nameable
     name, kwargs = tester_spec(config, sources)
     where = _where(sources, "tester") + f".{name}"
     calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, where)
     calc_kwargs.setdefault("device", torch.device("cpu") if calculator_device is None else calculator_device)
     if sharded and calc_name == "AccuracyCalculator":
         calc_name, calc_kwargs = "ChunkedAccuracyCalculator", dict(calc_kwargs, distributed=True)
-    calculator = build({calc_name: calc_kwargs}, f"{where}.accuracy_calculator")
+    if make is None:
+
+        def make(key, spec, **objects):
+            return build(spec, _where(sources, key), **objects)
+
+    calculator = make("tester.accuracy_calculator", {calc_name: calc_kwargs})
     kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
     kwargs.setdefault("dataloader_num_workers", 0)
-    cls = classes_for_role("tester")[name]
     if sharded and name == _TESTER:
-        from ...testers import ShardedGlobalEmbeddingSpaceTester as cls
+        name = "ShardedGlobalEmbeddingSpaceTester"  # pml_extensions.testers: PML's class, every rank a shard
     try:
-        return cls(**kwargs, accuracy_calculator=calculator, data_device=device, **extra)
+        return make("tester", {name: kwargs}, accuracy_calculator=calculator, data_device=device, **extra)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
 
 
 class Builder:
@@ -243,6 +250,10 @@ class Builder:
                     return fn(**kwargs, **extra)
                 except TypeError as e:
                     raise ConfigError(f"{where}.{name}: bad arguments: {str(e).splitlines()[0]}") from e
+                except FileNotFoundError as e:
+                    raise MissingDataError(f"{where}.{name}: {str(e).splitlines()[0]}") from e
+                except ValueError as e:
+                    raise ConfigError(f"{where}.{name}: {str(e).splitlines()[0]}") from e
             return build(spec, where, **extra)
         except ConfigError:
             raise
@@ -442,24 +453,21 @@ class Builder:
         ``{template_matching_trunk: {model: {mobilenet_v2_imagenet: {}}}}``) and lists / ``Sequential`` of such
         entries."""
         if isinstance(spec, list):
-            return torch.nn.Sequential(*[self._build_trunk(s, f"{key}[{i}]") for i, s in enumerate(spec)])
+            children = [self._build_trunk(s, f"{key}[{i}]") for i, s in enumerate(spec)]
+            return self.build(key, {"Sequential": children})
         if isinstance(spec, dict) and len(spec) == 1:
             name, args = next(iter(spec.items()))
             if name == "Sequential" and isinstance(args, list):
                 return self._build_trunk(args, f"{key}.Sequential")
             if isinstance(name, str) and name[:1].islower():
-                fn = resolve(name, self.where(key))
+                resolve(name, self.where(key))  # an unknown name is an error here, not a plain mapping
                 kwargs = {
                     k: self._build_trunk(v, f"{key}.{name}.{k}")
                     if self._function_spec(v)
                     else build(v, f"{key}.{name}.{k}")
                     for k, v in (args or {}).items()
                 }
-                try:
-                    return fn(**kwargs)
-                except (TypeError, ValueError, FileNotFoundError) as e:
-                    error = MissingDataError if isinstance(e, FileNotFoundError) else ConfigError
-                    raise error(f"{self.where(key)}.{name}: bad arguments: {str(e).splitlines()[0]}") from e
+                return self.build(key, {name: kwargs})
         return self.build(key, spec)
 
     def _fill(self, spec, fills, key):
@@ -658,7 +666,16 @@ class Builder:
                 sources = dict(sources, tester=sources.get("accuracy_calculator", sources.get("tester", "config")))
         if tester is not self.get("tester"):
             config = dict(config, tester=tester)
-        return build_tester(config, self.device, sources, sharded=sharded, calculator_device=calculator_device, **extra)
+        return build_tester(
+            config, self.device, sources, sharded=sharded, calculator_device=calculator_device, make=self.build, **extra
+        )
+
+    def subset(self, dataset, indices, labels=None, transform=None, getter=None, rgb: bool = False):
+        """A view of ``dataset`` (:class:`pml_extensions.runner.objects.data.Subset`): items ``indices`` with their own
+        ``transform`` (``labels`` default: the dataset's own, :func:`~.data.dataset_labels`)."""
+        return Subset(
+            dataset, indices, dataset_labels(dataset) if labels is None else labels, transform, getter=getter, rgb=rgb
+        )
 
     def build_trainer(self, spec: Any = None, default: str = "MetricLossOnly", **objects):
         """The config's ``trainer`` (or ``spec``; ``{default: {}}`` when neither) called with the built

@@ -51,7 +51,7 @@ from ...experiment.checkpoint import load_weights
 from ...experiment.epoch_loop import EpochLoop
 from ...experiment.folder import Experiment
 from ...objects.builder import Builder, accepts
-from ...objects.data import Subset, dataset_labels
+from ...objects.data import dataset_labels
 from .splits import ensemble_metrics, mlrc_class_splits
 
 __all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits", "run"]
@@ -125,11 +125,11 @@ class MLRCRunner:
         )
         train_idx = np.nonzero(np.isin(labels, split["train"]))[0]
         val_idx = np.nonzero(np.isin(labels, split["val"]))[0]
-        train_ds = Subset(base, train_idx, labels, transforms["train"], self.getter)
-        val_ds = Subset(base, val_idx, labels, transforms["eval"], self.getter)
+        train_ds = self.builder.subset(base, train_idx, labels, transforms["train"], self.getter)
+        val_ds = self.builder.subset(base, val_idx, labels, transforms["eval"], self.getter)
         eval_sets = {"val": val_ds}
         if "train" in splits_to_eval:
-            eval_sets["train"] = Subset(base, train_idx, labels, transforms["eval"], self.getter)
+            eval_sets["train"] = self.builder.subset(base, train_idx, labels, transforms["eval"], self.getter)
 
         trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
         trainer_kwargs = dict(trainer_kwargs)
@@ -148,7 +148,7 @@ class MLRCRunner:
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
         self.builder.prototype_init(
             models,
-            Subset(base, train_idx, labels, transforms["eval"], self.getter),
+            self.builder.subset(base, train_idx, labels, transforms["eval"], self.getter),
             seed=(self.experiment.seed or 0) + fold,
         )
         loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
@@ -215,7 +215,7 @@ class MLRCRunner:
     # ---------------------------------------------------------------------------------------------- test
     def test(self, base, labels, classes, transforms, fold_results) -> Dict[str, Dict[str, float]]:
         test_idx = np.nonzero(np.isin(labels, classes))[0]
-        test_ds = Subset(base, test_idx, labels, transforms["eval"], self.getter)
+        test_ds = self.builder.subset(base, test_idx, labels, transforms["eval"], self.getter)
         tester = self.builder.build_tester()
         calc = tester.accuracy_calculator
         ensemble = pb_keys.ensemble_settings(self.config, self.sources)

@@ -64,7 +64,7 @@ from ...errors import ConfigError
 from ...experiment import distributed as dist_utils
 from ...experiment.folder import Experiment
 from ...objects.builder import Builder
-from ...objects.data import Subset, cap_per_class, dataset_labels, validation_split
+from ...objects.data import cap_per_class, dataset_labels, validation_split
 from . import recipe, tables
 from .chunks import finish
 from .evaluation import METRICS, PRIMARY, evaluate_rows
@@ -179,7 +179,9 @@ def _split_maker(builder, dataset, indices, split):
     """``resolution -> {split: images of indices at that resolution (the paper code's evaluation transform)}``."""
     labels = dataset_labels(dataset)
     return lambda res: {
-        split: Subset(dataset, indices, labels, builder.build_transform(spec=recipe.eval_transform_spec(res)), rgb=True)
+        split: builder.subset(
+            dataset, indices, labels, builder.build_transform(spec=recipe.eval_transform_spec(res)), rgb=True
+        )
     }
 
 
@@ -213,7 +215,7 @@ def run(
                 )
             except ConfigError as e:
                 raise ConfigError(f"{builder.where(key)}: {e}") from None
-            train_part = Subset(train_set, train_idx, dataset_labels(train_set), None, rgb=True)
+            train_part = builder.subset(train_set, train_idx, rgb=True)
             make_validation_dict = _split_maker(builder, train_set, val_idx, "validation")
             held_out = f" ({len(val_idx)} images of {len(val_classes)} training classes held out for validation)"
         exp.log(

@@ -15,7 +15,6 @@ import numpy as np
 from ....utils.atomic_io import atomic_torch_save
 from ...experiment.checkpoint import load_weights
 from ...experiment.folder import seed_everything
-from ...objects.data import Subset, dataset_labels
 from . import recipe
 from .chunks import Chunks
 
@@ -36,7 +35,7 @@ def teacher_stage(exp, stage, ctx, resolution, job):
     transform = builder.build_transform(
         spec=recipe.train_transform_spec(resolution, ctx["dcfg"].get("crop_scale", (0.08, 1.0)))
     )
-    data = Subset(train_set, np.arange(len(train_set)), dataset_labels(train_set), transform, rgb=True)
+    data = builder.subset(train_set, np.arange(len(train_set)), transform=transform, rgb=True)
     if job["teacher_iterations"] > 0:
         holder = {}
         models = {"trunk": trunk, "embedder": embedder}

@@ -30,7 +30,7 @@ from ....trunks import find_histogram_layers
 from ...errors import ConfigError
 from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
-from ...objects.data import Subset, dataset_labels, validation_split
+from ...objects.data import dataset_labels, validation_split
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
 __all__ = [
@@ -146,9 +146,9 @@ def train_and_select(
     )
     labels = dataset_labels(full_train)
     train_set, init_set, val_set = (
-        Subset(full_train, train_idx, labels, None),
-        Subset(full_eval, train_idx, labels, None),
-        Subset(full_eval, val_idx, labels, None),
+        b.subset(full_train, train_idx, labels),
+        b.subset(full_eval, train_idx, labels),
+        b.subset(full_eval, val_idx, labels),
     )
     num_classes = int(np.max(labels)) + 1  # the labels index the classes (e.g. ProxyAnchorLoss's proxies)
     models = build_models(cfg, seed, device, init_set, builder=b, num_classes=num_classes)
