@@ -6,11 +6,14 @@ import tempfile
 import unittest
 from unittest import mock
 
+import pytest
+
 from pml_extensions.cli import job
 from pml_extensions.runner.protocols.xml_vs_gap import protocol as xml_vs_gap
 
 
 class TestJob(unittest.TestCase):
+    @pytest.mark.slow
     def test_job_writes_results_with_comparisons(self):
         with tempfile.TemporaryDirectory() as out:
             rc = job.main(

@@ -232,6 +232,7 @@ def test_list_roles(capsys):
     assert "pytorch_metric_learning.losses: " in out and "ContrastiveLoss" in out
 
 
+@pytest.mark.slow
 def test_new_user_changes_dataset_and_trunk_lines_and_runs(tmp_path, capsys):
     """Tried as a new user would: copy a config folder in powerful-benchmarker's layout, change only the
     dataset

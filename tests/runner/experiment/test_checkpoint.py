@@ -16,8 +16,6 @@ from pml_extensions.runner.experiment.checkpoint import (
 )
 from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([RUNNER_TESTS] + sys.path))
-
 
 class TestAtomicFiles:
     def test_save_load_weights_only(self, tmp_path):
@@ -79,10 +77,10 @@ class TestCommitResume:
             Checkpointer(str(tmp_path)).commit({"global_iteration": 1})
 
 
-def _run(args, **kw):
+def _run(args, env, **kw):
     return subprocess.Popen(
         [sys.executable, os.path.join(RUNNER_TESTS, "runner_testing_utils.py")] + args,
-        env=ENV,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -94,7 +92,8 @@ def _rows(folder, table):
     return Checkpointer(folder).rows(table)
 
 
-def test_sigkill_mid_epoch_then_rerun_loses_and_duplicates_nothing(tmp_path):
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_rerun_loses_and_duplicates_nothing(tmp_path, subprocess_env):
     """Kill the CLI with SIGKILL inside epoch 2, rerun the same command: the logs equal an uninterrupted
     run's."""
     progress = str(tmp_path / "progress.txt")
@@ -123,7 +122,7 @@ device: cpu
     )
     command = [root, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "killed"]
     fold = str(tmp_path / "exp" / "killed" / "fold_0")
-    proc = _run(command)
+    proc = _run(command, subprocess_env)
     try:
         deadline = time.time() + 120
         start_size = None
@@ -142,12 +141,14 @@ device: cpu
     assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
     assert load_weights(os.path.join(fold, "checkpoint.pth"))["epoch"] == 1  # killed inside epoch 2
 
-    rerun = _run(command)
+    rerun = _run(command, subprocess_env)
     out, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, out
     assert "resuming after epoch 1" in out
 
-    clean = _run([root, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "clean"])
+    clean = _run(
+        [root, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "clean"], subprocess_env
+    )
     out, _ = clean.communicate(timeout=300)
     assert clean.returncode == 0, out
     clean_fold = str(tmp_path / "exp" / "clean" / "fold_0")

@@ -82,10 +82,11 @@ class TestBatchSliceSampler:
         assert d.wrap_losses(losses) is losses
 
 
-def test_torchrun_two_processes_gloo_equal_one_process(tmp_path):
+@pytest.mark.slow
+def test_torchrun_two_processes_gloo_equal_one_process(tmp_path, subprocess_env):
     """Same global batch: 2 gloo processes (each with half of it) give the one-process loss and gradients."""
     out = str(tmp_path / "dist.json")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO] + sys.path))
+    env = subprocess_env
     cmd = [
         sys.executable,
         "-m",
@@ -115,17 +116,11 @@ def test_torchrun_two_processes_gloo_equal_one_process(tmp_path):
                 assert torch.allclose(torch.tensor(got), want, rtol=1e-4, atol=1e-6), name
 
 
-def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path):
+@pytest.mark.slow
+def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path, tiny_mlrc_config, subprocess_env):
     """The same CLI command under torchrun (2 gloo processes) trains on the same global batches: equal loss
     rows."""
-    from tests.runner.runner_testing_utils import write_tiny_config
-
-    root = write_tiny_config(str(tmp_path / "cfg"))
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([RUNNER_TESTS, REPO] + sys.path),
-    )
+    root, env = tiny_mlrc_config, subprocess_env
     script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
     args = [
         root,
@@ -162,7 +157,8 @@ def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path):
         assert b["total_loss"] == pytest.approx(a["total_loss"], rel=1e-4, abs=1e-6)
 
 
-def test_job_runs_under_torchrun(tmp_path):
+@pytest.mark.slow
+def test_job_runs_under_torchrun(tmp_path, subprocess_env):
     """``python -m pml_extensions job`` (xml_vs_gap protocol, HistogramPooling + XMLWrapper) under torchrun (2 gloo
     processes): it finishes, rank 0 logs every iteration once, and the losses are close to one process's on the same
     global batches — close, not equal: ConvNetBody's BatchNorm normalises each process's half batch."""
@@ -179,7 +175,7 @@ def test_job_runs_under_torchrun(tmp_path):
     tf = yaml.safe_load(open(tf_path))
     tf["transforms"]["train"] = tf["transforms"]["eval"]
     yaml.safe_dump(tf, open(tf_path, "w"))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    env = subprocess_env
     args = [
         "-m",
         "pml_extensions",

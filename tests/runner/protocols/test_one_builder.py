@@ -14,7 +14,6 @@ import yaml
 from pml_extensions.runner.config.loader import find_config, load_config, parse_command_line
 from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.protocols import run_protocol
-from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
 #: protocol -> the roles (first component of the Builder's key) its objects must come from
 ROLES = {
@@ -48,10 +47,9 @@ def recorded(monkeypatch):
     return calls
 
 
-def _config(protocol, tmp_path):
+def _config(protocol, tmp_path, request):
     if protocol == "mlrc":
-        register_tiny()
-        root = write_tiny_config(str(tmp_path / "cfg"))
+        root = request.getfixturevalue("tiny_mlrc_config")
         argv = ["--num_epochs_train", "1", "--num_training_sets", "1", "--num_training_partitions", "2"]
         argv += ["--mining_funcs", "{tuple_miner: {MultiSimilarityMiner: {}}}"]
         return load_config(root, None, parse_command_line(argv))
@@ -62,12 +60,7 @@ def _config(protocol, tmp_path):
             ["--num_epochs", "1", "--iterations_per_epoch", "2", "--seeds", "0", "--variants", "contrastive_xml"]
             + ["contrastive_gap", "--device", "cpu"]
         )
-    from pml_extensions.trunks import mobilenet_v2_weights_path
-
-    try:
-        mobilenet_v2_weights_path()
-    except FileNotFoundError as e:  # pragma: no cover - the tox env installs the weights package
-        pytest.skip(str(e))
+    request.getfixturevalue("mobilenet_weights")  # skips without the offline ImageNet weights
     root = tmp_path / "res"
     (root / "config_general").mkdir(parents=True)
     general = yaml.safe_load(
@@ -102,8 +95,8 @@ def _unwrap(obj):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", sorted(ROLES))
-def test_every_object_of_a_protocol_comes_from_the_one_builder(protocol, tmp_path, recorded):
-    config, sources = _config(protocol, tmp_path)
+def test_every_object_of_a_protocol_comes_from_the_one_builder(protocol, tmp_path, recorded, request):
+    config, sources = _config(protocol, tmp_path, request)
     run_protocol(config, str(tmp_path / "exp"), sources, log=lambda *a, **k: None)
     roles = {key.split(".")[0] for key, _ in recorded}
     assert roles >= ROLES[protocol], sorted(ROLES[protocol] - roles)

@@ -14,16 +14,16 @@ optuna = pytest.importorskip("optuna")
 SCRIPT = os.path.join(os.path.dirname(__file__), "search_kill_script.py")
 
 
-def _run(folder, kill_at):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+def _run(folder, kill_at, env):
     return subprocess.run([sys.executable, SCRIPT, folder, str(kill_at)], env=env, capture_output=True, timeout=120)
 
 
-def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path):
+@pytest.mark.slow
+def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path, subprocess_env):
     folder = str(tmp_path / "exp")
-    first = _run(folder, 2)
+    first = _run(folder, 2, subprocess_env)
     assert first.returncode == -9  # SIGKILL inside trial 2 (trials 0 and 1 finished)
-    second = _run(folder, -1)
+    second = _run(folder, -1, subprocess_env)
     assert second.returncode == 0, second.stderr.decode()[-500:]
     study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
     states = [t.state.name for t in study.trials]
@@ -64,14 +64,12 @@ def test_bad_ranges(cfg, message):
         search_space(cfg)
 
 
-def test_search_through_the_mlrc_protocol(tmp_path):
+def test_search_through_the_mlrc_protocol(tmp_path, tiny_mlrc_config):
     """Two real trials on the tiny config: each trial's objective is its run's aggregated validation metric."""
     from pml_extensions.runner.config.loader import load_config, parse_command_line
     from pml_extensions.runner.protocols.search import run_search
-    from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
-    register_tiny()
-    root = write_tiny_config(str(tmp_path / "cfg"))
+    root = tiny_mlrc_config
     argv = [
         "--bayes_opt_iters",
         "2",
@@ -94,13 +92,13 @@ def test_search_through_the_mlrc_protocol(tmp_path):
     assert "best: trial" in open(os.path.join(folder, "report.html")).read()
 
 
-def test_search_under_torchrun_runs_each_trial_on_every_rank(tmp_path):
+@pytest.mark.slow
+def test_search_under_torchrun_runs_each_trial_on_every_rank(tmp_path, tiny_mlrc_config, subprocess_env):
     """Two gloo processes: rank 0 drives the study and sends each trial to rank 1; both train it together, so the
     study has exactly 2 trials (not 2 per rank) and each trial folder holds one run."""
-    from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
+    from tests.runner.runner_testing_utils import RUNNER_TESTS
 
-    root = write_tiny_config(str(tmp_path / "cfg"))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([RUNNER_TESTS] + sys.path))
+    root, env = tiny_mlrc_config, subprocess_env
     script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
     proc = subprocess.run(
         [

@@ -12,6 +12,7 @@ import time
 import unittest
 import unittest.mock
 
+import pytest
 import torch
 import yaml
 
@@ -49,15 +50,7 @@ def _write_config(root, general):
         yaml.safe_dump(general, f)
 
 
-def _need_weights(test):
-    try:
-        from pml_extensions.trunks import mobilenet_v2_weights_path
-
-        mobilenet_v2_weights_path()
-    except FileNotFoundError as e:  # pragma: no cover - the tox env installs the weights package
-        test.skipTest(str(e))
-
-
+@pytest.mark.usefixtures("mobilenet_weights")
 class TestResolutionProtocolRun(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -78,8 +71,8 @@ class TestResolutionProtocolRun(unittest.TestCase):
         with open(os.path.join(self.tmp.name, "exp", name, "results.json")) as f:
             return json.load(f)
 
+    @pytest.mark.slow
     def test_table2_blocks_paired_seeds_and_layout(self):
-        _need_weights(self)
         self.assertEqual(self.run_cli("whole"), 0)
         result = self.results("whole")
         self.assertEqual(
@@ -207,7 +200,6 @@ class TestResolutionProtocolRun(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(stage, "result.json")), f"killed too late inside {stage}")
 
     def test_paired_students_start_identical(self):
-        _need_weights(self)
         from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
         from pml_extensions.runner.protocols.resolution_distillation import recipe as parts
 
@@ -305,12 +297,13 @@ class TestResolutionProtocolConfig(unittest.TestCase):
                 load_dataset(name, {"root": "/nonexistent"})
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("mobilenet_weights")
 class TestResolutionSelection(unittest.TestCase):
     """Selection on validation classes: the learning rate and each student's checkpoint are the argmax of the
     validation curve, and the test split is never read for them (a run on shuffled test labels chooses the same)."""
 
     def test_selection_uses_only_validation(self):
-        _need_weights(self)
         from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
         from pml_extensions.runner.protocols.resolution_distillation import recipe as parts
 
@@ -361,17 +354,10 @@ class TestResolutionSelection(unittest.TestCase):
                 self.assertIn("**Selection on the validation classes**", f.read())
 
 
-def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path):
+@pytest.mark.slow
+def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path, mobilenet_weights, subprocess_env):
     """Under torchrun (2 gloo processes) the (dataset, seed) units are dealt over the ranks — seed 0 on rank 0, seed
     1 on rank 1, each written by its own rank — and results.json equals the one-process run's."""
-    import pytest
-
-    try:
-        from pml_extensions.trunks import mobilenet_v2_weights_path
-
-        mobilenet_v2_weights_path()
-    except FileNotFoundError as e:  # pragma: no cover - the tox env installs the weights package
-        pytest.skip(str(e))
     cfg = str(tmp_path / "cfg")
     _write_config(
         cfg,
@@ -382,7 +368,7 @@ def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path):
             ),
         },
     )
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    env = subprocess_env
     args = ["-m", "pml_extensions", "run", cfg, "--root_experiment_folder", str(tmp_path / "exp")]
     one = subprocess.run(
         [sys.executable] + args + ["--experiment_name", "one"], env=env, capture_output=True, text=True, timeout=400

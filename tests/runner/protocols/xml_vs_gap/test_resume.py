@@ -17,15 +17,14 @@ from pml_extensions.runner.experiment.checkpoint import load_weights
 from pml_extensions.runner.protocols.reproduce import numeric_differences
 from tests.runner.runner_testing_utils import REPO as ROOT
 
-ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 JOB = ["--epochs", "3", "--iterations", "8", "--seeds", "0", "--variants", "contrastive_xml", "--device", "cpu"]
 
 
-def _job(output):
+def _job(output, env):
     return subprocess.Popen(
         [sys.executable, "-m", "pml_extensions", "job", "--output", output] + JOB,
         cwd=ROOT,
-        env=ENV,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -58,11 +57,12 @@ def _tables(stage):
         con.close()
 
 
-def test_job_sigkilled_mid_unit_resumes_with_no_lost_or_duplicated_rows(tmp_path):
+@pytest.mark.slow
+def test_job_sigkilled_mid_unit_resumes_with_no_lost_or_duplicated_rows(tmp_path, subprocess_env):
     killed_out = str(tmp_path / "killed")
     stage = os.path.join(killed_out, "xml_glyphs", "contrastive_xml", "seed_0")
     ckpt = os.path.join(stage, "checkpoint.pth")
-    proc = _job(killed_out)
+    proc = _job(killed_out, subprocess_env)
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
@@ -79,13 +79,13 @@ def test_job_sigkilled_mid_unit_resumes_with_no_lost_or_duplicated_rows(tmp_path
     state = load_weights(ckpt)
     assert 1 <= state["epoch"] < 3 and not state["finished"]
 
-    rerun = _job(killed_out)
+    rerun = _job(killed_out, subprocess_env)
     out, _ = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, out
     assert "resuming after epoch" in out
 
     clean_out = str(tmp_path / "clean")
-    clean = _job(clean_out)
+    clean = _job(clean_out, subprocess_env)
     out, _ = clean.communicate(timeout=600)
     assert clean.returncode == 0, out
 
