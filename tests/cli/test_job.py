@@ -106,3 +106,58 @@ class TestJob(unittest.TestCase):
             Exception, "powerful-benchmarker folder config; run it with python -m pml_extensions run contrastive"
         ):
             job.load_job_config(["--config", "contrastive"])
+
+
+class TestJobArguments(unittest.TestCase):
+    """The job's arguments as run's: CONFIG first, runs/ as the root folder, the older spellings renamed."""
+
+    def run_argv(self, argv):
+        notes = []
+        return job.run_argv(argv, notes=notes.append), notes
+
+    def test_defaults(self):
+        self.assertEqual(self.run_argv([]), (["xml_glyphs", "--root_experiment_folder", "runs"], []))
+        args, notes = self.run_argv(["xml_clipart_mobilenet", "--num_epochs", "2", "--root_experiment_folder", "o"])
+        self.assertEqual(args, ["xml_clipart_mobilenet", "--num_epochs", "2", "--root_experiment_folder", "o"])
+        self.assertEqual(notes, [])
+
+    def test_older_spellings_are_read_as_runs_with_one_note_each(self):
+        args, notes = self.run_argv(
+            ["--config", "xml_clipart_mobilenet", "--epochs", "2", "--iterations", "20", "--output", "out"]
+            + ["--dataset-root", "/data", "--seed", "3", "--dataset", "openclipart"]
+        )
+        self.assertEqual(
+            args,
+            ["xml_clipart_mobilenet", "--num_epochs", "2", "--iterations_per_epoch", "20"]
+            + [
+                "--root_experiment_folder",
+                "out",
+                "--dataset_root",
+                "/data",
+                "--seeds",
+                "3",
+                "--dataset",
+                "openclipart",
+            ],
+        )
+        self.assertEqual(len(notes), 6)
+        self.assertIn("note: job --epochs is read as --num_epochs", notes[1])
+
+    def test_bad_arguments(self):
+        for argv, message in [
+            (["--seed", "1", "--seeds", "0"], "--seed and --seeds: give one of them"),
+            (["--config"], "--config: needs a config name or folder"),
+            (["xml_glyphs", "--config", "other"], "a second config"),
+        ]:
+            with self.assertRaisesRegex(Exception, message):
+                job.run_argv(argv, notes=lambda line: None)
+
+    def test_load_job_config_is_what_the_job_runs(self):
+        config, sources = job.load_job_config(["--seeds", "0", "1", "--variants", "contrastive_xml", "contrastive_gap"])
+        self.assertEqual(config["protocol"], "xml_vs_gap")
+        self.assertEqual(config["seeds"], "0 1")  # the command line's words; the protocol reads them as [0, 1]
+        self.assertEqual(list(config["variants"]), ["contrastive_gap", "contrastive_xml"])  # the config's order
+        self.assertEqual(config["comparisons"], [["contrastive_xml", "contrastive_gap"]])
+        self.assertEqual(sources["seeds"], "command line")
+        old, _ = job.load_job_config(["--epochs", "2", "--dataset", "openclipart", "--dataset-root", "/d"])
+        self.assertEqual((old["num_epochs"], old["dataset"], old["dataset_root"]), (2, "openclipart", "/d"))

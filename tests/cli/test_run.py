@@ -280,3 +280,33 @@ def test_full_variant_without_data_folder_says_how_to_fix(tmp_path, capsys):
     assert cli.main(["contrastive", "--root_experiment_folder", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "config_dataset" in err and "dataset.CUB" in err and "--dataset_root" in err and "\n" not in err
+
+
+def test_variants_keep_only_the_named_entries_of_a_flat_config(capsys):
+    import yaml
+
+    assert cli.main(["xml_glyphs", "--variants", "contrastive_xml", "contrastive_gap", "--dry-run"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert list(cfg["variants"]) == ["contrastive_gap", "contrastive_xml"]
+    assert cfg["comparisons"] == [["contrastive_xml", "contrastive_gap"]]
+    assert cli.main(["xml_glyphs", "--variants", "nope", "--dry-run"]) == 2
+    assert "--variants: unknown ['nope']" in capsys.readouterr().err
+    assert cli.main(["contrastive", "--variants", "a", "--dry-run"]) == 2
+    assert "this config has no variants" in capsys.readouterr().err
+
+
+def test_a_flat_config_names_its_experiment_folder(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_run_protocol(config, folder, sources, **kwargs):
+        seen["folder"], seen["command"] = folder, kwargs["command"]
+        return {}
+
+    monkeypatch.setattr("pml_extensions.runner.protocols.run_protocol", fake_run_protocol)
+    copy = str(tmp_path / "my_copy")
+    shutil.copytree(cli.find_config_root("xml_glyphs"), copy)
+    assert cli.main([copy, "--root_experiment_folder", str(tmp_path / "exp")]) == 0
+    assert seen["folder"] == os.path.join(str(tmp_path / "exp"), "xml_glyphs")  # experiment_name: xml_glyphs
+    assert seen["command"][:5] == ["python", "-m", "pml_extensions", "run", copy]
+    assert cli.main([copy, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "mine"]) == 0
+    assert seen["folder"] == os.path.join(str(tmp_path / "exp"), "mine")

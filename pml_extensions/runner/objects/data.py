@@ -110,8 +110,8 @@ def cap_per_class(labels, max_per_class: Optional[int], seed: int = 0) -> np.nda
 
     Example::
 
-        >>> cap_per_class([0, 0, 0, 1], 2).tolist()
-        [0, 2, 3]
+        >>> cap_per_class([0, 0, 0, 1], 2).tolist()  # two of label 0's three items, drawn with seed 0
+        [1, 2, 3]
     """
     labels = np.asarray(labels)
     if max_per_class is None:

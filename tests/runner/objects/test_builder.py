@@ -166,3 +166,133 @@ def test_tester_arguments_reach_pml():
     )
     emb, _ = t.get_all_embeddings(_Points(), torch.nn.Identity(), torch.nn.Linear(2, 7))
     assert emb.shape == (4, 1)  # trunk output (2-D) reduced by PCA to 1, the embedder is not used
+
+
+class _Labelled(torch.utils.data.Dataset):
+    """Takes ``split`` and ``transform`` like the package's datasets: 6 items, labels 0, 0, 1, 1, 2, 2."""
+
+    def __init__(self, split="train", transform=None):
+        self.split, self.transform, self.labels = split, transform, [0, 0, 1, 1, 2, 2]
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.full((1, 2, 2), float(i)), self.labels[i]
+
+
+def test_datasets_by_class_by_name_and_as_a_plain_name(monkeypatch):
+    from pml_extensions.runner.config.registry import register
+
+    register(_Labelled, role="dataset", name="Labelled")
+    ds = Builder({"dataset": {"Labelled": {}}}).build_dataset("test", transform="T")
+    assert (type(ds).__name__, ds.split, ds.transform) == ("_Labelled", "test", "T")
+    import pml_extensions.datasets as datasets
+
+    calls = []
+    monkeypatch.setattr(datasets, "get_dataset", lambda **kw: calls.append(kw) or "built")
+    assert Builder({"dataset": "glyphs"}).build_dataset() == "built"
+    assert Builder({"dataset": {"name": "glyphs", "kwargs": {"image_size": 8}}, "dataset_root": None}).build_dataset(
+        "train", transform="T"
+    )
+    assert calls == [
+        {"name": "glyphs", "split": "all", "root": None, "transform": None},
+        {"name": "glyphs", "split": "train", "root": None, "image_size": 8, "transform": "T"},
+    ]
+    with pytest.raises(ConfigError, match=r"unknown keys \['size'\]; a dataset by name has name, root, kwargs"):
+        Builder({"dataset": {"name": "glyphs", "size": 3}}).build_dataset()
+
+
+def test_models_without_a_sample_and_an_embedder_that_pools():
+    b = Builder({"models": {"trunk": {"Conv2d": {"in_channels": 1, "out_channels": 3, "kernel_size": 1}}}})
+    models = b.build_models()
+    assert b.embedding_size is None and isinstance(models["embedder"], torch.nn.Identity)
+    with pytest.raises(ConfigError, match=r"the trunk must output \[N, D\] vectors.*got shape \(1, 3, 4, 4\)"):
+        b.build_models(torch.zeros(1, 4, 4))
+    pooled = Builder(
+        {
+            "models": {
+                "trunk": {"Conv2d": {"in_channels": 1, "out_channels": 3, "kernel_size": 1}},
+                "embedder": {"RetrievalHead": {"in_channels": 3, "out_dim": 5}},
+            }
+        }
+    )
+    pooled.build_models(torch.zeros(1, 4, 4))
+    assert pooled.embedding_size == 5  # a map is fine when the embedder pools it
+    wrong = Builder(
+        {"models": {"trunk": {"Flatten": {}}, "embedder": {"Linear": {"in_features": 3, "out_features": 2}}}}
+    )
+    with pytest.raises(ConfigError, match=r"models.embedder: does not take the trunk's \[N, 16\] output"):
+        wrong.build_models(torch.zeros(1, 4, 4))
+
+
+def test_before_is_called_before_each_model():
+    order = []
+    spec = {"trunk": {"Flatten": {}}, "embedder": {"Identity": {}}, "head": {"Identity": {}}}
+    Builder({"models": spec}).build_models(before=order.append)
+    assert order == ["trunk", "embedder", "head"]
+
+
+def test_optimizer_groups():
+    from pml_extensions.trunks import HistogramPooling
+
+    trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), HistogramPooling(4, 5))
+    b = Builder({})
+    opt = b.build_optimizers({"trunk": trunk}, {}, spec={"trunk_optimizer": {"Adam": {"lr": 0.1, "prototype_lr": 0.5}}})
+    plain, protos = opt["trunk_optimizer"].param_groups
+    assert protos["params"] == [trunk[1].prototype_conv.weight] and protos["lr"] == 0.5 and plain["lr"] == 0.1
+    assert len(plain["params"]) == 2  # the conv's weight and bias
+    for bad, message in [
+        ({"param_groups": [{"lr": 1}]}, r"param_groups\[0\]: expected \{modules: ClassName"),
+        ({"param_groups": [{"modules": "Conv2d", "lr_multiplier": 2}]}, "lr_multiplier needs the optimizer's lr"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            b.build_optimizers({"trunk": trunk}, {}, spec={"trunk_optimizer": {"SGD": dict(bad, momentum=0.0)}})
+    frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+    notes = []
+    assert (
+        Builder({}, log=notes.append).build_optimizers({"trunk": frozen}, {}, {"trunk_optimizer": {"SGD": {"lr": 1}}})
+        == {}
+    )
+    assert notes == ["note: trunk_optimizer skipped: trunk has no trainable parameters"]
+
+
+def test_schedulers_need_an_optimizer_of_their_model():
+    opt = {"trunk_optimizer": torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.5)}
+    (s,) = Builder({}).build_lr_schedulers(opt, {"trunk_scheduler_by_epoch": {"StepLR": {"step_size": 2}}}).values()
+    assert type(s).__name__ == "StepLR" and s.step_size == 2
+    with pytest.raises(ConfigError, match="expected <model>_scheduler_by_<iteration|epoch|plateau> for one of"):
+        Builder({}).build_lr_schedulers(opt, {"head_scheduler_by_epoch": {"StepLR": {"step_size": 2}}})
+
+
+def test_sampler_fills_and_asserts():
+    b = Builder({"sampler": {"MPerClassSampler": {"m": 2}}, "trainer": {"MetricLossOnly": {"iterations_per_epoch": 3}}})
+    labels = [c for c in range(10) for _ in range(2)]  # 10 classes x 2: passes of up to 20 indices
+    sampler = b.build_sampler(labels, 4)
+    assert (sampler.m_per_class, sampler.batch_size, len(sampler)) == (2, 4, 12)  # 3 iterations x batch 4
+    assert len(b.build_sampler(labels, 4, iterations_per_epoch=1)) == 4
+    with pytest.raises(
+        ConfigError, match=r"sampler.MPerClassSampler: .*\(the labels hold 2 classes; batch_size is 6\)"
+    ):
+        Builder({"sampler": {"MPerClassSampler": {"m": 2}}}).build_sampler([0, 0, 1, 1], 6)
+    assert Builder({}).build_sampler([0, 1], 2) is None
+
+
+def test_tester_takes_the_flat_forms_accuracy_calculator_and_trainer_defaults():
+    calc = {"AccuracyCalculator": {"include": ["precision_at_1"], "k": 1}}
+    b = Builder({"tester": {"GlobalEmbeddingSpaceTester": {"batch_size": 7}}, "accuracy_calculator": calc})
+    tester = b.build_tester()
+    assert tester.batch_size == 7 and tester.accuracy_calculator.get_curr_metrics() == ["precision_at_1"]
+    trainer = Builder({}).build_trainer(
+        {"MetricLossOnly": {"batch_size": 2}},
+        models={"trunk": torch.nn.Identity(), "embedder": torch.nn.Identity()},
+        optimizers={},
+        loss_funcs={"metric_loss": torch.nn.Identity()},
+        dataset=[],
+    )
+    assert type(trainer).__name__ == "MetricLossOnly" and trainer.batch_size == 2
+
+
+def test_subset_views_take_the_datasets_labels():
+    view = Builder({}).subset(_Labelled(), [1, 4], transform=lambda x: x + 1)
+    assert view.labels.tolist() == [0, 2] and view[1][0][0, 0, 0].item() == 5.0

@@ -17,7 +17,6 @@ import torch
 import yaml
 
 from pml_extensions.cli import run as cli
-from pml_extensions.runner.errors import ConfigError
 from tests.runner.runner_testing_utils import REPO as ROOT
 
 TINY_JOB = {
@@ -198,103 +197,6 @@ class TestResolutionProtocolRun(unittest.TestCase):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         self.assertFalse(os.path.exists(os.path.join(stage, "result.json")), f"killed too late inside {stage}")
-
-    def test_paired_students_start_identical(self):
-        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
-        from pml_extensions.runner.protocols.resolution_distillation import recipe as parts
-
-        job = rd.job_config({"resolution_job": TINY_JOB})
-        train_set, _ = parts.load_dataset("glyphs", job["datasets"]["glyphs"])
-        torch.manual_seed(5)
-        teacher = parts.build_model(16)
-        ctx = {"seed": 0, "dcfg": job["datasets"]["glyphs"], "db": 32, "train_set": train_set}
-        built = {v: rd.build_student(ctx, 16, v, job, teacher) for v in ("full", "loss_abs_only", "augment_no_mixup")}
-        for v, trainer in built.items():
-            trainer.initialize_dataloader()
-            for key in ("trunk", "embedder"):
-                for k, w in trainer.models[key].state_dict().items():
-                    self.assertTrue(torch.equal(w, teacher[0 if key == "trunk" else 1].state_dict()[k]), (v, key, k))
-        first = {v: t.get_batch() for v, t in built.items()}
-        (s0, t0, c0), ids0 = first["full"]
-        (s1, t1, c1), ids1 = first["loss_abs_only"]
-        self.assertTrue(torch.equal(s0, s1) and torch.equal(t0, t1) and torch.equal(ids0, ids1))
-        self.assertTrue(torch.equal(ids0, first["augment_no_mixup"][1]))  # same batch order, other augmentations
-        self.assertFalse(torch.equal(s0, first["augment_no_mixup"][0][0]))
-        other_seed = rd.build_student(dict(ctx, seed=1), 16, "full", job, teacher)
-        other_seed.initialize_dataloader()
-        self.assertFalse(torch.equal(ids0, other_seed.get_batch()[1]))
-
-
-class TestResolutionProtocolConfig(unittest.TestCase):
-    def job(self, **changes):
-        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
-
-        spec = dict(TINY_JOB, **changes)
-        return rd.job_config({"resolution_job": spec})
-
-    def test_errors_name_the_key(self):
-        glyphs = TINY_JOB["datasets"]["glyphs"]
-        cases = [
-            ({"student_iteration": 3}, "unknown key 'student_iteration'; did you mean 'student_iterations'"),
-            (
-                {"datasets": {"glyphs": dict(glyphs, query_resolutions=[64])}},
-                r"query resolution 64 must be in \(0, database_resolution=32\)",
-            ),
-            ({"datasets": {"glyphs": dict(glyphs, query_resolution=[8])}}, "did you mean 'query_resolutions'"),
-            ({"student_variants": ["loss_abs"]}, "student_variants: unknown"),
-            ({"checkpoint_every": 3}, "checkpoint_every: 3 must divide teacher_iterations"),
-            ({"seeds": [0, 0]}, "distinct ints"),
-            ({"datasets": {"mnist": glyphs}}, "unknown dataset"),
-            ({"validation": {"class_fraction": 1.5}}, r"validation.class_fraction: a number in \(0, 1\)"),
-            ({"validation": {"fraction": 0.25}}, "validation: unknown key 'fraction'; did you mean 'class_fraction'"),
-            ({"validation": 0.25}, "validation: a mapping"),
-            ({"student_lr_grid": [1e-4]}, "student_lr_grid: needs validation"),
-            (
-                {"student_lr_grid": [1e-4, -1], "validation": {}},
-                "student_lr_grid: a non-empty list of distinct positive",
-            ),
-            ({"student_lr_grid": [1e-4], "lr": 1e-4, "validation": {}}, "give lr .* or student_lr_grid"),
-        ]
-        for changes, message in cases:
-            with self.assertRaisesRegex(ConfigError, message):
-                self.job(**changes)
-
-    def test_top_level_seeds_win(self):
-        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
-
-        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": [3, 4, 5]})["seeds"], [3, 4, 5])
-        self.assertEqual(
-            rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 1 2"})["seeds"], [0, 1, 2]
-        )  # --seeds 0 1 2
-        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": 7})["seeds"], [7])
-        with self.assertRaisesRegex(ConfigError, "seeds: a list of distinct ints"):
-            rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 x"})
-
-    def test_bad_protocol_is_a_config_error(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = os.path.join(tmp, "cfg")
-            _write_config(cfg, {"protocol": "nope"})
-            self.assertEqual(cli.main([cfg, "--root_experiment_folder", tmp]), 2)
-
-    def test_shipped_configs_parse(self):
-        from pml_extensions.runner.config.loader import find_config, load_config
-        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
-        from pml_extensions.runner.protocols.resolution_distillation.recipe import load_dataset
-
-        root = find_config("resolution_distillation")
-        config, _ = load_config(root, {"config_general": ["default", "quick"]}, {})
-        job = rd.job_config(config)
-        self.assertEqual(config["protocol"], "resolution_distillation")
-        self.assertEqual(list(job["datasets"]), ["glyphs"])
-        self.assertEqual(job["device"], "cpu")
-        self.assertEqual(len(job["seeds"]), 3)
-        self.assertIn("init_imagenet", job["student_variants"])
-        self.assertEqual(rd.job_config(load_config(root, {"config_general": ["default"]}, {})[0])["device"], "cuda")
-        for name in ("cub", "cars196", "sop"):
-            config, _ = load_config(root, {"config_general": ["default", f"with_{name}"]}, {})
-            self.assertEqual(list(rd.job_config(config)["datasets"]), [name])
-            with self.assertRaisesRegex(FileNotFoundError, name):
-                load_dataset(name, {"root": "/nonexistent"})
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ import unittest
 
 import numpy as np
 
-from pml_extensions.runner.objects.data import cap_per_class
 from pml_extensions.runner.outputs.results import summarize
 from pml_extensions.runner.protocols.resolution_distillation import recipe
 from pml_extensions.runner.protocols.resolution_distillation import tables as parts
@@ -49,13 +48,6 @@ def hand_rows():
 
 
 class TestParts(unittest.TestCase):
-    def test_cap_per_class(self):
-        labels = np.array([0] * 5 + [1] * 2 + [2] * 4)
-        idx = cap_per_class(labels, 3, seed=0)
-        self.assertEqual(np.bincount(labels[idx]).tolist(), [3, 2, 3])
-        self.assertTrue(np.array_equal(idx, cap_per_class(labels, 3, seed=0)))
-        self.assertEqual(len(cap_per_class(labels, None)), 11)
-
     def test_eval_transform_size(self):
         from PIL import Image
 
