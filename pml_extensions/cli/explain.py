@@ -99,7 +99,7 @@ def _mobilenet_trunk(pretrained: bool) -> nn.Module:
 
 def load_models(checkpoint: Optional[str], trust: bool = False):
     """``(trunk, embedder)`` from ``checkpoint`` (see ``--checkpoint`` and
-    :mod:`pml_extensions.explain.checkpoints`) or the ImageNet MobileNetV2.
+    :mod:`pml_extensions.runner.objects.saved_models`) or the ImageNet MobileNetV2.
 
     Raises:
         FileNotFoundError: a missing checkpoint; ValueError: an unreadable one (one line naming the file).

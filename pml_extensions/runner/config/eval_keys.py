@@ -1,5 +1,5 @@
 """PB v0.9.33's evaluation keys (``tester``, its ``accuracy_calculator``, ``aggregator``, ``ensemble``) and the
-helpers :mod:`pml_extensions.runner.pb_keys` shares: each value is honoured as in PB or refused with one line.
+helpers :mod:`pml_extensions.runner.config.pb_keys` shares: each value is honoured as in PB or refused with one line.
 
 Example::
 

@@ -59,7 +59,7 @@ def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> N
     try:
         import optuna  # noqa: F401
 
-        reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner.search)"
+        reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner's search)"
     except ImportError:
         reason = "hyper-parameter search needs optuna, which is not installed (pip install optuna)"
     raise ConfigError(f"{source}: key {found[0]}: {reason}; replace the marker by a fixed value")
@@ -248,7 +248,8 @@ def load_config(
         selection: folder -> list of file names without ``.yaml`` (default ``["default"]`` for every folder
             that exists under ``config_root``), merged in order; folders form only.
         overrides: parsed command-line dict (markers allowed), merged last.
-        allow_search: keep ``~BAYESIAN~`` markers (for :mod:`pml_extensions.runner.search`) instead of refusing.
+        allow_search: keep ``~BAYESIAN~`` markers (for :mod:`pml_extensions.runner.protocols.search`) instead of
+            refusing.
         check_keys: refuse top-level keys the config's protocol does not read (a typo is an error naming the
             nearest known key, :func:`pml_extensions.runner.config.keys.check_keys`) and map older spellings
             (:func:`pml_extensions.runner.config.old_keys.map_old_keys`).

@@ -81,7 +81,7 @@ _FLAGS = {
     "override_required_compatible_factories": (
         False,
         (False,),
-        "custom factories are not supported; register classes with pml_extensions.runner.registry.register instead",
+        "custom factories are not supported; register classes with pml_extensions.runner.register instead",
     ),
 }
 

@@ -15,7 +15,8 @@ Markers (in files and on the command line, nested in one another at any depth):
   a mapping that names a missing key is an error (PB ignored it);
 * ``key~DELETE~: anything`` removes ``key``;
 * ``key~BAYESIAN~`` / ``~LOG_BAYESIAN~`` / ``~INT_BAYESIAN~: [low, high]`` mark a hyper-parameter search
-  (:mod:`pml_extensions.runner.search`); a later plain value of the same key replaces the marker and vice versa.
+  (:mod:`pml_extensions.runner.protocols.search`); a later plain value of the same key replaces the marker and vice
+  versa.
 
 Example::
 
@@ -133,7 +134,7 @@ def merge(base: Dict, update: Dict, where: str = "") -> Dict:
                 out[name] = _swap(out[name], value, depth, here)
         elif op in _SEARCH_OPS:
             _drop_variants(out, name)
-            out[key] = copy.deepcopy(value)  # kept with its marker for the search (runner.search)
+            out[key] = copy.deepcopy(value)  # kept with its marker for the search (runner.protocols.search)
         elif name in out and isinstance(out[name], dict) and isinstance(value, dict):
             out[name] = merge(out[name], value, here)
         else:

@@ -148,7 +148,7 @@ ENVIRONMENT_NAME = "environment.json"
 def run_environment() -> Dict[str, Any]:
     """``{"torch", "python", "torch_threads", "cuda"}``: versions and the intra-op thread count. CPU reductions
     (matmul, convolution) split work by thread, so the same config gives bit-identical numbers only with the same
-    ``torch_threads``; :func:`pml_extensions.runner.reproduce.reproduce` reruns with the recorded count."""
+    ``torch_threads``; :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with the recorded count."""
     import platform
 
     return {

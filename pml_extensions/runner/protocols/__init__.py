@@ -10,7 +10,11 @@ A protocol is a module with ``run(config, experiment_folder, sources=None, log=p
 
 It returns the results it also wrote to ``<experiment_folder>/results.json``. :func:`run_protocol` is what the
 command line calls: it checks a rerun's saved config, saves ``config.yaml`` and ``command.txt``, runs the protocol
-and writes ``report.html``.
+and writes ``report.html``. Two more ways in sit beside it: :mod:`.search` (an Optuna study whose trials are
+``run_protocol`` calls) and :mod:`.reproduce` (a finished run again from its ``config.yaml``). Each protocol is a
+sub-package (``mlrc/``, ``xml_vs_gap/``, ``resolution_distillation/``) whose ``protocol.py`` holds ``run``; every
+object it trains with comes from :class:`pml_extensions.runner.objects.builder.Builder`, and no protocol imports
+another.
 
 Example::
 
