@@ -94,8 +94,9 @@ def prepare_folder(
     """Make ``folder`` ready for ``config``: check a rerun's saved config, then save ``config.yaml`` and
     ``command.txt``.
 
-    A rerun resumes only when its config equals the saved one (keys in :data:`RESUME_NEUTRAL_KEYS` aside); a
-    folder with no progress yet (e.g. a run that stopped at a config error) simply takes the new config.
+    A rerun resumes only when its config equals the saved one (keys in :data:`RESUME_NEUTRAL_KEYS` aside; a saved
+    config in an older layout is read as today's first); a folder with no progress yet (e.g. a run that stopped at a
+    config error) simply takes the new config.
 
     Args:
         on_change: ``"stop"``, ``"new"`` (move the old folder to ``<folder>.old-<n>`` and start afresh) or
@@ -111,6 +112,10 @@ def prepare_folder(
     if on_change not in ("stop", "new", "resume"):
         raise ValueError(f"on_change must be 'stop', 'new' or 'resume', got {on_change!r}")
     old = saved_config(folder) if has_progress(folder) else None  # a folder that trained nothing is just reused
+    if old is not None:
+        from ..config.old_keys import map_resolution_job
+
+        old = map_resolution_job(old)  # a resolution run saved in the old layout resumes under the new one
     if old is not None:
         diff = [
             k for k in config_differences(old, _yaml_roundtrip(config)) if k.split(".")[0] not in RESUME_NEUTRAL_KEYS
