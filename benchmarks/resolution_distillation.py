@@ -15,9 +15,9 @@ import argparse
 import os
 import sys
 
-from pml_extensions.runner.config_loader import find_config, load_config
+from pml_extensions.runner.config.loader import find_config, load_config
 from pml_extensions.runner.protocols import run_protocol
-from pml_extensions.runner.protocols.resolution_distillation_parts import PRIMARY, markdown_tables, variant_name
+from pml_extensions.runner.protocols.resolution_distillation.tables import PRIMARY, markdown_tables, variant_name
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -107,7 +107,7 @@ def main(argv=None):
     p.add_argument("--size", choices=("quick", "full"), default="quick")
     p.add_argument("--quick", action="store_true", help="same as --size quick (the default)")
     p.add_argument("--seeds", nargs="+", type=int, help="override the config's seeds")
-    p.add_argument("--device", help="override resolution_job.device (e.g. cpu, cuda)")
+    p.add_argument("--device", help="override the config's device (e.g. cpu, cuda)")
     p.add_argument("--experiment-folder", help="default experiments/resolution_distillation_<size>")
     p.add_argument("--resume-anyway", action="store_true", help="continue a folder whose saved config differs")
     p.add_argument("--render-only", action="store_true", help="rewrite the .md from the saved results JSON, no run")
@@ -124,7 +124,7 @@ def main(argv=None):
     if args.seeds:
         config["seeds"] = list(args.seeds)
     if args.device:
-        config["resolution_job"]["device"] = args.device
+        config["device"] = args.device
     folder = args.experiment_folder or os.path.join("experiments", f"resolution_distillation_{args.size}")
     command = [os.path.basename(sys.executable), "benchmarks/resolution_distillation.py"] + list(
         sys.argv[1:] if argv is None else argv

@@ -35,8 +35,8 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from pml_extensions.runner.protocols.xml_vs_gap_train import load_models, load_split, make_loader  # noqa: E402
-from pml_extensions.runner.results import summarize, verdict, write_results  # noqa: E402
+from pml_extensions.runner.outputs.results import summarize, verdict, write_results  # noqa: E402
+from pml_extensions.runner.protocols.xml_vs_gap.unit import load_models, load_split, make_loader  # noqa: E402
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body  # noqa: E402
 from pml_extensions.utils.ridge import ridge_prototypes  # noqa: E402
 
@@ -113,7 +113,7 @@ def main(argv=None):
         p.error(f"--splits must be >= 100 (the paper uses 1000), got {args.splits}")
     with open(os.path.join(args.run_folder, "config.yaml"), encoding="utf-8") as f:
         config = yaml.safe_load(f)
-    from pml_extensions.runner.config_loader import variant_configs
+    from pml_extensions.runner.config.loader import variant_configs
 
     merged = variant_configs(config)
     pairs = [tuple(x.split(":")) for x in args.pairs]

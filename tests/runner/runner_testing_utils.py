@@ -11,6 +11,10 @@ import time
 import numpy as np
 import torch
 
+#: this folder (the helper also runs as a script from here) and the checkout root
+RUNNER_TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(RUNNER_TESTS))
+
 
 class TinyVectors(torch.utils.data.Dataset):
     """``num_classes`` Gaussian blobs of 4×4×1 float32 arrays (HWC, so ``ToTensor`` gives [1, 4, 4] unscaled).
@@ -119,15 +123,15 @@ def write_tiny_config(root: str, files=None) -> str:
 
 
 def register_tiny():
-    from pml_extensions.runner.registry import register
+    from pml_extensions.runner.config.registry import register
 
     register(TinyVectors, role="dataset")
 
 
 if __name__ == "__main__":
     register_tiny()
-    from pml_extensions.runner.cli import main
-    from pml_extensions.runner.distributed import shutdown
+    from pml_extensions.cli.run import main
+    from pml_extensions.runner.experiment.distributed import shutdown
 
     status = main(sys.argv[1:])
     if status == 0:

@@ -2,15 +2,19 @@
 
 A protocol is a module with ``run(config, experiment_folder, sources=None, log=print) -> dict``:
 
-- ``config``: the merged config (``pml_extensions.runner.config_loader``); ``config["protocol"]`` names the
+- ``config``: the merged config (``pml_extensions.runner.config.loader``); ``config["protocol"]`` names the
   protocol (default ``"mlrc"``).
-- ``experiment_folder``: where everything goes (layout: :mod:`pml_extensions.runner.experiment`); rerunning
+- ``experiment_folder``: where everything goes (layout: :mod:`pml_extensions.runner.experiment.folder`); rerunning
   with the same folder resumes.
 - ``sources``: top-level key -> file, so errors name the file; ``log``: a print-like function.
 
 It returns the results it also wrote to ``<experiment_folder>/results.json``. :func:`run_protocol` is what the
 command line calls: it checks a rerun's saved config, saves ``config.yaml`` and ``command.txt``, runs the protocol
-and writes ``report.html``.
+and writes ``report.html``. Two more ways in sit beside it: :mod:`.search` (an Optuna study whose trials are
+``run_protocol`` calls) and :mod:`.reproduce` (a finished run again from its ``config.yaml``). Each protocol is a
+sub-package (``mlrc/``, ``xml_vs_gap/``, ``resolution_distillation/``) whose ``protocol.py`` holds ``run``; every
+object it trains with comes from :class:`pml_extensions.runner.objects.builder.Builder`, and no protocol imports
+another.
 
 Example::
 
@@ -25,7 +29,7 @@ import importlib
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from ..factory import ConfigError
+from ..errors import ConfigError
 
 #: protocol name -> module (imported on first use, so one protocol's dependencies never load for another)
 PROTOCOLS: Dict[str, str] = {
@@ -93,9 +97,9 @@ def run_protocol(
         ConfigError: unknown protocol, or a changed config with ``on_change="stop"`` (one line listing the
         differing keys and the two flags).
     """
-    from .. import distributed as dist_utils
-    from ..experiment import prepare_folder
-    from ..report import write_report
+    from ..experiment import distributed as dist_utils
+    from ..experiment.folder import prepare_folder
+    from ..outputs.report import write_report
 
     name = protocol_name(config, sources)
     module = get_protocol(name)

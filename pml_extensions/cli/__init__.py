@@ -1,0 +1,38 @@
+"""usage: python -m pml_extensions {job,run,explain} ...   (also the pml-extensions console script)
+
+Commands:
+    job      the main XML job: `run` on the shipped xml_glyphs config (HistogramPooling + XMLWrapper vs the GAP
+             baseline), output under runs/; job --help for more.
+    run      run a config with its protocol (mlrc, xml_vs_gap, resolution_distillation); run --help for more.
+    explain  explain why two images are similar; explain --help for more.
+"""
+
+import importlib
+import sys
+from typing import List, Optional
+
+#: command -> module with ``main(argv) -> int`` (imported on first use: ``explain`` never loads the runner's
+#: dependencies, ``run`` never loads matplotlib's image code)
+COMMANDS = {
+    "job": "pml_extensions.cli.job",
+    "run": "pml_extensions.cli.run",
+    "explain": "pml_extensions.cli.explain",
+}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Dispatch ``argv`` (default ``sys.argv[1:]``) to a command; returns the exit status (2: bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__.strip())
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nunknown command {argv[0]!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
+            return 2
+        return 0
+    module = importlib.import_module(COMMANDS[argv[0]])
+    status = module.main(argv[1:]) or 0
+    if status == 0:  # under torchrun: every rank reached the end; leave the process group together
+        from pml_extensions.runner.experiment.distributed import shutdown
+
+        shutdown()
+    return status

@@ -1,0 +1,254 @@
+"""usage: python -m pml_extensions run CONFIG [--variant NAME] [--experiment_name NAME] [--dry-run] [--KEY VALUE ...]
+
+Run a powerful-benchmarker-style config with its protocol (the config's `protocol:` key, default mlrc).
+
+  python -m pml_extensions run CONFIG [--variant quick] [--experiment_name NAME] [--root_experiment_folder DIR]
+      [--config_general [default, other]] ... [--key value | --key~OVERRIDE~ {...} | --key~APPLY~2 {...} ...]
+  python -m pml_extensions run CONFIG ... --dry-run     print the fully merged config as YAML, train nothing
+  python -m pml_extensions run --list [ROLE | protocol]  the class names a config can use, or the protocols
+  python -m pml_extensions run --reproduce RUN_FOLDER    rerun a finished experiment from its saved config
+  torchrun --nproc_per_node 2 -m pml_extensions run CONFIG ...   (gloo on CPU, nccl on GPU)
+
+CONFIG is a config folder or the name of a shipped config (contrastive, contrastive_xml, proxy_anchor,
+proxy_anchor_xml, template_block, explanation, resolution_distillation, xml_glyphs, ...).
+--variant NAME merges NAME.yaml after default.yaml in every folder that has one (the shipped configs have quick:
+embedded glyph data, minutes on 2 CPU cores). --config_<folder> [a, b] chooses the files of one folder.
+Every other --key value is merged into the config with powerful-benchmarker's syntax; a key that no config
+file defines and the protocol does not read is an error naming the nearest known key.
+--variants a b keeps only these entries of a flat config's `variants` (and the comparisons between them).
+Keys marked ~BAYESIAN~ / ~LOG_BAYESIAN~ / ~INT_BAYESIAN~ run an Optuna search (pip install optuna;
+--bayes_opt_iters N trials, stored in the experiment folder, resumable).
+--progress shows progress bars. The experiment goes to <root_experiment_folder>/<experiment_name> (default
+experiments/<the config's experiment_name, or config>[_<variant>]); running the same command again resumes it; a
+changed config stops with the differing keys: --new starts afresh, --resume-anyway continues deliberately.
+Exit status: 0 done, 2 config error (one line on stderr).
+"""
+
+import os
+import sys
+from typing import Callable, List, Optional, Sequence
+
+from ..runner.errors import ConfigError
+
+PROG = ("python", "-m", "pml_extensions", "run")
+RUNNER_KEYS = (
+    "experiment_name",
+    "root_experiment_folder",
+    "variant",
+    "config_root",
+    "list",
+    "report_only",
+    "progress",
+    "dry-run",
+    "dry_run",
+    "new",
+    "resume-anyway",
+    "resume_anyway",
+    "reproduce",
+)
+
+
+def find_config_root(name_or_path: str) -> str:
+    """A config folder path or a shipped config's name (:func:`pml_extensions.runner.config.loader.find_config`)."""
+    from ..runner.config.loader import find_config
+
+    return find_config(name_or_path)
+
+
+def _variants(root: str) -> List[str]:
+    from ..runner.config.loader import CONFIG_FOLDERS
+
+    names = set()
+    for folder in CONFIG_FOLDERS:
+        path = os.path.join(root, folder)
+        if os.path.isdir(path):
+            names |= {f[:-5] for f in os.listdir(path) if f.endswith(".yaml") and f != "default.yaml"}
+    return sorted(names)
+
+
+def _variant_selection(root: str, variant, selection: dict) -> dict:
+    from ..runner.config.loader import CONFIG_FOLDERS, display_path
+
+    if variant is True or variant is None or not isinstance(variant, str) or not variant:
+        raise ConfigError(
+            f"command line: --variant: needs a name; {display_path(root)} has: {', '.join(_variants(root)) or '-'}"
+        )
+    out = dict(selection)
+    found = False
+    for folder in CONFIG_FOLDERS:
+        if os.path.isfile(os.path.join(root, folder, f"{variant}.yaml")):
+            found = True
+            out.setdefault(folder, ["default", variant])
+    if not found:
+        raise ConfigError(
+            f"command line: --variant {variant}: no such variant; {display_path(root)} has: "
+            f"{', '.join(_variants(root)) or '-'}"
+        )
+    return out
+
+
+def quiet_progress_bars():
+    """PML's trainers and testers draw tqdm bars with no switch; the CLI (an application) turns them off
+    (``run`` unless ``--progress`` is given; ``job`` when its output is not a terminal)."""
+    from functools import partialmethod
+
+    import tqdm
+
+    if not getattr(tqdm.tqdm, "_pml_extensions_quiet", False):
+        tqdm.tqdm.__init__ = partialmethod(tqdm.tqdm.__init__, disable=True)
+        tqdm.tqdm._pml_extensions_quiet = True
+
+
+def _list(role: Optional[str]) -> int:
+    """Every class a config can name, per role: pml_extensions' own, registered ones, and the stock classes of
+    PML, torch and torchvision (their module is shown), or the protocols."""
+    from ..runner.config.registry import ROLES, classes_for_role
+
+    if role == "protocol":
+        from ..runner.protocols import DESCRIPTIONS
+
+        print("protocols (the config's `protocol:` key):")
+        for name, text in DESCRIPTIONS.items():
+            print(f"  {name}: {text}")
+        return 0
+    if role is not None and role not in ROLES:
+        raise ConfigError(f"command line: --list: unknown role {role!r}; choose from {', '.join(ROLES)} or protocol")
+    print("Classes a config can name, by role: pml_extensions (and registered) classes, then the stock classes of")
+    print("pytorch-metric-learning, torch and torchvision, grouped by module. `--list protocol` lists the protocols.")
+    print(
+        "Trunks may also name model functions: torchvision.models' (resnet50, mobilenet_v2, ...) and ours "
+        "(mobilenet_v2_features, ...)."
+    )
+    for r in [role] if role else ROLES:
+        groups = {}
+        for name, cls in classes_for_role(r).items():
+            module = getattr(cls, "__module__", "") or ""
+            top = module if module.startswith("pml_extensions") else ".".join(module.split(".")[:2])
+            group = "pml_extensions" if top.startswith("pml_extensions") else top
+            groups.setdefault(group, []).append(name)
+        print(f"{r}:")
+        for group in sorted(groups, key=lambda g: (not g.startswith("pml_extensions"), g)):
+            print(f"  {group}: {', '.join(sorted(groups[group]))}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    try:
+        return _main(argv)
+    except ConfigError as e:
+        print(f"config error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+
+
+def _print_results(results: dict, folder: str) -> None:
+    best = results.get("best") if isinstance(results, dict) and "trials" in results else None
+    if best:
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in best["params"].items())
+        print(f"best of {results['n_trials']} trials: trial {best['number']} (objective {best['value']:.4f}): {shown}")
+    test = results.get("test") if isinstance(results, dict) else None
+    if isinstance(test, dict):
+        for key, metrics in test.items():
+            if key == "per_model" or not isinstance(metrics, dict):
+                continue
+            shown = ", ".join(f"{m}={v:.4f}" for m, v in metrics.items() if isinstance(v, float))
+            print(f"test {key}: {shown}")
+    main_file = "search.json" if best else "results.json"
+    print(f"results: {os.path.join(folder, main_file)}; report: {os.path.join(folder, 'report.html')}")
+
+
+def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callable[..., None]] = None) -> int:
+    """``run`` (and ``job``, which calls it with its own ``prog`` and an ``announce(config, folder)`` line)."""
+    from ..runner.config.loader import (
+        display_path,
+        find_search_markers,
+        load_config,
+        parse_command_line,
+        select_variants,
+        split_selection,
+    )
+
+    typed = list(argv)
+    config_arg = None
+    if argv and not argv[0].startswith("--"):
+        config_arg, argv = argv[0], argv[1:]
+    cli = parse_command_line(argv)
+    if "list" in cli:
+        value = cli["list"]
+        return _list(None if value is True and config_arg is None else (config_arg if value is True else value))
+    selection, rest = split_selection(cli)
+    runner = {k.replace("-", "_"): rest.pop(k) for k in RUNNER_KEYS if k in rest}
+    chosen = rest.pop("variants") if _names(rest.get("variants")) is not None else None
+    if not runner.get("progress", False):
+        quiet_progress_bars()
+    if "reproduce" in runner:
+        from ..runner.protocols import reproduce
+
+        if not isinstance(runner["reproduce"], str):
+            raise ConfigError("command line: --reproduce: needs the folder of a finished run")
+        return reproduce.main(runner["reproduce"], command=list(prog) + typed)
+    config_arg = runner.get("config_root", config_arg)
+    if config_arg is None:
+        raise ConfigError("command line: CONFIG: give a config folder or a shipped config name as the first argument")
+    root = find_config_root(str(config_arg))
+    if "variant" in runner:
+        selection = _variant_selection(root, runner["variant"], selection)
+    variant = runner.get("variant")
+    default_name = os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
+    root_folder = str(runner.get("root_experiment_folder", "experiments"))
+    folder = os.path.join(root_folder, str(runner.get("experiment_name") or default_name))
+
+    from ..runner.experiment import distributed as dist_utils
+
+    dist_utils.init_from_env()
+    if runner.get("report_only"):
+        from ..runner.outputs.report import write_report
+
+        print(write_report(folder))
+        return 0
+    config, sources = load_config(root, selection, rest, allow_search=True)
+    if not runner.get("experiment_name") and isinstance(config.get("experiment_name"), str):
+        folder = os.path.join(root_folder, config["experiment_name"])  # the flat form names its experiment
+    if chosen is not None:
+        config = select_variants(config, _names(chosen))
+    if runner.get("dry_run"):
+        import yaml
+
+        print(f"# {display_path(root)} merged with the command line (not run)")
+        print(yaml.safe_dump(config, sort_keys=False), end="")
+        return 0
+    if runner.get("new") and runner.get("resume_anyway"):
+        raise ConfigError("command line: --new and --resume-anyway exclude each other")
+    on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")
+    command = list(prog) + typed
+    if announce is not None and dist_utils.is_main():
+        announce(config, folder)
+    if find_search_markers(config):
+        from ..runner.protocols.search import run_search
+
+        results = run_search(config, folder, sources, on_change=on_change, command=command)
+    else:
+        from ..runner.protocols import run_protocol
+
+        results = run_protocol(config, folder, sources, on_change=on_change, command=command)
+    if dist_utils.is_main():
+        _print_results(results, folder)
+    return 0
+
+
+def _names(value) -> Optional[List[str]]:
+    """``--variants a b`` (the string ``"a b"``) or ``[a, b]`` as names; None for anything else (a mapping merges
+    into the config's ``variants`` as usual)."""
+    if isinstance(value, str):
+        return value.replace(",", " ").split()
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

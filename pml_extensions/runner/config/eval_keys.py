@@ -1,0 +1,197 @@
+"""PB v0.9.33's evaluation keys (``tester``, its ``accuracy_calculator``, ``aggregator``, ``ensemble``) and the
+helpers :mod:`pml_extensions.runner.config.pb_keys` shares: each value is honoured as in PB or refused with one line.
+
+Example::
+
+    >>> from pml_extensions.runner.config.eval_keys import ensemble_settings
+    >>> ensemble_settings({"ensemble": {"ConcatenateEmbeddings": {"normalize_embeddings": False}}})
+    {'normalize_embeddings': False, 'use_trunk_output': False}
+"""
+
+import difflib
+import inspect
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+
+from ..errors import ConfigError
+from .specs import one_spec
+
+_TESTER = "GlobalEmbeddingSpaceTester"
+_DEFAULT_ENSEMBLE = {"normalize_embeddings": True, "use_trunk_output": False}
+#: PB's own classes for these keys that this runner does not implement (refused by name, not "unknown")
+_PB_ONLY = {
+    "split_manager": (
+        "ClosedSetSplitManager",
+        "IndexSplitManager",
+        "PredefinedSplitManager",
+        "EmbeddingSpaceSplitManager",
+        "MLRCSplitManager",
+        "UseOriginalTestSplitManager",
+    ),
+    "aggregator": (),
+    "ensemble": (),
+    "hook_container": (),
+}
+
+
+def _where(sources: Optional[Dict[str, str]], key: str) -> str:
+    return f"{(sources or {}).get(key.split('.')[0], 'config')}: {key}"
+
+
+def nearest(name: str, known: Iterable[str], cutoff: float = 0.5) -> str:
+    """``"; did you mean X?"`` for the closest known name (``difflib``; ``cutoff=0`` always names one), or ``""``."""
+    close = difflib.get_close_matches(str(name), sorted(set(known)), n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _one_class(config: Dict[str, Any], key: str, sources, default: Optional[str] = None) -> Tuple[str, Dict]:
+    """``(name, kwargs)`` of ``config[key]`` by the one parser (:func:`pml_extensions.runner.config.specs.one_spec`),
+    ``default`` when the key is absent."""
+    return one_spec(config.get(key), _where(sources, key), default)
+
+
+def _check_kwargs(where: str, kwargs: Dict, allowed: Iterable[str]) -> None:
+    for k in kwargs:
+        if k not in allowed:
+            raise ConfigError(f"{where}: unknown argument {k!r}{nearest(k, allowed)} (known: {', '.join(allowed)})")
+
+
+def _check_class(where: str, key: str, name: str, allowed: Sequence[str]) -> None:
+    if name in allowed:
+        return
+    if name in _PB_ONLY.get(key, ()):
+        raise ConfigError(f"{where}: {name} is powerful-benchmarker's, not implemented here; use {allowed[0]}")
+    raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, allowed)} (known: {', '.join(allowed)})")
+
+
+def _tester_params(cls=None) -> Tuple[str, ...]:
+    """The keyword arguments a tester class takes: PML's ``BaseTester`` ones and those of every class between
+    ``cls`` and it (e.g. :class:`pml_extensions.testers.AsymmetricTester`'s reference models), less the ones the
+    runner passes itself, plus PB's ``reference_set``."""
+    from pytorch_metric_learning.testers import BaseTester
+
+    internal = {
+        "self",
+        "data_device",
+        "dtype",
+        "end_of_testing_hook",
+        "dataset_labels",
+        "data_and_label_getter",
+        "visualizer_hook",
+    }
+    names = list(inspect.signature(BaseTester.__init__).parameters)
+    for klass in getattr(cls, "__mro__", ()):
+        init = vars(klass).get("__init__") if klass is not object else None
+        if init is not None:
+            params = inspect.signature(init).parameters.values()
+            names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return tuple(dict.fromkeys(p for p in names if p not in internal)) + ("reference_set",)
+
+
+def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
+    """``tester``'s class and checked arguments (``reference_set`` removed: only ``compared_to_self``).
+
+    Raises:
+        ConfigError: an unknown tester class or argument, ``reference_set`` other than ``compared_to_self``,
+        a ``visualizer`` (embedding plots need umap, not a dependency), a bad ``accuracy_calculator``.
+    """
+    from .registry import classes_for_role
+
+    name, kwargs = _one_class(config, "tester", sources, _TESTER)
+    where = _where(sources, "tester") + f".{name}"
+    testers = classes_for_role("tester")
+    if name not in testers:
+        raise ConfigError(f"{where}: unknown tester class {name!r}{nearest(name, testers)}")
+    _check_kwargs(where, kwargs, _tester_params(testers[name]))
+    kwargs = dict(kwargs)
+    reference = kwargs.pop("reference_set", "compared_to_self")
+    if reference != "compared_to_self":
+        raise ConfigError(
+            f"{where}.reference_set: only compared_to_self is supported (each split is its own "
+            f"reference set, as in the MLRC paper), got {reference!r}"
+        )
+    if kwargs.get("visualizer") is not None:
+        raise ConfigError(
+            f"{where}.visualizer: embedding plots are not supported (PB used umap, not a "
+            "dependency); set visualizer: null"
+        )
+    kwargs.pop("visualizer", None)
+    pca = kwargs.get("pca")
+    if pca is not None and (isinstance(pca, bool) or not isinstance(pca, int) or pca < 1):
+        raise ConfigError(f"{where}.pca: expected null or a positive number of dimensions, got {pca!r}")
+    level = kwargs.get("label_hierarchy_level", 0)
+    if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+        raise ConfigError(f"{where}.label_hierarchy_level: expected a non-negative integer, got {level!r}")
+    accuracy_calculator_spec(kwargs, where)
+    return name, kwargs
+
+
+def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple[str, Dict[str, Any]]:
+    """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")`` as in the MLRC
+    paper); ``include``/``exclude`` name PML metrics.
+
+    Raises:
+        ConfigError: unknown class, or a metric name PML does not compute.
+    """
+    from .registry import classes_for_role
+
+    spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
+    where = f"{where}.accuracy_calculator"
+    if not (isinstance(spec, dict) and len(spec) == 1):
+        raise ConfigError(f"{where}: expected one {{ClassName: {{kwargs}}}}, got {spec!r}")
+    name, kwargs = next(iter(spec.items()))
+    kwargs = dict(kwargs or {})
+    calculators = classes_for_role("accuracy_calculator")
+    if name not in calculators:
+        raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
+    known = set(calculators[name]().get_curr_metrics()) | {"mean_reciprocal_rank"}
+    for key in ("include", "exclude"):
+        for metric in kwargs.get(key) or ():
+            if metric not in known:
+                raise ConfigError(f"{where}.{name}.{key}: unknown metric {metric!r}{nearest(metric, known)}")
+    return name, kwargs
+
+
+def aggregate(
+    config: Dict[str, Any], fold_metrics: Sequence[Dict[str, float]], sources: Optional[Dict[str, str]] = None
+) -> Dict[str, float]:
+    """``aggregator: {MeanAggregator: {split_to_aggregate: val}}``: the mean over folds of each fold's metrics
+    at its best validation epoch — PB's single number per experiment (the search objective).
+
+    Args:
+        fold_metrics: one ``{metric: value}`` per trained fold.
+
+    Raises:
+        ConfigError: another aggregator class or split, an unknown argument, no folds.
+    """
+    name, kwargs = _one_class(config, "aggregator", sources, "MeanAggregator")
+    where = _where(sources, "aggregator") + f".{name}"
+    _check_class(where, "aggregator", name, ("MeanAggregator",))
+    _check_kwargs(where, kwargs, ("split_to_aggregate",))
+    if kwargs.get("split_to_aggregate", "val") != "val":
+        raise ConfigError(
+            f"{where}.split_to_aggregate: only val is aggregated (the test split is evaluated by "
+            f"the ensemble), got {kwargs['split_to_aggregate']!r}"
+        )
+    if not fold_metrics:
+        return {}
+    common = set.intersection(*(set(m) for m in fold_metrics))
+    return {m: float(sum(f[m] for f in fold_metrics) / len(fold_metrics)) for m in sorted(common)}
+
+
+def ensemble_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, bool]:
+    """``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}`` (PB's defaults: True,
+    False): whether each fold's embeddings are L2-normalised before concatenation, and whether the trunk output
+    (not the embedder's) is concatenated.
+
+    Raises:
+        ConfigError: another class, an unknown argument, non-boolean values.
+    """
+    name, kwargs = _one_class(config, "ensemble", sources, "ConcatenateEmbeddings")
+    where = _where(sources, "ensemble") + f".{name}"
+    _check_class(where, "ensemble", name, ("ConcatenateEmbeddings",))
+    _check_kwargs(where, kwargs, tuple(_DEFAULT_ENSEMBLE))
+    out = dict(_DEFAULT_ENSEMBLE, **kwargs)
+    for k, v in out.items():
+        if not isinstance(v, bool):
+            raise ConfigError(f"{where}.{k}: expected true or false, got {v!r}")
+    return out

@@ -1,0 +1,401 @@
+"""The one config loader: powerful-benchmarker (PB) syntax, two input forms, one merge.
+
+Input forms (:func:`load_config`, located by :func:`find_config`):
+
+* PB's folders ("Metric Learning Reality Check" layout): one folder per category (:data:`CONFIG_FOLDERS`),
+  each holding YAML files; a run selects, per folder, a list of file names (default ``[default]``) merged in
+  order;
+* the flat form: one ``config_<category>.yaml`` per category (protocol ``xml_vs_gap`` unless the files say
+  otherwise); its ``variants`` key (name -> changes) is expanded by :func:`variant_configs` with the same
+  :func:`merge`.
+
+The command line is merged last. The syntax is PB's (``docs/cl_syntax.md``, ``docs/yaml_syntax.md`` of
+``KevinMusgrave/powerful-benchmarker``): :func:`pml_extensions.runner.config.syntax.merge` and its markers
+(``~OVERRIDE~``, ``~APPLY~n``, ``~SWAP~n``, ``~DELETE~``, ``~BAYESIAN~``), nested in one another at any depth.
+
+Command line (:func:`parse_command_line`): ``--name value`` pairs, the value parsed as YAML, so a value may span
+several shell words: ``--optimizers~APPLY~3 {lr: 0.01}``, ``--config_general [default, with_quick]``. A
+flag with no value is ``True``. ``--config_<folder> [names]`` select files; every other flag is merged into
+the config. Top-level keys are checked against what the config's protocol reads
+(:func:`pml_extensions.runner.config.keys.check_keys`): a typo is an error naming the nearest known key; older
+spellings are mapped with one note (:mod:`pml_extensions.runner.config.old_keys`).
+
+Every error is a :class:`pml_extensions.runner.errors.ConfigError` whose one-line message starts with the
+file (or ``command line``) and names the key.
+"""
+
+import os
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+from ..errors import ConfigError
+from .syntax import _SEARCH_OPS, find_search_markers, merge, split_marker  # noqa: F401
+
+CONFIG_FOLDERS = (
+    "config_general",
+    "config_models",
+    "config_loss_and_miners",
+    "config_optimizers",
+    "config_transforms",
+    "config_eval",
+    "config_factories",
+    "config_dataset",
+)
+
+
+def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> None:
+    """Refuse hyper-parameter search markers with one line.
+
+    Raises:
+        ConfigError: naming the file and key of the first marker found.
+    """
+    found = find_search_markers(config)
+    if not found:
+        return
+    top = found[0].split(".")[0]
+    source = (sources or {}).get(top, "config")
+    try:
+        import optuna  # noqa: F401
+
+        reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner's search)"
+    except ImportError:
+        reason = "hyper-parameter search needs optuna, which is not installed (pip install optuna)"
+    raise ConfigError(f"{source}: key {found[0]}: {reason}; replace the marker by a fixed value")
+
+
+def _key_before_line(text: str, line: int) -> str:
+    """The nearest key at or above ``line`` (0-based) in YAML text, for error messages."""
+    lines = text.splitlines()
+    for i in range(min(line, len(lines) - 1), -1, -1):
+        m = re.match(r"^\s*([^\s#:\-][^:#]*?)\s*:(\s|$)", lines[i])
+        if m:
+            return m.group(1)
+    return "<top>"
+
+
+def load_yaml(path: str) -> Dict:
+    """Load one YAML file as a dict (empty file -> ``{}``).
+
+    Raises:
+        ConfigError: ``"<path>: missing config file"``, ``"<path>:<line>: key <k>: malformed YAML: ..."`` or
+            ``"<path>: top level must be a mapping"``.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(f"{display_path(path)}: missing config file")
+    with open(path, "r", encoding="utf-8") as f:
+        text = f.read()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        line = mark.line if mark is not None else 0
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(
+            f"{display_path(path)}:{line + 1}: key {_key_before_line(text, line)!r}: malformed YAML: {problem}"
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{display_path(path)}: key <top>: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+load_yaml_file = load_yaml  # the name used before issue 9
+
+
+def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
+    """Parse ``--name value ...`` into a dict; values are YAML (``{a: 1}``, ``[x, y]``, ``0.1``, ``null``).
+
+    Raises:
+        ConfigError: ``"command line: --name: ..."`` for values without a flag or malformed YAML values.
+    """
+    out: Dict[str, Any] = {}
+    flag, words = None, []
+
+    def close():
+        if flag is None:
+            return
+        if not words:
+            out[flag] = True
+            return
+        text = " ".join(words)
+        try:
+            out[flag] = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"command line: --{flag}: malformed YAML value {text!r}: {problem}") from None
+
+    for word in argv:
+        if re.match(r"^--[A-Za-z_]", word):
+            close()
+            flag, words = word[2:].rstrip(":"), []
+        elif flag is None:
+            raise ConfigError(f"command line: {word!r}: value without a --flag in front of it")
+        else:
+            words.append(word)
+    close()
+    return out
+
+
+def _configs_dir() -> str:
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+
+
+def config_layout(root: str) -> Optional[str]:
+    """``"folders"`` (``config_general/default.yaml`` ...), ``"flat"`` (``config_general.yaml`` ...) or None."""
+    if any(os.path.isdir(os.path.join(root, f)) for f in CONFIG_FOLDERS):
+        return "folders"
+    if any(os.path.isfile(os.path.join(root, f + ".yaml")) for f in CONFIG_FOLDERS):
+        return "flat"
+    return None
+
+
+def shipped_configs() -> List[str]:
+    """Names of the configs shipped in ``pml_extensions/configs`` (both layouts)."""
+    d = _configs_dir()
+    return sorted(n for n in os.listdir(d) if config_layout(os.path.join(d, n))) if os.path.isdir(d) else []
+
+
+def find_config(name_or_path: str) -> str:
+    """The one config locator: a folder path, or the name of a config shipped in ``pml_extensions/configs``.
+
+    Raises:
+        ConfigError: naming what was looked for and the shipped names (never an absolute install path).
+    """
+    name_or_path = str(name_or_path)
+    if os.path.isdir(name_or_path) and config_layout(name_or_path):
+        return name_or_path
+    shipped = os.path.join(_configs_dir(), name_or_path)
+    if os.sep not in name_or_path and os.path.isdir(shipped):
+        return shipped
+    if os.path.isdir(name_or_path):
+        raise ConfigError(f"{name_or_path}: no config_<category>/ folders or config_<category>.yaml files in it")
+    raise ConfigError(f"{name_or_path}: missing config folder (shipped configs: {', '.join(shipped_configs())})")
+
+
+def display_path(path: str) -> str:
+    """``path`` for messages: relative to the shipped configs (``configs/x/...``), relative to the working folder
+    when inside it, else absolute (the same message wherever the command was started)."""
+    path = os.path.abspath(path)
+    root = os.path.dirname(_configs_dir())
+    if path.startswith(root + os.sep):
+        return os.path.relpath(path, root)
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+def _file_list(config_root: str, selection: Dict[str, Sequence[str]]) -> List[Tuple[str, str]]:
+    """(category, path) in merge order for either layout."""
+    files = []
+    if config_layout(config_root) == "flat":
+        if selection:
+            raise ConfigError(
+                f"command line: --{next(iter(selection))}: {display_path(config_root)} keeps one file per category "
+                "(config_<category>.yaml); choose variants with its `variants` key instead"
+            )
+        unknown = sorted(
+            f
+            for f in os.listdir(config_root)
+            if f.startswith("config_") and f.endswith(".yaml") and f[:-5] not in CONFIG_FOLDERS
+        )
+        if unknown:
+            raise ConfigError(
+                f"{display_path(os.path.join(config_root, unknown[0]))}: unknown config category; "
+                f"choose from {', '.join(CONFIG_FOLDERS)}"
+            )
+        for folder in CONFIG_FOLDERS:
+            path = os.path.join(config_root, folder + ".yaml")
+            if os.path.isfile(path):
+                files.append((folder, path))
+        return files
+    for folder in CONFIG_FOLDERS:
+        names = selection.get(folder)
+        folder_path = os.path.join(config_root, folder)
+        if names is None:
+            if not os.path.isdir(folder_path):
+                continue
+            names = ["default"]
+        for name in [names] if isinstance(names, str) else names:
+            path = os.path.join(folder_path, f"{name}.yaml")
+            if not os.path.isfile(path):
+                raise ConfigError(f"{display_path(path)}: missing config file (selected by {folder}: {list(names)})")
+            files.append((folder, path))
+    return files
+
+
+def load_config(
+    config_root: str,
+    selection: Optional[Dict[str, Sequence[str]]] = None,
+    overrides: Optional[Dict[str, Any]] = None,
+    allow_search: bool = False,
+    check_keys: bool = True,
+    log: Callable[..., None] = None,
+) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """The one loader: merge a config's files, then the command-line overrides.
+
+    Two input forms: powerful-benchmarker's folders (``config_general/default.yaml`` ..., a ``selection`` of
+    file names per folder, merged in order) and the flat form (``config_general.yaml`` ..., one file per
+    category, optionally a ``variants`` key; see :func:`variant_configs`). Both go through the same
+    :func:`load_yaml` and :func:`merge`.
+
+    Args:
+        config_root: a config folder (see :func:`find_config`).
+        selection: folder -> list of file names without ``.yaml`` (default ``["default"]`` for every folder
+            that exists under ``config_root``), merged in order; folders form only.
+        overrides: parsed command-line dict (markers allowed), merged last.
+        allow_search: keep ``~BAYESIAN~`` markers (for :mod:`pml_extensions.runner.protocols.search`) instead of
+            refusing.
+        check_keys: refuse top-level keys the config's protocol does not read (a typo is an error naming the
+            nearest known key, :func:`pml_extensions.runner.config.keys.check_keys`) and map older spellings
+            (:func:`pml_extensions.runner.config.old_keys.map_old_keys`).
+        log: where notes about mapped old keys go (default: stderr).
+
+    Returns:
+        ``(config, sources)``: the merged dict and, per top-level key, the file (or ``"command line"``) that
+        set it last — used to name the file in later error messages.
+
+    Raises:
+        ConfigError: missing root/folder/file, malformed YAML, bad markers, unknown folder in ``selection``,
+        unknown keys.
+
+    Example::
+
+        >>> cfg, src = load_config(find_config("contrastive"), {"config_general": ["default", "quick"]})
+        >>> cfg["num_epochs_train"], src["num_epochs_train"]
+        (3, 'configs/contrastive/config_general/quick.yaml')
+    """
+    if not os.path.isdir(config_root):
+        raise ConfigError(f"{display_path(config_root)}: missing config folder")
+    selection = dict(selection or {})
+    for folder in selection:
+        if folder not in CONFIG_FOLDERS:
+            raise ConfigError(
+                f"command line: --{folder}: unknown config folder; choose from {', '.join(CONFIG_FOLDERS)}"
+            )
+    config: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
+    per_folder: Dict[str, Dict[str, Any]] = {}
+    variants: Dict[str, Any] = {}
+    for folder, path in _file_list(config_root, selection):
+        shown = display_path(path)
+        data = load_yaml(path)
+        if "variants" in data:  # kept raw: their markers act on the merged config (variant_configs)
+            if not isinstance(data["variants"] or {}, dict):
+                raise ConfigError(f"{shown}: variants: expected a mapping name -> changes")
+            variants.update(data.pop("variants") or {})
+            sources["variants"] = shown
+        per_folder[folder] = merge(per_folder.get(folder, {}), data, shown)
+        for k in data:
+            sources[split_marker(k, shown)[0]] = shown
+    for folder in CONFIG_FOLDERS:
+        if folder in per_folder:
+            config = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
+    if variants:
+        config["variants"] = variants
+    if config_layout(config_root) == "flat" and "protocol" not in config:
+        config["protocol"] = "xml_vs_gap"  # the flat form is the main job's
+        sources["protocol"] = display_path(config_root)
+    file_keys = set(config)
+    if overrides:
+        config = merge(config, overrides, "command line")
+        for k in overrides:
+            sources[split_marker(k, "command line")[0]] = "command line"
+    if check_keys:
+        from . import pb_keys
+        from .keys import check_keys as check_top_level_keys
+        from .old_keys import map_old_keys
+
+        check_top_level_keys(config, sources, file_keys)
+        config = map_old_keys(config, sources, log=log)
+        pb_keys.check_values(config, sources)
+    if not allow_search:
+        check_no_search(config, sources)
+    return config, sources
+
+
+def variant_configs(
+    config: Dict[str, Any], names: Optional[Sequence[str]] = None, where: str = "config_general"
+) -> Dict[str, Dict[str, Any]]:
+    """The flat form's ``variants``: ``{name: update}``, each merged (with :func:`merge`, markers allowed) over the
+    rest of the config. A config without ``variants`` is one variant called ``default``.
+
+    Args:
+        config: a merged config from :func:`load_config`.
+        names: only these variants, in this order (default all).
+        where: the file named in error messages.
+
+    Returns:
+        variant name -> full config (without ``variants``).
+
+    Raises:
+        ConfigError: ``variants`` not a mapping, or an unknown name (the message lists the existing ones).
+
+    Example::
+
+        >>> variant_configs({"seed": 0, "variants": {"a": {}, "b": {"seed": 1}}})
+        {'a': {'seed': 0}, 'b': {'seed': 1}}
+    """
+    base = {k: v for k, v in config.items() if k != "variants"}
+    variants = config.get("variants") or {"default": {}}
+    if not isinstance(variants, dict):
+        raise ConfigError(f"{where}: variants: expected a mapping name -> changes, got {type(variants).__name__}")
+    if names:
+        unknown = [n for n in names if n not in variants]
+        if unknown:
+            raise ConfigError(
+                f"{where}: variants: unknown {', '.join(map(repr, unknown))}; this config has {', '.join(variants)}"
+            )
+        variants = {n: variants[n] for n in names}
+    return {name: merge(base, update or {}, f"{where}: variants.{name}") for name, update in variants.items()}
+
+
+def select_variants(config: Dict[str, Any], names: Sequence[str]) -> Dict[str, Any]:
+    """Keep only the flat form's ``variants`` called ``names`` (in the config's order) and the ``comparisons``
+    between them (``--variants a b`` on the command line).
+
+    Raises:
+        ConfigError: a config without ``variants``, or a name it does not have (the message lists them).
+
+    Example::
+
+        >>> cfg = {"variants": {"a": {}, "b": {}, "c": {}}, "comparisons": [["a", "b"], ["a", "c"]]}
+        >>> select_variants(cfg, ["c", "a"])
+        {'variants': {'a': {}, 'c': {}}, 'comparisons': [['a', 'c']]}
+    """
+    variants = config.get("variants")
+    if not isinstance(variants, dict) or not variants:
+        raise ConfigError("command line: --variants: this config has no variants to choose from")
+    unknown = sorted(set(names) - set(variants))
+    if unknown:
+        raise ConfigError(f"command line: --variants: unknown {unknown}; config has {sorted(variants)}")
+    out = dict(config)
+    out["variants"] = {k: v for k, v in variants.items() if k in names}
+    if "comparisons" in config:
+        out["comparisons"] = [p for p in config.get("comparisons") or [] if all(v in names for v in p)]
+    return out
+
+
+def split_selection(cli: Dict[str, Any]) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:
+    """Separate ``config_<folder>`` selections from the other command-line keys.
+
+    Raises:
+        ConfigError: if a selection is not a name or a list of names.
+    """
+    selection, rest = {}, {}
+    for k, v in cli.items():
+        if isinstance(k, str) and k.startswith("config_") and k != "config_root":
+            if isinstance(v, str):
+                v = [v]
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ConfigError(
+                    f"command line: --{k}: expected a file name or a list like [default, other], got {v!r}"
+                )
+            selection[k] = v
+        else:
+            rest[k] = v
+    return selection, rest

@@ -1,0 +1,328 @@
+"""Every powerful-benchmarker (PB v0.9.33) config value: honoured or refused, with one line naming the key.
+
+PB's config folder (``config_general``, ``config_dataset``, ``config_eval``, ...) names keys whose effect this
+module defines for the ``mlrc`` protocol; the loader (:func:`pml_extensions.runner.config.loader.load_config`)
+calls :func:`pml_extensions.runner.config.keys.check_keys` (which keys exist),
+:func:`pml_extensions.runner.config.old_keys.map_old_keys` (older spellings) and :func:`check_values` (their
+values), so a run never starts with a key it would ignore. The protocol reads the honoured values through the
+accessors below (:func:`split_settings`, :func:`primary_metric`, :func:`aggregate`, :func:`ensemble_settings`,
+...; the tester is built by :meth:`pml_extensions.runner.objects.builder.Builder.build_tester` from
+:func:`tester_spec`).
+
+Honoured (as in PB):
+
+* ``split_manager: {ClassDisjointSplitManager: {test_size, test_start_idx, num_training_partitions,
+  num_training_sets, hierarchy_level, data_and_label_getter_keys}}``: the class-disjoint split and its folds;
+* ``splits_to_eval``: the splits evaluated every ``save_interval`` epochs (``val``; ``train`` is logged too);
+* ``tester: {GlobalEmbeddingSpaceTester: {normalize_embeddings, use_trunk_output, batch_size,
+  dataloader_num_workers, pca, accuracy_calculator, label_hierarchy_level, reference_set: compared_to_self,
+  visualizer: null}}``: passed to PML's tester (``accuracy_calculator`` built by name, its ``include`` honoured);
+* ``aggregator: {MeanAggregator: {split_to_aggregate}}``: the mean over folds of the best validation metrics
+  (``results.json["aggregate"]``, the search objective);
+* ``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}``: the concatenated test model;
+* ``hook_container: {HookContainer: {primary_metric, validation_split_name: val, save_models: true}}``:
+  ``primary_metric`` drives early stopping and model selection;
+* ``config_general`` flags: ``api_parser: null``, ``skip_eval_if_already_done: true`` (a resumed run never
+  re-evaluates a logged epoch), ``skip_ensemble_eval_if_already_done`` (reuse the saved test numbers or compute
+  them again), ``log_data_to_tensorboard`` (needs ``tensorboard``), ``save_figures_on_tensorboard: false``,
+  ``save_lists_in_db`` (record-keeper's ``save_lists``), ``override_required_compatible_factories: false``.
+
+Every other value of these keys stops the run with one line naming the key and why (e.g. ``reference_set:
+compared_to_training_set`` — this runner compares each split to itself). Older PB spellings (before v0.9.29:
+``eval_*``, top-level ``test_size`` ..., ``iterations_per_epoch``, ``batch_size``) are mapped with a note
+(:mod:`pml_extensions.runner.config.old_keys`).
+
+Example::
+
+    >>> from pml_extensions.runner.config.pb_keys import split_settings
+    >>> split_settings({"split_manager": {"ClassDisjointSplitManager": {"test_size": 0.25}}})["test_size"]
+    0.25
+"""
+
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ConfigError
+from .eval_keys import (  # noqa: F401  (re-exported: the protocol reads every PB key through pb_keys)
+    _DEFAULT_ENSEMBLE,
+    _TESTER,
+    _check_class,
+    _check_kwargs,
+    _one_class,
+    _where,
+    accuracy_calculator_spec,
+    aggregate,
+    ensemble_settings,
+    nearest,
+    tester_spec,
+)
+
+_DEFAULT_SPLIT = {
+    "test_size": 0.5,
+    "test_start_idx": 0.5,
+    "num_training_partitions": 4,
+    "num_training_sets": 4,
+    "hierarchy_level": 0,
+    "data_and_label_getter_keys": None,
+}
+_DEFAULT_HOOKS = {"primary_metric": "mean_average_precision_at_r", "validation_split_name": "val", "save_models": True}
+#: config_general flags: key -> (default, allowed values or None for any bool, reason when refused)
+_FLAGS = {
+    "api_parser": (None, (None,), "API parsers are PB's internals; choose the protocol with `protocol:`"),
+    "skip_eval_if_already_done": (
+        True,
+        (True,),
+        "a resumed run continues from its checkpoint and never evaluates a logged epoch again",
+    ),
+    "skip_ensemble_eval_if_already_done": (True, (True, False), ""),
+    "log_data_to_tensorboard": (False, (True, False), ""),
+    "save_figures_on_tensorboard": (False, (False,), "figures go to report.html, not to tensorboard"),
+    "save_lists_in_db": (False, (True, False), ""),
+    "override_required_compatible_factories": (
+        False,
+        (False,),
+        "custom factories are not supported; register classes with pml_extensions.runner.register instead",
+    ),
+}
+
+
+def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (test the second half of the
+    classes, 4 partitions, 4 training sets, hierarchy level 0, tuple items).
+
+    Raises:
+        ConfigError: another split manager, an unknown argument, or a value out of range.
+    """
+    name, kwargs = _one_class(config, "split_manager", sources, "ClassDisjointSplitManager")
+    where = _where(sources, "split_manager") + f".{name}"
+    _check_class(where, "split_manager", name, ("ClassDisjointSplitManager",))
+    _check_kwargs(where, kwargs, tuple(_DEFAULT_SPLIT))
+    out = dict(_DEFAULT_SPLIT, **kwargs)
+    for k in ("test_size", "test_start_idx"):
+        v = out[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ConfigError(f"{where}.{k}: expected a fraction of the classes in [0, 1], got {v!r}")
+    for k in ("num_training_partitions", "num_training_sets", "hierarchy_level"):
+        v = out[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "hierarchy_level" else 1):
+            raise ConfigError(
+                f"{where}.{k}: expected a {'non-negative' if k == 'hierarchy_level' else 'positive'} integer, got {v!r}"
+            )
+    if out["num_training_sets"] > out["num_training_partitions"]:
+        raise ConfigError(
+            f"{where}.num_training_sets: {out['num_training_sets']} is more than "
+            f"num_training_partitions ({out['num_training_partitions']})"
+        )
+    keys = out["data_and_label_getter_keys"]
+    if keys is not None and not (
+        isinstance(keys, list) and len(keys) == 2 and all(isinstance(x, (str, int)) for x in keys)
+    ):
+        raise ConfigError(
+            f"{where}.data_and_label_getter_keys: expected null (items are (image, label)) or "
+            f"[data_key, label_key], got {keys!r}"
+        )
+    return out
+
+
+def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tuple[Any, Any]]:
+    """``item -> (data, label)``: ``item[0], item[1]`` for ``None``, else ``item[keys[0]], item[keys[1]]``
+    (datasets that return dicts, PB's ``data_and_label_getter_keys``).
+
+    The getter raises ConfigError when string keys meet a dataset that returns tuples (PB's datasets returned
+    ``{"data": ..., "label": ...}``; PML's and ours return ``(image, label)``: set the key to null).
+
+    Example::
+
+        >>> data_and_label_getter(["img", "y"])({"img": "x", "y": 3})
+        ('x', 3)
+    """
+    if keys is None:
+        return lambda item: (item[0], item[1])
+    a, b = keys
+
+    def getter(item):
+        if isinstance(item, (tuple, list)) and not (isinstance(a, int) and isinstance(b, int)):
+            raise ConfigError(
+                f"split_manager.ClassDisjointSplitManager.data_and_label_getter_keys: {list(keys)} names dict keys, "
+                "but the dataset returns (image, label) tuples; set it to null"
+            )
+        return item[a], item[b]
+
+    return getter
+
+
+def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSplitManager.hierarchy_level"):
+    """Column ``level`` of ``[N, L]`` labels (``[N]`` labels have only level 0).
+
+    Raises:
+        ConfigError: for a level the labels do not have.
+    """
+    import numpy as np
+
+    labels = np.asarray(labels)
+    if labels.ndim == 1:
+        labels = labels[:, None]
+    if not 0 <= level < labels.shape[1]:
+        raise ConfigError(
+            f"{where}: level {level} does not exist; the dataset's labels have {labels.shape[1]} level(s)"
+        )
+    return labels[:, level]
+
+
+def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> List[str]:
+    """PB's ``splits_to_eval`` (default ``[val]``): a subset of ``[train, val]`` holding the validation split.
+
+    Raises:
+        ConfigError: other names, or a list without the validation split.
+    """
+    splits = config.get("splits_to_eval", ["val"])
+    where = _where(sources, "splits_to_eval")
+    val = hook_settings(config, sources)["validation_split_name"]
+    if not isinstance(splits, list) or not all(s in ("train", "val") for s in splits) or val not in splits:
+        raise ConfigError(
+            f"{where}: expected a list of train/val holding {val!r} (the test split is evaluated once, "
+            f"by the ensemble), got {splits!r}"
+        )
+    return list(dict.fromkeys(splits))
+
+
+def hook_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """``hook_container``'s HookContainer arguments with PB's defaults.
+
+    Raises:
+        ConfigError: another class, an unknown argument, ``validation_split_name`` other than ``val`` or
+        ``save_models: false`` (the test step loads each fold's best saved model).
+    """
+    name, kwargs = _one_class(config, "hook_container", sources, "HookContainer")
+    where = _where(sources, "hook_container") + f".{name}"
+    _check_class(where, "hook_container", name, ("HookContainer",))
+    _check_kwargs(where, kwargs, tuple(_DEFAULT_HOOKS))
+    out = dict(_DEFAULT_HOOKS, **kwargs)
+    if not isinstance(out["primary_metric"], str):
+        raise ConfigError(f"{where}.primary_metric: expected a metric name, got {out['primary_metric']!r}")
+    if out["validation_split_name"] != "val":
+        raise ConfigError(
+            f"{where}.validation_split_name: the splits here are train/val/test; got {out['validation_split_name']!r}"
+        )
+    if out["save_models"] is not True:
+        raise ConfigError(f"{where}.save_models: must be true: the test step loads each fold's best saved model")
+    return out
+
+
+def primary_metric(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> str:
+    """``hook_container.HookContainer.primary_metric`` (default MAP@R): the metric that selects the best epoch."""
+    return hook_settings(config, sources)["primary_metric"]
+
+
+def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = None) -> Any:
+    """A ``config_general`` flag of :data:`_FLAGS` (PB's default when absent), refused with one line when its
+    value would change the run in a way this runner does not implement.
+
+    Raises:
+        ConfigError: ``"<file>: skip_eval_if_already_done: False is not supported: ..."``; a non-boolean value;
+        ``log_data_to_tensorboard: true`` without the ``tensorboard`` package.
+    """
+    default, allowed, reason = _FLAGS[key]
+    value = config.get(key, default)
+    where = _where(sources, key)
+    if key != "api_parser" and not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if value not in allowed:
+        raise ConfigError(f"{where}: {value!r} is not supported: {reason}")
+    if key == "log_data_to_tensorboard" and value:
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                f"{where}: true needs the tensorboard package (pip install tensorboard); the CSV and "
+                "SQLite logs are always written"
+            ) from None
+    return value
+
+
+def record_keeper_options(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
+    """Keyword arguments for record-keeper from the flags: ``{"save_lists": save_lists_in_db,
+    "tensorboard_writer": SummaryWriter(<folder>/tensorboard) or None}``."""
+    writer = None
+    if flag(config, "log_data_to_tensorboard", sources):
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(os.path.join(folder, "tensorboard"))
+    return {"save_lists": bool(flag(config, "save_lists_in_db", sources)), "tensorboard_writer": writer}
+
+
+def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
+    """PB's ``skip_ensemble_eval_if_already_done``: the saved test numbers (``results.json["test"]``) when the
+    flag is true and they exist, else None (compute them)."""
+    import json
+
+    path = os.path.join(folder, "results.json")
+    if not flag(config, "skip_ensemble_eval_if_already_done", sources) or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("test")
+
+
+def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+    """Check every PB key of the mlrc protocol at load time (before any training): honoured values pass,
+    the others stop the run with one line naming the key and why.
+
+    Raises:
+        ConfigError: see the accessors.
+    """
+    check_single_class(config, sources)
+    for name, variant in (config.get("variants") or {}).items():
+        if isinstance(variant, dict):
+            from .syntax import merge
+
+            check_single_class(merge(config, variant, f"variants.{name}"), sources, f" (variant {name})")
+    if (config.get("protocol") or "mlrc") != "mlrc":
+        return
+    for key in _FLAGS:
+        flag(config, key, sources)
+    split_settings(config, sources)
+    splits_to_eval(config, sources)
+    tester_spec(config, sources)
+    aggregate(config, [], sources)
+    ensemble_settings(config, sources)
+    iters = config.get("bayes_opt_iters")
+    if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
+        raise ConfigError(f"{_where(sources, 'bayes_opt_iters')}: expected a positive number of trials, got {iters!r}")
+
+
+_ONE_CLASS = (
+    "trainer",
+    "sampler",
+    "tester",
+    "accuracy_calculator",
+    "split_manager",
+    "aggregator",
+    "ensemble",
+    "hook_container",
+)
+_ONE_CLASS_EACH = ("loss_funcs", "mining_funcs", "optimizers", "models")
+
+
+def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -> None:
+    """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both
+    (its docs call this "a problem with the config file"); here it is an error pointing at ``~OVERRIDE~``.
+
+    Raises:
+        ConfigError: ``"<file>: loss_funcs.metric_loss: two classes (XMLWrapper, ContrastiveLoss) ..."``.
+    """
+
+    def check(key, spec):
+        if isinstance(spec, dict) and len(spec) > 1 and all(isinstance(k, str) and k[:1].isupper() for k in spec):
+            top = key.split(".")[0]
+            raise ConfigError(
+                f"{_where(sources, key)}: {len(spec)} classes ({', '.join(spec)}){suffix}; a merge "
+                f"adds a class next to the old one, write {key.split('.')[-1]}~OVERRIDE~ to replace it"
+                if top
+                else ""
+            )
+
+    for key in _ONE_CLASS:
+        check(key, config.get(key))
+    for key in _ONE_CLASS_EACH:
+        for name, spec in (config.get(key) or {}).items() if isinstance(config.get(key), dict) else ():
+            check(f"{key}.{name}", spec)

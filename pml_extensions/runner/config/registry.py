@@ -1,0 +1,344 @@
+"""The one registry: every name a config may use, the one store of user registrations, and the role of each class.
+
+A powerful-benchmarker-style config names classes as ``{ClassName: {kwargs}}``. :func:`resolve` turns a name into
+the class (or factory function): first the user registrations (:func:`register`, the one store
+:data:`_REGISTRY`), then a fixed list of modules only (:data:`SEARCH_MODULES`: ``pml_extensions``,
+pytorch-metric-learning, torch, torchvision), so a config can never import an arbitrary path. Objects are built
+from resolved names in :mod:`pml_extensions.runner.objects`; the config layer only resolves and checks names.
+
+By role: every class of ``pml_extensions`` is found under its role with no user code: :func:`classes_for_role`
+scans the package's subpackages (and PML, torch, torchvision for the stock classes) and sorts classes by what they
+are (a PML loss is a ``loss``, a ``BaseTester`` a ``tester`` ...). Users call :func:`register`
+(``@register(role="loss")`` works as a decorator): the class becomes visible to configs and to
+:func:`classes_for_role`.
+
+Example::
+
+    >>> import torch
+    >>> from pml_extensions.runner.config.registry import find, register, resolve
+    >>> @register(role="model", name="TinyHead")
+    ... class TinyHead(torch.nn.Linear):
+    ...     pass
+    >>> find("model", "TinyHead") is TinyHead, resolve("TinyHead") is TinyHead
+    (True, True)
+
+Roles (:data:`ROLES`): loss, miner, reducer, distance, regularizer, model (trunks, embedders, layers),
+trainer, tester, accuracy_calculator, hook, dataset, sampler, optimizer, lr_scheduler, transform.
+"""
+
+import importlib
+import inspect
+import pkgutil
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import ConfigError
+
+#: the one store of user registrations: config name -> (class or callable, role or None); written only by
+#: :func:`register` and :func:`discover`
+_REGISTRY: Dict[str, Tuple[Any, Optional[str]]] = {}
+
+#: searched in this order by :func:`resolve`; the first module that has the name wins (ours shadow nothing: PML
+#: classes are re-exported as the same objects). ``pml_extensions.runner.objects.mlp`` is a name here, looked up
+#: only when a config asks for ``MLP`` (the config layer imports nothing from ``build``).
+SEARCH_MODULES = (
+    "pml_extensions.losses",
+    "pml_extensions.trunks",
+    "pml_extensions.trainers",
+    "pml_extensions.testers",
+    "pml_extensions.datasets",
+    "pml_extensions.utils",
+    "pytorch_metric_learning.miners",
+    "pytorch_metric_learning.reducers",
+    "pytorch_metric_learning.distances",
+    "pytorch_metric_learning.regularizers",
+    "pytorch_metric_learning.samplers",
+    "pytorch_metric_learning.utils.accuracy_calculator",
+    "pytorch_metric_learning.datasets",
+    "torch.nn",
+    "torch.optim",
+    "torch.optim.lr_scheduler",
+    "torchvision.models",
+    "torchvision.transforms",
+    "pml_extensions.runner.objects.mlp",
+    "pml_extensions.utils.chunked_accuracy_calculator",
+    "pml_extensions.explain",
+    "torchvision.datasets",
+)
+
+ROLES = (
+    "loss",
+    "miner",
+    "reducer",
+    "distance",
+    "regularizer",
+    "model",
+    "trainer",
+    "tester",
+    "accuracy_calculator",
+    "hook",
+    "dataset",
+    "sampler",
+    "optimizer",
+    "lr_scheduler",
+    "transform",
+)
+
+# Modules scanned per role, ours first (only subpackages that exist).
+ROLE_MODULES: Dict[str, tuple] = {
+    "loss": ("pml_extensions.losses", "pytorch_metric_learning.losses"),
+    "miner": ("pytorch_metric_learning.miners",),
+    "reducer": ("pytorch_metric_learning.reducers",),
+    "distance": ("pytorch_metric_learning.distances",),
+    "regularizer": ("pytorch_metric_learning.regularizers",),
+    "model": ("pml_extensions.trunks", "pml_extensions.runner.objects.mlp", "torch.nn", "torchvision.models"),
+    "trainer": ("pml_extensions.trainers", "pytorch_metric_learning.trainers"),
+    "tester": ("pml_extensions.testers", "pytorch_metric_learning.testers"),
+    "accuracy_calculator": (
+        "pml_extensions.utils",
+        "pml_extensions.utils.chunked_accuracy_calculator",
+        "pytorch_metric_learning.utils.accuracy_calculator",
+    ),
+    "hook": (
+        "pml_extensions.explain",
+        "pytorch_metric_learning.utils.logging_presets",
+    ),
+    "dataset": ("pml_extensions.datasets", "pytorch_metric_learning.datasets", "torchvision.datasets"),
+    "sampler": ("pytorch_metric_learning.samplers", "torch.utils.data"),
+    "optimizer": ("torch.optim",),
+    "lr_scheduler": ("torch.optim.lr_scheduler",),
+    "transform": ("torchvision.transforms",),
+}
+
+# Sub-packages of pml_extensions whose modules are scanned one by one, so a class is found under its role even
+# before it is re-exported from its package's __init__ (other modules are not imported).
+SCANNED_PACKAGES = (
+    "pml_extensions.losses",
+    "pml_extensions.trunks",
+    "pml_extensions.trainers",
+    "pml_extensions.testers",
+    "pml_extensions.utils",
+    "pml_extensions.datasets",
+    "pml_extensions.explain",
+)
+MODEL_PACKAGES = ("pml_extensions.trunks", "pml_extensions.runner.objects.mlp", "torch.nn", "torchvision.models")
+# Roles whose type test is loose (any Module / any callable) only take classes from these places.
+ROLE_PLACES = {
+    "model": MODEL_PACKAGES,
+    "regularizer": ("pytorch_metric_learning.regularizers",),
+    "transform": ("torchvision.transforms",),
+}
+_SCAN_CACHE: Dict[str, Any] = {}
+
+
+def resolve(name: str, where: str = "config") -> Any:
+    """The class or function called ``name``: a user registration, else the first of :data:`SEARCH_MODULES`
+    that defines it.
+
+    Raises:
+        ConfigError: ``"<where>: unknown class 'X' (searched ...)"`` if no allowed module defines ``name``.
+    """
+    if name in _REGISTRY:
+        return _REGISTRY[name][0]
+    for module_name in SEARCH_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        obj = getattr(module, name, None)
+        if obj is not None and callable(obj) and not name.startswith("_"):
+            return obj
+    raise ConfigError(
+        f"{where}: unknown class {name!r} (searched pml_extensions, pytorch_metric_learning, torch, torchvision)"
+    )
+
+
+def package_classes() -> Dict[str, Any]:
+    """Every public class defined in a module of :data:`SCANNED_PACKAGES` (name -> class).
+
+    Modules that fail to import (a sibling being edited) are skipped; the scan is cached per process.
+    """
+    if _SCAN_CACHE:
+        return dict(_SCAN_CACHE)
+    for package_name in SCANNED_PACKAGES:
+        try:
+            package = importlib.import_module(package_name)
+        except Exception:  # noqa: BLE001 - an optional or broken sibling package must not break the registry
+            continue
+        modules = [package]
+        for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
+            if info.name.startswith("_") or info.name in ("cli", "__main__"):
+                continue
+            try:
+                modules.append(importlib.import_module(f"{package_name}.{info.name}"))
+            except Exception:  # noqa: BLE001
+                continue
+        for module in modules:
+            for name, obj in vars(module).items():
+                if (
+                    inspect.isclass(obj)
+                    and not name.startswith("_")
+                    and getattr(obj, "__module__", "").startswith(package_name)
+                ):
+                    _SCAN_CACHE.setdefault(name, obj)
+    return dict(_SCAN_CACHE)
+
+
+def discover() -> List[str]:
+    """Make every class of :func:`package_classes` that :func:`resolve` cannot find yet (not re-exported yet)
+    available to configs. Returns the names added."""
+    added = []
+    for name, obj in package_classes().items():
+        try:
+            resolve(name)
+        except ConfigError:
+            _REGISTRY[name] = (obj, None)
+            added.append(name)
+    return added
+
+
+def _forward_takes_embeddings(cls) -> bool:
+    """Capability check (not a name list): ``forward(embeddings, labels, ...)`` like every PML loss."""
+    try:
+        params = list(inspect.signature(cls.forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params[1:3] == ["embeddings", "labels"]
+
+
+def _role_test(role: str):
+    """A predicate telling whether a class plays ``role`` (by base class, not by name)."""
+    import torch
+    from pytorch_metric_learning import distances, losses, miners, reducers, testers, trainers
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    tests = {
+        "loss": lambda c: (
+            issubclass(c, losses.BaseMetricLossFunction)
+            or (
+                issubclass(c, torch.nn.Module)
+                and not issubclass(c, miners.BaseMiner)
+                and (_forward_takes_embeddings(c) or c.__module__.startswith("pml_extensions.losses"))
+            )
+        ),
+        "miner": lambda c: issubclass(c, miners.BaseMiner),
+        "reducer": lambda c: issubclass(c, reducers.BaseReducer),
+        "distance": lambda c: issubclass(c, distances.BaseDistance),
+        "regularizer": lambda c: issubclass(c, torch.nn.Module),
+        "model": lambda c: issubclass(c, torch.nn.Module),
+        "trainer": lambda c: issubclass(c, trainers.BaseTrainer),
+        "tester": lambda c: issubclass(c, testers.BaseTester),
+        "accuracy_calculator": lambda c: issubclass(c, AccuracyCalculator),
+        "hook": lambda c: any(
+            callable(getattr(c, m, None)) for m in ("end_of_testing_hook", "end_of_epoch_hook", "end_of_iteration_hook")
+        ),
+        "dataset": lambda c: issubclass(c, torch.utils.data.Dataset),
+        "sampler": lambda c: issubclass(c, torch.utils.data.Sampler),
+        "optimizer": lambda c: issubclass(c, torch.optim.Optimizer),
+        "lr_scheduler": lambda c: issubclass(c, torch.optim.lr_scheduler.LRScheduler),
+        "transform": lambda c: True,
+    }
+    return tests[role]
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
+
+
+def register(obj: Any = None, *, role: Optional[str] = None, name: Optional[str] = None):
+    """Make a class (or factory function) available under ``role`` and to configs as ``name``.
+
+    Usable as ``register(MyLoss, role="loss")`` or as a decorator ``@register(role="loss")``.
+
+    Args:
+        obj: the class or callable.
+        role: one of :data:`ROLES`; ``None`` registers for configs only (any role).
+        name: the name configs use; default ``obj.__name__``.
+
+    Returns:
+        ``obj`` (or a decorator when ``obj`` is None).
+
+    Raises:
+        ValueError: on an unknown role. TypeError: if ``obj`` is not callable.
+    """
+    if role is not None:
+        _check_role(role)
+    if obj is None:
+        return lambda o: register(o, role=role, name=name)
+    if not callable(obj):
+        raise TypeError(f"obj must be a class or callable, got {type(obj).__name__}")
+    _REGISTRY[name or obj.__name__] = (obj, role)
+    return obj
+
+
+def classes_for_role(role: str, include_stock: bool = True) -> Dict[str, Any]:
+    """All classes found under ``role``: user registrations, then ``pml_extensions``, then
+    PML/torch/torchvision.
+
+    Args:
+        role: one of :data:`ROLES`.
+        include_stock: also list the stock (non-``pml_extensions``) classes.
+
+    Returns:
+        name -> class: user registrations first, then every class defined in ``pml_extensions`` (found module
+        by module, exported or not), then the stock modules of :data:`ROLE_MODULES`.
+
+    Raises:
+        ValueError: on an unknown role.
+    """
+    _check_role(role)
+    test = _role_test(role)
+    found: Dict[str, Any] = {n: o for n, (o, r) in _REGISTRY.items() if r == role}
+
+    def consider(name, obj, module_name):
+        if name in found or not inspect.isclass(obj) or name.startswith("_"):
+            return
+        if role in ROLE_PLACES and not any(module_name.startswith(p) for p in ROLE_PLACES[role]):
+            return
+        try:
+            ok = test(obj)
+        except TypeError:
+            ok = False
+        if ok:
+            found[name] = obj
+
+    for name, obj in package_classes().items():
+        consider(name, obj, obj.__module__)
+    for module_name in ROLE_MODULES[role]:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # noqa: BLE001 - optional modules
+            continue
+        names = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+        for n in names:
+            obj = getattr(module, n, None)
+            origin = getattr(obj, "__module__", "") or ""
+            if not include_stock and not origin.startswith("pml_extensions"):
+                continue
+            consider(n, obj, origin if origin.startswith("pml_extensions") else module_name)
+    return found
+
+
+def find(role: str, name: str) -> Any:
+    """The class called ``name`` under ``role``.
+
+    Raises:
+        ValueError: on an unknown role. ConfigError: if no class of that role has that name (lists a
+        few).
+    """
+    classes = classes_for_role(role)
+    if name in classes:
+        return classes[name]
+    import difflib
+
+    close = difflib.get_close_matches(str(name), sorted(classes), n=3, cutoff=0.5)
+    sample = ", ".join(close or sorted(classes)[:12])
+    raise ConfigError(
+        f"{role}: unknown class {name!r}; {'did you mean' if close else 'known classes include'} {sample}"
+        f"{'?' if close else ', ... (run --list ' + role + ')'}"
+    )
+
+
+def roles_of(obj: Any) -> List[str]:
+    """The roles under which ``obj`` is found (used by ``python -m pml_extensions run --list``)."""
+    return [role for role in ROLES if obj in classes_for_role(role).values()]

@@ -1,0 +1,69 @@
+"""The ``{ClassName: kwargs}`` shape of every object key, and its one parser.
+
+powerful-benchmarker writes each object as a one-key mapping from a class name to its keyword arguments:
+``trainer: {MetricLossOnly: {batch_size: 32}}``; ``{ClassName: null}`` means no arguments. :func:`one_spec` is the
+one place that takes such a spec apart (the builder, the PB keys and the protocols all call it);
+:func:`is_object_spec` tells a spec from plain data inside argument values.
+
+Example::
+
+    >>> one_spec({"MetricLossOnly": None}, "config_general.yaml: trainer")
+    ('MetricLossOnly', {})
+    >>> is_object_spec({"ContrastiveLoss": {}}), is_object_spec({"layer_sizes": [128]})
+    (True, False)
+    >>> pb_numbers("0.16 1")
+    [0.16, 1]
+"""
+
+from typing import Any, Dict, Optional, Tuple
+
+from ..errors import ConfigError
+
+
+def is_object_spec(spec: Any) -> bool:
+    """True for a one-key dict whose key starts with an upper-case letter: ``{ClassName: kwargs}``."""
+    return (
+        isinstance(spec, dict)
+        and len(spec) == 1
+        and isinstance(next(iter(spec)), str)
+        and next(iter(spec))[:1].isupper()
+    )
+
+
+def one_spec(spec: Any, where: str, default: Optional[str] = None) -> Tuple[str, Dict[str, Any]]:
+    """``(name, kwargs)`` of a ``{Name: kwargs}`` spec (``kwargs`` ``None`` -> ``{}``).
+
+    Args:
+        spec: the value of the key.
+        where: ``"<file>: <key>"`` for error messages.
+        default: class name used when ``spec`` is None (None: a missing spec is an error).
+
+    Raises:
+        ConfigError: ``"<where>: missing"``, ``"<where>: expected {ClassName: {kwargs}}, got ..."`` or
+        ``"<where>.<Name>: expected keyword arguments (a mapping), got ..."``.
+    """
+    if spec is None:
+        if default is None:
+            raise ConfigError(f"{where}: missing")
+        return default, {}
+    if not (isinstance(spec, dict) and len(spec) == 1 and isinstance(next(iter(spec)), str)):
+        raise ConfigError(f"{where}: expected {{ClassName: {{kwargs}}}}, got {spec!r}")
+    name, kwargs = next(iter(spec.items()))
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{where}.{name}: expected keyword arguments (a mapping), got {kwargs!r}")
+    return name, kwargs
+
+
+def pb_numbers(value: Any) -> Any:
+    """powerful-benchmarker writes transform ranges as ``"0.16 1"``: such strings become number lists (one
+    number alone stays a number); anything else is returned as it is."""
+    if isinstance(value, str):
+        parts = value.split()
+        try:
+            nums = [float(p) if any(ch in p for ch in ".e") else int(p) for p in parts]
+        except ValueError:
+            return value
+        return nums if len(nums) > 1 else nums[0]
+    return value

@@ -1,0 +1,197 @@
+"""Powerful-benchmarker's config syntax: :func:`merge` and its key markers (our code, PB's documented meaning).
+
+Markers (in files and on the command line, nested in one another at any depth):
+
+* plain keys merge recursively: ``{trunk_optimizer: {RMSprop: {lr: 0.01}}}`` changes ``lr`` and keeps the
+  rest (a different class name is added next to the old one, as in PB: use ``~OVERRIDE~``);
+* ``key~OVERRIDE~: value`` replaces ``key``; markers inside ``value`` act on the old value they replace;
+* ``key~APPLY~n: {..}`` merges the dict (markers included) into every dict at depth ``n`` below ``key``
+  (``key``'s own value is depth 1); a non-mapping there (``ContrastiveLoss: null``) is replaced by the dict, as
+  in PB: ``trainer~APPLY~2: {batch_size: 256}`` sets the batch size of whatever trainer is configured. PB's
+  reader merged only the first level of an applied dict; here it merges at every level like any other merge
+  (put ``~OVERRIDE~`` inside it to replace);
+* ``key~SWAP~n: {old: new}`` renames keys at depth ``n`` (order kept); ``{New: null}`` renames the only key
+  there: ``trainer~SWAP~1: {TrainWithClassifier: null}`` keeps the trainer's arguments and changes its class;
+  a mapping that names a missing key is an error (PB ignored it);
+* ``key~DELETE~: anything`` removes ``key``;
+* ``key~BAYESIAN~`` / ``~LOG_BAYESIAN~`` / ``~INT_BAYESIAN~: [low, high]`` mark a hyper-parameter search
+  (:mod:`pml_extensions.runner.protocols.search`); a later plain value of the same key replaces the marker and vice
+  versa.
+
+Example::
+
+    >>> merge({"optimizers": {"trunk_optimizer": {"RMSprop": {"lr": 1e-6}}}}, {"optimizers~APPLY~3": {"lr": 0.01}})
+    {'optimizers': {'trunk_optimizer': {'RMSprop': {'lr': 0.01}}}}
+"""
+
+import copy
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import ConfigError
+
+_MARKER = re.compile(
+    r"^(?P<name>.*?)~(?P<op>OVERRIDE|DELETE|APPLY|SWAP|BAYESIAN|LOG_BAYESIAN|INT_BAYESIAN)~(?P<n>\d*)$"
+)
+_SEARCH_OPS = ("BAYESIAN", "LOG_BAYESIAN", "INT_BAYESIAN")
+
+
+def split_marker(key: Any, where: str = "config") -> Tuple[Any, Optional[str], Optional[int]]:
+    """Split ``"name~OP~n"`` into ``(name, OP, n)``; plain keys give ``(key, None, None)``.
+
+    Raises:
+        ConfigError: if ``~APPLY~``/``~SWAP~`` lack a positive depth or other markers carry one.
+    """
+    if not isinstance(key, str):
+        return key, None, None
+    match = _MARKER.match(key)
+    if match is None:
+        return key, None, None
+    name, op, n = match.group("name"), match.group("op"), match.group("n")
+    if op in ("APPLY", "SWAP"):
+        if not n or int(n) < 1:
+            raise ConfigError(f"{where}: key {key!r}: ~{op}~ needs a depth >= 1, e.g. {name}~{op}~1")
+        return name, op, int(n)
+    if n:
+        raise ConfigError(f"{where}: key {key!r}: ~{op}~ takes no depth number")
+    return name, op, None
+
+
+def _join(where: str, key: Any) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _drop_variants(out: Dict, name: Any, keep_plain: bool = False) -> None:
+    """A plain key replaces its ``~BAYESIAN~``-family twin and vice versa (the later value wins)."""
+    for op in ((None,) if not keep_plain else ()) + _SEARCH_OPS:
+        key = name if op is None else f"{name}~{op}~"
+        out.pop(key, None)
+
+
+def _template(old: Any, value: Any, where: str) -> Any:
+    """The value of ``key~OVERRIDE~: value``: ``value`` replaces the old value; markers inside it are resolved
+    against the old value at the same place (``tester~OVERRIDE~: {T: {accuracy_calculator~SWAP~1: {C: null}}}``
+    keeps ``T``'s calculator arguments and swaps its class), plain keys inside it replace."""
+    if not isinstance(value, dict):
+        return copy.deepcopy(value)
+    old = old if isinstance(old, dict) else {}
+    out: Dict = {}
+    for key, v in value.items():
+        name, op, depth = split_marker(key, where)
+        here = _join(where, key)
+        if op in ("APPLY", "SWAP", "DELETE") or (op is None and not isinstance(v, dict)):
+            base = {name: copy.deepcopy(old[name])} if (op in ("APPLY", "SWAP") and name in old) else {}
+            out.update(merge(base, {key: v}, where) if op != "DELETE" else {})
+        elif op in _SEARCH_OPS:
+            out[key] = copy.deepcopy(v)
+        else:  # plain or nested OVERRIDE: replace, resolving markers inside against the old value
+            out[name] = _template(old.get(name), v, here)
+    return out
+
+
+def merge(base: Dict, update: Dict, where: str = "") -> Dict:
+    """Return ``base`` with ``update`` merged in (neither input is modified).
+
+    Every marker works at every depth and inside every other marker's value: an ``~APPLY~`` value is merged
+    (markers and all) into each dict at its depth, an ``~OVERRIDE~`` value may use ``~SWAP~``/``~APPLY~`` on the
+    old value it replaces, a plain nested dict may hold any marker.
+
+    Args:
+        base: the config so far (plain keys only).
+        update: a dict that may use the key markers described in the module docstring.
+        where: prefix of error messages: the file name, then the key path.
+
+    Raises:
+        ConfigError: on ``~APPLY~``/``~SWAP~`` whose target is missing or not a dict, a ``~SWAP~`` mapping
+        that names a missing key or is ambiguous, or a non-dict ``update``.
+
+    Example::
+
+        >>> merge({"tester": {"T": {"accuracy_calculator": {"AccuracyCalculator": {"k": 5}}}}},
+        ...       {"tester~APPLY~2": {"accuracy_calculator~OVERRIDE~": {"ChunkedAccuracyCalculator": None}}})
+        {'tester': {'T': {'accuracy_calculator': {'ChunkedAccuracyCalculator': None}}}}
+    """
+    if not isinstance(update, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(update).__name__}")
+    out = copy.deepcopy(base) if isinstance(base, dict) else {}
+    for key, value in update.items():
+        name, op, depth = split_marker(key, where or "config")
+        here = _join(where, key)
+        if op == "DELETE":
+            _drop_variants(out, name)
+        elif op == "OVERRIDE":
+            old = out.get(name)
+            _drop_variants(out, name, keep_plain=True)
+            out[name] = _template(old, value, here)
+        elif op in ("APPLY", "SWAP"):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{here}: ~{op}~ needs a mapping value, got {type(value).__name__}")
+            if name not in out or not isinstance(out[name], dict):
+                raise ConfigError(f"{here}: ~{op}~ target {name!r} does not exist or is not a mapping")
+            if op == "APPLY":
+                out[name] = _apply(out[name], value, depth, here)
+            else:
+                out[name] = _swap(out[name], value, depth, here)
+        elif op in _SEARCH_OPS:
+            _drop_variants(out, name)
+            out[key] = copy.deepcopy(value)  # kept with its marker for the search (runner.protocols.search)
+        elif name in out and isinstance(out[name], dict) and isinstance(value, dict):
+            out[name] = merge(out[name], value, here)
+        else:
+            _drop_variants(out, name, keep_plain=True)
+            out[name] = merge({}, value, here) if isinstance(value, dict) else copy.deepcopy(value)
+    return out
+
+
+def _apply(target: Dict, value: Dict, depth: int, where: str) -> Dict:
+    """PB's ~APPLY~: merge ``value`` into every dict at ``depth`` (``target`` itself is depth 1); a non-dict
+    value where such a dict would be (``ContrastiveLoss: null``) is replaced by ``value``, as in PB."""
+    if depth == 1:
+        return merge(target, value, where)
+    out = {}
+    for k, v in target.items():
+        if isinstance(v, dict):
+            out[k] = _apply(v, value, depth - 1, _join(where, k))
+        elif depth == 2:
+            out[k] = merge({}, value, _join(where, k))
+        else:
+            out[k] = v
+    return out
+
+
+def _swap(target: Dict, mapping: Dict, depth: int, where: str) -> Dict:
+    if depth > 1:
+        return {
+            k: (_swap(v, mapping, depth - 1, _join(where, k)) if isinstance(v, dict) else v) for k, v in target.items()
+        }
+    renames = {}
+    for old, new in mapping.items():
+        if new is None or new == {}:
+            if old in target:
+                continue  # already that class
+            if len(target) != 1:
+                raise ConfigError(
+                    f"{where}: ~SWAP~ to {old!r} needs exactly one key at that depth, found {list(target)}; "
+                    f"use {{old_name: {old}}}"
+                )
+            renames[next(iter(target))] = old
+        elif old in target:
+            renames[old] = new
+        else:
+            raise ConfigError(f"{where}: ~SWAP~ {old!r} -> {new!r}: no key {old!r} here (keys: {list(target)})")
+    return {renames.get(k, k): v for k, v in target.items()}
+
+
+def find_search_markers(config: Any, where: str = "") -> List[str]:
+    """Key paths that carry a ``~BAYESIAN~``-family marker."""
+    found = []
+    if isinstance(config, dict):
+        for k, v in config.items():
+            _, op, _ = split_marker(k)
+            if op in _SEARCH_OPS:
+                found.append(_join(where, k))
+            found.extend(find_search_markers(v, _join(where, k)))
+    elif isinstance(config, list):
+        for i, v in enumerate(config):
+            found.extend(find_search_markers(v, f"{where}[{i}]"))
+    return found

@@ -1,0 +1,1 @@
+"""Where a run's files are written: the experiment folder, checkpoints, the epoch loop, torchrun ranks."""

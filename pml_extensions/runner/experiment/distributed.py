@@ -1,0 +1,183 @@
+"""Running the MLRC runner under ``torchrun`` (gloo on CPU, nccl on GPU).
+
+Each process sees one slice of every *global* batch: :class:`DistributedBatchSliceSampler` runs the configured
+sampler (for example PML's ``MPerClassSampler``) identically on every rank — it is seeded the same way — and
+hands rank ``r`` the ``r``-th slice of each global batch. Models are wrapped in ``DistributedDataParallel``
+and losses in :class:`pml_extensions.utils.distributed_loss_wrapper.DistributedLossWrapper`, which gathers the
+slices back, so the loss of every rank equals the one-process loss on the same global batch (``world_size ×``
+it, PML's convention that compensates DDP's gradient averaging). Without a sampler,
+``torch.utils.data.DistributedSampler`` is used.
+Outside ``torchrun`` (no ``WORLD_SIZE`` in the environment) every function here is a no-op.
+"""
+
+import os
+from typing import Any, Dict, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+
+def is_active() -> bool:
+    """True inside an initialised process group with more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_active() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_active() else 1
+
+
+_current_rank, _current_world_size = rank, world_size
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def init_from_env(backend: Optional[str] = None) -> bool:
+    """Initialise the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ...).
+
+    Args:
+        backend: ``"gloo"``, ``"nccl"`` or ``None`` (nccl when CUDA is available, else gloo).
+
+    Returns:
+        True when a group with more than one process is active afterwards.
+
+    Raises:
+        ValueError: on an unknown backend.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if not dist.is_initialized():
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend)
+    return is_active()
+
+
+def device_for_rank(requested: torch.device) -> torch.device:
+    """``cuda:LOCAL_RANK`` under torchrun with CUDA; ``requested`` otherwise."""
+    if is_active() and requested.type == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return requested
+
+
+def barrier() -> None:
+    if is_active():
+        dist.barrier()
+
+
+def broadcast_object(obj: Any = None, src: int = 0) -> Any:
+    """``obj`` of rank ``src`` on every rank (``torch.distributed.broadcast_object_list``); ``obj`` itself
+    outside torchrun. Collective: every rank calls it (the others pass anything, e.g. ``None``)."""
+    if not is_active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj: Any) -> list:
+    """Every rank's ``obj`` in rank order (``torch.distributed.all_gather_object``); ``[obj]`` outside torchrun.
+    Collective: every rank calls it."""
+    if not is_active():
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def shutdown() -> None:
+    """Leave the process group cleanly at the end of a torchrun run: wait for every rank, free the DDP wrappers
+    that are no longer referenced (their reducers hold the group), then destroy the group. A no-op without one.
+
+    Without the barrier a rank that finishes first tears its group down while another still talks to it (gloo
+    then aborts the late rank with "terminate called without an active exception").
+    """
+    if not is_active():
+        return
+    import gc
+
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+
+
+class DistributedBatchSliceSampler(torch.utils.data.Sampler):
+    """Give this rank its slice of every global batch drawn by ``sampler``.
+
+    Args:
+        sampler: any index sampler that yields the same sequence on every rank (same seed).
+        global_batch_size: B, a multiple of ``world_size``.
+        rank, world_size: default: the current process group.
+
+    Iterating yields ``B / world_size`` indices per global batch (positions ``[r·b, (r+1)·b)`` of it, b =
+    B/W); an incomplete last global batch is dropped.
+
+    Raises:
+        ValueError: if ``global_batch_size`` is not a positive multiple of ``world_size`` or ``rank`` is out
+        of range.
+    """
+
+    def __init__(self, sampler, global_batch_size: int, rank: Optional[int] = None, world_size: Optional[int] = None):
+        self.sampler = sampler
+        self.world_size = _current_world_size() if world_size is None else int(world_size)
+        self.rank = _current_rank() if rank is None else int(rank)
+        if not (0 <= self.rank < self.world_size):
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if global_batch_size < 1 or global_batch_size % self.world_size:
+            raise ValueError(
+                "global_batch_size must be a positive multiple of "
+                f"world_size={self.world_size}, got {global_batch_size}"
+            )
+        self.global_batch_size = int(global_batch_size)
+        self.local_batch_size = self.global_batch_size // self.world_size
+
+    def __iter__(self) -> Iterator[int]:
+        batch = []
+        lo, hi = self.rank * self.local_batch_size, (self.rank + 1) * self.local_batch_size
+        for idx in self.sampler:
+            batch.append(int(idx))
+            if len(batch) == self.global_batch_size:
+                yield from batch[lo:hi]
+                batch = []
+
+    def __len__(self) -> int:
+        return (len(self.sampler) // self.global_batch_size) * self.local_batch_size
+
+
+def wrap_losses(loss_funcs: Dict[str, torch.nn.Module]) -> Dict[str, torch.nn.Module]:
+    """Wrap each loss in the package's ``DistributedLossWrapper`` when a process group is active."""
+    if not is_active():
+        return loss_funcs
+    from ...utils.distributed_loss_wrapper import DistributedLossWrapper
+
+    return {k: DistributedLossWrapper(v) for k, v in loss_funcs.items()}
+
+
+def wrap_models(models: Dict[str, torch.nn.Module], device: torch.device) -> Dict[str, torch.nn.Module]:
+    """``DistributedDataParallel`` around every model that has trainable parameters."""
+    if not is_active():
+        return models
+    out = {}
+    for k, m in models.items():
+        if any(p.requires_grad for p in m.parameters()):
+            ids = [device.index] if device.type == "cuda" else None
+            # static_graph: parameters reached only through a side output of the forward (HistogramPooling's
+            # prototypes, whose gradient comes from XMLWrapper's histograms, not from the returned vector) are
+            # reduced once; find_unused_parameters would mark them ready at forward time and again in backward.
+            out[k] = torch.nn.parallel.DistributedDataParallel(m, device_ids=ids, static_graph=True)
+        else:
+            out[k] = m
+    return out
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model

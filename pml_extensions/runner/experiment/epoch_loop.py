@@ -1,0 +1,195 @@
+"""A resumable epoch loop around a PML trainer, shared by the protocols (MLRC folds, xml_vs_gap units).
+
+Per epoch: train (PML ``trainer.train(start_epoch=e, num_epochs=e)``, a fresh sampler each epoch so a resumed
+epoch draws the same batches from the checkpointed RNG), evaluate every ``save_interval`` epochs, keep the best
+epoch's weights (``best_path``), then commit the log rows and the checkpoint
+(:class:`pml_extensions.runner.experiment.checkpoint.Checkpointer`: rows first, then the checkpoint, both atomic).
+A rerun after SIGKILL resumes after the last committed epoch with no lost or duplicated log rows. Stops after
+``num_epochs`` or when the primary metric has not improved for more than ``patience`` epochs.
+
+Example::
+
+    >>> import tempfile, torch
+    >>> from pml_extensions.runner.experiment.checkpoint import Checkpointer
+    >>> models = {"trunk": torch.nn.Linear(2, 2)}
+    >>> scores = iter([0.1, 0.5, 0.3])
+    >>> loop = EpochLoop(Checkpointer(tempfile.mkdtemp()), models, {}, {}, num_epochs=2, primary="p",
+    ...                  evaluate=lambda epoch: {"val": {"p": next(scores)}},
+    ...                  best_path=tempfile.mkdtemp() + "/best.pth", log=None)
+    >>> class Trainer:  # stands in for a PML trainer
+    ...     iterations_per_epoch = 3
+    ...     def train(self, start_epoch, num_epochs): pass
+    >>> loop.resume() is None and loop.run(lambda: Trainer())
+    {'metric': 0.5, 'epoch': 1, 'metrics': {'p': 0.5}}
+"""
+
+import math
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from ..errors import ConfigError
+from . import distributed as dist_utils
+from .checkpoint import Checkpointer, atomic_torch_save, restore_training_state, training_state
+
+
+class EpochLoop:
+    """Resumable training + selection of one stage.
+
+    Args:
+        ckpt: the stage's :class:`Checkpointer`; rows go to ``ckpt.record_keeper``.
+        models, optimizers, loss_funcs: the (unwrapped) objects whose state is checkpointed.
+        num_epochs: epochs to train (positive int).
+        primary: the metric of the ``"val"`` split that selects the best epoch.
+        evaluate: ``epoch -> {split: {metric: value}}`` with a ``"val"`` entry; each split is logged to the
+            table ``accuracies_<split>`` (make them the checkpointer's ``epoch_tables``).
+        best_path: where the best epoch's ``{name: state_dict}`` is saved (``weights_only``-loadable).
+        patience: stop when ``epoch - best_epoch > patience`` (``None``: never early).
+        save_interval: evaluate every this many epochs (and at the last).
+        check_untrained: evaluate epoch 0 (the untrained model) before training.
+        log: a print-like function or ``None``; ``name`` prefixes its lines.
+
+    Attributes:
+        best: ``{"metric", "epoch", "metrics"}`` of the best evaluated epoch.
+        finished: True when the stage needs no more training (after :meth:`resume`).
+
+    Raises:
+        ConfigError: a non-positive ``num_epochs``; ``primary`` not among the computed val metrics.
+    """
+
+    def __init__(
+        self,
+        ckpt: Checkpointer,
+        models: Dict[str, torch.nn.Module],
+        optimizers: Dict[str, Any],
+        loss_funcs: Dict[str, torch.nn.Module],
+        *,
+        num_epochs: int,
+        primary: str,
+        evaluate: Callable[[int], Dict[str, Dict[str, float]]],
+        best_path: str,
+        patience: Optional[int] = None,
+        save_interval: int = 1,
+        check_untrained: bool = True,
+        log: Optional[Callable[..., None]] = print,
+        name: str = "",
+        where: str = "config",
+    ):
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ConfigError(f"{where}: num_epochs must be a positive integer, got {num_epochs!r}")
+        self.ckpt, self.models, self.optimizers, self.loss_funcs = ckpt, models, optimizers, loss_funcs
+        self.num_epochs, self.primary, self.evaluate, self.best_path = num_epochs, primary, evaluate, best_path
+        self.patience = None if patience is None else int(patience)
+        self.save_interval = max(1, int(save_interval))
+        self.check_untrained = bool(check_untrained)
+        self.log = (log or (lambda *a, **k: None)) if dist_utils.is_main() else (lambda *a, **k: None)
+        self.name, self.where = name, where
+        self.best = {"metric": -math.inf, "epoch": -1, "metrics": {}}
+        self.start_epoch, self.finished, self.fresh = 1, False, True
+
+    def _stopped(self, epoch: int) -> bool:
+        return epoch >= self.num_epochs or (self.patience is not None and epoch - self.best["epoch"] > self.patience)
+
+    def resume(self) -> Optional[Dict[str, Any]]:
+        """Load the stage's checkpoint into the objects (RNGs included); returns the state or ``None``.
+        Whether the stage is finished is judged with this loop's ``num_epochs`` / ``patience``."""
+        # rank 0 alone truncates the logs; every rank reads the checkpoint before any rank may write the next one
+        # (without the barrier a late rank could read the checkpoint an early rank just committed and skip ahead)
+        state = self.ckpt.resume() if dist_utils.is_main() else self.ckpt.load_state()
+        dist_utils.barrier()
+        if state is None:
+            return None
+        restore_training_state(state, self.models, self.optimizers, self.loss_funcs)
+        self.best = {
+            "metric": float(state["best_metric"]),
+            "epoch": int(state["best_epoch"]),
+            "metrics": dict(state.get("best_metrics", {})),
+        }
+        self.start_epoch = int(state["epoch"]) + 1
+        self.finished = self._stopped(int(state["epoch"]))
+        self.fresh = False
+        self.log(
+            f"{self.name}: resuming after epoch {state['epoch']} "
+            f"(best {self.best['metric']:.4f} at {self.best['epoch']})"
+        )
+        return state
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def end_of_iteration(self, trainer) -> None:
+        """PML ``end_of_iteration_hook``: the losses (``loss_histories``) and the loss modules' recordable
+        attributes (e.g. ``xml_loss``) at the global iteration."""
+        if not dist_utils.is_main():
+            return
+        gi = trainer.get_global_iteration() + 1
+        w = dist_utils.world_size()  # DistributedLossWrapper returns world_size x the loss (PML's convention)
+        rk = self.ckpt.record_keeper
+        rk.update_records({"loss_histories": {k: v / w for k, v in trainer.loss_tracker.losses.items()}}, gi)
+        rk.update_records(
+            {k: dist_utils.unwrap(v) for k, v in self.loss_funcs.items()}, gi, recursive_types=[torch.nn.Module]
+        )
+
+    # ------------------------------------------------------------------------------------------------ loop
+    def _validate(self, epoch: int) -> None:
+        results = self.evaluate(epoch)
+        acc = results["val"]
+        if self.primary not in acc:
+            raise ConfigError(
+                f"{self.where}: primary metric {self.primary!r} is not computed; available: {', '.join(acc)}"
+            )
+        if dist_utils.is_main():
+            for split, metrics in results.items():
+                self.ckpt.record_keeper.update_records({f"accuracies_{split}": dict(metrics, epoch=epoch)}, epoch)
+        improved = acc[self.primary] > self.best["metric"]
+        if improved:
+            self.best.update(
+                metric=float(acc[self.primary]), epoch=epoch, metrics={k: float(v) for k, v in acc.items()}
+            )
+            if dist_utils.is_main():
+                atomic_torch_save(
+                    {k: dist_utils.unwrap(m).state_dict() for k, m in self.models.items()}, self.best_path
+                )
+        self.log(
+            f"{self.name} epoch {epoch}: val {self.primary}={acc[self.primary]:.4f}" + (" (best)" if improved else "")
+        )
+
+    def _commit(self, epoch: int, global_iteration: int, finished: bool) -> None:
+        if dist_utils.is_main():
+            self.ckpt.commit(
+                training_state(
+                    epoch,
+                    global_iteration,
+                    self.models,
+                    self.optimizers,
+                    self.loss_funcs,
+                    best_metric=float(self.best["metric"]),
+                    best_epoch=int(self.best["epoch"]),
+                    best_metrics={k: float(v) for k, v in self.best["metrics"].items()},
+                    finished=bool(finished),
+                )
+            )
+        dist_utils.barrier()
+
+    def run(self, make_trainer: Callable[[], Any], new_sampler: Optional[Callable[[], Any]] = None) -> Dict[str, Any]:
+        """Train the remaining epochs (``make_trainer()`` is called only when there are some; give it
+        ``end_of_iteration_hook=loop.end_of_iteration``); ``new_sampler()`` replaces ``trainer.sampler`` before
+        every epoch. Returns :attr:`best`."""
+        if self.fresh:
+            if self.check_untrained:
+                self._validate(0)
+            self._commit(0, 0, False)
+            self.fresh = False
+        if self.finished or self.start_epoch > self.num_epochs:
+            return self.best
+        trainer = make_trainer()
+        for epoch in range(self.start_epoch, self.num_epochs + 1):
+            if new_sampler is not None:
+                trainer.sampler = new_sampler()
+            trainer.train(start_epoch=epoch, num_epochs=epoch)
+            if epoch % self.save_interval == 0 or epoch == self.num_epochs:
+                self._validate(epoch)
+            stop = self._stopped(epoch)
+            self._commit(epoch, trainer.iterations_per_epoch * epoch, stop)
+            if stop:
+                break
+        self.finished = True
+        return self.best

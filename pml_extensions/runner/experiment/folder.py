@@ -1,0 +1,292 @@
+"""The experiment folder every protocol writes, and the services around it (device, seeds, stages, resume).
+
+Layout of ``<root_experiment_folder>/<experiment_name>/`` (all writes atomic):
+
+- ``config.yaml``: the merged config that ran, saved before training; a rerun compares against it
+  (:func:`prepare_folder`) and ``--reproduce`` reruns from it.
+- ``command.txt``: the command line that started the run.
+- ``<stage>/checkpoint.pth`` + ``<stage>/logs/`` (``logs.db`` SQLite + one CSV per table, record-keeper): one stage
+  per independently trained unit (MLRC: ``fold_<k>``; xml_vs_gap: the variant name; resolution distillation:
+  the teacher and each student). See :class:`pml_extensions.runner.experiment.checkpoint.Checkpointer`.
+- ``<stage>/result.json``: a finished stage's summary; a rerun skips stages that have one.
+- ``results.json`` (and protocol extras such as ``results.md``, PNGs), then ``report.html``.
+
+Example::
+
+    >>> import tempfile
+    >>> exp = Experiment(tempfile.mkdtemp(), {"seed": 3, "device": "cpu"})
+    >>> exp.device.type, exp.seed_everything(offset=1)
+    ('cpu', 4)
+    >>> exp.stage_result("fold_0") is None
+    True
+"""
+
+import json
+import os
+import random
+import shutil
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ...utils.atomic_io import atomic_write_json, atomic_write_text
+from ..errors import ConfigError
+from . import distributed as dist_utils
+from .checkpoint import Checkpointer
+
+#: keys that may change between a run and its resume without changing what is trained
+RESUME_NEUTRAL_KEYS = ("device", "progress")
+
+
+def config_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
+    """Dotted keys whose values differ between two configs (added, removed or changed), sorted.
+
+    Example::
+
+        >>> config_differences({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}, "d": 0})
+        ['b.c', 'd']
+    """
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in old or key not in new:
+                out.append(path)
+            else:
+                out += config_differences(old[key], new[key], path)
+        return out
+    return [] if old == new else [prefix or "<config>"]
+
+
+def _yaml_roundtrip(config: Dict[str, Any]) -> Dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(yaml.safe_dump(config, sort_keys=False)) or {}
+
+
+def saved_config(folder: str) -> Optional[Dict[str, Any]]:
+    """The ``config.yaml`` saved in ``folder`` (``None`` when there is none)."""
+    import yaml
+
+    path = os.path.join(folder, "config.yaml")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f) or {}
+
+
+def has_progress(folder: str) -> bool:
+    """True when ``folder`` holds anything a run produced (a checkpoint, a stage result, ``results.json``)."""
+    for _, _, files in os.walk(folder):
+        if {"checkpoint.pth", "result.json", "results.json"} & set(files):
+            return True
+    return False
+
+
+def prepare_folder(
+    folder: str,
+    config: Dict[str, Any],
+    on_change: str = "stop",
+    command: Optional[Sequence[str]] = None,
+    log: Callable[..., None] = print,
+) -> None:
+    """Make ``folder`` ready for ``config``: check a rerun's saved config, then save ``config.yaml`` and
+    ``command.txt``.
+
+    A rerun resumes only when its config equals the saved one (keys in :data:`RESUME_NEUTRAL_KEYS` aside; a saved
+    config in an older layout is read as today's first); a folder with no progress yet (e.g. a run that stopped at a
+    config error) simply takes the new config.
+
+    Args:
+        on_change: ``"stop"``, ``"new"`` (move the old folder to ``<folder>.old-<n>`` and start afresh) or
+            ``"resume"`` (continue with the new config; the saved config is replaced).
+
+    Raises:
+        ConfigError: with ``on_change="stop"`` and a changed config: one line listing the differing keys and
+        the flags ``--new`` / ``--resume-anyway``.
+        ValueError: for another ``on_change``.
+    """
+    import yaml
+
+    if on_change not in ("stop", "new", "resume"):
+        raise ValueError(f"on_change must be 'stop', 'new' or 'resume', got {on_change!r}")
+    old = saved_config(folder) if has_progress(folder) else None  # a folder that trained nothing is just reused
+    if old is not None:
+        from ..config.old_keys import map_resolution_job
+
+        old = map_resolution_job(old)  # a resolution run saved in the old layout resumes under the new one
+    if old is not None:
+        diff = [
+            k for k in config_differences(old, _yaml_roundtrip(config)) if k.split(".")[0] not in RESUME_NEUTRAL_KEYS
+        ]
+        if diff and on_change == "stop":
+            shown = ", ".join(diff[:12]) + (f" (+{len(diff) - 12} more)" if len(diff) > 12 else "")
+            raise ConfigError(
+                f"{os.path.basename(os.path.normpath(folder))}: the saved config.yaml differs from this run's config "
+                f"in {shown}; rerun with --new to start afresh or --resume-anyway to continue with the new config"
+            )
+        if diff and on_change == "new" and dist_utils.is_main():
+            n = 1
+            while os.path.exists(f"{os.path.normpath(folder)}.old-{n}"):
+                n += 1
+            shutil.move(folder, f"{os.path.normpath(folder)}.old-{n}")
+            log(f"note: the previous run was moved to {os.path.normpath(folder)}.old-{n}")
+        elif diff:
+            log(f"note: continuing with a changed config ({', '.join(diff[:12])})")
+    dist_utils.barrier()
+    if dist_utils.is_main():
+        os.makedirs(folder, exist_ok=True)
+        atomic_write_text(os.path.join(folder, "config.yaml"), yaml.safe_dump(config, sort_keys=False))
+        if command is not None:
+            atomic_write_text(os.path.join(folder, "command.txt"), " ".join(str(c) for c in command) + "\n")
+        env_path = os.path.join(folder, ENVIRONMENT_NAME)
+        if not os.path.exists(env_path):  # the first run's; a resume keeps it
+            atomic_write_text(env_path, json.dumps(run_environment(), indent=2) + "\n")
+    dist_utils.barrier()
+
+
+#: the file beside ``config.yaml`` that records what a CPU run's exact numbers depend on besides the config
+ENVIRONMENT_NAME = "environment.json"
+
+
+def run_environment() -> Dict[str, Any]:
+    """``{"torch", "python", "torch_threads", "cuda"}``: versions and the intra-op thread count. CPU reductions
+    (matmul, convolution) split work by thread, so the same config gives bit-identical numbers only with the same
+    ``torch_threads``; :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with the recorded count."""
+    import platform
+
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+    }
+
+
+def select_device(name: Any, where: str = "config_general: device") -> torch.device:
+    """``"auto"`` (CUDA when available, else CPU) or a torch device string; under torchrun the rank's GPU.
+
+    Raises:
+        ConfigError: for an unparsable name or CUDA requested without a CUDA device.
+    """
+    name = name or "auto"
+    if name == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        try:
+            device = torch.device(name)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"{where}: {name!r} requested but no CUDA device is available")
+    return dist_utils.device_for_rank(device)
+
+
+def seed_everything(seed: Optional[int]) -> Optional[int]:
+    """Seed torch, numpy and python's global RNGs (PML's samplers and miners draw from them) and point PML's
+    ``c_f.NUMPY_RANDOM`` at numpy's global RNG (its default), whose state :func:`checkpoint.rng_state` saves, so
+    a resumed epoch draws the same batches; ``None`` leaves them alone. Returns the seed."""
+    if seed is None:
+        return None
+    seed = int(seed)
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    from pytorch_metric_learning.utils import common_functions as c_f
+
+    c_f.NUMPY_RANDOM = np.random
+    return seed
+
+
+class Experiment:
+    """One experiment folder and the services every protocol uses.
+
+    Args:
+        folder: the experiment folder (see the module docstring for its layout).
+        config: the merged config; reads ``seed`` (default 0; ``null``: leave the RNGs alone) and ``device``
+            (default ``"auto"``).
+        sources: top-level key -> file, for :meth:`where`.
+        log: a print-like function (silenced off the main rank).
+
+    Raises:
+        ConfigError: for a bad ``device``.
+    """
+
+    def __init__(
+        self,
+        folder: str,
+        config: Dict[str, Any],
+        sources: Optional[Dict[str, str]] = None,
+        log: Callable[..., None] = print,
+    ):
+        self.folder = folder
+        self.config = config
+        self.sources = sources or {}
+        self.log = log if dist_utils.is_main() else (lambda *a, **k: None)
+        self.device = select_device(config.get("device", "auto"), self.where("device"))
+        if dist_utils.is_main():
+            os.makedirs(folder, exist_ok=True)
+
+    def where(self, key: str) -> str:
+        """``"<file>: <key>"`` for error messages."""
+        return f"{self.sources.get(key.split('.')[0], 'config')}: {key}"
+
+    @property
+    def seed(self) -> Optional[int]:
+        seed = self.config.get("seed", 0)
+        return None if seed is None else int(seed)
+
+    def seed_everything(self, offset: int = 0) -> Optional[int]:
+        """Seed the global RNGs with ``seed + offset`` (e.g. the fold index); returns it (``None``: untouched)."""
+        return seed_everything(None if self.seed is None else self.seed + int(offset))
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A CPU ``torch.Generator`` seeded with ``seed + offset`` (seed ``null`` counts as 0)."""
+        return torch.Generator().manual_seed((self.seed or 0) + int(offset))
+
+    # ------------------------------------------------------------------------------------------------ stages
+    def stage_folder(self, stage: str) -> str:
+        return os.path.join(self.folder, stage)
+
+    def checkpointer(self, stage: str, epoch_tables: Iterable[str] = (), **options: Any) -> Checkpointer:
+        """The stage's :class:`Checkpointer` (``<folder>/<stage>/checkpoint.pth`` + ``logs/``); ``options``:
+        ``save_lists``, ``tensorboard_writer``."""
+        return Checkpointer(self.stage_folder(stage), epoch_tables=epoch_tables, **options)
+
+    def stage_result(self, stage: str) -> Optional[Dict[str, Any]]:
+        """The saved summary of a finished stage, or ``None`` (then run it; it resumes from its checkpoint)."""
+        path = os.path.join(self.stage_folder(stage), "result.json")
+        if not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
+    def finish_stage(self, stage: str, result: Dict[str, Any], rank_local: bool = False) -> Dict[str, Any]:
+        """Save a finished stage's JSON-able summary and return it.
+
+        Shared stages (every rank trains them together) are written by the main rank, then every rank waits for
+        it; ``rank_local=True`` marks a stage this rank ran alone (a protocol that deals stages over the ranks): it
+        writes the file itself and waits for no one.
+        """
+        if rank_local or dist_utils.is_main():
+            os.makedirs(self.stage_folder(stage), exist_ok=True)
+            atomic_write_json(os.path.join(self.stage_folder(stage), "result.json"), result, indent=2)
+        if not rank_local:
+            dist_utils.barrier()
+        return result
+
+    # ------------------------------------------------------------------------------------------------ output
+    def progress(self, iterable: Iterable, desc: str = "", total: Optional[int] = None):
+        """A tqdm bar over ``iterable`` (off the main rank it is disabled)."""
+        from tqdm import tqdm
+
+        return tqdm(iterable, desc=desc, total=total, disable=not dist_utils.is_main(), leave=False)
+
+    def write_results(self, results: Dict[str, Any]) -> str:
+        """Write ``results.json`` atomically (main rank) and return its path."""
+        path = os.path.join(self.folder, "results.json")
+        if dist_utils.is_main():
+            atomic_write_json(path, results, indent=2)
+        dist_utils.barrier()
+        return path

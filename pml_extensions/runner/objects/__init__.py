@@ -1,0 +1,1 @@
+"""Where an object is built from a config's ``{ClassName: kwargs}`` specs."""

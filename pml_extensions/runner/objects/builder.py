@@ -1,0 +1,759 @@
+"""The one way to build an object: every dataset, transform, trunk/embedder, loss (with nested wrappers), miner,
+sampler, optimizer, learning-rate scheduler, tester and trainer of every protocol comes from a :class:`Builder`.
+
+A ``Builder`` holds one merged config; its ``build_*`` methods read the powerful-benchmarker keys (``dataset``,
+``transforms``, ``models``, ``loss_funcs``, ``mining_funcs``, ``optimizers``, ``sampler``, ``tester``, ``trainer``)
+or take a spec the protocol computed (the resolution protocol's recipe, :mod:`.protocols.resolution_distillation`),
+and every object passes through :meth:`Builder.build`: one ``{ClassName: kwargs}`` parser
+(:func:`pml_extensions.runner.config.specs.one_spec`), one registry
+(:func:`pml_extensions.runner.config.registry.resolve`), one error format (the file and the key).
+
+Config keys read (powerful-benchmarker names): ``models`` (``trunk``, ``embedder``, others), ``loss_funcs``,
+``mining_funcs``, ``sampler``, ``optimizers`` (``<model or loss name>_optimizer``), ``transforms`` (``train``,
+``eval``), ``tester`` (and a top-level ``accuracy_calculator``, the flat form's), ``trainer`` (its
+``iterations_per_epoch`` sizes the sampler), ``factories`` (only the default factory names), ``dataset`` (a
+``{ClassName: kwargs}`` spec, or by name: ``{name: glyphs, root: null, kwargs: {...}}`` or just ``glyphs``, read
+with :func:`pml_extensions.datasets.get_dataset`), ``dataset_root``; ours: ``normalize`` (mean/std appended after
+``ToTensor``; default ImageNet's, and then PIL images are converted to RGB first, so grayscale datasets meet RGB
+trunks), ``seed`` and ``prototype_init`` (``{method: kmeans|kcenter|random, num_batches: 4, batch_size: 32}``: the
+trunk's HistogramPooling prototypes from its body's local features on training images; see
+:meth:`Builder.prototype_init`). Loss specs whose class takes ``num_classes`` / ``embedding_size`` get the training
+classes' count and the embedder's output width when the config leaves them out; model specs likewise get
+``num_classes``. XMLWrappers without a histogram layer are attached to the trunk's HistogramPooling
+(:meth:`pml_extensions.losses.XMLWrapper.attach_all`). Optimizer specs may carry two keys of ours, removed before
+the optimizer sees them: ``prototype_lr`` (the HistogramPooling prototypes in a group of their own at that learning
+rate) and ``param_groups`` (``[{modules: GeMPooling, lr_multiplier: 10, weight_decay: 0.0}]``: the parameters of
+those sub-modules in a group of their own).
+
+Example::
+
+    >>> b = Builder({"models": {"trunk": {"Flatten": {}}}, "loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}}})
+    >>> models = b.build_models(torch.zeros(2, 3, 3))
+    >>> b.embedding_size, type(b.build_losses(models, 4)[0]["metric_loss"]).__name__
+    (18, 'ContrastiveLoss')
+"""
+
+import copy
+import inspect
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import torch
+
+from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+from ..config.eval_keys import _TESTER, _where, accuracy_calculator_spec, tester_spec
+from ..config.registry import discover, resolve
+from ..config.specs import is_object_spec, one_spec, pb_numbers
+from ..errors import ConfigError, MissingDataError
+from ..experiment import distributed as dist_utils
+from .data import Subset, ToRGB, dataset_labels
+
+DEFAULT_FACTORIES = {
+    "model": "ModelFactory",
+    "loss": "LossFactory",
+    "miner": "MinerFactory",
+    "sampler": "SamplerFactory",
+    "optimizer": "OptimizerFactory",
+    "tester": "TesterFactory",
+    "trainer": "TrainerFactory",
+    "transform": "TransformFactory",
+    "split_manager": "SplitManagerFactory",
+    "record_keeper": "RecordKeeperFactory",
+    "hook": "HookFactory",
+    "aggregator": "AggregatorFactory",
+    "ensemble": "EnsembleFactory",
+}
+IMAGENET_NORMALIZE = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+PROTOTYPE_INIT_KEYS = ("method", "num_batches", "batch_size")
+PARAM_GROUP_KEYS = ("modules", "lr_multiplier")  # ours; every other key of a group goes to the optimizer
+
+
+def accepts(cls, name: str) -> bool:
+    """True when ``cls`` (a class or function) takes a keyword argument ``name`` (or any, ``**kwargs``)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
+    """Recursively build ``spec``.
+
+    ``{Name: {kwargs}}`` calls ``Name(**kwargs)``; ``{Name: [args]}`` calls ``Name(*args)``; ``{Name: null}`` calls
+    ``Name()``. Nested specs inside kwargs, lists and dicts are built first. Other values are returned as they are.
+    ``extra_kwargs`` are passed to the outermost call only (e.g. ``params=`` for optimizers). Names resolve through
+    the one registry (:func:`pml_extensions.runner.config.registry.resolve`).
+
+    Raises:
+        ConfigError: naming ``where`` and the key, for unknown classes or bad keyword arguments.
+
+    Example::
+
+        >>> build({"Linear": {"in_features": 2, "out_features": 3}}).weight.shape
+        torch.Size([3, 2])
+    """
+    if is_object_spec(spec):
+        name, args = next(iter(spec.items()))
+        cls = resolve(name, where)
+        inner = f"{where}.{name}"
+        try:
+            if args is None:
+                return cls(**extra_kwargs)
+            if isinstance(args, list):
+                return cls(*[build(a, f"{inner}[{i}]") for i, a in enumerate(args)], **extra_kwargs)
+            if isinstance(args, dict):
+                kwargs = {k: build(v, f"{inner}.{k}") for k, v in args.items()}
+                return cls(**kwargs, **extra_kwargs)
+            return cls(build(args, inner), **extra_kwargs)
+        except ConfigError:
+            raise
+        except TypeError as e:
+            raise ConfigError(f"{inner}: bad arguments: {e}") from e
+        except ValueError as e:  # the class rejected a value (e.g. a negative ridge)
+            raise ConfigError(f"{inner}: {e}") from e
+    if isinstance(spec, list):
+        return [build(v, f"{where}[{i}]") for i, v in enumerate(spec)]
+    if isinstance(spec, dict):
+        return {k: build(v, f"{where}.{k}") for k, v in spec.items()}
+    return spec
+
+
+def build_tester(
+    config: Dict[str, Any],
+    device,
+    sources: Optional[Dict[str, str]] = None,
+    sharded: bool = True,
+    calculator_device=None,
+    make: Optional[Callable[..., Any]] = None,
+    **extra,
+):
+    """The configured PML tester with its accuracy calculator built (``data_device=device``; ``extra`` are passed
+    on, e.g. ``end_of_testing_hook``). ``tester.label_hierarchy_level`` is the label column evaluated.
+
+    The keys are read (and checked) by :func:`pml_extensions.runner.config.eval_keys.tester_spec`. PML's
+    ``GlobalEmbeddingSpaceTester`` is built as its subclass
+    :class:`pml_extensions.testers.ShardedGlobalEmbeddingSpaceTester` and PML's ``AccuracyCalculator`` as
+    :class:`pml_extensions.utils.ChunkedAccuracyCalculator` (the exact blocked k-NN engine, bounded memory), both
+    with the same arguments and the same numbers (within float32 round-off); under torchrun every rank then embeds
+    only its shard and the metric blocks are split over the ranks, so every rank must evaluate. ``sharded=False``
+    keeps PML's classes (for evaluation that only rank 0 runs, e.g. test hooks). Other classes are built as named.
+    The calculator computes on ``calculator_device`` (default CPU) unless its spec names a ``device``. ``make(key,
+    spec, **objects)`` builds the two objects (a :meth:`Builder.build`; default :func:`build`).
+
+    Raises:
+        ConfigError: as :func:`pml_extensions.runner.config.eval_keys.tester_spec`.
+
+    Example::
+
+        >>> t = build_tester({"tester": {"GlobalEmbeddingSpaceTester": {"accuracy_calculator":
+        ...     {"AccuracyCalculator": {"include": ["precision_at_1"], "k": 1}}}}}, torch.device("cpu"))
+        >>> t.accuracy_calculator.get_curr_metrics()
+        ['precision_at_1']
+    """
+    discover()  # a tester class of the package that is not re-exported yet is still nameable
+    name, kwargs = tester_spec(config, sources)
+    where = _where(sources, "tester") + f".{name}"
+    calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, where)
+    calc_kwargs.setdefault("device", torch.device("cpu") if calculator_device is None else calculator_device)
+    if sharded and calc_name == "AccuracyCalculator":
+        calc_name, calc_kwargs = "ChunkedAccuracyCalculator", dict(calc_kwargs, distributed=True)
+    if make is None:
+
+        def make(key, spec, **objects):
+            return build(spec, _where(sources, key), **objects)
+
+    calculator = make("tester.accuracy_calculator", {calc_name: calc_kwargs})
+    kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
+    kwargs.setdefault("dataloader_num_workers", 0)
+    if sharded and name == _TESTER:
+        name = "ShardedGlobalEmbeddingSpaceTester"  # pml_extensions.testers: PML's class, every rank a shard
+    try:
+        return make("tester", {name: kwargs}, accuracy_calculator=calculator, data_device=device, **extra)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
+
+
+class Builder:
+    """Spec -> object for one merged config.
+
+    Args:
+        config: the merged config.
+        sources: top-level key -> file, to name the file in error messages.
+        device: where models and losses go (``torch.device``; default CPU).
+        log: a print-like function (notes such as skipped optimizers).
+
+    Attributes:
+        embedding_size: the embedder's output width, set by :meth:`build_models` when it is given a sample.
+
+    Raises:
+        ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values
+        (:class:`pml_extensions.runner.errors.MissingDataError`, also a ``FileNotFoundError``, for missing data).
+    """
+
+    def __init__(
+        self,
+        config: Dict[str, Any],
+        sources: Optional[Dict[str, str]] = None,
+        device: Optional[torch.device] = None,
+        log: Callable[..., None] = print,
+    ):
+        self.config = config
+        self.sources = sources or {}
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.log = log
+        self.embedding_size: Optional[int] = None
+        self.check_factories()
+        discover()  # pml_extensions classes not re-exported yet are still nameable in configs
+
+    def where(self, key: str) -> str:
+        return f"{self.sources.get(key.split('.')[0], 'config')}: {key}"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.config.get(key, default)
+
+    def check_factories(self):
+        factories = self.get("factories") or {}
+        for role, spec in factories.items():
+            if role not in DEFAULT_FACTORIES:
+                raise ConfigError(
+                    f"{self.where('factories.' + str(role))}: unknown factory "
+                    f"role; choose from {', '.join(DEFAULT_FACTORIES)}"
+                )
+            if spec is None:
+                continue
+            name = next(iter(spec)) if isinstance(spec, dict) and spec else spec
+            if name != DEFAULT_FACTORIES[role]:
+                raise ConfigError(
+                    f"{self.where('factories.' + role)}: custom factory "
+                    f"{name!r} is not supported; register classes "
+                    "with pml_extensions.runner.register instead"
+                )
+
+    # ---------------------------------------------------------------------------------------------- the one step
+    def build(self, key: str, spec: Any, **extra) -> Any:
+        """Build one object from ``spec`` (``{ClassName: kwargs}``, or a lower-case function name that resolves,
+        e.g. ``{get_dataset: {...}}``); ``extra`` keyword arguments (objects: ``params=``, ``dataset=``) go to the
+        call. Every ``build_*`` method ends here.
+
+        Raises:
+            ConfigError: ``"<file>: <key>...: ..."`` for unknown names, bad arguments and rejected values;
+            :class:`pml_extensions.runner.errors.MissingDataError` when the object's data is missing.
+        """
+        where = self.where(key)
+        try:
+            function = None if is_object_spec(spec) else self._function_spec(spec)
+            if function is not None:
+                name, fn = function
+                _, args = one_spec(spec, where)
+                kwargs = {k: build(v, f"{where}.{name}.{k}") for k, v in args.items()}
+                try:
+                    return fn(**kwargs, **extra)
+                except TypeError as e:
+                    raise ConfigError(f"{where}.{name}: bad arguments: {str(e).splitlines()[0]}") from e
+                except FileNotFoundError as e:
+                    raise MissingDataError(f"{where}.{name}: {str(e).splitlines()[0]}") from e
+                except ValueError as e:
+                    raise ConfigError(f"{where}.{name}: {str(e).splitlines()[0]}") from e
+            return build(spec, where, **extra)
+        except ConfigError:
+            raise
+        except FileNotFoundError as e:
+            raise MissingDataError(f"{where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        except (ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+    def _require(self, key: str):
+        if key not in self.config:
+            raise ConfigError(f"config: missing required key {key!r}")
+        return self.config[key]
+
+    # ---------------------------------------------------------------------------------------------- data
+    def build_dataset(self, split: Optional[str] = None, transform=None, spec: Any = None, key: str = "dataset"):
+        """The config's ``dataset`` (or ``spec``), images untransformed unless ``transform`` is given.
+
+        A ``{ClassName: kwargs}`` spec gets ``root`` from ``dataset_root`` when the class needs one and the spec
+        leaves it out, and ``split`` when given and the class takes it. A dataset by name (``{name, root, kwargs}``
+        or a plain name) is :func:`pml_extensions.datasets.get_dataset` of ``split`` (default ``"all"``).
+
+        Raises:
+            ConfigError: unknown classes or names, bad arguments; MissingDataError: missing data (one line that
+            says how to get it).
+        """
+        spec = self._require(key) if spec is None else spec
+        if isinstance(spec, str) or (isinstance(spec, dict) and "name" in spec):
+            named = {"name": spec} if isinstance(spec, str) else dict(spec)
+            unknown = sorted(set(named) - {"name", "root", "kwargs"})
+            if unknown:
+                raise ConfigError(
+                    f"{self.where(key)}: unknown keys {unknown}; a dataset by name has name, root, kwargs"
+                )
+            args = {
+                "name": named["name"],
+                "split": split or "all",
+                "root": named.get("root") or self.get("dataset_root"),
+                **dict(named.get("kwargs") or {}),
+            }
+            return self.build(key, {"get_dataset": args}, transform=transform)
+        name, kwargs = one_spec(spec, self.where(key))
+        cls = resolve(name, self.where(key))
+        kwargs = dict(kwargs)
+        if "root" not in kwargs and accepts(cls, "root"):
+            if self.get("dataset_root"):
+                kwargs["root"] = self.get("dataset_root")
+            else:
+                root_param = inspect.signature(cls).parameters.get("root")
+                if getattr(root_param, "default", None) is inspect.Parameter.empty:
+                    raise ConfigError(
+                        f"{self.where(key)}.{name}: needs its data folder: pass --dataset_root "
+                        "/path/to/data (nothing is downloaded)"
+                    )
+        if split is not None and "split" not in kwargs and accepts(cls, "split"):
+            kwargs["split"] = split
+        if not accepts(cls, "transform"):
+            if transform is not None:
+                raise ConfigError(f"{self.where(key)}.{name}: takes no transform")
+            return self.build(key, {name: kwargs})
+        kwargs.pop("transform", None)
+        return self.build(key, {name: kwargs}, transform=transform)
+
+    def build_transform(self, which: Optional[str] = None, spec: Any = None):
+        """``transforms.<which>`` (``train`` / ``eval``), or ``spec``: a ``Compose`` spec is built as written; PB's
+        mapping or list of transforms gets ``ToTensor`` and ``normalize`` appended when it has no ``ToTensor``
+        (and RGB conversion first for 3-channel statistics)."""
+        key = f"transforms.{which}" if which is not None else "transforms"
+        if spec is None:
+            spec = (self.get("transforms") or {}).get(which)
+        if spec is None:
+            chain = []
+        elif is_object_spec(spec) and next(iter(spec)) == "Compose":
+            return self.build(key, spec)
+        elif isinstance(spec, dict):
+            chain = []
+            for name, kwargs in spec.items():
+                kwargs = {k: pb_numbers(v) for k, v in (kwargs or {}).items()}
+                chain.append(self.build(f"{key}.{name}", {name: kwargs}))
+        elif isinstance(spec, list):
+            chain = [self.build(f"{key}[{i}]", s) for i, s in enumerate(spec)]
+        else:
+            raise ConfigError(f"{self.where(key)}: expected a mapping of transforms, got {spec!r}")
+        import torchvision.transforms as T
+
+        if not any(isinstance(t, (T.ToTensor, T.PILToTensor)) for t in chain):
+            norm = self.get("normalize", IMAGENET_NORMALIZE)
+            if norm and len(norm.get("mean", [])) == 3:
+                chain.insert(0, ToRGB())  # grayscale datasets (glyphs, Fashion-MNIST) meet RGB trunks
+            chain.append(T.ToTensor())
+            if norm:
+                chain.append(T.Normalize(**norm))
+        return T.Compose(chain)
+
+    # ---------------------------------------------------------------------------------------------- models
+    def build_models(
+        self,
+        sample: Optional[torch.Tensor] = None,
+        num_classes: Optional[int] = None,
+        spec: Optional[Dict[str, Any]] = None,
+        before: Optional[Callable[[str], Any]] = None,
+    ) -> Dict[str, torch.nn.Module]:
+        """Trunk, embedder (``MLP`` sizes get the trunk width) and any other model of ``models`` (or ``spec``).
+
+        Args:
+            sample: one input ``[C, H, W]``; when given, the trunk (+ embedder) is probed with it: the output must
+                be ``[N, D]`` vectors, ``MLP``'s ``input_size`` is filled and :attr:`embedding_size` set.
+            num_classes: filled into model specs that take it and lack it (e.g. ``TemplateMatchingBlock``).
+            spec: the models mapping (default the config's ``models``).
+            before: called with each model's key right before it is built (protocols that pair variants reseed
+                their RNGs there).
+        """
+        models_cfg = self._require("models") if spec is None else spec
+        if not isinstance(models_cfg, dict) or "trunk" not in models_cfg:
+            raise ConfigError(f"{self.where('models')}: missing key 'trunk'")
+        if num_classes is not None:
+            models_cfg = {
+                k: self._fill(v, {"num_classes": int(num_classes)}, f"models.{k}") for k, v in models_cfg.items()
+            }
+        if before is not None:
+            before("trunk")
+        trunk = self._build_trunk(models_cfg["trunk"], "models.trunk").to(self.device)
+        out = None
+        if sample is not None:
+            with torch.no_grad():
+                was_training = trunk.training
+                trunk.eval()
+                out = trunk(sample[None].to(self.device))
+                trunk.train(was_training)
+            if out.ndim != 2 and models_cfg.get("embedder") is None:
+                raise ConfigError(
+                    f"{self.where('models.trunk')}: the trunk must output "
+                    f"[N, D] vectors, got shape {tuple(out.shape)}; "
+                    "end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {}]"
+                )
+        models = {"trunk": trunk}
+        emb_spec = models_cfg.get("embedder")
+        if before is not None:
+            before("embedder")
+        if emb_spec is None:
+            models["embedder"] = torch.nn.Identity()
+        else:
+            name, kwargs = one_spec(emb_spec, self.where("models.embedder"))
+            cls = resolve(name, self.where("models.embedder"))
+            kwargs = dict(kwargs)
+            if out is not None and "input_size" not in kwargs and "input_size" in _parameters(cls):
+                kwargs["input_size"] = int(out.shape[1])
+            models["embedder"] = self.build("models.embedder", {name: kwargs}).to(self.device)
+        for k, other in models_cfg.items():
+            if k not in models:
+                if before is not None:
+                    before(k)
+                models[k] = self.build(f"models.{k}", other).to(self.device)
+        if out is not None:
+            self.embedding_size = self._probe_embedder(models["embedder"], out)
+        return models
+
+    def _probe_embedder(self, embedder, out) -> int:
+        """The embedding width from the trunk's output ``out`` of one sample; the outputs must end as ``[N, D]``."""
+        pooling_hint = (
+            f"{self.where('models.trunk')}: the trunk must output [N, D] vectors (or its embedder pool them), got "
+            f"shape {tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {{}}]"
+        )
+        with torch.no_grad():
+            was_training = embedder.training
+            embedder.eval()
+            try:
+                emb = embedder(out)
+            except (RuntimeError, ValueError) as e:  # e.g. an MLP fed a feature map, or a Linear of another width
+                if out.ndim != 2:
+                    raise ConfigError(pooling_hint) from None
+                raise ConfigError(
+                    f"{self.where('models.embedder')}: does not take the trunk's [N, {out.shape[1]}] output: "
+                    f"{str(e).splitlines()[0]}"
+                ) from None
+            finally:
+                embedder.train(was_training)
+        if emb.ndim != 2:
+            raise ConfigError(pooling_hint)
+        return int(emb.shape[1])
+
+    def _function_spec(self, spec):
+        """``(name, function)`` for a powerful-benchmarker lower-case model-function spec ``{resnet50: {...}}``
+        whose name resolves, else ``None`` (a plain mapping such as ``{layer_sizes: [...]}``)."""
+        if not (isinstance(spec, dict) and len(spec) == 1):
+            return None
+        name, args = next(iter(spec.items()))
+        if not (isinstance(name, str) and name[:1].islower() and (args is None or isinstance(args, dict))):
+            return None
+        try:
+            return name, resolve(name, "config")
+        except ConfigError:
+            return None
+
+    def _build_trunk(self, spec, key):
+        """Like :meth:`build`, plus powerful-benchmarker's lower-case model functions (``{resnet50: {..}}``,
+        ``{mobilenet_v2_features: {pretrained: true}}``, also nested as arguments, e.g.
+        ``{template_matching_trunk: {model: {mobilenet_v2_imagenet: {}}}}``) and lists / ``Sequential`` of such
+        entries."""
+        if isinstance(spec, list):
+            children = [self._build_trunk(s, f"{key}[{i}]") for i, s in enumerate(spec)]
+            return self.build(key, {"Sequential": children})
+        if isinstance(spec, dict) and len(spec) == 1:
+            name, args = next(iter(spec.items()))
+            if name == "Sequential" and isinstance(args, list):
+                return self._build_trunk(args, f"{key}.Sequential")
+            if isinstance(name, str) and name[:1].islower():
+                resolve(name, self.where(key))  # an unknown name is an error here, not a plain mapping
+                kwargs = {
+                    k: self._build_trunk(v, f"{key}.{name}.{k}")
+                    if self._function_spec(v)
+                    else build(v, f"{key}.{name}.{k}")
+                    for k, v in (args or {}).items()
+                }
+                return self.build(key, {name: kwargs})
+        return self.build(key, spec)
+
+    def _fill(self, spec, fills, key):
+        """Insert ``num_classes`` / ``embedding_size`` into nested specs (classes, or lower-case model functions)
+        whose signature names them and that lack them."""
+        function = self._function_spec(spec)
+        if is_object_spec(spec) or function is not None:
+            name, args = next(iter(spec.items()))
+            if args is None or isinstance(args, dict):
+                cls = function[1] if function is not None else resolve(name, self.where(key))
+                params = _parameters(cls)
+                args = {k: self._fill(v, fills, f"{key}.{name}.{k}") for k, v in (args or {}).items()}
+                for k, v in fills.items():
+                    if k in params and k not in args:
+                        args[k] = v
+                return {name: args}
+            return spec
+        if isinstance(spec, list):
+            return [self._fill(v, fills, key) for v in spec]
+        if isinstance(spec, dict):
+            return {k: self._fill(v, fills, f"{key}.{k}") for k, v in spec.items()}
+        return spec
+
+    # ---------------------------------------------------------------------------------------------- training
+    def build_losses(self, models, num_classes: Optional[int] = None, loss_funcs=None, mining_funcs=None):
+        """``(loss_funcs, mining_funcs)`` from ``loss_funcs`` / ``mining_funcs`` (or the given specs), on this
+        device; ``num_classes`` and :attr:`embedding_size` are filled where a spec takes and lacks them; XMLWrappers
+        are attached to the trunk's HistogramPooling (and the embedder, ``target="pooled"``)."""
+        losses = {}
+        fills = {}
+        if num_classes is not None:
+            fills["num_classes"] = int(num_classes)
+        if self.embedding_size is not None:
+            fills["embedding_size"] = int(self.embedding_size)
+        specs = (self._require("loss_funcs") if loss_funcs is None else loss_funcs) or {}
+        for k, spec in specs.items():
+            spec = self._fill(spec, fills, f"loss_funcs.{k}")
+            losses[k] = self.build(f"loss_funcs.{k}", spec).to(self.device)
+        from ...losses import XMLWrapper
+
+        try:
+            trunk = dist_utils.unwrap(models["trunk"])
+            XMLWrapper.attach_all(losses, trunk)
+            XMLWrapper.attach_heads(losses, trunk, dist_utils.unwrap(models["embedder"]))  # target="pooled"
+        except ValueError as e:
+            raise ConfigError(f"{self.where('loss_funcs')}: {e}") from None
+        mining = (self.get("mining_funcs") if mining_funcs is None else mining_funcs) or {}
+        miners = {k: self.build(f"mining_funcs.{k}", v) for k, v in mining.items()}
+        return losses, miners
+
+    def build_optimizers(self, models, loss_funcs, spec: Optional[Dict[str, Any]] = None):
+        """``<name>_optimizer`` for each entry of ``optimizers`` (or ``spec``): the trainable parameters of the
+        model or loss called ``<name>``, with ``prototype_lr`` / ``param_groups`` groups (module docstring).
+        A model without trainable parameters gets no optimizer (one note)."""
+        optimizers = {}
+        for key, opt_spec in ((self.get("optimizers") if spec is None else spec) or {}).items():
+            where = f"optimizers.{key}"
+            if not str(key).endswith("_optimizer"):
+                raise ConfigError(f"{self.where(where)}: optimizer names end in _optimizer, e.g. trunk_optimizer")
+            target = key[: -len("_optimizer")]
+            owner = models.get(target, loss_funcs.get(target))
+            if owner is None:
+                raise ConfigError(
+                    f"{self.where(where)}: no model or loss called {target!r} "
+                    f"(models: {', '.join(models)}; losses: {', '.join(loss_funcs)})"
+                )
+            params = [p for p in owner.parameters() if p.requires_grad]
+            if not params:
+                self.log(f"note: {key} skipped: {target} has no trainable parameters")
+                continue
+            name, kwargs = one_spec(opt_spec, self.where(where))
+            kwargs = dict(kwargs)
+            groups = self._param_groups(owner, params, kwargs, f"{where}.{name}")
+            optimizers[key] = self.build(where, {name: kwargs}, params=groups)
+        return optimizers
+
+    def _param_groups(self, owner, params, kwargs, where):
+        """``params`` split into groups by the spec's ``prototype_lr`` / ``param_groups`` (removed from
+        ``kwargs``); the plain list when it has neither."""
+        rules = []
+        proto_lr = kwargs.pop("prototype_lr", None)
+        if proto_lr is not None:
+            rules.append(({"modules": "HistogramPooling", "lr": float(proto_lr)}, f"{where}.prototype_lr"))
+        for i, group in enumerate(kwargs.pop("param_groups", None) or []):
+            if not isinstance(group, dict) or not isinstance(group.get("modules"), str):
+                raise ConfigError(
+                    f"{self.where(where)}.param_groups[{i}]: expected {{modules: ClassName, lr_multiplier: 10, ...}}"
+                )
+            rules.append((group, f"{where}.param_groups[{i}]"))
+        if not rules:
+            return params
+        taken, special = set(), []
+        for rule, rule_where in rules:
+            cls = resolve(rule["modules"], self.where(rule_where))
+            mine = [p for m in owner.modules() if isinstance(m, cls) for p in m.parameters() if p.requires_grad]
+            mine = [p for p in mine if id(p) not in taken]
+            taken |= {id(p) for p in mine}
+            options = {k: v for k, v in rule.items() if k not in PARAM_GROUP_KEYS}
+            if "lr_multiplier" in rule:
+                if "lr" not in kwargs:
+                    raise ConfigError(f"{self.where(rule_where)}: lr_multiplier needs the optimizer's lr")
+                options["lr"] = float(kwargs["lr"]) * float(rule["lr_multiplier"])
+            special.append({"params": mine, **options})
+        groups = [{"params": [p for p in params if id(p) not in taken]}] + special
+        return [g for g in groups if g["params"]]
+
+    def build_lr_schedulers(self, optimizers, spec: Dict[str, Any]):
+        """PB's ``lr_schedulers``: ``<model>_scheduler_by_<iteration|epoch|plateau>: {Class: kwargs}`` for the
+        optimizer ``<model>_optimizer``; a ``max_lr`` the class takes and the spec leaves out is the optimizer's
+        learning rates (one per parameter group, e.g. ``OneCycleLR``)."""
+        schedulers = {}
+        for key, sched_spec in (spec or {}).items():
+            where = f"lr_schedulers.{key}"
+            model = str(key).split("_scheduler_by_")[0]
+            optimizer = optimizers.get(f"{model}_optimizer")
+            if "_scheduler_by_" not in str(key) or optimizer is None:
+                raise ConfigError(
+                    f"{self.where(where)}: expected <model>_scheduler_by_<iteration|epoch|plateau> for one of the "
+                    f"optimizers {', '.join(optimizers)}"
+                )
+            name, kwargs = one_spec(sched_spec, self.where(where))
+            kwargs = dict(kwargs)
+            if "max_lr" not in kwargs and "max_lr" in _parameters(resolve(name, self.where(where))):
+                kwargs["max_lr"] = [g["lr"] for g in optimizer.param_groups]
+            schedulers[key] = self.build(where, {name: kwargs}, optimizer=optimizer)
+        return schedulers
+
+    def build_sampler(
+        self,
+        labels=None,
+        batch_size: Optional[int] = None,
+        iterations_per_epoch: Optional[int] = None,
+        spec: Any = None,
+        split_over_ranks: bool = True,
+    ):
+        """The config's ``sampler`` (or ``spec``) with ``labels`` and ``batch_size`` filled when the class takes
+        them, and ``length_before_new_iter`` = one epoch of indices (``iterations_per_epoch``, default the
+        trainer's, × ``batch_size``). Under torchrun (``split_over_ranks``) every rank gets its slice of each global
+        batch (:class:`pml_extensions.runner.experiment.distributed.DistributedBatchSliceSampler`); no sampler
+        then means a ``DistributedSampler``. ``split_over_ranks=False`` for a rank that trains alone.
+
+        Raises:
+            ConfigError: also for the asserts PML's samplers check their arguments with (naming the labels' class
+            count and the batch size).
+        """
+        spread = split_over_ranks and dist_utils.is_active()
+        spec = self.get("sampler") if spec is None else spec
+        if spec is None:
+            if spread:
+                return torch.utils.data.DistributedSampler(
+                    range(len(labels)), shuffle=True, seed=int(self.get("seed") or 0)
+                )
+            return None
+        name, kwargs = one_spec(spec, self.where("sampler"))
+        cls = resolve(name, self.where("sampler"))
+        kwargs = dict(kwargs)
+        if labels is not None and accepts(cls, "labels"):
+            kwargs.setdefault("labels", labels)
+        if batch_size is not None and accepts(cls, "batch_size") and "batch_size" not in kwargs:
+            kwargs["batch_size"] = batch_size
+        ipe = (
+            iterations_per_epoch
+            if iterations_per_epoch is not None
+            else self._trainer_kwargs().get("iterations_per_epoch")
+        )
+        if ipe and batch_size and accepts(cls, "length_before_new_iter") and "length_before_new_iter" not in kwargs:
+            # one epoch's worth of indices (PML's default, 100k, is rebuilt in Python at every epoch)
+            kwargs["length_before_new_iter"] = int(ipe) * int(batch_size)
+        try:
+            sampler = self.build("sampler", {name: kwargs})
+        except AssertionError as e:  # PML's samplers check their arguments with assert
+            import numpy as np
+
+            classes = len(np.unique(np.asarray(labels))) if labels is not None else "?"
+            raise ConfigError(
+                f"{self.where('sampler')}.{name}: {e} (the labels hold {classes} classes; batch_size is {batch_size})"
+            ) from e
+        if spread:
+            sampler = dist_utils.DistributedBatchSliceSampler(sampler, batch_size)
+        return sampler
+
+    def _trainer_kwargs(self) -> Dict[str, Any]:
+        spec = self.get("trainer")
+        return dict(one_spec(spec, self.where("trainer"))[1]) if spec is not None else {}
+
+    def build_tester(self, spec: Any = None, sharded: bool = True, calculator_device=None, **extra):
+        """The config's ``tester`` (or ``spec``) with its ``accuracy_calculator`` (a top-level
+        ``accuracy_calculator``, the flat form's, when the tester's own is absent), on this device:
+        :func:`build_tester`; ``extra`` (e.g. ``end_of_testing_hook``) is passed on."""
+        config, sources = self.config, self.sources
+        tester = self.get("tester") if spec is None else spec
+        if tester is not None and self.get("accuracy_calculator") is not None:
+            name, kwargs = one_spec(tester, self.where("tester"))
+            if "accuracy_calculator" not in kwargs:
+                tester = {name: dict(kwargs, accuracy_calculator=self.get("accuracy_calculator"))}
+                sources = dict(sources, tester=sources.get("accuracy_calculator", sources.get("tester", "config")))
+        if tester is not self.get("tester"):
+            config = dict(config, tester=tester)
+        return build_tester(
+            config, self.device, sources, sharded=sharded, calculator_device=calculator_device, make=self.build, **extra
+        )
+
+    def subset(self, dataset, indices, labels=None, transform=None, getter=None, rgb: bool = False):
+        """A view of ``dataset`` (:class:`pml_extensions.runner.objects.data.Subset`): items ``indices`` with their own
+        ``transform`` (``labels`` default: the dataset's own, :func:`~.data.dataset_labels`)."""
+        return Subset(
+            dataset, indices, dataset_labels(dataset) if labels is None else labels, transform, getter=getter, rgb=rgb
+        )
+
+    def build_trainer(self, spec: Any = None, default: str = "MetricLossOnly", **objects):
+        """The config's ``trainer`` (or ``spec``; ``{default: {}}`` when neither) called with the built
+        ``objects`` (``models=``, ``optimizers=``, ``loss_funcs=``, ``dataset=``, ``sampler=``, hooks ...)."""
+        spec = self.get("trainer") if spec is None else spec
+        name, kwargs = one_spec(spec, self.where("trainer"), default=default)
+        return self.build("trainer", {name: dict(kwargs)}, **objects)
+
+    # ---------------------------------------------------------------------------------------------- prototypes
+    def prototype_init(
+        self, models: Dict[str, torch.nn.Module], dataset, seed: Optional[int] = None, spec: Any = None
+    ) -> bool:
+        """Initialise the trunk's HistogramPooling prototypes from data when the config has ``prototype_init``
+        (``{method: kmeans|kcenter|random, num_batches: 4, batch_size: 32}``; the XML paper initialises them
+        by k-means of the body's local features): ``num_batches`` batches of ``dataset`` (shuffled with a
+        generator seeded by ``seed``, default the config's ``seed``) go through the trunk's body (its children
+        before the layer), and :meth:`pml_extensions.trunks.HistogramPooling.init_from_data` picks the
+        prototypes. ``spec`` replaces the config's ``prototype_init`` (e.g. with a protocol's batch size filled in).
+
+        Returns:
+            True when prototypes were initialised, False when the config has no ``prototype_init``.
+
+        Raises:
+            ConfigError: unknown keys, a trunk without exactly one HistogramPooling as a direct child of a
+            Sequential trunk, or a bad method.
+        """
+        spec = self.get("prototype_init") if spec is None else spec
+        if not spec:
+            return False
+        key = "prototype_init"
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{self.where(key)}: expected a mapping {{method: kmeans, num_batches: 4}}, got {spec!r}")
+        unknown = sorted(set(spec) - set(PROTOTYPE_INIT_KEYS))
+        if unknown:
+            raise ConfigError(f"{self.where(key)}: unknown keys {unknown}; known: {', '.join(PROTOTYPE_INIT_KEYS)}")
+        from ...trunks import find_histogram_layers, trunk_body
+
+        trunk = dist_utils.unwrap(models["trunk"])
+        layers = find_histogram_layers(trunk)
+        if len(layers) != 1:
+            raise ConfigError(
+                f"{self.where(key)}: needs exactly one HistogramPooling in the trunk, found {len(layers)}"
+            )
+        seed = int(self.get("seed") or 0) if seed is None else int(seed)
+        try:
+            body = trunk_body(trunk, layers[0])
+            loader = torch.utils.data.DataLoader(
+                dataset,
+                batch_size=int(spec.get("batch_size", 32)),
+                shuffle=True,
+                generator=torch.Generator().manual_seed(seed),
+            )
+            layers[0].init_from_data(
+                body,
+                loader,
+                num_batches=int(spec.get("num_batches", 4)),
+                method=spec.get("method", "kmeans"),
+                seed=seed,
+            )
+        except ValueError as e:
+            raise ConfigError(f"{self.where(key)}: {str(e).splitlines()[0]}") from None
+        return True
+
+
+def _parameters(cls) -> Sequence[str]:
+    try:
+        return tuple(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+def with_kwargs(spec: Dict[str, Any], **changes) -> Dict[str, Any]:
+    """A copy of the one-entry spec ``{Name: kwargs}`` with ``changes`` merged into ``kwargs``.
+
+    Example::
+
+        >>> with_kwargs({"mobilenet_v2_features": {"pretrained": True}}, pretrained=False)
+        {'mobilenet_v2_features': {'pretrained': False}}
+    """
+    name, kwargs = one_spec(spec, "spec")
+    return {name: dict(copy.deepcopy(kwargs), **changes)}

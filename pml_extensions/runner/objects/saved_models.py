@@ -1,0 +1,248 @@
+"""A finished run's models, rebuilt from its saved ``config.yaml`` by the one :class:`~.builder.Builder` and loaded
+with the run's weights (``python -m pml_extensions explain --checkpoint``).
+
+Layouts read (the model is rebuilt from the run's saved ``config.yaml``, found in the checkpoint's folder
+or up to three folders above it, and the state dicts are loaded into it; ``pretrained: true`` in the config's
+``models`` is built as ``false``, since the run's weights replace every parameter):
+
+- an MLRC fold: ``<experiment>/fold_K/best.pth`` = ``{"trunk": state, "embedder": state, ...}`` (or the fold
+  folder itself); the config's ``models`` are built by the runner's Builder;
+- the XML job's PML model folder ``<output>/<experiment>/<variant>/models/`` with ``trunk_best{E}.pth`` and
+  ``embedder_best{E}.pth`` (PML's ``SaveModels`` names; ``trunk_optimizer_*.pth`` are optimizer states and are
+  never taken for the trunk); the variant's override in ``variants`` is merged over ``models``;
+- the resolution protocol's student and teacher, ``{"trunk": state, "embedder": state}`` files (its config's
+  ``models``; a run saved before the floor plan, with ``resolution_job``, is read through
+  :func:`pml_extensions.runner.config.old_keys.map_resolution_job`);
+- a file ``{"trunk": module or state, "embedder": ...}`` or a pickled module (``trust=True`` only); without a
+  config, state dicts are read as the ImageNet MobileNetV2 + GAP trunk and a Linear embedder.
+
+Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line that names the file.
+"""
+
+import os
+import re
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+CONFIG_NAME = "config.yaml"
+
+
+def _load(path: str, trust: bool):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trust)
+    except Exception as e:  # EOFError, UnpicklingError, RuntimeError... for unreadable or pickled files
+        if not trust and ("weights_only" in str(e) or "Unsupported global" in str(e)):
+            raise ValueError(
+                f"checkpoint {path} holds pickled Python objects (whole modules): pass --trust-checkpoint to "
+                "load it (only for files you trust)"
+            ) from None
+        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def _epoch(name: str) -> int:
+    m = re.search(r"(\d+)\.pth$", name)
+    return int(m.group(1)) if m else -1
+
+
+def pml_model_files(folder: str) -> Tuple[Optional[str], Optional[str]]:
+    """``(trunk file, embedder file)`` of a PML model folder: ``best`` files first, highest epoch number;
+    ``trunk_optimizer_*`` / ``embedder_optimizer_*`` files are optimizer states and are skipped."""
+    picks = []
+    for prefix in ("trunk_", "embedder_"):
+        files = [
+            f
+            for f in os.listdir(folder)
+            if f.startswith(prefix) and f.endswith(".pth") and not f.startswith(prefix + "optimizer")
+        ]
+        best = [f for f in files if "best" in f]
+        pool = best or files
+        picks.append(os.path.join(folder, max(pool, key=lambda f: (_epoch(f), f))) if pool else None)
+    return picks[0], picks[1]
+
+
+def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optional[str]]:
+    """The run's saved config (``yaml.safe_load`` of ``config.yaml``) in ``path``'s folder or above."""
+    import yaml
+
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    for _ in range(levels + 1):
+        candidate = os.path.join(folder, CONFIG_NAME)
+        if os.path.isfile(candidate):
+            with open(candidate, encoding="utf-8") as f:
+                cfg = yaml.safe_load(f)
+            if not isinstance(cfg, dict):
+                raise ValueError(f"run config {candidate} is not a mapping")
+            return cfg, candidate
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return None, None
+
+
+def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
+    """How the run that wrote ``checkpoint`` fed images to its model at evaluation, from its saved config.
+
+    Returns ``None`` without a run config, else ``{"mean": [...] or None, "std": [...] or None, "image_size":
+    int or None}``: the ``Normalize`` of ``transforms.eval`` (or the runner's default, ``normalize`` or
+    ImageNet's, which the runner appends after ``ToTensor``; ``normalize: null`` -> no normalisation), and the
+    image side in pixels from the dataset's ``image_size`` or the eval ``CenterCrop``/``Resize`` size.
+    """
+    if checkpoint is None:
+        return None
+    cfg, _ = find_run_config(checkpoint)
+    if cfg is None or "resolution_job" in cfg or cfg.get("protocol") == "resolution_distillation":
+        return None  # the resolution protocol: ImageNet statistics, the image sizes on the command line
+    eval_spec = (cfg.get("transforms") or {}).get("eval")
+    if isinstance(eval_spec, dict) and list(eval_spec) == ["Compose"]:  # {Compose: {transforms: [...]}}
+        eval_spec = (eval_spec["Compose"] or {}).get("transforms")
+    steps = (
+        list(eval_spec.items())
+        if isinstance(eval_spec, dict)
+        else [next(iter(t.items())) for t in (eval_spec or []) if isinstance(t, dict) and len(t) == 1]
+    )
+    kwargs = {name: (v or {}) for name, v in steps if isinstance(v, (dict, type(None)))}
+    from .builder import IMAGENET_NORMALIZE
+
+    norm = (
+        kwargs.get("Normalize")
+        if "Normalize" in kwargs
+        else (None if "ToTensor" in kwargs else cfg.get("normalize", IMAGENET_NORMALIZE))
+    )
+    size = None
+    dataset = cfg.get("dataset")
+    if isinstance(dataset, dict) and len(dataset) == 1 and isinstance(next(iter(dataset.values())), dict):
+        size = next(iter(dataset.values())).get("image_size")
+    for name in ("CenterCrop", "Resize"):
+        given = kwargs.get(name, {}).get("size")
+        if size is None and isinstance(given, (list, tuple)) and given and all(isinstance(v, int) for v in given):
+            given = min(given)  # [h, w]: the shorter side, as --image-size
+        if size is None and isinstance(given, int):
+            size = given
+    return {
+        "mean": list(norm["mean"]) if norm else None,
+        "std": list(norm["std"]) if norm else None,
+        "image_size": size if isinstance(size, int) and not isinstance(size, bool) else None,
+    }
+
+
+def _in_channels(state: dict) -> int:
+    for v in state.values():
+        if torch.is_tensor(v) and v.ndim == 4:
+            return int(v.shape[1])
+    return 3
+
+
+def models_from_config(cfg: dict, path: str, trunk_state: Optional[dict] = None) -> Tuple[nn.Module, nn.Module]:
+    """Build ``(trunk, embedder)`` (random weights) from a run's saved config with the runner's Builder."""
+    from ..config.old_keys import map_resolution_job
+
+    cfg = map_resolution_job(cfg)  # a resolution run saved before the floor plan
+    variants = cfg.get("variants") or {}
+    parts = os.path.abspath(path).split(os.sep)
+    chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
+    if chosen:
+        from ..config.loader import variant_configs
+
+        cfg = variant_configs(cfg, [chosen[-1]])[chosen[-1]]
+    models = cfg.get("models")
+    if not isinstance(models, dict) or "trunk" not in models:
+        raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
+    from .builder import Builder
+
+    sample = torch.zeros(_in_channels(trunk_state or {}), 64, 64)
+    built = Builder({"models": _not_pretrained(models)}, log=lambda *a, **k: None).build_models(sample)
+    return built["trunk"], built["embedder"]
+
+
+def _not_pretrained(spec):
+    """``spec`` with every ``pretrained: true`` argument set to false (the saved weights replace them all)."""
+    if isinstance(spec, dict):
+        return {k: (False if k == "pretrained" and v is True else _not_pretrained(v)) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [_not_pretrained(v) for v in spec]
+    return spec
+
+
+def _strip(state: dict) -> dict:
+    return {k[len("module.") :] if k.startswith("module.") else k: v for k, v in state.items()}
+
+
+def _load_state(module: nn.Module, state: dict, what: str, path: str) -> None:
+    try:
+        module.load_state_dict(_strip(state))
+    except RuntimeError as e:
+        raise ValueError(
+            f"{what} of checkpoint {path} does not fit the model rebuilt from the run config: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def load_models(checkpoint: Optional[str], trust: bool = False, default=None) -> Tuple[nn.Module, nn.Module]:
+    """``(trunk, embedder)`` from ``checkpoint`` (see the module docstring); ``default()`` when it is None."""
+    if checkpoint is None:
+        return default()
+    if not os.path.exists(checkpoint):
+        raise FileNotFoundError(f"checkpoint {checkpoint} not found")
+    source = checkpoint
+    if os.path.isdir(checkpoint):
+        if os.path.isfile(os.path.join(checkpoint, "best.pth")):  # an MLRC fold folder
+            source = os.path.join(checkpoint, "best.pth")
+            content = _load(source, trust)
+        else:
+            trunk_file, emb_file = pml_model_files(checkpoint)
+            if trunk_file is None:
+                folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
+                hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
+                raise ValueError(f"no best.pth or trunk_*.pth model file in {checkpoint}{hint}")
+            source = trunk_file
+            content = {"trunk": _load(trunk_file, trust)}
+            if emb_file is not None:
+                content["embedder"] = _load(emb_file, trust)
+    else:
+        content = _load(checkpoint, trust)
+    if isinstance(content, nn.Module):
+        return content, nn.Identity()
+    if not isinstance(content, dict) or "trunk" not in content:
+        raise ValueError(f"checkpoint {checkpoint} must hold a dict with a 'trunk' entry (module or state dict)")
+    trunk, embedder = content["trunk"], content.get("embedder")
+    if isinstance(trunk, nn.Module) and (embedder is None or isinstance(embedder, nn.Module)):
+        return trunk, embedder if embedder is not None else nn.Identity()
+    cfg, _ = find_run_config(source)
+    if cfg is not None:
+        built_trunk, built_emb = models_from_config(cfg, source, trunk if isinstance(trunk, dict) else None)
+        if isinstance(trunk, dict):
+            _load_state(built_trunk, trunk, "the trunk", source)
+            trunk = built_trunk
+        if isinstance(embedder, dict):
+            _load_state(built_emb, embedder, "the embedder", source)
+            embedder = built_emb
+        return trunk, embedder if embedder is not None else nn.Identity()
+    return _without_config(trunk, embedder, source)
+
+
+def _without_config(trunk, embedder, path):
+    from pml_extensions.trunks.pretrained import mobilenet_v2_features
+
+    if not isinstance(trunk, nn.Module):
+        module = nn.Sequential(mobilenet_v2_features(pretrained=False), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        _load_state(module, trunk, "the trunk (no config.yaml found: read as MobileNetV2 + GAP)", path)
+        trunk = module
+    if embedder is None:
+        return trunk, nn.Identity()
+    if not isinstance(embedder, nn.Module):
+        state = _strip(embedder)
+        weights = [k for k, v in state.items() if k.endswith("weight")]
+        if len(weights) != 1 or state[weights[0]].ndim != 2:
+            raise ValueError(
+                f"checkpoint {path}: no config.yaml found and the embedder state is not a single Linear "
+                "layer; "
+                "save the run's config.yaml next to it or pass a module with --trust-checkpoint"
+            )
+        key = weights[0][: -len("weight")]
+        w = state[weights[0]]
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=(key + "bias") in state)
+        lin.load_state_dict({k[len(key) :]: v for k, v in state.items()})
+        embedder = lin
+    return trunk, embedder

@@ -1,0 +1,1 @@
+"""What a run reports: ``results.json`` / ``results.md`` with paired statistics, and ``report.html``."""

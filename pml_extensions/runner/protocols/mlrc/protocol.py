@@ -1,0 +1,309 @@
+"""The "Metric Learning Reality Check" (MLRC) protocol on PML 2.x, driven by a merged
+powerful-benchmarker config.
+
+Protocol (Musgrave, Belongie & Lim, "A Metric Learning Reality Check", ECCV 2020, Sec. 4;
+powerful-benchmarker's ``metric-learning`` branch, rewritten here):
+
+1. Class-disjoint split (``split_manager: {ClassDisjointSplitManager: {...}}``): the classes (sorted, at
+   ``hierarchy_level``) in ``[test_start_idx, test_start_idx + test_size)`` (fractions of the class count; default
+   the second half) are the test set; the rest is the train/val pool.
+2. ``num_training_partitions`` (default 4) class-disjoint folds of the pool: fold k validates on partition k
+   and trains on the others; ``num_training_sets`` of them are trained (default all 4).
+3. Each fold trains with the configured PML trainer; every ``save_interval`` epochs the ``tester`` evaluates
+   ``splits_to_eval`` (always the validation classes); ``hook_container``'s ``primary_metric`` (default MAP@R)
+   on val picks the best epoch; training stops when it has not improved for more than ``patience`` epochs or
+   after ``num_epochs_train``. The best epoch's weights are kept per fold; ``aggregator`` averages the folds'
+   best validation metrics (``results["aggregate"]``).
+4. Test: each fold's best model embeds the test classes; reported are the mean over the folds of the separate
+   models' metrics (``separate_<d>D``, "128D" in the paper) and the metrics of the concatenation
+   (``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}``; ``concatenated_<k·d>D``,
+   "512D"), for every metric of the tester's ``accuracy_calculator``.
+
+Config keys read (powerful-benchmarker v0.9.33 names, checked by :mod:`pml_extensions.runner.config.pb_keys`):
+``trainer``, ``num_epochs_train``, ``save_interval``, ``patience``, ``check_untrained_accuracy``, ``models``,
+``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimizers``, ``transforms``, ``tester``, ``split_manager``,
+``splits_to_eval``, ``hook_container``, ``aggregator``, ``ensemble``, the ``config_general`` flags, ``factories``
+(only the default factory names), ``dataset``, ``dataset_root``; ours: ``seed`` (default 0), ``device``
+(``auto``), ``normalize``, ``prototype_init`` (see :mod:`pml_extensions.runner.objects.builder`) and ``test_hooks``:
+``{name: {HookClass: {kwargs}}}`` run once after testing on fold 0's best model as PML ``end_of_testing_hook``s
+(e.g. ``ExplanationHook``; see :meth:`MLRCRunner.run_test_hooks`).
+
+Deviations from powerful-benchmarker, by design: a trunk whose output is a feature map must end in a pooling
+layer (the configs list it); ``MLP`` layer sizes get the trunk's output width prepended automatically (as
+upstream); only ``reference_set: compared_to_self`` is supported; the runner seeds the global
+torch/numpy/python RNGs at the start of each fold (``seed + fold``; PML's samplers draw from them) and
+restores them on resume — set ``seed: null`` to leave them alone.
+"""
+
+import os
+import time
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+
+from ...config import pb_keys
+from ...config.registry import resolve
+from ...config.specs import one_spec
+from ...errors import ConfigError
+from ...experiment import distributed as dist_utils
+from ...experiment.checkpoint import load_weights
+from ...experiment.epoch_loop import EpochLoop
+from ...experiment.folder import Experiment
+from ...objects.builder import Builder, accepts
+from ...objects.data import dataset_labels
+from .splits import ensemble_metrics, mlrc_class_splits
+
+__all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits", "run"]
+
+
+class MLRCRunner:
+    """Run one experiment of the MLRC protocol (see the module docstring) from a merged config.
+
+    Args:
+        config: the merged dict from :func:`pml_extensions.runner.config.loader.load_config`.
+        experiment_folder: output folder; rerunning with the same folder resumes (finished folds are skipped,
+            the running fold continues from its last checkpoint).
+        sources: top-level key -> file, to name the file in error messages.
+        log: a print-like function.
+
+    ``run() -> dict`` returns (and writes atomically to ``results.json``) the per-fold validation summary and
+    the test metrics ``{"separate_<d>D": {...}, "concatenated_<D>D": {...}}``. Objects come from
+    :class:`pml_extensions.runner.objects.builder.Builder` (``self.builder``); the folder from
+    :class:`pml_extensions.runner.experiment.folder.Experiment` (``self.experiment``).
+
+    Raises:
+        ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values.
+    """
+
+    def __init__(
+        self,
+        config: Dict[str, Any],
+        experiment_folder: str,
+        sources: Optional[Dict[str, str]] = None,
+        log: Callable[[str], None] = print,
+    ):
+        self.config = config
+        self.folder = experiment_folder
+        self.experiment = Experiment(experiment_folder, config, sources, log)
+        self.log = self.experiment.log
+        self.device = self.experiment.device
+        self.builder = Builder(config, sources, self.device, self.log)
+        self.where = self.builder.where
+        self.get = self.builder.get
+        self.sources = self.experiment.sources
+        self.split = pb_keys.split_settings(config, self.sources)
+        self.getter = pb_keys.data_and_label_getter(self.split["data_and_label_getter_keys"])
+        self.trained = False  # did this call train any epoch (then saved test numbers are stale)
+
+    # evaluation
+    def primary_metric(self) -> str:
+        """``hook_container``'s ``primary_metric`` (default MAP@R): selects the best epoch, drives patience."""
+        return pb_keys.primary_metric(self.config, self.sources)
+
+    def evaluate(self, tester, dataset, models) -> Dict[str, float]:
+        trunk, embedder = models["trunk"], models["embedder"]
+        modes = (trunk.training, embedder.training)
+        emb, labels = tester.get_all_embeddings(dataset, dist_utils.unwrap(trunk), dist_utils.unwrap(embedder))
+        trunk.train(modes[0])
+        embedder.train(modes[1])
+        acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, tester.label_hierarchy_level])
+        return {k: float(v) for k, v in acc.items() if isinstance(v, (int, float))}
+
+    # ---------------------------------------------------------------------------------------------- one fold
+    def _seed(self, fold: int):
+        self.experiment.seed_everything(fold)
+
+    def train_fold(self, fold: int, base, labels, split, transforms) -> Dict[str, Any]:
+        stage = f"fold_{fold}"
+        fold_dir = self.experiment.stage_folder(stage)
+        splits_to_eval = pb_keys.splits_to_eval(self.config, self.sources)
+        ckpt = self.experiment.checkpointer(
+            stage,
+            epoch_tables={f"accuracies_{s}" for s in splits_to_eval},
+            **pb_keys.record_keeper_options(self.config, fold_dir, self.sources),
+        )
+        train_idx = np.nonzero(np.isin(labels, split["train"]))[0]
+        val_idx = np.nonzero(np.isin(labels, split["val"]))[0]
+        train_ds = self.builder.subset(base, train_idx, labels, transforms["train"], self.getter)
+        val_ds = self.builder.subset(base, val_idx, labels, transforms["eval"], self.getter)
+        eval_sets = {"val": val_ds}
+        if "train" in splits_to_eval:
+            eval_sets["train"] = self.builder.subset(base, train_idx, labels, transforms["eval"], self.getter)
+
+        trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
+        trainer_kwargs = dict(trainer_kwargs)
+        global_batch = trainer_kwargs.get("batch_size", 32)
+        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+            raise ConfigError(f"{self.where('trainer')}: batch_size must be a positive integer, got {global_batch!r}")
+        if global_batch % dist_utils.world_size():
+            raise ConfigError(
+                f"{self.where('trainer')}: batch_size {global_batch} is "
+                f"not divisible by {dist_utils.world_size()} processes"
+            )
+        trainer_kwargs["batch_size"] = global_batch // dist_utils.world_size()
+
+        self._seed(fold)
+        models = self.builder.build_models(val_ds[0][0], len(split["train"]))
+        # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
+        self.builder.prototype_init(
+            models,
+            self.builder.subset(base, train_idx, labels, transforms["eval"], self.getter),
+            seed=(self.experiment.seed or 0) + fold,
+        )
+        loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
+        optimizers = self.builder.build_optimizers(models, loss_funcs)
+        sampler = self.builder.build_sampler(train_ds.labels, global_batch)
+        tester = self.builder.build_tester()
+
+        num_epochs = self.get("num_epochs_train", 1000)
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ConfigError(f"{self.where('num_epochs_train')}: must be a positive integer, got {num_epochs!r}")
+        primary = self.primary_metric()
+        best_path = os.path.join(fold_dir, "best.pth")
+
+        def evaluate(epoch):
+            return {name: self.evaluate(tester, ds, models) for name, ds in eval_sets.items()}
+
+        loop = EpochLoop(
+            ckpt,
+            models,
+            optimizers,
+            loss_funcs,
+            num_epochs=num_epochs,
+            primary=primary,
+            evaluate=evaluate,
+            best_path=best_path,
+            patience=self.get("patience", 9),
+            save_interval=int(self.get("save_interval", 1)),
+            check_untrained=bool(self.get("check_untrained_accuracy", True)),
+            log=self.log,
+            name=f"fold {fold}",
+            where=self.where("hook_container"),
+        )
+        loop.resume()
+        if not loop.finished:
+            self.trained = True
+
+        def make_trainer():
+            return self.builder.build_trainer(
+                {trainer_name: trainer_kwargs},
+                models=dist_utils.wrap_models(models, self.device),
+                optimizers=optimizers,
+                loss_funcs=dist_utils.wrap_losses(loss_funcs),
+                mining_funcs=mining_funcs,
+                dataset=train_ds,
+                dataset_labels=train_ds.labels,
+                sampler=sampler,
+                data_device=self.device,
+                end_of_iteration_hook=loop.end_of_iteration,
+                end_of_epoch_hook=lambda trainer: True,
+            )
+
+        # A fresh sampler per epoch: PML's MPerClassSampler reorders its own label list in place, state that a
+        # checkpoint would not hold; rebuilt from the (checkpointed) RNG, a resumed epoch draws the same batches.
+        best = loop.run(make_trainer, lambda: self.builder.build_sampler(train_ds.labels, global_batch))
+        return {
+            "best_val_" + primary: best["metric"],
+            "best_epoch": best["epoch"],
+            "best_val_metrics": best["metrics"],
+            "best_path": best_path,
+            "val_classes": split["val"],
+            "train_classes": split["train"],
+        }
+
+    # ---------------------------------------------------------------------------------------------- test
+    def test(self, base, labels, classes, transforms, fold_results) -> Dict[str, Dict[str, float]]:
+        test_idx = np.nonzero(np.isin(labels, classes))[0]
+        test_ds = self.builder.subset(base, test_idx, labels, transforms["eval"], self.getter)
+        tester = self.builder.build_tester()
+        calc = tester.accuracy_calculator
+        ensemble = pb_keys.ensemble_settings(self.config, self.sources)
+        embeddings, y = [], None
+        for k, fr in enumerate(fold_results):
+            if not os.path.exists(fr["best_path"]):
+                raise ConfigError(f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test")
+            self._seed(k)
+            models = self.builder.build_models(test_ds[0][0], len(fr["train_classes"]))
+            for name, sd in load_weights(fr["best_path"], self.device).items():
+                models[name].load_state_dict(sd)
+            embedder = torch.nn.Identity() if ensemble["use_trunk_output"] else models["embedder"]
+            emb, lab = tester.get_all_embeddings(test_ds, models["trunk"], embedder)
+            embeddings.append(emb)
+            y = lab[:, tester.label_hierarchy_level]
+            if k == 0 and dist_utils.is_main():
+                self.run_test_hooks(test_ds, models)
+        return ensemble_metrics(embeddings, y, calc, normalize=ensemble["normalize_embeddings"])
+
+    def run_test_hooks(self, test_ds, models) -> None:
+        """Run the config's ``test_hooks`` (ours; e.g. ``{explanations: {ExplanationHook: {n_queries: 4}}}``)
+        once on the test split with fold 0's best model, as PML ``end_of_testing_hook``s. Arguments the hook
+        takes and the config leaves out are filled: ``trunk``, ``embedder``, ``dataset_dict``
+        (``{"test": ...}``) and ``output_dir`` (``<experiment>/explanations``, which the report embeds)."""
+        specs = self.get("test_hooks") or {}
+        if not specs:
+            return
+        fills = {
+            "trunk": models["trunk"],
+            "embedder": models["embedder"],
+            "dataset_dict": {"test": test_ds},
+            "output_dir": os.path.join(self.folder, "explanations"),
+        }
+        for key, spec in specs.items():
+            name, kwargs = one_spec(spec, self.where(f"test_hooks.{key}"))
+            cls = resolve(name, self.where(f"test_hooks.{key}"))
+            extra = {k: v for k, v in fills.items() if k not in (kwargs or {}) and accepts(cls, k)}
+            hook = self.builder.build(f"test_hooks.{key}", {name: kwargs}, **extra)
+            call = getattr(hook, "end_of_testing_hook", hook)
+            tester = self.builder.build_tester(end_of_testing_hook=call, sharded=False)  # rank 0 only
+            tester.test({"test": test_ds}, 0, models["trunk"], models["embedder"])
+
+    # ---------------------------------------------------------------------------------------------- all
+    def run(self) -> Dict[str, Any]:
+        t0 = time.time()
+        base = self.builder.build_dataset()
+        split_where = self.where("split_manager")
+        labels = pb_keys.label_level(dataset_labels(base), self.split["hierarchy_level"], split_where)
+        try:
+            splits = mlrc_class_splits(
+                labels,
+                float(self.split["test_size"]),
+                float(self.split["test_start_idx"]),
+                int(self.split["num_training_partitions"]),
+            )
+        except ValueError as e:
+            raise ConfigError(f"{split_where}: {e}") from None
+        num_sets = int(self.split["num_training_sets"])
+        transforms = {"train": self.builder.build_transform("train"), "eval": self.builder.build_transform("eval")}
+        self.log(
+            f"{len(labels)} items, {len(np.unique(labels))} classes; test "
+            f"classes {splits['test'][0]}..{splits['test'][-1]}; {num_sets} folds"
+        )
+        fold_results = [self.train_fold(k, base, labels, splits["folds"][k], transforms) for k in range(num_sets)]
+        # PB's skip_ensemble_eval_if_already_done, only when no fold trained in this call
+        test = None if self.trained else pb_keys.reuse_test_results(self.config, self.folder, self.sources)
+        if test is None:
+            test = self.test(base, labels, splits["test"], transforms, fold_results)
+        results = {
+            "experiment_folder": os.path.abspath(self.folder),
+            "primary_metric": self.primary_metric(),
+            "aggregate": pb_keys.aggregate(self.config, [f["best_val_metrics"] for f in fold_results], self.sources),
+            "folds": fold_results,
+            "test": test,
+            "test_classes": splits["test"],
+            "seconds": time.time() - t0,
+        }
+        self.experiment.write_results(results)
+        return results
+
+
+def run(
+    config: Dict[str, Any],
+    experiment_folder: str,
+    sources: Optional[Dict[str, str]] = None,
+    log: Callable[..., None] = print,
+) -> Dict[str, Any]:
+    """The ``mlrc`` protocol: :meth:`MLRCRunner.run` (see the module docstring). Call it through
+    :func:`pml_extensions.runner.protocols.run_protocol`, which also saves ``config.yaml`` and writes
+    ``report.html``."""
+    return MLRCRunner(config, experiment_folder, sources, log).run()

@@ -1,0 +1,128 @@
+"""``--reproduce RUN_FOLDER``: rerun a finished experiment from the ``config.yaml`` it saved and compare metrics.
+
+The rerun goes to ``<RUN_FOLDER>_reproduced`` (or ``output_folder``) through
+:func:`pml_extensions.runner.protocols.run_protocol`; every number in the two ``results.json`` files is compared
+except wall-clock times and paths (keys containing ``second``, ``time``, ``path`` or ``folder``). On CPU with the
+config's seed the protocols are deterministic, so the numbers are equal, not close. ``reproduce.json`` in the new
+folder records the outcome.
+
+Example (shell)::
+
+    python -m pml_extensions run contrastive --variant quick --experiment_name a
+    python -m pml_extensions run --reproduce experiments/a        # exit 0: "reproduced exactly"
+"""
+
+import json
+import math
+import os
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from ...utils.atomic_io import atomic_write_json
+from ..errors import ConfigError
+from ..experiment.folder import saved_config
+
+IGNORED_KEY_PARTS = ("second", "time", "path", "folder")
+
+
+def _ignored(key: str) -> bool:
+    return any(part in key.lower() for part in IGNORED_KEY_PARTS)
+
+
+def numeric_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
+    """Dotted keys of numbers (and numbers' containers) that differ between two results, times and paths aside.
+
+    NaN equals NaN; ints and floats compare by value; a missing or extra key counts as a difference.
+
+    Example::
+
+        >>> numeric_differences({"a": 1.0, "seconds": 3, "b": [1, 2]}, {"a": 1.0, "seconds": 9, "b": [1, 3]})
+        ['b[1]']
+    """
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            if _ignored(str(key)):
+                continue
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in old or key not in new:
+                out.append(path)
+            else:
+                out += numeric_differences(old[key], new[key], path)
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            return [prefix]
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in numeric_differences(a, b, f"{prefix}[{i}]")]
+    if isinstance(old, float) and isinstance(new, float) and math.isnan(old) and math.isnan(new):
+        return []
+    return [] if old == new else [prefix]
+
+
+def _recorded_threads(run_folder: str) -> Optional[int]:
+    from ..experiment.folder import ENVIRONMENT_NAME
+
+    path = os.path.join(run_folder, ENVIRONMENT_NAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        threads = json.load(f).get("torch_threads")
+    return int(threads) if isinstance(threads, int) and threads > 0 else None
+
+
+def reproduce(
+    run_folder: str,
+    output_folder: Optional[str] = None,
+    log: Callable[..., None] = print,
+    command: Optional[List[str]] = None,
+) -> Dict[str, Any]:
+    """Rerun ``run_folder`` from its saved config into ``output_folder`` and compare the results.
+
+    The rerun uses the torch thread count recorded in the run's ``environment.json`` (CPU reductions are split by
+    thread, so bit-identical numbers need the same count); this process's count is restored afterwards.
+
+    Returns:
+        ``{"run_folder", "output_folder", "equal": bool, "differences": [dotted keys]}`` (also written to
+        ``<output_folder>/reproduce.json``).
+
+    Raises:
+        ConfigError: when ``run_folder`` has no ``config.yaml`` or no ``results.json`` (not a finished run).
+    """
+    from . import run_protocol
+
+    config = saved_config(run_folder)
+    results_path = os.path.join(run_folder, "results.json")
+    if config is None or not os.path.exists(results_path):
+        raise ConfigError(
+            f"--reproduce {run_folder}: not a finished experiment folder (needs config.yaml and results.json)"
+        )
+    with open(results_path, encoding="utf-8") as f:
+        original = json.load(f)
+    out = output_folder or os.path.normpath(run_folder) + "_reproduced"
+    threads = _recorded_threads(run_folder)
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:  # CPU reductions split by thread: rerun with the run's count
+        log(f"note: rerunning with {threads} torch threads as the original run (this process had {before})")
+        torch.set_num_threads(threads)
+    try:
+        run_protocol(config, out, log=log, command=command)
+    finally:
+        torch.set_num_threads(before)
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        rerun = json.load(f)  # what was written, so both sides went through the same JSON encoding
+    diffs = numeric_differences(original, rerun)
+    outcome = {"run_folder": run_folder, "output_folder": out, "equal": not diffs, "differences": diffs}
+    atomic_write_json(os.path.join(out, "reproduce.json"), outcome, indent=2)
+    return outcome
+
+
+def main(run_folder: str, output_folder: Optional[str] = None, command: Optional[List[str]] = None) -> int:
+    """CLI glue: returns 0 when the rerun reproduced every number exactly, 1 otherwise (differences listed)."""
+    outcome = reproduce(run_folder, output_folder, command=command)
+    if outcome["equal"]:
+        print(f"reproduced exactly: {outcome['output_folder']} matches {run_folder}")
+        return 0
+    shown = ", ".join(outcome["differences"][:20])
+    print(f"NOT reproduced: {len(outcome['differences'])} numbers differ ({shown}); see {outcome['output_folder']}")
+    return 1

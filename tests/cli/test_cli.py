@@ -1,0 +1,50 @@
+"""cli/__init__.py: the one command line dispatches job, run and explain, importing each only when it is asked for."""
+
+import ast
+import os
+
+import pytest
+
+import pml_extensions.cli as cli
+
+
+def test_help_unknown_and_the_command_table(capsys):
+    assert cli.main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m pml_extensions {job,run,explain}")
+    assert cli.main(["jobs"]) == 2
+    captured = capsys.readouterr()
+    assert "unknown command 'jobs'; choose one of: job, run, explain" in captured.err
+    assert cli.main([]) == 0
+    assert set(cli.COMMANDS) == {"job", "run", "explain"}
+
+
+def test_commands_are_imported_lazily():
+    """The dispatcher imports nothing of the package at module level: ``explain`` never loads the runner."""
+    tree = ast.parse(open(cli.__file__, encoding="utf-8").read())
+    top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = [a.name for n in top_level for a in n.names] + [getattr(n, "module", None) or "" for n in top_level]
+    assert not [n for n in names if n.startswith("pml_extensions") or n.startswith(".")]
+    for module in cli.COMMANDS.values():
+        path = os.path.join(os.path.dirname(cli.__file__), module.rsplit(".", 1)[1] + ".py")
+        assert os.path.exists(path), module
+
+
+def test_main_module_calls_the_dispatcher(monkeypatch):
+    import pml_extensions.__main__ as entry
+
+    assert entry.main is cli.main
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "run", "tests.cli.test_cli")
+    monkeypatch.setattr("tests.cli.test_cli.main", lambda argv: seen.append(argv) or 0, raising=False)
+    assert cli.main(["run", "--x", "1"]) == 0 and seen == [["--x", "1"]]
+
+
+@pytest.mark.parametrize("command", ["job", "run", "explain"])
+def test_each_command_has_help(command, capsys):
+    try:
+        status = cli.main([command, "--help"])
+    except SystemExit as e:  # explain's argparse exits after printing its help
+        status = e.code
+    assert status == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and "``" not in out and ":func:" not in out

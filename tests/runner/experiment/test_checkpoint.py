@@ -1,0 +1,170 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from pml_extensions.runner.experiment.checkpoint import (
+    Checkpointer,
+    atomic_torch_save,
+    load_weights,
+    rng_state,
+    set_rng_state,
+)
+from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
+
+
+class TestAtomicFiles:
+    def test_save_load_weights_only(self, tmp_path):
+        path = str(tmp_path / "c.pth")
+        atomic_torch_save({"w": torch.arange(3.0), "epoch": 2, "rng": rng_state()}, path)
+        state = load_weights(path)
+        assert torch.equal(state["w"], torch.arange(3.0)) and state["epoch"] == 2
+        assert [p.name for p in tmp_path.iterdir()] == ["c.pth"]  # no tmp file left
+
+    def test_object_is_refused_by_weights_only(self, tmp_path):
+        path = str(tmp_path / "bad.pth")
+        torch.save({"obj": Checkpointer}, path)
+        with pytest.raises(Exception):
+            load_weights(path)
+
+    def test_rng_state_roundtrip(self):
+        import random
+
+        import numpy as np
+
+        state = rng_state()
+        a = (torch.rand(2), np.random.rand(2), random.random())
+        set_rng_state(state)
+        b = (torch.rand(2), np.random.rand(2), random.random())
+        assert torch.equal(a[0], b[0]) and (a[1] == b[1]).all() and a[2] == b[2]
+
+
+class TestCommitResume:
+    def test_rows_after_checkpoint_are_dropped(self, tmp_path):
+        ck = Checkpointer(str(tmp_path), epoch_tables={"accuracies_val"})
+        for it in (1, 2):
+            ck.record_keeper.append_data("loss_histories", "total_loss", float(it), it)
+        ck.record_keeper.append_data("accuracies_val", "map", 0.5, 1)
+        ck.commit({"epoch": 1, "global_iteration": 2})
+        # epoch 2 reaches the logs but the process dies before its checkpoint
+        for it in (3, 4):
+            ck.record_keeper.append_data("loss_histories", "total_loss", float(it), it)
+        ck.record_keeper.append_data("accuracies_val", "map", 0.6, 2)
+        ck.writer.save_records()
+        assert [r["~iteration~"] for r in ck.rows("loss_histories")] == [1, 2, 3, 4]
+
+        ck2 = Checkpointer(str(tmp_path), epoch_tables={"accuracies_val"})
+        state = ck2.resume()
+        assert state["epoch"] == 1
+        assert [r["~iteration~"] for r in ck2.rows("loss_histories")] == [1, 2]
+        assert [r["~iteration~"] for r in ck2.rows("accuracies_val")] == [1]
+        with open(tmp_path / "logs" / "loss_histories.csv") as f:
+            assert f.read().splitlines() == ["~iteration~,total_loss", "1,1.0", "2,2.0"]
+
+    def test_no_checkpoint_drops_everything(self, tmp_path):
+        ck = Checkpointer(str(tmp_path))
+        ck.record_keeper.append_data("loss_histories", "total_loss", 1.0, 1)
+        ck.writer.save_records()
+        assert Checkpointer(str(tmp_path)).resume() is None
+        assert Checkpointer(str(tmp_path)).rows("loss_histories") == []
+
+    def test_commit_needs_epoch(self, tmp_path):
+        with pytest.raises(ValueError, match="epoch"):
+            Checkpointer(str(tmp_path)).commit({"global_iteration": 1})
+
+
+def _run(args, env, **kw):
+    return subprocess.Popen(
+        [sys.executable, os.path.join(RUNNER_TESTS, "runner_testing_utils.py")] + args,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
+
+
+def _rows(folder, table):
+    return Checkpointer(folder).rows(table)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_rerun_loses_and_duplicates_nothing(tmp_path, subprocess_env):
+    """Kill the CLI with SIGKILL inside epoch 2, rerun the same command: the logs equal an uninterrupted
+    run's."""
+    progress = str(tmp_path / "progress.txt")
+    root = write_tiny_config(
+        str(tmp_path / "cfg"),
+        {
+            "config_dataset/default.yaml": f"""
+dataset:
+  TinyVectors: {{num_classes: 16, per_class: 8, sleep: 0.004, progress_file: {progress}}}
+num_training_sets: 1
+""",
+            "config_general/default.yaml": """
+trainer:
+  MetricLossOnly:
+    iterations_per_epoch: 6
+    dataloader_num_workers: 0
+    batch_size: 8
+    set_min_label_to_zero: True
+num_epochs_train: 3
+save_interval: 1
+patience: 10
+seed: 0
+device: cpu
+""",
+        },
+    )
+    command = [root, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "killed"]
+    fold = str(tmp_path / "exp" / "killed" / "fold_0")
+    proc = _run(command, subprocess_env)
+    try:
+        deadline = time.time() + 120
+        start_size = None
+        while time.time() < deadline and proc.poll() is None:
+            ckpt = os.path.join(fold, "checkpoint.pth")
+            if start_size is None and os.path.exists(ckpt) and load_weights(ckpt)["epoch"] >= 1:
+                start_size = os.path.getsize(progress)
+            if start_size is not None and os.path.getsize(progress) - start_size >= 24:  # 3 of 6 batches of epoch 2
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.005)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
+    assert load_weights(os.path.join(fold, "checkpoint.pth"))["epoch"] == 1  # killed inside epoch 2
+
+    rerun = _run(command, subprocess_env)
+    out, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, out
+    assert "resuming after epoch 1" in out
+
+    clean = _run(
+        [root, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "clean"], subprocess_env
+    )
+    out, _ = clean.communicate(timeout=300)
+    assert clean.returncode == 0, out
+    clean_fold = str(tmp_path / "exp" / "clean" / "fold_0")
+
+    for table in ("loss_histories", "accuracies_val"):
+        got = [
+            (r["~iteration~"], r.get("total_loss", r.get("mean_average_precision_at_r"))) for r in _rows(fold, table)
+        ]
+        want = [
+            (r["~iteration~"], r.get("total_loss", r.get("mean_average_precision_at_r")))
+            for r in _rows(clean_fold, table)
+        ]
+        its = [g[0] for g in got]
+        assert its == sorted(set(its)), f"{table}: duplicated or unordered rows {its}"
+        assert [w[0] for w in want] == its, f"{table}: lost rows"
+        # RNG states are checkpointed, so the rerun epoch draws the same batches: the values match too.
+        for (_, a), (_, b) in zip(got, want):
+            assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert [r["~iteration~"] for r in _rows(fold, "loss_histories")] == list(range(1, 19))

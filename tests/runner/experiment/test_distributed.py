@@ -1,0 +1,229 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from pytorch_metric_learning.losses import ContrastiveLoss
+from pytorch_metric_learning.samplers import MPerClassSampler
+
+from pml_extensions.losses.xml_wrapper import XMLWrapper
+from pml_extensions.runner.experiment import distributed as d
+from tests.runner.runner_testing_utils import REPO, RUNNER_TESTS
+
+
+def global_batch():
+    """16 samples, 4 classes x 4, 5-D inputs and 6-bin histograms (fixed seed)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 5, generator=g)
+    y = torch.arange(4).repeat_interleave(4)
+    h = torch.softmax(torch.randn(16, 6, generator=g), dim=1)
+    return x, y, h
+
+
+def make_model():
+    g = torch.Generator().manual_seed(1)
+    model = torch.nn.Linear(5, 3)
+    with torch.no_grad():
+        model.weight.copy_(torch.randn(3, 5, generator=g))
+        model.bias.copy_(torch.randn(3, generator=g))
+    return model
+
+
+def make_losses():
+    return {
+        "contrastive": ContrastiveLoss(pos_margin=0.0, neg_margin=1.0),
+        "xml": XMLWrapper(ContrastiveLoss(pos_margin=0.0, neg_margin=1.0), xml_weight=0.5, seed=0),
+    }
+
+
+class TestBatchSliceSampler:
+    def test_slices_of_each_global_batch(self):
+        base = list(range(10))
+        r0 = list(d.DistributedBatchSliceSampler(base, 4, rank=0, world_size=2))
+        r1 = list(d.DistributedBatchSliceSampler(base, 4, rank=1, world_size=2))
+        # global batches [0..3], [4..7]; the incomplete [8, 9] is dropped
+        assert r0 == [0, 1, 4, 5] and r1 == [2, 3, 6, 7]
+        assert len(d.DistributedBatchSliceSampler(base, 4, rank=1, world_size=2)) == 4
+
+    def test_keeps_m_per_class_structure_across_ranks(self):
+        labels = torch.arange(8).repeat_interleave(5)
+        import numpy as np
+
+        np.random.seed(0)
+        full = list(MPerClassSampler(labels, m=4, batch_size=8, length_before_new_iter=32))
+        np.random.seed(0)
+        r0 = list(
+            d.DistributedBatchSliceSampler(
+                MPerClassSampler(labels, m=4, batch_size=8, length_before_new_iter=32), 8, 0, 2
+            )
+        )
+        np.random.seed(0)
+        r1 = list(
+            d.DistributedBatchSliceSampler(
+                MPerClassSampler(labels, m=4, batch_size=8, length_before_new_iter=32), 8, 1, 2
+            )
+        )
+        rebuilt = [i for b in range(4) for i in r0[4 * b : 4 * b + 4] + r1[4 * b : 4 * b + 4]]
+        assert rebuilt == full
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [dict(global_batch_size=5, rank=0, world_size=2), dict(global_batch_size=4, rank=2, world_size=2)],
+    )
+    def test_errors(self, kwargs):
+        with pytest.raises(ValueError):
+            d.DistributedBatchSliceSampler(list(range(8)), **kwargs)
+
+    def test_noops_outside_torchrun(self):
+        assert not d.is_active() and d.world_size() == 1 and d.rank() == 0
+        losses = make_losses()
+        assert d.wrap_losses(losses) is losses
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_gloo_equal_one_process(tmp_path, subprocess_env):
+    """Same global batch: 2 gloo processes (each with half of it) give the one-process loss and gradients."""
+    out = str(tmp_path / "dist.json")
+    env = subprocess_env
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        os.path.join(RUNNER_TESTS, "experiment", "distributed_equality_script.py"),
+        out,
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = json.load(open(out))
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert sorted(ranks[0]["rank_indices"] + ranks[1]["rank_indices"]) == list(range(16))
+
+    x, y, h = global_batch()
+    for name, loss_fn in make_losses().items():
+        model = make_model()
+        kwargs = {"histograms": h} if name == "xml" else {}
+        loss = loss_fn(model(x), y, **kwargs)
+        loss.backward()
+        want_grad = [p.grad for p in model.parameters()]
+        for r in ranks:
+            assert r[name]["loss"] == pytest.approx(loss.item(), rel=1e-5, abs=1e-6), name
+            for got, want in zip(r[name]["grad"], want_grad):
+                assert torch.allclose(torch.tensor(got), want, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.slow
+def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path, tiny_mlrc_config, subprocess_env):
+    """The same CLI command under torchrun (2 gloo processes) trains on the same global batches: equal loss
+    rows."""
+    root, env = tiny_mlrc_config, subprocess_env
+    script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
+    args = [
+        root,
+        "--num_training_sets",
+        "1",
+        "--num_epochs_train",
+        "1",
+        "--check_untrained_accuracy",
+        "false",
+    ]
+    one = subprocess.run(
+        [sys.executable, script] + args + ["--root_experiment_folder", str(tmp_path / "one")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script]
+        + args
+        + ["--root_experiment_folder", str(tmp_path / "two")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    from pml_extensions.runner.experiment.checkpoint import Checkpointer
+
+    rows = [Checkpointer(str(tmp_path / w / "cfg" / "fold_0")).rows("loss_histories") for w in ("one", "two")]
+    assert [r["~iteration~"] for r in rows[0]] == [r["~iteration~"] for r in rows[1]] == [1, 2, 3, 4]
+    for a, b in zip(*rows):
+        assert b["total_loss"] == pytest.approx(a["total_loss"], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_job_runs_under_torchrun(tmp_path, subprocess_env):
+    """``python -m pml_extensions job`` (xml_vs_gap protocol, HistogramPooling + XMLWrapper) under torchrun (2 gloo
+    processes): it finishes, rank 0 logs every iteration once, and the losses are close to one process's on the same
+    global batches — close, not equal: ConvNetBody's BatchNorm normalises each process's half batch."""
+    import shutil
+    import sqlite3
+
+    import yaml
+
+    # the shipped config with the eval transform for training too: random augmentations are drawn per process, so
+    # only deterministic transforms give both runs the same images
+    cfg = str(tmp_path / "cfg")
+    shutil.copytree(os.path.join(REPO, "pml_extensions", "configs", "xml_glyphs"), cfg)
+    tf_path = os.path.join(cfg, "config_transforms.yaml")
+    tf = yaml.safe_load(open(tf_path))
+    tf["transforms"]["train"] = tf["transforms"]["eval"]
+    yaml.safe_dump(tf, open(tf_path, "w"))
+    env = subprocess_env
+    args = [
+        "-m",
+        "pml_extensions",
+        "job",
+        "--config",
+        cfg,
+        "--epochs",
+        "1",
+        "--iterations",
+        "4",
+        "--seeds",
+        "0",
+        "--variants",
+        "contrastive_xml",
+        "--device",
+        "cpu",
+    ]
+    one = subprocess.run(
+        [sys.executable] + args + ["--output", str(tmp_path / "one")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + args[1:]
+        + ["--output", str(tmp_path / "two")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+
+    def losses(folder):
+        db = os.path.join(folder, "xml_glyphs", "contrastive_xml", "seed_0", "logs", "logs.db")
+        con = sqlite3.connect(db)
+        try:
+            return con.execute("SELECT [~iteration~], total_loss FROM loss_histories ORDER BY id").fetchall()
+        finally:
+            con.close()
+
+    a, b = losses(str(tmp_path / "one")), losses(str(tmp_path / "two"))
+    assert [r[0] for r in a] == [r[0] for r in b] == [1, 2, 3, 4]  # rank 0 logs once per iteration
+    assert [r[1] for r in b] == pytest.approx([r[1] for r in a], rel=0.1)
+    results = json.load(open(os.path.join(str(tmp_path / "two"), "xml_glyphs", "results.json")))
+    assert 0 < results["variants"]["contrastive_xml"]["mean"]["mean_average_precision_at_r"] <= 1

@@ -1,0 +1,103 @@
+"""runner/experiment/folder.py: the experiment folder (saved config, resume check), device, seeds and stages."""
+
+import os
+
+import pytest
+
+from pml_extensions.runner.errors import ConfigError
+
+QUIET = dict(log=lambda *a, **k: None)
+
+
+def test_a_folder_that_trained_nothing_takes_the_new_config(tmp_path):
+    from pml_extensions.runner.experiment.folder import prepare_folder
+
+    folder = str(tmp_path / "exp")
+    prepare_folder(folder, {"a": 1}, **QUIET)  # e.g. the run then stopped at a config error
+    prepare_folder(folder, {"a": 2}, **QUIET)
+    assert "a: 2" in open(os.path.join(folder, "config.yaml")).read()
+    open(os.path.join(folder, "results.json"), "w").write("{}")
+    with pytest.raises(ConfigError, match=r"differs from this run's config in a;"):
+        prepare_folder(folder, {"a": 3}, **QUIET)
+
+
+def test_config_differences_are_dotted_keys():
+    from pml_extensions.runner.experiment.folder import config_differences
+
+    old = {"a": 1, "b": {"c": 2, "d": [1, 2]}, "e": 0}
+    new = {"a": 1, "b": {"c": 3, "d": [1, 2]}, "f": 0}
+    assert config_differences(old, new) == ["b.c", "e", "f"]
+    assert config_differences(old, old) == []
+
+
+def test_device_names_the_key():
+    import torch
+
+    from pml_extensions.runner.experiment.folder import select_device
+
+    assert select_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match=r"^config_general.yaml: device: .*"):
+        select_device("nonsense:x", where="config_general.yaml: device")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="'cuda' requested but no CUDA device is available"):
+            select_device("cuda")
+
+
+def test_seeds_make_the_global_draws_repeat():
+    import random
+
+    import numpy as np
+    import torch
+
+    from pml_extensions.runner.experiment.folder import seed_everything
+
+    def draws():
+        return torch.rand(2).tolist(), np.random.rand(2).tolist(), random.random()
+
+    assert seed_everything(7) == 7
+    first = draws()
+    seed_everything(7)
+    assert draws() == first
+    state = torch.get_rng_state()
+    assert seed_everything(None) is None and torch.equal(torch.get_rng_state(), state)  # null leaves the RNGs alone
+
+
+def test_stages_results_and_the_generator(tmp_path):
+    import json
+
+    import torch
+
+    from pml_extensions.runner.experiment.folder import Experiment
+
+    exp = Experiment(str(tmp_path / "exp"), {"seed": 3, "device": "cpu"}, {"device": "general.yaml"}, **QUIET)
+    assert exp.where("device") == "general.yaml: device" and exp.seed == 3
+    assert exp.stage_result("fold_0") is None
+    exp.finish_stage("fold_0", {"best": 0.5})
+    assert exp.stage_result("fold_0") == {"best": 0.5}
+    path = exp.write_results({"x": 1})
+    assert json.load(open(path)) == {"x": 1} and path == os.path.join(str(tmp_path / "exp"), "results.json")
+    assert torch.equal(
+        torch.rand(3, generator=exp.generator(2)), torch.rand(3, generator=torch.Generator().manual_seed(5))
+    )
+
+
+def test_a_run_saved_in_the_old_resolution_layout_resumes(tmp_path):
+    """A resolution run saved before the floor plan (one ``resolution_job:`` mapping) resumes under the same settings
+    written as top-level keys; a real change still stops it."""
+    import yaml
+
+    from pml_extensions.runner.config.old_keys import resolution_models
+    from pml_extensions.runner.experiment.folder import prepare_folder
+
+    folder = str(tmp_path / "exp")
+    os.makedirs(folder)
+    job = {"seeds": [0], "device": "cpu", "embedding_dim": 16}
+    open(os.path.join(folder, "config.yaml"), "w").write(
+        yaml.safe_dump({"protocol": "resolution_distillation", "resolution_job": job})
+    )
+    open(os.path.join(folder, "results.json"), "w").write("{}")
+    new = {"protocol": "resolution_distillation", "seeds": [0], "device": "cpu", "models": resolution_models(16)}
+    prepare_folder(folder, new, **QUIET)  # no error: the same run
+    assert yaml.safe_load(open(os.path.join(folder, "config.yaml"))) == new
+    with pytest.raises(ConfigError, match="differs from this run's config in seeds"):
+        prepare_folder(folder, dict(new, seeds=[1]), **QUIET)

@@ -1,0 +1,219 @@
+"""runner/protocols/mlrc/protocol.py: the MLRC protocol on tiny data (folds, early stopping, test, hooks, errors)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from pml_extensions.runner.config.loader import load_config, parse_command_line
+from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.protocols import run_protocol
+from pml_extensions.runner.protocols.mlrc.protocol import MLRCRunner
+from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
+
+register_tiny()
+
+
+def _runner(tmp_path, argv=(), files=None):
+    root = write_tiny_config(str(tmp_path / "cfg"), files)
+    cfg, sources = load_config(root, None, parse_command_line(list(argv)))
+    return MLRCRunner(cfg, str(tmp_path / "exp"), sources, log=lambda *a: None)
+
+
+def _run(runner):
+    """The protocol through the one entry point (saves config.yaml, writes report.html)."""
+    return run_protocol(runner.config, runner.folder, runner.experiment.sources, log=lambda *a: None)
+
+
+class TestRunner:
+    def test_full_protocol_on_tiny_data(self, tmp_path):
+        results = _run(_runner(tmp_path, ["--num_epochs_train", "2"]))
+        assert len(results["folds"]) == 4
+        test = results["test"]
+        assert set(test) == {"separate_8D", "concatenated_32D", "per_model"}
+        for key in ("separate_8D", "concatenated_32D"):
+            assert set(test[key]) == {"mean_average_precision_at_r", "precision_at_1", "r_precision"}
+        assert results["test_classes"] == list(range(8, 16))
+        for k, fold in enumerate(results["folds"]):
+            assert set(fold["val_classes"]) == {2 * k, 2 * k + 1}
+            assert os.path.exists(fold["best_path"])
+            rows = json.load(open(tmp_path / "exp" / "results.json"))["folds"][k]
+            assert rows["best_epoch"] == fold["best_epoch"]
+        assert (tmp_path / "exp" / "report.html").exists()
+
+    def test_early_stopping_with_patience(self, tmp_path):
+        # lr 0 -> the metric never improves after epoch 0 -> stop once epoch - best_epoch > patience
+        runner = _runner(
+            tmp_path,
+            [
+                "--num_epochs_train",
+                "20",
+                "--patience",
+                "1",
+                "--num_training_sets",
+                "1",
+                "--optimizers~APPLY~3",
+                "{lr:",
+                "0.0}",
+            ],
+        )
+        results = _run(runner)
+        from pml_extensions.runner.experiment.checkpoint import load_weights
+
+        state = load_weights(str(tmp_path / "exp" / "fold_0" / "checkpoint.pth"))
+        assert results["folds"][0]["best_epoch"] == 0
+        assert state["epoch"] == 2 and state["finished"]
+
+    def test_frozen_batchnorm_trunk(self, tmp_path):
+        files = {
+            "config_models/default.yaml": """
+models:
+  trunk:
+    - Flatten: null
+    - Linear: {in_features: 16, out_features: 16}
+    - BatchNorm1d: [16]
+  embedder:
+    MLP: {layer_sizes: [8]}
+"""
+        }
+        runner = _runner(
+            tmp_path,
+            [
+                "--num_epochs_train",
+                "1",
+                "--num_training_sets",
+                "1",
+                "--trainer~APPLY~2",
+                "{freeze_trunk_batchnorm:",
+                "true}",
+            ],
+            files,
+        )
+        _run(runner)
+        from pml_extensions.runner.experiment.checkpoint import load_weights
+
+        sd = load_weights(str(tmp_path / "exp" / "fold_0" / "checkpoint.pth"))["models"]["trunk"]
+        assert torch.equal(sd["2.running_mean"], torch.zeros(16))  # never updated: BN stayed in eval mode
+        assert int(sd["2.num_batches_tracked"]) == 0
+
+    def test_proxy_loss_gets_num_classes_and_embedding_size(self, tmp_path):
+        runner = _runner(
+            tmp_path, ["--loss_funcs~OVERRIDE~", "{metric_loss:", "{ProxyAnchorLoss:", "{margin:", "0.1}}}"]
+        )
+        models = runner.builder.build_models(torch.zeros(1, 4, 4))
+        losses, _ = runner.builder.build_losses(models, num_classes=6)
+        assert tuple(losses["metric_loss"].proxies.shape) == (6, 8)
+
+    def test_embedder_mlp_gets_trunk_width(self, tmp_path):
+        models = _runner(tmp_path).builder.build_models(torch.zeros(1, 4, 4))
+        assert models["embedder"].layer_sizes == [16, 8]
+
+    @pytest.mark.parametrize(
+        "argv, match",
+        [
+            (
+                ["--models~OVERRIDE~", "{trunk:", "{bninception:", "{pretrained:", "imagenet}}}"],
+                r"^command line: models.trunk: unknown class 'bninception'",
+            ),
+            (
+                ["--loss_funcs", "{metric_loss:", "{ContrastiveLoss:", "{neg_margn:", "1}}}"],
+                r"^command line: loss_funcs.metric_loss.ContrastiveLoss: bad arguments: .*neg_margn",
+            ),
+            (["--optimizers", "{head_optimizer:", "{Adam:", "{}}}"], r"no model or loss called 'head'"),
+        ],
+    )
+    def test_build_errors_name_file_and_key(self, tmp_path, argv, match):
+        runner = _runner(tmp_path, argv)
+        with pytest.raises(ConfigError, match=match) as e:
+            models = runner.builder.build_models(torch.zeros(1, 4, 4))
+            losses, _ = runner.builder.build_losses(models, 4)
+            runner.builder.build_optimizers(models, losses)
+        assert "\n" not in str(e.value)
+
+    def test_errors_from_files_name_the_file(self, tmp_path):
+        files = {"config_loss_and_miners/default.yaml": "loss_funcs:\n  metric_loss:\n    ContrastivLoss: {}\n"}
+        runner = _runner(tmp_path, [], files)
+        with pytest.raises(ConfigError) as e:
+            runner.builder.build_losses(runner.builder.build_models(torch.zeros(1, 4, 4)), 4)
+        msg = str(e.value)
+        assert msg.startswith(os.path.join(str(tmp_path), "cfg", "config_loss_and_miners", "default.yaml"))
+        assert "loss_funcs.metric_loss" in msg and "'ContrastivLoss'" in msg
+
+    def test_custom_factory_refused(self, tmp_path):
+        with pytest.raises(ConfigError, match="custom factory"):
+            _runner(tmp_path, ["--factories", "{model:", "{MyModelFactory:", "{}}}"])
+
+
+class RecordingHook:
+    """A stand-in end_of_testing_hook: records its arguments and writes one PNG into output_dir."""
+
+    calls = []
+
+    def __init__(self, trunk, embedder, dataset_dict, output_dir, note="x"):
+        self.args = (trunk, embedder, dataset_dict, output_dir, note)
+
+    def end_of_testing_hook(self, tester):
+        import base64
+
+        os.makedirs(self.args[3], exist_ok=True)
+        png = base64.b64decode(
+            "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+        )
+        with open(os.path.join(self.args[3], "grid.png"), "wb") as f:
+            f.write(png)
+        RecordingHook.calls.append((self.args, sorted(tester.embeddings_and_labels)))
+
+
+def test_test_hooks_run_once_and_reach_the_report(tmp_path):
+    from pml_extensions.runner.config.registry import register
+
+    register(RecordingHook, role="hook")
+    RecordingHook.calls.clear()
+    runner = _runner(
+        tmp_path,
+        [
+            "--num_epochs_train",
+            "1",
+            "--num_training_sets",
+            "2",
+            "--test_hooks",
+            "{explain:",
+            "{RecordingHook:",
+            "{note:",
+            "y}}}",
+        ],
+    )
+    _run(runner)
+    assert len(RecordingHook.calls) == 1
+    (trunk, embedder, dataset_dict, output_dir, note), splits = RecordingHook.calls[0]
+    assert splits == ["test"] and list(dataset_dict) == ["test"] and note == "y"
+    assert sorted(set(dataset_dict["test"].labels.tolist())) == list(range(8, 16))
+    assert output_dir == str(tmp_path / "exp" / "explanations")
+    html = open(tmp_path / "exp" / "report.html").read()
+    assert "explanations/grid.png" in html or os.path.join("explanations", "grid.png") in html
+
+
+def test_loss_generators_are_found_for_the_checkpoint():
+    from pytorch_metric_learning.losses import ContrastiveLoss
+
+    from pml_extensions.losses.xml_wrapper import XMLWrapper
+    from pml_extensions.runner.experiment.checkpoint import module_generators
+
+    loss = XMLWrapper(ContrastiveLoss(), seed=3)
+    gens = module_generators({"metric_loss": loss})
+    assert list(gens) == ["metric_loss.generator"] and gens["metric_loss.generator"] is loss.generator
+    state = gens["metric_loss.generator"].get_state()
+    a = torch.randperm(10, generator=loss.generator)
+    loss.generator.set_state(state)
+    assert torch.equal(a, torch.randperm(10, generator=loss.generator))
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-4", "true"])
+def test_bad_batch_size_is_one_config_error(tmp_path, value):
+    """batch_size 0 used to end in a ZeroDivisionError inside PML's sampler, 'abc' in int(); now one line."""
+    register_tiny()
+    runner = _runner(tmp_path, ["--trainer~APPLY~2", "{batch_size: %s}" % value, "--num_training_sets", "1"])
+    with pytest.raises(ConfigError, match=r"trainer: batch_size must be a positive integer, got ") as e:
+        _run(runner)
+    assert "\n" not in str(e.value)

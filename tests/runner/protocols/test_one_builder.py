@@ -1,0 +1,113 @@
+"""Issue 20, item 2: every object of every protocol comes from the one Builder.
+
+Tiny runs of the three protocols with ``Builder.build`` (the one construction step) and ``Builder.subset`` (dataset
+views) recorded: each protocol builds every role through them, and every object its trainers hold — models,
+optimizers, losses, miners, schedulers, dataset, sampler — is one the Builder returned (not a second factory's).
+"""
+
+import os
+
+import pytest
+import torch
+import yaml
+
+from pml_extensions.runner.config.loader import find_config, load_config, parse_command_line
+from pml_extensions.runner.objects.builder import Builder
+from pml_extensions.runner.protocols import run_protocol
+
+#: protocol -> the roles (first component of the Builder's key) its objects must come from
+ROLES = {
+    "mlrc": {"dataset", "views", "transforms", "models", "loss_funcs", "mining_funcs", "sampler", "optimizers"}
+    | {"tester", "trainer"},
+    "xml_vs_gap": {"dataset", "views", "transforms", "models", "loss_funcs", "sampler", "optimizers", "tester"}
+    | {"trainer", "plots"},
+    "resolution_distillation": {"datasets", "views", "transforms", "models", "loss_funcs", "mining_funcs", "sampler"}
+    | {"optimizers", "lr_schedulers", "tester", "trainer", "student"},
+}
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """``[(key, object)]`` of every object the Builder builds while the test runs."""
+    calls = []
+    build, subset = Builder.build, Builder.subset
+
+    def record_build(self, key, spec, **extra):
+        obj = build(self, key, spec, **extra)
+        calls.append((key, obj))
+        return obj
+
+    def record_subset(self, *args, **kwargs):
+        obj = subset(self, *args, **kwargs)
+        calls.append(("views", obj))
+        return obj
+
+    monkeypatch.setattr(Builder, "build", record_build)
+    monkeypatch.setattr(Builder, "subset", record_subset)
+    return calls
+
+
+def _config(protocol, tmp_path, request):
+    if protocol == "mlrc":
+        root = request.getfixturevalue("tiny_mlrc_config")
+        argv = ["--num_epochs_train", "1", "--num_training_sets", "1", "--num_training_partitions", "2"]
+        argv += ["--mining_funcs", "{tuple_miner: {MultiSimilarityMiner: {}}}"]
+        return load_config(root, None, parse_command_line(argv))
+    if protocol == "xml_vs_gap":
+        from pml_extensions.cli.job import load_job_config
+
+        return load_job_config(
+            ["--num_epochs", "1", "--iterations_per_epoch", "2", "--seeds", "0", "--variants", "contrastive_xml"]
+            + ["contrastive_gap", "--device", "cpu"]
+        )
+    request.getfixturevalue("mobilenet_weights")  # skips without the offline ImageNet weights
+    root = tmp_path / "res"
+    (root / "config_general").mkdir(parents=True)
+    general = yaml.safe_load(
+        open(os.path.join(find_config("resolution_distillation"), "config_general", "default.yaml"))
+    )
+    general.update(
+        datasets={"glyphs": {"database_resolution": 32, "query_resolutions": [16], "image_size": 32}},
+        seeds=[0],
+        teacher_iterations=2,
+        student_iterations=2,
+        images_per_batch=2,
+        num_augmentations=2,
+        eval_batch_size=64,
+        device="cpu",
+        num_workers=0,
+        checkpoint_every=0,
+        validation=None,
+        student_lr_grid=None,
+        low_resolution_teacher=False,
+        student_variants=[],
+    )
+    general["models"]["embedder"]["RetrievalHead"]["out_dim"] = 8
+    (root / "config_general" / "default.yaml").write_text(yaml.safe_dump(general))
+    config, sources = load_config(str(root))
+    config["datasets"]["glyphs"]["max_test_per_class"] = 2
+    return config, sources
+
+
+def _unwrap(obj):
+    return getattr(obj, "module", obj)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", sorted(ROLES))
+def test_every_object_of_a_protocol_comes_from_the_one_builder(protocol, tmp_path, recorded, request):
+    config, sources = _config(protocol, tmp_path, request)
+    run_protocol(config, str(tmp_path / "exp"), sources, log=lambda *a, **k: None)
+    roles = {key.split(".")[0] for key, _ in recorded}
+    assert roles >= ROLES[protocol], sorted(ROLES[protocol] - roles)
+    built = {id(obj) for _, obj in recorded}
+    trainers = [obj for key, obj in recorded if key == "trainer"]
+    assert trainers
+    for trainer in trainers:
+        for group in ("models", "optimizers", "loss_funcs", "mining_funcs", "lr_schedulers"):
+            for name, obj in (getattr(trainer, group, None) or {}).items():
+                if isinstance(obj, torch.nn.Identity) and group == "models":
+                    continue  # a trainer's own default (no embedder)
+                assert id(_unwrap(obj)) in built, (protocol, group, name, type(obj).__name__)
+        assert id(trainer.dataset) in built, (protocol, type(trainer.dataset).__name__)
+        assert trainer.sampler is None or id(trainer.sampler) in built, (protocol, type(trainer.sampler).__name__)

@@ -1,0 +1,94 @@
+"""runner/protocols/__init__.py: the protocol lookup table and run_protocol's saved-config check (a rerun never lies
+about what it trained)."""
+
+import json
+import os
+
+import pytest
+
+from pml_extensions.runner.config.loader import load_config, parse_command_line
+from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.protocols import DESCRIPTIONS, PROTOCOLS, get_protocol, protocol_name, run_protocol
+from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
+
+register_tiny()
+QUIET = dict(log=lambda *a, **k: None)
+
+
+class TestLookup:
+    def test_table_names_the_three_protocols_and_each_has_run(self):
+        assert sorted(PROTOCOLS) == ["mlrc", "resolution_distillation", "xml_vs_gap"]
+        assert sorted(DESCRIPTIONS) == sorted(PROTOCOLS)
+        for name in PROTOCOLS:
+            run = get_protocol(name).run
+            assert callable(run)
+            assert list(__import__("inspect").signature(run).parameters)[:2] == ["config", "experiment_folder"]
+
+    def test_default_is_mlrc_and_unknown_is_one_line(self):
+        assert protocol_name({}) == "mlrc" and protocol_name({"protocol": None}) == "mlrc"
+        assert protocol_name({"protocol": "xml_vs_gap"}) == "xml_vs_gap"
+        with pytest.raises(ConfigError, match=r"^general.yaml: protocol: unknown 'mlcr'; choose one of mlrc, "):
+            protocol_name({"protocol": "mlcr"}, {"protocol": "general.yaml"})
+        with pytest.raises(ConfigError, match="unknown 'nope'"):
+            get_protocol("nope")
+
+    def test_no_if_chain_on_protocol_names_in_the_dispatch(self):
+        """The command line reaches a protocol through the table only (no ``if protocol == ...``)."""
+        import pml_extensions
+
+        pkg = os.path.dirname(pml_extensions.__file__)
+        for rel in ("__main__.py", "cli/__init__.py", "cli/run.py", "cli/job.py", "runner/protocols/__init__.py"):
+            path = os.path.join(pkg, rel)
+            if not os.path.exists(path):
+                continue
+            text = open(path, encoding="utf-8").read()
+            for proto in PROTOCOLS:
+                assert f'== "{proto}"' not in text and f"== '{proto}'" not in text, (rel, proto)
+
+
+def _config(tmp_path, argv=()):
+    root = write_tiny_config(str(tmp_path / "cfg"))
+    base = ["--num_epochs_train", "1", "--num_training_sets", "1", "--num_training_partitions", "2"]
+    return load_config(root, None, parse_command_line(base + list(argv)))
+
+
+class TestChangedConfig:
+    def test_rerun_with_another_config_stops_listing_keys_and_flags(self, tmp_path):
+        folder = str(tmp_path / "exp")
+        cfg, sources = _config(tmp_path)
+        first = run_protocol(cfg, folder, sources, **QUIET)
+        cfg2, sources2 = _config(tmp_path, ["--num_epochs_train", "2", "--patience", "3"])
+        with pytest.raises(ConfigError) as e:
+            run_protocol(cfg2, folder, sources2, **QUIET)
+        msg = str(e.value)
+        assert "\n" not in msg
+        assert "num_epochs_train, patience;" in msg and "--new" in msg and "--resume-anyway" in msg
+        saved = json.load(open(os.path.join(folder, "results.json")))
+        assert saved["test"] == json.loads(json.dumps(first["test"]))  # nothing was overwritten
+        assert "num_epochs_train: 1" in open(os.path.join(folder, "config.yaml")).read()
+
+    def test_same_config_resumes_and_device_is_neutral(self, tmp_path):
+        folder = str(tmp_path / "exp")
+        cfg, sources = _config(tmp_path)
+        first = run_protocol(cfg, folder, sources, **QUIET)
+        cfg["device"] = "cpu"
+        again = run_protocol(cfg, folder, sources, **QUIET)
+        assert again["test"] == first["test"]
+
+    def test_new_moves_the_old_run_aside_and_resume_anyway_continues(self, tmp_path):
+        folder = str(tmp_path / "exp")
+        cfg, sources = _config(tmp_path)
+        run_protocol(cfg, folder, sources, **QUIET)
+        cfg2, sources2 = _config(tmp_path, ["--num_epochs_train", "2"])
+        run_protocol(cfg2, folder, sources2, on_change="new", **QUIET)
+        assert os.path.exists(folder + ".old-1/config.yaml")
+        assert "num_epochs_train: 1" in open(folder + ".old-1/config.yaml").read()
+        assert "num_epochs_train: 2" in open(os.path.join(folder, "config.yaml")).read()
+        cfg3, sources3 = _config(tmp_path, ["--num_epochs_train", "3", "--patience", "9"])
+        out = run_protocol(cfg3, folder, sources3, on_change="resume", **QUIET)
+        from pml_extensions.runner.experiment.checkpoint import load_weights
+
+        assert load_weights(os.path.join(folder, "fold_0", "checkpoint.pth"))["epoch"] == 3  # continued to 3
+        assert out["folds"][0]["best_epoch"] <= 3
+        with pytest.raises(ValueError, match="on_change"):
+            run_protocol(cfg3, folder, sources3, on_change="maybe", **QUIET)

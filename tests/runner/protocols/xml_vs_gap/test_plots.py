@@ -1,0 +1,46 @@
+"""runner/protocols/xml_vs_gap/plots.py: the mean prototype histogram per unseen class (the trunk's own
+HistogramPooling, or a post-hoc one built by the Builder for a GAP trunk) and the two PNGs."""
+
+import os
+
+import torch
+
+from pml_extensions.runner.protocols.xml_vs_gap import plots, unit
+from pml_extensions.trunks import HistogramPooling
+from tests.runner.protocols.xml_vs_gap.test_unit import tiny_config, variant
+
+
+def test_class_histograms_are_mean_soft_histograms_per_test_class():
+    cfg = variant(tiny_config(), "contrastive_xml")
+    models = unit.build_models({**cfg, "prototype_init": None}, 0, torch.device("cpu"))
+    classes, hist, names = plots.class_histograms(cfg, models, 64, torch.device("cpu"), seed=0)
+    assert hist.shape == (len(classes), 64) and len(classes) == 31  # the glyph test split: 31 unseen characters
+    assert torch.allclose(hist.sum(1), torch.ones(len(classes)), atol=1e-5)  # means of rows on the simplex
+    assert names is not None and len(names) > int(classes.max())
+
+
+def test_a_gap_trunk_gets_a_post_hoc_layer_of_the_same_width(monkeypatch):
+    cfg = variant(tiny_config(), "contrastive_gap")
+    models = unit.build_models(cfg, 0, torch.device("cpu"))
+    built = []
+    real = HistogramPooling.init_from_data
+
+    def record(self, *args, **kwargs):
+        built.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(HistogramPooling, "init_from_data", record)
+    _, hist, _ = plots.class_histograms(cfg, models, 16, torch.device("cpu"), seed=0)
+    (pool,) = built
+    assert hist.shape[1] == 16 and pool.prototypes.shape == (16, 128)  # ConvNetBody's last width is 128
+
+
+def test_save_plots_writes_both_figures(tmp_path):
+    cfg = variant(tiny_config(), "contrastive_xml")
+    models = unit.build_models({**cfg, "prototype_init": None}, 0, torch.device("cpu"))
+    result = {
+        "history": [{"epoch": 0, "mean_average_precision_at_r": 0.1}, {"epoch": 1, "mean_average_precision_at_r": 0.2}]
+    }
+    paths = plots.save_plots([("contrastive_xml", cfg, result, models)], str(tmp_path), torch.device("cpu"), 0, 64)
+    assert [os.path.basename(p) for p in paths] == ["map_at_r.png", "prototype_usage.png"]
+    assert all(os.path.getsize(p) > 1000 for p in paths)
