@@ -74,9 +74,6 @@ CPU_ONLY = {
     "pml_extensions/explain/partial_similarity_retrieval.py::PartialSimilarityRetrieval.roi_weights::zeros": _ROI,
     "pml_extensions/explain/topk_maps.py::topk_overall_maps::as_tensor": _TOPK,
     "pml_extensions/explain/topk_maps.py::topk_overall_maps::arange": _TOPK,
-    "pml_extensions/explain/checkpoints.py::models_from_config::zeros": (
-        "a dummy image for the builder's shape inference, on the CPU where the models are built"
-    ),
     "pml_extensions/utils/knn_metrics.py::EngineAccuracyMixin._to_tensor::as_tensor": (
         "numpy or tensor inputs, moved to the calculator's device on the next line"
     ),

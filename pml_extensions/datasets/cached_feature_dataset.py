@@ -9,6 +9,9 @@ import torch
 
 from .seeded_view_dataset import _non_negative_int, draw_view
 
+#: the ``format`` of a cache's ``meta.json`` that this reader understands (written by ``FeatureCache``)
+FORMAT = "pml_extensions.feature_cache/1"
+
 
 class CachedFeatureDataset(torch.utils.data.Dataset):
     """Items ``(features, label)``: the cached prefix output of view ``draw_view(seed, epoch, i, V)`` of item ``i``.
@@ -57,8 +60,6 @@ class CachedFeatureDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, folder: str, seed: int = 0, dtype: torch.dtype = torch.float32, key: Optional[str] = None):
-        from .feature_cache import FORMAT
-
         self.folder = os.fspath(folder)
         path = os.path.join(self.folder, "meta.json")
         try:

@@ -47,9 +47,9 @@ import numpy as np
 import torch
 
 from ..utils.atomic_io import atomic_path, atomic_write_json, atomic_write_text
+from .cached_feature_dataset import FORMAT, CachedFeatureDataset
 from .seeded_view_dataset import SeededViewDataset, _non_negative_int, _positive_int
 
-FORMAT = "pml_extensions.feature_cache/1"
 DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -494,8 +494,6 @@ class FeatureCache:
     def open(self, seed: int = 0, dtype: torch.dtype = torch.float32):
         """The finished cache as a :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing views with
         ``seed`` (ValueError if the cache is not complete)."""
-        from .cached_feature_dataset import CachedFeatureDataset
-
         return CachedFeatureDataset(self.folder, seed=seed, dtype=dtype, key=self.key)
 
     def size_bytes(self) -> int:
