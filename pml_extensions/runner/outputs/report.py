@@ -1,11 +1,16 @@
 """One self-contained HTML page per experiment, for every protocol: the command line, the dataset, the metrics,
-smoothed loss curves, the ``xml_loss`` curve, validation curves, figures, explanation grids and the config.
+retrieval examples, smoothed loss curves, the ``xml_loss`` curve, validation curves with the selected epoch marked,
+figures, explanation grids and the config; for a hyper-parameter search the trials table, its plot and the best
+trial's curves and examples.
 
-Everything is embedded (PNG as base64 ``data:`` URIs), so the file can be mailed or attached to an issue. Read
-from the experiment folder (layout: :mod:`pml_extensions.runner.experiment.folder`): ``config.yaml``, ``command.txt``,
-``results.json`` (MLRC's ``test``/``folds`` as tables; a fold whose best epoch is 0, the untrained model, is
-flagged), ``results.md``, every stage's ``logs/*.csv`` (record-keeper tables, at any depth), the PNGs at the top
-of the folder and, when the explanation hook ran, every PNG under ``explanations/``.
+Everything is embedded (PNG as base64 ``data:`` URIs; no script, nothing fetched), so the file can be mailed or
+attached to an issue. Read from the experiment folder (layout: :mod:`pml_extensions.runner.experiment.folder`):
+``config.yaml``, ``command.txt``, ``results.json`` (MLRC's ``test``/``folds`` as tables; a fold whose best epoch is
+0, the untrained model, is flagged; the selected epoch or iteration of every stage: MLRC's ``folds``, xml_vs_gap's
+``units``, the resolution protocol's ``selection``), ``results.md`` (its tables as HTML tables), every stage's
+``logs/*.csv`` (record-keeper tables, at any depth), ``retrieval/*.json`` with their thumbnails
+(:mod:`pml_extensions.runner.outputs.retrieval`), the PNGs at the top of the folder and, when the explanation hook
+ran, every PNG under ``explanations/``; a search folder's ``search.json`` and its best trial's folder.
 :func:`pml_extensions.runner.protocols.run_protocol` writes it after each run.
 """
 
@@ -16,7 +21,8 @@ import html
 import io
 import json
 import os
-from typing import Dict, List
+import re
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
 
@@ -66,16 +72,69 @@ def _stage(folder: str, path: str) -> str:
     return os.path.relpath(os.path.dirname(os.path.dirname(path)), folder)
 
 
-def _curves(folder: str, primary: str) -> List[str]:
+def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]]:
+    """Stage (its folder relative to ``folder``) -> ``("epoch" | "iteration", value)`` of the model the protocol
+    kept: MLRC's ``folds[k].best_epoch`` (``fold_<k>``), xml_vs_gap's ``units[variant][seed].best_epoch``
+    (``<variant>/seed_<s>``), the resolution protocol's ``selection[].iteration``
+    (``<dataset>/seed_<s>/student_<q>px_<variant>``, ``_lr<lr>`` when a learning-rate grid named the stage)."""
+    out: Dict[str, Tuple[str, int]] = {}
+    for k, fold in enumerate(results.get("folds") or []):
+        if isinstance(fold, dict) and isinstance(fold.get("best_epoch"), int):
+            out[f"fold_{k}"] = ("epoch", fold["best_epoch"])
+    for name, per_seed in (results.get("units") or {}).items():
+        for seed, unit in (per_seed or {}).items():
+            if isinstance(unit, dict) and isinstance(unit.get("best_epoch"), int):
+                out[f"{name}/seed_{seed}"] = ("epoch", unit["best_epoch"])
+    for sel in results.get("selection") or []:
+        if not isinstance(sel, dict) or not isinstance(sel.get("iteration"), int):
+            continue
+        stage = f"{sel.get('dataset')}/seed_{sel.get('seed')}/student_{sel.get('query_resolution')}px_"
+        stage += str(sel.get("student_variant"))
+        if not os.path.isdir(os.path.join(folder, stage)) and isinstance(sel.get("lr"), (int, float)):
+            stage += f"_lr{sel['lr']:g}"
+        out[stage] = ("iteration", sel["iteration"])
+    return out
+
+
+def _iterations_per_epoch(results: Dict[str, Any], config_text: str) -> Optional[int]:
+    """Training iterations per epoch (xml_vs_gap's ``iterations_per_epoch``, MLRC's trainer argument), to place a
+    selected epoch on an iteration axis; None when the config does not fix it."""
+    value = results.get("iterations_per_epoch")
+    if not isinstance(value, int):
+        trainer = _yaml_value(config_text, "trainer")
+        if isinstance(trainer, dict) and len(trainer) == 1:
+            kwargs = next(iter(trainer.values()))
+            value = kwargs.get("iterations_per_epoch") if isinstance(kwargs, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _at(xs: List[float], ys: List[float], x: float) -> Optional[float]:
+    for a, b in zip(xs, ys):
+        if a == x:
+            return b
+    return None
+
+
+def _curves(
+    folder: str,
+    primary: str,
+    selected: Optional[Dict[str, Tuple[str, int]]] = None,
+    iterations_per_epoch: Optional[int] = None,
+) -> List[str]:
     """PNG data URIs: the training losses (raw faint, smoothed solid), the ``xml_loss`` curve when a loss logged
-    one, and the validation primary metric (``<metric>`` or PML's ``<metric>_level0`` column)."""
+    one, and the validation primary metric (``<metric>`` or PML's ``<metric>_level0`` column per epoch, or the
+    resolution students' ``validation_*_<metric>`` per iteration). Each stage's selected epoch or iteration
+    (:func:`_selected`) is marked: a star on its validation curve, a dotted line of the stage's colour on the
+    iteration axes (an epoch placed at ``epoch × iterations_per_epoch`` when that is known)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    selected = selected or {}
     x = ITERATION_COLUMN
     tables = _tables(folder)
+    validation_columns = (primary, primary + "_level0")
     plots = [
         ("training loss (smoothed)", "iteration", [(p, "total_loss") for p in tables.get("loss_histories", [])], True),
         (
@@ -87,35 +146,58 @@ def _curves(folder: str, primary: str) -> List[str]:
         (
             f"validation {primary}",
             "epoch",
-            [
-                (p, c)
-                for t, ps in tables.items()
-                if t.startswith("accuracies")
-                for p in ps
-                for c in (primary, primary + "_level0")
-            ],
+            [(p, c) for t, ps in tables.items() if t.startswith("accuracies") for p in ps for c in validation_columns],
             False,
         ),
     ]
     images = []
     for title, xlabel, series, smooth in plots:
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        drawn = False
+        fig, ax = plt.subplots(figsize=(6.4, 3.4))
+        drawn, marked = False, False
         for path, column in series:
             data = _read_csv(path)
             if column not in data or x not in data:
                 continue
             label = _stage(folder, path)
+            xs = data[x]
             if smooth:
-                line = ax.plot(data[x], data[column], alpha=0.25)[0]
-                ax.plot(data[x], _smooth(data[column]), color=line.get_color(), label=label)
+                line = ax.plot(xs, data[column], alpha=0.25)[0]
+                ax.plot(xs, _smooth(data[column]), color=line.get_color(), label=label)
             else:
-                ax.plot(data[x], data[column], marker="o", label=label)
+                line = ax.plot(xs, data[column], marker="o", markersize=3, label=label)[0]
             drawn = True
+            unit, value = selected.get(label, (None, None))
+            if unit is None:
+                continue
+            if not smooth and unit == "epoch":
+                y = _at(xs, data[column], value)
+                if y is not None:
+                    ax.plot([value], [y], marker="*", markersize=15, color=line.get_color(), markeredgecolor="black")
+                    marked = True
+            elif smooth:
+                at = value if unit == "iteration" else (value * iterations_per_epoch if iterations_per_epoch else None)
+                if at is not None:
+                    ax.axvline(at, color=line.get_color(), linestyle=":", linewidth=1.5)
+                    marked = True
+        if not smooth:  # resolution students: validation MAP@R per iteration, one column per setup
+            for path in [p for t, ps in tables.items() if t.startswith("accuracies") for p in ps]:
+                data = _read_csv(path)
+                label = _stage(folder, path)
+                for column in sorted(c for c in data if c.startswith("validation_") and c.endswith(primary)):
+                    xs = data.get("iteration", data.get(x, []))
+                    line = ax.plot(xs, data[column], marker="o", markersize=3, label=f"{label} {column[11:]}")[0]
+                    xlabel, drawn = "iteration", True
+                    unit, value = selected.get(label, (None, None))
+                    y = _at(xs, data[column], value) if unit == "iteration" else None
+                    if y is not None and "teacher_student" in column:
+                        ax.plot(
+                            [value], [y], marker="*", markersize=15, color=line.get_color(), markeredgecolor="black"
+                        )
+                        marked = True
         if drawn:
             ax.set_xlabel(xlabel)
-            ax.set_title(title)
-            ax.legend(fontsize=7)
+            ax.set_title(title + ("; ★ / dotted line: the selected model" if marked else ""), fontsize=9)
+            ax.legend(fontsize=6, ncol=2 if len(ax.get_lines()) > 8 else 1)
             images.append(_png(fig))
         plt.close(fig)
     return images
@@ -145,7 +227,7 @@ def _embedded_png(folder: str, path: str) -> str:
     with open(path, "rb") as f:
         data = base64.b64encode(f.read()).decode("ascii")
     return (
-        f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%'>"
+        f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%' alt='figure'>"
         f"<figcaption>{html.escape(os.path.relpath(path, folder))}</figcaption></figure>"
     )
 
@@ -159,6 +241,150 @@ def _yaml_value(config_text: str, key: str):
         return None
 
 
+def _inline(text: str) -> str:
+    """Escape ``text`` and render markdown's inline code and bold."""
+    out = html.escape(text, quote=False)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
+
+
+def markdown_html(text: str) -> str:
+    """The markdown a run writes (``results.md``: paragraphs, ``-`` lists, ``#`` headings, pipe tables) as HTML;
+    a table's cells are right-aligned when they hold numbers.
+
+    Example::
+
+        >>> print(markdown_html("Best: **trial 2**.\\n\\n| trial | objective |\\n|---|---|\\n| 2 (best) | 0.5 |"))
+        <p>Best: <b>trial 2</b>.</p>
+        <table><tr><th>trial</th><th>objective</th></tr>
+        <tr><td>2 (best)</td><td class='num'>0.5</td></tr></table>
+    """
+    parts = []
+    for block in re.split(r"\n\s*\n", text.strip()):
+        lines = [line.rstrip() for line in block.split("\n") if line.strip()]
+        if not lines:
+            continue
+        if all(line.lstrip().startswith("|") for line in lines):
+            rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+            rows = [r for r in rows if not all(re.fullmatch(r":?-{3,}:?", c) for c in r)]
+            head, body = rows[0], rows[1:]
+            cells = "".join(f"<th>{_inline(c)}</th>" for c in head)
+            out = [f"<table><tr>{cells}</tr>"]
+            for r in body:
+                tds = "".join(
+                    f"<td class='num'>{_inline(c)}</td>"
+                    if re.fullmatch(r"[-+−]?[\d.,]+(e[-+]?\d+)?( ± [\d.]+)?", c)
+                    else f"<td>{_inline(c)}</td>"
+                    for c in r
+                )
+                out.append(f"<tr>{tds}</tr>")
+            parts.append("\n".join(out) + "</table>")
+        elif lines[0].startswith("#"):
+            level = min(6, 2 + len(lines[0]) - len(lines[0].lstrip("#")))
+            parts.append(f"<h{level}>{_inline(lines[0].lstrip('#').strip())}</h{level}>")
+            if lines[1:]:
+                parts.append(markdown_html("\n".join(lines[1:])))
+        elif all(line.startswith("- ") for line in lines):
+            parts.append("<ul>" + "".join(f"<li>{_inline(line[2:])}</li>" for line in lines) + "</ul>")
+        else:
+            parts.append(f"<p>{_inline(' '.join(lines))}</p>")
+    return "\n".join(parts)
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _data_uri(path: str) -> str:
+    with open(path, "rb") as f:
+        return "data:image/png;base64," + base64.b64encode(f.read()).decode("ascii")
+
+
+def _retrieval_html(folder: str) -> str:
+    """The retrieval examples under ``<folder>/retrieval/`` (:mod:`.retrieval`): per example set its note, then one
+    row per query: the query, then its top-k, each framed green (same class as the query) or red (other class) and
+    captioned with its rank, cosine similarity and class."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(folder, "retrieval", "*.json"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                examples = json.load(f)
+        except (OSError, ValueError):
+            continue
+        base = os.path.join(folder, "retrieval")
+        out.append(f"<h3>{html.escape(str(examples.get('name', '')))}</h3>")
+        if examples.get("note"):
+            out.append(f"<p>{_inline(str(examples['note']))}</p>")
+        out.append("<table class='retrieval'>")
+        for query in examples.get("queries", []):
+            q_path = os.path.join(base, query.get("image", ""))
+            if not os.path.isfile(q_path):
+                continue
+            row = [
+                f"<td class='query'><img src='{_data_uri(q_path)}' alt='query {query.get('index')}'>"
+                f"<br>query<br>{html.escape(str(query.get('class')))}</td>"
+            ]
+            for n in query.get("neighbours", []):
+                n_path = os.path.join(base, n.get("image", ""))
+                if not os.path.isfile(n_path):
+                    continue
+                same = bool(n.get("same_class"))
+                mark = "✓ same class" if same else "✗ other class"
+                row.append(
+                    f"<td class='{'same' if same else 'other'}'><img src='{_data_uri(n_path)}' "
+                    f"alt='rank {n.get('rank')}'><br>#{n.get('rank')} · cos {float(n.get('cosine', 0)):.3f}"
+                    f"<br>{html.escape(str(n.get('class')))} {mark}</td>"
+                )
+            out.append("<tr>" + "".join(row) + "</tr>")
+        out.append("</table>")
+    if not out:
+        return ""
+    legend = (
+        "<p>Seeded test queries (left) and their nearest test images by cosine similarity, the query's own image "
+        "left out; <span class='same-key'>green frame</span>: same class as the query, "
+        "<span class='other-key'>red frame</span>: other class.</p>"
+    )
+    return legend + "\n".join(out)
+
+
+_STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:0 12px}table{border-collapse:collapse;"
+    "margin:6px 0}td,th{border:1px solid #999;padding:3px 8px;text-align:left}td.num{text-align:right}"
+    "pre{background:#f4f4f4;padding:8px;overflow:auto;max-height:400px}"
+    "table.retrieval td{border:none;padding:4px;text-align:center;font-size:11px;vertical-align:top}"
+    "table.retrieval img{display:block;margin:auto;width:96px;height:96px;object-fit:contain;background:#eee}"
+    "td.query img{border:4px solid #444}td.same img{border:4px solid #1a9850}td.other img{border:4px solid #d73027}"
+    ".same-key{color:#1a9850;font-weight:bold}.other-key{color:#d73027;font-weight:bold}"
+    "img.curve{max-width:49%}"
+)
+
+
+def _search_html(folder: str) -> Tuple[str, Optional[str]]:
+    """For a search folder (``search.json``): links to every trial's own report, and the best trial's folder."""
+    try:
+        with open(os.path.join(folder, "search.json"), encoding="utf-8") as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return "", None
+    best = summary.get("best") or {}
+    links = []
+    for trial in summary.get("trials", []):
+        name = str(trial.get("folder", ""))
+        report = os.path.join(name, "report.html")
+        mark = " (best)" if trial.get("number") == best.get("number") else ""
+        if os.path.isfile(os.path.join(folder, report)):
+            links.append(f"<li><a href='{html.escape(report)}'>{html.escape(name)}</a>{mark}</li>")
+    failed = summary.get("failed_trials") or []
+    text = f"<p>{len(summary.get('trials', []))} completed trials"
+    text += f"; failed (killed and run again, or raised): {', '.join(map(str, failed))}" if failed else ""
+    text += ". Each trial's own report:</p><ul>" + "".join(links) + "</ul>" if links else ".</p>"
+    best_folder = os.path.join(folder, str(best["folder"])) if best.get("folder") else None
+    return text, best_folder if best_folder and os.path.isdir(best_folder) else None
+
+
 def write_report(folder: str) -> str:
     """Write ``<folder>/report.html`` and return its path.
 
@@ -167,21 +393,18 @@ def write_report(folder: str) -> str:
     """
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such experiment folder")
-    results = {}
-    if os.path.exists(os.path.join(folder, "results.json")):
-        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
-            results = json.load(f)
+    results = _read_json(os.path.join(folder, "results.json"))
     config_text = _read_text(folder, "config.yaml")
     command = _read_text(folder, "command.txt").strip()
     dataset = _dataset_line(config_text)
     protocol = results.get("protocol") or (_yaml_value(config_text, "protocol") or "mlrc")
     primary = results.get("primary_metric", "mean_average_precision_at_r")
+    search_text, best_trial = _search_html(folder)
+    title = f"{protocol} search" if search_text else protocol
     parts = [
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(protocol)} report</title>",
-        "<style>body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:collapse}"
-        "td,th{border:1px solid #999;padding:3px 8px;text-align:right}pre{background:#f4f4f4;padding:8px;"
-        "overflow:auto;max-height:400px}</style></head><body>",
-        f"<h1>{html.escape(protocol)} report: {html.escape(os.path.basename(os.path.abspath(folder)))}</h1>",
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)} report</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)} report: {html.escape(os.path.basename(os.path.abspath(folder)))}</h1>",
     ]
     if command:
         parts.append(f"<p>Command: <code>{html.escape(command)}</code></p>")
@@ -195,7 +418,7 @@ def write_report(folder: str) -> str:
         parts.append("</tr>")
         for key, vals in test.items():
             parts.append(f"<tr><th>{html.escape(key)}</th>")
-            parts += [f"<td>{vals.get(m, float('nan')):.4f}</td>" for m in metrics]
+            parts += [f"<td class='num'>{vals.get(m, float('nan')):.4f}</td>" for m in metrics]
             parts.append("</tr>")
         parts.append("</table>")
     folds = results.get("folds", [])
@@ -206,23 +429,46 @@ def write_report(folder: str) -> str:
         for k, fr in enumerate(folds):
             best = fr.get("best_val_" + primary, float("nan"))
             flag = " <b>(the untrained model: training never beat epoch 0)</b>" if fr.get("best_epoch") == 0 else ""
-            parts.append(f"<tr><td>{k}</td><td>{fr.get('best_epoch')}{flag}</td><td>{best:.4f}</td></tr>")
+            parts.append(f"<tr><td>{k}</td><td>{fr.get('best_epoch')}{flag}</td><td class='num'>{best:.4f}</td></tr>")
         parts.append("</table>")
     table = _read_text(folder, "results.md")
     if table:
-        parts.append(f"<h2>Results</h2><pre>{html.escape(table)}</pre>")
-    curves = _curves(folder, primary)
-    if curves:
-        parts.append("<h2>Curves</h2>")
-        parts += [f"<img src='{c}'>" for c in curves]
+        parts.append(f"<h2>{'Search: trials' if search_text else 'Results'}</h2>{markdown_html(table)}")
+    if search_text:
+        parts.append(search_text)
     figures = sorted(glob.glob(os.path.join(folder, "*.png")))
+    if search_text and figures:  # the search plot right under its table
+        parts.append("<h2>Search: objective per trial</h2>")
+        parts += [_embedded_png(folder, g) for g in figures]
+        figures = []
+    source = best_trial or folder
+    where = f" (best trial: {html.escape(os.path.relpath(best_trial, folder))})" if best_trial else ""
+    examples = _retrieval_html(source)
+    if examples:
+        parts.append(f"<h2>Retrieval examples{where}</h2>{examples}")
+    if best_trial:
+        source_results, source_config = (
+            _read_json(os.path.join(best_trial, "results.json")),
+            _read_text(best_trial, "config.yaml"),
+        )
+    else:
+        source_results, source_config = results, config_text
+    curves = _curves(
+        source,
+        source_results.get("primary_metric", primary),
+        _selected(source, source_results),
+        _iterations_per_epoch(source_results, source_config),
+    )
+    if curves:
+        parts.append(f"<h2>Curves{where}</h2>")
+        parts += [f"<img class='curve' src='{c}' alt='curve'>" for c in curves]
     if figures:
         parts.append("<h2>Figures</h2>")
         parts += [_embedded_png(folder, g) for g in figures]
-    grids = sorted(glob.glob(os.path.join(folder, "explanations", "**", "*.png"), recursive=True))
+    grids = sorted(glob.glob(os.path.join(source, "explanations", "**", "*.png"), recursive=True))
     if grids:
-        parts.append("<h2>Explanations (top-k grids with maps)</h2>")
-        parts += [_embedded_png(folder, g) for g in grids]
+        parts.append(f"<h2>Explanations (top-k grids with maps){where}</h2>")
+        parts += [_embedded_png(source, g) for g in grids]
     parts.append(f"<h2>Config</h2><pre>{html.escape(config_text)}</pre></body></html>")
     path = os.path.join(folder, "report.html")
     atomic_write_text(path, "\n".join(parts))

@@ -52,6 +52,7 @@ from ...experiment.epoch_loop import EpochLoop
 from ...experiment.folder import Experiment
 from ...objects.builder import Builder, accepts
 from ...objects.data import dataset_labels
+from ...outputs.retrieval import dataset_image, save_retrieval_examples
 from .splits import ensemble_metrics, mlrc_class_splits
 
 __all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits", "run"]
@@ -233,6 +234,19 @@ class MLRCRunner:
             y = lab[:, tester.label_hierarchy_level]
             if k == 0 and dist_utils.is_main():
                 self.run_test_hooks(test_ds, models)
+        if dist_utils.is_main():  # a few seeded test queries with their top-k, for report.html
+            normalize = ensemble["normalize_embeddings"]
+            save_retrieval_examples(
+                self.folder,
+                "test",
+                torch.cat([torch.nn.functional.normalize(e.float(), dim=1) if normalize else e for e in embeddings], 1),
+                y.cpu().numpy(),
+                lambda i: dataset_image(test_ds, i),
+                seed=self.experiment.seed or 0,
+                class_names=getattr(base, "classes", None),
+                note=f"The concatenated test model: the {len(embeddings)} fold models' best checkpoints, embeddings "
+                "concatenated (the `concatenated_*` row of the test metrics).",
+            )
         return ensemble_metrics(embeddings, y, calc, normalize=ensemble["normalize_embeddings"])
 
     def run_test_hooks(self, test_ds, models) -> None:

@@ -50,3 +50,40 @@ def evaluate_rows(
         row.update(metrics_of(res["accuracies"][split]))
         rows.append(row)
     return rows
+
+
+def save_retrieval(exp, ctx, teacher, stage: str, q: int, n_queries: int = 4, k: int = 5) -> None:
+    """Retrieval examples for report.html (:mod:`pml_extensions.runner.outputs.retrieval`), the distilled
+    asymmetric setup of Table 2 block 3: seeded test queries embedded at ``q`` px by the student of ``stage`` (its
+    selected weights, ``models.pth``; same architecture as the teacher), the test images at the database resolution
+    by the teacher, each query's own image left out."""
+    import copy
+    import os
+
+    from ...experiment.checkpoint import load_weights
+    from ...outputs.retrieval import dataset_image, embed, save_retrieval_examples
+
+    path = os.path.join(exp.stage_folder(stage), "models.pth")
+    if not os.path.isfile(path):
+        return
+    weights = load_weights(path, exp.device)
+    student = copy.deepcopy(teacher[0]), copy.deepcopy(teacher[1])
+    student[0].load_state_dict(weights["trunk"])
+    student[1].load_state_dict(weights["embedder"])
+    queries = ctx["make_dataset_dict"](q)["test"]
+    references = ctx["make_dataset_dict"](ctx["db"])["test"]
+    save_retrieval_examples(
+        exp.folder,
+        f"{ctx['dataset']}_seed_{ctx['seed']}",
+        embed(*student, queries, exp.device),
+        queries.labels,
+        lambda i: dataset_image(queries, i),
+        reference_embeddings=embed(*teacher, references, exp.device),
+        reference_labels=references.labels,
+        n_queries=n_queries,
+        k=k,
+        seed=ctx["seed"],
+        class_names=getattr(queries.dataset, "classes", None),
+        note=f"`{ctx['dataset']}`, seed {ctx['seed']}: queries at {q} px by the distilled student ({stage}), the test "
+        f"images at {ctx['db']} px by the teacher (teacher_student_asymmetric).",
+    )

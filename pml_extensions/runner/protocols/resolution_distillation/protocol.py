@@ -67,7 +67,7 @@ from ...objects.builder import Builder
 from ...objects.data import cap_per_class, dataset_labels, validation_split
 from . import recipe, tables
 from .chunks import finish
-from .evaluation import METRICS, PRIMARY, evaluate_rows
+from .evaluation import METRICS, PRIMARY, evaluate_rows, save_retrieval
 from .recipe import STUDENT_VARIANTS
 from .settings import JOB_DEFAULTS, job_config
 from .student import build_student, choose_student_lr, student_stage
@@ -161,6 +161,9 @@ def _seed_unit(exp, ctx, job, start):
             )
         shown = ", ".join(f"{r['setup']} MAP@R={r[PRIMARY]:.4f}" for r in out["rows"])
         exp.log(f"[{dataset}] seed {seed} {q}px {variant}: {shown} ({time.time() - start:.0f}s)")
+    if seed == ctx["first_seed"]:  # retrieval examples for report.html: the full student at the ablation resolution
+        full = f"{base}/student_{aq}px_full" + (f"_lr{lr:g}" if tried else "")
+        save_retrieval(exp, ctx, teacher, full, aq)
     if tried:
         selections.append(
             {
@@ -235,6 +238,7 @@ def run(
             "builder": builder,
             "make_dataset_dict": _split_maker(builder, test_set, test_idx, "test"),
             "make_validation_dict": make_validation_dict,
+            "first_seed": job["seeds"][0],
         }
         for seed in job["seeds"]:
             if unit % world == rank:

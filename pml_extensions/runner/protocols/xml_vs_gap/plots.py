@@ -56,8 +56,20 @@ def save_plots(units, out_dir, device, seed, num_prototypes):
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, _, result, _ in units:
         hist = result["history"]
-        ax.plot([h["epoch"] for h in hist], [h["mean_average_precision_at_r"] for h in hist], marker="o", label=name)
-    ax.set_xlabel("epoch")
+        line = ax.plot(
+            [h["epoch"] for h in hist], [h["mean_average_precision_at_r"] for h in hist], marker="o", label=name
+        )[0]
+        best = [h for h in hist if h["epoch"] == result.get("best_epoch")]
+        if best:  # the selected epoch, the one tested
+            ax.plot(
+                best[0]["epoch"],
+                best[0]["mean_average_precision_at_r"],
+                marker="*",
+                markersize=16,
+                color=line.get_color(),
+                markeredgecolor="black",
+            )
+    ax.set_xlabel("epoch (★ the selected epoch, the model tested)")
     ax.set_ylabel(f"MAP@R (validation classes, seed {seed})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -87,3 +99,31 @@ def save_plots(units, out_dir, device, seed, num_prototypes):
     atomic_savefig(fig, usage_path, dpi=100)
     plt.close(fig)
     return map_path, usage_path
+
+
+def save_retrieval(units, out_dir, device, seed, n_queries=4, k=5):
+    """``retrieval/<variant>.json`` + thumbnails (:mod:`pml_extensions.runner.outputs.retrieval`): the same seeded
+    test queries and their top-k by each variant's selected model at ``seed``, for report.html.
+
+    Args:
+        units: ``[(name, cfg, result, models)]`` for one seed.
+    """
+    from ...outputs.retrieval import dataset_image, embed, save_retrieval_examples
+
+    for name, cfg, result, models in units:
+        builder = Builder(cfg, device=device)
+        test_set = load_split(cfg, "test", train_transform=False, builder=builder)
+        images = builder.build_dataset("test")  # the same items, untransformed, for the thumbnails
+        save_retrieval_examples(
+            out_dir,
+            name,
+            embed(models["trunk"], models["embedder"], test_set, device),
+            test_set.labels,
+            lambda i, images=images: dataset_image(images, i),
+            n_queries=n_queries,
+            k=k,
+            seed=seed,
+            class_names=getattr(test_set, "classes", None),
+            note=f"`{name}`, seed {seed}: the model of the selected epoch ({result.get('best_epoch')}), unseen test "
+            "classes; the same queries for every variant.",
+        )

@@ -291,9 +291,10 @@ def run(
         if models is None:
             models = load_models(vcfg, os.path.join(experiment_folder, name, f"seed_{seeds[0]}"), device)
         plot_units.append((name, vcfg, result, models))
-    from .plots import save_plots
+    from .plots import save_plots, save_retrieval
 
     save_plots(plot_units, experiment_folder, device, seeds[0], num_prototypes)
+    save_retrieval(plot_units, experiment_folder, device, seeds[0])
     log(f"{experiment_folder}/results.md:\n")
     with open(os.path.join(experiment_folder, "results.md"), encoding="utf-8") as f:
         log(f.read())

@@ -1,0 +1,213 @@
+"""Retrieval examples for the report: a few seeded test queries with their top-k neighbours, as small PNGs.
+
+At the end of a run a protocol hands over the test embeddings it has already computed (or the selected model and
+the test split, :func:`embed`) and the dataset the images come from; :func:`save_retrieval_examples` picks
+``n_queries`` queries with a generator seeded by ``seed``, ranks every reference by cosine similarity (the query's
+own item left out when queries and references are the same items; ties broken by the lower reference index, as in
+the k-NN engine) and writes, under ``<experiment>/retrieval/``:
+
+* ``<name>/q<i>.png`` and ``<name>/r<j>.png``: thumbnails (longest side ``thumbnail`` px) of the untransformed images;
+* ``<name>.json``: per query its index, label and class name, and per neighbour its rank (1 = nearest), index,
+  label, class, cosine similarity and ``same_class``; plus the note that says which model embedded what.
+
+:func:`pml_extensions.runner.outputs.report.write_report` shows them with each neighbour marked same class / other
+class.
+
+Example::
+
+    >>> import os, tempfile, torch
+    >>> from PIL import Image
+    >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    >>> images = [Image.new("RGB", (8, 8), c) for c in ("red", "pink", "blue", "navy")]
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     out = save_retrieval_examples(folder, "test", emb, [0, 0, 1, 1], images.__getitem__, n_queries=2, k=2)
+    ...     sorted(os.listdir(os.path.join(folder, "retrieval", "test")))
+    ['q0.png', 'q1.png', 'r0.png', 'r1.png', 'r3.png']
+    >>> [(q["index"], [(n["index"], n["cosine"], n["same_class"]) for n in q["neighbours"]]) for q in out["queries"]]
+    [(0, [(1, 0.9939, True), (3, 0.1104, False)]), (1, [(0, 0.9939, True), (3, 0.2195, False)])]
+"""
+
+import os
+import re
+import shutil
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ...utils.atomic_io import atomic_path, atomic_write_json
+
+FOLDER = "retrieval"
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def dataset_image(dataset, index: int):
+    """Item ``index`` of ``dataset`` as an RGB PIL image, untransformed where possible: views that keep their base
+    dataset and positions (``.dataset`` + ``.indices``, as :class:`pml_extensions.runner.objects.data.Subset` and
+    ``torch.utils.data.Subset``) are followed down to the base dataset's item, so a thumbnail shows the image before
+    the eval transform; a tensor or array image (``[C, H, W]`` or ``[H, W]``) is min-max scaled per image.
+
+    Raises:
+        TypeError: an item whose image is neither a PIL image, a tensor nor an array.
+    """
+    from PIL import Image
+
+    getter = None
+    while hasattr(dataset, "dataset") and hasattr(dataset, "indices"):
+        getter = getattr(dataset, "getter", None) or getter
+        index = int(dataset.indices[index])
+        dataset = dataset.dataset
+    item = dataset[index]
+    image = getter(item)[0] if getter is not None else (item[0] if isinstance(item, (tuple, list)) else item)
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, torch.Tensor):
+        image = image.detach().float().cpu().numpy()
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f"dataset item {index}: expected a PIL image, tensor or array as the image, got {type(image)}")
+    array = image.astype(np.float64)
+    if array.ndim == 3 and array.shape[0] in (1, 3):
+        array = array.transpose(1, 2, 0)
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    low, high = float(array.min()), float(array.max())
+    array = (array - low) / (high - low) if high > low else np.zeros_like(array)
+    return Image.fromarray((array * 255).round().astype(np.uint8)).convert("RGB")
+
+
+@torch.no_grad()
+def embed(trunk: torch.nn.Module, embedder: torch.nn.Module, dataset, device, batch_size: int = 64) -> torch.Tensor:
+    """``[N, D]`` float32 embeddings of ``dataset``'s images (item ``[0]``) by ``embedder(trunk(x))`` in eval mode,
+    in dataset order, on the CPU; the models' train/eval modes are restored."""
+    modes = (trunk.training, embedder.training)
+    trunk.eval(), embedder.eval()
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=0)
+    out = [embedder(trunk(batch[0].to(device))).float().cpu() for batch in loader]
+    trunk.train(modes[0]), embedder.train(modes[1])
+    return torch.cat(out)
+
+
+def _class_name(label: int, class_names: Optional[Sequence[str]]) -> str:
+    if class_names is not None and 0 <= label < len(class_names):
+        return str(class_names[label])
+    return str(label)
+
+
+def _thumbnail(image, path: str, size: int) -> None:
+    image = image.copy()
+    image.thumbnail((size, size))
+    with atomic_path(path) as tmp:
+        image.save(tmp, format="PNG")
+
+
+def save_retrieval_examples(
+    folder: str,
+    name: str,
+    query_embeddings: torch.Tensor,
+    query_labels: Sequence[int],
+    query_image: Callable[[int], Any],
+    reference_embeddings: Optional[torch.Tensor] = None,
+    reference_labels: Optional[Sequence[int]] = None,
+    reference_image: Optional[Callable[[int], Any]] = None,
+    same_items: bool = True,
+    n_queries: int = 4,
+    k: int = 5,
+    seed: int = 0,
+    thumbnail: int = 96,
+    class_names: Optional[Sequence[str]] = None,
+    note: str = "",
+) -> Dict[str, Any]:
+    """Write the retrieval examples of one model (see the module docstring) and return what ``<name>.json`` holds.
+
+    Args:
+        folder: the experiment folder (files go to ``<folder>/retrieval/``).
+        name: the examples' name (a file name: letters, digits, ``_.-``), e.g. ``"test"`` or a variant's name.
+        query_embeddings: ``[N, D]`` float embeddings of the query items (any device and float dtype).
+        query_labels: ``[N]`` integer labels.
+        query_image: ``i -> PIL image`` of query item ``i`` (e.g. ``lambda i: dataset_image(test_set, i)``).
+        reference_embeddings, reference_labels, reference_image: the references (``[M, D]``, ``[M]``); default:
+            the queries themselves.
+        same_items: query ``i`` and reference ``i`` are the same item, left out of its own neighbours (true for
+            the default references; an asymmetric setup embedding the same test images twice keeps it true).
+        n_queries, k, seed: how many queries (drawn by ``torch.Generator().manual_seed(seed)``), neighbours per
+            query (clamped to the references available).
+        thumbnail: longest side of the thumbnails in pixels.
+        class_names: ``label -> name`` (default: the label itself).
+        note: one line shown above the examples (which model, which split, which resolution).
+
+    Returns:
+        ``{"name", "note", "k", "seed", "queries": [{"index", "label", "class", "image", "neighbours": [{"rank",
+        "index", "label", "class", "cosine", "same_class", "image"}]}]}`` (image paths relative to
+        ``<folder>/retrieval``).
+
+    Raises:
+        ValueError: a bad name, embeddings that are not 2-D, label counts that do not match, fewer than two items,
+            ``n_queries`` or ``k`` below 1.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"save_retrieval_examples: name {name!r} must be a file name of letters, digits and _.-")
+    queries = torch.as_tensor(query_embeddings).detach().float().cpu()
+    refs = queries if reference_embeddings is None else torch.as_tensor(reference_embeddings).detach().float().cpu()
+    q_labels = [int(v) for v in np.asarray(query_labels).reshape(-1)]
+    r_labels = q_labels if reference_labels is None else [int(v) for v in np.asarray(reference_labels).reshape(-1)]
+    reference_image = query_image if reference_image is None else reference_image
+    if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
+        raise ValueError(
+            f"save_retrieval_examples: expected [N, D] query and [M, D] reference embeddings, got "
+            f"{tuple(queries.shape)} and {tuple(refs.shape)}"
+        )
+    if len(q_labels) != len(queries) or len(r_labels) != len(refs):
+        raise ValueError(
+            f"save_retrieval_examples: {len(queries)} queries with {len(q_labels)} labels, {len(refs)} references "
+            f"with {len(r_labels)} labels"
+        )
+    if isinstance(n_queries, bool) or n_queries < 1 or isinstance(k, bool) or k < 1:
+        raise ValueError(f"save_retrieval_examples: n_queries and k must be at least 1, got {n_queries} and {k}")
+    available = len(refs) - (1 if same_items else 0)
+    if len(queries) < 1 or available < 1:
+        raise ValueError("save_retrieval_examples: needs at least one query and one other reference")
+    k = min(k, available)
+    order = torch.randperm(len(queries), generator=torch.Generator().manual_seed(int(seed)))[:n_queries]
+    q = torch.nn.functional.normalize(queries[order].double(), dim=1)
+    r = torch.nn.functional.normalize(refs.double(), dim=1)
+    sims = q @ r.T
+    if same_items:
+        sims[torch.arange(len(order)), order] = float("-inf")
+    ranked = torch.sort(sims, dim=1, descending=True, stable=True)  # equal cosines: the lower index first
+    out_dir = os.path.join(folder, FOLDER, name)
+    if os.path.isdir(out_dir):  # a rerun's examples replace the old ones
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+    rows: List[Dict[str, Any]] = []
+    for row, qi in enumerate(order.tolist()):
+        q_path = f"{name}/q{qi}.png"
+        _thumbnail(query_image(qi), os.path.join(folder, FOLDER, q_path), thumbnail)
+        neighbours = []
+        for rank in range(k):
+            ri = int(ranked.indices[row, rank])
+            r_path = f"{name}/r{ri}.png"
+            if not os.path.exists(os.path.join(folder, FOLDER, r_path)):
+                _thumbnail(reference_image(ri), os.path.join(folder, FOLDER, r_path), thumbnail)
+            neighbours.append(
+                {
+                    "rank": rank + 1,
+                    "index": ri,
+                    "label": r_labels[ri],
+                    "class": _class_name(r_labels[ri], class_names),
+                    "cosine": round(float(ranked.values[row, rank]), 4),
+                    "same_class": r_labels[ri] == q_labels[qi],
+                    "image": r_path,
+                }
+            )
+        rows.append(
+            {
+                "index": qi,
+                "label": q_labels[qi],
+                "class": _class_name(q_labels[qi], class_names),
+                "image": q_path,
+                "neighbours": neighbours,
+            }
+        )
+    summary = {"name": name, "note": note, "k": k, "seed": int(seed), "queries": rows}
+    atomic_write_json(os.path.join(folder, FOLDER, f"{name}.json"), summary, indent=2)
+    return summary
