@@ -19,12 +19,16 @@ import csv
 import glob
 import html
 import io
+import itertools
 import json
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
+
+#: a screenshot of report.html kept beside it (the browser test writes one); never embedded in the page itself
+SCREENSHOT = "report.png"
 
 
 def _read_csv(path: str) -> Dict[str, List[float]]:
@@ -284,10 +288,13 @@ def markdown_html(text: str) -> str:
             parts.append(f"<h{level}>{_inline(lines[0].lstrip('#').strip())}</h{level}>")
             if lines[1:]:
                 parts.append(markdown_html("\n".join(lines[1:])))
-        elif all(line.startswith("- ") for line in lines):
-            parts.append("<ul>" + "".join(f"<li>{_inline(line[2:])}</li>" for line in lines) + "</ul>")
-        else:
-            parts.append(f"<p>{_inline(' '.join(lines))}</p>")
+        else:  # runs of text lines become paragraphs, runs of "- " lines lists
+            for is_list, run in itertools.groupby(lines, key=lambda line: line.startswith("- ")):
+                run = list(run)
+                if is_list:
+                    parts.append("<ul>" + "".join(f"<li>{_inline(line[2:])}</li>" for line in run) + "</ul>")
+                else:
+                    parts.append(f"<p>{_inline(' '.join(run))}</p>")
     return "\n".join(parts)
 
 
@@ -335,7 +342,7 @@ def _retrieval_html(folder: str) -> str:
                 mark = "✓ same class" if same else "✗ other class"
                 row.append(
                     f"<td class='{'same' if same else 'other'}'><img src='{_data_uri(n_path)}' "
-                    f"alt='rank {n.get('rank')}'><br>#{n.get('rank')} · cos {float(n.get('cosine', 0)):.3f}"
+                    f"alt='rank {n.get('rank')}'><br>#{n.get('rank')} · cos {float(n.get('cosine', 0)):.4f}"
                     f"<br>{html.escape(str(n.get('class')))} {mark}</td>"
                 )
             out.append("<tr>" + "".join(row) + "</tr>")
@@ -436,7 +443,8 @@ def write_report(folder: str) -> str:
         parts.append(f"<h2>{'Search: trials' if search_text else 'Results'}</h2>{markdown_html(table)}")
     if search_text:
         parts.append(search_text)
-    figures = sorted(glob.glob(os.path.join(folder, "*.png")))
+    # every PNG the run wrote at the top of the folder, except a screenshot of this page (report.png)
+    figures = [g for g in sorted(glob.glob(os.path.join(folder, "*.png"))) if os.path.basename(g) != SCREENSHOT]
     if search_text and figures:  # the search plot right under its table
         parts.append("<h2>Search: objective per trial</h2>")
         parts += [_embedded_png(folder, g) for g in figures]

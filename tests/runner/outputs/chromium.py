@@ -152,7 +152,11 @@ def render(html_path: str, screenshot_path: str, width: int = 1280, timeout: flo
         ]
         exceptions = [e["params"] for e in tools.events if e.get("method") == "Runtime.exceptionThrown"]
         return PageReport(
-            console_errors=console + logged, exceptions=exceptions, images=decoded, screenshot=screenshot_path, title=title
+            console_errors=console + logged,
+            exceptions=exceptions,
+            images=decoded,
+            screenshot=screenshot_path,
+            title=title,
         )
     finally:
         if tools is not None:

@@ -89,3 +89,80 @@ def test_smoothing_is_a_trailing_mean():
     values = [float(v) for v in range(50)]  # window 50 // 25 = 2
     assert _smooth(values)[:3] == [0.0, 0.5, 1.5]
     assert _smooth([1.0, float("nan"), 3.0] * 20)[1] == 1.0  # window 60 // 25 = 2, the NaN skipped
+
+
+def test_selected_model_of_every_protocol(tmp_path):
+    from pml_extensions.runner.outputs.report import _iterations_per_epoch, _selected
+
+    (tmp_path / "glyphs" / "seed_0" / "student_16px_full_lr0.001").mkdir(parents=True)
+    results = {
+        "folds": [{"best_epoch": 2}, {"best_epoch": 0}],
+        "units": {"contrastive_xml": {"0": {"best_epoch": 3}, "1": {"best_epoch": 1}}},
+        "selection": [
+            {"dataset": "glyphs", "seed": 0, "query_resolution": 16, "student_variant": "full", "iteration": 4,
+             "lr": 0.001},
+            {"dataset": "glyphs", "seed": 0, "query_resolution": 16, "student_variant": "loss_abs_only",
+             "iteration": 2, "lr": 0.001},
+            {"dataset": "glyphs", "seed": 0, "query_resolution": 16, "student_variant": "lr_grid", "lr": 0.001},
+        ],
+    }  # fmt: skip
+    assert _selected(str(tmp_path), results) == {
+        "fold_0": ("epoch", 2),
+        "fold_1": ("epoch", 0),
+        "contrastive_xml/seed_0": ("epoch", 3),
+        "contrastive_xml/seed_1": ("epoch", 1),
+        "glyphs/seed_0/student_16px_full_lr0.001": ("iteration", 4),  # the grid's winner keeps its lr in the name
+        "glyphs/seed_0/student_16px_loss_abs_only_lr0.001": ("iteration", 2),
+    }
+    assert _iterations_per_epoch({}, "trainer:\n  MetricLossOnly: {iterations_per_epoch: 15}\n") == 15
+    assert _iterations_per_epoch({"iterations_per_epoch": 40}, "") == 40
+    assert _iterations_per_epoch({}, "trainer: {MetricLossOnly: null}\n") is None
+
+
+def test_results_markdown_becomes_html_tables():
+    from pml_extensions.runner.outputs.report import markdown_html
+
+    md = "# Title\nSome `code` and **bold**.\n\n| a | b |\n|---|---|\n| x < y | -0.5 ± 0.1 |\n\nList:\n- one\n- two\n"
+    assert markdown_html(md) == (
+        "<h3>Title</h3>\n<p>Some <code>code</code> and <b>bold</b>.</p>\n"
+        "<table><tr><th>a</th><th>b</th></tr>\n<tr><td>x &lt; y</td><td class='num'>-0.5 ± 0.1</td></tr></table>\n"
+        "<p>List:</p>\n<ul><li>one</li><li>two</li></ul>"
+    )
+
+
+def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_path):
+    import torch
+    from PIL import Image
+
+    from pml_extensions.runner.outputs.retrieval import save_retrieval_examples
+
+    folder = tmp_path / "search"
+    best = folder / "trial_1"
+    best.mkdir(parents=True)
+    (folder / "trial_0").mkdir()
+    for trial in ("trial_0", "trial_1"):
+        (folder / trial / "report.html").write_text("<html></html>")
+    images = [Image.new("RGB", (8, 8), c) for c in ("red", "blue", "green")]
+    save_retrieval_examples(str(best), "test", torch.eye(3)[[0, 0, 1]] + 0.1, [0, 0, 1], images.__getitem__, k=2)
+    summary = {
+        "n_trials": 2,
+        "best": {"number": 1, "value": 0.5, "params": {"lr": 0.01}, "folder": "trial_1"},
+        "trials": [
+            {"number": 0, "value": 0.4, "params": {"lr": 0.001}, "folder": "trial_0"},
+            {"number": 1, "value": 0.5, "params": {"lr": 0.01}, "folder": "trial_1"},
+        ],
+        "failed_trials": [],
+    }
+    (folder / "search.json").write_text(json.dumps(summary))
+    (folder / "results.md").write_text(
+        "best: trial 1.\n\n| trial | objective | lr |\n|---|---|---|\n| 1 (best) | 0.5 | 0.01 |\n"
+    )
+    (folder / "search.png").write_bytes(PNG_1x1)
+    html = open(write_report(str(folder))).read()
+    assert "<title>mlrc search report</title>" in html and "<h2>Search: trials</h2>" in html
+    assert "<li><a href='trial_1/report.html'>trial_1</a> (best)</li>" in html
+    assert "<h2>Retrieval examples (best trial: trial_1)</h2>" in html
+    # queries 0 and 1 share class 0: each other's first neighbour, same class; the class-1 image is "other"
+    assert html.count("<td class='query'>") == 3
+    assert html.count("<td class='same'>") == 2 and html.count("<td class='other'>") == 4
+    assert html.index("Search: objective per trial") < html.index("Retrieval examples")  # search.png under the table
