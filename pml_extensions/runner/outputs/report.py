@@ -119,6 +119,17 @@ def _at(xs: List[float], ys: List[float], x: float) -> Optional[float]:
     return None
 
 
+def _mark(ax, line, xs: List[float], ys: List[float], x: float) -> bool:
+    """A star on ``line`` at ``x``; a dotted vertical line of its colour where the curve has no point there (e.g. a
+    student whose best checkpoint is its initial weights, evaluated before any logged row)."""
+    y = _at(xs, ys, x)
+    if y is None:
+        ax.axvline(x, color=line.get_color(), linestyle=":", linewidth=1.5)
+    else:
+        ax.plot([x], [y], marker="*", markersize=15, color=line.get_color(), markeredgecolor="black")
+    return True
+
+
 def _curves(
     folder: str,
     primary: str,
@@ -174,10 +185,7 @@ def _curves(
             if unit is None:
                 continue
             if not smooth and unit == "epoch":
-                y = _at(xs, data[column], value)
-                if y is not None:
-                    ax.plot([value], [y], marker="*", markersize=15, color=line.get_color(), markeredgecolor="black")
-                    marked = True
+                marked = _mark(ax, line, xs, data[column], value) or marked
             elif smooth:
                 at = value if unit == "iteration" else (value * iterations_per_epoch if iterations_per_epoch else None)
                 if at is not None:
@@ -192,12 +200,8 @@ def _curves(
                     line = ax.plot(xs, data[column], marker="o", markersize=3, label=f"{label} {column[11:]}")[0]
                     xlabel, drawn = "iteration", True
                     unit, value = selected.get(label, (None, None))
-                    y = _at(xs, data[column], value) if unit == "iteration" else None
-                    if y is not None and "teacher_student" in column:
-                        ax.plot(
-                            [value], [y], marker="*", markersize=15, color=line.get_color(), markeredgecolor="black"
-                        )
-                        marked = True
+                    if unit == "iteration" and "teacher_student" in column:  # the setup the selection maximises
+                        marked = _mark(ax, line, xs, data[column], value) or marked
         if drawn:
             ax.set_xlabel(xlabel)
             ax.set_title(title + ("; ★ / dotted line: the selected model" if marked else ""), fontsize=9)

@@ -244,8 +244,8 @@ class MLRCRunner:
                 lambda i: dataset_image(test_ds, i),
                 seed=self.experiment.seed or 0,
                 class_names=getattr(base, "classes", None),
-                note=f"The concatenated test model: the {len(embeddings)} fold models' best checkpoints, embeddings "
-                "concatenated (the `concatenated_*` row of the test metrics).",
+                note=f"The concatenated test model: the best checkpoints of {len(embeddings)} fold model(s), their "
+                "embeddings concatenated (the `concatenated_*` row of the test metrics).",
             )
         return ensemble_metrics(embeddings, y, calc, normalize=ensemble["normalize_embeddings"])
 
