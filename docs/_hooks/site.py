@@ -313,7 +313,7 @@ def api_nav(modules: List[str]) -> List[Any]:
     for m in modules:
         parts = m.split(".")
         group = ".".join(parts[:3]) if parts[1:2] == ["runner"] and len(parts) > 3 else ".".join(parts[:2])
-        groups.setdefault(group, []).append({m: api_src(m)})
+        groups.setdefault(group, []).append({(m[len(group) + 1 :] or m) if m != group else m: api_src(m)})
     nav: List[Any] = []
     for group, entries in groups.items():
         nav.append(entries[0] if len(entries) == 1 else {group: entries})
