@@ -108,12 +108,21 @@ def save_retrieval(units, out_dir, device, seed, n_queries=4, k=5):
     Args:
         units: ``[(name, cfg, result, models)]`` for one seed.
     """
+    import json
+
+    from ...objects.data import Subset
     from ...outputs.retrieval import dataset_image, embed, save_retrieval_examples
 
+    loaded = {}  # variants that share the data share one load of the test split
     for name, cfg, result, models in units:
         builder = Builder(cfg, device=device)
-        test_set = load_split(cfg, "test", train_transform=False, builder=builder)
-        images = builder.build_dataset("test")  # the same items, untransformed, for the thumbnails
+        key = json.dumps([cfg.get(k) for k in ("dataset", "dataset_root", "transforms", "normalize")], default=str)
+        if key not in loaded:
+            images = builder.build_dataset("test")  # untransformed, for the thumbnails
+            labels = np.asarray(images.labels)
+            view = Subset(images, np.arange(len(labels)), labels, builder.build_transform("eval"))
+            loaded[key] = images, view, getattr(images, "classes", None)
+        images, test_set, classes = loaded[key]
         save_retrieval_examples(
             out_dir,
             name,
@@ -123,7 +132,7 @@ def save_retrieval(units, out_dir, device, seed, n_queries=4, k=5):
             n_queries=n_queries,
             k=k,
             seed=seed,
-            class_names=getattr(test_set, "classes", None),
+            class_names=classes,
             note=f"`{name}`, seed {seed}: the model of the selected epoch ({result.get('best_epoch')}), unseen test "
             "classes; the same queries for every variant.",
         )
