@@ -97,6 +97,20 @@ def check_seeds(seeds) -> List[int]:
     return list(seeds)
 
 
+def resolve_seeds(seeds, seed=None) -> List[int]:
+    """The run's seeds: ``seeds`` when given (``0`` and ``[0]`` are seed 0), else ``[seed]``, else
+    :data:`DEFAULT_SEEDS`; checked by :func:`check_seeds`.
+
+    Example::
+
+        >>> resolve_seeds(0), resolve_seeds(None, 5), resolve_seeds(None)
+        ([0], [5], [0, 1, 2])
+    """
+    if seeds is None:
+        seeds = [seed] if seed is not None else list(DEFAULT_SEEDS)
+    return check_seeds(seeds)
+
+
 def _xml_weight(cfg) -> Optional[float]:
     """The XMLWrapper's ``xml_weight`` in a variant's ``loss_funcs`` (``None`` without an XMLWrapper): the claim
     "XML beats GAP" concerns variants with a positive weight against baselines without the wrapper."""
@@ -178,7 +192,7 @@ def run(
         raise ConfigError(
             f"seed: {seed!r} and seeds: {cfg['seeds']!r} both given; keep one (seeds: [...] runs every seed)"
         )
-    seeds = check_seeds(cfg.pop("seeds", None) or ([seed] if seed is not None else list(DEFAULT_SEEDS)))
+    seeds = resolve_seeds(cfg.pop("seeds", None), seed)
     variants = cfg.pop("variants", None) or {"default": {}}
     variants = {k: (v or {}) for k, v in variants.items()}
     comparisons = cfg.pop("comparisons", None) or []

@@ -8,6 +8,14 @@ from tests.runner.protocols.xml_vs_gap.test_unit import tiny_config
 
 
 class TestProtocol(unittest.TestCase):
+    def test_seed_zero_is_one_seed(self):
+        # `run xml_glyphs --seeds 0` ran seeds 0, 1 and 2: `cfg.pop("seeds") or DEFAULT_SEEDS` took 0 for missing
+        self.assertEqual(xml_vs_gap.resolve_seeds(0), [0])
+        self.assertEqual(xml_vs_gap.resolve_seeds("0"), [0])
+        self.assertEqual(xml_vs_gap.resolve_seeds([0]), [0])
+        self.assertEqual(xml_vs_gap.resolve_seeds(None, 0), [0])
+        self.assertEqual(xml_vs_gap.resolve_seeds(None), [0, 1, 2])
+
     def test_bad_input(self):
         with self.assertRaisesRegex(Exception, "seeds must be distinct"):
             xml_vs_gap.check_seeds([0, 0])
