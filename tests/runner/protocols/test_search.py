@@ -136,3 +136,239 @@ def test_search_under_torchrun_runs_each_trial_on_every_rank(tmp_path, tiny_mlrc
     for trial in summary["trials"]:
         results = json.load(open(folder / trial["folder"] / "results.json"))
         assert trial["value"] == results["aggregate"]["mean_average_precision_at_r"]
+
+
+# ------------------------------------------------------------------------------------------ issue 22, item 1: counting
+def _search(tmp_path, objective, n_trials, name="exp", **extra):
+    """An in-process study on ``margin~BAYESIAN~`` with a stand-in objective; returns (summary, folder, log lines)."""
+    from pml_extensions.runner.protocols.search import run_search
+
+    lines = []
+    config = {"seed": 0, "bayes_opt_iters": n_trials, "margin~BAYESIAN~": [0.0, 1.0], **extra}
+    folder = str(tmp_path / name)
+    summary = run_search(config, folder, {}, objective=objective, log=lambda *a: lines.append(" ".join(map(str, a))))
+    return summary, folder, lines
+
+
+def _trial_number(trial_folder):
+    return int(trial_folder.rsplit("_", 1)[1])
+
+
+def _study(folder):
+    return optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
+
+
+@pytest.mark.parametrize(
+    "values, n_trials, complete, failed",
+    [
+        ([0.3, float("nan"), 0.5, 0.7], 3, [0, 2, 3], [1]),  # the issue's "COMPLETE: 2 failed: [1]"
+        ([0.1, float("nan"), float("nan"), 0.2, 0.3, 0.4], 4, [0, 3, 4, 5], [1, 2]),  # "n_trials=3 failed=[1, 2]"
+        ([float("inf"), 0.2, float("-inf"), 0.4], 2, [1, 3], [0, 2]),
+    ],
+)
+def test_nan_and_inf_objectives_fail_with_their_reason_and_do_not_count(tmp_path, values, n_trials, complete, failed):
+    summary, folder, _ = _search(tmp_path, lambda cfg, f: values[_trial_number(f)], n_trials)
+    study = _study(folder)
+    assert [t.number for t in study.trials if t.state.name == "COMPLETE"] == complete
+    assert [t.number for t in study.trials if t.state.name == "FAIL"] == failed
+    assert summary["n_trials"] == n_trials and summary["failed_trials"] == failed and summary["stopped"] is None
+    for f in summary["failures"]:
+        assert (
+            f["reason"]
+            == f"the objective is {values[f['number']]} (a diverged run: the validation metric is not a number)"
+        )
+    table = open(os.path.join(folder, "results.md")).read()
+    assert f"{n_trials} COMPLETE trials of bayes_opt_iters={n_trials}" in table
+    assert all(f"- trial {n}: the objective is {values[n]}" in table for n in failed)  # not silently left out
+    assert json.load(open(os.path.join(folder, "search.json")))["failures"] == summary["failures"]
+
+
+def test_an_exception_in_a_trial_fails_it_with_its_reason_and_the_search_goes_on(tmp_path):
+    def objective(cfg, trial_folder):
+        if _trial_number(trial_folder) == 1:
+            raise RuntimeError("the loss is nan\nat iteration 3")
+        return cfg["margin"]
+
+    summary, folder, lines = _search(tmp_path, objective, 2)
+    assert [t.state.name for t in _study(folder).trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert summary["failures"] == [{"number": 1, "reason": "RuntimeError: the loss is nan at iteration 3"}]
+    assert "trial 1 failed: RuntimeError: the loss is nan at iteration 3" in lines
+
+
+def test_failures_in_a_row_stop_the_search_in_one_line_and_a_rerun_continues(tmp_path):
+    nan = float("nan")
+    summary, folder, lines = _search(tmp_path, lambda cfg, f: nan, 4, bayes_opt_max_failures_in_a_row=3)
+    stop = [line for line in lines if line.startswith("search stopped")]
+    assert stop == [
+        "search stopped: 3 trials in a row failed (trials 0, 1, 2; trial 2: the objective is nan (a diverged run: "
+        "the validation metric is not a number)); 0 of bayes_opt_iters=4 trials COMPLETE; rerunning the command "
+        "continues"
+    ]
+    assert summary["stopped"] == {"rule": "bayes_opt_max_failures_in_a_row=3", "trials": [0, 1, 2], "message": stop[0]}
+    assert summary["best"] is None and summary["n_trials"] == 0
+    assert json.load(open(os.path.join(folder, "search.json")))["stopped"]["trials"] == [0, 1, 2]
+    assert stop[0] in open(os.path.join(folder, "results.md")).read()
+    # the rerun (the cause fixed) counts its own failures afresh and ends with exactly bayes_opt_iters COMPLETE
+    summary, _, _ = _search(tmp_path, lambda cfg, f: cfg["margin"], 4, bayes_opt_max_failures_in_a_row=3)
+    assert summary["n_trials"] == 4 and summary["stopped"] is None and summary["failed_trials"] == [0, 1, 2]
+
+
+def test_a_success_resets_the_failures_in_a_row(tmp_path):
+    values = [float("nan"), float("nan"), 0.5, float("nan"), float("nan"), 0.6]
+    summary, _, _ = _search(tmp_path, lambda cfg, f: values[_trial_number(f)], 2, bayes_opt_max_failures_in_a_row=3)
+    assert summary["stopped"] is None and [r["number"] for r in summary["trials"]] == [2, 5]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
+def test_bad_max_failures_in_a_row_is_one_line(tmp_path, bad):
+    with pytest.raises(ConfigError, match=r"^command line: bayes_opt_max_failures_in_a_row: expected a positive"):
+        _search(tmp_path, lambda cfg, f: 0.0, 2, bayes_opt_max_failures_in_a_row=bad)
+
+
+def test_a_config_error_inside_a_trial_fails_it_and_stops_the_search(tmp_path):
+    def objective(cfg, trial_folder):
+        raise ConfigError("config_models/default.yaml: models.trunk: widths must be positive")
+
+    with pytest.raises(ConfigError, match="widths must be positive"):
+        _search(tmp_path, objective, 3)
+    trials = _study(str(tmp_path / "exp")).trials
+    assert [t.state.name for t in trials] == ["FAIL"]  # told, so a rerun does not resume it
+    assert trials[0].user_attrs["fail_reason"].startswith("ConfigError: config_models/default.yaml")
+
+
+def test_search_space_reaches_list_items():
+    cfg = {
+        "models": {
+            "trunk": [
+                {"ConvNetBody": {"widths": [16], "blocks_per_stage~INT_BAYESIAN~": [1, 2]}},
+                {"AdaptiveAvgPool2d": [1]},
+                [{"Deep": {"p~BAYESIAN~": [0.0, 0.5]}}],
+            ]
+        }
+    }
+    space = search_space(cfg)
+    assert [(s[0], s[1], s[2]) for s in space] == [
+        (("models", "trunk", 0, "ConvNetBody", "blocks_per_stage~INT_BAYESIAN~"),
+         "models.trunk[0].ConvNetBody.blocks_per_stage", "INT_BAYESIAN"),
+        (("models", "trunk", 2, 0, "Deep", "p~BAYESIAN~"), "models.trunk[2][0].Deep.p", "BAYESIAN"),
+    ]  # fmt: skip
+    out = fill(cfg, space, {"models.trunk[0].ConvNetBody.blocks_per_stage": 2, "models.trunk[2][0].Deep.p": 0.25})
+    assert out["models"]["trunk"] == [
+        {"ConvNetBody": {"widths": [16], "blocks_per_stage": 2}},
+        {"AdaptiveAvgPool2d": [1]},
+        [{"Deep": {"p": 0.25}}],
+    ]
+    assert "blocks_per_stage~INT_BAYESIAN~" in cfg["models"]["trunk"][0]["ConvNetBody"]  # the input is unchanged
+
+
+#: the issue's input: every shipped trunk is a list, the marker sits in its first item
+ISSUE_MODELS = (
+    "{trunk~OVERRIDE~: [{ConvNetBody: {in_channels: 1, widths: [16, 32, 64], blocks_per_stage~INT_BAYESIAN~: [1, 2]}},"
+    " {AdaptiveAvgPool2d: [1]}, {Flatten: null}]}"
+)
+
+
+def test_the_issues_list_item_marker_builds_each_trials_trunk():
+    """``--models "{trunk~OVERRIDE~: [{ConvNetBody: {..., blocks_per_stage~INT_BAYESIAN~: [1, 2]}}, ...]}"`` on the
+    shipped contrastive config: the marker is found and each value builds a trunk with that many blocks (it failed
+    with ``unexpected keyword argument 'blocks_per_stage~INT_BAYESIAN~'``)."""
+    import torch
+
+    from pml_extensions.cli.run import _variant_selection
+    from pml_extensions.runner.config.loader import find_config, load_config, parse_command_line
+    from pml_extensions.runner.objects.builder import Builder
+
+    root = find_config("contrastive")
+    cfg, _ = load_config(
+        root, _variant_selection(root, "quick", {}), parse_command_line(["--models", ISSUE_MODELS]), allow_search=True
+    )
+    space = search_space(cfg)
+    assert [(s[1], s[2], s[3]) for s in space] == [
+        ("models.trunk[0].ConvNetBody.blocks_per_stage", "INT_BAYESIAN", [1, 2])
+    ]
+    for blocks in (1, 2):
+        trial_cfg = fill(cfg, space, {"models.trunk[0].ConvNetBody.blocks_per_stage": blocks})
+        models = Builder(trial_cfg, log=lambda *a, **k: None).build_models(torch.zeros(1, 32, 32))
+        convs = [m for m in models["trunk"].modules() if isinstance(m, torch.nn.Conv2d)]
+        assert len(convs) == 3 * blocks
+
+
+# ---------------------------------------------------------------------------------- issue 22, item 1: untrained flag
+def test_a_best_trial_that_ties_the_untrained_score_is_flagged(tmp_path):
+    """Both trials score 0.1456, the epoch-0 score of every fold: the output, search.json, results.md (the report's
+    search section) and search.png say so."""
+    summary, folder, lines = _search(tmp_path, lambda cfg, f: (0.1456, {"untrained_folds": [0, 1], "num_folds": 2}), 2)
+    note = (
+        "the best trial, 0 (objective 0.1456), ties the untrained model's score: epoch 0 stayed the best epoch of "
+        "every fold, so training never beat the starting weights"
+    )
+    assert f"search: {note}" in lines
+    assert summary["best"]["untrained"] is True and summary["best"]["untrained_folds"] == [0, 1]
+    assert json.load(open(os.path.join(folder, "search.json")))["best"]["untrained"] is True
+    assert f"FLAG: {note}." in open(os.path.join(folder, "results.md")).read()
+    assert "FLAG: the best trial, 0" in open(os.path.join(folder, "report.html")).read()
+    assert "| 0 (best) | 0.1456 | 2/2 |" in open(os.path.join(folder, "results.md")).read()
+
+
+def test_a_trained_best_trial_is_not_flagged(tmp_path):
+    def objective(cfg, trial_folder):
+        n = _trial_number(trial_folder)
+        return (
+            (0.5, {"untrained_folds": [], "num_folds": 2})
+            if n == 1
+            else (0.1, {"untrained_folds": [0, 1], "num_folds": 2})
+        )
+
+    summary, folder, lines = _search(tmp_path, objective, 2)
+    assert summary["best"]["number"] == 1 and summary["best"]["untrained"] is False
+    assert [r["untrained"] for r in summary["trials"]] == [True, False]
+    assert not any("untrained model's score" in line for line in lines)
+    assert "FLAG" not in open(os.path.join(folder, "results.md")).read()
+
+
+def test_untrained_flag_through_the_mlrc_protocol(tmp_path, tiny_mlrc_config):
+    """A learning rate of at most 1e-30 leaves every weight unchanged, so epoch 0 stays the best epoch of each fold:
+    the real protocol's trials are flagged, and the flag agrees with each trial's results.json."""
+    from pml_extensions.runner.config.loader import load_config, parse_command_line
+    from pml_extensions.runner.protocols.search import run_search
+
+    argv = ["--bayes_opt_iters", "2", "--num_epochs_train", "1", "--num_training_sets", "2"]
+    argv += ["--optimizers~APPLY~3", "{lr~BAYESIAN~: [0.0, 1.0e-30]}"]
+    cfg, sources = load_config(tiny_mlrc_config, None, parse_command_line(argv), allow_search=True, log=lambda *a: None)
+    lines = []
+    summary = run_search(cfg, str(tmp_path / "exp"), sources, log=lambda *a: lines.append(" ".join(map(str, a))))
+    for trial in summary["trials"]:
+        results = json.load(open(tmp_path / "exp" / trial["folder"] / "results.json"))
+        assert [f["best_epoch"] for f in results["folds"]] == [0, 0]
+        assert trial["untrained"] is True and trial["untrained_folds"] == [0, 1] and trial["num_folds"] == 2
+    assert any(line.startswith("search: the best trial,") for line in lines)
+
+
+# ------------------------------------------------------------------------------- issue 22, item 2: interrupted trials
+def test_a_keyboard_interrupt_leaves_the_trial_to_be_resumed_as_after_sigkill(tmp_path):
+    """Ctrl-C inside trial 1 (it lost the trial: "Trial 1 failed with value None", never resumed, left out of
+    results.md): the trial stays RUNNING, so the rerun resumes it with its parameters in its folder."""
+    calls = []
+
+    def objective(cfg, trial_folder):
+        calls.append((os.path.basename(trial_folder), cfg["margin"]))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return -abs(cfg["margin"] - 0.3)
+
+    with pytest.raises(KeyboardInterrupt):
+        _search(tmp_path, objective, 3)
+    folder = str(tmp_path / "exp")
+    assert [t.state.name for t in _study(folder).trials] == ["COMPLETE", "RUNNING"]  # as after SIGKILL
+    summary, _, lines = _search(tmp_path, objective, 3)
+    study = _study(folder)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
+    assert [c[0] for c in calls] == ["trial_0", "trial_1", "trial_1", "trial_3"]
+    assert calls[1] == calls[2] and study.trials[2].params == study.trials[1].params
+    assert "trial 1: its worker stopped (killed or interrupted); its parameters run again in trial_1, resuming from " \
+           "its checkpoint" in lines  # fmt: skip
+    assert summary["failures"] == [{"number": 1, "reason": "its worker stopped; resumed as trial 2 in trial_1"}]
+    assert (
+        "- trial 1: its worker stopped; resumed as trial 2 in trial_1"
+        in open(os.path.join(folder, "results.md")).read()
+    )
