@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -370,5 +371,126 @@ def test_a_keyboard_interrupt_leaves_the_trial_to_be_resumed_as_after_sigkill(tm
     assert summary["failures"] == [{"number": 1, "reason": "its worker stopped; resumed as trial 2 in trial_1"}]
     assert (
         "- trial 1: its worker stopped; resumed as trial 2 in trial_1"
+        in open(os.path.join(folder, "results.md")).read()
+    )
+
+
+# ---------------------------------------------------------------------------- issue 22, item 2: many workers, one study
+WORKER = os.path.join(os.path.dirname(__file__), "search_worker_script.py")
+
+
+def _worker(folder, n_trials, env, *flags):
+    return subprocess.Popen(
+        [sys.executable, WORKER, folder, str(n_trials), *flags],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for(path, proc, timeout=120):
+    import time
+
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert os.path.exists(path), proc.communicate(timeout=30)[0][-3000:] if proc.poll() is not None else "timeout"
+
+
+def _steps(folder, name):
+    """``[(pid, step)]`` of a trial folder's stand-in checkpoint, in the order written."""
+    return [tuple(map(int, line.split())) for line in open(os.path.join(folder, name, "steps.txt"))]
+
+
+def _calls(folder, kind):
+    return [line.split()[1:] for line in open(os.path.join(folder, "calls.txt")) if line.startswith(kind + " ")]
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_study_4_trials_in_4_folders(tmp_path, subprocess_env):
+    """Two processes started with the same command on one folder, both running a trial at once: 4 COMPLETE trials
+    in 4 distinct folders, none failed or run twice, each folder written by one worker (it was two pids in
+    ``trial_0`` and ``AssertionError: Should not reach.`` from Optuna)."""
+    folder = str(tmp_path / "exp")
+    workers = [_worker(folder, 4, subprocess_env, "--gate") for _ in range(2)]
+    outs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    study = _study(folder)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    names = [t.user_attrs["folder"] for t in study.trials]
+    assert sorted(names) == ["trial_0", "trial_1", "trial_2", "trial_3"]
+    starts = _calls(folder, "start")
+    assert sorted(s[1] for s in starts) == sorted(names)  # each folder started once
+    pids = {str(w.pid) for w in workers}
+    assert {s[0] for s in starts} == pids  # both workers ran trials
+    for name in names:
+        writers = {pid for pid, _ in _steps(folder, name)}
+        assert len(writers) == 1 and [s for _, s in _steps(folder, name)] == list(range(6))
+    summary = json.load(open(os.path.join(folder, "search.json")))
+    assert summary["n_trials"] == 4 and summary["failed_trials"] == []
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path, subprocess_env):
+    """SIGKILL one of two workers inside its trial: the live worker resumes that trial (same parameters, same
+    folder, after its last checkpointed step) and the study ends with 4 COMPLETE trials."""
+    folder = str(tmp_path / "exp")
+    os.makedirs(folder)
+    victim = _worker(folder, 4, subprocess_env, "--hold")
+    _wait_for(os.path.join(folder, "held"), victim)  # inside its first trial, after 2 of 6 steps
+    other = _worker(folder, 4, subprocess_env)
+    victim.kill()
+    victim.wait(timeout=30)
+    out = other.communicate(timeout=300)[0]
+    assert other.returncode == 0, out[-3000:]
+    held = open(os.path.join(folder, "held")).read().split()[0]
+    study = _study(folder)
+    states = [t.state.name for t in study.trials]
+    assert states.count("COMPLETE") == 4 and states.count("FAIL") == 1
+    killed = next(t for t in study.trials if t.state.name == "FAIL")
+    copy_ = next(t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number)
+    assert copy_.state.name == "COMPLETE" and copy_.params == killed.params
+    assert killed.user_attrs["folder"] == copy_.user_attrs["folder"] == held
+    assert _steps(folder, held) == [(victim.pid, 0), (victim.pid, 1)] + [(other.pid, s) for s in range(2, 6)]
+    assert f"trial {killed.number}: its worker stopped (killed or interrupted)" in out
+    complete = [t.user_attrs["folder"] for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(set(complete)) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "signum, flags",
+    [
+        (signal.SIGKILL, ()),
+        (signal.SIGINT, ()),  # Ctrl-C: KeyboardInterrupt
+        (signal.SIGTERM, ()),  # Python's default: the process ends at once
+        (signal.SIGTERM, ("--sigterm-raises",)),  # the command line's Interrupted (a KeyboardInterrupt)
+    ],
+    ids=["SIGKILL", "SIGINT", "SIGTERM", "SIGTERM-raises"],
+)
+def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_path, subprocess_env, signum, flags):
+    """Ctrl-C lost the trial ("Trial 1 failed with value None"; the rerun never resumed it and results.md left it
+    out). Now every signal leaves it RUNNING; the rerun resumes it with its parameters, in its folder, after its last
+    checkpointed step, and results.md lists it."""
+    folder = str(tmp_path / "exp")
+    os.makedirs(folder)
+    first = _worker(folder, 3, subprocess_env, "--hold", *flags)
+    _wait_for(os.path.join(folder, "held"), first)
+    first.send_signal(signum)
+    out = first.communicate(timeout=60)[0]
+    assert first.returncode != 0
+    if signum == signal.SIGINT or flags:
+        assert "trial 0: interrupted; it resumes in trial_0 when the command runs again" in out
+    assert [t.state.name for t in _study(folder).trials] == ["RUNNING"]  # not FAIL: nothing is lost
+    rerun = _worker(folder, 3, subprocess_env)
+    out = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0, out[-3000:]
+    study = _study(folder)
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE", "COMPLETE", "COMPLETE"]
+    assert study.trials[1].params == study.trials[0].params and study.trials[1].user_attrs["folder"] == "trial_0"
+    assert _steps(folder, "trial_0") == [(first.pid, 0), (first.pid, 1)] + [(rerun.pid, s) for s in range(2, 6)]
+    assert (
+        "- trial 0: its worker stopped; resumed as trial 1 in trial_0"
         in open(os.path.join(folder, "results.md")).read()
     )
