@@ -1,6 +1,6 @@
 """One worker of a shared study with a resumable stand-in for training (tests/runner/protocols/test_search.py).
 
-``python search_worker_script.py FOLDER N_TRIALS [--gate] [--hold] [--sigterm-raises]``
+``python search_worker_script.py FOLDER N_TRIALS [--gate] [--hold] [--mark] [--sigterm-raises] [--fast-heartbeat]``
 
 Each trial "trains" 6 steps of 0.2 s; ``<trial folder>/steps.txt`` is its checkpoint (one ``pid step`` line per
 step, written before the next starts), so a resumed trial continues after its last step. ``FOLDER/calls.txt``
@@ -8,7 +8,9 @@ gets ``start``/``end`` lines with the pid, the trial folder and the sampled marg
 
 --gate: the first step of each worker's first trial waits until two workers have started a trial (both run at once).
 --hold: this worker's first trial stops after 2 steps, writes ``FOLDER/held`` and sleeps until a signal ends it.
+--mark: this worker's first trial writes ``FOLDER/marked`` after 2 steps and goes on (a test may SIGSTOP it there).
 --sigterm-raises: SIGTERM raises KeyboardInterrupt (what the command line does with it, issue 21's ``Interrupted``).
+--fast-heartbeat: heartbeats every second, a trial is stale after 6 s without one.
 """
 
 import os
@@ -16,10 +18,13 @@ import signal
 import sys
 import time
 
+from pml_extensions.runner.protocols import search
 from pml_extensions.runner.protocols.search import run_search
 
 folder, n_trials = sys.argv[1], int(sys.argv[2])
 flags = set(sys.argv[3:])
+if "--fast-heartbeat" in flags:
+    search.HEARTBEAT_INTERVAL_S, search.GRACE_PERIOD_S, search.POLL_S = 1, 6, 0.2
 if "--sigterm-raises" in flags:
 
     def _raise(signum, frame):
@@ -59,6 +64,8 @@ def objective(cfg, trial_folder):
             _append(os.path.join(folder, "held"), name)
             while True:
                 time.sleep(1)
+        if is_first and "--mark" in flags and step == 2:
+            _append(os.path.join(folder, "marked"), name)
         time.sleep(0.2)
         _append(steps_path, f"{pid} {step}")
     _append(os.path.join(folder, "calls.txt"), f"end {pid} {name}")

@@ -494,3 +494,125 @@ def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_p
         "- trial 0: its worker stopped; resumed as trial 1 in trial_0"
         in open(os.path.join(folder, "results.md")).read()
     )
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_real_trial_resumes_its_training_from_the_checkpoint(tmp_path, subprocess_env):
+    """SIGINT inside epoch 2 of an mlrc trial; the rerun of the same command resumes that trial in its folder after
+    epoch 1, and its logs equal those of an uninterrupted search (same seed, so the same trial parameters)."""
+    import time
+
+    from pml_extensions.runner.experiment.checkpoint import Checkpointer, load_weights
+    from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
+
+    progress = str(tmp_path / "progress.txt")
+    root = write_tiny_config(
+        str(tmp_path / "cfg"),
+        {
+            "config_dataset/default.yaml": f"""
+dataset:
+  TinyVectors: {{num_classes: 16, per_class: 8, sleep: 0.004, progress_file: {progress}}}
+num_training_sets: 1
+""",
+            "config_general/default.yaml": """
+trainer:
+  MetricLossOnly:
+    iterations_per_epoch: 6
+    dataloader_num_workers: 0
+    batch_size: 8
+    set_min_label_to_zero: True
+num_epochs_train: 3
+save_interval: 1
+patience: 10
+seed: 0
+device: cpu
+""",
+        },
+    )
+    search = ["--bayes_opt_iters", "1", "--loss_funcs~APPLY~3", "{neg_margin~BAYESIAN~: [0.5, 1.5]}"]
+
+    def start(name):
+        return subprocess.Popen(
+            [sys.executable, os.path.join(RUNNER_TESTS, "runner_testing_utils.py"), root]
+            + search
+            + ["--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", name],
+            env=subprocess_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    fold = str(tmp_path / "exp" / "stopped" / "trial_0" / "fold_0")
+    proc = start("stopped")
+    try:
+        deadline, start_size = time.time() + 180, None
+        while time.time() < deadline and proc.poll() is None:
+            ckpt = os.path.join(fold, "checkpoint.pth")
+            if start_size is None and os.path.exists(ckpt) and load_weights(ckpt)["epoch"] >= 1:
+                start_size = os.path.getsize(progress)
+            if start_size is not None and os.path.getsize(progress) - start_size >= 24:  # 3 of 6 batches of epoch 2
+                proc.send_signal(signal.SIGINT)
+                break
+            time.sleep(0.005)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "trial 0: interrupted; it resumes in trial_0 when the command runs again" in out
+    assert load_weights(os.path.join(fold, "checkpoint.pth"))["epoch"] == 1  # interrupted inside epoch 2
+    rerun = start("stopped")
+    out = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0, out[-3000:]
+    assert "trial 0: its worker stopped (killed or interrupted); its parameters run again in trial_0" in out
+    assert "resuming after epoch 1" in out
+    clean = start("clean")
+    out = clean.communicate(timeout=300)[0]
+    assert clean.returncode == 0, out[-3000:]
+    stopped, fresh = _study(str(tmp_path / "exp" / "stopped")), _study(str(tmp_path / "exp" / "clean"))
+    assert [t.state.name for t in stopped.trials] == ["FAIL", "COMPLETE"]
+    assert stopped.trials[1].params == stopped.trials[0].params == fresh.trials[0].params
+    assert stopped.trials[1].value == fresh.trials[0].value
+    clean_fold = str(tmp_path / "exp" / "clean" / "trial_0" / "fold_0")
+    got, want = (Checkpointer(f).rows("loss_histories") for f in (fold, clean_fold))
+    assert [r["~iteration~"] for r in got] == [r["~iteration~"] for r in want] == list(range(1, 19))
+    assert [r["total_loss"] for r in got] == pytest.approx([r["total_loss"] for r in want], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_trial_whose_heartbeat_stopped_is_retried_without_a_second_writer(tmp_path, subprocess_env):
+    """A worker frozen (SIGSTOP) mid-trial loses its heartbeat: Optuna's stale-trial rule fails its trial and queues
+    a copy, which the other worker takes but runs only once the frozen one, thawed, has finished writing the folder
+    (its late result is refused in one line); the copy then reads the finished run."""
+    import time
+
+    folder = str(tmp_path / "exp")
+    os.makedirs(folder)
+    frozen = _worker(folder, 2, subprocess_env, "--mark", "--fast-heartbeat")
+    try:
+        _wait_for(os.path.join(folder, "marked"), frozen)
+        frozen.send_signal(signal.SIGSTOP)
+        other = _worker(folder, 2, subprocess_env, "--fast-heartbeat")
+        deadline, copies = time.time() + 180, []
+        while time.time() < deadline:
+            trials = _study(folder).trials
+            copies = [t for t in trials if t.system_attrs.get("failed_trial") == 0 and t.state.name == "RUNNING"]
+            if trials[0].state.name == "FAIL" and copies:
+                break  # trial 0 failed for its heartbeat; the other worker took its copy and waits for the folder
+            time.sleep(0.2)
+        assert copies, [t.state.name for t in trials]
+        time.sleep(1.0)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    outs = [p.communicate(timeout=120)[0] for p in (frozen, other)]
+    assert [frozen.returncode, other.returncode] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    study = _study(folder)
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE", "FAIL"]
+    copy_ = study.trials[copies[0].number]
+    assert copy_.state.name == "COMPLETE" and copy_.params == study.trials[0].params
+    assert copy_.user_attrs["folder"] == "trial_0" and copy_.value == -abs(copy_.params["margin"] - 0.3)
+    assert _steps(folder, "trial_0") == [(frozen.pid, s) for s in range(6)]  # one writer
+    calls = [line.split()[:3] for line in open(os.path.join(folder, "calls.txt"))]
+    assert calls.index(["start", str(other.pid), "trial_0"]) > calls.index(["end", str(frozen.pid), "trial_0"])
+    assert "trial 0: finished, but another worker had failed it for a lost heartbeat" in outs[0]
+    assert "trial 0: no heartbeat for more than 6 s" in outs[1] and "waiting for trial_0" in outs[1]
+    assert "trial 0: no heartbeat for more than 6 s" in outs[1] and "waiting for trial_0" in outs[1]
