@@ -616,3 +616,25 @@ def test_a_trial_whose_heartbeat_stopped_is_retried_without_a_second_writer(tmp_
     assert "trial 0: finished, but another worker had failed it for a lost heartbeat" in outs[0]
     assert "trial 0: no heartbeat for more than 6 s" in outs[1] and "waiting for trial_0" in outs[1]
     assert "trial 0: no heartbeat for more than 6 s" in outs[1] and "waiting for trial_0" in outs[1]
+
+
+@pytest.mark.slow
+def test_the_issues_list_item_marker_searches_through_the_command_line(tmp_path, capsys):
+    """The issue's command, shortened to 2 trials of 2 iterations: both trials train (no ``unexpected keyword argument
+    'blocks_per_stage~INT_BAYESIAN~'``) with an integer blocks_per_stage in their saved config."""
+    import yaml
+
+    from pml_extensions.cli.run import main
+
+    argv = ["contrastive", "--variant", "quick", "--root_experiment_folder", str(tmp_path), "--bayes_opt_iters", "2"]
+    argv += ["--num_epochs_train", "1", "--num_training_sets", "1", "--trainer~APPLY~2", "{iterations_per_epoch: 2}"]
+    assert main(argv + ["--models", ISSUE_MODELS]) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "contrastive_quick"
+    study = _study(str(folder))
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    for t in study.trials:
+        blocks = t.params["models.trunk[0].ConvNetBody.blocks_per_stage"]
+        assert f"trial {t.number}: models.trunk[0].ConvNetBody.blocks_per_stage={blocks}" in out
+        saved = yaml.safe_load(open(folder / t.user_attrs["folder"] / "config.yaml"))
+        assert saved["models"]["trunk"][0]["ConvNetBody"]["blocks_per_stage"] == blocks in (1, 2)
