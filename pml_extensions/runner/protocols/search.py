@@ -541,7 +541,8 @@ class _RunningTrial:
         try:
             if not self.has_folder:
                 log(f"trial {trial.number}: waiting for {self.name}: a worker that lost its heartbeat still writes it")
-                self.folder_lock.acquire()
+                while not self.folder_lock.acquire(block=False):
+                    _wait()
             log(f"trial {trial.number}: " + ", ".join(f"{k}={v:.4g}" for k, v in self.values.items()))
             job = (fill(config, space, self.values), os.path.join(shared.folder, self.name))
             dist_utils.broadcast_object(("trial", job))  # under torchrun every rank trains the trial
@@ -612,10 +613,19 @@ def _worker_loop(shared, config, space, n_trials, max_failures, objective) -> Op
             if running != waiting_for:
                 shared.log(f"search: waiting for trial(s) {', '.join(map(str, running))} of other workers")
                 waiting_for = running
-            time.sleep(POLL_S)
+            _wait()
             continue
         waiting_for = None
         job.run(config, space, objective)
+
+
+def _wait() -> None:
+    """Sleep :data:`POLL_S` while other workers run; under torchrun tell the other ranks to go on waiting (a
+    collective every few seconds, so that their wait for the next trial never reaches the process group's timeout)."""
+    from ..experiment import distributed as dist_utils
+
+    dist_utils.broadcast_object(("wait", None))
+    time.sleep(POLL_S)
 
 
 def _follow_rank_0(objective) -> Dict[str, Any]:
@@ -627,7 +637,8 @@ def _follow_rank_0(objective) -> Dict[str, Any]:
         kind, payload = dist_utils.broadcast_object(None)
         if kind == "done":
             return payload
-        _outcome(objective, payload)
+        if kind == "trial":
+            _outcome(objective, payload)
 
 
 # ------------------------------------------------------------------------------------------------ the outputs

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -638,3 +639,40 @@ def test_the_issues_list_item_marker_searches_through_the_command_line(tmp_path,
         assert f"trial {t.number}: models.trunk[0].ConvNetBody.blocks_per_stage={blocks}" in out
         saved = yaml.safe_load(open(folder / t.user_attrs["folder"] / "config.yaml"))
         assert saved["models"]["trunk"][0]["ConvNetBody"]["blocks_per_stage"] == blocks in (1, 2)
+
+
+@pytest.mark.slow
+def test_two_torchrun_groups_share_one_study(tmp_path, tiny_mlrc_config, subprocess_env):
+    """Two ``torchrun`` groups of 2 gloo processes started with the same command on one folder: each group's rank 0 is
+    one worker (its rank 1 trains each trial with it, and waits with it while the other group's last trial runs):
+    4 COMPLETE trials in 4 folders, each with its run's results."""
+    from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
+
+    root = write_tiny_config(
+        tiny_mlrc_config,
+        {"config_dataset/default.yaml": "dataset:\n  TinyVectors: {num_classes: 16, per_class: 8, sleep: 0.01}\n"},
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += [os.path.join(RUNNER_TESTS, "runner_testing_utils.py"), root, "--bayes_opt_iters", "4"]
+    command += ["--num_epochs_train", "1", "--num_training_sets", "1", "--root_experiment_folder", str(tmp_path)]
+    command += ["--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}"]
+    groups = [
+        subprocess.Popen(command, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    try:
+        outs = [g.communicate(timeout=600)[0] for g in groups]
+    finally:
+        for g in groups:
+            if g.poll() is None:
+                g.kill()
+    assert [g.returncode for g in groups] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    folder = tmp_path / "cfg"
+    study = _study(str(folder))
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    assert sorted(t.user_attrs["folder"] for t in study.trials) == ["trial_0", "trial_1", "trial_2", "trial_3"]
+    for t in study.trials:
+        results = json.load(open(folder / t.user_attrs["folder"] / "results.json"))
+        assert t.value == results["aggregate"]["mean_average_precision_at_r"]
+    ran = [{int(n) for n in re.findall(r"^trial (\d+): objective ", out, re.M)} for out in outs]  # rank 0 logs
+    assert ran[0] and ran[1] and sorted(ran[0] | ran[1]) == [0, 1, 2, 3]  # both groups trained trials
