@@ -339,6 +339,15 @@ def run_search(
         ConfigError: optuna not installed, no ``bayes_opt_iters``, bad ranges, a bad
             ``bayes_opt_max_failures_in_a_row``, or a config error inside a trial.
         KeyboardInterrupt: after leaving the running trial to be resumed (as SIGKILL would).
+
+    Example (a stand-in objective instead of training)::
+
+        >>> import tempfile
+        >>> config = {"seed": 0, "bayes_opt_iters": 2, "margin~BAYESIAN~": [0.0, 1.0]}
+        >>> summary = run_search(config, tempfile.mkdtemp(), objective=lambda cfg, folder: -abs(cfg["margin"] - 0.3),
+        ...                      log=lambda *a: None)
+        >>> summary["n_trials"], summary["failed_trials"], summary["best"]["folder"]
+        (2, [], 'trial_1')
     """
     try:
         import optuna  # noqa: F401
