@@ -54,6 +54,7 @@ MLRC_KEYS = (
     "split_manager",
     "bayes_opt_iters",
     # ours
+    "bayes_opt_max_failures_in_a_row",  # the search stops after this many failed trials in a row
     "protocol",
     "seed",
     "device",

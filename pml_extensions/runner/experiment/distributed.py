@@ -8,6 +8,12 @@ slices back, so the loss of every rank equals the one-process loss on the same g
 it, PML's convention that compensates DDP's gradient averaging). Without a sampler,
 ``torch.utils.data.DistributedSampler`` is used.
 Outside ``torchrun`` (no ``WORLD_SIZE`` in the environment) every function here is a no-op.
+
+Several machines: start ``torchrun --nnodes N --node_rank i --nproc_per_node P --rdzv_backend c10d
+--rdzv_endpoint HOST:PORT --rdzv_id NAME python -m pml_extensions run ...`` on each (the same command; c10d assigns
+the global ranks). Rank 0 writes the experiment folder and every rank reads its checkpoints when a run resumes, so
+the folder must be shared (the dataset, too, must be on every machine). Two such launches on one machine train
+exactly as one process does (``tests/runner/experiment/test_distributed.py``).
 """
 
 import os

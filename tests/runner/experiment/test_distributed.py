@@ -227,3 +227,77 @@ def test_job_runs_under_torchrun(tmp_path, subprocess_env):
     assert [r[1] for r in b] == pytest.approx([r[1] for r in a], rel=0.1)
     results = json.load(open(os.path.join(str(tmp_path / "two"), "xml_glyphs", "results.json")))
     assert 0 < results["variants"]["contrastive_xml"]["mean"]["mean_average_precision_at_r"] <= 1
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_runner_on_two_nodes_with_a_c10d_rendezvous_equals_one_process(tmp_path, tiny_mlrc_config, subprocess_env):
+    """Beyond one machine: two ``torchrun --nnodes 2 --node_rank i`` launches (one gloo process each) meet at a c10d
+    rendezvous on 127.0.0.1, as two machines sharing the experiment folder would, and train on the one-process
+    global batches: equal loss rows and equal validation metrics (issue 22, item 5)."""
+    root, env = tiny_mlrc_config, subprocess_env
+    script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
+    args = [root, "--num_training_sets", "1", "--num_epochs_train", "1", "--check_untrained_accuracy", "false"]
+    one = subprocess.run(
+        [sys.executable, script] + args + ["--root_experiment_folder", str(tmp_path / "one")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    rendezvous = [
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{_free_port()}",
+        "--rdzv_id",
+        "two-nodes",
+        "--local_addr",
+        "127.0.0.1",
+        "--max_restarts",
+        "0",
+    ]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--node_rank", str(i)]
+            + rendezvous
+            + [script]
+            + args
+            + ["--root_experiment_folder", str(tmp_path / "two")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
+    try:
+        outs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(out[-3000:] for out in outs)
+    # one group of two: only its rank 0 (either launch, c10d assigns the ranks) logs the epochs and the results
+    assert sorted("fold 0 epoch 1: val" in out for out in outs) == [False, True]
+    assert sorted("results: " in out for out in outs) == [False, True]
+    from pml_extensions.runner.experiment.checkpoint import Checkpointer
+
+    rows = [Checkpointer(str(tmp_path / w / "cfg" / "fold_0")).rows("loss_histories") for w in ("one", "two")]
+    assert [r["~iteration~"] for r in rows[0]] == [r["~iteration~"] for r in rows[1]] == [1, 2, 3, 4]
+    for a, b in zip(*rows):
+        assert b["total_loss"] == pytest.approx(a["total_loss"], rel=1e-4, abs=1e-6)
+    results = [json.load(open(tmp_path / w / "cfg" / "results.json")) for w in ("one", "two")]
+    assert results[1]["aggregate"] == pytest.approx(results[0]["aggregate"], rel=1e-4, abs=1e-6)

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 
@@ -136,3 +138,541 @@ def test_search_under_torchrun_runs_each_trial_on_every_rank(tmp_path, tiny_mlrc
     for trial in summary["trials"]:
         results = json.load(open(folder / trial["folder"] / "results.json"))
         assert trial["value"] == results["aggregate"]["mean_average_precision_at_r"]
+
+
+# ------------------------------------------------------------------------------------------ issue 22, item 1: counting
+def _search(tmp_path, objective, n_trials, name="exp", **extra):
+    """An in-process study on ``margin~BAYESIAN~`` with a stand-in objective; returns (summary, folder, log lines)."""
+    from pml_extensions.runner.protocols.search import run_search
+
+    lines = []
+    config = {"seed": 0, "bayes_opt_iters": n_trials, "margin~BAYESIAN~": [0.0, 1.0], **extra}
+    folder = str(tmp_path / name)
+    summary = run_search(config, folder, {}, objective=objective, log=lambda *a: lines.append(" ".join(map(str, a))))
+    return summary, folder, lines
+
+
+def _trial_number(trial_folder):
+    return int(trial_folder.rsplit("_", 1)[1])
+
+
+def _study(folder):
+    return optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
+
+
+@pytest.mark.parametrize(
+    "values, n_trials, complete, failed",
+    [
+        ([0.3, float("nan"), 0.5, 0.7], 3, [0, 2, 3], [1]),  # the issue's "COMPLETE: 2 failed: [1]"
+        ([0.1, float("nan"), float("nan"), 0.2, 0.3, 0.4], 4, [0, 3, 4, 5], [1, 2]),  # "n_trials=3 failed=[1, 2]"
+        ([float("inf"), 0.2, float("-inf"), 0.4], 2, [1, 3], [0, 2]),
+    ],
+)
+def test_nan_and_inf_objectives_fail_with_their_reason_and_do_not_count(tmp_path, values, n_trials, complete, failed):
+    summary, folder, _ = _search(tmp_path, lambda cfg, f: values[_trial_number(f)], n_trials)
+    study = _study(folder)
+    assert [t.number for t in study.trials if t.state.name == "COMPLETE"] == complete
+    assert [t.number for t in study.trials if t.state.name == "FAIL"] == failed
+    assert summary["n_trials"] == n_trials and summary["failed_trials"] == failed and summary["stopped"] is None
+    for f in summary["failures"]:
+        assert (
+            f["reason"]
+            == f"the objective is {values[f['number']]} (a diverged run: the validation metric is not a number)"
+        )
+    table = open(os.path.join(folder, "results.md")).read()
+    assert f"{n_trials} COMPLETE trials of bayes_opt_iters={n_trials}" in table
+    assert all(f"- trial {n}: the objective is {values[n]}" in table for n in failed)  # not silently left out
+    assert json.load(open(os.path.join(folder, "search.json")))["failures"] == summary["failures"]
+
+
+def test_an_exception_in_a_trial_fails_it_with_its_reason_and_the_search_goes_on(tmp_path):
+    def objective(cfg, trial_folder):
+        if _trial_number(trial_folder) == 1:
+            raise RuntimeError("the loss is nan\nat iteration 3")
+        return cfg["margin"]
+
+    summary, folder, lines = _search(tmp_path, objective, 2)
+    assert [t.state.name for t in _study(folder).trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert summary["failures"] == [{"number": 1, "reason": "RuntimeError: the loss is nan at iteration 3"}]
+    assert "trial 1 failed: RuntimeError: the loss is nan at iteration 3" in lines
+
+
+def test_failures_in_a_row_stop_the_search_in_one_line_and_a_rerun_continues(tmp_path):
+    nan = float("nan")
+    summary, folder, lines = _search(tmp_path, lambda cfg, f: nan, 4, bayes_opt_max_failures_in_a_row=3)
+    stop = [line for line in lines if line.startswith("search stopped")]
+    assert stop == [
+        "search stopped: 3 trials in a row failed (trials 0, 1, 2; trial 2: the objective is nan (a diverged run: "
+        "the validation metric is not a number)); 0 of bayes_opt_iters=4 trials COMPLETE; rerunning the command "
+        "continues"
+    ]
+    assert summary["stopped"] == {"rule": "bayes_opt_max_failures_in_a_row=3", "trials": [0, 1, 2], "message": stop[0]}
+    assert summary["best"] is None and summary["n_trials"] == 0
+    assert json.load(open(os.path.join(folder, "search.json")))["stopped"]["trials"] == [0, 1, 2]
+    assert stop[0] in open(os.path.join(folder, "results.md")).read()
+    # the rerun (the cause fixed) counts its own failures afresh and ends with exactly bayes_opt_iters COMPLETE
+    summary, _, _ = _search(tmp_path, lambda cfg, f: cfg["margin"], 4, bayes_opt_max_failures_in_a_row=3)
+    assert summary["n_trials"] == 4 and summary["stopped"] is None and summary["failed_trials"] == [0, 1, 2]
+
+
+def test_a_success_resets_the_failures_in_a_row(tmp_path):
+    values = [float("nan"), float("nan"), 0.5, float("nan"), float("nan"), 0.6]
+    summary, _, _ = _search(tmp_path, lambda cfg, f: values[_trial_number(f)], 2, bayes_opt_max_failures_in_a_row=3)
+    assert summary["stopped"] is None and [r["number"] for r in summary["trials"]] == [2, 5]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
+def test_bad_max_failures_in_a_row_is_one_line(tmp_path, bad):
+    with pytest.raises(ConfigError, match=r"^command line: bayes_opt_max_failures_in_a_row: expected a positive"):
+        _search(tmp_path, lambda cfg, f: 0.0, 2, bayes_opt_max_failures_in_a_row=bad)
+
+
+def test_a_config_error_inside_a_trial_fails_it_and_stops_the_search(tmp_path):
+    def objective(cfg, trial_folder):
+        raise ConfigError("config_models/default.yaml: models.trunk: widths must be positive")
+
+    with pytest.raises(ConfigError, match="widths must be positive"):
+        _search(tmp_path, objective, 3)
+    trials = _study(str(tmp_path / "exp")).trials
+    assert [t.state.name for t in trials] == ["FAIL"]  # told, so a rerun does not resume it
+    assert trials[0].user_attrs["fail_reason"].startswith("ConfigError: config_models/default.yaml")
+
+
+def test_search_space_reaches_list_items():
+    cfg = {
+        "models": {
+            "trunk": [
+                {"ConvNetBody": {"widths": [16], "blocks_per_stage~INT_BAYESIAN~": [1, 2]}},
+                {"AdaptiveAvgPool2d": [1]},
+                [{"Deep": {"p~BAYESIAN~": [0.0, 0.5]}}],
+            ]
+        }
+    }
+    space = search_space(cfg)
+    assert [(s[0], s[1], s[2]) for s in space] == [
+        (("models", "trunk", 0, "ConvNetBody", "blocks_per_stage~INT_BAYESIAN~"),
+         "models.trunk[0].ConvNetBody.blocks_per_stage", "INT_BAYESIAN"),
+        (("models", "trunk", 2, 0, "Deep", "p~BAYESIAN~"), "models.trunk[2][0].Deep.p", "BAYESIAN"),
+    ]  # fmt: skip
+    out = fill(cfg, space, {"models.trunk[0].ConvNetBody.blocks_per_stage": 2, "models.trunk[2][0].Deep.p": 0.25})
+    assert out["models"]["trunk"] == [
+        {"ConvNetBody": {"widths": [16], "blocks_per_stage": 2}},
+        {"AdaptiveAvgPool2d": [1]},
+        [{"Deep": {"p": 0.25}}],
+    ]
+    assert "blocks_per_stage~INT_BAYESIAN~" in cfg["models"]["trunk"][0]["ConvNetBody"]  # the input is unchanged
+
+
+#: the issue's input: every shipped trunk is a list, the marker sits in its first item
+ISSUE_MODELS = (
+    "{trunk~OVERRIDE~: [{ConvNetBody: {in_channels: 1, widths: [16, 32, 64], blocks_per_stage~INT_BAYESIAN~: [1, 2]}},"
+    " {AdaptiveAvgPool2d: [1]}, {Flatten: null}]}"
+)
+
+
+def test_the_issues_list_item_marker_builds_each_trials_trunk():
+    """``--models "{trunk~OVERRIDE~: [{ConvNetBody: {..., blocks_per_stage~INT_BAYESIAN~: [1, 2]}}, ...]}"`` on the
+    shipped contrastive config: the marker is found and each value builds a trunk with that many blocks (it failed
+    with ``unexpected keyword argument 'blocks_per_stage~INT_BAYESIAN~'``)."""
+    import torch
+
+    from pml_extensions.cli.run import _variant_selection
+    from pml_extensions.runner.config.loader import find_config, load_config, parse_command_line
+    from pml_extensions.runner.objects.builder import Builder
+
+    root = find_config("contrastive")
+    cfg, _ = load_config(
+        root, _variant_selection(root, "quick", {}), parse_command_line(["--models", ISSUE_MODELS]), allow_search=True
+    )
+    space = search_space(cfg)
+    assert [(s[1], s[2], s[3]) for s in space] == [
+        ("models.trunk[0].ConvNetBody.blocks_per_stage", "INT_BAYESIAN", [1, 2])
+    ]
+    for blocks in (1, 2):
+        trial_cfg = fill(cfg, space, {"models.trunk[0].ConvNetBody.blocks_per_stage": blocks})
+        models = Builder(trial_cfg, log=lambda *a, **k: None).build_models(torch.zeros(1, 32, 32))
+        convs = [m for m in models["trunk"].modules() if isinstance(m, torch.nn.Conv2d)]
+        assert len(convs) == 3 * blocks
+
+
+# ---------------------------------------------------------------------------------- issue 22, item 1: untrained flag
+def test_a_best_trial_that_ties_the_untrained_score_is_flagged(tmp_path):
+    """Both trials score 0.1456, the epoch-0 score of every fold: the output, search.json, results.md (the report's
+    search section) and search.png say so."""
+    summary, folder, lines = _search(tmp_path, lambda cfg, f: (0.1456, {"untrained_folds": [0, 1], "num_folds": 2}), 2)
+    note = (
+        "the best trial, 0 (objective 0.1456), ties the untrained model's score: epoch 0 stayed the best epoch of "
+        "every fold, so training never beat the starting weights"
+    )
+    assert f"search: {note}" in lines
+    assert summary["best"]["untrained"] is True and summary["best"]["untrained_folds"] == [0, 1]
+    assert json.load(open(os.path.join(folder, "search.json")))["best"]["untrained"] is True
+    assert f"FLAG: {note}." in open(os.path.join(folder, "results.md")).read()
+    assert "FLAG: the best trial, 0" in open(os.path.join(folder, "report.html")).read()
+    assert "| 0 (best) | 0.1456 | 2/2 |" in open(os.path.join(folder, "results.md")).read()
+
+
+def test_a_trained_best_trial_is_not_flagged(tmp_path):
+    def objective(cfg, trial_folder):
+        n = _trial_number(trial_folder)
+        return (
+            (0.5, {"untrained_folds": [], "num_folds": 2})
+            if n == 1
+            else (0.1, {"untrained_folds": [0, 1], "num_folds": 2})
+        )
+
+    summary, folder, lines = _search(tmp_path, objective, 2)
+    assert summary["best"]["number"] == 1 and summary["best"]["untrained"] is False
+    assert [r["untrained"] for r in summary["trials"]] == [True, False]
+    assert not any("untrained model's score" in line for line in lines)
+    assert "FLAG" not in open(os.path.join(folder, "results.md")).read()
+
+
+def test_untrained_flag_through_the_mlrc_protocol(tmp_path, tiny_mlrc_config):
+    """A learning rate of at most 1e-30 leaves every weight unchanged, so epoch 0 stays the best epoch of each fold:
+    the real protocol's trials are flagged, and the flag agrees with each trial's results.json."""
+    from pml_extensions.runner.config.loader import load_config, parse_command_line
+    from pml_extensions.runner.protocols.search import run_search
+
+    argv = ["--bayes_opt_iters", "2", "--num_epochs_train", "1", "--num_training_sets", "2"]
+    argv += ["--optimizers~APPLY~3", "{lr~BAYESIAN~: [0.0, 1.0e-30]}"]
+    cfg, sources = load_config(tiny_mlrc_config, None, parse_command_line(argv), allow_search=True, log=lambda *a: None)
+    lines = []
+    summary = run_search(cfg, str(tmp_path / "exp"), sources, log=lambda *a: lines.append(" ".join(map(str, a))))
+    for trial in summary["trials"]:
+        results = json.load(open(tmp_path / "exp" / trial["folder"] / "results.json"))
+        assert [f["best_epoch"] for f in results["folds"]] == [0, 0]
+        assert trial["untrained"] is True and trial["untrained_folds"] == [0, 1] and trial["num_folds"] == 2
+    assert any(line.startswith("search: the best trial,") for line in lines)
+
+
+# ------------------------------------------------------------------------------- issue 22, item 2: interrupted trials
+def test_a_keyboard_interrupt_leaves_the_trial_to_be_resumed_as_after_sigkill(tmp_path):
+    """Ctrl-C inside trial 1 (it lost the trial: "Trial 1 failed with value None", never resumed, left out of
+    results.md): the trial stays RUNNING, so the rerun resumes it with its parameters in its folder."""
+    calls = []
+
+    def objective(cfg, trial_folder):
+        calls.append((os.path.basename(trial_folder), cfg["margin"]))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return -abs(cfg["margin"] - 0.3)
+
+    with pytest.raises(KeyboardInterrupt):
+        _search(tmp_path, objective, 3)
+    folder = str(tmp_path / "exp")
+    assert [t.state.name for t in _study(folder).trials] == ["COMPLETE", "RUNNING"]  # as after SIGKILL
+    summary, _, lines = _search(tmp_path, objective, 3)
+    study = _study(folder)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
+    assert [c[0] for c in calls] == ["trial_0", "trial_1", "trial_1", "trial_3"]
+    assert calls[1] == calls[2] and study.trials[2].params == study.trials[1].params
+    assert "trial 1: its worker stopped (killed or interrupted); its parameters run again in trial_1, resuming from " \
+           "its checkpoint" in lines  # fmt: skip
+    assert summary["failures"] == [{"number": 1, "reason": "its worker stopped; resumed as trial 2 in trial_1"}]
+    assert (
+        "- trial 1: its worker stopped; resumed as trial 2 in trial_1"
+        in open(os.path.join(folder, "results.md")).read()
+    )
+
+
+# ---------------------------------------------------------------------------- issue 22, item 2: many workers, one study
+WORKER = os.path.join(os.path.dirname(__file__), "search_worker_script.py")
+
+
+def _worker(folder, n_trials, env, *flags):
+    return subprocess.Popen(
+        [sys.executable, WORKER, folder, str(n_trials), *flags],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for(path, proc, timeout=120):
+    import time
+
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert os.path.exists(path), proc.communicate(timeout=30)[0][-3000:] if proc.poll() is not None else "timeout"
+
+
+def _steps(folder, name):
+    """``[(pid, step)]`` of a trial folder's stand-in checkpoint, in the order written."""
+    return [tuple(map(int, line.split())) for line in open(os.path.join(folder, name, "steps.txt"))]
+
+
+def _calls(folder, kind):
+    return [line.split()[1:] for line in open(os.path.join(folder, "calls.txt")) if line.startswith(kind + " ")]
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_study_4_trials_in_4_folders(tmp_path, subprocess_env):
+    """Two processes started with the same command on one folder, both running a trial at once: 4 COMPLETE trials
+    in 4 distinct folders, none failed or run twice, each folder written by one worker (it was two pids in
+    ``trial_0`` and ``AssertionError: Should not reach.`` from Optuna)."""
+    folder = str(tmp_path / "exp")
+    workers = [_worker(folder, 4, subprocess_env, "--gate") for _ in range(2)]
+    outs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    study = _study(folder)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    names = [t.user_attrs["folder"] for t in study.trials]
+    assert sorted(names) == ["trial_0", "trial_1", "trial_2", "trial_3"]
+    starts = _calls(folder, "start")
+    assert sorted(s[1] for s in starts) == sorted(names)  # each folder started once
+    pids = {str(w.pid) for w in workers}
+    assert {s[0] for s in starts} == pids  # both workers ran trials
+    for name in names:
+        writers = {pid for pid, _ in _steps(folder, name)}
+        assert len(writers) == 1 and [s for _, s in _steps(folder, name)] == list(range(6))
+    summary = json.load(open(os.path.join(folder, "search.json")))
+    assert summary["n_trials"] == 4 and summary["failed_trials"] == []
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path, subprocess_env):
+    """SIGKILL one of two workers inside its trial: the live worker resumes that trial (same parameters, same
+    folder, after its last checkpointed step) and the study ends with 4 COMPLETE trials."""
+    folder = str(tmp_path / "exp")
+    os.makedirs(folder)
+    victim = _worker(folder, 4, subprocess_env, "--hold")
+    _wait_for(os.path.join(folder, "held"), victim)  # inside its first trial, after 2 of 6 steps
+    other = _worker(folder, 4, subprocess_env)
+    victim.kill()
+    victim.wait(timeout=30)
+    out = other.communicate(timeout=300)[0]
+    assert other.returncode == 0, out[-3000:]
+    held = open(os.path.join(folder, "held")).read().split()[0]
+    study = _study(folder)
+    states = [t.state.name for t in study.trials]
+    assert states.count("COMPLETE") == 4 and states.count("FAIL") == 1
+    killed = next(t for t in study.trials if t.state.name == "FAIL")
+    copy_ = next(t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number)
+    assert copy_.state.name == "COMPLETE" and copy_.params == killed.params
+    assert killed.user_attrs["folder"] == copy_.user_attrs["folder"] == held
+    assert _steps(folder, held) == [(victim.pid, 0), (victim.pid, 1)] + [(other.pid, s) for s in range(2, 6)]
+    assert f"trial {killed.number}: its worker stopped (killed or interrupted)" in out
+    complete = [t.user_attrs["folder"] for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(set(complete)) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "signum, flags",
+    [
+        (signal.SIGKILL, ()),
+        (signal.SIGINT, ()),  # Ctrl-C: KeyboardInterrupt
+        (signal.SIGTERM, ()),  # Python's default: the process ends at once
+        (signal.SIGTERM, ("--sigterm-raises",)),  # the command line's Interrupted (a KeyboardInterrupt)
+    ],
+    ids=["SIGKILL", "SIGINT", "SIGTERM", "SIGTERM-raises"],
+)
+def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_path, subprocess_env, signum, flags):
+    """Ctrl-C lost the trial ("Trial 1 failed with value None"; the rerun never resumed it and results.md left it
+    out). Now every signal leaves it RUNNING; the rerun resumes it with its parameters, in its folder, after its last
+    checkpointed step, and results.md lists it."""
+    folder = str(tmp_path / "exp")
+    os.makedirs(folder)
+    first = _worker(folder, 3, subprocess_env, "--hold", *flags)
+    _wait_for(os.path.join(folder, "held"), first)
+    first.send_signal(signum)
+    out = first.communicate(timeout=60)[0]
+    assert first.returncode != 0
+    if signum == signal.SIGINT or flags:
+        assert "trial 0: interrupted; it resumes in trial_0 when the command runs again" in out
+    assert [t.state.name for t in _study(folder).trials] == ["RUNNING"]  # not FAIL: nothing is lost
+    rerun = _worker(folder, 3, subprocess_env)
+    out = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0, out[-3000:]
+    study = _study(folder)
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE", "COMPLETE", "COMPLETE"]
+    assert study.trials[1].params == study.trials[0].params and study.trials[1].user_attrs["folder"] == "trial_0"
+    assert _steps(folder, "trial_0") == [(first.pid, 0), (first.pid, 1)] + [(rerun.pid, s) for s in range(2, 6)]
+    assert (
+        "- trial 0: its worker stopped; resumed as trial 1 in trial_0"
+        in open(os.path.join(folder, "results.md")).read()
+    )
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_real_trial_resumes_its_training_from_the_checkpoint(tmp_path, subprocess_env):
+    """SIGINT inside epoch 2 of an mlrc trial; the rerun of the same command resumes that trial in its folder after
+    epoch 1, and its logs equal those of an uninterrupted search (same seed, so the same trial parameters)."""
+    import time
+
+    from pml_extensions.runner.experiment.checkpoint import Checkpointer, load_weights
+    from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
+
+    progress = str(tmp_path / "progress.txt")
+    root = write_tiny_config(
+        str(tmp_path / "cfg"),
+        {
+            "config_dataset/default.yaml": f"""
+dataset:
+  TinyVectors: {{num_classes: 16, per_class: 8, sleep: 0.004, progress_file: {progress}}}
+num_training_sets: 1
+""",
+            "config_general/default.yaml": """
+trainer:
+  MetricLossOnly:
+    iterations_per_epoch: 6
+    dataloader_num_workers: 0
+    batch_size: 8
+    set_min_label_to_zero: True
+num_epochs_train: 3
+save_interval: 1
+patience: 10
+seed: 0
+device: cpu
+""",
+        },
+    )
+    search = ["--bayes_opt_iters", "1", "--loss_funcs~APPLY~3", "{neg_margin~BAYESIAN~: [0.5, 1.5]}"]
+
+    def start(name):
+        return subprocess.Popen(
+            [sys.executable, os.path.join(RUNNER_TESTS, "runner_testing_utils.py"), root]
+            + search
+            + ["--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", name],
+            env=subprocess_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    fold = str(tmp_path / "exp" / "stopped" / "trial_0" / "fold_0")
+    proc = start("stopped")
+    try:
+        deadline, start_size = time.time() + 180, None
+        while time.time() < deadline and proc.poll() is None:
+            ckpt = os.path.join(fold, "checkpoint.pth")
+            if start_size is None and os.path.exists(ckpt) and load_weights(ckpt)["epoch"] >= 1:
+                start_size = os.path.getsize(progress)
+            if start_size is not None and os.path.getsize(progress) - start_size >= 24:  # 3 of 6 batches of epoch 2
+                proc.send_signal(signal.SIGINT)
+                break
+            time.sleep(0.005)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "trial 0: interrupted; it resumes in trial_0 when the command runs again" in out
+    assert load_weights(os.path.join(fold, "checkpoint.pth"))["epoch"] == 1  # interrupted inside epoch 2
+    rerun = start("stopped")
+    out = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0, out[-3000:]
+    assert "trial 0: its worker stopped (killed or interrupted); its parameters run again in trial_0" in out
+    assert "resuming after epoch 1" in out
+    clean = start("clean")
+    out = clean.communicate(timeout=300)[0]
+    assert clean.returncode == 0, out[-3000:]
+    stopped, fresh = _study(str(tmp_path / "exp" / "stopped")), _study(str(tmp_path / "exp" / "clean"))
+    assert [t.state.name for t in stopped.trials] == ["FAIL", "COMPLETE"]
+    assert stopped.trials[1].params == stopped.trials[0].params == fresh.trials[0].params
+    assert stopped.trials[1].value == fresh.trials[0].value
+    clean_fold = str(tmp_path / "exp" / "clean" / "trial_0" / "fold_0")
+    got, want = (Checkpointer(f).rows("loss_histories") for f in (fold, clean_fold))
+    assert [r["~iteration~"] for r in got] == [r["~iteration~"] for r in want] == list(range(1, 19))
+    assert [r["total_loss"] for r in got] == pytest.approx([r["total_loss"] for r in want], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_trial_whose_heartbeat_stopped_is_retried_without_a_second_writer(tmp_path, subprocess_env):
+    """A worker frozen (SIGSTOP) mid-trial loses its heartbeat: Optuna's stale-trial rule fails its trial and queues
+    a copy, which the other worker takes but runs only once the frozen one, thawed, has finished writing the folder
+    (its late result is refused in one line); the copy then reads the finished run."""
+    import time
+
+    folder = str(tmp_path / "exp")
+    os.makedirs(folder)
+    frozen = _worker(folder, 2, subprocess_env, "--mark", "--fast-heartbeat")
+    try:
+        _wait_for(os.path.join(folder, "marked"), frozen)
+        frozen.send_signal(signal.SIGSTOP)
+        other = _worker(folder, 2, subprocess_env, "--fast-heartbeat")
+        deadline, copies = time.time() + 180, []
+        while time.time() < deadline:
+            trials = _study(folder).trials
+            copies = [t for t in trials if t.system_attrs.get("failed_trial") == 0 and t.state.name == "RUNNING"]
+            if trials[0].state.name == "FAIL" and copies:
+                break  # trial 0 failed for its heartbeat; the other worker took its copy and waits for the folder
+            time.sleep(0.2)
+        assert copies, [t.state.name for t in trials]
+        time.sleep(1.0)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    outs = [p.communicate(timeout=120)[0] for p in (frozen, other)]
+    assert [frozen.returncode, other.returncode] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    study = _study(folder)
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE", "FAIL"]
+    copy_ = study.trials[copies[0].number]
+    assert copy_.state.name == "COMPLETE" and copy_.params == study.trials[0].params
+    assert copy_.user_attrs["folder"] == "trial_0" and copy_.value == -abs(copy_.params["margin"] - 0.3)
+    assert _steps(folder, "trial_0") == [(frozen.pid, s) for s in range(6)]  # one writer
+    calls = [line.split()[:3] for line in open(os.path.join(folder, "calls.txt"))]
+    assert calls.index(["start", str(other.pid), "trial_0"]) > calls.index(["end", str(frozen.pid), "trial_0"])
+    assert "trial 0: finished, but another worker had failed it for a lost heartbeat" in outs[0]
+    assert "trial 0: no heartbeat for more than 6 s" in outs[1] and "waiting for trial_0" in outs[1]
+    assert "trial 0: no heartbeat for more than 6 s" in outs[1] and "waiting for trial_0" in outs[1]
+
+
+@pytest.mark.slow
+def test_the_issues_list_item_marker_searches_through_the_command_line(tmp_path, capsys):
+    """The issue's command, shortened to 2 trials of 2 iterations: both trials train (no ``unexpected keyword argument
+    'blocks_per_stage~INT_BAYESIAN~'``) with an integer blocks_per_stage in their saved config."""
+    import yaml
+
+    from pml_extensions.cli.run import main
+
+    argv = ["contrastive", "--variant", "quick", "--root_experiment_folder", str(tmp_path), "--bayes_opt_iters", "2"]
+    argv += ["--num_epochs_train", "1", "--num_training_sets", "1", "--trainer~APPLY~2", "{iterations_per_epoch: 2}"]
+    assert main(argv + ["--models", ISSUE_MODELS]) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "contrastive_quick"
+    study = _study(str(folder))
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    for t in study.trials:
+        blocks = t.params["models.trunk[0].ConvNetBody.blocks_per_stage"]
+        assert f"trial {t.number}: models.trunk[0].ConvNetBody.blocks_per_stage={blocks}" in out
+        saved = yaml.safe_load(open(folder / t.user_attrs["folder"] / "config.yaml"))
+        assert saved["models"]["trunk"][0]["ConvNetBody"]["blocks_per_stage"] == blocks in (1, 2)
+
+
+@pytest.mark.slow
+def test_two_torchrun_groups_share_one_study(tmp_path, tiny_mlrc_config, subprocess_env):
+    """Two ``torchrun`` groups of 2 gloo processes started with the same command on one folder: each group's rank 0 is
+    one worker (its rank 1 trains each trial with it, and waits with it while the other group's last trial runs):
+    4 COMPLETE trials in 4 folders, each with its run's results."""
+    from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
+
+    root = write_tiny_config(
+        tiny_mlrc_config,
+        {"config_dataset/default.yaml": "dataset:\n  TinyVectors: {num_classes: 16, per_class: 8, sleep: 0.01}\n"},
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += [os.path.join(RUNNER_TESTS, "runner_testing_utils.py"), root, "--bayes_opt_iters", "4"]
+    command += ["--num_epochs_train", "1", "--num_training_sets", "1", "--root_experiment_folder", str(tmp_path)]
+    command += ["--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}"]
+    groups = [
+        subprocess.Popen(command, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    try:
+        outs = [g.communicate(timeout=600)[0] for g in groups]
+    finally:
+        for g in groups:
+            if g.poll() is None:
+                g.kill()
+    assert [g.returncode for g in groups] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    folder = tmp_path / "cfg"
+    study = _study(str(folder))
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    assert sorted(t.user_attrs["folder"] for t in study.trials) == ["trial_0", "trial_1", "trial_2", "trial_3"]
+    for t in study.trials:
+        results = json.load(open(folder / t.user_attrs["folder"] / "results.json"))
+        assert t.value == results["aggregate"]["mean_average_precision_at_r"]
+    ran = [{int(n) for n in re.findall(r"^trial (\d+): objective ", out, re.M)} for out in outs]  # rank 0 logs
+    assert ran[0] and ran[1] and sorted(ran[0] | ran[1]) == [0, 1, 2, 3]  # both groups trained trials
