@@ -21,7 +21,8 @@ Keys marked ~BAYESIAN~ / ~LOG_BAYESIAN~ / ~INT_BAYESIAN~ run an Optuna search (p
 --progress shows progress bars. The experiment goes to <root_experiment_folder>/<experiment_name> (default
 experiments/<the config's experiment_name, or config>[_<variant>]); running the same command again resumes it; a
 changed config stops with the differing keys: --new starts afresh, --resume-anyway continues deliberately.
-Exit status: 0 done, 2 config error (one line on stderr).
+Exit status: 0 done, 1 a search stopped by its failure rule (bayes_opt_max_failures_in_a_row), 2 config error
+(one line on stderr).
 """
 
 import os
@@ -157,7 +158,7 @@ def _print_results(results: dict, folder: str) -> None:
                 continue
             shown = ", ".join(f"{m}={v:.4f}" for m, v in metrics.items() if isinstance(v, float))
             print(f"test {key}: {shown}")
-    main_file = "search.json" if best else "results.json"
+    main_file = "search.json" if isinstance(results, dict) and "trials" in results else "results.json"
     print(f"results: {os.path.join(folder, main_file)}; report: {os.path.join(folder, 'report.html')}")
 
 
@@ -237,7 +238,8 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
         results = run_protocol(config, folder, sources, on_change=on_change, command=command)
     if dist_utils.is_main():
         _print_results(results, folder)
-    return 0
+    stopped = results.get("stopped") if isinstance(results, dict) and "trials" in results else None
+    return 1 if stopped else 0
 
 
 def _names(value) -> Optional[List[str]]:

@@ -310,3 +310,20 @@ def test_a_flat_config_names_its_experiment_folder(tmp_path, monkeypatch, capsys
     assert seen["command"][:5] == ["python", "-m", "pml_extensions", "run", copy]
     assert cli.main([copy, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "mine"]) == 0
     assert seen["folder"] == os.path.join(str(tmp_path / "exp"), "mine")
+
+
+def test_a_search_stopped_by_its_failure_rule_exits_1_and_names_search_json(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("optuna")
+    summary = {"trials": [], "n_trials": 0, "best": None, "failed_trials": [0, 1, 2]}
+
+    def fake_run_search(config, folder, sources, **kwargs):
+        return dict(summary, stopped=stopped)
+
+    monkeypatch.setattr("pml_extensions.runner.protocols.search.run_search", fake_run_search)
+    argv = ["contrastive", "--variant", "quick", "--root_experiment_folder", str(tmp_path), "--bayes_opt_iters", "3"]
+    argv += ["--loss_funcs~APPLY~3", "{neg_margin~BAYESIAN~: [0.5, 2]}"]
+    stopped = {"rule": "bayes_opt_max_failures_in_a_row=3", "trials": [0, 1, 2], "message": "search stopped: ..."}
+    assert cli.main(argv) == 1
+    assert "search.json" in capsys.readouterr().out.splitlines()[-1]  # no trial completed: still the search's file
+    stopped = None
+    assert cli.main(argv) == 0
