@@ -146,8 +146,12 @@ def save_retrieval_examples(
     """
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"save_retrieval_examples: name {name!r} must be a file name of letters, digits and _.-")
-    queries = torch.as_tensor(query_embeddings).detach().float().cpu()
-    refs = queries if reference_embeddings is None else torch.as_tensor(reference_embeddings).detach().float().cpu()
+    queries = torch.as_tensor(query_embeddings, device="cpu").detach().float()  # pictures are drawn on the CPU
+    refs = (
+        queries
+        if reference_embeddings is None
+        else torch.as_tensor(reference_embeddings, device="cpu").detach().float()
+    )
     q_labels = [int(v) for v in np.asarray(query_labels).reshape(-1)]
     r_labels = q_labels if reference_labels is None else [int(v) for v in np.asarray(reference_labels).reshape(-1)]
     reference_image = query_image if reference_image is None else reference_image
@@ -167,12 +171,12 @@ def save_retrieval_examples(
     if len(queries) < 1 or available < 1:
         raise ValueError("save_retrieval_examples: needs at least one query and one other reference")
     k = min(k, available)
-    order = torch.randperm(len(queries), generator=torch.Generator().manual_seed(int(seed)))[:n_queries]
+    order = torch.randperm(len(queries), generator=torch.Generator().manual_seed(int(seed)), device="cpu")[:n_queries]
     q = torch.nn.functional.normalize(queries[order].double(), dim=1)
     r = torch.nn.functional.normalize(refs.double(), dim=1)
     sims = q @ r.T
     if same_items:
-        sims[torch.arange(len(order)), order] = float("-inf")
+        sims[torch.arange(len(order), device="cpu"), order] = float("-inf")
     ranked = torch.sort(sims, dim=1, descending=True, stable=True)  # equal cosines: the lower index first
     out_dir = os.path.join(folder, FOLDER, name)
     if os.path.isdir(out_dir):  # a rerun's examples replace the old ones
