@@ -102,7 +102,8 @@ def quiet_progress_bars():
 def _list(role: Optional[str]) -> int:
     """Every class a config can name, per role: pml_extensions' own, registered ones, and the stock classes of
     PML, torch and torchvision (their module is shown), or the protocols."""
-    from ..runner.config.registry import ROLES, classes_for_role
+    from ..runner.config.class_index import names_for_role
+    from ..runner.config.registry import ROLES
 
     if role == "protocol":
         from ..runner.protocols import DESCRIPTIONS
@@ -121,8 +122,7 @@ def _list(role: Optional[str]) -> int:
     )
     for r in [role] if role else ROLES:
         groups = {}
-        for name, cls in classes_for_role(r).items():
-            module = getattr(cls, "__module__", "") or ""
+        for name, module in names_for_role(r).items():
             top = module if module.startswith("pml_extensions") else ".".join(module.split(".")[:2])
             group = "pml_extensions" if top.startswith("pml_extensions") else top
             groups.setdefault(group, []).append(name)
@@ -202,9 +202,6 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
     root_folder = str(runner.get("root_experiment_folder", "experiments"))
     folder = os.path.join(root_folder, str(runner.get("experiment_name") or default_name))
 
-    from ..runner.experiment import distributed as dist_utils
-
-    dist_utils.init_from_env()
     if runner.get("report_only"):
         from ..runner.outputs.report import write_report
 
@@ -223,6 +220,9 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
         return 0
     if runner.get("new") and runner.get("resume_anyway"):
         raise ConfigError("command line: --new and --resume-anyway exclude each other")
+    from ..runner.experiment import distributed as dist_utils  # the run starts: torch and the rest load here
+
+    dist_utils.init_from_env()
     on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")
     command = list(prog) + typed
     if announce is not None and dist_utils.is_main():

@@ -32,6 +32,7 @@ import yaml
 
 from ..errors import ConfigError
 from .syntax import _SEARCH_OPS, find_search_markers, merge, split_marker  # noqa: F401
+from .yaml_reader import read_yaml
 
 CONFIG_FOLDERS = (
     "config_general",
@@ -56,11 +57,11 @@ def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> N
         return
     top = found[0].split(".")[0]
     source = (sources or {}).get(top, "config")
-    try:
-        import optuna  # noqa: F401
+    import importlib.util
 
+    if importlib.util.find_spec("optuna") is not None:  # found without importing it
         reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner's search)"
-    except ImportError:
+    else:
         reason = "hyper-parameter search needs optuna, which is not installed (pip install optuna)"
     raise ConfigError(f"{source}: key {found[0]}: {reason}; replace the marker by a fixed value")
 
@@ -87,7 +88,7 @@ def load_yaml(path: str) -> Dict:
     with open(path, "r", encoding="utf-8") as f:
         text = f.read()
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line if mark is not None else 0
@@ -106,7 +107,8 @@ load_yaml_file = load_yaml  # the name used before issue 9
 
 
 def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
-    """Parse ``--name value ...`` into a dict; values are YAML (``{a: 1}``, ``[x, y]``, ``0.1``, ``null``).
+    """Parse ``--name value ...`` into a dict; values are YAML (``{a: 1}``, ``[x, y]``, ``0.1``, ``1e-3``, ``null``;
+    floats in YAML 1.2's syntax, :func:`pml_extensions.runner.config.yaml_reader.read_yaml`).
 
     Raises:
         ConfigError: ``"command line: --name: ..."`` for values without a flag or malformed YAML values.
@@ -122,7 +124,7 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
             return
         text = " ".join(words)
         try:
-            out[flag] = yaml.safe_load(text)
+            out[flag] = read_yaml(text)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"command line: --{flag}: malformed YAML value {text!r}: {problem}") from None

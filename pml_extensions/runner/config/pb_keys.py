@@ -230,13 +230,13 @@ def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = N
     if value not in allowed:
         raise ConfigError(f"{where}: {value!r} is not supported: {reason}")
     if key == "log_data_to_tensorboard" and value:
-        try:
-            import tensorboard  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:  # found without importing it (seconds)
             raise ConfigError(
-                f"{where}: true needs the tensorboard package (pip install tensorboard); the CSV and "
-                "SQLite logs are always written"
-            ) from None
+                f"{where}: true needs the tensorboard package: pip install 'pml_extensions[tensorboard]' (or "
+                "pip install tensorboard), or set it to false; the CSV and SQLite logs are always written"
+            )
     return value
 
 

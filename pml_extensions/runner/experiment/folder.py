@@ -62,18 +62,20 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
 def _yaml_roundtrip(config: Dict[str, Any]) -> Dict[str, Any]:
     import yaml
 
-    return yaml.safe_load(yaml.safe_dump(config, sort_keys=False)) or {}
+    from ..config.yaml_reader import read_yaml
+
+    return read_yaml(yaml.safe_dump(config, sort_keys=False)) or {}
 
 
 def saved_config(folder: str) -> Optional[Dict[str, Any]]:
     """The ``config.yaml`` saved in ``folder`` (``None`` when there is none)."""
-    import yaml
+    from ..config.yaml_reader import read_yaml
 
     path = os.path.join(folder, "config.yaml")
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f) or {}
+        return read_yaml(f) or {}
 
 
 def has_progress(folder: str) -> bool:

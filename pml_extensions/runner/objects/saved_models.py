@@ -63,15 +63,15 @@ def pml_model_files(folder: str) -> Tuple[Optional[str], Optional[str]]:
 
 
 def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optional[str]]:
-    """The run's saved config (``yaml.safe_load`` of ``config.yaml``) in ``path``'s folder or above."""
-    import yaml
+    """The run's saved config (``config.yaml``, read with YAML 1.2 floats) in ``path``'s folder or above."""
+    from ..config.yaml_reader import read_yaml
 
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     for _ in range(levels + 1):
         candidate = os.path.join(folder, CONFIG_NAME)
         if os.path.isfile(candidate):
             with open(candidate, encoding="utf-8") as f:
-                cfg = yaml.safe_load(f)
+                cfg = read_yaml(f)
             if not isinstance(cfg, dict):
                 raise ValueError(f"run config {candidate} is not a mapping")
             return cfg, candidate
