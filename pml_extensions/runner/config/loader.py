@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from ..errors import ConfigError
+from .sources import Sources
 from .syntax import _SEARCH_OPS, find_search_markers, merge, split_marker  # noqa: F401
 from .yaml_reader import read_yaml
 
@@ -253,13 +254,17 @@ def load_config(
         allow_search: keep ``~BAYESIAN~`` markers (for :mod:`pml_extensions.runner.protocols.search`) instead of
             refusing.
         check_keys: refuse top-level keys the config's protocol does not read (a typo is an error naming the
-            nearest known key, :func:`pml_extensions.runner.config.keys.check_keys`) and map older spellings
-            (:func:`pml_extensions.runner.config.old_keys.map_old_keys`).
+            nearest known key, :func:`pml_extensions.runner.config.keys.check_keys`), map older spellings
+            (:func:`pml_extensions.runner.config.old_keys.map_old_keys`), check PB's values
+            (:func:`pml_extensions.runner.config.pb_keys.check_values`) and every class's arguments
+            (:func:`pml_extensions.runner.config.arguments.check_arguments`).
         log: where notes about mapped old keys go (default: stderr).
 
     Returns:
         ``(config, sources)``: the merged dict and, per top-level key, the file (or ``"command line"``) that
-        set it last — used to name the file in later error messages.
+        set it last — used to name the file in later error messages; ``sources`` is a
+        :class:`pml_extensions.runner.config.sources.Sources`, whose ``of("trainer.MetricLossOnly.batch_size")``
+        names the file of a nested value.
 
     Raises:
         ConfigError: missing root/folder/file, malformed YAML, bad markers, unknown folder in ``selection``,
@@ -280,10 +285,11 @@ def load_config(
                 f"command line: --{folder}: unknown config folder; choose from {', '.join(CONFIG_FOLDERS)}"
             )
     config: Dict[str, Any] = {}
-    sources: Dict[str, str] = {}
+    sources = Sources()
     per_folder: Dict[str, Dict[str, Any]] = {}
     variants: Dict[str, Any] = {}
-    for folder, path in _file_list(config_root, selection):
+    files = _file_list(config_root, selection)  # grouped by folder, in CONFIG_FOLDERS order
+    for i, (folder, path) in enumerate(files):
         shown = display_path(path)
         data = load_yaml(path)
         if "variants" in data:  # kept raw: their markers act on the merged config (variant_configs)
@@ -294,9 +300,12 @@ def load_config(
         per_folder[folder] = merge(per_folder.get(folder, {}), data, shown)
         for k in data:
             sources[split_marker(k, shown)[0]] = shown
-    for folder in CONFIG_FOLDERS:
-        if folder in per_folder:
-            config = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
+        # each folder's files merge among themselves first, then over the folders before it: the config as it stands
+        # after this file is the folders before plus this folder so far (Sources.of names the file of a nested value)
+        merged = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
+        sources.add_layer(shown, merged)
+        if i + 1 == len(files) or files[i + 1][0] != folder:
+            config = merged
     if variants:
         config["variants"] = variants
     if config_layout(config_root) == "flat" and "protocol" not in config:
@@ -307,14 +316,17 @@ def load_config(
         config = merge(config, overrides, "command line")
         for k in overrides:
             sources[split_marker(k, "command line")[0]] = "command line"
+        sources.add_layer("command line", config)
     if check_keys:
         from . import pb_keys
+        from .arguments import check_arguments
         from .keys import check_keys as check_top_level_keys
         from .old_keys import map_old_keys
 
         check_top_level_keys(config, sources, file_keys)
         config = map_old_keys(config, sources, log=log)
         pb_keys.check_values(config, sources)
+        check_arguments(config, sources)
     if not allow_search:
         check_no_search(config, sources)
     return config, sources
