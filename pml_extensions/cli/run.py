@@ -4,6 +4,8 @@ Run a powerful-benchmarker-style config with its protocol (the config's `protoco
 
   python -m pml_extensions run CONFIG [--variant quick] [--experiment_name NAME] [--root_experiment_folder DIR]
       [--config_general [default, other]] ... [--key value | --key~OVERRIDE~ {...} | --key~APPLY~2 {...} ...]
+  python -m pml_extensions run CONFIG ... --data_folder PATH   your own images: a folder of class folders or a
+      CSV file (label, path, split columns); see docs/own_data.md
   python -m pml_extensions run CONFIG ... --dry-run     print the fully merged config as YAML, train nothing
   python -m pml_extensions run --list [ROLE | protocol]  the class names a config can use, or the protocols
   python -m pml_extensions run --reproduce RUN_FOLDER    rerun a finished experiment from its saved config
@@ -21,7 +23,11 @@ Keys marked ~BAYESIAN~ / ~LOG_BAYESIAN~ / ~INT_BAYESIAN~ run an Optuna search (p
 --progress shows progress bars. The experiment goes to <root_experiment_folder>/<experiment_name> (default
 experiments/<the config's experiment_name, or config>[_<variant>]); running the same command again resumes it; a
 changed config stops with the differing keys: --new starts afresh, --resume-anyway continues deliberately.
-Exit status: 0 done, 2 config error (one line on stderr).
+Checks before training (one line each): every image decodes (--skip_bad_images true leaves bad files out), enough
+classes for the split and the sampler, image channels that fit the trunk. Ctrl-C or SIGTERM stops a run with one line
+(exit 130 / 143); rerunning the same command resumes it.
+Exit status: 0 done, 1 a file could not be written or read (one line naming it), 2 config error (one line on
+stderr), 130 / 143 interrupted by SIGINT / SIGTERM.
 """
 
 import os
@@ -45,7 +51,53 @@ RUNNER_KEYS = (
     "resume-anyway",
     "resume_anyway",
     "reproduce",
+    "data_folder",
 )
+
+
+#: protocol -> ``(path, is_csv) -> dataset spec`` for ``--data_folder`` (all classes: the protocol splits them)
+DATA_FOLDER_DATASET = {
+    "mlrc": lambda path, is_csv: (
+        {"ImageCSVSplit": {"csv_file": path, "split": "all"}}
+        if is_csv
+        else {"ImageFolderSplit": {"root": path, "split": "all"}}
+    ),
+    "xml_vs_gap": lambda path, is_csv: {"name": "csv" if is_csv else "imagefolder", "root": path},
+}
+
+
+def data_folder_override(path, protocol: str) -> dict:
+    """``--data_folder PATH``: your own images as the config's dataset, all classes (the protocol splits them).
+
+    A folder of class folders is :class:`pml_extensions.datasets.ImageFolderSplit`, a ``.csv`` file (``label``,
+    ``path``, optional ``split`` columns) :class:`pml_extensions.datasets.ImageCSVSplit`; the mlrc protocol gets
+    ``split: all`` (it makes its own class-disjoint split), the flat xml_vs_gap configs the dataset by name.
+
+    Raises:
+        ConfigError: no such folder or file, or a protocol that reads its datasets differently.
+
+    Example::
+
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> data_folder_override(folder, "mlrc") == {"dataset~OVERRIDE~": {"ImageFolderSplit": {"root": folder,
+        ...                                                                                   "split": "all"}}}
+        True
+    """
+    if not isinstance(path, str) or not path:
+        raise ConfigError("command line: --data_folder: needs a folder of class folders or a CSV file")
+    is_csv = os.path.isfile(path) and path.lower().endswith(".csv")
+    if not (os.path.isdir(path) or is_csv):
+        raise ConfigError(
+            f"command line: --data_folder {path}: no such folder (one sub-folder per class) or CSV file "
+            "(label, path, split columns)"
+        )
+    if protocol in DATA_FOLDER_DATASET:
+        return {"dataset~OVERRIDE~": DATA_FOLDER_DATASET[protocol](path, is_csv)}
+    raise ConfigError(
+        f"command line: --data_folder: the {protocol} protocol reads its data from `datasets:` (e.g. "
+        f'--datasets~OVERRIDE~ "{{imagefolder: {{root: {path}, database_resolution: 128, query_resolutions: [64]}}}}")'
+    )
 
 
 def find_config_root(name_or_path: str) -> str:
@@ -207,6 +259,9 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
 
         print(write_report(folder))
         return 0
+    if "data_folder" in runner:  # your own images: the protocol decides how the dataset is written
+        protocol = load_config(root, selection, None, allow_search=True, check_keys=False)[0].get("protocol")
+        rest = dict(rest, **data_folder_override(runner["data_folder"], protocol or "mlrc"))
     config, sources = load_config(root, selection, rest, allow_search=True)
     if not runner.get("experiment_name") and isinstance(config.get("experiment_name"), str):
         folder = os.path.join(root_folder, config["experiment_name"])  # the flat form names its experiment

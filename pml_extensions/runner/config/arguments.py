@@ -66,8 +66,13 @@ def _number_at_least(low: float, what: str) -> Callable[[Any], Optional[str]]:
     return check
 
 
+def _boolean(value: Any) -> Optional[str]:
+    return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+
+
 #: top-level key -> check returning the problem or None
 TOP_LEVEL_RULES: Dict[str, Callable[[Any], Optional[str]]] = {
+    "skip_bad_images": _boolean,
     "patience": _int_at_least(0, "evaluations without improvement before training stops", null=True),
     "num_epochs_train": _int_at_least(1, "epochs per fold"),
     "num_epochs": _int_at_least(1, "epochs per variant and seed"),
