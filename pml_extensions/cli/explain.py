@@ -203,9 +203,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"reference {args.reference} not found", file=sys.stderr)
         return 2
     device = torch.device(args.device)
+    from ..runner.errors import OUTPUT_ERRNOS, Interrupted, OutputError
+    from ..runner.experiment.interrupts import raise_on_signals
+
     try:
-        return _explain(args, refs, device, excluded)
-    except (ValueError, FileNotFoundError, TypeError, RuntimeError) as e:  # RuntimeError: the model's forward
+        with raise_on_signals():
+            return _explain(args, refs, device, excluded)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the overlays written so far stay
+        print(f"interrupted; the overlays written so far are in {args.out}; rerun the same command", file=sys.stderr)
+        return 128 + (e.signal_number if isinstance(e, Interrupted) else 2)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) or e.errno not in OUTPUT_ERRNOS:
+            print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+            return 2
+        print(f"error: {OutputError.writing(e.filename or args.out, e, '--out')}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, RuntimeError) as e:  # RuntimeError: the model's forward
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
 

@@ -184,17 +184,45 @@ def _list(role: Optional[str]) -> int:
     return 0
 
 
+def guarded(call: Callable[[], int], what: str = "--root_experiment_folder") -> int:
+    """``call()``'s exit status, or one line on stderr and the status for what stopped it: an interrupt (``128 +
+    signal``: 130 for Ctrl-C, 143 for SIGTERM; where it stood and that rerunning resumes), a file that cannot be
+    written or read (1; the path), a config error (2). Under torchrun only rank 0 prints."""
+    from ..runner.errors import OUTPUT_ERRNOS, Interrupted, OutputError
+
+    def say(line: str) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            print(line, file=sys.stderr)
+
+    try:
+        return call()
+    except KeyboardInterrupt as e:
+        from ..runner.experiment.interrupts import position
+
+        where = position()
+        stood = "before the first epoch" if where == "the start" else f"at {where}"
+        say(f"interrupted {stood}; rerun the same command to resume")
+        return 128 + (e.signal_number if isinstance(e, Interrupted) else 2)
+    except OutputError as e:
+        say(f"error: {str(e).splitlines()[0]}")
+        return 1
+    except ConfigError as e:
+        say(f"config error: {str(e).splitlines()[0]}")
+        return 2
+    except OSError as e:
+        if e.errno not in OUTPUT_ERRNOS:
+            raise
+        say(f"error: {OutputError.writing(e.filename or '(output)', e, what)}")
+        return 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
-    try:
-        return _main(argv)
-    except ConfigError as e:
-        print(f"config error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+    return guarded(lambda: _main(argv))
 
 
 def _print_results(results: dict, folder: str) -> None:
@@ -282,14 +310,17 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
     command = list(prog) + typed
     if announce is not None and dist_utils.is_main():
         announce(config, folder)
-    if find_search_markers(config):
-        from ..runner.protocols.search import run_search
+    from ..runner.experiment.interrupts import raise_on_signals
 
-        results = run_search(config, folder, sources, on_change=on_change, command=command)
-    else:
-        from ..runner.protocols import run_protocol
+    with raise_on_signals():  # SIGINT / SIGTERM: errors.Interrupted, reported by guarded() in one line
+        if find_search_markers(config):
+            from ..runner.protocols.search import run_search
 
-        results = run_protocol(config, folder, sources, on_change=on_change, command=command)
+            results = run_search(config, folder, sources, on_change=on_change, command=command)
+        else:
+            from ..runner.protocols import run_protocol
+
+            results = run_protocol(config, folder, sources, on_change=on_change, command=command)
     if dist_utils.is_main():
         _print_results(results, folder)
     return 0

@@ -16,6 +16,7 @@ Example::
     (True, 15)
 """
 
+import errno
 import signal
 
 
@@ -28,9 +29,32 @@ class MissingDataError(ConfigError, FileNotFoundError):
     the one-line message says how to get it. Also a ``FileNotFoundError``, as the dataset classes raise."""
 
 
+#: errno values that mean "this place cannot take the file" (a read-only, foreign or full folder), not a bug
+OUTPUT_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR)
+
+
 class OutputError(ConfigError, OSError):
     """A file of the run cannot be written (a read-only or full output folder) or read back (a truncated
     checkpoint); the one-line message names the path and what to do. Also an ``OSError``."""
+
+    @classmethod
+    def writing(cls, path: str, error: BaseException, where: str = "--root_experiment_folder") -> "OutputError":
+        """The error for ``path`` that could not be written because of ``error`` (``where``: the option that chose
+        the folder).
+
+        Example::
+
+            >>> print(OutputError.writing("runs/x", PermissionError(13, "Permission denied")))
+            runs/x: cannot write (Permission denied); choose a writable --root_experiment_folder or fix its \
+permissions, then rerun
+        """
+        text = str(error).splitlines()[0] if str(error) else type(error).__name__
+        code = getattr(error, "errno", None)
+        if code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "disk is full" in text:
+            advice = "the disk is full: free space, then rerun the same command to resume from the last checkpoint"
+        else:
+            advice = f"choose a writable {where} or fix its permissions, then rerun"
+        return cls(f"{path}: cannot write ({getattr(error, 'strerror', None) or text}); {advice}")
 
 
 class Interrupted(KeyboardInterrupt):

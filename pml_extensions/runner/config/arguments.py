@@ -209,8 +209,11 @@ def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = 
     """
     _Checker(sources).config(config)
     variants = config.get("variants")
-    if isinstance(variants, dict) and variants:
-        from .loader import variant_configs
+    if isinstance(variants, dict) and variants:  # each variant merged over the rest, as loader.variant_configs does
+        from .syntax import merge
 
-        for name, variant in variant_configs(config, where=(sources or {}).get("variants", "config")).items():
+        base = {k: v for k, v in config.items() if k != "variants"}
+        where = (sources or {}).get("variants", "config")
+        for name, update in variants.items():
+            variant = merge(base, update or {}, f"{where}: variants.{name}")
             _Checker(sources, f" (variant {name})").config(variant)

@@ -73,15 +73,16 @@ def source_of(sources: Optional[Dict[str, str]], path: Union[str, Sequence[Any]]
     return (sources or {}).get(keys[0] if keys else "", "config")
 
 
+#: the shipped configs (``pml_extensions/configs``), whose files messages show as ``configs/<name>/...``
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+
+
 def is_shipped(source: str) -> bool:
     """True for a file shipped in ``pml_extensions/configs`` (shown as ``configs/<name>/...``)."""
-    from .loader import _configs_dir
-
     if source in (COMMAND_LINE, "config") or not source:
         return False
-    root = os.path.dirname(_configs_dir())
-    path = source if os.path.isabs(source) else os.path.join(root, source)
-    return os.path.abspath(path).startswith(_configs_dir() + os.sep) and os.path.exists(path)
+    path = source if os.path.isabs(source) else os.path.join(os.path.dirname(SHIPPED), source)
+    return os.path.abspath(path).startswith(SHIPPED + os.sep) and os.path.exists(path)
 
 
 def describe(source: str) -> str:

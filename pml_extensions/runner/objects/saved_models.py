@@ -38,7 +38,11 @@ def _load(path: str, trust: bool):
                 f"checkpoint {path} holds pickled Python objects (whole modules): pass --trust-checkpoint to "
                 "load it (only for files you trust)"
             ) from None
-        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        reason = (str(e).splitlines()[0] if str(e) else "").split(". ")[0].rstrip(".")  # torch's run on for lines
+        raise ValueError(
+            f"cannot read checkpoint {path}: {type(e).__name__}: {reason} (a truncated or corrupt file: copy it "
+            "again, or rerun the training that wrote it)"
+        ) from None
 
 
 def _epoch(name: str) -> int:
