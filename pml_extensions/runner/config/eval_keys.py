@@ -67,7 +67,8 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
 
     Raises:
         ConfigError: an unknown tester class or argument, ``reference_set`` other than ``compared_to_self``,
-        a ``visualizer`` (embedding plots need umap, not a dependency), a bad ``accuracy_calculator``.
+        a ``visualizer`` other than ``{}`` / null (PB's "none"; embedding plots need TSNE or UMAP, not dependencies),
+        a bad ``accuracy_calculator``.
     """
     from .class_index import lookup, names_for_role, tester_params
 
@@ -89,12 +90,14 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
             f"{where}.reference_set: only compared_to_self is supported (each split is its own "
             f"reference set, as in the MLRC paper), got {reference!r}"
         )
-    if kwargs.get("visualizer") is not None:
+    visualizer = kwargs.pop("visualizer", None)
+    if visualizer:  # PB: `if tester_params.get("visualizer", None):` -- {} and null mean no visualizer
+        name = next(iter(visualizer)) if isinstance(visualizer, dict) else visualizer
         raise ConfigError(
-            f"{where}.visualizer: embedding plots are not supported (PB used umap, not a "
-            "dependency); set visualizer: null"
+            f"{where}.visualizer: embedding plots are not supported ({name}: PB drew them with a visualizer class "
+            "such as sklearn's TSNE or umap's UMAP, neither a dependency here); set visualizer: {} (none, as PB "
+            "reads it) or null"
         )
-    kwargs.pop("visualizer", None)
     pca = kwargs.get("pca")
     if pca is not None and (isinstance(pca, bool) or not isinstance(pca, int) or pca < 1):
         raise ConfigError(f"{where}.pca: expected null or a positive number of dimensions, got {pca!r}")
