@@ -9,10 +9,14 @@ collected file is an error, so a renamed test cannot lose its marker silently).
 
 import os
 import sys
+import tempfile
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the runner's class index (runner/config/class_index.py) is cached per session, never in the user's ~/.cache; child
+# processes inherit the folder, so they find the index the first test built
+os.environ.setdefault("PML_EXTENSIONS_CACHE_DIR", tempfile.mkdtemp(prefix="pml_extensions_test_cache_"))
 
 #: ``file::test`` (a file alone: all its tests) of slow tests outside tests/runner and tests/cli
 SLOW_ELSEWHERE = (

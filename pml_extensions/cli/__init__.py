@@ -31,8 +31,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     module = importlib.import_module(COMMANDS[argv[0]])
     status = module.main(argv[1:]) or 0
-    if status == 0:  # under torchrun: every rank reached the end; leave the process group together
-        from pml_extensions.runner.experiment.distributed import shutdown
-
-        shutdown()
+    distributed = sys.modules.get("pml_extensions.runner.experiment.distributed")
+    if status == 0 and distributed is not None:  # a run under torchrun: every rank reached the end; leave together
+        distributed.shutdown()
     return status

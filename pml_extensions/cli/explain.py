@@ -13,18 +13,18 @@ class (as torchvision's ImageFolder); the query's own file (same path or same by
 Maps follow Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021.
 """
 
+from __future__ import annotations  # annotations name torch types that load only when a command runs
+
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
-import torch
-from PIL import Image
-from torch import nn
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
-from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
-from ..explain.reference_images import ReferenceImage, exclude_query, list_reference_images, read_image
-from ..utils.atomic_io import atomic_write_json
+# torch, PIL and the package's rooms are imported inside the functions: `explain --help` answers at once
 
 DEFAULT_IMAGE_SIZE = 320
 
@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _mobilenet_trunk(pretrained: bool) -> nn.Module:
+    from torch import nn
+
     from pml_extensions.trunks.pretrained import mobilenet_v2_features
 
     return nn.Sequential(mobilenet_v2_features(pretrained=pretrained), nn.AdaptiveAvgPool2d(1), nn.Flatten())
@@ -110,6 +112,8 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
     Raises:
         FileNotFoundError: a missing checkpoint; ValueError: an unreadable one (one line naming the file).
     """
+    from torch import nn
+
     from ..runner.objects.saved_models import load_models as _load_models
 
     return _load_models(checkpoint, trust, default=lambda: (_mobilenet_trunk(True), nn.Identity()))
@@ -120,7 +124,10 @@ def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = Fals
     with ``keep_aspect`` the shorter side resized to ``size`` (``[channels, size, W']`` or ``[channels, H',
     size]``); normalised with ``stats = (mean, std)`` when given (a run's own eval normalisation), else
     ImageNet-normalised for 3 channels and grey in [0, 1] for 1 channel."""
+    from PIL import Image
     from torchvision.transforms import functional as TF
+
+    from ..explain.reference_images import read_image
 
     im = read_image(path, "RGB" if channels == 3 else "L")  # transparency on white, as the datasets
     if keep_aspect:
@@ -135,6 +142,8 @@ def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = Fals
 
 
 def _default_stats(channels: int):
+    from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+
     return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (None, None)
 
 
@@ -149,6 +158,8 @@ def _side(checkpoint, channels, size):
 
 
 def _channels(trunk: nn.Module) -> int:
+    from torch import nn
+
     for m in trunk.modules():
         if isinstance(m, nn.Conv2d):
             return int(m.in_channels)
@@ -166,6 +177,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not os.path.isfile(args.query):
         print(f"query image {args.query} not found", file=sys.stderr)
         return 2
+    import torch
+
+    from ..explain.reference_images import ReferenceImage, exclude_query, list_reference_images
+
     excluded = []
     if os.path.isdir(args.reference):
         try:
@@ -188,16 +203,32 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"reference {args.reference} not found", file=sys.stderr)
         return 2
     device = torch.device(args.device)
+    from ..runner.errors import OUTPUT_ERRNOS, Interrupted, OutputError
+    from ..runner.experiment.interrupts import raise_on_signals
+
     try:
-        return _explain(args, refs, device, excluded)
-    except (ValueError, FileNotFoundError, TypeError, RuntimeError) as e:  # RuntimeError: the model's forward
+        with raise_on_signals():
+            return _explain(args, refs, device, excluded)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the overlays written so far stay
+        print(f"interrupted; the overlays written so far are in {args.out}; rerun the same command", file=sys.stderr)
+        return 128 + (e.signal_number if isinstance(e, Interrupted) else 2)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) or e.errno not in OUTPUT_ERRNOS:
+            print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+            return 2
+        print(f"error: {OutputError.writing(e.filename or args.out, e, '--out')}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, RuntimeError) as e:  # RuntimeError: the model's forward
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
 
 
 def _explain(args, refs, device, excluded=()) -> int:
+    import torch
+
     from ..explain.activation_decomposition import ActivationDecomposition
     from ..explain.overlay import explanation_panels, save_pair_overlay, to_display_image
+    from ..utils.atomic_io import atomic_write_json
 
     # the query's class: that of its own file in the reference folder, when it was found there
     query_label = next((ref.label for ref, _ in excluded if ref.label is not None), None)

@@ -12,7 +12,8 @@ CONFIG is a flat config (config_<category>.yaml files; default xml_glyphs); --ro
 runs. Progress bars show when stderr is a terminal. The job's older option spellings still work and are read as
 run's, with one note each: --config X (CONFIG), --output (--root_experiment_folder), --epochs (--num_epochs),
 --iterations (--iterations_per_epoch), --dataset-root (--dataset_root), --seed S (--seeds S).
-Exit status: 0 done, 2 config error (one line on stderr).
+Exit status: 0 done, 1 a file could not be written or read, 2 config error (one line on stderr), 130 / 143
+interrupted (rerun the same command to resume).
 """
 
 import sys
@@ -83,15 +84,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
-    try:
+
+    def job():
         args = run_argv(argv)
         _check_flat(args[0])
         if sys.stderr.isatty() and "--progress" not in args:  # a terminal: bars; a log file or a pipe: none
             args.append("--progress")
         return run._main(args, prog=PROG, announce=lambda config, folder: _announce(args[0], config, folder))
-    except ConfigError as e:
-        print(f"config error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+
+    return run.guarded(job)  # one line (and its exit status) for config errors, files and interrupts
 
 
 def load_job_config(argv: List[str]):

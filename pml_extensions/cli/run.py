@@ -4,6 +4,8 @@ Run a powerful-benchmarker-style config with its protocol (the config's `protoco
 
   python -m pml_extensions run CONFIG [--variant quick] [--experiment_name NAME] [--root_experiment_folder DIR]
       [--config_general [default, other]] ... [--key value | --key~OVERRIDE~ {...} | --key~APPLY~2 {...} ...]
+  python -m pml_extensions run CONFIG ... --data_folder PATH   your own images: a folder of class folders or a
+      CSV file (label, path, split columns); see docs/own_data.md
   python -m pml_extensions run CONFIG ... --dry-run     print the fully merged config as YAML, train nothing
   python -m pml_extensions run --list [ROLE | protocol]  the class names a config can use, or the protocols
   python -m pml_extensions run --reproduce RUN_FOLDER    rerun a finished experiment from its saved config
@@ -21,8 +23,12 @@ Keys marked ~BAYESIAN~ / ~LOG_BAYESIAN~ / ~INT_BAYESIAN~ run an Optuna search (p
 --progress shows progress bars. The experiment goes to <root_experiment_folder>/<experiment_name> (default
 experiments/<the config's experiment_name, or config>[_<variant>]); running the same command again resumes it; a
 changed config stops with the differing keys: --new starts afresh, --resume-anyway continues deliberately.
-Exit status: 0 done, 1 a search stopped by its failure rule (bayes_opt_max_failures_in_a_row), 2 config error
-(one line on stderr).
+Checks before training (one line each): every image decodes (--skip_bad_images true leaves bad files out), enough
+classes for the split and the sampler, image channels that fit the trunk. Ctrl-C or SIGTERM stops a run with one line
+(exit 130 / 143); rerunning the same command resumes it.
+Exit status: 0 done, 1 a file could not be written or read (one line naming it) or a search stopped by its
+failure rule (bayes_opt_max_failures_in_a_row), 2 config error (one line on stderr), 130 / 143 interrupted by
+SIGINT / SIGTERM.
 """
 
 import os
@@ -46,7 +52,53 @@ RUNNER_KEYS = (
     "resume-anyway",
     "resume_anyway",
     "reproduce",
+    "data_folder",
 )
+
+
+#: protocol -> ``(path, is_csv) -> dataset spec`` for ``--data_folder`` (all classes: the protocol splits them)
+DATA_FOLDER_DATASET = {
+    "mlrc": lambda path, is_csv: (
+        {"ImageCSVSplit": {"csv_file": path, "split": "all"}}
+        if is_csv
+        else {"ImageFolderSplit": {"root": path, "split": "all"}}
+    ),
+    "xml_vs_gap": lambda path, is_csv: {"name": "csv" if is_csv else "imagefolder", "root": path},
+}
+
+
+def data_folder_override(path, protocol: str) -> dict:
+    """``--data_folder PATH``: your own images as the config's dataset, all classes (the protocol splits them).
+
+    A folder of class folders is :class:`pml_extensions.datasets.ImageFolderSplit`, a ``.csv`` file (``label``,
+    ``path``, optional ``split`` columns) :class:`pml_extensions.datasets.ImageCSVSplit`; the mlrc protocol gets
+    ``split: all`` (it makes its own class-disjoint split), the flat xml_vs_gap configs the dataset by name.
+
+    Raises:
+        ConfigError: no such folder or file, or a protocol that reads its datasets differently.
+
+    Example::
+
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> data_folder_override(folder, "mlrc") == {"dataset~OVERRIDE~": {"ImageFolderSplit": {"root": folder,
+        ...                                                                                   "split": "all"}}}
+        True
+    """
+    if not isinstance(path, str) or not path:
+        raise ConfigError("command line: --data_folder: needs a folder of class folders or a CSV file")
+    is_csv = os.path.isfile(path) and path.lower().endswith(".csv")
+    if not (os.path.isdir(path) or is_csv):
+        raise ConfigError(
+            f"command line: --data_folder {path}: no such folder (one sub-folder per class) or CSV file "
+            "(label, path, split columns)"
+        )
+    if protocol in DATA_FOLDER_DATASET:
+        return {"dataset~OVERRIDE~": DATA_FOLDER_DATASET[protocol](path, is_csv)}
+    raise ConfigError(
+        f"command line: --data_folder: the {protocol} protocol reads its data from `datasets:` (e.g. "
+        f'--datasets~OVERRIDE~ "{{imagefolder: {{root: {path}, database_resolution: 128, query_resolutions: [64]}}}}")'
+    )
 
 
 def find_config_root(name_or_path: str) -> str:
@@ -103,7 +155,8 @@ def quiet_progress_bars():
 def _list(role: Optional[str]) -> int:
     """Every class a config can name, per role: pml_extensions' own, registered ones, and the stock classes of
     PML, torch and torchvision (their module is shown), or the protocols."""
-    from ..runner.config.registry import ROLES, classes_for_role
+    from ..runner.config.class_index import names_for_role
+    from ..runner.config.registry import ROLES
 
     if role == "protocol":
         from ..runner.protocols import DESCRIPTIONS
@@ -122,8 +175,7 @@ def _list(role: Optional[str]) -> int:
     )
     for r in [role] if role else ROLES:
         groups = {}
-        for name, cls in classes_for_role(r).items():
-            module = getattr(cls, "__module__", "") or ""
+        for name, module in names_for_role(r).items():
             top = module if module.startswith("pml_extensions") else ".".join(module.split(".")[:2])
             group = "pml_extensions" if top.startswith("pml_extensions") else top
             groups.setdefault(group, []).append(name)
@@ -133,17 +185,45 @@ def _list(role: Optional[str]) -> int:
     return 0
 
 
+def guarded(call: Callable[[], int], what: str = "--root_experiment_folder") -> int:
+    """``call()``'s exit status, or one line on stderr and the status for what stopped it: an interrupt (``128 +
+    signal``: 130 for Ctrl-C, 143 for SIGTERM; where it stood and that rerunning resumes), a file that cannot be
+    written or read (1; the path), a config error (2). Under torchrun only rank 0 prints."""
+    from ..runner.errors import OUTPUT_ERRNOS, Interrupted, OutputError
+
+    def say(line: str) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            print(line, file=sys.stderr)
+
+    try:
+        return call()
+    except KeyboardInterrupt as e:
+        from ..runner.experiment.interrupts import position
+
+        where = position()
+        stood = "before the first epoch" if where == "the start" else f"at {where}"
+        say(f"interrupted {stood}; rerun the same command to resume")
+        return 128 + (e.signal_number if isinstance(e, Interrupted) else 2)
+    except OutputError as e:
+        say(f"error: {str(e).splitlines()[0]}")
+        return 1
+    except ConfigError as e:
+        say(f"config error: {str(e).splitlines()[0]}")
+        return 2
+    except OSError as e:
+        if e.errno not in OUTPUT_ERRNOS:
+            raise
+        say(f"error: {OutputError.writing(e.filename or '(output)', e, what)}")
+        return 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
-    try:
-        return _main(argv)
-    except ConfigError as e:
-        print(f"config error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+    return guarded(lambda: _main(argv))
 
 
 def _print_results(results: dict, folder: str) -> None:
@@ -203,14 +283,14 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
     root_folder = str(runner.get("root_experiment_folder", "experiments"))
     folder = os.path.join(root_folder, str(runner.get("experiment_name") or default_name))
 
-    from ..runner.experiment import distributed as dist_utils
-
-    dist_utils.init_from_env()
     if runner.get("report_only"):
         from ..runner.outputs.report import write_report
 
         print(write_report(folder))
         return 0
+    if "data_folder" in runner:  # your own images: the protocol decides how the dataset is written
+        protocol = load_config(root, selection, None, allow_search=True, check_keys=False)[0].get("protocol")
+        rest = dict(rest, **data_folder_override(runner["data_folder"], protocol or "mlrc"))
     config, sources = load_config(root, selection, rest, allow_search=True)
     if not runner.get("experiment_name") and isinstance(config.get("experiment_name"), str):
         folder = os.path.join(root_folder, config["experiment_name"])  # the flat form names its experiment
@@ -224,18 +304,24 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
         return 0
     if runner.get("new") and runner.get("resume_anyway"):
         raise ConfigError("command line: --new and --resume-anyway exclude each other")
+    from ..runner.experiment import distributed as dist_utils  # the run starts: torch and the rest load here
+
+    dist_utils.init_from_env()
     on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")
     command = list(prog) + typed
     if announce is not None and dist_utils.is_main():
         announce(config, folder)
-    if find_search_markers(config):
-        from ..runner.protocols.search import run_search
+    from ..runner.experiment.interrupts import raise_on_signals
 
-        results = run_search(config, folder, sources, on_change=on_change, command=command)
-    else:
-        from ..runner.protocols import run_protocol
+    with raise_on_signals():  # SIGINT / SIGTERM: errors.Interrupted, reported by guarded() in one line
+        if find_search_markers(config):
+            from ..runner.protocols.search import run_search
 
-        results = run_protocol(config, folder, sources, on_change=on_change, command=command)
+            results = run_search(config, folder, sources, on_change=on_change, command=command)
+        else:
+            from ..runner.protocols import run_protocol
+
+            results = run_protocol(config, folder, sources, on_change=on_change, command=command)
     if dist_utils.is_main():
         _print_results(results, folder)
     stopped = results.get("stopped") if isinstance(results, dict) and "trials" in results else None

@@ -1,5 +1,6 @@
-"""Offline real data: glyphs rendered from installed fonts, Open Clip Art, Fashion-MNIST, ImageFolder trees and
-PML's CUB / Cars196 / SOP classes, all with class-disjoint splits. Nothing downloads."""
+"""Offline real data: glyphs rendered from installed fonts, Open Clip Art, Fashion-MNIST, your own images (an
+ImageFolder tree or a CSV table of files) and PML's CUB / Cars196 / SOP classes, all with class-disjoint splits.
+Nothing downloads."""
 
 from .cached_feature_dataset import CachedFeatureDataset
 from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
@@ -8,6 +9,8 @@ from .fashion_mnist import FashionMNIST
 from .feature_cache import FeatureCache
 from .get_dataset import DATASET_NAMES, get_dataset
 from .glyph_dataset import GlyphDataset
+from .image_csv_split import ImageCSVSplit
+from .image_files import ImageFileDataset, find_unreadable_images
 from .image_folder_split import ImageFolderSplit
 from .normalization import IMAGENET_MEAN, IMAGENET_STD
 from .open_clip_art import OpenClipArt
@@ -23,10 +26,13 @@ __all__ = [
     "GlyphDataset",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "ImageCSVSplit",
+    "ImageFileDataset",
     "ImageFolderSplit",
     "OpenClipArt",
     "SeededViewDataset",
     "draw_view",
+    "find_unreadable_images",
     "get_dataset",
     "seeded_view",
     "select_split_classes",

@@ -6,11 +6,12 @@ import numpy as np
 
 from .fashion_mnist import FashionMNIST
 from .glyph_dataset import GlyphDataset
+from .image_csv_split import ImageCSVSplit
 from .image_folder_split import ImageFolderSplit
 from .open_clip_art import OpenClipArt
 
 PML_DATASETS = {"cub": "CUB", "cars196": "Cars196", "sop": "SOP"}
-DATASET_NAMES = ("glyphs", "glyphs_debian", "openclipart", "fashion_mnist", "imagefolder") + tuple(PML_DATASETS)
+DATASET_NAMES = ("glyphs", "glyphs_debian", "openclipart", "fashion_mnist", "imagefolder", "csv") + tuple(PML_DATASETS)
 
 
 class _RGBLabels:
@@ -40,8 +41,10 @@ def get_dataset(
 
     Args:
         name: one of ``DATASET_NAMES``: ``glyphs`` (matplotlib fonts, the embedded default), ``glyphs_debian``
-            (Debian ``fonts-*``), ``openclipart``, ``fashion_mnist``, ``imagefolder`` (needs ``root``), or PML's
-            ``cub`` / ``cars196`` / ``sop`` (need ``root`` with the extracted data; nothing is downloaded).
+            (Debian ``fonts-*``), ``openclipart``, ``fashion_mnist``, ``imagefolder`` (``root``: a folder of class
+            folders, :class:`ImageFolderSplit`), ``csv`` (``root``: a CSV table with ``label``, ``path`` and optional
+            ``split`` columns, :class:`ImageCSVSplit`), or PML's ``cub`` / ``cars196`` / ``sop`` (need ``root`` with
+            the extracted data; nothing is downloaded).
         split: ``"train"`` or ``"test"`` (class-disjoint) or ``"all"``.
 
     Raises:
@@ -61,6 +64,10 @@ def get_dataset(
         if root is None:
             raise ValueError("dataset 'imagefolder' needs root=<folder with one sub-folder per class>")
         return ImageFolderSplit(root, split=split, transform=transform, **kwargs)
+    if name == "csv":
+        if root is None:
+            raise ValueError("dataset 'csv' needs root=<a CSV file with label and path columns>")
+        return ImageCSVSplit(root, split=split, transform=transform, **kwargs)
     if name in PML_DATASETS:
         import os
 

@@ -33,16 +33,50 @@ Example::
     ('xml_vs_gap', 'configs/xml_glyphs/config_models.yaml')
 """
 
-from .config.loader import CONFIG_FOLDERS, find_config, load_config, merge, parse_command_line
-from .config.registry import ROLES, classes_for_role, find, register, resolve
-from .errors import ConfigError, MissingDataError
-from .experiment.checkpoint import Checkpointer
-from .experiment.distributed import DistributedBatchSliceSampler
-from .objects.builder import Builder, build
-from .objects.mlp import MLP
-from .outputs.report import write_report
-from .protocols import PROTOCOLS, run_protocol
-from .protocols.mlrc import MLRCRunner, ensemble_metrics, mlrc_class_splits
+import importlib
+from typing import Any
+
+#: public name -> the module that defines it, imported on first use (PEP 562): ``import pml_extensions.runner`` and
+#: its light modules (``errors``, ``config``) load no torch, so the command line answers ``--help``, ``--list``,
+#: ``--dry-run`` and config errors at once
+_LAZY = {
+    "CONFIG_FOLDERS": ".config.loader",
+    "find_config": ".config.loader",
+    "load_config": ".config.loader",
+    "merge": ".config.loader",
+    "parse_command_line": ".config.loader",
+    "ROLES": ".config.registry",
+    "classes_for_role": ".config.registry",
+    "find": ".config.registry",
+    "register": ".config.registry",
+    "resolve": ".config.registry",
+    "ConfigError": ".errors",
+    "MissingDataError": ".errors",
+    "Checkpointer": ".experiment.checkpoint",
+    "DistributedBatchSliceSampler": ".experiment.distributed",
+    "Builder": ".objects.builder",
+    "build": ".objects.builder",
+    "MLP": ".objects.mlp",
+    "write_report": ".outputs.report",
+    "PROTOCOLS": ".protocols",
+    "run_protocol": ".protocols",
+    "MLRCRunner": ".protocols.mlrc",
+    "ensemble_metrics": ".protocols.mlrc",
+    "mlrc_class_splits": ".protocols.mlrc",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Builder",

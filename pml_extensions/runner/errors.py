@@ -1,17 +1,23 @@
-"""The runner's exceptions: :class:`ConfigError`, and :class:`MissingDataError` for data a config names but the
-machine lacks.
+"""The runner's exceptions: :class:`ConfigError` (with :class:`MissingDataError` for data a config names but the
+machine lacks, and :class:`OutputError` for files the run cannot write or read back), and :class:`Interrupted`, the
+``KeyboardInterrupt`` a run's SIGINT / SIGTERM handler raises.
 
 Every problem the runner reports to a user is a ``ConfigError`` whose message is one line that starts with the file
 (or ``command line``) and names the key, e.g. ``configs/x/config_models/default.yaml: models.trunk: unknown class
-'bninception'``. The command line prints it and exits with status 2; it is a ``ValueError``, so library callers may
-catch either.
+'bninception'``. The command line prints it and exits with status 2 (1 for an :class:`OutputError`); it is a
+``ValueError``, so library callers may catch either.
 
 Example::
 
-    >>> from pml_extensions.runner.errors import ConfigError, MissingDataError
+    >>> from pml_extensions.runner.errors import ConfigError, Interrupted, MissingDataError, OutputError
     >>> issubclass(ConfigError, ValueError), issubclass(MissingDataError, (ConfigError, FileNotFoundError))
     (True, True)
+    >>> issubclass(OutputError, (ConfigError, OSError)), Interrupted(15).signal_number
+    (True, 15)
 """
+
+import errno
+import signal
 
 
 class ConfigError(ValueError):
@@ -21,3 +27,56 @@ class ConfigError(ValueError):
 class MissingDataError(ConfigError, FileNotFoundError):
     """A config names data (a dataset folder, a Debian package's images, model weights) that is not on this machine;
     the one-line message says how to get it. Also a ``FileNotFoundError``, as the dataset classes raise."""
+
+
+#: errno values that mean "this place cannot take the file" (a read-only, foreign or full folder), not a bug
+OUTPUT_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR)
+
+
+class OutputError(ConfigError, OSError):
+    """A file of the run cannot be written (a read-only or full output folder) or read back (a truncated
+    checkpoint); the one-line message names the path and what to do. Also an ``OSError``."""
+
+    @classmethod
+    def writing(cls, path: str, error: BaseException, where: str = "--root_experiment_folder") -> "OutputError":
+        """The error for ``path`` that could not be written because of ``error`` (``where``: the option that chose
+        the folder).
+
+        Example::
+
+            >>> print(OutputError.writing("runs/x", PermissionError(13, "Permission denied")))
+            runs/x: cannot write (Permission denied); choose a writable --root_experiment_folder or fix its \
+permissions, then rerun
+        """
+        text = str(error).splitlines()[0] if str(error) else type(error).__name__
+        code = getattr(error, "errno", None)
+        if code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "disk is full" in text:
+            advice = "the disk is full: free space, then rerun the same command to resume from the last checkpoint"
+        else:
+            advice = f"choose a writable {where} or fix its permissions, then rerun"
+        return cls(f"{path}: cannot write ({getattr(error, 'strerror', None) or text}); {advice}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGINT: Ctrl-C, SIGTERM: ``kill``, a scheduler's time limit).
+
+    Raised in the main thread by the handlers the command line installs for the duration of a run
+    (:func:`pml_extensions.runner.experiment.interrupts.raise_on_signals`); a ``KeyboardInterrupt``, so code that
+    lets Ctrl-C through lets it through too (never catch it below the command line). The command line prints one line
+    and exits with ``128 + signal_number`` (130 for SIGINT, 143 for SIGTERM).
+
+    Attributes:
+        signal_number: the signal's number (``signal.SIGINT`` = 2, ``signal.SIGTERM`` = 15).
+    """
+
+    def __init__(self, signal_number: int = signal.SIGINT):
+        super().__init__(int(signal_number))
+        self.signal_number = int(signal_number)
+
+    @property
+    def signal_name(self) -> str:
+        """``"SIGINT"``, ``"SIGTERM"`` ..."""
+        try:
+            return signal.Signals(self.signal_number).name
+        except ValueError:
+            return f"signal {self.signal_number}"

@@ -48,3 +48,42 @@ def test_each_command_has_help(command, capsys):
     assert status == 0
     out = capsys.readouterr().out
     assert out.startswith("usage:") and "``" not in out and ":func:" not in out
+
+
+HEAVY = ("torch", "torchvision", "pytorch_metric_learning", "matplotlib", "record_keeper")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv, status",
+    [
+        (["run", "--help"], 0),
+        (["job", "--help"], 0),
+        (["explain", "--help"], 0),
+        (["run", "--list"], 0),
+        (["run", "--list", "loss"], 0),
+        (["run", "contrastive", "--variant", "quick", "--dry-run"], 0),
+        (["run", "contrastive", "--variant", "quick", "--num_epoch", "3"], 2),  # a typo: the config error
+        (["run", "contrastive", "--loss_funcs~APPLY~2", "{xml_wieght: 0.1}", "--dry-run"], 2),
+    ],
+)
+def test_answers_without_the_heavy_imports(argv, status, subprocess_env):
+    """Issue 21, item 6: --help, --list, --dry-run and config errors load no torch, torchvision, PML, matplotlib or
+    record-keeper (the time they take is measured by benchmarks/cli_latency.py, not here). The class index is built
+    once in this process (as a first `run` would) and read from the session's cache folder by the child."""
+    import subprocess
+    import sys
+
+    from pml_extensions.runner.config.class_index import index
+
+    index()
+    code = (
+        "import sys\nfrom pml_extensions.cli import main\n"
+        "try:\n    status = main(sys.argv[1:])\nexcept SystemExit as e:\n    status = e.code\n"
+        f"print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules), status)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv], env=subprocess_env, capture_output=True, text=True, timeout=300
+    )
+    line = [x for x in out.stdout.splitlines() if x.startswith("HEAVY")][-1]
+    assert line == f"HEAVY [] {status}", (line, out.stderr[-2000:])

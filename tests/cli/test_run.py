@@ -327,3 +327,88 @@ def test_a_search_stopped_by_its_failure_rule_exits_1_and_names_search_json(tmp_
     assert "search.json" in capsys.readouterr().out.splitlines()[-1]  # no trial completed: still the search's file
     stopped = None
     assert cli.main(argv) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue 21: --data_folder, and the one line for an output folder that takes no files, an interrupt, a config error.
+def test_an_output_folder_that_takes_no_files_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    argv = ["contrastive", "--variant", "quick", "--root_experiment_folder", str(blocker)]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {blocker}/contrastive_quick: cannot write (Not a directory); choose a writable "
+        "--root_experiment_folder or fix its permissions, then rerun\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "error, status, line",
+    [
+        (lambda: __import__("pml_extensions.runner.errors").runner.errors.Interrupted(15), 143, "interrupted"),
+        (lambda: KeyboardInterrupt(), 130, "interrupted"),
+        (lambda: PermissionError(13, "Permission denied", "/x/y"), 1, "error: /x/y: cannot write (Permission denied)"),
+    ],
+)
+def test_guarded_turns_what_stopped_a_run_into_one_line(capsys, error, status, line):
+    def stop():
+        raise error()
+
+    assert cli.guarded(stop) == status
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1
+    if status != 1:
+        assert err == "interrupted before the first epoch; rerun the same command to resume\n"
+
+
+def test_data_folder_is_your_dataset_for_each_protocol(tmp_path, capsys):
+    import yaml
+
+    (tmp_path / "photos" / "ant").mkdir(parents=True)
+    table = tmp_path / "photos.csv"
+    table.write_text("label,path\n")
+    assert cli.main(["contrastive", "--variant", "quick", "--data_folder", str(tmp_path / "photos"), "--dry-run"]) == 0
+    dataset = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["dataset"]
+    assert dataset == {"ImageFolderSplit": {"root": str(tmp_path / "photos"), "split": "all"}}
+    assert cli.main(["contrastive", "--data_folder", str(table), "--dry-run"]) == 0
+    dataset = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["dataset"]
+    assert dataset == {"ImageCSVSplit": {"csv_file": str(table), "split": "all"}}
+    assert cli.main(["xml_glyphs", "--data_folder", str(tmp_path / "photos"), "--dry-run"]) == 0
+    dataset = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["dataset"]
+    assert dataset == {"name": "imagefolder", "root": str(tmp_path / "photos")}
+    assert cli.main(["contrastive", "--data_folder", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.startswith(f"config error: command line: --data_folder {tmp_path / 'nothing'}: no")
+    assert cli.main(["resolution_distillation", "--data_folder", str(tmp_path / "photos")]) == 2
+    assert "reads its data from `datasets:`" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_corrupt_image_among_the_test_classes_stops_before_training(tmp_path, capsys):
+    """The issue's input: a truncated PNG surfaced as `OSError: image file is truncated` (no file named) after all
+    folds trained. Now one line names every bad file before the first epoch; --skip_bad_images true runs without."""
+
+    from pml_extensions.datasets import GlyphDataset
+
+    glyphs = GlyphDataset(split="all", image_size=16)
+    for label in range(22):
+        folder = tmp_path / "photos" / f"class_{label:02d}"
+        folder.mkdir(parents=True)
+        for k, i in enumerate([i for i, y in enumerate(glyphs.labels) if y == label][:6]):
+            glyphs[i][0].save(folder / f"{k}.png")
+    truncated = tmp_path / "photos" / "class_20" / "3.png"  # a test class (the second half)
+    truncated.write_bytes(truncated.read_bytes()[:60])
+    junk = tmp_path / "photos" / "class_21" / "junk.png"
+    junk.write_bytes(b"not a png")
+    base = ["contrastive", "--variant", "quick", "--data_folder", str(tmp_path / "photos")]
+    argv = base + ["--root_experiment_folder", str(tmp_path / "exp"), "--num_epochs_train", "1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: command line: dataset: 2 of 133 images do not decode (all in ")
+    assert f"{truncated} (image file is truncated" in err and f"{junk} (cannot identify image file)" in err
+    assert err.rstrip().endswith("replace or remove them, or leave them out with --skip_bad_images true")
+    assert not os.path.exists(tmp_path / "exp" / "contrastive_quick" / "fold_0")  # nothing trained
+    assert cli.main(argv + ["--skip_bad_images", "true"]) == 0
+    out = capsys.readouterr().out
+    assert "note: command line: dataset: left out 2 image(s) that do not decode" in out
+    assert "131 items, 22 classes" in out

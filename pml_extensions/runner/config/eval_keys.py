@@ -9,7 +9,6 @@ Example::
 """
 
 import difflib
-import inspect
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
@@ -63,45 +62,27 @@ def _check_class(where: str, key: str, name: str, allowed: Sequence[str]) -> Non
     raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, allowed)} (known: {', '.join(allowed)})")
 
 
-def _tester_params(cls=None) -> Tuple[str, ...]:
-    """The keyword arguments a tester class takes: PML's ``BaseTester`` ones and those of every class between
-    ``cls`` and it (e.g. :class:`pml_extensions.testers.AsymmetricTester`'s reference models), less the ones the
-    runner passes itself, plus PB's ``reference_set``."""
-    from pytorch_metric_learning.testers import BaseTester
-
-    internal = {
-        "self",
-        "data_device",
-        "dtype",
-        "end_of_testing_hook",
-        "dataset_labels",
-        "data_and_label_getter",
-        "visualizer_hook",
-    }
-    names = list(inspect.signature(BaseTester.__init__).parameters)
-    for klass in getattr(cls, "__mro__", ()):
-        init = vars(klass).get("__init__") if klass is not object else None
-        if init is not None:
-            params = inspect.signature(init).parameters.values()
-            names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return tuple(dict.fromkeys(p for p in names if p not in internal)) + ("reference_set",)
-
-
 def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
     """``tester``'s class and checked arguments (``reference_set`` removed: only ``compared_to_self``).
 
     Raises:
         ConfigError: an unknown tester class or argument, ``reference_set`` other than ``compared_to_self``,
-        a ``visualizer`` (embedding plots need umap, not a dependency), a bad ``accuracy_calculator``.
+        a ``visualizer`` other than ``{}`` / null (PB's "none"; embedding plots need TSNE or UMAP, not dependencies),
+        a bad ``accuracy_calculator``.
     """
-    from .registry import classes_for_role
+    from .class_index import lookup, names_for_role, tester_params
 
     name, kwargs = _one_class(config, "tester", sources, _TESTER)
     where = _where(sources, "tester") + f".{name}"
-    testers = classes_for_role("tester")
+    testers = names_for_role("tester")
     if name not in testers:
         raise ConfigError(f"{where}: unknown tester class {name!r}{nearest(name, testers)}")
-    _check_kwargs(where, kwargs, _tester_params(testers[name]))
+    params = (lookup(name) or {}).get("tester_params")
+    if params is None:  # a tester class shadowed by another object of that name: ask the class itself
+        from .registry import classes_for_role
+
+        params = tester_params(classes_for_role("tester")[name])
+    _check_kwargs(where, kwargs, tuple(params))
     kwargs = dict(kwargs)
     reference = kwargs.pop("reference_set", "compared_to_self")
     if reference != "compared_to_self":
@@ -109,12 +90,14 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
             f"{where}.reference_set: only compared_to_self is supported (each split is its own "
             f"reference set, as in the MLRC paper), got {reference!r}"
         )
-    if kwargs.get("visualizer") is not None:
+    visualizer = kwargs.pop("visualizer", None)
+    if visualizer:  # PB: `if tester_params.get("visualizer", None):` -- {} and null mean no visualizer
+        name = next(iter(visualizer)) if isinstance(visualizer, dict) else visualizer
         raise ConfigError(
-            f"{where}.visualizer: embedding plots are not supported (PB used umap, not a "
-            "dependency); set visualizer: null"
+            f"{where}.visualizer: embedding plots are not supported ({name}: PB drew them with a visualizer class "
+            "such as sklearn's TSNE or umap's UMAP, neither a dependency here); set visualizer: {} (none, as PB "
+            "reads it) or null"
         )
-    kwargs.pop("visualizer", None)
     pca = kwargs.get("pca")
     if pca is not None and (isinstance(pca, bool) or not isinstance(pca, int) or pca < 1):
         raise ConfigError(f"{where}.pca: expected null or a positive number of dimensions, got {pca!r}")
@@ -132,7 +115,7 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
     Raises:
         ConfigError: unknown class, or a metric name PML does not compute.
     """
-    from .registry import classes_for_role
+    from .class_index import lookup, names_for_role
 
     spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
     where = f"{where}.accuracy_calculator"
@@ -140,10 +123,13 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
         raise ConfigError(f"{where}: expected one {{ClassName: {{kwargs}}}}, got {spec!r}")
     name, kwargs = next(iter(spec.items()))
     kwargs = dict(kwargs or {})
-    calculators = classes_for_role("accuracy_calculator")
+    calculators = names_for_role("accuracy_calculator")
     if name not in calculators:
         raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
-    known = set(calculators[name]().get_curr_metrics()) | {"mean_reciprocal_rank"}
+    metrics = (lookup(name) or {}).get("metrics")
+    if metrics is None:  # a calculator that cannot be built without arguments: PML checks the names itself
+        return name, kwargs
+    known = set(metrics) | {"mean_reciprocal_rank"}
     for key in ("include", "exclude"):
         for metric in kwargs.get(key) or ():
             if metric not in known:

@@ -62,6 +62,7 @@ MLRC_KEYS = (
     "dataset_root",
     "test_hooks",
     "prototype_init",
+    "skip_bad_images",
 )
 #: top-level keys of the xml_vs_gap protocol (the main job; its flat config form)
 XML_VS_GAP_KEYS = (

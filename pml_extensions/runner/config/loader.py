@@ -31,7 +31,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from ..errors import ConfigError
+from .sources import Sources
 from .syntax import _SEARCH_OPS, find_search_markers, merge, split_marker  # noqa: F401
+from .yaml_reader import read_yaml
 
 CONFIG_FOLDERS = (
     "config_general",
@@ -56,11 +58,11 @@ def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> N
         return
     top = found[0].split(".")[0]
     source = (sources or {}).get(top, "config")
-    try:
-        import optuna  # noqa: F401
+    import importlib.util
 
+    if importlib.util.find_spec("optuna") is not None:  # found without importing it
         reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner's search)"
-    except ImportError:
+    else:
         reason = "hyper-parameter search needs optuna, which is not installed (pip install optuna)"
     raise ConfigError(f"{source}: key {found[0]}: {reason}; replace the marker by a fixed value")
 
@@ -87,7 +89,7 @@ def load_yaml(path: str) -> Dict:
     with open(path, "r", encoding="utf-8") as f:
         text = f.read()
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line if mark is not None else 0
@@ -106,7 +108,8 @@ load_yaml_file = load_yaml  # the name used before issue 9
 
 
 def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
-    """Parse ``--name value ...`` into a dict; values are YAML (``{a: 1}``, ``[x, y]``, ``0.1``, ``null``).
+    """Parse ``--name value ...`` into a dict; values are YAML (``{a: 1}``, ``[x, y]``, ``0.1``, ``1e-3``, ``null``;
+    floats in YAML 1.2's syntax, :func:`pml_extensions.runner.config.yaml_reader.read_yaml`).
 
     Raises:
         ConfigError: ``"command line: --name: ..."`` for values without a flag or malformed YAML values.
@@ -122,7 +125,7 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
             return
         text = " ".join(words)
         try:
-            out[flag] = yaml.safe_load(text)
+            out[flag] = read_yaml(text)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"command line: --{flag}: malformed YAML value {text!r}: {problem}") from None
@@ -251,13 +254,17 @@ def load_config(
         allow_search: keep ``~BAYESIAN~`` markers (for :mod:`pml_extensions.runner.protocols.search`) instead of
             refusing.
         check_keys: refuse top-level keys the config's protocol does not read (a typo is an error naming the
-            nearest known key, :func:`pml_extensions.runner.config.keys.check_keys`) and map older spellings
-            (:func:`pml_extensions.runner.config.old_keys.map_old_keys`).
+            nearest known key, :func:`pml_extensions.runner.config.keys.check_keys`), map older spellings
+            (:func:`pml_extensions.runner.config.old_keys.map_old_keys`), check PB's values
+            (:func:`pml_extensions.runner.config.pb_keys.check_values`) and every class's arguments
+            (:func:`pml_extensions.runner.config.arguments.check_arguments`).
         log: where notes about mapped old keys go (default: stderr).
 
     Returns:
         ``(config, sources)``: the merged dict and, per top-level key, the file (or ``"command line"``) that
-        set it last — used to name the file in later error messages.
+        set it last — used to name the file in later error messages; ``sources`` is a
+        :class:`pml_extensions.runner.config.sources.Sources`, whose ``of("trainer.MetricLossOnly.batch_size")``
+        names the file of a nested value.
 
     Raises:
         ConfigError: missing root/folder/file, malformed YAML, bad markers, unknown folder in ``selection``,
@@ -278,10 +285,11 @@ def load_config(
                 f"command line: --{folder}: unknown config folder; choose from {', '.join(CONFIG_FOLDERS)}"
             )
     config: Dict[str, Any] = {}
-    sources: Dict[str, str] = {}
+    sources = Sources()
     per_folder: Dict[str, Dict[str, Any]] = {}
     variants: Dict[str, Any] = {}
-    for folder, path in _file_list(config_root, selection):
+    files = _file_list(config_root, selection)  # grouped by folder, in CONFIG_FOLDERS order
+    for i, (folder, path) in enumerate(files):
         shown = display_path(path)
         data = load_yaml(path)
         if "variants" in data:  # kept raw: their markers act on the merged config (variant_configs)
@@ -292,9 +300,12 @@ def load_config(
         per_folder[folder] = merge(per_folder.get(folder, {}), data, shown)
         for k in data:
             sources[split_marker(k, shown)[0]] = shown
-    for folder in CONFIG_FOLDERS:
-        if folder in per_folder:
-            config = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
+        # each folder's files merge among themselves first, then over the folders before it: the config as it stands
+        # after this file is the folders before plus this folder so far (Sources.of names the file of a nested value)
+        merged = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
+        sources.add_layer(shown, merged)
+        if i + 1 == len(files) or files[i + 1][0] != folder:
+            config = merged
     if variants:
         config["variants"] = variants
     if config_layout(config_root) == "flat" and "protocol" not in config:
@@ -305,14 +316,17 @@ def load_config(
         config = merge(config, overrides, "command line")
         for k in overrides:
             sources[split_marker(k, "command line")[0]] = "command line"
+        sources.add_layer("command line", config)
     if check_keys:
         from . import pb_keys
+        from .arguments import check_arguments
         from .keys import check_keys as check_top_level_keys
         from .old_keys import map_old_keys
 
         check_top_level_keys(config, sources, file_keys)
         config = map_old_keys(config, sources, log=log)
         pb_keys.check_values(config, sources)
+        check_arguments(config, sources)
     if not allow_search:
         check_no_search(config, sources)
     return config, sources

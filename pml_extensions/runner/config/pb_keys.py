@@ -230,13 +230,13 @@ def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = N
     if value not in allowed:
         raise ConfigError(f"{where}: {value!r} is not supported: {reason}")
     if key == "log_data_to_tensorboard" and value:
-        try:
-            import tensorboard  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:  # found without importing it (seconds)
             raise ConfigError(
-                f"{where}: true needs the tensorboard package (pip install tensorboard); the CSV and "
-                "SQLite logs are always written"
-            ) from None
+                f"{where}: true needs the tensorboard package: pip install 'pml_extensions[tensorboard]' (or "
+                "pip install tensorboard), or set it to false; the CSV and SQLite logs are always written"
+            )
     return value
 
 
@@ -291,6 +291,7 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
 
 
 _ONE_CLASS = (
+    "dataset",
     "trainer",
     "sampler",
     "tester",
@@ -305,21 +306,37 @@ _ONE_CLASS_EACH = ("loss_funcs", "mining_funcs", "optimizers", "models")
 
 def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -> None:
     """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both
-    (its docs call this "a problem with the config file"); here it is an error pointing at ``~OVERRIDE~``.
+    (its docs call this "a problem with the config file"); here it is an error pointing at ``~OVERRIDE~``, naming
+    where each class came from (``--dataset "{ImageFolderSplit: ...}"`` over a config's ``dataset``).
 
     Raises:
-        ConfigError: ``"<file>: loss_funcs.metric_loss: two classes (XMLWrapper, ContrastiveLoss) ..."``.
+        ConfigError: ``"command line: dataset: 2 classes (GlyphDataset, ImageFolderSplit): ImageFolderSplit (the
+        command line) was merged next to GlyphDataset (the shipped configs/...); a merge keeps both, write
+        --dataset~OVERRIDE~ to replace it"``.
     """
+    from .sources import describe, source_of
 
     def check(key, spec):
-        if isinstance(spec, dict) and len(spec) > 1 and all(isinstance(k, str) and k[:1].isupper() for k in spec):
-            top = key.split(".")[0]
-            raise ConfigError(
-                f"{_where(sources, key)}: {len(spec)} classes ({', '.join(spec)}){suffix}; a merge "
-                f"adds a class next to the old one, write {key.split('.')[-1]}~OVERRIDE~ to replace it"
-                if top
-                else ""
-            )
+        if not isinstance(spec, dict) or len(spec) < 2:
+            return
+        classes = [k for k in spec if isinstance(k, str) and k[:1].isupper()]
+        by_name = key == "dataset" and classes and {"name", "root", "kwargs"} & set(spec)
+        if not by_name and not (len(classes) == len(spec)):
+            return
+        path = key.split(".")
+        origin = {k: source_of(sources, path + [k]) for k in spec}
+        newest = source_of(sources, path)
+        new = [k for k in classes if origin[k] == newest] or classes[-1:]
+        old = [k for k in spec if k not in new]
+        old_text = "a dataset by name" if by_name and not [k for k in old if k in classes] else ", ".join(old)
+        sources_old = sorted({origin[k] for k in old})
+        flag = f"--{path[-1]}~OVERRIDE~" if newest == "command line" else f"{path[-1]}~OVERRIDE~:"
+        raise ConfigError(
+            f"{_where(sources, key) if newest == 'config' else newest + ': ' + key}: {len(spec)} classes "
+            f"({', '.join(map(str, spec))}){suffix}: {', '.join(new)} ({describe(newest)}) was merged next to "
+            f"{old_text} ({', '.join(describe(s) for s in sources_old)}); a merge keeps both, write {flag} to "
+            "replace it"
+        )
 
     for key in _ONE_CLASS:
         check(key, config.get(key))

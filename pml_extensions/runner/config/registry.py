@@ -271,13 +271,15 @@ def register(obj: Any = None, *, role: Optional[str] = None, name: Optional[str]
     return obj
 
 
-def classes_for_role(role: str, include_stock: bool = True) -> Dict[str, Any]:
+def classes_for_role(role: str, include_stock: bool = True, include_registered: bool = True) -> Dict[str, Any]:
     """All classes found under ``role``: user registrations, then ``pml_extensions``, then
     PML/torch/torchvision.
 
     Args:
         role: one of :data:`ROLES`.
         include_stock: also list the stock (non-``pml_extensions``) classes.
+        include_registered: also list this process's :func:`register` calls (False for the on-disk index,
+            :mod:`pml_extensions.runner.config.class_index`).
 
     Returns:
         name -> class: user registrations first, then every class defined in ``pml_extensions`` (found module
@@ -288,7 +290,7 @@ def classes_for_role(role: str, include_stock: bool = True) -> Dict[str, Any]:
     """
     _check_role(role)
     test = _role_test(role)
-    found: Dict[str, Any] = {n: o for n, (o, r) in _REGISTRY.items() if r == role}
+    found: Dict[str, Any] = {n: o for n, (o, r) in _REGISTRY.items() if r == role} if include_registered else {}
 
     def consider(name, obj, module_name):
         if name in found or not inspect.isclass(obj) or name.startswith("_"):

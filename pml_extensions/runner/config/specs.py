@@ -11,13 +11,17 @@ Example::
     ('MetricLossOnly', {})
     >>> is_object_spec({"ContrastiveLoss": {}}), is_object_spec({"layer_sizes": [128]})
     (True, False)
-    >>> pb_numbers("0.16 1")
-    [0.16, 1]
+    >>> pb_numbers("0.16 1"), pb_numbers("1E-5 .5"), pb_numbers("crop")
+    ([0.16, 1], [1e-05, 0.5], 'crop')
 """
 
+import re
 from typing import Any, Dict, Optional, Tuple
 
 from ..errors import ConfigError
+from .yaml_reader import YAML_12_FLOAT
+
+_INT = re.compile(r"^[-+]?[0-9]+$")
 
 
 def is_object_spec(spec: Any) -> bool:
@@ -61,9 +65,8 @@ def pb_numbers(value: Any) -> Any:
     number alone stays a number); anything else is returned as it is."""
     if isinstance(value, str):
         parts = value.split()
-        try:
-            nums = [float(p) if any(ch in p for ch in ".e") else int(p) for p in parts]
-        except ValueError:
+        if not parts or not all(_INT.match(p) or YAML_12_FLOAT.match(p) for p in parts):
             return value
+        nums = [int(p) if _INT.match(p) else float(p) for p in parts]
         return nums if len(nums) > 1 else nums[0]
     return value

@@ -4,16 +4,20 @@ Contract (used by every protocol in :mod:`pml_extensions.runner.protocols`): log
 an epoch; at the end of the epoch :meth:`Checkpointer.commit` first writes the rows to record-keeper's SQLite database
 (one transaction per table) and rewrites each table's CSV from the database (tmp file + ``os.replace``), then
 writes the checkpoint (tmp file + fsync + ``os.replace``). On restart :meth:`Checkpointer.resume` loads the
-checkpoint with ``torch.load(weights_only=True)`` and deletes every log row newer than it, so rows of an epoch
+checkpoint with ``torch.load(weights_only=True)`` (the one before it, ``checkpoint.prev.pth``, when it is truncated or
+corrupt) and deletes every log row newer than it, so rows of an epoch
 that was killed after its logs but before its checkpoint are not duplicated when the epoch is rerun, and rows
 of a killed epoch that
 never reached the database are simply written by the rerun: no row is lost, none is duplicated.
 """
 
 import csv
+import errno
 import os
+import pickle
+import shutil
 import sqlite3
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -21,13 +25,51 @@ from record_keeper import RecordKeeper, RecordWriter
 from record_keeper import utils as rk_utils
 
 from ...utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text  # noqa: F401 (re-exported)
+from ..errors import OutputError
+from . import interrupts
 
 ITERATION_COLUMN = "~iteration~"
 
 
+def _first_sentence(error: BaseException) -> str:
+    """The first sentence of an error (torch's unreadable-file errors run on for several)."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return text.split(". ")[0].rstrip(".")
+
+
+def keep_previous(path: str, previous: str) -> None:
+    """Make ``previous`` the file ``path`` now is (a hard link, atomically replacing ``previous``; a copy where
+    links are not supported)."""
+    tmp = previous + ".tmp"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    try:
+        os.link(path, tmp)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        shutil.copyfile(path, tmp)
+    os.replace(tmp, previous)
+
+
 def load_weights(path: str, map_location: Any = "cpu") -> Any:
-    """``torch.load(path, weights_only=True)``: tensors, dicts, lists, tuples and numbers only."""
-    return torch.load(path, map_location=map_location, weights_only=True)
+    """``torch.load(path, weights_only=True)``: tensors, dicts, lists, tuples and numbers only.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        OutputError: a truncated or corrupt file, in one line naming it (remove it, or the stage folder that holds
+            it, and rerun: the stage is trained again).
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, OSError) as e:
+        reason = _first_sentence(e)
+        raise OutputError(
+            f"{path}: truncated or corrupt ({reason}); remove {os.path.dirname(path) or '.'} and rerun the same "
+            "command to train that stage again"
+        ) from None
 
 
 def rng_state() -> Dict[str, Any]:
@@ -233,6 +275,7 @@ class Checkpointer:
     """
 
     FILENAME = "checkpoint.pth"
+    PREVIOUS = "checkpoint.prev.pth"
 
     def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False, tensorboard_writer=None):
         self.folder = folder
@@ -249,17 +292,35 @@ class Checkpointer:
     def path(self) -> str:
         return os.path.join(self.folder, self.FILENAME)
 
+    @property
+    def previous_path(self) -> str:
+        """The checkpoint before the last one (kept so a damaged last checkpoint falls back to it)."""
+        return os.path.join(self.folder, self.PREVIOUS)
+
     def commit(self, state: Dict[str, Any]) -> None:
-        """Write the buffered log rows, then the checkpoint (in that order; see the module docstring).
+        """Write the buffered log rows, then the checkpoint (in that order; see the module docstring). The
+        checkpoint it replaces is kept as ``checkpoint.prev.pth``; a SIGINT / SIGTERM that arrives meanwhile is
+        raised when both are written (:func:`pml_extensions.runner.experiment.interrupts.critical`).
 
         Raises:
             ValueError: if ``state`` lacks ``epoch`` or ``global_iteration``.
+            OutputError: the folder cannot be written (permissions, a full disk): one line naming the path; the
+                checkpoint on disk is still the previous, complete one.
         """
         for key in ("epoch", "global_iteration"):
             if not isinstance(state.get(key), int):
                 raise ValueError(f"state[{key!r}] must be an int, got {state.get(key)!r}")
-        self.writer.save_records()
-        atomic_torch_save(state, self.path)
+        with interrupts.critical():
+            try:
+                self.writer.save_records()
+            except (OSError, sqlite3.Error) as e:
+                raise OutputError.writing(os.path.join(self.folder, "logs"), e) from None
+            try:
+                if os.path.exists(self.path):  # the last checkpoint stays, as the previous one (a hard link)
+                    keep_previous(self.path, self.previous_path)
+                atomic_torch_save(state, self.path)
+            except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
+                raise OutputError.writing(self.path, e) from None
 
     def resume(self, map_location: Any = "cpu") -> Optional[Dict[str, Any]]:
         """Load the last checkpoint (``weights_only=True``) and drop log rows written after it.
@@ -270,6 +331,9 @@ class Checkpointer:
         """
         self.writer.records = self.writer.get_empty_nested_dict()
         state = self.load_state(map_location)
+        if getattr(self, "damaged", None):  # set aside, so the next commit keeps the good one as the previous
+            os.replace(self.damaged, self.damaged + ".damaged")
+            self.damaged = None
         if state is None:
             self.writer.truncate({}, default=float("-inf"))
             return None
@@ -277,10 +341,41 @@ class Checkpointer:
         self.writer.truncate(thresholds, default=state["global_iteration"])
         return state
 
-    def load_state(self, map_location: Any = "cpu") -> Optional[Dict[str, Any]]:
+    def load_state(self, map_location: Any = "cpu", log: Optional[Callable[..., None]] = print) -> Optional[Dict]:
         """The last checkpoint (``weights_only=True``) or ``None``; read only (the logs are left alone: what the
-        ranks other than 0 use under torchrun, where rank 0 alone writes the logs)."""
-        return load_weights(self.path, map_location) if os.path.exists(self.path) else None
+        ranks other than 0 use under torchrun, where rank 0 alone writes the logs). A truncated or corrupt
+        ``checkpoint.pth`` falls back to ``checkpoint.prev.pth`` (one note to ``log``); :meth:`resume` then drops the
+        log rows after it, and the epochs after it are trained again.
+
+        Raises:
+            OutputError: neither file can be read: which files to remove (the stage then starts afresh).
+        """
+        if not os.path.exists(self.path) and not os.path.exists(self.previous_path):
+            return None
+        problems = []
+        for path in (self.path, self.previous_path):
+            if not os.path.exists(path):
+                continue
+            try:
+                state = torch.load(path, map_location=map_location, weights_only=True)
+            except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
+                problems.append((path, _first_sentence(e)))
+                continue
+            if not (isinstance(state, dict) and isinstance(state.get("epoch"), int)):
+                problems.append((path, "not a checkpoint of this runner"))
+                continue
+            if problems and log is not None:
+                log(
+                    f"note: {problems[0][0]} is unreadable ({problems[0][1]}); resuming from the checkpoint before "
+                    f"it, {path} (epoch {state['epoch']})"
+                )
+            self.damaged = problems[0][0] if problems else None
+            return state
+        files = " and ".join(p for p, _ in problems)
+        raise OutputError(
+            f"{files}: truncated or corrupt ({problems[0][1]}); remove {'them' if len(problems) > 1 else 'it'} to "
+            f"start {os.path.basename(os.path.normpath(self.folder))} again from its first epoch"
+        )
 
     def rows(self, table: str):
         """All committed rows of ``table`` as dicts (``[]`` when it does not exist)."""

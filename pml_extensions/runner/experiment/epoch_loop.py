@@ -30,7 +30,27 @@ import torch
 
 from ..errors import ConfigError
 from . import distributed as dist_utils
+from . import interrupts
 from .checkpoint import Checkpointer, atomic_torch_save, restore_training_state, training_state
+
+
+def release_workers(trainer) -> None:
+    """Shut down the data-loading worker processes of ``trainer``'s iterator now, in this process.
+
+    PML's trainer keeps the epoch's ``dataloader_iter`` (its workers alive: the epoch stops after
+    ``iterations_per_epoch`` batches, before the iterator is exhausted). Left alone, the next ``DataLoader`` with
+    workers (the tester's) forks them with a copy of that iterator; when a forked worker's garbage collector later
+    finalises the copy, its ``__del__`` asks processes that are not its children whether they are alive and prints
+    ``AssertionError: can only test a child process`` as an ignored exception. Dropping the iterator here (its
+    ``__del__`` runs in the parent, which owns the workers) leaves nothing to inherit.
+    """
+    iterator = getattr(trainer, "dataloader_iter", None)
+    if iterator is None:
+        return
+    trainer.dataloader_iter = None
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
 
 
 class EpochLoop:
@@ -173,6 +193,7 @@ class EpochLoop:
         """Train the remaining epochs (``make_trainer()`` is called only when there are some; give it
         ``end_of_iteration_hook=loop.end_of_iteration``); ``new_sampler()`` replaces ``trainer.sampler`` before
         every epoch. Returns :attr:`best`."""
+        interrupts.at(self.name, 0)
         if self.fresh:
             if self.check_untrained:
                 self._validate(0)
@@ -182,9 +203,11 @@ class EpochLoop:
             return self.best
         trainer = make_trainer()
         for epoch in range(self.start_epoch, self.num_epochs + 1):
+            interrupts.at(self.name, epoch)  # what an interrupt reports ("interrupted at fold 1, epoch 3")
             if new_sampler is not None:
                 trainer.sampler = new_sampler()
             trainer.train(start_epoch=epoch, num_epochs=epoch)
+            release_workers(trainer)
             if epoch % self.save_interval == 0 or epoch == self.num_epochs:
                 self._validate(epoch)
             stop = self._stopped(epoch)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ...utils.atomic_io import atomic_write_json, atomic_write_text
-from ..errors import ConfigError
+from ..errors import ConfigError, OutputError
 from . import distributed as dist_utils
 from .checkpoint import Checkpointer
 
@@ -62,18 +62,31 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
 def _yaml_roundtrip(config: Dict[str, Any]) -> Dict[str, Any]:
     import yaml
 
-    return yaml.safe_load(yaml.safe_dump(config, sort_keys=False)) or {}
+    from ..config.yaml_reader import read_yaml
+
+    return read_yaml(yaml.safe_dump(config, sort_keys=False)) or {}
 
 
 def saved_config(folder: str) -> Optional[Dict[str, Any]]:
     """The ``config.yaml`` saved in ``folder`` (``None`` when there is none)."""
     import yaml
 
+    from ..config.yaml_reader import read_yaml
+
     path = os.path.join(folder, "config.yaml")
     if not os.path.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f) or {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = read_yaml(f) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise OutputError(
+            f"{path}: unreadable ({reason}); remove it and rerun (the run's checkpoints stay, and resume)"
+        ) from None
+    if not isinstance(saved, dict):
+        raise OutputError(f"{path}: not a config (a mapping); remove it and rerun")
+    return saved
 
 
 def has_progress(folder: str) -> bool:
@@ -136,13 +149,19 @@ def prepare_folder(
             log(f"note: continuing with a changed config ({', '.join(diff[:12])})")
     dist_utils.barrier()
     if dist_utils.is_main():
-        os.makedirs(folder, exist_ok=True)
-        atomic_write_text(os.path.join(folder, "config.yaml"), yaml.safe_dump(config, sort_keys=False))
-        if command is not None:
-            atomic_write_text(os.path.join(folder, "command.txt"), " ".join(str(c) for c in command) + "\n")
-        env_path = os.path.join(folder, ENVIRONMENT_NAME)
-        if not os.path.exists(env_path):  # the first run's; a resume keeps it
-            atomic_write_text(env_path, json.dumps(run_environment(), indent=2) + "\n")
+        path = folder
+        try:  # the first writes of a run: an unwritable folder stops it here, before any data is read
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, "config.yaml")
+            atomic_write_text(path, yaml.safe_dump(config, sort_keys=False))
+            if command is not None:
+                path = os.path.join(folder, "command.txt")
+                atomic_write_text(path, " ".join(str(c) for c in command) + "\n")
+            env_path = path = os.path.join(folder, ENVIRONMENT_NAME)
+            if not os.path.exists(env_path):  # the first run's; a resume keeps it
+                atomic_write_text(env_path, json.dumps(run_environment(), indent=2) + "\n")
+        except OSError as e:
+            raise OutputError.writing(getattr(e, "filename", None) or path, e) from None
     dist_utils.barrier()
 
 
@@ -226,7 +245,10 @@ class Experiment:
         self.log = log if dist_utils.is_main() else (lambda *a, **k: None)
         self.device = select_device(config.get("device", "auto"), self.where("device"))
         if dist_utils.is_main():
-            os.makedirs(folder, exist_ok=True)
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as e:
+                raise OutputError.writing(folder, e) from None
 
     def where(self, key: str) -> str:
         """``"<file>: <key>"`` for error messages."""
@@ -259,8 +281,14 @@ class Experiment:
         path = os.path.join(self.stage_folder(stage), "result.json")
         if not os.path.exists(path):
             return None
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except ValueError as e:
+            raise OutputError(
+                f"{path}: truncated or corrupt ({str(e).splitlines()[0]}); remove it and rerun: the stage resumes "
+                "from its checkpoint"
+            ) from None
 
     def finish_stage(self, stage: str, result: Dict[str, Any], rank_local: bool = False) -> Dict[str, Any]:
         """Save a finished stage's JSON-able summary and return it.

@@ -45,6 +45,7 @@ from ..config.registry import discover, resolve
 from ..config.specs import is_object_spec, one_spec, pb_numbers
 from ..errors import ConfigError, MissingDataError
 from ..experiment import distributed as dist_utils
+from . import preflight
 from .data import Subset, ToRGB, dataset_labels
 
 DEFAULT_FACTORIES = {
@@ -358,8 +359,10 @@ class Builder:
         """Trunk, embedder (``MLP`` sizes get the trunk width) and any other model of ``models`` (or ``spec``).
 
         Args:
-            sample: one input ``[C, H, W]``; when given, the trunk (+ embedder) is probed with it: the output must
-                be ``[N, D]`` vectors, ``MLP``'s ``input_size`` is filled and :attr:`embedding_size` set.
+            sample: one input ``[C, H, W]``; when given, the trunk's first layer gets ``in_channels: C`` if it takes
+                and lacks it, the trunk (+ embedder) is probed with it (a channel mismatch is one line,
+                :func:`pml_extensions.runner.objects.preflight.channel_mismatch`): the output must be ``[N, D]``
+                vectors, ``MLP``'s ``input_size`` is filled and :attr:`embedding_size` set.
             num_classes: filled into model specs that take it and lack it (e.g. ``TemplateMatchingBlock``).
             spec: the models mapping (default the config's ``models``).
             before: called with each model's key right before it is built (protocols that pair variants reseed
@@ -372,6 +375,8 @@ class Builder:
             models_cfg = {
                 k: self._fill(v, {"num_classes": int(num_classes)}, f"models.{k}") for k, v in models_cfg.items()
             }
+        if sample is not None and sample.ndim == 3:  # a first layer that leaves in_channels out takes the images'
+            models_cfg = dict(models_cfg, trunk=preflight.fill_input_channels(models_cfg["trunk"], sample.shape[0]))
         if before is not None:
             before("trunk")
         trunk = self._build_trunk(models_cfg["trunk"], "models.trunk").to(self.device)
@@ -380,7 +385,10 @@ class Builder:
             with torch.no_grad():
                 was_training = trunk.training
                 trunk.eval()
-                out = trunk(sample[None].to(self.device))
+                try:
+                    out = trunk(sample[None].to(self.device))
+                except RuntimeError as e:  # e.g. 3-channel images into a 1-channel trunk: one line, what to change
+                    raise preflight.channel_mismatch(self, trunk, sample, e) from None
                 trunk.train(was_training)
             if out.ndim != 2 and models_cfg.get("embedder") is None:
                 raise ConfigError(

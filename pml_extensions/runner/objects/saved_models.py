@@ -38,7 +38,11 @@ def _load(path: str, trust: bool):
                 f"checkpoint {path} holds pickled Python objects (whole modules): pass --trust-checkpoint to "
                 "load it (only for files you trust)"
             ) from None
-        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        reason = (str(e).splitlines()[0] if str(e) else "").split(". ")[0].rstrip(".")  # torch's run on for lines
+        raise ValueError(
+            f"cannot read checkpoint {path}: {type(e).__name__}: {reason} (a truncated or corrupt file: copy it "
+            "again, or rerun the training that wrote it)"
+        ) from None
 
 
 def _epoch(name: str) -> int:
@@ -63,15 +67,15 @@ def pml_model_files(folder: str) -> Tuple[Optional[str], Optional[str]]:
 
 
 def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optional[str]]:
-    """The run's saved config (``yaml.safe_load`` of ``config.yaml``) in ``path``'s folder or above."""
-    import yaml
+    """The run's saved config (``config.yaml``, read with YAML 1.2 floats) in ``path``'s folder or above."""
+    from ..config.yaml_reader import read_yaml
 
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     for _ in range(levels + 1):
         candidate = os.path.join(folder, CONFIG_NAME)
         if os.path.isfile(candidate):
             with open(candidate, encoding="utf-8") as f:
-                cfg = yaml.safe_load(f)
+                cfg = read_yaml(f)
             if not isinstance(cfg, dict):
                 raise ValueError(f"run config {candidate} is not a mapping")
             return cfg, candidate

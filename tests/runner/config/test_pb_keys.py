@@ -1,9 +1,11 @@
 """Every PB v0.9.33 key: honoured (its effect) or refused (its one-line message) — runner/config/pb_keys.py."""
 
 import json
+import os
 
 import numpy as np
 import pytest
+import torch
 
 from pml_extensions.runner.config import pb_keys
 from pml_extensions.runner.errors import ConfigError
@@ -233,3 +235,118 @@ def test_pb_0933_defaults_are_all_honoured(tmp_path, capsys):
     assert cli.main([root, "--dry-run"]) == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["hook_container"]["HookContainer"]["validation_split_name"] == "val" and cfg["api_parser"] is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue 21, item 8: powerful-benchmarker's own v0.9.33 default folder (tests/runner/config/pb_v0_9_33_default: PB's
+# files as it ships them) runs, overriding only the dataset and the trunk.
+PB_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pb_v0_9_33_default")
+#: the two overrides: a dataset of PB-style dict items, a small trunk (PB's is BN-Inception from ImageNet)
+PB_OVERRIDES = [
+    "--dataset~OVERRIDE~",
+    "{PBStyleGlyphs: {}}",
+    "--models~APPLY~1",
+    "{trunk~OVERRIDE~: [{AdaptiveAvgPool2d: [4]}, {Flatten: null}, {Linear: {in_features: 48, out_features: 32}}]}",
+]
+
+
+class PBStyleGlyphs(torch.utils.data.Dataset):
+    """Items as PB's datasets return them, ``{"data": PIL image, "label": int}`` (PB's default
+    ``data_and_label_getter_keys: [data, label]`` reads them): 22 glyph classes x 12 images of 16 px, the fewest
+    classes PB's default split and sampler take (:func:`pml_extensions.runner.objects.preflight.minimum_classes`)."""
+
+    def __init__(self):
+        from pml_extensions.datasets import GlyphDataset
+
+        glyphs = GlyphDataset(split="all", image_size=16)
+        keep = [i for c in range(22) for i in np.flatnonzero(glyphs.labels == c)[:12].tolist()]
+        self.glyphs, self.indices = glyphs, keep
+        self.labels = glyphs.labels[keep]
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        image, label = self.glyphs[self.indices[i]]
+        return {"data": image, "label": label}
+
+
+def register_pb_style_glyphs():
+    from pml_extensions.runner.config.registry import register
+
+    register(PBStyleGlyphs, role="dataset")
+
+
+def test_pb_default_folder_loads_with_every_key_as_pb_wrote_it():
+    from pml_extensions.runner.config.loader import load_config, parse_command_line
+
+    register_pb_style_glyphs()
+    cfg, sources = load_config(PB_DEFAULT, None, parse_command_line(PB_OVERRIDES))
+    tester = cfg["tester"]["GlobalEmbeddingSpaceTester"]
+    assert tester["visualizer"] == {} and tester["dataloader_num_workers"] == 2  # {}: no visualizer, as in PB
+    assert cfg["log_data_to_tensorboard"] is True and cfg["api_parser"] is None
+    assert cfg["split_manager"]["ClassDisjointSplitManager"]["data_and_label_getter_keys"] == ["data", "label"]
+    assert pb_keys.tester_spec(cfg, sources)[1].get("visualizer") is None
+
+
+def test_a_real_visualizer_is_refused_naming_tsne():
+    from pml_extensions.runner.config.loader import load_config, parse_command_line
+
+    register_pb_style_glyphs()
+    argv = PB_OVERRIDES + ["--tester~APPLY~2", "{visualizer: {TSNE: {perplexity: 30}}}"]
+    with pytest.raises(ConfigError) as e:
+        load_config(PB_DEFAULT, None, parse_command_line(argv))
+    message = str(e.value)
+    assert message.startswith("command line: tester.GlobalEmbeddingSpaceTester.visualizer: embedding plots")
+    assert "TSNE" in message and "set visualizer: {}" in message and "\n" not in message
+
+
+def test_tensorboard_is_refused_in_one_line_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(ConfigError) as e:
+        pb_keys.check_values({"log_data_to_tensorboard": True}, {"log_data_to_tensorboard": "config_general.yaml"})
+    assert str(e.value) == (
+        "config_general.yaml: log_data_to_tensorboard: true needs the tensorboard package: pip install "
+        "'pml_extensions[tensorboard]' (or pip install tensorboard), or set it to false; the CSV and SQLite logs are "
+        "always written"
+    )
+
+
+@pytest.mark.slow
+def test_pb_default_folder_runs_with_workers_and_tensorboard(tmp_path, subprocess_env):
+    """The whole MLRC run of PB's defaults (1000 epochs with patience 9: early stopping ends each fold; 2 data
+    loading workers; TensorBoard logs), in a child process: exit 0, no traceback (the issue saw 12 ignored
+    `AssertionError: can only test a child process` with dataloader_num_workers: 2), scalars in every fold's
+    TensorBoard folder."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    code = (
+        "import sys\nfrom tests.runner.config.test_pb_keys import register_pb_style_glyphs\n"
+        "register_pb_style_glyphs()\nfrom pml_extensions.cli import main\nsys.exit(main(sys.argv[1:]))"
+    )
+    argv = ["run", PB_DEFAULT, *PB_OVERRIDES, "--root_experiment_folder", str(tmp_path)]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(PB_DEFAULT))),
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "can only test a child process" not in out.stderr, out.stderr[-3000:]
+    folder = tmp_path / "pb_v0_9_33_default"
+    results = json.loads((folder / "results.json").read_text())
+    assert len(results["folds"]) == 4 and "concatenated_512D" in results["test"]
+    for k in range(4):
+        events = EventAccumulator(str(folder / f"fold_{k}" / "tensorboard"))
+        events.Reload()
+        tags = events.Tags()["scalars"]
+        assert "accuracies_val/mean_average_precision_at_r" in tags and "loss_histories/total_loss" in tags

@@ -168,3 +168,86 @@ device: cpu
         for (_, a), (_, b) in zip(got, want):
             assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert [r["~iteration~"] for r in _rows(fold, "loss_histories")] == list(range(1, 19))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue 21, item 5: a truncated checkpoint falls back to the one before it, or says which file to remove; a folder that
+# cannot take the files is one line naming the path.
+def _two_commits(folder):
+    ckpt = Checkpointer(folder, epoch_tables={"accuracies_val"})
+    for epoch in (1, 2):
+        ckpt.record_keeper.update_records({"loss_histories": {"total_loss": float(epoch)}}, epoch)
+        ckpt.commit({"epoch": epoch, "global_iteration": epoch, "w": torch.full((2,), float(epoch))})
+    return ckpt
+
+
+def _truncate(path, keep=100):
+    with open(path, "rb") as f:
+        head = f.read(keep)
+    with open(path, "wb") as f:
+        f.write(head)
+
+
+def test_the_previous_checkpoint_is_kept_and_a_truncated_last_one_falls_back_to_it(tmp_path):
+    folder = str(tmp_path / "fold_0")
+    ckpt = _two_commits(folder)
+    assert load_weights(ckpt.previous_path)["epoch"] == 1 and load_weights(ckpt.path)["epoch"] == 2
+    _truncate(ckpt.path)
+    notes = []
+    again = Checkpointer(folder, epoch_tables={"accuracies_val"})
+    state = again.load_state(log=notes.append)
+    assert state["epoch"] == 1 and torch.equal(state["w"], torch.ones(2))
+    assert len(notes) == 1 and notes[0].startswith(f"note: {ckpt.path} is unreadable (")
+    assert notes[0].endswith(f"resuming from the checkpoint before it, {ckpt.previous_path} (epoch 1)")
+    assert again.resume()["epoch"] == 1
+    assert [r["~iteration~"] for r in again.rows("loss_histories")] == [1]  # epoch 2's row goes with its checkpoint
+    assert os.path.exists(ckpt.path + ".damaged") and not os.path.exists(ckpt.path)
+    again.commit({"epoch": 2, "global_iteration": 2, "w": torch.zeros(2)})  # the rerun's epoch 2
+    assert load_weights(again.previous_path)["epoch"] == 1  # the good one stays the previous
+
+
+def test_when_no_checkpoint_can_be_read_the_message_says_which_files_to_remove(tmp_path):
+    from pml_extensions.runner.errors import OutputError
+
+    folder = str(tmp_path / "fold_3")
+    ckpt = _two_commits(folder)
+    _truncate(ckpt.path)
+    _truncate(ckpt.previous_path)
+    with pytest.raises(OutputError) as e:
+        Checkpointer(folder).resume()
+    message = str(e.value)
+    assert message.startswith(f"{ckpt.path} and {ckpt.previous_path}: truncated or corrupt (")
+    assert message.endswith("remove them to start fold_3 again from its first epoch") and "\n" not in message
+
+
+def test_a_truncated_model_file_names_itself(tmp_path):
+    from pml_extensions.runner.errors import OutputError
+
+    path = str(tmp_path / "fold_0" / "best.pth")
+    os.makedirs(os.path.dirname(path))
+    torch.save({"trunk": {"w": torch.ones(3)}}, path)
+    _truncate(path, 50)
+    with pytest.raises(OutputError, match=rf"^{path}: truncated or corrupt \(.*\); remove {os.path.dirname(path)} and"):
+        load_weights(path)
+
+
+def test_a_full_disk_during_a_commit_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    from pml_extensions.runner.errors import OutputError
+    from pml_extensions.runner.experiment import checkpoint as checkpoint_module
+
+    folder = str(tmp_path / "fold_0")
+    ckpt = _two_commits(folder)
+
+    def full(state, path):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(checkpoint_module, "atomic_torch_save", full)
+    with pytest.raises(OutputError) as e:
+        ckpt.commit({"epoch": 3, "global_iteration": 3})
+    assert str(e.value) == (
+        f"{ckpt.path}: cannot write (No space left on device); the disk is full: free space, then rerun the same "
+        "command to resume from the last checkpoint"
+    )
+    assert load_weights(ckpt.path)["epoch"] == 2

@@ -97,3 +97,24 @@ def test_errors_name_the_key(tmp_path):
     )
     with pytest.raises(ConfigError, match="primary metric 'map' is not computed; available: p"):
         loop.run(lambda: None)
+
+
+def test_release_workers_shuts_the_trainers_iterator_down_in_this_process():
+    """Issue 21, item 8: with dataloader_num_workers > 0 the tester's forked workers inherited the trainer's live
+    iterator and printed `AssertionError: can only test a child process` when they collected it."""
+    from pml_extensions.runner.experiment.epoch_loop import release_workers
+
+    loader = torch.utils.data.DataLoader(list(range(16)), batch_size=2, num_workers=1)
+
+    class Trainer:  # PML's trainer keeps the epoch's iterator, not exhausted
+        dataloader_iter = iter(loader)
+
+    trainer = Trainer()
+    next(trainer.dataloader_iter)
+    iterator = trainer.dataloader_iter
+    workers = list(iterator._workers)
+    assert all(w.is_alive() for w in workers)
+    release_workers(trainer)
+    assert trainer.dataloader_iter is None and iterator._shutdown
+    assert not any(w.is_alive() for w in workers)
+    release_workers(trainer)  # nothing left: a no-op

@@ -50,6 +50,7 @@ from ...experiment import distributed as dist_utils
 from ...experiment.checkpoint import load_weights
 from ...experiment.epoch_loop import EpochLoop
 from ...experiment.folder import Experiment
+from ...objects import preflight
 from ...objects.builder import Builder, accepts
 from ...objects.data import dataset_labels
 from ...outputs.retrieval import dataset_image, save_retrieval_examples
@@ -276,19 +277,29 @@ class MLRCRunner:
     def run(self) -> Dict[str, Any]:
         t0 = time.time()
         base = self.builder.build_dataset()
+        # checks before training (runner.objects.preflight): every image decodes, enough classes for the split and
+        # the sampler, image channels that fit the trunk
+        skip = self.get("skip_bad_images", False)
+        base = preflight.check_images(base, self.folder, skip is True, self.where("dataset"), self.log)
         split_where = self.where("split_manager")
         labels = pb_keys.label_level(dataset_labels(base), self.split["hierarchy_level"], split_where)
-        try:
-            splits = mlrc_class_splits(
-                labels,
-                float(self.split["test_size"]),
-                float(self.split["test_start_idx"]),
-                int(self.split["num_training_partitions"]),
-            )
-        except ValueError as e:
-            raise ConfigError(f"{split_where}: {e}") from None
         num_sets = int(self.split["num_training_sets"])
+        splits = preflight.class_splits(
+            self.builder,
+            labels,
+            lambda ls, parts: mlrc_class_splits(
+                ls, float(self.split["test_size"]), float(self.split["test_start_idx"]), parts
+            ),
+            int(self.split["num_training_partitions"]),
+            num_sets,
+        )
         transforms = {"train": self.builder.build_transform("train"), "eval": self.builder.build_transform("eval")}
+        transforms = preflight.fit_channels(
+            self.builder, base, transforms, len(splits["folds"][0]["train"]), self.getter, self.log
+        )
+        batch = one_spec(self.builder._require("trainer"), self.where("trainer"))[1].get("batch_size", 32)
+        folds = splits["folds"][:num_sets]
+        preflight.check_sampler(self.builder, [labels[np.isin(labels, f["train"])] for f in folds], batch)
         self.log(
             f"{len(labels)} items, {len(np.unique(labels))} classes; test "
             f"classes {splits['test'][0]}..{splits['test'][-1]}; {num_sets} folds"

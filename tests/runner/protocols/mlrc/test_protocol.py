@@ -124,8 +124,8 @@ models:
         ],
     )
     def test_build_errors_name_file_and_key(self, tmp_path, argv, match):
-        runner = _runner(tmp_path, argv)
-        with pytest.raises(ConfigError, match=match) as e:
+        with pytest.raises(ConfigError, match=match) as e:  # a keyword no class takes: refused as the config loads
+            runner = _runner(tmp_path, argv)
             models = runner.builder.build_models(torch.zeros(1, 4, 4))
             losses, _ = runner.builder.build_losses(models, 4)
             runner.builder.build_optimizers(models, losses)
@@ -213,7 +213,6 @@ def test_loss_generators_are_found_for_the_checkpoint():
 def test_bad_batch_size_is_one_config_error(tmp_path, value):
     """batch_size 0 used to end in a ZeroDivisionError inside PML's sampler, 'abc' in int(); now one line."""
     register_tiny()
-    runner = _runner(tmp_path, ["--trainer~APPLY~2", "{batch_size: %s}" % value, "--num_training_sets", "1"])
     with pytest.raises(ConfigError, match=r"trainer: batch_size must be a positive integer, got ") as e:
-        _run(runner)
+        _run(_runner(tmp_path, ["--trainer~APPLY~2", "{batch_size: %s}" % value, "--num_training_sets", "1"]))
     assert "\n" not in str(e.value)

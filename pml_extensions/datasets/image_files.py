@@ -1,0 +1,132 @@
+"""Datasets of image files (an ImageFolder tree, a CSV table): one way to open an image and one pass that names
+every file that does not decode.
+
+A dataset whose images are files fails on a truncated or corrupt file only when that file is read: PIL's ``OSError:
+image file is truncated`` names no file, and a bad file among the test classes surfaces after all folds trained.
+:func:`find_unreadable_images` reads every file once (:func:`image_problem`: a PNG's every chunk, other formats
+decoded; not the header alone) and returns each bad file with PIL's reason; :class:`ImageFileDataset` (``paths`` +
+``labels``) has it as :meth:`ImageFileDataset.unreadable_images` and :meth:`ImageFileDataset.drop` to leave files
+out.
+
+Example::
+
+    >>> import os, tempfile
+    >>> from PIL import Image
+    >>> folder = tempfile.mkdtemp()
+    >>> Image.new("RGB", (8, 8)).save(os.path.join(folder, "good.png"))
+    >>> _ = open(os.path.join(folder, "bad.png"), "wb").write(b"not an image")
+    >>> [(os.path.basename(p), why) for p, why in find_unreadable_images([os.path.join(folder, f)
+    ...                                                                  for f in ("good.png", "bad.png")])]
+    [('bad.png', 'cannot identify image file')]
+"""
+
+import os
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from PIL import Image
+
+from .class_disjoint_dataset import ClassDisjointDataset
+
+
+def image_problem(path: str) -> Optional[str]:
+    """Why ``path`` does not decode (PIL's reason, without the path), or None when it is whole.
+
+    A PNG is checked chunk by chunk (``Image.verify``: every chunk's CRC and the end of the file, without
+    decompressing the pixels, so a 100-megapixel drawing costs no memory; it also catches a file cut inside its last
+    chunk, which ``load`` lets through); other formats are decoded (JPEG at 1/8 scale: the whole compressed stream is
+    still read)."""
+    try:
+        with Image.open(path) as image:
+            if image.format == "PNG":
+                image.verify()
+            else:
+                if image.format == "JPEG":
+                    image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
+                image.load()
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:  # PIL's decoder errors
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = reason.replace(repr(path), "").replace(str(path), "").strip(" :")
+        if "runcated" in reason:  # PIL says "Truncated File Read" (verify) or "image file is truncated" (load)
+            reason = "image file is truncated"
+        return reason or type(e).__name__
+    return None
+
+
+def find_unreadable_images(paths: Iterable[str], progress: Optional[Callable[[int], None]] = None):
+    """``[(path, reason)]`` of the files among ``paths`` that do not decode (:func:`image_problem`), in order.
+
+    Args:
+        paths: image files.
+        progress: called with the number of files checked so far, every 500 files.
+    """
+    bad = []
+    for i, path in enumerate(paths):
+        reason = image_problem(path)
+        if reason is not None:
+            bad.append((path, reason))
+        if progress is not None and (i + 1) % 500 == 0:
+            progress(i + 1)
+    return bad
+
+
+def load_rgb(path: str) -> Image.Image:
+    """The image at ``path`` as RGB (transparency composited on white, as the other datasets read images).
+
+    Raises:
+        OSError: naming ``path`` when the file does not decode.
+    """
+    try:
+        with Image.open(path) as image:
+            image.load()
+            if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+                rgba = image.convert("RGBA")
+                background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+                return Image.alpha_composite(background, rgba).convert("RGB")
+            return image.convert("RGB")
+    except OSError as e:
+        raise OSError(f"{path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+class ImageFileDataset(ClassDisjointDataset):
+    """A :class:`ClassDisjointDataset` whose items are image files: ``paths`` (one per item) beside ``labels``;
+    items are ``(PIL RGB image, int label)``."""
+
+    def __init__(self, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None):
+        super().__init__(transform, target_transform)
+        self.paths: List[str] = []
+
+    def load_image(self, index: int) -> Image.Image:
+        return load_rgb(self.paths[index])
+
+    def unreadable_images(self) -> List[Tuple[str, str]]:
+        """``[(path, reason)]`` of the files that do not decode (one full decode of every file)."""
+        return find_unreadable_images(self.paths)
+
+    def drop(self, paths: Sequence[str]) -> int:
+        """Leave the items of ``paths`` out (e.g. :meth:`unreadable_images`); returns how many were left out.
+        Labels keep their values (a class keeps its index even when all its files are gone)."""
+        gone = set(paths)
+        keep = np.asarray([i for i, p in enumerate(self.paths) if p not in gone], dtype=np.int64)
+        dropped = len(self.paths) - len(keep)
+        self.paths = [self.paths[int(i)] for i in keep]
+        self.labels = self.labels[keep]
+        return dropped
+
+
+def scan_class_folders(root: str, extensions: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """``(class names, empty class folders)`` of an ImageFolder tree: first-level folders, sorted; a folder is
+    empty when no file below it has one of ``extensions`` (lower-case, with the dot)."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    empty = []
+    for name in classes:
+        found = False
+        for _, _, files in os.walk(os.path.join(root, name), followlinks=True):
+            if any(f.lower().endswith(tuple(extensions)) for f in files):
+                found = True
+                break
+        if not found:
+            empty.append(name)
+    return classes, empty

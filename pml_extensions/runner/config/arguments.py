@@ -1,0 +1,219 @@
+"""Every class's arguments in a config, checked against its signature when the config is loaded (before any data is
+read or any fold starts), and the values that must be positive.
+
+Object keys (``models``, ``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimizers``, ``trainer``, ``transforms``,
+``dataset``, ``accuracy_calculator`` and the tester's, ``test_hooks``; every variant of a flat config) hold
+``{ClassName: {kwargs}}`` specs, nested in each other (``XMLWrapper: {loss: {ContrastiveLoss: ...}}``) and in lists
+(a trunk). Each keyword must be one the class takes (:func:`pml_extensions.runner.config.class_index.keyword_arguments`:
+along the MRO for classes that pass ``**kwargs`` to their base, as PML's losses do; anything for a class or function
+that takes ``**kwargs`` for itself). An unknown one is refused in one line with the nearest name:
+``command line: loss_funcs.metric_loss.XMLWrapper: bad arguments: XMLWrapper takes no argument 'xml_wieght'; did you
+mean xml_weight?``. Counts that must be positive (``batch_size``, ``iterations_per_epoch``, ``num_epochs_train``,
+``save_interval``, the sampler's ``m``, ...) or not negative (``patience``, ``dataloader_num_workers``, a learning
+rate) are refused when they are not (:data:`TOP_LEVEL_RULES`, :data:`ARGUMENT_RULES`). The file named is the one that
+set the value (:meth:`pml_extensions.runner.config.sources.Sources.of`). Names are looked up in the class index, so
+the check imports no torch.
+
+Example::
+
+    >>> from pml_extensions.runner.config.sources import Sources
+    >>> config = {"loss_funcs": {"metric_loss": {"XMLWrapper": {"xml_wieght": 0.1}}}}
+    >>> try:
+    ...     check_arguments(config, Sources({"loss_funcs": "command line"}))
+    ... except ValueError as e:
+    ...     print(str(e).split(": bad arguments: ")[1])
+    XMLWrapper takes no argument 'xml_wieght'; did you mean xml_weight?
+    >>> try:
+    ...     check_arguments({"patience": -1}, {"patience": "command line"})
+    ... except ValueError as e:
+    ...     print(str(e).split(" (")[0])
+    command line: patience: must be a non-negative integer or null, got -1
+"""
+
+import difflib
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+from ..errors import ConfigError
+from .sources import source_of
+from .specs import is_object_spec
+
+#: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)
+NAMED_SPEC_KEYS = ("models", "loss_funcs", "mining_funcs", "optimizers", "test_hooks")
+#: object keys whose value is one spec
+ONE_SPEC_KEYS = ("sampler", "trainer", "tester", "accuracy_calculator", "dataset")
+#: keys the runner reads itself out of a spec's arguments (path prefix -> names)
+RUNNER_ARGUMENTS = {"optimizers": ("prototype_lr", "param_groups"), "tester": ("reference_set",)}
+
+
+def _int_at_least(low: int, what: str, null: bool = False) -> Callable[[Any], Optional[str]]:
+    def check(value):
+        if value is None and null:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            kind = "positive integer" if low == 1 else "non-negative integer"
+            return f"must be a {kind}{' or null' if null else ''}, got {value!r} ({what})"
+        return None
+
+    return check
+
+
+def _number_at_least(low: float, what: str) -> Callable[[Any], Optional[str]]:
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low:
+            return f"must be a number >= {low:g}, got {value!r} ({what})"
+        return None
+
+    return check
+
+
+def _boolean(value: Any) -> Optional[str]:
+    return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+
+
+#: top-level key -> check returning the problem or None
+TOP_LEVEL_RULES: Dict[str, Callable[[Any], Optional[str]]] = {
+    "skip_bad_images": _boolean,
+    "patience": _int_at_least(0, "evaluations without improvement before training stops", null=True),
+    "num_epochs_train": _int_at_least(1, "epochs per fold"),
+    "num_epochs": _int_at_least(1, "epochs per variant and seed"),
+    "save_interval": _int_at_least(1, "epochs between evaluations"),
+    "iterations_per_epoch": _int_at_least(1, "batches per epoch"),
+    "batch_size": _int_at_least(1, "images per batch"),
+    "dataloader_num_workers": _int_at_least(0, "data loading processes; 0 loads in the main process"),
+}
+#: (key prefix, argument) -> check; the prefix is the top-level key ("" for any)
+ARGUMENT_RULES: Dict[Tuple[str, str], Callable[[Any], Optional[str]]] = {
+    ("", "batch_size"): _int_at_least(1, "images per batch"),
+    ("", "iterations_per_epoch"): _int_at_least(1, "batches per epoch"),
+    ("", "dataloader_num_workers"): _int_at_least(0, "data loading processes; 0 loads in the main process"),
+    ("", "length_before_new_iter"): _int_at_least(1, "indices per pass over the data"),
+    ("sampler", "m"): _int_at_least(1, "images per class in a batch"),
+    ("optimizers", "lr"): _number_at_least(0, "the learning rate"),
+    ("optimizers", "prototype_lr"): _number_at_least(0, "the prototypes' learning rate"),
+}
+
+
+def _nearest(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(str(name), sorted(set(known)), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+class _Checker:
+    def __init__(self, sources, suffix: str = ""):
+        from .class_index import lookup
+
+        self.sources, self.suffix, self.lookup = sources, suffix, lookup
+
+    def fail(self, path: Tuple, message: str, source_path: Optional[Tuple] = None) -> None:
+        """``"<source of source_path (default path)>: <path>: <message>"``."""
+        dotted = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(".[", "[")
+        source = source_of(self.sources, source_path or path)
+        raise ConfigError(f"{source}: {dotted}: {message}{self.suffix}")
+
+    def spec(self, spec: Any, path: Tuple, required: bool) -> None:
+        """Check one spec; ``required``: this place must hold an object (a lower-case name is a function)."""
+        if isinstance(spec, list):
+            if required:
+                for i, item in enumerate(spec):
+                    self.spec(item, path + (i,), True)
+            return
+        if required and isinstance(spec, dict) and len(spec) > 1:
+            classes = [k for k in spec if isinstance(k, str) and k[:1].isupper()]
+            others = [str(k) for k in spec if k not in classes]
+            if classes and others:  # e.g. ~APPLY~2 where ~APPLY~3 reaches the arguments
+                self.fail(
+                    path,
+                    f"expected one {{ClassName: {{kwargs}}}}, got {', '.join(others)} next to {', '.join(classes)}: "
+                    f"arguments belong one level deeper, inside {classes[0]} (~APPLY~ counts the levels)",
+                )
+        if not (isinstance(spec, dict) and len(spec) == 1 and isinstance(next(iter(spec)), str)):
+            return
+        name, args = next(iter(spec.items()))
+        if "~" in name:
+            return  # a search marker (~BAYESIAN~) inside: the search checks it
+        entry = self.lookup(name)
+        if entry is None:  # a name no module defines: the builder refuses it (it may be registered later)
+            return
+        here = path + (name,)
+        if name == "Sequential" and isinstance(args, list):
+            for i, item in enumerate(args):
+                self.spec(item, here + (i,), True)
+            return
+        if isinstance(args, list):
+            for i, item in enumerate(args):
+                self.value(item, here + (i,))
+            return
+        if not isinstance(args, dict):
+            return
+        extra = RUNNER_ARGUMENTS.get(path[0], ()) if path else ()
+        for key, value in args.items():
+            if not isinstance(key, str) or "~" in key:
+                continue
+            if not entry["open"] and key not in entry["params"] and key not in extra:
+                nearest = _nearest(key, entry["params"])
+                self.fail(here, f"bad arguments: {name} takes no argument {key!r}{nearest}", here + (key,))
+            for (prefix, argument), rule in ARGUMENT_RULES.items():
+                if argument == key and (not prefix or (path and path[0] == prefix)):
+                    problem = rule(value)
+                    if problem:
+                        self.fail(path, f"{key} {problem}", here + (key,))
+            self.value(value, here + (key,))
+
+    def value(self, value: Any, path: Tuple) -> None:
+        """An argument's value: a nested spec (upper-case class, or a lower-case function the index knows), a list or
+        a mapping of them; other values are data."""
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                self.value(item, path + (i,))
+        elif is_object_spec(value):
+            self.spec(value, path, True)
+        elif isinstance(value, dict) and len(value) == 1 and self._function(next(iter(value))):
+            self.spec(value, path, True)
+
+    def _function(self, name: Any) -> bool:
+        entry = self.lookup(name) if isinstance(name, str) and name[:1].islower() else None
+        return entry is not None and entry["kind"] == "function"
+
+    def config(self, config: Dict[str, Any]) -> None:
+        for key, rule in TOP_LEVEL_RULES.items():
+            if key in config:
+                problem = rule(config[key])
+                if problem:
+                    self.fail((key,), problem)
+        for key in NAMED_SPEC_KEYS:
+            value = config.get(key)
+            if isinstance(value, dict):
+                for name, spec in value.items():
+                    self.spec(spec, (key, name), True)
+        for key in ONE_SPEC_KEYS:
+            value = config.get(key)
+            if is_object_spec(value) or (key != "dataset" and isinstance(value, dict) and len(value) == 1):
+                self.spec(value, (key,), True)
+        transforms = config.get("transforms")
+        if isinstance(transforms, dict):
+            for which, chain in transforms.items():
+                if isinstance(chain, dict) and not is_object_spec(chain):  # PB's mapping of transforms
+                    for name, kwargs in chain.items():
+                        self.spec({name: kwargs}, ("transforms", which), True)
+                else:
+                    self.spec(chain, ("transforms", which), True)
+
+
+def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+    """Check every spec's keyword arguments and the values that must be positive (module docstring); a flat
+    config's every variant (merged over the rest) too.
+
+    Raises:
+        ConfigError: one line naming the file (or command line) that set the value, the key path and the nearest
+        known argument, e.g. ``"command line: patience: must be a non-negative integer or null, got -1 (...)"``.
+    """
+    _Checker(sources).config(config)
+    variants = config.get("variants")
+    if isinstance(variants, dict) and variants:  # each variant merged over the rest, as loader.variant_configs does
+        from .syntax import merge
+
+        base = {k: v for k, v in config.items() if k != "variants"}
+        where = (sources or {}).get("variants", "config")
+        for name, update in variants.items():
+            variant = merge(base, update or {}, f"{where}: variants.{name}")
+            _Checker(sources, f" (variant {name})").config(variant)

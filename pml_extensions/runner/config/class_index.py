@@ -1,0 +1,301 @@
+"""The index of every name a config may use, with the keyword arguments each takes: the config layer checks a config
+against it without importing torch, so ``--dry-run``, ``--list`` and a config error answer at once.
+
+A config names classes and functions (``{ContrastiveLoss: {pos_margin: 0}}``) that live in torch, torchvision,
+pytorch-metric-learning (PML) and ``pml_extensions``; importing them takes seconds. The index records, for every name
+:func:`pml_extensions.runner.config.registry.resolve` finds (its search modules and the package's own classes), the
+module, the role(s) (``loss``, ``tester`` ...) and the keyword arguments (:func:`keyword_arguments`: the whole MRO of
+a class whose ``__init__`` passes ``**kwargs`` on to its base, as PML's losses do), plus each tester's arguments and
+each accuracy calculator's metric names. It is built by importing everything once and kept as JSON in the cache
+folder (``$PML_EXTENSIONS_CACHE_DIR``, else ``$XDG_CACHE_HOME/pml_extensions``, else ``~/.cache/pml_extensions``;
+``PML_EXTENSIONS_CACHE_DIR=none`` keeps it in memory only), under a name that fingerprints the installed torch,
+torchvision and PML versions and the package's own files, so a new version or an edited module builds a new index.
+Classes registered in this process (:func:`pml_extensions.runner.config.registry.register`) are read live.
+
+Example::
+
+    >>> entry = lookup("ContrastiveLoss")
+    >>> entry["module"], "pos_margin" in entry["params"], "reducer" in entry["params"], entry["open"]
+    ('pytorch_metric_learning.losses.contrastive_loss', True, True, False)
+"""
+
+import ast
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import sys
+import tempfile
+import textwrap
+from typing import Any, Dict, List, Optional, Tuple
+
+#: bump when the index's layout changes
+INDEX_VERSION = 1
+#: distributions whose versions decide which classes and signatures exist
+INDEXED_DISTRIBUTIONS = ("torch", "torchvision", "pytorch-metric-learning")
+_MEMORY: Dict[str, Any] = {}
+
+
+def cache_dir() -> Optional[str]:
+    """The folder of the on-disk index (None: memory only, ``PML_EXTENSIONS_CACHE_DIR=none``)."""
+    folder = os.environ.get("PML_EXTENSIONS_CACHE_DIR")
+    if folder is not None:
+        return None if folder.strip().lower() in ("", "none", "off") else folder
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pml_extensions")
+
+
+def fingerprint() -> str:
+    """A short hash of what the index depends on: Python's version, :data:`INDEXED_DISTRIBUTIONS`' versions and the
+    path, size and modification time of every module of ``pml_extensions`` (no import of any of them)."""
+    from importlib import metadata
+
+    parts: List[Any] = [INDEX_VERSION, sys.version_info[:2]]
+    for dist in INDEXED_DISTRIBUTIONS:
+        try:
+            parts.append((dist, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            parts.append((dist, None))
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for folder, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                stat = os.stat(os.path.join(folder, name))
+                parts.append((os.path.relpath(os.path.join(folder, name), package), stat.st_size, stat.st_mtime_ns))
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+
+
+def _forwards_kwargs(init) -> bool:
+    """True when ``init``'s source passes its ``**kwargs`` to a base class (``super().__init__(..., **kwargs)`` or
+    ``Base.__init__(self, ..., **kwargs)``)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return False
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.args.kwarg is None:
+        return False
+    name = fn.args.kwarg.arg
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__":
+            owner = node.func.value
+            if (isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super") or isinstance(
+                owner, (ast.Name, ast.Attribute)
+            ):
+                if any(k.arg is None and getattr(k.value, "id", None) == name for k in node.keywords):
+                    return True
+    return False
+
+
+def _named(params) -> List[str]:
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def keyword_arguments(obj: Any) -> Dict[str, Any]:
+    """``{"params": [names], "open": bool}``: the keyword arguments ``obj`` (a class or function) takes; ``open``
+    when it takes any other (a ``**kwargs`` that does not go to a base class, or no readable signature).
+
+    A class's ``__init__`` that passes ``**kwargs`` to its base continues along the MRO (PML: ``ContrastiveLoss`` ->
+    ``GenericPairLoss`` -> ``BaseMetricLossFunction`` -> ... -> ``ModuleWithRecords``), up to ``torch.nn.Module`` or
+    ``object``, which take none.
+
+    Example::
+
+        >>> from pytorch_metric_learning.losses import ContrastiveLoss
+        >>> found = keyword_arguments(ContrastiveLoss)
+        >>> found["params"][:2], "collect_stats" in found["params"], found["open"]
+        (['pos_margin', 'neg_margin'], True, False)
+    """
+    if not inspect.isclass(obj):
+        try:
+            params = list(inspect.signature(obj).parameters.values())
+        except (TypeError, ValueError):
+            return {"params": [], "open": True}
+        return {"params": _named(params), "open": any(p.kind == p.VAR_KEYWORD for p in params)}
+    names: List[str] = []
+    for klass in inspect.getmro(obj):
+        if klass is object or (klass.__name__ == "Module" and klass.__module__ == "torch.nn.modules.module"):
+            return {"params": list(dict.fromkeys(names)), "open": False}
+        if "__init__" not in vars(klass):
+            if "__new__" in vars(klass):  # e.g. a named tuple: the signature is __new__'s
+                break
+            continue
+        init = vars(klass)["__init__"]
+        try:
+            params = list(inspect.signature(init).parameters.values())[1:]  # less self
+        except (TypeError, ValueError):
+            return {"params": list(dict.fromkeys(names)), "open": True}
+        names += _named(params)
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return {"params": list(dict.fromkeys(names)), "open": False}
+        if not _forwards_kwargs(init):
+            return {"params": list(dict.fromkeys(names)), "open": True}
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return {"params": list(dict.fromkeys(names)), "open": True}
+    return {
+        "params": list(dict.fromkeys(names + _named(params))),
+        "open": any(p.kind == p.VAR_KEYWORD for p in params),
+    }
+
+
+def tester_params(cls=None) -> Tuple[str, ...]:
+    """The keyword arguments a tester class takes: PML's ``BaseTester`` ones and those of every class between
+    ``cls`` and it (e.g. :class:`pml_extensions.testers.AsymmetricTester`'s reference models), less the ones the
+    runner passes itself, plus PB's ``reference_set``."""
+    from pytorch_metric_learning.testers import BaseTester
+
+    internal = {
+        "self",
+        "data_device",
+        "dtype",
+        "end_of_testing_hook",
+        "dataset_labels",
+        "data_and_label_getter",
+        "visualizer_hook",
+    }
+    names = list(inspect.signature(BaseTester.__init__).parameters)
+    for klass in getattr(cls, "__mro__", ()):
+        init = vars(klass).get("__init__") if klass is not object else None
+        if init is not None:
+            params = inspect.signature(init).parameters.values()
+            names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return tuple(dict.fromkeys(p for p in names if p not in internal)) + ("reference_set",)
+
+
+def describe(obj: Any) -> Dict[str, Any]:
+    """The index entry of one class or function: ``module``, ``kind`` (``class`` / ``function``), ``params``,
+    ``open`` (:func:`keyword_arguments`)."""
+    return {
+        "module": getattr(obj, "__module__", "") or "",
+        "kind": "class" if inspect.isclass(obj) else "function",
+        **keyword_arguments(obj),
+    }
+
+
+def build_index() -> Dict[str, Any]:
+    """Import every search module of the registry and describe each name a config may use (slow: seconds).
+
+    Returns:
+        ``{"names": {name: entry}, "roles": {role: {name: module}}}``; tester entries also hold ``tester_params``,
+        accuracy calculator entries ``metrics``.
+    """
+    from . import registry
+
+    objects: Dict[str, Any] = {}
+    for module_name in registry.SEARCH_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for name in dir(module):
+            obj = getattr(module, name, None)
+            if name.startswith("_") or name in objects or obj is None:
+                continue
+            if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
+                objects[name] = obj
+    for name, obj in registry.package_classes().items():  # what registry.discover() makes nameable
+        objects.setdefault(name, obj)
+    names = {name: describe(obj) for name, obj in objects.items()}
+    roles: Dict[str, Dict[str, str]] = {}
+    for role in registry.ROLES:
+        found = registry.classes_for_role(role, include_registered=False)
+        roles[role] = {name: cls.__module__ for name, cls in found.items()}
+        for name, cls in found.items():
+            entry = names.setdefault(name, describe(cls))  # the object resolve() gives keeps the name
+            if role == "tester":
+                entry["tester_params"] = list(tester_params(cls))
+            if role == "accuracy_calculator":
+                try:
+                    entry["metrics"] = list(cls().get_curr_metrics())
+                except Exception:  # noqa: BLE001 - a calculator that needs arguments: its metrics stay unknown
+                    entry["metrics"] = None
+    return {"names": names, "roles": roles}
+
+
+def _write(path: str, index: Dict[str, Any]) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(index, f)
+        os.replace(tmp, path)
+    except OSError:  # an unwritable cache folder only costs the next process the build
+        pass
+
+
+def index() -> Dict[str, Any]:
+    """The index: from memory, else the cache file of this :func:`fingerprint`, else built (and saved)."""
+    key = fingerprint()
+    if key in _MEMORY:
+        return _MEMORY[key]
+    folder = cache_dir()
+    path = os.path.join(folder, f"class_index-{key}.json") if folder else None
+    data = None
+    if path and os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = None
+    if not (isinstance(data, dict) and "names" in data and "roles" in data):
+        data = build_index()
+        if path:
+            _write(path, data)
+    _MEMORY.clear()
+    _MEMORY[key] = data
+    return data
+
+
+def _registered(name: str) -> Optional[Dict[str, Any]]:
+    from .registry import _REGISTRY
+
+    if name not in _REGISTRY:
+        return None
+    obj, role = _REGISTRY[name]
+    entry = describe(obj)
+    if role == "tester" or (inspect.isclass(obj) and _is_subclass_named(obj, "BaseTester")):
+        entry["tester_params"] = list(tester_params(obj))
+    if role == "accuracy_calculator":
+        try:
+            entry["metrics"] = list(obj().get_curr_metrics())
+        except Exception:  # noqa: BLE001
+            entry["metrics"] = None
+    return entry
+
+
+def _is_subclass_named(cls, name: str) -> bool:
+    return any(k.__name__ == name for k in inspect.getmro(cls))
+
+
+def lookup(name: str) -> Optional[Dict[str, Any]]:
+    """The entry of ``name`` (:func:`describe`, with ``tester_params`` / ``metrics`` for testers and accuracy
+    calculators), a class registered in this process first; None when no module a config may use defines it."""
+    if not isinstance(name, str):
+        return None
+    entry = _registered(name)
+    if entry is not None:
+        return entry
+    return index()["names"].get(name)
+
+
+def names_for_role(role: str) -> Dict[str, str]:
+    """name -> module of the classes listed under ``role`` (as
+    :func:`pml_extensions.runner.config.registry.classes_for_role`), the ones registered in this process with that
+    role first."""
+    from .registry import _REGISTRY
+
+    out = {n: getattr(o, "__module__", "") or "" for n, (o, r) in _REGISTRY.items() if r == role}
+    for name, module in index()["roles"].get(role, {}).items():
+        out.setdefault(name, module)
+    return out
+
+
+def all_names() -> List[str]:
+    """Every name a config may use."""
+    from .registry import _REGISTRY
+
+    return sorted(set(index()["names"]) | set(_REGISTRY))

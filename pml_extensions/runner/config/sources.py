@@ -1,0 +1,94 @@
+"""Where each value of a merged config came from: the command line, a user's file or a shipped file.
+
+:func:`pml_extensions.runner.config.loader.load_config` returns ``(config, sources)``; ``sources`` maps each top-level
+key to the file (or ``"command line"``) that set it last, and is a :class:`Sources`: it also keeps the config as it
+stood after each file, so :meth:`Sources.of` names the file that set a nested value (``trainer.MetricLossOnly.
+batch_size`` set by ``--trainer~APPLY~2 {batch_size: 64}`` is the command line's, ``iterations_per_epoch`` next to it
+still the file's). :func:`describe` says which kind of source a name is, for messages that tell a user what to edit.
+
+Example::
+
+    >>> s = Sources({"trainer": "command line"})
+    >>> s.add_layer("general.yaml", {"trainer": {"T": {"batch_size": 32, "iterations_per_epoch": 100}}})
+    >>> s.add_layer("command line", {"trainer": {"T": {"batch_size": 64, "iterations_per_epoch": 100}}})
+    >>> s.of("trainer.T.batch_size"), s.of(("trainer", "T", "iterations_per_epoch")), s.of("seed")
+    ('command line', 'general.yaml', 'config')
+    >>> describe("command line"), describe("configs/contrastive/config_general/quick.yaml")
+    ('the command line', 'the shipped configs/contrastive/config_general/quick.yaml')
+"""
+
+import copy
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+_MISSING = object()
+COMMAND_LINE = "command line"
+
+
+def _value(config: Any, path: Sequence[Any]) -> Any:
+    for key in path:
+        if isinstance(config, dict) and key in config:
+            config = config[key]
+        elif isinstance(config, list) and isinstance(key, int) and -len(config) <= key < len(config):
+            config = config[key]
+        else:
+            return _MISSING
+    return config
+
+
+class Sources(dict):
+    """top-level key -> the file (or ``"command line"``) that set it last, plus the config after each file
+    (:meth:`add_layer`) to name the source of a nested value (:meth:`of`). Copies (``dict(sources)``) are plain
+    dicts and answer for top-level keys only (:func:`source_of` works with both)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.layers: List[Tuple[str, Dict[str, Any]]] = []
+
+    def add_layer(self, name: str, config: Dict[str, Any]) -> None:
+        """Record the merged config as it stands after the file (or command line) ``name``."""
+        self.layers.append((name, copy.deepcopy(config)))
+
+    def of(self, path: Union[str, Sequence[Any]]) -> str:
+        """The source that last changed the value at ``path`` (a dotted string or a sequence of keys); for a path
+        no layer holds, the source of its top-level key (``"config"`` when unknown)."""
+        keys = tuple(path.split(".")) if isinstance(path, str) else tuple(path)
+        found, previous = None, _MISSING
+        for name, config in self.layers:
+            value = _value(config, keys)
+            if value is not _MISSING and (previous is _MISSING or value != previous):
+                found = name
+            elif value is _MISSING and previous is not _MISSING:
+                found = None  # deleted (~DELETE~ / ~OVERRIDE~): a later layer may set it again
+            previous = value
+        return found or self.get(keys[0] if keys else "", "config")
+
+
+def source_of(sources: Optional[Dict[str, str]], path: Union[str, Sequence[Any]]) -> str:
+    """:meth:`Sources.of` for a :class:`Sources`, the top-level key's source for a plain dict, ``"config"`` without
+    sources."""
+    if isinstance(sources, Sources):
+        return sources.of(path)
+    keys = path.split(".") if isinstance(path, str) else list(path)
+    return (sources or {}).get(keys[0] if keys else "", "config")
+
+
+#: the shipped configs (``pml_extensions/configs``), whose files messages show as ``configs/<name>/...``
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+
+
+def is_shipped(source: str) -> bool:
+    """True for a file shipped in ``pml_extensions/configs`` (shown as ``configs/<name>/...``)."""
+    if source in (COMMAND_LINE, "config") or not source:
+        return False
+    path = source if os.path.isabs(source) else os.path.join(os.path.dirname(SHIPPED), source)
+    return os.path.abspath(path).startswith(SHIPPED + os.sep) and os.path.exists(path)
+
+
+def describe(source: str) -> str:
+    """``"the command line"``, ``"the shipped configs/x/..."`` or ``"your <file>"``: whom a message asks to edit."""
+    if source == COMMAND_LINE:
+        return "the command line"
+    if source == "config" or not source:
+        return "the config"
+    return f"the shipped {source}" if is_shipped(source) else f"your {source}"

@@ -1,0 +1,398 @@
+"""Checks before training: what a config and a dataset must agree on, checked once before the first epoch, each
+problem one line naming the key or file, where its value came from (the command line, your file, a shipped file) and
+the fix.
+
+- :func:`check_images`: every image file of the dataset decodes (one full decode per file; the list of good files is
+  kept in the experiment folder so a rerun checks only new or changed files); the bad ones are all named, and
+  ``skip_bad_images: true`` leaves them out instead;
+- :func:`class_splits`: enough classes for the split and its folds; when there are too few, how many the config needs
+  (:func:`minimum_classes`) and the command-line change that fits the dataset;
+- :func:`check_sampler`: ``m × training classes >= batch_size`` (and ``m`` divides it) in every fold, as PML's
+  ``MPerClassSampler`` asserts;
+- :func:`fit_channels`: the images' channels after the eval transform against the trunk's input: a trunk whose first
+  layer takes ``in_channels`` and leaves it out gets the images' (:func:`fill_input_channels`, used by
+  :meth:`pml_extensions.runner.objects.builder.Builder.build_models`), grey images become 3 channels for a 3-channel
+  trunk, anything else is :class:`ChannelMismatch` saying what to change; images of different sizes after the eval
+  transform (:func:`check_sizes`) are refused with the Resize to add.
+
+Empty class folders and a dataset given without ``~OVERRIDE~`` are refused earlier, by the dataset class
+(:class:`pml_extensions.datasets.ImageFolderSplit`) and the loader
+(:func:`pml_extensions.runner.config.pb_keys.check_single_class`).
+
+Example::
+
+    >>> splits = lambda labels, parts: {"folds": [{"train": [c for c in sorted(set(labels)) if c % parts != k]}
+    ...                                           for k in range(parts)]}
+    >>> minimum_classes(lambda labels: splits(labels, 2), m=4, batch_size=32)
+    16
+"""
+
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from ..config.class_index import lookup
+from ..config.sources import describe, source_of
+from ..config.specs import is_object_spec, one_spec
+from ..errors import ConfigError
+from .data import Subset, ToRGB
+
+#: the experiment folder's record of the image files that decoded: {path: [size, mtime_ns]}
+IMAGE_CHECK_FILE = "images_checked.json"
+#: at most this many bad files are named in the one line (all of them go to bad_images.txt)
+NAMED_BAD_FILES = 20
+
+
+# ---------------------------------------------------------------------------------------------------- images
+def image_paths(dataset) -> Optional[List[str]]:
+    """The image file of each item of ``dataset`` (``paths`` as ours and PML's datasets have; a wrapper's
+    ``dataset``; torchvision's ``samples``), or None for data that is not files (glyphs, tensors)."""
+    for candidate in (dataset, getattr(dataset, "dataset", None)):
+        if candidate is None:
+            continue
+        paths = getattr(candidate, "paths", None)
+        if paths is None and isinstance(getattr(candidate, "samples", None), list):
+            paths = [s[0] for s in candidate.samples if isinstance(s, (tuple, list)) and s]
+        if paths is not None and len(paths) == len(dataset) and all(isinstance(p, str) for p in paths[:1]):
+            return list(paths)
+    return None
+
+
+def _stat(path: str) -> Optional[List[int]]:
+    try:
+        s = os.stat(path)
+    except OSError:
+        return None
+    return [int(s.st_size), int(s.st_mtime_ns)]
+
+
+def check_images(
+    dataset,
+    folder: Optional[str] = None,
+    skip: bool = False,
+    where: str = "dataset",
+    log: Callable[..., None] = print,
+):
+    """Decode every image file of ``dataset`` once (:func:`pml_extensions.datasets.find_unreadable_images`).
+
+    Args:
+        dataset: any dataset; one without files (:func:`image_paths` None) is returned as it is.
+        folder: the experiment folder: the files that decoded are recorded there (:data:`IMAGE_CHECK_FILE`) and a
+            rerun decodes only new or changed files; the bad ones are listed in ``bad_images.txt``.
+        skip: leave the bad files out (one note naming them) instead of stopping.
+        where: ``"<source>: dataset"`` for the message.
+
+    Returns:
+        ``dataset``, or a view without the bad items when ``skip``.
+
+    Raises:
+        ConfigError: naming every bad file (up to :data:`NAMED_BAD_FILES` in the line, all in ``bad_images.txt``)
+        with PIL's reason, and ``skip_bad_images: true`` as the way to go on without them.
+    """
+    from ...datasets.image_files import find_unreadable_images
+
+    paths = image_paths(dataset)
+    if paths is None:
+        return dataset
+    record = os.path.join(folder, IMAGE_CHECK_FILE) if folder else None
+    known: Dict[str, List[int]] = {}
+    if record and os.path.isfile(record):
+        try:
+            with open(record, encoding="utf-8") as f:
+                known = json.load(f)
+        except (OSError, ValueError):
+            known = {}
+    todo = [p for p in dict.fromkeys(paths) if known.get(p) is None or known.get(p) != _stat(p)]
+    if len(todo) > 1000:
+        log(f"checking that {len(todo)} image files decode (once; a rerun checks only new or changed files)")
+    bad = find_unreadable_images(todo)
+    bad_set = {p for p, _ in bad}
+    if record:
+        from ...utils.atomic_io import atomic_write_json
+
+        good = {p: _stat(p) for p in todo if p not in bad_set}
+        try:
+            atomic_write_json(record, {**{p: v for p, v in known.items() if p not in bad_set}, **good})
+        except OSError:
+            pass  # the record only saves a rerun the decoding
+    if not bad:
+        return dataset
+    listing = None
+    if folder:
+        from ...utils.atomic_io import atomic_write_text
+
+        listing = os.path.join(folder, "bad_images.txt")
+        atomic_write_text(listing, "".join(f"{p}\t{why}\n" for p, why in bad))
+    named = "; ".join(f"{p} ({why})" for p, why in bad[:NAMED_BAD_FILES])
+    more = f"; +{len(bad) - NAMED_BAD_FILES} more" if len(bad) > NAMED_BAD_FILES else ""
+    listed = f" (all in {listing})" if listing else ""
+    if skip:
+        log(f"note: {where}: left out {len(bad)} image(s) that do not decode{listed}: {named}{more}")
+        keep = [i for i, p in enumerate(paths) if p not in bad_set]
+        from .data import dataset_labels
+
+        return Subset(dataset, keep, dataset_labels(dataset), None)
+    raise ConfigError(
+        f"{where}: {len(bad)} of {len(paths)} images do not decode{listed}: {named}{more}; replace or remove them, "
+        "or leave them out with --skip_bad_images true"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- classes
+def minimum_classes(
+    split: Callable[[Sequence[int]], Dict[str, Any]],
+    m: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    limit: int = 5000,
+) -> Optional[int]:
+    """The fewest classes for which ``split(range(C))`` succeeds and, with an ``m``-per-class sampler, every fold's
+    training classes fill a batch (``m × classes >= batch_size``); None above ``limit``."""
+    for count in range(2, limit + 1):
+        try:
+            folds = split(list(range(count)))["folds"]
+        except ValueError:
+            continue
+        if m and batch_size and min(len(f["train"]) for f in folds) * m < batch_size:
+            continue
+        return count
+    return None
+
+
+def _sampler_m(builder) -> Tuple[Optional[str], Optional[int]]:
+    spec = builder.get("sampler")
+    if not is_object_spec(spec):
+        return None, None
+    name, kwargs = one_spec(spec, builder.where("sampler"))
+    m = kwargs.get("m")
+    return name, (int(m) if isinstance(m, int) and not isinstance(m, bool) and m > 0 else None)
+
+
+def _trainer_batch(builder) -> Tuple[Optional[str], int]:
+    spec = builder.get("trainer")
+    if not is_object_spec(spec):
+        return None, 32
+    name, kwargs = one_spec(spec, builder.where("trainer"))
+    batch = kwargs.get("batch_size", 32)
+    return name, (int(batch) if isinstance(batch, int) and not isinstance(batch, bool) else 32)
+
+
+def class_splits(
+    builder,
+    labels,
+    split: Callable[[Sequence[int], int], Dict[str, Any]],
+    partitions: int,
+    num_sets: int,
+) -> Dict[str, Any]:
+    """``split(labels, partitions)`` (the protocol's class split, e.g. MLRC's), or one line when the dataset has
+    too few classes: how many it has, how many the config needs (split and sampler together), the files the two
+    settings came from, and the command-line change that fits this dataset.
+
+    Raises:
+        ConfigError: ``"<source>: dataset: 10 classes are too few for ...; this config needs >= 22 classes ..."``.
+    """
+    try:
+        return split(labels, partitions)
+    except ValueError as e:
+        problem = str(e).splitlines()[0]
+    classes = len(np.unique(np.asarray(labels)))
+    sampler, m = _sampler_m(builder)
+    trainer, batch = _trainer_batch(builder)
+    need = minimum_classes(lambda ls: split(ls, partitions), m, batch)
+    sources = builder.sources
+    split_source = source_of(sources, "split_manager")
+    fix = ""
+    for parts in range(min(partitions, classes) - 1, 1, -1):  # the most folds this dataset allows
+        try:
+            folds = split(list(range(classes)), parts)["folds"]
+        except ValueError:
+            continue
+        sets = min(num_sets, parts)
+        change = f'--split_manager~APPLY~2 "{{num_training_partitions: {parts}, num_training_sets: {sets}}}"'
+        fewest = min(len(f["train"]) for f in folds)
+        if m and fewest * m < batch:
+            change += f' --trainer~APPLY~2 "{{batch_size: {fewest * m}}}"'
+        fix = f"; for these {classes} classes add {change}"
+        break
+    needs = f"this config needs >= {need} classes" if need else "no class count fits this split"
+    with_sampler = f" and {sampler} (m={m}) batches of {batch}" if m else ""
+    raise ConfigError(
+        f"{source_of(sources, 'dataset')}: dataset: {classes} classes are too few for split_manager "
+        f"({describe(split_source)}: {problem}){with_sampler}: {needs}{fix}"
+    )
+
+
+def check_sampler(builder, fold_train_labels: Sequence[Sequence[int]], batch_size: int) -> None:
+    """The config's sampler against every fold's training labels: ``m × classes >= batch_size`` and ``m`` divides
+    ``batch_size`` (PML's ``MPerClassSampler`` asserts both when the first epoch starts).
+
+    Raises:
+        ConfigError: naming the fold, the sampler's and the trainer's sources and the largest batch size that fits.
+    """
+    name, m = _sampler_m(builder)
+    if m is None:
+        return
+    sources = builder.sources
+    m_src = describe(source_of(sources, ("sampler", name, "m")))
+    trainer, _ = _trainer_batch(builder)
+    batch_src = describe(source_of(sources, ("trainer", trainer, "batch_size") if trainer else "trainer"))
+    if batch_size % m:
+        raise ConfigError(
+            f"{source_of(sources, 'sampler')}: sampler.{name}.m: {m} ({m_src}) does not divide the batch size "
+            f"{batch_size} ({batch_src}); use a batch size that is a multiple of {m}"
+        )
+    for fold, labels in enumerate(fold_train_labels):
+        classes = len(np.unique(np.asarray(labels)))
+        if classes * m < batch_size:
+            raise ConfigError(
+                f"{source_of(sources, 'sampler')}: sampler.{name}: m={m} ({m_src}) x {classes} training classes of "
+                f"fold {fold} = {classes * m} < batch_size {batch_size} ({batch_src}); add --trainer~APPLY~2 "
+                f'"{{batch_size: {classes * m}}}" or use a dataset with more classes'
+            )
+
+
+# ---------------------------------------------------------------------------------------------------- channels
+class ChannelMismatch(ConfigError):
+    """The trunk takes ``trunk_channels`` input channels and the images have ``image_channels``."""
+
+    def __init__(self, message: str, image_channels: int, trunk_channels: int):
+        super().__init__(message)
+        self.image_channels, self.trunk_channels = int(image_channels), int(trunk_channels)
+
+
+def _first_entry(spec: Any) -> Tuple[Any, Callable[[Any], Any]]:
+    """``(first layer's spec, put(new) -> the whole trunk spec with it replaced)``."""
+    if isinstance(spec, list) and spec:
+        inner, put = _first_entry(spec[0])
+        return inner, lambda new: [put(new)] + list(spec[1:])
+    if isinstance(spec, dict) and len(spec) == 1 and next(iter(spec)) == "Sequential":
+        inner, put = _first_entry(spec["Sequential"])
+        return inner, lambda new: {"Sequential": put(new)}
+    return spec, lambda new: new
+
+
+def fill_input_channels(trunk_spec: Any, channels: int) -> Any:
+    """The trunk spec with ``in_channels: channels`` added to its first layer when that layer's class takes
+    ``in_channels`` and the spec leaves it out (e.g. ``ConvNetBody``: the quick configs then take grey glyphs and RGB
+    photos alike); otherwise unchanged.
+
+    Example::
+
+        >>> fill_input_channels([{"ConvNetBody": {"widths": [8]}}, {"Flatten": None}], 3)
+        [{'ConvNetBody': {'widths': [8], 'in_channels': 3}}, {'Flatten': None}]
+        >>> fill_input_channels([{"ConvNetBody": {"in_channels": 1}}], 3)
+        [{'ConvNetBody': {'in_channels': 1}}]
+    """
+    first, put = _first_entry(trunk_spec)
+    if not (isinstance(first, dict) and len(first) == 1):
+        return trunk_spec
+    name, kwargs = next(iter(first.items()))
+    if kwargs is not None and not isinstance(kwargs, dict):
+        return trunk_spec
+    entry = lookup(name) if isinstance(name, str) else None
+    if entry is None or "in_channels" not in entry["params"] or "in_channels" in (kwargs or {}):
+        return trunk_spec
+    return put({name: dict(kwargs or {}, in_channels=int(channels))})
+
+
+def trunk_input_channels(trunk: torch.nn.Module) -> Optional[int]:
+    """The input channels of the trunk's first convolution (None when it has none)."""
+    for module in trunk.modules():
+        if isinstance(module, torch.nn.modules.conv._ConvNd):
+            return int(module.in_channels)
+    return None
+
+
+def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, error: Exception) -> ConfigError:
+    """The one-line error for a trunk that fails on ``sample``: :class:`ChannelMismatch` when the channels differ
+    (what to change, and where the trunk came from), else the trunk's own first line."""
+    wanted = trunk_input_channels(trunk)
+    have = int(sample.shape[0]) if sample.ndim == 3 else None
+    trunk_src = source_of(builder.sources, "models.trunk")
+    if wanted is None or have is None or wanted == have:
+        return ConfigError(
+            f"{trunk_src}: models.trunk: fails on one image of shape {list(sample.shape)}: {str(error).splitlines()[0]}"
+        )
+    first, _ = _first_entry(builder.get("models", {}).get("trunk"))
+    takes = ""
+    if isinstance(first, dict) and len(first) == 1 and "in_channels" in (next(iter(first.values())) or {}):
+        takes = (
+            f" (its first layer {next(iter(first))} sets in_channels: {wanted}; leave it out and the images' count "
+            "is used)"
+        )
+    fixes = (
+        "convert the images to grey (add Grayscale: {num_output_channels: 1} first in transforms)"
+        if wanted == 1
+        else f"give the trunk {have}-channel input"
+    )
+    return ChannelMismatch(
+        f"{trunk_src}: models.trunk takes {wanted} input channel(s) ({describe(trunk_src)}){takes}, but the images of "
+        f"dataset ({describe(source_of(builder.sources, 'dataset'))}) have {have} after transforms.eval; {fixes}",
+        have,
+        wanted,
+    )
+
+
+def fit_channels(
+    builder,
+    dataset,
+    transforms: Dict[str, Any],
+    num_classes: int,
+    getter: Optional[Callable] = None,
+    log: Callable[..., None] = print,
+):
+    """Probe the trunk with the first image through ``transforms["eval"]`` (as every fold will); grey images meet a
+    3-channel trunk by becoming RGB (``ToRGB`` first in every transform, one note). Returns the transforms.
+
+    Raises:
+        ChannelMismatch: any other channel mismatch (what to change: the trunk's ``in_channels``, or a Grayscale
+        transform); ConfigError: the trunk fails on the image otherwise, or the transform fails on it.
+    """
+    view = builder.subset(dataset, [0], transform=transforms["eval"], getter=getter)
+    try:
+        sample = view[0][0]
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a transform that does not fit the images: one line naming it
+        raise ConfigError(
+            f"{source_of(builder.sources, 'transforms')}: transforms.eval: fails on the first image of dataset: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
+    if not torch.is_tensor(sample):
+        return transforms
+    check_sizes(builder, dataset, transforms["eval"], sample, getter)
+    try:
+        builder.build_models(sample, num_classes)
+    except ChannelMismatch as e:
+        rgb = builder.subset(dataset, [0], getter=getter)[0][0]
+        if not (e.image_channels == 1 and e.trunk_channels == 3 and hasattr(rgb, "convert")):
+            raise
+        import torchvision.transforms as T
+
+        transforms = {k: T.Compose([ToRGB(), t]) for k, t in transforms.items()}
+        log("note: the images are grey and models.trunk takes 3 channels: they are read as RGB")
+        builder.build_models(
+            builder.subset(dataset, [0], transform=transforms["eval"], getter=getter)[0][0], num_classes
+        )
+    return transforms
+
+
+def check_sizes(builder, dataset, transform, first: torch.Tensor, getter=None, probes: int = 8) -> None:
+    """Items spread over ``dataset`` through ``transform`` must have the first item's shape (a batch stacks them).
+
+    Raises:
+        ConfigError: naming two items of different shapes (their files when known) and the Resize to add.
+    """
+    n = len(dataset)
+    paths = image_paths(dataset)
+    for i in sorted({int(round(k * (n - 1) / max(1, probes - 1))) for k in range(probes)} - {0}):
+        x = builder.subset(dataset, [i], transform=transform, getter=getter)[0][0]
+        if torch.is_tensor(x) and x.shape != first.shape:
+            what = f"{paths[0]} and {paths[i]}" if paths else f"items 0 and {i}"
+            raise ConfigError(
+                f"{source_of(builder.sources, 'transforms')}: transforms.eval gives images of different sizes "
+                f"({list(first.shape)} and {list(x.shape)} for {what}), which cannot be batched; start transforms "
+                f"train and eval with Resize: {{size: [{first.shape[-2]}, {first.shape[-1]}]}}"
+            )

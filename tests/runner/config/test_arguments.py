@@ -1,0 +1,174 @@
+"""runner/config/arguments.py (issue 21, item 4): every class's arguments in a config are checked against its signature
+when the config loads (not when a fold starts), with the nearest name; counts that must be positive are refused."""
+
+import os
+
+import pytest
+
+from pml_extensions.runner.config.arguments import check_arguments
+from pml_extensions.runner.config.loader import (
+    CONFIG_FOLDERS,
+    config_layout,
+    display_path,
+    find_config,
+    load_config,
+    parse_command_line,
+    shipped_configs,
+)
+from pml_extensions.runner.config.sources import Sources
+from pml_extensions.runner.errors import ConfigError
+
+
+def _shipped_selections():
+    for name in shipped_configs():
+        root = find_config(name)
+        if config_layout(root) == "flat":
+            yield name, None
+            continue
+        yield name, {}
+        for folder in CONFIG_FOLDERS:
+            path = os.path.join(root, folder)
+            for file in sorted(os.listdir(path)) if os.path.isdir(path) else ():
+                if file.endswith(".yaml") and file != "default.yaml":
+                    yield name, {folder: ["default", file[:-5]]}
+
+
+@pytest.mark.parametrize("name, selection", list(_shipped_selections()))
+def test_every_shipped_config_and_variant_passes(name, selection):
+    """No false refusals: PML losses take their base classes' keywords (resolved along the MRO), torchvision's
+    model functions take **kwargs, our optimizer keys (prototype_lr, param_groups) are the runner's."""
+    load_config(find_config(name), selection or None, allow_search=True)
+
+
+def test_the_misspelled_argument_in_a_users_file(tmp_path):
+    """The issue's input: `ModuleWithRecords.__init__() got an unexpected keyword argument 'xml_wieght'` after the
+    data was read; now one line at load time naming the file, the key and the nearest argument."""
+    losses = tmp_path / "config_loss_and_miners"
+    losses.mkdir()
+    (losses / "default.yaml").write_text(
+        "loss_funcs:\n  metric_loss:\n    XMLWrapper:\n      loss: {ContrastiveLoss: {}}\n      xml_wieght: 0.01\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(str(tmp_path))
+    assert str(e.value) == (
+        f"{display_path(str(losses / 'default.yaml'))}: loss_funcs.metric_loss.XMLWrapper: bad arguments: XMLWrapper "
+        "takes no argument 'xml_wieght'; did you mean xml_weight?"
+    )
+
+
+def test_nested_specs_and_the_mro():
+    ok = {
+        "loss_funcs": {
+            "metric_loss": {
+                "XMLWrapper": {
+                    "loss": {
+                        "ContrastiveLoss": {
+                            "pos_margin": 0.0,
+                            "distance": {"CosineSimilarity": {}},  # BaseMetricLossFunction's, two levels up
+                            "reducer": {"AvgNonZeroReducer": {}},
+                            "collect_stats": True,  # ModuleWithRecords', at the end of the MRO
+                        }
+                    },
+                    "xml_weight": 0.01,
+                }
+            }
+        },
+        "models": {"trunk": [{"resnet18": {"num_classes": 7}}], "embedder": {"MLP": {"layer_sizes": [8]}}},
+        "mining_funcs": {"tuple_miner": {"MultiSimilarityMiner": {"epsilon": 0.1}}},
+        "optimizers": {"trunk_optimizer": {"Adam": {"lr": 1e-3, "prototype_lr": 0.01}}},
+    }
+    check_arguments(ok)
+    bad = {"loss_funcs": {"metric_loss": {"XMLWrapper": {"loss": {"ContrastiveLoss": {"pos_margn": 0.0}}}}}}
+    with pytest.raises(ConfigError, match=r"XMLWrapper.loss.ContrastiveLoss: bad arguments: .*did you mean pos_margin"):
+        check_arguments(bad)
+    with pytest.raises(ConfigError, match=r"models.trunk\[0\].ConvNetBody: bad arguments: .*did you mean widths"):
+        check_arguments({"models": {"trunk": [{"ConvNetBody": {"width": [8]}}, {"Flatten": None}]}})
+    with pytest.raises(ConfigError, match=r"transforms.train.Resize: bad arguments: .*did you mean size"):
+        check_arguments({"transforms": {"train": {"Resize": {"sise": 32}, "ToTensor": {}}}})
+
+
+def test_registered_classes_are_read_live():
+    import torch
+
+    from pml_extensions.runner.config.registry import _REGISTRY, register
+
+    class Head(torch.nn.Module):
+        def __init__(self, width=4):
+            super().__init__()
+
+    register(Head, role="model", name="CheckedHead")
+    try:
+        check_arguments({"models": {"embedder": {"CheckedHead": {"width": 8}}}})
+        with pytest.raises(ConfigError, match="did you mean width"):
+            check_arguments({"models": {"embedder": {"CheckedHead": {"widht": 8}}}})
+    finally:
+        _REGISTRY.pop("CheckedHead")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--patience", "-1"], "command line: patience: must be a non-negative integer or null, got -1"),
+        (["--num_epochs_train", "0"], "command line: num_epochs_train: must be a positive integer, got 0"),
+        (["--save_interval", "1.5"], "command line: save_interval: must be a positive integer, got 1.5"),
+        (["--trainer~APPLY~2", "{iterations_per_epoch: 0}"], "command line: trainer: iterations_per_epoch must be"),
+        (["--trainer~APPLY~2", "{dataloader_num_workers: -2}"], "command line: trainer: dataloader_num_workers must"),
+        (["--sampler~APPLY~2", "{m: 0}"], "command line: sampler: m must be a positive integer, got 0"),
+        (["--optimizers~APPLY~3", "{lr: -1e-3}"], "command line: optimizers.trunk_optimizer: lr must be a number"),
+        (["--tester~APPLY~2", "{batch_size: 0}"], "command line: tester: batch_size must be a positive integer"),
+    ],
+)
+def test_values_that_must_be_positive(argv, message):
+    """The issue's input `--patience -1` was accepted."""
+    with pytest.raises(ConfigError) as e:
+        load_config(find_config("contrastive"), {"config_general": ["default", "quick"]}, parse_command_line(argv))
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_patience_null_and_zero_are_fine():
+    for value in ("null", "0"):
+        load_config(find_config("contrastive"), None, parse_command_line(["--patience", value]))
+
+
+def test_the_file_named_is_the_one_that_set_the_value(tmp_path):
+    """trainer comes from a file; the command line changes its batch size only: a bad iterations_per_epoch in the
+    file is the file's, a bad batch size the command line's."""
+    general = tmp_path / "config_general"
+    general.mkdir()
+    (general / "default.yaml").write_text("trainer: {MetricLossOnly: {iterations_per_epoch: 0, batch_size: 8}}\n")
+    shown = display_path(str(general / "default.yaml"))
+    with pytest.raises(ConfigError, match=f"^{shown}: trainer: iterations_per_epoch must be"):
+        load_config(str(tmp_path), None, parse_command_line(["--trainer~APPLY~2", "{batch_size: 4}"]))
+    (general / "default.yaml").write_text("trainer: {MetricLossOnly: {iterations_per_epoch: 5, batch_size: 8}}\n")
+    with pytest.raises(ConfigError, match="^command line: trainer: batch_size must be"):
+        load_config(str(tmp_path), None, parse_command_line(["--trainer~APPLY~2", "{batch_size: -4}"]))
+
+
+def test_the_cli_prints_one_line_and_exits_2(tmp_path, capsys):
+    from pml_extensions.cli import run
+
+    argv = ["contrastive_xml", "--variant", "quick", "--loss_funcs~APPLY~3", "{xml_wieght: 0.1}"]
+    assert run.main(argv + ["--root_experiment_folder", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "config error: command line: loss_funcs.metric_loss.XMLWrapper: bad arguments: XMLWrapper takes no "
+        "argument 'xml_wieght'; did you mean xml_weight?\n"
+    )
+    assert not os.listdir(tmp_path)  # refused before anything was written
+
+
+def test_sources_of_nested_values():
+    cfg, sources = load_config(
+        find_config("contrastive"),
+        {"config_general": ["default", "quick"]},
+        parse_command_line(["--trainer~APPLY~2", "{batch_size: 64}"]),
+    )
+    assert isinstance(sources, Sources)
+    assert sources.of("trainer.MetricLossOnly.batch_size") == "command line"
+    assert sources.of("trainer.MetricLossOnly.iterations_per_epoch") == "configs/contrastive/config_general/quick.yaml"
+    assert sources.of("trainer.MetricLossOnly.set_min_label_to_zero") == (
+        "configs/contrastive/config_general/default.yaml"
+    )
+    assert sources.of("split_manager.ClassDisjointSplitManager.num_training_partitions") == (
+        "configs/contrastive/config_dataset/default.yaml"
+    )
