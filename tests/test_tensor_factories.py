@@ -34,6 +34,8 @@ ROOMS = (
     "pml_extensions/datasets",
     "pml_extensions/explain",
     "pml_extensions/utils",
+    "pml_extensions/runner/protocols/template_block",
+    "pml_extensions/runner/protocols/localization",
 )
 
 _DATA = "dataset items, collate and sampler: host tensors, moved to the data device by the trainer (pinned on CUDA)"
