@@ -252,7 +252,8 @@ def markdown(out):
     L += [""] + claims(res, main)
     L += [
         f"Size `{out['size']}` on {out['device']}, torch threads {out['torch_threads']}; fine-tuning and "
-        f"measurement {out['seconds'] / 60:.1f} min in all (sum over the units; per-seed parts may run at once)."
+        f"measurement {out['seconds'] / 60:.1f} min in all (sum over the units, on a machine shared with other work: "
+        "not a speed figure)."
     ]
     return "\n".join(L) + "\n"
 

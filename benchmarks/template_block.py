@@ -310,7 +310,7 @@ def markdown(out):
     minutes = ", ".join(f"{p} {s / 60:.1f}" for p, s in out["train_seconds"].items())
     L.append(
         f"Size `{out['size']}` on {out['device']}, torch threads {out['torch_threads']}; training time per "
-        f"experiment (sum over its units, min): {minutes}."
+        f"experiment (sum over its units, min, on a machine shared with other work: not a speed figure): {minutes}."
     )
     return "\n".join(L) + "\n"
 
