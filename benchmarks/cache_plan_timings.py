@@ -29,17 +29,16 @@ import torch
 import torchvision
 from pytorch_metric_learning import losses
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from pml_extensions.losses import XMLWrapper  # noqa: E402
-from pml_extensions.losses.patch_classification_loss import PatchClassificationLoss  # noqa: E402
-from pml_extensions.trunks import (  # noqa: E402
+from pml_extensions.losses import XMLWrapper
+from pml_extensions.losses.patch_classification_loss import PatchClassificationLoss
+from pml_extensions.trunks import (
     GeMPooling,
     HistogramPooling,
     insert_template_matching,
     split_trunk,
     template_matching_blocks,
 )
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

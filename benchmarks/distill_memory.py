@@ -78,11 +78,11 @@ def run_step(variant, images, augs, query_size, database_size, device):
     g = torch.Generator().manual_seed(0)
     batch = (
         (
-            torch.rand(n, 3, query_size, query_size, generator=g).to(device),
-            torch.rand(n, 3, database_size, database_size, generator=g).to(device),
-            torch.zeros(n, dtype=torch.long),
+            torch.rand(n, 3, query_size, query_size, generator=g, device=g.device).to(device),
+            torch.rand(n, 3, database_size, database_size, generator=g, device=g.device).to(device),
+            torch.zeros(n, dtype=torch.long, device=device),
         ),
-        torch.arange(images).repeat_interleave(augs),
+        torch.arange(images, device=device).repeat_interleave(augs),
     )
     # the optimiser state (AdamW moments) is allocated lazily at the first step: allocate it before measuring
     for opt in trainer.optimizers.values():

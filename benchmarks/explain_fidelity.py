@@ -22,7 +22,6 @@ Writes benchmarks/results/explain_fidelity.json (per-seed values) and .md (the R
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
@@ -30,18 +29,16 @@ import torch
 from scipy import stats
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from pml_extensions.datasets.normalization import IMAGENET_MEAN as MEAN  # noqa: E402
+from pml_extensions.datasets.normalization import IMAGENET_MEAN as MEAN
 from pml_extensions.datasets.normalization import IMAGENET_STD as STD
-from pml_extensions.explain import (  # noqa: E402
+from pml_extensions.explain import (
     ActivationDecomposition,
     CompositeLocalizationDataset,
     RandomExplainer,
     SimilarityFidelity,
     SimilarityGradCAM,
 )
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 METHODS = ("Decomposition", "Decomposition+Bias", "Grad-CAM", "Grad-CAM (no norm)", "RGrad-CAM", "random map")
 
@@ -54,8 +51,8 @@ def build(seed: int, device, pool: str):
     embedder = nn.Linear(1280, 128)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        embedder.weight.copy_(torch.randn(embedder.weight.shape, generator=g) / 1280**0.5)
-        embedder.bias.copy_(torch.randn(embedder.bias.shape, generator=g) * 0.1)
+        embedder.weight.copy_(torch.randn(embedder.weight.shape, generator=g, device=g.device) / 1280**0.5)
+        embedder.bias.copy_(torch.randn(embedder.bias.shape, generator=g, device=g.device) * 0.1)
     return trunk.eval().to(device), embedder.eval().to(device)
 
 
@@ -70,7 +67,7 @@ def one_seed(seed: int, args, device, pool: str):
         e = nn.functional.normalize(embedder(trunk(x)), dim=1)
     sim = e @ e.t()
     sim.fill_diagonal_(-2.0)
-    queries = torch.arange(args.queries)
+    queries = torch.arange(args.queries, device=x.device)
     nearest = sim[queries].argmax(dim=1)
     q, r = x[queries], x[nearest]
     dec = ActivationDecomposition(trunk, embedder)

@@ -22,19 +22,16 @@ Writes benchmarks/results/explain_speed{,_cuda}.json and .md (the table the READ
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from pml_extensions.explain.activation_decomposition import ActivationDecomposition  # noqa: E402
-from pml_extensions.explain.similarity_grad_cam import SimilarityGradCAM  # noqa: E402
-from pml_extensions.explain.topk_maps import topk_overall_maps  # noqa: E402
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+from pml_extensions.explain.activation_decomposition import ActivationDecomposition
+from pml_extensions.explain.similarity_grad_cam import SimilarityGradCAM
+from pml_extensions.explain.topk_maps import topk_overall_maps
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 
 def rss_bytes() -> int:
@@ -125,7 +122,7 @@ def main(argv=None):
     trunk.to(device)
     embedder.to(device)
     g = torch.Generator().manual_seed(0)
-    images = torch.randn(args.k + 1, 3, args.size, args.size, generator=g).to(device)
+    images = torch.randn(args.k + 1, 3, args.size, args.size, generator=g, device=g.device).to(device)
     q, refs = images[:1], images[1:]
     dec = ActivationDecomposition(trunk, embedder)
     cam = SimilarityGradCAM(trunk, embedder)
@@ -152,7 +149,7 @@ def main(argv=None):
     rows.append(("overall maps, query + top-%d, two folds" % args.k, t_two, t_fwd, t_two / t_fwd, "<= 1.2"))
 
     # point-to-point at 14 x 14, L = 512 (real folded features of a 448-px MobileNetV2 input)
-    f14 = dec.fold_query(torch.randn(2, 3, 448, 448, generator=g).to(device))
+    f14 = dec.fold_query(torch.randn(2, 3, 448, 448, generator=g, device=g.device).to(device))
     assert f14.feature_size == (14, 14)
     t_ein = timed(lambda: dec.point_to_point(f14[0], f14[1]), args.repeats, sync)
     Fq, Fr = f14.features[0].double().cpu().numpy(), f14.features[1].double().cpu().numpy()
@@ -179,9 +176,9 @@ def main(argv=None):
     k5 = 5
     memory = {}
     for n_q in args.queries:
-        pool = torch.randn(n_q * (1 + k5), 3, args.topk_size, args.topk_size, generator=g).to(device)
+        pool = torch.randn(n_q * (1 + k5), 3, args.topk_size, args.topk_size, generator=g, device=g.device).to(device)
         queries = pool[:n_q]
-        neighbours = (n_q + torch.arange(n_q * k5)).view(n_q, k5)  # distinct references per query
+        neighbours = (n_q + torch.arange(n_q * k5, device=pool.device)).view(n_q, k5)  # distinct references per query
 
         def embed_pass(pool=pool):
             with torch.no_grad():

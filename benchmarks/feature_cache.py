@@ -36,8 +36,7 @@ import torchvision.transforms as T
 from pytorch_metric_learning import losses, samplers, trainers
 from pytorch_metric_learning.utils import common_functions as c_f
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from pml_extensions.datasets import (  # noqa: E402
+from pml_extensions.datasets import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     CachedFeatureDataset,
@@ -45,8 +44,8 @@ from pml_extensions.datasets import (  # noqa: E402
     OpenClipArt,
     SeededViewDataset,
 )
-from pml_extensions.trunks import FrozenPrefix, MobileNetV2Features, split_trunk  # noqa: E402
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+from pml_extensions.trunks import FrozenPrefix, MobileNetV2Features, split_trunk
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_SIDE, SIZE = 160, 128

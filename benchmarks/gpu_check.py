@@ -7,8 +7,8 @@ Steps (each is timed; a failing step is recorded and the next one runs; the exit
 
 1. ``job``: the main XML job through the CLI, ``python -m pml_extensions job --device DEV``;
 2. ``mlrc_quick``: one MLRC config, ``python -m pml_extensions run contrastive_xml --variant quick --device DEV``;
-3. ``resolution_quick``: ``python -m pml_extensions run resolution_distillation --variant quick`` with
-   ``--resolution_job {device: DEV}``;
+3. ``resolution_quick``: ``python -m pml_extensions run resolution_distillation --variant quick --device DEV``
+   (with ``--tiny``: one glyph dataset at 32/16 px, one iteration per stage, a 16-D head, as top-level keys);
 4. ``autocast_<method>_<dtype>``: a few training steps under ``torch.autocast`` in bfloat16 and float16 (GradScaler
    for float16) of every method: HistogramPooling + XMLWrapper(ContrastiveLoss), the template-matching block
    (ResNet-18 + PatchClassificationLoss), RAML distillation (frozen teacher, ResolutionDistillationLoss); the
@@ -42,7 +42,6 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 BUDGET_S = 8 * 60
 TARGETS = {  # issue 14, one H200; reported, not asserted
@@ -161,21 +160,22 @@ def step_mlrc(device, tiny, work, timeout):
     return status, seconds, _result_figures(os.path.join(work, "mlrc")), note
 
 
-TINY_RESOLUTION_JOB = (
-    "{datasets~OVERRIDE~: {glyphs: {database_resolution: 32, query_resolutions: [16], image_size: 32, "
-    "max_test_per_class: 4, crop_scale: [0.5, 1.0]}}, teacher_iterations: 1, student_iterations: 1, "
-    "checkpoint_every: 1, "
-    "images_per_batch: 4, num_augmentations: 2, embedding_dim: 16, eval_batch_size: 64, num_workers: 0, "
-    "device: %s}"
-)
+TINY_RESOLUTION = [  # the protocol's top-level keys (the resolution_job: mapping before the floor plan)
+    "--datasets~OVERRIDE~", "{glyphs: {database_resolution: 32, query_resolutions: [16], image_size: 32, "
+    "max_test_per_class: 4, crop_scale: [0.5, 1.0]}}",
+    "--teacher_iterations", "1", "--student_iterations", "1", "--checkpoint_every", "1", "--images_per_batch", "4",
+    "--num_augmentations", "2", "--models", "{embedder: {RetrievalHead: {out_dim: 16}}}", "--eval_batch_size", "64",
+    "--num_workers", "0",
+]  # fmt: skip
 
 
 def step_resolution(device, tiny, work, timeout):
-    job = TINY_RESOLUTION_JOB % device if tiny else "{device: %s}" % device
     cmd = cli(
-        "run", "resolution_distillation", "--variant", "quick", "--resolution_job", job,
+        "run", "resolution_distillation", "--variant", "quick", "--device", device,
         "--root_experiment_folder", os.path.join(work, "resolution"), "--experiment_name", "r",
     )  # fmt: skip
+    if tiny:
+        cmd += TINY_RESOLUTION
     status, seconds, note = run_command(cmd, timeout)
     return status, seconds, {}, note
 
@@ -286,7 +286,7 @@ def method_steps(method, dtype_name, device, tiny, steps):
     g = torch.Generator().manual_seed(0)
     size = (16 if method == "template_block" else 32) if tiny else 224  # float16 convs are slow on CPU
     batch = 8 if tiny else 32
-    labels = torch.arange(batch // 2).repeat_interleave(2).to(device)
+    labels = torch.arange(batch // 2, device=device).repeat_interleave(2)
     if method == "xml":
         model, loss_fn = xml_model(tiny, device)
 
@@ -345,7 +345,7 @@ def method_steps(method, dtype_name, device, tiny, steps):
     losses, times, skipped = [], [], 0
     scale = scaler.get_scale() if scaler.is_enabled() else 1.0
     for _ in range(steps):
-        images = torch.rand(batch, 3, size, size, generator=g).to(device, non_blocking=True)
+        images = torch.rand(batch, 3, size, size, generator=g, device=g.device).to(device, non_blocking=True)
         t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=dtype):
@@ -392,11 +392,11 @@ def torchrun_child(out, device_name, tiny):
         wrapped = DistributedLossWrapper(loss)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(0)
-        labels = torch.arange(4).repeat_interleave(2).to(device)
+        labels = torch.arange(4, device=device).repeat_interleave(2)
         losses = []
         for _ in range(2):
             opt.zero_grad()
-            value = wrapped(ddp(torch.rand(8, 3, 32, 32, generator=g).to(device)), labels)
+            value = wrapped(ddp(torch.rand(8, 3, 32, 32, generator=g, device=g.device).to(device)), labels)
             value.backward()
             opt.step()
             losses.append(float(value.detach()))

@@ -20,9 +20,9 @@ import subprocess
 import sys
 import time
 
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 CONFIGS = ("contrastive", "contrastive_xml", "proxy_anchor", "proxy_anchor_xml", "template_block", "explanation")

@@ -6,17 +6,21 @@
     python benchmarks/reproduce.py --list                        # the plan: every process, its threads, its order
 
 Each step is one benchmark run by its stable command line (below); it writes ``benchmarks/results/NAME.json`` and
-``NAME.md``. The main job's ``results.json``/``results.md`` are copied to ``benchmarks/results/xml_vs_gap.*``.
+``NAME.md``. The main job's ``results.json`` is copied to ``benchmarks/results/xml_vs_gap.json`` and its table (with the
+paper's claim beside it) rendered by ``benchmarks/xml_vs_gap.py``.
 Then ``benchmarks/readme_tables.py`` copies every ``NAME.md`` into its README block (every README block has a step
 here; a test checks it).
 
 Scheduling: the training steps share the cores first: each of their processes runs with one torch thread
 (``OMP_NUM_THREADS=1``), as many at once as ``--jobs`` (default: the CPU count); steps with per-seed or
-per-experiment parts run them as parallel processes and join them with the benchmark's own ``--merge``. Then the
+per-experiment parts run them as parallel processes in the benchmark's experiment folders (template_block: its three
+experiments; localization: one process per seed, each training its units in the one experiment folder), and the
+step's own call gathers the finished experiments into the tables. Then the
 steps whose numbers are wall times or memory peaks (and the main job, whose README table must equal what
 ``tox -e job`` writes with the machine's default threads) run alone, one after another, with every core; the XML
 generalisation probe (it reads the main job's models) comes last. The experiment folders of the selected steps that
-would resume (the main job's, resolution distillation's) are deleted first, so every step starts afresh; with
+would resume (the main job's, resolution distillation's, template_block's, localization's) are deleted first, so every
+step starts afresh; with
 ``--only`` the other steps' folders stay (``--only xml_generalization`` reads the last job's models). A tqdm bar
 counts the processes; each process's output goes to ``runs/reproduce/<size>/NAME.log``. A failing process is
 reported (with the end of its log), the processes that need it are skipped, the others still run; the exit status is
@@ -55,16 +59,13 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
     """The steps in order; the XML generalisation probe reads the main job's models."""
     dev = ["--device", device]
     job_folder = os.path.join(runs, "xml_glyphs")
-    parts = os.path.join(runs, "parts")
-    tb = [PY, "benchmarks/template_block.py", "--size", "medium" if size == "quick" else size, "--out", parts] + dev
-    tb_parts = (
-        ("ablation", tb + ["--skip", "fashion", "glyphs", "lambda", "--tag", "ablation"]),
-        ("fashion_lambda", tb + ["--skip", "glyphs", "ablation", "--tag", "fashion_lambda"]),
-        ("glyphs", tb + ["--skip", "fashion", "lambda", "ablation", "--tag", "glyphs"]),
-    )
+    tb_folder, loc_folder = os.path.join(runs, "template_block"), os.path.join(runs, "localization")
+    tb = [PY, "benchmarks/template_block.py", "--size", "medium" if size == "quick" else size]
+    tb += ["--experiment-folder", tb_folder] + dev
+    tb_parts = tuple((part, tb + ["--part", part]) for part in ("ablation", "fashion_lambda", "glyphs"))
     loc_seeds = (0, 1, 2) if size == "quick" else (0, 1, 2, 3, 4)
-    loc = [PY, "benchmarks/localization.py", "--size", size, "--out", parts] + dev
-    loc_parts = tuple((f"seed{s}", loc + ["--seeds", str(s), "--tag", f"seed{s}"]) for s in loc_seeds)
+    loc = [PY, "benchmarks/localization.py", "--size", size, "--experiment-folder", loc_folder] + dev
+    loc_parts = tuple((f"seed{s}", loc + ["--only-seeds", str(s)]) for s in loc_seeds)
     return [
         Step(
             "resolution_distillation",
@@ -82,17 +83,17 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
         ),
         Step(
             "template_block",
-            [PY, "benchmarks/template_block.py", "--out", "benchmarks/results", "--merge"]
-            + [os.path.join(parts, f"template_block_{name}.json") for name, _ in tb_parts],
+            tb + ["--out", "benchmarks/results"],
             ["template_block"],
             parts=tb_parts,
+            fresh=(tb_folder,),
         ),
         Step(
             "localization",
-            [PY, "benchmarks/localization.py", "--out", "benchmarks/results", "--merge"]
-            + [os.path.join(parts, f"localization_seed{s}.json") for s in loc_seeds],
+            loc + ["--out", "benchmarks/results"],
             ["localization"],
             parts=loc_parts,
+            fresh=(loc_folder,),
         ),
         Step("xml_signal", [PY, "benchmarks/xml_signal.py", "--size", size] + dev, ["xml_signal"]),
         Step(
@@ -173,9 +174,16 @@ def processes(plan: List[Step]) -> List[Process]:
 
 
 def copy_job_results(runs: str) -> None:
-    """``<runs>/xml_glyphs/results.{json,md}`` -> ``benchmarks/results/xml_vs_gap.{json,md}``."""
-    for ext in ("json", "md"):
-        shutil.copyfile(os.path.join(runs, "xml_glyphs", f"results.{ext}"), os.path.join(RESULTS, f"xml_vs_gap.{ext}"))
+    """``<runs>/xml_glyphs/results.json`` -> ``benchmarks/results/xml_vs_gap.json``, and its table (the job's
+    ``results.md`` with the paper's claim beside it) by ``benchmarks/xml_vs_gap.py``.
+
+    Raises:
+        RuntimeError: when the renderer fails (its output in the message).
+    """
+    cmd = [PY, os.path.join(ROOT, "benchmarks", "xml_vs_gap.py"), "--run-folder", os.path.join(runs, "xml_glyphs")]
+    proc = subprocess.run(cmd + ["--out", RESULTS], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmarks/xml_vs_gap.py failed: {(proc.stdout + proc.stderr)[-600:]}")
 
 
 def show(argv: List[str]) -> str:
@@ -246,7 +254,6 @@ def run_plan(procs: List[Process], runs: str, jobs: int, write=None) -> Tuple[di
 
 def write_record(args, plan, wall, seconds, failed, skipped) -> None:
     """``benchmarks/results/reproduce_<size>_<device>.{json,md}``: the call's wall time and every process's."""
-    sys.path.insert(0, ROOT)
     from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
     name = f"reproduce_{args.size}_{args.device}"
@@ -308,8 +315,7 @@ def main(argv=None) -> int:
         return 0
     for folder in (f for s in plan for f in s.fresh):
         shutil.rmtree(os.path.join(ROOT, folder), ignore_errors=True)
-    for d in (runs, os.path.join(runs, "parts")):
-        os.makedirs(os.path.join(ROOT, d), exist_ok=True)
+    os.makedirs(os.path.join(ROOT, runs), exist_ok=True)
     os.makedirs(RESULTS, exist_ok=True)
     t0 = time.time()
     seconds, failed, skipped = run_plan(procs, runs, args.jobs)

@@ -1,5 +1,6 @@
 """RAML (Suma & Tolias, WACV 2023) paper Tables 2-4 and the asymmetric-vs-iterations curve: a thin caller of the
-runner's ``resolution_distillation`` protocol with the shipped config.
+runner's ``resolution_distillation`` protocol with the shipped config, and the paper-layout tables of its
+``results.json`` (the protocol writes the generic ``results.md``; the layout below is the paper's).
 
     python benchmarks/resolution_distillation.py --size quick             # CPU, glyphs, 3 seeds (~15-30 min, 2 cores)
     python benchmarks/resolution_distillation.py --size full --device cuda
@@ -14,10 +15,14 @@ paper-layout tables and, beside each of the paper's claims, what this run measur
 import argparse
 import os
 import sys
+from typing import List
+
+import numpy as np
 
 from pml_extensions.runner.config.loader import find_config, load_config
+from pml_extensions.runner.outputs.results import verdict_word
 from pml_extensions.runner.protocols import run_protocol
-from pml_extensions.runner.protocols.resolution_distillation.tables import PRIMARY, markdown_tables, variant_name
+from pml_extensions.runner.protocols.resolution_distillation.variants import PRIMARY, TABLE2_SETUPS, variant_name
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -30,19 +35,10 @@ def _delta(results, variant, baseline):
     return None
 
 
-def _verdict(c, want):
-    """``want``: "above" (the paper says the variant is better) or "below" (the paper says it is worse)."""
-    if c is None or c["ci95"] is None:
-        return "undecided (fewer than 2 seeds)"
-    lo, hi = c["ci95"]
-    good = lo > 0 if want == "above" else hi < 0
-    bad = hi < 0 if want == "above" else lo > 0
-    same_sign = c["mean_difference"] > 0 if want == "above" else c["mean_difference"] < 0
-    if good:
-        return "reproduces"
-    if bad:
-        return "does not reproduce (significantly the other way)"
-    return "same direction, not significant" if same_sign else "does not reproduce (other direction, not significant)"
+def _verdict(c, claim):
+    """The verdict (the runner's vocabulary) on a claim about ``c``: ``"greater"`` (the paper says the variant is
+    better), ``"less"`` (worse) or ``"on_par"`` (close); ``"not measured"`` without the comparison."""
+    return "not measured" if c is None else verdict_word(c, claim)
 
 
 def _say(c):
@@ -56,13 +52,15 @@ def _say(c):
     return text + f" (95 % CI [{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}], {sign})"
 
 
-_NO_GAP = "no significant gap (the CI includes 0, which does not show that the gap is small)"
-
-
 def claims(results) -> str:
     """The paper's claims, each with this run's paired difference (generated, never typed)."""
     rows = results["rows"]
-    lines = ["**The paper's claims at our scale** (paired differences of MAP@R over seeds):", ""]
+    lines = [
+        "**The paper's claims at our scale** (paired differences of MAP@R over seeds; reproduced / contradicted: the "
+        "95 % CI lies on the claimed / the other side of 0; not shown: it contains 0; consistent: a claim of a small "
+        "gap whose CI contains 0, which does not show that the gap is small):",
+        "",
+    ]
     for dataset in sorted({r["dataset"] for r in rows}):
         db = max(r["database_resolution"] for r in rows if r["dataset"] == dataset)
         qs = sorted({r["query_resolution"] for r in rows if r["dataset"] == dataset and r["query_resolution"] != db})
@@ -71,14 +69,13 @@ def claims(results) -> str:
             naive = _delta(results, asym, variant_name(dataset, q, "teacher_asymmetric"))
             low = _delta(results, asym, variant_name(dataset, q, "low_resolution_teacher_symmetric"))
             sym = _delta(results, asym, variant_name(dataset, q, "student_symmetric"))
-            close = sym is not None and sym["ci95"] is not None and sym["ci95"][0] <= 0 <= sym["ci95"][1]
             lines.append(
                 f"- {dataset}, {q} px queries against the {db} px database. Paper: distilled asymmetric retrieval "
                 f"beats the teacher on small queries (naive asymmetric) and the model trained at the small resolution, "
                 f"and comes close to symmetric retrieval. Ours: vs naive asymmetric "
-                f"{_say(naive)}: **{_verdict(naive, 'above')}**; vs low-resolution teacher {_say(low)}: "
-                f"**{_verdict(low, 'above')}**; vs the student's own symmetric {_say(sym)}: "
-                f"**{_NO_GAP if close else 'does not reproduce (asymmetric stays below)'}**."
+                f"{_say(naive)}: **{_verdict(naive, 'greater')}**; vs low-resolution teacher {_say(low)}: "
+                f"**{_verdict(low, 'greater')}**; vs the student's own symmetric {_say(sym)}: "
+                f"**{_verdict(sym, 'on_par')}**."
             )
         ablated = sorted(
             {
@@ -93,13 +90,218 @@ def claims(results) -> str:
             parts = []
             for _, v in ablated:
                 c = _delta(results, variant_name(dataset, q, "teacher_student_asymmetric", v), full)
-                parts.append(f"{v} {_say(c)}: **{_verdict(c, 'below')}**")
+                parts.append(f"{v} {_say(c)}: **{_verdict(c, 'less')}**")
             lines.append(
                 f"- {dataset}, Tables 3-4 at {q} px. Paper: every loss term and augmentation group helps, the "
                 f"combination is best, L_abs alone is strong, initialising from the teacher beats ImageNet and the "
                 f"low-resolution teacher. Ours (variant − full student, asymmetric): " + "; ".join(parts) + "."
             )
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- paper layout
+def _pm(mean, std):
+    return "–" if mean is None else f"{100 * mean:.2f}" + ("" if std is None else f" ± {100 * std:.2f}")
+
+
+def _ci(c):
+    if c is None:
+        return "–"
+    if c["ci95"] is None:
+        return f"{100 * c['mean_difference']:+.2f} (1 seed)"
+    lo, hi = c["ci95"]
+    return f"{100 * c['mean_difference']:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+
+
+def markdown_tables(results: dict) -> str:
+    """Paper-layout markdown: Table 2 (setups × query resolutions, MAP@R and mAP mean ± std over seeds, query
+    MFLOPs), Tables 3-4 (ablated students against the full one, paired difference and 95 % CI of MAP@R) and the
+    asymmetric-vs-iterations curve. Values in %."""
+    variants, rows = results["variants"], results.get("rows", [])
+    comps = {(c["variant"], c["baseline"]): c for c in results["comparisons"] if c["metric"] == PRIMARY}
+    seeds = sorted({int(s) for v in variants.values() for s in v["per_seed"]})
+    flops = {}
+    for r in rows:
+        flops[variant_name(r["dataset"], r["query_resolution"], r["setup"], r.get("student_variant"))] = r[
+            "query_flops"
+        ]
+    lines = [
+        f"Seeds: {', '.join(map(str, seeds))}; values in % (mean ± std over seeds); Δ = paired difference of "
+        "MAP@R with its 95 % CI (Student t over seeds).",
+        "",
+    ]
+    for dataset in sorted({r["dataset"] for r in rows}):
+        db = max(r["database_resolution"] for r in rows if r["dataset"] == dataset)
+        qs = sorted({r["query_resolution"] for r in rows if r["dataset"] == dataset and r["query_resolution"] != db})
+        lines += [f"**Table 2 ({dataset}, database {db} px)**", ""]
+        head = "| block | setup | " + " | ".join(
+            f"{q} px MAP@R | {q} px mAP (trapezoid) | {q} px query MFLOPs" for q in qs
+        )
+        lines += [head + " |", "|---|---|" + "---|" * (3 * len(qs))]
+        blocks = {
+            "low_resolution_teacher_symmetric": "1 symmetric",
+            "teacher_symmetric": "1 symmetric",
+            "teacher_asymmetric": "2 naive asymmetric",
+            "teacher_student_asymmetric": "3 distilled asymmetric",
+            "student_symmetric": "4 distilled symmetric",
+        }
+        for setup in TABLE2_SETUPS:
+            cells = []
+            for q in qs:
+                name = variant_name(dataset, db if setup == "teacher_symmetric" else q, setup)
+                v = variants.get(name)
+                if v is None:
+                    cells += ["–", "–", "–"]
+                    continue
+                cells += [
+                    _pm(v["mean"].get(PRIMARY), v["std"].get(PRIMARY)),
+                    _pm(
+                        v["mean"].get("mean_average_precision_trapezoidal"),
+                        v["std"].get("mean_average_precision_trapezoidal"),
+                    ),
+                    f"{flops.get(name, 0) / 1e6:.1f}",
+                ]
+            label = f"{setup} ({db} px)" if setup == "teacher_symmetric" else setup
+            lines.append(f"| {blocks[setup]} | {label} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "| comparison (MAP@R) | " + " | ".join(f"Δ at {q} px" for q in qs) + " |",
+            "|---|" + "---|" * len(qs),
+        ]
+        for base, label in (
+            ("teacher_asymmetric", "distilled asym. − naive asym. (teacher on small queries)"),
+            ("low_resolution_teacher_symmetric", "distilled asym. − low-resolution teacher sym."),
+            ("student_symmetric", "distilled asym. − student sym."),
+            ("teacher_symmetric", f"distilled asym. − teacher sym. ({db} px)"),
+        ):
+            cells = []
+            for q in qs:
+                b = variant_name(dataset, db if base == "teacher_symmetric" else q, base)
+                cells.append(_ci(comps.get((variant_name(dataset, q, "teacher_student_asymmetric"), b))))
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+        ablated = sorted(
+            {
+                (r["query_resolution"], r["student_variant"])
+                for r in rows
+                if r["dataset"] == dataset and r.get("student_variant") not in (None, "full")
+            }
+        )
+        if ablated:
+            lines += [
+                f"**Tables 3-4 ({dataset}): students distilled at {ablated[0][0]} px, asymmetric MAP@R**",
+                "",
+                "| student | asymmetric MAP@R | student symmetric MAP@R | Δ asym. vs full student |",
+                "|---|---|---|---|",
+            ]
+            q = ablated[0][0]
+            for v in ["full"] + [a for _, a in ablated]:
+                asym = variants.get(variant_name(dataset, q, "teacher_student_asymmetric", v), {})
+                sym = variants.get(variant_name(dataset, q, "student_symmetric", v), {})
+                delta = (
+                    "–"
+                    if v == "full"
+                    else _ci(
+                        comps.get(
+                            (
+                                variant_name(dataset, q, "teacher_student_asymmetric", v),
+                                variant_name(dataset, q, "teacher_student_asymmetric"),
+                            )
+                        )
+                    )
+                )
+                lines.append(
+                    f"| {v} | {_pm(asym.get('mean', {}).get(PRIMARY), asym.get('std', {}).get(PRIMARY))} | "
+                    f"{_pm(sym.get('mean', {}).get(PRIMARY), sym.get('std', {}).get(PRIMARY))} | {delta} |"
+                )
+            lines.append("")
+    for (dataset, q), points in sorted(_curve_points(results.get("curve", [])).items()):
+        lines += [f"**Asymmetric vs symmetric MAP@R along the student's training ({dataset}, {q} px queries)**", ""]
+        total = (results.get("config") or {}).get("student_iterations")
+        if total:
+            lines += [
+                f"One one-cycle schedule of {total} iterations (the learning rate peaks at 30 % and decays to "
+                "about 0 at the end), test classes, the full student"
+                + (
+                    " of the chosen learning rate; Table 2 scores its best validation checkpoint, which may be an "
+                    "earlier row."
+                    if results.get("selection")
+                    else "."
+                ),
+                "",
+            ]
+        lines += [
+            "| student iterations | teacher_student_asymmetric | student_symmetric | asym. − sym. |",
+            "|---|---|---|---|",
+        ]
+        for it in sorted(points):
+            a, s = points[it].get("teacher_student_asymmetric", []), points[it].get("student_symmetric", [])
+            diff = [x - y for x, y in zip(a, s)]
+            lines.append(f"| {it} | {_pm(*_mean_std(a))} | {_pm(*_mean_std(s))} | {_pm(*_mean_std(diff))} |")
+        lines.append("")
+    lines += _selection_lines(results.get("selection", []))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _selection_lines(selection: List[dict]) -> List[str]:
+    """The validation-based choices: per (dataset, seed) the learning rate grid's validation asymmetric MAP@R and
+    the chosen rate, and per student the selected iteration."""
+    if not selection:
+        return []
+    grid = [s for s in selection if s["student_variant"] == "lr_grid"]
+    students = [s for s in selection if s["student_variant"] != "lr_grid"]
+    lines = ["**Selection on the validation classes** (held out from the training classes; asymmetric MAP@R)", ""]
+    if grid:
+        rates = list(grid[0]["validation_by_lr"])
+        lines += [
+            f"Student learning rate, full student at {grid[0]['query_resolution']} px:",
+            "",
+            "| dataset | seed | " + " | ".join(f"lr {r}" for r in rates) + " | chosen |",
+            "|---|---|" + "---|" * (len(rates) + 1),
+        ]
+        for g in grid:
+            cells = [_pm(g["validation_by_lr"].get(r), None) for r in rates]
+            lines.append(f"| {g['dataset']} | {g['seed']} | " + " | ".join(cells) + f" | {g['lr']:g} |")
+        lines.append("")
+    if students:
+        lines += [
+            "| dataset | query px | student | selected iteration per seed | validation MAP@R per seed |",
+            "|---|---|---|---|---|",
+        ]
+        keys = sorted(
+            {(s["dataset"], s["query_resolution"], s["student_variant"]) for s in students},
+            key=lambda k: (k[0], k[1], k[2] != "full", k[2]),
+        )
+        for key in keys:
+            mine = sorted(
+                (s for s in students if (s["dataset"], s["query_resolution"], s["student_variant"]) == key),
+                key=lambda s: s["seed"],
+            )
+            lines.append(
+                f"| {key[0]} | {key[1]} | {key[2]} | "
+                + ", ".join(str(s["iteration"]) for s in mine)
+                + " | "
+                + ", ".join(f"{100 * s['validation']:.2f}" for s in mine)
+                + " |"
+            )
+        lines.append("")
+    return lines
+
+
+def _mean_std(values):
+    if not values:
+        return None, None
+    v = np.asarray(values, dtype=np.float64)
+    return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)
+
+
+def _curve_points(curve: List[dict]) -> dict:
+    out: dict = {}
+    for p in curve:
+        out.setdefault((p["dataset"], p["query_resolution"]), {}).setdefault(p["iteration"], {}).setdefault(
+            p["setup"], []
+        ).append(p[PRIMARY])
+    return out
 
 
 def main(argv=None):

@@ -31,6 +31,7 @@ import os
 import sys
 import time
 
+import feature_cache as fcb  # benchmarks/feature_cache.py, beside this script
 import numpy as np
 import torch
 from pytorch_metric_learning import losses, samplers, trainers
@@ -38,15 +39,11 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 from scipy import stats
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import feature_cache as fcb  # noqa: E402
-from bench_stats import paired_difference  # noqa: E402
-
-from pml_extensions.datasets import CachedFeatureDataset, FeatureCache, OpenClipArt  # noqa: E402
-from pml_extensions.losses import XMLWrapper  # noqa: E402
-from pml_extensions.trunks import HistogramPooling, split_trunk  # noqa: E402
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+from pml_extensions.datasets import CachedFeatureDataset, FeatureCache, OpenClipArt
+from pml_extensions.losses import XMLWrapper
+from pml_extensions.runner.outputs.results import compare, summarize, wins
+from pml_extensions.trunks import HistogramPooling, split_trunk
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 VARIANTS = ("gap", "xml", "lambda0")
 
@@ -196,7 +193,9 @@ def analyse(curves, seeds):
     fixed = lambda v, s: fixed_index  # noqa: E731
     out = {"fixed_iteration": curves["gap"][seeds[0]]["iteration"][fixed_index], "comparisons": {}}
     for name, pick in (("final", last), ("best_val_per_seed", best), ("fixed_on_mean_val", fixed)):
-        d = paired_difference(at("xml", pick), at("gap", pick))
+        per_seed = {v: {s: {"map": x} for s, x in at(v, pick).items()} for v in ("xml", "gap")}
+        d = compare(summarize(per_seed)["variants"], "xml", "gap", "map")  # the runner's paired statistics
+        d.update(std_difference=d["std"], wins=wins(d))  # the names this file's results always had
         d["gap_mean"] = float(np.mean(list(at("gap", pick).values())))
         d["xml_mean"] = float(np.mean(list(at("xml", pick).values())))
         d["half_width"] = (d["ci95"][1] - d["ci95"][0]) / 2

@@ -25,20 +25,18 @@ Writes ``benchmarks/results/xml_generalization.json`` and ``.md``.
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 import torch
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pml_extensions.runner.outputs.results import summarize, verdict, write_results
+from pml_extensions.runner.protocols.xml_vs_gap.unit import load_models, load_split, make_loader
+from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
+from pml_extensions.utils.ridge import ridge_prototypes
 
-from pml_extensions.runner.outputs.results import summarize, verdict, write_results  # noqa: E402
-from pml_extensions.runner.protocols.xml_vs_gap.unit import load_models, load_split, make_loader  # noqa: E402
-from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body  # noqa: E402
-from pml_extensions.utils.ridge import ridge_prototypes  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @torch.no_grad()

@@ -61,8 +61,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     device = torch.device(args.device)
     g = torch.Generator().manual_seed(0)
-    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=g).to(device)
-    labels = torch.arange(args.batch_size // 4).repeat_interleave(4).to(device)
+    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=g, device=g.device).to(device)
+    labels = torch.arange(args.batch_size // 4, device=device).repeat_interleave(4)
     rows = []
     for m in args.prototypes:
         variants = {"gap": build(False, m, device), "xml": build(True, m, device)}

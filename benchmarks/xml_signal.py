@@ -21,18 +21,16 @@ Writes ``benchmarks/results/xml_signal.json`` and ``.md``.
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pml_extensions import losses, trunks
+from pml_extensions.datasets import IMAGENET_MEAN, IMAGENET_STD, get_dataset
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
-from pml_extensions import losses, trunks  # noqa: E402
-from pml_extensions.datasets import IMAGENET_MEAN, IMAGENET_STD, get_dataset  # noqa: E402
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SETTINGS = [
     # name, scale, init, prototype lr

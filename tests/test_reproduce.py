@@ -46,8 +46,13 @@ class TestReproduce(unittest.TestCase):
         )
         self.assertIn(
             "localization.seed4: python benchmarks/localization.py --size full "
-            "--out runs/reproduce/full/parts"
-            " --device cuda --seeds 4 --tag seed4  [1 thread]",
+            "--experiment-folder runs/reproduce/full/localization"
+            " --device cuda --only-seeds 4  [1 thread]",
+            lines,
+        )
+        self.assertIn(
+            "template_block.glyphs: python benchmarks/template_block.py --size full "
+            "--experiment-folder runs/reproduce/full/template_block --device cuda --part glyphs  [1 thread]",
             lines,
         )
         self.assertIn("--splits 1000", r.stdout)
@@ -137,6 +142,8 @@ def test_parts_come_before_their_merge():
     fresh = {s.name: s.fresh for s in mod.steps("quick", "cpu", "runs")}
     assert fresh["xml_vs_gap"] == (os.path.join("runs", "xml_glyphs"),)  # resumable folders start afresh
     assert fresh["resolution_distillation"] == (os.path.join("runs", "resolution_distillation"),)
+    assert fresh["template_block"] == (os.path.join("runs", "template_block"),)  # parts share these folders
+    assert fresh["localization"] == (os.path.join("runs", "localization"),)
     assert fresh["xml_generalization"] == ()  # it reads the job's folder, never deletes it
 
 

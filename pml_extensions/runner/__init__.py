@@ -21,13 +21,13 @@ command line, :mod:`pml_extensions.cli`, which sits above the runner):
   verdicts), ``report`` (``report.html``).
 - ``protocols/`` — what a run does: the table of protocols and :func:`~.protocols.run_protocol` (the one entry
   point), ``search`` (an Optuna study of runs), ``reproduce`` (rerun a finished run), and one sub-package per
-  protocol: ``mlrc/``, ``xml_vs_gap/``, ``resolution_distillation/``.
+  protocol: ``mlrc/``, ``xml_vs_gap/``, ``resolution_distillation/``, ``template_block/``, ``localization/``.
 
 Example::
 
     >>> from pml_extensions.runner import PROTOCOLS, find_config, load_config
     >>> sorted(PROTOCOLS)
-    ['mlrc', 'resolution_distillation', 'xml_vs_gap']
+    ['localization', 'mlrc', 'resolution_distillation', 'template_block', 'xml_vs_gap']
     >>> config, sources = load_config(find_config("xml_glyphs"))
     >>> config["protocol"], sources["models"]
     ('xml_vs_gap', 'configs/xml_glyphs/config_models.yaml')

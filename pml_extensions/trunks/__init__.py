@@ -9,6 +9,7 @@ from .margin_softmax import MarginAugmentedSoftmax, margin_argmax
 from .perturbed_maximizer import PerturbedArgmaxFunction, PerturbedMaximizer
 from .pretrained import MobileNetV2Features, mobilenet_v2_features, mobilenet_v2_imagenet, mobilenet_v2_weights_path
 from .retrieval_head import RetrievalHead, l2n
+from .small_resnet import SmallResNet
 from .soft_maximizer_swap import bn_relu_sites, bn_relu_thresholds, estimate_eta, estimate_mu, soft_maximizer_swap
 from .template_matching_block import TemplateMatchingBlock, same_patch_mean
 from .template_matching_inserter import insert_template_matching, template_matching_blocks, template_matching_trunk
@@ -24,6 +25,7 @@ __all__ = [
     "PerturbedArgmaxFunction",
     "PerturbedMaximizer",
     "RetrievalHead",
+    "SmallResNet",
     "TemplateMatchingBlock",
     "bn_relu_sites",
     "bn_relu_thresholds",

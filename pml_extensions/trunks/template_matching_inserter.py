@@ -14,11 +14,14 @@ ImageNet input):
 With ``combine="concat"`` the next layer's input is widened by d' channels whose new weights are zero (and,
 for DenseNet's transition BN, identity statistics), so a pretrained model computes the same function at
 insertion time.
+
+Elsewhere (the block position as an experiment's variable): ``after="layer2"`` appends the block to the
+``nn.Sequential`` stage of that module path (``combine="add"`` only, which keeps the width), for any model.
 """
 
 import copy
 from collections import OrderedDict
-from typing import List
+from typing import List, Optional
 
 import torch
 import torchvision
@@ -155,13 +158,43 @@ def _insert_densenet(model, make_block, combine):
     return block
 
 
+def _stage_width(stage: torch.nn.Module) -> int:
+    """The output width of a stage: its last BatchNorm2d's features, else its last Conv2d's output channels."""
+    width = None
+    for m in stage.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            width = m.num_features
+        elif isinstance(m, torch.nn.Conv2d):
+            width = m.out_channels
+    if width is None:
+        raise ValueError(f"after: the stage {type(stage).__name__} has no Conv2d or BatchNorm2d to read its width from")
+    return width
+
+
+def _insert_after(model, path, make_block, combine):
+    """Append the block to the ``nn.Sequential`` at module path ``path`` (keys of the stage unchanged)."""
+    modules = dict(model.named_modules())
+    stage = modules.get(path)
+    if not isinstance(stage, torch.nn.Sequential) or not path:
+        sequential = [n for n, m in modules.items() if n and isinstance(m, torch.nn.Sequential)]
+        raise ValueError(
+            f"after={path!r} must name an nn.Sequential stage of the model; its stages: {', '.join(sequential[:12])}"
+        )
+    if combine != "add":
+        raise ValueError(f"after={path!r} takes combine='add' (the width the next stage expects), got {combine!r}")
+    block = make_block(_stage_width(stage))
+    stage.append(block)
+    return block
+
+
 def insert_template_matching(
     model: torch.nn.Module,
     num_classes: int,
     inplace: bool = False,
+    after: Optional[str] = None,
     **block_kwargs,
 ) -> torch.nn.Module:
-    """Return ``model`` with a template-matching block between its last two stages.
+    """Return ``model`` with a template-matching block between its last two stages (or after the stage ``after``).
 
     Args:
         model: a torchvision ResNet / MobileNetV2 / DenseNet (or a ResNet-style model, see the module
@@ -169,6 +202,9 @@ def insert_template_matching(
             set it to ``torch.nn.Identity()`` to use the model as a PML trunk.
         num_classes: c, training classes of the block's patch classifier (≥ 2).
         inplace: modify ``model`` itself (default ``False``: a deep copy is modified and returned).
+        after: module path (as in ``model.named_modules()``, e.g. ``"layer2"``) of an ``nn.Sequential`` stage of any
+            model: the block is appended to it, its width read from the stage's last BatchNorm2d / Conv2d
+            (``combine="add"`` only). ``None`` (default): the paper's place for the architectures above.
         **block_kwargs: passed to :class:`TemplateMatchingBlock` (``mixing``, ``combine``, ``window``, ...);
             ``value_channels`` defaults to the map's width d, so with ``combine="add"`` the block keeps the
             width.
@@ -182,12 +218,22 @@ def insert_template_matching(
     Raises:
         TypeError: if ``model`` is not one of the supported architectures (the message names it and lists
             them).
-        ValueError: on bad block arguments (see :class:`TemplateMatchingBlock`), or ``combine="concat"`` on a
-            ResNet whose ``layer4[0]`` has no downsample shortcut.
+        ValueError: on bad block arguments (see :class:`TemplateMatchingBlock`), ``combine="concat"`` on a
+            ResNet whose ``layer4[0]`` has no downsample shortcut, or an ``after`` that is not a stage of the model
+            (its stages are listed) or comes with ``combine="concat"``.
+
+    Example::
+
+        >>> from pml_extensions.trunks import SmallResNet
+        >>> net = insert_template_matching(SmallResNet(1, (8, 16, 32, 32)), num_classes=10, after="layer2")
+        >>> [type(m).__name__ for m in net.layer2], net(torch.zeros(2, 1, 28, 28)).shape
+        (['BasicBlock', 'TemplateMatchingBlock'], torch.Size([2, 32]))
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(model, torchvision.models.DenseNet):
+    if after is not None:
+        insert = lambda m, make, combine: _insert_after(m, str(after), make, combine)  # noqa: E731
+    elif isinstance(model, torchvision.models.DenseNet):
         insert = _insert_densenet
     elif isinstance(model, torchvision.models.MobileNetV2):
         insert = _insert_mobilenet

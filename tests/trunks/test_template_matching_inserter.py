@@ -91,3 +91,35 @@ class TestInsertTemplateMatching(unittest.TestCase):
             insert_template_matching(model, 1)
         with self.assertRaisesRegex(ValueError, "value_channels"):
             insert_template_matching(model, 3, value_channels=100)
+
+
+class TestInsertAfter(unittest.TestCase):
+    """``after=``: the block at another stage (the position as an experiment's variable)."""
+
+    def test_after_appends_to_the_named_stage_of_any_model(self):
+        from pml_extensions.trunks import SmallResNet
+
+        torch.manual_seed(0)
+        net = SmallResNet(1, (4, 8, 16, 16))
+        x = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+        for stage, width in (("layer1", 4), ("layer2", 8), ("layer3", 16)):
+            with self.subTest(stage):
+                out = insert_template_matching(net, num_classes=5, after=stage)
+                (block,) = template_matching_blocks(out)
+                self.assertIs(getattr(out, stage)[-1], block)
+                self.assertEqual(block.in_channels, width)
+                self.assertEqual(out(x).shape, (2, 16))
+                self.assertEqual(block.last_class_scores.shape[:2], (2, 5))
+        # the default for a ResNet-style model is the paper's: after layer3, as after="layer3"
+        self.assertIsInstance(insert_template_matching(net, 5).layer3[-1], TemplateMatchingBlock)
+        keys = set(net.state_dict())
+        self.assertTrue(keys <= set(insert_template_matching(net, 5, after="layer2").state_dict()))
+
+    def test_after_errors_name_the_stages(self):
+        from pml_extensions.trunks import SmallResNet
+
+        net = SmallResNet(1, (4, 8))
+        with self.assertRaisesRegex(ValueError, r"after='layer9' must name an nn.Sequential stage.*layer1"):
+            insert_template_matching(net, 5, after="layer9")
+        with self.assertRaisesRegex(ValueError, "combine='add'"):
+            insert_template_matching(net, 5, after="layer1", combine="concat")

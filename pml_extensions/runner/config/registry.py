@@ -57,6 +57,7 @@ SEARCH_MODULES = (
     "torch.nn",
     "torch.optim",
     "torch.optim.lr_scheduler",
+    "torch.utils.data",
     "torchvision.models",
     "torchvision.transforms",
     "pml_extensions.runner.objects.mlp",

@@ -12,7 +12,8 @@ It returns the results it also wrote to ``<experiment_folder>/results.json``. :f
 command line calls: it checks a rerun's saved config, saves ``config.yaml`` and ``command.txt``, runs the protocol
 and writes ``report.html``. Two more ways in sit beside it: :mod:`.search` (an Optuna study whose trials are
 ``run_protocol`` calls) and :mod:`.reproduce` (a finished run again from its ``config.yaml``). Each protocol is a
-sub-package (``mlrc/``, ``xml_vs_gap/``, ``resolution_distillation/``) whose ``protocol.py`` holds ``run``; every
+sub-package (``mlrc/``, ``xml_vs_gap/``, ``resolution_distillation/``, ``template_block/``, ``localization/``)
+whose ``protocol.py`` holds ``run``; every
 object it trains with comes from :class:`pml_extensions.runner.objects.builder.Builder`, and no protocol imports
 another.
 
@@ -20,7 +21,7 @@ Example::
 
     >>> from pml_extensions.runner.protocols import PROTOCOLS, get_protocol
     >>> sorted(PROTOCOLS)
-    ['mlrc', 'resolution_distillation', 'xml_vs_gap']
+    ['localization', 'mlrc', 'resolution_distillation', 'template_block', 'xml_vs_gap']
     >>> callable(get_protocol("mlrc").run)
     True
 """
@@ -36,6 +37,8 @@ PROTOCOLS: Dict[str, str] = {
     "mlrc": "pml_extensions.runner.protocols.mlrc",
     "xml_vs_gap": "pml_extensions.runner.protocols.xml_vs_gap",
     "resolution_distillation": "pml_extensions.runner.protocols.resolution_distillation",
+    "template_block": "pml_extensions.runner.protocols.template_block",
+    "localization": "pml_extensions.runner.protocols.localization",
 }
 DEFAULT_PROTOCOL = "mlrc"
 
@@ -44,6 +47,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "mlrc": "Metric Learning Reality Check: class-disjoint folds, early stopping, separate + concatenated test",
     "xml_vs_gap": "the main job: variants (HistogramPooling + XMLWrapper vs GAP) trained with one seed, compared",
     "resolution_distillation": "RAML: teacher at database resolution, students at query resolutions, FLOPs",
+    "template_block": "template-matching block vs its controls (plain, aux loss only, wider), paired over seeds",
+    "localization": "explanation maps localise objects: methods x sign conventions, MS vs Triplet, paired seeds",
 }
 
 

@@ -1,6 +1,6 @@
-"""Issue 20, item 2: every object of every protocol comes from the one Builder.
+"""Issue 20, items 2 and 4: every object of every protocol comes from the one Builder.
 
-Tiny runs of the three protocols with ``Builder.build`` (the one construction step) and ``Builder.subset`` (dataset
+Tiny runs of the five protocols with ``Builder.build`` (the one construction step) and ``Builder.subset`` (dataset
 views) recorded: each protocol builds every role through them, and every object its trainers hold — models,
 optimizers, losses, miners, schedulers, dataset, sampler — is one the Builder returned (not a second factory's).
 """
@@ -23,6 +23,10 @@ ROLES = {
     | {"trainer", "plots"},
     "resolution_distillation": {"datasets", "views", "transforms", "models", "loss_funcs", "mining_funcs", "sampler"}
     | {"optimizers", "lr_schedulers", "tester", "trainer", "student"},
+    "template_block": {"dataset", "test_dataset", "views", "transforms", "models", "template_block", "loss_funcs"}
+    | {"sampler", "optimizers", "lr_schedulers", "trainer"},
+    "localization": {"dataset", "test_dataset", "views", "transforms", "models", "frozen_prefix", "loss_funcs"}
+    | {"mining_funcs", "sampler", "optimizers", "trainer"},
 }
 
 
@@ -60,7 +64,15 @@ def _config(protocol, tmp_path, request):
             ["--num_epochs", "1", "--iterations_per_epoch", "2", "--seeds", "0", "--variants", "contrastive_xml"]
             + ["contrastive_gap", "--device", "cpu"]
         )
+    if protocol == "template_block":
+        from tests.runner.protocols.template_block.tb_testing import tiny_config
+
+        return tiny_config(variants=("baseline", "block"), seeds=(0,))
     request.getfixturevalue("mobilenet_weights")  # skips without the offline ImageNet weights
+    if protocol == "localization":
+        from tests.runner.protocols.localization.test_protocol import tiny
+
+        return tiny(tmp_path)
     root = tmp_path / "res"
     (root / "config_general").mkdir(parents=True)
     general = yaml.safe_load(

@@ -16,8 +16,8 @@ QUIET = dict(log=lambda *a, **k: None)
 
 
 class TestLookup:
-    def test_table_names_the_three_protocols_and_each_has_run(self):
-        assert sorted(PROTOCOLS) == ["mlrc", "resolution_distillation", "xml_vs_gap"]
+    def test_table_names_the_protocols_and_each_has_run(self):
+        assert sorted(PROTOCOLS) == ["localization", "mlrc", "resolution_distillation", "template_block", "xml_vs_gap"]
         assert sorted(DESCRIPTIONS) == sorted(PROTOCOLS)
         for name in PROTOCOLS:
             run = get_protocol(name).run
@@ -27,7 +27,8 @@ class TestLookup:
     def test_default_is_mlrc_and_unknown_is_one_line(self):
         assert protocol_name({}) == "mlrc" and protocol_name({"protocol": None}) == "mlrc"
         assert protocol_name({"protocol": "xml_vs_gap"}) == "xml_vs_gap"
-        with pytest.raises(ConfigError, match=r"^general.yaml: protocol: unknown 'mlcr'; choose one of mlrc, "):
+        unknown = r"^general.yaml: protocol: unknown 'mlcr'; choose one of localization, mlrc, "
+        with pytest.raises(ConfigError, match=unknown):
             protocol_name({"protocol": "mlcr"}, {"protocol": "general.yaml"})
         with pytest.raises(ConfigError, match="unknown 'nope'"):
             get_protocol("nope")

@@ -47,31 +47,35 @@ resumes each unit where its rank left it. Ranks beyond the number of units wait.
 Objects: every dataset, transform, network, loss, miner, sampler, optimizer, scheduler, tester and trainer comes
 from one :class:`pml_extensions.runner.objects.builder.Builder` over the settings (:mod:`.settings`), built from the
 recipe's specs (:mod:`.recipe`) and the config's ``models``; :mod:`.teacher` and :mod:`.student` are the stages,
-:mod:`.chunks` their checkpointing, :mod:`.evaluation` what they measure, :mod:`.tables` the paper-layout output.
+:mod:`.chunks` their checkpointing, :mod:`.evaluation` what they measure, :mod:`.variants` the names of the variants
+and the comparisons of the paper's claims, :mod:`.plots` the FLOPs figure. The paper-layout tables (Table 2 blocks,
+Tables 3-4, the curve, the selection) are rendered from ``results.json`` by ``benchmarks/resolution_distillation.py``.
 
 Writes ``results.json`` (``variants``/``comparisons`` of :mod:`pml_extensions.runner.outputs.results`, plus ``rows``,
 ``curve``, ``selection`` (per student: learning rate, selected iteration, its validation MAP@R; per seed the
-grid's scores), ``config``, ``seconds``), ``results.md`` and ``performance_vs_flops.png``.
+grid's scores), ``config``, ``seconds``), ``results.md`` (every variant and comparison) and
+``performance_vs_flops.png``.
 """
 
 import os
 import time
 from typing import Any, Callable, Dict, Optional
 
-from ....utils.atomic_io import atomic_write_text
 from ...config.keys import PROTOCOL_KEYS
 from ...errors import ConfigError
 from ...experiment import distributed as dist_utils
 from ...experiment.folder import Experiment
 from ...objects.builder import Builder
 from ...objects.data import cap_per_class, dataset_labels, validation_split
-from . import recipe, tables
+from . import recipe
 from .chunks import finish
 from .evaluation import METRICS, PRIMARY, evaluate_rows, save_retrieval
+from .plots import plot_performance_vs_flops
 from .recipe import STUDENT_VARIANTS
 from .settings import JOB_DEFAULTS, job_config
 from .student import build_student, choose_student_lr, student_stage
 from .teacher import teacher_stage
+from .variants import default_comparisons, per_seed_table
 
 #: every top-level key this protocol reads (the loader refuses others, naming the nearest)
 CONFIG_KEYS = PROTOCOL_KEYS["resolution_distillation"]
@@ -199,7 +203,7 @@ def run(
     Raises:
         ConfigError: bad settings (see :func:`.settings.job_config`), a dataset that cannot be loaded.
     """
-    from ...outputs.results import render_markdown, summarize
+    from ...outputs.results import summarize, write_results
 
     job = job_config(config, sources)
     exp = Experiment(experiment_folder, {"device": job["device"], "seed": None}, sources, log)
@@ -252,18 +256,20 @@ def run(
     selections = [s for _, _, _, unit_selections in units for s in unit_selections]
     curve = [{k: p[k] for k in ("dataset", "seed", "query_resolution", "setup", "iteration", *METRICS)} for p in curve]
     results = summarize(
-        tables.per_seed_table(rows),
-        tables.default_comparisons(rows),
+        per_seed_table(rows),
+        default_comparisons(rows),
         metrics=(PRIMARY,),
         extra={"rows": rows, "curve": curve, "selection": selections, "config": job, "seconds": time.time() - start},
     )
-    exp.write_results(results)
-    markdown = tables.markdown_tables(results)
+    header = (
+        f"RAML, seeds {', '.join(map(str, job['seeds']))}: every setup (``<dataset>/<query px>/<setup>[/<student>]``) "
+        "on the test classes, mean ± std over seeds; comparisons paired by seed, 95 % Student-t interval (paper "
+        "layout: benchmarks/resolution_distillation.py)."
+    )
     if dist_utils.is_main():
-        atomic_write_text(
-            os.path.join(experiment_folder, "results.md"),
-            markdown + "\n## Every variant and comparison\n\n" + render_markdown(results),
-        )
-        tables.plot_performance_vs_flops(results, os.path.join(experiment_folder, "performance_vs_flops.png"))
-    exp.log(markdown)
+        write_results(experiment_folder, results, header=header)
+        plot_performance_vs_flops(results, os.path.join(experiment_folder, "performance_vs_flops.png"))
+        with open(os.path.join(experiment_folder, "results.md"), encoding="utf-8") as f:
+            exp.log(f.read())
+    dist_utils.barrier()
     return results

@@ -92,3 +92,14 @@ def test_the_tester_computes_the_protocol_metrics():
     tester = Builder({}).build_tester(recipe.tester_spec(8, 0), sharded=False)
     assert type(tester).__name__ == "AsymmetricTester" and tester.batch_size == 8 and tester.distributed is False
     assert set(tester.accuracy_calculator.get_curr_metrics()) == set(recipe.METRICS)
+
+
+def test_eval_transform_size():
+    from PIL import Image as _Image
+
+    assert tuple(recipe.eval_transform(24)(_Image.new("RGB", (50, 30))).shape) == (3, 24, 24)
+
+
+def test_unknown_dataset():
+    with pytest.raises(ValueError, match="unknown dataset 'mnist'"):
+        recipe.load_dataset("mnist", {})
