@@ -383,8 +383,9 @@ class Builder:
         if spec is None and self.get("feature_cache") is not None:  # the rest trains on the cached prefix outputs
             from .feature_cache import cache_spec, split_trunk_for_cache
 
+            spec_, where = cache_spec(self.config, self.sources), self.where("feature_cache")
             self.frozen = split_trunk_for_cache(
-                trunk, cache_spec(self.config, self.sources), self.where("feature_cache")
+                trunk, spec_, where, lambda: self.build("models.trunk", {"Sequential": []})
             )
             trunk = self.frozen.rest
         out = None

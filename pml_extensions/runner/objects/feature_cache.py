@@ -171,9 +171,12 @@ def _resolve(trunk: torch.nn.Module, boundary, where: str) -> str:
     return boundary
 
 
-def _split(trunk: torch.nn.Module, boundary: str, where: str) -> Tuple[torch.nn.Module, torch.nn.Module]:
-    """``(prefix, rest)``; for a ``Sequential`` trunk the rest is a ``Sequential`` of the trunk's later children
-    under their own names, led by the rest of the child that holds the boundary (when something of it is left)."""
+def _split(
+    trunk: torch.nn.Module, boundary: str, where: str, make_sequential: Callable[[], torch.nn.Sequential] = None
+) -> Tuple[torch.nn.Module, torch.nn.Module]:
+    """``(prefix, rest)``; for a ``Sequential`` trunk the rest is a ``Sequential`` (from ``make_sequential``) of the
+    trunk's later children under their own names, led by the rest of the child that holds the boundary (when
+    something of it is left)."""
     try:
         prefix, rest = split_trunk(trunk, boundary)
         if not isinstance(trunk, torch.nn.Sequential):
@@ -189,11 +192,21 @@ def _split(trunk: torch.nn.Module, boundary: str, where: str) -> Tuple[torch.nn.
             children[name] = getattr(trunk, name)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
-    return prefix, torch.nn.Sequential(children)
+    rest = (make_sequential or torch.nn.Sequential)()
+    for name, child in children.items():
+        rest.add_module(name, child)
+    return prefix, rest
 
 
-def split_trunk_for_cache(trunk: torch.nn.Module, spec: Dict[str, Any], where: str = f"config: {KEY}") -> FrozenParts:
-    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``): :class:`FrozenParts`.
+def split_trunk_for_cache(
+    trunk: torch.nn.Module,
+    spec: Dict[str, Any],
+    where: str = f"config: {KEY}",
+    make_sequential: Optional[Callable[[], torch.nn.Sequential]] = None,
+) -> FrozenParts:
+    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``): :class:`FrozenParts`. The rest of a
+    ``Sequential`` trunk is an empty ``Sequential`` from ``make_sequential`` (default ``torch.nn.Sequential``; the
+    Builder passes its own) filled with the trunk's later modules.
 
     The prefix's parameters are set to ``requires_grad=False`` (it is frozen; the optimizers see only the rest).
 
@@ -203,7 +216,7 @@ def split_trunk_for_cache(trunk: torch.nn.Module, spec: Dict[str, Any], where: s
         ``derive_from`` that is not a module of the prefix (it must come before ``boundary``).
     """
     boundary = _resolve(trunk, spec["boundary"], f"{where}.boundary")
-    prefix, rest = _split(trunk, boundary, f"{where}.boundary")
+    prefix, rest = _split(trunk, boundary, f"{where}.boundary", make_sequential)
     prefix.requires_grad_(False)
     if spec.get("derive_from") is None:
         return FrozenParts(boundary, prefix, rest)
@@ -211,11 +224,14 @@ def split_trunk_for_cache(trunk: torch.nn.Module, spec: Dict[str, Any], where: s
     if source == boundary:
         raise ConfigError(f"{where}.derive_from: {source!r} is the boundary itself; name an earlier module")
     try:
-        source_prefix, between = split_trunk(prefix, source)
+        between = split_trunk(prefix, source)[1]
     except ValueError as e:
         raise ConfigError(
             f"{where}.derive_from: {source!r} must be a module before boundary {boundary!r} ({str(e).splitlines()[0]})"
         ) from None
+    # split from the trunk itself, so its key equals that of the same boundary cached directly (a shared cache)
+    source_prefix = _split(trunk, source, f"{where}.derive_from")[0]
+    source_prefix.requires_grad_(False)
     return FrozenParts(boundary, prefix, rest, source, source_prefix, between)
 
 

@@ -224,3 +224,14 @@ def test_a_cuda_builder_builds_on_the_gpu_and_trains_on_cpu_features(tmp_path):
     with torch.no_grad():
         expected = b.frozen.prefix(T.ToTensor()(TinyImages(n=4, size=8)[0][0])[None].cuda())[0].cpu()
     torch.testing.assert_close(x, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_derived_boundarys_source_shares_the_direct_cache_key():
+    """The features.17 cache of a ``derive_from`` variant is the one a variant frozen up to features.17 uses (one
+    build serves both settings; a second key would rebuild the shared folder back and forth)."""
+    from pml_extensions.datasets.feature_cache import prefix_digest
+
+    trunk = torch.nn.Sequential(_body(), HistogramPooling(6, 4))
+    derived = fc.split_trunk_for_cache(trunk, {"boundary": "0.features.5", "derive_from": "0.features.2"})
+    direct = fc.split_trunk_for_cache(trunk, {"boundary": "0.features.2", "derive_from": None})
+    assert prefix_digest(derived.source_prefix) == prefix_digest(direct.prefix)

@@ -46,6 +46,7 @@ import numpy as np
 from ....utils.atomic_io import atomic_write_json
 from ...config.keys import PROTOCOL_KEYS, seed_list
 from ...errors import ConfigError
+from ...experiment.folder import ENVIRONMENT_NAME, environment_summary, run_environment
 from ...objects.builder import Builder
 from ...objects.feature_cache import check_fixed_prefix
 from ...outputs.results import summarize, verdict, write_results
@@ -472,6 +473,13 @@ def run(
             + "; ".join(f"{', '.join(c['variants'])}: {c['epoch']}" for c in chosen["curves"].values())
             + "."
         )
+    env_path = os.path.join(experiment_folder, ENVIRONMENT_NAME)
+    if os.path.exists(env_path):  # the run's first call made the numbers (a resume keeps its file)
+        with open(env_path, encoding="utf-8") as f:
+            results["environment"] = json.load(f)
+    else:
+        results["environment"] = run_environment()
+    header += f" Environment: {environment_summary(results['environment'])}."
     if untrained_check is not None:
         header += (
             f" `untrained`: {untrained_check['variant']} at epoch 0 (validation MAP@R at epoch 0 of the variants "
