@@ -235,3 +235,37 @@ def test_a_derived_boundarys_source_shares_the_direct_cache_key():
     derived = fc.split_trunk_for_cache(trunk, {"boundary": "0.features.5", "derive_from": "0.features.2"})
     direct = fc.split_trunk_for_cache(trunk, {"boundary": "0.features.2", "derive_from": None})
     assert prefix_digest(derived.source_prefix) == prefix_digest(direct.prefix)
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_build_the_caches_and_train_as_one_process(tmp_path, tiny_mlrc_config, subprocess_env):
+    """The tiny MLRC run with a cached fixed prefix, as one process and under torchrun (2 gloo processes, each
+    building its shard of the chunks): the same cache bytes and the same loss rows."""
+    import subprocess
+    import sys
+
+    from pml_extensions.runner.experiment.checkpoint import Checkpointer
+    from tests.runner.protocols.mlrc.test_protocol import CACHED_MODELS
+    from tests.runner.runner_testing_utils import RUNNER_TESTS
+
+    with open(os.path.join(tiny_mlrc_config, "config_models", "default.yaml"), "w") as f:
+        f.write(CACHED_MODELS)
+    script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
+    args = [tiny_mlrc_config, "--num_training_sets", "1", "--num_epochs_train", "1", "--check_untrained_accuracy"]
+    args += ["false", "--feature_cache", "{boundary: '1', num_views: 2, dtype: float32, chunk_size: 8}"]
+    runs = {}
+    for name, launcher in (
+        ("one", []),
+        ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]),
+    ):
+        cmd = [sys.executable] + launcher + [script] + args + ["--root_experiment_folder", str(tmp_path / name)]
+        proc = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = tmp_path / name / "cfg"
+    for part in ("train", "eval"):
+        a, b = (np.load(runs[n] / "feature_cache" / "1" / part / "features.npy") for n in ("one", "two"))
+        np.testing.assert_array_equal(a, b)
+    rows = [Checkpointer(str(runs[n] / "fold_0")).rows("loss_histories") for n in ("one", "two")]
+    assert [r["~iteration~"] for r in rows[0]] == [r["~iteration~"] for r in rows[1]] == [1, 2, 3, 4]
+    for a, b in zip(*rows):
+        assert b["total_loss"] == pytest.approx(a["total_loss"], rel=1e-4, abs=1e-6)
