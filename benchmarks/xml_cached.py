@@ -63,7 +63,7 @@ def part_config(part: str, runs: str, seeds=None, device: str = "cpu"):
     from pml_extensions.cli.job import load_job_config
 
     name, variants, cache = PARTS[part]
-    argv = [name, "--device", device, "--experiment_name", f"xml_cached_{part}"]
+    argv = [name, "--device", device]
     if seeds is not None:
         argv += ["--seeds"] + [str(s) for s in seeds]
     config, sources = load_job_config(argv)
@@ -72,6 +72,7 @@ def part_config(part: str, runs: str, seeds=None, device: str = "cpu"):
         config = dict(config, variants={k: v for k, v in config["variants"].items() if k in variants})
         config["comparisons"] = [p for p in config["comparisons"] if set(p) <= keep]
     config["feature_cache"] = dict(config["feature_cache"], folder=os.path.abspath(os.path.join(runs, cache)))
+    config["experiment_name"] = f"xml_cached_{part}"
     return config, sources, os.path.join(runs, config["experiment_name"])
 
 
@@ -334,7 +335,7 @@ def main(argv=None) -> int:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--seeds", type=int, default=None, help="the first N seeds (default: the configs' 20)")
-    p.add_argument("--splits", type=int, default=100, help="random class splits of the probe (>= 100)")
+    p.add_argument("--splits", type=int, default=20, help="random class splits of the probe per model")
     p.add_argument("--runs", default=RUNS)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))

@@ -201,14 +201,12 @@ def _versions() -> Dict[str, Optional[str]]:
     from importlib import metadata
 
     out = {}
-    for name in ("torch", "torchvision", "numpy", "Pillow", "matplotlib", "pytorch-metric-learning", "faiss-cpu"):
+    names = ("torch", "torchvision", "numpy", "Pillow", "matplotlib", "pytorch-metric-learning", "faiss-cpu")
+    for name in names + ("pml_extensions",):
         try:
             out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
+        except metadata.PackageNotFoundError:  # e.g. pml_extensions run from a checkout without installing it
             out[name] = None
-    from ... import __version__
-
-    out["pml_extensions"] = __version__
     return out
 
 
