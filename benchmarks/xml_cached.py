@@ -63,10 +63,9 @@ def part_config(part: str, runs: str, seeds=None, device: str = "cpu"):
     from pml_extensions.cli.job import load_job_config
 
     name, variants, cache = PARTS[part]
-    argv = [name, "--device", device]
+    config, sources = load_job_config([name, "--device", device])
     if seeds is not None:
-        argv += ["--seeds"] + [str(s) for s in seeds]
-    config, sources = load_job_config(argv)
+        config["seeds"] = [int(s) for s in seeds]
     if variants is not None:
         keep = set(variants) | {UNTRAINED}
         config = dict(config, variants={k: v for k, v in config["variants"].items() if k in variants})
