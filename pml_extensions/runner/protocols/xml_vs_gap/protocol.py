@@ -46,6 +46,7 @@ import numpy as np
 from ....utils.atomic_io import atomic_write_json
 from ...config.keys import PROTOCOL_KEYS, seed_list
 from ...errors import ConfigError
+from ...experiment import distributed as dist_utils
 from ...experiment.folder import ENVIRONMENT_NAME, environment_summary, run_environment
 from ...objects.builder import Builder
 from ...objects.feature_cache import check_fixed_prefix
@@ -236,10 +237,11 @@ def _test_at(name, seed, epoch, cfg, folder, device, sources, log):
     if not os.path.exists(weights):
         raise ConfigError(f"{stage}: no weights of epoch {epoch} (was the unit trained with another selection?)")
     models = load_models(cfg, stage, device, path=weights)
-    test = evaluate(cfg, models, device, "test", sources=sources)
-    if epoch >= 1:
-        shutil.copyfile(weights, os.path.join(stage, "selected_models.pth"))
-    atomic_write_json(out, test, indent=2)
+    test = evaluate(cfg, models, device, "test", sources=sources)  # under torchrun every rank takes part
+    if dist_utils.is_main():
+        if epoch >= 1:
+            shutil.copyfile(weights, os.path.join(stage, "selected_models.pth"))
+        atomic_write_json(out, test, indent=2)
     return test
 
 
