@@ -128,12 +128,14 @@ def build_models(
     init_set=None,
     builder: Optional[Builder] = None,
     num_classes: Optional[int] = None,
+    losses: bool = True,
 ) -> Dict[str, Any]:
     """Trunk, embedder and losses of one variant, paired by seed (see the module docstring).
 
     ``init_set`` (the training part with the eval transform) probes the trunk with one image and feeds
     ``prototype_init`` when the config has one; ``num_classes`` (one more than the largest training label) is
-    filled into specs that take it and leave it out.
+    filled into specs that take it and leave it out. ``losses=False``: no losses (``{}``; a model to load weights
+    into, whose losses may need ``num_classes`` and the embedding size).
     """
     b = _builder(cfg, device, builder)
     offsets = {"trunk": 0, "embedder": 1}
@@ -147,7 +149,7 @@ def build_models(
     trunk, embedder = models["trunk"], models["embedder"]
     frozen = b.frozen  # with feature_cache: the trunk's frozen prefix (the trunk is its rest)
     seed_everything(seed + 2)
-    loss_funcs, mining_funcs = b.build_losses(models, num_classes)
+    loss_funcs, mining_funcs = b.build_losses(models, num_classes) if losses else ({}, {})
     pools = find_histogram_layers(trunk)
     for pool in pools:  # own generator: the global RNG stays where the variant without prototypes has it
         pool.reset_parameters(torch.Generator().manual_seed(seed))
@@ -330,7 +332,7 @@ def load_models(cfg, stage_dir, device, path: Optional[str] = None):
     """Rebuild a finished unit's trunk + embedder (+ ``frozen``, the cache's prefix or None) and load its selected
     weights (``weights_only=True``): ``path``, else ``selected_models.pth`` (the epoch the protocol chose for the
     unit's group), else ``best_models.pth`` (the unit's best validation epoch)."""
-    models = build_models({**cfg, "prototype_init": None}, 0, device)
+    models = build_models({**cfg, "prototype_init": None}, 0, device, losses=False)
     if path is None:
         path = os.path.join(stage_dir, "selected_models.pth")
         if not os.path.exists(path):
