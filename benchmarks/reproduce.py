@@ -66,6 +66,11 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
     loc_seeds = (0, 1, 2) if size == "quick" else (0, 1, 2, 3, 4)
     loc = [PY, "benchmarks/localization.py", "--size", size, "--experiment-folder", loc_folder] + dev
     loc_parts = tuple((f"seed{s}", loc + ["--only-seeds", str(s)]) for s in loc_seeds)
+    parts = os.path.join(runs, "parts")
+    cached_runs = os.path.join(runs, "xml_cached")
+    xc = [PY, "benchmarks/xml_cached.py", "--runs", cached_runs] + dev
+    shards = tuple((f"rank{r}", xc + ["--part", "cache", "--rank", str(r), "--world-size", "2"]) for r in (0, 1))
+    threads = [PY, "benchmarks/thread_sensitivity.py"]
     return [
         Step(
             "resolution_distillation",
@@ -94,6 +99,23 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
             ["localization"],
             parts=loc_parts,
             fresh=(loc_folder,),
+        ),
+        # issue 24: the feature caches of the XML evidence (2 shard processes; the merge completes / derives), the
+        # three cached experiments (20 seeds each, parallel), the main job at 1 thread (the alone xml_vs_gap run
+        # below is the other thread count)
+        Step("xml_cached_cache", xc + ["--part", "cache"], [], parts=shards, fresh=(cached_runs,)),
+        Step(
+            "xml_cached",
+            xc + ["--merge"],
+            ["xml_cached"],
+            parts=tuple((p, xc + ["--part", p]) for p in ("clipart_last", "clipart_frozen", "glyphs")),
+            needs=("xml_cached_cache",),
+        ),
+        Step(
+            "thread_sensitivity_run",
+            threads + ["--run", "1", "--out", parts],
+            [],
+            fresh=(os.path.join(parts, "threads_1"),),
         ),
         Step("xml_signal", [PY, "benchmarks/xml_signal.py", "--size", size] + dev, ["xml_signal"]),
         Step(
@@ -134,6 +156,12 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
             alone=True,
         ),
         Step(
+            "raml_teacher_cache",
+            [PY, "benchmarks/raml_teacher_cache.py"] + dev,
+            ["raml_teacher_cache"],
+            alone=True,
+        ),
+        Step(
             "accuracy_scale",
             [PY, "benchmarks/accuracy_scale.py"] + dev,
             ["accuracy_scale" + ("_cuda" if device == "cuda" else "")],
@@ -152,6 +180,12 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
             + dev,
             ["xml_generalization"],
             needs=("xml_vs_gap",),
+        ),
+        Step(
+            "thread_sensitivity",
+            threads + ["--compare", os.path.join(parts, "threads_1", "xml_glyphs"), job_folder],
+            ["thread_sensitivity"],
+            needs=("xml_vs_gap", "thread_sensitivity_run"),
         ),
     ]
 

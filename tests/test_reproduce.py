@@ -28,6 +28,9 @@ class TestReproduce(unittest.TestCase):
                 "resolution_distillation",
                 "template_block",
                 "localization",
+                "xml_cached_cache",
+                "xml_cached",
+                "thread_sensitivity_run",
                 "xml_signal",
                 "explain_fidelity",
                 "mlrc_quick",
@@ -35,8 +38,10 @@ class TestReproduce(unittest.TestCase):
                 "explain_speed",
                 "xml_overhead",
                 "distill_memory",
+                "raml_teacher_cache",
                 "accuracy_scale",
                 "xml_generalization",
+                "thread_sensitivity",
             ],
         )
         self.assertIn(

@@ -31,6 +31,13 @@ initialised, no explicit rank) the ranks come from ``torch.distributed``, rank 0
 order prepare -> chunks -> completion. Separate processes given explicit ranks must find the folder prepared (run one
 ``build`` or :meth:`FeatureCache.prepare` first), since nothing orders their preparation.
 
+**Derived caches.** ``FeatureCache(folder, module, source)`` with ``source`` a finished
+:class:`~pml_extensions.datasets.CachedFeatureDataset` (and no transform) applies a further frozen ``module`` once to
+every stored view of the source: view ``v`` of item ``i`` is ``module(source.features[i, v])``, the source's V, view
+seed and labels kept. One image pass then serves several boundaries (e.g. MobileNetV2's ``features.18`` applied to a
+``features.17`` cache: the ``features.18`` cache up to the rounding of its stored input). Its key holds the source's
+key instead of the transform and dataset parts, so a rebuilt source rebuilds it.
+
 Where the work runs: the prefix on its own device and dtype (move it with ``.to(device)`` first), images loaded and
 transformed on the CPU (``num_workers`` DataLoader workers), features stored on disk in ``dtype``.
 """
@@ -186,6 +193,24 @@ class _eval_mode:
         return False
 
 
+class _SourceViews:
+    """The stored views of a finished cache as the input of a derived one: ``view(i, v)`` is ``[*feature_shape]``
+    in the stored dtype (the build casts it to the module's dtype), ``labels``, ``num_views`` and ``view_seed``
+    are the source's."""
+
+    def __init__(self, source: CachedFeatureDataset):
+        self.source = source
+        self.num_views = source.num_views
+        self.view_seed = int(source.meta.get("view_seed", 0))
+        self.labels = np.asarray(source.labels, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def view(self, index: int, view: int) -> torch.Tensor:
+        return torch.from_numpy(np.array(self.source.features[index, view]))
+
+
 class _ViewItems(torch.utils.data.Dataset):
     """Flat ``(index, view)`` items of one chunk, for a DataLoader: the seeded view tensor of each."""
 
@@ -217,13 +242,16 @@ class FeatureCache:
         folder: the cache's folder (created; it holds only this cache, e.g. ``<experiment>/feature_cache/train``).
         prefix: the frozen module, run in eval mode under ``torch.no_grad()`` (each submodule's mode is restored
             afterwards) on the device and dtype of its first floating parameter; inputs are cast to them.
-        dataset: items ``(untransformed image, label)`` with an int ``labels`` array [N].
+        dataset: items ``(untransformed image, label)`` with an int ``labels`` array [N]; or a finished
+            :class:`~pml_extensions.datasets.CachedFeatureDataset` (a derived cache, see the module docstring: then
+            ``transform`` is None and ``num_views`` / ``view_seed`` are the source's).
         transform: image -> ``[C, H, W]`` tensor, run seeded per (view_seed, index, view)
             (:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`). Its ``repr`` is part of the key, so
             a transform whose repr shows a memory address (a lambda, a class without ``__repr__``) needs
             ``transform_key``.
         num_views: V views per item. Training: a few (the issue's pilot used 4); evaluation: 1 (the plain view).
-        view_seed: seeds the views' contents. Default 0.
+            Default (None): 1, or the source's V for a derived cache.
+        view_seed: seeds the views' contents. Default (None): 0, or the source's for a derived cache.
         dtype: stored dtype, ``"float16"`` (half the disk and page cache; outputs must fit its range),
             ``"float32"`` or ``"float64"`` (tests). Default ``"float16"``.
         chunk_size: items per chunk, the unit of resume and sharding. Default 256.
@@ -234,7 +262,8 @@ class FeatureCache:
 
     Raises:
         ValueError / TypeError: bad sizes, seeds or dtype; a transform repr with a memory address and no
-            ``transform_key``; a dataset without ``labels``; a prefix without floating parameters or buffers.
+            ``transform_key``; a dataset without ``labels``; a prefix without floating parameters or buffers; a
+            derived cache given a transform, or a ``num_views`` / ``view_seed`` other than its source's.
 
     Example::
 
@@ -259,9 +288,9 @@ class FeatureCache:
         folder: str,
         prefix: torch.nn.Module,
         dataset,
-        transform: Callable,
-        num_views: int = 1,
-        view_seed: int = 0,
+        transform: Optional[Callable],
+        num_views: Optional[int] = None,
+        view_seed: Optional[int] = None,
         dtype="float16",
         chunk_size: int = 256,
         batch_size: int = 64,
@@ -275,14 +304,29 @@ class FeatureCache:
             raise TypeError(f"prefix must be a torch.nn.Module, got {type(prefix).__name__}")
         self.folder = os.fspath(folder)
         self.prefix = prefix
-        self.views = SeededViewDataset(dataset, transform, num_views, view_seed)
+        self.source = dataset if isinstance(dataset, CachedFeatureDataset) else None
+        if self.source is not None:
+            if transform is not None:
+                raise ValueError("a derived cache (dataset is a CachedFeatureDataset) takes no transform: pass None")
+            views = _SourceViews(self.source)
+            for name, value, own in (
+                ("num_views", num_views, views.num_views),
+                ("view_seed", view_seed, views.view_seed),
+            ):
+                if value is not None and value != own:
+                    raise ValueError(f"{name} of a derived cache is its source's ({own}), got {value!r}")
+            self.views = views
+        else:
+            self.views = SeededViewDataset(
+                dataset, transform, 1 if num_views is None else num_views, 0 if view_seed is None else view_seed
+            )
         self.dataset, self.transform = dataset, transform
         self.num_views, self.view_seed = self.views.num_views, self.views.view_seed
         self.dtype = _dtype_name(dtype)
         self.chunk_size = _positive_int("chunk_size", chunk_size)
         self.batch_size = _positive_int("batch_size", batch_size)
         self.num_workers = _non_negative_int("num_workers", num_workers)
-        opaque = _opaque_part(transform)
+        opaque = None if self.source is not None else _opaque_part(transform)
         if transform_key is None and opaque is not None:
             raise ValueError(
                 f"transform's repr does not describe its {opaque}, so the cache key cannot see it change: pass "
@@ -308,12 +352,16 @@ class FeatureCache:
     def key_parts(self) -> dict:
         """Digests of the key's parts (computed once per object; hashing the prefix and files takes a moment)."""
         if self._key is None:
-            transform = self.transform_key if self.transform_key is not None else repr(self.transform)
+            if self.source is not None:  # a derived cache: its input is the source's stored views
+                transform, data = "derived from a feature cache", _sha(["source", self.source.meta["key"]])
+            else:
+                transform = self.transform_key if self.transform_key is not None else repr(self.transform)
+                data = dataset_digest(self.dataset, self.dataset_key)
             self._key = {
                 "format": FORMAT,
                 "prefix": prefix_digest(self.prefix),
                 "transform": _sha(["transform", transform]),
-                "dataset": dataset_digest(self.dataset, self.dataset_key),
+                "dataset": data,
                 "layout": f"views={self.num_views} view_seed={self.view_seed} dtype={self.dtype} "
                 f"chunk_size={self.chunk_size}",
             }

@@ -308,6 +308,74 @@ class TestErrors(unittest.TestCase):
             _ = FeatureCache(_tmp(self), torch.nn.Conv2d(3, 2, 1), data, T.ToTensor()).key
 
 
+class TestDerivedCache(unittest.TestCase):
+    """A derived cache: a further frozen module applied once to every stored view of a finished cache."""
+
+    def _source(self, dtype="float16", seed=0):
+        model, prefix, _ = tiny_split(seed)
+        source = FeatureCache(
+            _tmp(self),
+            prefix,
+            TinyImages(n=7),
+            train_transform(),
+            num_views=3,
+            view_seed=5,
+            dtype=dtype,
+            chunk_size=3,
+            dataset_key="tiny",
+        )
+        self.assertTrue(source.build())
+        return model, source
+
+    def test_views_are_the_module_applied_to_the_stored_views(self):
+        model, source = self._source("float16")
+        middle = split_trunk(model, "5")[0]  # the prefix up to "5" ...
+        middle = split_trunk(middle, "2")[1]  # ... minus the prefix up to "2": modules 3-5
+        stored = source.open().features
+        derived = FeatureCache(_tmp(self), middle, source.open(), None, dtype="float64", chunk_size=2)
+        self.assertEqual((derived.num_views, derived.view_seed), (3, 5))
+        self.assertTrue(derived.build())
+        out = derived.open().features
+        self.assertEqual(out.shape, (7, 3, 6, 4, 4))
+        middle.eval()
+        with torch.no_grad():  # the float16 values themselves are the input (cast to the module's float32)
+            expected = middle(torch.from_numpy(np.array(stored)).flatten(0, 1).float()).view(7, 3, 6, 4, 4)
+        np.testing.assert_array_equal(out, expected.double().numpy())
+        np.testing.assert_array_equal(np.load(os.path.join(derived.folder, "labels.npy")), source.open().labels)
+
+    def test_a_rebuilt_source_rebuilds_the_derived_cache(self):
+        _, source = self._source()
+        module = torch.nn.Conv2d(4, 2, 1)
+        derived = FeatureCache(_tmp(self), module, source.open(), None)
+        self.assertTrue(derived.build())
+        self.assertEqual(derived.last_build["rebuilt"], "new")
+        again = FeatureCache(derived.folder, module, source.open(), None)
+        self.assertTrue(again.build())
+        self.assertEqual((again.last_build["rebuilt"], again.last_build["chunks_computed"]), (None, 0))
+        _, other_prefix, _ = tiny_split(seed=1)
+        rebuilt = FeatureCache(
+            source.folder,
+            other_prefix,
+            TinyImages(n=7),
+            train_transform(),
+            num_views=3,
+            view_seed=5,
+            chunk_size=3,
+            dataset_key="tiny",
+        )
+        self.assertTrue(rebuilt.build())  # the source, rebuilt with other weights, has another key
+        derived_again = FeatureCache(derived.folder, module, rebuilt.open(), None)
+        self.assertTrue(derived_again.build())
+        self.assertEqual(derived_again.last_build["rebuilt"], "changed: dataset")
+
+    def test_refuses_a_transform_and_other_views(self):
+        _, source = self._source()
+        with self.assertRaisesRegex(ValueError, "derived cache .* takes no transform"):
+            FeatureCache(_tmp(self), torch.nn.Conv2d(4, 2, 1), source.open(), T.ToTensor())
+        with self.assertRaisesRegex(ValueError, r"num_views of a derived cache is its source's \(3\), got 2"):
+            FeatureCache(_tmp(self), torch.nn.Conv2d(4, 2, 1), source.open(), None, num_views=2)
+
+
 @unittest.skipUnless(os.path.isdir(OPENCLIPART_ROOT), "Debian package openclipart-png is not installed")
 class TestOpenClipArtCache(unittest.TestCase):
     def test_real_images_through_a_mobilenet_prefix(self):

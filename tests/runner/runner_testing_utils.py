@@ -47,6 +47,32 @@ class TinyVectors(torch.utils.data.Dataset):
         return x, int(self.labels[i])
 
 
+class FixedLinear(torch.nn.Linear):
+    """A Linear layer whose weights come from its own ``seed``: a stand-in for pretrained weights (the same in every
+    run, whatever the global RNG), so a feature cache can serve every seed."""
+
+    def __init__(self, in_features, out_features, seed=0):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            super().__init__(in_features, out_features)
+
+
+class FixedConvNetBody(torch.nn.Module):
+    """:class:`pml_extensions.trunks.ConvNetBody` with weights from its own ``seed`` (a stand-in for pretrained
+    weights); ``features`` is its Sequential."""
+
+    def __init__(self, seed=0, **kwargs):
+        from pml_extensions.trunks import ConvNetBody
+
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.features = ConvNetBody(**kwargs).features
+
+    def forward(self, x):
+        return self.features(x)
+
+
 FILES = {
     "config_general/default.yaml": """
 trainer:
@@ -126,6 +152,8 @@ def register_tiny():
     from pml_extensions.runner.config.registry import register
 
     register(TinyVectors, role="dataset")
+    register(FixedLinear, role="model")
+    register(FixedConvNetBody, role="model")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ MLRC_KEYS = (
     "test_hooks",
     "prototype_init",
     "skip_bad_images",
+    "feature_cache",
 )
 #: top-level keys of the xml_vs_gap protocol (the main job; its flat config form)
 XML_VS_GAP_KEYS = (
@@ -89,6 +90,9 @@ XML_VS_GAP_KEYS = (
     "transforms",
     "accuracy_calculator",
     "tester",
+    "feature_cache",
+    "selection",
+    "untrained",
 )
 #: top-level keys of the resolution_distillation protocol (before the floor plan they sat inside one
 #: ``resolution_job:`` mapping, still accepted: :func:`pml_extensions.runner.config.old_keys.map_old_keys`)

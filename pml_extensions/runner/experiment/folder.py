@@ -169,10 +169,83 @@ def prepare_folder(
 ENVIRONMENT_NAME = "environment.json"
 
 
+def _cpu() -> Dict[str, Any]:
+    """The CPU model and its instruction-set flags (``/proc/cpuinfo`` on Linux; ``platform`` elsewhere)."""
+    import platform
+
+    cpu = {"model": platform.processor() or None, "machine": platform.machine(), "count": os.cpu_count(), "flags": None}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not cpu.get("_model"):
+                    cpu["model"], cpu["_model"] = value.strip(), True
+                elif key in ("flags", "Features") and cpu["flags"] is None:  # x86 / ARM
+                    cpu["flags"] = sorted(value.split())
+    except OSError:
+        pass
+    cpu.pop("_model", None)
+    return cpu
+
+
+def _torch_build() -> Dict[str, Any]:
+    """What torch's CPU kernels are built from: BLAS / LAPACK, MKL and oneDNN versions, OpenMP, the CPU capability
+    the kernels dispatch to (``torch.__config__.show()``)."""
+    out: Dict[str, Any] = {"cpu_capability": None}
+    try:
+        out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):  # older torch
+        pass
+    text = torch.__config__.show()
+    for line in text.splitlines():
+        line = line.strip(" -\t")
+        if "Math Kernel Library" in line:
+            out["mkl"] = line
+        elif "MKL-DNN" in line or "oneDNN" in line:
+            out["onednn"] = line
+        elif line.startswith("OpenMP"):
+            out["openmp"] = line
+        elif line.startswith("Build settings:"):
+            settings = dict(
+                item.strip().split("=", 1) for item in line[len("Build settings:") :].split(", ") if "=" in item
+            )
+            for key in ("BLAS_INFO", "LAPACK_INFO", "USE_MKLDNN", "USE_OPENMP", "COMMIT_SHA"):
+                if key in settings:
+                    out[key.lower()] = settings[key].strip()
+    return out
+
+
+def _versions() -> Dict[str, Optional[str]]:
+    from importlib import metadata
+
+    out = {}
+    names = ("torch", "torchvision", "numpy", "Pillow", "matplotlib", "pytorch-metric-learning", "faiss-cpu")
+    for name in names + ("pml_extensions",):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # e.g. pml_extensions run from a checkout without installing it
+            out[name] = None
+    return out
+
+
 def run_environment() -> Dict[str, Any]:
-    """``{"torch", "python", "torch_threads", "cuda"}``: versions and the intra-op thread count. CPU reductions
-    (matmul, convolution) split work by thread, so the same config gives bit-identical numbers only with the same
-    ``torch_threads``; :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with the recorded count."""
+    """What a run's exact numbers depend on besides its config, saved as ``environment.json``.
+
+    ``torch``, ``python``, ``torch_threads`` (intra-op threads: CPU reductions such as matmul and convolution split
+    their work by thread, so the same config gives bit-identical numbers only with the same count;
+    :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with it), ``cuda``; and
+    ``torch_interop_threads``, ``thread_variables`` (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``), ``cpu`` (model,
+    machine, count, instruction-set flags), ``torch_build`` (BLAS / LAPACK, MKL and oneDNN versions, OpenMP, the CPU
+    capability the kernels use), ``versions`` (torch, torchvision, numpy, Pillow, matplotlib, PML, faiss,
+    pml_extensions), ``platform`` and ``gpu`` (the CUDA device's name, or None).
+
+    Example::
+
+        >>> env = run_environment()
+        >>> env["torch_threads"] == torch.get_num_threads(), sorted(env["versions"])[:2]
+        (True, ['Pillow', 'faiss-cpu'])
+    """
     import platform
 
     return {
@@ -180,7 +253,48 @@ def run_environment() -> Dict[str, Any]:
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "thread_variables": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+        "cpu": _cpu(),
+        "torch_build": _torch_build(),
+        "versions": _versions(),
+        "platform": platform.platform(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
+
+
+def environment_summary(env: Dict[str, Any]) -> str:
+    """One line for a results table: torch and its kernels, the CPU, the thread count (and the GPU).
+
+    Example::
+
+        >>> environment_summary({"torch": "2.14.1", "torch_threads": 1, "cpu": {"model": "AMD EPYC", "count": 2},
+        ...     "torch_build": {"blas_info": "mkl", "onednn": "Intel(R) MKL-DNN v3.12.0 (Git Hash 80af)",
+        ...     "cpu_capability": "AVX512"}, "versions": {"numpy": "2.2.6"}})
+        'torch 2.14.1 (BLAS mkl, oneDNN v3.12.0, AVX512 kernels), numpy 2.2.6, AMD EPYC (2 cores), 1 torch thread'
+    """
+    build = env.get("torch_build") or {}
+    onednn = (build.get("onednn") or "").split(" (")[0].split(" ")[-1]
+    kernels = ", ".join(
+        x
+        for x in (
+            f"BLAS {build['blas_info']}" if build.get("blas_info") else "",
+            f"oneDNN {onednn}" if onednn else "",
+            f"{build['cpu_capability']} kernels" if build.get("cpu_capability") else "",
+        )
+        if x
+    )
+    cpu = env.get("cpu") or {}
+    threads = env.get("torch_threads")
+    parts = [
+        f"torch {env.get('torch')}" + (f" ({kernels})" if kernels else ""),
+        f"numpy {(env.get('versions') or {}).get('numpy')}",
+        f"{cpu.get('model') or 'unknown CPU'} ({cpu.get('count')} cores)",
+        f"{threads} torch thread{'' if threads == 1 else 's'}",
+    ]
+    if env.get("gpu"):
+        parts.append(f"GPU {env['gpu']}")
+    return ", ".join(parts)
 
 
 def select_device(name: Any, where: str = "config_general: device") -> torch.device:

@@ -203,6 +203,7 @@ class Builder:
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.log = log
         self.embedding_size: Optional[int] = None
+        self.frozen = None  # the trunk's frozen part when the config has feature_cache (.feature_cache.FrozenParts)
         self.check_factories()
         discover()  # pml_extensions classes not re-exported yet are still nameable in configs
 
@@ -355,6 +356,7 @@ class Builder:
         num_classes: Optional[int] = None,
         spec: Optional[Dict[str, Any]] = None,
         before: Optional[Callable[[str], Any]] = None,
+        image: bool = False,
     ) -> Dict[str, torch.nn.Module]:
         """Trunk, embedder (``MLP`` sizes get the trunk width) and any other model of ``models`` (or ``spec``).
 
@@ -367,6 +369,12 @@ class Builder:
             spec: the models mapping (default the config's ``models``).
             before: called with each model's key right before it is built (protocols that pair variants reseed
                 their RNGs there).
+            image: ``sample`` is an image even with ``feature_cache`` (the checks before training): it goes through
+                the frozen prefix before the rest is probed.
+
+        With ``feature_cache`` in the config (and no ``spec``), ``models["trunk"]`` is the trunk's trainable rest
+        and :attr:`frozen` its frozen part (:mod:`pml_extensions.runner.objects.feature_cache`); ``sample`` is
+        then a cached feature.
         """
         models_cfg = self._require("models") if spec is None else spec
         if not isinstance(models_cfg, dict) or "trunk" not in models_cfg:
@@ -380,6 +388,17 @@ class Builder:
         if before is not None:
             before("trunk")
         trunk = self._build_trunk(models_cfg["trunk"], "models.trunk").to(self.device)
+        if spec is None and self.get("feature_cache") is not None:  # the rest trains on the cached prefix outputs
+            from .feature_cache import cache_spec, split_trunk_for_cache
+
+            spec_, where = cache_spec(self.config, self.sources), self.where("feature_cache")
+            self.frozen = split_trunk_for_cache(
+                trunk, spec_, where, lambda: self.build("models.trunk", {"Sequential": []})
+            )
+            trunk = self.frozen.rest
+            if sample is not None and image:
+                with torch.no_grad():
+                    sample = self.frozen.prefix(sample[None].to(self.device))[0]
         out = None
         if sample is not None:
             with torch.no_grad():

@@ -364,7 +364,7 @@ def fit_channels(
         return transforms
     check_sizes(builder, dataset, transforms["eval"], sample, getter)
     try:
-        builder.build_models(sample, num_classes)
+        builder.build_models(sample, num_classes, image=True)
     except ChannelMismatch as e:
         rgb = builder.subset(dataset, [0], getter=getter)[0][0]
         if not (e.image_channels == 1 and e.trunk_channels == 3 and hasattr(rgb, "convert")):
@@ -374,7 +374,7 @@ def fit_channels(
         transforms = {k: T.Compose([ToRGB(), t]) for k, t in transforms.items()}
         log("note: the images are grey and models.trunk takes 3 channels: they are read as RGB")
         builder.build_models(
-            builder.subset(dataset, [0], transform=transforms["eval"], getter=getter)[0][0], num_classes
+            builder.subset(dataset, [0], transform=transforms["eval"], getter=getter)[0][0], num_classes, image=True
         )
     return transforms
 

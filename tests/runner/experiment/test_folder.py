@@ -101,3 +101,29 @@ def test_a_run_saved_in_the_old_resolution_layout_resumes(tmp_path):
     assert yaml.safe_load(open(os.path.join(folder, "config.yaml"))) == new
     with pytest.raises(ConfigError, match="differs from this run's config in seeds"):
         prepare_folder(folder, dict(new, seeds=[1]), **QUIET)
+
+
+def test_environment_json_records_what_moves_the_numbers(tmp_path, monkeypatch):
+    import json
+
+    import torch
+
+    from pml_extensions.runner.experiment.folder import ENVIRONMENT_NAME, environment_summary, prepare_folder
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    prepare_folder(str(tmp_path / "exp"), {"seed": 0}, **QUIET)
+    env = json.load(open(tmp_path / "exp" / ENVIRONMENT_NAME))
+    assert env["torch_threads"] == torch.get_num_threads()
+    assert env["thread_variables"]["OMP_NUM_THREADS"] == "1"
+    assert env["versions"]["torch"] == torch.__version__.split("+")[0]
+    assert set(env["versions"]) >= {"numpy", "Pillow", "matplotlib", "pytorch-metric-learning", "pml_extensions"}
+    assert env["cpu"]["count"] == os.cpu_count() and env["cpu"]["model"]
+    if os.path.exists("/proc/cpuinfo"):  # Linux: the instruction-set flags
+        assert isinstance(env["cpu"]["flags"], list) and env["cpu"]["flags"]
+    build = env["torch_build"]
+    assert build["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert build.get("blas_info") and "onednn" in build or not torch.backends.mkldnn.is_available()
+    line = environment_summary(env)
+    assert line.startswith(f"torch {torch.__version__} (BLAS ") and line.endswith(
+        f"{env['torch_threads']} torch thread{'' if env['torch_threads'] == 1 else 's'}"
+    )

@@ -123,3 +123,38 @@ def test_every_object_of_a_protocol_comes_from_the_one_builder(protocol, tmp_pat
                 assert id(_unwrap(obj)) in built, (protocol, group, name, type(obj).__name__)
         assert id(trainer.dataset) in built, (protocol, type(trainer.dataset).__name__)
         assert trainer.sampler is None or id(trainer.sampler) in built, (protocol, type(trainer.sampler).__name__)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["mlrc", "xml_vs_gap"])
+def test_a_cached_run_builds_its_caches_and_datasets_with_the_one_builder(protocol, tmp_path, recorded, request):
+    """With ``feature_cache`` the caches (``FeatureCache``) and the datasets the trainers and testers read
+    (``CachedFeatureDataset``, then their views) come from the same Builder."""
+    from pml_extensions.datasets import CachedFeatureDataset, FeatureCache
+
+    if protocol == "mlrc":
+        from tests.runner.protocols.mlrc.test_protocol import CACHED_MODELS
+
+        root = request.getfixturevalue("tiny_mlrc_config")
+        with open(os.path.join(root, "config_models", "default.yaml"), "w") as f:
+            f.write(CACHED_MODELS)
+        argv = ["--num_epochs_train", "1", "--num_training_sets", "1", "--feature_cache", "{boundary: '1'}"]
+        argv += ["--mining_funcs", "{tuple_miner: {MultiSimilarityMiner: {}}}"]
+        config, sources = load_config(root, None, parse_command_line(argv))
+    else:
+        from tests.runner.protocols.xml_vs_gap.test_protocol import cached_config
+
+        config, sources = cached_config(seeds=[0], num_epochs=1), {}
+    run_protocol(config, str(tmp_path / "exp"), sources, log=lambda *a, **k: None)
+    roles = {key.split(".")[0] for key, _ in recorded}
+    assert roles >= ROLES[protocol] | {"feature_cache"}, sorted(ROLES[protocol] - roles)
+    built = {id(obj) for _, obj in recorded}
+    assert any(isinstance(obj, FeatureCache) for _, obj in recorded)
+    trainers = [obj for key, obj in recorded if key == "trainer"]
+    assert trainers
+    for trainer in trainers:
+        assert id(trainer.dataset) in built
+        assert isinstance(trainer.dataset.dataset, CachedFeatureDataset) and id(trainer.dataset.dataset) in built
+        for group in ("models", "optimizers", "loss_funcs"):
+            for name, obj in (getattr(trainer, group, None) or {}).items():
+                assert id(_unwrap(obj)) in built, (protocol, group, name)

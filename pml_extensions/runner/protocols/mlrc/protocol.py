@@ -24,7 +24,10 @@ Config keys read (powerful-benchmarker v0.9.33 names, checked by :mod:`pml_exten
 ``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimizers``, ``transforms``, ``tester``, ``split_manager``,
 ``splits_to_eval``, ``hook_container``, ``aggregator``, ``ensemble``, the ``config_general`` flags, ``factories``
 (only the default factory names), ``dataset``, ``dataset_root``; ours: ``seed`` (default 0), ``device``
-(``auto``), ``normalize``, ``prototype_init`` (see :mod:`pml_extensions.runner.objects.builder`) and ``test_hooks``:
+(``auto``), ``normalize``, ``prototype_init`` (see :mod:`pml_extensions.runner.objects.builder`), ``feature_cache``
+(the trunk's rest trains on cached outputs of its frozen prefix, :mod:`pml_extensions.runner.objects.feature_cache`:
+part ``train`` holds the train/val pool's training views, part ``eval`` every image's eval view; each fold draws
+its views with its seed) and ``test_hooks``:
 ``{name: {HookClass: {kwargs}}}`` run once after testing on fold 0's best model as PML ``end_of_testing_hook``s
 (e.g. ``ExplanationHook``; see :meth:`MLRCRunner.run_test_hooks`).
 
@@ -53,6 +56,7 @@ from ...experiment.folder import Experiment
 from ...objects import preflight
 from ...objects.builder import Builder, accepts
 from ...objects.data import dataset_labels
+from ...objects.feature_cache import FeatureCaches, check_fixed_prefix, end_of_epoch_hook, subset_key
 from ...outputs.retrieval import dataset_image, save_retrieval_examples
 from .splits import ensemble_metrics, mlrc_class_splits
 
@@ -97,6 +101,32 @@ class MLRCRunner:
         self.split = pb_keys.split_settings(config, self.sources)
         self.getter = pb_keys.data_and_label_getter(self.split["data_and_label_getter_keys"])
         self.trained = False  # did this call train any epoch (then saved test numbers are stale)
+        self.caches = None  # FeatureCaches with a feature_cache key (set in run())
+
+    # datasets: images with a transform, or the feature caches' views
+    def train_view(self, base, labels, indices, transforms, seed: int = 0):
+        """Items ``indices`` of ``base`` for training: the train transform, or their cached training views
+        (drawn with ``seed``)."""
+        if self.caches is None:
+            return self.builder.subset(base, indices, labels, transforms["train"], self.getter)
+        cached = self._cached("train", base, labels, self.pool, transforms["train"], seed)
+        return self.builder.subset(cached, np.searchsorted(self.pool, indices))
+
+    def eval_view(self, base, labels, indices, transforms):
+        """Items ``indices`` of ``base`` for evaluation: the eval transform, or their cached eval view."""
+        if self.caches is None:
+            return self.builder.subset(base, indices, labels, transforms["eval"], self.getter)
+        cached = self._cached("eval", base, labels, np.arange(len(labels)), transforms["eval"], 0)
+        return self.builder.subset(cached, indices)
+
+    def _cached(self, part, base, labels, indices, transform, seed):
+        images = self.builder.subset(base, indices, labels, None, self.getter)
+        views = self.caches.spec["num_views"] if part == "train" else 1
+        try:  # the base dataset's file list (or items) and the indices
+            key = subset_key(base, indices)
+        except ValueError:  # a base without a labels array: the subset's items are hashed
+            key = None
+        return self.caches.dataset(part, self.builder.frozen, images, transform, views, seed, dataset_key=key)
 
     # evaluation
     def primary_metric(self) -> str:
@@ -127,11 +157,12 @@ class MLRCRunner:
         )
         train_idx = np.nonzero(np.isin(labels, split["train"]))[0]
         val_idx = np.nonzero(np.isin(labels, split["val"]))[0]
-        train_ds = self.builder.subset(base, train_idx, labels, transforms["train"], self.getter)
-        val_ds = self.builder.subset(base, val_idx, labels, transforms["eval"], self.getter)
+        fold_seed = (self.experiment.seed or 0) + fold
+        train_ds = self.train_view(base, labels, train_idx, transforms, fold_seed)
+        val_ds = self.eval_view(base, labels, val_idx, transforms)
         eval_sets = {"val": val_ds}
         if "train" in splits_to_eval:
-            eval_sets["train"] = self.builder.subset(base, train_idx, labels, transforms["eval"], self.getter)
+            eval_sets["train"] = self.eval_view(base, labels, train_idx, transforms)
 
         trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
         trainer_kwargs = dict(trainer_kwargs)
@@ -148,11 +179,7 @@ class MLRCRunner:
         self._seed(fold)
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
-        self.builder.prototype_init(
-            models,
-            self.builder.subset(base, train_idx, labels, transforms["eval"], self.getter),
-            seed=(self.experiment.seed or 0) + fold,
-        )
+        self.builder.prototype_init(models, self.eval_view(base, labels, train_idx, transforms), seed=fold_seed)
         loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
         optimizers = self.builder.build_optimizers(models, loss_funcs)
         sampler = self.builder.build_sampler(train_ds.labels, global_batch)
@@ -186,6 +213,10 @@ class MLRCRunner:
         loop.resume()
         if not loop.finished:
             self.trained = True
+        epoch_hook = lambda trainer: True  # noqa: E731
+        if self.caches is not None:  # epoch e trains on the views drawn for e completed epochs
+            train_ds.dataset.set_epoch(loop.start_epoch - 1)
+            epoch_hook = end_of_epoch_hook(train_ds.dataset)
 
         def make_trainer():
             return self.builder.build_trainer(
@@ -199,7 +230,7 @@ class MLRCRunner:
                 sampler=sampler,
                 data_device=self.device,
                 end_of_iteration_hook=loop.end_of_iteration,
-                end_of_epoch_hook=lambda trainer: True,
+                end_of_epoch_hook=epoch_hook,
             )
 
         # A fresh sampler per epoch: PML's MPerClassSampler reorders its own label list in place, state that a
@@ -217,7 +248,7 @@ class MLRCRunner:
     # ---------------------------------------------------------------------------------------------- test
     def test(self, base, labels, classes, transforms, fold_results) -> Dict[str, Dict[str, float]]:
         test_idx = np.nonzero(np.isin(labels, classes))[0]
-        test_ds = self.builder.subset(base, test_idx, labels, transforms["eval"], self.getter)
+        test_ds = self.eval_view(base, labels, test_idx, transforms)
         tester = self.builder.build_tester()
         calc = tester.accuracy_calculator
         ensemble = pb_keys.ensemble_settings(self.config, self.sources)
@@ -273,6 +304,18 @@ class MLRCRunner:
             tester = self.builder.build_tester(end_of_testing_hook=call, sharded=False)  # rank 0 only
             tester.test({"test": test_ds}, 0, models["trunk"], models["embedder"])
 
+    def setup_caches(self, labels, test_classes) -> None:
+        """The feature caches (``feature_cache`` key): the frozen prefix (checked to be the same for every fold's
+        seed), the train/val pool whose training views are cached."""
+        where = self.where("feature_cache")
+        if self.get("test_hooks"):
+            raise ConfigError(f"{where}: test_hooks explain images with the whole trunk; run them without a cache")
+        seed = self.experiment.seed or 0
+        check_fixed_prefix(lambda: Builder(self.config, self.sources, self.device, self.log), [seed], where)
+        self.caches = FeatureCaches(self.builder, self.folder, self.log)
+        self.builder.build_models()  # the frozen prefix the caches are built with (builder.frozen)
+        self.pool = np.nonzero(~np.isin(labels, test_classes))[0]
+
     # ---------------------------------------------------------------------------------------------- all
     def run(self) -> Dict[str, Any]:
         t0 = time.time()
@@ -300,6 +343,8 @@ class MLRCRunner:
         batch = one_spec(self.builder._require("trainer"), self.where("trainer"))[1].get("batch_size", 32)
         folds = splits["folds"][:num_sets]
         preflight.check_sampler(self.builder, [labels[np.isin(labels, f["train"])] for f in folds], batch)
+        if self.get("feature_cache") is not None:
+            self.setup_caches(labels, splits["test"])
         self.log(
             f"{len(labels)} items, {len(np.unique(labels))} classes; test "
             f"classes {splits['test'][0]}..{splits['test'][-1]}; {num_sets} folds"

@@ -16,7 +16,14 @@ Selection: the training classes are split class-disjointly into a training part 
 (:func:`pml_extensions.runner.objects.data.validation_split`); the best epoch is the one with the highest validation
 MAP@R, epoch 0 (the untrained model) included and flagged. :func:`train_and_select` never loads the test split;
 :func:`evaluate` runs once on the
-selected model.
+selected model. With ``keep_epochs`` every evaluated epoch's weights are kept (``epochs/epoch_<e>.pth``), so the
+protocol can test the epoch it chooses for a whole group of units (``selection: mean_validation_curve``).
+
+Feature cache (``feature_cache`` key, :mod:`pml_extensions.runner.objects.feature_cache`): the trunk is its
+trainable rest, and the splits are cached prefix outputs: part ``train`` (the train split, ``num_views`` views of the
+train transform; its views follow the unit's seed and epoch), ``train_eval`` (the train split's eval view: the
+validation classes and ``prototype_init``'s images) and ``test`` (:func:`cached_split`). The config's
+``feature_cache.folder`` must be resolved (:func:`resolve_cache_folder`).
 """
 
 import os
@@ -27,20 +34,24 @@ import numpy as np
 import torch
 
 from ....trunks import find_histogram_layers
+from ....utils.atomic_io import atomic_torch_save
 from ...errors import ConfigError
 from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
 from ...objects.data import dataset_labels, validation_split
+from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec, end_of_epoch_hook
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
 __all__ = [
     "METRICS",
     "build_models",
+    "cached_split",
     "evaluate",
     "load_models",
     "load_split",
     "make_loader",
     "make_tester",
+    "resolve_cache_folder",
     "train_and_select",
     "validation_split",
 ]
@@ -50,11 +61,58 @@ def _builder(cfg, device=None, builder=None, sources=None, log=print) -> Builder
     return builder if builder is not None else Builder(cfg, sources, device, log)
 
 
-def load_split(cfg: Dict[str, Any], split: str, train_transform: bool, builder: Optional[Builder] = None):
+def load_split(
+    cfg: Dict[str, Any], split: str, train_transform: bool, builder: Optional[Builder] = None, seed: int = 0
+):
     """The dataset split ``"train"`` / ``"test"`` of the config, with the train or eval transform (both built by
-    the variant's :class:`~pml_extensions.runner.objects.builder.Builder`)."""
+    the variant's :class:`~pml_extensions.runner.objects.builder.Builder`); with ``feature_cache`` its cached
+    prefix outputs (:func:`cached_split`; ``seed`` draws the training views)."""
     b = _builder(cfg, builder=builder)
+    if cfg.get("feature_cache") is not None:
+        return cached_split(b, split, train_transform, seed)
     return b.build_dataset(split, transform=b.build_transform("train" if train_transform else "eval"))
+
+
+def resolve_cache_folder(cfg: Dict[str, Any], experiment_folder: str) -> Dict[str, Any]:
+    """``cfg`` with ``feature_cache.folder`` made absolute (default ``<experiment_folder>/feature_cache``); ``cfg``
+    itself when it has no ``feature_cache``."""
+    spec = cache_spec(cfg)
+    if spec is None:
+        return cfg
+    return {**cfg, "feature_cache": {**cfg["feature_cache"], "folder": cache_folder(spec, experiment_folder)}}
+
+
+def cached_split(
+    b: Builder,
+    split: str,
+    train_transform: bool,
+    seed: int = 0,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+):
+    """The cached ``split`` (``"train"`` / ``"test"``) of the Builder's config: a
+    :class:`~pml_extensions.datasets.CachedFeatureDataset` of part ``train`` (train transform, ``num_views`` views
+    drawn with ``seed``), ``train_eval`` or ``test`` (eval transform, one view), built first when missing (only this
+    shard with ``rank`` / ``world_size``: then the cache folder is returned, and whether it is complete). The frozen
+    prefix is the Builder's (:attr:`Builder.frozen`; the trunk is built for it when no model was built yet).
+
+    Raises:
+        ConfigError: as :class:`pml_extensions.runner.objects.feature_cache.FeatureCaches`.
+    """
+    if b.frozen is None:
+        b.build_models()
+    caches = FeatureCaches(b, "", b.log)
+    part = "train" if train_transform else ("train_eval" if split == "train" else split)
+    args = (
+        part,
+        b.frozen,
+        b.build_dataset(split),
+        b.build_transform("train" if train_transform else "eval"),
+        caches.spec["num_views"] if train_transform else 1,
+    )
+    if rank is not None or world_size is not None:
+        return caches.build(*args, rank=rank, world_size=world_size)
+    return caches.dataset(*args, seed=seed)
 
 
 def make_loader(dataset, batch_size, seed):
@@ -70,12 +128,14 @@ def build_models(
     init_set=None,
     builder: Optional[Builder] = None,
     num_classes: Optional[int] = None,
+    losses: bool = True,
 ) -> Dict[str, Any]:
     """Trunk, embedder and losses of one variant, paired by seed (see the module docstring).
 
     ``init_set`` (the training part with the eval transform) probes the trunk with one image and feeds
     ``prototype_init`` when the config has one; ``num_classes`` (one more than the largest training label) is
-    filled into specs that take it and leave it out.
+    filled into specs that take it and leave it out. ``losses=False``: no losses (``{}``; a model to load weights
+    into, whose losses may need ``num_classes`` and the embedding size).
     """
     b = _builder(cfg, device, builder)
     offsets = {"trunk": 0, "embedder": 1}
@@ -87,8 +147,9 @@ def build_models(
     sample = init_set[0][0] if init_set is not None else None
     models = b.build_models(sample, num_classes, before=reseed)
     trunk, embedder = models["trunk"], models["embedder"]
+    frozen = b.frozen  # with feature_cache: the trunk's frozen prefix (the trunk is its rest)
     seed_everything(seed + 2)
-    loss_funcs, mining_funcs = b.build_losses(models, num_classes)
+    loss_funcs, mining_funcs = b.build_losses(models, num_classes) if losses else ({}, {})
     pools = find_histogram_layers(trunk)
     for pool in pools:  # own generator: the global RNG stays where the variant without prototypes has it
         pool.reset_parameters(torch.Generator().manual_seed(seed))
@@ -99,7 +160,13 @@ def build_models(
             raise ConfigError(f"{b.where('prototype_init')}: needs the training images (init_set)")
         spec = {"batch_size": int(cfg["batch_size"]), **(init if isinstance(init, dict) else {})}
         b.prototype_init({"trunk": trunk}, init_set, seed=seed, spec=spec)
-    return {"trunk": trunk, "embedder": embedder, "loss_funcs": loss_funcs, "mining_funcs": mining_funcs}
+    return {
+        "trunk": trunk,
+        "embedder": embedder,
+        "loss_funcs": loss_funcs,
+        "mining_funcs": mining_funcs,
+        "frozen": frozen,
+    }
 
 
 def build_optimizers(cfg, models, builder: Optional[Builder] = None):
@@ -125,13 +192,16 @@ def train_and_select(
     device: torch.device,
     log: Callable = print,
     sources: Optional[Dict[str, str]] = None,
+    keep_epochs: bool = False,
 ) -> Dict[str, Any]:
     """Train one variant at one seed on the training part of the training classes; select the best epoch on the
-    validation classes. Never loads the test split.
+    validation classes. Never loads the test split. ``keep_epochs``: save every evaluated epoch's weights to
+    ``<stage_dir>/epochs/epoch_<e>.pth`` (``{"trunk", "embedder"}`` state dicts).
 
     Returns:
         ``{"history": [{epoch, metric...}] (validation), "best_epoch", "best_is_untrained", "train_seconds",
-        "models": {"trunk", "embedder"} (at the best epoch), "xml": {...}}``.
+        "models": {"trunk", "embedder", "frozen"} (at the best epoch; ``frozen``: the cache's prefix or None),
+        "xml": {...}}``.
     """
     from ...experiment import distributed as dist_utils
     from ...experiment.checkpoint import Checkpointer, load_weights
@@ -139,7 +209,7 @@ def train_and_select(
 
     b = Builder(cfg, sources, device, log)
     val_cfg = cfg.get("validation") or {}
-    full_train = load_split(cfg, "train", train_transform=True, builder=b)
+    full_train = load_split(cfg, "train", train_transform=True, builder=b, seed=seed)
     full_eval = load_split(cfg, "train", train_transform=False, builder=b)
     train_idx, val_idx, _ = validation_split(
         full_train.labels, val_cfg.get("class_fraction", 0.25), int(val_cfg.get("seed", 0))
@@ -165,6 +235,9 @@ def train_and_select(
     def validate(epoch):
         tester.test({"val": val_set}, epoch, trunk, embedder)
         acc = tester.all_accuracies["val"]
+        if keep_epochs and dist_utils.is_main():
+            path = os.path.join(stage_dir, "epochs", f"epoch_{epoch}.pth")
+            atomic_torch_save({"trunk": trunk.state_dict(), "embedder": embedder.state_dict()}, path)
         return {"val": {m: float(acc[f"{m}_level0"]) for m in METRICS}}
 
     # checkpoint.pth + logs/ (CSV + SQLite) per epoch: a killed unit resumes after its last finished epoch
@@ -185,6 +258,10 @@ def train_and_select(
     )
     if loop.resume() is None:  # (a resumed unit gets its RNG states back from the checkpoint instead)
         seed_everything(seed + 3)  # the same batches and augmentations for every variant of this seed
+    epoch_hook = lambda trainer: True  # noqa: E731
+    if hasattr(full_train, "set_epoch"):  # cached views: epoch e shows the views drawn for e completed epochs
+        full_train.set_epoch(loop.start_epoch - 1)
+        epoch_hook = end_of_epoch_hook(full_train)
 
     world = dist_utils.world_size()  # under torchrun each process trains on its slice of every global batch
     if batch_size % world:
@@ -207,7 +284,7 @@ def train_and_select(
             sampler=sampler,
             data_device=device,
             end_of_iteration_hook=loop.end_of_iteration,
-            end_of_epoch_hook=lambda trainer: True,
+            end_of_epoch_hook=epoch_hook,
         )
 
     start = time.time()
@@ -226,7 +303,7 @@ def train_and_select(
         "best_epoch": best["epoch"],
         "best_is_untrained": best["epoch"] == 0,
         "train_seconds": train_seconds,
-        "models": {"trunk": trunk, "embedder": embedder},
+        "models": {"trunk": trunk, "embedder": embedder, "frozen": models["frozen"]},
         "xml": xml,
         "num_train_classes": int(len(np.unique(train_set.labels))),
         "num_val_classes": int(len(np.unique(val_set.labels))),
@@ -240,8 +317,10 @@ def evaluate(
     split: str = "test",
     sources: Optional[Dict[str, str]] = None,
 ) -> Dict[str, float]:
-    """Metrics of the (selected) trunk + embedder on one split of the dataset (class-disjoint from training)."""
+    """Metrics of the (selected) trunk + embedder on one split of the dataset (class-disjoint from training); with
+    ``feature_cache`` on the split's cached features of ``models["frozen"]`` (the trunk is its rest)."""
     b = Builder(cfg, sources, device)
+    b.frozen = models.get("frozen")
     dataset = load_split(cfg, split, train_transform=False, builder=b)
     tester = make_tester(cfg, device, builder=b)
     tester.test({split: dataset}, -1, models["trunk"], models["embedder"])
@@ -249,10 +328,16 @@ def evaluate(
     return {m: float(acc[f"{m}_level0"]) for m in METRICS}
 
 
-def load_models(cfg, stage_dir, device):
-    """Rebuild a finished unit's trunk + embedder and load its selected weights (``weights_only=True``)."""
-    models = build_models({**cfg, "prototype_init": None}, 0, device)
-    state = torch.load(os.path.join(stage_dir, "best_models.pth"), map_location=device, weights_only=True)
+def load_models(cfg, stage_dir, device, path: Optional[str] = None):
+    """Rebuild a finished unit's trunk + embedder (+ ``frozen``, the cache's prefix or None) and load its selected
+    weights (``weights_only=True``): ``path``, else ``selected_models.pth`` (the epoch the protocol chose for the
+    unit's group), else ``best_models.pth`` (the unit's best validation epoch)."""
+    models = build_models({**cfg, "prototype_init": None}, 0, device, losses=False)
+    if path is None:
+        path = os.path.join(stage_dir, "selected_models.pth")
+        if not os.path.exists(path):
+            path = os.path.join(stage_dir, "best_models.pth")
+    state = torch.load(path, map_location=device, weights_only=True)
     for k in ("trunk", "embedder"):
         models[k].load_state_dict(state[k])
     return models

@@ -216,3 +216,68 @@ def test_bad_batch_size_is_one_config_error(tmp_path, value):
     with pytest.raises(ConfigError, match=r"trainer: batch_size must be a positive integer, got ") as e:
         _run(_runner(tmp_path, ["--trainer~APPLY~2", "{batch_size: %s}" % value, "--num_training_sets", "1"]))
     assert "\n" not in str(e.value)
+
+
+CACHED_MODELS = """
+models:
+  trunk:
+    - Flatten: null
+    - FixedLinear: {in_features: 16, out_features: 16}
+    - ReLU: {}
+    - Linear: {in_features: 16, out_features: 16}
+  embedder:
+    MLP:
+      layer_sizes: [8]
+"""
+
+
+@pytest.mark.slow
+def test_feature_cache_trains_the_rest_on_cached_features_with_the_same_results(tmp_path):
+    """A fixed prefix (Flatten + FixedLinear) cached: every fold trains the rest (ReLU + Linear) on its cached
+    outputs; with a deterministic transform the views equal the images', so the run equals the uncached one with
+    the prefix frozen (``FrozenPrefix``)."""
+    from pml_extensions.datasets import CachedFeatureDataset
+
+    files = {"config_models/default.yaml": CACHED_MODELS}
+    argv = ["--num_epochs_train", "2", "--num_training_sets", "2"]
+    frozen = CACHED_MODELS.replace(
+        "    - Flatten: null\n    - FixedLinear: {in_features: 16, out_features: 16}\n",
+        "    - FrozenPrefix: {prefix: {Sequential: [{Flatten: null},\n"
+        "        {FixedLinear: {in_features: 16, out_features: 16}}]}}\n",
+    )
+    assert frozen != CACHED_MODELS
+    plain = _run(_runner(tmp_path / "plain", argv, {"config_models/default.yaml": frozen}))
+    cache = ["--feature_cache", "{boundary: '1', num_views: 2, dtype: float32}"]
+    runner = _runner(tmp_path / "cached", argv + cache, files)
+    seen = []
+    original = MLRCRunner.train_view
+
+    def spy(self, *args, **kwargs):
+        view = original(self, *args, **kwargs)
+        seen.append(view)
+        return view
+
+    MLRCRunner.train_view = spy
+    try:
+        cached = _run(runner)
+    finally:
+        MLRCRunner.train_view = original
+    assert all(isinstance(v.dataset, CachedFeatureDataset) for v in seen) and len(seen) == 2
+    assert [v.dataset.seed for v in seen] == [0, 1]  # each fold draws its views with its own seed
+    folder = tmp_path / "cached" / "exp" / "feature_cache" / "1"
+    assert sorted(os.listdir(folder)) == ["eval", "eval.lock", "train", "train.lock"]
+    assert json.load(open(folder / "train" / "meta.json"))["num_items"] == 64  # the train/val pool only
+    for a, b in zip(plain["folds"], cached["folds"]):
+        assert a["best_epoch"] == b["best_epoch"]
+        assert a["best_val_metrics"] == pytest.approx(b["best_val_metrics"], abs=1e-6)
+    for key in ("separate_8D", "concatenated_16D"):
+        assert plain["test"][key] == pytest.approx(cached["test"][key], abs=1e-6)
+
+
+def test_feature_cache_refuses_test_hooks_and_a_random_prefix(tmp_path):
+    hooks = ["--test_hooks", "{h: {ExplanationHook: {}}}", "--feature_cache", "{boundary: '1'}"]
+    files = {"config_models/default.yaml": CACHED_MODELS}
+    with pytest.raises(ConfigError, match=r"feature_cache: test_hooks explain images with the whole trunk"):
+        _run(_runner(tmp_path / "a", hooks, files))
+    with pytest.raises(ConfigError, match=r"feature_cache: the frozen prefix of models.trunk changes with the seed"):
+        _run(_runner(tmp_path / "b", ["--feature_cache", "{boundary: '1'}"]))

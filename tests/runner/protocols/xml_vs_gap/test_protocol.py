@@ -2,6 +2,9 @@
 
 import tempfile
 import unittest
+from unittest import mock
+
+import pytest
 
 from pml_extensions.runner.protocols.xml_vs_gap import protocol as xml_vs_gap
 from tests.runner.protocols.xml_vs_gap.test_unit import tiny_config
@@ -23,3 +26,142 @@ class TestProtocol(unittest.TestCase):
             xml_vs_gap.run({**tiny_config(), "seed": 0}, tempfile.mkdtemp())
         with self.assertRaisesRegex(Exception, "comparisons"):
             xml_vs_gap.run({**tiny_config(), "comparisons": [["contrastive_xml", "nope"]]}, tempfile.mkdtemp())
+
+
+class TestSelection(unittest.TestCase):
+    def test_groups_are_the_variants_linked_by_comparisons(self):
+        groups = xml_vs_gap.selection_groups(["g", "x", "l", "pg", "px", "o"], [("x", "g"), ("l", "g"), ("px", "pg")])
+        self.assertEqual(groups, [["g", "x", "l"], ["pg", "px"], ["o"]])
+        self.assertEqual(xml_vs_gap.selection_groups(["g", "x"], [("g", "untrained")]), [["g"], ["x"]])
+
+    def test_one_epoch_per_group_from_the_mean_validation_curve(self):
+        def unit(*values):
+            return {"history": [{"epoch": e, "mean_average_precision_at_r": v} for e, v in enumerate(values)]}
+
+        units = {  # mean over g and x, seeds 0 and 1: epoch 0 0.5 (not a length), 1 0.30, 2 0.35, 3 0.325
+            "g": {"0": unit(0.5, 0.2, 0.4, 0.3), "1": unit(0.5, 0.4, 0.3, 0.3)},
+            "x": {"0": unit(0.5, 0.3, 0.3, 0.4), "1": unit(0.5, 0.3, 0.4, 0.3)},
+            "o": {"0": unit(0.1, 0.2, 0.2, 0.1), "1": unit(0.1, 0.2, 0.2, 0.1)},  # a tie: the shorter length
+        }
+        out = xml_vs_gap.choose_epochs([["g", "x"], ["o"]], units, [0, 1], "mean_validation_curve", 3)
+        self.assertEqual(out["epochs"], {"g": 2, "x": 2, "o": 1})
+        for epoch, value in {0: 0.5, 1: 0.3, 2: 0.35, 3: 0.325}.items():
+            self.assertAlmostEqual(out["curves"]["g"]["mean_val"][epoch], value, places=12)
+        last = xml_vs_gap.choose_epochs([["g", "x"], ["o"]], units, [0, 1], "last", 3)
+        self.assertEqual(last["epochs"], {"g": 3, "x": 3, "o": 3})
+
+    def test_bad_selection_and_untrained(self):
+        with self.assertRaisesRegex(Exception, "selection: expected one of best_epoch, mean_validation_curve, last"):
+            xml_vs_gap.run({**tiny_config(), "selection": "best"}, tempfile.mkdtemp())
+        with self.assertRaisesRegex(Exception, "untrained: expected true or false"):
+            xml_vs_gap.run({**tiny_config(), "untrained": "yes"}, tempfile.mkdtemp())
+        with self.assertRaisesRegex(Exception, "comparisons: each entry .* naming variants"):
+            xml_vs_gap.run({**tiny_config(), "comparisons": [["contrastive_gap", "untrained"]]}, tempfile.mkdtemp())
+
+
+def cached_config(**overrides):
+    """The main job's glyph config at 32 px on a fixed (pretrained-like) conv body, its first block cached."""
+    from tests.runner.runner_testing_utils import register_tiny
+
+    register_tiny()
+    body = {"FixedConvNetBody": {"in_channels": 1, "widths": [8, 16], "blocks_per_stage": 1}}
+    cfg = tiny_config(
+        num_epochs=2,
+        iterations_per_epoch=3,
+        seeds=[0, 1],
+        device="cpu",
+        feature_cache={"boundary": "0.features.2", "num_views": 2, "dtype": "float32"},
+        selection="mean_validation_curve",
+        untrained=True,
+        comparisons=[
+            ["contrastive_xml", "contrastive_gap"],
+            ["contrastive_xml_lambda0", "contrastive_gap"],
+            ["contrastive_gap", "untrained"],
+        ],
+    )
+    cfg["models"] = {
+        "trunk": {"Sequential": [body, {"HistogramPooling": {"in_channels": 16, "num_prototypes": 8}}]},
+        "embedder": {"Linear": {"in_features": 16, "out_features": 8}},
+    }
+    cfg["variants"] = {
+        "contrastive_gap": {
+            "models": {
+                "trunk~OVERRIDE~": {"Sequential": [body, {"AdaptiveAvgPool2d": {"output_size": 1}}, {"Flatten": {}}]}
+            },
+            "loss_funcs": {"metric_loss~OVERRIDE~": {"ContrastiveLoss": {"pos_margin": 0.0, "neg_margin": 1.0}}},
+        },
+        "contrastive_xml": {},
+        "contrastive_xml_lambda0": {"loss_funcs": {"metric_loss": {"XMLWrapper": {"xml_weight": 0.0}}}},
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+@pytest.mark.slow
+def test_a_cached_run_selects_one_length_per_group_and_tests_it_once(tmp_path):
+    import torch
+
+    from pml_extensions.datasets import CachedFeatureDataset
+    from pml_extensions.runner.config.loader import variant_configs
+    from pml_extensions.runner.protocols import run_protocol
+    from pml_extensions.runner.protocols.xml_vs_gap import unit
+
+    cfg = cached_config()
+    epochs_set = []
+    original = CachedFeatureDataset.set_epoch
+
+    def spy(self, epoch):
+        if self.num_views == 2:
+            epochs_set.append(epoch)
+        return original(self, epoch)
+
+    with mock.patch.object(CachedFeatureDataset, "set_epoch", spy):
+        results = run_protocol(cfg, str(tmp_path / "exp"), log=lambda *a, **k: None)
+    assert epochs_set == [0, 1, 2] * 6  # each unit: its first epoch's views, then after each epoch
+    per_seed = {n: v["per_seed"] for n, v in results["variants"].items()}
+    assert per_seed["contrastive_xml_lambda0"] == per_seed["contrastive_gap"]  # the pairing test
+    chosen = results["selection"]["epochs"]
+    assert len(set(chosen.values())) == 1
+    mean_val = [
+        sum(
+            h["mean_average_precision_at_r"]
+            for n in chosen
+            for s in "01"
+            for h in results["units"][n][s]["history"]
+            if h["epoch"] == e
+        )
+        / 6
+        for e in (1, 2)
+    ]
+    assert chosen["contrastive_gap"] == 1 + int(mean_val[1] > mean_val[0])
+    assert results["untrained"]["max_val_spread_at_epoch_0"] == 0.0  # the same untrained network in every variant
+    # the tested number is the selected model's metric on the test images through the whole (uncached) trunk
+    stage = tmp_path / "exp" / "contrastive_xml" / "seed_1"
+    assert not (stage / "epochs").exists() and (stage / "selected_models.pth").exists()
+    vcfg = unit.resolve_cache_folder(variant_configs(cfg)["contrastive_xml"], str(tmp_path / "exp"))
+    models = unit.load_models(vcfg, str(stage), torch.device("cpu"))
+    whole = {**vcfg, "feature_cache": None, "models": dict(vcfg["models"])}
+    whole_models = {
+        "trunk": torch.nn.Sequential(models["frozen"].prefix, models["trunk"]),
+        "embedder": models["embedder"],
+    }
+    test = unit.evaluate(whole, whole_models, torch.device("cpu"))
+    for metric, value in per_seed["contrastive_xml"]["1"].items():
+        assert abs(value - test[metric]) < 1e-6, metric
+    assert per_seed["untrained"]["0"] != per_seed["contrastive_gap"]["0"]
+    # a rerun trains, tests and caches nothing again
+    lines = []
+    again = run_protocol(cfg, str(tmp_path / "exp"), log=lines.append)
+    assert not any("feature cache" in str(line) for line in lines)
+    assert {n: v["per_seed"] for n, v in again["variants"].items()} == per_seed
+
+
+@pytest.mark.slow
+def test_shard_builds_then_a_run_finds_the_caches(tmp_path):
+    cfg = cached_config(seeds=[0])
+    folder = str(tmp_path / "exp")
+    assert xml_vs_gap.build_feature_caches(cfg, folder, rank=1, world_size=2, log=lambda *a: None) is False
+    assert xml_vs_gap.build_feature_caches(cfg, folder, rank=0, world_size=2, log=lambda *a: None) is True
+    lines = []
+    xml_vs_gap.run(cfg, folder, log=lines.append)
+    assert not any("feature cache" in str(line) for line in lines)

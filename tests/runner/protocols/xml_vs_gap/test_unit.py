@@ -4,6 +4,7 @@ import tempfile
 import unittest
 from unittest import mock
 
+import pytest
 import torch
 
 from pml_extensions.cli.job import load_job_config
@@ -105,3 +106,17 @@ class TestSelection(unittest.TestCase):
             train.validation_split(labels, 1.5, seed=0)
         with self.assertRaisesRegex(Exception, "each side needs at least 2"):
             train.validation_split([0, 1, 2], 0.25, seed=0)
+
+
+def test_load_models_builds_no_losses(tmp_path):
+    """A ProxyAnchorLoss left to get num_classes and embedding_size from the run (as the xml_cached configs do)
+    cannot be built without them; loading a unit's weights needs no loss."""
+    cfg = variant(tiny_config(), "proxy_anchor_gap")
+    cfg["loss_funcs"] = {"metric_loss": {"ProxyAnchorLoss": {"margin": 0.1, "alpha": 32}}}
+    with pytest.raises(Exception, match="num_classes"):
+        train.build_models({**cfg, "prototype_init": None}, 0, torch.device("cpu"))
+    models = train.build_models(cfg, 3, torch.device("cpu"), losses=False)
+    assert models["loss_funcs"] == {} and models["frozen"] is None
+    torch.save({k: models[k].state_dict() for k in ("trunk", "embedder")}, str(tmp_path / "best_models.pth"))
+    loaded = train.load_models(cfg, str(tmp_path), torch.device("cpu"))
+    assert torch.equal(loaded["embedder"].weight, models["embedder"].weight)
