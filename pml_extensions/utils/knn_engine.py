@@ -1,67 +1,209 @@
-"""Exact k nearest neighbours by blocked matrix products: the k-NN engine of the accuracy calculators.
+"""Exact k nearest neighbours at the hardware floor: the k-NN engine of the accuracy calculators.
 
-For a block of ``b`` queries the engine computes one ``[b, M]`` score matrix against all ``M`` references (one
-matmul, into a buffer reused from block to block), removes each query's own reference row BY INDEX, selects
-``k + 1`` candidates with ``torch.topk`` (no ordering), and orders only those. Nothing larger than ``[b, M]`` or
-``[b, k]`` is ever built, and ``b`` follows from a memory budget, so the caller never holds an ``[N, k]`` tensor
-for the whole set (the accuracy calculators reduce each block to per-query numbers before the next one).
+**What "exact" means.** Query i and reference j are compared by the score ``d_ij = w·|r_j|² − s·q_i·r_j``
+(euclidean: ``w = 1, s = 2``, the squared distance minus the per-query constant ``|q_i|²``; inner product:
+``w = 0, s = 1``); smaller is nearer. The engine returns the ranking of these scores evaluated in float64 from the
+(float32) embeddings (each product of two float32 numbers is exact in float64; the D products are summed in
+float64), equal float64 scores ordered by increasing reference index: the ranking of a float64 brute force, finer
+than any float32 ranking (whose order of near-ties within ~1e-7 depends on the GEMM kernel). Every cheaper score
+computed before that only *proposes* or *orders* candidates within a proven error bound.
 
-Tie rule (the same everywhere): neighbours are ordered by distance, and equal distances by increasing reference
-index. The engine sorts 64-bit keys ``(float32 score bits, reference index)``, so the rule holds exactly for the
-scores as computed in float32, also across the k-th/(k+1)-th boundary (a row whose boundary is tied is re-ranked
-on all its references). Ranking is done in float32, as PML's stock calculator (which casts embeddings to float32).
+**Threshold method** (self-retrieval and k up to a few thousand; one engine on CPU and CUDA):
+
+1. *Score tiles.* Queries and references (references sorted by norm, so a tile's norm range is narrow) are cut into
+   tiles of ``B`` rows; each ``[B, B]`` tile of dot products ``p̃`` is one GEMM, in bfloat16 where this device's
+   bfloat16 GEMM is measurably faster (:func:`low_precision_speedup`, measured once per device and cached;
+   ``low_precision`` forces it on or off), else in float32. Self-retrieval (reference set = query set, own row
+   excluded) computes the upper block triangle only: tile ``(I, J)`` serves the rows of ``I`` (neighbours in ``J``)
+   and the rows of ``J`` (neighbours in ``I``); the diagonal tiles come first.
+2. *Select by threshold, not by sort.* Each query holds ``U``, a proven upper bound on its exact k-th smallest score
+   ``t``: from its first tile (the k-th largest ``p̃`` plus its bound), then from its candidates (the k-th smallest
+   float32 score plus the float32 bound). A tile proposes, per query, every reference with ``p̃ ≥ (w·n_lo − U)/s −
+   E`` (``n_lo`` the tile's smallest ``|r|²``, ``E`` the proposal bound); the test is one vectorised comparison of
+   the tile with a threshold per row (and per column in the symmetric case; on the CPU NumPy compares the raw
+   bfloat16 bits as int16) and one ``flatnonzero``. No row is sorted and no ``topk`` runs.
+3. *Re-score.* Proposed pairs get float32 dot products (``torch.sparse.sampled_addmm`` on the tile's rows, which are
+   in cache) and are kept when ``d32 ≤ U + Δ32``; a query's buffer (``1.5·k + 32`` candidates) is pruned when full,
+   which tightens ``U``.
+4. *Rank exactly.* Candidates are sorted by int64 keys ``(d32, index)`` (NumPy's vectorised sort on the CPU).
+   Neighbours whose float32 scores lie within ``2·Δ32`` of each other form chains whose order float32 cannot
+   certify; those, and the chain across the k-th/(k+1)-th boundary, are re-scored in float64 and reordered.
+
+**Rows method.** When ``k`` is a large fraction of the references (``16·k·(1 + ln(M/B)) > M``, e.g. 6 classes),
+proposing saves little: a block of queries is scored against all references in one float32 GEMM, an upper bound
+of each row's k-th score is the k-th smallest of the minima over groups of columns (a NumPy partition of ``M/g``
+values), every ``d32 ≤ bound + 2·Δ32`` is a candidate, and step 4 ranks them.
+
+**Error bounds** (``u`` = unit roundoff, ``γ_n(v) = n·v/(1 − n·v)``; Higham, *Accuracy and Stability of Numerical
+Algorithms*, 2nd ed., Sec. 3.1):
+
+- bfloat16 proposal pass. The inputs are rounded to nearest: ``q̂_d = q_d(1 + α_d)``, ``|α_d| ≤ u = 2⁻⁸``; the
+  product of two bfloat16 numbers (8 significant bits each) is exact in float32; the GEMM adds the D products in
+  float32 in an unknown order, bounded for any summation tree by ``γ_D(v)·Σ|q̂_d r̂_d|`` (``v = 2⁻²⁴``; ``2⁻²³``
+  on CUDA, whose tensor cores may truncate); the sum is stored in bfloat16 (``u_out = 2⁻⁸``; CUDA: float32, as
+  ``torch.mm`` returns it). Hence ``|p̃ − p| ≤ [(1 + u)²(1 + γ_D(v))(1 + u_out) − 1]·Σ|q_d r_d| ≤ c·|q|·|r|``
+  (Cauchy–Schwarz), ``c = 0.011726`` for D = 128 on the CPU (:func:`pass_error_bound`). Subnormals flushed to zero
+  (AVX512-BF16, tensor cores) move each input or partial sum by < 2⁻¹²⁶: ``η = 2D·2⁻¹²⁶(1 + |q|)(1 + |r|)``
+  covers them. float64 inputs add one rounding to float32 per entry (``(1 + 2⁻²⁴)²`` more).
+- float32 scores (re-scoring, float32 tiles, the rows method): ``|p32 − p| ≤ γ_D(2⁻²⁴)·|q|·|r|`` in any order
+  (Higham eq. 3.5); ``|r|²`` in float32 and ``w·|r|² − s·p32`` add at most 4 roundings:
+  ``|d32 − d| ≤ Δ32 = γ_{D+4}(2⁻²⁴)·(w·|r|²_max + s·|q|·|r|_max) + s·η``, per query.
+- Proposal rule. ``d ≤ t ≤ U`` implies ``p ≥ (w·|r|² − U)/s ≥ (w·n_lo − U)/s`` and ``p̃ ≥ p − E``, so every true
+  neighbour, and every reference tied with the k-th, is proposed. ``k`` candidates with ``d32 ≤ x`` prove
+  ``t ≤ x + Δ32``; a candidate with ``d32 > U + Δ32`` has ``d > U ≥ t`` and is dropped safely. Threshold
+  arithmetic carries a relative slack of 2⁻²⁰, which covers its own rounding.
+- Ranking. Sorted by ``d32``, neighbours more than ``2·Δ32`` apart are in their exact order; only closer chains are
+  re-scored in float64.
+- Certification. The bound is checked on every re-scored pair (``|p32 − p̃| ≤ E + γ_D·|q|·|r|``). A query whose
+  proposal score broke it, whose embeddings could overflow float32 products, or whose candidates within the
+  bounds do not fit its buffer (e.g. more than ``1.5·k + 32`` references within ``2·Δ32`` of its k-th score) is
+  *not certified* and is redone exactly: float64 scores against every reference, stably sorted.
+
+Under ``torch.distributed`` the calculators give each rank its share of query blocks (``knn_metrics``); the
+symmetric sweep is used within a process when its queries are at least half of the reference rows.
 """
 
-from typing import Optional, Tuple, Union
+import math
+import time
+from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
 
-_LOW32 = 0xFFFFFFFF
-_INT64_MAX = torch.iinfo(torch.int64).max
+from .knn_selection import (
+    INT64_MAX,
+    LOW32,
+    SLACK,
+    Geometry,
+    ThresholdSweep,
+    exact_scores,
+    gamma,
+    kth_smallest_rows,
+    ops_for,
+    ordered_keys,
+    rank_exact,
+    sort_rows,
+    up32,
+)
+
+_TILE_MAX = 4096
+_SPEEDUP: Dict[Tuple[str, Optional[int]], float] = {}
+
+# the previous engine's private names, kept for code that imported them
+_ordered_keys = ordered_keys
+_LOW32, _INT64_MAX = LOW32, INT64_MAX
 
 
-def _ordered_keys(scores: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """int64 keys that sort like ``(scores, columns)``: float32 bits mapped to an order-preserving int32."""
-    bits = (scores.to(torch.float32) + 0.0).contiguous().view(torch.int32)  # + 0.0 turns -0.0 into +0.0
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (ordered.long() << 32) | columns
+def pass_error_bound(dim: int, device_type: str = "cpu", low_precision: bool = True) -> float:
+    """Relative bound ``c`` of the proposal pass: ``|p̃ − q·r| ≤ c·|q|·|r| + η`` for every pair (module doc).
+
+    Args:
+        dim: embedding dimension D.
+        device_type: ``"cpu"`` (bfloat16 output, float32 accumulation rounded to nearest) or another torch device
+            type (float32 output; the accumulation may truncate, ``v = 2⁻²³``).
+        low_precision: True for the bfloat16 pass, False for a float32 pass (``γ_D(2⁻²⁴)``).
+
+    Returns:
+        ``c`` as a Python float (``η = 2D·2⁻¹²⁶(1 + |q|)(1 + |r|)`` is added separately).
+
+    Example:
+        >>> round(pass_error_bound(128), 6)
+        0.011726
+    """
+    if not low_precision:
+        return gamma(dim, 2.0**-24)
+    u = 2.0**-8
+    v = 2.0**-24 if device_type == "cpu" else 2.0**-23
+    u_out = u if device_type == "cpu" else 2.0**-24
+    return (1 + u) ** 2 * (1 + gamma(dim, v)) * (1 + u_out) - 1
+
+
+def low_precision_speedup(device: torch.device) -> float:
+    """Time of a float32 GEMM ÷ time of the same GEMM in bfloat16 on ``device`` ([1024, 128]·[128, 4096], best of
+    3), measured once per device and cached; 0 where bfloat16 matrix products fail. The engine uses the bfloat16
+    proposal pass by default only where this is at least 1.5 (it never changes results, only speed).
+
+    Example:
+        >>> low_precision_speedup(torch.device("cpu")) >= 0
+        True
+    """
+    key = (device.type, device.index)
+    if key not in _SPEEDUP:
+        try:
+            a = torch.full((1024, 128), 0.5, device=device)
+            b = torch.full((4096, 128), 0.25, device=device)
+
+            def best(x, y):
+                out = torch.mm(x, y.T)
+                times = []
+                for _ in range(3):
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    t = time.perf_counter()
+                    torch.mm(x, y.T, out=out)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    times.append(time.perf_counter() - t)
+                return min(times)
+
+            t32 = best(a, b)
+            t16 = best(a.to(torch.bfloat16), b.to(torch.bfloat16))
+            _SPEEDUP[key] = t32 / max(t16, 1e-9)
+        except RuntimeError:
+            _SPEEDUP[key] = 0.0
+    return _SPEEDUP[key]
 
 
 class BlockedKNN:
-    """Exact k-NN by blocked matmul + ``topk``; also a PML ``knn_func``:
-    ``knn(query, k, reference, ref_includes_query)``.
+    """Exact k-NN with a memory budget (see the module doc for the method and its error bounds); also a PML
+    ``knn_func``: ``knn(query, k, reference, ref_includes_query)``.
 
     Args:
         distance: ``"euclidean"`` (default; squared L2 ``|q|² + |r|² − 2 q·r`` ranks the same as PML's default
             ``FaissKNN``, an ``IndexFlatL2``), ``"inner_product"`` (larger is nearer, as ``faiss.IndexFlatIP``), or a
             PML distance object: ``LpDistance(p=2)`` -> euclidean, ``DotProductSimilarity`` / ``CosineSimilarity``
             -> inner product; its ``normalize_embeddings`` is honoured (L2-normalised rows first).
-        memory_budget: bytes for one block's temporaries (score matrix, candidates, per-query metric rows);
-            default 512 MiB. The block size is ``budget // (4·M + 144·(k + 1))`` rows (the score row, and ~144
-            bytes of candidates, keys and metric rows per neighbour), at least 1; rows whose k-th and (k+1)-th
-            scores tie are re-ranked in chunks of at most ``budget // (16·M)`` rows, so the peak of the temporaries
-            stays below twice the budget.
-        block_size: fixed number of query rows per block instead (optional, positive int).
+        memory_budget: bytes for the engine's temporaries (default 512 MiB): half for score tiles, half for the
+            candidate buffers of the queries in flight (8 bytes per candidate, ``1.5·k + 32`` per query; a
+            self-retrieval sweep whose buffers do not fit runs in groups of rows); the rows method takes blocks
+            of ``budget // (4·M + 144·(k + 1))`` query rows. The peak stays below twice the budget.
+        block_size: fixed number of query rows per block (optional, positive int); also the tile size of the
+            threshold method when ``block_size ≥ 2k + 2``.
+        low_precision: None (default) = the bfloat16 proposal pass where :func:`low_precision_speedup` is at
+            least 1.5; True / False force it on / off. The results are identical either way.
+        method: ``"auto"`` (default), ``"threshold"`` or ``"rows"`` (module doc); ``"auto"`` takes the threshold
+            method when ``16·k·(1 + ln(M/B)) ≤ M`` and a tile fits ``k``.
+        symmetric: use the symmetry of self-retrieval (default True).
 
-    ``search(query [b, D], k, reference [M, D], self_indices [b] long = None, return_distances=False)`` returns
-    ``(indices [b, k] int64, distances [b, k] or None)``: squared L2 distances (euclidean) or similarities (inner
-    product), in the float32 of the ranking. ``self_indices[i]`` is the reference row removed for query i.
-    ``__call__(query [N, D], k, reference=None, ref_includes_query=False)`` is PML's ``knn_func`` interface and returns
-    ``(distances [N, k], indices [N, k])``, with row i of the reference removed for query i when
-    ``ref_includes_query`` (the queries are the first rows of the reference, PML's layout).
+    ``blocks(query, k, reference, self_indices=None, rows=None, return_distances=False)`` (inputs from
+    :meth:`prepare`) yields ``(positions [b] int64, indices [b, k] int64, distances [b, k] or None)`` for the query
+    rows ``rows`` (default all; ``positions`` index into ``rows``), query q's own reference ``self_indices[q]``
+    removed. ``search(query [b, D], k, reference [M, D], self_indices [b] = None, return_distances=False)`` returns
+    ``(indices [b, k], distances [b, k] or None)`` for every query. ``__call__(query [N, D], k, reference=None,
+    ref_includes_query=False)`` is PML's ``knn_func`` interface and returns ``(distances [N, k], indices [N, k])``,
+    row i of the reference removed for query i when ``ref_includes_query`` (the queries are the first rows of the
+    reference, PML's layout). Distances are squared L2 (euclidean) or similarities (inner product), in the
+    embeddings' float dtype.
+
+    After a search, ``stage_seconds`` holds the time per stage (``gemm``, ``selection``, ``rescore``, ``rank``; on
+    CUDA synchronised only when ``profile_stages`` is True) and ``last_plan`` what was done (method, tile,
+    precision, symmetric, proposals, float64 re-scores, queries redone exactly).
 
     k must lie in ``[1, available references]``; the calculators clamp it first (see their docs).
     Runs on the inputs' device (never moves them to another device).
 
     Raises:
-        ValueError: unknown ``distance``, non-positive ``memory_budget``/``block_size``, k out of range, embeddings
-            that are not finite or not ``[n, D]`` with one D, more than 2³² references.
+        ValueError: unknown ``distance`` or ``method``, bad ``memory_budget``/``block_size``/``low_precision``,
+            k out of range, embeddings that are not finite or not ``[n, D]`` with one D, more than 2³² references.
 
     Example:
         >>> knn = BlockedKNN()
         >>> x = torch.tensor([[0.0], [1.0], [3.0]])
         >>> knn(x, 1, x, ref_includes_query=True)[1].flatten().tolist()
         [1, 0, 1]
+        >>> y = torch.randn(300, 8, generator=torch.Generator().manual_seed(0))
+        >>> fast = BlockedKNN(method="threshold", low_precision=True, block_size=64)
+        >>> torch.equal(fast(y, 5, y, True)[1], BlockedKNN(method="rows", low_precision=False)(y, 5, y, True)[1])
+        True
     """
 
     def __init__(
@@ -69,6 +211,9 @@ class BlockedKNN:
         distance: Union[str, object, None] = None,
         memory_budget: int = 512 * 2**20,
         block_size: Optional[int] = None,
+        low_precision: Optional[bool] = None,
+        method: str = "auto",
+        symmetric: bool = True,
     ):
         self.inner_product, self.normalize = self._parse_distance(distance)
         if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
@@ -77,7 +222,17 @@ class BlockedKNN:
             isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
         ):
             raise ValueError(f"block_size must be None or a positive int, got {block_size!r}")
+        if low_precision not in (None, True, False):
+            raise ValueError(f"low_precision must be None, True or False, got {low_precision!r}")
+        if method not in ("auto", "threshold", "rows"):
+            raise ValueError(f"method must be 'auto', 'threshold' or 'rows', got {method!r}")
         self.memory_budget, self.fixed_block_size = memory_budget, block_size
+        self.low_precision, self.method, self.symmetric = low_precision, method, bool(symmetric)
+        self.profile_stages = False
+        self.stage_seconds: Dict[str, float] = {}
+        self.last_plan: Dict[str, object] = {}
+        self._device = torch.device("cpu")
+        self._force_torch_ops = False  # tests: run the device-generic torch path on the CPU
 
     @staticmethod
     def _parse_distance(distance) -> Tuple[bool, bool]:
@@ -95,40 +250,129 @@ class BlockedKNN:
             f"CosineSimilarity, got {distance!r}"
         )
 
+    # ------------------------------------------------------------------------------------------ sizes and plan
     def block_size(self, num_references: int, k: int) -> int:
-        """Query rows per block for ``num_references`` references and ``k`` neighbours."""
+        """Query rows per block of the rows method for ``num_references`` references and ``k`` neighbours."""
         if self.fixed_block_size is not None:
             return self.fixed_block_size
         return max(1, self.memory_budget // (4 * num_references + 144 * (k + 1)))
+
+    def tile_size(self, num_rows: int, k: int, low_precision: bool) -> int:
+        """Rows per tile of the threshold method (at most 4096): the tile and its per-tile arrays take at most half
+        the budget; 0 when no tile holds ``2k + 2`` rows."""
+        if self.fixed_block_size is not None:
+            t = self.fixed_block_size
+        else:
+            per = (2 if low_precision else 4) + 4  # the tile, two masks, a seed tile's order-preserving copy
+            t = min(_TILE_MAX, int(math.isqrt(max(1, self.memory_budget // (2 * per)))))
+        t = min(t, 2**16, num_rows)  # local row ids are radix-sorted as uint16
+        return t if t >= 2 * k + 2 else 0
+
+    @staticmethod
+    def capacity(k: int) -> int:
+        """Candidates buffered per query by the threshold method."""
+        return k + k // 2 + 32
+
+    def _choose(self, n_ref: int, k: int, low_precision: bool) -> Tuple[str, int]:
+        tile = self.tile_size(n_ref, k, low_precision)
+        if self.method == "threshold" and tile == 0:
+            raise ValueError(
+                f"method='threshold' needs tiles of at least 2k + 2 = {2 * k + 2} rows; got block_size "
+                f"{self.fixed_block_size} and {n_ref} references"
+            )
+        if self.method == "rows" or tile == 0:
+            return "rows", 0
+        if self.method == "threshold":
+            return "threshold", tile
+        expected = k * (1 + math.log(max(1.0, n_ref / tile)))
+        return ("threshold", tile) if 16 * expected <= n_ref else ("rows", 0)
 
     def prepare(self, embeddings: torch.Tensor, name: str) -> torch.Tensor:
         """float32 (or float64) ``[n, D]`` copy of ``embeddings``, L2-normalised if the distance asks for it."""
         if not isinstance(embeddings, torch.Tensor) or embeddings.ndim != 2:
             raise ValueError(f"{name} must be a 2-D tensor [n, D], got {getattr(embeddings, 'shape', embeddings)}")
-        x = embeddings.to(torch.promote_types(embeddings.dtype, torch.float32))
+        x = embeddings.detach().to(torch.promote_types(embeddings.dtype, torch.float32))
         if not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name} contains NaN or infinite values")
         return torch.nn.functional.normalize(x, dim=1) if self.normalize else x
 
-    def _scores(self, query, reference, sq=None, out=None) -> torch.Tensor:
-        """Ascending float32 scores ``[b, M]`` in one GEMM: ``|r|² − 2 q·r`` (squared distance minus ``|q|²``) or
-        ``−q·r``; written into ``out[:b]`` when given (a buffer reused over the blocks: allocating a fresh
-        ``[b, M]`` tensor per block costs its page faults every time, measured 1.3-2× the GEMM on 2 cores)."""
-        b = len(query)
-        if out is None:
-            out = torch.empty(b, reference.shape[0], dtype=query.dtype, device=query.device)
-        scores = out[:b]
-        if self.inner_product:
-            torch.mm(query, reference.T, out=scores)
-            scores.neg_()
-        else:
-            sq = (reference * reference).sum(1) if sq is None else sq
-            torch.addmm(sq, query, reference.T, beta=1, alpha=-2, out=scores)
-        return scores.to(torch.float32)
-
     def score_buffer(self, rows: int, reference: torch.Tensor) -> torch.Tensor:
-        """An uninitialised ``[rows, M]`` buffer for :meth:`search`'s ``out`` (``reference``'s dtype and device)."""
-        return torch.empty(rows, reference.shape[0], dtype=reference.dtype, device=reference.device)
+        """An uninitialised float32 ``[rows, M]`` buffer for the rows method (``reference``'s device)."""
+        return torch.empty(rows, reference.shape[0], dtype=torch.float32, device=reference.device)
+
+    def _tick(self, stage: str, t0: float) -> float:
+        if self.profile_stages and self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        t = time.perf_counter()
+        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + t - t0
+        return t
+
+    # ---------------------------------------------------------------------------------------------- public API
+    def blocks(
+        self,
+        query: torch.Tensor,
+        k: int,
+        reference: torch.Tensor,
+        self_indices: Optional[torch.Tensor] = None,
+        rows: Optional[torch.Tensor] = None,
+        return_distances: bool = False,
+        out: Optional[torch.Tensor] = None,
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
+        """k nearest references of the query rows ``rows``, block by block (see the class doc); ``out``: an
+        optional :meth:`score_buffer` for the rows method."""
+        m, n, dev = reference.shape[0], query.shape[0], query.device
+        if m >= 2**32:
+            raise ValueError(f"at most 2**32 references are supported, got {m}")
+        if query.shape[1] != reference.shape[1]:
+            raise ValueError(f"query has D={query.shape[1]} but reference has D={reference.shape[1]}")
+        available = m - (self_indices is not None)
+        if not 1 <= k <= available:
+            raise ValueError(f"k must lie in [1, {available}] (available references), got {k}")
+        rows = torch.arange(n, device=dev) if rows is None else rows.to(dev)
+        self._device, self.stage_seconds = dev, {}
+        if len(rows) == 0:
+            return
+        if self_indices is not None:
+            self_indices = self_indices.to(dev)
+        symmetric = (
+            self.symmetric
+            and self_indices is not None
+            and n == m
+            and 2 * len(rows) >= n
+            and torch.equal(self_indices, torch.arange(n, device=dev))
+            and (query is reference or torch.equal(query, reference))
+        )
+        scale = float(torch.linalg.vector_norm(reference, dim=1).max())
+        qscale = float(torch.linalg.vector_norm(query, dim=1).max())
+        certifiable = (scale + 1) * (qscale + 1) < 2.0**100  # float32 products cannot overflow
+        lp = self.low_precision
+        if lp is None:
+            lp = query.shape[1] >= 16 and low_precision_speedup(dev) >= 1.5
+        method, tile = self._choose(m, k, bool(lp))
+        if not certifiable:
+            method, tile = "rows", 0
+        lp = bool(lp) and method == "threshold"
+        c_lp = pass_error_bound(query.shape[1], dev.type, True)
+        if query.dtype != torch.float32:
+            c_lp = (1 + c_lp) * (1 + 2.0**-24) ** 2 - 1
+        geo = Geometry(
+            query, query if symmetric else reference, self.inner_product, lp, c_lp, symmetric, method == "threshold"
+        )
+        self.last_plan = dict(
+            method=method,
+            tile=tile,
+            low_precision=lp,
+            symmetric=symmetric and method == "threshold",
+            proposals=0,
+            float64_rescored=0,
+            redone_exactly=0,
+        )
+        if method == "rows":
+            yield from self._rows_method(geo, k, rows, self_indices, return_distances, out, certifiable)
+        elif symmetric:
+            yield from self._symmetric(geo, k, rows, tile, return_distances)
+        else:
+            yield from self._asymmetric(geo, k, rows, self_indices, tile, return_distances)
 
     def search(
         self,
@@ -141,49 +385,17 @@ class BlockedKNN:
         out=None,
     ):
         """k nearest references of each query row (see the class doc). Inputs must come from :meth:`prepare`;
-        ``out``: an optional :meth:`score_buffer` with at least ``b`` rows, reused from block to block (its contents
-        are overwritten)."""
-        m = reference.shape[0]
-        if m >= 2**32:
-            raise ValueError(f"at most 2**32 references are supported, got {m}")
-        if query.shape[1] != reference.shape[1]:
-            raise ValueError(f"query has D={query.shape[1]} but reference has D={reference.shape[1]}")
-        available = m - (self_indices is not None)
-        if not 1 <= k <= available:
-            raise ValueError(f"k must lie in [1, {available}] (available references), got {k}")
-        scores = self._scores(query, reference, reference_sq_norms, out)
-        rows = torch.arange(len(query), device=query.device)
-        if self_indices is not None:
-            scores[rows, self_indices] = float("inf")
-        # k + 1 candidates (unordered), ordered on exact (score, index) keys; a row whose k-th and (k+1)-th
-        # scores tie is re-ranked on keys over all its references, so the rule holds across the boundary too
-        columns = torch.arange(m, device=query.device)
-        if k < available:
-            cand_scores, cand_idx = scores.topk(k + 1, dim=1, largest=False, sorted=False)
-            keys = _ordered_keys(cand_scores, cand_idx).sort(dim=1).values
-            tied = (keys[:, k - 1] >> 32) == (keys[:, k] >> 32)
-            keys = keys[:, :k]
-            tied_rows = tied.nonzero().flatten()
-            chunk = max(1, self.memory_budget // (16 * m))
-            for r in tied_rows.split(chunk):
-                full = _ordered_keys(scores[r], columns)
-                if self_indices is not None:
-                    full[torch.arange(len(r), device=r.device), self_indices[r]] = _INT64_MAX
-                keys[r] = full.topk(k, dim=1, largest=False, sorted=True).values
-        else:
-            keys = _ordered_keys(scores, columns)
-            if self_indices is not None:
-                keys[rows, self_indices] = _INT64_MAX
-            keys = keys.sort(dim=1).values[:, :k]
-        indices = keys & _LOW32
-        if not return_distances:
-            return indices, None
-        dist = scores.gather(1, indices)
-        if self.inner_product:
-            dist = -dist
-        else:
-            dist = (dist + (query * query).sum(1, keepdim=True).to(torch.float32)).clamp_(min=0)
-        return indices, dist
+        ``out``: an optional :meth:`score_buffer` for the rows method; ``reference_sq_norms`` is accepted for
+        compatibility and not needed (the engine computes the norms it bounds)."""
+        del reference_sq_norms
+        b = len(query)
+        idx = torch.empty(b, k, dtype=torch.long, device=query.device)
+        dist = torch.empty(b, k, dtype=query.dtype, device=query.device) if return_distances else None
+        for pos, i, d in self.blocks(query, k, reference, self_indices, None, return_distances, out):
+            idx[pos] = i
+            if return_distances:
+                dist[pos] = d
+        return idx, dist
 
     def __call__(self, query, k, reference=None, ref_includes_query=False):
         query = self.prepare(query, "query")
@@ -191,16 +403,133 @@ class BlockedKNN:
         n = len(query)
         if ref_includes_query and n > len(reference):
             raise ValueError("ref_includes_query=True needs the queries as the first rows of the reference")
-        sq = (reference * reference).sum(1)
-        bs = min(self.block_size(len(reference), k), max(n, 1))
-        buffer = self.score_buffer(bs, reference)
-        dists, idxs = [], []
-        for start in range(0, n, bs):
-            stop = min(start + bs, n)
-            own = torch.arange(start, stop, device=query.device) if ref_includes_query else None
-            i, d = self.search(query[start:stop], k, reference, own, True, sq, buffer)
-            idxs.append(i)
-            dists.append(d)
-        if not idxs:
+        if n == 0:
             return query.new_zeros(0, k), torch.zeros(0, k, dtype=torch.long, device=query.device)
-        return torch.cat(dists), torch.cat(idxs)
+        own = torch.arange(n, device=query.device) if ref_includes_query else None
+        idx, dist = self.search(query, k, reference, own, True)
+        return dist, idx
+
+    # ---------------------------------------------------------------------------------------------- methods
+    def _rows_method(self, geo, k, rows, self_indices, return_distances, out, certifiable):
+        m = geo.r.shape[0]
+        bs = min(self.block_size(m, k), len(rows))
+        if out is None or out.shape[0] < bs or out.shape[1] != m or out.dtype != torch.float32:
+            out = torch.empty(bs, m, dtype=torch.float32, device=geo.device)
+        cap = 4 * k + 4096  # candidates beyond this many per query: that query is ranked exactly
+        ops = ops_for(geo.device, self._force_torch_ops)
+        g = max(1, min(16, (m - 1) // (2 * k)))  # groups of g columns; at least 2k groups
+        groups = m // g
+        for start in range(0, len(rows), bs):
+            t0 = time.perf_counter()
+            blk = rows[start : start + bs]
+            b = len(blk)
+            d = out[:b]
+            if geo.w:
+                torch.addmm(geo.rsq, geo.q32[blk], geo.r32.T, beta=1, alpha=-2, out=d)
+            else:
+                torch.mm(geo.q32[blk], geo.r32.T, out=d)
+                d.neg_()
+            own = self_indices[blk] if self_indices is not None else None
+            if own is not None:
+                d[torch.arange(b, device=geo.device), own] = math.inf
+            t0 = self._tick("gemm", t0)
+            failed = torch.isfinite(d).sum(1) < m - (own is not None)
+            if not certifiable:
+                failed[:] = True
+            mins = d[:, : g * groups].view(b, g, groups).amin(1) if g > 1 else d.clone()
+            kth = kth_smallest_rows(mins, k).to(geo.device).to(torch.float64)
+            delta = geo.delta32[blk]
+            limit = up32(kth + 2 * delta * (1 + SLACK) + SLACK * kth.abs())
+            mask = d <= limit[:, None]
+            counts = mask.sum(1)
+            failed |= counts > cap
+            if bool(failed.any()):
+                mask[failed] = False
+                counts[failed] = 0
+            flat = ops.tensor(ops.nonzero(ops.arr(mask)))
+            r, c = flat // m, flat % m
+            keys = ordered_keys(d.view(-1)[flat], c)
+            width = max(int(counts.max()), k)
+            packed = torch.full((b, width), INT64_MAX, dtype=torch.long, device=geo.device)
+            starts = torch.cumsum(counts, 0) - counts
+            packed[r, torch.arange(len(flat), device=geo.device) - starts[r]] = keys
+            packed = sort_rows(packed)
+            t0 = self._tick("selection", t0)
+            a = ops.arr
+            idx, dist = self._rank(geo, a(packed), a(counts), blk, own, k, a(failed), return_distances, ops)
+            self._tick("rank", t0)
+            yield torch.arange(start, start + b, device=geo.device), idx, dist
+
+    def _sweep(self, geo, k, tile):
+        return ThresholdSweep(geo, k, tile, self.capacity(k), self._tick, ops_for(geo.device, self._force_torch_ops))
+
+    def _asymmetric(self, geo, k, rows, self_indices, tile, return_distances):
+        sweep = self._sweep(geo, k, tile)
+        own = None if self_indices is None else self_indices[rows]
+        own_t = own if own is None or geo.inv is None else geo.inv[own]  # in tile (norm-sorted) coordinates
+        for st, start in sweep.asymmetric(rows, own_t):
+            blk = rows[start : start + tile]
+            local = sweep.ops.arr(torch.arange(len(blk), device=geo.device))
+            own_b = None if own is None else own[start : start + tile]
+            idx, dist = self._finish(geo, st, local, blk, own_b, k, return_distances, sweep)
+            yield torch.arange(start, start + len(blk), device=geo.device), idx, dist
+
+    def _symmetric(self, geo, k, rows, tile, return_distances):
+        n = geo.q.shape[0]
+        sweep = self._sweep(geo, k, tile)
+        group_rows = max(tile, (self.memory_budget // 2) // (8 * self.capacity(k) + 64))
+        wanted = torch.zeros(n, dtype=torch.bool, device=geo.device)
+        wanted[rows] = True
+        position = torch.full((n,), -1, dtype=torch.long, device=geo.device)
+        position[rows] = torch.arange(len(rows), device=geo.device)
+        orig = geo.ref_ids(torch.arange(n, device=geo.device))  # tile coordinate -> original row
+        for st, local, lo in sweep.symmetric(wanted[orig], group_rows):
+            for s0 in range(0, len(local), tile):
+                loc = local[s0 : s0 + tile]
+                q = orig[sweep.ops.tensor(loc) + lo]
+                idx, dist = self._finish(geo, st, loc, q, q, k, return_distances, sweep)
+                yield position[q], idx, dist
+
+    # ---------------------------------------------------------------------------------------------- ranking
+    def _finish(self, geo, st, local, qrows, own, k, return_distances, sweep):
+        t0 = time.perf_counter()
+        keys, counts, failed = st.export(local)
+        t0 = self._tick("selection", t0)
+        self.last_plan["proposals"] += sweep.proposals
+        sweep.proposals = 0
+        out = self._rank(geo, keys, counts, qrows, own, k, failed, return_distances, sweep.ops)
+        self._tick("rank", t0)
+        return out
+
+    def _rank(self, geo, keys, counts, qrows, own, k, failed, return_distances, ops):
+        """Exact top-k from sorted candidate keys (``ops`` arrays); uncertified queries redone exactly."""
+        idx, dist, failed, n64 = rank_exact(geo, keys, counts, failed, qrows, k, ops)
+        self.last_plan["float64_rescored"] += n64
+        idx, dist, failed = ops.tensor(idx), ops.tensor(dist), ops.tensor(failed)
+        bad = failed.nonzero().flatten()
+        if len(bad):
+            self.last_plan["redone_exactly"] += len(bad)
+            ei, ed = self._exact_rows(geo, qrows[bad], None if own is None else own[bad], k)
+            idx[bad], dist[bad] = ei, ed
+        if not return_distances:
+            return idx, None
+        if geo.w:
+            qsq = (geo.q.index_select(0, qrows).to(torch.float64) ** 2).sum(1, keepdim=True)
+            dist = (dist + qsq).clamp_(min=0)
+        else:
+            dist = -dist
+        return idx, dist.to(geo.q.dtype)
+
+    def _exact_rows(self, geo, qrows, own, k):
+        """float64 scores of queries ``qrows`` against every reference, stably sorted (ties by index)."""
+        m = geo.r.shape[0]
+        idx, dist = [], []
+        for i, q in enumerate(qrows.tolist()):
+            qq = geo.q[q]
+            scores = exact_scores(qq.expand(m, -1), geo.r, geo.w, geo.s)
+            if own is not None:
+                scores[own[i]] = math.inf
+            val, order = torch.sort(scores, stable=True)
+            idx.append(order[:k])
+            dist.append(val[:k])
+        return torch.stack(idx), torch.stack(dist)

@@ -1,0 +1,757 @@
+"""Selection machinery of the exact k-NN engine (:class:`~pml_extensions.utils.knn_engine.BlockedKNN`):
+order-preserving keys, float32 / float64 scores with their error bounds, per-query candidate buffers and the
+threshold sweep over score tiles. The method and the derivation of every bound used here are in the module
+docstring of :mod:`~pml_extensions.utils.knn_engine`; this module only implements them.
+
+The per-proposal bookkeeping runs through :class:`NumpyOps` on the CPU (NumPy views of the tensors, no copies: its
+compare, ``flatnonzero``, gathers and sorts cost a tenth of torch's per-op overhead on arrays of 10⁵-10⁶ entries)
+and through :class:`TorchOps` elsewhere; both implement the same few primitives, and tests run the torch path on
+the CPU too.
+"""
+
+import math
+import time
+import warnings
+from typing import Callable, Iterator, Optional, Tuple
+
+import numpy as np
+import torch
+
+LOW32 = 0xFFFFFFFF
+INT64_MAX = torch.iinfo(torch.int64).max
+SLACK = 2.0**-20  # relative slack of the threshold arithmetic (covers its own rounding)
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+def ordered_keys(scores: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """int64 keys that sort like ``(scores, columns)``: float32 bits mapped to an order-preserving int32."""
+    bits = (scores.to(torch.float32) + 0.0).contiguous().view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.long() << 32) | columns
+
+
+def key_scores(keys: torch.Tensor) -> torch.Tensor:
+    """float32 scores of :func:`ordered_keys` keys (the order-preserving map is its own inverse)."""
+    ordered = (keys >> 32).to(torch.int32)
+    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).view(torch.float32)
+
+
+def gamma(n: int, v: float) -> float:
+    """``γ_n = n·v / (1 − n·v)``: relative error bound of n roundings of unit ``v`` (Higham, eq. 3.8)."""
+    return n * v / (1 - n * v)
+
+
+def up32(t: torch.Tensor) -> torch.Tensor:
+    """The float32 values nearest at or above the float64 ``t``."""
+    r = t.to(torch.float32)
+    return torch.where(r.to(torch.float64) < t, torch.nextafter(r, torch.full_like(r, math.inf)), r)
+
+
+def down32(t: torch.Tensor) -> torch.Tensor:
+    """The float32 values nearest at or below the float64 ``t``."""
+    r = t.to(torch.float32)
+    return torch.where(r.to(torch.float64) > t, torch.nextafter(r, torch.full_like(r, -math.inf)), r)
+
+
+def bf16_floor(t: torch.Tensor) -> torch.Tensor:
+    """The bfloat16 values nearest at or below ``t`` (as bfloat16)."""
+    t = t.to(torch.float32)
+    b = t.to(torch.bfloat16)
+    bits = b.view(torch.int16)
+    # one bfloat16 step down: toward zero for positive values, away from zero for negative ones and ±0.0
+    down = torch.where(bits > 0, bits - 1, torch.where(bits == 0, torch.full_like(bits, -32767), bits + 1))
+    return torch.where(b.to(torch.float32) > t, down, bits).view(torch.bfloat16)
+
+
+def sort_rows(keys: torch.Tensor) -> torch.Tensor:
+    """Rows sorted ascending (NumPy's vectorised sort on the CPU: ~15x ``torch.sort`` there)."""
+    if keys.device.type == "cpu":
+        return torch.from_numpy(np.sort(keys.numpy(), axis=1))
+    return keys.sort(dim=1).values
+
+
+def kth_smallest_rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """k-th smallest value of each row (1-based k) of a float32 matrix; may reorder ``x`` in place."""
+    if x.device.type == "cpu":
+        a = x.numpy()
+        a.partition(k - 1, axis=1)
+        return torch.from_numpy(a[:, k - 1].copy())
+    return x.kthvalue(k, dim=1).values
+
+
+def kth_largest_rows(p: torch.Tensor, k: int) -> torch.Tensor:
+    """k-th largest value (float64) of each row of a bfloat16 or float32 score tile (``p`` is not modified)."""
+    n = p.shape[1]
+    if p.device.type != "cpu":
+        return p.to(torch.float32).topk(k, dim=1).values[:, -1].to(torch.float64)
+    if p.dtype == torch.bfloat16:  # partition the order-preserving int16 image of the bits
+        bits = p.view(torch.int16).numpy()
+        o = np.right_shift(bits, 15)
+        np.bitwise_and(o, 0x7FFF, out=o)
+        np.bitwise_xor(o, bits, out=o)
+        o.partition(n - k, axis=1)
+        kth = o[:, n - k].copy()
+        kth ^= (kth >> 15) & 0x7FFF
+        return torch.from_numpy(kth).view(torch.bfloat16).to(torch.float64)
+    a = p.numpy().copy()
+    a.partition(n - k, axis=1)
+    return torch.from_numpy(a[:, n - k].copy()).to(torch.float64)
+
+
+def exact_scores(q: torch.Tensor, r: torch.Tensor, w: int, s: int, chunk: int = 4096) -> torch.Tensor:
+    """float64 scores ``w·|r|² − s·q·r`` of row-aligned pairs ``q [P, D]``, ``r [P, D]`` (float32 or float64), in
+    chunks of ``chunk`` rows (small temporaries stay in cache); one reduction per row, so equal vectors give bitwise
+    equal scores."""
+    out = torch.empty(len(q), dtype=torch.float64, device=q.device)
+    for a in range(0, len(q), chunk):
+        q64, r64 = q[a : a + chunk].to(torch.float64), r[a : a + chunk].to(torch.float64)
+        dots = (q64 * r64).sum(1)
+        out[a : a + chunk] = (r64 * r64).sum(1) * w - dots * s if w else -dots * s
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ array ops
+class NumpyOps:
+    """The sweep's primitives on NumPy views of CPU tensors."""
+
+    @staticmethod
+    def arr(t: torch.Tensor):
+        return t.numpy()
+
+    @staticmethod
+    def tensor(a) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+    @staticmethod
+    def nonzero(mask):
+        return np.flatnonzero(mask)
+
+    @staticmethod
+    def bincount(x, n):
+        return np.bincount(x, minlength=n)
+
+    @staticmethod
+    def arange(n, like):
+        return np.arange(n, dtype=np.int64)
+
+    @staticmethod
+    def split(flat, ncols):
+        return np.divmod(flat, ncols)
+
+    @staticmethod
+    def bf16_values(p: torch.Tensor, flat):
+        """float32 values of a bfloat16 tile at flat positions."""
+        v = p.view(torch.int16).numpy().reshape(-1)[flat].astype(np.int32) << 16
+        return v.view(np.float32)
+
+    @staticmethod
+    def f32_values(p: torch.Tensor, flat):
+        return p.numpy().reshape(-1)[flat]
+
+    @staticmethod
+    def keys(d32, refs):
+        bits = (d32.astype(np.float32) + np.float32(0.0)).view(np.int32)
+        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        return (bits.astype(np.int64) << 32) | refs
+
+    @staticmethod
+    def group_order(ids):
+        return np.argsort(ids.astype(np.uint16), kind="stable")
+
+    @staticmethod
+    def decode(keys):
+        """float32 scores of int64 keys."""
+        o = (keys >> 32).astype(np.int32)
+        return (o ^ ((o >> 31) & 0x7FFFFFFF)).view(np.float32)
+
+    @staticmethod
+    def sort_rows(x):
+        return np.sort(x, axis=1)
+
+    @staticmethod
+    def kth_smallest(x, k):
+        """k-th smallest of each row (x is reordered in place)."""
+        x.partition(k - 1, axis=1)
+        return x[:, k - 1].copy()
+
+    @staticmethod
+    def up32(t):
+        r = t.astype(np.float32)
+        return np.where(r.astype(np.float64) < t, np.nextafter(r, np.float32(np.inf)), r)
+
+    @staticmethod
+    def full(shape, value, dtype, like):
+        return np.full(shape, value, dtype={torch.int64: np.int64, torch.float32: np.float32}[dtype])
+
+    @staticmethod
+    def f64(x):
+        return x.astype(np.float64)
+
+    @staticmethod
+    def cumsum(x):
+        return np.cumsum(x)
+
+    @staticmethod
+    def where(c, a, b):
+        return np.where(c, a, b)
+
+    @staticmethod
+    def first_true(mask):
+        return mask.argmax(1)
+
+    @staticmethod
+    def cumsum_rows(x):
+        return np.cumsum(x, axis=1)
+
+    @staticmethod
+    def lexsort(minor, middle, major):
+        return np.lexsort((minor, middle, major))
+
+    @staticmethod
+    def select(p: torch.Tensor, t_rows, t_cols, buffers):
+        """Flat indices of ``p ≥ t_rows[row]`` or ``p ≥ t_cols[col]`` (thresholds already rounded down to the
+        tile's dtype, as float32 tensors). bfloat16 tiles are compared as int16 bits, which order like the values
+        where the threshold is positive; rows/columns with a threshold ≤ 0 are compared as floats."""
+        nr, nc = p.shape
+        mask, other = (b.reshape(nr, nc) for b in buffers(nr * nc))
+        first = True
+        for t, axis in ((t_rows, 0), (t_cols, 1)):
+            if t is None:
+                continue
+            out = mask if first else other
+            if p.dtype == torch.bfloat16:
+                bits = t.to(torch.bfloat16).view(torch.int16)
+                fast = bits > 0
+                tb = torch.where(fast, bits, torch.full_like(bits, 32767)).numpy()
+                np.greater_equal(p.view(torch.int16).numpy(), tb[:, None] if axis == 0 else tb[None, :], out=out)
+                slow = (~fast).nonzero().flatten()
+                if len(slow):
+                    tv = t[slow]
+                    if axis == 0:
+                        out[slow.numpy()] = (p[slow].to(torch.float32) >= tv[:, None]).numpy()
+                    else:
+                        out[:, slow.numpy()] = (p[:, slow].to(torch.float32) >= tv[None, :]).numpy()
+            else:
+                tn = t.numpy()
+                np.greater_equal(p.numpy(), tn[:, None] if axis == 0 else tn[None, :], out=out)
+            if not first:
+                np.logical_or(mask, other, out=mask)
+            first = False
+        return np.flatnonzero(mask)
+
+
+class TorchOps:
+    """The same primitives on torch tensors (any device)."""
+
+    @staticmethod
+    def arr(t: torch.Tensor):
+        return t
+
+    @staticmethod
+    def tensor(a) -> torch.Tensor:
+        return a.contiguous()
+
+    @staticmethod
+    def nonzero(mask):
+        return mask.reshape(-1).nonzero().flatten()
+
+    @staticmethod
+    def bincount(x, n):
+        return torch.bincount(x, minlength=n)
+
+    @staticmethod
+    def arange(n, like):
+        return torch.arange(n, device=like.device)
+
+    @staticmethod
+    def split(flat, ncols):
+        i = torch.div(flat, ncols, rounding_mode="floor")
+        return i, flat - i * ncols
+
+    @staticmethod
+    def bf16_values(p: torch.Tensor, flat):
+        return p.reshape(-1).index_select(0, flat).to(torch.float32)
+
+    f32_values = bf16_values
+
+    @staticmethod
+    def keys(d32, refs):
+        return ordered_keys(d32, refs)
+
+    @staticmethod
+    def group_order(ids):
+        return torch.sort(ids, stable=True).indices
+
+    @staticmethod
+    def decode(keys):
+        return key_scores(keys)
+
+    @staticmethod
+    def sort_rows(x):
+        return x.sort(dim=1).values
+
+    @staticmethod
+    def kth_smallest(x, k):
+        return x.kthvalue(k, dim=1).values
+
+    @staticmethod
+    def up32(t):
+        return up32(t)
+
+    @staticmethod
+    def full(shape, value, dtype, like):
+        return torch.full(shape, value, dtype=dtype, device=like.device)
+
+    @staticmethod
+    def f64(x):
+        return x.to(torch.float64)
+
+    @staticmethod
+    def cumsum(x):
+        return torch.cumsum(x, 0)
+
+    @staticmethod
+    def first_true(mask):
+        return mask.to(torch.uint8).argmax(1)
+
+    @staticmethod
+    def cumsum_rows(x):
+        return x.long().cumsum(1)
+
+    @staticmethod
+    def where(c, a, b):
+        if not isinstance(a, torch.Tensor):
+            a = torch.full_like(b, a) if isinstance(b, torch.Tensor) else torch.tensor(a)
+        if not isinstance(b, torch.Tensor):
+            b = torch.full_like(a, b)
+        return torch.where(c, a, b)
+
+    @staticmethod
+    def lexsort(minor, middle, major):
+        order = torch.sort(minor, stable=True).indices
+        order = order[torch.sort(middle[order], stable=True).indices]
+        return order[torch.sort(major[order], stable=True).indices]
+
+    @staticmethod
+    def select(p: torch.Tensor, t_rows, t_cols, buffers):
+        mask = None
+        for t, shape in ((t_rows, (-1, 1)), (t_cols, (1, -1))):
+            if t is not None:
+                m = p >= t.view(shape).to(p.dtype)
+                mask = m if mask is None else mask | m
+        return mask.reshape(-1).nonzero().flatten()
+
+
+def ops_for(device: torch.device, force_torch: bool = False):
+    """:class:`NumpyOps` on the CPU (unless ``force_torch``), else :class:`TorchOps`."""
+    return NumpyOps if device.type == "cpu" and not force_torch else TorchOps
+
+
+# ------------------------------------------------------------------------------------------------ geometry
+class Geometry:
+    """Prepared operands of one search, their norms and error bounds, and the tile operands (references sorted
+    by norm, so each tile's norm range, hence its thresholds, is tight).
+
+    ``w, s``: the score ``d = w·|r|² − s·q·r``. ``delta32 [Nq]`` (float64): per query, the bound on
+    ``|d32 − d|`` of any float32 score. ``c_lp``: relative bound of the proposal pass (``|p̃ − p| ≤ c_lp·|q|·|r| +
+    η``; the float32 dot bound when the pass is float32).
+    """
+
+    def __init__(self, query, reference, inner_product, low_precision, c_lp, symmetric, tiles):
+        self.q, self.r = query, reference
+        self.device = query.device
+        self.w, self.s = (0, 1) if inner_product else (1, 2)
+        self.q32, self.r32 = query.to(torch.float32), reference.to(torch.float32)
+        self.qn = torch.linalg.vector_norm(self.q32, dim=1)
+        self.rn = torch.linalg.vector_norm(self.r32, dim=1)
+        self.rsq = (self.r32 * self.r32).sum(1) if self.w else torch.zeros_like(self.rn)
+        d = query.shape[1]
+        wide = query.dtype != torch.float32  # float64 inputs: one more rounding (to float32) per entry
+        self.g_dot = gamma(d + 2 * wide, 2.0**-24)  # a float32 dot product or squared norm, any order
+        self.eta = 2 * d * 2.0**-126  # flushed / underflowed subnormals, times (1 + |q|)(1 + |r|)
+        rn_max = float(self.rn.max()) if len(self.rn) else 0.0
+        g32 = gamma(d + 4 + 2 * wide, 2.0**-24)
+        qn64 = self.qn.to(torch.float64)
+        self.delta32 = g32 * (self.w * rn_max**2 + self.s * qn64 * rn_max) + self.s * self.eta * (1 + qn64) * (
+            1 + rn_max
+        )
+        self.low_precision = bool(low_precision)
+        self.c_lp = c_lp if low_precision else self.g_dot
+        self.perm = self.inv = None
+        if tiles:
+            lo, hi = (float(self.rn.min()), rn_max) if len(self.rn) else (0.0, 0.0)
+            if hi > lo * (1 + 2.0**-10):
+                self.perm = torch.argsort(self.rn, stable=True)
+                self.inv = torch.empty_like(self.perm)
+                self.inv[self.perm] = torch.arange(len(self.perm), device=self.device)
+            take = (lambda t: t) if self.perm is None else (lambda t: t[self.perm])
+            self.t_r32, self.t_rn, self.t_rsq = take(self.r32), take(self.rn), take(self.rsq)
+            self.t_rlp = self.t_r32.to(torch.bfloat16) if low_precision else self.t_r32
+            self.t_ids = torch.arange(len(self.r), device=self.device) if self.perm is None else self.perm
+            if symmetric:
+                self.t_q32, self.t_qn, self.t_qlp = self.t_r32, self.t_rn, self.t_rlp
+                self.t_delta = take(self.delta32)
+            else:
+                self.t_q32, self.t_qn = self.q32, self.qn
+                self.t_qlp = self.q32.to(torch.bfloat16) if low_precision else self.q32
+                self.t_delta = self.delta32
+
+    def ref_ids(self, t_idx: torch.Tensor) -> torch.Tensor:
+        """Original reference indices of tile (norm-sorted) positions."""
+        return t_idx if self.perm is None else self.perm[t_idx]
+
+
+# ------------------------------------------------------------------------------------------------ buffers
+class State:
+    """Candidate buffers of a set of queries: int64 keys ``(float32 score, reference index)`` (``cap`` per query),
+    counts, upper bounds ``U`` on each query's k-th exact score, the float32 keep limits ``U + Δ32`` and the
+    queries that could not be certified. Arrays are ``ops`` arrays (NumPy on the CPU)."""
+
+    def __init__(self, n: int, cap: int, k: int, delta: torch.Tensor, device: torch.device, ops):
+        self.ops, self.cap, self.k = ops, cap, k
+        self.keys = ops.arr(torch.full((n, cap), INT64_MAX, dtype=torch.long, device=device))
+        self.count = ops.arr(torch.zeros(n, dtype=torch.long, device=device))
+        self.U = ops.arr(torch.full((n,), math.inf, dtype=torch.float64, device=device))
+        self.limit = ops.arr(torch.full((n,), math.inf, dtype=torch.float32, device=device))
+        self.delta = ops.arr(delta.to(torch.float64).contiguous())
+        self.failed = ops.arr(torch.zeros(n, dtype=torch.bool, device=device))
+        self._flat = self.keys.reshape(-1)
+
+    def _set_u(self, rows, u) -> None:
+        """``U`` and keep limit ``up32(U + Δ32)`` of ``rows`` (an index array or a slice)."""
+        ops = self.ops
+        self.U[rows] = u
+        finite = ops.where(abs(u) < 1e300, abs(u), 0.0)
+        lim = ops.up32(u + self.delta[rows] * (1 + SLACK) + SLACK * finite)
+        self.limit[rows] = ops.where(self.failed[rows], -math.inf, lim)
+
+    def export(self, local):
+        """(sorted keys, counts, failed) of the state rows ``local`` (an ``ops`` index array)."""
+        return self.ops.sort_rows(self.keys[local]), self.count[local], self.failed[local]
+
+    def lower_u(self, base: int, bound) -> None:
+        """``U = min(U, bound)`` for rows ``base:base + len(bound)`` where ``bound`` is finite (float64 tensor)."""
+        ops = self.ops
+        bound = ops.arr(bound.contiguous())
+        span = slice(base, base + len(bound))
+        u = self.U[span]
+        ok = (bound < math.inf) & ~self.failed[span]
+        self._set_u(span, ops.where(ok & (bound < u), bound, u))
+
+    def fail(self, rows) -> None:
+        self.failed[rows] = True
+        self.U[rows] = -math.inf
+        self.limit[rows] = -math.inf
+        self.count[rows] = 0
+        self.keys[rows] = INT64_MAX
+
+    def add(self, rows, d32, refs, base: int, span: int) -> None:
+        """Add candidates (query row, float32 score, original reference index) with ``rows`` ascending within
+        ``base:base + span``; those beyond the keep limit are dropped first. A buffer that would overflow is pruned
+        together with its new candidates (tightening ``U``); a query whose candidates still do not fit fails (is
+        redone exactly)."""
+        ops = self.ops
+        keep = ops.nonzero(d32 <= self.limit[rows])
+        rows, d32, refs = rows[keep], d32[keep], refs[keep]
+        if len(rows) == 0:
+            return
+        counts = ops.bincount(rows - base, span)
+        count = self.count[base : base + span]
+        over = count + counts > self.cap
+        if bool(over.any()):
+            self._merge(rows, d32, refs, base, span, over, counts)
+            keep = ops.nonzero(~over[rows - base])
+            rows, d32, refs = rows[keep], d32[keep], refs[keep]
+            counts = counts * ~over
+        starts = ops.cumsum(counts) - counts
+        rank = ops.arange(len(rows), rows) - starts[rows - base]
+        self._flat[rows * self.cap + self.count[rows] + rank] = ops.keys(d32, refs)
+        count += counts
+
+    def _merge(self, rows, d32, refs, base, span, over, counts) -> None:
+        """Rows whose buffer + new candidates exceed ``cap``: prune the union; fail if it still does not fit."""
+        ops = self.ops
+        big = ops.nonzero(over) + base
+        sel = ops.nonzero(over[rows - base])
+        r = rows[sel]
+        nb = counts[big - base]
+        local = ops.full((span,), -1, torch.int64, rows)
+        local[big - base] = ops.arange(len(big), rows)
+        starts = ops.cumsum(nb) - nb
+        lr = local[r - base]
+        rank = ops.arange(len(r), rows) - starts[lr]
+        width = self.cap + int(nb.max())
+        merged = ops.full((len(big), width), INT64_MAX, torch.int64, rows)
+        merged[:, : self.cap] = self.keys[big]
+        merged.reshape(-1)[lr * width + self.count[big][lr] + rank] = ops.keys(d32[sel], refs[sel])
+        merged, newc = self._prune(big, merged, self.count[big] + nb)
+        fits = newc <= self.cap
+        ok = big[ops.nonzero(fits)]
+        self.keys[ok] = merged[ops.nonzero(fits), : self.cap]
+        self.count[ok] = newc[ops.nonzero(fits)]
+        self.fail(big[ops.nonzero(~fits)])
+
+    def _prune(self, rows, keys, counts):
+        """Sorted ``keys`` of ``rows``, ``U`` tightened from the k-th smallest, candidates beyond the new keep
+        limit dropped; returns (keys, new counts)."""
+        ops = self.ops
+        keys = ops.sort_rows(keys)
+        have = (counts >= self.k) & ~self.failed[rows]
+        kth = ops.f64(ops.decode(keys[:, self.k - 1]))
+        bound = kth + self.delta[rows] * (1 + SLACK) + SLACK * abs(kth)
+        u = self.U[rows]
+        self._set_u(rows, ops.where(have & (bound < u), bound, u))
+        limit_keys = ops.keys(self.limit[rows], ops.full((len(rows),), LOW32, torch.int64, rows))
+        newc = ops.where(have, (keys <= limit_keys[:, None]).sum(1), counts)
+        keys[ops.arange(keys.shape[1], rows)[None, :] >= newc[:, None]] = INT64_MAX
+        return keys, newc
+
+    def tighten(self, base: int, span: int) -> None:
+        """Prune the buffers of rows ``base:base + span`` that hold at least k candidates (tightens ``U``)."""
+        rows = self.ops.nonzero(self.count[base : base + span] >= self.k) + base
+        if len(rows):
+            self.keys[rows], self.count[rows] = self._prune(rows, self.keys[rows], self.count[rows])
+
+
+# ------------------------------------------------------------------------------------------------ the sweep
+class ThresholdSweep:
+    """The threshold method over tiles of ``tile`` rows (the engine's module doc, steps 1-3).
+
+    ``tick(stage, t0)`` accounts time to a stage and returns the new start time; ``ops`` picks the array library.
+    """
+
+    def __init__(self, geo: Geometry, k: int, tile: int, cap: int, tick: Callable[[str, float], float], ops):
+        self.geo, self.k, self.tile, self.cap, self.tick, self.ops = geo, k, tile, cap, tick, ops
+        self.proposals = 0
+        self._masks = self._buf = None
+        a = ops.arr
+        self.a_rn, self.a_rsq, self.a_ids = a(geo.t_rn), a(geo.t_rsq), a(geo.t_ids)
+        self.a_qn = a(geo.t_qn)
+
+    def _buffers(self, size):
+        if self._masks is None or self._masks[0].size < size:
+            self._masks = (np.empty(size, dtype=bool), np.empty(size, dtype=bool))
+        return tuple(m[:size] for m in self._masks)
+
+    # -- thresholds
+    def _err(self, qn, rn_max):
+        """Per query of a tile: bound on ``|p̃ − p|`` against any reference of the tile (float64)."""
+        g = self.geo
+        qn = qn.to(torch.float64)
+        return g.c_lp * qn * rn_max + g.eta * (1 + qn) * (1 + rn_max)
+
+    def _thresholds(self, u, qn, rn_max, rsq_min, dtype):
+        """Lower bounds on ``p̃`` of a proposal, ``(w·|r|²_min − U)/s − err`` with slack, rounded down to the
+        tile's dtype (returned as float32)."""
+        g = self.geo
+        n_lo = rsq_min * (1 - g.g_dot)
+        uc = u.clamp(-1e300, 1e300)
+        err = self._err(qn, rn_max)
+        t = (g.w * n_lo - uc) / g.s - err
+        t = t - SLACK * ((g.w * n_lo + uc.abs()) / g.s + err) - 1e-300
+        t = torch.where(torch.isposinf(u), torch.full_like(t, -math.inf), t)
+        t = torch.where(torch.isneginf(u), torch.full_like(t, math.inf), t)
+        return bf16_floor(t).to(torch.float32) if dtype == torch.bfloat16 else down32(t)
+
+    def _seed(self, st, base, p, qn, rn_max, rsq_max):
+        """``U`` of queries (tile rows) from their first tile: the k-th largest ``p̃`` of the row + its bound."""
+        g = self.geo
+        if p.shape[1] <= self.k:
+            return
+        kth = kth_largest_rows(p, self.k).to(g.device)
+        n_hi = rsq_max * (1 + 2 * g.g_dot)
+        bound = g.w * n_hi - g.s * kth + g.s * self._err(qn, rn_max)
+        st.lower_u(base, bound + SLACK * (g.w * n_hi + g.s * kth.abs() + bound.abs()))
+
+    def _rescore(self, st, a32, b32, i, j, vals, qn_rows, rn_max, fail_rows):
+        """float32 dots ``a32[i]·b32[j]`` of pairs sorted by ``i`` (``vals`` when the pass was float32); queries of
+        pairs whose proposal score broke its bound are failed (``fail_rows(bad pair indices)``)."""
+        g, ops = self.geo, self.ops
+        self.proposals += len(i)
+        if not g.low_precision or len(i) == 0:
+            return vals
+        ti, tj = ops.tensor(i), ops.tensor(j)
+        crow = torch.zeros(len(a32) + 1, dtype=torch.long, device=g.device)
+        crow[1:] = torch.cumsum(torch.bincount(ti, minlength=len(a32)), 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+            pattern = torch.sparse_csr_tensor(
+                crow,
+                tj,
+                torch.zeros(len(ti), dtype=torch.float32, device=g.device),
+                size=(len(a32), len(b32)),
+                check_invariants=False,
+            )
+            p32 = ops.arr(torch.sparse.sampled_addmm(pattern, a32, b32.T, beta=0.0).values())
+        rn = float(rn_max)
+        scale = ((g.c_lp + g.g_dot) * (1 + SLACK) * rn + g.eta * (1 + rn)) * 1.0
+        bound = qn_rows[i] * scale + g.eta * (1 + rn) + 1e-30
+        bad = ops.nonzero(~(abs(p32 - vals) <= bound))
+        if len(bad):
+            for rows in fail_rows(bad):
+                st.fail(rows)
+        return p32
+
+    def _scores(self, qa, lo, hi):
+        """Query-major tile ``[len(qa), hi − lo]`` of proposal scores, written into a buffer reused from tile to
+        tile (a fresh allocation costs its page faults every time)."""
+        g = self.geo
+        size = len(qa) * (hi - lo)
+        if self._buf is None or self._buf.numel() < size:
+            self._buf = torch.empty(self.tile * self.tile, dtype=g.t_rlp.dtype, device=g.device)
+        return torch.mm(qa, g.t_rlp[lo:hi].T, out=self._buf[:size].view(len(qa), hi - lo))
+
+    def _values(self, p, flat):
+        ops = self.ops
+        return ops.bf16_values(p, flat) if p.dtype == torch.bfloat16 else ops.f32_values(p, flat)
+
+    # -- tiles
+    def row_tile(self, st, base, qsel, lo, hi, own_t=None, seed=False, diagonal=False):
+        """Queries ``qsel`` (tile query coordinates; state rows ``base + 0..``) against tile references ``lo:hi``;
+        ``own_t``: each query's excluded reference (tile coordinates); ``diagonal``: the queries are the references
+        ``lo:hi`` (self-retrieval), own pairs on the diagonal; ``seed``: the queries' first tile."""
+        g, ops = self.geo, self.ops
+        t0 = time.perf_counter()
+        p = self._scores(g.t_qlp[qsel], lo, hi)
+        if diagonal:
+            p.fill_diagonal_(-math.inf)
+        elif own_t is not None:
+            r = ((own_t >= lo) & (own_t < hi)).nonzero().flatten()
+            p[r, own_t[r] - lo] = -math.inf
+        t0 = self.tick("gemm", t0)
+        nq, nc = p.shape
+        qn, rn = g.t_qn[qsel], g.t_rn[lo:hi]
+        rn_max, rsq_max, rsq_min = rn.max().double(), g.t_rsq[lo:hi].max().double(), g.t_rsq[lo:hi].min().double()
+        if seed:
+            self._seed(st, base, p, qn, rn_max, rsq_max)
+        t = self._thresholds(ops.tensor(st.U[base : base + nq]), qn, rn_max, rsq_min, p.dtype)
+        flat = ops.select(p, t, None, self._buffers)
+        i, j = ops.split(flat, nc)
+        vals = self._values(p, flat)
+        t0 = self.tick("selection", t0)
+        a_qn = ops.arr(qn)
+        p32 = self._rescore(st, g.t_q32[qsel], g.t_r32[lo:hi], i, j, vals, a_qn, rn_max, lambda bad: [i[bad] + base])
+        t0 = self.tick("rescore", t0)
+        d = self.a_rsq[lo:hi][j] * g.w - p32 * g.s
+        if seed:
+            self._tighten_seed(st, base, nq, i, d)
+        st.add(i + base, d, self.a_ids[j + lo], base, nq)
+        self.tick("selection", t0)
+
+    def _tighten_seed(self, st, base, nq, i, d):
+        """``U`` from the k-th smallest float32 score among a first tile's candidates (before they are added)."""
+        ops = self.ops
+        counts = ops.bincount(i, nq)
+        width = int(counts.max()) if len(i) else 0
+        if width < self.k:
+            return
+        starts = counts.cumsum(0) - counts
+        rank = ops.arange(len(i), i) - starts[i]
+        packed = torch.full((nq, width), math.inf, dtype=torch.float32, device=self.geo.device)
+        ops.arr(packed).reshape(-1)[i * width + rank] = d
+        kth = kth_smallest_rows(packed, self.k).to(self.geo.device).to(torch.float64)
+        delta = ops.tensor(st.delta[base : base + nq])
+        st.lower_u(base, kth + delta * (1 + SLACK) + SLACK * kth.abs())
+
+    def pair_tile(self, st, a, b, c, e, state_lo):
+        """Off-diagonal tile of the symmetric sweep: tile rows ``a:b`` × ``c:e`` serving both as queries."""
+        g, ops = self.geo, self.ops
+        t0 = time.perf_counter()
+        p = self._scores(g.t_qlp[a:b], c, e)
+        t0 = self.tick("gemm", t0)
+        nr, nc = p.shape
+        rn_i, rn_j, rsq_i, rsq_j = g.t_rn[a:b], g.t_rn[c:e], g.t_rsq[a:b], g.t_rsq[c:e]
+        bi, bj = a - state_lo, c - state_lo
+        t_i = self._thresholds(ops.tensor(st.U[bi : bi + nr]), rn_i, rn_j.max().double(), rsq_j.min().double(), p.dtype)
+        t_j = self._thresholds(ops.tensor(st.U[bj : bj + nc]), rn_j, rn_i.max().double(), rsq_i.min().double(), p.dtype)
+        flat = ops.select(p, t_i, t_j, self._buffers)
+        i, j = ops.split(flat, nc)
+        vals = self._values(p, flat)
+        t0 = self.tick("selection", t0)
+        rn_max = torch.maximum(rn_i.max(), rn_j.max()).double()
+        p32 = self._rescore(
+            st, g.t_q32[a:b], g.t_r32[c:e], i, j, vals, self.a_qn[a:b], rn_max, lambda bad: [i[bad] + bi, j[bad] + bj]
+        )
+        t0 = self.tick("rescore", t0)
+        st.add(i + bi, self.a_rsq[c:e][j] * g.w - p32 * g.s, self.a_ids[j + c], bi, nr)
+        order = ops.group_order(j)
+        i, j, p32 = i[order], j[order], p32[order]
+        st.add(j + bj, self.a_rsq[a:b][i] * g.w - p32 * g.s, self.a_ids[i + a], bj, nc)
+        self.tick("selection", t0)
+
+    # -- drivers
+    def symmetric(self, wanted_t: torch.Tensor, group_rows: int) -> Iterator[Tuple[State, torch.Tensor, int]]:
+        """Self-retrieval over all rows (tile coordinates), groups of ``group_rows`` rows whose buffers fit the
+        budget; yields ``(state, wanted state rows, group start)`` after each group."""
+        g = self.geo
+        n = len(g.t_r32)
+        blocks = [(s, min(s + self.tile, n)) for s in range(0, n, self.tile)]
+        per_group = max(1, group_rows // self.tile)
+        for g0 in range(0, len(blocks), per_group):
+            group = blocks[g0 : g0 + per_group]
+            lo, hi = group[0][0], group[-1][1]
+            st = State(hi - lo, self.cap, self.k, g.t_delta[lo:hi], g.device, self.ops)
+            for a, b in group:  # diagonal tiles first: they seed every row's bound
+                self.row_tile(st, a - lo, torch.arange(a, b, device=g.device), a, b, seed=True, diagonal=True)
+            for x in range(len(group)):
+                for y in range(x + 1, len(group)):
+                    self.pair_tile(st, *group[x], *group[y], lo)
+            for a, b in blocks[:g0] + blocks[g0 + per_group :]:
+                for c, e in group:
+                    self.row_tile(st, c - lo, torch.arange(c, e, device=g.device), a, b)
+            yield st, self.ops.arr(wanted_t[lo:hi].nonzero().flatten()), lo
+
+    def asymmetric(self, rows: torch.Tensor, own_t: Optional[torch.Tensor]) -> Iterator[Tuple[State, int]]:
+        """Queries ``rows`` (original query indices) against all references, one query tile at a time; yields
+        ``(state, start in rows)``."""
+        g = self.geo
+        m = len(g.t_r32)
+        for start in range(0, len(rows), self.tile):
+            blk = rows[start : start + self.tile]
+            st = State(len(blk), self.cap, self.k, g.t_delta[blk], g.device, self.ops)
+            own = None if own_t is None else own_t[start : start + self.tile]
+            for n0, lo in enumerate(range(0, m, self.tile)):
+                self.row_tile(st, 0, blk, lo, min(lo + self.tile, m), own, seed=n0 == 0)
+            yield st, start
+
+
+# ------------------------------------------------------------------------------------------------ ranking
+def rank_exact(geo: Geometry, keys, counts, failed, qrows: torch.Tensor, k: int, ops):
+    """Exact top-k from sorted candidate keys (the engine's module doc, step 4).
+
+    Args:
+        keys: ``[b, w]`` int64 keys ``(d32, reference)`` sorted per row (``INT64_MAX`` padding); counts: ``[b]``;
+        failed: ``[b]`` bool (``ops`` arrays); qrows: ``[b]`` original query indices (tensor).
+
+    Returns:
+        ``(indices [b, k], scores [b, k] float64, failed [b], float64 re-scores)``; rows flagged in ``failed``
+        (including those with fewer than k candidates) must be redone exactly by the caller.
+    """
+    b, width = keys.shape
+    failed = failed | (counts < k)
+    d = ops.f64(ops.decode(keys))
+    cols = keys & LOW32
+    delta = ops.arr(geo.delta32.index_select(0, qrows))
+    pos = ops.arange(width, keys)
+    valid = pos[None, :] < counts[:, None]
+    link = valid & False
+    if width > 1:
+        link[:, :-1] = (d[:, 1:] - d[:, :-1] <= (2 * (1 + SLACK)) * delta[:, None]) & valid[:, 1:]
+    # the chain holding the k-th neighbour ends at the first unlinked position at or after k − 1
+    end = ops.first_true(~link & (pos[None, :] >= k - 1)) + 1
+    prev = link & False
+    prev[:, 1:] = link[:, :-1]
+    amb = (link | prev) & (pos[None, :] < end[:, None]) & valid & ~failed[:, None]
+    wk = min(width, max(k, int(end.max())))
+    cols, out, amb = cols[:, :wk] * 1, d[:, :wk] * 1, amb[:, :wk]
+    r, c = ops.split(ops.nonzero(amb), wk)
+    if len(r):
+        j = cols[r, c]
+        tq = qrows.index_select(0, ops.tensor(r))
+        d64 = exact_scores(geo.q.index_select(0, tq), geo.r.index_select(0, ops.tensor(j)), geo.w, geo.s)
+        d64 = ops.arr(d64)
+        chain = ops.cumsum_rows(~prev[:, :wk])[r, c]
+        order = ops.lexsort(j, d64, r * (wk + 1) + chain)
+        cols[r, c] = j[order]
+        out[r, c] = d64[order]
+    return cols[:, :k], out[:, :k], failed, len(r)
