@@ -42,7 +42,7 @@ Algorithms*, 2nd ed., Sec. 3.1):
   float32 in an unknown order, bounded for any summation tree by ``γ_D(v)·Σ|q̂_d r̂_d|`` (``v = 2⁻²⁴``; ``2⁻²³``
   on CUDA, whose tensor cores may truncate); the sum is stored in bfloat16 (``u_out = 2⁻⁸``; CUDA: float32, as
   ``torch.mm`` returns it). Hence ``|p̃ − p| ≤ [(1 + u)²(1 + γ_D(v))(1 + u_out) − 1]·Σ|q_d r_d| ≤ c·|q|·|r|``
-  (Cauchy–Schwarz), ``c = 0.011726`` for D = 128 on the CPU (:func:`pass_error_bound`). Subnormals flushed to zero
+  (Cauchy–Schwarz), ``c = 0.011772`` for D = 128 on the CPU (:func:`pass_error_bound`). Subnormals flushed to zero
   (AVX512-BF16, tensor cores) move each input or partial sum by < 2⁻¹²⁶: ``η = 2D·2⁻¹²⁶(1 + |q|)(1 + |r|)``
   covers them. float64 inputs add one rounding to float32 per entry (``(1 + 2⁻²⁴)²`` more).
 - float32 scores (re-scoring, float32 tiles, the rows method): ``|p32 − p| ≤ γ_D(2⁻²⁴)·|q|·|r|`` in any order
@@ -64,6 +64,7 @@ symmetric sweep is used within a process when its queries are at least half of t
 """
 
 import math
+import threading
 import time
 from typing import Dict, Iterator, Optional, Tuple, Union
 
@@ -107,7 +108,7 @@ def pass_error_bound(dim: int, device_type: str = "cpu", low_precision: bool = T
 
     Example:
         >>> round(pass_error_bound(128), 6)
-        0.011726
+        0.011772
     """
     if not low_precision:
         return gamma(dim, 2.0**-24)
@@ -233,6 +234,8 @@ class BlockedKNN:
         self.last_plan: Dict[str, object] = {}
         self._device = torch.device("cpu")
         self._force_torch_ops = False  # tests: run the device-generic torch path on the CPU
+        self._tick_lock = threading.Lock()
+        self._threads = 1
 
     @staticmethod
     def _parse_distance(distance) -> Tuple[bool, bool]:
@@ -304,7 +307,8 @@ class BlockedKNN:
         if self.profile_stages and self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
         t = time.perf_counter()
-        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + t - t0
+        with self._tick_lock:
+            self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + t - t0
         return t
 
     # ---------------------------------------------------------------------------------------------- public API
@@ -369,10 +373,19 @@ class BlockedKNN:
         )
         if method == "rows":
             yield from self._rows_method(geo, k, rows, self_indices, return_distances, out, certifiable)
-        elif symmetric:
-            yield from self._symmetric(geo, k, rows, tile, return_distances)
-        else:
-            yield from self._asymmetric(geo, k, rows, self_indices, tile, return_distances)
+            return
+        # CPU: the sweep runs one worker thread per torch thread, each with single-threaded kernels
+        self._threads = torch.get_num_threads() if dev.type == "cpu" else 1
+        if self._threads > 1:
+            torch.set_num_threads(1)
+        try:
+            if symmetric:
+                yield from self._symmetric(geo, k, rows, tile, return_distances)
+            else:
+                yield from self._asymmetric(geo, k, rows, self_indices, tile, return_distances)
+        finally:
+            if self._threads > 1:
+                torch.set_num_threads(self._threads)
 
     def search(
         self,
@@ -461,7 +474,9 @@ class BlockedKNN:
             yield torch.arange(start, start + b, device=geo.device), idx, dist
 
     def _sweep(self, geo, k, tile):
-        return ThresholdSweep(geo, k, tile, self.capacity(k), self._tick, ops_for(geo.device, self._force_torch_ops))
+        ops = ops_for(geo.device, self._force_torch_ops)
+        workers = self._threads if geo.device.type == "cpu" else 1
+        return ThresholdSweep(geo, k, tile, self.capacity(k), self._tick, ops, workers)
 
     def _asymmetric(self, geo, k, rows, self_indices, tile, return_distances):
         sweep = self._sweep(geo, k, tile)

@@ -16,6 +16,7 @@ neighbour is relevant; P_j = precision at rank j), identical to PML's:
 ``mean_average_precision_trapezoidal`` (see ``trapezoidal_average_precision``).
 """
 
+import time
 from typing import Dict, Optional
 
 import torch
@@ -32,6 +33,44 @@ BUILTIN = (
     "recall_at_1",
     "mean_average_precision_trapezoidal",
 )
+
+
+def trapezoidal_average_precision(is_relevant: torch.Tensor, num_relevant: torch.Tensor) -> torch.Tensor:
+    """Average precision as the trapezoid-rule area under the precision-recall curve (retrieval literature).
+
+    Walking down the ranking, every relevant item raises recall by ``1 / num_relevant``; the area of that step is
+    its width times the mean of the precision just before the item and the precision at the item. For the c-th
+    relevant item at 1-based rank k: ``p_before = (c − 1)/(k − 1)`` (1 when k = 1), ``p_at = c/k``, and
+    ``AP = Σ (p_before + p_at) / (2 · num_relevant)``. Relevant items missing from the ranking add nothing.
+    Example: relevance [1, 0, 1] with 2 relevant -> (1 + (1/2 + 2/3)/2)/2 = 19/24 (the non-interpolated AP is 5/6).
+
+    Args:
+        is_relevant: [Nq, K] bool, relevance of the K ranked references of each query (junk already removed).
+        num_relevant: [Nq] int, number of relevant references of each query (> 0).
+
+    Returns:
+        [Nq] float64 AP in [0, 1].
+
+    Raises:
+        ValueError: if the shapes disagree or a query has ``num_relevant`` <= 0.
+
+    Example:
+        >>> trapezoidal_average_precision(torch.tensor([[True, False, True]]), torch.tensor([2])).tolist()
+        [0.7916666666666666]
+    """
+    if is_relevant.ndim != 2 or num_relevant.ndim != 1 or num_relevant.shape[0] != is_relevant.shape[0]:
+        raise ValueError(
+            f"is_relevant must be [Nq, K] and num_relevant [Nq], got {tuple(is_relevant.shape)} and "
+            f"{tuple(num_relevant.shape)}"
+        )
+    if bool((num_relevant <= 0).any()):
+        raise ValueError("num_relevant must be > 0 for every query")
+    rel = is_relevant.to(torch.float64)
+    count = torch.cumsum(rel, dim=1)
+    rank = torch.arange(1, rel.shape[1] + 1, dtype=torch.float64, device=rel.device).expand_as(rel)
+    p_at = count / rank
+    p_before = torch.where(rank > 1, (count - 1) / (rank - 1).clamp(min=1), torch.ones_like(rank))
+    return ((p_before + p_at) * rel).sum(dim=1) / (2 * num_relevant.to(torch.float64))
 
 
 def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> Dict[str, torch.Tensor]:
@@ -64,8 +103,6 @@ def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> D
                 # PML masks ranks > R; the hit count before rank R is the same with or without the mask
                 out["mean_average_precision_at_r"] = ap.gather(1, upto_r).squeeze(1) / R
     if "mean_average_precision_trapezoidal" in names:
-        from .asymmetric_accuracy_calculator import trapezoidal_average_precision
-
         out["mean_average_precision_trapezoidal"] = trapezoidal_average_precision(rel, num_relevant)
     return out
 
@@ -184,51 +221,34 @@ class EngineAccuracyMixin:
         rank, world = _dist_info(self.distributed)
         builtin = [m for m in metrics if self._is_builtin(m)]
         engine = self.knn_func if isinstance(self.knn_func, BlockedKNN) else None
+        # blocks of query rows dealt round-robin over the ranks; ``mine`` indexes ``rows``
+        deal = self.block_size or 4096
+        starts = range(rank * deal, len(rows), world * deal)
+        mine = torch.cat([torch.arange(s, min(s + deal, len(rows)), device=rows.device) for s in starts] or [rows[:0]])
+        seconds = {}
+        want_dist = len(builtin) < len(metrics)
+        ctx = dict(q_ids=q_ids, r_ids=r_ids, q_lab=q_lab, r_lab=r_lab, num_relevant=num_relevant, cls=cls)
+        ctx.update(classes=len(classes), label_counts=label_counts, exclude_self=exclude_self, sums=sums)
         if engine is not None:
             query, reference = engine.prepare(query, "query"), engine.prepare(reference, "reference")
-            sq = None if engine.inner_product else (reference * reference).sum(1)
-            bs = min(engine.block_size(len(reference), k), len(rows))
-            buffer = engine.score_buffer(bs, reference)
+            if len(mine):
+                for pos, idx, dist in engine.blocks(query, k, reference, self_indices, rows[mine], want_dist):
+                    t0 = time.perf_counter()
+                    self._add_block(rows, mine[pos], idx, dist, metrics, builtin, query, reference, ctx)
+                    seconds["metrics"] = seconds.get("metrics", 0.0) + time.perf_counter() - t0
+                seconds = dict(engine.stage_seconds, **seconds)
         else:
             query, reference = query.float(), reference.float()
-            bs = self.block_size or 1024
-        for j, start in enumerate(range(0, len(rows), bs)):
-            if j % world != rank:
-                continue
-            block = rows[start : start + bs]
-            own = self_indices[block] if exclude_self else None
-            if engine is not None:
-                idx, dist = engine.search(query[block], k, reference, own, len(builtin) < len(metrics), sq, buffer)
-            else:
-                dist, idx = self._user_knn(query[block], k, reference, own)
-            if r_ids is not None:
-                rel = r_ids[idx] == q_ids[block][:, None]
-            else:
-                rel = self.label_comparison_fn(q_lab[block][:, None], r_lab[idx]).bool()
-            values = per_query_metrics(rel, num_relevant[block], builtin)
-            for i, m in enumerate(metrics):
-                if m in values:
-                    sums[i].index_add_(0, cls[start : start + bs], values[m])
-                else:
-                    sums[i] += self._custom_block(
-                        m,
-                        cls[start : start + bs],
-                        len(classes),
-                        dict(
-                            query=query[block],
-                            reference=reference,
-                            query_labels=q_lab[block],
-                            reference_labels=r_lab,
-                            ref_includes_query=exclude_self,
-                            label_counts=label_counts,
-                            knn_labels=r_lab[idx],
-                            knn_distances=dist,
-                            knn_indices=idx,
-                            lone_query_labels=None,
-                            not_lone_query_mask=torch.ones(len(block), dtype=torch.bool, device=query.device),
-                            label_comparison_fn=self.label_comparison_fn,
-                        ),
-                    )
+            for s in range(0, len(mine), deal):
+                sel = mine[s : s + deal]
+                t0 = time.perf_counter()
+                own = self_indices[rows[sel]] if exclude_self else None
+                dist, idx = self._user_knn(query[rows[sel]], k, reference, own)
+                t1 = time.perf_counter()
+                self._add_block(rows, sel, idx, dist, metrics, builtin, query, reference, ctx)
+                seconds["knn"] = seconds.get("knn", 0.0) + t1 - t0
+                seconds["metrics"] = seconds.get("metrics", 0.0) + time.perf_counter() - t1
+        self.stage_seconds = seconds
         if world > 1:
             torch.distributed.all_reduce(sums)
         sums = sums.cpu()
@@ -242,6 +262,39 @@ class EngineAccuracyMixin:
             else:
                 out[m] = float(sums[i].sum() / class_counts.sum())
         return out
+
+    def _add_block(self, rows, sel, idx, dist, metrics, builtin, query, reference, ctx):
+        """Per-class sums of the metrics of the queries ``rows[sel]`` with neighbours ``idx [b, k]``."""
+        block, cls = rows[sel], ctx["cls"][sel]
+        if ctx["r_ids"] is not None:
+            rel = ctx["r_ids"][idx] == ctx["q_ids"][block][:, None]
+        else:
+            rel = self.label_comparison_fn(ctx["q_lab"][block][:, None], ctx["r_lab"][idx]).bool()
+        values = per_query_metrics(rel, ctx["num_relevant"][block], builtin)
+        sums = ctx["sums"]
+        for i, m in enumerate(metrics):
+            if m in values:
+                sums[i].index_add_(0, cls, values[m])
+                continue
+            sums[i] += self._custom_block(
+                m,
+                cls,
+                ctx["classes"],
+                dict(
+                    query=query[block],
+                    reference=reference,
+                    query_labels=ctx["q_lab"][block],
+                    reference_labels=ctx["r_lab"],
+                    ref_includes_query=ctx["exclude_self"],
+                    label_counts=ctx["label_counts"],
+                    knn_labels=ctx["r_lab"][idx],
+                    knn_distances=dist,
+                    knn_indices=idx,
+                    lone_query_labels=None,
+                    not_lone_query_mask=torch.ones(len(block), dtype=torch.bool, device=query.device),
+                    label_comparison_fn=self.label_comparison_fn,
+                ),
+            )
 
     def knn_excluding_self(self, query, k: int, reference, self_indices) -> tuple:
         """k nearest references of each query with its own row ``self_indices[i]`` removed (k clamped to M − 1).

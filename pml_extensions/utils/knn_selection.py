@@ -10,9 +10,11 @@ the CPU too.
 """
 
 import math
+import threading
 import time
 import warnings
-from typing import Callable, Iterator, Optional, Tuple
+from functools import partial
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -517,21 +519,66 @@ class State:
 class ThresholdSweep:
     """The threshold method over tiles of ``tile`` rows (the engine's module doc, steps 1-3).
 
-    ``tick(stage, t0)`` accounts time to a stage and returns the new start time; ``ops`` picks the array library.
+    ``tick(stage, t0)`` accounts time to a stage and returns the new start time; ``ops`` picks the array library;
+    ``workers`` threads process tiles that touch disjoint blocks of queries at the same time (NumPy and torch
+    release the GIL in their kernels).
     """
 
-    def __init__(self, geo: Geometry, k: int, tile: int, cap: int, tick: Callable[[str, float], float], ops):
+    def __init__(self, geo: Geometry, k: int, tile: int, cap: int, tick, ops, workers: int = 1):
         self.geo, self.k, self.tile, self.cap, self.tick, self.ops = geo, k, tile, cap, tick, ops
+        self.workers = max(1, int(workers))
         self.proposals = 0
-        self._masks = self._buf = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
         a = ops.arr
         self.a_rn, self.a_rsq, self.a_ids = a(geo.t_rn), a(geo.t_rsq), a(geo.t_ids)
         self.a_qn = a(geo.t_qn)
 
     def _buffers(self, size):
-        if self._masks is None or self._masks[0].size < size:
-            self._masks = (np.empty(size, dtype=bool), np.empty(size, dtype=bool))
-        return tuple(m[:size] for m in self._masks)
+        loc = self._local
+        if getattr(loc, "masks", None) is None or loc.masks[0].size < size:
+            loc.masks = (np.empty(size, dtype=bool), np.empty(size, dtype=bool))
+        return tuple(m[:size] for m in loc.masks)
+
+    def run(self, tasks) -> None:
+        """Run ``tasks`` (``(blocks, fn)`` pairs) on the workers; two tasks sharing a block never run together,
+        and each starts in list order as soon as its blocks are free. The first error is re-raised."""
+        if self.workers == 1 or len(tasks) <= 1:
+            for _, fn in tasks:
+                fn()
+            return
+        pending, busy, errors = list(tasks), set(), []
+        cond = threading.Condition()
+
+        def worker():
+            while True:
+                with cond:
+                    while True:
+                        if errors or not pending:
+                            return
+                        pick = next((t for t in pending if not busy.intersection(t[0])), None)
+                        if pick is not None:
+                            break
+                        cond.wait()
+                    pending.remove(pick)
+                    busy.update(pick[0])
+                try:
+                    pick[1]()
+                except BaseException as e:  # re-raised in the calling thread
+                    with cond:
+                        errors.append(e)
+                finally:
+                    with cond:
+                        busy.difference_update(pick[0])
+                        cond.notify_all()
+
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(self.workers, len(tasks)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
 
     # -- thresholds
     def _err(self, qn, rn_max):
@@ -567,7 +614,8 @@ class ThresholdSweep:
         """float32 dots ``a32[i]·b32[j]`` of pairs sorted by ``i`` (``vals`` when the pass was float32); queries of
         pairs whose proposal score broke its bound are failed (``fail_rows(bad pair indices)``)."""
         g, ops = self.geo, self.ops
-        self.proposals += len(i)
+        with self._lock:
+            self.proposals += len(i)
         if not g.low_precision or len(i) == 0:
             return vals
         ti, tj = ops.tensor(i), ops.tensor(j)
@@ -595,11 +643,11 @@ class ThresholdSweep:
     def _scores(self, qa, lo, hi):
         """Query-major tile ``[len(qa), hi − lo]`` of proposal scores, written into a buffer reused from tile to
         tile (a fresh allocation costs its page faults every time)."""
-        g = self.geo
+        g, loc = self.geo, self._local
         size = len(qa) * (hi - lo)
-        if self._buf is None or self._buf.numel() < size:
-            self._buf = torch.empty(self.tile * self.tile, dtype=g.t_rlp.dtype, device=g.device)
-        return torch.mm(qa, g.t_rlp[lo:hi].T, out=self._buf[:size].view(len(qa), hi - lo))
+        if getattr(loc, "buf", None) is None or loc.buf.numel() < size:
+            loc.buf = torch.empty(self.tile * self.tile, dtype=g.t_rlp.dtype, device=g.device)
+        return torch.mm(qa, g.t_rlp[lo:hi].T, out=loc.buf[:size].view(len(qa), hi - lo))
 
     def _values(self, p, flat):
         ops = self.ops
@@ -691,28 +739,42 @@ class ThresholdSweep:
             group = blocks[g0 : g0 + per_group]
             lo, hi = group[0][0], group[-1][1]
             st = State(hi - lo, self.cap, self.k, g.t_delta[lo:hi], g.device, self.ops)
-            for a, b in group:  # diagonal tiles first: they seed every row's bound
-                self.row_tile(st, a - lo, torch.arange(a, b, device=g.device), a, b, seed=True, diagonal=True)
-            for x in range(len(group)):
-                for y in range(x + 1, len(group)):
-                    self.pair_tile(st, *group[x], *group[y], lo)
-            for a, b in blocks[:g0] + blocks[g0 + per_group :]:
-                for c, e in group:
-                    self.row_tile(st, c - lo, torch.arange(c, e, device=g.device), a, b)
+
+            # diagonal tiles first: they seed every row's bound
+            self.run([((x,), partial(self._diag, st, lo, *group[x])) for x in range(len(group))])
+            pairs = [(x, y) for x in range(len(group)) for y in range(x + 1, len(group))]
+            self.run([((x, y), partial(self.pair_tile, st, *group[x], *group[y], lo)) for x, y in pairs])
+            outside = blocks[:g0] + blocks[g0 + per_group :]
+            self.run([((y,), partial(self._cross, st, lo, *a, *group[y])) for a in outside for y in range(len(group))])
             yield st, self.ops.arr(wanted_t[lo:hi].nonzero().flatten()), lo
 
     def asymmetric(self, rows: torch.Tensor, own_t: Optional[torch.Tensor]) -> Iterator[Tuple[State, int]]:
-        """Queries ``rows`` (original query indices) against all references, one query tile at a time; yields
-        ``(state, start in rows)``."""
+        """Queries ``rows`` (original query indices) against all references, one query tile per worker; yields
+        ``(state, start in rows)`` for each query tile (``workers`` at a time, in order)."""
         g = self.geo
         m = len(g.t_r32)
-        for start in range(0, len(rows), self.tile):
-            blk = rows[start : start + self.tile]
-            st = State(len(blk), self.cap, self.k, g.t_delta[blk], g.device, self.ops)
-            own = None if own_t is None else own_t[start : start + self.tile]
-            for n0, lo in enumerate(range(0, m, self.tile)):
-                self.row_tile(st, 0, blk, lo, min(lo + self.tile, m), own, seed=n0 == 0)
-            yield st, start
+        starts = list(range(0, len(rows), self.tile))
+        for w0 in range(0, len(starts), self.workers):
+            wave = starts[w0 : w0 + self.workers]
+            states = {}
+            self.run([((s,), partial(self._query_block, rows, own_t, m, s, states)) for s in wave])
+            for start in wave:
+                yield states[start], start
+
+    def _diag(self, st, lo, a, b):
+        self.row_tile(st, a - lo, torch.arange(a, b, device=self.geo.device), a, b, seed=True, diagonal=True)
+
+    def _cross(self, st, lo, a, b, c, e):
+        self.row_tile(st, c - lo, torch.arange(c, e, device=self.geo.device), a, b)
+
+    def _query_block(self, rows, own_t, m, start, states):
+        g = self.geo
+        blk = rows[start : start + self.tile]
+        st = State(len(blk), self.cap, self.k, g.t_delta[blk], g.device, self.ops)
+        own = None if own_t is None else own_t[start : start + self.tile]
+        for n0, lo in enumerate(range(0, m, self.tile)):
+            self.row_tile(st, 0, blk, lo, min(lo + self.tile, m), own, seed=n0 == 0)
+        states[start] = st
 
 
 # ------------------------------------------------------------------------------------------------ ranking
