@@ -369,10 +369,13 @@ class BlockedKNN:
             symmetric=symmetric and method == "threshold",
             proposals=0,
             float64_rescored=0,
+            redone_by_rows=0,
             redone_exactly=0,
         )
         if method == "rows":
-            yield from self._rows_method(geo, k, rows, self_indices, return_distances, out, certifiable)
+            own = None if self_indices is None else self_indices[rows]
+            for pos, idx, dist in self._rows_method(geo, k, rows, own, return_distances, out, certifiable):
+                yield pos, idx, dist
             return
         # CPU: the sweep runs one worker thread per torch thread, each with single-threaded kernels
         self._threads = torch.get_num_threads() if dev.type == "cpu" else 1
@@ -423,7 +426,9 @@ class BlockedKNN:
         return dist, idx
 
     # ---------------------------------------------------------------------------------------------- methods
-    def _rows_method(self, geo, k, rows, self_indices, return_distances, out, certifiable):
+    def _rows_method(self, geo, k, rows, own_rows, return_distances, out, certifiable):
+        """The rows method for queries ``rows`` (``own_rows``: their excluded references, or None); the queries it
+        cannot certify are ranked by a float64 scan."""
         m = geo.r.shape[0]
         bs = min(self.block_size(m, k), len(rows))
         if out is None or out.shape[0] < bs or out.shape[1] != m or out.dtype != torch.float32:
@@ -442,7 +447,7 @@ class BlockedKNN:
             else:
                 torch.mm(geo.q32[blk], geo.r32.T, out=d)
                 d.neg_()
-            own = self_indices[blk] if self_indices is not None else None
+            own = own_rows[start : start + bs] if own_rows is not None else None
             if own is not None:
                 d[torch.arange(b, device=geo.device), own] = math.inf
             t0 = self._tick("gemm", t0)
@@ -469,7 +474,7 @@ class BlockedKNN:
             packed = sort_rows(packed)
             t0 = self._tick("selection", t0)
             a = ops.arr
-            idx, dist = self._rank(geo, a(packed), a(counts), blk, own, k, a(failed), return_distances, ops)
+            idx, dist = self._rank(geo, a(packed), a(counts), blk, own, k, a(failed), return_distances, ops, False)
             self._tick("rank", t0)
             yield torch.arange(start, start + b, device=geo.device), idx, dist
 
@@ -516,24 +521,28 @@ class BlockedKNN:
         self._tick("rank", t0)
         return out
 
-    def _rank(self, geo, keys, counts, qrows, own, k, failed, return_distances, ops):
-        """Exact top-k from sorted candidate keys (``ops`` arrays); uncertified queries redone exactly."""
+    def _rank(self, geo, keys, counts, qrows, own, k, failed, return_distances, ops, rows_fallback=True):
+        """Exact top-k from sorted candidate keys (``ops`` arrays). Queries not certified are redone: by the rows
+        method (``rows_fallback``, when they come from the threshold method; its buffer holds ``4k + 4096``
+        candidates), else by a float64 scan of every reference."""
         idx, dist, failed, n64 = rank_exact(geo, keys, counts, failed, qrows, k, ops)
         self.last_plan["float64_rescored"] += n64
         idx, dist, failed = ops.tensor(idx), ops.tensor(dist), ops.tensor(failed)
         bad = failed.nonzero().flatten()
         if len(bad):
-            self.last_plan["redone_exactly"] += len(bad)
-            ei, ed = self._exact_rows(geo, qrows[bad], None if own is None else own[bad], k)
-            idx[bad], dist[bad] = ei, ed
+            own_bad = None if own is None else own[bad]
+            if rows_fallback:
+                self.last_plan["redone_by_rows"] += len(bad)
+                for pos, ri, rd in self._rows_method(geo, k, qrows[bad], own_bad, True, None, True):
+                    idx[bad[pos]] = ri
+                    dist[bad[pos]] = rd.to(torch.float64) * (1 if geo.w else -1)  # back to "smaller is nearer"
+            else:
+                self.last_plan["redone_exactly"] += len(bad)
+                ei, ed = self._exact_rows(geo, qrows[bad], own_bad, k)
+                idx[bad], dist[bad] = ei, ed
         if not return_distances:
             return idx, None
-        if geo.w:
-            qsq = (geo.q.index_select(0, qrows).to(torch.float64) ** 2).sum(1, keepdim=True)
-            dist = (dist + qsq).clamp_(min=0)
-        else:
-            dist = -dist
-        return idx, dist.to(geo.q.dtype)
+        return idx, (dist.clamp_(min=0) if geo.w else -dist).to(geo.q.dtype)
 
     def _exact_rows(self, geo, qrows, own, k):
         """float64 scores of queries ``qrows`` against every reference, stably sorted (ties by index)."""
@@ -541,7 +550,7 @@ class BlockedKNN:
         idx, dist = [], []
         for i, q in enumerate(qrows.tolist()):
             qq = geo.q[q]
-            scores = exact_scores(qq.expand(m, -1), geo.r, geo.w, geo.s)
+            scores = exact_scores(qq.expand(m, -1), geo.r, geo.w)
             if own is not None:
                 scores[own[i]] = math.inf
             val, order = torch.sort(scores, stable=True)

@@ -325,11 +325,11 @@ class EngineAccuracyMixin:
         saved = (self.avg_of_avgs, self.return_per_class)
         self.avg_of_avgs, self.return_per_class = False, True
         try:
-            per_class = torch.tensor(self.original_function_dict[name](**kwargs), dtype=torch.float64)
+            per_class = torch.tensor(self.original_function_dict[name](**kwargs), dtype=torch.float64, device="cpu")
         finally:
             self.avg_of_avgs, self.return_per_class = saved
         block_classes, counts = torch.unique(cls, return_counts=True)
-        out = torch.zeros(num_classes, dtype=torch.float64)
+        out = torch.zeros(num_classes, dtype=torch.float64, device="cpu")
         out[block_classes.cpu()] = per_class * counts.cpu().to(torch.float64)
         return out.to(cls.device)
 

@@ -100,15 +100,15 @@ def kth_largest_rows(p: torch.Tensor, k: int) -> torch.Tensor:
     return torch.from_numpy(a[:, n - k].copy()).to(torch.float64)
 
 
-def exact_scores(q: torch.Tensor, r: torch.Tensor, w: int, s: int, chunk: int = 4096) -> torch.Tensor:
-    """float64 scores ``w·|r|² − s·q·r`` of row-aligned pairs ``q [P, D]``, ``r [P, D]`` (float32 or float64), in
-    chunks of ``chunk`` rows (small temporaries stay in cache); one reduction per row, so equal vectors give bitwise
-    equal scores."""
+def exact_scores(q: torch.Tensor, r: torch.Tensor, w: int, chunk: int = 4096) -> torch.Tensor:
+    """float64 distances of row-aligned pairs ``q [P, D]``, ``r [P, D]`` (float32 or float64): ``Σ (q − r)²``
+    (euclidean, ``w = 1``: the direct form, exact to float64 round-off of the distance itself, where the expansion
+    ``|q|² + |r|² − 2 q·r`` loses every digit for near-duplicates) or ``−q·r`` (inner product). Each row is reduced
+    the same way (chunks of ``chunk`` rows keep temporaries in cache), so equal pairs give bitwise equal results."""
     out = torch.empty(len(q), dtype=torch.float64, device=q.device)
     for a in range(0, len(q), chunk):
         q64, r64 = q[a : a + chunk].to(torch.float64), r[a : a + chunk].to(torch.float64)
-        dots = (q64 * r64).sum(1)
-        out[a : a + chunk] = (r64 * r64).sum(1) * w - dots * s if w else -dots * s
+        out[a : a + chunk] = ((q64 - r64) ** 2).sum(1) if w else -(q64 * r64).sum(1)
     return out
 
 
@@ -323,7 +323,7 @@ class TorchOps:
     @staticmethod
     def where(c, a, b):
         if not isinstance(a, torch.Tensor):
-            a = torch.full_like(b, a) if isinstance(b, torch.Tensor) else torch.tensor(a)
+            a = torch.full_like(b, a) if isinstance(b, torch.Tensor) else torch.tensor(a, device=c.device)
         if not isinstance(b, torch.Tensor):
             b = torch.full_like(a, b)
         return torch.where(c, a, b)
@@ -786,10 +786,15 @@ def rank_exact(geo: Geometry, keys, counts, failed, qrows: torch.Tensor, k: int,
         failed: ``[b]`` bool (``ops`` arrays); qrows: ``[b]`` original query indices (tensor).
 
     Returns:
-        ``(indices [b, k], scores [b, k] float64, failed [b], float64 re-scores)``; rows flagged in ``failed``
-        (including those with fewer than k candidates) must be redone exactly by the caller.
+        ``(indices [b, k], distances [b, k] float64, failed [b], float64 re-scores)``: squared L2 distances
+        (euclidean) or negated inner products; rows flagged in ``failed`` (including those with fewer than k
+        candidates) must be redone exactly by the caller.
     """
     b, width = keys.shape
+    if width < k:  # only rows with fewer than k candidates (failed below) are this short
+        pad = ops.full((b, k - width), INT64_MAX, torch.int64, keys)
+        keys = np.concatenate([keys, pad], 1) if isinstance(keys, np.ndarray) else torch.cat([keys, pad], 1)
+        width = k
     failed = failed | (counts < k)
     d = ops.f64(ops.decode(keys))
     cols = keys & LOW32
@@ -805,12 +810,17 @@ def rank_exact(geo: Geometry, keys, counts, failed, qrows: torch.Tensor, k: int,
     prev[:, 1:] = link[:, :-1]
     amb = (link | prev) & (pos[None, :] < end[:, None]) & valid & ~failed[:, None]
     wk = min(width, max(k, int(end.max())))
-    cols, out, amb = cols[:, :wk] * 1, d[:, :wk] * 1, amb[:, :wk]
+    cols, out, amb = cols[:, :wk] * 1, d[:, :wk], amb[:, :wk]
+    if geo.w:  # d = |r|² − 2 q·r: add |q|² for the squared distance
+        q64 = geo.q.index_select(0, qrows).to(torch.float64)
+        out = out + ops.arr((q64 * q64).sum(1))[:, None]
+    else:
+        out = out * 1
     r, c = ops.split(ops.nonzero(amb), wk)
     if len(r):
         j = cols[r, c]
         tq = qrows.index_select(0, ops.tensor(r))
-        d64 = exact_scores(geo.q.index_select(0, tq), geo.r.index_select(0, ops.tensor(j)), geo.w, geo.s)
+        d64 = exact_scores(geo.q.index_select(0, tq), geo.r.index_select(0, ops.tensor(j)), geo.w)
         d64 = ops.arr(d64)
         chain = ops.cumsum_rows(~prev[:, :wk])[r, c]
         order = ops.lexsort(j, d64, r * (wk + 1) + chain)

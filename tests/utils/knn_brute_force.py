@@ -3,13 +3,21 @@
 import torch
 
 
+def scores(q, r, inner_product=False):
+    """float64 scores ``[Nq, M]`` (smaller is nearer): squared L2, or the negated inner product; every pair is
+    reduced the same way, so equal rows give bitwise equal scores."""
+    q, r = q.double(), r.double()
+    if inner_product:
+        return -(q[:, None, :] * r[None, :, :]).sum(-1)
+    return ((q[:, None, :] - r[None, :, :]) ** 2).sum(-1)
+
+
 def ranking(q, r, self_indices=None, inner_product=False):
     """Per query: reference indices ordered by float64 distance, ties by increasing index, own row removed."""
-    q, r = q.double(), r.double()
-    scores = -(q @ r.T) if inner_product else ((q[:, None, :] - r[None, :, :]) ** 2).sum(-1)
+    scores_ = scores(q, r, inner_product)
     out = []
     for i in range(len(q)):
-        order = torch.sort(scores[i], stable=True).indices.tolist()
+        order = torch.sort(scores_[i], stable=True).indices.tolist()
         if self_indices is not None:
             order.remove(int(self_indices[i]))
         out.append(order)
