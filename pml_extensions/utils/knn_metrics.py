@@ -89,14 +89,13 @@ def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> D
         out["mean_reciprocal_rank"] = torch.where(hit, 1.0 / first_rank, torch.zeros_like(first_rank))
     wanted = {"r_precision", "mean_average_precision_at_r", "mean_average_precision"} & set(names)
     if wanted:
-        relf = rel.to(torch.float32)
-        hits = relf.cumsum(1)  # exact in float32 up to 2^24 hits
+        hits = rel.cumsum(1, dtype=torch.int32)  # exact hit counts
         if "r_precision" in names:
             out["r_precision"] = hits.gather(1, upto_r).squeeze(1).to(torch.float64) / (upto_r.squeeze(1) + 1)
         if wanted - {"r_precision"}:
-            # precision at each relevant rank in float32 (relative error 6e-8 per term), summed in float64
-            ranks = torch.arange(1, k + 1, device=rel.device, dtype=torch.float32)
-            ap = hits.mul_(relf).div_(ranks).cumsum(1, dtype=torch.float64)
+            # precision at each relevant rank, in float64 (the brute force's arithmetic)
+            ranks = torch.arange(1, k + 1, device=rel.device, dtype=torch.float64)
+            ap = (hits * rel).to(torch.float64).div_(ranks).cumsum_(1)
             if "mean_average_precision" in names:
                 out["mean_average_precision"] = ap[:, -1] / R
             if "mean_average_precision_at_r" in names:
