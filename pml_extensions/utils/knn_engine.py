@@ -525,9 +525,13 @@ class BlockedKNN:
         """Exact top-k from sorted candidate keys (``ops`` arrays). Queries not certified are redone: by the rows
         method (``rows_fallback``, when they come from the threshold method; its buffer holds ``4k + 4096``
         candidates), else by a float64 scan of every reference."""
-        idx, dist, failed, n64 = rank_exact(geo, keys, counts, failed, qrows, k, ops)
-        self.last_plan["float64_rescored"] += n64
-        idx, dist, failed = ops.tensor(idx), ops.tensor(dist), ops.tensor(failed)
+        step = max(1, (self.memory_budget // 4) // (64 * max(1, keys.shape[1])))  # ~64 B per candidate in rank_exact
+        parts = []
+        for a in range(0, len(keys), step):
+            sl = slice(a, a + step)
+            parts.append(rank_exact(geo, keys[sl], counts[sl], failed[sl], qrows[sl], k, ops))
+            self.last_plan["float64_rescored"] += parts[-1][3]
+        idx, dist, failed = (torch.cat([ops.tensor(p[i]) for p in parts]) for i in range(3))
         bad = failed.nonzero().flatten()
         if len(bad):
             own_bad = None if own is None else own[bad]
@@ -550,7 +554,7 @@ class BlockedKNN:
         idx, dist = [], []
         for i, q in enumerate(qrows.tolist()):
             qq = geo.q[q]
-            scores = exact_scores(qq.expand(m, -1), geo.r, geo.w)
+            scores = exact_scores(qq.expand(m, -1), None, geo.r, None, geo.w)
             if own is not None:
                 scores[own[i]] = math.inf
             val, order = torch.sort(scores, stable=True)

@@ -100,14 +100,18 @@ def kth_largest_rows(p: torch.Tensor, k: int) -> torch.Tensor:
     return torch.from_numpy(a[:, n - k].copy()).to(torch.float64)
 
 
-def exact_scores(q: torch.Tensor, r: torch.Tensor, w: int, chunk: int = 4096) -> torch.Tensor:
-    """float64 distances of row-aligned pairs ``q [P, D]``, ``r [P, D]`` (float32 or float64): ``Σ (q − r)²``
-    (euclidean, ``w = 1``: the direct form, exact to float64 round-off of the distance itself, where the expansion
-    ``|q|² + |r|² − 2 q·r`` loses every digit for near-duplicates) or ``−q·r`` (inner product). Each row is reduced
-    the same way (chunks of ``chunk`` rows keep temporaries in cache), so equal pairs give bitwise equal results."""
-    out = torch.empty(len(q), dtype=torch.float64, device=q.device)
-    for a in range(0, len(q), chunk):
-        q64, r64 = q[a : a + chunk].to(torch.float64), r[a : a + chunk].to(torch.float64)
+def exact_scores(q, q_idx, r, r_idx, w: int, chunk: int = 4096) -> torch.Tensor:
+    """float64 distances of the pairs ``(q[q_idx[p]], r[r_idx[p]])`` (``q [Nq, D]``, ``r [M, D]`` float32 or
+    float64; index tensors, or None for ``arange``): ``Σ (q − r)²`` (euclidean, ``w = 1``: the direct form, exact to
+    float64 round-off of the distance itself, where the expansion ``|q|² + |r|² − 2 q·r`` loses every digit for
+    near-duplicates) or ``−q·r`` (inner product). Rows are gathered and reduced ``chunk`` pairs at a time (small
+    temporaries), each pair the same way, so equal pairs give bitwise equal results."""
+    n = len(q_idx) if q_idx is not None else len(r_idx) if r_idx is not None else len(q)
+    out = torch.empty(n, dtype=torch.float64, device=q.device)
+    for a in range(0, n, chunk):
+        qa = q[a : a + chunk] if q_idx is None else q.index_select(0, q_idx[a : a + chunk])
+        ra = r[a : a + chunk] if r_idx is None else r.index_select(0, r_idx[a : a + chunk])
+        q64, r64 = qa.to(torch.float64), ra.to(torch.float64)
         out[a : a + chunk] = ((q64 - r64) ** 2).sum(1) if w else -(q64 * r64).sum(1)
     return out
 
@@ -819,8 +823,7 @@ def rank_exact(geo: Geometry, keys, counts, failed, qrows: torch.Tensor, k: int,
     r, c = ops.split(ops.nonzero(amb), wk)
     if len(r):
         j = cols[r, c]
-        tq = qrows.index_select(0, ops.tensor(r))
-        d64 = exact_scores(geo.q.index_select(0, tq), geo.r.index_select(0, ops.tensor(j)), geo.w)
+        d64 = exact_scores(geo.q, qrows.index_select(0, ops.tensor(r)), geo.r, ops.tensor(j), geo.w)
         d64 = ops.arr(d64)
         chain = ops.cumsum_rows(~prev[:, :wk])[r, c]
         order = ops.lexsort(j, d64, r * (wk + 1) + chain)
