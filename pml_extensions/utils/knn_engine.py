@@ -1,12 +1,14 @@
 """Exact k nearest neighbours at the hardware floor: the k-NN engine of the accuracy calculators.
 
-**What "exact" means.** Query i and reference j are compared by the score ``d_ij = w·|r_j|² − s·q_i·r_j``
+**What "exact" means.** Query i and reference j are compared by the float32 score ``d_ij = w·|r_j|² − s·q_i·r_j``
 (euclidean: ``w = 1, s = 2``, the squared distance minus the per-query constant ``|q_i|²``; inner product:
-``w = 0, s = 1``); smaller is nearer. The engine returns the ranking of these scores evaluated in float64 from the
-(float32) embeddings (each product of two float32 numbers is exact in float64; the D products are summed in
-float64), equal float64 scores ordered by increasing reference index: the ranking of a float64 brute force, finer
-than any float32 ranking (whose order of near-ties within ~1e-7 depends on the GEMM kernel). Every cheaper score
-computed before that only *proposes* or *orders* candidates within a proven error bound.
+``w = 0, s = 1``; smaller is nearer). Every score the engine ranks comes from one kernel,
+``torch.sparse.sampled_addmm`` (:func:`~pml_extensions.utils.knn_selection.pair_dots`), which on the CPU gives a
+pair bitwise the same value wherever and with whatever else it is computed; :meth:`BlockedKNN.float32_scores`
+returns those scores for every pair. The result is the ranking of these float32 scores with ties (equal float32
+values) ordered by increasing reference index, as before this engine: a float64 brute force on these scores gives
+identical metrics. Every cheaper number (bfloat16 or float32 GEMM tiles) only *proposes* candidates, within proven
+bounds of the exact score ``d`` and hence of the engine's score (``|d32 − d| ≤ Δ32``).
 
 **Threshold method** (self-retrieval and k up to a few thousand; one engine on CPU and CUDA):
 
@@ -15,24 +17,24 @@ computed before that only *proposes* or *orders* candidates within a proven erro
    bfloat16 GEMM is measurably faster (:func:`low_precision_speedup`, measured once per device and cached;
    ``low_precision`` forces it on or off), else in float32. Self-retrieval (reference set = query set, own row
    excluded) computes the upper block triangle only: tile ``(I, J)`` serves the rows of ``I`` (neighbours in ``J``)
-   and the rows of ``J`` (neighbours in ``I``); the diagonal tiles come first.
-2. *Select by threshold, not by sort.* Each query holds ``U``, a proven upper bound on its exact k-th smallest score
-   ``t``: from its first tile (the k-th largest ``p̃`` plus its bound), then from its candidates (the k-th smallest
-   float32 score plus the float32 bound). A tile proposes, per query, every reference with ``p̃ ≥ (w·n_lo − U)/s −
-   E`` (``n_lo`` the tile's smallest ``|r|²``, ``E`` the proposal bound); the test is one vectorised comparison of
-   the tile with a threshold per row (and per column in the symmetric case; on the CPU NumPy compares the raw
-   bfloat16 bits as int16) and one ``flatnonzero``. No row is sorted and no ``topk`` runs.
-3. *Re-score.* Proposed pairs get float32 dot products (``torch.sparse.sampled_addmm`` on the tile's rows, which are
-   in cache) and are kept when ``d32 ≤ U + Δ32``; a query's buffer (``1.5·k + 32`` candidates) is pruned when full,
-   which tightens ``U``.
-4. *Rank exactly.* Candidates are sorted by int64 keys ``(d32, index)`` (NumPy's vectorised sort on the CPU).
-   Neighbours whose float32 scores lie within ``2·Δ32`` of each other form chains whose order float32 cannot
-   certify; those, and the chain across the k-th/(k+1)-th boundary, are re-scored in float64 and reordered.
+   and the rows of ``J`` (neighbours in ``I``); the diagonal tiles come first. On the CPU, tiles that touch
+   disjoint blocks of queries run on ``torch.get_num_threads()`` worker threads.
+2. *Select by threshold, not by sort.* Each query holds ``U``, a proven upper bound on its k-th score: from its first
+   tile (the k-th largest ``p̃`` plus its bound), then the k-th smallest score among its candidates. A tile proposes,
+   per query, every reference with ``p̃ ≥ (w·n_lo − U − Δ32)/s − E`` (``n_lo`` the tile's smallest ``|r|²``, ``E``
+   the proposal bound): one vectorised comparison of the tile with a threshold per row (and per column in the
+   symmetric case; on the CPU NumPy compares the raw bfloat16 bits as int16) and one ``flatnonzero``. No row is
+   sorted and no ``topk`` runs.
+3. *Re-score.* Proposed pairs get the engine's float32 scores (the tile's rows are in cache) and are kept when
+   ``d32 ≤ U``; a query's buffer (``1.5·k + 32`` candidates) is pruned when full, which tightens ``U``.
+4. *Rank.* A query's candidates are sorted by int64 keys ``(d32, reference index)`` (NumPy's vectorised sort on the
+   CPU); the first k are its neighbours.
 
 **Rows method.** When ``k`` is a large fraction of the references (``16·k·(1 + ln(M/B)) > M``, e.g. 6 classes),
-proposing saves little: a block of queries is scored against all references in one float32 GEMM, an upper bound
-of each row's k-th score is the k-th smallest of the minima over groups of columns (a NumPy partition of ``M/g``
-values), every ``d32 ≤ bound + 2·Δ32`` is a candidate, and step 4 ranks them.
+proposing saves little: a block of queries is scored against all references by one float32 GEMM, the k-th smallest
+of the minima over groups of columns bounds each row's k-th GEMM score ``K`` (a NumPy partition of ``M/g``
+values), every reference with a GEMM score ``≤ K + 4·Δ32`` is a candidate, and candidates are re-scored and ranked
+as in 3-4.
 
 **Error bounds** (``u`` = unit roundoff, ``γ_n(v) = n·v/(1 − n·v)``; Higham, *Accuracy and Stability of Numerical
 Algorithms*, 2nd ed., Sec. 3.1):
@@ -40,24 +42,23 @@ Algorithms*, 2nd ed., Sec. 3.1):
 - bfloat16 proposal pass. The inputs are rounded to nearest: ``q̂_d = q_d(1 + α_d)``, ``|α_d| ≤ u = 2⁻⁸``; the
   product of two bfloat16 numbers (8 significant bits each) is exact in float32; the GEMM adds the D products in
   float32 in an unknown order, bounded for any summation tree by ``γ_D(v)·Σ|q̂_d r̂_d|`` (``v = 2⁻²⁴``; ``2⁻²³``
-  on CUDA, whose tensor cores may truncate); the sum is stored in bfloat16 (``u_out = 2⁻⁸``; CUDA: float32, as
-  ``torch.mm`` returns it). Hence ``|p̃ − p| ≤ [(1 + u)²(1 + γ_D(v))(1 + u_out) − 1]·Σ|q_d r_d| ≤ c·|q|·|r|``
-  (Cauchy–Schwarz), ``c = 0.011772`` for D = 128 on the CPU (:func:`pass_error_bound`). Subnormals flushed to zero
-  (AVX512-BF16, tensor cores) move each input or partial sum by < 2⁻¹²⁶: ``η = 2D·2⁻¹²⁶(1 + |q|)(1 + |r|)``
-  covers them. float64 inputs add one rounding to float32 per entry (``(1 + 2⁻²⁴)²`` more).
-- float32 scores (re-scoring, float32 tiles, the rows method): ``|p32 − p| ≤ γ_D(2⁻²⁴)·|q|·|r|`` in any order
-  (Higham eq. 3.5); ``|r|²`` in float32 and ``w·|r|² − s·p32`` add at most 4 roundings:
-  ``|d32 − d| ≤ Δ32 = γ_{D+4}(2⁻²⁴)·(w·|r|²_max + s·|q|·|r|_max) + s·η``, per query.
-- Proposal rule. ``d ≤ t ≤ U`` implies ``p ≥ (w·|r|² − U)/s ≥ (w·n_lo − U)/s`` and ``p̃ ≥ p − E``, so every true
-  neighbour, and every reference tied with the k-th, is proposed. ``k`` candidates with ``d32 ≤ x`` prove
-  ``t ≤ x + Δ32``; a candidate with ``d32 > U + Δ32`` has ``d > U ≥ t`` and is dropped safely. Threshold
-  arithmetic carries a relative slack of 2⁻²⁰, which covers its own rounding.
-- Ranking. Sorted by ``d32``, neighbours more than ``2·Δ32`` apart are in their exact order; only closer chains are
-  re-scored in float64.
+  on CUDA, whose tensor cores may truncate); the sum is stored in bfloat16 (``u_out = 2⁻⁸``; CUDA: float32). Hence
+  ``|p̃ − p| ≤ [(1 + u)²(1 + γ_D(v))(1 + u_out) − 1]·Σ|q_d r_d| ≤ c·|q|·|r|`` (Cauchy–Schwarz), ``c = 0.011772``
+  for D = 128 on the CPU (:func:`pass_error_bound`). Subnormals flushed to zero (AVX512-BF16, tensor cores) move
+  each input or partial sum by < 2⁻¹²⁶: ``η = 2D·2⁻¹²⁶(1 + |q|)(1 + |r|)`` covers them. float64 inputs add one
+  rounding to float32 per entry (``(1 + 2⁻²⁴)²`` more).
+- float32 scores (the engine's and a float32 GEMM's): ``|p32 − p| ≤ γ_D(2⁻²⁴)·|q|·|r|`` in any order (Higham eq.
+  3.5); ``|r|²`` in float32 and ``w·|r|² − s·p32`` add at most 4 roundings: ``|d32 − d| ≤ Δ32 =
+  γ_{D+4}(2⁻²⁴)·(w·|r|²_max + s·|q|·|r|_max) + s·η``, per query.
+- Proposal rule. A reference with engine score ``≤ U`` has ``d ≤ U + Δ32``, so ``p ≥ (w·|r|² − U − Δ32)/s ≥
+  (w·n_lo − U − Δ32)/s`` and ``p̃ ≥ p − E``: every neighbour, and every reference tied with the k-th, is proposed.
+  In the rows method a GEMM score ``g`` has ``|g − d32| ≤ 2·Δ32``, hence the ``4·Δ32`` margin. Threshold arithmetic
+  carries a relative slack of 2⁻²⁰, which covers its own rounding.
 - Certification. The bound is checked on every re-scored pair (``|p32 − p̃| ≤ E + γ_D·|q|·|r|``). A query whose
-  proposal score broke it, whose embeddings could overflow float32 products, or whose candidates within the
-  bounds do not fit its buffer (e.g. more than ``1.5·k + 32`` references within ``2·Δ32`` of its k-th score) is
-  *not certified* and is redone exactly: float64 scores against every reference, stably sorted.
+  proposal score broke it or whose candidates do not fit its buffer (more than ``1.5·k + 32`` references tied with
+  or proposed beyond its k-th score) is *not certified* and is redone by the rows method (buffer ``4k + 4096``);
+  what that cannot certify is ranked by scoring every reference. Embeddings whose products could overflow float32
+  use that last path only.
 
 Under ``torch.distributed`` the calculators give each rank its share of query blocks (``knn_metrics``); the
 symmetric sweep is used within a process when its queries are at least half of the reference rows.
@@ -76,13 +77,15 @@ from .knn_selection import (
     SLACK,
     Geometry,
     ThresholdSweep,
-    exact_scores,
     gamma,
+    key_scores,
     kth_smallest_rows,
     ops_for,
     ordered_keys,
-    rank_exact,
+    scores32,
+    self_dots,
     sort_rows,
+    top_k,
     up32,
 )
 
@@ -182,12 +185,12 @@ class BlockedKNN:
     ``(indices [b, k], distances [b, k] or None)`` for every query. ``__call__(query [N, D], k, reference=None,
     ref_includes_query=False)`` is PML's ``knn_func`` interface and returns ``(distances [N, k], indices [N, k])``,
     row i of the reference removed for query i when ``ref_includes_query`` (the queries are the first rows of the
-    reference, PML's layout). Distances are squared L2 (euclidean) or similarities (inner product), in the
-    embeddings' float dtype.
+    reference, PML's layout). Distances are squared L2 (euclidean: the engine's score + ``|q|²``) or similarities
+    (inner product), in the embeddings' float dtype.
 
     After a search, ``stage_seconds`` holds the time per stage (``gemm``, ``selection``, ``rescore``, ``rank``; on
     CUDA synchronised only when ``profile_stages`` is True) and ``last_plan`` what was done (method, tile,
-    precision, symmetric, proposals, float64 re-scores, queries redone exactly).
+    precision, symmetric, proposals re-scored, queries redone by the rows method and by a full scan).
 
     k must lie in ``[1, available references]``; the calculators clamp it first (see their docs).
     Runs on the inputs' device (never moves them to another device).
@@ -368,7 +371,6 @@ class BlockedKNN:
             low_precision=lp,
             symmetric=symmetric and method == "threshold",
             proposals=0,
-            float64_rescored=0,
             redone_by_rows=0,
             redone_exactly=0,
         )
@@ -428,7 +430,7 @@ class BlockedKNN:
     # ---------------------------------------------------------------------------------------------- methods
     def _rows_method(self, geo, k, rows, own_rows, return_distances, out, certifiable):
         """The rows method for queries ``rows`` (``own_rows``: their excluded references, or None); the queries it
-        cannot certify are ranked by a float64 scan."""
+        cannot certify are ranked by scoring every reference."""
         m = geo.r.shape[0]
         bs = min(self.block_size(m, k), len(rows))
         if out is None or out.shape[0] < bs or out.shape[1] != m or out.dtype != torch.float32:
@@ -443,7 +445,7 @@ class BlockedKNN:
             b = len(blk)
             d = out[:b]
             if geo.w:
-                torch.addmm(geo.rsq, geo.q32[blk], geo.r32.T, beta=1, alpha=-2, out=d)
+                torch.addmm(geo.rsq32, geo.q32[blk], geo.r32.T, beta=1, alpha=-2, out=d)
             else:
                 torch.mm(geo.q32[blk], geo.r32.T, out=d)
                 d.neg_()
@@ -456,8 +458,10 @@ class BlockedKNN:
                 failed[:] = True
             mins = d[:, : g * groups].view(b, g, groups).amin(1) if g > 1 else d.clone()
             kth = kth_smallest_rows(mins, k).to(geo.device).to(torch.float64)
+            # k GEMM scores <= kth: the k-th engine score is <= kth + 2·Δ32; a reference whose engine score is at
+            # most that has a GEMM score <= kth + 4·Δ32 (both within Δ32 of the exact score)
             delta = geo.delta32[blk]
-            limit = up32(kth + 2 * delta * (1 + SLACK) + SLACK * kth.abs())
+            limit = up32(kth + 4 * delta * (1 + SLACK) + SLACK * kth.abs())
             mask = d <= limit[:, None]
             counts = mask.sum(1)
             failed |= counts > cap
@@ -466,7 +470,9 @@ class BlockedKNN:
                 counts[failed] = 0
             flat = ops.tensor(ops.nonzero(ops.arr(mask)))
             r, c = flat // m, flat % m
-            keys = ordered_keys(d.view(-1)[flat], c)
+            t0 = self._tick("selection", t0)
+            keys = ordered_keys(scores32(geo.q.index_select(0, blk), geo.r, r, c, geo.rsq, geo.w, geo.s), c)
+            t0 = self._tick("rescore", t0)
             width = max(int(counts.max()), k)
             packed = torch.full((b, width), INT64_MAX, dtype=torch.long, device=geo.device)
             starts = torch.cumsum(counts, 0) - counts
@@ -522,42 +528,65 @@ class BlockedKNN:
         return out
 
     def _rank(self, geo, keys, counts, qrows, own, k, failed, return_distances, ops, rows_fallback=True):
-        """Exact top-k from sorted candidate keys (``ops`` arrays). Queries not certified are redone: by the rows
-        method (``rows_fallback``, when they come from the threshold method; its buffer holds ``4k + 4096``
-        candidates), else by a float64 scan of every reference."""
-        step = max(1, (self.memory_budget // 4) // (64 * max(1, keys.shape[1])))  # ~64 B per candidate in rank_exact
-        parts = []
-        for a in range(0, len(keys), step):
-            sl = slice(a, a + step)
-            parts.append(rank_exact(geo, keys[sl], counts[sl], failed[sl], qrows[sl], k, ops))
-            self.last_plan["float64_rescored"] += parts[-1][3]
-        idx, dist, failed = (torch.cat([ops.tensor(p[i]) for p in parts]) for i in range(3))
+        """Top-k of sorted candidate keys (``ops`` arrays). Queries not certified are redone: by the rows method
+        (``rows_fallback``, when they come from the threshold method; its buffer holds ``4k + 4096`` candidates),
+        else by scoring every reference."""
+        idx, d, failed = (ops.tensor(x) for x in top_k(keys, counts, failed, k, ops))
         bad = failed.nonzero().flatten()
         if len(bad):
             own_bad = None if own is None else own[bad]
+            idx, d = idx.clone(), d.clone()
             if rows_fallback:
                 self.last_plan["redone_by_rows"] += len(bad)
-                for pos, ri, rd in self._rows_method(geo, k, qrows[bad], own_bad, True, None, True):
-                    idx[bad[pos]] = ri
-                    dist[bad[pos]] = rd.to(torch.float64) * (1 if geo.w else -1)  # back to "smaller is nearer"
+                for pos, ri, rd in self._rows_method(geo, k, qrows[bad], own_bad, "scores", None, True):
+                    idx[bad[pos]], d[bad[pos]] = ri, rd
             else:
                 self.last_plan["redone_exactly"] += len(bad)
-                ei, ed = self._exact_rows(geo, qrows[bad], own_bad, k)
-                idx[bad], dist[bad] = ei, ed
+                idx[bad], d[bad] = self._exact_rows(geo, qrows[bad], own_bad, k)
+        if return_distances == "scores":  # the engine's float32 scores (a fallback feeding the threshold method)
+            return idx, d
         if not return_distances:
             return idx, None
-        return idx, (dist.clamp_(min=0) if geo.w else -dist).to(geo.q.dtype)
+        if geo.w:  # squared distance = score + |q|²
+            qsq = self_dots(geo.q.index_select(0, qrows))
+            return idx, (d.to(qsq.dtype) + qsq[:, None]).clamp_(min=0)
+        return idx, -d.to(geo.q.dtype)
 
     def _exact_rows(self, geo, qrows, own, k):
-        """float64 scores of queries ``qrows`` against every reference, stably sorted (ties by index)."""
+        """The engine's float32 scores of queries ``qrows`` against every reference, sorted by (score, index): the
+        last fallback. Returns (indices [b, k], scores [b, k])."""
         m = geo.r.shape[0]
-        idx, dist = [], []
-        for i, q in enumerate(qrows.tolist()):
-            qq = geo.q[q]
-            scores = exact_scores(qq.expand(m, -1), None, geo.r, None, geo.w)
+        ref = torch.arange(m, device=geo.device)
+        rows = max(1, self.memory_budget // (32 * max(m, 1)))
+        idx, d = [], []
+        for a in range(0, len(qrows), rows):
+            q = qrows[a : a + rows]
+            i = torch.arange(len(q), device=geo.device).repeat_interleave(m)
+            sc = scores32(geo.q.index_select(0, q), geo.r, i, ref.repeat(len(q)), geo.rsq, geo.w, geo.s)
+            sc = sc.view(len(q), m)
             if own is not None:
-                scores[own[i]] = math.inf
-            val, order = torch.sort(scores, stable=True)
-            idx.append(order[:k])
-            dist.append(val[:k])
-        return torch.stack(idx), torch.stack(dist)
+                sc[torch.arange(len(q), device=geo.device), own[a : a + rows]] = math.inf
+            keys = sort_rows(ordered_keys(sc, ref.expand(len(q), m)))[:, :k]
+            idx.append(keys & LOW32)
+            d.append(key_scores(keys))
+        return torch.cat(idx), torch.cat(d)
+
+    def float32_scores(self, query: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+        """The engine's float32 scores of every pair, ``[Nq, M]`` float32, smaller is nearer: ``|r|² − 2 q·r``
+        (euclidean: the squared distance minus ``|q|²``) or ``−q·r`` (inner product), by the one kernel the engine
+        ranks with (:func:`~pml_extensions.utils.knn_selection.pair_dots`). A stable sort of a row (ties by
+        reference index) is the engine's ranking of that query; meant for checks on small sets.
+
+        Example:
+            >>> knn = BlockedKNN()
+            >>> x = torch.tensor([[0.0], [1.0], [3.0]])
+            >>> knn.float32_scores(x, x).tolist()
+            [[0.0, 1.0, 9.0], [0.0, -1.0, 3.0], [0.0, -5.0, -9.0]]
+        """
+        q, r = self.prepare(query, "query"), self.prepare(reference, "reference")
+        n, m = len(q), len(r)
+        w, s = (0, 1) if self.inner_product else (1, 2)
+        r_sq = self_dots(r) if w else torch.zeros(m, dtype=r.dtype, device=r.device)
+        i = torch.arange(n, device=q.device).repeat_interleave(m)
+        j = torch.arange(m, device=q.device).repeat(n)
+        return scores32(q, r, i, j, r_sq, w, s).view(n, m)

@@ -1,7 +1,7 @@
 """Selection machinery of the exact k-NN engine (:class:`~pml_extensions.utils.knn_engine.BlockedKNN`):
-order-preserving keys, float32 / float64 scores with their error bounds, per-query candidate buffers and the
-threshold sweep over score tiles. The method and the derivation of every bound used here are in the module
-docstring of :mod:`~pml_extensions.utils.knn_engine`; this module only implements them.
+order-preserving keys, the engine's float32 scores (:func:`pair_dots`) and their error bounds, per-query candidate
+buffers and the threshold sweep over score tiles. The method and the derivation of every bound used here are in the
+module docstring of :mod:`~pml_extensions.utils.knn_engine`; this module only implements them.
 
 The per-proposal bookkeeping runs through :class:`NumpyOps` on the CPU (NumPy views of the tensors, no copies: its
 compare, ``flatnonzero``, gathers and sorts cost a tenth of torch's per-op overhead on arrays of 10⁵-10⁶ entries)
@@ -100,20 +100,36 @@ def kth_largest_rows(p: torch.Tensor, k: int) -> torch.Tensor:
     return torch.from_numpy(a[:, n - k].copy()).to(torch.float64)
 
 
-def exact_scores(q, q_idx, r, r_idx, w: int, chunk: int = 4096) -> torch.Tensor:
-    """float64 distances of the pairs ``(q[q_idx[p]], r[r_idx[p]])`` (``q [Nq, D]``, ``r [M, D]`` float32 or
-    float64; index tensors, or None for ``arange``): ``Σ (q − r)²`` (euclidean, ``w = 1``: the direct form, exact to
-    float64 round-off of the distance itself, where the expansion ``|q|² + |r|² − 2 q·r`` loses every digit for
-    near-duplicates) or ``−q·r`` (inner product). Rows are gathered and reduced ``chunk`` pairs at a time (small
-    temporaries), each pair the same way, so equal pairs give bitwise equal results."""
-    n = len(q_idx) if q_idx is not None else len(r_idx) if r_idx is not None else len(q)
-    out = torch.empty(n, dtype=torch.float64, device=q.device)
-    for a in range(0, n, chunk):
-        qa = q[a : a + chunk] if q_idx is None else q.index_select(0, q_idx[a : a + chunk])
-        ra = r[a : a + chunk] if r_idx is None else r.index_select(0, r_idx[a : a + chunk])
-        q64, r64 = qa.to(torch.float64), ra.to(torch.float64)
-        out[a : a + chunk] = ((q64 - r64) ** 2).sum(1) if w else -(q64 * r64).sum(1)
-    return out
+def pair_dots(a: torch.Tensor, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """Dot products ``a[i[p]]·b[j[p]]`` (``a [n, D]``, ``b [m, D]``, same dtype; ``i`` ascending) by
+    ``torch.sparse.sampled_addmm``: THE kernel of every score the engine ranks. On the CPU it computes each pair by
+    one vectorised loop whose order depends only on D (not on the pattern, the pair's position, the argument order,
+    the number of threads), so a pair gets bitwise the same value wherever it is scored."""
+    crow = torch.zeros(len(a) + 1, dtype=torch.long, device=a.device)
+    crow[1:] = torch.cumsum(torch.bincount(i, minlength=len(a)), 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+        pattern = torch.sparse_csr_tensor(
+            crow,
+            j,
+            torch.zeros(len(j), dtype=a.dtype, device=a.device),
+            size=(len(a), len(b)),
+            check_invariants=False,
+        )
+        return torch.sparse.sampled_addmm(pattern, a, b.T, beta=0.0).values()
+
+
+def scores32(a, b, i, j, b_sq, w: int, s: int) -> torch.Tensor:
+    """The engine's float32 scores ``w·|b_j|² − s·a_i·b_j`` of pairs (``i`` ascending; ``b_sq`` = :func:`pair_dots`
+    of ``b`` with itself), combined in the inputs' dtype and rounded to float32."""
+    dots = pair_dots(a, b, i, j)
+    return (b_sq.index_select(0, j) * w - dots * s if w else dots * -s).to(torch.float32)
+
+
+def self_dots(x: torch.Tensor) -> torch.Tensor:
+    """``|x_i|²`` by :func:`pair_dots` (the same kernel as every score)."""
+    ids = torch.arange(len(x), device=x.device)
+    return pair_dots(x, x, ids, ids)
 
 
 # ------------------------------------------------------------------------------------------------ array ops
@@ -358,9 +374,10 @@ class Geometry:
     """Prepared operands of one search, their norms and error bounds, and the tile operands (references sorted
     by norm, so each tile's norm range, hence its thresholds, is tight).
 
-    ``w, s``: the score ``d = w·|r|² − s·q·r``. ``delta32 [Nq]`` (float64): per query, the bound on
-    ``|d32 − d|`` of any float32 score. ``c_lp``: relative bound of the proposal pass (``|p̃ − p| ≤ c_lp·|q|·|r| +
-    η``; the float32 dot bound when the pass is float32).
+    ``w, s``: the score ``d = w·|r|² − s·q·r``. ``delta32 [Nq]`` (float64): per query, the bound on ``|d32 − d|``
+    of every float32 score of that query (the engine's :func:`scores32` and a float32 GEMM's alike). ``c_lp``:
+    relative bound of the proposal pass (``|p̃ − p| ≤ c_lp·|q|·|r| + η``; the float32 dot bound when the pass is
+    float32). ``rsq``: the references' ``|r|²`` by :func:`self_dots` (prepared dtype).
     """
 
     def __init__(self, query, reference, inner_product, low_precision, c_lp, symmetric, tiles):
@@ -370,7 +387,10 @@ class Geometry:
         self.q32, self.r32 = query.to(torch.float32), reference.to(torch.float32)
         self.qn = torch.linalg.vector_norm(self.q32, dim=1)
         self.rn = torch.linalg.vector_norm(self.r32, dim=1)
-        self.rsq = (self.r32 * self.r32).sum(1) if self.w else torch.zeros_like(self.rn)
+        self.rsq = (
+            self_dots(reference) if self.w else torch.zeros(len(reference), dtype=query.dtype, device=self.device)
+        )
+        self.rsq32 = self.rsq.to(torch.float32)
         d = query.shape[1]
         wide = query.dtype != torch.float32  # float64 inputs: one more rounding (to float32) per entry
         self.g_dot = gamma(d + 2 * wide, 2.0**-24)  # a float32 dot product or squared norm, any order
@@ -391,14 +411,15 @@ class Geometry:
                 self.inv = torch.empty_like(self.perm)
                 self.inv[self.perm] = torch.arange(len(self.perm), device=self.device)
             take = (lambda t: t) if self.perm is None else (lambda t: t[self.perm])
-            self.t_r32, self.t_rn, self.t_rsq = take(self.r32), take(self.rn), take(self.rsq)
+            self.t_r, self.t_r32, self.t_rn, self.t_rsq = take(reference), take(self.r32), take(self.rn), take(self.rsq)
+            self.t_rsq32 = self.t_rsq.to(torch.float32)
             self.t_rlp = self.t_r32.to(torch.bfloat16) if low_precision else self.t_r32
             self.t_ids = torch.arange(len(self.r), device=self.device) if self.perm is None else self.perm
             if symmetric:
-                self.t_q32, self.t_qn, self.t_qlp = self.t_r32, self.t_rn, self.t_rlp
+                self.t_q, self.t_qn, self.t_qlp = self.t_r, self.t_rn, self.t_rlp
                 self.t_delta = take(self.delta32)
             else:
-                self.t_q32, self.t_qn = self.q32, self.qn
+                self.t_q, self.t_qn = query, self.qn
                 self.t_qlp = self.q32.to(torch.bfloat16) if low_precision else self.q32
                 self.t_delta = self.delta32
 
@@ -410,8 +431,9 @@ class Geometry:
 # ------------------------------------------------------------------------------------------------ buffers
 class State:
     """Candidate buffers of a set of queries: int64 keys ``(float32 score, reference index)`` (``cap`` per query),
-    counts, upper bounds ``U`` on each query's k-th exact score, the float32 keep limits ``U + Δ32`` and the
-    queries that could not be certified. Arrays are ``ops`` arrays (NumPy on the CPU)."""
+    counts, upper bounds ``U`` on each query's k-th float32 score (the engine's, :func:`scores32`), the float32 keep
+    limits (``U`` rounded up) and the queries that could not be certified. ``delta``: Δ32 per query. Arrays are
+    ``ops`` arrays (NumPy on the CPU)."""
 
     def __init__(self, n: int, cap: int, k: int, delta: torch.Tensor, device: torch.device, ops):
         self.ops, self.cap, self.k = ops, cap, k
@@ -424,12 +446,10 @@ class State:
         self._flat = self.keys.reshape(-1)
 
     def _set_u(self, rows, u) -> None:
-        """``U`` and keep limit ``up32(U + Δ32)`` of ``rows`` (an index array or a slice)."""
+        """``U`` and keep limit ``up32(U)`` of ``rows`` (an index array or a slice)."""
         ops = self.ops
         self.U[rows] = u
-        finite = ops.where(abs(u) < 1e300, abs(u), 0.0)
-        lim = ops.up32(u + self.delta[rows] * (1 + SLACK) + SLACK * finite)
-        self.limit[rows] = ops.where(self.failed[rows], -math.inf, lim)
+        self.limit[rows] = ops.where(self.failed[rows], -math.inf, ops.up32(u))
 
     def export(self, local):
         """(sorted keys, counts, failed) of the state rows ``local`` (an ``ops`` index array)."""
@@ -498,13 +518,12 @@ class State:
         self.fail(big[ops.nonzero(~fits)])
 
     def _prune(self, rows, keys, counts):
-        """Sorted ``keys`` of ``rows``, ``U`` tightened from the k-th smallest, candidates beyond the new keep
-        limit dropped; returns (keys, new counts)."""
+        """Sorted ``keys`` of ``rows``, ``U`` tightened to the k-th smallest score, candidates beyond it dropped (ties
+        with it kept); returns (keys, new counts)."""
         ops = self.ops
         keys = ops.sort_rows(keys)
         have = (counts >= self.k) & ~self.failed[rows]
-        kth = ops.f64(ops.decode(keys[:, self.k - 1]))
-        bound = kth + self.delta[rows] * (1 + SLACK) + SLACK * abs(kth)
+        bound = ops.f64(ops.decode(keys[:, self.k - 1]))  # k candidates at or below: the k-th score is no larger
         u = self.U[rows]
         self._set_u(rows, ops.where(have & (bound < u), bound, u))
         limit_keys = ops.keys(self.limit[rows], ops.full((len(rows),), LOW32, torch.int64, rows))
@@ -591,12 +610,12 @@ class ThresholdSweep:
         qn = qn.to(torch.float64)
         return g.c_lp * qn * rn_max + g.eta * (1 + qn) * (1 + rn_max)
 
-    def _thresholds(self, u, qn, rn_max, rsq_min, dtype):
-        """Lower bounds on ``p̃`` of a proposal, ``(w·|r|²_min − U)/s − err`` with slack, rounded down to the
-        tile's dtype (returned as float32)."""
+    def _thresholds(self, u, delta, qn, rn_max, rsq_min, dtype):
+        """Lower bounds on ``p̃`` of a proposal, rounded down to the tile's dtype (as float32): a score ``≤ U``
+        means ``d ≤ U + Δ32``, i.e. ``p ≥ (w·|r|²_min − U − Δ32)/s``, and ``p̃ ≥ p − err`` (slack included)."""
         g = self.geo
         n_lo = rsq_min * (1 - g.g_dot)
-        uc = u.clamp(-1e300, 1e300)
+        uc = (u + delta * (1 + SLACK)).clamp(-1e300, 1e300)
         err = self._err(qn, rn_max)
         t = (g.w * n_lo - uc) / g.s - err
         t = t - SLACK * ((g.w * n_lo + uc.abs()) / g.s + err) - 1e-300
@@ -605,44 +624,39 @@ class ThresholdSweep:
         return bf16_floor(t).to(torch.float32) if dtype == torch.bfloat16 else down32(t)
 
     def _seed(self, st, base, p, qn, rn_max, rsq_max):
-        """``U`` of queries (tile rows) from their first tile: the k-th largest ``p̃`` of the row + its bound."""
+        """``U`` of queries (tile rows) from their first tile: k references have ``p̃ ≥`` the k-th largest ``p̃``,
+        so ``d ≤ w·|r|²_max − s·(p̃_k − err)`` and their float32 scores at most ``Δ32`` more."""
         g = self.geo
         if p.shape[1] <= self.k:
             return
         kth = kth_largest_rows(p, self.k).to(g.device)
         n_hi = rsq_max * (1 + 2 * g.g_dot)
-        bound = g.w * n_hi - g.s * kth + g.s * self._err(qn, rn_max)
-        st.lower_u(base, bound + SLACK * (g.w * n_hi + g.s * kth.abs() + bound.abs()))
+        delta = self.ops.tensor(st.delta[base : base + len(kth)])
+        bound = g.w * n_hi - g.s * kth + g.s * self._err(qn, rn_max) + delta
+        st.lower_u(base, bound + SLACK * (g.w * n_hi + g.s * kth.abs() + bound.abs() + delta))
 
-    def _rescore(self, st, a32, b32, i, j, vals, qn_rows, rn_max, fail_rows):
-        """float32 dots ``a32[i]·b32[j]`` of pairs sorted by ``i`` (``vals`` when the pass was float32); queries of
-        pairs whose proposal score broke its bound are failed (``fail_rows(bad pair indices)``)."""
+    def _dots(self, st, a, b, i, j, vals, qn_rows, rn_max, fail_rows):
+        """The engine's dot products of the proposed pairs (``a[i]·b[j]``, ``i`` ascending; :func:`pair_dots`);
+        queries of pairs whose proposal score broke its bound are failed (``fail_rows(bad pair indices)``)."""
         g, ops = self.geo, self.ops
         with self._lock:
             self.proposals += len(i)
-        if not g.low_precision or len(i) == 0:
+        if len(i) == 0:
             return vals
-        ti, tj = ops.tensor(i), ops.tensor(j)
-        crow = torch.zeros(len(a32) + 1, dtype=torch.long, device=g.device)
-        crow[1:] = torch.cumsum(torch.bincount(ti, minlength=len(a32)), 0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-            pattern = torch.sparse_csr_tensor(
-                crow,
-                tj,
-                torch.zeros(len(ti), dtype=torch.float32, device=g.device),
-                size=(len(a32), len(b32)),
-                check_invariants=False,
-            )
-            p32 = ops.arr(torch.sparse.sampled_addmm(pattern, a32, b32.T, beta=0.0).values())
+        dots = ops.arr(pair_dots(a, b, ops.tensor(i), ops.tensor(j)))
         rn = float(rn_max)
-        scale = ((g.c_lp + g.g_dot) * (1 + SLACK) * rn + g.eta * (1 + rn)) * 1.0
-        bound = qn_rows[i] * scale + g.eta * (1 + rn) + 1e-30
-        bad = ops.nonzero(~(abs(p32 - vals) <= bound))
+        scale = (g.c_lp + g.g_dot) * (1 + SLACK) * rn + g.eta * (1 + rn)
+        bad = ops.nonzero(~(abs(dots - vals) <= qn_rows[i] * scale + g.eta * (1 + rn) + 1e-30))
         if len(bad):
             for rows in fail_rows(bad):
                 st.fail(rows)
-        return p32
+        return dots
+
+    def _score(self, rsq, j, dots):
+        """float32 scores from dot products, by :func:`scores32`'s arithmetic (bitwise the same values)."""
+        g = self.geo
+        d = rsq[j] * g.w - dots * g.s if g.w else dots * -g.s
+        return d.astype(np.float32) if isinstance(d, np.ndarray) else d.to(torch.float32)
 
     def _scores(self, qa, lo, hi):
         """Query-major tile ``[len(qa), hi − lo]`` of proposal scores, written into a buffer reused from tile to
@@ -676,15 +690,15 @@ class ThresholdSweep:
         rn_max, rsq_max, rsq_min = rn.max().double(), g.t_rsq[lo:hi].max().double(), g.t_rsq[lo:hi].min().double()
         if seed:
             self._seed(st, base, p, qn, rn_max, rsq_max)
-        t = self._thresholds(ops.tensor(st.U[base : base + nq]), qn, rn_max, rsq_min, p.dtype)
+        span = slice(base, base + nq)
+        t = self._thresholds(ops.tensor(st.U[span]), ops.tensor(st.delta[span]), qn, rn_max, rsq_min, p.dtype)
         flat = ops.select(p, t, None, self._buffers)
         i, j = ops.split(flat, nc)
         vals = self._values(p, flat)
         t0 = self.tick("selection", t0)
-        a_qn = ops.arr(qn)
-        p32 = self._rescore(st, g.t_q32[qsel], g.t_r32[lo:hi], i, j, vals, a_qn, rn_max, lambda bad: [i[bad] + base])
+        dots = self._dots(st, g.t_q[qsel], g.t_r[lo:hi], i, j, vals, ops.arr(qn), rn_max, lambda bad: [i[bad] + base])
+        d = self._score(self.a_rsq[lo:hi], j, dots)
         t0 = self.tick("rescore", t0)
-        d = self.a_rsq[lo:hi][j] * g.w - p32 * g.s
         if seed:
             self._tighten_seed(st, base, nq, i, d)
         st.add(i + base, d, self.a_ids[j + lo], base, nq)
@@ -701,9 +715,7 @@ class ThresholdSweep:
         rank = ops.arange(len(i), i) - starts[i]
         packed = torch.full((nq, width), math.inf, dtype=torch.float32, device=self.geo.device)
         ops.arr(packed).reshape(-1)[i * width + rank] = d
-        kth = kth_smallest_rows(packed, self.k).to(self.geo.device).to(torch.float64)
-        delta = ops.tensor(st.delta[base : base + nq])
-        st.lower_u(base, kth + delta * (1 + SLACK) + SLACK * kth.abs())
+        st.lower_u(base, kth_smallest_rows(packed, self.k).to(self.geo.device).to(torch.float64))
 
     def pair_tile(self, st, a, b, c, e, state_lo):
         """Off-diagonal tile of the symmetric sweep: tile rows ``a:b`` × ``c:e`` serving both as queries."""
@@ -714,21 +726,22 @@ class ThresholdSweep:
         nr, nc = p.shape
         rn_i, rn_j, rsq_i, rsq_j = g.t_rn[a:b], g.t_rn[c:e], g.t_rsq[a:b], g.t_rsq[c:e]
         bi, bj = a - state_lo, c - state_lo
-        t_i = self._thresholds(ops.tensor(st.U[bi : bi + nr]), rn_i, rn_j.max().double(), rsq_j.min().double(), p.dtype)
-        t_j = self._thresholds(ops.tensor(st.U[bj : bj + nc]), rn_j, rn_i.max().double(), rsq_i.min().double(), p.dtype)
+        si, sj = slice(bi, bi + nr), slice(bj, bj + nc)
+        u_i, d_i, u_j, d_j = (ops.tensor(x) for x in (st.U[si], st.delta[si], st.U[sj], st.delta[sj]))
+        t_i = self._thresholds(u_i, d_i, rn_i, rn_j.max().double(), rsq_j.min().double(), p.dtype)
+        t_j = self._thresholds(u_j, d_j, rn_j, rn_i.max().double(), rsq_i.min().double(), p.dtype)
         flat = ops.select(p, t_i, t_j, self._buffers)
         i, j = ops.split(flat, nc)
         vals = self._values(p, flat)
         t0 = self.tick("selection", t0)
         rn_max = torch.maximum(rn_i.max(), rn_j.max()).double()
-        p32 = self._rescore(
-            st, g.t_q32[a:b], g.t_r32[c:e], i, j, vals, self.a_qn[a:b], rn_max, lambda bad: [i[bad] + bi, j[bad] + bj]
-        )
+        fail = lambda bad: [i[bad] + bi, j[bad] + bj]  # noqa: E731
+        dots = self._dots(st, g.t_q[a:b], g.t_r[c:e], i, j, vals, self.a_qn[a:b], rn_max, fail)
+        d_row, d_col = self._score(self.a_rsq[c:e], j, dots), self._score(self.a_rsq[a:b], i, dots)
         t0 = self.tick("rescore", t0)
-        st.add(i + bi, self.a_rsq[c:e][j] * g.w - p32 * g.s, self.a_ids[j + c], bi, nr)
+        st.add(i + bi, d_row, self.a_ids[j + c], bi, nr)
         order = ops.group_order(j)
-        i, j, p32 = i[order], j[order], p32[order]
-        st.add(j + bj, self.a_rsq[a:b][i] * g.w - p32 * g.s, self.a_ids[i + a], bj, nc)
+        st.add(j[order] + bj, d_col[order], self.a_ids[i[order] + a], bj, nc)
         self.tick("selection", t0)
 
     # -- drivers
@@ -736,7 +749,7 @@ class ThresholdSweep:
         """Self-retrieval over all rows (tile coordinates), groups of ``group_rows`` rows whose buffers fit the
         budget; yields ``(state, wanted state rows, group start)`` after each group."""
         g = self.geo
-        n = len(g.t_r32)
+        n = len(g.t_r)
         blocks = [(s, min(s + self.tile, n)) for s in range(0, n, self.tile)]
         per_group = max(1, group_rows // self.tile)
         for g0 in range(0, len(blocks), per_group):
@@ -756,7 +769,7 @@ class ThresholdSweep:
         """Queries ``rows`` (original query indices) against all references, one query tile per worker; yields
         ``(state, start in rows)`` for each query tile (``workers`` at a time, in order)."""
         g = self.geo
-        m = len(g.t_r32)
+        m = len(g.t_r)
         starts = list(range(0, len(rows), self.tile))
         for w0 in range(0, len(starts), self.workers):
             wave = starts[w0 : w0 + self.workers]
@@ -782,51 +795,12 @@ class ThresholdSweep:
 
 
 # ------------------------------------------------------------------------------------------------ ranking
-def rank_exact(geo: Geometry, keys, counts, failed, qrows: torch.Tensor, k: int, ops):
-    """Exact top-k from sorted candidate keys (the engine's module doc, step 4).
-
-    Args:
-        keys: ``[b, w]`` int64 keys ``(d32, reference)`` sorted per row (``INT64_MAX`` padding); counts: ``[b]``;
-        failed: ``[b]`` bool (``ops`` arrays); qrows: ``[b]`` original query indices (tensor).
-
-    Returns:
-        ``(indices [b, k], distances [b, k] float64, failed [b], float64 re-scores)``: squared L2 distances
-        (euclidean) or negated inner products; rows flagged in ``failed`` (including those with fewer than k
-        candidates) must be redone exactly by the caller.
-    """
+def top_k(keys, counts, failed, k: int, ops):
+    """Top-k of sorted candidate keys ``[b, w]`` (``ops`` arrays): ``(indices [b, k], float32 scores [b, k],
+    failed [b])``; rows with fewer than k candidates are flagged failed (to be redone by the caller)."""
     b, width = keys.shape
     if width < k:  # only rows with fewer than k candidates (failed below) are this short
         pad = ops.full((b, k - width), INT64_MAX, torch.int64, keys)
         keys = np.concatenate([keys, pad], 1) if isinstance(keys, np.ndarray) else torch.cat([keys, pad], 1)
-        width = k
-    failed = failed | (counts < k)
-    d = ops.f64(ops.decode(keys))
-    cols = keys & LOW32
-    delta = ops.arr(geo.delta32.index_select(0, qrows))
-    pos = ops.arange(width, keys)
-    valid = pos[None, :] < counts[:, None]
-    link = valid & False
-    if width > 1:
-        link[:, :-1] = (d[:, 1:] - d[:, :-1] <= (2 * (1 + SLACK)) * delta[:, None]) & valid[:, 1:]
-    # the chain holding the k-th neighbour ends at the first unlinked position at or after k − 1
-    end = ops.first_true(~link & (pos[None, :] >= k - 1)) + 1
-    prev = link & False
-    prev[:, 1:] = link[:, :-1]
-    amb = (link | prev) & (pos[None, :] < end[:, None]) & valid & ~failed[:, None]
-    wk = min(width, max(k, int(end.max())))
-    cols, out, amb = cols[:, :wk] * 1, d[:, :wk], amb[:, :wk]
-    if geo.w:  # d = |r|² − 2 q·r: add |q|² for the squared distance
-        q64 = geo.q.index_select(0, qrows).to(torch.float64)
-        out = out + ops.arr((q64 * q64).sum(1))[:, None]
-    else:
-        out = out * 1
-    r, c = ops.split(ops.nonzero(amb), wk)
-    if len(r):
-        j = cols[r, c]
-        d64 = exact_scores(geo.q, qrows.index_select(0, ops.tensor(r)), geo.r, ops.tensor(j), geo.w)
-        d64 = ops.arr(d64)
-        chain = ops.cumsum_rows(~prev[:, :wk])[r, c]
-        order = ops.lexsort(j, d64, r * (wk + 1) + chain)
-        cols[r, c] = j[order]
-        out[r, c] = d64[order]
-    return cols[:, :k], out[:, :k], failed, len(r)
+    top = keys[:, :k]
+    return top & LOW32, ops.decode(top), failed | (counts < k)

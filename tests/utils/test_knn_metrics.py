@@ -1,5 +1,6 @@
 """Tests of :mod:`pml_extensions.utils.knn_metrics`: the trapezoidal AP (moved here from the asymmetric calculator,
-which imports it) and every metric of both calculators against the float64 brute force, on every engine path."""
+which imports it) and every metric of both calculators against a float64 brute force on the engine's float32 scores
+(ties by reference index), on every engine path."""
 
 import unittest
 
@@ -92,8 +93,8 @@ ENGINES = {
 
 
 def labelled_near_ties(seed=0):
-    """The engine tests' near-tie set (scores within ~1e-7, exact duplicates) with labels mixed inside the
-    cluster, so every metric depends on the float64 order."""
+    """The engine tests' near-tie set (scores within ~1e-7, exact duplicates, equal float32 scores) with labels
+    mixed inside the cluster, so every metric depends on the order of near-ties and on the tie rule."""
     q, r = near_tie_set(seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.cat([q, r])
@@ -106,7 +107,7 @@ def random_set(seed=0):
     return torch.randn(6, 16, generator=g)[y] + 1.2 * torch.randn(260, 16, generator=g), y
 
 
-class TestEveryMetricEqualsTheFloat64BruteForce:
+class TestEveryMetricEqualsTheBruteForce:
     @pytest.mark.parametrize("engine", list(ENGINES))
     @pytest.mark.parametrize("data", [labelled_near_ties, random_set])
     @pytest.mark.parametrize("k", [None, 9, 20])
@@ -114,8 +115,8 @@ class TestEveryMetricEqualsTheFloat64BruteForce:
         if k is None and engine != "rows":
             pytest.skip("k = every reference: only the rows method applies (tiles must hold 2k + 2 rows)")
         x, y = data()
-        want = bf.metrics(x, y, x, y, k=k, self_indices=torch.arange(len(x)))
         knn = BlockedKNN(**ENGINES[engine])
+        want = bf.metrics(x, y, x, y, k=k, self_indices=torch.arange(len(x)), given=knn.float32_scores(x, x))
         got = AsymmetricAccuracyCalculator(include=ALL, k=k, knn_func=knn).get_accuracy(x, y)
         assert got == pytest.approx({m: want[m] for m in ALL}, rel=1e-12, abs=1e-12)
         if k is not None and engine != "rows":
@@ -130,10 +131,11 @@ class TestEveryMetricEqualsTheFloat64BruteForce:
         q, ql, r, rl = x[:150], y[:150], x[100:], y[100:]
         dist = "inner_product" if inner_product else "euclidean"
         calc = AsymmetricAccuracyCalculator(include=ALL, k=12, knn_func=BlockedKNN(dist, **ENGINES[engine]))
-        want = bf.metrics(q, ql, r, rl, k=12, inner_product=inner_product)
+        scores = calc.knn_func.float32_scores
+        want = bf.metrics(q, ql, r, rl, k=12, given=scores(q, r))
         assert calc.get_accuracy(q, ql, r, rl) == pytest.approx({m: want[m] for m in ALL}, rel=1e-12, abs=1e-12)
         own = torch.arange(100, 150) - 100  # queries 100..149 are reference rows 0..49
-        want = bf.metrics(x[100:150], y[100:150], r, rl, k=12, self_indices=own, inner_product=inner_product)
+        want = bf.metrics(x[100:150], y[100:150], r, rl, k=12, self_indices=own, given=scores(x[100:150], r))
         got = calc.get_accuracy(x[100:150], y[100:150], r, rl, self_indices=own)
         assert got == pytest.approx({m: want[m] for m in ALL}, rel=1e-12, abs=1e-12)
 
