@@ -67,6 +67,8 @@ symmetric sweep is used within a process when its queries are at least half of t
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
@@ -82,6 +84,7 @@ from .knn_selection import (
     kth_smallest_rows,
     ops_for,
     ordered_keys,
+    run_tasks,
     scores32,
     self_dots,
     sort_rows,
@@ -238,7 +241,7 @@ class BlockedKNN:
         self._device = torch.device("cpu")
         self._force_torch_ops = False  # tests: run the device-generic torch path on the CPU
         self._tick_lock = threading.Lock()
-        self._threads = 1
+        self._threads, self._pool, self._local = 1, None, threading.local()
 
     @staticmethod
     def _parse_distance(distance) -> Tuple[bool, bool]:
@@ -305,6 +308,10 @@ class BlockedKNN:
     def score_buffer(self, rows: int, reference: torch.Tensor) -> torch.Tensor:
         """An uninitialised float32 ``[rows, M]`` buffer for the rows method (``reference``'s device)."""
         return torch.empty(rows, reference.shape[0], dtype=torch.float32, device=reference.device)
+
+    def _count(self, key: str, n: int) -> None:
+        with self._tick_lock:
+            self.last_plan[key] = self.last_plan.get(key, 0) + int(n)
 
     def _tick(self, stage: str, t0: float) -> float:
         if self.profile_stages and self._device.type == "cuda":
@@ -374,23 +381,38 @@ class BlockedKNN:
             redone_by_rows=0,
             redone_exactly=0,
         )
-        if method == "rows":
-            own = None if self_indices is None else self_indices[rows]
-            for pos, idx, dist in self._rows_method(geo, k, rows, own, return_distances, out, certifiable):
-                yield pos, idx, dist
-            return
-        # CPU: the sweep runs one worker thread per torch thread, each with single-threaded kernels
+        # CPU: one worker thread per torch thread, each running single-threaded kernels; the caller's own code (between
+        # the blocks this yields) runs with its own setting
         self._threads = torch.get_num_threads() if dev.type == "cpu" else 1
-        if self._threads > 1:
-            torch.set_num_threads(1)
+        self._pool = ThreadPoolExecutor(self._threads) if self._threads > 1 else None
         try:
-            if symmetric:
-                yield from self._symmetric(geo, k, rows, tile, return_distances)
+            if method == "rows":
+                own = None if self_indices is None else self_indices[rows]
+                gen = self._rows_method(geo, k, rows, own, return_distances, out, certifiable)
+            elif symmetric:
+                gen = self._symmetric(geo, k, rows, tile, return_distances)
             else:
-                yield from self._asymmetric(geo, k, rows, self_indices, tile, return_distances)
+                gen = self._asymmetric(geo, k, rows, self_indices, tile, return_distances)
+            yield from self._single_threaded(gen)
         finally:
-            if self._threads > 1:
+            if self._pool is not None:
+                self._pool.shutdown()
+            self._pool = None
+
+    def _single_threaded(self, gen):
+        """Yield from ``gen`` with torch's intra-op threads at 1 while it works (its workers share the cores)."""
+        if self._threads <= 1:
+            yield from gen
+            return
+        while True:
+            torch.set_num_threads(1)
+            try:
+                item = next(gen)
+            except StopIteration:
+                return
+            finally:
                 torch.set_num_threads(self._threads)
+            yield item
 
     def search(
         self,
@@ -429,65 +451,93 @@ class BlockedKNN:
 
     # ---------------------------------------------------------------------------------------------- methods
     def _rows_method(self, geo, k, rows, own_rows, return_distances, out, certifiable):
-        """The rows method for queries ``rows`` (``own_rows``: their excluded references, or None); the queries it
-        cannot certify are ranked by scoring every reference."""
+        """The rows method for queries ``rows`` (``own_rows``: their excluded references, or None): blocks of queries
+        on the workers, yielded in order; the queries it cannot certify are ranked by scoring every reference."""
         m = geo.r.shape[0]
-        bs = min(self.block_size(m, k), len(rows))
-        if out is None or out.shape[0] < bs or out.shape[1] != m or out.dtype != torch.float32:
-            out = torch.empty(bs, m, dtype=torch.float32, device=geo.device)
+        workers = self._threads if self._pool is not None else 1
+        bs = max(1, min(self.block_size(m, k) // workers, len(rows)))  # the workers share the budget
+        starts = list(range(0, len(rows), bs))
+        for w0 in range(0, len(starts), workers):
+            wave, results = starts[w0 : w0 + workers], {}
+            tasks = [
+                (
+                    (s,),
+                    partial(
+                        self._rows_block, geo, k, rows, own_rows, s, bs, out, certifiable, return_distances, results
+                    ),
+                )
+                for s in wave
+            ]
+            run_tasks(tasks, self._pool, workers)
+            for s in wave:
+                yield results[s]
+
+    def _rows_block(self, geo, k, rows, own_rows, start, bs, out, certifiable, return_distances, results):
+        """One block of the rows method (module doc) into ``results[start]``."""
+        m = geo.r.shape[0]
         cap = 4 * k + 4096  # candidates beyond this many per query: that query is ranked exactly
         ops = ops_for(geo.device, self._force_torch_ops)
         g = max(1, min(16, (m - 1) // (2 * k)))  # groups of g columns; at least 2k groups
         groups = m // g
-        for start in range(0, len(rows), bs):
-            t0 = time.perf_counter()
-            blk = rows[start : start + bs]
-            b = len(blk)
-            d = out[:b]
-            if geo.w:
-                torch.addmm(geo.rsq32, geo.q32[blk], geo.r32.T, beta=1, alpha=-2, out=d)
-            else:
-                torch.mm(geo.q32[blk], geo.r32.T, out=d)
-                d.neg_()
-            own = own_rows[start : start + bs] if own_rows is not None else None
-            if own is not None:
-                d[torch.arange(b, device=geo.device), own] = math.inf
-            t0 = self._tick("gemm", t0)
-            failed = torch.isfinite(d).sum(1) < m - (own is not None)
-            if not certifiable:
-                failed[:] = True
-            mins = d[:, : g * groups].view(b, g, groups).amin(1) if g > 1 else d.clone()
-            kth = kth_smallest_rows(mins, k).to(geo.device).to(torch.float64)
-            # k GEMM scores <= kth: the k-th engine score is <= kth + 2·Δ32; a reference whose engine score is at
-            # most that has a GEMM score <= kth + 4·Δ32 (both within Δ32 of the exact score)
-            delta = geo.delta32[blk]
-            limit = up32(kth + 4 * delta * (1 + SLACK) + SLACK * kth.abs())
-            mask = d <= limit[:, None]
-            counts = mask.sum(1)
-            failed |= counts > cap
-            if bool(failed.any()):
-                mask[failed] = False
-                counts[failed] = 0
-            flat = ops.tensor(ops.nonzero(ops.arr(mask)))
-            r, c = flat // m, flat % m
-            t0 = self._tick("selection", t0)
-            keys = ordered_keys(scores32(geo.q.index_select(0, blk), geo.r, r, c, geo.rsq, geo.w, geo.s), c)
-            t0 = self._tick("rescore", t0)
-            width = max(int(counts.max()), k)
-            packed = torch.full((b, width), INT64_MAX, dtype=torch.long, device=geo.device)
-            starts = torch.cumsum(counts, 0) - counts
-            packed[r, torch.arange(len(flat), device=geo.device) - starts[r]] = keys
-            packed = sort_rows(packed)
-            t0 = self._tick("selection", t0)
-            a = ops.arr
-            idx, dist = self._rank(geo, a(packed), a(counts), blk, own, k, a(failed), return_distances, ops, False)
-            self._tick("rank", t0)
-            yield torch.arange(start, start + b, device=geo.device), idx, dist
+        loc = self._local
+        if self._pool is None and out is not None and out.shape[0] >= bs and out.shape[1] == m:
+            buf = out
+        else:
+            buf = getattr(loc, "rows_buf", None)
+            if buf is None or buf.shape[0] < bs or buf.shape[1] != m or buf.device != geo.device:
+                buf = loc.rows_buf = torch.empty(bs, m, dtype=torch.float32, device=geo.device)
+        t0 = time.perf_counter()
+        blk = rows[start : start + bs]
+        b = len(blk)
+        d = buf[:b]
+        if geo.w:
+            torch.addmm(geo.rsq32, geo.q32[blk], geo.r32.T, beta=1, alpha=-2, out=d)
+        else:
+            torch.mm(geo.q32[blk], geo.r32.T, out=d)
+            d.neg_()
+        own = own_rows[start : start + bs] if own_rows is not None else None
+        if own is not None:
+            d[torch.arange(b, device=geo.device), own] = math.inf
+        t0 = self._tick("gemm", t0)
+        # finite inputs whose products cannot overflow (``certifiable``) give finite scores
+        failed = torch.full((b,), not certifiable, dtype=torch.bool, device=geo.device)
+        mins = d[:, : g * groups].view(b, g, groups).amin(1) if g > 1 else d.clone()
+        kth = kth_smallest_rows(mins, k).to(geo.device).to(torch.float64)
+        del mins
+        # k GEMM scores <= kth: the k-th engine score is <= kth + 2·Δ32; a reference whose engine score is at
+        # most that has a GEMM score <= kth + 4·Δ32 (both within Δ32 of the exact score)
+        delta = geo.delta32[blk]
+        limit = up32(kth + 4 * delta * (1 + SLACK) + SLACK * kth.abs())
+        a = ops.arr
+        mask = a(d) <= a(limit)[:, None]
+        counts = ops.count_rows(mask)
+        failed = a(failed) | (counts > cap)
+        if bool(failed.any()):
+            mask[failed] = False
+            counts[failed] = 0
+        flat = ops.nonzero(mask)
+        del mask
+        r = ops.repeat(ops.arange(b, counts), counts)
+        c = flat - r * m
+        del flat
+        t0 = self._tick("selection", t0)
+        sc = scores32(geo.q.index_select(0, blk), geo.r, ops.tensor(r), ops.tensor(c), geo.rsq, geo.w, geo.s)
+        keys = ops.keys(a(sc), c)
+        del sc
+        t0 = self._tick("rescore", t0)
+        width = max(int(counts.max()), k)
+        packed = ops.full((b, width), INT64_MAX, torch.int64, counts)
+        packed[ops.arange(width, counts)[None, :] < counts[:, None]] = keys  # row-major, as the candidates
+        del keys, r, c
+        packed = ops.sort_rows(packed)
+        t0 = self._tick("selection", t0)
+        idx, dist = self._rank(geo, packed, counts, blk, own, k, failed, return_distances, ops, False)
+        self._tick("rank", t0)
+        results[start] = (torch.arange(start, start + b, device=geo.device), idx, dist)
 
     def _sweep(self, geo, k, tile):
         ops = ops_for(geo.device, self._force_torch_ops)
-        workers = self._threads if geo.device.type == "cpu" else 1
-        return ThresholdSweep(geo, k, tile, self.capacity(k), self._tick, ops, workers)
+        return ThresholdSweep(geo, k, tile, self.capacity(k), self._tick, ops, self._threads, self._pool)
 
     def _asymmetric(self, geo, k, rows, self_indices, tile, return_distances):
         sweep = self._sweep(geo, k, tile)
@@ -521,7 +571,7 @@ class BlockedKNN:
         t0 = time.perf_counter()
         keys, counts, failed = st.export(local)
         t0 = self._tick("selection", t0)
-        self.last_plan["proposals"] += sweep.proposals
+        self._count("proposals", sweep.proposals)
         sweep.proposals = 0
         out = self._rank(geo, keys, counts, qrows, own, k, failed, return_distances, sweep.ops)
         self._tick("rank", t0)
@@ -537,11 +587,11 @@ class BlockedKNN:
             own_bad = None if own is None else own[bad]
             idx, d = idx.clone(), d.clone()
             if rows_fallback:
-                self.last_plan["redone_by_rows"] += len(bad)
+                self._count("redone_by_rows", len(bad))
                 for pos, ri, rd in self._rows_method(geo, k, qrows[bad], own_bad, "scores", None, True):
                     idx[bad[pos]], d[bad[pos]] = ri, rd
             else:
-                self.last_plan["redone_exactly"] += len(bad)
+                self._count("redone_exactly", len(bad))
                 idx[bad], d[bad] = self._exact_rows(geo, qrows[bad], own_bad, k)
         if return_distances == "scores":  # the engine's float32 scores (a fallback feeding the threshold method)
             return idx, d

@@ -161,6 +161,14 @@ class NumpyOps:
         return np.divmod(flat, ncols)
 
     @staticmethod
+    def repeat(x, counts):
+        return np.repeat(x, counts)
+
+    @staticmethod
+    def count_rows(mask):
+        return np.count_nonzero(mask, axis=1)
+
+    @staticmethod
     def bf16_values(p: torch.Tensor, flat):
         """float32 values of a bfloat16 tile at flat positions."""
         v = p.view(torch.int16).numpy().reshape(-1)[flat].astype(np.int32) << 16
@@ -289,6 +297,14 @@ class TorchOps:
     def split(flat, ncols):
         i = torch.div(flat, ncols, rounding_mode="floor")
         return i, flat - i * ncols
+
+    @staticmethod
+    def repeat(x, counts):
+        return torch.repeat_interleave(x, counts)
+
+    @staticmethod
+    def count_rows(mask):
+        return mask.sum(1)
 
     @staticmethod
     def bf16_values(p: torch.Tensor, flat):
@@ -538,6 +554,47 @@ class State:
             self.keys[rows], self.count[rows] = self._prune(rows, self.keys[rows], self.count[rows])
 
 
+# ------------------------------------------------------------------------------------------------ workers
+def run_tasks(tasks, pool, workers: int) -> None:
+    """Run ``tasks`` (``(blocks, fn)`` pairs) on ``workers`` threads of ``pool`` (inline when one): two tasks sharing
+    a block never run together, each starts in list order as soon as its blocks are free, and the first error is
+    re-raised in the calling thread. NumPy and torch release the GIL in their kernels, so the threads share the
+    cores."""
+    if workers <= 1 or pool is None or len(tasks) <= 1:
+        for _, fn in tasks:
+            fn()
+        return
+    pending, busy, errors = list(tasks), set(), []
+    cond = threading.Condition()
+
+    def worker():
+        while True:
+            with cond:
+                while True:
+                    if errors or not pending:
+                        return
+                    pick = next((t for t in pending if not busy.intersection(t[0])), None)
+                    if pick is not None:
+                        break
+                    cond.wait()
+                pending.remove(pick)
+                busy.update(pick[0])
+            try:
+                pick[1]()
+            except BaseException as e:  # re-raised in the calling thread
+                with cond:
+                    errors.append(e)
+            finally:
+                with cond:
+                    busy.difference_update(pick[0])
+                    cond.notify_all()
+
+    for f in [pool.submit(worker) for _ in range(min(workers, len(tasks)))]:
+        f.result()
+    if errors:
+        raise errors[0]
+
+
 # ------------------------------------------------------------------------------------------------ the sweep
 class ThresholdSweep:
     """The threshold method over tiles of ``tile`` rows (the engine's module doc, steps 1-3).
@@ -547,9 +604,10 @@ class ThresholdSweep:
     release the GIL in their kernels).
     """
 
-    def __init__(self, geo: Geometry, k: int, tile: int, cap: int, tick, ops, workers: int = 1):
+    def __init__(self, geo: Geometry, k: int, tile: int, cap: int, tick, ops, workers: int = 1, pool=None):
         self.geo, self.k, self.tile, self.cap, self.tick, self.ops = geo, k, tile, cap, tick, ops
-        self.workers = max(1, int(workers))
+        self.workers = max(1, int(workers)) if pool is not None else 1
+        self.pool = pool
         self.proposals = 0
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -564,44 +622,8 @@ class ThresholdSweep:
         return tuple(m[:size] for m in loc.masks)
 
     def run(self, tasks) -> None:
-        """Run ``tasks`` (``(blocks, fn)`` pairs) on the workers; two tasks sharing a block never run together,
-        and each starts in list order as soon as its blocks are free. The first error is re-raised."""
-        if self.workers == 1 or len(tasks) <= 1:
-            for _, fn in tasks:
-                fn()
-            return
-        pending, busy, errors = list(tasks), set(), []
-        cond = threading.Condition()
-
-        def worker():
-            while True:
-                with cond:
-                    while True:
-                        if errors or not pending:
-                            return
-                        pick = next((t for t in pending if not busy.intersection(t[0])), None)
-                        if pick is not None:
-                            break
-                        cond.wait()
-                    pending.remove(pick)
-                    busy.update(pick[0])
-                try:
-                    pick[1]()
-                except BaseException as e:  # re-raised in the calling thread
-                    with cond:
-                        errors.append(e)
-                finally:
-                    with cond:
-                        busy.difference_update(pick[0])
-                        cond.notify_all()
-
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(self.workers, len(tasks)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        """Run ``tasks`` on the workers (:func:`run_tasks`)."""
+        run_tasks(tasks, self.pool, self.workers)
 
     # -- thresholds
     def _err(self, qn, rn_max):
