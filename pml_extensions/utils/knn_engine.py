@@ -26,7 +26,7 @@ bounds of the exact score ``d`` and hence of the engine's score (``|d32 − d| �
    symmetric case; on the CPU NumPy compares the raw bfloat16 bits as int16) and one ``flatnonzero``. No row is
    sorted and no ``topk`` runs.
 3. *Re-score.* Proposed pairs get the engine's float32 scores (the tile's rows are in cache) and are kept when
-   ``d32 ≤ U``; a query's buffer (``1.5·k + 32`` candidates) is pruned when full, which tightens ``U``.
+   ``d32 ≤ U``; a query's buffer (``1.25·k + 32`` candidates) is pruned when full, which tightens ``U``.
 4. *Rank.* A query's candidates are sorted by int64 keys ``(d32, reference index)`` (NumPy's vectorised sort on the
    CPU); the first k are its neighbours.
 
@@ -55,7 +55,7 @@ Algorithms*, 2nd ed., Sec. 3.1):
   In the rows method a GEMM score ``g`` has ``|g − d32| ≤ 2·Δ32``, hence the ``4·Δ32`` margin. Threshold arithmetic
   carries a relative slack of 2⁻²⁰, which covers its own rounding.
 - Certification. The bound is checked on every re-scored pair (``|p32 − p̃| ≤ E + γ_D·|q|·|r|``). A query whose
-  proposal score broke it or whose candidates do not fit its buffer (more than ``1.5·k + 32`` references tied with
+  proposal score broke it or whose candidates do not fit its buffer (more than ``1.25·k + 32`` references tied with
   or proposed beyond its k-th score) is *not certified* and is redone by the rows method (buffer ``4k + 4096``);
   what that cannot certify is ranked by scoring every reference. Embeddings whose products could overflow float32
   use that last path only.
@@ -92,7 +92,7 @@ from .knn_selection import (
     up32,
 )
 
-_TILE_MAX = 4096
+_TILE_MAX = 8192
 _SPEEDUP: Dict[Tuple[str, Optional[int]], float] = {}
 
 # the previous engine's private names, kept for code that imported them
@@ -170,7 +170,7 @@ class BlockedKNN:
             PML distance object: ``LpDistance(p=2)`` -> euclidean, ``DotProductSimilarity`` / ``CosineSimilarity``
             -> inner product; its ``normalize_embeddings`` is honoured (L2-normalised rows first).
         memory_budget: bytes for the engine's temporaries (default 512 MiB): half for score tiles, half for the
-            candidate buffers of the queries in flight (8 bytes per candidate, ``1.5·k + 32`` per query; a
+            candidate buffers of the queries in flight (8 bytes per candidate, ``1.25·k + 32`` per query; a
             self-retrieval sweep whose buffers do not fit runs in groups of rows); the rows method takes blocks
             of ``budget // (4·M + 144·(k + 1))`` query rows. The peak stays below twice the budget.
         block_size: fixed number of query rows per block (optional, positive int); also the tile size of the
@@ -280,7 +280,7 @@ class BlockedKNN:
     @staticmethod
     def capacity(k: int) -> int:
         """Candidates buffered per query by the threshold method."""
-        return k + k // 2 + 32
+        return k + k // 4 + 32
 
     def _choose(self, n_ref: int, k: int, low_precision: bool) -> Tuple[str, int]:
         tile = self.tile_size(n_ref, k, low_precision)
