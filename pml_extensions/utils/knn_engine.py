@@ -42,7 +42,7 @@ Algorithms*, 2nd ed., Sec. 3.1):
 - bfloat16 proposal pass. The inputs are rounded to nearest: ``q̂_d = q_d(1 + α_d)``, ``|α_d| ≤ u = 2⁻⁸``; the
   product of two bfloat16 numbers (8 significant bits each) is exact in float32; the GEMM adds the D products in
   float32 in an unknown order, bounded for any summation tree by ``γ_D(v)·Σ|q̂_d r̂_d|`` (``v = 2⁻²⁴``; ``2⁻²³``
-  on CUDA, whose tensor cores may truncate); the sum is stored in bfloat16 (``u_out = 2⁻⁸``; CUDA: float32). Hence
+  on CUDA, whose tensor cores may truncate); ``torch.mm`` stores the sum in bfloat16 (``u_out = 2⁻⁸``). Hence
   ``|p̃ − p| ≤ [(1 + u)²(1 + γ_D(v))(1 + u_out) − 1]·Σ|q_d r_d| ≤ c·|q|·|r|`` (Cauchy–Schwarz), ``c = 0.011772``
   for D = 128 on the CPU (:func:`pass_error_bound`). Subnormals flushed to zero (AVX512-BF16, tensor cores) move
   each input or partial sum by < 2⁻¹²⁶: ``η = 2D·2⁻¹²⁶(1 + |q|)(1 + |r|)`` covers them. float64 inputs add one
@@ -105,8 +105,8 @@ def pass_error_bound(dim: int, device_type: str = "cpu", low_precision: bool = T
 
     Args:
         dim: embedding dimension D.
-        device_type: ``"cpu"`` (bfloat16 output, float32 accumulation rounded to nearest) or another torch device
-            type (float32 output; the accumulation may truncate, ``v = 2⁻²³``).
+        device_type: ``"cpu"`` (float32 accumulation rounded to nearest) or another torch device type (the
+            accumulation may truncate, ``v = 2⁻²³``); the product is stored in bfloat16 on every device.
         low_precision: True for the bfloat16 pass, False for a float32 pass (``γ_D(2⁻²⁴)``).
 
     Returns:
@@ -120,8 +120,7 @@ def pass_error_bound(dim: int, device_type: str = "cpu", low_precision: bool = T
         return gamma(dim, 2.0**-24)
     u = 2.0**-8
     v = 2.0**-24 if device_type == "cpu" else 2.0**-23
-    u_out = u if device_type == "cpu" else 2.0**-24
-    return (1 + u) ** 2 * (1 + gamma(dim, v)) * (1 + u_out) - 1
+    return (1 + u) ** 3 * (1 + gamma(dim, v)) - 1  # inputs rounded (u each), the sum stored in bfloat16 (u)
 
 
 def low_precision_speedup(device: torch.device) -> float:
@@ -266,14 +265,14 @@ class BlockedKNN:
             return self.fixed_block_size
         return max(1, self.memory_budget // (4 * num_references + 144 * (k + 1)))
 
-    def tile_size(self, num_rows: int, k: int, low_precision: bool) -> int:
-        """Rows per tile of the threshold method (at most 4096): the tile and its per-tile arrays take at most half
-        the budget; 0 when no tile holds ``2k + 2`` rows."""
+    def tile_size(self, num_rows: int, k: int, low_precision: bool, workers: int = 1) -> int:
+        """Rows per tile of the threshold method (at most 8192): the ``workers``' tiles take at most a quarter of the
+        budget; 0 when no tile holds ``2k + 2`` rows."""
         if self.fixed_block_size is not None:
             t = self.fixed_block_size
-        else:
-            per = (2 if low_precision else 4) + 4  # the tile, two masks, a seed tile's order-preserving copy
-            t = min(_TILE_MAX, int(math.isqrt(max(1, self.memory_budget // (2 * per)))))
+        else:  # the workers' tiles together take at most a quarter of the budget (masks are per strip: small)
+            per = (2 if low_precision else 4) * max(1, workers)
+            t = min(_TILE_MAX, int(math.isqrt(max(1, self.memory_budget // (4 * per)))))
         t = min(t, 2**16, num_rows)  # local row ids are radix-sorted as uint16
         return t if t >= 2 * k + 2 else 0
 
@@ -282,8 +281,8 @@ class BlockedKNN:
         """Candidates buffered per query by the threshold method."""
         return k + k // 4 + 32
 
-    def _choose(self, n_ref: int, k: int, low_precision: bool) -> Tuple[str, int]:
-        tile = self.tile_size(n_ref, k, low_precision)
+    def _choose(self, n_ref: int, k: int, low_precision: bool, workers: int) -> Tuple[str, int]:
+        tile = self.tile_size(n_ref, k, low_precision, workers)
         if self.method == "threshold" and tile == 0:
             raise ValueError(
                 f"method='threshold' needs tiles of at least 2k + 2 = {2 * k + 2} rows; got block_size "
@@ -362,7 +361,8 @@ class BlockedKNN:
         lp = self.low_precision
         if lp is None:
             lp = query.shape[1] >= 16 and low_precision_speedup(dev) >= 1.5
-        method, tile = self._choose(m, k, bool(lp))
+        workers = torch.get_num_threads() if dev.type == "cpu" else 1
+        method, tile = self._choose(m, k, bool(lp), workers)
         if not certifiable:
             method, tile = "rows", 0
         lp = bool(lp) and method == "threshold"
@@ -455,7 +455,8 @@ class BlockedKNN:
         on the workers, yielded in order; the queries it cannot certify are ranked by scoring every reference."""
         m = geo.r.shape[0]
         workers = self._threads if self._pool is not None else 1
-        bs = max(1, min(self.block_size(m, k) // workers, len(rows)))  # the workers share the budget
+        # the workers share the budget; half of it for a block's score rows and candidates, half for its temporaries
+        bs = max(1, min(self.block_size(m, k) // (2 * workers), len(rows)))
         starts = list(range(0, len(rows), bs))
         for w0 in range(0, len(starts), workers):
             wave, results = starts[w0 : w0 + workers], {}

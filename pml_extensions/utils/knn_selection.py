@@ -22,6 +22,7 @@ import torch
 LOW32 = 0xFFFFFFFF
 INT64_MAX = torch.iinfo(torch.int64).max
 SLACK = 2.0**-20  # relative slack of the threshold arithmetic (covers its own rounding)
+STRIP = 1024  # query rows of a tile whose proposals are handled together
 
 
 # ------------------------------------------------------------------------------------------------ numbers
@@ -86,13 +87,15 @@ def kth_largest_rows(p: torch.Tensor, k: int) -> torch.Tensor:
     n = p.shape[1]
     if p.device.type != "cpu":
         return p.to(torch.float32).topk(k, dim=1).values[:, -1].to(torch.float64)
-    if p.dtype == torch.bfloat16:  # partition the order-preserving int16 image of the bits
+    if p.dtype == torch.bfloat16:  # partition the order-preserving int16 image of the bits, 1024 rows at a time
         bits = p.view(torch.int16).numpy()
-        o = np.right_shift(bits, 15)
-        np.bitwise_and(o, 0x7FFF, out=o)
-        np.bitwise_xor(o, bits, out=o)
-        o.partition(n - k, axis=1)
-        kth = o[:, n - k].copy()
+        kth = np.empty(len(bits), dtype=np.int16)
+        for a in range(0, len(bits), 1024):
+            o = np.right_shift(bits[a : a + 1024], 15)
+            np.bitwise_and(o, 0x7FFF, out=o)
+            np.bitwise_xor(o, bits[a : a + 1024], out=o)
+            o.partition(n - k, axis=1)
+            kth[a : a + 1024] = o[:, n - k]
         kth ^= (kth >> 15) & 0x7FFF
         return torch.from_numpy(kth).view(torch.bfloat16).to(torch.float64)
     a = p.numpy().copy()
@@ -238,36 +241,49 @@ class NumpyOps:
         return np.lexsort((minor, middle, major))
 
     @staticmethod
-    def select(p: torch.Tensor, t_rows, t_cols, buffers):
+    def select(p: torch.Tensor, t_rows, t_cols, buffers, strip: int = 1024):
         """Flat indices of ``p ≥ t_rows[row]`` or ``p ≥ t_cols[col]`` (thresholds already rounded down to the
-        tile's dtype, as float32 tensors). bfloat16 tiles are compared as int16 bits, which order like the values
-        where the threshold is positive; rows/columns with a threshold ≤ 0 are compared as floats."""
+        tile's dtype, as float32 tensors), in strips of ``strip`` rows (small masks). bfloat16 tiles are compared as
+        int16 bits, which order like the values where the threshold is positive; rows/columns with a threshold
+        ≤ 0 are compared as floats."""
         nr, nc = p.shape
-        mask, other = (b.reshape(nr, nc) for b in buffers(nr * nc))
-        first = True
-        for t, axis in ((t_rows, 0), (t_cols, 1)):
+        bf16 = p.dtype == torch.bfloat16
+        pn = p.view(torch.int16).numpy() if bf16 else p.numpy()
+
+        def prepared(t):
             if t is None:
-                continue
-            out = mask if first else other
-            if p.dtype == torch.bfloat16:
-                bits = t.to(torch.bfloat16).view(torch.int16)
-                fast = bits > 0
-                tb = torch.where(fast, bits, torch.full_like(bits, 32767)).numpy()
-                np.greater_equal(p.view(torch.int16).numpy(), tb[:, None] if axis == 0 else tb[None, :], out=out)
-                slow = (~fast).nonzero().flatten()
-                if len(slow):
-                    tv = t[slow]
+                return None, None
+            if not bf16:
+                return t.numpy(), None
+            bits = t.to(torch.bfloat16).view(torch.int16)
+            fast = bits > 0
+            slow = (~fast).nonzero().flatten()
+            return torch.where(fast, bits, torch.full_like(bits, 32767)).numpy(), (slow if len(slow) else None)
+
+        (tr, slow_r), (tc, slow_c) = prepared(t_rows), prepared(t_cols)
+        found = []
+        for a in range(0, nr, strip):
+            rows = slice(a, min(a + strip, nr))
+            mask, other = (m.reshape(rows.stop - a, nc) for m in buffers((rows.stop - a) * nc))
+            first = True
+            for t, slow, axis in ((tr, slow_r, 0), (tc, slow_c, 1)):
+                if t is None:
+                    continue
+                out = mask if first else other
+                np.greater_equal(pn[rows], t[rows, None] if axis == 0 else t[None, :], out=out)
+                if slow is not None:  # thresholds <= 0: compare those rows/columns as floats
+                    tv = (t_rows if axis == 0 else t_cols)[slow]
                     if axis == 0:
-                        out[slow.numpy()] = (p[slow].to(torch.float32) >= tv[:, None]).numpy()
+                        sel = slow[(slow >= a) & (slow < rows.stop)]
+                        if len(sel):
+                            out[(sel - a).numpy()] = (p[sel].to(torch.float32) >= t_rows[sel][:, None]).numpy()
                     else:
-                        out[:, slow.numpy()] = (p[:, slow].to(torch.float32) >= tv[None, :]).numpy()
-            else:
-                tn = t.numpy()
-                np.greater_equal(p.numpy(), tn[:, None] if axis == 0 else tn[None, :], out=out)
-            if not first:
-                np.logical_or(mask, other, out=mask)
-            first = False
-        return np.flatnonzero(mask)
+                        out[:, slow.numpy()] = (p[rows][:, slow].to(torch.float32) >= tv[None, :]).numpy()
+                if not first:
+                    np.logical_or(mask, other, out=mask)
+                first = False
+            found.append(np.flatnonzero(mask) + a * nc)
+        return np.concatenate(found) if len(found) > 1 else found[0]
 
 
 class TorchOps:
@@ -697,7 +713,8 @@ class ThresholdSweep:
     def row_tile(self, st, base, qsel, lo, hi, own_t=None, seed=False, diagonal=False):
         """Queries ``qsel`` (tile query coordinates; state rows ``base + 0..``) against tile references ``lo:hi``;
         ``own_t``: each query's excluded reference (tile coordinates); ``diagonal``: the queries are the references
-        ``lo:hi`` (self-retrieval), own pairs on the diagonal; ``seed``: the queries' first tile."""
+        ``lo:hi`` (self-retrieval), own pairs on the diagonal; ``seed``: the queries' first tile. Proposals are
+        handled ``STRIP`` query rows at a time (bounded temporaries)."""
         g, ops = self.geo, self.ops
         t0 = time.perf_counter()
         p = self._scores(g.t_qlp[qsel], lo, hi)
@@ -714,33 +731,40 @@ class ThresholdSweep:
             self._seed(st, base, p, qn, rn_max, rsq_max)
         span = slice(base, base + nq)
         t = self._thresholds(ops.tensor(st.U[span]), ops.tensor(st.delta[span]), qn, rn_max, rsq_min, p.dtype)
-        flat = ops.select(p, t, None, self._buffers)
-        i, j = ops.split(flat, nc)
-        vals = self._values(p, flat)
-        t0 = self.tick("selection", t0)
-        dots = self._dots(st, g.t_q[qsel], g.t_r[lo:hi], i, j, vals, ops.arr(qn), rn_max, lambda bad: [i[bad] + base])
-        d = self._score(self.a_rsq[lo:hi], j, dots)
-        t0 = self.tick("rescore", t0)
-        if seed:
-            self._tighten_seed(st, base, nq, i, d)
-        st.add(i + base, d, self.a_ids[j + lo], base, nq)
-        self.tick("selection", t0)
+        a_qn, q_rows, r_rows = ops.arr(qn), g.t_q[qsel], g.t_r[lo:hi]
+        for a in range(0, nq, STRIP):
+            sub = p[a : a + STRIP]
+            flat = ops.select(sub, t[a : a + STRIP], None, self._buffers)
+            i, j = ops.split(flat, nc)
+            vals = self._values(sub, flat)
+            i = i + a
+            t0 = self.tick("selection", t0)
+            dots = self._dots(st, q_rows, r_rows, i, j, vals, a_qn, rn_max, lambda bad, i=i: [i[bad] + base])
+            d = self._score(self.a_rsq[lo:hi], j, dots)
+            t0 = self.tick("rescore", t0)
+            if seed:
+                self._tighten_seed(st, base, a, len(sub), i, d)
+            st.add(i + base, d, self.a_ids[j + lo], base, nq)
+            t0 = self.tick("selection", t0)
 
-    def _tighten_seed(self, st, base, nq, i, d):
-        """``U`` from the k-th smallest float32 score among a first tile's candidates (before they are added)."""
+    def _tighten_seed(self, st, base, a, n, i, d):
+        """``U`` of the seed tile's rows ``a:a + n`` = the k-th smallest float32 score among their candidates
+        (``i``: tile rows of the candidates, in that range), before they are added."""
         ops = self.ops
-        counts = ops.bincount(i, nq)
+        i = i - a
+        counts = ops.bincount(i, n)
         width = int(counts.max()) if len(i) else 0
         if width < self.k:
             return
         starts = counts.cumsum(0) - counts
         rank = ops.arange(len(i), i) - starts[i]
-        packed = torch.full((nq, width), math.inf, dtype=torch.float32, device=self.geo.device)
+        packed = torch.full((n, width), math.inf, dtype=torch.float32, device=self.geo.device)
         ops.arr(packed).reshape(-1)[i * width + rank] = d
-        st.lower_u(base, kth_smallest_rows(packed, self.k).to(self.geo.device).to(torch.float64))
+        st.lower_u(base + a, kth_smallest_rows(packed, self.k).to(self.geo.device).to(torch.float64))
 
     def pair_tile(self, st, a, b, c, e, state_lo):
-        """Off-diagonal tile of the symmetric sweep: tile rows ``a:b`` × ``c:e`` serving both as queries."""
+        """Off-diagonal tile of the symmetric sweep: tile rows ``a:b`` × ``c:e`` serving both as queries, proposals
+        handled ``STRIP`` rows at a time."""
         g, ops = self.geo, self.ops
         t0 = time.perf_counter()
         p = self._scores(g.t_qlp[a:b], c, e)
@@ -752,19 +776,23 @@ class ThresholdSweep:
         u_i, d_i, u_j, d_j = (ops.tensor(x) for x in (st.U[si], st.delta[si], st.U[sj], st.delta[sj]))
         t_i = self._thresholds(u_i, d_i, rn_i, rn_j.max().double(), rsq_j.min().double(), p.dtype)
         t_j = self._thresholds(u_j, d_j, rn_j, rn_i.max().double(), rsq_i.min().double(), p.dtype)
-        flat = ops.select(p, t_i, t_j, self._buffers)
-        i, j = ops.split(flat, nc)
-        vals = self._values(p, flat)
-        t0 = self.tick("selection", t0)
         rn_max = torch.maximum(rn_i.max(), rn_j.max()).double()
-        fail = lambda bad: [i[bad] + bi, j[bad] + bj]  # noqa: E731
-        dots = self._dots(st, g.t_q[a:b], g.t_r[c:e], i, j, vals, self.a_qn[a:b], rn_max, fail)
-        d_row, d_col = self._score(self.a_rsq[c:e], j, dots), self._score(self.a_rsq[a:b], i, dots)
-        t0 = self.tick("rescore", t0)
-        st.add(i + bi, d_row, self.a_ids[j + c], bi, nr)
-        order = ops.group_order(j)
-        st.add(j[order] + bj, d_col[order], self.a_ids[i[order] + a], bj, nc)
-        self.tick("selection", t0)
+        q_rows, r_rows, a_qn = g.t_q[a:b], g.t_r[c:e], self.a_qn[a:b]
+        for s0 in range(0, nr, STRIP):
+            sub = p[s0 : s0 + STRIP]
+            flat = ops.select(sub, t_i[s0 : s0 + STRIP], t_j, self._buffers)
+            i, j = ops.split(flat, nc)
+            vals = self._values(sub, flat)
+            i = i + s0
+            t0 = self.tick("selection", t0)
+            fail = lambda bad, i=i, j=j: [i[bad] + bi, j[bad] + bj]  # noqa: E731
+            dots = self._dots(st, q_rows, r_rows, i, j, vals, a_qn, rn_max, fail)
+            d_row, d_col = self._score(self.a_rsq[c:e], j, dots), self._score(self.a_rsq[a:b], i, dots)
+            t0 = self.tick("rescore", t0)
+            st.add(i + bi, d_row, self.a_ids[j + c], bi, nr)
+            order = ops.group_order(j)
+            st.add(j[order] + bj, d_col[order], self.a_ids[i[order] + a], bj, nc)
+            t0 = self.tick("selection", t0)
 
     # -- drivers
     def symmetric(self, wanted_t: torch.Tensor, group_rows: int) -> Iterator[Tuple[State, torch.Tensor, int]]:
