@@ -79,11 +79,13 @@ from .knn_selection import (
     SLACK,
     Geometry,
     ThresholdSweep,
+    combine,
     gamma,
     key_scores,
     kth_smallest_rows,
     ops_for,
     ordered_keys,
+    pair_dots,
     run_tasks,
     scores32,
     self_dots,
@@ -474,62 +476,72 @@ class BlockedKNN:
                 yield results[s]
 
     def _rows_block(self, geo, k, rows, own_rows, start, bs, out, certifiable, return_distances, results):
-        """One block of the rows method (module doc) into ``results[start]``."""
+        """One block of the rows method (module doc) into ``results[start]``. The block is scored transposed,
+        ``[M, b]`` (references as rows), so its candidates come grouped by reference and the re-scoring loads each
+        reference row once per block (query-major, a dense-k block re-read the references ``b`` times)."""
         m = geo.r.shape[0]
         cap = 4 * k + 4096  # candidates beyond this many per query: that query is ranked exactly
         ops = ops_for(geo.device, self._force_torch_ops)
-        g = max(1, min(16, (m - 1) // (2 * k)))  # groups of g columns; at least 2k groups
+        a = ops.arr
+        g = max(1, min(16, (m - 1) // (2 * k)))  # groups of g references; at least 2k groups
         groups = m // g
         loc = self._local
-        if self._pool is None and out is not None and out.shape[0] >= bs and out.shape[1] == m:
-            buf = out
-        else:
-            buf = getattr(loc, "rows_buf", None)
-            if buf is None or buf.shape[0] < bs or buf.shape[1] != m or buf.device != geo.device:
-                buf = loc.rows_buf = torch.empty(bs, m, dtype=torch.float32, device=geo.device)
         t0 = time.perf_counter()
         blk = rows[start : start + bs]
         b = len(blk)
-        d = buf[:b]
-        if geo.w:
-            torch.addmm(geo.rsq32, geo.q32[blk], geo.r32.T, beta=1, alpha=-2, out=d)
+        if self._pool is None and out is not None and out.numel() >= bs * m and out.dtype == torch.float32:
+            buf = out.view(-1)
         else:
-            torch.mm(geo.q32[blk], geo.r32.T, out=d)
+            buf = getattr(loc, "rows_buf", None)
+            if buf is None or buf.numel() < bs * m or buf.device != geo.device:
+                buf = loc.rows_buf = torch.empty(bs * m, dtype=torch.float32, device=geo.device)
+        d = buf[: m * b].view(m, b)  # d[j, i]: GEMM score of query blk[i] and reference j
+        if geo.w:
+            torch.addmm(geo.rsq32[:, None], geo.r32, geo.q32[blk].T, beta=1, alpha=-2, out=d)
+        else:
+            torch.mm(geo.r32, geo.q32[blk].T, out=d)
             d.neg_()
         own = own_rows[start : start + bs] if own_rows is not None else None
         if own is not None:
-            d[torch.arange(b, device=geo.device), own] = math.inf
+            d[own, torch.arange(b, device=geo.device)] = math.inf
         t0 = self._tick("gemm", t0)
         # finite inputs whose products cannot overflow (``certifiable``) give finite scores
-        failed = torch.full((b,), not certifiable, dtype=torch.bool, device=geo.device)
-        mins = d[:, : g * groups].view(b, g, groups).amin(1) if g > 1 else d.clone()
+        failed = a(torch.full((b,), not certifiable, dtype=torch.bool, device=geo.device))
+        # the k-th smallest of the minima over g strided groups of references bounds each query's k-th GEMM score
+        mins = (d[: g * groups].view(g, groups, b).amin(0) if g > 1 else d).T.clone(
+            memory_format=torch.contiguous_format
+        )
         kth = kth_smallest_rows(mins, k).to(geo.device).to(torch.float64)
         del mins
         # k GEMM scores <= kth: the k-th engine score is <= kth + 2·Δ32; a reference whose engine score is at
         # most that has a GEMM score <= kth + 4·Δ32 (both within Δ32 of the exact score)
         delta = geo.delta32[blk]
         limit = up32(kth + 4 * delta * (1 + SLACK) + SLACK * kth.abs())
-        a = ops.arr
-        mask = a(d) <= a(limit)[:, None]
-        counts = ops.count_rows(mask)
-        failed = a(failed) | (counts > cap)
+        mask = a(d) <= a(limit)[None, :]
+        counts = ops.count_cols(mask)  # candidates per query
+        failed = failed | (counts > cap)
         if bool(failed.any()):
-            mask[failed] = False
+            mask[:, failed] = False
             counts[failed] = 0
-        flat = ops.nonzero(mask)
+        per_ref = ops.count_rows(mask)
+        flat = ops.nonzero(mask)  # grouped by reference
         del mask
-        r = ops.repeat(ops.arange(b, counts), counts)
-        c = flat - r * m
+        ref = ops.repeat(ops.arange(m, per_ref), per_ref)
+        qi = flat - ref * b
         del flat
         t0 = self._tick("selection", t0)
-        sc = scores32(geo.q.index_select(0, blk), geo.r, ops.tensor(r), ops.tensor(c), geo.rsq, geo.w, geo.s)
-        keys = ops.keys(a(sc), c)
-        del sc
+        tref = ops.tensor(ref)
+        dots = pair_dots(geo.r, geo.q.index_select(0, blk), tref, ops.tensor(qi))
+        sc = a(combine(geo.rsq.index_select(0, tref) if geo.w else None, dots, geo.w, geo.s))
+        del dots, tref
         t0 = self._tick("rescore", t0)
+        order = ops.group_order(qi)  # stable: per query, references ascending
+        keys = ops.keys(sc[order], ref[order])
+        del sc, ref, qi, order
         width = max(int(counts.max()), k)
         packed = ops.full((b, width), INT64_MAX, torch.int64, counts)
-        packed[ops.arange(width, counts)[None, :] < counts[:, None]] = keys  # row-major, as the candidates
-        del keys, r, c
+        packed[ops.arange(width, counts)[None, :] < counts[:, None]] = keys  # query by query
+        del keys
         packed = ops.sort_rows(packed)
         t0 = self._tick("selection", t0)
         idx, dist = self._rank(geo, packed, counts, blk, own, k, failed, return_distances, ops, False)

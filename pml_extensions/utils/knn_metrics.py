@@ -75,34 +75,61 @@ def trapezoidal_average_precision(is_relevant: torch.Tensor, num_relevant: torch
 
 def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> Dict[str, torch.Tensor]:
     """Per-query values ``[b]`` float64 of the built-in metrics ``names`` from relevance ``rel [b, k]`` (bool) and
-    ``num_relevant [b]`` (int, > 0), following the definitions in the module docstring."""
+    ``num_relevant [b]`` (int, > 0), following the definitions in the module docstring.
+
+    Computed from the ranks of the relevant neighbours only: the c-th relevant neighbour of a query, at rank j, has
+    exactly c hits up to j, so every precision is one float64 division ``c / j`` and every mean one float64 sum in
+    rank order (the brute force's arithmetic), without ``[b, k]`` float arrays.
+    """
     b, k = rel.shape
+    names = set(names)
     out = {}
     R = num_relevant.to(torch.float64)
-    upto_r = num_relevant.clamp(max=k).sub(1)[:, None]  # column of rank min(R, k)
-    if {"precision_at_1", "recall_at_1"} & set(names):
+    if {"precision_at_1", "recall_at_1"} & names:
         first = rel[:, 0].to(torch.float64)
         out.update({n: first for n in ("precision_at_1", "recall_at_1") if n in names})
+    ranked = {
+        "mean_reciprocal_rank",
+        "r_precision",
+        "mean_average_precision_at_r",
+        "mean_average_precision",
+        "mean_average_precision_trapezoidal",
+    }
+    if not ranked & names:
+        return out
+    dev = rel.device
+    counts = rel.sum(1)
+    if dev.type == "cpu":
+        import numpy as np
+
+        flat = torch.from_numpy(np.flatnonzero(rel.numpy()))
+    else:
+        flat = rel.reshape(-1).nonzero().flatten()
+    row = torch.repeat_interleave(torch.arange(b, device=dev), counts)
+    pos = flat - row * k  # 0-based rank of each relevant neighbour, rows in order, ranks ascending
+    starts = torch.cumsum(counts, 0) - counts
+    c = (torch.arange(len(flat), device=dev) - starts[row] + 1).to(torch.float64)  # hits up to that rank
+    rank = (pos + 1).to(torch.float64)
+
+    def per_row(weights):
+        return torch.bincount(row, weights=weights, minlength=b)
+
+    within_r = (pos < num_relevant.clamp(max=k)[row]).to(torch.float64)
     if "mean_reciprocal_rank" in names:
-        hit = rel.any(1)
-        first_rank = torch.argmax(rel.to(torch.uint8), dim=1).to(torch.float64) + 1
+        first_rank = torch.ones(b, dtype=torch.float64, device=dev)
+        hit = counts > 0
+        first_rank[hit] = rank[starts[hit]]
         out["mean_reciprocal_rank"] = torch.where(hit, 1.0 / first_rank, torch.zeros_like(first_rank))
-    wanted = {"r_precision", "mean_average_precision_at_r", "mean_average_precision"} & set(names)
-    if wanted:
-        hits = rel.cumsum(1, dtype=torch.int32)  # exact hit counts
-        if "r_precision" in names:
-            out["r_precision"] = hits.gather(1, upto_r).squeeze(1).to(torch.float64) / (upto_r.squeeze(1) + 1)
-        if wanted - {"r_precision"}:
-            # precision at each relevant rank, in float64 (the brute force's arithmetic)
-            ranks = torch.arange(1, k + 1, device=rel.device, dtype=torch.float64)
-            ap = (hits * rel).to(torch.float64).div_(ranks).cumsum_(1)
-            if "mean_average_precision" in names:
-                out["mean_average_precision"] = ap[:, -1] / R
-            if "mean_average_precision_at_r" in names:
-                # PML masks ranks > R; the hit count before rank R is the same with or without the mask
-                out["mean_average_precision_at_r"] = ap.gather(1, upto_r).squeeze(1) / R
-    if "mean_average_precision_trapezoidal" in names:
-        out["mean_average_precision_trapezoidal"] = trapezoidal_average_precision(rel, num_relevant)
+    if "r_precision" in names:
+        out["r_precision"] = per_row(within_r) / num_relevant.clamp(max=k).to(torch.float64)
+    precision = c / rank
+    if "mean_average_precision" in names:
+        out["mean_average_precision"] = per_row(precision) / R
+    if "mean_average_precision_at_r" in names:
+        out["mean_average_precision_at_r"] = per_row(precision * within_r) / R
+    if "mean_average_precision_trapezoidal" in names:  # see trapezoidal_average_precision
+        before = torch.where(pos > 0, (c - 1) / pos.clamp(min=1).to(torch.float64), torch.ones_like(c))
+        out["mean_average_precision_trapezoidal"] = per_row(before + precision) / (2 * R)
     return out
 
 

@@ -124,9 +124,13 @@ def pair_dots(a: torch.Tensor, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor
 
 def scores32(a, b, i, j, b_sq, w: int, s: int) -> torch.Tensor:
     """The engine's float32 scores ``w·|b_j|² − s·a_i·b_j`` of pairs (``i`` ascending; ``b_sq`` = :func:`pair_dots`
-    of ``b`` with itself), combined in the inputs' dtype and rounded to float32."""
-    dots = pair_dots(a, b, i, j)
-    return (b_sq.index_select(0, j) * w - dots * s if w else dots * -s).to(torch.float32)
+    of ``b`` with itself), combined in the inputs' dtype and rounded to float32 (:func:`combine`)."""
+    return combine(b_sq.index_select(0, j) if w else None, pair_dots(a, b, i, j), w, s)
+
+
+def combine(sq, dots, w: int, s: int) -> torch.Tensor:
+    """``w·sq − s·dots`` in the inputs' dtype, rounded to float32: the one arithmetic of every engine score."""
+    return (sq * w - dots * s if w else dots * -s).to(torch.float32)
 
 
 def self_dots(x: torch.Tensor) -> torch.Tensor:
@@ -170,6 +174,10 @@ class NumpyOps:
     @staticmethod
     def count_rows(mask):
         return np.count_nonzero(mask, axis=1)
+
+    @staticmethod
+    def count_cols(mask):
+        return np.count_nonzero(mask, axis=0)
 
     @staticmethod
     def bf16_values(p: torch.Tensor, flat):
@@ -321,6 +329,10 @@ class TorchOps:
     @staticmethod
     def count_rows(mask):
         return mask.sum(1)
+
+    @staticmethod
+    def count_cols(mask):
+        return mask.sum(0)
 
     @staticmethod
     def bf16_values(p: torch.Tensor, flat):
