@@ -32,8 +32,8 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
     rows differ). This subclass excludes each query's own image BY INDEX: ``self_indices[i]`` is the reference row of
     query i's image (default ``arange(Nq)`` when ``ref_includes_query=True``, i.e. PML's layout).
 
-    The k-NN runs block by block on :class:`~pml_extensions.utils.knn_engine.BlockedKNN` (exact, matmul + topk on
-    the inputs' device, memory ``O(block · (M + k) + N + M)``, ties by increasing reference index); a user's
+    The k-NN runs block by block on the exact engine :class:`~pml_extensions.utils.knn_engine.BlockedKNN` (the
+    ranking of its float32 scores, ties by increasing reference index, within a memory budget); a user's
     ``knn_func`` (e.g. PML's ``FaissKNN``) is asked for k + 1 neighbours and the own row is removed by index.
     Labels stay integers. k rule (shared by every calculator of this package): k (int, None = all references,
     ``"max_bin_count"``) is clamped to the references available to a query (M, or M − 1 with its own row excluded).

@@ -1,5 +1,8 @@
 """Block-wise retrieval metrics on top of :class:`~pml_extensions.utils.knn_engine.BlockedKNN`, shared by
-``ChunkedAccuracyCalculator`` and ``AsymmetricAccuracyCalculator``.
+``ChunkedAccuracyCalculator`` and ``AsymmetricAccuracyCalculator``. The calculators iterate the engine's blocks
+(``BlockedKNN.blocks``) and record, after each ``get_accuracy``, the seconds of each stage in ``stage_seconds``
+(the engine's ``gemm``, ``selection``, ``rescore``, ``rank`` and their own ``metrics``; ``knn`` for a user's
+``knn_func``).
 
 Every k-NN metric of PML's ``AccuracyCalculator`` is a mean over (non-lone) queries, or a mean of per-class means
 (``avg_of_avgs``); the calculators therefore reduce each block of queries to per-query values, add them into
