@@ -1,14 +1,15 @@
 """Exact k nearest neighbours at the hardware floor: the k-NN engine of the accuracy calculators.
 
-**What "exact" means.** Query i and reference j are compared by the float32 score ``d_ij = w·|r_j|² − s·q_i·r_j``
-(euclidean: ``w = 1, s = 2``, the squared distance minus the per-query constant ``|q_i|²``; inner product:
-``w = 0, s = 1``; smaller is nearer). Every score the engine ranks comes from one kernel,
+**What "exact" means.** The engine scores query i and reference j by the float32 rounding of a float64 score,
+``e_ij = fl32(|q_i|² + |r_j|² − 2 q_i·r_j)`` (euclidean: the squared distance) or ``e_ij = fl32(−q_i·r_j)`` (inner
+product; smaller is nearer), every dot product and norm computed in float64 by one kernel,
 ``torch.sparse.sampled_addmm`` (:func:`~pml_extensions.utils.knn_selection.pair_dots`), which on the CPU gives a
 pair bitwise the same value wherever and with whatever else it is computed; :meth:`BlockedKNN.float32_scores`
-returns those scores for every pair. The result is the ranking of these float32 scores with ties (equal float32
-values) ordered by increasing reference index, as before this engine: a float64 brute force on these scores gives
-identical metrics. Every cheaper number (bfloat16 or float32 GEMM tiles) only *proposes* candidates, within proven
-bounds of the exact score ``d`` and hence of the engine's score (``|d32 − d| ≤ Δ32``).
+returns them. The result is the ranking of these float32 scores with ties (equal float32 values) ordered by
+increasing reference index, as before this engine: a float64 brute force on these scores gives identical metrics.
+Because the score is rounded once from float64, near-duplicates keep their order (a float32 ``|r|² − 2 q·r``
+cannot order distances below ~1e-7 · |r|²). Every cheaper number (bfloat16 or float32 GEMM tiles) only *proposes*
+candidates, within proven bounds of the exact score ``d`` and hence of the engine's (``|e − d| ≤ u·|d| + ε64``).
 
 **Threshold method** (self-retrieval and k up to a few thousand; one engine on CPU and CUDA):
 
@@ -19,22 +20,23 @@ bounds of the exact score ``d`` and hence of the engine's score (``|d32 − d| �
    excluded) computes the upper block triangle only: tile ``(I, J)`` serves the rows of ``I`` (neighbours in ``J``)
    and the rows of ``J`` (neighbours in ``I``); the diagonal tiles come first. On the CPU, tiles that touch
    disjoint blocks of queries run on ``torch.get_num_threads()`` worker threads.
-2. *Select by threshold, not by sort.* Each query holds ``U``, a proven upper bound on its k-th score: from its first
-   tile (the k-th largest ``p̃`` plus its bound), then the k-th smallest score among its candidates. A tile proposes,
-   per query, every reference with ``p̃ ≥ (w·n_lo − U − Δ32)/s − E`` (``n_lo`` the tile's smallest ``|r|²``, ``E``
-   the proposal bound): one vectorised comparison of the tile with a threshold per row (and per column in the
-   symmetric case; on the CPU NumPy compares the raw bfloat16 bits as int16) and one ``flatnonzero``. No row is
-   sorted and no ``topk`` runs.
-3. *Re-score.* Proposed pairs get the engine's float32 scores (the tile's rows are in cache) and are kept when
-   ``d32 ≤ U``; a query's buffer (``1.25·k + 32`` candidates) is pruned when full, which tightens ``U``.
-4. *Rank.* A query's candidates are sorted by int64 keys ``(d32, reference index)`` (NumPy's vectorised sort on the
+2. *Select by threshold, not by sort.* Each query holds ``U``, a proven upper bound on its k-th engine score: from
+   its first tile (the k-th largest ``p̃`` plus its bounds), then the k-th smallest score among its candidates. A
+   tile proposes, per query, every reference with ``p̃ ≥ (w·(|q|² + n_lo) − T)/s − E``, ``T = U + u·|U| + ε64``
+   (``n_lo`` the tile's smallest ``|r|²``, ``E`` the proposal bound): one vectorised comparison of the tile with a
+   threshold per row (and per column in the symmetric case; on the CPU NumPy compares the raw bfloat16 bits as
+   int16) and one ``flatnonzero``. No row is sorted and no ``topk`` runs.
+3. *Re-score.* Proposed pairs get the engine's scores (the tile's rows are in cache; a symmetric tile's pair is
+   scored once, for both of its queries) and are kept when ``e ≤ U``; a query's buffer (``1.25·k + 32`` candidates)
+   is pruned when full, which tightens ``U``.
+4. *Rank.* A query's candidates are sorted by int64 keys ``(e, reference index)`` (NumPy's vectorised sort on the
    CPU); the first k are its neighbours.
 
 **Rows method.** When ``k`` is a large fraction of the references (``16·k·(1 + ln(M/B)) > M``, e.g. 6 classes),
-proposing saves little: a block of queries is scored against all references by one float32 GEMM, the k-th smallest
-of the minima over groups of columns bounds each row's k-th GEMM score ``K`` (a NumPy partition of ``M/g``
-values), every reference with a GEMM score ``≤ K + 4·Δ32`` is a candidate, and candidates are re-scored and ranked
-as in 3-4.
+proposing saves little: a block of queries is scored against all references by one float32 GEMM (transposed, so
+candidates come grouped by reference), the k-th smallest of the minima over groups of references bounds each query's
+k-th GEMM score ``K`` (a NumPy partition of ``M/g`` values), every reference whose GEMM score is within the bounds
+of that is a candidate (about ``2·Δ32`` beyond ``K``), and candidates are re-scored and ranked as in 3-4.
 
 **Error bounds** (``u`` = unit roundoff, ``γ_n(v) = n·v/(1 − n·v)``; Higham, *Accuracy and Stability of Numerical
 Algorithms*, 2nd ed., Sec. 3.1):
@@ -47,18 +49,21 @@ Algorithms*, 2nd ed., Sec. 3.1):
   for D = 128 on the CPU (:func:`pass_error_bound`). Subnormals flushed to zero (AVX512-BF16, tensor cores) move
   each input or partial sum by < 2⁻¹²⁶: ``η = 2D·2⁻¹²⁶(1 + |q|)(1 + |r|)`` covers them. float64 inputs add one
   rounding to float32 per entry (``(1 + 2⁻²⁴)²`` more).
-- float32 scores (the engine's and a float32 GEMM's): ``|p32 − p| ≤ γ_D(2⁻²⁴)·|q|·|r|`` in any order (Higham eq.
-  3.5); ``|r|²`` in float32 and ``w·|r|² − s·p32`` add at most 4 roundings: ``|d32 − d| ≤ Δ32 =
-  γ_{D+4}(2⁻²⁴)·(w·|r|²_max + s·|q|·|r|_max) + s·η``, per query.
-- Proposal rule. A reference with engine score ``≤ U`` has ``d ≤ U + Δ32``, so ``p ≥ (w·|r|² − U − Δ32)/s ≥
-  (w·n_lo − U − Δ32)/s`` and ``p̃ ≥ p − E``: every neighbour, and every reference tied with the k-th, is proposed.
-  In the rows method a GEMM score ``g`` has ``|g − d32| ≤ 2·Δ32``, hence the ``4·Δ32`` margin. Threshold arithmetic
-  carries a relative slack of 2⁻²⁰, which covers its own rounding.
-- Certification. The bound is checked on every re-scored pair (``|p32 − p̃| ≤ E + γ_D·|q|·|r|``). A query whose
-  proposal score broke it or whose candidates do not fit its buffer (more than ``1.25·k + 32`` references tied with
-  or proposed beyond its k-th score) is *not certified* and is redone by the rows method (buffer ``4k + 4096``);
-  what that cannot certify is ranked by scoring every reference. Embeddings whose products could overflow float32
-  use that last path only.
+- float32 GEMM scores (seeds of the rows method): ``|p32 − p| ≤ γ_D(2⁻²⁴)·|q|·|r|`` in any order (Higham eq. 3.5);
+  with ``|r|²`` in float32 and the combination, ``|g − d| ≤ Δ32 = γ_{D+4}(2⁻²⁴)·(w·(|q|² + |r|²_max) +
+  s·|q|·|r|_max) + s·η``, per query.
+- Engine scores: the float64 score is within ``ε64 = γ_{D+4}(2⁻⁵³)·(w·(|q|² + |r|²_max) + s·|q|·|r|_max)`` of ``d``
+  and its rounding to float32 adds at most ``u·|d|`` (``u = 2⁻²⁴``): ``|e − d| ≤ u·|d| + ε64`` (slack added).
+- Proposal rule. A reference with engine score ``≤ U`` has ``d ≤ T``, so ``p ≥ (w·(|q|² + |r|²) − T)/s ≥
+  (w·(|q|² + n_lo) − T)/s`` and ``p̃ ≥ p − E``: every neighbour, and every reference tied with the k-th, is
+  proposed. In the rows method, k references with ``g ≤ K`` prove ``d ≤ K + |q|² + Δ32`` for them, and a candidate
+  needs ``g ≤ U + u·|U| + ε64 + Δ32 − |q|²`` with ``U`` the resulting bound on the k-th engine score. Threshold
+  arithmetic carries a relative slack of 2⁻²⁰, which covers its own rounding.
+- Certification. The bound is checked on every re-scored pair (``|p64 − p̃| ≤ E``). A query whose proposal score
+  broke it or whose candidates do not fit its buffer (more than ``1.25·k + 32`` references tied with or proposed
+  beyond its k-th score) is *not certified* and is redone by the rows method (buffer ``4k + 4096``); what that
+  cannot certify is ranked by scoring every reference. Embeddings whose products could overflow float32 use that
+  last path only.
 
 Under ``torch.distributed`` the calculators give each rank its share of query blocks (``knn_metrics``); the
 symmetric sweep is used within a process when its queries are at least half of the reference rows.
@@ -79,7 +84,8 @@ from .knn_selection import (
     SLACK,
     Geometry,
     ThresholdSweep,
-    combine,
+    engine_scores,
+    finish,
     gamma,
     key_scores,
     kth_smallest_rows,
@@ -87,7 +93,6 @@ from .knn_selection import (
     ordered_keys,
     pair_dots,
     run_tasks,
-    scores32,
     self_dots,
     sort_rows,
     top_k,
@@ -189,8 +194,8 @@ class BlockedKNN:
     ``(indices [b, k], distances [b, k] or None)`` for every query. ``__call__(query [N, D], k, reference=None,
     ref_includes_query=False)`` is PML's ``knn_func`` interface and returns ``(distances [N, k], indices [N, k])``,
     row i of the reference removed for query i when ``ref_includes_query`` (the queries are the first rows of the
-    reference, PML's layout). Distances are squared L2 (euclidean: the engine's score + ``|q|²``) or similarities
-    (inner product), in the embeddings' float dtype.
+    reference, PML's layout). Distances are the engine's scores: squared L2 (euclidean) or similarities (inner
+    product, the negated score), in the embeddings' float dtype.
 
     After a search, ``stage_seconds`` holds the time per stage (``gemm``, ``selection``, ``rescore``, ``rank``; on
     CUDA synchronised only when ``profile_stages`` is True) and ``last_plan`` what was done (method, tile,
@@ -513,10 +518,14 @@ class BlockedKNN:
         )
         kth = kth_smallest_rows(mins, k).to(geo.device).to(torch.float64)
         del mins
-        # k GEMM scores <= kth: the k-th engine score is <= kth + 2·Δ32; a reference whose engine score is at
-        # most that has a GEMM score <= kth + 4·Δ32 (both within Δ32 of the exact score)
-        delta = geo.delta32[blk]
-        limit = up32(kth + 4 * delta * (1 + SLACK) + SLACK * kth.abs())
+        # k references have g + |q|² <= kth + |q|², so exact scores <= B = kth + |q|² + Δ32 and engine scores
+        # <= U = B + canon(B); an engine score <= U means an exact one <= U + canon(U): a GEMM score g <= that
+        # + Δ32 − |q|²
+        delta, eps, qsq = geo.delta32[blk], geo.eps64[blk], geo.qsq[blk]
+        bound = kth + qsq + delta
+        u = bound + Geometry.canon(bound, eps)
+        top = u + Geometry.canon(u, eps) + delta - qsq
+        limit = up32(top + SLACK * (top.abs() + qsq + delta))
         mask = a(d) <= a(limit)[None, :]
         counts = ops.count_cols(mask)  # candidates per query
         failed = failed | (counts > cap)
@@ -530,9 +539,10 @@ class BlockedKNN:
         qi = flat - ref * b
         del flat
         t0 = self._tick("selection", t0)
-        tref = ops.tensor(ref)
-        dots = pair_dots(geo.r, geo.q.index_select(0, blk), tref, ops.tensor(qi))
-        sc = a(combine(geo.rsq.index_select(0, tref) if geo.w else None, dots, geo.w, geo.s))
+        tref, tqi = ops.tensor(ref), ops.tensor(qi)
+        dots = pair_dots(geo.r64, geo.q.index_select(0, blk).to(torch.float64), tref, tqi)
+        sq_q = geo.qsq[blk].index_select(0, tqi) if geo.w else None
+        sc = a(finish(geo.rsq.index_select(0, tref) if geo.w else None, sq_q, dots, geo.w))
         del dots, tref
         t0 = self._tick("rescore", t0)
         order = ops.group_order(qi)  # stable: per query, references ascending
@@ -610,10 +620,7 @@ class BlockedKNN:
             return idx, d
         if not return_distances:
             return idx, None
-        if geo.w:  # squared distance = score + |q|²
-            qsq = self_dots(geo.q.index_select(0, qrows))
-            return idx, (d.to(qsq.dtype) + qsq[:, None]).clamp_(min=0)
-        return idx, -d.to(geo.q.dtype)
+        return idx, (d.clamp(min=0) if geo.w else -d).to(geo.q.dtype)  # squared distances or similarities
 
     def _exact_rows(self, geo, qrows, own, k):
         """The engine's float32 scores of queries ``qrows`` against every reference, sorted by (score, index): the
@@ -625,7 +632,8 @@ class BlockedKNN:
         for a in range(0, len(qrows), rows):
             q = qrows[a : a + rows]
             i = torch.arange(len(q), device=geo.device).repeat_interleave(m)
-            sc = scores32(geo.q.index_select(0, q), geo.r, i, ref.repeat(len(q)), geo.rsq, geo.w, geo.s)
+            q64 = geo.q.index_select(0, q).to(torch.float64)
+            sc = engine_scores(q64, geo.r64, i, ref.repeat(len(q)), geo.qsq.index_select(0, q), geo.rsq, geo.w)
             sc = sc.view(len(q), m)
             if own is not None:
                 sc[torch.arange(len(q), device=geo.device), own[a : a + rows]] = math.inf
@@ -635,21 +643,22 @@ class BlockedKNN:
         return torch.cat(idx), torch.cat(d)
 
     def float32_scores(self, query: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-        """The engine's float32 scores of every pair, ``[Nq, M]`` float32, smaller is nearer: ``|r|² − 2 q·r``
-        (euclidean: the squared distance minus ``|q|²``) or ``−q·r`` (inner product), by the one kernel the engine
-        ranks with (:func:`~pml_extensions.utils.knn_selection.pair_dots`). A stable sort of a row (ties by
-        reference index) is the engine's ranking of that query; meant for checks on small sets.
+        """The engine's float32 scores of every pair, ``[Nq, M]`` float32, smaller is nearer: squared distances
+        (euclidean) or negated inner products, each the float32 rounding of a float64 score by the one kernel the
+        engine ranks with (module doc). A stable sort of a row (ties by reference index) is the engine's ranking of
+        that query; meant for checks on small sets.
 
         Example:
             >>> knn = BlockedKNN()
             >>> x = torch.tensor([[0.0], [1.0], [3.0]])
             >>> knn.float32_scores(x, x).tolist()
-            [[0.0, 1.0, 9.0], [0.0, -1.0, 3.0], [0.0, -5.0, -9.0]]
+            [[0.0, 1.0, 9.0], [1.0, 0.0, 4.0], [9.0, 4.0, 0.0]]
         """
         q, r = self.prepare(query, "query"), self.prepare(reference, "reference")
         n, m = len(q), len(r)
-        w, s = (0, 1) if self.inner_product else (1, 2)
-        r_sq = self_dots(r) if w else torch.zeros(m, dtype=r.dtype, device=r.device)
+        w = 0 if self.inner_product else 1
+        zeros = lambda x: torch.zeros(len(x), dtype=torch.float64, device=x.device)  # noqa: E731
+        q_sq, r_sq = (self_dots(q), self_dots(r)) if w else (zeros(q), zeros(r))
         i = torch.arange(n, device=q.device).repeat_interleave(m)
         j = torch.arange(m, device=q.device).repeat(n)
-        return scores32(q, r, i, j, r_sq, w, s).view(n, m)
+        return engine_scores(q.to(torch.float64), r.to(torch.float64), i, j, q_sq, r_sq, w).view(n, m)

@@ -122,21 +122,30 @@ def pair_dots(a: torch.Tensor, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor
         return torch.sparse.sampled_addmm(pattern, a, b.T, beta=0.0).values()
 
 
-def scores32(a, b, i, j, b_sq, w: int, s: int) -> torch.Tensor:
-    """The engine's float32 scores ``w·|b_j|² − s·a_i·b_j`` of pairs (``i`` ascending; ``b_sq`` = :func:`pair_dots`
-    of ``b`` with itself), combined in the inputs' dtype and rounded to float32 (:func:`combine`)."""
-    return combine(b_sq.index_select(0, j) if w else None, pair_dots(a, b, i, j), w, s)
+def engine_scores(a64, b64, i, j, a_sq, b_sq, w: int) -> torch.Tensor:
+    """The engine's float32 scores of pairs ``(a_i, b_j)`` (``i`` ascending): computed in float64 by
+    :func:`pair_dots` from float64 rows ``a64``, ``b64`` and rounded to float32 (:func:`finish`); ``a_sq``, ``b_sq``:
+    float64 ``|a|²``, ``|b|²`` (:func:`self_dots`), used when ``w`` (euclidean)."""
+    dots = pair_dots(a64, b64, i, j)
+    return finish(a_sq.index_select(0, i) if w else None, b_sq.index_select(0, j) if w else None, dots, w)
 
 
-def combine(sq, dots, w: int, s: int) -> torch.Tensor:
-    """``w·sq − s·dots`` in the inputs' dtype, rounded to float32: the one arithmetic of every engine score."""
-    return (sq * w - dots * s if w else dots * -s).to(torch.float32)
+def finish(sq_a, sq_b, dots, w: int):
+    """``fl32((|a|² + |b|²) − 2 a·b)`` (euclidean: the squared distance) or ``fl32(−a·b)``: the one arithmetic of
+    every engine score, in float64 (tensors or NumPy arrays)."""
+    v = (sq_a + sq_b) - dots * 2 if w else dots * -1
+    return v.astype(np.float32) if isinstance(v, np.ndarray) else v.to(torch.float32)
 
 
-def self_dots(x: torch.Tensor) -> torch.Tensor:
-    """``|x_i|²`` by :func:`pair_dots` (the same kernel as every score)."""
-    ids = torch.arange(len(x), device=x.device)
-    return pair_dots(x, x, ids, ids)
+def self_dots(x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """float64 ``|x_i|²`` by :func:`pair_dots` on float64 copies of ``chunk`` rows at a time (the same kernel as
+    every score)."""
+    out = torch.empty(len(x), dtype=torch.float64, device=x.device)
+    for a in range(0, len(x), chunk):
+        x64 = x[a : a + chunk].to(torch.float64)
+        ids = torch.arange(len(x64), device=x.device)
+        out[a : a + chunk] = pair_dots(x64, x64, ids, ids)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ array ops
@@ -418,10 +427,11 @@ class Geometry:
     """Prepared operands of one search, their norms and error bounds, and the tile operands (references sorted
     by norm, so each tile's norm range, hence its thresholds, is tight).
 
-    ``w, s``: the score ``d = w·|r|² − s·q·r``. ``delta32 [Nq]`` (float64): per query, the bound on ``|d32 − d|``
-    of every float32 score of that query (the engine's :func:`scores32` and a float32 GEMM's alike). ``c_lp``:
-    relative bound of the proposal pass (``|p̃ − p| ≤ c_lp·|q|·|r| + η``; the float32 dot bound when the pass is
-    float32). ``rsq``: the references' ``|r|²`` by :func:`self_dots` (prepared dtype).
+    Scores (``w, s``): euclidean ``d = |q|² + |r|² − 2 q·r`` (``w = 1, s = 2``), inner product ``d = −q·r``
+    (``w = 0, s = 1``). Per query (float64 ``[Nq]``): ``delta32``, the bound on ``|g − d|`` of a float32 GEMM score
+    ``g`` (plus the float64 ``|q|²``); ``eps64``, the bound on the float64 score before its rounding to float32, so
+    an engine score ``e`` has ``|e − d| ≤ u·|d| + eps64`` (:meth:`canon`). ``c_lp``: relative bound of the proposal
+    pass (``|p̃ − p| ≤ c_lp·|q|·|r| + η``). ``qsq``, ``rsq``: float64 squared norms (:func:`self_dots`).
     """
 
     def __init__(self, query, reference, inner_product, low_precision, c_lp, symmetric, tiles):
@@ -431,22 +441,22 @@ class Geometry:
         self.q32, self.r32 = query.to(torch.float32), reference.to(torch.float32)
         self.qn = torch.linalg.vector_norm(self.q32, dim=1)
         self.rn = torch.linalg.vector_norm(self.r32, dim=1)
-        self.rsq = (
-            self_dots(reference) if self.w else torch.zeros(len(reference), dtype=query.dtype, device=self.device)
-        )
+        zeros = lambda n: torch.zeros(n, dtype=torch.float64, device=self.device)  # noqa: E731
+        self.qsq = self_dots(query) if self.w else zeros(len(query))
+        self.rsq = self.qsq if reference is query else (self_dots(reference) if self.w else zeros(len(reference)))
         self.rsq32 = self.rsq.to(torch.float32)
         d = query.shape[1]
         wide = query.dtype != torch.float32  # float64 inputs: one more rounding (to float32) per entry
         self.g_dot = gamma(d + 2 * wide, 2.0**-24)  # a float32 dot product or squared norm, any order
         self.eta = 2 * d * 2.0**-126  # flushed / underflowed subnormals, times (1 + |q|)(1 + |r|)
         rn_max = float(self.rn.max()) if len(self.rn) else 0.0
-        g32 = gamma(d + 4 + 2 * wide, 2.0**-24)
         qn64 = self.qn.to(torch.float64)
-        self.delta32 = g32 * (self.w * rn_max**2 + self.s * qn64 * rn_max) + self.s * self.eta * (1 + qn64) * (
-            1 + rn_max
-        )
+        scale = self.w * (qn64**2 + rn_max**2) + self.s * qn64 * rn_max
+        self.delta32 = gamma(d + 4 + 2 * wide, 2.0**-24) * scale + self.s * self.eta * (1 + qn64) * (1 + rn_max)
+        self.eps64 = gamma(d + 4, 2.0**-53) * scale * 1.01 + 1e-300
         self.low_precision = bool(low_precision)
         self.c_lp = c_lp if low_precision else self.g_dot
+        self._r64 = None
         self.perm = self.inv = None
         if tiles:
             lo, hi = (float(self.rn.min()), rn_max) if len(self.rn) else (0.0, 0.0)
@@ -454,18 +464,30 @@ class Geometry:
                 self.perm = torch.argsort(self.rn, stable=True)
                 self.inv = torch.empty_like(self.perm)
                 self.inv[self.perm] = torch.arange(len(self.perm), device=self.device)
-            take = (lambda t: t) if self.perm is None else (lambda t: t[self.perm])
+            take = (lambda t: t) if self.perm is None else (lambda t: t[self.perm])  # noqa: E731
             self.t_r, self.t_r32, self.t_rn, self.t_rsq = take(reference), take(self.r32), take(self.rn), take(self.rsq)
-            self.t_rsq32 = self.t_rsq.to(torch.float32)
             self.t_rlp = self.t_r32.to(torch.bfloat16) if low_precision else self.t_r32
             self.t_ids = torch.arange(len(self.r), device=self.device) if self.perm is None else self.perm
             if symmetric:
-                self.t_q, self.t_qn, self.t_qlp = self.t_r, self.t_rn, self.t_rlp
-                self.t_delta = take(self.delta32)
+                self.t_q, self.t_qn, self.t_qlp, self.t_qsq = self.t_r, self.t_rn, self.t_rlp, self.t_rsq
+                self.t_delta, self.t_eps = take(self.delta32), take(self.eps64)
             else:
-                self.t_q, self.t_qn = query, self.qn
+                self.t_q, self.t_qn, self.t_qsq = query, self.qn, self.qsq
                 self.t_qlp = self.q32.to(torch.bfloat16) if low_precision else self.q32
-                self.t_delta = self.delta32
+                self.t_delta, self.t_eps = self.delta32, self.eps64
+
+    @property
+    def r64(self) -> torch.Tensor:
+        """float64 copy of the references (made once, for the rows method and the full scan)."""
+        if self._r64 is None:
+            self._r64 = self.r.to(torch.float64)
+        return self._r64
+
+    @staticmethod
+    def canon(x, eps):
+        """Bound on ``|e − d|`` for an engine score ``e`` near ``x``: ``2⁻²⁴·|x| + eps`` (float64 rounding to float32
+        of a float64 score within ``eps``), with slack."""
+        return (abs(x) * (2.0**-24) + eps) * (1 + SLACK) + 1e-300
 
     def ref_ids(self, t_idx: torch.Tensor) -> torch.Tensor:
         """Original reference indices of tile (norm-sorted) positions."""
@@ -475,9 +497,9 @@ class Geometry:
 # ------------------------------------------------------------------------------------------------ buffers
 class State:
     """Candidate buffers of a set of queries: int64 keys ``(float32 score, reference index)`` (``cap`` per query),
-    counts, upper bounds ``U`` on each query's k-th float32 score (the engine's, :func:`scores32`), the float32 keep
-    limits (``U`` rounded up) and the queries that could not be certified. ``delta``: Δ32 per query. Arrays are
-    ``ops`` arrays (NumPy on the CPU)."""
+    counts, upper bounds ``U`` on each query's k-th engine score, the float32 keep limits (``U`` rounded up) and the
+    queries that could not be certified. ``delta``: the queries' ``eps64`` (:class:`Geometry`). Arrays are ``ops``
+    arrays (NumPy on the CPU)."""
 
     def __init__(self, n: int, cap: int, k: int, delta: torch.Tensor, device: torch.device, ops):
         self.ops, self.cap, self.k = ops, cap, k
@@ -640,8 +662,7 @@ class ThresholdSweep:
         self._lock = threading.Lock()
         self._local = threading.local()
         a = ops.arr
-        self.a_rn, self.a_rsq, self.a_ids = a(geo.t_rn), a(geo.t_rsq), a(geo.t_ids)
-        self.a_qn = a(geo.t_qn)
+        self.a_ids, self.a_qn = a(geo.t_ids), a(geo.t_qn)
 
     def _buffers(self, size):
         loc = self._local
@@ -660,53 +681,50 @@ class ThresholdSweep:
         qn = qn.to(torch.float64)
         return g.c_lp * qn * rn_max + g.eta * (1 + qn) * (1 + rn_max)
 
-    def _thresholds(self, u, delta, qn, rn_max, rsq_min, dtype):
-        """Lower bounds on ``p̃`` of a proposal, rounded down to the tile's dtype (as float32): a score ``≤ U``
-        means ``d ≤ U + Δ32``, i.e. ``p ≥ (w·|r|²_min − U − Δ32)/s``, and ``p̃ ≥ p − err`` (slack included)."""
+    def _thresholds(self, u, eps, qsq, qn, rn_max, rsq_min, dtype):
+        """Lower bounds on ``p̃`` of a proposal, rounded down to the tile's dtype (as float32): an engine score
+        ``≤ U`` means ``d ≤ T = U + canon(U)``, i.e. ``p ≥ (w·(|q|² + |r|²_min) − T)/s``, and ``p̃ ≥ p − err``
+        (slack included)."""
         g = self.geo
-        n_lo = rsq_min * (1 - g.g_dot)
-        uc = (u + delta * (1 + SLACK)).clamp(-1e300, 1e300)
+        n = g.w * (qsq + rsq_min * (1 - 2.0**-50))
+        uc = u.clamp(-1e300, 1e300)
+        top = uc + Geometry.canon(uc, eps)
         err = self._err(qn, rn_max)
-        t = (g.w * n_lo - uc) / g.s - err
-        t = t - SLACK * ((g.w * n_lo + uc.abs()) / g.s + err) - 1e-300
+        t = (n - top) / g.s - err
+        t = t - SLACK * ((n.abs() + top.abs()) / g.s + err) - 1e-300
         t = torch.where(torch.isposinf(u), torch.full_like(t, -math.inf), t)
         t = torch.where(torch.isneginf(u), torch.full_like(t, math.inf), t)
         return bf16_floor(t).to(torch.float32) if dtype == torch.bfloat16 else down32(t)
 
-    def _seed(self, st, base, p, qn, rn_max, rsq_max):
+    def _seed(self, st, base, p, qn, qsq, rn_max, rsq_max):
         """``U`` of queries (tile rows) from their first tile: k references have ``p̃ ≥`` the k-th largest ``p̃``,
-        so ``d ≤ w·|r|²_max − s·(p̃_k − err)`` and their float32 scores at most ``Δ32`` more."""
+        so ``d ≤ B = w·(|q|² + |r|²_max) − s·(p̃_k − err)`` and engine scores ``≤ B + canon(B)``."""
         g = self.geo
         if p.shape[1] <= self.k:
             return
         kth = kth_largest_rows(p, self.k).to(g.device)
-        n_hi = rsq_max * (1 + 2 * g.g_dot)
-        delta = self.ops.tensor(st.delta[base : base + len(kth)])
-        bound = g.w * n_hi - g.s * kth + g.s * self._err(qn, rn_max) + delta
-        st.lower_u(base, bound + SLACK * (g.w * n_hi + g.s * kth.abs() + bound.abs() + delta))
+        n = g.w * (qsq + rsq_max * (1 + 2.0**-50))
+        bound = n - g.s * kth + g.s * self._err(qn, rn_max)
+        bound = bound + SLACK * (n.abs() + g.s * kth.abs() + bound.abs())
+        eps = self.ops.tensor(st.delta[base : base + len(kth)])
+        st.lower_u(base, bound + Geometry.canon(bound, eps))
 
-    def _dots(self, st, a, b, i, j, vals, qn_rows, rn_max, fail_rows):
-        """The engine's dot products of the proposed pairs (``a[i]·b[j]``, ``i`` ascending; :func:`pair_dots`);
+    def _dots(self, st, a64, b64, i, j, vals, qn_rows, rn_max, fail_rows):
+        """float64 dot products of the proposed pairs (``a64[i]·b64[j]``, ``i`` ascending; :func:`pair_dots`);
         queries of pairs whose proposal score broke its bound are failed (``fail_rows(bad pair indices)``)."""
         g, ops = self.geo, self.ops
         with self._lock:
             self.proposals += len(i)
         if len(i) == 0:
-            return vals
-        dots = ops.arr(pair_dots(a, b, ops.tensor(i), ops.tensor(j)))
+            return vals * 1.0
+        dots = ops.arr(pair_dots(a64, b64, ops.tensor(i), ops.tensor(j)))
         rn = float(rn_max)
-        scale = (g.c_lp + g.g_dot) * (1 + SLACK) * rn + g.eta * (1 + rn)
+        scale = g.c_lp * (1 + SLACK) * rn + g.eta * (1 + rn) + 2.0**-40 * rn
         bad = ops.nonzero(~(abs(dots - vals) <= qn_rows[i] * scale + g.eta * (1 + rn) + 1e-30))
         if len(bad):
             for rows in fail_rows(bad):
                 st.fail(rows)
         return dots
-
-    def _score(self, rsq, j, dots):
-        """float32 scores from dot products, by :func:`scores32`'s arithmetic (bitwise the same values)."""
-        g = self.geo
-        d = rsq[j] * g.w - dots * g.s if g.w else dots * -g.s
-        return d.astype(np.float32) if isinstance(d, np.ndarray) else d.to(torch.float32)
 
     def _scores(self, qa, lo, hi):
         """Query-major tile ``[len(qa), hi − lo]`` of proposal scores, written into a buffer reused from tile to
@@ -737,13 +755,14 @@ class ThresholdSweep:
             p[r, own_t[r] - lo] = -math.inf
         t0 = self.tick("gemm", t0)
         nq, nc = p.shape
-        qn, rn = g.t_qn[qsel], g.t_rn[lo:hi]
-        rn_max, rsq_max, rsq_min = rn.max().double(), g.t_rsq[lo:hi].max().double(), g.t_rsq[lo:hi].min().double()
+        qn, rn, qsq, rsq = g.t_qn[qsel], g.t_rn[lo:hi], g.t_qsq[qsel], g.t_rsq[lo:hi]
+        rn_max, rsq_max, rsq_min = rn.max().double(), rsq.max(), rsq.min()
         if seed:
-            self._seed(st, base, p, qn, rn_max, rsq_max)
+            self._seed(st, base, p, qn, qsq, rn_max, rsq_max)
         span = slice(base, base + nq)
-        t = self._thresholds(ops.tensor(st.U[span]), ops.tensor(st.delta[span]), qn, rn_max, rsq_min, p.dtype)
-        a_qn, q_rows, r_rows = ops.arr(qn), g.t_q[qsel], g.t_r[lo:hi]
+        t = self._thresholds(ops.tensor(st.U[span]), ops.tensor(st.delta[span]), qsq, qn, rn_max, rsq_min, p.dtype)
+        a_qn, a_qsq, a_rsq = ops.arr(qn), ops.arr(qsq), ops.arr(rsq)
+        q_rows, r_rows = g.t_q[qsel].to(torch.float64), g.t_r[lo:hi].to(torch.float64)
         for a in range(0, nq, STRIP):
             sub = p[a : a + STRIP]
             flat = ops.select(sub, t[a : a + STRIP], None, self._buffers)
@@ -752,7 +771,7 @@ class ThresholdSweep:
             i = i + a
             t0 = self.tick("selection", t0)
             dots = self._dots(st, q_rows, r_rows, i, j, vals, a_qn, rn_max, lambda bad, i=i: [i[bad] + base])
-            d = self._score(self.a_rsq[lo:hi], j, dots)
+            d = finish(a_qsq[i], a_rsq[j], dots, g.w)
             t0 = self.tick("rescore", t0)
             if seed:
                 self._tighten_seed(st, base, a, len(sub), i, d)
@@ -786,10 +805,11 @@ class ThresholdSweep:
         bi, bj = a - state_lo, c - state_lo
         si, sj = slice(bi, bi + nr), slice(bj, bj + nc)
         u_i, d_i, u_j, d_j = (ops.tensor(x) for x in (st.U[si], st.delta[si], st.U[sj], st.delta[sj]))
-        t_i = self._thresholds(u_i, d_i, rn_i, rn_j.max().double(), rsq_j.min().double(), p.dtype)
-        t_j = self._thresholds(u_j, d_j, rn_j, rn_i.max().double(), rsq_i.min().double(), p.dtype)
+        t_i = self._thresholds(u_i, d_i, rsq_i, rn_i, rn_j.max().double(), rsq_j.min(), p.dtype)
+        t_j = self._thresholds(u_j, d_j, rsq_j, rn_j, rn_i.max().double(), rsq_i.min(), p.dtype)
         rn_max = torch.maximum(rn_i.max(), rn_j.max()).double()
-        q_rows, r_rows, a_qn = g.t_q[a:b], g.t_r[c:e], self.a_qn[a:b]
+        q_rows, r_rows, a_qn = g.t_q[a:b].to(torch.float64), g.t_r[c:e].to(torch.float64), self.a_qn[a:b]
+        a_sqi, a_sqj = ops.arr(rsq_i), ops.arr(rsq_j)
         for s0 in range(0, nr, STRIP):
             sub = p[s0 : s0 + STRIP]
             flat = ops.select(sub, t_i[s0 : s0 + STRIP], t_j, self._buffers)
@@ -799,11 +819,11 @@ class ThresholdSweep:
             t0 = self.tick("selection", t0)
             fail = lambda bad, i=i, j=j: [i[bad] + bi, j[bad] + bj]  # noqa: E731
             dots = self._dots(st, q_rows, r_rows, i, j, vals, a_qn, rn_max, fail)
-            d_row, d_col = self._score(self.a_rsq[c:e], j, dots), self._score(self.a_rsq[a:b], i, dots)
+            d = finish(a_sqi[i], a_sqj[j], dots, g.w)  # a distance: the same value for both directions
             t0 = self.tick("rescore", t0)
-            st.add(i + bi, d_row, self.a_ids[j + c], bi, nr)
+            st.add(i + bi, d, self.a_ids[j + c], bi, nr)
             order = ops.group_order(j)
-            st.add(j[order] + bj, d_col[order], self.a_ids[i[order] + a], bj, nc)
+            st.add(j[order] + bj, d[order], self.a_ids[i[order] + a], bj, nc)
             t0 = self.tick("selection", t0)
 
     # -- drivers
@@ -817,7 +837,7 @@ class ThresholdSweep:
         for g0 in range(0, len(blocks), per_group):
             group = blocks[g0 : g0 + per_group]
             lo, hi = group[0][0], group[-1][1]
-            st = State(hi - lo, self.cap, self.k, g.t_delta[lo:hi], g.device, self.ops)
+            st = State(hi - lo, self.cap, self.k, g.t_eps[lo:hi], g.device, self.ops)
 
             # diagonal tiles first: they seed every row's bound
             self.run([((x,), partial(self._diag, st, lo, *group[x])) for x in range(len(group))])
@@ -849,7 +869,7 @@ class ThresholdSweep:
     def _query_block(self, rows, own_t, m, start, states):
         g = self.geo
         blk = rows[start : start + self.tile]
-        st = State(len(blk), self.cap, self.k, g.t_delta[blk], g.device, self.ops)
+        st = State(len(blk), self.cap, self.k, g.t_eps[blk], g.device, self.ops)
         own = None if own_t is None else own_t[start : start + self.tile]
         for n0, lo in enumerate(range(0, m, self.tile)):
             self.row_tile(st, 0, blk, lo, min(lo + self.tile, m), own, seed=n0 == 0)
