@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         f"| `run contrastive --variant quick --dry-run`, cold (builds the class index) | {cold:.3f} | "
         f"{cold / floor:.1f} | {cold / torch_import:.2f} | 0 |",
         "",
-        f"Floor: `python -c pass` {floor:.3f} s; `python -c \"import torch\"` {torch_import:.3f} s (what every "
+        f'Floor: `python -c pass` {floor:.3f} s; `python -c "import torch"` {torch_import:.3f} s (what every '
         "command above used to load before printing). The cold row is paid once per installed torch / torchvision / "
         "PML versions and per edit of the package; the index lives in `~/.cache/pml_extensions` "
         "(`PML_EXTENSIONS_CACHE_DIR`).",

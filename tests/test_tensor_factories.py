@@ -43,7 +43,6 @@ _FAISS = "host-side bookkeeping of faiss neighbours and of the files written to 
 _POINTS = "a few (y, x) points: weights built on the host in float64, moved to `device` at the end"
 _ROI = "the region of interest as a host mask (from numpy or a tensor); the weights are moved to `device` at the end"
 _TOPK = "neighbour and query indices select dataset items (host indexing)"
-_CUSTOM = "a user metric's per-class values (Python numbers), summed on the host, moved to the labels' device"
 _PLOT = "figure drawing: as_tensor keeps a tensor's own device (numpy maps are host arrays); only scalars are read back"
 #: "file (under the repository root)::enclosing function::factory" -> why that tensor is meant to be on the CPU
 CPU_ONLY = {
@@ -79,8 +78,6 @@ CPU_ONLY = {
     "pml_extensions/utils/knn_metrics.py::EngineAccuracyMixin._to_tensor::as_tensor": (
         "numpy or tensor inputs, moved to the calculator's device on the next line"
     ),
-    "pml_extensions/utils/knn_metrics.py::EngineAccuracyMixin._custom_block::tensor": _CUSTOM,
-    "pml_extensions/utils/knn_metrics.py::EngineAccuracyMixin._custom_block::zeros": _CUSTOM,
     "pml_extensions/utils/knn_metrics.py::EngineAccuracyMixin._common_get_accuracy::as_tensor": (
         "reads only the input's device (a tensor keeps its own)"
     ),

@@ -18,41 +18,9 @@ from pytorch_metric_learning.utils.accuracy_calculator import (
     try_getting_not_lone_labels,
 )
 
-from .knn_metrics import EngineAccuracyMixin
+from .knn_metrics import EngineAccuracyMixin, trapezoidal_average_precision
 
-
-def trapezoidal_average_precision(is_relevant: torch.Tensor, num_relevant: torch.Tensor) -> torch.Tensor:
-    """Average precision as the trapezoid-rule area under the precision-recall curve (retrieval literature).
-
-    Walking down the ranking, every relevant item raises recall by ``1 / num_relevant``; the area of that step is
-    its width times the mean of the precision just before the item and the precision at the item. For the c-th
-    relevant item at 1-based rank k: ``p_before = (c − 1)/(k − 1)`` (1 when k = 1), ``p_at = c/k``, and
-    ``AP = Σ (p_before + p_at) / (2 · num_relevant)``. Relevant items missing from the ranking add nothing.
-    Example: relevance [1, 0, 1] with 2 relevant -> (1 + (1/2 + 2/3)/2)/2 = 19/24 (the non-interpolated AP is 5/6).
-
-    Args:
-        is_relevant: [Nq, K] bool, relevance of the K ranked references of each query (junk already removed).
-        num_relevant: [Nq] int, number of relevant references of each query (> 0).
-
-    Returns:
-        [Nq] float64 AP in [0, 1].
-
-    Raises:
-        ValueError: if the shapes disagree or a query has ``num_relevant`` <= 0.
-    """
-    if is_relevant.ndim != 2 or num_relevant.ndim != 1 or num_relevant.shape[0] != is_relevant.shape[0]:
-        raise ValueError(
-            f"is_relevant must be [Nq, K] and num_relevant [Nq], got {tuple(is_relevant.shape)} and "
-            f"{tuple(num_relevant.shape)}"
-        )
-    if bool((num_relevant <= 0).any()):
-        raise ValueError("num_relevant must be > 0 for every query")
-    rel = is_relevant.to(torch.float64)
-    count = torch.cumsum(rel, dim=1)
-    rank = torch.arange(1, rel.shape[1] + 1, dtype=torch.float64, device=rel.device).expand_as(rel)
-    p_at = count / rank
-    p_before = torch.where(rank > 1, (count - 1) / (rank - 1).clamp(min=1), torch.ones_like(rank))
-    return ((p_before + p_at) * rel).sum(dim=1) / (2 * num_relevant.to(torch.float64))
+__all__ = ["AsymmetricAccuracyCalculator", "trapezoidal_average_precision"]  # the AP moved to knn_metrics
 
 
 class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
@@ -64,8 +32,8 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
     rows differ). This subclass excludes each query's own image BY INDEX: ``self_indices[i]`` is the reference row of
     query i's image (default ``arange(Nq)`` when ``ref_includes_query=True``, i.e. PML's layout).
 
-    The k-NN runs block by block on :class:`~pml_extensions.utils.knn_engine.BlockedKNN` (exact, matmul + topk on
-    the inputs' device, memory ``O(block · (M + k) + N + M)``, ties by increasing reference index); a user's
+    The k-NN runs block by block on the exact engine :class:`~pml_extensions.utils.knn_engine.BlockedKNN` (the
+    ranking of its float32 scores, ties by increasing reference index, within a memory budget); a user's
     ``knn_func`` (e.g. PML's ``FaissKNN``) is asked for k + 1 neighbours and the own row is removed by index.
     Labels stay integers. k rule (shared by every calculator of this package): k (int, None = all references,
     ``"max_bin_count"``) is clamped to the references available to a query (M, or M − 1 with its own row excluded).

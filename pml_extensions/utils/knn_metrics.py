@@ -1,5 +1,8 @@
 """Block-wise retrieval metrics on top of :class:`~pml_extensions.utils.knn_engine.BlockedKNN`, shared by
-``ChunkedAccuracyCalculator`` and ``AsymmetricAccuracyCalculator``.
+``ChunkedAccuracyCalculator`` and ``AsymmetricAccuracyCalculator``. The calculators iterate the engine's blocks
+(``BlockedKNN.blocks``) and record, after each ``get_accuracy``, the seconds of each stage in ``stage_seconds``
+(the engine's ``gemm``, ``selection``, ``rescore``, ``rank`` and their own ``metrics``; ``knn`` for a user's
+``knn_func``).
 
 Every k-NN metric of PML's ``AccuracyCalculator`` is a mean over (non-lone) queries, or a mean of per-class means
 (``avg_of_avgs``); the calculators therefore reduce each block of queries to per-query values, add them into
@@ -16,8 +19,10 @@ neighbour is relevant; P_j = precision at rank j), identical to PML's:
 ``mean_average_precision_trapezoidal`` (see ``trapezoidal_average_precision``).
 """
 
+import time
 from typing import Dict, Optional
 
+import numpy as np
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
 
@@ -34,40 +39,122 @@ BUILTIN = (
 )
 
 
+def trapezoidal_average_precision(is_relevant: torch.Tensor, num_relevant: torch.Tensor) -> torch.Tensor:
+    """Average precision as the trapezoid-rule area under the precision-recall curve (retrieval literature).
+
+    Walking down the ranking, every relevant item raises recall by ``1 / num_relevant``; the area of that step is
+    its width times the mean of the precision just before the item and the precision at the item. For the c-th
+    relevant item at 1-based rank k: ``p_before = (c − 1)/(k − 1)`` (1 when k = 1), ``p_at = c/k``, and
+    ``AP = Σ (p_before + p_at) / (2 · num_relevant)``. Relevant items missing from the ranking add nothing.
+    Example: relevance [1, 0, 1] with 2 relevant -> (1 + (1/2 + 2/3)/2)/2 = 19/24 (the non-interpolated AP is 5/6).
+
+    Args:
+        is_relevant: [Nq, K] bool, relevance of the K ranked references of each query (junk already removed).
+        num_relevant: [Nq] int, number of relevant references of each query (> 0).
+
+    Returns:
+        [Nq] float64 AP in [0, 1].
+
+    Raises:
+        ValueError: if the shapes disagree or a query has ``num_relevant`` <= 0.
+
+    Example:
+        >>> trapezoidal_average_precision(torch.tensor([[True, False, True]]), torch.tensor([2])).tolist()
+        [0.7916666666666666]
+    """
+    if is_relevant.ndim != 2 or num_relevant.ndim != 1 or num_relevant.shape[0] != is_relevant.shape[0]:
+        raise ValueError(
+            f"is_relevant must be [Nq, K] and num_relevant [Nq], got {tuple(is_relevant.shape)} and "
+            f"{tuple(num_relevant.shape)}"
+        )
+    if bool((num_relevant <= 0).any()):
+        raise ValueError("num_relevant must be > 0 for every query")
+    rel = is_relevant.to(torch.float64)
+    count = torch.cumsum(rel, dim=1)
+    rank = torch.arange(1, rel.shape[1] + 1, dtype=torch.float64, device=rel.device).expand_as(rel)
+    p_at = count / rank
+    p_before = torch.where(rank > 1, (count - 1) / (rank - 1).clamp(min=1), torch.ones_like(rank))
+    return ((p_before + p_at) * rel).sum(dim=1) / (2 * num_relevant.to(torch.float64))
+
+
 def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> Dict[str, torch.Tensor]:
     """Per-query values ``[b]`` float64 of the built-in metrics ``names`` from relevance ``rel [b, k]`` (bool) and
-    ``num_relevant [b]`` (int, > 0), following the definitions in the module docstring."""
+    ``num_relevant [b]`` (int, > 0), following the definitions in the module docstring.
+
+    Computed from the ranks of the relevant neighbours only: the c-th relevant neighbour of a query, at rank j, has
+    exactly c hits up to j, so every precision is one float64 division ``c / j`` and every mean one float64 sum in
+    rank order (the brute force's arithmetic), without ``[b, k]`` float arrays.
+    """
     b, k = rel.shape
+    names = set(names)
     out = {}
-    R = num_relevant.to(torch.float64)
-    upto_r = num_relevant.clamp(max=k).sub(1)[:, None]  # column of rank min(R, k)
-    if {"precision_at_1", "recall_at_1"} & set(names):
+    if {"precision_at_1", "recall_at_1"} & names:
         first = rel[:, 0].to(torch.float64)
         out.update({n: first for n in ("precision_at_1", "recall_at_1") if n in names})
-    if "mean_reciprocal_rank" in names:
-        hit = rel.any(1)
-        first_rank = torch.argmax(rel.to(torch.uint8), dim=1).to(torch.float64) + 1
-        out["mean_reciprocal_rank"] = torch.where(hit, 1.0 / first_rank, torch.zeros_like(first_rank))
-    wanted = {"r_precision", "mean_average_precision_at_r", "mean_average_precision"} & set(names)
-    if wanted:
-        relf = rel.to(torch.float32)
-        hits = relf.cumsum(1)  # exact in float32 up to 2^24 hits
-        if "r_precision" in names:
-            out["r_precision"] = hits.gather(1, upto_r).squeeze(1).to(torch.float64) / (upto_r.squeeze(1) + 1)
-        if wanted - {"r_precision"}:
-            # precision at each relevant rank in float32 (relative error 6e-8 per term), summed in float64
-            ranks = torch.arange(1, k + 1, device=rel.device, dtype=torch.float32)
-            ap = hits.mul_(relf).div_(ranks).cumsum(1, dtype=torch.float64)
-            if "mean_average_precision" in names:
-                out["mean_average_precision"] = ap[:, -1] / R
-            if "mean_average_precision_at_r" in names:
-                # PML masks ranks > R; the hit count before rank R is the same with or without the mask
-                out["mean_average_precision_at_r"] = ap.gather(1, upto_r).squeeze(1) / R
-    if "mean_average_precision_trapezoidal" in names:
-        from .asymmetric_accuracy_calculator import trapezoidal_average_precision
-
-        out["mean_average_precision_trapezoidal"] = trapezoidal_average_precision(rel, num_relevant)
+    ranked = {
+        "mean_reciprocal_rank",
+        "r_precision",
+        "mean_average_precision_at_r",
+        "mean_average_precision",
+        "mean_average_precision_trapezoidal",
+    }
+    if not ranked & names:
+        return out
+    lim = num_relevant.clamp(max=k)
+    if rel.device.type == "cpu":  # NumPy: a tenth of torch's per-op cost on these 1-D arrays
+        values = _ranked_metrics(np, rel.numpy(), lim.numpy(), num_relevant.numpy(), names)
+        out.update({m: torch.from_numpy(v) for m, v in values.items()})
+    else:
+        out.update(_ranked_metrics(torch, rel, lim, num_relevant, names))
     return out
+
+
+def _ranked_metrics(xp, rel, lim, num_relevant, names):
+    """The rank-based metrics of :func:`per_query_metrics` with array module ``xp`` (NumPy or torch)."""
+    b, k = rel.shape
+    f64 = xp.float64
+    if xp is np:
+        counts = np.count_nonzero(rel, axis=1)
+        flat = np.flatnonzero(rel)
+        rows = np.arange(b)
+        row = np.repeat(rows, counts)
+        starts = np.cumsum(counts) - counts
+        c = (np.arange(1, len(flat) + 1) - np.repeat(starts, counts)).astype(f64)  # hits up to that rank
+        R = num_relevant.astype(f64)
+
+        def per_row(w):
+            return np.bincount(row, weights=w, minlength=b)
+
+    else:
+        counts = rel.sum(1)
+        flat = rel.reshape(-1).nonzero().flatten()
+        row = torch.repeat_interleave(torch.arange(b, device=rel.device), counts)
+        starts = torch.cumsum(counts, 0) - counts
+        c = (torch.arange(1, len(flat) + 1, device=rel.device) - torch.repeat_interleave(starts, counts)).to(f64)
+        R = num_relevant.to(f64)
+
+        def per_row(w):
+            return torch.bincount(row, weights=w, minlength=b)
+
+    pos = flat - row * k  # 0-based rank of each relevant neighbour; rows in order, ranks ascending
+    rank = pos + 1.0
+    out = {}
+    within_r = (pos < lim[row]) * 1.0
+    if "mean_reciprocal_rank" in names:
+        hit = counts > 0
+        first = rank[starts * hit] if len(rank) else starts * 0.0  # rank of the first relevant neighbour
+        out["mean_reciprocal_rank"] = hit / xp.where(hit, first, 1.0)
+    if "r_precision" in names:
+        out["r_precision"] = per_row(within_r) / lim
+    precision = c / rank
+    if "mean_average_precision" in names:
+        out["mean_average_precision"] = per_row(precision) / R
+    if "mean_average_precision_at_r" in names:
+        out["mean_average_precision_at_r"] = per_row(precision * within_r) / R
+    if "mean_average_precision_trapezoidal" in names:  # see trapezoidal_average_precision
+        before = xp.where(pos > 0, (c - 1) / xp.maximum(pos, pos * 0 + 1), c * 0 + 1)
+        out["mean_average_precision_trapezoidal"] = per_row(before + precision) / (2 * R)
+    return {m: v.astype(f64) if xp is np else v.to(f64) for m, v in out.items()}
 
 
 def _dist_info(enabled: bool):
@@ -184,51 +271,34 @@ class EngineAccuracyMixin:
         rank, world = _dist_info(self.distributed)
         builtin = [m for m in metrics if self._is_builtin(m)]
         engine = self.knn_func if isinstance(self.knn_func, BlockedKNN) else None
+        # blocks of query rows dealt round-robin over the ranks; ``mine`` indexes ``rows``
+        deal = self.block_size or 4096
+        starts = range(rank * deal, len(rows), world * deal)
+        mine = torch.cat([torch.arange(s, min(s + deal, len(rows)), device=rows.device) for s in starts] or [rows[:0]])
+        seconds = {}
+        want_dist = len(builtin) < len(metrics)
+        ctx = dict(q_ids=q_ids, r_ids=r_ids, q_lab=q_lab, r_lab=r_lab, num_relevant=num_relevant, cls=cls)
+        ctx.update(classes=len(classes), label_counts=label_counts, exclude_self=exclude_self, sums=sums)
         if engine is not None:
             query, reference = engine.prepare(query, "query"), engine.prepare(reference, "reference")
-            sq = None if engine.inner_product else (reference * reference).sum(1)
-            bs = min(engine.block_size(len(reference), k), len(rows))
-            buffer = engine.score_buffer(bs, reference)
+            if len(mine):
+                for pos, idx, dist in engine.blocks(query, k, reference, self_indices, rows[mine], want_dist):
+                    t0 = time.perf_counter()
+                    self._add_block(rows, mine[pos], idx, dist, metrics, builtin, query, reference, ctx)
+                    seconds["metrics"] = seconds.get("metrics", 0.0) + time.perf_counter() - t0
+                seconds = dict(engine.stage_seconds, **seconds)
         else:
             query, reference = query.float(), reference.float()
-            bs = self.block_size or 1024
-        for j, start in enumerate(range(0, len(rows), bs)):
-            if j % world != rank:
-                continue
-            block = rows[start : start + bs]
-            own = self_indices[block] if exclude_self else None
-            if engine is not None:
-                idx, dist = engine.search(query[block], k, reference, own, len(builtin) < len(metrics), sq, buffer)
-            else:
-                dist, idx = self._user_knn(query[block], k, reference, own)
-            if r_ids is not None:
-                rel = r_ids[idx] == q_ids[block][:, None]
-            else:
-                rel = self.label_comparison_fn(q_lab[block][:, None], r_lab[idx]).bool()
-            values = per_query_metrics(rel, num_relevant[block], builtin)
-            for i, m in enumerate(metrics):
-                if m in values:
-                    sums[i].index_add_(0, cls[start : start + bs], values[m])
-                else:
-                    sums[i] += self._custom_block(
-                        m,
-                        cls[start : start + bs],
-                        len(classes),
-                        dict(
-                            query=query[block],
-                            reference=reference,
-                            query_labels=q_lab[block],
-                            reference_labels=r_lab,
-                            ref_includes_query=exclude_self,
-                            label_counts=label_counts,
-                            knn_labels=r_lab[idx],
-                            knn_distances=dist,
-                            knn_indices=idx,
-                            lone_query_labels=None,
-                            not_lone_query_mask=torch.ones(len(block), dtype=torch.bool, device=query.device),
-                            label_comparison_fn=self.label_comparison_fn,
-                        ),
-                    )
+            for s in range(0, len(mine), deal):
+                sel = mine[s : s + deal]
+                t0 = time.perf_counter()
+                own = self_indices[rows[sel]] if exclude_self else None
+                dist, idx = self._user_knn(query[rows[sel]], k, reference, own)
+                t1 = time.perf_counter()
+                self._add_block(rows, sel, idx, dist, metrics, builtin, query, reference, ctx)
+                seconds["knn"] = seconds.get("knn", 0.0) + t1 - t0
+                seconds["metrics"] = seconds.get("metrics", 0.0) + time.perf_counter() - t1
+        self.stage_seconds = seconds
         if world > 1:
             torch.distributed.all_reduce(sums)
         sums = sums.cpu()
@@ -242,6 +312,39 @@ class EngineAccuracyMixin:
             else:
                 out[m] = float(sums[i].sum() / class_counts.sum())
         return out
+
+    def _add_block(self, rows, sel, idx, dist, metrics, builtin, query, reference, ctx):
+        """Per-class sums of the metrics of the queries ``rows[sel]`` with neighbours ``idx [b, k]``."""
+        block, cls = rows[sel], ctx["cls"][sel]
+        if ctx["r_ids"] is not None:
+            rel = ctx["r_ids"][idx] == ctx["q_ids"][block][:, None]
+        else:
+            rel = self.label_comparison_fn(ctx["q_lab"][block][:, None], ctx["r_lab"][idx]).bool()
+        values = per_query_metrics(rel, ctx["num_relevant"][block], builtin)
+        sums = ctx["sums"]
+        for i, m in enumerate(metrics):
+            if m in values:
+                sums[i].index_add_(0, cls, values[m])
+                continue
+            sums[i] += self._custom_block(
+                m,
+                cls,
+                ctx["classes"],
+                dict(
+                    query=query[block],
+                    reference=reference,
+                    query_labels=ctx["q_lab"][block],
+                    reference_labels=ctx["r_lab"],
+                    ref_includes_query=ctx["exclude_self"],
+                    label_counts=ctx["label_counts"],
+                    knn_labels=ctx["r_lab"][idx],
+                    knn_distances=dist,
+                    knn_indices=idx,
+                    lone_query_labels=None,
+                    not_lone_query_mask=torch.ones(len(block), dtype=torch.bool, device=query.device),
+                    label_comparison_fn=self.label_comparison_fn,
+                ),
+            )
 
     def knn_excluding_self(self, query, k: int, reference, self_indices) -> tuple:
         """k nearest references of each query with its own row ``self_indices[i]`` removed (k clamped to M − 1).
@@ -272,11 +375,11 @@ class EngineAccuracyMixin:
         saved = (self.avg_of_avgs, self.return_per_class)
         self.avg_of_avgs, self.return_per_class = False, True
         try:
-            per_class = torch.tensor(self.original_function_dict[name](**kwargs), dtype=torch.float64)
+            per_class = torch.tensor(self.original_function_dict[name](**kwargs), dtype=torch.float64, device="cpu")
         finally:
             self.avg_of_avgs, self.return_per_class = saved
         block_classes, counts = torch.unique(cls, return_counts=True)
-        out = torch.zeros(num_classes, dtype=torch.float64)
+        out = torch.zeros(num_classes, dtype=torch.float64, device="cpu")
         out[block_classes.cpu()] = per_class * counts.cpu().to(torch.float64)
         return out.to(cls.device)
 

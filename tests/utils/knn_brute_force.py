@@ -3,24 +3,34 @@
 import torch
 
 
-def ranking(q, r, self_indices=None, inner_product=False):
-    """Per query: reference indices ordered by float64 distance, ties by increasing index, own row removed."""
+def scores(q, r, inner_product=False):
+    """float64 scores ``[Nq, M]`` (smaller is nearer): squared L2, or the negated inner product; every pair is
+    reduced the same way, so equal rows give bitwise equal scores."""
     q, r = q.double(), r.double()
-    scores = -(q @ r.T) if inner_product else ((q[:, None, :] - r[None, :, :]) ** 2).sum(-1)
+    if inner_product:
+        return -(q[:, None, :] * r[None, :, :]).sum(-1)
+    return ((q[:, None, :] - r[None, :, :]) ** 2).sum(-1)
+
+
+def ranking(q, r, self_indices=None, inner_product=False, given=None):
+    """Per query: reference indices ordered by float64 distance (or by the ``given`` ``[Nq, M]`` scores, e.g. the
+    engine's float32 ones), ties by increasing index, own row removed."""
+    scores_ = scores(q, r, inner_product) if given is None else given.double()
     out = []
     for i in range(len(q)):
-        order = torch.sort(scores[i], stable=True).indices.tolist()
+        order = torch.sort(scores_[i], stable=True).indices.tolist()
         if self_indices is not None:
             order.remove(int(self_indices[i]))
         out.append(order)
     return out
 
 
-def metrics(q, ql, r, rl, k=None, self_indices=None, inner_product=False, same=None, avg_of_avgs=False):
-    """Every metric by its definition; lone queries skipped; ``same(a, b)`` compares two labels."""
+def metrics(q, ql, r, rl, k=None, self_indices=None, inner_product=False, same=None, avg_of_avgs=False, given=None):
+    """Every metric by its definition, in float64; lone queries skipped; ``same(a, b)`` compares two labels;
+    ``given``: rank by these ``[Nq, M]`` scores instead of float64 distances."""
     same = same or (lambda a, b: a == b)
     ql, rl = ql.tolist(), rl.tolist()
-    ranks = ranking(q, r, self_indices, inner_product)
+    ranks = ranking(q, r, self_indices, inner_product, given)
     per = {
         m: []
         for m in (

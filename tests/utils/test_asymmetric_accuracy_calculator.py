@@ -1,61 +1,15 @@
 import unittest
 
-import numpy as np
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-from pml_extensions.utils.asymmetric_accuracy_calculator import (
-    AsymmetricAccuracyCalculator,
-    trapezoidal_average_precision,
-)
+from pml_extensions.utils.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
 
 CPU = torch.device("cpu")
 
 
 def calc(**kw):
     return AsymmetricAccuracyCalculator(device=CPU, **kw)
-
-
-class TestTrapezoidalAP(unittest.TestCase):
-    def test_hand_made_rankings(self):
-        rel = torch.tensor(
-            [
-                [1, 0, 1, 0],  # 2 relevant: (1+1)/2 and (1/2 + 2/3)/2 -> (1 + 7/12)/2 = 19/24
-                [0, 1, 0, 0],  # 1 relevant at rank 2: (0/1 + 1/2)/2 = 1/4
-                [1, 1, 0, 0],  # perfect: 1
-                [0, 0, 0, 1],  # rank 4: (0 + 1/4)/2 = 1/8
-                [1, 0, 1, 0],  # 3 relevant, one never retrieved: (1 + 7/12)/3 = 19/36
-            ],
-            dtype=torch.bool,
-        )
-        ap = trapezoidal_average_precision(rel, torch.tensor([2, 1, 2, 1, 3]))
-        expected = torch.tensor([19 / 24, 1 / 4, 1.0, 1 / 8, 19 / 36], dtype=torch.float64)
-        torch.testing.assert_close(ap, expected, rtol=0, atol=1e-15)
-
-    def test_matches_cirtorch_style_loop(self):
-        # the loop form of compute_ap (0-based ranks of the positives), written here from its definition
-        def loop_ap(ranks, npos):
-            ap = 0.0
-            for j, r in enumerate(ranks):
-                p0 = 1.0 if r == 0 else j / r
-                p1 = (j + 1) / (r + 1)
-                ap += (p0 + p1) / (2 * npos)
-            return ap
-
-        rng = np.random.default_rng(0)
-        rel = torch.tensor(rng.random((20, 15)) < 0.3)
-        rel[:, 0] |= ~rel.any(dim=1)
-        npos = rel.sum(dim=1) + torch.tensor(rng.integers(0, 2, 20))
-        ap = trapezoidal_average_precision(rel, npos)
-        for i in range(20):
-            ranks = torch.where(rel[i])[0].tolist()
-            self.assertAlmostEqual(ap[i].item(), loop_ap(ranks, int(npos[i])), places=12)
-
-    def test_bad_input(self):
-        with self.assertRaisesRegex(ValueError, "num_relevant"):
-            trapezoidal_average_precision(torch.ones(2, 3, dtype=torch.bool), torch.tensor([1, 0]))
-        with self.assertRaisesRegex(ValueError, r"\[Nq, K\]"):
-            trapezoidal_average_precision(torch.ones(3, dtype=torch.bool), torch.tensor([1]))
 
 
 class TestAsymmetricAccuracyCalculator(unittest.TestCase):

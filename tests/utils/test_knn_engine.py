@@ -277,3 +277,281 @@ def test_nan_embeddings_are_named_before_any_metric_runs(calc_cls):
     ref[0, 0] = float("inf")
     with pytest.raises(ValueError, match="^reference contains NaN or infinite values$"):
         calc_cls().get_accuracy(x, y, ref, y)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 25: exact results for every method, precision and path; the certified fallback; the proposal bound
+# ----------------------------------------------------------------------------------------------------------------
+def engine(method="threshold", low_precision=True, inner_product=False, ops="numpy", block=64):
+    knn = BlockedKNN(
+        "inner_product" if inner_product else "euclidean",
+        method=method,
+        low_precision=low_precision,
+        block_size=block if method == "threshold" else None,
+    )
+    knn._force_torch_ops = ops == "torch"
+    return knn
+
+
+def near_tie_set(n_ref=300, n_query=60, d=16, seed=0):
+    """References in a cluster whose scores against every query differ by ~1e-7 (far below float32 resolution of
+    a 16-term dot product), exact duplicates among them, and farther references; queries near the cluster."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
+    cluster = v + 1e-7 * torch.randn(n_ref // 2, d, generator=g)
+    cluster[::7] = cluster[3]  # exact duplicates
+    far = 0.9 * torch.nn.functional.normalize(v + 0.5 * torch.randn(n_ref - n_ref // 2, d, generator=g), dim=1)
+    ref = torch.cat([cluster, far])[torch.randperm(n_ref, generator=g)]
+    query = v + 1e-3 * torch.randn(n_query, d, generator=g)
+    return query, ref
+
+
+def check(knn, q, r, k, self_indices=None, inner_product=False):
+    """The engine's neighbours equal a brute force on its float32 scores (ties by index); its distances are within
+    float32 round-off of the float64 ones."""
+    want = [o[:k] for o in bf.ranking(q, r, self_indices, given=knn.float32_scores(q, r))]
+    qp, rp = knn.prepare(q, "query"), knn.prepare(r, "reference")
+    idx, dist = knn.search(qp, k, rp, self_indices, True)
+    assert idx.tolist() == want
+    s = bf.scores(q, r, inner_product).gather(1, idx)
+    expect = -s if inner_product else s
+    scale = q.double().norm(dim=1, keepdim=True) * r.double().norm(dim=1).max() + 1
+    assert bool(((dist.double() - expect).abs() <= 1e-5 * scale**2).all())
+    return knn.last_plan
+
+
+PATHS = [
+    ("rows", False, "numpy"),
+    ("threshold", False, "numpy"),
+    ("threshold", True, "numpy"),
+    ("threshold", True, "torch"),  # the device-generic path (CUDA's), run on the CPU
+]
+
+
+class TestExactEverywhere:
+    @pytest.mark.parametrize("method, low_precision, ops", PATHS)
+    @pytest.mark.parametrize("inner_product", [False, True])
+    def test_random_self_retrieval_and_query_set(self, method, low_precision, ops, inner_product):
+        x, _ = blobs(300, d=16, classes=6)
+        knn = engine(method, low_precision, inner_product, ops)
+        for k in (1, 7, 20):
+            plan = check(knn, x, x, k, torch.arange(300), inner_product)
+            assert plan["method"] == method and plan["symmetric"] == (method == "threshold")
+            assert plan["low_precision"] == (low_precision and method == "threshold")
+            check(knn, x[:90], x[90:], k, None, inner_product)  # query set != reference set
+            # own rows anywhere in the reference (a permutation), as AsymmetricAccuracyCalculator passes them
+            perm = torch.randperm(300, generator=torch.Generator().manual_seed(k))
+            check(knn, x[perm[:120]], x, k, perm[:120], inner_product)
+
+    @pytest.mark.parametrize("method, low_precision, ops", PATHS)
+    @pytest.mark.parametrize("inner_product", [False, True])
+    def test_near_ties_within_1e7_and_duplicates(self, method, low_precision, ops, inner_product):
+        q, r = near_tie_set()
+        knn = engine(method, low_precision, inner_product, ops)
+        scores = knn.float32_scores(q, r)
+        top = torch.sort(scores, dim=1, stable=True).values[:, :31]
+        assert bool((top[:, 1:] == top[:, :-1]).any())  # equal float32 scores: the index decides
+        for k in (5, 30):  # the k-th neighbour inside the cluster
+            check(knn, q, r, k, None, inner_product)
+        both = torch.cat([q, r])
+        plan = check(knn, both, both, 12, torch.arange(len(both)), inner_product)
+        if method == "threshold" and inner_product:  # 150 equal float32 scores overflow the buffers (1.25k + 32)
+            assert plan["redone_by_rows"] > 0
+
+    @pytest.mark.parametrize("method, low_precision, ops", PATHS)
+    def test_unnormalised_embeddings_with_spread_norms(self, method, low_precision, ops):
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(300, 16, generator=g) * torch.logspace(-2, 2, 300)[torch.randperm(300, generator=g)][:, None]
+        for inner_product in (False, True):
+            knn = engine(method, low_precision, inner_product, ops)
+            check(knn, x, x, 9, torch.arange(300), inner_product)
+            check(knn, x[:100], x[100:], 9, None, inner_product)
+
+    def test_duplicate_queries_and_references(self):
+        x, _ = blobs(200, d=16)
+        x = torch.cat([x, x[:50], x[:50]])  # every one of the first 50 rows three times
+        for method, low_precision, ops in PATHS:
+            check(engine(method, low_precision, False, ops), x, x, 6, torch.arange(len(x)))
+
+    def test_float64_embeddings(self):
+        x, _ = blobs(250, d=16)
+        x = x.double()
+        for method, low_precision, ops in PATHS:
+            knn = engine(method, low_precision, False, ops)
+            check(knn, x, x, 8, torch.arange(250))
+            assert knn(x, 8, x, True)[0].dtype == torch.float64
+
+    def test_two_workers_give_the_same_result_and_restore_torch_threads(self):
+        x, _ = blobs(400, d=16)
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            knn = engine(block=48)
+            check(knn, x, x, 10, torch.arange(400))
+            check(knn, x[:200], x[200:], 10)
+            assert torch.get_num_threads() == 2
+        finally:
+            torch.set_num_threads(before)
+
+    def test_group_sweep_when_the_buffers_do_not_fit_the_budget(self):
+        # a budget for ~2 tiles of buffers: the symmetric sweep runs in groups of rows (cross tiles one-sided)
+        x, _ = blobs(400, d=16)
+        knn = BlockedKNN(method="threshold", low_precision=True, block_size=48, memory_budget=2 * 48 * 8 * 80)
+        check(knn, x, x, 10, torch.arange(400))
+
+
+class TestCertifiedFallback:
+    def test_more_tied_references_than_the_buffer_holds_are_redone_exactly(self):
+        # 120 copies of one reference: every query's k-th score is tied 120 ways; the buffer (1.5k + 32) overflows
+        g = torch.Generator().manual_seed(0)
+        r = torch.cat([torch.randn(1, 16, generator=g).repeat(120, 1), torch.randn(200, 16, generator=g) * 3])
+        q = r[:1] + 0.01 * torch.randn(40, 16, generator=g)
+        for method, low_precision, ops in PATHS[1:]:
+            plan = check(engine(method, low_precision, False, ops), q, r, 5)
+            assert plan["redone_by_rows"] == 40 and plan["redone_exactly"] == 0
+        # more ties than even the rows method buffers (4k + 4096): a float64 scan of every reference
+        r = torch.cat([r[:1].repeat(4200, 1), r[120:]])
+        plan = check(engine("rows", False), q, r, 5)
+        assert plan["redone_exactly"] == 40
+
+    def test_small_buffers_force_failures_and_stay_exact(self, monkeypatch):
+        monkeypatch.setattr(BlockedKNN, "capacity", staticmethod(lambda k: k - 1))  # can never hold k
+        x, _ = blobs(300, d=16)
+        for method, low_precision, ops in PATHS[1:]:
+            plan = check(engine(method, low_precision, False, ops), x, x, 8, torch.arange(300))
+            assert plan["redone_by_rows"] == 300
+
+    def test_embeddings_whose_products_could_overflow_take_the_full_scan(self):
+        x, _ = blobs(80, d=8)
+        x = (x * 1e16).double()  # squared norms ~1e33: their float32 products could overflow
+        knn = engine("threshold")
+        idx, _ = knn.search(x, 4, x, torch.arange(80))
+        assert idx.tolist() == [o[:4] for o in bf.ranking(x, x, torch.arange(80), given=knn.float32_scores(x, x))]
+        assert knn.last_plan["method"] == "rows" and knn.last_plan["redone_exactly"] == 80
+
+    def test_a_broken_bound_is_detected_on_the_rescored_pairs(self, monkeypatch):
+        import pml_extensions.utils.knn_engine as knn_engine
+
+        monkeypatch.setattr(knn_engine, "pass_error_bound", lambda *a, **kw: 0.0)
+        x, _ = blobs(300, d=16)
+        knn = engine()
+        knn.search(knn.prepare(x, "x"), 8, knn.prepare(x, "x"), torch.arange(300))
+        assert knn.last_plan["redone_by_rows"] > 0
+
+
+class TestProposalBound:
+    def test_bfloat16_gemm_error_stays_within_the_bound(self):
+        from pml_extensions.utils.knn_engine import pass_error_bound
+
+        g = torch.Generator().manual_seed(0)
+        d = 128
+        c = pass_error_bound(d)
+        worst = torch.full((4, d), 1 + 2.0**-8 - 2.0**-20)  # each entry rounds down by almost u: errors align
+        sets = [torch.randn(256, d, generator=g), torch.rand(256, d, generator=g) * 10, worst]
+        seen = 0.0
+        for x in sets:
+            approx = torch.mm(x.bfloat16(), x.bfloat16().T).double()
+            exact = x.double() @ x.double().T
+            n = torch.linalg.vector_norm(x.double(), dim=1)
+            scale = n[:, None] * n[None, :]
+            eta = 2 * d * 2.0**-126 * (1 + n[:, None]) * (1 + n[None, :])
+            assert bool(((approx - exact).abs() <= c * scale + eta).all())
+            seen = max(seen, float(((approx - exact).abs() / scale).max()))
+        assert seen > c / 2  # the aligned-rounding set comes within a factor 2 of the bound: it is not vacuous
+
+    def test_bound_constants(self):
+        from pml_extensions.utils.knn_engine import pass_error_bound
+
+        u = 2.0**-8
+        assert pass_error_bound(128) == pytest.approx(3 * u + 128 * 2.0**-24, rel=1e-2)
+        assert pass_error_bound(128, "cuda") == pytest.approx(3 * u + 128 * 2.0**-23, rel=1e-2)
+        assert pass_error_bound(128, low_precision=False) == pytest.approx(128 * 2.0**-24, rel=1e-3)
+
+    def test_low_precision_speedup_is_measured_once(self):
+        from pml_extensions.utils import knn_engine
+
+        knn_engine.low_precision_speedup(torch.device("cpu"))
+        cached = dict(knn_engine._SPEEDUP)
+        knn_engine.low_precision_speedup(torch.device("cpu"))
+        assert knn_engine._SPEEDUP == cached and ("cpu", None) in cached
+
+    def test_bad_arguments(self):
+        with pytest.raises(ValueError, match="method"):
+            BlockedKNN(method="faiss")
+        with pytest.raises(ValueError, match="low_precision"):
+            BlockedKNN(low_precision="yes")
+        x = torch.randn(50, 4)
+        with pytest.raises(ValueError, match="2k \\+ 2"):
+            BlockedKNN(method="threshold", block_size=8)(x, 5, x, True)
+
+
+class TestDeviceClean:
+    FACTORIES = {"empty", "zeros", "ones", "full", "arange", "tensor", "rand", "randn", "randint", "eye", "linspace"}
+
+    @pytest.mark.parametrize("module", ["knn_engine", "knn_selection", "knn_metrics"])
+    def test_every_tensor_factory_names_a_device(self, module):
+        import ast
+
+        path = os.path.join(REPO, "pml_extensions", "utils", module + ".py")
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        bare = []
+        for node in ast.walk(tree):
+            f = getattr(node, "func", None)
+            if isinstance(f, ast.Attribute) and f.attr in self.FACTORIES and getattr(f.value, "id", "") == "torch":
+                if not any(kw.arg == "device" for kw in node.keywords):
+                    bare.append(node.lineno)
+        assert bare == [], f"{module}.py: torch factories without device= at lines {bare}"
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+    def test_cuda_equals_the_float64_brute_force(self):
+        x, _ = blobs(300, d=16)
+        q, r = near_tie_set()
+        for method, low_precision, _ in PATHS:
+            knn = engine(method, low_precision)
+            want = [o[:10] for o in bf.ranking(x, x, torch.arange(300))]
+            xc = x.cuda()
+            idx, _ = knn.search(xc, 10, xc, torch.arange(300, device="cuda"))
+            assert idx.cpu().tolist() == want
+            idx, _ = knn.search(q.cuda(), 20, r.cuda())
+            assert idx.cpu().tolist() == [o[:20] for o in bf.ranking(q, r)]
+
+
+class TestTheEngineScores:
+    """The one kernel every ranked score comes from: deterministic per pair, within the float32 bound."""
+
+    def test_a_pair_gets_the_same_score_wherever_it_is_computed(self):
+        from pml_extensions.utils.knn_selection import pair_dots
+
+        g = torch.Generator().manual_seed(0)
+        for d in (7, 16, 128):
+            x = torch.randn(400, d, generator=g)
+            i = torch.arange(40).repeat_interleave(400)
+            j = torch.arange(400).repeat(40)
+            base = pair_dots(x, x, i, j)
+            perm = torch.randperm(len(j), generator=g)  # another order of the same pattern within rows
+            order = torch.sort(i[perm], stable=True).indices
+            again = torch.empty_like(base)
+            again[perm[order]] = pair_dots(x, x, i[perm][order], j[perm][order])
+            assert torch.equal(base, again)
+            assert torch.equal(base, pair_dots(x[:40], x, i, j))  # a smaller left operand
+            swapped = pair_dots(x, x[:40], torch.sort(j, stable=True).values, i[torch.sort(j, stable=True).indices])
+            assert torch.equal(base[torch.sort(j, stable=True).indices], swapped)  # q·r == r·q
+            assert torch.equal(pair_dots(x, x[100:200], i, j % 100), pair_dots(x, x, i, j % 100 + 100))
+
+    @pytest.mark.parametrize("inner_product", [False, True])
+    def test_scores_are_within_their_bound_of_the_exact_ones(self, inner_product):
+        from pml_extensions.utils.knn_selection import Geometry
+
+        g = torch.Generator().manual_seed(2)
+        x = torch.randn(200, 128, generator=g) * torch.logspace(-1, 1, 200)[:, None]
+        x = torch.cat([x, x[:20] + 1e-6 * torch.randn(20, 128, generator=g)])  # near-duplicates: tiny distances
+        knn = BlockedKNN("inner_product" if inner_product else "euclidean")
+        got = knn.float32_scores(x, x).double()
+        exact = bf.scores(x, x, inner_product)
+        eps = Geometry(x, x, inner_product, False, 0.0, True, False).eps64
+        assert bool(((got - exact).abs() <= Geometry.canon(exact, eps[:, None])).all())
+        if not inner_product:  # near-duplicates (distances ~1e-10) keep 3 digits; a float32 |r|² − 2q·r keeps none
+            near = exact[200:, :20].diagonal()
+            assert bool(((got[200:, :20].diagonal() - near).abs() <= 1e-3 * near).all())
+            g32 = (x * x).sum(1)[None, :] - 2 * x @ x.T + (x * x).sum(1)[:, None]
+            assert not bool(((g32[200:, :20].diagonal().double() - near).abs() <= 1e-3 * near).all())

@@ -1,0 +1,896 @@
+"""Selection machinery of the exact k-NN engine (:class:`~pml_extensions.utils.knn_engine.BlockedKNN`):
+order-preserving keys, the engine's float32 scores (:func:`pair_dots`) and their error bounds, per-query candidate
+buffers and the threshold sweep over score tiles. The method and the derivation of every bound used here are in the
+module docstring of :mod:`~pml_extensions.utils.knn_engine`; this module only implements them.
+
+The per-proposal bookkeeping runs through :class:`NumpyOps` on the CPU (NumPy views of the tensors, no copies: its
+compare, ``flatnonzero``, gathers and sorts cost a tenth of torch's per-op overhead on arrays of 10⁵-10⁶ entries)
+and through :class:`TorchOps` elsewhere; both implement the same few primitives, and tests run the torch path on
+the CPU too.
+"""
+
+import math
+import threading
+import time
+import warnings
+from functools import partial
+from typing import Iterator, Optional, Tuple
+
+import numpy as np
+import torch
+
+LOW32 = 0xFFFFFFFF
+INT64_MAX = torch.iinfo(torch.int64).max
+SLACK = 2.0**-20  # relative slack of the threshold arithmetic (covers its own rounding)
+STRIP = 1024  # query rows of a tile whose proposals are handled together
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+def ordered_keys(scores: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """int64 keys that sort like ``(scores, columns)``: float32 bits mapped to an order-preserving int32."""
+    bits = (scores.to(torch.float32) + 0.0).contiguous().view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.long() << 32) | columns
+
+
+def key_scores(keys: torch.Tensor) -> torch.Tensor:
+    """float32 scores of :func:`ordered_keys` keys (the order-preserving map is its own inverse)."""
+    ordered = (keys >> 32).to(torch.int32)
+    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).view(torch.float32)
+
+
+def gamma(n: int, v: float) -> float:
+    """``γ_n = n·v / (1 − n·v)``: relative error bound of n roundings of unit ``v`` (Higham, eq. 3.8)."""
+    return n * v / (1 - n * v)
+
+
+def up32(t: torch.Tensor) -> torch.Tensor:
+    """The float32 values nearest at or above the float64 ``t``."""
+    r = t.to(torch.float32)
+    return torch.where(r.to(torch.float64) < t, torch.nextafter(r, torch.full_like(r, math.inf)), r)
+
+
+def down32(t: torch.Tensor) -> torch.Tensor:
+    """The float32 values nearest at or below the float64 ``t``."""
+    r = t.to(torch.float32)
+    return torch.where(r.to(torch.float64) > t, torch.nextafter(r, torch.full_like(r, -math.inf)), r)
+
+
+def bf16_floor(t: torch.Tensor) -> torch.Tensor:
+    """The bfloat16 values nearest at or below ``t`` (as bfloat16)."""
+    t = t.to(torch.float32)
+    b = t.to(torch.bfloat16)
+    bits = b.view(torch.int16)
+    # one bfloat16 step down: toward zero for positive values, away from zero for negative ones and ±0.0
+    down = torch.where(bits > 0, bits - 1, torch.where(bits == 0, torch.full_like(bits, -32767), bits + 1))
+    return torch.where(b.to(torch.float32) > t, down, bits).view(torch.bfloat16)
+
+
+def sort_rows(keys: torch.Tensor) -> torch.Tensor:
+    """Rows sorted ascending (NumPy's vectorised sort on the CPU: ~15x ``torch.sort`` there)."""
+    if keys.device.type == "cpu":
+        return torch.from_numpy(np.sort(keys.numpy(), axis=1))
+    return keys.sort(dim=1).values
+
+
+def kth_smallest_rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """k-th smallest value of each row (1-based k) of a float32 matrix; may reorder ``x`` in place."""
+    if x.device.type == "cpu":
+        a = x.numpy()
+        a.partition(k - 1, axis=1)
+        return torch.from_numpy(a[:, k - 1].copy())
+    return x.kthvalue(k, dim=1).values
+
+
+def kth_largest_rows(p: torch.Tensor, k: int) -> torch.Tensor:
+    """k-th largest value (float64) of each row of a bfloat16 or float32 score tile (``p`` is not modified)."""
+    n = p.shape[1]
+    if p.device.type != "cpu":
+        return p.to(torch.float32).topk(k, dim=1).values[:, -1].to(torch.float64)
+    if p.dtype == torch.bfloat16:  # partition the order-preserving int16 image of the bits, 1024 rows at a time
+        bits = p.view(torch.int16).numpy()
+        kth = np.empty(len(bits), dtype=np.int16)
+        for a in range(0, len(bits), 1024):
+            o = np.right_shift(bits[a : a + 1024], 15)
+            np.bitwise_and(o, 0x7FFF, out=o)
+            np.bitwise_xor(o, bits[a : a + 1024], out=o)
+            o.partition(n - k, axis=1)
+            kth[a : a + 1024] = o[:, n - k]
+        kth ^= (kth >> 15) & 0x7FFF
+        return torch.from_numpy(kth).view(torch.bfloat16).to(torch.float64)
+    a = p.numpy().copy()
+    a.partition(n - k, axis=1)
+    return torch.from_numpy(a[:, n - k].copy()).to(torch.float64)
+
+
+def pair_dots(a: torch.Tensor, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """Dot products ``a[i[p]]·b[j[p]]`` (``a [n, D]``, ``b [m, D]``, same dtype; ``i`` ascending) by
+    ``torch.sparse.sampled_addmm``: THE kernel of every score the engine ranks. On the CPU it computes each pair by
+    one vectorised loop whose order depends only on D (not on the pattern, the pair's position, the argument order,
+    the number of threads), so a pair gets bitwise the same value wherever it is scored. On other devices (CUDA)
+    one gathered product-sum per pair, in chunks of about 4M elements (sparse CSR tensors have no fake-tensor
+    support, so this path is the one the CPU-side CUDA audit can check; each pair's sum runs over D in one row)."""
+    if a.device.type != "cpu":
+        out = torch.empty(len(i), dtype=a.dtype, device=a.device)
+        step = max(1, (1 << 22) // max(1, a.shape[1]))
+        for s in range(0, len(i), step):
+            out[s : s + step] = (a.index_select(0, i[s : s + step]) * b.index_select(0, j[s : s + step])).sum(1)
+        return out
+    crow = torch.zeros(len(a) + 1, dtype=torch.long, device=a.device)
+    crow[1:] = torch.cumsum(torch.bincount(i, minlength=len(a)), 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+        pattern = torch.sparse_csr_tensor(
+            crow,
+            j,
+            torch.zeros(len(j), dtype=a.dtype, device=a.device),
+            size=(len(a), len(b)),
+            check_invariants=False,
+        )
+        return torch.sparse.sampled_addmm(pattern, a, b.T, beta=0.0).values()
+
+
+def engine_scores(a64, b64, i, j, a_sq, b_sq, w: int) -> torch.Tensor:
+    """The engine's float32 scores of pairs ``(a_i, b_j)`` (``i`` ascending): computed in float64 by
+    :func:`pair_dots` from float64 rows ``a64``, ``b64`` and rounded to float32 (:func:`finish`); ``a_sq``, ``b_sq``:
+    float64 ``|a|²``, ``|b|²`` (:func:`self_dots`), used when ``w`` (euclidean)."""
+    dots = pair_dots(a64, b64, i, j)
+    return finish(a_sq.index_select(0, i) if w else None, b_sq.index_select(0, j) if w else None, dots, w)
+
+
+def finish(sq_a, sq_b, dots, w: int):
+    """``fl32((|a|² + |b|²) − 2 a·b)`` (euclidean: the squared distance) or ``fl32(−a·b)``: the one arithmetic of
+    every engine score, in float64 (tensors or NumPy arrays)."""
+    v = (sq_a + sq_b) - dots * 2 if w else dots * -1
+    return v.astype(np.float32) if isinstance(v, np.ndarray) else v.to(torch.float32)
+
+
+def self_dots(x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """float64 ``|x_i|²`` by :func:`pair_dots` on float64 copies of ``chunk`` rows at a time (the same kernel as
+    every score)."""
+    out = torch.empty(len(x), dtype=torch.float64, device=x.device)
+    for a in range(0, len(x), chunk):
+        x64 = x[a : a + chunk].to(torch.float64)
+        ids = torch.arange(len(x64), device=x.device)
+        out[a : a + chunk] = pair_dots(x64, x64, ids, ids)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ array ops
+class NumpyOps:
+    """The sweep's primitives on NumPy views of CPU tensors."""
+
+    @staticmethod
+    def arr(t: torch.Tensor):
+        return t.numpy()
+
+    @staticmethod
+    def tensor(a) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+    @staticmethod
+    def nonzero(mask):
+        return np.flatnonzero(mask)
+
+    @staticmethod
+    def bincount(x, n):
+        return np.bincount(x, minlength=n)
+
+    @staticmethod
+    def arange(n, like):
+        return np.arange(n, dtype=np.int64)
+
+    @staticmethod
+    def split(flat, ncols):
+        return np.divmod(flat, ncols)
+
+    @staticmethod
+    def repeat(x, counts):
+        return np.repeat(x, counts)
+
+    @staticmethod
+    def count_rows(mask):
+        return np.count_nonzero(mask, axis=1)
+
+    @staticmethod
+    def count_cols(mask):
+        return np.count_nonzero(mask, axis=0)
+
+    @staticmethod
+    def bf16_values(p: torch.Tensor, flat):
+        """float32 values of a bfloat16 tile at flat positions."""
+        v = p.view(torch.int16).numpy().reshape(-1)[flat].astype(np.int32) << 16
+        return v.view(np.float32)
+
+    @staticmethod
+    def f32_values(p: torch.Tensor, flat):
+        return p.numpy().reshape(-1)[flat]
+
+    @staticmethod
+    def keys(d32, refs):
+        bits = (d32.astype(np.float32) + np.float32(0.0)).view(np.int32)
+        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        return (bits.astype(np.int64) << 32) | refs
+
+    @staticmethod
+    def group_order(ids):
+        return np.argsort(ids.astype(np.uint16), kind="stable")
+
+    @staticmethod
+    def decode(keys):
+        """float32 scores of int64 keys."""
+        o = (keys >> 32).astype(np.int32)
+        return (o ^ ((o >> 31) & 0x7FFFFFFF)).view(np.float32)
+
+    @staticmethod
+    def sort_rows(x):
+        return np.sort(x, axis=1)
+
+    @staticmethod
+    def kth_smallest(x, k):
+        """k-th smallest of each row (x is reordered in place)."""
+        x.partition(k - 1, axis=1)
+        return x[:, k - 1].copy()
+
+    @staticmethod
+    def up32(t):
+        r = t.astype(np.float32)
+        return np.where(r.astype(np.float64) < t, np.nextafter(r, np.float32(np.inf)), r)
+
+    @staticmethod
+    def full(shape, value, dtype, like):
+        return np.full(shape, value, dtype={torch.int64: np.int64, torch.float32: np.float32}[dtype])
+
+    @staticmethod
+    def f64(x):
+        return x.astype(np.float64)
+
+    @staticmethod
+    def cumsum(x):
+        return np.cumsum(x)
+
+    @staticmethod
+    def where(c, a, b):
+        return np.where(c, a, b)
+
+    @staticmethod
+    def first_true(mask):
+        return mask.argmax(1)
+
+    @staticmethod
+    def cumsum_rows(x):
+        return np.cumsum(x, axis=1)
+
+    @staticmethod
+    def lexsort(minor, middle, major):
+        return np.lexsort((minor, middle, major))
+
+    @staticmethod
+    def select(p: torch.Tensor, t_rows, t_cols, buffers, strip: int = 1024):
+        """Flat indices of ``p ≥ t_rows[row]`` or ``p ≥ t_cols[col]`` (thresholds already rounded down to the
+        tile's dtype, as float32 tensors), in strips of ``strip`` rows (small masks). bfloat16 tiles are compared as
+        int16 bits, which order like the values where the threshold is positive; rows/columns with a threshold
+        ≤ 0 are compared as floats."""
+        nr, nc = p.shape
+        bf16 = p.dtype == torch.bfloat16
+        pn = p.view(torch.int16).numpy() if bf16 else p.numpy()
+
+        def prepared(t):
+            if t is None:
+                return None, None
+            if not bf16:
+                return t.numpy(), None
+            bits = t.to(torch.bfloat16).view(torch.int16)
+            fast = bits > 0
+            slow = (~fast).nonzero().flatten()
+            return torch.where(fast, bits, torch.full_like(bits, 32767)).numpy(), (slow if len(slow) else None)
+
+        (tr, slow_r), (tc, slow_c) = prepared(t_rows), prepared(t_cols)
+        found = []
+        for a in range(0, nr, strip):
+            rows = slice(a, min(a + strip, nr))
+            mask, other = (m.reshape(rows.stop - a, nc) for m in buffers((rows.stop - a) * nc))
+            first = True
+            for t, slow, axis in ((tr, slow_r, 0), (tc, slow_c, 1)):
+                if t is None:
+                    continue
+                out = mask if first else other
+                np.greater_equal(pn[rows], t[rows, None] if axis == 0 else t[None, :], out=out)
+                if slow is not None:  # thresholds <= 0: compare those rows/columns as floats
+                    tv = (t_rows if axis == 0 else t_cols)[slow]
+                    if axis == 0:
+                        sel = slow[(slow >= a) & (slow < rows.stop)]
+                        if len(sel):
+                            out[(sel - a).numpy()] = (p[sel].to(torch.float32) >= t_rows[sel][:, None]).numpy()
+                    else:
+                        out[:, slow.numpy()] = (p[rows][:, slow].to(torch.float32) >= tv[None, :]).numpy()
+                if not first:
+                    np.logical_or(mask, other, out=mask)
+                first = False
+            found.append(np.flatnonzero(mask) + a * nc)
+        return np.concatenate(found) if len(found) > 1 else found[0]
+
+
+class TorchOps:
+    """The same primitives on torch tensors (any device)."""
+
+    @staticmethod
+    def arr(t: torch.Tensor):
+        return t
+
+    @staticmethod
+    def tensor(a) -> torch.Tensor:
+        return a.contiguous()
+
+    @staticmethod
+    def nonzero(mask):
+        return mask.reshape(-1).nonzero().flatten()
+
+    @staticmethod
+    def bincount(x, n):
+        return torch.bincount(x, minlength=n)
+
+    @staticmethod
+    def arange(n, like):
+        return torch.arange(n, device=like.device)
+
+    @staticmethod
+    def split(flat, ncols):
+        i = torch.div(flat, ncols, rounding_mode="floor")
+        return i, flat - i * ncols
+
+    @staticmethod
+    def repeat(x, counts):
+        return torch.repeat_interleave(x, counts)
+
+    @staticmethod
+    def count_rows(mask):
+        return mask.sum(1)
+
+    @staticmethod
+    def count_cols(mask):
+        return mask.sum(0)
+
+    @staticmethod
+    def bf16_values(p: torch.Tensor, flat):
+        return p.reshape(-1).index_select(0, flat).to(torch.float32)
+
+    f32_values = bf16_values
+
+    @staticmethod
+    def keys(d32, refs):
+        return ordered_keys(d32, refs)
+
+    @staticmethod
+    def group_order(ids):
+        return torch.sort(ids, stable=True).indices
+
+    @staticmethod
+    def decode(keys):
+        return key_scores(keys)
+
+    @staticmethod
+    def sort_rows(x):
+        return x.sort(dim=1).values
+
+    @staticmethod
+    def kth_smallest(x, k):
+        return x.kthvalue(k, dim=1).values
+
+    @staticmethod
+    def up32(t):
+        return up32(t)
+
+    @staticmethod
+    def full(shape, value, dtype, like):
+        return torch.full(shape, value, dtype=dtype, device=like.device)
+
+    @staticmethod
+    def f64(x):
+        return x.to(torch.float64)
+
+    @staticmethod
+    def cumsum(x):
+        return torch.cumsum(x, 0)
+
+    @staticmethod
+    def first_true(mask):
+        return mask.to(torch.uint8).argmax(1)
+
+    @staticmethod
+    def cumsum_rows(x):
+        return x.long().cumsum(1)
+
+    @staticmethod
+    def where(c, a, b):
+        if not isinstance(a, torch.Tensor):
+            a = torch.full_like(b, a) if isinstance(b, torch.Tensor) else torch.tensor(a, device=c.device)
+        if not isinstance(b, torch.Tensor):
+            b = torch.full_like(a, b)
+        return torch.where(c, a, b)
+
+    @staticmethod
+    def lexsort(minor, middle, major):
+        order = torch.sort(minor, stable=True).indices
+        order = order[torch.sort(middle[order], stable=True).indices]
+        return order[torch.sort(major[order], stable=True).indices]
+
+    @staticmethod
+    def select(p: torch.Tensor, t_rows, t_cols, buffers):
+        mask = None
+        for t, shape in ((t_rows, (-1, 1)), (t_cols, (1, -1))):
+            if t is not None:
+                m = p >= t.view(shape).to(p.dtype)
+                mask = m if mask is None else mask | m
+        return mask.reshape(-1).nonzero().flatten()
+
+
+def ops_for(device: torch.device, force_torch: bool = False):
+    """:class:`NumpyOps` on the CPU (unless ``force_torch``), else :class:`TorchOps`."""
+    return NumpyOps if device.type == "cpu" and not force_torch else TorchOps
+
+
+# ------------------------------------------------------------------------------------------------ geometry
+class Geometry:
+    """Prepared operands of one search, their norms and error bounds, and the tile operands (references sorted
+    by norm, so each tile's norm range, hence its thresholds, is tight).
+
+    Scores (``w, s``): euclidean ``d = |q|² + |r|² − 2 q·r`` (``w = 1, s = 2``), inner product ``d = −q·r``
+    (``w = 0, s = 1``). Per query (float64 ``[Nq]``): ``delta32``, the bound on ``|g − d|`` of a float32 GEMM score
+    ``g`` (plus the float64 ``|q|²``); ``eps64``, the bound on the float64 score before its rounding to float32, so
+    an engine score ``e`` has ``|e − d| ≤ u·|d| + eps64`` (:meth:`canon`). ``c_lp``: relative bound of the proposal
+    pass (``|p̃ − p| ≤ c_lp·|q|·|r| + η``). ``qsq``, ``rsq``: float64 squared norms (:func:`self_dots`).
+    """
+
+    def __init__(self, query, reference, inner_product, low_precision, c_lp, symmetric, tiles):
+        self.q, self.r = query, reference
+        self.device = query.device
+        self.w, self.s = (0, 1) if inner_product else (1, 2)
+        self.q32, self.r32 = query.to(torch.float32), reference.to(torch.float32)
+        self.qn = torch.linalg.vector_norm(self.q32, dim=1)
+        self.rn = torch.linalg.vector_norm(self.r32, dim=1)
+        zeros = lambda n: torch.zeros(n, dtype=torch.float64, device=self.device)  # noqa: E731
+        self.qsq = self_dots(query) if self.w else zeros(len(query))
+        self.rsq = self.qsq if reference is query else (self_dots(reference) if self.w else zeros(len(reference)))
+        self.rsq32 = self.rsq.to(torch.float32)
+        d = query.shape[1]
+        wide = query.dtype != torch.float32  # float64 inputs: one more rounding (to float32) per entry
+        self.g_dot = gamma(d + 2 * wide, 2.0**-24)  # a float32 dot product or squared norm, any order
+        self.eta = 2 * d * 2.0**-126  # flushed / underflowed subnormals, times (1 + |q|)(1 + |r|)
+        rn_max = float(self.rn.max()) if len(self.rn) else 0.0
+        qn64 = self.qn.to(torch.float64)
+        scale = self.w * (qn64**2 + rn_max**2) + self.s * qn64 * rn_max
+        self.delta32 = gamma(d + 4 + 2 * wide, 2.0**-24) * scale + self.s * self.eta * (1 + qn64) * (1 + rn_max)
+        self.eps64 = gamma(d + 4, 2.0**-53) * scale * 1.01 + 1e-300
+        self.low_precision = bool(low_precision)
+        self.c_lp = c_lp if low_precision else self.g_dot
+        self._r64 = None
+        self.perm = self.inv = None
+        if tiles:
+            lo, hi = (float(self.rn.min()), rn_max) if len(self.rn) else (0.0, 0.0)
+            if hi > lo * (1 + 2.0**-10):
+                self.perm = torch.argsort(self.rn, stable=True)
+                self.inv = torch.empty_like(self.perm)
+                self.inv[self.perm] = torch.arange(len(self.perm), device=self.device)
+            take = (lambda t: t) if self.perm is None else (lambda t: t[self.perm])  # noqa: E731
+            self.t_r, self.t_r32, self.t_rn, self.t_rsq = take(reference), take(self.r32), take(self.rn), take(self.rsq)
+            self.t_rlp = self.t_r32.to(torch.bfloat16) if low_precision else self.t_r32
+            self.t_ids = torch.arange(len(self.r), device=self.device) if self.perm is None else self.perm
+            if symmetric:
+                self.t_q, self.t_qn, self.t_qlp, self.t_qsq = self.t_r, self.t_rn, self.t_rlp, self.t_rsq
+                self.t_delta, self.t_eps = take(self.delta32), take(self.eps64)
+            else:
+                self.t_q, self.t_qn, self.t_qsq = query, self.qn, self.qsq
+                self.t_qlp = self.q32.to(torch.bfloat16) if low_precision else self.q32
+                self.t_delta, self.t_eps = self.delta32, self.eps64
+
+    @property
+    def r64(self) -> torch.Tensor:
+        """float64 copy of the references (made once, for the rows method and the full scan)."""
+        if self._r64 is None:
+            self._r64 = self.r.to(torch.float64)
+        return self._r64
+
+    @staticmethod
+    def canon(x, eps):
+        """Bound on ``|e − d|`` for an engine score ``e`` near ``x``: ``2⁻²⁴·|x| + eps`` (float64 rounding to float32
+        of a float64 score within ``eps``), with slack."""
+        return (abs(x) * (2.0**-24) + eps) * (1 + SLACK) + 1e-300
+
+    def ref_ids(self, t_idx: torch.Tensor) -> torch.Tensor:
+        """Original reference indices of tile (norm-sorted) positions."""
+        return t_idx if self.perm is None else self.perm[t_idx]
+
+
+# ------------------------------------------------------------------------------------------------ buffers
+class State:
+    """Candidate buffers of a set of queries: int64 keys ``(float32 score, reference index)`` (``cap`` per query),
+    counts, upper bounds ``U`` on each query's k-th engine score, the float32 keep limits (``U`` rounded up) and the
+    queries that could not be certified. ``delta``: the queries' ``eps64`` (:class:`Geometry`). Arrays are ``ops``
+    arrays (NumPy on the CPU)."""
+
+    def __init__(self, n: int, cap: int, k: int, delta: torch.Tensor, device: torch.device, ops):
+        self.ops, self.cap, self.k = ops, cap, k
+        self.keys = ops.arr(torch.full((n, cap), INT64_MAX, dtype=torch.long, device=device))
+        self.count = ops.arr(torch.zeros(n, dtype=torch.long, device=device))
+        self.U = ops.arr(torch.full((n,), math.inf, dtype=torch.float64, device=device))
+        self.limit = ops.arr(torch.full((n,), math.inf, dtype=torch.float32, device=device))
+        self.delta = ops.arr(delta.to(torch.float64).contiguous())
+        self.failed = ops.arr(torch.zeros(n, dtype=torch.bool, device=device))
+        self._flat = self.keys.reshape(-1)
+
+    def _set_u(self, rows, u) -> None:
+        """``U`` and keep limit ``up32(U)`` of ``rows`` (an index array or a slice)."""
+        ops = self.ops
+        self.U[rows] = u
+        self.limit[rows] = ops.where(self.failed[rows], -math.inf, ops.up32(u))
+
+    def export(self, local):
+        """(sorted keys, counts, failed) of the state rows ``local`` (an ``ops`` index array)."""
+        return self.ops.sort_rows(self.keys[local]), self.count[local], self.failed[local]
+
+    def lower_u(self, base: int, bound) -> None:
+        """``U = min(U, bound)`` for rows ``base:base + len(bound)`` where ``bound`` is finite (float64 tensor)."""
+        ops = self.ops
+        bound = ops.arr(bound.contiguous())
+        span = slice(base, base + len(bound))
+        u = self.U[span]
+        ok = (bound < math.inf) & ~self.failed[span]
+        self._set_u(span, ops.where(ok & (bound < u), bound, u))
+
+    def fail(self, rows) -> None:
+        self.failed[rows] = True
+        self.U[rows] = -math.inf
+        self.limit[rows] = -math.inf
+        self.count[rows] = 0
+        self.keys[rows] = INT64_MAX
+
+    def add(self, rows, d32, refs, base: int, span: int) -> None:
+        """Add candidates (query row, float32 score, original reference index) with ``rows`` ascending within
+        ``base:base + span``; those beyond the keep limit are dropped first. A buffer that would overflow is pruned
+        together with its new candidates (tightening ``U``); a query whose candidates still do not fit fails (is
+        redone exactly)."""
+        ops = self.ops
+        keep = ops.nonzero(d32 <= self.limit[rows])
+        rows, d32, refs = rows[keep], d32[keep], refs[keep]
+        if len(rows) == 0:
+            return
+        counts = ops.bincount(rows - base, span)
+        count = self.count[base : base + span]
+        over = count + counts > self.cap
+        if bool(over.any()):
+            self._merge(rows, d32, refs, base, span, over, counts)
+            keep = ops.nonzero(~over[rows - base])
+            rows, d32, refs = rows[keep], d32[keep], refs[keep]
+            counts = counts * ~over
+        starts = ops.cumsum(counts) - counts
+        rank = ops.arange(len(rows), rows) - starts[rows - base]
+        self._flat[rows * self.cap + self.count[rows] + rank] = ops.keys(d32, refs)
+        count += counts
+
+    def _merge(self, rows, d32, refs, base, span, over, counts) -> None:
+        """Rows whose buffer + new candidates exceed ``cap``: prune the union; fail if it still does not fit."""
+        ops = self.ops
+        big = ops.nonzero(over) + base
+        sel = ops.nonzero(over[rows - base])
+        r = rows[sel]
+        nb = counts[big - base]
+        local = ops.full((span,), -1, torch.int64, rows)
+        local[big - base] = ops.arange(len(big), rows)
+        starts = ops.cumsum(nb) - nb
+        lr = local[r - base]
+        rank = ops.arange(len(r), rows) - starts[lr]
+        width = self.cap + int(nb.max())
+        merged = ops.full((len(big), width), INT64_MAX, torch.int64, rows)
+        merged[:, : self.cap] = self.keys[big]
+        merged.reshape(-1)[lr * width + self.count[big][lr] + rank] = ops.keys(d32[sel], refs[sel])
+        merged, newc = self._prune(big, merged, self.count[big] + nb)
+        fits = newc <= self.cap
+        ok = big[ops.nonzero(fits)]
+        self.keys[ok] = merged[ops.nonzero(fits), : self.cap]
+        self.count[ok] = newc[ops.nonzero(fits)]
+        self.fail(big[ops.nonzero(~fits)])
+
+    def _prune(self, rows, keys, counts):
+        """Sorted ``keys`` of ``rows``, ``U`` tightened to the k-th smallest score, candidates beyond it dropped (ties
+        with it kept); returns (keys, new counts)."""
+        ops = self.ops
+        keys = ops.sort_rows(keys)
+        have = (counts >= self.k) & ~self.failed[rows]
+        bound = ops.f64(ops.decode(keys[:, self.k - 1]))  # k candidates at or below: the k-th score is no larger
+        u = self.U[rows]
+        self._set_u(rows, ops.where(have & (bound < u), bound, u))
+        limit_keys = ops.keys(self.limit[rows], ops.full((len(rows),), LOW32, torch.int64, rows))
+        newc = ops.where(have, (keys <= limit_keys[:, None]).sum(1), counts)
+        keys[ops.arange(keys.shape[1], rows)[None, :] >= newc[:, None]] = INT64_MAX
+        return keys, newc
+
+    def tighten(self, base: int, span: int) -> None:
+        """Prune the buffers of rows ``base:base + span`` that hold at least k candidates (tightens ``U``)."""
+        rows = self.ops.nonzero(self.count[base : base + span] >= self.k) + base
+        if len(rows):
+            self.keys[rows], self.count[rows] = self._prune(rows, self.keys[rows], self.count[rows])
+
+
+# ------------------------------------------------------------------------------------------------ workers
+def run_tasks(tasks, pool, workers: int) -> None:
+    """Run ``tasks`` (``(blocks, fn)`` pairs) on ``workers`` threads of ``pool`` (inline when one): two tasks sharing
+    a block never run together, each starts in list order as soon as its blocks are free, and the first error is
+    re-raised in the calling thread. NumPy and torch release the GIL in their kernels, so the threads share the
+    cores."""
+    if workers <= 1 or pool is None or len(tasks) <= 1:
+        for _, fn in tasks:
+            fn()
+        return
+    pending, busy, errors = list(tasks), set(), []
+    cond = threading.Condition()
+
+    def worker():
+        while True:
+            with cond:
+                while True:
+                    if errors or not pending:
+                        return
+                    pick = next((t for t in pending if not busy.intersection(t[0])), None)
+                    if pick is not None:
+                        break
+                    cond.wait()
+                pending.remove(pick)
+                busy.update(pick[0])
+            try:
+                pick[1]()
+            except BaseException as e:  # re-raised in the calling thread
+                with cond:
+                    errors.append(e)
+            finally:
+                with cond:
+                    busy.difference_update(pick[0])
+                    cond.notify_all()
+
+    for f in [pool.submit(worker) for _ in range(min(workers, len(tasks)))]:
+        f.result()
+    if errors:
+        raise errors[0]
+
+
+# ------------------------------------------------------------------------------------------------ the sweep
+class ThresholdSweep:
+    """The threshold method over tiles of ``tile`` rows (the engine's module doc, steps 1-3).
+
+    ``tick(stage, t0)`` accounts time to a stage and returns the new start time; ``ops`` picks the array library;
+    ``workers`` threads process tiles that touch disjoint blocks of queries at the same time (NumPy and torch
+    release the GIL in their kernels).
+    """
+
+    def __init__(self, geo: Geometry, k: int, tile: int, cap: int, tick, ops, workers: int = 1, pool=None):
+        self.geo, self.k, self.tile, self.cap, self.tick, self.ops = geo, k, tile, cap, tick, ops
+        self.workers = max(1, int(workers)) if pool is not None else 1
+        self.pool = pool
+        self.proposals = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        a = ops.arr
+        self.a_ids, self.a_qn = a(geo.t_ids), a(geo.t_qn)
+
+    def _buffers(self, size):
+        loc = self._local
+        if getattr(loc, "masks", None) is None or loc.masks[0].size < size:
+            loc.masks = (np.empty(size, dtype=bool), np.empty(size, dtype=bool))
+        return tuple(m[:size] for m in loc.masks)
+
+    def run(self, tasks) -> None:
+        """Run ``tasks`` on the workers (:func:`run_tasks`)."""
+        run_tasks(tasks, self.pool, self.workers)
+
+    # -- thresholds
+    def _err(self, qn, rn_max):
+        """Per query of a tile: bound on ``|p̃ − p|`` against any reference of the tile (float64)."""
+        g = self.geo
+        qn = qn.to(torch.float64)
+        return g.c_lp * qn * rn_max + g.eta * (1 + qn) * (1 + rn_max)
+
+    def _thresholds(self, u, eps, qsq, qn, rn_max, rsq_min, dtype):
+        """Lower bounds on ``p̃`` of a proposal, rounded down to the tile's dtype (as float32): an engine score
+        ``≤ U`` means ``d ≤ T = U + canon(U)``, i.e. ``p ≥ (w·(|q|² + |r|²_min) − T)/s``, and ``p̃ ≥ p − err``
+        (slack included)."""
+        g = self.geo
+        n = g.w * (qsq + rsq_min * (1 - 2.0**-50))
+        uc = u.clamp(-1e300, 1e300)
+        top = uc + Geometry.canon(uc, eps)
+        err = self._err(qn, rn_max)
+        t = (n - top) / g.s - err
+        t = t - SLACK * ((n.abs() + top.abs()) / g.s + err) - 1e-300
+        t = torch.where(torch.isposinf(u), torch.full_like(t, -math.inf), t)
+        t = torch.where(torch.isneginf(u), torch.full_like(t, math.inf), t)
+        return bf16_floor(t).to(torch.float32) if dtype == torch.bfloat16 else down32(t)
+
+    def _seed(self, st, base, p, qn, qsq, rn_max, rsq_max):
+        """``U`` of queries (tile rows) from their first tile: k references have ``p̃ ≥`` the k-th largest ``p̃``,
+        so ``d ≤ B = w·(|q|² + |r|²_max) − s·(p̃_k − err)`` and engine scores ``≤ B + canon(B)``."""
+        g = self.geo
+        if p.shape[1] <= self.k:
+            return
+        kth = kth_largest_rows(p, self.k).to(g.device)
+        n = g.w * (qsq + rsq_max * (1 + 2.0**-50))
+        bound = n - g.s * kth + g.s * self._err(qn, rn_max)
+        bound = bound + SLACK * (n.abs() + g.s * kth.abs() + bound.abs())
+        eps = self.ops.tensor(st.delta[base : base + len(kth)])
+        st.lower_u(base, bound + Geometry.canon(bound, eps))
+
+    def _dots(self, st, a64, b64, i, j, vals, qn_rows, rn_max, fail_rows):
+        """float64 dot products of the proposed pairs (``a64[i]·b64[j]``, ``i`` ascending; :func:`pair_dots`);
+        queries of pairs whose proposal score broke its bound are failed (``fail_rows(bad pair indices)``)."""
+        g, ops = self.geo, self.ops
+        with self._lock:
+            self.proposals += len(i)
+        if len(i) == 0:
+            return vals * 1.0
+        dots = ops.arr(pair_dots(a64, b64, ops.tensor(i), ops.tensor(j)))
+        rn = float(rn_max)
+        scale = g.c_lp * (1 + SLACK) * rn + g.eta * (1 + rn) + 2.0**-40 * rn
+        bad = ops.nonzero(~(abs(dots - vals) <= qn_rows[i] * scale + g.eta * (1 + rn) + 1e-30))
+        if len(bad):
+            for rows in fail_rows(bad):
+                st.fail(rows)
+        return dots
+
+    def _scores(self, qa, lo, hi):
+        """Query-major tile ``[len(qa), hi − lo]`` of proposal scores, written into a buffer reused from tile to
+        tile (a fresh allocation costs its page faults every time)."""
+        g, loc = self.geo, self._local
+        size = len(qa) * (hi - lo)
+        if getattr(loc, "buf", None) is None or loc.buf.numel() < size:
+            loc.buf = torch.empty(self.tile * self.tile, dtype=g.t_rlp.dtype, device=g.device)
+        return torch.mm(qa, g.t_rlp[lo:hi].T, out=loc.buf[:size].view(len(qa), hi - lo))
+
+    def _values(self, p, flat):
+        ops = self.ops
+        return ops.bf16_values(p, flat) if p.dtype == torch.bfloat16 else ops.f32_values(p, flat)
+
+    # -- tiles
+    def row_tile(self, st, base, qsel, lo, hi, own_t=None, seed=False, diagonal=False):
+        """Queries ``qsel`` (tile query coordinates; state rows ``base + 0..``) against tile references ``lo:hi``;
+        ``own_t``: each query's excluded reference (tile coordinates); ``diagonal``: the queries are the references
+        ``lo:hi`` (self-retrieval), own pairs on the diagonal; ``seed``: the queries' first tile. Proposals are
+        handled ``STRIP`` query rows at a time (bounded temporaries)."""
+        g, ops = self.geo, self.ops
+        t0 = time.perf_counter()
+        p = self._scores(g.t_qlp[qsel], lo, hi)
+        if diagonal:
+            p.fill_diagonal_(-math.inf)
+        elif own_t is not None:
+            r = ((own_t >= lo) & (own_t < hi)).nonzero().flatten()
+            p[r, own_t[r] - lo] = -math.inf
+        t0 = self.tick("gemm", t0)
+        nq, nc = p.shape
+        qn, rn, qsq, rsq = g.t_qn[qsel], g.t_rn[lo:hi], g.t_qsq[qsel], g.t_rsq[lo:hi]
+        rn_max, rsq_max, rsq_min = rn.max().double(), rsq.max(), rsq.min()
+        if seed:
+            self._seed(st, base, p, qn, qsq, rn_max, rsq_max)
+        span = slice(base, base + nq)
+        t = self._thresholds(ops.tensor(st.U[span]), ops.tensor(st.delta[span]), qsq, qn, rn_max, rsq_min, p.dtype)
+        a_qn, a_qsq, a_rsq = ops.arr(qn), ops.arr(qsq), ops.arr(rsq)
+        q_rows, r_rows = g.t_q[qsel].to(torch.float64), g.t_r[lo:hi].to(torch.float64)
+        for a in range(0, nq, STRIP):
+            sub = p[a : a + STRIP]
+            flat = ops.select(sub, t[a : a + STRIP], None, self._buffers)
+            i, j = ops.split(flat, nc)
+            vals = self._values(sub, flat)
+            i = i + a
+            t0 = self.tick("selection", t0)
+            dots = self._dots(st, q_rows, r_rows, i, j, vals, a_qn, rn_max, lambda bad, i=i: [i[bad] + base])
+            d = finish(a_qsq[i], a_rsq[j], dots, g.w)
+            t0 = self.tick("rescore", t0)
+            if seed:
+                self._tighten_seed(st, base, a, len(sub), i, d)
+            st.add(i + base, d, self.a_ids[j + lo], base, nq)
+            t0 = self.tick("selection", t0)
+
+    def _tighten_seed(self, st, base, a, n, i, d):
+        """``U`` of the seed tile's rows ``a:a + n`` = the k-th smallest float32 score among their candidates
+        (``i``: tile rows of the candidates, in that range), before they are added."""
+        ops = self.ops
+        i = i - a
+        counts = ops.bincount(i, n)
+        width = int(counts.max()) if len(i) else 0
+        if width < self.k:
+            return
+        starts = counts.cumsum(0) - counts
+        rank = ops.arange(len(i), i) - starts[i]
+        packed = torch.full((n, width), math.inf, dtype=torch.float32, device=self.geo.device)
+        ops.arr(packed).reshape(-1)[i * width + rank] = d
+        st.lower_u(base + a, kth_smallest_rows(packed, self.k).to(self.geo.device).to(torch.float64))
+
+    def pair_tile(self, st, a, b, c, e, state_lo):
+        """Off-diagonal tile of the symmetric sweep: tile rows ``a:b`` × ``c:e`` serving both as queries, proposals
+        handled ``STRIP`` rows at a time."""
+        g, ops = self.geo, self.ops
+        t0 = time.perf_counter()
+        p = self._scores(g.t_qlp[a:b], c, e)
+        t0 = self.tick("gemm", t0)
+        nr, nc = p.shape
+        rn_i, rn_j, rsq_i, rsq_j = g.t_rn[a:b], g.t_rn[c:e], g.t_rsq[a:b], g.t_rsq[c:e]
+        bi, bj = a - state_lo, c - state_lo
+        si, sj = slice(bi, bi + nr), slice(bj, bj + nc)
+        u_i, d_i, u_j, d_j = (ops.tensor(x) for x in (st.U[si], st.delta[si], st.U[sj], st.delta[sj]))
+        t_i = self._thresholds(u_i, d_i, rsq_i, rn_i, rn_j.max().double(), rsq_j.min(), p.dtype)
+        t_j = self._thresholds(u_j, d_j, rsq_j, rn_j, rn_i.max().double(), rsq_i.min(), p.dtype)
+        rn_max = torch.maximum(rn_i.max(), rn_j.max()).double()
+        q_rows, r_rows, a_qn = g.t_q[a:b].to(torch.float64), g.t_r[c:e].to(torch.float64), self.a_qn[a:b]
+        a_sqi, a_sqj = ops.arr(rsq_i), ops.arr(rsq_j)
+        for s0 in range(0, nr, STRIP):
+            sub = p[s0 : s0 + STRIP]
+            flat = ops.select(sub, t_i[s0 : s0 + STRIP], t_j, self._buffers)
+            i, j = ops.split(flat, nc)
+            vals = self._values(sub, flat)
+            i = i + s0
+            t0 = self.tick("selection", t0)
+            fail = lambda bad, i=i, j=j: [i[bad] + bi, j[bad] + bj]  # noqa: E731
+            dots = self._dots(st, q_rows, r_rows, i, j, vals, a_qn, rn_max, fail)
+            d = finish(a_sqi[i], a_sqj[j], dots, g.w)  # a distance: the same value for both directions
+            t0 = self.tick("rescore", t0)
+            st.add(i + bi, d, self.a_ids[j + c], bi, nr)
+            order = ops.group_order(j)
+            st.add(j[order] + bj, d[order], self.a_ids[i[order] + a], bj, nc)
+            t0 = self.tick("selection", t0)
+
+    # -- drivers
+    def symmetric(self, wanted_t: torch.Tensor, group_rows: int) -> Iterator[Tuple[State, torch.Tensor, int]]:
+        """Self-retrieval over all rows (tile coordinates), groups of ``group_rows`` rows whose buffers fit the
+        budget; yields ``(state, wanted state rows, group start)`` after each group."""
+        g = self.geo
+        n = len(g.t_r)
+        blocks = [(s, min(s + self.tile, n)) for s in range(0, n, self.tile)]
+        per_group = max(1, group_rows // self.tile)
+        for g0 in range(0, len(blocks), per_group):
+            group = blocks[g0 : g0 + per_group]
+            lo, hi = group[0][0], group[-1][1]
+            st = State(hi - lo, self.cap, self.k, g.t_eps[lo:hi], g.device, self.ops)
+
+            # diagonal tiles first: they seed every row's bound
+            self.run([((x,), partial(self._diag, st, lo, *group[x])) for x in range(len(group))])
+            pairs = [(x, y) for x in range(len(group)) for y in range(x + 1, len(group))]
+            self.run([((x, y), partial(self.pair_tile, st, *group[x], *group[y], lo)) for x, y in pairs])
+            outside = blocks[:g0] + blocks[g0 + per_group :]
+            self.run([((y,), partial(self._cross, st, lo, *a, *group[y])) for a in outside for y in range(len(group))])
+            yield st, self.ops.arr(wanted_t[lo:hi].nonzero().flatten()), lo
+
+    def asymmetric(self, rows: torch.Tensor, own_t: Optional[torch.Tensor]) -> Iterator[Tuple[State, int]]:
+        """Queries ``rows`` (original query indices) against all references, one query tile per worker; yields
+        ``(state, start in rows)`` for each query tile (``workers`` at a time, in order)."""
+        g = self.geo
+        m = len(g.t_r)
+        starts = list(range(0, len(rows), self.tile))
+        for w0 in range(0, len(starts), self.workers):
+            wave = starts[w0 : w0 + self.workers]
+            states = {}
+            self.run([((s,), partial(self._query_block, rows, own_t, m, s, states)) for s in wave])
+            for start in wave:
+                yield states[start], start
+
+    def _diag(self, st, lo, a, b):
+        self.row_tile(st, a - lo, torch.arange(a, b, device=self.geo.device), a, b, seed=True, diagonal=True)
+
+    def _cross(self, st, lo, a, b, c, e):
+        self.row_tile(st, c - lo, torch.arange(c, e, device=self.geo.device), a, b)
+
+    def _query_block(self, rows, own_t, m, start, states):
+        g = self.geo
+        blk = rows[start : start + self.tile]
+        st = State(len(blk), self.cap, self.k, g.t_eps[blk], g.device, self.ops)
+        own = None if own_t is None else own_t[start : start + self.tile]
+        for n0, lo in enumerate(range(0, m, self.tile)):
+            self.row_tile(st, 0, blk, lo, min(lo + self.tile, m), own, seed=n0 == 0)
+        states[start] = st
+
+
+# ------------------------------------------------------------------------------------------------ ranking
+def top_k(keys, counts, failed, k: int, ops):
+    """Top-k of sorted candidate keys ``[b, w]`` (``ops`` arrays): ``(indices [b, k], float32 scores [b, k],
+    failed [b])``; rows with fewer than k candidates are flagged failed (to be redone by the caller)."""
+    b, width = keys.shape
+    if width < k:  # only rows with fewer than k candidates (failed below) are this short
+        pad = ops.full((b, k - width), INT64_MAX, torch.int64, keys)
+        keys = np.concatenate([keys, pad], 1) if isinstance(keys, np.ndarray) else torch.cat([keys, pad], 1)
+    top = keys[:, :k]
+    return top & LOW32, ops.decode(top), failed | (counts < k)

@@ -1,0 +1,148 @@
+"""Tests of :mod:`pml_extensions.utils.knn_metrics`: the trapezoidal AP (moved here from the asymmetric calculator,
+which imports it) and every metric of both calculators against a float64 brute force on the engine's float32 scores
+(ties by reference index), on every engine path."""
+
+import unittest
+
+import numpy as np
+import pytest
+import torch
+
+import pml_extensions.utils as utils
+from pml_extensions.utils import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
+from pml_extensions.utils.asymmetric_accuracy_calculator import trapezoidal_average_precision as old_path
+from pml_extensions.utils.knn_engine import BlockedKNN
+from pml_extensions.utils.knn_metrics import trapezoidal_average_precision
+from tests.utils import knn_brute_force as bf
+from tests.utils.test_knn_engine import near_tie_set
+
+
+def test_trapezoidal_ap_keeps_its_import_paths():
+    assert old_path is trapezoidal_average_precision is utils.trapezoidal_average_precision
+
+
+def test_no_import_cycle_between_the_calculators_and_knn_metrics():
+    import ast
+    import os
+
+    path = os.path.join(os.path.dirname(utils.__file__), "knn_metrics.py")
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
+        if isinstance(node, ast.ImportFrom) and node.level == 1
+    }
+    assert imported == {"knn_engine"}
+
+
+class TestTrapezoidalAP(unittest.TestCase):
+    def test_hand_made_rankings(self):
+        rel = torch.tensor(
+            [
+                [1, 0, 1, 0],  # 2 relevant: (1+1)/2 and (1/2 + 2/3)/2 -> (1 + 7/12)/2 = 19/24
+                [0, 1, 0, 0],  # 1 relevant at rank 2: (0/1 + 1/2)/2 = 1/4
+                [1, 1, 0, 0],  # perfect: 1
+                [0, 0, 0, 1],  # rank 4: (0 + 1/4)/2 = 1/8
+                [1, 0, 1, 0],  # 3 relevant, one never retrieved: (1 + 7/12)/3 = 19/36
+            ],
+            dtype=torch.bool,
+        )
+        ap = trapezoidal_average_precision(rel, torch.tensor([2, 1, 2, 1, 3]))
+        expected = torch.tensor([19 / 24, 1 / 4, 1.0, 1 / 8, 19 / 36], dtype=torch.float64)
+        torch.testing.assert_close(ap, expected, rtol=0, atol=1e-15)
+
+    def test_matches_cirtorch_style_loop(self):
+        # the loop form of compute_ap (0-based ranks of the positives), written here from its definition
+        def loop_ap(ranks, npos):
+            ap = 0.0
+            for j, r in enumerate(ranks):
+                p0 = 1.0 if r == 0 else j / r
+                p1 = (j + 1) / (r + 1)
+                ap += (p0 + p1) / (2 * npos)
+            return ap
+
+        rng = np.random.default_rng(0)
+        rel = torch.tensor(rng.random((20, 15)) < 0.3)
+        rel[:, 0] |= ~rel.any(dim=1)
+        npos = rel.sum(dim=1) + torch.tensor(rng.integers(0, 2, 20))
+        ap = trapezoidal_average_precision(rel, npos)
+        for i in range(20):
+            ranks = torch.where(rel[i])[0].tolist()
+            self.assertAlmostEqual(ap[i].item(), loop_ap(ranks, int(npos[i])), places=12)
+
+    def test_bad_input(self):
+        with self.assertRaisesRegex(ValueError, "num_relevant"):
+            trapezoidal_average_precision(torch.ones(2, 3, dtype=torch.bool), torch.tensor([1, 0]))
+        with self.assertRaisesRegex(ValueError, r"\[Nq, K\]"):
+            trapezoidal_average_precision(torch.ones(3, dtype=torch.bool), torch.tensor([1]))
+
+
+ALL = (
+    "precision_at_1",
+    "r_precision",
+    "mean_average_precision_at_r",
+    "mean_average_precision",
+    "mean_reciprocal_rank",
+    "recall_at_1",
+    "mean_average_precision_trapezoidal",
+)
+ENGINES = {
+    "rows": dict(method="rows"),
+    "threshold-fp32": dict(method="threshold", low_precision=False, block_size=48),
+    "threshold-bf16": dict(method="threshold", low_precision=True, block_size=48),
+}
+
+
+def labelled_near_ties(seed=0):
+    """The engine tests' near-tie set (scores within ~1e-7, exact duplicates, equal float32 scores) with labels
+    mixed inside the cluster, so every metric depends on the order of near-ties and on the tie rule."""
+    q, r = near_tie_set(seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.cat([q, r])
+    return x, torch.randint(0, 4, (len(x),), generator=g)
+
+
+def random_set(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 6, (260,), generator=g)
+    return torch.randn(6, 16, generator=g)[y] + 1.2 * torch.randn(260, 16, generator=g), y
+
+
+class TestEveryMetricEqualsTheBruteForce:
+    @pytest.mark.parametrize("engine", list(ENGINES))
+    @pytest.mark.parametrize("data", [labelled_near_ties, random_set])
+    @pytest.mark.parametrize("k", [None, 9, 20])
+    def test_self_retrieval(self, engine, data, k):
+        if k is None and engine != "rows":
+            pytest.skip("k = every reference: only the rows method applies (tiles must hold 2k + 2 rows)")
+        x, y = data()
+        knn = BlockedKNN(**ENGINES[engine])
+        want = bf.metrics(x, y, x, y, k=k, self_indices=torch.arange(len(x)), given=knn.float32_scores(x, x))
+        got = AsymmetricAccuracyCalculator(include=ALL, k=k, knn_func=knn).get_accuracy(x, y)
+        assert got == pytest.approx({m: want[m] for m in ALL}, rel=1e-12, abs=1e-12)
+        if k is not None and engine != "rows":
+            assert knn.last_plan["symmetric"]
+        chunked = ChunkedAccuracyCalculator(include=ALL[:5], k=k, knn_func=BlockedKNN(**ENGINES[engine]))
+        assert chunked.get_accuracy(x, y) == pytest.approx({m: want[m] for m in ALL[:5]}, rel=1e-12, abs=1e-12)
+
+    @pytest.mark.parametrize("engine", list(ENGINES))
+    @pytest.mark.parametrize("inner_product", [False, True])
+    def test_query_set_and_own_rows_elsewhere(self, engine, inner_product):
+        x, y = labelled_near_ties()
+        q, ql, r, rl = x[:150], y[:150], x[100:], y[100:]
+        dist = "inner_product" if inner_product else "euclidean"
+        calc = AsymmetricAccuracyCalculator(include=ALL, k=12, knn_func=BlockedKNN(dist, **ENGINES[engine]))
+        scores = calc.knn_func.float32_scores
+        want = bf.metrics(q, ql, r, rl, k=12, given=scores(q, r))
+        assert calc.get_accuracy(q, ql, r, rl) == pytest.approx({m: want[m] for m in ALL}, rel=1e-12, abs=1e-12)
+        own = torch.arange(100, 150) - 100  # queries 100..149 are reference rows 0..49
+        want = bf.metrics(x[100:150], y[100:150], r, rl, k=12, self_indices=own, given=scores(x[100:150], r))
+        got = calc.get_accuracy(x[100:150], y[100:150], r, rl, self_indices=own)
+        assert got == pytest.approx({m: want[m] for m in ALL}, rel=1e-12, abs=1e-12)
+
+    def test_stage_seconds_cover_the_engine_and_the_metrics(self):
+        x, y = random_set()
+        calc = ChunkedAccuracyCalculator(
+            include=("precision_at_1",), k=9, knn_func=BlockedKNN(**ENGINES["threshold-bf16"])
+        )
+        calc.get_accuracy(x, y)
+        assert {"gemm", "selection", "rescore", "rank", "metrics"} <= set(calc.stage_seconds)
