@@ -21,10 +21,9 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: (label, argv after ``python -m pml_extensions``, expected exit status)
 ROWS = [

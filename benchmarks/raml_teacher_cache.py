@@ -28,14 +28,13 @@ import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pml_extensions.runner.config.old_keys import resolution_models
+from pml_extensions.runner.objects.builder import Builder
+from pml_extensions.runner.protocols.resolution_distillation import recipe
+from pml_extensions.runner.protocols.resolution_distillation.student import build_student
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
-from pml_extensions.runner.config.old_keys import resolution_models  # noqa: E402
-from pml_extensions.runner.objects.builder import Builder  # noqa: E402
-from pml_extensions.runner.protocols.resolution_distillation import recipe  # noqa: E402
-from pml_extensions.runner.protocols.resolution_distillation.student import build_student  # noqa: E402
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: setting -> (dataset, dataset settings, database px, query px, images per step, views per image)
 SETTINGS = {

@@ -20,12 +20,11 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pml_extensions.runner.experiment.folder import ENVIRONMENT_NAME, environment_summary
+from pml_extensions.runner.outputs.results import verdict
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
-from pml_extensions.runner.experiment.folder import ENVIRONMENT_NAME, environment_summary  # noqa: E402
-from pml_extensions.runner.outputs.results import verdict  # noqa: E402
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 METRIC = "mean_average_precision_at_r"
 

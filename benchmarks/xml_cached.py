@@ -28,10 +28,9 @@ import time
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RUNS = os.path.join("runs", "xml_cached")
 #: part -> (config, variants, cache folder name)
