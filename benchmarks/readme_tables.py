@@ -18,7 +18,11 @@ A headline reads paired comparisons (a mean difference and its 95 % CI) out of `
 words each with the runner's one verdict vocabulary (:func:`pml_extensions.runner.outputs.results.verdict_word`:
 reproduced / contradicted / not shown / consistent; "not shown" is written "not shown at this scale"). Adding a
 headline for a new results file is one entry of :data:`HEADLINES` (or one more :class:`Evidence` in an entry) and
-the marker pair in the README.
+the marker pair in the README; e.g. the 20-seed XML benchmark's comparison, added to ``HEADLINES["xml"]``::
+
+    Evidence.paired("xml_cached", "contrastive_xml", "contrastive_gap", "20 seeds, cached features", scale=100)
+
+Commands::
 
     python benchmarks/readme_tables.py           # rewrite every block of the README from its results file
     python benchmarks/readme_tables.py --check   # exit 1 when a block differs from its file (used by the tests)
@@ -70,6 +74,19 @@ class Evidence:
     unit: str = ""
     flip: bool = False
 
+    @classmethod
+    def paired(cls, results: str, variant: str, baseline: str, label: str, *, metric=None, under=(), **kwargs):
+        """The comparison ``variant − baseline`` (of ``metric`` when given) in the runner's ``results.json`` layout
+        (:mod:`pml_extensions.runner.outputs.results`: a ``comparisons`` list, under the keys ``under``).
+
+        Example::
+
+            >>> Evidence.paired("xml_cached", "contrastive_xml", "contrastive_gap", "20 seeds", scale=100).where
+            ('comparisons', {'variant': 'contrastive_xml', 'baseline': 'contrastive_gap'})
+        """
+        match = {"variant": variant, "baseline": baseline, **({"metric": metric} if metric else {})}
+        return cls(results, (*tuple(under), "comparisons", match), label, **kwargs)
+
 
 @dataclass(frozen=True)
 class Headline:
@@ -91,9 +108,10 @@ HEADLINES: Dict[str, Headline] = {
     "xml": Headline(
         'XML gives "consistent improvements" on unseen classes',
         (
-            Evidence(
+            Evidence.paired(
                 "xml_vs_gap",
-                ("comparisons", {"variant": "contrastive_xml", "baseline": "contrastive_gap"}),
+                "contrastive_xml",
+                "contrastive_gap",
                 "contrastive XML − GAP on glyphs (the main job)",
                 scale=100,
                 unit="MAP@R points",
@@ -110,17 +128,16 @@ HEADLINES: Dict[str, Headline] = {
     "template_block": Headline(
         "the block improves a ResNet's classification accuracy (Table 1)",
         (
-            Evidence(
+            Evidence.paired(
                 "template_block",
-                ("fashion", "comparisons", {"variant": "block", "baseline": "baseline"}),
+                "block",
+                "baseline",
                 "block − baseline on Fashion-MNIST",
+                under=("fashion",),
                 unit="accuracy points",
             ),
-            Evidence(
-                "template_block",
-                ("glyphs", "comparisons", {"variant": "block", "baseline": "baseline"}),
-                "on glyphs",
-                unit="accuracy points",
+            Evidence.paired(
+                "template_block", "block", "baseline", "on glyphs", under=("glyphs",), unit="accuracy points"
             ),
         ),
         "docs/methods/template_matching.md#evidence-at-our-scale",
@@ -128,22 +145,18 @@ HEADLINES: Dict[str, Headline] = {
     "resolution_distillation": Headline(
         "the distilled student's small queries beat the teacher's own small queries (Table 2)",
         (
-            Evidence(
+            Evidence.paired(
                 "resolution_distillation",
-                (
-                    "comparisons",
-                    {"variant": "glyphs/24px/teacher_student_asymmetric", "baseline": "glyphs/24px/teacher_asymmetric"},
-                ),
+                "glyphs/24px/teacher_student_asymmetric",
+                "glyphs/24px/teacher_asymmetric",
                 "distilled − naive asymmetric, 24 px queries against a 48 px glyph database",
                 scale=100,
                 unit="MAP@R points",
             ),
-            Evidence(
+            Evidence.paired(
                 "resolution_distillation",
-                (
-                    "comparisons",
-                    {"variant": "glyphs/32px/teacher_student_asymmetric", "baseline": "glyphs/32px/teacher_asymmetric"},
-                ),
+                "glyphs/32px/teacher_student_asymmetric",
+                "glyphs/32px/teacher_asymmetric",
                 "32 px queries",
                 scale=100,
                 unit="MAP@R points",
@@ -154,23 +167,22 @@ HEADLINES: Dict[str, Headline] = {
     "explanation": Headline(
         "the decomposition localises objects better than Grad-CAM and Grad-CAM without normalisation (Table II)",
         (
-            Evidence(
+            Evidence.paired(
                 "localization",
-                ("analysis", "ms", "comparisons", {"variant": "Grad-CAM [ReLU]", "baseline": "Decomposition [ReLU]"}),
+                "Grad-CAM [ReLU]",
+                "Decomposition [ReLU]",
                 "Decomposition − Grad-CAM, Open Clip Art composites, maps with ReLU",
+                under=("analysis", "ms"),
                 flip=True,
                 digits=1,
                 unit="accuracy points",
             ),
-            Evidence(
+            Evidence.paired(
                 "localization",
-                (
-                    "analysis",
-                    "ms",
-                    "comparisons",
-                    {"variant": "Grad-CAM (no norm) [ReLU]", "baseline": "Decomposition [ReLU]"},
-                ),
+                "Grad-CAM (no norm) [ReLU]",
+                "Decomposition [ReLU]",
                 "Decomposition − Grad-CAM (no norm)",
+                under=("analysis", "ms"),
                 flip=True,
                 digits=1,
                 unit="accuracy points",
