@@ -114,6 +114,8 @@ def test_runner_section_has_five_commands_and_the_runner_page_has_them_all():
     docs = _commands(re.search(r"```bash\n(.*?)```", page[page.index("## Commands") :], flags=re.S).group(1))
     assert [c for c in _runner_commands() if c not in docs] == []
     assert any(c.startswith("torchrun ") for c in docs) and any("--reproduce" in c for c in docs)
+    # the search example tests/runner/config/test_yaml_reader.py parses
+    assert any(c.endswith('--optimizers~APPLY~3 "{lr~LOG_BAYESIAN~: [1e-5, 1e-2]}"') for c in docs)
 
 
 def test_every_other_shell_command_is_run_by_a_test_where_it_comes_from():
