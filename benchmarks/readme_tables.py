@@ -1,52 +1,295 @@
-"""Copy the benchmark result tables into the README, so that no README number is typed by hand.
+"""Copy the benchmark result tables into the README (and the docs pages), and write the README's one-line headline
+of each method from the results files, so that no README number is typed by hand.
 
 Each benchmark writes its numbers to ``benchmarks/results/NAME.json`` and the table rendered from them to
-``benchmarks/results/NAME.md``. The README holds, for each table, a block::
+``benchmarks/results/NAME.md``. A page holds, for each table, a block::
 
     <!-- results:NAME -->
     ...the contents of benchmarks/results/NAME.md...
     <!-- /results:NAME -->
 
-    python benchmarks/readme_tables.py           # rewrite every block from its results file
+and, for each method's headline, a block whose one line is written from :data:`HEADLINES` ``[KEY]``::
+
+    <!-- headline:KEY -->
+    **At our scale** (paper: CLAIM): WHAT, n seeds: +d [low, high] UNIT, VERDICT; ... [All numbers](...).
+    <!-- /headline:KEY -->
+
+A headline reads paired comparisons (a mean difference and its 95 % CI) out of ``benchmarks/results/NAME.json`` and
+words each with the runner's one verdict vocabulary (:func:`pml_extensions.runner.outputs.results.verdict_word`:
+reproduced / contradicted / not shown / consistent; "not shown" is written "not shown at this scale"). Adding a
+headline for a new results file is one entry of :data:`HEADLINES` (or one more :class:`Evidence` in an entry) and
+the marker pair in the README; e.g. the 20-seed XML benchmark's comparison, added to ``HEADLINES["xml"]``::
+
+    Evidence.paired("xml_cached", "contrastive_xml", "contrastive_gap", "20 seeds, cached features", scale=100)
+
+Commands::
+
+    python benchmarks/readme_tables.py           # rewrite every block of the README from its results file
     python benchmarks/readme_tables.py --check   # exit 1 when a block differs from its file (used by the tests)
 
-A block whose results file is missing is an error: a README table always has a file behind it.
+A block whose results file is missing, or a headline whose comparison is not in its file, is an error: a README
+number always has a file behind it.
 """
 
 import argparse
+import json
 import os
 import re
 import sys
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 README = os.path.join(ROOT, "README.md")
 BLOCK = re.compile(r"(<!-- results:([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
+HEADLINE = re.compile(r"(<!-- headline:([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /headline:\2 -->)", re.S)
 
 
-def render(text: str, results_dir: str = RESULTS) -> str:
-    """Return ``text`` with every results block replaced by its file's contents.
+@dataclass(frozen=True)
+class Evidence:
+    """One paired comparison of a results file, as a headline words it.
+
+    Attributes:
+        results: ``NAME`` of ``benchmarks/results/NAME.json``.
+        where: the path to the comparison in that JSON: dict keys (str), list indices (int), or a dict of fields that
+            picks the one list item whose fields have these values (``{"variant": "xml", "baseline": "gap"}``). The
+            comparison holds ``mean_difference`` (or ``mean``) and ``ci95`` (``[low, high]``, ``None`` for one seed),
+            and ``n`` (or ``differences`` / ``seeds``) when the number of seeds is to be shown.
+        label: what is compared, in words (``"XML − GAP, main job"``).
+        claim: the paper's claim about ``variant − baseline`` as shown (after ``flip``): ``"greater"``, ``"less"`` or
+            ``"on_par"`` (:func:`~pml_extensions.runner.outputs.results.verdict_word`).
+        scale: the values are multiplied by it (100: a fraction shown in points).
+        digits: decimals shown.
+        unit: written after the interval (``"MAP@R points"``).
+        flip: show ``baseline − variant`` (the difference and the interval negated).
+    """
+
+    results: str
+    where: Tuple[Any, ...]
+    label: str
+    claim: str = "greater"
+    scale: float = 1.0
+    digits: int = 2
+    unit: str = ""
+    flip: bool = False
+
+    @classmethod
+    def paired(cls, results: str, variant: str, baseline: str, label: str, *, metric=None, under=(), **kwargs):
+        """The comparison ``variant − baseline`` (of ``metric`` when given) in the runner's ``results.json`` layout
+        (:mod:`pml_extensions.runner.outputs.results`: a ``comparisons`` list, under the keys ``under``).
+
+        Example::
+
+            >>> Evidence.paired("xml_cached", "contrastive_xml", "contrastive_gap", "20 seeds", scale=100).where
+            ('comparisons', {'variant': 'contrastive_xml', 'baseline': 'contrastive_gap'})
+        """
+        match = {"variant": variant, "baseline": baseline, **({"metric": metric} if metric else {})}
+        return cls(results, (*tuple(under), "comparisons", match), label, **kwargs)
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A method's headline: the paper's claim and the comparisons that test it at our scale, best evidence first.
+
+    Attributes:
+        paper: the claim, in the paper's terms (``'XML gives "consistent improvements" on unseen classes'``).
+        evidence: the comparisons (:class:`Evidence`), in the order they are written.
+        more: a link to where every number of these benchmarks is shown.
+    """
+
+    paper: str
+    evidence: Tuple[Evidence, ...]
+    more: str = ""
+
+
+#: the README's headline per method: ``<!-- headline:KEY -->`` is written from ``HEADLINES[KEY]``
+HEADLINES: Dict[str, Headline] = {
+    "xml": Headline(
+        'XML gives "consistent improvements" on unseen classes',
+        (
+            Evidence.paired(
+                "xml_vs_gap",
+                "contrastive_xml",
+                "contrastive_gap",
+                "contrastive XML − GAP on glyphs (the main job)",
+                scale=100,
+                unit="MAP@R points",
+            ),
+            Evidence(
+                "xml_cached_pilot",
+                ("analysis", "comparisons", "final"),
+                "a pilot on frozen ImageNet MobileNetV2 features, Open Clip Art, last iteration",
+                unit="MAP@R points",
+            ),
+        ),
+        "docs/methods/xml.md#evidence-at-our-scale",
+    ),
+    "template_block": Headline(
+        "the block improves a ResNet's classification accuracy (Table 1)",
+        (
+            Evidence.paired(
+                "template_block",
+                "block",
+                "baseline",
+                "block − baseline on Fashion-MNIST",
+                under=("fashion",),
+                unit="accuracy points",
+            ),
+            Evidence.paired(
+                "template_block", "block", "baseline", "on glyphs", under=("glyphs",), unit="accuracy points"
+            ),
+        ),
+        "docs/methods/template_matching.md#evidence-at-our-scale",
+    ),
+    "resolution_distillation": Headline(
+        "the distilled student's small queries beat the teacher's own small queries (Table 2)",
+        (
+            Evidence.paired(
+                "resolution_distillation",
+                "glyphs/24px/teacher_student_asymmetric",
+                "glyphs/24px/teacher_asymmetric",
+                "distilled − naive asymmetric, 24 px queries against a 48 px glyph database",
+                scale=100,
+                unit="MAP@R points",
+            ),
+            Evidence.paired(
+                "resolution_distillation",
+                "glyphs/32px/teacher_student_asymmetric",
+                "glyphs/32px/teacher_asymmetric",
+                "32 px queries",
+                scale=100,
+                unit="MAP@R points",
+            ),
+        ),
+        "docs/methods/resolution_distillation.md#evidence-at-our-scale",
+    ),
+    "explanation": Headline(
+        "the decomposition localises objects better than Grad-CAM and Grad-CAM without normalisation (Table II)",
+        (
+            Evidence.paired(
+                "localization",
+                "Grad-CAM [ReLU]",
+                "Decomposition [ReLU]",
+                "Decomposition − Grad-CAM, Open Clip Art composites, maps with ReLU",
+                under=("analysis", "ms"),
+                flip=True,
+                digits=1,
+                unit="accuracy points",
+            ),
+            Evidence.paired(
+                "localization",
+                "Grad-CAM (no norm) [ReLU]",
+                "Decomposition [ReLU]",
+                "Decomposition − Grad-CAM (no norm)",
+                under=("analysis", "ms"),
+                flip=True,
+                digits=1,
+                unit="accuracy points",
+            ),
+        ),
+        "docs/methods/explanation.md#evidence-at-our-scale",
+    ),
+}
+
+
+def _read(path: str, what: str) -> str:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"README block '{what}' has no results file {path}")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def find(data: Any, where: Tuple[Any, ...], source: str = "the results") -> Any:
+    """The item of ``data`` at the path ``where`` (see :class:`Evidence`).
+
+    Raises:
+        KeyError: a step of the path is not there, or a field dict matches no list item or several.
+
+    Example::
+
+        >>> find({"c": [{"v": "a", "d": 1}, {"v": "b", "d": 2}]}, ("c", {"v": "b"}, "d"))
+        2
+    """
+    item = data
+    for step in where:
+        if isinstance(step, Mapping):
+            found = [x for x in item if isinstance(x, Mapping) and all(x.get(k) == v for k, v in step.items())]
+            if len(found) != 1:
+                raise KeyError(f"{source}: {len(found)} items match {dict(step)} (expected one)")
+            item = found[0]
+        else:
+            try:
+                item = item[step]
+            except (KeyError, IndexError, TypeError):
+                raise KeyError(f"{source}: no {step!r} at {list(where)}") from None
+    return item
+
+
+def evidence_text(evidence: Evidence, results_dir: str = RESULTS) -> str:
+    """``"label, n seeds: +d [low, high] unit, verdict"`` for one comparison (see :class:`Evidence`).
+
+    Raises:
+        FileNotFoundError: the results file does not exist.
+        KeyError: the comparison is not in it.
+    """
+    from pml_extensions.runner.outputs.results import format_difference, verdict_word
+
+    path = os.path.join(results_dir, evidence.results + ".json")
+    comparison = find(json.loads(_read(path, f"headline from {evidence.results}")), evidence.where, path)
+    mean = comparison["mean_difference"] if "mean_difference" in comparison else comparison["mean"]
+    ci = comparison.get("ci95")
+    if evidence.flip:
+        mean, ci = -mean, (None if ci is None else [-ci[1], -ci[0]])
+    shown = {"mean_difference": mean, "ci95": ci}
+    n = comparison.get("n") or len(comparison.get("differences") or comparison.get("seeds") or ())
+    word = verdict_word(shown, evidence.claim)
+    word = "not shown at this scale" if word == "not shown" else word
+    seeds = f", {n} seeds" if n else ""
+    unit = f" {evidence.unit}" if evidence.unit else ""
+    return f"{evidence.label}{seeds}: {format_difference(shown, evidence.digits, evidence.scale)}{unit}, {word}"
+
+
+def headline_line(headline: Headline, results_dir: str = RESULTS) -> str:
+    """The one line of a headline block (without its newline)."""
+    parts = "; ".join(evidence_text(e, results_dir) for e in headline.evidence)
+    more = f" [All numbers]({headline.more})." if headline.more else ""
+    return f"**At our scale** (paper: {headline.paper}): {parts}.{more}"
+
+
+def render(text: str, results_dir: str = RESULTS, headlines: Optional[Mapping[str, Headline]] = None) -> str:
+    """Return ``text`` with every results block replaced by its file's contents and every headline block by its
+    line from ``headlines`` (default :data:`HEADLINES`).
 
     Raises:
         FileNotFoundError: a block names a results file that does not exist.
+        KeyError: a headline block names no entry of ``headlines``, or its comparison is not in its file.
     """
+    headlines = HEADLINES if headlines is None else headlines
 
-    def _sub(match):
-        path = os.path.join(results_dir, match.group(2) + ".md")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"README block 'results:{match.group(2)}' has no results file {path}")
-        with open(path, encoding="utf-8") as f:
-            body = f.read()
+    def _table(match):
+        body = _read(os.path.join(results_dir, match.group(2) + ".md"), f"results:{match.group(2)}")
         if not body.endswith("\n"):
             body += "\n"
         return match.group(1) + body + match.group(4)
 
-    return BLOCK.sub(_sub, text)
+    def _headline(match):
+        name = match.group(2)
+        if name not in headlines:
+            raise KeyError(f"README block 'headline:{name}' has no entry in HEADLINES ({', '.join(headlines)})")
+        return match.group(1) + headline_line(headlines[name], results_dir) + "\n" + match.group(4)
+
+    return HEADLINE.sub(_headline, BLOCK.sub(_table, text))
 
 
 def block_names(text: str) -> list:
     """Names of the results blocks in ``text``, in order."""
     return [m.group(2) for m in BLOCK.finditer(text)]
+
+
+def headline_names(text: str) -> list:
+    """Keys of the headline blocks in ``text``, in order."""
+    return [m.group(2) for m in HEADLINE.finditer(text)]
 
 
 def main(argv=None) -> int:
@@ -59,14 +302,17 @@ def main(argv=None) -> int:
     new = render(text)
     if args.check:
         if new != text:
-            print("README result tables differ from benchmarks/results/*.md: run python benchmarks/readme_tables.py")
+            print("README tables or headlines differ from benchmarks/results/: run python benchmarks/readme_tables.py")
             return 1
         return 0
     if new != text:
         from pml_extensions.utils.atomic_io import atomic_write_text
 
         atomic_write_text(args.readme, new)
-    print(f"{len(block_names(text))} result blocks in {os.path.relpath(args.readme, ROOT)}")
+    print(
+        f"{len(block_names(text))} result blocks and {len(headline_names(text))} headlines in "
+        f"{os.path.relpath(args.readme, ROOT)}"
+    )
     return 0
 
 
