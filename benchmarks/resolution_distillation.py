@@ -22,6 +22,7 @@ import numpy as np
 from pml_extensions.runner.config.loader import find_config, load_config
 from pml_extensions.runner.outputs.results import verdict_word
 from pml_extensions.runner.protocols import run_protocol
+from pml_extensions.runner.protocols.resolution_distillation.evaluation import selection_lines
 from pml_extensions.runner.protocols.resolution_distillation.variants import PRIMARY, TABLE2_SETUPS, variant_name
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
@@ -239,53 +240,8 @@ def markdown_tables(results: dict) -> str:
             diff = [x - y for x, y in zip(a, s)]
             lines.append(f"| {it} | {_pm(*_mean_std(a))} | {_pm(*_mean_std(s))} | {_pm(*_mean_std(diff))} |")
         lines.append("")
-    lines += _selection_lines(results.get("selection", []))
+    lines += selection_lines(results.get("selection", []))
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _selection_lines(selection: List[dict]) -> List[str]:
-    """The validation-based choices: per (dataset, seed) the learning rate grid's validation asymmetric MAP@R and
-    the chosen rate, and per student the selected iteration."""
-    if not selection:
-        return []
-    grid = [s for s in selection if s["student_variant"] == "lr_grid"]
-    students = [s for s in selection if s["student_variant"] != "lr_grid"]
-    lines = ["**Selection on the validation classes** (held out from the training classes; asymmetric MAP@R)", ""]
-    if grid:
-        rates = list(grid[0]["validation_by_lr"])
-        lines += [
-            f"Student learning rate, full student at {grid[0]['query_resolution']} px:",
-            "",
-            "| dataset | seed | " + " | ".join(f"lr {r}" for r in rates) + " | chosen |",
-            "|---|---|" + "---|" * (len(rates) + 1),
-        ]
-        for g in grid:
-            cells = [_pm(g["validation_by_lr"].get(r), None) for r in rates]
-            lines.append(f"| {g['dataset']} | {g['seed']} | " + " | ".join(cells) + f" | {g['lr']:g} |")
-        lines.append("")
-    if students:
-        lines += [
-            "| dataset | query px | student | selected iteration per seed | validation MAP@R per seed |",
-            "|---|---|---|---|---|",
-        ]
-        keys = sorted(
-            {(s["dataset"], s["query_resolution"], s["student_variant"]) for s in students},
-            key=lambda k: (k[0], k[1], k[2] != "full", k[2]),
-        )
-        for key in keys:
-            mine = sorted(
-                (s for s in students if (s["dataset"], s["query_resolution"], s["student_variant"]) == key),
-                key=lambda s: s["seed"],
-            )
-            lines.append(
-                f"| {key[0]} | {key[1]} | {key[2]} | "
-                + ", ".join(str(s["iteration"]) for s in mine)
-                + " | "
-                + ", ".join(f"{100 * s['validation']:.2f}" for s in mine)
-                + " |"
-            )
-        lines.append("")
-    return lines
 
 
 def _mean_std(values):

@@ -9,18 +9,24 @@ import pytest
 
 from pml_extensions.runner.outputs.results import summarize
 from pml_extensions.runner.protocols.resolution_distillation import variants as parts
+from pml_extensions.runner.protocols.resolution_distillation.evaluation import selection_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def bench():
+def load_bench():
+    """benchmarks/resolution_distillation.py as a module (the paper's Table 2 layout)."""
     spec = importlib.util.spec_from_file_location(
         "resolution_distillation_bench", os.path.join(ROOT, "benchmarks", "resolution_distillation.py")
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_bench()
 
 
 def _hand_rows():
@@ -100,9 +106,9 @@ def test_grid_and_selected_iterations(bench):
             "validation_by_lr": {"1e-05": 0.3158, "3e-05": 0.3617},
         }
     ]
-    text = "\n".join(bench._selection_lines(selection))
+    text = "\n".join(selection_lines(selection))
     assert "| glyphs | 0 | 31.58 | 36.17 | 3e-05 |" in text
     assert "| glyphs | 24 | full | 150, 200 | 36.17, 25.00 |" in text
     assert "| glyphs | 24 | loss_abs_only | 0 | 10.00 |" in text
     assert text.index("| full |") < text.index("| loss_abs_only |")
-    assert bench._selection_lines([]) == []
+    assert selection_lines([]) == []

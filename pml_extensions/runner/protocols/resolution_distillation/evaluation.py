@@ -13,7 +13,7 @@ Example::
     0.8
 """
 
-from typing import Dict
+from typing import Dict, List
 
 #: metric key in results.json -> (PML accuracy key, label in the tables)
 METRICS = {
@@ -87,3 +87,61 @@ def save_retrieval(exp, ctx, teacher, stage: str, q: int, n_queries: int = 4, k:
         note=f"`{ctx['dataset']}`, seed {ctx['seed']}: queries at {q} px by the distilled student ({stage}), the test "
         f"images at {ctx['db']} px by the teacher (teacher_student_asymmetric).",
     )
+
+
+def _percent(value) -> str:
+    return "–" if value is None else f"{100 * value:.2f}"
+
+
+def selection_lines(selection: List[dict]) -> List[str]:
+    """The validation-based choices: per (dataset, seed) the learning rate grid's validation asymmetric MAP@R and
+    the chosen rate, and per student the selected iteration (Markdown lines; ``results.md`` of the protocol and the
+    benchmark's paper layout end with them). Scores in percent with two decimals; ``–`` for a rate not tried.
+
+    Example::
+
+        >>> sel = [{"student_variant": "full", "dataset": "glyphs", "query_resolution": 16, "seed": 0,
+        ...         "iteration": 4, "validation": 0.25}]
+        >>> selection_lines(sel)[4]
+        '| glyphs | 16 | full | 4 | 25.00 |'
+    """
+    if not selection:
+        return []
+    grid = [s for s in selection if s["student_variant"] == "lr_grid"]
+    students = [s for s in selection if s["student_variant"] != "lr_grid"]
+    lines = ["**Selection on the validation classes** (held out from the training classes; asymmetric MAP@R)", ""]
+    if grid:
+        rates = list(grid[0]["validation_by_lr"])
+        lines += [
+            f"Student learning rate, full student at {grid[0]['query_resolution']} px:",
+            "",
+            "| dataset | seed | " + " | ".join(f"lr {r}" for r in rates) + " | chosen |",
+            "|---|---|" + "---|" * (len(rates) + 1),
+        ]
+        for g in grid:
+            cells = [_percent(g["validation_by_lr"].get(r)) for r in rates]
+            lines.append(f"| {g['dataset']} | {g['seed']} | " + " | ".join(cells) + f" | {g['lr']:g} |")
+        lines.append("")
+    if students:
+        lines += [
+            "| dataset | query px | student | selected iteration per seed | validation MAP@R per seed |",
+            "|---|---|---|---|---|",
+        ]
+        keys = sorted(
+            {(s["dataset"], s["query_resolution"], s["student_variant"]) for s in students},
+            key=lambda k: (k[0], k[1], k[2] != "full", k[2]),
+        )
+        for key in keys:
+            mine = sorted(
+                (s for s in students if (s["dataset"], s["query_resolution"], s["student_variant"]) == key),
+                key=lambda s: s["seed"],
+            )
+            lines.append(
+                f"| {key[0]} | {key[1]} | {key[2]} | "
+                + ", ".join(str(s["iteration"]) for s in mine)
+                + " | "
+                + ", ".join(f"{100 * s['validation']:.2f}" for s in mine)
+                + " |"
+            )
+        lines.append("")
+    return lines

@@ -69,7 +69,7 @@ from ...objects.builder import Builder
 from ...objects.data import cap_per_class, dataset_labels, validation_split
 from . import recipe
 from .chunks import finish
-from .evaluation import METRICS, PRIMARY, evaluate_rows, save_retrieval
+from .evaluation import METRICS, PRIMARY, evaluate_rows, save_retrieval, selection_lines
 from .plots import plot_performance_vs_flops
 from .recipe import STUDENT_VARIANTS
 from .settings import JOB_DEFAULTS, job_config
@@ -267,7 +267,7 @@ def run(
         "layout: benchmarks/resolution_distillation.py)."
     )
     if dist_utils.is_main():
-        write_results(experiment_folder, results, header=header)
+        write_results(experiment_folder, results, header=header, footer="\n".join(selection_lines(selections)))
         plot_performance_vs_flops(results, os.path.join(experiment_folder, "performance_vs_flops.png"))
         with open(os.path.join(experiment_folder, "results.md"), encoding="utf-8") as f:
             exp.log(f.read())
