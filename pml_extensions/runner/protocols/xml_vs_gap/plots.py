@@ -106,7 +106,8 @@ def save_retrieval(units, out_dir, device, seed, n_queries=4, k=5):
     test queries and their top-k by each variant's selected model at ``seed``, for report.html.
 
     Args:
-        units: ``[(name, cfg, result, models)]`` for one seed.
+        units: ``[(name, cfg, result, models)]`` for one seed (``models["frozen"]``: a cached run's frozen prefix,
+            :class:`~pml_extensions.runner.objects.feature_cache.FrozenParts`, or None).
     """
     import json
 
@@ -123,10 +124,13 @@ def save_retrieval(units, out_dir, device, seed, n_queries=4, k=5):
             view = Subset(images, np.arange(len(labels)), labels, builder.build_transform("eval"))
             loaded[key] = images, view, getattr(images, "classes", None)
         images, test_set, classes = loaded[key]
+        trunk, frozen = models["trunk"], models.get("frozen")
+        if frozen is not None:  # feature_cache: the trunk is the rest; the images go through the frozen prefix first
+            trunk = torch.nn.Sequential(frozen.prefix, trunk)
         save_retrieval_examples(
             out_dir,
             name,
-            embed(models["trunk"], models["embedder"], test_set, device),
+            embed(trunk, models["embedder"], test_set, device),
             test_set.labels,
             lambda i, images=images: dataset_image(images, i),
             n_queries=n_queries,
