@@ -83,6 +83,8 @@ def check_images(
         folder: the experiment folder: the files that decoded are recorded there (:data:`IMAGE_CHECK_FILE`) and a
             rerun decodes only new or changed files; the bad ones are listed in ``bad_images.txt``.
         skip: leave the bad files out (one note naming them) instead of stopping.
+        log: where the notes go: the bad files left out, and the files above PIL's decompression-bomb limit
+            (:func:`pml_extensions.datasets.image_files.large_images`: they load, slowly, at every read).
         where: ``"<source>: dataset"`` for the message.
 
     Returns:
@@ -92,7 +94,9 @@ def check_images(
         ConfigError: naming every bad file (up to :data:`NAMED_BAD_FILES` in the line, all in ``bad_images.txt``)
         with PIL's reason, and ``skip_bad_images: true`` as the way to go on without them.
     """
-    from ...datasets.image_files import find_unreadable_images
+    from PIL import Image
+
+    from ...datasets.image_files import find_unreadable_images, large_images
 
     paths = image_paths(dataset)
     if paths is None:
@@ -110,6 +114,14 @@ def check_images(
         log(f"checking that {len(todo)} image files decode (once; a rerun checks only new or changed files)")
     bad = find_unreadable_images(todo)
     bad_set = {p for p, _ in bad}
+    large = large_images([p for p in todo if p not in bad_set])
+    if large:
+        named = "; ".join(f"{p} ({w} × {h})" for p, (w, h) in large[:NAMED_BAD_FILES])
+        more = f"; +{len(large) - NAMED_BAD_FILES} more" if len(large) > NAMED_BAD_FILES else ""
+        log(
+            f"note: {where}: {len(large)} image(s) above PIL's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS} "
+            f"pixels), decoded in full at every read (slow; shrink them to speed up each epoch): {named}{more}"
+        )
     if record:
         from ...utils.atomic_io import atomic_write_json
 

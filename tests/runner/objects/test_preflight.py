@@ -174,6 +174,26 @@ def test_every_image_decodes_before_the_first_epoch(tmp_path):
     assert len(record) == 11 and truncated not in record  # a rerun decodes only the bad file again
 
 
+def test_an_image_above_pils_pixel_limit_is_named_once_in_a_note(tmp_path, monkeypatch, recwarn):
+    """A user's 10524 x 16000 drawing printed PIL's two-line DecompressionBombWarning at every epoch and made an
+    8-class quick run 7x slower with no word why; the check names it once, the reads stay quiet."""
+    from pml_extensions.datasets import ImageFolderSplit
+
+    root = _folder(str(tmp_path / "photos"), size=(40, 30))
+    big = os.path.join(root, "c2", "big.png")
+    Image.new("RGB", (60, 50)).save(big)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)  # 60 x 50 is above it (not twice: PIL would refuse it)
+    dataset = ImageFolderSplit(root, split="all")
+    notes = []
+    assert preflight.check_images(dataset, None, where="command line: dataset", log=notes.append) is dataset
+    assert notes == [
+        "note: command line: dataset: 1 image(s) above PIL's decompression-bomb limit (2000 pixels), decoded in full "
+        f"at every read (slow; shrink them to speed up each epoch): {big} (60 × 50)"
+    ]
+    assert dataset[dataset.paths.index(big)][0].size == (60, 50)
+    assert [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)] == []
+
+
 def test_an_empty_class_folder(tmp_path):
     from pml_extensions.datasets import ImageFolderSplit
 
