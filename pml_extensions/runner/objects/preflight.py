@@ -75,6 +75,7 @@ def check_images(
     skip: bool = False,
     where: str = "dataset",
     log: Callable[..., None] = print,
+    skip_hint: Optional[str] = "--skip_bad_images true",
 ):
     """Decode every image file of ``dataset`` once (:func:`pml_extensions.datasets.find_unreadable_images`).
 
@@ -86,6 +87,7 @@ def check_images(
         log: where the notes go: the bad files left out, and the files above PIL's decompression-bomb limit
             (:func:`pml_extensions.datasets.image_files.large_images`: they load, slowly, at every read).
         where: ``"<source>: dataset"`` for the message.
+        skip_hint: the option that leaves bad files out, named in the message (None: the protocol has none).
 
     Returns:
         ``dataset``, or a view without the bad items when ``skip``.
@@ -147,9 +149,10 @@ def check_images(
         from .data import dataset_labels
 
         return Subset(dataset, keep, dataset_labels(dataset), None)
+    leave_out = f", or leave them out with {skip_hint}" if skip_hint else ""
     raise ConfigError(
-        f"{where}: {len(bad)} of {len(paths)} images do not decode{listed}: {named}{more}; replace or remove them, "
-        "or leave them out with --skip_bad_images true"
+        f"{where}: {len(bad)} of {len(paths)} images do not decode{listed}: {named}{more}; replace or remove them"
+        f"{leave_out}"
     )
 
 
