@@ -8,7 +8,8 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from PIL import Image
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+#: torchvision's ImageFolder extensions (what a run trains on: .ppm and .pgm too) and .gif
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
 
 class ReferenceImage(NamedTuple):
