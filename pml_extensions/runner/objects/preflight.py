@@ -231,10 +231,15 @@ def class_splits(
             change += f' --trainer~APPLY~2 "{{batch_size: {fewest * m}}}"'
         fix = f"; for these {classes} classes add {change}"
         break
+    if not fix:  # no fewer folds fit: say how many classes the smallest split needs, not only this config's count
+        least = minimum_classes(lambda ls: split(ls, 2))
+        if least and least > classes and least != need:
+            fix = f"; 2 partitions, the fewest, need >= {least} classes at this test_size"
     needs = f"this config needs >= {need} classes" if need else "no class count fits this split"
     with_sampler = f" and {sampler} (m={m}) batches of {batch}" if m else ""
+    count = "1 class is" if classes == 1 else f"{classes} classes are"
     raise ConfigError(
-        f"{source_of(sources, 'dataset')}: dataset: {classes} classes are too few for split_manager "
+        f"{source_of(sources, 'dataset')}: dataset: {count} too few for split_manager "
         f"({describe(split_source)}: {problem}){with_sampler}: {needs}{fix}"
     )
 

@@ -46,6 +46,24 @@ def test_too_few_classes_names_the_real_sources_what_is_needed_and_what_fits():
     assert preflight.class_splits(builder, np.repeat(np.arange(22), 2), _mlrc, 4, 4)["test"] == list(range(11, 22))
 
 
+def test_too_few_classes_for_any_split_says_the_fewest_and_one_class_is_singular():
+    """A folder with 1, 3 or 5 classes got only 'this config needs >= 22 classes' (and '1 classes'), not that even
+    the smallest split (2 partitions) needs 8."""
+    builder = _builder(["--dataset~OVERRIDE~", "{ImageFolderSplit: {root: photos, split: all}}"])
+    for classes, problem in (
+        (1, "the test split needs at least 2 classes, got 1 of 1"),
+        (5, "num_training_partitions must be >= 2 with >= 2 classes each; got 4 partitions for 2 train/val classes"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            preflight.class_splits(builder, np.repeat(np.arange(classes), 4), _mlrc, 4, 4)
+        count = "1 class is" if classes == 1 else f"{classes} classes are"
+        assert str(e.value) == (
+            f"command line: dataset: {count} too few for split_manager (the shipped "
+            f"configs/contrastive/config_dataset/default.yaml: {problem}) and MPerClassSampler (m=4) batches of 32: "
+            "this config needs >= 22 classes; 2 partitions, the fewest, need >= 8 classes at this test_size"
+        )
+
+
 def test_sampler_m_times_classes_below_the_batch_size():
     """The issue's input: a raw `AssertionError: m * (number of unique labels) must be >= batch_size` in fold 0."""
     builder = _builder()
