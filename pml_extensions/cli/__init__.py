@@ -3,12 +3,14 @@
 Commands:
     job      the main XML job: `run` on the shipped xml_glyphs config (HistogramPooling + XMLWrapper vs the GAP
              baseline), output under runs/; job --help for more.
-    run      run a config with its protocol (mlrc, xml_vs_gap, resolution_distillation); run --help for more.
+    run      run a config with its protocol (mlrc, xml_vs_gap, resolution_distillation, template_block,
+             localization); run --help for more.
     explain  explain why two images are similar; explain --help for more.
 """
 
 import importlib
 import sys
+import warnings
 from typing import List, Optional
 
 #: command -> module with ``main(argv) -> int`` (imported on first use: ``explain`` never loads the runner's
@@ -18,6 +20,9 @@ COMMANDS = {
     "run": "pml_extensions.cli.run",
     "explain": "pml_extensions.cli.explain",
 }
+
+#: the start of the warning that pytorch-metric-learning's ``BaseTrainer`` triggers at every run's first iteration
+PML_LOSS_WARNING = "Converting a tensor with requires_grad=True to a scalar"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -30,7 +35,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
         return 0
     module = importlib.import_module(COMMANDS[argv[0]])
-    status = module.main(argv[1:]) or 0
+    with warnings.catch_warnings():
+        # pytorch-metric-learning's trainer formats its loss tensor into the progress bar; this torch warns about
+        # that in three lines at the first iteration of every run. The loss is logged as a number either way.
+        warnings.filterwarnings("ignore", message=PML_LOSS_WARNING, category=UserWarning)
+        status = module.main(argv[1:]) or 0
     distributed = sys.modules.get("pml_extensions.runner.experiment.distributed")
     if status == 0 and distributed is not None:  # a run under torchrun: every rank reached the end; leave together
         distributed.shutdown()

@@ -29,8 +29,15 @@ if TYPE_CHECKING:
 DEFAULT_IMAGE_SIZE = 320
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors in one line on stderr (exit status 2) instead of the usage block and the error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (all options: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="pml_extensions explain",
         description="Explain the similarity of a query image and a reference image (or the top-k of a folder).",
     )
@@ -205,6 +212,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = torch.device(args.device)
     from ..runner.errors import OUTPUT_ERRNOS, Interrupted, OutputError
     from ..runner.experiment.interrupts import raise_on_signals
+
+    try:  # before the models load and the images are read: an --out that cannot be written stops at once
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise NotADirectoryError(20, "a file, not a folder", args.out)
+        os.makedirs(args.out, exist_ok=True)
+        if not os.access(args.out, os.W_OK):
+            raise PermissionError(13, "Permission denied", args.out)
+    except OSError as e:
+        print(f"error: {OutputError.writing(f'--out {args.out}', e, '--out')}", file=sys.stderr)
+        return 1
 
     try:
         with raise_on_signals():

@@ -95,9 +95,16 @@ def data_folder_override(path, protocol: str) -> dict:
         )
     if protocol in DATA_FOLDER_DATASET:
         return {"dataset~OVERRIDE~": DATA_FOLDER_DATASET[protocol](path, is_csv)}
-    raise ConfigError(
-        f"command line: --data_folder: the {protocol} protocol reads its data from `datasets:` (e.g. "
-        f'--datasets~OVERRIDE~ "{{imagefolder: {{root: {path}, database_resolution: 128, query_resolutions: [64]}}}}")'
+    if protocol == "resolution_distillation":
+        raise ConfigError(
+            f"command line: --data_folder: the {protocol} protocol reads its data from `datasets:` (e.g. "
+            f'--datasets~OVERRIDE~ "{{imagefolder: {{root: {path}, database_resolution: 128, query_resolutions: '
+            '[64]}}")'
+        )
+    raise ConfigError(  # template_block, localization: their data is not a folder of classes (see docs/own_data.md)
+        f"command line: --data_folder: the {protocol} protocol does not take your images (--data_folder works with "
+        "the mlrc configs (contrastive, contrastive_xml, proxy_anchor, proxy_anchor_xml, template_block, explanation) "
+        "and the job's flat configs)"
     )
 
 

@@ -21,6 +21,7 @@ Example::
 """
 
 import os
+import warnings
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -37,13 +38,15 @@ def image_problem(path: str) -> Optional[str]:
     chunk, which ``load`` lets through); other formats are decoded (JPEG at 1/8 scale: the whole compressed stream is
     still read)."""
     try:
-        with Image.open(path) as image:
-            if image.format == "PNG":
-                image.verify()
-            else:
-                if image.format == "JPEG":
-                    image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
-                image.load()
+        with warnings.catch_warnings():  # a large image is not a bad one: large_images names it
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                if image.format == "PNG":
+                    image.verify()
+                else:
+                    if image.format == "JPEG":
+                        image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
+                    image.load()
     except FileNotFoundError:
         return "missing"
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:  # PIL's decoder errors
@@ -72,20 +75,57 @@ def find_unreadable_images(paths: Iterable[str], progress: Optional[Callable[[in
     return bad
 
 
+def large_images(paths: Iterable[str], limit: Optional[int] = None) -> List[Tuple[str, Tuple[int, int]]]:
+    """``[(path, (width, height))]`` of the files among ``paths`` with more than ``limit`` pixels (default PIL's
+    decompression-bomb limit, ``Image.MAX_IMAGE_PIXELS``: about 89 megapixels), read from their headers without
+    decoding; files that do not open are left to :func:`find_unreadable_images`.
+
+    Such an image still loads (up to twice the limit; above, PIL refuses it and :func:`image_problem` says so), but
+    every epoch decodes it in full: a 10524 × 16000 PNG took 14 s on one CPU core against 0.15 s for a 128 × 142 one.
+
+    Example::
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "wide.png")
+        >>> Image.new("L", (300, 2)).save(path)
+        >>> large_images([path], limit=500)
+        [('...wide.png', (300, 2))]
+    """
+    limit = Image.MAX_IMAGE_PIXELS if limit is None else limit
+    if limit is None:
+        return []
+    found = []
+    for path in paths:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(path) as image:
+                    size = image.size
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+            continue
+        if size[0] * size[1] > limit:
+            found.append((path, size))
+    return found
+
+
 def load_rgb(path: str) -> Image.Image:
-    """The image at ``path`` as RGB (transparency composited on white, as the other datasets read images).
+    """The image at ``path`` as RGB (transparency composited on white, as the other datasets read images). PIL's
+    decompression-bomb warning is not repeated at each read: the runner's checks name large files once
+    (:func:`large_images`).
 
     Raises:
         OSError: naming ``path`` when the file does not decode.
     """
     try:
-        with Image.open(path) as image:
-            image.load()
-            if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
-                rgba = image.convert("RGBA")
-                background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-                return Image.alpha_composite(background, rgba).convert("RGB")
-            return image.convert("RGB")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image.load()
+                if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+                    rgba = image.convert("RGBA")
+                    background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+                    return Image.alpha_composite(background, rgba).convert("RGB")
+                return image.convert("RGB")
     except OSError as e:
         raise OSError(f"{path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 

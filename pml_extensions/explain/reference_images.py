@@ -3,11 +3,13 @@ of torchvision's ``ImageFolder``), the query's own file left out, transparent dr
 
 import hashlib
 import os
+import warnings
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from PIL import Image
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+#: torchvision's ImageFolder extensions (what a run trains on: .ppm and .pgm too) and .gif
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
 
 class ReferenceImage(NamedTuple):
@@ -34,12 +36,14 @@ def read_image(path: str, mode: str = "RGB") -> Image.Image:
         (255, 255, 255)
     """
     try:
-        with Image.open(path) as im:
-            im.load()
-            if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
-                im = im.convert("RGBA")
-                im = Image.alpha_composite(Image.new("RGBA", im.size, (255, 255, 255, 255)), im)
-            return im.convert(mode)
+        with warnings.catch_warnings():  # a large drawing is slow to decode, not an attack: no two-line warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                im.load()
+                if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+                    im = im.convert("RGBA")
+                    im = Image.alpha_composite(Image.new("RGBA", im.size, (255, 255, 255, 255)), im)
+                return im.convert(mode)
     except (OSError, Image.UnidentifiedImageError, Image.DecompressionBombError) as e:
         raise ValueError(f"cannot read image {path}: {e}") from None
 

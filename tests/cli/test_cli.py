@@ -87,3 +87,24 @@ def test_answers_without_the_heavy_imports(argv, status, subprocess_env):
     )
     line = [x for x in out.stdout.splitlines() if x.startswith("HEAVY")][-1]
     assert line == f"HEAVY [] {status}", (line, out.stderr[-2000:])
+
+
+def test_pmls_loss_to_scalar_warning_is_silenced_only_while_a_command_runs(monkeypatch):
+    """Every run printed torch's three-line 'Converting a tensor with requires_grad=True to a scalar' warning,
+    triggered by pytorch-metric-learning's progress bar; other warnings pass, and the filter does not outlive the
+    command."""
+    import warnings
+
+    def command(argv):
+        warnings.warn(cli.PML_LOSS_WARNING + " may lead to unexpected behavior.", UserWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "run", "tests.cli.test_cli")
+    monkeypatch.setattr("tests.cli.test_cli.main", command, raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["run"]) == 0
+        assert [str(w.message) for w in caught] == ["another warning"]
+        warnings.warn(cli.PML_LOSS_WARNING + " after the command", UserWarning, stacklevel=1)
+        assert len(caught) == 2

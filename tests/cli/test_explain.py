@@ -211,3 +211,51 @@ class TestCliReferenceTree(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def _two_images(tmp_path):
+    folder = tmp_path / "photos" / "cats"
+    folder.mkdir(parents=True)
+    for name, colour in (("a.png", (200, 10, 10)), ("b.png", (10, 10, 200))):
+        Image.new("RGB", (32, 32), colour).save(folder / name)
+    return str(folder / "a.png"), str(tmp_path / "photos")
+
+
+def test_an_out_that_is_a_file_stops_before_any_model_loads_in_one_line(tmp_path, capsys):
+    query, photos = _two_images(tmp_path)
+    out = tmp_path / "why.txt"
+    out.write_text("")
+    with mock.patch("pml_extensions.cli.explain.load_models", side_effect=AssertionError("must not load")):
+        assert main([query, photos, "--k", "1", "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: --out {out}: cannot write (a file, not a folder); choose a writable --out or fix its permissions, "
+        "then rerun\n"
+    )
+
+
+def test_an_out_below_a_file_names_the_option(tmp_path, capsys):
+    query, photos = _two_images(tmp_path)
+    (tmp_path / "file").write_text("")
+    out = str(tmp_path / "file" / "why")
+    assert main([query, photos, "--k", "1", "--out", out]) == 1
+    assert capsys.readouterr().err == (
+        f"error: --out {out}: cannot write (Not a directory); choose a writable --out or fix its permissions, "
+        "then rerun\n"
+    )
+
+
+def test_argument_errors_are_one_line_without_the_usage_block(tmp_path, capsys):
+    query, photos = _two_images(tmp_path)
+    for argv, expected in (
+        ([query, photos, "--k", "three"], "argument --k: invalid int value: 'three'"),
+        ([query, photos, "--kk", "3"], "unrecognized arguments: --kk 3"),
+        ([], "the following arguments are required: query, reference"),
+    ):
+        try:
+            main(argv)
+            raise AssertionError(f"{argv} did not stop")
+        except SystemExit as e:
+            assert e.code == 2
+        assert capsys.readouterr().err == (
+            f"pml_extensions explain: error: {expected} (all options: pml_extensions explain --help)\n"
+        )

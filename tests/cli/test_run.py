@@ -381,6 +381,16 @@ def test_data_folder_is_your_dataset_for_each_protocol(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"config error: command line: --data_folder {tmp_path / 'nothing'}: no")
     assert cli.main(["resolution_distillation", "--data_folder", str(tmp_path / "photos")]) == 2
     assert "reads its data from `datasets:`" in capsys.readouterr().err
+    # template_block_table1 and localization were told to use resolution_distillation's `datasets:` key, which they
+    # do not read
+    for name in ("template_block_table1", "localization"):
+        protocol = name.split("_table1")[0]
+        assert cli.main([name, "--data_folder", str(tmp_path / "photos")]) == 2
+        assert capsys.readouterr().err == (
+            f"config error: command line: --data_folder: the {protocol} protocol does not take your images "
+            "(--data_folder works with the mlrc configs (contrastive, contrastive_xml, proxy_anchor, proxy_anchor_xml, "
+            "template_block, explanation) and the job's flat configs)\n"
+        )
 
 
 @pytest.mark.slow

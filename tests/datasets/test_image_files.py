@@ -5,7 +5,7 @@ import os
 from PIL import Image
 
 from pml_extensions.datasets import ImageFolderSplit, find_unreadable_images
-from pml_extensions.datasets.image_files import image_problem, load_rgb
+from pml_extensions.datasets.image_files import image_problem, large_images, load_rgb
 
 
 def test_truncated_corrupt_and_missing_files_are_all_named(tmp_path):
@@ -41,3 +41,16 @@ def test_drop_leaves_the_named_files_out_and_keeps_the_labels(tmp_path):
     assert data.unreadable_images() == []
     assert data.drop([str(tmp_path / "b" / "0.png")]) == 1
     assert data.labels.tolist() == [0, 0, 1] and len(data) == 3 and data[2][1] == 1
+
+
+def test_large_images_are_read_from_headers_and_load_without_pils_warning(tmp_path, monkeypatch, recwarn):
+    small, wide, junk = str(tmp_path / "small.png"), str(tmp_path / "wide.png"), str(tmp_path / "junk.png")
+    Image.new("RGB", (10, 10)).save(small)
+    Image.new("RGBA", (30, 5)).save(wide)
+    with open(junk, "wb") as f:
+        f.write(b"not an image")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    assert large_images([small, wide, junk]) == [(wide, (30, 5))]  # 150 > 100 pixels; junk is find_unreadable's
+    assert large_images([small, wide], limit=1000) == []
+    assert image_problem(wide) is None and load_rgb(wide).size == (30, 5)
+    assert [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)] == []

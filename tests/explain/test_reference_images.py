@@ -112,3 +112,17 @@ class TestReadImage(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def test_every_extension_a_run_trains_on_is_a_reference(tmp_path):
+    """A folder of .ppm / .pgm images trained (torchvision's ImageFolder reads them) but `explain` said 'no images in
+    ...': the two lists are one."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    from pml_extensions.explain.reference_images import IMAGE_EXTENSIONS
+
+    assert set(IMG_EXTENSIONS) <= set(IMAGE_EXTENSIONS)
+    os.makedirs(tmp_path / "a")
+    Image.new("RGB", (4, 4)).save(tmp_path / "a" / "x.ppm")
+    Image.new("L", (4, 4)).save(tmp_path / "a" / "y.pgm")
+    assert [os.path.basename(r.path) for r in list_reference_images(str(tmp_path))] == ["x.ppm", "y.pgm"]

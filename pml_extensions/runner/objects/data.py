@@ -88,12 +88,15 @@ def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np
         seed: the classes are drawn with ``numpy.random.default_rng(seed)`` (the same for every variant and seed).
 
     Raises:
-        ConfigError: when ``fraction`` is outside (0, 1) or leaves fewer than 2 classes on a side.
+        ConfigError: when ``fraction`` is outside (0, 1) or leaves fewer than 2 classes on a side, or ``seed`` is not
+            a non-negative integer.
     """
     labels = np.asarray(labels)
     classes = np.unique(labels)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         raise ConfigError(f"validation.class_fraction must be a number in (0, 1), got {fraction!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"validation.seed must be a non-negative integer, got {seed!r}")
     num_val = int(round(fraction * len(classes)))
     if num_val < 2 or len(classes) - num_val < 2:
         raise ConfigError(

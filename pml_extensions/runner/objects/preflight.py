@@ -75,6 +75,7 @@ def check_images(
     skip: bool = False,
     where: str = "dataset",
     log: Callable[..., None] = print,
+    skip_hint: Optional[str] = "--skip_bad_images true",
 ):
     """Decode every image file of ``dataset`` once (:func:`pml_extensions.datasets.find_unreadable_images`).
 
@@ -83,7 +84,10 @@ def check_images(
         folder: the experiment folder: the files that decoded are recorded there (:data:`IMAGE_CHECK_FILE`) and a
             rerun decodes only new or changed files; the bad ones are listed in ``bad_images.txt``.
         skip: leave the bad files out (one note naming them) instead of stopping.
+        log: where the notes go: the bad files left out, and the files above PIL's decompression-bomb limit
+            (:func:`pml_extensions.datasets.image_files.large_images`: they load, slowly, at every read).
         where: ``"<source>: dataset"`` for the message.
+        skip_hint: the option that leaves bad files out, named in the message (None: the protocol has none).
 
     Returns:
         ``dataset``, or a view without the bad items when ``skip``.
@@ -92,7 +96,9 @@ def check_images(
         ConfigError: naming every bad file (up to :data:`NAMED_BAD_FILES` in the line, all in ``bad_images.txt``)
         with PIL's reason, and ``skip_bad_images: true`` as the way to go on without them.
     """
-    from ...datasets.image_files import find_unreadable_images
+    from PIL import Image
+
+    from ...datasets.image_files import find_unreadable_images, large_images
 
     paths = image_paths(dataset)
     if paths is None:
@@ -110,6 +116,14 @@ def check_images(
         log(f"checking that {len(todo)} image files decode (once; a rerun checks only new or changed files)")
     bad = find_unreadable_images(todo)
     bad_set = {p for p, _ in bad}
+    large = large_images([p for p in todo if p not in bad_set])
+    if large:
+        named = "; ".join(f"{p} ({w} × {h})" for p, (w, h) in large[:NAMED_BAD_FILES])
+        more = f"; +{len(large) - NAMED_BAD_FILES} more" if len(large) > NAMED_BAD_FILES else ""
+        log(
+            f"note: {where}: {len(large)} image(s) above PIL's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS} "
+            f"pixels), decoded in full at every read (slow; shrink them to speed up each epoch): {named}{more}"
+        )
     if record:
         from ...utils.atomic_io import atomic_write_json
 
@@ -135,9 +149,10 @@ def check_images(
         from .data import dataset_labels
 
         return Subset(dataset, keep, dataset_labels(dataset), None)
+    leave_out = f", or leave them out with {skip_hint}" if skip_hint else ""
     raise ConfigError(
-        f"{where}: {len(bad)} of {len(paths)} images do not decode{listed}: {named}{more}; replace or remove them, "
-        "or leave them out with --skip_bad_images true"
+        f"{where}: {len(bad)} of {len(paths)} images do not decode{listed}: {named}{more}; replace or remove them"
+        f"{leave_out}"
     )
 
 
@@ -216,10 +231,15 @@ def class_splits(
             change += f' --trainer~APPLY~2 "{{batch_size: {fewest * m}}}"'
         fix = f"; for these {classes} classes add {change}"
         break
+    if not fix:  # no fewer folds fit: say how many classes the smallest split needs, not only this config's count
+        least = minimum_classes(lambda ls: split(ls, 2))
+        if least and least > classes and least != need:
+            fix = f"; 2 partitions, the fewest, need >= {least} classes at this test_size"
     needs = f"this config needs >= {need} classes" if need else "no class count fits this split"
     with_sampler = f" and {sampler} (m={m}) batches of {batch}" if m else ""
+    count = "1 class is" if classes == 1 else f"{classes} classes are"
     raise ConfigError(
-        f"{source_of(sources, 'dataset')}: dataset: {classes} classes are too few for split_manager "
+        f"{source_of(sources, 'dataset')}: dataset: {count} too few for split_manager "
         f"({describe(split_source)}: {problem}){with_sampler}: {needs}{fix}"
     )
 

@@ -44,6 +44,20 @@ def _read_csv(path: str) -> Dict[str, List[float]]:
     return out
 
 
+def _untrained_val(folder: str, fold: int, primary: str) -> Optional[float]:
+    """Fold ``fold``'s validation ``primary`` at epoch 0 (the untrained model, logged when
+    ``check_untrained_accuracy`` is true): what the best epoch is measured against; None when not logged."""
+    path = os.path.join(folder, f"fold_{fold}", "logs", "accuracies_val.csv")
+    if not os.path.isfile(path):
+        return None
+    data = _read_csv(path)
+    epochs = data.get("epoch") or data.get("~iteration~", [])  # accuracies tables count epochs in both
+    for epoch, value in zip(epochs, data.get(primary, [])):
+        if epoch == 0 and value == value:
+            return value
+    return None
+
+
 def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
@@ -435,12 +449,18 @@ def write_report(folder: str) -> str:
     folds = results.get("folds", [])
     if folds:
         parts.append(
-            f"<h2>Folds</h2><table><tr><th>fold</th><th>best epoch</th><th>best val {html.escape(primary)}</th></tr>"
+            f"<h2>Folds</h2><table><tr><th>fold</th><th>best epoch</th><th>best val {html.escape(primary)}</th>"
+            f"<th>untrained (epoch 0) val {html.escape(primary)}</th></tr>"
         )
         for k, fr in enumerate(folds):
             best = fr.get("best_val_" + primary, float("nan"))
             flag = " <b>(the untrained model: training never beat epoch 0)</b>" if fr.get("best_epoch") == 0 else ""
-            parts.append(f"<tr><td>{k}</td><td>{fr.get('best_epoch')}{flag}</td><td class='num'>{best:.4f}</td></tr>")
+            untrained = _untrained_val(folder, k, primary)
+            before = f"{untrained:.4f}" if untrained is not None else "not measured"
+            parts.append(
+                f"<tr><td>{k}</td><td>{fr.get('best_epoch')}{flag}</td><td class='num'>{best:.4f}</td>"
+                f"<td class='num'>{before}</td></tr>"
+            )
         parts.append("</table>")
     table = _read_text(folder, "results.md")
     if table:

@@ -61,6 +61,16 @@ class TestValidationSplit(unittest.TestCase):
         with self.assertRaisesRegex(ConfigError, "leaves 1 validation and 3 training classes"):
             validation_split([0, 1, 2, 3], 0.25, seed=0)
 
+    def test_a_seed_that_is_not_an_integer_is_one_line(self):
+        """`job --validation "{seed: abc}"` (or a mistyped `~APPLY~2` that puts a dict there) ended in int()'s
+        traceback."""
+        labels = np.repeat(np.arange(8), 2)
+        for seed in ("abc", -1, 1.5, True, {"class_fraction": 0.5}):
+            with self.assertRaises(ConfigError) as e:
+                validation_split(labels, 0.25, seed=seed)
+            self.assertEqual(str(e.exception), f"validation.seed must be a non-negative integer, got {seed!r}")
+        self.assertEqual(validation_split(labels, 0.25, seed=np.int64(3))[2], validation_split(labels, 0.25, 3)[2])
+
 
 class TestCap(unittest.TestCase):
     def test_cap_per_class(self):

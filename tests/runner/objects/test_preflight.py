@@ -46,6 +46,24 @@ def test_too_few_classes_names_the_real_sources_what_is_needed_and_what_fits():
     assert preflight.class_splits(builder, np.repeat(np.arange(22), 2), _mlrc, 4, 4)["test"] == list(range(11, 22))
 
 
+def test_too_few_classes_for_any_split_says_the_fewest_and_one_class_is_singular():
+    """A folder with 1, 3 or 5 classes got only 'this config needs >= 22 classes' (and '1 classes'), not that even
+    the smallest split (2 partitions) needs 8."""
+    builder = _builder(["--dataset~OVERRIDE~", "{ImageFolderSplit: {root: photos, split: all}}"])
+    for classes, problem in (
+        (1, "the test split needs at least 2 classes, got 1 of 1"),
+        (5, "num_training_partitions must be >= 2 with >= 2 classes each; got 4 partitions for 2 train/val classes"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            preflight.class_splits(builder, np.repeat(np.arange(classes), 4), _mlrc, 4, 4)
+        count = "1 class is" if classes == 1 else f"{classes} classes are"
+        assert str(e.value) == (
+            f"command line: dataset: {count} too few for split_manager (the shipped "
+            f"configs/contrastive/config_dataset/default.yaml: {problem}) and MPerClassSampler (m=4) batches of 32: "
+            "this config needs >= 22 classes; 2 partitions, the fewest, need >= 8 classes at this test_size"
+        )
+
+
 def test_sampler_m_times_classes_below_the_batch_size():
     """The issue's input: a raw `AssertionError: m * (number of unique labels) must be >= batch_size` in fold 0."""
     builder = _builder()
@@ -172,6 +190,26 @@ def test_every_image_decodes_before_the_first_epoch(tmp_path):
 
     record = json.load(open(os.path.join(folder, preflight.IMAGE_CHECK_FILE)))
     assert len(record) == 11 and truncated not in record  # a rerun decodes only the bad file again
+
+
+def test_an_image_above_pils_pixel_limit_is_named_once_in_a_note(tmp_path, monkeypatch, recwarn):
+    """A user's 10524 x 16000 drawing printed PIL's two-line DecompressionBombWarning at every epoch and made an
+    8-class quick run 7x slower with no word why; the check names it once, the reads stay quiet."""
+    from pml_extensions.datasets import ImageFolderSplit
+
+    root = _folder(str(tmp_path / "photos"), size=(40, 30))
+    big = os.path.join(root, "c2", "big.png")
+    Image.new("RGB", (60, 50)).save(big)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)  # 60 x 50 is above it (not twice: PIL would refuse it)
+    dataset = ImageFolderSplit(root, split="all")
+    notes = []
+    assert preflight.check_images(dataset, None, where="command line: dataset", log=notes.append) is dataset
+    assert notes == [
+        "note: command line: dataset: 1 image(s) above PIL's decompression-bomb limit (2000 pixels), decoded in full "
+        f"at every read (slow; shrink them to speed up each epoch): {big} (60 × 50)"
+    ]
+    assert dataset[dataset.paths.index(big)][0].size == (60, 50)
+    assert [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)] == []
 
 
 def test_an_empty_class_folder(tmp_path):

@@ -166,3 +166,25 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
     assert html.count("<td class='query'>") == 3
     assert html.count("<td class='same'>") == 2 and html.count("<td class='other'>") == 4
     assert html.index("Search: objective per trial") < html.index("Retrieval examples")  # search.png under the table
+
+
+def test_the_folds_table_shows_the_untrained_models_validation_score(tmp_path):
+    """'How good is my model?' had the best epoch's validation score and nothing to hold it against; the folds table
+    shows epoch 0 (the untrained model) next to it, or says it was not measured."""
+    folder = tmp_path / "exp"
+    ck = Checkpointer(str(folder / "fold_0"), epoch_tables={"accuracies_val"})
+    for ep, value in enumerate((0.25, 0.5, 0.375)):
+        ck.record_keeper.append_data("accuracies_val", "mean_average_precision_at_r", value, ep)
+    ck.commit({"epoch": 2, "global_iteration": 4})
+    results = {
+        "primary_metric": "mean_average_precision_at_r",
+        "folds": [
+            {"best_epoch": 1, "best_val_mean_average_precision_at_r": 0.5},
+            {"best_epoch": 1, "best_val_mean_average_precision_at_r": 0.125},
+        ],
+    }
+    (folder / "results.json").write_text(json.dumps(results))
+    html = open(write_report(str(folder))).read()
+    assert "<th>untrained (epoch 0) val mean_average_precision_at_r</th>" in html
+    assert "<tr><td>0</td><td>1</td><td class='num'>0.5000</td><td class='num'>0.2500</td></tr>" in html
+    assert "<tr><td>1</td><td>1</td><td class='num'>0.1250</td><td class='num'>not measured</td></tr>" in html

@@ -131,7 +131,7 @@ def build_views(builder, config: Dict[str, Any], task: str, where=None) -> Dict[
         labels = dataset_labels(train_set)
         val = config.get("validation") or {}
         try:
-            train_idx, val_idx, _ = validation_split(labels, val.get("class_fraction", 0.25), int(val.get("seed", 0)))
+            train_idx, val_idx, _ = validation_split(labels, val.get("class_fraction", 0.25), val.get("seed", 0))
         except ConfigError as e:
             raise ConfigError(f"{builder.where('validation')}: {e}") from None
         spec, key = (

@@ -354,6 +354,29 @@ def build_feature_caches(
     return done
 
 
+def check_dataset_images(merged, variants, sources, device, experiment_folder, log) -> None:
+    """Before the first unit trains: every image file of each variant's dataset (train and test splits, each
+    distinct dataset once) decodes (:func:`pml_extensions.runner.objects.preflight.check_images`); a bad file
+    stopped the job mid-training with PIL's traceback.
+
+    Raises:
+        ConfigError: naming every bad file and where the dataset came from.
+    """
+    from ...objects import preflight
+
+    seen = set()
+    for name, cfg in merged.items():
+        key = json.dumps(cfg.get("dataset"), sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        vs = variant_sources(sources, name, variants[name])
+        b = Builder(copy.deepcopy(cfg), vs, device, lambda *a, **k: None)  # a Builder fills in what it learns
+        for split in ("train", "test"):
+            where = f"{vs.get('dataset', 'config')}: dataset"
+            preflight.check_images(b.build_dataset(split), experiment_folder, False, where, log, skip_hint=None)
+
+
 def run(
     config: Dict[str, Any],
     experiment_folder: str,
@@ -424,6 +447,7 @@ def run(
                 checked.add(signature)
     keep_epochs = selection != "best_epoch" or untrained
     os.makedirs(experiment_folder, exist_ok=True)
+    check_dataset_images(merged, variants, sources, device, experiment_folder, log)
     start = time.time()
     per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in variants}
     units: Dict[str, Dict[str, Any]] = {n: {} for n in variants}

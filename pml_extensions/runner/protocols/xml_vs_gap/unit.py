@@ -211,9 +211,12 @@ def train_and_select(
     val_cfg = cfg.get("validation") or {}
     full_train = load_split(cfg, "train", train_transform=True, builder=b, seed=seed)
     full_eval = load_split(cfg, "train", train_transform=False, builder=b)
-    train_idx, val_idx, _ = validation_split(
-        full_train.labels, val_cfg.get("class_fraction", 0.25), int(val_cfg.get("seed", 0))
-    )
+    try:
+        train_idx, val_idx, _ = validation_split(
+            full_train.labels, val_cfg.get("class_fraction", 0.25), val_cfg.get("seed", 0)
+        )
+    except ConfigError as e:
+        raise ConfigError(f"{b.sources.get('validation', 'config')}: {e}") from None
     labels = dataset_labels(full_train)
     train_set, init_set, val_set = (
         b.subset(full_train, train_idx, labels),

@@ -165,3 +165,33 @@ def test_shard_builds_then_a_run_finds_the_caches(tmp_path):
     lines = []
     xml_vs_gap.run(cfg, folder, log=lines.append)
     assert not any("feature cache" in str(line) for line in lines)
+
+
+def test_a_bad_image_stops_the_job_before_any_unit_trains(tmp_path):
+    """`job --data_folder photos` with a truncated PNG among the test classes trained every variant, then died in
+    PIL's traceback; the files are checked once before the first unit, as the MLRC protocol does."""
+    import os
+
+    from PIL import Image
+
+    from pml_extensions.runner.errors import ConfigError
+
+    root = tmp_path / "photos"
+    for c in range(4):
+        os.makedirs(root / f"c{c}")
+        for k in range(3):
+            Image.new("RGB", (16, 16), (60 * c, k, 0)).save(root / f"c{c}" / f"{k}.png")
+    bad = str(root / "c3" / "1.png")
+    with open(bad, "rb") as f:
+        head = f.read(60)
+    with open(bad, "wb") as f:
+        f.write(head)
+    folder = str(tmp_path / "exp")
+    cfg = tiny_config(dataset={"name": "imagefolder", "root": str(root)})
+    with mock.patch.object(xml_vs_gap, "_unit_result", side_effect=AssertionError("trained")):
+        with pytest.raises(ConfigError) as e:
+            xml_vs_gap.run(cfg, folder, sources={"dataset": "command line"}, log=lambda *a, **k: None)
+    assert str(e.value) == (
+        f"command line: dataset: 1 of 6 images do not decode (all in {os.path.join(folder, 'bad_images.txt')}): "
+        f"{bad} (image file is truncated); replace or remove them"
+    )
