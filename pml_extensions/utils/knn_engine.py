@@ -40,15 +40,16 @@ of that is a candidate (about ``2·Δ32`` beyond ``K``), and candidates are re-s
 
 *Dense rows* (the rows method on the CPU when ``32·k ≥ M``, e.g. k = M/6: re-scoring a sixth of all pairs one by
 one costs more than scoring all of them by a GEMM). A block of queries is scored against every reference by one
-float64 GEMM, ``v' = (|q|² + |r|²) − 2·q·r`` (``−q·r``), query-major; ``e' = fl32(v')`` is the engine score of the
-pair unless ``v'`` lies within ``c = 4·ε64`` of a float32 rounding boundary: both ``v'`` and the kernel's float64
-``v`` are within ``ε64`` of ``d`` (the same norms, a dot product within ``γ_D(2⁻⁵³)·Σ|q_d r_d|``, two roundings), so
-``|v − v'| ≤ 2·ε64``, and where ``fl32(v' − c) = fl32(v' + c)`` monotone rounding gives ``fl32(v) = e'``; the other
-candidates (a few per million) are re-scored by the kernel. The k-th smallest ``e'`` (a NumPy partition of the row)
-gives the threshold: every engine score is within ``c + 2⁻²⁴·|e'|`` of its ``e'``, so the k-th engine score is
-``≤ T = kth + 2⁻²²·|kth| + 2c`` and only references with ``e' ≤ T + 2⁻²²·|T| + 2c`` are candidates (k plus the
-float32 ties and a few ulps); they come grouped by query, references ascending, and are ranked as in 4. No float32
-GEMM bound ``Δ32`` enters, so the candidates are k plus ties, and nothing is re-scored but the ambiguous pairs.
+float64 GEMM, ``v' = (|q|² + |r|²) − 2·q·r`` (``−q·r``), query-major, from the same float64 norms as the kernel's
+``v``; the two dot products are each within ``γ_D(2⁻⁵³)·Σ|q_d r_d|`` of the exact one (any summation order) and the
+combination adds two roundings, so ``|v − v'| ≤ 2·ε64``. With ``c = 4·ε64``: where ``fl32(v' − c) = fl32(v' + c)``,
+monotone rounding gives ``fl32(v) = e' = fl32(v')``, the engine score; the other candidates (a few per million)
+are re-scored by the kernel. The k-th smallest ``e'`` (a NumPy partition of the row) gives the threshold: an engine
+score and its ``e'`` differ by at most ``2⁻²²·|e'| + c + 2⁻¹⁴⁸`` (two float32 roundings of values within ``c/2``),
+so the k-th engine score is ``≤ T = kth + 2⁻²¹·|kth| + 2c + 2⁻¹⁴⁷`` and only references with
+``e' ≤ T + 2⁻²¹·|T| + 2c + 2⁻¹⁴⁷`` are candidates: k plus the float32 ties and a few ulps, grouped by query with
+references ascending, ranked as in 4. No float32 GEMM bound ``Δ32`` widens the window and nothing is re-scored but
+the ambiguous pairs.
 
 **Error bounds** (``u`` = unit roundoff, ``γ_n(v) = n·v/(1 − n·v)``; Higham, *Accuracy and Stability of Numerical
 Algorithms*, 2nd ed., Sec. 3.1):
@@ -626,15 +627,16 @@ class BlockedKNN:
             v[torch.arange(b, device=geo.device), own] = math.inf
         e.copy_(v)  # float32 rounding
         t0 = self._tick("gemm", t0)
-        # k references have e ≤ kth; each engine score is within c + 2⁻²⁴·|e| of its e (both round v ± c), so
-        # the k-th engine score is ≤ T = kth + 2⁻²²·|kth| + 2c, and a reference can only reach T when its
-        # e ≤ T + 2⁻²²·|T| + 2c (slack included)
+        # k references have e ≤ kth; an engine score E and its e differ by at most 2⁻²²·|e| + c + 2⁻¹⁴⁸ (each rounds
+        # a float64 value to float32, the two values within c/2), so the k-th engine score is ≤ T = kth +
+        # 2⁻²¹·|kth| + 2c + 2⁻¹⁴⁷, and a reference can only reach T when e ≤ T + 2⁻²¹·|T| + 2c + 2⁻¹⁴⁷ (slack
+        # covers the float64 arithmetic of the bounds and subnormal float32 values)
         c = self._DENSE_MARGIN * geo.eps64.index_select(0, blk)
         tmp = loc.dense_bufs[2][: b * m].view(b, m)
         tmp.copy_(e)
         kth = ops.tensor(ops.kth_smallest(a(tmp), k)).to(geo.device).to(torch.float64)
-        top = kth + 2.0**-22 * kth.abs() + 2 * c
-        limit = up32(top + 2.0**-22 * top.abs() + 2 * c + 1e-300)
+        top = kth + 2.0**-21 * kth.abs() + 2 * c + 2.0**-147
+        limit = up32(top + 2.0**-21 * top.abs() + 2 * c + 2.0**-147)
         mask = a(e) <= a(limit)[:, None]
         counts = ops.count_rows(mask)
         failed = a(torch.full((b,), not certifiable, dtype=torch.bool, device=geo.device)) | (counts > cap)
