@@ -9,15 +9,18 @@ N references (same classes). Rows per case:
 - ``gemm_floor``: float32 GEMM of every query block against all references into one reused buffer, nothing else
   (the arithmetic any exact float32 method does);
 - ``faiss``: ``faiss.IndexFlatIP.search`` for k + 1 (self) or k neighbours, nothing else;
-- ``stock``: PML's ``AccuracyCalculator`` (faiss ``IndexFlatL2`` + its metrics), skipped when its ``[N, k]`` buffers
-  are estimated above ``--max-gib``;
+- ``stock``: PML's ``AccuracyCalculator`` (faiss ``IndexFlatL2`` + its metrics), skipped (a row says why) when its
+  projected peak RSS (:func:`stock_estimate_gib`) is above ``--max-gib`` (default 6);
 - ``engine``: ``ChunkedAccuracyCalculator()`` (the exact engine + metrics), with the seconds of each stage summed
   over the engine's worker threads (``gemm``, ``selection``, ``rescore``, ``rank``, ``metrics``) and what it did;
-- ``engine_before`` (with ``--before REF``): the same calculator from git revision REF, for the memory comparison;
+- ``engine_before`` (with ``--before REF``): the same calculator from git revision REF, for the memory comparison
+  (``--before-max-n N``: only for cases with at most N embeddings; larger ones get a row saying so);
 - ``asymmetric_k_none`` (the 10,000-class memory case): ``AsymmetricAccuracyCalculator()`` ranking every reference.
 
     python benchmarks/accuracy_scale.py                      # CPU: the issue-25 sizes + the earlier memory cases
     python benchmarks/accuracy_scale.py --before 5414b06     # + the engine as of that revision
+    python benchmarks/accuracy_scale.py --cases 100000:1000 100000:1000:q 20000:6 300000:1000 \
+        --before 5414b06 --before-max-n 100000                # the issue-25 table
     python benchmarks/accuracy_scale.py --device cuda        # GPU: 100k/1000 (self, queries), 100k/6, 1M/1000
     python benchmarks/accuracy_scale.py --cases 20000:6 --methods engine stock
 
@@ -148,9 +151,24 @@ def _child(method, n, classes, queries, dim, device, seed, label_offset) -> dict
     return out
 
 
-def stock_estimate_gib(n: int, classes: int) -> float:
-    """Stock path: [N, k] distances (float32) + indices (int64) + labels (float32) + masks, k ≈ N / classes."""
-    return n * (n / classes) * (4 + 8 + 4 + 2) / 2**30
+STOCK_BYTES_PER_NEIGHBOUR = 72  # measured: RSS increase ÷ (N·(k + 1)) of stock rows, 64 (20k/6) and 73 (100k/1000)
+BASE_GIB = 0.7  # a row's RSS before its timed call (torch, faiss, PML, the embeddings), measured 0.6-0.65
+
+
+def expected_k(n: int, classes: int, queries: bool) -> int:
+    """A high estimate of ``k = "max_bin_count"`` for :func:`make_data`'s labels: exactly 3 per class in the
+    3-items case, else the mean class size plus 4 standard deviations of a binomial count."""
+    if classes * 3 == n and not queries:
+        return 2
+    mean = n / classes
+    return int(mean + 4 * (mean * (1 - 1 / classes)) ** 0.5) + 1
+
+
+def stock_estimate_gib(n: int, classes: int, queries: bool = False) -> float:
+    """Projected peak RSS of the stock row: its [N, k + 1] faiss results and PML's [N, k] label, mask and
+    cumulative-sum arrays at ``STOCK_BYTES_PER_NEIGHBOUR`` bytes per neighbour (calibrated on the measured rows),
+    plus ``BASE_GIB``."""
+    return BASE_GIB + n * (expected_k(n, classes, queries) + 1) * STOCK_BYTES_PER_NEIGHBOUR / 2**30
 
 
 def _run_child(method, case, args, pythonpath=None):
@@ -237,7 +255,9 @@ def _save(rows, args, base):
                 abs(r[m] - s[m]) for m in METRICS
             )
     cmd = "python benchmarks/accuracy_scale.py" + (" --device cuda" if args.device == "cuda" else "")
+    cmd += f" --cases {' '.join(args.cases)}" if args.cases else ""
     cmd += f" --before {args.before}" if args.before else ""
+    cmd += f" --before-max-n {args.before_max_n}" if args.before_max_n is not None else ""
     loads = [r["load_average_before"] for r in rows if "load_average_before" in r]
     load = f", 1-min load average before the rows {min(loads):.1f}–{max(loads):.1f}" if loads else ""
     text = (
@@ -289,6 +309,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", nargs="+", choices=ALL_METHODS, help="subset to run")
     p.add_argument("--before", metavar="GIT_REF", help="also run the engine as of this revision (engine_before)")
+    p.add_argument(
+        "--before-max-n", type=int, metavar="N", help="run engine_before only for cases with at most N embeddings"
+    )
     p.add_argument("--label-offset", type=int, default=0, help="add this to every label (e.g. 1000000000)")
     p.add_argument("--out", help="results path without extension (default benchmarks/results/accuracy_scale[_cuda])")
     p.add_argument("--child", nargs=3, metavar=("METHOD", "N", "CLASSES"), help=argparse.SUPPRESS)
@@ -319,9 +342,16 @@ def main(argv=None) -> int:
             methods += ["asymmetric_k_none"] if classes * 3 == n and not queries else []
             methods = [m for m in methods if not args.methods or m in args.methods]
             for method in methods:
-                est = stock_estimate_gib(n, classes)
+                est = stock_estimate_gib(n, classes, queries)
                 if method == "stock" and est > args.max_gib:
-                    why = f"not run: estimated {est:.1f} GiB > {args.max_gib} GiB"
+                    why = (
+                        f"not run: projected peak {est:.1f} GiB > --max-gib {args.max_gib:g} "
+                        f"({STOCK_BYTES_PER_NEIGHBOUR} bytes per neighbour of [N, k + 1], k ≈ "
+                        f"{expected_k(n, classes, queries)}, on a machine shared by several users)"
+                    )
+                    rows.append(dict(method=method, n=n, classes=classes, queries=queries, skipped=why))
+                elif method == "engine_before" and args.before_max_n is not None and n > args.before_max_n:
+                    why = f"not run: N > --before-max-n {args.before_max_n} (time)"
                     rows.append(dict(method=method, n=n, classes=classes, queries=queries, skipped=why))
                 else:
                     t0 = time.time()

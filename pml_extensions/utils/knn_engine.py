@@ -38,6 +38,19 @@ candidates come grouped by reference), the k-th smallest of the minima over grou
 k-th GEMM score ``K`` (a NumPy partition of ``M/g`` values), every reference whose GEMM score is within the bounds
 of that is a candidate (about ``2·Δ32`` beyond ``K``), and candidates are re-scored and ranked as in 3-4.
 
+*Dense rows* (the rows method on the CPU when ``32·k ≥ M``, e.g. k = M/6: re-scoring a sixth of all pairs one by
+one costs more than scoring all of them by a GEMM). A block of queries is scored against every reference by one
+float64 GEMM, ``v' = (|q|² + |r|²) − 2·q·r`` (``−q·r``), query-major, from the same float64 norms as the kernel's
+``v``; the two dot products are each within ``γ_D(2⁻⁵³)·Σ|q_d r_d|`` of the exact one (any summation order) and the
+combination adds two roundings, so ``|v − v'| ≤ 2·ε64``. With ``c = 4·ε64``: where ``fl32(v' − c) = fl32(v' + c)``,
+monotone rounding gives ``fl32(v) = e' = fl32(v')``, the engine score; the other candidates (a few per million)
+are re-scored by the kernel. The k-th smallest ``e'`` (a NumPy partition of the row) gives the threshold: an engine
+score and its ``e'`` differ by at most ``2⁻²²·|e'| + c + 2⁻¹⁴⁸`` (two float32 roundings of values within ``c/2``),
+so the k-th engine score is ``≤ T = kth + 2⁻²¹·|kth| + 2c + 2⁻¹⁴⁷`` and only references with
+``e' ≤ T + 2⁻²¹·|T| + 2c + 2⁻¹⁴⁷`` are candidates: k plus the float32 ties and a few ulps, grouped by query with
+references ascending, ranked as in 4. No float32 GEMM bound ``Δ32`` widens the window and nothing is re-scored but
+the ambiguous pairs.
+
 **Error bounds** (``u`` = unit roundoff, ``γ_n(v) = n·v/(1 − n·v)``; Higham, *Accuracy and Stability of Numerical
 Algorithms*, 2nd ed., Sec. 3.1):
 
@@ -63,7 +76,13 @@ Algorithms*, 2nd ed., Sec. 3.1):
   broke it or whose candidates do not fit its buffer (more than ``1.25·k + 32`` references tied with or proposed
   beyond its k-th score) is *not certified* and is redone by the rows method (buffer ``4k + 4096``); what that
   cannot certify is ranked by scoring every reference. Embeddings whose products could overflow float32 use that
-  last path only.
+  last path only. Dense rows fail a query only when more than ``4k + 4096`` references are tied at its boundary.
+
+**Measured** (20,000 × 128, 6 classes, k = 3,390, one thread, process CPU seconds on the shared 2-core development
+machine; the wall-clock table is ``benchmarks/results/accuracy_scale.md``): the rows method with a float32 GEMM
+and pair-by-pair re-scoring 8.2, dense rows 6.1, the symmetric
+threshold method with bfloat16 proposals 27.8 (9,600 proposals per query: at this k the proposal window of the
+bfloat16 bound holds thousands of references, and the bookkeeping per proposal dominates).
 
 Under ``torch.distributed`` the calculators give each rank its share of query blocks (``knn_metrics``); the
 symmetric sweep is used within a process when its queries are at least half of the reference rows.
@@ -197,9 +216,13 @@ class BlockedKNN:
     reference, PML's layout). Distances are the engine's scores: squared L2 (euclidean) or similarities (inner
     product, the negated score), in the embeddings' float dtype.
 
+    ``dense_float64`` (attribute; None = auto, True / False force it): whether the rows method scores its blocks
+    by a float64 GEMM (module doc, *dense rows*; by default on the CPU when ``32·k ≥ M``). Results are identical.
+
     After a search, ``stage_seconds`` holds the time per stage (``gemm``, ``selection``, ``rescore``, ``rank``; on
     CUDA synchronised only when ``profile_stages`` is True) and ``last_plan`` what was done (method, tile,
-    precision, symmetric, proposals re-scored, queries redone by the rows method and by a full scan).
+    precision, symmetric, proposals re-scored, queries redone by the rows method and by a full scan, and
+    ``rescored_dense``: pairs of the dense rows re-scored by the kernel because they lay near a rounding boundary).
 
     k must lie in ``[1, available references]``; the calculators clamp it first (see their docs).
     Runs on the inputs' device (never moves them to another device).
@@ -218,6 +241,8 @@ class BlockedKNN:
         >>> torch.equal(fast(y, 5, y, True)[1], BlockedKNN(method="rows", low_precision=False)(y, 5, y, True)[1])
         True
     """
+
+    _DENSE_MARGIN = 4.0  # c = 4·ε64: twice the bound on |v' − v| (tests raise it to force re-scoring)
 
     def __init__(
         self,
@@ -242,6 +267,7 @@ class BlockedKNN:
         self.memory_budget, self.fixed_block_size = memory_budget, block_size
         self.low_precision, self.method, self.symmetric = low_precision, method, bool(symmetric)
         self.profile_stages = False
+        self.dense_float64: Optional[bool] = None  # the rows method's float64 GEMM: None = auto (see _dense64)
         self.stage_seconds: Dict[str, float] = {}
         self.last_plan: Dict[str, object] = {}
         self._device = torch.device("cpu")
@@ -464,16 +490,15 @@ class BlockedKNN:
         workers = self._threads if self._pool is not None else 1
         # the workers share the budget; half of it for a block's score rows and candidates, half for its temporaries
         bs = max(1, min(self.block_size(m, k) // (2 * workers), len(rows)))
+        dense = self._dense64(geo.device, k, m)
+        block = self._rows_block_dense if dense else self._rows_block
+        if dense:  # 17 bytes per score (float64, float32, its partitioned copy, the mask) but ~k/4 fewer arrays
+            bs = max(1, bs // 2)
         starts = list(range(0, len(rows), bs))
         for w0 in range(0, len(starts), workers):
             wave, results = starts[w0 : w0 + workers], {}
             tasks = [
-                (
-                    (s,),
-                    partial(
-                        self._rows_block, geo, k, rows, own_rows, s, bs, out, certifiable, return_distances, results
-                    ),
-                )
+                ((s,), partial(block, geo, k, rows, own_rows, s, bs, out, certifiable, return_distances, results))
                 for s in wave
             ]
             run_tasks(tasks, self._pool, workers)
@@ -552,6 +577,97 @@ class BlockedKNN:
         packed = ops.full((b, width), INT64_MAX, torch.int64, counts)
         packed[ops.arange(width, counts)[None, :] < counts[:, None]] = keys  # query by query
         del keys
+        packed = ops.sort_rows(packed)
+        t0 = self._tick("selection", t0)
+        idx, dist = self._rank(geo, packed, counts, blk, own, k, failed, return_distances, ops, False)
+        self._tick("rank", t0)
+        results[start] = (torch.arange(start, start + b, device=geo.device), idx, dist)
+
+    def _dense64(self, device, k, m) -> bool:
+        """Whether the rows method scores its blocks by a float64 GEMM (:meth:`_rows_block_dense`): on the CPU
+        when the candidates would be at least 1/32 of the references (``32·k ≥ M``; measured break-even on 20,000
+        × 128: k ≈ M/30 costs the same both ways, k ≈ M/6 a quarter less CPU time dense), where re-scoring them
+        pair by pair costs more than the float64 GEMM's extra arithmetic; ``dense_float64`` forces it on or off."""
+        if self.dense_float64 is not None:
+            return bool(self.dense_float64)
+        return device.type == "cpu" and not self._force_torch_ops and 32 * k >= m
+
+    def _rows_block_dense(self, geo, k, rows, own_rows, start, bs, out, certifiable, return_distances, results):
+        """One block of the rows method scored by one float64 GEMM (module doc, *dense rows*) into
+        ``results[start]``: ``v' = (|q|² + |r|²) − 2·q·r`` (or ``−q·r``) for the block's queries against every
+        reference, query-major ``[b, M]``; its float32 rounding is the engine score wherever ``v' ± c`` round to
+        the same float32 (``c = 4·ε64``); the few pairs where they do not are re-scored by :func:`pair_dots`."""
+        del out  # float64 scores: the caller's float32 buffer does not fit them
+        m = geo.r.shape[0]
+        cap = 4 * k + 4096  # candidates beyond this many per query: that query is ranked by a full scan
+        ops = ops_for(geo.device, self._force_torch_ops)
+        a = ops.arr
+        loc = self._local
+        t0 = time.perf_counter()
+        blk = rows[start : start + bs]
+        b = len(blk)
+        need = bs * m
+        if getattr(loc, "dense_bufs", None) is None or loc.dense_bufs[0].numel() < need:
+            loc.dense_bufs = (
+                torch.empty(need, dtype=torch.float64, device=geo.device),
+                torch.empty(need, dtype=torch.float32, device=geo.device),
+                torch.empty(need, dtype=torch.float32, device=geo.device),
+            )
+        v = loc.dense_bufs[0][: b * m].view(b, m)
+        e = loc.dense_bufs[1][: b * m].view(b, m)
+        q64 = geo.q.index_select(0, blk).to(torch.float64)
+        if geo.w:
+            torch.add(geo.qsq.index_select(0, blk)[:, None], geo.rsq[None, :], out=v)
+            v.addmm_(q64, geo.r64.T, alpha=-2)
+        else:
+            torch.mm(q64, geo.r64.T, out=v)
+            v.neg_()
+        own = own_rows[start : start + bs] if own_rows is not None else None
+        if own is not None:
+            v[torch.arange(b, device=geo.device), own] = math.inf
+        e.copy_(v)  # float32 rounding
+        t0 = self._tick("gemm", t0)
+        # k references have e ≤ kth; an engine score E and its e differ by at most 2⁻²²·|e| + c + 2⁻¹⁴⁸ (each rounds
+        # a float64 value to float32, the two values within c/2), so the k-th engine score is ≤ T = kth +
+        # 2⁻²¹·|kth| + 2c + 2⁻¹⁴⁷, and a reference can only reach T when e ≤ T + 2⁻²¹·|T| + 2c + 2⁻¹⁴⁷ (slack
+        # covers the float64 arithmetic of the bounds and subnormal float32 values)
+        c = self._DENSE_MARGIN * geo.eps64.index_select(0, blk)
+        tmp = loc.dense_bufs[2][: b * m].view(b, m)
+        tmp.copy_(e)
+        kth = ops.tensor(ops.kth_smallest(a(tmp), k)).to(geo.device).to(torch.float64)
+        top = kth + 2.0**-21 * kth.abs() + 2 * c + 2.0**-147
+        limit = up32(top + 2.0**-21 * top.abs() + 2 * c + 2.0**-147)
+        mask = a(e) <= a(limit)[:, None]
+        counts = ops.count_rows(mask)
+        failed = a(torch.full((b,), not certifiable, dtype=torch.bool, device=geo.device)) | (counts > cap)
+        if bool(failed.any()):
+            mask[failed] = False
+            counts[failed] = 0
+        flat = ops.nonzero(mask)  # grouped by query, references ascending
+        del mask
+        row = ops.repeat(ops.arange(b, counts), counts)
+        ref = flat - row * m
+        vals = a(v).reshape(-1)[flat]
+        sc = a(e).reshape(-1)[flat]
+        cr = a(c)[row]
+        lo, hi = vals - cr, vals + cr
+        amb = ops.nonzero(ops.f32(lo) != ops.f32(hi))
+        t0 = self._tick("selection", t0)
+        if len(amb):  # v' too close to a float32 rounding boundary: the engine's own kernel decides
+            self._count("rescored_dense", len(amb))
+            ti, tj = ops.tensor(row[amb]), ops.tensor(ref[amb])
+            dots = pair_dots(q64, geo.r64, ti, tj)
+            sq_q = geo.qsq[blk].index_select(0, ti) if geo.w else None
+            sc[amb] = a(finish(sq_q, geo.rsq.index_select(0, tj) if geo.w else None, dots, geo.w))
+        t0 = self._tick("rescore", t0)
+        keys = ops.keys(sc, ref)
+        del sc, vals, lo, hi
+        width = max(int(counts.max()) if b else 0, k)
+        starts = ops.cumsum(counts) - counts
+        rank = ops.arange(len(flat), counts) - starts[row]
+        packed = ops.full((b, width), INT64_MAX, torch.int64, counts)
+        packed.reshape(-1)[row * width + rank] = keys
+        del keys, flat, ref, row, rank
         packed = ops.sort_rows(packed)
         t0 = self._tick("selection", t0)
         idx, dist = self._rank(geo, packed, counts, blk, own, k, failed, return_distances, ops, False)

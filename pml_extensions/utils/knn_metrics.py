@@ -122,8 +122,14 @@ def _ranked_metrics(xp, rel, lim, num_relevant, names):
         c = (np.arange(1, len(flat) + 1) - np.repeat(starts, counts)).astype(f64)  # hits up to that rank
         R = num_relevant.astype(f64)
 
-        def per_row(w):
-            return np.bincount(row, weights=w, minlength=b)
+        nonempty = counts > 0
+        first_of = starts[nonempty]
+
+        def per_row(w):  # sums over each row's contiguous run, in rank order
+            out = np.zeros(b, dtype=f64)
+            if len(w):
+                out[nonempty] = np.add.reduceat(w, first_of)
+            return out
 
     else:
         counts = rel.sum(1)
@@ -279,6 +285,11 @@ class EngineAccuracyMixin:
         want_dist = len(builtin) < len(metrics)
         ctx = dict(q_ids=q_ids, r_ids=r_ids, q_lab=q_lab, r_lab=r_lab, num_relevant=num_relevant, cls=cls)
         ctx.update(classes=len(classes), label_counts=label_counts, exclude_self=exclude_self, sums=sums)
+        if r_ids is not None and query.device.type == "cpu":  # NumPy gathers of the smallest integer class ids
+            small = np.min_scalar_type(
+                max(int(r_ids.max()) if len(r_ids) else 0, int(q_ids.max()) if len(q_ids) else 0)
+            )
+            ctx.update(r_ids_np=r_ids.numpy().astype(small), q_ids_np=q_ids.numpy().astype(small))
         if engine is not None:
             query, reference = engine.prepare(query, "query"), engine.prepare(reference, "reference")
             if len(mine):
@@ -316,7 +327,9 @@ class EngineAccuracyMixin:
     def _add_block(self, rows, sel, idx, dist, metrics, builtin, query, reference, ctx):
         """Per-class sums of the metrics of the queries ``rows[sel]`` with neighbours ``idx [b, k]``."""
         block, cls = rows[sel], ctx["cls"][sel]
-        if ctx["r_ids"] is not None:
+        if "r_ids_np" in ctx:  # a tenth of torch's int64 gather
+            rel = torch.from_numpy(ctx["r_ids_np"][idx.numpy()] == ctx["q_ids_np"][block.numpy()][:, None])
+        elif ctx["r_ids"] is not None:
             rel = ctx["r_ids"][idx] == ctx["q_ids"][block][:, None]
         else:
             rel = self.label_comparison_fn(ctx["q_lab"][block][:, None], ctx["r_lab"][idx]).bool()

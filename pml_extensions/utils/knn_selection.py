@@ -246,6 +246,10 @@ class NumpyOps:
         return x.astype(np.float64)
 
     @staticmethod
+    def f32(x):
+        return x.astype(np.float32)
+
+    @staticmethod
     def cumsum(x):
         return np.cumsum(x)
 
@@ -388,6 +392,10 @@ class TorchOps:
     @staticmethod
     def f64(x):
         return x.to(torch.float64)
+
+    @staticmethod
+    def f32(x):
+        return x.to(torch.float32)
 
     @staticmethod
     def cumsum(x):

@@ -71,3 +71,20 @@ def test_a_tiny_run_writes_json_and_markdown(tmp_path):
         assert all(abs(e[m] - s[m]) < 1e-6 for m in accuracy_scale.METRICS)
         assert set(e["stages"]) == set(accuracy_scale.STAGES)
     assert "| N × D |" in open(out + ".md").read()
+
+
+def test_stock_is_skipped_by_its_projected_peak_and_engine_before_by_size(tmp_path):
+    # calibrated on the measured stock rows: 100k/1000 peaked at 1.61 GiB, 20k/6 at 4.63 GiB
+    assert 1.5 < accuracy_scale.stock_estimate_gib(100000, 1000) < 2.0
+    assert 4.6 < accuracy_scale.stock_estimate_gib(20000, 6) < 6.0
+    assert accuracy_scale.stock_estimate_gib(300000, 1000) > 6.0
+    assert accuracy_scale.expected_k(30000, 10000, False) == 2  # 3 items per class: k = 2 exactly
+    out = str(tmp_path / "acc")
+    argv = ["--cases", "300000:1000", "--methods", "stock", "engine_before", "--before", "HEAD"]
+    assert accuracy_scale.main(argv + ["--before-max-n", "100000", "--out", out]) == 0  # no row is run
+    rows = json.load(open(out + ".json"))["rows"]
+    assert [r["method"] for r in rows] == ["stock", "engine_before"]
+    assert rows[0]["skipped"].startswith("not run: projected peak 8.2 GiB > --max-gib 6")
+    assert rows[1]["skipped"] == "not run: N > --before-max-n 100000 (time)"
+    text = open(out + ".md").read()
+    assert "--before-max-n 100000" in text and "| not run: projected peak" in text

@@ -555,3 +555,72 @@ class TestTheEngineScores:
             assert bool(((got[200:, :20].diagonal() - near).abs() <= 1e-3 * near).all())
             g32 = (x * x).sum(1)[None, :] - 2 * x @ x.T + (x * x).sum(1)[:, None]
             assert not bool(((g32[200:, :20].diagonal().double() - near).abs() <= 1e-3 * near).all())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# large k (a sixth of the references, as 6 classes): the rows method's float64 GEMM, the symmetric sweep and the
+# bfloat16 proposal pass forced on and off
+# ----------------------------------------------------------------------------------------------------------------
+class TestLargeK:
+    @pytest.mark.parametrize("dense", [False, True])
+    @pytest.mark.parametrize("ops", ["numpy", "torch"])
+    @pytest.mark.parametrize("inner_product", [False, True])
+    def test_rows_method_float64_gemm_on_and_off(self, dense, ops, inner_product):
+        x, _ = blobs(300, d=16, classes=6)
+        knn = engine("rows", False, inner_product, ops)
+        knn.dense_float64 = dense
+        for k in (1, 50, 299):
+            check(knn, x, x, k, torch.arange(300), inner_product)
+        check(knn, x[:90], x[90:], 35, None, inner_product)
+        perm = torch.randperm(300, generator=torch.Generator().manual_seed(3))
+        check(knn, x[perm[:120]], x, 50, perm[:120], inner_product)
+        q, r = near_tie_set()
+        plan = check(knn, q, r, 50, None, inner_product)
+        assert plan["method"] == "rows"
+
+    def test_float64_gemm_is_the_default_on_the_cpu_for_large_k_only(self):
+        knn = BlockedKNN()
+        assert knn._dense64(CPU, 50, 300) and not knn._dense64(CPU, 5, 300)
+        assert not knn._dense64(torch.device("cuda"), 50, 300)  # accelerators: float64 is slow on many GPUs
+        knn.dense_float64 = False
+        assert not knn._dense64(CPU, 50, 300)
+
+    def test_float64_gemm_pairs_near_a_rounding_boundary_are_rescored_by_the_kernel(self, monkeypatch):
+        # a margin 10^9 times too wide declares every candidate ambiguous: all of them go through pair_dots
+        monkeypatch.setattr(BlockedKNN, "_DENSE_MARGIN", 4e9)
+        x, _ = blobs(200, d=16, classes=6)
+        for inner_product in (False, True):
+            knn = engine("rows", False, inner_product)
+            knn.dense_float64 = True
+            plan = check(knn, x, x, 40, torch.arange(200), inner_product)
+            assert plan["rescored_dense"] >= 200 * 40
+            check(knn, x.double(), x.double(), 40, torch.arange(200), inner_product)
+
+    def test_float64_gemm_with_float64_and_duplicate_embeddings(self):
+        x, _ = blobs(150, d=16, classes=6)
+        x = torch.cat([x, x[:50], x[:50]])
+        knn = engine("rows", False)
+        knn.dense_float64 = True
+        check(knn, x, x, 60, torch.arange(len(x)))
+        check(knn, x.double(), x.double(), 60, torch.arange(len(x)))
+
+    @pytest.mark.parametrize("low_precision", [False, True])
+    @pytest.mark.parametrize("inner_product", [False, True])
+    def test_symmetric_sweep_with_large_k(self, low_precision, inner_product):
+        x, _ = blobs(300, d=16, classes=6)
+        knn = engine("threshold", low_precision, inner_product, block=120)  # tiles of 120 rows hold 2k + 2
+        for k in (40, 59):
+            plan = check(knn, x, x, k, torch.arange(300), inner_product)
+            assert plan["symmetric"] and plan["low_precision"] == low_precision and plan["tile"] == 120
+        plan = check(knn, x[:100], x[100:], 59, None, inner_product)
+        assert not plan["symmetric"]
+
+    def test_metrics_equal_the_brute_force_with_large_k(self):
+        x, labels = blobs(240, d=16, classes=6)
+        want = bf.metrics(x, labels, x, labels, None, torch.arange(240), given=BlockedKNN().float32_scores(x, x))
+        for dense in (False, True):
+            calc = ChunkedAccuracyCalculator(include=PML_KNN)
+            calc.knn_func.dense_float64 = dense
+            got = calc.get_accuracy(x, labels)
+            assert calc.knn_func.last_plan["method"] == "rows"
+            assert_same(got, {m: want[m] for m in PML_KNN})
