@@ -47,7 +47,7 @@ from .settings import CONFIG_KEYS, settings
 from .unit import load_unit_models, per_seed_row, primary_metric, train_unit
 
 DATA_KEYS = ("task", "dataset", "test_dataset", "dataset_root", "split", "validation", "transforms", "normalize")
-__all__ = ["CONFIG_KEYS", "load_models", "run", "run_units"]
+__all__ = ["CONFIG_KEYS", "load_models", "prepare", "run", "run_units"]
 
 
 class _Run:
@@ -150,6 +150,22 @@ class _Run:
             f"at iteration {result['best_iteration']} ({result['train_seconds']:.0f} s)"
         )
         return self.exp.finish_stage(stage, result)
+
+
+def prepare(
+    config: Dict[str, Any],
+    experiment_folder: str,
+    sources: Optional[Dict[str, str]] = None,
+    log: Callable[..., None] = print,
+) -> Dict[str, Dict[str, int]]:
+    """Build every variant's data views without training — with ``feature_cache`` its caches (one process builds
+    what the later parts, e.g. per-seed processes, then find). Returns ``{variant: sizes}``.
+
+    Raises:
+        ConfigError: bad settings, a cache that cannot be built.
+    """
+    state = _Run(config, experiment_folder, sources, log)
+    return {name: state.views(state.config(name))["sizes"] for name in state.s["variants"]}
 
 
 def run_units(
