@@ -176,6 +176,10 @@ def merge(runs: str = RUNS, tasks=TASKS) -> dict:
         )
         out["tasks"][task] = rows
         env = results.get("environment")
+        env_path = os.path.join(runs, f"{CONFIG}_{task}", "environment.json")
+        if not env and os.path.exists(env_path):  # the experiment folder's record of what moves the numbers
+            with open(env_path, encoding="utf-8") as f:
+                env = json.load(f)
         if env and out["environment"] is None:
             out["environment"] = environment_summary(env)
     if not out["tasks"]:
