@@ -100,8 +100,8 @@ def run_part(part: str, task: str, size: str, seeds, device: str, runs: str, sha
         chosen = list(config["seeds"]) if shard is None else list(config["seeds"])[shard[0] :: shard[1]]
         for seed in chosen:  # seed after seed (every variant of a seed), so a stopped shard leaves whole seeds
             run_units(config, folder, sources, log=_log, seeds=[seed])
-    else:
-        run_protocol(config, folder, sources, log=_log)
+    else:  # a gather over more seeds than the last one continues the same experiment
+        run_protocol(config, folder, sources, log=_log, on_change="resume")
     return {"seconds": time.time() - start}
 
 
