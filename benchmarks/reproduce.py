@@ -71,6 +71,17 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
     xc = [PY, "benchmarks/xml_cached.py", "--runs", cached_runs] + dev
     shards = tuple((f"rank{r}", xc + ["--part", "cache", "--rank", str(r), "--world-size", "2"]) for r in (0, 1))
     threads = [PY, "benchmarks/thread_sensitivity.py"]
+    tbc_runs = os.path.join(runs, "template_block_cached")
+    tbc = [PY, "benchmarks/template_block_cached.py", "--size", "quick" if size == "quick" else "medium"]
+    tbc += ["--runs", tbc_runs] + dev
+    tbc_tasks = ("classification",) if size == "quick" else ("classification", "dml")
+    tbc_cache = [tbc + ["--part", "cache", "--task", t] for t in tbc_tasks]
+    tbc_train = [
+        (f"{t}_shard{i}", tbc + ["--part", "train", "--task", t, "--shard", f"{i}/2"])
+        for t in tbc_tasks
+        for i in (0, 1)
+    ]
+    tbc_gather = [tbc + ["--part", "gather", "--task", t] for t in tbc_tasks]
     return [
         Step(
             "resolution_distillation",
@@ -110,6 +121,22 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
             ["xml_cached"],
             parts=tuple((p, xc + ["--part", p]) for p in ("clipart_last", "clipart_frozen", "glyphs")),
             needs=("xml_cached_cache",),
+        ),
+        # issue 24 item 3: the template block on cached MobileNetV2 features (the caches, one process per task;
+        # the seeds in two shard processes per task; then each task's results.json and the table)
+        Step(
+            "template_block_cached_cache",
+            tbc_cache[0],
+            [],
+            parts=tuple((f"cache_{t}", c) for t, c in zip(tbc_tasks[1:], tbc_cache[1:])),
+            fresh=(tbc_runs,),
+        ),
+        Step(
+            "template_block_cached",
+            tbc_gather[-1] + ["--merge", "--tasks", *tbc_tasks, "--out", "benchmarks/results"],
+            ["template_block_cached"],
+            parts=tuple(tbc_train) + tuple((f"gather_{t}", c) for t, c in zip(tbc_tasks[:-1], tbc_gather[:-1])),
+            needs=("template_block_cached_cache",),
         ),
         Step(
             "thread_sensitivity_run",

@@ -30,6 +30,8 @@ class TestReproduce(unittest.TestCase):
                 "localization",
                 "xml_cached_cache",
                 "xml_cached",
+                "template_block_cached_cache",
+                "template_block_cached",
                 "thread_sensitivity_run",
                 "xml_signal",
                 "explain_fidelity",

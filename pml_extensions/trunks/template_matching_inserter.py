@@ -16,7 +16,9 @@ for DenseNet's transition BN, identity statistics), so a pretrained model comput
 insertion time.
 
 Elsewhere (the block position as an experiment's variable): ``after="layer2"`` appends the block to the
-``nn.Sequential`` stage of that module path (``combine="add"`` only, which keeps the width), for any model.
+``nn.Sequential`` stage of that module path, and ``after="0.13"`` (a module inside an ``nn.Sequential``, e.g. the
+last stride-16 inverted residual of a ``MobileNetV2Features`` trunk) inserts it right after that module
+(``combine="add"`` only, which keeps the width), for any model.
 """
 
 import copy
@@ -172,18 +174,35 @@ def _stage_width(stage: torch.nn.Module) -> int:
 
 
 def _insert_after(model, path, make_block, combine):
-    """Append the block to the ``nn.Sequential`` at module path ``path`` (keys of the stage unchanged)."""
+    """Append the block to the ``nn.Sequential`` at module path ``path`` (keys of the stage unchanged), or, when
+    ``path`` names another module that is a child of an ``nn.Sequential``, insert it right after that module in its
+    parent (the parent's later children shift by one index, as in the MobileNetV2 insertion)."""
     modules = dict(model.named_modules())
     stage = modules.get(path)
-    if not isinstance(stage, torch.nn.Sequential) or not path:
+    parent_path, _, child = path.rpartition(".")
+    parent = modules.get(parent_path) if stage is not None else None
+    in_sequential = isinstance(parent, torch.nn.Sequential) and not isinstance(stage, torch.nn.Sequential)
+    if not path or not (isinstance(stage, torch.nn.Sequential) or in_sequential):
         sequential = [n for n, m in modules.items() if n and isinstance(m, torch.nn.Sequential)]
         raise ValueError(
-            f"after={path!r} must name an nn.Sequential stage of the model; its stages: {', '.join(sequential[:12])}"
+            f"after={path!r} must name an nn.Sequential stage of the model or a module inside one; its stages: "
+            f"{', '.join(sequential[:12])}"
         )
     if combine != "add":
         raise ValueError(f"after={path!r} takes combine='add' (the width the next stage expects), got {combine!r}")
     block = make_block(_stage_width(stage))
-    stage.append(block)
+    if in_sequential:
+        children = list(parent.named_children())
+        at = [name for name, _ in children].index(child) + 1
+        numbered = all(name == str(i) for i, (name, _) in enumerate(children))
+        new = children[:at] + [(str(at) if numbered else "template_block", block)]
+        new += [(str(i + 1) if numbered else name, m) for i, (name, m) in enumerate(children[at:], start=at)]
+        for name, _ in children:
+            delattr(parent, name)
+        for name, m in new:
+            parent.add_module(name, m)
+    else:
+        stage.append(block)
     return block
 
 
@@ -203,8 +222,10 @@ def insert_template_matching(
         num_classes: c, training classes of the block's patch classifier (≥ 2).
         inplace: modify ``model`` itself (default ``False``: a deep copy is modified and returned).
         after: module path (as in ``model.named_modules()``, e.g. ``"layer2"``) of an ``nn.Sequential`` stage of any
-            model: the block is appended to it, its width read from the stage's last BatchNorm2d / Conv2d
-            (``combine="add"`` only). ``None`` (default): the paper's place for the architectures above.
+            model: the block is appended to it; or of another module inside an ``nn.Sequential`` (e.g. ``"0.13"``):
+            the block is inserted right after it, the parent's later children shifting by one index. Its width is
+            read from the stage's (module's) last BatchNorm2d / Conv2d (``combine="add"`` only). ``None``
+            (default): the paper's place for the architectures above.
         **block_kwargs: passed to :class:`TemplateMatchingBlock` (``mixing``, ``combine``, ``window``, ...);
             ``value_channels`` defaults to the map's width d, so with ``combine="add"`` the block keeps the
             width.

@@ -123,3 +123,38 @@ class TestInsertAfter(unittest.TestCase):
             insert_template_matching(net, 5, after="layer9")
         with self.assertRaisesRegex(ValueError, "combine='add'"):
             insert_template_matching(net, 5, after="layer1", combine="concat")
+
+
+class TestInsertAfterAModule(unittest.TestCase):
+    """``after=`` naming a module inside an ``nn.Sequential``: the block goes right after it (the cached-prefix
+    experiments put it after ``features.13`` of a ``Sequential`` MobileNetV2 trunk)."""
+
+    def test_after_features_13_is_the_papers_mobilenet_place(self):
+        torch.manual_seed(0)
+        model = torchvision.models.mobilenet_v2(weights=None).eval()
+        trunk = torch.nn.Sequential(torch.nn.Sequential(*model.features.children())).eval()
+        torch.manual_seed(7)
+        paper = insert_template_matching(model, num_classes=4).eval()
+        torch.manual_seed(7)
+        ours = insert_template_matching(trunk, num_classes=4, after="0.13").eval()
+        self.assertEqual([type(m).__name__ for m in ours[0]][13:16], ["InvertedResidual", "TemplateMatchingBlock",
+                                                                      "InvertedResidual"])  # fmt: skip
+        self.assertEqual(len(ours[0]), 20)  # the later children shifted by one index
+        x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            self.assertTrue(torch.equal(ours(x), paper.features(x)))
+
+    def test_named_children_keep_their_names(self):
+        from collections import OrderedDict
+
+        net = torch.nn.Sequential(OrderedDict(conv=torch.nn.Conv2d(1, 3, 1), relu=torch.nn.ReLU()))
+        out = insert_template_matching(net, 2, after="conv")
+        self.assertEqual([n for n, _ in out.named_children()], ["conv", "template_block", "relu"])
+        self.assertEqual([n for n, _ in net.named_children()], ["conv", "relu"])  # not in place: a copy
+
+    def test_a_module_outside_a_sequential_is_refused(self):
+        from pml_extensions.trunks import SmallResNet
+
+        net = SmallResNet(1, (4, 8))
+        with self.assertRaisesRegex(ValueError, r"after='layer1.0.conv1' must name an nn.Sequential stage"):
+            insert_template_matching(net, 5, after="layer1.0.conv1")

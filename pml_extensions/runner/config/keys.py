@@ -137,6 +137,7 @@ TEMPLATE_BLOCK_KEYS = (
     "template_block",
     "soft_maximizer",
     "match_parameters",
+    "feature_cache",
     "loss_funcs",
     "mining_funcs",
     "sampler",

@@ -357,6 +357,8 @@ class Builder:
         spec: Optional[Dict[str, Any]] = None,
         before: Optional[Callable[[str], Any]] = None,
         image: bool = False,
+        edit_trunk: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None,
+        cached: Optional[bool] = None,
     ) -> Dict[str, torch.nn.Module]:
         """Trunk, embedder (``MLP`` sizes get the trunk width) and any other model of ``models`` (or ``spec``).
 
@@ -371,10 +373,15 @@ class Builder:
                 their RNGs there).
             image: ``sample`` is an image even with ``feature_cache`` (the checks before training): it goes through
                 the frozen prefix before the rest is probed.
+            edit_trunk: called with the whole trunk right after it is built, before it is split for the cache and
+                probed; returns the trunk to use (e.g. the ``template_block`` protocol inserts its block there, so
+                ``after`` names modules of the whole trunk).
+            cached: split the trunk for ``feature_cache`` (default: when the config has the key and ``spec`` is
+                ``None``; ``True`` splits with a ``spec`` too).
 
-        With ``feature_cache`` in the config (and no ``spec``), ``models["trunk"]`` is the trunk's trainable rest
-        and :attr:`frozen` its frozen part (:mod:`pml_extensions.runner.objects.feature_cache`); ``sample`` is
-        then a cached feature.
+        With ``feature_cache`` in the config (and no ``spec``, or ``cached=True``), ``models["trunk"]`` is the
+        trunk's trainable rest and :attr:`frozen` its frozen part (:mod:`pml_extensions.runner.objects.feature_cache`);
+        ``sample`` is then a cached feature.
         """
         models_cfg = self._require("models") if spec is None else spec
         if not isinstance(models_cfg, dict) or "trunk" not in models_cfg:
@@ -388,7 +395,11 @@ class Builder:
         if before is not None:
             before("trunk")
         trunk = self._build_trunk(models_cfg["trunk"], "models.trunk").to(self.device)
-        if spec is None and self.get("feature_cache") is not None:  # the rest trains on the cached prefix outputs
+        if edit_trunk is not None:
+            trunk = edit_trunk(trunk)
+        if (spec is None if cached is None else cached) and self.get(
+            "feature_cache"
+        ) is not None:  # the rest trains on the cached prefix outputs
             from .feature_cache import cache_spec, split_trunk_for_cache
 
             spec_, where = cache_spec(self.config, self.sources), self.where("feature_cache")

@@ -16,6 +16,13 @@ Two tasks (``task:``):
 
 The training view has the ``transforms.train`` transform, the others ``transforms.eval``.
 
+With ``feature_cache`` (:mod:`pml_extensions.runner.objects.feature_cache`) the views hold cached outputs of the
+trunk's frozen prefix instead of images: part ``train`` (``num_views`` seeded views of the training images, train
+transform; the unit draws its views with its seed), part ``eval`` (the plain view of every image of ``dataset``, the
+training part's for ``metric_learning``: ``train_eval`` and ``val`` are its items) and, with a test dataset of its
+own, part ``test``; under ``<experiment folder>/feature_cache/<boundary>/`` unless ``feature_cache.folder`` says
+otherwise.
+
 Example::
 
     >>> tr, va, te = per_class_split([0, 1] * 10, {"train": 6, "val": 2, "seed": 0})
@@ -29,6 +36,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...objects.data import dataset_labels, validation_split
+from ...objects.feature_cache import FeatureCaches, subset_key
 
 SPLIT_KEYS = ("train", "val", "test", "seed")
 
@@ -88,16 +96,53 @@ class _Relabel:
         return item[0], self.lookup[int(item[1])]
 
 
-def build_views(builder, config: Dict[str, Any], task: str, where=None) -> Dict[str, Any]:
+class _Views:
+    """Views of a dataset's items: images with a transform, or (``feature_cache``) their cached prefix outputs."""
+
+    def __init__(self, builder, config, experiment_folder):
+        self.builder, self.caches = builder, None
+        if config.get("feature_cache") is not None:
+            self.caches = FeatureCaches(builder, experiment_folder or "", builder.log)
+            if builder.frozen is None:  # the frozen prefix the caches are built with (builder.frozen)
+                builder.build_models(spec={"trunk": config["models"]["trunk"]}, cached=True)
+
+    def _cached(self, part, dataset, indices, labels, transform, getter, num_views):
+        images = self.builder.subset(dataset, indices, labels, None, getter)
+        try:  # the dataset's file list (or items) and the indices
+            key = subset_key(dataset, indices)
+        except ValueError:  # a dataset without a labels array: the subset's items are hashed
+            key = None
+        frozen = self.builder.frozen
+        return self.caches.dataset(part, frozen, images, transform, num_views, seed=0, dataset_key=key)
+
+    def train(self, dataset, indices, labels, transform, getter=None):
+        if self.caches is None:
+            return self.builder.subset(dataset, indices, labels, transform, getter=getter)
+        return self._cached("train", dataset, indices, labels, transform, getter, self.caches.spec["num_views"])
+
+    def evaluation(self, part, dataset, indices, labels, transform, getter=None):
+        """Items ``indices`` of ``dataset`` (eval transform); cached: items of the part's cache of all of
+        ``dataset``."""
+        if self.caches is None:
+            return self.builder.subset(dataset, indices, labels, transform, getter=getter)
+        every = np.arange(len(dataset))
+        return self.builder.subset(self._cached(part, dataset, every, labels, transform, getter, 1), indices)
+
+
+def build_views(builder, config: Dict[str, Any], task: str, where=None, experiment_folder=None) -> Dict[str, Any]:
     """``{"train", "train_eval", "val", "test", "num_classes", "sizes"}``: the views (``train`` with the training
     transform, the others, ``train_eval`` the training images too, with the evaluation transform) and the number of
-    training classes.
+    training classes. With ``feature_cache`` they are cached prefix outputs (see the module docstring; the caches are
+    built first when missing, under ``experiment_folder``), ``train`` a
+    :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing its views with seed 0.
 
     Raises:
         ConfigError: a bad ``split`` / ``validation``, test images of a class the training part lacks
-        (classification); :class:`~pml_extensions.runner.errors.MissingDataError` for missing data.
+        (classification), a cache that cannot be built; :class:`~pml_extensions.runner.errors.MissingDataError`
+        for missing data.
     """
     train_tf, eval_tf = builder.build_transform("train"), builder.build_transform("eval")
+    make = _Views(builder, config, experiment_folder)
     if task == "classification":
         pool = builder.build_dataset()
         labels = dataset_labels(pool)
@@ -106,9 +151,9 @@ def build_views(builder, config: Dict[str, Any], task: str, where=None) -> Dict[
         relabel = None if np.array_equal(classes, np.arange(len(classes))) else _Relabel(classes)
         mapped = np.searchsorted(classes, labels)
         views = {
-            "train": builder.subset(pool, train_idx, mapped, train_tf, getter=relabel),
-            "train_eval": builder.subset(pool, train_idx, mapped, eval_tf, getter=relabel),
-            "val": builder.subset(pool, val_idx, mapped, eval_tf, getter=relabel),
+            "train": make.train(pool, train_idx, mapped, train_tf, getter=relabel),
+            "train_eval": make.evaluation("eval", pool, train_idx, mapped, eval_tf, getter=relabel),
+            "val": make.evaluation("eval", pool, val_idx, mapped, eval_tf, getter=relabel),
         }
         if config.get("test_dataset") is not None:
             if (config.get("split") or {}).get("test") is not None:
@@ -120,11 +165,11 @@ def build_views(builder, config: Dict[str, Any], task: str, where=None) -> Dict[
             unknown = sorted(set(np.unique(test_labels).tolist()) - set(classes.tolist()))
             if unknown:
                 raise ConfigError(f"{builder.where('test_dataset')}: labels {unknown[:5]} are not training classes")
-            views["test"] = builder.subset(
-                test, np.arange(len(test)), np.searchsorted(classes, test_labels), eval_tf, getter=relabel
+            views["test"] = make.evaluation(
+                "test", test, np.arange(len(test)), np.searchsorted(classes, test_labels), eval_tf, getter=relabel
             )
         else:
-            views["test"] = builder.subset(pool, test_idx, mapped, eval_tf, getter=relabel)
+            views["test"] = make.evaluation("eval", pool, test_idx, mapped, eval_tf, getter=relabel)
         num_classes = len(classes)
     else:
         train_set = builder.build_dataset("train")
@@ -139,10 +184,10 @@ def build_views(builder, config: Dict[str, Any], task: str, where=None) -> Dict[
         )
         test = builder.build_dataset("test", spec=spec, key=key)
         views = {
-            "train": builder.subset(train_set, train_idx, labels, train_tf),
-            "train_eval": builder.subset(train_set, train_idx, labels, eval_tf),
-            "val": builder.subset(train_set, val_idx, labels, eval_tf),
-            "test": builder.subset(test, np.arange(len(test)), dataset_labels(test), eval_tf),
+            "train": make.train(train_set, train_idx, labels, train_tf),
+            "train_eval": make.evaluation("eval", train_set, train_idx, labels, eval_tf),
+            "val": make.evaluation("eval", train_set, val_idx, labels, eval_tf),
+            "test": make.evaluation("test", test, np.arange(len(test)), dataset_labels(test), eval_tf),
         }
         num_classes = int(np.max(labels)) + 1  # the labels index the classes (the block's patch classifier)
     views["num_classes"] = int(num_classes)

@@ -17,6 +17,12 @@ Every object comes from the one :class:`~pml_extensions.runner.objects.builder.B
 transforms, models, the block and the soft maximizers, losses, optimizers, learning-rate schedulers, samplers,
 testers, trainers). One process (no torchrun).
 
+``feature_cache`` (the key of :mod:`pml_extensions.runner.objects.feature_cache`): the trunk's frozen pretrained
+prefix runs once per image (and per seeded training view); every variant trains its rest — the block, when it has one,
+inserted before the split, so ``template_block.after`` names a module of the whole trunk at or after the boundary —
+on the cached outputs (:mod:`.data`), the caches in ``<experiment folder>/feature_cache`` unless
+``feature_cache.folder`` names a shared one. The prefix must not depend on the seed (pretrained weights).
+
 Outputs under the experiment folder: ``results.json`` (``variants`` / ``comparisons``: per seed ``test_<metric>``,
 ``val_<metric>`` and ``best_iteration``; plus ``units`` (per variant and seed: validation history, best epoch,
 parameters, train time), ``params``, ``sizes``, ``num_classes``, ``soft_maximizer`` (μ, η per variant),
@@ -33,6 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Optional
 from ...errors import ConfigError
 from ...experiment.folder import Experiment, saved_config
 from ...objects.builder import Builder
+from ...objects.feature_cache import check_fixed_prefix
 from ...outputs.results import METRIC_NAMES, summarize, write_results
 from . import variant as variants_
 from .data import build_views
@@ -40,7 +47,7 @@ from .settings import CONFIG_KEYS, settings
 from .unit import load_unit_models, per_seed_row, primary_metric, train_unit
 
 DATA_KEYS = ("task", "dataset", "test_dataset", "dataset_root", "split", "validation", "transforms", "normalize")
-__all__ = ["CONFIG_KEYS", "load_models", "run", "run_units"]
+__all__ = ["CONFIG_KEYS", "load_models", "prepare", "run", "run_units"]
 
 
 class _Run:
@@ -56,10 +63,21 @@ class _Run:
         self.soft: Dict[str, Dict[str, Any]] = {}
 
     def views(self, cfg):
-        key = json.dumps({k: cfg.get(k) for k in DATA_KEYS}, sort_keys=True, default=str)
+        cached = cfg.get("feature_cache") is not None
+        keys = DATA_KEYS + (("feature_cache",) if cached else ())
+        key = json.dumps(
+            [{k: cfg.get(k) for k in keys}, cfg["models"]["trunk"] if cached else None], sort_keys=True, default=str
+        )
         if key not in self._views:
+            if cached:  # one cache serves every seed only when the frozen prefix does not depend on it
+                trunk_only = dict(cfg, models={"trunk": cfg["models"]["trunk"]})
+                check_fixed_prefix(
+                    lambda: Builder(trunk_only, self.sources, self.device, self.log),
+                    self.s["seeds"],
+                    f"{self.sources.get('feature_cache', 'config')}: feature_cache",
+                )
             builder = Builder(cfg, self.sources, self.device, self.log)
-            self._views[key] = build_views(builder, cfg, self.s["task"])
+            self._views[key] = build_views(builder, cfg, self.s["task"], experiment_folder=self.folder)
         return self._views[key]
 
     def config(self, name):
@@ -132,6 +150,22 @@ class _Run:
             f"at iteration {result['best_iteration']} ({result['train_seconds']:.0f} s)"
         )
         return self.exp.finish_stage(stage, result)
+
+
+def prepare(
+    config: Dict[str, Any],
+    experiment_folder: str,
+    sources: Optional[Dict[str, str]] = None,
+    log: Callable[..., None] = print,
+) -> Dict[str, Dict[str, int]]:
+    """Build every variant's data views without training — with ``feature_cache`` its caches (one process builds
+    what the later parts, e.g. per-seed processes, then find). Returns ``{variant: sizes}``.
+
+    Raises:
+        ConfigError: bad settings, a cache that cannot be built.
+    """
+    state = _Run(config, experiment_folder, sources, log)
+    return {name: state.views(state.config(name))["sizes"] for name in state.s["variants"]}
 
 
 def run_units(

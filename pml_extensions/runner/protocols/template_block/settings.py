@@ -105,6 +105,14 @@ def check_variant(cfg: Dict[str, Any], name: str, names, sources=None) -> None:
                 f"{here}: soft_maximizer.estimate_from: name the trained BN-ReLU variants μ and η are estimated from "
                 f"(of {', '.join(names)}), got {sources_of!r}"
             )
+    if cfg.get("feature_cache") is not None:
+        from ...objects.feature_cache import cache_spec
+
+        cache_spec(cfg, sources)  # its keys checked (one line naming the file and the key)
+        if soft is not None:
+            raise ConfigError(
+                f"{here}: soft_maximizer: not with feature_cache (μ and η are measured on the whole trunk's images)"
+            )
     match = cfg.get("match_parameters")
     if match is not None:
         if not isinstance(match, dict) or set(match) - set(MATCH_KEYS) or match.get("variant") not in names:

@@ -19,7 +19,9 @@ numbers an uninterrupted run gives:
   and restored from the checkpoint;
 - ``lr_schedulers`` (``<model>_scheduler_by_iteration: {OneCycleLR: {}}``; ``max_lr`` is filled from the optimizer,
   ``total_steps`` with ``num_epochs × iterations_per_epoch``) are functions of the iteration: a resumed unit builds
-  them afresh and steps them to its iteration.
+  them afresh and steps them to its iteration;
+- with ``feature_cache`` the training view is the cache of the training images drawn with the unit's seed, moved to
+  the next epoch's views at the end of every epoch (a resumed unit starts at its epoch's views).
 """
 
 import os
@@ -37,6 +39,7 @@ from ...experiment.checkpoint import Checkpointer, load_weights
 from ...experiment.epoch_loop import EpochLoop
 from ...experiment.folder import seed_everything
 from ...objects.builder import Builder, accepts
+from ...objects.feature_cache import end_of_epoch_hook
 from . import variant as variants_
 
 RETRIEVAL_METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
@@ -150,6 +153,11 @@ def train_unit(
     """
     b = Builder(cfg, sources, device, log)
     num_classes = views["num_classes"]
+    train_view = views["train"]
+    if hasattr(train_view, "set_epoch"):  # cached prefix outputs: this seed's draws of the views
+        train_view = b.build(
+            "feature_cache.train", {"CachedFeatureDataset": {"folder": train_view.folder, "seed": seed}}
+        )
     models = variants_.build_models(b, cfg, seed, num_classes, views["train"][0][0], soft)
     params = variants_.count_parameters(models)
     loss_funcs, mining_funcs = b.build_losses(models, num_classes)
@@ -187,9 +195,13 @@ def train_unit(
     if loop.resume() is None:  # a resumed unit gets its RNG states back from the checkpoint instead
         seed_everything(seed + 3)
     epoch = {"next": loop.start_epoch}
+    epoch_hook = lambda trainer: True  # noqa: E731
+    if hasattr(train_view, "set_epoch"):  # cached views: epoch e shows the views drawn for e completed epochs
+        train_view.set_epoch(loop.start_epoch - 1)
+        epoch_hook = end_of_epoch_hook(train_view)
 
     def new_sampler():
-        sampler = make_sampler(b, cfg, views["train"], seed, epoch["next"])
+        sampler = make_sampler(b, cfg, train_view, seed, epoch["next"])
         epoch["next"] += 1
         return sampler
 
@@ -202,12 +214,12 @@ def train_unit(
             optimizers=optimizers,
             loss_funcs=loss_funcs,
             mining_funcs=mining_funcs,
-            dataset=views["train"],
+            dataset=train_view,
             sampler=None,  # the loop gives every epoch its sampler (new_sampler) before it trains
             data_device=device,
             lr_schedulers=schedulers,
             end_of_iteration_hook=loop.end_of_iteration,
-            end_of_epoch_hook=lambda trainer: True,
+            end_of_epoch_hook=epoch_hook,
         )
 
     start = time.time()

@@ -19,6 +19,11 @@ What makes a variant (all config keys, merged per ``variants`` entry):
   that dotted path is scaled by k/8 (``round(w·k/8)``, k = 9, 10, ...; ``deepen:`` a path to an int adds 1, 2, ...)
   until the variant has at least as many parameters as ``variant`` (every model counted: trunk, block, classifier).
 
+With ``feature_cache`` (the trunk's frozen prefix cached, :mod:`pml_extensions.runner.objects.feature_cache`) the
+block is inserted into the whole trunk before the Builder splits it, so ``after`` names a module of the whole trunk at
+or after the boundary (e.g. ``"0.13"`` with ``boundary: "0.13"``: the block between MobileNetV2's last two stages, the
+first trained module); ``models["trunk"]`` is the trainable rest, the prefix in ``builder.frozen``.
+
 Pairing: the trunk is drawn from the global torch RNG seeded with ``seed`` and the embedder and classifier continue
 that stream, so variants whose trunk and head are alike start from bit-identical weights; the block's modules and
 the perturbed maximizer's noise draw from ``seed + BLOCK_SEED_OFFSET``, so adding them changes nothing else. Building
@@ -93,7 +98,25 @@ def _build_models(builder, cfg, seed, num_classes, sample, soft):
         if key == "trunk":
             seed_everything(seed)
 
-    models = builder.build_models(sample, num_classes, spec=spec, before=reseed)
+    block = cfg.get("template_block")
+    cached = cfg.get("feature_cache") is not None
+
+    def insert_block(trunk):
+        kwargs = {k: v for k, v in block.items() if k != "aux_weight"}
+        with _own_rng():
+            torch.manual_seed(seed + BLOCK_SEED_OFFSET)
+            builder.build(
+                "template_block",
+                {"insert_template_matching": dict(kwargs, num_classes=int(num_classes), inplace=True)},
+                model=trunk,
+            )
+        return trunk.to(builder.device)
+
+    # with feature_cache the block goes into the whole trunk before it is split (``after`` names its modules)
+    edit = insert_block if cached and block is not None else None
+    models = builder.build_models(sample, num_classes, spec=spec, before=reseed, edit_trunk=edit, cached=cached)
+    if cached:
+        _check_cached_split(builder, cfg)
     if head is not None:
         name, kwargs = one_spec(head, builder.where("models.classifier"))
         cls, kwargs = resolve(name, builder.where("models.classifier")), dict(kwargs)
@@ -101,17 +124,8 @@ def _build_models(builder, cfg, seed, num_classes, sample, soft):
             if key not in kwargs and accepts(cls, key):
                 kwargs[key] = int(value)
         models["classifier"] = builder.build("models.classifier", {name: kwargs}).to(builder.device)
-    block = cfg.get("template_block")
-    if block is not None:
-        kwargs = {k: v for k, v in block.items() if k != "aux_weight"}
-        with _own_rng():
-            torch.manual_seed(seed + BLOCK_SEED_OFFSET)
-            builder.build(
-                "template_block",
-                {"insert_template_matching": dict(kwargs, num_classes=int(num_classes), inplace=True)},
-                model=models["trunk"],
-            )
-        models["trunk"].to(builder.device)
+    if block is not None and not cached:
+        insert_block(models["trunk"])
     swap = cfg.get("soft_maximizer")
     if swap is not None:
         if soft is None:
@@ -133,6 +147,18 @@ def _build_models(builder, cfg, seed, num_classes, sample, soft):
         )
         models["trunk"].to(builder.device)
     return models
+
+
+def _check_cached_split(builder: Builder, cfg: Dict[str, Any]) -> None:
+    """The block must train: refuse one that ended up in the frozen (cached) prefix."""
+    from ....trunks import template_matching_blocks
+
+    if template_matching_blocks(builder.frozen.prefix):
+        raise ConfigError(
+            f"{builder.where('template_block')}: after: {cfg['template_block'].get('after')!r} puts the block in the "
+            f"frozen prefix (feature_cache.boundary {cfg['feature_cache']['boundary']!r}); insert it at or after the "
+            "boundary"
+        )
 
 
 def aux_weight(cfg: Dict[str, Any]) -> Optional[float]:

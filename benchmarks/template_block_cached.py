@@ -1,0 +1,278 @@
+#!/usr/bin/env python
+"""Template-matching block with power (issue 24, item 3): the shipped ``template_block_cached_clipart`` config run
+through the runner (protocol ``template_block`` with ``feature_cache``), Table 1's layout on pretrained features.
+
+ImageNet MobileNetV2 (offline weights) frozen up to the input of its last stage, its outputs cached once per task;
+the plain last stage (baseline), + the template-matching block between the last two stages (block), + its auxiliary
+patch loss alone (aux_only) and the plain network with one more pretrained block trained (deeper: the parameter
+control) train on them, paired by seed. Two tasks, each an experiment folder of the runner: Open Clip Art
+classification (test accuracy, %) and the DML variant (class-disjoint, MAP@R in points). The parts of a call run as
+separate single-thread processes::
+
+    python benchmarks/template_block_cached.py --part cache --task classification    # the caches of a task
+    python benchmarks/template_block_cached.py --part train --task classification --shard 0/2   # seeds 0, 2, 4 ...
+    python benchmarks/template_block_cached.py --part train --task classification --shard 1/2
+    python benchmarks/template_block_cached.py --part gather --task classification   # results.json (+ what is missing)
+    python benchmarks/template_block_cached.py --merge      # benchmarks/results/template_block_cached.{json,md}
+
+Verdicts (:func:`pml_extensions.runner.outputs.results.verdict_word`): the paper claims the block beats each control
+("greater"); a paired 95 % interval above 0 reproduces it, below 0 contradicts it, one containing 0 does not show it,
+and its larger end bounds the effect ("no effect larger than X points"). The target half-width is 0.5 points.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from pml_extensions.cli.run import quiet_progress_bars
+from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config, load_config
+from pml_extensions.runner.outputs.results import compare, format_difference, verdict_word, wins
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+RUNS = os.path.join("runs", "template_block_cached")
+CONFIG = "template_block_cached_clipart"
+TASKS = ("classification", "dml")
+TARGET = 0.5
+#: (variant, baseline, the paper's claim) rows of the table, in order
+CLAIMS = (
+    ("block", "baseline", "the block raises accuracy over the plain network (Table 1)"),
+    ("aux_only", "baseline", "the auxiliary patch loss alone helps, less than the block (Table 1)"),
+    ("block", "aux_only", "the block beats its auxiliary loss alone (Table 1)"),
+    ("block", "deeper", "the gain is not the extra parameters: the block beats a plain network with more (Table 1)"),
+    ("deeper", "baseline", "(control) one more trained pretrained block"),
+)
+LABELS = {
+    "baseline": "MobileNetV2, plain last stage trained",
+    "block": "+ template-matching block after features.13 (λ = 0.5)",
+    "aux_only": "+ auxiliary patch loss only (mixing: none)",
+    "deeper": "features.13 trained too (≥ the block's parameters)",
+}
+
+
+def task_config(task: str, size: str = "medium", seeds=None, device: str = "cpu", runs: str = RUNS):
+    """``(config, sources, experiment folder)`` of one task: the shipped config (``dml`` adds every folder's
+    ``dml.yaml``; ``quick`` its ``quick.yaml``), the task's own cache folder under ``runs``."""
+    root = find_config(CONFIG)
+    selection = {}
+    for folder in CONFIG_FOLDERS:
+        if not os.path.isdir(os.path.join(root, folder)):
+            continue
+        files = ["default"] + (
+            ["dml"] if task == "dml" and os.path.isfile(os.path.join(root, folder, "dml.yaml")) else []
+        )
+        if size == "quick" and os.path.isfile(os.path.join(root, folder, "quick.yaml")):
+            files.append("quick")
+        selection[folder] = files
+    overrides = {"device": device}
+    if seeds is not None:
+        overrides["seeds"] = [int(s) for s in seeds]
+    config, sources = load_config(root, selection, overrides)
+    cache = os.path.abspath(os.path.join(runs, f"feature_cache_{task}"))
+    config["feature_cache"] = dict(config["feature_cache"], folder=cache)
+    for variant in config["variants"].values():
+        spec = (variant or {}).get("feature_cache~OVERRIDE~") or (variant or {}).get("feature_cache")
+        if spec is not None:
+            spec["folder"] = cache
+    config["experiment_name"] = f"{CONFIG}_{task}"
+    return config, sources, os.path.join(runs, config["experiment_name"])
+
+
+def _log(*args, **kwargs):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def run_part(part: str, task: str, size: str, seeds, device: str, runs: str, shard=None) -> dict:
+    """``cache``: build the task's caches (every variant's); ``train``: train this shard's seeds (``(i, n)``: seeds
+    ``i, i + n, ...`` of the config); ``gather``: the whole experiment (finds the finished units) and its
+    ``results.json``."""
+    from pml_extensions.runner.protocols import run_protocol
+    from pml_extensions.runner.protocols.template_block import prepare, run_units
+
+    config, sources, folder = task_config(task, size, seeds, device, runs)
+    start = time.time()
+    if part == "cache":
+        prepare(config, folder, sources, log=_log)
+    elif part == "train":
+        chosen = list(config["seeds"]) if shard is None else list(config["seeds"])[shard[0] :: shard[1]]
+        for seed in chosen:  # seed after seed (every variant of a seed), so a stopped shard leaves whole seeds
+            run_units(config, folder, sources, log=_log, seeds=[seed])
+    else:  # a gather over more seeds than the last one continues the same experiment
+        run_protocol(config, folder, sources, log=_log, on_change="resume")
+    return {"seconds": time.time() - start}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the table, from the two results.json files
+
+
+def _scale(results: dict) -> float:
+    return 1.0 if results["task"] == "classification" else 100.0
+
+
+def task_rows(results: dict) -> dict:
+    """Means per variant and the paired claims of one task's ``results.json`` (points: accuracy %, MAP@R × 100)."""
+    metric = f"test_{results['primary_metric']}"
+    scale = _scale(results)
+    variants = results["variants"]
+    means = {
+        name: {
+            "mean": scale * v["mean"][metric],
+            "std": None if v["std"].get(metric) is None else scale * v["std"][metric],
+            "params": results["params"][name],
+        }
+        for name, v in variants.items()
+    }
+    claims = []
+    for variant, baseline, text in CLAIMS:
+        if variant not in variants or baseline not in variants:
+            continue
+        c = compare(variants, variant, baseline, metric)
+        scaled = dict(c, mean_difference=scale * c["mean_difference"])
+        scaled["differences"] = [scale * d for d in c["differences"]]
+        scaled["std"] = None if c["std"] is None else scale * c["std"]
+        scaled["ci95"] = None if c["ci95"] is None else [scale * x for x in c["ci95"]]
+        half = None if scaled["ci95"] is None else (scaled["ci95"][1] - scaled["ci95"][0]) / 2
+        word = verdict_word(scaled, "greater")
+        bound = None if scaled["ci95"] is None else max(abs(x) for x in scaled["ci95"])
+        claims.append(
+            {
+                "variant": variant,
+                "baseline": baseline,
+                "claim": text,
+                "difference": scaled,
+                "half_width": half,
+                "target_half_width": TARGET,
+                "wins": wins(scaled),
+                "verdict": word,
+                "bound": bound,
+            }
+        )
+    return {"task": results["task"], "metric": metric, "variants": means, "claims": claims, "n": len(results["seeds"])}
+
+
+def merge(runs: str = RUNS, tasks=TASKS) -> dict:
+    """The finished tasks' ``results.json`` in one record (a task without one is left out)."""
+    from pml_extensions.runner.experiment.folder import environment_summary
+
+    out = {"tasks": {}, "environment": None}
+    for task in tasks:
+        path = os.path.join(runs, f"{CONFIG}_{task}", "results.json")
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            results = json.load(f)
+        rows = task_rows(results)
+        rows.update(
+            sizes=results["sizes"],
+            num_classes=results["num_classes"],
+            iterations=results["num_epochs"] * results["iterations_per_epoch"],
+            batch_size=results["batch_size"],
+            seeds=results["seeds"],
+            train_seconds_sum=results.get("train_seconds_sum"),
+        )
+        out["tasks"][task] = rows
+        env = results.get("environment")
+        env_path = os.path.join(runs, f"{CONFIG}_{task}", "environment.json")
+        if not env and os.path.exists(env_path):  # the experiment folder's record of what moves the numbers
+            with open(env_path, encoding="utf-8") as f:
+                env = json.load(f)
+        if env and out["environment"] is None:
+            out["environment"] = environment_summary(env)
+    if not out["tasks"]:
+        raise SystemExit(f"template_block_cached: no results.json under {runs} (run the parts first)")
+    return out
+
+
+def _words(claim: dict) -> str:
+    word, half = claim["verdict"], claim["half_width"]
+    if half is None:
+        return f"{word} (1 seed)"
+    text = word if word != "not shown" else f"not shown: no effect larger than {claim['bound']:.2f} points"
+    if half > claim["target_half_width"]:
+        text += f" (half-width {half:.2f} > target {claim['target_half_width']})"
+    return text
+
+
+def markdown(out: dict) -> str:
+    lines = [
+        f"`python benchmarks/template_block_cached.py` (the runner: config `{CONFIG}`, protocol `template_block` "
+        "with `feature_cache`). ImageNet MobileNetV2 (offline weights) frozen up to the input of its last stage, its "
+        "outputs cached once (2 seeded views of every training image, 128 px); only the last stage (+ block) + head "
+        "train on them, paired by seed (same initial weights for shared modules, same batches and views); the best "
+        "epoch is chosen on validation images and tested once. Δ: paired per-seed difference, 95 % Student-t "
+        f"interval; target half-width {TARGET} points. Environment: {out.get('environment')}.",
+        "",
+    ]
+    for r in out["tasks"].values():
+        unit = "test accuracy (%)" if r["task"] == "classification" else "test MAP@R (points)"
+        what = (
+            "Open Clip Art classification: every class split 60 / 10 / 30 % (train / validation / test)"
+            if r["task"] == "classification"
+            else "Open Clip Art DML: 30 training classes (8 validate), 30 unseen test classes"
+        )
+        lines += [
+            f"**{what}** — {r['num_classes']} training classes, {r['sizes']['train']} / {r['sizes']['val']} / "
+            f"{r['sizes']['test']} images, {r['iterations']} iterations of batch {r['batch_size']}, {r['n']} seeds.",
+            "",
+            f"| model | {unit} | trained parameters |",
+            "|---|---|---|",
+        ]
+        for name, v in r["variants"].items():
+            std = "–" if v["std"] is None else f"{v['std']:.2f}"
+            lines.append(f"| {LABELS.get(name, name)} | {v['mean']:.2f} ± {std} | {v['params']:,} |")
+        lines += [
+            "",
+            "| claim | Δ [95 % CI] | half-width | sd Δ | wins | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in r["claims"]:
+            d = c["difference"]
+            half = "–" if c["half_width"] is None else f"{c['half_width']:.2f}"
+            sd = "–" if d["std"] is None else f"{d['std']:.2f}"
+            lines.append(
+                f"| {c['variant']} − {c['baseline']}: {c['claim']} | {format_difference(d)} | {half} | {sd} | "
+                f"{c['wins']}/{d['n']} | {_words(c)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=["cache", "train", "gather"])
+    p.add_argument("--task", choices=TASKS, default="classification")
+    p.add_argument("--shard", default=None, help="i/n: train the seeds i, i + n, ... of the config")
+    p.add_argument("--merge", action="store_true", help="write benchmarks/results/template_block_cached.{json,md}")
+    p.add_argument("--size", choices=["quick", "medium"], default="medium")
+    p.add_argument("--seeds", type=int, default=None, help="the first N seeds (default: the config's)")
+    p.add_argument("--runs", default=RUNS)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="the tasks --merge reads")
+    p.add_argument("--out", default=RESULTS)
+    args = p.parse_args(argv)
+    quiet_progress_bars()
+    seeds = None if args.seeds is None else list(range(args.seeds))
+    if args.part is not None:
+        shard = None
+        if args.shard:
+            i, n = (int(x) for x in args.shard.split("/"))
+            if not 0 <= i < n:
+                p.error(f"--shard {args.shard}: expected i/n with 0 <= i < n")
+            shard = (i, n)
+        out = run_part(args.part, args.task, args.size, seeds, args.device, args.runs, shard)
+        print(f"{args.task} {args.part} {args.shard or ''}: {out['seconds']:.0f} s", file=sys.stderr)
+    if args.merge:
+        out = merge(args.runs, args.tasks)
+        text = markdown(out)
+        atomic_write_json(os.path.join(args.out, "template_block_cached.json"), out, indent=1)
+        atomic_write_text(os.path.join(args.out, "template_block_cached.md"), text)
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
