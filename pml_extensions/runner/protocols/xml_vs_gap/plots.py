@@ -20,8 +20,10 @@ def class_histograms(cfg, models, num_prototypes: int, device, seed: int, batch_
     pools = find_histogram_layers(trunk)
     if pools:
         pool, body = pools[0], trunk_body(trunk, pools[0])
-    else:
-        body = torch.nn.Sequential(*list(trunk.children())[:1])
+    else:  # the modules before the global pooling compute the local features (none: a cached prefix's map)
+        children = list(trunk.children())
+        cut = next((i for i, m in enumerate(children) if isinstance(m, torch.nn.AdaptiveAvgPool2d)), 1)
+        body = torch.nn.Sequential(*children[:cut])
         train_eval = load_split(cfg, "train", train_transform=False, builder=builder)
         width = body(train_eval[0][0][None].to(device)).shape[1]
         pool = builder.build(
@@ -123,6 +125,11 @@ def save_retrieval(units, out_dir, device, seed, n_queries=4, k=5):
             view = Subset(images, np.arange(len(labels)), labels, builder.build_transform("eval"))
             loaded[key] = images, view, getattr(images, "classes", None)
         images, test_set, classes = loaded[key]
+        if cfg.get("feature_cache") is not None:  # the trunk is the rest: it embeds the cached test features
+            builder.frozen = models.get("frozen")
+            test_set = load_split(cfg, "test", train_transform=False, builder=builder)
+            if not np.array_equal(np.asarray(test_set.labels), np.asarray(images.labels)):
+                raise RuntimeError(f"{name}: the cached test split is not in the order of the test images")
         save_retrieval_examples(
             out_dir,
             name,
