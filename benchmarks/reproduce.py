@@ -69,6 +69,7 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
     parts = os.path.join(runs, "parts")
     cached_runs = os.path.join(runs, "xml_cached")
     xc = [PY, "benchmarks/xml_cached.py", "--runs", cached_runs] + dev
+    xc += ["--splits", "4"] if size == "quick" else []  # the probe on 3.5k Open Clip Art test images: minutes a split
     shards = tuple((f"rank{r}", xc + ["--part", "cache", "--rank", str(r), "--world-size", "2"]) for r in (0, 1))
     threads = [PY, "benchmarks/thread_sensitivity.py"]
     tbc_runs = os.path.join(runs, "template_block_cached")
@@ -183,8 +184,10 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
             alone=True,
         ),
         Step(
-            "raml_teacher_cache",
-            [PY, "benchmarks/raml_teacher_cache.py"] + dev,
+            "raml_teacher_cache",  # quick: the CPU Table 2 size only (the 448 px paper setting costs minutes more)
+            [PY, "benchmarks/raml_teacher_cache.py", "--settings"]
+            + (["quick"] if size == "quick" else ["quick", "paper"])
+            + dev,
             ["raml_teacher_cache"],
             alone=True,
         ),

@@ -263,8 +263,20 @@ def merge(runs: str) -> dict:
         "environment": environment_summary(env) if env else None,
         "untrained_spread": {p: v["results"]["untrained"] for p, v in parts.items()},
         "seconds": {p: v["seconds"] for p, v in parts.items()},
-        "splits": parts["clipart_frozen"]["probe"].get("splits"),
+        "splits": {
+            DATASETS[p] + (f" ({p.split('_')[1]})" if "_" in p else ""): v["probe"].get("splits")
+            for p, v in parts.items()
+        },
     }
+
+
+def _splits(splits) -> str:
+    """The probe's class splits per model: one number when every part used the same, else per part."""
+    if not isinstance(splits, dict):
+        return str(splits)
+    if len(set(splits.values())) == 1:
+        return str(next(iter(splits.values())))
+    return ", ".join(f"{k} {v}" for k, v in splits.items())
 
 
 def markdown(out: dict) -> str:
@@ -294,7 +306,7 @@ def markdown(out: dict) -> str:
     lines += [
         "",
         "The XML paper's generalisation probe on the same models (ridge prototypes fitted on a random half of the "
-        f"unseen test classes predict the other half; {out.get('splits') or 100} random class splits per model; GAP "
+        f"unseen test classes predict the other half; random class splits per model: {_splits(out.get('splits'))}; GAP "
         "trunks binned with post-hoc k-means prototypes). Paper: XML raises MAP_x (unseen half) and leaves MAP_c "
         "(seen half) similar.",
         "",

@@ -45,3 +45,9 @@ def test_each_part_runs_its_variants_with_the_untrained_row_and_the_shared_cache
     assert all(set(p) <= set(config["variants"]) | {"untrained"} for p in config["comparisons"])
     glyphs, _, _ = xc.part_config("glyphs", "runs/x")
     assert len(glyphs["seeds"]) == 20 and glyphs["feature_cache"]["folder"].endswith("feature_cache_glyphs")
+
+
+def test_the_probe_caption_names_each_parts_split_count_when_they_differ():
+    xc = _module()
+    assert xc._splits({"a": 20, "b": 20}) == "20"
+    assert xc._splits({"Open Clip Art (frozen)": 4, "glyphs": 20}) == "Open Clip Art (frozen) 4, glyphs 20"

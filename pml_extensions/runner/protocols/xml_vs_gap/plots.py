@@ -20,8 +20,10 @@ def class_histograms(cfg, models, num_prototypes: int, device, seed: int, batch_
     pools = find_histogram_layers(trunk)
     if pools:
         pool, body = pools[0], trunk_body(trunk, pools[0])
-    else:
-        body = torch.nn.Sequential(*list(trunk.children())[:1])
+    else:  # the modules before the global pooling compute the local features (none: a cached prefix's map)
+        children = list(trunk.children())
+        cut = next((i for i, m in enumerate(children) if isinstance(m, torch.nn.AdaptiveAvgPool2d)), 1)
+        body = torch.nn.Sequential(*children[:cut])
         train_eval = load_split(cfg, "train", train_transform=False, builder=builder)
         width = body(train_eval[0][0][None].to(device)).shape[1]
         pool = builder.build(
@@ -107,7 +109,8 @@ def save_retrieval(units, out_dir, device, seed, n_queries=4, k=5):
 
     Args:
         units: ``[(name, cfg, result, models)]`` for one seed (``models["frozen"]``: a cached run's frozen prefix,
-            :class:`~pml_extensions.runner.objects.feature_cache.FrozenParts`, or None).
+            :class:`~pml_extensions.runner.objects.feature_cache.FrozenParts`, or None: then the rest embeds the cached
+            test features).
     """
     import json
 
@@ -124,13 +127,15 @@ def save_retrieval(units, out_dir, device, seed, n_queries=4, k=5):
             view = Subset(images, np.arange(len(labels)), labels, builder.build_transform("eval"))
             loaded[key] = images, view, getattr(images, "classes", None)
         images, test_set, classes = loaded[key]
-        trunk, frozen = models["trunk"], models.get("frozen")
-        if frozen is not None:  # feature_cache: the trunk is the rest; the images go through the frozen prefix first
-            trunk = torch.nn.Sequential(frozen.prefix, trunk)
+        if cfg.get("feature_cache") is not None:  # the trunk is the rest: it embeds the cached test features
+            builder.frozen = models.get("frozen")
+            test_set = load_split(cfg, "test", train_transform=False, builder=builder)
+            if not np.array_equal(np.asarray(test_set.labels), np.asarray(images.labels)):
+                raise RuntimeError(f"{name}: the cached test split is not in the order of the test images")
         save_retrieval_examples(
             out_dir,
             name,
-            embed(trunk, models["embedder"], test_set, device),
+            embed(models["trunk"], models["embedder"], test_set, device),
             test_set.labels,
             lambda i, images=images: dataset_image(images, i),
             n_queries=n_queries,
