@@ -44,6 +44,8 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 README = os.path.join(ROOT, "README.md")
 BLOCK = re.compile(r"(<!-- results:([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 HEADLINE = re.compile(r"(<!-- headline:([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /headline:\2 -->)", re.S)
+#: ``<!-- summary:NAME -->``: the first paragraph of ``benchmarks/results/NAME.md`` (a benchmark's opening sentence)
+SUMMARY = re.compile(r"(<!-- summary:([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /summary:\2 -->)", re.S)
 
 
 @dataclass(frozen=True)
@@ -288,8 +290,8 @@ def headline_line(headline: Headline, results_dir: str = RESULTS) -> str:
 
 
 def render(text: str, results_dir: str = RESULTS, headlines: Optional[Mapping[str, Headline]] = None) -> str:
-    """Return ``text`` with every results block replaced by its file's contents and every headline block by its
-    line from ``headlines`` (default :data:`HEADLINES`).
+    """Return ``text`` with every results block replaced by its file's contents, every headline block by its
+    line from ``headlines`` (default :data:`HEADLINES`) and every summary block by the first paragraph of its file.
 
     Raises:
         FileNotFoundError: a block names a results file that does not exist.
@@ -309,7 +311,11 @@ def render(text: str, results_dir: str = RESULTS, headlines: Optional[Mapping[st
             raise KeyError(f"README block 'headline:{name}' has no entry in HEADLINES ({', '.join(headlines)})")
         return match.group(1) + headline_line(headlines[name], results_dir) + "\n" + match.group(4)
 
-    return HEADLINE.sub(_headline, BLOCK.sub(_table, text))
+    def _summary(match):
+        body = _read(os.path.join(results_dir, match.group(2) + ".md"), f"summary:{match.group(2)}")
+        return match.group(1) + body.strip().split("\n\n")[0].strip() + "\n" + match.group(4)
+
+    return SUMMARY.sub(_summary, HEADLINE.sub(_headline, BLOCK.sub(_table, text)))
 
 
 def block_names(text: str) -> list:

@@ -38,6 +38,24 @@ def test_render_replaces_block_and_refuses_missing_file(tmp_path):
         mod.render("<!-- results:u -->\n<!-- /results:u -->", str(tmp_path))
 
 
+def test_a_summary_block_is_the_first_paragraph_of_its_file(tmp_path):
+    mod = _module()
+    (tmp_path / "t.md").write_text("Numbers move by **0.1**; the verdicts do not change.\n\n| a |\n|---|\n")
+    text = "x\n<!-- summary:t -->\nstale\n<!-- /summary:t -->\n"
+    assert mod.render(text, str(tmp_path)) == (
+        "x\n<!-- summary:t -->\nNumbers move by **0.1**; the verdicts do not change.\n<!-- /summary:t -->\n"
+    )
+    with pytest.raises(FileNotFoundError, match="summary:u"):
+        mod.render("<!-- summary:u -->\n<!-- /summary:u -->", str(tmp_path))
+
+
+def test_the_readme_says_how_far_the_main_job_moves_with_the_thread_count():
+    text = _readme()
+    table = text.index("<!-- /results:xml_vs_gap -->")
+    summary = text.index("<!-- summary:thread_sensitivity -->")
+    assert 0 < summary - table < 400  # beside the table
+
+
 def test_every_method_has_one_headline_in_the_readme():
     mod = _module()
     names = mod.headline_names(_readme())
