@@ -537,6 +537,8 @@ def run(
             results["environment"] = json.load(f)
     else:
         results["environment"] = run_environment()
+    if not dist_utils.is_main():  # under torchrun the main rank writes the files (two writers raced on retrieval/)
+        return results
     header, footer = markdown_parts(results)
     write_results(experiment_folder, results, metrics=list(METRICS), header=header, footer=footer)
     num_prototypes = 64
