@@ -67,6 +67,13 @@ DATA_FOLDER_DATASET = {
 }
 
 
+#: protocols whose images come from another key: the rest of the --data_folder refusal (``{path}``: the folder)
+DATA_FOLDER_ELSEWHERE = {
+    "resolution_distillation": 'reads its data from `datasets:` (e.g. --datasets~OVERRIDE~ "{{imagefolder: {{root: '
+    '{path}, database_resolution: 128, query_resolutions: [64]}}}}")',
+}
+
+
 def data_folder_override(path, protocol: str) -> dict:
     """``--data_folder PATH``: your own images as the config's dataset, all classes (the protocol splits them).
 
@@ -95,11 +102,9 @@ def data_folder_override(path, protocol: str) -> dict:
         )
     if protocol in DATA_FOLDER_DATASET:
         return {"dataset~OVERRIDE~": DATA_FOLDER_DATASET[protocol](path, is_csv)}
-    if protocol == "resolution_distillation":
+    if protocol in DATA_FOLDER_ELSEWHERE:  # a protocol that reads images from another key: say which
         raise ConfigError(
-            f"command line: --data_folder: the {protocol} protocol reads its data from `datasets:` (e.g. "
-            f'--datasets~OVERRIDE~ "{{imagefolder: {{root: {path}, database_resolution: 128, query_resolutions: '
-            '[64]}}")'
+            f"command line: --data_folder: the {protocol} protocol {DATA_FOLDER_ELSEWHERE[protocol].format(path=path)}"
         )
     raise ConfigError(  # template_block, localization: their data is not a folder of classes (see docs/own_data.md)
         f"command line: --data_folder: the {protocol} protocol does not take your images (--data_folder works with "
