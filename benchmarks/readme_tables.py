@@ -16,7 +16,9 @@ and, for each method's headline, a block whose one line is written from :data:`H
 
 A headline reads paired comparisons (a mean difference and its 95 % CI) out of ``benchmarks/results/NAME.json`` and
 words each with the runner's one verdict vocabulary (:func:`pml_extensions.runner.outputs.results.verdict_word`:
-reproduced / contradicted / not shown / consistent; "not shown" is written "not shown at this scale"). Adding a
+reproduced / contradicted / not shown / consistent). "Not shown", an interval that contains 0, is written as the
+largest effect the interval leaves possible, "no effect larger than X UNIT"
+(:func:`~pml_extensions.runner.outputs.results.effect_bound`). Adding a
 headline for a new results file is one entry of :data:`HEADLINES` (or one more :class:`Evidence` in an entry) and
 the marker pair in the README; e.g. the 20-seed XML benchmark's comparison, added to ``HEADLINES["xml"]``::
 
@@ -265,7 +267,7 @@ def evidence_text(evidence: Evidence, results_dir: str = RESULTS) -> str:
         FileNotFoundError: the results file does not exist.
         KeyError: the comparison is not in it.
     """
-    from pml_extensions.runner.outputs.results import format_difference, verdict_word
+    from pml_extensions.runner.outputs.results import effect_bound, format_difference, verdict_word
 
     path = os.path.join(results_dir, evidence.results + ".json")
     comparison = find(json.loads(_read(path, f"headline from {evidence.results}")), evidence.where, path)
@@ -276,9 +278,11 @@ def evidence_text(evidence: Evidence, results_dir: str = RESULTS) -> str:
     shown = {"mean_difference": mean, "ci95": ci}
     n = comparison.get("n") or len(comparison.get("differences") or comparison.get("seeds") or ())
     word = verdict_word(shown, evidence.claim)
-    word = "not shown at this scale" if word == "not shown" else word
     seeds = f", {n} seeds" if n else ""
     unit = f" {evidence.unit}" if evidence.unit else ""
+    bound = effect_bound(shown, evidence.scale)
+    if word == "not shown":  # the interval contains 0: say the largest effect it leaves possible
+        word = "not shown (1 seed)" if bound is None else f"no effect larger than {bound:.{evidence.digits}f}{unit}"
     return f"{evidence.label}{seeds}: {format_difference(shown, evidence.digits, evidence.scale)}{unit}, {word}"
 
 

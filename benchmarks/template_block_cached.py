@@ -28,7 +28,7 @@ import time
 
 from pml_extensions.cli.run import quiet_progress_bars
 from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config, load_config
-from pml_extensions.runner.outputs.results import compare, format_difference, verdict_word, wins
+from pml_extensions.runner.outputs.results import compare, effect_bound, format_difference, verdict_word, wins
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,7 +137,6 @@ def task_rows(results: dict) -> dict:
         scaled["ci95"] = None if c["ci95"] is None else [scale * x for x in c["ci95"]]
         half = None if scaled["ci95"] is None else (scaled["ci95"][1] - scaled["ci95"][0]) / 2
         word = verdict_word(scaled, "greater")
-        bound = None if scaled["ci95"] is None else max(abs(x) for x in scaled["ci95"])
         claims.append(
             {
                 "variant": variant,
@@ -148,7 +147,7 @@ def task_rows(results: dict) -> dict:
                 "target_half_width": TARGET,
                 "wins": wins(scaled),
                 "verdict": word,
-                "bound": bound,
+                "bound": effect_bound(scaled),
             }
         )
     return {"task": results["task"], "metric": metric, "variants": means, "claims": claims, "n": len(results["seeds"])}

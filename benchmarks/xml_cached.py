@@ -28,6 +28,7 @@ import time
 import numpy as np
 import torch
 
+from pml_extensions.runner.outputs.results import effect_bound
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,8 +197,7 @@ def claim(d: dict, target: float) -> str:
         return f"reproduced: XML higher by {lo:.2f} to {hi:.2f} points"
     if hi < 0:
         return f"contradicted: XML lower by {-hi:.2f} to {-lo:.2f} points"
-    bound = max(abs(lo), abs(hi))
-    return f"no effect larger than {bound:.2f} points" + (
+    return f"no effect larger than {effect_bound(d):.2f} points" + (
         "" if (hi - lo) / 2 <= target else f" (half-width {(hi - lo) / 2:.2f} > target {target})"
     )
 

@@ -68,7 +68,8 @@ def test_every_method_has_one_headline_in_the_readme():
 
 def test_the_readme_headlines_say_what_the_results_say():
     """Each comparison of each headline, re-derived from its results file: the difference and its 95 % CI, and the
-    issue's words "not shown at this scale" exactly where the CI contains 0."""
+    issue's words "no effect larger than X" exactly where the CI contains 0, X = max(|low|, |high|) (hand-computed
+    here from the interval)."""
     mod = _module()
     for key, headline in mod.HEADLINES.items():
         line = mod.headline_line(headline)
@@ -82,7 +83,7 @@ def test_the_readme_headlines_say_what_the_results_say():
             s, d = e.scale, e.digits
             shown = f"{s * m:+.{d}f} [{s * low:+.{d}f}, {s * high:+.{d}f}] {e.unit}".rstrip()
             if low <= 0 <= high:
-                word = "not shown at this scale"
+                word = f"no effect larger than {s * max(-low, high):.{d}f} {e.unit}".rstrip()
             else:
                 word = "reproduced" if (low > 0) == (e.claim == "greater") else "contradicted"
             assert f"{e.label}, " in line and f"{shown}, {word}" in line, (key, shown, word)
@@ -112,7 +113,7 @@ def test_a_headline_is_written_from_its_results_file_and_a_stale_one_is_found(tm
     _results(tmp_path, -0.001, [-0.02, 0.018])  # the benchmark reran: the README line is stale
     newer = mod.render(new, str(tmp_path), headlines)
     assert newer != new
-    assert "XML − GAP, 3 seeds: -0.10 [-2.00, +1.80] points, not shown at this scale." in newer
+    assert "XML − GAP, 3 seeds: -0.10 [-2.00, +1.80] points, no effect larger than 2.00 points." in newer
 
 
 def test_a_headline_without_its_file_entry_or_comparison_is_an_error(tmp_path):
@@ -135,7 +136,7 @@ def test_a_headline_without_its_file_entry_or_comparison_is_an_error(tmp_path):
 def test_check_fails_on_a_stale_readme(tmp_path):
     mod = _module()
     stale = tmp_path / "README.md"
-    stale.write_text(_readme().replace("not shown at this scale", "shown", 1))
+    stale.write_text(_readme().replace("no effect larger than", "shown", 1))
     assert mod.main(["--check", "--readme", str(stale)]) == 1
     stale.write_text(_readme())
     assert mod.main(["--check", "--readme", str(stale)]) == 0

@@ -235,6 +235,22 @@ def verdict_word(comparison: dict, claim: str = "greater") -> str:
     return "not shown"
 
 
+def effect_bound(comparison: dict, scale: float = 1.0) -> Optional[float]:
+    """The largest effect a comparison's 95 % CI leaves possible: ``max(|low|, |high|) · scale`` (in the metric's
+    units times ``scale``, e.g. 100 for points), ``None`` without an interval (a single seed). A "not shown"
+    verdict (:func:`verdict_word`) is stated as "no effect larger than" this bound.
+
+    Example::
+
+        >>> effect_bound({"ci95": [-0.0016, 0.0062]}, scale=100), effect_bound({"ci95": None})
+        (0.62, None)
+    """
+    ci = comparison.get("ci95")
+    if ci is None or any(isinstance(v, float) and math.isnan(v) for v in ci):
+        return None
+    return max(abs(ci[0]), abs(ci[1])) * scale
+
+
 def verdict(comparison: dict, decimals: int = 4) -> str:
     """One line on a comparison whose claim is "variant > baseline": the difference, its interval and the verdict
     (:func:`verdict_word`): reproduced when the 95 % CI of the paired difference lies above 0, contradicted when
