@@ -135,7 +135,7 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
         Step(
             "template_block_cached",
             tbc_gather[-1] + ["--merge", "--tasks", *tbc_tasks, "--out", "benchmarks/results"],
-            ["template_block_cached"],
+            ["template_block_cached_quick" if size == "quick" else "template_block_cached"],
             parts=tuple(tbc_train) + tuple((f"gather_{t}", c) for t, c in zip(tbc_tasks[:-1], tbc_gather[:-1])),
             needs=("template_block_cached_cache",),
         ),

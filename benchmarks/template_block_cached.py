@@ -81,6 +81,13 @@ def task_config(task: str, size: str = "medium", seeds=None, device: str = "cpu"
     return config, sources, os.path.join(runs, config["experiment_name"])
 
 
+def results_name(size: str) -> str:
+    """``benchmarks/results/<name>.{json,md}`` of a merge: ``template_block_cached`` (medium: the evidence table of
+    the docs) or ``template_block_cached_quick`` (the 12-class smoke size of ``reproduce.py --size quick``, which
+    must never replace the evidence table)."""
+    return "template_block_cached" + ("_quick" if size == "quick" else "")
+
+
 def _log(*args, **kwargs):
     print(*args, file=sys.stderr, flush=True)
 
@@ -245,7 +252,11 @@ def main(argv=None) -> int:
     p.add_argument("--part", choices=["cache", "train", "gather"])
     p.add_argument("--task", choices=TASKS, default="classification")
     p.add_argument("--shard", default=None, help="i/n: train the seeds i, i + n, ... of the config")
-    p.add_argument("--merge", action="store_true", help="write benchmarks/results/template_block_cached.{json,md}")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="write benchmarks/results/template_block_cached.{json,md} (--size quick: template_block_cached_quick)",
+    )
     p.add_argument("--size", choices=["quick", "medium"], default="medium")
     p.add_argument("--seeds", type=int, default=None, help="the first N seeds (default: the config's)")
     p.add_argument("--runs", default=RUNS)
@@ -267,8 +278,9 @@ def main(argv=None) -> int:
     if args.merge:
         out = merge(args.runs, args.tasks)
         text = markdown(out)
-        atomic_write_json(os.path.join(args.out, "template_block_cached.json"), out, indent=1)
-        atomic_write_text(os.path.join(args.out, "template_block_cached.md"), text)
+        name = results_name(args.size)
+        atomic_write_json(os.path.join(args.out, name + ".json"), out, indent=1)
+        atomic_write_text(os.path.join(args.out, name + ".md"), text)
         print(text)
     return 0
 

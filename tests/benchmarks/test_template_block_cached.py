@@ -109,3 +109,17 @@ def test_verdict_words_within_the_target():
     assert tbc._words(claim) == "reproduced"
     assert tbc._words(dict(claim, verdict="not shown")) == "not shown: no effect larger than 0.90 points"
     assert tbc._words(dict(claim, half_width=None)) == "reproduced (1 seed)"
+
+
+def test_the_quick_smoke_size_never_replaces_the_evidence_table():
+    """reproduce.py --size quick merges the 12-class smoke run into its own results file; the medium run writes the
+    evidence table the docs show."""
+    tbc = _module()
+    assert tbc.results_name("quick") == "template_block_cached_quick"
+    assert tbc.results_name("medium") == "template_block_cached"
+    spec = importlib.util.spec_from_file_location("reproduce_tbc", os.path.join(ROOT, "benchmarks", "reproduce.py"))
+    rep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rep)
+    written = {size: {n for s in rep.steps(size, "cpu", "runs") for n in s.results} for size in ("quick", "full")}
+    assert "template_block_cached_quick" in written["quick"] and "template_block_cached" not in written["quick"]
+    assert "template_block_cached" in written["full"]
