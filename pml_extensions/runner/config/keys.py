@@ -215,14 +215,27 @@ def check_keys(config: Dict[str, Any], sources: Dict[str, str], file_keys: Itera
         name = split_marker(key)[0]
         if name in allowed:
             continue
-        if sources.get(name) == "command line" and name not in file_keys:
+        command_line = sources.get(name) == "command line" and name not in file_keys
+        hint = _hint(name, protocol, known | file_keys if command_line else known)
+        if command_line:
             raise ConfigError(
                 f"command line: --{name}: no config file defines this key and the {protocol} protocol does not "
-                f"read it{nearest(name, known | file_keys, cutoff=0)} (all keys: run CONFIG --dry-run)"
+                f"read it{hint} (all keys: run CONFIG --dry-run)"
             )
-        raise ConfigError(
-            f"{_where(sources, name)}: the {protocol} protocol reads no such key{nearest(name, known, cutoff=0)}"
-        )
+        raise ConfigError(f"{_where(sources, name)}: the {protocol} protocol reads no such key{hint}")
+
+
+def _hint(name: str, protocol: str, known: Set[str]) -> str:
+    """What follows "reads no such key": the nearest known key when one is close (``"; did you mean X?"``), and,
+    for a key of other protocols, which ones read it (``"; it is a key of the mlrc protocol"``); a key of no
+    protocol gets the nearest known key however far (``cutoff=0``)."""
+    others = [p for p, keys in PROTOCOL_KEYS.items() if p != protocol and name in keys]
+    if not others:
+        return nearest(name, known, cutoff=0)
+    names = others[0] if len(others) == 1 else f"{', '.join(others[:-1])} and {others[-1]}"
+    close = nearest(name, known)
+    lead = f"{close} It" if close else "; it"
+    return f"{lead} is a key of the {names} protocol{'s' if len(others) > 1 else ''}"
 
 
 def seed_list(value: Any) -> Any:

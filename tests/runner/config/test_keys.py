@@ -31,6 +31,18 @@ def test_each_protocol_reads_its_keys_and_its_old_spellings():
             {"bogus_key": "command line"},
             "^command line: --bogus_key: no config file defines this key and the mlrc protocol does not read it",
         ),
+        (  # a key of another protocol names that protocol, not an unrelated "nearest" key ("optimizers" was)
+            {"protocol": "xml_vs_gap", "skip_bad_images": True},
+            {"skip_bad_images": "command line"},
+            "^command line: --skip_bad_images: no config file defines this key and the xml_vs_gap protocol does not "
+            "read it; it is a key of the mlrc protocol [(]all keys: run CONFIG --dry-run[)]$",
+        ),
+        (
+            {"protocol": "xml_vs_gap", "test_dataset": {}},
+            {"test_dataset": "config_dataset.yaml"},
+            "^config_dataset.yaml: test_dataset: the xml_vs_gap protocol reads no such key; did you mean dataset[?] It "
+            "is a key of the template_block and localization protocols$",
+        ),
         (
             {"protocol": "mlrc", "eval_batch_size": 1},  # an old PB spelling of another protocol is still unknown
             {"eval_batch_size": "f.yaml"},
