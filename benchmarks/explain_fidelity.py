@@ -17,7 +17,7 @@ better), and the paired difference method − random over seeds with its 95 % t 
     python benchmarks/explain_fidelity.py             # 3 seeds x {GAP, GMP}, 16 queries, 160 px, 1 CPU core
     python benchmarks/explain_fidelity.py --device cuda --queries 64 --size 224
 
-Writes benchmarks/results/explain_fidelity.json (per-seed values) and .md (the README table and ranking).
+Writes benchmarks/results/explain_fidelity.json (per-seed values) and .md (the table and ranking on docs/benchmarks.md).
 """
 
 import argparse

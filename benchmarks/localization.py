@@ -6,12 +6,12 @@ Everything about the experiment (the composites drawn per seed, MobileNetV2 + GM
 Multi-Similarity and, paired, the Triplet loss, every method scored under both sign conventions, the rectified
 Grad-CAM identity, the paired statistics) is the protocol's: ``pml_extensions/runner/protocols/localization``. The
 experiment folder resumes after a kill, ``python -m pml_extensions run --reproduce FOLDER`` reruns it, ``report.html``
-is inside. This script renders ``benchmarks/results/localization.json`` and ``.md`` (the README's
+is inside. This script renders ``benchmarks/results/localization.json`` and ``.md`` (the docs'
 ``results:localization`` block): Table I (accuracy per threshold), Table II (best threshold per method, paired
 differences vs Decomposition under the same convention), Tables III-IV (MS vs Triplet) and each paper claim beside our
 paired difference and its verdict (:func:`pml_extensions.runner.outputs.results.verdict_word`).
 
-    python benchmarks/localization.py --size quick       # 40 test images at 224 px, 30 steps (the README's size)
+    python benchmarks/localization.py --size quick       # 40 test images at 224 px, 30 steps (the docs' size)
     python benchmarks/localization.py --size quick --only-seeds 0    # one seed's units (reproduce.py: seeds at once)
     python benchmarks/localization.py --size medium      # 60 test images at 256 px, 60 steps
     python benchmarks/localization.py --size full --device cuda

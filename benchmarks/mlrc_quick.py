@@ -1,4 +1,4 @@
-"""The shipped MLRC configs' ``quick`` variants, run through the CLI: the README's "MLRC quick configs" table.
+"""The shipped MLRC configs' ``quick`` variants, run through the CLI: the docs' "MLRC quick configs" table.
 
 Each config runs as a user would run it (``python -m pml_extensions run NAME --variant quick``, glyphs, one seed,
 class-disjoint folds with early stopping on validation classes) into ``runs/mlrc_quick/``; its ``results.json``
@@ -9,7 +9,7 @@ at smoke scale; it is not a comparison between configs (the paired, multi-seed c
     python benchmarks/mlrc_quick.py                       # all six configs, about 4 minutes on 2 CPU cores
     python benchmarks/mlrc_quick.py --configs contrastive template_block
 
-Writes ``benchmarks/results/mlrc_quick.json`` and ``.md`` (the README's ``results:mlrc_quick`` block).
+Writes ``benchmarks/results/mlrc_quick.json`` and ``.md`` (the docs' ``results:mlrc_quick`` block).
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Regenerate every result table of the README with one command.
 
-    python benchmarks/reproduce.py --size quick                  # CPU: see the README for the measured wall time
+    python benchmarks/reproduce.py --size quick                  # CPU: wall time: docs/benchmarks.md
     python benchmarks/reproduce.py --size full --device cuda     # GPU sizes
     python benchmarks/reproduce.py --size quick --only xml_vs_gap xml_generalization
     python benchmarks/reproduce.py --list                        # the plan: every process, its threads, its order

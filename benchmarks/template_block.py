@@ -12,9 +12,9 @@ Three experiments, each an experiment folder of the runner (resumable after a ki
   from the trained BN-ReLU models).
 
 ``--size`` picks the configs' variant (``quick``: 200 iterations, a smoke run; ``medium``: the configs' default, the
-README's 500 iterations; ``full``: the GPU size). Everything about the experiments (data, pairing, selection on
+docs' 500 iterations; ``full``: the GPU size). Everything about the experiments (data, pairing, selection on
 validation images, statistics) is the protocol's: see ``pml_extensions/runner/protocols/template_block``. This
-script renders ``benchmarks/results/template_block.json`` and ``.md`` (the README's ``results:template_block`` block)
+script renders ``benchmarks/results/template_block.json`` and ``.md`` (the docs' ``results:template_block`` block)
 from the three ``results.json`` files: the per-dataset Table 1, the λ sweep, the soft-maximizer table and each paper
 claim beside our paired difference and its verdict (:func:`pml_extensions.runner.outputs.results.verdict_word`).
 
