@@ -171,3 +171,13 @@ def test_record_names_the_wall_time_and_every_process(tmp_path, monkeypatch):
     mod.write_record(args, plan, 60.0, {}, ["resolution_distillation"], ["xml_generalization"])
     md = open(tmp_path / "reproduce_quick_cpu.md").read()
     assert "failed: resolution_distillation; skipped: xml_generalization" in md
+
+
+def test_quick_leaves_the_full_only_steps_out():
+    """--size quick fits its 60 minutes by leaving the k-NN scale timings (11.6 min alone) to --size full."""
+    mod = _load_reproduce()
+    quick = [s.name for s in mod.steps("quick", "cpu", "runs")]
+    full = [s.name for s in mod.steps("full", "cpu", "runs")]
+    assert mod.FULL_ONLY == ("accuracy_scale",)
+    assert "accuracy_scale" in full and "accuracy_scale" not in quick
+    assert [n for n in full if n not in mod.FULL_ONLY] == quick
