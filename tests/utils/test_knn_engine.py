@@ -488,7 +488,7 @@ class TestProposalBound:
 class TestDeviceClean:
     FACTORIES = {"empty", "zeros", "ones", "full", "arange", "tensor", "rand", "randn", "randint", "eye", "linspace"}
 
-    @pytest.mark.parametrize("module", ["knn_engine", "knn_selection", "knn_metrics"])
+    @pytest.mark.parametrize("module", ["knn_engine", "knn_scores", "knn_selection", "knn_ops", "knn_metrics"])
     def test_every_tensor_factory_names_a_device(self, module):
         import ast
 
@@ -520,7 +520,7 @@ class TestTheEngineScores:
     """The one kernel every ranked score comes from: deterministic per pair, within the float32 bound."""
 
     def test_a_pair_gets_the_same_score_wherever_it_is_computed(self):
-        from pml_extensions.utils.knn_selection import pair_dots
+        from pml_extensions.utils.knn_scores import pair_dots
 
         g = torch.Generator().manual_seed(0)
         for d in (7, 16, 128):

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from pml_extensions.utils import knn_scores as K
 from pml_extensions.utils import knn_selection as S
+from pml_extensions.utils.knn_ops import NumpyOps, TorchOps
 
-OPS = [S.NumpyOps, S.TorchOps]
+OPS = [NumpyOps, TorchOps]
 
 
 def test_rounding_helpers_round_in_the_named_direction():
@@ -20,13 +22,13 @@ def test_rounding_helpers_round_in_the_named_direction():
     scale = 10.0 ** torch.randint(-6, 6, (2000,), generator=g)
     special = torch.tensor([0.0, -0.0, 1e-45, -1e-45, math.inf, -math.inf], dtype=torch.float64)
     t = torch.cat([torch.randn(2000, generator=g, dtype=torch.float64) * scale, special])
-    up, down = S.up32(t), S.down32(t)
+    up, down = K.up32(t), K.down32(t)
     assert bool((up.double() >= t).all()) and bool((down.double() <= t).all())
     assert bool((torch.nextafter(up, torch.full_like(up, -math.inf)).double() < t)[torch.isfinite(t)].all())
-    floor = S.bf16_floor(t).float().double()
+    floor = K.bf16_floor(t).float().double()
     assert bool((floor <= t).all())
     finite = torch.isfinite(t)
-    step_up = S.bf16_floor(t).view(torch.int16)
+    step_up = K.bf16_floor(t).view(torch.int16)
     # the next bfloat16 above the floor is above t (the floor is the largest one at or below t)
     nxt = torch.where(step_up >= 0, step_up + 1, step_up - 1).view(torch.bfloat16).float().double()
     assert bool((nxt > t)[finite & (t != 0)].all())
@@ -35,13 +37,13 @@ def test_rounding_helpers_round_in_the_named_direction():
 def test_keys_sort_like_score_then_index():
     scores = torch.tensor([1.5, -2.0, 1.5, -0.0, 0.0, math.inf, -1e-30, 3.0])
     cols = torch.tensor([7, 3, 2, 9, 1, 0, 4, 5])
-    order = torch.argsort(S.ordered_keys(scores, cols))
+    order = torch.argsort(K.ordered_keys(scores, cols))
     want = sorted(range(8), key=lambda i: (float(scores[i]) + 0.0, int(cols[i])))
     assert order.tolist() == want
-    assert torch.equal(S.key_scores(S.ordered_keys(scores, cols)), scores + 0.0)
+    assert torch.equal(K.key_scores(K.ordered_keys(scores, cols)), scores + 0.0)
     for ops in OPS:
         a = ops.arr
-        assert np.array_equal(np.asarray(ops.keys(a(scores), a(cols))), S.ordered_keys(scores, cols).numpy())
+        assert np.array_equal(np.asarray(ops.keys(a(scores), a(cols))), K.ordered_keys(scores, cols).numpy())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -51,7 +53,7 @@ def test_kth_largest_rows_over_several_strips(dtype):
     p[::7, 5] = -math.inf
     for k in (1, 17, 299):
         want = p.float().topk(k, dim=1).values[:, -1].double()
-        assert torch.equal(S.kth_largest_rows(p, k), want)
+        assert torch.equal(K.kth_largest_rows(p, k), want)
 
 
 @pytest.mark.parametrize("ops", OPS)
@@ -66,7 +68,7 @@ def test_select_matches_a_float_comparison(ops, dtype):
     want = torch.nonzero(((p.float() >= t_rows[:, None]) | (p.float() >= t_cols[None, :])).reshape(-1)).flatten()
     masks = (np.empty(70 * 50, bool), np.empty(70 * 50, bool))
     buffers = lambda n: (masks[0][:n], masks[1][:n])  # noqa: E731
-    if ops is S.NumpyOps:
+    if ops is NumpyOps:
         for strip in (1, 16, 1024):
             got = ops.select(p, t_rows, t_cols, buffers, strip)
             assert np.array_equal(got, want.numpy())
@@ -119,7 +121,7 @@ def test_buffers_keep_every_candidate_up_to_the_kth_and_fail_when_ties_overflow(
     for r in range(n - 1):
         want = sorted(everything[r])[:k]
         kept = sorted(
-            (float(S.key_scores(torch.tensor([x]))[0]), int(x & S.LOW32)) for x in keys[r] if x != S.INT64_MAX
+            (float(K.key_scores(torch.tensor([x]))[0]), int(x & K.LOW32)) for x in keys[r] if x != K.INT64_MAX
         )
         assert want == kept[:k]  # the k best (ties by reference) are always there
         assert float(np.asarray(st.U)[r]) >= want[-1][0]  # U bounds the k-th score from above
