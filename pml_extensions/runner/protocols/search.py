@@ -51,7 +51,6 @@ Example (shell; run the same line in a second terminal to share the study)::
 
 import contextlib
 import copy
-import json
 import math
 import os
 import socket
@@ -60,8 +59,17 @@ import time
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..config.syntax import _SEARCH_OPS, split_marker
+from ..config.search_space import fill, search_space, suggest
 from ..errors import ConfigError
+from ..outputs.search_summary import (
+    FOLDER_ATTR,
+    FOLDS_ATTR,
+    REASON_ATTR,
+    UNTRAINED_ATTR,
+    trial_folder_name,
+    untrained_note,
+    write_summary,
+)
 
 try:  # POSIX
     import fcntl
@@ -69,10 +77,6 @@ except ImportError:  # pragma: no cover - Windows: no lock files, one worker per
     fcntl = None
 
 STUDY_NAME = "search"
-FOLDER_ATTR = "folder"  # user attribute: the trial's folder under the experiment folder
-REASON_ATTR = "fail_reason"  # user attribute of a FAIL trial whose run failed (not of a killed one)
-UNTRAINED_ATTR = "untrained_folds"  # user attribute: the folds whose best epoch is 0 (the untrained model)
-FOLDS_ATTR = "num_folds"
 #: seconds between two heartbeats of a running trial (Optuna's ``RDBStorage(heartbeat_interval=...)``)
 HEARTBEAT_INTERVAL_S = 10
 #: seconds without a heartbeat after which a running trial is failed and queued again (``grace_period``)
@@ -84,90 +88,6 @@ POLL_S = 2.0
 #: default of ``bayes_opt_max_failures_in_a_row``
 MAX_FAILURES_IN_A_ROW = 5
 LOCKS_FOLDER = "locks"
-
-
-# ------------------------------------------------------------------------------------------------ the search space
-def search_space(config: Any, path: Tuple = ()) -> List[Tuple[Tuple, str, str, Any]]:
-    """``[(path_to_marked_key, param_name, op, [low, high])]`` for every search marker in ``config``, at any depth,
-    list items included (a list index is an ``int`` in the path and ``[i]`` in the name).
-
-    Raises:
-        ConfigError: a range that is not ``[low, high]`` numbers with ``low < high`` (positive for LOG).
-
-    Example::
-
-        >>> cfg = {"trunk": [{"ConvNetBody": {"blocks_per_stage~INT_BAYESIAN~": [1, 2]}}, {"Flatten": None}]}
-        >>> search_space(cfg)
-        [(('trunk', 0, 'ConvNetBody', 'blocks_per_stage~INT_BAYESIAN~'), 'trunk[0].ConvNetBody.blocks_per_stage', \
-'INT_BAYESIAN', [1, 2])]
-    """
-    found = []
-    if isinstance(config, dict):
-        for key, value in config.items():
-            name, op, _ = split_marker(key)
-            if op in _SEARCH_OPS:
-                where = _param_name(path + (name,))
-                ok = (
-                    isinstance(value, list)
-                    and len(value) == 2
-                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-                )
-                if not ok or value[0] >= value[1] or (op == "LOG_BAYESIAN" and value[0] <= 0):
-                    raise ConfigError(
-                        f"{where}~{op}~: expected [low, high] with low < high"
-                        f"{' and low > 0' if op == 'LOG_BAYESIAN' else ''}, got {value!r}"
-                    )
-                if op == "INT_BAYESIAN" and not all(isinstance(v, int) for v in value):
-                    raise ConfigError(f"{where}~{op}~: expected two integers, got {value!r}")
-                found.append((path + (key,), where, op, value))
-            else:
-                found.extend(search_space(value, path + (key,)))
-    elif isinstance(config, list):
-        for i, value in enumerate(config):
-            found.extend(search_space(value, path + (i,)))
-    return found
-
-
-def _param_name(path: Tuple) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def suggest(trial, space) -> Dict[str, Any]:
-    """Ask ``trial`` (an ``optuna.Trial``) for one value per marker."""
-    out = {}
-    for _, name, op, (low, high) in space:
-        if op == "INT_BAYESIAN":
-            out[name] = trial.suggest_int(name, low, high)
-        else:
-            out[name] = trial.suggest_float(name, float(low), float(high), log=op == "LOG_BAYESIAN")
-    return out
-
-
-def fill(config: Dict[str, Any], space, values: Dict[str, Any]) -> Dict[str, Any]:
-    """``config`` with each marked key replaced by its plain key and the trial's value (key order kept).
-
-    Example::
-
-        >>> cfg = {"trunk": [{"ConvNetBody": {"widths": [8], "blocks_per_stage~INT_BAYESIAN~": [1, 2]}}]}
-        >>> fill(cfg, search_space(cfg), {"trunk[0].ConvNetBody.blocks_per_stage": 2})
-        {'trunk': [{'ConvNetBody': {'widths': [8], 'blocks_per_stage': 2}}]}
-    """
-    out = copy.deepcopy(config)
-    for path, name, _, _ in space:
-        parent = out
-        for key in path[:-1]:
-            parent = parent[key]
-        items = list(parent.items())
-        parent.clear()
-        for k, v in items:
-            if k == path[-1]:
-                parent[split_marker(k)[0]] = values[name]
-            else:
-                parent[k] = v
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ one trial's value
@@ -388,15 +308,11 @@ def run_search(
     dist_utils.broadcast_object(("done", summary))
     best = summary["best"]
     if best is not None and best.get("untrained"):
-        log(f"search: {_untrained_note(best)}")
+        log(f"search: {untrained_note(best)}")
     from ..outputs.report import write_report
 
     write_report(folder)  # shows results.md (the trials, best marked, failures) and search.png
     return summary
-
-
-def _trial_folder_name(trial) -> str:
-    return trial.user_attrs.get(FOLDER_ATTR) or f"trial_{trial.number}"
 
 
 def _retry_callback(optuna) -> Tuple[str, Callable]:
@@ -467,7 +383,7 @@ class _SharedStudy:
                 continue
             self.log(
                 f"trial {frozen.number}: its worker stopped (killed or interrupted); its parameters run again in "
-                f"{_trial_folder_name(frozen)}, resuming from its checkpoint"
+                f"{trial_folder_name(frozen)}, resuming from its checkpoint"
             )
             self.retry(self.study, copy.deepcopy(self.storage.get_trial(trial_id)))
         failed = self.optuna.trial.TrialState.FAIL
@@ -479,7 +395,7 @@ class _SharedStudy:
             if t.number not in before:
                 self.log(
                     f"trial {t.number}: no heartbeat for more than {GRACE_PERIOD_S} s; its parameters run again in "
-                    f"{_trial_folder_name(t)} once its worker, if still alive, lets go of the folder"
+                    f"{trial_folder_name(t)} once its worker, if still alive, lets go of the folder"
                 )
 
     def failures_in_a_row(self, trials) -> List[int]:
@@ -508,7 +424,7 @@ class _SharedStudy:
         heartbeat = folder_lock = None
         try:
             heartbeat = _Heartbeat(self.storage, self.trial_id(trial.number), HEARTBEAT_INTERVAL_S)
-            name = _trial_folder_name(trial)  # a queued copy keeps its folder
+            name = trial_folder_name(trial)  # a queued copy keeps its folder
             trial.set_user_attr(FOLDER_ATTR, name)
             seed = config.get("seed", 0)
             with warnings.catch_warnings():
@@ -648,128 +564,3 @@ def _follow_rank_0(objective) -> Dict[str, Any]:
             return payload
         if kind == "trial":
             _outcome(objective, payload)
-
-
-# ------------------------------------------------------------------------------------------------ the outputs
-def _untrained(row: Dict[str, Any]) -> bool:
-    folds = row.get(FOLDS_ATTR)
-    return bool(folds) and len(row.get(UNTRAINED_ATTR) or []) == folds
-
-
-def _untrained_note(best: Dict[str, Any]) -> str:
-    return (
-        f"the best trial, {best['number']} (objective {best['value']:.4f}), ties the untrained model's score: "
-        f"epoch 0 stayed the best epoch of every fold, so training never beat the starting weights"
-    )
-
-
-def write_summary(
-    study, folder: str, n_trials: Optional[int] = None, stopped: Optional[Dict[str, Any]] = None
-) -> Dict[str, Any]:
-    """``search.json``, ``results.md`` and ``search.png`` (objective per trial and best so far) of a study.
-
-    The failed trials are listed with their reasons: the run's (a NaN objective, an exception) or, for a trial
-    whose worker stopped, the trial that resumed it. A best trial that ties the untrained score is flagged.
-    """
-    import optuna
-
-    from ...utils.atomic_io import atomic_savefig, atomic_write_text
-
-    trials = study.get_trials(deepcopy=False)
-    rows = []
-    for t in trials:
-        if t.state != optuna.trial.TrialState.COMPLETE:
-            continue
-        row = {"number": t.number, "value": t.value, "params": t.params, "folder": _trial_folder_name(t)}
-        if FOLDS_ATTR in t.user_attrs:
-            row[UNTRAINED_ATTR] = list(t.user_attrs.get(UNTRAINED_ATTR) or [])
-            row[FOLDS_ATTR] = t.user_attrs[FOLDS_ATTR]
-        row["untrained"] = _untrained(row)
-        rows.append(row)
-    best = max(rows, key=lambda r: r["value"]) if rows else None
-    resumed_as = {}
-    for t in trials:
-        for number in t.system_attrs.get("retry_history", []):
-            resumed_as[number] = t.number  # the last copy of a trial resumed more than once
-    failures = []
-    for t in trials:
-        if t.state != optuna.trial.TrialState.FAIL:
-            continue
-        if REASON_ATTR in t.user_attrs:
-            reason = t.user_attrs[REASON_ATTR]
-        elif t.number in resumed_as:
-            reason = f"its worker stopped; resumed as trial {resumed_as[t.number]} in {_trial_folder_name(t)}"
-        else:
-            reason = "its worker stopped"
-        failures.append({"number": t.number, "reason": reason})
-    summary = {
-        "n_trials": len(rows),
-        "bayes_opt_iters": n_trials,
-        "best": best,
-        "trials": rows,
-        "failed_trials": [f["number"] for f in failures],
-        "failures": failures,
-        "stopped": stopped,
-    }
-    atomic_write_text(os.path.join(folder, "search.json"), json.dumps(summary, indent=2))
-    lines = [
-        f"Optuna study ({len(rows)} COMPLETE trials"
-        + (f" of bayes_opt_iters={n_trials}" if n_trials is not None else "")
-        + ", maximising the aggregated validation metric)"
-        + (f"; best: trial {best['number']}." if best else "; no trial completed.")
-    ]
-    if best is not None and best["untrained"]:
-        lines.append(f"\nFLAG: {_untrained_note(best)}.")
-    if stopped:
-        lines.append(f"\n{stopped['message']}.")
-    if rows:
-        names = list(rows[0]["params"])
-        with_folds = any(FOLDS_ATTR in r for r in rows)
-        head = "| trial | objective |" + (" folds at epoch 0 |" if with_folds else "")
-        lines += ["", head + "".join(f" {n} |" for n in names), "|---|---|" + "---|" * (len(names) + with_folds)]
-        for r in rows:
-            mark = " (best)" if r is best else ""
-            folds = f" {len(r.get(UNTRAINED_ATTR, []))}/{r.get(FOLDS_ATTR, '?')} |" if with_folds else ""
-            lines.append(
-                f"| {r['number']}{mark} | {r['value']:.4f} |{folds}"
-                + "".join(f" {_shown(r['params'][n])} |" for n in names)
-            )
-    if failures:
-        lines += ["", "Failed trials:"] + [f"- trial {f['number']}: {f['reason']}" for f in failures]
-    atomic_write_text(os.path.join(folder, "results.md"), "\n".join(lines) + "\n")
-    if rows:
-        _plot(rows, os.path.join(folder, "search.png"), atomic_savefig)
-    return summary
-
-
-def _shown(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _plot(rows, path, atomic_savefig) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    fig, ax = plt.subplots(figsize=(5, 3))
-    xs = [r["number"] for r in rows]
-    ys = [r["value"] for r in rows]
-    trained = [(x, y) for x, y, r in zip(xs, ys, rows) if not r["untrained"]]
-    untrained = [(x, y) for x, y, r in zip(xs, ys, rows) if r["untrained"]]
-    if trained:
-        ax.plot(*zip(*trained), "o", color="C0", label="trial")
-    if untrained:
-        ax.plot(
-            *zip(*untrained), "o", mfc="none", color="C3", label="trial: no fold beat its untrained model (epoch 0)"
-        )
-    best = [max(ys[: i + 1]) for i in range(len(ys))]
-    ax.plot(xs, best, "-", color="C1", drawstyle="steps-post", label="best so far")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("trial")
-    ax.set_ylabel("objective (validation)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    atomic_savefig(fig, path, dpi=100)
-    plt.close(fig)

@@ -42,7 +42,7 @@ def test_pyyaml_itself_is_left_alone():
 
 def test_the_readme_search_example_on_the_command_line():
     """The issue's input: `--optimizers~APPLY~3 "{lr~LOG_BAYESIAN~: [1e-5, 1e-2]}"` gave ['1e-5', '1e-2']."""
-    from pml_extensions.runner.protocols.search import search_space
+    from pml_extensions.runner.config.search_space import search_space
 
     cli = parse_command_line(["--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [1e-5, 1e-2]}"])
     config, _ = load_config(find_config("contrastive"), {"config_general": ["default", "quick"]}, cli, True)

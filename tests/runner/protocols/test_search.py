@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from pml_extensions.runner.config.search_space import fill, search_space
 from pml_extensions.runner.errors import ConfigError
-from pml_extensions.runner.protocols.search import fill, search_space
 
 optuna = pytest.importorskip("optuna")
 SCRIPT = os.path.join(os.path.dirname(__file__), "search_kill_script.py")

@@ -1,0 +1,94 @@
+"""The search space of a config: powerful-benchmarker's ``~BAYESIAN~`` markers (``key~BAYESIAN~: [low, high]``
+uniform float, ``~LOG_BAYESIAN~`` log-uniform, ``~INT_BAYESIAN~`` integer), found at any depth, inside list items
+too; a trial's values asked of Optuna (:func:`suggest`) and written back in place of the markers (:func:`fill`).
+The search itself is :mod:`pml_extensions.runner.protocols.search`.
+"""
+
+import copy
+from typing import Any, Dict, List, Tuple
+
+from ..errors import ConfigError
+from .syntax import _SEARCH_OPS, split_marker
+
+
+def search_space(config: Any, path: Tuple = ()) -> List[Tuple[Tuple, str, str, Any]]:
+    """``[(path_to_marked_key, param_name, op, [low, high])]`` for every search marker in ``config``, at any depth,
+    list items included (a list index is an ``int`` in the path and ``[i]`` in the name).
+
+    Raises:
+        ConfigError: a range that is not ``[low, high]`` numbers with ``low < high`` (positive for LOG).
+
+    Example::
+
+        >>> cfg = {"trunk": [{"ConvNetBody": {"blocks_per_stage~INT_BAYESIAN~": [1, 2]}}, {"Flatten": None}]}
+        >>> search_space(cfg)
+        [(('trunk', 0, 'ConvNetBody', 'blocks_per_stage~INT_BAYESIAN~'), 'trunk[0].ConvNetBody.blocks_per_stage', \
+'INT_BAYESIAN', [1, 2])]
+    """
+    found = []
+    if isinstance(config, dict):
+        for key, value in config.items():
+            name, op, _ = split_marker(key)
+            if op in _SEARCH_OPS:
+                where = _param_name(path + (name,))
+                ok = (
+                    isinstance(value, list)
+                    and len(value) == 2
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+                )
+                if not ok or value[0] >= value[1] or (op == "LOG_BAYESIAN" and value[0] <= 0):
+                    raise ConfigError(
+                        f"{where}~{op}~: expected [low, high] with low < high"
+                        f"{' and low > 0' if op == 'LOG_BAYESIAN' else ''}, got {value!r}"
+                    )
+                if op == "INT_BAYESIAN" and not all(isinstance(v, int) for v in value):
+                    raise ConfigError(f"{where}~{op}~: expected two integers, got {value!r}")
+                found.append((path + (key,), where, op, value))
+            else:
+                found.extend(search_space(value, path + (key,)))
+    elif isinstance(config, list):
+        for i, value in enumerate(config):
+            found.extend(search_space(value, path + (i,)))
+    return found
+
+
+def _param_name(path: Tuple) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def suggest(trial, space) -> Dict[str, Any]:
+    """Ask ``trial`` (an ``optuna.Trial``) for one value per marker."""
+    out = {}
+    for _, name, op, (low, high) in space:
+        if op == "INT_BAYESIAN":
+            out[name] = trial.suggest_int(name, low, high)
+        else:
+            out[name] = trial.suggest_float(name, float(low), float(high), log=op == "LOG_BAYESIAN")
+    return out
+
+
+def fill(config: Dict[str, Any], space, values: Dict[str, Any]) -> Dict[str, Any]:
+    """``config`` with each marked key replaced by its plain key and the trial's value (key order kept).
+
+    Example::
+
+        >>> cfg = {"trunk": [{"ConvNetBody": {"widths": [8], "blocks_per_stage~INT_BAYESIAN~": [1, 2]}}]}
+        >>> fill(cfg, search_space(cfg), {"trunk[0].ConvNetBody.blocks_per_stage": 2})
+        {'trunk': [{'ConvNetBody': {'widths': [8], 'blocks_per_stage': 2}}]}
+    """
+    out = copy.deepcopy(config)
+    for path, name, _, _ in space:
+        parent = out
+        for key in path[:-1]:
+            parent = parent[key]
+        items = list(parent.items())
+        parent.clear()
+        for k, v in items:
+            if k == path[-1]:
+                parent[split_marker(k)[0]] = values[name]
+            else:
+                parent[k] = v
+    return out
