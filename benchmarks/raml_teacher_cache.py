@@ -127,7 +127,7 @@ def markdown(out: dict) -> str:
         "",
         "| setting | database / query px | views per step | iteration, teacher live (s) | iteration, teacher "
         "cached (s) | saved | teacher forward alone (s) | batch loading, both resolutions (s) | paper schedule "
-        "(2000 × 200 views), live / cached (h, 1 core) |",
+        f"(2000 × 200 views), live / cached (h at {out['torch_threads']} torch threads) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -145,7 +145,7 @@ def markdown(out: dict) -> str:
         notes.append(
             f"{r['setting']}: the teacher forward is {share} of an iteration ({saved:.0f} % saved by a cache); at this "
             f"size's per-view time one student's paper schedule (2000 steps × 200 views) would take "
-            f"{h['live']:.1f} core-hours live and {h['cached']:.1f} with the cache"
+            f"{h['live']:.1f} h live and {h['cached']:.1f} h with the cache at {out['torch_threads']} torch threads"
             + (" — within" if fits else " — beyond")
             + f" a CPU budget of {FITS_HOURS} h per student."
         )
