@@ -203,9 +203,10 @@ def _words(claim: dict) -> str:
     return text
 
 
-def markdown(out: dict) -> str:
+def markdown(out: dict, size: str = "medium") -> str:
     lines = [
-        f"`python benchmarks/template_block_cached.py` (the runner: config `{CONFIG}`, protocol `template_block` "
+        f"`python benchmarks/template_block_cached.py{' --size quick' if size == 'quick' else ''}` (the runner: config "
+        f"`{CONFIG}`, protocol `template_block` "
         "with `feature_cache`). ImageNet MobileNetV2 (offline weights) frozen up to the input of its last stage, its "
         "outputs cached once (2 seeded views of every training image, 128 px); only the last stage (+ block) + head "
         "train on them, paired by seed (same initial weights for shared modules, same batches and views); the best "
@@ -277,7 +278,7 @@ def main(argv=None) -> int:
         print(f"{args.task} {args.part} {args.shard or ''}: {out['seconds']:.0f} s", file=sys.stderr)
     if args.merge:
         out = merge(args.runs, args.tasks)
-        text = markdown(out)
+        text = markdown(out, args.size)
         name = results_name(args.size)
         atomic_write_json(os.path.join(args.out, name + ".json"), out, indent=1)
         atomic_write_text(os.path.join(args.out, name + ".md"), text)
