@@ -40,7 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 PY = sys.executable
 #: steps that ``--size full`` runs and ``--size quick`` leaves out, so that the quick call fits 60 minutes on 2 cores:
-#: the k-NN engine at 20k-300k embeddings (11.6 min alone on 2 cores; its table is the engine's timing evidence)
+#: the k-NN engine at 20k-300k embeddings (18.1 min alone on 2 cores in the last whole quick call; its table is the
+#: engine's timing evidence)
 FULL_ONLY = ("accuracy_scale",)
 
 
