@@ -145,6 +145,12 @@ HEADLINES: Dict[str, Headline] = {
                 "block − plain last stage, pretrained MobileNetV2 on Open Clip Art (cached features)",
                 unit="accuracy points",
             ),
+            Evidence(
+                "template_block_cached",
+                ("tasks", "dml", "claims", {"variant": "block", "baseline": "baseline"}, "difference"),
+                "its DML variant (contrastive, unseen classes)",
+                unit="MAP@R points",
+            ),
             Evidence.paired(
                 "template_block",
                 "block",
