@@ -221,8 +221,8 @@ def verdict_word(comparison: dict, claim: str = "greater") -> str:
     """
     if claim not in CLAIMS:
         raise ValueError(f"claim must be one of {', '.join(CLAIMS)}, got {claim!r}")
-    ci = comparison.get("ci95")
-    if ci is None or any(isinstance(v, float) and math.isnan(v) for v in ci):
+    ci = _interval(comparison)
+    if ci is None:
         return "not shown"
     low, high = ci
     if claim == "on_par":
@@ -245,10 +245,14 @@ def effect_bound(comparison: dict, scale: float = 1.0) -> Optional[float]:
         >>> effect_bound({"ci95": [-0.0016, 0.0062]}, scale=100), effect_bound({"ci95": None})
         (0.62, None)
     """
+    ci = _interval(comparison)
+    return None if ci is None else max(abs(ci[0]), abs(ci[1])) * scale
+
+
+def _interval(comparison: dict):
+    """The comparison's ``ci95``, or None for a single seed (``None`` or NaN ends)."""
     ci = comparison.get("ci95")
-    if ci is None or any(isinstance(v, float) and math.isnan(v) for v in ci):
-        return None
-    return max(abs(ci[0]), abs(ci[1])) * scale
+    return None if ci is None or any(isinstance(v, float) and math.isnan(v) for v in ci) else ci
 
 
 def verdict(comparison: dict, decimals: int = 4) -> str:
