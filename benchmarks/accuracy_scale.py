@@ -106,7 +106,7 @@ def _child(method, n, classes, queries, dim, device, seed, label_offset) -> dict
     else:
         from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-        from pml_extensions.utils import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
+        from pml_extensions.knn import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
 
         kwargs = dict(include=METRICS, k="max_bin_count", device=dev)
         if method == "stock":

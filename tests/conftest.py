@@ -31,7 +31,7 @@ SLOW_ELSEWHERE = (
     "tests/testers/test_sharded_tester.py::test_two_gloo_processes_equal_one_process",  # torchrun
     "tests/utils/test_distributed_loss_wrapper.py::TestDistributedLossWrapper::"
     "test_two_processes_equal_single_process_on_gathered_batch",  # two processes (torch.multiprocessing)
-    "tests/utils/test_knn_engine.py::test_peak_memory_many_small_classes",  # a fresh process per case
+    "tests/knn/test_engine.py::test_peak_memory_many_small_classes",  # a fresh process per case
     "tests/utils/test_atomic_io.py::TestFileModesOfARealRun::test_every_file_of_an_mlrc_run_follows_umask_022",
 )
 

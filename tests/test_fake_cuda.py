@@ -48,7 +48,7 @@ from pml_extensions import explain, trunks
 from pml_extensions.losses import PatchClassificationLoss, ResolutionDistillationLoss, XMLWrapper
 from pml_extensions.trainers import ResolutionDistillationTrainer, TemplateMatchingTrainer, make_teacher_trainer
 from pml_extensions.utils import DistributedLossWrapper
-from pml_extensions.utils.knn_engine import BlockedKNN
+from pml_extensions.knn.engine import BlockedKNN
 
 CUDA = torch.device("cuda")
 _SHADOW = "_shadow_value"

@@ -5,7 +5,7 @@ Floors, bottom up; a package imports only packages on lower floors (never one on
 
 | floor | packages                          | what lives there                                        |
 |-------|-----------------------------------|---------------------------------------------------------|
-| 0     | utils                             | k-NN engine, metrics, ridge, atomic files, statistics   |
+| 0     | utils, knn                        | ridge, atomic files, statistics; the k-NN engine        |
 | 1     | datasets, trunks                  | offline data; layers that go into a trunk               |
 | 2     | losses, testers                   | PML losses and wrappers; evaluation                     |
 | 3     | trainers, explain                 | PML trainers; visual explanation                        |
@@ -28,6 +28,7 @@ PKG = os.path.dirname(os.path.abspath(pml_extensions.__file__))
 #: package of pml_extensions -> floor (the table in the module docstring)
 FLOORS = {
     "utils": 0,
+    "knn": 0,
     "datasets": 1,
     "trunks": 1,
     "losses": 2,
@@ -38,7 +39,7 @@ FLOORS = {
     "cli": 5,
     "__main__": 6,
 }
-LIBRARY_ROOMS = ("utils", "datasets", "trunks", "losses", "testers", "trainers", "explain")
+LIBRARY_ROOMS = ("utils", "knn", "datasets", "trunks", "losses", "testers", "trainers", "explain")
 #: sub-package (or module) of pml_extensions.runner -> floor
 RUNNER_FLOORS = {"errors": 0, "config": 1, "experiment": 2, "objects": 3, "outputs": 4, "protocols": 5}
 PROTOCOL_PACKAGES = ("mlrc", "xml_vs_gap", "resolution_distillation", "template_block", "localization")

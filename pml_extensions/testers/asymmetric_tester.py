@@ -13,7 +13,7 @@ from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
 from pytorch_metric_learning.utils import common_functions as c_f
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..utils.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+from ..knn.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
 from ..utils.sharded_embedding import ShardedEmbeddingMixin
 
 SETUPS = ("teacher_student_asymmetric", "student_symmetric", "teacher_symmetric", "teacher_asymmetric")

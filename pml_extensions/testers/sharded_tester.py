@@ -8,13 +8,13 @@ single-process accuracies.
 
 from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
 
-from ..utils.chunked_accuracy_calculator import ChunkedAccuracyCalculator
+from ..knn.chunked_accuracy_calculator import ChunkedAccuracyCalculator
 from ..utils.sharded_embedding import ShardedEmbeddingMixin
 
 
 class ShardedGlobalEmbeddingSpaceTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
     """PML's ``GlobalEmbeddingSpaceTester`` with sharded embedding under ``torch.distributed`` and, by default,
-    :class:`~pml_extensions.utils.ChunkedAccuracyCalculator` (exact blocked engine, PML's default ``k=None``) with
+    :class:`~pml_extensions.knn.ChunkedAccuracyCalculator` (exact blocked engine, PML's default ``k=None``) with
     its query blocks split over the ranks. Same arguments and results as PML's tester.
 
     Example:

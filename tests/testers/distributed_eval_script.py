@@ -8,7 +8,7 @@ import sys
 import torch
 
 from pml_extensions.testers import AsymmetricTester, ShardedGlobalEmbeddingSpaceTester
-from pml_extensions.utils import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
+from pml_extensions.knn import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
 
 CPU = torch.device("cpu")
 METRICS = (

@@ -61,7 +61,7 @@ SEARCH_MODULES = (
     "torchvision.models",
     "torchvision.transforms",
     "pml_extensions.runner.objects.mlp",
-    "pml_extensions.utils.chunked_accuracy_calculator",
+    "pml_extensions.knn.chunked_accuracy_calculator",
     "pml_extensions.explain",
     "torchvision.datasets",
 )
@@ -96,7 +96,7 @@ ROLE_MODULES: Dict[str, tuple] = {
     "tester": ("pml_extensions.testers", "pytorch_metric_learning.testers"),
     "accuracy_calculator": (
         "pml_extensions.utils",
-        "pml_extensions.utils.chunked_accuracy_calculator",
+        "pml_extensions.knn.chunked_accuracy_calculator",
         "pytorch_metric_learning.utils.accuracy_calculator",
     ),
     "hook": (

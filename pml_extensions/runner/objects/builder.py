@@ -134,7 +134,7 @@ def build_tester(
     The keys are read (and checked) by :func:`pml_extensions.runner.config.eval_keys.tester_spec`. PML's
     ``GlobalEmbeddingSpaceTester`` is built as its subclass
     :class:`pml_extensions.testers.ShardedGlobalEmbeddingSpaceTester` and PML's ``AccuracyCalculator`` as
-    :class:`pml_extensions.utils.ChunkedAccuracyCalculator` (the exact blocked k-NN engine, bounded memory), both
+    :class:`pml_extensions.knn.ChunkedAccuracyCalculator` (the exact blocked k-NN engine, bounded memory), both
     with the same arguments and the same numbers (within float32 round-off); under torchrun every rank then embeds
     only its shard and the metric blocks are split over the ranks, so every rank must evaluate. ``sharded=False``
     keeps PML's classes (for evaluation that only rank 0 runs, e.g. test hooks). Other classes are built as named.

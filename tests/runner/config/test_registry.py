@@ -25,7 +25,7 @@ class TestRoles:
             ("model", "pml_extensions.runner.objects.mlp", "MLP"),
             (
                 "accuracy_calculator",
-                "pml_extensions.utils.chunked_accuracy_calculator",
+                "pml_extensions.knn.chunked_accuracy_calculator",
                 "ChunkedAccuracyCalculator",
             ),
             ("dataset", "pml_extensions.datasets.glyph_dataset", "GlyphDataset"),

@@ -1,4 +1,4 @@
-"""Tests of :mod:`pml_extensions.utils.knn_metrics`: the trapezoidal AP (moved here from the asymmetric calculator,
+"""Tests of :mod:`pml_extensions.knn.metrics`: the trapezoidal AP (moved here from the asymmetric calculator,
 which imports it) and every metric of both calculators against a float64 brute force on the engine's float32 scores
 (ties by reference index), on every engine path."""
 
@@ -8,30 +8,29 @@ import numpy as np
 import pytest
 import torch
 
-import pml_extensions.utils as utils
-from pml_extensions.utils import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
-from pml_extensions.utils.asymmetric_accuracy_calculator import trapezoidal_average_precision as old_path
-from pml_extensions.utils.knn_engine import BlockedKNN
-from pml_extensions.utils.knn_metrics import trapezoidal_average_precision
-from tests.utils import knn_brute_force as bf
-from tests.utils.test_knn_engine import near_tie_set
+import pml_extensions.knn as knn
+from pml_extensions.knn import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
+from pml_extensions.knn.engine import BlockedKNN
+from pml_extensions.knn.metrics import trapezoidal_average_precision
+from tests.knn import knn_brute_force as bf
+from tests.knn.test_engine import near_tie_set
 
 
-def test_trapezoidal_ap_keeps_its_import_paths():
-    assert old_path is trapezoidal_average_precision is utils.trapezoidal_average_precision
+def test_trapezoidal_ap_is_exported_by_the_knn_room():
+    assert knn.trapezoidal_average_precision is trapezoidal_average_precision
 
 
 def test_no_import_cycle_between_the_calculators_and_knn_metrics():
     import ast
     import os
 
-    path = os.path.join(os.path.dirname(utils.__file__), "knn_metrics.py")
+    path = os.path.join(os.path.dirname(knn.__file__), "metrics.py")
     imported = {
         node.module
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
         if isinstance(node, ast.ImportFrom) and node.level == 1
     }
-    assert imported == {"knn_engine"}
+    assert imported == {"engine"}
 
 
 class TestTrapezoidalAP(unittest.TestCase):

@@ -1,4 +1,4 @@
-"""The array primitives of the k-NN engine's selection (:mod:`~pml_extensions.utils.knn_selection`), on two
+"""The array primitives of the k-NN engine's selection (:mod:`~pml_extensions.knn.selection`), on two
 backends with one interface: :class:`NumpyOps` on NumPy views of CPU tensors (no copies: its compare,
 ``flatnonzero``, gathers and sorts cost a tenth of torch's per-op overhead on arrays of 10⁵-10⁶ entries) and
 :class:`TorchOps` on torch tensors of any device. :func:`ops_for` picks one; the tests run the torch path on the CPU
@@ -8,7 +8,7 @@ too.
 import numpy as np
 import torch
 
-from .knn_scores import key_scores, ordered_keys, up32
+from .scores import key_scores, ordered_keys, up32
 
 
 class NumpyOps:

@@ -9,9 +9,9 @@ from pytorch_metric_learning.distances import CosineSimilarity, LpDistance, SNRD
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 from pytorch_metric_learning.utils.inference import FaissKNN
 
-from pml_extensions.utils import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
-from pml_extensions.utils.knn_engine import BlockedKNN
-from tests.utils import knn_brute_force as bf
+from pml_extensions.knn import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
+from pml_extensions.knn.engine import BlockedKNN
+from tests.knn import knn_brute_force as bf
 
 CPU = torch.device("cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -236,7 +236,7 @@ class TestSeveralReferenceSets:
 
 MEMORY_SCRIPT = r"""
 import json, resource, sys, torch
-from pml_extensions.utils import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
+from pml_extensions.knn import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
 g = torch.Generator().manual_seed(0)
 labels = torch.randperm(30000, generator=g) // 3 + 10**9   # 10,000 classes of 3
 emb = torch.randn(30000, 16, generator=g)
@@ -438,7 +438,7 @@ class TestCertifiedFallback:
         assert knn.last_plan["method"] == "rows" and knn.last_plan["redone_exactly"] == 80
 
     def test_a_broken_bound_is_detected_on_the_rescored_pairs(self, monkeypatch):
-        import pml_extensions.utils.knn_engine as knn_engine
+        import pml_extensions.knn.engine as knn_engine
 
         monkeypatch.setattr(knn_engine, "pass_error_bound", lambda *a, **kw: 0.0)
         x, _ = blobs(300, d=16)
@@ -449,7 +449,7 @@ class TestCertifiedFallback:
 
 class TestProposalBound:
     def test_bfloat16_gemm_error_stays_within_the_bound(self):
-        from pml_extensions.utils.knn_engine import pass_error_bound
+        from pml_extensions.knn.engine import pass_error_bound
 
         g = torch.Generator().manual_seed(0)
         d = 128
@@ -468,7 +468,7 @@ class TestProposalBound:
         assert seen > c / 2  # the aligned-rounding set comes within a factor 2 of the bound: it is not vacuous
 
     def test_bound_constants(self):
-        from pml_extensions.utils.knn_engine import pass_error_bound
+        from pml_extensions.knn.engine import pass_error_bound
 
         u = 2.0**-8
         assert pass_error_bound(128) == pytest.approx(3 * u + 128 * 2.0**-24, rel=1e-2)
@@ -476,7 +476,7 @@ class TestProposalBound:
         assert pass_error_bound(128, low_precision=False) == pytest.approx(128 * 2.0**-24, rel=1e-3)
 
     def test_low_precision_speedup_is_measured_once(self):
-        from pml_extensions.utils import knn_engine
+        from pml_extensions.knn import engine as knn_engine
 
         knn_engine.low_precision_speedup(torch.device("cpu"))
         cached = dict(knn_engine._SPEEDUP)
@@ -496,11 +496,11 @@ class TestProposalBound:
 class TestDeviceClean:
     FACTORIES = {"empty", "zeros", "ones", "full", "arange", "tensor", "rand", "randn", "randint", "eye", "linspace"}
 
-    @pytest.mark.parametrize("module", ["knn_engine", "knn_scores", "knn_selection", "knn_ops", "knn_metrics"])
+    @pytest.mark.parametrize("module", ["engine", "scores", "selection", "ops", "metrics"])
     def test_every_tensor_factory_names_a_device(self, module):
         import ast
 
-        path = os.path.join(REPO, "pml_extensions", "utils", module + ".py")
+        path = os.path.join(REPO, "pml_extensions", "knn", module + ".py")
         tree = ast.parse(open(path, encoding="utf-8").read())
         bare = []
         for node in ast.walk(tree):
@@ -528,7 +528,7 @@ class TestTheEngineScores:
     """The one kernel every ranked score comes from: deterministic per pair, within the float32 bound."""
 
     def test_a_pair_gets_the_same_score_wherever_it_is_computed(self):
-        from pml_extensions.utils.knn_scores import pair_dots
+        from pml_extensions.knn.scores import pair_dots
 
         g = torch.Generator().manual_seed(0)
         for d in (7, 16, 128):
@@ -548,7 +548,7 @@ class TestTheEngineScores:
 
     @pytest.mark.parametrize("inner_product", [False, True])
     def test_scores_are_within_their_bound_of_the_exact_ones(self, inner_product):
-        from pml_extensions.utils.knn_selection import Geometry
+        from pml_extensions.knn.selection import Geometry
 
         g = torch.Generator().manual_seed(2)
         x = torch.randn(200, 128, generator=g) * torch.logspace(-1, 1, 200)[:, None]

@@ -1,8 +1,8 @@
-"""Keys and scores of the exact k-NN engine (:class:`~pml_extensions.utils.knn_engine.BlockedKNN`): int64 keys
+"""Keys and scores of the exact k-NN engine (:class:`~pml_extensions.knn.engine.BlockedKNN`): int64 keys
 that sort like ``(float32 score, reference index)``, directed float32 rounding, the per-row order statistics of
 score tiles, and the engine's float32 scores themselves (:func:`pair_dots`: every dot product in float64 by one
 kernel). The derivation of every bound that uses them is in the module docstring of
-:mod:`~pml_extensions.utils.knn_engine`.
+:mod:`~pml_extensions.knn.engine`.
 """
 
 import math

@@ -2,7 +2,7 @@ import pytest
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-from pml_extensions.utils.chunked_accuracy_calculator import ChunkedAccuracyCalculator
+from pml_extensions.knn.chunked_accuracy_calculator import ChunkedAccuracyCalculator
 
 CPU = torch.device("cpu")
 KNN = (

@@ -1,10 +1,10 @@
-"""Selection machinery of the exact k-NN engine (:class:`~pml_extensions.utils.knn_engine.BlockedKNN`):
+"""Selection machinery of the exact k-NN engine (:class:`~pml_extensions.knn.engine.BlockedKNN`):
 order-preserving keys, the engine's float32 scores (:func:`pair_dots`) and their error bounds, per-query candidate
 buffers and the threshold sweep over score tiles. The method and the derivation of every bound used here are in the
-module docstring of :mod:`~pml_extensions.utils.knn_engine`; this module only implements them.
+module docstring of :mod:`~pml_extensions.knn.engine`; this module only implements them.
 
 The per-proposal bookkeeping (compares, gathers, sorts) runs through the array primitives of
-:mod:`~pml_extensions.utils.knn_ops` (NumPy views on the CPU, torch elsewhere), passed in as ``ops``.
+:mod:`~pml_extensions.knn.ops` (NumPy views on the CPU, torch elsewhere), passed in as ``ops``.
 """
 
 import math
@@ -16,7 +16,7 @@ from typing import Iterator, Optional, Tuple
 import numpy as np
 import torch
 
-from .knn_scores import (
+from .scores import (
     INT64_MAX,
     LOW32,
     SLACK,

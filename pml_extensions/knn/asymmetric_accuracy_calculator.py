@@ -18,9 +18,9 @@ from pytorch_metric_learning.utils.accuracy_calculator import (
     try_getting_not_lone_labels,
 )
 
-from .knn_metrics import EngineAccuracyMixin, trapezoidal_average_precision
+from .metrics import EngineAccuracyMixin, trapezoidal_average_precision
 
-__all__ = ["AsymmetricAccuracyCalculator", "trapezoidal_average_precision"]  # the AP moved to knn_metrics
+__all__ = ["AsymmetricAccuracyCalculator"]
 
 
 class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
@@ -32,7 +32,7 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
     rows differ). This subclass excludes each query's own image BY INDEX: ``self_indices[i]`` is the reference row of
     query i's image (default ``arange(Nq)`` when ``ref_includes_query=True``, i.e. PML's layout).
 
-    The k-NN runs block by block on the exact engine :class:`~pml_extensions.utils.knn_engine.BlockedKNN` (the
+    The k-NN runs block by block on the exact engine :class:`~pml_extensions.knn.engine.BlockedKNN` (the
     ranking of its float32 scores, ties by increasing reference index, within a memory budget); a user's
     ``knn_func`` (e.g. PML's ``FaissKNN``) is asked for k + 1 neighbours and the own row is removed by index.
     Labels stay integers. k rule (shared by every calculator of this package): k (int, None = all references,

@@ -1,4 +1,4 @@
-"""Tests of the engine's selection machinery (:mod:`pml_extensions.utils.knn_selection`), each piece against a
+"""Tests of the engine's selection machinery (:mod:`pml_extensions.knn.selection`), each piece against a
 direct computation on small inputs; both array paths (NumPy views on the CPU, torch for other devices)."""
 
 import math
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from pml_extensions.utils import knn_scores as K
-from pml_extensions.utils import knn_selection as S
-from pml_extensions.utils.knn_ops import NumpyOps, TorchOps
+from pml_extensions.knn import scores as K
+from pml_extensions.knn import selection as S
+from pml_extensions.knn.ops import NumpyOps, TorchOps
 
 OPS = [NumpyOps, TorchOps]
 
@@ -129,7 +129,7 @@ def test_buffers_keep_every_candidate_up_to_the_kth_and_fail_when_ties_overflow(
 
 
 def test_per_query_metrics_against_their_definitions():
-    from pml_extensions.utils.knn_metrics import per_query_metrics
+    from pml_extensions.knn.metrics import per_query_metrics
 
     g = torch.Generator().manual_seed(4)
     rel = torch.rand(40, 12, generator=g) < 0.3

@@ -3,7 +3,7 @@
 **What "exact" means.** The engine scores query i and reference j by the float32 rounding of a float64 score,
 ``e_ij = fl32(|q_i|² + |r_j|² − 2 q_i·r_j)`` (euclidean: the squared distance) or ``e_ij = fl32(−q_i·r_j)`` (inner
 product; smaller is nearer), every dot product and norm computed in float64 by one kernel,
-``torch.sparse.sampled_addmm`` (:func:`~pml_extensions.utils.knn_scores.pair_dots`), which on the CPU gives a
+``torch.sparse.sampled_addmm`` (:func:`~pml_extensions.knn.scores.pair_dots`), which on the CPU gives a
 pair bitwise the same value wherever and with whatever else it is computed; :meth:`BlockedKNN.float32_scores`
 returns them. The result is the ranking of these float32 scores with ties (equal float32 values) ordered by
 increasing reference index, as before this engine: a float64 brute force on these scores gives identical metrics.
@@ -97,8 +97,8 @@ from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
 
-from .knn_ops import ops_for
-from .knn_scores import (
+from .ops import ops_for
+from .scores import (
     INT64_MAX,
     LOW32,
     SLACK,
@@ -113,7 +113,7 @@ from .knn_scores import (
     sort_rows,
     up32,
 )
-from .knn_selection import Geometry, ThresholdSweep, run_tasks, top_k
+from .selection import Geometry, ThresholdSweep, run_tasks, top_k
 
 _TILE_MAX = 8192
 _SPEEDUP: Dict[Tuple[str, Optional[int]], float] = {}

@@ -1,4 +1,4 @@
-"""Block-wise retrieval metrics on top of :class:`~pml_extensions.utils.knn_engine.BlockedKNN`, shared by
+"""Block-wise retrieval metrics on top of :class:`~pml_extensions.knn.engine.BlockedKNN`, shared by
 ``ChunkedAccuracyCalculator`` and ``AsymmetricAccuracyCalculator``. The calculators iterate the engine's blocks
 (``BlockedKNN.blocks``) and record, after each ``get_accuracy``, the seconds of each stage in ``stage_seconds``
 (the engine's ``gemm``, ``selection``, ``rescore``, ``rank`` and their own ``metrics``; ``knn`` for a user's
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
 
-from .knn_engine import BlockedKNN
+from .engine import BlockedKNN
 
 BUILTIN = (
     "precision_at_1",

@@ -3,7 +3,7 @@ import unittest
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-from pml_extensions.utils.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+from pml_extensions.knn.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
 
 CPU = torch.device("cpu")
 
