@@ -45,10 +45,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from pml_extensions import explain, trunks
+from pml_extensions.knn.engine import BlockedKNN
 from pml_extensions.losses import PatchClassificationLoss, ResolutionDistillationLoss, XMLWrapper
 from pml_extensions.trainers import ResolutionDistillationTrainer, TemplateMatchingTrainer, make_teacher_trainer
 from pml_extensions.utils import DistributedLossWrapper
-from pml_extensions.knn.engine import BlockedKNN
 
 CUDA = torch.device("cuda")
 _SHADOW = "_shadow_value"

@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-from pml_extensions.testers import AsymmetricTester, ShardedGlobalEmbeddingSpaceTester
 from pml_extensions.knn import AsymmetricAccuracyCalculator, ChunkedAccuracyCalculator
+from pml_extensions.testers import AsymmetricTester, ShardedGlobalEmbeddingSpaceTester
 
 CPU = torch.device("cpu")
 METRICS = (

@@ -4,8 +4,8 @@ import torch
 from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-from pml_extensions.testers.asymmetric_tester import SETUPS, AsymmetricTester
 from pml_extensions.knn.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+from pml_extensions.testers.asymmetric_tester import SETUPS, AsymmetricTester
 
 CPU = torch.device("cpu")
 

@@ -126,8 +126,8 @@ def test_pml_tester_and_calculator_run_on_the_blocked_engine():
     from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-    from pml_extensions.testers import ShardedGlobalEmbeddingSpaceTester
     from pml_extensions.knn import ChunkedAccuracyCalculator
+    from pml_extensions.testers import ShardedGlobalEmbeddingSpaceTester
 
     calc = {"AccuracyCalculator": {"include": ["precision_at_1", "mean_average_precision_at_r"], "k": "max_bin_count"}}
     ours = build_tester(_tester_cfg(accuracy_calculator=calc, normalize_embeddings=False), torch.device("cpu"))
