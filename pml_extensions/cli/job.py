@@ -1,17 +1,14 @@
 """usage: python -m pml_extensions job [CONFIG] [RUN OPTIONS ...]
 
-The main job: the `run` command on the shipped xml_glyphs config (protocol xml_vs_gap: HistogramPooling +
-XMLWrapper against the GAP baseline, seeds 0 1 2, paired), writing runs/<experiment_name>/. It takes run's
-options, e.g.
+The main job: the `run` command on the shipped xml_glyphs config (HistogramPooling + XMLWrapper against the GAP
+baseline, seeds 0 1 2, paired), writing runs/<experiment_name>/. It takes run's options, e.g.
 
   python -m pml_extensions job --dataset openclipart
-  python -m pml_extensions job xml_clipart_mobilenet --num_epochs 2 --iterations_per_epoch 20
+  python -m pml_extensions job --num_epochs 2 --iterations_per_epoch 20
   python -m pml_extensions job --seeds 0 1 --variants contrastive_xml contrastive_gap --device cpu --new
 
 CONFIG is a flat config (config_<category>.yaml files; default xml_glyphs); --root_experiment_folder defaults to
-runs. Progress bars show when stderr is a terminal. The job's older option spellings still work and are read as
-run's, with one note each: --config X (CONFIG), --output (--root_experiment_folder), --epochs (--num_epochs),
---iterations (--iterations_per_epoch), --dataset-root (--dataset_root), --seed S (--seeds S).
+runs. Progress bars show when stderr is a terminal.
 Exit status: 0 done, 1 a file could not be written or read, 2 config error (one line on stderr), 130 / 143
 interrupted (rerun the same command to resume).
 """
@@ -25,57 +22,21 @@ from . import run
 DEFAULT_CONFIG = "xml_glyphs"
 DEFAULT_ROOT = "runs"
 PROG = ("python", "-m", "pml_extensions", "job")
-#: the job's older spellings -> run's (``None``: the positional CONFIG)
-OLD_SPELLINGS = {
-    "--config": None,
-    "--output": "--root_experiment_folder",
-    "--epochs": "--num_epochs",
-    "--iterations": "--iterations_per_epoch",
-    "--dataset-root": "--dataset_root",
-    "--seed": "--seeds",
-}
 
 
-def run_argv(argv: List[str], notes=None) -> List[str]:
-    """``job`` arguments as ``run`` arguments: CONFIG first (default ``xml_glyphs``), the older spellings renamed
-    (one note each to ``notes``, default stderr), ``--root_experiment_folder runs`` unless given.
-
-    Raises:
-        ConfigError: a flag without its value, two CONFIGs, or ``--seed`` with ``--seeds``.
+def run_argv(argv: List[str]) -> List[str]:
+    """``job`` arguments as ``run`` arguments: CONFIG first (default ``xml_glyphs``), ``--root_experiment_folder
+    runs`` unless given.
 
     Example::
 
-        >>> run_argv(["--epochs", "1", "--seeds", "0", "1"], notes=lambda line: None)
+        >>> run_argv(["--num_epochs", "1", "--seeds", "0", "1"])
         ['xml_glyphs', '--num_epochs', '1', '--seeds', '0', '1', '--root_experiment_folder', 'runs']
     """
-    notes = notes or (lambda line: print(line, file=sys.stderr))
-    config, out, i = None, [], 0
-    if argv and not argv[0].startswith("--"):
-        config, i = argv[0], 1
-    flags = [a for a in argv if a.startswith("--")]
-    if "--seed" in flags and "--seeds" in flags:
-        raise ConfigError("command line: --seed and --seeds: give one of them")
-    while i < len(argv):
-        word = argv[i]
-        if word in OLD_SPELLINGS:
-            new = OLD_SPELLINGS[word]
-            if new is None:
-                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-                    raise ConfigError(f"command line: {word}: needs a config name or folder")
-                if config is not None:
-                    raise ConfigError(f"command line: {word} {argv[i + 1]}: a second config (the first is {config})")
-                config = argv[i + 1]
-                notes(f"note: job {word} {config} is run's CONFIG argument: job {config}")
-                i += 2
-                continue
-            notes(f"note: job {word} is read as {new} (the run command's spelling)")
-            out.append(new)
-        else:
-            out.append(word)
-        i += 1
-    if "--root_experiment_folder" not in out:
-        out += ["--root_experiment_folder", DEFAULT_ROOT]
-    return [config or DEFAULT_CONFIG] + out
+    config, rest = (argv[0], argv[1:]) if argv and not argv[0].startswith("--") else (DEFAULT_CONFIG, list(argv))
+    if "--root_experiment_folder" not in rest:
+        rest += ["--root_experiment_folder", DEFAULT_ROOT]
+    return [config] + rest
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -101,19 +62,9 @@ def load_job_config(argv: List[str]):
     Raises:
         ConfigError: as ``main`` would report.
     """
-    from ..runner.config.loader import find_config, load_config, parse_command_line, select_variants, split_selection
-
-    args = run_argv(list(argv), notes=lambda line: None)
+    args = run_argv(list(argv))
     _check_flat(args[0])
-    cli = parse_command_line(args[1:])
-    selection, rest = split_selection(cli)
-    for key in run.RUNNER_KEYS:
-        rest.pop(key, None)
-    chosen = run._names(rest.get("variants"))
-    if chosen is not None:
-        rest.pop("variants")
-    config, sources = load_config(find_config(args[0]), selection, rest, allow_search=True)
-    return (select_variants(config, chosen) if chosen is not None else config), sources
+    return run.load(args)[:2]
 
 
 def _check_flat(config_arg: str) -> None:
@@ -127,9 +78,9 @@ def _check_flat(config_arg: str) -> None:
 
 
 def _announce(config_arg: str, config: dict, folder: str) -> None:
-    from ..runner.protocols.xml_vs_gap.protocol import dataset_name
-
-    print(f"pml_extensions job: config {config_arg}, dataset {dataset_name(config.get('dataset'))}, output {folder}")
+    dataset = config.get("dataset")
+    name = dataset.get("name", next(iter(dataset), None)) if isinstance(dataset, dict) else dataset
+    print(f"pml_extensions job: config {config_arg}, dataset {name}, output {folder}")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,18 @@
 """usage: python -m pml_extensions run CONFIG [--variant NAME] [--experiment_name NAME] [--dry-run] [--KEY VALUE ...]
 
-Run a powerful-benchmarker-style config with its protocol (the config's `protocol:` key, default mlrc).
+Run a powerful-benchmarker-style config with its protocol (the config's `protocol:` key).
 
   python -m pml_extensions run CONFIG [--variant quick] [--experiment_name NAME] [--root_experiment_folder DIR]
       [--config_general [default, other]] ... [--key value | --key~OVERRIDE~ {...} | --key~APPLY~2 {...} ...]
   python -m pml_extensions run CONFIG ... --data_folder PATH   your own images: a folder of class folders or a
       CSV file (label, path, split columns); see docs/own_data.md
-  python -m pml_extensions run CONFIG ... --dry-run     print the fully merged config as YAML, train nothing
+  python -m pml_extensions run CONFIG ... --dry-run     check the config as the run does, print it merged, train nothing
   python -m pml_extensions run --list [ROLE | protocol]  the class names a config can use, or the protocols
   python -m pml_extensions run --reproduce RUN_FOLDER    rerun a finished experiment from its saved config
   torchrun --nproc_per_node 2 -m pml_extensions run CONFIG ...   (gloo on CPU, nccl on GPU)
 
 CONFIG is a config folder or the name of a shipped config (contrastive, contrastive_xml, proxy_anchor,
-proxy_anchor_xml, template_block, explanation, resolution_distillation, xml_glyphs, ...).
+proxy_anchor_xml, template_block, explanation, xml_glyphs); `run --list protocol` lists the protocols.
 --variant NAME merges NAME.yaml after default.yaml in every folder that has one (the shipped configs have quick:
 embedded glyph data, minutes on 2 CPU cores). --config_<folder> [a, b] chooses the files of one folder.
 Every other --key value is merged into the config with powerful-benchmarker's syntax; a key that no config
@@ -54,63 +54,6 @@ RUNNER_KEYS = (
     "reproduce",
     "data_folder",
 )
-
-
-#: protocol -> ``(path, is_csv) -> dataset spec`` for ``--data_folder`` (all classes: the protocol splits them)
-DATA_FOLDER_DATASET = {
-    "mlrc": lambda path, is_csv: (
-        {"ImageCSVSplit": {"csv_file": path, "split": "all"}}
-        if is_csv
-        else {"ImageFolderSplit": {"root": path, "split": "all"}}
-    ),
-    "xml_vs_gap": lambda path, is_csv: {"name": "csv" if is_csv else "imagefolder", "root": path},
-}
-
-
-#: protocols whose images come from another key: the rest of the --data_folder refusal (``{path}``: the folder)
-DATA_FOLDER_ELSEWHERE = {
-    "resolution_distillation": 'reads its data from `datasets:` (e.g. --datasets~OVERRIDE~ "{{imagefolder: {{root: '
-    '{path}, database_resolution: 128, query_resolutions: [64]}}}}")',
-}
-
-
-def data_folder_override(path, protocol: str) -> dict:
-    """``--data_folder PATH``: your own images as the config's dataset, all classes (the protocol splits them).
-
-    A folder of class folders is :class:`pml_extensions.datasets.ImageFolderSplit`, a ``.csv`` file (``label``,
-    ``path``, optional ``split`` columns) :class:`pml_extensions.datasets.ImageCSVSplit`; the mlrc protocol gets
-    ``split: all`` (it makes its own class-disjoint split), the flat xml_vs_gap configs the dataset by name.
-
-    Raises:
-        ConfigError: no such folder or file, or a protocol that reads its datasets differently.
-
-    Example::
-
-        >>> import tempfile
-        >>> folder = tempfile.mkdtemp()
-        >>> data_folder_override(folder, "mlrc") == {"dataset~OVERRIDE~": {"ImageFolderSplit": {"root": folder,
-        ...                                                                                   "split": "all"}}}
-        True
-    """
-    if not isinstance(path, str) or not path:
-        raise ConfigError("command line: --data_folder: needs a folder of class folders or a CSV file")
-    is_csv = os.path.isfile(path) and path.lower().endswith(".csv")
-    if not (os.path.isdir(path) or is_csv):
-        raise ConfigError(
-            f"command line: --data_folder {path}: no such folder (one sub-folder per class) or CSV file "
-            "(label, path, split columns)"
-        )
-    if protocol in DATA_FOLDER_DATASET:
-        return {"dataset~OVERRIDE~": DATA_FOLDER_DATASET[protocol](path, is_csv)}
-    if protocol in DATA_FOLDER_ELSEWHERE:  # a protocol that reads images from another key: say which
-        raise ConfigError(
-            f"command line: --data_folder: the {protocol} protocol {DATA_FOLDER_ELSEWHERE[protocol].format(path=path)}"
-        )
-    raise ConfigError(  # template_block, localization: their data is not a folder of classes (see docs/own_data.md)
-        f"command line: --data_folder: the {protocol} protocol does not take your images (--data_folder works with "
-        "the mlrc configs (contrastive, contrastive_xml, proxy_anchor, proxy_anchor_xml, template_block, explanation) "
-        "and the job's flat configs)"
-    )
 
 
 def find_config_root(name_or_path: str) -> str:
@@ -171,10 +114,10 @@ def _list(role: Optional[str]) -> int:
     from ..runner.config.registry import ROLES
 
     if role == "protocol":
-        from ..runner.protocols import DESCRIPTIONS
+        from ..runner.protocols import descriptions
 
-        print("protocols (the config's `protocol:` key):")
-        for name, text in DESCRIPTIONS.items():
+        print("protocols (the config's `protocol:` key; a plugin outside the package by its dotted path):")
+        for name, text in descriptions().items():
             print(f"  {name}: {text}")
         return 0
     if role is not None and role not in ROLES:
@@ -254,36 +197,22 @@ def _print_results(results: dict, folder: str) -> None:
     print(f"results: {os.path.join(folder, main_file)}; report: {os.path.join(folder, 'report.html')}")
 
 
-def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callable[..., None]] = None) -> int:
-    """``run`` (and ``job``, which calls it with its own ``prog`` and an ``announce(config, folder)`` line)."""
-    from ..runner.config.loader import (
-        display_path,
-        find_search_markers,
-        load_config,
-        parse_command_line,
-        select_variants,
-        split_selection,
-    )
+def load(argv: List[str]):
+    """``(config, sources, folder, runner options, chosen variants)`` of ``run argv``: the config merged and checked
+    against its protocol (:func:`pml_extensions.runner.protocols.load_config`; ``--data_folder`` through the
+    protocol's rule), nothing trained or written. ``argv[0]`` is CONFIG.
 
-    typed = list(argv)
-    config_arg = None
-    if argv and not argv[0].startswith("--"):
-        config_arg, argv = argv[0], argv[1:]
+    Raises:
+        ConfigError: one line naming the file (or the command line) and the key.
+    """
+    from ..runner.config.loader import parse_command_line, select_variants, split_selection
+    from ..runner.protocols import load_config
+
+    config_arg, argv = (argv[0], argv[1:]) if argv and not argv[0].startswith("--") else (None, argv)
     cli = parse_command_line(argv)
-    if "list" in cli:
-        value = cli["list"]
-        return _list(None if value is True and config_arg is None else (config_arg if value is True else value))
     selection, rest = split_selection(cli)
     runner = {k.replace("-", "_"): rest.pop(k) for k in RUNNER_KEYS if k in rest}
-    chosen = rest.pop("variants") if _names(rest.get("variants")) is not None else None
-    if not runner.get("progress", False):
-        quiet_progress_bars()
-    if "reproduce" in runner:
-        from ..runner.protocols import reproduce
-
-        if not isinstance(runner["reproduce"], str):
-            raise ConfigError("command line: --reproduce: needs the folder of a finished run")
-        return reproduce.main(runner["reproduce"], command=list(prog) + typed)
+    chosen = _names(rest.pop("variants")) if _names(rest.get("variants")) is not None else None
     config_arg = runner.get("config_root", config_arg)
     if config_arg is None:
         raise ConfigError("command line: CONFIG: give a config folder or a shipped config name as the first argument")
@@ -293,25 +222,46 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
     variant = runner.get("variant")
     default_name = os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
     root_folder = str(runner.get("root_experiment_folder", "experiments"))
-    folder = os.path.join(root_folder, str(runner.get("experiment_name") or default_name))
+    config, sources = load_config(root, selection, rest, allow_search=True, data_folder=runner.get("data_folder"))
+    name = runner.get("experiment_name") or config.get("experiment_name") or default_name
+    if chosen is not None:
+        config = select_variants(config, chosen)
+    return config, sources, os.path.join(root_folder, str(name)), runner, root
 
-    if runner.get("report_only"):
+
+def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callable[..., None]] = None) -> int:
+    """``run`` (and ``job``, which calls it with its own ``prog`` and an ``announce(config, folder)`` line)."""
+    from ..runner.config.loader import display_path, find_search_markers, parse_command_line
+
+    typed = list(argv)
+    config_arg = argv[0] if argv and not argv[0].startswith("--") else None
+    cli = parse_command_line(argv[1:] if config_arg is not None else argv)
+    if "list" in cli:
+        value = cli["list"]
+        return _list(None if value is True and config_arg is None else (config_arg if value is True else value))
+    if not cli.get("progress", False):
+        quiet_progress_bars()
+    if "reproduce" in cli:
+        from ..runner.protocols import reproduce
+
+        if not isinstance(cli["reproduce"], str):
+            raise ConfigError("command line: --reproduce: needs the folder of a finished run")
+        return reproduce.main(cli["reproduce"], command=list(prog) + typed)
+    if cli.get("report_only"):
         from ..runner.outputs.report import write_report
 
-        print(write_report(folder))
+        config_arg = cli.get("config_root", config_arg)
+        variant = cli.get("variant")
+        name = cli.get("experiment_name") or (
+            os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
+        )
+        print(write_report(os.path.join(str(cli.get("root_experiment_folder", "experiments")), str(name))))
         return 0
-    if "data_folder" in runner:  # your own images: the protocol decides how the dataset is written
-        protocol = load_config(root, selection, None, allow_search=True, check_keys=False)[0].get("protocol")
-        rest = dict(rest, **data_folder_override(runner["data_folder"], protocol or "mlrc"))
-    config, sources = load_config(root, selection, rest, allow_search=True)
-    if not runner.get("experiment_name") and isinstance(config.get("experiment_name"), str):
-        folder = os.path.join(root_folder, config["experiment_name"])  # the flat form names its experiment
-    if chosen is not None:
-        config = select_variants(config, _names(chosen))
+    config, sources, folder, runner, root = load(argv)
     if runner.get("dry_run"):
         import yaml
 
-        print(f"# {display_path(root)} merged with the command line (not run)")
+        print(f"# {display_path(root)} merged with the command line and checked (not run)")
         print(yaml.safe_dump(config, sort_keys=False), end="")
         return 0
     if runner.get("new") and runner.get("resume_anyway"):

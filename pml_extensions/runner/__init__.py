@@ -6,10 +6,10 @@ command line, :mod:`pml_extensions.cli`, which sits above the runner):
 - ``errors.py`` — :class:`ConfigError`, the one exception: a one-line message naming the file and the key
   (:class:`MissingDataError` when the data a config names is not on the machine).
 - ``config/`` — where a config key is parsed: ``loader`` (PB's folders and the flat form, variants, the command
-  line), ``syntax`` (PB's merge and markers ``~OVERRIDE~ ~APPLY~ ~SWAP~ ~DELETE~ ~BAYESIAN~``), ``keys`` (which
-  top-level keys each protocol reads), ``old_keys`` (older spellings mapped with a note), ``pb_keys`` and
-  ``eval_keys`` (PB's values, honoured or refused), ``specs`` (the one ``{ClassName: kwargs}`` parser) and
-  ``registry`` (the names a config may use; :func:`register` adds yours).
+  line), ``syntax`` (PB's merge and markers ``~OVERRIDE~ ~APPLY~ ~SWAP~ ~DELETE~ ~BAYESIAN~``), ``pb_keys`` and
+  ``eval_keys`` (PB's values, honoured or refused), ``arguments`` (every class's keyword arguments), ``specs``
+  (the one ``{ClassName: kwargs}`` parser) and ``registry`` (the names a config may use; :func:`register` adds
+  yours).
 - ``experiment/`` — where a run's files are written: ``folder`` (``config.yaml``, ``command.txt``, stages,
   ``results.json``, seeds, device), ``checkpoint`` (atomic checkpoints + record-keeper logs that survive SIGKILL),
   ``epoch_loop`` (resumable training and selection), ``distributed`` (torchrun ranks).
@@ -19,18 +19,20 @@ command line, :mod:`pml_extensions.cli`, which sits above the runner):
   ``saved_models`` (a finished run's models rebuilt from its ``config.yaml``, for ``explain``).
 - ``outputs/`` — what a run reports: ``results`` (``results.json`` / ``results.md``, paired statistics and
   verdicts), ``report`` (``report.html``).
-- ``protocols/`` — what a run does: the table of protocols and :func:`~.protocols.run_protocol` (the one entry
-  point), ``search`` (an Optuna study of runs), ``reproduce`` (rerun a finished run), and one sub-package per
-  protocol: ``mlrc/``, ``xml_vs_gap/``, ``resolution_distillation/``, ``template_block/``, ``localization/``.
+- ``protocols/`` — what a run does: protocols as plugins (``base``: :class:`Protocol`, its settings and
+  ``--data_folder`` rule; ``paired_protocol``: :class:`PairedProtocol`, the seeds × variants engine), the lookup,
+  the one loader and :func:`~.protocols.run_protocol` (the one entry point), ``search`` (an Optuna study of runs),
+  ``reproduce`` (rerun a finished run), and the package's protocols ``mlrc/`` and ``paired/``. The paper
+  reproductions are plugins outside the package (``benchmarks/protocols/``).
 
 Example::
 
     >>> from pml_extensions.runner import PROTOCOLS, find_config, load_config
     >>> sorted(PROTOCOLS)
-    ['localization', 'mlrc', 'resolution_distillation', 'template_block', 'xml_vs_gap']
+    ['mlrc', 'paired']
     >>> config, sources = load_config(find_config("xml_glyphs"))
     >>> config["protocol"], sources["models"]
-    ('xml_vs_gap', 'configs/xml_glyphs/config_models.yaml')
+    ('paired', 'configs/xml_glyphs/config_models.yaml')
 """
 
 import importlib
@@ -42,7 +44,7 @@ from typing import Any
 _LAZY = {
     "CONFIG_FOLDERS": ".config.loader",
     "find_config": ".config.loader",
-    "load_config": ".config.loader",
+    "load_config": ".protocols",
     "merge": ".config.loader",
     "parse_command_line": ".config.loader",
     "ROLES": ".config.registry",
@@ -59,6 +61,9 @@ _LAZY = {
     "MLP": ".objects.mlp",
     "write_report": ".outputs.report",
     "PROTOCOLS": ".protocols",
+    "Protocol": ".protocols.base",
+    "PairedProtocol": ".protocols.paired_protocol",
+    "register_protocol": ".protocols",
     "run_protocol": ".protocols",
     "MLRCRunner": ".protocols.mlrc",
     "ensemble_metrics": ".protocols.mlrc",

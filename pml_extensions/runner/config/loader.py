@@ -1,13 +1,12 @@
-"""The one config loader: powerful-benchmarker (PB) syntax, two input forms, one merge.
+"""How a config's files merge: powerful-benchmarker (PB) syntax, two input forms, one merge.
 
-Input forms (:func:`load_config`, located by :func:`find_config`):
+Input forms (:func:`merge_config`, located by :func:`find_config`):
 
 * PB's folders ("Metric Learning Reality Check" layout): one folder per category (:data:`CONFIG_FOLDERS`),
   each holding YAML files; a run selects, per folder, a list of file names (default ``[default]``) merged in
   order;
-* the flat form: one ``config_<category>.yaml`` per category (protocol ``xml_vs_gap`` unless the files say
-  otherwise); its ``variants`` key (name -> changes) is expanded by :func:`variant_configs` with the same
-  :func:`merge`.
+* the flat form: one ``config_<category>.yaml`` per category; its ``variants`` key (name -> changes) is expanded
+  by :func:`variant_configs` with the same :func:`merge`.
 
 The command line is merged last. The syntax is PB's (``docs/cl_syntax.md``, ``docs/yaml_syntax.md`` of
 ``KevinMusgrave/powerful-benchmarker``): :func:`pml_extensions.runner.config.syntax.merge` and its markers
@@ -16,9 +15,7 @@ The command line is merged last. The syntax is PB's (``docs/cl_syntax.md``, ``do
 Command line (:func:`parse_command_line`): ``--name value`` pairs, the value parsed as YAML, so a value may span
 several shell words: ``--optimizers~APPLY~3 {lr: 0.01}``, ``--config_general [default, with_quick]``. A
 flag with no value is ``True``. ``--config_<folder> [names]`` select files; every other flag is merged into
-the config. Top-level keys are checked against what the config's protocol reads
-(:func:`pml_extensions.runner.config.keys.check_keys`): a typo is an error naming the nearest known key; older
-spellings are mapped with one note (:mod:`pml_extensions.runner.config.old_keys`).
+the config. The config's protocol then checks the result (:func:`pml_extensions.runner.protocols.load_config`).
 
 Every error is a :class:`pml_extensions.runner.errors.ConfigError` whose one-line message starts with the
 file (or ``command line``) and names the key.
@@ -26,7 +23,7 @@ file (or ``command line``) and names the key.
 
 import os
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -231,15 +228,13 @@ def _file_list(config_root: str, selection: Dict[str, Sequence[str]]) -> List[Tu
     return files
 
 
-def load_config(
+def merge_config(
     config_root: str,
     selection: Optional[Dict[str, Sequence[str]]] = None,
     overrides: Optional[Dict[str, Any]] = None,
-    allow_search: bool = False,
-    check_keys: bool = True,
-    log: Callable[..., None] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """The one loader: merge a config's files, then the command-line overrides.
+    """Merge a config's files, then the command-line overrides (the protocols' loader,
+    :func:`pml_extensions.runner.protocols.load_config`, then checks the result against the config's protocol).
 
     Two input forms: powerful-benchmarker's folders (``config_general/default.yaml`` ..., a ``selection`` of
     file names per folder, merged in order) and the flat form (``config_general.yaml`` ..., one file per
@@ -251,28 +246,20 @@ def load_config(
         selection: folder -> list of file names without ``.yaml`` (default ``["default"]`` for every folder
             that exists under ``config_root``), merged in order; folders form only.
         overrides: parsed command-line dict (markers allowed), merged last.
-        allow_search: keep ``~BAYESIAN~`` markers (for :mod:`pml_extensions.runner.protocols.search`) instead of
-            refusing.
-        check_keys: refuse top-level keys the config's protocol does not read (a typo is an error naming the
-            nearest known key, :func:`pml_extensions.runner.config.keys.check_keys`), map older spellings
-            (:func:`pml_extensions.runner.config.old_keys.map_old_keys`), check PB's values
-            (:func:`pml_extensions.runner.config.pb_keys.check_values`) and every class's arguments
-            (:func:`pml_extensions.runner.config.arguments.check_arguments`).
-        log: where notes about mapped old keys go (default: stderr).
 
     Returns:
         ``(config, sources)``: the merged dict and, per top-level key, the file (or ``"command line"``) that
-        set it last — used to name the file in later error messages; ``sources`` is a
+        set it last — used to name the file in later error messages (``sources.file_keys``: the keys the files
+        set); ``sources`` is a
         :class:`pml_extensions.runner.config.sources.Sources`, whose ``of("trainer.MetricLossOnly.batch_size")``
         names the file of a nested value.
 
     Raises:
-        ConfigError: missing root/folder/file, malformed YAML, bad markers, unknown folder in ``selection``,
-        unknown keys.
+        ConfigError: missing root/folder/file, malformed YAML, bad markers, unknown folder in ``selection``.
 
     Example::
 
-        >>> cfg, src = load_config(find_config("contrastive"), {"config_general": ["default", "quick"]})
+        >>> cfg, src = merge_config(find_config("contrastive"), {"config_general": ["default", "quick"]})
         >>> cfg["num_epochs_train"], src["num_epochs_train"]
         (3, 'configs/contrastive/config_general/quick.yaml')
     """
@@ -308,27 +295,13 @@ def load_config(
             config = merged
     if variants:
         config["variants"] = variants
-    if config_layout(config_root) == "flat" and "protocol" not in config:
-        config["protocol"] = "xml_vs_gap"  # the flat form is the main job's
-        sources["protocol"] = display_path(config_root)
     file_keys = set(config)
     if overrides:
         config = merge(config, overrides, "command line")
         for k in overrides:
             sources[split_marker(k, "command line")[0]] = "command line"
         sources.add_layer("command line", config)
-    if check_keys:
-        from . import pb_keys
-        from .arguments import check_arguments
-        from .keys import check_keys as check_top_level_keys
-        from .old_keys import map_old_keys
-
-        check_top_level_keys(config, sources, file_keys)
-        config = map_old_keys(config, sources, log=log)
-        pb_keys.check_values(config, sources)
-        check_arguments(config, sources)
-    if not allow_search:
-        check_no_search(config, sources)
+    sources.file_keys = file_keys
     return config, sources
 
 

@@ -1,12 +1,10 @@
 """Every powerful-benchmarker (PB v0.9.33) config value: honoured or refused, with one line naming the key.
 
 PB's config folder (``config_general``, ``config_dataset``, ``config_eval``, ...) names keys whose effect this
-module defines for the ``mlrc`` protocol; the loader (:func:`pml_extensions.runner.config.loader.load_config`)
-calls :func:`pml_extensions.runner.config.keys.check_keys` (which keys exist),
-:func:`pml_extensions.runner.config.old_keys.map_old_keys` (older spellings) and :func:`check_values` (their
-values), so a run never starts with a key it would ignore. The protocol reads the honoured values through the
-accessors below (:func:`split_settings`, :func:`primary_metric`, :func:`aggregate`, :func:`ensemble_settings`,
-...; the tester is built by :meth:`pml_extensions.runner.objects.builder.Builder.build_tester` from
+module defines; the protocol that reads PB configs calls :func:`check_values` when the config is loaded
+(:func:`pml_extensions.runner.protocols.load_config`), so a run never starts with a value it would ignore. The
+protocol reads the honoured values through the accessors below (:func:`split_settings`, :func:`primary_metric`,
+:func:`aggregate`, :func:`ensemble_settings`, ...; the tester is built by :meth:`pml_extensions.runner.objects.builder.Builder.build_tester` from
 :func:`tester_spec`).
 
 Honoured (as in PB):
@@ -30,7 +28,7 @@ Honoured (as in PB):
 Every other value of these keys stops the run with one line naming the key and why (e.g. ``reference_set:
 compared_to_training_set`` — this runner compares each split to itself). Older PB spellings (before v0.9.29:
 ``eval_*``, top-level ``test_size`` ..., ``iterations_per_epoch``, ``batch_size``) are mapped with a note
-(:mod:`pml_extensions.runner.config.old_keys`).
+(:mod:`pml_extensions.runner.protocols.mlrc.old_keys`).
 
 Example::
 
@@ -264,8 +262,8 @@ def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Di
 
 
 def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-    """Check every PB key of the mlrc protocol at load time (before any training): honoured values pass,
-    the others stop the run with one line naming the key and why.
+    """Check every PB key of a powerful-benchmarker config at load time (before any training): honoured values
+    pass, the others stop the run with one line naming the key and why (the mlrc protocol's check).
 
     Raises:
         ConfigError: see the accessors.
@@ -276,8 +274,6 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
             from .syntax import merge
 
             check_single_class(merge(config, variant, f"variants.{name}"), sources, f" (variant {name})")
-    if (config.get("protocol") or "mlrc") != "mlrc":
-        return
     for key in _FLAGS:
         flag(config, key, sources)
     split_settings(config, sources)
@@ -285,9 +281,6 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
     tester_spec(config, sources)
     aggregate(config, [], sources)
     ensemble_settings(config, sources)
-    iters = config.get("bayes_opt_iters")
-    if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
-        raise ConfigError(f"{_where(sources, 'bayes_opt_iters')}: expected a positive number of trials, got {iters!r}")
 
 
 _ONE_CLASS = (

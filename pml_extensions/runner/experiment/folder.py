@@ -126,10 +126,6 @@ def prepare_folder(
         raise ValueError(f"on_change must be 'stop', 'new' or 'resume', got {on_change!r}")
     old = saved_config(folder) if has_progress(folder) else None  # a folder that trained nothing is just reused
     if old is not None:
-        from ..config.old_keys import map_resolution_job
-
-        old = map_resolution_job(old)  # a resolution run saved in the old layout resumes under the new one
-    if old is not None:
         diff = [
             k for k in config_differences(old, _yaml_roundtrip(config)) if k.split(".")[0] not in RESUME_NEUTRAL_KEYS
         ]

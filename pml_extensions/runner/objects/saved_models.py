@@ -11,8 +11,7 @@ or up to three folders above it, and the state dicts are loaded into it; ``pretr
   ``embedder_best{E}.pth`` (PML's ``SaveModels`` names; ``trunk_optimizer_*.pth`` are optimizer states and are
   never taken for the trunk); the variant's override in ``variants`` is merged over ``models``;
 - the resolution protocol's student and teacher, ``{"trunk": state, "embedder": state}`` files (its config's
-  ``models``; a run saved before the floor plan, with ``resolution_job``, is read through
-  :func:`pml_extensions.runner.config.old_keys.map_resolution_job`);
+  ``models``);
 - a file ``{"trunk": module or state, "embedder": ...}`` or a pickled module (``trust=True`` only); without a
   config, state dicts are read as the ImageNet MobileNetV2 + GAP trunk and a Linear embedder.
 
@@ -141,9 +140,6 @@ def _in_channels(state: dict) -> int:
 
 def models_from_config(cfg: dict, path: str, trunk_state: Optional[dict] = None) -> Tuple[nn.Module, nn.Module]:
     """Build ``(trunk, embedder)`` (random weights) from a run's saved config with the runner's Builder."""
-    from ..config.old_keys import map_resolution_job
-
-    cfg = map_resolution_job(cfg)  # a resolution run saved before the floor plan
     variants = cfg.get("variants") or {}
     parts = os.path.abspath(path).split(os.sep)
     chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/

@@ -1,81 +1,218 @@
-"""Experiment protocols of the one runner, behind one lookup table.
+"""Protocols as plugins: the lookup, the one loader that checks a config against its protocol, and the one entry
+point.
 
-A protocol is a module with ``run(config, experiment_folder, sources=None, log=print) -> dict``:
+A protocol is a :class:`~.base.Protocol` subclass (its settings, ``--data_folder`` rule and search objective live
+in its own package). The config's ``protocol:`` key names it:
 
-- ``config``: the merged config (``pml_extensions.runner.config.loader``); ``config["protocol"]`` names the
-  protocol (default ``"mlrc"``).
-- ``experiment_folder``: where everything goes (layout: :mod:`pml_extensions.runner.experiment.folder`); rerunning
-  with the same folder resumes.
-- ``sources``: top-level key -> file, so errors name the file; ``log``: a print-like function.
+- a protocol of the package (:data:`PROTOCOLS`): ``mlrc`` (powerful-benchmarker's metric-learning reality check, the
+  default of the folder form) and ``paired`` (variants trained with paired seeds and compared; the default of the
+  flat form);
+- one registered in this process (:func:`register_protocol`, as powerful-benchmarker's ``register`` or timm's
+  ``register_model``), or by another package under the entry-point group ``pml_extensions.protocols``;
+- a dotted path ``package.module:ClassName`` (or ``package.module`` whose ``PROTOCOL`` is the class), e.g. the paper
+  reproductions in the repository's ``benchmarks/protocols/`` (run from the repository's root).
 
-It returns the results it also wrote to ``<experiment_folder>/results.json``. :func:`run_protocol` is what the
-command line calls: it checks a rerun's saved config, saves ``config.yaml`` and ``command.txt``, runs the protocol
-and writes ``report.html``. Two more ways in sit beside it: :mod:`.search` (an Optuna study whose trials are
-``run_protocol`` calls) and :mod:`.reproduce` (a finished run again from its ``config.yaml``). Each protocol is a
-sub-package (``mlrc/``, ``xml_vs_gap/``, ``resolution_distillation/``, ``template_block/``, ``localization/``)
-whose ``protocol.py`` holds ``run``; every
-object it trains with comes from :class:`pml_extensions.runner.objects.builder.Builder`, and no protocol imports
-another.
+:func:`load_config` merges a config's files and the command line, applies ``--data_folder`` through the protocol's
+rule, then checks every top-level key against the protocol's settings (a typo names the nearest key) and every
+class's arguments. :func:`run_protocol` checks a rerun's saved config, saves ``config.yaml`` and ``command.txt``,
+runs the protocol and writes ``report.html``. :mod:`.search` (an Optuna study of runs) and :mod:`.reproduce` (a
+finished run again from its ``config.yaml``) sit beside it.
 
 Example::
 
     >>> from pml_extensions.runner.protocols import PROTOCOLS, get_protocol
     >>> sorted(PROTOCOLS)
-    ['localization', 'mlrc', 'resolution_distillation', 'template_block', 'xml_vs_gap']
-    >>> callable(get_protocol("mlrc").run)
-    True
+    ['mlrc', 'paired']
+    >>> "num_epochs" in get_protocol("paired").keys(), get_protocol("mlrc").description.split(":")[0]
+    (True, 'Metric Learning Reality Check')
 """
 
 import importlib
-from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Sequence
+import os
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
+from .base import Protocol, nearest
 
-#: protocol name -> module (imported on first use, so one protocol's dependencies never load for another)
+#: protocol name -> ``module:Class`` (imported on first use, so one protocol's dependencies never load for another)
 PROTOCOLS: Dict[str, str] = {
-    "mlrc": "pml_extensions.runner.protocols.mlrc",
-    "xml_vs_gap": "pml_extensions.runner.protocols.xml_vs_gap",
-    "resolution_distillation": "pml_extensions.runner.protocols.resolution_distillation",
-    "template_block": "pml_extensions.runner.protocols.template_block",
-    "localization": "pml_extensions.runner.protocols.localization",
+    "mlrc": "pml_extensions.runner.protocols.mlrc.protocol:MLRC",
+    "paired": "pml_extensions.runner.protocols.paired.protocol:Paired",
 }
-DEFAULT_PROTOCOL = "mlrc"
-
-#: one line per protocol for ``run --list protocol``
-DESCRIPTIONS: Dict[str, str] = {
-    "mlrc": "Metric Learning Reality Check: class-disjoint folds, early stopping, separate + concatenated test",
-    "xml_vs_gap": "the main job: variants (HistogramPooling + XMLWrapper vs GAP) trained with one seed, compared",
-    "resolution_distillation": "RAML: teacher at database resolution, students at query resolutions, FLOPs",
-    "template_block": "template-matching block vs its controls (plain, aux loss only, wider), paired over seeds",
-    "localization": "explanation maps localise objects: methods x sign conventions, MS vs Triplet, paired seeds",
-}
+#: the protocol of a config without ``protocol:``, by layout (:func:`pml_extensions.runner.config.loader.config_layout`)
+DEFAULT_PROTOCOLS = {"folders": "mlrc", "flat": "paired"}
+ENTRY_POINT_GROUP = "pml_extensions.protocols"
+_REGISTERED: Dict[str, type] = {}
 
 
-def protocol_name(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> str:
-    """The config's ``protocol`` (default ``"mlrc"``).
+def register_protocol(name: str, cls: type) -> type:
+    """Make ``cls`` (a :class:`~.base.Protocol` subclass) the protocol called ``name`` in this process; returns it.
 
     Raises:
-        ConfigError: one line naming the file and the known protocols when the name is unknown.
+        TypeError: ``cls`` is not a Protocol subclass.
     """
-    name = config.get("protocol", DEFAULT_PROTOCOL)
-    if name is None:
-        name = DEFAULT_PROTOCOL
-    if not isinstance(name, str) or name not in PROTOCOLS:
-        where = (sources or {}).get("protocol", "config_general")
-        raise ConfigError(f"{where}: protocol: unknown {name!r}; choose one of {', '.join(sorted(PROTOCOLS))}")
-    return name
+    if not (isinstance(cls, type) and issubclass(cls, Protocol)):
+        raise TypeError(f"register_protocol: {cls!r} is not a Protocol subclass")
+    _REGISTERED[name] = cls
+    return cls
 
 
-def get_protocol(name: str) -> ModuleType:
-    """The protocol module called ``name`` (it has a ``run`` function).
+def _entry_points() -> Dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    try:
+        found = entry_points(group=ENTRY_POINT_GROUP)
+    except TypeError:  # pragma: no cover - Python 3.9's entry_points() takes no group
+        found = entry_points().get(ENTRY_POINT_GROUP, [])
+    return {ep.name: ep for ep in found}
+
+
+def _import(path: str, where: str) -> type:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"{where}: cannot import {module_name!r} ({str(e).splitlines()[0]}); run from the folder that holds it"
+        ) from None
+    cls = getattr(module, attr or "PROTOCOL", None)
+    if not (isinstance(cls, type) and issubclass(cls, Protocol)):
+        raise ConfigError(f"{where}: {path!r} is not a protocol (a Protocol subclass, or a module with PROTOCOL)")
+    return cls
+
+
+def get_protocol(name: str, where: str = "config_general: protocol") -> type:
+    """The protocol class called ``name`` (see the module docstring for where names come from).
 
     Raises:
-        ConfigError: for a name that is not in :data:`PROTOCOLS`.
+        ConfigError: an unknown name (the known ones listed, with "did you mean"), or a dotted path that does not
+        import.
     """
-    if name not in PROTOCOLS:
-        raise ConfigError(f"protocol: unknown {name!r}; choose one of {', '.join(sorted(PROTOCOLS))}")
-    return importlib.import_module(PROTOCOLS[name])
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}: expected a protocol name, got {name!r}")
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name in PROTOCOLS:
+        return _import(PROTOCOLS[name], where)
+    if "." in name or ":" in name:
+        return _import(name, where)
+    plugins = _entry_points()
+    if name in plugins:
+        return plugins[name].load()
+    known = sorted(set(PROTOCOLS) | set(_REGISTERED) | set(plugins))
+    raise ConfigError(f"{where}: unknown {name!r}{nearest(name, known)} (known: {', '.join(known)}, or a dotted path)")
+
+
+def protocol_of(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> type:
+    """The protocol class of a merged config (``protocol:``; a config without it is ``mlrc``)."""
+    where = f"{(sources or {}).get('protocol', 'config_general')}: protocol"
+    return get_protocol(config.get("protocol") or DEFAULT_PROTOCOLS["folders"], where)
+
+
+def descriptions() -> Dict[str, str]:
+    """Name -> one line, for ``run --list protocol`` (the package's, registered and entry-point protocols)."""
+    names = list(PROTOCOLS) + [n for n in _REGISTERED if n not in PROTOCOLS] + sorted(_entry_points())
+    return {n: get_protocol(n).description for n in dict.fromkeys(names)}
+
+
+def check_keys(config: Dict[str, Any], sources: Dict[str, str], protocol: type, file_keys: Sequence[str] = ()) -> None:
+    """Refuse top-level keys the protocol does not read (its :meth:`~.base.Protocol.keys`).
+
+    Raises:
+        ConfigError: ``"<file>: num_epoch: the paired protocol reads no such key; did you mean num_epochs?"``, or
+        for a command-line key no file defines ``"command line: --bogus: no config file defines this key and the
+        mlrc protocol does not read it ..."``; a key another protocol of the package reads is named as such.
+    """
+    from ..config.syntax import split_marker
+
+    known = set(protocol.keys())
+    file_keys = {split_marker(k)[0] for k in file_keys}
+    for key in config:
+        name = split_marker(key)[0]
+        if name in known:
+            continue
+        command_line = sources.get(name) == "command line" and name not in file_keys
+        hint = _hint(name, protocol, known | file_keys if command_line else known)
+        if command_line:
+            raise ConfigError(
+                f"command line: --{name}: no config file defines this key and the {protocol.name} protocol does not "
+                f"read it{hint} (all keys: run CONFIG --dry-run)"
+            )
+        raise ConfigError(
+            f"{sources.get(name, 'config')}: {name}: the {protocol.name} protocol reads no such key{hint}"
+        )
+
+
+def _hint(name: str, protocol: type, known) -> str:
+    others = [p for p in PROTOCOLS if p != protocol.name and name in get_protocol(p).keys()]
+    if not others:
+        return nearest(name, known, cutoff=0)
+    close = nearest(name, known)
+    lead = f"{close} It" if close else "; it"
+    return f"{lead} is a key of the {' and '.join(others)} protocol{'s' if len(others) > 1 else ''}"
+
+
+def load_config(
+    config_root: str,
+    selection: Optional[Dict[str, Sequence[str]]] = None,
+    overrides: Optional[Dict[str, Any]] = None,
+    allow_search: bool = False,
+    data_folder: Optional[str] = None,
+    check: bool = True,
+    log: Optional[Callable[..., None]] = None,
+) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """The one loader: merge the config's files and ``overrides`` (:func:`pml_extensions.runner.config.loader.
+    merge_config`), make ``data_folder`` the dataset by the protocol's rule, then check the config against its
+    protocol: keys, settings, powerful-benchmarker's values and every class's arguments (``check=False`` skips the
+    checks).
+
+    Returns:
+        ``(config, sources)`` as :func:`~pml_extensions.runner.config.loader.merge_config`.
+
+    Raises:
+        ConfigError: one line naming the file and the key.
+
+    Example::
+
+        >>> from pml_extensions.runner.config.loader import find_config
+        >>> cfg, src = load_config(find_config("contrastive"), {"config_general": ["default", "quick"]})
+        >>> cfg["num_epochs_train"], src["num_epochs_train"]
+        (3, 'configs/contrastive/config_general/quick.yaml')
+    """
+    from ..config.loader import check_no_search, config_layout, display_path, merge, merge_config
+
+    config, sources = merge_config(config_root, selection, overrides)
+    if "protocol" not in config:
+        config["protocol"] = DEFAULT_PROTOCOLS[config_layout(config_root) or "folders"]
+        sources["protocol"] = display_path(config_root)
+    protocol = protocol_of(config, sources)
+    if data_folder is not None:
+        update = protocol.data_folder(*_data_path(data_folder))
+        config = merge(config, update, "command line")
+        for key in update:
+            sources[key.split("~")[0]] = "command line"
+    if check:
+        from ..config.arguments import check_arguments
+
+        check_keys(config, sources, protocol, getattr(sources, "file_keys", config))
+        config = protocol.normalize(config, sources, log)
+        protocol.check(config, sources)
+        check_arguments(config, sources)
+    if not allow_search:
+        check_no_search(config, sources)
+    return config, sources
+
+
+def _data_path(path: Any) -> Tuple[str, bool]:
+    if not isinstance(path, str) or not path:
+        raise ConfigError("command line: --data_folder: needs a folder of class folders or a CSV file")
+    is_csv = os.path.isfile(path) and path.lower().endswith(".csv")
+    if not (os.path.isdir(path) or is_csv):
+        raise ConfigError(
+            f"command line: --data_folder {path}: no such folder (one sub-folder per class) or CSV file "
+            "(label, path, split columns)"
+        )
+    return os.path.abspath(path), is_csv
 
 
 def run_protocol(
@@ -89,7 +226,7 @@ def run_protocol(
     """Run the config's protocol in ``experiment_folder`` (the one entry point of the command line).
 
     Args:
-        config, experiment_folder, sources, log: passed to the protocol's ``run``.
+        config, experiment_folder, sources, log: what the protocol is built with.
         on_change: what to do when the folder holds a saved ``config.yaml`` that differs from ``config``:
             ``"stop"`` (raise), ``"new"`` (move the old folder aside and start afresh; ``--new``) or ``"resume"``
             (continue with the new config deliberately; ``--resume-anyway``).
@@ -106,10 +243,22 @@ def run_protocol(
     from ..experiment.folder import prepare_folder
     from ..outputs.report import write_report
 
-    name = protocol_name(config, sources)
-    module = get_protocol(name)
+    protocol = protocol_of(config, sources)(config, experiment_folder, sources, log)
     prepare_folder(experiment_folder, config, on_change=on_change, command=command, log=log)
-    results = module.run(config, experiment_folder, sources=sources, log=log)
+    results = protocol.run()
     if dist_utils.is_main():
         write_report(experiment_folder)
     return results
+
+
+__all__ = [
+    "PROTOCOLS",
+    "Protocol",
+    "check_keys",
+    "descriptions",
+    "get_protocol",
+    "load_config",
+    "protocol_of",
+    "register_protocol",
+    "run_protocol",
+]

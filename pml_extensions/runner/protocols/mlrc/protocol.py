@@ -38,6 +38,7 @@ torch/numpy/python RNGs at the start of each fold (``seed + fold``; PML's sample
 restores them on resume — set ``seed: null`` to leave them alone.
 """
 
+import dataclasses
 import os
 import time
 from typing import Any, Callable, Dict, Optional
@@ -58,9 +59,10 @@ from ...objects.builder import Builder, accepts
 from ...objects.data import dataset_labels
 from ...objects.feature_cache import FeatureCaches, check_fixed_prefix, end_of_epoch_hook, subset_key
 from ...outputs.retrieval import dataset_image, save_retrieval_examples
+from ..base import Protocol, setting
 from .splits import ensemble_metrics, mlrc_class_splits
 
-__all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits", "run"]
+__all__ = ["MLRC", "MLRCRunner", "ensemble_metrics", "mlrc_class_splits"]
 
 
 class MLRCRunner:
@@ -367,13 +369,111 @@ class MLRCRunner:
         return results
 
 
-def run(
-    config: Dict[str, Any],
-    experiment_folder: str,
-    sources: Optional[Dict[str, str]] = None,
-    log: Callable[..., None] = print,
-) -> Dict[str, Any]:
-    """The ``mlrc`` protocol: :meth:`MLRCRunner.run` (see the module docstring). Call it through
-    :func:`pml_extensions.runner.protocols.run_protocol`, which also saves ``config.yaml`` and writes
-    ``report.html``."""
-    return MLRCRunner(config, experiment_folder, sources, log).run()
+def _doc(text: str) -> Any:
+    return setting(None, text)
+
+
+@dataclasses.dataclass
+class Settings:
+    """The top-level keys of the ``mlrc`` protocol (powerful-benchmarker v0.9.33's names and ours). Their values are
+    powerful-benchmarker specs, checked by :mod:`pml_extensions.runner.config.pb_keys` and the Builder."""
+
+    trainer: Any = _doc(
+        "The PML trainer, `{MetricLossOnly: {batch_size, iterations_per_epoch, dataloader_num_workers, ...}}`; "
+        "`batch_size` is the global batch (split over `torchrun` ranks)."
+    )
+    num_epochs_train: Any = _doc("Most epochs per fold (powerful-benchmarker's; early stopping usually ends sooner).")
+    save_interval: Any = _doc("Evaluate `splits_to_eval` (and checkpoint the best model) every this many epochs.")
+    patience: Any = _doc("Stop a fold when the primary metric has not improved for more than this many evaluations.")
+    check_untrained_accuracy: Any = _doc(
+        "Evaluate the untrained model as epoch 0 (the report flags a fold whose best epoch is 0)."
+    )
+    api_parser: Any = _doc("powerful-benchmarker's internal parser name; only `null` (see the config_general flags).")
+    skip_eval_if_already_done: Any = _doc("See the config_general flags.")
+    skip_ensemble_eval_if_already_done: Any = _doc("See the config_general flags.")
+    log_data_to_tensorboard: Any = _doc("See the config_general flags.")
+    save_figures_on_tensorboard: Any = _doc("See the config_general flags.")
+    save_lists_in_db: Any = _doc("See the config_general flags.")
+    override_required_compatible_factories: Any = _doc("See the config_general flags.")
+    models: Any = _doc(
+        "`{trunk: spec, embedder: spec}`; a spec is `{ClassName: kwargs}`, a list of specs or a function."
+    )
+    loss_funcs: Any = _doc("`{name: {LossClass: kwargs}}`; losses nest (`XMLWrapper: {loss: {ContrastiveLoss: {}}}`).")
+    mining_funcs: Any = _doc("`{tuple_miner: {MinerClass: kwargs}}` or `{}`.")
+    sampler: Any = _doc("The batch sampler, e.g. `{MPerClassSampler: {m: 4}}` (labels and batch size are filled in).")
+    optimizers: Any = _doc(
+        "`{<model>_optimizer: {OptimizerClass: kwargs}}`; `param_groups` and `prototype_lr` are ours."
+    )
+    transforms: Any = _doc("`{train: {...}, eval: {...}}` of torchvision transforms by class name.")
+    tester: Any = _doc("The PML tester and its accuracy calculator.")
+    aggregator: Any = _doc("How the folds' validation metrics become one number (the search objective).")
+    ensemble: Any = _doc("How the folds' models are combined for the test.")
+    hook_container: Any = _doc("`primary_metric` (selects the best epoch, drives patience) and PB's hook settings.")
+    factories: Any = _doc("powerful-benchmarker's factory names; only the defaults are accepted.")
+    dataset: Any = _doc("`{DatasetClass: kwargs}` or a dataset by name `{name: glyphs, root: ..., kwargs: {...}}`.")
+    splits_to_eval: Any = _doc(
+        "The splits evaluated every `save_interval` epochs: a subset of `[train, val]` with `val`."
+    )
+    split_manager: Any = _doc("The class-disjoint split and its folds.")
+    seed: Any = setting(0, "Seeds the global RNGs at each fold start (`seed + fold`); `null` leaves them alone.")
+    device: Any = setting("auto", "`auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`.")
+    normalize: Any = _doc(
+        "The `Normalize` appended to the transforms, `{mean: [...], std: [...]}` (default ImageNet's)."
+    )
+    dataset_root: Any = _doc("Folder given to dataset classes that take `root`.")
+    test_hooks: Any = _doc("`{name: {HookClass: kwargs}}` run once on the test split with fold 0's best model.")
+    prototype_init: Any = _doc("Initialise the trunk's `HistogramPooling` prototypes from training images.")
+    skip_bad_images: Any = _doc("`true` leaves out the image files that do not decode instead of stopping.")
+    feature_cache: Any = _doc("Train the trunk's rest on cached outputs of its frozen prefix.")
+
+
+class MLRC(Protocol):
+    """powerful-benchmarker's metric-learning reality check on a merged PB config (see the module docstring)."""
+
+    name = "mlrc"
+    description = "Metric Learning Reality Check: class-disjoint folds, early stopping, separate + concatenated test"
+    Settings = Settings
+
+    @classmethod
+    def keys(cls):
+        from .old_keys import OLD_TOP_LEVEL_KEYS
+
+        return super().keys() + OLD_TOP_LEVEL_KEYS
+
+    @classmethod
+    def normalize(cls, config, sources, log=None):
+        """powerful-benchmarker's pre-0.9.29 spellings mapped onto today's keys (:mod:`.old_keys`)."""
+        from .old_keys import map_old_keys
+
+        return map_old_keys(config, sources, log=log)
+
+    @classmethod
+    def check(cls, config, sources=None):
+        super().check(config, sources)
+        pb_keys.check_values(config, sources)
+
+    @classmethod
+    def data_folder(cls, path: str, is_csv: bool) -> Dict[str, Any]:
+        """Your images, every class (the protocol makes its class-disjoint split): :class:`~pml_extensions.datasets.
+        ImageCSVSplit` for a CSV file, :class:`~pml_extensions.datasets.ImageFolderSplit` for a folder of classes."""
+        name = "ImageCSVSplit" if is_csv else "ImageFolderSplit"
+        return {"dataset~OVERRIDE~": {name: {"csv_file" if is_csv else "root": path, "split": "all"}}}
+
+    @classmethod
+    def objective(cls, results: Dict[str, Any], config: Dict[str, Any]) -> float:
+        """The aggregated validation primary metric (mean over folds of the best epoch's value)."""
+        primary = pb_keys.primary_metric(config)
+        aggregate = results.get("aggregate") or {}
+        if primary in aggregate:
+            return float(aggregate[primary])
+        folds = [f.get(f"best_val_{primary}") for f in results.get("folds") or []]
+        if folds and all(isinstance(v, (int, float)) for v in folds):
+            return float(sum(folds) / len(folds))
+        raise ConfigError(f"bayes_opt_iters: the mlrc run reports no validation {primary} to optimise")
+
+    def run(self) -> Dict[str, Any]:
+        """:meth:`MLRCRunner.run`."""
+        return MLRCRunner(self.config, self.folder, self.sources, self.log).run()
+
+
+PROTOCOL = MLRC

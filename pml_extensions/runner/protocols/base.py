@@ -1,0 +1,277 @@
+"""What a protocol is: a plugin that declares its settings, its ``--data_folder`` rule and its search objective, and
+runs an experiment folder.
+
+:class:`Protocol` is the base every protocol subclasses (the shape of pytorch-grad-cam's ``BaseCAM``: the base owns the
+plumbing, a subclass supplies a few steps):
+
+- ``name`` and ``description`` (one line for ``run --list protocol``);
+- ``Settings``: a dataclass whose fields are the protocol's top-level config keys, each with its type, default and
+  one line of documentation (:func:`setting`); :meth:`Protocol.read` reads a merged config into it through
+  :func:`read_settings`, one line ``<file>: <key>: ...`` per bad value (the file comes from the config's source
+  tracking), and :meth:`Protocol.keys` is what the loader accepts (a typo is an error naming the nearest key);
+- :meth:`Protocol.data_folder`: how ``--data_folder PATH`` (a folder of class folders or a CSV file) becomes the
+  config's dataset, or one line saying where this protocol reads its images;
+- :meth:`Protocol.objective`: the number a search maximises, from a finished run's results;
+- :meth:`Protocol.run`: the experiment (``results.json`` and the rest of the folder).
+
+:class:`PairedProtocol` (:mod:`.paired_engine`) owns what a seeds × variants experiment needs; the protocols of the
+package are ``mlrc`` and ``paired``, and a plugin outside the package (``benchmarks/protocols/``) is named by its
+dotted path or registered (:func:`pml_extensions.runner.protocols.register_protocol`).
+
+Example::
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class Settings:
+    ...     num_epochs: int = setting(2, "epochs per unit", minimum=1)
+    ...     seeds: list = setting((0, 1, 2), "paired seeds", kind="seeds")
+    >>> read_settings(Settings, {"num_epochs": 3, "seeds": "0 1"}, {"num_epochs": "general.yaml"})
+    Settings(num_epochs=3, seeds=[0, 1])
+    >>> try:
+    ...     read_settings(Settings, {"num_epochs": 0}, {"num_epochs": "general.yaml"})
+    ... except ValueError as e:
+    ...     print(e)
+    general.yaml: num_epochs: expected an integer >= 1, got 0
+"""
+
+import copy
+import dataclasses
+import difflib
+import numbers
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..errors import ConfigError
+
+#: the default of a field the config must give
+REQUIRED = object()
+#: the kinds :func:`read_settings` checks (``kind=`` of :func:`setting`)
+KINDS = ("any", "int", "float", "bool", "str", "mapping", "list", "seeds", "choice", "name_pairs")
+
+
+def setting(
+    default: Any = REQUIRED,
+    doc: str = "",
+    kind: str = "any",
+    minimum: Optional[float] = None,
+    maximum: Optional[float] = None,
+    choices: Sequence[Any] = (),
+    optional: bool = False,
+) -> Any:
+    """A field of a protocol's ``Settings`` dataclass: its default (:data:`REQUIRED` when the config must give it),
+    one line of documentation (the docs' key tables) and how :func:`read_settings` checks it.
+
+    Args:
+        default: the value when the config leaves the key out (copied; lists and dicts are fine).
+        doc: what the key does, in one line.
+        kind: ``int``, ``float``, ``bool``, ``str``, ``mapping``, ``list``, ``seeds`` (a non-empty list of distinct
+            non-negative ints; ``"0 1 2"`` from the command line counts), ``choice`` (one of ``choices``),
+            ``name_pairs`` (``[[a, b], ...]``), or ``any`` (an object spec the Builder checks).
+        minimum, maximum: bounds of a number.
+        optional: ``null`` is allowed (and kept).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    meta = {"doc": doc, "kind": kind, "minimum": minimum, "maximum": maximum, "choices": tuple(choices)}
+    meta["optional"] = optional or default is None
+    if default is REQUIRED:
+        return dataclasses.field(default=REQUIRED, metadata=meta)
+    return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+
+
+def _expect(where: str, what: str, value: Any) -> ConfigError:
+    return ConfigError(f"{where}: expected {what}, got {value!r}")
+
+
+def _number(value: Any, meta: Dict[str, Any], where: str, integer: bool) -> Any:
+    ok = isinstance(value, numbers.Integral if integer else numbers.Real) and not isinstance(value, bool)
+    low, high = meta["minimum"], meta["maximum"]
+    bounds = (f" >= {low:g}" if low is not None else "") + (f" <= {high:g}" if high is not None else "")
+    if not ok or (low is not None and value < low) or (high is not None and value > high):
+        raise _expect(where, ("an integer" if integer else "a number") + (bounds.replace(" <=", " and <=")), value)
+    return int(value) if integer else float(value)
+
+
+def seed_list(value: Any, where: str = "seeds") -> List[int]:
+    """``seeds`` as a list of distinct non-negative ints: ``"0 1 2"`` / ``"0,1,2"`` (the command line) and a single
+    int count as lists.
+
+    Raises:
+        ConfigError: anything else, naming ``where``.
+
+    Example::
+
+        >>> seed_list("0 1 2"), seed_list(7), seed_list([3, 4])
+        ([0, 1, 2], [7], [3, 4])
+    """
+    seeds = value
+    if isinstance(value, str):
+        try:
+            seeds = [int(s) for s in value.replace(",", " ").split()]
+        except ValueError:
+            seeds = value
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        seeds = [int(value)]
+    if (
+        not isinstance(seeds, (list, tuple))
+        or not seeds
+        or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0 for s in seeds)
+    ):
+        raise _expect(where, "a non-empty list of non-negative integers (--seeds 0 1 2)", value)
+    if len(set(seeds)) != len(seeds):
+        raise _expect(where, "distinct seeds", value)
+    return [int(s) for s in seeds]
+
+
+def check_value(value: Any, meta: Dict[str, Any], where: str) -> Any:
+    """``value`` checked against a :func:`setting`'s metadata (normalised: ints, floats, seed lists, tuples of
+    names); raises :class:`ConfigError` ``"<where>: expected ..., got ..."``."""
+    kind = meta["kind"]
+    if value is None and meta["optional"]:
+        return None
+    if kind == "int":
+        return _number(value, meta, where, integer=True)
+    if kind == "float":
+        return _number(value, meta, where, integer=False)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise _expect(where, "true or false", value)
+        return value
+    if kind == "str":
+        if not isinstance(value, str) or not value:
+            raise _expect(where, "a non-empty string", value)
+        return value
+    if kind == "mapping":
+        if not isinstance(value, dict):
+            raise _expect(where, "a mapping", value)
+        return value
+    if kind == "list":
+        if not isinstance(value, (list, tuple)):
+            raise _expect(where, "a list", value)
+        return list(value)
+    if kind == "seeds":
+        return seed_list(value, where)
+    if kind == "choice":
+        if value not in meta["choices"]:
+            raise _expect(where, "one of " + ", ".join(map(str, meta["choices"])), value)
+        return value
+    if kind == "name_pairs":
+        pairs = value or []
+        if not isinstance(pairs, (list, tuple)) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(n, str) for n in p) for p in pairs
+        ):
+            raise _expect(where, "a list of [variant, baseline] pairs", value)
+        return [tuple(p) for p in pairs]
+    return value
+
+
+def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None, where: str = ""):
+    """The dataclass ``cls`` filled from ``config``: every field from its key (its default when absent), checked by
+    its :func:`setting` metadata; keys of ``config`` that are not fields are ignored (the loader refuses them).
+
+    Args:
+        where: what the error names when the key has no source (e.g. ``"variants.xml"``).
+
+    Raises:
+        ConfigError: one line ``"<file>: <key>: expected ..., got ..."`` (``"<file>: missing key <key>"``).
+    """
+    from ..config.sources import source_of
+
+    values = {}
+    for field in dataclasses.fields(cls):
+        meta = field.metadata
+        here = f"{where or source_of(sources, field.name)}: {field.name}"
+        if field.name in config:
+            value = config[field.name]
+        elif field.default is REQUIRED:
+            raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}")
+        else:
+            values[field.name] = field.default_factory() if field.default_factory is not dataclasses.MISSING else None
+            continue
+        values[field.name] = check_value(value, meta, here) if meta else value
+    return cls(**values)
+
+
+def nearest(name: str, known: Iterable[str], cutoff: float = 0.5) -> str:
+    """``"; did you mean X?"`` for the known name closest to ``name`` (``""`` when none is close)."""
+    close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+class Protocol:
+    """Base of every protocol (see the module docstring).
+
+    Args:
+        config: the merged config (:func:`pml_extensions.runner.protocols.load_config`).
+        folder: the experiment folder; running again with the same folder resumes.
+        sources: top-level key -> file, so errors name the file.
+        log: a print-like function.
+
+    Subclasses set ``name``, ``description`` and ``Settings`` and implement :meth:`run`; they may override
+    :meth:`data_folder`, :meth:`objective` and :meth:`check`.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Settings: ClassVar[type] = type(None)
+    #: the part of the ``--data_folder`` refusal after "the <name> protocol " (when :meth:`data_folder` refuses)
+    data_folder_note: ClassVar[str] = "does not read a folder of your images"
+
+    def __init__(
+        self,
+        config: Dict[str, Any],
+        folder: str,
+        sources: Optional[Dict[str, str]] = None,
+        log: Callable[..., None] = print,
+    ):
+        self.config = config
+        self.folder = folder
+        self.sources = sources if sources is not None else {}
+        self.log = log
+        self.settings = self.read(config, self.sources)
+
+    # ------------------------------------------------------------------------------------------------ the plugin
+    @classmethod
+    def keys(cls) -> Tuple[str, ...]:
+        """The top-level keys this protocol reads (its ``Settings`` fields and ``protocol``)."""
+        return ("protocol",) + tuple(f.name for f in dataclasses.fields(cls.Settings))
+
+    @classmethod
+    def read(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None):
+        """The config's ``Settings``, checked (:func:`read_settings`)."""
+        return read_settings(cls.Settings, config, sources)
+
+    @classmethod
+    def normalize(
+        cls, config: Dict[str, Any], sources: Dict[str, str], log: Optional[Callable[..., None]] = None
+    ) -> Dict[str, Any]:
+        """The config as this protocol reads it (e.g. older spellings of its keys mapped, one note each to ``log``);
+        called by the loader after the key check. Default: unchanged."""
+        return config
+
+    @classmethod
+    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+        """Every check that needs no data and no model, run by the loader (``--dry-run`` included): the settings;
+        subclasses add theirs."""
+        cls.read(config, sources)
+
+    @classmethod
+    def data_folder(cls, path: str, is_csv: bool) -> Dict[str, Any]:
+        """The config changes (powerful-benchmarker syntax) that make ``--data_folder PATH`` the dataset.
+
+        Raises:
+            ConfigError: this protocol does not take ``--data_folder`` (one line, :attr:`data_folder_note`).
+        """
+        raise ConfigError(f"command line: --data_folder: the {cls.name} protocol {cls.data_folder_note}")
+
+    @classmethod
+    def objective(cls, results: Dict[str, Any], config: Dict[str, Any]) -> float:
+        """The validation number a search maximises (never a test number).
+
+        Raises:
+            ConfigError: the protocol offers none.
+        """
+        raise ConfigError(f"bayes_opt_iters: the {cls.name} protocol has no search objective")
+
+    def run(self) -> Dict[str, Any]:  # pragma: no cover - every protocol implements it
+        """Run the experiment, write ``results.json`` (and the rest of the folder) and return the results."""
+        raise NotImplementedError

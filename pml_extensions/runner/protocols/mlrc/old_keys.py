@@ -1,0 +1,86 @@
+"""powerful-benchmarker's pre-0.9.29 spellings of config keys, each mapped onto today's key with one note (or
+refused with one line): ``eval_batch_size``, top-level ``test_size``, ``batch_size`` ... are read as the argument of
+today's object key (:data:`OLD_KEYS`); a few have no counterpart and are refused (:data:`_OLD_REFUSED`).
+
+Example::
+
+    >>> out = map_old_keys({"eval_batch_size": 64}, {}, log=lambda msg: None)
+    >>> out["tester"]
+    {'GlobalEmbeddingSpaceTester': {'batch_size': 64}}
+"""
+
+import sys
+from typing import Any, Callable, Dict, Optional
+
+from ...config.eval_keys import _TESTER, _where
+from ...config.specs import one_spec
+from ...errors import ConfigError
+
+#: PB's older spellings -> (new key path, note); a path ending in "*" applies to the class's kwargs
+OLD_KEYS = {
+    "eval_reference_set": ("tester", "reference_set"),
+    "eval_normalize_embeddings": ("tester", "normalize_embeddings"),
+    "eval_use_trunk_output": ("tester", "use_trunk_output"),
+    "eval_batch_size": ("tester", "batch_size"),
+    "eval_dataloader_num_workers": ("tester", "dataloader_num_workers"),
+    "eval_pca": ("tester", "pca"),
+    "eval_accuracy_calculator": ("tester", "accuracy_calculator"),
+    "eval_label_hierarchy_level": ("tester", "label_hierarchy_level"),
+    "label_hierarchy_level": ("tester", "label_hierarchy_level"),
+    "eval_primary_metric": ("hook_container", "primary_metric"),
+    "eval_metric_for_best_epoch": ("hook_container", "primary_metric"),
+    "test_size": ("split_manager", "test_size"),
+    "test_start_idx": ("split_manager", "test_start_idx"),
+    "num_training_partitions": ("split_manager", "num_training_partitions"),
+    "num_training_sets": ("split_manager", "num_training_sets"),
+    "iterations_per_epoch": ("trainer", "iterations_per_epoch"),
+    "batch_size": ("trainer", "batch_size"),
+    "dataloader_num_workers": ("trainer", "dataloader_num_workers"),
+}
+_OLD_REFUSED = {
+    "training_method": "PB's pre-0.9.29 name of the trainer; write `trainer: {MetricLossOnly: {...}}`",
+    "split_names": "the splits are always train/val/test here; remove the key",
+    "eval_size_of_ensemble": "the ensemble is every trained fold; remove the key",
+    "meta_testing_method": "the ensemble is set with `ensemble: {ConcatenateEmbeddings: {...}}`",
+}
+_DEFAULT_CLASS = {
+    "tester": _TESTER,
+    "hook_container": "HookContainer",
+    "split_manager": "ClassDisjointSplitManager",
+    "trainer": "MetricLossOnly",
+}
+
+
+#: top-level keys that are older spellings (accepted by the key check, then mapped here)
+OLD_TOP_LEVEL_KEYS = tuple(OLD_KEYS) + tuple(_OLD_REFUSED)
+
+
+def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[Callable[..., None]] = None):
+    """Map PB's pre-0.9.29 spellings (``eval_batch_size``, top-level ``test_size``, ``batch_size`` ...) onto
+    arguments of today's object keys, printing one note per key (default: to stderr); those with no counterpart
+    (:data:`_OLD_REFUSED`) are refused.
+
+    Returns:
+        a new config dict (the same one when nothing was mapped).
+
+    Raises:
+        ConfigError: one line naming the old key and what to write instead.
+    """
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    out = dict(config)
+    for old in [k for k in config if k in _OLD_REFUSED]:
+        raise ConfigError(f"{_where(sources, old)}: {_OLD_REFUSED[old]}")
+    for old in [k for k in config if k in OLD_KEYS]:
+        value = out.pop(old)
+        parent, arg = OLD_KEYS[old]
+        if parent in out and out[parent] is not None:
+            name, kwargs = one_spec(out[parent], _where(sources, parent))
+        else:
+            name, kwargs = _DEFAULT_CLASS[parent], {}
+        out[parent] = {name: dict(kwargs, **{arg: value})}
+        sources.setdefault(parent, sources.get(old, "config"))
+        log(
+            f"note: {_where(sources, old)} is powerful-benchmarker's pre-0.9.29 spelling; read as "
+            f"{parent}~APPLY~2: {{{arg}: {value!r}}}"
+        )
+    return out

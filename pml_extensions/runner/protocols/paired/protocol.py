@@ -1,0 +1,246 @@
+"""The ``paired`` protocol: variants of one config trained with paired seeds, selected on validation classes, tested
+once on unseen classes, compared.
+
+``python -m pml_extensions job`` runs it on the shipped ``xml_glyphs`` config (XML vs the GAP baseline, a config of
+this protocol); ``python -m pml_extensions run CONFIG`` on any config whose ``protocol`` is ``paired`` (the default
+of the flat form, ``config_<category>.yaml`` files), ``--data_folder`` on your own images.
+
+Every entry of ``variants`` is merged over the config and trained once per seed (the grid, selection, untrained row,
+comparisons and outputs: :class:`~pml_extensions.runner.protocols.paired_protocol.PairedProtocol`). The unit
+(:mod:`.unit`): the training classes are split class-disjointly into a training part and a validation part
+(``validation: {class_fraction, seed}``); the configured PML trainer (default ``MetricLossOnly``) trains on the
+training part; after every epoch the validation classes score the model; only the selected epoch is tested, once,
+on the unseen test classes. Within a seed all variants start from bit-identical weights for the modules they share
+and see the same batches. With ``feature_cache`` the trunk's rest trains on cached features of its frozen prefix
+(:mod:`pml_extensions.runner.objects.feature_cache`; the prefix must not depend on the seed, e.g. pretrained
+weights), the caches in ``<experiment>/feature_cache`` unless the key names another folder.
+
+Outputs under the experiment folder: ``results.json`` (``variants`` / ``comparisons``, plus ``units``: per variant and
+seed the validation history, best epoch and train time), ``results.md``, ``map_at_r.png``, ``config.yaml``,
+``report.html``, ``retrieval/`` and ``<variant>/seed_<s>/`` with the record-keeper logs (CSV + SQLite),
+``checkpoint.pth``, the selected weights and ``result.json``.
+"""
+
+import dataclasses
+import json
+from typing import Any, Dict, Optional
+
+from ...errors import ConfigError
+from ..base import REQUIRED, setting
+from ..paired_protocol import PairedProtocol
+
+METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
+DEFAULT_CALCULATOR = {"AccuracyCalculator": {"include": list(METRICS), "k": "max_bin_count"}}
+
+
+@dataclasses.dataclass
+class Settings:
+    """The keys of one variant of the ``paired`` protocol (each variant's merged config is read with them)."""
+
+    dataset: Any = setting(
+        REQUIRED,
+        "The data: a name `{name: glyphs, root: ..., kwargs: {...}}` (glyphs, openclipart, fashion_mnist, imagefolder, "
+        "csv, cub, cars196, sop) or `{DatasetClass: kwargs}` with train and test splits.",
+    )
+    models: Dict[str, Any] = setting(REQUIRED, "`{trunk: spec, embedder: spec, ...}`.", "mapping")
+    loss_funcs: Dict[str, Any] = setting(REQUIRED, "`{name: {LossClass: kwargs}}`; losses nest.", "mapping")
+    optimizers: Dict[str, Any] = setting(
+        REQUIRED, "`{<model or loss>_optimizer: {OptimizerClass: kwargs}}`.", "mapping"
+    )
+    transforms: Dict[str, Any] = setting(REQUIRED, "`{train: ..., eval: ...}` torchvision transforms.", "mapping")
+    num_epochs: int = setting(REQUIRED, "Epochs per variant and seed.", "int", minimum=1)
+    iterations_per_epoch: int = setting(REQUIRED, "Training iterations per epoch.", "int", minimum=1)
+    batch_size: int = setting(REQUIRED, "Training batch size (the global batch under torchrun).", "int", minimum=1)
+    mining_funcs: Dict[str, Any] = setting({}, "`{name: {MinerClass: kwargs}}` or `{}`.", "mapping", optional=True)
+    sampler: Any = setting(None, "The batch sampler, e.g. `{MPerClassSampler: {m: 4}}`.")
+    trainer: Any = setting(None, "The PML trainer class (default `MetricLossOnly`), e.g. `{TrainWithClassifier: {}}`.")
+    tester: Any = setting({"GlobalEmbeddingSpaceTester": {}}, "The PML tester.")
+    accuracy_calculator: Any = setting(DEFAULT_CALCULATOR, "The tester's accuracy calculator.")
+    dataloader_num_workers: int = setting(0, "DataLoader worker processes.", "int", minimum=0)
+    validation: Dict[str, Any] = setting(
+        {"class_fraction": 0.25, "seed": 0},
+        "`{class_fraction, seed}`: the held-out part of the training classes that selects the tested epoch.",
+        "mapping",
+    )
+    prototype_init: Any = setting(None, "Initialise the trunk's `HistogramPooling` prototypes from training images.")
+    feature_cache: Any = setting(None, "Train the trunk's rest on cached outputs of its frozen prefix.")
+    dataset_root: Optional[str] = setting(None, "Folder given to datasets that take `root`.", "str")
+    normalize: Any = setting(None, "The `Normalize` appended to the transforms (default ImageNet's).")
+    skip_bad_images: bool = setting(False, "`true` leaves out image files that do not decode.", "bool")
+
+
+class Paired(PairedProtocol):
+    """Variants trained with paired seeds on one dataset and compared (see the module docstring)."""
+
+    name = "paired"
+    description = "variants of one config trained with paired seeds, selected on validation classes, compared"
+    Settings = Settings
+    metrics = METRICS
+
+    @classmethod
+    def data_folder(cls, path: str, is_csv: bool) -> Dict[str, Any]:
+        """Your folder of class folders (or CSV file) as the dataset by name (``imagefolder`` / ``csv``): its classes
+        are split into training and unseen test classes (``get_dataset``'s rule)."""
+        return {"dataset~OVERRIDE~": {"name": "csv" if is_csv else "imagefolder", "root": path}}
+
+    @classmethod
+    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+        super().check(config, sources)
+        configs, _, where = cls.variants(config, sources)
+        for name, cfg in configs.items():
+            for key, subs in (("models", ("trunk",)), ("transforms", ("train", "eval"))):
+                for sub in subs:
+                    if cfg[key].get(sub) is None:
+                        raise ConfigError(f"{where[name].get(key, 'config')}: missing key {key}.{sub}")
+            if cfg.get("feature_cache") is not None:
+                from ...objects.feature_cache import cache_spec
+
+                cache_spec(cfg, where[name])
+
+    # ------------------------------------------------------------------------------------------------ the unit
+    def _cfg(self, variant: str) -> Dict[str, Any]:
+        from .unit import resolve_cache_folder
+
+        return resolve_cache_folder(self.variant_configs[variant], self.folder)
+
+    def unit(self, settings, variant, seed, folder, builder):
+        from .unit import evaluate, train_and_select
+
+        cfg, sources = self._cfg(variant), self.variant_sources[variant]
+        r = train_and_select(variant, cfg, seed, folder, self.device, self.log, sources, self.keep_epochs)
+        if self.settings.selection == "best_epoch":
+            r["test"] = evaluate(cfg, r["models"], self.device, "test", sources=sources)
+        return r
+
+    def test(self, settings, variant, seed, folder, builder, epoch):
+        from .unit import evaluate, load_models
+
+        cfg, sources = self._cfg(variant), self.variant_sources[variant]
+        models = load_models(cfg, folder, self.device, path=self.epoch_path(folder, epoch))
+        return evaluate(cfg, models, self.device, "test", sources=sources)
+
+    def examples(self, settings, variant, seed, folder, builder, epoch):
+        from .unit import save_retrieval
+
+        save_retrieval(variant, self._cfg(variant), folder, self.folder, self.device, seed, epoch)
+
+    def before_units(self) -> None:
+        """Before the first unit trains: a cached prefix does not depend on the seed, and every image of each
+        variant's dataset decodes (each distinct dataset once)."""
+        from ...objects import preflight
+        from ...objects.builder import Builder
+        from ...objects.feature_cache import check_fixed_prefix
+
+        seen = set()
+        for name in self.variant_configs:
+            cfg, sources = self._cfg(name), self.variant_sources[name]
+            if cfg.get("feature_cache") is not None:
+                signature = json.dumps([cfg["models"]["trunk"], cfg["feature_cache"]], default=str)
+                if signature not in seen:
+                    seen.add(signature)
+                    check_fixed_prefix(
+                        lambda cfg=cfg, sources=sources: Builder(cfg, sources, self.device, lambda *a, **k: None),
+                        self.settings.seeds,
+                        f"{sources.get('feature_cache', 'config')}: feature_cache",
+                    )
+            key = json.dumps(cfg.get("dataset"), sort_keys=True, default=str)
+            if key in seen:
+                continue
+            seen.add(key)
+            b = Builder(dict(cfg), sources, self.device, lambda *a, **k: None)
+            for split in ("train", "test"):
+                where = f"{sources.get('dataset', 'config')}: dataset"
+                skip = bool(cfg.get("skip_bad_images"))
+                preflight.check_images(b.build_dataset(split), self.folder, skip, where, self.log, skip_hint=None)
+
+    def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
+        """Build the feature caches of every variant with ``feature_cache`` (parts ``train``, ``train_eval``,
+        ``test``), or only shard ``rank`` of ``world_size`` (separate processes; the last one completes the cache).
+        A run of the config then finds them. Returns whether every cache is complete."""
+        from ...objects.builder import Builder
+        from .unit import cached_split
+
+        done, seen = True, set()
+        for name in self.variant_configs:
+            cfg = self._cfg(name)
+            if cfg.get("feature_cache") is None:
+                continue
+            signature = json.dumps([cfg["feature_cache"], cfg["models"]["trunk"], cfg["dataset"], cfg["transforms"]])
+            if signature in seen:
+                continue
+            seen.add(signature)
+            b = Builder(cfg, self.variant_sources[name], self.device, self.log)
+            for split, train in (("train", True), ("train", False), ("test", False)):
+                if rank is None and world_size is None:
+                    cached_split(b, split, train)
+                else:
+                    done = cached_split(b, split, train, rank=rank, world_size=world_size)[1] and done
+        return done
+
+    # ------------------------------------------------------------------------------------------------ the text
+    def header(self, results: Dict[str, Any]) -> str:
+        from ...experiment.folder import environment_summary
+
+        seeds, units = results["seeds"], results["units"]
+        first = next(iter(self.variant_configs))
+        unit = units[first][str(seeds[0])]
+        s = self.variant_settings[first]
+        selection = results.get("selection") or {"mode": "best_epoch"}
+        mode = selection.get("mode", "best_epoch")
+        how = {
+            "best_epoch": "best epoch chosen",
+            "mean_validation_curve": "one epoch per group of compared variants chosen on their mean validation curve "
+            "over all seeds",
+            "last": "the last epoch tested (validation curves",
+        }[mode]
+        text = (
+            f"Dataset `{dataset_name(s.dataset)}`: trained on {unit['num_train_classes']} classes, {how} on "
+            f"{unit['num_val_classes']} held-out training classes{')' if mode == 'last' else ''} (validation), tested "
+            f"once on the unseen test classes. {s.num_epochs} epochs × {s.iterations_per_epoch} iterations, batch "
+            f"{s.batch_size}, seeds {', '.join(map(str, seeds))} (paired: same initial weights for shared modules and "
+            f"same batches within a seed), device {results['device']}. Test metrics; differences are paired by seed, "
+            "95 % Student-t interval."
+        )
+        if selection.get("curves"):
+            text += (
+                " Tested epochs: "
+                + "; ".join(f"{', '.join(c['variants'])}: {c['epoch']}" for c in selection["curves"].values())
+                + "."
+            )
+        if results.get("environment"):
+            text += f" Environment: {environment_summary(results['environment'])}."
+        untrained = results.get("untrained")
+        if untrained:
+            text += (
+                f" `untrained`: {untrained['variant']} at epoch 0 (validation MAP@R at epoch 0 of the variants "
+                f"differs by at most {untrained['max_val_spread_at_epoch_0']:.2g} within a seed)."
+            )
+        return text
+
+    def extra_results(self, units):
+        first = self.variant_settings[next(iter(self.variant_configs))]
+        return {
+            "dataset": first.dataset,
+            "num_epochs": first.num_epochs,
+            "iterations_per_epoch": first.iterations_per_epoch,
+            "batch_size": first.batch_size,
+            "validation": first.validation,
+        }
+
+
+def dataset_name(spec: Any) -> Optional[str]:
+    """The dataset's name: ``glyphs``, ``{name: glyphs, ...}`` or the class of ``{ClassName: kwargs}``.
+
+    Example::
+
+        >>> dataset_name("glyphs"), dataset_name({"name": "csv", "root": "x"}), dataset_name({"OpenClipArt": {}})
+        ('glyphs', 'csv', 'OpenClipArt')
+    """
+    if isinstance(spec, str):
+        return spec or None
+    if isinstance(spec, dict):
+        return spec.get("name") if "name" in spec else (next(iter(spec)) if len(spec) == 1 else None)
+    return None
+
+
+PROTOCOL = Paired

@@ -1,0 +1,382 @@
+"""One (variant, seed) unit of the ``paired`` protocol: build, train, select on validation, test once.
+
+Pairing (every variant of a seed sees the same start and the same data):
+
+- the global RNGs are re-seeded before each module is built (trunk: ``seed``, embedder: ``seed + 1``, losses:
+  ``seed + 2``), so a module shared by two variants gets bit-identical weights even when another module of one
+  variant (e.g. ``HistogramPooling``) is extra; the prototypes draw from their own generator
+  (``HistogramPooling.reset_parameters(generator)`` / ``init_from_data(seed=...)``), never from the global RNG;
+- the RNGs are re-seeded with ``seed + 3`` right before training, so ``MPerClassSampler`` (PML's
+  ``c_f.NUMPY_RANDOM``) and the training augmentations draw the same batches for every variant.
+
+Every object comes from the runner's one :class:`pml_extensions.runner.objects.builder.Builder` over the variant's
+merged config (datasets by name, transforms, models, losses, optimizers, sampler, tester, trainer).
+
+Selection: the training classes are split class-disjointly into a training part and a validation part
+(:func:`pml_extensions.runner.objects.data.validation_split`); the best epoch is the one with the highest validation
+MAP@R, epoch 0 (the untrained model) included and flagged. :func:`train_and_select` never loads the test split;
+:func:`evaluate` runs once on the
+selected model. With ``keep_epochs`` every evaluated epoch's weights are kept (``epochs/epoch_<e>.pth``), so the
+protocol can test the epoch it chooses for a whole group of units (``selection: mean_validation_curve``).
+
+Feature cache (``feature_cache`` key, :mod:`pml_extensions.runner.objects.feature_cache`): the trunk is its
+trainable rest, and the splits are cached prefix outputs: part ``train`` (the train split, ``num_views`` views of the
+train transform; its views follow the unit's seed and epoch), ``train_eval`` (the train split's eval view: the
+validation classes and ``prototype_init``'s images) and ``test`` (:func:`cached_split`). The config's
+``feature_cache.folder`` must be resolved (:func:`resolve_cache_folder`).
+"""
+
+import os
+import time
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+
+from ....trunks import find_histogram_layers
+from ....utils.atomic_io import atomic_torch_save
+from ...config.specs import one_spec
+from ...errors import ConfigError
+from ...experiment.folder import seed_everything
+from ...objects.builder import Builder
+from ...objects.data import dataset_labels, validation_split
+from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec, end_of_epoch_hook
+
+METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
+__all__ = [
+    "METRICS",
+    "build_models",
+    "cached_split",
+    "evaluate",
+    "load_models",
+    "load_split",
+    "make_loader",
+    "make_tester",
+    "resolve_cache_folder",
+    "train_and_select",
+    "validation_split",
+]
+
+
+def _builder(cfg, device=None, builder=None, sources=None, log=print) -> Builder:
+    return builder if builder is not None else Builder(cfg, sources, device, log)
+
+
+def load_split(
+    cfg: Dict[str, Any], split: str, train_transform: bool, builder: Optional[Builder] = None, seed: int = 0
+):
+    """The dataset split ``"train"`` / ``"test"`` of the config, with the train or eval transform (both built by
+    the variant's :class:`~pml_extensions.runner.objects.builder.Builder`); with ``feature_cache`` its cached
+    prefix outputs (:func:`cached_split`; ``seed`` draws the training views)."""
+    b = _builder(cfg, builder=builder)
+    if cfg.get("feature_cache") is not None:
+        return cached_split(b, split, train_transform, seed)
+    return b.build_dataset(split, transform=b.build_transform("train" if train_transform else "eval"))
+
+
+def resolve_cache_folder(cfg: Dict[str, Any], experiment_folder: str) -> Dict[str, Any]:
+    """``cfg`` with ``feature_cache.folder`` made absolute (default ``<experiment_folder>/feature_cache``); ``cfg``
+    itself when it has no ``feature_cache``."""
+    spec = cache_spec(cfg)
+    if spec is None:
+        return cfg
+    return {**cfg, "feature_cache": {**cfg["feature_cache"], "folder": cache_folder(spec, experiment_folder)}}
+
+
+def cached_split(
+    b: Builder,
+    split: str,
+    train_transform: bool,
+    seed: int = 0,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+):
+    """The cached ``split`` (``"train"`` / ``"test"``) of the Builder's config: a
+    :class:`~pml_extensions.datasets.CachedFeatureDataset` of part ``train`` (train transform, ``num_views`` views
+    drawn with ``seed``), ``train_eval`` or ``test`` (eval transform, one view), built first when missing (only this
+    shard with ``rank`` / ``world_size``: then the cache folder is returned, and whether it is complete). The frozen
+    prefix is the Builder's (:attr:`Builder.frozen`; the trunk is built for it when no model was built yet).
+
+    Raises:
+        ConfigError: as :class:`pml_extensions.runner.objects.feature_cache.FeatureCaches`.
+    """
+    if b.frozen is None:
+        b.build_models()
+    caches = FeatureCaches(b, "", b.log)
+    part = "train" if train_transform else ("train_eval" if split == "train" else split)
+    args = (
+        part,
+        b.frozen,
+        b.build_dataset(split),
+        b.build_transform("train" if train_transform else "eval"),
+        caches.spec["num_views"] if train_transform else 1,
+    )
+    if rank is not None or world_size is not None:
+        return caches.build(*args, rank=rank, world_size=world_size)
+    return caches.dataset(*args, seed=seed)
+
+
+def make_loader(dataset, batch_size, seed):
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed), num_workers=0
+    )
+
+
+def build_models(
+    cfg: Dict[str, Any],
+    seed: int,
+    device: torch.device,
+    init_set=None,
+    builder: Optional[Builder] = None,
+    num_classes: Optional[int] = None,
+    losses: bool = True,
+) -> Dict[str, Any]:
+    """Trunk, embedder and losses of one variant, paired by seed (see the module docstring).
+
+    ``init_set`` (the training part with the eval transform) probes the trunk with one image and feeds
+    ``prototype_init`` when the config has one; ``num_classes`` (one more than the largest training label) is
+    filled into specs that take it and leave it out. ``losses=False``: no losses (``{}``; a model to load weights
+    into, whose losses may need ``num_classes`` and the embedding size).
+    """
+    b = _builder(cfg, device, builder)
+    offsets = {"trunk": 0, "embedder": 1}
+
+    def reseed(key):
+        if key in offsets:
+            seed_everything(seed + offsets[key])
+
+    sample = init_set[0][0] if init_set is not None else None
+    models = b.build_models(sample, num_classes, before=reseed)
+    trunk = models["trunk"]
+    frozen = b.frozen  # with feature_cache: the trunk's frozen prefix (the trunk is its rest)
+    seed_everything(seed + 2)
+    loss_funcs, mining_funcs = b.build_losses(models, num_classes) if losses else ({}, {})
+    pools = find_histogram_layers(trunk)
+    for pool in pools:  # own generator: the global RNG stays where the variant without prototypes has it
+        pool.reset_parameters(torch.Generator().manual_seed(seed))
+        pool.to(device)
+    init = cfg.get("prototype_init")
+    if pools and init:  # variants without HistogramPooling (GAP) share the key and skip it
+        if init_set is None:
+            raise ConfigError(f"{b.where('prototype_init')}: needs the training images (init_set)")
+        spec = {"batch_size": int(cfg["batch_size"]), **(init if isinstance(init, dict) else {})}
+        b.prototype_init({"trunk": trunk}, init_set, seed=seed, spec=spec)
+    return {**models, "loss_funcs": loss_funcs, "mining_funcs": mining_funcs, "frozen": frozen}
+
+
+#: the entries of :func:`build_models`' result that are not networks
+NOT_NETWORKS = ("loss_funcs", "mining_funcs", "frozen")
+
+
+def networks(models: Dict[str, Any]) -> Dict[str, torch.nn.Module]:
+    """The networks of :func:`build_models`' result (trunk, embedder and any other model of ``models``)."""
+    return {k: v for k, v in models.items() if k not in NOT_NETWORKS}
+
+
+def build_optimizers(cfg, models, builder: Optional[Builder] = None):
+    """``trunk_optimizer``, ``embedder_optimizer`` and ``<loss>_optimizer`` entries (the Builder's; a
+    ``prototype_lr`` in the trunk optimizer's spec gives the prototypes their own parameter group)."""
+    b = _builder(cfg, builder=builder)
+    return b.build_optimizers(networks(models), models["loss_funcs"])
+
+
+def make_tester(cfg, device, end_of_testing_hook=None, builder: Optional[Builder] = None):
+    """The variant's tester and accuracy calculator (the Builder's: PML's GlobalEmbeddingSpaceTester /
+    AccuracyCalculator become their sharded, blocked-engine subclasses)."""
+    b = _builder(cfg, device, builder)
+    extra = {"end_of_testing_hook": end_of_testing_hook} if end_of_testing_hook else {}
+    return b.build_tester(**extra)
+
+
+def train_and_select(
+    name: str,
+    cfg: Dict[str, Any],
+    seed: int,
+    stage_dir: str,
+    device: torch.device,
+    log: Callable = print,
+    sources: Optional[Dict[str, str]] = None,
+    keep_epochs: bool = False,
+) -> Dict[str, Any]:
+    """Train one variant at one seed on the training part of the training classes; select the best epoch on the
+    validation classes. Never loads the test split. ``keep_epochs``: save every evaluated epoch's weights to
+    ``<stage_dir>/epochs/epoch_<e>.pth`` (``{"trunk", "embedder"}`` state dicts).
+
+    Returns:
+        ``{"history": [{epoch, metric...}] (validation), "best_epoch", "best_is_untrained", "train_seconds",
+        "models": {"trunk", "embedder", "frozen"} (at the best epoch; ``frozen``: the cache's prefix or None),
+        "xml": {...}}``.
+    """
+    from ...experiment import distributed as dist_utils
+    from ...experiment.checkpoint import Checkpointer, load_weights
+    from ...experiment.epoch_loop import EpochLoop
+
+    b = Builder(cfg, sources, device, log)
+    val_cfg = cfg.get("validation") or {}
+    full_train = load_split(cfg, "train", train_transform=True, builder=b, seed=seed)
+    full_eval = load_split(cfg, "train", train_transform=False, builder=b)
+    try:
+        train_idx, val_idx, _ = validation_split(
+            full_train.labels, val_cfg.get("class_fraction", 0.25), val_cfg.get("seed", 0)
+        )
+    except ConfigError as e:
+        raise ConfigError(f"{b.sources.get('validation', 'config')}: {e}") from None
+    labels = dataset_labels(full_train)
+    train_set, init_set, val_set = (
+        b.subset(full_train, train_idx, labels),
+        b.subset(full_eval, train_idx, labels),
+        b.subset(full_eval, val_idx, labels),
+    )
+    num_classes = int(np.max(labels)) + 1  # the labels index the classes (e.g. ProxyAnchorLoss's proxies)
+    models = build_models(cfg, seed, device, init_set, builder=b, num_classes=num_classes)
+    trunk, embedder, loss_funcs = models["trunk"], models["embedder"], models["loss_funcs"]
+    nets = networks(models)
+    optimizers = build_optimizers(cfg, models, builder=b)
+    batch_size, iterations = int(cfg["batch_size"]), int(cfg["iterations_per_epoch"])
+
+    def new_sampler():  # under torchrun: the same global batches on every rank, each rank its slice
+        return b.build_sampler(train_set.labels, batch_size, iterations_per_epoch=iterations)
+
+    sampler = new_sampler()
+    tester = make_tester(cfg, device, builder=b)
+
+    def validate(epoch):
+        tester.test({"val": val_set}, epoch, trunk, embedder)
+        acc = tester.all_accuracies["val"]
+        if keep_epochs and dist_utils.is_main():
+            path = os.path.join(stage_dir, "epochs", f"epoch_{epoch}.pth")
+            atomic_torch_save({k: m.state_dict() for k, m in nets.items()}, path)
+        return {"val": {m: float(acc[f"{m}_level0"]) for m in METRICS}}
+
+    # checkpoint.pth + logs/ (CSV + SQLite) per epoch: a killed unit resumes after its last finished epoch
+    ckpt = Checkpointer(stage_dir, epoch_tables={"accuracies_val"})
+    loop = EpochLoop(
+        ckpt,
+        nets,
+        optimizers,
+        loss_funcs,
+        num_epochs=int(cfg["num_epochs"]),
+        primary=METRICS[0],
+        evaluate=validate,
+        best_path=os.path.join(stage_dir, "best_models.pth"),
+        patience=None,
+        log=lambda line: log(f"  {line}"),
+        name=f"[{name} seed {seed}]",
+        where=b.where("accuracy_calculator"),
+    )
+    if loop.resume() is None:  # (a resumed unit gets its RNG states back from the checkpoint instead)
+        seed_everything(seed + 3)  # the same batches and augmentations for every variant of this seed
+    epoch_hook = lambda trainer: True  # noqa: E731
+    if hasattr(full_train, "set_epoch"):  # cached views: epoch e shows the views drawn for e completed epochs
+        full_train.set_epoch(loop.start_epoch - 1)
+        epoch_hook = end_of_epoch_hook(full_train)
+
+    world = dist_utils.world_size()  # under torchrun each process trains on its slice of every global batch
+    if batch_size % world:
+        raise ConfigError(f"{b.where('batch_size')}: {batch_size} is not divisible by {world} processes")
+
+    def make_trainer():
+        name_, kwargs = one_spec(cfg.get("trainer"), b.where("trainer"), default="MetricLossOnly")
+        kwargs = dict(
+            kwargs,
+            batch_size=batch_size // world,
+            iterations_per_epoch=iterations,
+            dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)),
+        )
+        return b.build_trainer(
+            {name_: kwargs},
+            models=dist_utils.wrap_models(nets, device),
+            optimizers=optimizers,
+            loss_funcs=dist_utils.wrap_losses(loss_funcs),
+            mining_funcs=models["mining_funcs"],
+            dataset=train_set,
+            sampler=sampler,
+            data_device=device,
+            end_of_iteration_hook=loop.end_of_iteration,
+            end_of_epoch_hook=epoch_hook,
+        )
+
+    start = time.time()
+    best = loop.run(make_trainer, new_sampler)
+    train_seconds = time.time() - start
+    state = load_weights(os.path.join(stage_dir, "best_models.pth"), device)
+    for k, m in nets.items():
+        m.load_state_dict(state[k])
+    history = [{"epoch": int(r["epoch"]), **{m: float(r[m]) for m in METRICS}} for r in ckpt.rows("accuracies_val")]
+    xml = {}
+    for loss in loss_funcs.values():
+        if hasattr(loss, "num_skipped_xml"):
+            xml = {"num_skipped_xml": int(loss.num_skipped_xml), "last_xml_loss": float(loss.xml_loss)}
+    return {
+        "history": history,
+        "best_epoch": best["epoch"],
+        "best_is_untrained": best["epoch"] == 0,
+        "train_seconds": train_seconds,
+        "models": {**nets, "frozen": models["frozen"]},
+        "xml": xml,
+        "num_train_classes": int(len(np.unique(train_set.labels))),
+        "num_val_classes": int(len(np.unique(val_set.labels))),
+    }
+
+
+def evaluate(
+    cfg: Dict[str, Any],
+    models: Dict[str, torch.nn.Module],
+    device: torch.device,
+    split: str = "test",
+    sources: Optional[Dict[str, str]] = None,
+) -> Dict[str, float]:
+    """Metrics of the (selected) trunk + embedder on one split of the dataset (class-disjoint from training); with
+    ``feature_cache`` on the split's cached features of ``models["frozen"]`` (the trunk is its rest)."""
+    b = Builder(cfg, sources, device)
+    b.frozen = models.get("frozen")
+    dataset = load_split(cfg, split, train_transform=False, builder=b)
+    tester = make_tester(cfg, device, builder=b)
+    tester.test({split: dataset}, -1, models["trunk"], models["embedder"])
+    acc = tester.all_accuracies[split]
+    return {m: float(acc[f"{m}_level0"]) for m in METRICS}
+
+
+def load_models(cfg, stage_dir, device, path: Optional[str] = None):
+    """Rebuild a finished unit's trunk + embedder (+ ``frozen``, the cache's prefix or None) and load its selected
+    weights (``weights_only=True``): ``path``, else ``selected_models.pth`` (the epoch the protocol chose for the
+    unit's group), else ``best_models.pth`` (the unit's best validation epoch)."""
+    models = build_models({**cfg, "prototype_init": None}, 0, device, losses=False)
+    if path is None:
+        path = os.path.join(stage_dir, "selected_models.pth")
+        if not os.path.exists(path):
+            path = os.path.join(stage_dir, "best_models.pth")
+    state = torch.load(path, map_location=device, weights_only=True)
+    for k, m in networks(models).items():
+        if k in state:
+            m.load_state_dict(state[k])
+    return models
+
+
+def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch, n_queries=4, k=5):
+    """``retrieval/<variant>.json`` + thumbnails (:mod:`pml_extensions.runner.outputs.retrieval`): the same seeded
+    test queries and their top-k by the unit's tested model, for report.html. The thumbnails are the raw test images;
+    a cached unit embeds its cached test features (the same items, in the same order)."""
+    from ...objects.builder import Builder
+    from ...outputs.retrieval import dataset_image, embed, save_retrieval_examples
+
+    models = load_models(cfg, stage_dir, device)
+    builder = Builder(cfg, device=device)
+    images = builder.build_dataset("test")  # untransformed, for the thumbnails
+    builder.frozen = models.get("frozen")
+    view = load_split(cfg, "test", train_transform=False, builder=builder)
+    if not np.array_equal(np.asarray(view.labels), np.asarray(dataset_labels(images))):
+        raise RuntimeError(f"{name}: the test view is not in the order of the test images")
+    save_retrieval_examples(
+        experiment_folder,
+        name,
+        embed(models["trunk"], models["embedder"], view, device),
+        view.labels,
+        lambda i: dataset_image(images, i),
+        n_queries=n_queries,
+        k=k,
+        seed=seed,
+        class_names=getattr(images, "classes", None),
+        note=f"`{name}`, seed {seed}: the model of the tested epoch ({epoch}), unseen test classes; the same queries "
+        "for every variant.",
+    )

@@ -1,0 +1,483 @@
+"""The engine of every seeds × variants experiment: :class:`PairedProtocol`.
+
+Every entry of ``variants`` is merged over the config (powerful-benchmarker syntax,
+:func:`pml_extensions.runner.config.loader.variant_configs`) and trained once per seed of ``seeds``: a *unit*. Within a
+seed the variants are paired (the same initial weights for the modules they share, the same batches: the unit's job).
+The engine owns the rest:
+
+- the grid, seed after seed and variant after variant within a seed; every unit's summary is saved in
+  ``<variant>/seed_<s>/result.json`` when it finishes, so a rerun skips finished units and the unit itself resumes
+  from its checkpoint; :meth:`PairedProtocol.run_units` trains a part of the grid (processes share a grid out by
+  seeds or variants, then one :meth:`~PairedProtocol.run` gathers it);
+- what it will do before it starts (units, already finished ones) and, after the first unit this call trains, how
+  long the rest will take;
+- selection (``selection``): ``best_epoch`` (each unit's own best validation epoch), ``mean_validation_curve`` (one
+  epoch for every unit of a group of compared variants: the epoch >= 1 with the highest validation value averaged
+  over the group and every seed, so a paired difference compares equal training lengths) or ``last``;
+- the ``untrained`` row (``untrained: true``: the first variant's epoch-0 model tested per seed; comparisons may
+  name it);
+- comparisons (``[[variant, baseline], ...]``: paired per-seed differences of the primary metric), ``results.json``
+  / ``results.md``, ``map_at_r.png`` (validation curves of the first seed), retrieval examples for the report.
+
+A subclass supplies the unit: :meth:`~PairedProtocol.unit` (train one variant at one seed, validate every epoch,
+keep every epoch's weights when :attr:`~PairedProtocol.keep_epochs`), :meth:`~PairedProtocol.test` (the test
+metrics at one of those epochs) and optionally :meth:`~PairedProtocol.examples` (retrieval examples),
+:meth:`~PairedProtocol.header` / :meth:`~PairedProtocol.footer` (the text around the tables) and
+:meth:`~PairedProtocol.plots`.
+
+Example (a toy unit whose "training" is a table)::
+
+    >>> import dataclasses, tempfile
+    >>> @dataclasses.dataclass
+    ... class Settings(GridSettings):
+    ...     gain: float = setting(0.0, "what the unit adds", kind="float")
+    >>> class Toy(PairedProtocol):
+    ...     name, Settings = "toy", Settings
+    ...     def unit(self, settings, variant, seed, folder, builder):
+    ...         history = [{"epoch": e, "score": 0.1 * e + settings.gain} for e in range(3)]
+    ...         return {"history": history, "best_epoch": 2, "train_seconds": 0.0}
+    ...     def test(self, settings, variant, seed, folder, builder, epoch):
+    ...         return {"score": 0.1 * epoch + settings.gain + 0.01 * seed}
+    >>> config = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]],
+    ...           "device": "cpu"}
+    >>> Toy.metrics = ("score",)
+    >>> results = Toy(config, tempfile.mkdtemp(), log=lambda *a: None).run()
+    >>> [round(d, 4) for d in results["comparisons"][0]["differences"]]
+    [0.05, 0.05]
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ConfigError
+from .base import Protocol, read_settings, setting
+
+UNTRAINED = "untrained"
+SELECTIONS = ("best_epoch", "mean_validation_curve", "last")
+
+
+@dataclasses.dataclass
+class GridSettings:
+    """The experiment-level keys of every paired protocol (a subclass's ``Settings`` adds the unit's)."""
+
+    seeds: List[int] = setting([0, 1, 2], "The paired seeds every variant is trained with; `--seeds 0 1 2`.", "seeds")
+    variants: Dict[str, Any] = setting(
+        {},
+        "`{name: {overrides}}`: each entry merged over the config (markers allowed), trained at every seed.",
+        "mapping",
+    )
+    comparisons: List[Tuple[str, str]] = setting(
+        [], "`[[variant, baseline], ...]`: paired per-seed differences of the primary metric.", "name_pairs"
+    )
+    selection: str = setting(
+        "best_epoch",
+        "How the tested epoch is chosen: `best_epoch`, `mean_validation_curve` (one epoch per group of compared "
+        "variants) or `last`.",
+        "choice",
+        choices=SELECTIONS,
+    )
+    untrained: bool = setting(False, "`true` adds the row `untrained`: the first variant's epoch-0 model.", "bool")
+    device: str = setting("auto", "`auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`.", "str")
+    experiment_name: Optional[str] = setting(None, "Names the experiment folder (`--experiment_name` wins).", "str")
+
+
+#: the keys of :class:`GridSettings`: read once for the experiment, never per variant
+GRID_KEYS = tuple(f.name for f in dataclasses.fields(GridSettings)) + ("protocol",)
+
+
+class PairedProtocol(Protocol):
+    """Base of the protocols that train variants with paired seeds and compare them (see the module docstring).
+
+    Attributes:
+        variant_settings: variant name -> its ``Settings`` (the variant's merged config, read and checked).
+        variant_configs: variant name -> its merged config (what a :class:`~pml_extensions.runner.objects.builder.
+            Builder` builds from).
+        keep_epochs: the unit must keep every validated epoch's weights (:meth:`epoch_path`): the selection or the
+            untrained row tests an epoch after all units trained.
+    """
+
+    Settings: ClassVar[type] = GridSettings
+    #: the metrics of the test rows, the primary (compared) first
+    metrics: ClassVar[Tuple[str, ...]] = ("mean_average_precision_at_r",)
+
+    #: digits of the tables in ``results.md``
+    decimals: int = 4
+
+    @property
+    def selection_metric(self) -> str:
+        """The key of the units' validation ``history`` that selects epochs (default: the primary metric)."""
+        return self.metrics[0]
+
+    def __init__(self, config, folder, sources=None, log=print):
+        from ..experiment.folder import Experiment
+
+        super().__init__(config, folder, sources, log)
+        s = self.settings
+        self.exp = Experiment(folder, {"device": s.device, "seed": None}, self.sources, log)
+        self.device, self.log = self.exp.device, self.exp.log
+        self.variant_configs, self.variant_settings, self.variant_sources = self.variants(config, self.sources)
+        self.keep_epochs = s.selection != "best_epoch" or s.untrained
+
+    # ------------------------------------------------------------------------------------------------ settings
+    @classmethod
+    def variants(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None):
+        """``(configs, settings, sources)`` per variant name: each entry of ``variants`` merged over the config
+        (without the grid keys), read with ``Settings``; an error names ``<file> (variants.<name>)``."""
+        from ..config.loader import variant_configs
+
+        sources = sources if sources is not None else {}
+        base = {k: v for k, v in config.items() if k not in GRID_KEYS}
+        updates = {k: (v or {}) for k, v in (config.get("variants") or {"default": {}}).items()}
+        merged = variant_configs({**base, "variants": updates}, where=sources.get("variants", "config"))
+        configs, settings, where = {}, {}, {}
+        for name, cfg in merged.items():
+            here = f"{sources.get('variants', 'config')} (variants.{name})"
+            where[name] = {**sources, **{str(k).split("~")[0]: here for k in updates[name]}}
+            configs[name] = cfg
+            settings[name] = read_settings(cls.Settings, {**config, **cfg}, where[name])
+        return configs, settings, where
+
+    @classmethod
+    def read(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> GridSettings:
+        """The experiment-level settings (:class:`GridSettings`); each variant's own are read by :meth:`variants`."""
+        return read_settings(GridSettings, config, sources)
+
+    @classmethod
+    def keys(cls) -> Tuple[str, ...]:
+        return ("protocol",) + tuple(
+            dict.fromkeys(f.name for f in dataclasses.fields(GridSettings) + dataclasses.fields(cls.Settings))
+        )
+
+    @classmethod
+    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+        """The grid (seeds, comparisons naming variants, ``untrained``) and every variant's settings."""
+        grid = cls.read(config, sources)
+        configs, _, _ = cls.variants(config, sources)
+        names = set(configs) | ({UNTRAINED} if grid.untrained else set())
+        if grid.untrained and UNTRAINED in configs:
+            raise ConfigError(
+                f"{(sources or {}).get('variants', 'config')}: variants: {UNTRAINED!r} is the name of "
+                "the untrained row (untrained: true); rename it"
+            )
+        for pair in grid.comparisons:
+            if not all(p in names for p in pair):
+                raise ConfigError(
+                    f"{(sources or {}).get('comparisons', 'config')}: comparisons: {list(pair)} names an unknown "
+                    f"variant; choose from {', '.join(sorted(names))}"
+                )
+
+    @classmethod
+    def objective(cls, results: Dict[str, Any], config: Dict[str, Any]) -> float:
+        """The search objective: the primary metric on the validation classes at each unit's tested epoch, averaged
+        over every variant and seed (never a test number)."""
+        values = []
+        for per_seed in (results.get("units") or {}).values():
+            for unit in per_seed.values():
+                epoch = unit.get("selected_epoch", unit.get("best_epoch"))
+                values += [h[cls.metrics[0]] for h in unit.get("history", []) if h.get("epoch") == epoch]
+        if not values:
+            raise ConfigError(f"bayes_opt_iters: the {cls.name} run reports no validation {cls.metrics[0]}")
+        return float(sum(values) / len(values))
+
+    # ------------------------------------------------------------------------------------------------ the unit
+    def unit(self, settings, variant: str, seed: int, folder: str, builder) -> Dict[str, Any]:
+        """Train ``variant`` at ``seed`` in ``folder`` (resuming from its checkpoint), validating every epoch.
+
+        Returns:
+            a JSON-able summary: ``history`` (``[{"epoch": e, <metric>: value}]`` on the validation classes, epoch 0
+            the untrained model), ``best_epoch``, ``train_seconds``; ``test`` (the test metrics of the best epoch)
+            when it tested right away; anything else the subclass reports.
+        """
+        raise NotImplementedError
+
+    def test(self, settings, variant: str, seed: int, folder: str, builder, epoch: int) -> Dict[str, float]:
+        """The test metrics of the unit's weights at ``epoch`` (:meth:`epoch_path`, or ``best_models.pth`` for the
+        best epoch)."""
+        raise NotImplementedError
+
+    def examples(self, settings, variant: str, seed: int, folder: str, builder, epoch: int) -> None:
+        """Write retrieval examples of the tested model for the report (default: none)."""
+
+    def plots(self, units: Dict[str, Dict[str, Any]], seed: int) -> None:
+        """Extra figures (default: none); ``units``: variant -> the unit summary at ``seed``."""
+
+    def header(self, results: Dict[str, Any]) -> str:
+        """The text above the tables of ``results.md`` (default: the seeds, selection and environment)."""
+        from ..experiment.folder import environment_summary
+
+        text = (
+            f"Seeds {', '.join(map(str, results['seeds']))} (paired: same initial weights for shared modules and same "
+            f"batches within a seed), device {results['device']}; tested epoch: {results['selection']['mode']}. Test "
+            "metrics; differences are paired by seed."
+        )
+        if results.get("environment"):
+            text += f" Environment: {environment_summary(results['environment'])}."
+        return text
+
+    def footer(self, results: Dict[str, Any]) -> str:
+        """The text below the tables of ``results.md`` (default: none)."""
+        return ""
+
+    def extra_results(self, units: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+        """Keys the subclass adds to ``results.json`` (default: none)."""
+        return {}
+
+    # ------------------------------------------------------------------------------------------------ the grid
+    def stage(self, variant: str, seed: int) -> str:
+        return f"{variant}/seed_{seed}"
+
+    def unit_folder(self, variant: str, seed: int) -> str:
+        return self.exp.stage_folder(self.stage(variant, seed))
+
+    def epoch_path(self, folder: str, epoch: int) -> str:
+        """Where a unit keeps the weights of ``epoch`` when :attr:`keep_epochs` (``epochs/epoch_<e>.pth``)."""
+        return os.path.join(folder, "epochs", f"epoch_{epoch}.pth")
+
+    def builder(self, variant: str):
+        """A :class:`~pml_extensions.runner.objects.builder.Builder` of the variant's config."""
+        from ..objects.builder import Builder
+
+        return Builder(self.variant_configs[variant], self.variant_sources[variant], self.device, self.log)
+
+    def unit_result(self, variant: str, seed: int) -> Dict[str, Any]:
+        """The unit's saved summary, after training it when it has not finished (resuming its checkpoint)."""
+        stage = self.stage(variant, seed)
+        done = self.exp.stage_result(stage)
+        if done is not None:
+            return done
+        folder = self.unit_folder(variant, seed)
+        result = self.unit(self.variant_settings[variant], variant, seed, folder, self.builder(variant))
+        return self.exp.finish_stage(stage, {k: v for k, v in result.items() if k != "models"})
+
+    def run_units(self, variants: Optional[Sequence[str]] = None, seeds: Optional[Sequence[int]] = None):
+        """Train (or find finished) the units of ``variants`` × ``seeds`` (default all), seed after seed; returns
+        ``{variant: {seed: summary}}`` without writing ``results.json``.
+
+        Raises:
+            ConfigError: a variant or seed the config does not have.
+        """
+        names = list(self.variant_configs) if variants is None else list(variants)
+        chosen = list(self.settings.seeds) if seeds is None else [int(s) for s in seeds]
+        unknown = [n for n in names if n not in self.variant_configs] + [
+            s for s in chosen if s not in self.settings.seeds
+        ]
+        if unknown:
+            raise ConfigError(f"{self.name}: {unknown} are not variants / seeds of this config")
+        grid = [(n, s) for s in chosen for n in names]
+        finished = sum(self.exp.stage_result(self.stage(n, s)) is not None for n, s in grid)
+        self.log(
+            f"{self.name}: {len(names)} variant(s) × {len(chosen)} seed(s) = {len(grid)} units"
+            + (f", {finished} finished before" if finished else "")
+        )
+        out: Dict[str, Dict[int, Any]] = {n: {} for n in names}
+        timed = None
+        for n, s in grid:
+            start, new = time.time(), self.exp.stage_result(self.stage(n, s)) is None
+            out[n][s] = self.unit_result(n, s)
+            if new and timed is None:
+                timed = time.time() - start
+                left = sum(self.exp.stage_result(self.stage(m, t)) is None for m, t in grid)
+                if left:
+                    self.log(
+                        f"{self.name}: one unit took {timed:.0f} s; about {timed * left / 60:.1f} min for the "
+                        f"{left} left"
+                    )
+        return out
+
+    # ------------------------------------------------------------------------------------------------ selection
+    def groups(self) -> List[List[str]]:
+        """The variants linked by ``comparisons`` (connected components, in ``variants`` order); a variant in no
+        comparison is a group of its own; ``untrained`` belongs to none."""
+        names = list(self.variant_configs)
+        group = {v: {v} for v in names}
+        for pair in self.settings.comparisons:
+            if UNTRAINED in pair:
+                continue
+            merged = group[pair[0]] | group[pair[1]]
+            for v in merged:
+                group[v] = merged
+        out, seen = [], set()
+        for v in names:
+            if v not in seen:
+                out.append([w for w in names if w in group[v]])
+                seen |= group[v]
+        return out
+
+    def chosen_epochs(self, units) -> Dict[str, Any]:
+        """``{"epochs": {variant: epoch}, "curves": {first variant of a group: {variants, mean_val, epoch}}}`` for the
+        ``mean_validation_curve`` and ``last`` selections."""
+        primary, epochs, curves = self.selection_metric, {}, {}
+        for group in self.groups():
+            rows: Dict[int, List[float]] = {}
+            for name in group:
+                for unit in units[name].values():
+                    for h in unit["history"]:
+                        rows.setdefault(int(h["epoch"]), []).append(float(h[primary]))
+            curve = {e: sum(v) / len(v) for e, v in sorted(rows.items())}
+            trained = {e: v for e, v in curve.items() if e >= 1}
+            if self.settings.selection == "last" or not trained:
+                chosen = max(curve)
+            else:
+                chosen = max(trained, key=lambda e: (trained[e], -e))  # ties: the shorter schedule
+            epochs.update({name: chosen for name in group})
+            curves[group[0]] = {"variants": group, "mean_val": curve, "epoch": chosen}
+        return {"epochs": epochs, "curves": curves}
+
+    def test_at(self, variant: str, seed: int, epoch: int) -> Dict[str, float]:
+        """The unit's test metrics at ``epoch``, saved as ``test_epoch_<e>.json`` (a rerun reads them); the weights
+        are copied to ``selected_models.pth`` (epoch >= 1)."""
+        from ...utils.atomic_io import atomic_write_json
+        from ..experiment import distributed as dist_utils
+
+        folder = self.unit_folder(variant, seed)
+        out = os.path.join(folder, f"test_epoch_{epoch}.json")
+        if os.path.exists(out):
+            with open(out, encoding="utf-8") as f:
+                return json.load(f)
+        weights = self.epoch_path(folder, epoch)
+        if not os.path.exists(weights):
+            raise ConfigError(f"{folder}: no weights of epoch {epoch} (was the unit trained with another selection?)")
+        test = self.test(self.variant_settings[variant], variant, seed, folder, self.builder(variant), epoch)
+        if dist_utils.is_main():
+            if epoch >= 1:
+                shutil.copyfile(weights, os.path.join(folder, "selected_models.pth"))
+            atomic_write_json(out, test, indent=2)
+        return test
+
+    # ------------------------------------------------------------------------------------------------ the run
+    def run(self) -> Dict[str, Any]:
+        """Train every unit (resuming), select on validation, test once, compare, write the outputs."""
+        from ..experiment import distributed as dist_utils
+        from ..experiment.folder import ENVIRONMENT_NAME, run_environment
+        from ..outputs.results import summarize, write_results
+
+        start = time.time()
+        s, seeds, names = self.settings, self.settings.seeds, list(self.variant_configs)
+        self.before_units()
+        units = self.run_units()
+        per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in names}
+        chosen = None
+        if s.selection == "best_epoch":
+            for n in names:
+                for seed in seeds:
+                    unit = units[n][seed]
+                    per_seed[n][seed] = unit.get("test") or self.test_at(n, seed, unit["best_epoch"])
+                    if unit.get("best_epoch") == 0:
+                        self.log(
+                            f"warning: {n} seed {seed}: the best validation epoch is the untrained model (epoch 0)"
+                        )
+        else:
+            chosen = self.chosen_epochs(units)
+            for n in names:
+                for seed in seeds:
+                    per_seed[n][seed] = self.test_at(n, seed, chosen["epochs"][n])
+                    units[n][seed]["selected_epoch"] = chosen["epochs"][n]
+        untrained = None
+        if s.untrained:
+            first = names[0]
+            per_seed[UNTRAINED] = {seed: self.test_at(first, seed, 0) for seed in seeds}
+            spread = 0.0  # the variants' untrained models should agree: their epoch-0 validation value per seed
+            for seed in seeds:
+                at0 = [h[self.selection_metric] for n in names for h in units[n][seed]["history"] if h["epoch"] == 0]
+                spread = max(spread, max(at0) - min(at0)) if at0 else spread
+            untrained = {"variant": first, "max_val_spread_at_epoch_0": float(spread)}
+        if self.keep_epochs and dist_utils.is_main():  # the tested weights are in selected_models.pth
+            for n in names:
+                for seed in seeds:
+                    shutil.rmtree(os.path.join(self.unit_folder(n, seed), "epochs"), ignore_errors=True)
+        env_path = os.path.join(self.folder, ENVIRONMENT_NAME)
+        if os.path.exists(env_path):  # the run's first call made the numbers (a resume keeps its file)
+            with open(env_path, encoding="utf-8") as f:
+                environment = json.load(f)
+        else:
+            environment = run_environment()
+        results = summarize(
+            {
+                n: {seed: {m: v for m, v in row.items() if m in self.metrics} for seed, row in rows.items()}
+                for n, rows in per_seed.items()
+            },
+            comparisons=[tuple(p) for p in s.comparisons],
+            metrics=[self.metrics[0]],
+            extra={
+                "protocol": self.name,
+                "seeds": seeds,
+                "device": str(self.device),
+                "primary_metric": self.metrics[0],
+                "units": {
+                    n: {str(seed): {k: v for k, v in u.items() if k != "test"} for seed, u in per.items()}
+                    for n, per in units.items()
+                },
+                "selection": {"mode": s.selection, **(chosen or {})},
+                "untrained": untrained,
+                "environment": environment,
+                "seconds_this_invocation": time.time() - start,
+                "train_seconds_sum": sum(u.get("train_seconds", 0.0) for per in units.values() for u in per.values()),
+                **self.extra_results(units),
+            },
+        )
+        if not dist_utils.is_main():  # under torchrun the main rank writes the files
+            return results
+        write_results(
+            self.folder,
+            results,
+            metrics=list(self.metrics),
+            header=self.header(results),
+            footer=self.footer(results),
+            decimals=self.decimals,
+        )
+        first = {n: units[n][seeds[0]] for n in names}
+        self.curves(first, seeds[0])
+        self.plots(first, seeds[0])
+        for n in names:
+            epoch = first[n].get("selected_epoch", first[n].get("best_epoch"))
+            self.examples(self.variant_settings[n], n, seeds[0], self.unit_folder(n, seeds[0]), self.builder(n), epoch)
+        with open(os.path.join(self.folder, "results.md"), encoding="utf-8") as f:
+            self.log(f"{self.folder}/results.md:\n\n{f.read()}")
+        return results
+
+    def before_units(self) -> None:
+        """Checks and preparation before the first unit trains (default: none); a subclass checks its data here."""
+
+    def curves(self, units: Dict[str, Dict[str, Any]], seed: int) -> str:
+        """``map_at_r.png``: the validation curve of the primary metric per variant at ``seed``, the tested epoch
+        starred."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from ...utils.atomic_io import atomic_savefig
+        from ..outputs.results import METRIC_NAMES
+
+        primary = self.selection_metric
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, unit in units.items():
+            hist = unit["history"]
+            line = ax.plot([h["epoch"] for h in hist], [h[primary] for h in hist], marker="o", label=name)[0]
+            tested = unit.get("selected_epoch", unit.get("best_epoch"))
+            for h in hist:
+                if h["epoch"] == tested:
+                    ax.plot(
+                        h["epoch"],
+                        h[primary],
+                        marker="*",
+                        markersize=16,
+                        color=line.get_color(),
+                        markeredgecolor="black",
+                    )
+        ax.set_xlabel("epoch (★ the tested epoch)")
+        ax.set_ylabel(f"{METRIC_NAMES.get(primary, primary)} (validation classes, seed {seed})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(self.folder, "map_at_r.png")
+        atomic_savefig(fig, path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+__all__ = ["GRID_KEYS", "GridSettings", "PairedProtocol", "SELECTIONS", "UNTRAINED"]
