@@ -26,13 +26,13 @@ import os
 import sys
 
 import numpy as np
+from protocols.localization import run_units
+from protocols.localization.maps import CONVENTIONS, DEMO, METHODS
 
 from pml_extensions.cli.run import quiet_progress_bars
-from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config, load_config
+from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config
 from pml_extensions.runner.outputs.results import compare, format_difference, format_mean_std, verdict_word
-from pml_extensions.runner.protocols import run_protocol
-from pml_extensions.runner.protocols.localization import run_units
-from pml_extensions.runner.protocols.localization.maps import CONVENTIONS, DEMO, METHODS
+from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

@@ -1,7 +1,7 @@
 """What a cached teacher would save in RAML's student step (issue 24, item 4), measured.
 
 The RAML teacher is frozen, so its embeddings of a fixed bank of coupled views could be computed once and read back.
-This times the protocol's own student step — :func:`pml_extensions.runner.protocols.resolution_distillation.student.
+This times the protocol's own student step — :func:`benchmarks.protocols.resolution_distillation.student.
 build_student` (the shipped network: ImageNet MobileNetV2 + GeM + 512-D head, ``ResolutionDistillationTrainer``,
 ``CoupledAugmentationDataset``) — one PML iteration at a time, alternating two variants in one process:
 
@@ -27,11 +27,10 @@ import sys
 import time
 
 import torch
+from protocols.resolution_distillation import recipe
+from protocols.resolution_distillation.student import build_student
 
-from pml_extensions.runner.config.old_keys import resolution_models
 from pml_extensions.runner.objects.builder import Builder
-from pml_extensions.runner.protocols.resolution_distillation import recipe
-from pml_extensions.runner.protocols.resolution_distillation.student import build_student
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,10 +53,10 @@ def measure(setting: str, steps: int, device: torch.device) -> dict:
     name, dcfg, db, q, images, views = SETTINGS[setting]
     builder = Builder({}, device=device, log=lambda *a, **k: None)
     train, _ = recipe.load_dataset(name, dcfg, builder)
-    models = builder.build_models(spec=recipe.with_pretrained(resolution_models(512), True))
+    models = builder.build_models(spec=recipe.with_pretrained(recipe.resolution_models(512), True))
     teacher = (models["trunk"].eval(), models["embedder"].eval())
     job = {
-        "models": resolution_models(512),
+        "models": recipe.resolution_models(512),
         "num_augmentations": views,
         "lambda_ts": 0.7,
         "lambda_ss": 0.7,

@@ -18,12 +18,12 @@ import sys
 from typing import List
 
 import numpy as np
+from protocols.resolution_distillation.evaluation import selection_lines
+from protocols.resolution_distillation.variants import PRIMARY, TABLE2_SETUPS, variant_name
 
-from pml_extensions.runner.config.loader import find_config, load_config
+from pml_extensions.runner.config.loader import find_config
 from pml_extensions.runner.outputs.results import verdict_word
-from pml_extensions.runner.protocols import run_protocol
-from pml_extensions.runner.protocols.resolution_distillation.evaluation import selection_lines
-from pml_extensions.runner.protocols.resolution_distillation.variants import PRIMARY, TABLE2_SETUPS, variant_name
+from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

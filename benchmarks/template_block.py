@@ -36,9 +36,9 @@ import sys
 import numpy as np
 
 from pml_extensions.cli.run import quiet_progress_bars
-from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config, load_config, select_variants
+from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config, select_variants
 from pml_extensions.runner.outputs.results import compare, format_difference, format_mean_std, verdict_word, wins
-from pml_extensions.runner.protocols import run_protocol
+from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -371,8 +371,8 @@ def visual_words(root, out_dir, k=32, max_images=1000):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import torch
+    from protocols.template_block import load_models
 
-    from pml_extensions.runner.protocols.template_block import load_models
     from pml_extensions.trunks import template_matching_blocks
 
     models, views = load_models(os.path.join(root, "fashion_lambda"), "block")

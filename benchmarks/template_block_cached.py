@@ -27,8 +27,9 @@ import sys
 import time
 
 from pml_extensions.cli.run import quiet_progress_bars
-from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config, load_config
+from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config
 from pml_extensions.runner.outputs.results import compare, effect_bound, format_difference, verdict_word, wins
+from pml_extensions.runner.protocols import load_config
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,8 +97,9 @@ def run_part(part: str, task: str, size: str, seeds, device: str, runs: str, sha
     """``cache``: build the task's caches (every variant's); ``train``: train this shard's seeds (``(i, n)``: seeds
     ``i, i + n, ...`` of the config); ``gather``: the whole experiment (finds the finished units) and its
     ``results.json``."""
+    from protocols.template_block import prepare, run_units
+
     from pml_extensions.runner.protocols import run_protocol
-    from pml_extensions.runner.protocols.template_block import prepare, run_units
 
     config, sources, folder = task_config(task, size, seeds, device, runs)
     start = time.time()

@@ -78,7 +78,7 @@ def part_config(part: str, runs: str, seeds=None, device: str = "cpu"):
 def build_caches(runs: str, rank: int, world_size: int, device: str) -> dict:
     """This shard of every cache of both configs (the last process to finish completes a cache and derives the
     features.18 one). Returns ``{config: complete}``."""
-    from pml_extensions.runner.protocols.xml_vs_gap.protocol import build_feature_caches
+    from pml_extensions.runner.protocols.paired.protocol import build_feature_caches
 
     out = {}
     for part in ("clipart_frozen", "clipart_last", "glyphs"):
@@ -107,7 +107,7 @@ def probe_features(cfg, models, device, seed, num_prototypes=64, batch_size=256)
     vectors (the trunk's output) and the histograms of the trunk's HistogramPooling, or for a GAP trunk of a
     post-hoc HistogramPooling with k-means prototypes of its training local features (the eval view)."""
     from pml_extensions.runner.objects.builder import Builder
-    from pml_extensions.runner.protocols.xml_vs_gap.unit import load_split, make_loader
+    from pml_extensions.runner.protocols.paired.unit import load_split, make_loader
     from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
 
     builder = Builder(cfg, device=device, log=lambda *a, **k: None)
@@ -139,7 +139,7 @@ def run_probe(config, folder, device, splits) -> dict:
     from xml_generalization import probe
 
     from pml_extensions.runner.config.loader import variant_configs
-    from pml_extensions.runner.protocols.xml_vs_gap.unit import load_models, resolve_cache_folder
+    from pml_extensions.runner.protocols.paired.unit import load_models, resolve_cache_folder
 
     merged = variant_configs(config)
     out = {}

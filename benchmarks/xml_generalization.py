@@ -32,7 +32,7 @@ import torch
 import yaml
 
 from pml_extensions.runner.outputs.results import summarize, verdict, write_results
-from pml_extensions.runner.protocols.xml_vs_gap.unit import load_models, load_split, make_loader
+from pml_extensions.runner.protocols.paired.unit import load_models, load_split, make_loader
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
 from pml_extensions.utils.ridge import ridge_prototypes
 

@@ -1,5 +1,5 @@
 """The main job's README table (``results:xml_vs_gap``): the job's own ``results.md`` (rendered again from its
-``results.json`` by the protocol's :func:`~pml_extensions.runner.protocols.xml_vs_gap.protocol.markdown_parts`) and,
+``results.json`` by the protocol's :func:`~pml_extensions.runner.protocols.paired.protocol.markdown_parts`) and,
 beside it, the paper's claim with the verdict of every XML-vs-GAP comparison.
 
 The claim (XML, ICIP 2023: XML gives "consistent improvements" on unseen classes) concerns the comparisons whose
@@ -18,8 +18,8 @@ import os
 import shutil
 
 from pml_extensions.runner.outputs.results import render_markdown, verdict
-from pml_extensions.runner.protocols.xml_vs_gap.protocol import markdown_parts
-from pml_extensions.runner.protocols.xml_vs_gap.unit import METRICS
+from pml_extensions.runner.protocols.paired.protocol import markdown_parts
+from pml_extensions.runner.protocols.paired.unit import METRICS
 from pml_extensions.utils.atomic_io import atomic_write_text
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

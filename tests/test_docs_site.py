@@ -39,10 +39,10 @@ site = _load("docs_site_hook", "docs/_hooks/site.py")
 
 
 def test_the_hook_reads_what_the_code_holds():
+    from benchmarks.protocols.resolution_distillation import settings
     from pml_extensions.runner.config import eval_keys, keys, old_keys, pb_keys
     from pml_extensions.runner.objects import builder
     from pml_extensions.runner.protocols import DEFAULT_PROTOCOL, DESCRIPTIONS, PROTOCOLS
-    from pml_extensions.runner.protocols.resolution_distillation import settings
 
     t = site.code_tables()
     assert t["protocols"] == PROTOCOLS and t["protocol_descriptions"] == DESCRIPTIONS
@@ -82,11 +82,11 @@ def _page():
 
 
 def test_every_key_the_code_accepts_is_on_the_config_page():
+    from benchmarks.protocols.resolution_distillation import settings
     from pml_extensions.runner.config import eval_keys, keys, old_keys, pb_keys
     from pml_extensions.runner.config.syntax import _SEARCH_OPS
     from pml_extensions.runner.objects import builder
     from pml_extensions.runner.protocols import PROTOCOLS
-    from pml_extensions.runner.protocols.resolution_distillation import settings
 
     page = _page()
     accepted = set(PROTOCOLS)

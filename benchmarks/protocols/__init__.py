@@ -6,7 +6,7 @@ A benchmark script run as ``python benchmarks/<script>.py`` imports this package
 
 import importlib
 
-PLUGINS = ("template_block", "localization", "resolution_distillation")
+PLUGINS = ("template_block", "localization", "resolution_distillation", "xml_paper")
 
 
 def register() -> None:

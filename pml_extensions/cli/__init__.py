@@ -3,8 +3,7 @@
 Commands:
     job      the main XML job: `run` on the shipped xml_glyphs config (HistogramPooling + XMLWrapper vs the GAP
              baseline), output under runs/; job --help for more.
-    run      run a config with its protocol (mlrc, xml_vs_gap, resolution_distillation, template_block,
-             localization); run --help for more.
+    run      run a config with its protocol (run --list protocol lists them); run --help for more.
     explain  explain why two images are similar; explain --help for more.
 """
 

@@ -1,7 +1,7 @@
 """usage: python -m pml_extensions job [CONFIG] [RUN OPTIONS ...]
 
 The main job: the `run` command on the shipped xml_glyphs config (HistogramPooling + XMLWrapper against the GAP
-baseline, seeds 0 1 2, paired), writing runs/<experiment_name>/. It takes run's options, e.g.
+baseline, seeds 0 1 2 shared by every variant), writing runs/<experiment_name>/. It takes run's options, e.g.
 
   python -m pml_extensions job --dataset openclipart
   python -m pml_extensions job --num_epochs 2 --iterations_per_epoch 20

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pml_extensions.runner.protocols.localization import method_statistics, variant_statistics
-from tests.runner.protocols.localization.loc_testing import hand_units
+from benchmarks.protocols.localization import method_statistics, variant_statistics
+from tests.benchmarks.protocols.localization.loc_testing import hand_units
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
+from benchmarks.protocols.resolution_distillation import variants as parts
+from benchmarks.protocols.resolution_distillation.evaluation import selection_lines
 from pml_extensions.runner.outputs.results import summarize
-from pml_extensions.runner.protocols.resolution_distillation import variants as parts
-from pml_extensions.runner.protocols.resolution_distillation.evaluation import selection_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,7 +30,7 @@ def bench():
 
 
 def _hand_rows():
-    from tests.runner.protocols.resolution_distillation.test_variants import hand_rows
+    from tests.benchmarks.protocols.resolution_distillation.test_variants import hand_rows
 
     return hand_rows()
 

@@ -1,4 +1,4 @@
-"""cli/job.py: `job` is `run` on the shipped xml_glyphs config; the job's older spellings still work."""
+"""cli/job.py: `job` is `run` on the shipped xml_glyphs config (the paired protocol), its output under runs/."""
 
 import json
 import os
@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 
 from pml_extensions.cli import job
-from pml_extensions.runner.protocols.xml_vs_gap import protocol as xml_vs_gap
+from pml_extensions.runner.protocols.paired import unit as paired_unit
 
 
 class TestJob(unittest.TestCase):
@@ -18,14 +18,14 @@ class TestJob(unittest.TestCase):
         with tempfile.TemporaryDirectory() as out:
             rc = job.main(
                 [
-                    "--epochs",
+                    "--num_epochs",
                     "1",
-                    "--iterations",
+                    "--iterations_per_epoch",
                     "2",
                     "--seeds",
                     "0",
                     "1",
-                    "--output",
+                    "--root_experiment_folder",
                     out,
                     "--variants",
                     "contrastive_gap",
@@ -34,7 +34,7 @@ class TestJob(unittest.TestCase):
             )
             self.assertEqual(rc, 0)
             run = os.path.join(out, "xml_glyphs")
-            for name in ("results.md", "results.json", "map_at_r.png", "prototype_usage.png", "config.yaml"):
+            for name in ("results.md", "results.json", "map_at_r.png", "report.html", "config.yaml"):
                 self.assertTrue(os.path.getsize(os.path.join(run, name)) > 0, name)
             with open(os.path.join(run, "results.json")) as f:
                 r = json.load(f)
@@ -48,18 +48,18 @@ class TestJob(unittest.TestCase):
             )
             self.explain_round_trip(run)
             # a rerun of the same command resumes: finished units are not retrained, results are the same
-            with mock.patch.object(xml_vs_gap, "train_and_select", side_effect=AssertionError("retrained")):
+            with mock.patch.object(paired_unit, "train_and_select", side_effect=AssertionError("retrained")):
                 self.assertEqual(
                     job.main(
                         [
-                            "--epochs",
+                            "--num_epochs",
                             "1",
-                            "--iterations",
+                            "--iterations_per_epoch",
                             "2",
                             "--seeds",
                             "0",
                             "1",
-                            "--output",
+                            "--root_experiment_folder",
                             out,
                             "--variants",
                             "contrastive_gap",
@@ -105,59 +105,33 @@ class TestJob(unittest.TestCase):
         with self.assertRaisesRegex(
             Exception, "powerful-benchmarker folder config; run it with python -m pml_extensions run contrastive"
         ):
-            job.load_job_config(["--config", "contrastive"])
+            job.load_job_config(["contrastive"])
 
 
 class TestJobArguments(unittest.TestCase):
-    """The job's arguments as run's: CONFIG first, runs/ as the root folder, the older spellings renamed."""
-
-    def run_argv(self, argv):
-        notes = []
-        return job.run_argv(argv, notes=notes.append), notes
+    """The job's arguments as run's: CONFIG first (default xml_glyphs), runs/ as the root folder."""
 
     def test_defaults(self):
-        self.assertEqual(self.run_argv([]), (["xml_glyphs", "--root_experiment_folder", "runs"], []))
-        args, notes = self.run_argv(["xml_clipart_mobilenet", "--num_epochs", "2", "--root_experiment_folder", "o"])
-        self.assertEqual(args, ["xml_clipart_mobilenet", "--num_epochs", "2", "--root_experiment_folder", "o"])
-        self.assertEqual(notes, [])
+        self.assertEqual(job.run_argv([]), ["xml_glyphs", "--root_experiment_folder", "runs"])
+        args = job.run_argv(["mine", "--num_epochs", "2", "--root_experiment_folder", "o"])
+        self.assertEqual(args, ["mine", "--num_epochs", "2", "--root_experiment_folder", "o"])
 
-    def test_older_spellings_are_read_as_runs_with_one_note_each(self):
-        args, notes = self.run_argv(
-            ["--config", "xml_clipart_mobilenet", "--epochs", "2", "--iterations", "20", "--output", "out"]
-            + ["--dataset-root", "/data", "--seed", "3", "--dataset", "openclipart"]
-        )
-        self.assertEqual(
-            args,
-            ["xml_clipart_mobilenet", "--num_epochs", "2", "--iterations_per_epoch", "20"]
-            + [
-                "--root_experiment_folder",
-                "out",
-                "--dataset_root",
-                "/data",
-                "--seeds",
-                "3",
-                "--dataset",
-                "openclipart",
-            ],
-        )
-        self.assertEqual(len(notes), 6)
-        self.assertIn("note: job --epochs is read as --num_epochs", notes[1])
-
-    def test_bad_arguments(self):
+    def test_the_old_spellings_are_gone(self):
+        """--epochs, --iterations, --output, --dataset-root, --config were pre-1.0 spellings (CHANGELOG): each is now
+        a key no config defines, refused with the nearest key."""
         for argv, message in [
-            (["--seed", "1", "--seeds", "0"], "--seed and --seeds: give one of them"),
-            (["--config"], "--config: needs a config name or folder"),
-            (["xml_glyphs", "--config", "other"], "a second config"),
+            (["--epochs", "2"], "--epochs: no config file defines this key"),
+            (["--iterations", "2"], "--iterations: no config file defines this key"),
         ]:
             with self.assertRaisesRegex(Exception, message):
-                job.run_argv(argv, notes=lambda line: None)
+                job.load_job_config(argv)
 
     def test_load_job_config_is_what_the_job_runs(self):
         config, sources = job.load_job_config(["--seeds", "0", "1", "--variants", "contrastive_xml", "contrastive_gap"])
-        self.assertEqual(config["protocol"], "xml_vs_gap")
+        self.assertEqual(config["protocol"], "paired")
         self.assertEqual(config["seeds"], "0 1")  # the command line's words; the protocol reads them as [0, 1]
         self.assertEqual(list(config["variants"]), ["contrastive_gap", "contrastive_xml"])  # the config's order
         self.assertEqual(config["comparisons"], [["contrastive_xml", "contrastive_gap"]])
         self.assertEqual(sources["seeds"], "command line")
-        old, _ = job.load_job_config(["--epochs", "2", "--dataset", "openclipart", "--dataset-root", "/d"])
-        self.assertEqual((old["num_epochs"], old["dataset"], old["dataset_root"]), (2, "openclipart", "/d"))
+        other, _ = job.load_job_config(["--num_epochs", "2", "--dataset", "openclipart", "--dataset_root", "/d"])
+        self.assertEqual((other["num_epochs"], other["dataset"], other["dataset_root"]), (2, "openclipart", "/d"))

@@ -20,8 +20,6 @@ Example::
 import copy
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
-from pml_extensions.runner.config.old_keys import resolution_models
-
 from pml_extensions.datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from pml_extensions.runner.objects.builder import Builder
 
@@ -48,6 +46,22 @@ TEACHER_MINER = {"tuple_miner": {"DistanceWeightedMiner": {"cutoff": 0.5, "nonze
 IMAGES_PER_CLASS = 4
 WEIGHT_DECAY = 1e-6
 GEM_LR_MULTIPLIER = 10.0
+
+
+def resolution_models(embedding_dim: int = 512) -> Dict[str, Any]:
+    """The protocol's network as a ``models`` spec: ImageNet MobileNetV2 features (read offline) and RAML's GeM +
+    whitening :class:`pml_extensions.trunks.RetrievalHead` of ``embedding_dim`` (Suma & Tolias, WACV 2023, Sec. 5;
+    MobileNetV2 instead of the paper's ResNet50).
+
+    Example::
+
+        >>> resolution_models(16)["embedder"]
+        {'RetrievalHead': {'in_channels': 1280, 'out_dim': 16}}
+    """
+    return {
+        "trunk": {"mobilenet_v2_features": {"pretrained": True}},
+        "embedder": {"RetrievalHead": {"in_channels": 1280, "out_dim": embedding_dim}},
+    }
 
 
 def dataset_spec(name: str, settings: Dict[str, Any]) -> Dict[str, Any]:
@@ -135,7 +149,7 @@ def scheduler_specs(optimizer_names: Iterable[str], total_steps: int) -> Dict[st
 
 def tester_spec(batch_size: int, num_workers: int) -> Dict[str, Any]:
     """The asymmetric tester (rank-local: under torchrun each rank evaluates its own units' models) computing
-    :data:`pml_extensions.runner.protocols.resolution_distillation.evaluation.METRICS`."""
+    :data:`benchmarks.protocols.resolution_distillation.evaluation.METRICS`."""
     return {
         "AsymmetricTester": {
             "batch_size": batch_size,
@@ -183,7 +197,7 @@ def train_transform(size: int, crop_scale: Sequence[float] = (0.08, 1.0), builde
 
 
 def build_model(embedding_dim: int = 512, pretrained: bool = True, builder: Optional[Builder] = None):
-    """``(trunk, embedder)`` of the shipped network (:func:`pml_extensions.runner.config.old_keys.resolution_models`)
+    """``(trunk, embedder)`` of the shipped network (:func:`resolution_models`)
     with ``embedding_dim`` outputs; the embedder is initialised from the global RNG."""
     models = (builder or Builder({})).build_models(spec=with_pretrained(resolution_models(embedding_dim), pretrained))
     return models["trunk"], models["embedder"]

@@ -204,8 +204,9 @@ class TemplateBlock(PairedProtocol):
         return (
             f"Task {self.task}: {views['num_classes']} training classes, {views['sizes']['train']} training / "
             f"{views['sizes']['val']} validation / {views['sizes']['test']} test images; "
-            f"{first['num_epochs']} epochs × {first['iterations_per_epoch']} iterations, batch {first['batch_size']}; best epoch chosen on the "
-            f"validation images, test {shown} of that checkpoint; seeds {', '.join(map(str, results['seeds']))} "
+            f"{first['num_epochs']} epochs × {first['iterations_per_epoch']} iterations, batch {first['batch_size']}; "
+            f"best epoch chosen on the validation images, test {shown} of that checkpoint; seeds "
+            f"{', '.join(map(str, results['seeds']))} "
             "(paired: same initial weights for shared modules and same batches within a seed); differences paired by "
             "seed, 95 % Student-t interval."
         )

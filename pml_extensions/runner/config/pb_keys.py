@@ -28,7 +28,7 @@ Honoured (as in PB):
 Every other value of these keys stops the run with one line naming the key and why (e.g. ``reference_set:
 compared_to_training_set`` — this runner compares each split to itself). Older PB spellings (before v0.9.29:
 ``eval_*``, top-level ``test_size`` ..., ``iterations_per_epoch``, ``batch_size``) are mapped with a note
-(:mod:`pml_extensions.runner.protocols.mlrc.old_keys`).
+(the protocol that reads powerful-benchmarker configs maps them).
 
 Example::
 
@@ -263,7 +263,7 @@ def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Di
 
 def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
     """Check every PB key of a powerful-benchmarker config at load time (before any training): honoured values
-    pass, the others stop the run with one line naming the key and why (the mlrc protocol's check).
+    pass, the others stop the run with one line naming the key and why.
 
     Raises:
         ConfigError: see the accessors.

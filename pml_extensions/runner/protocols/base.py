@@ -197,6 +197,22 @@ def nearest(name: str, known: Iterable[str], cutoff: float = 0.5) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+@dataclasses.dataclass
+class SearchSettings:
+    """The keys of a search (powerful-benchmarker's ``~BAYESIAN~`` markers): every protocol with an objective reads
+    them (:mod:`pml_extensions.runner.protocols.search`)."""
+
+    bayes_opt_iters: Optional[int] = setting(
+        None, "Number of COMPLETE Optuna trials when the config has `~BAYESIAN~`-family markers.", "int", minimum=1
+    )
+    bayes_opt_max_failures_in_a_row: int = setting(
+        5,
+        "A search stops (one line, `stopped` in `search.json`) after this many failed trials in a row.",
+        "int",
+        minimum=1,
+    )
+
+
 class Protocol:
     """Base of every protocol (see the module docstring).
 
@@ -227,13 +243,15 @@ class Protocol:
         self.folder = folder
         self.sources = sources if sources is not None else {}
         self.log = log
+        type(self).check(config, self.sources)
         self.settings = self.read(config, self.sources)
 
     # ------------------------------------------------------------------------------------------------ the plugin
     @classmethod
     def keys(cls) -> Tuple[str, ...]:
-        """The top-level keys this protocol reads (its ``Settings`` fields and ``protocol``)."""
-        return ("protocol",) + tuple(f.name for f in dataclasses.fields(cls.Settings))
+        """The top-level keys this protocol reads (its ``Settings`` fields, the search's and ``protocol``)."""
+        fields = dataclasses.fields(cls.Settings) + dataclasses.fields(SearchSettings)
+        return ("protocol",) + tuple(dict.fromkeys(f.name for f in fields))
 
     @classmethod
     def read(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None):
@@ -253,6 +271,7 @@ class Protocol:
         """Every check that needs no data and no model, run by the loader (``--dry-run`` included): the settings;
         subclasses add theirs."""
         cls.read(config, sources)
+        read_settings(SearchSettings, config, sources)
 
     @classmethod
     def data_folder(cls, path: str, is_csv: bool) -> Dict[str, Any]:

@@ -81,6 +81,7 @@ class GridSettings:
         choices=SELECTIONS,
     )
     untrained: bool = setting(False, "`true` adds the row `untrained`: the first variant's epoch-0 model.", "bool")
+    seed: Optional[int] = setting(None, "One seed instead of `seeds` (`seed: 3` is `seeds: [3]`).", "int", minimum=0)
     device: str = setting("auto", "`auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`.", "str")
     experiment_name: Optional[str] = setting(None, "Names the experiment folder (`--experiment_name` wins).", "str")
 
@@ -143,18 +144,30 @@ class PairedProtocol(Protocol):
 
     @classmethod
     def read(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> GridSettings:
-        """The experiment-level settings (:class:`GridSettings`); each variant's own are read by :meth:`variants`."""
-        return read_settings(GridSettings, config, sources)
+        """The experiment-level settings (:class:`GridSettings`); each variant's own are read by :meth:`variants`.
+
+        Raises:
+            ConfigError: also for ``seed`` and ``seeds`` both given.
+        """
+        grid = read_settings(GridSettings, config, sources)
+        if grid.seed is not None:
+            if config.get("seeds") is not None:
+                raise ConfigError(
+                    f"{(sources or {}).get('seed', 'config')}: seed: {grid.seed!r} and seeds: {config['seeds']!r} both "
+                    "given; keep one (seeds: [...] runs every seed)"
+                )
+            grid.seeds = [grid.seed]
+        return grid
 
     @classmethod
     def keys(cls) -> Tuple[str, ...]:
-        return ("protocol",) + tuple(
-            dict.fromkeys(f.name for f in dataclasses.fields(GridSettings) + dataclasses.fields(cls.Settings))
-        )
+        grid = tuple(f.name for f in dataclasses.fields(GridSettings))
+        return tuple(dict.fromkeys(grid + super().keys()))
 
     @classmethod
     def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
         """The grid (seeds, comparisons naming variants, ``untrained``) and every variant's settings."""
+        super().check(config, sources)
         grid = cls.read(config, sources)
         configs, _, _ = cls.variants(config, sources)
         names = set(configs) | ({UNTRAINED} if grid.untrained else set())

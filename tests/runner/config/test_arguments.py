@@ -11,12 +11,12 @@ from pml_extensions.runner.config.loader import (
     config_layout,
     display_path,
     find_config,
-    load_config,
     parse_command_line,
     shipped_configs,
 )
 from pml_extensions.runner.config.sources import Sources
 from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.protocols import load_config
 
 
 def _shipped_selections():

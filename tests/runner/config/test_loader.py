@@ -8,13 +8,13 @@ import pytest
 
 from pml_extensions.runner.config.loader import (
     CONFIG_FOLDERS,
-    load_config,
     load_yaml_file,
     merge,
     parse_command_line,
     split_selection,
 )
 from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.protocols import load_config
 
 GENERAL_DEFAULT = """
 trainer:

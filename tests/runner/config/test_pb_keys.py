@@ -144,8 +144,7 @@ def test_keys_take_effect_in_an_mlrc_run(tmp_path):
     adds a train table, num_training_sets limits the folds, the aggregator averages them."""
     import os
 
-    from pml_extensions.runner.config.loader import load_config
-    from pml_extensions.runner.protocols import run_protocol
+    from pml_extensions.runner.protocols import load_config, run_protocol
     from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
     register_tiny()
@@ -278,7 +277,8 @@ def register_pb_style_glyphs():
 
 
 def test_pb_default_folder_loads_with_every_key_as_pb_wrote_it():
-    from pml_extensions.runner.config.loader import load_config, parse_command_line
+    from pml_extensions.runner.config.loader import parse_command_line
+    from pml_extensions.runner.protocols import load_config
 
     register_pb_style_glyphs()
     cfg, sources = load_config(PB_DEFAULT, None, parse_command_line(PB_OVERRIDES))
@@ -290,7 +290,8 @@ def test_pb_default_folder_loads_with_every_key_as_pb_wrote_it():
 
 
 def test_a_real_visualizer_is_refused_naming_tsne():
-    from pml_extensions.runner.config.loader import load_config, parse_command_line
+    from pml_extensions.runner.config.loader import parse_command_line
+    from pml_extensions.runner.protocols import load_config
 
     register_pb_style_glyphs()
     argv = PB_OVERRIDES + ["--tester~APPLY~2", "{visualizer: {TSNE: {perplexity: 30}}}"]

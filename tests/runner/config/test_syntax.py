@@ -4,9 +4,10 @@ import os
 
 import pytest
 
-from pml_extensions.runner.config.loader import find_config, load_config, parse_command_line, variant_configs
+from pml_extensions.runner.config.loader import find_config, parse_command_line, variant_configs
 from pml_extensions.runner.config.syntax import merge
 from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.protocols import load_config
 
 T = {"tester": {"T": {"batch_size": 32, "accuracy_calculator": {"AccuracyCalculator": {"k": "max_bin_count"}}}}}
 
@@ -185,8 +186,8 @@ def test_flat_form_is_read_by_the_one_loader(tmp_path):
         "variants:\n  xml: {}\n  gap: {loss_funcs: {metric_loss~OVERRIDE~: {ContrastiveLoss: {}}}}\n"
     )
     (tmp_path / "config_models.yaml").write_text("models: {trunk: {Linear: [2, 2]}}\n")
-    cfg, src = load_config(str(tmp_path))
-    assert cfg["protocol"] == "xml_vs_gap" and src["models"].endswith("config_models.yaml")
+    cfg, src = load_config(str(tmp_path), check=False)
+    assert cfg["protocol"] == "paired" and src["models"].endswith("config_models.yaml")
     variants = variant_configs(cfg)
     assert variants["gap"]["loss_funcs"] == {"metric_loss": {"ContrastiveLoss": {}}}
     assert variants["xml"]["loss_funcs"]["metric_loss"]["XMLWrapper"] == {"loss": {"ContrastiveLoss": {}}}

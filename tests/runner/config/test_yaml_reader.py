@@ -4,8 +4,9 @@ command line and in search markers' ranges, everywhere a config is read."""
 import pytest
 import yaml
 
-from pml_extensions.runner.config.loader import find_config, load_config, load_yaml, parse_command_line
+from pml_extensions.runner.config.loader import find_config, load_yaml, parse_command_line
 from pml_extensions.runner.config.yaml_reader import read_yaml
+from pml_extensions.runner.protocols import load_config
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,10 @@ prototype_init from data, the testers PB's keys describe, and the objects of eve
 import pytest
 import torch
 
-from pml_extensions.runner.config.loader import find_config, load_config
+from pml_extensions.runner.config.loader import find_config
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.objects.builder import Builder, build_tester
+from pml_extensions.runner.protocols import load_config
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, template_matching_blocks
 
 

@@ -9,10 +9,11 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from pml_extensions.runner.config.loader import find_config, load_config, parse_command_line
+from pml_extensions.runner.config.loader import find_config, parse_command_line
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.objects import preflight
 from pml_extensions.runner.objects.builder import Builder
+from pml_extensions.runner.protocols import load_config
 from pml_extensions.runner.protocols.mlrc.splits import mlrc_class_splits
 
 

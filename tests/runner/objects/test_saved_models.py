@@ -133,7 +133,7 @@ class TestCheckpoints(unittest.TestCase):
                 self.assertAlmostEqual(self._similarity(), expected, places=5)
 
     def test_resolution_student_query_against_teacher_database(self):
-        from pml_extensions.runner.protocols.resolution_distillation.recipe import build_model
+        from benchmarks.protocols.resolution_distillation.recipe import build_model
 
         exp = os.path.join(self.dir, "raml")
         os.makedirs(exp)

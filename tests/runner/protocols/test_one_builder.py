@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
-from pml_extensions.runner.config.loader import find_config, load_config, parse_command_line
+from pml_extensions.runner.config.loader import find_config, parse_command_line
 from pml_extensions.runner.objects.builder import Builder
-from pml_extensions.runner.protocols import run_protocol
+from pml_extensions.runner.protocols import load_config, run_protocol
 
 #: protocol -> the roles (first component of the Builder's key) its objects must come from
 ROLES = {
@@ -65,12 +65,12 @@ def _config(protocol, tmp_path, request):
             + ["contrastive_gap", "--device", "cpu"]
         )
     if protocol == "template_block":
-        from tests.runner.protocols.template_block.tb_testing import tiny_config
+        from tests.benchmarks.protocols.template_block.tb_testing import tiny_config
 
         return tiny_config(variants=("baseline", "block"), seeds=(0,))
     request.getfixturevalue("mobilenet_weights")  # skips without the offline ImageNet weights
     if protocol == "localization":
-        from tests.runner.protocols.localization.test_protocol import tiny
+        from tests.benchmarks.protocols.localization.test_protocol import tiny
 
         return tiny(tmp_path)
     root = tmp_path / "res"
@@ -142,7 +142,7 @@ def test_a_cached_run_builds_its_caches_and_datasets_with_the_one_builder(protoc
         argv += ["--mining_funcs", "{tuple_miner: {MultiSimilarityMiner: {}}}"]
         config, sources = load_config(root, None, parse_command_line(argv))
     else:
-        from tests.runner.protocols.xml_vs_gap.test_protocol import cached_config
+        from tests.runner.protocols.paired.test_protocol import cached_config
 
         config, sources = cached_config(seeds=[0], num_epochs=1), {}
     run_protocol(config, str(tmp_path / "exp"), sources, log=lambda *a, **k: None)

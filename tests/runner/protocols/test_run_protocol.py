@@ -6,9 +6,17 @@ import os
 
 import pytest
 
-from pml_extensions.runner.config.loader import load_config, parse_command_line
+from pml_extensions.runner.config.loader import parse_command_line
 from pml_extensions.runner.errors import ConfigError
-from pml_extensions.runner.protocols import DESCRIPTIONS, PROTOCOLS, get_protocol, protocol_name, run_protocol
+from pml_extensions.runner.protocols import (
+    PROTOCOLS,
+    Protocol,
+    descriptions,
+    get_protocol,
+    load_config,
+    protocol_of,
+    run_protocol,
+)
 from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
 register_tiny()
@@ -16,22 +24,36 @@ QUIET = dict(log=lambda *a, **k: None)
 
 
 class TestLookup:
-    def test_table_names_the_protocols_and_each_has_run(self):
-        assert sorted(PROTOCOLS) == ["localization", "mlrc", "resolution_distillation", "template_block", "xml_vs_gap"]
-        assert sorted(DESCRIPTIONS) == sorted(PROTOCOLS)
+    def test_table_names_the_protocols_and_each_is_a_protocol_class(self):
+        assert sorted(PROTOCOLS) == ["mlrc", "paired"]
+        assert sorted(descriptions()) == sorted(PROTOCOLS)
         for name in PROTOCOLS:
-            run = get_protocol(name).run
-            assert callable(run)
-            assert list(__import__("inspect").signature(run).parameters)[:2] == ["config", "experiment_folder"]
+            cls = get_protocol(name)
+            assert issubclass(cls, Protocol) and cls.name == name and callable(cls.run)
 
     def test_default_is_mlrc_and_unknown_is_one_line(self):
-        assert protocol_name({}) == "mlrc" and protocol_name({"protocol": None}) == "mlrc"
-        assert protocol_name({"protocol": "xml_vs_gap"}) == "xml_vs_gap"
-        unknown = r"^general.yaml: protocol: unknown 'mlcr'; choose one of localization, mlrc, "
+        assert protocol_of({}).name == "mlrc" and protocol_of({"protocol": None}).name == "mlrc"
+        assert protocol_of({"protocol": "paired"}).name == "paired"
+        unknown = r"^general.yaml: protocol: unknown 'mlcr'; did you mean mlrc\? \(known: mlrc, paired"
         with pytest.raises(ConfigError, match=unknown):
-            protocol_name({"protocol": "mlcr"}, {"protocol": "general.yaml"})
+            protocol_of({"protocol": "mlcr"}, {"protocol": "general.yaml"})
         with pytest.raises(ConfigError, match="unknown 'nope'"):
             get_protocol("nope")
+        with pytest.raises(ConfigError, match="cannot import 'no_such.module'"):
+            get_protocol("no_such.module:Thing")
+
+    def test_a_registered_or_dotted_protocol_is_found(self):
+        from pml_extensions.runner.protocols import register_protocol
+        from pml_extensions.runner.protocols.paired import Paired
+
+        class Mine(Paired):
+            name = "mine"
+
+        assert register_protocol("mine", Mine) is Mine and get_protocol("mine") is Mine
+        assert get_protocol("pml_extensions.runner.protocols.paired.protocol") is Paired
+        assert get_protocol("pml_extensions.runner.protocols.paired.protocol:Paired") is Paired
+        with pytest.raises(TypeError):
+            register_protocol("x", dict)
 
     def test_no_if_chain_on_protocol_names_in_the_dispatch(self):
         """The command line reaches a protocol through the table only (no ``if protocol == ...``)."""

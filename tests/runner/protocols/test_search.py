@@ -68,7 +68,8 @@ def test_bad_ranges(cfg, message):
 
 def test_search_through_the_mlrc_protocol(tmp_path, tiny_mlrc_config):
     """Two real trials on the tiny config: each trial's objective is its run's aggregated validation metric."""
-    from pml_extensions.runner.config.loader import load_config, parse_command_line
+    from pml_extensions.runner.config.loader import parse_command_line
+    from pml_extensions.runner.protocols import load_config
     from pml_extensions.runner.protocols.search import run_search
 
     root = tiny_mlrc_config
@@ -277,8 +278,9 @@ def test_the_issues_list_item_marker_builds_each_trials_trunk():
     import torch
 
     from pml_extensions.cli.run import _variant_selection
-    from pml_extensions.runner.config.loader import find_config, load_config, parse_command_line
+    from pml_extensions.runner.config.loader import find_config, parse_command_line
     from pml_extensions.runner.objects.builder import Builder
+    from pml_extensions.runner.protocols import load_config
 
     root = find_config("contrastive")
     cfg, _ = load_config(
@@ -331,7 +333,8 @@ def test_a_trained_best_trial_is_not_flagged(tmp_path):
 def test_untrained_flag_through_the_mlrc_protocol(tmp_path, tiny_mlrc_config):
     """A learning rate of at most 1e-30 leaves every weight unchanged, so epoch 0 stays the best epoch of each fold:
     the real protocol's trials are flagged, and the flag agrees with each trial's results.json."""
-    from pml_extensions.runner.config.loader import load_config, parse_command_line
+    from pml_extensions.runner.config.loader import parse_command_line
+    from pml_extensions.runner.protocols import load_config
     from pml_extensions.runner.protocols.search import run_search
 
     argv = ["--bayes_opt_iters", "2", "--num_epochs_train", "1", "--num_training_sets", "2"]

@@ -1,7 +1,7 @@
 """Hand-made units of the localization protocol (no model): per seed and loss the best accuracies of every method and
 convention, P@1, the identity check; per seed the centre box, thresholds and map size."""
 
-from pml_extensions.runner.protocols.localization.maps import CONVENTIONS, DEMO, METHODS
+from benchmarks.protocols.localization.maps import CONVENTIONS, DEMO, METHODS
 
 # best accuracies per seed: Decomposition signed 40/50/60, ReLU 45/50/70; Grad-CAM ReLU 10/20/30; others 0
 BASE = {

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from pml_extensions.runner.protocols.localization import maps
+from benchmarks.protocols.localization import maps
 
 
 def test_same_class_neighbours_match_a_brute_force_loop():

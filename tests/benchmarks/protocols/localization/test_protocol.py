@@ -7,9 +7,9 @@ import os
 
 import pytest
 
+from benchmarks.protocols.localization import method_statistics, run_units, variant_statistics
+from benchmarks.protocols.localization.protocol import settings
 from pml_extensions.runner.errors import ConfigError
-from pml_extensions.runner.protocols.localization import method_statistics, run_units, variant_statistics
-from pml_extensions.runner.protocols.localization.protocol import settings
 
 from .loc_testing import hand_units
 
@@ -69,7 +69,8 @@ def test_settings_errors(changes, message):
 
 
 def tiny(tmp_path):
-    from pml_extensions.runner.config.loader import find_config, load_config
+    from pml_extensions.runner.config.loader import find_config
+    from pml_extensions.runner.protocols import load_config
 
     config, sources = load_config(find_config("localization"))
     config.update(seeds=[0], num_epochs=2, iterations_per_epoch=2, batch_size=8, eval_batch_size=4, device="cpu")
@@ -110,7 +111,8 @@ def test_tiny_run_resumes_to_the_uninterrupted_numbers(tmp_path, monkeypatch, mo
 
 
 def test_unknown_seed_of_a_part_is_named(tmp_path):
-    from pml_extensions.runner.config.loader import find_config, load_config
+    from pml_extensions.runner.config.loader import find_config
+    from pml_extensions.runner.protocols import load_config
 
     config, sources = load_config(find_config("localization"))
     with pytest.raises(ConfigError, match=r"\[7\] are not variants / seeds of this config"):

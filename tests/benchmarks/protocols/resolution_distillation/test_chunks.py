@@ -6,8 +6,8 @@ import os
 
 import torch
 
+from benchmarks.protocols.resolution_distillation.chunks import Chunks, finish
 from pml_extensions.runner.experiment.folder import Experiment
-from pml_extensions.runner.protocols.resolution_distillation.chunks import Chunks, finish
 
 QUIET = dict(log=lambda *a, **k: None)
 

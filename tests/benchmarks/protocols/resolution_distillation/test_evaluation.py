@@ -1,6 +1,6 @@
 """runner/protocols/resolution_distillation/evaluation.py: the setups a tester measures become the protocol's rows."""
 
-from pml_extensions.runner.protocols.resolution_distillation.evaluation import (
+from benchmarks.protocols.resolution_distillation.evaluation import (
     METRICS,
     PRIMARY,
     evaluate_rows,

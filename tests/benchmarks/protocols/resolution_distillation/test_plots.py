@@ -3,9 +3,9 @@
 import os
 import tempfile
 
+from benchmarks.protocols.resolution_distillation import variants as parts
+from benchmarks.protocols.resolution_distillation.plots import plot_performance_vs_flops
 from pml_extensions.runner.outputs.results import summarize
-from pml_extensions.runner.protocols.resolution_distillation import variants as parts
-from pml_extensions.runner.protocols.resolution_distillation.plots import plot_performance_vs_flops
 
 from .test_variants import hand_rows
 

@@ -134,9 +134,9 @@ class TestResolutionProtocolRun(unittest.TestCase):
         import numpy as np
         from PIL import Image
 
+        from benchmarks.protocols.resolution_distillation.recipe import build_model
         from pml_extensions.cli.explain import load_image
         from pml_extensions.cli.explain import main as explain_main
-        from pml_extensions.runner.protocols.resolution_distillation.recipe import build_model
 
         rng = np.random.default_rng(0)
         images = []
@@ -210,8 +210,8 @@ class TestResolutionSelection(unittest.TestCase):
     validation curve, and the test split is never read for them (a run on shuffled test labels chooses the same)."""
 
     def test_selection_uses_only_validation(self):
-        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
-        from pml_extensions.runner.protocols.resolution_distillation import recipe as parts
+        from benchmarks.protocols.resolution_distillation import protocol as rd
+        from benchmarks.protocols.resolution_distillation import recipe as parts
 
         config = {
             "protocol": "resolution_distillation",

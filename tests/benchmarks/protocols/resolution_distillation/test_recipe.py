@@ -5,8 +5,8 @@ import pytest
 import torch
 from PIL import Image
 
+from benchmarks.protocols.resolution_distillation import recipe
 from pml_extensions.runner.objects.builder import Builder
-from pml_extensions.runner.protocols.resolution_distillation import recipe
 from pml_extensions.trunks import RetrievalHead
 
 

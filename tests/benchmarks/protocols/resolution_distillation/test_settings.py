@@ -7,12 +7,12 @@ import unittest
 
 from pml_extensions.cli import run as cli
 from pml_extensions.runner.errors import ConfigError
-from tests.runner.protocols.resolution_distillation.test_protocol import TINY_JOB, _write_config
+from tests.benchmarks.protocols.resolution_distillation.test_protocol import TINY_JOB, _write_config
 
 
 class TestResolutionSettings(unittest.TestCase):
     def job(self, **changes):
-        from pml_extensions.runner.protocols.resolution_distillation import settings as rd
+        from benchmarks.protocols.resolution_distillation import settings as rd
 
         spec = dict(TINY_JOB, **changes)
         return rd.job_config({"resolution_job": spec})
@@ -45,7 +45,7 @@ class TestResolutionSettings(unittest.TestCase):
                 self.job(**changes)
 
     def test_top_level_seeds_win(self):
-        from pml_extensions.runner.protocols.resolution_distillation import settings as rd
+        from benchmarks.protocols.resolution_distillation import settings as rd
 
         self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": [3, 4, 5]})["seeds"], [3, 4, 5])
         self.assertEqual(
@@ -62,9 +62,10 @@ class TestResolutionSettings(unittest.TestCase):
             self.assertEqual(cli.main([cfg, "--root_experiment_folder", tmp]), 2)
 
     def test_shipped_configs_parse(self):
-        from pml_extensions.runner.config.loader import find_config, load_config
-        from pml_extensions.runner.protocols.resolution_distillation import settings as rd
-        from pml_extensions.runner.protocols.resolution_distillation.recipe import load_dataset
+        from benchmarks.protocols.resolution_distillation import settings as rd
+        from benchmarks.protocols.resolution_distillation.recipe import load_dataset
+        from pml_extensions.runner.config.loader import find_config
+        from pml_extensions.runner.protocols import load_config
 
         root = find_config("resolution_distillation")
         config, _ = load_config(root, {"config_general": ["default", "quick"]}, {})

@@ -5,14 +5,14 @@ import unittest
 import pytest
 import torch
 
-from tests.runner.protocols.resolution_distillation.test_protocol import TINY_JOB
+from tests.benchmarks.protocols.resolution_distillation.test_protocol import TINY_JOB
 
 
 @pytest.mark.usefixtures("mobilenet_weights")
 class TestStudents(unittest.TestCase):
     def test_paired_students_start_identical(self):
-        from pml_extensions.runner.protocols.resolution_distillation import protocol as rd
-        from pml_extensions.runner.protocols.resolution_distillation import recipe as parts
+        from benchmarks.protocols.resolution_distillation import protocol as rd
+        from benchmarks.protocols.resolution_distillation import recipe as parts
 
         job = rd.job_config({"resolution_job": TINY_JOB})
         train_set, _ = parts.load_dataset("glyphs", job["datasets"]["glyphs"])

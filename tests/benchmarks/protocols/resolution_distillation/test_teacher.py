@@ -6,12 +6,12 @@ import os
 import pytest
 import torch
 
+from benchmarks.protocols.resolution_distillation import recipe
+from benchmarks.protocols.resolution_distillation.chunks import finish
+from benchmarks.protocols.resolution_distillation.teacher import teacher_stage
 from pml_extensions.runner.experiment.checkpoint import load_weights
 from pml_extensions.runner.experiment.folder import Experiment
 from pml_extensions.runner.objects.builder import Builder
-from pml_extensions.runner.protocols.resolution_distillation import recipe
-from pml_extensions.runner.protocols.resolution_distillation.chunks import finish
-from pml_extensions.runner.protocols.resolution_distillation.teacher import teacher_stage
 
 JOB = {
     "models": {

@@ -1,7 +1,8 @@
 """A tiny template_block config for the tests: the shipped ``template_block_table1`` on a few Fashion-MNIST images per
 class (10 classes), 2 epochs of 3 iterations, batch 8."""
 
-from pml_extensions.runner.config.loader import find_config, load_config, select_variants
+from pml_extensions.runner.config.loader import find_config, select_variants
+from pml_extensions.runner.protocols import load_config
 
 
 def tiny_config(variants=("baseline", "block", "aux_only", "wider"), seeds=(0, 1), name="template_block_table1"):

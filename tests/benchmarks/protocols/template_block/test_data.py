@@ -4,8 +4,8 @@ views the Builder makes of it."""
 import numpy as np
 import pytest
 
+from benchmarks.protocols.template_block.data import per_class_split
 from pml_extensions.runner.errors import ConfigError
-from pml_extensions.runner.protocols.template_block.data import per_class_split
 
 
 def test_counts_per_class_follow_one_randomstate_class_by_class():

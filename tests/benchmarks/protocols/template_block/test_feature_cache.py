@@ -8,10 +8,10 @@ import os
 
 import pytest
 
+from benchmarks.protocols.template_block import load_models
 from pml_extensions.datasets import CachedFeatureDataset
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import run_protocol
-from pml_extensions.runner.protocols.template_block import load_models
 
 from ...runner_testing_utils import register_tiny
 from .tb_testing import tiny_config

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
+from benchmarks.protocols.template_block import load_models, run_units
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import run_protocol
 from pml_extensions.runner.protocols.reproduce import numeric_differences, reproduce
-from pml_extensions.runner.protocols.template_block import load_models, run_units
 
 from .tb_testing import tiny_config
 

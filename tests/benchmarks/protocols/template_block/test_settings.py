@@ -2,8 +2,8 @@
 
 import pytest
 
+from benchmarks.protocols.template_block.settings import check_seeds, settings
 from pml_extensions.runner.errors import ConfigError
-from pml_extensions.runner.protocols.template_block.settings import check_seeds, settings
 
 BASE = {
     "dataset": {"FashionMNIST": {}},

@@ -4,8 +4,8 @@ e continues one seeded stream, the one-cycle schedule is replayed to the unit's 
 import pytest
 import torch
 
+from benchmarks.protocols.template_block import unit
 from pml_extensions.runner.objects.builder import Builder
-from pml_extensions.runner.protocols.template_block import unit
 
 CFG = {"sampler": {"RandomSampler": {"replacement": True}}, "batch_size": 3, "iterations_per_epoch": 4}
 

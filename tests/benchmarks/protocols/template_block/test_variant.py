@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
+from benchmarks.protocols.template_block import variant
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.objects.builder import Builder
-from pml_extensions.runner.protocols.template_block import variant
 from pml_extensions.trunks import template_matching_blocks
 
 WIDTHS = [4, 4, 8, 8]

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-from pml_extensions.runner.config.loader import load_config, parse_command_line
+from pml_extensions.runner.config.loader import parse_command_line
 from pml_extensions.runner.errors import ConfigError
-from pml_extensions.runner.protocols import run_protocol
+from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.runner.protocols.mlrc.protocol import MLRCRunner
 from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 

@@ -1,4 +1,5 @@
-"""runner/protocols/xml_vs_gap/protocol.py: seeds, variants and comparisons of the main job's protocol."""
+"""runner/protocols/paired: seeds, variants, comparisons and selection of the paired protocol (the engine,
+protocols/paired_protocol.py)."""
 
 import tempfile
 import unittest
@@ -6,57 +7,72 @@ from unittest import mock
 
 import pytest
 
-from pml_extensions.runner.protocols.xml_vs_gap import protocol as xml_vs_gap
-from tests.runner.protocols.xml_vs_gap.test_unit import tiny_config
+from pml_extensions.runner.protocols.paired import Paired
+from tests.runner.protocols.paired.test_unit import tiny_config
+
+
+def _run(config, folder=None):
+    from pml_extensions.runner.protocols import run_protocol
+
+    return run_protocol(config, folder or tempfile.mkdtemp(), log=lambda *a, **k: None)
+
+
+def _protocol(config):
+    return Paired(config, tempfile.mkdtemp(), log=lambda *a, **k: None)
 
 
 class TestProtocol(unittest.TestCase):
     def test_seed_zero_is_one_seed(self):
         # `run xml_glyphs --seeds 0` ran seeds 0, 1 and 2: `cfg.pop("seeds") or DEFAULT_SEEDS` took 0 for missing
-        self.assertEqual(xml_vs_gap.resolve_seeds(0), [0])
-        self.assertEqual(xml_vs_gap.resolve_seeds("0"), [0])
-        self.assertEqual(xml_vs_gap.resolve_seeds([0]), [0])
-        self.assertEqual(xml_vs_gap.resolve_seeds(None, 0), [0])
-        self.assertEqual(xml_vs_gap.resolve_seeds(None), [0, 1, 2])
+        for config, seeds in (({"seeds": 0}, [0]), ({"seeds": "0"}, [0]), ({"seeds": [0]}, [0]), ({"seed": 0}, [0])):
+            self.assertEqual(Paired.read(config).seeds, seeds)
+        self.assertEqual(Paired.read({}).seeds, [0, 1, 2])
 
     def test_bad_input(self):
-        with self.assertRaisesRegex(Exception, "seeds must be distinct"):
-            xml_vs_gap.check_seeds([0, 0])
+        with self.assertRaisesRegex(Exception, "seeds: expected distinct seeds"):
+            Paired.read({"seeds": [0, 0]})
         with self.assertRaisesRegex(Exception, "both given; keep one"):
-            xml_vs_gap.run({**tiny_config(), "seed": 0}, tempfile.mkdtemp())
+            _run({**tiny_config(), "seed": 0})
         with self.assertRaisesRegex(Exception, "comparisons"):
-            xml_vs_gap.run({**tiny_config(), "comparisons": [["contrastive_xml", "nope"]]}, tempfile.mkdtemp())
+            _run({**tiny_config(), "comparisons": [["contrastive_xml", "nope"]]})
 
 
 class TestSelection(unittest.TestCase):
     def test_groups_are_the_variants_linked_by_comparisons(self):
-        groups = xml_vs_gap.selection_groups(["g", "x", "l", "pg", "px", "o"], [("x", "g"), ("l", "g"), ("px", "pg")])
-        self.assertEqual(groups, [["g", "x", "l"], ["pg", "px"], ["o"]])
-        self.assertEqual(xml_vs_gap.selection_groups(["g", "x"], [("g", "untrained")]), [["g"], ["x"]])
+        base = tiny_config(seeds=[0])
+        one = {"loss_funcs": base["loss_funcs"]}
+        variants = {n: dict(one) for n in ["g", "x", "l", "pg", "px", "o"]}
+        config = {**base, "variants": variants, "comparisons": [["x", "g"], ["l", "g"], ["px", "pg"]]}
+        self.assertEqual(_protocol(config).groups(), [["g", "x", "l"], ["pg", "px"], ["o"]])
+        config = {**base, "variants": {"g": one, "x": one}, "comparisons": [["g", "untrained"]], "untrained": True}
+        self.assertEqual(_protocol(config).groups(), [["g"], ["x"]])
 
     def test_one_epoch_per_group_from_the_mean_validation_curve(self):
         def unit(*values):
             return {"history": [{"epoch": e, "mean_average_precision_at_r": v} for e, v in enumerate(values)]}
 
         units = {  # mean over g and x, seeds 0 and 1: epoch 0 0.5 (not a length), 1 0.30, 2 0.35, 3 0.325
-            "g": {"0": unit(0.5, 0.2, 0.4, 0.3), "1": unit(0.5, 0.4, 0.3, 0.3)},
-            "x": {"0": unit(0.5, 0.3, 0.3, 0.4), "1": unit(0.5, 0.3, 0.4, 0.3)},
-            "o": {"0": unit(0.1, 0.2, 0.2, 0.1), "1": unit(0.1, 0.2, 0.2, 0.1)},  # a tie: the shorter length
+            "g": {0: unit(0.5, 0.2, 0.4, 0.3), 1: unit(0.5, 0.4, 0.3, 0.3)},
+            "x": {0: unit(0.5, 0.3, 0.3, 0.4), 1: unit(0.5, 0.3, 0.4, 0.3)},
+            "o": {0: unit(0.1, 0.2, 0.2, 0.1), 1: unit(0.1, 0.2, 0.2, 0.1)},  # a tie: the shorter length
         }
-        out = xml_vs_gap.choose_epochs([["g", "x"], ["o"]], units, [0, 1], "mean_validation_curve", 3)
+        base = tiny_config(seeds=[0, 1])
+        one = {"loss_funcs": base["loss_funcs"]}
+        config = {**base, "variants": {"g": one, "x": one, "o": one}, "comparisons": [["x", "g"]]}
+        out = _protocol({**config, "selection": "mean_validation_curve"}).chosen_epochs(units)
         self.assertEqual(out["epochs"], {"g": 2, "x": 2, "o": 1})
         for epoch, value in {0: 0.5, 1: 0.3, 2: 0.35, 3: 0.325}.items():
             self.assertAlmostEqual(out["curves"]["g"]["mean_val"][epoch], value, places=12)
-        last = xml_vs_gap.choose_epochs([["g", "x"], ["o"]], units, [0, 1], "last", 3)
+        last = _protocol({**config, "selection": "last"}).chosen_epochs(units)
         self.assertEqual(last["epochs"], {"g": 3, "x": 3, "o": 3})
 
     def test_bad_selection_and_untrained(self):
         with self.assertRaisesRegex(Exception, "selection: expected one of best_epoch, mean_validation_curve, last"):
-            xml_vs_gap.run({**tiny_config(), "selection": "best"}, tempfile.mkdtemp())
+            _run({**tiny_config(), "selection": "best"})
         with self.assertRaisesRegex(Exception, "untrained: expected true or false"):
-            xml_vs_gap.run({**tiny_config(), "untrained": "yes"}, tempfile.mkdtemp())
-        with self.assertRaisesRegex(Exception, "comparisons: each entry .* naming variants"):
-            xml_vs_gap.run({**tiny_config(), "comparisons": [["contrastive_gap", "untrained"]]}, tempfile.mkdtemp())
+            _run({**tiny_config(), "untrained": "yes"})
+        with self.assertRaisesRegex(Exception, "comparisons: .* names an unknown variant"):
+            _run({**tiny_config(), "comparisons": [["contrastive_gap", "untrained"]]})
 
 
 def cached_config(**overrides):
@@ -104,7 +120,7 @@ def test_a_cached_run_selects_one_length_per_group_and_tests_it_once(tmp_path):
     from pml_extensions.datasets import CachedFeatureDataset
     from pml_extensions.runner.config.loader import variant_configs
     from pml_extensions.runner.protocols import run_protocol
-    from pml_extensions.runner.protocols.xml_vs_gap import unit
+    from pml_extensions.runner.protocols.paired import unit
 
     cfg = cached_config()
     epochs_set = []
@@ -160,10 +176,11 @@ def test_a_cached_run_selects_one_length_per_group_and_tests_it_once(tmp_path):
 def test_shard_builds_then_a_run_finds_the_caches(tmp_path):
     cfg = cached_config(seeds=[0])
     folder = str(tmp_path / "exp")
-    assert xml_vs_gap.build_feature_caches(cfg, folder, rank=1, world_size=2, log=lambda *a: None) is False
-    assert xml_vs_gap.build_feature_caches(cfg, folder, rank=0, world_size=2, log=lambda *a: None) is True
+    protocol = Paired(cfg, folder, log=lambda *a: None)
+    assert protocol.build_caches(rank=1, world_size=2) is False
+    assert protocol.build_caches(rank=0, world_size=2) is True
     lines = []
-    xml_vs_gap.run(cfg, folder, log=lines.append)
+    Paired(cfg, folder, log=lines.append).run()
     assert not any("feature cache" in str(line) for line in lines)
 
 
@@ -188,9 +205,9 @@ def test_a_bad_image_stops_the_job_before_any_unit_trains(tmp_path):
         f.write(head)
     folder = str(tmp_path / "exp")
     cfg = tiny_config(dataset={"name": "imagefolder", "root": str(root)})
-    with mock.patch.object(xml_vs_gap, "_unit_result", side_effect=AssertionError("trained")):
+    with mock.patch.object(Paired, "unit", side_effect=AssertionError("trained")):
         with pytest.raises(ConfigError) as e:
-            xml_vs_gap.run(cfg, folder, sources={"dataset": "command line"}, log=lambda *a, **k: None)
+            Paired(cfg, folder, sources={"dataset": "command line"}, log=lambda *a, **k: None).run()
     assert str(e.value) == (
         f"command line: dataset: 1 of 6 images do not decode (all in {os.path.join(folder, 'bad_images.txt')}): "
         f"{bad} (image file is truncated); replace or remove them"

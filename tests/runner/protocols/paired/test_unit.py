@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pml_extensions.cli.job import load_job_config
-from pml_extensions.runner.protocols.xml_vs_gap import unit as train
+from pml_extensions.runner.protocols.paired import unit as train
 
 
 def tiny_config(**overrides):

@@ -1,0 +1,79 @@
+"""The XML paper's figure: the mean prototype histogram per unseen class (the trunk's own HistogramPooling, or a
+post-hoc one built by the Builder for a GAP trunk; cf. XML paper Fig. 4)."""
+
+import os
+
+import numpy as np
+import torch
+
+from pml_extensions.runner.objects.builder import Builder
+from pml_extensions.runner.protocols.paired.unit import load_split, make_loader
+from pml_extensions.trunks import find_histogram_layers, trunk_body
+from pml_extensions.utils.atomic_io import atomic_savefig
+
+
+@torch.no_grad()
+def class_histograms(cfg, models, num_prototypes: int, device, seed: int, batch_size: int = 128):
+    """Mean soft histogram per test class ``[C, m]``. A trunk without HistogramPooling gets a post-hoc layer whose
+    prototypes are k-means centres of its own training-set local features (same m), so variants compare."""
+    builder = Builder(cfg, device=device)
+    trunk = models["trunk"].eval()
+    pools = find_histogram_layers(trunk)
+    if pools:
+        pool, body = pools[0], trunk_body(trunk, pools[0])
+    else:  # the modules before the global pooling compute the local features (none: a cached prefix's map)
+        children = list(trunk.children())
+        cut = next((i for i, m in enumerate(children) if isinstance(m, torch.nn.AdaptiveAvgPool2d)), 1)
+        body = torch.nn.Sequential(*children[:cut])
+        train_eval = load_split(cfg, "train", train_transform=False, builder=builder)
+        width = body(train_eval[0][0][None].to(device)).shape[1]
+        pool = builder.build(
+            "plots.post_hoc_pooling",
+            {"HistogramPooling": {"in_channels": int(width), "num_prototypes": num_prototypes}},
+        ).to(device)
+        pool.init_from_data(body, make_loader(train_eval, batch_size, seed), num_batches=4, seed=seed)
+    test_set = load_split(cfg, "test", train_transform=False, builder=builder)
+    labels, hists = [], []
+    for images, y in torch.utils.data.DataLoader(test_set, batch_size=batch_size):
+        hists.append(pool.histograms(body(images.to(device))).cpu())
+        labels.append(y)
+    labels, hists = torch.cat(labels), torch.cat(hists)
+    classes = torch.unique(labels)
+    names = getattr(test_set, "classes", None)
+    return classes, torch.stack([hists[labels == c].mean(0) for c in classes]), names
+
+
+def save_prototype_usage(units, out_dir, device, seed, num_prototypes):
+    """``prototype_usage.png``: the mean prototype histogram of the first test classes, one row per variant.
+
+    Args:
+        units: ``[(name, cfg, result, models)]`` for one seed.
+    Returns:
+        the path.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = 4
+    fig, axes = plt.subplots(len(units), shown, figsize=(3 * shown, 2.2 * len(units)), squeeze=False)
+    for row, (name, cfg, _, models) in enumerate(units):
+        classes, hist, names = class_histograms(cfg, models, num_prototypes, device, seed)
+        for col in range(min(shown, len(classes))):
+            ax = axes[row][col]
+            ax.bar(np.arange(hist.shape[1]), hist[col].numpy(), width=1.0)
+            label = names[int(classes[col])] if names is not None else str(int(classes[col]))
+            ax.set_title(f"{name}: class '{label}'", fontsize=7)
+            ax.set_xticks([])
+            ax.set_ylim(0, float(hist.max()) * 1.05)
+    fig.suptitle(
+        "Mean prototype histogram per unseen class (cf. XML paper Fig. 4); trunks without "
+        "HistogramPooling: post-hoc k-means prototypes of their own features",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    usage_path = os.path.join(out_dir, "prototype_usage.png")
+    atomic_savefig(fig, usage_path, dpi=100)
+    plt.close(fig)
+    return usage_path
