@@ -168,11 +168,14 @@ def use_histogram_pooling(
 ) -> torch.nn.Module:
     """Replace ``model``'s global average pooling by :class:`HistogramPooling` (in place) and return the model.
 
-    The model computes exactly what it computed before (the layer returns the GAP vector; checked on a probe
-    batch), so a PML trunk keeps its output width and its embedder; the layer also keeps the soft prototype
-    histograms ``[B, m]`` of each forward for :class:`pml_extensions.losses.XMLWrapper` (attach it with
-    ``XMLWrapper(...).attach(model)``). How the pooling is found: see the module docstring. Build the optimizers
-    after the swap so that the prototypes are trained.
+    The model computes exactly what it computed before, in train and eval mode (the layer returns the GAP vector;
+    checked on a probe batch): bit for bit where the replaced pooling is a spatial mean (``AdaptiveAvgPool2d(1)``,
+    torchvision's functional ``adaptive_avg_pool2d(x, 1)``, timm's ``x.mean((2, 3))``: the same ``mean`` operation as
+    the layer's), up to float rounding where it is a fixed-kernel ``AvgPool2d`` over the whole map (which sums in
+    another order: differences of a few float32 ulps). So a PML trunk keeps its output width and its embedder; the
+    layer also keeps the soft prototype histograms ``[B, m]`` of each forward for
+    :class:`pml_extensions.losses.XMLWrapper` (attach it with ``XMLWrapper(...).attach(model)``). How the pooling is
+    found: see the module docstring. Build the optimizers after the swap so that the prototypes are trained.
 
     Args:
         model: a CNN with a global average pooling (torchvision ResNet, MobileNetV2/V3, EfficientNet, ConvNeXt,
@@ -195,7 +198,8 @@ def use_histogram_pooling(
 
     Raises:
         ValueError: if ``model`` already holds a HistogramPooling, no global average pooling or feature map is
-            found, or the swap would change the model's output (the model is left unchanged).
+            found, or the swap would change the model's output or stop it from running (the model is left
+            unchanged).
 
     Example::
 
@@ -261,7 +265,15 @@ def use_histogram_pooling(
     else:
         undo = _replace(model, site.name, pool)
         where = f"in place of `{site.name}` ({type(site.module).__name__})"
-    after, _ = _trace(model, x)
+    try:
+        after, _ = _trace(model, x)
+    except Exception as e:  # the model's code after the pooling cannot take the layer's output
+        undo(-1) if appended else undo()
+        raise ValueError(
+            f"{type(model).__name__}: with HistogramPooling {where} the model no longer runs "
+            f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); the model is left "
+            "unchanged: put HistogramPooling into the model yourself"
+        ) from None
     if not _same_output(before, after):
         undo(-1) if appended else undo()
         raise ValueError(

@@ -16,6 +16,15 @@ Sites: in a torchvision ``BasicBlock`` (conv1 3×3 → bn1 → relu) the replace
 ReLU that follows stays and is the identity on the maximizer's non-negative output. The BN before the residual
 addition (``bn2`` of a BasicBlock) and the stem are left alone (no ReLU directly follows them / not a 3×3 conv
 in torchvision).
+
+Not the identity of the network it is applied to, by design: η·soft-maximizer([a, μ]) is another function than the
+BN-ReLU it replaces (one μ and one η for all channels instead of per-channel γ_k, β_k and statistics), and no choice
+of its constants reproduces BN-ReLU. Everything but the sites is kept bit for bit. The swap is for networks trained
+from scratch afterwards, as in the paper (Sec. 4.1 trains the swapped ResNet20 from scratch; μ and η come from
+another, trained BN-ReLU network), not for converting a trained network: swapped with its own estimated μ and η, a
+SmallResNet (widths 16, 32, 64) trained on 10,000 Fashion-MNIST images (test accuracy 85.1 %, μ = −0.13, η = 12.4)
+keeps a trunk-output cosine to the original of 0.70 (soft-max) / 0.64 (perturbed, S = 64) on average over the test
+images, and its test accuracy falls to 17.1 % / 16.7 %.
 """
 
 import copy
@@ -99,7 +108,9 @@ def soft_maximizer_swap(
         inplace: modify ``model`` (default ``False``: a deep copy).
 
     Returns:
-        The model; output shapes are unchanged.
+        The model; output shapes are unchanged. Its function is not (see the module docstring: the soft maximizer
+        is not BN-ReLU, so train the swapped network, as the paper does); every module, parameter and buffer other
+        than the replaced BNs is kept bit for bit.
 
     Raises:
         ValueError: on an unknown ``maximizer`` (lists the valid names), bad μ/η/ε/S (see the maximizer

@@ -11,6 +11,11 @@ Given the stage-3 feature map f [B, d, H, W] of a CNN, the block
 5. outputs f_out = conv1×1(f) + f' (paper) or the concatenation [f, f'] (the paper's DenseNet variant
    "Ours-C").
 
+Initialisation: the block's own default is the paper's (every 1×1 conv randomly initialised, PyTorch's default, as
+in a network trained from scratch); ``init="identity"`` (or :meth:`TemplateMatchingBlock.init_identity`) starts it as
+the identity f_out = f, which :func:`pml_extensions.trunks.insert_template_matching` does by default so that a
+pretrained host network computes exactly what it computed before.
+
 The per-pixel class scores a of the last forward pass are kept (with their graph) in ``last_class_scores`` for
 the auxiliary patch-classification loss
 (:class:`pml_extensions.losses.patch_classification_loss.PatchClassificationLoss`).
@@ -30,6 +35,9 @@ from .perturbed_maximizer import PerturbedMaximizer
 
 MIXINGS = ("bn_relu", "softmax", "perturbed", "none")
 COMBINES = ("add", "concat")
+#: ``"paper"``: random 1×1 convs (PyTorch's default, as in the paper's from-scratch training); ``"identity"``: the
+#: block starts as f_out = f (shortcut = identity, value vectors = 0)
+INITS = ("paper", "identity")
 
 
 def _pair(window, name="window") -> Optional[Tuple[int, int]]:
@@ -100,6 +108,11 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         norm_layer: normalisation class for ``"bn_relu"``, called as ``norm_layer(c, device=..., dtype=...)``.
             Default BatchNorm2d.
         act_layer: activation class for ``"bn_relu"``. Default ReLU (paper).
+        init: ``"paper"`` (default): the 1×1 convs keep PyTorch's random initialisation, as in the paper's networks
+            trained from scratch (and in timm/torchvision ResNet builders, which re-initialise every conv
+            themselves); ``"identity"``: :meth:`init_identity` after construction (shortcut = identity, value
+            vectors ν = 0, so f_out = f; the classifier stays random). The random draws are the same in both, so
+            the classifier's weights do not depend on ``init``.
         device, dtype: factory arguments of the convolutions.
 
     ``forward(f [B, d, H, W]) -> [B, out_channels, H, W]``; ``out_channels`` is d' (add), d + d' (concat) or d
@@ -110,12 +123,20 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
     no bias), ``shortcut`` (d → d', no bias); two for concat; one for ``mixing="none"``.
 
     Deviations: none in the computation. The paper does not state whether the shortcut and value convs have a
-    bias; here neither does (a purely linear per-pixel transform, as written in the paper).
+    bias; here neither does (a purely linear per-pixel transform, as written in the paper). ``init="identity"`` is
+    ours (the paper trains its networks from scratch, where a random shortcut is the usual start).
 
     Raises:
-        ValueError: on ``num_classes`` < 2, non-positive widths, unknown ``mixing``/``combine`` (lists the
-            valid ones), a malformed window, or at forward time a map with the wrong rank/width or smaller
-            than the window.
+        ValueError: on ``num_classes`` < 2, non-positive widths, unknown ``mixing``/``combine``/``init`` (lists the
+            valid ones), a malformed window, ``init="identity"`` where the block cannot be the identity (see
+            :meth:`init_identity`), or at forward time a map with the wrong rank/width or smaller than the window.
+
+    Example::
+
+        >>> block = TemplateMatchingBlock(8, num_classes=5, init="identity").eval()
+        >>> f = torch.randn(2, 8, 6, 6)
+        >>> torch.equal(block(f), f), tuple(block.last_class_scores.shape)
+        (True, (2, 5, 6, 6))
     """
 
     expansion = 1  # timm/torchvision block convention
@@ -136,6 +157,7 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         seed: int = 0,
         norm_layer=torch.nn.BatchNorm2d,
         act_layer=torch.nn.ReLU,
+        init: str = "paper",
         device=None,
         dtype=None,
     ):
@@ -153,6 +175,8 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
             raise ValueError(f"mixing must be one of {MIXINGS}, got {mixing!r}")
         if combine not in COMBINES:
             raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
         self.window = _pair(window)
         self.in_channels, self.num_classes, self.value_channels = in_channels, num_classes, value_channels
         self.mixing, self.combine = mixing, combine
@@ -175,6 +199,8 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
                 self.shortcut = torch.nn.Conv2d(in_channels, value_channels, 1, bias=False, **fk)
         self.last_class_scores: Optional[torch.Tensor] = None
         self.last_mixing: Optional[torch.Tensor] = None
+        if init == "identity":
+            self.init_identity()
 
     @property
     def out_channels(self) -> int:
@@ -184,10 +210,53 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         return self.value_channels if self.combine == "add" else self.in_channels + self.value_channels
 
     def zero_init_last(self) -> None:
-        """Zero the value vectors ν (timm convention): f' = 0 at start, so the add variant starts as
-        conv1×1(f) and the concat variant as [f, 0]. The classifier still learns from the auxiliary loss."""
+        """Zero the value vectors ν (timm's ``zero_init_last`` convention, which timm's ResNet builder calls): f' = 0
+        at start, so the add variant starts as conv1×1(f) (its shortcut keeps its weights; :meth:`init_identity`
+        also makes it the identity) and the concat variant as [f, 0]. The classifier still learns from the
+        auxiliary loss."""
         if self.values is not None:
             torch.nn.init.zeros_(self.values.weight)
+
+    @torch.no_grad()
+    def init_identity(self) -> "TemplateMatchingBlock":
+        """Start the block as the identity, f_out = f: the shortcut conv becomes the identity
+        (``torch.nn.init.dirac_``) and the value vectors ν zero (:meth:`zero_init_last`); the classifier and the
+        mixer keep their weights. Not in the paper (its networks train from scratch with a random shortcut).
+
+        Exact in float arithmetic: each output channel of the shortcut is 1·f_i plus products with 0, and f' is a
+        sum of products with 0, so f_out equals f bit for bit on the CPU (any float dtype) and on a GPU without
+        TF32; with TF32 convolutions (PyTorch's default for cuDNN on Ampere and newer GPUs,
+        ``torch.backends.cudnn.allow_tf32``) or under ``torch.autocast`` the shortcut conv rounds f to the reduced
+        precision (TF32 keeps 10 mantissa bits: relative differences up to about 1e-3), as every conv of the host
+        already does there. A non-finite f gives NaN where 0 · inf is computed.
+
+        Gradients still reach the block: the shortcut and ν get the main loss's gradient (∂L/∂ν ∝ p̂, non-zero where
+        the mixing coefficients are), the classifier the auxiliary loss's; the mixer's own parameters (BN-ReLU's γ,
+        β) get no gradient until ν has moved away from 0, one optimizer step later.
+
+        Returns: the block itself. For ``mixing="none"`` nothing changes (the block already returns f).
+
+        Raises:
+            ValueError: for ``combine="concat"`` (the output [f, f'] is wider than f: no block alone is the
+                identity; :func:`~pml_extensions.trunks.insert_template_matching` keeps the host network's function
+                by zero-widening the next layer instead) or for ``value_channels`` ≠ ``in_channels`` (the shortcut
+                changes the width).
+        """
+        if self.mixing == "none":
+            return self
+        if self.combine == "concat":
+            raise ValueError(
+                "init='identity' needs combine='add': the concat output [f, f'] is wider than f, so the block alone "
+                "cannot be the identity (insert_template_matching zero-widens the next layer instead)"
+            )
+        if self.value_channels != self.in_channels:
+            raise ValueError(
+                f"init='identity' needs value_channels == in_channels (the shortcut maps {self.in_channels} to "
+                f"{self.value_channels} channels, which no identity does)"
+            )
+        torch.nn.init.dirac_(self.shortcut.weight)
+        self.zero_init_last()
+        return self
 
     def feat_mult(self) -> float:
         """Output width relative to ``in_channels`` (timm's ``feat_mult`` convention)."""

@@ -11,9 +11,17 @@ ImageNet input):
 * DenseNet (``densenet121/161/169/201``): after ``denseblock3``, as ``features.template_block`` (keys
   unchanged).
 
-With ``combine="concat"`` the next layer's input is widened by d' channels whose new weights are zero (and,
-for DenseNet's transition BN, identity statistics), so a pretrained model computes the same function at
-insertion time.
+The host network computes what it computed before the insertion (``init="identity"``, the default; a deviation from
+the paper, whose networks train from scratch): with ``combine="add"`` the block's shortcut is the identity and its
+value vectors are zero, so the block returns its input f unchanged and every later module (BN, ReLU, the next stage,
+the head; train or eval mode) sees the same tensor as before; with ``combine="concat"`` the next layer's input is
+widened by d' channels whose new weights are zero (and, for DenseNet's transition BN, identity statistics), so the
+extra channels do not reach the output (the value vectors stay random there: zeroing them too would leave both the
+values and the new weights without gradient). Where it is inserted into a pretrained network, a randomly
+initialised block would replace the pretrained stage's input by conv1×1(f) + f' with a random shortcut and damage
+the network before any training (ImageNet MobileNetV2, block after ``features.13``, Open Clip Art unseen classes:
+MAP@R 38.56 → 32.43, cosine of the pooled features to the original 0.29). ``init="paper"`` keeps the paper's random
+initialisation (PyTorch's default for every 1×1 conv), for from-scratch training as in the paper.
 
 Elsewhere (the block position as an experiment's variable): ``after="layer2"`` appends the block to the
 ``nn.Sequential`` stage of that module path, and ``after="0.13"`` (a module inside an ``nn.Sequential``, e.g. the
@@ -28,7 +36,7 @@ from typing import List, Optional
 import torch
 import torchvision
 
-from .template_matching_block import TemplateMatchingBlock
+from .template_matching_block import INITS, TemplateMatchingBlock
 
 SUPPORTED = (
     "torchvision ResNet (resnet18, resnet34, resnet50, ... or any model with layer3/layer4 stages of "
@@ -211,9 +219,11 @@ def insert_template_matching(
     num_classes: int,
     inplace: bool = False,
     after: Optional[str] = None,
+    init: str = "identity",
     **block_kwargs,
 ) -> torch.nn.Module:
-    """Return ``model`` with a template-matching block between its last two stages (or after the stage ``after``).
+    """Return ``model`` with a template-matching block between its last two stages (or after the stage ``after``);
+    by default the returned model computes exactly what ``model`` computed (see ``init``).
 
     Args:
         model: a torchvision ResNet / MobileNetV2 / DenseNet (or a ResNet-style model, see the module
@@ -226,6 +236,14 @@ def insert_template_matching(
             the block is inserted right after it, the parent's later children shifting by one index. Its width is
             read from the stage's (module's) last BatchNorm2d / Conv2d (``combine="add"`` only). ``None``
             (default): the paper's place for the architectures above.
+        init: ``"identity"`` (default; our deviation from the paper): the model's output is unchanged at insertion,
+            in train and eval mode: ``combine="add"`` starts the block as the identity
+            (:meth:`TemplateMatchingBlock.init_identity`: shortcut = identity, value vectors = 0; bit for bit on the
+            CPU, up to TF32 / autocast rounding of the shortcut conv on a GPU), ``combine="concat"`` zero-widens the
+            next layer, ``mixing="none"`` returns f anyway. The block still learns: the shortcut and value vectors
+            get the main loss's gradient, the classifier the auxiliary loss's. ``"paper"``: the block's 1×1 convs keep
+            PyTorch's random initialisation, as in the paper's from-scratch training (the model's output changes).
+            The block's random draws are the same for both, so the classifier's weights do not depend on ``init``.
         **block_kwargs: passed to :class:`TemplateMatchingBlock` (``mixing``, ``combine``, ``window``, ...);
             ``value_channels`` defaults to the map's width d, so with ``combine="add"`` the block keeps the
             width.
@@ -239,19 +257,25 @@ def insert_template_matching(
     Raises:
         TypeError: if ``model`` is not one of the supported architectures (the message names it and lists
             them).
-        ValueError: on bad block arguments (see :class:`TemplateMatchingBlock`), ``combine="concat"`` on a
-            ResNet whose ``layer4[0]`` has no downsample shortcut, or an ``after`` that is not a stage of the model
-            (its stages are listed) or comes with ``combine="concat"``.
+        ValueError: on bad block arguments (see :class:`TemplateMatchingBlock`), an unknown ``init`` (lists the
+            valid ones), ``combine="concat"`` on a ResNet whose ``layer4[0]`` has no downsample shortcut, or an
+            ``after`` that is not a stage of the model (its stages are listed) or comes with ``combine="concat"``.
 
     Example::
 
         >>> from pml_extensions.trunks import SmallResNet
-        >>> net = insert_template_matching(SmallResNet(1, (8, 16, 32, 32)), num_classes=10, after="layer2")
+        >>> resnet = SmallResNet(1, (8, 16, 32, 32)).eval()
+        >>> net = insert_template_matching(resnet, num_classes=10, after="layer2").eval()
         >>> [type(m).__name__ for m in net.layer2], net(torch.zeros(2, 1, 28, 28)).shape
         (['BasicBlock', 'TemplateMatchingBlock'], torch.Size([2, 32]))
+        >>> x = torch.randn(2, 1, 28, 28)
+        >>> torch.equal(net(x), resnet(x))  # init="identity": the same function at insertion
+        True
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
     if after is not None:
         insert = lambda m, make, combine: _insert_after(m, str(after), make, combine)  # noqa: E731
     elif isinstance(model, torchvision.models.DenseNet):
@@ -281,9 +305,11 @@ def insert_template_matching(
         if p is not None:
             kwargs.setdefault("device", p.device)
             kwargs.setdefault("dtype", p.dtype)
-        return TemplateMatchingBlock(width, num_classes, **kwargs)
+        return TemplateMatchingBlock(width, num_classes, init="paper", **kwargs)
 
-    insert(model, make_block, combine)
+    block = insert(model, make_block, combine)
+    if init == "identity" and combine == "add":
+        block.init_identity()  # concat: the zero-widened next layer already keeps the function
     return model
 
 
@@ -293,7 +319,8 @@ def template_matching_trunk(model: torch.nn.Module, num_classes: int, **block_kw
     ``trunk(images [B, 3, H, W]) -> [B, C, H/32, W/32]`` feature maps (end the trunk with a pooling layer).
 
     Args:
-        model, num_classes, **block_kwargs: as :func:`insert_template_matching`.
+        model, num_classes, **block_kwargs: as :func:`insert_template_matching` (``init``, ``after``, ``mixing``, ...;
+            by default the body computes what the model's body computed).
 
     Raises:
         TypeError: an unsupported architecture (see :func:`insert_template_matching`).

@@ -1,19 +1,28 @@
 """``trunks.use_histogram_pooling`` + ``XMLWrapper(...).attach(...)``: XML in two lines on torchvision models
 (random init, no downloads) and timm-style models, inside PML's MetricLossOnly (issue 21, item 7)."""
 
+import copy
 import csv
 import os
 import tempfile
 import unittest
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
 from pytorch_metric_learning import samplers
 
 from pml_extensions import losses, trainers, trunks
-from pml_extensions.trunks import HistogramPooling, find_histogram_layers, pooling_tail, use_histogram_pooling
+from pml_extensions.trunks import (
+    HistogramPooling,
+    MobileNetV2Features,
+    find_histogram_layers,
+    mobilenet_v2_imagenet,
+    pooling_tail,
+    use_histogram_pooling,
+)
 from tests.losses.test_xml_wrapper_in_trainers import _record_keeper
 
 # (constructor, attribute PML users set to Identity, where the layer must land, tail module names, GAP width)
@@ -320,3 +329,94 @@ class TestPlainWrapperSaysWhatToCall(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def _same_output_bit_for_bit(test, model, swapped, x):
+    """Eval and train mode (batch statistics; the same dropout / stochastic-depth draws in both)."""
+    with torch.no_grad():
+        for training in (False, True):
+            model.train(training)
+            swapped.train(training)
+            torch.manual_seed(0)
+            before = model(x)
+            torch.manual_seed(0)
+            after = swapped(x)
+            test.assertTrue(torch.equal(after, before), f"training={training}: {(after - before).abs().max()}")
+
+
+class TestOutputUnchangedBitForBit(unittest.TestCase):
+    """The layer returns the GAP vector computed by the same ``mean`` as the pooling it replaces."""
+
+    def test_torchvision_models(self):
+        # (the whole MobileNetV2 and its PML trunk: test_pretrained_mobilenet_v2_is_unchanged_by_the_swap)
+        for name, pml_trunk in (("resnet18", False), ("resnet18", True), ("efficientnet_b0", False)):
+            with self.subTest(name, pml_trunk=pml_trunk):
+                ctor, head_attr, *_ = TORCHVISION[name]
+                torch.manual_seed(0)
+                model = ctor(num_classes=10)
+                if pml_trunk:
+                    setattr(model, head_attr, torch.nn.Identity())
+                x = _images(2, 64)
+                swapped = use_histogram_pooling(copy.deepcopy(model), num_prototypes=8, example_input=x)
+                _same_output_bit_for_bit(self, model, swapped, x)
+                self.assertEqual(len(find_histogram_layers(swapped)), 1)
+
+    def test_timm_style_and_sequential_trunks(self):
+        cases = {
+            "SelectAdaptivePool2d": lambda: _TimmStyle(_SelectAdaptivePool()),
+            "FastAdaptiveAvgPool": lambda: _TimmStyle(_FastMean()),
+            "Sequential body + AdaptiveAvgPool2d(1) + Flatten": lambda: torch.nn.Sequential(
+                torch.nn.Conv2d(3, 8, 3, stride=2),
+                torch.nn.BatchNorm2d(8),
+                torch.nn.ReLU(),
+                torch.nn.AdaptiveAvgPool2d(1),
+                torch.nn.Flatten(),
+            ),  # fmt: skip
+        }
+        for name, make in cases.items():
+            for dtype in (torch.float32, torch.float64):
+                with self.subTest(name, dtype=dtype):
+                    torch.manual_seed(0)
+                    model = make().to(dtype)
+                    swapped = use_histogram_pooling(copy.deepcopy(model), num_prototypes=4)
+                    _same_output_bit_for_bit(self, model, swapped, _images(2, 40).to(dtype))
+
+    def test_a_fixed_kernel_avg_pool_is_kept_up_to_rounding(self):
+        # AvgPool2d(8) over an 8 x 8 map sums in another order than the layer's mean: a few float32 ulps (documented)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.AvgPool2d(8), torch.nn.Flatten())
+        x = _images(3, 8)
+        swapped = use_histogram_pooling(copy.deepcopy(model), num_prototypes=4, example_input=x)
+        self.assertIsInstance(swapped[1], HistogramPooling)
+        with torch.no_grad():
+            torch.testing.assert_close(swapped.eval()(x), model.eval()(x), rtol=1e-6, atol=1e-7)
+
+    def test_a_model_that_no_longer_runs_is_refused_and_left_unchanged(self):
+        class FixedKernelInForward(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.features = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.ReLU())
+                self.fc = torch.nn.Linear(8, 3)
+
+            def forward(self, x):
+                return self.fc(torch.flatten(F.avg_pool2d(self.features(x), 4), 1))
+
+        model = FixedKernelInForward()
+        with self.assertRaisesRegex(ValueError, "appended to `features` the model no longer runs .*left unchanged"):
+            use_histogram_pooling(model, num_prototypes=2, example_input=_images(2, 8))
+        self.assertEqual(find_histogram_layers(model), [])
+        self.assertEqual(len(model.features), 2)
+
+
+@pytest.mark.parametrize("trunk", [False, True])
+def test_pretrained_mobilenet_v2_is_unchanged_by_the_swap(mobilenet_weights, trunk):
+    """ImageNet MobileNetV2: the whole model (functional pooling: the layer is appended to ``features``) and the PML
+    trunk ``Sequential(MobileNetV2Features, AdaptiveAvgPool2d(1), Flatten)``."""
+    if trunk:
+        model = torch.nn.Sequential(
+            MobileNetV2Features(pretrained=True), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()
+        )
+    else:
+        model = mobilenet_v2_imagenet(pretrained=True)
+    swapped = use_histogram_pooling(copy.deepcopy(model), num_prototypes=8)
+    _same_output_bit_for_bit(unittest.TestCase(), model, swapped, _images(2, 96))

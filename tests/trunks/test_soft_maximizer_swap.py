@@ -151,6 +151,34 @@ class TestSwap(unittest.TestCase):
         expected = torch.relu(blk.bn2(blk.conv2(h)) + x)
         torch.testing.assert_close(swapped(x), expected)
 
+    def test_only_the_sites_change_and_the_function_does(self):
+        # not the identity by design (the docstring says so): every module but the replaced BNs is kept bit for bit,
+        # and the swapped network equals the original with each site's BN output replaced by η·softmax([a, μ]/ε)
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18(weights=None, num_classes=5).double().eval()
+        swapped = soft_maximizer_swap(model, "softmax", mu=0.1, eta=3.0).eval()
+        sites = {
+            f"{name}.{attr}" for name, block in model.named_modules() for b, attr in bn_relu_sites(model) if b is block
+        }
+        self.assertEqual(len(sites), 8)
+        kept = {k: v for k, v in model.state_dict().items() if k.rpartition(".")[0] not in sites}
+        self.assertEqual(set(kept), set(swapped.state_dict()))
+        self.assertTrue(all(torch.equal(v, swapped.state_dict()[k]) for k, v in kept.items()))
+        maximizer = MarginAugmentedSoftmax(0.1, 1.0, 3.0, dim=1)
+        handles = [
+            getattr(b, attr).register_forward_hook(lambda m, args, out: maximizer(args[0]))
+            for b, attr in bn_relu_sites(model)
+        ]
+        x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        with torch.no_grad():
+            try:
+                reference = model(x)
+            finally:
+                for h in handles:
+                    h.remove()
+            self.assertTrue(torch.equal(swapped(x), reference))
+            self.assertFalse(torch.allclose(swapped(x), model(x)))
+
     def test_errors(self):
         with self.assertRaisesRegex(ValueError, "softmax"):
             soft_maximizer_swap(torchvision.models.resnet18(weights=None), "sparsemax")

@@ -143,6 +143,36 @@ class TestTemplateMatchingBlock(unittest.TestCase):
         torch.testing.assert_close(block(self.x), block.shortcut(self.x))
         self.assertEqual(TemplateMatchingBlock.expansion, 1)
 
+    def test_init_identity_returns_the_input_bit_for_bit(self):
+        for mixing in ("bn_relu", "softmax", "perturbed", "none"):
+            for dtype in (torch.float32, torch.float64):
+                with self.subTest(mixing=mixing, dtype=dtype):
+                    torch.manual_seed(0)
+                    block = TemplateMatchingBlock(8, 5, mixing=mixing, num_samples=4, init="identity", dtype=dtype)
+                    x = self.x.to(dtype)
+                    for mode in (True, False):
+                        self.assertTrue(torch.equal(block.train(mode)(x), x))
+                    self.assertEqual(block.last_class_scores.shape, (3, 5, 6, 6))
+
+    def test_init_identity_keeps_the_random_draws_of_the_classifier(self):
+        torch.manual_seed(0)
+        paper = TemplateMatchingBlock(8, 5)
+        torch.manual_seed(0)
+        ours = TemplateMatchingBlock(8, 5, init="identity")
+        self.assertTrue(torch.equal(paper.classifier.weight, ours.classifier.weight))
+        self.assertTrue(torch.equal(ours.shortcut.weight[:, :, 0, 0], torch.eye(8)))
+        self.assertEqual(float(ours.values.weight.detach().abs().sum()), 0.0)
+        self.assertIs(paper.init_identity(), paper)  # the method, on a built block
+        self.assertTrue(torch.equal(paper.eval()(self.x), self.x))
+
+    def test_init_identity_refused_where_no_identity_exists(self):
+        with self.assertRaisesRegex(ValueError, "init='identity' needs combine='add'"):
+            TemplateMatchingBlock(8, 3, combine="concat", init="identity")
+        with self.assertRaisesRegex(ValueError, r"init='identity' needs value_channels == in_channels .* 8 to 4"):
+            TemplateMatchingBlock(8, 3, value_channels=4).init_identity()
+        with self.assertRaisesRegex(ValueError, r"init must be one of \('paper', 'identity'\), got 'zeros'"):
+            TemplateMatchingBlock(8, 3, init="zeros")
+
     def test_float64(self):
         block = TemplateMatchingBlock(8, 3, dtype=torch.float64)
         self.assertEqual(block(self.x.double()).dtype, torch.float64)
