@@ -4,8 +4,8 @@ PB's config folder (``config_general``, ``config_dataset``, ``config_eval``, ...
 module defines; the protocol that reads PB configs calls :func:`check_values` when the config is loaded
 (:func:`pml_extensions.runner.protocols.load_config`), so a run never starts with a value it would ignore. The
 protocol reads the honoured values through the accessors below (:func:`split_settings`, :func:`primary_metric`,
-:func:`aggregate`, :func:`ensemble_settings`, ...; the tester is built by :meth:`pml_extensions.runner.objects.builder.Builder.build_tester` from
-:func:`tester_spec`).
+:func:`aggregate`, :func:`ensemble_settings`, ...; the tester is built by
+:meth:`pml_extensions.runner.objects.builder.Builder.build_tester` from :func:`tester_spec`).
 
 Honoured (as in PB):
 
