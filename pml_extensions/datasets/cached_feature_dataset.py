@@ -1,4 +1,4 @@
-"""A Dataset over a finished :class:`~pml_extensions.datasets.FeatureCache`: ``(features, label)`` items (issue 24)."""
+"""A Dataset over a finished :class:`~pml_extensions.datasets.FeatureCache`: ``(features, label)`` items."""
 
 import json
 import os

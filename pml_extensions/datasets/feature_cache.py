@@ -1,4 +1,4 @@
-"""Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image, computed once (issue 24).
+"""Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image, computed once.
 
 A frozen pretrained prefix (the first part of :func:`pml_extensions.trunks.split_trunk`) computes the same features
 every epoch. :class:`FeatureCache` computes them once for a bank of ``num_views`` seeded augmented views per training

@@ -1,4 +1,4 @@
-"""A fixed bank of V seeded augmented views per image, and the per-epoch draw of one of them (issue 24).
+"""A fixed bank of V seeded augmented views per image, and the per-epoch draw of one of them.
 
 The frozen-prefix feature cache (:class:`~pml_extensions.datasets.FeatureCache`) stores the prefix's output for
 views ``v = 0 .. V-1`` of every image; training draws one view per image and epoch. This module holds the two seeded

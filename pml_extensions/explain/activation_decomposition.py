@@ -229,7 +229,7 @@ class ActivationDecomposition(SimilarityExplainer):
 
         Raises:
             ValueError: with ``scale="cosine"``, an exactly-zero embedding (named by pair and side): the
-                cosine is undefined (issue 12).
+                cosine is undefined.
         """
         self._check_scale(scale)
         if relu_then_sum and bias:

@@ -78,11 +78,7 @@ Algorithms*, 2nd ed., Sec. 3.1):
   cannot certify is ranked by scoring every reference. Embeddings whose products could overflow float32 use that
   last path only. Dense rows fail a query only when more than ``4k + 4096`` references are tied at its boundary.
 
-**Measured** (20,000 × 128, 6 classes, k = 3,390, one thread, process CPU seconds on the shared 2-core development
-machine; the wall-clock table is ``benchmarks/results/accuracy_scale.md``): the rows method with a float32 GEMM
-and pair-by-pair re-scoring 8.2, dense rows 6.1, the symmetric
-threshold method with bfloat16 proposals 27.8 (9,600 proposals per query: at this k the proposal window of the
-bfloat16 bound holds thousands of references, and the bookkeeping per proposal dominates).
+Timings of each method against faiss and PML's calculator: ``benchmarks/results/accuracy_scale.md``.
 
 Under ``torch.distributed`` the calculators give each rank its share of query blocks (``knn_metrics``); the
 symmetric sweep is used within a process when its queries are at least half of the reference rows.

@@ -1,4 +1,4 @@
-"""A frozen trunk prefix that stays frozen when a trainer calls ``trunk.train()`` (issue 24)."""
+"""A frozen trunk prefix that stays frozen when a trainer calls ``trunk.train()``."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Split a trunk where its frozen part ends: ``(prefix, rest)`` with ``rest(prefix(x)) == model(x)`` (issue 24).
+"""Split a trunk where its frozen part ends: ``(prefix, rest)`` with ``rest(prefix(x)) == model(x)``.
 
 A frozen pretrained prefix computes the same features every epoch, so they can be computed once
 (:class:`pml_extensions.datasets.FeatureCache`) and only the rest trained on them. The boundary is named by a module

@@ -101,7 +101,6 @@ def load_yaml(path: str) -> Dict:
     return data
 
 
-load_yaml_file = load_yaml  # the name used before issue 9
 
 
 def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:

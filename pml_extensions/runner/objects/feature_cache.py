@@ -1,5 +1,5 @@
 """The ``feature_cache`` config key: train the trunk's rest on cached outputs of its frozen pretrained prefix
-(issue 24; the library part is :class:`pml_extensions.datasets.FeatureCache`).
+(the library part is :class:`pml_extensions.datasets.FeatureCache`).
 
 A pretrained prefix that stays frozen computes the same features every epoch. With ``feature_cache`` in a config of
 the ``mlrc`` or ``xml_vs_gap`` protocol, the runner splits ``models.trunk`` where the frozen part ends

@@ -96,8 +96,8 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
     if checkpoint is None:
         return None
     cfg, _ = find_run_config(checkpoint)
-    if cfg is None or "resolution_job" in cfg or cfg.get("protocol") == "resolution_distillation":
-        return None  # the resolution protocol: ImageNet statistics, the image sizes on the command line
+    if cfg is None or not isinstance(cfg.get("transforms"), dict):
+        return None  # no transforms of its own (e.g. a recipe that builds them): the command line's sizes
     eval_spec = (cfg.get("transforms") or {}).get("eval")
     if isinstance(eval_spec, dict) and list(eval_spec) == ["Compose"]:  # {Compose: {transforms: [...]}}
         eval_spec = (eval_spec["Compose"] or {}).get("transforms")

@@ -241,7 +241,7 @@ def _dataset_line(config_text: str) -> str:
         config = yaml.safe_load(config_text) or {}
     except yaml.YAMLError:
         return ""
-    dataset = config.get("dataset") or (config.get("resolution_job") or {}).get("datasets")
+    dataset = config.get("dataset") or config.get("datasets")
     return "" if dataset is None else json.dumps(dataset, sort_keys=True, default=str)
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from pml_extensions.runner.config.loader import (
     CONFIG_FOLDERS,
-    load_yaml_file,
     merge,
     parse_command_line,
     split_selection,
@@ -282,7 +281,7 @@ class TestFileErrors:
     def test_top_level_must_be_mapping(self, tmp_path):
         path = write(tmp_path, {"x.yaml": "- a\n- b\n"})
         with pytest.raises(ConfigError, match="top level must be a mapping"):
-            load_yaml_file(os.path.join(path, "x.yaml"))
+            load_yaml(os.path.join(path, "x.yaml"))
 
     def test_unknown_folder_in_selection(self, root):
         with pytest.raises(ConfigError, match="unknown config folder"):
