@@ -13,7 +13,9 @@ or up to three folders above it, and the state dicts are loaded into it; ``pretr
 - the resolution protocol's student and teacher, ``{"trunk": state, "embedder": state}`` files (its config's
   ``models``);
 - a file ``{"trunk": module or state, "embedder": ...}`` or a pickled module (``trust=True`` only); without a
-  config, state dicts are read as the ImageNet MobileNetV2 + GAP trunk and a Linear embedder.
+  config, state dicts are read as the ImageNet MobileNetV2 + GAP trunk and a Linear embedder;
+- a run with ``feature_cache``: the saved trunk is the part after the frozen prefix; the prefix is rebuilt as the
+  run built it (its pretrained weights) and the trunk returned is the whole one, prefix then rest, so images go in.
 
 Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line that names the file.
 """
@@ -138,8 +140,12 @@ def _in_channels(state: dict) -> int:
     return 3
 
 
-def models_from_config(cfg: dict, path: str, trunk_state: Optional[dict] = None) -> Tuple[nn.Module, nn.Module]:
-    """Build ``(trunk, embedder)`` (random weights) from a run's saved config with the runner's Builder."""
+def models_from_config(
+    cfg: dict, path: str, trunk_state: Optional[dict] = None
+) -> Tuple[nn.Module, nn.Module, Optional[nn.Module]]:
+    """Build ``(trunk, embedder, prefix)`` from a run's saved config with the runner's Builder: random weights for
+    what the run saved, and for a run with ``feature_cache`` its frozen prefix (as the run built it, pretrained
+    weights included), whose outputs the saved trunk (the rest) was trained on; ``prefix`` is None otherwise."""
     variants = cfg.get("variants") or {}
     parts = os.path.abspath(path).split(os.sep)
     chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
@@ -152,9 +158,14 @@ def models_from_config(cfg: dict, path: str, trunk_state: Optional[dict] = None)
         raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
     from .builder import Builder
 
+    if cfg.get("feature_cache") is not None:  # the saved trunk is the rest after the frozen (unsaved) prefix
+        keys = ("models", "feature_cache", "normalize", "transforms")
+        b = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None)
+        built = b.build_models()
+        return built["trunk"], built["embedder"], b.frozen.prefix
     sample = torch.zeros(_in_channels(trunk_state or {}), 64, 64)
     built = Builder({"models": _not_pretrained(models)}, log=lambda *a, **k: None).build_models(sample)
-    return built["trunk"], built["embedder"]
+    return built["trunk"], built["embedder"], None
 
 
 def _not_pretrained(spec):
@@ -211,10 +222,10 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         return trunk, embedder if embedder is not None else nn.Identity()
     cfg, _ = find_run_config(source)
     if cfg is not None:
-        built_trunk, built_emb = models_from_config(cfg, source, trunk if isinstance(trunk, dict) else None)
+        built_trunk, built_emb, prefix = models_from_config(cfg, source, trunk if isinstance(trunk, dict) else None)
         if isinstance(trunk, dict):
             _load_state(built_trunk, trunk, "the trunk", source)
-            trunk = built_trunk
+            trunk = built_trunk if prefix is None else nn.Sequential(prefix, built_trunk)  # the whole trunk
         if isinstance(embedder, dict):
             _load_state(built_emb, embedder, "the embedder", source)
             embedder = built_emb

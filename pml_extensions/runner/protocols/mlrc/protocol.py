@@ -270,18 +270,21 @@ class MLRCRunner:
                 self.run_test_hooks(test_ds, models)
         if dist_utils.is_main():  # a few seeded test queries with their top-k, for report.html
             normalize = ensemble["normalize_embeddings"]
+            raw = self.builder.subset(base, test_idx, labels, None, self.getter)
             save_retrieval_examples(
                 self.folder,
                 "test",
                 torch.cat([torch.nn.functional.normalize(e.float(), dim=1) if normalize else e for e in embeddings], 1),
                 y.cpu().numpy(),
-                lambda i: dataset_image(test_ds, i),
+                lambda i: dataset_image(raw, i),  # the image before any transform, also for a cached run
                 seed=self.experiment.seed or 0,
                 class_names=getattr(base, "classes", None),
                 note=f"The concatenated test model: the best checkpoints of {len(embeddings)} fold model(s), their "
                 "embeddings concatenated (the `concatenated_*` row of the test metrics).",
             )
-        return ensemble_metrics(embeddings, y, calc, normalize=ensemble["normalize_embeddings"])
+        return ensemble_metrics(
+            embeddings, y, calc, normalize=ensemble["normalize_embeddings"], tester_normalize=tester.normalize_embeddings
+        )
 
     def run_test_hooks(self, test_ds, models) -> None:
         """Run the config's ``test_hooks`` (ours; e.g. ``{explanations: {ExplanationHook: {n_queries: 4}}}``)

@@ -62,20 +62,29 @@ def mlrc_class_splits(
 
 
 def ensemble_metrics(
-    embeddings: List[torch.Tensor], labels: torch.Tensor, calculator, normalize: bool = True
+    embeddings: List[torch.Tensor],
+    labels: torch.Tensor,
+    calculator,
+    normalize: bool = True,
+    tester_normalize: bool = False,
 ) -> Dict[str, Any]:
-    """MLRC test numbers from the k models' embeddings of the same test items.
+    """MLRC test numbers from the k models' embeddings of the same test items, as powerful-benchmarker computes them:
+    each model is tested with the tester's settings, the concatenation with the ensemble's.
 
     Args:
-        embeddings: k tensors ``[N, d]`` (float), one per fold model, rows aligned.
+        embeddings: k tensors ``[N, d]`` (float), one per fold model, rows aligned, as the tester returns them (its
+            ``normalize_embeddings`` already applied).
         labels: ``[N]`` integer labels.
         calculator: a PML ``AccuracyCalculator`` (queries compared to themselves).
-        normalize: L2-normalise each model's embeddings first (PB's ``ConcatenateEmbeddings.normalize_embeddings``).
+        normalize: L2-normalise each model's embeddings before concatenating them (PB's
+            ``ConcatenateEmbeddings.normalize_embeddings``).
+        tester_normalize: the tester's ``normalize_embeddings``, applied to the concatenation too (PB's tester
+            normalises whatever the ensemble model outputs).
 
     Returns:
-        ``{"separate_<d>D": mean over the k models of each metric, "concatenated_<k·d>D": metrics of
-        ``cat([normalize(e) for e in embeddings], dim=1)``, "per_model": [k dicts]}`` — MLRC's "128D" and
-        "512D".
+        ``{"separate_<d>D": mean over the k models of each metric (the embeddings as given),
+        "concatenated_<k·d>D": metrics of ``cat([normalize(e) for e in embeddings], dim=1)`` (normalised again
+        with ``tester_normalize``), "per_model": [k dicts]}`` — MLRC's "128D" and "512D".
 
     Raises:
         ValueError: on an empty list or embeddings with different shapes.
@@ -86,11 +95,13 @@ def ensemble_metrics(
         raise ValueError(
             f"embeddings must all be [N, d] with the same shape, got {[tuple(e.shape) for e in embeddings]}"
         )
-    normalized = [torch.nn.functional.normalize(e.float(), dim=1) if normalize else e.float() for e in embeddings]
-    per_model = [{m: float(v) for m, v in calculator.get_accuracy(e, labels).items()} for e in normalized]
+    per_model = [{m: float(v) for m, v in calculator.get_accuracy(e.float(), labels).items()} for e in embeddings]
     d = embeddings[0].shape[1]
     separate = {m: float(np.mean([p[m] for p in per_model])) for m in per_model[0]}
+    normalized = [torch.nn.functional.normalize(e.float(), dim=1) if normalize else e.float() for e in embeddings]
     concat = torch.cat(normalized, dim=1)
+    if tester_normalize:
+        concat = torch.nn.functional.normalize(concat, dim=1)
     concatenated = {m: float(v) for m, v in calculator.get_accuracy(concat, labels).items()}
     return {
         f"separate_{d}D": separate,

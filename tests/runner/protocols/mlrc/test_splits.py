@@ -63,13 +63,26 @@ class TestEnsembleMetrics:
         n = torch.nn.functional.normalize
         want = calc.get_accuracy(torch.cat([n(bad, dim=1), n(good, dim=1)], dim=1), labels)
         assert out["concatenated_12D"] == pytest.approx(want)
-        sep = [calc.get_accuracy(n(e, dim=1), labels) for e in (bad, good)]
+        sep = [calc.get_accuracy(e, labels) for e in (1000.0 * bad, good)]  # each model as the tester returned it
         assert out["separate_6D"]["precision_at_1"] == pytest.approx(
             (sep[0]["precision_at_1"] + sep[1]["precision_at_1"]) / 2
         )
         # without normalisation the 1000x model would dominate the concatenation
         raw = calc.get_accuracy(torch.cat([1000.0 * bad, good], dim=1), labels)
         assert out["concatenated_12D"]["precision_at_1"] > raw["precision_at_1"]
+
+    def test_the_tester_setting_applies_to_each_model_and_to_the_concatenation(self):
+        """PB tests each fold model with the tester's normalize_embeddings (false here: raw rows) and normalises the
+        concatenation again when the tester does; the ensemble's setting only acts on the parts."""
+        calc = AccuracyCalculator(include=("precision_at_1",), k=1, device=torch.device("cpu"))
+        labels = torch.tensor([0, 0, 1, 1])
+        # raw rows: the long row 3 is closest to row 0 by L2, normalised rows pair 0-1 and 2-3
+        e = torch.tensor([[1.0, 0.1], [1.0, 0.3], [0.2, 1.0], [3.0, 0.4]])
+        out = ensemble_metrics([e], labels, calc, normalize=False)
+        assert out["separate_2D"]["precision_at_1"] == calc.get_accuracy(e, labels)["precision_at_1"]
+        normed = ensemble_metrics([e], labels, calc, normalize=True)["concatenated_2D"]["precision_at_1"]
+        n = torch.nn.functional.normalize
+        assert normed == calc.get_accuracy(n(e, dim=1), labels)["precision_at_1"]
 
     def test_errors(self):
         with pytest.raises(ValueError):

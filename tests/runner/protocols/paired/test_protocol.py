@@ -165,11 +165,47 @@ def test_a_cached_run_selects_one_length_per_group_and_tests_it_once(tmp_path):
     for metric, value in per_seed["contrastive_xml"]["1"].items():
         assert abs(value - test[metric]) < 1e-6, metric
     assert per_seed["untrained"]["0"] != per_seed["contrastive_gap"]["0"]
+    _explain_a_cached_run(tmp_path, stage, whole_models, vcfg)
     # a rerun trains, tests and caches nothing again
     lines = []
     again = run_protocol(cfg, str(tmp_path / "exp"), log=lines.append)
     assert not any("feature cache" in str(line) for line in lines)
     assert {n: v["per_seed"] for n, v in again["variants"].items()} == per_seed
+
+
+def _explain_a_cached_run(tmp_path, stage, whole_models, vcfg):
+    """A cached run's report shows the raw test images, and ``explain --checkpoint`` takes its selected model: the
+    saved trunk is the rest after the frozen prefix, the loader puts the prefix back (the error was "models.trunk
+    takes 16 input channel(s) ... have 1 after transforms.eval")."""
+    import json
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from pml_extensions.cli.explain import load_image
+    from pml_extensions.cli.explain import main as explain_main
+    from pml_extensions.runner.objects.saved_models import load_models
+
+    examples = json.load(open(tmp_path / "exp" / "retrieval" / "contrastive_xml.json"))
+    thumb = Image.open(tmp_path / "exp" / "retrieval" / examples["queries"][0]["image"])
+    assert min(thumb.size) >= 32  # the 32 px glyph, scaled up to the thumbnail; a cached map would be 8 px or less
+    ckpt = str(stage / "selected_models.pth")
+    trunk, embedder = load_models(ckpt)
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(2):
+        paths.append(str(tmp_path / f"img{i}.png"))
+        Image.fromarray((rng.random((32, 32)) * 255).astype(np.uint8)).save(paths[-1])
+    x = torch.stack([load_image(p, 32, 1, True, ([0.5], [0.5])) for p in paths])
+    with torch.no_grad():
+        got = embedder.eval()(trunk.eval()(x))
+        want = whole_models["embedder"].eval()(whole_models["trunk"].eval()(x))
+    assert torch.allclose(got, want, atol=1e-6)
+    out = str(tmp_path / "why")
+    assert explain_main([paths[0], paths[1], "--checkpoint", ckpt, "--out", out]) == 0
+    cosine = json.load(open(tmp_path / "why" / "similarity.json"))["results"][0]["cosine_similarity"]
+    assert abs(cosine - float(torch.nn.functional.cosine_similarity(want[:1], want[1:])[0])) < 1e-5
 
 
 @pytest.mark.slow
