@@ -327,7 +327,8 @@ def _retrieval_html(folder: str) -> str:
 
 _STYLE = (
     "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:0 12px}table{border-collapse:collapse;"
-    "margin:6px 0}td,th{border:1px solid #999;padding:3px 8px;text-align:left}td.num{text-align:right}"
+    "margin:12px 0}td,th{border:1px solid #999;padding:3px 8px;text-align:left}"
+    "td.num{text-align:right;white-space:nowrap}"
     "pre{background:#f4f4f4;padding:8px;overflow:auto;max-height:400px}"
     "table.retrieval td{border:none;padding:4px;text-align:center;font-size:11px;vertical-align:top}"
     "table.retrieval img{display:block;margin:auto;width:96px;height:96px;object-fit:contain;background:#eee}"

@@ -430,7 +430,7 @@ def results_tables(
                 ]
             )
         columns = ["comparison (paired by seed)", "metric", "mean difference", "95 % CI", "per-seed differences"]
-        tables.append(Table(columns + ["CI excludes 0"], rows, numeric=[False, False, True, False, False, False]))
+        tables.append(Table(columns + ["CI excludes 0"], rows, numeric=[False, False, True, True, False, False]))
         return tables
     rows, resampling = [], set()
     for c in comparisons:
@@ -480,7 +480,7 @@ def results_tables(
         "on the claimed side), **no effect of practical size** (inside ±δ), **contradicted** (excludes 0 after Holm, "
         "mean difference reaches δ on the other side), otherwise **inconclusive**.",
     ]
-    numeric = [False, False, False, True, True, False, False, False, False, False]
+    numeric = [False, False, False, True, True, True, True, True, False, False]
     tables.append(Table(columns, rows, numeric=numeric, notes=notes))
     return tables
 
