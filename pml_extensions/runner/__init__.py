@@ -18,7 +18,7 @@ command line, :mod:`pml_extensions.cli`, which sits above the runner):
   every protocol), ``data`` (dataset views: subsets, class-disjoint validation parts), ``mlp`` (MLRC's embedder),
   ``saved_models`` (a finished run's models rebuilt from its ``config.yaml``, for ``explain``).
 - ``outputs/`` — what a run reports: ``results`` (``results.json`` / ``results.md``, paired statistics and
-  verdicts), ``report`` (``report.html``).
+  verdicts), ``tables`` (one table model, rendered to Markdown and HTML), ``report`` (``report.html``).
 - ``protocols/`` — what a run does: protocols as plugins (``base``: :class:`Protocol`, its settings and
   ``--data_folder`` rule; ``paired_protocol``: :class:`PairedProtocol`, the seeds × variants engine), the lookup,
   the one loader and :func:`~.protocols.run_protocol` (the one entry point), ``search`` (an Optuna study of runs),

@@ -1,1 +1,2 @@
-"""What a run reports: ``results.json`` / ``results.md`` with paired statistics, and ``report.html``."""
+"""What a run reports: ``results.json`` / ``results.md`` with paired statistics and verdicts, their tables (one table
+model rendered to Markdown and HTML), and ``report.html``."""

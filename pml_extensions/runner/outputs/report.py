@@ -7,10 +7,12 @@ Everything is embedded (PNG as base64 ``data:`` URIs; no script, nothing fetched
 attached to an issue. Read from the experiment folder (layout: :mod:`pml_extensions.runner.experiment.folder`):
 ``config.yaml``, ``command.txt``, ``results.json`` (MLRC's ``test``/``folds`` as tables; a fold whose best epoch is
 0, the untrained model, is flagged; the selected epoch or iteration of every stage: MLRC's ``folds``, xml_vs_gap's
-``units``, the resolution protocol's ``selection``), ``results.md`` (its tables as HTML tables), every stage's
+``units``, the resolution protocol's ``selection``), the tables of ``results.json`` (the blocks ``results.md`` is
+written from, :func:`pml_extensions.runner.outputs.results.results_blocks`: no Markdown is parsed), every stage's
 ``logs/*.csv`` (record-keeper tables, at any depth), ``retrieval/*.json`` with their thumbnails
 (:mod:`pml_extensions.runner.outputs.retrieval`), the PNGs at the top of the folder and, when the explanation hook
-ran, every PNG under ``explanations/``; a search folder's ``search.json`` and its best trial's folder.
+ran, every PNG under ``explanations/``; a search folder's ``search.json`` (its trials and the best trial's test
+metrics, :func:`pml_extensions.runner.outputs.search_summary.search_blocks`) and its best trial's folder.
 :func:`pml_extensions.runner.protocols.run_protocol` writes it after each run.
 """
 
@@ -19,13 +21,14 @@ import csv
 import glob
 import html
 import io
-import itertools
 import json
 import os
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
+from .results import results_blocks
+from .search_summary import search_blocks
+from .tables import Table, inline_html, to_html
 
 #: a screenshot of report.html kept beside it (the browser test writes one); never embedded in the page itself
 SCREENSHOT = "report.png"
@@ -263,59 +266,6 @@ def _yaml_value(config_text: str, key: str):
         return None
 
 
-def _inline(text: str) -> str:
-    """Escape ``text`` and render markdown's inline code and bold."""
-    out = html.escape(text, quote=False)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
-
-
-def markdown_html(text: str) -> str:
-    """The markdown a run writes (``results.md``: paragraphs, ``-`` lists, ``#`` headings, pipe tables) as HTML;
-    a table's cells are right-aligned when they hold numbers.
-
-    Example::
-
-        >>> print(markdown_html("Best: **trial 2**.\\n\\n| trial | objective |\\n|---|---|\\n| 2 (best) | 0.5 |"))
-        <p>Best: <b>trial 2</b>.</p>
-        <table><tr><th>trial</th><th>objective</th></tr>
-        <tr><td>2 (best)</td><td class='num'>0.5</td></tr></table>
-    """
-    parts = []
-    for block in re.split(r"\n\s*\n", text.strip()):
-        lines = [line.rstrip() for line in block.split("\n") if line.strip()]
-        if not lines:
-            continue
-        if all(line.lstrip().startswith("|") for line in lines):
-            rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
-            rows = [r for r in rows if not all(re.fullmatch(r":?-{3,}:?", c) for c in r)]
-            head, body = rows[0], rows[1:]
-            cells = "".join(f"<th>{_inline(c)}</th>" for c in head)
-            out = [f"<table><tr>{cells}</tr>"]
-            for r in body:
-                tds = "".join(
-                    f"<td class='num'>{_inline(c)}</td>"
-                    if re.fullmatch(r"[-+−]?[\d.,]+(e[-+]?\d+)?( ± [\d.]+)?", c)
-                    else f"<td>{_inline(c)}</td>"
-                    for c in r
-                )
-                out.append(f"<tr>{tds}</tr>")
-            parts.append("\n".join(out) + "</table>")
-        elif lines[0].startswith("#"):
-            level = min(6, 2 + len(lines[0]) - len(lines[0].lstrip("#")))
-            parts.append(f"<h{level}>{_inline(lines[0].lstrip('#').strip())}</h{level}>")
-            if lines[1:]:
-                parts.append(markdown_html("\n".join(lines[1:])))
-        else:  # runs of text lines become paragraphs, runs of "- " lines lists
-            for is_list, run in itertools.groupby(lines, key=lambda line: line.startswith("- ")):
-                run = list(run)
-                if is_list:
-                    parts.append("<ul>" + "".join(f"<li>{_inline(line[2:])}</li>" for line in run) + "</ul>")
-                else:
-                    parts.append(f"<p>{_inline(' '.join(run))}</p>")
-    return "\n".join(parts)
-
-
 def _read_json(path: str) -> Dict[str, Any]:
     if not os.path.isfile(path):
         return {}
@@ -342,7 +292,7 @@ def _retrieval_html(folder: str) -> str:
         base = os.path.join(folder, "retrieval")
         out.append(f"<h3>{html.escape(str(examples.get('name', '')))}</h3>")
         if examples.get("note"):
-            out.append(f"<p>{_inline(str(examples['note']))}</p>")
+            out.append(f"<p>{inline_html(str(examples['note']))}</p>")
         out.append("<table class='retrieval'>")
         for query in examples.get("queries", []):
             q_path = os.path.join(base, query.get("image", ""))
@@ -377,23 +327,20 @@ def _retrieval_html(folder: str) -> str:
 
 _STYLE = (
     "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:0 12px}table{border-collapse:collapse;"
-    "margin:6px 0}td,th{border:1px solid #999;padding:3px 8px;text-align:left}td.num{text-align:right}"
+    "margin:12px 0}td,th{border:1px solid #999;padding:3px 8px;text-align:left}"
+    "td.num{text-align:right;white-space:nowrap}"
     "pre{background:#f4f4f4;padding:8px;overflow:auto;max-height:400px}"
     "table.retrieval td{border:none;padding:4px;text-align:center;font-size:11px;vertical-align:top}"
     "table.retrieval img{display:block;margin:auto;width:96px;height:96px;object-fit:contain;background:#eee}"
     "td.query img{border:4px solid #444}td.same img{border:4px solid #1a9850}td.other img{border:4px solid #d73027}"
     ".same-key{color:#1a9850;font-weight:bold}.other-key{color:#d73027;font-weight:bold}"
-    "img.curve{max-width:49%}"
+    "img.curve{max-width:49%}p.lines{white-space:pre-line}"
 )
 
 
-def _search_html(folder: str) -> Tuple[str, Optional[str]]:
-    """For a search folder (``search.json``): links to every trial's own report, and the best trial's folder."""
-    try:
-        with open(os.path.join(folder, "search.json"), encoding="utf-8") as f:
-            summary = json.load(f)
-    except (OSError, ValueError):
-        return "", None
+def _search_html(folder: str, summary: Dict[str, Any]) -> Tuple[str, Optional[str]]:
+    """For a search folder (its ``search.json`` read as ``summary``): links to every trial's own report, and the
+    best trial's folder."""
     best = summary.get("best") or {}
     links = []
     for trial in summary.get("trials", []):
@@ -410,6 +357,35 @@ def _search_html(folder: str) -> Tuple[str, Optional[str]]:
     return text, best_folder if best_folder and os.path.isdir(best_folder) else None
 
 
+def _metrics_tables(folder: str, results: Dict[str, Any], primary: str) -> List[str]:
+    """MLRC's test metrics (``results["test"]``) and folds (``results["folds"]``, with each fold's untrained
+    validation score) as HTML tables under their headings."""
+    parts = []
+    test = {k: v for k, v in results.get("test", {}).items() if k != "per_model" and isinstance(v, dict)}
+    if test:
+        metrics = sorted({m for v in test.values() for m in v})
+        rows = [[key, *("–" if v.get(m) is None else f"{v[m]:.4f}" for m in metrics)] for key, v in test.items()]
+        table = Table(["embedding", *metrics], rows, numeric=[False] + [True] * len(metrics))
+        parts.append(f"<h2>Test metrics</h2>{to_html([table])}")
+    folds = results.get("folds", [])
+    if folds:
+        rows = []
+        for k, fr in enumerate(folds):
+            flag = " **(the untrained model: training never beat epoch 0)**" if fr.get("best_epoch") == 0 else ""
+            untrained = _untrained_val(folder, k, primary)
+            rows.append(
+                [
+                    str(k),
+                    f"{fr.get('best_epoch')}{flag}",
+                    f"{fr.get('best_val_' + primary, float('nan')):.4f}",
+                    f"{untrained:.4f}" if untrained is not None else "not measured",
+                ]
+            )
+        columns = ["fold", "best epoch", f"best val {primary}", f"untrained (epoch 0) val {primary}"]
+        parts.append(f"<h2>Folds</h2>{to_html([Table(columns, rows, numeric=[False, False, True, True])])}")
+    return parts
+
+
 def write_report(folder: str) -> str:
     """Write ``<folder>/report.html`` and return its path.
 
@@ -424,7 +400,11 @@ def write_report(folder: str) -> str:
     dataset = _dataset_line(config_text)
     protocol = results.get("protocol") or (_yaml_value(config_text, "protocol") or "mlrc")
     primary = results.get("primary_metric", "mean_average_precision_at_r")
-    search_text, best_trial = _search_html(folder)
+    try:
+        summary = _read_json(os.path.join(folder, "search.json"))
+    except ValueError:  # not JSON: no search page
+        summary = {}
+    search_text, best_trial = _search_html(folder, summary) if summary else ("", None)
     title = f"{protocol} search" if search_text else protocol
     parts = [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)} report</title>",
@@ -435,38 +415,14 @@ def write_report(folder: str) -> str:
         parts.append(f"<p>Command: <code>{html.escape(command)}</code></p>")
     if dataset:
         parts.append(f"<p>Dataset: <code>{html.escape(dataset)}</code></p>")
-    test = {k: v for k, v in results.get("test", {}).items() if k != "per_model"}
-    if test:
-        metrics = sorted({m for v in test.values() for m in v})
-        parts.append("<h2>Test metrics</h2><table><tr><th>embedding</th>")
-        parts += [f"<th>{html.escape(m)}</th>" for m in metrics]
-        parts.append("</tr>")
-        for key, vals in test.items():
-            parts.append(f"<tr><th>{html.escape(key)}</th>")
-            parts += [f"<td class='num'>{vals.get(m, float('nan')):.4f}</td>" for m in metrics]
-            parts.append("</tr>")
-        parts.append("</table>")
-    folds = results.get("folds", [])
-    if folds:
-        parts.append(
-            f"<h2>Folds</h2><table><tr><th>fold</th><th>best epoch</th><th>best val {html.escape(primary)}</th>"
-            f"<th>untrained (epoch 0) val {html.escape(primary)}</th></tr>"
-        )
-        for k, fr in enumerate(folds):
-            best = fr.get("best_val_" + primary, float("nan"))
-            flag = " <b>(the untrained model: training never beat epoch 0)</b>" if fr.get("best_epoch") == 0 else ""
-            untrained = _untrained_val(folder, k, primary)
-            before = f"{untrained:.4f}" if untrained is not None else "not measured"
-            parts.append(
-                f"<tr><td>{k}</td><td>{fr.get('best_epoch')}{flag}</td><td class='num'>{best:.4f}</td>"
-                f"<td class='num'>{before}</td></tr>"
-            )
-        parts.append("</table>")
-    table = _read_text(folder, "results.md")
-    if table:
-        parts.append(f"<h2>{'Search: trials' if search_text else 'Results'}</h2>{markdown_html(table)}")
-    if search_text:
+    parts += _metrics_tables(folder, results, primary)
+    if summary:  # the search: its trials (and the best trial's test metrics) from search.json
+        parts.append(f"<h2>Search: trials</h2>{to_html(search_blocks(summary))}")
         parts.append(search_text)
+    elif isinstance(results.get("variants"), dict):  # the tables of results.md, rebuilt from results.json
+        parts.append(f"<h2>Results</h2>{to_html(results_blocks(results))}")
+    elif os.path.isfile(os.path.join(folder, "results.md")):  # written by something else: shown as it is
+        parts.append(f"<h2>Results</h2><pre>{html.escape(_read_text(folder, 'results.md'))}</pre>")
     # every PNG the run wrote at the top of the folder, except a screenshot of this page (report.png)
     figures = [g for g in sorted(glob.glob(os.path.join(folder, "*.png"))) if os.path.basename(g) != SCREENSHOT]
     if search_text and figures:  # the search plot right under its table

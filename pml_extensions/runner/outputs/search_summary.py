@@ -1,11 +1,17 @@
 """The outputs of a hyper-parameter search (:mod:`pml_extensions.runner.protocols.search`): ``search.json``,
 ``results.md`` and ``search.png`` (objective per trial and best so far) of an Optuna study, and the user attributes
 of its trials that they read (each trial's folder, its failure reason, its folds that kept the untrained model).
+
+``results.md`` and the search's page of ``report.html`` show the same blocks (:mod:`.tables`), built from
+``search.json`` alone by :func:`search_blocks`: the study in one line, the best trial's test metrics when
+``search.json`` holds them (``best["test"]``: ``{key: {metric: value}}``), the trials table and the failed trials.
 """
 
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
+
+from .tables import Block, Items, Table, to_markdown
 
 FOLDER_ATTR = "folder"  # user attribute: the trial's folder under the experiment folder
 REASON_ATTR = "fail_reason"  # user attribute of a FAIL trial whose run failed (not of a killed one)
@@ -80,34 +86,88 @@ def write_summary(
         "stopped": stopped,
     }
     atomic_write_text(os.path.join(folder, "search.json"), json.dumps(summary, indent=2))
-    lines = [
-        f"Optuna study ({len(rows)} COMPLETE trials"
+    atomic_write_text(os.path.join(folder, "results.md"), to_markdown(search_blocks(summary)))
+    if rows:
+        _plot(rows, os.path.join(folder, "search.png"), atomic_savefig)
+    return summary
+
+
+def search_blocks(summary: Dict[str, Any]) -> List[Block]:
+    """What ``results.md`` and the report show of a search, from its ``search.json`` (:func:`write_summary`).
+
+    Example::
+
+        >>> summary = {"n_trials": 2, "bayes_opt_iters": 3, "failures": [{"number": 2, "reason": "NaN"}],
+        ...            "best": {"number": 1, "value": 0.5, "test": {"concatenated_512D": {"precision_at_1": 0.75}}},
+        ...            "trials": [{"number": 0, "value": 0.25, "params": {"lr": 0.01}},
+        ...                       {"number": 1, "value": 0.5, "params": {"lr": 0.001}}]}
+        >>> print(to_markdown(search_blocks(summary)))  # doctest: +NORMALIZE_WHITESPACE
+        Optuna study (2 COMPLETE trials of bayes_opt_iters=3, maximising the aggregated validation metric); best:
+        trial 1.
+        <BLANKLINE>
+        Test metrics of the best trial (trial 1):
+        <BLANKLINE>
+        | embedding | precision_at_1 |
+        |---|---|
+        | concatenated_512D | 0.7500 |
+        <BLANKLINE>
+        | trial | objective | lr |
+        |---|---|---|
+        | 0 | 0.2500 | 0.01 |
+        | 1 (best) | 0.5000 | 0.001 |
+        <BLANKLINE>
+        Failed trials:
+        - trial 2: NaN
+        <BLANKLINE>
+    """
+    rows, best, n_trials = summary.get("trials") or [], summary.get("best"), summary.get("bayes_opt_iters")
+    blocks: List[Block] = [
+        f"Optuna study ({summary.get('n_trials', len(rows))} COMPLETE trials"
         + (f" of bayes_opt_iters={n_trials}" if n_trials is not None else "")
         + ", maximising the aggregated validation metric)"
         + (f"; best: trial {best['number']}." if best else "; no trial completed.")
     ]
-    if best is not None and best["untrained"]:
-        lines.append(f"\nFLAG: {untrained_note(best)}.")
+    if best is not None and best.get("untrained"):
+        blocks.append(f"FLAG: {untrained_note(best)}.")
+    stopped = summary.get("stopped")
     if stopped:
-        lines.append(f"\n{stopped['message']}.")
+        blocks.append(f"{stopped['message']}.")
+    test = {k: v for k, v in ((best or {}).get("test") or {}).items() if isinstance(v, dict)}
+    if test:
+        metrics = sorted({m for v in test.values() for m in v})
+        blocks.append(
+            Table(
+                ["embedding", *metrics],
+                [[key, *(_number(v.get(m)) for m in metrics)] for key, v in test.items()],
+                numeric=[False] + [True] * len(metrics),
+                caption=f"Test metrics of the best trial (trial {best['number']}):",
+            )
+        )
     if rows:
         names = list(rows[0]["params"])
         with_folds = any(FOLDS_ATTR in r for r in rows)
-        head = "| trial | objective |" + (" folds at epoch 0 |" if with_folds else "")
-        lines += ["", head + "".join(f" {n} |" for n in names), "|---|---|" + "---|" * (len(names) + with_folds)]
+        table = []
         for r in rows:
-            mark = " (best)" if r is best else ""
-            folds = f" {len(r.get(UNTRAINED_ATTR, []))}/{r.get(FOLDS_ATTR, '?')} |" if with_folds else ""
-            lines.append(
-                f"| {r['number']}{mark} | {r['value']:.4f} |{folds}"
-                + "".join(f" {_shown(r['params'][n])} |" for n in names)
+            mark = " (best)" if best is not None and r["number"] == best["number"] else ""
+            folds = [f"{len(r.get(UNTRAINED_ATTR, []))}/{r.get(FOLDS_ATTR, '?')}"] if with_folds else []
+            table.append(
+                [f"{r['number']}{mark}", f"{r['value']:.4f}", *folds, *(_shown(r["params"][n]) for n in names)]
             )
+        columns = ["trial", "objective", *(["folds at epoch 0"] if with_folds else []), *names]
+        numbers = [all(_is_number(r["params"].get(n)) for r in rows) for n in names]
+        blocks.append(Table(columns, table, numeric=[False, True, *([False] if with_folds else []), *numbers]))
+    failures = summary.get("failures") or []
     if failures:
-        lines += ["", "Failed trials:"] + [f"- trial {f['number']}: {f['reason']}" for f in failures]
-    atomic_write_text(os.path.join(folder, "results.md"), "\n".join(lines) + "\n")
-    if rows:
-        _plot(rows, os.path.join(folder, "search.png"), atomic_savefig)
-    return summary
+        blocks.append(Items([f"trial {f['number']}: {f['reason']}" for f in failures], caption="Failed trials:"))
+    return blocks
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(value) -> str:
+    return "–" if value is None else f"{value:.4f}"
 
 
 def _shown(value) -> str:

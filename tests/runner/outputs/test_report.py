@@ -7,6 +7,7 @@ import pytest
 
 from pml_extensions.runner.experiment.checkpoint import Checkpointer
 from pml_extensions.runner.outputs.report import write_report
+from pml_extensions.runner.outputs.results import summarize, write_results
 
 PNG_1x1 = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
@@ -65,12 +66,10 @@ def test_any_protocol_layout_command_dataset_xml_loss_and_untrained_flag(tmp_pat
         ck.record_keeper.append_data("loss_histories", "total_loss", 1.0 / it, it)
         ck.record_keeper.append_data("metric_loss", "xml_loss", 2.0 / it, it)
     ck.commit({"epoch": 1, "global_iteration": 40})
-    (folder / "results.json").write_text(
-        json.dumps(
-            {"protocol": "xml_vs_gap", "folds": [{"best_epoch": 0, "best_val_mean_average_precision_at_r": 0.1}]}
-        )
-    )
-    (folder / "results.md").write_text("| variant | MAP@R |\n|---|---|\n| xml | 0.4321 |\n")
+    results = summarize({"xml": {0: {"mean_average_precision_at_r": 0.4321}}})
+    results.update(protocol="xml_vs_gap", folds=[{"best_epoch": 0, "best_val_mean_average_precision_at_r": 0.1}])
+    write_results(str(folder), results, header="Glyphs, **one** seed.")
+    (folder / "results.md").write_text("not read: the tables come from results.json\n")
     (folder / "config.yaml").write_text("protocol: xml_vs_gap\ndataset: {name: glyphs}\n")
     (folder / "command.txt").write_text("python -m pml_extensions job --epochs 1\n")
     (folder / "map_at_r.png").write_bytes(PNG_1x1)
@@ -78,7 +77,8 @@ def test_any_protocol_layout_command_dataset_xml_loss_and_untrained_flag(tmp_pat
     assert "<title>xml_vs_gap report</title>" in html
     assert "python -m pml_extensions job --epochs 1" in html
     assert "&quot;name&quot;: &quot;glyphs&quot;" in html
-    assert "the untrained model" in html and "0.4321" in html
+    assert "the untrained model" in html and "<td class='num'>0.4321 ± –</td>" in html
+    assert "<h2>Results</h2><p>Glyphs, <b>one</b> seed.</p>" in html and "not read" not in html
     assert "training loss (smoothed)" not in html  # titles live inside the PNGs; count the images instead
     assert len(re.findall(r"src='data:image/png;base64,", html)) == 3  # loss, xml_loss, map_at_r.png
 
@@ -119,15 +119,11 @@ def test_selected_model_of_every_protocol(tmp_path):
     assert _iterations_per_epoch({}, "trainer: {MetricLossOnly: null}\n") is None
 
 
-def test_results_markdown_becomes_html_tables():
-    from pml_extensions.runner.outputs.report import markdown_html
-
-    md = "# Title\nSome `code` and **bold**.\n\n| a | b |\n|---|---|\n| x < y | -0.5 ± 0.1 |\n\nList:\n- one\n- two\n"
-    assert markdown_html(md) == (
-        "<h3>Title</h3>\n<p>Some <code>code</code> and <b>bold</b>.</p>\n"
-        "<table><tr><th>a</th><th>b</th></tr>\n<tr><td>x &lt; y</td><td class='num'>-0.5 ± 0.1</td></tr></table>\n"
-        "<p>List:</p>\n<ul><li>one</li><li>two</li></ul>"
-    )
+def test_a_results_md_without_results_tables_is_shown_as_it_is(tmp_path):
+    """Written by something else than write_results (no ``variants`` in results.json): its text, never parsed."""
+    (tmp_path / "results.md").write_text("| a | b |\n|---|---|\n| x < y | 1 |\n")
+    html = open(write_report(str(tmp_path))).read()
+    assert "<h2>Results</h2><pre>| a | b |\n|---|---|\n| x &lt; y | 1 |\n</pre>" in html
 
 
 def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_path):
@@ -146,7 +142,13 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
     save_retrieval_examples(str(best), "test", torch.eye(3)[[0, 0, 1]] + 0.1, [0, 0, 1], images.__getitem__, k=2)
     summary = {
         "n_trials": 2,
-        "best": {"number": 1, "value": 0.5, "params": {"lr": 0.01}, "folder": "trial_1"},
+        "best": {
+            "number": 1,
+            "value": 0.5,
+            "params": {"lr": 0.01},
+            "folder": "trial_1",
+            "test": {"concatenated_512D": {"precision_at_1": 0.625}, "per_model": []},
+        },
         "trials": [
             {"number": 0, "value": 0.4, "params": {"lr": 0.001}, "folder": "trial_0"},
             {"number": 1, "value": 0.5, "params": {"lr": 0.01}, "folder": "trial_1"},
@@ -154,13 +156,15 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
         "failed_trials": [],
     }
     (folder / "search.json").write_text(json.dumps(summary))
-    (folder / "results.md").write_text(
-        "best: trial 1.\n\n| trial | objective | lr |\n|---|---|---|\n| 1 (best) | 0.5 | 0.01 |\n"
-    )
+    (folder / "results.md").write_text("not read: the search's tables come from search.json\n")
     (folder / "search.png").write_bytes(PNG_1x1)
     html = open(write_report(str(folder))).read()
     assert "<title>mlrc search report</title>" in html and "<h2>Search: trials</h2>" in html
     assert "<li><a href='trial_1/report.html'>trial_1</a> (best)</li>" in html
+    assert "<tr><td>1 (best)</td><td class='num'>0.5000</td><td class='num'>0.01</td></tr>" in html
+    # the best trial's test metrics on the search's front page
+    assert "<p>Test metrics of the best trial (trial 1):</p>" in html
+    assert "<tr><td>concatenated_512D</td><td class='num'>0.6250</td></tr>" in html and "not read" not in html
     assert "<h2>Retrieval examples (best trial: trial_1)</h2>" in html
     # queries 0 and 1 share class 0: each other's first neighbour, same class; the class-1 image is "other"
     assert html.count("<td class='query'>") == 3

@@ -40,6 +40,7 @@ def test_a_report_with_every_section_renders(tmp_path):
     from PIL import Image
 
     from pml_extensions.runner.experiment.checkpoint import Checkpointer
+    from pml_extensions.runner.outputs.results import summarize, write_results
     from pml_extensions.runner.outputs.retrieval import save_retrieval_examples
 
     folder = tmp_path / "exp"
@@ -51,9 +52,11 @@ def test_a_report_with_every_section_renders(tmp_path):
         for ep in range(4):
             ck.record_keeper.append_data("accuracies_val", "mean_average_precision_at_r", 0.1 * ep, ep)
         ck.commit({"epoch": 3, "global_iteration": 12})
-    results = {"folds": [{"best_epoch": 3, "best_val_mean_average_precision_at_r": 0.3}] * 2, "test": {}}
-    (folder / "results.json").write_text(json.dumps(results))
-    (folder / "results.md").write_text("Two folds.\n\n| fold | MAP@R |\n|---|---|\n| 0 | 0.3 |\n| 1 | 0.3 |\n")
+    m = "mean_average_precision_at_r"
+    per_seed = {"gap": {s: {m: 0.30 + 0.01 * s} for s in range(3)}, "xml": {s: {m: 0.32 + 0.012 * s} for s in range(3)}}
+    results = summarize(per_seed, [("xml", "gap")], metrics=[m], smallest_effects=0.01)
+    results.update(folds=[{"best_epoch": 3, "best_val_mean_average_precision_at_r": 0.3}] * 2, test={})
+    write_results(str(folder), results, header="Two folds, three seeds.", footer=["Line one\nline two"])
     (folder / "config.yaml").write_text("trainer:\n  MetricLossOnly: {iterations_per_epoch: 4}\n")
     colours = [(200, 30, 30), (220, 60, 60), (30, 30, 200), (60, 60, 220), (30, 160, 30)]
     images = [Image.new("RGB", (40, 30), c) for c in colours]
@@ -62,6 +65,7 @@ def test_a_report_with_every_section_renders(tmp_path):
     write_report(str(folder))
     page, html = _check(str(folder), min_retrieval_rows=3)
     assert page["title"] == "mlrc report" and len(page["images"]) == 3 * 4 + 3  # 3 rows of 1 + 3, 3 curves
+    assert "<th>95 % CI (bootstrap)</th>" in html and "<td>shown</td>" in html  # the tables, from results.json
     # the screenshot is never embedded in the page it shows
     write_report(str(folder))
     assert open(folder / "report.html").read().count("data:image/png") == len(page["images"])
