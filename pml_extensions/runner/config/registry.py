@@ -61,7 +61,7 @@ SEARCH_MODULES = (
     "torchvision.models",
     "torchvision.transforms",
     "pml_extensions.runner.objects.mlp",
-    "pml_extensions.knn.chunked_accuracy_calculator",
+    "pml_extensions.knn",
     "pml_extensions.explain",
     "torchvision.datasets",
 )
@@ -94,11 +94,7 @@ ROLE_MODULES: Dict[str, tuple] = {
     "model": ("pml_extensions.trunks", "pml_extensions.runner.objects.mlp", "torch.nn", "torchvision.models"),
     "trainer": ("pml_extensions.trainers", "pytorch_metric_learning.trainers"),
     "tester": ("pml_extensions.testers", "pytorch_metric_learning.testers"),
-    "accuracy_calculator": (
-        "pml_extensions.utils",
-        "pml_extensions.knn.chunked_accuracy_calculator",
-        "pytorch_metric_learning.utils.accuracy_calculator",
-    ),
+    "accuracy_calculator": ("pml_extensions.knn", "pytorch_metric_learning.utils.accuracy_calculator"),
     "hook": (
         "pml_extensions.explain",
         "pytorch_metric_learning.utils.logging_presets",

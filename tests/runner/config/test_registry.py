@@ -23,11 +23,8 @@ class TestRoles:
             ("model", "pml_extensions.trunks.histogram_pooling", "HistogramPooling"),
             ("model", "pml_extensions.trunks.conv_net_body", "ConvNetBody"),
             ("model", "pml_extensions.runner.objects.mlp", "MLP"),
-            (
-                "accuracy_calculator",
-                "pml_extensions.knn.chunked_accuracy_calculator",
-                "ChunkedAccuracyCalculator",
-            ),
+            ("accuracy_calculator", "pml_extensions.knn.chunked_accuracy_calculator", "ChunkedAccuracyCalculator"),
+            ("accuracy_calculator", "pml_extensions.knn.asymmetric_accuracy_calculator", "AsymmetricAccuracyCalculator"),
             ("dataset", "pml_extensions.datasets.glyph_dataset", "GlyphDataset"),
         ],
     )
