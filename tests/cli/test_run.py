@@ -422,3 +422,14 @@ def test_a_corrupt_image_among_the_test_classes_stops_before_training(tmp_path, 
     out = capsys.readouterr().out
     assert "note: command line: dataset: left out 2 image(s) that do not decode" in out
     assert "131 items, 22 classes" in out
+
+
+def test_dry_run_refuses_what_the_run_refuses(capsys):
+    """A PB client's custom factory passed --dry-run (rc 0) and was refused by the real run: the loader runs the
+    protocol's checks, so --dry-run stops on it with the same line."""
+    argv = ["contrastive", "--variant", "quick", "--factories", "{hook~OVERRIDE~: {CustomHookFactory: {}}}"]
+    assert cli.main(argv + ["--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: command line: factories.hook: custom factory 'CustomHookFactory' is not ")
+    assert cli.main(argv + ["--root_experiment_folder", "/nonexistent/never"]) == 2
+    assert capsys.readouterr().err == err

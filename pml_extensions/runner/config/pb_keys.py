@@ -261,6 +261,44 @@ def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Di
         return json.load(f).get("test")
 
 
+DEFAULT_FACTORIES = {
+    "model": "ModelFactory",
+    "loss": "LossFactory",
+    "miner": "MinerFactory",
+    "sampler": "SamplerFactory",
+    "optimizer": "OptimizerFactory",
+    "tester": "TesterFactory",
+    "trainer": "TrainerFactory",
+    "transform": "TransformFactory",
+    "split_manager": "SplitManagerFactory",
+    "record_keeper": "RecordKeeperFactory",
+    "hook": "HookFactory",
+    "aggregator": "AggregatorFactory",
+    "ensemble": "EnsembleFactory",
+}
+
+
+def check_factories(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+    """PB's ``factories``: only the default factory of each role (a custom factory is a class this runner cannot
+    call; register classes with :func:`pml_extensions.runner.config.registry.register` instead).
+
+    Raises:
+        ConfigError: an unknown role or a custom factory, one line naming the key.
+    """
+    for role, spec in (config.get("factories") or {}).items():
+        where = _where(sources, f"factories.{role}")
+        if role not in DEFAULT_FACTORIES:
+            raise ConfigError(f"{where}: unknown factory role; choose from {', '.join(DEFAULT_FACTORIES)}")
+        if spec is None:
+            continue
+        name = next(iter(spec)) if isinstance(spec, dict) and spec else spec
+        if name != DEFAULT_FACTORIES[role]:
+            raise ConfigError(
+                f"{where}: custom factory {name!r} is not supported; register classes with "
+                "pml_extensions.runner.register instead"
+            )
+
+
 def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
     """Check every PB key of a powerful-benchmarker config at load time (before any training): honoured values
     pass, the others stop the run with one line naming the key and why.
@@ -269,6 +307,7 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
         ConfigError: see the accessors.
     """
     check_single_class(config, sources)
+    check_factories(config, sources)
     for name, variant in (config.get("variants") or {}).items():
         if isinstance(variant, dict):
             from .syntax import merge

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 
 from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+from ..config import pb_keys
 from ..config.eval_keys import _TESTER, _where, accuracy_calculator_spec, tester_spec
 from ..config.registry import discover, resolve
 from ..config.specs import is_object_spec, one_spec, pb_numbers
@@ -48,21 +49,6 @@ from ..experiment import distributed as dist_utils
 from . import preflight
 from .data import Subset, ToRGB, dataset_labels
 
-DEFAULT_FACTORIES = {
-    "model": "ModelFactory",
-    "loss": "LossFactory",
-    "miner": "MinerFactory",
-    "sampler": "SamplerFactory",
-    "optimizer": "OptimizerFactory",
-    "tester": "TesterFactory",
-    "trainer": "TrainerFactory",
-    "transform": "TransformFactory",
-    "split_manager": "SplitManagerFactory",
-    "record_keeper": "RecordKeeperFactory",
-    "hook": "HookFactory",
-    "aggregator": "AggregatorFactory",
-    "ensemble": "EnsembleFactory",
-}
 IMAGENET_NORMALIZE = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
 PROTOTYPE_INIT_KEYS = ("method", "num_batches", "batch_size")
 PARAM_GROUP_KEYS = ("modules", "lr_multiplier")  # ours; every other key of a group goes to the optimizer
@@ -214,22 +200,7 @@ class Builder:
         return self.config.get(key, default)
 
     def check_factories(self):
-        factories = self.get("factories") or {}
-        for role, spec in factories.items():
-            if role not in DEFAULT_FACTORIES:
-                raise ConfigError(
-                    f"{self.where('factories.' + str(role))}: unknown factory "
-                    f"role; choose from {', '.join(DEFAULT_FACTORIES)}"
-                )
-            if spec is None:
-                continue
-            name = next(iter(spec)) if isinstance(spec, dict) and spec else spec
-            if name != DEFAULT_FACTORIES[role]:
-                raise ConfigError(
-                    f"{self.where('factories.' + role)}: custom factory "
-                    f"{name!r} is not supported; register classes "
-                    "with pml_extensions.runner.register instead"
-                )
+        pb_keys.check_factories(self.config, self.sources)
 
     # ---------------------------------------------------------------------------------------------- the one step
     def build(self, key: str, spec: Any, **extra) -> Any:
