@@ -163,7 +163,9 @@ def guarded(call: Callable[[], int], what: str = "--root_experiment_folder") -> 
         say(f"error: {str(e).splitlines()[0]}")
         return 1
     except ConfigError as e:
-        say(f"config error: {str(e).splitlines()[0]}")
+        from ..runner.errors import ConfigProblems
+
+        say(f"config error: {str(e) if isinstance(e, ConfigProblems) else str(e).splitlines()[0]}")
         return 2
     except OSError as e:
         if e.errno not in OUTPUT_ERRNOS:

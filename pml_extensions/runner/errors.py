@@ -16,12 +16,71 @@ Example::
     (True, 15)
 """
 
+import contextlib
 import errno
 import signal
+from typing import Iterator, List
 
 
 class ConfigError(ValueError):
     """A config problem; the one-line message names the file (when known) and the key."""
+
+
+class ConfigProblems(ConfigError):
+    """Every problem one pass of checks found (:class:`Problems`): the message lists them, one line each; with one
+    problem it is that problem's line."""
+
+    def __init__(self, problems: List[str]):
+        self.problems = list(problems)
+        lines = self.problems
+        text = (
+            lines[0]
+            if len(lines) == 1
+            else f"{len(lines)} problems, nothing was run:\n"
+            + "\n".join(f"  {i}. {line}" for i, line in enumerate(lines, 1))
+        )
+        super().__init__(text)
+
+
+class Problems:
+    """Collect the problems of several independent checks and report them together (a user fixes them all in one
+    go instead of one per run).
+
+    Example::
+
+        >>> problems = Problems()
+        >>> with problems.check():
+        ...     raise ConfigError("a.yaml: x: expected an integer, got 'y'")
+        >>> with problems.check():
+        ...     pass
+        >>> with problems.check():
+        ...     raise ConfigError("dataset: 2 of 9 images do not decode")
+        >>> try:
+        ...     problems.raise_any()
+        ... except ConfigError as e:
+        ...     print(e)
+        2 problems, nothing was run:
+          1. a.yaml: x: expected an integer, got 'y'
+          2. dataset: 2 of 9 images do not decode
+    """
+
+    def __init__(self):
+        self.found: List[str] = []
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        """Run the block; a :class:`ConfigError` it raises is recorded instead of stopping the pass."""
+        try:
+            yield
+        except ConfigProblems as e:
+            self.found += e.problems
+        except ConfigError as e:
+            self.found.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+    def raise_any(self) -> None:
+        """Raise :class:`ConfigProblems` when any check failed."""
+        if self.found:
+            raise ConfigProblems(self.found)
 
 
 class MissingDataError(ConfigError, FileNotFoundError):

@@ -101,8 +101,6 @@ def load_yaml(path: str) -> Dict:
     return data
 
 
-
-
 def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
     """Parse ``--name value ...`` into a dict; values are YAML (``{a: 1}``, ``[x, y]``, ``0.1``, ``1e-3``, ``null``;
     floats in YAML 1.2's syntax, :func:`pml_extensions.runner.config.yaml_reader.read_yaml`).

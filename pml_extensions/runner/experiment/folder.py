@@ -354,11 +354,6 @@ class Experiment:
         self.sources = sources or {}
         self.log = log if dist_utils.is_main() else (lambda *a, **k: None)
         self.device = select_device(config.get("device", "auto"), self.where("device"))
-        if dist_utils.is_main():
-            try:
-                os.makedirs(folder, exist_ok=True)
-            except OSError as e:
-                raise OutputError.writing(folder, e) from None
 
     def where(self, key: str) -> str:
         """``"<file>: <key>"`` for error messages."""

@@ -80,7 +80,7 @@ def dataset_labels(dataset) -> np.ndarray:
 
 def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray, list]:
     """Class-disjoint split of the training classes into (train indices, validation indices, validation classes):
-    the ``validation: {class_fraction, seed}`` key of the xml_vs_gap and resolution_distillation protocols.
+    the ``validation: {class_fraction, seed}`` key of the paired protocols.
 
     Args:
         labels: ``[N]`` integer labels of the training split.

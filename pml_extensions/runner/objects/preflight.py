@@ -156,6 +156,22 @@ def check_images(
     )
 
 
+def record_checked_images(dataset, folder: str) -> None:
+    """Record every image file of ``dataset`` (checked by :func:`check_images`, the bad ones left out) as decoded in
+    ``folder``'s :data:`IMAGE_CHECK_FILE`, so a rerun decodes only new or changed files (a check before the folder
+    existed wrote nothing)."""
+    from ...utils.atomic_io import atomic_write_json
+
+    paths = image_paths(dataset)
+    record = os.path.join(folder, IMAGE_CHECK_FILE)
+    if paths is None or not os.path.isdir(folder) or os.path.exists(record):
+        return
+    try:
+        atomic_write_json(record, {p: _stat(p) for p in dict.fromkeys(paths)})
+    except OSError:
+        pass  # the record only saves a rerun the decoding
+
+
 # ---------------------------------------------------------------------------------------------------- classes
 def minimum_classes(
     split: Callable[[Sequence[int]], Dict[str, Any]],
@@ -244,12 +260,15 @@ def class_splits(
     )
 
 
-def check_sampler(builder, fold_train_labels: Sequence[Sequence[int]], batch_size: int) -> None:
+def check_sampler(
+    builder, fold_train_labels: Sequence[Sequence[int]], batch_size: int, batch_key: Optional[str] = None
+) -> None:
     """The config's sampler against every fold's training labels: ``m × classes >= batch_size`` and ``m`` divides
-    ``batch_size`` (PML's ``MPerClassSampler`` asserts both when the first epoch starts).
+    ``batch_size`` (PML's ``MPerClassSampler`` asserts both when the first epoch starts). ``batch_key``: the
+    top-level key that sets the batch size (default: the trainer's ``batch_size``).
 
     Raises:
-        ConfigError: naming the fold, the sampler's and the trainer's sources and the largest batch size that fits.
+        ConfigError: naming the fold, the sampler's and the batch size's sources and the largest batch size that fits.
     """
     name, m = _sampler_m(builder)
     if m is None:
@@ -257,7 +276,12 @@ def check_sampler(builder, fold_train_labels: Sequence[Sequence[int]], batch_siz
     sources = builder.sources
     m_src = describe(source_of(sources, ("sampler", name, "m")))
     trainer, _ = _trainer_batch(builder)
-    batch_src = describe(source_of(sources, ("trainer", trainer, "batch_size") if trainer else "trainer"))
+    if batch_key is None:
+        batch_src = describe(source_of(sources, ("trainer", trainer, "batch_size") if trainer else "trainer"))
+        set_batch = lambda b: f'--trainer~APPLY~2 "{{batch_size: {b}}}"'  # noqa: E731
+    else:
+        batch_src = describe(source_of(sources, batch_key))
+        set_batch = lambda b: f"--{batch_key} {b}"  # noqa: E731
     if batch_size % m:
         raise ConfigError(
             f"{source_of(sources, 'sampler')}: sampler.{name}.m: {m} ({m_src}) does not divide the batch size "
@@ -266,10 +290,11 @@ def check_sampler(builder, fold_train_labels: Sequence[Sequence[int]], batch_siz
     for fold, labels in enumerate(fold_train_labels):
         classes = len(np.unique(np.asarray(labels)))
         if classes * m < batch_size:
+            which = f" of fold {fold}" if batch_key is None else ""
             raise ConfigError(
-                f"{source_of(sources, 'sampler')}: sampler.{name}: m={m} ({m_src}) x {classes} training classes of "
-                f"fold {fold} = {classes * m} < batch_size {batch_size} ({batch_src}); add --trainer~APPLY~2 "
-                f'"{{batch_size: {classes * m}}}" or use a dataset with more classes'
+                f"{source_of(sources, 'sampler')}: sampler.{name}: m={m} ({m_src}) x {classes} training classes"
+                f"{which} = {classes * m} < batch_size {batch_size} ({batch_src}); add {set_batch(classes * m)} or "
+                "use a dataset with more classes"
             )
 
 

@@ -191,13 +191,19 @@ def load_config(
         config = merge(config, update, "command line")
         for key in update:
             sources[key.split("~")[0]] = "command line"
-    if check:
+    if check:  # every check runs, and every problem found is reported together
         from ..config.arguments import check_arguments
+        from ..errors import Problems
 
-        check_keys(config, sources, protocol, getattr(sources, "file_keys", config))
-        config = protocol.normalize(config, sources, log)
-        protocol.check(config, sources)
-        check_arguments(config, sources)
+        problems = Problems()
+        with problems.check():
+            check_keys(config, sources, protocol, getattr(sources, "file_keys", config))
+        with problems.check():
+            config = protocol.normalize(config, sources, log)
+            protocol.check(config, sources)
+        with problems.check():
+            check_arguments(config, sources)
+        problems.raise_any()
     if not allow_search:
         check_no_search(config, sources)
     return config, sources
@@ -244,6 +250,7 @@ def run_protocol(
     from ..outputs.report import write_report
 
     protocol = protocol_of(config, sources)(config, experiment_folder, sources, log)
+    protocol.preflight()  # a refused run leaves no folder behind
     prepare_folder(experiment_folder, config, on_change=on_change, command=command, log=log)
     results = protocol.run()
     if dist_utils.is_main():

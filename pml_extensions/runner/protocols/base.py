@@ -175,19 +175,19 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
         ConfigError: one line ``"<file>: <key>: expected ..., got ..."`` (``"<file>: missing key <key>"``).
     """
     from ..config.sources import source_of
+    from ..errors import Problems
 
-    values = {}
+    values, problems = {}, Problems()
     for field in dataclasses.fields(cls):
         meta = field.metadata
         here = f"{where or source_of(sources, field.name)}: {field.name}"
-        if field.name in config:
-            value = config[field.name]
-        elif field.default is REQUIRED:
-            raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}")
-        else:
-            values[field.name] = field.default_factory() if field.default_factory is not dataclasses.MISSING else None
-            continue
-        values[field.name] = check_value(value, meta, here) if meta else value
+        values[field.name] = field.default_factory() if field.default_factory is not dataclasses.MISSING else None
+        with problems.check():
+            if field.name in config:
+                values[field.name] = check_value(config[field.name], meta, here) if meta else config[field.name]
+            elif field.default is REQUIRED:
+                raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}")
+    problems.raise_any()
     return cls(**values)
 
 
@@ -290,6 +290,11 @@ class Protocol:
             ConfigError: the protocol offers none.
         """
         raise ConfigError(f"bayes_opt_iters: the {cls.name} protocol has no search objective")
+
+    def preflight(self) -> None:
+        """Every check of the data before any work (the images decode, enough classes, channels that fit), all
+        problems in one refusal (:class:`~pml_extensions.runner.errors.Problems`); nothing is written to an
+        experiment folder that does not exist yet. Default: none."""
 
     def run(self) -> Dict[str, Any]:  # pragma: no cover - every protocol implements it
         """Run the experiment, write ``results.json`` (and the rest of the folder) and return the results."""

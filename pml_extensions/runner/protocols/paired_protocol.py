@@ -370,7 +370,6 @@ class PairedProtocol(Protocol):
 
         start = time.time()
         s, seeds, names = self.settings, self.settings.seeds, list(self.variant_configs)
-        self.before_units()
         units = self.run_units()
         per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in names}
         chosen = None
@@ -451,9 +450,6 @@ class PairedProtocol(Protocol):
         with open(os.path.join(self.folder, "results.md"), encoding="utf-8") as f:
             self.log(f"{self.folder}/results.md:\n\n{f.read()}")
         return results
-
-    def before_units(self) -> None:
-        """Checks and preparation before the first unit trains (default: none); a subclass checks its data here."""
 
     def curves(self, units: Dict[str, Dict[str, Any]], seed: int) -> str:
         """``map_at_r.png``: the validation curve of the primary metric per variant at ``seed``, the tested epoch

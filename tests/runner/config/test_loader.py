@@ -8,6 +8,7 @@ import pytest
 
 from pml_extensions.runner.config.loader import (
     CONFIG_FOLDERS,
+    load_yaml,
     merge,
     parse_command_line,
     split_selection,

@@ -24,7 +24,11 @@ class TestRoles:
             ("model", "pml_extensions.trunks.conv_net_body", "ConvNetBody"),
             ("model", "pml_extensions.runner.objects.mlp", "MLP"),
             ("accuracy_calculator", "pml_extensions.knn.chunked_accuracy_calculator", "ChunkedAccuracyCalculator"),
-            ("accuracy_calculator", "pml_extensions.knn.asymmetric_accuracy_calculator", "AsymmetricAccuracyCalculator"),
+            (
+                "accuracy_calculator",
+                "pml_extensions.knn.asymmetric_accuracy_calculator",
+                "AsymmetricAccuracyCalculator",
+            ),
             ("dataset", "pml_extensions.datasets.glyph_dataset", "GlyphDataset"),
         ],
     )

@@ -41,7 +41,7 @@ restores them on resume — set ``seed: null`` to leave them alone.
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -103,6 +103,7 @@ class MLRCRunner:
         self.split = pb_keys.split_settings(config, self.sources)
         self.getter = pb_keys.data_and_label_getter(self.split["data_and_label_getter_keys"])
         self.trained = False  # did this call train any epoch (then saved test numbers are stale)
+        self.prepared = None  # (base, labels, splits, transforms) of prepare()
         self.caches = None  # FeatureCaches with a feature_cache key (set in run())
 
     # datasets: images with a transform, or the feature caches' views
@@ -283,7 +284,11 @@ class MLRCRunner:
                 "embeddings concatenated (the `concatenated_*` row of the test metrics).",
             )
         return ensemble_metrics(
-            embeddings, y, calc, normalize=ensemble["normalize_embeddings"], tester_normalize=tester.normalize_embeddings
+            embeddings,
+            y,
+            calc,
+            normalize=ensemble["normalize_embeddings"],
+            tester_normalize=tester.normalize_embeddings,
         )
 
     def run_test_hooks(self, test_ds, models) -> None:
@@ -322,38 +327,72 @@ class MLRCRunner:
         self.pool = np.nonzero(~np.isin(labels, test_classes))[0]
 
     # ---------------------------------------------------------------------------------------------- all
+    def prepare(self) -> None:
+        """Every check before training, in one pass (:class:`~pml_extensions.runner.errors.Problems`): the dataset
+        builds (its columns, its files), every image decodes, enough classes for the split and the sampler, the
+        images' channels and sizes fit the trunk. Nothing is written to a folder that does not exist yet.
+
+        Raises:
+            ConfigProblems: every problem found, one line each.
+        """
+        from ...errors import Problems
+
+        problems = Problems()
+        base = labels = splits = None
+        transforms = {}
+        with problems.check():
+            base = self.builder.build_dataset()
+        if base is not None:
+            skip = self.get("skip_bad_images", False)
+            folder = self.folder if os.path.isdir(self.folder) else None  # a rerun keeps its record of good files
+            with problems.check():
+                base = preflight.check_images(base, folder, skip is True, self.where("dataset"), self.log)
+            with problems.check():
+                labels = pb_keys.label_level(
+                    dataset_labels(base), self.split["hierarchy_level"], self.where("split_manager")
+                )
+        num_sets = int(self.split["num_training_sets"])
+        if labels is not None:
+            with problems.check():
+                splits = preflight.class_splits(
+                    self.builder,
+                    labels,
+                    lambda ls, parts: mlrc_class_splits(
+                        ls, float(self.split["test_size"]), float(self.split["test_start_idx"]), parts
+                    ),
+                    int(self.split["num_training_partitions"]),
+                    num_sets,
+                )
+        with problems.check():
+            transforms = {"train": self.builder.build_transform("train"), "eval": self.builder.build_transform("eval")}
+            if base is not None:
+                classes = len(splits["folds"][0]["train"]) if splits else 2
+                transforms = preflight.fit_channels(self.builder, base, transforms, classes, self.getter, self.log)
+        if splits is not None:
+            with problems.check():
+                batch = one_spec(self.builder._require("trainer"), self.where("trainer"))[1].get("batch_size", 32)
+                folds = splits["folds"][:num_sets]
+                preflight.check_sampler(self.builder, [labels[np.isin(labels, f["train"])] for f in folds], batch)
+        problems.raise_any()
+        self.prepared = (base, labels, splits, transforms)
+
+    def class_names(self, base, classes) -> List[str]:
+        """The names of ``classes`` (labels) as the dataset writes them (its ``classes``), else the labels."""
+        names = getattr(base, "classes", None)
+        return [str(names[c]) if names is not None and 0 <= c < len(names) else str(c) for c in classes]
+
     def run(self) -> Dict[str, Any]:
         t0 = time.time()
-        base = self.builder.build_dataset()
-        # checks before training (runner.objects.preflight): every image decodes, enough classes for the split and
-        # the sampler, image channels that fit the trunk
-        skip = self.get("skip_bad_images", False)
-        base = preflight.check_images(base, self.folder, skip is True, self.where("dataset"), self.log)
-        split_where = self.where("split_manager")
-        labels = pb_keys.label_level(dataset_labels(base), self.split["hierarchy_level"], split_where)
+        if self.prepared is None:
+            self.prepare()
+        base, labels, splits, transforms = self.prepared
+        preflight.record_checked_images(base, self.folder)  # a rerun decodes only new or changed files
         num_sets = int(self.split["num_training_sets"])
-        splits = preflight.class_splits(
-            self.builder,
-            labels,
-            lambda ls, parts: mlrc_class_splits(
-                ls, float(self.split["test_size"]), float(self.split["test_start_idx"]), parts
-            ),
-            int(self.split["num_training_partitions"]),
-            num_sets,
-        )
-        transforms = {"train": self.builder.build_transform("train"), "eval": self.builder.build_transform("eval")}
-        transforms = preflight.fit_channels(
-            self.builder, base, transforms, len(splits["folds"][0]["train"]), self.getter, self.log
-        )
-        batch = one_spec(self.builder._require("trainer"), self.where("trainer"))[1].get("batch_size", 32)
-        folds = splits["folds"][:num_sets]
-        preflight.check_sampler(self.builder, [labels[np.isin(labels, f["train"])] for f in folds], batch)
         if self.get("feature_cache") is not None:
             self.setup_caches(labels, splits["test"])
-        self.log(
-            f"{len(labels)} items, {len(np.unique(labels))} classes; test "
-            f"classes {splits['test'][0]}..{splits['test'][-1]}; {num_sets} folds"
-        )
+        names = self.class_names(base, splits["test"])
+        shown = ", ".join(names[:6]) + (f", ... ({len(names)})" if len(names) > 6 else "")
+        self.log(f"{len(labels)} items, {len(np.unique(labels))} classes; test classes: {shown}; {num_sets} folds")
         fold_results = [self.train_fold(k, base, labels, splits["folds"][k], transforms) for k in range(num_sets)]
         # PB's skip_ensemble_eval_if_already_done, only when no fold trained in this call
         test = None if self.trained else pb_keys.reuse_test_results(self.config, self.folder, self.sources)
@@ -366,6 +405,7 @@ class MLRCRunner:
             "folds": fold_results,
             "test": test,
             "test_classes": splits["test"],
+            "test_class_names": self.class_names(base, splits["test"]),
             "seconds": time.time() - t0,
         }
         self.experiment.write_results(results)
@@ -474,9 +514,15 @@ class MLRC(Protocol):
             return float(sum(folds) / len(folds))
         raise ConfigError(f"bayes_opt_iters: the mlrc run reports no validation {primary} to optimise")
 
+    def preflight(self) -> None:
+        """:meth:`MLRCRunner.prepare`: every check before training, all problems in one refusal."""
+        self.runner = MLRCRunner(self.config, self.folder, self.sources, self.log)
+        self.runner.prepare()
+
     def run(self) -> Dict[str, Any]:
         """:meth:`MLRCRunner.run`."""
-        return MLRCRunner(self.config, self.folder, self.sources, self.log).run()
+        runner = getattr(self, "runner", None) or MLRCRunner(self.config, self.folder, self.sources, self.log)
+        return runner.run()
 
 
 PROTOCOL = MLRC

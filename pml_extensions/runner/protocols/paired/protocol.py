@@ -124,34 +124,63 @@ class Paired(PairedProtocol):
 
         save_retrieval(variant, self._cfg(variant), folder, self.folder, self.device, seed, epoch)
 
-    def before_units(self) -> None:
-        """Before the first unit trains: a cached prefix does not depend on the seed, and every image of each
-        variant's dataset decodes (each distinct dataset once)."""
+    def preflight(self) -> None:
+        """Before the first unit trains, every problem in one refusal: a cached prefix that depends on the seed,
+        each variant's dataset (each distinct one once): it builds, every image decodes, the training classes hold
+        a validation part and the sampler's batches, the images fit the trunk."""
+        from ...errors import Problems
         from ...objects import preflight
         from ...objects.builder import Builder
+        from ...objects.data import dataset_labels, validation_split
         from ...objects.feature_cache import check_fixed_prefix
 
-        seen = set()
+        problems, seen = Problems(), set()
+        quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
-            cfg, sources = self._cfg(name), self.variant_sources[name]
+            cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
             if cfg.get("feature_cache") is not None:
                 signature = json.dumps([cfg["models"]["trunk"], cfg["feature_cache"]], default=str)
                 if signature not in seen:
                     seen.add(signature)
-                    check_fixed_prefix(
-                        lambda cfg=cfg, sources=sources: Builder(cfg, sources, self.device, lambda *a, **k: None),
-                        self.settings.seeds,
-                        f"{sources.get('feature_cache', 'config')}: feature_cache",
-                    )
-            key = json.dumps(cfg.get("dataset"), sort_keys=True, default=str)
+                    with problems.check():
+                        check_fixed_prefix(
+                            lambda cfg=cfg, sources=sources: Builder(cfg, sources, self.device, quiet),
+                            self.settings.seeds,
+                            f"{sources.get('feature_cache', 'config')}: feature_cache",
+                        )
+            key = json.dumps([cfg.get(k) for k in ("dataset", "sampler", "batch_size", "validation")], default=str)
             if key in seen:
                 continue
             seen.add(key)
-            b = Builder(dict(cfg), sources, self.device, lambda *a, **k: None)
+            b = Builder(dict(cfg), sources, self.device, quiet)
+            where = f"{sources.get('dataset', 'config')}: dataset"
             for split in ("train", "test"):
-                where = f"{sources.get('dataset', 'config')}: dataset"
-                skip = bool(cfg.get("skip_bad_images"))
-                preflight.check_images(b.build_dataset(split), self.folder, skip, where, self.log, skip_hint=None)
+                data = None
+                with problems.check():
+                    data = b.build_dataset(split)
+                if data is None:
+                    break
+                with problems.check():
+                    data = preflight.check_images(data, None, s.skip_bad_images, where, self.log, None)
+                if split != "train":
+                    continue
+                labels = parts = None
+                with problems.check():
+                    labels = dataset_labels(data)
+                    fraction, vseed = s.validation.get("class_fraction", 0.25), s.validation.get("seed", 0)
+                    try:
+                        parts = validation_split(labels, fraction, vseed)
+                    except ConfigError as e:
+                        raise ConfigError(f"{sources.get('validation', 'config')}: validation: {e}") from None
+                if parts is not None:
+                    with problems.check():
+                        preflight.check_sampler(b, [labels[parts[0]]], s.batch_size, batch_key="batch_size")
+                    with problems.check():
+                        view = b.subset(data, parts[0][:1], labels, b.build_transform("eval"))
+                        sample = view[0][0]
+                        if cfg.get("feature_cache") is None and hasattr(sample, "ndim"):
+                            b.build_models(sample, int(max(labels)) + 1)
+        problems.raise_any()
 
     def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
         """Build the feature caches of every variant with ``feature_cache`` (parts ``train``, ``train_eval``,
