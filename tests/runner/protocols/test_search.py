@@ -381,13 +381,19 @@ WORKER = os.path.join(os.path.dirname(__file__), "search_worker_script.py")
 
 
 def _worker(folder, n_trials, env, *flags):
-    return subprocess.Popen(
-        [sys.executable, WORKER, folder, str(n_trials), *flags],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    """A worker process started as a shell's background job (``cmd &``) starts it, with SIGINT ignored, whether or not
+    pytest itself runs in one: the worker script sets the signal dispositions that the tests rely on."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child through fork and exec
+    try:
+        return subprocess.Popen(
+            [sys.executable, WORKER, folder, str(n_trials), *flags],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _wait_for(path, proc, timeout=120):
