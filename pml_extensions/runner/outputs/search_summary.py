@@ -37,7 +37,8 @@ def write_summary(
     """``search.json``, ``results.md`` and ``search.png`` (objective per trial and best so far) of a study.
 
     The failed trials are listed with their reasons: the run's (a NaN objective, an exception) or, for a trial
-    whose worker stopped, the trial that resumed it. A best trial that ties the untrained score is flagged.
+    whose worker stopped, the trial that resumed it. A best trial that ties the untrained score is flagged. The best
+    trial carries its run's test metrics (``"test"``, the ``"test"`` entry of its ``results.json``) when it has them.
     """
     import optuna
 
@@ -55,6 +56,8 @@ def write_summary(
         row["untrained"] = _untrained(row)
         rows.append(row)
     best = max(rows, key=lambda r: r["value"]) if rows else None
+    if best is not None:
+        best = {**best, **_test_metrics(os.path.join(folder, best["folder"], "results.json"))}
     resumed_as = {}
     for t in trials:
         for number in t.system_attrs.get("retry_history", []):
@@ -96,7 +99,7 @@ def write_summary(
         head = "| trial | objective |" + (" folds at epoch 0 |" if with_folds else "")
         lines += ["", head + "".join(f" {n} |" for n in names), "|---|---|" + "---|" * (len(names) + with_folds)]
         for r in rows:
-            mark = " (best)" if r is best else ""
+            mark = " (best)" if r["number"] == best["number"] else ""
             folds = f" {len(r.get(UNTRAINED_ATTR, []))}/{r.get(FOLDS_ATTR, '?')} |" if with_folds else ""
             lines.append(
                 f"| {r['number']}{mark} | {r['value']:.4f} |{folds}"
@@ -108,6 +111,16 @@ def write_summary(
     if rows:
         _plot(rows, os.path.join(folder, "search.png"), atomic_savefig)
     return summary
+
+
+def _test_metrics(results_path: str) -> Dict[str, Any]:
+    """``{"test": {key: {metric: value}}}``: the test metrics of a trial's run (its ``results.json``), or ``{}``."""
+    try:
+        with open(results_path) as f:
+            test = json.load(f).get("test")
+    except (OSError, ValueError, AttributeError):  # no run there (a stand-in objective), or not a results file
+        return {}
+    return {"test": test} if isinstance(test, dict) else {}
 
 
 def _shown(value) -> str:
