@@ -3,42 +3,32 @@
 
 Markers (PB's): ``key~BAYESIAN~: [low, high]`` (uniform float), ``key~LOG_BAYESIAN~: [low, high]`` (log-uniform),
 ``key~INT_BAYESIAN~: [low, high]`` (integer), at any depth, inside list items too (every shipped trunk is a list:
-``models.trunk[0].ConvNetBody.blocks_per_stage`` names such a parameter). ``bayes_opt_iters`` (PB's key) is the
-number of COMPLETE trials the study ends with. Each trial is one run of the config's protocol with the sampled values,
-in ``<experiment>/trial_<n>``; its objective is the aggregated validation primary metric
-(``results["aggregate"][primary_metric]``, :func:`pb_keys.aggregate`), maximised with Optuna's TPE sampler, seeded by
-the config's ``seed`` plus the trial's number (every trial draws its own values, whichever worker asks for it).
+``models.trunk[0].ConvNetBody.blocks_per_stage`` names such a parameter). Each trial is one run of the config's
+protocol with the sampled values, in ``<experiment>/trial_<n>``; its objective is the aggregated validation primary
+metric (``results["aggregate"][primary_metric]``, :func:`pb_keys.aggregate`), maximised with Optuna's TPE sampler,
+seeded by the config's ``seed`` plus the trial's number (whichever worker asks for the trial).
 
-The trials run through Optuna's ``Study.optimize``: its heartbeat thread, its stale-trial check before each trial, and
-``MaxTrialsCallback`` counting the COMPLETE trials and those running now, so that a worker does not start a trial
-beyond ``bayes_opt_iters``; it waits for the other workers' running trials before it ends (one may still fail or die).
-
-Counting: the study ends with exactly ``bayes_opt_iters`` COMPLETE trials. A trial whose objective is NaN or infinite,
-or whose run raises (a diverged loss, an out-of-memory error), is FAIL with its reason (``search.json``,
-``results.md``) and does not count; the search stops early on one rule only: ``bayes_opt_max_failures_in_a_row``
-(ours, default :data:`MAX_FAILURES_IN_A_ROW`) of this worker's trials in a row failed. The stop is said in one line
-and recorded in ``search.json`` (``"stopped"``); rerunning the command continues the study. A
+The trials run in Optuna's ``Study.optimize`` (its heartbeat thread every :data:`HEARTBEAT_INTERVAL_S`, its stale-trial
+check) on ``<experiment>/study.db`` (SQLite through ``RDBStorage``, busy timeout :data:`SQLITE_TIMEOUT_S`). The study
+ends with exactly ``bayes_opt_iters`` (PB's key) COMPLETE trials: ``MaxTrialsCallback`` counts the COMPLETE trials and
+the running ones, so no worker starts a trial beyond that number, and a worker waits for the others' running trials
+before it ends (one may still fail or die). A trial whose objective is NaN or infinite, or whose run raises (a
+diverged loss, an out-of-memory error), is FAIL with its reason and does not count; ``bayes_opt_max_failures_in_a_row``
+(ours, default :data:`MAX_FAILURES_IN_A_ROW`) failed trials of one worker in a row stop the search, in one line
+recorded in ``search.json`` (``"stopped"``); rerunning the command continues the study. A
 :class:`~pml_extensions.runner.errors.ConfigError` inside a trial (the sampled values make a bad config) fails the
 trial and stops the search at once.
 
-Many workers, one study: start the same command several times (processes, or ``torchrun`` groups, whose rank 0
-is the worker and sends each trial to the other ranks) on the same experiment folder. The study lives in
-``<experiment>/study.db`` (SQLite, through Optuna's ``RDBStorage`` with a busy timeout of :data:`SQLITE_TIMEOUT_S`
-and heartbeats every :data:`HEARTBEAT_INTERVAL_S`). A trial is run again only when its worker is gone:
-
-- the worker process ended (SIGKILL, a crash, SIGINT/SIGTERM): its lock ``locks/trial_<n>.worker.lock`` is free;
-  the next worker to look (or the rerun of the command) fails the trial and queues its parameters again with
-  Optuna's ``RetryHeartbeatStaleTrialCallback``;
-- its heartbeat stopped for more than :data:`GRACE_PERIOD_S` (a worker on another machine that died without its lock
-  being released): Optuna's stale-trial check fails it and calls the same callback.
-
-The queued copy has the same parameters and the same trial folder, so its protocol run resumes from the checkpoint
-(the interrupted trial stays in the history as FAIL). ``locks/<folder>.folder.lock`` is held by whoever writes a
-trial folder: no two workers ever write one; a copy waits for a worker that lost its heartbeat but still runs.
+Many workers, one study: start the same command several times (processes, machines sharing the folder, or
+``torchrun`` groups, whose rank 0 is the worker and sends each trial to the other ranks). A trial whose worker is
+gone is failed and its parameters queued again, in the same trial folder (its protocol run resumes from the
+checkpoint), by Optuna's ``RetryHeartbeatStaleTrialCallback``: at once when the worker process ended (SIGKILL, a
+crash, SIGINT/SIGTERM: its lock ``locks/trial_<n>.worker.lock`` is free), after :data:`GRACE_PERIOD_S` without a
+heartbeat otherwise (a worker on another machine). ``locks/<folder>.folder.lock`` is held by whoever writes a trial
+folder: no two workers ever write one; a copy waits for a worker that lost its heartbeat but still runs.
 SIGINT/SIGTERM (``KeyboardInterrupt``, and the command line's ``Interrupted``) leave the running trial to be resumed
 exactly as SIGKILL does, then propagate. Locks are ``fcntl.flock`` locks: workers on several machines need a shared
-folder whose file locks work across them (as SQLite does); without ``fcntl`` (Windows) run one worker per study, and
-a stopped worker's trial is resumed after the grace period.
+folder whose file locks work across them (as SQLite does); without ``fcntl`` (Windows) run one worker per study.
 
 ``search.json`` / ``results.md`` / ``search.png`` (objective per trial, best so far) hold the trials, the failed ones
 with their reasons, and the best one with its run's test metrics, which report.html shows. A best trial whose every
@@ -318,13 +308,15 @@ class _Worker:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                self.retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
+                retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
+                argument = "heartbeat_stale_trial_callback" if retry else "failed_trial_callback"
+                self.retry = (retry or optuna.storages.RetryFailedTrialCallback)(max_retry=None)
                 self.storage = optuna.storages.RDBStorage(
                     f"sqlite:///{os.path.abspath(os.path.join(folder, 'study.db'))}",
                     engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
                     heartbeat_interval=HEARTBEAT_INTERVAL_S,
                     grace_period=GRACE_PERIOD_S,
-                    heartbeat_stale_trial_callback=lambda study, trial: self._requeue(study, trial, stale=True),
+                    **{argument: lambda study, trial: self._requeue(study, trial, stale=True)},
                 )
             self.study = optuna.create_study(
                 study_name=STUDY_NAME, storage=self.storage, direction="maximize", load_if_exists=True
