@@ -188,7 +188,7 @@ def _print_results(results: dict, folder: str) -> None:
     if best:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in best["params"].items())
         print(f"best of {results['n_trials']} trials: trial {best['number']} (objective {best['value']:.4f}): {shown}")
-    test = results.get("test") if isinstance(results, dict) else None
+    test = (best or results).get("test") if isinstance(results, dict) else None  # a search: its best trial's
     if isinstance(test, dict):
         for key, metrics in test.items():
             if key == "per_model" or not isinstance(metrics, dict):

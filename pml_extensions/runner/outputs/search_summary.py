@@ -43,7 +43,8 @@ def write_summary(
     """``search.json``, ``results.md`` and ``search.png`` (objective per trial and best so far) of a study.
 
     The failed trials are listed with their reasons: the run's (a NaN objective, an exception) or, for a trial
-    whose worker stopped, the trial that resumed it. A best trial that ties the untrained score is flagged.
+    whose worker stopped, the trial that resumed it. A best trial that ties the untrained score is flagged. The best
+    trial carries its run's test metrics (``"test"``, the ``"test"`` entry of its ``results.json``) when it has them.
     """
     import optuna
 
@@ -61,6 +62,8 @@ def write_summary(
         row["untrained"] = _untrained(row)
         rows.append(row)
     best = max(rows, key=lambda r: r["value"]) if rows else None
+    if best is not None:
+        best = {**best, **_test_metrics(os.path.join(folder, best["folder"], "results.json"))}
     resumed_as = {}
     for t in trials:
         for number in t.system_attrs.get("retry_history", []):
@@ -168,6 +171,16 @@ def _is_number(value) -> bool:
 
 def _number(value) -> str:
     return "–" if value is None else f"{value:.4f}"
+
+
+def _test_metrics(results_path: str) -> Dict[str, Any]:
+    """``{"test": {key: {metric: value}}}``: the test metrics of a trial's run (its ``results.json``), or ``{}``."""
+    try:
+        with open(results_path) as f:
+            test = json.load(f).get("test")
+    except (OSError, ValueError, AttributeError):  # no run there (a stand-in objective), or not a results file
+        return {}
+    return {"test": test} if isinstance(test, dict) else {}
 
 
 def _shown(value) -> str:

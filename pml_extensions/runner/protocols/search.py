@@ -3,45 +3,37 @@
 
 Markers (PB's): ``key~BAYESIAN~: [low, high]`` (uniform float), ``key~LOG_BAYESIAN~: [low, high]`` (log-uniform),
 ``key~INT_BAYESIAN~: [low, high]`` (integer), at any depth, inside list items too (every shipped trunk is a list:
-``models.trunk[0].ConvNetBody.blocks_per_stage`` names such a parameter). ``bayes_opt_iters`` (PB's key) is the
-number of COMPLETE trials the study ends with. Each trial is one run of the config's protocol with the sampled values,
-in ``<experiment>/trial_<n>``; its objective is the aggregated validation primary metric
-(``results["aggregate"][primary_metric]``, :func:`pb_keys.aggregate`), maximised with Optuna's TPE sampler, seeded by
-the config's ``seed`` plus the trial's number (every trial draws its own values, whichever worker asks for it).
+``models.trunk[0].ConvNetBody.blocks_per_stage`` names such a parameter). Each trial is one run of the config's
+protocol with the sampled values, in ``<experiment>/trial_<n>``; its objective is the aggregated validation primary
+metric (``results["aggregate"][primary_metric]``, :func:`pb_keys.aggregate`), maximised with Optuna's TPE sampler,
+seeded by the config's ``seed`` plus the trial's number (whichever worker asks for the trial).
 
-Counting: the study ends with exactly ``bayes_opt_iters`` COMPLETE trials. A trial whose objective is NaN or infinite,
-or whose run raises (a diverged loss, an out-of-memory error), is FAIL with its reason (``search.json``,
-``results.md``) and does not count; the search stops early on one rule only: ``bayes_opt_max_failures_in_a_row``
-(ours, default :data:`MAX_FAILURES_IN_A_ROW`) trials in a row failed since this worker started. The stop is said in
-one line and recorded in ``search.json`` (``"stopped"``); rerunning the command continues the study. A
+The trials run in Optuna's ``Study.optimize`` (its heartbeat thread every :data:`HEARTBEAT_INTERVAL_S`, its stale-trial
+check) on ``<experiment>/study.db`` (SQLite through ``RDBStorage``, busy timeout :data:`SQLITE_TIMEOUT_S`). The study
+ends with exactly ``bayes_opt_iters`` (PB's key) COMPLETE trials: ``MaxTrialsCallback`` counts the COMPLETE trials and
+the running ones, so no worker starts a trial beyond that number, and a worker waits for the others' running trials
+before it ends (one may still fail or die). A trial whose objective is NaN or infinite, or whose run raises (a
+diverged loss, an out-of-memory error), is FAIL with its reason and does not count; ``bayes_opt_max_failures_in_a_row``
+(ours, default :data:`MAX_FAILURES_IN_A_ROW`) failed trials of one worker in a row stop the search, in one line
+recorded in ``search.json`` (``"stopped"``); rerunning the command continues the study. A
 :class:`~pml_extensions.runner.errors.ConfigError` inside a trial (the sampled values make a bad config) fails the
 trial and stops the search at once.
 
-Many workers, one study: start the same command several times (processes, or ``torchrun`` groups, whose rank 0
-is the worker) on the same experiment folder. The study lives in ``<experiment>/study.db`` (SQLite, through Optuna's
-``RDBStorage`` with a busy timeout of :data:`SQLITE_TIMEOUT_S` and heartbeats every :data:`HEARTBEAT_INTERVAL_S`).
-A worker takes a trial only while fewer than ``bayes_opt_iters`` trials are COMPLETE or running, and waits for the
-others' running trials before it ends (one of them may still fail or die). A trial is run again only when its worker
-is gone:
-
-- the worker process ended (SIGKILL, a crash, SIGINT/SIGTERM): its lock ``locks/trial_<n>.worker.lock`` is free;
-  the next worker to look (or the rerun of the command) fails the trial and queues its parameters again with
-  Optuna's heartbeat-stale callback (``RetryHeartbeatStaleTrialCallback``; ``RetryFailedTrialCallback`` before
-  Optuna 4.9);
-- its heartbeat stopped for more than :data:`GRACE_PERIOD_S` (a worker on another machine that died without its lock
-  being released): Optuna's ``fail_stale_trials`` does the same.
-
-The queued copy has the same parameters and the same trial folder, so its protocol run resumes from the checkpoint
-(the interrupted trial stays in the history as FAIL). ``locks/<folder>.folder.lock`` is held by whoever writes a
-trial folder: no two workers ever write one; a copy waits for a worker that lost its heartbeat but still runs.
+Many workers, one study: start the same command several times (processes, machines sharing the folder, or
+``torchrun`` groups, whose rank 0 is the worker and sends each trial to the other ranks). A trial whose worker is
+gone is failed and its parameters queued again, in the same trial folder (its protocol run resumes from the
+checkpoint), by Optuna's ``RetryHeartbeatStaleTrialCallback``: at once when the worker process ended (SIGKILL, a
+crash, SIGINT/SIGTERM: its lock ``locks/trial_<n>.worker.lock`` is free), after :data:`GRACE_PERIOD_S` without a
+heartbeat otherwise (a worker on another machine). ``locks/<folder>.folder.lock`` is held by whoever writes a trial
+folder: no two workers ever write one; a copy waits for a worker that lost its heartbeat but still runs.
 SIGINT/SIGTERM (``KeyboardInterrupt``, and the command line's ``Interrupted``) leave the running trial to be resumed
 exactly as SIGKILL does, then propagate. Locks are ``fcntl.flock`` locks: workers on several machines need a shared
-folder whose file locks work across them (as SQLite does); without ``fcntl`` (Windows) run one worker per study, and
-a stopped worker's trial is resumed after the grace period.
+folder whose file locks work across them (as SQLite does); without ``fcntl`` (Windows) run one worker per study.
 
 ``search.json`` / ``results.md`` / ``search.png`` (objective per trial, best so far) hold the trials, the failed ones
-with their reasons, and the best one, which report.html shows. A best trial whose every fold kept the untrained
-(epoch-0) model ties the untrained score: it is flagged in the output, ``search.json`` and ``results.md``.
+with their reasons, and the best one with its run's test metrics, which report.html shows. A best trial whose every
+fold kept the untrained (epoch-0) model ties the untrained score: it is flagged in the output, ``search.json`` and
+``results.md``.
 
 Example (shell; run the same line in a second terminal to share the study)::
 
@@ -49,15 +41,12 @@ Example (shell; run the same line in a second terminal to share the study)::
         --optimizers~APPLY~3 "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}"
 """
 
-import contextlib
-import copy
 import math
 import os
 import socket
-import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..config.search_space import fill, search_space, suggest
 from ..errors import ConfigError
@@ -155,25 +144,39 @@ def _outcome(objective, job) -> Tuple[Optional[float], Dict[str, Any], Optional[
     return value, dict(attrs), None
 
 
+class _TrialFailed(Exception):
+    """The trial's run failed (its reason is the trial's ``fail_reason``): ``Study.optimize`` records FAIL and goes
+    on (it is in ``catch``)."""
+
+
+class _LeftUntold(BaseException):
+    """Raised through ``Study.optimize`` (which tells FAIL on ``Exception`` and ``KeyboardInterrupt``) to leave the
+    trial as the storage has it: RUNNING after Ctrl-C, so resumed exactly as after SIGKILL (``interrupt`` is then
+    re-raised), or already failed by another worker for a lost heartbeat."""
+
+    def __init__(self, interrupt: Optional[KeyboardInterrupt] = None):
+        super().__init__()
+        self.interrupt = interrupt
+
+
 # ------------------------------------------------------------------------------------------------ locks
 class _Lock:
     """An exclusive ``fcntl.flock`` on ``path`` (created with a ``host pid`` line for people); released by
-    :meth:`release` or when the process ends, however it ends."""
+    :meth:`release` or when the process ends, however it ends. Acquiring a lock this object holds is a no-op."""
 
     def __init__(self, path: str):
         self.path, self.fd = path, None
 
     def acquire(self, block: bool = True) -> bool:
-        if fcntl is None:
+        if fcntl is None or self.fd is not None:
             return True
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-        except BlockingIOError:
+        except BaseException as e:
             os.close(fd)
-            return False
-        except BaseException:
-            os.close(fd)
+            if isinstance(e, BlockingIOError):
+                return False
             raise
         self.fd = fd
         os.ftruncate(fd, 0)
@@ -190,45 +193,10 @@ class _Lock:
         ``fcntl`` always True (a stopped worker's trial is then resumed by the heartbeat rule alone)."""
         if fcntl is None:
             return True
-        if not os.path.exists(self.path):
-            return False
-        if self.acquire(block=False):
+        if not os.path.exists(self.path) or self.acquire(block=False):
             self.release()
             return False
         return True
-
-
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    lock = _Lock(path)
-    lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-class _Heartbeat:
-    """Record ``trial_id``'s heartbeat in ``storage`` every ``interval`` seconds from a thread, as ``Study.optimize``
-    does (the loop here asks and tells itself, see :func:`_worker_loop`)."""
-
-    def __init__(self, storage, trial_id: int, interval: float):
-        self.storage, self.trial_id, self.interval = storage, trial_id, interval
-        self.stop = threading.Event()
-        self.storage.record_heartbeat(trial_id)
-        self.thread = threading.Thread(target=self._beat, daemon=True, name=f"heartbeat of trial id {trial_id}")
-        self.thread.start()
-
-    def _beat(self) -> None:
-        while not self.stop.wait(self.interval):
-            try:
-                self.storage.record_heartbeat(self.trial_id)
-            except Exception:  # the database was busy beyond the timeout: the next beat tries again
-                pass
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 # ------------------------------------------------------------------------------------------------ the study
@@ -251,9 +219,10 @@ def run_search(
             run the config's protocol and return :func:`objective_value` with the :func:`untrained_folds`.
 
     Returns:
-        ``{"n_trials", "bayes_opt_iters", "best": {"number", "value", "params", "folder", "untrained", ...},
-        "trials": [...], "failed_trials": [numbers], "failures": [{"number", "reason"}], "stopped": None or
-        {"rule", "trials", "message"}}`` (also written to ``search.json``).
+        ``{"n_trials", "bayes_opt_iters", "best": {"number", "value", "params", "folder", "untrained", "test"
+        (the run's test metrics, when its results.json has them), ...}, "trials": [...], "failed_trials": [numbers],
+        "failures": [{"number", "reason"}], "stopped": None or {"rule", "trials", "message"}}`` (also written to
+        ``search.json``).
 
     Raises:
         ConfigError: optuna not installed, no ``bayes_opt_iters``, bad ranges, a bad
@@ -270,7 +239,7 @@ def run_search(
         (2, [], 'trial_1')
     """
     try:
-        import optuna  # noqa: F401
+        import optuna
     except ImportError:
         raise ConfigError(
             "search markers (~BAYESIAN~) need optuna, which is not installed "
@@ -302,9 +271,14 @@ def run_search(
     objective = objective or _protocol_objective(sources, on_change, command, log)
     if not dist_utils.is_main():
         return _follow_rank_0(objective)
-    shared = _SharedStudy(folder, log)
-    stopped = _worker_loop(shared, config, space, n_trials, max_failures, objective)
-    summary = write_summary(shared.study, folder, n_trials=n_trials, stopped=stopped)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # our own lines say how each trial ended
+    try:
+        worker = _Worker(folder, config, space, n_trials, max_failures, objective, log)
+        stopped = worker.run()
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    summary = write_summary(worker.study, folder, n_trials=n_trials, stopped=stopped)
     dist_utils.broadcast_object(("done", summary))
     best = summary["best"]
     if best is not None and best.get("untrained"):
@@ -315,233 +289,188 @@ def run_search(
     return summary
 
 
-def _retry_callback(optuna) -> Tuple[str, Callable]:
-    """Optuna's callback that queues a stale trial's parameters again (a WAITING copy with its user attributes, so
-    its folder), and the ``RDBStorage`` argument that takes it."""
-    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
-    if retry is None:  # Optuna < 4.9
-        return "failed_trial_callback", optuna.storages.RetryFailedTrialCallback(max_retry=None)
-    return "heartbeat_stale_trial_callback", retry(max_retry=None)
+class _Worker:
+    """One worker of the study in ``<folder>/study.db``: ``Study.optimize``'s objective and callback, and the
+    ``locks/study.lock`` held from the look at the study to the start of the trial it asks for (one worker at a
+    time pops a queued trial: SQLite does not serialise Optuna's read-then-write there)."""
 
-
-class _SharedStudy:
-    """The study in ``<folder>/study.db`` as one worker sees it: created by the first worker (under the study lock,
-    so that two workers starting together do not both create the tables), the trials that this worker's failure rule
-    looks at (those created after it joined), and the steps a worker takes under the study lock."""
-
-    def __init__(self, folder: str, log: Callable[..., None]):
+    def __init__(self, folder, config, space, n_trials, max_failures, objective, log):
         import optuna
 
-        self.optuna, self.folder, self.log = optuna, folder, log
+        self.optuna, self.folder, self.config, self.space = optuna, folder, config, space
+        self.n_trials, self.max_failures, self.objective, self.log = n_trials, max_failures, objective, log
+        self.failures: List[int] = []  # this worker's trials failed since its last COMPLETE one
+        self.stopped: Optional[Dict[str, Any]] = None
+        self.trial_lock: Optional[_Lock] = None  # held by the live worker of a trial, from ask to tell
         os.makedirs(os.path.join(folder, LOCKS_FOLDER), exist_ok=True)
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        with self.lock(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            argument, self.retry = _retry_callback(optuna)
-            self.storage = optuna.storages.RDBStorage(
-                f"sqlite:///{os.path.abspath(os.path.join(folder, 'study.db'))}",
-                engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
-                heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                grace_period=GRACE_PERIOD_S,
-                **{argument: self.retry},
-            )
+        self.study_lock = self._lock("study")
+        self.study_lock.acquire()  # two workers starting together do not both create the tables
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
+                argument = "heartbeat_stale_trial_callback" if retry else "failed_trial_callback"
+                self.retry = (retry or optuna.storages.RetryFailedTrialCallback)(max_retry=None)
+                self.storage = optuna.storages.RDBStorage(
+                    f"sqlite:///{os.path.abspath(os.path.join(folder, 'study.db'))}",
+                    engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
+                    heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                    grace_period=GRACE_PERIOD_S,
+                    **{argument: lambda study, trial: self._requeue(study, trial, stale=True)},
+                )
             self.study = optuna.create_study(
                 study_name=STUDY_NAME, storage=self.storage, direction="maximize", load_if_exists=True
             )
+        finally:
+            self.study_lock.release()
         self.study_id = self.storage.get_study_id_from_name(STUDY_NAME)
-        self.joined_at = len(self.study.get_trials(deepcopy=False))
+        states = optuna.trial.TrialState
+        self.max_trials = optuna.study.MaxTrialsCallback(n_trials, states=(states.COMPLETE, states.RUNNING))
 
-    def lock(self):
-        """Held for the milliseconds a worker looks at the study and takes a trial: one worker at a time pops a
-        queued trial (SQLite does not serialise Optuna's read-then-write there) and judges which workers are gone."""
-        return _locked(os.path.join(self.folder, LOCKS_FOLDER, "study.lock"))
+    def _lock(self, name: str) -> _Lock:
+        return _Lock(os.path.join(self.folder, LOCKS_FOLDER, f"{name}.lock"))
 
-    def trial_lock(self, number: int) -> _Lock:
-        """Held by the live worker that runs trial ``number``, from ask to tell."""
-        return _Lock(os.path.join(self.folder, LOCKS_FOLDER, f"trial_{number}.worker.lock"))
+    def run(self) -> Optional[Dict[str, Any]]:
+        """Run trials with ``Study.optimize`` until the study has ``n_trials`` COMPLETE ones (waiting for the other
+        workers' running trials) or the failure rule stops it; returns ``None`` or the stop record."""
+        states, waiting_for = self.optuna.trial.TrialState, None
+        try:
+            while self.stopped is None:
+                self._look()
+                trials = self.study.get_trials(deepcopy=False)
+                complete = sum(t.state == states.COMPLETE for t in trials)
+                running = [t.number for t in trials if t.state == states.RUNNING]
+                if complete >= self.n_trials:
+                    break
+                if complete + len(running) >= self.n_trials:
+                    self.study_lock.release()
+                    if running != waiting_for:
+                        self.log(f"search: waiting for trial(s) {', '.join(map(str, running))} of other workers")
+                        waiting_for = running
+                    _wait()
+                    continue
+                waiting_for = None
+                try:
+                    self.study.optimize(self._run_trial, catch=(_TrialFailed,), callbacks=[self._after_trial])
+                except _LeftUntold as left:
+                    if left.interrupt is not None:
+                        raise left.interrupt from None
+                finally:
+                    self.study_lock.release()
+                    if self.trial_lock is not None:
+                        self.trial_lock.release()
+        finally:
+            self.study_lock.release()
+        return self.stopped
 
-    def folder_lock(self, name: str) -> _Lock:
-        """Held by the one worker that writes the trial folder ``name``."""
-        return _Lock(os.path.join(self.folder, LOCKS_FOLDER, f"{name}.folder.lock"))
-
-    def trial_id(self, number: int) -> int:
-        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
-
-    def recover(self) -> None:
-        """Fail the RUNNING trials whose worker is gone and queue their parameters again, in their own folder: the
-        worker process ended (its trial lock is free) or its heartbeat stopped (Optuna's ``fail_stale_trials``).
-        Call under the study lock."""
+    def _look(self) -> None:
+        """Take the study lock (kept until the next trial starts or the worker waits) and fail each RUNNING trial
+        whose worker is gone, queueing its parameters again: the worker process ended (its trial lock is free) or
+        its heartbeat stopped (Optuna's ``fail_stale_trials``)."""
         optuna = self.optuna
+        self.study_lock.acquire()
         for frozen in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if self.trial_lock(frozen.number).held_elsewhere():
+            if self._lock(f"trial_{frozen.number}.worker").held_elsewhere():
                 continue  # a live worker runs it
-            trial_id = self.trial_id(frozen.number)
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, frozen.number)
             try:
                 if not self.storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
                     continue
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
-            self.log(
-                f"trial {frozen.number}: its worker stopped (killed or interrupted); its parameters run again in "
-                f"{trial_folder_name(frozen)}, resuming from its checkpoint"
-            )
-            self.retry(self.study, copy.deepcopy(self.storage.get_trial(trial_id)))
-        failed = self.optuna.trial.TrialState.FAIL
-        before = {t.number for t in self.study.get_trials(deepcopy=False, states=(failed,))}
+            self._requeue(self.study, self.storage.get_trial(trial_id), stale=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
-        for t in self.study.get_trials(deepcopy=False, states=(failed,)):
-            if t.number not in before:
-                self.log(
-                    f"trial {t.number}: no heartbeat for more than {GRACE_PERIOD_S} s; its parameters run again in "
-                    f"{trial_folder_name(t)} once its worker, if still alive, lets go of the folder"
-                )
 
-    def failures_in_a_row(self, trials) -> List[int]:
-        """The trials that failed (with a reason: not killed ones, which are resumed) after the last COMPLETE one,
-        among the trials created since this worker joined, in the order they finished."""
-        states = self.optuna.trial.TrialState
-        ended = [
-            t
-            for t in trials
-            if t.number >= self.joined_at
-            and (t.state == states.COMPLETE or (t.state == states.FAIL and REASON_ATTR in t.user_attrs))
-        ]
-        out: List[int] = []
-        for t in sorted(ended, key=lambda t: (t.datetime_complete, t.number)):
-            out = [] if t.state == states.COMPLETE else out + [t.number]
-        return out
+    def _requeue(self, study, trial, stale: bool) -> None:
+        """Queue a failed trial's parameters again (a WAITING copy with its user attributes, so its folder)."""
+        name = trial_folder_name(trial)
+        if stale:
+            self.log(
+                f"trial {trial.number}: no heartbeat for more than {GRACE_PERIOD_S} s; its parameters run again in "
+                f"{name} once its worker, if still alive, lets go of the folder"
+            )
+        else:
+            self.log(
+                f"trial {trial.number}: its worker stopped (killed or interrupted); its parameters run again in "
+                f"{name}, resuming from its checkpoint"
+            )
+        self.retry(study, trial)
 
-    def start_trial(self, config, space) -> "_RunningTrial":
-        """Ask for a trial (a queued copy first) and take its locks; call under the study lock."""
-        with warnings.catch_warnings():
-            # the heartbeat is recorded here as Study.optimize records it (see _Heartbeat)
-            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with")
-            trial = self.study.ask()
-        trial_lock = self.trial_lock(trial.number)
-        trial_lock.acquire()  # a new number: free
-        heartbeat = folder_lock = None
-        try:
-            heartbeat = _Heartbeat(self.storage, self.trial_id(trial.number), HEARTBEAT_INTERVAL_S)
-            name = trial_folder_name(trial)  # a queued copy keeps its folder
-            trial.set_user_attr(FOLDER_ATTR, name)
-            seed = config.get("seed", 0)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", self.optuna.exceptions.ExperimentalWarning)
-                # every trial draws with its own seed (config seed + trial number), whichever worker runs it
-                self.study.sampler = self.optuna.samplers.TPESampler(
-                    seed=None if seed is None else int(seed) + trial.number, constant_liar=True
-                )
-            values = suggest(trial, space)
-            folder_lock = self.folder_lock(name)
-            has_folder = folder_lock.acquire(block=False)
-        except BaseException:
-            if heartbeat is not None:
-                heartbeat.close()
-            trial_lock.release()
-            raise
-        return _RunningTrial(self, trial, name, values, trial_lock, folder_lock, has_folder, heartbeat)
-
-
-class _RunningTrial:
-    """One trial this worker runs: its locks and heartbeat, released however the trial ends."""
-
-    def __init__(self, shared, trial, name, values, trial_lock, folder_lock, has_folder, heartbeat):
-        self.shared, self.trial, self.name, self.values = shared, trial, name, values
-        self.trial_lock, self.folder_lock, self.has_folder, self.heartbeat = (
-            trial_lock,
-            folder_lock,
-            has_folder,
-            heartbeat,
-        )
-
-    def run(self, config, space, objective) -> Optional[str]:
-        """Run the objective in the trial folder and tell the study; returns the failure reason, if any. On
-        KeyboardInterrupt the trial stays RUNNING with its locks released: the next look at the study resumes it
-        exactly as after SIGKILL."""
+    def _run_trial(self, trial) -> float:
+        """``Study.optimize``'s objective: run the trial's config in its folder (a queued copy keeps the folder of
+        the trial it resumes), the folder locked; under torchrun every rank trains it."""
         from ..experiment import distributed as dist_utils
 
-        shared, trial, log = self.shared, self.trial, self.shared.log
-        try:
-            if not self.has_folder:
-                log(f"trial {trial.number}: waiting for {self.name}: a worker that lost its heartbeat still writes it")
-                while not self.folder_lock.acquire(block=False):
-                    _wait()
-            log(f"trial {trial.number}: " + ", ".join(f"{k}={v:.4g}" for k, v in self.values.items()))
-            job = (fill(config, space, self.values), os.path.join(shared.folder, self.name))
-            dist_utils.broadcast_object(("trial", job))  # under torchrun every rank trains the trial
-            try:
-                value, attrs, reason = _outcome(objective, job)
-            except ConfigError as e:
-                self._tell(None, {}, f"ConfigError: {e}")
-                raise
-            except KeyboardInterrupt:
-                log(f"trial {trial.number}: interrupted; it resumes in {self.name} when the command runs again")
-                raise
-            self._tell(value, attrs, reason)
-            return reason
-        finally:
-            self.heartbeat.close()
-            self.folder_lock.release()
-            self.trial_lock.release()
-
-    def _tell(self, value, attrs, reason) -> None:
-        optuna, trial, log = self.shared.optuna, self.trial, self.shared.log
-        try:
-            for key, v in attrs.items():
-                trial.set_user_attr(key, v)
-            if reason is not None:
-                trial.set_user_attr(REASON_ATTR, reason)
-            state = optuna.trial.TrialState.FAIL if reason is not None else optuna.trial.TrialState.COMPLETE
-            told = self.shared.study.tell(trial, None if reason else value, state=state, skip_if_finished=True)
-            taken_over = told.state != state
-        except optuna.exceptions.UpdateFinishedTrialError:
-            taken_over = True
-        if taken_over:
-            log(
-                f"trial {trial.number}: finished, but another worker had failed it for a lost heartbeat; its queued "
-                f"copy reads this run from {self.name}"
+        self.trial_lock = self._lock(f"trial_{trial.number}.worker")
+        self.trial_lock.acquire()  # a new number: free; taken before the study lock goes, so no one resumes it
+        self.study_lock.release()
+        name = trial_folder_name(trial)
+        trial.set_user_attr(FOLDER_ATTR, name)
+        seed = self.config.get("seed", 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", self.optuna.exceptions.ExperimentalWarning)
+            # every trial draws with its own seed (config seed + trial number), whichever worker runs it
+            self.study.sampler = self.optuna.samplers.TPESampler(
+                seed=None if seed is None else int(seed) + trial.number, constant_liar=True
             )
-        elif reason is not None:
-            log(f"trial {trial.number} failed: {reason}")
-        else:
-            log(f"trial {trial.number}: objective {value:.4f}")
+        values = suggest(trial, self.space)
+        folder_lock = self._lock(f"{name}.folder")
+        try:
+            if not folder_lock.acquire(block=False):
+                self.log(f"trial {trial.number}: waiting for {name}: a worker that lost its heartbeat still writes it")
+                while not folder_lock.acquire(block=False):
+                    _wait()
+            self.log(f"trial {trial.number}: " + ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
+            job = (fill(self.config, self.space, values), os.path.join(self.folder, name))
+            dist_utils.broadcast_object(("trial", job))
+            try:
+                value, attrs, reason = _outcome(self.objective, job)
+            except ConfigError as e:  # Study.optimize tells FAIL and re-raises it: the search stops
+                trial.set_user_attr(REASON_ATTR, f"ConfigError: {e}")
+                self.log(f"trial {trial.number} failed: ConfigError: {e}")
+                raise
+            except KeyboardInterrupt as e:
+                self.log(f"trial {trial.number}: interrupted; it resumes in {name} when the command runs again")
+                raise _LeftUntold(e) from None
+        finally:
+            folder_lock.release()
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, trial.number)
+        if self.storage.get_trial(trial_id).state != self.optuna.trial.TrialState.RUNNING:
+            self.log(
+                f"trial {trial.number}: finished, but another worker had failed it for a lost heartbeat; its queued "
+                f"copy reads this run from {name}"
+            )
+            raise _LeftUntold()
+        for key, v in attrs.items():
+            trial.set_user_attr(key, v)
+        if reason is not None:
+            trial.set_user_attr(REASON_ATTR, reason)
+            self.log(f"trial {trial.number} failed: {reason}")
+            raise _TrialFailed(reason)
+        self.log(f"trial {trial.number}: objective {value:.4f}")
+        return value
 
-
-def _worker_loop(shared, config, space, n_trials, max_failures, objective) -> Optional[Dict[str, Any]]:
-    """Take and run trials until ``n_trials`` are COMPLETE (waiting for other workers' running trials) or the failure
-    rule stops the search; returns ``None`` or the stop record."""
-    states = shared.optuna.trial.TrialState
-    waiting_for = None
-    while True:
-        with shared.lock():
-            shared.recover()
-            trials = shared.study.get_trials(deepcopy=False)
-            complete = sum(t.state == states.COMPLETE for t in trials)
-            running = [t.number for t in trials if t.state == states.RUNNING]
-            failures = shared.failures_in_a_row(trials)
-            if len(failures) >= max_failures:
-                last = next(t for t in trials if t.number == failures[-1])
-                message = (
-                    f"search stopped: {len(failures)} trials in a row failed (trials "
-                    f"{', '.join(map(str, failures))}; trial {last.number}: {last.user_attrs[REASON_ATTR]}); "
-                    f"{complete} of bayes_opt_iters={n_trials} trials COMPLETE; rerunning the command continues"
-                )
-                shared.log(message)
-                rule = f"bayes_opt_max_failures_in_a_row={max_failures}"
-                return {"rule": rule, "trials": failures, "message": message}
-            if complete >= n_trials:
-                return None
-            job = None if complete + len(running) >= n_trials else shared.start_trial(config, space)
-        if job is None:
-            if running != waiting_for:
-                shared.log(f"search: waiting for trial(s) {', '.join(map(str, running))} of other workers")
-                waiting_for = running
-            _wait()
-            continue
-        waiting_for = None
-        job.run(config, space, objective)
+    def _after_trial(self, study, trial) -> None:
+        """``Study.optimize``'s callback: the failure rule; then, under the study lock, the look for abandoned trials
+        and Optuna's ``MaxTrialsCallback`` (COMPLETE and running trials) before the next trial is asked for."""
+        self.trial_lock.release()  # told
+        complete = study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.COMPLETE,))
+        self.failures = [] if trial.state == self.optuna.trial.TrialState.COMPLETE else self.failures + [trial.number]
+        if len(self.failures) >= self.max_failures:
+            message = (
+                f"search stopped: {len(self.failures)} trials in a row failed (trials "
+                f"{', '.join(map(str, self.failures))}; trial {trial.number}: {trial.user_attrs[REASON_ATTR]}); "
+                f"{len(complete)} of bayes_opt_iters={self.n_trials} trials COMPLETE; rerunning the command continues"
+            )
+            self.log(message)
+            rule = f"bayes_opt_max_failures_in_a_row={self.max_failures}"
+            self.stopped = {"rule": rule, "trials": self.failures, "message": message}
+            study.stop()
+            return
+        self._look()
+        self.max_trials(study, trial)
 
 
 def _wait() -> None:

@@ -23,6 +23,10 @@ from pml_extensions.runner.protocols.search import run_search
 
 folder, n_trials = sys.argv[1], int(sys.argv[2])
 flags = set(sys.argv[3:])
+# the signals the tests send act here whatever this process inherited: a shell's background job (`cmd &`) starts its
+# children with SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 if "--fast-heartbeat" in flags:
     search.HEARTBEAT_INTERVAL_S, search.GRACE_PERIOD_S, search.POLL_S = 1, 6, 0.2
 if "--sigterm-raises" in flags:

@@ -93,6 +93,9 @@ def test_search_through_the_mlrc_protocol(tmp_path, tiny_mlrc_config):
         saved = open(os.path.join(folder, trial["folder"], "config.yaml")).read()
         assert "BAYESIAN" not in saved and repr(trial["params"]["optimizers.trunk_optimizer.RMSprop.lr"])[:8] in saved
     assert "best: trial" in open(os.path.join(folder, "report.html")).read()
+    best = json.load(open(os.path.join(folder, "search.json")))["best"]
+    results = json.load(open(os.path.join(folder, best["folder"], "results.json")))
+    assert best["test"] == summary["best"]["test"] == results["test"] and best["test"]  # {key: {metric: value}}
 
 
 @pytest.mark.slow
@@ -184,6 +187,27 @@ def test_nan_and_inf_objectives_fail_with_their_reason_and_do_not_count(tmp_path
     assert f"{n_trials} COMPLETE trials of bayes_opt_iters={n_trials}" in table
     assert all(f"- trial {n}: the objective is {values[n]}" in table for n in failed)  # not silently left out
     assert json.load(open(os.path.join(folder, "search.json")))["failures"] == summary["failures"]
+
+
+def test_the_best_trial_carries_its_runs_test_metrics(tmp_path):
+    """search.json's best trial gains the ``"test"`` entry of its run's results.json (``{key: {metric: value}}``);
+    the other trials' rows do not, and a best trial whose folder has no results.json adds nothing."""
+    test = {"concatenated_8D": {"mean_average_precision_at_r": 0.5, "precision_at_1": 0.75}}
+
+    def objective(cfg, trial_folder):
+        n = _trial_number(trial_folder)
+        os.makedirs(trial_folder, exist_ok=True)
+        with open(os.path.join(trial_folder, "results.json"), "w") as f:
+            json.dump({"test": {"concatenated_8D": {"precision_at_1": n / 10}}} if n != 1 else {"test": test}, f)
+        return [0.2, 0.6, 0.4][n]
+
+    summary, folder, _ = _search(tmp_path, objective, 3)
+    assert summary["best"]["number"] == 1 and summary["best"]["test"] == test
+    assert json.load(open(os.path.join(folder, "search.json")))["best"]["test"] == test
+    assert all("test" not in row for row in summary["trials"])
+    assert "| 1 (best) | 0.6000 |" in open(os.path.join(folder, "results.md")).read()
+    summary, _, _ = _search(tmp_path, lambda cfg, f: cfg["margin"], 1, name="no_results")
+    assert summary["best"]["number"] == 0 and "test" not in summary["best"]
 
 
 def test_an_exception_in_a_trial_fails_it_with_its_reason_and_the_search_goes_on(tmp_path):
@@ -384,13 +408,19 @@ WORKER = os.path.join(os.path.dirname(__file__), "search_worker_script.py")
 
 
 def _worker(folder, n_trials, env, *flags):
-    return subprocess.Popen(
-        [sys.executable, WORKER, folder, str(n_trials), *flags],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    """A worker process started as a shell's background job (``cmd &``) starts it, with SIGINT ignored, whether or not
+    pytest itself runs in one: the worker script sets the signal dispositions that the tests rely on."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child through fork and exec
+    try:
+        return subprocess.Popen(
+            [sys.executable, WORKER, folder, str(n_trials), *flags],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _wait_for(path, proc, timeout=120):
@@ -642,6 +672,10 @@ def test_the_issues_list_item_marker_searches_through_the_command_line(tmp_path,
         assert f"trial {t.number}: models.trunk[0].ConvNetBody.blocks_per_stage={blocks}" in out
         saved = yaml.safe_load(open(folder / t.user_attrs["folder"] / "config.yaml"))
         assert saved["models"]["trunk"][0]["ConvNetBody"]["blocks_per_stage"] == blocks in (1, 2)
+    best = json.load(open(folder / "search.json"))["best"]  # the summary prints the best trial's test metrics
+    key = next(k for k in best["test"] if k.startswith("concatenated_"))
+    shown = ", ".join(f"{m}={v:.4f}" for m, v in best["test"][key].items())
+    assert f"test {key}: {shown}\n" in out
 
 
 @pytest.mark.slow
