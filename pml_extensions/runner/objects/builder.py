@@ -190,6 +190,7 @@ class Builder:
         self.log = log
         self.embedding_size: Optional[int] = None
         self.frozen = None  # the trunk's frozen part when the config has feature_cache (.feature_cache.FrozenParts)
+        self.image_record: Optional[str] = None  # where skip_bad_images records the files that decoded
         self.check_factories()
         discover()  # pml_extensions classes not re-exported yet are still nameable in configs
 
@@ -266,7 +267,7 @@ class Builder:
                 "root": named.get("root") or self.get("dataset_root"),
                 **dict(named.get("kwargs") or {}),
             }
-            return self.build(key, {"get_dataset": args}, transform=transform)
+            return self._without_bad_images(self.build(key, {"get_dataset": args}, transform=transform), key)
         name, kwargs = one_spec(spec, self.where(key))
         cls = resolve(name, self.where(key))
         kwargs = dict(kwargs)
@@ -285,9 +286,17 @@ class Builder:
         if not accepts(cls, "transform"):
             if transform is not None:
                 raise ConfigError(f"{self.where(key)}.{name}: takes no transform")
-            return self.build(key, {name: kwargs})
+            return self._without_bad_images(self.build(key, {name: kwargs}), key)
         kwargs.pop("transform", None)
-        return self.build(key, {name: kwargs}, transform=transform)
+        return self._without_bad_images(self.build(key, {name: kwargs}, transform=transform), key)
+
+    def _without_bad_images(self, dataset, key: str):
+        """``dataset`` without its image files that do not decode when the config says ``skip_bad_images: true``
+        (:func:`pml_extensions.runner.objects.preflight.check_images`; the files that decoded are recorded in
+        :attr:`image_record`, a folder, so later datasets of the run decode only the bad ones again)."""
+        if self.get("skip_bad_images") is not True:
+            return dataset
+        return preflight.check_images(dataset, self.image_record, True, self.where(key), lambda *a, **k: None)
 
     def build_transform(self, which: Optional[str] = None, spec: Any = None):
         """``transforms.<which>`` (``train`` / ``eval``), or ``spec``: a ``Compose`` spec is built as written; PB's

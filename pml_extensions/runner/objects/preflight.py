@@ -44,6 +44,8 @@ from .data import Subset, ToRGB
 IMAGE_CHECK_FILE = "images_checked.json"
 #: at most this many bad files are named in the one line (all of them go to bad_images.txt)
 NAMED_BAD_FILES = 20
+#: the files this process saw decode: {path: [size, mtime_ns]} (a run builds its datasets several times)
+_DECODED: Dict[str, List[int]] = {}
 
 
 # ---------------------------------------------------------------------------------------------------- images
@@ -111,6 +113,7 @@ def check_images(
                 known = json.load(f)
         except (OSError, ValueError):
             known = {}
+    known = {**known, **_DECODED}
     todo = [p for p in dict.fromkeys(paths) if known.get(p) is None or known.get(p) != _stat(p)]
     if len(todo) > 1000:
         log(f"checking that {len(todo)} image files decode (once; a rerun checks only new or changed files)")
@@ -124,12 +127,14 @@ def check_images(
             f"note: {where}: {len(large)} image(s) above PIL's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS} "
             f"pixels), decoded in full at every read (slow; shrink them to speed up each epoch): {named}{more}"
         )
+    good = {p: _stat(p) for p in todo if p not in bad_set}
+    _DECODED.update(good)
     if record:
         from ...utils.atomic_io import atomic_write_json
 
-        good = {p: _stat(p) for p in todo if p not in bad_set}
         try:
-            atomic_write_json(record, {**{p: v for p, v in known.items() if p not in bad_set}, **good})
+            mine = set(paths) - bad_set
+            atomic_write_json(record, {**{p: v for p, v in known.items() if p in mine}, **good})
         except OSError:
             pass  # the record only saves a rerun the decoding
     if not bad:

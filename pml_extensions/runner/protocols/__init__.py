@@ -251,6 +251,7 @@ def run_protocol(
 
     protocol = protocol_of(config, sources)(config, experiment_folder, sources, log)
     protocol.preflight()  # a refused run leaves no folder behind
+    protocol.preflown = True
     prepare_folder(experiment_folder, config, on_change=on_change, command=command, log=log)
     results = protocol.run()
     if dist_utils.is_main():

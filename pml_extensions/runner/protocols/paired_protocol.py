@@ -370,6 +370,8 @@ class PairedProtocol(Protocol):
 
         start = time.time()
         s, seeds, names = self.settings, self.settings.seeds, list(self.variant_configs)
+        if not getattr(self, "preflown", False):  # run_protocol ran it before the folder existed
+            self.preflight()
         units = self.run_units()
         per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in names}
         chosen = None

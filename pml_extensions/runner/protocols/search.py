@@ -14,7 +14,7 @@ ends with exactly ``bayes_opt_iters`` (PB's key) COMPLETE trials: ``MaxTrialsCal
 the running ones, so no worker starts a trial beyond that number, and a worker waits for the others' running trials
 before it ends (one may still fail or die). A trial whose objective is NaN or infinite, or whose run raises (a
 diverged loss, an out-of-memory error), is FAIL with its reason and does not count; ``bayes_opt_max_failures_in_a_row``
-(ours, default :data:`MAX_FAILURES_IN_A_ROW`) failed trials of one worker in a row stop the search, in one line
+(ours, default 5) failed trials of one worker in a row stop the search, in one line
 recorded in ``search.json`` (``"stopped"``); rerunning the command continues the study. A
 :class:`~pml_extensions.runner.errors.ConfigError` inside a trial (the sampled values make a bad config) fails the
 trial and stops the search at once.
@@ -59,6 +59,7 @@ from ..outputs.search_summary import (
     untrained_note,
     write_summary,
 )
+from .base import SearchSettings, read_settings
 
 try:  # POSIX
     import fcntl
@@ -74,31 +75,20 @@ GRACE_PERIOD_S = 120
 SQLITE_TIMEOUT_S = 60
 #: seconds between two looks at the study while other workers' trials run
 POLL_S = 2.0
-#: default of ``bayes_opt_max_failures_in_a_row``
-MAX_FAILURES_IN_A_ROW = 5
 LOCKS_FOLDER = "locks"
 
 
 # ------------------------------------------------------------------------------------------------ one trial's value
 def objective_value(results: Dict[str, Any], config: Dict[str, Any]) -> float:
-    """The aggregated validation primary metric of one protocol run (mean over folds of the best epoch's value).
+    """The number one trial's run gives the search: its protocol's objective
+    (:meth:`pml_extensions.runner.protocols.base.Protocol.objective`, a validation number, never a test one).
 
     Raises:
-        ConfigError: when the protocol reports no validation numbers to optimise.
+        ConfigError: when the protocol offers no objective.
     """
-    from ..config import pb_keys
+    from . import protocol_of
 
-    primary = pb_keys.primary_metric(config)
-    aggregate = results.get("aggregate") or {}
-    if primary in aggregate:
-        return float(aggregate[primary])
-    folds = [f.get(f"best_val_{primary}") for f in results.get("folds") or []]
-    if folds and all(isinstance(v, (int, float)) for v in folds):
-        return float(sum(folds) / len(folds))
-    raise ConfigError(
-        f"bayes_opt_iters: the {config.get('protocol', 'mlrc')} protocol reports no validation "
-        f"{primary} to optimise (the search supports the mlrc protocol)"
-    )
+    return protocol_of(config).objective(results, config)
 
 
 def untrained_folds(results: Dict[str, Any]) -> List[int]:
@@ -247,22 +237,21 @@ def run_search(
         ) from None
     where = lambda key: (sources or {}).get(key, "command line")  # noqa: E731
     space = search_space(config)
-    n_trials = config.get("bayes_opt_iters")
-    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+    settings = read_settings(SearchSettings, config, sources)  # the keys' one check (the loader ran it too)
+    n_trials, max_failures = settings.bayes_opt_iters, settings.bayes_opt_max_failures_in_a_row
+    if n_trials is None:
         raise ConfigError(
-            f"{where('bayes_opt_iters')}: bayes_opt_iters: the search "
-            f"needs the number of trials, e.g. --bayes_opt_iters 20 (got {n_trials!r})"
+            f"{where('bayes_opt_iters')}: bayes_opt_iters: the search needs the number of trials, e.g. "
+            "--bayes_opt_iters 20"
         )
-    max_failures = config.get("bayes_opt_max_failures_in_a_row", MAX_FAILURES_IN_A_ROW)
-    if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 1:
+    from . import protocol_of
+    from .base import Protocol
+
+    protocol = protocol_of(config, sources)
+    if objective is None and protocol.objective.__func__ is Protocol.objective.__func__:
         raise ConfigError(
-            f"{where('bayes_opt_max_failures_in_a_row')}: bayes_opt_max_failures_in_a_row: expected a positive "
-            f"number of trials, got {max_failures!r}"
-        )
-    if objective is None and (config.get("protocol") or "mlrc") != "mlrc":
-        raise ConfigError(
-            f"{(sources or {}).get('protocol', 'config')}: protocol: the search optimises the mlrc "
-            f"protocol's aggregated validation metric; {config['protocol']} reports none"
+            f"{(sources or {}).get('protocol', 'config')}: protocol: the search optimises a protocol's validation "
+            f"objective; the {protocol.name} protocol has none"
         )
     from ..experiment import distributed as dist_utils
     from ..experiment.folder import prepare_folder

@@ -248,7 +248,7 @@ def test_a_success_resets_the_failures_in_a_row(tmp_path):
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
 def test_bad_max_failures_in_a_row_is_one_line(tmp_path, bad):
-    with pytest.raises(ConfigError, match=r"^command line: bayes_opt_max_failures_in_a_row: expected a positive"):
+    with pytest.raises(ConfigError, match=r"^config: bayes_opt_max_failures_in_a_row: expected an integer >= 1"):
         _search(tmp_path, lambda cfg, f: 0.0, 2, bayes_opt_max_failures_in_a_row=bad)
 
 

@@ -161,7 +161,7 @@ class Paired(PairedProtocol):
                 if data is None:
                     break
                 with problems.check():
-                    data = preflight.check_images(data, None, s.skip_bad_images, where, self.log, None)
+                    data = preflight.check_images(data, None, s.skip_bad_images, where, self.log)
                 if split != "train":
                     continue
                 labels = parts = None

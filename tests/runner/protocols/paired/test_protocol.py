@@ -244,7 +244,11 @@ def test_a_bad_image_stops_the_job_before_any_unit_trains(tmp_path):
     with mock.patch.object(Paired, "unit", side_effect=AssertionError("trained")):
         with pytest.raises(ConfigError) as e:
             Paired(cfg, folder, sources={"dataset": "command line"}, log=lambda *a, **k: None).run()
-    assert str(e.value) == (
-        f"command line: dataset: 1 of 6 images do not decode (all in {os.path.join(folder, 'bad_images.txt')}): "
-        f"{bad} (image file is truncated); replace or remove them"
-    )
+    # every problem in one refusal: the bad file, and (4 classes: 2 for training) no room for a validation part
+    assert e.value.problems == [
+        "config: validation: validation.class_fraction 0.25 of 2 training classes leaves 0 validation and 2 training "
+        "classes; each side needs at least 2",
+        f"command line: dataset: 1 of 6 images do not decode: {bad} (image file is truncated); replace or remove "
+        "them, or leave them out with --skip_bad_images true",
+    ]
+    assert not os.path.exists(folder)  # a refused run leaves no folder behind
