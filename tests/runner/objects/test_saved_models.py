@@ -138,7 +138,8 @@ class TestCheckpoints(unittest.TestCase):
         exp = os.path.join(self.dir, "raml")
         os.makedirs(exp)
         with open(os.path.join(exp, "config.yaml"), "w") as f:
-            yaml.safe_dump({"protocol": "benchmarks.protocols.resolution_distillation", "models": resolution_models(8)}, f)
+            config = {"protocol": "benchmarks.protocols.resolution_distillation", "models": resolution_models(8)}
+            yaml.safe_dump(config, f)
         models = {}
         for seed, name in ((7, "student_32"), (8, "teacher")):
             torch.manual_seed(seed)
