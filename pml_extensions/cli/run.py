@@ -5,7 +5,8 @@ Run a powerful-benchmarker-style config with its protocol (the config's `protoco
   python -m pml_extensions run CONFIG [--variant quick] [--experiment_name NAME] [--root_experiment_folder DIR]
       [--config_general [default, other]] ... [--key value | --key~OVERRIDE~ {...} | --key~APPLY~2 {...} ...]
   python -m pml_extensions run CONFIG ... --data_folder PATH   your own images: a folder of class folders or a
-      CSV file (label, path, split columns); see docs/own_data.md
+      CSV file (label, path, split columns; --columns label=category,path=image,split=subset maps yours); see
+      docs/own_data.md
   python -m pml_extensions run CONFIG ... --dry-run     check the config as the run does, print it merged, train nothing
   python -m pml_extensions run --list [ROLE | protocol]  the class names a config can use, or the protocols
   python -m pml_extensions run --reproduce RUN_FOLDER    rerun a finished experiment from its saved config
@@ -53,6 +54,7 @@ RUNNER_KEYS = (
     "resume_anyway",
     "reproduce",
     "data_folder",
+    "columns",
 )
 
 
@@ -224,7 +226,9 @@ def load(argv: List[str]):
     variant = runner.get("variant")
     default_name = os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
     root_folder = str(runner.get("root_experiment_folder", "experiments"))
-    config, sources = load_config(root, selection, rest, allow_search=True, data_folder=runner.get("data_folder"))
+    config, sources = load_config(
+        root, selection, rest, allow_search=True, data_folder=runner.get("data_folder"), columns=runner.get("columns")
+    )
     name = runner.get("experiment_name") or config.get("experiment_name") or default_name
     if chosen is not None:
         config = select_variants(config, chosen)

@@ -62,6 +62,7 @@ _DEFAULT_SPLIT = {
     "num_training_sets": 4,
     "hierarchy_level": 0,
     "data_and_label_getter_keys": None,
+    "test_classes": None,
 }
 _DEFAULT_HOOKS = {"primary_metric": "mean_average_precision_at_r", "validation_split_name": "val", "save_models": True}
 #: config_general flags: key -> (default, allowed values or None for any bool, reason when refused)
@@ -86,7 +87,8 @@ _FLAGS = {
 
 def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (test the second half of the
-    classes, 4 partitions, 4 training sets, hierarchy level 0, tuple items).
+    classes, 4 partitions, 4 training sets, hierarchy level 0, tuple items). Ours: ``test_classes``, the test
+    classes by name (the dataset's ``classes``) or label, instead of ``test_size`` / ``test_start_idx``.
 
     Raises:
         ConfigError: another split manager, an unknown argument, or a value out of range.
@@ -111,6 +113,9 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
             f"{where}.num_training_sets: {out['num_training_sets']} is more than "
             f"num_training_partitions ({out['num_training_partitions']})"
         )
+    names = out["test_classes"]
+    if names is not None and not (isinstance(names, list) and names and all(isinstance(n, (str, int)) for n in names)):
+        raise ConfigError(f"{where}.test_classes: expected a list of class names (or labels), got {names!r}")
     keys = out["data_and_label_getter_keys"]
     if keys is not None and not (
         isinstance(keys, list) and len(keys) == 2 and all(isinstance(x, (str, int)) for x in keys)

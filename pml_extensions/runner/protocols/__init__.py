@@ -158,6 +158,7 @@ def load_config(
     overrides: Optional[Dict[str, Any]] = None,
     allow_search: bool = False,
     data_folder: Optional[str] = None,
+    columns: Any = None,
     check: bool = True,
     log: Optional[Callable[..., None]] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, str]]:
@@ -186,8 +187,15 @@ def load_config(
         config["protocol"] = DEFAULT_PROTOCOLS[config_layout(config_root) or "folders"]
         sources["protocol"] = display_path(config_root)
     protocol = protocol_of(config, sources)
+    if columns is not None and data_folder is None:
+        raise ConfigError("command line: --columns: maps the columns of --data_folder's CSV file; give --data_folder")
     if data_folder is not None:
-        update = protocol.data_folder(*_data_path(data_folder))
+        from .base import parse_columns
+
+        path, is_csv = _data_path(data_folder)
+        if columns is not None and not is_csv:
+            raise ConfigError(f"command line: --columns: {path} is a folder of class folders, not a CSV file")
+        update = protocol.data_folder(path, is_csv, parse_columns(columns) if columns is not None else None)
         config = merge(config, update, "command line")
         for key in update:
             sources[key.split("~")[0]] = "command line"

@@ -191,6 +191,33 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
     return cls(**values)
 
 
+def parse_columns(value: Any, where: str = "command line: --columns") -> Dict[str, str]:
+    """``--columns label=category,path=image,split=subset`` as a mapping (a mapping is taken as it is).
+
+    Raises:
+        ConfigError: a part without ``=``, or a role other than label, path, split, is_query, is_gallery.
+
+    Example::
+
+        >>> parse_columns("label=category, path=image,split=subset")
+        {'label': 'category', 'path': 'image', 'split': 'subset'}
+    """
+    roles = ("label", "path", "split", "is_query", "is_gallery")
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, str):
+        pairs = [tuple(p.split("=", 1)) if "=" in p else (p, None) for p in value.split(",") if p.strip()]
+    else:
+        raise ConfigError(f"{where}: expected label=COLUMN,path=COLUMN[,split=COLUMN], got {value!r}")
+    out = {}
+    for role, column in pairs:
+        role = str(role).strip()
+        if column is None or role not in roles:
+            raise ConfigError(f"{where}: expected ROLE=COLUMN with ROLE one of {', '.join(roles)}, got {role!r}")
+        out[role] = str(column).strip()
+    return out
+
+
 def nearest(name: str, known: Iterable[str], cutoff: float = 0.5) -> str:
     """``"; did you mean X?"`` for the known name closest to ``name`` (``""`` when none is close)."""
     close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=cutoff)
@@ -274,8 +301,9 @@ class Protocol:
         read_settings(SearchSettings, config, sources)
 
     @classmethod
-    def data_folder(cls, path: str, is_csv: bool) -> Dict[str, Any]:
-        """The config changes (powerful-benchmarker syntax) that make ``--data_folder PATH`` the dataset.
+    def data_folder(cls, path: str, is_csv: bool, columns: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        """The config changes (powerful-benchmarker syntax) that make ``--data_folder PATH`` the dataset
+        (``columns``: a CSV file's column mapping, ``{"label": "category", "path": "image", "split": "subset"}``).
 
         Raises:
             ConfigError: this protocol does not take ``--data_folder`` (one line, :attr:`data_folder_note`).

@@ -352,13 +352,17 @@ class MLRCRunner:
                     dataset_labels(base), self.split["hierarchy_level"], self.where("split_manager")
                 )
         num_sets = int(self.split["num_training_sets"])
-        if labels is not None:
+        test_classes = None
+        if labels is not None and self.split["test_classes"] is not None:
+            with problems.check():
+                test_classes = self.test_class_labels(base, labels, self.split["test_classes"])
+        if labels is not None and (self.split["test_classes"] is None or test_classes is not None):
             with problems.check():
                 splits = preflight.class_splits(
                     self.builder,
                     labels,
                     lambda ls, parts: mlrc_class_splits(
-                        ls, float(self.split["test_size"]), float(self.split["test_start_idx"]), parts
+                        ls, float(self.split["test_size"]), float(self.split["test_start_idx"]), parts, test_classes
                     ),
                     int(self.split["num_training_partitions"]),
                     num_sets,
@@ -375,6 +379,28 @@ class MLRCRunner:
                 preflight.check_sampler(self.builder, [labels[np.isin(labels, f["train"])] for f in folds], batch)
         problems.raise_any()
         self.prepared = (base, labels, splits, transforms)
+
+    def test_class_labels(self, base, labels, wanted) -> List[int]:
+        """``split_manager``'s ``test_classes`` (names as the dataset's ``classes`` write them, or labels) as labels.
+
+        Raises:
+            ConfigError: a class the dataset does not have (with the nearest name).
+        """
+        import difflib
+
+        names = [str(n) for n in (getattr(base, "classes", None) or [])]
+        present = {int(v) for v in np.unique(labels)}
+        out, where = [], self.where("split_manager") + ".ClassDisjointSplitManager.test_classes"
+        for w in wanted:
+            if isinstance(w, str) and w in names:
+                out.append(names.index(w))
+            elif isinstance(w, int) and not isinstance(w, bool) and w in present:
+                out.append(w)
+            else:
+                close = difflib.get_close_matches(str(w), names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; the classes: {', '.join(names[:12])}"
+                raise ConfigError(f"{where}: the dataset has no class {w!r}{hint}")
+        return out
 
     def class_names(self, base, classes) -> List[str]:
         """The names of ``classes`` (labels) as the dataset writes them (its ``classes``), else the labels."""
@@ -410,6 +436,42 @@ class MLRCRunner:
         }
         self.experiment.write_results(results)
         return results
+
+
+def csv_split_classes(path: str, columns: Dict[str, str]):
+    """``(training classes, test classes, split column)`` of a CSV file's rows by its split column (``train`` vs
+    ``validation`` / ``test``, OML's values), or None without one. Classes are the label column's values as written.
+
+    Raises:
+        ConfigError: an unknown split value (naming the row).
+    """
+    import csv
+
+    from ....datasets.image_csv_split import TEST_VALUES, TRAIN_VALUES
+
+    label_col, split_col = columns.get("label", "label"), columns.get("split", "split")
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        if split_col not in (reader.fieldnames or []) or label_col not in (reader.fieldnames or []):
+            return None
+        train, test = [], []
+        for row, record in enumerate(reader, start=2):
+            value = (record.get(split_col) or "").strip()
+            if value in TRAIN_VALUES:
+                train.append(record[label_col].strip())
+            elif value in TEST_VALUES:
+                test.append(record[label_col].strip())
+            else:
+                raise ConfigError(
+                    f"command line: --data_folder {path}: row {row}: {split_col} {value!r}; expected "
+                    f"{', '.join(TRAIN_VALUES + TEST_VALUES)}"
+                )
+    return train, test, split_col
+
+
+def _without_split(columns: Optional[Dict[str, str]]) -> str:
+    kept = {k: v for k, v in (columns or {}).items() if k != "split"}
+    return ",".join(f"{k}={v}" for k, v in kept.items()) or "label=LABEL,path=PATH"
 
 
 def _doc(text: str) -> Any:
@@ -496,11 +558,37 @@ class MLRC(Protocol):
         pb_keys.check_values(config, sources)
 
     @classmethod
-    def data_folder(cls, path: str, is_csv: bool) -> Dict[str, Any]:
-        """Your images, every class (the protocol makes its class-disjoint split): :class:`~pml_extensions.datasets.
-        ImageCSVSplit` for a CSV file, :class:`~pml_extensions.datasets.ImageFolderSplit` for a folder of classes."""
-        name = "ImageCSVSplit" if is_csv else "ImageFolderSplit"
-        return {"dataset~OVERRIDE~": {name: {"csv_file" if is_csv else "root": path, "split": "all"}}}
+    def data_folder(cls, path: str, is_csv: bool, columns=None) -> Dict[str, Any]:
+        """Your images, every class: :class:`~pml_extensions.datasets.ImageCSVSplit` for a CSV file,
+        :class:`~pml_extensions.datasets.ImageFolderSplit` for a folder of classes. The protocol makes its own
+        class-disjoint split, unless the CSV has a split column: then its test rows' classes are the test classes
+        (``split_manager``'s ``test_classes``, merged into the config's split manager), which must be classes no
+        training row has.
+
+        Raises:
+            ConfigError: a split column whose test rows share classes with its training rows (one line with the
+            ways out).
+        """
+        if not is_csv:
+            return {"dataset~OVERRIDE~": {"ImageFolderSplit": {"root": path, "split": "all"}}}
+        update = {"dataset~OVERRIDE~": {"ImageCSVSplit": {"csv_file": path, "split": "all"}}}
+        if columns:
+            update["dataset~OVERRIDE~"]["ImageCSVSplit"]["columns"] = columns
+        split = csv_split_classes(path, columns or {})
+        if split is None:
+            return update
+        train, test, column = split
+        shared = sorted(set(train) & set(test))
+        if shared:
+            shown = ", ".join(shared[:5]) + (f", ... ({len(shared)})" if len(shared) > 5 else "")
+            raise ConfigError(
+                f"command line: --data_folder {path}: its {column!r} column puts {len(shared)} classes in both the "
+                f"training and the test rows ({shown}); the mlrc protocol tests on classes it never trained on: make "
+                f"the split class-disjoint, or map no split column (--columns {_without_split(columns)}) and mlrc "
+                "splits the classes itself, or run a paired config (same-class retrieval)"
+            )
+        update["split_manager"] = {"ClassDisjointSplitManager": {"test_classes": sorted(set(test))}}
+        return update
 
     @classmethod
     def objective(cls, results: Dict[str, Any], config: Dict[str, Any]) -> float:

@@ -19,6 +19,7 @@ def mlrc_class_splits(
     test_size: float = 0.5,
     test_start_idx: float = 0.5,
     num_training_partitions: int = 4,
+    test_classes: Sequence[int] = None,
 ) -> Dict[str, Any]:
     """Class-disjoint MLRC split.
 
@@ -29,6 +30,7 @@ def mlrc_class_splits(
             half gets the extra class).
         num_training_partitions: number of class-disjoint folds of the remaining classes (contiguous blocks of
         the sorted list, sizes differing by at most one).
+        test_classes: the test classes (labels) instead of ``test_size`` / ``test_start_idx``.
 
     Returns:
         ``{"test": [classes], "trainval": [classes], "folds": [{"train": [classes], "val": [classes]},
@@ -42,10 +44,14 @@ def mlrc_class_splits(
     c = len(classes)
     if not (0 <= test_size <= 1 and 0 <= test_start_idx <= 1):
         raise ValueError(f"test_size and test_start_idx must be fractions in [0, 1], got {test_size}, {test_start_idx}")
-    start = int(math.floor(test_start_idx * c + 1e-9))
-    stop = min(c, int(math.floor((test_start_idx + test_size) * c + 1e-9)))
-    test = classes[start:stop]
-    pool = classes[:start] + classes[stop:]
+    if test_classes is not None:
+        test = sorted(int(t) for t in set(test_classes) & set(classes))
+        pool = [k for k in classes if k not in set(test)]
+    else:
+        start = int(math.floor(test_start_idx * c + 1e-9))
+        stop = min(c, int(math.floor((test_start_idx + test_size) * c + 1e-9)))
+        test = classes[start:stop]
+        pool = classes[:start] + classes[stop:]
     if len(test) < 2:
         raise ValueError(f"the test split needs at least 2 classes, got {len(test)} of {c}")
     if num_training_partitions < 2 or len(pool) < 2 * num_training_partitions:

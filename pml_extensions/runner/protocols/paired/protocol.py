@@ -78,10 +78,14 @@ class Paired(PairedProtocol):
     metrics = METRICS
 
     @classmethod
-    def data_folder(cls, path: str, is_csv: bool) -> Dict[str, Any]:
-        """Your folder of class folders (or CSV file) as the dataset by name (``imagefolder`` / ``csv``): its classes
-        are split into training and unseen test classes (``get_dataset``'s rule)."""
-        return {"dataset~OVERRIDE~": {"name": "csv" if is_csv else "imagefolder", "root": path}}
+    def data_folder(cls, path: str, is_csv: bool, columns=None) -> Dict[str, Any]:
+        """Your folder of class folders (or CSV file) as the dataset by name (``imagefolder`` / ``csv``): a CSV's
+        split column decides the training and test rows (:class:`~pml_extensions.datasets.ImageCSVSplit`), else the
+        classes are split into training and unseen test classes (``get_dataset``'s rule)."""
+        spec = {"name": "csv" if is_csv else "imagefolder", "root": path}
+        if columns:
+            spec["kwargs"] = {"columns": columns}
+        return {"dataset~OVERRIDE~": spec}
 
     @classmethod
     def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:

@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -281,3 +282,53 @@ def test_feature_cache_refuses_test_hooks_and_a_random_prefix(tmp_path):
         _run(_runner(tmp_path / "a", hooks, files))
     with pytest.raises(ConfigError, match=r"feature_cache: the frozen prefix of models.trunk changes with the seed"):
         _run(_runner(tmp_path / "b", ["--feature_cache", "{boundary: '1'}"]))
+
+
+class TestYourSplit:
+    """A CSV's split column is honoured by the mlrc protocol (its test rows' classes are the test classes) or, when
+    its test rows share classes with its training rows, refused in one line with the ways out; a user can name the
+    test classes (``split_manager``'s ``test_classes``)."""
+
+    def _csv(self, tmp_path, rows):
+        path = tmp_path / "catalogue.csv"
+        path.write_text(
+            "sku,category,image,subset\n" + "".join(f"{i},{c},{i}.jpg,{s}\n" for i, (c, s) in enumerate(rows))
+        )
+        return str(path)
+
+    def test_a_class_disjoint_split_column_names_the_test_classes(self, tmp_path):
+        from pml_extensions.runner.protocols.mlrc.protocol import MLRC
+
+        rows = [("Sneakers", "train"), ("T-Shirts / Tops", "train"), ("Sandalen & Ära", "test"), ("Boots", "test")]
+        path = self._csv(tmp_path, rows)
+        update = MLRC.data_folder(path, True, {"label": "category", "path": "image", "split": "subset"})
+        assert update["split_manager"] == {"ClassDisjointSplitManager": {"test_classes": ["Boots", "Sandalen & Ära"]}}
+        assert update["dataset~OVERRIDE~"]["ImageCSVSplit"]["split"] == "all"
+        no_split = MLRC.data_folder(path, True, {"label": "category", "path": "image"})
+        assert "split_manager" not in no_split  # no split column mapped: mlrc splits the classes itself
+
+    def test_a_split_sharing_classes_is_refused_with_the_ways_out(self, tmp_path):
+        from pml_extensions.runner.protocols.mlrc.protocol import MLRC
+
+        path = self._csv(tmp_path, [("Sneakers", "train"), ("Sneakers", "validation"), ("Boots", "test")])
+        with pytest.raises(ConfigError) as e:
+            MLRC.data_folder(path, True, {"label": "category", "path": "image", "split": "subset"})
+        assert str(e.value) == (
+            f"command line: --data_folder {path}: its 'subset' column puts 1 classes in both the training and the test "
+            "rows (Sneakers); the mlrc protocol tests on classes it never trained on: make the split class-disjoint, "
+            "or map no split column (--columns label=category,path=image) and mlrc splits the classes itself, or run "
+            "a paired config (same-class retrieval)"
+        )
+
+    def test_test_classes_by_name_with_did_you_mean(self, tmp_path):
+        from pml_extensions.runner.protocols.mlrc.splits import mlrc_class_splits
+
+        s = mlrc_class_splits(list(range(10)), num_training_partitions=2, test_classes=[7, 2])
+        assert s["test"] == [2, 7] and sorted(s["trainval"]) == [0, 1, 3, 4, 5, 6, 8, 9]
+        runner = _runner(tmp_path, ["--split_manager", "{ClassDisjointSplitManager: {test_classes: [class_3]}}"])
+        base = type("Base", (), {"classes": [f"class_{i}" for i in range(16)]})()
+        assert runner.test_class_labels(base, np.arange(16), ["class_3", 4]) == [3, 4]
+        with pytest.raises(
+            ConfigError, match=r"test_classes: the dataset has no class 'clas_5'; did you mean 'class_5'"
+        ):
+            runner.test_class_labels(base, np.arange(16), ["clas_5"])
