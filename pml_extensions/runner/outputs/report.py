@@ -95,25 +95,21 @@ def _stage(folder: str, path: str) -> str:
 
 def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]]:
     """Stage (its folder relative to ``folder``) -> ``("epoch" | "iteration", value)`` of the model the protocol
-    kept: MLRC's ``folds[k].best_epoch`` (``fold_<k>``), xml_vs_gap's ``units[variant][seed].best_epoch``
-    (``<variant>/seed_<s>``), the resolution protocol's ``selection[].iteration``
-    (``<dataset>/seed_<s>/student_<q>px_<variant>``, ``_lr<lr>`` when a learning-rate grid named the stage)."""
+    kept: ``results["selected"]`` (``{stage: [unit, value]}``, what any protocol may write), MLRC's
+    ``folds[k].best_epoch`` (``fold_<k>``) and a paired protocol's ``units[variant][seed]`` (the tested epoch,
+    ``<variant>/seed_<s>``)."""
     out: Dict[str, Tuple[str, int]] = {}
     for k, fold in enumerate(results.get("folds") or []):
         if isinstance(fold, dict) and isinstance(fold.get("best_epoch"), int):
             out[f"fold_{k}"] = ("epoch", fold["best_epoch"])
     for name, per_seed in (results.get("units") or {}).items():
         for seed, unit in (per_seed or {}).items():
-            if isinstance(unit, dict) and isinstance(unit.get("best_epoch"), int):
-                out[f"{name}/seed_{seed}"] = ("epoch", unit["best_epoch"])
-    for sel in results.get("selection") or []:
-        if not isinstance(sel, dict) or not isinstance(sel.get("iteration"), int):
-            continue
-        stage = f"{sel.get('dataset')}/seed_{sel.get('seed')}/student_{sel.get('query_resolution')}px_"
-        stage += str(sel.get("student_variant"))
-        if not os.path.isdir(os.path.join(folder, stage)) and isinstance(sel.get("lr"), (int, float)):
-            stage += f"_lr{sel['lr']:g}"
-        out[stage] = ("iteration", sel["iteration"])
+            epoch = unit.get("selected_epoch", unit.get("best_epoch")) if isinstance(unit, dict) else None
+            if isinstance(epoch, int):
+                out[f"{name}/seed_{seed}"] = ("epoch", epoch)
+    for stage, (unit, value) in (results.get("selected") or {}).items():
+        if unit in ("epoch", "iteration") and isinstance(value, int):
+            out[stage] = (unit, value)
     return out
 
 

@@ -92,27 +92,21 @@ def test_smoothing_is_a_trailing_mean():
 
 
 def test_selected_model_of_every_protocol(tmp_path):
+    """The report knows no protocol: MLRC's folds, a paired protocol's units (the tested epoch) and the stages any
+    protocol names in ``selected``."""
     from pml_extensions.runner.outputs.report import _iterations_per_epoch, _selected
 
-    (tmp_path / "glyphs" / "seed_0" / "student_16px_full_lr0.001").mkdir(parents=True)
     results = {
         "folds": [{"best_epoch": 2}, {"best_epoch": 0}],
-        "units": {"contrastive_xml": {"0": {"best_epoch": 3}, "1": {"best_epoch": 1}}},
-        "selection": [
-            {"dataset": "glyphs", "seed": 0, "query_resolution": 16, "student_variant": "full", "iteration": 4,
-             "lr": 0.001},
-            {"dataset": "glyphs", "seed": 0, "query_resolution": 16, "student_variant": "loss_abs_only",
-             "iteration": 2, "lr": 0.001},
-            {"dataset": "glyphs", "seed": 0, "query_resolution": 16, "student_variant": "lr_grid", "lr": 0.001},
-        ],
-    }  # fmt: skip
+        "units": {"contrastive_xml": {"0": {"best_epoch": 3}, "1": {"best_epoch": 1, "selected_epoch": 2}}},
+        "selected": {"glyphs/seed_0/student_16px_full_lr0.001": ["iteration", 4], "bad": ["step", 1]},
+    }
     assert _selected(str(tmp_path), results) == {
         "fold_0": ("epoch", 2),
         "fold_1": ("epoch", 0),
         "contrastive_xml/seed_0": ("epoch", 3),
-        "contrastive_xml/seed_1": ("epoch", 1),
-        "glyphs/seed_0/student_16px_full_lr0.001": ("iteration", 4),  # the grid's winner keeps its lr in the name
-        "glyphs/seed_0/student_16px_loss_abs_only_lr0.001": ("iteration", 2),
+        "contrastive_xml/seed_1": ("epoch", 2),  # the epoch the selection tested, not the unit's own best
+        "glyphs/seed_0/student_16px_full_lr0.001": ("iteration", 4),
     }
     assert _iterations_per_epoch({}, "trainer:\n  MetricLossOnly: {iterations_per_epoch: 15}\n") == 15
     assert _iterations_per_epoch({"iterations_per_epoch": 40}, "") == 40
