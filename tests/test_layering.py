@@ -241,3 +241,11 @@ def test_the_graph_has_the_runner_edges(module):
     """The graph the cycle test walks is the real one: it holds the edges the floor plan is built on."""
     graph = _graph()
     assert "pml_extensions.runner.errors" in graph[module]
+
+
+def test_the_builder_imports_no_method():
+    """Methods own their wiring (pml_extensions.utils.wiring): the Builder imports neither the losses nor the trunks
+    (it used to import XMLWrapper and HistogramPooling and carry their prototype initialisation)."""
+    path = os.path.join(PKG, "runner", "objects", "builder.py")
+    imported = _imported_modules(path)
+    assert not [m for m in imported if m.startswith(("pml_extensions.losses", "pml_extensions.trunks"))]

@@ -15,6 +15,7 @@ from pytorch_metric_learning.utils.module_with_records import ModuleWithRecords
 
 from ..utils.class_split import class_disjoint_split
 from ..utils.ridge import ridge_prototypes
+from ..utils.wiring import after_losses
 from ._loss_state import _is_memory_wrapper, _state_left_untouched
 
 
@@ -480,3 +481,22 @@ class XMLWrapper(ModuleWithRecords):
                 xml = xml + self._call_inner(pred, labels[half], _restrict_indices_tuple(mined, half), loss=judge)
         self.xml_loss = xml.detach()
         return inner + self.xml_weight * xml
+
+
+@after_losses
+def attach_to_models(loss_funcs, models) -> int:
+    """Attach every XMLWrapper nested in ``loss_funcs`` (a dict or an iterable of modules) that lacks its histogram
+    layer (or, ``target="pooled"``, its head) to ``models`` (PML's ``{"trunk": ..., "embedder": ...}``): the
+    wiring the runner's Builder asks for once it has built the losses. Returns how many were attached.
+
+    Raises:
+        ValueError: as :meth:`XMLWrapper.attach`.
+    """
+    modules = loss_funcs.values() if isinstance(loss_funcs, dict) else loss_funcs
+    attached = 0
+    for loss in modules:
+        for m in loss.modules():
+            if isinstance(m, XMLWrapper) and (m.histogram_layer is None or (m.target == "pooled" and m.head is None)):
+                m.attach(models)
+                attached += 1
+    return attached

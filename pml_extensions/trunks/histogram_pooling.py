@@ -14,6 +14,7 @@ from typing import Iterable, List, Optional
 import torch
 import torch.nn.functional as F
 
+from ..utils.wiring import data_init, param_group
 from ._last_outputs import _KeepsLastOutputs
 
 PROTOTYPE_INITS = ("random", "kcenter", "kmeans")
@@ -411,3 +412,56 @@ def trunk_body(trunk: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Seque
     if not any(c is layer for c in children):
         raise ValueError("layer must be a direct child of the Sequential trunk")
     return torch.nn.Sequential(*children[: next(i for i, c in enumerate(children) if c is layer)])
+
+
+#: the keys of a ``prototype_init`` spec (:func:`init_prototypes`)
+PROTOTYPE_INIT_KEYS = ("method", "num_batches", "batch_size")
+
+
+@param_group("prototype_lr")
+def prototype_parameters(module: torch.nn.Module) -> List[torch.nn.Parameter]:
+    """The prototypes of every :class:`HistogramPooling` in ``module``: the optimizer option ``prototype_lr`` puts
+    them in a parameter group of their own at that learning rate.
+
+    Example::
+
+        >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
+        >>> [tuple(p.shape) for p in prototype_parameters(trunk)]
+        [(4, 8)]
+    """
+    return [p for m in find_histogram_layers(module) for p in m.parameters() if p.requires_grad]
+
+
+@data_init("prototype_init")
+def init_prototypes(models, dataset, seed: int, spec) -> bool:
+    """The config key ``prototype_init: {method: kmeans|kcenter|random, num_batches: 4, batch_size: 32}``: the
+    trunk's HistogramPooling prototypes from its body's local features on ``num_batches`` batches of ``dataset``
+    (shuffled with a generator seeded by ``seed``; the XML paper initialises them by k-means,
+    :meth:`HistogramPooling.init_from_data`). Returns False for an empty spec.
+
+    Raises:
+        ValueError: unknown keys, a trunk without exactly one HistogramPooling as a direct child of a Sequential
+        trunk, or a bad method.
+    """
+    if not spec:
+        return False
+    if not isinstance(spec, dict):
+        raise ValueError(f"expected a mapping {{method: kmeans, num_batches: 4}}, got {spec!r}")
+    unknown = sorted(set(spec) - set(PROTOTYPE_INIT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown keys {unknown}; known: {', '.join(PROTOTYPE_INIT_KEYS)}")
+    trunk = models["trunk"]
+    layers = find_histogram_layers(trunk)
+    if len(layers) != 1:
+        raise ValueError(f"needs exactly one HistogramPooling in the trunk, found {len(layers)}")
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=int(spec.get("batch_size", 32)),
+        shuffle=True,
+        generator=torch.Generator().manual_seed(int(seed)),
+    )
+    body = trunk_body(trunk, layers[0])
+    layers[0].init_from_data(
+        body, loader, num_batches=int(spec.get("num_batches", 4)), method=spec.get("method", "kmeans"), seed=int(seed)
+    )
+    return True

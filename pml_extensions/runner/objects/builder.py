@@ -15,14 +15,13 @@ Config keys read (powerful-benchmarker names): ``models`` (``trunk``, ``embedder
 ``{ClassName: kwargs}`` spec, or by name: ``{name: glyphs, root: null, kwargs: {...}}`` or just ``glyphs``, read
 with :func:`pml_extensions.datasets.get_dataset`), ``dataset_root``; ours: ``normalize`` (mean/std appended after
 ``ToTensor``; default ImageNet's, and then PIL images are converted to RGB first, so grayscale datasets meet RGB
-trunks), ``seed`` and ``prototype_init`` (``{method: kmeans|kcenter|random, num_batches: 4, batch_size: 32}``: the
-trunk's HistogramPooling prototypes from its body's local features on training images; see
-:meth:`Builder.prototype_init`). Loss specs whose class takes ``num_classes`` / ``embedding_size`` get the training
+trunks), ``seed`` and the keys methods register for initialising from data (``prototype_init``:
+:meth:`Builder.init_from_data`). Loss specs whose class takes ``num_classes`` / ``embedding_size`` get the training
 classes' count and the embedder's output width when the config leaves them out; model specs likewise get
-``num_classes``. XMLWrappers without a histogram layer are attached to the trunk's HistogramPooling
-(:meth:`pml_extensions.losses.XMLWrapper.attach_all`). Optimizer specs may carry two keys of ours, removed before
-the optimizer sees them: ``prototype_lr`` (the HistogramPooling prototypes in a group of their own at that learning
-rate) and ``param_groups`` (``[{modules: GeMPooling, lr_multiplier: 10, weight_decay: 0.0}]``: the parameters of
+``num_classes``. Once losses and models are built, the methods' registered wiring runs
+(:mod:`pml_extensions.utils.wiring`: an XMLWrapper finds its histogram layer and head). Optimizer specs may carry
+keys of ours, removed before the optimizer sees them: the options methods register (``prototype_lr``: the
+HistogramPooling prototypes in a group of their own at that learning rate) and ``param_groups`` (``[{modules: GeMPooling, lr_multiplier: 10, weight_decay: 0.0}]``: the parameters of
 those sub-modules in a group of their own).
 
 Example::
@@ -40,6 +39,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 
 from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+from ...utils import wiring
 from ..config import pb_keys
 from ..config.eval_keys import _TESTER, _where, accuracy_calculator_spec, tester_spec
 from ..config.registry import discover, resolve
@@ -50,7 +50,6 @@ from . import preflight
 from .data import Subset, ToRGB, dataset_labels
 
 IMAGENET_NORMALIZE = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
-PROTOTYPE_INIT_KEYS = ("method", "num_batches", "batch_size")
 PARAM_GROUP_KEYS = ("modules", "lr_multiplier")  # ours; every other key of a group goes to the optimizer
 
 
@@ -512,8 +511,8 @@ class Builder:
     # ---------------------------------------------------------------------------------------------- training
     def build_losses(self, models, num_classes: Optional[int] = None, loss_funcs=None, mining_funcs=None):
         """``(loss_funcs, mining_funcs)`` from ``loss_funcs`` / ``mining_funcs`` (or the given specs), on this
-        device; ``num_classes`` and :attr:`embedding_size` are filled where a spec takes and lacks them; XMLWrappers
-        are attached to the trunk's HistogramPooling (and the embedder, ``target="pooled"``)."""
+        device; ``num_classes`` and :attr:`embedding_size` are filled where a spec takes and lacks them; then the
+        methods' registered wiring runs (:func:`pml_extensions.utils.wiring.wire`)."""
         losses = {}
         fills = {}
         if num_classes is not None:
@@ -524,12 +523,8 @@ class Builder:
         for k, spec in specs.items():
             spec = self._fill(spec, fills, f"loss_funcs.{k}")
             losses[k] = self.build(f"loss_funcs.{k}", spec).to(self.device)
-        from ...losses import XMLWrapper
-
-        try:
-            trunk = dist_utils.unwrap(models["trunk"])
-            XMLWrapper.attach_all(losses, trunk)
-            XMLWrapper.attach_heads(losses, trunk, dist_utils.unwrap(models["embedder"]))  # target="pooled"
+        try:  # what the methods register (pml_extensions.utils.wiring), e.g. XMLWrapper finds its layer and head
+            wiring.wire(losses, {k: dist_utils.unwrap(m) for k, m in models.items()})
         except ValueError as e:
             raise ConfigError(f"{self.where('loss_funcs')}: {e}") from None
         mining = (self.get("mining_funcs") if mining_funcs is None else mining_funcs) or {}
@@ -566,9 +561,10 @@ class Builder:
         """``params`` split into groups by the spec's ``prototype_lr`` / ``param_groups`` (removed from
         ``kwargs``); the plain list when it has neither."""
         rules = []
-        proto_lr = kwargs.pop("prototype_lr", None)
-        if proto_lr is not None:
-            rules.append(({"modules": "HistogramPooling", "lr": float(proto_lr)}, f"{where}.prototype_lr"))
+        for option, members in wiring.param_groups().items():  # e.g. prototype_lr: the HistogramPooling prototypes
+            lr = kwargs.pop(option, None)
+            if lr is not None:
+                rules.append(({"params": members, "lr": float(lr)}, f"{where}.{option}"))
         for i, group in enumerate(kwargs.pop("param_groups", None) or []):
             if not isinstance(group, dict) or not isinstance(group.get("modules"), str):
                 raise ConfigError(
@@ -579,11 +575,14 @@ class Builder:
             return params
         taken, special = set(), []
         for rule, rule_where in rules:
-            cls = resolve(rule["modules"], self.where(rule_where))
-            mine = [p for m in owner.modules() if isinstance(m, cls) for p in m.parameters() if p.requires_grad]
+            if "params" in rule:  # a method's option: its function names the parameters
+                mine = rule["params"](owner)
+            else:
+                cls = resolve(rule["modules"], self.where(rule_where))
+                mine = [p for m in owner.modules() if isinstance(m, cls) for p in m.parameters() if p.requires_grad]
             mine = [p for p in mine if id(p) not in taken]
             taken |= {id(p) for p in mine}
-            options = {k: v for k, v in rule.items() if k not in PARAM_GROUP_KEYS}
+            options = {k: v for k, v in rule.items() if k not in PARAM_GROUP_KEYS + ("params",)}
             if "lr_multiplier" in rule:
                 if "lr" not in kwargs:
                     raise ConfigError(f"{self.where(rule_where)}: lr_multiplier needs the optimizer's lr")
@@ -703,59 +702,34 @@ class Builder:
         return self.build("trainer", {name: dict(kwargs)}, **objects)
 
     # ---------------------------------------------------------------------------------------------- prototypes
-    def prototype_init(
-        self, models: Dict[str, torch.nn.Module], dataset, seed: Optional[int] = None, spec: Any = None
+    def init_from_data(
+        self,
+        models: Dict[str, torch.nn.Module],
+        dataset,
+        seed: Optional[int] = None,
+        specs: Optional[Dict[str, Any]] = None,
     ) -> bool:
-        """Initialise the trunk's HistogramPooling prototypes from data when the config has ``prototype_init``
-        (``{method: kmeans|kcenter|random, num_batches: 4, batch_size: 32}``; the XML paper initialises them
-        by k-means of the body's local features): ``num_batches`` batches of ``dataset`` (shuffled with a
-        generator seeded by ``seed``, default the config's ``seed``) go through the trunk's body (its children
-        before the layer), and :meth:`pml_extensions.trunks.HistogramPooling.init_from_data` picks the
-        prototypes. ``spec`` replaces the config's ``prototype_init`` (e.g. with a protocol's batch size filled in).
+        """Initialise parameters from training data by the config keys the methods register
+        (:func:`pml_extensions.utils.wiring.data_init`; ``prototype_init``: the trunk's HistogramPooling prototypes
+        from its body's local features, :func:`pml_extensions.trunks.histogram_pooling.init_prototypes`).
+        ``dataset``: training images (eval transform); ``seed`` default the config's; ``specs``: key -> spec
+        replacing the config's (e.g. with a protocol's batch size filled in).
 
         Returns:
-            True when prototypes were initialised, False when the config has no ``prototype_init``.
+            True when something was initialised.
 
         Raises:
-            ConfigError: unknown keys, a trunk without exactly one HistogramPooling as a direct child of a
-            Sequential trunk, or a bad method.
+            ConfigError: the method's refusal, naming the key.
         """
-        spec = self.get("prototype_init") if spec is None else spec
-        if not spec:
-            return False
-        key = "prototype_init"
-        if not isinstance(spec, dict):
-            raise ConfigError(f"{self.where(key)}: expected a mapping {{method: kmeans, num_batches: 4}}, got {spec!r}")
-        unknown = sorted(set(spec) - set(PROTOTYPE_INIT_KEYS))
-        if unknown:
-            raise ConfigError(f"{self.where(key)}: unknown keys {unknown}; known: {', '.join(PROTOTYPE_INIT_KEYS)}")
-        from ...trunks import find_histogram_layers, trunk_body
-
-        trunk = dist_utils.unwrap(models["trunk"])
-        layers = find_histogram_layers(trunk)
-        if len(layers) != 1:
-            raise ConfigError(
-                f"{self.where(key)}: needs exactly one HistogramPooling in the trunk, found {len(layers)}"
-            )
         seed = int(self.get("seed") or 0) if seed is None else int(seed)
-        try:
-            body = trunk_body(trunk, layers[0])
-            loader = torch.utils.data.DataLoader(
-                dataset,
-                batch_size=int(spec.get("batch_size", 32)),
-                shuffle=True,
-                generator=torch.Generator().manual_seed(seed),
-            )
-            layers[0].init_from_data(
-                body,
-                loader,
-                num_batches=int(spec.get("num_batches", 4)),
-                method=spec.get("method", "kmeans"),
-                seed=seed,
-            )
-        except ValueError as e:
-            raise ConfigError(f"{self.where(key)}: {str(e).splitlines()[0]}") from None
-        return True
+        done = False
+        for key, init in wiring.data_inits().items():
+            value = (specs or {}).get(key, self.get(key))
+            try:
+                done = init({k: dist_utils.unwrap(m) for k, m in models.items()}, dataset, seed, value) or done
+            except ValueError as e:
+                raise ConfigError(f"{self.where(key)}: {str(e).splitlines()[0]}") from None
+        return done
 
 
 def _parameters(cls) -> Sequence[str]:

@@ -58,7 +58,7 @@ def test_prototype_init_kcenter_picks_local_features_of_the_body():
     models = _models()
     data = _Images()
     builder = Builder({"prototype_init": {"method": "kcenter", "num_batches": 2, "batch_size": 4}, "seed": 3})
-    assert builder.prototype_init(models, data) is True
+    assert builder.init_from_data(models, data) is True
     pool = find_histogram_layers(models["trunk"])[0]
     # the same two shuffled batches the builder drew (generator seeded with the config's seed)
     loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
@@ -71,15 +71,15 @@ def test_prototype_init_kcenter_picks_local_features_of_the_body():
 
 
 def test_prototype_init_absent_unknown_keys_and_missing_layer():
-    assert Builder({}).prototype_init(_models(), _Images()) is False
+    assert Builder({}).init_from_data(_models(), _Images()) is False
     with pytest.raises(ConfigError, match=r"prototype_init: unknown keys \['metod'\]"):
-        Builder({"prototype_init": {"metod": "kmeans"}}).prototype_init(_models(), _Images())
+        Builder({"prototype_init": {"metod": "kmeans"}}).init_from_data(_models(), _Images())
     with pytest.raises(ConfigError, match="exactly one HistogramPooling"):
-        Builder({"prototype_init": {"method": "kmeans"}}).prototype_init(
+        Builder({"prototype_init": {"method": "kmeans"}}).init_from_data(
             {"trunk": torch.nn.Sequential(torch.nn.Flatten())}, _Images()
         )
     with pytest.raises(ConfigError, match="method must be one of"):
-        Builder({"prototype_init": {"method": "kmedians"}}).prototype_init(_models(), _Images())
+        Builder({"prototype_init": {"method": "kmedians"}}).init_from_data(_models(), _Images())
 
 
 def test_template_block_quick_variant_puts_the_block_before_the_last_stage():

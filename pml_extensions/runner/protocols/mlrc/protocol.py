@@ -182,7 +182,7 @@ class MLRCRunner:
         self._seed(fold)
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
-        self.builder.prototype_init(models, self.eval_view(base, labels, train_idx, transforms), seed=fold_seed)
+        self.builder.init_from_data(models, self.eval_view(base, labels, train_idx, transforms), seed=fold_seed)
         loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
         optimizers = self.builder.build_optimizers(models, loss_funcs)
         sampler = self.builder.build_sampler(train_ds.labels, global_batch)

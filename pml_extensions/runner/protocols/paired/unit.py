@@ -160,7 +160,7 @@ def build_models(
         if init_set is None:
             raise ConfigError(f"{b.where('prototype_init')}: needs the training images (init_set)")
         spec = {"batch_size": int(cfg["batch_size"]), **(init if isinstance(init, dict) else {})}
-        b.prototype_init({"trunk": trunk}, init_set, seed=seed, spec=spec)
+        b.init_from_data({"trunk": trunk}, init_set, seed=seed, specs={"prototype_init": spec})
     return {**models, "loss_funcs": loss_funcs, "mining_funcs": mining_funcs, "frozen": frozen}
 
 

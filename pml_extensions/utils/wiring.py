@@ -1,0 +1,75 @@
+"""What a method registers for whoever builds models and losses from specs (the runner's Builder), so that the builder
+never imports a method: the method owns its wiring (timm's ``register_model``, powerful-benchmarker's ``register``).
+
+Three kinds of hook, registered when the method's module is imported:
+
+- :func:`after_losses`: ``fn(loss_funcs, models)`` once the losses and models are built, e.g. :class:`~pml_extensions.
+  losses.XMLWrapper` finds its histogram layer and head in the models;
+- :func:`param_group`: an optimizer option (``prototype_lr``) that puts a method's parameters in a group of their own
+  at that learning rate: ``fn(module) -> [parameters]``;
+- :func:`data_init`: a config key (``prototype_init``) whose spec initialises parameters from training data:
+  ``fn(models, dataset, seed, spec) -> bool`` (true when it initialised something).
+
+Example::
+
+    >>> import torch
+    >>> @param_group("doc_example_lr")
+    ... def _biases(module):
+    ...     return [p for n, p in module.named_parameters() if n.endswith("bias")]
+    >>> [tuple(p.shape) for p in param_groups()["doc_example_lr"](torch.nn.Linear(2, 3))]
+    [(3,)]
+"""
+
+from typing import Any, Callable, Dict, List
+
+_AFTER_LOSSES: List[Callable[[Dict[str, Any], Dict[str, Any]], None]] = []
+_PARAM_GROUPS: Dict[str, Callable[[Any], List[Any]]] = {}
+_DATA_INIT: Dict[str, Callable[..., bool]] = {}
+
+
+def after_losses(fn: Callable[[Dict[str, Any], Dict[str, Any]], None]) -> Callable:
+    """Register ``fn(loss_funcs, models)`` (a decorator); it raises ``ValueError`` for a loss the models cannot
+    serve."""
+    if fn not in _AFTER_LOSSES:
+        _AFTER_LOSSES.append(fn)
+    return fn
+
+
+def param_group(option: str) -> Callable:
+    """Register ``fn(module) -> [parameters]`` for the optimizer option ``option`` (a decorator)."""
+
+    def register(fn):
+        _PARAM_GROUPS[option] = fn
+        return fn
+
+    return register
+
+
+def data_init(key: str) -> Callable:
+    """Register ``fn(models, dataset, seed, spec) -> bool`` for the config key ``key`` (a decorator)."""
+
+    def register(fn):
+        _DATA_INIT[key] = fn
+        return fn
+
+    return register
+
+
+def wire(loss_funcs: Dict[str, Any], models: Dict[str, Any]) -> None:
+    """Call every :func:`after_losses` hook.
+
+    Raises:
+        ValueError: from a hook, for a loss the models cannot serve.
+    """
+    for fn in _AFTER_LOSSES:
+        fn(loss_funcs, models)
+
+
+def param_groups() -> Dict[str, Callable[[Any], List[Any]]]:
+    """Optimizer option -> ``fn(module) -> [parameters]`` (:func:`param_group`)."""
+    return dict(_PARAM_GROUPS)
+
+
+def data_inits() -> Dict[str, Callable[..., bool]]:
+    """Config key -> ``fn(models, dataset, seed, spec) -> bool`` (:func:`data_init`)."""
+    return dict(_DATA_INIT)
