@@ -21,8 +21,8 @@ classes' count and the embedder's output width when the config leaves them out; 
 ``num_classes``. Once losses and models are built, the methods' registered wiring runs
 (:mod:`pml_extensions.utils.wiring`: an XMLWrapper finds its histogram layer and head). Optimizer specs may carry
 keys of ours, removed before the optimizer sees them: the options methods register (``prototype_lr``: the
-HistogramPooling prototypes in a group of their own at that learning rate) and ``param_groups`` (``[{modules: GeMPooling, lr_multiplier: 10, weight_decay: 0.0}]``: the parameters of
-those sub-modules in a group of their own).
+HistogramPooling prototypes in a group of their own at that learning rate) and ``param_groups`` (``[{modules:
+GeMPooling, lr_multiplier: 10, weight_decay: 0.0}]``: the parameters of those sub-modules in a group of their own).
 
 Example::
 
