@@ -191,6 +191,7 @@ def load_config(
         config = merge(config, update, "command line")
         for key in update:
             sources[key.split("~")[0]] = "command line"
+        sources.add_layer("command line", config)  # nested values of the new dataset are the command line's too
     if check:
         from ..config.arguments import check_arguments
 
