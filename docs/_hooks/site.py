@@ -594,6 +594,8 @@ def _fill_api_nav(nav, entries) -> bool:
 
 
 def on_config(config, **kwargs):
+    _cache.clear()  # `mkdocs serve` rebuilds in one process: read the code afresh each time
+    Source._cache.clear()
     entries = api_nav(public_modules())
     if not _fill_api_nav(config["nav"], entries):
         log.warning(f"mkdocs.yml: the nav has no '{API_NAV_TITLE}' section for the generated API pages")
