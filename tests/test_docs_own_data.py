@@ -114,40 +114,52 @@ def _job_needs(config):
             return count
 
 
-def test_the_table_of_classes_each_config_needs():
-    from pml_extensions.runner.config.loader import (
-        CONFIG_FOLDERS,
-        config_layout,
-        find_config,
-        load_config,
-        shipped_configs,
-    )
+def _variant_selections(root):
+    from pml_extensions.runner.config.loader import CONFIG_FOLDERS
 
-    table = DOC[DOC.index("| shipped config |") :].split("\n\n")[0]
-    mlrc_row = next(line for line in table.splitlines() if line.startswith("| `contrastive`"))
-    job_row = next(line for line in table.splitlines() if line.startswith("| `xml_glyphs`"))
-    for name in shipped_configs():
-        root = find_config(name)
-        if config_layout(root) == "flat":
-            assert f"`{name}`" in job_row
-            assert _job_needs(load_config(root, check_keys=False)[0]) == int(job_row.rsplit("|", 2)[1])
-            continue
-        protocol = load_config(root, check_keys=False)[0].get("protocol")
-        if protocol == "resolution_distillation":
-            continue
-        if protocol in ("template_block", "localization"):  # their data is not a folder of classes
-            assert f"`{name}`" in next(line for line in table.splitlines() if "not with `--data_folder`" in line)
-            continue
-        assert f"`{name}`" in mlrc_row
-        selections = [None] + [
-            {folder: ["default", f[:-5]]}
-            for folder in CONFIG_FOLDERS
-            if os.path.isdir(os.path.join(root, folder))
-            for f in sorted(os.listdir(os.path.join(root, folder)))
-            if f.endswith(".yaml") and f != "default.yaml"
-        ]
-        for selection in selections:
-            assert _mlrc_needs(load_config(root, selection, check_keys=False)[0]) == int(mlrc_row.rsplit("|", 2)[1]), (
-                name,
-                selection,
-            )
+    return [None] + [
+        {folder: ["default", f[:-5]]}
+        for folder in CONFIG_FOLDERS
+        if os.path.isdir(os.path.join(root, folder))
+        for f in sorted(os.listdir(os.path.join(root, folder)))
+        if f.endswith(".yaml") and f != "default.yaml"
+    ]
+
+
+def test_the_table_of_classes_each_config_needs():
+    """Every config of the package and of benchmarks/configs is in the table, in the row of its protocol, and the
+    number of classes its row gives is what the config needs (every variant of an mlrc config)."""
+    from pml_extensions.runner.config.loader import config_layout, find_config, shipped_configs
+    from pml_extensions.runner.protocols import load_config
+
+    table = DOC[DOC.index("| config | protocol |") :].split("\n\n")[0]
+    rows = {row.split("|")[2].strip(): row for row in table.splitlines()[2:]}
+    assert sorted(rows) == ["`mlrc`", "`paired`", "its plugin", "their plugins"]
+    benchmarks = os.path.join(ROOT, "benchmarks", "configs")
+    roots = [find_config(n) for n in shipped_configs()] + [
+        os.path.join(benchmarks, n) for n in sorted(os.listdir(benchmarks))
+    ]
+    for root in roots:
+        name = os.path.basename(root)
+        in_benchmarks = os.path.dirname(root) == benchmarks
+        config = load_config(root, check=False)[0]
+        protocol = config["protocol"]
+        if protocol == "paired":
+            row = rows["`paired`"]
+            assert config_layout(root) == "flat"
+            assert _job_needs(config) == int(row.rsplit("|", 2)[1]), name
+        elif protocol == "mlrc":
+            row = rows["`mlrc`"]
+            for selection in _variant_selections(root):
+                assert _mlrc_needs(load_config(root, selection, check=False)[0]) == int(row.rsplit("|", 2)[1]), (
+                    name,
+                    selection,
+                )
+        elif protocol == "benchmarks.protocols.resolution_distillation":
+            row = rows["its plugin"]
+        else:
+            assert protocol in ("benchmarks.protocols.template_block", "benchmarks.protocols.localization"), protocol
+            row = rows["their plugins"]
+            assert "not with `--data_folder`" in row
+        assert f"`{name}`" in row
+        assert ("in `benchmarks/configs/`" in row.split(f"`{name}`")[0]) == in_benchmarks, name

@@ -1,9 +1,11 @@
 """The documentation site (mkdocs.yml, docs/, the build hook docs/_hooks/site.py): what it generates from the code
 cannot drift from the code.
 
-* the hook reads the runner's key tables from the source without importing it: what it reads equals what the code
-  holds at run time, and every key, flag, argument, marker and protocol the code accepts is on the config page, with a
-  description;
+* the hook reads the protocols' settings, the protocols' lookup and the runner's key tables from the source without
+  importing it: what it reads equals what the code holds at run time, and every key a protocol accepts (the package's
+  and the plugins' in benchmarks/protocols/) is in a table of the site, with a description;
+* the generated tables are committed between their markers and equal what the hook generates; a results block holds
+  the line that names its file; no page read in the repository shows an empty generated block;
 * every public module has an API page, every benchmark result file and every README results block is on the site;
 * the ``docs`` extra of pyproject.toml is what ``tox -e docs`` installs;
 * the griffe extension keeps the project's docstring layout readable.
@@ -13,13 +15,16 @@ installed.
 """
 
 import configparser
+import dataclasses
 import importlib
 import importlib.util
+import logging
 import os
 import pkgutil
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -38,27 +43,85 @@ def _load(name, path):
 site = _load("docs_site_hook", "docs/_hooks/site.py")
 
 
+def _settings_classes():
+    """The block name -> the Settings dataclass it documents, imported (the same list as the hook's SETTINGS)."""
+    from benchmarks.protocols.localization.protocol import Localization
+    from benchmarks.protocols.resolution_distillation.protocol import ResolutionDistillation
+    from benchmarks.protocols.template_block.protocol import TemplateBlock
+    from pml_extensions.runner.protocols import get_protocol
+    from pml_extensions.runner.protocols.base import SearchSettings
+    from pml_extensions.runner.protocols.paired_protocol import GridSettings
+
+    return {
+        "grid": GridSettings,
+        "search": SearchSettings,
+        "paired": get_protocol("paired").Settings,
+        "mlrc": get_protocol("mlrc").Settings,
+        "template_block": TemplateBlock.Settings,
+        "localization": Localization.Settings,
+        "resolution_distillation": ResolutionDistillation.Settings,
+    }
+
+
+def _fields(cls):
+    from pml_extensions.runner.protocols.base import REQUIRED
+
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default = site.REQUIRED if default is REQUIRED else default
+        out.append({"name": f.name, "default": default, "doc": f.metadata["doc"]})
+    return out
+
+
 def test_the_hook_reads_what_the_code_holds():
-    from benchmarks.protocols.resolution_distillation import settings
-    from pml_extensions.runner.config import eval_keys, keys, old_keys, pb_keys
+    from benchmarks import protocols as plugins
+    from benchmarks.protocols.resolution_distillation import settings as raml
+    from pml_extensions.runner.config import eval_keys, pb_keys
     from pml_extensions.runner.objects import builder
-    from pml_extensions.runner.protocols import DEFAULT_PROTOCOL, DESCRIPTIONS, PROTOCOLS
+    from pml_extensions.runner.protocols import DEFAULT_PROTOCOLS, PROTOCOLS, get_protocol
+    from pml_extensions.runner.protocols.mlrc import old_keys
 
     t = site.code_tables()
-    assert t["protocols"] == PROTOCOLS and t["protocol_descriptions"] == DESCRIPTIONS
-    assert t["default_protocol"] == DEFAULT_PROTOCOL
-    assert t["protocol_keys"] == keys.PROTOCOL_KEYS
+    assert t["protocols"] == PROTOCOLS and t["default_protocols"] == DEFAULT_PROTOCOLS
+    assert t["protocol_descriptions"] == {name: get_protocol(name).description for name in PROTOCOLS}
+    expected = {}
+    for name in plugins.PLUGINS:
+        cls = importlib.import_module(f"benchmarks.protocols.{name}").PROTOCOL
+        expected[f"benchmarks.protocols.{name}"] = (f"benchmarks.protocols.{name}:{cls.__name__}", cls.description)
+    assert {n: (t["plugins"][n], t["plugin_descriptions"][n]) for n in t["plugins"]} == expected
+    classes = _settings_classes()
+    assert set(classes) == set(site.SETTINGS) == set(t["settings"])
+    for name, cls in classes.items():
+        assert t["settings"][name] == _fields(cls), name
+        path, cls_name = site.SETTINGS[name]
+        assert (os.path.relpath(sys.modules[cls.__module__].__file__, ROOT), cls.__qualname__) == (path, cls_name)
     assert t["flags"] == pb_keys._FLAGS
     assert t["split_manager"] == pb_keys._DEFAULT_SPLIT and t["hook_container"] == pb_keys._DEFAULT_HOOKS
     assert t["ensemble"] == eval_keys._DEFAULT_ENSEMBLE and t["tester"] == eval_keys._TESTER
     assert t["pb_only"] == eval_keys._PB_ONLY
     assert t["old_keys"] == old_keys.OLD_KEYS and t["old_refused"] == old_keys._OLD_REFUSED
-    assert t["resolution_job_keys"] == old_keys.RESOLUTION_JOB_KEYS
-    assert t["old_top_level_keys"] == old_keys.OLD_TOP_LEVEL_KEYS
-    assert t["resolution_defaults"] == settings.JOB_DEFAULTS
-    assert t["resolution_dataset_keys"] == settings.DATASET_KEYS and t["validation_keys"] == settings.VALIDATION_KEYS
+    assert t["resolution_dataset_keys"] == raml.DATASET_KEYS
     assert t["prototype_init_keys"] == builder.PROTOTYPE_INIT_KEYS
     assert t["param_group_keys"] == builder.PARAM_GROUP_KEYS
+
+
+def test_the_hook_reads_a_setting_through_a_helper_and_a_base_class(tmp_path):
+    """``_doc(text)`` returning ``setting(None, text)`` (the mlrc settings' helper) and a dataclass base of the same
+    file read as the dataclass machinery reads them."""
+    (tmp_path / "s.py").write_text(
+        "from pml_extensions.runner.protocols.base import REQUIRED, setting\n"
+        "LIMIT = 3\n"
+        "def _doc(text, default=None):\n    return setting(default, text)\n"
+        "class Base:\n    a: int = setting(REQUIRED, doc='first')\n"
+        "class Settings(Base):\n    b: int = _doc('second', LIMIT)\n"
+        "    c: list = setting(list((1, 2)), 'third', 'list')\n"
+    )
+    assert site.settings_fields(str(tmp_path / "s.py"), "Settings") == [
+        {"name": "a", "default": site.REQUIRED, "doc": "first"},
+        {"name": "b", "default": 3, "doc": "second"},
+        {"name": "c", "default": [1, 2], "doc": "third"},
+    ]
 
 
 def test_every_marker_on_the_page_is_one_the_parser_reads():
@@ -71,48 +134,112 @@ def test_every_marker_on_the_page_is_one_the_parser_reads():
         assert split_marker(key)[1] == op
 
 
-def _page():
-    blocks, problems = site.config_tables()
+def _first_column(table):
+    """The code in the first cell of each row of a Markdown table (the header row left out)."""
+    lines = table.splitlines()
+    rows = lines[next(i for i, line in enumerate(lines) if line.startswith("|---")) + 1 :]
+    return {m.group(1) for m in (re.match(r"\| `([^`]+)`", line) for line in rows) if m}
+
+
+def test_every_key_a_protocol_accepts_is_in_its_tables():
+    """Each protocol's keys (``Protocol.keys()``) are the first column of the tables the site shows for it."""
+    from benchmarks.protocols.localization.protocol import Localization
+    from benchmarks.protocols.resolution_distillation.protocol import ResolutionDistillation
+    from benchmarks.protocols.template_block.protocol import TemplateBlock
+    from pml_extensions.runner.protocols import get_protocol
+
+    blocks, problems = site.generated_blocks()
     assert problems == []  # every key described, no description of a key the code does not read
-    with open(os.path.join(ROOT, "docs", "configs.md"), encoding="utf-8") as f:
-        page = f.read()
-    used = re.findall(r"<!-- config:([a-z_-]+) -->", page)
-    assert sorted(used) == sorted(blocks), "docs/configs.md shows every generated table once"
-    return "\n".join(blocks.values())
+    shown = {
+        get_protocol("mlrc"): ("search", "mlrc", "old-keys"),
+        get_protocol("paired"): ("search", "grid", "paired"),
+        TemplateBlock: ("search", "grid", "template_block"),
+        Localization: ("search", "grid", "localization"),
+        ResolutionDistillation: ("search", "resolution_distillation"),
+    }
+    for protocol, names in shown.items():
+        listed = set().union(*(_first_column(blocks[n]) for n in names)) | {"protocol"}
+        assert sorted(set(protocol.keys()) - listed) == [], protocol.name
+    assert _first_column(blocks["protocols"]) == {"mlrc", "paired"}
 
 
-def test_every_key_the_code_accepts_is_on_the_config_page():
-    from benchmarks.protocols.resolution_distillation import settings
-    from pml_extensions.runner.config import eval_keys, keys, old_keys, pb_keys
+def test_every_argument_and_marker_the_code_accepts_is_on_the_config_page():
+    from benchmarks.protocols.resolution_distillation import settings as raml
+    from pml_extensions.runner.config import eval_keys, pb_keys
     from pml_extensions.runner.config.syntax import _SEARCH_OPS
     from pml_extensions.runner.objects import builder
-    from pml_extensions.runner.protocols import PROTOCOLS
 
-    page = _page()
-    accepted = set(PROTOCOLS)
-    accepted |= {k for ks in keys.PROTOCOL_KEYS.values() for k in ks}
-    accepted |= {k for ks in old_keys.OLD_TOP_LEVEL_KEYS.values() for k in ks if k != "resolution_job"}
-    accepted |= set(pb_keys._FLAGS) | set(pb_keys._DEFAULT_SPLIT) | set(pb_keys._DEFAULT_HOOKS)
+    blocks, _ = site.generated_blocks()
+    page = "\n".join(blocks.values())
+    accepted = set(pb_keys._FLAGS) | set(pb_keys._DEFAULT_SPLIT) | set(pb_keys._DEFAULT_HOOKS)
     accepted |= set(eval_keys._DEFAULT_ENSEMBLE) | {"split_to_aggregate", eval_keys._TESTER}
-    accepted |= set(old_keys.RESOLUTION_JOB_KEYS) | set(settings.JOB_DEFAULTS) | set(settings.DATASET_KEYS)
-    accepted |= set(settings.VALIDATION_KEYS) | set(builder.PROTOTYPE_INIT_KEYS) | set(builder.PARAM_GROUP_KEYS)
+    accepted |= set(raml.DATASET_KEYS) | set(builder.PROTOTYPE_INIT_KEYS) | set(builder.PARAM_GROUP_KEYS)
+    accepted |= {"class_fraction", "seed"}  # validation's
     missing = sorted(k for k in accepted if f"`{k}`" not in page and f"{{{k}:" not in page and f"`{k}:" not in page)
     assert missing == []
     for op in ("OVERRIDE", "DELETE", "APPLY", "SWAP") + _SEARCH_OPS:
         assert f"`~{op}~`" in page
-    assert "`resolution_job: {seeds: ...}`" in page
+    assert "resolution_job" not in page
 
 
-def test_a_key_without_a_description_is_reported():
+def test_a_setting_without_a_doc_or_a_stale_description_is_reported():
     tables = site.code_tables()
-    tables["protocol_keys"] = dict(tables["protocol_keys"], mlrc=tables["protocol_keys"]["mlrc"] + ("brand_new_key",))
+    tables["settings"] = dict(tables["settings"])
+    tables["settings"]["paired"] = tables["settings"]["paired"] + [{"name": "brand_new_key", "default": 1, "doc": ""}]
     descriptions = site.load_descriptions()
-    descriptions["top_level"] = dict(descriptions["top_level"], retired_key="gone")
-    _, problems = site.config_tables(tables, descriptions)
+    descriptions["split_manager"] = dict(descriptions["split_manager"], retired_key="gone")
+    _, problems = site.generated_blocks(tables, descriptions)
     assert problems == [
-        "top-level key 'brand_new_key' has no description in docs/_hooks/config_keys.yaml",
-        "docs/_hooks/config_keys.yaml describes top-level key 'retired_key', which the code does not read",
+        "pml_extensions/runner/protocols/paired/protocol.py: Settings.brand_new_key has no doc (the doc argument of "
+        "its setting(...))",
+        "docs/_hooks/config_keys.yaml describes split_manager argument 'retired_key', which the code does not read",
     ]
+
+
+def test_the_generated_tables_are_committed_and_current():
+    """Every config block of docs/ holds what the hook generates (``python docs/_hooks/site.py`` rewrites them), each
+    block is on one page once, and every results block holds the line naming its file, whose link leads to it."""
+    blocks, _ = site.generated_blocks()
+    used = []
+    for page, text in site.pages().items():
+        new, unknown = site.fill_committed(text, page, blocks)
+        assert unknown == [], page
+        assert new == text, f"docs/{page}: run python docs/_hooks/site.py"
+        used += [m.group(1) for m in site.CONFIG_MARKER.finditer(text)]
+        for _, body in site.RESULTS_BLOCK.findall(text):
+            link = re.search(r"\]\(([^)]+)\)", body).group(1)
+            assert os.path.isfile(os.path.normpath(os.path.join(ROOT, "docs", os.path.dirname(page), link))), link
+    assert sorted(used) == sorted(blocks)
+
+
+def test_no_page_read_in_the_repository_shows_an_empty_generated_block():
+    """Issue 30 item 7: a page read on GitHub has no empty table or placeholder."""
+    marker = re.compile(r"<!-- (results|headline|summary|config):([A-Za-z0-9_.-]+) -->\n(.*?)<!-- /\1:\2 -->", re.S)
+    for page, text in site.pages().items():
+        opened = re.findall(r"<!-- (?:results|headline|summary|config):", text)
+        found = marker.findall(text)
+        assert len(found) == len(opened), f"docs/{page}: a generated block without its closing marker"
+        assert [f"{kind}:{name}" for kind, name, body in found if not body.strip()] == [], page
+
+
+def test_a_stale_committed_table_is_a_build_warning(caplog):
+    blocks, _ = site.generated_blocks()
+    text = open(os.path.join(ROOT, "docs", "configs.md"), encoding="utf-8").read()
+    stale = text.replace("| `seeds` | `[0, 1, 2]` |", "| `seeds` | `[0]` |")
+    assert stale != text
+    page = types.SimpleNamespace(file=types.SimpleNamespace(src_path="configs.md"))
+    with caplog.at_level(logging.WARNING, logger="mkdocs.hooks.pml_extensions"):
+        assert site.on_page_markdown(text, page, {}, None) == site.on_page_markdown(stale, page, {}, None)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        "docs/configs.md: the committed config:grid table differs from what the code gives; run python "
+        "docs/_hooks/site.py"
+    ]
+    assert "<!-- config:" not in site.on_page_markdown(text, page, {}, None)  # the site shows the tables alone
+
+
+def test_the_command_line_checks_the_committed_tables(capsys):
+    assert site.main(["--check"]) == 0
+    assert capsys.readouterr().out.strip() == "the generated blocks of docs/ equal what the code gives"
 
 
 def test_every_public_module_has_an_api_page():
@@ -173,7 +300,6 @@ def test_every_page_is_in_the_navigation():
         if n.endswith(".md")
     }
     assert pages - nav == set()
-    assert set(site.PENDING) <= nav  # pages other branches write: in the nav, with a placeholder until merged
     assert config["theme"]["font"] is False  # Material would fetch Google fonts
 
 
@@ -225,4 +351,7 @@ def test_the_site_builds_strictly(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     with open(tmp_path / "site" / "configs" / "index.html", encoding="utf-8") as f:
         html = f.read()
-    assert "num_epochs_train" in html and "~OVERRIDE~" in html
+    assert "num_epochs_train" in html and "~OVERRIDE~" in html and "<!-- config:" not in html
+    with open(tmp_path / "site" / "feature_cache" / "index.html", encoding="utf-8") as f:
+        html = f.read()
+    assert "the site shows it here" not in html and "<table>" in html  # the table, not the pointer

@@ -1,22 +1,34 @@
-"""mkdocs hook: the pages generated at build time, so that the site cannot drift from the code.
+"""mkdocs hook: the pages generated from the code, so that the site cannot drift from the code.
 
 * ``api/<module>.md``: one mkdocstrings page per public module of ``pml_extensions`` (a module none of whose path
   components starts with ``_``), listed under "API reference" in the navigation;
 * ``changelog.md``: ``CHANGELOG.md``;
-* every ``<!-- results:NAME -->`` block of a page: ``benchmarks/results/NAME.md``, by
-  ``benchmarks/readme_tables.py``'s :func:`render` (the same code that fills the README's tables);
-* every ``<!-- config:TABLE -->`` marker: a table of the runner's config keys read from the code's own tables
-  (``runner/config/keys.py``, ``pb_keys.py``, ``eval_keys.py``, ``old_keys.py``, ``syntax.py``, the protocols'
-  lookup table, the resolution protocol's settings), described by ``config_keys.yaml`` beside this file;
+* every ``<!-- results:NAME -->`` block of a page: ``benchmarks/results/NAME.md``, by ``benchmarks/readme_tables.py``'s
+  :func:`render` (the same code that fills the README's tables). In the repository the block holds one line that
+  names that file (:func:`results_pointer`), so a page read on GitHub says where its table is;
+* every ``<!-- config:NAME -->`` ... ``<!-- /config:NAME -->`` block: a table of config keys generated from the code
+  (:func:`generated_blocks`), committed between its markers so that the page reads whole in the repository. The
+  build writes it afresh; a committed block that differs from what the code gives is a warning (``python
+  docs/_hooks/site.py`` rewrites them);
 * after the build, any HTML or CSS file that would load a script, style sheet, font or image from another host
-  is a warning (the site must work offline);
-* a page that another branch is still writing (:data:`PENDING`) gets a placeholder saying so while its file is
-  missing from ``docs/``.
+  is a warning (the site must work offline).
 
-The code's tables are read from the source with :mod:`ast` (no import: the docs build needs neither torch nor the
-package installed); ``tests/test_docs_site.py`` checks that what is read here equals what the code holds at run time
-and that every key the code accepts is on the page. A key without a description in ``config_keys.yaml``, or a
-description of a key the code no longer reads, is a warning, which ``mkdocs build --strict`` turns into an error.
+Where the key tables come from: the protocols' ``Settings`` dataclasses (each field's name, default and the ``doc`` of
+its ``setting(...)``: ``GridSettings`` and ``SearchSettings`` of every protocol, the ``paired`` and ``mlrc``
+protocols' own, and the settings of the plugins in ``benchmarks/protocols/``), the protocols' lookup table
+(``PROTOCOLS``, each class's ``description``), powerful-benchmarker's older spellings (``mlrc/old_keys.py``), the PB
+key defaults (``pb_keys.py``, ``eval_keys.py``), the Builder's nested keys and the markers of ``syntax.py``. The keys
+that carry no documentation in the code (the ``config_general`` flags, the arguments of ``split_manager``,
+``hook_container``, ``ensemble``, ``aggregator``, the nested keys, the markers, the RAML plugin's dataset keys) are
+described in ``config_keys.yaml`` beside this file.
+
+Everything is read from the source with :mod:`ast` (no import: the docs build needs neither torch nor the package
+installed); ``tests/test_docs_site.py`` checks that what is read here equals what the code holds at run time. A
+setting without a ``doc``, a key without a description in ``config_keys.yaml``, or a description of a key the code
+no longer reads, is a warning, which ``mkdocs build --strict`` turns into an error.
+
+Command line: ``python docs/_hooks/site.py`` rewrites the committed blocks of ``docs/``; ``--check`` exits 1 when
+one differs.
 """
 
 import ast
@@ -24,6 +36,7 @@ import importlib.util
 import logging
 import os
 import re
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
@@ -32,64 +45,223 @@ log = logging.getLogger("mkdocs.hooks.pml_extensions")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+DOCS = os.path.join(ROOT, "docs")
 PACKAGE = os.path.join(ROOT, "pml_extensions")
 CONFIG = os.path.join(PACKAGE, "runner", "config")
 PROTOCOLS = os.path.join(PACKAGE, "runner", "protocols")
+PLUGINS = os.path.join(ROOT, "benchmarks", "protocols")
+BENCHMARK_CONFIGS = os.path.join(ROOT, "benchmarks", "configs")
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
 DESCRIPTIONS = os.path.join(HERE, "config_keys.yaml")
-
-#: pages other branches write now: src path -> (title, what it will hold); a placeholder stands in while missing
-PENDING = {
-    "own_data.md": ("Your own data", "training and evaluating on your own image folders"),
-    "search.md": ("Hyper-parameter search", "the `~BAYESIAN~` markers and the Optuna study"),
-    "feature_cache.md": ("Feature cache", "caching a frozen trunk prefix's features"),
-}
 API_NAV_TITLE = "API reference"
-PROTOCOL_NAMES = ("mlrc", "xml_vs_gap", "resolution_distillation")
+
+#: block name -> (file relative to the repository, class): the Settings dataclasses whose keys get a table
+SETTINGS = {
+    "grid": ("pml_extensions/runner/protocols/paired_protocol.py", "GridSettings"),
+    "search": ("pml_extensions/runner/protocols/base.py", "SearchSettings"),
+    "paired": ("pml_extensions/runner/protocols/paired/protocol.py", "Settings"),
+    "mlrc": ("pml_extensions/runner/protocols/mlrc/protocol.py", "Settings"),
+    "template_block": ("benchmarks/protocols/template_block/protocol.py", "Settings"),
+    "localization": ("benchmarks/protocols/localization/protocol.py", "Settings"),
+    "resolution_distillation": ("benchmarks/protocols/resolution_distillation/settings.py", "Settings"),
+}
+#: tables without a default column (the mlrc keys' values are powerful-benchmarker specs with PB's defaults)
+NO_DEFAULTS = ("mlrc",)
+
+
+class Required:
+    """Stands for ``base.REQUIRED`` (a field the config must give) in what is read here."""
+
+    def __repr__(self):
+        return "REQUIRED"
+
+
+REQUIRED = Required()
 
 
 # ------------------------------------------------------------------------------------------ reading the code
-def _assignments(path: str) -> Dict[str, ast.AST]:
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            out[node.targets[0].id] = node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            out[node.target.id] = node.value
-    return out
+class Source:
+    """One Python file, parsed: its module-level assignments, functions and classes."""
 
+    _cache: Dict[str, "Source"] = {}
 
-def _value(node: ast.AST, names: Dict[str, ast.AST], where: str) -> Any:
-    """A literal, allowing module-level names, ``+`` of tuples and ``tuple(x)`` (what the key tables use)."""
-    if isinstance(node, ast.Name):
-        if node.id not in names:
-            raise ValueError(f"{where}: {node.id} is not a module-level literal")
-        return _value(names[node.id], names, where)
-    if isinstance(node, ast.Tuple):
-        return tuple(_value(e, names, where) for e in node.elts)
-    if isinstance(node, ast.List):
-        return [_value(e, names, where) for e in node.elts]
-    if isinstance(node, ast.Dict):
-        return {_value(k, names, where): _value(v, names, where) for k, v in zip(node.keys, node.values)}
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return _value(node.left, names, where) + _value(node.right, names, where)
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id == "tuple"
-        and len(node.args) == 1
-    ):
-        return tuple(_value(node.args[0], names, where))
-    return ast.literal_eval(node)
+    def __init__(self, path: str):
+        with open(path, encoding="utf-8") as f:
+            self.tree = ast.parse(f.read(), path)
+        self.path = path
+        self.names: Dict[str, ast.AST] = {}
+        self.functions: Dict[str, ast.FunctionDef] = {}
+        self.classes: Dict[str, ast.ClassDef] = {}
+        for node in self.tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                self.names[node.targets[0].id] = node.value
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                self.names[node.target.id] = node.value
+            elif isinstance(node, ast.FunctionDef):
+                self.functions[node.name] = node
+            elif isinstance(node, ast.ClassDef):
+                self.classes[node.name] = node
+
+    @classmethod
+    def of(cls, path: str) -> "Source":
+        path = os.path.join(ROOT, path) if not os.path.isabs(path) else path
+        if path not in cls._cache:
+            cls._cache[path] = Source(path)
+        return cls._cache[path]
+
+    def where(self, name: str = "") -> str:
+        rel = os.path.relpath(self.path, ROOT).replace(os.sep, "/")
+        return f"{rel}: {name}" if name else rel
+
+    def value(self, node: ast.AST, local: Optional[Dict[str, Any]] = None, where: str = "") -> Any:
+        """A literal, allowing module-level names (and ``local`` bindings), ``REQUIRED``, ``+`` of sequences and
+        ``tuple(x)`` / ``list(x)`` (what the key tables and settings use)."""
+        local = local or {}
+        if isinstance(node, ast.Name):
+            if node.id in local:
+                return local[node.id]
+            if node.id == "REQUIRED":
+                return REQUIRED
+            if node.id not in self.names:
+                raise ValueError(f"{self.where(where)}: {node.id} is not a module-level literal")
+            return self.value(self.names[node.id], local, where)
+        if isinstance(node, ast.Tuple):
+            return tuple(self.value(e, local, where) for e in node.elts)
+        if isinstance(node, ast.List):
+            return [self.value(e, local, where) for e in node.elts]
+        if isinstance(node, ast.Dict):
+            return {self.value(k, local, where): self.value(v, local, where) for k, v in zip(node.keys, node.values)}
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return self.value(node.left, local, where) + self.value(node.right, local, where)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("tuple", "list")
+            and len(node.args) == 1
+        ):
+            return {"tuple": tuple, "list": list}[node.func.id](self.value(node.args[0], local, where))
+        return ast.literal_eval(node)
+
+    def table(self, name: str) -> Any:
+        """The value of the module-level assignment ``name``."""
+        if name not in self.names:
+            raise KeyError(f"{self.where()}: no module-level {name}")
+        return self.value(self.names[name], where=name)
+
+    def class_attribute(self, cls: str, name: str) -> Any:
+        """The literal a class body assigns to ``name`` (``None`` when it assigns none)."""
+        if cls not in self.classes:
+            raise KeyError(f"{self.where()}: no class {cls}")
+        for node in self.classes[cls].body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id == name and node.value is not None:
+                    return self.value(node.value, where=f"{cls}.{name}")
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    for t, v in zip(target.elts, node.value.elts):
+                        if isinstance(t, ast.Name) and t.id == name:
+                            return self.value(v, where=f"{cls}.{name}")
+        return None
 
 
 def read_table(path: str, name: str) -> Any:
     """The value of the module-level assignment ``name`` in the file ``path``, read without importing it."""
-    names = _assignments(path)
-    if name not in names:
-        raise KeyError(f"{path}: no module-level {name}")
-    return _value(names[name], names, f"{path}: {name}")
+    return Source.of(path).table(name)
+
+
+def _bind(fn: ast.FunctionDef, fn_source: Source, call: ast.Call, source: Source, local: Dict[str, Any], where: str):
+    """``{parameter: value}`` of ``call`` (in ``source``, with ``local`` bindings) against the signature of ``fn``
+    (defined in ``fn_source``), its defaults filled in."""
+    params = [a.arg for a in fn.args.args]
+    defaults = fn.args.defaults
+    bound: Dict[str, Any] = {}
+    for p, d in zip(params[len(params) - len(defaults) :], defaults):
+        bound[p] = fn_source.value(d, where=where)
+    for p, a in zip(params, call.args):
+        bound[p] = source.value(a, local, where)
+    for kw in call.keywords:
+        bound[kw.arg] = source.value(kw.value, local, where)
+    return bound
+
+
+def _setting_call(node: ast.AST, source: Source, where: str, local: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The arguments of the ``setting(...)`` a field's value is: a direct call, or a call of a module-level function
+    of the same file whose body returns one (``_doc(text)`` -> ``setting(None, text)``)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        raise ValueError(f"{source.where(where)}: the field's value is not a setting(...) call")
+    name = node.func.id
+    if name == "setting":
+        base = Source.of(os.path.join(PROTOCOLS, "base.py"))
+        return _bind(base.functions["setting"], base, node, source, local or {}, where)
+    fn = source.functions.get(name)
+    returned = fn.body[-1] if fn is not None else None
+    if not (isinstance(returned, ast.Return) and isinstance(returned.value, ast.Call)):
+        raise ValueError(f"{source.where(where)}: {name}(...) is not setting(...) nor a function returning one")
+    inner = _bind(fn, source, node, source, local or {}, where)
+    return _setting_call(returned.value, source, where, inner)
+
+
+def settings_fields(path: str, cls: str) -> List[Dict[str, Any]]:
+    """The fields of the dataclass ``cls`` in ``path``, in order: ``{"name", "default", "doc"}`` each (``default`` is
+    :data:`REQUIRED` for a field the config must give), its base classes of the same file first."""
+    source = Source.of(path)
+    if cls not in source.classes:
+        raise KeyError(f"{source.where()}: no class {cls}")
+    node = source.classes[cls]
+    fields: Dict[str, Dict[str, Any]] = {}
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id in source.classes:
+            for f in settings_fields(path, base.id):
+                fields[f["name"]] = f
+        elif not (isinstance(base, ast.Name) and base.id == "object"):
+            raise ValueError(f"{source.where(cls)}: base class {ast.unparse(base)} is not in the same file")
+    for item in node.body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
+            args = _setting_call(item.value, source, f"{cls}.{item.target.id}")
+            fields[item.target.id] = {"name": item.target.id, "default": args["default"], "doc": args["doc"] or ""}
+    return list(fields.values())
+
+
+def _protocol_file(spec: str, folder: str = ROOT) -> Tuple[str, str]:
+    """``package.module:Class`` -> (the module's file, the class name)."""
+    module, _, cls = spec.partition(":")
+    base = os.path.join(folder, *module.split("."))
+    path = base + ".py" if os.path.isfile(base + ".py") else os.path.join(base, "__init__.py")
+    return path, cls
+
+
+def protocol_description(spec: str) -> str:
+    """The ``description`` class attribute of the protocol class ``package.module:Class``."""
+    path, cls = _protocol_file(spec)
+    return Source.of(path).class_attribute(cls, "description") or ""
+
+
+def plugin_class(name: str) -> Tuple[str, str]:
+    """(file, class name) of ``benchmarks.protocols.<name>``'s ``PROTOCOL`` (its ``__init__`` imports it from a
+    module of the package)."""
+    init = Source.of(os.path.join(PLUGINS, name, "__init__.py"))
+    for node in init.tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and any(a.name == "PROTOCOL" for a in node.names):
+            module = Source.of(os.path.join(PLUGINS, name, *(node.module or "").split(".")) + ".py")
+            target = module.names.get("PROTOCOL")
+            if isinstance(target, ast.Name):
+                return module.path, target.id
+    raise ValueError(f"{init.where()}: no `from .module import PROTOCOL` naming a class")
+
+
+def plugin_configs() -> Dict[str, List[str]]:
+    """``protocol:`` value -> the configs under ``benchmarks/configs/`` that name it (in any of their files)."""
+    out: Dict[str, List[str]] = {}
+    for name in sorted(os.listdir(BENCHMARK_CONFIGS)):
+        folder = os.path.join(BENCHMARK_CONFIGS, name)
+        for dirpath, _, files in sorted(os.walk(folder)):
+            for file in sorted(files):
+                if file.endswith(".yaml"):
+                    with open(os.path.join(dirpath, file), encoding="utf-8") as f:
+                        value = (yaml.safe_load(f) or {}).get("protocol")
+                    if value and name not in out.get(value, []):
+                        out.setdefault(value, []).append(name)
+    return out
 
 
 def marker_ops() -> Tuple[str, ...]:
@@ -103,16 +275,27 @@ def marker_ops() -> Tuple[str, ...]:
 
 
 def code_tables() -> Dict[str, Any]:
-    """Every key table the config pages are generated from (see the module docstring)."""
-    keys, pb, ev, old = (os.path.join(CONFIG, n) for n in ("keys.py", "pb_keys.py", "eval_keys.py", "old_keys.py"))
-    settings = os.path.join(PROTOCOLS, "resolution_distillation", "settings.py")
+    """Everything the generated blocks are made from (see the module docstring)."""
+    pb, ev = os.path.join(CONFIG, "pb_keys.py"), os.path.join(CONFIG, "eval_keys.py")
+    old = os.path.join(PROTOCOLS, "mlrc", "old_keys.py")
     builder = os.path.join(PACKAGE, "runner", "objects", "builder.py")
-    protocols = os.path.join(PROTOCOLS, "__init__.py")
+    protocols = read_table(os.path.join(PROTOCOLS, "__init__.py"), "PROTOCOLS")
+    plugins = read_table(os.path.join(PLUGINS, "__init__.py"), "PLUGINS")
+    plugin_classes = {name: plugin_class(name) for name in plugins}
     return {
-        "protocols": read_table(protocols, "PROTOCOLS"),
-        "protocol_descriptions": read_table(protocols, "DESCRIPTIONS"),
-        "default_protocol": read_table(protocols, "DEFAULT_PROTOCOL"),
-        "protocol_keys": read_table(keys, "PROTOCOL_KEYS"),
+        "protocols": protocols,
+        "protocol_descriptions": {name: protocol_description(spec) for name, spec in protocols.items()},
+        "default_protocols": read_table(os.path.join(PROTOCOLS, "__init__.py"), "DEFAULT_PROTOCOLS"),
+        "plugins": {
+            f"benchmarks.protocols.{name}": f"benchmarks.protocols.{name}:{cls}"
+            for name, (_, cls) in plugin_classes.items()
+        },
+        "plugin_descriptions": {
+            f"benchmarks.protocols.{name}": Source.of(path).class_attribute(cls, "description") or ""
+            for name, (path, cls) in plugin_classes.items()
+        },
+        "plugin_configs": plugin_configs(),
+        "settings": {name: settings_fields(path, cls) for name, (path, cls) in SETTINGS.items()},
         "flags": read_table(pb, "_FLAGS"),
         "split_manager": read_table(pb, "_DEFAULT_SPLIT"),
         "hook_container": read_table(pb, "_DEFAULT_HOOKS"),
@@ -121,26 +304,33 @@ def code_tables() -> Dict[str, Any]:
         "pb_only": read_table(ev, "_PB_ONLY"),
         "old_keys": read_table(old, "OLD_KEYS"),
         "old_refused": read_table(old, "_OLD_REFUSED"),
-        "resolution_job_keys": read_table(old, "RESOLUTION_JOB_KEYS"),
-        "old_top_level_keys": read_table(old, "OLD_TOP_LEVEL_KEYS"),
-        "resolution_defaults": read_table(settings, "JOB_DEFAULTS"),
-        "resolution_dataset_keys": read_table(settings, "DATASET_KEYS"),
-        "validation_keys": read_table(settings, "VALIDATION_KEYS"),
+        "resolution_dataset_keys": read_table(
+            os.path.join(PLUGINS, "resolution_distillation", "settings.py"), "DATASET_KEYS"
+        ),
         "prototype_init_keys": read_table(builder, "PROTOTYPE_INIT_KEYS"),
         "param_group_keys": read_table(builder, "PARAM_GROUP_KEYS"),
         "markers": marker_ops(),
     }
 
 
-# ------------------------------------------------------------------------------------------ the config pages
-def _code(v: Any) -> str:
+# ------------------------------------------------------------------------------------------ the generated blocks
+def _yaml(v: Any) -> str:
+    """A value as YAML flow style (what a config would write)."""
     if v is None:
-        return "`null`"
+        return "null"
     if isinstance(v, bool):
-        return f"`{str(v).lower()}`"
+        return str(v).lower()
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_yaml(k)}: {_yaml(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_yaml(x) for x in v) + "]"
     if isinstance(v, str):
-        return f"`{v}`"
-    return f"`{v!r}`"
+        return yaml.safe_dump(v, default_flow_style=True, width=1000).split("\n")[0]
+    return repr(v)
+
+
+def _code(v: Any) -> str:
+    return f"`{_yaml(v)}`"
 
 
 def _cell(text: str) -> str:
@@ -166,28 +356,53 @@ def _stale(section: Dict[str, str], known, problems: List[str], what: str) -> No
             problems.append(f"docs/_hooks/config_keys.yaml describes {what} {key!r}, which the code does not read")
 
 
-def config_tables(tables: Optional[Dict[str, Any]] = None, descriptions=None) -> Tuple[Dict[str, str], List[str]]:
-    """``({marker name: markdown}, problems)`` for the ``<!-- config:NAME -->`` markers of ``docs/configs.md``."""
+def settings_table(name: str, fields: List[Dict[str, Any]], problems: List[str]) -> str:
+    """``| key | default | meaning |`` of one Settings dataclass (:data:`NO_DEFAULTS`: without the default)."""
+    path, cls = SETTINGS.get(name, ("", name))
+    defaults = name not in NO_DEFAULTS
+    rows = ["| key | default | meaning |", "|---|---|---|"] if defaults else ["| key | meaning |", "|---|---|"]
+    for f in fields:
+        doc = f["doc"]
+        if not doc.strip():
+            problems.append(f"{path}: {cls}.{f['name']} has no doc (the doc argument of its setting(...))")
+            doc = "*(no description yet)*"
+        default = "required" if f["default"] is REQUIRED else _code(f["default"])
+        cells = [f"`{f['name']}`", default, _cell(doc)] if defaults else [f"`{f['name']}`", _cell(doc)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def generated_blocks(
+    tables: Optional[Dict[str, Any]] = None, descriptions: Optional[Dict[str, Any]] = None
+) -> Tuple[Dict[str, str], List[str]]:
+    """``({block name: markdown}, problems)`` for the ``<!-- config:NAME -->`` blocks of the pages."""
     t = tables or code_tables()
     d = descriptions if descriptions is not None else load_descriptions()
     problems: List[str] = []
-    out = {}
+    out: Dict[str, str] = {}
 
-    rows = ["| protocol | module | what it runs |", "|---|---|---|"]
-    for name, module in t["protocols"].items():
-        default = " (default)" if name == t["default_protocol"] else ""
-        rows.append(f"| `{name}`{default} | `{module}` | {_cell(t['protocol_descriptions'].get(name, ''))} |")
+    defaults = {p: layout for layout, p in t["default_protocols"].items()}
+    rows = ["| `protocol:` | class | what it runs |", "|---|---|---|"]
+    for name, spec in t["protocols"].items():
+        note = f" (default, {defaults[name]} layout)" if name in defaults else ""
+        rows.append(f"| `{name}`{note} | `{spec}` | {_cell(t['protocol_descriptions'].get(name, ''))} |")
     out["protocols"] = "\n".join(rows)
 
-    protocols = list(t["protocol_keys"])
-    all_keys = list(dict.fromkeys(k for p in protocols for k in t["protocol_keys"][p]))
-    top = d.get("top_level") or {}
-    rows = ["| key | " + " | ".join(f"`{p}`" for p in protocols) + " | meaning |", "|---" * (len(protocols) + 2) + "|"]
-    for key in sorted(all_keys):
-        marks = " | ".join("✓" if key in t["protocol_keys"][p] else "" for p in protocols)
-        rows.append(f"| `{key}` | {marks} | {_describe(top, key, problems, 'top-level key')} |")
-    _stale(top, all_keys, problems, "top-level key")
-    out["top-level"] = "\n".join(rows)
+    rows = ["| `protocol:` | class | what it runs | configs in `benchmarks/configs/` |", "|---|---|---|---|"]
+    for name, spec in t["plugins"].items():
+        configs = ", ".join(f"`{c}`" for c in t["plugin_configs"].get(name, [])) or "—"
+        rows.append(f"| `{name}` | `{spec}` | {_cell(t['plugin_descriptions'].get(name, ''))} | {configs} |")
+    out["plugins"] = "\n".join(rows)
+
+    for name, fields in t["settings"].items():
+        out[name] = settings_table(name, fields, problems)
+
+    rows = ["| `datasets: {NAME: {...}}` key | meaning |", "|---|---|"]
+    res = d.get("resolution_distillation_datasets") or {}
+    for key in t["resolution_dataset_keys"]:
+        rows.append(f"| `{key}` | {_describe(res, key, problems, 'resolution_distillation dataset key')} |")
+    _stale(res, t["resolution_dataset_keys"], problems, "resolution_distillation dataset key")
+    out["resolution_distillation_datasets"] = "\n".join(rows)
 
     flags = d.get("config_general") or {}
     rows = ["| flag | default | accepted values | meaning / why other values are refused |", "|---|---|---|---|"]
@@ -214,7 +429,7 @@ def config_tables(tables: Optional[Dict[str, Any]] = None, descriptions=None) ->
             rows += [
                 "",
                 "Refused by name (powerful-benchmarker's, not implemented here): "
-                + ", ".join(map(_code, refused))
+                + ", ".join(f"`{r}`" for r in refused)
                 + ".",
             ]
         out[section] = "\n".join(rows)
@@ -228,9 +443,6 @@ def config_tables(tables: Optional[Dict[str, Any]] = None, descriptions=None) ->
         rows.append(f"| `{old}` | `{parent}~APPLY~2: {{{arg}: ...}}` | powerful-benchmarker before v0.9.29; one note |")
     for old, reason in t["old_refused"].items():
         rows.append(f"| `{old}` | refused | {_cell(reason)} |")
-    for key in t["resolution_job_keys"]:
-        new = "`models.embedder.RetrievalHead.out_dim`" if key == "embedding_dim" else f"top-level `{key}`"
-        rows.append(f"| `resolution_job: {{{key}: ...}}` | {new} | the resolution protocol before the floor plan |")
     out["old-keys"] = "\n".join(rows)
 
     markers = d.get("markers") or {}
@@ -244,27 +456,68 @@ def config_tables(tables: Optional[Dict[str, Any]] = None, descriptions=None) ->
     _stale(markers, t["markers"], problems, "marker")
     out["markers"] = "\n".join(rows)
 
-    rows = ["| key | default | meaning |", "|---|---|---|"]
-    res = d.get("resolution_distillation") or {}
-    for key, default in t["resolution_defaults"].items():
-        shown = "required" if default is None and key in ("datasets", "models") else _code(default)
-        rows.append(f"| `{key}` | {shown} | {_describe(top, key, problems, 'top-level key')} |")
-    dataset_rows = ["| `datasets: {NAME: {...}}` key | meaning |", "|---|---|"]
-    for key in t["resolution_dataset_keys"]:
-        dataset_rows.append(f"| `{key}` | {_describe(res, key, problems, 'resolution dataset key')} |")
-    _stale(res, t["resolution_dataset_keys"], problems, "resolution dataset key")
-    out["resolution"] = "\n".join(rows) + "\n\n" + "\n".join(dataset_rows)
-
     nested = d.get("nested") or {}
+    paired = {f["name"]: f["default"] for f in t["settings"]["paired"]}
+    validation = tuple(paired.get("validation") or ()) if isinstance(paired.get("validation"), dict) else ()
     rows = ["| key | arguments | meaning |", "|---|---|---|"]
     for key, args in (
-        ("validation", t["validation_keys"]),
+        ("validation", validation),
         ("prototype_init", t["prototype_init_keys"]),
         ("optimizers.*.param_groups[]", t["param_group_keys"]),
     ):
-        rows.append(f"| `{key}` | {', '.join(map(_code, args))} | {_describe(nested, key, problems, 'nested key')} |")
+        args_text = ", ".join(f"`{a}`" for a in args)
+        rows.append(f"| `{key}` | {args_text} | {_describe(nested, key, problems, 'nested key')} |")
+    _stale(nested, ("validation", "prototype_init", "optimizers.*.param_groups[]"), problems, "nested key")
     out["nested"] = "\n".join(rows)
     return out, problems
+
+
+#: a committed block: ``<!-- config:NAME -->`` + its generated text + ``<!-- /config:NAME -->``
+CONFIG_BLOCK = re.compile(r"<!-- config:([a-z_-]+) -->\n(.*?)<!-- /config:\1 -->", re.S)
+#: the opening markers alone (a marker without its closing pair is an error)
+CONFIG_MARKER = re.compile(r"<!-- config:([a-z_-]+) -->")
+RESULTS_BLOCK = re.compile(r"<!-- results:([A-Za-z0-9_.-]+) -->\n(.*?)<!-- /results:\1 -->", re.S)
+
+
+def results_pointer(name: str, page: str) -> str:
+    """The line a ``results:NAME`` block of the page ``page`` (relative to ``docs/``) holds in the repository."""
+    target = os.path.relpath(os.path.join(RESULTS, name + ".md"), os.path.dirname(os.path.join(DOCS, page)))
+    target = target.replace(os.sep, "/")
+    return (
+        f"*The table is [`benchmarks/results/{name}.md`]({target}); the site shows it here "
+        "(`tox -e docs` builds the site).*\n"
+    )
+
+
+def fill_committed(text: str, page: str, blocks: Dict[str, str]) -> Tuple[str, List[str]]:
+    """``text`` with every config block holding its generated table and every results block its pointer line;
+    also the names of the config blocks the page uses that :func:`generated_blocks` does not make."""
+    unknown = [m.group(1) for m in CONFIG_MARKER.finditer(text) if m.group(1) not in blocks]
+
+    def config(match):
+        name = match.group(1)
+        if name not in blocks:
+            return match.group(0)
+        return f"<!-- config:{name} -->\n{blocks[name]}\n<!-- /config:{name} -->"
+
+    def results(match):
+        name = match.group(1)
+        return f"<!-- results:{name} -->\n{results_pointer(name, page)}<!-- /results:{name} -->"
+
+    return RESULTS_BLOCK.sub(results, CONFIG_BLOCK.sub(config, text)), unknown
+
+
+def pages(docs: str = DOCS) -> Dict[str, str]:
+    """``{path relative to docs/: text}`` of every Markdown page (not the hooks)."""
+    out = {}
+    for folder, dirs, names in os.walk(docs):
+        dirs[:] = sorted(x for x in dirs if x != "_hooks")
+        for name in sorted(names):
+            if name.endswith(".md"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    out[os.path.relpath(path, docs).replace(os.sep, "/")] = f.read()
+    return out
 
 
 # ------------------------------------------------------------------------------------------ API pages
@@ -341,6 +594,8 @@ def _fill_api_nav(nav, entries) -> bool:
 
 
 def on_config(config, **kwargs):
+    _cache.clear()  # `mkdocs serve` rebuilds in one process: read the code afresh each time
+    Source._cache.clear()
     entries = api_nav(public_modules())
     if not _fill_api_nav(config["nav"], entries):
         log.warning(f"mkdocs.yml: the nav has no '{API_NAV_TITLE}' section for the generated API pages")
@@ -354,43 +609,41 @@ def on_files(files, config, **kwargs):
         files.append(File.generated(config, api_src(module), content=api_page(module)))
     with open(os.path.join(ROOT, "CHANGELOG.md"), encoding="utf-8") as f:
         files.append(File.generated(config, "changelog.md", content=f.read()))
-    for src, (title, what) in PENDING.items():
-        if files.get_file_from_path(src) is None:
-            log.info(f"docs/{src} is not here yet (another branch writes it): a placeholder page stands in")
-            files.append(
-                File.generated(
-                    config,
-                    src,
-                    content=f'# {title}\n\n!!! note "Placeholder"\n    This page ({what}) is being written on '
-                    f"another branch; until it is merged, [Quick start](quickstart.md) and "
-                    f"[Runner and configs](runner.md) cover the basics.\n",
-                ),
-            )
     return files
 
 
-_CONFIG_BLOCK = re.compile(r"<!-- config:([a-z_-]+) -->")
 _cache: Dict[str, Any] = {}
 
 
+def _blocks() -> Dict[str, str]:
+    if "blocks" not in _cache:
+        blocks, problems = generated_blocks()
+        for problem in problems:
+            log.warning(problem)
+        _cache["blocks"] = blocks
+    return _cache["blocks"]
+
+
 def on_page_markdown(markdown, page, config, files, **kwargs):
-    if "<!-- results:" in markdown:
+    src = page.file.src_path.replace(os.sep, "/")
+    if CONFIG_MARKER.search(markdown):
+        blocks = _blocks()
+        for name in [m.group(1) for m in CONFIG_MARKER.finditer(markdown) if m.group(1) not in blocks]:
+            log.warning(f"docs/{src}: unknown generated block config:{name}")
+        found = CONFIG_BLOCK.findall(markdown)
+        if len(found) != len(CONFIG_MARKER.findall(markdown)):
+            log.warning(f"docs/{src}: a <!-- config:NAME --> marker without its <!-- /config:NAME --> pair")
+        for name, body in found:
+            if name in blocks and body != blocks[name] + "\n":
+                log.warning(
+                    f"docs/{src}: the committed config:{name} table differs from what the code gives; run "
+                    "python docs/_hooks/site.py"
+                )
+        markdown = CONFIG_BLOCK.sub(
+            lambda m: f"\n{blocks[m.group(1)]}\n" if m.group(1) in blocks else m.group(0), markdown
+        )
+    if "<!-- results:" in markdown or "<!-- headline:" in markdown or "<!-- summary:" in markdown:
         markdown = _load_readme_tables().render(markdown)
-    if _CONFIG_BLOCK.search(markdown):
-        if "config" not in _cache:
-            _cache["config"] = config_tables()
-            for problem in _cache["config"][1]:
-                log.warning(problem)
-        blocks = _cache["config"][0]
-
-        def sub(match):
-            name = match.group(1)
-            if name not in blocks:
-                log.warning(f"{page.file.src_path}: unknown generated block config:{name}")
-                return match.group(0)
-            return blocks[name]
-
-        markdown = _CONFIG_BLOCK.sub(sub, markdown)
     return markdown
 
 
@@ -419,3 +672,36 @@ def external_loads(site_dir: str) -> List[str]:
 def on_post_build(config, **kwargs):
     for problem in external_loads(config["site_dir"]):
         log.warning(f"the site loads a resource from another host (it must work offline): {problem}")
+
+
+# ------------------------------------------------------------------------------------------ command line
+def main(argv: Optional[List[str]] = None) -> int:
+    """Rewrite the committed blocks of every page (``--check``: exit 1 when one differs, writing nothing)."""
+    argv = sys.argv[1:] if argv is None else argv
+    check = "--check" in argv
+    blocks, problems = generated_blocks()
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    stale = []
+    for page, text in pages().items():
+        new, unknown = fill_committed(text, page, blocks)
+        for name in unknown:
+            print(f"warning: docs/{page}: unknown generated block config:{name}", file=sys.stderr)
+        if new != text:
+            stale.append(page)
+            if not check:
+                with open(os.path.join(DOCS, page), "w", encoding="utf-8") as f:
+                    f.write(new)
+    if not stale:
+        print("the generated blocks of docs/ equal what the code gives")
+    elif check:
+        print(
+            f"generated blocks that differ from the code in docs/: {', '.join(stale)}; run python docs/_hooks/site.py"
+        )
+    else:
+        print(f"rewritten: {', '.join(stale)}")
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,5 @@
-"""docs/feature_cache.md: its Python example runs as written (ImageNet MobileNetV2 on the glyphs, CPU), and its
-config example is a valid feature_cache key of the shipped configs' protocols."""
+"""docs/feature_cache.md: its Python example runs as written (ImageNet MobileNetV2 on the glyphs, CPU), its config
+example is a valid feature_cache key of the protocols the page names, and its commands run the config they name."""
 
 import os
 import re
@@ -16,15 +16,28 @@ def _blocks(language):
 
 
 def test_the_config_example_is_a_valid_key():
-    from pml_extensions.runner.config.keys import PROTOCOL_KEYS
+    from benchmarks.protocols.template_block import PROTOCOL as TemplateBlock
     from pml_extensions.runner.objects.feature_cache import DEFAULTS, cache_spec
+    from pml_extensions.runner.protocols import get_protocol
 
     (block,) = _blocks("yaml")
     config = yaml.safe_load(block)
     spec = cache_spec(config)
     assert spec["boundary"] == "0.17" and set(config["feature_cache"]) <= set(DEFAULTS)
-    assert all("feature_cache" in PROTOCOL_KEYS[p] for p in ("mlrc", "xml_vs_gap"))
-    assert "xml_cached_glyphs" in _blocks("bash")[0]
+    for protocol in (get_protocol("mlrc"), get_protocol("paired"), TemplateBlock):
+        assert "feature_cache" in protocol.keys()
+    assert "## In a config (runner: the `mlrc` and `paired` protocols, the template-block plugin)" in PAGE
+
+
+def test_the_commands_name_a_config_with_a_feature_cache():
+    from pml_extensions.runner.config.loader import find_config
+    from pml_extensions.runner.protocols import load_config
+
+    (block,) = _blocks("bash")
+    for line in block.splitlines():
+        root = re.search(r"pml_extensions run (\S+)", line).group(1)
+        config, _ = load_config(find_config(os.path.join(ROOT, root)), check=False)
+        assert config["protocol"] == "paired" and config["feature_cache"]["boundary"]
 
 
 @pytest.mark.slow

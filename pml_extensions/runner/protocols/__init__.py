@@ -199,6 +199,7 @@ def load_config(
         config = merge(config, update, "command line")
         for key in update:
             sources[key.split("~")[0]] = "command line"
+        sources.add_layer("command line", config)  # nested values of the new dataset are the command line's too
     if check:  # every check runs, and every problem found is reported together
         from ..config.arguments import check_arguments
         from ..errors import Problems
