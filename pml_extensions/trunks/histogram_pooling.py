@@ -427,7 +427,7 @@ def prototype_parameters(module: torch.nn.Module) -> List[torch.nn.Parameter]:
 
         >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
         >>> [tuple(p.shape) for p in prototype_parameters(trunk)]
-        [(4, 8)]
+        [(4, 8, 1, 1)]
     """
     return [p for m in find_histogram_layers(module) for p in m.parameters() if p.requires_grad]
 

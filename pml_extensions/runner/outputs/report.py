@@ -6,8 +6,8 @@ trial's curves and examples.
 Everything is embedded (PNG as base64 ``data:`` URIs; no script, nothing fetched), so the file can be mailed or
 attached to an issue. Read from the experiment folder (layout: :mod:`pml_extensions.runner.experiment.folder`):
 ``config.yaml``, ``command.txt``, ``results.json`` (MLRC's ``test``/``folds`` as tables; a fold whose best epoch is
-0, the untrained model, is flagged; the selected epoch or iteration of every stage: MLRC's ``folds``, xml_vs_gap's
-``units``, the resolution protocol's ``selection``), the tables of ``results.json`` (the blocks ``results.md`` is
+0, the untrained model, is flagged; the selected epoch or iteration of every stage: MLRC's ``folds``, a paired
+protocol's ``units``, any protocol's ``selected``), the tables of ``results.json`` (the blocks ``results.md`` is
 written from, :func:`pml_extensions.runner.outputs.results.results_blocks`: no Markdown is parsed), every stage's
 ``logs/*.csv`` (record-keeper tables, at any depth), ``retrieval/*.json`` with their thumbnails
 (:mod:`pml_extensions.runner.outputs.retrieval`), the PNGs at the top of the folder and, when the explanation hook
@@ -114,7 +114,7 @@ def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]
 
 
 def _iterations_per_epoch(results: Dict[str, Any], config_text: str) -> Optional[int]:
-    """Training iterations per epoch (xml_vs_gap's ``iterations_per_epoch``, MLRC's trainer argument), to place a
+    """Training iterations per epoch (a paired protocol's ``iterations_per_epoch``, MLRC's trainer argument), to place a
     selected epoch on an iteration axis; None when the config does not fix it."""
     value = results.get("iterations_per_epoch")
     if not isinstance(value, int):
@@ -151,7 +151,7 @@ def _curves(
 ) -> List[str]:
     """PNG data URIs: the training losses (raw faint, smoothed solid), the ``xml_loss`` curve when a loss logged
     one, and the validation primary metric (``<metric>`` or PML's ``<metric>_level0`` column per epoch, or the
-    resolution students' ``validation_*_<metric>`` per iteration). Each stage's selected epoch or iteration
+    a plugin's ``validation_*_<metric>`` per iteration). Each stage's selected epoch or iteration
     (:func:`_selected`) is marked: a star on its validation curve, a dotted line of the stage's colour on the
     iteration axes (an epoch placed at ``epoch × iterations_per_epoch`` when that is known)."""
     import matplotlib
@@ -204,7 +204,7 @@ def _curves(
                 if at is not None:
                     ax.axvline(at, color=line.get_color(), linestyle=":", linewidth=1.5)
                     marked = True
-        if not smooth:  # resolution students: validation MAP@R per iteration, one column per setup
+        if not smooth:  # validation values per iteration, one column per setup
             for path in [p for t, ps in tables.items() if t.startswith("accuracies") for p in ps]:
                 data = _read_csv(path)
                 label = _stage(folder, path)
@@ -233,7 +233,7 @@ def _read_text(folder: str, name: str) -> str:
 
 
 def _dataset_line(config_text: str) -> str:
-    """The config's dataset spec in one line (``dataset``, or the resolution job's ``datasets``)."""
+    """The config's dataset spec in one line (``dataset``, or a plugin's ``datasets``)."""
     import yaml
 
     try:

@@ -14,7 +14,7 @@ plumbing, a subclass supplies a few steps):
 - :meth:`Protocol.objective`: the number a search maximises, from a finished run's results;
 - :meth:`Protocol.run`: the experiment (``results.json`` and the rest of the folder).
 
-:class:`PairedProtocol` (:mod:`.paired_engine`) owns what a seeds × variants experiment needs; the protocols of the
+:class:`PairedProtocol` (:mod:`.paired_protocol`) owns what a seeds × variants experiment needs; the protocols of the
 package are ``mlrc`` and ``paired``, and a plugin outside the package (``benchmarks/protocols/``) is named by its
 dotted path or registered (:func:`pml_extensions.runner.protocols.register_protocol`).
 
@@ -23,7 +23,7 @@ Example::
     >>> from dataclasses import dataclass
     >>> @dataclass
     ... class Settings:
-    ...     num_epochs: int = setting(2, "epochs per unit", minimum=1)
+    ...     num_epochs: int = setting(2, "epochs per unit", "int", minimum=1)
     ...     seeds: list = setting((0, 1, 2), "paired seeds", kind="seeds")
     >>> read_settings(Settings, {"num_epochs": 3, "seeds": "0 1"}, {"num_epochs": "general.yaml"})
     Settings(num_epochs=3, seeds=[0, 1])

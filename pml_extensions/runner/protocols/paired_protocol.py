@@ -352,11 +352,9 @@ class PairedProtocol(Protocol):
             with open(out, encoding="utf-8") as f:
                 return json.load(f)
         weights = self.epoch_path(folder, epoch)
-        if not os.path.exists(weights):
-            raise ConfigError(f"{folder}: no weights of epoch {epoch} (was the unit trained with another selection?)")
         test = self.test(self.variant_settings[variant], variant, seed, folder, self.builder(variant), epoch)
         if dist_utils.is_main():
-            if epoch >= 1:
+            if epoch >= 1 and os.path.exists(weights):
                 shutil.copyfile(weights, os.path.join(folder, "selected_models.pth"))
             atomic_write_json(out, test, indent=2)
         return test

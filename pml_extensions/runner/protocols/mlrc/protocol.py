@@ -69,7 +69,7 @@ class MLRCRunner:
     """Run one experiment of the MLRC protocol (see the module docstring) from a merged config.
 
     Args:
-        config: the merged dict from :func:`pml_extensions.runner.config.loader.load_config`.
+        config: the merged dict from :func:`pml_extensions.runner.protocols.load_config`.
         experiment_folder: output folder; rerunning with the same folder resumes (finished folds are skipped,
             the running fold continues from its last checkpoint).
         sources: top-level key -> file, to name the file in error messages.

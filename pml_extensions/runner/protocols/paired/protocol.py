@@ -23,6 +23,7 @@ seed the validation history, best epoch and train time), ``results.md``, ``map_a
 
 import dataclasses
 import json
+import os
 from typing import Any, Dict, Optional
 
 from ...errors import ConfigError
@@ -120,7 +121,10 @@ class Paired(PairedProtocol):
         from .unit import evaluate, load_models
 
         cfg, sources = self._cfg(variant), self.variant_sources[variant]
-        models = load_models(cfg, folder, self.device, path=self.epoch_path(folder, epoch))
+        path = self.epoch_path(folder, epoch)
+        if not os.path.exists(path):
+            raise ConfigError(f"{folder}: no weights of epoch {epoch} (was the unit trained with another selection?)")
+        models = load_models(cfg, folder, self.device, path=path)
         return evaluate(cfg, models, self.device, "test", sources=sources)
 
     def examples(self, settings, variant, seed, folder, builder, epoch):
