@@ -37,3 +37,23 @@ def test_top_level_help_has_a_usage_line_and_no_rst(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("usage: python -m pml_extensions {job,run,explain}")
     assert "``" not in out and ":mod:" not in out and ":func:" not in out
+
+
+def test_no_merge_conflict_markers_in_the_repository():
+    """A merge once committed its conflict markers into CHANGELOG.md; every text file of the repository is free of
+    them."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("site", "runs", "experiments", "build")]
+        for name in files:
+            if not name.endswith((".py", ".md", ".yaml", ".yml", ".toml", ".ini", ".txt", ".cfg")):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for number, line in enumerate(f, 1):
+                    if line.startswith(("<<<<<<< ", ">>>>>>> ")):
+                        found.append(f"{os.path.relpath(path, root)}:{number}")
+    assert found == []
