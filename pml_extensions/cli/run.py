@@ -7,7 +7,8 @@ Run a powerful-benchmarker-style config with its protocol (the config's `protoco
   python -m pml_extensions run CONFIG ... --data_folder PATH   your own images: a folder of class folders or a
       CSV file (label, path, split columns; --columns label=category,path=image,split=subset maps yours); see
       docs/own_data.md
-  python -m pml_extensions run CONFIG ... --dry-run     check the config as the run does, print it merged, train nothing
+  python -m pml_extensions run CONFIG ... --dry-run     every check the run makes before training (the config, the
+      images, the classes), then the merged config as YAML; trains nothing, writes nothing
   python -m pml_extensions run --list [ROLE | protocol]  the class names a config can use, or the protocols
   python -m pml_extensions run --reproduce RUN_FOLDER    rerun a finished experiment from its saved config
   torchrun --nproc_per_node 2 -m pml_extensions run CONFIG ...   (gloo on CPU, nccl on GPU)
@@ -266,6 +267,11 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
     config, sources, folder, runner, root = load(argv)
     if runner.get("dry_run"):
         import yaml
+
+        if not find_search_markers(config):  # the checks of the data the run makes before any work
+            from ..runner.protocols import protocol_of
+
+            protocol_of(config, sources)(config, folder, sources, lambda *a, **k: None).preflight()
 
         print(f"# {display_path(root)} merged with the command line and checked (not run)")
         print(yaml.safe_dump(config, sort_keys=False), end="")
