@@ -9,7 +9,7 @@ prototypes are L2-normalised by default, as the authors' related GSP code does, 
 """
 
 import math
-from typing import Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from ._last_outputs import _KeepsLastOutputs
 
 PROTOTYPE_INITS = ("random", "kcenter", "kmeans")
+#: faiss's recommended least number of training points per k-means centroid (its min_points_per_centroid)
+KMEANS_POINTS_PER_PROTOTYPE = 39
 #: data-driven initialisations that ``HistogramPooling(lazy_init=...)`` can run on the first training batches
 LAZY_INITS = ("kmeans", "kcenter")
 #: ε of the paper (raw inner products of CNN features)
@@ -283,6 +285,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         method: str = "kmeans",
         seed: int = 0,
         kmeans_iters: int = 20,
+        log: Optional[Callable[[str], None]] = None,
     ) -> "HistogramPooling":
         """Initialise the prototypes from local features (the paper does not state an initialisation).
 
@@ -291,6 +294,9 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             method: ``"kmeans"`` (faiss k-means), ``"kcenter"`` (greedy farthest-point, as the authors' GSP code
                 does), or ``"random"`` (N(0, 1/C)).
             seed: seed for the random start / k-means initialisation.
+            log: where one note goes when k-means gets fewer than :data:`KMEANS_POINTS_PER_PROTOTYPE` features per
+                prototype (faiss's own recommendation, whose stderr warning is not printed: the centroids are the
+                same with or without it).
 
         Raises:
             ValueError: on an unknown method or fewer features than prototypes.
@@ -325,7 +331,18 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         else:
             import faiss
 
-            km = faiss.Kmeans(self.in_channels, self.num_prototypes, niter=kmeans_iters, seed=seed, verbose=False)
+            n, k = features.shape[0], self.num_prototypes
+            if n < k * KMEANS_POINTS_PER_PROTOTYPE and log is not None:
+                log(
+                    f"note: k-means prototype initialisation: {n} local features for {k} prototypes (faiss "
+                    f"recommends >= {KMEANS_POINTS_PER_PROTOTYPE} per prototype, {k * KMEANS_POINTS_PER_PROTOTYPE}); "
+                    "more or larger images (prototype_init num_batches) give a steadier start"
+                )
+            # min_points_per_centroid=1 only silences faiss's stderr warning of the same fact (faiss does not change
+            # the clustering below its recommendation)
+            km = faiss.Kmeans(
+                self.in_channels, k, niter=kmeans_iters, seed=seed, verbose=False, min_points_per_centroid=1
+            )
             km.train(features.numpy())
             centres = torch.from_numpy(km.centroids.copy())
         with torch.no_grad():
@@ -351,10 +368,11 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         method: str = "kmeans",
         max_features: int = 20000,
         seed: int = 0,
+        log: Optional[Callable[[str], None]] = None,
     ) -> "HistogramPooling":
         """Initialise prototypes from the local features that ``body`` (the trunk before this layer) produces on a
         few batches. ``batches`` yields images ``[B, 3, H, W]`` or ``(images, labels)`` pairs. The caller's
-        train/eval mode of ``body`` is restored afterwards."""
+        train/eval mode of ``body`` is restored afterwards; ``log`` as :meth:`init_prototypes`."""
         was_training = body.training
         body.eval()
         try:
@@ -374,7 +392,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             gen = torch.Generator().manual_seed(seed)
             feats = feats[torch.randperm(len(feats), generator=gen, device=gen.device)[:max_features]]
         # features are already in the comparison space; avoid normalising twice (idempotent anyway)
-        return self.init_prototypes(feats, method=method, seed=seed)
+        return self.init_prototypes(feats, method=method, seed=seed, log=log)
 
 
 def find_histogram_layers(module: torch.nn.Module) -> List[HistogramPooling]:
