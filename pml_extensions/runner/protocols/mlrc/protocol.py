@@ -267,7 +267,7 @@ class MLRCRunner:
             embeddings.append(emb)
             y = lab[:, tester.label_hierarchy_level]
             if k == 0 and dist_utils.is_main():
-                self.run_test_hooks(test_ds, models)
+                self.run_test_hooks(test_ds, models, fr.get("best_epoch"))
         if dist_utils.is_main():  # a few seeded test queries with their top-k, for report.html
             normalize = ensemble["normalize_embeddings"]
             raw = self.builder.subset(base, test_idx, labels, None, self.getter)
@@ -286,11 +286,12 @@ class MLRCRunner:
             embeddings, y, calc, normalize=ensemble["normalize_embeddings"], tester_normalize=tester.normalize_embeddings
         )
 
-    def run_test_hooks(self, test_ds, models) -> None:
+    def run_test_hooks(self, test_ds, models, epoch: Optional[int] = None) -> None:
         """Run the config's ``test_hooks`` (ours; e.g. ``{explanations: {ExplanationHook: {n_queries: 4}}}``)
         once on the test split with fold 0's best model, as PML ``end_of_testing_hook``s. Arguments the hook
         takes and the config leaves out are filled: ``trunk``, ``embedder``, ``dataset_dict``
-        (``{"test": ...}``) and ``output_dir`` (``<experiment>/explanations``, which the report embeds)."""
+        (``{"test": ...}``), ``output_dir`` (``<experiment>/explanations``, which the report embeds) and ``epoch``
+        (the fold's best epoch, which names the files)."""
         specs = self.get("test_hooks") or {}
         if not specs:
             return
@@ -299,6 +300,7 @@ class MLRCRunner:
             "embedder": models["embedder"],
             "dataset_dict": {"test": test_ds},
             "output_dir": os.path.join(self.folder, "explanations"),
+            "epoch": epoch,
         }
         for key, spec in specs.items():
             name, kwargs = one_spec(spec, self.where(f"test_hooks.{key}"))

@@ -281,3 +281,26 @@ def test_feature_cache_refuses_test_hooks_and_a_random_prefix(tmp_path):
         _run(_runner(tmp_path / "a", hooks, files))
     with pytest.raises(ConfigError, match=r"feature_cache: the frozen prefix of models.trunk changes with the seed"):
         _run(_runner(tmp_path / "b", ["--feature_cache", "{boundary: '1'}"]))
+
+
+class EpochHook(RecordingHook):
+    """A test hook that takes ``epoch``: the protocol fills in fold 0's best epoch (the hook is called at epoch 0)."""
+
+    def __init__(self, trunk, embedder, dataset_dict, output_dir, epoch=None):
+        super().__init__(trunk, embedder, dataset_dict, output_dir, note=epoch)
+
+
+def test_test_hooks_get_the_best_epoch_of_the_tested_model(tmp_path):
+    import json
+
+    from pml_extensions.runner.config.registry import register
+
+    register(EpochHook, role="hook")
+    RecordingHook.calls.clear()
+    runner = _runner(
+        tmp_path,
+        ["--num_epochs_train", "2", "--num_training_sets", "2", "--test_hooks", "{explain:", "{EpochHook:", "{}}}"],
+    )
+    _run(runner)
+    results = json.load(open(tmp_path / "exp" / "results.json"))
+    assert RecordingHook.calls[0][0][4] == results["folds"][0]["best_epoch"]
