@@ -301,11 +301,9 @@ class _RunData:
         mlrc = fold is not None or cfg.get("protocol") == "mlrc"
         data = self.builder.build_dataset(None if mlrc else "test")
         paths = image_paths(data)
-        if paths is None:
-            raise ValueError(
-                f"--run {run}: its dataset ({type(data).__name__}) is not image files; pass REFERENCE (a folder or a "
-                "CSV table of images)"
-            )
+        self.files = paths is not None
+        if paths is None:  # images drawn or decoded by the dataset itself (glyphs, Fashion-MNIST): one name per item
+            paths = [f"{type(data).__name__}[{i}]" for i in range(len(data))]
         labels = dataset_labels(data)
         keep = np.arange(len(paths))
         if mlrc:  # the protocol's own class-disjoint split: its test classes are in results.json
@@ -320,11 +318,13 @@ class _RunData:
                 keep = np.nonzero(np.isin(labels, np.asarray(test)))[0]
         classes = getattr(data, "classes", None)
         self.dataset, self.index = data, {paths[int(i)]: int(i) for i in keep}
-        name = lambda y: str(classes[int(y)]) if classes is not None and 0 <= int(y) < len(classes) else str(int(y))  # noqa: E731
+
+        def name(y):
+            return str(classes[int(y)]) if classes is not None and 0 <= int(y) < len(classes) else str(int(y))
+
         refs = [ReferenceImage(paths[int(i)], name(labels[int(i)])) for i in keep]
         skip = bool(args.skip_bad_images or cfg.get("skip_bad_images") is True)
-        self.refs = _drop_bad(refs, skip, f"--run {run}: dataset")
-        self.where = f"{len(self.refs)} test images of the run's dataset"
+        self.refs = _drop_bad(refs, skip, f"--run {run}: dataset") if self.files else refs
 
     def loader(self):
         """``path -> [C, H, W]``: the dataset's own reading of its items (boxes cropped, transparency on white) or
@@ -334,11 +334,16 @@ class _RunData:
         from ..explain.reference_images import read_image
 
         transform = self.builder.build_transform("eval")
-        load = getattr(self.dataset, "load_image", None)
+        load = getattr(self.dataset, "load_image", None) if getattr(self, "files", False) else None
+        index = getattr(self, "index", {})
 
         def read(path):
-            image = load(self.index[path]) if load is not None and path in getattr(self, "index", {}) else None
-            x = transform(image if image is not None else read_image(path, "RGB"))
+            if path in index:  # an item of the run's dataset, read as the dataset reads it
+                i = index[path]
+                image = load(i) if load is not None else self.dataset[i][0]
+            else:
+                image = read_image(path, "RGB")
+            x = transform(image)
             if not torch.is_tensor(x) or x.ndim != 3:
                 raise ValueError(f"the run's transforms.eval gives {type(x).__name__}, not a [C, H, W] tensor")
             return x
@@ -402,7 +407,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return 2
             if query is None:  # the first test image: itself left out of its references
                 query, excluded, refs = refs[0].path, [(refs[0], _FIRST_IMAGE)], refs[1:]
-            elif many:
+            elif many and (data is None or args.reference is not None or data.files):
                 from ..explain.reference_images import exclude_query
 
                 refs, excluded = exclude_query(query, refs)
@@ -473,6 +478,8 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[_RunData] = 
     cr = _channels(ref_models[0]) if ref_models else cq
     keep = not args.square
     size_q, stats = _side(checkpoint, cq, args.image_size)
+    if data is not None and args.reference is None and not data.files and args.image_size is not None:
+        raise ValueError("--image-size resizes image files; this run's dataset draws its images: leave it out")
     if data is not None and args.image_size is None:  # the run's own eval transform, as its tester read the images
         load_q = load_r = data.loader()
         stats_r = stats
@@ -491,9 +498,14 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[_RunData] = 
     q = load_q(query).to(device)[None]
     try:
         fq = dec.fold_query(q)
-        chunks = []
-        for p in refs:  # one at a time: images keep their own aspect ratio
-            chunks.append(dec.fold_reference(load_r(p).to(device)[None]).embedding)
+        chunks, batch = [], []
+        for p in refs:  # batches of images of one shape (kept aspect ratios may differ)
+            x = load_r(p)
+            if batch and (x.shape != batch[0].shape or len(batch) == 32):
+                chunks.append(dec.fold_reference(torch.stack(batch).to(device)).embedding)
+                batch = []
+            batch.append(x)
+        chunks.append(dec.fold_reference(torch.stack(batch).to(device)).embedding)
     except ValueError as e:
         msg = str(e)
         if "no module with a 4-D" in msg or "cannot be folded" in msg:

@@ -15,7 +15,7 @@ Example::
     ...     check_offline_weights("resnet18", torchvision.models.resnet18, {"weights": "DEFALT"})
     ... except ValueError as e:
     ...     print(e)
-    weights 'DEFALT' is not one of ResNet18_Weights's: DEFAULT, IMAGENET1K_V1; did you mean DEFAULT?
+    weights 'DEFALT' is not one of ResNet18_Weights's: IMAGENET1K_V1, DEFAULT; did you mean DEFAULT?
 """
 
 import contextlib

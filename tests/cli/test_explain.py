@@ -501,3 +501,42 @@ def test_run_errors_are_one_line(tmp_path, capsys):
         assert main(argv + ["--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err
         assert err.startswith(message) and err.count("\n") == 1, err
+
+
+class DrawnImages(torch.utils.data.Dataset):
+    """Images the dataset draws itself (no files), as the glyph and Fashion-MNIST datasets: 2 classes x 3."""
+
+    classes = ["Bags & Luggage", "Mützen"]
+
+    def __init__(self, split="all", transform=None):
+        import numpy as np
+
+        self.labels = np.array([0, 0, 0, 1, 1, 1])
+        self.transform = transform
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        image = Image.new("RGB", (36, 30), (40 * i, 200 - 30 * i, 90))
+        return (self.transform(image) if self.transform else image), int(self.labels[i])
+
+
+def test_a_run_on_drawn_images_names_them_by_index(tmp_path, capsys):
+    import yaml
+
+    from pml_extensions.runner.config.registry import register
+
+    register(DrawnImages, role="dataset")
+    exp, models = _paired_run(tmp_path)
+    cfg = yaml.safe_load(open(os.path.join(exp, "config.yaml"), encoding="utf-8"))
+    cfg["dataset"] = {"DrawnImages": {}}
+    (tmp_path / "exp" / "config.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    out = tmp_path / "why"
+    assert main(["--run", exp, "--variant", "gap", "--k", "2", "--out", str(out)]) == 0
+    result = json.load(open(out / "similarity.json", encoding="utf-8"))
+    assert (result["query"], result["query_label"]) == ("DrawnImages[0]", "Bags & Luggage")
+    assert {r["label"] for r in result["results"]} <= set(DrawnImages.classes)
+    assert sorted(f for f in os.listdir(out) if f.endswith(".png"))[0].startswith("epoch2_00_DrawnImages[")
+    assert main(["--run", exp, "--variant", "gap", "--image-size", "32", "--out", str(out)]) == 2
+    assert "--image-size resizes image files; this run's dataset draws its images" in capsys.readouterr().err
