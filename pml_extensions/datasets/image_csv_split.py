@@ -18,7 +18,9 @@ ROLES = ("label", "path", "split", "is_query", "is_gallery", "category")
 #: values of the split column (case-insensitive): OML writes ``train`` / ``validation``
 TRAIN_VALUES = ("train", "training")
 VALIDATION_VALUES = ("validation", "val", "valid")
-TEST_VALUES = ("test", "testing")
+TESTING_VALUES = ("test", "testing")
+#: every value of an evaluated (not training) row: OML's validation rows are its test set
+TEST_VALUES = VALIDATION_VALUES + TESTING_VALUES
 #: the splits of a table: ``validation`` (a table with both validation and test rows), ``query`` / ``gallery`` (OML's
 #: marks among the test rows) on top of the class-disjoint datasets' ``train`` / ``test`` / ``all``
 CSV_SPLITS = SPLITS + ("validation", "query", "gallery")
@@ -97,7 +99,7 @@ def suggest_columns(header: Sequence[str], rows: List[Dict[str, str]], found: Di
         if best is not None and scores[best] >= 0.5:
             guess["path"] = best
     if "split" not in guess:
-        known = set(TRAIN_VALUES + VALIDATION_VALUES + TEST_VALUES)
+        known = set(TRAIN_VALUES + TEST_VALUES)
         for h in free:
             values = {v.lower() for v in _values(rows, h) if v}
             if h not in guess.values() and values and values <= known:
@@ -316,7 +318,7 @@ class ImageCSVSplit(ImageFileDataset):
         if split_col is None:
             return None
         names = {**{v: "train" for v in TRAIN_VALUES}, **{v: "validation" for v in VALIDATION_VALUES}}
-        names.update({v: "test" for v in TEST_VALUES})
+        names.update({v: "test" for v in TESTING_VALUES})
         side, bad = [], []
         for n, r in enumerate(rows, start=2):
             value = _get(r, split_col)
