@@ -4,12 +4,24 @@ Examples::
 
     python -m pml_extensions explain query.jpg other.jpg --out why/            # ImageNet MobileNetV2 + GAP
     python -m pml_extensions explain query.jpg photos/ --k 5 --checkpoint run/model.pth --out why/
+    python -m pml_extensions explain --run experiments/mine --out why/       # the run's model on its test images
+    python -m pml_extensions explain query.jpg catalogue.csv --columns label=category,path=image --skip_bad_images
 
 Writes one PNG overlay per (query, reference) pair — query | reference (its true rank, cosine and class) |
 "Decomposition" overall maps on both images ("Decomposition+Bias" too when the head's bias changes them) | one
 point-specific map — and ``similarity.json`` (rank, cosine similarity and dot product of the pre-normalisation
-embeddings, the file names and classes). A reference folder is read recursively, the first folder level naming the
-class (as torchvision's ImageFolder); the query's own file (same path or same bytes) is left out of it, with a note.
+embeddings, the file names and classes, the model and its epoch, the warnings). A reference folder is read
+recursively, the first folder level naming the class (as torchvision's ImageFolder); a CSV table names it in its label
+column (``--columns`` maps other column names); the query's own file (same path or same bytes) is left out, with a
+note.
+
+``--run EXPERIMENT_FOLDER`` (or a ``--checkpoint`` inside a run, without REFERENCE) explains what the run trained on:
+the model it selected (the paired protocol's ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth``;
+mlrc's ``fold_<k>/best.pth``), its test images (the run's dataset with its column mapping; images that do not decode
+are left out when the run did so or ``--skip_bad_images`` is given) through the run's eval transform; the files are
+named after the epoch the run selected (``epoch3_00_<reference>.png``). Without QUERY the first test image is the
+query. One line warns when the explained embeddings have collapsed (mean pairwise cosine > 0.999) and when the
+explained map is coarser than 7 × 7 cells (with the ``--image-size`` that gives 7 × 7).
 Maps follow Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021.
 """
 
@@ -27,6 +39,7 @@ if TYPE_CHECKING:
 # torch, PIL and the package's rooms are imported inside the functions: `explain --help` answers at once
 
 DEFAULT_IMAGE_SIZE = 320
+_FIRST_IMAGE = "the query (the first test image)"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -41,13 +54,36 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pml_extensions explain",
         description="Explain the similarity of a query image and a reference image (or the top-k of a folder).",
     )
-    p.add_argument("query", help="query image file")
+    p.add_argument("query", nargs="?", help="query image file (with --run: default the first test image)")
     p.add_argument(
         "reference",
-        help="reference image file, or a folder of images read recursively, one class per first-level folder "
-        "(the top-k are explained; the query's own file is left out)",
+        nargs="?",
+        help="reference image file, a folder of images read recursively (one class per first-level folder), or a "
+        "CSV table of images (label and path columns; --columns maps others); the top-k are explained and the "
+        "query's own file is left out. With --run: default the run's test images",
     )
     p.add_argument("--out", default="explanations", help="output folder (default: explanations)")
+    p.add_argument(
+        "--run",
+        default=None,
+        metavar="EXPERIMENT_FOLDER",
+        help="an experiment folder of `python -m pml_extensions run`: its selected model (unless --checkpoint), its "
+        "test images (unless REFERENCE) and its eval transform (unless --image-size)",
+    )
+    p.add_argument("--variant", default=None, help="with --run (paired protocol): the variant explained")
+    p.add_argument("--seed", type=int, default=None, help="with --run (paired protocol): the seed explained")
+    p.add_argument("--fold", type=int, default=None, help="with --run (mlrc): the fold explained (default 0)")
+    p.add_argument(
+        "--columns",
+        default=None,
+        help="for a CSV REFERENCE: its columns, e.g. label=category,path=image (see ImageCSVSplit)",
+    )
+    p.add_argument(
+        "--skip_bad_images",
+        "--skip-bad-images",
+        action="store_true",
+        help="leave out reference images that do not decode (one note) instead of stopping",
+    )
     p.add_argument(
         "--checkpoint",
         default=None,
@@ -173,43 +209,176 @@ def _channels(trunk: nn.Module) -> int:
     return 3
 
 
+def _run_of(checkpoint: str) -> Optional[str]:
+    """The experiment folder holding the run config of ``checkpoint`` (None when it is not inside a run)."""
+    from ..runner.objects.saved_models import find_run_config
+
+    try:
+        _, path = find_run_config(checkpoint)
+    except (OSError, ValueError):
+        return None
+    return os.path.dirname(path) if path else None
+
+
+def _references(args) -> list:
+    """The REFERENCE argument as ``[ReferenceImage]``: a folder, a CSV table or one file."""
+    from ..explain.reference_images import ReferenceImage, list_reference_images, list_table_images
+
+    if os.path.isdir(args.reference):
+        return list_reference_images(args.reference)
+    if os.path.isfile(args.reference) and args.reference.lower().endswith(".csv"):
+        return list_table_images(args.reference, args.columns)
+    if os.path.isfile(args.reference):
+        return [ReferenceImage(args.reference, None)]
+    raise FileNotFoundError(f"reference {args.reference} not found")
+
+
+class _Files:
+    """Image files as the runner's image check reads a dataset (``paths``, ``labels``)."""
+
+    def __init__(self, paths):
+        import numpy as np
+
+        self.paths = list(paths)
+        self.labels = np.zeros(len(self.paths), dtype=np.int64)
+
+    def __len__(self):
+        return len(self.paths)
+
+
+def _drop_bad(refs: list, skip: bool, where: str) -> list:
+    """``refs`` whose files all decode: the runner's one image check
+    (:func:`pml_extensions.runner.objects.preflight.check_images`): every bad file named in one line, or with ``skip``
+    left out with one note."""
+    from ..runner.objects.preflight import check_images
+
+    files = _Files(r.path for r in refs)
+    kept = check_images(files, None, skip, where, log=print, skip_hint="--skip_bad_images")
+    return refs if kept is files else [refs[int(i)] for i in kept.indices]
+
+
+class _RunData:
+    """What a run trained and tested on, as explain reads it: its config (the variant's), model pick, test images
+    (``refs``, class names as the dataset has them) and eval transform."""
+
+    def __init__(self, args, run: str):
+        import numpy as np
+
+        from ..explain.reference_images import ReferenceImage
+        from ..runner.config.loader import variant_configs
+        from ..runner.objects.builder import Builder
+        from ..runner.objects.data import dataset_labels
+        from ..runner.objects.preflight import image_paths
+        from ..runner.objects.saved_models import checkpoint_epoch, find_run_config, selected_model
+
+        self.run = run
+        if args.checkpoint is not None:
+            if args.variant is not None or args.seed is not None or args.fold is not None:
+                raise ValueError("--variant / --seed / --fold choose the run's model: leave them out with --checkpoint")
+            self.checkpoint, self.epoch = args.checkpoint, checkpoint_epoch(args.checkpoint)
+            self.unit, self.others = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run)), []
+            # the unit the file belongs to: <variant>/seed_<s>/... or fold_<k>/...
+            parts = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run)).split(os.sep)
+            names = (find_run_config(run, levels=0)[0] or {}).get("variants") or {}
+            variant = parts[0] if parts[0] in names else None
+            fold = int(parts[0][5:]) if parts[0].startswith("fold_") and parts[0][5:].isdigit() else None
+        else:
+            pick = selected_model(run, args.variant, args.seed, args.fold)
+            self.checkpoint, self.epoch, self.unit = pick["checkpoint"], pick["epoch"], pick["unit"]
+            self.others, variant, fold = pick["others"], pick["variant"], pick["fold"]
+        cfg, _ = find_run_config(run, levels=0)
+        if cfg is None:
+            raise ValueError(f"--run {run} has no config.yaml")
+        if variant is not None and (cfg.get("variants") or {}):
+            cfg = variant_configs(cfg, [variant])[variant]
+        self.config = cfg
+        self.builder = Builder(cfg, log=lambda *a, **k: None)
+        self.dataset = None
+        if args.reference is not None:
+            return
+        if cfg.get("dataset") is None:
+            raise ValueError(f"--run {run}: its config has no dataset key to read the test images from; pass REFERENCE")
+        mlrc = fold is not None or cfg.get("protocol") == "mlrc"
+        data = self.builder.build_dataset(None if mlrc else "test")
+        paths = image_paths(data)
+        self.files = paths is not None
+        if paths is None:  # images drawn or decoded by the dataset itself (glyphs, Fashion-MNIST): one name per item
+            paths = [f"{type(data).__name__}[{i}]" for i in range(len(data))]
+        labels = dataset_labels(data)
+        keep = np.arange(len(paths))
+        if mlrc:  # the protocol's own class-disjoint split: its test classes are in results.json
+            results = os.path.join(run, "results.json")
+            test = None
+            if os.path.isfile(results):
+                import json
+
+                with open(results, encoding="utf-8") as f:
+                    test = json.load(f).get("test_classes")
+            if test is not None:
+                keep = np.nonzero(np.isin(labels, np.asarray(test)))[0]
+        classes = getattr(data, "classes", None)
+        self.dataset, self.index = data, {paths[int(i)]: int(i) for i in keep}
+
+        def name(y):
+            return str(classes[int(y)]) if classes is not None and 0 <= int(y) < len(classes) else str(int(y))
+
+        refs = [ReferenceImage(paths[int(i)], name(labels[int(i)])) for i in keep]
+        skip = bool(args.skip_bad_images or cfg.get("skip_bad_images") is True)
+        self.refs = _drop_bad(refs, skip, f"--run {run}: dataset") if self.files else refs
+
+    def loader(self):
+        """``path -> [C, H, W]``: the dataset's own reading of its items (boxes cropped, transparency on white) or
+        the file, through the run's eval transform."""
+        import torch
+
+        from ..explain.reference_images import read_image
+
+        transform = self.builder.build_transform("eval")
+        load = getattr(self.dataset, "load_image", None) if getattr(self, "files", False) else None
+        index = getattr(self, "index", {})
+
+        def read(path):
+            if path in index:  # an item of the run's dataset, read as the dataset reads it
+                i = index[path]
+                image = load(i) if load is not None else self.dataset[i][0]
+            else:
+                image = read_image(path, "RGB")
+            x = transform(image)
+            if not torch.is_tensor(x) or x.ndim != 3:
+                raise ValueError(f"the run's transforms.eval gives {type(x).__name__}, not a [C, H, W] tensor")
+            return x
+
+        return read
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the command; returns the exit status (0 on success)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
 
     for flag, v in (("--image-size", args.image_size), ("--reference-image-size", args.reference_image_size)):
         if v is not None and v < 16:
             print(f"{flag} must be at least 16", file=sys.stderr)
             return 2
-    if not os.path.isfile(args.query):
+    run = args.run
+    if run is None and args.reference is None and args.checkpoint is not None:
+        run = _run_of(args.checkpoint)  # a run's file: explain what the run trained on
+    if run is None and (args.query is None or args.reference is None):
+        parser.error("the following arguments are required: query, reference")
+    if run is not None and args.reference_checkpoint is not None:
+        print("--reference-checkpoint is not for a run's model (--run): pass both checkpoints", file=sys.stderr)
+        return 2
+    if args.query is not None and not os.path.isfile(args.query):
         print(f"query image {args.query} not found", file=sys.stderr)
         return 2
+    if args.reference is not None:
+        try:
+            refs = _references(args)
+        except (OSError, ValueError) as e:
+            print(str(e).splitlines()[0], file=sys.stderr)
+            return 2
     import torch
 
-    from ..explain.reference_images import ReferenceImage, exclude_query, list_reference_images
-
-    excluded = []
-    if os.path.isdir(args.reference):
-        try:
-            refs, excluded = exclude_query(args.query, list_reference_images(args.reference))
-        except ValueError as e:
-            print(str(e), file=sys.stderr)
-            return 2
-        for ref, why in excluded:
-            print(f"left out {ref.path}: {why}")
-        if not refs:
-            print(f"{args.reference} holds no image but the query itself: nothing to compare with", file=sys.stderr)
-            return 2
-        if args.k < 1 or args.k > len(refs):
-            left = " besides the query" if excluded else ""
-            print(f"--k must be in [1, {len(refs)}] (the number of images in the folder{left})", file=sys.stderr)
-            return 2
-    elif os.path.isfile(args.reference):
-        refs = [ReferenceImage(args.reference, None)]
-    else:
-        print(f"reference {args.reference} not found", file=sys.stderr)
-        return 2
-    device = torch.device(args.device)
     from ..runner.errors import OUTPUT_ERRNOS, Interrupted, OutputError
     from ..runner.experiment.interrupts import raise_on_signals
 
@@ -223,9 +392,36 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {OutputError.writing(f'--out {args.out}', e, '--out')}", file=sys.stderr)
         return 1
 
+    device = torch.device(args.device)
     try:
         with raise_on_signals():
-            return _explain(args, refs, device, excluded)
+            data = _RunData(args, run) if run is not None else None
+            many = args.reference is None or os.path.isdir(args.reference) or args.reference.lower().endswith(".csv")
+            if args.reference is None:
+                refs = data.refs
+            elif many:
+                refs = _drop_bad(refs, args.skip_bad_images, f"reference {args.reference}")
+            query, excluded = args.query, []
+            if not refs:
+                print("no reference image to compare with", file=sys.stderr)
+                return 2
+            if query is None:  # the first test image: itself left out of its references
+                query, excluded, refs = refs[0].path, [(refs[0], _FIRST_IMAGE)], refs[1:]
+            elif many and (data is None or args.reference is not None or data.files):
+                from ..explain.reference_images import exclude_query
+
+                refs, excluded = exclude_query(query, refs)
+            for ref, why in excluded:
+                if why != _FIRST_IMAGE:
+                    print(f"left out {ref.path}: {why}")
+            if not refs:
+                print("the references hold no image but the query itself: nothing to compare with", file=sys.stderr)
+                return 2
+            if many and (args.k < 1 or args.k > len(refs)):
+                left = " besides the query" if excluded else ""
+                print(f"--k must be in [1, {len(refs)}] (the number of reference images{left})", file=sys.stderr)
+                return 2
+            return _explain(args, query, refs, device, excluded, data)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the overlays written so far stay
         print(f"interrupted; the overlays written so far are in {args.out}; rerun the same command", file=sys.stderr)
         return 128 + (e.signal_number if isinstance(e, Interrupted) else 2)
@@ -240,20 +436,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
 
-def _explain(args, refs, device, excluded=()) -> int:
+def _explain(args, query, refs, device, excluded=(), data: Optional[_RunData] = None) -> int:
     import torch
 
     from ..explain.activation_decomposition import ActivationDecomposition
+    from ..explain.diagnostics import coarse_map_warning, collapse_warning
     from ..explain.overlay import explanation_panels, save_pair_overlay, to_display_image
+    from ..runner.objects.saved_models import checkpoint_epoch
     from ..utils.atomic_io import atomic_write_json
 
-    # the query's class: that of its own file in the reference folder, when it was found there
+    # the query's class: that of its own file among the references, when it was found there
     query_label = next((ref.label for ref, _ in excluded if ref.label is not None), None)
     labels = [ref.label for ref in refs]
     refs = [ref.path for ref in refs]
-    left_out = "; ".join(f"{os.path.basename(ref.path)} ({why})" for ref, why in excluded)
+    left_out = "; ".join(f"{os.path.basename(r.path)} ({why})" for r, why in excluded if why != _FIRST_IMAGE)
 
-    trunk, embedder = load_models(args.checkpoint, args.trust_checkpoint)
+    checkpoint = data.checkpoint if data is not None else args.checkpoint
+    epoch = data.epoch if data is not None else (checkpoint_epoch(checkpoint) if checkpoint else None)
+    trunk, embedder = load_models(checkpoint, args.trust_checkpoint)
+    if data is not None:
+        more = f"; other models: {', '.join(data.others[:6])} (--variant / --seed / --fold)" if data.others else ""
+        at = f"epoch {epoch}" if epoch is not None else "epoch not recorded"
+        print(f"model: {data.unit}, {at} ({checkpoint}){more}")
     ref_models = None
     if args.reference_checkpoint is not None:
         ref_models = load_models(args.reference_checkpoint, args.trust_checkpoint)
@@ -272,18 +476,36 @@ def _explain(args, refs, device, excluded=()) -> int:
         raise ValueError(f"{e} (--layer / --reference-layer)") from None
     cq = _channels(trunk)
     cr = _channels(ref_models[0]) if ref_models else cq
-    size_q, stats = _side(args.checkpoint, cq, args.image_size)
-    if ref_models:
-        size_r, stats_r = _side(args.reference_checkpoint, cr, args.reference_image_size or args.image_size)
-    else:
-        size_r, stats_r = args.reference_image_size or size_q, stats
     keep = not args.square
-    q = load_image(args.query, size_q, cq, keep, stats).to(device)[None]
+    size_q, stats = _side(checkpoint, cq, args.image_size)
+    if data is not None and args.reference is None and not data.files and args.image_size is not None:
+        raise ValueError("--image-size resizes image files; this run's dataset draws its images: leave it out")
+    if data is not None and args.image_size is None:  # the run's own eval transform, as its tester read the images
+        load_q = load_r = data.loader()
+        stats_r = stats
+    else:
+        if ref_models:
+            size_r, stats_r = _side(args.reference_checkpoint, cr, args.reference_image_size or args.image_size)
+        else:
+            size_r, stats_r = args.reference_image_size or size_q, stats
+
+        def load_q(path):
+            return load_image(path, size_q, cq, keep, stats)
+
+        def load_r(path):
+            return load_image(path, size_r, cr, keep, stats_r)
+
+    q = load_q(query).to(device)[None]
     try:
         fq = dec.fold_query(q)
-        chunks = []
-        for p in refs:  # one at a time: images keep their own aspect ratio
-            chunks.append(dec.fold_reference(load_image(p, size_r, cr, keep, stats_r).to(device)[None]).embedding)
+        chunks, batch = [], []
+        for p in refs:  # batches of images of one shape (kept aspect ratios may differ)
+            x = load_r(p)
+            if batch and (x.shape != batch[0].shape or len(batch) == 32):
+                chunks.append(dec.fold_reference(torch.stack(batch).to(device)).embedding)
+                batch = []
+            batch.append(x)
+        chunks.append(dec.fold_reference(torch.stack(batch).to(device)).embedding)
     except ValueError as e:
         msg = str(e)
         if "no module with a 4-D" in msg or "cannot be folded" in msg:
@@ -293,11 +515,27 @@ def _explain(args, refs, device, excluded=()) -> int:
     emb = torch.cat(chunks)
     cos = torch.nn.functional.cosine_similarity(fq.embedding, emb, dim=1)
     order = torch.argsort(cos, descending=True)[: (args.k if len(refs) > 1 else 1)].tolist()
+    warnings = []
+    runner = dec.query_folder.runner
+
+    def feature_side(side: int) -> int:
+        with torch.no_grad():
+            shape = runner.run(torch.zeros(1, q.shape[1], side, side, device=device, dtype=q.dtype)).feature_map.shape
+        return int(min(shape[-2:]))
+
+    for line in (
+        collapse_warning(torch.cat([fq.embedding, emb]).detach(), what="images (the query and every reference)"),
+        coarse_map_warning(tuple(q.shape[-2:]), tuple(fq.feature_size), feature_side),
+    ):
+        if line:
+            warnings.append(line)
+            print(line, file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
+    prefix = f"epoch{epoch}_" if epoch is not None else ""
     results = []
     qd = to_display_image(q[0], *stats)
     for rank, idx in enumerate(order):
-        r = load_image(refs[idx], size_r, cr, keep, stats_r).to(device)[None]
+        r = load_r(refs[idx]).to(device)[None]
         fr = dec.fold_reference(r)
         plain = dec.overall_maps(fq, fr)
         bias = dec.overall_maps(fq, fr, bias=True)
@@ -309,18 +547,19 @@ def _explain(args, refs, device, excluded=()) -> int:
             H, W = fq.image_size
             point = ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)
         pmap = dec.point_specific(fq, fr, [point])[0, 0]
-        name = f"{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png"
+        name = f"{prefix}{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png"
         sim = float(cos[idx])  # the number the ranking used: title and similarity.json show the same one
         panels, note = explanation_panels(
             plain["query"][0], plain["reference"][0], bias["query"][0], bias["reference"][0], point, pmap
         )
         same = None if query_label is None or labels[idx] is None else labels[idx] == query_label
+        model = f" ({data.unit}, epoch {epoch})" if data is not None and epoch is not None else ""
         path = save_pair_overlay(
             os.path.join(args.out, name),
             qd,
             [to_display_image(r[0], *stats_r)],
             [panels],
-            title=f"{os.path.basename(args.query)} vs {os.path.basename(refs[idx])}",
+            title=f"{os.path.basename(query)} vs {os.path.basename(refs[idx])}{model}",
             similarities=[sim],
             ranks=[rank + 1],
             reference_labels=[labels[idx]],
@@ -345,9 +584,12 @@ def _explain(args, refs, device, excluded=()) -> int:
     atomic_write_json(
         out,
         {
-            "query": args.query,
+            "query": query,
             "query_label": query_label,
+            "model": {"checkpoint": checkpoint, "epoch": epoch, "unit": data.unit if data is not None else None},
             "maps": "Zhu et al. 2021 eq. 5, scale=cosine, signed",
+            "feature_map": list(fq.feature_size),
+            "warnings": warnings,
             "excluded": [{"reference": ref.path, "reason": why} for ref, why in excluded],
             "results": results,
         },

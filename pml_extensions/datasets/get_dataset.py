@@ -43,9 +43,11 @@ def get_dataset(
         name: one of ``DATASET_NAMES``: ``glyphs`` (matplotlib fonts, the embedded default), ``glyphs_debian``
             (Debian ``fonts-*``), ``openclipart``, ``fashion_mnist``, ``imagefolder`` (``root``: a folder of class
             folders, :class:`ImageFolderSplit`), ``csv`` (``root``: a CSV table with ``label``, ``path`` and optional
-            ``split`` columns, :class:`ImageCSVSplit`), or PML's ``cub`` / ``cars196`` / ``sop`` (need ``root`` with
-            the extracted data; nothing is downloaded).
-        split: ``"train"`` or ``"test"`` (class-disjoint) or ``"all"``.
+            ``split`` columns, or others named by ``columns=``, :class:`ImageCSVSplit`), or PML's ``cub`` /
+            ``cars196`` / ``sop`` (need ``root`` with the extracted data; nothing is downloaded).
+        split: ``"train"`` or ``"test"`` (class-disjoint, or as a table's split column says) or ``"all"``.
+        kwargs: the dataset class's own, e.g. ``test_classes=[...]`` (``imagefolder``, ``csv``), ``columns=``,
+            ``class_overlap=`` (``csv``).
 
     Raises:
         ValueError: on an unknown name; FileNotFoundError when the data is missing (names the package/path).

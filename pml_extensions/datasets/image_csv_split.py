@@ -1,24 +1,42 @@
-"""A CSV table of image files (``label``, ``path``, optional ``split``: open-metric-learning's columns) as a
-class-disjoint metric-learning dataset."""
+"""A CSV table of image files (open-metric-learning's ``label``, ``path``, ``split`` columns, or any names mapped to
+them) as a metric-learning dataset whose splits follow the table's split column, or named test classes, or a
+class-disjoint rule."""
 
 import csv
+import difflib
 import os
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from .class_disjoint_dataset import SPLITS, select_split_classes
 from .image_files import ImageFileDataset
+from .image_folder_split import named_test_classes
 
-#: values of the ``split`` column: OML writes ``train`` / ``validation``; ``test`` is read as ``validation``
-TRAIN_VALUES = ("train",)
-TEST_VALUES = ("validation", "test")
+#: what a column can be mapped to (``columns=``); ``label`` and ``path`` are required
+ROLES = ("label", "path", "split", "is_query", "is_gallery", "category")
+#: values of the split column (case-insensitive): OML writes ``train`` / ``validation``
+TRAIN_VALUES = ("train", "training")
+VALIDATION_VALUES = ("validation", "val", "valid")
+TESTING_VALUES = ("test", "testing")
+#: every value of an evaluated (not training) row: OML's validation rows are its test set
+TEST_VALUES = VALIDATION_VALUES + TESTING_VALUES
+#: the splits of a table: ``validation`` (a table with both validation and test rows), ``query`` / ``gallery`` (OML's
+#: marks among the test rows) on top of the class-disjoint datasets' ``train`` / ``test`` / ``all``
+CSV_SPLITS = SPLITS + ("validation", "query", "gallery")
 #: OML's bounding-box columns (left, right, top, bottom), used to crop when a row fills them
 BOX_COLUMNS = ("x_1", "x_2", "y_1", "y_2")
+#: ``class_overlap`` values: ``"refuse"`` train and test rows that share a class, or ``"allowed"`` (same-class
+#: retrieval, declared)
+CLASS_OVERLAP = ("refuse", "allowed")
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+_LABEL_HINTS = ("label", "class", "categ", "target", "species", "breed", "identity", "type")
+_TRUE, _FALSE = ("true", "1", "yes", "t", "y", "1.0"), ("false", "0", "no", "f", "n", "0.0")
 
 
 def _label_order(values: List[str]) -> List[str]:
-    """Distinct labels sorted as numbers when they all are integers, else as strings."""
+    """Distinct labels sorted as numbers when they all are integers, else as strings (code-point order: the same on
+    every machine and locale)."""
     distinct = sorted(set(values))
     try:
         return sorted(distinct, key=lambda v: int(v))
@@ -26,41 +44,155 @@ def _label_order(values: List[str]) -> List[str]:
         return distinct
 
 
+def _near(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def parse_columns(columns: Union[None, str, Mapping[str, Optional[str]]]) -> Dict[str, Optional[str]]:
+    """The column mapping ``{role: column}`` from a mapping or its string form ``"label=category,path=image"``; a role
+    mapped to ``None`` (or nothing: ``"split="``) ignores the column of that name.
+
+    Raises:
+        ValueError: a role that is not one of :data:`ROLES` (with the nearest), or a string part without ``=``.
+
+    Example::
+
+        >>> parse_columns("label=category, path=image,split=")
+        {'label': 'category', 'path': 'image', 'split': None}
+    """
+    if columns is None:
+        return {}
+    if isinstance(columns, str):
+        parsed: Dict[str, Optional[str]] = {}
+        for part in (p.strip() for p in columns.split(",")):
+            if not part:
+                continue
+            if "=" not in part:
+                raise ValueError(f"columns: {part!r} is not role=column (e.g. label=category,path=image)")
+            role, column = (s.strip() for s in part.split("=", 1))
+            parsed[role] = column or None
+        columns = parsed
+    if not isinstance(columns, Mapping):
+        raise ValueError(f"columns must be a mapping {{role: column}} or 'role=column,...', got {columns!r}")
+    out: Dict[str, Optional[str]] = {}
+    for role, column in columns.items():
+        if role not in ROLES:
+            raise ValueError(f"columns: unknown role {role!r}{_near(role, ROLES)} (roles: {', '.join(ROLES)})")
+        out[role] = None if column is None or str(column).strip() == "" else str(column)
+    return out
+
+
+def _values(rows: List[Dict[str, str]], column: str) -> List[str]:
+    return [(r.get(column) or "").strip() for r in rows]
+
+
+def suggest_columns(header: Sequence[str], rows: List[Dict[str, str]], found: Dict[str, str]) -> str:
+    """A ``role=column,...`` guess for a table whose label or path column was not found: ``path`` the column whose
+    values look like image files, ``split`` one whose values are all split names, ``label`` a text column with few
+    distinct values (a name like category / class first). ``found`` holds the roles already known."""
+    guess = dict(found)
+    free = [h for h in header if h not in guess.values()]
+    if "path" not in guess:
+        scores = {h: np.mean([v.lower().endswith(_IMAGE_SUFFIXES) for v in _values(rows, h)] or [0]) for h in free}
+        best = max(free, key=lambda h: scores[h], default=None)
+        if best is not None and scores[best] >= 0.5:
+            guess["path"] = best
+    if "split" not in guess:
+        known = set(TRAIN_VALUES + TEST_VALUES)
+        for h in free:
+            values = {v.lower() for v in _values(rows, h) if v}
+            if h not in guess.values() and values and values <= known:
+                guess["split"] = h
+                break
+    if "label" not in guess:
+        n = len(rows)
+        candidates = []
+        for h in free:
+            if h in guess.values():
+                continue
+            values = [v for v in _values(rows, h) if v]
+            distinct = len(set(values))
+            if 2 <= distinct <= max(2, n // 2) and len(values) == n:
+                hinted = any(w in h.lower() for w in _LABEL_HINTS)
+                candidates.append((not hinted, distinct, header.index(h), h))
+        if candidates:
+            guess["label"] = min(candidates)[3]
+    order = [r for r in ("label", "path", "split") if r in guess or r in ("label", "path")]
+    return ",".join(f"{r}={guess.get(r, '<column>')}" for r in order)
+
+
+def _mark(value: str) -> Optional[bool]:
+    v = value.strip().lower()
+    return True if v in _TRUE else False if v in _FALSE else None
+
+
 class ImageCSVSplit(ImageFileDataset):
-    """Images listed in a CSV file, one row per image: open-metric-learning's table format.
+    """Images listed in a CSV file, one row per image (open-metric-learning's table format, or any column names mapped
+    to its roles).
 
-    Columns (a header row names them; other columns are left alone):
+    Columns (a header row names them; other columns are left alone). ``columns`` maps a role to a column of another
+    name (``{"label": "category", "path": "image", "split": "subset"}``, or the string form
+    ``"label=category,path=image,split=subset"``, the runner's ``--columns``); without it the role's own name is used
+    (any case). A table without label or path column is refused in one line that lists the header and suggests the
+    mapping.
 
-    - ``label``: the class (an integer or a name);
+    - ``label``: the class, any text (kept exactly as written, outer blanks stripped: spaces, ``/``, ``&`` and any
+      Unicode are fine);
     - ``path``: the image file, absolute or relative to ``root`` (default: the CSV file's folder);
-    - ``split`` (optional): ``train`` or ``validation`` (``test`` is read as ``validation``). With it, ``split="train"``
-      is the rows marked ``train`` and ``split="test"`` the others; without it, the classes are split as
-      :class:`pml_extensions.datasets.ImageFolderSplit` splits folders (sorted labels, first half = train);
-    - ``is_query`` / ``is_gallery`` (optional, OML): every validation item must be both (each item is compared with
-      the rest, as for CUB / Cars196 / SOP); other values are refused;
+    - ``split`` (optional): ``train`` / ``training``; ``validation`` / ``val`` / ``valid``; ``test`` / ``testing`` (any
+      case). ``split="train"`` is the train rows, ``split="test"`` the test rows (the validation rows when there are
+      none: OML's ``validation`` is the test set), ``split="validation"`` the validation rows of a table that has test
+      rows too;
+    - ``is_query`` / ``is_gallery`` (optional, OML, on the test rows): ``split="query"`` / ``split="gallery"`` read the
+      marked rows; ``split="test"`` needs every test row marked both (each item is compared with the rest, as for CUB
+      / Cars196 / SOP);
     - ``x_1, x_2, y_1, y_2`` (optional, OML's box: left, right, top, bottom): rows that fill them are cropped to it;
     - ``category`` (optional, OML): kept as ``categories`` (one per item), not used for training.
 
-    Items are ``(PIL RGB image, int label)``; ``labels`` index ``classes`` (all labels of the file, in order).
+    Without a split column the classes decide: ``test_classes`` (names as written in the table) are the test split and
+    the others the train split; without them the sorted classes are halved (``split_rule``, as
+    :class:`pml_extensions.datasets.ImageFolderSplit`). ``split="all"`` keeps every row (a protocol then makes its own
+    class-disjoint split).
+
+    Train and test rows that share classes (a split column that puts images of one class on both sides) are refused
+    in one line naming the shared classes, unless same-class retrieval is declared: ``class_overlap="allowed"``, or
+    the table carries OML's ``is_query`` / ``is_gallery`` columns. ``shared_classes`` lists them (empty when none).
+
+    Items are ``(PIL RGB image, int label)``; ``classes`` is every label of the file, sorted (as integers when they
+    all are, else by code point), and ``labels`` index it (the same class has the same label in every split).
+
+    Args:
+        csv_file: the table (UTF-8, a byte-order mark is fine; ``,`` ``;`` tab or ``|`` separated).
+        split: one of :data:`CSV_SPLITS`.
+        transform, target_transform: applied to the image / the label.
+        root: the folder relative paths start from (default: the CSV file's folder).
+        split_rule: ``"halves"`` or ``"alternate"``, for a table without split column and ``test_classes``.
+        columns: ``{role: column}`` or ``"role=column,..."`` (:func:`parse_columns`); roles :data:`ROLES`.
+        test_classes: the test classes, as written in the label column (a table without split column).
+        class_overlap: ``"refuse"`` (default) or ``"allowed"``.
 
     Raises:
         FileNotFoundError: a missing CSV file.
-        ValueError: a missing ``label`` / ``path`` column, an empty table, an unknown ``split`` value, a row with an
-            empty label or path, query/gallery marks this dataset cannot honour, a bad box (each names the row).
+        ValueError: a missing ``label`` / ``path`` column (the header and a suggested mapping), a mapped column that is
+            not in the header, an empty table, an unknown ``split`` value, a row with an empty label or path,
+            query/gallery marks this split cannot honour, a bad box, unknown ``test_classes`` (with "did you mean"),
+            train and test rows sharing classes (the fixes); each names the file, and the row where one is at fault.
 
     Example::
 
         >>> import os, tempfile
         >>> from PIL import Image
         >>> folder = tempfile.mkdtemp()
-        >>> rows = ["label,path,split"]
-        >>> for i, (label, split) in enumerate([(0, "train"), (0, "train"), (1, "validation"), (1, "validation")]):
+        >>> rows = ["category,image,subset"]
+        >>> for i, (label, split) in enumerate([("Bags & Luggage", "train")] * 2 + [("T-Shirts / Tops", "val")] * 2):
         ...     Image.new("RGB", (4, 4)).save(os.path.join(folder, f"{i}.png"))
         ...     rows.append(f"{label},{i}.png,{split}")
         >>> _ = open(os.path.join(folder, "table.csv"), "w").write("\\n".join(rows) + "\\n")
-        >>> test = ImageCSVSplit(os.path.join(folder, "table.csv"), split="test")
+        >>> mapping = "label=category,path=image,split=subset"
+        >>> test = ImageCSVSplit(os.path.join(folder, "table.csv"), "test", columns=mapping)
         >>> test.classes, test.labels.tolist(), [os.path.basename(p) for p in test.paths]
-        (['0', '1'], [1, 1], ['2.png', '3.png'])
+        (['Bags & Luggage', 'T-Shirts / Tops'], [1, 1], ['2.png', '3.png'])
     """
 
     def __init__(
@@ -71,46 +203,165 @@ class ImageCSVSplit(ImageFileDataset):
         target_transform: Optional[Callable] = None,
         root: Optional[str] = None,
         split_rule: str = "halves",
+        columns: Union[None, str, Mapping[str, Optional[str]]] = None,
+        test_classes: Optional[Sequence[str]] = None,
+        class_overlap: str = "refuse",
     ):
         super().__init__(transform, target_transform)
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if split not in CSV_SPLITS:
+            raise ValueError(f"split must be one of {CSV_SPLITS}, got {split!r}")
+        if class_overlap not in CLASS_OVERLAP:
+            raise ValueError(f"class_overlap must be one of {CLASS_OVERLAP}, got {class_overlap!r}")
         if not os.path.isfile(csv_file):
             raise FileNotFoundError(f"csv_file {csv_file!r} is not a file (a table with label and path columns)")
-        with open(csv_file, newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.DictReader(f))
-        columns = set(rows[0]) if rows else set()
-        missing = [c for c in ("label", "path") if c not in columns]
-        if missing:
-            raise ValueError(f"{csv_file}: no {' and no '.join(missing)} column (header: {sorted(columns)})")
-        base = root if root is not None else os.path.dirname(os.path.abspath(csv_file))
-        for n, row in enumerate(rows, start=2):  # line numbers as an editor shows them (header = 1)
-            if not (row.get("label") or "").strip() or not (row.get("path") or "").strip():
-                raise ValueError(f"{csv_file}:{n}: empty label or path")
-            value = (row.get("split") or "").strip()
-            if "split" in columns and value not in TRAIN_VALUES + TEST_VALUES:
-                raise ValueError(f"{csv_file}:{n}: split {value!r} is not one of train, validation (or test)")
-            marks = [(row.get(c) or "").strip().lower() for c in ("is_query", "is_gallery")]
-            if value in TEST_VALUES and any(m in ("false", "0") for m in marks):
-                raise ValueError(
-                    f"{csv_file}:{n}: is_query/is_gallery {marks}: separate query and gallery sets are not supported "
-                    "(every item is compared with the rest: mark both true, or drop the columns)"
-                )
-        self.classes = _label_order([r["label"].strip() for r in rows])
+        mapping = parse_columns(columns)
+        header, rows = _read_table(csv_file)
+        col = self._columns(csv_file, header, rows, mapping)
+        if not rows:
+            raise ValueError(f"{csv_file}: no rows below the header ({', '.join(header)})")
+        label_col, path_col, split_col = col["label"], col["path"], col.get("split")
+        empty = [n for n, r in enumerate(rows, start=2) if not _get(r, label_col) or not _get(r, path_col)]
+        if empty:  # line numbers as an editor shows them (header = 1)
+            also = f" (also line(s) {', '.join(map(str, empty[1:6]))}{', ...' if len(empty) > 6 else ''})"
+            raise ValueError(f"{csv_file}:{empty[0]}: empty label or path{also if len(empty) > 1 else ''}")
+        self.classes = _label_order([_get(r, label_col) for r in rows])
         index: Dict[str, int] = {c: i for i, c in enumerate(self.classes)}
-        if "split" in columns and split != "all":
-            wanted = TRAIN_VALUES if split == "train" else TEST_VALUES
-            chosen = [(n, r) for n, r in enumerate(rows, start=2) if r["split"].strip() in wanted]
+        side = self._sides(csv_file, rows, split_col)  # line -> train / validation / test, or None without split
+        marks = self._marks(csv_file, rows, col, side, split)
+        if test_classes is not None:
+            if split_col is not None:
+                raise ValueError(
+                    f"{csv_file}: test_classes and the split column {split_col!r} both decide the test rows; drop "
+                    f"test_classes, or ignore the column (columns={{'split': None}}, --columns split=)"
+                )
+            test_set = named_test_classes(test_classes, self.classes, csv_file)
+        self.shared_classes: List[str] = []
+        if side is not None:
+            train_names = {_get(r, label_col) for r, s in zip(rows, side) if s == "train"}
+            other_names = {_get(r, label_col) for r, s in zip(rows, side) if s != "train"}
+            self.shared_classes = [c for c in self.classes if c in train_names and c in other_names]
+            declared = class_overlap == "allowed" or marks is not None
+            if self.shared_classes and split != "all" and not declared:
+                shown = ", ".join(self.shared_classes[:5]) + (", ..." if len(self.shared_classes) > 5 else "")
+                raise ValueError(
+                    f"{csv_file}: the train rows and the {'/'.join(sorted({s for s in side if s != 'train'}))} rows "
+                    f"of column {split_col!r} share {len(self.shared_classes)} of {len(self.classes)} classes "
+                    f"({shown}): that tests on classes seen in training; for unseen-class testing give each class "
+                    "rows of one split only, or ignore the column and name the test classes (--columns split= with "
+                    'test_classes); for same-class retrieval declare it: class_overlap="allowed"'
+                )
+            has_test = "test" in side
+            wanted = {
+                "train": ("train",),
+                "test": ("test",) if has_test else ("validation",),
+                "validation": ("validation",),
+                "query": ("test",) if has_test else ("validation",),
+                "gallery": ("test",) if has_test else ("validation",),
+                "all": ("train", "validation", "test"),
+            }[split]
+            keep = [s in wanted for s in side]
+            if split in ("query", "gallery"):  # marks exist: _marks refused these splits without them
+                keep = [k and m[0 if split == "query" else 1] for k, m in zip(keep, marks)]
         else:
-            keep = set(select_split_classes(self.classes, split, split_rule)) if "split" not in columns else None
-            chosen = [(n, r) for n, r in enumerate(rows, start=2) if keep is None or r["label"].strip() in keep]
+            if split in ("validation", "query", "gallery"):
+                raise ValueError(f"{csv_file}: split {split!r} needs a split column (header: {', '.join(header)})")
+            if test_classes is not None:
+                keep = [split == "all" or (_get(r, label_col) in test_set) == (split == "test") for r in rows]
+            else:
+                names = set(select_split_classes(self.classes, split, split_rule))
+                keep = [_get(r, label_col) in names for r in rows]
+        chosen_rows = [(n, r) for n, (r, k) in enumerate(zip(rows, keep), start=2) if k]
+        base = root if root is not None else os.path.dirname(os.path.abspath(csv_file))
         self.csv_file = csv_file
         self.root = base
         self.split = split
-        self.paths = [os.path.join(base, r["path"].strip()) for _, r in chosen]
-        self.labels = np.asarray([index[r["label"].strip()] for _, r in chosen], dtype=np.int64)
-        self.categories = [r.get("category") for _, r in chosen] if "category" in columns else None
-        self.boxes = [self._box(csv_file, n, r) for n, r in chosen] if set(BOX_COLUMNS) <= columns else None
+        self.columns = col
+        self.paths = [os.path.join(base, _get(r, path_col)) for _, r in chosen_rows]
+        self.labels = np.asarray([index[_get(r, label_col)] for _, r in chosen_rows], dtype=np.int64)
+        category = col.get("category")
+        self.categories = [r.get(category) for _, r in chosen_rows] if category else None
+        boxes = set(BOX_COLUMNS) <= set(header)
+        self.boxes = [self._box(csv_file, n, r) for n, r in chosen_rows] if boxes else None
+
+    # ------------------------------------------------------------------------------------------------ reading
+    @staticmethod
+    def _columns(csv_file, header, rows, mapping) -> Dict[str, str]:
+        """``{role: column}``: the mapping's, else a column named as the role (any case); ``label`` and ``path``
+        required."""
+        found: Dict[str, str] = {}
+        lower = {h.strip().lower(): h for h in header}
+        for role in ROLES:
+            if role in mapping:
+                column = mapping[role]
+                if column is None:
+                    continue
+                if column not in header:
+                    raise ValueError(
+                        f"{csv_file}: columns: {role}={column}: no such column{_near(column, header)} (header: "
+                        f"{', '.join(sorted(header))})"
+                    )
+                found[role] = column
+            elif role in lower and lower[role] not in found.values():
+                found[role] = lower[role]
+        missing = [r for r in ("label", "path") if r not in found]
+        if missing:
+            known = {r: c for r, c in found.items() if r in ("label", "path", "split")}  # category: OML's own
+            raise ValueError(
+                f"{csv_file}: no {' and no '.join(missing)} column (header: {', '.join(sorted(header))}); map them: "
+                f"--columns {suggest_columns(header, rows, known)}"
+            )
+        return found
+
+    @staticmethod
+    def _sides(csv_file, rows, split_col) -> Optional[List[str]]:
+        """``train`` / ``validation`` / ``test`` per row from the split column (None without one)."""
+        if split_col is None:
+            return None
+        names = {**{v: "train" for v in TRAIN_VALUES}, **{v: "validation" for v in VALIDATION_VALUES}}
+        names.update({v: "test" for v in TESTING_VALUES})
+        side, bad = [], []
+        for n, r in enumerate(rows, start=2):
+            value = _get(r, split_col)
+            if value.lower() not in names:
+                bad.append((n, value))
+            side.append(names.get(value.lower()))
+        if bad:
+            others = sorted({v for _, v in bad[1:]} - {bad[0][1]})
+            also = f" (also {', '.join(map(repr, others[:5]))} on other rows)" if others else ""
+            raise ValueError(
+                f"{csv_file}:{bad[0][0]}: split {bad[0][1]!r} is not one of train, validation, test (or training, "
+                f"val, valid, testing; any case){also}"
+            )
+        return side
+
+    @staticmethod
+    def _marks(csv_file, rows, col, side, split):
+        """``[(is_query, is_gallery)]`` per row from OML's columns (None without them); test rows must be marked
+        for the splits that read them."""
+        qc, gc = col.get("is_query"), col.get("is_gallery")
+        if qc is None and gc is None:
+            if split in ("query", "gallery"):
+                raise ValueError(f"{csv_file}: split {split!r} needs OML's is_query / is_gallery columns")
+            return None
+        marks = []
+        for n, r in enumerate(rows, start=2):
+            q = _mark(_get(r, qc)) if qc else True
+            g = _mark(_get(r, gc)) if gc else True
+            evaluated = side is not None and side[n - 2] != "train"
+            if evaluated and (q is None or g is None):
+                raise ValueError(
+                    f"{csv_file}:{n}: is_query/is_gallery {[_get(r, c) if c else '' for c in (qc, gc)]}: expected "
+                    "true/false (or 1/0) on every validation or test row"
+                )
+            if evaluated and split in ("test", "all") and not (q and g):
+                shown = [_get(r, c) if c else "" for c in (qc, gc)]
+                raise ValueError(
+                    f"{csv_file}:{n}: is_query/is_gallery {shown}: separate query and gallery sets are not supported "
+                    f"by split={split!r} (every item is compared with the rest: mark both true, or drop the columns); "
+                    "read them as split='query' and split='gallery'"
+                )
+            marks.append((bool(q), bool(g)))
+        return marks
 
     @staticmethod
     def _box(csv_file, line, row):
@@ -138,3 +389,20 @@ class ImageCSVSplit(ImageFileDataset):
         if self.boxes is not None:
             self.boxes = [self.boxes[i] for i in keep]
         return super().drop(paths)
+
+
+def _get(row: Dict[str, str], column: Optional[str]) -> str:
+    return (row.get(column) or "").strip() if column else ""
+
+
+def _read_table(csv_file: str):
+    """``(header, rows)``; the separator is sniffed from the header line (``,`` ``;`` tab ``|``)."""
+    with open(csv_file, newline="", encoding="utf-8-sig") as f:
+        first = f.readline()
+        f.seek(0)
+        counts = {d: first.count(d) for d in (",", ";", "\t", "|")}
+        delimiter = max(counts, key=lambda d: (counts[d], d == ","))
+        reader = csv.DictReader(f, delimiter=delimiter)
+        rows = list(reader)
+        header = [h for h in (reader.fieldnames or []) if h is not None]
+    return header, rows

@@ -1,7 +1,8 @@
 """Any ImageFolder tree (``root/<class>/<image>``) as a class-disjoint metric-learning dataset."""
 
+import difflib
 import os
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
@@ -12,7 +13,8 @@ from .image_files import ImageFileDataset, scan_class_folders
 
 class ImageFolderSplit(ImageFileDataset):
     """Class-disjoint split of an ImageFolder tree: one class per first-level folder (images may sit in sub-folders),
-    classes sorted by folder name, train = the first half, test = the rest (``split_rule``), ``"all"`` = every class.
+    classes sorted by folder name, train = the first half, test = the rest (``split_rule``), or test = the folders
+    named in ``test_classes`` and train = the others; ``"all"`` = every class.
 
     Uses torchvision's ``make_dataset`` to list images (extensions ``IMG_EXTENSIONS``: .jpg .jpeg .png .ppm .bmp .pgm
     .tif .tiff .webp). Items are ``(PIL RGB image, int label)``: grey images become RGB, transparency is composited on
@@ -24,10 +26,12 @@ class ImageFolderSplit(ImageFileDataset):
         split: ``"train"``, ``"test"`` or ``"all"``.
         transform, target_transform: applied to the image / the label.
         split_rule: ``"halves"`` or ``"alternate"`` (:func:`pml_extensions.datasets.select_split_classes`).
+        test_classes: the test classes' folder names (instead of ``split_rule``).
 
     Raises:
         FileNotFoundError: if ``root`` is not a folder.
-        ValueError: on a bad split, a tree with no class folders, or class folders without images (all named).
+        ValueError: on a bad split, a tree with no class folders, class folders without images (all named), or a
+            ``test_classes`` name that is not a class folder (with the nearest one).
 
     Example::
 
@@ -49,6 +53,7 @@ class ImageFolderSplit(ImageFileDataset):
         transform: Optional[Callable] = None,
         target_transform: Optional[Callable] = None,
         split_rule: str = "halves",
+        test_classes: Optional[Sequence[str]] = None,
     ):
         super().__init__(transform, target_transform)
         if not os.path.isdir(root):
@@ -66,9 +71,36 @@ class ImageFolderSplit(ImageFileDataset):
             )
         self.root = root
         self.classes = classes
-        keep = set(select_split_classes(classes, split, split_rule))
+        if test_classes is None:
+            keep = set(select_split_classes(classes, split, split_rule))
+        else:
+            named = named_test_classes(test_classes, classes, f"root {root!r}")
+            select_split_classes(classes, split)  # the split's name is checked here
+            keep = set(classes) if split == "all" else {c for c in classes if (c in named) == (split == "test")}
         samples = make_dataset(root, {c: i for i, c in enumerate(classes)}, IMG_EXTENSIONS)
         samples = [(p, t) for p, t in samples if classes[t] in keep]
         self.paths = [p for p, _ in samples]
         self.labels = np.asarray([t for _, t in samples], dtype=np.int64)
         self.split = split
+
+
+def named_test_classes(names: Sequence[str], classes: Sequence[str], where: str) -> set:
+    """``names`` as a set after checking each is one of ``classes`` and some class is left for training.
+
+    Raises:
+        ValueError: an empty list, an unknown name (with the nearest class: "did you mean"), or every class named.
+    """
+    names = [names] if isinstance(names, str) else [str(n) for n in names]
+    if not names:
+        raise ValueError(f"{where}: test_classes is empty; name at least one class")
+    unknown = [n for n in names if n not in classes]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(classes), n=1, cutoff=0.5)
+        near = f"; did you mean {close[0]!r}?" if close else ""
+        listed = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
+        raise ValueError(
+            f"{where}: test_classes: {unknown[0]!r} is not a class{near} ({len(classes)} classes: {listed})"
+        )
+    if set(names) >= set(classes):
+        raise ValueError(f"{where}: test_classes names every class: leave some for training")
+    return set(names)

@@ -7,7 +7,8 @@ overall and point-specific maps), ``SimilarityGradCAM`` gives the Grad-CAM basel
 ``PartialSimilarityRetrieval`` does region-of-interest retrieval, ``OrientationEstimator`` cross-view
 orientation, ``ExplanationHook`` plugs the maps into a PML tester, ``topk_overall_maps`` explains a
 whole test set's top-k
-in batches, and ``SimilarityFidelity`` scores any map by deletion / insertion curves of the similarity. Every
+in batches, ``SimilarityFidelity`` scores any map by deletion / insertion curves of the similarity, and
+``collapse_warning`` / ``coarse_map_warning`` say when the maps explain little. Every
 explainer derives from ``SimilarityExplainer`` and shares one verb, ``attribute(query_images,
 reference_images)``.
 """
@@ -15,6 +16,7 @@ reference_images)``.
 from .activation_decomposition import ActivationDecomposition
 from .base import RandomExplainer, SimilarityExplainer
 from .composite_localization_dataset import CompositeLocalizationDataset
+from .diagnostics import coarse_map_warning, collapse_warning, mean_pairwise_cosine
 from .explanation_hook import ExplanationHook
 from .fidelity import SimilarityFidelity
 from .folded_embedding import FoldedEmbedding
@@ -39,6 +41,9 @@ __all__ = [
     "SimilarityExplainer",
     "SimilarityFidelity",
     "SimilarityGradCAM",
+    "coarse_map_warning",
+    "collapse_warning",
+    "mean_pairwise_cosine",
     "normalize_maps",
     "point_weights",
     "resize_maps",

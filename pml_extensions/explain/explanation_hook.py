@@ -9,7 +9,7 @@ chained first, so accuracies are still recorded.
 """
 
 import os
-from typing import Dict, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -40,8 +40,9 @@ class ExplanationHook:
     maps are kept on the CPU in ``last_maps``): "Decomposition" and "Decomposition+Bias" overall maps on both
     images (signed, ``scale="cosine"``) and one point-specific map per pair, for the query pixel at the
     maximum of the first pair's query map. Written to ``output_dir``:
-    ``{split}_epoch{epoch}_query{index}.png`` (query | retrieved, with its rank, cosine and a same class / other
-    class mark from the tester's labels | maps; the +Bias maps only where the head's bias changes them, see
+    ``{split}_epoch{epoch}_query{index}.png`` (``epoch``: the tested model's, default the tester's; query |
+    retrieved, with its rank, cosine, class name and a same class / other class mark from the tester's labels |
+    maps; the +Bias maps only where the head's bias changes them, see
     :func:`pml_extensions.explain.overlay.explanation_panels`) and ``….pt`` (the tensors, all maps) when
     enabled. When ground-truth boxes exist (``boxes[split]`` or ``dataset.boxes``, ``(x0, y0, x1, y1)``
     pixels), the localisation accuracy of the queries' Decomposition maps (top-1 pair; best threshold of
@@ -66,6 +67,10 @@ class ExplanationHook:
         save_png, save_tensors: what to write. Default both.
         boxes: optional ``{split: [N, 4]}`` ground-truth boxes.
         decomposition: use this :class:`ActivationDecomposition` instead of building one from trunk/embedder.
+        epoch: the epoch named in the files and records (e.g. the selected epoch of a model tested after training,
+            which the tester is called with as 0). Default: the tester's.
+        class_names: ``label -> name`` shown in the figures. Default: the ``classes`` of the split's dataset (or of
+            the dataset it wraps, ``.dataset``), else the label itself.
 
     The models run in eval mode inside the call and get their flags back; no forward or backward hook remains
     on any module afterwards, also after an exception; nothing accumulates between calls.
@@ -98,6 +103,8 @@ class ExplanationHook:
         decomposition: Optional[ActivationDecomposition] = None,
         batch_size: int = 16,
         device=None,
+        epoch: Optional[int] = None,
+        class_names: Optional[Sequence[str]] = None,
     ):
         for name, v in (
             ("k", k),
@@ -128,6 +135,11 @@ class ExplanationHook:
         self.boxes = dict(boxes) if boxes is not None else {}
         self.evaluator = LocalizationEvaluator()
         self.last_localization: Optional[Dict[str, float]] = None
+        self.epoch = None if epoch is None else int(epoch)
+        self.class_names = list(class_names) if class_names is not None else None
+
+    def _names(self, split: str) -> Optional[List[str]]:
+        return self.class_names if self.class_names is not None else dataset_class_names(self.dataset_dict[split])
 
     # PML calls ``end_of_testing_hook(tester)``
     def __call__(self, tester) -> None:
@@ -182,7 +194,9 @@ class ExplanationHook:
                 raise ValueError(f"split {s!r} not in the tester's embeddings ({sorted(data)})")
             if s not in self.dataset_dict:
                 raise ValueError(f"split {s!r} not in dataset_dict ({sorted(self.dataset_dict)})")
-        epoch = int(getattr(tester, "all_accuracies", {}).get(split, {}).get("epoch", 0))
+        epoch = self.epoch
+        if epoch is None:
+            epoch = int(getattr(tester, "all_accuracies", {}).get(split, {}).get("epoch", 0))
         q_emb = torch.as_tensor(data[split][0])
         r_emb = torch.as_tensor(data[ref_split][0])
         q_labels, r_labels = _labels(data[split]), _labels(data[ref_split])
@@ -272,8 +286,10 @@ class ExplanationHook:
                     panels,
                     title=f"{split} query {int(qi)}" + (" (itself left out of its references)" if same_split else ""),
                     similarities=sims.tolist(),
-                    reference_labels=None if r_labels is None else [_label_text(r_labels[int(j)]) for j in refs],
-                    query_label=None if q_labels is None else _label_text(q_labels[int(qi)]),
+                    reference_labels=None
+                    if r_labels is None
+                    else [_label_text(r_labels[int(j)], self._names(ref_split)) for j in refs],
+                    query_label=None if q_labels is None else _label_text(q_labels[int(qi)], self._names(split)),
                     same_class=same,
                     note=None if show_bias else bias_note(diff),
                 )
@@ -299,6 +315,29 @@ def _labels(embeddings_and_labels) -> Optional[torch.Tensor]:
     return torch.as_tensor(np.asarray(embeddings_and_labels[1]))
 
 
-def _label_text(label: torch.Tensor) -> str:
+def _label_text(label: torch.Tensor, names: Optional[Sequence[str]] = None) -> str:
+    """The class name of ``label`` (``names[label]``), else the label itself (a hierarchy's levels as a list)."""
     values = label.flatten().tolist()
+    if len(values) == 1 and names is not None and 0 <= int(values[0]) < len(names):
+        return str(names[int(values[0])])
     return str(values[0]) if len(values) == 1 else str(values)
+
+
+def dataset_class_names(dataset) -> Optional[List[str]]:
+    """``classes`` of ``dataset`` or of the dataset it wraps (``.dataset``, a few levels), None when none has them.
+
+    Example::
+
+        >>> class Wrapper:
+        ...     dataset = type("Data", (), {"classes": ["T-Shirts / Tops", "Mützen"]})()
+        >>> dataset_class_names(Wrapper())
+        ['T-Shirts / Tops', 'Mützen']
+    """
+    for _ in range(4):
+        names = getattr(dataset, "classes", None)
+        if isinstance(names, (list, tuple)) and names:
+            return [str(n) for n in names]
+        dataset = getattr(dataset, "dataset", None)
+        if dataset is None:
+            return None
+    return None

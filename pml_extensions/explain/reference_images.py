@@ -1,5 +1,6 @@
 """Reference images for an explanation: a folder read recursively with class labels from folder names (the layout
-of torchvision's ``ImageFolder``), the query's own file left out, transparent drawings shown on white."""
+of torchvision's ``ImageFolder``) or a CSV table of files (:class:`pml_extensions.datasets.ImageCSVSplit`: the label
+column as written), the query's own file left out, transparent drawings shown on white."""
 
 import hashlib
 import os
@@ -13,8 +14,8 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 
 class ReferenceImage(NamedTuple):
-    """One reference file: its ``path`` and ``label``, the first folder under the root (``None`` for a file directly
-    in the root), as ``torchvision.datasets.ImageFolder`` assigns classes."""
+    """One reference file: its ``path`` and ``label``, the class name: the first folder under the root (``None`` for a
+    file directly in the root), as ``torchvision.datasets.ImageFolder`` assigns classes, or a table's label."""
 
     path: str
     label: Optional[str]
@@ -78,6 +79,31 @@ def list_reference_images(folder: str) -> List[ReferenceImage]:
     if not found:
         raise ValueError(f"no images in {folder} or its subfolders (looked for {', '.join(IMAGE_EXTENSIONS)})")
     return sorted(found, key=lambda r: r.path)
+
+
+def list_table_images(csv_file: str, columns=None, split: str = "all") -> List[ReferenceImage]:
+    """Every row of a CSV table of images (:class:`pml_extensions.datasets.ImageCSVSplit`, its ``split`` rows;
+    ``columns`` maps other column names: ``"label=category,path=image"``) as :class:`ReferenceImage` with the label
+    as written, in the table's order.
+
+    Raises:
+        FileNotFoundError, ValueError: as :class:`pml_extensions.datasets.ImageCSVSplit` (one line: a missing label or
+        path column lists the header and suggests the mapping).
+
+    Example::
+
+        >>> import tempfile, os
+        >>> root = tempfile.mkdtemp()
+        >>> Image.new("RGB", (4, 4)).save(os.path.join(root, "tee 1.png"))
+        >>> _ = open(os.path.join(root, "t.csv"), "w").write("image,category\\ntee 1.png,T-Shirts / Tops\\n")
+        >>> refs = list_table_images(os.path.join(root, "t.csv"), "path=image,label=category")
+        >>> [(os.path.basename(r.path), r.label) for r in refs]
+        [('tee 1.png', 'T-Shirts / Tops')]
+    """
+    from ..datasets.image_csv_split import ImageCSVSplit
+
+    table = ImageCSVSplit(csv_file, split, columns=columns)
+    return [ReferenceImage(p, table.classes[int(y)]) for p, y in zip(table.paths, table.labels)]
 
 
 def _digest(path: str) -> str:

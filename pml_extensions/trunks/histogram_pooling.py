@@ -9,7 +9,7 @@ prototypes are L2-normalised by default, as the authors' related GSP code does, 
 """
 
 import math
-from typing import Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,8 @@ from ..utils.wiring import data_init, param_group
 from ._last_outputs import _KeepsLastOutputs
 
 PROTOTYPE_INITS = ("random", "kcenter", "kmeans")
+#: faiss's recommended least number of training points per k-means centroid (its min_points_per_centroid)
+KMEANS_POINTS_PER_PROTOTYPE = 39
 #: data-driven initialisations that ``HistogramPooling(lazy_init=...)`` can run on the first training batches
 LAZY_INITS = ("kmeans", "kcenter")
 #: ε of the paper (raw inner products of CNN features)
@@ -284,6 +286,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         method: str = "kmeans",
         seed: int = 0,
         kmeans_iters: int = 20,
+        log: Optional[Callable[[str], None]] = None,
     ) -> "HistogramPooling":
         """Initialise the prototypes from local features (the paper does not state an initialisation).
 
@@ -292,6 +295,9 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             method: ``"kmeans"`` (faiss k-means), ``"kcenter"`` (greedy farthest-point, as the authors' GSP code
                 does), or ``"random"`` (N(0, 1/C)).
             seed: seed for the random start / k-means initialisation.
+            log: where one note goes when k-means gets fewer than :data:`KMEANS_POINTS_PER_PROTOTYPE` features per
+                prototype (faiss's own recommendation, whose stderr warning is not printed: the centroids are the
+                same with or without it).
 
         Raises:
             ValueError: on an unknown method or fewer features than prototypes.
@@ -326,7 +332,18 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         else:
             import faiss
 
-            km = faiss.Kmeans(self.in_channels, self.num_prototypes, niter=kmeans_iters, seed=seed, verbose=False)
+            n, k = features.shape[0], self.num_prototypes
+            if n < k * KMEANS_POINTS_PER_PROTOTYPE and log is not None:
+                log(
+                    f"note: k-means prototype initialisation: {n} local features for {k} prototypes (faiss "
+                    f"recommends >= {KMEANS_POINTS_PER_PROTOTYPE} per prototype, {k * KMEANS_POINTS_PER_PROTOTYPE}); "
+                    "more or larger images (prototype_init num_batches) give a steadier start"
+                )
+            # min_points_per_centroid=1 only silences faiss's stderr warning of the same fact (faiss does not change
+            # the clustering below its recommendation)
+            km = faiss.Kmeans(
+                self.in_channels, k, niter=kmeans_iters, seed=seed, verbose=False, min_points_per_centroid=1
+            )
             km.train(features.numpy())
             centres = torch.from_numpy(km.centroids.copy())
         with torch.no_grad():
@@ -352,10 +369,11 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         method: str = "kmeans",
         max_features: int = 20000,
         seed: int = 0,
+        log: Optional[Callable[[str], None]] = None,
     ) -> "HistogramPooling":
         """Initialise prototypes from the local features that ``body`` (the trunk before this layer) produces on a
         few batches. ``batches`` yields images ``[B, 3, H, W]`` or ``(images, labels)`` pairs. The caller's
-        train/eval mode of ``body`` is restored afterwards."""
+        train/eval mode of ``body`` is restored afterwards; ``log`` as :meth:`init_prototypes`."""
         was_training = body.training
         body.eval()
         try:
@@ -375,7 +393,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             gen = torch.Generator().manual_seed(seed)
             feats = feats[torch.randperm(len(feats), generator=gen, device=gen.device)[:max_features]]
         # features are already in the comparison space; avoid normalising twice (idempotent anyway)
-        return self.init_prototypes(feats, method=method, seed=seed)
+        return self.init_prototypes(feats, method=method, seed=seed, log=log)
 
 
 def find_histogram_layers(module: torch.nn.Module) -> List[HistogramPooling]:
@@ -414,7 +432,7 @@ def trunk_body(trunk: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Seque
     return torch.nn.Sequential(*children[: next(i for i, c in enumerate(children) if c is layer)])
 
 
-#: the keys of a ``prototype_init`` spec (:func:`init_prototypes`)
+#: the keys of a ``prototype_init`` spec (:func:`prototype_init`)
 PROTOTYPE_INIT_KEYS = ("method", "num_batches", "batch_size")
 
 
@@ -433,11 +451,12 @@ def prototype_parameters(module: torch.nn.Module) -> List[torch.nn.Parameter]:
 
 
 @data_init("prototype_init")
-def init_prototypes(models, dataset, seed: int, spec) -> bool:
+def prototype_init(models, dataset, seed: int, spec, log: Optional[Callable[[str], None]] = None) -> bool:
     """The config key ``prototype_init: {method: kmeans|kcenter|random, num_batches: 4, batch_size: 32}``: the
     trunk's HistogramPooling prototypes from its body's local features on ``num_batches`` batches of ``dataset``
     (shuffled with a generator seeded by ``seed``; the XML paper initialises them by k-means,
-    :meth:`HistogramPooling.init_from_data`). Returns False for an empty spec.
+    :meth:`HistogramPooling.init_from_data`; ``log`` gets its note on too few local features). Returns False for an
+    empty spec.
 
     Raises:
         ValueError: unknown keys, a trunk without exactly one HistogramPooling as a direct child of a Sequential
@@ -462,6 +481,11 @@ def init_prototypes(models, dataset, seed: int, spec) -> bool:
     )
     body = trunk_body(trunk, layers[0])
     layers[0].init_from_data(
-        body, loader, num_batches=int(spec.get("num_batches", 4)), method=spec.get("method", "kmeans"), seed=int(seed)
+        body,
+        loader,
+        num_batches=int(spec.get("num_batches", 4)),
+        method=spec.get("method", "kmeans"),
+        seed=int(seed),
+        log=log,
     )
     return True

@@ -8,7 +8,8 @@ Three kinds of hook, registered when the method's module is imported:
 - :func:`param_group`: an optimizer option (``prototype_lr``) that puts a method's parameters in a group of their own
   at that learning rate: ``fn(module) -> [parameters]``;
 - :func:`data_init`: a config key (``prototype_init``) whose spec initialises parameters from training data:
-  ``fn(models, dataset, seed, spec) -> bool`` (true when it initialised something).
+  ``fn(models, dataset, seed, spec, log=None) -> bool`` (true when it initialised something; ``log`` takes its
+  notes).
 
 Example::
 
@@ -46,7 +47,7 @@ def param_group(option: str) -> Callable:
 
 
 def data_init(key: str) -> Callable:
-    """Register ``fn(models, dataset, seed, spec) -> bool`` for the config key ``key`` (a decorator)."""
+    """Register ``fn(models, dataset, seed, spec, log=None) -> bool`` for the config key ``key`` (a decorator)."""
 
     def register(fn):
         _DATA_INIT[key] = fn

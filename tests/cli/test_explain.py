@@ -6,6 +6,7 @@ import tempfile
 import unittest
 from unittest import mock
 
+import pytest
 import torch
 from PIL import Image
 
@@ -259,3 +260,283 @@ def test_argument_errors_are_one_line_without_the_usage_block(tmp_path, capsys):
         assert capsys.readouterr().err == (
             f"pml_extensions explain: error: {expected} (all options: pml_extensions explain --help)\n"
         )
+
+
+# ------------------------------------------------------------------------------------------ what a run trained on
+NAMES = ["T-Shirts / Tops", "Bags & Luggage", "Mützen", "Sandals"]  # sorted: Bags & Luggage, Mützen, Sandals, T-Shirts
+COLUMNS = "label=category,path=image,split=subset"
+EVAL = {
+    "Compose": {
+        "transforms": [
+            {"Resize": {"size": [32, 32]}},
+            {"ToTensor": None},
+            {"Normalize": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}},
+        ]
+    }
+}
+
+
+def _catalogue(tmp_path, bad=False):
+    """4 classes x 3 images (40 x 48 px): the first two classes train, the others test; ``bad``: one test image is
+    an HTML page saved as .png."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = ["sku,category,image,subset"]
+    (tmp_path / "img").mkdir()
+    for c, name in enumerate(NAMES):
+        for k in range(3):
+            path = tmp_path / "img" / f"{c} photo {k}.png"
+            colour = np.eye(3)[c % 3] * 160 + (60 if c == 3 else 0)  # one colour per class, noise on top
+            Image.fromarray((colour + rng.random((40, 48, 3)) * 95).astype(np.uint8)).save(path)
+            rows.append(f"s{c}{k},{name},img/{path.name},{'train' if c < 2 else 'test'}")
+    if bad:
+        (tmp_path / "img" / "3 photo 2.png").write_bytes(b"<html>not an image</html>")
+    (tmp_path / "catalogue.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return str(tmp_path / "catalogue.csv")
+
+
+def _model(stride=1, seed=3):
+    torch.manual_seed(seed)
+    trunk = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3 if stride == 1 else stride, stride=stride, padding=1 if stride == 1 else 0),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+    )
+    return trunk, torch.nn.Linear(4, 5)
+
+
+def _trunk_spec(stride=1):
+    conv = {
+        "in_channels": 3,
+        "out_channels": 4,
+        "kernel_size": 3 if stride == 1 else stride,
+        "stride": stride,
+        "padding": 1 if stride == 1 else 0,
+    }
+    return [{"Conv2d": conv}, {"ReLU": {}}, {"AdaptiveAvgPool2d": [1]}, {"Flatten": None}]
+
+
+def _paired_run(tmp_path, bad=False, stride=1):
+    """A paired run's folder as the protocol writes it: two variants, seed 0; ``xml`` tested epoch 1
+    (selected_models.pth) while its best_models.pth is epoch 0."""
+    import yaml
+
+    table = _catalogue(tmp_path, bad)
+    exp = tmp_path / "exp"
+    cfg = {
+        "protocol": "paired",
+        "dataset": {"name": "csv", "root": table, "kwargs": {"columns": COLUMNS}},
+        "skip_bad_images": bad,
+        "transforms": {"train": EVAL, "eval": EVAL},
+        "models": {"trunk": _trunk_spec(stride), "embedder": {"Linear": {"in_features": 4, "out_features": 5}}},
+        "variants": {"gap": {}, "xml": {}},
+    }
+    exp.mkdir()
+    (exp / "config.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    models = {}
+    for variant, seed in (("gap", 4), ("xml", 5)):
+        unit = exp / variant / "seed_0"
+        unit.mkdir(parents=True)
+        trunk, emb = _model(stride, seed)
+        models[variant] = (trunk, emb)
+        torch.save({"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, unit / "best_models.pth")
+    torch.save(
+        {"trunk": models["xml"][0].state_dict(), "embedder": models["xml"][1].state_dict()},
+        exp / "xml" / "seed_0" / "selected_models.pth",
+    )
+    units = {"gap": {"0": {"best_epoch": 2}}, "xml": {"0": {"best_epoch": 0, "selected_epoch": 1}}}
+    (exp / "results.json").write_text(json.dumps({"protocol": "paired", "units": units}))
+    (exp / "xml" / "seed_0" / "result.json").write_text(json.dumps({"best_epoch": 0}))
+    return str(exp), models
+
+
+def _expected_cosine(model, query, reference):
+    import torchvision.transforms as T
+
+    from pml_extensions.datasets.image_files import load_rgb
+
+    t = T.Compose([T.Resize([32, 32]), T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)])
+    with torch.no_grad():
+        e = model[1].eval()(model[0].eval()(torch.stack([t(load_rgb(query)), t(load_rgb(reference))])))
+    return float(torch.nn.functional.cosine_similarity(e[:1], e[1:])[0])
+
+
+def test_run_explains_the_selected_model_on_the_runs_test_images_named_by_its_epoch(tmp_path, capsys):
+    exp, models = _paired_run(tmp_path)
+    out = tmp_path / "why"
+    assert main(["--run", exp, "--variant", "xml", "--k", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0] == (
+        f"model: xml/seed_0, epoch 1 ({exp}/xml/seed_0/selected_models.pth); other models: gap/seed_0 (--variant / "
+        "--seed / --fold)"
+    )
+    result = json.load(open(out / "similarity.json", encoding="utf-8"))
+    assert result["model"] == {"checkpoint": f"{exp}/xml/seed_0/selected_models.pth", "epoch": 1, "unit": "xml/seed_0"}
+    assert os.path.basename(result["query"]) == "2 photo 0.png" and result["query_label"] == "Mützen"
+    assert sorted(os.listdir(out)) == sorted(
+        ["similarity.json"]
+        + [
+            f"epoch1_{r:02d}_{os.path.splitext(os.path.basename(x['reference']))[0]}.png"
+            for r, x in enumerate(result["results"])
+        ]
+    )
+    test_images = {f"{c} photo {k}.png": NAMES[c] for c in (2, 3) for k in range(3)}
+    for r in result["results"]:
+        assert r["label"] == test_images[os.path.basename(r["reference"])]  # the CSV's class names, as written
+        want = _expected_cosine(models["xml"], result["query"], r["reference"])
+        assert abs(r["cosine_similarity"] - want) < 1e-5  # the run's eval transform, the selected weights
+    assert result["warnings"] == [] and result["feature_map"] == [32, 32]
+
+
+def test_a_checkpoint_inside_a_run_takes_the_runs_images_and_its_recorded_epoch(tmp_path, capsys):
+    exp, _ = _paired_run(tmp_path)
+    out = tmp_path / "why"
+    ckpt = os.path.join(exp, "gap", "seed_0", "best_models.pth")
+    assert main(["--checkpoint", ckpt, "--k", "1", "--out", str(out)]) == 0
+    assert [f for f in os.listdir(out) if f.endswith(".png")] == [
+        "epoch2_00_"
+        + os.path.splitext(os.path.basename(json.load(open(out / "similarity.json"))["results"][0]["reference"]))[0]
+        + ".png"
+    ]
+    ckpt = os.path.join(exp, "xml", "seed_0", "best_models.pth")  # the selection tested selected_models.pth
+    assert main(["--checkpoint", ckpt, "--k", "1", "--out", str(tmp_path / "why2")]) == 0
+    assert json.load(open(tmp_path / "why2" / "similarity.json"))["model"]["epoch"] == 0
+
+
+def test_a_run_that_skipped_bad_images_skips_them_in_explain_too(tmp_path, capsys):
+    exp, _ = _paired_run(tmp_path, bad=True)
+    assert main(["--run", exp, "--k", "4", "--out", str(tmp_path / "why")]) == 0
+    printed = capsys.readouterr().out
+    assert f"note: --run {exp}: dataset: left out 1 image(s) that do not decode: " in printed
+    refs = [os.path.basename(r["reference"]) for r in json.load(open(tmp_path / "why" / "similarity.json"))["results"]]
+    assert len(refs) == 4 and "3 photo 2.png" not in refs
+
+
+def test_an_mlrc_run_explains_fold_0_on_its_test_classes(tmp_path):
+    import yaml
+
+    table = _catalogue(tmp_path)
+    exp = tmp_path / "exp"
+    (exp / "fold_0").mkdir(parents=True)
+    cfg = {
+        "protocol": "mlrc",
+        "dataset": {"ImageCSVSplit": {"csv_file": table, "split": "all", "columns": COLUMNS}},
+        "transforms": {"train": EVAL, "eval": EVAL},
+        "models": {"trunk": _trunk_spec(), "embedder": {"Linear": {"in_features": 4, "out_features": 5}}},
+    }
+    (exp / "config.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    trunk, emb = _model()
+    torch.save({"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, exp / "fold_0" / "best.pth")
+    (exp / "results.json").write_text(json.dumps({"folds": [{"best_epoch": 3}], "test_classes": [0, 3]}))
+    out = tmp_path / "why"
+    assert main(["--run", str(exp), "--k", "5", "--out", str(out)]) == 0
+    result = json.load(open(out / "similarity.json", encoding="utf-8"))
+    assert result["model"]["unit"] == "fold_0" and result["model"]["epoch"] == 3
+    assert result["query_label"] == "T-Shirts / Tops"  # label 3 of the sorted names, first in the table
+    assert sorted(r["label"] for r in result["results"]) == ["Bags & Luggage"] * 3 + ["T-Shirts / Tops"] * 2
+    assert all(f.startswith("epoch3_") for f in os.listdir(out) if f.endswith(".png"))
+    with pytest.raises(SystemExit):
+        main(["--run", str(exp), "--fold", "x"])
+
+
+def test_a_csv_reference_with_columns_and_bad_images(tmp_path, capsys):
+    table = _catalogue(tmp_path, bad=True)
+    query = str(tmp_path / "img" / "3 photo 0.png")
+    trunk, emb = _model()
+    ckpt = str(tmp_path / "model.pth")
+    torch.save({"trunk": trunk, "embedder": emb}, ckpt)
+    args = [query, table, "--checkpoint", ckpt, "--trust-checkpoint", "--image-size", "32", "--k", "2"]
+    assert main(args + ["--out", str(tmp_path / "a")]) == 2
+    assert capsys.readouterr().err == (
+        f"{table}: no label and no path column (header: category, image, sku, subset); map them: --columns {COLUMNS}\n"
+    )
+    assert main(args + ["--columns", COLUMNS, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: reference {table}: 1 of 12 images do not decode: ") and err.count("\n") == 1
+    assert err.endswith(
+        "(cannot identify image file); replace or remove them, or leave them out with --skip_bad_images\n"
+    )
+    assert main(args + ["--columns", COLUMNS, "--skip_bad_images", "--out", str(tmp_path / "c")]) == 0
+    result = json.load(open(tmp_path / "c" / "similarity.json", encoding="utf-8"))
+    assert result["query_label"] == "Sandals" and all(isinstance(r["label"], str) for r in result["results"])
+    assert result["excluded"] == [{"reference": query, "reason": "same file as the query"}]
+
+
+def test_collapsed_embeddings_and_a_coarse_map_are_one_warning_each(tmp_path, capsys):
+    exp, _ = _paired_run(tmp_path, stride=8)  # a stride-8 conv: 4 x 4 cells for 32 px images
+    flat = {"trunk": None, "embedder": None}
+    trunk, emb = _model(stride=8)
+    with torch.no_grad():
+        trunk[0].weight.zero_()
+        trunk[0].bias.fill_(1.0)  # every image gives the same embedding
+    flat.update(trunk=trunk.state_dict(), embedder=emb.state_dict())
+    torch.save(flat, os.path.join(exp, "gap", "seed_0", "best_models.pth"))
+    out = tmp_path / "why"
+    assert main(["--run", exp, "--variant", "gap", "--k", "2", "--out", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "warning: the embeddings have collapsed: mean pairwise cosine 1.000000 over the 6 images (the query and every "
+        "reference) (> 0.999): "
+        "the model maps them all to about one point, so the maps explain nothing; explain a better-trained model (an "
+        "epoch-0 model is untrained)",
+        "warning: the explained map is 4 × 4 cells for 32 × 32 px images (one cell per 8 px): the maps are "
+        "near-uniform; --image-size 56 gives at least 7 × 7",
+    ]
+    assert json.load(open(out / "similarity.json"))["warnings"] == err
+
+
+def test_run_errors_are_one_line(tmp_path, capsys):
+    exp, _ = _paired_run(tmp_path)
+    for argv, message in (
+        (["--run", str(tmp_path / "nope")], f"error: --run {tmp_path / 'nope'} is not a folder"),
+        (["--run", str(tmp_path)], f"error: --run {tmp_path} has no config.yaml"),
+        (
+            ["--run", exp, "--variant", "proxy"],
+            f"error: --run {exp}: no model for --variant proxy --seed None; models: gap seed 0, xml seed 0",
+        ),
+        (["--run", exp, "--fold", "1"], f"error: --run {exp}: --fold is for mlrc runs"),
+    ):
+        assert main(argv + ["--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and err.count("\n") == 1, err
+
+
+class DrawnImages(torch.utils.data.Dataset):
+    """Images the dataset draws itself (no files), as the glyph and Fashion-MNIST datasets: 2 classes x 3."""
+
+    classes = ["Bags & Luggage", "Mützen"]
+
+    def __init__(self, split="all", transform=None):
+        import numpy as np
+
+        self.labels = np.array([0, 0, 0, 1, 1, 1])
+        self.transform = transform
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        image = Image.new("RGB", (36, 30), (40 * i, 200 - 30 * i, 90))
+        return (self.transform(image) if self.transform else image), int(self.labels[i])
+
+
+def test_a_run_on_drawn_images_names_them_by_index(tmp_path, capsys):
+    import yaml
+
+    from pml_extensions.runner.config.registry import register
+
+    register(DrawnImages, role="dataset")
+    exp, models = _paired_run(tmp_path)
+    cfg = yaml.safe_load(open(os.path.join(exp, "config.yaml"), encoding="utf-8"))
+    cfg["dataset"] = {"DrawnImages": {}}
+    (tmp_path / "exp" / "config.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    out = tmp_path / "why"
+    assert main(["--run", exp, "--variant", "gap", "--k", "2", "--out", str(out)]) == 0
+    result = json.load(open(out / "similarity.json", encoding="utf-8"))
+    assert (result["query"], result["query_label"]) == ("DrawnImages[0]", "Bags & Luggage")
+    assert {r["label"] for r in result["results"]} <= set(DrawnImages.classes)
+    assert sorted(f for f in os.listdir(out) if f.endswith(".png"))[0].startswith("epoch2_00_DrawnImages[")
+    assert main(["--run", exp, "--variant", "gap", "--image-size", "32", "--out", str(out)]) == 2
+    assert "--image-size resizes image files; this run's dataset draws its images" in capsys.readouterr().err

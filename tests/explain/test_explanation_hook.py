@@ -175,3 +175,35 @@ class TestExplanationHook(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def test_class_names_and_the_tested_epoch_name_the_figures(tmp_path):
+    """A model tested after training is called with epoch 0: ``epoch`` names the files after the selected one; the
+    dataset's ``classes`` (a wrapper's too) name the classes as written."""
+    trunk, emb = make_model("gap", size=(20, 24))
+    ds = TinySet()
+    ds.classes = ["T-Shirts / Tops", "Mützen"]
+    wrapped = type(
+        "Wrapped", (torch.utils.data.Dataset,), {"__len__": lambda s: 8, "__getitem__": lambda s, i: ds[i]}
+    )()
+    wrapped.dataset = ds
+    with torch.no_grad():
+        embeddings = emb.eval()(trunk.eval()(ds.images))
+    titles = {}
+    save = overlay.atomic_savefig
+
+    def record(fig, path, **kwargs):
+        titles[os.path.basename(path)] = [ax.get_title() for ax in fig.axes if ax.get_label() != "<colorbar>"]
+        save(fig, path, **kwargs)
+
+    hook = ExplanationHook(trunk, emb, {"val": wrapped}, str(tmp_path), n_queries=1, k=1, save_tensors=False, epoch=7)
+    with mock.patch.object(overlay, "atomic_savefig", record):
+        hook.explain(FakeTester(embeddings, torch.tensor(ds.labels)[:, None], epoch=0))
+    (name,) = titles
+    q = int(hook.last_maps["query_indices"][0])
+    j = int(hook.last_maps["reference_indices"][0, 0])
+    assert name == f"val_epoch7_query{q}.png"
+    assert titles[name][0] == f"query\nclass {ds.classes[ds.labels[q]]}"
+    assert f"class {ds.classes[ds.labels[j]]} · " in titles[name][1]
+    named = ExplanationHook(trunk, emb, {"val": ds}, str(tmp_path), class_names=["a", "b"], save_tensors=False)
+    assert named._names("val") == ["a", "b"]

@@ -6,6 +6,7 @@ import shutil
 import tempfile
 import unittest
 
+import pytest
 from PIL import Image
 
 from pml_extensions.explain.reference_images import (
@@ -126,3 +127,15 @@ def test_every_extension_a_run_trains_on_is_a_reference(tmp_path):
     Image.new("RGB", (4, 4)).save(tmp_path / "a" / "x.ppm")
     Image.new("L", (4, 4)).save(tmp_path / "a" / "y.pgm")
     assert [os.path.basename(r.path) for r in list_reference_images(str(tmp_path))] == ["x.ppm", "y.pgm"]
+
+
+def test_a_table_gives_its_labels_as_written(tmp_path):
+    from pml_extensions.explain.reference_images import list_table_images
+
+    for name in ("a 1.png", "b.png"):
+        Image.new("RGB", (4, 4)).save(tmp_path / name)
+    (tmp_path / "t.csv").write_text("image,category\nb.png,Mützen\na 1.png,T-Shirts / Tops\n", encoding="utf-8")
+    refs = list_table_images(str(tmp_path / "t.csv"), {"path": "image", "label": "category"})
+    assert [(os.path.basename(r.path), r.label) for r in refs] == [("b.png", "Mützen"), ("a 1.png", "T-Shirts / Tops")]
+    with pytest.raises(ValueError, match=r"no label and no path column \(header: category, image\)"):
+        list_table_images(str(tmp_path / "t.csv"))

@@ -275,3 +275,17 @@ class TestLazyInit(unittest.TestCase):
 def ref_feats(x):
     """Local features of ``x`` in the normalised comparison space, as the lazy initialisation keeps them."""
     return torch.nn.functional.normalize(x, dim=1).permute(0, 2, 3, 1).reshape(-1, x.shape[1])
+
+
+def test_kmeans_with_few_features_is_one_note_of_ours_not_faiss_stderr(capfd):
+    """720 points for 64 centroids printed faiss's "WARNING clustering ..." on every XML run; the centroids are the
+    same without it, and the note (when a log is given) says what to change."""
+    feats = torch.randn(100, 8, generator=torch.Generator().manual_seed(0))
+    notes = []
+    HistogramPooling(8, 5).init_prototypes(feats, method="kmeans", seed=1, log=notes.append)
+    HistogramPooling(8, 2).init_prototypes(feats, method="kmeans", seed=1, log=notes.append)  # 100 >= 2 x 39
+    assert notes == [
+        "note: k-means prototype initialisation: 100 local features for 5 prototypes (faiss recommends >= 39 per "
+        "prototype, 195); more or larger images (prototype_init num_batches) give a steadier start"
+    ]
+    assert "WARNING" not in capfd.readouterr().err

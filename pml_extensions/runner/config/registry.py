@@ -145,8 +145,27 @@ def resolve(name: str, where: str = "config") -> Any:
         if obj is not None and callable(obj) and not name.startswith("_"):
             return obj
     raise ConfigError(
-        f"{where}: unknown class {name!r} (searched pml_extensions, pytorch_metric_learning, torch, torchvision)"
+        f"{where}: unknown class {name!r}{_nearest_name(name)} (searched pml_extensions, pytorch_metric_learning, "
+        "torch, torchvision)"
     )
+
+
+def _nearest_name(name: str) -> str:
+    """``"; did you mean X?"`` for the nameable class or function closest to ``name`` (any case: ``Resnet50`` finds
+    ``resnet50``), from the registrations and the search modules already imported; ``""`` when none is close."""
+    import difflib
+    import sys
+
+    names = set(_REGISTRY)
+    for module_name in SEARCH_MODULES:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            names.update(n for n, o in vars(module).items() if not n.startswith("_") and callable(o))
+    lower: Dict[str, str] = {}
+    for n in sorted(names):
+        lower.setdefault(n.lower(), n)
+    close = difflib.get_close_matches(str(name).lower(), list(lower), n=1, cutoff=0.75)
+    return f"; did you mean {lower[close[0]]}?" if close else ""
 
 
 def package_classes() -> Dict[str, Any]:

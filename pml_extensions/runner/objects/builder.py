@@ -477,15 +477,38 @@ class Builder:
             if name == "Sequential" and isinstance(args, list):
                 return self._build_trunk(args, f"{key}.Sequential")
             if isinstance(name, str) and name[:1].islower():
-                resolve(name, self.where(key))  # an unknown name is an error here, not a plain mapping
+                fn = resolve(name, self.where(key))  # an unknown name is an error here, not a plain mapping
                 kwargs = {
                     k: self._build_trunk(v, f"{key}.{name}.{k}")
                     if self._function_spec(v)
                     else build(v, f"{key}.{name}.{k}")
                     for k, v in (args or {}).items()
                 }
-                return self.build(key, {name: kwargs})
+                return self._model_function(key, name, fn, kwargs)
         return self.build(key, spec)
+
+    def _model_function(self, key, name, fn, kwargs):
+        """``fn(**kwargs)`` offline (:mod:`pml_extensions.trunks.offline_weights`): requested weights must be on disk
+        (one line otherwise, before anything is built), nothing downloads, and ``weights_path`` (for a function that
+        does not take it itself) loads a local state dict into the built model."""
+        from ...trunks.offline_weights import check_offline_weights, load_weights_file, no_downloads
+
+        where = f"{self.where(key)}.{name}"
+        path = kwargs.pop("weights_path", None) if "weights_path" not in _parameters(fn) else None
+        try:
+            check_offline_weights(name, fn, kwargs, path)
+        except FileNotFoundError as e:
+            raise MissingDataError(f"{where}: {e}") from None
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        with no_downloads(where):
+            model = self.build(key, {name: kwargs})
+        if path is not None:
+            try:
+                load_weights_file(model, str(path))
+            except (FileNotFoundError, ValueError) as e:
+                raise ConfigError(f"{where}: {e}") from None
+        return model
 
     def _fill(self, spec, fills, key):
         """Insert ``num_classes`` / ``embedding_size`` into nested specs (classes, or lower-case model functions)
@@ -699,7 +722,12 @@ class Builder:
         ``objects`` (``models=``, ``optimizers=``, ``loss_funcs=``, ``dataset=``, ``sampler=``, hooks ...)."""
         spec = self.get("trainer") if spec is None else spec
         name, kwargs = one_spec(spec, self.where("trainer"), default=default)
-        return self.build("trainer", {name: dict(kwargs)}, **objects)
+        # PML logs 'optimizers is missing "trunk_optimizer"' for every model without an optimizer; a model without
+        # trainable parameters gets none on purpose (build_optimizers notes it): that line is dropped
+        models, optimizers = objects.get("models") or {}, objects.get("optimizers") or {}
+        frozen = [k for k, m in models.items() if f"{k}_optimizer" not in optimizers and not _trainable(m)]
+        with _without_pml_lines({f'optimizers is missing "{k}_optimizer"' for k in frozen}):
+            return self.build("trainer", {name: dict(kwargs)}, **objects)
 
     # ---------------------------------------------------------------------------------------------- prototypes
     def init_from_data(
@@ -711,7 +739,7 @@ class Builder:
     ) -> bool:
         """Initialise parameters from training data by the config keys the methods register
         (:func:`pml_extensions.utils.wiring.data_init`; ``prototype_init``: the trunk's HistogramPooling prototypes
-        from its body's local features, :func:`pml_extensions.trunks.histogram_pooling.init_prototypes`).
+        from its body's local features, :func:`pml_extensions.trunks.histogram_pooling.prototype_init`).
         ``dataset``: training images (eval transform); ``seed`` default the config's; ``specs``: key -> spec
         replacing the config's (e.g. with a protocol's batch size filled in).
 
@@ -726,10 +754,37 @@ class Builder:
         for key, init in wiring.data_inits().items():
             value = (specs or {}).get(key, self.get(key))
             try:
-                done = init({k: dist_utils.unwrap(m) for k, m in models.items()}, dataset, seed, value) or done
+                unwrapped = {k: dist_utils.unwrap(m) for k, m in models.items()}
+                done = init(unwrapped, dataset, seed, value, log=self.log) or done
             except ValueError as e:
                 raise ConfigError(f"{self.where(key)}: {str(e).splitlines()[0]}") from None
         return done
+
+
+def _trainable(module) -> bool:
+    return isinstance(module, torch.nn.Module) and any(p.requires_grad for p in module.parameters())
+
+
+class _without_pml_lines:
+    """Drop these exact messages of PML's logger inside the block (a logging filter, removed on exit)."""
+
+    def __init__(self, messages):
+        self.messages = set(messages)
+
+    def filter(self, record) -> bool:
+        return record.getMessage() not in self.messages
+
+    def __enter__(self):
+        from pytorch_metric_learning.utils import common_functions as c_f
+
+        self.logger = c_f.LOGGER
+        if self.messages:
+            self.logger.addFilter(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeFilter(self)
+        return False
 
 
 def _parameters(cls) -> Sequence[str]:

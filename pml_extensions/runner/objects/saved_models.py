@@ -22,7 +22,7 @@ Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line 
 
 import os
 import re
-from typing import Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -169,9 +169,18 @@ def models_from_config(
 
 
 def _not_pretrained(spec):
-    """``spec`` with every ``pretrained: true`` argument set to false (the saved weights replace them all)."""
+    """``spec`` with every ``pretrained: true`` argument set to false, torchvision's ``weights`` /
+    ``weights_backbone`` names set to null and ``weights_path`` left out (the saved weights replace them all)."""
     if isinstance(spec, dict):
-        return {k: (False if k == "pretrained" and v is True else _not_pretrained(v)) for k, v in spec.items()}
+        out = {}
+        for k, v in spec.items():
+            if k == "weights_path":
+                continue
+            if k in ("weights", "weights_backbone") and isinstance(v, str):
+                out[k] = None
+            else:
+                out[k] = False if k == "pretrained" and v is True else _not_pretrained(v)
+        return out
     if isinstance(spec, list):
         return [_not_pretrained(v) for v in spec]
     return spec
@@ -257,3 +266,143 @@ def _without_config(trunk, embedder, path):
         lin.load_state_dict({k[len(key) :]: v for k, v in state.items()})
         embedder = lin
     return trunk, embedder
+
+
+# ---------------------------------------------------------------------------------------------------- a run's pick
+def _read_json(path: str) -> Optional[dict]:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _numbered(folder: str, prefix: str) -> List[int]:
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = [re.fullmatch(rf"{prefix}(\d+)", n) for n in names]
+    return sorted(int(m.group(1)) for m in found if m and os.path.isdir(os.path.join(folder, m.group(0))))
+
+
+def _unit_epoch(run: str, variant: str, seed: int) -> Optional[int]:
+    """The epoch the paired protocol tested for ``variant`` at ``seed``: ``selected_epoch`` (a selection across seeds)
+    or ``best_epoch``, from ``results.json``, else the unit's ``result.json``."""
+    units = ((_read_json(os.path.join(run, "results.json")) or {}).get("units") or {}).get(variant) or {}
+    unit = units.get(str(seed)) or _read_json(os.path.join(run, variant, f"seed_{seed}", "result.json")) or {}
+    epoch = unit.get("selected_epoch", unit.get("best_epoch"))
+    return int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+def _fold_epoch(run: str, fold: int) -> Optional[int]:
+    folds = (_read_json(os.path.join(run, "results.json")) or {}).get("folds") or []
+    epoch = folds[fold].get("best_epoch") if fold < len(folds) and isinstance(folds[fold], dict) else None
+    return int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+def selected_model(
+    run: str, variant: Optional[str] = None, seed: Optional[int] = None, fold: Optional[int] = None
+) -> Dict[str, Any]:
+    """The model an experiment folder of ``python -m pml_extensions run`` selected, and the epoch it recorded.
+
+    - the ``paired`` protocol (``<variant>/seed_<s>/``): ``selected_models.pth`` (the epoch a selection across seeds
+      chose) when the unit has it, else ``best_models.pth``; the epoch is ``selected_epoch`` / ``best_epoch`` of
+      ``results.json`` (or the unit's ``result.json``); default the config's first variant and the lowest seed that
+      have a model;
+    - ``mlrc`` (``fold_<k>/best.pth``): the fold's ``best_epoch`` from ``results.json``; default fold 0.
+
+    Returns:
+        ``{"checkpoint": path, "epoch": int or None, "unit": "contrastive_xml/seed_0" or "fold_0", "variant",
+        "seed", "fold" (None where they do not apply), "others": [the other units with a model]}``.
+
+    Raises:
+        FileNotFoundError: ``run`` is not a folder. ValueError: no ``config.yaml`` (not a run's folder), no model yet,
+        or a ``variant`` / ``seed`` / ``fold`` the run does not have (the ones it has listed).
+    """
+    if not os.path.isdir(run):
+        raise FileNotFoundError(f"--run {run} is not a folder (an experiment folder of python -m pml_extensions run)")
+    if not os.path.isfile(os.path.join(run, CONFIG_NAME)):
+        raise ValueError(f"--run {run} has no {CONFIG_NAME}: not an experiment folder of python -m pml_extensions run")
+    folds = [k for k in _numbered(run, "fold_") if os.path.isfile(os.path.join(run, f"fold_{k}", "best.pth"))]
+    cfg, _ = find_run_config(run, levels=0)
+    if folds:
+        if variant is not None or seed is not None:
+            raise ValueError(
+                f"--run {run}: an mlrc run has folds ({', '.join(map(str, folds))}), not variants and "
+                "seeds: pass --fold K"
+            )
+        k = folds[0] if fold is None else int(fold)
+        if k not in folds:
+            raise ValueError(f"--run {run}: no fold_{k}/best.pth; folds with a model: {', '.join(map(str, folds))}")
+        return {
+            "checkpoint": os.path.join(run, f"fold_{k}", "best.pth"),
+            "epoch": _fold_epoch(run, k),
+            "unit": f"fold_{k}",
+            "variant": None,
+            "seed": None,
+            "fold": k,
+            "others": [f"fold_{j}" for j in folds if j != k],
+        }
+    if fold is not None:
+        raise ValueError(f"--run {run}: --fold is for mlrc runs (fold_<k>/best.pth); this run has none")
+    names = list((cfg or {}).get("variants") or {}) or sorted(
+        d for d in os.listdir(run) if _numbered(os.path.join(run, d), "seed_")
+    )
+    units = []
+    for name in names:
+        for s in _numbered(os.path.join(run, name), "seed_"):
+            unit = os.path.join(run, name, f"seed_{s}")
+            files = [f for f in ("selected_models.pth", "best_models.pth") if os.path.isfile(os.path.join(unit, f))]
+            if files:
+                units.append((name, s, os.path.join(unit, files[0])))
+    if not units:
+        raise ValueError(
+            f"--run {run}: no trained model yet (no <variant>/seed_<s>/best_models.pth nor fold_<k>/best.pth); "
+            "let the run finish a unit, or pass --checkpoint"
+        )
+    chosen = [u for u in units if (variant is None or u[0] == variant) and (seed is None or u[1] == int(seed))]
+    if not chosen:
+        have = ", ".join(f"{n} seed {s}" for n, s, _ in units)
+        raise ValueError(f"--run {run}: no model for --variant {variant} --seed {seed}; models: {have}")
+    name, s, path = chosen[0]
+    return {
+        "checkpoint": path,
+        "epoch": _unit_epoch(run, name, s),
+        "unit": f"{name}/seed_{s}",
+        "variant": name,
+        "seed": s,
+        "fold": None,
+        "others": [f"{n}/seed_{t}" for n, t, _ in units if (n, t) != (name, s)],
+    }
+
+
+def checkpoint_epoch(checkpoint: str) -> Optional[int]:
+    """The epoch of a run's model file as the run recorded it: ``<variant>/seed_<s>/{selected,best}_models.pth``
+    (``results.json``), ``fold_<k>/best.pth`` (the fold's ``best_epoch``), ``epochs/epoch_<e>.pth`` and PML's
+    ``trunk_best<e>.pth`` (from the name); None when unknown."""
+    path = os.path.abspath(checkpoint)
+    if os.path.isdir(path):
+        path = os.path.join(path, "best.pth") if os.path.isfile(os.path.join(path, "best.pth")) else path
+        if os.path.isdir(path):  # a PML model folder: its trunk file
+            path = pml_model_files(path)[0] or path
+    folder, name = os.path.split(path)
+    parent, unit = os.path.split(folder)
+    m = re.fullmatch(r"epoch_(\d+)\.pth", name) or re.fullmatch(r"trunk_best(\d+)\.pth", name)
+    if m:
+        return int(m.group(1))
+    m = re.fullmatch(r"fold_(\d+)", unit)
+    if m and name == "best.pth":
+        return _fold_epoch(parent, int(m.group(1)))
+    m = re.fullmatch(r"seed_(\d+)", unit)
+    if m and name in ("selected_models.pth", "best_models.pth"):
+        run, variant = os.path.split(parent)
+        epoch = _unit_epoch(run, variant, int(m.group(1)))
+        if name == "best_models.pth" and os.path.isfile(os.path.join(folder, "selected_models.pth")):
+            unit_result = _read_json(os.path.join(folder, "result.json")) or {}
+            epoch = unit_result.get("best_epoch", None)  # the selection tested another epoch: this file is the best
+        return epoch
+    return None

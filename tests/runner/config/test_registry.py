@@ -127,3 +127,27 @@ def test_one_store_and_one_register():
     assert registry._REGISTRY["OneStoreAlias"] == (OneStoreLoss, "loss")
     assert classes_for_role("loss")["OneStoreAlias"] is OneStoreLoss
     assert registry.resolve("OneStoreAlias") is OneStoreLoss
+
+
+@pytest.mark.parametrize(
+    "name, nearest",
+    [
+        ("resnt50", "resnet50"),
+        ("Resnet50", "resnet50"),
+        ("SmallResnet", "SmallResNet"),
+        ("mobilenetv2_features", "mobilenet_v2_features"),
+    ],
+)
+def test_a_misspelled_model_name_gets_did_you_mean(name, nearest):
+    from pml_extensions.runner.config.registry import resolve
+
+    with pytest.raises(ConfigError) as e:
+        resolve(name, "command line: models.trunk")
+    assert str(e.value).startswith(f"command line: models.trunk: unknown class {name!r}; did you mean {nearest}? (")
+
+
+def test_a_name_far_from_any_gets_no_guess():
+    from pml_extensions.runner.config.registry import resolve
+
+    with pytest.raises(ConfigError, match=r"unknown class 'qqqzzz' \(searched"):
+        resolve("qqqzzz")

@@ -297,3 +297,33 @@ def test_tester_takes_the_flat_forms_accuracy_calculator_and_trainer_defaults():
 def test_subset_views_take_the_datasets_labels():
     view = Builder({}).subset(_Labelled(), [1, 4], transform=lambda x: x + 1)
     assert view.labels.tolist() == [0, 2] and view[1][0][0, 0, 0].item() == 5.0
+
+
+def test_a_frozen_trunk_gets_our_note_not_pmls_missing_optimizer_line(caplog):
+    """PML logs 'optimizers is missing "trunk_optimizer"' for a model without optimizer; the builder gives a frozen
+    model none on purpose and says so once."""
+    import logging
+
+    import torch
+
+    from pml_extensions.runner.objects.builder import Builder
+
+    notes = []
+    b = Builder(
+        {
+            "models": {"trunk": {"Linear": {"in_features": 3, "out_features": 2}}},
+            "optimizers": {"trunk_optimizer": {"SGD": {"lr": 0.1}}},
+            "loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}},
+        },
+        log=notes.append,
+    )
+    models = b.build_models()
+    models["trunk"].requires_grad_(False)
+    losses, _ = b.build_losses(models)
+    optimizers = b.build_optimizers(models, losses)
+    data = torch.utils.data.TensorDataset(torch.zeros(4, 3), torch.tensor([0, 0, 1, 1]))
+    with caplog.at_level(logging.WARNING, logger="PML"):
+        b.build_trainer(models=models, optimizers=optimizers, loss_funcs=losses, batch_size=2, dataset=data)
+    assert notes == ["note: trunk_optimizer skipped: trunk has no trainable parameters"]
+    assert not [r for r in caplog.records if "trunk_optimizer" in r.getMessage()]
+    assert 'optimizers is missing "embedder_optimizer"' not in caplog.text  # the embedder (Identity) has no parameters

@@ -8,6 +8,7 @@ import tempfile
 import unittest
 
 import numpy as np
+import pytest
 import torch
 import yaml
 from PIL import Image
@@ -226,3 +227,71 @@ class TestCheckpoints(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def _touch(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "wb").close()
+    return path
+
+
+def test_selected_model_of_a_paired_run(tmp_path):
+    from pml_extensions.runner.objects.saved_models import checkpoint_epoch, selected_model
+
+    run = str(tmp_path)
+    with open(os.path.join(run, "config.yaml"), "w") as f:
+        yaml.safe_dump({"variants": {"gap": {}, "xml": {}}}, f)
+    for unit in ("gap/seed_1", "gap/seed_0", "xml/seed_0"):
+        _touch(os.path.join(run, unit, "best_models.pth"))
+    _touch(os.path.join(run, "xml", "seed_0", "selected_models.pth"))
+    units = {"gap": {"0": {"best_epoch": 2}}, "xml": {"0": {"best_epoch": 3, "selected_epoch": 1}}}
+    with open(os.path.join(run, "results.json"), "w") as f:
+        json.dump({"units": units}, f)
+    with open(os.path.join(run, "gap", "seed_1", "result.json"), "w") as f:
+        json.dump({"best_epoch": 4}, f)  # a unit finished after results.json was written
+    with open(os.path.join(run, "xml", "seed_0", "result.json"), "w") as f:
+        json.dump({"best_epoch": 3}, f)
+    pick = selected_model(run)
+    assert (pick["unit"], pick["epoch"], pick["others"]) == ("gap/seed_0", 2, ["gap/seed_1", "xml/seed_0"])
+    assert pick["checkpoint"] == os.path.join(run, "gap", "seed_0", "best_models.pth")
+    assert selected_model(run, seed=1)["epoch"] == 4
+    xml = selected_model(run, "xml")
+    assert (xml["checkpoint"], xml["epoch"]) == (os.path.join(run, "xml", "seed_0", "selected_models.pth"), 1)
+    assert checkpoint_epoch(xml["checkpoint"]) == 1
+    assert checkpoint_epoch(os.path.join(run, "xml", "seed_0", "best_models.pth")) == 3  # not the tested one
+    assert checkpoint_epoch(os.path.join(run, "xml", "seed_0", "epochs", "epoch_7.pth")) == 7
+    with pytest.raises(ValueError, match=r"no model for --variant xml --seed 1; models: gap seed 0, gap seed 1, xml"):
+        selected_model(run, "xml", 1)
+
+
+def test_selected_model_of_an_mlrc_run_and_refusals(tmp_path):
+    from pml_extensions.runner.objects.saved_models import checkpoint_epoch, selected_model
+
+    run = str(tmp_path / "exp")
+    _touch(os.path.join(run, "config.yaml"))
+    with open(os.path.join(run, "config.yaml"), "w") as f:
+        f.write("protocol: mlrc\n")
+    with pytest.raises(ValueError, match="no trained model yet"):
+        selected_model(run)
+    for k in (0, 1):
+        _touch(os.path.join(run, f"fold_{k}", "best.pth"))
+    with open(os.path.join(run, "results.json"), "w") as f:
+        json.dump({"folds": [{"best_epoch": 5}, {"best_epoch": 1}]}, f)
+    assert (selected_model(run)["unit"], selected_model(run)["epoch"]) == ("fold_0", 5)
+    assert selected_model(run, fold=1)["epoch"] == checkpoint_epoch(os.path.join(run, "fold_1")) == 1
+    with pytest.raises(ValueError, match=r"no fold_2/best.pth; folds with a model: 0, 1"):
+        selected_model(run, fold=2)
+    with pytest.raises(ValueError, match="an mlrc run has folds .*pass --fold K"):
+        selected_model(run, variant="xml")
+    with pytest.raises(ValueError, match="has no config.yaml"):
+        selected_model(str(tmp_path))
+
+
+def test_a_rebuilt_model_asks_for_no_pretrained_weights():
+    from pml_extensions.runner.objects.saved_models import _not_pretrained
+
+    spec = [
+        {"resnet50": {"weights": "DEFAULT", "weights_path": "/x.pth"}},
+        {"mobilenet_v2_features": {"pretrained": True}},
+    ]
+    assert _not_pretrained(spec) == [{"resnet50": {"weights": None}}, {"mobilenet_v2_features": {"pretrained": False}}]

@@ -268,7 +268,7 @@ class MLRCRunner:
             embeddings.append(emb)
             y = lab[:, tester.label_hierarchy_level]
             if k == 0 and dist_utils.is_main():
-                self.run_test_hooks(test_ds, models)
+                self.run_test_hooks(test_ds, models, fr.get("best_epoch"))
         if dist_utils.is_main():  # a few seeded test queries with their top-k, for report.html
             normalize = ensemble["normalize_embeddings"]
             raw = self.builder.subset(base, test_idx, labels, None, self.getter)
@@ -291,11 +291,12 @@ class MLRCRunner:
             tester_normalize=tester.normalize_embeddings,
         )
 
-    def run_test_hooks(self, test_ds, models) -> None:
+    def run_test_hooks(self, test_ds, models, epoch: Optional[int] = None) -> None:
         """Run the config's ``test_hooks`` (ours; e.g. ``{explanations: {ExplanationHook: {n_queries: 4}}}``)
         once on the test split with fold 0's best model, as PML ``end_of_testing_hook``s. Arguments the hook
         takes and the config leaves out are filled: ``trunk``, ``embedder``, ``dataset_dict``
-        (``{"test": ...}``) and ``output_dir`` (``<experiment>/explanations``, which the report embeds)."""
+        (``{"test": ...}``), ``output_dir`` (``<experiment>/explanations``, which the report embeds) and ``epoch``
+        (the fold's best epoch, which names the files)."""
         specs = self.get("test_hooks") or {}
         if not specs:
             return
@@ -304,6 +305,7 @@ class MLRCRunner:
             "embedder": models["embedder"],
             "dataset_dict": {"test": test_ds},
             "output_dir": os.path.join(self.folder, "explanations"),
+            "epoch": epoch,
         }
         for key, spec in specs.items():
             name, kwargs = one_spec(spec, self.where(f"test_hooks.{key}"))
@@ -585,7 +587,8 @@ class MLRC(Protocol):
                 f"command line: --data_folder {path}: its {column!r} column puts {len(shared)} classes in both the "
                 f"training and the test rows ({shown}); the mlrc protocol tests on classes it never trained on: make "
                 f"the split class-disjoint, or map no split column (--columns {_without_split(columns)}) and mlrc "
-                "splits the classes itself, or run a paired config (same-class retrieval)"
+                "splits the classes itself, or run a paired config with class_overlap: allowed in the dataset's kwargs "
+                "(same-class retrieval)"
             )
         update["split_manager"] = {"ClassDisjointSplitManager": {"test_classes": sorted(set(test))}}
         return update

@@ -317,7 +317,7 @@ class TestYourSplit:
             f"command line: --data_folder {path}: its 'subset' column puts 1 classes in both the training and the test "
             "rows (Sneakers); the mlrc protocol tests on classes it never trained on: make the split class-disjoint, "
             "or map no split column (--columns label=category,path=image) and mlrc splits the classes itself, or run "
-            "a paired config (same-class retrieval)"
+            "a paired config with class_overlap: allowed in the dataset's kwargs (same-class retrieval)"
         )
 
     def test_test_classes_by_name_with_did_you_mean(self, tmp_path):
@@ -332,3 +332,26 @@ class TestYourSplit:
             ConfigError, match=r"test_classes: the dataset has no class 'clas_5'; did you mean 'class_5'"
         ):
             runner.test_class_labels(base, np.arange(16), ["clas_5"])
+
+
+class EpochHook(RecordingHook):
+    """A test hook that takes ``epoch``: the protocol fills in fold 0's best epoch (the hook is called at epoch 0)."""
+
+    def __init__(self, trunk, embedder, dataset_dict, output_dir, epoch=None):
+        super().__init__(trunk, embedder, dataset_dict, output_dir, note=epoch)
+
+
+def test_test_hooks_get_the_best_epoch_of_the_tested_model(tmp_path):
+    import json
+
+    from pml_extensions.runner.config.registry import register
+
+    register(EpochHook, role="hook")
+    RecordingHook.calls.clear()
+    runner = _runner(
+        tmp_path,
+        ["--num_epochs_train", "2", "--num_training_sets", "2", "--test_hooks", "{explain:", "{EpochHook:", "{}}}"],
+    )
+    _run(runner)
+    results = json.load(open(tmp_path / "exp" / "results.json"))
+    assert RecordingHook.calls[0][0][4] == results["folds"][0]["best_epoch"]
