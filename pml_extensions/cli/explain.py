@@ -16,8 +16,8 @@ column (``--columns`` maps other column names); the query's own file (same path 
 note.
 
 ``--run EXPERIMENT_FOLDER`` (or a ``--checkpoint`` inside a run, without REFERENCE) explains what the run trained on:
-the model it selected (the paired protocol's ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth``;
-mlrc's ``fold_<k>/best.pth``), its test images (the run's dataset with its column mapping; images that do not decode
+the model it selected (a unit's ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth``; a fold's
+``fold_<k>/best.pth``), its test images (the run's dataset with its column mapping; images that do not decode
 are left out when the run did so or ``--skip_bad_images`` is given) through the run's eval transform; the files are
 named after the epoch the run selected (``epoch3_00_<reference>.png``). Without QUERY the first test image is the
 query. One line warns when the explained embeddings have collapsed (mean pairwise cosine > 0.999) and when the
@@ -70,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="an experiment folder of `python -m pml_extensions run`: its selected model (unless --checkpoint), its "
         "test images (unless REFERENCE) and its eval transform (unless --image-size)",
     )
-    p.add_argument("--variant", default=None, help="with --run (paired protocol): the variant explained")
-    p.add_argument("--seed", type=int, default=None, help="with --run (paired protocol): the seed explained")
-    p.add_argument("--fold", type=int, default=None, help="with --run (mlrc): the fold explained (default 0)")
+    p.add_argument("--variant", default=None, help="with --run: the variant explained")
+    p.add_argument("--seed", type=int, default=None, help="with --run: the seed explained")
+    p.add_argument("--fold", type=int, default=None, help="with --run: the fold explained (default 0)")
     p.add_argument(
         "--columns",
         default=None,
@@ -292,30 +292,28 @@ class _RunData:
         if variant is not None and (cfg.get("variants") or {}):
             cfg = variant_configs(cfg, [variant])[variant]
         self.config = cfg
-        self.builder = Builder(cfg, log=lambda *a, **k: None)
+        # every image file listed (explain leaves out the bad ones itself, naming them: _drop_bad)
+        self.builder = Builder({**cfg, "skip_bad_images": False}, log=lambda *a, **k: None)
         self.dataset = None
         if args.reference is not None:
             return
         if cfg.get("dataset") is None:
             raise ValueError(f"--run {run}: its config has no dataset key to read the test images from; pass REFERENCE")
-        mlrc = fold is not None or cfg.get("protocol") == "mlrc"
-        data = self.builder.build_dataset(None if mlrc else "test")
+        results, test = os.path.join(run, "results.json"), None
+        if os.path.isfile(results):  # a protocol that split the classes itself lists its test classes there
+            import json
+
+            with open(results, encoding="utf-8") as f:
+                test = json.load(f).get("test_classes")
+        data = self.builder.build_dataset(None if test is not None else "test")
         paths = image_paths(data)
         self.files = paths is not None
         if paths is None:  # images drawn or decoded by the dataset itself (glyphs, Fashion-MNIST): one name per item
             paths = [f"{type(data).__name__}[{i}]" for i in range(len(data))]
         labels = dataset_labels(data)
         keep = np.arange(len(paths))
-        if mlrc:  # the protocol's own class-disjoint split: its test classes are in results.json
-            results = os.path.join(run, "results.json")
-            test = None
-            if os.path.isfile(results):
-                import json
-
-                with open(results, encoding="utf-8") as f:
-                    test = json.load(f).get("test_classes")
-            if test is not None:
-                keep = np.nonzero(np.isin(labels, np.asarray(test)))[0]
+        if test is not None:
+            keep = np.nonzero(np.isin(labels, np.asarray(test)))[0]
         classes = getattr(data, "classes", None)
         self.dataset, self.index = data, {paths[int(i)]: int(i) for i in keep}
 

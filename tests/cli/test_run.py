@@ -367,9 +367,16 @@ def test_guarded_turns_what_stopped_a_run_into_one_line(capsys, error, status, l
 def test_data_folder_is_your_dataset_for_each_protocol(tmp_path, capsys):
     import yaml
 
-    (tmp_path / "photos" / "ant").mkdir(parents=True)
+    from PIL import Image
+
+    rows = []  # 24 classes of 4 images: the quick contrastive config's split and sampler need them (dry-run checks)
+    for c in range(24):
+        (tmp_path / "photos" / f"class_{c:02d}").mkdir(parents=True)
+        for k in range(4):
+            Image.new("RGB", (8, 8), (10 * c, 5 * k, 0)).save(tmp_path / "photos" / f"class_{c:02d}" / f"{k}.png")
+            rows.append(f"class_{c:02d},photos/class_{c:02d}/{k}.png\n")
     table = tmp_path / "photos.csv"
-    table.write_text("label,path\n")
+    table.write_text("label,path\n" + "".join(rows))
     assert cli.main(["contrastive", "--variant", "quick", "--data_folder", str(tmp_path / "photos"), "--dry-run"]) == 0
     dataset = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["dataset"]
     assert dataset == {"ImageFolderSplit": {"root": str(tmp_path / "photos"), "split": "all"}}

@@ -56,6 +56,7 @@ def test_split_manager_is_honoured_and_checked():
         "num_training_sets": 2,
         "hierarchy_level": 1,
         "data_and_label_getter_keys": ["image", "label"],
+        "test_classes": None,
     }
     assert pb_keys.split_settings({})["num_training_partitions"] == 4
     getter = pb_keys.data_and_label_getter(s["data_and_label_getter_keys"])
