@@ -281,11 +281,10 @@ class _RunData:
             parts = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run)).split(os.sep)
             names = (find_run_config(run, levels=0)[0] or {}).get("variants") or {}
             variant = parts[0] if parts[0] in names else None
-            fold = int(parts[0][5:]) if parts[0].startswith("fold_") and parts[0][5:].isdigit() else None
         else:
             pick = selected_model(run, args.variant, args.seed, args.fold)
             self.checkpoint, self.epoch, self.unit = pick["checkpoint"], pick["epoch"], pick["unit"]
-            self.others, variant, fold = pick["others"], pick["variant"], pick["fold"]
+            self.others, variant = pick["others"], pick["variant"]
         cfg, _ = find_run_config(run, levels=0)
         if cfg is None:
             raise ValueError(f"--run {run} has no config.yaml")
