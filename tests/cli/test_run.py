@@ -366,7 +366,6 @@ def test_guarded_turns_what_stopped_a_run_into_one_line(capsys, error, status, l
 
 def test_data_folder_is_your_dataset_for_each_protocol(tmp_path, capsys):
     import yaml
-
     from PIL import Image
 
     rows = []  # 24 classes of 4 images: the quick contrastive config's split and sampler need them (dry-run checks)
