@@ -106,7 +106,8 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
     floats in YAML 1.2's syntax, :func:`pml_extensions.runner.config.yaml_reader.read_yaml`).
 
     Raises:
-        ConfigError: ``"command line: --name: ..."`` for values without a flag or malformed YAML values.
+        ConfigError: ``"command line: --name: ..."`` for values without a flag, malformed YAML values, or a flag given
+        twice (the second would silently replace the first).
     """
     out: Dict[str, Any] = {}
     flag, words = None, []
@@ -114,6 +115,11 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
     def close():
         if flag is None:
             return
+        if flag in out:
+            raise ConfigError(
+                f"command line: --{flag}: given twice; give it once (a mapping takes several keys: "
+                "--trainer~APPLY~2 \"{batch_size: 16, iterations_per_epoch: 10}\")"
+            )
         if not words:
             out[flag] = True
             return

@@ -32,6 +32,9 @@ class Subset(torch.utils.data.Dataset):
         getter: ``item -> (image, label)`` (default ``item[0], item[1]``; e.g.
             :func:`pml_extensions.runner.config.pb_keys.data_and_label_getter` for datasets that return dicts).
         rgb: convert PIL images to RGB before ``transform`` (:class:`ToRGB`).
+
+    ``classes`` (label -> class name) and ``paths`` are the base dataset's, for the items of the view (``paths``) or
+    every label (``classes``), when it has them.
     """
 
     def __init__(self, dataset, indices, labels, transform, getter=None, rgb: bool = False):
@@ -44,6 +47,11 @@ class Subset(torch.utils.data.Dataset):
 
     def __len__(self):
         return len(self.indices)
+
+    @property
+    def classes(self):
+        """The base dataset's class names (label -> name), or None."""
+        return getattr(self.dataset, "classes", None)
 
     def __getitem__(self, i):
         item = self.dataset[int(self.indices[i])]

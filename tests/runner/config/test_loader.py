@@ -312,3 +312,10 @@ class TestFileErrors:
             "config_factories",
             "config_dataset",
         )
+
+
+def test_a_flag_given_twice_is_refused_not_replaced():
+    """`--trainer~APPLY~2 "{batch_size: 16}" --trainer~APPLY~2 "{iterations_per_epoch: 10}"` kept only the second
+    (the batch size was silently lost)."""
+    with pytest.raises(ConfigError, match=r"^command line: --trainer~APPLY~2: given twice; give it once"):
+        parse_command_line(["--trainer~APPLY~2", "{batch_size: 16}", "--trainer~APPLY~2", "{iterations_per_epoch: 1}"])

@@ -344,11 +344,13 @@ class MLRCRunner:
         transforms = {}
         with problems.check():
             base = self.builder.build_dataset()
+        images_ok = False
         if base is not None:
             skip = self.get("skip_bad_images", False)
             folder = self.folder if os.path.isdir(self.folder) else None  # a rerun keeps its record of good files
             with problems.check():
                 base = preflight.check_images(base, folder, skip is True, self.where("dataset"), self.log)
+                images_ok = True
             with problems.check():
                 labels = pb_keys.label_level(
                     dataset_labels(base), self.split["hierarchy_level"], self.where("split_manager")
@@ -371,7 +373,7 @@ class MLRCRunner:
                 )
         with problems.check():
             transforms = {"train": self.builder.build_transform("train"), "eval": self.builder.build_transform("eval")}
-            if base is not None:
+            if images_ok:  # the channels are read from the images: only once every image decodes
                 classes = len(splits["folds"][0]["train"]) if splits else 2
                 transforms = preflight.fit_channels(self.builder, base, transforms, classes, self.getter, self.log)
         if splits is not None:
@@ -441,34 +443,43 @@ class MLRCRunner:
 
 
 def csv_split_classes(path: str, columns: Dict[str, str]):
-    """``(training classes, test classes, split column)`` of a CSV file's rows by its split column (``train`` vs
-    ``validation`` / ``test``, OML's values), or None without one. Classes are the label column's values as written.
+    """``(training classes, test classes, split column)`` of a CSV file's rows by its split column, read as
+    :class:`~pml_extensions.datasets.ImageCSVSplit` reads it (any case): the test rows are those marked ``test`` /
+    ``testing``, else (OML's convention) those marked ``validation``; rows of the other evaluation value stay in the
+    training pool. None without a split column. Classes are the label column's values as written.
 
     Raises:
         ConfigError: an unknown split value (naming the row).
     """
     import csv
 
-    from ....datasets.image_csv_split import TEST_VALUES, TRAIN_VALUES
+    from ....datasets.image_csv_split import TESTING_VALUES, TRAIN_VALUES, VALIDATION_VALUES
 
     label_col, split_col = columns.get("label", "label"), columns.get("split", "split")
     with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
-        if split_col not in (reader.fieldnames or []) or label_col not in (reader.fieldnames or []):
+        if not split_col or split_col not in (reader.fieldnames or []) or label_col not in (reader.fieldnames or []):
             return None
-        train, test = [], []
+        sides = {"train": [], "validation": [], "test": []}
         for row, record in enumerate(reader, start=2):
-            value = (record.get(split_col) or "").strip()
-            if value in TRAIN_VALUES:
-                train.append(record[label_col].strip())
-            elif value in TEST_VALUES:
-                test.append(record[label_col].strip())
-            else:
+            value = (record.get(split_col) or "").strip().lower()
+            side = next(
+                (
+                    k
+                    for k, v in (("train", TRAIN_VALUES), ("validation", VALIDATION_VALUES), ("test", TESTING_VALUES))
+                    if value in v
+                ),
+                None,
+            )
+            if side is None:
                 raise ConfigError(
                     f"command line: --data_folder {path}: row {row}: {split_col} {value!r}; expected "
-                    f"{', '.join(TRAIN_VALUES + TEST_VALUES)}"
+                    f"{', '.join(TRAIN_VALUES + VALIDATION_VALUES + TESTING_VALUES)}"
                 )
-    return train, test, split_col
+            sides[side].append(record[label_col].strip())
+    if sides["test"]:
+        return sides["train"] + sides["validation"], sides["test"], split_col
+    return sides["train"], sides["validation"], split_col
 
 
 def _without_split(columns: Optional[Dict[str, str]]) -> str:

@@ -168,8 +168,10 @@ class Paired(PairedProtocol):
                     data = b.build_dataset(split)
                 if data is None:
                     break
+                images_ok = False
                 with problems.check():
                     data = preflight.check_images(data, None, s.skip_bad_images, where, self.log)
+                    images_ok = True
                 if split != "train":
                     continue
                 labels = parts = None
@@ -183,6 +185,7 @@ class Paired(PairedProtocol):
                 if parts is not None:
                     with problems.check():
                         preflight.check_sampler(b, [labels[parts[0]]], s.batch_size, batch_key="batch_size")
+                if parts is not None and images_ok:  # the channels are read from an image
                     with problems.check():
                         view = b.subset(data, parts[0][:1], labels, b.build_transform("eval"))
                         sample = view[0][0]
