@@ -118,7 +118,7 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
         if flag in out:
             raise ConfigError(
                 f"command line: --{flag}: given twice; give it once (a mapping takes several keys: "
-                "--trainer~APPLY~2 \"{batch_size: 16, iterations_per_epoch: 10}\")"
+                '--trainer~APPLY~2 "{batch_size: 16, iterations_per_epoch: 10}")'
             )
         if not words:
             out[flag] = True

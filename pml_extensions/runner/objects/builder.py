@@ -295,7 +295,7 @@ class Builder:
         :attr:`image_record`, a folder, so later datasets of the run decode only the bad ones again)."""
         if self.get("skip_bad_images") is not True:
             return dataset
-        return preflight.check_images(dataset, self.image_record, True, self.where(key), lambda *a, **k: None)
+        return preflight.check_images(dataset, self.image_record, True, self.where(key), self.log)
 
     def build_transform(self, which: Optional[str] = None, spec: Any = None):
         """``transforms.<which>`` (``train`` / ``eval``), or ``spec``: a ``Compose`` spec is built as written; PB's

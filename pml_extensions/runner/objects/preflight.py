@@ -46,6 +46,8 @@ IMAGE_CHECK_FILE = "images_checked.json"
 NAMED_BAD_FILES = 20
 #: the files this process saw decode: {path: [size, mtime_ns]} (a run builds its datasets several times)
 _DECODED: Dict[str, List[int]] = {}
+#: the notes this process gave about left-out files (said once, however often a dataset is built)
+_NOTED: set = set()
 
 
 # ---------------------------------------------------------------------------------------------------- images
@@ -149,7 +151,10 @@ def check_images(
     more = f"; +{len(bad) - NAMED_BAD_FILES} more" if len(bad) > NAMED_BAD_FILES else ""
     listed = f" (all in {listing})" if listing else ""
     if skip:
-        log(f"note: {where}: left out {len(bad)} image(s) that do not decode{listed}: {named}{more}")
+        note = f"note: {where}: left out {len(bad)} image(s) that do not decode{listed}: {named}{more}"
+        if note not in _NOTED:
+            _NOTED.add(note)
+            log(note)
         keep = [i for i, p in enumerate(paths) if p not in bad_set]
         from .data import dataset_labels
 

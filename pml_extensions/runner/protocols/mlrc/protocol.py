@@ -422,8 +422,18 @@ class MLRCRunner:
             self.setup_caches(labels, splits["test"])
         names = self.class_names(base, splits["test"])
         shown = ", ".join(names[:6]) + (f", ... ({len(names)})" if len(names) > 6 else "")
-        self.log(f"{len(labels)} items, {len(np.unique(labels))} classes; test classes: {shown}; {num_sets} folds")
-        fold_results = [self.train_fold(k, base, labels, splits["folds"][k], transforms) for k in range(num_sets)]
+        epochs = self.get("num_epochs_train", 1000)
+        self.log(
+            f"{len(labels)} items, {len(np.unique(labels))} classes; test classes: {shown}; {num_sets} folds of at "
+            f"most {epochs} epochs (early stopping after {self.get('patience', 9)} without a better one)"
+        )
+        fold_results = []
+        for k in range(num_sets):
+            start, trained = time.time(), self.trained
+            fold_results.append(self.train_fold(k, base, labels, splits["folds"][k], transforms))
+            if self.trained and not trained and k + 1 < num_sets:  # the first fold this call trained
+                took = time.time() - start
+                self.log(f"one fold took {took:.0f} s; about {took * (num_sets - k - 1) / 60:.1f} min for the rest")
         # PB's skip_ensemble_eval_if_already_done, only when no fold trained in this call
         test = None if self.trained else pb_keys.reuse_test_results(self.config, self.folder, self.sources)
         if test is None:
