@@ -112,9 +112,14 @@ class XMLWrapper(ModuleWithRecords):
     loss's inputs (any trunk/embedder, drop-in for PML); the shipped configs and the main job use ``"pooled"``.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
-    histograms [N, m] = None) -> scalar``. Precision: float16/bfloat16 embeddings (pure half models or
-    ``torch.autocast``) are lifted to float32 and the whole loss (inner term, ridge solve, XML term) runs with
-    autocast disabled; the scalar is float32 (float64 for float64 embeddings).
+    histograms [N, m] = None, enqueue_mask [N] bool = None) -> scalar``. ``labels`` may be None only with
+    ``xml_weight=0`` (a loss driven by ``indices_tuple`` alone); ``enqueue_mask`` goes to an inner
+    ``CrossBatchMemory`` (the XML term uses every row). Precision: float16/bfloat16 embeddings (pure half models
+    or ``torch.autocast``) are lifted to float32 and the whole loss (inner term, ridge solve, XML term) runs with
+    autocast disabled; the scalar is float32 (float64 for float64 embeddings), and a stateful inner loss keeps
+    float32 state (``CrossBatchMemory``'s memory). A ``ref_emb`` that is ``embeddings`` (the same object) is
+    passed on as the lifted embeddings themselves, so losses that accept no separate reference set (they check
+    ``ref_emb is embeddings``: SmoothAP, FastAP, ProxyAnchor, NPairs, ...) see the same call as without the lift.
 
     Recordable attributes (logged by record-keeper / ``HookContainer``): ``inner_loss``, ``xml_loss`` (L_XML before
     weighting), ``num_skipped_xml`` (batches that could not form two halves, each with a positive pair — those return
@@ -142,7 +147,8 @@ class XMLWrapper(ModuleWithRecords):
         if not isinstance(loss, torch.nn.Module) or not self._takes_embeddings_and_labels(loss):
             raise TypeError(
                 "loss must be a loss module whose forward takes (embeddings, labels, ...), e.g. "
-                f"pytorch_metric_learning.losses.ContrastiveLoss(); got {type(loss).__name__}"
+                "pytorch_metric_learning.losses.ContrastiveLoss() (not SelfSupervisedLoss, which takes (embeddings, "
+                f"ref_emb)); got {type(loss).__name__}"
             )
         if isinstance(xml_weight, bool) or not isinstance(xml_weight, (int, float)) or not math.isfinite(xml_weight):
             raise ValueError(f"xml_weight must be a finite number >= 0, got {xml_weight!r}")
@@ -268,6 +274,8 @@ class XMLWrapper(ModuleWithRecords):
         ]
         if not (len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)):
             return False
+        if positional[1].name in ("ref_emb", "ref_embeddings"):  # (embeddings, ref_emb): no labels to split by
+            return False
         # a metric loss, not e.g. nn.MSELoss(input, target): it names labels / mined tuples / a reference set
         return any(name in params for name in ("labels", "indices_tuple", "ref_emb")) or any(
             p.kind == p.VAR_KEYWORD for p in params.values()
@@ -347,8 +355,11 @@ class XMLWrapper(ModuleWithRecords):
             extra["pooled"] = self.get_pooled(embeddings)
         return extra
 
-    def _call_inner(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, loss=None):
+    def _call_inner(
+        self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, loss=None, enqueue_mask=None
+    ):
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
+        kwargs["enqueue_mask"] = enqueue_mask
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         return (self.loss if loss is None else loss)(embeddings, labels, **kwargs)
 
@@ -426,24 +437,33 @@ class XMLWrapper(ModuleWithRecords):
         *,
         histograms: Optional[torch.Tensor] = None,
         pooled: Optional[torch.Tensor] = None,
+        enqueue_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         _check_finite("embeddings", embeddings)
         if embeddings.ndim != 2:
             raise ValueError(f"embeddings must be [N, d], got {tuple(embeddings.shape)}")
-        if not torch.is_tensor(labels) or labels.shape != embeddings.shape[:1]:
+        if labels is None and self.xml_weight != 0:
+            raise ValueError("labels is None: the XML term splits the batch by class (xml_weight > 0 needs labels)")
+        if labels is not None and (not torch.is_tensor(labels) or labels.shape != embeddings.shape[:1]):
             raise ValueError(
                 f"labels must be a [N] tensor with N = {embeddings.shape[0]}, got {getattr(labels, 'shape', labels)}"
             )
         # float32 inside for float16/bfloat16 embeddings, autocast off: PML's distances are neither accurate nor
         # always implemented in half precision (cdist has no CPU bfloat16 kernel); float64 stays float64.
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
-            return self._forward(embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled)
+            return self._forward(
+                embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled, enqueue_mask
+            )
 
-    def _forward(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled):
+    def _forward(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled, enqueue_mask):
         work = torch.promote_types(embeddings.dtype, torch.float32)
+        given = embeddings
         embeddings = embeddings.to(work)
-        ref_emb = ref_emb if ref_emb is None or not ref_emb.is_floating_point() else ref_emb.to(work)
-        inner = self._call_inner(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        if ref_emb is given:  # PML losses test `ref_emb is embeddings` (self-comparisons, losses that refuse ref_emb)
+            ref_emb = embeddings
+        elif ref_emb is not None and ref_emb.is_floating_point():
+            ref_emb = ref_emb.to(work)
+        inner = self._call_inner(embeddings, labels, indices_tuple, ref_emb, ref_labels, enqueue_mask=enqueue_mask)
         self.inner_loss = inner.detach()
         if self.xml_weight == 0:
             self.xml_loss = 0.0
