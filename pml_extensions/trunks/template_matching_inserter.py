@@ -237,11 +237,12 @@ def insert_template_matching(
         convs (add variant), two (concat).
 
     Raises:
-        TypeError: if ``model`` is not one of the supported architectures (the message names it and lists
-            them).
-        ValueError: on bad block arguments (see :class:`TemplateMatchingBlock`), ``combine="concat"`` on a
-            ResNet whose ``layer4[0]`` has no downsample shortcut, or an ``after`` that is not a stage of the model
-            (its stages are listed) or comes with ``combine="concat"``.
+        TypeError: if ``model`` is not a ``torch.nn.Module``.
+        ValueError: if ``model`` is not one of the supported architectures and no ``after`` is given (one line
+            naming it and listing them, e.g. for a vision transformer); on bad block arguments (see
+            :class:`TemplateMatchingBlock`), ``combine="concat"`` on a ResNet whose ``layer4[0]`` has no downsample
+            shortcut, or an ``after`` that is not a stage of the model (its stages are listed) or comes with
+            ``combine="concat"``.
 
     Example::
 
@@ -261,9 +262,10 @@ def insert_template_matching(
     elif _is_resnet_like(model):
         insert = _insert_resnet
     else:
-        raise TypeError(
+        raise ValueError(
             f"insert_template_matching does not know the architecture {type(model).__name__}; supported: "
             + "; ".join(SUPPORTED)
+            + "; any other CNN with after='<path of its nn.Sequential stage>'"
         )
     if not inplace:
         model = copy.deepcopy(model)
@@ -296,7 +298,7 @@ def template_matching_trunk(model: torch.nn.Module, num_classes: int, **block_kw
         model, num_classes, **block_kwargs: as :func:`insert_template_matching`.
 
     Raises:
-        TypeError: an unsupported architecture (see :func:`insert_template_matching`).
+        ValueError: an unsupported architecture (see :func:`insert_template_matching`).
 
     Example::
 
