@@ -88,7 +88,9 @@ class XMLWrapper(ModuleWithRecords):
 
     Args:
         loss: any PML loss module whose ``forward`` takes ``(embeddings, labels, ...)``.
-        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the output is the inner loss, exactly.
+        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the wrapper is the inner loss: it calls it
+            with the arguments as given (no checks, no precision lift, the caller's autocast), so value, dtype,
+            gradients, state and errors are the inner loss's own, in every dtype (a drop-in control arm).
         ridge: ε_r > 0 added once to the Gram matrix. Default 0.05 (paper).
         histogram_layer: a module with a ``last_histograms`` attribute ([B, m], e.g.
             :class:`pml_extensions.trunks.HistogramPooling`), read when ``histograms`` is not passed.
@@ -114,12 +116,13 @@ class XMLWrapper(ModuleWithRecords):
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
     histograms [N, m] = None, enqueue_mask [N] bool = None) -> scalar``. ``labels`` may be None only with
     ``xml_weight=0`` (a loss driven by ``indices_tuple`` alone); ``enqueue_mask`` goes to an inner
-    ``CrossBatchMemory`` (the XML term uses every row). Precision: float16/bfloat16 embeddings (pure half models
-    or ``torch.autocast``) are lifted to float32 and the whole loss (inner term, ridge solve, XML term) runs with
-    autocast disabled; the scalar is float32 (float64 for float64 embeddings), and a stateful inner loss keeps
-    float32 state (``CrossBatchMemory``'s memory). A ``ref_emb`` that is ``embeddings`` (the same object) is
-    passed on as the lifted embeddings themselves, so losses that accept no separate reference set (they check
-    ``ref_emb is embeddings``: SmoothAP, FastAP, ProxyAnchor, NPairs, ...) see the same call as without the lift.
+    ``CrossBatchMemory`` (the XML term uses every row). Precision (``xml_weight > 0``): float16/bfloat16 embeddings
+    (pure half models or ``torch.autocast``) are lifted to float32 and the whole loss (inner term, ridge solve, XML
+    term) runs with autocast disabled; the scalar is float32 (float64 for float64 embeddings), and the inner loss
+    sees float32 (its state too, e.g. ``CrossBatchMemory``'s memory). A ``ref_emb`` that is ``embeddings`` (the
+    same object) is passed on as the lifted embeddings themselves, so losses that accept no separate reference set
+    (they check ``ref_emb is embeddings``: SmoothAP, FastAP, ProxyAnchor, NPairs, ...) see the call they would see
+    without the lift.
 
     Recordable attributes (logged by record-keeper / ``HookContainer``): ``inner_loss``, ``xml_loss`` (L_XML before
     weighting), ``num_skipped_xml`` (batches that could not form two halves, each with a positive pair — those return
@@ -430,7 +433,7 @@ class XMLWrapper(ModuleWithRecords):
     def forward(
         self,
         embeddings: torch.Tensor,
-        labels: torch.Tensor,
+        labels: Optional[torch.Tensor] = None,
         indices_tuple=None,
         ref_emb: Optional[torch.Tensor] = None,
         ref_labels: Optional[torch.Tensor] = None,
@@ -439,12 +442,16 @@ class XMLWrapper(ModuleWithRecords):
         pooled: Optional[torch.Tensor] = None,
         enqueue_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        if self.xml_weight == 0:  # the inner loss itself: called as given, in its own precision, state and errors
+            inner = self._call_inner(embeddings, labels, indices_tuple, ref_emb, ref_labels, enqueue_mask=enqueue_mask)
+            self.inner_loss, self.xml_loss = inner.detach(), 0.0
+            return inner
         _check_finite("embeddings", embeddings)
         if embeddings.ndim != 2:
             raise ValueError(f"embeddings must be [N, d], got {tuple(embeddings.shape)}")
-        if labels is None and self.xml_weight != 0:
+        if labels is None:
             raise ValueError("labels is None: the XML term splits the batch by class (xml_weight > 0 needs labels)")
-        if labels is not None and (not torch.is_tensor(labels) or labels.shape != embeddings.shape[:1]):
+        if not torch.is_tensor(labels) or labels.shape != embeddings.shape[:1]:
             raise ValueError(
                 f"labels must be a [N] tensor with N = {embeddings.shape[0]}, got {getattr(labels, 'shape', labels)}"
             )
@@ -465,9 +472,6 @@ class XMLWrapper(ModuleWithRecords):
             ref_emb = ref_emb.to(work)
         inner = self._call_inner(embeddings, labels, indices_tuple, ref_emb, ref_labels, enqueue_mask=enqueue_mask)
         self.inner_loss = inner.detach()
-        if self.xml_weight == 0:
-            self.xml_loss = 0.0
-            return inner
         histograms = self.get_histograms(embeddings, histograms)
         _check_finite("histograms", histograms)
         halves = class_disjoint_split(labels, self.generator)
