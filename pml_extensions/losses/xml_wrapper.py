@@ -147,16 +147,16 @@ class XMLWrapper(ModuleWithRecords):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(loss, torch.nn.Module) or not self._takes_embeddings_and_labels(loss):
-            raise TypeError(
-                "loss must be a loss module whose forward takes (embeddings, labels, ...), e.g. "
-                "pytorch_metric_learning.losses.ContrastiveLoss() (not SelfSupervisedLoss, which takes (embeddings, "
-                f"ref_emb)); got {type(loss).__name__}"
-            )
         if isinstance(xml_weight, bool) or not isinstance(xml_weight, (int, float)) or not math.isfinite(xml_weight):
             raise ValueError(f"xml_weight must be a finite number >= 0, got {xml_weight!r}")
         if xml_weight < 0:
             raise ValueError(f"xml_weight must be >= 0, got {xml_weight!r}")
+        if not isinstance(loss, torch.nn.Module) or not self._takes_embeddings_and_labels(loss, xml_weight > 0):
+            raise TypeError(
+                "loss must be a loss module whose forward takes (embeddings, labels, ...), e.g. "
+                "pytorch_metric_learning.losses.ContrastiveLoss() (with xml_weight > 0 not SelfSupervisedLoss, "
+                f"which takes (embeddings, ref_emb): the XML term splits by class); got {type(loss).__name__}"
+            )
         if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not (math.isfinite(ridge) and ridge > 0):
             raise ValueError(f"ridge must be a finite number > 0, got {ridge!r}")
         if histogram_layer is not None and not hasattr(histogram_layer, "last_histograms"):
@@ -267,7 +267,7 @@ class XMLWrapper(ModuleWithRecords):
         return attached
 
     @staticmethod
-    def _takes_embeddings_and_labels(loss):
+    def _takes_embeddings_and_labels(loss, needs_labels=True):
         try:
             params = inspect.signature(loss.forward).parameters
         except (TypeError, ValueError):
@@ -277,8 +277,8 @@ class XMLWrapper(ModuleWithRecords):
         ]
         if not (len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)):
             return False
-        if positional[1].name in ("ref_emb", "ref_embeddings"):  # (embeddings, ref_emb): no labels to split by
-            return False
+        if needs_labels and len(positional) >= 2 and positional[1].name in ("ref_emb", "ref_embeddings"):
+            return False  # (embeddings, ref_emb): no labels to split by
         # a metric loss, not e.g. nn.MSELoss(input, target): it names labels / mined tuples / a reference set
         return any(name in params for name in ("labels", "indices_tuple", "ref_emb")) or any(
             p.kind == p.VAR_KEYWORD for p in params.values()
@@ -364,7 +364,9 @@ class XMLWrapper(ModuleWithRecords):
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
         kwargs["enqueue_mask"] = enqueue_mask
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return (self.loss if loss is None else loss)(embeddings, labels, **kwargs)
+        # what was given, as given: no labels means none passed (SelfSupervisedLoss's second argument is ref_emb)
+        args = (embeddings,) if labels is None else (embeddings, labels)
+        return (self.loss if loss is None else loss)(*args, **kwargs)
 
     def cross_predictions(self, targets: torch.Tensor, histograms: torch.Tensor, halves):
         """Predict each half's ridge targets from the other half's prototypes.

@@ -308,6 +308,15 @@ def test_labels_none_with_an_indices_tuple_at_weight_zero_only():
         XMLWrapper(loss, xml_weight=0.1)(emb, None, triplets, histograms=torch.ones(6, 2) / 2)
 
 
-def test_a_loss_without_labels_is_refused_at_construction():
-    with pytest.raises(TypeError, match=r"not SelfSupervisedLoss, which takes \(embeddings, ref_emb\)"):
-        XMLWrapper(pml_losses.SelfSupervisedLoss(pml_losses.TripletMarginLoss()))
+def test_a_loss_without_labels_is_refused_with_the_xml_term_only():
+    """SelfSupervisedLoss takes (embeddings, ref_emb): at xml_weight=0 the wrapper is the loss, with the XML term
+    (which splits the batch by class) it is refused at construction."""
+    g = torch.Generator().manual_seed(6)
+    emb, ref = torch.randn(6, 3, generator=g), torch.randn(6, 3, generator=g)
+    inner = pml_losses.SelfSupervisedLoss(pml_losses.TripletMarginLoss())
+    assert torch.equal(XMLWrapper(inner, xml_weight=0)(emb, ref), inner(emb, ref))
+    assert torch.equal(XMLWrapper(inner, xml_weight=0)(emb, ref_emb=ref), inner(emb, ref_emb=ref))
+    with pytest.raises(
+        TypeError, match=r"with xml_weight > 0 not SelfSupervisedLoss, which takes \(embeddings, ref_emb\)"
+    ):
+        XMLWrapper(inner, xml_weight=0.1)
