@@ -31,6 +31,7 @@ commit the results record. Exit status 1 when a difference is unexplained.
 """
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -291,6 +292,18 @@ def markdown(summary: dict, meta: dict) -> str:
     lines.append("")
     if not diffs:
         lines.append("Every test that passes with stock PML passes with our drop-ins, and none more.")
+    tests = summary.get("tests", {})
+    both = [
+        (t, r["message"])
+        for t, r in tests.get("stock", {}).items()
+        if r["outcome"] in ("failed", "error")
+        and all(tests[s].get(t, r)["outcome"] in ("failed", "error") for s in subjects if s != "stock")
+    ]
+    if both:
+        lines.append("")
+        lines.append(f"Failing with stock PML and with ours alike ({len(both)}):")
+        lines.append("")
+        lines.extend(f"- `{t}`: {message}" for t, message in both)
     else:
         lines.append("Tests whose outcome differs from stock:")
         lines.append("")
@@ -309,7 +322,13 @@ def main(argv=None) -> int:
     p.add_argument("--select", nargs="+", default=None, help="test files or node ids (tests/...) to run")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per subject")
     p.add_argument("--output", default=RESULTS, help="folder for pml_host_tests.json/.md ('' = do not write)")
+    p.add_argument("--render", metavar="JSON", help="only rewrite the .md beside this results file from its numbers")
     args = p.parse_args(argv)
+    if args.render:
+        with open(args.render, encoding="utf-8") as f:
+            results = json.load(f)
+        atomic_write_text(os.path.splitext(args.render)[0] + ".md", markdown(results, results))
+        return 0
     if not args.pml:
         print("no PML tests: pass --pml or set PML_HOST_TESTS (a PML git directory or checkout)", file=sys.stderr)
         return 2
@@ -347,10 +366,10 @@ def main(argv=None) -> int:
         "files_copied": len(copied),
         "seconds": {s: round(r["seconds"], 1) for s, r in runs.items()},
     }
-    text = markdown(summary, meta)
+    payload = dict(meta, **summary, tests={s: r["tests"] for s, r in runs.items()})
+    text = markdown(payload, payload)
     print(text)
     if args.output:
-        payload = dict(meta, **summary, tests={s: r["tests"] for s, r in runs.items()})
         atomic_write_json(os.path.join(args.output, "pml_host_tests.json"), payload)
         atomic_write_text(os.path.join(args.output, "pml_host_tests.md"), text)
     return 1 if any(d["reason"] is None for d in summary["differences"]) else 0
