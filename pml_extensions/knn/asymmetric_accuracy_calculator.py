@@ -36,7 +36,9 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
     ranking of its float32 scores, ties by increasing reference index, within a memory budget); a user's
     ``knn_func`` (e.g. PML's ``FaissKNN``) is asked for k + 1 neighbours and the own row is removed by index.
     Labels stay integers. k rule (shared by every calculator of this package): k (int, None = all references,
-    ``"max_bin_count"``) is clamped to the references available to a query (M, or M − 1 with its own row excluded).
+    ``"max_bin_count"``) is clamped to the references available to a query (M, or M − 1 with its own row excluded);
+    a k that truncates MAP@R or R-precision logs PML's warning on the call that computes them (see
+    ``ChunkedAccuracyCalculator``).
 
     All of PML's metrics keep their key names (``precision_at_1``, ``mean_average_precision_at_r``,
     ``mean_average_precision``, ``r_precision``, ``mean_reciprocal_rank``, ``NMI``, ``AMI``...), so

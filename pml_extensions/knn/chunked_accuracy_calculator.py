@@ -41,7 +41,11 @@ class ChunkedAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
     k-NN metric (MRR alone works). Ties: by distance, then by increasing reference index.
 
     k rule (all calculators of this package): ``k`` (an int, None = all references, or ``"max_bin_count"``, as
-    PML) is clamped to the references available to a query: M, or M − 1 when its own row is excluded.
+    PML) is clamped to the references available to a query: M, or M − 1 when its own row is excluded. An int ``k``
+    below the largest class's reference count truncates ``mean_average_precision_at_r`` and ``r_precision``: the
+    call that computes either logs PML's warning (logger ``"PML"``, level WARNING: "the value for k (10) is less
+    than the max bin count (222) so the values for these metrics will be incorrect ..."), whatever an earlier call
+    computed. Each call logs its k at INFO, as PML's ``FaissKNN`` does.
 
     Raises:
         ValueError: ``chunk_size`` not a positive int, embeddings not ``[n, D]`` with one D, labels not ``[n]`` /

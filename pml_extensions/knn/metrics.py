@@ -24,6 +24,7 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
+from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
 
 from .engine import BlockedKNN
@@ -267,6 +268,7 @@ class EngineAccuracyMixin:
         available = len(reference) - int(exclude_self)
         k = self.determine_k(label_counts[1], len(reference), exclude_self) if len(label_counts[1]) else 0
         k = min(k, available)  # the clamp rule: never more neighbours than references left
+        c_f.LOGGER.info(f"exact k-NN with k={k}: {len(query)} queries, {len(reference)} references")
         rows = not_lone.nonzero().flatten()
         classes, cls = torch.unique(q_ids[rows], return_inverse=True)
         nan = [float("nan")] * len(label_counts[0]) if self.return_per_class else float("nan")
@@ -451,9 +453,11 @@ class EngineAccuracyMixin:
         if clustering:
             ids = torch.unique(q_lab, dim=0, return_inverse=True)[1].to(torch.float32)
             out.update(AccuracyCalculator.get_accuracy(self, query, ids, include=clustering))
+        # this call's metrics, before k is chosen: PML's ``determine_k`` warns from them when k truncates MAP@R or
+        # R-precision (the clustering call above set its own list)
+        self.curr_function_dict = function_dict
         if knn:
             out.update(self._engine_accuracy(query, q_lab, reference, r_lab, self_indices, knn))
-        self.curr_function_dict = function_dict
         return {m: out[m] for m in metrics}
 
     @staticmethod

@@ -89,7 +89,9 @@ class XMLWrapper(ModuleWithRecords):
 
     Args:
         loss: any PML loss module whose ``forward`` takes ``(embeddings, labels, ...)``.
-        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the output is the inner loss, exactly.
+        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the wrapper is the inner loss: it calls it
+            with the arguments as given (no checks, no precision lift, the caller's autocast), so value, dtype,
+            gradients, state and errors are the inner loss's own, in every dtype (a drop-in control arm).
         ridge: ε_r > 0 added once to the Gram matrix. Default 0.05 (paper).
         histogram_layer: a module with a ``last_histograms`` attribute ([B, m], e.g.
             :class:`pml_extensions.trunks.HistogramPooling`), read when ``histograms`` is not passed.
@@ -113,9 +115,15 @@ class XMLWrapper(ModuleWithRecords):
     loss's inputs (any trunk/embedder, drop-in for PML); the shipped configs and the main job use ``"pooled"``.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
-    histograms [N, m] = None) -> scalar``. Precision: float16/bfloat16 embeddings (pure half models or
-    ``torch.autocast``) are lifted to float32 and the whole loss (inner term, ridge solve, XML term) runs with
-    autocast disabled; the scalar is float32 (float64 for float64 embeddings).
+    histograms [N, m] = None, enqueue_mask [N] bool = None) -> scalar``. ``labels`` may be None only with
+    ``xml_weight=0`` (a loss driven by ``indices_tuple`` alone); ``enqueue_mask`` goes to an inner
+    ``CrossBatchMemory`` (the XML term uses every row). Precision (``xml_weight > 0``): float16/bfloat16 embeddings
+    (pure half models or ``torch.autocast``) are lifted to float32 and the whole loss (inner term, ridge solve, XML
+    term) runs with autocast disabled; the scalar is float32 (float64 for float64 embeddings), and the inner loss
+    sees float32 (its state too, e.g. ``CrossBatchMemory``'s memory). A ``ref_emb`` that is ``embeddings`` (the
+    same object) is passed on as the lifted embeddings themselves, so losses that accept no separate reference set
+    (they check ``ref_emb is embeddings``: SmoothAP, FastAP, ProxyAnchor, NPairs, ...) see the call they would see
+    without the lift.
 
     Recordable attributes (logged by record-keeper / ``HookContainer``): ``inner_loss``, ``xml_loss`` (L_XML before
     weighting), ``num_skipped_xml`` (batches that could not form two halves, each with a positive pair — those return
@@ -140,15 +148,16 @@ class XMLWrapper(ModuleWithRecords):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(loss, torch.nn.Module) or not self._takes_embeddings_and_labels(loss):
-            raise TypeError(
-                "loss must be a loss module whose forward takes (embeddings, labels, ...), e.g. "
-                f"pytorch_metric_learning.losses.ContrastiveLoss(); got {type(loss).__name__}"
-            )
         if isinstance(xml_weight, bool) or not isinstance(xml_weight, (int, float)) or not math.isfinite(xml_weight):
             raise ValueError(f"xml_weight must be a finite number >= 0, got {xml_weight!r}")
         if xml_weight < 0:
             raise ValueError(f"xml_weight must be >= 0, got {xml_weight!r}")
+        if not isinstance(loss, torch.nn.Module) or not self._takes_embeddings_and_labels(loss, xml_weight > 0):
+            raise TypeError(
+                "loss must be a loss module whose forward takes (embeddings, labels, ...), e.g. "
+                "pytorch_metric_learning.losses.ContrastiveLoss() (with xml_weight > 0 not SelfSupervisedLoss, "
+                f"which takes (embeddings, ref_emb): the XML term splits by class); got {type(loss).__name__}"
+            )
         if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not (math.isfinite(ridge) and ridge > 0):
             raise ValueError(f"ridge must be a finite number > 0, got {ridge!r}")
         if histogram_layer is not None and not hasattr(histogram_layer, "last_histograms"):
@@ -259,7 +268,7 @@ class XMLWrapper(ModuleWithRecords):
         return attached
 
     @staticmethod
-    def _takes_embeddings_and_labels(loss):
+    def _takes_embeddings_and_labels(loss, needs_labels=True):
         try:
             params = inspect.signature(loss.forward).parameters
         except (TypeError, ValueError):
@@ -269,6 +278,8 @@ class XMLWrapper(ModuleWithRecords):
         ]
         if not (len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)):
             return False
+        if needs_labels and len(positional) >= 2 and positional[1].name in ("ref_emb", "ref_embeddings"):
+            return False  # (embeddings, ref_emb): no labels to split by
         # a metric loss, not e.g. nn.MSELoss(input, target): it names labels / mined tuples / a reference set
         return any(name in params for name in ("labels", "indices_tuple", "ref_emb")) or any(
             p.kind == p.VAR_KEYWORD for p in params.values()
@@ -348,10 +359,15 @@ class XMLWrapper(ModuleWithRecords):
             extra["pooled"] = self.get_pooled(embeddings)
         return extra
 
-    def _call_inner(self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, loss=None):
+    def _call_inner(
+        self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, loss=None, enqueue_mask=None
+    ):
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
+        kwargs["enqueue_mask"] = enqueue_mask
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return (self.loss if loss is None else loss)(embeddings, labels, **kwargs)
+        # what was given, as given: no labels means none passed (SelfSupervisedLoss's second argument is ref_emb)
+        args = (embeddings,) if labels is None else (embeddings, labels)
+        return (self.loss if loss is None else loss)(*args, **kwargs)
 
     def cross_predictions(self, targets: torch.Tensor, histograms: torch.Tensor, halves):
         """Predict each half's ridge targets from the other half's prototypes.
@@ -420,17 +436,24 @@ class XMLWrapper(ModuleWithRecords):
     def forward(
         self,
         embeddings: torch.Tensor,
-        labels: torch.Tensor,
+        labels: Optional[torch.Tensor] = None,
         indices_tuple=None,
         ref_emb: Optional[torch.Tensor] = None,
         ref_labels: Optional[torch.Tensor] = None,
         *,
         histograms: Optional[torch.Tensor] = None,
         pooled: Optional[torch.Tensor] = None,
+        enqueue_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        if self.xml_weight == 0:  # the inner loss itself: called as given, in its own precision, state and errors
+            inner = self._call_inner(embeddings, labels, indices_tuple, ref_emb, ref_labels, enqueue_mask=enqueue_mask)
+            self.inner_loss, self.xml_loss = inner.detach(), 0.0
+            return inner
         _check_finite("embeddings", embeddings)
         if embeddings.ndim != 2:
             raise ValueError(f"embeddings must be [N, d], got {tuple(embeddings.shape)}")
+        if labels is None:
+            raise ValueError("labels is None: the XML term splits the batch by class (xml_weight > 0 needs labels)")
         if not torch.is_tensor(labels) or labels.shape != embeddings.shape[:1]:
             raise ValueError(
                 f"labels must be a [N] tensor with N = {embeddings.shape[0]}, got {getattr(labels, 'shape', labels)}"
@@ -438,17 +461,20 @@ class XMLWrapper(ModuleWithRecords):
         # float32 inside for float16/bfloat16 embeddings, autocast off: PML's distances are neither accurate nor
         # always implemented in half precision (cdist has no CPU bfloat16 kernel); float64 stays float64.
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
-            return self._forward(embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled)
+            return self._forward(
+                embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled, enqueue_mask
+            )
 
-    def _forward(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled):
+    def _forward(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, histograms, pooled, enqueue_mask):
         work = torch.promote_types(embeddings.dtype, torch.float32)
+        given = embeddings
         embeddings = embeddings.to(work)
-        ref_emb = ref_emb if ref_emb is None or not ref_emb.is_floating_point() else ref_emb.to(work)
-        inner = self._call_inner(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        if ref_emb is given:  # PML losses test `ref_emb is embeddings` (self-comparisons, losses that refuse ref_emb)
+            ref_emb = embeddings
+        elif ref_emb is not None and ref_emb.is_floating_point():
+            ref_emb = ref_emb.to(work)
+        inner = self._call_inner(embeddings, labels, indices_tuple, ref_emb, ref_labels, enqueue_mask=enqueue_mask)
         self.inner_loss = inner.detach()
-        if self.xml_weight == 0:
-            self.xml_loss = 0.0
-            return inner
         histograms = self.get_histograms(embeddings, histograms)
         _check_finite("histograms", histograms)
         halves = class_disjoint_split(labels, self.generator)

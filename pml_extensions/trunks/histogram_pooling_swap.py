@@ -85,8 +85,25 @@ def _eval_mode(model):
             m.training = mode
 
 
-def _trace(model, example_input):
-    """Run ``model`` once (eval, no grad); return its output and every module call in completion order."""
+#: what :func:`use_histogram_pooling` and :func:`pooling_tail` take, for their refusals
+SUPPORTED = (
+    "supported: CNNs whose last [B, C, H, W] feature map is averaged by a pooling module (torchvision ResNet, "
+    "MobileNetV2/V3, EfficientNet, ConvNeXt, RegNet, Swin; timm CNNs with global_pool) or a body ending in that map"
+)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+def _trace(model, example_input, caller="use_histogram_pooling"):
+    """Run ``model`` once (eval, no grad); return its output and every module call in completion order.
+
+    Raises:
+        ValueError: the model does not run on ``example_input`` (whatever it raised, in one line, with what is
+            supported), e.g. a ViT that asserts its input size.
+    """
     calls = []
     names = {}
     for name, m in model.named_modules():
@@ -99,6 +116,11 @@ def _trace(model, example_input):
     try:
         with _eval_mode(model), torch.no_grad():
             out = model(example_input)
+    except Exception as e:  # a model this function does not support, or a probe of the wrong size for it
+        raise ValueError(
+            f"{caller}: {type(model).__name__} does not run on a {tuple(example_input.shape)} probe batch "
+            f"({_first_line(e)}); {SUPPORTED}; a CNN that needs another input size takes example_input=[B, C, H, W]"
+        ) from e
     finally:
         for h in handles:
             h.remove()
@@ -197,9 +219,10 @@ def use_histogram_pooling(
         ``model`` is a body whose output is the feature map.
 
     Raises:
-        ValueError: if ``model`` already holds a HistogramPooling, no global average pooling or feature map is
-            found, or the swap would change the model's output or stop it from running (the model is left
-            unchanged).
+        ValueError: if ``model`` already holds a HistogramPooling, does not run on the probe batch (a model this
+            function does not support, e.g. a vision transformer; one line naming the model and what is supported,
+            never the model's own error), no global average pooling or feature map is found, or the swap would
+            change the model's output or stop it from running (the model is left unchanged).
 
     Example::
 
@@ -226,7 +249,7 @@ def use_histogram_pooling(
         if site is None:
             raise ValueError(
                 f"{type(model).__name__}: no global average pooling and no [B, C, H, W] feature map with more than "
-                f"one position on a {tuple(x.shape)} probe (pass a larger example_input, or put "
+                f"one position on a {tuple(x.shape)} probe ({SUPPORTED}; pass a larger example_input, or put "
                 "pml_extensions.trunks.HistogramPooling into the model yourself)"
             )
     channels = site.out_channels if appended else site.in_channels
@@ -256,8 +279,8 @@ def use_histogram_pooling(
         if not isinstance(target, torch.nn.Sequential):
             raise ValueError(
                 f"{type(model).__name__} has no global average pooling module, and its last feature map comes out "
-                f"of `{site.name}` (a {type(target).__name__}), not a Sequential the layer could be appended to: "
-                f"put HistogramPooling({channels}) into the model yourself"
+                f"of `{site.name}` (a {type(target).__name__}), not a Sequential the layer could be appended to "
+                f"({SUPPORTED}): put HistogramPooling({channels}) into the model yourself"
             )
         target.append(pool)
         undo = target.pop
@@ -322,9 +345,9 @@ def pooling_tail(
         example_input: the probe batch (default as in :func:`use_histogram_pooling`).
 
     Raises:
-        ValueError: if ``model`` holds no or several HistogramPooling layers (without ``layer``), ``layer`` is not
-            called exactly once, or the model's output is not the found modules applied to the GAP vector
-            (functional code after the pooling that no module shows).
+        ValueError: if ``model`` holds no or several HistogramPooling layers (without ``layer``), does not run on
+            the probe batch, ``layer`` is not called exactly once, or the model's output is not the found modules
+            applied to the GAP vector (functional code after the pooling that no module shows).
 
     Example::
 
@@ -339,7 +362,7 @@ def pooling_tail(
             raise ValueError(f"{type(model).__name__} must hold exactly one HistogramPooling, found {len(layers)}")
         layer = layers[0]
     x = _probe(model, example_input)
-    out, calls = _trace(model, x)
+    out, calls = _trace(model, x, "pooling_tail")
     index = [i for i, c in enumerate(calls) if c.module is layer]
     if len(index) != 1:
         raise ValueError(f"the HistogramPooling must run exactly once in {type(model).__name__}, ran {len(index)}")

@@ -255,11 +255,12 @@ def insert_template_matching(
         convs (add variant), two (concat).
 
     Raises:
-        TypeError: if ``model`` is not one of the supported architectures (the message names it and lists
-            them).
-        ValueError: on bad block arguments (see :class:`TemplateMatchingBlock`), an unknown ``init`` (lists the
-            valid ones), ``combine="concat"`` on a ResNet whose ``layer4[0]`` has no downsample shortcut, or an
-            ``after`` that is not a stage of the model (its stages are listed) or comes with ``combine="concat"``.
+        TypeError: if ``model`` is not a ``torch.nn.Module``.
+        ValueError: if ``model`` is not one of the supported architectures and no ``after`` is given (one line
+            naming it and listing them, e.g. for a vision transformer); on bad block arguments (see
+            :class:`TemplateMatchingBlock`), an unknown ``init`` (lists the valid ones), ``combine="concat"`` on a
+            ResNet whose ``layer4[0]`` has no downsample shortcut, or an ``after`` that is not a stage of the model
+            (its stages are listed) or comes with ``combine="concat"``.
 
     Example::
 
@@ -285,9 +286,10 @@ def insert_template_matching(
     elif _is_resnet_like(model):
         insert = _insert_resnet
     else:
-        raise TypeError(
+        raise ValueError(
             f"insert_template_matching does not know the architecture {type(model).__name__}; supported: "
             + "; ".join(SUPPORTED)
+            + "; any other CNN with after='<path of its nn.Sequential stage>'"
         )
     if not inplace:
         model = copy.deepcopy(model)
@@ -323,7 +325,7 @@ def template_matching_trunk(model: torch.nn.Module, num_classes: int, **block_kw
             by default the body computes what the model's body computed).
 
     Raises:
-        TypeError: an unsupported architecture (see :func:`insert_template_matching`).
+        ValueError: an unsupported architecture (see :func:`insert_template_matching`).
 
     Example::
 

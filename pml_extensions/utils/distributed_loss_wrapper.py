@@ -1,9 +1,12 @@
 """torch.distributed wrapper for any PML-style loss, including losses that need extra per-sample tensors.
 
-PML's ``utils.distributed.DistributedLossWrapper`` accepts only its own base classes and gathers only embeddings and
-labels. This subclass accepts any loss module taking ``(embeddings, labels, ...)`` and also gathers the extra
-per-sample tensors a loss declares (``XMLWrapper``'s histograms), with the same row order as the embeddings, so the
-loss on every process equals the single-process loss on the gathered batch.
+PML's ``utils.distributed.DistributedLossWrapper`` accepts only its own base classes, gathers only embeddings and
+labels, and puts each process's own rows first, so every process sees the gathered batch in a different order. This
+subclass accepts any loss module taking ``(embeddings, labels, ...)``, also gathers the extra per-sample tensors a
+loss declares (``XMLWrapper``'s histograms), and gathers every tensor in rank order on every process: every process
+calls the loss on the same batch, the single-process batch (rank 0's rows, then rank 1's, ...). Stateful losses
+(PML's ``CrossBatchMemory``, alone or inside ``XMLWrapper``) therefore enqueue the same rows in the same order on
+every process, and their memories stay equal.
 """
 
 import inspect
@@ -12,29 +15,84 @@ import torch
 from pytorch_metric_learning.utils import distributed as pml_dist
 
 
-def _gather_rows(tensor):
-    """Local rows first (with their graph), then the other processes' rows in rank order (no graph) — PML's order."""
-    others = pml_dist.all_gather(tensor)
-    return tensor if others is None else torch.cat([tensor, others], dim=0)
+def _has_memory_bank(loss: torch.nn.Module) -> bool:
+    """A cross-batch memory (PML's ``CrossBatchMemory`` or alike) anywhere inside ``loss``."""
+    return any(torch.is_tensor(getattr(m, "embedding_memory", None)) for m in loss.modules())
+
+
+def _gather_in_rank_order(tensor):
+    """Every process's rows in rank order, this process's own rows being ``tensor`` itself (with its graph; the
+    other rows carry none). Local batch sizes may differ. Returns ``(gathered, sizes)``."""
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    size = torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    torch.distributed.all_gather(sizes, size)
+    sizes = [int(s) for s in sizes]
+    longest = max(sizes)
+    padded = tensor.detach()
+    if tensor.shape[0] < longest:
+        pad = torch.zeros(
+            (longest - tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+        )
+        padded = torch.cat([padded, pad])
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(parts, padded.contiguous())
+    parts = [part[:n] for part, n in zip(parts, sizes)]
+    parts[rank] = tensor
+    return torch.cat(parts, dim=0), sizes
+
+
+def _own_first_to_rank_order(sizes, rank, device):
+    """Position in the rank-order batch of each row of PML's own-rows-first batch ``[own, others in rank order]``."""
+    start = sum(sizes[:rank])
+    total = sum(sizes)
+    return torch.cat(
+        [
+            torch.arange(start, start + sizes[rank], device=device),
+            torch.arange(0, start, device=device),
+            torch.arange(start + sizes[rank], total, device=device),
+        ]
+    )
+
+
+def _remap_indices_tuple(indices_tuple, emb_map, ref_map):
+    """Renumber a mined tuple given against PML's own-rows-first batch (local indices are the own rows) to the
+    rank-order batch: anchors through ``emb_map``, positives/negatives through ``ref_map``."""
+    if indices_tuple is None:
+        return None
+    if len(indices_tuple) == 3:
+        maps = (emb_map, ref_map, ref_map)
+    elif len(indices_tuple) == 4:
+        maps = (emb_map, ref_map, emb_map, ref_map)
+    else:
+        raise ValueError(f"indices_tuple must have 3 or 4 elements, got {len(indices_tuple)}")
+    return tuple(m[t.to(m.device)] for m, t in zip(maps, indices_tuple))
 
 
 class DistributedLossWrapper(pml_dist.DistributedLossWrapper):
-    """Gather embeddings, labels and the loss's extra per-sample tensors across processes, then call the loss.
+    """Gather embeddings, labels and the loss's extra per-sample tensors across processes in rank order, then call
+    the loss.
 
     Args:
         loss: any loss module whose forward takes ``(embeddings, labels, ...)``. If it has a method
             ``extra_tensors_for_gather(embeddings, **kwargs) -> dict`` (``XMLWrapper`` does), the tensors it returns
             ([N, ...] each) are gathered too and passed by keyword.
         efficient: PML's memory-saving mode (local embeddings against gathered references). Not available with
-            extra tensors, because those losses need the whole gathered batch.
+            extra tensors, because those losses need the whole gathered batch, nor with a stateful loss (a memory
+            bank), which must see the same rows on every process.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, **tensors)``
-    returns ``world_size × loss(gathered batch)``, PML's convention that compensates DDP's gradient averaging.
-    Outside an initialised process group it calls the loss unchanged.
+    returns ``world_size × loss(gathered batch)``, PML's convention that compensates DDP's gradient averaging; the
+    gathered batch is every process's rows in rank order, on every process (the single-process batch), so every
+    process returns the same value and a stateful loss's state stays the same on every process. Local batch sizes
+    may differ. ``indices_tuple`` follows PML's convention (indices into PML's own-rows-first gathered batch, so
+    local indices name the local rows) and is renumbered to the rank order. Outside an initialised process group it
+    calls the loss unchanged.
 
     Raises:
         TypeError: if ``loss`` does not take ``(embeddings, labels)``.
-        ValueError: ``efficient=True`` with a loss that has extra tensors; extra tensors with the wrong batch size.
+        ValueError: ``efficient=True`` with a loss that has extra tensors or a memory bank; extra tensors with the
+            wrong batch size.
     """
 
     def __init__(self, loss: torch.nn.Module, efficient: bool = False):
@@ -44,12 +102,21 @@ class DistributedLossWrapper(pml_dist.DistributedLossWrapper):
             raise TypeError(f"loss must be a loss module taking (embeddings, labels, ...), got {type(loss).__name__}")
         if efficient and hasattr(loss, "extra_tensors_for_gather"):
             raise ValueError(f"efficient=True is not supported for {type(loss).__name__}: it needs the gathered batch")
+        if efficient and _has_memory_bank(loss):
+            raise ValueError(
+                f"efficient=True is not supported for {type(loss).__name__}: its memory bank must see the gathered "
+                "batch, the same on every process"
+            )
         self.loss = loss
         self.efficient = efficient
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None, **tensors):
         if hasattr(self.loss, "extra_tensors_for_gather"):
-            tensors = self.loss.extra_tensors_for_gather(embeddings, **tensors)
+            # the loss's own per-sample tensors (histograms...) replace what it takes of the keywords; the others
+            # (e.g. CrossBatchMemory's enqueue_mask) are gathered as they are
+            takes = inspect.signature(self.loss.extra_tensors_for_gather).parameters
+            given = {k: tensors.pop(k) for k in list(tensors) if k in takes and k != "embeddings"}
+            tensors.update(self.loss.extra_tensors_for_gather(embeddings, **given))
         for name, value in tensors.items():
             if torch.is_tensor(value) and value.shape[:1] != embeddings.shape[:1]:
                 raise ValueError(f"{name} has {value.shape[0]} rows but embeddings has {embeddings.shape[0]}")
@@ -58,10 +125,18 @@ class DistributedLossWrapper(pml_dist.DistributedLossWrapper):
             return self._call(embeddings, labels, indices_tuple, ref_emb, ref_labels, tensors)
         if self.efficient:
             return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        all_emb, all_labels, all_ref_emb, all_ref_labels, _ = pml_dist.gather_emb_and_ref(
-            embeddings, labels, ref_emb, ref_labels
-        )
-        gathered = {k: _gather_rows(v) if torch.is_tensor(v) else v for k, v in tensors.items()}
+        rank, device = torch.distributed.get_rank(), embeddings.device
+        all_emb, sizes = _gather_in_rank_order(embeddings)
+        all_labels = None if labels is None else _gather_in_rank_order(labels.to(device))[0]
+        emb_map = _own_first_to_rank_order(sizes, rank, device)
+        all_ref_emb = all_ref_labels = None
+        ref_map = emb_map
+        if ref_emb is not None:
+            all_ref_emb, ref_sizes = _gather_in_rank_order(ref_emb)
+            all_ref_labels = None if ref_labels is None else _gather_in_rank_order(ref_labels.to(device))[0]
+            ref_map = _own_first_to_rank_order(ref_sizes, rank, device)
+        indices_tuple = _remap_indices_tuple(indices_tuple, emb_map, ref_map)
+        gathered = {k: _gather_in_rank_order(v)[0] if torch.is_tensor(v) else v for k, v in tensors.items()}
         return self._call(all_emb, all_labels, indices_tuple, all_ref_emb, all_ref_labels, gathered) * world_size
 
     def _call(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, tensors):

@@ -2,6 +2,7 @@
 which imports it) and every metric of both calculators against a float64 brute force on the engine's float32 scores
 (ties by reference index), on every engine path."""
 
+import functools
 import unittest
 
 import numpy as np
@@ -145,3 +146,66 @@ class TestEveryMetricEqualsTheBruteForce:
         )
         calc.get_accuracy(x, y)
         assert {"gemm", "selection", "rescore", "rank", "metrics"} <= set(calc.stage_seconds)
+
+
+# ------------------------------------------------------------------ k below what a metric needs: PML's warning
+TRUNCATING = ("mean_average_precision_at_r", "r_precision")
+
+
+def _two_thousand_in_ten_classes():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(2000, 32, generator=g), torch.randint(0, 10, (2000,), generator=g)
+
+
+@functools.lru_cache(maxsize=1)
+def _map_at_r_brute_force() -> float:
+    """MAP@R of :func:`_two_thousand_in_ten_classes` by the float64 brute force on the engine's float32 scores."""
+    x, y = _two_thousand_in_ten_classes()
+    k = int(torch.bincount(y).max()) - 1  # every relevant neighbour of every query
+    given = BlockedKNN().float32_scores(x, x)
+    return bf.metrics(x, y, x, y, k=k, self_indices=torch.arange(2000), given=given)["mean_average_precision_at_r"]
+
+
+def _k_warnings(records):
+    return [r.getMessage() for r in records if r.levelname == "WARNING" and "max bin count" in r.getMessage()]
+
+
+@pytest.mark.parametrize("calculator", [ChunkedAccuracyCalculator, AsymmetricAccuracyCalculator])
+class TestKBelowTheMaxBinCount:
+    """``k=10`` on 2,000 points in 10 classes truncates MAP@R and R-precision at 10 neighbours; PML warns (``k (10)
+    is less than the max bin count (222) ...``) and so must the calculators, on the call that computes them. They
+    used to stay silent: the warning read the PREVIOUS call's metric list."""
+
+    def test_a_truncated_map_at_r_warns_in_pml_words(self, calculator, caplog):
+        x, y = _two_thousand_in_ten_classes()
+        max_bin = int(torch.bincount(y).max())
+        with caplog.at_level("INFO", logger="PML"):
+            truncated = calculator(k=10).get_accuracy(x, y)  # every metric, NMI and AMI included
+        (warning,) = _k_warnings(caplog.records)
+        assert f"but the value for k (10) is less than the max bin count ({max_bin}) so the values for these" in warning
+        assert "metrics will be incorrect" in warning and "mean_average_precision_at_r" in warning
+        # the right value: every neighbour a MAP@R needs (k = max bin count), equal to the float64 brute force on
+        # the engine's float32 scores; the truncated one is far below it
+        caplog.clear()
+        with caplog.at_level("INFO", logger="PML"):
+            right = calculator(k="max_bin_count", include=("mean_average_precision_at_r",)).get_accuracy(x, y)
+        assert _k_warnings(caplog.records) == []
+        assert right["mean_average_precision_at_r"] == pytest.approx(_map_at_r_brute_force(), rel=1e-12, abs=1e-15)
+        assert right["mean_average_precision_at_r"] == pytest.approx(0.012834426965452870, rel=1e-12)
+        assert truncated["mean_average_precision_at_r"] == pytest.approx(0.0017762369958011566, rel=1e-12)
+
+    @pytest.mark.parametrize("first, second", [(("precision_at_1",), TRUNCATING), (TRUNCATING, ("precision_at_1",))])
+    def test_a_reused_calculator_warns_on_the_call_that_computes_the_metric(self, calculator, caplog, first, second):
+        x, y = _two_thousand_in_ten_classes()
+        calc = calculator(k=10)
+        for include in (first, second):
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="PML"):
+                calc.get_accuracy(x[:400], y[:400], include=include)
+            assert len(_k_warnings(caplog.records)) == (include == TRUNCATING), include
+
+    def test_clustering_metrics_in_the_same_call_keep_the_warning(self, calculator, caplog):
+        x, y = _two_thousand_in_ten_classes()
+        with caplog.at_level("WARNING", logger="PML"):
+            calculator(k=10, include=("NMI", "r_precision")).get_accuracy(x[:400], y[:400])
+        assert len(_k_warnings(caplog.records)) == 1

@@ -1,6 +1,8 @@
 import copy
+import re
 import unittest
 
+import pytest
 import torch
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners
@@ -198,3 +200,123 @@ class TestXMLBadInput(unittest.TestCase):
             ValueError, "histogram_layer.last_histograms has batch size 4 but embeddings has 8"
         ):
             XMLWrapper(pml_losses.ContrastiveLoss(), histogram_layer=pool)(torch.randn(8, 3), LABELS)
+
+
+# ------------------------------------------------------------ half precision: the lift keeps `ref_emb is embeddings`
+#: every PML loss that accepts no separate reference set: it checks ``ref_emb is embeddings`` (and ``ref_labels is
+#: labels``), which PML's own tests pass (``loss(embeddings, labels, ref_emb=embeddings, ref_labels=labels)``)
+NO_REFERENCE_SET = {
+    "ArcFaceLoss": dict(num_classes=4, embedding_size=8),
+    "CosFaceLoss": dict(num_classes=4, embedding_size=8),
+    "FastAPLoss": {},
+    "HistogramLoss": dict(n_bins=10),
+    "InstanceLoss": {},
+    "LargeMarginSoftmaxLoss": dict(num_classes=4, embedding_size=8),
+    "ManifoldLoss": dict(l=8, K=4),
+    "NPairsLoss": {},
+    "NormalizedSoftmaxLoss": dict(num_classes=4, embedding_size=8),
+    "P2SGradLoss": dict(descriptors_dim=8, num_classes=4),
+    "PNPLoss": {},
+    "ProxyAnchorLoss": dict(num_classes=4, embedding_size=8),
+    "ProxyNCALoss": dict(num_classes=4, embedding_size=8),
+    "RankedListLoss": dict(margin=0.4, Tn=0.1),
+    "SmoothAPLoss": {},
+    "SoftTripleLoss": dict(num_classes=4, embedding_size=8, centers_per_class=2),
+    "SphereFaceLoss": dict(num_classes=4, embedding_size=8),
+    "SubCenterArcFaceLoss": dict(num_classes=4, embedding_size=8),
+}
+
+
+def test_the_table_names_every_pml_loss_that_refuses_a_reference_set():
+    import inspect
+
+    refusing = set()
+    for name in dir(pml_losses):
+        cls = getattr(pml_losses, name)
+        if inspect.isclass(cls) and issubclass(cls, torch.nn.Module):
+            source = "".join(inspect.getsource(k) for k in cls.__mro__ if k.__module__.startswith("pytorch_metric"))
+            if "ref_not_supported" in source:
+                refusing.add(name)
+    assert refusing == set(NO_REFERENCE_SET)
+
+
+def _half_batch(dtype, with_labels=True):
+    g = torch.Generator().manual_seed(1)
+    emb = torch.randn(16, 8, generator=g).to(dtype)
+    return emb, torch.arange(4).repeat_interleave(4) if with_labels else None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(NO_REFERENCE_SET))
+def test_half_precision_ref_emb_is_embeddings_at_weight_zero_is_the_loss(name, dtype):
+    """``XMLWrapper(loss, 0)(emb, labels, ref_emb=emb, ref_labels=labels)`` with float16/bfloat16 ``emb`` raised
+    "ref_emb is not supported for this loss function" where the loss itself returns a value; at ``xml_weight=0``
+    the wrapper is the loss: the same value and dtype, bit for bit (or the loss's own error, e.g. a CPU kernel
+    missing in bfloat16)."""
+    torch.manual_seed(0)
+    inner = getattr(pml_losses, name)(**NO_REFERENCE_SET[name])
+    reference = copy.deepcopy(inner)
+    emb, labels = _half_batch(dtype, with_labels=name != "ManifoldLoss")  # ManifoldLoss takes no labels
+    torch.manual_seed(2)
+    try:
+        expected = reference(emb, labels, ref_emb=emb, ref_labels=labels)
+    except (RuntimeError, AssertionError) as e:  # the loss's own limit in this dtype, which the wrapper keeps
+        with pytest.raises(type(e), match=re.escape(str(e))):
+            XMLWrapper(inner, xml_weight=0)(emb, labels, ref_emb=emb, ref_labels=labels)
+        return
+    torch.manual_seed(2)
+    out = XMLWrapper(inner, xml_weight=0)(emb, labels, ref_emb=emb, ref_labels=labels)
+    assert out.dtype == expected.dtype and torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(set(NO_REFERENCE_SET) - {"ManifoldLoss"}))  # XML needs labels
+def test_half_precision_ref_emb_is_embeddings_through_the_lift(name, dtype):
+    """With the XML term (``xml_weight > 0``) the embeddings are lifted to float32: ``ref_emb`` that was
+    ``embeddings`` is passed on as the lifted embeddings, so the call equals the one without ``ref_emb``."""
+    emb, labels = _half_batch(dtype)
+    hist = simplex_rows(16, 5, seed=3).to(dtype)
+    torch.manual_seed(0)
+    with_ref = XMLWrapper(getattr(pml_losses, name)(**NO_REFERENCE_SET[name]), xml_weight=0.5)
+    without = copy.deepcopy(with_ref)
+    out = with_ref(emb, labels, ref_emb=emb, ref_labels=labels, histograms=hist)
+    assert out.dtype == torch.float32 and torch.isfinite(out)
+    assert torch.equal(out, without(emb, labels, histograms=hist))
+    with pytest.raises(ValueError, match="ref_emb is not supported"):  # a separate reference set stays refused
+        with_ref(emb, labels, ref_emb=emb.clone(), ref_labels=labels, histograms=hist)
+
+
+# ------------------------------------------------------------ calls PML's tests make of a loss, at xml_weight=0
+def test_enqueue_mask_goes_to_the_inner_cross_batch_memory():
+    cbm = pml_losses.CrossBatchMemory(pml_losses.ContrastiveLoss(), embedding_size=3, memory_size=12)
+    reference = copy.deepcopy(cbm)
+    wrapped = XMLWrapper(cbm, xml_weight=0)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        emb, labels = torch.randn(8, 3, generator=g), torch.randint(0, 3, (8,), generator=g)
+        mask = torch.arange(8) % 2 == 0
+        assert torch.equal(wrapped(emb, labels, enqueue_mask=mask), reference(emb, labels, enqueue_mask=mask))
+    assert torch.equal(cbm.embedding_memory, reference.embedding_memory) and cbm.queue_idx == reference.queue_idx
+
+
+def test_labels_none_with_an_indices_tuple_at_weight_zero_only():
+    emb = torch.randn(6, 3, generator=torch.Generator().manual_seed(5))
+    triplets = (torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([4, 5]))
+    loss = pml_losses.TripletMarginLoss(margin=5.0)
+    assert torch.equal(XMLWrapper(loss, xml_weight=0)(emb, None, triplets), loss(emb, None, triplets))
+    with pytest.raises(ValueError, match="labels is None: the XML term splits the batch by class"):
+        XMLWrapper(loss, xml_weight=0.1)(emb, None, triplets, histograms=torch.ones(6, 2) / 2)
+
+
+def test_a_loss_without_labels_is_refused_with_the_xml_term_only():
+    """SelfSupervisedLoss takes (embeddings, ref_emb): at xml_weight=0 the wrapper is the loss, with the XML term
+    (which splits the batch by class) it is refused at construction."""
+    g = torch.Generator().manual_seed(6)
+    emb, ref = torch.randn(6, 3, generator=g), torch.randn(6, 3, generator=g)
+    inner = pml_losses.SelfSupervisedLoss(pml_losses.TripletMarginLoss())
+    assert torch.equal(XMLWrapper(inner, xml_weight=0)(emb, ref), inner(emb, ref))
+    assert torch.equal(XMLWrapper(inner, xml_weight=0)(emb, ref_emb=ref), inner(emb, ref_emb=ref))
+    with pytest.raises(
+        TypeError, match=r"with xml_weight > 0 not SelfSupervisedLoss, which takes \(embeddings, ref_emb\)"
+    ):
+        XMLWrapper(inner, xml_weight=0.1)

@@ -85,7 +85,7 @@ class TestInsertTemplateMatching(unittest.TestCase):
         self.assertIsInstance(model.layer3[-1], TemplateMatchingBlock)
 
     def test_unknown_architecture(self):
-        with self.assertRaises(TypeError) as ctx:
+        with self.assertRaises(ValueError) as ctx:
             insert_template_matching(torchvision.models.squeezenet1_0(weights=None), 3)
         msg = str(ctx.exception)
         for word in ("SqueezeNet", "ResNet", "MobileNetV2", "DenseNet", "resnet18", "densenet121"):

@@ -4,6 +4,7 @@ import os
 import tempfile
 import unittest
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -80,3 +81,94 @@ class TestDistributedLossWrapper(unittest.TestCase):
             DistributedLossWrapper(XMLWrapper(pml_losses.ContrastiveLoss()), efficient=True)
         # PML's own losses are still accepted (any loss module, no class-name list)
         DistributedLossWrapper(pml_losses.TripletMarginLoss())
+
+
+# ---------------------------------------------------------------------------------------- stateful losses (CBM)
+MEMORY = 24
+STEPS = 3
+
+
+def make_memory_loss(pool):
+    inner = pml_losses.CrossBatchMemory(pml_losses.ContrastiveLoss(), embedding_size=3, memory_size=MEMORY)
+    return XMLWrapper(inner, xml_weight=0.5, histogram_layer=pool)
+
+
+def memory_batches():
+    """STEPS global batches of 16 feature maps (8 classes × 2), rank r taking rows [8r, 8r + 8)."""
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for _ in range(STEPS):
+        feats = torch.randn(16, 6, 3, 3, dtype=torch.float64, generator=g)
+        out.append((feats, torch.arange(8).repeat_interleave(2)[torch.randperm(16, generator=g)]))
+    return out
+
+
+def _memory_worker(rank, init_file, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        pool, embedder = make_models()
+        loss_fn = DistributedLossWrapper(make_memory_loss(pool))
+        losses = []
+        for feats, labels in memory_batches():
+            local = slice(rank * 8, (rank + 1) * 8)
+            losses.append(loss_fn(embedder(pool(feats[local])), labels[local]).detach() / WORLD_SIZE)
+        cbm = loss_fn.loss.loss
+        torch.save(
+            {"losses": torch.stack(losses), "memory": cbm.embedding_memory, "labels": cbm.label_memory},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_stateful_loss_every_rank_equals_the_single_process_and_memories_agree():
+    """XMLWrapper(CrossBatchMemory): PML's own-rows-first gather gave each rank a different batch order (PML
+    issue #639), so rank 1's loss and memory differed from rank 0's; in rank order both are the single process's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_memory_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD_SIZE, join=True)
+        results = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=True) for r in range(WORLD_SIZE)]
+    pool, embedder = make_models()
+    single = make_memory_loss(pool)
+    expected = torch.stack([single(embedder(pool(f)), y).detach() for f, y in memory_batches()])
+    for r in results:
+        torch.testing.assert_close(r["losses"], expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(r["memory"], single.loss.embedding_memory, rtol=0, atol=0)
+        assert torch.equal(r["labels"], single.loss.label_memory)
+    assert torch.equal(results[0]["memory"], results[1]["memory"])
+
+
+def _indices_worker(rank, init_file, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        g = torch.Generator().manual_seed(3)
+        emb = torch.randn(10, 3, dtype=torch.float64, generator=g)
+        labels = torch.tensor([0, 1, 0, 1, 2, 2, 3, 3, 4, 4])
+        sizes = (4, 6)  # unequal local batches
+        start = sum(sizes[:rank])
+        local = slice(start, start + sizes[rank])
+        # a local triplet (anchor, positive, negative) of this rank's rows, in PML's convention (local indices)
+        triplet = (torch.tensor([0]), torch.tensor([2 if rank == 0 else 1]), torch.tensor([1 if rank == 0 else 2]))
+        loss_fn = DistributedLossWrapper(pml_losses.TripletMarginLoss(margin=10.0))
+        loss = loss_fn(emb[local], labels[local], triplet) / WORLD_SIZE
+        torch.save({"loss": loss.detach()}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_unequal_batches_and_local_indices_tuple_name_the_local_rows():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_indices_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD_SIZE, join=True)
+        results = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=True) for r in range(WORLD_SIZE)]
+    g = torch.Generator().manual_seed(3)
+    emb = torch.nn.functional.normalize(torch.randn(10, 3, dtype=torch.float64, generator=g))  # LpDistance's default
+    for rank, (a, p, n) in enumerate([(0, 2, 1), (4 + 0, 4 + 1, 4 + 2)]):
+        expected = (emb[a] - emb[p]).norm() - (emb[a] - emb[n]).norm() + 10.0  # one triplet, margin 10: > 0
+        torch.testing.assert_close(results[rank]["loss"], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_efficient_mode_refuses_a_memory_bank():
+    cbm = pml_losses.CrossBatchMemory(pml_losses.ContrastiveLoss(), embedding_size=3)
+    with pytest.raises(ValueError, match="memory bank"):
+        DistributedLossWrapper(cbm, efficient=True)

@@ -37,19 +37,39 @@ def _first_sentence(error: BaseException) -> str:
     return text.split(". ")[0].rstrip(".")
 
 
-def keep_previous(path: str, previous: str) -> None:
-    """Make ``previous`` the file ``path`` now is (a hard link, atomically replacing ``previous``; a copy where
-    links are not supported)."""
-    tmp = previous + ".tmp"
-    if os.path.exists(tmp):
-        os.remove(tmp)
+def _link_or_copy(path: str, dest: str) -> None:
+    """Make ``dest`` (which must not exist) the file ``path`` now is: a hard link, or a copy where links are not
+    supported."""
     try:
-        os.link(path, tmp)
+        os.link(path, dest)
     except OSError as e:
         if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
             raise
-        shutil.copyfile(path, tmp)
-    os.replace(tmp, previous)
+        shutil.copyfile(path, dest)
+
+
+def save_keeping_previous(state: Any, path: str, previous: str) -> None:
+    """``torch.save(state)`` to ``path`` atomically, the file it replaces becoming ``previous``.
+
+    Order: the new checkpoint is written and fsynced to a temporary file; only then is the current ``path`` linked
+    (or copied) to a temporary name, the new file moved onto ``path`` and the link onto ``previous``. So ``path``
+    and ``previous`` are never one file on disk: a save that fails leaves both as they were (two files, the last
+    checkpoint and the one before it), and a process killed between the two moves leaves ``previous`` one
+    checkpoint older (and a stale temporary name, removed by the next save).
+    """
+    link = previous + ".tmp"
+    if os.path.exists(link):
+        os.remove(link)
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(state, tmp)
+            if os.path.exists(path):
+                _link_or_copy(path, link)
+        if os.path.exists(link):
+            os.replace(link, previous)
+    finally:
+        if os.path.exists(link):
+            os.remove(link)
 
 
 def load_weights(path: str, map_location: Any = "cpu") -> Any:
@@ -316,9 +336,8 @@ class Checkpointer:
             except (OSError, sqlite3.Error) as e:
                 raise OutputError.writing(os.path.join(self.folder, "logs"), e) from None
             try:
-                if os.path.exists(self.path):  # the last checkpoint stays, as the previous one (a hard link)
-                    keep_previous(self.path, self.previous_path)
-                atomic_torch_save(state, self.path)
+                # the last checkpoint stays, as the previous one (its own file once the new one is in place)
+                save_keeping_previous(state, self.path, self.previous_path)
             except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
                 raise OutputError.writing(self.path, e) from None
 

@@ -241,9 +241,11 @@ def test_a_full_disk_during_a_commit_is_one_line_and_keeps_the_last_checkpoint(t
     ckpt = _two_commits(folder)
 
     def full(state, path):
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 half a checkpoint")
         raise OSError(errno.ENOSPC, "No space left on device", path)
 
-    monkeypatch.setattr(checkpoint_module, "atomic_torch_save", full)
+    monkeypatch.setattr(checkpoint_module.torch, "save", full)
     with pytest.raises(OutputError) as e:
         ckpt.commit({"epoch": 3, "global_iteration": 3})
     assert str(e.value) == (
@@ -251,3 +253,51 @@ def test_a_full_disk_during_a_commit_is_one_line_and_keeps_the_last_checkpoint(t
         "command to resume from the last checkpoint"
     )
     assert load_weights(ckpt.path)["epoch"] == 2
+
+
+def _files_of(folder):
+    return sorted(f for f in os.listdir(folder) if f != "logs")
+
+
+@pytest.mark.parametrize("where", ["torch.save", "os.replace"])
+def test_after_a_failed_save_the_backup_is_its_own_file(tmp_path, monkeypatch, where):
+    """The previous checkpoint used to be linked to the last one before the new one was written: a failed save left
+    ``checkpoint.prev.pth`` and ``checkpoint.pth`` one file on disk (one inode), so damage to one damaged both."""
+    import errno
+
+    from pml_extensions.runner.errors import OutputError
+    from pml_extensions.runner.experiment import checkpoint as checkpoint_module
+
+    folder = str(tmp_path / "fold_0")
+    ckpt = _two_commits(folder)
+    before = _files_of(folder)
+    if where == "torch.save":  # the disk fills up halfway through the new checkpoint
+
+        def fail(state, path):
+            with open(path, "wb") as f:
+                f.write(b"PK\x03\x04 half a checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+
+        monkeypatch.setattr(checkpoint_module.torch, "save", fail)
+    else:  # the complete new checkpoint cannot be moved onto checkpoint.pth
+        real_replace = os.replace
+
+        def fail(src, dst):
+            if os.path.abspath(dst) == os.path.abspath(ckpt.path):
+                raise OSError(errno.EIO, "Input/output error", dst)
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OutputError):
+        ckpt.commit({"epoch": 3, "global_iteration": 3, "w": torch.full((2,), 3.0)})
+    monkeypatch.undo()
+    assert os.stat(ckpt.path).st_ino != os.stat(ckpt.previous_path).st_ino
+    assert load_weights(ckpt.path)["epoch"] == 2 and load_weights(ckpt.previous_path)["epoch"] == 1
+    assert torch.equal(load_weights(ckpt.previous_path)["w"], torch.full((2,), 1.0))
+    assert _files_of(folder) == before  # no temporary file left behind
+    # the next save succeeds: the last checkpoint becomes the backup, again its own file
+    ckpt.commit({"epoch": 3, "global_iteration": 3, "w": torch.full((2,), 3.0)})
+    assert os.stat(ckpt.path).st_ino != os.stat(ckpt.previous_path).st_ino
+    assert load_weights(ckpt.path)["epoch"] == 3 and load_weights(ckpt.previous_path)["epoch"] == 2
+    _truncate(ckpt.path)  # damage to the last checkpoint is not damage to its backup
+    assert Checkpointer(folder).load_state(log=None)["epoch"] == 2
