@@ -294,7 +294,7 @@ def use_histogram_pooling(
         undo(-1) if appended else undo()
         raise ValueError(
             f"{type(model).__name__}: with HistogramPooling {where} the model no longer runs "
-            f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); the model is left "
+            f"({_first_line(e.__cause__ or e)}); the model is left "
             "unchanged: put HistogramPooling into the model yourself"
         ) from None
     if not _same_output(before, after):

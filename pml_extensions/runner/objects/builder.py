@@ -488,10 +488,10 @@ class Builder:
         return self.build(key, spec)
 
     def _model_function(self, key, name, fn, kwargs):
-        """``fn(**kwargs)`` offline (:mod:`pml_extensions.trunks.offline_weights`): requested weights must be on disk
+        """``fn(**kwargs)`` offline (:mod:`pml_extensions.utils.offline_weights`): requested weights must be on disk
         (one line otherwise, before anything is built), nothing downloads, and ``weights_path`` (for a function that
         does not take it itself) loads a local state dict into the built model."""
-        from ...trunks.offline_weights import check_offline_weights, load_weights_file, no_downloads
+        from ...utils.offline_weights import check_offline_weights, load_weights_file, no_downloads
 
         where = f"{self.where(key)}.{name}"
         path = kwargs.pop("weights_path", None) if "weights_path" not in _parameters(fn) else None

@@ -1,4 +1,4 @@
-"""trunks/offline_weights.py: torchvision model functions with weights on disk only, a local state dict
+"""utils/offline_weights.py: torchvision model functions with weights on disk only, a local state dict
 (``weights_path``), one line for weights that would be downloaded; nothing downloads."""
 
 import os
@@ -10,7 +10,7 @@ import torchvision
 
 from pml_extensions.runner.errors import ConfigError, MissingDataError
 from pml_extensions.runner.objects.builder import Builder
-from pml_extensions.trunks.offline_weights import (
+from pml_extensions.utils.offline_weights import (
     check_offline_weights,
     load_weights_file,
     no_downloads,
