@@ -307,7 +307,9 @@ def code_tables() -> Dict[str, Any]:
         "resolution_dataset_keys": read_table(
             os.path.join(PLUGINS, "resolution_distillation", "settings.py"), "DATASET_KEYS"
         ),
-        "prototype_init_keys": read_table(builder, "PROTOTYPE_INIT_KEYS"),
+        "prototype_init_keys": read_table(
+            os.path.join(PACKAGE, "trunks", "histogram_pooling.py"), "PROTOTYPE_INIT_KEYS"
+        ),
         "param_group_keys": read_table(builder, "PARAM_GROUP_KEYS"),
         "markers": marker_ops(),
     }

@@ -91,6 +91,8 @@ def test_a_model_that_fails_after_the_swap_is_refused_and_left_unchanged():
             return self.pool(self.conv(x)).flatten(1)
 
     model = Picky()
-    with pytest.raises(ValueError, match=r"no longer runs \(AssertionError: not my pooling\); the model is left unchanged"):
+    with pytest.raises(
+        ValueError, match=r"no longer runs \(AssertionError: not my pooling\); the model is left unchanged"
+    ):
         trunks.use_histogram_pooling(model, num_prototypes=2)
     assert type(model.pool) is torch.nn.AdaptiveAvgPool2d
