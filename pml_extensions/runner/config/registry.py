@@ -62,6 +62,7 @@ SEARCH_MODULES = (
     "torchvision.transforms",
     "pml_extensions.runner.objects.mlp",
     "pml_extensions.knn.chunked_accuracy_calculator",
+    "pml_extensions.knn.asymmetric_accuracy_calculator",
     "pml_extensions.explain",
     "torchvision.datasets",
 )
@@ -97,6 +98,7 @@ ROLE_MODULES: Dict[str, tuple] = {
     "accuracy_calculator": (
         "pml_extensions.utils",
         "pml_extensions.knn.chunked_accuracy_calculator",
+        "pml_extensions.knn.asymmetric_accuracy_calculator",
         "pytorch_metric_learning.utils.accuracy_calculator",
     ),
     "hook": (

@@ -172,7 +172,8 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
         where: what the error names when the key has no source (e.g. ``"variants.xml"``).
 
     Raises:
-        ConfigError: one line ``"<file>: <key>: expected ..., got ..."`` (``"<file>: missing key <key>"``).
+        ConfigError: one line ``"<file>: <key>: expected ..., got ..."`` (``"<file>: missing key <key>"``, also for a
+        required key given as ``null``).
     """
     from ..config.sources import source_of
 
@@ -180,7 +181,8 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
     for field in dataclasses.fields(cls):
         meta = field.metadata
         here = f"{where or source_of(sources, field.name)}: {field.name}"
-        if field.name in config:
+        required = field.default is REQUIRED and not meta.get("optional")
+        if field.name in config and not (required and config[field.name] is None):
             value = config[field.name]
         elif field.default is REQUIRED:
             raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}")
