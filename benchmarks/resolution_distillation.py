@@ -278,14 +278,15 @@ def main(argv=None):
     p.add_argument("--experiment-folder", help="default experiments/resolution_distillation_<size>")
     p.add_argument("--resume-anyway", action="store_true", help="continue a folder whose saved config differs")
     p.add_argument("--render-only", action="store_true", help="rewrite the .md from the saved results JSON, no run")
+    p.add_argument("--out", default=RESULTS, help="where the .json / .md go (default benchmarks/results)")
     args = p.parse_args(argv)
     name = "resolution_distillation" if args.size == "quick" else "resolution_distillation_full"
     if args.render_only:
         import json
 
-        with open(os.path.join(RESULTS, name + ".json"), encoding="utf-8") as f:
+        with open(os.path.join(args.out, name + ".json"), encoding="utf-8") as f:
             results = json.load(f)
-        return _write_md(results, name, results["command"].split())
+        return _write_md(results, name, results["command"].split(), args.out)
     selection = {"config_general": ["default", "quick"] if args.size == "quick" else ["default"]}
     config, sources = load_config(protocols.config_path("resolution_distillation"), selection, {})
     if args.seeds:
@@ -300,17 +301,18 @@ def main(argv=None):
         config, folder, sources, on_change="resume" if args.resume_anyway else "stop", command=command
     )
     results = dict(results, command=" ".join(command))
-    atomic_write_json(os.path.join(RESULTS, name + ".json"), results, indent=1)
-    _write_md(results, name, command)
+    os.makedirs(args.out, exist_ok=True)
+    atomic_write_json(os.path.join(args.out, name + ".json"), results, indent=1)
+    _write_md(results, name, command, args.out)
     print(f"experiment folder {folder}")
 
 
-def _write_md(results, name, command):
+def _write_md(results, name, command, out=RESULTS):
     text = markdown_tables(results) + "\n" + claims(results)
     text += f"\nCommand: `{' '.join(command)}`; {results['seconds'] / 60:.1f} min wall for this call.\n"
-    atomic_write_text(os.path.join(RESULTS, name + ".md"), text)
+    atomic_write_text(os.path.join(out, name + ".md"), text)
     print(text)
-    print(f"wrote {os.path.join(RESULTS, name)}.json/.md")
+    print(f"wrote {os.path.join(out, name)}.json/.md")
 
 
 if __name__ == "__main__":

@@ -115,24 +115,27 @@ def _job_needs(config):
 
 
 def test_the_table_of_classes_each_config_needs():
+    """Every config the table names: the package's and the paper reproductions' (``benchmarks/configs``)."""
+    from benchmarks.protocols import CONFIGS
     from pml_extensions.runner.config.loader import (
         CONFIG_FOLDERS,
         config_layout,
         find_config,
-        load_config,
+        merge_config,
         shipped_configs,
     )
 
     table = DOC[DOC.index("| shipped config |") :].split("\n\n")[0]
     mlrc_row = next(line for line in table.splitlines() if line.startswith("| `contrastive`"))
     job_row = next(line for line in table.splitlines() if line.startswith("| `xml_glyphs`"))
-    for name in shipped_configs():
-        root = find_config(name)
+    roots = {name: find_config(name) for name in shipped_configs()}
+    roots.update({name: os.path.join(CONFIGS, name) for name in sorted(os.listdir(CONFIGS))})
+    for name, root in roots.items():
         if config_layout(root) == "flat":
             assert f"`{name}`" in job_row
-            assert _job_needs(load_config(root, check_keys=False)[0]) == int(job_row.rsplit("|", 2)[1])
+            assert _job_needs(merge_config(root)[0]) == int(job_row.rsplit("|", 2)[1])
             continue
-        protocol = load_config(root, check_keys=False)[0].get("protocol")
+        protocol = (merge_config(root)[0].get("protocol") or "mlrc").rsplit(".", 1)[-1]
         if protocol == "resolution_distillation":
             continue
         if protocol in ("template_block", "localization"):  # their data is not a folder of classes
@@ -147,7 +150,7 @@ def test_the_table_of_classes_each_config_needs():
             if f.endswith(".yaml") and f != "default.yaml"
         ]
         for selection in selections:
-            assert _mlrc_needs(load_config(root, selection, check_keys=False)[0]) == int(mlrc_row.rsplit("|", 2)[1]), (
+            assert _mlrc_needs(merge_config(root, selection)[0]) == int(mlrc_row.rsplit("|", 2)[1]), (
                 name,
                 selection,
             )

@@ -81,28 +81,6 @@ def test_stages_results_and_the_generator(tmp_path):
     )
 
 
-def test_a_run_saved_in_the_old_resolution_layout_resumes(tmp_path):
-    """A resolution run saved before the floor plan (one ``resolution_job:`` mapping) resumes under the same settings
-    written as top-level keys; a real change still stops it."""
-    import yaml
-
-    from pml_extensions.runner.config.old_keys import resolution_models
-    from pml_extensions.runner.experiment.folder import prepare_folder
-
-    folder = str(tmp_path / "exp")
-    os.makedirs(folder)
-    job = {"seeds": [0], "device": "cpu", "embedding_dim": 16}
-    open(os.path.join(folder, "config.yaml"), "w").write(
-        yaml.safe_dump({"protocol": "resolution_distillation", "resolution_job": job})
-    )
-    open(os.path.join(folder, "results.json"), "w").write("{}")
-    new = {"protocol": "resolution_distillation", "seeds": [0], "device": "cpu", "models": resolution_models(16)}
-    prepare_folder(folder, new, **QUIET)  # no error: the same run
-    assert yaml.safe_load(open(os.path.join(folder, "config.yaml"))) == new
-    with pytest.raises(ConfigError, match="differs from this run's config in seeds"):
-        prepare_folder(folder, dict(new, seeds=[1]), **QUIET)
-
-
 def test_environment_json_records_what_moves_the_numbers(tmp_path, monkeypatch):
     import json
 

@@ -133,12 +133,13 @@ class TestCheckpoints(unittest.TestCase):
                 self.assertAlmostEqual(self._similarity(), expected, places=5)
 
     def test_resolution_student_query_against_teacher_database(self):
-        from benchmarks.protocols.resolution_distillation.recipe import build_model
+        from benchmarks.protocols.resolution_distillation.recipe import build_model, resolution_models
 
         exp = os.path.join(self.dir, "raml")
         os.makedirs(exp)
         with open(os.path.join(exp, "config.yaml"), "w") as f:
-            yaml.safe_dump({"protocol": "resolution_distillation", "resolution_job": {"embedding_dim": 8}}, f)
+            config = {"protocol": "benchmarks.protocols.resolution_distillation", "models": resolution_models(8)}
+            yaml.safe_dump(config, f)
         models = {}
         for seed, name in ((7, "student_32"), (8, "teacher")):
             torch.manual_seed(seed)
