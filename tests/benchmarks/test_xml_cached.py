@@ -36,6 +36,7 @@ def test_each_part_runs_its_variants_with_the_untrained_row_and_the_shared_cache
     xc = _module()
     config, _, folder = xc.part_config("clipart_last", "runs/x", seeds=[0, 1])
     assert list(config["variants"]) == xc.PARTS["clipart_last"][1]
+    assert config["protocol"] == "benchmarks.protocols.xml_paper"  # results.json gets the xml_loss summaries
     assert config["seeds"] == [0, 1] and config["untrained"] is True
     assert config["experiment_name"] == "xml_cached_clipart_last" and folder == os.path.join(
         "runs/x", config["experiment_name"]
