@@ -3,7 +3,6 @@
 import importlib.util
 import math
 import os
-import sys
 
 import pytest
 
@@ -11,7 +10,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _module():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     spec = importlib.util.spec_from_file_location("xml_cached", os.path.join(ROOT, "benchmarks", "xml_cached.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
