@@ -7,8 +7,8 @@ Steps (each is timed; a failing step is recorded and the next one runs; the exit
 
 1. ``job``: the main XML job through the CLI, ``python -m pml_extensions job --device DEV``;
 2. ``mlrc_quick``: one MLRC config, ``python -m pml_extensions run contrastive_xml --variant quick --device DEV``;
-3. ``resolution_quick``: ``python -m pml_extensions run resolution_distillation --variant quick --device DEV``
-   (with ``--tiny``: one glyph dataset at 32/16 px, one iteration per stage, a 16-D head, as top-level keys);
+3. ``resolution_quick``: ``python -m pml_extensions run benchmarks/configs/resolution_distillation --variant quick
+   --device DEV`` (with ``--tiny``: one glyph dataset at 32/16 px, one iteration per stage, a 16-D head);
 4. ``autocast_<method>_<dtype>``: a few training steps under ``torch.autocast`` in bfloat16 and float16 (GradScaler
    for float16) of every method: HistogramPooling + XMLWrapper(ContrastiveLoss), the template-matching block
    (ResNet-18 + PatchClassificationLoss), RAML distillation (frozen teacher, ResolutionDistillationLoss); the
@@ -139,9 +139,9 @@ def _result_figures(
 
 
 def step_job(device, tiny, work, timeout):
-    cmd = cli("job", "--device", device, "--output", os.path.join(work, "job"))
+    cmd = cli("job", "--device", device, "--root_experiment_folder", os.path.join(work, "job"))
     if tiny:
-        cmd += ["--epochs", "1", "--iterations", "2", "--variants", "contrastive_xml"]
+        cmd += ["--num_epochs", "1", "--iterations_per_epoch", "2", "--variants", "contrastive_xml"]
     status, seconds, note = run_command(cmd, timeout)
     return status, seconds, _result_figures(os.path.join(work, "job")), note
 
@@ -160,7 +160,7 @@ def step_mlrc(device, tiny, work, timeout):
     return status, seconds, _result_figures(os.path.join(work, "mlrc")), note
 
 
-TINY_RESOLUTION = [  # the protocol's top-level keys (the resolution_job: mapping before the floor plan)
+TINY_RESOLUTION = [  # the protocol's top-level keys
     "--datasets~OVERRIDE~", "{glyphs: {database_resolution: 32, query_resolutions: [16], image_size: 32, "
     "max_test_per_class: 4, crop_scale: [0.5, 1.0]}}",
     "--teacher_iterations", "1", "--student_iterations", "1", "--checkpoint_every", "1", "--images_per_batch", "4",
@@ -169,9 +169,22 @@ TINY_RESOLUTION = [  # the protocol's top-level keys (the resolution_job: mappin
 ]  # fmt: skip
 
 
+def _benchmark_configs():
+    """``benchmarks/protocols`` with its plugins registered (the config names its protocol by the dotted path
+    ``benchmarks.protocols.<name>``, which ``--tiny``'s in-process run resolves through the registration)."""
+    try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
+        from benchmarks import protocols
+    except ModuleNotFoundError:  # python benchmarks/gpu_check.py: benchmarks/ is sys.path[0]
+        import protocols
+
+    protocols.register()
+    return protocols
+
+
 def step_resolution(device, tiny, work, timeout):
+    config = _benchmark_configs().config_path("resolution_distillation")
     cmd = cli(
-        "run", "resolution_distillation", "--variant", "quick", "--device", device,
+        "run", config, "--variant", "quick", "--device", device,
         "--root_experiment_folder", os.path.join(work, "resolution"), "--experiment_name", "r",
     )  # fmt: skip
     if tiny:

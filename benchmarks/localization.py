@@ -1,10 +1,10 @@
 """Weakly supervised localisation with explanation maps (Zhu, Yang & Chen, TIP 2021, Sec. VI-A/B, Tables I-IV): a thin
-caller of the runner's ``localization`` protocol with the shipped ``localization`` config, and the paper-layout
-tables of its ``results.json``.
+caller of the ``localization`` protocol (a runner plugin) with the config ``benchmarks/configs/localization``, and the
+paper-layout tables of its ``results.json``.
 
 Everything about the experiment (the composites drawn per seed, MobileNetV2 + GMP + Linear fine-tuned with the
 Multi-Similarity and, paired, the Triplet loss, every method scored under both sign conventions, the rectified
-Grad-CAM identity, the paired statistics) is the protocol's: ``pml_extensions/runner/protocols/localization``. The
+Grad-CAM identity, the paired statistics) is the protocol's: ``benchmarks/protocols/localization``. The
 experiment folder resumes after a kill, ``python -m pml_extensions run --reproduce FOLDER`` reruns it, ``report.html``
 is inside. This script renders ``benchmarks/results/localization.json`` and ``.md`` (the docs'
 ``results:localization`` block): Table I (accuracy per threshold), Table II (best threshold per method, paired
@@ -16,8 +16,8 @@ paired difference and its verdict (:func:`pml_extensions.runner.outputs.results.
     python benchmarks/localization.py --size medium      # 60 test images at 256 px, 60 steps
     python benchmarks/localization.py --size full --device cuda
 
-The same run through the command line: ``python -m pml_extensions run localization`` (``--variant medium``; any
-config key, e.g. ``--iterations_per_epoch 100``).
+The same run through the command line, from the repository's root: ``python -m pml_extensions run
+benchmarks/configs/localization`` (``--variant medium``; any config key, e.g. ``--iterations_per_epoch 100``).
 """
 
 import argparse
@@ -26,14 +26,21 @@ import os
 import sys
 
 import numpy as np
-from protocols.localization import run_units
-from protocols.localization.maps import CONVENTIONS, DEMO, METHODS
 
 from pml_extensions.cli.run import quiet_progress_bars
-from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config
+from pml_extensions.runner.config.loader import CONFIG_FOLDERS
 from pml_extensions.runner.outputs.results import compare, format_difference, format_mean_std, verdict_word
 from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+
+try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
+    from benchmarks import protocols
+except ModuleNotFoundError:  # python benchmarks/localization.py: benchmarks/ is sys.path[0]
+    import protocols
+
+protocols.register()  # the config names its protocol benchmarks.protocols.localization
+_maps = protocols.localization.maps
+CONVENTIONS, DEMO, METHODS = _maps.CONVENTIONS, _maps.DEMO, _maps.METHODS
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SIZES = ("quick", "medium", "full")
@@ -54,8 +61,9 @@ PAPER = {
 
 
 def size_config(args):
-    """``(config, sources)``: the shipped ``localization`` config at ``args.size`` with the command line's changes."""
-    root = find_config("localization")
+    """``(config, sources)``: the config ``benchmarks/configs/localization`` at ``args.size`` with the command line's
+    changes."""
+    root = protocols.config_path("localization")
     selection = {}
     for folder in CONFIG_FOLDERS:
         if os.path.isdir(os.path.join(root, folder)):
@@ -354,7 +362,7 @@ def main(argv=None):
         from pml_extensions.runner.experiment.folder import prepare_folder
 
         prepare_folder(folder, config, on_change=on_change, command=command, log=log)
-        run_units(config, folder, sources, log=log, seeds=args.only_seeds)
+        protocols.localization.Localization(config, folder, sources, log).run_units(seeds=args.only_seeds)
         return None
     run_protocol(config, folder, sources, log=log, on_change=on_change, command=command)
     return render(args, folder, args.out)

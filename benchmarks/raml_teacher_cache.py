@@ -27,11 +27,18 @@ import sys
 import time
 
 import torch
-from protocols.resolution_distillation import recipe
-from protocols.resolution_distillation.student import build_student
 
 from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+
+try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
+    from benchmarks import protocols
+except ModuleNotFoundError:  # python benchmarks/raml_teacher_cache.py: benchmarks/ is sys.path[0]
+    import protocols
+
+protocols.register()
+recipe = protocols.resolution_distillation.recipe
+build_student = protocols.resolution_distillation.student.build_student
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -174,7 +174,7 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
         Step("mlrc_quick", [PY, "benchmarks/mlrc_quick.py"] + dev, ["mlrc_quick"]),
         Step(
             "xml_vs_gap",
-            [PY, "-m", "pml_extensions", "job", "--output", runs, "--new"] + dev,
+            [PY, "-m", "pml_extensions", "job", "--root_experiment_folder", runs, "--new"] + dev,
             ["xml_vs_gap"],
             alone=True,
             fresh=(job_folder,),

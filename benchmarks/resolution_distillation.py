@@ -1,13 +1,15 @@
 """RAML (Suma & Tolias, WACV 2023) paper Tables 2-4 and the asymmetric-vs-iterations curve: a thin caller of the
-runner's ``resolution_distillation`` protocol with the shipped config, and the paper-layout tables of its
-``results.json`` (the protocol writes the generic ``results.md``; the layout below is the paper's).
+``resolution_distillation`` protocol (a runner plugin) with the config ``benchmarks/configs/resolution_distillation``,
+and the paper-layout tables of its ``results.json`` (the protocol writes the generic ``results.md``; the layout below is
+the paper's).
 
     python benchmarks/resolution_distillation.py --size quick             # CPU, glyphs, 3 seeds (~15-30 min, 2 cores)
     python benchmarks/resolution_distillation.py --size full --device cuda
     python benchmarks/resolution_distillation.py --size quick --seeds 0 1 2 3 4
 
-The same run as ``python -m pml_extensions run resolution_distillation --variant quick`` (``--size full``: no
-variant); the experiment folder (default ``experiments/resolution_distillation_<size>``) resumes after a kill.
+The same run as ``python -m pml_extensions run benchmarks/configs/resolution_distillation --variant quick`` from the
+repository's root (``--size full``: no variant); the experiment folder (default
+``experiments/resolution_distillation_<size>``) resumes after a kill.
 Writes ``benchmarks/results/resolution_distillation{,_full}.json`` (the protocol's results.json) and ``.md`` (the
 paper-layout tables and, beside each of the paper's claims, what this run measured).
 """
@@ -18,13 +20,20 @@ import sys
 from typing import List
 
 import numpy as np
-from protocols.resolution_distillation.evaluation import selection_lines
-from protocols.resolution_distillation.variants import PRIMARY, TABLE2_SETUPS, variant_name
 
-from pml_extensions.runner.config.loader import find_config
 from pml_extensions.runner.outputs.results import verdict_word
 from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+
+try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
+    from benchmarks import protocols
+except ModuleNotFoundError:  # python benchmarks/resolution_distillation.py: benchmarks/ is sys.path[0]
+    import protocols
+
+protocols.register()  # the config names its protocol benchmarks.protocols.resolution_distillation
+_variants = protocols.resolution_distillation.variants
+PRIMARY, TABLE2_SETUPS, variant_name = _variants.PRIMARY, _variants.TABLE2_SETUPS, _variants.variant_name
+selection_lines = protocols.resolution_distillation.evaluation.selection_lines
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -269,16 +278,17 @@ def main(argv=None):
     p.add_argument("--experiment-folder", help="default experiments/resolution_distillation_<size>")
     p.add_argument("--resume-anyway", action="store_true", help="continue a folder whose saved config differs")
     p.add_argument("--render-only", action="store_true", help="rewrite the .md from the saved results JSON, no run")
+    p.add_argument("--out", default=RESULTS, help="where the .json / .md go (default benchmarks/results)")
     args = p.parse_args(argv)
     name = "resolution_distillation" if args.size == "quick" else "resolution_distillation_full"
     if args.render_only:
         import json
 
-        with open(os.path.join(RESULTS, name + ".json"), encoding="utf-8") as f:
+        with open(os.path.join(args.out, name + ".json"), encoding="utf-8") as f:
             results = json.load(f)
-        return _write_md(results, name, results["command"].split())
+        return _write_md(results, name, results["command"].split(), args.out)
     selection = {"config_general": ["default", "quick"] if args.size == "quick" else ["default"]}
-    config, sources = load_config(find_config("resolution_distillation"), selection, {})
+    config, sources = load_config(protocols.config_path("resolution_distillation"), selection, {})
     if args.seeds:
         config["seeds"] = list(args.seeds)
     if args.device:
@@ -291,17 +301,18 @@ def main(argv=None):
         config, folder, sources, on_change="resume" if args.resume_anyway else "stop", command=command
     )
     results = dict(results, command=" ".join(command))
-    atomic_write_json(os.path.join(RESULTS, name + ".json"), results, indent=1)
-    _write_md(results, name, command)
+    os.makedirs(args.out, exist_ok=True)
+    atomic_write_json(os.path.join(args.out, name + ".json"), results, indent=1)
+    _write_md(results, name, command, args.out)
     print(f"experiment folder {folder}")
 
 
-def _write_md(results, name, command):
+def _write_md(results, name, command, out=RESULTS):
     text = markdown_tables(results) + "\n" + claims(results)
     text += f"\nCommand: `{' '.join(command)}`; {results['seconds'] / 60:.1f} min wall for this call.\n"
-    atomic_write_text(os.path.join(RESULTS, name + ".md"), text)
+    atomic_write_text(os.path.join(out, name + ".md"), text)
     print(text)
-    print(f"wrote {os.path.join(RESULTS, name)}.json/.md")
+    print(f"wrote {os.path.join(out, name)}.json/.md")
 
 
 if __name__ == "__main__":

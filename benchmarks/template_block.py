@@ -5,15 +5,15 @@ runner's ``template_block`` protocol, and the paper-layout tables of its results
 Three experiments, each an experiment folder of the runner (resumable after a kill, ``run --reproduce`` works on it,
 ``report.html`` inside):
 
-- ``fashion_lambda``: the shipped config ``template_block_table1`` on Fashion-MNIST: Table 1 (baseline, + block,
-  auxiliary loss only, a wider baseline with at least the block's parameters) and Fig. 4's λ sweep;
+- ``fashion_lambda``: the config ``benchmarks/configs/template_block_table1`` on Fashion-MNIST: Table 1 (baseline,
+  + block, auxiliary loss only, a wider baseline with at least the block's parameters) and Fig. 4's λ sweep;
 - ``glyphs``: the same Table 1 variants on the glyphs (``--config_dataset [default, with_glyphs]``);
 - ``ablation``: ``template_block_soft_maximizers``, Fig. 3 (BN-ReLU vs the two soft maximizers, μ and η estimated
   from the trained BN-ReLU models).
 
 ``--size`` picks the configs' variant (``quick``: 200 iterations, a smoke run; ``medium``: the configs' default, the
 docs' 500 iterations; ``full``: the GPU size). Everything about the experiments (data, pairing, selection on
-validation images, statistics) is the protocol's: see ``pml_extensions/runner/protocols/template_block``. This
+validation images, statistics) is the protocol's: see ``benchmarks/protocols/template_block``. This
 script renders ``benchmarks/results/template_block.json`` and ``.md`` (the docs' ``results:template_block`` block)
 from the three ``results.json`` files: the per-dataset Table 1, the λ sweep, the soft-maximizer table and each paper
 claim beside our paired difference and its verdict (:func:`pml_extensions.runner.outputs.results.verdict_word`).
@@ -23,8 +23,9 @@ claim beside our paired difference and its verdict (:func:`pml_extensions.runner
     python benchmarks/template_block.py --size medium --render-only            # tables from finished experiments
     python benchmarks/template_block.py --size full --device cuda
 
-The same runs through the command line: ``python -m pml_extensions run template_block_table1`` (``--variant quick``,
-``--config_dataset [default, with_glyphs]``) and ``run template_block_soft_maximizers``.
+The same runs through the command line, from the repository's root: ``python -m pml_extensions run
+benchmarks/configs/template_block_table1`` (``--variant quick``, ``--config_dataset [default, with_glyphs]``) and ``run
+benchmarks/configs/template_block_soft_maximizers``.
 """
 
 import argparse
@@ -36,15 +37,22 @@ import sys
 import numpy as np
 
 from pml_extensions.cli.run import quiet_progress_bars
-from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config, select_variants
+from pml_extensions.runner.config.loader import CONFIG_FOLDERS, select_variants
 from pml_extensions.runner.outputs.results import compare, format_difference, format_mean_std, verdict_word, wins
 from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
 
+try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
+    from benchmarks import protocols
+except ModuleNotFoundError:  # python benchmarks/template_block.py: benchmarks/ is sys.path[0]
+    import protocols
+
+protocols.register()  # the configs name their protocol benchmarks.protocols.template_block
+
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SIZES = ("quick", "medium", "full")
 TABLE1 = ("baseline", "block", "aux_only", "wider")
-#: part -> (shipped config, extra dataset file, variants (None: all))
+#: part -> (config of benchmarks/configs, extra dataset file, variants (None: all))
 PARTS = {
     "fashion_lambda": ("template_block_table1", None, None),
     "glyphs": ("template_block_table1", "with_glyphs", TABLE1),
@@ -60,9 +68,9 @@ FASHION_CLASSES = ["T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", 
 
 
 def part_config(part, size, device=None, seeds=None, perturbed_samples=None):
-    """``(config, sources)`` of one experiment at ``size`` (the shipped config with its size variant selected)."""
+    """``(config, sources)`` of one experiment at ``size`` (its config with the size variant selected)."""
     name, dataset_file, variants = PARTS[part]
-    root = find_config(name)
+    root = protocols.config_path(name)
     selection = {}
     for folder in CONFIG_FOLDERS:
         files = ["default"] if os.path.isdir(os.path.join(root, folder)) else []
@@ -371,11 +379,10 @@ def visual_words(root, out_dir, k=32, max_images=1000):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import torch
-    from protocols.template_block import load_models
 
     from pml_extensions.trunks import template_matching_blocks
 
-    models, views = load_models(os.path.join(root, "fashion_lambda"), "block")
+    models, views = protocols.template_block.load_models(os.path.join(root, "fashion_lambda"), "block")
     trunk = models["trunk"].eval()
     block = template_matching_blocks(trunk)[0]
     test = views["test"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Template-matching block with power (issue 24, item 3): the shipped ``template_block_cached_clipart`` config run
-through the runner (protocol ``template_block`` with ``feature_cache``), Table 1's layout on pretrained features.
+"""Template-matching block with power (issue 24, item 3): ``benchmarks/configs/template_block_cached_clipart``
+runs through the runner (protocol ``template_block`` with ``feature_cache``), Table 1's layout on pretrained features.
 
 ImageNet MobileNetV2 (offline weights) frozen up to the input of its last stage, its outputs cached once per task;
 the plain last stage (baseline), + the template-matching block between the last two stages (block), + its auxiliary
@@ -27,10 +27,17 @@ import sys
 import time
 
 from pml_extensions.cli.run import quiet_progress_bars
-from pml_extensions.runner.config.loader import CONFIG_FOLDERS, find_config
+from pml_extensions.runner.config.loader import CONFIG_FOLDERS
 from pml_extensions.runner.outputs.results import compare, effect_bound, format_difference, verdict_word, wins
 from pml_extensions.runner.protocols import load_config
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+
+try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
+    from benchmarks import protocols
+except ModuleNotFoundError:  # python benchmarks/template_block_cached.py: benchmarks/ is sys.path[0]
+    import protocols
+
+protocols.register()  # the config names its protocol benchmarks.protocols.template_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -55,9 +62,9 @@ LABELS = {
 
 
 def task_config(task: str, size: str = "medium", seeds=None, device: str = "cpu", runs: str = RUNS):
-    """``(config, sources, experiment folder)`` of one task: the shipped config (``dml`` adds every folder's
-    ``dml.yaml``; ``quick`` its ``quick.yaml``), the task's own cache folder under ``runs``."""
-    root = find_config(CONFIG)
+    """``(config, sources, experiment folder)`` of one task: the config ``benchmarks/configs/<CONFIG>`` (``dml`` adds
+    every folder's ``dml.yaml``; ``quick`` its ``quick.yaml``), the task's own cache folder under ``runs``."""
+    root = protocols.config_path(CONFIG)
     selection = {}
     for folder in CONFIG_FOLDERS:
         if not os.path.isdir(os.path.join(root, folder)):
@@ -97,18 +104,16 @@ def run_part(part: str, task: str, size: str, seeds, device: str, runs: str, sha
     """``cache``: build the task's caches (every variant's); ``train``: train this shard's seeds (``(i, n)``: seeds
     ``i, i + n, ...`` of the config); ``gather``: the whole experiment (finds the finished units) and its
     ``results.json``."""
-    from protocols.template_block import prepare, run_units
-
     from pml_extensions.runner.protocols import run_protocol
 
     config, sources, folder = task_config(task, size, seeds, device, runs)
     start = time.time()
     if part == "cache":
-        prepare(config, folder, sources, log=_log)
+        protocols.template_block.TemplateBlock(config, folder, sources, log=_log).prepare()
     elif part == "train":
         chosen = list(config["seeds"]) if shard is None else list(config["seeds"])[shard[0] :: shard[1]]
-        for seed in chosen:  # seed after seed (every variant of a seed), so a stopped shard leaves whole seeds
-            run_units(config, folder, sources, log=_log, seeds=[seed])
+        # seed after seed (every variant of a seed), so a stopped shard leaves whole seeds
+        protocols.template_block.TemplateBlock(config, folder, sources, log=_log).run_units(seeds=chosen)
     else:  # a gather over more seeds than the last one continues the same experiment
         run_protocol(config, folder, sources, log=_log, on_change="resume")
     return {"seconds": time.time() - start}

@@ -34,7 +34,7 @@ def run_job(threads: int, out: str) -> str:
     root = os.path.join(out, f"threads_{threads}")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TQDM_DISABLE="1")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "pml_extensions", "job", "--output", root, "--new", "--device", "cpu"]
+    cmd = [sys.executable, "-m", "pml_extensions", "job", "--root_experiment_folder", root, "--new", "--device", "cpu"]
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     return os.path.join(root, "xml_glyphs")
 

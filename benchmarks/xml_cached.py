@@ -1,6 +1,7 @@
-"""XML vs GAP with power (issue 24, item 2): the shipped ``xml_cached_clipart`` and ``xml_cached_glyphs`` configs run
-through the runner (protocol ``xml_vs_gap`` with ``feature_cache``, ``selection: mean_validation_curve``,
-``untrained: true``), 20 paired seeds, plus the XML paper's generalisation probe (MAP_x, MAP_c) on the same models.
+"""XML vs GAP with power (issue 24, item 2): the configs ``benchmarks/configs/xml_cached_clipart`` and
+``xml_cached_glyphs`` run through the runner (protocol ``benchmarks.protocols.xml_paper``: the ``paired`` protocol with
+the XML paper's readings; ``feature_cache``, ``selection: mean_validation_curve``, ``untrained: true``), 20 paired
+seeds, plus the XML paper's generalisation probe (MAP_x, MAP_c) on the same models.
 
 ImageNet MobileNetV2 (offline weights) frozen; its prefix outputs are cached once per dataset in a folder the
 experiments share. Open Clip Art runs as two experiments (the variants of the two settings: ``*_frozen``, frozen up
@@ -31,6 +32,13 @@ import torch
 from pml_extensions.runner.outputs.results import effect_bound
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
+try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
+    from benchmarks import protocols
+except ModuleNotFoundError:  # python benchmarks/xml_cached.py: benchmarks/ is sys.path[0]
+    import protocols
+
+protocols.register()  # the configs name their protocol benchmarks.protocols.xml_paper
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RUNS = os.path.join("runs", "xml_cached")
@@ -58,12 +66,12 @@ UNTRAINED = "untrained"
 
 
 def part_config(part: str, runs: str, seeds=None, device: str = "cpu"):
-    """``(config, sources, experiment folder)`` of one experiment part: the shipped config with the part's
-    variants and their comparisons (``untrained`` kept), the shared cache folder and the experiment name."""
+    """``(config, sources, experiment folder)`` of one experiment part: its config (``benchmarks/configs``) with the
+    part's variants and their comparisons (``untrained`` kept), the shared cache folder and the experiment name."""
     from pml_extensions.cli.job import load_job_config
 
     name, variants, cache = PARTS[part]
-    config, sources = load_job_config([name, "--device", device])
+    config, sources = load_job_config([protocols.config_path(name), "--device", device])
     if seeds is not None:
         config["seeds"] = [int(s) for s in seeds]
     if variants is not None:
@@ -78,12 +86,11 @@ def part_config(part: str, runs: str, seeds=None, device: str = "cpu"):
 def build_caches(runs: str, rank: int, world_size: int, device: str) -> dict:
     """This shard of every cache of both configs (the last process to finish completes a cache and derives the
     features.18 one). Returns ``{config: complete}``."""
-    from pml_extensions.runner.protocols.paired.protocol import build_feature_caches
-
     out = {}
     for part in ("clipart_frozen", "clipart_last", "glyphs"):
         config, sources, folder = part_config(part, runs, device=device)
-        out[part] = build_feature_caches(config, folder, rank=rank, world_size=world_size, sources=sources)
+        experiment = protocols.xml_paper.XMLPaper(config, folder, sources)
+        out[part] = experiment.build_caches(rank=rank, world_size=world_size)
     return out
 
 
@@ -283,7 +290,7 @@ def markdown(out: dict) -> str:
     n = len(out["seeds"])
     lines = [
         f"`python benchmarks/xml_cached.py` (the runner: configs `xml_cached_clipart` / `xml_cached_glyphs`, protocol "
-        f"`xml_vs_gap` with `feature_cache`), {n} paired seeds. ImageNet MobileNetV2 (offline weights), its frozen "
+        f"`xml_paper` with `feature_cache`), {n} paired seeds. ImageNet MobileNetV2 (offline weights), its frozen "
         "prefix's outputs cached once (2 seeded views of every training image; Open Clip Art at 128 px, glyphs at "
         "96 px); HistogramPooling(1280, 64) + XMLWrapper (λ = 0.01, ridge 0.05, pooled target) against GAP, "
         "Linear(1280, 64) embedder, batch 32. 8 of the 30 (glyphs: 31) training classes validate; the training "

@@ -32,6 +32,7 @@ import torch
 import yaml
 
 from pml_extensions.runner.outputs.results import summarize, verdict, write_results
+from pml_extensions.runner.protocols.paired.protocol import Paired
 from pml_extensions.runner.protocols.paired.unit import load_models, load_split, make_loader
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
 from pml_extensions.utils.ridge import ridge_prototypes
@@ -111,9 +112,8 @@ def main(argv=None):
         p.error(f"--splits must be >= 100 (the paper uses 1000), got {args.splits}")
     with open(os.path.join(args.run_folder, "config.yaml"), encoding="utf-8") as f:
         config = yaml.safe_load(f)
-    from pml_extensions.runner.config.loader import variant_configs
-
-    merged = variant_configs(config)
+    merged, _, _ = Paired.variants(config)  # the job's variant configs and its seeds, as the protocol reads them
+    seeds = Paired.read(config).seeds
     pairs = [tuple(x.split(":")) for x in args.pairs]
     wanted = [v for pair in pairs for v in pair]
     variants = [v for v in config["variants"] if v in wanted]
@@ -122,7 +122,7 @@ def main(argv=None):
     per_seed, per_split = {}, {}
     for name in variants:
         cfg = merged[name]
-        for seed in config["seeds"]:
+        for seed in seeds:
             stage = os.path.join(args.run_folder, name, f"seed_{seed}")
             if not os.path.exists(os.path.join(stage, "best_models.pth")):
                 raise SystemExit(f"error: {stage}/best_models.pth missing: run the main job first")
@@ -143,7 +143,7 @@ def main(argv=None):
         metrics=["map_unseen", "map_seen"],
         extra={
             "run_folder": os.path.basename(os.path.normpath(args.run_folder)),
-            "seeds": config["seeds"],
+            "seeds": seeds,
             "splits": args.splits,
             "seconds": time.time() - start,
             "per_split": per_split,

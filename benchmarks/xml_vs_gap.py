@@ -1,13 +1,20 @@
-"""The main job's README table (``results:xml_vs_gap``): the job's own ``results.md`` (rendered again from its
-``results.json`` by the protocol's :func:`~pml_extensions.runner.protocols.paired.protocol.markdown_parts`) and,
-beside it, the paper's claim with the verdict of every XML-vs-GAP comparison.
+"""The main job's README table (``results:xml_vs_gap``): the job's own ``results.md`` (its text and tables rendered
+again from its ``results.json`` by the ``paired`` protocol's
+:meth:`~pml_extensions.runner.protocols.paired.protocol.Paired.header`) and, beside it, the paper's claim with the
+verdict of every XML-vs-GAP comparison and the XML term's ``xml_loss`` summaries.
+
+The job runs the package's ``paired`` protocol, which does not record ``xml_loss``: this script reads it from the
+run folder itself, :func:`benchmarks.protocols.xml_paper.xml_loss_curve` of every unit of a variant whose XMLWrapper
+has a positive ``xml_weight`` (the variant configs come from the folder's ``config.yaml``), and adds the summaries to
+the copied JSON as ``xml_loss_curves`` (what ``protocol: benchmarks.protocols.xml_paper`` writes itself); the text
+below the claim is that protocol's footer.
 
 The claim (XML, ICIP 2023: XML gives "consistent improvements" on unseen classes) concerns the comparisons whose
 variant trains an XMLWrapper with a positive weight (a variant with an ``xml_loss`` curve in the results) against a
 baseline without one (no ``xml`` counters in its units). Verdicts:
 :func:`pml_extensions.runner.outputs.results.verdict`.
 
-    python -m pml_extensions job --output runs --new            # the job (benchmarks/reproduce.py runs it)
+    python -m pml_extensions job --root_experiment_folder runs --new   # the job (benchmarks/reproduce.py runs it)
     python benchmarks/xml_vs_gap.py --run-folder runs/xml_glyphs  # -> benchmarks/results/xml_vs_gap.json / .md
     python benchmarks/xml_vs_gap.py --from-json benchmarks/results/xml_vs_gap.json   # re-render the .md only
 """
@@ -15,17 +22,57 @@ baseline without one (no ``xml`` counters in its units). Verdicts:
 import argparse
 import json
 import os
-import shutil
+from types import SimpleNamespace
 
+from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.experiment.folder import saved_config
 from pml_extensions.runner.outputs.results import render_markdown, verdict
-from pml_extensions.runner.protocols.paired.protocol import markdown_parts
-from pml_extensions.runner.protocols.paired.unit import METRICS
-from pml_extensions.utils.atomic_io import atomic_write_text
+from pml_extensions.runner.protocols.paired.protocol import METRICS, Paired
+from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+
+try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
+    from benchmarks import protocols
+except ModuleNotFoundError:  # python benchmarks/xml_vs_gap.py: benchmarks/ is sys.path[0]
+    import protocols
+
+protocols.register()
+XMLPaper, xml_loss_curve, xml_weight = (
+    protocols.xml_paper.XMLPaper,
+    protocols.xml_paper.xml_loss_curve,
+    protocols.xml_paper.xml_weight,
+)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 CLAIM = (
     'Paper (XML, ICIP 2023): XML gives "consistent improvements" on unseen classes. Here, per XML-vs-GAP comparison:'
 )
+
+
+def xml_loss_curves(run_folder: str, results: dict) -> dict:
+    """``{variant: {seed: summary}}``: :func:`xml_loss_curve` of every unit (``<variant>/seed_<s>``) of the variants
+    whose XMLWrapper has a positive ``xml_weight`` in the run's ``config.yaml`` (as ``XMLPaper`` records them).
+
+    Raises:
+        ConfigError: the folder has no ``config.yaml``.
+    """
+    config = saved_config(run_folder)
+    if config is None:
+        raise ConfigError(f"{run_folder}: no config.yaml (not a finished job folder)")
+    configs, _, _ = Paired.variants(config)
+    return {
+        name: {str(s): xml_loss_curve(os.path.join(run_folder, name, f"seed_{s}")) for s in results["seeds"]}
+        for name, cfg in configs.items()
+        if (xml_weight(cfg) or 0) > 0
+    }
+
+
+def _protocol_view(results: dict) -> SimpleNamespace:
+    """What :meth:`Paired.header` reads of a protocol (the first variant's settings), taken from ``results``, so the
+    job's text is rendered from its ``results.json`` alone."""
+    first = next(iter(results["units"]))
+    keys = ("dataset", "num_epochs", "iterations_per_epoch", "batch_size")
+    settings = SimpleNamespace(**{k: results[k] for k in keys})
+    return SimpleNamespace(variant_configs={first: None}, variant_settings={first: settings})
 
 
 def xml_vs_gap_comparisons(results: dict) -> list:
@@ -37,12 +84,14 @@ def xml_vs_gap_comparisons(results: dict) -> list:
 
 
 def markdown(results: dict) -> str:
-    """The job's ``results.md`` followed by the paper's claim and a verdict line per XML-vs-GAP comparison."""
-    header, footer = markdown_parts(results)
-    md = render_markdown(results, list(METRICS), header)
+    """The job's ``results.md`` followed by the paper's claim, a verdict line per XML-vs-GAP comparison and the
+    ``xml_loss`` summaries (``XMLPaper``'s footer)."""
+    view = _protocol_view(results)
+    md = render_markdown(results, list(METRICS), Paired.header(view, results))
     claims = [f"- {verdict(c)}" for c in xml_vs_gap_comparisons(results)]
     if claims:
         md += "\n" + CLAIM + "\n" + "\n".join(claims) + "\n"
+    footer = XMLPaper.footer(view, results)
     if footer:
         md += "\n" + footer.rstrip() + "\n"
     return md
@@ -51,18 +100,21 @@ def markdown(results: dict) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run-folder", help="the job's experiment folder (results.json inside)")
+    source.add_argument("--run-folder", help="the job's experiment folder (results.json and config.yaml inside)")
     source.add_argument("--from-json", help="a results.json already copied (re-render the .md next to it)")
     p.add_argument("--out", default=RESULTS, help="where xml_vs_gap.json / .md go (with --run-folder)")
     args = p.parse_args(argv)
     if args.run_folder:
+        with open(os.path.join(args.run_folder, "results.json"), encoding="utf-8") as f:
+            results = json.load(f)
+        results["xml_loss_curves"] = xml_loss_curves(args.run_folder, results)
         os.makedirs(args.out, exist_ok=True)
         json_path = os.path.join(args.out, "xml_vs_gap.json")
-        shutil.copyfile(os.path.join(args.run_folder, "results.json"), json_path)
+        atomic_write_json(json_path, results, indent=2)
     else:
         json_path = args.from_json
-    with open(json_path, encoding="utf-8") as f:
-        results = json.load(f)
+        with open(json_path, encoding="utf-8") as f:
+            results = json.load(f)
     md = markdown(results)
     atomic_write_text(os.path.splitext(json_path)[0] + ".md", md)
     print(md)

@@ -47,7 +47,7 @@ class TestReproduce(unittest.TestCase):
             ],
         )
         self.assertIn(
-            "xml_vs_gap: python -m pml_extensions job --output runs/reproduce/full --new --device cuda"
+            "xml_vs_gap: python -m pml_extensions job --root_experiment_folder runs/reproduce/full --new --device cuda"
             "  [alone, every core]",
             lines,
         )

@@ -3,7 +3,6 @@
 import importlib.util
 import math
 import os
-import sys
 
 import pytest
 
@@ -11,7 +10,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _module():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     spec = importlib.util.spec_from_file_location("xml_cached", os.path.join(ROOT, "benchmarks", "xml_cached.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -36,6 +34,7 @@ def test_each_part_runs_its_variants_with_the_untrained_row_and_the_shared_cache
     xc = _module()
     config, _, folder = xc.part_config("clipart_last", "runs/x", seeds=[0, 1])
     assert list(config["variants"]) == xc.PARTS["clipart_last"][1]
+    assert config["protocol"] == "benchmarks.protocols.xml_paper"  # results.json gets the xml_loss summaries
     assert config["seeds"] == [0, 1] and config["untrained"] is True
     assert config["experiment_name"] == "xml_cached_clipart_last" and folder == os.path.join(
         "runs/x", config["experiment_name"]

@@ -47,7 +47,7 @@ from pml_extensions.runner.protocols.paired_protocol import PairedProtocol
 from . import variant as variants_
 from .data import build_views
 from .settings import check_task, check_variant
-from .unit import load_unit_models, per_seed_row, primary_metric, train_unit
+from .unit import RETRIEVAL_METRICS, load_unit_models, per_seed_row, primary_metric, train_unit
 
 DATA_KEYS = ("task", "dataset", "test_dataset", "dataset_root", "split", "validation", "transforms", "normalize")
 
@@ -100,7 +100,9 @@ class TemplateBlock(PairedProtocol):
         super().__init__(config, folder, sources, log)
         self.task = next(iter(self.variant_settings.values())).task
         metric = primary_metric(self.task)
-        self.metrics = (f"test_{metric}", f"val_{metric}", "best_iteration")
+        # every test metric the unit measures goes into results.json (metric learning: MAP@R, P@1, R-precision)
+        tested = (metric,) if self.task == "classification" else RETRIEVAL_METRICS
+        self.metrics = tuple(f"test_{m}" for m in tested) + (f"val_{metric}", "best_iteration")
         self.decimals = 4 if self.task == "metric_learning" else 2
         self._views: Dict[str, Any] = {}
         self._configs: Dict[str, Dict[str, Any]] = {}

@@ -22,7 +22,7 @@ TASKS = ("classification", "metric_learning")
 #: stream the shared modules are drawn from, so a variant with a block shares the baseline's weights bit for bit
 BLOCK_SEED_OFFSET = 100_003
 #: keys of ``template_block`` that are the trainer's or the inserter's, not the block's
-BLOCK_KEYS = ("aux_weight", "after")
+BLOCK_KEYS = ("aux_weight", "after", "init")
 SOFT_MAXIMIZER_KEYS = ("mixing", "epsilon", "num_samples", "estimate_from", "probe_images", "probe_batch_size")
 MATCH_KEYS = ("variant", "widen", "deepen")
 

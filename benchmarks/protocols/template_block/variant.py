@@ -8,8 +8,9 @@ What makes a variant (all config keys, merged per ``variants`` entry):
 - ``template_block: {aux_weight: 0.5, after: layer3, mixing: ..., ...}``: a
   :class:`~pml_extensions.trunks.TemplateMatchingBlock` inserted into the built trunk by
   :func:`~pml_extensions.trunks.insert_template_matching` (``after``: the stage it follows, default the paper's
-  place between the last two stages; every other key but ``aux_weight`` goes to the block, e.g. ``mixing: none``
-  for the auxiliary loss alone); ``aux_weight`` is the trainer's λ;
+  place between the last two stages; ``init``: ``identity``, the inserter's default, or ``paper``, the paper's
+  random start for from-scratch training; every other key but ``aux_weight`` goes to the block, e.g. ``mixing:
+  none`` for the auxiliary loss alone); ``aux_weight`` is the trainer's λ;
 - ``soft_maximizer: {mixing: softmax|perturbed, epsilon, num_samples, estimate_from: [variants]}``: every BN-ReLU
   after a 3×3 conv replaced by η·soft-maximizer([a, μ]) (:func:`~pml_extensions.trunks.soft_maximizer_swap`), μ and
   η the means of :func:`~pml_extensions.trunks.estimate_mu` / :func:`~pml_extensions.trunks.estimate_eta` over the

@@ -172,7 +172,8 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
         where: what the error names when the key has no source (e.g. ``"variants.xml"``).
 
     Raises:
-        ConfigError: one line ``"<file>: <key>: expected ..., got ..."`` (``"<file>: missing key <key>"``).
+        ConfigError: one line ``"<file>: <key>: expected ..., got ..."`` (``"<file>: missing key <key>"``, also for a
+        required key given as ``null``).
     """
     from ..config.sources import source_of
     from ..errors import Problems
@@ -182,8 +183,9 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
         meta = field.metadata
         here = f"{where or source_of(sources, field.name)}: {field.name}"
         values[field.name] = field.default_factory() if field.default_factory is not dataclasses.MISSING else None
+        required = field.default is REQUIRED and not meta.get("optional")
         with problems.check():
-            if field.name in config:
+            if field.name in config and not (required and config[field.name] is None):
                 values[field.name] = check_value(config[field.name], meta, here) if meta else config[field.name]
             elif field.default is REQUIRED:
                 raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}")

@@ -1,8 +1,9 @@
 """Issue 20, items 2 and 4: every object of every protocol comes from the one Builder.
 
-Tiny runs of the five protocols with ``Builder.build`` (the one construction step) and ``Builder.subset`` (dataset
-views) recorded: each protocol builds every role through them, and every object its trainers hold — models,
-optimizers, losses, miners, schedulers, dataset, sampler — is one the Builder returned (not a second factory's).
+Tiny runs of the protocols (the package's ``mlrc`` and ``paired``, the plugins of ``benchmarks/protocols``) with
+``Builder.build`` (the one construction step) and ``Builder.subset`` (dataset views) recorded: each protocol builds
+every role through them, and every object its trainers hold — models, optimizers, losses, miners, schedulers, dataset,
+sampler — is one the Builder returned (not a second factory's).
 """
 
 import os
@@ -11,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from pml_extensions.runner.config.loader import find_config, parse_command_line
+from pml_extensions.runner.config.loader import parse_command_line
 from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.protocols import load_config, run_protocol
 
@@ -19,7 +20,10 @@ from pml_extensions.runner.protocols import load_config, run_protocol
 ROLES = {
     "mlrc": {"dataset", "views", "transforms", "models", "loss_funcs", "mining_funcs", "sampler", "optimizers"}
     | {"tester", "trainer"},
-    "xml_vs_gap": {"dataset", "views", "transforms", "models", "loss_funcs", "sampler", "optimizers", "tester"}
+    "paired": {"dataset", "views", "transforms", "models", "loss_funcs", "sampler", "optimizers", "tester"}
+    | {"trainer"},
+    # the paired job under the XML paper's plugin: its prototype figure's post-hoc HistogramPooling too
+    "xml_paper": {"dataset", "views", "transforms", "models", "loss_funcs", "sampler", "optimizers", "tester"}
     | {"trainer", "plots"},
     "resolution_distillation": {"datasets", "views", "transforms", "models", "loss_funcs", "mining_funcs", "sampler"}
     | {"optimizers", "lr_schedulers", "tester", "trainer", "student"},
@@ -57,13 +61,16 @@ def _config(protocol, tmp_path, request):
         argv = ["--num_epochs_train", "1", "--num_training_sets", "1", "--num_training_partitions", "2"]
         argv += ["--mining_funcs", "{tuple_miner: {MultiSimilarityMiner: {}}}"]
         return load_config(root, None, parse_command_line(argv))
-    if protocol == "xml_vs_gap":
+    if protocol in ("paired", "xml_paper"):
         from pml_extensions.cli.job import load_job_config
 
-        return load_job_config(
+        config, sources = load_job_config(
             ["--num_epochs", "1", "--iterations_per_epoch", "2", "--seeds", "0", "--variants", "contrastive_xml"]
             + ["contrastive_gap", "--device", "cpu"]
         )
+        if protocol == "xml_paper":
+            config["protocol"] = "benchmarks.protocols.xml_paper"
+        return config, sources
     if protocol == "template_block":
         from tests.benchmarks.protocols.template_block.tb_testing import tiny_config
 
@@ -75,8 +82,10 @@ def _config(protocol, tmp_path, request):
         return tiny(tmp_path)
     root = tmp_path / "res"
     (root / "config_general").mkdir(parents=True)
+    from benchmarks.protocols import config_path
+
     general = yaml.safe_load(
-        open(os.path.join(find_config("resolution_distillation"), "config_general", "default.yaml"))
+        open(os.path.join(config_path("resolution_distillation"), "config_general", "default.yaml"))
     )
     general.update(
         datasets={"glyphs": {"database_resolution": 32, "query_resolutions": [16], "image_size": 32}},
@@ -126,7 +135,7 @@ def test_every_object_of_a_protocol_comes_from_the_one_builder(protocol, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", ["mlrc", "xml_vs_gap"])
+@pytest.mark.parametrize("protocol", ["mlrc", "paired"])
 def test_a_cached_run_builds_its_caches_and_datasets_with_the_one_builder(protocol, tmp_path, recorded, request):
     """With ``feature_cache`` the caches (``FeatureCache``) and the datasets the trainers and testers read
     (``CachedFeatureDataset``, then their views) come from the same Builder."""

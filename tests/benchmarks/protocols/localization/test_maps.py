@@ -1,4 +1,4 @@
-"""runner/protocols/localization/maps.py: same-class neighbours against a brute-force loop, P@1 by hand, the scoring
+"""benchmarks/protocols/localization/maps.py: same-class neighbours against a brute-force loop, P@1 by hand, the scoring
 of maps under both conventions."""
 
 import numpy as np

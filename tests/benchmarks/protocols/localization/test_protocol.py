@@ -1,4 +1,4 @@
-"""runner/protocols/localization/protocol.py: the paired statistics on hand-made units (both conventions per method,
+"""benchmarks/protocols/localization/protocol.py: the paired statistics on hand-made units (both conventions per method,
 MS vs Triplet), the settings' one-line errors, and (slow) a tiny whole run that resumes after an interruption to the
 numbers of an uninterrupted one."""
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from benchmarks.protocols.localization import method_statistics, run_units, variant_statistics
-from benchmarks.protocols.localization.protocol import settings
+from benchmarks.protocols import config_path
+from benchmarks.protocols.localization import Localization, method_statistics, variant_statistics
 from pml_extensions.runner.errors import ConfigError
 
 from .loc_testing import hand_units
@@ -52,27 +52,27 @@ def _config(**changes):
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"seeds": [0, 0]}, r"^g.yaml: seeds: must be distinct"),
-        ({"comparisons": [["ms", "nope"]]}, r"comparisons: each entry must be \[variant, baseline\]"),
+        ({"seeds": [0, 0]}, r"^g.yaml: seeds: expected distinct seeds"),
+        ({"comparisons": [["ms", "nope"]]}, r"^g.yaml: comparisons: \['ms', 'nope'\] names an unknown variant"),
+        ({"comparisons": [["ms"]]}, r"^g.yaml: comparisons: expected a list of \[variant, baseline\] pairs"),
         (
             {"variants": {"ms": {}, "t": {"dataset_seed": {"train": 5}}}},
             r"\(variants.t\): dataset_seed must be the same",
         ),
-        ({"iterations_per_epoch": 0}, r"iterations_per_epoch must be a positive integer"),
+        ({"iterations_per_epoch": 0}, r"iterations_per_epoch: expected an integer >= 1, got 0"),
         ({"test_dataset": None}, r"missing key 'test_dataset'"),
         ({"dataset_seed": {"val": 3}}, r"dataset_seed: expected \{train: 1000, test: 2000\}"),
     ],
 )
 def test_settings_errors(changes, message):
     with pytest.raises(ConfigError, match=message):
-        settings(_config(**changes), {"seeds": "g.yaml", "variants": "g.yaml", "comparisons": "g.yaml"})
+        Localization.check(_config(**changes), {"seeds": "g.yaml", "variants": "g.yaml", "comparisons": "g.yaml"})
 
 
 def tiny(tmp_path):
-    from pml_extensions.runner.config.loader import find_config
     from pml_extensions.runner.protocols import load_config
 
-    config, sources = load_config(find_config("localization"))
+    config, sources = load_config(config_path("localization"))
     config.update(seeds=[0], num_epochs=2, iterations_per_epoch=2, batch_size=8, eval_batch_size=4, device="cpu")
     config["dataset"]["CompositeLocalizationDataset"].update(n_images=16, image_size=96)
     config["test_dataset"]["CompositeLocalizationDataset"].update(n_images=6, image_size=96)
@@ -104,16 +104,15 @@ def test_tiny_run_resumes_to_the_uninterrupted_numbers(tmp_path, monkeypatch, mo
     monkeypatch.setattr(checkpoint.Checkpointer, "commit", commit)
     folder = str(tmp_path / "killed")
     with pytest.raises(KeyboardInterrupt):
-        run_units(config, folder, sources, seeds=[0], **QUIET)
+        Localization(config, folder, sources, **QUIET).run_units(seeds=[0])
     monkeypatch.undo()
     resumed = run_protocol(config, folder, sources, **QUIET)
     assert numeric_differences(clean, resumed) == []
 
 
 def test_unknown_seed_of_a_part_is_named(tmp_path):
-    from pml_extensions.runner.config.loader import find_config
     from pml_extensions.runner.protocols import load_config
 
-    config, sources = load_config(find_config("localization"))
+    config, sources = load_config(config_path("localization"))
     with pytest.raises(ConfigError, match=r"\[7\] are not variants / seeds of this config"):
-        run_units(config, str(tmp_path / "x"), sources, seeds=[7], **QUIET)
+        Localization(config, str(tmp_path / "x"), sources, **QUIET).run_units(seeds=[7])

@@ -1,4 +1,4 @@
-"""runner/protocols/resolution_distillation/chunks.py: a stage trains in checkpointed chunks, resumes after the last
+"""benchmarks/protocols/resolution_distillation/chunks.py: a stage trains in checkpointed chunks, resumes after the last
 committed one, and ends with result.json and no training checkpoint."""
 
 import json

@@ -1,4 +1,5 @@
-"""runner/protocols/resolution_distillation/evaluation.py: the setups a tester measures become the protocol's rows."""
+"""benchmarks/protocols/resolution_distillation/evaluation.py: the setups a tester measures become the protocol's
+rows."""
 
 from benchmarks.protocols.resolution_distillation.evaluation import (
     METRICS,

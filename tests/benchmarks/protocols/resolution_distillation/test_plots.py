@@ -1,4 +1,4 @@
-"""runner/protocols/resolution_distillation/plots.py: the performance-vs-FLOPs figure (RAML Fig. 4 style)."""
+"""benchmarks/protocols/resolution_distillation/plots.py: the performance-vs-FLOPs figure (RAML Fig. 4 style)."""
 
 import os
 import tempfile

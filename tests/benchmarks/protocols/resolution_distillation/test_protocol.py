@@ -16,9 +16,11 @@ import pytest
 import torch
 import yaml
 
+from benchmarks.protocols.resolution_distillation.recipe import resolution_models
 from pml_extensions.cli import run as cli
 from tests.runner.runner_testing_utils import REPO as ROOT
 
+PROTOCOL = "benchmarks.protocols.resolution_distillation"
 TINY_JOB = {
     "datasets": {
         "glyphs": {
@@ -35,7 +37,7 @@ TINY_JOB = {
     "checkpoint_every": 2,
     "images_per_batch": 2,
     "num_augmentations": 2,
-    "embedding_dim": 16,
+    "models": resolution_models(16),
     "eval_batch_size": 64,
     "device": "cpu",
     "num_workers": 0,
@@ -55,7 +57,7 @@ class TestResolutionProtocolRun(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.cfg = os.path.join(cls.tmp.name, "cfg")
-        _write_config(cls.cfg, {"protocol": "resolution_distillation", "resolution_job": TINY_JOB})
+        _write_config(cls.cfg, {"protocol": PROTOCOL, **TINY_JOB})
 
     @classmethod
     def tearDownClass(cls):
@@ -213,12 +215,13 @@ class TestResolutionSelection(unittest.TestCase):
         from benchmarks.protocols.resolution_distillation import protocol as rd
         from benchmarks.protocols.resolution_distillation import recipe as parts
 
-        config = {
-            "protocol": "resolution_distillation",
-            "resolution_job": dict(
-                TINY_JOB, seeds=[0], validation={"class_fraction": 0.25, "seed": 0}, student_lr_grid=[1e-5, 1e-3]
-            ),
-        }
+        config = dict(
+            TINY_JOB,
+            protocol=PROTOCOL,
+            seeds=[0],
+            validation={"class_fraction": 0.25, "seed": 0},
+            student_lr_grid=[1e-5, 1e-3],
+        )
         load = parts.load_dataset
 
         def shuffled_test(name, cfg, builder=None):
@@ -267,12 +270,14 @@ def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path, mobile
     cfg = str(tmp_path / "cfg")
     _write_config(
         cfg,
-        {
-            "protocol": "resolution_distillation",
-            "resolution_job": dict(
-                TINY_JOB, student_variants=[], teacher_iterations=2, student_iterations=2, checkpoint_every=0
-            ),
-        },
+        dict(
+            TINY_JOB,
+            protocol=PROTOCOL,
+            student_variants=[],
+            teacher_iterations=2,
+            student_iterations=2,
+            checkpoint_every=0,
+        ),
     )
     env = subprocess_env
     args = ["-m", "pml_extensions", "run", cfg, "--root_experiment_folder", str(tmp_path / "exp")]

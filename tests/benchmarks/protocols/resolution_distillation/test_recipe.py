@@ -1,4 +1,4 @@
-"""runner/protocols/resolution_distillation/recipe.py: the paper's objects as specs, built by the one Builder into
+"""benchmarks/protocols/resolution_distillation/recipe.py: the paper's objects as specs, built by the one Builder into
 exactly the objects the recipe names (Suma & Tolias, WACV 2023, Sec. 5)."""
 
 import pytest

@@ -1,5 +1,5 @@
-"""runner/protocols/resolution_distillation/settings.py: the protocol's keys, defaults and one-line errors; the old
-``resolution_job:`` layout and the shipped configs."""
+"""benchmarks/protocols/resolution_distillation/settings.py: the protocol's keys, defaults and one-line errors; the
+configs of benchmarks/configs/resolution_distillation."""
 
 import os
 import tempfile
@@ -12,15 +12,24 @@ from tests.benchmarks.protocols.resolution_distillation.test_protocol import TIN
 
 class TestResolutionSettings(unittest.TestCase):
     def job(self, **changes):
+        """The settings as the loader checks them: the top-level keys against the protocol's, then
+        :func:`job_config`."""
+        from benchmarks.protocols.resolution_distillation import ResolutionDistillation
         from benchmarks.protocols.resolution_distillation import settings as rd
+        from pml_extensions.runner.protocols import check_keys
 
-        spec = dict(TINY_JOB, **changes)
-        return rd.job_config({"resolution_job": spec})
+        config = dict(TINY_JOB, **changes)
+        check_keys(config, {}, ResolutionDistillation)
+        return rd.job_config(config)
 
     def test_errors_name_the_key(self):
         glyphs = TINY_JOB["datasets"]["glyphs"]
         cases = [
-            ({"student_iteration": 3}, "unknown key 'student_iteration'; did you mean 'student_iterations'"),
+            (
+                {"student_iteration": 3},
+                "student_iteration: the resolution_distillation protocol reads no such key; did you mean "
+                "student_iterations",
+            ),
             (
                 {"datasets": {"glyphs": dict(glyphs, query_resolutions=[64])}},
                 r"query resolution 64 must be in \(0, database_resolution=32\)",
@@ -28,11 +37,11 @@ class TestResolutionSettings(unittest.TestCase):
             ({"datasets": {"glyphs": dict(glyphs, query_resolution=[8])}}, "did you mean 'query_resolutions'"),
             ({"student_variants": ["loss_abs"]}, "student_variants: unknown"),
             ({"checkpoint_every": 3}, "checkpoint_every: 3 must divide teacher_iterations"),
-            ({"seeds": [0, 0]}, "distinct ints"),
+            ({"seeds": [0, 0]}, "seeds: expected distinct seeds"),
             ({"datasets": {"mnist": glyphs}}, "unknown dataset"),
             ({"validation": {"class_fraction": 1.5}}, r"validation.class_fraction: a number in \(0, 1\)"),
             ({"validation": {"fraction": 0.25}}, "validation: unknown key 'fraction'; did you mean 'class_fraction'"),
-            ({"validation": 0.25}, "validation: a mapping"),
+            ({"validation": 0.25}, "validation: expected a mapping, got 0.25"),
             ({"student_lr_grid": [1e-4]}, "student_lr_grid: needs validation"),
             (
                 {"student_lr_grid": [1e-4, -1], "validation": {}},
@@ -44,16 +53,12 @@ class TestResolutionSettings(unittest.TestCase):
             with self.assertRaisesRegex(ConfigError, message):
                 self.job(**changes)
 
-    def test_top_level_seeds_win(self):
-        from benchmarks.protocols.resolution_distillation import settings as rd
-
-        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": [3, 4, 5]})["seeds"], [3, 4, 5])
-        self.assertEqual(
-            rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 1 2"})["seeds"], [0, 1, 2]
-        )  # --seeds 0 1 2
-        self.assertEqual(rd.job_config({"resolution_job": TINY_JOB, "seeds": 7})["seeds"], [7])
-        with self.assertRaisesRegex(ConfigError, "seeds: a list of distinct ints"):
-            rd.job_config({"resolution_job": TINY_JOB, "seeds": "0 x"})
+    def test_seeds_as_the_command_line_gives_them(self):
+        self.assertEqual(self.job(seeds=[3, 4, 5])["seeds"], [3, 4, 5])
+        self.assertEqual(self.job(seeds="0 1 2")["seeds"], [0, 1, 2])  # --seeds 0 1 2
+        self.assertEqual(self.job(seeds=7)["seeds"], [7])
+        with self.assertRaisesRegex(ConfigError, "seeds: expected a non-empty list of non-negative integers"):
+            self.job(seeds="0 x")
 
     def test_bad_protocol_is_a_config_error(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -62,15 +67,15 @@ class TestResolutionSettings(unittest.TestCase):
             self.assertEqual(cli.main([cfg, "--root_experiment_folder", tmp]), 2)
 
     def test_shipped_configs_parse(self):
+        from benchmarks.protocols import config_path
         from benchmarks.protocols.resolution_distillation import settings as rd
         from benchmarks.protocols.resolution_distillation.recipe import load_dataset
-        from pml_extensions.runner.config.loader import find_config
         from pml_extensions.runner.protocols import load_config
 
-        root = find_config("resolution_distillation")
+        root = config_path("resolution_distillation")
         config, _ = load_config(root, {"config_general": ["default", "quick"]}, {})
         job = rd.job_config(config)
-        self.assertEqual(config["protocol"], "resolution_distillation")
+        self.assertEqual(config["protocol"], "benchmarks.protocols.resolution_distillation")
         self.assertEqual(list(job["datasets"]), ["glyphs"])
         self.assertEqual(job["device"], "cpu")
         self.assertEqual(len(job["seeds"]), 3)

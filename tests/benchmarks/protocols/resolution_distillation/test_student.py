@@ -1,4 +1,4 @@
-"""runner/protocols/resolution_distillation/student.py: paired students (same start, same batches within a seed)."""
+"""benchmarks/protocols/resolution_distillation/student.py: paired students (same start, same batches within a seed)."""
 
 import unittest
 
@@ -14,7 +14,7 @@ class TestStudents(unittest.TestCase):
         from benchmarks.protocols.resolution_distillation import protocol as rd
         from benchmarks.protocols.resolution_distillation import recipe as parts
 
-        job = rd.job_config({"resolution_job": TINY_JOB})
+        job = rd.job_config(TINY_JOB)
         train_set, _ = parts.load_dataset("glyphs", job["datasets"]["glyphs"])
         torch.manual_seed(5)
         teacher = parts.build_model(16)

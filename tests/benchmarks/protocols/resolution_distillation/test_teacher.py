@@ -1,4 +1,4 @@
-"""runner/protocols/resolution_distillation/teacher.py: a teacher stage trains the config's network with the recipe,
+"""benchmarks/protocols/resolution_distillation/teacher.py: a teacher stage trains the config's network with the recipe,
 saves models.pth, and a finished stage is loaded, not retrained."""
 
 import os

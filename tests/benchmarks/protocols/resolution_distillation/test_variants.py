@@ -1,5 +1,5 @@
-"""runner/protocols/resolution_distillation/variants.py: the variants' names and the comparisons of the paper's claims,
-on hand-made rows (their paper-layout tables: tests/benchmarks/test_resolution_distillation_tables.py)."""
+"""benchmarks/protocols/resolution_distillation/variants.py: the variants' names and the comparisons of the paper's
+claims, on hand-made rows (their paper-layout tables: tests/benchmarks/test_resolution_distillation_tables.py)."""
 
 from benchmarks.protocols.resolution_distillation import variants as parts
 from pml_extensions.runner.outputs.results import summarize

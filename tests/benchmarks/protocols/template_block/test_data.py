@@ -1,5 +1,5 @@
-"""runner/protocols/template_block/data.py: the per-class split (counts or cumulative fractions, a fixed draw) and the
-views the Builder makes of it."""
+"""benchmarks/protocols/template_block/data.py: the per-class split (counts or cumulative fractions, a fixed draw) and
+the views the Builder makes of it."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
-"""runner/protocols/template_block with ``feature_cache``: the block between a fixed prefix and the trained rest, the
-prefix's outputs cached; a cached run equals the uncached run with the prefix frozen (``FrozenPrefix``), variant by
+"""benchmarks/protocols/template_block with ``feature_cache``: the block between a fixed prefix and the trained rest,
+the prefix's outputs cached; a cached run equals the uncached run with the prefix frozen (``FrozenPrefix``), variant by
 variant and seed by seed; the one-line errors."""
 
 import copy
@@ -12,8 +12,8 @@ from benchmarks.protocols.template_block import load_models
 from pml_extensions.datasets import CachedFeatureDataset
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import run_protocol
+from tests.runner.runner_testing_utils import register_tiny
 
-from ...runner_testing_utils import register_tiny
 from .tb_testing import tiny_config
 
 QUIET = dict(log=lambda *a, **k: None)
@@ -29,6 +29,8 @@ REST = [
 def _config(task="classification"):
     register_tiny()  # FixedConvNetBody: weights from its own seed (a stand-in for pretrained weights)
     config, sources = tiny_config(variants=("baseline", "block", "aux_only"), seeds=(0, 1))
+    # the eval cache holds every image of the dataset: 8 per class (the split's 6 + 2), not Fashion-MNIST's 60000
+    config["dataset"]["FashionMNIST"]["max_per_class"] = 8
     config["models"] = {"trunk": {"Sequential": [PREFIX, *REST]}, "classifier": {"Linear": {}}}
     config["variants"]["block"]["template_block"]["after"] = "0"  # right after the prefix: the first trained module
     config["variants"]["aux_only"]["template_block"]["after"] = "0"
@@ -78,7 +80,7 @@ def test_cached_run_equals_the_uncached_run_with_the_prefix_frozen(tmp_path, tas
             for key, value in a[name][seed].items():
                 assert b[name][seed][key] == pytest.approx(value, abs=1e-5), (name, seed, key)
     # the counts of the cached models leave out the frozen prefix (it is not a model of the run any more)
-    from ...runner_testing_utils import FixedConvNetBody
+    from tests.runner.runner_testing_utils import FixedConvNetBody
 
     prefix = sum(p.numel() for p in FixedConvNetBody(**PREFIX["FixedConvNetBody"]).parameters())
     assert {n: plain["params"][n] - c for n, c in cached["params"].items()} == dict.fromkeys(a, prefix)

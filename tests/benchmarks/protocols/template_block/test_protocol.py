@@ -1,4 +1,4 @@
-"""runner/protocols/template_block/protocol.py: tiny whole runs (slow) — the results layout, an interrupted run that
+"""benchmarks/protocols/template_block/protocol.py: tiny whole runs (slow) — the results layout, an interrupted run that
 resumes to the numbers of an uninterrupted one, ``--reproduce``, the soft-maximizer chain and the metric-learning
 task; and one-line errors."""
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from benchmarks.protocols.template_block import load_models, run_units
+from benchmarks.protocols.template_block import TemplateBlock, load_models
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import run_protocol
 from pml_extensions.runner.protocols.reproduce import numeric_differences, reproduce
@@ -75,9 +75,12 @@ def test_soft_maximizers_estimate_from_the_trained_bn_relu_models(tmp_path):
     config, sources = tiny_config(variants=("bn_relu_8", "softmax_8"), name="template_block_soft_maximizers")
     config["variants"]["softmax_8"]["soft_maximizer"].update(probe_images=16, probe_batch_size=8)
     folder = str(tmp_path / "exp")
-    with pytest.raises(ConfigError, match=r"estimate_from: bn_relu_8 seed 0 is not trained yet"):
-        run_units(config, folder, sources, variants=["softmax_8"], **QUIET)
-    r = run_protocol(config, folder, sources, **QUIET)
+    # a part with the soft-maximizer variant alone trains the BN-ReLU models it estimates from first (every seed)
+    units = TemplateBlock(config, folder, sources, **QUIET).run_units(variants=["softmax_8"])
+    assert list(units) == ["softmax_8"] and sorted(units["softmax_8"]) == [0, 1]
+    for seed in (0, 1):
+        assert os.path.exists(os.path.join(folder, "bn_relu_8", f"seed_{seed}", "result.json"))
+    r = run_protocol(config, folder, sources, **QUIET)  # finds every unit finished
     soft = r["soft_maximizer"]["softmax_8"]
     assert len(soft["mu_per_model"]) == 2 and soft["mu"] == pytest.approx(sum(soft["mu_per_model"]) / 2)
     assert r["params"]["softmax_8"] < r["params"]["bn_relu_8"]  # the swapped BNs had parameters, the maximizers none
@@ -121,4 +124,4 @@ def test_metric_learning_task(tmp_path):
 def test_unknown_variant_or_seed_in_a_part_is_named(tmp_path):
     config, sources = tiny_config(variants=("baseline",), seeds=(0,))
     with pytest.raises(ConfigError, match=r"\['nope', 5\] are not variants / seeds of this config"):
-        run_units(config, str(tmp_path / "x"), sources, variants=["nope"], seeds=[5], **QUIET)
+        TemplateBlock(config, str(tmp_path / "x"), sources, **QUIET).run_units(variants=["nope"], seeds=[5])

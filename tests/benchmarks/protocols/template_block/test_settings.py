@@ -1,8 +1,9 @@
-"""runner/protocols/template_block/settings.py: every bad setting is one line naming the file and the key."""
+"""benchmarks/protocols/template_block/settings.py (and the protocol's Settings, read through the paired engine):
+every bad setting is one line naming the file and the key."""
 
 import pytest
 
-from benchmarks.protocols.template_block.settings import check_seeds, settings
+from benchmarks.protocols.template_block import TemplateBlock
 from pml_extensions.runner.errors import ConfigError
 
 BASE = {
@@ -18,29 +19,39 @@ SRC = {"variants": "general.yaml", "seeds": "general.yaml", "comparisons": "gene
 
 
 def _settings(**changes):
-    return settings({**BASE, **changes}, SRC)
+    """The checks the loader runs (:meth:`TemplateBlock.check`), then the grid and every variant's config."""
+    config = {**BASE, **changes}
+    TemplateBlock.check(config, SRC)
+    configs, settings, _ = TemplateBlock.variants(config, SRC)
+    return TemplateBlock.read(config, SRC), configs, settings
 
 
 def test_variants_merge_and_comparisons():
-    s = _settings(
+    grid, configs, settings = _settings(
         variants={"baseline": {}, "block": {"template_block": {"aux_weight": 0.25}}},
         comparisons=[["block", "baseline"]],
         seeds="0 1",
     )
-    assert s["seeds"] == [0, 1] and s["comparisons"] == [("block", "baseline")]
-    assert s["variants"]["block"]["template_block"] == {"aux_weight": 0.25}
-    assert s["variants"]["baseline"].get("template_block") is None and s["task"] == "classification"
+    assert grid.seeds == [0, 1] and grid.comparisons == [("block", "baseline")]
+    assert configs["block"]["template_block"] == {"aux_weight": 0.25}
+    assert configs["baseline"].get("template_block") is None and settings["baseline"].task == "classification"
 
 
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"variants": {"a": {"task": "detection"}}}, r"^general.yaml \(variants.a\): task: unknown 'detection'"),
+        (
+            {"variants": {"a": {"task": "detection"}}},
+            r"^general.yaml \(variants.a\): task: expected one of classification, metric_learning, got 'detection'",
+        ),
         ({"variants": {"a": {"models~OVERRIDE~": {"trunk": {"SmallResNet": {}}}}}}, r"needs models.classifier"),
         ({"variants": {"a": {"template_block": {"aux_weight": 1.5}}}}, r"template_block.aux_weight: .* \[0, 1\]"),
-        ({"variants": {"a": {"num_epochs": 0}}}, r"\(variants.a\): num_epochs: must be a positive integer, got 0"),
-        ({"variants": {"a": {"batch_size": None}}}, r"missing key 'batch_size'"),
-        ({"variants": {"a": {}}, "comparisons": [["a", "b"]]}, r"^general.yaml: comparisons: each entry"),
+        ({"variants": {"a": {"num_epochs": 0}}}, r"\(variants.a\): num_epochs: expected an integer >= 1, got 0"),
+        ({"variants": {"a": {"batch_size": None}}}, r"\(variants.a\): missing key 'batch_size'"),
+        (
+            {"variants": {"a": {}}, "comparisons": [["a", "b"]]},
+            r"^general.yaml: comparisons: \['a', 'b'\] names an unknown variant; choose from a",
+        ),
         (
             {"variants": {"a": {"match_parameters": {"variant": "nope", "widen": "models.trunk"}}}},
             r"match_parameters: expected \{variant: <one of a>",
@@ -58,7 +69,7 @@ def test_variants_merge_and_comparisons():
             r"soft_maximizer.estimate_from: name the trained BN-ReLU variants",
         ),
         ({"variants": {"s": {"soft_maximizer": {"mixing": "argmax"}}}}, r"soft_maximizer: expected \{mixing"),
-        ({"seeds": [0, 0]}, r"^general.yaml: seeds: must be distinct"),
+        ({"seeds": [0, 0]}, r"^general.yaml: seeds: expected distinct seeds"),
     ],
 )
 def test_errors_name_the_file_and_key(changes, message):
@@ -66,7 +77,7 @@ def test_errors_name_the_file_and_key(changes, message):
         _settings(**changes)
 
 
-def test_check_seeds():
-    assert check_seeds("3, 4") == [3, 4]
+def test_seeds():
+    assert _settings(seeds="3, 4")[0].seeds == [3, 4]
     with pytest.raises(ConfigError, match="non-negative"):
-        check_seeds([-1])
+        _settings(seeds=[-1])

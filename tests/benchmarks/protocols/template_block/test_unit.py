@@ -1,5 +1,6 @@
-"""runner/protocols/template_block/unit.py: what makes a resumed unit equal an uninterrupted one — the sampler of epoch
-e continues one seeded stream, the one-cycle schedule is replayed to the unit's iteration — and the trainer choice."""
+"""benchmarks/protocols/template_block/unit.py: what makes a resumed unit equal an uninterrupted one — the sampler of
+epoch e continues one seeded stream, the one-cycle schedule is replayed to the unit's iteration — and the trainer
+choice."""
 
 import pytest
 import torch

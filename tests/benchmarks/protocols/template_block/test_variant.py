@@ -1,5 +1,5 @@
-"""runner/protocols/template_block/variant.py: pairing by seed (the shared modules bit-identical across variants, the
-block drawn from its own stream, the global RNG untouched), the parameter control, the soft maximizers, one-line
+"""benchmarks/protocols/template_block/variant.py: pairing by seed (the shared modules bit-identical across variants,
+the block drawn from its own stream, the global RNG untouched), the parameter control, the soft maximizers, one-line
 errors. (The template-block benchmark's pairing tests, moved here with the code they test.)"""
 
 import copy
@@ -58,6 +58,28 @@ def test_classifier_is_filled_and_block_position_is_a_setting():
     assert models["trunk"].layer2[-1] is block and block.num_classes == 7 and block.in_channels == 4
     assert variant.aux_weight(_cfg(template_block={"aux_weight": 0.25})) == 0.25
     assert variant.aux_weight(_cfg()) is None
+
+
+def test_block_init_is_a_setting_identity_by_default_paper_for_table1():
+    """``template_block.init`` goes to the inserter: the default starts the block as the identity (the trunk computes
+    what the plain trunk computes), ``init: paper`` keeps the random start of from-scratch training, with the same
+    random draws; the Table 1 config's block variants ask for the paper's."""
+    x = torch.randn(2, 1, 28, 28)
+    plain = _build(_cfg(), 3)["trunk"].eval()
+    identity = _build(_cfg(template_block={}), 3)["trunk"].eval()
+    paper = _build(_cfg(template_block={"init": "paper"}), 3)["trunk"].eval()
+    with torch.no_grad():
+        assert torch.equal(identity(x), plain(x)) and not torch.allclose(paper(x), plain(x))
+    (a,), (b,) = template_matching_blocks(identity), template_matching_blocks(paper)
+    assert torch.equal(a.classifier.weight, b.classifier.weight)  # the same draws: only the start differs
+    import yaml
+
+    from benchmarks.protocols import config_path
+
+    with open(f"{config_path('template_block_table1')}/config_general/default.yaml", encoding="utf-8") as f:
+        table1 = yaml.safe_load(f)["variants"]
+    blocks = {n: v["template_block"] for n, v in table1.items() if v and "template_block" in v}
+    assert len(blocks) == 4 and all(b["init"] == "paper" for b in blocks.values())
 
 
 def test_wider_baseline_has_at_least_the_block_parameters():
