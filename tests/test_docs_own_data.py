@@ -144,7 +144,7 @@ def test_the_table_of_classes_each_config_needs():
         in_benchmarks = os.path.dirname(root) == benchmarks
         config = load_config(root, check=False)[0]
         protocol = config["protocol"]
-        if protocol == "paired":
+        if protocol in ("paired", "benchmarks.protocols.xml_paper"):  # xml_paper: paired plus the XML loss curves
             row = rows["`paired`"]
             assert config_layout(root) == "flat"
             assert _job_needs(config) == int(row.rsplit("|", 2)[1]), name
