@@ -282,7 +282,7 @@ class TestLosses(FakeCudaCase):
                         trunk, embedder = xml_model()
                         loss = XMLWrapper(inner(), xml_weight=1.0, target=target).attach(trunk)
                         if target == "pooled":
-                            loss.attach_head(trunk, embedder)
+                            loss.attach(trunk, embedder)
                         labels = torch.tensor(LABELS, device="cuda")
                         emb = embedder(trunk(images(8)))
                         miner = pml_miners.MultiSimilarityMiner(epsilon=0.5)

@@ -161,7 +161,7 @@ class _XMLCase(torch.nn.Module):
         self.embedder = torch.nn.Linear(6, 5)
         self.loss = XMLWrapper(inner, xml_weight=1.0, target=target, seed=seed).attach(self.trunk)
         if target == "pooled":
-            self.loss.attach_head(self.trunk, self.embedder)
+            self.loss.attach(self.trunk, self.embedder)
 
     def forward(self, images, labels):
         return self.loss(self.embedder(self.trunk(images)), labels)
@@ -312,7 +312,7 @@ def xml_trainer(seed):
     trunk = torch.nn.Sequential(trunks.ConvNetBody(3, (6,), 1), trunks.HistogramPooling(6, 4, seed=seed))
     embedder = torch.nn.Linear(6, 5)
     loss = XMLWrapper(pml_losses.ProxyAnchorLoss(4, 5), xml_weight=1.0, target="pooled", seed=seed).attach(trunk)
-    loss.attach_head(trunk, embedder)
+    loss.attach(trunk, embedder)
     models = {"trunk": trunk, "embedder": embedder}
     params = [*trunk.parameters(), *embedder.parameters(), *loss.parameters()]
     optimizers = {"trunk_optimizer": torch.optim.Adam(params, lr=0.01)}

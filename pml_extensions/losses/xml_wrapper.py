@@ -102,7 +102,7 @@ class XMLWrapper(ModuleWithRecords):
             embeddings the loss receives) or ``"pooled"`` (the paper's: the GAP vectors ``histogram_layer.last_pooled``,
             the predictions then pass through ``head`` to become embeddings).
         head: with ``target="pooled"``, the module that maps a GAP vector ``[N, C]`` to the embedding ``[N, d]`` (the
-            embedder, and any trunk layer after the pooling); see :meth:`attach_head`. Kept out of this module's
+            embedder, and any trunk layer after the pooling); see :meth:`attach`. Kept out of this module's
             parameters (it belongs to the model and is trained by its own optimizer).
 
     Ridge target. The paper (Sec. 2.3) regresses the GAP representations Y of the batch on the histograms Z,
@@ -204,8 +204,7 @@ class XMLWrapper(ModuleWithRecords):
             embedder: with ``target="pooled"``, the module after the trunk (PML's embedder). The head becomes the
                 trunk's modules after the pooling (:func:`pml_extensions.trunks.pooling_tail`; the children after
                 the layer for a ``Sequential`` trunk) followed by the embedder. Without an embedder the head is
-                left as it is (:meth:`attach_head` / :meth:`attach_heads` can set it later), so
-                ``attach(trunk)`` keeps its meaning.
+                left as it is (a later ``attach(trunk, embedder)`` or ``attach(models)`` sets it).
 
         Raises:
             ValueError: if ``trunk`` holds no HistogramPooling or more than one, a ``models`` dict has no
@@ -244,28 +243,11 @@ class XMLWrapper(ModuleWithRecords):
         self.__dict__["histogram_layer"] = layers[0]
         if self.target == "pooled" and embedder is not None:
             if isinstance(trunk, torch.nn.Sequential) and any(c is layers[0] for c in trunk.children()):
-                return self.attach_head(trunk, embedder)
+                return self._attach_sequential_head(trunk, embedder)
             from ..trunks.histogram_pooling_swap import pooling_tail
 
             self._head_ref = _Ref(torch.nn.Sequential(*pooling_tail(trunk, layers[0]), embedder))
         return self
-
-    @staticmethod
-    def attach_all(loss_funcs, trunk: torch.nn.Module) -> int:
-        """:meth:`attach` ``trunk`` to every XMLWrapper without a ``histogram_layer`` nested in the loss modules
-        (a dict or an iterable of modules, e.g. a config's ``loss_funcs``). Returns how many were attached.
-
-        Raises:
-            ValueError: as :meth:`attach`, when some wrapper needs a layer.
-        """
-        modules = loss_funcs.values() if isinstance(loss_funcs, dict) else loss_funcs
-        attached = 0
-        for loss in modules:
-            for m in loss.modules():
-                if isinstance(m, XMLWrapper) and m.histogram_layer is None:
-                    m.attach(trunk)
-                    attached += 1
-        return attached
 
     @staticmethod
     def _takes_embeddings_and_labels(loss, needs_labels=True):
@@ -388,23 +370,8 @@ class XMLWrapper(ModuleWithRecords):
             pred2 = z2.to(v1.dtype) @ v1
         return pred1.to(targets.dtype), pred2.to(targets.dtype)
 
-    def attach_head(self, trunk: torch.nn.Module, embedder: Optional[torch.nn.Module] = None) -> "XMLWrapper":
-        """Set ``head`` = the trunk's layers after its HistogramPooling, then ``embedder`` (for ``target="pooled"``).
-
-        Raises:
-            ValueError: if ``trunk`` is not a Sequential holding ``histogram_layer`` (or one HistogramPooling) as a
-                direct child.
-
-        Example::
-
-            >>> from pytorch_metric_learning.losses import ContrastiveLoss
-            >>> from pml_extensions.trunks import HistogramPooling
-            >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), HistogramPooling(8, 4))
-            >>> loss = XMLWrapper(ContrastiveLoss(), target="pooled").attach(trunk)
-            >>> loss = loss.attach_head(trunk, torch.nn.Linear(8, 2))
-            >>> type(loss.head).__name__
-            'Sequential'
-        """
+    def _attach_sequential_head(self, trunk: torch.nn.Sequential, embedder: Optional[torch.nn.Module]) -> "XMLWrapper":
+        """``head`` = the Sequential trunk's children after its HistogramPooling, then ``embedder``."""
         layer = self.histogram_layer
         children = list(trunk.children()) if isinstance(trunk, torch.nn.Sequential) else []
         if layer is None:
@@ -414,24 +381,11 @@ class XMLWrapper(ModuleWithRecords):
             layer = found[0] if len(found) == 1 else None
         if layer is None or not any(c is layer for c in children):
             raise ValueError(
-                "XMLWrapper.attach_head: the trunk must be a Sequential with the HistogramPooling as a direct child"
+                "XMLWrapper.attach: the trunk must be a Sequential with the HistogramPooling as a direct child"
             )
         after = children[next(i for i, c in enumerate(children) if c is layer) + 1 :]
         self._head_ref = _Ref(torch.nn.Sequential(*after, *([embedder] if embedder is not None else [])))
         return self
-
-    @staticmethod
-    def attach_heads(loss_funcs, trunk: torch.nn.Module, embedder: Optional[torch.nn.Module] = None) -> int:
-        """:meth:`attach_head` on every ``target="pooled"`` XMLWrapper without a head nested in the loss modules.
-        Returns how many were set."""
-        modules = loss_funcs.values() if isinstance(loss_funcs, dict) else loss_funcs
-        count = 0
-        for loss in modules:
-            for m in loss.modules():
-                if isinstance(m, XMLWrapper) and m.target == "pooled" and m.head is None:
-                    m.attach_head(trunk, embedder)
-                    count += 1
-        return count
 
     def forward(
         self,

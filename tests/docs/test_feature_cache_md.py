@@ -31,13 +31,15 @@ def test_the_config_example_is_a_valid_key():
 
 def test_the_commands_name_a_config_with_a_feature_cache():
     from pml_extensions.runner.config.loader import find_config
-    from pml_extensions.runner.protocols import load_config
+    from pml_extensions.runner.protocols import get_protocol, load_config
+    from pml_extensions.runner.protocols.paired_protocol import PairedProtocol
 
     (block,) = _blocks("bash")
     for line in block.splitlines():
         root = re.search(r"pml_extensions run (\S+)", line).group(1)
         config, _ = load_config(find_config(os.path.join(ROOT, root)), check=False)
-        assert config["protocol"] == "paired" and config["feature_cache"]["boundary"]
+        protocol = get_protocol(config["protocol"])  # paired, or its xml_paper subclass (benchmarks/configs)
+        assert issubclass(protocol, PairedProtocol) and config["feature_cache"]["boundary"]
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import torch
 from pytorch_metric_learning.losses import ContrastiveLoss
 
 from pml_extensions.losses import XMLWrapper
+from pml_extensions.losses.xml_wrapper import attach_to_models
 from pml_extensions.trunks import HistogramPooling
 from pml_extensions.utils.class_split import class_disjoint_split
 
@@ -58,7 +59,7 @@ class TestRidgeTarget(unittest.TestCase):
         trunk = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), pool, torch.nn.Flatten())
         embedder = torch.nn.Linear(4, 2)
         w = XMLWrapper(ContrastiveLoss(), target="pooled").attach(trunk)
-        self.assertEqual(XMLWrapper.attach_heads({"m": w}, trunk, embedder), 1)
+        self.assertEqual(attach_to_models({"m": w}, {"trunk": trunk, "embedder": embedder}), 1)  # the head only
         self.assertIs(w.head[1], embedder)
         self.assertEqual([n for n, _ in w.named_parameters()], [])  # the head is not the loss's parameter
         x = torch.randn(8, 1, 6, 6)
