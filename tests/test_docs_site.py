@@ -79,6 +79,7 @@ def test_the_hook_reads_what_the_code_holds():
     from benchmarks.protocols.resolution_distillation import settings as raml
     from pml_extensions.runner.config import eval_keys, pb_keys
     from pml_extensions.runner.objects import builder
+    from pml_extensions.trunks import histogram_pooling
     from pml_extensions.runner.protocols import DEFAULT_PROTOCOLS, PROTOCOLS, get_protocol
     from pml_extensions.runner.protocols.mlrc import old_keys
 
@@ -102,7 +103,7 @@ def test_the_hook_reads_what_the_code_holds():
     assert t["pb_only"] == eval_keys._PB_ONLY
     assert t["old_keys"] == old_keys.OLD_KEYS and t["old_refused"] == old_keys._OLD_REFUSED
     assert t["resolution_dataset_keys"] == raml.DATASET_KEYS
-    assert t["prototype_init_keys"] == builder.PROTOTYPE_INIT_KEYS
+    assert t["prototype_init_keys"] == histogram_pooling.PROTOTYPE_INIT_KEYS
     assert t["param_group_keys"] == builder.PARAM_GROUP_KEYS
 
 
@@ -168,12 +169,13 @@ def test_every_argument_and_marker_the_code_accepts_is_on_the_config_page():
     from pml_extensions.runner.config import eval_keys, pb_keys
     from pml_extensions.runner.config.syntax import _SEARCH_OPS
     from pml_extensions.runner.objects import builder
+    from pml_extensions.trunks import histogram_pooling
 
     blocks, _ = site.generated_blocks()
     page = "\n".join(blocks.values())
     accepted = set(pb_keys._FLAGS) | set(pb_keys._DEFAULT_SPLIT) | set(pb_keys._DEFAULT_HOOKS)
     accepted |= set(eval_keys._DEFAULT_ENSEMBLE) | {"split_to_aggregate", eval_keys._TESTER}
-    accepted |= set(raml.DATASET_KEYS) | set(builder.PROTOTYPE_INIT_KEYS) | set(builder.PARAM_GROUP_KEYS)
+    accepted |= set(raml.DATASET_KEYS) | set(histogram_pooling.PROTOTYPE_INIT_KEYS) | set(builder.PARAM_GROUP_KEYS)
     accepted |= {"class_fraction", "seed"}  # validation's
     missing = sorted(k for k in accepted if f"`{k}`" not in page and f"{{{k}:" not in page and f"`{k}:" not in page)
     assert missing == []
