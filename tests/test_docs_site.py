@@ -79,9 +79,9 @@ def test_the_hook_reads_what_the_code_holds():
     from benchmarks.protocols.resolution_distillation import settings as raml
     from pml_extensions.runner.config import eval_keys, pb_keys
     from pml_extensions.runner.objects import builder
-    from pml_extensions.trunks import histogram_pooling
     from pml_extensions.runner.protocols import DEFAULT_PROTOCOLS, PROTOCOLS, get_protocol
     from pml_extensions.runner.protocols.mlrc import old_keys
+    from pml_extensions.trunks import histogram_pooling
 
     t = site.code_tables()
     assert t["protocols"] == PROTOCOLS and t["default_protocols"] == DEFAULT_PROTOCOLS

@@ -29,6 +29,7 @@ supported heads). Not covered, and why:
 import contextlib
 import unittest
 
+import pytest
 import torch
 import torchvision
 from pytorch_metric_learning import losses as pml_losses
@@ -218,6 +219,7 @@ class TestTrunkComponents(FakeCudaCase):
             block(images())
             self.assert_on_cuda([block.last_class_scores, block.last_mixing], (2, 4, 8, 8))
 
+    @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_inserted_block_and_swapped_maximizer_in_torchvision_models(self):
         # the concat variants widen the next layer (new convolutions / BatchNorm built on the old one's device)
         cases = (("resnet18", "add"), ("resnet18", "concat"), ("mobilenet_v2", "concat"), ("densenet121", "concat"))
@@ -320,6 +322,7 @@ class TestTrainers(FakeCudaCase):
         trainer.loss_tracker.update(trainer.loss_weights)
         return trainer.losses
 
+    @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_template_matching_trainer(self):
         for main in ("metric_loss", "classifier_loss"):
             with self.subTest(main), fake_cuda():

@@ -23,6 +23,7 @@ Gradients use a fixed random cotangent so they are not trivially zero.
 import copy
 import unittest
 
+import pytest
 import torch
 from pytorch_metric_learning import losses as pml_losses
 
@@ -250,6 +251,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # the refer
 
 
 class TestDtypeMatrix(unittest.TestCase):
+    @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_every_module_every_dtype_pure_and_autocast(self):
         for device in DEVICES:
             if device == "cuda":

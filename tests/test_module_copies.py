@@ -18,6 +18,7 @@ import io
 import pickle
 import unittest
 
+import pytest
 import torch
 import torchvision
 from pytorch_metric_learning import losses as pml_losses
@@ -245,6 +246,7 @@ class CopyChecks(unittest.TestCase):
 
 
 class TestTrunkComponentCopies(CopyChecks):
+    @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_every_component(self):
         for name, (build, run) in TRUNK_COMPONENTS.items():
             self.assert_copies(name, build, run)

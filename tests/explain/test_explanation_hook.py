@@ -5,6 +5,7 @@ import unittest
 from unittest import mock
 
 import numpy as np
+import pytest
 import record_keeper
 import torch
 from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
@@ -108,6 +109,7 @@ class TestExplanationHook(unittest.TestCase):
         self.assertIn("localization_accuracy", res)
         self.assertTrue(0.0 <= res["localization_accuracy"] <= 1.0)
 
+    @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_figures_mark_same_and_other_class_with_true_rank_and_cosine(self):
         # issue 23 item 3: each neighbour is marked with the tester's labels; titles carry the rank and the cosine
         titles = {}
@@ -158,6 +160,7 @@ class TestExplanationHook(unittest.TestCase):
             ExplanationHook(self.trunk, self.emb, {"val": self.ds}, self.tmp.name, k=0)
         self.assertEqual(hook_count(self.trunk, self.emb), 0)
 
+    @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_no_memory_growth_over_200_calls(self):
         hook = ExplanationHook(self.trunk, self.emb, {"val": self.ds}, self.tmp.name, n_queries=1, k=2, save_png=False)
         tester = FakeTester(self.embeddings, torch.tensor(self.ds.labels))

@@ -6,6 +6,7 @@ import tempfile
 import unittest
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 from torch import nn
@@ -68,6 +69,7 @@ class TestTopkMaps(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "neighbours must be"):
             topk_overall_maps(dec, q, r, torch.tensor([0, 1]))
 
+    @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_hook_anisotropic_spectrograms(self):
         trunk, emb = frequency_trunk()
         ds = Spectrograms()

@@ -202,6 +202,7 @@ class TestIdentityAtInsertion(unittest.TestCase):
                 (block,) = template_matching_blocks(inserted)
                 self.assertEqual(block.last_class_scores.shape[:2], (2, 10))  # the block did run
 
+    @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_float64_densenet_and_mobilenet_at_the_papers_place(self):
         for name in ("densenet121", "mobilenet_v2"):
             with self.subTest(name):

@@ -35,6 +35,7 @@ def _check(folder, min_retrieval_rows=1):
     return page, html
 
 
+@pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
 def test_a_report_with_every_section_renders(tmp_path):
     import torch
     from PIL import Image

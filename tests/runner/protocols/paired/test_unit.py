@@ -51,6 +51,7 @@ class TestPairing(unittest.TestCase):
         for k in a:
             self.assertTrue(torch.equal(a[k], b[k]), k)
 
+    @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_shared_weights_and_batches_identical_at_step0(self):
         cfg = tiny_config()
         gap = self.capture_step0(variant(cfg, "contrastive_gap"), 0)
