@@ -50,10 +50,9 @@ CONVENTIONS, DEMO, METHODS = _maps.CONVENTIONS, _maps.DEMO, _maps.METHODS
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SIZES = ("quick", "medium", "full")
 LOSSES = {"ms": "Multi-Similarity", "triplet": "Triplet"}
-#: δ of every claim (localisation accuracy or P@1, points): the paper gives no values (methods.md D3), only
-#: orderings, one of them "by a large margin"; a few points separate localisation methods in that literature, and at
-#: the docs' size one test composite moves a seed's accuracy by 2.5 points (40 per seed), so 5 points (two images) is
-#: the smallest difference worth a claim here
+#: δ of every claim (localisation accuracy or P@1, points): the paper gives no values (methods.md D3), only orderings,
+#: one of them "by a large margin"; at the docs' size one test composite moves a seed's accuracy by 2.5 points (40 per
+#: seed), so 5 points (two composites) is the smallest difference read as an effect rather than one image's luck
 SMALLEST_EFFECT = 5.0
 # The paper's statements (values not in the text we have): Table II ordering and Tables III-IV trends.
 PAPER = {

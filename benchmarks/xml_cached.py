@@ -185,8 +185,8 @@ LAMBDA0 = {
 }
 
 
-#: δ of the claim "XML > GAP" (MAP@R points): the XML paper reports MAP@R gains of points (its Table 1's values are
-#: not in the text we have, methods.md A3), and the evidence guide sets 1 MAP@R point as XML's smallest effect of
+#: δ of the claim "XML > GAP" (MAP@R points): the paper claims "consistent improvements" of MAP@R (its Table 1 values
+#: are not in the text we have, methods.md A3) and the evidence guide sets 1 MAP@R point as XML's smallest effect of
 #: interest; a 0.1-point difference is no improvement a user would notice, however narrow its interval
 SMALLEST_EFFECT = 1.0
 
