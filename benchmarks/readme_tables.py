@@ -11,18 +11,20 @@ Each benchmark writes its numbers to ``benchmarks/results/NAME.json`` and the ta
 and, for each method's headline, a block whose one line is written from :data:`HEADLINES` ``[KEY]``::
 
     <!-- headline:KEY -->
-    **At our scale** (paper: CLAIM): WHAT, n seeds: +d [low, high] UNIT, VERDICT; ... [All numbers](...).
+    **At our scale** (paper: CLAIM): WHAT, n seeds: +d [low, high] UNIT, δ = D: VERDICT; ... [All numbers](...).
     <!-- /headline:KEY -->
 
-A headline reads paired comparisons (a mean difference and its 95 % CI) out of ``benchmarks/results/NAME.json`` and
-words each with the runner's one verdict vocabulary (:func:`pml_extensions.runner.outputs.results.verdict_word`:
-reproduced / contradicted / not shown / consistent). "Not shown", an interval that contains 0, is written as the
-largest effect the interval leaves possible, "no effect larger than X UNIT"
-(:func:`~pml_extensions.runner.outputs.results.effect_bound`). Adding a
-headline for a new results file is one entry of :data:`HEADLINES` (or one more :class:`Evidence` in an entry) and
-the marker pair in the README; e.g. the 20-seed XML benchmark's comparison, added to ``HEADLINES["xml"]``::
+A headline reads paired comparisons (a mean difference and its 95 % t interval, with the bootstrap interval and the
+Holm-adjusted p-value where the benchmark stored them) out of ``benchmarks/results/NAME.json`` and words each with the
+runner's one verdict vocabulary (:func:`pml_extensions.runner.outputs.results.verdict_word`): "shown", "no effect of
+practical size", "contradicted" or "inconclusive (n seeds)", read against the smallest effect of interest δ that each
+:class:`Evidence` states with its claim's direction (the benchmark's own δ: a file that stores one must agree). An
+inconclusive interval adds the largest effect it leaves possible, "effect within ±X UNIT"
+(:func:`~pml_extensions.runner.outputs.results.effect_bound`). Adding a headline for a new results file is one entry
+of :data:`HEADLINES` (or one more :class:`Evidence` in an entry) and the marker pair in the README; e.g. a comparison
+of the runner's ``results.json`` layout with a δ of 1 MAP@R point (MAP@R stored as a fraction)::
 
-    Evidence.paired("xml_cached", "contrastive_xml", "contrastive_gap", "20 seeds, cached features", scale=100)
+    Evidence.paired("xml_vs_gap", "contrastive_xml", "contrastive_gap", "main job", smallest_effect=0.01, scale=100)
 
 Commands::
 
@@ -61,9 +63,12 @@ class Evidence:
             comparison holds ``mean_difference`` (or ``mean``) and ``ci95`` (``[low, high]``, ``None`` for one seed),
             and ``n`` (or ``differences`` / ``seeds``) when the number of seeds is to be shown.
         label: what is compared, in words (``"XML − GAP, main job"``).
+        smallest_effect: δ of the claim, in the comparison's units as stored (0.01: 1 point of a fraction); required.
+            Where the comparison stores its own ``smallest_effect`` the two must be equal.
         claim: the paper's claim about ``variant − baseline`` as shown (after ``flip``): ``"greater"``, ``"less"`` or
-            ``"on_par"`` (:func:`~pml_extensions.runner.outputs.results.verdict_word`).
-        scale: the values are multiplied by it (100: a fraction shown in points).
+            ``"on_par"`` (:func:`~pml_extensions.runner.outputs.results.verdict_word`); a comparison's own ``claim``
+            must agree (mirrored by ``flip``).
+        scale: the values and δ are multiplied by it (100: a fraction shown in points).
         digits: decimals shown.
         unit: written after the interval (``"MAP@R points"``).
         flip: show ``baseline − variant`` (the difference and the interval negated).
@@ -72,11 +77,21 @@ class Evidence:
     results: str
     where: Tuple[Any, ...]
     label: str
+    smallest_effect: Optional[float] = None
     claim: str = "greater"
     scale: float = 1.0
     digits: int = 2
     unit: str = ""
     flip: bool = False
+
+    def __post_init__(self):
+        from pml_extensions.runner.outputs.results import CLAIMS
+
+        delta = self.smallest_effect
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < float("inf"):
+            raise ValueError(f"Evidence {self.label!r}: smallest_effect must be a positive number, got {delta!r}")
+        if self.claim not in CLAIMS:
+            raise ValueError(f"Evidence {self.label!r}: claim must be one of {', '.join(CLAIMS)}, got {self.claim!r}")
 
     @classmethod
     def paired(cls, results: str, variant: str, baseline: str, label: str, *, metric=None, under=(), **kwargs):
@@ -85,7 +100,7 @@ class Evidence:
 
         Example::
 
-            >>> Evidence.paired("xml_cached", "contrastive_xml", "contrastive_gap", "20 seeds", scale=100).where
+            >>> Evidence.paired("xml_vs_gap", "contrastive_xml", "contrastive_gap", "main", smallest_effect=0.01).where
             ('comparisons', {'variant': 'contrastive_xml', 'baseline': 'contrastive_gap'})
         """
         match = {"variant": variant, "baseline": baseline, **({"metric": metric} if metric else {})}
@@ -108,12 +123,23 @@ class Headline:
 
 
 def _xml_cached(dataset: str, loss: str, label: str) -> Evidence:
-    """XML − GAP of one frozen-prefix row of ``benchmarks/results/xml_cached.json`` (MAP@R points)."""
+    """XML − GAP of one frozen-prefix row of ``benchmarks/results/xml_cached.json`` (MAP@R points, δ = 1 point: the
+    benchmark's ``SMALLEST_EFFECT``)."""
     row = {"dataset": dataset, "setting": "frozen to features.18", "loss": loss}
-    return Evidence("xml_cached", ("rows", row, "difference"), label, unit="MAP@R points")
+    return Evidence("xml_cached", ("rows", row, "difference"), label, smallest_effect=1.0, unit="MAP@R points")
 
 
-#: the README's headline per method: ``<!-- headline:KEY -->`` is written from ``HEADLINES[KEY]``
+def _template_block(data: str, label: str) -> Evidence:
+    """block − baseline trained from scratch (``benchmarks/results/template_block.json``'s claims, accuracy points,
+    δ = 0.5 points: the benchmark's ``SMALLEST_EFFECT``)."""
+    where = ("claims", "comparisons", {"variant": "block", "baseline": "baseline", "data": data})
+    return Evidence("template_block", where, label, smallest_effect=0.5, unit="accuracy points")
+
+
+#: the README's headline per method: ``<!-- headline:KEY -->`` is written from ``HEADLINES[KEY]``; each δ is the one
+#: its benchmark states beside the claim (the evidence guide's: 1 MAP@R point for retrieval, 0.5 accuracy points for
+#: the template block; 5 localisation points for the explanation maps). The main job (``xml_vs_gap``) is a smoke test
+#: and has no headline.
 HEADLINES: Dict[str, Headline] = {
     "xml": Headline(
         'XML gives "consistent improvements" on unseen classes',
@@ -125,14 +151,6 @@ HEADLINES: Dict[str, Headline] = {
             ),
             _xml_cached("Open Clip Art", "ProxyAnchor", "ProxyAnchor"),
             _xml_cached("glyphs", "ProxyAnchor", "glyphs, ProxyAnchor"),
-            Evidence.paired(
-                "xml_vs_gap",
-                "contrastive_xml",
-                "contrastive_gap",
-                "from scratch, the main job (contrastive, glyphs)",
-                scale=100,
-                unit="MAP@R points",
-            ),
         ),
         "docs/methods/xml.md#evidence-at-our-scale",
     ),
@@ -143,25 +161,18 @@ HEADLINES: Dict[str, Headline] = {
                 "template_block_cached",
                 ("tasks", "classification", "claims", {"variant": "block", "baseline": "baseline"}, "difference"),
                 "block − plain last stage, pretrained MobileNetV2 on Open Clip Art (cached features)",
+                smallest_effect=0.5,
                 unit="accuracy points",
             ),
             Evidence(
                 "template_block_cached",
                 ("tasks", "dml", "claims", {"variant": "block", "baseline": "baseline"}, "difference"),
                 "its DML variant (contrastive, unseen classes)",
+                smallest_effect=1.0,
                 unit="MAP@R points",
             ),
-            Evidence.paired(
-                "template_block",
-                "block",
-                "baseline",
-                "from scratch: block − baseline on Fashion-MNIST",
-                under=("fashion",),
-                unit="accuracy points",
-            ),
-            Evidence.paired(
-                "template_block", "block", "baseline", "on glyphs", under=("glyphs",), unit="accuracy points"
-            ),
+            _template_block("Fashion-MNIST", "from scratch: block − baseline on Fashion-MNIST"),
+            _template_block("glyphs", "on glyphs"),
         ),
         "docs/methods/template_matching.md#evidence-at-our-scale",
     ),
@@ -173,6 +184,8 @@ HEADLINES: Dict[str, Headline] = {
                 "glyphs/24px/teacher_student_asymmetric",
                 "glyphs/24px/teacher_asymmetric",
                 "distilled − naive asymmetric, 24 px queries against a 48 px glyph database",
+                under=("claims",),
+                smallest_effect=0.01,
                 scale=100,
                 unit="MAP@R points",
             ),
@@ -181,6 +194,8 @@ HEADLINES: Dict[str, Headline] = {
                 "glyphs/32px/teacher_student_asymmetric",
                 "glyphs/32px/teacher_asymmetric",
                 "32 px queries",
+                under=("claims",),
+                smallest_effect=0.01,
                 scale=100,
                 unit="MAP@R points",
             ),
@@ -192,21 +207,23 @@ HEADLINES: Dict[str, Headline] = {
         (
             Evidence.paired(
                 "localization",
-                "Grad-CAM [ReLU]",
                 "Decomposition [ReLU]",
+                "Grad-CAM [ReLU]",
                 "Decomposition − Grad-CAM, Open Clip Art composites, maps with ReLU",
-                under=("analysis", "ms"),
-                flip=True,
+                metric="best_accuracy",
+                under=("claims",),
+                smallest_effect=5.0,
                 digits=1,
                 unit="accuracy points",
             ),
             Evidence.paired(
                 "localization",
-                "Grad-CAM (no norm) [ReLU]",
                 "Decomposition [ReLU]",
+                "Grad-CAM (no norm) [ReLU]",
                 "Decomposition − Grad-CAM (no norm)",
-                under=("analysis", "ms"),
-                flip=True,
+                metric="best_accuracy",
+                under=("claims",),
+                smallest_effect=5.0,
                 digits=1,
                 unit="accuracy points",
             ),
@@ -249,30 +266,66 @@ def find(data: Any, where: Tuple[Any, ...], source: str = "the results") -> Any:
     return item
 
 
+#: the claim an Evidence shows after ``flip``, from the comparison's own
+_MIRROR = {"greater": "less", "less": "greater", "on_par": "on_par"}
+
+
+def shown_comparison(comparison: Mapping, evidence: Evidence, source: str = "the results") -> dict:
+    """The comparison as the headline shows it: ``mean_difference`` (or ``mean``), and with ``flip`` the difference,
+    its intervals and per-seed differences negated (p-values do not change).
+
+    Raises:
+        ValueError: the comparison stores a ``smallest_effect`` or a ``claim`` other than the Evidence's.
+    """
+    c = dict(comparison)
+    stored, delta = c.get("smallest_effect"), evidence.smallest_effect
+    if stored is not None and abs(stored - delta) > 1e-12 * max(1.0, abs(delta)):
+        raise ValueError(f"{source}: {evidence.label!r} states δ = {delta!r}, its comparison was read with {stored!r}")
+    if c.get("claim") is not None and (_MIRROR[c["claim"]] if evidence.flip else c["claim"]) != evidence.claim:
+        raise ValueError(f"{source}: {evidence.label!r} claims {evidence.claim!r}, its comparison {c['claim']!r}")
+    c["mean_difference"] = c["mean_difference"] if "mean_difference" in c else c["mean"]
+    if evidence.flip:
+        c["mean_difference"] = -c["mean_difference"]
+        for key in ("ci95", "bootstrap_ci95"):
+            if c.get(key) is not None:
+                c[key] = [-c[key][1], -c[key][0]]
+        if c.get("differences"):
+            c["differences"] = [-d for d in c["differences"]]
+    return c
+
+
 def evidence_text(evidence: Evidence, results_dir: str = RESULTS) -> str:
-    """``"label, n seeds: +d [low, high] unit, verdict"`` for one comparison (see :class:`Evidence`).
+    """``"label, n seeds: +d [low, high] unit, δ = D: verdict"`` for one comparison (see :class:`Evidence`), the verdict
+    :func:`~pml_extensions.runner.outputs.results.verdict_word` of the Evidence's claim and δ with the comparison's
+    own Holm-adjusted p-value and intervals where it stores them. An inconclusive verdict says why: an interval that
+    contains 0 adds the largest effect it leaves possible, ``", effect within ±X unit"``
+    (:func:`~pml_extensions.runner.outputs.results.effect_bound`); one that excludes 0 its Holm-adjusted p-value,
+    ``", Holm-adjusted p P"`` (≥ 0.05).
 
     Raises:
         FileNotFoundError: the results file does not exist.
         KeyError: the comparison is not in it.
+        ValueError: the comparison was read with another δ or claim (:func:`shown_comparison`).
     """
-    from pml_extensions.runner.outputs.results import effect_bound, format_difference, verdict_word
+    from pml_extensions.runner.outputs.results import VERDICTS, effect_bound, format_difference, verdict_word
 
     path = os.path.join(results_dir, evidence.results + ".json")
     comparison = find(json.loads(_read(path, f"headline from {evidence.results}")), evidence.where, path)
-    mean = comparison["mean_difference"] if "mean_difference" in comparison else comparison["mean"]
-    ci = comparison.get("ci95")
-    if evidence.flip:
-        mean, ci = -mean, (None if ci is None else [-ci[1], -ci[0]])
-    shown = {"mean_difference": mean, "ci95": ci}
-    n = comparison.get("n") or len(comparison.get("differences") or comparison.get("seeds") or ())
-    word = verdict_word(shown, evidence.claim)
+    shown = shown_comparison(comparison, evidence, path)
+    n = shown.get("n") or len(shown.get("differences") or shown.get("seeds") or ())
+    word = verdict_word(shown, evidence.claim, evidence.smallest_effect)
     seeds = f", {n} seeds" if n else ""
     unit = f" {evidence.unit}" if evidence.unit else ""
     bound = effect_bound(shown, evidence.scale)
-    if word == "not shown":  # the interval contains 0: say the largest effect it leaves possible
-        word = "not shown (1 seed)" if bound is None else f"no effect larger than {bound:.{evidence.digits}f}{unit}"
-    return f"{evidence.label}{seeds}: {format_difference(shown, evidence.digits, evidence.scale)}{unit}, {word}"
+    if word.startswith(VERDICTS[3]) and bound is not None:
+        ends = [end for key in ("ci95", "bootstrap_ci95") if shown.get(key) is not None for end in shown[key]]
+        if min(ends) <= 0 <= max(ends) or shown.get("p_holm") is None:
+            word += f", effect within ±{bound:.{evidence.digits}f}{unit}"
+        else:
+            word += f", Holm-adjusted p {shown['p_holm']:.2g}"
+    delta = f"δ = {evidence.scale * evidence.smallest_effect:g}"
+    diff = format_difference(shown, evidence.digits, evidence.scale)
+    return f"{evidence.label}{seeds}: {diff}{unit}, {delta}: {word}"
 
 
 def headline_line(headline: Headline, results_dir: str = RESULTS) -> str:

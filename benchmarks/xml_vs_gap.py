@@ -11,8 +11,10 @@ below the claim is that protocol's footer.
 
 The claim (XML, ICIP 2023: XML gives "consistent improvements" on unseen classes) concerns the comparisons whose
 variant trains an XMLWrapper with a positive weight (a variant with an ``xml_loss`` curve in the results) against a
-baseline without one (no ``xml`` counters in its units). Verdicts:
-:func:`pml_extensions.runner.outputs.results.verdict`.
+baseline without one (no ``xml`` counters in its units). The main job is a smoke test (3 seeds from scratch), not
+evidence on the claim; its lines still say what the runner's rules make of it
+(:func:`pml_extensions.runner.outputs.results.verdict`, the claim ``"greater"`` with XML's smallest effect of interest
+:data:`SMALLEST_EFFECT`, Holm over those comparisons).
 
     python -m pml_extensions job --root_experiment_folder runs --new   # the job (benchmarks/reproduce.py runs it)
     python benchmarks/xml_vs_gap.py --run-folder runs/xml_glyphs  # -> benchmarks/results/xml_vs_gap.json / .md
@@ -26,9 +28,10 @@ from types import SimpleNamespace
 
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.experiment.folder import saved_config
-from pml_extensions.runner.outputs.results import render_markdown, verdict
+from pml_extensions.runner.outputs.results import compare, render_markdown, verdict, verdict_word
 from pml_extensions.runner.protocols.paired.protocol import METRICS, Paired
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+from pml_extensions.utils.paired_stats import holm
 
 try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
     from benchmarks import protocols
@@ -43,8 +46,12 @@ XMLPaper, xml_loss_curve, xml_weight = (
 )
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+#: δ of "XML > GAP" (MAP@R as a fraction: 1 point), the evidence guide's smallest effect for XML
+SMALLEST_EFFECT = 0.01
 CLAIM = (
-    'Paper (XML, ICIP 2023): XML gives "consistent improvements" on unseen classes. Here, per XML-vs-GAP comparison:'
+    'Paper (XML, ICIP 2023): XML gives "consistent improvements" on unseen classes. This job is a smoke test (3 seeds '
+    "from scratch), not evidence on the claim (the README's headline reads the cached benchmark); with the smallest "
+    "effect of interest δ = 1 MAP@R point and Holm over these lines, per XML-vs-GAP comparison:"
 )
 
 
@@ -83,12 +90,25 @@ def xml_vs_gap_comparisons(results: dict) -> list:
     return [c for c in results["comparisons"] if c["variant"] in with_xml and c["baseline"] in without]
 
 
+def claim_comparisons(results: dict) -> list:
+    """:func:`xml_vs_gap_comparisons` as claims: the runner's comparison with δ = :data:`SMALLEST_EFFECT` and the
+    claim ``"greater"``, Holm-corrected together (each gets ``p_holm`` and ``verdict``)."""
+    out = [
+        compare(results["variants"], c["variant"], c["baseline"], c["metric"], smallest_effect=SMALLEST_EFFECT)
+        for c in xml_vs_gap_comparisons(results)
+    ]
+    for c, p in zip(out, holm([c["p_value"] for c in out])):
+        c["p_holm"] = p
+        c["verdict"] = verdict_word(c, c["claim"])
+    return out
+
+
 def markdown(results: dict) -> str:
     """The job's ``results.md`` followed by the paper's claim, a verdict line per XML-vs-GAP comparison and the
     ``xml_loss`` summaries (``XMLPaper``'s footer)."""
     view = _protocol_view(results)
     md = render_markdown(results, list(METRICS), Paired.header(view, results))
-    claims = [f"- {verdict(c)}" for c in xml_vs_gap_comparisons(results)]
+    claims = [f"- {verdict(c)}" for c in claim_comparisons(results)]
     if claims:
         md += "\n" + CLAIM + "\n" + "\n".join(claims) + "\n"
     footer = XMLPaper.footer(view, results)

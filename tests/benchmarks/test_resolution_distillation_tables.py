@@ -48,10 +48,32 @@ def test_table2_and_ablation_rows(bench):
     # abs-only − full: -0.05, -0.10, 0.00 -> mean -5.00, t(2) CI -5 ± 4.303 · 5/sqrt(3)
     half = 4.302652729911275 * 5 / np.sqrt(3)
     assert f"| loss_abs_only | 35.00 ± 13.23 | 35.00 ± 13.23 | -5.00 [{-5 - half:+.2f}, {-5 + half:+.2f}] |" in md
-    # the claims speak the runner's verdict vocabulary: +20 [+20, +20] lies above 0 -> reproduced
+
+    # the claims in the runner's vocabulary, δ = 1 MAP@R point, Holm over four (t_{0.975, 2} = 4.3027, two-sided
+    # p = 1 − t / √(t² + 2), the seed bootstrap's p at most 2 · (1/27 of 10000 + 1) / 10001 ≈ 0.075 below them):
+    # naive 0.2, 0.2, 0.2 (bootstrap p 2 / 10001 = 0.0002, the t-test's ≈ 0); low-resolution teacher 0, 0.1, 0.1
+    # (t 2.0, p 0.1835, interval [-0.077, +0.210]); student symmetric -0.02, 0, -0.01 (t -1.732, p 0.2254,
+    # [-0.035, +0.015]); abs-only − full -0.05, -0.10, 0 (t -1.732, p 0.2254). Holm: 4 · 0.0002 = 0.0008,
+    # 3 · 0.1835 = 0.5505, max(2 · 0.2254, 0.5505) = 0.5505 for both others.
+    results["claims"] = bench.claim_comparisons(results)
+    claims = results["claims"]["comparisons"]
+    assert [(c["baseline"].split("/")[-1], c["claim"]) for c in claims] == [
+        ("teacher_asymmetric", "greater"),
+        ("low_resolution_teacher_symmetric", "greater"),
+        ("student_symmetric", "on_par"),
+        ("teacher_student_asymmetric", "less"),
+    ]
+    assert [c["p_holm"] for c in claims] == [pytest.approx(p, abs=1e-3) for p in (0.0008, 0.5505, 0.5505, 0.5505)]
+    assert [c["verdict"] for c in claims] == [
+        "shown",  # [0.2, 0.2], p̃ 0.0008, 20 points ≥ 1
+        "inconclusive (3 seeds)",  # contains 0
+        "inconclusive (3 seeds)",  # on par: [-3.5, +1.5] points reaches past ±1
+        "inconclusive (3 seeds)",  # contains 0
+    ]
     text = bench.claims(results)
-    assert "vs naive asymmetric +20.00 MAP@R points (95 % CI [+20.00, +20.00], CI excludes 0): **reproduced**" in text
-    assert "loss_abs_only -5.00 MAP@R points" in text and "**not shown**" in text
+    assert "vs naive asymmetric +20.00 MAP@R points (95 % CI [+20.00, +20.00], p (Holm) 0.0008): **shown**" in text
+    assert f"loss_abs_only -5.00 MAP@R points (95 % CI [{-5 - half:+.2f}, {-5 + half:+.2f}], p (Holm) 0.55): " in text
+    assert "vs the student's own symmetric -1.00 MAP@R points" in text and "Holm-adjusted over the 4 claims" in text
 
 
 def test_curve_table(bench):

@@ -58,19 +58,26 @@ def _results(task, per_seed, params):
 
 
 def test_merge_pairs_by_seed_and_words_the_verdicts(tmp_path):
+    """Hand-made accuracies (points), δ = 0.5: block − baseline 1, 1.25, 1.5 (mean 1.25, sd 0.25, t = 8.660,
+    p = 1 − t / √(t² + 2) = 0.01307); aux_only − baseline 0.05, 0.06, 0.07 (t = 10.392, p = 0.00913, interval
+    [0.0352, 0.0848]); block − aux_only 0.95, 1.19, 1.43 (sd 0.24, t = 8.588, p = 0.01333); block − deeper 1.1, 1.25,
+    1.4 (sd 0.15, t = 14.434, p = 0.00479); deeper − baseline -0.1, 0, 0.1 (t = 0, p = 1; interval ±0.248). Every
+    difference of one sign keeps its bootstrap p at 2 / 10001, so the t-test's p is the larger. Holm over the five:
+    0.00479 · 5 = 0.0240, 0.00913 · 4 = 0.0365, 0.01307 · 3 = 0.0392, max(0.01333 · 2, 0.0392) = 0.0392, 1."""
     tbc = _module()
     params = {"baseline": 100, "block": 130, "aux_only": 110, "deeper": 200}
     cls = _results(
         "classification",
         {
             "baseline": [50.0, 50.0, 50.0],
-            "block": [51.0, 52.0, 56.0],  # block − baseline: 1, 2, 6
-            "aux_only": [50.2, 50.3, 50.4],  # aux_only − baseline: 0.2, 0.3, 0.4
-            "deeper": [49.0, 50.0, 51.0],
+            "block": [51.0, 51.25, 51.5],
+            "aux_only": [50.05, 50.06, 50.07],
+            "deeper": [49.9, 50.0, 50.1],
         },
         params,
     )
-    dml = _results("metric_learning", {"baseline": [0.5, 0.5, 0.5], "block": [0.49, 0.50, 0.48]}, params)
+    # MAP@R, δ = 1 point: block − baseline -3, -2.5, -2 points, the mirror image of the first row (p = 0.01307)
+    dml = _results("metric_learning", {"baseline": [0.5, 0.5, 0.5], "block": [0.47, 0.475, 0.48]}, params)
     for task, r in (("classification", cls), ("dml", dml)):
         os.makedirs(tmp_path / f"template_block_cached_clipart_{task}")
         with open(tmp_path / f"template_block_cached_clipart_{task}" / "results.json", "w") as f:
@@ -80,35 +87,39 @@ def test_merge_pairs_by_seed_and_words_the_verdicts(tmp_path):
     assert list(rows) == [("block", "baseline"), ("aux_only", "baseline"), ("block", "aux_only"),
                           ("block", "deeper"), ("deeper", "baseline")]  # fmt: skip
     c = rows[("block", "baseline")]
-    half = T_975_2 * math.sqrt(7.0) / math.sqrt(3.0)  # differences 1, 2, 6: mean 3, sd sqrt(7)
-    assert c["difference"]["differences"] == pytest.approx([1.0, 2.0, 6.0])
-    assert c["difference"]["ci95"] == pytest.approx([3.0 - half, 3.0 + half], abs=1e-9)
+    half = T_975_2 * 0.25 / math.sqrt(3.0)
+    assert c["difference"]["differences"] == pytest.approx([1.0, 1.25, 1.5])
+    assert c["difference"]["ci95"] == pytest.approx([1.25 - half, 1.25 + half], abs=1e-9)
     assert c["half_width"] == pytest.approx(half, abs=1e-9) and c["wins"] == 3
-    assert c["verdict"] == "not shown" and c["bound"] == pytest.approx(3.0 + half)
-    aux = rows[("aux_only", "baseline")]  # mean 0.3, sd 0.1: [0.3 ∓ 0.248] lies above 0
-    assert aux["verdict"] == "reproduced" and aux["difference"]["ci95"][0] == pytest.approx(
-        0.3 - T_975_2 * 0.1 / 3**0.5
-    )
-    assert rows[("block", "deeper")]["difference"]["differences"] == pytest.approx([2.0, 2.0, 5.0])
-    assert rows[("block", "aux_only")]["difference"]["mean_difference"] == pytest.approx(2.7)
-    # MAP@R in points: differences -1, 0, -2 (× 100)
-    d = out["tasks"]["dml"]["claims"][0]
-    assert d["difference"]["differences"] == pytest.approx([-1.0, 0.0, -2.0])
+    p_holm = {k: r["difference"]["p_holm"] for k, r in rows.items()}
+    assert [p_holm[k] for k in rows] == [pytest.approx(p, abs=2e-4) for p in (0.0392, 0.0365, 0.0392, 0.0240, 1.0)]
+    assert [r["verdict"] for r in rows.values()] == [
+        "shown",  # 0.629 > 0, p̃ 0.039 < 0.05, 1.25 ≥ 0.5
+        "no effect of practical size",  # [0.035, 0.085] within ±0.5, although it excludes 0
+        "shown",
+        "shown",
+        "no effect of practical size",  # [-0.248, 0.248]
+    ]
+    assert out["tasks"]["classification"]["smallest_effect"] == 0.5
+    assert rows[("block", "deeper")]["difference"]["differences"] == pytest.approx([1.1, 1.25, 1.4])
+    assert rows[("block", "aux_only")]["difference"]["mean_difference"] == pytest.approx(1.19)
+    d = out["tasks"]["dml"]["claims"][0]  # MAP@R in points, one claim: p̃ = p = 0.01307, Δ = -2.5 ≤ -1
+    assert d["difference"]["differences"] == pytest.approx([-3.0, -2.5, -2.0])
+    assert d["verdict"] == "contradicted" and d["difference"]["p_holm"] == pytest.approx(0.01307, abs=1e-5)
     assert out["tasks"]["dml"]["variants"]["baseline"]["mean"] == pytest.approx(50.0)
     text = tbc.markdown(out)
-    assert f"| block − baseline: {tbc.CLAIMS[0][2]} | +3.00 [{3 - half:+.2f}, {3 + half:+.2f}] | {half:.2f} |" in text
-    assert f"not shown: no effect larger than {3 + half:.2f} points (half-width {half:.2f} > target 0.5)" in text
-    assert "| + template-matching block after features.13 (λ = 0.5) | 53.00 ± 2.65 | 130 |" in text
+    assert f"| block − baseline: {tbc.CLAIMS[0][2]} | +1.25 [{1.25 - half:+.2f}, {1.25 + half:+.2f}] | +1.25 [" in text
+    assert "| 3/3 | 0.039 | shown |" in text and "| 0/3 | 0.013 | contradicted |" in text
+    assert "δ = 0.5 accuracy points." in text and "δ = 1 MAP@R point." in text
+    assert "| + template-matching block after features.13 (λ = 0.5) | 51.25 ± 0.25 | 130 |" in text
     with pytest.raises(SystemExit, match="no results.json"):
         tbc.merge(str(tmp_path / "empty"))
-
-
-def test_verdict_words_within_the_target():
-    tbc = _module()
-    claim = {"verdict": "reproduced", "half_width": 0.4, "target_half_width": 0.5, "bound": 0.9}
-    assert tbc._words(claim) == "reproduced"
-    assert tbc._words(dict(claim, verdict="not shown")) == "not shown: no effect larger than 0.90 points"
-    assert tbc._words(dict(claim, half_width=None)) == "reproduced (1 seed)"
+    # --render: the stored file gives the same claims again from its per-seed differences
+    stored = json.loads(json.dumps(out))
+    for c in stored["tasks"]["classification"]["claims"]:
+        c["verdict"] = c["difference"]["verdict"] = "reproduced"  # words of an older vocabulary
+    again = tbc.rerender(stored)
+    assert again == json.loads(json.dumps(out)) and tbc.markdown(again) == text
 
 
 def test_the_quick_smoke_size_never_replaces_the_evidence_table():

@@ -21,13 +21,52 @@ def test_paired_difference_and_verdicts():
     # differences 1, 2, 6: mean 3, sd sqrt(7), t_{0.975, 2} = 4.302652729911275
     d = xc.paired({"0": 11.0, "1": 12.0, "2": 16.0, "9": 1.0}, {"0": 10.0, "1": 10.0, "2": 10.0})
     half = 4.302652729911275 * math.sqrt(7.0) / math.sqrt(3.0)
-    assert d["n"] == 3 and d["wins"] == 3 and d["mean"] == 3.0
+    assert d["n"] == 3 and d["wins"] == 3 and d["mean_difference"] == 3.0 and "verdict" not in d
     assert d["ci95"] == pytest.approx([3.0 - half, 3.0 + half], abs=1e-9)
-    assert d["sd"] == pytest.approx(math.sqrt(7.0), abs=1e-12)
-    assert xc.claim({"ci95": [0.2, 1.1]}, 1.0) == "reproduced: XML higher by 0.20 to 1.10 points"
-    assert xc.claim({"ci95": [-0.9, -0.1]}, 1.0) == "contradicted: XML lower by 0.10 to 0.90 points"
-    assert xc.claim({"ci95": [-0.3, 0.5]}, 0.6) == "no effect larger than 0.50 points"
-    assert xc.claim({"ci95": [-1.5, 0.5]}, 0.6) == "no effect larger than 1.50 points (half-width 1.00 > target 0.6)"
+    assert d["std"] == pytest.approx(math.sqrt(7.0), abs=1e-12)
+    # one claim, δ = 1 point: the interval contains 0 -> inconclusive
+    assert xc.paired({"0": 11.0, "1": 12.0, "2": 16.0}, {"0": 10.0, "1": 10.0, "2": 10.0}, 1.0)["verdict"] == (
+        "inconclusive (3 seeds)"
+    )
+
+
+def test_the_rows_are_one_holm_family_with_the_runners_words():
+    """The runner's hand-checked claims (results.py's docstring), δ = 1 point: A 2, 2.5, 3 (t interval [1.258,
+    3.742], p 0.01307); B 0.5, 1, 1.5 ([-0.242, 2.242], p 0.07418); C 0.10, 0.12, 0.14 ([0.070, 0.170], p 0.00913).
+    Holm over the three: C 3 · 0.00913 = 0.0274, A max(2 · 0.01307, 0.0274) = 0.0274, B 0.0742."""
+    xc = _module()
+    zero = {"0": 0.0, "1": 0.0, "2": 0.0}
+    ds = [xc.paired(dict(zip(zero, v)), zero, 1.0) for v in ([2, 2.5, 3], [0.5, 1, 1.5], [0.1, 0.12, 0.14])]
+    assert [d["p_holm"] for d in ds] == [pytest.approx(p, abs=1e-5) for p in (0.01307, 0.07418, 0.00913)]  # 1 claim
+    assert xc.claims(ds) == ["shown", "inconclusive (3 seeds)", "no effect of practical size"]
+    assert [d["p_holm"] for d in ds] == [pytest.approx(p, abs=1e-4) for p in (0.0274, 0.0742, 0.0274)]
+    assert ds[0]["ci95"] == pytest.approx([1.258, 3.742], abs=1e-3)
+    # the mirror image of A, alone: contradicted
+    minus_a = xc.paired({"0": -2.0, "1": -2.5, "2": -3.0}, zero, 1.0)
+    assert xc.claims([minus_a]) == ["contradicted"]
+
+
+def test_a_stored_table_is_recomputed_from_its_differences():
+    """--render: a file written before the seeds and the verdict statistics were stored (old keys ``mean``, ``sd``)
+    gets the same comparison as the merge, its differences read in the order the seeds were sorted as strings."""
+    xc = _module()
+    seeds = list(range(11))  # "0", "1", "10", "2", ...: the 11th seed is the third difference
+    keys = sorted(str(s) for s in seeds)
+    diffs = [2.0 + 0.1 * int(k) for k in keys]
+    old = {"mean": 2.5, "ci95": [0, 1], "sd": 1.0, "n": 11, "wins": 11, "differences": diffs}
+    row = {"dataset": "glyphs", "difference": old, "gap_minus_untrained": old, "target_half_width": 0.6,
+           "verdict": "reproduced: XML higher by 2.03 to 2.97 points",
+           "map_unseen": {"xml": 1.0, "gap": 0.0, "difference": old},
+           "map_seen": {"xml": 1.0, "gap": 0.0, "difference": old}}  # fmt: skip
+    out = xc.rerender({"rows": [row], "seeds": seeds})
+    (new,) = out["rows"]
+    assert "target_half_width" not in new and new["verdict"] == "shown"  # Δ 2.5 ≥ 1, p ≈ 1e-10
+    d = new["difference"]
+    assert d["seeds"] == keys and d["differences"] == diffs and d["mean_difference"] == pytest.approx(2.5)
+    assert d["smallest_effect"] == 1.0 and d["claim"] == "greater" and d["p_holm"] == d["p_value"]
+    assert "verdict" not in new["gap_minus_untrained"] and new["map_seen"]["difference"]["wins"] == 11
+    with pytest.raises(ValueError, match="11 differences for 3 seeds"):
+        xc.rerender({"rows": [row], "seeds": [0, 1, 2]})
 
 
 def test_each_part_runs_its_variants_with_the_untrained_row_and_the_shared_cache():
