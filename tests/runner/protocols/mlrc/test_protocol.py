@@ -10,7 +10,7 @@ import torch
 from pml_extensions.runner.config.loader import parse_command_line
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import load_config, run_protocol
-from pml_extensions.runner.protocols.mlrc.protocol import MLRCRunner
+from pml_extensions.runner.protocols.mlrc.runner import MLRCRunner
 from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
 
 register_tiny()
