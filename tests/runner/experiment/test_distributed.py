@@ -180,11 +180,10 @@ def test_job_runs_under_torchrun(tmp_path, subprocess_env):
         "-m",
         "pml_extensions",
         "job",
-        "--config",
         cfg,
-        "--epochs",
+        "--num_epochs",
         "1",
-        "--iterations",
+        "--iterations_per_epoch",
         "4",
         "--seeds",
         "0",
@@ -194,7 +193,7 @@ def test_job_runs_under_torchrun(tmp_path, subprocess_env):
         "cpu",
     ]
     one = subprocess.run(
-        [sys.executable] + args + ["--output", str(tmp_path / "one")],
+        [sys.executable] + args + ["--root_experiment_folder", str(tmp_path), "--experiment_name", "one"],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -205,7 +204,7 @@ def test_job_runs_under_torchrun(tmp_path, subprocess_env):
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         + args[1:]
-        + ["--output", str(tmp_path / "two")],
+        + ["--root_experiment_folder", str(tmp_path), "--experiment_name", "two"],
         env=env,
         cwd=REPO,
         capture_output=True,

@@ -122,7 +122,7 @@ def test_resolution_distillation_report(tmp_path):
     cfg = tmp_path / "cfg" / "config_general"
     cfg.mkdir(parents=True)
     general = {
-        "protocol": "resolution_distillation",
+        "protocol": "benchmarks.protocols.resolution_distillation",  # a plugin in benchmarks/
         "datasets": {
             "glyphs": {"database_resolution": 32, "query_resolutions": [16], "image_size": 32, "max_test_per_class": 2}
         },  # fmt: skip

@@ -17,12 +17,25 @@ from pml_extensions.runner.experiment.checkpoint import load_weights
 from pml_extensions.runner.protocols.reproduce import numeric_differences
 from tests.runner.runner_testing_utils import REPO as ROOT
 
-JOB = ["--epochs", "3", "--iterations", "8", "--seeds", "0", "--variants", "contrastive_xml", "--device", "cpu"]
+JOB = [
+    "--num_epochs",
+    "3",
+    "--iterations_per_epoch",
+    "8",
+    "--seeds",
+    "0",
+    "--variants",
+    "contrastive_xml",
+    "--device",
+    "cpu",
+]
 
 
 def _job(output, env):
     return subprocess.Popen(
-        [sys.executable, "-m", "pml_extensions", "job", "--output", output] + JOB,
+        [sys.executable, "-m", "pml_extensions", "job"]
+        + JOB
+        + ["--root_experiment_folder", os.path.dirname(output), "--experiment_name", os.path.basename(output)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
