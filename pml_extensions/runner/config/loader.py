@@ -21,6 +21,7 @@ Every error is a :class:`pml_extensions.runner.errors.ConfigError` whose one-lin
 file (or ``command line``) and names the key.
 """
 
+import copy
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -300,12 +301,42 @@ def merge_config(
         config["variants"] = variants
     file_keys = set(config)
     if overrides:
+        given = list(overrides)
+        overrides, config = _variants_from_command_line(overrides, config)
         config = merge(config, overrides, "command line")
-        for k in overrides:
+        for k in given:
             sources[split_marker(k, "command line")[0]] = "command line"
         sources.add_layer("command line", config)
     sources.file_keys = file_keys
     return config, sources
+
+
+def _variants_from_command_line(overrides: Dict[str, Any], config: Dict[str, Any]):
+    """``--variants`` given as changes: kept raw, as the files' ``variants`` are (their markers act when a variant is
+    merged over the config, :func:`variant_configs`). ``--variants~OVERRIDE~ {..}`` replaces them all, a plain
+    ``--variants {name: changes}`` replaces or adds those entries, ``--variants~DELETE~`` removes them.
+
+    Raises:
+        ConfigError: ``~APPLY~`` / ``~SWAP~`` on ``variants`` (their entries are changes, not a config to merge
+        into), or a value that is not a mapping.
+    """
+    rest, config = {}, dict(config)
+    for key, value in overrides.items():
+        name, op, _ = split_marker(key, "command line")
+        if name != "variants" or (op is None and not isinstance(value, dict)):
+            rest[key] = value  # (--variants a b, names to keep, is the CLI's selection)
+        elif op == "DELETE":
+            config.pop("variants", None)
+        elif op not in (None, "OVERRIDE") or not isinstance(value, dict):
+            raise ConfigError(
+                f"command line: --{key}: a variant's entry is a set of changes with markers of its own; give the "
+                "entries whole: --variants '{name: {...}}' replaces or adds them, --variants~OVERRIDE~ '{...}' "
+                "replaces them all"
+            )
+        else:
+            kept = {} if op == "OVERRIDE" else dict(config.get("variants") or {})
+            config["variants"] = {**kept, **copy.deepcopy(value)}
+    return rest, config
 
 
 def variant_configs(
@@ -356,6 +387,8 @@ def select_variants(config: Dict[str, Any], names: Sequence[str]) -> Dict[str, A
         >>> cfg = {"variants": {"a": {}, "b": {}, "c": {}}, "comparisons": [["a", "b"], ["a", "c"]]}
         >>> select_variants(cfg, ["c", "a"])
         {'variants': {'a': {}, 'c': {}}, 'comparisons': [['a', 'c']]}
+        >>> select_variants(dict(cfg, untrained=True, comparisons=[["a", "untrained"]]), ["a"])["comparisons"]
+        [['a', 'untrained']]
     """
     variants = config.get("variants")
     if not isinstance(variants, dict) or not variants:
@@ -366,7 +399,8 @@ def select_variants(config: Dict[str, Any], names: Sequence[str]) -> Dict[str, A
     out = dict(config)
     out["variants"] = {k: v for k, v in variants.items() if k in names}
     if "comparisons" in config:
-        out["comparisons"] = [p for p in config.get("comparisons") or [] if all(v in names for v in p)]
+        kept = set(names) | ({"untrained"} if config.get("untrained") else set())  # the untrained row stays a row
+        out["comparisons"] = [p for p in config.get("comparisons") or [] if all(v in kept for v in p)]
     return out
 
 

@@ -319,3 +319,25 @@ def test_a_flag_given_twice_is_refused_not_replaced():
     (the batch size was silently lost)."""
     with pytest.raises(ConfigError, match=r"^command line: --trainer~APPLY~2: given twice; give it once"):
         parse_command_line(["--trainer~APPLY~2", "{batch_size: 16}", "--trainer~APPLY~2", "{iterations_per_epoch: 1}"])
+
+
+def test_command_line_variants_keep_their_markers_and_untrained_comparisons_stay(tmp_path):
+    """--variants~OVERRIDE~ '{g: {loss_funcs: {metric_loss~OVERRIDE~: ...}}}' lost the inner marker, so the variant's
+    loss was merged into the config's XMLWrapper instead of replacing it; --variants a (names) dropped the
+    comparisons with the untrained row although untrained: true."""
+    from pml_extensions.runner.config.loader import merge_config, select_variants, variant_configs
+    from pml_extensions.runner.errors import ConfigError
+
+    (tmp_path / "config_general.yaml").write_text(
+        "loss_funcs: {metric_loss: {XMLWrapper: {loss: {ContrastiveLoss: {}}}}}\n"
+        "untrained: true\nvariants: {x: {}}\ncomparisons: [[x, untrained]]\n"
+    )
+    g = {"loss_funcs": {"metric_loss~OVERRIDE~": {"TripletMarginLoss": {}}}}
+    config, sources = merge_config(str(tmp_path), overrides={"variants~OVERRIDE~": {"g": g, "x": {}}})
+    assert config["variants"] == {"g": g, "x": {}} and sources["variants"] == "command line"
+    assert variant_configs(config)["g"]["loss_funcs"] == {"metric_loss": {"TripletMarginLoss": {}}}
+    added, _ = merge_config(str(tmp_path), overrides={"variants": {"g": g}})
+    assert list(added["variants"]) == ["x", "g"]
+    assert select_variants(added, ["x"])["comparisons"] == [["x", "untrained"]]
+    with pytest.raises(ConfigError, match=r"^command line: --variants~APPLY~2: a variant's entry is a set of changes"):
+        merge_config(str(tmp_path), overrides={"variants~APPLY~2": {"seed": 1}})

@@ -193,7 +193,7 @@ def test_job_runs_under_torchrun(tmp_path, subprocess_env):
         "cpu",
     ]
     one = subprocess.run(
-        [sys.executable] + args + ["--root_experiment_folder", str(tmp_path), "--experiment_name", "one"],
+        [sys.executable] + args + ["--root_experiment_folder", str(tmp_path / "one")],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -204,7 +204,7 @@ def test_job_runs_under_torchrun(tmp_path, subprocess_env):
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         + args[1:]
-        + ["--root_experiment_folder", str(tmp_path), "--experiment_name", "two"],
+        + ["--root_experiment_folder", str(tmp_path / "two")],
         env=env,
         cwd=REPO,
         capture_output=True,

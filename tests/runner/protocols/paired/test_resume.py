@@ -33,9 +33,7 @@ JOB = [
 
 def _job(output, env):
     return subprocess.Popen(
-        [sys.executable, "-m", "pml_extensions", "job"]
-        + JOB
-        + ["--root_experiment_folder", os.path.dirname(output), "--experiment_name", os.path.basename(output)],
+        [sys.executable, "-m", "pml_extensions", "job", "--root_experiment_folder", output] + JOB,
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
