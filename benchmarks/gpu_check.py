@@ -52,6 +52,25 @@ TARGETS = {  # issue 14, one H200; reported, not asserted
 }
 
 
+def choose_device(prog: str, device: str, nothing: str):
+    """``(torch.device, its name, None)`` for ``--device``, or ``(None, None, exit status)``: 2 for a bad value (one
+    line on stderr), 0 for CUDA asked on a machine without it (one line: ``nothing``, and the CPU smoke run)."""
+    import torch
+
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        chosen = None
+    if chosen is None or chosen.type not in ("cuda", "cpu"):
+        print(f"{prog}: --device must be cuda, cuda:N or cpu, got {device!r}", file=sys.stderr)
+        return None, None, 2
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        print(f"{prog}: no CUDA device here; {nothing} (the CPU smoke run is --device cpu --tiny)")
+        return None, None, 0
+    name = torch.cuda.get_device_name(chosen) if chosen.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
+    return chosen, name, None
+
+
 # ---------------------------------------------------------------------------------------------------- subprocesses
 def _env():
     env = dict(os.environ)
@@ -458,18 +477,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        print(f"gpu_check: --device must be cuda, cuda:N or cpu, got {args.device!r}", file=sys.stderr)
-        return 2
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; nothing to check (the CPU smoke run is --device cpu --tiny)")
-        return 0
-    if device.type not in ("cuda", "cpu"):
-        print(f"gpu_check: --device must be cuda or cpu, got {args.device!r}", file=sys.stderr)
-        return 2
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
+    device, name, status = choose_device("gpu_check", args.device, "nothing to check")
+    if device is None:
+        return status
     out = args.out or os.path.join(RESULTS, "gpu_check.json" if not args.tiny else f"gpu_check_tiny_{device.type}.json")
     steps = args.steps or (2 if args.tiny else 5)
     IN_PROCESS["tiny"] = args.tiny

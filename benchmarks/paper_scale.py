@@ -45,7 +45,6 @@ verdicts and the other comparisons) to ``benchmarks/results/paper_scale.json`` +
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -291,18 +290,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        print(f"paper_scale: --device must be cuda, cuda:N or cpu, got {args.device!r}", file=sys.stderr)
-        return 2
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("paper_scale: no CUDA device here; nothing to run (the CPU smoke run is --device cpu --tiny)")
-        return 0
-    if device.type not in ("cuda", "cpu"):
-        print(f"paper_scale: --device must be cuda or cpu, got {args.device!r}", file=sys.stderr)
-        return 2
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
+    device, name, status = gpu_check.choose_device("paper_scale", args.device, "nothing to run")
+    if device is None:
+        return status
     out = args.out or (tempfile.mkdtemp(prefix="paper_scale_") if args.tiny else RESULTS)
     root = args.root or (os.path.join(out, "experiments") if args.tiny else EXPERIMENTS)
     gpu_check.IN_PROCESS["tiny"] = args.tiny  # tiny: the commands' main(argv) in this interpreter
