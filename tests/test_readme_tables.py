@@ -197,3 +197,10 @@ def test_check_fails_on_a_stale_readme(tmp_path):
     assert mod.main(["--check", "--readme", str(stale)]) == 1
     stale.write_text(_readme())
     assert mod.main(["--check", "--readme", str(stale)]) == 0
+
+
+def test_the_claim_directions_are_the_runners():
+    """readme_tables writes the claim directions itself (the docs build imports it without the package)."""
+    from pml_extensions.runner.outputs.results import CLAIMS
+
+    assert _module().CLAIMS == CLAIMS

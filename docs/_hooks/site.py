@@ -645,7 +645,7 @@ def on_page_markdown(markdown, page, config, files, **kwargs):
             lambda m: f"\n{blocks[m.group(1)]}\n" if m.group(1) in blocks else m.group(0), markdown
         )
     if "<!-- results:" in markdown or "<!-- headline:" in markdown or "<!-- summary:" in markdown:
-        markdown = _load_readme_tables().render(markdown)
+        markdown = _load_readme_tables().render(markdown, keep_headlines=True)  # committed, checked by the tests
     return markdown
 
 

@@ -52,7 +52,7 @@ def test_xml_piece_fine_tunes_every_layer_at_224_px_against_gap():
     ps = _module()
     config, sources = _merged(ps, "xml")
     assert config["seeds"] == list(range(ps.SEEDS["xml"])) and config["untrained"] is True
-    assert config["comparisons"] == [["contrastive_xml", "contrastive_gap"]]
+    assert config["comparisons"] == [["contrastive_xml", "contrastive_gap"], ["contrastive_gap", "untrained"]]
     variants, _, _ = PROTOCOL.variants(config, sources)
     assert list(variants) == ["contrastive_gap", "contrastive_xml"]
     for cfg in variants.values():
