@@ -342,8 +342,9 @@ class FeatureCaches:
                 with _file_lock(cache.folder + ".lock"):
                     reason = cache.prepare()
             self.log(  # long work is announced before it starts (minutes for thousands of images on a CPU)
-                f"feature cache {os.path.relpath(cache.folder, self.folder)}: computing {cache.num_items} "
-                f"outputs of the frozen prefix in {cache.num_chunks} chunks (once; every variant and seed reads them)"
+                f"feature cache {os.path.relpath(cache.folder, self.folder)}: computing the frozen prefix's outputs of "
+                f"{cache.num_items} images × {cache.views.num_views} view(s) in {cache.num_chunks} chunks (once; every "
+                "variant and seed reads them)"
             )
             done = cache.build(rank=rank, world_size=world_size)
         except (RuntimeError, TypeError, ValueError) as e:  # e.g. the prefix refuses the transformed images

@@ -158,6 +158,11 @@ class TestCaches(unittest.TestCase):
         self.assertEqual((len(data), data.num_views, data.feature_shape, data.seed), (10, 2, (4, 8, 8), 3))
         self.assertTrue(os.path.isdir(os.path.join(self.tmp.name, "feature_cache", "0.features.2", "train")))
         self.assertRegex(self.logs[-1], r"feature cache 0.features.2/train: 3 of 3 chunks computed in .* \(new\)")
+        self.assertEqual(  # announced before the work starts
+            self.logs[-2],
+            "feature cache 0.features.2/train: computing the frozen prefix's outputs of 10 images × 2 view(s) in 3 "
+            "chunks (once; every variant and seed reads them)",
+        )
         from pml_extensions.datasets import SeededViewDataset
 
         views = SeededViewDataset(self.images, self.tf, num_views=2, seed=3)
