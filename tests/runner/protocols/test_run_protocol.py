@@ -27,7 +27,7 @@ class TestLookup:
     def test_table_names_the_protocols_and_each_is_a_protocol_class(self):
         # the package's own; a plugin registered by an earlier test (benchmarks.protocols) goes by its dotted name
         assert sorted(n for n in PROTOCOLS if "." not in n) == ["mlrc", "paired"]
-        assert sorted(descriptions()) == sorted(PROTOCOLS)
+        assert sorted(n for n in descriptions() if "." not in n) == sorted(PROTOCOLS)
         for name in PROTOCOLS:
             cls = get_protocol(name)
             assert issubclass(cls, Protocol) and cls.name == name and callable(cls.run)
