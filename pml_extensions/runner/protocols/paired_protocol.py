@@ -287,17 +287,22 @@ class PairedProtocol(Protocol):
             + (f", {finished} finished before" if finished else "")
         )
         out: Dict[str, Dict[int, Any]] = {n: {} for n in names}
-        timed = None
+        timed: List[float] = []  # the first two new units: the first may include one-time work (a feature cache)
         for n, s in grid:
             start, new = time.time(), self.exp.stage_result(self.stage(n, s)) is None
             out[n][s] = self.unit_result(n, s)
-            if new and timed is None:
-                timed = time.time() - start
+            if new and len(timed) < 2:
+                timed.append(time.time() - start)
                 left = sum(self.exp.stage_result(self.stage(m, t)) is None for m, t in grid)
-                if left:
+                if left and len(timed) == 1:
                     self.log(
-                        f"{self.name}: one unit took {timed:.0f} s; about {timed * left / 60:.1f} min for the "
+                        f"{self.name}: one unit took {timed[0]:.0f} s; about {timed[0] * left / 60:.1f} min for the "
                         f"{left} left"
+                    )
+                elif left and not 0.5 <= timed[1] / max(timed[0], 1e-9) <= 2:
+                    self.log(
+                        f"{self.name}: the next unit took {timed[1]:.0f} s (the first included one-time work); about "
+                        f"{timed[1] * left / 60:.1f} min for the {left} left"
                     )
         return out
 
