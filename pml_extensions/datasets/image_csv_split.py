@@ -248,7 +248,8 @@ class ImageCSVSplit(ImageFileDataset):
                     f"of column {split_col!r} share {len(self.shared_classes)} of {len(self.classes)} classes "
                     f"({shown}): that tests on classes seen in training; for unseen-class testing give each class "
                     "rows of one split only, or ignore the column and name the test classes (--columns split= with "
-                    'test_classes); for same-class retrieval declare it: class_overlap="allowed"'
+                    'test_classes); for same-class retrieval declare it: class_overlap="allowed" (a runner config: '
+                    '--dataset "{kwargs: {class_overlap: allowed}}")'
                 )
             has_test = "test" in side
             wanted = {

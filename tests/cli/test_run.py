@@ -385,6 +385,12 @@ def test_data_folder_is_your_dataset_for_each_protocol(tmp_path, capsys):
     assert cli.main(["xml_glyphs", "--data_folder", str(tmp_path / "photos"), "--dry-run"]) == 0
     dataset = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["dataset"]
     assert dataset == {"name": "imagefolder", "root": str(tmp_path / "photos")}
+    # the command line's flags on the dataset refine --data_folder's (they were lost: a CSV's class_overlap refusal
+    # named a kwarg the command line could not give)
+    argv = ["xml_glyphs", "--data_folder", str(table), "--dataset", "{kwargs: {class_overlap: allowed}}", "--dry-run"]
+    assert cli.main(argv) == 0
+    dataset = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["dataset"]
+    assert dataset == {"name": "csv", "root": str(table), "kwargs": {"class_overlap": "allowed"}}
     assert cli.main(["contrastive", "--data_folder", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.startswith(f"config error: command line: --data_folder {tmp_path / 'nothing'}: no")
     # the plugins say where they read their images (the rule is the plugin's, not a table of the command line)

@@ -197,6 +197,10 @@ def load_config(
             raise ConfigError(f"command line: --columns: {path} is a folder of class folders, not a CSV file")
         update = protocol.data_folder(path, is_csv, parse_columns(columns) if columns is not None else None)
         config = merge(config, update, "command line")
+        # the command line's own flags on those keys refine the data folder's (--dataset "{kwargs: {...}}")
+        replaced = {k.split("~")[0] for k in update}
+        refine = {k: v for k, v in (overrides or {}).items() if isinstance(k, str) and k.split("~")[0] in replaced}
+        config = merge(config, refine, "command line") if refine else config
         for key in update:
             sources[key.split("~")[0]] = "command line"
         sources.add_layer("command line", config)  # nested values of the new dataset are the command line's too
