@@ -445,3 +445,24 @@ def test_dry_run_refuses_what_the_run_refuses(capsys):
     assert err.startswith("config error: command line: factories.hook: custom factory 'CustomHookFactory' is not ")
     assert cli.main(argv + ["--root_experiment_folder", "/nonexistent/never"]) == 2
     assert capsys.readouterr().err == err
+
+
+def test_a_paired_run_refuses_images_of_several_sizes_before_any_work(tmp_path, capsys):
+    """A catalogue of mixed image sizes through a config without Resize passed the paired preflight and failed
+    minutes later in the feature cache ("stack expects each tensor to be equal size"); the preflight names it."""
+    from PIL import Image
+
+    for c in range(20):
+        (tmp_path / "photos" / f"class_{c:02d}").mkdir(parents=True)
+        for k in range(4):
+            size = (8, 8) if (c + k) % 2 else (12, 10)
+            Image.new("L", size, 10 * c + k).save(tmp_path / "photos" / f"class_{c:02d}" / f"{k}.png")
+    argv = ["xml_glyphs", "--data_folder", str(tmp_path / "photos"), "--root_experiment_folder", str(tmp_path / "exp")]
+    no_resize = ["--transforms~OVERRIDE~", "{train: {ToTensor: null}, eval: {ToTensor: null}}"]
+    assert cli.main(argv + no_resize) == 2
+    err = capsys.readouterr().err
+    assert (
+        "transforms.eval gives images of different sizes" in err
+        and "start transforms train and eval with Resize" in err
+    )
+    assert not os.path.exists(tmp_path / "exp")  # refused before any work

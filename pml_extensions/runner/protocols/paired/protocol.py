@@ -189,6 +189,8 @@ class Paired(PairedProtocol):
                     with problems.check():
                         view = b.subset(data, parts[0][:1], labels, b.build_transform("eval"))
                         sample = view[0][0]
+                        if hasattr(sample, "ndim"):  # images of several sizes need a Resize to be batched
+                            preflight.check_sizes(b, data, b.build_transform("eval"), sample)
                         if cfg.get("feature_cache") is None and hasattr(sample, "ndim"):
                             b.build_models(sample, int(max(labels)) + 1)
         problems.raise_any()
