@@ -222,6 +222,7 @@ class Paired(PairedProtocol):
     # ------------------------------------------------------------------------------------------------ the text
     def header(self, results: Dict[str, Any]) -> str:
         from ...experiment.folder import environment_summary
+        from .unit import test_classes_words
 
         seeds, units = results["seeds"], results["units"]
         first = next(iter(self.variant_configs))
@@ -238,10 +239,10 @@ class Paired(PairedProtocol):
         text = (
             f"Dataset `{dataset_name(s.dataset)}`: trained on {unit['num_train_classes']} classes, {how} on "
             f"{unit['num_val_classes']} held-out training classes{')' if mode == 'last' else ''} (validation), tested "
-            f"once on the unseen test classes. {s.num_epochs} epochs × {s.iterations_per_epoch} iterations, batch "
-            f"{s.batch_size}, seeds {', '.join(map(str, seeds))} (paired: same initial weights for shared modules and "
-            f"same batches within a seed), device {results['device']}. Test metrics; differences are paired by seed, "
-            "95 % Student-t interval."
+            f"once on the {test_classes_words(s.dataset)}. {s.num_epochs} epochs × {s.iterations_per_epoch} "
+            f"iterations, batch {s.batch_size}, seeds {', '.join(map(str, seeds))} (paired: same initial weights "
+            f"for shared modules and same batches within a seed), device {results['device']}. Test metrics; "
+            "differences are paired by seed, 95 % Student-t interval."
         )
         if selection.get("curves"):
             text += (

@@ -353,6 +353,26 @@ def load_models(cfg, stage_dir, device, path: Optional[str] = None):
     return models
 
 
+def test_classes_words(dataset: Any) -> str:
+    """What the test split holds, in words: ``"unseen test classes"``, or for a dataset that declares
+    ``class_overlap: allowed`` (a CSV whose split column puts a class's rows on both sides) the same-class retrieval it
+    is.
+
+    Example::
+
+        >>> test_classes_words({"name": "csv", "kwargs": {"class_overlap": "allowed"}})
+        'test rows of classes also trained on (class_overlap: allowed, same-class retrieval)'
+        >>> test_classes_words({"name": "glyphs"})
+        'unseen test classes'
+    """
+    kwargs = dataset.get("kwargs") if isinstance(dataset, dict) and "name" in dataset else None
+    if kwargs is None and isinstance(dataset, dict) and len(dataset) == 1:  # {DatasetClass: kwargs}
+        kwargs = next(iter(dataset.values()))
+    if isinstance(kwargs, dict) and kwargs.get("class_overlap") == "allowed":
+        return "test rows of classes also trained on (class_overlap: allowed, same-class retrieval)"
+    return "unseen test classes"
+
+
 def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch, n_queries=4, k=5):
     """``retrieval/<variant>.json`` + thumbnails (:mod:`pml_extensions.runner.outputs.retrieval`): the same seeded
     test queries and their top-k by the unit's tested model, for report.html. The thumbnails are the raw test images;
@@ -377,6 +397,6 @@ def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch,
         k=k,
         seed=seed,
         class_names=getattr(images, "classes", None),
-        note=f"`{name}`, seed {seed}: the model of the tested epoch ({epoch}), unseen test classes; the same queries "
-        "for every variant.",
+        note=f"`{name}`, seed {seed}: the model of the tested epoch ({epoch}), "
+        f"{test_classes_words(cfg.get('dataset'))}; the same queries for every variant.",
     )
