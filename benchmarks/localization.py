@@ -295,6 +295,15 @@ def markdown(out):
     return "\n".join(L) + "\n"
 
 
+def save(out: dict, out_dir: str) -> dict:
+    """Write ``localization.json`` / ``.md`` into ``out_dir``, print the table; return ``out``."""
+    os.makedirs(out_dir, exist_ok=True)
+    atomic_write_json(os.path.join(out_dir, "localization.json"), out)
+    atomic_write_text(os.path.join(out_dir, "localization.md"), out["markdown"])
+    print(out["markdown"])
+    return out
+
+
 def render(args, folder, out_dir):
     """``localization.json`` / ``.md`` from the finished experiment in ``folder``."""
     import yaml
@@ -306,11 +315,7 @@ def render(args, folder, out_dir):
     with open(os.path.join(folder, "environment.json"), encoding="utf-8") as f:
         threads = json.load(f)["torch_threads"]
     out = assemble(results, config, threads, args.size, folder)
-    os.makedirs(out_dir, exist_ok=True)
-    atomic_write_json(os.path.join(out_dir, "localization.json"), out)
-    atomic_write_text(os.path.join(out_dir, "localization.md"), out["markdown"])
-    print(out["markdown"])
-    return out
+    return save(out, out_dir)
 
 
 def assemble(results, config, torch_threads, size, folder=None):
@@ -385,11 +390,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.from_json:
         with open(os.path.join(args.out, "localization.json"), encoding="utf-8") as f:
-            out = rerender(json.load(f))
-        atomic_write_json(os.path.join(args.out, "localization.json"), out)
-        atomic_write_text(os.path.join(args.out, "localization.md"), out["markdown"])
-        print(out["markdown"])
-        return out
+            return save(rerender(json.load(f)), args.out)
     quiet_progress_bars()  # PML's trainers draw tqdm bars with no switch
     logging.getLogger("PML").setLevel(logging.ERROR)
     folder = args.experiment_folder or os.path.join("experiments", f"localization_{args.size}")

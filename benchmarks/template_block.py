@@ -382,6 +382,15 @@ def rerender(out):
     return out
 
 
+def save(out: dict, out_dir: str) -> dict:
+    """Write ``template_block.json`` / ``.md`` into ``out_dir``, print the table; return ``out``."""
+    os.makedirs(out_dir, exist_ok=True)
+    atomic_write_json(os.path.join(out_dir, "template_block.json"), out)
+    atomic_write_text(os.path.join(out_dir, "template_block.md"), out["markdown"])
+    print(out["markdown"])
+    return out
+
+
 def render(args, root, out_dir):
     """``template_block.json`` / ``.md`` from the finished experiments under ``root`` (those that exist)."""
     import yaml
@@ -401,11 +410,7 @@ def render(args, root, out_dir):
     if not parts:
         raise SystemExit(f"template_block: no finished experiment under {root} (run without --render-only first)")
     out = assemble(parts, args.size)
-    os.makedirs(out_dir, exist_ok=True)
-    atomic_write_json(os.path.join(out_dir, "template_block.json"), out)
-    atomic_write_text(os.path.join(out_dir, "template_block.md"), out["markdown"])
-    print(out["markdown"])
-    return out
+    return save(out, out_dir)
 
 
 def visual_words(root, out_dir, k=32, max_images=1000):
@@ -492,11 +497,7 @@ def main(argv=None):
         p.error(f"--perturbed-samples must be >= 1, got {args.perturbed_samples}")
     if args.from_json:
         with open(os.path.join(args.out, "template_block.json"), encoding="utf-8") as f:
-            out = rerender(json.load(f))
-        atomic_write_json(os.path.join(args.out, "template_block.json"), out)
-        atomic_write_text(os.path.join(args.out, "template_block.md"), out["markdown"])
-        print(out["markdown"])
-        return out
+            return save(rerender(json.load(f)), args.out)
     quiet_progress_bars()  # PML's trainers draw tqdm bars with no switch
     logging.getLogger("PML").setLevel(logging.ERROR)
     root = args.experiment_folder or os.path.join("experiments", f"template_block_{args.size}")
