@@ -9,7 +9,7 @@ experiment folder resumes after a kill, ``python -m pml_extensions run --reprodu
 is inside. This script renders ``benchmarks/results/localization.json`` and ``.md`` (the docs'
 ``results:localization`` block): Table I (accuracy per threshold), Table II (best threshold per method, paired
 differences vs Decomposition under the same convention), Tables III-IV (MS vs Triplet) and each paper claim beside our
-paired difference and its verdict (:func:`pml_extensions.runner.outputs.results.verdict_word`: the runner's rules with
+paired difference and its verdict (:func:`pml_extensions.utils.verdicts.verdict_word`: the runner's rules with
 the smallest effect of interest :data:`SMALLEST_EFFECT` = 5 points, Holm-corrected over the claims of the table; shown /
 no effect of practical size / contradicted / inconclusive (n seeds)).
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from pml_extensions.cli.run import quiet_progress_bars
 from pml_extensions.runner.config.loader import CONFIG_FOLDERS
-from pml_extensions.runner.outputs.results import compare, format_difference, format_mean_std, verdict_word
+from pml_extensions.utils.verdicts import compare, format_difference, format_mean_std, verdict_word
 from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
@@ -113,7 +113,7 @@ def analysis(results):
 
 
 def claims(res, main):
-    """Each paper claim as the runner's comparison (:func:`~pml_extensions.runner.outputs.results.compare` with δ =
+    """Each paper claim as the runner's comparison (:func:`~pml_extensions.utils.verdicts.compare` with δ =
     :data:`SMALLEST_EFFECT` and the claim's direction) plus ``paper`` (the claim), Holm-corrected over all of them
     (each gets ``p_holm`` and ``verdict``): ``{"comparisons": [...]}``."""
     v = res[main]["variants"]

@@ -16,11 +16,11 @@ and, for each method's headline, a block whose one line is written from :data:`H
 
 A headline reads paired comparisons (a mean difference and its 95 % t interval, with the bootstrap interval and the
 Holm-adjusted p-value where the benchmark stored them) out of ``benchmarks/results/NAME.json`` and words each with the
-runner's one verdict vocabulary (:func:`pml_extensions.runner.outputs.results.verdict_word`): "shown", "no effect of
+runner's one verdict vocabulary (:func:`pml_extensions.utils.verdicts.verdict_word`): "shown", "no effect of
 practical size", "contradicted" or "inconclusive (n seeds)", read against the smallest effect of interest δ that each
 :class:`Evidence` states with its claim's direction (the benchmark's own δ: a file that stores one must agree). An
 inconclusive interval adds the largest effect it leaves possible, "effect within ±X UNIT"
-(:func:`~pml_extensions.runner.outputs.results.effect_bound`). Adding a headline for a new results file is one entry
+(:func:`~pml_extensions.utils.verdicts.effect_bound`). Adding a headline for a new results file is one entry
 of :data:`HEADLINES` (or one more :class:`Evidence` in an entry) and the marker pair in the README; e.g. a comparison
 of the runner's ``results.json`` layout with a δ of 1 MAP@R point (MAP@R stored as a fraction)::
 
@@ -50,7 +50,7 @@ BLOCK = re.compile(r"(<!-- results:([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /results:\
 HEADLINE = re.compile(r"(<!-- headline:([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /headline:\2 -->)", re.S)
 #: ``<!-- summary:NAME -->``: the first paragraph of ``benchmarks/results/NAME.md`` (a benchmark's opening sentence)
 SUMMARY = re.compile(r"(<!-- summary:([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /summary:\2 -->)", re.S)
-#: the claim directions of :data:`pml_extensions.runner.outputs.results.CLAIMS` (written here: the docs build
+#: the claim directions of :data:`pml_extensions.utils.verdicts.CLAIMS` (written here: the docs build
 #: renders this module's blocks without the package installed)
 CLAIMS = ("greater", "less", "on_par")
 
@@ -69,7 +69,7 @@ class Evidence:
         smallest_effect: δ of the claim, in the comparison's units as stored (0.01: 1 point of a fraction); required.
             Where the comparison stores its own ``smallest_effect`` the two must be equal.
         claim: the paper's claim about ``variant − baseline`` as shown (after ``flip``): ``"greater"``, ``"less"`` or
-            ``"on_par"`` (:func:`~pml_extensions.runner.outputs.results.verdict_word`); a comparison's own ``claim``
+            ``"on_par"`` (:func:`~pml_extensions.utils.verdicts.verdict_word`); a comparison's own ``claim``
             must agree (mirrored by ``flip``).
         scale: the values and δ are multiplied by it (100: a fraction shown in points).
         digits: decimals shown.
@@ -297,10 +297,10 @@ def shown_comparison(comparison: Mapping, evidence: Evidence, source: str = "the
 
 def evidence_text(evidence: Evidence, results_dir: str = RESULTS) -> str:
     """``"label, n seeds: +d [low, high] unit, δ = D: verdict"`` for one comparison (see :class:`Evidence`), the verdict
-    :func:`~pml_extensions.runner.outputs.results.verdict_word` of the Evidence's claim and δ with the comparison's
+    :func:`~pml_extensions.utils.verdicts.verdict_word` of the Evidence's claim and δ with the comparison's
     own Holm-adjusted p-value and intervals where it stores them. An inconclusive verdict says why: an interval that
     contains 0 adds the largest effect it leaves possible, ``", effect within ±X unit"``
-    (:func:`~pml_extensions.runner.outputs.results.effect_bound`); one that excludes 0 its Holm-adjusted p-value,
+    (:func:`~pml_extensions.utils.verdicts.effect_bound`); one that excludes 0 its Holm-adjusted p-value,
     ``", Holm-adjusted p P"`` (≥ 0.05).
 
     Raises:
@@ -308,7 +308,7 @@ def evidence_text(evidence: Evidence, results_dir: str = RESULTS) -> str:
         KeyError: the comparison is not in it.
         ValueError: the comparison was read with another δ or claim (:func:`shown_comparison`).
     """
-    from pml_extensions.runner.outputs.results import VERDICTS, effect_bound, format_difference, verdict_word
+    from pml_extensions.utils.verdicts import VERDICTS, effect_bound, format_difference, verdict_word
 
     path = os.path.join(results_dir, evidence.results + ".json")
     comparison = find(json.loads(_read(path, f"headline from {evidence.results}")), evidence.where, path)

@@ -24,7 +24,7 @@ from typing import List
 
 import numpy as np
 
-from pml_extensions.runner.outputs.results import compare, verdict_word
+from pml_extensions.utils.verdicts import compare, verdict_word
 from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
@@ -89,7 +89,7 @@ def _ablated(rows, dataset):
 
 
 def claim_comparisons(results) -> dict:
-    """The paper's claims as the runner's comparisons of MAP@R (:func:`~pml_extensions.runner.outputs.results.compare`
+    """The paper's claims as the runner's comparisons of MAP@R (:func:`~pml_extensions.utils.verdicts.compare`
     with δ = :data:`SMALLEST_EFFECT` and the claim's direction: the distilled asymmetric setup beats the naive
     asymmetric one and the low-resolution teacher, comes close to the student's own symmetric setup, and every ablated
     student is worse than the full one), Holm-corrected together (each gets ``p_holm`` and ``verdict``):

@@ -16,7 +16,7 @@ docs' 500 iterations; ``full``: the GPU size). Everything about the experiments 
 validation images, statistics) is the protocol's: see ``benchmarks/protocols/template_block``. This
 script renders ``benchmarks/results/template_block.json`` and ``.md`` (the docs' ``results:template_block`` block)
 from the three ``results.json`` files: the per-dataset Table 1, the λ sweep, the soft-maximizer table and each paper
-claim beside our paired difference and its verdict (:func:`pml_extensions.runner.outputs.results.verdict_word`, the
+claim beside our paired difference and its verdict (:func:`pml_extensions.utils.verdicts.verdict_word`, the
 runner's rules with the smallest effect of interest :data:`SMALLEST_EFFECT` = 0.5 accuracy points, Holm-corrected over
 the claims of the table: shown / no effect of practical size / contradicted / inconclusive (n seeds)).
 
@@ -41,7 +41,7 @@ import numpy as np
 
 from pml_extensions.cli.run import quiet_progress_bars
 from pml_extensions.runner.config.loader import CONFIG_FOLDERS, select_variants
-from pml_extensions.runner.outputs.results import compare, format_difference, format_mean_std, verdict_word, wins
+from pml_extensions.utils.verdicts import compare, format_difference, format_mean_std, verdict_word, wins
 from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
@@ -191,7 +191,7 @@ def ablation(results):
 
 
 def claims(out):
-    """Each paper claim as the runner's comparison (:func:`~pml_extensions.runner.outputs.results.compare` with δ =
+    """Each paper claim as the runner's comparison (:func:`~pml_extensions.utils.verdicts.compare` with δ =
     :data:`SMALLEST_EFFECT` and the claim's direction) plus ``paper`` (the claim) and ``data``, Holm-corrected over
     all of them (each gets ``p_holm`` and ``verdict``): ``{"comparisons": [...]}``."""
     rows = []

@@ -16,7 +16,7 @@ separate single-thread processes::
     python benchmarks/template_block_cached.py --merge      # benchmarks/results/template_block_cached.{json,md}
     python benchmarks/template_block_cached.py --render     # the same files again from the .json (no run)
 
-Verdicts (:func:`pml_extensions.runner.outputs.results.verdict_word`, the runner's rules): the paper claims the block
+Verdicts (:func:`pml_extensions.utils.verdicts.verdict_word`, the runner's rules): the paper claims the block
 beats each control (``"greater"``), with the smallest effect of interest of :data:`SMALLEST_EFFECTS` (0.5 accuracy
 points; 1 MAP@R point for the DML variant); each task's claims are Holm-corrected together and worded shown / no effect
 of practical size / contradicted / inconclusive (n seeds). The target half-width of the seed count is 0.5 points.
@@ -30,7 +30,7 @@ import time
 
 from pml_extensions.cli.run import quiet_progress_bars
 from pml_extensions.runner.config.loader import CONFIG_FOLDERS
-from pml_extensions.runner.outputs.results import compare, format_difference, verdict_word, wins
+from pml_extensions.utils.verdicts import compare, format_difference, verdict_word, wins
 from pml_extensions.runner.protocols import load_config
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
@@ -135,7 +135,7 @@ def _scale(results: dict) -> float:
 
 
 def paired(a: dict, b: dict, smallest_effect: float) -> dict:
-    """The runner's paired comparison ``a − b`` (:func:`~pml_extensions.runner.outputs.results.compare`) of two
+    """The runner's paired comparison ``a − b`` (:func:`~pml_extensions.utils.verdicts.compare`) of two
     ``{seed: points}`` with the claim "greater" and δ = ``smallest_effect``: per-seed differences, 95 % t and
     bootstrap intervals, p-values, the verdict as a single claim (:func:`claims` corrects a task's claims together),
     and ``wins``."""

@@ -19,7 +19,7 @@ maps), the glyph set as one. The parts of a call run as separate single-thread p
 
 A part run alone builds whatever cache it misses. Verdicts: the paper claims XML > GAP on unseen classes; each row is
 that claim (``"greater"``) with the smallest effect of interest :data:`SMALLEST_EFFECT` = 1 MAP@R point, worded by the
-runner's rules (:func:`pml_extensions.runner.outputs.results.verdict_word`: shown / no effect of practical size /
+runner's rules (:func:`pml_extensions.utils.verdicts.verdict_word`: shown / no effect of practical size /
 contradicted / inconclusive (n seeds)), Holm-corrected over the six rows of the table. ``--render`` rewrites
 ``benchmarks/results/xml_cached.{json,md}`` from the stored per-seed differences (no run).
 """
@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from pml_extensions.runner.outputs.results import compare, verdict_word, wins
+from pml_extensions.utils.verdicts import compare, verdict_word, wins
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
 
@@ -192,7 +192,7 @@ SMALLEST_EFFECT = 1.0
 
 
 def paired(a: dict, b: dict, smallest_effect=None, claim: str = "greater") -> dict:
-    """The runner's paired comparison ``a − b`` (:func:`~pml_extensions.runner.outputs.results.compare`) over the
+    """The runner's paired comparison ``a − b`` (:func:`~pml_extensions.utils.verdicts.compare`) over the
     seeds both have (points): mean difference, sd, 95 % t interval, per-seed differences, and ``wins`` (seeds where
     ``a`` is higher); with ``smallest_effect`` (δ, points) also the bootstrap over seeds, the p-values and the
     verdict on the claim (one claim: no Holm correction, :func:`claims` corrects a table's rows together)."""

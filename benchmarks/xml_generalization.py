@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import yaml
 
-from pml_extensions.runner.outputs.results import summarize, verdict, write_results
+from pml_extensions.runner.outputs.results import summarize, write_results
+from pml_extensions.utils.verdicts import verdict
 from pml_extensions.runner.protocols.paired.protocol import Paired
 from pml_extensions.runner.protocols.paired.unit import load_models, load_split, make_loader
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body

@@ -13,7 +13,7 @@ The claim (XML, ICIP 2023: XML gives "consistent improvements" on unseen classes
 variant trains an XMLWrapper with a positive weight (a variant with an ``xml_loss`` curve in the results) against a
 baseline without one (no ``xml`` counters in its units). The main job is a smoke test (3 seeds from scratch), not
 evidence on the claim; its lines still say what the runner's rules make of it
-(:func:`pml_extensions.runner.outputs.results.verdict`, the claim ``"greater"`` with XML's smallest effect of interest
+(:func:`pml_extensions.utils.verdicts.verdict`, the claim ``"greater"`` with XML's smallest effect of interest
 :data:`SMALLEST_EFFECT`, Holm over those comparisons).
 
     python -m pml_extensions job --root_experiment_folder runs --new   # the job (benchmarks/reproduce.py runs it)
@@ -28,7 +28,8 @@ from types import SimpleNamespace
 
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.experiment.folder import saved_config
-from pml_extensions.runner.outputs.results import compare, render_markdown, verdict, verdict_word
+from pml_extensions.runner.outputs.results import render_markdown
+from pml_extensions.utils.verdicts import compare, verdict, verdict_word
 from pml_extensions.runner.protocols.paired.protocol import METRICS, Paired
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm

@@ -201,6 +201,6 @@ def test_check_fails_on_a_stale_readme(tmp_path):
 
 def test_the_claim_directions_are_the_runners():
     """readme_tables writes the claim directions itself (the docs build imports it without the package)."""
-    from pml_extensions.runner.outputs.results import CLAIMS
+    from pml_extensions.utils.verdicts import CLAIMS
 
     assert _module().CLAIMS == CLAIMS

@@ -141,7 +141,7 @@ def test_without_cuda_one_line_and_exit_0(tmp_path):
 def test_tiny_cpu_run_gives_every_piece_its_results(tmp_path):
     """The three pieces at toy size on CPU (about a minute on 2 cores): each experiment folder holds its protocol's
     results.json with the expected variants, and the summary sits in --out, not in benchmarks/results."""
-    from pml_extensions.runner.outputs.results import VERDICTS
+    from pml_extensions.utils.verdicts import VERDICTS
 
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--device", "cpu", "--tiny", "--out", str(tmp_path)],

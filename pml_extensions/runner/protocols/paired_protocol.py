@@ -465,7 +465,7 @@ class PairedProtocol(Protocol):
         import matplotlib.pyplot as plt
 
         from ...utils.atomic_io import atomic_savefig
-        from ..outputs.results import METRIC_NAMES
+        from ...utils.verdicts import METRIC_NAMES
 
         primary = self.selection_metric
         fig, ax = plt.subplots(figsize=(6, 4))
