@@ -33,10 +33,10 @@ import numpy as np
 
 from pml_extensions.cli.run import quiet_progress_bars
 from pml_extensions.runner.config.loader import CONFIG_FOLDERS
-from pml_extensions.utils.verdicts import compare, format_difference, format_mean_std, verdict_word
 from pml_extensions.runner.protocols import load_config, run_protocol
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
+from pml_extensions.utils.verdicts import compare, format_difference, format_mean_std, verdict_word
 
 try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
     from benchmarks import protocols

@@ -178,8 +178,8 @@ def claims_of(piece: str, tiny: bool) -> list:
 def read_piece(piece: str, folder: str, tiny: bool) -> dict:
     """What the summary keeps of one piece's ``results.json``: variants, seeds, the claims with their verdicts
     (Holm over the piece's claims) and every other comparison the protocol listed, as lines."""
-    from pml_extensions.utils.verdicts import compare, format_difference, verdict_word
     from pml_extensions.utils.paired_stats import holm
+    from pml_extensions.utils.verdicts import compare, format_difference, verdict_word
 
     path = os.path.join(folder, "results.json")
     if not os.path.isfile(path):

@@ -30,10 +30,10 @@ import time
 
 from pml_extensions.cli.run import quiet_progress_bars
 from pml_extensions.runner.config.loader import CONFIG_FOLDERS
-from pml_extensions.utils.verdicts import compare, format_difference, verdict_word, wins
 from pml_extensions.runner.protocols import load_config
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
+from pml_extensions.utils.verdicts import compare, format_difference, verdict_word, wins
 
 try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
     from benchmarks import protocols

@@ -33,9 +33,9 @@ import time
 import numpy as np
 import torch
 
-from pml_extensions.utils.verdicts import compare, verdict_word, wins
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
+from pml_extensions.utils.verdicts import compare, verdict_word, wins
 
 try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
     from benchmarks import protocols

@@ -42,9 +42,9 @@ from scipy import stats
 from pml_extensions.datasets import CachedFeatureDataset, FeatureCache, OpenClipArt
 from pml_extensions.losses import XMLWrapper
 from pml_extensions.runner.outputs.results import summarize
-from pml_extensions.utils.verdicts import compare, wins
 from pml_extensions.trunks import HistogramPooling, split_trunk
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+from pml_extensions.utils.verdicts import compare, wins
 
 VARIANTS = ("gap", "xml", "lambda0")
 

@@ -36,11 +36,11 @@ import torch
 import yaml
 
 from pml_extensions.runner.outputs.results import summarize, write_results
-from pml_extensions.utils.verdicts import verdict
 from pml_extensions.runner.protocols.paired.protocol import Paired
 from pml_extensions.runner.protocols.paired.unit import load_models, load_split, make_loader
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
 from pml_extensions.utils.ridge import ridge_prototypes
+from pml_extensions.utils.verdicts import verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: δ of both claims (MAP@R as a fraction: 1 point), the evidence guide's smallest effect for XML; "similar" MAP_c is

@@ -29,10 +29,10 @@ from types import SimpleNamespace
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.experiment.folder import saved_config
 from pml_extensions.runner.outputs.results import render_markdown
-from pml_extensions.utils.verdicts import compare, verdict, verdict_word
 from pml_extensions.runner.protocols.paired.protocol import METRICS, Paired
 from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
+from pml_extensions.utils.verdicts import compare, verdict, verdict_word
 
 try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
     from benchmarks import protocols

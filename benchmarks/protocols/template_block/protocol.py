@@ -40,9 +40,9 @@ from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.experiment.folder import saved_config
 from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.objects.feature_cache import check_fixed_prefix
-from pml_extensions.utils.verdicts import METRIC_NAMES
 from pml_extensions.runner.protocols.base import REQUIRED, setting
 from pml_extensions.runner.protocols.paired_protocol import PairedProtocol
+from pml_extensions.utils.verdicts import METRIC_NAMES
 
 from . import variant as variants_
 from .data import build_views
