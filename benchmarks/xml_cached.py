@@ -66,6 +66,15 @@ PARTS = {
         "feature_cache_clipart",
     ),
     "glyphs": ("xml_cached_glyphs", None, "feature_cache_glyphs"),
+    # the fair setting: features.14-18 trained on cached features.13 maps (each config's own experiment folder and
+    # cache inside it, as `python -m pml_extensions run benchmarks/configs/xml_trained_* --root_experiment_folder RUNS`)
+    "clipart_trained": ("xml_trained_clipart", None, None),
+    "glyphs_trained": ("xml_trained_glyphs", None, None),
+}
+#: the parts of each setting's table
+SETTINGS = {
+    "frozen": ("clipart_frozen", "clipart_last", "glyphs"),
+    "trained": ("clipart_trained", "glyphs_trained"),
 }
 UNTRAINED = "untrained"
 
@@ -83,8 +92,9 @@ def part_config(part: str, runs: str, seeds=None, device: str = "cpu"):
         keep = set(variants) | {UNTRAINED}
         config = dict(config, variants={k: v for k, v in config["variants"].items() if k in variants})
         config["comparisons"] = [p for p in config["comparisons"] if set(p) <= keep]
-    config["feature_cache"] = dict(config["feature_cache"], folder=os.path.abspath(os.path.join(runs, cache)))
-    config["experiment_name"] = f"xml_cached_{part}"
+    if cache is not None:
+        config["feature_cache"] = dict(config["feature_cache"], folder=os.path.abspath(os.path.join(runs, cache)))
+        config["experiment_name"] = f"xml_cached_{part}"
     return config, sources, os.path.join(runs, config["experiment_name"])
 
 
@@ -92,7 +102,7 @@ def build_caches(runs: str, rank: int, world_size: int, device: str) -> dict:
     """This shard of every cache of both configs (the last process to finish completes a cache and derives the
     features.18 one). Returns ``{config: complete}``."""
     out = {}
-    for part in ("clipart_frozen", "clipart_last", "glyphs"):
+    for part in SETTINGS["frozen"]:
         config, sources, folder = part_config(part, runs, device=device)
         experiment = protocols.xml_paper.XMLPaper(config, folder, sources)
         out[part] = experiment.build_caches(rank=rank, world_size=world_size)
@@ -115,9 +125,10 @@ def run_part(part: str, runs: str, seeds, device: str, splits: int) -> dict:
 
 @torch.no_grad()
 def probe_features(cfg, models, device, seed, num_prototypes=64, batch_size=256):
-    """``(pooled [N, C], z [N, m], labels [N])`` of the cached test split for the probe (float64, CPU): the GAP
-    vectors (the trunk's output) and the histograms of the trunk's HistogramPooling, or for a GAP trunk of a
-    post-hoc HistogramPooling with k-means prototypes of its training local features (the eval view)."""
+    """``(pooled [N, C], z [N, m], labels [N], embeddings [N, d])`` of the cached test split for the probe (float64,
+    CPU): the GAP vectors (the trunk's output), the histograms of the trunk's HistogramPooling, or for a GAP trunk of
+    a post-hoc HistogramPooling with k-means prototypes of its training local features (the eval view), and the
+    model's embeddings (what the run tested)."""
     from pml_extensions.runner.objects.builder import Builder
     from pml_extensions.runner.protocols.paired.unit import load_split, make_loader
     from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
@@ -136,14 +147,32 @@ def probe_features(cfg, models, device, seed, num_prototypes=64, batch_size=256)
         width = body(train_eval[0][0][None].to(device)).shape[1]
         pool = HistogramPooling(width, num_prototypes, seed=seed).to(device)
         pool.init_from_data(body, make_loader(train_eval, batch_size, seed), num_batches=4, seed=seed)
-    ys, zs, ls = [], [], []
+    ys, zs, ls, es = [], [], [], []
     test = load_split(cfg, "test", train_transform=False, builder=builder)
+    embedder = models["embedder"].eval()
     for x, y in torch.utils.data.DataLoader(test, batch_size=batch_size):
         x = x.to(device)
-        ys.append(trunk(x).double().cpu())
+        pooled = trunk(x)
+        ys.append(pooled.double().cpu())
+        es.append(embedder(pooled).double().cpu())
         zs.append(pool.histograms(body(x)).double().cpu())
         ls.append(y)
-    return torch.cat(ys), torch.cat(zs), torch.cat(ls)
+    return torch.cat(ys), torch.cat(zs), torch.cat(ls), torch.cat(es)
+
+
+def per_class_map_at_r(embeddings, labels) -> dict:
+    """``{class: [sum, count]}`` of the per-query MAP@R (points) of the test embeddings among themselves (PML's
+    ``AccuracyCalculator``, ``k = "max_bin_count"``, L2-normalised as the tester does): the data of the bootstrap over
+    seeds and test classes (Σ sum / Σ count is the run's MAP@R)."""
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    calc = AccuracyCalculator(
+        include=("mean_average_precision_at_r",), k="max_bin_count", return_per_class=True, device=torch.device("cpu")
+    )
+    e = torch.nn.functional.normalize(embeddings.float(), dim=1)
+    per = calc.get_accuracy(e, labels, ref_includes_query=True)["mean_average_precision_at_r"]
+    classes, counts = np.unique(labels.numpy(), return_counts=True)
+    return {str(int(c)): [100 * float(m) * int(n), int(n)] for c, m, n in zip(classes, per, counts)}
 
 
 def run_probe(config, folder, device, splits) -> dict:
@@ -159,12 +188,18 @@ def run_probe(config, folder, device, splits) -> dict:
     for name, cfg in merged.items():
         if "lambda0" in name:  # the pairing test equals its GAP twin: no probe needed
             continue
+        if not all(os.path.isdir(os.path.join(folder, name, f"seed_{s}")) for s in config["seeds"]):
+            continue  # a variant not run (a run of fewer variants than the config's)
         cfg = resolve_cache_folder(cfg, folder)
         for seed in config["seeds"]:
             models = load_models(cfg, os.path.join(folder, name, f"seed_{seed}"), dev)
-            y, z, labels = probe_features(cfg, models, dev, seed)
+            y, z, labels, e = probe_features(cfg, models, dev, seed)
             map_c, map_x, _, _ = probe(y, z, labels, splits, lambda p, e=models["embedder"]: e(p.to(dev)).cpu())
-            out.setdefault(name, {})[str(seed)] = {"map_seen": 100 * map_c, "map_unseen": 100 * map_x}
+            out.setdefault(name, {})[str(seed)] = {
+                "map_seen": 100 * map_c,
+                "map_unseen": 100 * map_x,
+                "per_class": per_class_map_at_r(e, labels),
+            }
     out["splits"] = splits
     return out
 
@@ -177,12 +212,26 @@ ROWS = (
     ("clipart_last", "features.18 trained", "ProxyAnchor", "proxy_anchor_xml_last", "proxy_anchor_gap_last"),
     ("glyphs", "frozen to features.18", "contrastive", "contrastive_xml", "contrastive_gap"),
     ("glyphs", "frozen to features.18", "ProxyAnchor", "proxy_anchor_xml", "proxy_anchor_gap"),
+    ("clipart_trained", "features.14-18 trained", "contrastive", "contrastive_xml", "contrastive_gap"),
+    ("clipart_trained", "features.14-18 trained", "ProxyAnchor", "proxy_anchor_xml", "proxy_anchor_gap"),
+    ("glyphs_trained", "features.14-18 trained", "contrastive", "contrastive_xml", "contrastive_gap"),
+    ("glyphs_trained", "features.14-18 trained", "ProxyAnchor", "proxy_anchor_xml", "proxy_anchor_gap"),
 )
-DATASETS = {"clipart_frozen": "Open Clip Art", "clipart_last": "Open Clip Art", "glyphs": "glyphs"}
+DATASETS = {
+    "clipart_frozen": "Open Clip Art",
+    "clipart_last": "Open Clip Art",
+    "glyphs": "glyphs",
+    "clipart_trained": "Open Clip Art",
+    "glyphs_trained": "glyphs",
+}
 LAMBDA0 = {
     "clipart_frozen": ("contrastive_xml_lambda0_frozen", "contrastive_gap_frozen"),
     "glyphs": ("contrastive_xml_lambda0", "contrastive_gap"),
+    "clipart_trained": ("contrastive_xml_lambda0", "contrastive_gap"),
+    "glyphs_trained": ("contrastive_xml_lambda0", "contrastive_gap"),
 }
+#: the results file of each setting (benchmarks/results/NAME.{json,md})
+OUTPUT = {"frozen": "xml_cached", "trained": "xml_trained"}
 
 
 #: δ of the claim "XML > GAP" (MAP@R points): the paper claims "consistent improvements" of MAP@R (its Table 1 values
@@ -191,14 +240,28 @@ LAMBDA0 = {
 SMALLEST_EFFECT = 1.0
 
 
-def paired(a: dict, b: dict, smallest_effect=None, claim: str = "greater") -> dict:
+def paired(a: dict, b: dict, smallest_effect=None, claim: str = "greater", per_class=None) -> dict:
     """The runner's paired comparison ``a − b`` (:func:`~pml_extensions.utils.verdicts.compare`) over the
     seeds both have (points): mean difference, sd, 95 % t interval, per-seed differences, and ``wins`` (seeds where
-    ``a`` is higher); with ``smallest_effect`` (δ, points) also the bootstrap over seeds, the p-values and the
-    verdict on the claim (one claim: no Holm correction, :func:`claims` corrects a table's rows together)."""
+    ``a`` is higher); with ``smallest_effect`` (δ, points) also the bootstrap, the p-values and the verdict on the
+    claim (one claim: no Holm correction, :func:`claims` corrects a table's rows together). ``per_class``: ``(a's,
+    b's)`` ``{seed: {class: [sum, count]}}`` (points): the bootstrap resamples seeds and test classes; else seeds.
+
+    Raises:
+        ValueError: per-class data whose Σ sum / Σ count differs from the seed's value (by more than 1e-3 points).
+    """
     seeds = sorted(set(a) & set(b), key=int)
     arms = {name: {"per_seed": {s: {"m": arm[s]} for s in seeds}} for name, arm in (("a", a), ("b", b))}
-    d = compare(arms, "a", "b", "m", smallest_effect=smallest_effect, claim=claim)
+    classes = None
+    if per_class is not None:
+        classes = {}
+        for name, arm, rows in (("a", a, per_class[0]), ("b", b, per_class[1])):
+            for s in seeds:
+                total = sum(v[0] for v in rows[s].values()) / sum(v[1] for v in rows[s].values())
+                if abs(total - arm[s]) > 1e-3:
+                    raise ValueError(f"per-class MAP@R of seed {s} ({name}): Σ sum / Σ count {total} ≠ {arm[s]}")
+            classes[name] = {s: {"m": rows[s]} for s in seeds}
+    d = compare(arms, "a", "b", "m", per_class=classes, smallest_effect=smallest_effect, claim=claim)
     for key in ("variant", "baseline", "metric"):
         d.pop(key)
     d["wins"] = wins(d)
@@ -226,13 +289,15 @@ def _points(results: dict, variant: str) -> dict:
     return {s: 100 * v["mean_average_precision_at_r"] for s, v in results["variants"][variant]["per_seed"].items()}
 
 
-def merge(runs: str) -> dict:
-    """The three experiments' results and probes in one table (MAP@R in points)."""
+def merge(runs: str, setting: str = "frozen") -> dict:
+    """One setting's experiments' results and probes in one table (MAP@R in points); a row whose variants a part did
+    not run is listed under ``not_run``."""
     from pml_extensions.runner.experiment.folder import environment_summary
 
     parts = {}
-    for part in PARTS:
-        folder = os.path.join(runs, f"xml_cached_{part}")
+    for part in SETTINGS[setting]:
+        name, _, cache = PARTS[part]
+        folder = os.path.join(runs, f"xml_cached_{part}" if cache is not None else name)
         with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
             results = json.load(f)
         with open(os.path.join(folder, "probe.json"), encoding="utf-8") as f:
@@ -240,16 +305,24 @@ def merge(runs: str) -> dict:
         record = os.path.join(runs, f"part_{part}.json")
         seconds = json.load(open(record, encoding="utf-8")) if os.path.exists(record) else {}
         parts[part] = {"results": results, "probe": probe, "seconds": seconds}
-    rows = []
-    for part, setting, loss, xml, gap in ROWS:
+    rows, not_run = [], []
+    for part, label, loss, xml, gap in ROWS:
+        if part not in parts:
+            continue
         r = parts[part]["results"]
+        if xml not in r["variants"] or gap not in r["variants"]:
+            not_run.append(f"{DATASETS[part]} {label} {loss}")
+            continue
         selection = r["selection"]
         epoch = selection["epochs"][xml]
         probe = parts[part]["probe"]
-        d = paired(_points(r, xml), _points(r, gap), SMALLEST_EFFECT, "greater")
+        classes = None
+        if all("per_class" in next(iter(probe[v].values())) for v in (xml, gap)):
+            classes = tuple({s: v["per_class"] for s, v in probe[v].items()} for v in (xml, gap))
+        d = paired(_points(r, xml), _points(r, gap), SMALLEST_EFFECT, "greater", classes)
         row = {
             "dataset": DATASETS[part],
-            "setting": setting,
+            "setting": label,
             "loss": loss,
             "iterations": epoch * r["iterations_per_epoch"],
             "untrained": float(np.mean(list(_points(r, UNTRAINED).values()))),
@@ -266,19 +339,26 @@ def merge(runs: str) -> dict:
                 "gap": float(np.mean(list(b.values()))),
                 "difference": paired(a, b),
             }
+        if classes is not None:
+            row["per_class"] = {"xml": classes[0], "gap": classes[1]}
         rows.append(row)
     for row, word in zip(rows, claims([row["difference"] for row in rows])):
         row["verdict"] = word
     identity = {}
     for part, (l0, gap) in LAMBDA0.items():
+        if part not in parts or l0 not in parts[part]["results"]["variants"]:
+            continue
         r = parts[part]["results"]
         diffs = [abs(a - b) for a, b in zip(_points(r, l0).values(), _points(r, gap).values())]
         identity[DATASETS[part]] = {"max_abs_difference": max(diffs), "seeds": len(diffs)}
-    env = parts["clipart_frozen"]["results"].get("environment") or {}
+    first = parts[SETTINGS[setting][0]]["results"]
+    env = first.get("environment") or {}
     return {
+        "setting": setting,
         "rows": rows,
+        "not_run": not_run,
         "identity": identity,
-        "seeds": parts["clipart_frozen"]["results"]["seeds"],
+        "seeds": first["seeds"],
         "environment": environment_summary(env) if env else None,
         "untrained_spread": {p: v["results"]["untrained"] for p, v in parts.items()},
         "seconds": {p: v["seconds"] for p, v in parts.items()},
@@ -289,13 +369,17 @@ def merge(runs: str) -> dict:
     }
 
 
-def _stored(d: dict, seeds, smallest_effect=None) -> dict:
+def _stored(d: dict, seeds, smallest_effect=None, per_class=None) -> dict:
     """A comparison of a stored ``xml_cached.json`` recomputed from its per-seed differences (paired statistics read
     nothing else): its ``seeds``, or for a file written before they were stored the run's seeds as strings in the
     order :func:`paired` sorted them (``"0", "1", "10", ...``)."""
     keys = d.get("seeds") or sorted(str(s) for s in seeds)
     if len(keys) != len(d["differences"]):
         raise ValueError(f"a stored comparison has {len(d['differences'])} differences for {len(keys)} seeds")
+    if per_class is not None:  # the arms themselves: their per-class data must reproduce them
+        a = {s: sum(v[0] for v in per_class[0][s].values()) / sum(v[1] for v in per_class[0][s].values()) for s in keys}
+        b = {s: sum(v[0] for v in per_class[1][s].values()) / sum(v[1] for v in per_class[1][s].values()) for s in keys}
+        return paired(a, b, smallest_effect, d.get("claim", "greater"), per_class)
     return paired(dict(zip(keys, d["differences"])), {s: 0.0 for s in keys}, smallest_effect, d.get("claim", "greater"))
 
 
@@ -305,7 +389,9 @@ def rerender(out: dict) -> dict:
     rows = []
     for row in out["rows"]:
         row = {k: v for k, v in row.items() if k not in ("target_half_width", "verdict")}
-        row["difference"] = _stored(row["difference"], out["seeds"], SMALLEST_EFFECT)
+        classes = row.get("per_class")
+        classes = None if classes is None else (classes["xml"], classes["gap"])
+        row["difference"] = _stored(row["difference"], out["seeds"], SMALLEST_EFFECT, classes)
         row["gap_minus_untrained"] = _stored(row["gap_minus_untrained"], out["seeds"])
         for metric in ("map_unseen", "map_seen"):
             row[metric] = dict(row[metric], difference=_stored(row[metric]["difference"], out["seeds"]))
@@ -328,22 +414,42 @@ def _splits(splits) -> str:
     return ", ".join(f"{k} {v}" for k, v in splits.items())
 
 
+#: what each setting's table says of how it was made (before the seeds and the verdict rules)
+HOW = {
+    "frozen": "`python benchmarks/xml_cached.py` (the runner: configs `xml_cached_clipart` / `xml_cached_glyphs`, "
+    "protocol `xml_paper` with `feature_cache`), {n} paired seeds. ImageNet MobileNetV2 (offline weights), its frozen "
+    "prefix's outputs cached once (2 seeded views of every training image; Open Clip Art at 128 px, glyphs at 96 px); "
+    "HistogramPooling(1280, 64) + XMLWrapper (λ = 0.01, ridge 0.05, pooled target) against GAP, Linear(1280, 64) "
+    "embedder, batch 32. 8 of the 30 (glyphs: 31) training classes validate; the training length of each compared "
+    "pair is chosen once on their mean validation curve over all seeds (50-200 iterations), then every model is "
+    "tested once at it on the unseen test classes.",
+    "trained": "`python -m pml_extensions run benchmarks/configs/xml_trained_clipart --root_experiment_folder RUNS` "
+    "(likewise `xml_trained_glyphs`; the runner's `xml_paper` protocol with `feature_cache`), then `python "
+    "benchmarks/xml_cached.py --runs RUNS --part clipart_trained --probe-only` (and `glyphs_trained`) and `--merge "
+    "--setting trained`; {n} paired seeds, declared in the configs before running. ImageNet MobileNetV2 (offline "
+    "weights) at 160 px: its prefix up to features.13 frozen and cached (4 seeded views of every training image), "
+    "features.14-18 (the last stride-32 stage, 5 × 5 maps), the 64 prototypes and the Linear(1280, 64) embedder "
+    "trained (Adam, trunk 1e-4, embedder 1e-3), so the XML term shapes the features HistogramPooling reads; "
+    "HistogramPooling(1280, 64, k-means initialised) + XMLWrapper (λ = 0.01, ridge 0.05, pooled target) against GAP, "
+    "batch 32. 8 of the 30 (glyphs: 31) training classes validate; the training length of each compared pair is "
+    "chosen once on their mean validation curve over all seeds (0-300 iterations, the untrained network included), "
+    "then every model is tested once at it on the unseen test classes.",
+}
+
+
 def markdown(out: dict) -> str:
     n = len(out["seeds"])
+    setting = out.get("setting", "frozen")
+    boot = "seeds and test classes" if all("per_class" in r for r in out["rows"]) else "seeds"
     lines = [
-        f"`python benchmarks/xml_cached.py` (the runner: configs `xml_cached_clipart` / `xml_cached_glyphs`, protocol "
-        f"`xml_paper` with `feature_cache`), {n} paired seeds. ImageNet MobileNetV2 (offline weights), its frozen "
-        "prefix's outputs cached once (2 seeded views of every training image; Open Clip Art at 128 px, glyphs at "
-        "96 px); HistogramPooling(1280, 64) + XMLWrapper (λ = 0.01, ridge 0.05, pooled target) against GAP, "
-        "Linear(1280, 64) embedder, batch 32. 8 of the 30 (glyphs: 31) training classes validate; the training "
-        "length of each compared pair is chosen once on their mean validation curve over all seeds (50-200 "
-        "iterations), then every model is tested once at it on the unseen test classes. MAP@R in points (× 100); "
-        "Δ = XML − GAP paired by seed with its 95 % Student-t interval and the 95 % percentile bootstrap over "
-        "seeds. Verdict on the paper's claim XML > GAP with the smallest effect of interest δ = "
-        f"{SMALLEST_EFFECT:g} MAP@R point (the evidence guide's δ for XML): **shown** (the envelope of both intervals "
-        "excludes 0 after Holm's correction over the six rows, and Δ ≥ δ), **no effect of practical size** (the "
-        "envelope lies within ±δ), **contradicted** (excludes 0 after Holm, Δ ≤ −δ), otherwise **inconclusive**. "
-        f"Environment: {out['environment']}.",
+        HOW[setting].format(n=n) + " MAP@R in points (× 100); Δ = XML − GAP paired by seed with its 95 % Student-t "
+        f"interval and the 95 % percentile bootstrap over {boot}. Verdict on the paper's claim XML > GAP with the "
+        f"smallest effect of interest δ = {SMALLEST_EFFECT:g} MAP@R point (the evidence guide's δ for XML): **shown** "
+        "(the envelope of both intervals excludes 0 after Holm's correction over the "
+        f"{len(out['rows'])} rows, and Δ ≥ δ), **no effect of practical size** (the envelope lies within ±δ), "
+        "**contradicted** (excludes 0 after Holm, Δ ≤ −δ), otherwise **inconclusive**. "
+        f"Environment: {out['environment']}."
+        + (f" Not run: {', '.join(out['not_run'])}." if out.get("not_run") else ""),
         "",
         "| dataset | setting | loss | length | untrained | GAP | XML | Δ [95 % CI] | Δ [bootstrap] | sd Δ | XML wins "
         '| p (Holm) | verdict on "XML > GAP" |',
@@ -391,6 +497,8 @@ def markdown(out: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=["cache"] + list(PARTS))
+    p.add_argument("--probe-only", action="store_true", help="with --part: the probe on the part's finished run")
+    p.add_argument("--setting", choices=list(SETTINGS), default="frozen", help="the table --merge/--render write")
     p.add_argument("--merge", action="store_true", help="write benchmarks/results/xml_cached.{json,md}")
     p.add_argument("--render", action="store_true", help="rewrite xml_cached.{json,md} from the json, no run")
     p.add_argument("--rank", type=int, default=0)
@@ -408,19 +516,27 @@ def main(argv=None) -> int:
         print(f"cache shard {args.rank}/{args.world_size}: {time.time() - start:.0f} s, complete: {done}")
         record = os.path.join(args.runs, f"cache_rank{args.rank}.json")
         atomic_write_json(record, {"seconds": time.time() - start, "complete": done}, indent=1)
+    elif args.part is not None and args.probe_only:
+        config, _, folder = part_config(args.part, args.runs, seeds, args.device)
+        start = time.time()
+        atomic_write_json(
+            os.path.join(folder, "probe.json"), run_probe(config, folder, args.device, args.splits), indent=1
+        )
+        print(f"{args.part}: probe {time.time() - start:.0f} s")
     elif args.part is not None:
         out = run_part(args.part, args.runs, seeds, args.device, args.splits)
         print(f"{args.part}: {out['seconds']:.0f} s, probe {out['probe_seconds']:.0f} s")
         atomic_write_json(os.path.join(args.runs, f"part_{args.part}.json"), {k: out[k] for k in out if k != "results"})
     if args.merge or args.render:
+        name = OUTPUT[args.setting]
         if args.merge:
-            out = merge(args.runs)
+            out = merge(args.runs, args.setting)
         else:
-            with open(os.path.join(args.out, "xml_cached.json"), encoding="utf-8") as f:
+            with open(os.path.join(args.out, f"{name}.json"), encoding="utf-8") as f:
                 out = rerender(json.load(f))
         text = markdown(out)
-        atomic_write_json(os.path.join(args.out, "xml_cached.json"), out, indent=1)
-        atomic_write_text(os.path.join(args.out, "xml_cached.md"), text)
+        atomic_write_json(os.path.join(args.out, f"{name}.json"), out, indent=1)
+        atomic_write_text(os.path.join(args.out, f"{name}.md"), text)
         print(text)
     return 0
 

@@ -89,3 +89,62 @@ def test_the_probe_caption_names_each_parts_split_count_when_they_differ():
     xc = _module()
     assert xc._splits({"a": 20, "b": 20}) == "20"
     assert xc._splits({"Open Clip Art (frozen)": 4, "glyphs": 20}) == "Open Clip Art (frozen) 4, glyphs 20"
+
+
+def test_per_class_data_make_the_bootstrap_resample_test_classes_and_must_reproduce_each_seed():
+    """Two seeds, two test classes each; per class [sum, count] of per-query MAP@R points. Arm a: seed 0 classes
+    (10 + 30) / (1 + 1) = 20, seed 1 (40 + 20) / 2 = 30; arm b: 10 and 20. Differences 10, 10."""
+    xc = _module()
+    pa = {"0": {"x": [10.0, 1], "y": [30.0, 1]}, "1": {"x": [40.0, 1], "y": [20.0, 1]}}
+    pb = {"0": {"x": [5.0, 1], "y": [15.0, 1]}, "1": {"x": [10.0, 1], "y": [30.0, 1]}}
+    d = xc.paired({"0": 20.0, "1": 30.0}, {"0": 10.0, "1": 20.0}, 1.0, "greater", (pa, pb))
+    assert d["differences"] == [10.0, 10.0] and d["bootstrap"]["resampled"] == "seeds and test classes"
+    assert d["bootstrap"]["n_classes"] == 2
+    # the class resamples move the difference: seed 1 with class x twice is 40 - 10 = 30, with y twice -10
+    lo, hi = d["bootstrap_ci95"]
+    assert lo < 10.0 < hi and hi - lo > 1.0
+    with pytest.raises(ValueError, match=r"seed 1 \(a\): Σ sum / Σ count 30.0 ≠ 31.0"):
+        xc.paired({"0": 20.0, "1": 31.0}, {"0": 10.0, "1": 20.0}, 1.0, "greater", (pa, pb))
+
+
+def test_the_trained_setting_keeps_its_configs_folder_and_cache():
+    xc = _module()
+    config, _, folder = xc.part_config("clipart_trained", "runs/x", seeds=[0])
+    assert config["experiment_name"] == "xml_trained_clipart" and folder == os.path.join(
+        "runs/x", "xml_trained_clipart"
+    )
+    assert config["feature_cache"]["boundary"] == "0.13" and "folder" not in config["feature_cache"]
+    assert xc.SETTINGS["trained"] == ("clipart_trained", "glyphs_trained") and xc.OUTPUT["trained"] == "xml_trained"
+
+
+def _run_folder(root, name, variants, seeds=("0", "1", "2")):
+    import json
+
+    per_seed = {v: {s: {"mean_average_precision_at_r": 0.2 + 0.01 * i + 0.001 * int(s)} for s in seeds}
+                for i, v in enumerate(variants)}  # fmt: skip
+    results = {"variants": {v: {"per_seed": p} for v, p in per_seed.items()}, "seeds": [int(s) for s in seeds],
+               "selection": {"epochs": {v: 2 for v in variants}}, "iterations_per_epoch": 50,
+               "untrained": {"mean": 0.2}}  # fmt: skip
+    probe = {v: {s: {"map_seen": 50.0, "map_unseen": 40.0 + i} for s in seeds} for i, v in enumerate(variants)}
+    probe["splits"] = 20
+    os.makedirs(root / name)
+    (root / name / "results.json").write_text(json.dumps(results))
+    (root / name / "probe.json").write_text(json.dumps(probe))
+
+
+def test_merge_lists_the_rows_a_part_did_not_run(tmp_path):
+    """The glyph part ran only the contrastive variants: its ProxyAnchor row is named under not_run, and Holm runs
+    over the three rows that exist. XML − GAP: 1 point on every seed (0.01 as a fraction)."""
+    xc = _module()
+    five = ["untrained", "contrastive_gap", "contrastive_xml", "contrastive_xml_lambda0", "proxy_anchor_gap",
+            "proxy_anchor_xml"]  # fmt: skip
+    _run_folder(tmp_path, "xml_trained_clipart", five)
+    _run_folder(tmp_path, "xml_trained_glyphs", five[:4])
+    out = xc.merge(str(tmp_path), "trained")
+    assert [(r["dataset"], r["loss"]) for r in out["rows"]] == [
+        ("Open Clip Art", "contrastive"), ("Open Clip Art", "ProxyAnchor"), ("glyphs", "contrastive")]  # fmt: skip
+    assert out["not_run"] == ["glyphs features.14-18 trained ProxyAnchor"]
+    assert out["rows"][0]["difference"]["mean_difference"] == pytest.approx(1.0)
+    assert out["rows"][0]["iterations"] == 100 and out["rows"][0]["map_unseen"]["difference"]["mean_difference"] == 1
+    text = xc.markdown(out)
+    assert "Not run: glyphs features.14-18 trained ProxyAnchor." in text and "over the 3 rows" in text
