@@ -14,6 +14,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..knn.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+from ..utils.eval_mode import eval_mode
 from ..utils.sharded_embedding import ShardedEmbeddingMixin
 
 SETUPS = ("teacher_student_asymmetric", "student_symmetric", "teacher_symmetric", "teacher_asymmetric")
@@ -235,18 +236,9 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         param = next(iter(trunk_model.parameters()), None)
         device = param.device if param is not None else torch.device("cpu")
         dtype = param.dtype if param is not None else torch.float32
-        modes = [(m, m.training) for m in (trunk_model, embedder_model)]
-        try:
-            trunk_model.eval()
-            embedder_model.eval()
-            counter = FlopCounterMode(display=False)
-            with torch.no_grad(), counter:
-                embedder_model(
-                    trunk_model(torch.zeros(1, in_channels, image_size, image_size, device=device, dtype=dtype))
-                )
-        finally:
-            for m, was_training in modes:
-                m.train(was_training)
+        counter = FlopCounterMode(display=False)
+        with eval_mode(trunk_model, embedder_model), torch.no_grad(), counter:
+            embedder_model(trunk_model(torch.zeros(1, in_channels, image_size, image_size, device=device, dtype=dtype)))
         return int(counter.get_total_flops())
 
     def evaluate_setups(

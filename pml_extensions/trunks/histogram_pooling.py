@@ -14,6 +14,7 @@ from typing import Callable, Iterable, List, Optional
 import torch
 import torch.nn.functional as F
 
+from ..utils.eval_mode import eval_mode
 from ..utils.wiring import data_init, param_group
 from ._last_outputs import _KeepsLastOutputs
 
@@ -373,10 +374,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
     ) -> "HistogramPooling":
         """Initialise prototypes from the local features that ``body`` (the trunk before this layer) produces on a
         few batches. ``batches`` yields images ``[B, 3, H, W]`` or ``(images, labels)`` pairs. The caller's
-        train/eval mode of ``body`` is restored afterwards; ``log`` as :meth:`init_prototypes`."""
-        was_training = body.training
-        body.eval()
-        try:
+        train/eval mode of each of ``body``'s modules is restored afterwards; ``log`` as :meth:`init_prototypes`."""
+        with eval_mode(body):
             feats = []
             device = next(iter(self.parameters())).device
             for i, batch in enumerate(batches):
@@ -384,8 +383,6 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
                     break
                 images = batch[0] if isinstance(batch, (list, tuple)) else batch
                 feats.append(self.local_features(body(images.to(device))).cpu())
-        finally:
-            body.train(was_training)
         if not feats:
             raise ValueError("batches yielded no data")
         feats = torch.cat(feats)

@@ -33,6 +33,7 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 import torchvision
 
+from ..utils.eval_mode import eval_mode
 from .margin_softmax import MarginAugmentedSoftmax
 from .perturbed_maximizer import PerturbedMaximizer
 
@@ -142,15 +143,13 @@ def _run_with_hooks(model, batches, num_batches, hook_fn, sites):
     for block, name in sites:
         _check_bn(getattr(block, name))
     handles = []
-    was_training = model.training
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
     seen = 0
     try:
         for i, (block, name) in enumerate(sites):
             handles.append(getattr(block, name).register_forward_hook(lambda m, inp, out, i=i: hook_fn(i, m, inp, out)))
-        model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(model):
             for b, batch in enumerate(batches):
                 if num_batches is not None and b >= num_batches:
                     break
@@ -160,7 +159,6 @@ def _run_with_hooks(model, batches, num_batches, hook_fn, sites):
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
     if seen == 0:
         raise ValueError("batches yielded no data")
 

@@ -289,3 +289,22 @@ def test_kmeans_with_few_features_is_one_note_of_ours_not_faiss_stderr(capfd):
         "prototype, 195); more or larger images (prototype_init num_batches) give a steadier start"
     ]
     assert "WARNING" not in capfd.readouterr().err
+
+
+def test_init_from_data_leaves_a_frozen_batchnorm_of_the_body_frozen():
+    """A body whose BatchNorm the user froze (``bn.eval()`` inside a training trunk), wrapped in a new Sequential as a
+    caller cuts a trunk: after the prototype initialisation the BatchNorm is still in eval mode and its running
+    statistics are untouched."""
+    import torch
+
+    from pml_extensions.trunks import HistogramPooling
+
+    conv = torch.nn.Conv2d(3, 4, 1)
+    bn = torch.nn.BatchNorm2d(4).eval()
+    body = torch.nn.Sequential(conv, bn)  # training mode, as every new wrapper
+    pool = HistogramPooling(4, 2, seed=0)
+    images = torch.randn(2, 3, 2, 2, generator=torch.Generator().manual_seed(0))
+    pool.init_from_data(body, [images], num_batches=1, seed=0)
+    assert body.training and conv.training and not bn.training
+    body(images)
+    assert torch.equal(bn.running_mean, torch.zeros(4)) and int(bn.num_batches_tracked) == 0

@@ -40,6 +40,7 @@ import torch
 
 from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from ...utils import wiring
+from ...utils.eval_mode import eval_mode
 from ..config import pb_keys
 from ..config.eval_keys import _TESTER, _where, accuracy_calculator_spec, tester_spec
 from ..config.registry import discover, resolve
@@ -391,14 +392,11 @@ class Builder:
                     sample = self.frozen.prefix(sample[None].to(self.device))[0]
         out = None
         if sample is not None:
-            with torch.no_grad():
-                was_training = trunk.training
-                trunk.eval()
+            with torch.no_grad(), eval_mode(trunk):
                 try:
                     out = trunk(sample[None].to(self.device))
                 except RuntimeError as e:  # e.g. 3-channel images into a 1-channel trunk: one line, what to change
                     raise preflight.channel_mismatch(self, trunk, sample, e) from None
-                trunk.train(was_training)
             if out.ndim != 2 and models_cfg.get("embedder") is None:
                 raise ConfigError(
                     f"{self.where('models.trunk')}: the trunk must output "
@@ -433,9 +431,7 @@ class Builder:
             f"{self.where('models.trunk')}: the trunk must output [N, D] vectors (or its embedder pool them), got "
             f"shape {tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {{}}]"
         )
-        with torch.no_grad():
-            was_training = embedder.training
-            embedder.eval()
+        with torch.no_grad(), eval_mode(embedder):
             try:
                 emb = embedder(out)
             except (RuntimeError, ValueError) as e:  # e.g. an MLP fed a feature map, or a Linear of another width
@@ -445,8 +441,6 @@ class Builder:
                     f"{self.where('models.embedder')}: does not take the trunk's [N, {out.shape[1]}] output: "
                     f"{str(e).splitlines()[0]}"
                 ) from None
-            finally:
-                embedder.train(was_training)
         if emb.ndim != 2:
             raise ConfigError(pooling_hint)
         return int(emb.shape[1])

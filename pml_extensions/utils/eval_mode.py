@@ -1,0 +1,43 @@
+"""Run modules in eval mode for a while and give every submodule back the mode it had.
+
+``module.train(was_training)`` after a temporary ``module.eval()`` sets *every* submodule to ``was_training``: a
+BatchNorm a user had frozen with ``bn.eval()`` inside a training trunk comes back in training mode, and a
+``torch.nn.Sequential`` built around eval-mode modules (a new wrapper starts in training mode) puts them into training
+mode. :func:`eval_mode` records the flag of each submodule and restores each one.
+"""
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+
+@contextlib.contextmanager
+def eval_mode(*modules: torch.nn.Module) -> Iterator[None]:
+    """Within the block every module of ``modules`` (and each of its submodules) is in eval mode; afterwards, also
+    after an exception, each submodule has its own former ``training`` flag again.
+
+    Args:
+        modules: ``torch.nn.Module`` objects; the same submodule reached twice is restored once.
+
+    Example::
+
+        >>> bn = torch.nn.BatchNorm1d(2).eval()            # frozen statistics inside a training wrapper
+        >>> body = torch.nn.Sequential(torch.nn.Linear(2, 2), bn)  # a new Sequential is in training mode
+        >>> with eval_mode(body):
+        ...     body.training, bn.training
+        (False, False)
+        >>> body.training, body[0].training, bn.training
+        (True, True, False)
+    """
+    flags = {}
+    for module in modules:
+        for m in module.modules():
+            flags.setdefault(m, m.training)
+    try:
+        for module in modules:
+            module.eval()
+        yield
+    finally:
+        for m, training in flags.items():
+            m.training = training
