@@ -195,6 +195,8 @@ def _side(checkpoint, channels, size):
     from ..runner.objects.saved_models import run_preprocessing
 
     run = run_preprocessing(checkpoint)
+    if run is not None and run["mean"] is not None and len(run["mean"]) == 1 < channels:  # Normalize broadcasts
+        run = {**run, "mean": run["mean"] * channels, "std": run["std"] * channels}
     fits = run is not None and (run["mean"] is None or len(run["mean"]) == channels)  # else a config we cannot read
     stats = (run["mean"], run["std"]) if fits else _default_stats(channels)
     return size or (run or {}).get("image_size") or DEFAULT_IMAGE_SIZE, stats

@@ -540,3 +540,27 @@ def test_a_run_on_drawn_images_names_them_by_index(tmp_path, capsys):
     assert sorted(f for f in os.listdir(out) if f.endswith(".png"))[0].startswith("epoch2_00_DrawnImages[")
     assert main(["--run", exp, "--variant", "gap", "--image-size", "32", "--out", str(out)]) == 2
     assert "--image-size resizes image files; this run's dataset draws its images" in capsys.readouterr().err
+
+
+def test_a_one_value_normalize_of_the_run_applies_to_every_channel(tmp_path):
+    """An mlrc quick run normalises with Normalize([0.5], [0.5]) (torchvision broadcasts it over RGB): explain's
+    figures undo that, not ImageNet's statistics (a white background drew as (182, 173, 160))."""
+    import yaml
+
+    from pml_extensions.cli.explain import _side
+
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "transforms": {
+                    "eval": {"Resize": {"size": [32, 32]}, "ToTensor": {}, "Normalize": {"mean": [0.5], "std": [0.5]}}
+                }
+            }
+        ),  # fmt: skip
+        encoding="utf-8",
+    )
+    (tmp_path / "fold_0").mkdir()
+    ckpt = tmp_path / "fold_0" / "best_models.pth"
+    ckpt.write_bytes(b"")
+    assert _side(str(ckpt), 3, None) == (32, ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]))
+    assert _side(str(ckpt), 1, None) == (32, ([0.5], [0.5]))

@@ -199,6 +199,11 @@ def _load_state(module: nn.Module, state: dict, what: str, path: str) -> None:
         ) from None
 
 
+#: the model files a run's folder holds, in the order a folder given as a checkpoint is read: an mlrc fold's, a paired
+#: unit's selected epoch, a paired unit's best validation epoch
+RUN_MODEL_FILES = ("best.pth", "selected_models.pth", "best_models.pth")
+
+
 def load_models(checkpoint: Optional[str], trust: bool = False, default=None) -> Tuple[nn.Module, nn.Module]:
     """``(trunk, embedder)`` from ``checkpoint`` (see the module docstring); ``default()`` when it is None."""
     if checkpoint is None:
@@ -207,15 +212,18 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
     source = checkpoint
     if os.path.isdir(checkpoint):
-        if os.path.isfile(os.path.join(checkpoint, "best.pth")):  # an MLRC fold folder
-            source = os.path.join(checkpoint, "best.pth")
+        # an MLRC fold folder; a paired unit's folder (the protocol's selected epoch, else its best one)
+        found = [f for f in RUN_MODEL_FILES if os.path.isfile(os.path.join(checkpoint, f))]
+        if found:
+            source = os.path.join(checkpoint, found[0])
             content = _load(source, trust)
         else:
             trunk_file, emb_file = pml_model_files(checkpoint)
             if trunk_file is None:
                 folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
                 hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
-                raise ValueError(f"no best.pth or trunk_*.pth model file in {checkpoint}{hint}")
+                names = ", ".join(RUN_MODEL_FILES)
+                raise ValueError(f"no model file ({names} or PML's trunk_*.pth) in {checkpoint}{hint}")
             source = trunk_file
             content = {"trunk": _load(trunk_file, trust)}
             if emb_file is not None:

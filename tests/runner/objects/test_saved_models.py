@@ -295,3 +295,30 @@ def test_a_rebuilt_model_asks_for_no_pretrained_weights():
         {"mobilenet_v2_features": {"pretrained": True}},
     ]
     assert _not_pretrained(spec) == [{"resnet50": {"weights": None}}, {"mobilenet_v2_features": {"pretrained": False}}]
+
+
+def test_a_paired_units_folder_as_checkpoint_reads_its_selected_model_else_its_best(tmp_path):
+    from pml_extensions.runner.objects.saved_models import load_models
+
+    cfg = {"models": {"trunk": [{"Conv2d": {"in_channels": 3, "out_channels": 2, "kernel_size": 1}},
+                                {"AdaptiveAvgPool2d": [1]}, {"Flatten": None}],
+                      "embedder": {"Linear": {"in_features": 2, "out_features": 2}}}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    unit = tmp_path / "xml" / "seed_0"
+    unit.mkdir(parents=True)
+
+    def save(name, value):
+        trunk = nn.Sequential(nn.Conv2d(3, 2, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        emb = nn.Linear(2, 2)
+        for p in list(trunk.parameters()) + list(emb.parameters()):
+            nn.init.constant_(p, value)
+        torch.save({"trunk": trunk.state_dict(), "embedder": emb.state_dict()}, unit / name)
+
+    save("best_models.pth", 1.0)
+    trunk, _ = load_models(str(unit))
+    assert float(trunk[0].weight[0, 0, 0, 0]) == 1.0
+    save("selected_models.pth", 2.0)
+    trunk, emb = load_models(str(unit))
+    assert float(trunk[0].weight[0, 0, 0, 0]) == 2.0 and float(emb.bias[1]) == 2.0
+    with pytest.raises(ValueError, match=r"no model file \(best.pth, selected_models.pth, best_models.pth or PML"):
+        load_models(str(tmp_path / "xml"))
