@@ -274,7 +274,7 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
             protocol_of(config, sources)(config, folder, sources, lambda *a, **k: None).preflight()
 
         print(f"# {display_path(root)} merged with the command line and checked (not run)")
-        print(yaml.safe_dump(config, sort_keys=False), end="")
+        print(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), end="")
         return 0
     if runner.get("new") and runner.get("resume_anyway"):
         raise ConfigError("command line: --new and --resume-anyway exclude each other")

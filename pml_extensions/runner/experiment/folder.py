@@ -24,6 +24,7 @@ Example::
 import json
 import os
 import random
+import shlex
 import shutil
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -149,10 +150,10 @@ def prepare_folder(
         try:  # the first writes of a run: an unwritable folder stops it here, before any data is read
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, "config.yaml")
-            atomic_write_text(path, yaml.safe_dump(config, sort_keys=False))
+            atomic_write_text(path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
             if command is not None:
                 path = os.path.join(folder, "command.txt")
-                atomic_write_text(path, " ".join(str(c) for c in command) + "\n")
+                atomic_write_text(path, shlex.join(str(c) for c in command) + "\n")  # pastes back
             env_path = path = os.path.join(folder, ENVIRONMENT_NAME)
             if not os.path.exists(env_path):  # the first run's; a resume keeps it
                 atomic_write_text(env_path, json.dumps(run_environment(), indent=2) + "\n")

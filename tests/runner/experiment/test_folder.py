@@ -105,3 +105,17 @@ def test_environment_json_records_what_moves_the_numbers(tmp_path, monkeypatch):
     assert line.startswith(f"torch {torch.__version__} (BLAS ") and line.endswith(
         f"{env['torch_threads']} torch thread{'' if env['torch_threads'] == 1 else 's'}"
     )
+
+
+def test_the_saved_config_keeps_unicode_and_the_command_pastes_back(tmp_path):
+    import shlex
+
+    from pml_extensions.runner.experiment.folder import prepare_folder
+
+    folder = str(tmp_path / "exp")
+    command = ["python", "-m", "pml_extensions", "run", "contrastive", "--data_folder", "my shop/catalogue export.csv"]
+    prepare_folder(folder, {"test_classes": ["Gürtel / Schals", "Robes d'été"]}, command=command, **QUIET)
+    text = open(os.path.join(folder, "config.yaml"), encoding="utf-8").read()
+    assert "Gürtel / Schals" in text and "Robes d'été" in text and "\\x" not in text
+    line = open(os.path.join(folder, "command.txt"), encoding="utf-8").read()
+    assert shlex.split(line) == command and "'my shop/catalogue export.csv'" in line
