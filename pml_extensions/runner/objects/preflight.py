@@ -158,12 +158,27 @@ def check_images(
         keep = [i for i, p in enumerate(paths) if p not in bad_set]
         from .data import dataset_labels
 
-        return Subset(dataset, keep, dataset_labels(dataset), None)
+        kept = Subset(dataset, keep, dataset_labels(dataset), None)
+        kept.left_out = dict(bad)  # for bad_images.txt once the experiment folder exists (write_bad_images)
+        return kept
     leave_out = f", or leave them out with {skip_hint}" if skip_hint else ""
     raise ConfigError(
         f"{where}: {len(bad)} of {len(paths)} images do not decode{listed}: {named}{more}; replace or remove them"
         f"{leave_out}"
     )
+
+
+def write_bad_images(left_out: Dict[str, str], folder: str) -> Optional[str]:
+    """List the files :func:`check_images` left out (``skip``; its dataset's ``left_out``, ``{path: reason}``) before
+    ``folder`` existed in ``folder``'s ``bad_images.txt`` (one ``path<TAB>reason`` line each); returns its path, None
+    when none was left out."""
+    if not left_out or not os.path.isdir(folder):
+        return None
+    from ...utils.atomic_io import atomic_write_text
+
+    path = os.path.join(folder, "bad_images.txt")
+    atomic_write_text(path, "".join(f"{p}\t{why}\n" for p, why in sorted(left_out.items())))
+    return path
 
 
 def record_checked_images(dataset, folder: str) -> None:
@@ -172,6 +187,7 @@ def record_checked_images(dataset, folder: str) -> None:
     existed wrote nothing)."""
     from ...utils.atomic_io import atomic_write_json
 
+    write_bad_images(getattr(dataset, "left_out", None), folder)
     paths = image_paths(dataset)
     record = os.path.join(folder, IMAGE_CHECK_FILE)
     if paths is None or not os.path.isdir(folder) or os.path.exists(record):

@@ -369,12 +369,16 @@ class PairedProtocol(Protocol):
         """Train every unit (resuming), select on validation, test once, compare, write the outputs."""
         from ..experiment import distributed as dist_utils
         from ..experiment.folder import ENVIRONMENT_NAME, run_environment
+        from ..objects import preflight
         from ..outputs.results import summarize, write_results
 
         start = time.time()
         s, seeds, names = self.settings, self.settings.seeds, list(self.variant_configs)
         if not getattr(self, "preflown", False):  # run_protocol ran it before the folder existed
             self.preflight()
+        if dist_utils.is_main():
+            # the files skip_bad_images left out, now that the folder exists
+            preflight.write_bad_images(getattr(self, "left_out", None), self.folder)
         units = self.run_units()
         per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in names}
         chosen = None

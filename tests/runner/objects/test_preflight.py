@@ -193,6 +193,24 @@ def test_every_image_decodes_before_the_first_epoch(tmp_path):
     assert len(record) == 11 and truncated not in record  # a rerun decodes only the bad file again
 
 
+def test_files_left_out_before_the_folder_existed_are_listed_in_it_once_it_does(tmp_path):
+    """A refused run leaves no folder, so the check runs before it; a run that goes on with skip_bad_images lists the
+    files it left out in the folder it then makes (own_data.md promises bad_images.txt)."""
+    from pml_extensions.datasets import ImageFolderSplit
+
+    root = _folder(str(tmp_path / "photos"), size=(64, 64))
+    empty = os.path.join(root, "c1", "empty.png")
+    open(empty, "wb").close()
+    kept = preflight.check_images(ImageFolderSplit(root, split="all"), None, skip=True, log=lambda *a: None)
+    folder = tmp_path / "exp"
+    assert preflight.write_bad_images(kept.left_out, str(folder)) is None  # no folder yet: nothing written
+    folder.mkdir()
+    preflight.record_checked_images(kept, str(folder))
+    (line,) = (folder / "bad_images.txt").read_text(encoding="utf-8").splitlines()
+    assert line.startswith(empty + "\t") and "cannot identify image file" in line
+    assert preflight.write_bad_images({}, str(folder)) is None
+
+
 def test_an_image_above_pils_pixel_limit_is_named_once_in_a_note(tmp_path, monkeypatch, recwarn):
     """A user's 10524 x 16000 drawing printed PIL's two-line DecompressionBombWarning at every epoch and made an
     8-class quick run 7x slower with no word why; the check names it once, the reads stay quiet."""

@@ -171,6 +171,7 @@ class Paired(PairedProtocol):
                 images_ok = False
                 with problems.check():
                     data = preflight.check_images(data, None, s.skip_bad_images, where, self.log)
+                    self.left_out = {**getattr(self, "left_out", {}), **getattr(data, "left_out", {})}
                     images_ok = True
                 if split != "train":
                     continue

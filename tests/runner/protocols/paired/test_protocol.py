@@ -252,3 +252,26 @@ def test_a_bad_image_stops_the_job_before_any_unit_trains(tmp_path):
         "them, or leave them out with --skip_bad_images true",
     ]
     assert not os.path.exists(folder)  # a refused run leaves no folder behind
+
+
+def test_skip_bad_images_keeps_the_left_out_files_for_bad_images_txt(tmp_path):
+    import os
+
+    from PIL import Image
+
+    from pml_extensions.runner.objects import preflight
+
+    root = tmp_path / "photos"
+    for c in range(16):
+        os.makedirs(root / f"c{c}")
+        for k in range(4):
+            Image.new("RGB", (16, 16), (30 * c, k, 0)).save(root / f"c{c}" / f"{k}.png")
+    bad = str(root / "c0" / "broken.png")
+    open(bad, "wb").close()
+    cfg = tiny_config(dataset={"name": "imagefolder", "root": str(root)}, skip_bad_images=True, batch_size=8)
+    protocol = Paired(cfg, str(tmp_path / "exp"), log=lambda *a, **k: None)
+    protocol.preflight()
+    assert list(protocol.left_out) == [bad]
+    os.makedirs(tmp_path / "exp")
+    listing = preflight.write_bad_images(protocol.left_out, str(tmp_path / "exp"))
+    assert open(listing, encoding="utf-8").read().startswith(bad + "\t")
