@@ -271,7 +271,8 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
         if not find_search_markers(config):  # the checks of the data the run makes before any work
             from ..runner.protocols import protocol_of
 
-            protocol_of(config, sources)(config, folder, sources, lambda *a, **k: None).preflight()
+            notes = lambda msg="", *a, **k: str(msg).startswith("note:") and print(msg)  # noqa: E731
+            protocol_of(config, sources)(config, folder, sources, notes).preflight()
 
         print(f"# {display_path(root)} merged with the command line and checked (not run)")
         print(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), end="")

@@ -121,9 +121,22 @@ class PairedProtocol(Protocol):
         self.exp = Experiment(folder, {"device": s.device, "seed": None}, self.sources, log)
         self.device, self.log = self.exp.device, self.exp.log
         self.variant_configs, self.variant_settings, self.variant_sources = self.variants(config, self.sources)
+        self.note_replaced_flags(config)
         self.keep_epochs = s.selection != "best_epoch" or s.untrained
 
     # ------------------------------------------------------------------------------------------------ settings
+    def note_replaced_flags(self, config: Dict[str, Any]) -> None:
+        """One note per command-line key that some variants replace with their own value (``--feature_cache null``
+        does not reach a variant that sets ``feature_cache``): the flag is not lost without a word."""
+        updates = config.get("variants") or {}
+        for key in [k for k, v in self.sources.items() if v == "command line" and k != "variants"]:
+            mine = [n for n, u in updates.items() if any(str(k).split("~")[0] == key for k in (u or {}))]
+            if mine:
+                self.log(
+                    f"note: --{key} (command line) does not reach variant(s) {', '.join(mine)}: they set their own "
+                    f"{key} ({self.sources.get('variants', 'config')}); change it there or run other --variants"
+                )
+
     @classmethod
     def variants(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None):
         """``(configs, settings, sources)`` per variant name: each entry of ``variants`` merged over the config

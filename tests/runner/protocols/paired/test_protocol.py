@@ -275,3 +275,18 @@ def test_skip_bad_images_keeps_the_left_out_files_for_bad_images_txt(tmp_path):
     os.makedirs(tmp_path / "exp")
     listing = preflight.write_bad_images(protocol.left_out, str(tmp_path / "exp"))
     assert open(listing, encoding="utf-8").read().startswith(bad + "\t")
+
+
+def test_a_command_line_key_that_a_variant_replaces_gets_a_note(tmp_path):
+    """`--feature_cache null` on a config whose variants set their own feature_cache was silently not applied to
+    them (the run built caches); the note names the variants and where they set it."""
+    cfg = tiny_config(seed=None, seeds=[0])
+    cfg["variants"] = {"a": {"batch_size~OVERRIDE~": 4}, "b": {}}
+    cfg["comparisons"] = [["a", "b"]]
+    lines = []
+    Paired(cfg, str(tmp_path / "exp"), sources={"batch_size": "command line", "variants": "my/config.yaml"},
+           log=lines.append)  # fmt: skip
+    assert lines == [
+        "note: --batch_size (command line) does not reach variant(s) a: they set their own batch_size "
+        "(my/config.yaml); change it there or run other --variants"
+    ]
