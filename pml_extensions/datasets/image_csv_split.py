@@ -236,7 +236,13 @@ class ImageCSVSplit(ImageFileDataset):
                 )
             test_set = named_test_classes(test_classes, self.classes, csv_file)
         self.shared_classes: List[str] = []
+        #: class names per value of the split column (``train`` / ``validation`` / ``test``), empty without one
+        self.classes_by_split: Dict[str, List[str]] = {}
         if side is not None:
+            for name in ("train", "validation", "test"):
+                on_side = {_get(r, label_col) for r, s in zip(rows, side) if s == name}
+                if on_side:
+                    self.classes_by_split[name] = [c for c in self.classes if c in on_side]
             train_names = {_get(r, label_col) for r, s in zip(rows, side) if s == "train"}
             other_names = {_get(r, label_col) for r, s in zip(rows, side) if s != "train"}
             self.shared_classes = [c for c in self.classes if c in train_names and c in other_names]

@@ -168,6 +168,14 @@ class Paired(PairedProtocol):
                     data = b.build_dataset(split)
                 if data is None:
                     break
+                unused = (getattr(data, "classes_by_split", None) or {}).get("validation") if split == "train" else None
+                if unused and "test" in data.classes_by_split:  # (without test rows they are the test set)
+                    shown = ", ".join(unused[:5]) + (", ..." if len(unused) > 5 else "")
+                    self.log(
+                        f"note: {where}: the validation rows of the split column (classes {shown}) are not used: this "
+                        "protocol validates on classes drawn from the train rows (validation.class_fraction); mark "
+                        "them train to train on them"
+                    )
                 images_ok = False
                 with problems.check():
                     data = preflight.check_images(data, None, s.skip_bad_images, where, self.log)

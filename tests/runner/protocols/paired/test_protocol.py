@@ -290,3 +290,25 @@ def test_a_command_line_key_that_a_variant_replaces_gets_a_note(tmp_path):
         "note: --batch_size (command line) does not reach variant(s) a: they set their own batch_size "
         "(my/config.yaml); change it there or run other --variants"
     ]
+
+
+def test_the_validation_rows_of_a_csv_the_protocol_does_not_use_get_a_note(tmp_path):
+    """A catalogue's `val` rows (two classes of their own) were silently dropped: the paired protocol validates on
+    classes drawn from the train rows; the note names them."""
+    from PIL import Image
+
+    lines = ["path,label,split"]
+    for c, side in [(c, "train") for c in range(12)] + [(12, "val"), (13, "val")] + [(c, "test") for c in (14, 15)]:
+        for k in range(4):
+            name = f"{c}_{k}.png"
+            Image.new("RGB", (16, 16), (15 * c, 40 * k, 0)).save(tmp_path / name)
+            lines.append(f"{name},Class {c} / é,{side}")
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = tiny_config(dataset={"name": "csv", "root": str(tmp_path / "t.csv")}, batch_size=8)
+    notes = []
+    Paired(cfg, str(tmp_path / "exp"), sources={"dataset": "command line"}, log=notes.append).preflight()
+    assert notes == [
+        "note: command line: dataset: the validation rows of the split column (classes Class 12 / é, Class 13 / é) "
+        "are not used: this protocol validates on classes drawn from the train rows (validation.class_fraction); mark "
+        "them train to train on them"
+    ]
