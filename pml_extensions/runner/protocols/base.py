@@ -188,7 +188,10 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
             if field.name in config and not (required and config[field.name] is None):
                 values[field.name] = check_value(config[field.name], meta, here) if meta else config[field.name]
             elif field.default is REQUIRED:
-                raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}")
+                names = {f.name for f in dataclasses.fields(cls)}
+                close = difflib.get_close_matches(field.name, [str(k) for k in config if k not in names], n=1)
+                typo = f" (the config has {close[0]!r}: a misspelling?)" if close else ""
+                raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}{typo}")
     problems.raise_any()
     return cls(**values)
 
