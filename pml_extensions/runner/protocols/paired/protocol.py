@@ -182,6 +182,15 @@ class Paired(PairedProtocol):
                     self.left_out = {**getattr(self, "left_out", {}), **getattr(data, "left_out", {})}
                     images_ok = True
                 if split != "train":
+                    if not hasattr(self, "class_roles") and data is not None:
+                        test_ids = sorted({int(v) for v in dataset_labels(data)})
+                        self.class_roles = {**getattr(self, "_roles", {}), "test": _class_names(data, test_ids)}
+                        self.log(
+                            "classes: "
+                            + "; ".join(
+                                f"{role} {len(names)} ({_shown(names)})" for role, names in self.class_roles.items()
+                            )
+                        )
                     continue
                 labels = parts = None
                 with problems.check():
@@ -191,6 +200,12 @@ class Paired(PairedProtocol):
                         parts = validation_split(labels, fraction, vseed)
                     except ConfigError as e:
                         raise ConfigError(f"{sources.get('validation', 'config')}: validation: {e}") from None
+                if parts is not None and not hasattr(self, "_roles"):
+                    train_ids = sorted({int(v) for v in labels[parts[0]]})
+                    self._roles = {
+                        "train": _class_names(data, train_ids),
+                        "validation": _class_names(data, [int(i) for i in parts[2]]),
+                    }
                 if parts is not None:
                     with problems.check():
                         preflight.check_sampler(b, [labels[parts[0]]], s.batch_size, batch_key="batch_size")
@@ -277,7 +292,20 @@ class Paired(PairedProtocol):
             "iterations_per_epoch": first.iterations_per_epoch,
             "batch_size": first.batch_size,
             "validation": first.validation,
+            **({"classes": self.class_roles} if hasattr(self, "class_roles") else {}),
         }
+
+
+def _class_names(data, ids) -> list:
+    """The names of labels ``ids`` of ``data`` (a folder's or CSV's class names as written), else the labels."""
+    from ....explain.explanation_hook import dataset_class_names
+
+    names = dataset_class_names(data)
+    return [names[i] if names is not None and 0 <= i < len(names) else i for i in ids]
+
+
+def _shown(names, limit: int = 6) -> str:
+    return ", ".join(map(str, names[:limit])) + (", ..." if len(names) > limit else "")
 
 
 def dataset_name(spec: Any) -> Optional[str]:

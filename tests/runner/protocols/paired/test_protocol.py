@@ -306,9 +306,16 @@ def test_the_validation_rows_of_a_csv_the_protocol_does_not_use_get_a_note(tmp_p
     (tmp_path / "t.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     cfg = tiny_config(dataset={"name": "csv", "root": str(tmp_path / "t.csv")}, batch_size=8)
     notes = []
-    Paired(cfg, str(tmp_path / "exp"), sources={"dataset": "command line"}, log=notes.append).preflight()
-    assert notes == [
+    protocol = Paired(cfg, str(tmp_path / "exp"), sources={"dataset": "command line"}, log=notes.append)
+    protocol.preflight()
+    assert notes[0] == (
         "note: command line: dataset: the validation rows of the split column (classes Class 12 / é, Class 13 / é) "
         "are not used: this protocol validates on classes drawn from the train rows (validation.class_fraction); mark "
         "them train to train on them"
-    ]
+    )
+    # the classes of each role by name (console and results.json): 3 of the 12 train classes validate
+    roles = protocol.class_roles
+    assert roles["test"] == ["Class 14 / é", "Class 15 / é"] and len(roles["validation"]) == 3
+    assert sorted(roles["train"] + roles["validation"]) == sorted(f"Class {c} / é" for c in range(12))
+    assert notes[1].startswith("classes: train 9 (Class ") and notes[1].endswith("test 2 (Class 14 / é, Class 15 / é)")
+    assert protocol.extra_results({})["classes"] == roles
