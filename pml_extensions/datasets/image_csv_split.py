@@ -305,7 +305,7 @@ class ImageCSVSplit(ImageFileDataset):
                 if column not in header:
                     raise ValueError(
                         f"{csv_file}: columns: {role}={column}: no such column{_near(column, header)} (header: "
-                        f"{', '.join(sorted(header))})"
+                        f"{', '.join(header)})"
                     )
                 found[role] = column
             elif role in lower and lower[role] not in found.values():
@@ -314,7 +314,7 @@ class ImageCSVSplit(ImageFileDataset):
         if missing:
             known = {r: c for r, c in found.items() if r in ("label", "path", "split")}  # category: OML's own
             raise ValueError(
-                f"{csv_file}: no {' and no '.join(missing)} column (header: {', '.join(sorted(header))}); map them: "
+                f"{csv_file}: no {' and no '.join(missing)} column (header: {', '.join(header)}); map them: "
                 f"--columns {suggest_columns(header, rows, known)}"
             )
         return found

@@ -450,7 +450,7 @@ def test_a_csv_reference_with_columns_and_bad_images(tmp_path, capsys):
     args = [query, table, "--checkpoint", ckpt, "--trust-checkpoint", "--image-size", "32", "--k", "2"]
     assert main(args + ["--out", str(tmp_path / "a")]) == 2
     assert capsys.readouterr().err == (
-        f"{table}: no label and no path column (header: category, image, sku, subset); map them: --columns {COLUMNS}\n"
+        f"{table}: no label and no path column (header: sku, category, image, subset); map them: --columns {COLUMNS}\n"
     )
     assert main(args + ["--columns", COLUMNS, "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err

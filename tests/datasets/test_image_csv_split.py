@@ -105,7 +105,7 @@ def test_without_a_mapping_the_error_lists_the_header_and_suggests_one(tmp_path)
     with pytest.raises(ValueError) as e:
         ImageCSVSplit(table, "train")
     assert str(e.value) == (
-        f"{table}: no label and no path column (header: category, image, sku, subset, title); map them: "
+        f"{table}: no label and no path column (header: sku, title, category, image, subset); map them: "
         "--columns label=category,path=image,split=subset"
     )
 

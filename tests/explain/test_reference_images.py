@@ -137,5 +137,5 @@ def test_a_table_gives_its_labels_as_written(tmp_path):
     (tmp_path / "t.csv").write_text("image,category\nb.png,Mützen\na 1.png,T-Shirts / Tops\n", encoding="utf-8")
     refs = list_table_images(str(tmp_path / "t.csv"), {"path": "image", "label": "category"})
     assert [(os.path.basename(r.path), r.label) for r in refs] == [("b.png", "Mützen"), ("a 1.png", "T-Shirts / Tops")]
-    with pytest.raises(ValueError, match=r"no label and no path column \(header: category, image\)"):
+    with pytest.raises(ValueError, match=r"no label and no path column \(header: image, category\)"):
         list_table_images(str(tmp_path / "t.csv"))
