@@ -297,19 +297,24 @@ class ImageCSVSplit(ImageFileDataset):
         required."""
         found: Dict[str, str] = {}
         lower = {h.strip().lower(): h for h in header}
+        wrong = []
         for role in ROLES:
             if role in mapping:
                 column = mapping[role]
                 if column is None:
                     continue
                 if column not in header:
-                    raise ValueError(
-                        f"{csv_file}: columns: {role}={column}: no such column{_near(column, header)} (header: "
-                        f"{', '.join(header)})"
-                    )
+                    wrong.append(f"{role}={column}: no such column{_near(column, header)}")
+                    continue
                 found[role] = column
             elif role in lower and lower[role] not in found.values():
                 found[role] = lower[role]
+        if wrong:  # every wrong entry at once, and a mapping that fits the table
+            known = {r: c for r, c in found.items() if r in ("label", "path", "split")}
+            raise ValueError(
+                f"{csv_file}: columns: {'; '.join(wrong)} (header: {', '.join(header)}); perhaps --columns "
+                f"{suggest_columns(header, rows, known)}"
+            )
         missing = [r for r in ("label", "path") if r not in found]
         if missing:
             known = {r: c for r, c in found.items() if r in ("label", "path", "split")}  # category: OML's own

@@ -210,6 +210,20 @@ def test_mapping_errors_are_one_line(tmp_path, kwargs, message):
     assert "\n" not in str(e.value)
 
 
+def test_every_wrong_column_of_a_mapping_is_named_with_a_mapping_that_fits(tmp_path):
+    """A user's `--columns label=category,path=image,split=subset` on a table with other column names: only the first
+    wrong entry was named, with no fix."""
+    table = _catalogue(tmp_path)
+    lines = open(table, encoding="utf-8").read().splitlines()
+    open(table, "w", encoding="utf-8").write("\n".join(["sku,title,product_type,picture,subset"] + lines[1:]) + "\n")
+    with pytest.raises(ValueError) as e:
+        ImageCSVSplit(table, "train", columns="label=category,path=image,split=subset")
+    assert str(e.value) == (
+        f"{table}: columns: label=category: no such column; path=image: no such column (header: sku, title, "
+        "product_type, picture, subset); perhaps --columns label=product_type,path=picture,split=subset"
+    )
+
+
 def test_an_empty_table_and_every_empty_row_named(tmp_path):
     (tmp_path / "head.csv").write_text("label,path\n")
     with pytest.raises(ValueError, match="no rows below the header"):
