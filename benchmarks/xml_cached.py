@@ -175,8 +175,9 @@ def per_class_map_at_r(embeddings, labels) -> dict:
     return {str(int(c)): [100 * float(m) * int(n), int(n)] for c, m, n in zip(classes, per, counts)}
 
 
-def run_probe(config, folder, device, splits) -> dict:
-    """MAP_c and MAP_x (:func:`xml_generalization.probe`) of every XML / GAP variant's selected model, per seed."""
+def run_probe(config, folder, device, splits, variants=None) -> dict:
+    """MAP_c and MAP_x (:func:`xml_generalization.probe`) of every XML / GAP variant's selected model (or of
+    ``variants``), per seed, and each model's per-class test MAP@R."""
     from xml_generalization import probe
 
     from pml_extensions.runner.config.loader import variant_configs
@@ -186,7 +187,7 @@ def run_probe(config, folder, device, splits) -> dict:
     out = {}
     dev = torch.device(device)
     for name, cfg in merged.items():
-        if "lambda0" in name:  # the pairing test equals its GAP twin: no probe needed
+        if "lambda0" in name or (variants is not None and name not in variants):  # λ = 0 equals its GAP twin
             continue
         if not all(os.path.isdir(os.path.join(folder, name, f"seed_{s}")) for s in config["seeds"]):
             continue  # a variant not run (a run of fewer variants than the config's)
@@ -498,6 +499,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=["cache"] + list(PARTS))
     p.add_argument("--probe-only", action="store_true", help="with --part: the probe on the part's finished run")
+    p.add_argument("--variants", nargs="+", default=None, help="with --probe-only: only these variants")
     p.add_argument("--setting", choices=list(SETTINGS), default="frozen", help="the table --merge/--render write")
     p.add_argument("--merge", action="store_true", help="write benchmarks/results/xml_cached.{json,md}")
     p.add_argument("--render", action="store_true", help="rewrite xml_cached.{json,md} from the json, no run")
@@ -519,9 +521,12 @@ def main(argv=None) -> int:
     elif args.part is not None and args.probe_only:
         config, _, folder = part_config(args.part, args.runs, seeds, args.device)
         start = time.time()
-        atomic_write_json(
-            os.path.join(folder, "probe.json"), run_probe(config, folder, args.device, args.splits), indent=1
-        )
+        probe = run_probe(config, folder, args.device, args.splits, args.variants)
+        path = os.path.join(folder, "probe.json")
+        if args.variants is not None and os.path.isfile(path):  # the other variants' probes stay
+            with open(path, encoding="utf-8") as f:
+                probe = {**json.load(f), **probe}
+        atomic_write_json(path, probe, indent=1)
         print(f"{args.part}: probe {time.time() - start:.0f} s")
     elif args.part is not None:
         out = run_part(args.part, args.runs, seeds, args.device, args.splits)
