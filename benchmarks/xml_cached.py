@@ -317,8 +317,8 @@ def merge(runs: str, setting: str = "frozen") -> dict:
         selection = r["selection"]
         epoch = selection["epochs"][xml]
         probe = parts[part]["probe"]
-        classes = None
-        if all("per_class" in next(iter(probe[v].values())) for v in (xml, gap)):
+        classes, probed = None, xml in probe and gap in probe
+        if probed and all("per_class" in next(iter(probe[v].values())) for v in (xml, gap)):
             classes = tuple({s: v["per_class"] for s, v in probe[v].items()} for v in (xml, gap))
         d = paired(_points(r, xml), _points(r, gap), SMALLEST_EFFECT, "greater", classes)
         row = {
@@ -332,7 +332,7 @@ def merge(runs: str, setting: str = "frozen") -> dict:
             "difference": d,
             "gap_minus_untrained": paired(_points(r, gap), _points(r, UNTRAINED)),
         }
-        for metric in ("map_unseen", "map_seen"):
+        for metric in ("map_unseen", "map_seen") if probed else ():  # a row not probed: no MAP_x / MAP_c
             a = {s: v[metric] for s, v in probe[xml].items()}
             b = {s: v[metric] for s, v in probe[gap].items()}
             row[metric] = {
@@ -395,7 +395,8 @@ def rerender(out: dict) -> dict:
         row["difference"] = _stored(row["difference"], out["seeds"], SMALLEST_EFFECT, classes)
         row["gap_minus_untrained"] = _stored(row["gap_minus_untrained"], out["seeds"])
         for metric in ("map_unseen", "map_seen"):
-            row[metric] = dict(row[metric], difference=_stored(row[metric]["difference"], out["seeds"]))
+            if metric in row:
+                row[metric] = dict(row[metric], difference=_stored(row[metric]["difference"], out["seeds"]))
         rows.append(row)
     for row, word in zip(rows, claims([row["difference"] for row in rows])):
         row["verdict"] = word
@@ -475,6 +476,9 @@ def markdown(out: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in out["rows"]:
+        if "map_unseen" not in r:
+            lines.append(f"| {r['dataset']} | {r['setting']} | {r['loss']} | not probed | | | | | |")
+            continue
         x, c = r["map_unseen"], r["map_seen"]
         dx, dc = x["difference"], c["difference"]
         lines.append(
