@@ -319,7 +319,80 @@ def run_plan(procs: List[Process], runs: str, jobs: int, write=None) -> Tuple[di
     return seconds, failed, skipped
 
 
-def write_record(args, plan, wall, seconds, failed, skipped) -> None:
+#: the keys whose numbers are per seed in every results file: a seed's metrics, a comparison's per-seed differences
+PER_SEED_KEYS = ("per_seed", "differences")
+
+
+def per_seed_numbers(tree, path=(), inside=False) -> dict:
+    """``{path: number}`` of every number of a results file that belongs to one seed: the leaves below a
+    :data:`PER_SEED_KEYS` key (paths of list items carry their index).
+
+    Example::
+
+        >>> per_seed_numbers({"a": {"per_seed": {"0": {"m": 1.5}}}, "c": [{"differences": [0.1, 0.2]}], "n": 3})
+        {('a', 'per_seed', '0', 'm'): 1.5, ('c', 0, 'differences', 0): 0.1, ('c', 0, 'differences', 1): 0.2}
+    """
+    if isinstance(tree, bool):
+        return {}
+    if isinstance(tree, (int, float)):
+        return {path: float(tree)} if inside else {}
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    out = {}
+    for k, v in items:
+        out.update(per_seed_numbers(v, path + (k,), inside or k in PER_SEED_KEYS))
+    return out
+
+
+def rerun_line(old: dict, new: dict) -> dict:
+    """How a rerun's per-seed numbers compare with the committed file's: ``{"compared", "identical",
+    "largest_difference"}`` over the numbers both have (:func:`per_seed_numbers`); ``largest_difference`` is 0.0 when
+    every one is bit-identical, None when none is shared.
+
+    Example::
+
+        >>> rerun_line({"per_seed": {"0": 0.5, "1": 0.25}}, {"per_seed": {"0": 0.5, "1": 0.5, "2": 1.0}})
+        {'compared': 2, 'identical': 1, 'largest_difference': 0.25}
+    """
+    a, b = per_seed_numbers(old), per_seed_numbers(new)
+    shared = [k for k in a if k in b]
+    diffs = [abs(a[k] - b[k]) for k in shared]
+    return {
+        "compared": len(shared),
+        "identical": sum(a[k] == b[k] for k in shared),
+        "largest_difference": max(diffs) if diffs else None,
+    }
+
+
+def committed_results(plan) -> dict:
+    """``{results file name: its JSON}`` of the plan's steps as they are before the call (what a rerun is compared
+    with); files that are missing or unreadable are left out."""
+    import json
+
+    out = {}
+    for name in (r for s in plan for r in s.results):
+        try:
+            with open(os.path.join(RESULTS, name + ".json"), encoding="utf-8") as f:
+                out[name] = json.load(f)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def rerun_comparison(before: dict) -> dict:
+    """:func:`rerun_line` of every results file of ``before`` against its rewritten version."""
+    import json
+
+    out = {}
+    for name, old in before.items():
+        try:
+            with open(os.path.join(RESULTS, name + ".json"), encoding="utf-8") as f:
+                out[name] = rerun_line(old, json.load(f))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def write_record(args, plan, wall, seconds, failed, skipped, reruns=None) -> None:
     """``benchmarks/results/reproduce_<size>_<device>.{json,md}``: the call's wall time and every process's."""
     from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 
@@ -334,6 +407,7 @@ def write_record(args, plan, wall, seconds, failed, skipped) -> None:
         "process_seconds": seconds,
         "failed": failed,
         "skipped": skipped,
+        "reruns": reruns or {},
     }
     atomic_write_json(os.path.join(RESULTS, name + ".json"), record, indent=1)
     status = (
@@ -349,6 +423,13 @@ def write_record(args, plan, wall, seconds, failed, skipped) -> None:
         "|---|---|",
     ]
     lines += [f"| {n} | {t / 60:.1f} |" for n, t in seconds.items()]
+    if reruns:
+        lines += ["", "Per-seed numbers against the files committed before the call (how much is the machine):", ""]
+        lines += ["| results file | per-seed numbers compared | bit-identical | largest difference |"]
+        lines += ["|---|---|---|---|"]
+        for n, r in reruns.items():
+            d = "–" if r["largest_difference"] is None else f"{r['largest_difference']:.3g}"
+            lines.append(f"| {n} | {r['compared']} | {r['identical']} of {r['compared']} | {d} |")
     atomic_write_text(os.path.join(RESULTS, name + ".md"), "\n".join(lines) + "\n")
 
 
@@ -384,11 +465,16 @@ def main(argv=None) -> int:
         shutil.rmtree(os.path.join(ROOT, folder), ignore_errors=True)
     os.makedirs(os.path.join(ROOT, runs), exist_ok=True)
     os.makedirs(RESULTS, exist_ok=True)
+    before = committed_results(plan)
     t0 = time.time()
     seconds, failed, skipped = run_plan(procs, runs, args.jobs)
     wall = time.time() - t0
+    reruns = rerun_comparison(before)
+    for name, r in reruns.items():
+        d = "none shared" if r["largest_difference"] is None else f"largest difference {r['largest_difference']:.3g}"
+        print(f"{name}: {r['identical']} of {r['compared']} per-seed numbers bit-identical to the last file, {d}")
     if not args.only:  # the record of a whole call (a README block); a partial call leaves it alone
-        write_record(args, plan, wall, seconds, failed, skipped)
+        write_record(args, plan, wall, seconds, failed, skipped, reruns)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if subprocess.call([PY, os.path.join("benchmarks", "readme_tables.py")], cwd=ROOT, env=env) != 0:
         failed.append("readme_tables")

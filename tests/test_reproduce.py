@@ -182,3 +182,26 @@ def test_quick_leaves_the_full_only_steps_out():
     assert mod.FULL_ONLY == ("accuracy_scale",)
     assert "accuracy_scale" in full and "accuracy_scale" not in quick
     assert [n for n in full if n not in mod.FULL_ONLY] == quick
+
+
+def test_a_rerun_is_compared_with_the_committed_files_seed_by_seed(tmp_path, monkeypatch):
+    """The generated line 'k of n seeds bit-identical, largest difference d': per-seed metrics and per-seed
+    differences are compared, means and intervals are not (they follow from them)."""
+    import argparse
+    import json
+
+    mod = _load_reproduce()
+    monkeypatch.setattr(mod, "RESULTS", str(tmp_path))
+    old = {"variants": {"a": {"per_seed": {"0": {"m": 0.25}, "1": {"m": 0.5}}, "mean": {"m": 0.375}}},
+           "comparisons": [{"differences": [0.125, -0.5], "ci95": [0, 1]}]}  # fmt: skip
+    new = {"variants": {"a": {"per_seed": {"0": {"m": 0.25}, "1": {"m": 0.75}}, "mean": {"m": 0.5}}},
+           "comparisons": [{"differences": [0.125, -0.25], "ci95": [0, 2]}]}  # fmt: skip
+    (tmp_path / "x.json").write_text(json.dumps(old))
+    plan = [mod.Step("x", [], ["x"])]
+    before = mod.committed_results(plan)
+    (tmp_path / "x.json").write_text(json.dumps(new))
+    reruns = mod.rerun_comparison(before)
+    assert reruns == {"x": {"compared": 4, "identical": 2, "largest_difference": 0.25}}
+    mod.write_record(argparse.Namespace(size="quick", device="cpu", jobs=2), plan, 60.0, {}, [], [], reruns)
+    assert "| x | 4 | 2 of 4 | 0.25 |" in open(tmp_path / "reproduce_quick_cpu.md").read()
+    assert mod.rerun_line({"per_seed": {"0": True}}, {}) == {"compared": 0, "identical": 0, "largest_difference": None}
