@@ -12,7 +12,10 @@ that takes ``**kwargs`` for itself). An unknown one is refused in one line with 
 mean xml_weight?``. A class name no module a config may use defines
 (:func:`pml_extensions.runner.config.registry.resolve`), at any depth, is refused with the nearest name:
 ``command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class 'ContrastivLoss'; did you mean
-ContrastiveLoss?``. Counts that must be positive (``batch_size``, ``iterations_per_epoch``, ``num_epochs_train``,
+ContrastiveLoss?``. A dataset by name (``{name, root, kwargs}``) given a new ``name`` without ``~OVERRIDE~`` keeps the
+old one's ``kwargs``: refused as two merged classes are (``command line: dataset: name csv (the command line) was
+merged next to kwargs.max_side of the dataset openclipart (...); a merge keeps both, write --dataset~OVERRIDE~ to
+replace it``). Counts that must be positive (``batch_size``, ``iterations_per_epoch``, ``num_epochs_train``,
 ``save_interval``, the sampler's ``m``, ...) or not negative (``patience``, ``dataloader_num_workers``, a learning
 rate) are refused when they are not (:data:`TOP_LEVEL_RULES`, :data:`ARGUMENT_RULES`). The file named is the one that
 set the value (:meth:`pml_extensions.runner.config.sources.Sources.of`). Names are looked up in the class index, so
@@ -44,7 +47,7 @@ import difflib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, ConfigProblems
-from .sources import source_of
+from .sources import describe, source_of
 from .specs import is_object_spec
 
 #: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)
@@ -217,6 +220,43 @@ class _Checker:
         entry = self.lookup(name) if isinstance(name, str) and name[:1].islower() else None
         return entry is not None and entry["kind"] == "function"
 
+    def named_dataset(self, spec: Any) -> None:
+        """A dataset by name (``{name, root, kwargs}``) whose ``name`` the newest change set while ``kwargs`` (or a
+        ``root``) of the dataset it replaced came from an earlier file: a plain merge keeps both, and the new dataset
+        gets the old one's arguments (the refusal of two merged classes,
+        :func:`pml_extensions.runner.config.pb_keys.check_single_class`, for datasets by name). Refining a dataset
+        (``--dataset "{kwargs: {...}}"``, its name untouched) passes."""
+        if not (isinstance(spec, dict) and isinstance(spec.get("name"), str)) or is_object_spec(spec):
+            return
+        new = source_of(self.sources, ("dataset", "name"))
+        if new != source_of(self.sources, "dataset"):
+            return  # the name is not what changed last: arguments refined on top of it
+        kwargs = spec.get("kwargs") if isinstance(spec.get("kwargs"), dict) else {}
+        stale = {("kwargs", k): source_of(self.sources, ("dataset", "kwargs", k)) for k in kwargs}
+        if spec.get("root") is not None:
+            stale[("root",)] = source_of(self.sources, ("dataset", "root"))
+        stale = {path: source for path, source in stale.items() if source != new}
+        if not stale:
+            return
+        layers = [config.get("dataset") for _, config in getattr(self.sources, "layers", [])]
+        names = [d["name"] for d in layers if isinstance(d, dict) and isinstance(d.get("name"), str)]
+        names = [n for n in names if n != spec["name"]]
+        old = f" {names[-1]}" if names else ""
+        keys = ", ".join(".".join(path) for path in stale)
+        flag = "--dataset~OVERRIDE~" if new == "command line" else "dataset~OVERRIDE~:"
+        folder = (
+            "; --data_folder PATH makes your folder or CSV file the dataset"
+            if new == "command line" and spec["name"] in ("csv", "imagefolder")
+            else ""
+        )
+        self.fail(
+            ("dataset",),
+            f"name {spec['name']} ({describe(new)}) was merged next to {keys} of the dataset{old} "
+            f"({', '.join(describe(s) for s in sorted(set(stale.values())))}); a merge keeps both, write {flag} to "
+            f"replace it{folder}",
+            ("dataset", "name"),
+        )
+
     def tester(self, config: Dict[str, Any]) -> bool:
         """The tester through its own check, the one the builder makes
         (:func:`pml_extensions.runner.config.eval_keys.tester_spec`: its class, arguments, ``reference_set``,
@@ -235,6 +275,7 @@ class _Checker:
         return True
 
     def config(self, config: Dict[str, Any]) -> None:
+        self.named_dataset(config.get("dataset"))
         for key, rule in TOP_LEVEL_RULES.items():
             if key in config:
                 problem = rule(config[key])

@@ -266,6 +266,51 @@ def test_a_variants_own_typo_is_named_with_the_variant_and_the_bases_once():
     ]
 
 
+# ------------------------------------------------------------------------------------- a dataset by name, merged
+CLIPART = os.path.join(REPO, "benchmarks", "configs", "xml_cached_clipart")
+
+
+def test_a_dataset_by_name_merged_over_another_is_refused(tmp_path, capsys):
+    """The issue's input: --dataset without ~OVERRIDE~ kept the config's `kwargs: {max_side: 160}` next to the user's
+    csv and ended in `ImageCSVSplit.__init__() got an unexpected keyword argument 'max_side'`; now the line the mlrc
+    protocol gives for two merged classes, at load time, rc 2, nothing written."""
+    from pml_extensions.cli import run
+
+    csv = str(tmp_path / "some.csv")
+    argv = [CLIPART, "--dataset", f"{{name: csv, root: {csv}}}", "--dry-run"]
+    assert run.main(argv + ["--root_experiment_folder", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err == (
+        "config error: command line: dataset: name csv (the command line) was merged next to kwargs.max_side of the "
+        f"dataset openclipart (your {display_path(os.path.join(CLIPART, 'config_dataset.yaml'))}); a merge keeps "
+        "both, write --dataset~OVERRIDE~ to replace it; --data_folder PATH makes your folder or CSV file the dataset\n"
+    )
+    assert not os.listdir(tmp_path)
+
+
+def test_a_dataset_by_name_refined_replaced_or_given_by_data_folder_passes(tmp_path):
+    csv = tmp_path / "some.csv"
+    csv.write_text("label,path,split\n")
+    for argv, dataset in [
+        (
+            ["--dataset", "{kwargs: {max_side: 120}}"],
+            {"name": "openclipart", "root": None, "kwargs": {"max_side": 120}},
+        ),
+        (
+            ["--dataset", "{name: openclipart, root: /data}"],
+            {"name": "openclipart", "root": "/data", "kwargs": {"max_side": 160}},
+        ),
+        (["--dataset~OVERRIDE~", f"{{name: csv, root: {csv}}}"], {"name": "csv", "root": str(csv)}),
+    ]:
+        cfg, _ = load_config(CLIPART, None, parse_command_line(argv))
+        assert cfg["dataset"] == dataset
+    cfg, _ = load_config(CLIPART, None, None, data_folder=str(csv), columns="label=label,path=path")
+    assert cfg["dataset"] == {
+        "name": "csv",
+        "root": str(csv),
+        "kwargs": {"columns": {"label": "label", "path": "path"}},
+    }
+
+
 @pytest.mark.parametrize("name", ["contrastive", "xml_glyphs"])
 def test_a_misspelled_tester_is_refused_once_as_the_builder_would(name):
     """The tester's own check (eval_keys.tester_spec, the builder's) runs as the config loads in both protocols (the
