@@ -73,9 +73,11 @@ class Problems:
         try:
             yield
         except ConfigProblems as e:
-            self.found += e.problems
+            self.found += [line for line in e.problems if line not in self.found]
         except ConfigError as e:
-            self.found.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+            line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if line not in self.found:  # two checks that find the same problem report it once
+                self.found.append(line)
 
     def raise_any(self) -> None:
         """Raise :class:`ConfigProblems` when any check failed."""

@@ -26,3 +26,17 @@ def test_the_command_line_prints_one_line_and_exits_2(tmp_path, capsys):
     assert run.main(["contrastive", "--root_experiment_folder", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("config error: ") and err.count("\n") == 1
+
+
+def test_a_problem_two_checks_find_is_listed_once():
+    from pml_extensions.runner.errors import ConfigProblems, Problems
+
+    problems = Problems()
+    for error in (
+        ConfigError("a.yaml: tester: unknown class 'X'"),
+        ConfigProblems(["a.yaml: tester: unknown class 'X'", "a.yaml: seeds: expected a list"]),
+        ConfigError("a.yaml: seeds: expected a list"),
+    ):
+        with problems.check():
+            raise error
+    assert problems.found == ["a.yaml: tester: unknown class 'X'", "a.yaml: seeds: expected a list"]

@@ -1,5 +1,6 @@
-"""Every class's arguments in a config, checked against its signature when the config is loaded (before any data is
-read or any fold starts), and the values that must be positive.
+"""Every class name and every class's arguments in a config, checked against the registry and the class's signature
+when the config is loaded (before any data is read, any model is built or any folder exists), and the values that
+must be positive; every problem of one pass is reported together.
 
 Object keys (``models``, ``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimizers``, ``trainer``, ``transforms``,
 ``dataset``, ``accuracy_calculator`` and the tester's, ``test_hooks``; every variant of a flat config) hold
@@ -8,11 +9,17 @@ Object keys (``models``, ``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimi
 along the MRO for classes that pass ``**kwargs`` to their base, as PML's losses do; anything for a class or function
 that takes ``**kwargs`` for itself). An unknown one is refused in one line with the nearest name:
 ``command line: loss_funcs.metric_loss.XMLWrapper: bad arguments: XMLWrapper takes no argument 'xml_wieght'; did you
-mean xml_weight?``. Counts that must be positive (``batch_size``, ``iterations_per_epoch``, ``num_epochs_train``,
+mean xml_weight?``. A class name no module a config may use defines
+(:func:`pml_extensions.runner.config.registry.resolve`), at any depth, is refused with the nearest name:
+``command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class 'ContrastivLoss'; did you mean
+ContrastiveLoss?``. A dataset by name (``{name, root, kwargs}``) given a new ``name`` without ``~OVERRIDE~`` keeps the
+old one's ``kwargs``: refused as two merged classes are (``command line: dataset: name csv (the command line) was
+merged next to kwargs.max_side of the dataset openclipart (...); a merge keeps both, write --dataset~OVERRIDE~ to
+replace it``). Counts that must be positive (``batch_size``, ``iterations_per_epoch``, ``num_epochs_train``,
 ``save_interval``, the sampler's ``m``, ...) or not negative (``patience``, ``dataloader_num_workers``, a learning
 rate) are refused when they are not (:data:`TOP_LEVEL_RULES`, :data:`ARGUMENT_RULES`). The file named is the one that
 set the value (:meth:`pml_extensions.runner.config.sources.Sources.of`). Names are looked up in the class index, so
-the check imports no torch.
+the check imports no torch (only a name the index lacks is looked for in the modules themselves before it is refused).
 
 Example::
 
@@ -23,6 +30,12 @@ Example::
     ... except ValueError as e:
     ...     print(str(e).split(": bad arguments: ")[1])
     XMLWrapper takes no argument 'xml_wieght'; did you mean xml_weight?
+    >>> config = {"loss_funcs": {"metric_loss": {"XMLWrapper": {"loss": {"ContrastivLoss": {}}}}}}
+    >>> try:
+    ...     check_arguments(config, Sources({"loss_funcs": "command line"}))
+    ... except ValueError as e:
+    ...     print(e)
+    command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class 'ContrastivLoss'; did you mean ContrastiveLoss?
     >>> try:
     ...     check_arguments({"patience": -1}, {"patience": "command line"})
     ... except ValueError as e:
@@ -31,10 +44,10 @@ Example::
 """
 
 import difflib
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
-from .sources import source_of
+from ..errors import ConfigError, ConfigProblems
+from .sources import describe, source_of
 from .specs import is_object_spec
 
 #: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)
@@ -99,16 +112,38 @@ def _nearest(name: str, known: Sequence[str]) -> str:
 
 
 class _Checker:
-    def __init__(self, sources, suffix: str = ""):
+    def __init__(self, sources, suffix: str = "", known: Sequence[str] = ()):
         from .class_index import lookup
 
         self.sources, self.suffix, self.lookup = sources, suffix, lookup
+        #: every problem found, in order (one pass: nothing stops at the first); ``known`` are left out (a variant's
+        #: check does not repeat the problems of the config it is merged over)
+        self.found: List[str] = []
+        self.known = set(known)
 
     def fail(self, path: Tuple, message: str, source_path: Optional[Tuple] = None) -> None:
-        """``"<source of source_path (default path)>: <path>: <message>"``."""
+        """Record ``"<source of source_path (default path)>: <path>: <message>"``."""
         dotted = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(".[", "[")
         source = source_of(self.sources, source_path or path)
-        raise ConfigError(f"{source}: {dotted}: {message}{self.suffix}")
+        self.record(f"{source}: {dotted}: {message}")
+
+    def record(self, line: str) -> None:
+        """Keep ``line`` (with the variant's suffix) unless it is known or found already."""
+        if line not in self.known and line + self.suffix not in self.found:
+            self.found.append(line + self.suffix)
+
+    def unknown(self, name: str, here: Tuple) -> bool:
+        """Record ``unknown class 'X'; did you mean Y?`` when no module a config may use defines ``name`` (the class
+        index first, then the registry's own search, which imports the modules, for a name the index lacks)."""
+        from .class_index import all_names
+        from .registry import _nearest_name, resolve
+
+        try:
+            resolve(name)
+        except ConfigError:
+            self.fail(here[:-1], f"unknown class {name!r}{_nearest_name(name, all_names())}", here)
+            return True
+        return False
 
     def spec(self, spec: Any, path: Tuple, required: bool) -> None:
         """Check one spec; ``required``: this place must hold an object (a lower-case name is a function)."""
@@ -132,9 +167,11 @@ class _Checker:
         if "~" in name:
             return  # a search marker (~BAYESIAN~) inside: the search checks it
         entry = self.lookup(name)
-        if entry is None:  # a name no module defines: the builder refuses it (it may be registered later)
-            return
         here = path + (name,)
+        if entry is None:
+            if self.unknown(name, here):
+                self.value(args, here)  # the names inside it too, in the same pass
+            return
         if name == "Sequential" and isinstance(args, list):
             for i, item in enumerate(args):
                 self.spec(item, here + (i,), True)
@@ -152,6 +189,11 @@ class _Checker:
             if not entry["open"] and key not in entry["params"] and key not in extra:
                 nearest = _nearest(key, entry["params"])
                 self.fail(here, f"bad arguments: {name} takes no argument {key!r}{nearest}", here + (key,))
+            if key == "param_groups" and key in extra and isinstance(value, list):  # {modules: ClassName, ...}
+                for i, group in enumerate(value):
+                    modules = group.get("modules") if isinstance(group, dict) else None
+                    if isinstance(modules, str) and self.lookup(modules) is None:
+                        self.unknown(modules, here + (key, i, "modules"))
             for (prefix, argument), rule in ARGUMENT_RULES.items():
                 if argument == key and (not prefix or (path and path[0] == prefix)):
                     problem = rule(value)
@@ -161,7 +203,7 @@ class _Checker:
 
     def value(self, value: Any, path: Tuple) -> None:
         """An argument's value: a nested spec (upper-case class, or a lower-case function the index knows), a list or
-        a mapping of them; other values are data."""
+        a mapping of them (the builder builds every spec inside them); other values are data."""
         if isinstance(value, list):
             for i, item in enumerate(value):
                 self.value(item, path + (i,))
@@ -169,12 +211,71 @@ class _Checker:
             self.spec(value, path, True)
         elif isinstance(value, dict) and len(value) == 1 and self._function(next(iter(value))):
             self.spec(value, path, True)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and "~" not in key:
+                    self.value(item, path + (key,))
 
     def _function(self, name: Any) -> bool:
         entry = self.lookup(name) if isinstance(name, str) and name[:1].islower() else None
         return entry is not None and entry["kind"] == "function"
 
+    def named_dataset(self, spec: Any) -> None:
+        """A dataset by name (``{name, root, kwargs}``) whose ``name`` the newest change set while ``kwargs`` (or a
+        ``root``) of the dataset it replaced came from an earlier file: a plain merge keeps both, and the new dataset
+        gets the old one's arguments (the refusal of two merged classes,
+        :func:`pml_extensions.runner.config.pb_keys.check_single_class`, for datasets by name). Refining a dataset
+        (``--dataset "{kwargs: {...}}"``, its name untouched) passes."""
+        if not (isinstance(spec, dict) and isinstance(spec.get("name"), str)) or is_object_spec(spec):
+            return
+        new = source_of(self.sources, ("dataset", "name"))
+        if new != source_of(self.sources, "dataset"):
+            return  # the name is not what changed last: arguments refined on top of it
+        kwargs = spec.get("kwargs") if isinstance(spec.get("kwargs"), dict) else {}
+        stale = {("kwargs", k): source_of(self.sources, ("dataset", "kwargs", k)) for k in kwargs}
+        if spec.get("root") is not None:
+            stale[("root",)] = source_of(self.sources, ("dataset", "root"))
+        stale = {path: source for path, source in stale.items() if source != new}
+        if not stale:
+            return
+        layers = [config.get("dataset") for _, config in getattr(self.sources, "layers", [])]
+        names = [d["name"] for d in layers if isinstance(d, dict) and isinstance(d.get("name"), str)]
+        names = [n for n in names if n != spec["name"]]
+        old = f" {names[-1]}" if names else ""
+        keys = ", ".join(".".join(path) for path in stale)
+        flag = "--dataset~OVERRIDE~" if new == "command line" else "dataset~OVERRIDE~:"
+        folder = (
+            "; --data_folder PATH makes your folder or CSV file the dataset"
+            if new == "command line" and spec["name"] in ("csv", "imagefolder")
+            else ""
+        )
+        self.fail(
+            ("dataset",),
+            f"name {spec['name']} ({describe(new)}) was merged next to {keys} of the dataset{old} "
+            f"({', '.join(describe(s) for s in sorted(set(stale.values())))}); a merge keeps both, write {flag} to "
+            f"replace it{folder}",
+            ("dataset", "name"),
+        )
+
+    def tester(self, config: Dict[str, Any]) -> bool:
+        """The tester through its own check, the one the builder makes
+        (:func:`pml_extensions.runner.config.eval_keys.tester_spec`: its class, arguments, ``reference_set``,
+        ``visualizer``, the accuracy calculator's metrics); False when it refused (its line is recorded), so the
+        generic check does not name the same problem again. A tester with search markers is left to the search."""
+        from .eval_keys import tester_spec
+        from .syntax import find_search_markers
+
+        if find_search_markers({"tester": config.get("tester")}):
+            return True
+        try:
+            tester_spec(config, self.sources)
+        except ConfigError as e:
+            self.record(str(e).splitlines()[0])
+            return False
+        return True
+
     def config(self, config: Dict[str, Any]) -> None:
+        self.named_dataset(config.get("dataset"))
         for key, rule in TOP_LEVEL_RULES.items():
             if key in config:
                 problem = rule(config[key])
@@ -187,6 +288,8 @@ class _Checker:
                     self.spec(spec, (key, name), True)
         for key in ONE_SPEC_KEYS:
             value = config.get(key)
+            if key == "tester" and value is not None and not self.tester(config):
+                continue
             if is_object_spec(value) or (key != "dataset" and isinstance(value, dict) and len(value) == 1):
                 self.spec(value, (key,), True)
         transforms = config.get("transforms")
@@ -200,14 +303,19 @@ class _Checker:
 
 
 def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-    """Check every spec's keyword arguments and the values that must be positive (module docstring); a flat
-    config's every variant (merged over the rest) too.
+    """Check every class name of every spec (nested ones and lists of them included) against the registry, every
+    keyword argument, and the values that must be positive (module docstring); a flat config's every variant (merged
+    over the rest) too. All problems are found in one pass and reported together.
 
     Raises:
-        ConfigError: one line naming the file (or command line) that set the value, the key path and the nearest
-        known argument, e.g. ``"command line: patience: must be a non-negative integer or null, got -1 (...)"``.
+        ConfigError: one line per problem naming the file (or command line) that set the value, the key path and
+        the nearest known name, e.g. ``"command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class
+        'ContrastivLoss'; did you mean ContrastiveLoss?"``
+        (:class:`~pml_extensions.runner.errors.ConfigProblems` when there are several).
     """
-    _Checker(sources).config(config)
+    checker = _Checker(sources)
+    checker.config(config)
+    found = list(checker.found)
     variants = config.get("variants")
     if isinstance(variants, dict) and variants:  # each variant merged over the rest, as loader.variant_configs does
         from .syntax import merge
@@ -216,4 +324,8 @@ def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = 
         where = (sources or {}).get("variants", "config")
         for name, update in variants.items():
             variant = merge(base, update or {}, f"{where}: variants.{name}")
-            _Checker(sources, f" (variant {name})").config(variant)
+            checker = _Checker(sources, f" (variant {name})", known=found)
+            checker.config(variant)
+            found += checker.found
+    if found:
+        raise ConfigProblems(found)

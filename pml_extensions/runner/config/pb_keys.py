@@ -363,14 +363,18 @@ def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -
         path = key.split(".")
         origin = {k: source_of(sources, path + [k]) for k in spec}
         newest = source_of(sources, path)
-        new = [k for k in classes if origin[k] == newest] or classes[-1:]
+        new = [k for k in classes if origin[k] == newest]
+        if by_name and not new:  # the dataset by name is the newest: it was merged next to the config's classes
+            new = [k for k in spec if k not in classes]
+        new = new or classes[-1:]
         old = [k for k in spec if k not in new]
         old_text = "a dataset by name" if by_name and not [k for k in old if k in classes] else ", ".join(old)
+        new_text = "a dataset by name" if by_name and not [k for k in new if k in classes] else ", ".join(new)
         sources_old = sorted({origin[k] for k in old})
         flag = f"--{path[-1]}~OVERRIDE~" if newest == "command line" else f"{path[-1]}~OVERRIDE~:"
         raise ConfigError(
             f"{_where(sources, key) if newest == 'config' else newest + ': ' + key}: {len(spec)} classes "
-            f"({', '.join(map(str, spec))}){suffix}: {', '.join(new)} ({describe(newest)}) was merged next to "
+            f"({', '.join(map(str, spec))}){suffix}: {new_text} ({describe(newest)}) was merged next to "
             f"{old_text} ({', '.join(describe(s) for s in sources_old)}); a merge keeps both, write {flag} to "
             "replace it"
         )

@@ -29,7 +29,7 @@ trainer, tester, accuracy_calculator, hook, dataset, sampler, optimizer, lr_sche
 import importlib
 import inspect
 import pkgutil
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..errors import ConfigError
 
@@ -150,13 +150,14 @@ def resolve(name: str, where: str = "config") -> Any:
     )
 
 
-def _nearest_name(name: str) -> str:
+def _nearest_name(name: str, known: Iterable[str] = ()) -> str:
     """``"; did you mean X?"`` for the nameable class or function closest to ``name`` (any case: ``Resnet50`` finds
-    ``resnet50``), from the registrations and the search modules already imported; ``""`` when none is close."""
+    ``resnet50``), from ``known`` (e.g. the class index's names), the registrations and the search modules already
+    imported; ``""`` when none is close."""
     import difflib
     import sys
 
-    names = set(_REGISTRY)
+    names = set(_REGISTRY) | set(known)
     for module_name in SEARCH_MODULES:
         module = sys.modules.get(module_name)
         if module is not None:

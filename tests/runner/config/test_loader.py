@@ -94,7 +94,7 @@ def root(tmp_path):
             "config_general/with_256_batch.yaml": "trainer~APPLY~2: {batch_size: 256}\n",
             "config_optimizers/default.yaml": OPTIMIZERS,
             "config_transforms/default.yaml": TRANSFORMS,
-            "config_models/default.yaml": "models:\n  trunk:\n    bninception:\n      pretrained: imagenet\n"
+            "config_models/default.yaml": "models:\n  trunk:\n    resnet50:\n      pretrained: imagenet\n"
             "  embedder:\n    MLP:\n      layer_sizes:\n        - 128\n",
         },
     )

@@ -352,3 +352,18 @@ def test_pb_default_folder_runs_with_workers_and_tensorboard(tmp_path, subproces
         events.Reload()
         tags = events.Tags()["scalars"]
         assert "accuracies_val/mean_average_precision_at_r" in tags and "loss_histories/total_loss" in tags
+
+
+def test_a_dataset_by_name_merged_over_a_class_is_named_as_the_new_one():
+    """--dataset "{name: csv, root: ...}" without ~OVERRIDE~ over the CUB class: the line named CUB as what the command
+    line merged next to "a dataset by name", the other way round."""
+    from pml_extensions.runner.config.loader import find_config, parse_command_line
+    from pml_extensions.runner.protocols import load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(find_config("contrastive"), None, parse_command_line(["--dataset", "{name: csv, root: x.csv}"]))
+    assert str(e.value) == (
+        "command line: dataset: 3 classes (CUB, name, root): a dataset by name (the command line) was merged next to "
+        "CUB (the shipped configs/contrastive/config_dataset/default.yaml); a merge keeps both, write "
+        "--dataset~OVERRIDE~ to replace it"
+    )

@@ -134,8 +134,8 @@ models:
 
     def test_errors_from_files_name_the_file(self, tmp_path):
         files = {"config_loss_and_miners/default.yaml": "loss_funcs:\n  metric_loss:\n    ContrastivLoss: {}\n"}
-        runner = _runner(tmp_path, [], files)
-        with pytest.raises(ConfigError) as e:
+        with pytest.raises(ConfigError) as e:  # an unknown class: refused as the config loads, before any model
+            runner = _runner(tmp_path, [], files)
             runner.builder.build_losses(runner.builder.build_models(torch.zeros(1, 4, 4)), 4)
         msg = str(e.value)
         assert msg.startswith(os.path.join(str(tmp_path), "cfg", "config_loss_and_miners", "default.yaml"))
