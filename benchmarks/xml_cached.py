@@ -292,22 +292,32 @@ def _points(results: dict, variant: str) -> dict:
 
 def merge(runs: str, setting: str = "frozen") -> dict:
     """One setting's experiments' results and probes in one table (MAP@R in points); a row whose variants a part did
-    not run is listed under ``not_run``."""
+    not run (or a part without results) is listed under ``not_run``."""
     from pml_extensions.runner.experiment.folder import environment_summary
 
-    parts = {}
+    parts, missing = {}, []
     for part in SETTINGS[setting]:
         name, _, cache = PARTS[part]
         folder = os.path.join(runs, f"xml_cached_{part}" if cache is not None else name)
+        if not os.path.isfile(os.path.join(folder, "results.json")):
+            missing.append(part)
+            continue
         with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
             results = json.load(f)
-        with open(os.path.join(folder, "probe.json"), encoding="utf-8") as f:
-            probe = json.load(f)
+        probe = {}  # not probed (yet): the rows say so
+        if os.path.isfile(os.path.join(folder, "probe.json")):
+            with open(os.path.join(folder, "probe.json"), encoding="utf-8") as f:
+                probe = json.load(f)
         record = os.path.join(runs, f"part_{part}.json")
         seconds = json.load(open(record, encoding="utf-8")) if os.path.exists(record) else {}
         parts[part] = {"results": results, "probe": probe, "seconds": seconds}
+    if not parts:
+        raise FileNotFoundError(f"no results.json of the {setting} setting's parts under {runs}")
     rows, not_run = [], []
     for part, label, loss, xml, gap in ROWS:
+        if part in missing:
+            not_run.append(f"{DATASETS[part]} {label} {loss}")
+            continue
         if part not in parts:
             continue
         r = parts[part]["results"]
@@ -352,7 +362,7 @@ def merge(runs: str, setting: str = "frozen") -> dict:
         r = parts[part]["results"]
         diffs = [abs(a - b) for a, b in zip(_points(r, l0).values(), _points(r, gap).values())]
         identity[DATASETS[part]] = {"max_abs_difference": max(diffs), "seeds": len(diffs)}
-    first = parts[SETTINGS[setting][0]]["results"]
+    first = next(iter(parts.values()))["results"]
     env = first.get("environment") or {}
     return {
         "setting": setting,

@@ -148,3 +148,8 @@ def test_merge_lists_the_rows_a_part_did_not_run(tmp_path):
     assert out["rows"][0]["iterations"] == 100 and out["rows"][0]["map_unseen"]["difference"]["mean_difference"] == 1
     text = xc.markdown(out)
     assert "Not run: glyphs features.14-18 trained ProxyAnchor." in text and "over the 3 rows" in text
+    import shutil
+
+    shutil.rmtree(tmp_path / "xml_trained_glyphs")
+    assert xc.merge(str(tmp_path), "trained")["not_run"] == [
+        "glyphs features.14-18 trained contrastive", "glyphs features.14-18 trained ProxyAnchor"]  # fmt: skip
