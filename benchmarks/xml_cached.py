@@ -413,6 +413,24 @@ def rerender(out: dict) -> dict:
     return dict(out, rows=rows)
 
 
+def update(stored: dict, rerun: dict) -> dict:
+    """``stored`` (a results file) with the rows of ``rerun`` (a :func:`merge` of some parts: the others not run) in
+    place of the stored rows of the same dataset, setting and loss, the verdicts Holm-corrected again over the table;
+    the rerun parts' seconds, split counts and λ = 0 identity replace theirs. Raises ValueError for a rerun row the
+    stored file does not have or other seeds."""
+    if [str(s) for s in rerun["seeds"]] != [str(s) for s in stored["seeds"]]:
+        raise ValueError(f"the rerun's seeds {rerun['seeds']} differ from the stored {stored['seeds']}")
+    key = lambda r: (r["dataset"], r["setting"], r["loss"])  # noqa: E731
+    new = {key(r): r for r in rerun["rows"]}
+    unknown = sorted(set(new) - {key(r) for r in stored["rows"]})
+    if unknown:
+        raise ValueError(f"the stored table has no rows {unknown}")
+    out = dict(stored, rows=[new.get(key(r), r) for r in stored["rows"]])
+    for field in ("seconds", "splits", "identity", "untrained_spread"):
+        out[field] = {**(stored.get(field) or {}), **(rerun.get(field) or {})}
+    return rerender(out)
+
+
 def _ci(d: dict, key: str = "ci95") -> str:
     return f"{d['mean_difference']:+.2f} [{d[key][0]:+.2f}, {d[key][1]:+.2f}]"
 
@@ -517,6 +535,7 @@ def main(argv=None) -> int:
     p.add_argument("--setting", choices=list(SETTINGS), default="frozen", help="the table --merge/--render write")
     p.add_argument("--merge", action="store_true", help="write benchmarks/results/xml_cached.{json,md}")
     p.add_argument("--render", action="store_true", help="rewrite xml_cached.{json,md} from the json, no run")
+    p.add_argument("--update", action="store_true", help="replace the stored rows of the parts found under --runs")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--seeds", type=int, default=None, help="the first N seeds (default: the configs' 20)")
@@ -546,10 +565,13 @@ def main(argv=None) -> int:
         out = run_part(args.part, args.runs, seeds, args.device, args.splits)
         print(f"{args.part}: {out['seconds']:.0f} s, probe {out['probe_seconds']:.0f} s")
         atomic_write_json(os.path.join(args.runs, f"part_{args.part}.json"), {k: out[k] for k in out if k != "results"})
-    if args.merge or args.render:
+    if args.merge or args.render or args.update:
         name = OUTPUT[args.setting]
         if args.merge:
             out = merge(args.runs, args.setting)
+        elif args.update:
+            with open(os.path.join(args.out, f"{name}.json"), encoding="utf-8") as f:
+                out = update(json.load(f), merge(args.runs, args.setting))
         else:
             with open(os.path.join(args.out, f"{name}.json"), encoding="utf-8") as f:
                 out = rerender(json.load(f))

@@ -153,3 +153,27 @@ def test_merge_lists_the_rows_a_part_did_not_run(tmp_path):
     shutil.rmtree(tmp_path / "xml_trained_glyphs")
     assert xc.merge(str(tmp_path), "trained")["not_run"] == [
         "glyphs features.14-18 trained contrastive", "glyphs features.14-18 trained ProxyAnchor"]  # fmt: skip
+
+
+def test_update_replaces_the_rows_of_a_rerun_part_and_keeps_the_others(tmp_path):
+    """A part rerun alone (the XML probe's GAP trunk ran in training mode): its rows replace the stored ones, the
+    other parts' rows stay, and Holm runs over the whole table again."""
+    import json
+    import shutil
+
+    xc = _module()
+    five = ["untrained", "contrastive_gap", "contrastive_xml", "contrastive_xml_lambda0", "proxy_anchor_gap",
+            "proxy_anchor_xml"]  # fmt: skip
+    _run_folder(tmp_path, "xml_trained_clipart", five)
+    _run_folder(tmp_path, "xml_trained_glyphs", five)
+    stored = xc.merge(str(tmp_path), "trained")
+    probe = tmp_path / "xml_trained_clipart" / "probe.json"
+    p = json.loads(probe.read_text())
+    p["contrastive_gap"] = {s: dict(v, map_unseen=30.0) for s, v in p["contrastive_gap"].items()}
+    probe.write_text(json.dumps(p))
+    shutil.rmtree(tmp_path / "xml_trained_glyphs")
+    out = xc.update(stored, xc.merge(str(tmp_path), "trained"))
+    assert [r["map_unseen"]["gap"] for r in out["rows"]] == [30.0, 44.0, 41.0, 44.0]
+    assert [r["verdict"] for r in out["rows"]] == [r["verdict"] for r in stored["rows"]]
+    with pytest.raises(ValueError, match="seeds"):
+        xc.update(dict(stored, seeds=[0]), xc.merge(str(tmp_path), "trained"))
