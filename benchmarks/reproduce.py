@@ -41,8 +41,8 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 PY = sys.executable
 #: steps that ``--size full`` runs and ``--size quick`` leaves out, so that the quick call fits 60 minutes on 2 cores:
 #: the k-NN engine at 20k-300k embeddings (18.1 min alone on 2 cores in the last whole quick call; its table is the
-#: engine's timing evidence)
-FULL_ONLY = ("accuracy_scale",)
+#: engine's timing evidence) and XML with the last stage trained (two parts of about an hour each on one core)
+FULL_ONLY = ("accuracy_scale", "xml_trained")
 
 
 class Step(NamedTuple):
@@ -126,6 +126,14 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
             ["xml_cached"],
             parts=tuple((p, xc + ["--part", p]) for p in ("clipart_last", "clipart_frozen", "glyphs")),
             needs=("xml_cached_cache",),
+        ),
+        # issue 31 item 2: XML where its term shapes the features (features.14-18 trained, 10 seeds per dataset;
+        # each part trains its config's variants, then probes them; about an hour per part on one core)
+        Step(
+            "xml_trained",
+            xc + ["--merge", "--setting", "trained"],
+            ["xml_trained"],
+            parts=tuple((p, xc + ["--part", p]) for p in ("clipart_trained", "glyphs_trained")),
         ),
         # issue 24 item 3: the template block on cached MobileNetV2 features (the caches, one process per task;
         # the seeds in two shard processes per task; then each task's results.json and the table)

@@ -476,7 +476,8 @@ def markdown(out: dict) -> str:
         f"interval and the 95 % percentile bootstrap over {boot}. Verdict on the paper's claim XML > GAP with the "
         f"smallest effect of interest δ = {SMALLEST_EFFECT:g} MAP@R point (the evidence guide's δ for XML): **shown** "
         "(the envelope of both intervals excludes 0 after Holm's correction over the "
-        f"{len(out['rows'])} rows, and Δ ≥ δ), **no effect of practical size** (the envelope lies within ±δ), "
+        f"{len(out['rows'])} row{'s' if len(out['rows']) != 1 else ''}, and Δ ≥ δ), **no effect of practical size** "
+        "(the envelope lies within ±δ), "
         "**contradicted** (excludes 0 after Holm, Δ ≤ −δ), otherwise **inconclusive**. "
         f"Environment: {out['environment']}."
         + (f" Not run: {', '.join(out['not_run'])}." if out.get("not_run") else ""),
