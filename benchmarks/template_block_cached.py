@@ -214,7 +214,8 @@ def merge(runs: str = RUNS, tasks=TASKS) -> dict:
     """The finished tasks' ``results.json`` in one record (a task without one is left out)."""
     from pml_extensions.runner.experiment.folder import environment_summary
 
-    out = {"tasks": {}, "environment": None}
+    # the block's start where it is inserted (insert_template_matching's default since the identity start)
+    out = {"tasks": {}, "environment": None, "block_init": "identity"}
     for task in tasks:
         path = os.path.join(runs, f"{CONFIG}_{task}", "results.json")
         if not os.path.exists(path):
@@ -250,8 +251,18 @@ def markdown(out: dict, size: str = "medium") -> str:
         "with `feature_cache`). ImageNet MobileNetV2 (offline weights) frozen up to the input of its last stage, its "
         "outputs cached once (2 seeded views of every training image, 128 px); only the last stage (+ block) + head "
         "train on them, paired by seed (same initial weights for shared modules, same batches and views); the best "
-        "epoch is chosen on validation images and tested once. Δ: paired per-seed difference, its 95 % Student-t "
-        f"interval (target half-width {TARGET} points) and 95 % percentile bootstrap over seeds. Verdict on each claim "
+        "epoch is chosen on validation images and tested once. "
+        + (
+            "The block is inserted as the identity (shortcut = identity, value vectors = 0: the pretrained stage "
+            "after it first sees what it saw without it); the seeds are the config's, declared before running "
+            "(parts: `--part cache`, `--part train`, `--part gather` per `--task`, then `--merge`). "
+            if out.get("block_init") == "identity"
+            else "The block was inserted with the paper's random initialisation (its 1×1 shortcut random: the "
+            "pretrained stage after it sees other features), and seeds were added until the half-width target "
+            f"{TARGET} points was met. "
+        )
+        + "Δ: paired per-seed difference, its 95 % Student-t "
+        "interval and 95 % percentile bootstrap over seeds. Verdict on each claim "
         "with its smallest effect of interest δ: **shown** (the envelope of both intervals excludes 0 after Holm's "
         "correction over the task's claims, and Δ ≥ δ), **no effect of practical size** (the envelope lies within "
         "±δ), **contradicted** (excludes 0 after Holm, Δ ≤ −δ), otherwise **inconclusive**. Environment: "
