@@ -350,8 +350,9 @@ def merge(runs: str, setting: str = "frozen") -> dict:
                 "gap": float(np.mean(list(b.values()))),
                 "difference": paired(a, b),
             }
-        if classes is not None:
+        if classes is not None:  # with the arms' own values, so a re-render recomputes the same comparison
             row["per_class"] = {"xml": classes[0], "gap": classes[1]}
+            row["per_seed"] = {"xml": _points(r, xml), "gap": _points(r, gap)}
         rows.append(row)
     for row, word in zip(rows, claims([row["difference"] for row in rows])):
         row["verdict"] = word
@@ -380,17 +381,13 @@ def merge(runs: str, setting: str = "frozen") -> dict:
     }
 
 
-def _stored(d: dict, seeds, smallest_effect=None, per_class=None) -> dict:
+def _stored(d: dict, seeds, smallest_effect=None) -> dict:
     """A comparison of a stored ``xml_cached.json`` recomputed from its per-seed differences (paired statistics read
     nothing else): its ``seeds``, or for a file written before they were stored the run's seeds as strings in the
     order :func:`paired` sorted them (``"0", "1", "10", ...``)."""
     keys = d.get("seeds") or sorted(str(s) for s in seeds)
     if len(keys) != len(d["differences"]):
         raise ValueError(f"a stored comparison has {len(d['differences'])} differences for {len(keys)} seeds")
-    if per_class is not None:  # the arms themselves: their per-class data must reproduce them
-        a = {s: sum(v[0] for v in per_class[0][s].values()) / sum(v[1] for v in per_class[0][s].values()) for s in keys}
-        b = {s: sum(v[0] for v in per_class[1][s].values()) / sum(v[1] for v in per_class[1][s].values()) for s in keys}
-        return paired(a, b, smallest_effect, d.get("claim", "greater"), per_class)
     return paired(dict(zip(keys, d["differences"])), {s: 0.0 for s in keys}, smallest_effect, d.get("claim", "greater"))
 
 
@@ -400,9 +397,13 @@ def rerender(out: dict) -> dict:
     rows = []
     for row in out["rows"]:
         row = {k: v for k, v in row.items() if k not in ("target_half_width", "verdict")}
-        classes = row.get("per_class")
-        classes = None if classes is None else (classes["xml"], classes["gap"])
-        row["difference"] = _stored(row["difference"], out["seeds"], SMALLEST_EFFECT, classes)
+        classes, arms = row.get("per_class"), row.get("per_seed")
+        if classes is not None and arms is not None:
+            row["difference"] = paired(
+                arms["xml"], arms["gap"], SMALLEST_EFFECT, "greater", (classes["xml"], classes["gap"])
+            )
+        else:
+            row["difference"] = _stored(row["difference"], out["seeds"], SMALLEST_EFFECT)
         row["gap_minus_untrained"] = _stored(row["gap_minus_untrained"], out["seeds"])
         for metric in ("map_unseen", "map_seen"):
             if metric in row:
@@ -425,7 +426,18 @@ def update(stored: dict, rerun: dict) -> dict:
     unknown = sorted(set(new) - {key(r) for r in stored["rows"]})
     if unknown:
         raise ValueError(f"the stored table has no rows {unknown}")
-    out = dict(stored, rows=[new.get(key(r), r) for r in stored["rows"]])
+    same = total = 0
+    largest = 0.0
+    for r in stored["rows"]:
+        if key(r) in new:
+            a, b = r["difference"]["differences"], new[key(r)]["difference"]["differences"]
+            same, total = same + sum(x == y for x, y in zip(a, b)), total + len(a)
+            largest = max([largest] + [abs(x - y) for x, y in zip(a, b)])
+    note = (
+        f"Rows rerun later ({', '.join(' '.join(k) for k in new)}): {same} of {total} per-seed XML − GAP differences "
+        f"bit-identical to the first run's (largest difference {largest:.3g} points); their probe was recomputed."
+    )
+    out = dict(stored, rows=[new.get(key(r), r) for r in stored["rows"]], notes=[*stored.get("notes", []), note])
     for field in ("seconds", "splits", "identity", "untrained_spread"):
         out[field] = {**(stored.get(field) or {}), **(rerun.get(field) or {})}
     return rerender(out)
@@ -470,7 +482,16 @@ HOW = {
 def markdown(out: dict) -> str:
     n = len(out["seeds"])
     setting = out.get("setting", "frozen")
-    boot = "seeds and test classes" if all("per_class" in r for r in out["rows"]) else "seeds"
+    with_classes = [r for r in out["rows"] if "per_class" in r]
+    boot = (
+        "seeds and test classes"
+        if len(with_classes) == len(out["rows"])
+        else "seeds and test classes in the rows whose probe recorded per-class MAP@R ("
+        + ", ".join(sorted({f"{r['dataset']} {r['setting']}" for r in with_classes}))
+        + "), over seeds elsewhere"
+        if with_classes
+        else "seeds"
+    )
     lines = [
         HOW[setting].format(n=n) + " MAP@R in points (× 100); Δ = XML − GAP paired by seed with its 95 % Student-t "
         f"interval and the 95 % percentile bootstrap over {boot}. Verdict on the paper's claim XML > GAP with the "
@@ -520,11 +541,14 @@ def markdown(out: dict) -> str:
     trained = "; ".join(
         f"{r['dataset']} {r['setting']} {r['loss']} {_ci(r['gap_minus_untrained'])}" for r in out["rows"]
     )
-    lines += [
-        "",
-        f"Pairing test (λ = 0, HistogramPooling without the XML term, against GAP): {ident}. Trained GAP − untrained "
-        f"network (points, 95 % CI): {trained}.",
-    ]
+    lines += (
+        [""]
+        + [f"{n}\n" for n in out.get("notes", [])]
+        + [
+            f"Pairing test (λ = 0, HistogramPooling without the XML term, against GAP): {ident}. Trained GAP − untrained "
+            f"network (points, 95 % CI): {trained}.",
+        ]
+    )
     return "\n".join(lines) + "\n"
 
 
