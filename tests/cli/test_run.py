@@ -436,6 +436,28 @@ def test_a_corrupt_image_among_the_test_classes_stops_before_training(tmp_path, 
     assert "131 items, 22 classes" in out
 
 
+def test_a_misspelled_class_and_bad_images_are_one_refusal(tmp_path, capsys):
+    """A user's misspelled model was refused alone; after fixing it the next run named the bad images: the config's
+    problems and the data's come in one refusal, before any folder."""
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    for label in range(22):
+        (root / f"class_{label:02d}").mkdir(parents=True)
+        for k in range(4):
+            Image.new("RGB", (16, 16), (10 * label, 40 * k, 0)).save(root / f"class_{label:02d}" / f"{k}.png")
+    junk = root / "class_21" / "junk.png"
+    junk.write_bytes(b"not a png")
+    argv = ["contrastive", "--variant", "quick", "--data_folder", str(root), "--root_experiment_folder",
+            str(tmp_path / "exp"), "--loss_funcs~OVERRIDE~", "{metric_loss: {ContrastivLoss: {}}}"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: 2 problems, nothing was run:")
+    assert "unknown class 'ContrastivLoss'; did you mean ContrastiveLoss?" in err
+    assert f"1 of 89 images do not decode: {junk} (cannot identify image file)" in err
+    assert not os.path.exists(tmp_path / "exp")
+
+
 def test_dry_run_refuses_what_the_run_refuses(capsys):
     """A PB client's custom factory passed --dry-run (rc 0) and was refused by the real run: the loader runs the
     protocol's checks, so --dry-run stops on it with the same line."""

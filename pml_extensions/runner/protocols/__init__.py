@@ -206,6 +206,7 @@ def load_config(
         sources.add_layer("command line", config)  # nested values of the new dataset are the command line's too
     if check:  # every check runs, and every problem found is reported together
         from ..config.arguments import check_arguments
+        from ..config.syntax import find_search_markers
         from ..errors import Problems
 
         problems = Problems()
@@ -214,12 +215,42 @@ def load_config(
         with problems.check():
             config = protocol.normalize(config, sources, log)
             protocol.check(config, sources)
+        settled = not problems.found  # the keys and settings hold: the data can be checked too
         with problems.check():
             check_arguments(config, sources)
+        if problems.found and settled and not find_search_markers(config):
+            _data_problems(protocol, config, sources, problems)
         problems.raise_any()
     if not allow_search:
         check_no_search(config, sources)
     return config, sources
+
+
+#: what :func:`_data_problems` adds of a preflight's findings: the files of the data, which no config change fixes (its
+#: other findings, a model or a batch size, follow from the config's own problems and are reported once those are fixed)
+DATA_PROBLEMS = ("do not decode", "without images")
+
+
+def _data_problems(protocol, config, sources, problems) -> None:
+    """Add the bad files the protocol's preflight finds in the data (:data:`DATA_PROBLEMS`) to the problems of a
+    config whose classes or arguments are wrong, so one refusal lists both (nothing is written: the preflight runs
+    before any folder exists). A preflight that cannot run on this config adds nothing."""
+    import tempfile
+
+    from ..errors import Problems
+
+    found, quiet = Problems(), lambda *a, **k: None  # noqa: E731
+    with found.check():
+        try:
+            unused = os.path.join(tempfile.gettempdir(), "pml_extensions_preflight")  # never written
+            protocol(config, unused, sources, quiet).preflight()
+        except ConfigError:
+            raise
+        except Exception:  # noqa: BLE001 - the config's own problems are reported; the data check is extra
+            pass
+    for line in found.found:
+        if any(marker in line for marker in DATA_PROBLEMS) and line not in problems.found:
+            problems.found.append(line)
 
 
 def _data_path(path: Any) -> Tuple[str, bool]:
