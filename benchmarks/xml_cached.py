@@ -545,8 +545,8 @@ def markdown(out: dict) -> str:
         [""]
         + [f"{n}\n" for n in out.get("notes", [])]
         + [
-            f"Pairing test (λ = 0, HistogramPooling without the XML term, against GAP): {ident}. Trained GAP − untrained "
-            f"network (points, 95 % CI): {trained}.",
+            f"Pairing test (λ = 0, HistogramPooling without the XML term, against GAP): {ident}. Trained GAP − "
+            f"untrained network (points, 95 % CI): {trained}.",
         ]
     )
     return "\n".join(lines) + "\n"
