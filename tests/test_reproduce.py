@@ -30,6 +30,7 @@ class TestReproduce(unittest.TestCase):
                 "localization",
                 "xml_cached_cache",
                 "xml_cached",
+                "xml_trained",
                 "template_block_cached_cache",
                 "template_block_cached",
                 "thread_sensitivity_run",
