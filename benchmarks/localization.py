@@ -34,7 +34,6 @@ import numpy as np
 from pml_extensions.cli.run import quiet_progress_bars
 from pml_extensions.runner.config.loader import CONFIG_FOLDERS
 from pml_extensions.runner.protocols import load_config, run_protocol
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
 from pml_extensions.utils.paired_stats import holm
 from pml_extensions.utils.verdicts import compare, format_difference, format_mean_std, verdict_word
 
@@ -297,10 +296,7 @@ def markdown(out):
 
 def save(out: dict, out_dir: str) -> dict:
     """Write ``localization.json`` / ``.md`` into ``out_dir``, print the table; return ``out``."""
-    os.makedirs(out_dir, exist_ok=True)
-    atomic_write_json(os.path.join(out_dir, "localization.json"), out)
-    atomic_write_text(os.path.join(out_dir, "localization.md"), out["markdown"])
-    print(out["markdown"])
+    protocols.write_table(out_dir, "localization", out, out["markdown"])
     return out
 
 

@@ -42,7 +42,7 @@ import numpy as np
 from pml_extensions.cli.run import quiet_progress_bars
 from pml_extensions.runner.config.loader import CONFIG_FOLDERS, select_variants
 from pml_extensions.runner.protocols import load_config, run_protocol
-from pml_extensions.utils.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
+from pml_extensions.utils.atomic_io import atomic_savefig
 from pml_extensions.utils.paired_stats import holm
 from pml_extensions.utils.verdicts import compare, format_difference, format_mean_std, verdict_word, wins
 
@@ -384,10 +384,7 @@ def rerender(out):
 
 def save(out: dict, out_dir: str) -> dict:
     """Write ``template_block.json`` / ``.md`` into ``out_dir``, print the table; return ``out``."""
-    os.makedirs(out_dir, exist_ok=True)
-    atomic_write_json(os.path.join(out_dir, "template_block.json"), out)
-    atomic_write_text(os.path.join(out_dir, "template_block.md"), out["markdown"])
-    print(out["markdown"])
+    protocols.write_table(out_dir, "template_block", out, out["markdown"])
     return out
 
 

@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+from pml_extensions.utils.atomic_io import atomic_write_json
 from pml_extensions.utils.paired_stats import holm
 from pml_extensions.utils.verdicts import compare, verdict_word, wins
 
@@ -600,10 +600,7 @@ def main(argv=None) -> int:
         else:
             with open(os.path.join(args.out, f"{name}.json"), encoding="utf-8") as f:
                 out = rerender(json.load(f))
-        text = markdown(out)
-        atomic_write_json(os.path.join(args.out, f"{name}.json"), out, indent=1)
-        atomic_write_text(os.path.join(args.out, f"{name}.md"), text)
-        print(text)
+        protocols.write_table(args.out, name, out, markdown(out), indent=1)
     return 0
 
 

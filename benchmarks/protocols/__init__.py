@@ -34,3 +34,14 @@ def config_path(name: str) -> str:
         known = ", ".join(sorted(os.listdir(CONFIGS)))
         raise FileNotFoundError(f"benchmarks/configs/{name}: no such config (known: {known})")
     return path
+
+
+def write_table(out_dir: str, name: str, data: dict, text: str, indent: int = 2) -> None:
+    """Write a benchmark's ``NAME.json`` (``data``, JSON ``indent``) and ``NAME.md`` (``text``) into ``out_dir``
+    atomically and print the table: the one tail of the benchmark scripts that write ``benchmarks/results``."""
+    from pml_extensions.utils.atomic_io import atomic_write_json, atomic_write_text
+
+    os.makedirs(out_dir, exist_ok=True)
+    atomic_write_json(os.path.join(out_dir, f"{name}.json"), data, indent=indent)
+    atomic_write_text(os.path.join(out_dir, f"{name}.md"), text)
+    print(text)
