@@ -69,7 +69,8 @@ HEAVY = ("torch", "torchvision", "pytorch_metric_learning", "matplotlib", "recor
 def test_answers_without_the_heavy_imports(argv, status, subprocess_env):
     """--help, --list and config errors (also under --dry-run) load no torch, torchvision, PML, matplotlib or
     record-keeper (a --dry-run without a config error goes on to decode the images and probe the trunk's channels,
-    which needs torch) (the time they take is measured by benchmarks/cli_latency.py, not here). The class index is built
+    which needs torch; so does a config error on a dataset that names files on disk, whose bad files join the
+    refusal) (the time they take is measured by benchmarks/cli_latency.py, not here). The class index is built
     once in this process (as a first `run` would) and read from the session's cache folder by the child."""
     import subprocess
     import sys

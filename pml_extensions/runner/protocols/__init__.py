@@ -239,6 +239,8 @@ def _data_problems(protocol, config, sources, problems) -> None:
 
     from ..errors import Problems
 
+    if not _names_files(config.get("dataset")):
+        return  # a shipped dataset (glyphs, a PML class without its root): no files of the user's to check
     found, quiet = Problems(), lambda *a, **k: None  # noqa: E731
     with found.check():
         try:
@@ -251,6 +253,16 @@ def _data_problems(protocol, config, sources, problems) -> None:
     for line in found.found:
         if any(marker in line for marker in DATA_PROBLEMS) and line not in problems.found:
             problems.found.append(line)
+
+
+def _names_files(value: Any) -> bool:
+    """True when ``value`` (a config's ``dataset``, at any depth) names a file or folder on disk (a ``root``, a
+    ``csv_file``): only such data has files to check, and only its check needs torch."""
+    if isinstance(value, dict):
+        return any(_names_files(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_names_files(v) for v in value)
+    return isinstance(value, str) and (os.sep in value or os.path.isabs(value)) and os.path.exists(value)
 
 
 def _data_path(path: Any) -> Tuple[str, bool]:
