@@ -1,5 +1,6 @@
 """The runner's exceptions: :class:`ConfigError` (with :class:`MissingDataError` for data a config names but the
-machine lacks, and :class:`OutputError` for files the run cannot write or read back), and :class:`Interrupted`, the
+machine lacks, :class:`DataFileError` for a dataset's bad image files, and :class:`OutputError` for files the run
+cannot write or read back), and :class:`Interrupted`, the
 ``KeyboardInterrupt`` a run's SIGINT / SIGTERM handler raises.
 
 Every problem the runner reports to a user is a ``ConfigError`` whose message is one line that starts with the file
@@ -19,19 +20,25 @@ Example::
 import contextlib
 import errno
 import signal
-from typing import Iterator, List
+from typing import Iterator, List, Sequence
 
 
 class ConfigError(ValueError):
     """A config problem; the one-line message names the file (when known) and the key."""
 
 
+class DataFileError(ConfigError):
+    """The dataset's own files are bad (image files that do not decode or are missing): no config change fixes them,
+    so a refusal for the config's problems lists them too (:func:`pml_extensions.runner.protocols.load_config`)."""
+
+
 class ConfigProblems(ConfigError):
     """Every problem one pass of checks found (:class:`Problems`): the message lists them, one line each; with one
-    problem it is that problem's line."""
+    problem it is that problem's line. ``data_files``: the lines that came from a :class:`DataFileError`."""
 
-    def __init__(self, problems: List[str]):
+    def __init__(self, problems: List[str], data_files: Sequence[str] = ()):
         self.problems = list(problems)
+        self.data_files = [line for line in data_files if line in self.problems]
         lines = self.problems
         text = (
             lines[0]
@@ -66,6 +73,7 @@ class Problems:
 
     def __init__(self):
         self.found: List[str] = []
+        self.data_files: List[str] = []  # the found lines that a DataFileError raised
 
     @contextlib.contextmanager
     def check(self) -> Iterator[None]:
@@ -74,15 +82,18 @@ class Problems:
             yield
         except ConfigProblems as e:
             self.found += [line for line in e.problems if line not in self.found]
+            self.data_files += [line for line in e.data_files if line not in self.data_files]
         except ConfigError as e:
             line = str(e).splitlines()[0] if str(e) else type(e).__name__
             if line not in self.found:  # two checks that find the same problem report it once
                 self.found.append(line)
+            if isinstance(e, DataFileError) and line not in self.data_files:
+                self.data_files.append(line)
 
     def raise_any(self) -> None:
         """Raise :class:`ConfigProblems` when any check failed."""
         if self.found:
-            raise ConfigProblems(self.found)
+            raise ConfigProblems(self.found, self.data_files)
 
 
 class MissingDataError(ConfigError, FileNotFoundError):

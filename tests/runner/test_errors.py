@@ -40,3 +40,25 @@ def test_a_problem_two_checks_find_is_listed_once():
         with problems.check():
             raise error
     assert problems.found == ["a.yaml: tester: unknown class 'X'", "a.yaml: seeds: expected a list"]
+
+
+def test_the_data_files_lines_keep_their_kind_through_nested_passes():
+    """A bad image file found inside an inner pass stays known as a data-file problem in the outer one (what a config
+    refusal adds of a preflight), and a config problem does not."""
+    from pml_extensions.runner.errors import ConfigProblems, DataFileError, Problems
+
+    inner = Problems()
+    with inner.check():
+        raise DataFileError("dataset: 2 of 9 images do not decode: a.jpg (truncated); b.jpg (missing)")
+    with inner.check():
+        raise ConfigError("a.yaml: batch_size: 64 exceeds 4 classes × m")
+    outer = Problems()
+    with outer.check():
+        inner.raise_any()
+    with outer.check():
+        raise ConfigError("a.yaml: tester: unknown class 'X'")
+    assert outer.data_files == ["dataset: 2 of 9 images do not decode: a.jpg (truncated); b.jpg (missing)"]
+    assert len(outer.found) == 3 and issubclass(DataFileError, ConfigError)
+    with pytest.raises(ConfigProblems) as e:
+        outer.raise_any()
+    assert e.value.data_files == outer.data_files

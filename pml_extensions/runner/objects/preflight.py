@@ -37,7 +37,7 @@ import torch
 from ..config.class_index import lookup
 from ..config.sources import describe, source_of
 from ..config.specs import is_object_spec, one_spec
-from ..errors import ConfigError
+from ..errors import ConfigError, DataFileError
 from .data import Subset, ToRGB
 
 #: the experiment folder's record of the image files that decoded: {path: [size, mtime_ns]}
@@ -162,7 +162,7 @@ def check_images(
         kept.left_out = dict(bad)  # for bad_images.txt once the experiment folder exists (write_bad_images)
         return kept
     leave_out = f", or leave them out with {skip_hint}" if skip_hint else ""
-    raise ConfigError(
+    raise DataFileError(
         f"{where}: {len(bad)} of {len(paths)} images do not decode{listed}: {named}{more}; replace or remove them"
         f"{leave_out}"
     )

@@ -226,15 +226,12 @@ def load_config(
     return config, sources
 
 
-#: what :func:`_data_problems` adds of a preflight's findings: the files of the data, which no config change fixes (its
-#: other findings, a model or a batch size, follow from the config's own problems and are reported once those are fixed)
-DATA_PROBLEMS = ("do not decode", "without images")
-
-
 def _data_problems(protocol, config, sources, problems) -> None:
-    """Add the bad files the protocol's preflight finds in the data (:data:`DATA_PROBLEMS`) to the problems of a
-    config whose classes or arguments are wrong, so one refusal lists both (nothing is written: the preflight runs
-    before any folder exists). A preflight that cannot run on this config adds nothing."""
+    """Add the bad files the protocol's preflight finds in the data (its :class:`~..errors.DataFileError` lines:
+    images that do not decode or are missing, which no config change fixes) to the problems of a config whose classes
+    or arguments are wrong, so one refusal lists both (nothing is written: the preflight runs before any folder
+    exists). The preflight's other findings (a model, a batch size) follow from the config's own problems and wait for
+    their fix; a preflight that cannot run on this config adds nothing."""
     import tempfile
 
     from ..errors import Problems
@@ -250,9 +247,7 @@ def _data_problems(protocol, config, sources, problems) -> None:
             raise
         except Exception:  # noqa: BLE001 - the config's own problems are reported; the data check is extra
             pass
-    for line in found.found:
-        if any(marker in line for marker in DATA_PROBLEMS) and line not in problems.found:
-            problems.found.append(line)
+    problems.found += [line for line in found.data_files if line not in problems.found]
 
 
 def _names_files(value: Any) -> bool:
