@@ -275,6 +275,7 @@ class Protocol:
         self.folder = folder
         self.sources = sources if sources is not None else {}
         self.log = log
+        self.preflown = False  # run_protocol ran preflight() before the experiment folder existed
         type(self).check(config, self.sources)
         self.settings = self.read(config, self.sources)
 

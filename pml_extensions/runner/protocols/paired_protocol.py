@@ -123,6 +123,8 @@ class PairedProtocol(Protocol):
         self.variant_configs, self.variant_settings, self.variant_sources = self.variants(config, self.sources)
         self.note_replaced_flags(config)
         self.keep_epochs = s.selection != "best_epoch" or s.untrained
+        self.left_out: Dict[str, str] = {}  # {path: reason} of the files skip_bad_images left out (preflight)
+        self.class_roles: Dict[str, list] = {}  # {"train"|"validation"|"test": class names} (preflight)
 
     # ------------------------------------------------------------------------------------------------ settings
     def note_replaced_flags(self, config: Dict[str, Any]) -> None:
@@ -387,11 +389,11 @@ class PairedProtocol(Protocol):
 
         start = time.time()
         s, seeds, names = self.settings, self.settings.seeds, list(self.variant_configs)
-        if not getattr(self, "preflown", False):  # run_protocol ran it before the folder existed
+        if not self.preflown:  # run_protocol ran it before the folder existed
             self.preflight()
         if dist_utils.is_main():
             # the files skip_bad_images left out, now that the folder exists
-            preflight.write_bad_images(getattr(self, "left_out", None), self.folder)
+            preflight.write_bad_images(self.left_out, self.folder)
         units = self.run_units()
         per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in names}
         chosen = None

@@ -143,6 +143,7 @@ class Paired(PairedProtocol):
         from ...objects.feature_cache import check_fixed_prefix
 
         problems, seen = Problems(), set()
+        train_roles: Dict[str, list] = {}  # the first dataset's training and validation classes, by name
         quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
             cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
@@ -179,12 +180,12 @@ class Paired(PairedProtocol):
                 images_ok = False
                 with problems.check():
                     data = preflight.check_images(data, None, s.skip_bad_images, where, self.log)
-                    self.left_out = {**getattr(self, "left_out", {}), **getattr(data, "left_out", {})}
+                    self.left_out.update(getattr(data, "left_out", {}))
                     images_ok = True
                 if split != "train":
-                    if not hasattr(self, "class_roles") and data is not None:
+                    if not self.class_roles and data is not None:
                         test_ids = sorted({int(v) for v in dataset_labels(data)})
-                        self.class_roles = {**getattr(self, "_roles", {}), "test": _class_names(data, test_ids)}
+                        self.class_roles = {**train_roles, "test": _class_names(data, test_ids)}
                         self.log(
                             "classes: "
                             + "; ".join(
@@ -200,9 +201,9 @@ class Paired(PairedProtocol):
                         parts = validation_split(labels, fraction, vseed)
                     except ConfigError as e:
                         raise ConfigError(f"{sources.get('validation', 'config')}: validation: {e}") from None
-                if parts is not None and not hasattr(self, "_roles"):
+                if parts is not None and not train_roles:
                     train_ids = sorted({int(v) for v in labels[parts[0]]})
-                    self._roles = {
+                    train_roles = {
                         "train": _class_names(data, train_ids),
                         "validation": _class_names(data, [int(i) for i in parts[2]]),
                     }
@@ -292,7 +293,7 @@ class Paired(PairedProtocol):
             "iterations_per_epoch": first.iterations_per_epoch,
             "batch_size": first.batch_size,
             "validation": first.validation,
-            **({"classes": self.class_roles} if hasattr(self, "class_roles") else {}),
+            **({"classes": self.class_roles} if self.class_roles else {}),
         }
 
 
