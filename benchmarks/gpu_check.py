@@ -470,6 +470,12 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="toy sizes (a minute on 2 CPU cores)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpu_check[_tiny_DEV].json)")
     p.add_argument("--steps", type=int, default=None, help="optimiser steps per autocast run (default 5, tiny 2)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=BUDGET_S,
+        help=f"seconds for all steps (default {BUDGET_S}: fits one device loan; later steps are skipped once spent)",
+    )
     p.add_argument("--torchrun-child", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.torchrun_child:
@@ -488,18 +494,24 @@ def main(argv=None) -> int:
     result = {"device": args.device, "device_name": name, "torch": torch.__version__, "tiny": args.tiny, "steps": []}
 
     def left():
-        return BUDGET_S - (time.perf_counter() - start)
+        return args.budget_s - (time.perf_counter() - start)
 
     def record(step_name, fn, *fn_args, share=0.25):
         if left() < 5:
             result["steps"].append(
-                {"name": step_name, "status": "skipped", "seconds": 0.0, "figures": {}, "note": "8-minute budget spent"}
+                {
+                    "name": step_name,
+                    "status": "skipped",
+                    "seconds": 0.0,
+                    "figures": {},
+                    "note": f"{args.budget_s / 60:g}-minute budget spent",
+                }
             )
             return
         print(f"gpu_check: {step_name} ...", flush=True)
         t = time.perf_counter()
         try:
-            status, seconds, figures, note = fn(*fn_args, min(left(), share * BUDGET_S))
+            status, seconds, figures, note = fn(*fn_args, min(left(), share * args.budget_s))
         except Exception as e:  # a broken step is recorded, the others still run
             status, seconds, figures, note = "failed", time.perf_counter() - t, {}, f"{type(e).__name__}: {e}"[:600]
         result["steps"].append(

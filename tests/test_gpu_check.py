@@ -49,11 +49,12 @@ class TestGPUCheck(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "g.json")
             proc = subprocess.run(
-                [sys.executable, SCRIPT, "--device", "cpu", "--tiny", "--out", out],
+                # the device loan's 8-minute budget would skip steps on a loaded machine: every step must run here
+                [sys.executable, SCRIPT, "--device", "cpu", "--tiny", "--out", out, "--budget-s", "7200"],
                 env=_env(),
                 capture_output=True,
                 text=True,
-                timeout=600,
+                timeout=3600,
             )
             self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
             with open(out) as f:
