@@ -15,7 +15,7 @@ verdict (:func:`pml_extensions.utils.verdicts.verdict_word`: the runner's rules 
 the smallest effect of interest :data:`SMALLEST_EFFECT` = 5 points, Holm-corrected over the claims of the table; shown /
 no effect of practical size / contradicted / inconclusive (n seeds)).
 
-    python benchmarks/localization.py --size quick       # 200 test (+100 held-out) images at 224 px, 30 steps, 10 seeds
+    python benchmarks/localization.py --size quick       # 200 test (+100 held-out) images at 224 px, 30 steps, 3 seeds
     python benchmarks/localization.py --size quick --only-seeds 0    # one seed's units (reproduce.py: seeds at once)
     python benchmarks/localization.py --size medium      # 300 test (+150 held-out) images at 256 px, 60 steps
     python benchmarks/localization.py --size full --device cuda
