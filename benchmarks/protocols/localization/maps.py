@@ -9,6 +9,11 @@ Decomposition, Decomposition+Bias (the first two terms of eq. 5), Grad-CAM (of t
 E^q · E^r), and the authors' demo variant (:data:`DEMO`: ReLU of each point-to-point term, then sum). Conventions
 (:data:`CONVENTIONS`): ``signed`` (the map as the method defines it) and ``ReLU`` (clamped at 0, Grad-CAM's).
 
+The threshold is a parameter of each method: :func:`held_out_choice` picks it on held-out composites (the grid value
+with the highest held-out accuracy, the smallest on a tie) and reports the test accuracy there; the test images' own
+best threshold (``best_accuracy``) is kept beside it as the optimistic figure. The centre box that needs no model
+(:func:`centre_box`) chooses its side fraction the same way.
+
 RGrad-CAM (rectified Grad-CAM, ``SimilarityGradCAM`` variant ``"rectified"``) equals ReLU(Decomposition+Bias) for a
 linear head when GMP ties are broken as autograd breaks them (``gmp_ties="first"``); it is measured by autograd on
 the first ``eval_batch`` pairs of every run (largest relative difference after ReLU, and whether the localisation
@@ -19,6 +24,8 @@ Example::
     >>> e = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
     >>> same_class_neighbours(e, np.array([0, 0, 1, 1])).tolist(), p_at_1(e, np.array([0, 0, 1, 1]))
     ([1, 0, 3, 2], 100.0)
+    >>> held_out_choice([10.0, 30.0, 30.0], [50.0, 20.0, 40.0], [0.1, 0.2, 0.3])
+    {'held_out_accuracy': 20.0, 'held_out_value': 0.2, 'validation_accuracy': 30.0}
 """
 
 from typing import Any, Dict, List, Tuple
@@ -90,10 +97,11 @@ def fold_queries(dec: ActivationDecomposition, images: torch.Tensor, device, bat
     )
 
 
-def compute_maps(dec, cam, x, fold, fr, nn_idx, eval_batch, device, boxes, size, dec_first=None):
+def compute_maps(dec, cam, x, fold, fr, nn_idx, eval_batch, device, boxes, size, dec_first=None, identity=True):
     """Signed maps of every method ``[N, h, w]``, and the RGrad-CAM = ReLU(Decomposition+Bias) identity measured by
     autograd on the first ``eval_batch`` pairs (relative max difference after ReLU, and whether the localisation
-    hits agree at every threshold), for ``dec`` (GMP ties shared) and for ``dec_first`` (``gmp_ties="first"``)."""
+    hits agree at every threshold), for ``dec`` (GMP ties shared) and for ``dec_first`` (``gmp_ties="first"``);
+    ``identity=False``: the maps only (``None`` for the identity)."""
     maps = {
         "Decomposition": dec.overall_maps(fold, fr)["query"],
         "Decomposition+Bias": dec.overall_maps(fold, fr, bias=True)["query"],
@@ -107,6 +115,8 @@ def compute_maps(dec, cam, x, fold, fr, nn_idx, eval_batch, device, boxes, size,
             r = x[nn_idx[i : i + eval_batch]].to(device)
             parts.append(cam.maps(q, r, variant=variant, relu=False)["query"])
         maps[name] = torch.cat(parts)
+    if not identity:
+        return maps, None
     n = min(eval_batch, len(x))
     q, r = x[:n].to(device), x[nn_idx[:n]].to(device)
     rgc = cam.maps(q, r, variant="rectified", relu=True)["query"]
@@ -152,30 +162,135 @@ def score_maps(maps: Dict[str, torch.Tensor], boxes, size: Tuple[int, int]) -> D
     return scores
 
 
-def measure(trunk, embedder, test_images: torch.Tensor, test_set, device, eval_batch: int) -> Dict[str, Any]:
+def held_out_choice(validation_accuracy, test_accuracy, values) -> Dict[str, float]:
+    """The grid value with the highest accuracy on the held-out composites (the first, i.e. smallest, on a tie) and
+    the test accuracy there: ``{"held_out_accuracy", "held_out_value", "validation_accuracy"}`` (accuracies as
+    given, e.g. %).
+
+    Raises:
+        ValueError: the three sequences differ in length or are empty.
+    """
+    va, ta, vs = (np.asarray(a, dtype=np.float64) for a in (validation_accuracy, test_accuracy, values))
+    if va.ndim != 1 or va.size == 0 or va.shape != ta.shape or va.shape != vs.shape:
+        raise ValueError(
+            f"validation_accuracy, test_accuracy and values must be equally long non-empty lists, got lengths "
+            f"{va.size}, {ta.size}, {vs.size}"
+        )
+    i = int(np.argmax(va))
+    return {"held_out_accuracy": float(ta[i]), "held_out_value": float(vs[i]), "validation_accuracy": float(va[i])}
+
+
+def choose_on_held_out(test_scores: Dict[str, Dict[str, Any]], validation_scores: Dict[str, Dict[str, Any]]):
+    """``test_scores`` (:func:`score_maps`) with, per method and convention, the threshold chosen on the held-out
+    composites (:func:`held_out_choice`): ``held_out_accuracy`` (test %, at that threshold), ``held_out_threshold``
+    and ``validation_accuracy`` (% per threshold on the held-out composites)."""
+    grid = thresholds()
+    out = {}
+    for k, t in test_scores.items():
+        v = validation_scores[k]["accuracy"]
+        c = held_out_choice(v, t["accuracy"], grid)
+        out[k] = dict(
+            t, held_out_accuracy=c["held_out_accuracy"], held_out_threshold=c["held_out_value"], validation_accuracy=v
+        )
+    return out
+
+
+@torch.no_grad()
+def prefix_features(trunk, boundary, images: torch.Tensor, device, batch_size: int = 64):
+    """``(rest, features)``: ``trunk`` split after the module ``boundary``
+    (:func:`pml_extensions.trunks.split_trunk`) and the prefix's outputs for ``images`` in eval mode (on ``device``),
+    so that ``rest(features)`` is ``trunk(images)``: every explanation of ``rest`` on the features equals that of
+    ``trunk`` on the images (the explained layer lies after the boundary), with the prefix computed once."""
+    from pml_extensions.trunks import split_trunk
+
+    prefix, rest = split_trunk(trunk, boundary if isinstance(boundary, int) else str(boundary))
+    was = trunk.training
+    trunk.eval()
+    try:
+        out = torch.cat([prefix(images[i : i + batch_size].to(device)) for i in range(0, len(images), batch_size)])
+    finally:
+        trunk.train(was)
+    return rest, out
+
+
+def measure(
+    trunk,
+    embedder,
+    test_images: torch.Tensor,
+    test_set,
+    device,
+    eval_batch: int,
+    validation_images=None,
+    validation_set=None,
+    prefix=None,
+) -> Dict[str, Any]:
     """Everything the protocol reports about one trained model on the test composites: the scores of every method
-    and convention, the RGrad-CAM identity, test P@1 and the map size."""
+    and convention (each threshold chosen on the held-out ``validation_images`` / ``validation_set``, whose
+    queries are paired within themselves, when given), the RGrad-CAM identity, test P@1 and the map size.
+    ``prefix``: a module path of the trunk before the explained layer (e.g. the frozen prefix ``"0.13"``): its
+    outputs are computed once per image (:func:`prefix_features`) instead of in every pass, the same numbers.
+
+    Raises:
+        ValueError: held-out images of another size than the test images.
+    """
     size = (int(test_images.shape[-2]), int(test_images.shape[-1]))
+    if validation_set is not None:
+        vsize = (int(validation_images.shape[-2]), int(validation_images.shape[-1]))
+        if vsize != size:
+            raise ValueError(f"validation images must be {size[0]}x{size[1]} like the test images, got {vsize}")
+    if prefix is not None:
+        rest, test_images = prefix_features(trunk, prefix, test_images, device)
+        if validation_set is not None:
+            validation_images = prefix_features(trunk, prefix, validation_images, device)[1]
+        trunk = rest
     dec = ActivationDecomposition(trunk, embedder)
     dec_first = ActivationDecomposition(trunk, embedder, gmp_ties="first")
     cam = SimilarityGradCAM(trunk, embedder)
-    fold = fold_queries(dec, test_images, device, eval_batch)
-    nn_idx = same_class_neighbours(fold.embedding.cpu(), np.asarray(test_set.labels))
-    fr = fold[torch.as_tensor(nn_idx, device=fold.embedding.device)]
-    boxes = test_set.boxes
-    maps, identity = compute_maps(dec, cam, test_images, fold, fr, nn_idx, eval_batch, device, boxes, size, dec_first)
+
+    def maps_of(images, dataset, identity):
+        fold = fold_queries(dec, images, device, eval_batch)
+        nn_idx = same_class_neighbours(fold.embedding.cpu(), np.asarray(dataset.labels))
+        fr = fold[torch.as_tensor(nn_idx, device=fold.embedding.device)]
+        first = dec_first if identity else None
+        m, ident = compute_maps(
+            dec, cam, images, fold, fr, nn_idx, eval_batch, device, dataset.boxes, size, first, identity=identity
+        )
+        return m, ident, fold
+
+    maps, identity, fold = maps_of(test_images, test_set, True)
+    scores = score_maps(maps, test_set.boxes, size)
+    out: Dict[str, Any] = {}
+    if validation_set is not None:
+        vmaps, _, vfold = maps_of(validation_images, validation_set, False)
+        scores = choose_on_held_out(scores, score_maps(vmaps, validation_set.boxes, size))
+        out["validation_p_at_1"] = p_at_1(vfold.embedding.cpu(), np.asarray(validation_set.labels))
     return {
-        "scores": score_maps(maps, boxes, size),
+        "scores": scores,
         "identity_rgradcam_vs_relu_decomposition_bias": identity,
         "test_p_at_1": p_at_1(fold.embedding.cpu(), np.asarray(test_set.labels)),
         "feature_size": list(fold.feature_size),
+        **out,
     }
 
 
-def centre_box(test_set, size: Tuple[int, int]) -> Dict[str, float]:
-    """The baseline that needs no model: a centred box of the best side fraction (accuracy in %)."""
+def centre_box(test_set, size: Tuple[int, int], validation_set=None) -> Dict[str, Any]:
+    """The baseline that needs no model: a centred box covering a fraction of each side (accuracy in %):
+    ``best_accuracy`` / ``best_fraction`` (the fraction best on the test composites, optimistic), ``accuracy`` (test,
+    per fraction of ``fractions``) and, with ``validation_set``, the fraction chosen on the held-out composites
+    (:func:`held_out_choice`: ``held_out_accuracy``, ``held_out_fraction``, ``validation_accuracy`` per fraction)."""
     centre = LocalizationEvaluator.centre_box_accuracy(test_set.boxes, size)
-    return {"best_accuracy": 100.0 * centre["best_accuracy"], "best_fraction": centre["best_fraction"]}
+    out = {
+        "best_accuracy": 100.0 * centre["best_accuracy"],
+        "best_fraction": centre["best_fraction"],
+        "fractions": [round(float(f), 4) for f in centre["fractions"]],
+        "accuracy": (100.0 * centre["accuracy"]).tolist(),
+    }
+    if validation_set is not None:
+        v = (100.0 * LocalizationEvaluator.centre_box_accuracy(validation_set.boxes, size)["accuracy"]).tolist()
+        c = held_out_choice(v, out["accuracy"], out["fractions"])
+        out.update(held_out_accuracy=c["held_out_accuracy"], held_out_fraction=c["held_out_value"])
+        out["validation_accuracy"] = v
+    return out
 
 
 def thresholds() -> List[float]:

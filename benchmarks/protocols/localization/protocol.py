@@ -3,23 +3,26 @@ metric-learning models scored as weakly supervised localisation,
 paired over seeds (Zhu, Yang & Chen, "Visual Explanation for Deep Metric Learning", TIP 2021, Sec. VI-A/B, Tables
 I-IV).
 
-Per seed ``s`` of ``seeds``: the training and test composites are drawn (``dataset`` / ``test_dataset``, e.g.
-:class:`~pml_extensions.explain.CompositeLocalizationDataset`: drawings pasted on photos with exact boxes; the test
-classes are unseen; ``dataset_seed: {train: 1000, test: 2000}`` gives each split's dataset the seed ``offset + s``, so
-every seed draws its own composites). Every entry of ``variants`` (merged over the config; e.g. ``ms`` with the
-Multi-Similarity loss, the paper's recipe, and ``triplet``) is fine-tuned on the training composites (:mod:`.training`:
-the same initial weights and batches for every variant of a seed) and then measured on the test composites
-(:mod:`.maps`): every explanation method under both sign conventions, the localisation accuracy per threshold and at
-the best threshold, P@1 on the training and the test classes, the rectified Grad-CAM identity.
+Per seed ``s`` of ``seeds``: the training, test and held-out composites are drawn (``dataset`` / ``test_dataset`` /
+``validation_dataset``, e.g. :class:`~pml_extensions.explain.CompositeLocalizationDataset`: drawings pasted on photos
+with exact boxes; the test classes are unseen; ``dataset_seed: {train: 1000, test: 2000, validation: 3000}`` gives
+each split's dataset the seed ``offset + s``, so every seed draws its own composites, and the held-out ones are drawn
+independently of the test ones). The held-out composites choose each method's threshold and the centre box's side
+fraction; the test composites are scored at that choice. Every entry of ``variants`` (merged over the config; e.g.
+``ms`` with the Multi-Similarity loss, the paper's recipe, and ``triplet``) is fine-tuned on the training composites
+(:mod:`.training`: the same initial weights and batches for every variant of a seed) and then measured on the test
+composites (:mod:`.maps`): every explanation method under both sign conventions, the localisation accuracy per
+threshold, at the threshold chosen on the held-out composites (``held_out_accuracy``) and at the test images' own best
+threshold (``best_accuracy``, optimistic), P@1 on the training and the test classes, the rectified Grad-CAM identity.
 
 Statistics (:mod:`pml_extensions.runner.outputs.results`, paired by seed, 95 % t intervals):
 
-- ``variants`` / ``comparisons``: per variant and seed, ``train_p_at_1``, ``test_p_at_1`` and the best localisation
-  accuracy of every method and convention (``"Decomposition [signed]"`` ...); ``comparisons: [[triplet, ms]]`` on
-  every one of them (Tables III-IV);
-- ``methods``: per variant, the methods as variants (metric ``best_accuracy``, plus the centre-box baseline) with
-  every method against Decomposition under the same convention and each method's ReLU map against its signed map
-  (Tables I-II).
+- ``variants`` / ``comparisons``: per variant and seed, ``train_p_at_1``, ``test_p_at_1`` and the held-out-threshold
+  localisation accuracy of every method and convention (``"Decomposition [signed]"`` ...); ``comparisons: [[triplet,
+  ms]]`` on every one of them (Tables III-IV);
+- ``methods``: per variant, the methods as variants (metrics ``held_out_accuracy`` and ``best_accuracy``, plus the
+  centre-box baseline) with every method against Decomposition under the same convention, each method's ReLU map
+  against its signed map, and every method against the centre box (Tables I-II).
 
 Outputs under the experiment folder: ``results.json`` (the above, plus ``runs``: per seed and variant the scores,
 accuracy per threshold, identity, P@1, loss at the start and the end of the fine-tuning; per seed the centre box, the
@@ -46,8 +49,10 @@ from pml_extensions.runner.protocols.paired_protocol import PairedProtocol
 from . import maps
 from .training import train_unit
 
-DATA_KEYS = ("dataset", "test_dataset", "dataset_seed", "transforms", "normalize")
+DATA_KEYS = ("dataset", "test_dataset", "validation_dataset", "dataset_seed", "transforms", "normalize")
 REFERENCE = "Decomposition"
+CENTRE_BOX = "centre box"
+METRICS = ("held_out_accuracy", "best_accuracy")
 
 
 @dataclasses.dataclass
@@ -56,6 +61,11 @@ class Settings:
 
     dataset: Any = setting(REQUIRED, "The training composites, one `{ClassName: kwargs}`.")
     test_dataset: Any = setting(REQUIRED, "The test composites (unseen classes), one `{ClassName: kwargs}`.")
+    validation_dataset: Any = setting(
+        REQUIRED,
+        "The held-out composites that choose each method's threshold and the centre box's side, one "
+        "`{ClassName: kwargs}` (same image size as the test composites).",
+    )
     models: Dict[str, Any] = setting(REQUIRED, "`{trunk, embedder}` specs.", "mapping")
     loss_funcs: Dict[str, Any] = setting(REQUIRED, "`{name: {LossClass: kwargs}}`.", "mapping")
     optimizers: Dict[str, Any] = setting(REQUIRED, "`{<model>_optimizer: {OptimizerClass: kwargs}}`.", "mapping")
@@ -63,7 +73,9 @@ class Settings:
     iterations_per_epoch: int = setting(REQUIRED, "Iterations per epoch.", "int", minimum=1)
     batch_size: int = setting(32, "Training batch size.", "int", minimum=1)
     eval_batch_size: int = setting(32, "Batch size of the map passes.", "int", minimum=1)
-    dataset_seed: Dict[str, int] = setting({}, "`{train: 1000, test: 2000}`: seed `offset + s` per split.", "mapping")
+    dataset_seed: Dict[str, int] = setting(
+        {}, "`{train: 1000, test: 2000, validation: 3000}`: seed `offset + s` per split.", "mapping"
+    )
     transforms: Any = setting(None, "`{train: ..., eval: ...}` torchvision transforms.")
     normalize: Any = setting(None, "The `Normalize` appended to the transforms.")
     frozen_prefix: Any = setting(None, "A trunk boundary: the trunk up to it is frozen.")
@@ -78,27 +90,31 @@ def _stack(view) -> torch.Tensor:
 
 def method_statistics(runs: Dict[Any, Dict[str, Any]], seeds: List[int], variant: str) -> Dict[str, Any]:
     """Tables I-II's statistics of one variant: every method and convention (and the centre box) as a variant with
-    metric ``best_accuracy``; every method against Decomposition under the same convention, and each method's ReLU map
-    against its signed map (:func:`pml_extensions.runner.outputs.results.summarize`)."""
+    the metrics :data:`METRICS` (``held_out_accuracy``: the test accuracy at the threshold, or side fraction, chosen
+    on the held-out composites; ``best_accuracy``: at the test images' own best one); every method against
+    Decomposition under the same convention, each method's ReLU map against its signed map, and every method against
+    the centre box (:func:`pml_extensions.runner.outputs.results.summarize`)."""
     per: Dict[str, Dict[Any, Dict[str, float]]] = {}
     for s in seeds:
         for k, v in runs[s]["losses"][variant]["scores"].items():
-            per.setdefault(k, {})[s] = {"best_accuracy": v["best_accuracy"]}
-    per["centre box"] = {s: {"best_accuracy": runs[s]["centre_box"]["best_accuracy"]} for s in seeds}
+            per.setdefault(k, {})[s] = {m: v[m] for m in METRICS}
+    per[CENTRE_BOX] = {s: {m: runs[s]["centre_box"][m] for m in METRICS} for s in seeds}
     pairs = []
     for conv in maps.CONVENTIONS:
         base = maps.score_name(REFERENCE, conv)
         pairs += [(k, base) for k in per if k.endswith(f"[{conv}]") and k != base]
     pairs += [(maps.score_name(m, "ReLU"), maps.score_name(m, "signed")) for m in maps.METHODS]
-    return summarize(per, comparisons=pairs, metrics=["best_accuracy"])
+    pairs += [(k, CENTRE_BOX) for k in per if k != CENTRE_BOX]
+    return summarize(per, comparisons=pairs, metrics=list(METRICS))
 
 
 def variant_statistics(
     units: Dict[Any, Dict[str, Any]], seeds: List[int], comparisons, extra: Optional[Dict[str, Any]] = None
 ) -> Dict[str, Any]:
-    """Tables III-IV's statistics: per variant and seed ``train_p_at_1``, ``test_p_at_1`` and the best localisation
-    accuracy of every method and convention; ``comparisons`` (``[(variant, baseline)]``) on every one of them
-    (:func:`pml_extensions.runner.outputs.results.summarize`; ``extra`` goes into the dict)."""
+    """Tables III-IV's statistics: per variant and seed ``train_p_at_1``, ``test_p_at_1`` and the localisation
+    accuracy of every method and convention at the threshold chosen on the held-out composites; ``comparisons``
+    (``[(variant, baseline)]``) on every one of them (:func:`pml_extensions.runner.outputs.results.summarize`;
+    ``extra`` goes into the dict)."""
     names = list(units[seeds[0]])
     metrics = ["train_p_at_1", "test_p_at_1"] + list(units[seeds[0]][names[0]]["scores"])
     per_seed = {
@@ -106,7 +122,7 @@ def variant_statistics(
             s: {
                 "train_p_at_1": units[s][name]["train_p_at_1"],
                 "test_p_at_1": units[s][name]["test_p_at_1"],
-                **{k: v["best_accuracy"] for k, v in units[s][name]["scores"].items()},
+                **{k: v["held_out_accuracy"] for k, v in units[s][name]["scores"].items()},
             }
             for s in seeds
         }
@@ -139,13 +155,14 @@ class Localization(PairedProtocol):
                     f"{where[name].get(changed[0], 'config')}: {changed[0]} must be the same in every variant (the "
                     "seed's data is shared)"
                 )
-        if set(first.get("dataset_seed") or {}) - {"train", "test"}:
+        if set(first.get("dataset_seed") or {}) - {"train", "test", "validation"}:
             where0 = (sources or {}).get("dataset_seed", "config")
-            raise ConfigError(f"{where0}: dataset_seed: expected {{train: 1000, test: 2000}}")
+            raise ConfigError(f"{where0}: dataset_seed: expected {{train: 1000, test: 2000, validation: 3000}}")
 
     def data(self, seed: int) -> Dict[str, Any]:
-        """The seed's training view, training and test images (evaluation transform) and test dataset; writes the
-        seed's data facts (centre box, thresholds) to ``data/seed_<s>/result.json`` the first time."""
+        """The seed's training view, training, test and held-out images (evaluation transform) and the test and
+        held-out datasets; writes the seed's data facts (centre box, thresholds) to ``data/seed_<s>/result.json`` the
+        first time."""
         if seed not in self._data:
             cfg = self.first
             b = Builder(cfg, self.sources, self.device, self.log)
@@ -157,6 +174,7 @@ class Localization(PairedProtocol):
 
             train_set = b.build_dataset(spec=spec("dataset", "train"))
             test_set = b.build_dataset(spec=spec("test_dataset", "test"), key="test_dataset")
+            validation_set = b.build_dataset(spec=spec("validation_dataset", "validation"), key="validation_dataset")
             train_labels = dataset_labels(train_set)
             idx = np.arange(len(train_set))
             eval_tf = b.build_transform("eval")
@@ -166,6 +184,10 @@ class Localization(PairedProtocol):
                 "train_labels": train_labels,
                 "test_images": _stack(b.subset(test_set, np.arange(len(test_set)), dataset_labels(test_set), eval_tf)),
                 "test_set": test_set,
+                "validation_images": _stack(
+                    b.subset(validation_set, np.arange(len(validation_set)), dataset_labels(validation_set), eval_tf)
+                ),
+                "validation_set": validation_set,
             }
             size = (int(d["test_images"].shape[-2]), int(d["test_images"].shape[-1]))
             stage = f"data/seed_{seed}"
@@ -173,10 +195,11 @@ class Localization(PairedProtocol):
                 self.exp.finish_stage(
                     stage,
                     {
-                        "centre_box": maps.centre_box(test_set, size),
+                        "centre_box": maps.centre_box(test_set, size, validation_set),
                         "thresholds": maps.thresholds(),
                         "n_train": len(train_set),
                         "n_test": len(test_set),
+                        "n_validation": len(validation_set),
                         "image_size": list(size),
                     },
                 )
@@ -188,7 +211,17 @@ class Localization(PairedProtocol):
         start = time.time()
         r = train_unit(variant, cfg, seed, folder, d["train"], self.device, self.log, self.sources)
         trunk, embedder = r["models"]["trunk"], r["models"]["embedder"]
-        measured = maps.measure(trunk, embedder, d["test_images"], d["test_set"], self.device, settings.eval_batch_size)
+        measured = maps.measure(
+            trunk,
+            embedder,
+            d["test_images"],
+            d["test_set"],
+            self.device,
+            settings.eval_batch_size,
+            d["validation_images"],
+            d["validation_set"],
+            prefix=cfg.get("frozen_prefix"),
+        )
         result = {
             **measured,
             "train_p_at_1": maps.p_at_1(maps.embed(trunk, embedder, d["train_images"], self.device), d["train_labels"]),
@@ -200,7 +233,7 @@ class Localization(PairedProtocol):
         self.log(
             f"seed {seed} {variant}: {result['seconds']:.0f}s, loss {result['loss_start']:.3f} -> "
             f"{result['loss_end']:.3f}, P@1 train {result['train_p_at_1']:.1f} test {result['test_p_at_1']:.1f}; "
-            + ", ".join(f"{k}: {v['best_accuracy']:.1f}" for k, v in result["scores"].items())
+            + ", ".join(f"{k}: {v['held_out_accuracy']:.1f}" for k, v in result["scores"].items())
         )
         return result
 
@@ -224,6 +257,7 @@ class Localization(PairedProtocol):
                 "feature_size": units[seed][names[0]]["feature_size"],
                 "n_train": facts["n_train"],
                 "n_test": facts["n_test"],
+                "n_validation": facts["n_validation"],
                 "image_size": facts["image_size"],
             }
         first = self.first
@@ -237,6 +271,7 @@ class Localization(PairedProtocol):
                 "device": str(self.device),
                 "dataset": first["dataset"],
                 "test_dataset": first["test_dataset"],
+                "validation_dataset": first["validation_dataset"],
                 "num_epochs": first["num_epochs"],
                 "iterations_per_epoch": first["iterations_per_epoch"],
                 "batch_size": first.get("batch_size", 32),
@@ -252,14 +287,15 @@ class Localization(PairedProtocol):
             f"{first_run['image_size'][0]} px -> {first_run['feature_size'][0]}×{first_run['feature_size'][1]} "
             f"maps), {first_run['n_train']} training composites, {first['num_epochs']} × "
             f"{first['iterations_per_epoch']} fine-tuning iterations; seeds {', '.join(map(str, seeds))} (paired: "
-            "every variant of a seed starts from the same weights and sees the same batches). Best localisation "
-            "accuracy (%, IoU > 0.5) of every method and sign convention, P@1 (%); differences paired by seed, 95 % "
+            "every variant of a seed starts from the same weights and sees the same batches). Localisation accuracy "
+            "(%, IoU > 0.5) of every method and sign convention at the threshold chosen on "
+            f"{first_run['n_validation']} held-out composites per seed, P@1 (%); differences paired by seed, 95 % "
             "Student-t interval."
         )
         lines = []
         for name in names:
-            lines += ["", f"Methods of `{name}` (best localisation accuracy, %):", ""]
-            lines.append(render_markdown(results["methods"][name], metrics=["best_accuracy"], decimals=1).rstrip())
+            lines += ["", f"Methods of `{name}` (localisation accuracy at the held-out threshold, %):", ""]
+            lines.append(render_markdown(results["methods"][name], metrics=["held_out_accuracy"], decimals=1).rstrip())
         metrics = ["train_p_at_1", "test_p_at_1", "Decomposition [signed]", "Grad-CAM [ReLU]"]
         write_results(self.folder, results, metrics=metrics, header=header, footer="\n".join(lines), decimals=1)
         with open(os.path.join(self.folder, "results.md"), encoding="utf-8") as f:

@@ -29,8 +29,8 @@ ROLES = {
     | {"optimizers", "lr_schedulers", "tester", "trainer", "student"},
     "template_block": {"dataset", "test_dataset", "views", "transforms", "models", "template_block", "loss_funcs"}
     | {"sampler", "optimizers", "lr_schedulers", "trainer"},
-    "localization": {"dataset", "test_dataset", "views", "transforms", "models", "frozen_prefix", "loss_funcs"}
-    | {"mining_funcs", "sampler", "optimizers", "trainer"},
+    "localization": {"dataset", "test_dataset", "validation_dataset", "views", "transforms", "models", "frozen_prefix"}
+    | {"loss_funcs", "mining_funcs", "sampler", "optimizers", "trainer"},
 }
 
 

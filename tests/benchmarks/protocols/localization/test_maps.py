@@ -39,3 +39,45 @@ def test_scores_of_every_method_and_convention():
     assert scores["Decomposition [ReLU]"]["best_accuracy"] == 100.0
     assert len(scores["Decomposition [signed]"]["accuracy"]) == len(maps.thresholds())
     assert maps.score_name("Grad-CAM", "ReLU") == "Grad-CAM [ReLU]"
+
+
+def test_held_out_choice_takes_the_held_out_best_and_reports_the_test_accuracy_there():
+    # held-out accuracy peaks at 0.3 and 0.4 (tie: the smaller, 0.3); the test accuracy there is 20, although the test
+    # images' own best is 60 (at 0.5)
+    c = maps.held_out_choice([10.0, 20.0, 50.0, 50.0, 30.0], [0.0, 10.0, 20.0, 40.0, 60.0], [0.1, 0.2, 0.3, 0.4, 0.5])
+    assert c == {"held_out_accuracy": 20.0, "held_out_value": 0.3, "validation_accuracy": 50.0}
+    with pytest.raises(ValueError, match="equally long non-empty"):
+        maps.held_out_choice([1.0, 2.0], [1.0], [0.1, 0.2])
+
+
+def test_choose_on_held_out_keeps_the_test_curve_and_adds_the_held_out_threshold():
+    grid = maps.thresholds()  # 0.05, 0.10, ..., 0.95
+    test = [0.0] * 19
+    test[3], test[9] = 25.0, 75.0  # test best 75 at 0.50; 25 at 0.20
+    held = [0.0] * 19
+    held[3] = 50.0  # the held-out composites pick 0.20
+    scores = maps.choose_on_held_out(
+        {"Grad-CAM [ReLU]": {"best_accuracy": 75.0, "best_threshold": 0.5, "accuracy": test}},
+        {"Grad-CAM [ReLU]": {"best_accuracy": 50.0, "best_threshold": 0.2, "accuracy": held}},
+    )
+    s = scores["Grad-CAM [ReLU]"]
+    assert s["held_out_accuracy"] == 25.0 and s["held_out_threshold"] == pytest.approx(grid[3]) == 0.2
+    assert s["best_accuracy"] == 75.0 and s["accuracy"] == test and s["validation_accuracy"] == held
+
+
+def test_centre_box_side_chosen_on_the_held_out_composites():
+    """100 × 100 images, centred boxes of side round(100 f), f = 0.30, 0.35, ..., 1.00. The test box (25, 25, 75, 75)
+    (side 50, centred) has IoU > 0.5 with sides 40 (1600 / 2500 = 0.64) to 70 (2500 / 4900 = 0.51), not 35 (0.49) or
+    75 (0.44); the test box (0, 0, 10, 10) with none: test accuracy 50 % at f = 0.40-0.70, else 0. The held-out box
+    (0, 0, 100, 100) needs side² / 10⁴ > 0.5: sides 75 (0.5625) to 100, not 70 (0.49): the held-out choice is
+    f = 0.75, where the test accuracy is 0."""
+    from types import SimpleNamespace
+
+    test = SimpleNamespace(boxes=np.array([[25, 25, 75, 75], [0, 0, 10, 10]]))
+    held = SimpleNamespace(boxes=np.array([[0, 0, 100, 100]]))
+    c = maps.centre_box(test, (100, 100), held)
+    assert c["best_accuracy"] == 50.0 and c["best_fraction"] == pytest.approx(0.4)
+    assert c["held_out_accuracy"] == 0.0 and c["held_out_fraction"] == 0.75
+    assert c["accuracy"] == [0.0, 0.0] + [50.0] * 7 + [0.0] * 6
+    assert c["validation_accuracy"] == [0.0] * 9 + [100.0] * 6
+    assert "held_out_accuracy" not in maps.centre_box(test, (100, 100))  # no held-out set: the test-picked one only

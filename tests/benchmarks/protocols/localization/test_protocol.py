@@ -27,7 +27,7 @@ def test_methods_are_paired_within_a_conventions_and_losses_across_seeds():
     c = comps[("Grad-CAM [ReLU]", "Decomposition [ReLU]")]  # -35, -30, -40
     assert c["mean_difference"] == -35.0
     assert ("Decomposition (demo ReLU-then-sum) [signed]", "Decomposition [signed]") in comps
-    assert res["variants"]["centre box"]["mean"]["best_accuracy"] == 5.0
+    assert res["variants"]["centre box"]["mean"]["held_out_accuracy"] == 5.0
     mt = {c["metric"]: c for c in variant_statistics(units, [0, 1, 2], [("triplet", "ms")])["comparisons"]}
     assert mt["test_p_at_1"]["differences"] == [-5.0, -5.0, -5.0]
     assert mt["train_p_at_1"]["mean_difference"] == 0.0
@@ -38,6 +38,7 @@ def _config(**changes):
     base = {
         "dataset": {"CompositeLocalizationDataset": {}},
         "test_dataset": {"CompositeLocalizationDataset": {}},
+        "validation_dataset": {"CompositeLocalizationDataset": {}},
         "models": {"trunk": [{"Flatten": None}]},
         "loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}},
         "optimizers": {},
@@ -61,7 +62,8 @@ def _config(**changes):
         ),
         ({"iterations_per_epoch": 0}, r"iterations_per_epoch: expected an integer >= 1, got 0"),
         ({"test_dataset": None}, r"missing key 'test_dataset'"),
-        ({"dataset_seed": {"val": 3}}, r"dataset_seed: expected \{train: 1000, test: 2000\}"),
+        ({"dataset_seed": {"val": 3}}, r"dataset_seed: expected \{train: 1000, test: 2000, validation: 3000\}"),
+        ({"validation_dataset": None}, r"missing key 'validation_dataset'"),
     ],
 )
 def test_settings_errors(changes, message):
@@ -76,6 +78,7 @@ def tiny(tmp_path):
     config.update(seeds=[0], num_epochs=2, iterations_per_epoch=2, batch_size=8, eval_batch_size=4, device="cpu")
     config["dataset"]["CompositeLocalizationDataset"].update(n_images=16, image_size=96)
     config["test_dataset"]["CompositeLocalizationDataset"].update(n_images=6, image_size=96)
+    config["validation_dataset"]["CompositeLocalizationDataset"].update(n_images=4, image_size=96)
     return config, sources
 
 
@@ -116,3 +119,21 @@ def test_unknown_seed_of_a_part_is_named(tmp_path):
     config, sources = load_config(config_path("localization"))
     with pytest.raises(ConfigError, match=r"\[7\] are not variants / seeds of this config"):
         Localization(config, str(tmp_path / "x"), sources, **QUIET).run_units(seeds=[7])
+
+
+def test_every_method_is_paired_with_the_centre_box_at_the_held_out_choice():
+    """Hand units: the centre box scores 5 at its held-out side (7.5 at the test-picked side) every seed; Decomposition
+    [signed] 40, 50, 60 at its held-out threshold (42.5, 52.5, 62.5 test-picked): differences 35, 45, 55 (t interval 45
+    ± 4.3027 · 10 / √3 = 45 ± 24.84), the same under the test-picked metric (both move by 2.5)."""
+    _, runs = hand_units()
+    res = method_statistics(runs, [0, 1, 2], "ms")
+    held = {(c["variant"], c["baseline"]): c for c in res["comparisons"] if c["metric"] == "held_out_accuracy"}
+    c = held[("Decomposition [signed]", "centre box")]
+    assert c["differences"] == [35.0, 45.0, 55.0]
+    assert c["ci95"] == pytest.approx([45.0 - 4.302652729911275 * 10.0 / math.sqrt(3.0), 45.0 + 24.8414], abs=1e-3)
+    assert held[("Grad-CAM [ReLU]", "centre box")]["differences"] == [5.0, 15.0, 25.0]
+    methods = [k for k in res["variants"] if k != "centre box"]
+    assert {k for k in held if k[1] == "centre box"} == {(k, "centre box") for k in methods}
+    v = res["variants"]
+    assert v["centre box"]["mean"] == {"held_out_accuracy": 5.0, "best_accuracy": 7.5}
+    assert v["Decomposition [signed]"]["mean"] == {"held_out_accuracy": 50.0, "best_accuracy": 52.5}
