@@ -157,6 +157,7 @@ HEADLINES: Dict[str, Headline] = {
                 "contrastive",
                 "trained",
             ),
+            _xml_cached("Open Clip Art", "ProxyAnchor", "the same with ProxyAnchor", "trained"),
             _xml_cached("Open Clip Art", "contrastive", "a head on frozen features (the second setting), contrastive"),
             _xml_cached("glyphs", "ProxyAnchor", "frozen, glyphs, ProxyAnchor"),
         ),
