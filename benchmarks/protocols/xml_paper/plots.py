@@ -6,6 +6,7 @@ import os
 import numpy as np
 import torch
 
+from pml_extensions.explain.explanation_hook import dataset_class_names
 from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.protocols.paired.unit import load_split, make_loader
 from pml_extensions.trunks import find_histogram_layers, trunk_body
@@ -39,7 +40,7 @@ def class_histograms(cfg, models, num_prototypes: int, device, seed: int, batch_
         labels.append(y)
     labels, hists = torch.cat(labels), torch.cat(hists)
     classes = torch.unique(labels)
-    names = getattr(test_set, "classes", None)
+    names = dataset_class_names(test_set)  # the class names as written (of a wrapped dataset too), else None
     return classes, torch.stack([hists[labels == c].mean(0) for c in classes]), names
 
 
@@ -58,15 +59,16 @@ def save_prototype_usage(units, out_dir, device, seed, num_prototypes):
 
     shown = 4
     fig, axes = plt.subplots(len(units), shown, figsize=(3 * shown, 2.2 * len(units)), squeeze=False)
-    for row, (name, cfg, _, models) in enumerate(units):
-        classes, hist, names = class_histograms(cfg, models, num_prototypes, device, seed)
+    rows = [(name, *class_histograms(cfg, models, num_prototypes, device, seed)) for name, cfg, _, models in units]
+    top = max(float(hist.max()) for _, _, hist, _ in rows) * 1.05  # one scale: the rows compare
+    for row, (name, classes, hist, names) in enumerate(rows):
         for col in range(min(shown, len(classes))):
             ax = axes[row][col]
             ax.bar(np.arange(hist.shape[1]), hist[col].numpy(), width=1.0)
             label = names[int(classes[col])] if names is not None else str(int(classes[col]))
             ax.set_title(f"{name}: class '{label}'", fontsize=7)
             ax.set_xticks([])
-            ax.set_ylim(0, float(hist.max()) * 1.05)
+            ax.set_ylim(0, top)
     fig.suptitle(
         "Mean prototype histogram per unseen class (cf. XML paper Fig. 4); trunks without "
         "HistogramPooling: post-hoc k-means prototypes of their own features",

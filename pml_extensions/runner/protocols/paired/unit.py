@@ -104,16 +104,23 @@ def cached_split(
         b.build_models()
     caches = FeatureCaches(b, "", b.log)
     part = "train" if train_transform else ("train_eval" if split == "train" else split)
+    source = b.build_dataset(split)
     args = (
         part,
         b.frozen,
-        b.build_dataset(split),
+        source,
         b.build_transform("train" if train_transform else "eval"),
         caches.spec["num_views"] if train_transform else 1,
     )
     if rank is not None or world_size is not None:
         return caches.build(*args, rank=rank, world_size=world_size)
-    return caches.dataset(*args, seed=seed)
+    cached = caches.dataset(*args, seed=seed)
+    from ....explain.explanation_hook import dataset_class_names
+
+    names = dataset_class_names(source)
+    if names is not None:  # the cached features keep the images' class names (figures and examples name classes)
+        cached.classes = names
+    return cached
 
 
 def make_loader(dataset, batch_size, seed):

@@ -67,6 +67,8 @@ def test_a_cached_gap_rest_bins_the_cached_map_post_hoc(tmp_path, monkeypatch):
     monkeypatch.setattr(
         HistogramPooling, "init_from_data", lambda self, body, *a, **k: bodies.append(body) or real(self, body, *a, **k)
     )
-    _, hist, _ = plots.class_histograms(cfg, models, 4, torch.device("cpu"), seed=0)
+    classes, hist, names = plots.class_histograms(cfg, models, 4, torch.device("cpu"), seed=0)
     (body,) = bodies
     assert len(body) == 0 and hist.shape[1] == 4  # no module before the pooling: the cached map itself
+    # the figure's titles name the classes of the dataset under the cache (they were label numbers: '1', '3', ...)
+    assert names is not None and len(names) > int(classes.max()) and not str(names[int(classes[0])]).isdigit()
