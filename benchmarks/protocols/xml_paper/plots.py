@@ -60,7 +60,7 @@ def save_prototype_usage(units, out_dir, device, seed, num_prototypes):
     shown = 4
     fig, axes = plt.subplots(len(units), shown, figsize=(3 * shown, 2.2 * len(units)), squeeze=False)
     rows = [(name, *class_histograms(cfg, models, num_prototypes, device, seed)) for name, cfg, _, models in units]
-    top = max(float(hist.max()) for _, _, hist, _ in rows) * 1.05  # one scale: the rows compare
+    top = max(float(hist[:shown].max()) for _, _, hist, _ in rows) * 1.05  # one scale for the shown panels
     for row, (name, classes, hist, names) in enumerate(rows):
         for col in range(min(shown, len(classes))):
             ax = axes[row][col]
