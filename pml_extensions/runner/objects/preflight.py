@@ -73,6 +73,17 @@ def _stat(path: str) -> Optional[List[int]]:
     return [int(s.st_size), int(s.st_mtime_ns)]
 
 
+def _read_record(record: Optional[str]) -> Dict[str, List[int]]:
+    """The files an earlier run recorded as decoded (:data:`IMAGE_CHECK_FILE`), ``{}`` without a readable one."""
+    if not record or not os.path.isfile(record):
+        return {}
+    try:
+        with open(record, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def check_images(
     dataset,
     folder: Optional[str] = None,
@@ -108,14 +119,8 @@ def check_images(
     if paths is None:
         return dataset
     record = os.path.join(folder, IMAGE_CHECK_FILE) if folder else None
-    known: Dict[str, List[int]] = {}
-    if record and os.path.isfile(record):
-        try:
-            with open(record, encoding="utf-8") as f:
-                known = json.load(f)
-        except (OSError, ValueError):
-            known = {}
-    known = {**known, **_DECODED}
+    recorded = _read_record(record)
+    known = {**recorded, **_DECODED}
     todo = [p for p in dict.fromkeys(paths) if known.get(p) is None or known.get(p) != _stat(p)]
     if len(todo) > 1000:
         log(f"checking that {len(todo)} image files decode (once; a rerun checks only new or changed files)")
@@ -134,9 +139,11 @@ def check_images(
     if record:
         from ...utils.atomic_io import atomic_write_json
 
-        try:
-            mine = set(paths) - bad_set
-            atomic_write_json(record, {**{p: v for p, v in known.items() if p in mine}, **good})
+        try:  # the record keeps the other datasets' files of the folder (a paired run's train and test data)
+            mine = {p: known[p] for p in paths if p in known and p not in bad_set}
+            kept = {p: v for p, v in recorded.items() if p not in bad_set}
+            if {**kept, **mine, **good} != recorded:
+                atomic_write_json(record, {**kept, **mine, **good})
         except OSError:
             pass  # the record only saves a rerun the decoding
     if not bad:
@@ -182,20 +189,23 @@ def write_bad_images(left_out: Dict[str, str], folder: str) -> Optional[str]:
 
 
 def record_checked_images(dataset, folder: str) -> None:
-    """Record every image file of ``dataset`` (checked by :func:`check_images`, the bad ones left out) as decoded in
-    ``folder``'s :data:`IMAGE_CHECK_FILE`, so a rerun decodes only new or changed files (a check before the folder
-    existed wrote nothing)."""
+    """Add every image file of ``dataset`` (checked by :func:`check_images`, the bad ones left out) to ``folder``'s
+    :data:`IMAGE_CHECK_FILE`, so a rerun decodes only new or changed files (a check before the folder existed wrote
+    nothing); the record's other files stay."""
     from ...utils.atomic_io import atomic_write_json
 
     write_bad_images(getattr(dataset, "left_out", None), folder)
     paths = image_paths(dataset)
-    record = os.path.join(folder, IMAGE_CHECK_FILE)
-    if paths is None or not os.path.isdir(folder) or os.path.exists(record):
+    if paths is None or not os.path.isdir(folder):
         return
-    try:
-        atomic_write_json(record, {p: _stat(p) for p in dict.fromkeys(paths)})
-    except OSError:
-        pass  # the record only saves a rerun the decoding
+    record = os.path.join(folder, IMAGE_CHECK_FILE)
+    known = _read_record(record)
+    new = {p: _stat(p) for p in dict.fromkeys(paths) if p not in known}
+    if new:
+        try:
+            atomic_write_json(record, {**known, **new})
+        except OSError:
+            pass  # the record only saves a rerun the decoding
 
 
 # ---------------------------------------------------------------------------------------------------- classes

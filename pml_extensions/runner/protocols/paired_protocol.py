@@ -124,6 +124,7 @@ class PairedProtocol(Protocol):
         self.note_replaced_flags(config)
         self.keep_epochs = s.selection != "best_epoch" or s.untrained
         self.left_out: Dict[str, str] = {}  # {path: reason} of the files skip_bad_images left out (preflight)
+        self.checked_data: List[Any] = []  # the datasets whose image files preflight decoded
         self.class_roles: Dict[str, list] = {}  # {"train"|"validation"|"test": class names} (preflight)
 
     # ------------------------------------------------------------------------------------------------ settings
@@ -392,7 +393,10 @@ class PairedProtocol(Protocol):
         if not self.preflown:  # run_protocol ran it before the folder existed
             self.preflight()
         if dist_utils.is_main():
-            # the files skip_bad_images left out, now that the folder exists
+            # now that the folder exists: the files that decoded (a rerun decodes only new or changed ones) and
+            # the files skip_bad_images left out
+            for data in self.checked_data:
+                preflight.record_checked_images(data, self.folder)
             preflight.write_bad_images(self.left_out, self.folder)
         units = self.run_units()
         per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in names}

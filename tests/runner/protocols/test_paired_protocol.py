@@ -37,3 +37,70 @@ def test_the_estimate_is_given_again_when_the_first_unit_included_one_time_work(
         "toy: one unit took 100 s; about 5.0 min for the 3 left",
         "toy: the next unit took 10 s (the first included one-time work); about 0.3 min for the 2 left",
     ]
+
+
+def test_a_resumed_paired_run_decodes_no_image_again(tmp_path, monkeypatch):
+    """A paired run on a user's folder said "checking that 3499 image files decode (once; a rerun checks only new or
+    changed files)" and decoded all of them again on every resume: its preflight ran before the folder existed and
+    nothing recorded the files. Now the run records them (train and test data, one record) and a resumed run's
+    preflight decodes only a new file."""
+    from PIL import Image
+
+    from pml_extensions.datasets import image_files
+    from pml_extensions.runner.objects import preflight
+    from pml_extensions.runner.protocols.paired import Paired
+
+    root = tmp_path / "photos"
+    for c in range(8):
+        (root / f"class_{c}").mkdir(parents=True)
+        for k in range(4):
+            Image.new("RGB", (12, 12), (30 * c, 60 * k, 0)).save(root / f"class_{c}" / f"{k}.png")
+    eval_ = {"Compose": {"transforms": [{"ToTensor": None}]}}
+    config = {
+        "protocol": "paired",
+        "dataset": {"name": "imagefolder", "root": str(root)},
+        "seeds": [0],
+        "batch_size": 4,
+        "sampler": {"MPerClassSampler": {"m": 2}},
+        "transforms": {"train": eval_, "eval": eval_},
+        "models": {
+            "trunk": [
+                {"Conv2d": {"in_channels": 3, "out_channels": 4, "kernel_size": 3}},
+                {"AdaptiveAvgPool2d": [1]},
+                {"Flatten": None},
+            ],
+            "embedder": {"Linear": {"in_features": 4, "out_features": 2}},
+        },
+        "loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}},
+        "optimizers": {"trunk_optimizer": {"Adam": {"lr": 0.001}}},
+        "num_epochs": 1,
+        "iterations_per_epoch": 1,
+        "validation": {"class_fraction": 0.5, "seed": 0},
+        "variants": {"a": {}},
+        "device": "cpu",
+    }
+    decoded = []
+    real = image_files.find_unreadable_images
+    monkeypatch.setattr(image_files, "find_unreadable_images", lambda paths: decoded.append(len(paths)) or real(paths))
+    folder = tmp_path / "exp"
+
+    def fresh_process():
+        monkeypatch.setattr(preflight, "_DECODED", {})
+        decoded.clear()
+        p = Paired(dict(config), str(folder), log=lambda *a, **k: None)
+        p.preflight()
+        return p
+
+    first = fresh_process()  # a first run: its preflight comes before the folder (a refusal leaves none)
+    assert sum(decoded) == 32 and not folder.exists()
+    folder.mkdir()  # run_protocol makes it between the preflight and the run
+    for data in first.checked_data:  # what PairedProtocol.run does once the folder exists
+        preflight.record_checked_images(data, str(folder))
+    import json
+
+    assert len(json.loads((folder / preflight.IMAGE_CHECK_FILE).read_text())) == 32  # train and test classes
+    fresh_process()
+    assert sum(decoded) == 0
+    Image.new("RGB", (12, 12)).save(root / "class_7" / "new.png")
+    fresh_process()
+    assert sum(decoded) == 1

@@ -143,6 +143,7 @@ class Paired(PairedProtocol):
         from ...objects.feature_cache import check_fixed_prefix
 
         problems, seen = Problems(), set()
+        record = self.folder if os.path.isdir(self.folder) else None  # a rerun reads its record of decoded files
         train_roles: Dict[str, list] = {}  # the first dataset's training and validation classes, by name
         quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
@@ -179,8 +180,9 @@ class Paired(PairedProtocol):
                     )
                 images_ok = False
                 with problems.check():
-                    data = preflight.check_images(data, None, s.skip_bad_images, where, self.log)
+                    data = preflight.check_images(data, record, s.skip_bad_images, where, self.log)
                     self.left_out.update(getattr(data, "left_out", {}))
+                    self.checked_data.append(data)
                     images_ok = True
                 if split != "train":
                     if not self.class_roles and data is not None:
