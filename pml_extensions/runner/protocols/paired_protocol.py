@@ -17,7 +17,7 @@ The engine owns the rest:
 - the ``untrained`` row (``untrained: true``: the first variant's epoch-0 model tested per seed; comparisons may
   name it);
 - comparisons (``[[variant, baseline], ...]``: paired per-seed differences of the primary metric), ``results.json``
-  / ``results.md``, ``map_at_r.png`` (validation curves of the first seed), retrieval examples for the report.
+  / ``results.md``, ``map_at_r.png`` (the validation curves, mean over the seeds), retrieval examples for the report.
 
 A subclass supplies the unit: :meth:`~PairedProtocol.unit` (train one variant at one seed, validate every epoch,
 keep every epoch's weights when :attr:`~PairedProtocol.keep_epochs`), :meth:`~PairedProtocol.test` (the test
@@ -470,7 +470,7 @@ class PairedProtocol(Protocol):
             decimals=self.decimals,
         )
         first = {n: units[n][seeds[0]] for n in names}
-        self.curves(first, seeds[0])
+        self.curves({n: units[n] for n in names})
         self.plots(first, seeds[0])
         for n in names:
             epoch = first[n].get("selected_epoch", first[n].get("best_epoch"))
@@ -479,35 +479,52 @@ class PairedProtocol(Protocol):
             self.log(f"{self.folder}/results.md:\n\n{f.read()}")
         return results
 
-    def curves(self, units: Dict[str, Dict[str, Any]], seed: int) -> str:
-        """``map_at_r.png``: the validation curve of the primary metric per variant at ``seed``, the tested epoch
-        starred."""
+    def curves(self, units: Dict[str, Dict[int, Dict[str, Any]]]) -> str:
+        """``map_at_r.png``: per variant, the validation curve of the primary metric averaged over the seeds (what
+        ``mean_validation_curve`` selects on; the band spans the seeds' lowest and highest values), the tested
+        epoch of the first seed starred. Variants whose curves are identical at every seed are named together in the
+        legend (one drawn over the other would hide it), and every variant has its own line style and marker."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import numpy as np
 
         from ...utils.atomic_io import atomic_savefig
         from ...utils.verdicts import METRIC_NAMES
 
         primary = self.selection_metric
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, unit in units.items():
-            hist = unit["history"]
-            line = ax.plot([h["epoch"] for h in hist], [h[primary] for h in hist], marker="o", label=name)[0]
-            tested = unit.get("selected_epoch", unit.get("best_epoch"))
-            for h in hist:
-                if h["epoch"] == tested:
-                    ax.plot(
-                        h["epoch"],
-                        h[primary],
-                        marker="*",
-                        markersize=16,
-                        color=line.get_color(),
-                        markeredgecolor="black",
-                    )
-        ax.set_xlabel("epoch (★ the tested epoch)")
-        ax.set_ylabel(f"{METRIC_NAMES.get(primary, primary)} (validation classes, seed {seed})")
+        curves: Dict[str, Tuple[List[int], Any]] = {}  # name -> (epochs every seed has, [epoch, seed] values)
+        for name, per_seed in units.items():
+            tables = [{h["epoch"]: h[primary] for h in u["history"]} for u in per_seed.values()]
+            common = sorted(set.intersection(*(set(t) for t in tables)))
+            curves[name] = common, np.array([[t[e] for t in tables] for e in common], dtype=np.float64)
+        same: Dict[str, List[str]] = {}  # the first variant of each distinct set of curves -> its twins
+        for name, (epochs, values) in curves.items():
+            twin = next((d for d in same if curves[d][0] == epochs and np.array_equal(curves[d][1], values)), None)
+            same.setdefault(twin or name, []).append(name)
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        styles = ["-", "--", "-.", ":"]
+        markers = ["o", "s", "^", "D", "v", "P", "X"]
+        one_length = True  # every seed of a variant tested at one epoch (mean_validation_curve, last)
+        for k, name in enumerate(same):
+            (epochs, values), per_seed = curves[name], units[name]
+            label = " = ".join(same[name]) + (" (identical)" if len(same[name]) > 1 else "")
+            line = ax.plot(epochs, values.mean(1), linestyle=styles[k % 4], marker=markers[k % 7], label=label)[0]
+            if values.shape[1] > 1:
+                ax.fill_between(epochs, values.min(1), values.max(1), color=line.get_color(), alpha=0.12)
+            tested = {u.get("selected_epoch", u.get("best_epoch")) for u in per_seed.values()}
+            first = per_seed[min(per_seed)]
+            star = first.get("selected_epoch", first.get("best_epoch"))
+            if star in epochs:
+                y = values.mean(1)[epochs.index(star)]
+                ax.plot(star, y, marker="*", markersize=16, color=line.get_color(), markeredgecolor="black")
+            one_length = one_length and len(tested) == 1
+        seeds = sorted(next(iter(units.values())))
+        ax.set_xlabel("epoch (★ " + ("the tested epoch)" if one_length else f"the tested epoch of seed {seeds[0]})"))
+        n = len(seeds)
+        ax.set_ylabel(f"{METRIC_NAMES.get(primary, primary)}, validation classes")
+        ax.set_title(f"mean over {n} seed(s); band: lowest to highest seed", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()

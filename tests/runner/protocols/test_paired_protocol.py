@@ -104,3 +104,36 @@ def test_a_resumed_paired_run_decodes_no_image_again(tmp_path, monkeypatch):
     Image.new("RGB", (12, 12)).save(root / "class_7" / "new.png")
     fresh_process()
     assert sum(decoded) == 1
+
+
+def test_map_at_r_png_draws_the_mean_curve_the_selection_reads_and_names_identical_ones(tmp_path, monkeypatch):
+    """The XML run's map_at_r.png drew seed 0 alone while the selection read the mean over 10 seeds, and the
+    λ = 0 curve (bit-identical to GAP's) hid GAP's. Now: the mean over seeds, twins named together, a star at the
+    tested epoch."""
+    from pml_extensions.utils import atomic_io
+
+    figures = []
+    monkeypatch.setattr(atomic_io, "atomic_savefig", lambda fig, path, **kw: figures.append(fig))
+
+    class Toy(PairedProtocol):
+        name, Settings, metrics = "toy", _Settings, ("score",)
+
+    def unit(values, selected):
+        return {"history": [{"epoch": e, "score": v} for e, v in enumerate(values)], "selected_epoch": selected}
+
+    units = {
+        "gap": {0: unit([0.1, 0.3], 1), 1: unit([0.2, 0.6], 1)},
+        "xml": {0: unit([0.1, 0.2], 1), 1: unit([0.2, 0.1], 1)},
+        "lambda0": {0: unit([0.1, 0.3], 1), 1: unit([0.2, 0.6], 1)},
+    }
+    toy = Toy({"seeds": [0, 1], "variants": {n: {} for n in units}, "device": "cpu"}, str(tmp_path))
+    toy.curves(units)
+    (ax,) = figures[0].axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["gap = lambda0 (identical)", "xml"]
+    means = [
+        line.get_ydata().tolist() for line in ax.get_lines() if line.get_label() in ("gap = lambda0 (identical)", "xml")
+    ]
+    assert means == [[0.15000000000000002, 0.44999999999999996], [0.15000000000000002, 0.15000000000000002]]
+    stars = [(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines() if line.get_marker() == "*"]
+    assert stars == [(1, 0.44999999999999996), (1, 0.15000000000000002)]
+    assert ax.get_xlabel() == "epoch (★ the tested epoch)" and ax.get_title().startswith("mean over 2 seed(s)")
