@@ -169,7 +169,8 @@ class EpochLoop:
                     {k: dist_utils.unwrap(m).state_dict() for k, m in self.models.items()}, self.best_path
                 )
         self.log(
-            f"{self.name} epoch {epoch}: val {self.primary}={acc[self.primary]:.4f}" + (" (best)" if improved else "")
+            f"{self.name} epoch {epoch}{' (untrained)' if epoch == 0 else ''}: val {self.primary}="
+            f"{acc[self.primary]:.4f}" + (" (best)" if improved else "")
         )
 
     def _commit(self, epoch: int, global_iteration: int, finished: bool) -> None:

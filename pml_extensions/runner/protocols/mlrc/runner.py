@@ -384,10 +384,15 @@ class MLRCRunner:
             self.setup_caches(labels, splits["test"])
         names = self.class_names(base, splits["test"])
         shown = ", ".join(names[:6]) + (f", ... ({len(names)})" if len(names) > 6 else "")
-        epochs = self.get("num_epochs_train", 1000)
+        epochs, patience = self.get("num_epochs_train", 1000), self.get("patience", 9)
+        stops = (
+            "no early stopping: patience null"
+            if patience is None
+            else f"a fold stops once {int(patience) + 1} epochs pass without a better validation (patience {patience})"
+        )
         self.log(
             f"{len(labels)} items, {len(np.unique(labels))} classes; test classes: {shown}; {num_sets} folds of at "
-            f"most {epochs} epochs (early stopping after {self.get('patience', 9)} without a better one)"
+            f"most {epochs} epochs ({stops})"
         )
         fold_results = []
         for k in range(num_sets):

@@ -59,12 +59,20 @@ class TestRunner:
                 "0.0}",
             ],
         )
-        results = _run(runner)
+        logs = []
+        results = run_protocol(runner.config, runner.folder, runner.experiment.sources, log=logs.append)
         from pml_extensions.runner.experiment.checkpoint import load_weights
 
         state = load_weights(str(tmp_path / "exp" / "fold_0" / "checkpoint.pth"))
         assert results["folds"][0]["best_epoch"] == 0
         assert state["epoch"] == 2 and state["finished"]
+        # the header says what the fold then did (it said "early stopping after 1 without a better one": 2 passed)
+        (header,) = [line for line in logs if "folds of at most" in line]
+        assert header.endswith("1 folds of at most 20 epochs (a fold stops once 2 epochs pass without a better "
+                               "validation (patience 1))")  # fmt: skip
+        assert [line.split(": val")[0] for line in logs if ": val " in line] == [
+            "fold 0 epoch 0 (untrained)", "fold 0 epoch 1", "fold 0 epoch 2"
+        ]  # fmt: skip
 
     def test_frozen_batchnorm_trunk(self, tmp_path):
         files = {
