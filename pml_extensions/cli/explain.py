@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip_bad_images",
         "--skip-bad-images",
         action="store_true",
-        help="leave out reference images that do not decode (one note) instead of stopping",
+        help="leave out reference images that do not decode (one note) instead of stopping (`--skip_bad_images true`, "
+        "as the run's key is given, works too)",
     )
     p.add_argument(
         "--checkpoint",
@@ -353,6 +354,12 @@ class _RunData:
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the command; returns the exit status (0 on success)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i in range(len(argv) - 1, -1, -1):  # `--skip_bad_images true` as `run` spells the key; false drops it
+        if argv[i] in ("--skip_bad_images", "--skip-bad-images") and i + 1 < len(argv):
+            value = argv[i + 1].lower()
+            if value in ("true", "false"):
+                argv[i : i + 2] = [argv[i]] if value == "true" else []
     args = parser.parse_args(argv)
 
     for flag, v in (("--image-size", args.image_size), ("--reference-image-size", args.reference_image_size)):

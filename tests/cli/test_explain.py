@@ -462,6 +462,13 @@ def test_a_csv_reference_with_columns_and_bad_images(tmp_path, capsys):
     result = json.load(open(tmp_path / "c" / "similarity.json", encoding="utf-8"))
     assert result["query_label"] == "Sandals" and all(isinstance(r["label"], str) for r in result["results"])
     assert result["excluded"] == [{"reference": query, "reason": "same file as the query"}]
+    # spelled as the run's key (`--skip_bad_images true`): the same; `false` is the default
+    assert main(args + ["--columns", COLUMNS, "--skip_bad_images", "true", "--out", str(tmp_path / "d")]) == 0
+    again = json.load(open(tmp_path / "d" / "similarity.json", encoding="utf-8"))["results"]
+    assert [{k: v for k, v in r.items() if k != "overlay"} for r in again] == [
+        {k: v for k, v in r.items() if k != "overlay"} for r in result["results"]
+    ]
+    assert main(args + ["--columns", COLUMNS, "--skip_bad_images", "false", "--out", str(tmp_path / "e")]) == 2
 
 
 def test_collapsed_embeddings_and_a_coarse_map_are_one_warning_each(tmp_path, capsys):
