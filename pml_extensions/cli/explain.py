@@ -447,7 +447,14 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[_RunData] = 
 
     from ..explain.activation_decomposition import ActivationDecomposition
     from ..explain.diagnostics import coarse_map_warning, collapse_warning
-    from ..explain.overlay import explanation_panels, save_pair_overlay, to_display_image
+    from ..explain.overlay import (
+        BIAS_RTOL,
+        bias_difference,
+        bias_note,
+        explanation_panels,
+        save_pair_overlay,
+        to_display_image,
+    )
     from ..runner.objects.saved_models import checkpoint_epoch
     from ..utils.atomic_io import atomic_write_json
 
@@ -540,7 +547,8 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[_RunData] = 
     prefix = f"epoch{epoch}_" if epoch is not None else ""
     results = []
     qd = to_display_image(q[0], *stats)
-    for rank, idx in enumerate(order):
+    pairs = []  # every reference's maps first: the Decomposition+Bias panels are shown in all figures or in none
+    for idx in order:
         r = load_r(refs[idx]).to(device)[None]
         fr = dec.fold_reference(r)
         plain = dec.overall_maps(fq, fr)
@@ -552,12 +560,15 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[_RunData] = 
             i, j = divmod(int(torch.argmax(plain["query"][0])), w)
             H, W = fq.image_size
             point = ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)
-        pmap = dec.point_specific(fq, fr, [point])[0, 0]
+        maps = (plain["query"][0], plain["reference"][0], bias["query"][0], bias["reference"][0])
+        pairs.append((r, plain, maps, point, dec.point_specific(fq, fr, [point])[0, 0]))
+    difference = max((bias_difference(*maps) for _, _, maps, _, _ in pairs), default=0.0)
+    show_bias = difference > BIAS_RTOL
+    for rank, (idx, (r, plain, maps, point, pmap)) in enumerate(zip(order, pairs)):
         name = f"{prefix}{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png"
         sim = float(cos[idx])  # the number the ranking used: title and similarity.json show the same one
-        panels, note = explanation_panels(
-            plain["query"][0], plain["reference"][0], bias["query"][0], bias["reference"][0], point, pmap
-        )
+        panels, _ = explanation_panels(*maps, point, pmap, show_bias=show_bias)
+        note = None if show_bias else bias_note(difference)
         same = None if query_label is None or labels[idx] is None else labels[idx] == query_label
         model = f" ({data.unit}, epoch {epoch})" if data is not None and epoch is not None else ""
         path = save_pair_overlay(

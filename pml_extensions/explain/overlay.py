@@ -237,6 +237,17 @@ def pair_figure(
     footer = 0.35 + (0.25 if note else 0.0)
     fig, axes = plt.subplots(rows, cols, figsize=(panel_width * cols, height * rows + footer), squeeze=False)
     cosines = format_cosines(similarities) if similarities is not None else None
+    row_maps = []  # every row's maps at image size: the colour bars read in one power of ten for the whole figure
+    for r in range(rows):
+        maps = []
+        for _, side, heatmap, *_ in (_panel(p) for p in panels[r]):
+            if side not in ("query", "reference"):
+                raise ValueError(f"panel side must be 'query' or 'reference', got {side!r}")
+            maps.append(_map_on_image(heatmap, (query_image if side == "query" else reference_images[r]).shape[:2]))
+        row_maps.append(maps)
+    largest = max([float(np.abs(m).max()) for maps in row_maps for m in maps] + [0.0]) or 1.0
+    exp10 = int(np.floor(np.log10(largest)))
+    unit = 10.0**exp10 if abs(exp10) >= 2 else 1.0  # every colour bar reads in units of 10^exp10
     try:
         for r in range(rows):
             ref = reference_images[r]
@@ -256,13 +267,7 @@ def pair_figure(
                     spine.set_edgecolor(colour)
                     spine.set_linewidth(4)
             axes[r, 1].set_title(head, fontsize=10, color=colour)
-            entries = [_panel(p) for p in panels[r]]
-            maps = []
-            for _, side, heatmap, *_ in entries:
-                if side not in ("query", "reference"):
-                    raise ValueError(f"panel side must be 'query' or 'reference', got {side!r}")
-                base = query_image if side == "query" else ref
-                maps.append(_map_on_image(heatmap, base.shape[:2]))
+            entries, maps = [_panel(p) for p in panels[r]], row_maps[r]
             limits = {}
             for (_, _, _, _, _, group), m in zip(entries, maps):
                 limits[group] = max(limits.get(group, 0.0), float(np.abs(m).max()))
@@ -270,8 +275,6 @@ def pair_figure(
                 base = query_image if side == "query" else ref
                 ax = axes[r, 2 + c]
                 top = limits[group] or 1.0
-                exp10 = int(np.floor(np.log10(top)))
-                unit = 10.0**exp10 if abs(exp10) >= 2 else 1.0  # the colour bar reads in units of 10^exp10
                 # the drawing lightened to [0.5, 1] so that colours read true on dark drawings too, then the map
                 # as a layer whose opacity grows with |value|: where the map is ~0 the drawing shows unchanged
                 ax.imshow(0.5 + 0.5 * base.mean(axis=2), cmap="gray", vmin=0, vmax=1, aspect="equal")

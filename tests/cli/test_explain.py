@@ -571,3 +571,18 @@ def test_a_one_value_normalize_of_the_run_applies_to_every_channel(tmp_path):
     ckpt.write_bytes(b"")
     assert _side(str(ckpt), 3, None) == (32, ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]))
     assert _side(str(ckpt), 1, None) == (32, ([0.5], [0.5]))
+
+
+def test_the_bias_panels_are_in_every_figure_of_a_call_or_in_none(tmp_path, monkeypatch, capsys):
+    """One explain call drew the Decomposition+Bias panels beside rank 1 and not beside rank 2 (each pair chose by
+    its own difference); the call now chooses once, by the largest difference of its pairs."""
+    from pml_extensions.explain import overlay
+
+    exp, _ = _paired_run(tmp_path)
+    differences = iter([0.5])  # rank 1's +Bias maps differ by 50 %, rank 2's (and later calls) not at all
+    monkeypatch.setattr(overlay, "bias_difference", lambda *maps: next(differences, 0.0))
+    drawn = []
+    real = overlay.save_pair_overlay
+    monkeypatch.setattr(overlay, "save_pair_overlay", lambda *a, **k: drawn.append((a[3], k["note"])) or real(*a, **k))
+    assert main(["--run", exp, "--variant", "xml", "--k", "2", "--out", str(tmp_path / "why")]) == 0
+    assert [len(panels[0]) for panels, _ in drawn] == [5, 5] and [note for _, note in drawn] == ["", ""]

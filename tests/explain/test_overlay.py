@@ -113,6 +113,20 @@ class TestColourBars(unittest.TestCase):
         base = fig.axes[2].images[0].get_array()
         self.assertAlmostEqual(float(base.min()), 0.5)  # a black drawing is drawn mid-grey under the colours
 
+    def test_one_power_of_ten_for_every_bar_of_a_figure(self):
+        """An explain figure read "× 1e-2" beside one panel and raw numbers beside the next (each bar took the power
+        of ten of its own maximum); the figure's largest |value| now sets one for every bar."""
+        q, r = torch.zeros(4, 5), torch.full((4, 5), 0.005)
+        q[0, 0] = 0.2
+        fig = _figure(panels=[[("a", "query", q, None), ("b", "reference", r, None, True)]])
+        bars = _colorbars(fig)
+        self.assertEqual([ax.get_ylabel().replace("\n", " ") for ax in bars], [COSINE_QUANTITY] * 2)
+        self.assertEqual([tuple(round(v, 6) for v in ax.get_ylim()) for ax in bars], [(-0.2, 0.2), (-0.005, 0.005)])
+        q[0, 0] = 0.04  # largest 4e-2: every bar in units of 1e-2, the small map's too
+        bars = _colorbars(_figure(panels=[[("a", "query", q, None), ("b", "reference", r, None, True)]]))
+        self.assertEqual([ax.get_ylabel().replace("\n", " ") for ax in bars], [f"{COSINE_QUANTITY} (× 1e-2)"] * 2)
+        self.assertEqual([tuple(round(v, 6) for v in ax.get_ylim()) for ax in bars], [(-4.0, 4.0), (-0.5, 0.5)])
+
 
 class TestExplanationPanels(unittest.TestCase):
     def test_bias_panels_only_when_they_add_something(self):
