@@ -9,7 +9,10 @@ Three experiments, each an experiment folder of the runner (resumable after a ki
   + block, auxiliary loss only, a wider baseline with at least the block's parameters) and Fig. 4's λ sweep;
 - ``glyphs``: the same Table 1 variants on the glyphs (``--config_dataset [default, with_glyphs]``);
 - ``ablation``: ``template_block_soft_maximizers``, Fig. 3 (BN-ReLU vs the two soft maximizers, μ and η estimated
-  from the trained BN-ReLU models).
+  from the trained BN-ReLU models);
+- ``fashion_converged`` (its own table, ``template_block_converged``; run only when named with ``--part``): Table 1's
+  four variants from scratch on Fashion-MNIST with a schedule that levels off (the config's ``converged`` files:
+  2400 iterations on 6000 training images, seeds 0-9 run seed after seed).
 
 ``--size`` picks the configs' variant (``quick``: 200 iterations, a smoke run; ``medium``: the configs' default, the
 docs' 500 iterations; ``full``: the GPU size). Everything about the experiments (data, pairing, selection on
@@ -22,6 +25,7 @@ the claims of the table: shown / no effect of practical size / contradicted / in
 
     OMP_NUM_THREADS=1 python benchmarks/template_block.py --size medium        # the three experiments, then the tables
     python benchmarks/template_block.py --size medium --part glyphs            # one experiment (3 in parallel)
+    python benchmarks/template_block.py --size medium --part fashion_converged # the converged table (~1.5 h, 1 core)
     python benchmarks/template_block.py --size medium --render-only            # tables from finished experiments
     python benchmarks/template_block.py --from-json      # the tables again from benchmarks/results/template_block.json
     python benchmarks/template_block.py --size full --device cuda
@@ -56,12 +60,19 @@ protocols.register()  # the configs name their protocol benchmarks.protocols.tem
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SIZES = ("quick", "medium", "full")
 TABLE1 = ("baseline", "block", "aux_only", "wider")
-#: part -> (config of benchmarks/configs, extra dataset file, variants (None: all))
+#: part -> (config of benchmarks/configs, extra file merged in every folder that has one, variants (None: all))
 PARTS = {
     "fashion_lambda": ("template_block_table1", None, None),
     "glyphs": ("template_block_table1", "with_glyphs", TABLE1),
     "ablation": ("template_block_soft_maximizers", None, None),
+    "fashion_converged": ("template_block_table1", "converged", TABLE1),
 }
+#: the parts of ``template_block.{json,md}`` (a call without ``--part`` runs them); ``fashion_converged`` (the
+#: block from scratch with a schedule that levels off, 10 declared seeds) is its own table,
+#: ``template_block_converged.{json,md}``, written by the call that runs it (``--part fashion_converged``)
+TABLE_PARTS = ("fashion_lambda", "glyphs", "ablation")
+KEYS = {"fashion_lambda": "fashion", "glyphs": "glyphs", "ablation": "ablation", "fashion_converged": "converged"}
+TITLES = {"fashion": "Fashion-MNIST", "glyphs": "glyphs", "converged": "Fashion-MNIST, trained to convergence"}
 LABELS = {
     "baseline": "ResNet baseline",
     "block": "+ template-matching block (λ = 0.5)",
@@ -77,15 +88,14 @@ FASHION_CLASSES = ["T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", 
 
 def part_config(part, size, device=None, seeds=None, perturbed_samples=None):
     """``(config, sources)`` of one experiment at ``size`` (its config with the size variant selected)."""
-    name, dataset_file, variants = PARTS[part]
+    name, extra, variants = PARTS[part]
     root = protocols.config_path(name)
     selection = {}
     for folder in CONFIG_FOLDERS:
         files = ["default"] if os.path.isdir(os.path.join(root, folder)) else []
-        if size != "medium" and os.path.isfile(os.path.join(root, folder, f"{size}.yaml")):
-            files.append(size)
-        if folder == "config_dataset" and dataset_file:
-            files.append(dataset_file)
+        for file in ([size] if size != "medium" else []) + ([extra] if extra else []):
+            if os.path.isfile(os.path.join(root, folder, f"{file}.yaml")):
+                files.append(file)
         if files:
             selection[folder] = files
     overrides = {}
@@ -204,10 +214,10 @@ def claims(out):
             c.update(variant=labels[0], baseline=labels[1])
         rows.append(dict(c, paper=paper, data=data))
 
-    for ds, title in (("fashion", "Fashion-MNIST"), ("glyphs", "glyphs")):
+    for ds in ("fashion", "glyphs", "converged"):
         if ds not in out:
             continue
-        r = out["experiments"][ds]
+        r, title = out["experiments"][ds], TITLES[ds]
         for var, base, claim in (
             ("block", "baseline", "block improves the baseline (Table 1)"),
             ("block", "wider", "the gain is not from parameters: block beats a baseline with ≥ its parameters "
@@ -261,12 +271,12 @@ def claim_lines(out):
 
 def markdown(out):
     L = []
-    for ds in ("fashion", "glyphs"):
+    for ds in ("fashion", "glyphs", "converged"):
         if ds not in out:
             continue
         t, r = out[ds], out["experiments"][ds]
         widths, blocks = _widths(out["config"][ds])
-        title = "Fashion-MNIST" if ds == "fashion" else f"Glyphs ({t['num_classes']} characters, every installed font)"
+        title = TITLES[ds] if ds != "glyphs" else f"Glyphs ({t['num_classes']} characters, every installed font)"
         L += [
             f"**{title}**: {t['n_train']} train / {t['n_val']} validation / {t['n_test']} test images; "
             f"{len(widths)}-stage ResNet widths {widths} × {blocks} BasicBlock(s) per stage, {_iterations(r)} "
@@ -357,7 +367,7 @@ def assemble(parts, size):
     experiments."""
     out = {"size": size, "experiments": {}, "experiment_folders": {}, "config": {}, "train_seconds": {}}
     for part, (results, config, threads, folder) in parts.items():
-        key = {"fashion_lambda": "fashion", "glyphs": "glyphs", "ablation": "ablation"}[part]
+        key = KEYS[part]
         out["config"][key], out["experiments"][key], out["experiment_folders"][key] = config, results, folder
         out["device"], out["torch_threads"] = results["device"], threads
         out["train_seconds"][part] = results["train_seconds_sum"]
@@ -382,18 +392,18 @@ def rerender(out):
     return out
 
 
-def save(out: dict, out_dir: str) -> dict:
-    """Write ``template_block.json`` / ``.md`` into ``out_dir``, print the table; return ``out``."""
-    protocols.write_table(out_dir, "template_block", out, out["markdown"])
+def save(out: dict, out_dir: str, name: str = "template_block") -> dict:
+    """Write ``NAME.json`` / ``.md`` into ``out_dir``, print the table; return ``out``."""
+    protocols.write_table(out_dir, name, out, out["markdown"])
     return out
 
 
-def render(args, root, out_dir):
-    """``template_block.json`` / ``.md`` from the finished experiments under ``root`` (those that exist)."""
+def render(args, root, out_dir, table_parts=TABLE_PARTS, name="template_block"):
+    """``NAME.json`` / ``.md`` from the finished experiments of ``table_parts`` under ``root`` (those that exist)."""
     import yaml
 
     parts = {}
-    for part in PARTS:
+    for part in table_parts:
         folder = os.path.join(root, part)
         if not os.path.isfile(os.path.join(folder, "results.json")):
             continue
@@ -407,7 +417,7 @@ def render(args, root, out_dir):
     if not parts:
         raise SystemExit(f"template_block: no finished experiment under {root} (run without --render-only first)")
     out = assemble(parts, args.size)
-    return save(out, out_dir)
+    return save(out, out_dir, name)
 
 
 def visual_words(root, out_dir, k=32, max_images=1000):
@@ -502,8 +512,10 @@ def main(argv=None):
         sys.argv[1:] if argv is None else argv
     )
     if not args.render_only:
-        for part in args.part or PARTS:
+        for part in args.part or TABLE_PARTS:
             run_part(part, args, root, command)
+    if args.part and "fashion_converged" in args.part:
+        return render(args, root, args.out, ("fashion_converged",), "template_block_converged")
     if args.part:  # a part of a parallel run: the tables come from the call that finds all three finished
         return None
     out = render(args, root, args.out)

@@ -195,7 +195,7 @@ class TemplateBlock(PairedProtocol):
         )
         return {**{k: v for k, v in result.items() if k not in ("models", "test")}, "test": row}
 
-    def curves(self, units, seed):  # the report draws the validation curves from the logs
+    def curves(self, units):  # the report draws the validation curves from the logs
         return None
 
     def header(self, results):
