@@ -116,6 +116,23 @@ def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np
     return np.flatnonzero(~is_val), np.flatnonzero(is_val), val_classes.tolist()
 
 
+def validation_rows(dataset) -> Optional[list]:
+    """The class names of a table's validation rows when the table has both validation and test rows
+    (:class:`pml_extensions.datasets.ImageCSVSplit`'s ``classes_by_split``: OML's ``split`` column with
+    ``validation`` and ``test``), else ``None`` (a table without test rows tests on its validation rows).
+
+    Example::
+
+        >>> from types import SimpleNamespace as S
+        >>> validation_rows(S(classes_by_split={"train": ["a"], "validation": ["b"], "test": ["c"]}))
+        ['b']
+        >>> validation_rows(S(classes_by_split={"train": ["a"], "validation": ["b"]})) is None
+        True
+    """
+    by_split = getattr(dataset, "classes_by_split", None) or {}
+    return list(by_split["validation"]) if by_split.get("validation") and "test" in by_split else None
+
+
 def cap_per_class(labels, max_per_class: Optional[int], seed: int = 0) -> np.ndarray:
     """Indices keeping at most ``max_per_class`` items of each label (a seeded draw, sorted); all when None.
 

@@ -8,7 +8,8 @@ of the flat form, ``config_<category>.yaml`` files), ``--data_folder`` on your o
 Every entry of ``variants`` is merged over the config and trained once per seed (the grid, selection, untrained row,
 comparisons and outputs: :class:`~pml_extensions.runner.protocols.paired_protocol.PairedProtocol`). The unit
 (:mod:`.unit`): the training classes are split class-disjointly into a training part and a validation part
-(``validation: {class_fraction, seed}``); the configured PML trainer (default ``MetricLossOnly``) trains on the
+(``validation: {class_fraction, seed}``; a table with validation and test rows validates on its validation rows
+and trains on every train row); the configured PML trainer (default ``MetricLossOnly``) trains on the
 training part; after every epoch the validation classes score the model; only the selected epoch is tested, once,
 on the unseen test classes. Within a seed all variants start from bit-identical weights for the modules they share
 and see the same batches. With ``feature_cache`` the trunk's rest trains on cached features of its frozen prefix
@@ -60,7 +61,8 @@ class Settings:
     dataloader_num_workers: int = setting(0, "DataLoader worker processes.", "int", minimum=0)
     validation: Dict[str, Any] = setting(
         {"class_fraction": 0.25, "seed": 0},
-        "`{class_fraction, seed}`: the held-out part of the training classes that selects the tested epoch.",
+        "`{class_fraction, seed}`: the held-out part of the training classes that selects the tested epoch (a "
+        "table with validation and test rows selects on its validation rows instead).",
         "mapping",
     )
     prototype_init: Any = setting(None, "Initialise the trunk's `HistogramPooling` prototypes from training images.")
@@ -136,10 +138,12 @@ class Paired(PairedProtocol):
         """Before the first unit trains, every problem in one refusal: a cached prefix that depends on the seed,
         each variant's dataset (each distinct one once): it builds, every image decodes, the training classes hold
         a validation part and the sampler's batches, the images fit the trunk."""
+        import numpy as np
+
         from ...errors import Problems
         from ...objects import preflight
         from ...objects.builder import Builder
-        from ...objects.data import dataset_labels, validation_split
+        from ...objects.data import dataset_labels, validation_rows, validation_split
         from ...objects.feature_cache import check_fixed_prefix
 
         problems, seen = Problems(), set()
@@ -164,19 +168,19 @@ class Paired(PairedProtocol):
             seen.add(key)
             b = Builder(dict(cfg), sources, self.device, quiet)
             where = f"{sources.get('dataset', 'config')}: dataset"
-            for split in ("train", "test"):
+            splits, rows = ["train", "test"], None
+            for split in splits:
                 data = None
                 with problems.check():
                     data = b.build_dataset(split)
                 if data is None:
                     break
-                unused = (getattr(data, "classes_by_split", None) or {}).get("validation") if split == "train" else None
-                if unused and "test" in data.classes_by_split:  # (without test rows they are the test set)
-                    shown = ", ".join(unused[:5]) + (", ..." if len(unused) > 5 else "")
+                if split == "train" and validation_rows(data):  # a table's validation rows validate
+                    rows = validation_rows(data)
+                    splits.insert(1, "validation")  # checked next, before the test rows
                     self.log(
-                        f"note: {where}: the validation rows of the split column (classes {shown}) are not used: this "
-                        "protocol validates on classes drawn from the train rows (validation.class_fraction); mark "
-                        "them train to train on them"
+                        f"note: {where}: the split column's validation rows (classes {_shown(rows)}) select the "
+                        "tested epoch; every train row trains (validation.class_fraction is not used)"
                     )
                 images_ok = False
                 with problems.check():
@@ -184,6 +188,11 @@ class Paired(PairedProtocol):
                     self.left_out.update(getattr(data, "left_out", {}))
                     self.checked_data.append(data)
                     images_ok = True
+                if split == "validation":
+                    if data is not None and "validation" not in train_roles:
+                        ids = sorted({int(v) for v in dataset_labels(data)})
+                        train_roles = {**train_roles, "validation": _class_names(data, ids)}
+                    continue
                 if split != "train":
                     if not self.class_roles and data is not None:
                         test_ids = sorted({int(v) for v in dataset_labels(data)})
@@ -200,15 +209,15 @@ class Paired(PairedProtocol):
                     labels = dataset_labels(data)
                     fraction, vseed = s.validation.get("class_fraction", 0.25), s.validation.get("seed", 0)
                     try:
-                        parts = validation_split(labels, fraction, vseed)
+                        whole = (np.arange(len(labels)), None, None)  # the table's validation rows validate
+                        parts = whole if rows else validation_split(labels, fraction, vseed)
                     except ConfigError as e:
                         raise ConfigError(f"{sources.get('validation', 'config')}: validation: {e}") from None
                 if parts is not None and not train_roles:
                     train_ids = sorted({int(v) for v in labels[parts[0]]})
-                    train_roles = {
-                        "train": _class_names(data, train_ids),
-                        "validation": _class_names(data, [int(i) for i in parts[2]]),
-                    }
+                    train_roles = {"train": _class_names(data, train_ids)}
+                    if parts[2] is not None:
+                        train_roles["validation"] = _class_names(data, [int(i) for i in parts[2]])
                 if parts is not None:
                     with problems.check():
                         preflight.check_sampler(b, [labels[parts[0]]], s.batch_size, batch_key="batch_size")
@@ -223,10 +232,11 @@ class Paired(PairedProtocol):
         problems.raise_any()
 
     def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
-        """Build the feature caches of every variant with ``feature_cache`` (parts ``train``, ``train_eval``,
-        ``test``), or only shard ``rank`` of ``world_size`` (separate processes; the last one completes the cache).
-        A run of the config then finds them. Returns whether every cache is complete."""
+        """Build the feature caches of every variant with ``feature_cache`` (parts ``train``, ``train_eval``, a
+        table's ``validation`` rows, ``test``), or only shard ``rank`` of ``world_size`` (separate processes; the last
+        one completes the cache). A run of the config then finds them. Returns whether every cache is complete."""
         from ...objects.builder import Builder
+        from ...objects.data import validation_rows
         from .unit import cached_split
 
         done, seen = True, set()
@@ -239,7 +249,10 @@ class Paired(PairedProtocol):
                 continue
             seen.add(signature)
             b = Builder(cfg, self.variant_sources[name], self.device, self.log)
-            for split, train in (("train", True), ("train", False), ("test", False)):
+            parts = [("train", True), ("train", False), ("test", False)]
+            if validation_rows(b.build_dataset("train")):
+                parts.insert(2, ("validation", False))
+            for split, train in parts:
                 if rank is None and world_size is None:
                     cached_split(b, split, train)
                 else:

@@ -13,7 +13,9 @@ Every object comes from the runner's one :class:`pml_extensions.runner.objects.b
 merged config (datasets by name, transforms, models, losses, optimizers, sampler, tester, trainer).
 
 Selection: the training classes are split class-disjointly into a training part and a validation part
-(:func:`pml_extensions.runner.objects.data.validation_split`); the best epoch is the one with the highest validation
+(:func:`pml_extensions.runner.objects.data.validation_split`), or, for a table with validation and test rows, its
+validation rows validate and every train row trains (:func:`~pml_extensions.runner.objects.data.validation_rows`);
+the best epoch is the one with the highest validation
 MAP@R, epoch 0 (the untrained model) included and flagged. :func:`train_and_select` never loads the test split;
 :func:`evaluate` runs once on the
 selected model. With ``keep_epochs`` every evaluated epoch's weights are kept (``epochs/epoch_<e>.pth``), so the
@@ -22,7 +24,8 @@ protocol can test the epoch it chooses for a whole group of units (``selection: 
 Feature cache (``feature_cache`` key, :mod:`pml_extensions.runner.objects.feature_cache`): the trunk is its
 trainable rest, and the splits are cached prefix outputs: part ``train`` (the train split, ``num_views`` views of the
 train transform; its views follow the unit's seed and epoch), ``train_eval`` (the train split's eval view: the
-validation classes and ``prototype_init``'s images) and ``test`` (:func:`cached_split`). The config's
+validation classes and ``prototype_init``'s images), ``validation`` (a table's validation rows) and ``test``
+(:func:`cached_split`). The config's
 ``feature_cache.folder`` must be resolved (:func:`resolve_cache_folder`).
 """
 
@@ -39,7 +42,7 @@ from ...config.specs import one_spec
 from ...errors import ConfigError
 from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
-from ...objects.data import dataset_labels, validation_split
+from ...objects.data import dataset_labels, validation_rows, validation_split
 from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec, end_of_epoch_hook
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
@@ -222,18 +225,20 @@ def train_and_select(
     val_cfg = cfg.get("validation") or {}
     full_train = load_split(cfg, "train", train_transform=True, builder=b, seed=seed)
     full_eval = load_split(cfg, "train", train_transform=False, builder=b)
-    try:
-        train_idx, val_idx, _ = validation_split(
-            full_train.labels, val_cfg.get("class_fraction", 0.25), val_cfg.get("seed", 0)
-        )
-    except ConfigError as e:
-        raise ConfigError(f"{b.sources.get('validation', 'config')}: {e}") from None
     labels = dataset_labels(full_train)
-    train_set, init_set, val_set = (
-        b.subset(full_train, train_idx, labels),
-        b.subset(full_eval, train_idx, labels),
-        b.subset(full_eval, val_idx, labels),
-    )
+    if validation_rows(b.build_dataset("train")):  # a table's validation rows validate; every train row trains
+        train_idx = np.arange(len(labels))
+        val_data = load_split(cfg, "validation", train_transform=False, builder=b)
+        val_set = b.subset(val_data, np.arange(len(val_data)), dataset_labels(val_data))
+    else:
+        try:
+            train_idx, val_idx, _ = validation_split(
+                full_train.labels, val_cfg.get("class_fraction", 0.25), val_cfg.get("seed", 0)
+            )
+        except ConfigError as e:
+            raise ConfigError(f"{b.sources.get('validation', 'config')}: {e}") from None
+        val_set = b.subset(full_eval, val_idx, labels)
+    train_set, init_set = b.subset(full_train, train_idx, labels), b.subset(full_eval, train_idx, labels)
     num_classes = int(np.max(labels)) + 1  # the labels index the classes (e.g. ProxyAnchorLoss's proxies)
     models = build_models(cfg, seed, device, init_set, builder=b, num_classes=num_classes)
     trunk, embedder, loss_funcs = models["trunk"], models["embedder"], models["loss_funcs"]

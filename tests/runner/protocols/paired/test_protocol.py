@@ -292,9 +292,7 @@ def test_a_command_line_key_that_a_variant_replaces_gets_a_note(tmp_path):
     ]
 
 
-def test_the_validation_rows_of_a_csv_the_protocol_does_not_use_get_a_note(tmp_path):
-    """A catalogue's `val` rows (two classes of their own) were silently dropped: the paired protocol validates on
-    classes drawn from the train rows; the note names them."""
+def _csv_with_validation_rows(tmp_path):
     from PIL import Image
 
     lines = ["path,label,split"]
@@ -304,18 +302,28 @@ def test_the_validation_rows_of_a_csv_the_protocol_does_not_use_get_a_note(tmp_p
             Image.new("RGB", (16, 16), (15 * c, 40 * k, 0)).save(tmp_path / name)
             lines.append(f"{name},Class {c} / é,{side}")
     (tmp_path / "t.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    cfg = tiny_config(dataset={"name": "csv", "root": str(tmp_path / "t.csv")}, batch_size=8)
+    return tiny_config(dataset={"name": "csv", "root": str(tmp_path / "t.csv")}, batch_size=8)
+
+
+def test_the_validation_rows_of_a_csv_select_the_epoch(tmp_path):
+    """A catalogue's `val` rows (two classes of their own) were noted and dropped: the paired protocol validated on
+    classes drawn from the train rows. Now they validate (OML's split column), and every train row trains."""
+    cfg = _csv_with_validation_rows(tmp_path)
     notes = []
     protocol = Paired(cfg, str(tmp_path / "exp"), sources={"dataset": "command line"}, log=notes.append)
     protocol.preflight()
     assert notes[0] == (
-        "note: command line: dataset: the validation rows of the split column (classes Class 12 / é, Class 13 / é) "
-        "are not used: this protocol validates on classes drawn from the train rows (validation.class_fraction); mark "
-        "them train to train on them"
+        "note: command line: dataset: the split column's validation rows (classes Class 12 / é, Class 13 / é) select "
+        "the tested epoch; every train row trains (validation.class_fraction is not used)"
     )
-    # the classes of each role by name (console and results.json): 3 of the 12 train classes validate
+    # the classes of each role by name (console and results.json)
     roles = protocol.class_roles
-    assert roles["test"] == ["Class 14 / é", "Class 15 / é"] and len(roles["validation"]) == 3
-    assert sorted(roles["train"] + roles["validation"]) == sorted(f"Class {c} / é" for c in range(12))
-    assert notes[1].startswith("classes: train 9 (Class ") and notes[1].endswith("test 2 (Class 14 / é, Class 15 / é)")
+    assert roles == {
+        "train": [f"Class {c} / é" for c in sorted(range(12), key=str)],
+        "validation": ["Class 12 / é", "Class 13 / é"],
+        "test": ["Class 14 / é", "Class 15 / é"],
+    }
+    assert notes[1].startswith("classes: train 12 (Class ") and notes[1].endswith(
+        "validation 2 (Class 12 / é, Class 13 / é); test 2 (Class 14 / é, Class 15 / é)"
+    )
     assert protocol.extra_results({})["classes"] == roles

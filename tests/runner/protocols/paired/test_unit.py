@@ -121,3 +121,31 @@ def test_load_models_builds_no_losses(tmp_path):
     torch.save({k: models[k].state_dict() for k in ("trunk", "embedder")}, str(tmp_path / "best_models.pth"))
     loaded = train.load_models(cfg, str(tmp_path), torch.device("cpu"))
     assert torch.equal(loaded["embedder"].weight, models["embedder"].weight)
+
+
+@pytest.mark.slow  # trains a unit (3 s)
+def test_a_tables_validation_rows_validate_and_every_train_row_trains(tmp_path):
+    """OML's split column with validation and test rows: the unit validates on the validation rows' classes (not on
+    classes drawn from the train rows) and trains on all 12 train classes; the test rows stay unread."""
+    import numpy as np
+
+    from pml_extensions.runner.objects.builder import Builder
+    from tests.runner.protocols.paired.test_protocol import _csv_with_validation_rows
+
+    cfg = variant(_csv_with_validation_rows(tmp_path), "contrastive_xml")
+    splits, sampled = [], []
+    real_load, real_sampler = train.load_split, Builder.build_sampler
+
+    def load_split(cfg, split, *a, **k):
+        splits.append(split)
+        return real_load(cfg, split, *a, **k)
+
+    def build_sampler(self, labels, *a, **k):
+        sampled.append(sorted(set(np.asarray(labels).tolist())))
+        return real_sampler(self, labels, *a, **k)
+
+    with mock.patch.object(train, "load_split", load_split), mock.patch.object(Builder, "build_sampler", build_sampler):
+        r = train.train_and_select("v", cfg, 0, str(tmp_path / "unit"), torch.device("cpu"), log=lambda *a: None)
+    assert splits == ["train", "train", "validation"] and [h["epoch"] for h in r["history"]] == [0, 1]
+    names = sorted(f"Class {c} / é" for c in range(16))  # the labels index the sorted class names
+    assert sampled[0] == [names.index(f"Class {c} / é") for c in sorted(range(12), key=str)]  # all 12, no val class
