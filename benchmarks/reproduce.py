@@ -41,8 +41,10 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 PY = sys.executable
 #: steps that ``--size full`` runs and ``--size quick`` leaves out, so that the quick call fits 60 minutes on 2 cores:
 #: the k-NN engine at 20k-300k embeddings (18.1 min alone on 2 cores in the last whole quick call; its table is the
-#: engine's timing evidence) and XML with the last stage trained (two parts of about an hour each on one core)
-FULL_ONLY = ("accuracy_scale", "xml_trained")
+#: engine's timing evidence), XML with the last stage trained (two parts of about an hour each on one core), RAML's
+#: Table 2 with 10 seeds at 64 / 48 px and the template block trained to convergence on Fashion-MNIST (each over an
+#: hour on one core)
+FULL_ONLY = ("accuracy_scale", "xml_trained", "resolution_distillation_off_floor", "template_block_converged")
 
 
 class Step(NamedTuple):
@@ -64,6 +66,7 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
     dev = ["--device", device]
     job_folder = os.path.join(runs, "xml_glyphs")
     tb_folder, loc_folder = os.path.join(runs, "template_block"), os.path.join(runs, "localization")
+    raml_off, tb_converged = os.path.join(runs, "resolution_distillation_off_floor"), os.path.join(runs, "converged")
     tb = [PY, "benchmarks/template_block.py", "--size", "medium" if size == "quick" else size]
     tb += ["--experiment-folder", tb_folder] + dev
     tb_parts = tuple((part, tb + ["--part", part]) for part in ("ablation", "fashion_lambda", "glyphs"))
@@ -101,6 +104,20 @@ def steps(size: str, device: str, runs: str) -> List[Step]:
             + dev,
             ["resolution_distillation"],
             fresh=(os.path.join(runs, "resolution_distillation"),),
+        ),
+        Step(
+            "resolution_distillation_off_floor",
+            [PY, "benchmarks/resolution_distillation.py", "--size", "off_floor", "--experiment-folder", raml_off] + dev,
+            ["resolution_distillation_off_floor"],
+            fresh=(raml_off,),
+        ),
+        Step(
+            "template_block_converged",
+            [PY, "benchmarks/template_block.py", "--size", "medium", "--part", "fashion_converged"]
+            + ["--experiment-folder", tb_converged, "--out", "benchmarks/results"]
+            + dev,
+            ["template_block_converged"],
+            fresh=(os.path.join(tb_converged, "fashion_converged"),),
         ),
         Step(
             "template_block",
