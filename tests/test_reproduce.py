@@ -26,6 +26,8 @@ class TestReproduce(unittest.TestCase):
             steps,
             [
                 "resolution_distillation",
+                "resolution_distillation_off_floor",
+                "template_block_converged",
                 "template_block",
                 "localization",
                 "xml_cached_cache",
