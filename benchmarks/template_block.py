@@ -353,6 +353,15 @@ def markdown(out):
             L.append(f"| {mixing} | " + " | ".join(cells) + " |")
         L.append("")
     L += claim_lines(out)
+    for part, command in (out.get("commands") or {}).items():
+        declared, seeds = (out.get("declared_seeds") or {}).get(part), out["experiments"][KEYS[part]]["seeds"]
+        stopped = (
+            f"; declared seeds {declared}, the units run seed after seed and the run was stopped for time after "
+            f"seed {seeds[-1]}"
+            if declared and list(declared) != list(seeds)
+            else ""
+        )
+        L.append(f"Command ({part}): `{command}`{stopped}.")
     minutes = ", ".join(f"{p} {s / 60:.1f}" for p, s in out["train_seconds"].items())
     L.append(
         f"Size `{out['size']}` on {out['device']}, torch threads {out['torch_threads']}; training time per "
@@ -361,11 +370,12 @@ def markdown(out):
     return "\n".join(L) + "\n"
 
 
-def assemble(parts, size):
+def assemble(parts, size, commands=None, declared_seeds=None):
     """The layout ``benchmarks/results/template_block.json`` always had (``fashion``, ``glyphs``, ``lambda_sweep``,
     ``ablation`` ...) and its ``markdown``, from ``{part: (results, config, torch_threads, folder)}`` of the finished
     experiments."""
     out = {"size": size, "experiments": {}, "experiment_folders": {}, "config": {}, "train_seconds": {}}
+    out["commands"], out["declared_seeds"] = dict(commands or {}), dict(declared_seeds or {})
     for part, (results, config, threads, folder) in parts.items():
         key = KEYS[part]
         out["config"][key], out["experiments"][key], out["experiment_folders"][key] = config, results, folder
@@ -416,7 +426,13 @@ def render(args, root, out_dir, table_parts=TABLE_PARTS, name="template_block"):
         parts[part] = (results, config, threads, folder)
     if not parts:
         raise SystemExit(f"template_block: no finished experiment under {root} (run without --render-only first)")
-    out = assemble(parts, args.size)
+    commands, declared = {}, {}
+    for part, (_, _, _, folder) in parts.items():
+        if os.path.isfile(os.path.join(folder, "command.txt")):
+            with open(os.path.join(folder, "command.txt"), encoding="utf-8") as f:
+                commands[part] = f.read().strip()
+        declared[part] = part_config(part, args.size)[0]["seeds"]  # the config's seeds, before any --seeds
+    out = assemble(parts, args.size, commands, declared)
     return save(out, out_dir, name)
 
 
