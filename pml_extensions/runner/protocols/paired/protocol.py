@@ -276,9 +276,11 @@ class Paired(PairedProtocol):
             "over all seeds",
             "last": "the last epoch tested (validation curves",
         }[mode]
+        rows = unit.get("validation_rows")
+        held_out = "classes of the table's validation rows" if rows else "held-out training classes"
         text = (
             f"Dataset `{dataset_name(s.dataset)}`: trained on {unit['num_train_classes']} classes, {how} on "
-            f"{unit['num_val_classes']} held-out training classes{')' if mode == 'last' else ''} (validation), tested "
+            f"{unit['num_val_classes']} {held_out}{')' if mode == 'last' else ''} (validation), tested "
             f"once on the {test_classes_words(s.dataset)}. {s.num_epochs} epochs × {s.iterations_per_epoch} "
             f"iterations, batch {s.batch_size}, seeds {', '.join(map(str, seeds))} (paired: same initial weights "
             f"for shared modules and same batches within a seed), device {results['device']}. Test metrics; "

@@ -226,7 +226,8 @@ def train_and_select(
     full_train = load_split(cfg, "train", train_transform=True, builder=b, seed=seed)
     full_eval = load_split(cfg, "train", train_transform=False, builder=b)
     labels = dataset_labels(full_train)
-    if validation_rows(b.build_dataset("train")):  # a table's validation rows validate; every train row trains
+    rows = validation_rows(b.build_dataset("train"))
+    if rows:  # a table's validation rows validate; every train row trains
         train_idx = np.arange(len(labels))
         val_data = load_split(cfg, "validation", train_transform=False, builder=b)
         val_set = b.subset(val_data, np.arange(len(val_data)), dataset_labels(val_data))
@@ -328,6 +329,7 @@ def train_and_select(
         "xml": xml,
         "num_train_classes": int(len(np.unique(train_set.labels))),
         "num_val_classes": int(len(np.unique(val_set.labels))),
+        "validation_rows": bool(rows),  # validated on a table's validation rows (not on held-out train classes)
     }
 
 

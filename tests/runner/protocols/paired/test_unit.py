@@ -147,5 +147,6 @@ def test_a_tables_validation_rows_validate_and_every_train_row_trains(tmp_path):
     with mock.patch.object(train, "load_split", load_split), mock.patch.object(Builder, "build_sampler", build_sampler):
         r = train.train_and_select("v", cfg, 0, str(tmp_path / "unit"), torch.device("cpu"), log=lambda *a: None)
     assert splits == ["train", "train", "validation"] and [h["epoch"] for h in r["history"]] == [0, 1]
+    assert r["validation_rows"] and r["num_train_classes"] == 12 and r["num_val_classes"] == 2  # the header says so
     names = sorted(f"Class {c} / é" for c in range(16))  # the labels index the sorted class names
     assert sampled[0] == [names.index(f"Class {c} / é") for c in sorted(range(12), key=str)]  # all 12, no val class
