@@ -489,6 +489,7 @@ class PairedProtocol(Protocol):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         import numpy as np
+        from matplotlib.ticker import MaxNLocator
 
         from ...utils.atomic_io import atomic_savefig
         from ...utils.verdicts import METRIC_NAMES
@@ -524,7 +525,8 @@ class PairedProtocol(Protocol):
         ax.set_xlabel("epoch (★ " + ("the tested epoch)" if one_length else f"the tested epoch of seed {seeds[0]})"))
         n = len(seeds)
         ax.set_ylabel(f"{METRIC_NAMES.get(primary, primary)}, validation classes")
-        ax.set_title(f"mean over {n} seed(s); band: lowest to highest seed", fontsize=9)
+        ax.set_title(f"mean over {n} seeds; band: lowest to highest seed" if n > 1 else f"seed {seeds[0]}", fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()

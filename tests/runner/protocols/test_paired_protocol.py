@@ -136,4 +136,4 @@ def test_map_at_r_png_draws_the_mean_curve_the_selection_reads_and_names_identic
     assert means == [[0.15000000000000002, 0.44999999999999996], [0.15000000000000002, 0.15000000000000002]]
     stars = [(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines() if line.get_marker() == "*"]
     assert stars == [(1, 0.44999999999999996), (1, 0.15000000000000002)]
-    assert ax.get_xlabel() == "epoch (★ the tested epoch)" and ax.get_title().startswith("mean over 2 seed(s)")
+    assert ax.get_xlabel() == "epoch (★ the tested epoch)" and ax.get_title().startswith("mean over 2 seeds")
