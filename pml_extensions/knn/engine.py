@@ -114,10 +114,6 @@ from .selection import Geometry, ThresholdSweep, run_tasks, top_k
 _TILE_MAX = 8192
 _SPEEDUP: Dict[Tuple[str, Optional[int]], float] = {}
 
-# the previous engine's private names, kept for code that imported them
-_ordered_keys = ordered_keys
-_LOW32, _INT64_MAX = LOW32, INT64_MAX
-
 
 def pass_error_bound(dim: int, device_type: str = "cpu", low_precision: bool = True) -> float:
     """Relative bound ``c`` of the proposal pass: ``|p̃ − q·r| ≤ c·|q|·|r| + η`` for every pair (module doc).
@@ -447,13 +443,10 @@ class BlockedKNN:
         reference,
         self_indices=None,
         return_distances: bool = False,
-        reference_sq_norms=None,
         out=None,
     ):
         """k nearest references of each query row (see the class doc). Inputs must come from :meth:`prepare`;
-        ``out``: an optional :meth:`score_buffer` for the rows method; ``reference_sq_norms`` is accepted for
-        compatibility and not needed (the engine computes the norms it bounds)."""
-        del reference_sq_norms
+        ``out``: an optional :meth:`score_buffer` for the rows method."""
         b = len(query)
         idx = torch.empty(b, k, dtype=torch.long, device=query.device)
         dist = torch.empty(b, k, dtype=query.dtype, device=query.device) if return_distances else None
