@@ -41,10 +41,16 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 PY = sys.executable
 #: steps that ``--size full`` runs and ``--size quick`` leaves out, so that the quick call fits 60 minutes on 2 cores:
 #: the k-NN engine at 20k-300k embeddings (18.1 min alone on 2 cores in the last whole quick call; its table is the
-#: engine's timing evidence), XML with the last stage trained (two parts of about an hour each on one core), RAML's
-#: Table 2 with 10 seeds at 64 / 48 px and the template block trained to convergence on Fashion-MNIST (each over an
-#: hour on one core)
-FULL_ONLY = ("accuracy_scale", "xml_trained", "resolution_distillation_off_floor", "template_block_converged")
+#: engine's timing evidence), RAML's Tables 2-4 at 48 / 24 / 32 px (18.2 min on one core; the near-the-floor
+#: setting), XML with the last stage trained (two parts of about an hour each on one core), RAML's Table 2 with 10
+#: seeds at 64 / 48 px and the template block trained to convergence on Fashion-MNIST (each over an hour on one core)
+FULL_ONLY = (
+    "accuracy_scale",
+    "resolution_distillation",
+    "xml_trained",
+    "resolution_distillation_off_floor",
+    "template_block_converged",
+)
 
 
 class Step(NamedTuple):

@@ -149,7 +149,7 @@ def test_parts_come_before_their_merge():
         "template_block.glyphs",
     }
     assert names.index("xml_generalization") > names.index("xml_vs_gap")
-    fresh = {s.name: s.fresh for s in mod.steps("quick", "cpu", "runs")}
+    fresh = {s.name: s.fresh for s in mod.steps("full", "cpu", "runs")}
     assert fresh["xml_vs_gap"] == (os.path.join("runs", "xml_glyphs"),)  # resumable folders start afresh
     assert fresh["resolution_distillation"] == (os.path.join("runs", "resolution_distillation"),)
     assert fresh["template_block"] == (os.path.join("runs", "template_block"),)  # parts share these folders
@@ -165,25 +165,26 @@ def test_record_names_the_wall_time_and_every_process(tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "RESULTS", str(tmp_path))
     args = argparse.Namespace(size="quick", device="cpu", jobs=2)
     plan = mod.steps("quick", "cpu", "runs")[:1]
-    mod.write_record(args, plan, 125.0, {"resolution_distillation": 90.0}, [], [])
+    mod.write_record(args, plan, 125.0, {"template_block": 90.0}, [], [])
     rec = json.load(open(tmp_path / "reproduce_quick_cpu.json"))
-    assert rec["wall_seconds"] == 125.0 and rec["steps"] == ["resolution_distillation"]
+    assert rec["wall_seconds"] == 125.0 and rec["steps"] == ["template_block"]
     md = open(tmp_path / "reproduce_quick_cpu.md").read()
     assert "**2.1 min** wall" in md and "every process succeeded" in md
-    assert "| resolution_distillation | 1.5 |" in md
-    mod.write_record(args, plan, 60.0, {}, ["resolution_distillation"], ["xml_generalization"])
+    assert "| template_block | 1.5 |" in md
+    mod.write_record(args, plan, 60.0, {}, ["template_block"], ["xml_generalization"])
     md = open(tmp_path / "reproduce_quick_cpu.md").read()
-    assert "failed: resolution_distillation; skipped: xml_generalization" in md
+    assert "failed: template_block; skipped: xml_generalization" in md
 
 
 def test_quick_leaves_the_full_only_steps_out():
-    """--size quick fits its 60 minutes by leaving the k-NN scale timings (18.1 min alone in the last whole call) and
-    XML with the last stage trained (about an hour per part) to --size full."""
+    """--size quick fits its 60 minutes by leaving the k-NN scale timings (18.1 min alone in the last whole call), the
+    near-the-floor RAML tables (18.2 min) and the hour-long fair settings to --size full."""
     mod = _load_reproduce()
     quick = [s.name for s in mod.steps("quick", "cpu", "runs")]
     full = [s.name for s in mod.steps("full", "cpu", "runs")]
     assert mod.FULL_ONLY == (
-        "accuracy_scale", "xml_trained", "resolution_distillation_off_floor", "template_block_converged"
+        "accuracy_scale", "resolution_distillation", "xml_trained", "resolution_distillation_off_floor",
+        "template_block_converged",
     )  # fmt: skip
     assert all(n in full and n not in quick for n in mod.FULL_ONLY)
     assert [n for n in full if n not in mod.FULL_ONLY] == quick
