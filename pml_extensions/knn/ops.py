@@ -112,14 +112,6 @@ class NumpyOps:
         return np.where(c, a, b)
 
     @staticmethod
-    def first_true(mask):
-        return mask.argmax(1)
-
-    @staticmethod
-    def cumsum_rows(x):
-        return np.cumsum(x, axis=1)
-
-    @staticmethod
     def lexsort(minor, middle, major):
         return np.lexsort((minor, middle, major))
 
@@ -254,14 +246,6 @@ class TorchOps:
     @staticmethod
     def cumsum(x):
         return torch.cumsum(x, 0)
-
-    @staticmethod
-    def first_true(mask):
-        return mask.to(torch.uint8).argmax(1)
-
-    @staticmethod
-    def cumsum_rows(x):
-        return x.long().cumsum(1)
 
     @staticmethod
     def where(c, a, b):

@@ -81,11 +81,11 @@ class Geometry:
             self.t_ids = torch.arange(len(self.r), device=self.device) if self.perm is None else self.perm
             if symmetric:
                 self.t_q, self.t_qn, self.t_qlp, self.t_qsq = self.t_r, self.t_rn, self.t_rlp, self.t_rsq
-                self.t_delta, self.t_eps = take(self.delta32), take(self.eps64)
+                self.t_eps = take(self.eps64)
             else:
                 self.t_q, self.t_qn, self.t_qsq = query, self.qn, self.qsq
                 self.t_qlp = self.q32.to(torch.bfloat16) if low_precision else self.q32
-                self.t_delta, self.t_eps = self.delta32, self.eps64
+                self.t_eps = self.eps64
 
     @property
     def r64(self) -> torch.Tensor:
@@ -207,12 +207,6 @@ class State:
         newc = ops.where(have, (keys <= limit_keys[:, None]).sum(1), counts)
         keys[ops.arange(keys.shape[1], rows)[None, :] >= newc[:, None]] = INT64_MAX
         return keys, newc
-
-    def tighten(self, base: int, span: int) -> None:
-        """Prune the buffers of rows ``base:base + span`` that hold at least k candidates (tightens ``U``)."""
-        rows = self.ops.nonzero(self.count[base : base + span] >= self.k) + base
-        if len(rows):
-            self.keys[rows], self.count[rows] = self._prune(rows, self.keys[rows], self.count[rows])
 
 
 # ------------------------------------------------------------------------------------------------ workers
