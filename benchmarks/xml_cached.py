@@ -364,14 +364,15 @@ def merge(runs: str, setting: str = "frozen") -> dict:
         diffs = [abs(a - b) for a, b in zip(_points(r, l0).values(), _points(r, gap).values())]
         identity[DATASETS[part]] = {"max_abs_difference": max(diffs), "seeds": len(diffs)}
     first = next(iter(parts.values()))["results"]
-    env = first.get("environment") or {}
+    envs = {DATASETS[p]: environment_summary(v["results"]["environment"]) for p, v in parts.items()
+            if v["results"].get("environment")}  # fmt: skip
     return {
         "setting": setting,
         "rows": rows,
         "not_run": not_run,
         "identity": identity,
         "seeds": first["seeds"],
-        "environment": environment_summary(env) if env else None,
+        "environment": _one_environment(envs),
         "untrained_spread": {p: v["results"]["untrained"] for p, v in parts.items()},
         "seconds": {p: v["seconds"] for p, v in parts.items()},
         "splits": {
@@ -414,16 +415,27 @@ def rerender(out: dict) -> dict:
     return dict(out, rows=rows)
 
 
+def _one_environment(by_dataset: dict):
+    """One environment line: the shared one, or each dataset's where the parts ran on different ones (a part rerun
+    with another thread count); None when no part recorded one."""
+    if len(set(by_dataset.values())) <= 1:
+        return next(iter(by_dataset.values()), None)
+    return "; ".join(f"{name}: {env}" for name, env in by_dataset.items())
+
+
 def update(stored: dict, rerun: dict) -> dict:
     """``stored`` (a results file) with the rows of ``rerun`` (a :func:`merge` of some parts: the others not run) in
-    place of the stored rows of the same dataset, setting and loss, the verdicts Holm-corrected again over the table;
-    the rerun parts' seconds, split counts and λ = 0 identity replace theirs. Raises ValueError for a rerun row the
-    stored file does not have or other seeds."""
+    place of the stored rows of the same dataset, setting and loss, or added where the stored file lists them under
+    ``not_run``; the verdicts Holm-corrected again over the table; the rerun parts' seconds, split counts and λ = 0
+    identity replace theirs. Raises ValueError for a rerun row the stored file neither has nor lists as not run, or
+    other seeds."""
     if [str(s) for s in rerun["seeds"]] != [str(s) for s in stored["seeds"]]:
         raise ValueError(f"the rerun's seeds {rerun['seeds']} differ from the stored {stored['seeds']}")
     key = lambda r: (r["dataset"], r["setting"], r["loss"])  # noqa: E731
     new = {key(r): r for r in rerun["rows"]}
-    unknown = sorted(set(new) - {key(r) for r in stored["rows"]})
+    missing = list(stored.get("not_run") or [])
+    added = [k for k in new if " ".join(k) in missing]
+    unknown = sorted(set(new) - {key(r) for r in stored["rows"]} - set(added))
     if unknown:
         raise ValueError(f"the stored table has no rows {unknown}")
     same = total = 0
@@ -433,11 +445,22 @@ def update(stored: dict, rerun: dict) -> dict:
             a, b = r["difference"]["differences"], new[key(r)]["difference"]["differences"]
             same, total = same + sum(x == y for x, y in zip(a, b)), total + len(a)
             largest = max([largest] + [abs(x - y) for x, y in zip(a, b)])
-    note = (
-        f"Rows rerun later ({', '.join(' '.join(k) for k in new)}): {same} of {total} per-seed XML − GAP differences "
-        f"bit-identical to the first run's (largest difference {largest:.3g} points); their probe was recomputed."
-    )
-    out = dict(stored, rows=[new.get(key(r), r) for r in stored["rows"]], notes=[*stored.get("notes", []), note])
+    notes = list(stored.get("notes", []))
+    if total:
+        rerun_keys = [k for k in new if k not in added]
+        notes.append(
+            f"Rows rerun later ({', '.join(' '.join(k) for k in rerun_keys)}): {same} of {total} per-seed XML − GAP "
+            f"differences bit-identical to the first run's (largest difference {largest:.3g} points); their probe was "
+            "recomputed."
+        )
+    rows = [new.get(key(r), r) for r in stored["rows"]] + [new[k] for k in added]
+    not_run = [m for m in missing if m not in {" ".join(k) for k in added}]
+    out = dict(stored, rows=rows, notes=notes, not_run=not_run)
+    if rerun.get("environment") and rerun["environment"] != stored.get("environment"):
+        names = lambda table: sorted({r["dataset"] for r in table["rows"]})  # noqa: E731
+        kept = [n for n in names(stored) if n not in names(rerun)]
+        by_dataset = {n: stored.get("environment") for n in kept}
+        out["environment"] = _one_environment({**by_dataset, **{n: rerun["environment"] for n in names(rerun)}})
     for field in ("seconds", "splits", "identity", "untrained_spread"):
         out[field] = {**(stored.get(field) or {}), **(rerun.get(field) or {})}
     return rerender(out)

@@ -117,7 +117,7 @@ def test_the_trained_setting_keeps_its_configs_folder_and_cache():
     assert xc.SETTINGS["trained"] == ("clipart_trained", "glyphs_trained") and xc.OUTPUT["trained"] == "xml_trained"
 
 
-def _run_folder(root, name, variants, seeds=("0", "1", "2")):
+def _run_folder(root, name, variants, seeds=("0", "1", "2"), threads=None):
     import json
 
     per_seed = {v: {s: {"mean_average_precision_at_r": 0.2 + 0.01 * i + 0.001 * int(s)} for s in seeds}
@@ -125,6 +125,8 @@ def _run_folder(root, name, variants, seeds=("0", "1", "2")):
     results = {"variants": {v: {"per_seed": p} for v, p in per_seed.items()}, "seeds": [int(s) for s in seeds],
                "selection": {"epochs": {v: 2 for v in variants}}, "iterations_per_epoch": 50,
                "untrained": {"mean": 0.2}}  # fmt: skip
+    if threads is not None:
+        results["environment"] = {"torch": "2.14.1", "torch_threads": threads}
     probe = {v: {s: {"map_seen": 50.0, "map_unseen": 40.0 + i} for s in seeds} for i, v in enumerate(variants)}
     probe["splits"] = 20
     os.makedirs(root / name)
@@ -177,3 +179,35 @@ def test_update_replaces_the_rows_of_a_rerun_part_and_keeps_the_others(tmp_path)
     assert [r["verdict"] for r in out["rows"]] == [r["verdict"] for r in stored["rows"]]
     with pytest.raises(ValueError, match="seeds"):
         xc.update(dict(stored, seeds=[0]), xc.merge(str(tmp_path), "trained"))
+
+
+def test_update_adds_the_rows_of_a_part_the_stored_table_lists_as_not_run(tmp_path):
+    """The glyph part finished after the Open Clip Art table was written: its two rows are appended, leave not_run,
+    and Holm runs over the four rows; the stored rows are unchanged and no rerun note is written. XML − GAP is 1 point
+    on every seed of every row, so each row's adjusted p is the same over 2 or 4 rows only if Holm is recomputed."""
+    import shutil
+
+    xc = _module()
+    five = ["untrained", "contrastive_gap", "contrastive_xml", "contrastive_xml_lambda0", "proxy_anchor_gap",
+            "proxy_anchor_xml"]  # fmt: skip
+    _run_folder(tmp_path, "xml_trained_clipart", five, threads=2)
+    stored = xc.merge(str(tmp_path), "trained")
+    assert len(stored["rows"]) == 2 and len(stored["not_run"]) == 2
+    assert stored["environment"].endswith("2 torch threads")
+    shutil.rmtree(tmp_path / "xml_trained_clipart")
+    _run_folder(tmp_path, "xml_trained_glyphs", five, threads=1)
+    out = xc.update(stored, xc.merge(str(tmp_path), "trained"))
+    # each dataset keeps the thread count it ran with
+    assert (
+        out["environment"].startswith("Open Clip Art: torch 2.14.1")
+        and "2 torch threads; glyphs:" in out["environment"]
+    )
+    assert out["environment"].endswith("1 torch thread")
+    assert [(r["dataset"], r["loss"]) for r in out["rows"]] == [
+        ("Open Clip Art", "contrastive"), ("Open Clip Art", "ProxyAnchor"), ("glyphs", "contrastive"),
+        ("glyphs", "ProxyAnchor")]  # fmt: skip
+    assert out["not_run"] == [] and out.get("notes", []) == []
+    assert out["rows"][0]["difference"]["differences"] == stored["rows"][0]["difference"]["differences"]
+    assert "Not run" not in xc.markdown(out) and "over the 4 rows" in xc.markdown(out)
+    with pytest.raises(ValueError, match="no rows"):  # a row the stored table neither has nor lists as not run
+        xc.update(out, xc.merge(str(tmp_path), "trained") | {"rows": [dict(out["rows"][0], loss="Triplet")]})
