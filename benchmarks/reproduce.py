@@ -455,7 +455,12 @@ def write_record(args, plan, wall, seconds, failed, skipped, reruns=None) -> Non
     ]
     lines += [f"| {n} | {t / 60:.1f} |" for n, t in seconds.items()]
     if reruns:
-        lines += ["", "Per-seed numbers against the files committed before the call (how much is the machine):", ""]
+        lines += [
+            "",
+            "Per-seed numbers against the files committed before the call (a difference is the machine, or code or "
+            "settings changed since that file was written: `git log -- benchmarks/results/NAME.json` tells which):",
+            "",
+        ]
         lines += ["| results file | per-seed numbers compared | bit-identical | largest difference |"]
         lines += ["|---|---|---|---|"]
         for n, r in reruns.items():
