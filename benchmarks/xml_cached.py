@@ -373,6 +373,7 @@ def merge(runs: str, setting: str = "frozen") -> dict:
         "identity": identity,
         "seeds": first["seeds"],
         "environment": _one_environment(envs),
+        "environments": envs,
         "untrained_spread": {p: v["results"]["untrained"] for p, v in parts.items()},
         "seconds": {p: v["seconds"] for p, v in parts.items()},
         "splits": {
@@ -426,9 +427,9 @@ def _one_environment(by_dataset: dict):
 def update(stored: dict, rerun: dict) -> dict:
     """``stored`` (a results file) with the rows of ``rerun`` (a :func:`merge` of some parts: the others not run) in
     place of the stored rows of the same dataset, setting and loss, or added where the stored file lists them under
-    ``not_run``; the verdicts Holm-corrected again over the table; the rerun parts' seconds, split counts and λ = 0
-    identity replace theirs. Raises ValueError for a rerun row the stored file neither has nor lists as not run, or
-    other seeds."""
+    ``not_run``; the verdicts Holm-corrected again over the table; the rerun parts' seconds, split counts, λ = 0
+    identity and environment lines replace theirs. Raises ValueError for a rerun row the stored file neither has nor
+    lists as not run, or other seeds."""
     if [str(s) for s in rerun["seeds"]] != [str(s) for s in stored["seeds"]]:
         raise ValueError(f"the rerun's seeds {rerun['seeds']} differ from the stored {stored['seeds']}")
     key = lambda r: (r["dataset"], r["setting"], r["loss"])  # noqa: E731
@@ -456,13 +457,11 @@ def update(stored: dict, rerun: dict) -> dict:
     rows = [new.get(key(r), r) for r in stored["rows"]] + [new[k] for k in added]
     not_run = [m for m in missing if m not in {" ".join(k) for k in added}]
     out = dict(stored, rows=rows, notes=notes, not_run=not_run)
-    if rerun.get("environment") and rerun["environment"] != stored.get("environment"):
-        names = lambda table: sorted({r["dataset"] for r in table["rows"]})  # noqa: E731
-        kept = [n for n in names(stored) if n not in names(rerun)]
-        by_dataset = {n: stored.get("environment") for n in kept}
-        out["environment"] = _one_environment({**by_dataset, **{n: rerun["environment"] for n in names(rerun)}})
-    for field in ("seconds", "splits", "identity", "untrained_spread"):
+    if "environments" not in stored and stored.get("environment"):  # a file written before the per-dataset field
+        stored = dict(stored, environments={r["dataset"]: stored["environment"] for r in stored["rows"]})
+    for field in ("seconds", "splits", "identity", "untrained_spread", "environments"):
         out[field] = {**(stored.get(field) or {}), **(rerun.get(field) or {})}
+    out["environment"] = _one_environment(out["environments"])
     return rerender(out)
 
 

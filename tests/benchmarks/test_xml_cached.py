@@ -203,6 +203,8 @@ def test_update_adds_the_rows_of_a_part_the_stored_table_lists_as_not_run(tmp_pa
         and "2 torch threads; glyphs:" in out["environment"]
     )
     assert out["environment"].endswith("1 torch thread")
+    again = xc.update(out, xc.merge(str(tmp_path), "trained"))  # the glyph part rerun once more: no nested lines
+    assert again["environment"] == out["environment"] and again["environments"] == out["environments"]
     assert [(r["dataset"], r["loss"]) for r in out["rows"]] == [
         ("Open Clip Art", "contrastive"), ("Open Clip Art", "ProxyAnchor"), ("glyphs", "contrastive"),
         ("glyphs", "ProxyAnchor")]  # fmt: skip
