@@ -17,6 +17,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the runner's class index (runner/config/class_index.py) is cached per session, never in the user's ~/.cache; child
 # processes inherit the folder, so they find the index the first test built
 os.environ.setdefault("PML_EXTENSIONS_CACHE_DIR", tempfile.mkdtemp(prefix="pml_extensions_test_cache_"))
+# one torch thread per pytest-xdist worker unless the caller chose: tox runs 2 workers on the 2-core machine, and 2
+# workers x 2 threads oversubscribe the cores (the whole suite took 696 s of pytest time that way, 465 s with one
+# thread per worker, every test passing both ways). Children started with os.environ inherit the same setting.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 #: ``file::test`` (a file alone: all its tests) of slow tests outside tests/runner and tests/cli
 SLOW_ELSEWHERE = (
