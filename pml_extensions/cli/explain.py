@@ -30,15 +30,20 @@ from __future__ import annotations  # annotations name torch types that load onl
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, List, Optional
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
+from typing import List, Optional
 
 # torch, PIL and the package's rooms are imported inside the functions: `explain --help` answers at once
+from .explain_inputs import (  # noqa: F401 - load_image, load_models: the public helpers, importable from here
+    RunData,
+    drop_bad,
+    input_channels,
+    load_image,
+    load_models,
+    references,
+    run_of,
+    side_of,
+)
 
-DEFAULT_IMAGE_SIZE = 320
 _FIRST_IMAGE = "the query (the first test image)"
 
 
@@ -141,216 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _mobilenet_trunk(pretrained: bool) -> nn.Module:
-    from torch import nn
-
-    from pml_extensions.trunks.pretrained import mobilenet_v2_features
-
-    return nn.Sequential(mobilenet_v2_features(pretrained=pretrained), nn.AdaptiveAvgPool2d(1), nn.Flatten())
-
-
-def load_models(checkpoint: Optional[str], trust: bool = False):
-    """``(trunk, embedder)`` from ``checkpoint`` (see ``--checkpoint`` and
-    :mod:`pml_extensions.runner.objects.saved_models`) or the ImageNet MobileNetV2.
-
-    Raises:
-        FileNotFoundError: a missing checkpoint; ValueError: an unreadable one (one line naming the file).
-    """
-    from torch import nn
-
-    from ..runner.objects.saved_models import load_models as _load_models
-
-    return _load_models(checkpoint, trust, default=lambda: (_mobilenet_trunk(True), nn.Identity()))
-
-
-def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False, stats=None) -> torch.Tensor:
-    """Image file → ``[channels, size, size]`` tensor (resized without cropping, as the authors' demo), or
-    with ``keep_aspect`` the shorter side resized to ``size`` (``[channels, size, W']`` or ``[channels, H',
-    size]``); normalised with ``stats = (mean, std)`` when given (a run's own eval normalisation), else
-    ImageNet-normalised for 3 channels and grey in [0, 1] for 1 channel."""
-    from PIL import Image
-    from torchvision.transforms import functional as TF
-
-    from ..explain.reference_images import read_image
-
-    im = read_image(path, "RGB" if channels == 3 else "L")  # transparency on white, as the datasets
-    if keep_aspect:
-        w, h = im.size
-        new = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
-    else:
-        new = (size, size)
-    im = im.resize(new, Image.BILINEAR)
-    x = TF.to_tensor(im)
-    mean, std = stats if stats is not None else _default_stats(channels)
-    return x if mean is None else TF.normalize(x, mean, std)
-
-
-def _default_stats(channels: int):
-    from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
-
-    return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (None, None)
-
-
-def _side(checkpoint, channels, size):
-    """``(size, (mean, std))`` of one side: the run's own preprocessing when ``checkpoint`` is a run's file."""
-    from ..runner.objects.saved_models import run_preprocessing
-
-    run = run_preprocessing(checkpoint)
-    if run is not None and run["mean"] is not None and len(run["mean"]) == 1 < channels:  # Normalize broadcasts
-        run = {**run, "mean": run["mean"] * channels, "std": run["std"] * channels}
-    fits = run is not None and (run["mean"] is None or len(run["mean"]) == channels)  # else a config we cannot read
-    stats = (run["mean"], run["std"]) if fits else _default_stats(channels)
-    return size or (run or {}).get("image_size") or DEFAULT_IMAGE_SIZE, stats
-
-
-def _channels(trunk: nn.Module) -> int:
-    from torch import nn
-
-    for m in trunk.modules():
-        if isinstance(m, nn.Conv2d):
-            return int(m.in_channels)
-    return 3
-
-
-def _run_of(checkpoint: str) -> Optional[str]:
-    """The experiment folder holding the run config of ``checkpoint`` (None when it is not inside a run)."""
-    from ..runner.objects.saved_models import find_run_config
-
-    try:
-        _, path = find_run_config(checkpoint)
-    except (OSError, ValueError):
-        return None
-    return os.path.dirname(path) if path else None
-
-
-def _references(args) -> list:
-    """The REFERENCE argument as ``[ReferenceImage]``: a folder, a CSV table or one file."""
-    from ..explain.reference_images import ReferenceImage, list_reference_images, list_table_images
-
-    if os.path.isdir(args.reference):
-        return list_reference_images(args.reference)
-    if os.path.isfile(args.reference) and args.reference.lower().endswith(".csv"):
-        return list_table_images(args.reference, args.columns)
-    if os.path.isfile(args.reference):
-        return [ReferenceImage(args.reference, None)]
-    raise FileNotFoundError(f"reference {args.reference} not found")
-
-
-class _Files:
-    """Image files as the runner's image check reads a dataset (``paths``, ``labels``)."""
-
-    def __init__(self, paths):
-        import numpy as np
-
-        self.paths = list(paths)
-        self.labels = np.zeros(len(self.paths), dtype=np.int64)
-
-    def __len__(self):
-        return len(self.paths)
-
-
-def _drop_bad(refs: list, skip: bool, where: str) -> list:
-    """``refs`` whose files all decode: the runner's one image check
-    (:func:`pml_extensions.runner.objects.preflight.check_images`): every bad file named in one line, or with ``skip``
-    left out with one note."""
-    from ..runner.objects.preflight import check_images
-
-    files = _Files(r.path for r in refs)
-    kept = check_images(files, None, skip, where, log=print, skip_hint="--skip_bad_images")
-    return refs if kept is files else [refs[int(i)] for i in kept.indices]
-
-
-class _RunData:
-    """What a run trained and tested on, as explain reads it: its config (the variant's), model pick, test images
-    (``refs``, class names as the dataset has them) and eval transform."""
-
-    def __init__(self, args, run: str):
-        import numpy as np
-
-        from ..explain.reference_images import ReferenceImage
-        from ..runner.config.loader import variant_configs
-        from ..runner.objects.builder import Builder
-        from ..runner.objects.data import dataset_labels
-        from ..runner.objects.preflight import image_paths
-        from ..runner.objects.saved_models import checkpoint_epoch, find_run_config, selected_model
-
-        self.run = run
-        if args.checkpoint is not None:
-            if args.variant is not None or args.seed is not None or args.fold is not None:
-                raise ValueError("--variant / --seed / --fold choose the run's model: leave them out with --checkpoint")
-            self.checkpoint, self.epoch = args.checkpoint, checkpoint_epoch(args.checkpoint)
-            self.unit, self.others = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run)), []
-            # the unit the file belongs to: <variant>/seed_<s>/... or fold_<k>/...
-            parts = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run)).split(os.sep)
-            names = (find_run_config(run, levels=0)[0] or {}).get("variants") or {}
-            variant = parts[0] if parts[0] in names else None
-        else:
-            pick = selected_model(run, args.variant, args.seed, args.fold)
-            self.checkpoint, self.epoch, self.unit = pick["checkpoint"], pick["epoch"], pick["unit"]
-            self.others, variant = pick["others"], pick["variant"]
-        cfg, _ = find_run_config(run, levels=0)
-        if cfg is None:
-            raise ValueError(f"--run {run} has no config.yaml")
-        if variant is not None and (cfg.get("variants") or {}):
-            cfg = variant_configs(cfg, [variant])[variant]
-        self.config = cfg
-        # every image file listed (explain leaves out the bad ones itself, naming them: _drop_bad)
-        self.builder = Builder({**cfg, "skip_bad_images": False}, log=lambda *a, **k: None)
-        self.dataset = None
-        if args.reference is not None:
-            return
-        if cfg.get("dataset") is None:
-            raise ValueError(f"--run {run}: its config has no dataset key to read the test images from; pass REFERENCE")
-        results, test = os.path.join(run, "results.json"), None
-        if os.path.isfile(results):  # a protocol that split the classes itself lists its test classes there
-            import json
-
-            with open(results, encoding="utf-8") as f:
-                test = json.load(f).get("test_classes")
-        data = self.builder.build_dataset(None if test is not None else "test")
-        paths = image_paths(data)
-        self.files = paths is not None
-        if paths is None:  # images drawn or decoded by the dataset itself (glyphs, Fashion-MNIST): one name per item
-            paths = [f"{type(data).__name__}[{i}]" for i in range(len(data))]
-        labels = dataset_labels(data)
-        keep = np.arange(len(paths))
-        if test is not None:
-            keep = np.nonzero(np.isin(labels, np.asarray(test)))[0]
-        classes = getattr(data, "classes", None)
-        self.dataset, self.index = data, {paths[int(i)]: int(i) for i in keep}
-
-        def name(y):
-            return str(classes[int(y)]) if classes is not None and 0 <= int(y) < len(classes) else str(int(y))
-
-        refs = [ReferenceImage(paths[int(i)], name(labels[int(i)])) for i in keep]
-        skip = bool(args.skip_bad_images or cfg.get("skip_bad_images") is True)
-        self.refs = _drop_bad(refs, skip, f"--run {run}: dataset") if self.files else refs
-
-    def loader(self):
-        """``path -> [C, H, W]``: the dataset's own reading of its items (boxes cropped, transparency on white) or
-        the file, through the run's eval transform."""
-        import torch
-
-        from ..explain.reference_images import read_image
-
-        transform = self.builder.build_transform("eval")
-        load = getattr(self.dataset, "load_image", None) if getattr(self, "files", False) else None
-        index = getattr(self, "index", {})
-
-        def read(path):
-            if path in index:  # an item of the run's dataset, read as the dataset reads it
-                i = index[path]
-                image = load(i) if load is not None else self.dataset[i][0]
-            else:
-                image = read_image(path, "RGB")
-            x = transform(image)
-            if not torch.is_tensor(x) or x.ndim != 3:
-                raise ValueError(f"the run's transforms.eval gives {type(x).__name__}, not a [C, H, W] tensor")
-            return x
-
-        return read
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the command; returns the exit status (0 on success)."""
     parser = build_parser()
@@ -368,7 +163,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
     run = args.run
     if run is None and args.reference is None and args.checkpoint is not None:
-        run = _run_of(args.checkpoint)  # a run's file: explain what the run trained on
+        run = run_of(args.checkpoint)  # a run's file: explain what the run trained on
     if run is None and (args.query is None or args.reference is None):
         parser.error("the following arguments are required: query, reference")
     if run is not None and args.reference_checkpoint is not None:
@@ -379,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if args.reference is not None:
         try:
-            refs = _references(args)
+            refs = references(args)
         except (OSError, ValueError) as e:
             print(str(e).splitlines()[0], file=sys.stderr)
             return 2
@@ -401,12 +196,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = torch.device(args.device)
     try:
         with raise_on_signals():
-            data = _RunData(args, run) if run is not None else None
+            data = RunData(args, run) if run is not None else None
             many = args.reference is None or os.path.isdir(args.reference) or args.reference.lower().endswith(".csv")
             if args.reference is None:
                 refs = data.refs
             elif many:
-                refs = _drop_bad(refs, args.skip_bad_images, f"reference {args.reference}")
+                refs = drop_bad(refs, args.skip_bad_images, f"reference {args.reference}")
             query, excluded = args.query, []
             if not refs:
                 print("no reference image to compare with", file=sys.stderr)
@@ -442,7 +237,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
 
-def _explain(args, query, refs, device, excluded=(), data: Optional[_RunData] = None) -> int:
+def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = None) -> int:
     import torch
 
     from ..explain.activation_decomposition import ActivationDecomposition
@@ -487,10 +282,10 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[_RunData] = 
         )
     except ValueError as e:
         raise ValueError(f"{e} (--layer / --reference-layer)") from None
-    cq = _channels(trunk)
-    cr = _channels(ref_models[0]) if ref_models else cq
+    cq = input_channels(trunk)
+    cr = input_channels(ref_models[0]) if ref_models else cq
     keep = not args.square
-    size_q, stats = _side(checkpoint, cq, args.image_size)
+    size_q, stats = side_of(checkpoint, cq, args.image_size)
     if data is not None and args.reference is None and not data.files and args.image_size is not None:
         raise ValueError("--image-size resizes image files; this run's dataset draws its images: leave it out")
     if data is not None and args.image_size is None:  # the run's own eval transform, as its tester read the images
@@ -498,7 +293,7 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[_RunData] = 
         stats_r = stats
     else:
         if ref_models:
-            size_r, stats_r = _side(args.reference_checkpoint, cr, args.reference_image_size or args.image_size)
+            size_r, stats_r = side_of(args.reference_checkpoint, cr, args.reference_image_size or args.image_size)
         else:
             size_r, stats_r = args.reference_image_size or size_q, stats
 
