@@ -5,8 +5,8 @@ Floors, bottom up; a package imports only packages on lower floors (never one on
 
 | floor | packages                          | what lives there                                        |
 |-------|-----------------------------------|---------------------------------------------------------|
-| 0     | utils, knn                        | ridge, atomic files, statistics; the k-NN engine        |
-| 1     | datasets, trunks                  | offline data; layers that go into a trunk               |
+| 0     | utils                             | ridge, atomic files, statistics, type checks            |
+| 1     | knn, datasets, trunks             | the k-NN engine; offline data; layers for a trunk       |
 | 2     | losses, testers                   | PML losses and wrappers; evaluation                     |
 | 3     | trainers, explain                 | PML trainers; visual explanation                        |
 | 4     | runner                            | configs -> objects -> experiment folders (the protocols) |
@@ -28,7 +28,7 @@ PKG = os.path.dirname(os.path.abspath(pml_extensions.__file__))
 #: package of pml_extensions -> floor (the table in the module docstring)
 FLOORS = {
     "utils": 0,
-    "knn": 0,
+    "knn": 1,
     "datasets": 1,
     "trunks": 1,
     "losses": 2,

@@ -7,7 +7,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .seeded_view_dataset import _non_negative_int, draw_view
+from ..utils.checks import int_at_least
+from .seeded_view_dataset import draw_view
 
 #: the ``format`` of a cache's ``meta.json`` that this reader understands (written by ``FeatureCache``)
 FORMAT = "pml_extensions.feature_cache/1"
@@ -82,7 +83,7 @@ class CachedFeatureDataset(torch.utils.data.Dataset):
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
         self.meta = meta
-        self.seed = _non_negative_int("seed", seed)
+        self.seed = int_at_least("seed", seed, 0)
         self.dtype = dtype
         self.epoch = 0
         self.num_views = int(meta["num_views"])
@@ -107,7 +108,7 @@ class CachedFeatureDataset(torch.utils.data.Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the view draws of ``epoch`` (completed epochs, an int >= 0; ValueError otherwise)."""
-        self.epoch = _non_negative_int("epoch", epoch)
+        self.epoch = int_at_least("epoch", epoch, 0)
 
     def view_of(self, index: int) -> int:
         """The view item ``index`` uses in the current epoch."""

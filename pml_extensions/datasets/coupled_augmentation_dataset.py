@@ -17,15 +17,10 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
+from ..utils.checks import int_at_least
 from .normalization import IMAGENET_MEAN, IMAGENET_STD
 
 JITTER_OPS = ("brightness", "contrast", "saturation", "hue")
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class CoupledAugmentationDataset(torch.utils.data.Dataset):
@@ -87,9 +82,9 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         coupled: bool = True,
     ):
         self.dataset = dataset
-        self.query_size = _positive_int("query_size", query_size)
-        self.database_size = _positive_int("database_size", database_size)
-        self.num_augmentations = _positive_int("num_augmentations", num_augmentations)
+        self.query_size = int_at_least("query_size", query_size, 1)
+        self.database_size = int_at_least("database_size", database_size, 1)
+        self.num_augmentations = int_at_least("num_augmentations", num_augmentations, 1)
         if not (0 < scale[0] <= scale[1] <= 1):
             raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {scale!r}")
         if not (0 < ratio[0] <= ratio[1]):
@@ -262,7 +257,7 @@ class PassShuffleSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, num_items: int, seed: int = 0):
-        self.num_items = _positive_int("num_items", num_items)
+        self.num_items = int_at_least("num_items", num_items, 1)
         self.seed = int(seed)
         self.data_pass = 0
 

@@ -54,8 +54,9 @@ import numpy as np
 import torch
 
 from ..utils.atomic_io import atomic_path, atomic_write_json, atomic_write_text
+from ..utils.checks import int_at_least
 from .cached_feature_dataset import FORMAT, CachedFeatureDataset
-from .seeded_view_dataset import SeededViewDataset, _non_negative_int, _positive_int
+from .seeded_view_dataset import SeededViewDataset
 
 DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -323,9 +324,9 @@ class FeatureCache:
         self.dataset, self.transform = dataset, transform
         self.num_views, self.view_seed = self.views.num_views, self.views.view_seed
         self.dtype = _dtype_name(dtype)
-        self.chunk_size = _positive_int("chunk_size", chunk_size)
-        self.batch_size = _positive_int("batch_size", batch_size)
-        self.num_workers = _non_negative_int("num_workers", num_workers)
+        self.chunk_size = int_at_least("chunk_size", chunk_size, 1)
+        self.batch_size = int_at_least("batch_size", batch_size, 1)
+        self.num_workers = int_at_least("num_workers", num_workers, 0)
         opaque = None if self.source is not None else _opaque_part(transform)
         if transform_key is None and opaque is not None:
             raise ValueError(
@@ -489,8 +490,8 @@ class FeatureCache:
             return 0, 1, None
         if rank is None or world_size is None:
             raise ValueError(f"give both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
-        world_size = _positive_int("world_size", world_size)
-        if not 0 <= _non_negative_int("rank", rank) < world_size:
+        world_size = int_at_least("world_size", world_size, 1)
+        if not 0 <= int_at_least("rank", rank, 0) < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         return int(rank), world_size, None
 

@@ -9,6 +9,7 @@ from typing import Callable, List, Optional
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from ..utils.checks import is_int
 from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
 
 CHARACTERS = string.digits + string.ascii_uppercase + string.ascii_lowercase
@@ -96,7 +97,7 @@ class GlyphDataset(ClassDisjointDataset):
         super().__init__(transform, target_transform)
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
+        if not is_int(image_size) or image_size < 8:
             raise ValueError(f"image_size must be an int >= 8 (pixels), got {image_size!r}")
         if font_files is None:
             font_files = []

@@ -19,21 +19,11 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from ..utils.checks import int_at_least
+
 # domain tags: view contents and per-epoch draws never share a seed sequence
 _VIEW_TAG = 0x76696577  # "view"
 _DRAW_TAG = 0x64726177  # "draw"
-
-
-def _non_negative_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return int(value)
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
 
 
 @contextmanager
@@ -79,9 +69,9 @@ def seeded_view(transform: Callable, image, view_seed: int, index: int, view: in
     """
     words = (
         _VIEW_TAG,
-        _non_negative_int("view_seed", view_seed),
-        _non_negative_int("index", index),
-        _non_negative_int("view", view),
+        int_at_least("view_seed", view_seed, 0),
+        int_at_least("index", index, 0),
+        int_at_least("view", view, 0),
     )
     with _seeded_global_rngs(words):
         return transform(image)
@@ -102,11 +92,11 @@ def draw_view(seed: int, epoch: int, index: int, num_views: int) -> int:
     """
     words = [
         _DRAW_TAG,
-        _non_negative_int("seed", seed),
-        _non_negative_int("epoch", epoch),
-        _non_negative_int("index", index),
+        int_at_least("seed", seed, 0),
+        int_at_least("epoch", epoch, 0),
+        int_at_least("index", index, 0),
     ]
-    if _positive_int("num_views", num_views) == 1:
+    if int_at_least("num_views", num_views, 1) == 1:
         return 0
     return int(np.random.default_rng(words).integers(num_views))
 
@@ -150,9 +140,9 @@ class SeededViewDataset(torch.utils.data.Dataset):
     def __init__(self, dataset, transform: Callable, num_views: int = 1, view_seed: int = 0, seed: int = 0):
         self.dataset = dataset
         self.transform = transform
-        self.num_views = _positive_int("num_views", num_views)
-        self.view_seed = _non_negative_int("view_seed", view_seed)
-        self.seed = _non_negative_int("seed", seed)
+        self.num_views = int_at_least("num_views", num_views, 1)
+        self.view_seed = int_at_least("view_seed", view_seed, 0)
+        self.seed = int_at_least("seed", seed, 0)
         self.epoch = 0
         labels = getattr(dataset, "labels", None)
         if labels is None or len(labels) != len(dataset):
@@ -167,7 +157,7 @@ class SeededViewDataset(torch.utils.data.Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the view draws of ``epoch`` (an int >= 0; ValueError otherwise)."""
-        self.epoch = _non_negative_int("epoch", epoch)
+        self.epoch = int_at_least("epoch", epoch, 0)
 
     def view_of(self, index: int) -> int:
         """The view item ``index`` uses in the current epoch."""
@@ -175,7 +165,7 @@ class SeededViewDataset(torch.utils.data.Dataset):
 
     def view(self, index: int, view: int):
         """View ``view`` of item ``index``: the transformed image (ValueError if ``view`` is not in [0, V))."""
-        if not 0 <= _non_negative_int("view", view) < self.num_views:
+        if not 0 <= int_at_least("view", view, 0) < self.num_views:
             raise ValueError(f"view must be in [0, {self.num_views}), got {view}")
         image, _ = self.dataset[index]
         return seeded_view(self.transform, image, self.view_seed, index, view)

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..utils.checks import is_int
+
 DEFAULT_BACKGROUNDS = (
     "astronaut",
     "brick",
@@ -119,9 +121,9 @@ class CompositeLocalizationDataset(torch.utils.data.Dataset):
     ):
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-        if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 1:
+        if not is_int(n_images) or n_images < 1:
             raise ValueError(f"n_images must be a positive int, got {n_images!r}")
-        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 16:
+        if not is_int(image_size) or image_size < 16:
             raise ValueError(f"image_size must be an int >= 16 (pixels), got {image_size!r}")
         lo, hi = (float(v) for v in object_scale)
         if not 0 < lo <= hi <= 1:

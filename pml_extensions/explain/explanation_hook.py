@@ -17,6 +17,7 @@ import torch.nn.functional as nnf
 from torch import nn
 
 from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+from ..utils.checks import is_int
 from .activation_decomposition import ActivationDecomposition
 from .localization_evaluator import LocalizationEvaluator
 from .overlay import (
@@ -111,7 +112,7 @@ class ExplanationHook:
             ("n_queries", 1 if n_queries is None else n_queries),
             ("batch_size", batch_size),
         ):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if decomposition is None:
             if trunk is None:

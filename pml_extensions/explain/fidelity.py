@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as nnf
 from torch import nn
 
+from ..utils.checks import is_int, is_number
 from ._model_runner import eval_mode
 from .map_utils import check_map_matches_image, resize_maps
 
@@ -69,9 +70,9 @@ class SimilarityFidelity:
         batch_size: int = 64,
     ):
         for name, v in (("steps", steps), ("batch_size", batch_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if not (isinstance(baseline, (int, float)) and not isinstance(baseline, bool)) and baseline not in BASELINES:
+        if not (is_number(baseline)) and baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES} or a number, got {baseline!r}")
         self.trunk, self.embedder = trunk, embedder if embedder is not None else nn.Identity()
         self.reference_trunk = reference_trunk if reference_trunk is not None else trunk

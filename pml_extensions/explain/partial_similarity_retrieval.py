@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 
+from ..utils.checks import is_int
 from .activation_decomposition import ActivationDecomposition
 from .folded_embedding import FoldedEmbedding
 from .map_utils import point_weights
@@ -115,7 +116,7 @@ class PartialSimilarityRetrieval:
 
         f, norm = self.roi_embedding(query_image, roi)
         ref = self._check_ref(ref_emb, f)
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= ref.shape[0]:
+        if not is_int(k) or not 1 <= k <= ref.shape[0]:
             raise ValueError(f"k must be an int in [1, {ref.shape[0]}] (the reference set size), got {k!r}")
         db = nnf.normalize(ref.detach().to("cpu", torch.float32), dim=1).numpy()
         index = faiss.IndexFlatIP(db.shape[1])

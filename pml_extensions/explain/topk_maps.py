@@ -10,6 +10,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
+from ..utils.checks import is_int
 from .activation_decomposition import ActivationDecomposition
 
 
@@ -88,7 +89,7 @@ def topk_overall_maps(
     qi = torch.arange(Q) if query_indices is None else torch.as_tensor(query_indices, dtype=torch.long).cpu()
     if qi.shape != (Q,):
         raise ValueError(f"query_indices must have {Q} entries (one per row of neighbours), got {qi.shape}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     device = torch.device(device) if device is not None else model_device(decomposition)
     out: Dict[str, torch.Tensor] = {}

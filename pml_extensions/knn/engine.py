@@ -93,6 +93,7 @@ from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
 
+from ..utils.checks import is_int
 from .ops import ops_for
 from .scores import (
     INT64_MAX,
@@ -243,11 +244,9 @@ class BlockedKNN:
         symmetric: bool = True,
     ):
         self.inner_product, self.normalize = self._parse_distance(distance)
-        if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
+        if not is_int(memory_budget) or memory_budget < 1:
             raise ValueError(f"memory_budget must be a positive int (bytes), got {memory_budget!r}")
-        if block_size is not None and (
-            isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
-        ):
+        if block_size is not None and (not is_int(block_size) or block_size < 1):
             raise ValueError(f"block_size must be None or a positive int, got {block_size!r}")
         if low_precision not in (None, True, False):
             raise ValueError(f"low_precision must be None, True or False, got {low_precision!r}")

@@ -27,6 +27,7 @@ import torch
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
 
+from ..utils.checks import is_int
 from .engine import BlockedKNN
 
 BUILTIN = (
@@ -187,9 +188,7 @@ class EngineAccuracyMixin:
         distributed: bool = False,
         **kwargs,
     ):
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        ):
+        if chunk_size is not None and (not is_int(chunk_size) or chunk_size < 1):
             raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
         knn_func = kwargs.get("knn_func", args[7] if len(args) > 7 else None)  # PML's positional order
         device = kwargs.get("device", args[6] if len(args) > 6 else None)

@@ -14,11 +14,13 @@ import torch
 from pytorch_metric_learning.distances import DotProductSimilarity
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 
+from ..utils.checks import is_number
+
 TERMS = ("abs", "rel_ts", "rel_ss")
 
 
 def _check_weight(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not is_number(value) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return float(value)
 

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from pytorch_metric_learning.utils.module_with_records import ModuleWithRecords
 
+from ..utils.checks import is_number
 from ..utils.class_split import class_disjoint_split
 from ..utils.ridge import ridge_prototypes
 from ..utils.wiring import after_losses
@@ -148,7 +149,7 @@ class XMLWrapper(ModuleWithRecords):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if isinstance(xml_weight, bool) or not isinstance(xml_weight, (int, float)) or not math.isfinite(xml_weight):
+        if not is_number(xml_weight) or not math.isfinite(xml_weight):
             raise ValueError(f"xml_weight must be a finite number >= 0, got {xml_weight!r}")
         if xml_weight < 0:
             raise ValueError(f"xml_weight must be >= 0, got {xml_weight!r}")
@@ -158,7 +159,7 @@ class XMLWrapper(ModuleWithRecords):
                 "pytorch_metric_learning.losses.ContrastiveLoss() (with xml_weight > 0 not SelfSupervisedLoss, "
                 f"which takes (embeddings, ref_emb): the XML term splits by class); got {type(loss).__name__}"
             )
-        if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not (math.isfinite(ridge) and ridge > 0):
+        if not is_number(ridge) or not (math.isfinite(ridge) and ridge > 0):
             raise ValueError(f"ridge must be a finite number > 0, got {ridge!r}")
         if histogram_layer is not None and not hasattr(histogram_layer, "last_histograms"):
             raise TypeError(

@@ -14,6 +14,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..knn.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
+from ..utils.checks import is_int
 from ..utils.eval_mode import eval_mode
 from ..utils.sharded_embedding import ShardedEmbeddingMixin
 
@@ -29,7 +30,7 @@ def _models(pair, name):
 
 
 def _check_resolution(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{name} must be a positive int (pixels), got {value!r}")
 
 

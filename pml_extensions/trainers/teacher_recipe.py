@@ -17,6 +17,7 @@ from pytorch_metric_learning.miners import DistanceWeightedMiner
 from pytorch_metric_learning.samplers import MPerClassSampler
 from pytorch_metric_learning.trainers import MetricLossOnly
 
+from ..utils.checks import is_int
 from .resolution_distillation_trainer import make_optimizers
 
 
@@ -51,7 +52,7 @@ def make_teacher_trainer(
     if labels is None:
         raise ValueError("labels are required (dataset has no .labels)")
     for name, v in (("images_per_class", images_per_class), ("classes_per_batch", classes_per_batch)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if not is_int(v) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     batch_size = images_per_class * classes_per_batch
     sampler = MPerClassSampler(labels, m=images_per_class, batch_size=batch_size, length_before_new_iter=len(labels))

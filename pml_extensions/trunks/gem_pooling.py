@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from ..utils.checks import is_number
+
 
 class GeMPooling(torch.nn.Module):
     """GeM pooling: ``y_c = (mean_{h,w} max(x_{c,h,w}, eps)^p)^(1/p)`` with one scalar p.
@@ -33,9 +35,9 @@ class GeMPooling(torch.nn.Module):
 
     def __init__(self, p: float = 3.0, eps: float = 1e-6, trainable: bool = True, device=None, dtype=None):
         super().__init__()
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not p > 0:
+        if not is_number(p) or not p > 0:
             raise ValueError(f"p must be a number > 0, got {p!r}")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        if not is_number(eps) or not eps > 0:
             raise ValueError(f"eps must be a number > 0, got {eps!r}")
         self.eps = float(eps)
         self.trainable = bool(trainable)

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, List, Optional
 import torch
 import torch.nn.functional as F
 
+from ..utils.checks import is_int, is_number
 from ..utils.eval_mode import eval_mode
 from ..utils.wiring import data_init, param_group
 from ._last_outputs import _KeepsLastOutputs
@@ -114,19 +115,19 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         keepdim: bool = False,
     ):
         super().__init__()
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not is_int(seed):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
         for name, value in (("in_channels", in_channels), ("num_prototypes", num_prototypes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if scale is None:
             scale = DEFAULT_SCALE_NORMALIZED if normalize else PAPER_SCALE
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+        if not is_number(scale) or not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
         if lazy_init is not None and lazy_init not in LAZY_INITS:
             raise ValueError(f"lazy_init must be None or one of {LAZY_INITS}, got {lazy_init!r}")
-        if isinstance(lazy_init_batches, bool) or not isinstance(lazy_init_batches, int) or lazy_init_batches < 1:
+        if not is_int(lazy_init_batches) or lazy_init_batches < 1:
             raise ValueError(f"lazy_init_batches must be a positive int, got {lazy_init_batches!r}")
         self.in_channels = in_channels
         self.num_prototypes = num_prototypes

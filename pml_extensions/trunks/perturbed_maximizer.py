@@ -24,6 +24,7 @@ from typing import Dict, Optional, Union
 
 import torch
 
+from ..utils.checks import is_int
 from .margin_softmax import check_soft_maximizer_params
 
 NOISES = ("normal", "gumbel")
@@ -147,11 +148,9 @@ class PerturbedMaximizer(torch.nn.Module):
     ):
         super().__init__()
         mu, epsilon, eta = check_soft_maximizer_params(mu, epsilon, eta)
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        if not is_int(num_samples) or num_samples < 1:
             raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        ):
+        if chunk_size is not None and (not is_int(chunk_size) or chunk_size < 1):
             raise ValueError(f"chunk_size must be None or an int >= 1, got {chunk_size!r}")
         if noise not in NOISES:
             raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")

@@ -7,6 +7,7 @@ two L2 normalisations and the ``+1e-6`` in the norm follow ``pavelsuma/raml`` (`
 
 import torch
 
+from ..utils.checks import is_int
 from .gem_pooling import GeMPooling
 
 
@@ -45,7 +46,7 @@ class RetrievalHead(torch.nn.Module):
     ):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("out_dim", out_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.in_channels = in_channels
         self.out_dim = out_dim

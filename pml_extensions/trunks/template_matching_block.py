@@ -29,6 +29,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from ..utils.checks import is_int
 from ._last_outputs import _KeepsLastOutputs
 from .margin_softmax import MarginAugmentedSoftmax
 from .perturbed_maximizer import PerturbedMaximizer
@@ -43,13 +44,9 @@ INITS = ("paper", "identity")
 def _pair(window, name="window") -> Optional[Tuple[int, int]]:
     if window is None:
         return None
-    if isinstance(window, int) and not isinstance(window, bool):
+    if is_int(window):
         window = (window, window)
-    if (
-        not isinstance(window, (tuple, list))
-        or len(window) != 2
-        or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in window)
-    ):
+    if not isinstance(window, (tuple, list)) or len(window) != 2 or any(not is_int(w) or w < 1 for w in window):
         raise ValueError(f"{name} must be None, a positive int or a pair of positive ints, got {window!r}")
     return int(window[0]), int(window[1])
 
@@ -163,13 +160,13 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
     ):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if num_classes < 2:
             raise ValueError(f"num_classes must be >= 2 (the block scores patches against classes), got {num_classes}")
         if value_channels is None:
             value_channels = in_channels
-        if isinstance(value_channels, bool) or not isinstance(value_channels, int) or value_channels < 1:
+        if not is_int(value_channels) or value_channels < 1:
             raise ValueError(f"value_channels must be None or a positive int, got {value_channels!r}")
         if mixing not in MIXINGS:
             raise ValueError(f"mixing must be one of {MIXINGS}, got {mixing!r}")

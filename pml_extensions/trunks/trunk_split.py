@@ -25,6 +25,8 @@ import torch
 from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
+from ..utils.checks import is_int
+
 #: spatial size of the probe image that :func:`trunk_stages` runs through the model
 DEFAULT_INPUT_SHAPE = (3, 224, 224)
 
@@ -179,7 +181,7 @@ def trunk_stages(model: torch.nn.Module, input_shape: Sequence[int] = DEFAULT_IN
 
 
 def _resolve(model: torch.nn.Module, boundary, input_shape) -> str:
-    if isinstance(boundary, bool) or not isinstance(boundary, (int, str)):
+    if not (is_int(boundary) or isinstance(boundary, str)):
         raise TypeError(f"boundary must be a module path (str) or a stage index (int), got {boundary!r}")
     if isinstance(boundary, int):
         stages = trunk_stages(model, input_shape)

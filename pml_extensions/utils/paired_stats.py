@@ -27,13 +27,15 @@ from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .checks import is_int, is_number
+
 
 def _check_values(name: str, values: Mapping) -> Dict[Hashable, float]:
     if not isinstance(values, Mapping):
         raise TypeError(f"{name} must be a mapping seed -> value, got {type(values).__name__}")
     out = {}
     for seed, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        if not is_number(value):
             raise TypeError(f"{name}[{seed!r}] must be a number, got {type(value).__name__}")
         if not math.isfinite(float(value)):
             raise ValueError(f"{name}[{seed!r}] must be finite, got {value!r}")
@@ -87,7 +89,7 @@ def paired_difference(
 
     variant = _check_values("variant", variant)
     baseline = _check_values("baseline", baseline)
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+    if not is_number(confidence) or not 0 < confidence < 1:
         raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
     only_variant = [s for s in variant if s not in baseline]
     only_baseline = [s for s in baseline if s not in variant]
@@ -264,11 +266,11 @@ def bootstrap_difference(
     """
     from scipy import stats
 
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+    if not is_number(confidence) or not 0 < confidence < 1:
         raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 100:
+    if not is_int(n_resamples) or n_resamples < 100:
         raise ValueError(f"n_resamples must be an int >= 100, got {n_resamples!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not is_int(seed):
         raise ValueError(f"seed must be an int, got {seed!r}")
     check = _check_per_class if per_class else _check_values
     a, b = check("variant", variant), check("baseline", baseline)
@@ -353,7 +355,7 @@ def holm(p_values: Sequence[Optional[float]]) -> List[Optional[float]]:
     for i, p in enumerate(p_values):
         if p is None:
             continue
-        if isinstance(p, bool) or not isinstance(p, (int, float, np.floating)) or not 0 <= float(p) <= 1:
+        if not is_number(p) or not 0 <= float(p) <= 1:
             raise ValueError(f"p_values[{i}] must be a number in [0, 1], got {p!r}")
         checked.append((float(p), i))
     out: List[Optional[float]] = [None] * len(p_values)

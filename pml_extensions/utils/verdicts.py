@@ -51,6 +51,7 @@ past 1: inconclusive; C: within ±1: no effect of practical size, although it ex
 import math
 from typing import List, Mapping, Optional, Sequence, Union
 
+from .checks import is_int, is_number
 from .paired_stats import bootstrap_difference, holm, paired_difference, paired_t_p_value
 
 #: how tables name the metrics of PML's AccuracyCalculator and of the XML paper's probe
@@ -196,7 +197,7 @@ def _classes_of(per_class, variant, baseline, metric, seeds):
 def _check_delta(delta, where: str) -> None:
     if delta is None:
         return
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta <= 0:
+    if not is_number(delta) or not math.isfinite(delta) or delta <= 0:
         raise ValueError(f"{where}: the smallest effect must be a positive number (metric units), got {delta!r}")
 
 
@@ -269,7 +270,7 @@ def _p_value(comparison: dict) -> Optional[float]:
 
 def _seed_count(comparison: dict) -> Optional[int]:
     n = comparison.get("n")
-    if isinstance(n, int) and not isinstance(n, bool):
+    if is_int(n):
         return n
     for key in ("differences", "seeds"):
         if comparison.get(key):

@@ -46,6 +46,7 @@ Example::
 import difflib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ...utils.checks import is_int, is_number
 from ..errors import ConfigError, ConfigProblems
 from .sources import describe, source_of
 from .specs import is_object_spec
@@ -62,7 +63,7 @@ def _int_at_least(low: int, what: str, null: bool = False) -> Callable[[Any], Op
     def check(value):
         if value is None and null:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_int(value) or value < low:
             kind = "positive integer" if low == 1 else "non-negative integer"
             return f"must be a {kind}{' or null' if null else ''}, got {value!r} ({what})"
         return None
@@ -72,7 +73,7 @@ def _int_at_least(low: int, what: str, null: bool = False) -> Callable[[Any], Op
 
 def _number_at_least(low: float, what: str) -> Callable[[Any], Optional[str]]:
     def check(value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low:
+        if not is_number(value) or not value >= low:
             return f"must be a number >= {low:g}, got {value!r} ({what})"
         return None
 

@@ -11,6 +11,7 @@ Example::
 import difflib
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
+from ...utils.checks import is_int
 from ..errors import ConfigError
 from .specs import one_spec
 
@@ -99,10 +100,10 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
             "reads it) or null"
         )
     pca = kwargs.get("pca")
-    if pca is not None and (isinstance(pca, bool) or not isinstance(pca, int) or pca < 1):
+    if pca is not None and (not is_int(pca) or pca < 1):
         raise ConfigError(f"{where}.pca: expected null or a positive number of dimensions, got {pca!r}")
     level = kwargs.get("label_hierarchy_level", 0)
-    if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+    if not is_int(level) or level < 0:
         raise ConfigError(f"{where}.label_hierarchy_level: expected a non-negative integer, got {level!r}")
     accuracy_calculator_spec(kwargs, where)
     return name, kwargs

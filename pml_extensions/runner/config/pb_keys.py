@@ -40,6 +40,7 @@ Example::
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
 from .eval_keys import (  # noqa: F401  (re-exported: the protocol reads every PB key through pb_keys)
     _DEFAULT_ENSEMBLE,
@@ -100,11 +101,11 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
     out = dict(_DEFAULT_SPLIT, **kwargs)
     for k in ("test_size", "test_start_idx"):
         v = out[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        if not is_number(v) or not 0 <= v <= 1:
             raise ConfigError(f"{where}.{k}: expected a fraction of the classes in [0, 1], got {v!r}")
     for k in ("num_training_partitions", "num_training_sets", "hierarchy_level"):
         v = out[k]
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "hierarchy_level" else 1):
+        if not is_int(v) or v < (0 if k == "hierarchy_level" else 1):
             raise ConfigError(
                 f"{where}.{k}: expected a {'non-negative' if k == 'hierarchy_level' else 'positive'} integer, got {v!r}"
             )

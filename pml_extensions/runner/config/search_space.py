@@ -7,6 +7,7 @@ The search itself is :mod:`pml_extensions.runner.protocols.search`.
 import copy
 from typing import Any, Dict, List, Tuple
 
+from ...utils.checks import is_number
 from ..errors import ConfigError
 from .syntax import _SEARCH_OPS, split_marker
 
@@ -31,11 +32,7 @@ def search_space(config: Any, path: Tuple = ()) -> List[Tuple[Tuple, str, str, A
             name, op, _ = split_marker(key)
             if op in _SEARCH_OPS:
                 where = _param_name(path + (name,))
-                ok = (
-                    isinstance(value, list)
-                    and len(value) == 2
-                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-                )
+                ok = isinstance(value, list) and len(value) == 2 and all(is_number(v) for v in value)
                 if not ok or value[0] >= value[1] or (op == "LOG_BAYESIAN" and value[0] <= 0):
                     raise ConfigError(
                         f"{where}~{op}~: expected [low, high] with low < high"

@@ -25,6 +25,7 @@ from record_keeper import RecordKeeper, RecordWriter
 from record_keeper import utils as rk_utils
 
 from ...utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text  # noqa: F401 (re-exported)
+from ...utils.checks import is_number
 from ..errors import OutputError
 from . import interrupts
 
@@ -144,7 +145,7 @@ def module_records(modules: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
         for path, m in unwrap(module).named_modules():
             for attr in getattr(m, "_record_these", ()) or ():
                 value = getattr(m, attr, None)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if is_number(value):
                     out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value
                 elif torch.is_tensor(value) and value.numel() == 1:
                     out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value.detach().cpu().clone()

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ...utils.checks import is_int
 from ..errors import ConfigError
 from . import distributed as dist_utils
 from . import interrupts
@@ -95,7 +96,7 @@ class EpochLoop:
         name: str = "",
         where: str = "config",
     ):
-        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        if not is_int(num_epochs) or num_epochs < 1:
             raise ConfigError(f"{where}: num_epochs must be a positive integer, got {num_epochs!r}")
         self.ckpt, self.models, self.optimizers, self.loss_funcs = ckpt, models, optimizers, loss_funcs
         self.num_epochs, self.primary, self.evaluate, self.best_path = num_epochs, primary, evaluate, best_path

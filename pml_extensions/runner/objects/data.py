@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
+from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
 
 
@@ -101,9 +102,9 @@ def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np
     """
     labels = np.asarray(labels)
     classes = np.unique(labels)
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+    if not is_number(fraction) or not 0 < fraction < 1:
         raise ConfigError(f"validation.class_fraction must be a number in (0, 1), got {fraction!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise ConfigError(f"validation.seed must be a non-negative integer, got {seed!r}")
     num_val = int(round(fraction * len(classes)))
     if num_val < 2 or len(classes) - num_val < 2:

@@ -59,6 +59,7 @@ import torch
 
 from ...datasets.feature_cache import DTYPES, dataset_digest
 from ...trunks import split_trunk, trunk_stages
+from ...utils.checks import is_int
 from ..config.eval_keys import nearest
 from ..errors import ConfigError
 from ..experiment import distributed as dist_utils
@@ -84,7 +85,7 @@ def _where(sources: Optional[Dict[str, str]], key: str = KEY) -> str:
 
 
 def _boundary_value(value, where: str):
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+    if not (is_int(value) or isinstance(value, str)) or value == "":
         raise ConfigError(f'{where}: expected a module path (a string such as "0.17") or a stage index, got {value!r}')
     return value
 
@@ -123,7 +124,7 @@ def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
         _boundary_value(out["derive_from"], f"{_where(sources)}.derive_from")
     for key, low in (("num_views", 1), ("batch_size", 1), ("chunk_size", 1), ("view_seed", 0), ("num_workers", 0)):
         value = out[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_int(value) or value < low:
             raise ConfigError(f"{_where(sources)}.{key}: expected an int >= {low}, got {value!r}")
     if out["dtype"] not in DTYPES:
         raise ConfigError(f"{_where(sources)}.dtype: expected one of {', '.join(DTYPES)}, got {out['dtype']!r}")

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ...utils.checks import is_int
 from ..config.class_index import lookup
 from ..config.sources import describe, source_of
 from ..config.specs import is_object_spec, one_spec
@@ -234,7 +235,7 @@ def _sampler_m(builder) -> Tuple[Optional[str], Optional[int]]:
         return None, None
     name, kwargs = one_spec(spec, builder.where("sampler"))
     m = kwargs.get("m")
-    return name, (int(m) if isinstance(m, int) and not isinstance(m, bool) and m > 0 else None)
+    return name, (int(m) if is_int(m) and m > 0 else None)
 
 
 def _trainer_batch(builder) -> Tuple[Optional[str], int]:
@@ -243,7 +244,7 @@ def _trainer_batch(builder) -> Tuple[Optional[str], int]:
         return None, 32
     name, kwargs = one_spec(spec, builder.where("trainer"))
     batch = kwargs.get("batch_size", 32)
-    return name, (int(batch) if isinstance(batch, int) and not isinstance(batch, bool) else 32)
+    return name, (int(batch) if is_int(batch) else 32)
 
 
 def class_splits(

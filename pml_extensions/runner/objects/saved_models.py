@@ -27,6 +27,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from ...utils.checks import is_int
+
 CONFIG_NAME = "config.yaml"
 
 
@@ -129,7 +131,7 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
     return {
         "mean": list(norm["mean"]) if norm else None,
         "std": list(norm["std"]) if norm else None,
-        "image_size": size if isinstance(size, int) and not isinstance(size, bool) else None,
+        "image_size": size if is_int(size) else None,
     }
 
 
@@ -303,13 +305,13 @@ def _unit_epoch(run: str, variant: str, seed: int) -> Optional[int]:
     units = ((_read_json(os.path.join(run, "results.json")) or {}).get("units") or {}).get(variant) or {}
     unit = units.get(str(seed)) or _read_json(os.path.join(run, variant, f"seed_{seed}", "result.json")) or {}
     epoch = unit.get("selected_epoch", unit.get("best_epoch"))
-    return int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+    return int(epoch) if is_int(epoch) else None
 
 
 def _fold_epoch(run: str, fold: int) -> Optional[int]:
     folds = (_read_json(os.path.join(run, "results.json")) or {}).get("folds") or []
     epoch = folds[fold].get("best_epoch") if fold < len(folds) and isinstance(folds[fold], dict) else None
-    return int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+    return int(epoch) if is_int(epoch) else None
 
 
 def selected_model(

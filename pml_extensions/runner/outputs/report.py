@@ -25,6 +25,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...utils.checks import is_int
 from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
 from .results import results_blocks
 from .search_summary import search_blocks
@@ -122,7 +123,7 @@ def _iterations_per_epoch(results: Dict[str, Any], config_text: str) -> Optional
         if isinstance(trainer, dict) and len(trainer) == 1:
             kwargs = next(iter(trainer.values()))
             value = kwargs.get("iterations_per_epoch") if isinstance(kwargs, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if is_int(value) and value > 0 else None
 
 
 def _at(xs: List[float], ys: List[float], x: float) -> Optional[float]:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ...utils.atomic_io import atomic_path, atomic_write_json
+from ...utils.checks import is_int
 
 FOLDER = "retrieval"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -165,7 +166,7 @@ def save_retrieval_examples(
             f"save_retrieval_examples: {len(queries)} queries with {len(q_labels)} labels, {len(refs)} references "
             f"with {len(r_labels)} labels"
         )
-    if isinstance(n_queries, bool) or n_queries < 1 or isinstance(k, bool) or k < 1:
+    if not (is_int(n_queries) and is_int(k)) or n_queries < 1 or k < 1:
         raise ValueError(f"save_retrieval_examples: n_queries and k must be at least 1, got {n_queries} and {k}")
     available = len(refs) - (1 if same_items else 0)
     if len(queries) < 1 or available < 1:

@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
+from ...utils.checks import is_number
 from .tables import Block, Items, Table, to_markdown
 
 FOLDER_ATTR = "folder"  # user attribute: the trial's folder under the experiment folder
@@ -157,16 +158,12 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
                 [f"{r['number']}{mark}", f"{r['value']:.4f}", *folds, *(_shown(r["params"][n]) for n in names)]
             )
         columns = ["trial", "objective", *(["folds at epoch 0"] if with_folds else []), *names]
-        numbers = [all(_is_number(r["params"].get(n)) for r in rows) for n in names]
+        numbers = [all(is_number(r["params"].get(n)) for r in rows) for n in names]
         blocks.append(Table(columns, table, numeric=[False, True, *([False] if with_folds else []), *numbers]))
     failures = summary.get("failures") or []
     if failures:
         blocks.append(Items([f"trial {f['number']}: {f['reason']}" for f in failures], caption="Failed trials:"))
     return blocks
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _number(value) -> str:

@@ -37,9 +37,9 @@ Example::
 import copy
 import dataclasses
 import difflib
-import numbers
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
 
 #: the default of a field the config must give
@@ -83,7 +83,7 @@ def _expect(where: str, what: str, value: Any) -> ConfigError:
 
 
 def _number(value: Any, meta: Dict[str, Any], where: str, integer: bool) -> Any:
-    ok = isinstance(value, numbers.Integral if integer else numbers.Real) and not isinstance(value, bool)
+    ok = (is_int if integer else is_number)(value)
     low, high = meta["minimum"], meta["maximum"]
     bounds = (f" >= {low:g}" if low is not None else "") + (f" <= {high:g}" if high is not None else "")
     if not ok or (low is not None and value < low) or (high is not None and value > high):
@@ -109,13 +109,9 @@ def seed_list(value: Any, where: str = "seeds") -> List[int]:
             seeds = [int(s) for s in value.replace(",", " ").split()]
         except ValueError:
             seeds = value
-    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    elif is_int(value):
         seeds = [int(value)]
-    if (
-        not isinstance(seeds, (list, tuple))
-        or not seeds
-        or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0 for s in seeds)
-    ):
+    if not isinstance(seeds, (list, tuple)) or not seeds or any(not is_int(s) or s < 0 for s in seeds):
         raise _expect(where, "a non-empty list of non-negative integers (--seeds 0 1 2)", value)
     if len(set(seeds)) != len(seeds):
         raise _expect(where, "distinct seeds", value)

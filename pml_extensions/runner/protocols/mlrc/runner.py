@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import torch
 
+from ....utils.checks import is_int
 from ...config import pb_keys
 from ...config.registry import resolve
 from ...config.specs import one_spec
@@ -132,7 +133,7 @@ class MLRCRunner:
         trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
         trainer_kwargs = dict(trainer_kwargs)
         global_batch = trainer_kwargs.get("batch_size", 32)
-        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        if not is_int(global_batch) or global_batch < 1:
             raise ConfigError(f"{self.where('trainer')}: batch_size must be a positive integer, got {global_batch!r}")
         if global_batch % dist_utils.world_size():
             raise ConfigError(
@@ -151,7 +152,7 @@ class MLRCRunner:
         tester = self.builder.build_tester()
 
         num_epochs = self.get("num_epochs_train", 1000)
-        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        if not is_int(num_epochs) or num_epochs < 1:
             raise ConfigError(f"{self.where('num_epochs_train')}: must be a positive integer, got {num_epochs!r}")
         primary = self.primary_metric()
         best_path = os.path.join(fold_dir, "best.pth")
@@ -360,7 +361,7 @@ class MLRCRunner:
         for w in wanted:
             if isinstance(w, str) and w in names:
                 out.append(names.index(w))
-            elif isinstance(w, int) and not isinstance(w, bool) and w in present:
+            elif is_int(w) and w in present:
                 out.append(w)
             else:
                 close = difflib.get_close_matches(str(w), names, n=1)
