@@ -14,7 +14,8 @@ Run a powerful-benchmarker-style config with its protocol (the config's `protoco
   torchrun --nproc_per_node 2 -m pml_extensions run CONFIG ...   (gloo on CPU, nccl on GPU)
 
 CONFIG is a config folder or the name of a shipped config (contrastive, contrastive_xml, proxy_anchor,
-proxy_anchor_xml, template_block, explanation, xml_glyphs); `run --list protocol` lists the protocols.
+proxy_anchor_xml, template_block, explanation, xml_glyphs, distillation_glyphs); `run --list protocol` lists the
+protocols.
 --variant NAME merges NAME.yaml after default.yaml in every folder that has one (the shipped configs have quick:
 embedded glyph data, minutes on 2 CPU cores). --config_<folder> [a, b] chooses the files of one folder.
 Every other --key value is merged into the config with powerful-benchmarker's syntax; a key that no config

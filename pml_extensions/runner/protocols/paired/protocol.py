@@ -32,6 +32,11 @@ from ..base import REQUIRED, setting
 from ..paired_protocol import PairedProtocol
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
+#: what a distilling trainer's missing key should say
+HINTS = {
+    "teacher": "<checkpoint of a finished run, e.g. experiments/teacher/teacher/seed_{seed}>",
+    "coupled_augmentation": "{query_size: <student px>, database_size: <teacher px>}",
+}
 DEFAULT_CALCULATOR = {"AccuracyCalculator": {"include": list(METRICS), "k": "max_bin_count"}}
 
 
@@ -67,6 +72,18 @@ class Settings:
     )
     prototype_init: Any = setting(None, "Initialise the trunk's `HistogramPooling` prototypes from training images.")
     feature_cache: Any = setting(None, "Train the trunk's rest on cached outputs of its frozen prefix.")
+    teacher: Any = setting(
+        None,
+        "A finished run's checkpoint (what `explain --checkpoint` reads; `{seed}` becomes the unit's seed), or "
+        "`{checkpoint, init_student}`: the frozen teacher of a distilling trainer (`ResolutionDistillationTrainer`); "
+        "the student starts from its weights unless `init_student: false`.",
+    )
+    coupled_augmentation: Any = setting(
+        None,
+        "`{query_size, database_size, num_augmentations, ...}`: train on `CoupledAugmentationDataset` views of the "
+        "training images, small for the student and large for the teacher (what a distilling trainer takes).",
+        "mapping",
+    )
     dataset_root: Optional[str] = setting(None, "Folder given to datasets that take `root`.", "str")
     normalize: Any = setting(None, "The `Normalize` appended to the transforms (default ImageNet's).")
     skip_bad_images: bool = setting(False, "`true` leaves out image files that do not decode.", "bool")
@@ -116,7 +133,7 @@ class Paired(PairedProtocol):
         cfg, sources = self._cfg(variant), self.variant_sources[variant]
         r = train_and_select(variant, cfg, seed, folder, self.device, self.log, sources, self.keep_epochs)
         if self.settings.selection == "best_epoch":
-            r["test"] = evaluate(cfg, r["models"], self.device, "test", sources=sources)
+            r["test"] = evaluate(cfg, r["models"], self.device, "test", sources=sources, seed=seed)
         return r
 
     def test(self, settings, variant, seed, folder, builder, epoch):
@@ -127,7 +144,7 @@ class Paired(PairedProtocol):
         if not os.path.exists(path):
             raise ConfigError(f"{folder}: no weights of epoch {epoch} (was the unit trained with another selection?)")
         models = load_models(cfg, folder, self.device, path=path)
-        return evaluate(cfg, models, self.device, "test", sources=sources)
+        return evaluate(cfg, models, self.device, "test", sources=sources, seed=seed)
 
     def examples(self, settings, variant, seed, folder, builder, epoch):
         from .unit import save_retrieval
@@ -152,6 +169,8 @@ class Paired(PairedProtocol):
         quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
             cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
+            with problems.check():
+                self._check_distillation(Builder(dict(cfg), sources, self.device, quiet))
             if cfg.get("feature_cache") is not None:
                 signature = json.dumps([cfg["models"]["trunk"], cfg["feature_cache"]], default=str)
                 if signature not in seen:
@@ -231,6 +250,39 @@ class Paired(PairedProtocol):
                             b.build_models(sample, int(max(labels)) + 1)
         problems.raise_any()
 
+    def _check_distillation(self, b) -> None:
+        """A distilling trainer has a ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed;
+        the student's initialisation is the ``teacher`` key's (``init_student``), not the trainer's."""
+        from ...config.specs import one_spec
+        from .unit import asymmetric_tester, distils, load_teacher, teacher_spec
+
+        spec = teacher_spec(b.config, b.where("teacher"))
+        if distils(b):
+            name, kwargs = one_spec(b.get("trainer"), b.where("trainer"))
+            missing = [k for k in ("teacher", "coupled_augmentation") if b.get(k) is None]
+            if missing:
+                raise ConfigError(
+                    f"{b.where('trainer')}: {name} distils from a teacher: set "
+                    + " and ".join(f"{k}: {HINTS[k]}" for k in missing)
+                )
+            if "init_student_from_teacher" in kwargs:
+                raise ConfigError(
+                    f"{b.where('trainer')}.{name}.init_student_from_teacher: the runner initialises the student "
+                    "once, before a resume; use teacher: {checkpoint: ..., init_student: true|false}"
+                )
+        if b.get("coupled_augmentation") is not None:  # its arguments, checked on no images
+            b.build("coupled_augmentation", {"CoupledAugmentationDataset": b.get("coupled_augmentation")}, dataset=[])
+        if spec is not None and (b.get("transforms") or {}).get("reference") is None and asymmetric_tester(b):
+            raise ConfigError(
+                f"{b.where('transforms')}: an asymmetric tester with a teacher needs transforms.reference (the "
+                "teacher's database images, e.g. {Resize: {size: [32, 32]}})"
+            )
+        if spec is not None and b.get("feature_cache") is not None:
+            raise ConfigError(f"{b.where('teacher')}: a teacher and feature_cache together are not supported")
+        if spec is not None:
+            for seed in self.settings.seeds if "{seed}" in spec[0] else self.settings.seeds[:1]:
+                load_teacher(b, seed)
+
     def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
         """Build the feature caches of every variant with ``feature_cache`` (parts ``train``, ``train_eval``, a
         table's ``validation`` rows, ``test``), or only shard ``rank`` of ``world_size`` (separate processes; the last
@@ -294,6 +346,26 @@ class Paired(PairedProtocol):
             )
         if results.get("environment"):
             text += f" Environment: {environment_summary(results['environment'])}."
+        teachers = {n: c for n, c in self.variant_configs.items() if c.get("teacher") is not None}
+        if teachers:
+            from ...objects.builder import Builder
+            from .unit import asymmetric_tester, teacher_spec
+
+            cfg = next(iter(teachers.values()))
+            asymmetric = (cfg.get("transforms") or {}).get("reference") is not None and asymmetric_tester(
+                Builder(cfg, log=lambda *a, **k: None)
+            )
+            names = ", ".join(f"`{n}`" for n in teachers)
+            text += (
+                f" {names} start from the frozen teacher `{teacher_spec(cfg)[0]}` (their epoch 0 is the teacher on "
+                "their images)"
+                + (
+                    "; their metrics are asymmetric: the variant embeds the queries (`transforms.eval`), the teacher "
+                    "the same images as references (`transforms.reference`)."
+                    if asymmetric
+                    else "."
+                )
+            )
         untrained = results.get("untrained")
         if untrained:
             text += (

@@ -21,6 +21,13 @@ MAP@R, epoch 0 (the untrained model) included and flagged. :func:`train_and_sele
 selected model. With ``keep_epochs`` every evaluated epoch's weights are kept (``epochs/epoch_<e>.pth``), so the
 protocol can test the epoch it chooses for a whole group of units (``selection: mean_validation_curve``).
 
+Distillation (``teacher`` and ``coupled_augmentation`` keys): a trainer that distils (one with ``teacher_modules``,
+e.g. :class:`~pml_extensions.trainers.ResolutionDistillationTrainer`) gets the frozen ``teacher_trunk`` /
+``teacher_embedder`` of a finished run (:func:`load_teacher`) and trains on
+:class:`~pml_extensions.datasets.CoupledAugmentationDataset` views of the training images; every variant with a
+``teacher`` starts from the teacher's weights (``init_student``), so the untrained row is the teacher on the student's
+images. Validation and test score the student alone, with the eval transform.
+
 Feature cache (``feature_cache`` key, :mod:`pml_extensions.runner.objects.feature_cache`): the trunk is its
 trainable rest, and the splits are cached prefix outputs: part ``train`` (the train split, ``num_views`` views of the
 train transform; its views follow the unit's seed and epoch), ``train_eval`` (the train split's eval view: the
@@ -31,7 +38,7 @@ validation classes and ``prototype_init``'s images), ``validation`` (a table's v
 
 import os
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -55,7 +62,9 @@ __all__ = [
     "load_split",
     "make_loader",
     "make_tester",
+    "load_teacher",
     "resolve_cache_folder",
+    "teacher_spec",
     "train_and_select",
     "validation_split",
 ]
@@ -124,6 +133,112 @@ def cached_split(
     if names is not None:  # the cached features keep the images' class names (figures and examples name classes)
         cached.classes = names
     return cached
+
+
+def teacher_spec(cfg: Dict[str, Any], where: str = "config: teacher") -> Optional[Tuple[str, bool]]:
+    """``(checkpoint, init_student)`` of the config's ``teacher`` (a checkpoint path, or ``{checkpoint,
+    init_student}``; ``init_student`` defaults to true), or ``None`` without one.
+
+    Raises:
+        ConfigError: ``"<where>: expected ..."`` for any other form.
+
+    Example::
+
+        >>> teacher_spec({"teacher": "runs/t/teacher/seed_{seed}"})
+        ('runs/t/teacher/seed_{seed}', True)
+        >>> teacher_spec({"teacher": {"checkpoint": "t.pth", "init_student": False}})
+        ('t.pth', False)
+    """
+    spec = cfg.get("teacher")
+    if spec is None:
+        return None
+    if isinstance(spec, str) and spec:
+        return spec, True
+    if isinstance(spec, dict) and isinstance(spec.get("checkpoint"), str) and spec["checkpoint"]:
+        unknown = sorted(set(spec) - {"checkpoint", "init_student"})
+        init = spec.get("init_student", True)
+        if not unknown and isinstance(init, bool):
+            return spec["checkpoint"], init
+    raise ConfigError(
+        f"{where}: expected a checkpoint path or {{checkpoint: PATH, init_student: true|false}}, got {spec!r}"
+    )
+
+
+def distils(b: Builder) -> bool:
+    """Whether the config's trainer distils from a teacher (its class has ``teacher_modules``)."""
+    from ...config.registry import resolve
+
+    name, _ = one_spec(b.get("trainer"), b.where("trainer"), default="MetricLossOnly")
+    return callable(getattr(resolve(name, b.where("trainer")), "teacher_modules", None))
+
+
+def asymmetric_tester(b: Builder) -> bool:
+    """Whether the config's tester embeds references with other models (it takes ``reference_dataset_dict``, as
+    :class:`~pml_extensions.testers.AsymmetricTester`)."""
+    import inspect
+
+    from ...config.registry import resolve
+
+    name, _ = one_spec(b.get("tester"), b.where("tester"), default="GlobalEmbeddingSpaceTester")
+    return "reference_dataset_dict" in inspect.signature(resolve(name, b.where("tester"))).parameters
+
+
+def load_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
+    """``{"teacher_trunk", "teacher_embedder"}`` of the config's ``teacher`` (``{seed}`` in its path replaced by
+    ``seed``), rebuilt from that run's saved config (:func:`pml_extensions.runner.objects.saved_models.load_models`),
+    frozen, in eval mode, on the Builder's device; ``None`` without a ``teacher``.
+
+    Raises:
+        ConfigError: ``"<file>: teacher: ..."`` for a missing or unreadable checkpoint.
+    """
+    from ...objects.saved_models import load_models as load_run_models
+
+    spec = teacher_spec(b.config, b.where("teacher"))
+    if spec is None:
+        return None
+    path = spec[0].replace("{seed}", str(seed))
+    try:
+        trunk, embedder = load_run_models(path)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{b.where('teacher')}: {e} (train the teacher first, or name a finished run)") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{b.where('teacher')}: {e}") from None
+    out = {"teacher_trunk": trunk, "teacher_embedder": embedder}
+    for m in out.values():
+        m.to(b.device).eval().requires_grad_(False)
+    return out
+
+
+def reference_kwargs(b: Builder, tester, teacher, split: str, source: str, indices) -> Dict[str, Any]:
+    """The reference side of an asymmetric test (a tester with ``reference_dataset_dict``, e.g.
+    :class:`~pml_extensions.testers.AsymmetricTester`, and a ``teacher``): the teacher embeds the same images
+    (``indices`` of the dataset split ``source``, in the same order) with ``transforms.reference``, the database
+    resolution. ``{}`` otherwise: the student alone, on both sides."""
+    if teacher is None or not hasattr(tester, "reference_dataset_dict"):
+        return {}
+    if (b.get("transforms") or {}).get("reference") is None:
+        raise ConfigError(
+            f"{b.where('transforms')}: an asymmetric tester with a teacher needs transforms.reference (the "
+            "teacher's database images, e.g. {Resize: {size: [32, 32]}})"
+        )
+    data = b.build_dataset(source)
+    view = b.subset(data, indices, dataset_labels(data), b.build_transform("reference"))
+    return {
+        "reference_trunk_model": teacher["teacher_trunk"],
+        "reference_embedder_model": teacher["teacher_embedder"],
+        "reference_dataset_dict": {split: view},
+    }
+
+
+def _init_student(b: Builder, models: Dict[str, Any], teacher: Dict[str, torch.nn.Module]) -> None:
+    for key in ("trunk", "embedder"):
+        try:
+            models[key].load_state_dict(teacher[f"teacher_{key}"].state_dict())
+        except RuntimeError as e:
+            raise ConfigError(
+                f"{b.where('teacher')}: the teacher's {key} does not fit models.{key} ({str(e).splitlines()[0]}); "
+                "give the student the teacher's architecture or set teacher.init_student: false"
+            ) from None
 
 
 def make_loader(dataset, batch_size, seed):
@@ -231,6 +346,7 @@ def train_and_select(
         train_idx = np.arange(len(labels))
         val_data = load_split(cfg, "validation", train_transform=False, builder=b)
         val_set = b.subset(val_data, np.arange(len(val_data)), dataset_labels(val_data))
+        val_source, val_idx = "validation", np.arange(len(val_data))
     else:
         try:
             train_idx, val_idx, _ = validation_split(
@@ -239,9 +355,20 @@ def train_and_select(
         except ConfigError as e:
             raise ConfigError(f"{b.sources.get('validation', 'config')}: {e}") from None
         val_set = b.subset(full_eval, val_idx, labels)
+        val_source = "train"
     train_set, init_set = b.subset(full_train, train_idx, labels), b.subset(full_eval, train_idx, labels)
+    coupled = cfg.get("coupled_augmentation")
+    if coupled is not None:  # P coupled views per image, small (student) and large (teacher)
+        raw = b.subset(b.build_dataset("train"), train_idx, labels, rgb=True)
+        train_set = b.build(
+            "coupled_augmentation", {"CoupledAugmentationDataset": {"seed": seed, **coupled}}, dataset=raw
+        )
     num_classes = int(np.max(labels)) + 1  # the labels index the classes (e.g. ProxyAnchorLoss's proxies)
     models = build_models(cfg, seed, device, init_set, builder=b, num_classes=num_classes)
+    teacher = load_teacher(b, seed)
+    if teacher is not None and teacher_spec(cfg)[1]:  # before a resume loads the checkpoint's weights
+        _init_student(b, models, teacher)
+    distilling = distils(b)
     trunk, embedder, loss_funcs = models["trunk"], models["embedder"], models["loss_funcs"]
     nets = networks(models)
     optimizers = build_optimizers(cfg, models, builder=b)
@@ -252,9 +379,10 @@ def train_and_select(
 
     sampler = new_sampler()
     tester = make_tester(cfg, device, builder=b)
+    reference = reference_kwargs(b, tester, teacher, "val", val_source, val_idx)
 
     def validate(epoch):
-        tester.test({"val": val_set}, epoch, trunk, embedder)
+        tester.test({"val": val_set}, epoch, trunk, embedder, **reference)
         acc = tester.all_accuracies["val"]
         if keep_epochs and dist_utils.is_main():
             path = os.path.join(stage_dir, "epochs", f"epoch_{epoch}.pth")
@@ -296,9 +424,13 @@ def train_and_select(
             iterations_per_epoch=iterations,
             dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)),
         )
+        trainer_models = dist_utils.wrap_models(nets, device)
+        if distilling:  # the student was initialised above (init_student), before any resume
+            kwargs["init_student_from_teacher"] = False
+            trainer_models = {**trainer_models, **teacher}
         return b.build_trainer(
             {name_: kwargs},
-            models=dist_utils.wrap_models(nets, device),
+            models=trainer_models,
             optimizers=optimizers,
             loss_funcs=dist_utils.wrap_losses(loss_funcs),
             mining_funcs=models["mining_funcs"],
@@ -339,14 +471,19 @@ def evaluate(
     device: torch.device,
     split: str = "test",
     sources: Optional[Dict[str, str]] = None,
+    seed: int = 0,
 ) -> Dict[str, float]:
     """Metrics of the (selected) trunk + embedder on one split of the dataset (class-disjoint from training); with
-    ``feature_cache`` on the split's cached features of ``models["frozen"]`` (the trunk is its rest)."""
+    ``feature_cache`` on the split's cached features of ``models["frozen"]`` (the trunk is its rest); with a
+    ``teacher`` and an asymmetric tester against the teacher of ``seed`` embedding the same images
+    (:func:`reference_kwargs`)."""
     b = Builder(cfg, sources, device)
     b.frozen = models.get("frozen")
     dataset = load_split(cfg, split, train_transform=False, builder=b)
     tester = make_tester(cfg, device, builder=b)
-    tester.test({split: dataset}, -1, models["trunk"], models["embedder"])
+    teacher = load_teacher(b, seed) if hasattr(tester, "reference_dataset_dict") else None
+    reference = reference_kwargs(b, tester, teacher, split, split, np.arange(len(dataset)))
+    tester.test({split: dataset}, -1, models["trunk"], models["embedder"], **reference)
     acc = tester.all_accuracies[split]
     return {m: float(acc[f"{m}_level0"]) for m in METRICS}
 
