@@ -92,6 +92,13 @@ def _variant_selection(root: str, variant, selection: dict) -> dict:
             found = True
             out.setdefault(folder, ["default", variant])
     if not found:
+        from ..runner.config.loader import config_layout
+
+        if config_layout(root) == "flat":  # a flat config's variants are entries of its `variants` key
+            raise ConfigError(
+                f"command line: --variant {variant}: {display_path(root)} is a flat config, without variant files; "
+                "--variants NAME ... keeps entries of its `variants` key"
+            )
         raise ConfigError(
             f"command line: --variant {variant}: no such variant; {display_path(root)} has: "
             f"{', '.join(_variants(root)) or '-'}"

@@ -1,5 +1,6 @@
 """One entry point for every dataset the runner and benchmarks use."""
 
+import inspect
 from typing import Callable, Optional
 
 import numpy as np
@@ -50,8 +51,20 @@ def get_dataset(
             ``class_overlap=`` (``csv``).
 
     Raises:
-        ValueError: on an unknown name; FileNotFoundError when the data is missing (names the package/path).
+        ValueError: on an unknown name or an argument its class does not take (naming the ones it takes);
+            FileNotFoundError when the data is missing (names the package/path).
     """
+    classes = {"glyphs": GlyphDataset, "glyphs_debian": GlyphDataset, "openclipart": OpenClipArt}
+    classes.update(fashion_mnist=FashionMNIST, imagefolder=ImageFolderSplit, csv=ImageCSVSplit)
+    if name in classes and kwargs:  # one line naming what the class takes, not Python's TypeError
+        params = inspect.signature(classes[name]).parameters
+        taken = [p for p in params if p not in ("root", "split", "transform", "source")]
+        for key in kwargs:
+            if key not in params:
+                raise ValueError(
+                    f"dataset {name!r} ({classes[name].__name__}) takes no argument {key!r}; its kwargs: "
+                    f"{', '.join(taken) or 'none'}"
+                )
     if root is not None and name in ("glyphs", "glyphs_debian"):
         raise ValueError(f"dataset {name!r} takes no root (fonts are found by source=); got root={root!r}")
     if name == "glyphs":

@@ -193,6 +193,28 @@ def bias_note(difference: float) -> str:
     )
 
 
+def max_point(m: np.ndarray) -> Tuple[float, float]:
+    """``(row, column)`` of the centre of the region where the map ``m`` ``[H, W]`` reaches its maximum.
+
+    An upsampled map is flat over each of its cells; ``argmax`` would mark a cell's first pixel (its top-left corner,
+    on the image's edge for a border cell), so the star marks the centre of the connected region of maximal pixels
+    that holds the first one.
+
+    Example:
+        >>> m = np.kron(np.array([[0.0, 0.1, 0.0], [0.9, 0.2, 0.0], [0.0, 0.0, 0.3]]), np.ones((2, 2)))
+        >>> max_point(m)
+        (2.5, 0.5)
+    """
+    from scipy import ndimage
+
+    m = np.asarray(m, dtype=np.float64)
+    top = m.max()
+    regions, _ = ndimage.label(m >= top - 1e-9 * max(abs(top), 1.0))
+    y, x = np.unravel_index(int(np.argmax(m)), m.shape)
+    ys, xs = np.nonzero(regions == regions[y, x])
+    return float(ys.mean()), float(xs.mean())
+
+
 def pair_figure(
     query_image: np.ndarray,
     reference_images: Sequence[np.ndarray],
@@ -290,7 +312,7 @@ def pair_figure(
                 if point is not None:
                     ax.plot([point[1]], [point[0]], marker="X", color="yellow", markeredgecolor="black", markersize=13)
                 if mark_max:
-                    y, x = np.unravel_index(int(np.argmax(m)), m.shape)
+                    y, x = max_point(m)
                     ax.plot([x], [y], marker="*", color="yellow", markeredgecolor="black", markersize=14)
                 ax.set_title(label, fontsize=9)
             for c in range(2 + len(panels[r]), cols):

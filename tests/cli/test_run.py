@@ -488,3 +488,45 @@ def test_a_paired_run_refuses_images_of_several_sizes_before_any_work(tmp_path, 
         and "start transforms train and eval with Resize" in err
     )
     assert not os.path.exists(tmp_path / "exp")  # refused before any work
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["--num_epochs", "true"], "config error: command line: num_epochs: expected an integer >= 1, got True"),
+        (["--batch_size", "0"], "config error: command line: batch_size: expected an integer >= 1, got 0"),
+        (
+            ["--variant", "quick"],
+            "config error: command line: --variant quick: configs/xml_glyphs is a flat config, without variant files; "
+            "--variants NAME ... keeps entries of its `variants` key",
+        ),
+    ],
+)
+def test_one_mistake_is_one_line(argv, line, capsys):
+    """A user trial: `--num_epochs true` gave two lines (the protocol's Settings and a second per-key rule), and
+    `--variant quick` on a flat config listed its variant files as `-`."""
+    assert cli.main(["xml_glyphs", *argv, "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == line
+
+
+def test_a_misspelt_required_key_is_one_line_naming_its_file(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    shutil.copytree(os.path.join(CONFIGS, "xml_glyphs"), tmp_path / "mine")
+    path = tmp_path / "mine" / "config_general.yaml"
+    path.write_text(path.read_text().replace("\nnum_epochs:", "\nnum_epoch:"))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["./mine", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "config error: mine/config_general.yaml: num_epoch: missing key 'num_epochs' (the config has 'num_epoch': a "
+        "misspelling?)"
+    )
+
+
+def test_seeds_from_the_command_line_are_saved_as_a_list(capsys):
+    """A user trial: `--seeds 0 1` was saved in config.yaml as the string `0 1` (the docs say a list)."""
+    import yaml
+
+    assert cli.main(["xml_glyphs", "--seeds", "0", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert yaml.safe_load(out[out.index("\n") + 1 :])["seeds"] == [0, 1]

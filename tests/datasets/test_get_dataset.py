@@ -37,3 +37,16 @@ class TestGetDataset(unittest.TestCase):
             get_dataset("imagefolder")
         with self.assertRaisesRegex(FileNotFoundError, "cub"):
             get_dataset("cub", root="/nonexistent")
+
+
+def test_an_argument_the_dataset_class_does_not_take_is_one_line_naming_the_ones_it_takes(tmp_path):
+    import pytest
+
+    from pml_extensions.datasets.get_dataset import get_dataset
+
+    with pytest.raises(ValueError) as e:
+        get_dataset("imagefolder", root=str(tmp_path), image_size=32)
+    assert str(e.value) == (
+        "dataset 'imagefolder' (ImageFolderSplit) takes no argument 'image_size'; its kwargs: target_transform, "
+        "split_rule, test_classes"
+    )

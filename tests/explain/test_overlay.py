@@ -161,3 +161,21 @@ class TestExplanationPanels(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def test_the_best_match_star_sits_at_the_centre_of_the_maximal_cell():
+    """A user trial: on a 3 x 3 map upsampled to the image, the star of the "point-specific" panel sat half off the
+    image, at the top-left pixel of the maximal cell (argmax's first pixel)."""
+    import numpy as np
+
+    from pml_extensions.explain.overlay import max_point
+
+    cells = np.array([[0.0, 0.1, 0.0], [0.9, 0.2, 0.0], [0.0, 0.0, 0.3]])
+    assert max_point(np.kron(cells, np.ones((32, 32)))) == (47.5, 15.5)  # the middle of cell (1, 0): 32 + 15.5, 15.5
+    # two maximal cells apart: the star takes the region of the first one, not the point between them
+    cells[2, 2] = 0.9
+    assert max_point(np.kron(cells, np.ones((2, 2)))) == (2.5, 0.5)
+    # a map with one maximal pixel: that pixel
+    smooth = np.zeros((5, 7))
+    smooth[4, 6] = 1.0
+    assert max_point(smooth) == (4.0, 6.0)

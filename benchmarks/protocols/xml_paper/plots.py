@@ -69,6 +69,9 @@ def save_prototype_usage(units, out_dir, device, seed, num_prototypes):
             ax.set_title(f"{name}: class '{label}'", fontsize=7)
             ax.set_xticks([])
             ax.set_ylim(0, top)
+            ax.set_xlabel(f"prototype (1 … {hist.shape[1]})", fontsize=7)
+            if col == 0:
+                ax.set_ylabel("mean share of the\nlocal features", fontsize=7)
     fig.suptitle(
         "Mean prototype histogram per unseen class (cf. XML paper Fig. 4); trunks without "
         "HistogramPooling: post-hoc k-means prototypes of their own features",

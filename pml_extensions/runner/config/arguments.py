@@ -15,9 +15,10 @@ mean xml_weight?``. A class name no module a config may use defines
 ContrastiveLoss?``. A dataset by name (``{name, root, kwargs}``) given a new ``name`` without ``~OVERRIDE~`` keeps the
 old one's ``kwargs``: refused as two merged classes are (``command line: dataset: name csv (the command line) was
 merged next to kwargs.max_side of the dataset openclipart (...); a merge keeps both, write --dataset~OVERRIDE~ to
-replace it``). Counts that must be positive (``batch_size``, ``iterations_per_epoch``, ``num_epochs_train``,
-``save_interval``, the sampler's ``m``, ...) or not negative (``patience``, ``dataloader_num_workers``, a learning
-rate) are refused when they are not (:data:`TOP_LEVEL_RULES`, :data:`ARGUMENT_RULES`). The file named is the one that
+replace it``). Arguments that must be positive (``batch_size``, ``iterations_per_epoch``, the sampler's ``m``, ...) or
+not negative (``dataloader_num_workers``, a learning rate) are refused when they are not (:data:`ARGUMENT_RULES`; the
+top-level keys are their protocol's ``Settings``, checked by
+:func:`pml_extensions.runner.protocols.base.read_settings`). The file named is the one that
 set the value (:meth:`pml_extensions.runner.config.sources.Sources.of`). Names are looked up in the class index, so
 the check imports no torch (only a name the index lacks is looked for in the modules themselves before it is refused).
 
@@ -37,10 +38,10 @@ Example::
     ...     print(e)
     command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class 'ContrastivLoss'; did you mean ContrastiveLoss?
     >>> try:
-    ...     check_arguments({"patience": -1}, {"patience": "command line"})
+    ...     check_arguments({"sampler": {"MPerClassSampler": {"m": 0}}}, {"sampler": "command line"})
     ... except ValueError as e:
     ...     print(str(e).split(" (")[0])
-    command line: patience: must be a non-negative integer or null, got -1
+    command line: sampler: m must be a positive integer, got 0
 """
 
 import difflib
@@ -59,13 +60,11 @@ ONE_SPEC_KEYS = ("sampler", "trainer", "tester", "accuracy_calculator", "dataset
 RUNNER_ARGUMENTS = {"optimizers": ("prototype_lr", "param_groups"), "tester": ("reference_set",)}
 
 
-def _int_at_least(low: int, what: str, null: bool = False) -> Callable[[Any], Optional[str]]:
+def _int_at_least(low: int, what: str) -> Callable[[Any], Optional[str]]:
     def check(value):
-        if value is None and null:
-            return None
         if not is_int(value) or value < low:
             kind = "positive integer" if low == 1 else "non-negative integer"
-            return f"must be a {kind}{' or null' if null else ''}, got {value!r} ({what})"
+            return f"must be a {kind}, got {value!r} ({what})"
         return None
 
     return check
@@ -80,21 +79,6 @@ def _number_at_least(low: float, what: str) -> Callable[[Any], Optional[str]]:
     return check
 
 
-def _boolean(value: Any) -> Optional[str]:
-    return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
-
-
-#: top-level key -> check returning the problem or None
-TOP_LEVEL_RULES: Dict[str, Callable[[Any], Optional[str]]] = {
-    "skip_bad_images": _boolean,
-    "patience": _int_at_least(0, "evaluations without improvement before training stops", null=True),
-    "num_epochs_train": _int_at_least(1, "epochs per fold"),
-    "num_epochs": _int_at_least(1, "epochs per variant and seed"),
-    "save_interval": _int_at_least(1, "epochs between evaluations"),
-    "iterations_per_epoch": _int_at_least(1, "batches per epoch"),
-    "batch_size": _int_at_least(1, "images per batch"),
-    "dataloader_num_workers": _int_at_least(0, "data loading processes; 0 loads in the main process"),
-}
 #: (key prefix, argument) -> check; the prefix is the top-level key ("" for any)
 ARGUMENT_RULES: Dict[Tuple[str, str], Callable[[Any], Optional[str]]] = {
     ("", "batch_size"): _int_at_least(1, "images per batch"),
@@ -277,11 +261,6 @@ class _Checker:
 
     def config(self, config: Dict[str, Any]) -> None:
         self.named_dataset(config.get("dataset"))
-        for key, rule in TOP_LEVEL_RULES.items():
-            if key in config:
-                problem = rule(config[key])
-                if problem:
-                    self.fail((key,), problem)
         for key in NAMED_SPEC_KEYS:
             value = config.get(key)
             if isinstance(value, dict):

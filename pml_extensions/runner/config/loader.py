@@ -294,7 +294,7 @@ def merge_config(
         # each folder's files merge among themselves first, then over the folders before it: the config as it stands
         # after this file is the folders before plus this folder so far (Sources.of names the file of a nested value)
         merged = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
-        sources.add_layer(shown, merged)
+        sources.add_layer(shown, merged, data)
         if i + 1 == len(files) or files[i + 1][0] != folder:
             config = merged
     if variants:
@@ -306,7 +306,7 @@ def merge_config(
         config = merge(config, overrides, "command line")
         for k in given:
             sources[split_marker(k, "command line")[0]] = "command line"
-        sources.add_layer("command line", config)
+        sources.add_layer("command line", config, overrides)
     sources.file_keys = file_keys
     return config, sources
 

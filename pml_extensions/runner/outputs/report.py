@@ -159,6 +159,7 @@ def _curves(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     selected = selected or {}
     x = ITERATION_COLUMN
@@ -218,6 +219,7 @@ def _curves(
                         marked = _mark(ax, line, xs, data[column], value) or marked
         if drawn:
             ax.set_xlabel(xlabel)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and iterations are whole numbers
             ax.set_title(title + ("; ★ / dotted line: the selected model" if marked else ""), fontsize=9)
             ax.legend(fontsize=6, ncol=2 if len(ax.get_lines()) > 8 else 1)
             images.append(_png(fig))

@@ -27,12 +27,13 @@ Example::
     (True, 'Metric Learning Reality Check')
 """
 
+import dataclasses
 import importlib
 import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from .base import Protocol, nearest
+from .base import Protocol, misspelt_required, nearest
 
 #: protocol name -> ``module:Class`` (imported on first use, so one protocol's dependencies never load for another)
 PROTOCOLS: Dict[str, str] = {
@@ -127,9 +128,10 @@ def check_keys(config: Dict[str, Any], sources: Dict[str, str], protocol: type, 
 
     known = set(protocol.keys())
     file_keys = {split_marker(k)[0] for k in file_keys}
+    reported = misspelt_required(protocol.Settings, config) if dataclasses.is_dataclass(protocol.Settings) else {}
     for key in config:
         name = split_marker(key)[0]
-        if name in known:
+        if name in known or name in reported:  # a misspelt required key: reported once, as the missing key
             continue
         command_line = sources.get(name) == "command line" and name not in file_keys
         hint = _hint(name, protocol, known | file_keys if command_line else known)
@@ -203,7 +205,7 @@ def load_config(
         config = merge(config, refine, "command line") if refine else config
         for key in update:
             sources[key.split("~")[0]] = "command line"
-        sources.add_layer("command line", config)  # nested values of the new dataset are the command line's too
+        sources.add_layer("command line", config, update)  # nested values of the new dataset are the command line's
     if check:  # every check runs, and every problem found is reported together
         from ..config.arguments import check_arguments
         from ..config.syntax import find_search_markers

@@ -160,6 +160,29 @@ def check_value(value: Any, meta: Dict[str, Any], where: str) -> Any:
     return value
 
 
+def misspelt_required(cls: type, config: Dict[str, Any]) -> Dict[str, str]:
+    """``{key of config: required field of cls it misspells}`` for the required fields ``config`` lacks: the
+    loader reports each once, as the missing field (:func:`read_settings`), not again as an unknown key.
+
+    Example::
+
+        >>> @dataclasses.dataclass
+        ... class Settings:
+        ...     num_epochs: int = setting(REQUIRED, "Epochs.", "int")
+        >>> misspelt_required(Settings, {"num_epoch": 4})
+        {'num_epoch': 'num_epochs'}
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    others = [str(k) for k in config if k not in names]
+    out = {}
+    for field in dataclasses.fields(cls):
+        if field.default is REQUIRED and config.get(field.name) is None:
+            close = difflib.get_close_matches(field.name, others, n=1)
+            if close:
+                out[close[0]] = field.name
+    return out
+
+
 def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None, where: str = ""):
     """The dataclass ``cls`` filled from ``config``: every field from its key (its default when absent), checked by
     its :func:`setting` metadata; keys of ``config`` that are not fields are ignored (the loader refuses them).
@@ -184,10 +207,13 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
             if field.name in config and not (required and config[field.name] is None):
                 values[field.name] = check_value(config[field.name], meta, here) if meta else config[field.name]
             elif field.default is REQUIRED:
-                names = {f.name for f in dataclasses.fields(cls)}
-                close = difflib.get_close_matches(field.name, [str(k) for k in config if k not in names], n=1)
-                typo = f" (the config has {close[0]!r}: a misspelling?)" if close else ""
-                raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}{typo}")
+                typo = [k for k, name in misspelt_required(cls, config).items() if name == field.name]
+                if typo:  # where the misspelt key was written
+                    raise ConfigError(
+                        f"{where or source_of(sources, typo[0])}: {typo[0]}: missing key {field.name!r} (the config "
+                        f"has {typo[0]!r}: a misspelling?)"
+                    )
+                raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}")
     problems.raise_any()
     return cls(**values)
 

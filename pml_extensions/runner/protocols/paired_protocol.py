@@ -54,7 +54,7 @@ import time
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from .base import Protocol, read_settings, setting
+from .base import Protocol, read_settings, seed_list, setting
 
 UNTRAINED = "untrained"
 SELECTIONS = ("best_epoch", "mean_validation_curve", "last")
@@ -157,6 +157,14 @@ class PairedProtocol(Protocol):
             configs[name] = cfg
             settings[name] = read_settings(cls.Settings, {**config, **cfg}, where[name])
         return configs, settings, where
+
+    @classmethod
+    def normalize(cls, config, sources, log=None):
+        """``seeds`` given as the command line's words (``--seeds 0 1``: ``"0 1"``) become the list they mean, so
+        the saved ``config.yaml`` holds ``seeds: [0, 1]``."""
+        if isinstance(config.get("seeds"), str):
+            return {**config, "seeds": seed_list(config["seeds"], f"{(sources or {}).get('seeds', 'config')}: seeds")}
+        return config
 
     @classmethod
     def read(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> GridSettings:
@@ -359,6 +367,8 @@ class PairedProtocol(Protocol):
                 chosen = max(trained, key=lambda e: (trained[e], -e))  # ties: the shorter schedule
             epochs.update({name: chosen for name in group})
             curves[group[0]] = {"variants": group, "mean_val": curve, "epoch": chosen}
+            if chosen >= 1 and 0 in curve and curve[0] >= curve[chosen]:  # training never beat the untrained model
+                curves[group[0]]["untrained_best"] = True
         return {"epochs": epochs, "curves": curves}
 
     def test_at(self, variant: str, seed: int, epoch: int) -> Dict[str, float]:
@@ -412,6 +422,13 @@ class PairedProtocol(Protocol):
                         )
         else:
             chosen = self.chosen_epochs(units)
+            for c in chosen["curves"].values():
+                if c.get("untrained_best"):
+                    self.log(
+                        f"warning: {', '.join(c['variants'])}: the mean validation curve is highest at the untrained "
+                        f"model (epoch 0: {c['mean_val'][0]:.4f}); epoch {c['epoch']}, the best trained one "
+                        f"({c['mean_val'][c['epoch']]:.4f}), is tested"
+                    )
             for n in names:
                 for seed in seeds:
                     per_seed[n][seed] = self.test_at(n, seed, chosen["epochs"][n])

@@ -108,9 +108,10 @@ def test_registered_classes_are_read_live():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--patience", "-1"], "command line: patience: must be a non-negative integer or null, got -1"),
-        (["--num_epochs_train", "0"], "command line: num_epochs_train: must be a positive integer, got 0"),
-        (["--save_interval", "1.5"], "command line: save_interval: must be a positive integer, got 1.5"),
+        (["--patience", "-1"], "command line: patience: expected an integer >= 0, got -1"),  # the mlrc Settings'
+        (["--num_epochs_train", "0"], "command line: num_epochs_train: expected an integer >= 1, got 0"),
+        (["--save_interval", "1.5"], "command line: save_interval: expected an integer >= 1, got 1.5"),
+        (["--skip_bad_images", "2"], "command line: skip_bad_images: expected true or false, got 2"),
         (["--trainer~APPLY~2", "{iterations_per_epoch: 0}"], "command line: trainer: iterations_per_epoch must be"),
         (["--trainer~APPLY~2", "{dataloader_num_workers: -2}"], "command line: trainer: dataloader_num_workers must"),
         (["--sampler~APPLY~2", "{m: 0}"], "command line: sampler: m must be a positive integer, got 0"),

@@ -106,9 +106,15 @@ class Settings:
         "The PML trainer, `{MetricLossOnly: {batch_size, iterations_per_epoch, dataloader_num_workers, ...}}`; "
         "`batch_size` is the global batch (split over `torchrun` ranks)."
     )
-    num_epochs_train: Any = _doc("Most epochs per fold (powerful-benchmarker's; early stopping usually ends sooner).")
-    save_interval: Any = _doc("Evaluate `splits_to_eval` (and checkpoint the best model) every this many epochs.")
-    patience: Any = _doc("Stop a fold when the primary metric has not improved for more than this many evaluations.")
+    num_epochs_train: Any = setting(
+        None, "Most epochs per fold (powerful-benchmarker's; early stopping usually ends sooner).", "int", minimum=1
+    )
+    save_interval: Any = setting(
+        None, "Evaluate `splits_to_eval` (and checkpoint the best model) every this many epochs.", "int", minimum=1
+    )
+    patience: Any = setting(
+        None, "Stop a fold when the primary metric has not improved for more than this many evaluations.", "int", 0
+    )
     check_untrained_accuracy: Any = _doc(
         "Evaluate the untrained model as epoch 0 (the report flags a fold whose best epoch is 0)."
     )
@@ -147,7 +153,9 @@ class Settings:
     dataset_root: Any = _doc("Folder given to dataset classes that take `root`.")
     test_hooks: Any = _doc("`{name: {HookClass: kwargs}}` run once on the test split with fold 0's best model.")
     prototype_init: Any = _doc("Initialise the trunk's `HistogramPooling` prototypes from training images.")
-    skip_bad_images: Any = _doc("`true` leaves out the image files that do not decode instead of stopping.")
+    skip_bad_images: Any = setting(
+        None, "`true` leaves out the image files that do not decode instead of stopping.", "bool"
+    )
     feature_cache: Any = _doc("Train the trunk's rest on cached outputs of its frozen prefix.")
 
 

@@ -389,11 +389,12 @@ class MLRCRunner:
         stops = (
             "no early stopping: patience null"
             if patience is None
-            else f"a fold stops once {int(patience) + 1} epochs pass without a better validation (patience {patience})"
+            else f"a fold stops once {_count(int(patience) + 1, 'epoch')} pass without a better validation (patience "
+            f"{patience})"
         )
         self.log(
-            f"{len(labels)} items, {len(np.unique(labels))} classes; test classes: {shown}; {num_sets} folds of at "
-            f"most {epochs} epochs ({stops})"
+            f"{len(labels)} items, {len(np.unique(labels))} classes; test classes: {shown}; {_count(num_sets, 'fold')} "
+            f"of at most {_count(epochs, 'epoch')} ({stops})"
         )
         fold_results = []
         for k in range(num_sets):
@@ -418,3 +419,8 @@ class MLRCRunner:
         }
         self.experiment.write_results(results)
         return results
+
+
+def _count(n: int, word: str) -> str:
+    """``"1 epoch"``, ``"3 epochs"``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"

@@ -215,6 +215,12 @@ class Paired(PairedProtocol):
                 if split != "train":
                     if not self.class_roles and data is not None:
                         test_ids = sorted({int(v) for v in dataset_labels(data)})
+                        if len(test_ids) < 2:
+                            with problems.check():
+                                raise ConfigError(
+                                    f"{where}: the test split of {_data_words(s.dataset)} has {len(test_ids)} "
+                                    "class(es); retrieval on unseen classes needs at least 2"
+                                )
                         self.class_roles = {**train_roles, "test": _class_names(data, test_ids)}
                         self.log(
                             "classes: "
@@ -230,8 +236,11 @@ class Paired(PairedProtocol):
                     try:
                         whole = (np.arange(len(labels)), None, None)  # the table's validation rows validate
                         parts = whole if rows else validation_split(labels, fraction, vseed)
-                    except ConfigError as e:
-                        raise ConfigError(f"{sources.get('validation', 'config')}: validation: {e}") from None
+                    except ConfigError as e:  # too few classes: the data's count, and where the data came from
+                        raise ConfigError(
+                            f"{sources.get('validation', 'config')}: validation: {e} ({_data_words(s.dataset)} has "
+                            f"{len(np.unique(labels))} training classes)"
+                        ) from None
                 if parts is not None and not train_roles:
                     train_ids = sorted({int(v) for v in labels[parts[0]]})
                     train_roles = {"train": _class_names(data, train_ids)}
@@ -341,7 +350,11 @@ class Paired(PairedProtocol):
         if selection.get("curves"):
             text += (
                 " Tested epochs: "
-                + "; ".join(f"{', '.join(c['variants'])}: {c['epoch']}" for c in selection["curves"].values())
+                + "; ".join(
+                    f"{', '.join(c['variants'])}: {c['epoch']}"
+                    + (" (the untrained model's mean validation was higher)" if c.get("untrained_best") else "")
+                    for c in selection["curves"].values()
+                )
                 + "."
             )
         if results.get("environment"):
@@ -396,6 +409,12 @@ def _class_names(data, ids) -> list:
 
 def _shown(names, limit: int = 6) -> str:
     return ", ".join(map(str, names[:limit])) + (", ..." if len(names) > limit else "")
+
+
+def _data_words(spec: Any) -> str:
+    """``"the dataset imagefolder (photos)"``: the dataset's name and, for a folder or table, its path."""
+    root = spec.get("root") if isinstance(spec, dict) and "name" in spec else None
+    return f"the dataset {dataset_name(spec)}" + (f" ({root})" if root else "")
 
 
 def dataset_name(spec: Any) -> Optional[str]:

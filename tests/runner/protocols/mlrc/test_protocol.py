@@ -67,8 +67,8 @@ class TestRunner:
         assert results["folds"][0]["best_epoch"] == 0
         assert state["epoch"] == 2 and state["finished"]
         # the header says what the fold then did (it said "early stopping after 1 without a better one": 2 passed)
-        (header,) = [line for line in logs if "folds of at most" in line]
-        assert header.endswith("1 folds of at most 20 epochs (a fold stops once 2 epochs pass without a better "
+        (header,) = [line for line in logs if "of at most" in line]
+        assert header.endswith("1 fold of at most 20 epochs (a fold stops once 2 epochs pass without a better "
                                "validation (patience 1))")  # fmt: skip
         assert [line.split(": val")[0] for line in logs if ": val " in line] == [
             "fold 0 epoch 0 (untrained)", "fold 0 epoch 1", "fold 0 epoch 2"

@@ -63,6 +63,9 @@ class TestSelection(unittest.TestCase):
         self.assertEqual(out["epochs"], {"g": 2, "x": 2, "o": 1})
         for epoch, value in {0: 0.5, 1: 0.3, 2: 0.35, 3: 0.325}.items():
             self.assertAlmostEqual(out["curves"]["g"]["mean_val"][epoch], value, places=12)
+        # a user trial: a group whose training never beat its untrained model was tested with no word; it is flagged
+        self.assertTrue(out["curves"]["g"]["untrained_best"])  # epoch 0: 0.5 >= epoch 2: 0.35
+        self.assertNotIn("untrained_best", out["curves"]["o"])  # epoch 0: 0.1 < epoch 1: 0.2
         last = _protocol({**config, "selection": "last"}).chosen_epochs(units)
         self.assertEqual(last["epochs"], {"g": 3, "x": 3, "o": 3})
 
@@ -247,7 +250,7 @@ def test_a_bad_image_stops_the_job_before_any_unit_trains(tmp_path):
     # every problem in one refusal: the bad file, and (4 classes: 2 for training) no room for a validation part
     assert e.value.problems == [
         "config: validation: validation.class_fraction 0.25 of 2 training classes leaves 0 validation and 2 training "
-        "classes; each side needs at least 2",
+        f"classes; each side needs at least 2 (the dataset imagefolder ({root}) has 2 training classes)",
         f"command line: dataset: 1 of 6 images do not decode: {bad} (image file is truncated); replace or remove "
         "them, or leave them out with --skip_bad_images true",
     ]
@@ -327,3 +330,26 @@ def test_the_validation_rows_of_a_csv_select_the_epoch(tmp_path):
         "validation 2 (Class 12 / é, Class 13 / é); test 2 (Class 14 / é, Class 15 / é)"
     )
     assert protocol.extra_results({})["classes"] == roles
+
+
+def test_a_one_class_folder_is_named_with_its_class_counts(tmp_path):
+    """A user trial: `--data_folder oneclass` blamed the shipped config's validation fraction and logged `classes: test
+    0 ()`; the refusal names the folder, its training classes and its empty test split."""
+    from PIL import Image
+
+    from pml_extensions.runner.errors import ConfigError
+
+    root = tmp_path / "oneclass"
+    (root / "a").mkdir(parents=True)
+    for k in range(6):
+        Image.new("RGB", (16, 16), (40 * k, 0, 0)).save(root / "a" / f"{k}.png")
+    cfg = tiny_config(dataset={"name": "imagefolder", "root": str(root)})
+    with mock.patch.object(Paired, "unit", side_effect=AssertionError("trained")):
+        with pytest.raises(ConfigError) as e:
+            Paired(cfg, str(tmp_path / "exp"), sources={"dataset": "command line"}, log=lambda *a, **k: None).run()
+    assert e.value.problems == [
+        "config: validation: validation.class_fraction 0.25 of 1 training classes leaves 0 validation and 1 training "
+        f"classes; each side needs at least 2 (the dataset imagefolder ({root}) has 1 training classes)",
+        f"command line: dataset: the test split of the dataset imagefolder ({root}) has 0 class(es); retrieval on "
+        "unseen classes needs at least 2",
+    ]
