@@ -32,6 +32,8 @@ NOT_HERE = {
     "{...}": "a placeholder for the reader's value",
     "--data_folder photos": "docs/own_data.md's worked example (tests/test_docs_own_data.py)",
     "run toy ": "docs/runner.md's plugin example (tests/docs/test_runner_md.py)",
+    "--variants finetuned distilled": "needs the teacher run before it (tests/runner/protocols/paired/"
+    "test_distillation.py runs both commands)",
 }
 
 

@@ -473,8 +473,9 @@ def check_sizes(builder, dataset, transform, first: torch.Tensor, getter=None, p
         x = builder.subset(dataset, [i], transform=transform, getter=getter)[0][0]
         if torch.is_tensor(x) and x.shape != first.shape:
             what = f"{paths[0]} and {paths[i]}" if paths else f"items 0 and {i}"
+            side = min(224, *first.shape[-2:], *x.shape[-2:])  # a square no larger than the images, nor than 224
             raise ConfigError(
                 f"{source_of(builder.sources, 'transforms')}: transforms.eval gives images of different sizes "
                 f"({list(first.shape)} and {list(x.shape)} for {what}), which cannot be batched; start transforms "
-                f"train and eval with Resize: {{size: [{first.shape[-2]}, {first.shape[-1]}]}}"
+                f"train and eval with Resize: {{size: [{side}, {side}]}} (or the size the trunk expects)"
             )

@@ -203,3 +203,31 @@ def test_the_asymmetric_tester_gets_the_teacher_and_the_same_images_at_the_datab
     ((queries, kwargs),) = calls
     assert list(kwargs["reference_dataset_dict"]) == ["test"]
     assert len(kwargs["reference_dataset_dict"]["test"]) == len(queries["test"])
+
+
+@pytest.mark.slow  # two runs of the CLI at toy size
+def test_the_two_commands_of_the_docs_run_the_teacher_then_the_students(tmp_path, monkeypatch, capsys):
+    """docs/methods/resolution_distillation.md's two commands, at toy size: the second finds the first's teacher of
+    each seed (`seed_{seed}`), and its results say the metrics are asymmetric."""
+    import json
+
+    from pml_extensions.cli import run
+
+    monkeypatch.chdir(tmp_path)
+    small = ["--num_epochs", "1", "--iterations_per_epoch", "2", "--seeds", "0", "1"]
+    teacher_run = ["--variants", "teacher", "--experiment_name", "distillation_glyphs_teacher"]
+    assert run.main(["distillation_glyphs", *teacher_run, *small]) == 0
+    for seed in (0, 1):
+        assert os.path.isfile(tmp_path / f"experiments/distillation_glyphs_teacher/teacher/seed_{seed}/best_models.pth")
+    capsys.readouterr()
+    assert run.main(["distillation_glyphs", "--variants", "finetuned", "distilled", *small]) == 0
+    with open(tmp_path / "experiments/distillation_glyphs/results.json") as f:
+        results = json.load(f)
+    assert sorted(results["variants"]) == ["distilled", "finetuned"]
+    assert [c["variant"] + " - " + c["baseline"] for c in results["comparisons"]] == ["distilled - finetuned"]
+    for seed in ("0", "1"):  # both students start from the teacher of their seed: the same epoch-0 validation
+        first = [results["units"][v][seed]["history"][0] for v in ("distilled", "finetuned")]
+        assert first[0] == first[1] and first[0]["epoch"] == 0
+    text = (tmp_path / "experiments/distillation_glyphs/results.md").read_text()
+    assert "start from the frozen teacher `experiments/distillation_glyphs_teacher/teacher/seed_{seed}`" in text
+    assert "their metrics are asymmetric" in text
