@@ -129,7 +129,7 @@ class TestJobArguments(unittest.TestCase):
     def test_load_job_config_is_what_the_job_runs(self):
         config, sources = job.load_job_config(["--seeds", "0", "1", "--variants", "contrastive_xml", "contrastive_gap"])
         self.assertEqual(config["protocol"], "paired")
-        self.assertEqual(config["seeds"], "0 1")  # the command line's words; the protocol reads them as [0, 1]
+        self.assertEqual(config["seeds"], [0, 1])  # the command line's words, as the list the protocol reads
         self.assertEqual(list(config["variants"]), ["contrastive_gap", "contrastive_xml"])  # the config's order
         self.assertEqual(config["comparisons"], [["contrastive_xml", "contrastive_gap"]])
         self.assertEqual(sources["seeds"], "command line")

@@ -116,8 +116,15 @@ def descriptions() -> Dict[str, str]:
     return {n: get_protocol(n).description for n in dict.fromkeys(names)}
 
 
-def check_keys(config: Dict[str, Any], sources: Dict[str, str], protocol: type, file_keys: Sequence[str] = ()) -> None:
-    """Refuse top-level keys the protocol does not read (its :meth:`~.base.Protocol.keys`).
+def check_keys(
+    config: Dict[str, Any],
+    sources: Dict[str, str],
+    protocol: type,
+    file_keys: Sequence[str] = (),
+    skip: Sequence[str] = (),
+) -> None:
+    """Refuse top-level keys the protocol does not read (its :meth:`~.base.Protocol.keys`), but those in ``skip``
+    (the loader's: misspellings of a required key, reported once as that key missing, :func:`.base.misspelt_required`).
 
     Raises:
         ConfigError: ``"<file>: num_epoch: the paired protocol reads no such key; did you mean num_epochs?"``, or
@@ -128,10 +135,9 @@ def check_keys(config: Dict[str, Any], sources: Dict[str, str], protocol: type, 
 
     known = set(protocol.keys())
     file_keys = {split_marker(k)[0] for k in file_keys}
-    reported = misspelt_required(protocol.Settings, config) if dataclasses.is_dataclass(protocol.Settings) else {}
     for key in config:
         name = split_marker(key)[0]
-        if name in known or name in reported:  # a misspelt required key: reported once, as the missing key
+        if name in known or name in skip:
             continue
         command_line = sources.get(name) == "command line" and name not in file_keys
         hint = _hint(name, protocol, known | file_keys if command_line else known)
@@ -213,7 +219,8 @@ def load_config(
 
         problems = Problems()
         with problems.check():
-            check_keys(config, sources, protocol, getattr(sources, "file_keys", config))
+            typos = misspelt_required(protocol.Settings, config) if dataclasses.is_dataclass(protocol.Settings) else {}
+            check_keys(config, sources, protocol, getattr(sources, "file_keys", config), skip=list(typos))
         with problems.check():
             config = protocol.normalize(config, sources, log)
             protocol.check(config, sources)

@@ -208,10 +208,12 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
                 values[field.name] = check_value(config[field.name], meta, here) if meta else config[field.name]
             elif field.default is REQUIRED:
                 typo = [k for k, name in misspelt_required(cls, config).items() if name == field.name]
-                if typo:  # where the misspelt key was written
+                if typo:  # where the misspelt key was written (else where the key was expected)
+                    source = source_of(sources, typo[0])
+                    source = source if source != "config" else source_of(sources, field.name)
                     raise ConfigError(
-                        f"{where or source_of(sources, typo[0])}: {typo[0]}: missing key {field.name!r} (the config "
-                        f"has {typo[0]!r}: a misspelling?)"
+                        f"{where or source}: {typo[0]}: missing key {field.name!r} (the config has {typo[0]!r}: a "
+                        "misspelling?)"
                     )
                 raise ConfigError(f"{where or source_of(sources, field.name)}: missing key {field.name!r}")
     problems.raise_any()

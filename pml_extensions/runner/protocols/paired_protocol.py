@@ -426,8 +426,8 @@ class PairedProtocol(Protocol):
                 if c.get("untrained_best"):
                     self.log(
                         f"warning: {', '.join(c['variants'])}: the mean validation curve is highest at the untrained "
-                        f"model (epoch 0: {c['mean_val'][0]:.4f}); epoch {c['epoch']}, the best trained one "
-                        f"({c['mean_val'][c['epoch']]:.4f}), is tested"
+                        f"model (epoch 0: {c['mean_val'][0]:.4f}); epoch {c['epoch']} "
+                        f"({c['mean_val'][c['epoch']]:.4f}) is tested"
                     )
             for n in names:
                 for seed in seeds:

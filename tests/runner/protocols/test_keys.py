@@ -74,7 +74,10 @@ def test_settings_are_read_from_the_dataclass_with_one_line_per_bad_value():
     src = {"num_epochs": "g.yaml", "rate": "g.yaml", "mode": "command line", "flag": "g.yaml", "pairs": "g.yaml"}
     cases = [
         ({}, "^g.yaml: missing key 'num_epochs'$"),
-        ({"num_epoch": 2}, r"^g.yaml: missing key 'num_epochs' \(the config has 'num_epoch': a misspelling\?\)$"),
+        (
+            {"num_epoch": 2},
+            r"^g.yaml: num_epoch: missing key 'num_epochs' \(the config has 'num_epoch': a misspelling\?\)$",
+        ),
         ({"num_epochs": True}, "^g.yaml: num_epochs: expected an integer >= 1, got True$"),
         ({"num_epochs": 1, "rate": 2}, "^g.yaml: rate: expected a number >= 0 and <= 1, got 2$"),
         ({"num_epochs": 1, "mode": "c"}, "^command line: mode: expected one of a, b, got 'c'$"),

@@ -359,7 +359,7 @@ class Paired(PairedProtocol):
             )
         if results.get("environment"):
             text += f" Environment: {environment_summary(results['environment'])}."
-        teachers = {n: c for n, c in self.variant_configs.items() if c.get("teacher") is not None}
+        teachers = {n: c for n, c in self.variant_configs.items() if (c or {}).get("teacher") is not None}
         if teachers:
             from ...objects.builder import Builder
             from .unit import asymmetric_tester, teacher_spec
