@@ -26,7 +26,9 @@ e.g. :class:`~pml_extensions.trainers.ResolutionDistillationTrainer`) gets the f
 ``teacher_embedder`` of a finished run (:func:`load_teacher`) and trains on
 :class:`~pml_extensions.datasets.CoupledAugmentationDataset` views of the training images; every variant with a
 ``teacher`` starts from the teacher's weights (``init_student``), so the untrained row is the teacher on the student's
-images. Validation and test score the student alone, with the eval transform.
+images. Validation and test embed the queries with the student (the eval transform); an asymmetric tester
+(:class:`~pml_extensions.testers.AsymmetricTester`) embeds the same images as references with the teacher
+(``transforms.reference``, :func:`reference_kwargs`), any other tester with the student too.
 
 Feature cache (``feature_cache`` key, :mod:`pml_extensions.runner.objects.feature_cache`): the trunk is its
 trainable rest, and the splits are cached prefix outputs: part ``train`` (the train split, ``num_views`` views of the
@@ -60,9 +62,9 @@ __all__ = [
     "evaluate",
     "load_models",
     "load_split",
+    "load_teacher",
     "make_loader",
     "make_tester",
-    "load_teacher",
     "resolve_cache_folder",
     "teacher_spec",
     "train_and_select",
