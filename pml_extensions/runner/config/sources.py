@@ -21,6 +21,8 @@ import copy
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from .syntax import split_marker
+
 _MISSING = object()
 COMMAND_LINE = "command line"
 
@@ -75,8 +77,8 @@ def _overridden(update: Any, prefix: Tuple[Any, ...] = ()) -> List[Tuple[Any, ..
     out: List[Tuple[Any, ...]] = []
     if isinstance(update, dict):
         for key, value in update.items():
-            name, marked = (key.split("~")[0], key.endswith("~OVERRIDE~")) if isinstance(key, str) else (key, False)
-            out += [prefix + (name,)] if marked else _overridden(value, prefix + (name,))
+            name, op, _ = split_marker(key)
+            out += [prefix + (name,)] if op == "OVERRIDE" else _overridden(value, prefix + (name,))
     return out
 
 
