@@ -169,8 +169,9 @@ class Paired(PairedProtocol):
         quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
             cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
+            b = Builder(dict(cfg), sources, self.device, quiet)
             with problems.check():
-                self._check_distillation(Builder(dict(cfg), sources, self.device, quiet))
+                self._check_distillation(b)
             if cfg.get("feature_cache") is not None:
                 signature = json.dumps([cfg["models"]["trunk"], cfg["feature_cache"]], default=str)
                 if signature not in seen:
@@ -185,7 +186,6 @@ class Paired(PairedProtocol):
             if key in seen:
                 continue
             seen.add(key)
-            b = Builder(dict(cfg), sources, self.device, quiet)
             where = f"{sources.get('dataset', 'config')}: dataset"
             splits, rows = ["train", "test"], None
             for split in splits:
@@ -263,7 +263,7 @@ class Paired(PairedProtocol):
         """A distilling trainer has a ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed;
         the student's initialisation is the ``teacher`` key's (``init_student``), not the trainer's."""
         from ...config.specs import one_spec
-        from .unit import asymmetric_tester, distils, load_teacher, teacher_spec
+        from .unit import asymmetric_tester, distils, load_teacher, require_reference, teacher_spec
 
         spec = teacher_spec(b.config, b.where("teacher"))
         if distils(b):
@@ -281,11 +281,8 @@ class Paired(PairedProtocol):
                 )
         if b.get("coupled_augmentation") is not None:  # its arguments, checked on no images
             b.build("coupled_augmentation", {"CoupledAugmentationDataset": b.get("coupled_augmentation")}, dataset=[])
-        if spec is not None and (b.get("transforms") or {}).get("reference") is None and asymmetric_tester(b):
-            raise ConfigError(
-                f"{b.where('transforms')}: an asymmetric tester with a teacher needs transforms.reference (the "
-                "teacher's database images, e.g. {Resize: {size: [32, 32]}})"
-            )
+        if spec is not None and asymmetric_tester(b):
+            require_reference(b)
         if spec is not None and b.get("feature_cache") is not None:
             raise ConfigError(f"{b.where('teacher')}: a teacher and feature_cache together are not supported")
         if spec is not None:

@@ -211,6 +211,19 @@ def load_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
     return out
 
 
+def require_reference(b: Builder) -> None:
+    """An asymmetric test with a teacher embeds the references with ``transforms.reference``.
+
+    Raises:
+        ConfigError: ``"<file>: transforms: ... needs transforms.reference ..."`` when the config lacks it.
+    """
+    if (b.get("transforms") or {}).get("reference") is None:
+        raise ConfigError(
+            f"{b.where('transforms')}: an asymmetric tester with a teacher needs transforms.reference (the "
+            "teacher's database images, e.g. {Resize: {size: [32, 32]}})"
+        )
+
+
 def reference_kwargs(b: Builder, tester, teacher, split: str, source: str, indices) -> Dict[str, Any]:
     """The reference side of an asymmetric test (a tester with ``reference_dataset_dict``, e.g.
     :class:`~pml_extensions.testers.AsymmetricTester`, and a ``teacher``): the teacher embeds the same images
@@ -218,11 +231,7 @@ def reference_kwargs(b: Builder, tester, teacher, split: str, source: str, indic
     resolution. ``{}`` otherwise: the student alone, on both sides."""
     if teacher is None or not hasattr(tester, "reference_dataset_dict"):
         return {}
-    if (b.get("transforms") or {}).get("reference") is None:
-        raise ConfigError(
-            f"{b.where('transforms')}: an asymmetric tester with a teacher needs transforms.reference (the "
-            "teacher's database images, e.g. {Resize: {size: [32, 32]}})"
-        )
+    require_reference(b)
     data = b.build_dataset(source)
     view = b.subset(data, indices, dataset_labels(data), b.build_transform("reference"))
     return {
