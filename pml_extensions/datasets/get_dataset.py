@@ -12,7 +12,16 @@ from .image_folder_split import ImageFolderSplit
 from .open_clip_art import OpenClipArt
 
 PML_DATASETS = {"cub": "CUB", "cars196": "Cars196", "sop": "SOP"}
-DATASET_NAMES = ("glyphs", "glyphs_debian", "openclipart", "fashion_mnist", "imagefolder", "csv") + tuple(PML_DATASETS)
+#: our datasets by name -> their class (whose arguments ``kwargs`` are)
+DATASET_CLASSES = {
+    "glyphs": GlyphDataset,
+    "glyphs_debian": GlyphDataset,
+    "openclipart": OpenClipArt,
+    "fashion_mnist": FashionMNIST,
+    "imagefolder": ImageFolderSplit,
+    "csv": ImageCSVSplit,
+}
+DATASET_NAMES = tuple(DATASET_CLASSES) + tuple(PML_DATASETS)
 
 
 class _RGBLabels:
@@ -54,15 +63,13 @@ def get_dataset(
         ValueError: on an unknown name or an argument its class does not take (naming the ones it takes);
             FileNotFoundError when the data is missing (names the package/path).
     """
-    classes = {"glyphs": GlyphDataset, "glyphs_debian": GlyphDataset, "openclipart": OpenClipArt}
-    classes.update(fashion_mnist=FashionMNIST, imagefolder=ImageFolderSplit, csv=ImageCSVSplit)
-    if name in classes and kwargs:  # one line naming what the class takes, not Python's TypeError
-        params = inspect.signature(classes[name]).parameters
+    if name in DATASET_CLASSES and kwargs:  # one line naming what the class takes, not Python's TypeError
+        params = inspect.signature(DATASET_CLASSES[name]).parameters
         taken = [p for p in params if p not in ("root", "split", "transform", "source")]
         for key in kwargs:
             if key not in params:
                 raise ValueError(
-                    f"dataset {name!r} ({classes[name].__name__}) takes no argument {key!r}; its kwargs: "
+                    f"dataset {name!r} ({DATASET_CLASSES[name].__name__}) takes no argument {key!r}; its kwargs: "
                     f"{', '.join(taken) or 'none'}"
                 )
     if root is not None and name in ("glyphs", "glyphs_debian"):
