@@ -87,6 +87,24 @@ def _runner_argv(command):
 RUNNER = [(p, c) for p, c in COMMANDS if _runner_argv(c) and not any(k in c for k in NOT_HERE)]
 
 
+def _checked_argv(command):
+    """The argv the test runs for ``command``: ``--dry-run`` added unless it lists or already dry-runs."""
+    argv = _runner_argv(command)
+    return argv if "--list" in argv or "--dry-run" in argv else argv + ["--dry-run"]
+
+
+def _distinct_runs():
+    """Each distinct checked argv once, with every ``(page, command)`` that stands for it (``python -m
+    pml_extensions job`` is on five pages; a ``torchrun`` line checks the same argv as its one-process twin)."""
+    runs = {}
+    for page, command in RUNNER:
+        runs.setdefault(tuple(_checked_argv(command)), []).append((page, command))
+    return list(runs.items())
+
+
+RUNS = _distinct_runs()
+
+
 def test_the_pages_have_commands_of_every_kind():
     assert len(RUNNER) >= 15
     assert any("benchmarks/configs/" in c for _, c in RUNNER) and any(c.startswith("torchrun ") for _, c in RUNNER)
@@ -95,17 +113,22 @@ def test_the_pages_have_commands_of_every_kind():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page, command", RUNNER, ids=[f"{p}: {c[:60]}" for p, c in RUNNER])
-def test_runner_command_runs_as_written(page, command, subprocess_env):
-    argv = _runner_argv(command)
-    if "--list" not in argv and "--dry-run" not in argv:
-        argv.append("--dry-run")
+@pytest.mark.parametrize("argv, where", RUNS, ids=[f"{w[0][0]}: {w[0][1][:60]}" for _, w in RUNS])
+def test_runner_command_runs_as_written(argv, where, subprocess_env):
     out = subprocess.run(
-        [sys.executable] + argv[1:], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=300
+        [sys.executable, *argv[1:]], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=300
     )
-    assert out.returncode == 0, f"docs/{page}: {command}\n{out.stderr[-2000:]}"
+    pages = "; ".join(f"docs/{page}: {command}" for page, command in where)
+    assert out.returncode == 0, f"{pages}\n{out.stderr[-2000:]}"
     if "--dry-run" in argv:
         assert "merged with the command line and checked" in out.stdout
+
+
+def test_every_runner_command_is_checked_once():
+    assert sorted(pc for _, where in RUNS for pc in where) == sorted(RUNNER)
+    assert len(RUNS) == len({argv for argv, _ in RUNS}) < len(RUNNER)
+    (where,) = [w for argv, w in RUNS if list(argv) == ["python", "-m", "pml_extensions", "job", "--dry-run"]]
+    assert sorted(page for page, _ in where) == ["benchmarks.md", "install.md", "methods/xml.md", "quickstart.md", "runner.md"]
 
 
 @pytest.mark.slow
