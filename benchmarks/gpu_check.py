@@ -23,7 +23,7 @@ Steps (each is timed; a failing step is recorded and the next one runs; the exit
    all_reduce / all_gather.
 
 On a machine without CUDA (and without ``--device cpu``) it prints one line and exits 0. ``--tiny`` shrinks every
-step to toy size (a few iterations, tiny images, the job's XML variant only) and calls the commands' ``main(argv)``
+step to toy size (a few iterations, tiny images, one seed, the job's XML variant only) and calls the commands' ``main(argv)``
 in this interpreter instead of a new one (torchrun and accuracy_scale's own children stay subprocesses), so the
 whole run takes about a minute on two CPU cores.
 
@@ -160,7 +160,7 @@ def _result_figures(
 def step_job(device, tiny, work, timeout):
     cmd = cli("job", "--device", device, "--root_experiment_folder", os.path.join(work, "job"))
     if tiny:
-        cmd += ["--num_epochs", "1", "--iterations_per_epoch", "2", "--variants", "contrastive_xml"]
+        cmd += ["--num_epochs", "1", "--iterations_per_epoch", "2", "--variants", "contrastive_xml", "--seeds", "0"]
     status, seconds, note = run_command(cmd, timeout)
     return status, seconds, _result_figures(os.path.join(work, "job")), note
 
@@ -184,7 +184,7 @@ TINY_RESOLUTION = [  # the protocol's top-level keys
     "max_test_per_class: 4, crop_scale: [0.5, 1.0]}}",
     "--teacher_iterations", "1", "--student_iterations", "1", "--checkpoint_every", "1", "--images_per_batch", "4",
     "--num_augmentations", "2", "--models", "{embedder: {RetrievalHead: {out_dim: 16}}}", "--eval_batch_size", "64",
-    "--num_workers", "0",
+    "--num_workers", "0", "--seeds", "0",
 ]  # fmt: skip
 
 
@@ -223,7 +223,7 @@ def step_dtype_matrix(device, tiny, work, timeout):
 def step_explain_speed(device, tiny, work, timeout):
     out = os.path.join(work, "explain_speed")
     cmd = [sys.executable, os.path.join(REPO, "benchmarks", "explain_speed.py"), "--device", device, "--out", out]
-    cmd += ["--size", "64", "--repeats", "1"] if tiny else ["--size", "224", "--repeats", "10"]
+    cmd += ["--size", "64", "--repeats", "1", "--queries", "2", "4", "--topk-size", "64"] if tiny else ["--size", "224", "--repeats", "10"]
     status, seconds, note = run_command(cmd, timeout)
     figures = {}
     path = os.path.join(out, "explain_speed.json")
