@@ -224,21 +224,26 @@ def require_reference(b: Builder) -> None:
         )
 
 
-def reference_kwargs(b: Builder, tester, teacher, split: str, source: str, indices) -> Dict[str, Any]:
+def reference_kwargs(b: Builder, teacher, split: str, source: str, indices) -> Dict[str, Any]:
     """The reference side of an asymmetric test (a tester with ``reference_dataset_dict``, e.g.
     :class:`~pml_extensions.testers.AsymmetricTester`, and a ``teacher``): the teacher embeds the same images
     (``indices`` of the dataset split ``source``, in the same order) with ``transforms.reference``, the database
     resolution. ``{}`` otherwise: the student alone, on both sides."""
-    if teacher is None or not hasattr(tester, "reference_dataset_dict"):
+    if teacher is None or not asymmetric_tester(b):
         return {}
-    require_reference(b)
-    data = b.build_dataset(source)
-    view = b.subset(data, indices, dataset_labels(data), b.build_transform("reference"))
     return {
         "reference_trunk_model": teacher["teacher_trunk"],
         "reference_embedder_model": teacher["teacher_embedder"],
-        "reference_dataset_dict": {split: view},
+        "reference_dataset_dict": {split: reference_view(b, source, indices)},
     }
+
+
+def reference_view(b: Builder, source: str, indices, data=None):
+    """Items ``indices`` of the dataset split ``source`` (``data``: that split, already built) with
+    ``transforms.reference``: the teacher's side of an asymmetric test."""
+    require_reference(b)
+    data = b.build_dataset(source) if data is None else data
+    return b.subset(data, indices, dataset_labels(data), b.build_transform("reference"))
 
 
 def _init_student(b: Builder, models: Dict[str, Any], teacher: Dict[str, torch.nn.Module]) -> None:
@@ -390,7 +395,7 @@ def train_and_select(
 
     sampler = new_sampler()
     tester = make_tester(cfg, device, builder=b)
-    reference = reference_kwargs(b, tester, teacher, "val", val_source, val_idx)
+    reference = reference_kwargs(b, teacher, "val", val_source, val_idx)
 
     def validate(epoch):
         tester.test({"val": val_set}, epoch, trunk, embedder, **reference)
@@ -492,8 +497,8 @@ def evaluate(
     b.frozen = models.get("frozen")
     dataset = load_split(cfg, split, train_transform=False, builder=b)
     tester = make_tester(cfg, device, builder=b)
-    teacher = load_teacher(b, seed) if hasattr(tester, "reference_dataset_dict") else None
-    reference = reference_kwargs(b, tester, teacher, split, split, np.arange(len(dataset)))
+    teacher = load_teacher(b, seed) if asymmetric_tester(b) else None
+    reference = reference_kwargs(b, teacher, split, split, np.arange(len(dataset)))
     tester.test({split: dataset}, -1, models["trunk"], models["embedder"], **reference)
     acc = tester.all_accuracies[split]
     return {m: float(acc[f"{m}_level0"]) for m in METRICS}
@@ -538,7 +543,9 @@ def test_classes_words(dataset: Any) -> str:
 def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch, n_queries=4, k=5):
     """``retrieval/<variant>.json`` + thumbnails (:mod:`pml_extensions.runner.outputs.retrieval`): the same seeded
     test queries and their top-k by the unit's tested model, for report.html. The thumbnails are the raw test images;
-    a cached unit embeds its cached test features (the same items, in the same order)."""
+    a cached unit embeds its cached test features (the same items, in the same order). With a ``teacher`` and an
+    asymmetric tester the examples are the test's: the student's queries against the teacher's references, the same
+    images with ``transforms.reference``."""
     from ...objects.builder import Builder
     from ...outputs.retrieval import dataset_image, embed, save_retrieval_examples
 
@@ -549,16 +556,31 @@ def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch,
     view = load_split(cfg, "test", train_transform=False, builder=builder)
     if not np.array_equal(np.asarray(view.labels), np.asarray(dataset_labels(images))):
         raise RuntimeError(f"{name}: the test view is not in the order of the test images")
+    teacher = load_teacher(builder, seed) if asymmetric_tester(builder) else None
+    references, against = None, ""
+    if teacher is not None:
+        every = np.arange(len(images))
+        references = embed(
+            teacher["teacher_trunk"],
+            teacher["teacher_embedder"],
+            reference_view(builder, "test", every, images),
+            device,
+        )
+        against = " against the teacher's references (transforms.reference)"
+    image = lambda i: dataset_image(images, i)  # noqa: E731
     save_retrieval_examples(
         experiment_folder,
         name,
         embed(models["trunk"], models["embedder"], view, device),
         view.labels,
-        lambda i: dataset_image(images, i),
+        image,
+        reference_embeddings=references,
+        reference_labels=None if references is None else view.labels,
+        reference_image=None if references is None else image,
         n_queries=n_queries,
         k=k,
         seed=seed,
         class_names=getattr(images, "classes", None),
-        note=f"`{name}`, seed {seed}: the model of the tested epoch ({epoch}), "
+        note=f"`{name}`, seed {seed}: the model of the tested epoch ({epoch}){against}, "
         f"{test_classes_words(cfg.get('dataset'))}; the same queries for every variant.",
     )

@@ -2,6 +2,7 @@
 ResolutionDistillationTrainer), on the shipped ``distillation_glyphs`` config at toy size."""
 
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -220,7 +221,21 @@ def test_the_two_commands_of_the_docs_run_the_teacher_then_the_students(tmp_path
     for seed in (0, 1):
         assert os.path.isfile(tmp_path / f"experiments/distillation_glyphs_teacher/teacher/seed_{seed}/best_models.pth")
     capsys.readouterr()
-    assert run.main(["distillation_glyphs", "--variants", "finetuned", "distilled", *small]) == 0
+    from pml_extensions.runner.outputs import retrieval
+
+    embedded, embed = [], retrieval.embed
+
+    def recording_embed(trunk, embedder, dataset, device, batch_size=64):
+        embedded.append((trunk, tuple(dataset[0][0].shape)))
+        return embed(trunk, embedder, dataset, device, batch_size)
+
+    with mock.patch.object(retrieval, "embed", recording_embed):
+        assert run.main(["distillation_glyphs", "--variants", "finetuned", "distilled", *small]) == 0
+    # the report's examples are the test's: each variant's student on 16-px queries, the teacher on 32-px references
+    assert [size for _, size in embedded] == [(3, 32, 32), (3, 16, 16)] * 2
+    assert all(not any(p.requires_grad for p in trunk.parameters()) for trunk, _ in embedded[0::2])
+    with open(tmp_path / "experiments/distillation_glyphs/retrieval/distilled.json") as f:
+        assert "against the teacher's references (transforms.reference)" in json.load(f)["note"]
     with open(tmp_path / "experiments/distillation_glyphs/results.json") as f:
         results = json.load(f)
     assert sorted(results["variants"]) == ["distilled", "finetuned"]
