@@ -30,9 +30,6 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
 SLOW_ELSEWHERE = (
     "tests/test_gpu_check.py",  # runs benchmarks/gpu_check.py (every step, tiny, on CPU)
     "tests/test_installed_package.py",  # pip-installs a copy of the checkout
-    "tests/test_readme_snippets.py::test_runner_section_list_commands_run_as_written",  # the README's commands
-    "tests/test_readme_snippets.py::test_runner_section_first_command_merges",
-    "tests/test_readme_snippets.py::test_runner_section_dry_run_commands_run_as_written",
     "tests/test_reproduce.py::TestReproduce::test_list_names_every_step_with_its_command",  # benchmarks/reproduce.py
     "tests/test_reproduce.py::TestReproduce::test_unknown_step_is_refused",
     "tests/test_reproduce.py::test_run_plan_orders_alone_processes_and_skips_after_a_failure",

@@ -1,13 +1,10 @@
-"""Every ```python block of the README runs as written (in a fresh namespace, CPU), the runner section's cheap
-commands run as written (the training command with --dry-run, which merges and prints the config), its other shell
-commands are ones a test runs where they come from (docs/own_data.md's worked example), and every link of the README
-leads to a file, and to a heading of that file when it names one."""
+"""Every ```python block of the README runs as written (in a fresh namespace, CPU), the runner commands run as written
+in tests/docs/test_commands.py (with the docs pages' commands, each distinct one once), its other shell commands are
+ones a test runs where they come from (docs/own_data.md's worked example), and every link of the README leads to a
+file, and to a heading of that file when it names one."""
 
 import os
 import re
-import shlex
-import subprocess
-import sys
 
 import pytest
 
@@ -42,47 +39,8 @@ def _runner_commands():
     return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
 
 
-def _run(command):
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    argv = shlex.split(command)
-    assert argv[:3] == ["python", "-m", "pml_extensions"]
-    return subprocess.run([sys.executable] + argv[1:], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-
-
 def test_install_line_pins_torch():
     assert "pip install torch==2.14.1 torchvision==0.29.1 ." in README
-
-
-def test_runner_section_list_commands_run_as_written():
-    commands = [c for c in _runner_commands() if "--list" in c]
-    assert len(commands) == 2
-    out = _run(commands[0])
-    assert out.returncode == 0 and "XMLWrapper" in out.stdout, out.stderr
-    out = _run(commands[1])
-    assert out.returncode == 0, out.stderr
-    for name in ("mlrc", "paired"):
-        assert f"\n  {name}: " in out.stdout
-
-
-def test_runner_section_first_command_merges(tmp_path):
-    command = _runner_commands()[0]
-    assert command == "python -m pml_extensions run contrastive_xml --variant quick"
-    out = _run(command + f" --dry-run --root_experiment_folder {tmp_path}")
-    assert out.returncode == 0, out.stderr
-    assert "GlyphDataset" in out.stdout and "XMLWrapper" in out.stdout
-    assert not os.listdir(tmp_path)  # nothing trained, nothing written
-
-
-def test_runner_section_dry_run_commands_run_as_written():
-    commands = [c for c in _runner_commands() if c.endswith("--dry-run")]
-    assert len(commands) == 2
-    outputs = []
-    for command in commands:
-        out = _run(command)
-        assert out.returncode == 0, out.stderr
-        outputs.append(out.stdout)
-    # the nested-marker example: ~OVERRIDE~ inside ~APPLY~ leaves only the chunked calculator
-    assert "ChunkedAccuracyCalculator" in outputs[1] and "  AccuracyCalculator:" not in outputs[1]
 
 
 def _inline_commands():
@@ -92,19 +50,23 @@ def _inline_commands():
     return [c for c in spans if c.startswith(("python -m pml_extensions ", "tox -e job -- "))]
 
 
-@pytest.mark.slow
-def test_inline_commands_run_as_written():
-    """Each command of the README's prose, checked as the run checks it (``--dry-run``: merged and checked, nothing
-    trained); ``tox -e job -- ARGS`` is ``python -m pml_extensions job ARGS``."""
-    commands = _inline_commands()
-    assert "tox -e job -- --dataset openclipart" in commands
-    assert "python -m pml_extensions run benchmarks/configs/template_block_table1 --variant quick" in commands
-    for command in commands:
-        argv = command.replace("tox -e job -- ", "python -m pml_extensions job ", 1)
-        assert argv.split()[3] in ("job", "run"), command
-        out = _run(argv + " --dry-run")
-        assert out.returncode == 0, (command, out.stderr)
-        assert out.stdout.startswith("# ") and "merged with the command line and checked" in out.stdout
+def test_every_runner_command_of_the_readme_runs_in_the_docs_commands_test():
+    """The runner section's commands and the prose's run as written in tests/docs/test_commands.py (each distinct
+    command of the README and the docs once, the training ones with ``--dry-run``: merged and checked, nothing
+    trained or written; ``tox -e job -- ARGS`` is ``python -m pml_extensions job ARGS``), which also checks what
+    their output holds (the ``--list`` names, the merged classes, the nested-marker example's one calculator)."""
+    from tests.docs import test_commands
+
+    inline = _inline_commands()
+    assert "tox -e job -- --dataset openclipart" in inline
+    assert "python -m pml_extensions run benchmarks/configs/template_block_table1 --variant quick" in inline
+    section = _runner_commands()
+    assert section[0] == "python -m pml_extensions run contrastive_xml --variant quick"
+    assert sum("--list" in c for c in section) == 2 and sum(c.endswith("--dry-run") for c in section) == 2
+    checked = {(page, command) for _, shown in test_commands.RUNS for page, command in shown}
+    for command in section + inline:
+        assert (test_commands.README, " ".join(command.split())) in checked, command
+    assert all(any(part in c for c in section) for part in test_commands.OUTPUT)
 
 
 def test_distillation_snippet_distils_two_images_at_two_sizes():

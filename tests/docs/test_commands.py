@@ -1,7 +1,8 @@
 """Every command and Python block of the docs pages runs as written, or is checked where it comes from.
 
-* runner commands (``python -m pml_extensions run`` / ``job``, ``torchrun ... run``, ``tox -e job -- ...``) from the
-  repository's root, as the run checks them (``--dry-run``: merged and checked, nothing trained); ``--list`` as is;
+* runner commands (``python -m pml_extensions run`` / ``job``, ``torchrun ... run``, ``tox -e job -- ...``) of the
+  pages and the README, each distinct one once, from the repository's root, as the run checks them (``--dry-run``:
+  merged and checked, nothing trained or written); ``--list`` as is;
 * ``explain`` commands: every option they use is one the command takes (the worked example of docs/own_data.md runs
   one end to end, tests/test_docs_own_data.py);
 * ``python benchmarks/NAME.py --option``: the script exists and defines the option;
@@ -52,10 +53,21 @@ def _pages():
 PAGES = _pages()
 
 
+README = "../README.md"  # the README's commands are checked here with the pages' (tests/test_readme_snippets.py)
+
+
+def where(page):
+    """A page's path from the repository's root."""
+    return "README.md" if page == README else f"docs/{page}"
+
+
 def _commands():
-    """``(page, command)`` of every line of a bash block and every command in backticks, comments dropped."""
+    """``(page, command)`` of every line of a bash block and every command in backticks, comments dropped, on the
+    docs pages and the README."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
     found = []
-    for page, text in sorted(PAGES.items()):
+    for page, text in [*sorted(PAGES.items()), (README, readme)]:
         for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
             for line in block.replace("\\\n", " ").splitlines():
                 command = " ".join(line.split("  #")[0].split())
@@ -103,6 +115,17 @@ def _distinct_runs():
 
 
 RUNS = _distinct_runs()
+#: what the output of a command must hold (and must not), by a part of its command line
+OUTPUT = {
+    "run --list loss": (["XMLWrapper"], []),
+    "run --list protocol": (["\n  mlrc: ", "\n  paired: "], []),
+    "run contrastive_xml --variant quick": (["GlyphDataset", "XMLWrapper"], []),
+    # the nested-marker example: ~OVERRIDE~ inside ~APPLY~ leaves only the chunked calculator
+    "{accuracy_calculator~OVERRIDE~: {ChunkedAccuracyCalculator": (
+        ["ChunkedAccuracyCalculator"],
+        ["  AccuracyCalculator:"],
+    ),
+}
 
 
 def test_the_pages_have_commands_of_every_kind():
@@ -113,22 +136,37 @@ def test_the_pages_have_commands_of_every_kind():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv, where", RUNS, ids=[f"{w[0][0]}: {w[0][1][:60]}" for _, w in RUNS])
-def test_runner_command_runs_as_written(argv, where, subprocess_env):
+@pytest.mark.parametrize("argv, shown", RUNS, ids=[f"{where(w[0][0])}: {w[0][1][:60]}" for _, w in RUNS])
+def test_runner_command_runs_as_written(argv, shown, subprocess_env, tmp_path):
+    """Each distinct command once; a dry run in an empty ``--root_experiment_folder`` leaves it empty."""
+    dry = "--dry-run" in argv
+    extra = ["--root_experiment_folder", str(tmp_path)] if dry else []
     out = subprocess.run(
-        [sys.executable, *argv[1:]], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=300
+        [sys.executable, *argv[1:], *extra], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=300
     )
-    pages = "; ".join(f"docs/{page}: {command}" for page, command in where)
+    pages = "; ".join(f"{where(page)}: {command}" for page, command in shown)
     assert out.returncode == 0, f"{pages}\n{out.stderr[-2000:]}"
-    if "--dry-run" in argv:
-        assert "merged with the command line and checked" in out.stdout
+    if dry:
+        assert "merged with the command line and checked" in out.stdout and out.stdout.startswith("# ")
+        assert not os.listdir(tmp_path), f"{pages}: the dry run wrote {os.listdir(tmp_path)}"
+    for part, (present, absent) in OUTPUT.items():
+        if part in " ".join(argv):
+            assert all(x in out.stdout for x in present) and not any(x in out.stdout for x in absent), pages
 
 
 def test_every_runner_command_is_checked_once():
     assert sorted(pc for _, where in RUNS for pc in where) == sorted(RUNNER)
     assert len(RUNS) == len({argv for argv, _ in RUNS}) < len(RUNNER)
-    (where,) = [w for argv, w in RUNS if list(argv) == ["python", "-m", "pml_extensions", "job", "--dry-run"]]
-    assert sorted(page for page, _ in where) == ["benchmarks.md", "install.md", "methods/xml.md", "quickstart.md", "runner.md"]
+    (shown,) = [w for argv, w in RUNS if list(argv) == ["python", "-m", "pml_extensions", "job", "--dry-run"]]
+    assert sorted({where(page) for page, _ in shown}) == [
+        "README.md",
+        "docs/benchmarks.md",
+        "docs/install.md",
+        "docs/methods/xml.md",
+        "docs/quickstart.md",
+        "docs/runner.md",
+    ]
+    assert all(any(part in " ".join(argv) for argv, _ in RUNS) for part in OUTPUT)
 
 
 @pytest.mark.slow
@@ -153,11 +191,11 @@ def test_every_benchmark_script_and_option_exists():
             continue
         argv = shlex.split(command)
         path = os.path.join(ROOT, argv[1])
-        assert os.path.isfile(path), f"docs/{page}: {command}"
+        assert os.path.isfile(path), f"{where(page)}: {command}"
         with open(path, encoding="utf-8") as f:
             source = f.read()
         for option in [a for a in argv[2:] if a.startswith("--")]:
-            assert f'"{option}"' in source, f"docs/{page}: {command}: {argv[1]} has no {option}"
+            assert f'"{option}"' in source, f"{where(page)}: {command}: {argv[1]} has no {option}"
 
 
 def _python_blocks():
