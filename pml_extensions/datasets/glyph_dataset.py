@@ -1,10 +1,11 @@
 """62 character classes (0-9, A-Z, a-z) rendered offline from installed fonts; one image per (font, character)."""
 
+import functools
 import glob
 import hashlib
 import os
 import string
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -60,6 +61,37 @@ def render_glyph(font: ImageFont.FreeTypeFont, char: str, image_size: int) -> Op
     if np.asarray(image).min() == 255:
         return None
     return image
+
+
+@functools.lru_cache(maxsize=4)
+def _render(font_files: Tuple[str, ...], wanted: Tuple[int, ...], image_size: int):
+    """``(pixels, labels, fonts)`` of every usable, distinct rendering of the ``wanted`` characters; kept for the
+    process's next dataset of the same fonts, split and size (a run builds each split several times)."""
+    pixels, labels, fonts, seen = [], [], [], set()
+    for path in font_files:
+        cmap = _font_cmap(path)
+        if not cmap:
+            continue
+        try:
+            font = ImageFont.truetype(path, size=max(4, int(round(image_size * 0.7))))
+        except OSError:
+            continue
+        for label in wanted:
+            char = CHARACTERS[label]
+            if ord(char) not in cmap:
+                continue
+            image = render_glyph(font, char, image_size)
+            if image is None:
+                continue
+            data = image.tobytes()
+            key = (label, hashlib.sha1(data).hexdigest())
+            if key in seen:
+                continue
+            seen.add(key)
+            pixels.append(data)
+            labels.append(label)
+            fonts.append(path)
+    return tuple(pixels), tuple(labels), tuple(fonts)
 
 
 class GlyphDataset(ClassDisjointDataset):
@@ -119,34 +151,12 @@ class GlyphDataset(ClassDisjointDataset):
         wanted = set(select_split_classes(range(len(CHARACTERS)), split, "halves"))
         self.split = split
         self.image_size = image_size
-        images, labels, fonts, seen = [], [], [], set()
-        for path in font_files:
-            cmap = _font_cmap(path)
-            if not cmap:
-                continue
-            try:
-                font = ImageFont.truetype(path, size=max(4, int(round(image_size * 0.7))))
-            except OSError:
-                continue
-            for label in sorted(wanted):
-                char = CHARACTERS[label]
-                if ord(char) not in cmap:
-                    continue
-                image = render_glyph(font, char, image_size)
-                if image is None:
-                    continue
-                key = (label, hashlib.sha1(image.tobytes()).hexdigest())
-                if key in seen:
-                    continue
-                seen.add(key)
-                images.append(image)
-                labels.append(label)
-                fonts.append(path)
-        if not images:
+        pixels, labels, fonts = _render(tuple(font_files), tuple(sorted(wanted)), image_size)
+        if not pixels:
             raise ValueError(f"no usable glyphs rendered from {len(font_files)} font file(s): {font_files[:3]}")
-        self.images = images
+        self.images = [Image.frombytes("L", (image_size, image_size), p) for p in pixels]  # each dataset its own
         self.labels = np.asarray(labels, dtype=np.int64)
-        self.fonts = fonts
+        self.fonts = list(fonts)
 
     def load_image(self, index: int) -> Image.Image:
         return self.images[index]

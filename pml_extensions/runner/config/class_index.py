@@ -20,6 +20,7 @@ Example::
 """
 
 import ast
+import functools
 import hashlib
 import importlib
 import inspect
@@ -46,9 +47,11 @@ def cache_dir() -> Optional[str]:
     return os.path.join(base, "pml_extensions")
 
 
+@functools.lru_cache(maxsize=None)
 def fingerprint() -> str:
     """A short hash of what the index depends on: Python's version, :data:`INDEXED_DISTRIBUTIONS`' versions and the
-    path, size and modification time of every module of ``pml_extensions`` (no import of any of them)."""
+    path, size and modification time of every module of ``pml_extensions`` (no import of any of them). Computed once
+    per process: the modules a process has imported do not change under it."""
     from importlib import metadata
 
     parts: List[Any] = [INDEX_VERSION, sys.version_info[:2]]
