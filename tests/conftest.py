@@ -57,12 +57,17 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests/conftest.py: SLOW_ELSEWHERE names no collected test: {', '.join(stale)}")
 
 
-@pytest.fixture
-def subprocess_env():
+def child_env():
     """Environment for a child Python process: this checkout's package first, one OpenMP thread."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO] + sys.path))
     env.pop("WORLD_SIZE", None)  # a child is one process unless it starts torchrun itself
     return env
+
+
+@pytest.fixture
+def subprocess_env():
+    """:func:`child_env`."""
+    return child_env()
 
 
 @pytest.fixture

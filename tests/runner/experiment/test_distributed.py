@@ -116,29 +116,37 @@ def test_torchrun_two_processes_gloo_equal_one_process(tmp_path, subprocess_env)
                 assert torch.allclose(torch.tensor(got), want, rtol=1e-4, atol=1e-6), name
 
 
-@pytest.mark.slow
-def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path, tiny_mlrc_config, subprocess_env):
-    """The same CLI command under torchrun (2 gloo processes) trains on the same global batches: equal loss
-    rows."""
-    root, env = tiny_mlrc_config, subprocess_env
-    script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
-    args = [
-        root,
-        "--num_training_sets",
-        "1",
-        "--num_epochs_train",
-        "1",
-        "--check_untrained_accuracy",
-        "false",
-    ]
+SCRIPT = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
+TINY_MLRC = ["--num_training_sets", "1", "--num_epochs_train", "1", "--check_untrained_accuracy", "false"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """``(config root, experiment folder)``: the tiny MLRC config and its one-process run, the baseline that the
+    torchrun tests below compare with (run once for them)."""
+    from tests.conftest import child_env
+    from tests.runner.runner_testing_utils import register_tiny, write_tiny_config
+
+    register_tiny()
+    tmp = tmp_path_factory.mktemp("one_process")
+    root = write_tiny_config(str(tmp / "cfg"))
     one = subprocess.run(
-        [sys.executable, script] + args + ["--root_experiment_folder", str(tmp_path / "one")],
-        env=env,
+        [sys.executable, SCRIPT, root, *TINY_MLRC, "--root_experiment_folder", str(tmp / "one")],
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert one.returncode == 0, one.stderr[-3000:]
+    return root, tmp / "one"
+
+
+@pytest.mark.slow
+def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path, one_process, subprocess_env):
+    """The same CLI command under torchrun (2 gloo processes) trains on the same global batches: equal loss
+    rows."""
+    (root, one), env = one_process, subprocess_env
+    script, args = SCRIPT, [root, *TINY_MLRC]
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script]
         + args
@@ -151,7 +159,7 @@ def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path, tiny_mlrc_c
     assert two.returncode == 0, two.stderr[-3000:]
     from pml_extensions.runner.experiment.checkpoint import Checkpointer
 
-    rows = [Checkpointer(str(tmp_path / w / "cfg" / "fold_0")).rows("loss_histories") for w in ("one", "two")]
+    rows = [Checkpointer(str(w / "cfg" / "fold_0")).rows("loss_histories") for w in (one, tmp_path / "two")]
     assert [r["~iteration~"] for r in rows[0]] == [r["~iteration~"] for r in rows[1]] == [1, 2, 3, 4]
     for a, b in zip(*rows):
         assert b["total_loss"] == pytest.approx(a["total_loss"], rel=1e-4, abs=1e-6)
@@ -237,21 +245,12 @@ def _free_port():
 
 
 @pytest.mark.slow
-def test_runner_on_two_nodes_with_a_c10d_rendezvous_equals_one_process(tmp_path, tiny_mlrc_config, subprocess_env):
+def test_runner_on_two_nodes_with_a_c10d_rendezvous_equals_one_process(tmp_path, one_process, subprocess_env):
     """Beyond one machine: two ``torchrun --nnodes 2 --node_rank i`` launches (one gloo process each) meet at a c10d
     rendezvous on 127.0.0.1, as two machines sharing the experiment folder would, and train on the one-process
     global batches: equal loss rows and equal validation metrics (issue 22, item 5)."""
-    root, env = tiny_mlrc_config, subprocess_env
-    script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
-    args = [root, "--num_training_sets", "1", "--num_epochs_train", "1", "--check_untrained_accuracy", "false"]
-    one = subprocess.run(
-        [sys.executable, script] + args + ["--root_experiment_folder", str(tmp_path / "one")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
+    (root, one), env = one_process, subprocess_env
+    script, args = SCRIPT, [root, *TINY_MLRC]
     rendezvous = [
         "--nnodes",
         "2",
@@ -294,9 +293,9 @@ def test_runner_on_two_nodes_with_a_c10d_rendezvous_equals_one_process(tmp_path,
     assert sorted("results: " in out for out in outs) == [False, True]
     from pml_extensions.runner.experiment.checkpoint import Checkpointer
 
-    rows = [Checkpointer(str(tmp_path / w / "cfg" / "fold_0")).rows("loss_histories") for w in ("one", "two")]
+    rows = [Checkpointer(str(w / "cfg" / "fold_0")).rows("loss_histories") for w in (one, tmp_path / "two")]
     assert [r["~iteration~"] for r in rows[0]] == [r["~iteration~"] for r in rows[1]] == [1, 2, 3, 4]
     for a, b in zip(*rows):
         assert b["total_loss"] == pytest.approx(a["total_loss"], rel=1e-4, abs=1e-6)
-    results = [json.load(open(tmp_path / w / "cfg" / "results.json")) for w in ("one", "two")]
+    results = [json.load(open(w / "cfg" / "results.json")) for w in (one, tmp_path / "two")]
     assert results[1]["aggregate"] == pytest.approx(results[0]["aggregate"], rel=1e-4, abs=1e-6)
