@@ -2,7 +2,7 @@
 
 ``python search_worker_script.py FOLDER N_TRIALS [--gate] [--hold] [--mark] [--sigterm-raises] [--fast-heartbeat]``
 
-Each trial "trains" 6 steps of 0.2 s; ``<trial folder>/steps.txt`` is its checkpoint (one ``pid step`` line per
+Each trial "trains" 6 steps of 0.05 s; ``<trial folder>/steps.txt`` is its checkpoint (one ``pid step`` line per
 step, written before the next starts), so a resumed trial continues after its last step. ``FOLDER/calls.txt``
 gets ``start``/``end`` lines with the pid, the trial folder and the sampled margin.
 
@@ -70,7 +70,7 @@ def objective(cfg, trial_folder):
                 time.sleep(1)
         if is_first and "--mark" in flags and step == 2:
             _append(os.path.join(folder, "marked"), name)
-        time.sleep(0.2)
+        time.sleep(0.05)
         _append(steps_path, f"{pid} {step}")
     _append(os.path.join(folder, "calls.txt"), f"end {pid} {name}")
     return -abs(cfg["margin"] - 0.3)
