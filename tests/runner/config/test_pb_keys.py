@@ -319,7 +319,7 @@ def test_tensorboard_is_refused_in_one_line_naming_the_extra(monkeypatch):
 
 @pytest.mark.slow
 def test_pb_default_folder_runs_with_workers_and_tensorboard(tmp_path, subprocess_env):
-    """The whole MLRC run of PB's defaults (2 data loading workers, TensorBoard logs; 3 of its 1000 epochs per fold:
+    """The whole MLRC run of PB's defaults (2 data loading workers, TensorBoard logs; 1 of its 1000 epochs per fold:
     its patience of 9 let a fold train for minutes), in a child process: exit 0, no traceback (the issue saw 12 ignored
     `AssertionError: can only test a child process` with dataloader_num_workers: 2), scalars in every fold's
     TensorBoard folder."""
@@ -333,7 +333,7 @@ def test_pb_default_folder_runs_with_workers_and_tensorboard(tmp_path, subproces
         "import sys\nfrom tests.runner.config.test_pb_keys import register_pb_style_glyphs\n"
         "register_pb_style_glyphs()\nfrom pml_extensions.cli import main\nsys.exit(main(sys.argv[1:]))"
     )
-    argv = ["run", PB_DEFAULT, *PB_OVERRIDES, "--num_epochs_train", "3", "--root_experiment_folder", str(tmp_path)]
+    argv = ["run", PB_DEFAULT, *PB_OVERRIDES, "--num_epochs_train", "1", "--root_experiment_folder", str(tmp_path)]
     argv += ["--trainer~APPLY~2", "{iterations_per_epoch: 10}"]  # the workers and logs, not the training, are tested
     out = subprocess.run(
         [sys.executable, "-c", code, *argv],
