@@ -23,9 +23,9 @@ Steps (each is timed; a failing step is recorded and the next one runs; the exit
    all_reduce / all_gather.
 
 On a machine without CUDA (and without ``--device cpu``) it prints one line and exits 0. ``--tiny`` shrinks every
-step to toy size (a few iterations, tiny images, one seed, the job's XML variant only) and calls the commands' ``main(argv)``
-in this interpreter instead of a new one (torchrun and accuracy_scale's own children stay subprocesses), so the
-whole run takes about a minute on two CPU cores.
+step to toy size (a few iterations, tiny images, one seed, the job's XML variant only) and calls the commands'
+``main(argv)`` in this interpreter instead of a new one (torchrun and accuracy_scale's own children stay
+subprocesses), so the whole run takes under a minute on two CPU cores.
 
 Writes ``--out`` (default ``benchmarks/results/gpu_check.json``) and the markdown table next to it (``.md``), and
 prints the table. Figures are measured, never asserted: the targets of issue 14 (H200) are printed beside them.
@@ -223,7 +223,10 @@ def step_dtype_matrix(device, tiny, work, timeout):
 def step_explain_speed(device, tiny, work, timeout):
     out = os.path.join(work, "explain_speed")
     cmd = [sys.executable, os.path.join(REPO, "benchmarks", "explain_speed.py"), "--device", device, "--out", out]
-    cmd += ["--size", "64", "--repeats", "1", "--queries", "2", "4", "--topk-size", "64"] if tiny else ["--size", "224", "--repeats", "10"]
+    if tiny:
+        cmd += ["--size", "64", "--repeats", "1", "--queries", "2", "4", "--topk-size", "64"]
+    else:
+        cmd += ["--size", "224", "--repeats", "10"]
     status, seconds, note = run_command(cmd, timeout)
     figures = {}
     path = os.path.join(out, "explain_speed.json")
