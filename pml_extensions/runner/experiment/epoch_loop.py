@@ -1,4 +1,4 @@
-"""A resumable epoch loop around a PML trainer, shared by the protocols (MLRC folds, xml_vs_gap units).
+"""A resumable epoch loop around a PML trainer, shared by the protocols (MLRC folds, paired units).
 
 Per epoch: train (PML ``trainer.train(start_epoch=e, num_epochs=e)``, a fresh sampler each epoch so a resumed
 epoch draws the same batches from the checkpointed RNG), evaluate every ``save_interval`` epochs, keep the best

@@ -6,8 +6,8 @@ Layout of ``<root_experiment_folder>/<experiment_name>/`` (all writes atomic):
   (:func:`prepare_folder`) and ``--reproduce`` reruns from it.
 - ``command.txt``: the command line that started the run.
 - ``<stage>/checkpoint.pth`` + ``<stage>/logs/`` (``logs.db`` SQLite + one CSV per table, record-keeper): one stage
-  per independently trained unit (MLRC: ``fold_<k>``; xml_vs_gap: the variant name; resolution distillation:
-  the teacher and each student). See :class:`pml_extensions.runner.experiment.checkpoint.Checkpointer`.
+  per independently trained unit (MLRC: ``fold_<k>``; paired: ``<variant>/seed_<s>``; a plugin: its own, e.g.
+  the RAML plugin's teacher and each student). See :class:`pml_extensions.runner.experiment.checkpoint.Checkpointer`.
 - ``<stage>/result.json``: a finished stage's summary; a rerun skips stages that have one.
 - ``results.json`` (and protocol extras such as ``results.md``, PNGs), then ``report.html``.
 

@@ -2,7 +2,7 @@
 (the library part is :class:`pml_extensions.datasets.FeatureCache`).
 
 A pretrained prefix that stays frozen computes the same features every epoch. With ``feature_cache`` in a config of
-the ``mlrc`` or ``xml_vs_gap`` protocol, the runner splits ``models.trunk`` where the frozen part ends
+the ``mlrc`` or ``paired`` protocol, the runner splits ``models.trunk`` where the frozen part ends
 (:func:`pml_extensions.trunks.split_trunk`), computes the prefix's outputs once for ``num_views`` seeded augmented
 views of every training image and the plain view of every evaluation image, stores them in the experiment folder and
 trains and evaluates the rest of the trunk (and the embedder, losses, miners, samplers: PML's, unchanged) on them::
@@ -27,7 +27,7 @@ What the runner does with it:
   so ``state_dict`` keys, ``HistogramPooling``'s body and ``XMLWrapper``'s head are found as in the whole trunk); the
   frozen part is in ``builder.frozen`` (:class:`FrozenParts`).
 - :class:`FeatureCaches` builds (or finds) one :class:`~pml_extensions.datasets.FeatureCache` per boundary and part
-  under ``<folder>/<boundary>/<part>`` (the protocols name the parts: xml_vs_gap ``train`` / ``train_eval`` /
+  under ``<folder>/<boundary>/<part>`` (the protocols name the parts: paired ``train`` / ``train_eval`` /
   ``test``, mlrc ``train`` / ``eval``) and returns :class:`~pml_extensions.datasets.CachedFeatureDataset` objects
   built by the Builder. Each cache is keyed by the prefix's weights, the transform and the file list: a changed
   input rebuilds it in place, an interrupted build resumes, a finished one is read as it is. Builds in separate
