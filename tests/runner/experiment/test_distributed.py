@@ -167,7 +167,7 @@ def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path, one_process
 
 @pytest.mark.slow
 def test_job_runs_under_torchrun(tmp_path, subprocess_env):
-    """``python -m pml_extensions job`` (xml_vs_gap protocol, HistogramPooling + XMLWrapper) under torchrun (2 gloo
+    """``python -m pml_extensions job`` (paired protocol, HistogramPooling + XMLWrapper) under torchrun (2 gloo
     processes): it finishes, rank 0 logs every iteration once, and the losses are close to one process's on the same
     global batches — close, not equal: ConvNetBody's BatchNorm normalises each process's half batch."""
     import shutil

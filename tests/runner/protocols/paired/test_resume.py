@@ -1,7 +1,7 @@
-"""SIGKILL-resume through the one runner for the main job (``xml_vs_gap`` protocol, ``python -m pml_extensions job``):
+"""SIGKILL-resume through the one runner for the main job (``paired`` protocol, ``python -m pml_extensions job``):
 kill inside a unit's training, rerun the same command, and compare every log table and every number of
-``results.json`` with an uninterrupted run. (MLRC: tests/runner/experiment/test_checkpoint.py; resolution_distillation:
-tests/runner/protocols/resolution_distillation/test_protocol.py.)"""
+``results.json`` with an uninterrupted run. (MLRC: tests/runner/experiment/test_checkpoint.py; the RAML plugin:
+tests/benchmarks/protocols/resolution_distillation/test_protocol.py.)"""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""runner/protocols/xml_vs_gap/unit.py: one (variant, seed) unit: pairing by seed, selection on validation."""
+"""runner/protocols/paired/unit.py: one (variant, seed) unit: pairing by seed, selection on validation."""
 
 import tempfile
 import unittest
