@@ -207,7 +207,8 @@ def step_resolution(device, tiny, work, timeout):
         "--root_experiment_folder", os.path.join(work, "resolution"), "--experiment_name", "r",
     )  # fmt: skip
     if tiny:
-        cmd += [*TINY_RESOLUTION, "--seeds", "0"]
+        # one seed, one learning rate, no ablation students: the full student's path (the device run keeps them all)
+        cmd += [*TINY_RESOLUTION, "--seeds", "0", "--student_lr_grid", "[0.0001]", "--student_variants", "[]"]
     status, seconds, note = run_command(cmd, timeout)
     return status, seconds, {}, note
 
