@@ -362,9 +362,8 @@ class Paired(PairedProtocol):
             from .unit import asymmetric_tester, teacher_spec
 
             cfg = next(iter(teachers.values()))
-            asymmetric = (cfg.get("transforms") or {}).get("reference") is not None and asymmetric_tester(
-                Builder(cfg, log=lambda *a, **k: None)
-            )
+            # (the preflight refused an asymmetric tester with a teacher but without transforms.reference)
+            asymmetric = asymmetric_tester(Builder(cfg, log=lambda *a, **k: None))
             names = ", ".join(f"`{n}`" for n in teachers)
             text += (
                 f" {names} start from the frozen teacher `{teacher_spec(cfg)[0]}` (their epoch 0 is the teacher on "

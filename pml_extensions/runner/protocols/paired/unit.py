@@ -211,6 +211,12 @@ def load_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
     return out
 
 
+def scoring_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
+    """The teacher that a test of ``seed`` scores the student against (:func:`load_teacher`), or ``None``: without a
+    ``teacher`` or an asymmetric tester, the student is scored alone."""
+    return load_teacher(b, seed) if asymmetric_tester(b) else None
+
+
 def require_reference(b: Builder) -> None:
     """An asymmetric test with a teacher embeds the references with ``transforms.reference``.
 
@@ -497,8 +503,7 @@ def evaluate(
     b.frozen = models.get("frozen")
     dataset = load_split(cfg, split, train_transform=False, builder=b)
     tester = make_tester(cfg, device, builder=b)
-    teacher = load_teacher(b, seed) if asymmetric_tester(b) else None
-    reference = reference_kwargs(b, teacher, split, split, np.arange(len(dataset)))
+    reference = reference_kwargs(b, scoring_teacher(b, seed), split, split, np.arange(len(dataset)))
     tester.test({split: dataset}, -1, models["trunk"], models["embedder"], **reference)
     acc = tester.all_accuracies[split]
     return {m: float(acc[f"{m}_level0"]) for m in METRICS}
@@ -556,7 +561,7 @@ def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch,
     view = load_split(cfg, "test", train_transform=False, builder=builder)
     if not np.array_equal(np.asarray(view.labels), np.asarray(dataset_labels(images))):
         raise RuntimeError(f"{name}: the test view is not in the order of the test images")
-    teacher = load_teacher(builder, seed) if asymmetric_tester(builder) else None
+    teacher = scoring_teacher(builder, seed)
     references, against = None, ""
     if teacher is not None:
         every = np.arange(len(images))
