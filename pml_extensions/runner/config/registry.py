@@ -1,16 +1,9 @@
 """The one registry: every name a config may use, the one store of user registrations, and the role of each class.
 
-A powerful-benchmarker-style config names classes as ``{ClassName: {kwargs}}``. :func:`resolve` turns a name into
-the class (or factory function): first the user registrations (:func:`register`, the one store
-:data:`_REGISTRY`), then a fixed list of modules only (:data:`SEARCH_MODULES`: ``pml_extensions``,
-pytorch-metric-learning, torch, torchvision), so a config can never import an arbitrary path. Objects are built
-from resolved names in :mod:`pml_extensions.runner.objects`; the config layer only resolves and checks names.
-
-By role: every class of ``pml_extensions`` is found under its role with no user code: :func:`classes_for_role`
-scans the package's subpackages (and PML, torch, torchvision for the stock classes) and sorts classes by what they
-are (a PML loss is a ``loss``, a ``BaseTester`` a ``tester`` ...). Users call :func:`register`
-(``@register(role="loss")`` works as a decorator): the class becomes visible to configs and to
-:func:`classes_for_role`.
+:func:`resolve` turns a config's class name into the class (or factory function): first the user registrations
+(:func:`register`, also a decorator), then a fixed list of modules only (:data:`SEARCH_MODULES`), so a config can
+never import an arbitrary path. :func:`classes_for_role` sorts the classes of ``pml_extensions`` (scanned module by
+module) and of PML, torch and torchvision by what they are (a PML loss is a ``loss``, a ``BaseTester`` a ``tester``).
 
 Example::
 
@@ -21,11 +14,9 @@ Example::
     ...     pass
     >>> find("model", "TinyHead") is TinyHead, resolve("TinyHead") is TinyHead
     (True, True)
-
-Roles (:data:`ROLES`): loss, miner, reducer, distance, regularizer, model (trunks, embedders, layers),
-trainer, tester, accuracy_calculator, hook, dataset, sampler, optimizer, lr_scheduler, transform.
 """
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -66,25 +57,8 @@ SEARCH_MODULES = (
     "torchvision.datasets",
 )
 
-ROLES = (
-    "loss",
-    "miner",
-    "reducer",
-    "distance",
-    "regularizer",
-    "model",
-    "trainer",
-    "tester",
-    "accuracy_calculator",
-    "hook",
-    "dataset",
-    "sampler",
-    "optimizer",
-    "lr_scheduler",
-    "transform",
-)
 
-# Modules scanned per role, ours first (only subpackages that exist).
+#: the roles (:data:`ROLES`, in this order) and the modules scanned for each, ours first
 ROLE_MODULES: Dict[str, tuple] = {
     "loss": ("pml_extensions.losses", "pytorch_metric_learning.losses"),
     "miner": ("pytorch_metric_learning.miners",),
@@ -106,8 +80,8 @@ ROLE_MODULES: Dict[str, tuple] = {
     "transform": ("torchvision.transforms",),
 }
 
-# Sub-packages of pml_extensions whose modules are scanned one by one, so a class is found under its role even
-# before it is re-exported from its package's __init__ (other modules are not imported).
+ROLES = tuple(ROLE_MODULES)
+#: sub-packages of pml_extensions scanned module by module, so a class is found before its package re-exports it
 SCANNED_PACKAGES = (
     "pml_extensions.losses",
     "pml_extensions.trunks",
@@ -117,14 +91,8 @@ SCANNED_PACKAGES = (
     "pml_extensions.datasets",
     "pml_extensions.explain",
 )
-MODEL_PACKAGES = ("pml_extensions.trunks", "pml_extensions.runner.objects.mlp", "torch.nn", "torchvision.models")
-# Roles whose type test is loose (any Module / any callable) only take classes from these places.
-ROLE_PLACES = {
-    "model": MODEL_PACKAGES,
-    "regularizer": ("pytorch_metric_learning.regularizers",),
-    "transform": ("torchvision.transforms",),
-}
-_SCAN_CACHE: Dict[str, Any] = {}
+#: roles whose type test is loose (any Module / any callable) take classes from their own modules only
+ROLE_PLACES = {role: ROLE_MODULES[role] for role in ("model", "regularizer", "transform")}
 
 
 def resolve(name: str, where: str = "config") -> Any:
@@ -151,31 +119,24 @@ def resolve(name: str, where: str = "config") -> Any:
 
 
 def _nearest_name(name: str, known: Iterable[str] = ()) -> str:
-    """``"; did you mean X?"`` for the nameable class or function closest to ``name`` (any case: ``Resnet50`` finds
-    ``resnet50``), from ``known`` (e.g. the class index's names), the registrations and the search modules already
-    imported; ``""`` when none is close."""
-    import difflib
+    """``"; did you mean X?"`` (any case) from ``known``, the registrations and the search modules already imported."""
     import sys
+
+    from .eval_keys import nearest
 
     names = set(_REGISTRY) | set(known)
     for module_name in SEARCH_MODULES:
         module = sys.modules.get(module_name)
         if module is not None:
             names.update(n for n, o in vars(module).items() if not n.startswith("_") and callable(o))
-    lower: Dict[str, str] = {}
-    for n in sorted(names):
-        lower.setdefault(n.lower(), n)
-    close = difflib.get_close_matches(str(name).lower(), list(lower), n=1, cutoff=0.75)
-    return f"; did you mean {lower[close[0]]}?" if close else ""
+    return nearest(name, names, cutoff=0.75, ignore_case=True)
 
 
+@functools.lru_cache(maxsize=None)
 def package_classes() -> Dict[str, Any]:
-    """Every public class defined in a module of :data:`SCANNED_PACKAGES` (name -> class).
-
-    Modules that fail to import (a sibling being edited) are skipped; the scan is cached per process.
-    """
-    if _SCAN_CACHE:
-        return dict(_SCAN_CACHE)
+    """Every public class defined in a module of :data:`SCANNED_PACKAGES` (name -> class), scanned once per process;
+    modules that fail to import are skipped."""
+    found: Dict[str, Any] = {}
     for package_name in SCANNED_PACKAGES:
         try:
             package = importlib.import_module(package_name)
@@ -196,8 +157,8 @@ def package_classes() -> Dict[str, Any]:
                     and not name.startswith("_")
                     and getattr(obj, "__module__", "").startswith(package_name)
                 ):
-                    _SCAN_CACHE.setdefault(name, obj)
-    return dict(_SCAN_CACHE)
+                    found.setdefault(name, obj)
+    return found
 
 
 def discover() -> List[str]:
