@@ -37,30 +37,33 @@ def _where(sources: Optional[Dict[str, str]], key: str) -> str:
     return f"{(sources or {}).get(key.split('.')[0], 'config')}: {key}"
 
 
-def nearest(name: str, known: Iterable[str], cutoff: float = 0.5) -> str:
-    """``"; did you mean X?"`` for the closest known name (``difflib``; ``cutoff=0`` always names one), or ``""``."""
-    close = difflib.get_close_matches(str(name), sorted(set(known)), n=1, cutoff=cutoff)
-    return f"; did you mean {close[0]}?" if close else ""
+def nearest(name: str, known: Iterable[str], cutoff: float = 0.5, ignore_case: bool = False) -> str:
+    """``"; did you mean X?"`` for the closest known name (``difflib``; ``cutoff=0`` always names one;
+    ``ignore_case``: ``Resnet50`` finds ``resnet50``), or ``""``."""
+    fold = str.lower if ignore_case else str
+    names: Dict[str, str] = {}
+    for n in sorted(set(known)):
+        names.setdefault(fold(n), n)
+    close = difflib.get_close_matches(fold(str(name)), list(names), n=1, cutoff=cutoff)
+    return f"; did you mean {names[close[0]]}?" if close else ""
 
 
-def _one_class(config: Dict[str, Any], key: str, sources, default: Optional[str] = None) -> Tuple[str, Dict]:
-    """``(name, kwargs)`` of ``config[key]`` by the one parser (:func:`pml_extensions.runner.config.specs.one_spec`),
-    ``default`` when the key is absent."""
-    return one_spec(config.get(key), _where(sources, key), default)
-
-
-def _check_kwargs(where: str, kwargs: Dict, allowed: Iterable[str]) -> None:
+def _check_kwargs(where: str, kwargs: Dict, allowed: Sequence[str]) -> None:
     for k in kwargs:
         if k not in allowed:
             raise ConfigError(f"{where}: unknown argument {k!r}{nearest(k, allowed)} (known: {', '.join(allowed)})")
 
 
-def _check_class(where: str, key: str, name: str, allowed: Sequence[str]) -> None:
-    if name in allowed:
-        return
+def _settings(config: Dict[str, Any], key: str, sources, default: str, defaults: Dict[str, Any]):
+    """``(where, defaults updated by the arguments)`` of a PB key whose only class here is ``default``."""
+    name, kwargs = one_spec(config.get(key), _where(sources, key), default)
+    where = f"{_where(sources, key)}.{name}"
     if name in _PB_ONLY.get(key, ()):
-        raise ConfigError(f"{where}: {name} is powerful-benchmarker's, not implemented here; use {allowed[0]}")
-    raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, allowed)} (known: {', '.join(allowed)})")
+        raise ConfigError(f"{where}: {name} is powerful-benchmarker's, not implemented here; use {default}")
+    if name != default:
+        raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, [default])} (known: {default})")
+    _check_kwargs(where, kwargs, tuple(defaults))
+    return where, dict(defaults, **kwargs)
 
 
 def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
@@ -71,19 +74,14 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
         a ``visualizer`` other than ``{}`` / null (PB's "none"; embedding plots need TSNE or UMAP, not dependencies),
         a bad ``accuracy_calculator``.
     """
-    from .class_index import lookup, names_for_role, tester_params
+    from .class_index import lookup, names_for_role
 
-    name, kwargs = _one_class(config, "tester", sources, _TESTER)
-    where = _where(sources, "tester") + f".{name}"
+    name, kwargs = one_spec(config.get("tester"), _where(sources, "tester"), _TESTER)
+    where = f"{_where(sources, 'tester')}.{name}"
     testers = names_for_role("tester")
     if name not in testers:
         raise ConfigError(f"{where}: unknown tester class {name!r}{nearest(name, testers)}")
-    params = (lookup(name) or {}).get("tester_params")
-    if params is None:  # a tester class shadowed by another object of that name: ask the class itself
-        from .registry import classes_for_role
-
-        params = tester_params(classes_for_role("tester")[name])
-    _check_kwargs(where, kwargs, tuple(params))
+    _check_kwargs(where, kwargs, tuple(lookup(name).get("tester_params") or ()))
     kwargs = dict(kwargs)
     reference = kwargs.pop("reference_set", "compared_to_self")
     if reference != "compared_to_self":
@@ -150,14 +148,11 @@ def aggregate(
     Raises:
         ConfigError: another aggregator class or split, an unknown argument, no folds.
     """
-    name, kwargs = _one_class(config, "aggregator", sources, "MeanAggregator")
-    where = _where(sources, "aggregator") + f".{name}"
-    _check_class(where, "aggregator", name, ("MeanAggregator",))
-    _check_kwargs(where, kwargs, ("split_to_aggregate",))
-    if kwargs.get("split_to_aggregate", "val") != "val":
+    where, settings = _settings(config, "aggregator", sources, "MeanAggregator", {"split_to_aggregate": "val"})
+    if settings["split_to_aggregate"] != "val":
         raise ConfigError(
             f"{where}.split_to_aggregate: only val is aggregated (the test split is evaluated by "
-            f"the ensemble), got {kwargs['split_to_aggregate']!r}"
+            f"the ensemble), got {settings['split_to_aggregate']!r}"
         )
     if not fold_metrics:
         return {}
@@ -173,11 +168,7 @@ def ensemble_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] 
     Raises:
         ConfigError: another class, an unknown argument, non-boolean values.
     """
-    name, kwargs = _one_class(config, "ensemble", sources, "ConcatenateEmbeddings")
-    where = _where(sources, "ensemble") + f".{name}"
-    _check_class(where, "ensemble", name, ("ConcatenateEmbeddings",))
-    _check_kwargs(where, kwargs, tuple(_DEFAULT_ENSEMBLE))
-    out = dict(_DEFAULT_ENSEMBLE, **kwargs)
+    where, out = _settings(config, "ensemble", sources, "ConcatenateEmbeddings", _DEFAULT_ENSEMBLE)
     for k, v in out.items():
         if not isinstance(v, bool):
             raise ConfigError(f"{where}.{k}: expected true or false, got {v!r}")

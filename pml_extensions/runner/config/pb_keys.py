@@ -1,34 +1,11 @@
 """Every powerful-benchmarker (PB v0.9.33) config value: honoured or refused, with one line naming the key.
 
-PB's config folder (``config_general``, ``config_dataset``, ``config_eval``, ...) names keys whose effect this
-module defines; the protocol that reads PB configs calls :func:`check_values` when the config is loaded
-(:func:`pml_extensions.runner.protocols.load_config`), so a run never starts with a value it would ignore. The
-protocol reads the honoured values through the accessors below (:func:`split_settings`, :func:`primary_metric`,
-:func:`aggregate`, :func:`ensemble_settings`, ...; the tester is built by
-:meth:`pml_extensions.runner.objects.builder.Builder.build_tester` from :func:`tester_spec`).
+The protocol that reads PB configs calls :func:`check_values` when the config is loaded, so a run never starts with a
+value it would ignore, and reads the honoured values through the accessors below (:func:`split_settings`,
+:func:`primary_metric`, :func:`aggregate`, :func:`ensemble_settings`, ...).
 
-Honoured (as in PB):
-
-* ``split_manager: {ClassDisjointSplitManager: {test_size, test_start_idx, num_training_partitions,
-  num_training_sets, hierarchy_level, data_and_label_getter_keys}}``: the class-disjoint split and its folds;
-* ``splits_to_eval``: the splits evaluated every ``save_interval`` epochs (``val``; ``train`` is logged too);
-* ``tester: {GlobalEmbeddingSpaceTester: {normalize_embeddings, use_trunk_output, batch_size,
-  dataloader_num_workers, pca, accuracy_calculator, label_hierarchy_level, reference_set: compared_to_self,
-  visualizer: null}}``: passed to PML's tester (``accuracy_calculator`` built by name, its ``include`` honoured);
-* ``aggregator: {MeanAggregator: {split_to_aggregate}}``: the mean over folds of the best validation metrics
-  (``results.json["aggregate"]``, the search objective);
-* ``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}``: the concatenated test model;
-* ``hook_container: {HookContainer: {primary_metric, validation_split_name: val, save_models: true}}``:
-  ``primary_metric`` drives early stopping and model selection;
-* ``config_general`` flags: ``api_parser: null``, ``skip_eval_if_already_done: true`` (a resumed run never
-  re-evaluates a logged epoch), ``skip_ensemble_eval_if_already_done`` (reuse the saved test numbers or compute
-  them again), ``log_data_to_tensorboard`` (needs ``tensorboard``), ``save_figures_on_tensorboard: false``,
-  ``save_lists_in_db`` (record-keeper's ``save_lists``), ``override_required_compatible_factories: false``.
-
-Every other value of these keys stops the run with one line naming the key and why (e.g. ``reference_set:
-compared_to_training_set`` — this runner compares each split to itself). Older PB spellings (before v0.9.29:
-``eval_*``, top-level ``test_size`` ..., ``iterations_per_epoch``, ``batch_size``) are mapped with a note
-(the protocol that reads powerful-benchmarker configs maps them).
+A value is honoured as in PB or stops the run with one line naming the key and why (e.g. ``reference_set:
+compared_to_training_set``: this runner compares each split to itself); docs/configs.md tabulates the defaults.
 
 Example::
 
@@ -42,19 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
-from .eval_keys import (  # noqa: F401  (re-exported: the protocol reads every PB key through pb_keys)
-    _DEFAULT_ENSEMBLE,
-    _TESTER,
-    _check_class,
-    _check_kwargs,
-    _one_class,
-    _where,
-    accuracy_calculator_spec,
-    aggregate,
-    ensemble_settings,
-    nearest,
-    tester_spec,
-)
+from .eval_keys import _settings, _where, aggregate, ensemble_settings, tester_spec  # noqa: F401  (re-exported)
+from .syntax import merge
 
 _DEFAULT_SPLIT = {
     "test_size": 0.5,
@@ -94,11 +60,7 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
     Raises:
         ConfigError: another split manager, an unknown argument, or a value out of range.
     """
-    name, kwargs = _one_class(config, "split_manager", sources, "ClassDisjointSplitManager")
-    where = _where(sources, "split_manager") + f".{name}"
-    _check_class(where, "split_manager", name, ("ClassDisjointSplitManager",))
-    _check_kwargs(where, kwargs, tuple(_DEFAULT_SPLIT))
-    out = dict(_DEFAULT_SPLIT, **kwargs)
+    where, out = _settings(config, "split_manager", sources, "ClassDisjointSplitManager", _DEFAULT_SPLIT)
     for k in ("test_size", "test_start_idx"):
         v = out[k]
         if not is_number(v) or not 0 <= v <= 1:
@@ -197,11 +159,7 @@ def hook_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = No
         ConfigError: another class, an unknown argument, ``validation_split_name`` other than ``val`` or
         ``save_models: false`` (the test step loads each fold's best saved model).
     """
-    name, kwargs = _one_class(config, "hook_container", sources, "HookContainer")
-    where = _where(sources, "hook_container") + f".{name}"
-    _check_class(where, "hook_container", name, ("HookContainer",))
-    _check_kwargs(where, kwargs, tuple(_DEFAULT_HOOKS))
-    out = dict(_DEFAULT_HOOKS, **kwargs)
+    where, out = _settings(config, "hook_container", sources, "HookContainer", _DEFAULT_HOOKS)
     if not isinstance(out["primary_metric"], str):
         raise ConfigError(f"{where}.primary_metric: expected a metric name, got {out['primary_metric']!r}")
     if out["validation_split_name"] != "val":
@@ -316,8 +274,6 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
     check_factories(config, sources)
     for name, variant in (config.get("variants") or {}).items():
         if isinstance(variant, dict):
-            from .syntax import merge
-
             check_single_class(merge(config, variant, f"variants.{name}"), sources, f" (variant {name})")
     for key in _FLAGS:
         flag(config, key, sources)
