@@ -1,26 +1,10 @@
-"""Every class name and every class's arguments in a config, checked against the registry and the class's signature
-when the config is loaded (before any data is read, any model is built or any folder exists), and the values that
-must be positive; every problem of one pass is reported together.
+"""Every class name and every class's keyword arguments in a config, checked when the config is loaded (before any
+data is read or any model built), and the arguments that must be positive (:data:`ARGUMENT_RULES`).
 
-Object keys (``models``, ``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimizers``, ``trainer``, ``transforms``,
-``dataset``, ``accuracy_calculator`` and the tester's, ``test_hooks``; every variant of a flat config) hold
-``{ClassName: {kwargs}}`` specs, nested in each other (``XMLWrapper: {loss: {ContrastiveLoss: ...}}``) and in lists
-(a trunk). Each keyword must be one the class takes (:func:`pml_extensions.runner.config.class_index.keyword_arguments`:
-along the MRO for classes that pass ``**kwargs`` to their base, as PML's losses do; anything for a class or function
-that takes ``**kwargs`` for itself). An unknown one is refused in one line with the nearest name:
-``command line: loss_funcs.metric_loss.XMLWrapper: bad arguments: XMLWrapper takes no argument 'xml_wieght'; did you
-mean xml_weight?``. A class name no module a config may use defines
-(:func:`pml_extensions.runner.config.registry.resolve`), at any depth, is refused with the nearest name:
-``command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class 'ContrastivLoss'; did you mean
-ContrastiveLoss?``. A dataset by name (``{name, root, kwargs}``) given a new ``name`` without ``~OVERRIDE~`` keeps the
-old one's ``kwargs``: refused as two merged classes are (``command line: dataset: name csv (the command line) was
-merged next to kwargs.max_side of the dataset openclipart (...); a merge keeps both, write --dataset~OVERRIDE~ to
-replace it``). Arguments that must be positive (``batch_size``, ``iterations_per_epoch``, the sampler's ``m``, ...) or
-not negative (``dataloader_num_workers``, a learning rate) are refused when they are not (:data:`ARGUMENT_RULES`; the
-top-level keys are their protocol's ``Settings``, checked by
-:func:`pml_extensions.runner.protocols.base.read_settings`). The file named is the one that
-set the value (:meth:`pml_extensions.runner.config.sources.Sources.of`). Names are looked up in the class index, so
-the check imports no torch (only a name the index lacks is looked for in the modules themselves before it is refused).
+Object keys hold ``{ClassName: {kwargs}}`` specs, nested in each other and in lists; each class name must be one a
+config may use (:func:`pml_extensions.runner.config.registry.resolve`) and each keyword one the class takes
+(:func:`pml_extensions.runner.config.class_index.keyword_arguments`), looked up in the class index, so the check
+imports no torch. Every problem of one pass is reported together, each naming the file that set the value.
 
 Example::
 
@@ -44,13 +28,17 @@ Example::
     command line: sampler: m must be a positive integer, got 0
 """
 
-import difflib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError, ConfigProblems
+from .class_index import all_names, lookup
+from .eval_keys import nearest, tester_spec
+from .loader import variant_configs
+from .registry import _nearest_name, resolve
 from .sources import describe, source_of
 from .specs import is_object_spec
+from .syntax import find_search_markers, key_path
 
 #: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)
 NAMED_SPEC_KEYS = ("models", "loss_funcs", "mining_funcs", "optimizers", "test_hooks")
@@ -91,16 +79,9 @@ ARGUMENT_RULES: Dict[Tuple[str, str], Callable[[Any], Optional[str]]] = {
 }
 
 
-def _nearest(name: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(name), sorted(set(known)), n=1, cutoff=0.5)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
 class _Checker:
     def __init__(self, sources, suffix: str = "", known: Sequence[str] = ()):
-        from .class_index import lookup
-
-        self.sources, self.suffix, self.lookup = sources, suffix, lookup
+        self.sources, self.suffix = sources, suffix
         #: every problem found, in order (one pass: nothing stops at the first); ``known`` are left out (a variant's
         #: check does not repeat the problems of the config it is merged over)
         self.found: List[str] = []
@@ -108,9 +89,7 @@ class _Checker:
 
     def fail(self, path: Tuple, message: str, source_path: Optional[Tuple] = None) -> None:
         """Record ``"<source of source_path (default path)>: <path>: <message>"``."""
-        dotted = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(".[", "[")
-        source = source_of(self.sources, source_path or path)
-        self.record(f"{source}: {dotted}: {message}")
+        self.record(f"{source_of(self.sources, source_path or path)}: {key_path(path)}: {message}")
 
     def record(self, line: str) -> None:
         """Keep ``line`` (with the variant's suffix) unless it is known or found already."""
@@ -120,9 +99,6 @@ class _Checker:
     def unknown(self, name: str, here: Tuple) -> bool:
         """Record ``unknown class 'X'; did you mean Y?`` when no module a config may use defines ``name`` (the class
         index first, then the registry's own search, which imports the modules, for a name the index lacks)."""
-        from .class_index import all_names
-        from .registry import _nearest_name, resolve
-
         try:
             resolve(name)
         except ConfigError:
@@ -130,14 +106,13 @@ class _Checker:
             return True
         return False
 
-    def spec(self, spec: Any, path: Tuple, required: bool) -> None:
-        """Check one spec; ``required``: this place must hold an object (a lower-case name is a function)."""
+    def spec(self, spec: Any, path: Tuple) -> None:
+        """Check one spec, a place that must hold an object (a lower-case name is a function), or a list of them."""
         if isinstance(spec, list):
-            if required:
-                for i, item in enumerate(spec):
-                    self.spec(item, path + (i,), True)
+            for i, item in enumerate(spec):
+                self.spec(item, path + (i,))
             return
-        if required and isinstance(spec, dict) and len(spec) > 1:
+        if isinstance(spec, dict) and len(spec) > 1:
             classes = [k for k in spec if isinstance(k, str) and k[:1].isupper()]
             others = [str(k) for k in spec if k not in classes]
             if classes and others:  # e.g. ~APPLY~2 where ~APPLY~3 reaches the arguments
@@ -151,7 +126,7 @@ class _Checker:
         name, args = next(iter(spec.items()))
         if "~" in name:
             return  # a search marker (~BAYESIAN~) inside: the search checks it
-        entry = self.lookup(name)
+        entry = lookup(name)
         here = path + (name,)
         if entry is None:
             if self.unknown(name, here):
@@ -159,7 +134,7 @@ class _Checker:
             return
         if name == "Sequential" and isinstance(args, list):
             for i, item in enumerate(args):
-                self.spec(item, here + (i,), True)
+                self.spec(item, here + (i,))
             return
         if isinstance(args, list):
             for i, item in enumerate(args):
@@ -172,12 +147,12 @@ class _Checker:
             if not isinstance(key, str) or "~" in key:
                 continue
             if not entry["open"] and key not in entry["params"] and key not in extra:
-                nearest = _nearest(key, entry["params"])
-                self.fail(here, f"bad arguments: {name} takes no argument {key!r}{nearest}", here + (key,))
+                close = nearest(key, entry["params"])
+                self.fail(here, f"bad arguments: {name} takes no argument {key!r}{close}", here + (key,))
             if key == "param_groups" and key in extra and isinstance(value, list):  # {modules: ClassName, ...}
                 for i, group in enumerate(value):
                     modules = group.get("modules") if isinstance(group, dict) else None
-                    if isinstance(modules, str) and self.lookup(modules) is None:
+                    if isinstance(modules, str) and lookup(modules) is None:
                         self.unknown(modules, here + (key, i, "modules"))
             for (prefix, argument), rule in ARGUMENT_RULES.items():
                 if argument == key and (not prefix or (path and path[0] == prefix)):
@@ -192,17 +167,17 @@ class _Checker:
         if isinstance(value, list):
             for i, item in enumerate(value):
                 self.value(item, path + (i,))
-        elif is_object_spec(value):
-            self.spec(value, path, True)
-        elif isinstance(value, dict) and len(value) == 1 and self._function(next(iter(value))):
-            self.spec(value, path, True)
+        elif is_object_spec(value) or (
+            isinstance(value, dict) and len(value) == 1 and self._function(next(iter(value)))
+        ):
+            self.spec(value, path)
         elif isinstance(value, dict):
             for key, item in value.items():
                 if isinstance(key, str) and "~" not in key:
                     self.value(item, path + (key,))
 
     def _function(self, name: Any) -> bool:
-        entry = self.lookup(name) if isinstance(name, str) and name[:1].islower() else None
+        entry = lookup(name) if isinstance(name, str) and name[:1].islower() else None
         return entry is not None and entry["kind"] == "function"
 
     def named_dataset(self, spec: Any) -> None:
@@ -243,13 +218,8 @@ class _Checker:
         )
 
     def tester(self, config: Dict[str, Any]) -> bool:
-        """The tester through its own check, the one the builder makes
-        (:func:`pml_extensions.runner.config.eval_keys.tester_spec`: its class, arguments, ``reference_set``,
-        ``visualizer``, the accuracy calculator's metrics); False when it refused (its line is recorded), so the
-        generic check does not name the same problem again. A tester with search markers is left to the search."""
-        from .eval_keys import tester_spec
-        from .syntax import find_search_markers
-
+        """The tester through the builder's own check (:func:`tester_spec`); False when it refused (its line is
+        recorded), so the generic check does not name the same problem again."""
         if find_search_markers({"tester": config.get("tester")}):
             return True
         try:
@@ -265,21 +235,21 @@ class _Checker:
             value = config.get(key)
             if isinstance(value, dict):
                 for name, spec in value.items():
-                    self.spec(spec, (key, name), True)
+                    self.spec(spec, (key, name))
         for key in ONE_SPEC_KEYS:
             value = config.get(key)
             if key == "tester" and value is not None and not self.tester(config):
                 continue
             if is_object_spec(value) or (key != "dataset" and isinstance(value, dict) and len(value) == 1):
-                self.spec(value, (key,), True)
+                self.spec(value, (key,))
         transforms = config.get("transforms")
         if isinstance(transforms, dict):
             for which, chain in transforms.items():
                 if isinstance(chain, dict) and not is_object_spec(chain):  # PB's mapping of transforms
                     for name, kwargs in chain.items():
-                        self.spec({name: kwargs}, ("transforms", which), True)
+                        self.spec({name: kwargs}, ("transforms", which))
                 else:
-                    self.spec(chain, ("transforms", which), True)
+                    self.spec(chain, ("transforms", which))
 
 
 def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
@@ -297,13 +267,8 @@ def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = 
     checker.config(config)
     found = list(checker.found)
     variants = config.get("variants")
-    if isinstance(variants, dict) and variants:  # each variant merged over the rest, as loader.variant_configs does
-        from .syntax import merge
-
-        base = {k: v for k, v in config.items() if k != "variants"}
-        where = (sources or {}).get("variants", "config")
-        for name, update in variants.items():
-            variant = merge(base, update or {}, f"{where}: variants.{name}")
+    if isinstance(variants, dict) and variants:
+        for name, variant in variant_configs(config, where=(sources or {}).get("variants", "config")).items():
             checker = _Checker(sources, f" (variant {name})", known=found)
             checker.config(variant)
             found += checker.found

@@ -26,7 +26,7 @@ Example::
 
 import copy
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 
@@ -182,16 +182,28 @@ def _swap(target: Dict, mapping: Dict, depth: int, where: str) -> Dict:
     return {renames.get(k, k): v for k, v in target.items()}
 
 
-def find_search_markers(config: Any, where: str = "") -> List[str]:
-    """Key paths that carry a ``~BAYESIAN~``-family marker."""
-    found = []
+def key_path(path: Sequence[Any]) -> str:
+    """``("trunk", 0, "ConvNetBody")`` -> ``"trunk[0].ConvNetBody"``: a key path as messages show it."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def search_markers(config: Any, path: Tuple = ()) -> Iterator[Tuple[Tuple, str, Any]]:
+    """``(path, op, value)`` of every ``~BAYESIAN~``-family key of ``config``, at any depth, list items included."""
     if isinstance(config, dict):
-        for k, v in config.items():
-            _, op, _ = split_marker(k)
+        for key, value in config.items():
+            op = split_marker(key)[1]
             if op in _SEARCH_OPS:
-                found.append(_join(where, k))
-            found.extend(find_search_markers(v, _join(where, k)))
+                yield path + (key,), op, value
+            else:
+                yield from search_markers(value, path + (key,))
     elif isinstance(config, list):
-        for i, v in enumerate(config):
-            found.extend(find_search_markers(v, f"{where}[{i}]"))
-    return found
+        for i, value in enumerate(config):
+            yield from search_markers(value, path + (i,))
+
+
+def find_search_markers(config: Any) -> List[str]:
+    """Key paths that carry a ``~BAYESIAN~``-family marker."""
+    return [key_path(path) for path, _, _ in search_markers(config)]
