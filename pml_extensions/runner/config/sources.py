@@ -1,10 +1,8 @@
 """Where each value of a merged config came from: the command line, a user's file or a shipped file.
 
-:func:`pml_extensions.runner.config.loader.load_config` returns ``(config, sources)``; ``sources`` maps each top-level
-key to the file (or ``"command line"``) that set it last, and is a :class:`Sources`: it also keeps the config as it
-stood after each file, so :meth:`Sources.of` names the file that set a nested value (``trainer.MetricLossOnly.
-batch_size`` set by ``--trainer~APPLY~2 {batch_size: 64}`` is the command line's, ``iterations_per_epoch`` next to it
-still the file's). :func:`describe` says which kind of source a name is, for messages that tell a user what to edit.
+:class:`Sources` maps each top-level key to the file (or ``"command line"``) that set it last and keeps the config as
+it stood after each file, so :meth:`Sources.of` names the file that set a nested value; :func:`describe` says whom a
+message asks to edit.
 
 Example::
 
@@ -83,24 +81,13 @@ def _overridden(update: Any, prefix: Tuple[Any, ...] = ()) -> List[Tuple[Any, ..
 
 
 def source_of(sources: Optional[Dict[str, str]], path: Union[str, Sequence[Any]]) -> str:
-    """:meth:`Sources.of` for a :class:`Sources`, the top-level key's source for a plain dict, ``"config"`` without
-    sources."""
-    if isinstance(sources, Sources):
-        return sources.of(path)
-    keys = path.split(".") if isinstance(path, str) else list(path)
-    return (sources or {}).get(keys[0] if keys else "", "config")
+    """:meth:`Sources.of` for a :class:`Sources`, the top-level key's source for a plain dict (one without layers),
+    ``"config"`` without sources."""
+    return (sources if isinstance(sources, Sources) else Sources(sources or {})).of(path)
 
 
 #: the shipped configs (``pml_extensions/configs``), whose files messages show as ``configs/<name>/...``
 SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
-
-
-def is_shipped(source: str) -> bool:
-    """True for a file shipped in ``pml_extensions/configs`` (shown as ``configs/<name>/...``)."""
-    if source in (COMMAND_LINE, "config") or not source:
-        return False
-    path = source if os.path.isabs(source) else os.path.join(os.path.dirname(SHIPPED), source)
-    return os.path.abspath(path).startswith(SHIPPED + os.sep) and os.path.exists(path)
 
 
 def describe(source: str) -> str:
@@ -109,4 +96,6 @@ def describe(source: str) -> str:
         return "the command line"
     if source == "config" or not source:
         return "the config"
-    return f"the shipped {source}" if is_shipped(source) else f"your {source}"
+    path = source if os.path.isabs(source) else os.path.join(os.path.dirname(SHIPPED), source)
+    shipped = os.path.abspath(path).startswith(SHIPPED + os.sep) and os.path.exists(path)
+    return f"the shipped {source}" if shipped else f"your {source}"
