@@ -182,12 +182,8 @@ def describe(obj: Any) -> Dict[str, Any]:
 
 
 def build_index() -> Dict[str, Any]:
-    """Import every search module of the registry and describe each name a config may use (slow: seconds).
-
-    Returns:
-        ``{"names": {name: entry}, "roles": {role: {name: module}}}``; tester entries also hold ``tester_params``,
-        accuracy calculator entries ``metrics``.
-    """
+    """``{"names": {name: entry}, "roles": {role: {name: module}}}`` of every name a config may use, by importing
+    every search module of the registry (slow: seconds)."""
     from . import registry
 
     objects: Dict[str, Any] = {}
@@ -259,12 +255,7 @@ def _registered(name: str) -> Optional[Dict[str, Any]]:
 def lookup(name: str) -> Optional[Dict[str, Any]]:
     """The entry of ``name`` (:func:`describe`, with ``tester_params`` / ``metrics`` for testers and accuracy
     calculators), a class registered in this process first; None when no module a config may use defines it."""
-    if not isinstance(name, str):
-        return None
-    entry = _registered(name)
-    if entry is not None:
-        return entry
-    return index()["names"].get(name)
+    return _registered(name) or index()["names"].get(name)
 
 
 def names_for_role(role: str) -> Dict[str, str]:

@@ -67,13 +67,8 @@ def _settings(config: Dict[str, Any], key: str, sources, default: str, defaults:
 
 
 def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
-    """``tester``'s class and checked arguments (``reference_set`` removed: only ``compared_to_self``).
-
-    Raises:
-        ConfigError: an unknown tester class or argument, ``reference_set`` other than ``compared_to_self``,
-        a ``visualizer`` other than ``{}`` / null (PB's "none"; embedding plots need TSNE or UMAP, not dependencies),
-        a bad ``accuracy_calculator``.
-    """
+    """``tester``'s class and checked arguments (``reference_set`` removed: only ``compared_to_self``; no
+    ``visualizer``); ConfigError for anything else, the ``accuracy_calculator`` included."""
     from .class_index import lookup, names_for_role
 
     name, kwargs = one_spec(config.get("tester"), _where(sources, "tester"), _TESTER)
@@ -109,11 +104,7 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
 
 def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple[str, Dict[str, Any]]:
     """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")`` as in the MLRC
-    paper); ``include``/``exclude`` name PML metrics.
-
-    Raises:
-        ConfigError: unknown class, or a metric name PML does not compute.
-    """
+    paper); ConfigError for an unknown class or an ``include``/``exclude`` metric PML does not compute."""
     from .class_index import lookup, names_for_role
 
     spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
@@ -139,15 +130,8 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
 def aggregate(
     config: Dict[str, Any], fold_metrics: Sequence[Dict[str, float]], sources: Optional[Dict[str, str]] = None
 ) -> Dict[str, float]:
-    """``aggregator: {MeanAggregator: {split_to_aggregate: val}}``: the mean over folds of each fold's metrics
-    at its best validation epoch — PB's single number per experiment (the search objective).
-
-    Args:
-        fold_metrics: one ``{metric: value}`` per trained fold.
-
-    Raises:
-        ConfigError: another aggregator class or split, an unknown argument, no folds.
-    """
+    """``aggregator: {MeanAggregator: {split_to_aggregate: val}}``: the mean over folds (``fold_metrics``: one
+    ``{metric: value}`` each, at its best validation epoch) — PB's single number per experiment."""
     where, settings = _settings(config, "aggregator", sources, "MeanAggregator", {"split_to_aggregate": "val"})
     if settings["split_to_aggregate"] != "val":
         raise ConfigError(
@@ -162,12 +146,7 @@ def aggregate(
 
 def ensemble_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, bool]:
     """``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}`` (PB's defaults: True,
-    False): whether each fold's embeddings are L2-normalised before concatenation, and whether the trunk output
-    (not the embedder's) is concatenated.
-
-    Raises:
-        ConfigError: another class, an unknown argument, non-boolean values.
-    """
+    False): whether each fold's embeddings are L2-normalised, and whether the trunk output is concatenated."""
     where, out = _settings(config, "ensemble", sources, "ConcatenateEmbeddings", _DEFAULT_ENSEMBLE)
     for k, v in out.items():
         if not isinstance(v, bool):

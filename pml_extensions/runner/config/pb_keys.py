@@ -53,13 +53,8 @@ _FLAGS = {
 
 
 def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (test the second half of the
-    classes, 4 partitions, 4 training sets, hierarchy level 0, tuple items). Ours: ``test_classes``, the test
-    classes by name (the dataset's ``classes``) or label, instead of ``test_size`` / ``test_start_idx``.
-
-    Raises:
-        ConfigError: another split manager, an unknown argument, or a value out of range.
-    """
+    """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (ours: ``test_classes``, the test
+    classes by name or label, instead of ``test_size`` / ``test_start_idx``); ConfigError for any other value."""
     where, out = _settings(config, "split_manager", sources, "ClassDisjointSplitManager", _DEFAULT_SPLIT)
     for k in ("test_size", "test_start_idx"):
         v = out[k]
@@ -118,11 +113,7 @@ def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tupl
 
 
 def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSplitManager.hierarchy_level"):
-    """Column ``level`` of ``[N, L]`` labels (``[N]`` labels have only level 0).
-
-    Raises:
-        ConfigError: for a level the labels do not have.
-    """
+    """Column ``level`` of ``[N, L]`` labels (``[N]`` labels have only level 0); ConfigError for a level they lack."""
     import numpy as np
 
     labels = np.asarray(labels)
@@ -136,11 +127,7 @@ def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSpl
 
 
 def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> List[str]:
-    """PB's ``splits_to_eval`` (default ``[val]``): a subset of ``[train, val]`` holding the validation split.
-
-    Raises:
-        ConfigError: other names, or a list without the validation split.
-    """
+    """PB's ``splits_to_eval`` (default ``[val]``): a subset of ``[train, val]`` holding the validation split."""
     splits = config.get("splits_to_eval", ["val"])
     where = _where(sources, "splits_to_eval")
     val = hook_settings(config, sources)["validation_split_name"]
@@ -153,12 +140,8 @@ def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 
 def hook_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """``hook_container``'s HookContainer arguments with PB's defaults.
-
-    Raises:
-        ConfigError: another class, an unknown argument, ``validation_split_name`` other than ``val`` or
-        ``save_models: false`` (the test step loads each fold's best saved model).
-    """
+    """``hook_container``'s HookContainer arguments with PB's defaults (``validation_split_name: val`` and
+    ``save_models: true`` only)."""
     where, out = _settings(config, "hook_container", sources, "HookContainer", _DEFAULT_HOOKS)
     if not isinstance(out["primary_metric"], str):
         raise ConfigError(f"{where}.primary_metric: expected a metric name, got {out['primary_metric']!r}")
@@ -178,12 +161,7 @@ def primary_metric(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = None) -> Any:
     """A ``config_general`` flag of :data:`_FLAGS` (PB's default when absent), refused with one line when its
-    value would change the run in a way this runner does not implement.
-
-    Raises:
-        ConfigError: ``"<file>: skip_eval_if_already_done: False is not supported: ..."``; a non-boolean value;
-        ``log_data_to_tensorboard: true`` without the ``tensorboard`` package.
-    """
+    value would change the run in a way this runner does not implement."""
     default, allowed, reason = _FLAGS[key]
     value = config.get(key, default)
     where = _where(sources, key)
@@ -244,11 +222,7 @@ DEFAULT_FACTORIES = {
 
 def check_factories(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
     """PB's ``factories``: only the default factory of each role (a custom factory is a class this runner cannot
-    call; register classes with :func:`pml_extensions.runner.config.registry.register` instead).
-
-    Raises:
-        ConfigError: an unknown role or a custom factory, one line naming the key.
-    """
+    call)."""
     for role, spec in (config.get("factories") or {}).items():
         where = _where(sources, f"factories.{role}")
         if role not in DEFAULT_FACTORIES:
@@ -265,11 +239,7 @@ def check_factories(config: Dict[str, Any], sources: Optional[Dict[str, str]] = 
 
 def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
     """Check every PB key of a powerful-benchmarker config at load time (before any training): honoured values
-    pass, the others stop the run with one line naming the key and why.
-
-    Raises:
-        ConfigError: see the accessors.
-    """
+    pass, the others stop the run with one line naming the key and why."""
     check_single_class(config, sources)
     check_factories(config, sources)
     for name, variant in (config.get("variants") or {}).items():
@@ -299,15 +269,8 @@ _ONE_CLASS_EACH = ("loss_funcs", "mining_funcs", "optimizers", "models")
 
 
 def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -> None:
-    """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both
-    (its docs call this "a problem with the config file"); here it is an error pointing at ``~OVERRIDE~``, naming
-    where each class came from (``--dataset "{ImageFolderSplit: ...}"`` over a config's ``dataset``).
-
-    Raises:
-        ConfigError: ``"command line: dataset: 2 classes (GlyphDataset, ImageFolderSplit): ImageFolderSplit (the
-        command line) was merged next to GlyphDataset (the shipped configs/...); a merge keeps both, write
-        --dataset~OVERRIDE~ to replace it"``.
-    """
+    """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both; here
+    it is an error pointing at ``~OVERRIDE~`` that names where each class came from."""
     from .sources import describe, source_of
 
     def check(key, spec):

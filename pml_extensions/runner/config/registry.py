@@ -161,17 +161,14 @@ def package_classes() -> Dict[str, Any]:
     return found
 
 
-def discover() -> List[str]:
-    """Make every class of :func:`package_classes` that :func:`resolve` cannot find yet (not re-exported yet)
-    available to configs. Returns the names added."""
-    added = []
+def discover() -> None:
+    """Make every class of :func:`package_classes` that :func:`resolve` cannot find (not re-exported yet) available
+    to configs."""
     for name, obj in package_classes().items():
         try:
             resolve(name)
         except ConfigError:
             _REGISTRY[name] = (obj, None)
-            added.append(name)
-    return added
 
 
 def _forward_takes_embeddings(cls) -> bool:

@@ -1,9 +1,7 @@
 """The ``{ClassName: kwargs}`` shape of every object key, and its one parser.
 
-powerful-benchmarker writes each object as a one-key mapping from a class name to its keyword arguments:
-``trainer: {MetricLossOnly: {batch_size: 32}}``; ``{ClassName: null}`` means no arguments. :func:`one_spec` is the
-one place that takes such a spec apart (the builder, the PB keys and the protocols all call it);
-:func:`is_object_spec` tells a spec from plain data inside argument values.
+powerful-benchmarker writes each object as ``trainer: {MetricLossOnly: {batch_size: 32}}`` (``{ClassName: null}``:
+no arguments); :func:`one_spec` is the one place that takes such a spec apart.
 
 Example::
 

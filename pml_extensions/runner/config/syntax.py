@@ -1,22 +1,11 @@
 """Powerful-benchmarker's config syntax: :func:`merge` and its key markers (our code, PB's documented meaning).
 
-Markers (in files and on the command line, nested in one another at any depth):
-
-* plain keys merge recursively: ``{trunk_optimizer: {RMSprop: {lr: 0.01}}}`` changes ``lr`` and keeps the
-  rest (a different class name is added next to the old one, as in PB: use ``~OVERRIDE~``);
-* ``key~OVERRIDE~: value`` replaces ``key``; markers inside ``value`` act on the old value they replace;
-* ``key~APPLY~n: {..}`` merges the dict (markers included) into every dict at depth ``n`` below ``key``
-  (``key``'s own value is depth 1); a non-mapping there (``ContrastiveLoss: null``) is replaced by the dict, as
-  in PB: ``trainer~APPLY~2: {batch_size: 256}`` sets the batch size of whatever trainer is configured. PB's
-  reader merged only the first level of an applied dict; here it merges at every level like any other merge
-  (put ``~OVERRIDE~`` inside it to replace);
-* ``key~SWAP~n: {old: new}`` renames keys at depth ``n`` (order kept); ``{New: null}`` renames the only key
-  there: ``trainer~SWAP~1: {TrainWithClassifier: null}`` keeps the trainer's arguments and changes its class;
-  a mapping that names a missing key is an error (PB ignored it);
-* ``key~DELETE~: anything`` removes ``key``;
-* ``key~BAYESIAN~`` / ``~LOG_BAYESIAN~`` / ``~INT_BAYESIAN~: [low, high]`` mark a hyper-parameter search
-  (:mod:`pml_extensions.runner.protocols.search`); a later plain value of the same key replaces the marker and vice
-  versa.
+The markers (``~OVERRIDE~``, ``~APPLY~n``, ``~SWAP~n``, ``~DELETE~``, ``~BAYESIAN~``; docs/configs.md describes each)
+work in files and on the command line, nested in one another at any depth. Where this differs from PB: an
+``~APPLY~`` dict merges at every level (PB's reader merged only its first), markers inside an ``~OVERRIDE~`` value act
+on the old value it replaces, a ``~SWAP~`` that names a missing key is an error (PB ignored it), and a plain value of
+a key replaces its ``~BAYESIAN~`` marker and vice versa. As in PB, a plain merge of a different class name keeps both
+classes (use ``~OVERRIDE~``) and ``~APPLY~`` replaces a non-mapping where a mapping would be.
 
 Example::
 
