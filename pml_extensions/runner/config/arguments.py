@@ -28,7 +28,7 @@ Example::
     command line: sampler: m must be a positive integer, got 0
 """
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError, ConfigProblems
@@ -48,35 +48,25 @@ ONE_SPEC_KEYS = ("sampler", "trainer", "tester", "accuracy_calculator", "dataset
 RUNNER_ARGUMENTS = {"optimizers": ("prototype_lr", "param_groups"), "tester": ("reference_set",)}
 
 
-def _int_at_least(low: int, what: str) -> Callable[[Any], Optional[str]]:
-    def check(value):
-        if not is_int(value) or value < low:
-            kind = "positive integer" if low == 1 else "non-negative integer"
-            return f"must be a {kind}, got {value!r} ({what})"
-        return None
-
-    return check
-
-
-def _number_at_least(low: float, what: str) -> Callable[[Any], Optional[str]]:
-    def check(value):
-        if not is_number(value) or not value >= low:
-            return f"must be a number >= {low:g}, got {value!r} ({what})"
-        return None
-
-    return check
-
-
-#: (key prefix, argument) -> check; the prefix is the top-level key ("" for any)
-ARGUMENT_RULES: Dict[Tuple[str, str], Callable[[Any], Optional[str]]] = {
-    ("", "batch_size"): _int_at_least(1, "images per batch"),
-    ("", "iterations_per_epoch"): _int_at_least(1, "batches per epoch"),
-    ("", "dataloader_num_workers"): _int_at_least(0, "data loading processes; 0 loads in the main process"),
-    ("", "length_before_new_iter"): _int_at_least(1, "indices per pass over the data"),
-    ("sampler", "m"): _int_at_least(1, "images per class in a batch"),
-    ("optimizers", "lr"): _number_at_least(0, "the learning rate"),
-    ("optimizers", "prototype_lr"): _number_at_least(0, "the prototypes' learning rate"),
+#: (key prefix, argument) -> (lowest value, integer?, what it is); the prefix is the top-level key ("" for any)
+ARGUMENT_RULES: Dict[Tuple[str, str], Tuple[float, bool, str]] = {
+    ("", "batch_size"): (1, True, "images per batch"),
+    ("", "iterations_per_epoch"): (1, True, "batches per epoch"),
+    ("", "dataloader_num_workers"): (0, True, "data loading processes; 0 loads in the main process"),
+    ("", "length_before_new_iter"): (1, True, "indices per pass over the data"),
+    ("sampler", "m"): (1, True, "images per class in a batch"),
+    ("optimizers", "lr"): (0, False, "the learning rate"),
+    ("optimizers", "prototype_lr"): (0, False, "the prototypes' learning rate"),
 }
+
+
+def _broken_rule(value: Any, low: float, integer: bool, what: str) -> Optional[str]:
+    """Why ``value`` breaks its :data:`ARGUMENT_RULES` entry, or None."""
+    if integer and (not is_int(value) or value < low):
+        return f"must be a {'positive' if low == 1 else 'non-negative'} integer, got {value!r} ({what})"
+    if not integer and (not is_number(value) or not value >= low):
+        return f"must be a number >= {low:g}, got {value!r} ({what})"
+    return None
 
 
 class _Checker:
@@ -156,7 +146,7 @@ class _Checker:
                         self.unknown(modules, here + (key, i, "modules"))
             for (prefix, argument), rule in ARGUMENT_RULES.items():
                 if argument == key and (not prefix or (path and path[0] == prefix)):
-                    problem = rule(value)
+                    problem = _broken_rule(value, *rule)
                     if problem:
                         self.fail(path, f"{key} {problem}", here + (key,))
             self.value(value, here + (key,))

@@ -186,33 +186,35 @@ def _role_test(role: str):
     from pytorch_metric_learning import distances, losses, miners, reducers, testers, trainers
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-    tests = {
-        "loss": lambda c: (
+    if role == "loss":
+        return lambda c: (
             issubclass(c, losses.BaseMetricLossFunction)
             or (
                 issubclass(c, torch.nn.Module)
                 and not issubclass(c, miners.BaseMiner)
                 and (_forward_takes_embeddings(c) or c.__module__.startswith("pml_extensions.losses"))
             )
-        ),
-        "miner": lambda c: issubclass(c, miners.BaseMiner),
-        "reducer": lambda c: issubclass(c, reducers.BaseReducer),
-        "distance": lambda c: issubclass(c, distances.BaseDistance),
-        "regularizer": lambda c: issubclass(c, torch.nn.Module),
-        "model": lambda c: issubclass(c, torch.nn.Module),
-        "trainer": lambda c: issubclass(c, trainers.BaseTrainer),
-        "tester": lambda c: issubclass(c, testers.BaseTester),
-        "accuracy_calculator": lambda c: issubclass(c, AccuracyCalculator),
-        "hook": lambda c: any(
-            callable(getattr(c, m, None)) for m in ("end_of_testing_hook", "end_of_epoch_hook", "end_of_iteration_hook")
-        ),
-        "dataset": lambda c: issubclass(c, torch.utils.data.Dataset),
-        "sampler": lambda c: issubclass(c, torch.utils.data.Sampler),
-        "optimizer": lambda c: issubclass(c, torch.optim.Optimizer),
-        "lr_scheduler": lambda c: issubclass(c, torch.optim.lr_scheduler.LRScheduler),
-        "transform": lambda c: True,
-    }
-    return tests[role]
+        )
+    if role == "hook":
+        hooks = ("end_of_testing_hook", "end_of_epoch_hook", "end_of_iteration_hook")
+        return lambda c: any(callable(getattr(c, m, None)) for m in hooks)
+    if role == "transform":
+        return lambda c: True
+    base = {
+        "miner": miners.BaseMiner,
+        "reducer": reducers.BaseReducer,
+        "distance": distances.BaseDistance,
+        "regularizer": torch.nn.Module,
+        "model": torch.nn.Module,
+        "trainer": trainers.BaseTrainer,
+        "tester": testers.BaseTester,
+        "accuracy_calculator": AccuracyCalculator,
+        "dataset": torch.utils.data.Dataset,
+        "sampler": torch.utils.data.Sampler,
+        "optimizer": torch.optim.Optimizer,
+        "lr_scheduler": torch.optim.lr_scheduler.LRScheduler,
+    }[role]
+    return lambda c: issubclass(c, base)
 
 
 def _check_role(role: str) -> None:

@@ -66,15 +66,13 @@ def _template(old: Any, value: Any, where: str) -> Any:
     old = old if isinstance(old, dict) else {}
     out: Dict = {}
     for key, v in value.items():
-        name, op, depth = split_marker(key, where)
-        here = _join(where, key)
-        if op in ("APPLY", "SWAP", "DELETE") or (op is None and not isinstance(v, dict)):
-            base = {name: copy.deepcopy(old[name])} if (op in ("APPLY", "SWAP") and name in old) else {}
-            out.update(merge(base, {key: v}, where) if op != "DELETE" else {})
-        elif op in _SEARCH_OPS:
+        name, op, _ = split_marker(key, where)
+        if op in ("APPLY", "SWAP"):
+            out.update(merge({name: old[name]} if name in old else {}, {key: v}, where))
+        elif (op is None and not isinstance(v, dict)) or op in _SEARCH_OPS:
             out[key] = copy.deepcopy(v)
-        else:  # plain or nested OVERRIDE: replace, resolving markers inside against the old value
-            out[name] = _template(old.get(name), v, here)
+        elif op != "DELETE":  # plain or nested OVERRIDE: replace, resolving markers inside against the old value
+            out[name] = _template(old.get(name), v, _join(where, key))
     return out
 
 
@@ -117,10 +115,7 @@ def merge(base: Dict, update: Dict, where: str = "") -> Dict:
                 raise ConfigError(f"{here}: ~{op}~ needs a mapping value, got {type(value).__name__}")
             if name not in out or not isinstance(out[name], dict):
                 raise ConfigError(f"{here}: ~{op}~ target {name!r} does not exist or is not a mapping")
-            if op == "APPLY":
-                out[name] = _apply(out[name], value, depth, here)
-            else:
-                out[name] = _swap(out[name], value, depth, here)
+            out[name] = (_apply if op == "APPLY" else _swap)(out[name], value, depth, here)
         elif op in _SEARCH_OPS:
             _drop_variants(out, name)
             out[key] = copy.deepcopy(value)  # kept with its marker for the search (runner.protocols.search)
