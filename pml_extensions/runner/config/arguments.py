@@ -36,7 +36,7 @@ from .class_index import all_names, lookup
 from .eval_keys import nearest, tester_spec
 from .loader import variant_configs
 from .registry import _nearest_name, resolve
-from .sources import describe, source_of
+from .sources import merged_next_to, source_of
 from .specs import is_object_spec
 from .syntax import find_search_markers, key_path
 
@@ -171,11 +171,9 @@ class _Checker:
         return entry is not None and entry["kind"] == "function"
 
     def named_dataset(self, spec: Any) -> None:
-        """A dataset by name (``{name, root, kwargs}``) whose ``name`` the newest change set while ``kwargs`` (or a
-        ``root``) of the dataset it replaced came from an earlier file: a plain merge keeps both, and the new dataset
-        gets the old one's arguments (the refusal of two merged classes,
-        :func:`pml_extensions.runner.config.pb_keys.check_single_class`, for datasets by name). Refining a dataset
-        (``--dataset "{kwargs: {...}}"``, its name untouched) passes."""
+        """Refuse a dataset by name (``{name, root, kwargs}``) whose new ``name`` was merged next to an earlier
+        file's ``kwargs`` or ``root``, as :func:`pml_extensions.runner.config.pb_keys.check_single_class` refuses
+        two merged classes."""
         if not (isinstance(spec, dict) and isinstance(spec.get("name"), str)) or is_object_spec(spec):
             return
         new = source_of(self.sources, ("dataset", "name"))
@@ -193,7 +191,6 @@ class _Checker:
         names = [n for n in names if n != spec["name"]]
         old = f" {names[-1]}" if names else ""
         keys = ", ".join(".".join(path) for path in stale)
-        flag = "--dataset~OVERRIDE~" if new == "command line" else "dataset~OVERRIDE~:"
         folder = (
             "; --data_folder PATH makes your folder or CSV file the dataset"
             if new == "command line" and spec["name"] in ("csv", "imagefolder")
@@ -201,9 +198,8 @@ class _Checker:
         )
         self.fail(
             ("dataset",),
-            f"name {spec['name']} ({describe(new)}) was merged next to {keys} of the dataset{old} "
-            f"({', '.join(describe(s) for s in sorted(set(stale.values())))}); a merge keeps both, write {flag} to "
-            f"replace it{folder}",
+            merged_next_to(f"name {spec['name']}", new, f"{keys} of the dataset{old}", stale.values(), "dataset")
+            + folder,
             ("dataset", "name"),
         )
 
@@ -243,16 +239,8 @@ class _Checker:
 
 
 def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-    """Check every class name of every spec (nested ones and lists of them included) against the registry, every
-    keyword argument, and the values that must be positive (module docstring); a flat config's every variant (merged
-    over the rest) too. All problems are found in one pass and reported together.
-
-    Raises:
-        ConfigError: one line per problem naming the file (or command line) that set the value, the key path and
-        the nearest known name, e.g. ``"command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class
-        'ContrastivLoss'; did you mean ContrastiveLoss?"``
-        (:class:`~pml_extensions.runner.errors.ConfigProblems` when there are several).
-    """
+    """Check the config and each of its variants as the module docstring says; ConfigError (ConfigProblems when
+    there are several) with one line per problem."""
     checker = _Checker(sources)
     checker.config(config)
     found = list(checker.found)

@@ -92,11 +92,8 @@ def _named(params) -> List[str]:
 
 def keyword_arguments(obj: Any) -> Dict[str, Any]:
     """``{"params": [names], "open": bool}``: the keyword arguments ``obj`` (a class or function) takes; ``open``
-    when it takes any other (a ``**kwargs`` that does not go to a base class, or no readable signature).
-
-    A class's ``__init__`` that passes ``**kwargs`` to its base continues along the MRO (PML: ``ContrastiveLoss`` ->
-    ``GenericPairLoss`` -> ``BaseMetricLossFunction`` -> ... -> ``ModuleWithRecords``), up to ``torch.nn.Module`` or
-    ``object``, which take none.
+    when it takes any other. An ``__init__`` that passes ``**kwargs`` to its base continues along the MRO, up to
+    ``torch.nn.Module`` or ``object``.
 
     Example::
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
 from .eval_keys import _settings, _where, aggregate, ensemble_settings, tester_spec  # noqa: F401  (re-exported)
+from .sources import merged_next_to, source_of
 from .syntax import merge
 
 _DEFAULT_SPLIT = {
@@ -271,7 +272,6 @@ _ONE_CLASS_EACH = ("loss_funcs", "mining_funcs", "optimizers", "models")
 def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -> None:
     """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both; here
     it is an error pointing at ``~OVERRIDE~`` that names where each class came from."""
-    from .sources import describe, source_of
 
     def check(key, spec):
         if not isinstance(spec, dict) or len(spec) < 2:
@@ -290,13 +290,10 @@ def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -
         old = [k for k in spec if k not in new]
         old_text = "a dataset by name" if by_name and not [k for k in old if k in classes] else ", ".join(old)
         new_text = "a dataset by name" if by_name and not [k for k in new if k in classes] else ", ".join(new)
-        sources_old = sorted({origin[k] for k in old})
-        flag = f"--{path[-1]}~OVERRIDE~" if newest == "command line" else f"{path[-1]}~OVERRIDE~:"
         raise ConfigError(
             f"{_where(sources, key) if newest == 'config' else newest + ': ' + key}: {len(spec)} classes "
-            f"({', '.join(map(str, spec))}){suffix}: {new_text} ({describe(newest)}) was merged next to "
-            f"{old_text} ({', '.join(describe(s) for s in sources_old)}); a merge keeps both, write {flag} to "
-            "replace it"
+            f"({', '.join(map(str, spec))}){suffix}: "
+            + merged_next_to(new_text, newest, old_text, (origin[k] for k in old), path[-1])
         )
 
     for key in _ONE_CLASS:

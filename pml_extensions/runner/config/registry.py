@@ -69,10 +69,7 @@ ROLE_MODULES: Dict[str, tuple] = {
     "trainer": ("pml_extensions.trainers", "pytorch_metric_learning.trainers"),
     "tester": ("pml_extensions.testers", "pytorch_metric_learning.testers"),
     "accuracy_calculator": ("pml_extensions.knn", "pytorch_metric_learning.utils.accuracy_calculator"),
-    "hook": (
-        "pml_extensions.explain",
-        "pytorch_metric_learning.utils.logging_presets",
-    ),
+    "hook": ("pml_extensions.explain", "pytorch_metric_learning.utils.logging_presets"),
     "dataset": ("pml_extensions.datasets", "pytorch_metric_learning.datasets", "torchvision.datasets"),
     "sampler": ("pytorch_metric_learning.samplers", "torch.utils.data"),
     "optimizer": ("torch.optim",),
@@ -249,18 +246,16 @@ def register(obj: Any = None, *, role: Optional[str] = None, name: Optional[str]
 
 
 def classes_for_role(role: str, include_stock: bool = True, include_registered: bool = True) -> Dict[str, Any]:
-    """All classes found under ``role``: user registrations, then ``pml_extensions``, then
-    PML/torch/torchvision.
+    """All classes found under ``role``.
 
     Args:
         role: one of :data:`ROLES`.
         include_stock: also list the stock (non-``pml_extensions``) classes.
-        include_registered: also list this process's :func:`register` calls (False for the on-disk index,
-            :mod:`pml_extensions.runner.config.class_index`).
+        include_registered: also list this process's :func:`register` calls (False for the class index).
 
     Returns:
-        name -> class: user registrations first, then every class defined in ``pml_extensions`` (found module
-        by module, exported or not), then the stock modules of :data:`ROLE_MODULES`.
+        name -> class: user registrations first, then every class defined in ``pml_extensions`` (exported or not),
+        then the stock modules of :data:`ROLE_MODULES`.
 
     Raises:
         ValueError: on an unknown role.

@@ -13,11 +13,8 @@ from .syntax import key_path, search_markers, split_marker
 
 
 def search_space(config: Any) -> List[Tuple[Tuple, str, str, Any]]:
-    """``[(path_to_marked_key, param_name, op, [low, high])]`` for every search marker in ``config``, at any depth,
-    list items included (a list index is an ``int`` in the path and ``[i]`` in the name).
-
-    Raises:
-        ConfigError: a range that is not ``[low, high]`` numbers with ``low < high`` (positive for LOG).
+    """``[(path_to_marked_key, param_name, op, [low, high])]`` for every search marker in ``config``; ConfigError
+    for a range that is not ``[low, high]`` numbers with ``low < high`` (positive for LOG).
 
     Example::
 

@@ -17,7 +17,7 @@ Example::
 
 import copy
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .syntax import split_marker
 
@@ -99,3 +99,13 @@ def describe(source: str) -> str:
     path = source if os.path.isabs(source) else os.path.join(os.path.dirname(SHIPPED), source)
     shipped = os.path.abspath(path).startswith(SHIPPED + os.sep) and os.path.exists(path)
     return f"the shipped {source}" if shipped else f"your {source}"
+
+
+def merged_next_to(new: str, new_source: str, old: str, old_sources: Iterable[str], key: str) -> str:
+    """``"<new> (<whose>) was merged next to <old> (<whose>); a merge keeps both, write <key>~OVERRIDE~ ..."``: the
+    refusal of a plain merge that kept two objects where one belongs."""
+    flag = f"--{key}~OVERRIDE~" if new_source == COMMAND_LINE else f"{key}~OVERRIDE~:"
+    return (
+        f"{new} ({describe(new_source)}) was merged next to {old} "
+        f"({', '.join(describe(s) for s in sorted(set(old_sources)))}); a merge keeps both, write {flag} to replace it"
+    )

@@ -26,11 +26,8 @@ _SEARCH_OPS = ("BAYESIAN", "LOG_BAYESIAN", "INT_BAYESIAN")
 
 
 def split_marker(key: Any, where: str = "config") -> Tuple[Any, Optional[str], Optional[int]]:
-    """Split ``"name~OP~n"`` into ``(name, OP, n)``; plain keys give ``(key, None, None)``.
-
-    Raises:
-        ConfigError: if ``~APPLY~``/``~SWAP~`` lack a positive depth or other markers carry one.
-    """
+    """Split ``"name~OP~n"`` into ``(name, OP, n)`` (plain keys: ``(key, None, None)``); ConfigError when
+    ``~APPLY~``/``~SWAP~`` lack a positive depth or other markers carry one."""
     if not isinstance(key, str):
         return key, None, None
     match = _MARKER.match(key)
@@ -77,11 +74,8 @@ def _template(old: Any, value: Any, where: str) -> Any:
 
 
 def merge(base: Dict, update: Dict, where: str = "") -> Dict:
-    """Return ``base`` with ``update`` merged in (neither input is modified).
-
-    Every marker works at every depth and inside every other marker's value: an ``~APPLY~`` value is merged
-    (markers and all) into each dict at its depth, an ``~OVERRIDE~`` value may use ``~SWAP~``/``~APPLY~`` on the
-    old value it replaces, a plain nested dict may hold any marker.
+    """Return ``base`` with ``update`` merged in (neither input is modified); every marker works at every depth and
+    inside every other marker's value.
 
     Args:
         base: the config so far (plain keys only).
