@@ -33,11 +33,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError, ConfigProblems
 from .class_index import all_names, lookup
-from .eval_keys import nearest, tester_spec
+from .eval_keys import tester_spec
 from .loader import variant_configs
 from .registry import _nearest_name, resolve
 from .sources import merged_next_to, source_of
-from .specs import is_object_spec
+from .specs import is_object_spec, nearest
 from .syntax import find_search_markers, key_path
 
 #: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)

@@ -24,7 +24,10 @@ import os
 import sys
 import tempfile
 import textwrap
+from importlib import metadata
 from typing import Any, Dict, List, Optional, Tuple
+
+from . import registry
 
 #: bump when the index's layout changes
 INDEX_VERSION = 1
@@ -46,8 +49,6 @@ def cache_dir() -> Optional[str]:
 def fingerprint() -> str:
     """A short hash of Python's version, :data:`INDEXED_DISTRIBUTIONS`' versions and the path, size and modification
     time of every module of ``pml_extensions`` (computed once per process, importing none of them)."""
-    from importlib import metadata
-
     parts: List[Any] = [INDEX_VERSION, sys.version_info[:2]]
     for dist in INDEXED_DISTRIBUTIONS:
         try:
@@ -69,7 +70,7 @@ def _forwards_kwargs(init) -> bool:
     ``Base.__init__(self, ..., **kwargs)``)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
-    except (OSError, TypeError, SyntaxError, IndentationError):
+    except (OSError, TypeError, SyntaxError):
         return False
     fn = tree.body[0] if tree.body else None
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.args.kwarg is None:
@@ -151,8 +152,7 @@ def tester_params(cls=None) -> Tuple[str, ...]:
     for klass in getattr(cls, "__mro__", ()):
         init = vars(klass).get("__init__") if klass is not object else None
         if init is not None:
-            params = inspect.signature(init).parameters.values()
-            names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            names += _named(inspect.signature(init).parameters.values())
     return tuple(dict.fromkeys(p for p in names if p not in internal)) + ("reference_set",)
 
 
@@ -181,8 +181,6 @@ def describe(obj: Any) -> Dict[str, Any]:
 def build_index() -> Dict[str, Any]:
     """``{"names": {name: entry}, "roles": {role: {name: module}}}`` of every name a config may use, by importing
     every search module of the registry (slow: seconds)."""
-    from . import registry
-
     objects: Dict[str, Any] = {}
     for module_name in registry.SEARCH_MODULES:
         try:
@@ -239,11 +237,9 @@ def index() -> Dict[str, Any]:
 
 def _registered(name: str) -> Optional[Dict[str, Any]]:
     """The entry of a class registered in this process (None when ``name`` is not registered)."""
-    from .registry import _REGISTRY
-
-    if name not in _REGISTRY:
+    if name not in registry._REGISTRY:
         return None
-    obj, role = _REGISTRY[name]
+    obj, role = registry._REGISTRY[name]
     if inspect.isclass(obj) and any(k.__name__ == "BaseTester" for k in inspect.getmro(obj)):
         role = "tester"  # registered without its role
     return {**describe(obj), **_role_extras(obj, role)}
@@ -259,9 +255,7 @@ def names_for_role(role: str) -> Dict[str, str]:
     """name -> module of the classes listed under ``role`` (as
     :func:`pml_extensions.runner.config.registry.classes_for_role`), the ones registered in this process with that
     role first."""
-    from .registry import _REGISTRY
-
-    out = {n: getattr(o, "__module__", "") or "" for n, (o, r) in _REGISTRY.items() if r == role}
+    out = {n: getattr(o, "__module__", "") or "" for n, (o, r) in registry._REGISTRY.items() if r == role}
     for name, module in index()["roles"].get(role, {}).items():
         out.setdefault(name, module)
     return out
@@ -269,6 +263,4 @@ def names_for_role(role: str) -> Dict[str, str]:
 
 def all_names() -> List[str]:
     """Every name a config may use."""
-    from .registry import _REGISTRY
-
-    return sorted(set(index()["names"]) | set(_REGISTRY))
+    return sorted(set(index()["names"]) | set(registry._REGISTRY))

@@ -8,12 +8,12 @@ Example::
     {'normalize_embeddings': False, 'use_trunk_output': False}
 """
 
-import difflib
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int
 from ..errors import ConfigError
-from .specs import one_spec
+from .class_index import lookup, names_for_role
+from .specs import nearest, one_spec  # noqa: F401  (nearest: also read from here)
 
 _TESTER = "GlobalEmbeddingSpaceTester"
 _DEFAULT_ENSEMBLE = {"normalize_embeddings": True, "use_trunk_output": False}
@@ -27,25 +27,11 @@ _PB_ONLY = {
         "MLRCSplitManager",
         "UseOriginalTestSplitManager",
     ),
-    "aggregator": (),
-    "ensemble": (),
-    "hook_container": (),
 }
 
 
 def _where(sources: Optional[Dict[str, str]], key: str) -> str:
     return f"{(sources or {}).get(key.split('.')[0], 'config')}: {key}"
-
-
-def nearest(name: str, known: Iterable[str], cutoff: float = 0.5, ignore_case: bool = False) -> str:
-    """``"; did you mean X?"`` for the closest known name (``difflib``; ``cutoff=0`` always names one;
-    ``ignore_case``: ``Resnet50`` finds ``resnet50``), or ``""``."""
-    fold = str.lower if ignore_case else str
-    names: Dict[str, str] = {}
-    for n in sorted(set(known)):
-        names.setdefault(fold(n), n)
-    close = difflib.get_close_matches(fold(str(name)), list(names), n=1, cutoff=cutoff)
-    return f"; did you mean {names[close[0]]}?" if close else ""
 
 
 def _check_kwargs(where: str, kwargs: Dict, allowed: Sequence[str]) -> None:
@@ -69,8 +55,6 @@ def _settings(config: Dict[str, Any], key: str, sources, default: str, defaults:
 def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
     """``tester``'s class and checked arguments (``reference_set`` removed: only ``compared_to_self``; no
     ``visualizer``); ConfigError for anything else, the ``accuracy_calculator`` included."""
-    from .class_index import lookup, names_for_role
-
     name, kwargs = one_spec(config.get("tester"), _where(sources, "tester"), _TESTER)
     where = f"{_where(sources, 'tester')}.{name}"
     testers = names_for_role("tester")
@@ -105,8 +89,6 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
 def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple[str, Dict[str, Any]]:
     """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")`` as in the MLRC
     paper); ConfigError for an unknown class or an ``include``/``exclude`` metric PML does not compute."""
-    from .class_index import lookup, names_for_role
-
     spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
     where = f"{where}.accuracy_calculator"
     if not (isinstance(spec, dict) and len(spec) == 1):

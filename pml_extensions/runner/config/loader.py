@@ -8,6 +8,7 @@ a :class:`pml_extensions.runner.errors.ConfigError` whose one line starts with t
 """
 
 import copy
+import importlib.util
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -38,8 +39,6 @@ def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> N
         return
     top = found[0].split(".")[0]
     source = (sources or {}).get(top, "config")
-    import importlib.util
-
     if importlib.util.find_spec("optuna") is not None:  # found without importing it
         reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner's search)"
     else:

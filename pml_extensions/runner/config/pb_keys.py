@@ -14,6 +14,8 @@ Example::
     0.25
 """
 
+import importlib.util
+import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -171,8 +173,6 @@ def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = N
     if value not in allowed:
         raise ConfigError(f"{where}: {value!r} is not supported: {reason}")
     if key == "log_data_to_tensorboard" and value:
-        import importlib.util
-
         if importlib.util.find_spec("tensorboard") is None:  # found without importing it (seconds)
             raise ConfigError(
                 f"{where}: true needs the tensorboard package: pip install 'pml_extensions[tensorboard]' (or "
@@ -195,8 +195,6 @@ def record_keeper_options(config: Dict[str, Any], folder: str, sources: Optional
 def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
     """PB's ``skip_ensemble_eval_if_already_done``: the saved test numbers (``results.json["test"]``) when the
     flag is true and they exist, else None (compute them)."""
-    import json
-
     path = os.path.join(folder, "results.json")
     if not flag(config, "skip_ensemble_eval_if_already_done", sources) or not os.path.isfile(path):
         return None

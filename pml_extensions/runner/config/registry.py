@@ -16,13 +16,16 @@ Example::
     (True, True)
 """
 
+import difflib
 import functools
 import importlib
 import inspect
 import pkgutil
+import sys
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..errors import ConfigError
+from .specs import nearest
 
 #: the one store of user registrations: config name -> (class or callable, role or None); written only by
 #: :func:`register` and :func:`discover`
@@ -117,10 +120,6 @@ def resolve(name: str, where: str = "config") -> Any:
 
 def _nearest_name(name: str, known: Iterable[str] = ()) -> str:
     """``"; did you mean X?"`` (any case) from ``known``, the registrations and the search modules already imported."""
-    import sys
-
-    from .eval_keys import nearest
-
     names = set(_REGISTRY) | set(known)
     for module_name in SEARCH_MODULES:
         module = sys.modules.get(module_name)
@@ -303,8 +302,6 @@ def find(role: str, name: str) -> Any:
     classes = classes_for_role(role)
     if name in classes:
         return classes[name]
-    import difflib
-
     close = difflib.get_close_matches(str(name), sorted(classes), n=3, cutoff=0.5)
     sample = ", ".join(close or sorted(classes)[:12])
     raise ConfigError(

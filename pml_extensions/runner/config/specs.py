@@ -13,8 +13,9 @@ Example::
     ([0.16, 1], [1e-05, 0.5], 'crop')
 """
 
+import difflib
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from ..errors import ConfigError
 from .yaml_reader import YAML_12_FLOAT
@@ -68,3 +69,14 @@ def pb_numbers(value: Any) -> Any:
         nums = [int(p) if _INT.match(p) else float(p) for p in parts]
         return nums if len(nums) > 1 else nums[0]
     return value
+
+
+def nearest(name: str, known: Iterable[str], cutoff: float = 0.5, ignore_case: bool = False) -> str:
+    """``"; did you mean X?"`` for the closest known name (``difflib``; ``cutoff=0`` always names one;
+    ``ignore_case``: ``Resnet50`` finds ``resnet50``), or ``""``."""
+    fold = str.lower if ignore_case else str
+    names: Dict[str, str] = {}
+    for n in sorted(set(known)):
+        names.setdefault(fold(n), n)
+    close = difflib.get_close_matches(fold(str(name)), list(names), n=1, cutoff=cutoff)
+    return f"; did you mean {names[close[0]]}?" if close else ""
