@@ -98,7 +98,7 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
     calculators = names_for_role("accuracy_calculator")
     if name not in calculators:
         raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
-    metrics = (lookup(name) or {}).get("metrics")
+    metrics = lookup(name).get("metrics")
     if metrics is None:  # a calculator that cannot be built without arguments: PML checks the names itself
         return name, kwargs
     known = set(metrics) | {"mean_reciprocal_rank"}

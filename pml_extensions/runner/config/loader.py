@@ -17,7 +17,7 @@ import yaml
 
 from ..errors import ConfigError
 from .sources import SHIPPED, Sources
-from .syntax import _SEARCH_OPS, find_search_markers, merge, split_marker  # noqa: F401
+from .syntax import find_search_markers, merge, split_marker
 from .yaml_reader import read_yaml
 
 CONFIG_FOLDERS = (

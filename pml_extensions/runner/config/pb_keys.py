@@ -89,11 +89,8 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 
 def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tuple[Any, Any]]:
-    """``item -> (data, label)``: ``item[0], item[1]`` for ``None``, else ``item[keys[0]], item[keys[1]]``
-    (datasets that return dicts, PB's ``data_and_label_getter_keys``).
-
-    The getter raises ConfigError when string keys meet a dataset that returns tuples (PB's datasets returned
-    ``{"data": ..., "label": ...}``; PML's and ours return ``(image, label)``: set the key to null).
+    """``item -> (data, label)``: ``item[0], item[1]`` for ``None``, else ``item[keys[0]], item[keys[1]]`` (PB's
+    ``data_and_label_getter_keys``); the getter raises ConfigError when string keys meet a tuple.
 
     Example::
 
