@@ -9,6 +9,7 @@ a :class:`pml_extensions.runner.errors.ConfigError` whose one line starts with t
 
 import copy
 import importlib.util
+import itertools
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -247,26 +248,24 @@ def merge_config(
             )
     config: Dict[str, Any] = {}
     sources = Sources()
-    per_folder: Dict[str, Dict[str, Any]] = {}
     variants: Dict[str, Any] = {}
-    files = _file_list(config_root, selection)  # grouped by folder, in CONFIG_FOLDERS order
-    for i, (folder, path) in enumerate(files):
-        shown = display_path(path)
-        data = load_yaml(path)
-        if "variants" in data:  # kept raw: their markers act on the merged config (variant_configs)
-            if not isinstance(data["variants"] or {}, dict):
-                raise ConfigError(f"{shown}: variants: expected a mapping name -> changes")
-            variants.update(data.pop("variants") or {})
-            sources["variants"] = shown
-        per_folder[folder] = merge(per_folder.get(folder, {}), data, shown)
-        for k in data:
-            sources[split_marker(k, shown)[0]] = shown
-        # each folder's files merge among themselves first, then over the folders before it: the config as it stands
-        # after this file is the folders before plus this folder so far (Sources.of names the file of a nested value)
-        merged = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
-        sources.add_layer(shown, merged, data)
-        if i + 1 == len(files) or files[i + 1][0] != folder:
-            config = merged
+    # each folder's files merge among themselves first, then over the folders before it
+    for folder, files in itertools.groupby(_file_list(config_root, selection), key=lambda file: file[0]):
+        folder_config: Dict[str, Any] = {}
+        for _, path in files:
+            shown = display_path(path)
+            data = load_yaml(path)
+            if "variants" in data:  # kept raw: their markers act on the merged config (variant_configs)
+                if not isinstance(data["variants"] or {}, dict):
+                    raise ConfigError(f"{shown}: variants: expected a mapping name -> changes")
+                variants.update(data.pop("variants") or {})
+                sources["variants"] = shown
+            folder_config = merge(folder_config, data, shown)
+            for k in data:
+                sources[split_marker(k, shown)[0]] = shown
+            merged = merge(config, folder_config, display_path(os.path.join(config_root, folder)))
+            sources.add_layer(shown, merged, data)  # the config after this file: Sources.of names a nested value's
+        config = merged
     if variants:
         config["variants"] = variants
     file_keys = set(config)
