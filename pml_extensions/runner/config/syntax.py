@@ -125,16 +125,11 @@ def _apply(target: Dict, value: Dict, depth: int, where: str) -> Dict:
     """PB's ~APPLY~: merge ``value`` into every dict at ``depth`` (``target`` itself is depth 1); a non-dict
     value where such a dict would be (``ContrastiveLoss: null``) is replaced by ``value``, as in PB."""
     if depth == 1:
-        return merge(target, value, where)
-    out = {}
-    for k, v in target.items():
-        if isinstance(v, dict):
-            out[k] = _apply(v, value, depth - 1, _join(where, k))
-        elif depth == 2:
-            out[k] = merge({}, value, _join(where, k))
-        else:
-            out[k] = v
-    return out
+        return merge(target, value, where)  # a non-dict target merges as {}
+    return {
+        k: _apply(v, value, depth - 1, _join(where, k)) if isinstance(v, dict) or depth == 2 else v
+        for k, v in target.items()
+    }
 
 
 def _swap(target: Dict, mapping: Dict, depth: int, where: str) -> Dict:
