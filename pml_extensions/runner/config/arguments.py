@@ -186,7 +186,7 @@ class _Checker:
         stale = {path: source for path, source in stale.items() if source != new}
         if not stale:
             return
-        layers = [config.get("dataset") for _, config in getattr(self.sources, "layers", [])]
+        layers = [config.get("dataset") for _, config, _ in getattr(self.sources, "layers", [])]
         names = [d["name"] for d in layers if isinstance(d, dict) and isinstance(d.get("name"), str)]
         names = [n for n in names if n != spec["name"]]
         old = f" {names[-1]}" if names else ""

@@ -43,25 +43,23 @@ class Sources(dict):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.layers: List[Tuple[str, Dict[str, Any]]] = []
-        #: layer index -> the paths its update replaced whole (``~OVERRIDE~``): every value below one is that layer's
-        self.replaced: Dict[int, List[Tuple[Any, ...]]] = {}
+        #: (name, config after it, the paths it replaced whole with ``~OVERRIDE~``: every value below one is its own)
+        self.layers: List[Tuple[str, Dict[str, Any], List[Tuple[Any, ...]]]] = []
 
     def add_layer(self, name: str, config: Dict[str, Any], update: Optional[Dict[str, Any]] = None) -> None:
         """Record the merged config as it stands after the file (or command line) ``name``; ``update`` (what it
         merged) tells which subtrees it replaced whole (``key~OVERRIDE~``), so that a value it gave again, equal to
         the old one, is still its own."""
-        self.layers.append((name, copy.deepcopy(config)))
-        self.replaced[len(self.layers) - 1] = _overridden(update or {})
+        self.layers.append((name, copy.deepcopy(config), _overridden(update or {})))
 
     def of(self, path: Union[str, Sequence[Any]]) -> str:
         """The source that last changed the value at ``path`` (a dotted string or a sequence of keys); for a path
         no layer holds, the source of its top-level key (``"config"`` when unknown)."""
         keys = tuple(path.split(".")) if isinstance(path, str) else tuple(path)
         found, previous = None, _MISSING
-        for i, (name, config) in enumerate(self.layers):
+        for name, config, overridden in self.layers:
             value = _value(config, keys)
-            replaced = any(keys[: len(p)] == p for p in self.replaced.get(i, ()))
+            replaced = any(keys[: len(p)] == p for p in overridden)
             if value is not _MISSING and (previous is _MISSING or value != previous or replaced):
                 found = name
             elif value is _MISSING and previous is not _MISSING:
