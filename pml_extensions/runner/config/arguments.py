@@ -1,26 +1,10 @@
-"""Every class name and every class's arguments in a config, checked against the registry and the class's signature
-when the config is loaded (before any data is read, any model is built or any folder exists), and the values that
-must be positive; every problem of one pass is reported together.
+"""Every class name and every class's keyword arguments in a config, checked when the config is loaded (before any
+data is read or any model built), and the arguments that must be positive (:data:`ARGUMENT_RULES`).
 
-Object keys (``models``, ``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimizers``, ``trainer``, ``transforms``,
-``dataset``, ``accuracy_calculator`` and the tester's, ``test_hooks``; every variant of a flat config) hold
-``{ClassName: {kwargs}}`` specs, nested in each other (``XMLWrapper: {loss: {ContrastiveLoss: ...}}``) and in lists
-(a trunk). Each keyword must be one the class takes (:func:`pml_extensions.runner.config.class_index.keyword_arguments`:
-along the MRO for classes that pass ``**kwargs`` to their base, as PML's losses do; anything for a class or function
-that takes ``**kwargs`` for itself). An unknown one is refused in one line with the nearest name:
-``command line: loss_funcs.metric_loss.XMLWrapper: bad arguments: XMLWrapper takes no argument 'xml_wieght'; did you
-mean xml_weight?``. A class name no module a config may use defines
-(:func:`pml_extensions.runner.config.registry.resolve`), at any depth, is refused with the nearest name:
-``command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class 'ContrastivLoss'; did you mean
-ContrastiveLoss?``. A dataset by name (``{name, root, kwargs}``) given a new ``name`` without ``~OVERRIDE~`` keeps the
-old one's ``kwargs``: refused as two merged classes are (``command line: dataset: name csv (the command line) was
-merged next to kwargs.max_side of the dataset openclipart (...); a merge keeps both, write --dataset~OVERRIDE~ to
-replace it``). Arguments that must be positive (``batch_size``, ``iterations_per_epoch``, the sampler's ``m``, ...) or
-not negative (``dataloader_num_workers``, a learning rate) are refused when they are not (:data:`ARGUMENT_RULES`; the
-top-level keys are their protocol's ``Settings``, checked by
-:func:`pml_extensions.runner.protocols.base.read_settings`). The file named is the one that
-set the value (:meth:`pml_extensions.runner.config.sources.Sources.of`). Names are looked up in the class index, so
-the check imports no torch (only a name the index lacks is looked for in the modules themselves before it is refused).
+Object keys hold ``{ClassName: {kwargs}}`` specs, nested in each other and in lists; each class name must be one a
+config may use (:func:`pml_extensions.runner.config.registry.resolve`) and each keyword one the class takes
+(:func:`pml_extensions.runner.config.class_index.keyword_arguments`), looked up in the class index, so the check
+imports no torch. Every problem of one pass is reported together, each naming the file that set the value.
 
 Example::
 
@@ -44,13 +28,17 @@ Example::
     command line: sampler: m must be a positive integer, got 0
 """
 
-import difflib
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError, ConfigProblems
-from .sources import describe, source_of
-from .specs import is_object_spec
+from .class_index import all_names, lookup
+from .eval_keys import tester_spec
+from .loader import variant_configs
+from .registry import _nearest_name, resolve
+from .sources import merged_next_to, source_of
+from .specs import is_object_spec, nearest
+from .syntax import find_search_markers, key_path
 
 #: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)
 NAMED_SPEC_KEYS = ("models", "loss_funcs", "mining_funcs", "optimizers", "test_hooks")
@@ -60,47 +48,30 @@ ONE_SPEC_KEYS = ("sampler", "trainer", "tester", "accuracy_calculator", "dataset
 RUNNER_ARGUMENTS = {"optimizers": ("prototype_lr", "param_groups"), "tester": ("reference_set",)}
 
 
-def _int_at_least(low: int, what: str) -> Callable[[Any], Optional[str]]:
-    def check(value):
-        if not is_int(value) or value < low:
-            kind = "positive integer" if low == 1 else "non-negative integer"
-            return f"must be a {kind}, got {value!r} ({what})"
-        return None
-
-    return check
-
-
-def _number_at_least(low: float, what: str) -> Callable[[Any], Optional[str]]:
-    def check(value):
-        if not is_number(value) or not value >= low:
-            return f"must be a number >= {low:g}, got {value!r} ({what})"
-        return None
-
-    return check
-
-
-#: (key prefix, argument) -> check; the prefix is the top-level key ("" for any)
-ARGUMENT_RULES: Dict[Tuple[str, str], Callable[[Any], Optional[str]]] = {
-    ("", "batch_size"): _int_at_least(1, "images per batch"),
-    ("", "iterations_per_epoch"): _int_at_least(1, "batches per epoch"),
-    ("", "dataloader_num_workers"): _int_at_least(0, "data loading processes; 0 loads in the main process"),
-    ("", "length_before_new_iter"): _int_at_least(1, "indices per pass over the data"),
-    ("sampler", "m"): _int_at_least(1, "images per class in a batch"),
-    ("optimizers", "lr"): _number_at_least(0, "the learning rate"),
-    ("optimizers", "prototype_lr"): _number_at_least(0, "the prototypes' learning rate"),
+#: (key prefix, argument) -> (lowest value, integer?, what it is); the prefix is the top-level key ("" for any)
+ARGUMENT_RULES: Dict[Tuple[str, str], Tuple[float, bool, str]] = {
+    ("", "batch_size"): (1, True, "images per batch"),
+    ("", "iterations_per_epoch"): (1, True, "batches per epoch"),
+    ("", "dataloader_num_workers"): (0, True, "data loading processes; 0 loads in the main process"),
+    ("", "length_before_new_iter"): (1, True, "indices per pass over the data"),
+    ("sampler", "m"): (1, True, "images per class in a batch"),
+    ("optimizers", "lr"): (0, False, "the learning rate"),
+    ("optimizers", "prototype_lr"): (0, False, "the prototypes' learning rate"),
 }
 
 
-def _nearest(name: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(name), sorted(set(known)), n=1, cutoff=0.5)
-    return f"; did you mean {close[0]}?" if close else ""
+def _broken_rule(value: Any, low: float, integer: bool, what: str) -> Optional[str]:
+    """Why ``value`` breaks its :data:`ARGUMENT_RULES` entry, or None."""
+    if integer and (not is_int(value) or value < low):
+        return f"must be a {'positive' if low == 1 else 'non-negative'} integer, got {value!r} ({what})"
+    if not integer and (not is_number(value) or not value >= low):
+        return f"must be a number >= {low:g}, got {value!r} ({what})"
+    return None
 
 
 class _Checker:
     def __init__(self, sources, suffix: str = "", known: Sequence[str] = ()):
-        from .class_index import lookup
-
-        self.sources, self.suffix, self.lookup = sources, suffix, lookup
+        self.sources, self.suffix = sources, suffix
         #: every problem found, in order (one pass: nothing stops at the first); ``known`` are left out (a variant's
         #: check does not repeat the problems of the config it is merged over)
         self.found: List[str] = []
@@ -108,9 +79,7 @@ class _Checker:
 
     def fail(self, path: Tuple, message: str, source_path: Optional[Tuple] = None) -> None:
         """Record ``"<source of source_path (default path)>: <path>: <message>"``."""
-        dotted = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(".[", "[")
-        source = source_of(self.sources, source_path or path)
-        self.record(f"{source}: {dotted}: {message}")
+        self.record(f"{source_of(self.sources, source_path or path)}: {key_path(path)}: {message}")
 
     def record(self, line: str) -> None:
         """Keep ``line`` (with the variant's suffix) unless it is known or found already."""
@@ -120,9 +89,6 @@ class _Checker:
     def unknown(self, name: str, here: Tuple) -> bool:
         """Record ``unknown class 'X'; did you mean Y?`` when no module a config may use defines ``name`` (the class
         index first, then the registry's own search, which imports the modules, for a name the index lacks)."""
-        from .class_index import all_names
-        from .registry import _nearest_name, resolve
-
         try:
             resolve(name)
         except ConfigError:
@@ -130,14 +96,13 @@ class _Checker:
             return True
         return False
 
-    def spec(self, spec: Any, path: Tuple, required: bool) -> None:
-        """Check one spec; ``required``: this place must hold an object (a lower-case name is a function)."""
+    def spec(self, spec: Any, path: Tuple) -> None:
+        """Check one spec, a place that must hold an object (a lower-case name is a function), or a list of them."""
         if isinstance(spec, list):
-            if required:
-                for i, item in enumerate(spec):
-                    self.spec(item, path + (i,), True)
+            for i, item in enumerate(spec):
+                self.spec(item, path + (i,))
             return
-        if required and isinstance(spec, dict) and len(spec) > 1:
+        if isinstance(spec, dict) and len(spec) > 1:
             classes = [k for k in spec if isinstance(k, str) and k[:1].isupper()]
             others = [str(k) for k in spec if k not in classes]
             if classes and others:  # e.g. ~APPLY~2 where ~APPLY~3 reaches the arguments
@@ -151,7 +116,7 @@ class _Checker:
         name, args = next(iter(spec.items()))
         if "~" in name:
             return  # a search marker (~BAYESIAN~) inside: the search checks it
-        entry = self.lookup(name)
+        entry = lookup(name)
         here = path + (name,)
         if entry is None:
             if self.unknown(name, here):
@@ -159,7 +124,7 @@ class _Checker:
             return
         if name == "Sequential" and isinstance(args, list):
             for i, item in enumerate(args):
-                self.spec(item, here + (i,), True)
+                self.spec(item, here + (i,))
             return
         if isinstance(args, list):
             for i, item in enumerate(args):
@@ -172,16 +137,16 @@ class _Checker:
             if not isinstance(key, str) or "~" in key:
                 continue
             if not entry["open"] and key not in entry["params"] and key not in extra:
-                nearest = _nearest(key, entry["params"])
-                self.fail(here, f"bad arguments: {name} takes no argument {key!r}{nearest}", here + (key,))
+                close = nearest(key, entry["params"])
+                self.fail(here, f"bad arguments: {name} takes no argument {key!r}{close}", here + (key,))
             if key == "param_groups" and key in extra and isinstance(value, list):  # {modules: ClassName, ...}
                 for i, group in enumerate(value):
                     modules = group.get("modules") if isinstance(group, dict) else None
-                    if isinstance(modules, str) and self.lookup(modules) is None:
+                    if isinstance(modules, str) and lookup(modules) is None:
                         self.unknown(modules, here + (key, i, "modules"))
             for (prefix, argument), rule in ARGUMENT_RULES.items():
                 if argument == key and (not prefix or (path and path[0] == prefix)):
-                    problem = rule(value)
+                    problem = _broken_rule(value, *rule)
                     if problem:
                         self.fail(path, f"{key} {problem}", here + (key,))
             self.value(value, here + (key,))
@@ -192,25 +157,23 @@ class _Checker:
         if isinstance(value, list):
             for i, item in enumerate(value):
                 self.value(item, path + (i,))
-        elif is_object_spec(value):
-            self.spec(value, path, True)
-        elif isinstance(value, dict) and len(value) == 1 and self._function(next(iter(value))):
-            self.spec(value, path, True)
+        elif is_object_spec(value) or (
+            isinstance(value, dict) and len(value) == 1 and self._function(next(iter(value)))
+        ):
+            self.spec(value, path)
         elif isinstance(value, dict):
             for key, item in value.items():
                 if isinstance(key, str) and "~" not in key:
                     self.value(item, path + (key,))
 
     def _function(self, name: Any) -> bool:
-        entry = self.lookup(name) if isinstance(name, str) and name[:1].islower() else None
+        entry = lookup(name) if isinstance(name, str) and name[:1].islower() else None
         return entry is not None and entry["kind"] == "function"
 
     def named_dataset(self, spec: Any) -> None:
-        """A dataset by name (``{name, root, kwargs}``) whose ``name`` the newest change set while ``kwargs`` (or a
-        ``root``) of the dataset it replaced came from an earlier file: a plain merge keeps both, and the new dataset
-        gets the old one's arguments (the refusal of two merged classes,
-        :func:`pml_extensions.runner.config.pb_keys.check_single_class`, for datasets by name). Refining a dataset
-        (``--dataset "{kwargs: {...}}"``, its name untouched) passes."""
+        """Refuse a dataset by name (``{name, root, kwargs}``) whose new ``name`` was merged next to an earlier
+        file's ``kwargs`` or ``root``, as :func:`pml_extensions.runner.config.pb_keys.check_single_class` refuses
+        two merged classes."""
         if not (isinstance(spec, dict) and isinstance(spec.get("name"), str)) or is_object_spec(spec):
             return
         new = source_of(self.sources, ("dataset", "name"))
@@ -223,12 +186,11 @@ class _Checker:
         stale = {path: source for path, source in stale.items() if source != new}
         if not stale:
             return
-        layers = [config.get("dataset") for _, config in getattr(self.sources, "layers", [])]
+        layers = [config.get("dataset") for _, config, _ in getattr(self.sources, "layers", [])]
         names = [d["name"] for d in layers if isinstance(d, dict) and isinstance(d.get("name"), str)]
         names = [n for n in names if n != spec["name"]]
         old = f" {names[-1]}" if names else ""
         keys = ", ".join(".".join(path) for path in stale)
-        flag = "--dataset~OVERRIDE~" if new == "command line" else "dataset~OVERRIDE~:"
         folder = (
             "; --data_folder PATH makes your folder or CSV file the dataset"
             if new == "command line" and spec["name"] in ("csv", "imagefolder")
@@ -236,20 +198,14 @@ class _Checker:
         )
         self.fail(
             ("dataset",),
-            f"name {spec['name']} ({describe(new)}) was merged next to {keys} of the dataset{old} "
-            f"({', '.join(describe(s) for s in sorted(set(stale.values())))}); a merge keeps both, write {flag} to "
-            f"replace it{folder}",
+            merged_next_to(f"name {spec['name']}", new, f"{keys} of the dataset{old}", stale.values(), "dataset")
+            + folder,
             ("dataset", "name"),
         )
 
     def tester(self, config: Dict[str, Any]) -> bool:
-        """The tester through its own check, the one the builder makes
-        (:func:`pml_extensions.runner.config.eval_keys.tester_spec`: its class, arguments, ``reference_set``,
-        ``visualizer``, the accuracy calculator's metrics); False when it refused (its line is recorded), so the
-        generic check does not name the same problem again. A tester with search markers is left to the search."""
-        from .eval_keys import tester_spec
-        from .syntax import find_search_markers
-
+        """The tester through the builder's own check (:func:`tester_spec`); False when it refused (its line is
+        recorded), so the generic check does not name the same problem again."""
         if find_search_markers({"tester": config.get("tester")}):
             return True
         try:
@@ -265,45 +221,32 @@ class _Checker:
             value = config.get(key)
             if isinstance(value, dict):
                 for name, spec in value.items():
-                    self.spec(spec, (key, name), True)
+                    self.spec(spec, (key, name))
         for key in ONE_SPEC_KEYS:
             value = config.get(key)
             if key == "tester" and value is not None and not self.tester(config):
                 continue
             if is_object_spec(value) or (key != "dataset" and isinstance(value, dict) and len(value) == 1):
-                self.spec(value, (key,), True)
+                self.spec(value, (key,))
         transforms = config.get("transforms")
         if isinstance(transforms, dict):
             for which, chain in transforms.items():
                 if isinstance(chain, dict) and not is_object_spec(chain):  # PB's mapping of transforms
                     for name, kwargs in chain.items():
-                        self.spec({name: kwargs}, ("transforms", which), True)
+                        self.spec({name: kwargs}, ("transforms", which))
                 else:
-                    self.spec(chain, ("transforms", which), True)
+                    self.spec(chain, ("transforms", which))
 
 
 def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-    """Check every class name of every spec (nested ones and lists of them included) against the registry, every
-    keyword argument, and the values that must be positive (module docstring); a flat config's every variant (merged
-    over the rest) too. All problems are found in one pass and reported together.
-
-    Raises:
-        ConfigError: one line per problem naming the file (or command line) that set the value, the key path and
-        the nearest known name, e.g. ``"command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class
-        'ContrastivLoss'; did you mean ContrastiveLoss?"``
-        (:class:`~pml_extensions.runner.errors.ConfigProblems` when there are several).
-    """
+    """Check the config and each of its variants as the module docstring says; ConfigError (ConfigProblems when
+    there are several) with one line per problem."""
     checker = _Checker(sources)
     checker.config(config)
     found = list(checker.found)
     variants = config.get("variants")
-    if isinstance(variants, dict) and variants:  # each variant merged over the rest, as loader.variant_configs does
-        from .syntax import merge
-
-        base = {k: v for k, v in config.items() if k != "variants"}
-        where = (sources or {}).get("variants", "config")
-        for name, update in variants.items():
-            variant = merge(base, update or {}, f"{where}: variants.{name}")
+    if isinstance(variants, dict) and variants:
+        for name, variant in variant_configs(config, where=(sources or {}).get("variants", "config")).items():
             checker = _Checker(sources, f" (variant {name})", known=found)
             checker.config(variant)
             found += checker.found

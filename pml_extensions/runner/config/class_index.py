@@ -1,16 +1,11 @@
-"""The index of every name a config may use, with the keyword arguments each takes: the config layer checks a config
-against it without importing torch, so ``--dry-run``, ``--list`` and a config error answer at once.
+"""The index of every name a config may use, with the keyword arguments each takes, so the config layer checks a
+config without importing torch (``--dry-run``, ``--list`` and a config error answer at once).
 
-A config names classes and functions (``{ContrastiveLoss: {pos_margin: 0}}``) that live in torch, torchvision,
-pytorch-metric-learning (PML) and ``pml_extensions``; importing them takes seconds. The index records, for every name
-:func:`pml_extensions.runner.config.registry.resolve` finds (its search modules and the package's own classes), the
-module, the role(s) (``loss``, ``tester`` ...) and the keyword arguments (:func:`keyword_arguments`: the whole MRO of
-a class whose ``__init__`` passes ``**kwargs`` on to its base, as PML's losses do), plus each tester's arguments and
-each accuracy calculator's metric names. It is built by importing everything once and kept as JSON in the cache
-folder (``$PML_EXTENSIONS_CACHE_DIR``, else ``$XDG_CACHE_HOME/pml_extensions``, else ``~/.cache/pml_extensions``;
-``PML_EXTENSIONS_CACHE_DIR=none`` keeps it in memory only), under a name that fingerprints the installed torch,
-torchvision and PML versions and the package's own files, so a new version or an edited module builds a new index.
-Classes registered in this process (:func:`pml_extensions.runner.config.registry.register`) are read live.
+For every name :func:`pml_extensions.runner.config.registry.resolve` finds, the index records the module, the kind,
+the keyword arguments (:func:`keyword_arguments`), the roles, each tester's arguments and each accuracy calculator's
+metric names. It is built by importing everything once and kept as JSON in the cache folder (:func:`cache_dir`),
+under a name that fingerprints the installed torch, torchvision and PML versions and the package's own files.
+Classes registered in this process are read live.
 
 Example::
 
@@ -29,17 +24,20 @@ import os
 import sys
 import tempfile
 import textwrap
+from importlib import metadata
 from typing import Any, Dict, List, Optional, Tuple
+
+from . import registry
 
 #: bump when the index's layout changes
 INDEX_VERSION = 1
 #: distributions whose versions decide which classes and signatures exist
 INDEXED_DISTRIBUTIONS = ("torch", "torchvision", "pytorch-metric-learning")
-_MEMORY: Dict[str, Any] = {}
 
 
 def cache_dir() -> Optional[str]:
-    """The folder of the on-disk index (None: memory only, ``PML_EXTENSIONS_CACHE_DIR=none``)."""
+    """``$PML_EXTENSIONS_CACHE_DIR``, else ``$XDG_CACHE_HOME/pml_extensions``, else ``~/.cache/pml_extensions``
+    (None: memory only, ``PML_EXTENSIONS_CACHE_DIR=none``)."""
     folder = os.environ.get("PML_EXTENSIONS_CACHE_DIR")
     if folder is not None:
         return None if folder.strip().lower() in ("", "none", "off") else folder
@@ -49,11 +47,8 @@ def cache_dir() -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def fingerprint() -> str:
-    """A short hash of what the index depends on: Python's version, :data:`INDEXED_DISTRIBUTIONS`' versions and the
-    path, size and modification time of every module of ``pml_extensions`` (no import of any of them). Computed once
-    per process: the modules a process has imported do not change under it."""
-    from importlib import metadata
-
+    """A short hash of Python's version, :data:`INDEXED_DISTRIBUTIONS`' versions and the path, size and modification
+    time of every module of ``pml_extensions`` (computed once per process, importing none of them)."""
     parts: List[Any] = [INDEX_VERSION, sys.version_info[:2]]
     for dist in INDEXED_DISTRIBUTIONS:
         try:
@@ -75,7 +70,7 @@ def _forwards_kwargs(init) -> bool:
     ``Base.__init__(self, ..., **kwargs)``)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
-    except (OSError, TypeError, SyntaxError, IndentationError):
+    except (OSError, TypeError, SyntaxError):
         return False
     fn = tree.body[0] if tree.body else None
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.args.kwarg is None:
@@ -98,11 +93,8 @@ def _named(params) -> List[str]:
 
 def keyword_arguments(obj: Any) -> Dict[str, Any]:
     """``{"params": [names], "open": bool}``: the keyword arguments ``obj`` (a class or function) takes; ``open``
-    when it takes any other (a ``**kwargs`` that does not go to a base class, or no readable signature).
-
-    A class's ``__init__`` that passes ``**kwargs`` to its base continues along the MRO (PML: ``ContrastiveLoss`` ->
-    ``GenericPairLoss`` -> ``BaseMetricLossFunction`` -> ... -> ``ModuleWithRecords``), up to ``torch.nn.Module`` or
-    ``object``, which take none.
+    when it takes any other. An ``__init__`` that passes ``**kwargs`` to its base continues along the MRO, up to
+    ``torch.nn.Module`` or ``object``.
 
     Example::
 
@@ -111,16 +103,14 @@ def keyword_arguments(obj: Any) -> Dict[str, Any]:
         >>> found["params"][:2], "collect_stats" in found["params"], found["open"]
         (['pos_margin', 'neg_margin'], True, False)
     """
-    if not inspect.isclass(obj):
-        try:
-            params = list(inspect.signature(obj).parameters.values())
-        except (TypeError, ValueError):
-            return {"params": [], "open": True}
-        return {"params": _named(params), "open": any(p.kind == p.VAR_KEYWORD for p in params)}
     names: List[str] = []
-    for klass in inspect.getmro(obj):
+
+    def found(is_open: bool) -> Dict[str, Any]:
+        return {"params": list(dict.fromkeys(names)), "open": is_open}
+
+    for klass in inspect.getmro(obj) if inspect.isclass(obj) else ():
         if klass is object or (klass.__name__ == "Module" and klass.__module__ == "torch.nn.modules.module"):
-            return {"params": list(dict.fromkeys(names)), "open": False}
+            return found(False)
         if "__init__" not in vars(klass):
             if "__new__" in vars(klass):  # e.g. a named tuple: the signature is __new__'s
                 break
@@ -129,20 +119,18 @@ def keyword_arguments(obj: Any) -> Dict[str, Any]:
         try:
             params = list(inspect.signature(init).parameters.values())[1:]  # less self
         except (TypeError, ValueError):
-            return {"params": list(dict.fromkeys(names)), "open": True}
+            return found(True)
         names += _named(params)
         if not any(p.kind == p.VAR_KEYWORD for p in params):
-            return {"params": list(dict.fromkeys(names)), "open": False}
+            return found(False)
         if not _forwards_kwargs(init):
-            return {"params": list(dict.fromkeys(names)), "open": True}
-    try:
+            return found(True)
+    try:  # a function, or a class whose signature is its __new__'s
         params = list(inspect.signature(obj).parameters.values())
     except (TypeError, ValueError):
-        return {"params": list(dict.fromkeys(names)), "open": True}
-    return {
-        "params": list(dict.fromkeys(names + _named(params))),
-        "open": any(p.kind == p.VAR_KEYWORD for p in params),
-    }
+        return found(True)
+    names += _named(params)
+    return found(any(p.kind == p.VAR_KEYWORD for p in params))
 
 
 def tester_params(cls=None) -> Tuple[str, ...]:
@@ -164,9 +152,20 @@ def tester_params(cls=None) -> Tuple[str, ...]:
     for klass in getattr(cls, "__mro__", ()):
         init = vars(klass).get("__init__") if klass is not object else None
         if init is not None:
-            params = inspect.signature(init).parameters.values()
-            names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            names += _named(inspect.signature(init).parameters.values())
     return tuple(dict.fromkeys(p for p in names if p not in internal)) + ("reference_set",)
+
+
+def _role_extras(obj: Any, role: Optional[str]) -> Dict[str, Any]:
+    """``tester_params`` of a tester, ``metrics`` of an accuracy calculator (None when it needs arguments)."""
+    if role == "tester":
+        return {"tester_params": list(tester_params(obj))}
+    if role == "accuracy_calculator":
+        try:
+            return {"metrics": list(obj().get_curr_metrics())}
+        except Exception:  # noqa: BLE001 - a calculator that needs arguments: its metrics stay unknown
+            return {"metrics": None}
+    return {}
 
 
 def describe(obj: Any) -> Dict[str, Any]:
@@ -180,14 +179,8 @@ def describe(obj: Any) -> Dict[str, Any]:
 
 
 def build_index() -> Dict[str, Any]:
-    """Import every search module of the registry and describe each name a config may use (slow: seconds).
-
-    Returns:
-        ``{"names": {name: entry}, "roles": {role: {name: module}}}``; tester entries also hold ``tester_params``,
-        accuracy calculator entries ``metrics``.
-    """
-    from . import registry
-
+    """``{"names": {name: entry}, "roles": {role: {name: module}}}`` of every name a config may use, by importing
+    every search module of the registry (slow: seconds)."""
     objects: Dict[str, Any] = {}
     for module_name in registry.SEARCH_MODULES:
         try:
@@ -207,15 +200,8 @@ def build_index() -> Dict[str, Any]:
     for role in registry.ROLES:
         found = registry.classes_for_role(role, include_registered=False)
         roles[role] = {name: cls.__module__ for name, cls in found.items()}
-        for name, cls in found.items():
-            entry = names.setdefault(name, describe(cls))  # the object resolve() gives keeps the name
-            if role == "tester":
-                entry["tester_params"] = list(tester_params(cls))
-            if role == "accuracy_calculator":
-                try:
-                    entry["metrics"] = list(cls().get_curr_metrics())
-                except Exception:  # noqa: BLE001 - a calculator that needs arguments: its metrics stay unknown
-                    entry["metrics"] = None
+        for name, cls in found.items():  # the object resolve() gives keeps the name
+            names.setdefault(name, describe(cls)).update(_role_extras(cls, role))
     return {"names": names, "roles": roles}
 
 
@@ -230,13 +216,11 @@ def _write(path: str, index: Dict[str, Any]) -> None:
         pass
 
 
+@functools.lru_cache(maxsize=None)
 def index() -> Dict[str, Any]:
-    """The index: from memory, else the cache file of this :func:`fingerprint`, else built (and saved)."""
-    key = fingerprint()
-    if key in _MEMORY:
-        return _MEMORY[key]
+    """The index: the cache file of this :func:`fingerprint`, else built (and saved); kept for the process."""
     folder = cache_dir()
-    path = os.path.join(folder, f"class_index-{key}.json") if folder else None
+    path = os.path.join(folder, f"class_index-{fingerprint()}.json") if folder else None
     data = None
     if path and os.path.isfile(path):
         try:
@@ -248,50 +232,30 @@ def index() -> Dict[str, Any]:
         data = build_index()
         if path:
             _write(path, data)
-    _MEMORY.clear()
-    _MEMORY[key] = data
     return data
 
 
 def _registered(name: str) -> Optional[Dict[str, Any]]:
-    from .registry import _REGISTRY
-
-    if name not in _REGISTRY:
+    """The entry of a class registered in this process (None when ``name`` is not registered)."""
+    if name not in registry._REGISTRY:
         return None
-    obj, role = _REGISTRY[name]
-    entry = describe(obj)
-    if role == "tester" or (inspect.isclass(obj) and _is_subclass_named(obj, "BaseTester")):
-        entry["tester_params"] = list(tester_params(obj))
-    if role == "accuracy_calculator":
-        try:
-            entry["metrics"] = list(obj().get_curr_metrics())
-        except Exception:  # noqa: BLE001
-            entry["metrics"] = None
-    return entry
-
-
-def _is_subclass_named(cls, name: str) -> bool:
-    return any(k.__name__ == name for k in inspect.getmro(cls))
+    obj, role = registry._REGISTRY[name]
+    if inspect.isclass(obj) and any(k.__name__ == "BaseTester" for k in inspect.getmro(obj)):
+        role = "tester"  # registered without its role
+    return {**describe(obj), **_role_extras(obj, role)}
 
 
 def lookup(name: str) -> Optional[Dict[str, Any]]:
     """The entry of ``name`` (:func:`describe`, with ``tester_params`` / ``metrics`` for testers and accuracy
     calculators), a class registered in this process first; None when no module a config may use defines it."""
-    if not isinstance(name, str):
-        return None
-    entry = _registered(name)
-    if entry is not None:
-        return entry
-    return index()["names"].get(name)
+    return _registered(name) or index()["names"].get(name)
 
 
 def names_for_role(role: str) -> Dict[str, str]:
     """name -> module of the classes listed under ``role`` (as
     :func:`pml_extensions.runner.config.registry.classes_for_role`), the ones registered in this process with that
     role first."""
-    from .registry import _REGISTRY
-
-    out = {n: getattr(o, "__module__", "") or "" for n, (o, r) in _REGISTRY.items() if r == role}
+    out = {n: getattr(o, "__module__", "") or "" for n, (o, r) in registry._REGISTRY.items() if r == role}
     for name, module in index()["roles"].get(role, {}).items():
         out.setdefault(name, module)
     return out
@@ -299,6 +263,4 @@ def names_for_role(role: str) -> Dict[str, str]:
 
 def all_names() -> List[str]:
     """Every name a config may use."""
-    from .registry import _REGISTRY
-
-    return sorted(set(index()["names"]) | set(_REGISTRY))
+    return sorted(set(index()["names"]) | set(registry._REGISTRY))

@@ -8,12 +8,12 @@ Example::
     {'normalize_embeddings': False, 'use_trunk_output': False}
 """
 
-import difflib
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int
 from ..errors import ConfigError
-from .specs import one_spec
+from .class_index import lookup, names_for_role
+from .specs import nearest, one_spec  # noqa: F401  (nearest: also read from here)
 
 _TESTER = "GlobalEmbeddingSpaceTester"
 _DEFAULT_ENSEMBLE = {"normalize_embeddings": True, "use_trunk_output": False}
@@ -27,9 +27,6 @@ _PB_ONLY = {
         "MLRCSplitManager",
         "UseOriginalTestSplitManager",
     ),
-    "aggregator": (),
-    "ensemble": (),
-    "hook_container": (),
 }
 
 
@@ -37,53 +34,33 @@ def _where(sources: Optional[Dict[str, str]], key: str) -> str:
     return f"{(sources or {}).get(key.split('.')[0], 'config')}: {key}"
 
 
-def nearest(name: str, known: Iterable[str], cutoff: float = 0.5) -> str:
-    """``"; did you mean X?"`` for the closest known name (``difflib``; ``cutoff=0`` always names one), or ``""``."""
-    close = difflib.get_close_matches(str(name), sorted(set(known)), n=1, cutoff=cutoff)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
-def _one_class(config: Dict[str, Any], key: str, sources, default: Optional[str] = None) -> Tuple[str, Dict]:
-    """``(name, kwargs)`` of ``config[key]`` by the one parser (:func:`pml_extensions.runner.config.specs.one_spec`),
-    ``default`` when the key is absent."""
-    return one_spec(config.get(key), _where(sources, key), default)
-
-
-def _check_kwargs(where: str, kwargs: Dict, allowed: Iterable[str]) -> None:
+def _check_kwargs(where: str, kwargs: Dict, allowed: Sequence[str]) -> None:
     for k in kwargs:
         if k not in allowed:
             raise ConfigError(f"{where}: unknown argument {k!r}{nearest(k, allowed)} (known: {', '.join(allowed)})")
 
 
-def _check_class(where: str, key: str, name: str, allowed: Sequence[str]) -> None:
-    if name in allowed:
-        return
+def _settings(config: Dict[str, Any], key: str, sources, default: str, defaults: Dict[str, Any]):
+    """``(where, defaults updated by the arguments)`` of a PB key whose only class here is ``default``."""
+    name, kwargs = one_spec(config.get(key), _where(sources, key), default)
+    where = f"{_where(sources, key)}.{name}"
     if name in _PB_ONLY.get(key, ()):
-        raise ConfigError(f"{where}: {name} is powerful-benchmarker's, not implemented here; use {allowed[0]}")
-    raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, allowed)} (known: {', '.join(allowed)})")
+        raise ConfigError(f"{where}: {name} is powerful-benchmarker's, not implemented here; use {default}")
+    if name != default:
+        raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, [default])} (known: {default})")
+    _check_kwargs(where, kwargs, tuple(defaults))
+    return where, dict(defaults, **kwargs)
 
 
 def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
-    """``tester``'s class and checked arguments (``reference_set`` removed: only ``compared_to_self``).
-
-    Raises:
-        ConfigError: an unknown tester class or argument, ``reference_set`` other than ``compared_to_self``,
-        a ``visualizer`` other than ``{}`` / null (PB's "none"; embedding plots need TSNE or UMAP, not dependencies),
-        a bad ``accuracy_calculator``.
-    """
-    from .class_index import lookup, names_for_role, tester_params
-
-    name, kwargs = _one_class(config, "tester", sources, _TESTER)
-    where = _where(sources, "tester") + f".{name}"
+    """``tester``'s class and checked arguments (``reference_set`` removed: only ``compared_to_self``; no
+    ``visualizer``); ConfigError for anything else, the ``accuracy_calculator`` included."""
+    name, kwargs = one_spec(config.get("tester"), _where(sources, "tester"), _TESTER)
+    where = f"{_where(sources, 'tester')}.{name}"
     testers = names_for_role("tester")
     if name not in testers:
         raise ConfigError(f"{where}: unknown tester class {name!r}{nearest(name, testers)}")
-    params = (lookup(name) or {}).get("tester_params")
-    if params is None:  # a tester class shadowed by another object of that name: ask the class itself
-        from .registry import classes_for_role
-
-        params = tester_params(classes_for_role("tester")[name])
-    _check_kwargs(where, kwargs, tuple(params))
+    _check_kwargs(where, kwargs, tuple(lookup(name).get("tester_params") or ()))
     kwargs = dict(kwargs)
     reference = kwargs.pop("reference_set", "compared_to_self")
     if reference != "compared_to_self":
@@ -111,13 +88,7 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
 
 def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple[str, Dict[str, Any]]:
     """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")`` as in the MLRC
-    paper); ``include``/``exclude`` name PML metrics.
-
-    Raises:
-        ConfigError: unknown class, or a metric name PML does not compute.
-    """
-    from .class_index import lookup, names_for_role
-
+    paper); ConfigError for an unknown class or an ``include``/``exclude`` metric PML does not compute."""
     spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
     where = f"{where}.accuracy_calculator"
     if not (isinstance(spec, dict) and len(spec) == 1):
@@ -127,7 +98,7 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
     calculators = names_for_role("accuracy_calculator")
     if name not in calculators:
         raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
-    metrics = (lookup(name) or {}).get("metrics")
+    metrics = lookup(name).get("metrics")
     if metrics is None:  # a calculator that cannot be built without arguments: PML checks the names itself
         return name, kwargs
     known = set(metrics) | {"mean_reciprocal_rank"}
@@ -141,23 +112,13 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
 def aggregate(
     config: Dict[str, Any], fold_metrics: Sequence[Dict[str, float]], sources: Optional[Dict[str, str]] = None
 ) -> Dict[str, float]:
-    """``aggregator: {MeanAggregator: {split_to_aggregate: val}}``: the mean over folds of each fold's metrics
-    at its best validation epoch — PB's single number per experiment (the search objective).
-
-    Args:
-        fold_metrics: one ``{metric: value}`` per trained fold.
-
-    Raises:
-        ConfigError: another aggregator class or split, an unknown argument, no folds.
-    """
-    name, kwargs = _one_class(config, "aggregator", sources, "MeanAggregator")
-    where = _where(sources, "aggregator") + f".{name}"
-    _check_class(where, "aggregator", name, ("MeanAggregator",))
-    _check_kwargs(where, kwargs, ("split_to_aggregate",))
-    if kwargs.get("split_to_aggregate", "val") != "val":
+    """``aggregator: {MeanAggregator: {split_to_aggregate: val}}``: the mean over folds (``fold_metrics``: one
+    ``{metric: value}`` each, at its best validation epoch) — PB's single number per experiment."""
+    where, settings = _settings(config, "aggregator", sources, "MeanAggregator", {"split_to_aggregate": "val"})
+    if settings["split_to_aggregate"] != "val":
         raise ConfigError(
             f"{where}.split_to_aggregate: only val is aggregated (the test split is evaluated by "
-            f"the ensemble), got {kwargs['split_to_aggregate']!r}"
+            f"the ensemble), got {settings['split_to_aggregate']!r}"
         )
     if not fold_metrics:
         return {}
@@ -167,17 +128,8 @@ def aggregate(
 
 def ensemble_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, bool]:
     """``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}`` (PB's defaults: True,
-    False): whether each fold's embeddings are L2-normalised before concatenation, and whether the trunk output
-    (not the embedder's) is concatenated.
-
-    Raises:
-        ConfigError: another class, an unknown argument, non-boolean values.
-    """
-    name, kwargs = _one_class(config, "ensemble", sources, "ConcatenateEmbeddings")
-    where = _where(sources, "ensemble") + f".{name}"
-    _check_class(where, "ensemble", name, ("ConcatenateEmbeddings",))
-    _check_kwargs(where, kwargs, tuple(_DEFAULT_ENSEMBLE))
-    out = dict(_DEFAULT_ENSEMBLE, **kwargs)
+    False): whether each fold's embeddings are L2-normalised, and whether the trunk output is concatenated."""
+    where, out = _settings(config, "ensemble", sources, "ConcatenateEmbeddings", _DEFAULT_ENSEMBLE)
     for k, v in out.items():
         if not isinstance(v, bool):
             raise ConfigError(f"{where}.{k}: expected true or false, got {v!r}")

@@ -1,27 +1,15 @@
 """How a config's files merge: powerful-benchmarker (PB) syntax, two input forms, one merge.
 
-Input forms (:func:`merge_config`, located by :func:`find_config`):
-
-* PB's folders ("Metric Learning Reality Check" layout): one folder per category (:data:`CONFIG_FOLDERS`),
-  each holding YAML files; a run selects, per folder, a list of file names (default ``[default]``) merged in
-  order;
-* the flat form: one ``config_<category>.yaml`` per category; its ``variants`` key (name -> changes) is expanded
-  by :func:`variant_configs` with the same :func:`merge`.
-
-The command line is merged last. The syntax is PB's (``docs/cl_syntax.md``, ``docs/yaml_syntax.md`` of
-``KevinMusgrave/powerful-benchmarker``): :func:`pml_extensions.runner.config.syntax.merge` and its markers
-(``~OVERRIDE~``, ``~APPLY~n``, ``~SWAP~n``, ``~DELETE~``, ``~BAYESIAN~``), nested in one another at any depth.
-
-Command line (:func:`parse_command_line`): ``--name value`` pairs, the value parsed as YAML, so a value may span
-several shell words: ``--optimizers~APPLY~3 {lr: 0.01}``, ``--config_general [default, with_quick]``. A
-flag with no value is ``True``. ``--config_<folder> [names]`` select files; every other flag is merged into
-the config. The config's protocol then checks the result (:func:`pml_extensions.runner.protocols.load_config`).
-
-Every error is a :class:`pml_extensions.runner.errors.ConfigError` whose one-line message starts with the
-file (or ``command line``) and names the key.
+A config is either PB's folders (one ``config_<category>/`` folder per :data:`CONFIG_FOLDERS` entry, a run selecting
+the files merged in order, default ``[default]``) or the flat form (one ``config_<category>.yaml`` per category, its
+``variants`` expanded by :func:`variant_configs`). The command line (:func:`parse_command_line`: ``--name value``
+pairs, values in YAML) is merged last, with PB's markers (:mod:`pml_extensions.runner.config.syntax`). Every error is
+a :class:`pml_extensions.runner.errors.ConfigError` whose one line starts with the file (or ``command line``).
 """
 
 import copy
+import importlib.util
+import itertools
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -29,8 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from ..errors import ConfigError
-from .sources import Sources
-from .syntax import _SEARCH_OPS, find_search_markers, merge, split_marker  # noqa: F401
+from .sources import SHIPPED, Sources
+from .syntax import find_search_markers, merge, split_marker
 from .yaml_reader import read_yaml
 
 CONFIG_FOLDERS = (
@@ -46,23 +34,22 @@ CONFIG_FOLDERS = (
 
 
 def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> None:
-    """Refuse hyper-parameter search markers with one line.
-
-    Raises:
-        ConfigError: naming the file and key of the first marker found.
-    """
+    """Refuse hyper-parameter search markers with one line naming the file and key of the first one."""
     found = find_search_markers(config)
     if not found:
         return
     top = found[0].split(".")[0]
     source = (sources or {}).get(top, "config")
-    import importlib.util
-
     if importlib.util.find_spec("optuna") is not None:  # found without importing it
         reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner's search)"
     else:
         reason = "hyper-parameter search needs optuna, which is not installed (pip install optuna)"
     raise ConfigError(f"{source}: key {found[0]}: {reason}; replace the marker by a fixed value")
+
+
+def _problem(error: yaml.YAMLError) -> str:
+    """What PyYAML says is wrong, in one line."""
+    return getattr(error, "problem", None) or str(error).splitlines()[0]
 
 
 def _key_before_line(text: str, line: int) -> str:
@@ -91,9 +78,8 @@ def load_yaml(path: str) -> Dict:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line if mark is not None else 0
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(
-            f"{display_path(path)}:{line + 1}: key {_key_before_line(text, line)!r}: malformed YAML: {problem}"
+            f"{display_path(path)}:{line + 1}: key {_key_before_line(text, line)!r}: malformed YAML: {_problem(e)}"
         ) from None
     if data is None:
         return {}
@@ -128,8 +114,7 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
         try:
             out[flag] = read_yaml(text)
         except yaml.YAMLError as e:
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(f"command line: --{flag}: malformed YAML value {text!r}: {problem}") from None
+            raise ConfigError(f"command line: --{flag}: malformed YAML value {text!r}: {_problem(e)}") from None
 
     for word in argv:
         if re.match(r"^--[A-Za-z_]", word):
@@ -143,10 +128,6 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
     return out
 
 
-def _configs_dir() -> str:
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
-
-
 def config_layout(root: str) -> Optional[str]:
     """``"folders"`` (``config_general/default.yaml`` ...), ``"flat"`` (``config_general.yaml`` ...) or None."""
     if any(os.path.isdir(os.path.join(root, f)) for f in CONFIG_FOLDERS):
@@ -158,8 +139,7 @@ def config_layout(root: str) -> Optional[str]:
 
 def shipped_configs() -> List[str]:
     """Names of the configs shipped in ``pml_extensions/configs`` (both layouts)."""
-    d = _configs_dir()
-    return sorted(n for n in os.listdir(d) if config_layout(os.path.join(d, n))) if os.path.isdir(d) else []
+    return sorted(n for n in os.listdir(SHIPPED) if config_layout(os.path.join(SHIPPED, n)))
 
 
 def find_config(name_or_path: str) -> str:
@@ -171,7 +151,7 @@ def find_config(name_or_path: str) -> str:
     name_or_path = str(name_or_path)
     if os.path.isdir(name_or_path) and config_layout(name_or_path):
         return name_or_path
-    shipped = os.path.join(_configs_dir(), name_or_path)
+    shipped = os.path.join(SHIPPED, name_or_path)
     if os.sep not in name_or_path and os.path.isdir(shipped):
         return shipped
     if os.path.isdir(name_or_path):
@@ -183,7 +163,7 @@ def display_path(path: str) -> str:
     """``path`` for messages: relative to the shipped configs (``configs/x/...``), relative to the working folder
     when inside it, else absolute (the same message wherever the command was started)."""
     path = os.path.abspath(path)
-    root = os.path.dirname(_configs_dir())
+    root = os.path.dirname(SHIPPED)
     if path.startswith(root + os.sep):
         return os.path.relpath(path, root)
     try:
@@ -237,13 +217,7 @@ def merge_config(
     selection: Optional[Dict[str, Sequence[str]]] = None,
     overrides: Optional[Dict[str, Any]] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """Merge a config's files, then the command-line overrides (the protocols' loader,
-    :func:`pml_extensions.runner.protocols.load_config`, then checks the result against the config's protocol).
-
-    Two input forms: powerful-benchmarker's folders (``config_general/default.yaml`` ..., a ``selection`` of
-    file names per folder, merged in order) and the flat form (``config_general.yaml`` ..., one file per
-    category, optionally a ``variants`` key; see :func:`variant_configs`). Both go through the same
-    :func:`load_yaml` and :func:`merge`.
+    """Merge a config's files (either form), then the command-line overrides.
 
     Args:
         config_root: a config folder (see :func:`find_config`).
@@ -252,11 +226,8 @@ def merge_config(
         overrides: parsed command-line dict (markers allowed), merged last.
 
     Returns:
-        ``(config, sources)``: the merged dict and, per top-level key, the file (or ``"command line"``) that
-        set it last — used to name the file in later error messages (``sources.file_keys``: the keys the files
-        set); ``sources`` is a
-        :class:`pml_extensions.runner.config.sources.Sources`, whose ``of("trainer.MetricLossOnly.batch_size")``
-        names the file of a nested value.
+        ``(config, sources)``: the merged dict and a :class:`pml_extensions.runner.config.sources.Sources` (the file
+        or ``"command line"`` that set each value; ``sources.file_keys``: the keys the files set).
 
     Raises:
         ConfigError: missing root/folder/file, malformed YAML, bad markers, unknown folder in ``selection``.
@@ -277,26 +248,24 @@ def merge_config(
             )
     config: Dict[str, Any] = {}
     sources = Sources()
-    per_folder: Dict[str, Dict[str, Any]] = {}
     variants: Dict[str, Any] = {}
-    files = _file_list(config_root, selection)  # grouped by folder, in CONFIG_FOLDERS order
-    for i, (folder, path) in enumerate(files):
-        shown = display_path(path)
-        data = load_yaml(path)
-        if "variants" in data:  # kept raw: their markers act on the merged config (variant_configs)
-            if not isinstance(data["variants"] or {}, dict):
-                raise ConfigError(f"{shown}: variants: expected a mapping name -> changes")
-            variants.update(data.pop("variants") or {})
-            sources["variants"] = shown
-        per_folder[folder] = merge(per_folder.get(folder, {}), data, shown)
-        for k in data:
-            sources[split_marker(k, shown)[0]] = shown
-        # each folder's files merge among themselves first, then over the folders before it: the config as it stands
-        # after this file is the folders before plus this folder so far (Sources.of names the file of a nested value)
-        merged = merge(config, per_folder[folder], display_path(os.path.join(config_root, folder)))
-        sources.add_layer(shown, merged, data)
-        if i + 1 == len(files) or files[i + 1][0] != folder:
-            config = merged
+    # each folder's files merge among themselves first, then over the folders before it
+    for folder, files in itertools.groupby(_file_list(config_root, selection), key=lambda file: file[0]):
+        folder_config: Dict[str, Any] = {}
+        for _, path in files:
+            shown = display_path(path)
+            data = load_yaml(path)
+            if "variants" in data:  # kept raw: their markers act on the merged config (variant_configs)
+                if not isinstance(data["variants"] or {}, dict):
+                    raise ConfigError(f"{shown}: variants: expected a mapping name -> changes")
+                variants.update(data.pop("variants") or {})
+                sources["variants"] = shown
+            folder_config = merge(folder_config, data, shown)
+            for k in data:
+                sources[split_marker(k, shown)[0]] = shown
+            merged = merge(config, folder_config, display_path(os.path.join(config_root, folder)))
+            sources.add_layer(shown, merged, data)  # the config after this file: Sources.of names a nested value's
+        config = merged
     if variants:
         config["variants"] = variants
     file_keys = set(config)
@@ -312,14 +281,8 @@ def merge_config(
 
 
 def _variants_from_command_line(overrides: Dict[str, Any], config: Dict[str, Any]):
-    """``--variants`` given as changes: kept raw, as the files' ``variants`` are (their markers act when a variant is
-    merged over the config, :func:`variant_configs`). ``--variants~OVERRIDE~ {..}`` replaces them all, a plain
-    ``--variants {name: changes}`` replaces or adds those entries, ``--variants~DELETE~`` removes them.
-
-    Raises:
-        ConfigError: ``~APPLY~`` / ``~SWAP~`` on ``variants`` (their entries are changes, not a config to merge
-        into), or a value that is not a mapping.
-    """
+    """``--variants`` given as changes, kept raw as the files' ``variants`` are: ``~OVERRIDE~`` replaces them all, a
+    plain mapping replaces or adds entries, ``~DELETE~`` removes them; ``~APPLY~`` / ``~SWAP~`` are refused."""
     rest, config = {}, dict(config)
     for key, value in overrides.items():
         name, op, _ = split_marker(key, "command line")

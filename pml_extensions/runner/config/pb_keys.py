@@ -1,34 +1,11 @@
 """Every powerful-benchmarker (PB v0.9.33) config value: honoured or refused, with one line naming the key.
 
-PB's config folder (``config_general``, ``config_dataset``, ``config_eval``, ...) names keys whose effect this
-module defines; the protocol that reads PB configs calls :func:`check_values` when the config is loaded
-(:func:`pml_extensions.runner.protocols.load_config`), so a run never starts with a value it would ignore. The
-protocol reads the honoured values through the accessors below (:func:`split_settings`, :func:`primary_metric`,
-:func:`aggregate`, :func:`ensemble_settings`, ...; the tester is built by
-:meth:`pml_extensions.runner.objects.builder.Builder.build_tester` from :func:`tester_spec`).
+The protocol that reads PB configs calls :func:`check_values` when the config is loaded, so a run never starts with a
+value it would ignore, and reads the honoured values through the accessors below (:func:`split_settings`,
+:func:`primary_metric`, :func:`aggregate`, :func:`ensemble_settings`, ...).
 
-Honoured (as in PB):
-
-* ``split_manager: {ClassDisjointSplitManager: {test_size, test_start_idx, num_training_partitions,
-  num_training_sets, hierarchy_level, data_and_label_getter_keys}}``: the class-disjoint split and its folds;
-* ``splits_to_eval``: the splits evaluated every ``save_interval`` epochs (``val``; ``train`` is logged too);
-* ``tester: {GlobalEmbeddingSpaceTester: {normalize_embeddings, use_trunk_output, batch_size,
-  dataloader_num_workers, pca, accuracy_calculator, label_hierarchy_level, reference_set: compared_to_self,
-  visualizer: null}}``: passed to PML's tester (``accuracy_calculator`` built by name, its ``include`` honoured);
-* ``aggregator: {MeanAggregator: {split_to_aggregate}}``: the mean over folds of the best validation metrics
-  (``results.json["aggregate"]``, the search objective);
-* ``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}``: the concatenated test model;
-* ``hook_container: {HookContainer: {primary_metric, validation_split_name: val, save_models: true}}``:
-  ``primary_metric`` drives early stopping and model selection;
-* ``config_general`` flags: ``api_parser: null``, ``skip_eval_if_already_done: true`` (a resumed run never
-  re-evaluates a logged epoch), ``skip_ensemble_eval_if_already_done`` (reuse the saved test numbers or compute
-  them again), ``log_data_to_tensorboard`` (needs ``tensorboard``), ``save_figures_on_tensorboard: false``,
-  ``save_lists_in_db`` (record-keeper's ``save_lists``), ``override_required_compatible_factories: false``.
-
-Every other value of these keys stops the run with one line naming the key and why (e.g. ``reference_set:
-compared_to_training_set`` — this runner compares each split to itself). Older PB spellings (before v0.9.29:
-``eval_*``, top-level ``test_size`` ..., ``iterations_per_epoch``, ``batch_size``) are mapped with a note
-(the protocol that reads powerful-benchmarker configs maps them).
+A value is honoured as in PB or stops the run with one line naming the key and why (e.g. ``reference_set:
+compared_to_training_set``: this runner compares each split to itself); docs/configs.md tabulates the defaults.
 
 Example::
 
@@ -37,24 +14,16 @@ Example::
     0.25
 """
 
+import importlib.util
+import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
-from .eval_keys import (  # noqa: F401  (re-exported: the protocol reads every PB key through pb_keys)
-    _DEFAULT_ENSEMBLE,
-    _TESTER,
-    _check_class,
-    _check_kwargs,
-    _one_class,
-    _where,
-    accuracy_calculator_spec,
-    aggregate,
-    ensemble_settings,
-    nearest,
-    tester_spec,
-)
+from .eval_keys import _settings, _where, aggregate, ensemble_settings, tester_spec  # noqa: F401  (re-exported)
+from .sources import merged_next_to, source_of
+from .syntax import merge
 
 _DEFAULT_SPLIT = {
     "test_size": 0.5,
@@ -87,18 +56,9 @@ _FLAGS = {
 
 
 def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (test the second half of the
-    classes, 4 partitions, 4 training sets, hierarchy level 0, tuple items). Ours: ``test_classes``, the test
-    classes by name (the dataset's ``classes``) or label, instead of ``test_size`` / ``test_start_idx``.
-
-    Raises:
-        ConfigError: another split manager, an unknown argument, or a value out of range.
-    """
-    name, kwargs = _one_class(config, "split_manager", sources, "ClassDisjointSplitManager")
-    where = _where(sources, "split_manager") + f".{name}"
-    _check_class(where, "split_manager", name, ("ClassDisjointSplitManager",))
-    _check_kwargs(where, kwargs, tuple(_DEFAULT_SPLIT))
-    out = dict(_DEFAULT_SPLIT, **kwargs)
+    """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (ours: ``test_classes``, the test
+    classes by name or label, instead of ``test_size`` / ``test_start_idx``); ConfigError for any other value."""
+    where, out = _settings(config, "split_manager", sources, "ClassDisjointSplitManager", _DEFAULT_SPLIT)
     for k in ("test_size", "test_start_idx"):
         v = out[k]
         if not is_number(v) or not 0 <= v <= 1:
@@ -129,11 +89,8 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 
 def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tuple[Any, Any]]:
-    """``item -> (data, label)``: ``item[0], item[1]`` for ``None``, else ``item[keys[0]], item[keys[1]]``
-    (datasets that return dicts, PB's ``data_and_label_getter_keys``).
-
-    The getter raises ConfigError when string keys meet a dataset that returns tuples (PB's datasets returned
-    ``{"data": ..., "label": ...}``; PML's and ours return ``(image, label)``: set the key to null).
+    """``item -> (data, label)``: ``item[0], item[1]`` for ``None``, else ``item[keys[0]], item[keys[1]]`` (PB's
+    ``data_and_label_getter_keys``); the getter raises ConfigError when string keys meet a tuple.
 
     Example::
 
@@ -156,11 +113,7 @@ def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tupl
 
 
 def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSplitManager.hierarchy_level"):
-    """Column ``level`` of ``[N, L]`` labels (``[N]`` labels have only level 0).
-
-    Raises:
-        ConfigError: for a level the labels do not have.
-    """
+    """Column ``level`` of ``[N, L]`` labels (``[N]`` labels have only level 0); ConfigError for a level they lack."""
     import numpy as np
 
     labels = np.asarray(labels)
@@ -174,11 +127,7 @@ def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSpl
 
 
 def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> List[str]:
-    """PB's ``splits_to_eval`` (default ``[val]``): a subset of ``[train, val]`` holding the validation split.
-
-    Raises:
-        ConfigError: other names, or a list without the validation split.
-    """
+    """PB's ``splits_to_eval`` (default ``[val]``): a subset of ``[train, val]`` holding the validation split."""
     splits = config.get("splits_to_eval", ["val"])
     where = _where(sources, "splits_to_eval")
     val = hook_settings(config, sources)["validation_split_name"]
@@ -191,17 +140,9 @@ def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 
 def hook_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """``hook_container``'s HookContainer arguments with PB's defaults.
-
-    Raises:
-        ConfigError: another class, an unknown argument, ``validation_split_name`` other than ``val`` or
-        ``save_models: false`` (the test step loads each fold's best saved model).
-    """
-    name, kwargs = _one_class(config, "hook_container", sources, "HookContainer")
-    where = _where(sources, "hook_container") + f".{name}"
-    _check_class(where, "hook_container", name, ("HookContainer",))
-    _check_kwargs(where, kwargs, tuple(_DEFAULT_HOOKS))
-    out = dict(_DEFAULT_HOOKS, **kwargs)
+    """``hook_container``'s HookContainer arguments with PB's defaults (``validation_split_name: val`` and
+    ``save_models: true`` only)."""
+    where, out = _settings(config, "hook_container", sources, "HookContainer", _DEFAULT_HOOKS)
     if not isinstance(out["primary_metric"], str):
         raise ConfigError(f"{where}.primary_metric: expected a metric name, got {out['primary_metric']!r}")
     if out["validation_split_name"] != "val":
@@ -220,12 +161,7 @@ def primary_metric(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = None) -> Any:
     """A ``config_general`` flag of :data:`_FLAGS` (PB's default when absent), refused with one line when its
-    value would change the run in a way this runner does not implement.
-
-    Raises:
-        ConfigError: ``"<file>: skip_eval_if_already_done: False is not supported: ..."``; a non-boolean value;
-        ``log_data_to_tensorboard: true`` without the ``tensorboard`` package.
-    """
+    value would change the run in a way this runner does not implement."""
     default, allowed, reason = _FLAGS[key]
     value = config.get(key, default)
     where = _where(sources, key)
@@ -234,8 +170,6 @@ def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = N
     if value not in allowed:
         raise ConfigError(f"{where}: {value!r} is not supported: {reason}")
     if key == "log_data_to_tensorboard" and value:
-        import importlib.util
-
         if importlib.util.find_spec("tensorboard") is None:  # found without importing it (seconds)
             raise ConfigError(
                 f"{where}: true needs the tensorboard package: pip install 'pml_extensions[tensorboard]' (or "
@@ -258,8 +192,6 @@ def record_keeper_options(config: Dict[str, Any], folder: str, sources: Optional
 def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
     """PB's ``skip_ensemble_eval_if_already_done``: the saved test numbers (``results.json["test"]``) when the
     flag is true and they exist, else None (compute them)."""
-    import json
-
     path = os.path.join(folder, "results.json")
     if not flag(config, "skip_ensemble_eval_if_already_done", sources) or not os.path.isfile(path):
         return None
@@ -286,11 +218,7 @@ DEFAULT_FACTORIES = {
 
 def check_factories(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
     """PB's ``factories``: only the default factory of each role (a custom factory is a class this runner cannot
-    call; register classes with :func:`pml_extensions.runner.config.registry.register` instead).
-
-    Raises:
-        ConfigError: an unknown role or a custom factory, one line naming the key.
-    """
+    call)."""
     for role, spec in (config.get("factories") or {}).items():
         where = _where(sources, f"factories.{role}")
         if role not in DEFAULT_FACTORIES:
@@ -307,17 +235,11 @@ def check_factories(config: Dict[str, Any], sources: Optional[Dict[str, str]] = 
 
 def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
     """Check every PB key of a powerful-benchmarker config at load time (before any training): honoured values
-    pass, the others stop the run with one line naming the key and why.
-
-    Raises:
-        ConfigError: see the accessors.
-    """
+    pass, the others stop the run with one line naming the key and why."""
     check_single_class(config, sources)
     check_factories(config, sources)
     for name, variant in (config.get("variants") or {}).items():
         if isinstance(variant, dict):
-            from .syntax import merge
-
             check_single_class(merge(config, variant, f"variants.{name}"), sources, f" (variant {name})")
     for key in _FLAGS:
         flag(config, key, sources)
@@ -343,16 +265,8 @@ _ONE_CLASS_EACH = ("loss_funcs", "mining_funcs", "optimizers", "models")
 
 
 def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -> None:
-    """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both
-    (its docs call this "a problem with the config file"); here it is an error pointing at ``~OVERRIDE~``, naming
-    where each class came from (``--dataset "{ImageFolderSplit: ...}"`` over a config's ``dataset``).
-
-    Raises:
-        ConfigError: ``"command line: dataset: 2 classes (GlyphDataset, ImageFolderSplit): ImageFolderSplit (the
-        command line) was merged next to GlyphDataset (the shipped configs/...); a merge keeps both, write
-        --dataset~OVERRIDE~ to replace it"``.
-    """
-    from .sources import describe, source_of
+    """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both; here
+    it is an error pointing at ``~OVERRIDE~`` that names where each class came from."""
 
     def check(key, spec):
         if not isinstance(spec, dict) or len(spec) < 2:
@@ -371,13 +285,10 @@ def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -
         old = [k for k in spec if k not in new]
         old_text = "a dataset by name" if by_name and not [k for k in old if k in classes] else ", ".join(old)
         new_text = "a dataset by name" if by_name and not [k for k in new if k in classes] else ", ".join(new)
-        sources_old = sorted({origin[k] for k in old})
-        flag = f"--{path[-1]}~OVERRIDE~" if newest == "command line" else f"{path[-1]}~OVERRIDE~:"
         raise ConfigError(
             f"{_where(sources, key) if newest == 'config' else newest + ': ' + key}: {len(spec)} classes "
-            f"({', '.join(map(str, spec))}){suffix}: {new_text} ({describe(newest)}) was merged next to "
-            f"{old_text} ({', '.join(describe(s) for s in sources_old)}); a merge keeps both, write {flag} to "
-            "replace it"
+            f"({', '.join(map(str, spec))}){suffix}: "
+            + merged_next_to(new_text, newest, old_text, (origin[k] for k in old), path[-1])
         )
 
     for key in _ONE_CLASS:

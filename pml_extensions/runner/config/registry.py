@@ -1,16 +1,9 @@
 """The one registry: every name a config may use, the one store of user registrations, and the role of each class.
 
-A powerful-benchmarker-style config names classes as ``{ClassName: {kwargs}}``. :func:`resolve` turns a name into
-the class (or factory function): first the user registrations (:func:`register`, the one store
-:data:`_REGISTRY`), then a fixed list of modules only (:data:`SEARCH_MODULES`: ``pml_extensions``,
-pytorch-metric-learning, torch, torchvision), so a config can never import an arbitrary path. Objects are built
-from resolved names in :mod:`pml_extensions.runner.objects`; the config layer only resolves and checks names.
-
-By role: every class of ``pml_extensions`` is found under its role with no user code: :func:`classes_for_role`
-scans the package's subpackages (and PML, torch, torchvision for the stock classes) and sorts classes by what they
-are (a PML loss is a ``loss``, a ``BaseTester`` a ``tester`` ...). Users call :func:`register`
-(``@register(role="loss")`` works as a decorator): the class becomes visible to configs and to
-:func:`classes_for_role`.
+:func:`resolve` turns a config's class name into the class (or factory function): first the user registrations
+(:func:`register`, also a decorator), then a fixed list of modules only (:data:`SEARCH_MODULES`), so a config can
+never import an arbitrary path. :func:`classes_for_role` sorts the classes of ``pml_extensions`` (scanned module by
+module) and of PML, torch and torchvision by what they are (a PML loss is a ``loss``, a ``BaseTester`` a ``tester``).
 
 Example::
 
@@ -21,17 +14,18 @@ Example::
     ...     pass
     >>> find("model", "TinyHead") is TinyHead, resolve("TinyHead") is TinyHead
     (True, True)
-
-Roles (:data:`ROLES`): loss, miner, reducer, distance, regularizer, model (trunks, embedders, layers),
-trainer, tester, accuracy_calculator, hook, dataset, sampler, optimizer, lr_scheduler, transform.
 """
 
+import difflib
+import functools
 import importlib
 import inspect
 import pkgutil
+import sys
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..errors import ConfigError
+from .specs import nearest
 
 #: the one store of user registrations: config name -> (class or callable, role or None); written only by
 #: :func:`register` and :func:`discover`
@@ -66,25 +60,8 @@ SEARCH_MODULES = (
     "torchvision.datasets",
 )
 
-ROLES = (
-    "loss",
-    "miner",
-    "reducer",
-    "distance",
-    "regularizer",
-    "model",
-    "trainer",
-    "tester",
-    "accuracy_calculator",
-    "hook",
-    "dataset",
-    "sampler",
-    "optimizer",
-    "lr_scheduler",
-    "transform",
-)
 
-# Modules scanned per role, ours first (only subpackages that exist).
+#: the roles (:data:`ROLES`, in this order) and the modules scanned for each, ours first
 ROLE_MODULES: Dict[str, tuple] = {
     "loss": ("pml_extensions.losses", "pytorch_metric_learning.losses"),
     "miner": ("pytorch_metric_learning.miners",),
@@ -95,10 +72,7 @@ ROLE_MODULES: Dict[str, tuple] = {
     "trainer": ("pml_extensions.trainers", "pytorch_metric_learning.trainers"),
     "tester": ("pml_extensions.testers", "pytorch_metric_learning.testers"),
     "accuracy_calculator": ("pml_extensions.knn", "pytorch_metric_learning.utils.accuracy_calculator"),
-    "hook": (
-        "pml_extensions.explain",
-        "pytorch_metric_learning.utils.logging_presets",
-    ),
+    "hook": ("pml_extensions.explain", "pytorch_metric_learning.utils.logging_presets"),
     "dataset": ("pml_extensions.datasets", "pytorch_metric_learning.datasets", "torchvision.datasets"),
     "sampler": ("pytorch_metric_learning.samplers", "torch.utils.data"),
     "optimizer": ("torch.optim",),
@@ -106,8 +80,8 @@ ROLE_MODULES: Dict[str, tuple] = {
     "transform": ("torchvision.transforms",),
 }
 
-# Sub-packages of pml_extensions whose modules are scanned one by one, so a class is found under its role even
-# before it is re-exported from its package's __init__ (other modules are not imported).
+ROLES = tuple(ROLE_MODULES)
+#: sub-packages of pml_extensions scanned module by module, so a class is found before its package re-exports it
 SCANNED_PACKAGES = (
     "pml_extensions.losses",
     "pml_extensions.trunks",
@@ -117,14 +91,8 @@ SCANNED_PACKAGES = (
     "pml_extensions.datasets",
     "pml_extensions.explain",
 )
-MODEL_PACKAGES = ("pml_extensions.trunks", "pml_extensions.runner.objects.mlp", "torch.nn", "torchvision.models")
-# Roles whose type test is loose (any Module / any callable) only take classes from these places.
-ROLE_PLACES = {
-    "model": MODEL_PACKAGES,
-    "regularizer": ("pytorch_metric_learning.regularizers",),
-    "transform": ("torchvision.transforms",),
-}
-_SCAN_CACHE: Dict[str, Any] = {}
+#: roles whose type test is loose (any Module / any callable) take classes from their own modules only
+ROLE_PLACES = {role: ROLE_MODULES[role] for role in ("model", "regularizer", "transform")}
 
 
 def resolve(name: str, where: str = "config") -> Any:
@@ -151,31 +119,20 @@ def resolve(name: str, where: str = "config") -> Any:
 
 
 def _nearest_name(name: str, known: Iterable[str] = ()) -> str:
-    """``"; did you mean X?"`` for the nameable class or function closest to ``name`` (any case: ``Resnet50`` finds
-    ``resnet50``), from ``known`` (e.g. the class index's names), the registrations and the search modules already
-    imported; ``""`` when none is close."""
-    import difflib
-    import sys
-
+    """``"; did you mean X?"`` (any case) from ``known``, the registrations and the search modules already imported."""
     names = set(_REGISTRY) | set(known)
     for module_name in SEARCH_MODULES:
         module = sys.modules.get(module_name)
         if module is not None:
             names.update(n for n, o in vars(module).items() if not n.startswith("_") and callable(o))
-    lower: Dict[str, str] = {}
-    for n in sorted(names):
-        lower.setdefault(n.lower(), n)
-    close = difflib.get_close_matches(str(name).lower(), list(lower), n=1, cutoff=0.75)
-    return f"; did you mean {lower[close[0]]}?" if close else ""
+    return nearest(name, names, cutoff=0.75, ignore_case=True)
 
 
+@functools.lru_cache(maxsize=None)
 def package_classes() -> Dict[str, Any]:
-    """Every public class defined in a module of :data:`SCANNED_PACKAGES` (name -> class).
-
-    Modules that fail to import (a sibling being edited) are skipped; the scan is cached per process.
-    """
-    if _SCAN_CACHE:
-        return dict(_SCAN_CACHE)
+    """Every public class defined in a module of :data:`SCANNED_PACKAGES` (name -> class), scanned once per process;
+    modules that fail to import are skipped."""
+    found: Dict[str, Any] = {}
     for package_name in SCANNED_PACKAGES:
         try:
             package = importlib.import_module(package_name)
@@ -196,21 +153,18 @@ def package_classes() -> Dict[str, Any]:
                     and not name.startswith("_")
                     and getattr(obj, "__module__", "").startswith(package_name)
                 ):
-                    _SCAN_CACHE.setdefault(name, obj)
-    return dict(_SCAN_CACHE)
+                    found.setdefault(name, obj)
+    return found
 
 
-def discover() -> List[str]:
-    """Make every class of :func:`package_classes` that :func:`resolve` cannot find yet (not re-exported yet)
-    available to configs. Returns the names added."""
-    added = []
+def discover() -> None:
+    """Make every class of :func:`package_classes` that :func:`resolve` cannot find (not re-exported yet) available
+    to configs."""
     for name, obj in package_classes().items():
         try:
             resolve(name)
         except ConfigError:
             _REGISTRY[name] = (obj, None)
-            added.append(name)
-    return added
 
 
 def _forward_takes_embeddings(cls) -> bool:
@@ -228,33 +182,35 @@ def _role_test(role: str):
     from pytorch_metric_learning import distances, losses, miners, reducers, testers, trainers
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-    tests = {
-        "loss": lambda c: (
+    if role == "loss":
+        return lambda c: (
             issubclass(c, losses.BaseMetricLossFunction)
             or (
                 issubclass(c, torch.nn.Module)
                 and not issubclass(c, miners.BaseMiner)
                 and (_forward_takes_embeddings(c) or c.__module__.startswith("pml_extensions.losses"))
             )
-        ),
-        "miner": lambda c: issubclass(c, miners.BaseMiner),
-        "reducer": lambda c: issubclass(c, reducers.BaseReducer),
-        "distance": lambda c: issubclass(c, distances.BaseDistance),
-        "regularizer": lambda c: issubclass(c, torch.nn.Module),
-        "model": lambda c: issubclass(c, torch.nn.Module),
-        "trainer": lambda c: issubclass(c, trainers.BaseTrainer),
-        "tester": lambda c: issubclass(c, testers.BaseTester),
-        "accuracy_calculator": lambda c: issubclass(c, AccuracyCalculator),
-        "hook": lambda c: any(
-            callable(getattr(c, m, None)) for m in ("end_of_testing_hook", "end_of_epoch_hook", "end_of_iteration_hook")
-        ),
-        "dataset": lambda c: issubclass(c, torch.utils.data.Dataset),
-        "sampler": lambda c: issubclass(c, torch.utils.data.Sampler),
-        "optimizer": lambda c: issubclass(c, torch.optim.Optimizer),
-        "lr_scheduler": lambda c: issubclass(c, torch.optim.lr_scheduler.LRScheduler),
-        "transform": lambda c: True,
-    }
-    return tests[role]
+        )
+    if role == "hook":
+        hooks = ("end_of_testing_hook", "end_of_epoch_hook", "end_of_iteration_hook")
+        return lambda c: any(callable(getattr(c, m, None)) for m in hooks)
+    if role == "transform":
+        return lambda c: True
+    base = {
+        "miner": miners.BaseMiner,
+        "reducer": reducers.BaseReducer,
+        "distance": distances.BaseDistance,
+        "regularizer": torch.nn.Module,
+        "model": torch.nn.Module,
+        "trainer": trainers.BaseTrainer,
+        "tester": testers.BaseTester,
+        "accuracy_calculator": AccuracyCalculator,
+        "dataset": torch.utils.data.Dataset,
+        "sampler": torch.utils.data.Sampler,
+        "optimizer": torch.optim.Optimizer,
+        "lr_scheduler": torch.optim.lr_scheduler.LRScheduler,
+    }[role]
+    return lambda c: issubclass(c, base)
 
 
 def _check_role(role: str) -> None:
@@ -289,18 +245,16 @@ def register(obj: Any = None, *, role: Optional[str] = None, name: Optional[str]
 
 
 def classes_for_role(role: str, include_stock: bool = True, include_registered: bool = True) -> Dict[str, Any]:
-    """All classes found under ``role``: user registrations, then ``pml_extensions``, then
-    PML/torch/torchvision.
+    """All classes found under ``role``.
 
     Args:
         role: one of :data:`ROLES`.
         include_stock: also list the stock (non-``pml_extensions``) classes.
-        include_registered: also list this process's :func:`register` calls (False for the on-disk index,
-            :mod:`pml_extensions.runner.config.class_index`).
+        include_registered: also list this process's :func:`register` calls (False for the class index).
 
     Returns:
-        name -> class: user registrations first, then every class defined in ``pml_extensions`` (found module
-        by module, exported or not), then the stock modules of :data:`ROLE_MODULES`.
+        name -> class: user registrations first, then every class defined in ``pml_extensions`` (exported or not),
+        then the stock modules of :data:`ROLE_MODULES`.
 
     Raises:
         ValueError: on an unknown role.
@@ -348,8 +302,6 @@ def find(role: str, name: str) -> Any:
     classes = classes_for_role(role)
     if name in classes:
         return classes[name]
-    import difflib
-
     close = difflib.get_close_matches(str(name), sorted(classes), n=3, cutoff=0.5)
     sample = ", ".join(close or sorted(classes)[:12])
     raise ConfigError(

@@ -9,15 +9,12 @@ from typing import Any, Dict, List, Tuple
 
 from ...utils.checks import is_number
 from ..errors import ConfigError
-from .syntax import _SEARCH_OPS, split_marker
+from .syntax import key_path, search_markers, split_marker
 
 
-def search_space(config: Any, path: Tuple = ()) -> List[Tuple[Tuple, str, str, Any]]:
-    """``[(path_to_marked_key, param_name, op, [low, high])]`` for every search marker in ``config``, at any depth,
-    list items included (a list index is an ``int`` in the path and ``[i]`` in the name).
-
-    Raises:
-        ConfigError: a range that is not ``[low, high]`` numbers with ``low < high`` (positive for LOG).
+def search_space(config: Any) -> List[Tuple[Tuple, str, str, Any]]:
+    """``[(path_to_marked_key, param_name, op, [low, high])]`` for every search marker in ``config``; ConfigError
+    for a range that is not ``[low, high]`` numbers with ``low < high`` (positive for LOG).
 
     Example::
 
@@ -27,33 +24,18 @@ def search_space(config: Any, path: Tuple = ()) -> List[Tuple[Tuple, str, str, A
 'INT_BAYESIAN', [1, 2])]
     """
     found = []
-    if isinstance(config, dict):
-        for key, value in config.items():
-            name, op, _ = split_marker(key)
-            if op in _SEARCH_OPS:
-                where = _param_name(path + (name,))
-                ok = isinstance(value, list) and len(value) == 2 and all(is_number(v) for v in value)
-                if not ok or value[0] >= value[1] or (op == "LOG_BAYESIAN" and value[0] <= 0):
-                    raise ConfigError(
-                        f"{where}~{op}~: expected [low, high] with low < high"
-                        f"{' and low > 0' if op == 'LOG_BAYESIAN' else ''}, got {value!r}"
-                    )
-                if op == "INT_BAYESIAN" and not all(isinstance(v, int) for v in value):
-                    raise ConfigError(f"{where}~{op}~: expected two integers, got {value!r}")
-                found.append((path + (key,), where, op, value))
-            else:
-                found.extend(search_space(value, path + (key,)))
-    elif isinstance(config, list):
-        for i, value in enumerate(config):
-            found.extend(search_space(value, path + (i,)))
+    for path, op, value in search_markers(config):
+        where = key_path(path[:-1] + (split_marker(path[-1])[0],))
+        ok = isinstance(value, list) and len(value) == 2 and all(is_number(v) for v in value)
+        if not ok or value[0] >= value[1] or (op == "LOG_BAYESIAN" and value[0] <= 0):
+            raise ConfigError(
+                f"{where}~{op}~: expected [low, high] with low < high"
+                f"{' and low > 0' if op == 'LOG_BAYESIAN' else ''}, got {value!r}"
+            )
+        if op == "INT_BAYESIAN" and not all(isinstance(v, int) for v in value):
+            raise ConfigError(f"{where}~{op}~: expected two integers, got {value!r}")
+        found.append((path, where, op, value))
     return found
-
-
-def _param_name(path: Tuple) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 def suggest(trial, space) -> Dict[str, Any]:
@@ -83,9 +65,5 @@ def fill(config: Dict[str, Any], space, values: Dict[str, Any]) -> Dict[str, Any
             parent = parent[key]
         items = list(parent.items())
         parent.clear()
-        for k, v in items:
-            if k == path[-1]:
-                parent[split_marker(k)[0]] = values[name]
-            else:
-                parent[k] = v
+        parent.update((split_marker(k)[0], values[name]) if k == path[-1] else (k, v) for k, v in items)
     return out

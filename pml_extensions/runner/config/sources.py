@@ -1,10 +1,8 @@
 """Where each value of a merged config came from: the command line, a user's file or a shipped file.
 
-:func:`pml_extensions.runner.config.loader.load_config` returns ``(config, sources)``; ``sources`` maps each top-level
-key to the file (or ``"command line"``) that set it last, and is a :class:`Sources`: it also keeps the config as it
-stood after each file, so :meth:`Sources.of` names the file that set a nested value (``trainer.MetricLossOnly.
-batch_size`` set by ``--trainer~APPLY~2 {batch_size: 64}`` is the command line's, ``iterations_per_epoch`` next to it
-still the file's). :func:`describe` says which kind of source a name is, for messages that tell a user what to edit.
+:class:`Sources` maps each top-level key to the file (or ``"command line"``) that set it last and keeps the config as
+it stood after each file, so :meth:`Sources.of` names the file that set a nested value; :func:`describe` says whom a
+message asks to edit.
 
 Example::
 
@@ -19,7 +17,7 @@ Example::
 
 import copy
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .syntax import split_marker
 
@@ -45,25 +43,23 @@ class Sources(dict):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.layers: List[Tuple[str, Dict[str, Any]]] = []
-        #: layer index -> the paths its update replaced whole (``~OVERRIDE~``): every value below one is that layer's
-        self.replaced: Dict[int, List[Tuple[Any, ...]]] = {}
+        #: (name, config after it, the paths it replaced whole with ``~OVERRIDE~``: every value below one is its own)
+        self.layers: List[Tuple[str, Dict[str, Any], List[Tuple[Any, ...]]]] = []
 
     def add_layer(self, name: str, config: Dict[str, Any], update: Optional[Dict[str, Any]] = None) -> None:
         """Record the merged config as it stands after the file (or command line) ``name``; ``update`` (what it
         merged) tells which subtrees it replaced whole (``key~OVERRIDE~``), so that a value it gave again, equal to
         the old one, is still its own."""
-        self.layers.append((name, copy.deepcopy(config)))
-        self.replaced[len(self.layers) - 1] = _overridden(update or {})
+        self.layers.append((name, copy.deepcopy(config), _overridden(update or {})))
 
     def of(self, path: Union[str, Sequence[Any]]) -> str:
         """The source that last changed the value at ``path`` (a dotted string or a sequence of keys); for a path
         no layer holds, the source of its top-level key (``"config"`` when unknown)."""
         keys = tuple(path.split(".")) if isinstance(path, str) else tuple(path)
         found, previous = None, _MISSING
-        for i, (name, config) in enumerate(self.layers):
+        for name, config, overridden in self.layers:
             value = _value(config, keys)
-            replaced = any(keys[: len(p)] == p for p in self.replaced.get(i, ()))
+            replaced = any(keys[: len(p)] == p for p in overridden)
             if value is not _MISSING and (previous is _MISSING or value != previous or replaced):
                 found = name
             elif value is _MISSING and previous is not _MISSING:
@@ -83,24 +79,13 @@ def _overridden(update: Any, prefix: Tuple[Any, ...] = ()) -> List[Tuple[Any, ..
 
 
 def source_of(sources: Optional[Dict[str, str]], path: Union[str, Sequence[Any]]) -> str:
-    """:meth:`Sources.of` for a :class:`Sources`, the top-level key's source for a plain dict, ``"config"`` without
-    sources."""
-    if isinstance(sources, Sources):
-        return sources.of(path)
-    keys = path.split(".") if isinstance(path, str) else list(path)
-    return (sources or {}).get(keys[0] if keys else "", "config")
+    """:meth:`Sources.of` for a :class:`Sources`, the top-level key's source for a plain dict (one without layers),
+    ``"config"`` without sources."""
+    return (sources if isinstance(sources, Sources) else Sources(sources or {})).of(path)
 
 
 #: the shipped configs (``pml_extensions/configs``), whose files messages show as ``configs/<name>/...``
 SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
-
-
-def is_shipped(source: str) -> bool:
-    """True for a file shipped in ``pml_extensions/configs`` (shown as ``configs/<name>/...``)."""
-    if source in (COMMAND_LINE, "config") or not source:
-        return False
-    path = source if os.path.isabs(source) else os.path.join(os.path.dirname(SHIPPED), source)
-    return os.path.abspath(path).startswith(SHIPPED + os.sep) and os.path.exists(path)
 
 
 def describe(source: str) -> str:
@@ -109,4 +94,16 @@ def describe(source: str) -> str:
         return "the command line"
     if source == "config" or not source:
         return "the config"
-    return f"the shipped {source}" if is_shipped(source) else f"your {source}"
+    path = source if os.path.isabs(source) else os.path.join(os.path.dirname(SHIPPED), source)
+    shipped = os.path.abspath(path).startswith(SHIPPED + os.sep) and os.path.exists(path)
+    return f"the shipped {source}" if shipped else f"your {source}"
+
+
+def merged_next_to(new: str, new_source: str, old: str, old_sources: Iterable[str], key: str) -> str:
+    """``"<new> (<whose>) was merged next to <old> (<whose>); a merge keeps both, write <key>~OVERRIDE~ ..."``: the
+    refusal of a plain merge that kept two objects where one belongs."""
+    flag = f"--{key}~OVERRIDE~" if new_source == COMMAND_LINE else f"{key}~OVERRIDE~:"
+    return (
+        f"{new} ({describe(new_source)}) was merged next to {old} "
+        f"({', '.join(describe(s) for s in sorted(set(old_sources)))}); a merge keeps both, write {flag} to replace it"
+    )

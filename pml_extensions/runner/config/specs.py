@@ -1,9 +1,7 @@
 """The ``{ClassName: kwargs}`` shape of every object key, and its one parser.
 
-powerful-benchmarker writes each object as a one-key mapping from a class name to its keyword arguments:
-``trainer: {MetricLossOnly: {batch_size: 32}}``; ``{ClassName: null}`` means no arguments. :func:`one_spec` is the
-one place that takes such a spec apart (the builder, the PB keys and the protocols all call it);
-:func:`is_object_spec` tells a spec from plain data inside argument values.
+powerful-benchmarker writes each object as ``trainer: {MetricLossOnly: {batch_size: 32}}`` (``{ClassName: null}``:
+no arguments); :func:`one_spec` is the one place that takes such a spec apart.
 
 Example::
 
@@ -15,8 +13,9 @@ Example::
     ([0.16, 1], [1e-05, 0.5], 'crop')
 """
 
+import difflib
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from ..errors import ConfigError
 from .yaml_reader import YAML_12_FLOAT
@@ -70,3 +69,14 @@ def pb_numbers(value: Any) -> Any:
         nums = [int(p) if _INT.match(p) else float(p) for p in parts]
         return nums if len(nums) > 1 else nums[0]
     return value
+
+
+def nearest(name: str, known: Iterable[str], cutoff: float = 0.5, ignore_case: bool = False) -> str:
+    """``"; did you mean X?"`` for the closest known name (``difflib``; ``cutoff=0`` always names one;
+    ``ignore_case``: ``Resnet50`` finds ``resnet50``), or ``""``."""
+    fold = str.lower if ignore_case else str
+    names: Dict[str, str] = {}
+    for n in sorted(set(known)):
+        names.setdefault(fold(n), n)
+    close = difflib.get_close_matches(fold(str(name)), list(names), n=1, cutoff=cutoff)
+    return f"; did you mean {names[close[0]]}?" if close else ""

@@ -1,22 +1,11 @@
 """Powerful-benchmarker's config syntax: :func:`merge` and its key markers (our code, PB's documented meaning).
 
-Markers (in files and on the command line, nested in one another at any depth):
-
-* plain keys merge recursively: ``{trunk_optimizer: {RMSprop: {lr: 0.01}}}`` changes ``lr`` and keeps the
-  rest (a different class name is added next to the old one, as in PB: use ``~OVERRIDE~``);
-* ``key~OVERRIDE~: value`` replaces ``key``; markers inside ``value`` act on the old value they replace;
-* ``key~APPLY~n: {..}`` merges the dict (markers included) into every dict at depth ``n`` below ``key``
-  (``key``'s own value is depth 1); a non-mapping there (``ContrastiveLoss: null``) is replaced by the dict, as
-  in PB: ``trainer~APPLY~2: {batch_size: 256}`` sets the batch size of whatever trainer is configured. PB's
-  reader merged only the first level of an applied dict; here it merges at every level like any other merge
-  (put ``~OVERRIDE~`` inside it to replace);
-* ``key~SWAP~n: {old: new}`` renames keys at depth ``n`` (order kept); ``{New: null}`` renames the only key
-  there: ``trainer~SWAP~1: {TrainWithClassifier: null}`` keeps the trainer's arguments and changes its class;
-  a mapping that names a missing key is an error (PB ignored it);
-* ``key~DELETE~: anything`` removes ``key``;
-* ``key~BAYESIAN~`` / ``~LOG_BAYESIAN~`` / ``~INT_BAYESIAN~: [low, high]`` mark a hyper-parameter search
-  (:mod:`pml_extensions.runner.protocols.search`); a later plain value of the same key replaces the marker and vice
-  versa.
+The markers (``~OVERRIDE~``, ``~APPLY~n``, ``~SWAP~n``, ``~DELETE~``, ``~BAYESIAN~``; docs/configs.md describes each)
+work in files and on the command line, nested in one another at any depth. Where this differs from PB: an
+``~APPLY~`` dict merges at every level (PB's reader merged only its first), markers inside an ``~OVERRIDE~`` value act
+on the old value it replaces, a ``~SWAP~`` that names a missing key is an error (PB ignored it), and a plain value of
+a key replaces its ``~BAYESIAN~`` marker and vice versa. As in PB, a plain merge of a different class name keeps both
+classes (use ``~OVERRIDE~``) and ``~APPLY~`` replaces a non-mapping where a mapping would be.
 
 Example::
 
@@ -26,7 +15,7 @@ Example::
 
 import copy
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 
@@ -37,11 +26,8 @@ _SEARCH_OPS = ("BAYESIAN", "LOG_BAYESIAN", "INT_BAYESIAN")
 
 
 def split_marker(key: Any, where: str = "config") -> Tuple[Any, Optional[str], Optional[int]]:
-    """Split ``"name~OP~n"`` into ``(name, OP, n)``; plain keys give ``(key, None, None)``.
-
-    Raises:
-        ConfigError: if ``~APPLY~``/``~SWAP~`` lack a positive depth or other markers carry one.
-    """
+    """Split ``"name~OP~n"`` into ``(name, OP, n)`` (plain keys: ``(key, None, None)``); ConfigError when
+    ``~APPLY~``/``~SWAP~`` lack a positive depth or other markers carry one."""
     if not isinstance(key, str):
         return key, None, None
     match = _MARKER.match(key)
@@ -77,24 +63,19 @@ def _template(old: Any, value: Any, where: str) -> Any:
     old = old if isinstance(old, dict) else {}
     out: Dict = {}
     for key, v in value.items():
-        name, op, depth = split_marker(key, where)
-        here = _join(where, key)
-        if op in ("APPLY", "SWAP", "DELETE") or (op is None and not isinstance(v, dict)):
-            base = {name: copy.deepcopy(old[name])} if (op in ("APPLY", "SWAP") and name in old) else {}
-            out.update(merge(base, {key: v}, where) if op != "DELETE" else {})
-        elif op in _SEARCH_OPS:
+        name, op, _ = split_marker(key, where)
+        if op in ("APPLY", "SWAP"):
+            out.update(merge({name: old[name]} if name in old else {}, {key: v}, where))
+        elif (op is None and not isinstance(v, dict)) or op in _SEARCH_OPS:
             out[key] = copy.deepcopy(v)
-        else:  # plain or nested OVERRIDE: replace, resolving markers inside against the old value
-            out[name] = _template(old.get(name), v, here)
+        elif op != "DELETE":  # plain or nested OVERRIDE: replace, resolving markers inside against the old value
+            out[name] = _template(old.get(name), v, _join(where, key))
     return out
 
 
 def merge(base: Dict, update: Dict, where: str = "") -> Dict:
-    """Return ``base`` with ``update`` merged in (neither input is modified).
-
-    Every marker works at every depth and inside every other marker's value: an ``~APPLY~`` value is merged
-    (markers and all) into each dict at its depth, an ``~OVERRIDE~`` value may use ``~SWAP~``/``~APPLY~`` on the
-    old value it replaces, a plain nested dict may hold any marker.
+    """Return ``base`` with ``update`` merged in (neither input is modified); every marker works at every depth and
+    inside every other marker's value.
 
     Args:
         base: the config so far (plain keys only).
@@ -128,10 +109,7 @@ def merge(base: Dict, update: Dict, where: str = "") -> Dict:
                 raise ConfigError(f"{here}: ~{op}~ needs a mapping value, got {type(value).__name__}")
             if name not in out or not isinstance(out[name], dict):
                 raise ConfigError(f"{here}: ~{op}~ target {name!r} does not exist or is not a mapping")
-            if op == "APPLY":
-                out[name] = _apply(out[name], value, depth, here)
-            else:
-                out[name] = _swap(out[name], value, depth, here)
+            out[name] = (_apply if op == "APPLY" else _swap)(out[name], value, depth, here)
         elif op in _SEARCH_OPS:
             _drop_variants(out, name)
             out[key] = copy.deepcopy(value)  # kept with its marker for the search (runner.protocols.search)
@@ -147,16 +125,11 @@ def _apply(target: Dict, value: Dict, depth: int, where: str) -> Dict:
     """PB's ~APPLY~: merge ``value`` into every dict at ``depth`` (``target`` itself is depth 1); a non-dict
     value where such a dict would be (``ContrastiveLoss: null``) is replaced by ``value``, as in PB."""
     if depth == 1:
-        return merge(target, value, where)
-    out = {}
-    for k, v in target.items():
-        if isinstance(v, dict):
-            out[k] = _apply(v, value, depth - 1, _join(where, k))
-        elif depth == 2:
-            out[k] = merge({}, value, _join(where, k))
-        else:
-            out[k] = v
-    return out
+        return merge(target, value, where)  # a non-dict target merges as {}
+    return {
+        k: _apply(v, value, depth - 1, _join(where, k)) if isinstance(v, dict) or depth == 2 else v
+        for k, v in target.items()
+    }
 
 
 def _swap(target: Dict, mapping: Dict, depth: int, where: str) -> Dict:
@@ -182,16 +155,28 @@ def _swap(target: Dict, mapping: Dict, depth: int, where: str) -> Dict:
     return {renames.get(k, k): v for k, v in target.items()}
 
 
-def find_search_markers(config: Any, where: str = "") -> List[str]:
-    """Key paths that carry a ``~BAYESIAN~``-family marker."""
-    found = []
+def key_path(path: Sequence[Any]) -> str:
+    """``("trunk", 0, "ConvNetBody")`` -> ``"trunk[0].ConvNetBody"``: a key path as messages show it."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def search_markers(config: Any, path: Tuple = ()) -> Iterator[Tuple[Tuple, str, Any]]:
+    """``(path, op, value)`` of every ``~BAYESIAN~``-family key of ``config``, at any depth, list items included."""
     if isinstance(config, dict):
-        for k, v in config.items():
-            _, op, _ = split_marker(k)
+        for key, value in config.items():
+            op = split_marker(key)[1]
             if op in _SEARCH_OPS:
-                found.append(_join(where, k))
-            found.extend(find_search_markers(v, _join(where, k)))
+                yield path + (key,), op, value
+            else:
+                yield from search_markers(value, path + (key,))
     elif isinstance(config, list):
-        for i, v in enumerate(config):
-            found.extend(find_search_markers(v, f"{where}[{i}]"))
-    return found
+        for i, value in enumerate(config):
+            yield from search_markers(value, path + (i,))
+
+
+def find_search_markers(config: Any) -> List[str]:
+    """Key paths that carry a ``~BAYESIAN~``-family marker."""
+    return [key_path(path) for path, _, _ in search_markers(config)]

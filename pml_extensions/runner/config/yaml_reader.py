@@ -1,11 +1,8 @@
 """The one YAML reader of configs: PyYAML's ``safe_load`` with YAML 1.2's float syntax.
 
-PyYAML implements YAML 1.1, where a float needs a dot and a signed exponent: ``1e-3``, ``1E-5`` and ``1.0e5`` are
-strings there, and a learning rate written as users write it reached the optimizer as ``'1e-3'``. YAML 1.2 (its core
-schema) reads every one of ``1e-3``, ``1E-5``, ``1.0e5``, ``.5``, ``5.``, ``-2.5e+3``, ``.inf`` and ``.nan`` as a float;
-:class:`ConfigLoader` is ``yaml.SafeLoader`` with that float rule (integers, booleans and everything else as PyYAML
-reads them). Every config read goes through :func:`read_yaml`: the loader's files, the command line's values (and with
-them the ranges of search markers), a run's saved ``config.yaml``.
+PyYAML implements YAML 1.1, where ``1e-3`` (no dot) is a string; :class:`ConfigLoader` reads every YAML 1.2 float
+(``1e-3``, ``1E-5``, ``.5``, ``5.``, ``.inf``, ``.nan``) as a float and the rest as PyYAML does. Every config read goes
+through :func:`read_yaml`: the files, the command line's values, a run's saved ``config.yaml``.
 
 Example::
 
