@@ -136,17 +136,11 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
     stopped = summary.get("stopped")
     if stopped:
         blocks.append(f"{stopped['message']}.")
-    test = {k: v for k, v in ((best or {}).get("test") or {}).items() if isinstance(v, dict)}
-    if test:
-        metrics = sorted({m for v in test.values() for m in v})
-        blocks.append(
-            Table(
-                ["embedding", *metrics],
-                [[key, *(_number(v.get(m)) for m in metrics)] for key, v in test.items()],
-                numeric=[False] + [True] * len(metrics),
-                caption=f"Test metrics of the best trial (trial {best['number']}):",
-            )
-        )
+    test = (
+        metrics_table(best.get("test"), f"Test metrics of the best trial (trial {best['number']}):") if best else None
+    )
+    if test is not None:
+        blocks.append(test)
     if rows:
         names = list(rows[0]["params"])
         with_folds = any(FOLDS_ATTR in r for r in rows)
@@ -166,8 +160,15 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
     return blocks
 
 
-def _number(value) -> str:
-    return "–" if value is None else f"{value:.4f}"
+def metrics_table(test: Optional[Dict[str, Any]], caption: str = "") -> Optional[Table]:
+    """The test metrics ``{embedding: {metric: value}}`` of a run (its ``results.json``'s ``test``) as a table, one
+    row per embedding (other entries, such as MLRC's ``per_model`` list, left out); None when there are none."""
+    test = {k: v for k, v in (test or {}).items() if isinstance(v, dict)}
+    if not test:
+        return None
+    metrics = sorted({m for v in test.values() for m in v})
+    rows = [[key, *("–" if v.get(m) is None else f"{v[m]:.4f}" for m in metrics)] for key, v in test.items()]
+    return Table(["embedding", *metrics], rows, numeric=[False] + [True] * len(metrics), caption=caption)
 
 
 def _test_metrics(results_path: str) -> Dict[str, Any]:
