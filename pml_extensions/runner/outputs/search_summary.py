@@ -26,11 +26,6 @@ def trial_folder_name(trial) -> str:
     return trial.user_attrs.get(FOLDER_ATTR) or f"trial_{trial.number}"
 
 
-def _untrained(row: Dict[str, Any]) -> bool:
-    folds = row.get(FOLDS_ATTR)
-    return bool(folds) and len(row.get(UNTRAINED_ATTR) or []) == folds
-
-
 def untrained_note(best: Dict[str, Any]) -> str:
     return (
         f"the best trial, {best['number']} (objective {best['value']:.4f}), ties the untrained model's score: "
@@ -49,7 +44,7 @@ def write_summary(
     """
     import optuna
 
-    from ...utils.atomic_io import atomic_savefig, atomic_write_text
+    from ...utils.atomic_io import atomic_write_json, atomic_write_text
 
     trials = study.get_trials(deepcopy=False)
     rows = []
@@ -60,7 +55,7 @@ def write_summary(
         if FOLDS_ATTR in t.user_attrs:
             row[UNTRAINED_ATTR] = list(t.user_attrs.get(UNTRAINED_ATTR) or [])
             row[FOLDS_ATTR] = t.user_attrs[FOLDS_ATTR]
-        row["untrained"] = _untrained(row)
+        row["untrained"] = bool(row.get(FOLDS_ATTR)) and len(row[UNTRAINED_ATTR]) == row[FOLDS_ATTR]
         rows.append(row)
     best = max(rows, key=lambda r: r["value"]) if rows else None
     if best is not None:
@@ -89,10 +84,10 @@ def write_summary(
         "failures": failures,
         "stopped": stopped,
     }
-    atomic_write_text(os.path.join(folder, "search.json"), json.dumps(summary, indent=2))
+    atomic_write_json(os.path.join(folder, "search.json"), summary)
     atomic_write_text(os.path.join(folder, "results.md"), to_markdown(search_blocks(summary)))
     if rows:
-        _plot(rows, os.path.join(folder, "search.png"), atomic_savefig)
+        _plot(rows, os.path.join(folder, "search.png"))
     return summary
 
 
@@ -185,12 +180,15 @@ def _shown(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _plot(rows, path, atomic_savefig) -> None:
+def _plot(rows: List[Dict[str, Any]], path: str) -> None:
+    """``search.png``: the objective per trial (hollow where no fold beat its untrained model) and the best so far."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
+
+    from ...utils.atomic_io import atomic_savefig
 
     fig, ax = plt.subplots(figsize=(5, 3))
     xs = [r["number"] for r in rows]
