@@ -25,7 +25,6 @@ from ..runner.errors import OUTPUT_ERRNOS, OutputError, first_line
 from .explain_inputs import (  # noqa: F401 - load_image, load_models: the public helpers, importable from here
     RunData,
     drop_bad,
-    input_channels,
     load_image,
     load_models,
     references,
@@ -231,6 +230,7 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         save_pair_overlay,
         to_display_image,
     )
+    from ..runner.objects.preflight import trunk_input_channels
     from ..runner.objects.saved_models import checkpoint_epoch
     from ..utils.atomic_io import atomic_write_json
 
@@ -264,8 +264,8 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         )
     except ValueError as e:
         raise ValueError(f"{e} (--layer / --reference-layer)") from None
-    cq = input_channels(trunk)
-    cr = input_channels(ref_trunk) if ref_trunk is not None else cq
+    cq = trunk_input_channels(trunk) or 3  # a trunk without a convolution: RGB
+    cr = (trunk_input_channels(ref_trunk) or 3) if ref_trunk is not None else cq
     keep = not args.square
     size_q, stats = side_of(checkpoint, cq, args.image_size)
     if data is not None and args.reference is None and not data.files and args.image_size is not None:

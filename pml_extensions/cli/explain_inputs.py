@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
 
 #: the side images are resized to when neither ``--image-size`` nor the run's config gives one
 DEFAULT_IMAGE_SIZE = 320
@@ -75,15 +74,6 @@ def side_of(checkpoint, channels, size):
     fits = run is not None and (run["mean"] is None or len(run["mean"]) == channels)  # else a config we cannot read
     stats = (run["mean"], run["std"]) if fits else _default_stats(channels)
     return size or (run or {}).get("image_size") or DEFAULT_IMAGE_SIZE, stats
-
-
-def input_channels(trunk: nn.Module) -> int:
-    from torch import nn
-
-    for m in trunk.modules():
-        if isinstance(m, nn.Conv2d):
-            return int(m.in_channels)
-    return 3
 
 
 def run_of(checkpoint: str) -> Optional[str]:

@@ -16,6 +16,7 @@ import html
 import io
 import json
 import os
+import pathlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...utils.checks import is_int
@@ -42,18 +43,12 @@ def _read_csv(path: str) -> Dict[str, List[float]]:
 
 
 def _read_text(folder: str, name: str) -> str:
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
-        return ""
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+    path = pathlib.Path(folder, name)
+    return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
 def _read_json(path: str) -> Dict[str, Any]:
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return json.loads(pathlib.Path(path).read_text(encoding="utf-8")) if os.path.isfile(path) else {}
 
 
 def _yaml(text: str) -> Dict[str, Any]:
@@ -72,8 +67,7 @@ def _data_uri(data: bytes) -> str:
 
 
 def _file_uri(path: str) -> str:
-    with open(path, "rb") as f:
-        return _data_uri(f.read())
+    return _data_uri(pathlib.Path(path).read_bytes())
 
 
 def _figure(folder: str, path: str) -> str:
@@ -241,6 +235,15 @@ def _curves(
     return images
 
 
+def _cell(base: str, item: Dict[str, Any], kind: str, alt: str, caption: str, mark: str = "") -> str:
+    """A retrieval example's cell: its thumbnail, ``caption``, its class and ``mark``; empty without the image."""
+    path = os.path.join(base, item.get("image", ""))
+    if not os.path.isfile(path):
+        return ""
+    text = f"{caption}<br>{html.escape(str(item.get('class')))}{mark}"
+    return f"<td class='{kind}'><img src='{_file_uri(path)}' alt='{alt}'><br>{text}</td>"
+
+
 def _retrieval_html(folder: str) -> str:
     """The retrieval examples under ``<folder>/retrieval/`` (:mod:`.retrieval`): per example set its note, then one
     row per query: the query, then its top-k, each framed green (same class as the query) or red (other class) and
@@ -258,24 +261,13 @@ def _retrieval_html(folder: str) -> str:
             out.append(f"<p>{inline_html(str(examples['note']))}</p>")
         out.append("<table class='retrieval'>")
         for query in examples.get("queries", []):
-            q_path = os.path.join(base, query.get("image", ""))
-            if not os.path.isfile(q_path):
+            row = [_cell(base, query, "query", f"query {query.get('index')}", "query")]
+            if not row[0]:
                 continue
-            row = [
-                f"<td class='query'><img src='{_file_uri(q_path)}' alt='query {query.get('index')}'>"
-                f"<br>query<br>{html.escape(str(query.get('class')))}</td>"
-            ]
             for n in query.get("neighbours", []):
-                n_path = os.path.join(base, n.get("image", ""))
-                if not os.path.isfile(n_path):
-                    continue
-                same = bool(n.get("same_class"))
-                mark = "✓ same class" if same else "✗ other class"
-                row.append(
-                    f"<td class='{'same' if same else 'other'}'><img src='{_file_uri(n_path)}' "
-                    f"alt='rank {n.get('rank')}'><br>#{n.get('rank')} · cos {float(n.get('cosine', 0)):.4f}"
-                    f"<br>{html.escape(str(n.get('class')))} {mark}</td>"
-                )
+                kind, mark = ("same", " ✓ same class") if n.get("same_class") else ("other", " ✗ other class")
+                caption = f"#{n.get('rank')} · cos {float(n.get('cosine', 0)):.4f}"
+                row.append(_cell(base, n, kind, f"rank {n.get('rank')}", caption, mark))
             out.append("<tr>" + "".join(row) + "</tr>")
         out.append("</table>")
     if not out:
