@@ -58,17 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="explanations", help="output folder (default: explanations)")
     p.add_argument(
         "--run",
-        default=None,
         metavar="EXPERIMENT_FOLDER",
         help="an experiment folder of `python -m pml_extensions run`: its selected model (unless --checkpoint), its "
         "test images (unless REFERENCE) and its eval transform (unless --image-size)",
     )
-    p.add_argument("--variant", default=None, help="with --run: the variant explained")
-    p.add_argument("--seed", type=int, default=None, help="with --run: the seed explained")
-    p.add_argument("--fold", type=int, default=None, help="with --run: the fold explained (default 0)")
+    p.add_argument("--variant", help="with --run: the variant explained")
+    p.add_argument("--seed", type=int, help="with --run: the seed explained")
+    p.add_argument("--fold", type=int, help="with --run: the fold explained (default 0)")
     p.add_argument(
         "--columns",
-        default=None,
         help="for a CSV REFERENCE: its columns, e.g. label=category,path=image (see ImageCSVSplit)",
     )
     p.add_argument(
@@ -80,7 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--checkpoint",
-        default=None,
         help="what our runs write: an MLRC fold's best.pth or fold folder, the XML job's PML model "
         "folder (trunk_best*.pth / embedder_best*.pth), the resolution protocol's student or teacher "
         "file; the model is rebuilt from the run's config.yaml. Also a {'trunk': ..., 'embedder': ...} "
@@ -89,28 +86,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reference-checkpoint",
-        default=None,
         help="the database model, when it differs from the query model (e.g. RAML: a student query "
         "against a teacher database); same formats as --checkpoint. Default: the query model",
     )
     p.add_argument("--trust-checkpoint", action="store_true", help="allow unpickling whole modules from --checkpoint")
     p.add_argument(
         "--layer",
-        default=None,
         help="name of the trunk module whose [N, C, h, w] map (or [N, T, C] tokens) "
         "is explained, e.g. 'features.18' or '0.features'. Default: the last such module",
     )
-    p.add_argument("--reference-layer", default=None, help="--layer for the reference model")
+    p.add_argument("--reference-layer", help="--layer for the reference model")
     p.add_argument(
         "--reference-image-size",
         type=int,
-        default=None,
         help="square size of the reference images (default: --image-size); e.g. the teacher's database resolution",
     )
     p.add_argument(
         "--image-size",
         type=int,
-        default=None,
         help="shorter side of the query images in pixels (default: the run's image size when --checkpoint is a "
         "run's file, else 320: 10 x w maps for MobileNetV2); images are normalised as the run's eval transform",
     )
@@ -126,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         nargs=2,
         metavar=("Y", "X"),
-        default=None,
         help="query pixel (in --image-size coordinates) for the point-specific map; default: the maximum "
         "of the query's overall map",
     )
