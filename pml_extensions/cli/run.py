@@ -140,8 +140,7 @@ def _list(role: Optional[str]) -> int:
     for r in [role] if role else ROLES:
         groups = {}
         for name, module in names_for_role(r).items():
-            top = module if module.startswith("pml_extensions") else ".".join(module.split(".")[:2])
-            group = "pml_extensions" if top.startswith("pml_extensions") else top
+            group = "pml_extensions" if module.startswith("pml_extensions") else ".".join(module.split(".")[:2])
             groups.setdefault(group, []).append(name)
         print(f"{r}:")
         for group in sorted(groups, key=lambda g: (not g.startswith("pml_extensions"), g)):

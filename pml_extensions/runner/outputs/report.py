@@ -1,12 +1,7 @@
-"""One self-contained HTML page per experiment, for every protocol: what it shows, top to bottom, is in
-docs/report.md.
-
-Everything is embedded (PNG as base64 ``data:`` URIs; no script, nothing fetched), so the file can be mailed or
-attached to an issue. It is read from the experiment folder alone (layout:
-:mod:`pml_extensions.runner.experiment.folder`); its tables are rebuilt from ``results.json``
-(:func:`~pml_extensions.runner.outputs.results.results_blocks`) or a search's ``search.json``
-(:func:`~pml_extensions.runner.outputs.search_summary.search_blocks`): no Markdown is parsed.
-:func:`pml_extensions.runner.protocols.run_protocol` writes it after each run.
+"""One self-contained HTML page per experiment, for every protocol (what it shows: docs/report.md). Everything is
+embedded (PNG as base64 ``data:`` URIs; no script, nothing fetched) and read from the experiment folder alone; the
+tables are rebuilt from ``results.json`` or ``search.json`` (:mod:`.results`, :mod:`.search_summary`), no Markdown is
+parsed. :func:`pml_extensions.runner.protocols.run_protocol` writes it after each run.
 """
 
 import base64
@@ -97,12 +92,9 @@ def _smooth(values: List[float]) -> List[float]:
 
     v = np.asarray(values, dtype=np.float64)
     w = max(1, len(v) // 25)
-    out = []
-    for i in range(len(v)):
-        window = v[max(0, i - w + 1) : i + 1]
-        window = window[np.isfinite(window)]
-        out.append(float(window.mean()) if len(window) else float("nan"))
-    return out
+    windows = [v[max(0, i - w + 1) : i + 1] for i in range(len(v))]
+    windows = [x[np.isfinite(x)] for x in windows]
+    return [float(x.mean()) if len(x) else float("nan") for x in windows]
 
 
 def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]]:

@@ -1,10 +1,6 @@
 """The outputs of a hyper-parameter search (:mod:`pml_extensions.runner.protocols.search`): ``search.json``,
-``results.md`` and ``search.png`` (objective per trial and best so far) of an Optuna study, and the user attributes
-of its trials that they read (each trial's folder, its failure reason, its folds that kept the untrained model).
-
-``results.md`` and the search's page of ``report.html`` show the same blocks (:mod:`.tables`), built from
-``search.json`` alone by :func:`search_blocks`: the study in one line, the best trial's test metrics when
-``search.json`` holds them (``best["test"]``: ``{key: {metric: value}}``), the trials table and the failed trials.
+``results.md`` and ``search.png`` of an Optuna study, and the user attributes of its trials that they read.
+``results.md`` and the report's search page show the same blocks, built from ``search.json`` by :func:`search_blocks`.
 """
 
 import json
