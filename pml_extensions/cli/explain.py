@@ -1,4 +1,4 @@
-"""``python -m pml_extensions explain``: why are these two images similar?
+"""``python -m pml_extensions explain``: why are these two images similar? (docs/explain.md: what it reads and writes)
 
 Examples::
 
@@ -7,36 +7,24 @@ Examples::
     python -m pml_extensions explain --run experiments/mine --out why/       # the run's model on its test images
     python -m pml_extensions explain query.jpg catalogue.csv --columns label=category,path=image --skip_bad_images
 
-Writes one PNG overlay per (query, reference) pair — query | reference (its true rank, cosine and class) |
-"Decomposition" overall maps on both images ("Decomposition+Bias" too when the head's bias changes them) | one
-point-specific map — and ``similarity.json`` (rank, cosine similarity and dot product of the pre-normalisation
-embeddings, the file names and classes, the model and its epoch, the warnings). A reference folder is read
-recursively, the first folder level naming the class (as torchvision's ImageFolder); a CSV table names it in its label
-column (``--columns`` maps other column names); the query's own file (same path or same bytes) is left out, with a
-note.
-
-``--run EXPERIMENT_FOLDER`` (or a ``--checkpoint`` inside a run, without REFERENCE) explains what the run trained on:
-the model it selected (a unit's ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth``; a fold's
-``fold_<k>/best.pth``), its test images (the run's dataset with its column mapping; images that do not decode
-are left out when the run did so or ``--skip_bad_images`` is given) through the run's eval transform; the files are
-named after the epoch the run selected (``epoch3_00_<reference>.png``). Without QUERY the first test image is the
-query. One line warns when the explained embeddings have collapsed (mean pairwise cosine > 0.999) and when the
-explained map is coarser than 7 × 7 cells (with the ``--image-size`` that gives 7 × 7).
-Maps follow Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021.
+Writes one PNG overlay per (query, reference) pair and ``similarity.json``; maps follow Zhu et al., "Visual
+Explanation for Deep Metric Learning", IEEE TIP 2021.
 """
 
 from __future__ import annotations  # annotations name torch types that load only when a command runs
 
 import argparse
+import functools
 import os
+import signal
 import sys
 from typing import List, Optional
 
-# torch, PIL and the package's rooms are imported inside the functions: `explain --help` answers at once
+# torch, PIL and the package's heavy rooms are imported inside the functions: `explain --help` answers at once
+from ..runner.errors import OUTPUT_ERRNOS, OutputError, first_line
 from .explain_inputs import (  # noqa: F401 - load_image, load_models: the public helpers, importable from here
     RunData,
     drop_bad,
-    input_channels,
     load_image,
     load_models,
     references,
@@ -70,17 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="explanations", help="output folder (default: explanations)")
     p.add_argument(
         "--run",
-        default=None,
         metavar="EXPERIMENT_FOLDER",
         help="an experiment folder of `python -m pml_extensions run`: its selected model (unless --checkpoint), its "
         "test images (unless REFERENCE) and its eval transform (unless --image-size)",
     )
-    p.add_argument("--variant", default=None, help="with --run: the variant explained")
-    p.add_argument("--seed", type=int, default=None, help="with --run: the seed explained")
-    p.add_argument("--fold", type=int, default=None, help="with --run: the fold explained (default 0)")
+    p.add_argument("--variant", help="with --run: the variant explained")
+    p.add_argument("--seed", type=int, help="with --run: the seed explained")
+    p.add_argument("--fold", type=int, help="with --run: the fold explained (default 0)")
     p.add_argument(
         "--columns",
-        default=None,
         help="for a CSV REFERENCE: its columns, e.g. label=category,path=image (see ImageCSVSplit)",
     )
     p.add_argument(
@@ -92,7 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--checkpoint",
-        default=None,
         help="what our runs write: an MLRC fold's best.pth or fold folder, the XML job's PML model "
         "folder (trunk_best*.pth / embedder_best*.pth), the resolution protocol's student or teacher "
         "file; the model is rebuilt from the run's config.yaml. Also a {'trunk': ..., 'embedder': ...} "
@@ -101,28 +86,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reference-checkpoint",
-        default=None,
         help="the database model, when it differs from the query model (e.g. RAML: a student query "
         "against a teacher database); same formats as --checkpoint. Default: the query model",
     )
     p.add_argument("--trust-checkpoint", action="store_true", help="allow unpickling whole modules from --checkpoint")
     p.add_argument(
         "--layer",
-        default=None,
         help="name of the trunk module whose [N, C, h, w] map (or [N, T, C] tokens) "
         "is explained, e.g. 'features.18' or '0.features'. Default: the last such module",
     )
-    p.add_argument("--reference-layer", default=None, help="--layer for the reference model")
+    p.add_argument("--reference-layer", help="--layer for the reference model")
     p.add_argument(
         "--reference-image-size",
         type=int,
-        default=None,
         help="square size of the reference images (default: --image-size); e.g. the teacher's database resolution",
     )
     p.add_argument(
         "--image-size",
         type=int,
-        default=None,
         help="shorter side of the query images in pixels (default: the run's image size when --checkpoint is a "
         "run's file, else 320: 10 x w maps for MobileNetV2); images are normalised as the run's eval transform",
     )
@@ -138,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         nargs=2,
         metavar=("Y", "X"),
-        default=None,
         help="query pixel (in --image-size coordinates) for the point-specific map; default: the maximum "
         "of the query's overall map",
     )
@@ -159,28 +139,23 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     for flag, v in (("--image-size", args.image_size), ("--reference-image-size", args.reference_image_size)):
         if v is not None and v < 16:
-            print(f"{flag} must be at least 16", file=sys.stderr)
-            return 2
+            return _fail(f"{flag} must be at least 16")
     run = args.run
     if run is None and args.reference is None and args.checkpoint is not None:
         run = run_of(args.checkpoint)  # a run's file: explain what the run trained on
     if run is None and (args.query is None or args.reference is None):
         parser.error("the following arguments are required: query, reference")
     if run is not None and args.reference_checkpoint is not None:
-        print("--reference-checkpoint is not for a run's model (--run): pass both checkpoints", file=sys.stderr)
-        return 2
+        return _fail("--reference-checkpoint is not for a run's model (--run): pass both checkpoints")
     if args.query is not None and not os.path.isfile(args.query):
-        print(f"query image {args.query} not found", file=sys.stderr)
-        return 2
+        return _fail(f"query image {args.query} not found")
     if args.reference is not None:
         try:
             refs = references(args)
         except (OSError, ValueError) as e:
-            print(str(e).splitlines()[0], file=sys.stderr)
-            return 2
+            return _fail(first_line(e))
     import torch
 
-    from ..runner.errors import OUTPUT_ERRNOS, Interrupted, OutputError
     from ..runner.experiment.interrupts import raise_on_signals
 
     try:  # before the models load and the images are read: an --out that cannot be written stops at once
@@ -190,8 +165,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not os.access(args.out, os.W_OK):
             raise PermissionError(13, "Permission denied", args.out)
     except OSError as e:
-        print(f"error: {OutputError.writing(f'--out {args.out}', e, '--out')}", file=sys.stderr)
-        return 1
+        return _fail(f"error: {OutputError.writing(f'--out {args.out}', e, '--out')}", 1)
 
     device = torch.device(args.device)
     try:
@@ -204,8 +178,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 refs = drop_bad(refs, args.skip_bad_images, f"reference {args.reference}")
             query, excluded = args.query, []
             if not refs:
-                print("no reference image to compare with", file=sys.stderr)
-                return 2
+                return _fail("no reference image to compare with")
             if query is None:  # the first test image: itself left out of its references
                 query, excluded, refs = refs[0].path, [(refs[0], _FIRST_IMAGE)], refs[1:]
             elif many and (data is None or args.reference is not None or data.files):
@@ -216,25 +189,24 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if why != _FIRST_IMAGE:
                     print(f"left out {ref.path}: {why}")
             if not refs:
-                print("the references hold no image but the query itself: nothing to compare with", file=sys.stderr)
-                return 2
+                return _fail("the references hold no image but the query itself: nothing to compare with")
             if many and (args.k < 1 or args.k > len(refs)):
                 left = " besides the query" if excluded else ""
-                print(f"--k must be in [1, {len(refs)}] (the number of reference images{left})", file=sys.stderr)
-                return 2
+                return _fail(f"--k must be in [1, {len(refs)}] (the number of reference images{left})")
             return _explain(args, query, refs, device, excluded, data)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the overlays written so far stay
-        print(f"interrupted; the overlays written so far are in {args.out}; rerun the same command", file=sys.stderr)
-        return 128 + (e.signal_number if isinstance(e, Interrupted) else 2)
-    except OSError as e:
-        if isinstance(e, FileNotFoundError) or e.errno not in OUTPUT_ERRNOS:
-            print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-            return 2
-        print(f"error: {OutputError.writing(e.filename or args.out, e, '--out')}", file=sys.stderr)
-        return 1
-    except (ValueError, TypeError, RuntimeError) as e:  # RuntimeError: the model's forward
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
+        message = f"interrupted; the overlays written so far are in {args.out}; rerun the same command"
+        return _fail(message, 128 + getattr(e, "signal_number", signal.SIGINT))
+    except (OSError, ValueError, TypeError, RuntimeError) as e:  # RuntimeError: the model's forward
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.errno in OUTPUT_ERRNOS:
+            return _fail(f"error: {OutputError.writing(e.filename or args.out, e, '--out')}", 1)
+        return _fail(f"error: {first_line(e)}")
+
+
+def _fail(message: str, status: int = 2) -> int:
+    """Print ``message`` on stderr and return the exit status ``status``."""
+    print(message, file=sys.stderr)
+    return status
 
 
 def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = None) -> int:
@@ -250,6 +222,7 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         save_pair_overlay,
         to_display_image,
     )
+    from ..runner.objects.preflight import trunk_input_channels
     from ..runner.objects.saved_models import checkpoint_epoch
     from ..utils.atomic_io import atomic_write_json
 
@@ -266,24 +239,25 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         more = f"; other models: {', '.join(data.others[:6])} (--variant / --seed / --fold)" if data.others else ""
         at = f"epoch {epoch}" if epoch is not None else "epoch not recorded"
         print(f"model: {data.unit}, {at} ({checkpoint}){more}")
-    ref_models = None
+    ref_trunk = ref_embedder = None
     if args.reference_checkpoint is not None:
-        ref_models = load_models(args.reference_checkpoint, args.trust_checkpoint)
-    for m in (trunk, embedder) + (tuple(ref_models) if ref_models else ()):
-        m.to(device)
+        ref_trunk, ref_embedder = load_models(args.reference_checkpoint, args.trust_checkpoint)
+    for m in (trunk, embedder, ref_trunk, ref_embedder):
+        if m is not None:
+            m.to(device)
     try:
         dec = ActivationDecomposition(
             trunk,
             embedder,
             args.layer,
-            reference_trunk=ref_models[0] if ref_models else None,
-            reference_embedder=ref_models[1] if ref_models else None,
-            reference_layer=args.reference_layer if ref_models else None,
+            reference_trunk=ref_trunk,
+            reference_embedder=ref_embedder,
+            reference_layer=args.reference_layer if ref_trunk is not None else None,
         )
     except ValueError as e:
         raise ValueError(f"{e} (--layer / --reference-layer)") from None
-    cq = input_channels(trunk)
-    cr = input_channels(ref_models[0]) if ref_models else cq
+    cq = trunk_input_channels(trunk) or 3  # a trunk without a convolution: RGB
+    cr = (trunk_input_channels(ref_trunk) or 3) if ref_trunk is not None else cq
     keep = not args.square
     size_q, stats = side_of(checkpoint, cq, args.image_size)
     if data is not None and args.reference is None and not data.files and args.image_size is not None:
@@ -292,16 +266,13 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         load_q = load_r = data.loader()
         stats_r = stats
     else:
-        if ref_models:
+        if ref_trunk is not None:
             size_r, stats_r = side_of(args.reference_checkpoint, cr, args.reference_image_size or args.image_size)
         else:
             size_r, stats_r = args.reference_image_size or size_q, stats
 
-        def load_q(path):
-            return load_image(path, size_q, cq, keep, stats)
-
-        def load_r(path):
-            return load_image(path, size_r, cr, keep, stats_r)
+        load_q = functools.partial(load_image, size=size_q, channels=cq, keep_aspect=keep, stats=stats)
+        load_r = functools.partial(load_image, size=size_r, channels=cr, keep_aspect=keep, stats=stats_r)
 
     q = load_q(query).to(device)[None]
     try:
@@ -323,7 +294,6 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
     emb = torch.cat(chunks)
     cos = torch.nn.functional.cosine_similarity(fq.embedding, emb, dim=1)
     order = torch.argsort(cos, descending=True)[: (args.k if len(refs) > 1 else 1)].tolist()
-    warnings = []
     runner = dec.query_folder.runner
 
     def feature_side(side: int) -> int:
@@ -331,14 +301,13 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
             shape = runner.run(torch.zeros(1, q.shape[1], side, side, device=device, dtype=q.dtype)).feature_map.shape
         return int(min(shape[-2:]))
 
-    for line in (
+    warnings = [
         collapse_warning(torch.cat([fq.embedding, emb]).detach(), what="images (the query and every reference)"),
         coarse_map_warning(tuple(q.shape[-2:]), tuple(fq.feature_size), feature_side),
-    ):
-        if line:
-            warnings.append(line)
-            print(line, file=sys.stderr)
-    os.makedirs(args.out, exist_ok=True)
+    ]
+    warnings = [line for line in warnings if line]
+    for line in warnings:
+        print(line, file=sys.stderr)
     prefix = f"epoch{epoch}_" if epoch is not None else ""
     results = []
     qd = to_display_image(q[0], *stats)
@@ -392,9 +361,8 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
             }
         )
         print(f"{refs[idx]}: cosine similarity {sim:.4f} -> {path}")
-    out = os.path.join(args.out, "similarity.json")
     atomic_write_json(
-        out,
+        os.path.join(args.out, "similarity.json"),
         {
             "query": query,
             "query_label": query_label,

@@ -1,29 +1,20 @@
 """A run's inputs for ``explain`` (:mod:`pml_extensions.cli.explain`): its model (a checkpoint, the model a run
-selected, or the ImageNet MobileNetV2), the image files read and normalised as that model's run read them, and a
-run's own test images through its eval transform (:class:`RunData`). The model and the data come from the runner's
-one path: :mod:`pml_extensions.runner.objects.saved_models` and the run's ``config.yaml`` through its
-:class:`~pml_extensions.runner.objects.builder.Builder`.
+selected, or the ImageNet MobileNetV2), image files read as that model's run read them, and a run's own test images
+through its eval transform (:class:`RunData`), all through the runner's one path
+(:mod:`pml_extensions.runner.objects.saved_models`, the run's ``config.yaml`` and its ``Builder``).
 """
 
 from __future__ import annotations  # annotations name torch types that load only when a command runs
 
+import json
 import os
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
 
 #: the side images are resized to when neither ``--image-size`` nor the run's config gives one
 DEFAULT_IMAGE_SIZE = 320
-
-
-def _mobilenet_trunk(pretrained: bool) -> nn.Module:
-    from torch import nn
-
-    from pml_extensions.trunks.pretrained import mobilenet_v2_features
-
-    return nn.Sequential(mobilenet_v2_features(pretrained=pretrained), nn.AdaptiveAvgPool2d(1), nn.Flatten())
 
 
 def load_models(checkpoint: Optional[str], trust: bool = False):
@@ -36,8 +27,13 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
     from torch import nn
 
     from ..runner.objects.saved_models import load_models as _load_models
+    from ..trunks.pretrained import mobilenet_v2_features
 
-    return _load_models(checkpoint, trust, default=lambda: (_mobilenet_trunk(True), nn.Identity()))
+    def imagenet_mobilenet():
+        trunk = nn.Sequential(mobilenet_v2_features(pretrained=True), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        return trunk, nn.Identity()
+
+    return _load_models(checkpoint, trust, default=imagenet_mobilenet)
 
 
 def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False, stats=None) -> torch.Tensor:
@@ -78,15 +74,6 @@ def side_of(checkpoint, channels, size):
     fits = run is not None and (run["mean"] is None or len(run["mean"]) == channels)  # else a config we cannot read
     stats = (run["mean"], run["std"]) if fits else _default_stats(channels)
     return size or (run or {}).get("image_size") or DEFAULT_IMAGE_SIZE, stats
-
-
-def input_channels(trunk: nn.Module) -> int:
-    from torch import nn
-
-    for m in trunk.modules():
-        if isinstance(m, nn.Conv2d):
-            return int(m.in_channels)
-    return 3
 
 
 def run_of(checkpoint: str) -> Optional[str]:
@@ -138,8 +125,8 @@ def drop_bad(refs: list, skip: bool, where: str) -> list:
 
 
 class RunData:
-    """What a run trained and tested on, as explain reads it: its config (the variant's), model pick, test images
-    (``refs``, class names as the dataset has them) and eval transform."""
+    """What a run trained and tested on, as explain reads it: its model pick, test images (``refs``, class names as
+    the dataset has them) and eval transform (the variant's config)."""
 
     def __init__(self, args, run: str):
         import numpy as np
@@ -151,16 +138,13 @@ class RunData:
         from ..runner.objects.preflight import image_paths
         from ..runner.objects.saved_models import checkpoint_epoch, find_run_config, selected_model
 
-        self.run = run
         if args.checkpoint is not None:
             if args.variant is not None or args.seed is not None or args.fold is not None:
                 raise ValueError("--variant / --seed / --fold choose the run's model: leave them out with --checkpoint")
             self.checkpoint, self.epoch = args.checkpoint, checkpoint_epoch(args.checkpoint)
-            self.unit, self.others = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run)), []
             # the unit the file belongs to: <variant>/seed_<s>/... or fold_<k>/...
-            parts = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run)).split(os.sep)
-            names = (find_run_config(run, levels=0)[0] or {}).get("variants") or {}
-            variant = parts[0] if parts[0] in names else None
+            self.unit = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run))
+            self.others, variant = [], self.unit.split(os.sep)[0]
         else:
             pick = selected_model(run, args.variant, args.seed, args.fold)
             self.checkpoint, self.epoch, self.unit = pick["checkpoint"], pick["epoch"], pick["unit"]
@@ -168,20 +152,17 @@ class RunData:
         cfg, _ = find_run_config(run, levels=0)
         if cfg is None:
             raise ValueError(f"--run {run} has no config.yaml")
-        if variant is not None and (cfg.get("variants") or {}):
+        if variant in (cfg.get("variants") or {}):
             cfg = variant_configs(cfg, [variant])[variant]
-        self.config = cfg
         # every image file listed (explain leaves out the bad ones itself, naming them: drop_bad)
         self.builder = Builder({**cfg, "skip_bad_images": False}, log=lambda *a, **k: None)
-        self.dataset = None
+        self.dataset, self.files, self.index = None, False, {}
         if args.reference is not None:
             return
         if cfg.get("dataset") is None:
             raise ValueError(f"--run {run}: its config has no dataset key to read the test images from; pass REFERENCE")
         results, test = os.path.join(run, "results.json"), None
         if os.path.isfile(results):  # a protocol that split the classes itself lists its test classes there
-            import json
-
             with open(results, encoding="utf-8") as f:
                 test = json.load(f).get("test_classes")
         data = self.builder.build_dataset(None if test is not None else "test")
@@ -211,12 +192,11 @@ class RunData:
         from ..explain.reference_images import read_image
 
         transform = self.builder.build_transform("eval")
-        load = getattr(self.dataset, "load_image", None) if getattr(self, "files", False) else None
-        index = getattr(self, "index", {})
+        load = getattr(self.dataset, "load_image", None) if self.files else None
 
         def read(path):
-            if path in index:  # an item of the run's dataset, read as the dataset reads it
-                i = index[path]
+            if path in self.index:  # an item of the run's dataset, read as the dataset reads it
+                i = self.index[path]
                 image = load(i) if load is not None else self.dataset[i][0]
             else:
                 image = read_image(path, "RGB")

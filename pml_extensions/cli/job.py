@@ -33,10 +33,10 @@ def run_argv(argv: List[str]) -> List[str]:
         >>> run_argv(["--num_epochs", "1", "--seeds", "0", "1"])
         ['xml_glyphs', '--num_epochs', '1', '--seeds', '0', '1', '--root_experiment_folder', 'runs']
     """
-    config, rest = (argv[0], argv[1:]) if argv and not argv[0].startswith("--") else (DEFAULT_CONFIG, list(argv))
+    config, rest = run._split(argv)
     if "--root_experiment_folder" not in rest:
         rest += ["--root_experiment_folder", DEFAULT_ROOT]
-    return [config] + rest
+    return [DEFAULT_CONFIG if config is None else config] + rest
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -47,8 +47,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
 
     def job():
-        args = run_argv(argv)
-        _check_flat(args[0])
+        args = _flat_run_argv(argv)
         if sys.stderr.isatty() and "--progress" not in args:  # a terminal: bars; a log file or a pipe: none
             args.append("--progress")
         return run._main(args, prog=PROG, announce=lambda config, folder: _announce(args[0], config, folder))
@@ -62,19 +61,20 @@ def load_job_config(argv: List[str]):
     Raises:
         ConfigError: as ``main`` would report.
     """
-    args = run_argv(list(argv))
-    _check_flat(args[0])
-    return run.load(args)[:2]
+    return run.load(_flat_run_argv(list(argv)))[:2]
 
 
-def _check_flat(config_arg: str) -> None:
+def _flat_run_argv(argv: List[str]) -> List[str]:
+    """:func:`run_argv`, refused for a powerful-benchmarker folder config (``job`` runs flat configs)."""
     from ..runner.config.loader import config_layout, find_config
 
-    if config_layout(find_config(config_arg)) == "folders":
+    args = run_argv(argv)
+    if config_layout(find_config(args[0])) == "folders":
         raise ConfigError(
-            f"job: {config_arg} is a powerful-benchmarker folder config; run it with "
-            f"python -m pml_extensions run {config_arg}"
+            f"job: {args[0]} is a powerful-benchmarker folder config; run it with "
+            f"python -m pml_extensions run {args[0]}"
         )
+    return args
 
 
 def _announce(config_arg: str, config: dict, folder: str) -> None:

@@ -34,9 +34,11 @@ failure rule (bayes_opt_max_failures_in_a_row), 2 config error (one line on stde
 SIGINT / SIGTERM.
 """
 
+import glob
 import os
+import signal
 import sys
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..runner.errors import ConfigError
 
@@ -67,42 +69,38 @@ def find_config_root(name_or_path: str) -> str:
     return find_config(name_or_path)
 
 
-def _variants(root: str) -> List[str]:
+def _split(argv: List[str]) -> Tuple[Optional[str], List[str]]:
+    """``(CONFIG, the options)``: CONFIG is the first argument unless it is an option."""
+    return (argv[0], argv[1:]) if argv and not argv[0].startswith("--") else (None, list(argv))
+
+
+def _variants(root: str) -> str:
+    """The variant names of a folder config (its folders' files besides ``default.yaml``), for a message."""
     from ..runner.config.loader import CONFIG_FOLDERS
 
-    names = set()
-    for folder in CONFIG_FOLDERS:
-        path = os.path.join(root, folder)
-        if os.path.isdir(path):
-            names |= {f[:-5] for f in os.listdir(path) if f.endswith(".yaml") and f != "default.yaml"}
-    return sorted(names)
+    names = {os.path.basename(p)[:-5] for f in CONFIG_FOLDERS for p in glob.glob(os.path.join(root, f, "*.yaml"))}
+    return ", ".join(sorted(names - {"default"})) or "-"
 
 
 def _variant_selection(root: str, variant, selection: dict) -> dict:
-    from ..runner.config.loader import CONFIG_FOLDERS, display_path
+    """``selection`` with ``[default, variant]`` for every config folder that has ``<variant>.yaml``."""
+    from ..runner.config.loader import CONFIG_FOLDERS, config_layout, display_path
 
-    if variant is True or variant is None or not isinstance(variant, str) or not variant:
+    if not isinstance(variant, str) or not variant:
+        raise ConfigError(f"command line: --variant: needs a name; {display_path(root)} has: {_variants(root)}")
+    found = [folder for folder in CONFIG_FOLDERS if os.path.isfile(os.path.join(root, folder, f"{variant}.yaml"))]
+    if not found and config_layout(root) == "flat":  # a flat config's variants are entries of its `variants` key
         raise ConfigError(
-            f"command line: --variant: needs a name; {display_path(root)} has: {', '.join(_variants(root)) or '-'}"
+            f"command line: --variant {variant}: {display_path(root)} is a flat config, without variant files; "
+            "--variants NAME ... keeps entries of its `variants` key"
+        )
+    if not found:
+        raise ConfigError(
+            f"command line: --variant {variant}: no such variant; {display_path(root)} has: {_variants(root)}"
         )
     out = dict(selection)
-    found = False
-    for folder in CONFIG_FOLDERS:
-        if os.path.isfile(os.path.join(root, folder, f"{variant}.yaml")):
-            found = True
-            out.setdefault(folder, ["default", variant])
-    if not found:
-        from ..runner.config.loader import config_layout
-
-        if config_layout(root) == "flat":  # a flat config's variants are entries of its `variants` key
-            raise ConfigError(
-                f"command line: --variant {variant}: {display_path(root)} is a flat config, without variant files; "
-                "--variants NAME ... keeps entries of its `variants` key"
-            )
-        raise ConfigError(
-            f"command line: --variant {variant}: no such variant; {display_path(root)} has: "
-            f"{', '.join(_variants(root)) or '-'}"
-        )
+    for folder in found:
+        out.setdefault(folder, ["default", variant])
     return out
 
 
@@ -142,8 +140,7 @@ def _list(role: Optional[str]) -> int:
     for r in [role] if role else ROLES:
         groups = {}
         for name, module in names_for_role(r).items():
-            top = module if module.startswith("pml_extensions") else ".".join(module.split(".")[:2])
-            group = "pml_extensions" if top.startswith("pml_extensions") else top
+            group = "pml_extensions" if module.startswith("pml_extensions") else ".".join(module.split(".")[:2])
             groups.setdefault(group, []).append(name)
         print(f"{r}:")
         for group in sorted(groups, key=lambda g: (not g.startswith("pml_extensions"), g)):
@@ -155,7 +152,7 @@ def guarded(call: Callable[[], int], what: str = "--root_experiment_folder") -> 
     """``call()``'s exit status, or one line on stderr and the status for what stopped it: an interrupt (``128 +
     signal``: 130 for Ctrl-C, 143 for SIGTERM; where it stood and that rerunning resumes), a file that cannot be
     written or read (1; the path), a config error (2). Under torchrun only rank 0 prints."""
-    from ..runner.errors import OUTPUT_ERRNOS, Interrupted, OutputError
+    from ..runner.errors import OUTPUT_ERRNOS, ConfigProblems, OutputError, first_line
 
     def say(line: str) -> None:
         if os.environ.get("RANK", "0") == "0":
@@ -169,14 +166,12 @@ def guarded(call: Callable[[], int], what: str = "--root_experiment_folder") -> 
         where = position()
         stood = "before the first epoch" if where == "the start" else f"at {where}"
         say(f"interrupted {stood}; rerun the same command to resume")
-        return 128 + (e.signal_number if isinstance(e, Interrupted) else 2)
+        return 128 + getattr(e, "signal_number", signal.SIGINT)
     except OutputError as e:
-        say(f"error: {str(e).splitlines()[0]}")
+        say(f"error: {first_line(e)}")
         return 1
     except ConfigError as e:
-        from ..runner.errors import ConfigProblems
-
-        say(f"config error: {str(e) if isinstance(e, ConfigProblems) else str(e).splitlines()[0]}")
+        say(f"config error: {e if isinstance(e, ConfigProblems) else first_line(e)}")
         return 2
     except OSError as e:
         if e.errno not in OUTPUT_ERRNOS:
@@ -194,20 +189,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     return guarded(lambda: _main(argv))
 
 
-def _print_results(results: dict, folder: str) -> None:
-    best = results.get("best") if isinstance(results, dict) and "trials" in results else None
+def _print_results(results: dict, folder: str, search: bool) -> None:
+    best = results.get("best") if search else None
     if best:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in best["params"].items())
         print(f"best of {results['n_trials']} trials: trial {best['number']} (objective {best['value']:.4f}): {shown}")
-    test = (best or results).get("test") if isinstance(results, dict) else None  # a search: its best trial's
-    if isinstance(test, dict):
-        for key, metrics in test.items():
-            if key == "per_model" or not isinstance(metrics, dict):
-                continue
+    test = (best or results).get("test")  # a search: its best trial's
+    for key, metrics in (test if isinstance(test, dict) else {}).items():
+        if isinstance(metrics, dict):
             shown = ", ".join(f"{m}={v:.4f}" for m, v in metrics.items() if isinstance(v, float))
             print(f"test {key}: {shown}")
-    main_file = "search.json" if isinstance(results, dict) and "trials" in results else "results.json"
+    main_file = "search.json" if search else "results.json"
     print(f"results: {os.path.join(folder, main_file)}; report: {os.path.join(folder, 'report.html')}")
+
+
+def _experiment_folder(options: dict, config_arg, config_name: Optional[str] = None) -> str:
+    """``<root_experiment_folder>/<experiment_name>``: the option's name, else the config's, else the config
+    folder's (``_<variant>`` added)."""
+    variant = options.get("variant")
+    default_name = os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
+    name = options.get("experiment_name") or config_name or default_name
+    return os.path.join(str(options.get("root_experiment_folder", "experiments")), str(name))
 
 
 def load(argv: List[str]):
@@ -221,9 +223,8 @@ def load(argv: List[str]):
     from ..runner.config.loader import parse_command_line, select_variants, split_selection
     from ..runner.protocols import load_config
 
-    config_arg, argv = (argv[0], argv[1:]) if argv and not argv[0].startswith("--") else (None, argv)
-    cli = parse_command_line(argv)
-    selection, rest = split_selection(cli)
+    config_arg, argv = _split(argv)
+    selection, rest = split_selection(parse_command_line(argv))
     runner = {k.replace("-", "_"): rest.pop(k) for k in RUNNER_KEYS if k in rest}
     chosen = _names(rest.pop("variants")) if _names(rest.get("variants")) is not None else None
     config_arg = runner.get("config_root", config_arg)
@@ -232,25 +233,21 @@ def load(argv: List[str]):
     root = find_config_root(str(config_arg))
     if "variant" in runner:
         selection = _variant_selection(root, runner["variant"], selection)
-    variant = runner.get("variant")
-    default_name = os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
-    root_folder = str(runner.get("root_experiment_folder", "experiments"))
     config, sources = load_config(
         root, selection, rest, allow_search=True, data_folder=runner.get("data_folder"), columns=runner.get("columns")
     )
-    name = runner.get("experiment_name") or config.get("experiment_name") or default_name
+    folder = _experiment_folder(runner, config_arg, config.get("experiment_name"))
     if chosen is not None:
         config = select_variants(config, chosen)
-    return config, sources, os.path.join(root_folder, str(name)), runner, root
+    return config, sources, folder, runner, root
 
 
 def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callable[..., None]] = None) -> int:
     """``run`` (and ``job``, which calls it with its own ``prog`` and an ``announce(config, folder)`` line)."""
     from ..runner.config.loader import display_path, find_search_markers, parse_command_line
 
-    typed = list(argv)
-    config_arg = argv[0] if argv and not argv[0].startswith("--") else None
-    cli = parse_command_line(argv[1:] if config_arg is not None else argv)
+    config_arg, options = _split(argv)
+    cli = parse_command_line(options)
     if "list" in cli:
         value = cli["list"]
         return _list(None if value is True and config_arg is None else (config_arg if value is True else value))
@@ -261,22 +258,18 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
 
         if not isinstance(cli["reproduce"], str):
             raise ConfigError("command line: --reproduce: needs the folder of a finished run")
-        return reproduce.main(cli["reproduce"], command=list(prog) + typed)
+        return reproduce.main(cli["reproduce"], command=list(prog) + argv)
     if cli.get("report_only"):
         from ..runner.outputs.report import write_report
 
-        config_arg = cli.get("config_root", config_arg)
-        variant = cli.get("variant")
-        name = cli.get("experiment_name") or (
-            os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
-        )
-        print(write_report(os.path.join(str(cli.get("root_experiment_folder", "experiments")), str(name))))
+        print(write_report(_experiment_folder(cli, cli.get("config_root", config_arg))))
         return 0
     config, sources, folder, runner, root = load(argv)
+    search = bool(find_search_markers(config))
     if runner.get("dry_run"):
         import yaml
 
-        if not find_search_markers(config):  # the checks of the data the run makes before any work
+        if not search:  # the checks of the data the run makes before any work
             from ..runner.protocols import protocol_of
 
             notes = lambda msg="", *a, **k: str(msg).startswith("note:") and print(msg)  # noqa: E731
@@ -288,27 +281,21 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
     if runner.get("new") and runner.get("resume_anyway"):
         raise ConfigError("command line: --new and --resume-anyway exclude each other")
     from ..runner.experiment import distributed as dist_utils  # the run starts: torch and the rest load here
+    from ..runner.experiment.interrupts import raise_on_signals
 
     dist_utils.init_from_env()
     on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")
-    command = list(prog) + typed
     if announce is not None and dist_utils.is_main():
         announce(config, folder)
-    from ..runner.experiment.interrupts import raise_on_signals
-
+    if search:
+        from ..runner.protocols.search import run_search as run_experiment
+    else:
+        from ..runner.protocols import run_protocol as run_experiment
     with raise_on_signals():  # SIGINT / SIGTERM: errors.Interrupted, reported by guarded() in one line
-        if find_search_markers(config):
-            from ..runner.protocols.search import run_search
-
-            results = run_search(config, folder, sources, on_change=on_change, command=command)
-        else:
-            from ..runner.protocols import run_protocol
-
-            results = run_protocol(config, folder, sources, on_change=on_change, command=command)
+        results = run_experiment(config, folder, sources, on_change=on_change, command=list(prog) + argv)
     if dist_utils.is_main():
-        _print_results(results, folder)
-    stopped = results.get("stopped") if isinstance(results, dict) and "trials" in results else None
-    return 1 if stopped else 0
+        _print_results(results, folder, search)
+    return 1 if search and results.get("stopped") else 0
 
 
 def _names(value) -> Optional[List[str]]:

@@ -38,37 +38,24 @@ Example::
 import importlib
 from typing import Any
 
-#: public name -> the module that defines it, imported on first use (PEP 562): ``import pml_extensions.runner`` and
-#: its light modules (``errors``, ``config``) load no torch, so the command line answers ``--help``, ``--list``,
+#: the module that defines each public name, imported on first use (PEP 562): ``import pml_extensions.runner`` and its
+#: light modules (``errors``, ``config``) load no torch, so the command line answers ``--help``, ``--list``,
 #: ``--dry-run`` and config errors at once
-_LAZY = {
-    "CONFIG_FOLDERS": ".config.loader",
-    "find_config": ".config.loader",
-    "load_config": ".protocols",
-    "merge": ".config.loader",
-    "parse_command_line": ".config.loader",
-    "ROLES": ".config.registry",
-    "classes_for_role": ".config.registry",
-    "find": ".config.registry",
-    "register": ".config.registry",
-    "resolve": ".config.registry",
-    "ConfigError": ".errors",
-    "MissingDataError": ".errors",
-    "Checkpointer": ".experiment.checkpoint",
-    "DistributedBatchSliceSampler": ".experiment.distributed",
-    "Builder": ".objects.builder",
-    "build": ".objects.builder",
-    "MLP": ".objects.mlp",
-    "write_report": ".outputs.report",
-    "PROTOCOLS": ".protocols",
-    "Protocol": ".protocols.base",
-    "PairedProtocol": ".protocols.paired_protocol",
-    "register_protocol": ".protocols",
-    "run_protocol": ".protocols",
-    "MLRCRunner": ".protocols.mlrc",
-    "ensemble_metrics": ".protocols.mlrc",
-    "mlrc_class_splits": ".protocols.mlrc",
+_MODULES = {
+    ".config.loader": ("CONFIG_FOLDERS", "find_config", "merge", "parse_command_line"),
+    ".config.registry": ("ROLES", "classes_for_role", "find", "register", "resolve"),
+    ".errors": ("ConfigError", "MissingDataError"),
+    ".experiment.checkpoint": ("Checkpointer",),
+    ".experiment.distributed": ("DistributedBatchSliceSampler",),
+    ".objects.builder": ("Builder", "build"),
+    ".objects.mlp": ("MLP",),
+    ".outputs.report": ("write_report",),
+    ".protocols": ("PROTOCOLS", "load_config", "register_protocol", "run_protocol"),
+    ".protocols.base": ("Protocol",),
+    ".protocols.paired_protocol": ("PairedProtocol",),
+    ".protocols.mlrc": ("MLRCRunner", "ensemble_metrics", "mlrc_class_splits"),
 }
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:

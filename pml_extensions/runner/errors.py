@@ -1,12 +1,10 @@
-"""The runner's exceptions: :class:`ConfigError` (with :class:`MissingDataError` for data a config names but the
-machine lacks, :class:`DataFileError` for a dataset's bad image files, and :class:`OutputError` for files the run
-cannot write or read back), and :class:`Interrupted`, the
-``KeyboardInterrupt`` a run's SIGINT / SIGTERM handler raises.
+"""The runner's exceptions: :class:`ConfigError`, the one a user sees (:class:`MissingDataError`,
+:class:`DataFileError` and :class:`OutputError` are its kinds), and :class:`Interrupted`, the ``KeyboardInterrupt`` a
+run's SIGINT / SIGTERM handler raises.
 
-Every problem the runner reports to a user is a ``ConfigError`` whose message is one line that starts with the file
-(or ``command line``) and names the key, e.g. ``configs/x/config_models/default.yaml: models.trunk: unknown class
-'bninception'``. The command line prints it and exits with status 2 (1 for an :class:`OutputError`); it is a
-``ValueError``, so library callers may catch either.
+A ``ConfigError``'s message is one line that starts with the file (or ``command line``) and names the key, e.g.
+``configs/x/config_models/default.yaml: models.trunk: unknown class 'bninception'``; the command line prints it and
+exits with status 2 (1 for an ``OutputError``). It is a ``ValueError``, so library callers may catch either.
 
 Example::
 
@@ -27,6 +25,11 @@ class ConfigError(ValueError):
     """A config problem; the one-line message names the file (when known) and the key."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its class name when it has none): what the command line prints."""
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 class DataFileError(ConfigError):
     """The dataset's own files are bad (image files that do not decode or are missing): no config change fixes them,
     so a refusal for the config's problems lists them too (:func:`pml_extensions.runner.protocols.load_config`)."""
@@ -39,14 +42,9 @@ class ConfigProblems(ConfigError):
     def __init__(self, problems: List[str], data_files: Sequence[str] = ()):
         self.problems = list(problems)
         self.data_files = [line for line in data_files if line in self.problems]
-        lines = self.problems
-        text = (
-            lines[0]
-            if len(lines) == 1
-            else f"{len(lines)} problems, nothing was run:\n"
-            + "\n".join(f"  {i}. {line}" for i, line in enumerate(lines, 1))
-        )
-        super().__init__(text)
+        numbered = "".join(f"\n  {i}. {line}" for i, line in enumerate(self.problems, 1))
+        many = f"{len(self.problems)} problems, nothing was run:{numbered}"
+        super().__init__(self.problems[0] if len(self.problems) == 1 else many)
 
 
 class Problems:
@@ -81,14 +79,14 @@ class Problems:
         try:
             yield
         except ConfigProblems as e:
-            self.found += [line for line in e.problems if line not in self.found]
-            self.data_files += [line for line in e.data_files if line not in self.data_files]
+            found, data_files = e.problems, e.data_files
         except ConfigError as e:
-            line = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if line not in self.found:  # two checks that find the same problem report it once
-                self.found.append(line)
-            if isinstance(e, DataFileError) and line not in self.data_files:
-                self.data_files.append(line)
+            found = [first_line(e)]
+            data_files = found if isinstance(e, DataFileError) else []
+        else:
+            return
+        self.found += [line for line in found if line not in self.found]  # two checks may find the same problem
+        self.data_files += [line for line in data_files if line not in self.data_files]
 
     def raise_any(self) -> None:
         """Raise :class:`ConfigProblems` when any check failed."""
@@ -120,7 +118,7 @@ class OutputError(ConfigError, OSError):
             runs/x: cannot write (Permission denied); choose a writable --root_experiment_folder or fix its \
 permissions, then rerun
         """
-        text = str(error).splitlines()[0] if str(error) else type(error).__name__
+        text = first_line(error)
         code = getattr(error, "errno", None)
         if code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "disk is full" in text:
             advice = "the disk is full: free space, then rerun the same command to resume from the last checkpoint"
@@ -130,12 +128,9 @@ permissions, then rerun
 
 
 class Interrupted(KeyboardInterrupt):
-    """The run was stopped by a signal (SIGINT: Ctrl-C, SIGTERM: ``kill``, a scheduler's time limit).
-
-    Raised in the main thread by the handlers the command line installs for the duration of a run
-    (:func:`pml_extensions.runner.experiment.interrupts.raise_on_signals`); a ``KeyboardInterrupt``, so code that
-    lets Ctrl-C through lets it through too (never catch it below the command line). The command line prints one line
-    and exits with ``128 + signal_number`` (130 for SIGINT, 143 for SIGTERM).
+    """The run was stopped by a signal (SIGINT: Ctrl-C, SIGTERM: ``kill``, a scheduler's time limit), raised in the
+    main thread by :func:`pml_extensions.runner.experiment.interrupts.raise_on_signals`. A ``KeyboardInterrupt``: never
+    catch it below the command line, which prints one line and exits with ``128 + signal_number``.
 
     Attributes:
         signal_number: the signal's number (``signal.SIGINT`` = 2, ``signal.SIGTERM`` = 15).

@@ -1,19 +1,7 @@
-"""One self-contained HTML page per experiment, for every protocol: the command line, the dataset, the metrics,
-retrieval examples, smoothed loss curves, the ``xml_loss`` curve, validation curves with the selected epoch marked,
-figures, explanation grids and the config; for a hyper-parameter search the trials table, its plot and the best
-trial's curves and examples.
-
-Everything is embedded (PNG as base64 ``data:`` URIs; no script, nothing fetched), so the file can be mailed or
-attached to an issue. Read from the experiment folder (layout: :mod:`pml_extensions.runner.experiment.folder`):
-``config.yaml``, ``command.txt``, ``results.json`` (MLRC's ``test``/``folds`` as tables; a fold whose best epoch is
-0, the untrained model, is flagged; the selected epoch or iteration of every stage: MLRC's ``folds``, a paired
-protocol's ``units``, any protocol's ``selected``), the tables of ``results.json`` (the blocks ``results.md`` is
-written from, :func:`pml_extensions.runner.outputs.results.results_blocks`: no Markdown is parsed), every stage's
-``logs/*.csv`` (record-keeper tables, at any depth), ``retrieval/*.json`` with their thumbnails
-(:mod:`pml_extensions.runner.outputs.retrieval`), the PNGs at the top of the folder and, when the explanation hook
-ran, every PNG under ``explanations/``; a search folder's ``search.json`` (its trials and the best trial's test
-metrics, :func:`pml_extensions.runner.outputs.search_summary.search_blocks`) and its best trial's folder.
-:func:`pml_extensions.runner.protocols.run_protocol` writes it after each run.
+"""One self-contained HTML page per experiment, for every protocol (what it shows: docs/report.md). Everything is
+embedded (PNG as base64 ``data:`` URIs; no script, nothing fetched) and read from the experiment folder alone; the
+tables are rebuilt from ``results.json`` or ``search.json`` (:mod:`.results`, :mod:`.search_summary`), no Markdown is
+parsed. :func:`pml_extensions.runner.protocols.run_protocol` writes it after each run.
 """
 
 import base64
@@ -23,12 +11,13 @@ import html
 import io
 import json
 import os
+import pathlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...utils.checks import is_int
 from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
 from .results import results_blocks
-from .search_summary import search_blocks
+from .search_summary import metrics_table, search_blocks
 from .tables import Table, inline_html, to_html
 
 #: a screenshot of report.html kept beside it (the browser test writes one); never embedded in the page itself
@@ -36,21 +25,56 @@ SCREENSHOT = "report.png"
 
 
 def _read_csv(path: str) -> Dict[str, List[float]]:
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    """A record-keeper table as ``column -> values`` (NaN where a cell is no number)."""
     out: Dict[str, List[float]] = {}
-    for r in rows:
-        for k, v in r.items():
-            try:
-                out.setdefault(k, []).append(float(v))
-            except (TypeError, ValueError):
-                out.setdefault(k, []).append(float("nan"))
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            for k, v in row.items():
+                try:
+                    out.setdefault(k, []).append(float(v))
+                except (TypeError, ValueError):
+                    out.setdefault(k, []).append(float("nan"))
     return out
+
+
+def _read_text(folder: str, name: str) -> str:
+    path = pathlib.Path(folder, name)
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    return json.loads(pathlib.Path(path).read_text(encoding="utf-8")) if os.path.isfile(path) else {}
+
+
+def _yaml(text: str) -> Dict[str, Any]:
+    """The config's text as a mapping (empty when it is not one)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _data_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+
+
+def _file_uri(path: str) -> str:
+    return _data_uri(pathlib.Path(path).read_bytes())
+
+
+def _figure(folder: str, path: str) -> str:
+    return (
+        f"<figure><img src='{_file_uri(path)}' style='max-width:100%' alt='figure'>"
+        f"<figcaption>{html.escape(os.path.relpath(path, folder))}</figcaption></figure>"
+    )
 
 
 def _untrained_val(folder: str, fold: int, primary: str) -> Optional[float]:
     """Fold ``fold``'s validation ``primary`` at epoch 0 (the untrained model, logged when
-    ``check_untrained_accuracy`` is true): what the best epoch is measured against; None when not logged."""
+    ``check_untrained_accuracy`` is true); None when not logged."""
     path = os.path.join(folder, f"fold_{fold}", "logs", "accuracies_val.csv")
     if not os.path.isfile(path):
         return None
@@ -62,36 +86,15 @@ def _untrained_val(folder: str, fold: int, primary: str) -> Optional[float]:
     return None
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
 def _smooth(values: List[float]) -> List[float]:
     """Trailing moving average over ``max(1, n // 25)`` points (NaNs skipped)."""
     import numpy as np
 
     v = np.asarray(values, dtype=np.float64)
     w = max(1, len(v) // 25)
-    out = []
-    for i in range(len(v)):
-        window = v[max(0, i - w + 1) : i + 1]
-        window = window[np.isfinite(window)]
-        out.append(float(window.mean()) if len(window) else float("nan"))
-    return out
-
-
-def _tables(folder: str) -> Dict[str, List[str]]:
-    """record-keeper CSVs of every stage: table name -> paths (``<stage>/logs/<table>.csv`` at any depth)."""
-    out: Dict[str, List[str]] = {}
-    for path in sorted(glob.glob(os.path.join(folder, "**", "logs", "*.csv"), recursive=True)):
-        out.setdefault(os.path.splitext(os.path.basename(path))[0], []).append(path)
-    return out
-
-
-def _stage(folder: str, path: str) -> str:
-    return os.path.relpath(os.path.dirname(os.path.dirname(path)), folder)
+    windows = [v[max(0, i - w + 1) : i + 1] for i in range(len(v))]
+    windows = [x[np.isfinite(x)] for x in windows]
+    return [float(x.mean()) if len(x) else float("nan") for x in windows]
 
 
 def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]]:
@@ -119,162 +122,118 @@ def _iterations_per_epoch(results: Dict[str, Any], config_text: str) -> Optional
     selected epoch on an iteration axis; None when the config does not fix it."""
     value = results.get("iterations_per_epoch")
     if not isinstance(value, int):
-        trainer = _yaml_value(config_text, "trainer")
+        trainer = _yaml(config_text).get("trainer")
         if isinstance(trainer, dict) and len(trainer) == 1:
             kwargs = next(iter(trainer.values()))
             value = kwargs.get("iterations_per_epoch") if isinstance(kwargs, dict) else None
     return value if is_int(value) and value > 0 else None
 
 
-def _at(xs: List[float], ys: List[float], x: float) -> Optional[float]:
-    for a, b in zip(xs, ys):
-        if a == x:
-            return b
-    return None
-
-
-def _mark(ax, line, xs: List[float], ys: List[float], x: float) -> bool:
+def _mark(ax, line, xs: List[float], ys: List[float], x: float) -> None:
     """A star on ``line`` at ``x``; a dotted vertical line of its colour where the curve has no point there (e.g. a
     student whose best checkpoint is its initial weights, evaluated before any logged row)."""
-    y = _at(xs, ys, x)
+    y = next((b for a, b in zip(xs, ys) if a == x), None)
     if y is None:
         ax.axvline(x, color=line.get_color(), linestyle=":", linewidth=1.5)
     else:
         ax.plot([x], [y], marker="*", markersize=15, color=line.get_color(), markeredgecolor="black")
-    return True
+
+
+def _tables(folder: str) -> Dict[str, List[str]]:
+    """record-keeper CSVs of every stage: table name -> paths (``<stage>/logs/<table>.csv`` at any depth)."""
+    out: Dict[str, List[str]] = {}
+    for path in sorted(glob.glob(os.path.join(folder, "**", "logs", "*.csv"), recursive=True)):
+        out.setdefault(os.path.splitext(os.path.basename(path))[0], []).append(path)
+    return out
+
+
+def _stage(folder: str, path: str) -> str:
+    return os.path.relpath(os.path.dirname(os.path.dirname(path)), folder)
 
 
 def _curves(
     folder: str,
     primary: str,
-    selected: Optional[Dict[str, Tuple[str, int]]] = None,
+    selected: Dict[str, Tuple[str, int]],
     iterations_per_epoch: Optional[int] = None,
 ) -> List[str]:
-    """PNG data URIs: the training losses (raw faint, smoothed solid), the ``xml_loss`` curve when a loss logged
-    one, and the validation primary metric (``<metric>`` or PML's ``<metric>_level0`` column per epoch, or the
-    a plugin's ``validation_*_<metric>`` per iteration). Each stage's selected epoch or iteration
-    (:func:`_selected`) is marked: a star on its validation curve, a dotted line of the stage's colour on the
-    iteration axes (an epoch placed at ``epoch × iterations_per_epoch`` when that is known)."""
+    """PNG data URIs: the training losses and the ``xml_loss`` a loss logged (raw faint, smoothed solid), and the
+    validation primary metric (``<metric>`` or PML's ``<metric>_level0`` per epoch, or a plugin's
+    ``validation_*_<metric>`` per iteration). Each stage's selected epoch or iteration (:func:`_selected`) is marked:
+    a star on its validation curve, a dotted line of its colour on the iteration axes (an epoch at ``epoch ×
+    iterations_per_epoch`` when that is known)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    selected = selected or {}
     x = ITERATION_COLUMN
     tables = _tables(folder)
-    validation_columns = (primary, primary + "_level0")
+    csvs = {path: _read_csv(path) for paths in tables.values() for path in paths}
+    accuracies = [p for t, ps in tables.items() if t.startswith("accuracies") for p in ps]
+    losses = [p for t, ps in tables.items() if not t.startswith("accuracies") for p in ps]
     plots = [
-        ("training loss (smoothed)", "iteration", [(p, "total_loss") for p in tables.get("loss_histories", [])], True),
-        (
-            "xml_loss (smoothed)",
-            "iteration",
-            [(p, "xml_loss") for t, ps in tables.items() if not t.startswith("accuracies") for p in ps],
-            True,
-        ),
-        (
-            f"validation {primary}",
-            "epoch",
-            [(p, c) for t, ps in tables.items() if t.startswith("accuracies") for p in ps for c in validation_columns],
-            False,
-        ),
+        ("training loss (smoothed)", [(p, "total_loss") for p in tables.get("loss_histories", [])], True),
+        ("xml_loss (smoothed)", [(p, "xml_loss") for p in losses], True),
+        (f"validation {primary}", [(p, c) for p in accuracies for c in (primary, primary + "_level0")], False),
     ]
+    # each stage's selected model on the iteration axes (an epoch at epoch × iterations_per_epoch, when known)
+    on_iterations = {
+        stage: value * (iterations_per_epoch if unit == "epoch" else 1)
+        for stage, (unit, value) in selected.items()
+        if unit == "iteration" or iterations_per_epoch
+    }
     images = []
-    for title, xlabel, series, smooth in plots:
+    for title, series, smooth in plots:
         fig, ax = plt.subplots(figsize=(6.4, 3.4))
-        drawn, marked = False, False
+        xlabel, drawn, marked = "iteration" if smooth else "epoch", False, False
         for path, column in series:
-            data = _read_csv(path)
+            data, label = csvs[path], _stage(folder, path)
             if column not in data or x not in data:
                 continue
-            label = _stage(folder, path)
-            xs = data[x]
-            if smooth:
-                line = ax.plot(xs, data[column], alpha=0.25)[0]
-                ax.plot(xs, _smooth(data[column]), color=line.get_color(), label=label)
-            else:
-                line = ax.plot(xs, data[column], marker="o", markersize=3, label=label)[0]
-            drawn = True
+            xs, ys, drawn = data[x], data[column], True
             unit, value = selected.get(label, (None, None))
-            if unit is None:
-                continue
-            if not smooth and unit == "epoch":
-                marked = _mark(ax, line, xs, data[column], value) or marked
-            elif smooth:
-                at = value if unit == "iteration" else (value * iterations_per_epoch if iterations_per_epoch else None)
-                if at is not None:
-                    ax.axvline(at, color=line.get_color(), linestyle=":", linewidth=1.5)
+            if not smooth:
+                line = ax.plot(xs, ys, marker="o", markersize=3, label=label)[0]
+                if unit == "epoch":
+                    _mark(ax, line, xs, ys, value)
                     marked = True
-        if not smooth:  # validation values per iteration, one column per setup
-            for path in [p for t, ps in tables.items() if t.startswith("accuracies") for p in ps]:
-                data = _read_csv(path)
-                label = _stage(folder, path)
-                for column in sorted(c for c in data if c.startswith("validation_") and c.endswith(primary)):
-                    xs = data.get("iteration", data.get(x, []))
-                    line = ax.plot(xs, data[column], marker="o", markersize=3, label=f"{label} {column[11:]}")[0]
-                    xlabel, drawn = "iteration", True
-                    unit, value = selected.get(label, (None, None))
-                    if unit == "iteration" and "teacher_student" in column:  # the setup the selection maximises
-                        marked = _mark(ax, line, xs, data[column], value) or marked
+                continue
+            line = ax.plot(xs, ys, alpha=0.25)[0]
+            ax.plot(xs, _smooth(ys), color=line.get_color(), label=label)
+            if label in on_iterations:
+                ax.axvline(on_iterations[label], color=line.get_color(), linestyle=":", linewidth=1.5)
+                marked = True
+        for path in [] if smooth else accuracies:  # a plugin's validation values per iteration, one column per setup
+            data, label = csvs[path], _stage(folder, path)
+            for column in sorted(c for c in data if c.startswith("validation_") and c.endswith(primary)):
+                xs = data.get("iteration", data.get(x, []))
+                line = ax.plot(xs, data[column], marker="o", markersize=3, label=f"{label} {column[11:]}")[0]
+                xlabel, drawn = "iteration", True
+                unit, value = selected.get(label, (None, None))
+                if unit == "iteration" and "teacher_student" in column:  # the setup the selection maximises
+                    _mark(ax, line, xs, data[column], value)
+                    marked = True
         if drawn:
             ax.set_xlabel(xlabel)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and iterations are whole numbers
             ax.set_title(title + ("; ★ / dotted line: the selected model" if marked else ""), fontsize=9)
             ax.legend(fontsize=6, ncol=2 if len(ax.get_lines()) > 8 else 1)
-            images.append(_png(fig))
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=90, bbox_inches="tight")
+            images.append(_data_uri(png.getvalue()))
         plt.close(fig)
     return images
 
 
-def _read_text(folder: str, name: str) -> str:
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
-        return ""
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
-def _dataset_line(config_text: str) -> str:
-    """The config's dataset spec in one line (``dataset``, or a plugin's ``datasets``)."""
-    import yaml
-
-    try:
-        config = yaml.safe_load(config_text) or {}
-    except yaml.YAMLError:
-        return ""
-    dataset = config.get("dataset") or config.get("datasets")
-    return "" if dataset is None else json.dumps(dataset, sort_keys=True, default=str)
-
-
-def _embedded_png(folder: str, path: str) -> str:
-    with open(path, "rb") as f:
-        data = base64.b64encode(f.read()).decode("ascii")
-    return (
-        f"<figure><img src='data:image/png;base64,{data}' style='max-width:100%' alt='figure'>"
-        f"<figcaption>{html.escape(os.path.relpath(path, folder))}</figcaption></figure>"
-    )
-
-
-def _yaml_value(config_text: str, key: str):
-    import yaml
-
-    try:
-        return (yaml.safe_load(config_text) or {}).get(key)
-    except (yaml.YAMLError, AttributeError):
-        return None
-
-
-def _read_json(path: str) -> Dict[str, Any]:
+def _cell(base: str, item: Dict[str, Any], kind: str, alt: str, caption: str, mark: str = "") -> str:
+    """A retrieval example's cell: its thumbnail, ``caption``, its class and ``mark``; empty without the image."""
+    path = os.path.join(base, item.get("image", ""))
     if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _data_uri(path: str) -> str:
-    with open(path, "rb") as f:
-        return "data:image/png;base64," + base64.b64encode(f.read()).decode("ascii")
+        return ""
+    text = f"{caption}<br>{html.escape(str(item.get('class')))}{mark}"
+    return f"<td class='{kind}'><img src='{_file_uri(path)}' alt='{alt}'><br>{text}</td>"
 
 
 def _retrieval_html(folder: str) -> str:
@@ -294,24 +253,13 @@ def _retrieval_html(folder: str) -> str:
             out.append(f"<p>{inline_html(str(examples['note']))}</p>")
         out.append("<table class='retrieval'>")
         for query in examples.get("queries", []):
-            q_path = os.path.join(base, query.get("image", ""))
-            if not os.path.isfile(q_path):
+            row = [_cell(base, query, "query", f"query {query.get('index')}", "query")]
+            if not row[0]:
                 continue
-            row = [
-                f"<td class='query'><img src='{_data_uri(q_path)}' alt='query {query.get('index')}'>"
-                f"<br>query<br>{html.escape(str(query.get('class')))}</td>"
-            ]
             for n in query.get("neighbours", []):
-                n_path = os.path.join(base, n.get("image", ""))
-                if not os.path.isfile(n_path):
-                    continue
-                same = bool(n.get("same_class"))
-                mark = "✓ same class" if same else "✗ other class"
-                row.append(
-                    f"<td class='{'same' if same else 'other'}'><img src='{_data_uri(n_path)}' "
-                    f"alt='rank {n.get('rank')}'><br>#{n.get('rank')} · cos {float(n.get('cosine', 0)):.4f}"
-                    f"<br>{html.escape(str(n.get('class')))} {mark}</td>"
-                )
+                kind, mark = ("same", " ✓ same class") if n.get("same_class") else ("other", " ✗ other class")
+                caption = f"#{n.get('rank')} · cos {float(n.get('cosine', 0)):.4f}"
+                row.append(_cell(base, n, kind, f"rank {n.get('rank')}", caption, mark))
             out.append("<tr>" + "".join(row) + "</tr>")
         out.append("</table>")
     if not out:
@@ -360,12 +308,9 @@ def _metrics_tables(folder: str, results: Dict[str, Any], primary: str) -> List[
     """MLRC's test metrics (``results["test"]``) and folds (``results["folds"]``, with each fold's untrained
     validation score) as HTML tables under their headings."""
     parts = []
-    test = {k: v for k, v in results.get("test", {}).items() if k != "per_model" and isinstance(v, dict)}
-    if test:
-        metrics = sorted({m for v in test.values() for m in v})
-        rows = [[key, *("–" if v.get(m) is None else f"{v[m]:.4f}" for m in metrics)] for key, v in test.items()]
-        table = Table(["embedding", *metrics], rows, numeric=[False] + [True] * len(metrics))
-        parts.append(f"<h2>Test metrics</h2>{to_html([table])}")
+    test = metrics_table(results.get("test"))
+    if test is not None:
+        parts.append(f"<h2>Test metrics</h2>{to_html([test])}")
     folds = results.get("folds", [])
     if folds:
         rows = []
@@ -395,9 +340,10 @@ def write_report(folder: str) -> str:
         raise FileNotFoundError(f"{folder}: no such experiment folder")
     results = _read_json(os.path.join(folder, "results.json"))
     config_text = _read_text(folder, "config.yaml")
+    config = _yaml(config_text)
     command = _read_text(folder, "command.txt").strip()
-    dataset = _dataset_line(config_text)
-    protocol = results.get("protocol") or (_yaml_value(config_text, "protocol") or "mlrc")
+    dataset = config.get("dataset") or config.get("datasets")
+    protocol = results.get("protocol") or config.get("protocol") or "mlrc"
     primary = results.get("primary_metric", "mean_average_precision_at_r")
     try:
         summary = _read_json(os.path.join(folder, "search.json"))
@@ -412,8 +358,8 @@ def write_report(folder: str) -> str:
     ]
     if command:
         parts.append(f"<p>Command: <code>{html.escape(command)}</code></p>")
-    if dataset:
-        parts.append(f"<p>Dataset: <code>{html.escape(dataset)}</code></p>")
+    if dataset is not None:
+        parts.append(f"<p>Dataset: <code>{html.escape(json.dumps(dataset, sort_keys=True, default=str))}</code></p>")
     parts += _metrics_tables(folder, results, primary)
     if summary:  # the search: its trials (and the best trial's test metrics) from search.json
         parts.append(f"<h2>Search: trials</h2>{to_html(search_blocks(summary))}")
@@ -426,20 +372,15 @@ def write_report(folder: str) -> str:
     figures = [g for g in sorted(glob.glob(os.path.join(folder, "*.png"))) if os.path.basename(g) != SCREENSHOT]
     if search_text and figures:  # the search plot right under its table
         parts.append("<h2>Search: objective per trial</h2>")
-        parts += [_embedded_png(folder, g) for g in figures]
+        parts += [_figure(folder, g) for g in figures]
         figures = []
     source = best_trial or folder
     where = f" (best trial: {html.escape(os.path.relpath(best_trial, folder))})" if best_trial else ""
     examples = _retrieval_html(source)
     if examples:
         parts.append(f"<h2>Retrieval examples{where}</h2>{examples}")
-    if best_trial:
-        source_results, source_config = (
-            _read_json(os.path.join(best_trial, "results.json")),
-            _read_text(best_trial, "config.yaml"),
-        )
-    else:
-        source_results, source_config = results, config_text
+    source_results = _read_json(os.path.join(best_trial, "results.json")) if best_trial else results
+    source_config = _read_text(best_trial, "config.yaml") if best_trial else config_text
     curves = _curves(
         source,
         source_results.get("primary_metric", primary),
@@ -451,11 +392,11 @@ def write_report(folder: str) -> str:
         parts += [f"<img class='curve' src='{c}' alt='curve'>" for c in curves]
     if figures:
         parts.append("<h2>Figures</h2>")
-        parts += [_embedded_png(folder, g) for g in figures]
+        parts += [_figure(folder, g) for g in figures]
     grids = sorted(glob.glob(os.path.join(source, "explanations", "**", "*.png"), recursive=True))
     if grids:
         parts.append(f"<h2>Explanations (top-k grids with maps){where}</h2>")
-        parts += [_embedded_png(source, g) for g in grids]
+        parts += [_figure(source, g) for g in grids]
     parts.append(f"<h2>Config</h2><pre>{html.escape(config_text)}</pre></body></html>")
     path = os.path.join(folder, "report.html")
     atomic_write_text(path, "\n".join(parts))

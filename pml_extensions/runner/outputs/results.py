@@ -17,17 +17,10 @@ Layout of ``results.json`` (other tools read these keys)::
       ...any extra keys the protocol adds (config, dataset, timings)
     }
 
-Seeds are JSON object keys, hence strings (``"0"``); ``std`` is the sample std over seeds (ddof = 1), ``None`` with a
-single seed. ``ci95`` is the 95 % Student-t interval of the paired per-seed difference
-(:func:`pml_extensions.utils.paired_stats.paired_difference`; ``None`` with a single seed); ``bootstrap_ci95`` the
-95 % percentile interval of a paired bootstrap over seeds *and* test classes when per-class data were given, over
-seeds only otherwise (``bootstrap.resampled`` says which; :func:`~pml_extensions.utils.paired_stats.
-bootstrap_difference`, 10 000 resamples, numpy seed 0 by default). ``text`` holds what :func:`write_results` was
-given to write around the tables (blocks of :mod:`.tables`), so ``results.md`` and the report are rebuilt from this
-file alone (:func:`results_blocks`).
-
-Each comparison is :func:`pml_extensions.utils.verdicts.compare`'s, with its verdict where it is a claim; the rules
-are :mod:`pml_extensions.utils.verdicts`'. :func:`summarize` corrects the claims of one result together (Holm).
+Seeds are JSON object keys, hence strings (``"0"``); ``std`` (ddof = 1) and ``ci95`` (the paired Student-t interval)
+are ``None`` with a single seed. Each comparison is :func:`pml_extensions.utils.verdicts.compare`'s (the bootstrap and
+the verdict rules are there); :func:`summarize` corrects the claims of one result together (Holm). ``text`` lets
+:func:`results_blocks` rebuild ``results.md`` and the report's tables from this file alone.
 Hand-checked example (points; δ = 1; three seeds; differences A: 2, 2.5, 3; B: 0.5, 1, 1.5; C: 0.10, 0.12, 0.14)::
 
     >>> per_seed = {"b": {s: {"m": 0.0} for s in range(3)},
@@ -46,19 +39,11 @@ import os
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ...utils.atomic_io import atomic_write_json, atomic_write_text
-from ...utils.paired_stats import (
-    holm,
-    mean_std,
-    per_class_metric,
-)
+from ...utils.paired_stats import holm, mean_std, per_class_metric
 from ...utils.verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, METRIC_NAMES, compare, verdict_word
 from .tables import Block, Table, as_blocks, from_json, to_json, to_markdown
 
 SmallestEffects = Union[None, float, Mapping[Union[str, Tuple[str, ...]], float]]
-
-
-def _seed_key(seed) -> str:
-    return str(seed)
 
 
 def _lookup(table, variant: str, baseline: str, metric: str):
@@ -113,7 +98,7 @@ def summarize(
     for name, seeds in per_seed.items():
         if not seeds:
             raise ValueError(f"per_seed[{name!r}] holds no seeds")
-        table = {_seed_key(s): {m: float(v) for m, v in row.items()} for s, row in seeds.items()}
+        table = {str(s): {m: float(v) for m, v in row.items()} for s, row in seeds.items()}
         names = sorted({m for row in table.values() for m in row})
         mean, std = {}, {}
         for m in names:
@@ -163,7 +148,7 @@ def _per_class(per_class, variants) -> Dict[str, Dict[str, Dict[str, Dict[str, L
             raise ValueError(f"per_class: unknown variant {name!r}; have {sorted(variants)}")
         out[name] = {}
         for seed, by_metric in seeds.items():
-            s = _seed_key(seed)
+            s = str(seed)
             if s not in variants[name]["per_seed"]:
                 raise ValueError(f"per_class[{name!r}]: seed {s!r} is not in per_seed[{name!r}]")
             out[name][s] = {}
@@ -182,12 +167,40 @@ def _fmt(value, decimals):
     return "–" if value is None else f"{value:.{decimals}f}"
 
 
-def _interval_text(ci, decimals) -> str:
-    return f"[{ci[0]:+.{decimals}f}, {ci[1]:+.{decimals}f}]"
+def _signed(values, decimals) -> str:
+    return ", ".join(f"{v:+.{decimals}f}" for v in values)
 
 
 def _p_text(p) -> str:
     return "–" if p is None else f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
+
+
+def _metrics(results: dict) -> List[str]:
+    """Every metric of the variants, sorted."""
+    return sorted({m for v in results["variants"].values() for m in v["mean"]})
+
+
+#: the comparison tables' columns -> whether the column holds numbers (without and with claims)
+_COMPARISON_COLUMNS = {
+    "comparison (paired by seed)": False,
+    "metric": False,
+    "mean difference": True,
+    "95 % CI": True,
+    "per-seed differences": False,
+    "CI excludes 0": False,
+}
+_CLAIM_COLUMNS = {
+    "comparison (paired by seed)": False,
+    "metric": False,
+    "claim": False,
+    "smallest effect δ": True,
+    "mean difference": True,
+    "95 % CI (t, seeds)": True,
+    "95 % CI (bootstrap)": True,
+    "p (Holm)": True,
+    "per-seed differences": False,
+    "verdict": False,
+}
 
 
 def results_tables(
@@ -203,6 +216,9 @@ def results_tables(
         metrics: the variant table's columns; default ``results["text"]["metrics"]``, else every metric present.
         decimals: digits of every number; default ``results["text"]["decimals"]``, else 4.
 
+    Returns:
+        The variant table, then the comparison table when there are comparisons.
+
     Example::
 
         >>> r = summarize({"a": {0: {"m": 1.0}, 1: {"m": 2.0}}, "b": {0: {"m": 0.5}, 1: {"m": 0.5}}}, [("a", "b")],
@@ -212,10 +228,8 @@ def results_tables(
     """
     text = results.get("text") or {}
     variants = results["variants"]
-    if metrics is None:
-        metrics = text.get("metrics") or sorted({m for v in variants.values() for m in v["mean"]})
-    if decimals is None:
-        decimals = text.get("decimals", 4)
+    metrics = metrics or text.get("metrics") or _metrics(results)
+    decimals = text.get("decimals", 4) if decimals is None else decimals
     first = metrics[0]
     seeds = sorted({s for v in variants.values() for s in v["per_seed"]}, key=lambda s: (len(s), s))
     rows = []
@@ -234,62 +248,41 @@ def results_tables(
     comparisons = results.get("comparisons") or []
     if not comparisons:
         return tables
-    claims = any("verdict" in c for c in comparisons)
-    if not claims:
-        rows = []
-        for c in comparisons:
-            ci = c["ci95"]
-            rows.append(
-                [
-                    f"{c['variant']} − {c['baseline']}",
-                    METRIC_NAMES.get(c["metric"], c["metric"]),
-                    f"{c['mean_difference']:+.{decimals}f}",
-                    "n/a (1 seed)" if ci is None else _interval_text(ci, decimals),
-                    ", ".join(f"{d:+.{decimals}f}" for d in c["differences"]),
-                    "n/a" if ci is None else ("yes" if ci[0] > 0 or ci[1] < 0 else "no"),
-                ]
-            )
-        columns = ["comparison (paired by seed)", "metric", "mean difference", "95 % CI", "per-seed differences"]
-        tables.append(Table(columns + ["CI excludes 0"], rows, numeric=[False, False, True, True, False, False]))
-        return tables
+    n_claims = sum("verdict" in c for c in comparisons)
     rows, resampling = [], set()
     for c in comparisons:
-        ci, boot = c["ci95"], c.get("bootstrap_ci95")
-        how = c.get("bootstrap") or {}
-        boot_text = "–" if boot is None else _interval_text(boot, decimals)
+        ci = c["ci95"]
+        name, metric = f"{c['variant']} − {c['baseline']}", METRIC_NAMES.get(c["metric"], c["metric"])
+        mean = f"{c['mean_difference']:+.{decimals}f}"
+        t_ci = "n/a (1 seed)" if ci is None else f"[{_signed(ci, decimals)}]"
+        if not n_claims:
+            excludes = "n/a" if ci is None else ("yes" if ci[0] > 0 or ci[1] < 0 else "no")
+            rows.append([name, metric, mean, t_ci, _signed(c["differences"], decimals), excludes])
+            continue
+        boot, how = c.get("bootstrap_ci95"), c.get("bootstrap") or {}
+        boot_text = "–" if boot is None else f"[{_signed(boot, decimals)}]"
         if boot is not None and how.get("resampled") != "seeds and test classes":
             boot_text += " (seeds only)"
         if how:
             resampling.add((how.get("n_resamples"), how.get("seed")))
         delta = c.get("smallest_effect")
-        p = "–" if c.get("p_value") is None else f"{_p_text(c['p_value'])} ({_p_text(c.get('p_holm'))})"
         rows.append(
             [
-                f"{c['variant']} − {c['baseline']}",
-                METRIC_NAMES.get(c["metric"], c["metric"]),
+                name,
+                metric,
                 {"greater": "greater", "less": "less", "on_par": "on par"}.get(c.get("claim"), "–"),
                 "–" if delta is None else f"{delta:.{decimals}g}",
-                f"{c['mean_difference']:+.{decimals}f}",
-                "n/a (1 seed)" if ci is None else _interval_text(ci, decimals),
+                mean,
+                t_ci,
                 boot_text,
-                p,
-                ", ".join(f"{d:+.{decimals}f}" for d in c["differences"]),
+                "–" if c.get("p_value") is None else f"{_p_text(c['p_value'])} ({_p_text(c.get('p_holm'))})",
+                _signed(c["differences"], decimals),
                 c.get("verdict", "–"),
             ]
         )
-    columns = [
-        "comparison (paired by seed)",
-        "metric",
-        "claim",
-        "smallest effect δ",
-        "mean difference",
-        "95 % CI (t, seeds)",
-        "95 % CI (bootstrap)",
-        "p (Holm)",
-        "per-seed differences",
-        "verdict",
-    ]
-    n_claims = sum("verdict" in c for c in comparisons)
+    if not n_claims:
+        tables.append(Table(list(_COMPARISON_COLUMNS), rows, numeric=list(_COMPARISON_COLUMNS.values())))
+        return tables
     notes = [
         "Bootstrap: paired percentile interval resampling seeds and test classes with replacement (seeds only "
         "where marked: no per-class data)"
@@ -300,8 +293,7 @@ def results_tables(
         "on the claimed side), **no effect of practical size** (inside ±δ), **contradicted** (excludes 0 after Holm, "
         "mean difference reaches δ on the other side), otherwise **inconclusive**.",
     ]
-    numeric = [False, False, False, True, True, True, True, True, False, False]
-    tables.append(Table(columns, rows, numeric=numeric, notes=notes))
+    tables.append(Table(list(_CLAIM_COLUMNS), rows, numeric=list(_CLAIM_COLUMNS.values()), notes=notes))
     return tables
 
 
@@ -339,14 +331,11 @@ def write_results(
     ``footer``. ``header`` and ``footer`` are paragraphs (a string, written as it is) or blocks of :mod:`.tables`.
     """
     os.makedirs(folder, exist_ok=True)
-    json_path = os.path.join(folder, f"{name}.json")
-    md_path = os.path.join(folder, f"{name}.md")
-    if metrics is None:
-        metrics = sorted({m for v in results["variants"].values() for m in v["mean"]})
+    json_path, md_path = os.path.join(folder, f"{name}.json"), os.path.join(folder, f"{name}.md")
     text = {
         "header": to_json(as_blocks(header)),
         "footer": to_json(as_blocks(footer)),
-        "metrics": list(metrics),
+        "metrics": list(metrics or _metrics(results)),
         "decimals": decimals,
     }
     stored = {**results, "text": text}

@@ -1,17 +1,7 @@
-"""Retrieval examples for the report: a few seeded test queries with their top-k neighbours, as small PNGs.
-
-At the end of a run a protocol hands over the test embeddings it has already computed (or the selected model and
-the test split, :func:`embed`) and the dataset the images come from; :func:`save_retrieval_examples` picks
-``n_queries`` queries with a generator seeded by ``seed``, ranks every reference by cosine similarity (the query's
-own item left out when queries and references are the same items; ties broken by the lower reference index, as in
-the k-NN engine) and writes, under ``<experiment>/retrieval/``:
-
-* ``<name>/q<i>.png`` and ``<name>/r<j>.png``: thumbnails (longest side ``thumbnail`` px) of the untransformed images;
-* ``<name>.json``: per query its index, label and class name, and per neighbour its rank (1 = nearest), index,
-  label, class, cosine similarity and ``same_class``; plus the note that says which model embedded what.
-
-:func:`pml_extensions.runner.outputs.report.write_report` shows them with each neighbour marked same class / other
-class.
+"""Retrieval examples for the report (docs/report.md): a few seeded test queries with their top-k neighbours by
+cosine similarity, as small PNG thumbnails and ``retrieval/<name>.json``, written by :func:`save_retrieval_examples`
+from the test embeddings a protocol already has (or :func:`embed`) and shown by
+:func:`pml_extensions.runner.outputs.report.write_report`.
 
 Example::
 
@@ -94,6 +84,14 @@ def _class_name(label: int, class_names: Optional[Sequence[str]]) -> str:
     return str(label)
 
 
+def _cpu(embeddings) -> torch.Tensor:
+    return torch.as_tensor(embeddings, device="cpu").detach().float()
+
+
+def _ints(labels) -> List[int]:
+    return [int(v) for v in np.asarray(labels).reshape(-1)]
+
+
 def _thumbnail(image, path: str, size: int) -> None:
     image = image.copy()
     image.thumbnail((size, size))
@@ -118,7 +116,9 @@ def save_retrieval_examples(
     class_names: Optional[Sequence[str]] = None,
     note: str = "",
 ) -> Dict[str, Any]:
-    """Write the retrieval examples of one model (see the module docstring) and return what ``<name>.json`` holds.
+    """Write the retrieval examples of one model and return what ``<name>.json`` holds: ``n_queries`` queries drawn
+    with ``seed``, each with its ``k`` nearest references by cosine similarity (equal cosines: the lower index first),
+    as thumbnails of the untransformed images under ``<folder>/retrieval/<name>/`` (a rerun replaces them).
 
     Args:
         folder: the experiment folder (files go to ``<folder>/retrieval/``).
@@ -147,14 +147,10 @@ def save_retrieval_examples(
     """
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"save_retrieval_examples: name {name!r} must be a file name of letters, digits and _.-")
-    queries = torch.as_tensor(query_embeddings, device="cpu").detach().float()  # pictures are drawn on the CPU
-    refs = (
-        queries
-        if reference_embeddings is None
-        else torch.as_tensor(reference_embeddings, device="cpu").detach().float()
-    )
-    q_labels = [int(v) for v in np.asarray(query_labels).reshape(-1)]
-    r_labels = q_labels if reference_labels is None else [int(v) for v in np.asarray(reference_labels).reshape(-1)]
+    queries = _cpu(query_embeddings)  # pictures are drawn on the CPU
+    refs = queries if reference_embeddings is None else _cpu(reference_embeddings)
+    q_labels = _ints(query_labels)
+    r_labels = q_labels if reference_labels is None else _ints(reference_labels)
     reference_image = query_image if reference_image is None else reference_image
     if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
         raise ValueError(
@@ -183,16 +179,19 @@ def save_retrieval_examples(
     if os.path.isdir(out_dir):  # a rerun's examples replace the old ones
         shutil.rmtree(out_dir)
     os.makedirs(out_dir)
+
+    def picture(kind: str, i: int, image: Callable[[int], Any]) -> str:
+        path = f"{name}/{kind}{i}.png"  # relative to <folder>/retrieval; each item's thumbnail written once
+        if not os.path.exists(os.path.join(folder, FOLDER, path)):
+            _thumbnail(image(i), os.path.join(folder, FOLDER, path), thumbnail)
+        return path
+
     rows: List[Dict[str, Any]] = []
     for row, qi in enumerate(order.tolist()):
-        q_path = f"{name}/q{qi}.png"
-        _thumbnail(query_image(qi), os.path.join(folder, FOLDER, q_path), thumbnail)
+        q_path = picture("q", qi, query_image)
         neighbours = []
         for rank in range(k):
             ri = int(ranked.indices[row, rank])
-            r_path = f"{name}/r{ri}.png"
-            if not os.path.exists(os.path.join(folder, FOLDER, r_path)):
-                _thumbnail(reference_image(ri), os.path.join(folder, FOLDER, r_path), thumbnail)
             neighbours.append(
                 {
                     "rank": rank + 1,
@@ -201,7 +200,7 @@ def save_retrieval_examples(
                     "class": _class_name(r_labels[ri], class_names),
                     "cosine": round(float(ranked.values[row, rank]), 4),
                     "same_class": r_labels[ri] == q_labels[qi],
-                    "image": r_path,
+                    "image": picture("r", ri, reference_image),
                 }
             )
         rows.append(
@@ -214,5 +213,5 @@ def save_retrieval_examples(
             }
         )
     summary = {"name": name, "note": note, "k": k, "seed": int(seed), "queries": rows}
-    atomic_write_json(os.path.join(folder, FOLDER, f"{name}.json"), summary, indent=2)
+    atomic_write_json(os.path.join(folder, FOLDER, f"{name}.json"), summary)
     return summary

@@ -1,10 +1,6 @@
 """The outputs of a hyper-parameter search (:mod:`pml_extensions.runner.protocols.search`): ``search.json``,
-``results.md`` and ``search.png`` (objective per trial and best so far) of an Optuna study, and the user attributes
-of its trials that they read (each trial's folder, its failure reason, its folds that kept the untrained model).
-
-``results.md`` and the search's page of ``report.html`` show the same blocks (:mod:`.tables`), built from
-``search.json`` alone by :func:`search_blocks`: the study in one line, the best trial's test metrics when
-``search.json`` holds them (``best["test"]``: ``{key: {metric: value}}``), the trials table and the failed trials.
+``results.md`` and ``search.png`` of an Optuna study, and the user attributes of its trials that they read.
+``results.md`` and the report's search page show the same blocks, built from ``search.json`` by :func:`search_blocks`.
 """
 
 import json
@@ -26,11 +22,6 @@ def trial_folder_name(trial) -> str:
     return trial.user_attrs.get(FOLDER_ATTR) or f"trial_{trial.number}"
 
 
-def _untrained(row: Dict[str, Any]) -> bool:
-    folds = row.get(FOLDS_ATTR)
-    return bool(folds) and len(row.get(UNTRAINED_ATTR) or []) == folds
-
-
 def untrained_note(best: Dict[str, Any]) -> str:
     return (
         f"the best trial, {best['number']} (objective {best['value']:.4f}), ties the untrained model's score: "
@@ -49,7 +40,7 @@ def write_summary(
     """
     import optuna
 
-    from ...utils.atomic_io import atomic_savefig, atomic_write_text
+    from ...utils.atomic_io import atomic_write_json, atomic_write_text
 
     trials = study.get_trials(deepcopy=False)
     rows = []
@@ -60,7 +51,7 @@ def write_summary(
         if FOLDS_ATTR in t.user_attrs:
             row[UNTRAINED_ATTR] = list(t.user_attrs.get(UNTRAINED_ATTR) or [])
             row[FOLDS_ATTR] = t.user_attrs[FOLDS_ATTR]
-        row["untrained"] = _untrained(row)
+        row["untrained"] = bool(row.get(FOLDS_ATTR)) and len(row[UNTRAINED_ATTR]) == row[FOLDS_ATTR]
         rows.append(row)
     best = max(rows, key=lambda r: r["value"]) if rows else None
     if best is not None:
@@ -89,10 +80,10 @@ def write_summary(
         "failures": failures,
         "stopped": stopped,
     }
-    atomic_write_text(os.path.join(folder, "search.json"), json.dumps(summary, indent=2))
+    atomic_write_json(os.path.join(folder, "search.json"), summary)
     atomic_write_text(os.path.join(folder, "results.md"), to_markdown(search_blocks(summary)))
     if rows:
-        _plot(rows, os.path.join(folder, "search.png"), atomic_savefig)
+        _plot(rows, os.path.join(folder, "search.png"))
     return summary
 
 
@@ -136,17 +127,11 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
     stopped = summary.get("stopped")
     if stopped:
         blocks.append(f"{stopped['message']}.")
-    test = {k: v for k, v in ((best or {}).get("test") or {}).items() if isinstance(v, dict)}
-    if test:
-        metrics = sorted({m for v in test.values() for m in v})
-        blocks.append(
-            Table(
-                ["embedding", *metrics],
-                [[key, *(_number(v.get(m)) for m in metrics)] for key, v in test.items()],
-                numeric=[False] + [True] * len(metrics),
-                caption=f"Test metrics of the best trial (trial {best['number']}):",
-            )
-        )
+    test = (
+        metrics_table(best.get("test"), f"Test metrics of the best trial (trial {best['number']}):") if best else None
+    )
+    if test is not None:
+        blocks.append(test)
     if rows:
         names = list(rows[0]["params"])
         with_folds = any(FOLDS_ATTR in r for r in rows)
@@ -166,8 +151,15 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
     return blocks
 
 
-def _number(value) -> str:
-    return "–" if value is None else f"{value:.4f}"
+def metrics_table(test: Optional[Dict[str, Any]], caption: str = "") -> Optional[Table]:
+    """The test metrics ``{embedding: {metric: value}}`` of a run (its ``results.json``'s ``test``) as a table, one
+    row per embedding (other entries, such as MLRC's ``per_model`` list, left out); None when there are none."""
+    test = {k: v for k, v in (test or {}).items() if isinstance(v, dict)}
+    if not test:
+        return None
+    metrics = sorted({m for v in test.values() for m in v})
+    rows = [[key, *("–" if v.get(m) is None else f"{v[m]:.4f}" for m in metrics)] for key, v in test.items()]
+    return Table(["embedding", *metrics], rows, numeric=[False] + [True] * len(metrics), caption=caption)
 
 
 def _test_metrics(results_path: str) -> Dict[str, Any]:
@@ -184,12 +176,15 @@ def _shown(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _plot(rows, path, atomic_savefig) -> None:
+def _plot(rows: List[Dict[str, Any]], path: str) -> None:
+    """``search.png``: the objective per trial (hollow where no fold beat its untrained model) and the best so far."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
+
+    from ...utils.atomic_io import atomic_savefig
 
     fig, ax = plt.subplots(figsize=(5, 3))
     xs = [r["number"] for r in rows]

@@ -1,17 +1,10 @@
-"""One table model for what a run reports: a document of blocks (paragraphs, bulleted lists, tables), built once from
-a results file and rendered by two small renderers, to Markdown (``results.md``) by :func:`to_markdown` and to HTML
-(``report.html``) by :func:`to_html`. Nothing parses Markdown: the report rebuilds the blocks from the JSON file.
+"""One table model for what a run reports: a document of blocks, built once from a results file and rendered to
+Markdown (``results.md``, :func:`to_markdown`) and to HTML (``report.html``, :func:`to_html`); nothing parses Markdown.
 
-A document is a list of blocks:
-
-- a ``str`` is a paragraph. Its only inline markup is ```code``` and ``**bold**`` (valid Markdown, written to
-  ``results.md`` as it is; the HTML renderer makes ``<code>`` and ``<b>`` of them). Its line breaks are kept;
-- :class:`Items`: a bulleted list, with an optional line before it;
-- :class:`Table`: column names, rows of cells (strings, formatted by whoever builds the table), which columns are
-  numbers (right-aligned in HTML), an optional caption line above and note lines below.
-
-In JSON (``results.json``'s ``text``, :func:`to_json` / :func:`from_json`) a paragraph stays a string, a list is
-``{"items": [...], "caption": str}`` and a table ``{"table": {"columns", "rows", "numeric", "caption", "notes"}}``.
+A block is a paragraph (a ``str``: line breaks kept, its only inline markup ```code``` and ``**bold**``), an
+:class:`Items` bulleted list or a :class:`Table`. In JSON (``results.json``'s ``text``, :func:`to_json` /
+:func:`from_json`) a paragraph stays a string, a list is ``{"items": [...], "caption": str}`` and a table
+``{"table": {"columns", "rows", "numeric", "caption", "notes"}}``.
 
 Example::
 
@@ -34,8 +27,8 @@ Example::
 
 import html
 import re
-from dataclasses import dataclass, field
-from typing import Any, List, Sequence, Union
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, List, Sequence, Union
 
 
 @dataclass
@@ -76,8 +69,16 @@ class Items:
 Block = Union[str, Items, Table]
 
 
-def _markdown_cell(text: str) -> str:
-    return text.replace("\n", " ").replace("|", "\\|")
+def _checked(blocks: Sequence[Block]) -> Iterator[Block]:
+    """``blocks``, each checked to be a block."""
+    for block in blocks:
+        if not isinstance(block, (str, Items, Table)):
+            raise TypeError(f"a block must be a str, Items or Table, got {type(block).__name__}")
+        yield block
+
+
+def _markdown_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(c.replace("\n", " ").replace("|", "\\|") for c in cells) + " |"
 
 
 def _markdown_block(block: Block) -> str:
@@ -85,21 +86,15 @@ def _markdown_block(block: Block) -> str:
         return block.strip("\n")
     if isinstance(block, Items):
         return "\n".join(([block.caption] if block.caption else []) + [f"- {item}" for item in block.items])
-    if isinstance(block, Table):
-        lines = [block.caption, ""] if block.caption else []
-        lines.append("| " + " | ".join(_markdown_cell(c) for c in block.columns) + " |")
-        lines.append("|" + "---|" * len(block.columns))
-        lines += ["| " + " | ".join(_markdown_cell(c) for c in row) + " |" for row in block.rows]
-        if block.notes:
-            lines += ["", *block.notes]
-        return "\n".join(lines)
-    raise TypeError(f"a block must be a str, Items or Table, got {type(block).__name__}")
+    lines = [block.caption, ""] if block.caption else []
+    lines += [_markdown_row(block.columns), "|" + "---|" * len(block.columns), *map(_markdown_row, block.rows)]
+    lines += ["", *block.notes] if block.notes else []
+    return "\n".join(lines)
 
 
 def to_markdown(blocks: Sequence[Block]) -> str:
     """The blocks as Markdown, separated by blank lines, ending with a newline (``""`` for no blocks)."""
-    parts = [_markdown_block(b) for b in blocks]
-    parts = [p for p in parts if p]
+    parts = [p for p in map(_markdown_block, _checked(blocks)) if p]
     return "\n\n".join(parts) + "\n" if parts else ""
 
 
@@ -123,57 +118,36 @@ def _paragraph_html(text: str) -> str:
     return f"<p class='lines'>{inline_html(text)}</p>" if "\n" in text else f"<p>{inline_html(text)}</p>"
 
 
+_TD = {False: "<td>", True: "<td class='num'>"}
+
+
 def _html_block(block: Block) -> str:
     if isinstance(block, str):
         return _paragraph_html(block)
+    parts = [_paragraph_html(block.caption)] if block.caption else []
     if isinstance(block, Items):
-        head = _paragraph_html(block.caption) + "\n" if block.caption else ""
-        return head + "<ul>" + "".join(f"<li>{inline_html(item)}</li>" for item in block.items) + "</ul>"
-    if isinstance(block, Table):
-        out = [_paragraph_html(block.caption)] if block.caption else []
-        head = "".join(f"<th>{inline_html(c)}</th>" for c in block.columns)
-        rows = [f"<table><tr>{head}</tr>"]
-        for row in block.rows:
-            cells = "".join(
-                f"<td class='num'>{inline_html(c)}</td>" if num else f"<td>{inline_html(c)}</td>"
-                for c, num in zip(row, block.numeric)
-            )
-            rows.append(f"<tr>{cells}</tr>")
-        out.append("\n".join(rows) + "</table>")
-        out += [_paragraph_html(note) for note in block.notes]
-        return "\n".join(out)
-    raise TypeError(f"a block must be a str, Items or Table, got {type(block).__name__}")
+        return "\n".join(parts + ["<ul>" + "".join(f"<li>{inline_html(item)}</li>" for item in block.items) + "</ul>"])
+    rows = ["<tr>" + "".join(f"<th>{inline_html(c)}</th>" for c in block.columns) + "</tr>"]
+    for row in block.rows:
+        rows.append(
+            "<tr>" + "".join(f"{_TD[num]}{inline_html(c)}</td>" for c, num in zip(row, block.numeric)) + "</tr>"
+        )
+    parts.append("<table>" + "\n".join(rows) + "</table>")
+    return "\n".join(parts + [_paragraph_html(note) for note in block.notes])
 
 
 def to_html(blocks: Sequence[Block]) -> str:
     """The blocks as HTML (``<p>``, ``<ul>``, ``<table>``; a numeric column's cells have ``class='num'``; a
     paragraph with line breaks has ``class='lines'``, which the report shows line by line)."""
-    return "\n".join(part for part in (_html_block(b) for b in blocks) if part)
+    return "\n".join(part for part in map(_html_block, _checked(blocks)) if part)
 
 
 def to_json(blocks: Sequence[Block]) -> List[Any]:
     """The blocks as JSON values (see the module docstring); :func:`from_json` reads them back."""
-    out: List[Any] = []
-    for b in blocks:
-        if isinstance(b, str):
-            out.append(b)
-        elif isinstance(b, Items):
-            out.append({"items": list(b.items), "caption": b.caption})
-        elif isinstance(b, Table):
-            out.append(
-                {
-                    "table": {
-                        "columns": list(b.columns),
-                        "rows": [list(r) for r in b.rows],
-                        "numeric": list(b.numeric),
-                        "caption": b.caption,
-                        "notes": list(b.notes),
-                    }
-                }
-            )
-        else:
-            raise TypeError(f"a block must be a str, Items or Table, got {type(b).__name__}")
-    return out
+    return [
+        b if isinstance(b, str) else asdict(b) if isinstance(b, Items) else {"table": asdict(b)}
+        for b in _checked(blocks)
+    ]
 
 
 def from_json(values: Any) -> List[Block]:
