@@ -6,10 +6,12 @@ train/eval state is restored the same way (the forward passes run in eval mode).
 
 import contextlib
 import warnings
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import nn
+
+from ..utils.eval_mode import eval_mode
 
 POOLING_TYPES = (
     nn.AdaptiveAvgPool2d,
@@ -116,51 +118,23 @@ def _is_candidate(m: nn.Module, out) -> bool:
     return out.ndim == 4 or (out.ndim == 3 and token_grid(out.shape[1]) is not None)
 
 
-@contextlib.contextmanager
-def eval_mode(*models: nn.Module):
-    """Switch ``models`` to eval mode and restore every submodule's ``training`` flag on exit."""
-    saved = [(m, m.training) for model in models for m in model.modules()]
-    try:
-        for model in models:
-            model.eval()
-        yield
-    finally:
-        for m, flag in saved:
-            m.training = flag
-
-
-@contextlib.contextmanager
-def removing(handles: list):
-    """Remove every hook handle appended to ``handles`` on exit, whatever happens."""
-    try:
-        yield handles
-    finally:
-        for h in handles:
-            h.remove()
-        handles.clear()
-
-
-class HeadRecord:
+class HeadRecord(NamedTuple):
     """One module call after the explained layer: the module, its qualified name, first input and output."""
 
-    __slots__ = ("module", "name", "input", "output")
-
-    def __init__(self, module, name, inp, out):
-        self.module = module
-        self.name = name
-        self.input = inp
-        self.output = out
+    module: Optional[nn.Module]
+    name: str
+    input: Optional[torch.Tensor]
+    output: Optional[torch.Tensor]
 
 
-class RunResult:
+class RunResult(NamedTuple):
     """What one hooked forward pass produced."""
 
-    def __init__(self, feature_map, output, head, image_size, layout=None):
-        self.layout: Optional[MapLayout] = layout  # how the layer's output became feature_map
-        self.feature_map = feature_map  # [N, C, h, w]
-        self.output = output  # model output [N, L]
-        self.head: List[HeadRecord] = head  # module calls after the layer, in execution order
-        self.image_size = image_size  # (H, W)
+    feature_map: torch.Tensor  # [N, C, h, w]
+    output: torch.Tensor  # model output [N, L]
+    head: List[HeadRecord]  # module calls after the layer, in execution order
+    image_size: Tuple[int, int]  # (H, W)
+    layout: MapLayout  # how the layer's output became feature_map
 
 
 class ModelRunner:
@@ -237,12 +211,12 @@ class ModelRunner:
             attention_at.append(len(found))
 
         x = images[:1].detach().clone().requires_grad_(True)
-        with removing([]) as handles, eval_mode(self.trunk, self.embedder), torch.enable_grad():
+        with contextlib.ExitStack() as hooks, eval_mode(self.trunk, self.embedder), torch.enable_grad():
             for m in _leaves(self.trunk):
-                handles.append(m.register_forward_hook(hook))
+                hooks.enter_context(m.register_forward_hook(hook))
             for m in self.trunk.modules():
                 if "attention" in type(m).__name__.lower():
-                    handles.append(m.register_forward_pre_hook(attention_hook))
+                    hooks.enter_context(m.register_forward_pre_hook(attention_hook))
             output = self.embedder(self.trunk(x))
         if not found:
             raise ValueError(
@@ -259,7 +233,7 @@ class ModelRunner:
                 (g,) = torch.autograd.grad(output.float().sum(), [out], allow_unused=True)
                 reach = g is not None and bool((g[:, token_grid(out.shape[1])[1] :] != 0).any())
             if not reach:  # a class-token read-out: explain the input of the last attention instead
-                before = [f for f in found[: attention_at[-1]]] if attention_at else []
+                before = found[: attention_at[-1]] if attention_at else []
                 if not before:
                     raise ValueError(
                         f"layer=None: the grid tokens of {self.name_of(pick[0])} do not reach the embedding "
@@ -330,10 +304,10 @@ class ModelRunner:
                 head.append(HeadRecord(m, self.name_of(m), inp[0] if len(inp) else None, out))
 
         grad_ctx = torch.no_grad() if mode == "capture" else contextlib.nullcontext()
-        with removing([]) as handles, eval_mode(self.trunk, self.embedder), grad_ctx:
-            handles.append(layer.register_forward_hook(layer_hook))
+        with contextlib.ExitStack() as hooks, eval_mode(self.trunk, self.embedder), grad_ctx:
+            hooks.enter_context(layer.register_forward_hook(layer_hook))
             for m in _leaves(self.trunk) + _leaves(self.embedder):
-                handles.append(m.register_forward_hook(leaf_hook))
+                hooks.enter_context(m.register_forward_hook(leaf_hook))
             output = self.embedder(self.trunk(images))
         if "A" not in state:
             raise ValueError(f"layer {self.name_of(layer)} was not called in the forward pass")
@@ -354,6 +328,14 @@ def is_l2_normaliser(record: HeadRecord) -> bool:
     ref = torch.nn.functional.normalize(inp.detach(), dim=1)
     tol = 1e-5 if out.dtype == torch.float64 else 1e-4
     return bool(torch.allclose(out.detach(), ref, rtol=tol, atol=tol))
+
+
+def refuse_normalised_output(output: torch.Tensor, who: str) -> None:
+    """Raise ``ValueError`` (``who`` + what is needed) when ``output`` ``[N, L]`` has unit rows: a normalisation
+    inside ``forward`` hides the pre-normalisation embedding."""
+    norms = output.detach().float().norm(dim=1)
+    if torch.allclose(norms, torch.ones_like(norms), rtol=1e-4, atol=1e-4):
+        raise ValueError(f"{who} the pre-normalisation embedding: put the normalisation in its own module")
 
 
 def split_normaliser(head: List[HeadRecord]) -> Tuple[List[HeadRecord], Union[HeadRecord, None]]:

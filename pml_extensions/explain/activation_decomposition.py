@@ -21,7 +21,7 @@ from torch import nn
 from .base import SimilarityExplainer
 from .folded_embedding import FoldedEmbedding
 from .head_folder import HeadFolder
-from .map_utils import normalize_maps, point_weights, resize_maps
+from .map_utils import normalize_maps, output_maps, point_weights
 
 SCALES = ("cosine", "dot")
 Images = Union[torch.Tensor, FoldedEmbedding]
@@ -169,15 +169,6 @@ class ActivationDecomposition(SimilarityExplainer):
                     )
         return nq * nr
 
-    @staticmethod
-    def _resize(maps: torch.Tensor, output_size, image_size) -> torch.Tensor:
-        if output_size is None:
-            return maps
-        size = image_size if (isinstance(output_size, str) and output_size == "image") else output_size
-        if isinstance(size, str):
-            raise ValueError(f"output_size must be None, 'image' or (H, W), got {output_size!r}")
-        return resize_maps(maps, size)
-
     # ------------------------------------------------------------------ maps
     def point_to_point(self, query_images: Images, reference_images: Images, *, scale: str = "dot") -> torch.Tensor:
         """D(i, j, x, y) = F^q_ij · F^r_xy for every pair, from one batched einsum.
@@ -248,8 +239,8 @@ class ActivationDecomposition(SimilarityExplainer):
         similarity = dot / torch.where(z > 0, z, torch.ones_like(z))  # 0 for a zero embedding (torch's rule)
         if scale == "cosine":
             q, r = q / z.view(-1, 1, 1), r / z.view(-1, 1, 1)
-        q = self._resize(normalize_maps(q, normalize), output_size, fq.image_size)
-        r = self._resize(normalize_maps(r, normalize), output_size, fr.image_size)
+        q = output_maps(normalize_maps(q, normalize), output_size, fq.image_size)
+        r = output_maps(normalize_maps(r, normalize), output_size, fr.image_size)
         return {"query": q, "reference": r, "similarity": similarity, "dot": dot}
 
     def point_specific(
@@ -289,4 +280,4 @@ class ActivationDecomposition(SimilarityExplainer):
         maps = torch.einsum("npl,nxyl->npxy", Fp, fr.features)
         if scale == "cosine":
             maps = maps / self._z(fq, fr).view(-1, 1, 1, 1)
-        return self._resize(normalize_maps(maps, normalize), output_size, fr.image_size)
+        return output_maps(normalize_maps(maps, normalize), output_size, fr.image_size)

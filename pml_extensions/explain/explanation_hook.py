@@ -29,7 +29,7 @@ from .overlay import (
     save_tensors,
     to_display_image,
 )
-from .topk_maps import model_device, topk_overall_maps
+from .topk_maps import dataset_image, inner_product_search, model_device, topk_overall_maps
 
 
 class ExplanationHook:
@@ -157,31 +157,16 @@ class ExplanationHook:
         return self.mean, self.std
 
     def _image(self, split: str, index: int) -> torch.Tensor:
-        item = self.dataset_dict[split][int(index)]
-        image = item[0] if isinstance(item, (tuple, list)) else item
-        if not torch.is_tensor(image) or image.ndim != 3:
-            raise ValueError(
-                f"dataset {split!r} must return image tensors [C, H, W] (set its transform), got {type(image).__name__}"
-            )
-        return image
+        return dataset_image(self.dataset_dict[split], index, f"dataset {split!r}")
 
     def _topk(self, query_emb, ref_emb, exclude: Optional[np.ndarray]):
-        import faiss
-
-        k_avail = ref_emb.shape[0] - (1 if exclude is not None else 0)
-        if self.k > k_avail:
-            raise ValueError(f"k={self.k} is larger than the reference set ({k_avail} candidates)")
-        db = nnf.normalize(ref_emb.detach().to("cpu", torch.float32), dim=1).numpy()
-        q = nnf.normalize(query_emb.detach().to("cpu", torch.float32), dim=1).numpy()
-        index = faiss.IndexFlatIP(db.shape[1])
-        index.add(np.ascontiguousarray(db))
-        extra = 1 if exclude is not None else 0
-        _, idx = index.search(np.ascontiguousarray(q), self.k + extra)
-        out = []
-        for row, qi in zip(idx, exclude if exclude is not None else [None] * len(idx)):
-            row = [int(j) for j in row if j >= 0 and (qi is None or j != qi)]
-            out.append(row[: self.k])
-        return out
+        extra = 0 if exclude is None else 1
+        if self.k > ref_emb.shape[0] - extra:
+            raise ValueError(f"k={self.k} is larger than the reference set ({ref_emb.shape[0] - extra} candidates)")
+        q = nnf.normalize(query_emb.detach().to("cpu", torch.float32), dim=1)
+        _, idx = inner_product_search(q, ref_emb, self.k + extra)
+        skip = exclude if exclude is not None else [None] * len(idx)
+        return [[int(j) for j in row if j >= 0 and j != qi][: self.k] for row, qi in zip(idx, skip)]
 
     def explain(self, tester) -> Optional[Dict[str, float]]:
         """Compute and save the maps for ``tester`` (called by the hook; usable directly)."""

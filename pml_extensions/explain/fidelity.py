@@ -15,8 +15,8 @@ import torch.nn.functional as nnf
 from torch import nn
 
 from ..utils.checks import is_int, is_number
-from ._model_runner import eval_mode
-from .map_utils import check_map_matches_image, resize_maps
+from ..utils.eval_mode import eval_mode
+from .map_utils import maps_on_image
 
 BASELINES = ("zero", "mean", "blur")
 
@@ -116,10 +116,7 @@ class SimilarityFidelity:
             raise ValueError("maps contain NaN or inf values")
         if reference_images.shape[0] not in (1, N):
             raise ValueError(f"reference_images must have 1 or {N} images, got {reference_images.shape[0]}")
-        check_map_matches_image(maps.shape[-2:], (H, W), "map")
-        m = maps.to(device=query_images.device, dtype=torch.float64)
-        if tuple(m.shape[-2:]) != (H, W):
-            m = resize_maps(m, (H, W))
+        m = maps_on_image(maps.to(device=query_images.device, dtype=torch.float64), (H, W))
         order = torch.argsort(m.flatten(1), dim=1, descending=True, stable=True)  # [N, HW]
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=order.device).expand(N, -1))
         counts = [round(s / self.steps * H * W) for s in range(self.steps + 1)]

@@ -18,7 +18,7 @@ from torch import nn
 from ..trunks.gem_pooling import GeMPooling
 from ..trunks.histogram_pooling import HistogramPooling
 from ._jacobian import jacobian_features
-from ._model_runner import POOLING_TYPES, ModelRunner, split_normaliser
+from ._model_runner import POOLING_TYPES, HeadRecord, ModelRunner, refuse_normalised_output, split_normaliser
 from .folded_embedding import FoldedEmbedding
 
 SUPPORTED = (
@@ -94,7 +94,7 @@ def _virtual_pool(A, extra, target, rtol):
             return A.permute(0, 2, 3, 1) / T, e.sum(dim=1) / T
         if _close(e[:, 0], target, rtol):
             raise _Unsupported(
-                _Rec("the class token"),
+                HeadRecord(None, "the class token", None, None),
                 ": a class-token read-out has no exact fold over the token grid; use SimilarityGradCAM, or "
                 "fallback='jacobian' at a layer before the last attention",
             )
@@ -205,15 +205,13 @@ def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float 
         if pooled is not None:
             (F, b), kind = pooled, "vec"
     if kind == "map":
-        raise _Unsupported(records[-1] if records else _Rec("no pooling"), ": no pooling or Flatten after the map")
+        raise _Unsupported(
+            records[-1] if records else HeadRecord(None, "no pooling", None, None),
+            ": no pooling or Flatten after the map",
+        )
     if kind == "flat":
         raise _Unsupported(records[-1], ": Flatten must be followed by a Linear layer")
     return F, b
-
-
-class _Rec:
-    def __init__(self, name):
-        self.name, self.module = name, None
 
 
 class HeadFolder:
@@ -281,7 +279,6 @@ class HeadFolder:
         *,
         fallback: str = "error",
         rtol: float = 1e-4,
-        jacobian_chunk_size: Optional[int] = 16,
         gmp_ties: str = "share",
     ):
         if fallback not in FALLBACKS:
@@ -292,20 +289,9 @@ class HeadFolder:
         self.runner = ModelRunner(trunk, embedder, layer)
         self.fallback = fallback
         self.rtol = float(rtol)
-        self.jacobian_chunk_size = jacobian_chunk_size
-
-    @property
-    def layer(self) -> Optional[nn.Module]:
-        """The explained module (``None`` until the first call when it is found automatically)."""
-        return self.runner.layer
 
     def __call__(self, images: torch.Tensor) -> FoldedEmbedding:
         return self.fold(images)
-
-    @property
-    def layer_name(self) -> Optional[str]:
-        """Qualified name of the explained module (``None`` until it is known)."""
-        return None if self.runner.layer is None else self.runner.name_of(self.runner.layer)
 
     def tolerance(self, *tensors) -> float:
         """``rtol``, widened to 8 ulps of the least precise dtype among ``tensors`` (bfloat16/float16)."""
@@ -319,10 +305,9 @@ class HeadFolder:
         E = (normaliser.input if normaliser is not None else res.output).detach()
         A = res.feature_map
         rtol = self.tolerance(A, E, *[r.input for r in head])
-        extra = res.layout.extra if res.layout is not None else None
         try:
             with torch.no_grad():
-                F, b = fold_records(head, A, extra, E, rtol, self.gmp_ties)
+                F, b = fold_records(head, A, res.layout.extra, E, rtol, self.gmp_ties)
         except _Unsupported as err:
             if self.fallback == "error":
                 raise ValueError(
@@ -360,12 +345,9 @@ class HeadFolder:
         return FoldedEmbedding(F, b, E, A.to(F.dtype), res.image_size, normalised, True)
 
     def _jacobian_fold(self, images, res, head, normaliser) -> FoldedEmbedding:
-        if normaliser is None and torch.allclose(
-            res.output.float().norm(dim=1), torch.ones_like(res.output[:, 0]).float(), rtol=1e-4, atol=1e-4
-        ):
-            raise ValueError(
-                "the model normalises its output inside forward(); the first-order fallback needs the "
-                "pre-normalisation embedding: put the normalisation in its own module"
+        if normaliser is None:
+            refuse_normalised_output(
+                res.output, "the model normalises its output inside forward(); the first-order fallback needs"
             )
         k = len(res.head) - 1 if normaliser is not None else None
 
@@ -374,7 +356,7 @@ class HeadFolder:
             return r.head[k].input if k is not None else r.output
 
         A0 = res.feature_map
-        F, E0 = jacobian_features(g, A0, self.jacobian_chunk_size)
+        F, E0 = jacobian_features(g, A0)
         b = E0 - F.sum(dim=(1, 2))
         return FoldedEmbedding(F, b, E0, A0, res.image_size, normaliser is not None, False)
 

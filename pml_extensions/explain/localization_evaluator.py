@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-from .map_utils import check_map_matches_image, normalize_maps, resize_maps
+from .map_utils import maps_on_image, normalize_maps
 
 DEFAULT_THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.05, 1.0, 0.05))
 Box = Tuple[int, int, int, int]
@@ -101,11 +101,7 @@ class LocalizationEvaluator:
         m = torch.as_tensor(heatmap).detach().to("cpu", torch.float64)
         if m.ndim != 2:
             raise ValueError(f"map must be 2-D [h, w], got shape {tuple(m.shape)}")
-        check_map_matches_image(m.shape, image_size, "map")
-        m = normalize_maps(m, "minmax")
-        if tuple(m.shape) != tuple(int(s) for s in image_size):
-            m = resize_maps(m, image_size)
-        return m.numpy()
+        return maps_on_image(normalize_maps(m, "minmax"), image_size).numpy()
 
     def predict_boxes(self, heatmap, image_size: Sequence[int]):
         """One predicted box per threshold (``None`` where the thresholded map is empty)."""

@@ -55,6 +55,26 @@ def resize_maps(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     return out.view(*lead, *size)
 
 
+def output_maps(maps: torch.Tensor, output_size, image_size: Sequence[int]) -> torch.Tensor:
+    """``maps`` at ``output_size``: ``None`` (unchanged), ``"image"`` (``image_size``) or ``(H, W)``."""
+    if output_size is None:
+        return maps
+    size = image_size if (isinstance(output_size, str) and output_size == "image") else output_size
+    if isinstance(size, str):
+        raise ValueError(f"output_size must be None, 'image' or (H, W), got {output_size!r}")
+    return resize_maps(maps, size)
+
+
+def maps_on_image(maps: torch.Tensor, image_size: Sequence[int]) -> torch.Tensor:
+    """``maps [..., h, w]`` resized per axis to ``image_size (H, W)`` (unchanged at that size already).
+
+    Raises:
+        ValueError: a map that cannot belong to the image (:func:`check_map_matches_image`).
+    """
+    check_map_matches_image(maps.shape[-2:], image_size, "map")
+    return maps if tuple(maps.shape[-2:]) == tuple(int(s) for s in image_size) else resize_maps(maps, image_size)
+
+
 def check_map_matches_image(map_size: Sequence[int], image_size: Sequence[int], arg: str = "map") -> None:
     """Raise ``ValueError`` when a map cannot belong to an image: an empty size, or a map larger than the
     image along an axis.

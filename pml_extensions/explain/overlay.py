@@ -1,5 +1,6 @@
 """PNG overlays of explanation maps (matplotlib, Agg backend; files written atomically)."""
 
+import itertools
 import math
 import textwrap
 from typing import List, Optional, Sequence, Tuple
@@ -8,7 +9,7 @@ import numpy as np
 import torch
 
 from ..utils.atomic_io import atomic_savefig, atomic_torch_save
-from .map_utils import check_map_matches_image, resize_maps
+from .map_utils import maps_on_image
 
 
 def to_display_image(
@@ -44,15 +45,6 @@ def to_display_image(
         a = np.stack([a] * 3, axis=-1)
     a = a[..., :3].astype(np.float64)
     return np.clip(a / 255.0 if a.max() > 1 else a, 0, 1)
-
-
-def _map_on_image(heatmap: torch.Tensor, size) -> np.ndarray:
-    """Signed map ``[h, w]`` resized (per axis) to the image ``size``; values unchanged in scale."""
-    m = torch.as_tensor(heatmap).detach().to("cpu", torch.float64)
-    check_map_matches_image(m.shape, size, "map")
-    if tuple(m.shape) != tuple(size):
-        m = resize_maps(m, size)
-    return m.numpy()
 
 
 #: what every overall and point-specific map measures with ``scale="cosine"`` (the colour bars' label)
@@ -96,7 +88,7 @@ def format_cosines(values: Sequence[float], decimals: int = 4, max_decimals: int
     for d in range(decimals, max_decimals + 1):
         text = [f"{v:.{d}f}" for v in values]
         one = f"{1:.{d}f}"
-        distinct = all(a != b or x == y for (a, x), (b, y) in _pairs(list(zip(text, values))))
+        distinct = all(a != b or x == y for (a, x), (b, y) in itertools.combinations(zip(text, values), 2))
         if distinct and not any(t == one and v < 1 for t, v in zip(text, values)):
             return text
     # still "1.000000" below 1: cut instead of rounding
@@ -104,10 +96,6 @@ def format_cosines(values: Sequence[float], decimals: int = 4, max_decimals: int
         f"{math.floor(v * 10**max_decimals) / 10**max_decimals:.{max_decimals}f}" if v < 1 else t
         for t, v in zip(text, values)
     ]
-
-
-def _pairs(items):
-    return [(items[i], items[j]) for i in range(len(items)) for j in range(i + 1, len(items))]
 
 
 def explanation_panels(
@@ -265,7 +253,10 @@ def pair_figure(
         for _, side, heatmap, *_ in (_panel(p) for p in panels[r]):
             if side not in ("query", "reference"):
                 raise ValueError(f"panel side must be 'query' or 'reference', got {side!r}")
-            maps.append(_map_on_image(heatmap, (query_image if side == "query" else reference_images[r]).shape[:2]))
+            image = query_image if side == "query" else reference_images[r]
+            maps.append(
+                maps_on_image(torch.as_tensor(heatmap).detach().to("cpu", torch.float64), image.shape[:2]).numpy()
+            )
         row_maps.append(maps)
     largest = max([float(np.abs(m).max()) for maps in row_maps for m in maps] + [0.0]) or 1.0
     exp10 = int(np.floor(np.log10(largest)))
@@ -332,25 +323,9 @@ def pair_figure(
     return fig
 
 
-def save_pair_overlay(
-    path: str,
-    query_image: np.ndarray,
-    reference_images: Sequence[np.ndarray],
-    panels: Sequence[Sequence[tuple]],
-    title: Optional[str] = None,
-    alpha: float = 0.8,
-    *,
-    similarities: Optional[Sequence[float]] = None,
-    ranks: Optional[Sequence[int]] = None,
-    reference_labels: Optional[Sequence[Optional[str]]] = None,
-    same_class: Optional[Sequence[Optional[bool]]] = None,
-    query_label: Optional[str] = None,
-    colorbar_label: str = COSINE_QUANTITY,
-    note: Optional[str] = None,
-    panel_width: float = 3.0,
-    dpi: int = 100,
-) -> str:
-    """Save a grid: one row per reference (rank order), columns = the query, the reference, each map panel.
+def save_pair_overlay(path: str, *args, dpi: int = 100, **kwargs) -> str:
+    """Save :func:`pair_figure` ``(*args, **kwargs)`` as ``path`` at ``dpi``: a grid with one row per reference (rank
+    order), columns = the query, the reference, each map panel.
 
     Every image keeps its aspect ratio (non-square images and spectrograms are not squashed). Each map is drawn
     over a lightened grey copy of its image as a semi-transparent layer: diverging colours (red > 0, blue < 0)
@@ -387,21 +362,7 @@ def save_pair_overlay(
     """
     import matplotlib.pyplot as plt
 
-    fig = pair_figure(
-        query_image,
-        reference_images,
-        panels,
-        title,
-        alpha,
-        similarities=similarities,
-        ranks=ranks,
-        reference_labels=reference_labels,
-        same_class=same_class,
-        query_label=query_label,
-        colorbar_label=colorbar_label,
-        note=note,
-        panel_width=panel_width,
-    )
+    fig = pair_figure(*args, **kwargs)
     try:
         atomic_savefig(fig, path, dpi=dpi)
     finally:

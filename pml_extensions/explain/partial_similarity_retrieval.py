@@ -17,6 +17,7 @@ from ..utils.checks import is_int
 from .activation_decomposition import ActivationDecomposition
 from .folded_embedding import FoldedEmbedding
 from .map_utils import point_weights
+from .topk_maps import inner_product_search
 
 
 class PartialSimilarityRetrieval:
@@ -112,17 +113,11 @@ class PartialSimilarityRetrieval:
         Raises:
             ValueError: ``k`` not in 1..M, bad ``ref_emb``.
         """
-        import faiss
-
         f, norm = self.roi_embedding(query_image, roi)
         ref = self._check_ref(ref_emb, f)
         if not is_int(k) or not 1 <= k <= ref.shape[0]:
             raise ValueError(f"k must be an int in [1, {ref.shape[0]}] (the reference set size), got {k!r}")
-        db = nnf.normalize(ref.detach().to("cpu", torch.float32), dim=1).numpy()
-        index = faiss.IndexFlatIP(db.shape[1])
-        index.add(np.ascontiguousarray(db))
-        q = (f.detach() / norm).to("cpu", torch.float32).numpy()[None]
-        dist, idx = index.search(np.ascontiguousarray(q), k)
+        dist, idx = inner_product_search((f.detach() / norm)[None], ref, k)
         return torch.from_numpy(dist[0]).to(f.device), torch.from_numpy(idx[0]).long().to(f.device)
 
     @staticmethod

@@ -107,11 +107,8 @@ def list_table_images(csv_file: str, columns=None, split: str = "all") -> List[R
 
 
 def _digest(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def exclude_query(

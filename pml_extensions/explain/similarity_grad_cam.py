@@ -17,9 +17,9 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from ._model_runner import ModelRunner, require_autograd, split_normaliser
+from ._model_runner import ModelRunner, refuse_normalised_output, require_autograd, split_normaliser
 from .base import SimilarityExplainer
-from .map_utils import normalize_maps, resize_maps
+from .map_utils import normalize_maps, output_maps
 
 VARIANTS = ("cosine", "dot", "rectified")
 
@@ -92,19 +92,14 @@ class SimilarityGradCAM(SimilarityExplainer):
 
     @staticmethod
     def _pre_norm(res, variant: str, side: str) -> torch.Tensor:
-        head, normaliser = split_normaliser(res.head)
+        normaliser = split_normaliser(res.head)[1]
         if normaliser is not None:
             return normaliser.input
-        out = res.output
         if variant != "cosine":
-            norms = out.detach().norm(dim=1)
-            if torch.allclose(norms, torch.ones_like(norms), rtol=1e-4, atol=1e-4):
-                raise ValueError(
-                    f"the {side} model's output is L2-normalised inside forward(); variant "
-                    f"{variant!r} needs the "
-                    "pre-normalisation embedding: put the normalisation in its own module"
-                )
-        return out
+            refuse_normalised_output(
+                res.output, f"the {side} model's output is L2-normalised inside forward(); variant {variant!r} needs"
+            )
+        return res.output
 
     def maps(
         self,
@@ -156,11 +151,7 @@ class SimilarityGradCAM(SimilarityExplainer):
                 cam = (g.mean(dim=(2, 3), keepdim=True) * A).sum(dim=1)
             if relu:
                 cam = torch.relu(cam)
-            cam = normalize_maps(cam, normalize)
-            if output_size is not None:
-                size = res.image_size if (isinstance(output_size, str) and output_size == "image") else output_size
-                cam = resize_maps(cam, size)
-            out[key] = cam
+            out[key] = output_maps(normalize_maps(cam, normalize), output_size, res.image_size)
         out["similarity"] = score.detach()
         return out
 

@@ -282,11 +282,8 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         Raises:
             ValueError: unknown setup names, non-positive resolutions, a student setup without a student.
         """
-        for name, value in (
-            ("query_resolution", query_resolution),
-            ("database_resolution", database_resolution),
-        ):
-            _check_resolution(name, value)
+        _check_resolution("query_resolution", query_resolution)
+        _check_resolution("database_resolution", database_resolution)
         teacher_resolution = database_resolution if teacher_resolution is None else teacher_resolution
         _check_resolution("teacher_resolution", teacher_resolution)
         unknown = [s for s in setups if s not in SETUPS]
@@ -303,7 +300,7 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
             "teacher_symmetric": (("teacher", teacher_resolution), ("teacher", teacher_resolution)),
             "teacher_asymmetric": (("teacher", query_resolution), ("teacher", database_resolution)),
         }
-        datasets, cache = {}, {}
+        datasets, cache = {query_resolution: make_dataset_dict(query_resolution)}, {}
 
         def embeddings(side):
             if side not in cache:
@@ -316,9 +313,7 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
                 )
             return cache[side]
 
-        first = make_dataset_dict(query_resolution)
-        datasets[query_resolution] = first
-        splits, splits_to_compute = self.get_splits_to_compute_embeddings(first, splits_to_eval)
+        splits, splits_to_compute = self.get_splits_to_compute_embeddings(datasets[query_resolution], splits_to_eval)
         results = {}
         for setup in setups:
             query_side, reference_side = sides[setup]

@@ -144,7 +144,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             isinstance(models.get(k), torch.nn.Module) for k in ("trunk", "teacher_trunk")
         ):
             raise ValueError("models must be a dict with modules under 'trunk' (student) and 'teacher_trunk'")
-        self._check_teacher_is_not_the_student(models)
         if loss_funcs is None:
             loss_funcs = {"distillation_loss": ResolutionDistillationLoss()}
         self.init_student_from_teacher = init_student_from_teacher
@@ -155,16 +154,14 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
         self.one_cycle_div_factor = one_cycle_div_factor
         if kwargs.get("collate_fn") is None:
             kwargs["collate_fn"] = CoupledAugmentationDataset.collate
-        if "teacher_embedder" not in models:
-            models["teacher_embedder"] = torch.nn.Identity()
-        if "embedder" not in models:
-            models["embedder"] = torch.nn.Identity()
+        models.setdefault("teacher_embedder", torch.nn.Identity())
+        models.setdefault("embedder", torch.nn.Identity())
+        self._check_teacher_is_not_the_student(models)
         if init_student_from_teacher:
             self._copy_teacher_into_student(models)
         for key in ("teacher_trunk", "teacher_embedder"):
-            if key in models:
-                models[key].requires_grad_(False)
-                models[key].eval()
+            models[key].requires_grad_(False)
+            models[key].eval()
         if optimizers is None:
             optimizers = make_optimizers(models["trunk"], models["embedder"], lr, weight_decay, gem_lr_multiplier)
         super().__init__(models, optimizers, batch_size, loss_funcs, dataset, *args, **kwargs)
@@ -176,9 +173,7 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
         """The teacher is frozen in place: a module (or parameter) shared with the student would freeze the student
         too, and the run would stop at "no trainable parameters" without saying why."""
         for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
-            s, t = models.get(student), models.get(teacher)
-            if s is None or t is None:
-                continue
+            s, t = models[student], models[teacher]
             if s is t and any(True for _ in s.parameters()):
                 raise ValueError(
                     f"models[{student!r}] and models[{teacher!r}] are one object; the teacher is frozen, so pass the "
@@ -193,8 +188,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
 
     @staticmethod
     def _copy_teacher_into_student(models):
-        if "teacher_trunk" not in models:
-            return
         for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
             try:
                 models[student].load_state_dict(models[teacher].state_dict())
