@@ -82,8 +82,7 @@ class MapLayout:
             grid = token_grid(out.shape[1])
             if grid is None:
                 raise ValueError(
-                    f"layer {name} outputs {out.shape[1]} tokens [N, T, C] = {tuple(out.shape)}: not a "
-                    "square "
+                    f"layer {name} outputs {out.shape[1]} tokens [N, T, C] = {tuple(out.shape)}: not a square "
                     "grid g*g (or g*g + 1 with a class token); pass layer=... with a square token grid"
                 )
             return cls("tokens")

@@ -1,11 +1,9 @@
 """End-of-testing hook that explains the top-k retrievals of a PML tester.
 
-Maps: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021 (overall maps "Decomposition"
-    and
-"Decomposition+Bias", point-specific maps, weakly supervised localisation, Sec. III and VI-A). Hook protocol:
-PML's ``BaseTester(end_of_testing_hook=...)`` calls ``hook(tester)`` after computing accuracies, while
-``tester.embeddings_and_labels`` still holds the embeddings; PML's ``HookContainer.end_of_testing_hook`` is
-chained first, so accuracies are still recorded.
+Maps: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. III and VI-A ("Decomposition",
+"Decomposition+Bias" and point-specific maps, weakly supervised localisation). PML's ``BaseTester`` calls
+``end_of_testing_hook(tester)`` while ``tester.embeddings_and_labels`` still holds the embeddings; a
+``HookContainer``'s hook is chained first, so accuracies are still recorded.
 """
 
 import os
@@ -35,31 +33,28 @@ from .topk_maps import dataset_image, inner_product_search, model_device, topk_o
 class ExplanationHook:
     """Save explanation maps for ``n_queries`` queries and their top-``k`` retrievals after each test.
 
-    For every chosen query of ``split_name`` the top-``k`` references (cosine similarity of the tester's
-    embeddings, faiss; the query itself excluded when the reference split is the query split) are explained
-    with :class:`ActivationDecomposition`, in batches on the models' device (:func:`topk_overall_maps`; all
-    maps are kept on the CPU in ``last_maps``): "Decomposition" and "Decomposition+Bias" overall maps on both
-    images (signed, ``scale="cosine"``) and one point-specific map per pair, for the query pixel at the
-    maximum of the first pair's query map. Written to ``output_dir``:
-    ``{split}_epoch{epoch}_query{index}.png`` (``epoch``: the tested model's, default the tester's; query |
-    retrieved, with its rank, cosine, class name and a same class / other class mark from the tester's labels |
-    maps; the +Bias maps only where the head's bias changes them, see
-    :func:`pml_extensions.explain.overlay.explanation_panels`) and ``….pt`` (the tensors, all maps) when
-    enabled. When ground-truth boxes exist (``boxes[split]`` or ``dataset.boxes``, ``(x0, y0, x1, y1)``
-    pixels), the localisation accuracy of the queries' Decomposition maps (top-1 pair; best threshold of
-    :class:`LocalizationEvaluator`) is logged through the record keeper under ``explanations_{split}``.
+    Each chosen query of ``split_name`` is explained against its top-``k`` references (cosine of the tester's
+    embeddings, faiss; the query itself excluded when both splits are one) with :class:`ActivationDecomposition`,
+    in batches on the models' device (:func:`topk_overall_maps`; all maps kept on the CPU in ``last_maps``):
+    "Decomposition" and "Decomposition+Bias" overall maps on both images (signed, ``scale="cosine"``) and one
+    point-specific map per pair, for the query pixel at the maximum of the first pair's query map. Written to
+    ``output_dir``: ``{split}_epoch{epoch}_query{index}.png`` (query | retrieved with rank, cosine, class name and a
+    same / other class mark | maps; +Bias maps only where the bias changes them, see
+    :func:`~pml_extensions.explain.overlay.explanation_panels`) and ``….pt`` (all maps). With ground-truth boxes
+    (``boxes[split]`` or ``dataset.boxes``, ``(x0, y0, x1, y1)`` pixels) the localisation accuracy of the queries'
+    Decomposition maps (top-1 pair, best threshold of :class:`LocalizationEvaluator`) is logged through the record
+    keeper under ``explanations_{split}``.
 
     Args:
         trunk, embedder, layer: the tested models (PML ``models["trunk"]``/``models["embedder"]``).
         dataset_dict: ``{split: dataset}``, the tester's datasets; items ``(image tensor [3, H, W], label)``.
         output_dir: folder for PNGs and tensors.
-        hook_container: a PML ``HookContainer`` whose ``end_of_testing_hook`` runs first; its
-            ``record_keeper`` is used unless ``record_keeper`` is given.
+        hook_container: a PML ``HookContainer`` whose ``end_of_testing_hook`` runs first; its ``record_keeper`` is
+            used unless ``record_keeper`` is given.
         split_name: query split. Default: the first split of ``tester.embeddings_and_labels``.
         reference_split_name: reference split. Default: ``split_name``.
-        n_queries: queries per call, chosen with ``seed`` (the same ones every epoch); ``None``: every
-            query of
-            the split (maps at evaluation scale; set ``save_png=False``). Default 4.
+        n_queries: queries per call, chosen with ``seed`` (the same every epoch); ``None``: every query (maps at
+            evaluation scale; set ``save_png=False``). Default 4.
         k: retrievals per query. Default 3.
         mean, std: de-normalisation for display. Default ``"auto"``: ImageNet for 3-channel images, min–max
             scaling for one-channel images (shown grey).
@@ -68,17 +63,17 @@ class ExplanationHook:
         save_png, save_tensors: what to write. Default both.
         boxes: optional ``{split: [N, 4]}`` ground-truth boxes.
         decomposition: use this :class:`ActivationDecomposition` instead of building one from trunk/embedder.
-        epoch: the epoch named in the files and records (e.g. the selected epoch of a model tested after training,
-            which the tester is called with as 0). Default: the tester's.
+        epoch: the epoch named in files and records (e.g. the selected epoch of a model tested after training).
+            Default: the tester's.
         class_names: ``label -> name`` shown in the figures. Default: the ``classes`` of the split's dataset (or of
-            the dataset it wraps, ``.dataset``), else the label itself.
+            the dataset it wraps), else the label itself.
 
-    The models run in eval mode inside the call and get their flags back; no forward or backward hook remains
-    on any module afterwards, also after an exception; nothing accumulates between calls.
+    The models run in eval mode inside the call and get their flags back; no hook remains afterwards, also after
+    an exception; nothing accumulates between calls.
 
     Raises:
-        ValueError: ``k``/``n_queries`` < 1; at call time, a missing split, ``k`` larger than the reference
-            set, items that are not image tensors.
+        ValueError: ``k``/``n_queries`` < 1; at call time, a missing split, ``k`` larger than the reference set,
+            items that are not image tensors.
     """
 
     def __init__(
@@ -247,15 +242,8 @@ class ExplanationHook:
                 mean, std = self._display_stats(q_img)
                 qd = to_display_image(q_img, mean, std)
                 rds = [to_display_image(r, mean, std) for r in r_imgs]
-                args = [
-                    (
-                        allmaps["query"][n, m],
-                        allmaps["reference"][n, m],
-                        allmaps["query_bias"][n, m],
-                        allmaps["reference_bias"][n, m],
-                    )
-                    for m in range(len(refs))
-                ]
+                keys = ("query", "reference", "query_bias", "reference_bias")
+                args = [tuple(allmaps[key][n, m] for key in keys) for m in range(len(refs))]
                 diff = max(bias_difference(*a) for a in args)  # one choice for every row of the figure
                 show_bias = diff > BIAS_RTOL
                 panels = [

@@ -1,11 +1,10 @@
 """Deletion and insertion curves of a similarity map: how faithful is it to the pair's cosine similarity?
 
 Source: the deletion / insertion metrics of Petsiuk, Das and Saenko, "RISE: Randomized Input Sampling for
-Explanation of Black-box Models", BMVC 2018 (Sec. 4.1), written here for a metric-learning pair instead of a
-class score: the query's pixels are removed (deletion) or revealed (insertion) in the order of the map,
-most-attributed first, and the score is the cosine similarity of the perturbed query's embedding with the
-(fixed) reference embedding. A faithful map makes the deletion curve fall fast (small area) and the
-insertion curve rise fast (large area). Written from the definitions; no code copied.
+Explanation of Black-box Models", BMVC 2018 (Sec. 4.1), for a metric-learning pair instead of a class score: the
+query's pixels are removed (deletion) or revealed (insertion) most-attributed first, scored by the cosine of the
+perturbed query's embedding with the fixed reference embedding. A faithful map makes the deletion curve fall fast
+(small area) and the insertion curve rise fast (large area). Written from the definitions; no code copied.
 """
 
 from typing import Dict, Optional, Union
@@ -27,25 +26,24 @@ class SimilarityFidelity:
     Args:
         trunk, embedder: the query model (``embedder(trunk(x)) -> [N, L]``).
         reference_trunk, reference_embedder: the reference model (default: the query model).
-        steps: points of each curve after the start (default 16): step s removes / reveals
-            ``round(s / steps · H · W)`` pixels (all channels of a pixel together).
-        baseline: what replaces a removed pixel: ``"zero"`` (default; 0 in the model's input space, the
-            dataset mean for mean/std-normalised inputs), ``"mean"`` (the image's per-channel mean),
-            ``"blur"``
-            (a Gaussian blur of the image, σ = 5 % of the shorter side) or a float.
+        steps: points of each curve after the start (default 16): step s removes / reveals ``round(s / steps · H ·
+            W)`` pixels (all channels of a pixel together).
+        baseline: what replaces a removed pixel: ``"zero"`` (default; 0 in the model's input space, the dataset mean
+            for mean/std-normalised inputs), ``"mean"`` (the image's per-channel mean), ``"blur"`` (Gaussian blur, σ =
+            5 % of the shorter side) or a float.
         batch_size: perturbed images per forward pass (default 64).
 
-    Maps ``[N, h, w]`` of any size not larger than the image are resized bilinearly (per axis) to the image;
-    pixels are ordered by value, largest first, ties in raster order (a constant map is a raster scan).
+    Maps ``[N, h, w]`` not larger than the image are resized bilinearly (per axis) to it; pixels are ordered by
+    value, largest first, ties in raster order.
 
     ``curves(query_images [N, C, H, W], reference_images [N or 1, C', H', W'], maps [N, h, w])`` returns
-    ``"fractions"`` ``[steps + 1]`` (pixels changed / H·W), ``"deletion"`` and ``"insertion"`` ``[N, steps +
-    1]`` (cosine similarities, float64 on the CPU) and ``"deletion_area"`` / ``"insertion_area"`` ``[N]``
-    (trapezoidal areas over the fractions, in [-1, 1]: lower deletion and higher insertion are better).
+    ``"fractions"`` ``[steps + 1]`` (pixels changed / H·W), ``"deletion"`` / ``"insertion"`` ``[N, steps + 1]``
+    (cosines, float64 on the CPU) and ``"deletion_area"`` / ``"insertion_area"`` ``[N]`` (trapezoidal areas, in [-1,
+    1]: lower deletion and higher insertion are better).
 
     Raises:
-        ValueError: bad ``steps``/``baseline``/``batch_size``; maps whose count or size does not fit the
-            images; NaN maps.
+        ValueError: bad ``steps``/``baseline``/``batch_size``; maps whose count or size does not fit the images; NaN
+            maps.
 
     Example::
 

@@ -141,8 +141,7 @@ def point_weights(
         first = pts[bad][0].tolist()
         raise ValueError(
             f"point (y, x) = {tuple(first)} lies outside the "
-            f"{'image' if coordinates == 'image' else 'feature map'} "
-            f"of size {(lim_y, lim_x)}"
+            f"{'image' if coordinates == 'image' else 'feature map'} of size {(lim_y, lim_x)}"
         )
     out = torch.zeros(pts.shape[0], h * w, dtype=torch.float64)
     if coordinates == "feature":

@@ -111,15 +111,12 @@ def explanation_panels(
     show_bias: Optional[bool] = None,
 ) -> Tuple[List[tuple], Optional[str]]:
     """The panels of one (query, reference) row: Decomposition maps on both images (the query point marked ×), the
-    Decomposition+Bias maps only where they add something, and the point-specific map of the × (Zhu et al., TIP
-    2021, Sec. III).
+    Decomposition+Bias maps only where they add something, and the point-specific map of the × (Zhu et al., TIP 2021,
+    Sec. III).
 
-    Decomposition+Bias adds each cell's match with the other image's head bias B (``(W_ij A_ij)·B``) to the
-    Decomposition map. With a head without bias (GAP + Identity, e.g. the default ImageNet trunk) the two maps are
-    equal, and a second copy would only ask the reader to find a difference that is not there: the +Bias panels
-    are shown only when they differ from the Decomposition maps by more than ``rtol`` of the largest |value| of
-    those maps (:func:`bias_difference`), with titles that say what they add; otherwise a note says why they are
-    left out. ``show_bias`` forces the choice (e.g. one choice for all rows of a figure).
+    Decomposition+Bias adds each cell's match with the other image's head bias B (``(W_ij A_ij)·B``); without a bias
+    (GAP + Identity) it equals Decomposition, so the +Bias panels are shown only when they differ by more than ``rtol``
+    of the largest |value| (:func:`bias_difference`), else a note says why; ``show_bias`` forces the choice.
 
     Args:
         query_map, reference_map: Decomposition maps ``[h, w]`` / ``[h', w']``; ``*_bias_map``: the +Bias maps.
@@ -127,8 +124,7 @@ def explanation_panels(
         reference_name: how the titles call the reference (e.g. ``"retrieved"``).
 
     Returns:
-        ``(panels, note)``: panels for :func:`save_pair_overlay`, and the note (``None`` when the +Bias panels are
-        shown).
+        ``(panels, note)``: panels for :func:`save_pair_overlay`, and the note (``None`` when +Bias is shown).
 
     Example::
 
@@ -324,35 +320,26 @@ def pair_figure(
 
 
 def save_pair_overlay(path: str, *args, dpi: int = 100, **kwargs) -> str:
-    """Save :func:`pair_figure` ``(*args, **kwargs)`` as ``path`` at ``dpi``: a grid with one row per reference (rank
-    order), columns = the query, the reference, each map panel.
+    """Save :func:`pair_figure` ``(*args, **kwargs)`` as ``path`` at ``dpi``: one row per reference (rank order),
+    columns = the query, the reference, each map panel.
 
-    Every image keeps its aspect ratio (non-square images and spectrograms are not squashed). Each map is drawn
-    over a lightened grey copy of its image as a semi-transparent layer: diverging colours (red > 0, blue < 0)
-    whose opacity grows with |value|, so the drawing stays readable where the map is near 0 and colours read true
-    on dark drawings too. Scales are symmetric (±L, never min–max stretched) and shared within a row by the maps
-    of one group: by default the overall maps drawn on the same image (Decomposition and Decomposition+Bias
-    compare on one scale), and the point-specific map on its own (panels may name their group; a map spread over
-    more cells has smaller values per cell, so a scale shared across images would leave one of them blank). Each
-    colour bar, as tall as its image, names its quantity and unit (``colorbar_label``, default "contribution to
-    cosine similarity", times the power of ten shown), and a legend under the figure says how to read the colours.
+    Images keep their aspect ratio. Each map is a semi-transparent layer over a lightened grey copy of its image:
+    diverging colours (red > 0, blue < 0) whose opacity grows with |value|. Scales are symmetric (±L, never min–max)
+    and shared within a row by the maps of one group: by default the overall maps of one image, and the point-specific
+    map on its own (a panel may name its group). Each colour bar names its quantity (``colorbar_label``) times the
+    power of ten shown; a legend under the figure says how to read the colours.
 
     Args:
         path: output ``.png`` (written to a temporary file, then ``os.replace``).
         query_image / reference_images: ``[H, W, 3]`` float arrays in [0, 1] (:func:`to_display_image`).
-        panels: per reference, a list of ``(label, side, map [h, w], point or None[, mark_max[, scale_group]])``
-            tuples (:func:`explanation_panels` builds the standard row), ``side`` in ``{"query", "reference"}``;
-            ``point`` (y, x) pixels is marked with a yellow cross; ``mark_max=True`` marks the map's maximum
-            (e.g. the strongest match of a point-specific map) with a yellow star.
-        title: figure title.
-        alpha: opacity of the strongest values of a map (default 0.8; 0 at value 0).
-        similarities: per reference, its cosine, shown as "rank r · cos s" above the reference (with as many
-            decimals as tell the row's values apart, :func:`format_cosines`).
-        ranks: per reference, its true rank (default 1, 2, ... in row order: pass it when a figure shows one
-            reference that is not the top match).
-        reference_labels, query_label: class names shown above the images (``None`` entries: unknown).
-        same_class: per reference, ``True`` / ``False`` marks "same class" (green frame) / "other class" (red
-            frame); ``None`` entries are not marked.
+        panels: per reference, ``(label, side, map [h, w], point or None[, mark_max[, scale_group]])`` tuples
+            (:func:`explanation_panels` builds the standard row), ``side`` in ``{"query", "reference"}``; ``point``
+            (y, x) pixels gets a yellow cross; ``mark_max=True`` a yellow star at the map's maximum.
+        title: figure title. alpha: opacity of the strongest values (default 0.8; 0 at value 0).
+        similarities: per reference, its cosine, shown as "rank r · cos s" (:func:`format_cosines`).
+        ranks: per reference, its true rank (default 1, 2, ... in row order).
+        reference_labels, query_label: class names shown above the images (``None``: unknown).
+        same_class: per reference, ``True`` / ``False``: green "same class" / red "other class" frame; ``None``: none.
         colorbar_label: the maps' quantity (e.g. "contribution to dot product" for ``scale="dot"``).
         note: one line under the figure (e.g. which references were left out and why).
         panel_width: inches per panel (default 3.0); dpi: default 100 (a 7-panel row is 2100 px wide).

@@ -1,15 +1,11 @@
 """Grad-CAM baselines for a pair of images under a metric-learning model.
 
-Sources: Selvaraju et al., "Grad-CAM", ICCV 2017 (α_k = mean_ij ∂y/∂A_ijk, map = ReLU(Σ_k α_k A_k)); its use
-for metric learning and the "no norm" and rectified variants: Zhu et al., "Visual Explanation for Deep Metric
-Learning", IEEE TIP 2021, Sec. V and Sec. VI-A, and the authors' demo code
-(Jeff-Zilence/Explain_Metric_Learning, ``Image_Retrieval/demo.py``: ``GradCAM`` and ``RGradCAM``). Target for
-similarity: pytorch-grad-cam's embedding-similarity target (jacobgil/pytorch-grad-cam,
-``utils/model_targets.py``), batched here.
-
-Deviation from the demo code: gradients come from ``torch.autograd.grad`` with respect to a detached copy of
-the feature map, so nothing accumulates in ``.grad`` between calls (the demo calls ``backward()`` repeatedly
-without zeroing, so its "no norm" and rectified maps mix gradients of earlier calls).
+Sources: Selvaraju et al., "Grad-CAM", ICCV 2017 (α_k = mean_ij ∂y/∂A_ijk, map = ReLU(Σ_k α_k A_k)); its
+metric-learning, "no norm" and rectified variants: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE
+TIP 2021, Sec. V and VI-A, and the authors' demo (Jeff-Zilence/Explain_Metric_Learning, ``Image_Retrieval/demo.py``:
+``GradCAM``, ``RGradCAM``); similarity target: pytorch-grad-cam's ``utils/model_targets.py``, batched here.
+Deviation from the demo: gradients come from ``torch.autograd.grad`` w.r.t. a detached copy of the feature map,
+so nothing accumulates in ``.grad`` between calls (the demo's repeated ``backward()`` mixes earlier gradients).
 """
 
 from typing import Dict, Optional
@@ -27,39 +23,27 @@ VARIANTS = ("cosine", "dot", "rectified")
 class SimilarityGradCAM(SimilarityExplainer):
     """Grad-CAM maps of the similarity of query/reference pairs, on both images.
 
-    Variants:
-        ``"cosine"``: Grad-CAM of S = cos(E^q, E^r) (the paper's "Grad-CAM"); ``"dot"``: Grad-CAM of E^q · E^r
-        with the pre-normalisation embeddings ("Grad-CAM (no norm)"); for a GAP + linear head it equals
-        "Decomposition+Bias" with ``scale="dot"`` (paper Sec. V), with GMP it differs; ``"rectified"``: Σ_k
-        ∂(E^q·E^r)/∂A_ijk · A_ijk without averaging the gradient (the demo's RGrad-CAM), equal to
-        "Decomposition+Bias" for linear heads, GMP included.
+    Variants: ``"cosine"``: Grad-CAM of S = cos(E^q, E^r) (the paper's "Grad-CAM"); ``"dot"``: Grad-CAM of E^q · E^r
+    of the pre-normalisation embeddings ("Grad-CAM (no norm)"; equal to "Decomposition+Bias" with ``scale="dot"`` for
+    a GAP + linear head, paper Sec. V, not with GMP); ``"rectified"``: Σ_k ∂(E^q·E^r)/∂A_ijk · A_ijk without
+    averaging the gradient (the demo's RGrad-CAM), equal to "Decomposition+Bias" for linear heads, GMP included.
 
     Args:
         trunk, embedder, layer: query model (``layer=None``: the last 4-D, non-pooling module call).
         reference_trunk, reference_embedder, reference_layer: optional second model for the references.
 
-    ``maps(query_images [N or 1, 3, H, W], reference_images [N, 3, H', W'], variant=..., relu=True)`` returns
-    a dict with ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``, ``"similarity"`` ``[N]`` (the
-    differentiated score) — detached tensors on the input's device. ``relu=True`` (default, Grad-CAM's
-    definition) clamps at 0; ``relu=False`` keeps the sign. Models run in eval mode inside the call, flags and
-    hooks are restored afterwards.
-
-    Transformers: a layer with ``[N, T, C]`` token output is reshaped to its square ``g × g`` grid (a leading
-    class token is dropped; a non-square grid is an error naming the layer); channels-last ``[N, H, W, C]``
-    maps (torchvision Swin) are permuted. With ``layer=None`` on a token model, the last token layer whose
-    grid tokens reach the embedding is chosen (for a class-token ViT: the last block's ``ln_1``) and a
-    warning names it.
-
-    ``attribute(q, r, **options)`` (the shared verb of :class:`SimilarityExplainer`) is :meth:`maps`.
-
-    Autograd: the maps are gradients, so the call switches gradients on (also inside ``torch.no_grad()``); under
-    ``torch.inference_mode()``, which cannot be undone inside, it raises. Images made under inference mode are
-    cloned into ordinary tensors first.
+    ``maps(query_images [N or 1, 3, H, W], reference_images [N, 3, H', W'], variant=..., relu=True)`` (also
+    ``attribute``) returns detached tensors on the input's device: ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N,
+    h', w']`` and ``"similarity"`` ``[N]`` (the differentiated score). ``relu=True`` (default, Grad-CAM) clamps at 0;
+    ``relu=False`` keeps the sign. Models run in eval mode; flags and hooks are restored afterwards. Token layers
+    ``[N, T, C]`` are reshaped to their square grid (class token dropped; a non-square grid raises naming the layer),
+    channels-last ``[N, H, W, C]`` maps (Swin) permuted; ``layer=None`` on a token model picks the last token layer
+    whose grid reaches the embedding (a class-token ViT: the last block's ``ln_1``) with a warning. Gradients are
+    switched on inside ``torch.no_grad()``; inference-mode images are cloned first.
 
     Raises:
         ValueError: unknown variant; batch sizes that do not pair; ``"dot"``/``"rectified"`` on a model that
-            normalises inside ``forward`` (the pre-normalisation embedding is not reachable: wrap the
-            normalisation in its own module).
+            normalises inside ``forward`` (wrap the normalisation in its own module).
         RuntimeError: called under ``torch.inference_mode()``.
 
     Example::

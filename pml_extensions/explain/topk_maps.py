@@ -1,9 +1,8 @@
 """Overall maps for every query's top-k of a test set, in batches (maps at evaluation scale).
 
 Maps: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. III ("Decomposition" and
-"Decomposition+Bias" overall maps). Each image is folded once per batch on the models' device, so the cost is
-one forward pass of the images plus the folding (small for GAP/GMP/GeM heads); only one batch of folds is
-alive at a time and the maps go to the CPU, so the working memory does not grow with the number of queries.
+"Decomposition+Bias"). Each image is folded once per batch on the models' device and the maps go to the CPU, so
+the working memory does not grow with the number of queries.
 """
 
 import itertools
@@ -68,17 +67,17 @@ def topk_overall_maps(
 
     Args:
         decomposition: the :class:`ActivationDecomposition` to use.
-        queries, references: image tensors ``[N, C, H, W]`` or datasets whose items are ``image [C, H, W]`` or
-            ``(image, label, ...)``.
+        queries, references: image tensors ``[N, C, H, W]`` or datasets of ``image [C, H, W]`` or ``(image, label,
+            ...)`` items.
         neighbours: ``[Q, k]`` indices into ``references`` (e.g. a faiss top-k).
         query_indices: ``Q`` indices into ``queries``. Default ``range(Q)``.
-        batch_size: queries per batch (each batch folds ``batch_size · (1 + k)`` images). Default 16.
-        device: where the models run. Default: the query trunk's device; images are moved there.
+        batch_size: queries per batch (each folds ``batch_size · (1 + k)`` images). Default 16.
+        device: where the models run (images are moved there). Default: the query trunk's device.
 
     Returns:
         CPU tensors ``"query"`` ``[Q, k, h, w]``, ``"reference"`` ``[Q, k, h', w']``, ``"similarity"`` ``[Q, k]``
-        and the "Decomposition+Bias" maps ``"query_bias"``/``"reference_bias"`` (``scale="cosine"``); identical
-        (up to float summation order) to :meth:`ActivationDecomposition.overall_maps` for one query at a time.
+        and the "Decomposition+Bias" maps ``"query_bias"``/``"reference_bias"`` (``scale="cosine"``); equal (up to
+        float summation order) to :meth:`ActivationDecomposition.overall_maps` one query at a time.
 
     Raises:
         ValueError: ``neighbours`` not ``[Q, k]``, a ``query_indices`` of another length, ``batch_size`` < 1.

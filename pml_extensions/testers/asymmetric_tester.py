@@ -38,26 +38,19 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
     """``GlobalEmbeddingSpaceTester`` whose reference (database) side may use another model and another dataset.
 
     ``test(dataset_dict, epoch, trunk_model, embedder_model=None, splits_to_eval=None, collate_fn=None, *,
-    reference_trunk_model=None, reference_embedder_model=None, reference_dataset_dict=None)``: queries are embedded
-    by ``trunk_model``/``embedder_model`` from ``dataset_dict`` (e.g. the small query resolution), references by the
-    reference models from ``reference_dataset_dict`` (e.g. the teacher at the database resolution). Missing reference
-    arguments fall back to the query side, so without them the tester is ``GlobalEmbeddingSpaceTester``. When a
-    query split is among its reference splits, each query's own image is excluded BY INDEX (the two dataset dicts
-    must list the same images in the same order), through :class:`AsymmetricAccuracyCalculator` (the default
-    calculator; PML's stock calculator rejects rows that differ). Accuracy keys are PML's (``<metric>_level0``), so
-    ``HookContainer`` and its primary metric work unchanged; embeddings are L2-normalised as in PML
-    (``normalize_embeddings=True``).
+    reference_trunk_model=None, reference_embedder_model=None, reference_dataset_dict=None)``: queries are embedded by
+    ``trunk_model``/``embedder_model`` from ``dataset_dict`` (e.g. the small query resolution), references by the
+    reference models from ``reference_dataset_dict`` (e.g. the teacher at the database resolution); missing reference
+    arguments fall back to the constructor's, then to the query side (then it is ``GlobalEmbeddingSpaceTester``). A
+    query split among its reference splits excludes each query's own image BY INDEX (both dataset dicts must list the
+    same images in the same order) through :class:`AsymmetricAccuracyCalculator` (the default calculator). Accuracy
+    keys are PML's (``<metric>_level0``), so ``HookContainer`` works unchanged (e.g. an ``end_of_epoch_hook`` validating
+    the student against the constructor's teacher); embeddings are L2-normalised as in PML.
 
-    The same three reference arguments can be given to the constructor as defaults; that is how a
-    ``HookContainer.end_of_epoch_hook`` (which calls ``test`` with the trained student only) validates the
-    teacher-student asymmetric setup during training.
-
-    Under ``torch.distributed`` each rank embeds only its shard of every set and the default calculator splits its
-    query blocks over the ranks (:mod:`~pml_extensions.testers.sharded_tester`; every rank calls ``test``).
-    :meth:`test_reference_sets` evaluates one query split against several reference sets, each embedded once.
-
-    :meth:`evaluate_setups` runs the paper's four setups with the FLOPs per query image of each; :meth:`query_flops`
-    counts them for any model and resolution.
+    Under ``torch.distributed`` each rank embeds its shard of every set and the default calculator splits its query
+    blocks over the ranks (:mod:`~pml_extensions.testers.sharded_tester`; every rank calls ``test``).
+    :meth:`test_reference_sets` evaluates one query split against several reference sets; :meth:`evaluate_setups` runs
+    the paper's four setups with the FLOPs per query image of each (:meth:`query_flops`).
 
     Raises:
         ValueError: query and reference splits of one name that list different labels (not the same images), a
@@ -124,11 +117,11 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         reference_embedder_model: Optional[torch.nn.Module] = None,
         reference_dataset_dict: Optional[dict] = None,
     ) -> Dict[str, dict]:
-        """One query split against several reference sets (e.g. ``{"test": ["test"], "test+val": ["test", "val"]}``).
+        """One query split against several reference sets, e.g. ``{"test": ["test"], "test+val": ["test", "val"]}``.
 
-        The query split is embedded once by the query models; every split of the reference sets is embedded once by
-        the reference models (the query models and ``dataset_dict`` when no reference argument is given; then the
-        query split's embeddings are reused). A set containing the query split excludes each query's own image.
+        The query split is embedded once by the query models, every reference split once by the reference models
+        (without reference arguments the query split's embeddings are reused). A set containing the query split
+        excludes each query's own image.
 
         Returns:
             ``{set_name: {"epoch": epoch, "<metric>_level<L>": value}}``; ``end_of_testing_hook`` is not called.
@@ -257,27 +250,26 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
     ) -> Dict[str, dict]:
         """The paper's four evaluation setups (Sec. 5), each with its query cost.
 
-        - ``teacher_student_asymmetric``: database by the teacher at ``database_resolution``, queries by the student
-          at ``query_resolution`` (eq. 4, the proposed setup);
+        - ``teacher_student_asymmetric``: database by the teacher at ``database_resolution``, queries by the student at
+          ``query_resolution`` (eq. 4, the proposed setup);
         - ``student_symmetric``: student at ``query_resolution`` on both sides (eq. 1);
-        - ``teacher_symmetric``: teacher at ``teacher_resolution`` (its training resolution; default
-          ``database_resolution``) on both sides (eq. 1);
-        - ``teacher_asymmetric``: teacher at ``database_resolution`` for the database and at ``query_resolution`` for
-          the queries (eq. 3, one network, two resolutions).
+        - ``teacher_symmetric``: teacher at ``teacher_resolution`` (default ``database_resolution``) on both sides
+          (eq. 1);
+        - ``teacher_asymmetric``: teacher at ``database_resolution`` for the database, ``query_resolution`` for the
+          queries (eq. 3).
 
         Args:
-            make_dataset_dict: ``resolution -> {split_name: dataset}``; the datasets at every resolution must list
-                the same images in the same order (e.g. the evaluation transform at that size).
-            teacher, student: a module or a ``(trunk, embedder)`` pair each. ``student`` may be None when only
-                teacher setups are asked for.
+            make_dataset_dict: ``resolution -> {split_name: dataset}``, the same images in the same order at every
+                resolution.
+            teacher, student: a module or a ``(trunk, embedder)`` pair each; ``student`` may be None for teacher setups.
             query_resolution, database_resolution, teacher_resolution: square input sizes in pixels.
-            splits_to_eval: as in PML's ``test`` (default: every split against itself).
-            setups: a subset of :data:`SETUPS`.
+            splits_to_eval: as in PML's ``test`` (default: every split against itself). setups: a subset of
+                :data:`SETUPS`.
 
         Returns:
             ``{setup: {"accuracies": {query_split: {metric_level0: value, "epoch": epoch}}, "query_flops": int,
-            "query_resolution": int, "reference_resolution": int}}``. Embeddings of each (model, resolution) are
-            computed once; ``end_of_testing_hook`` is not called.
+            "query_resolution": int, "reference_resolution": int}}``; each (model, resolution) is embedded once;
+            ``end_of_testing_hook`` is not called.
 
         Raises:
             ValueError: unknown setup names, non-positive resolutions, a student setup without a student.
