@@ -1,7 +1,5 @@
-"""Internal: run a PML trunk + embedder with temporary hooks on the explained feature map.
-
-Every hook registered here is removed in a ``finally`` block, also when the forward pass raises; the caller's
-train/eval state is restored the same way (the forward passes run in eval mode).
+"""Internal: run a PML trunk + embedder in eval mode with temporary hooks on the explained feature map (hooks and
+train/eval flags are restored also when the forward pass raises).
 """
 
 import contextlib
@@ -24,12 +22,8 @@ POOLING_TYPES = (
 
 
 def require_autograd(who: str) -> None:
-    """Raise one line when autograd is off for good: under ``torch.inference_mode()`` no ``torch.enable_grad()``
-    switches it back on, and PyTorch would end with "element 0 of tensors does not require grad and does not have a
-    grad_fn" far from the call.
-
-    Raises:
-        RuntimeError: under ``torch.inference_mode()``, naming ``who`` and the fix.
+    """Raise ``RuntimeError`` naming ``who`` and the fix under ``torch.inference_mode()``, which ``torch.enable_grad()``
+    cannot undo (PyTorch would fail far from the call with "element 0 of tensors does not require grad").
     """
     if torch.is_inference_mode_enabled():
         raise RuntimeError(
@@ -44,8 +38,7 @@ def _leaves(model: nn.Module) -> List[nn.Module]:
 
 
 def token_grid(n_tokens: int):
-    """``(g, extra)`` when ``n_tokens`` is a square grid ``g × g`` (extra = 0) or ``g × g`` + 1 class
-    token; ``None`` otherwise."""
+    """``(g, extra)`` for ``n_tokens`` = ``g × g`` + ``extra`` (0 or 1 class token) with g >= 2, else ``None``."""
     for extra in (0, 1):
         g = int(round((n_tokens - extra) ** 0.5))
         if g >= 2 and g * g == n_tokens - extra:
@@ -65,10 +58,8 @@ def _channels_last(module: nn.Module, out: torch.Tensor) -> bool:
 
 
 class MapLayout:
-    """How a layer's output maps to the canonical ``[N, C, h, w]`` feature map and back.
-
-    ``"NCHW"`` (CNNs), ``"NHWC"`` (torchvision Swin) or ``"tokens"`` (``[N, T, C]`` with ``T = g·g`` or
-    ``g·g + 1``: the leading class token is kept aside in ``extra`` and is not part of the map).
+    """How a layer's output maps to the canonical ``[N, C, h, w]`` feature map and back: ``"NCHW"`` (CNNs), ``"NHWC"``
+    (Swin) or ``"tokens"`` (``[N, T, C]``, ``T = g·g`` or ``g·g + 1``, the class token kept aside in ``extra``).
     """
 
     def __init__(self, kind: str, extra: Optional[torch.Tensor] = None):
@@ -139,11 +130,8 @@ class RunResult(NamedTuple):
 class ModelRunner:
     """Locates the explained layer of ``embedder(trunk(x))`` and runs hooked forward passes.
 
-    Args:
-        trunk: PML trunk (images ``[N, 3, H, W]`` -> features).
-        embedder: PML embedder or ``None`` (identity).
-        layer: the module whose output ``[N, C, h, w]`` is explained, its qualified name inside ``trunk``, or
-            ``None`` for the last module call with a 4-D output that is not a pooling layer.
+    ``trunk``: images ``[N, 3, H, W]`` -> features; ``embedder``: or ``None`` (identity); ``layer``: the explained
+    module, its name inside ``trunk``, or ``None`` for the last 4-D, non-pooling module call.
     """
 
     def __init__(self, trunk: nn.Module, embedder: Optional[nn.Module] = None, layer=None):
@@ -193,10 +181,9 @@ class ModelRunner:
         return images
 
     def _find_layer(self, images: torch.Tensor):
-        """One forward pass that records the candidate layers (4-D maps, square token grids; no pooling) and
-        keeps the last one. For token models (transformers) the last candidate whose grid tokens reach the
-        output (checked with one backward pass: a class-token head reads no grid token of the final norm) is
-        kept, and a warning names it."""
+        """Find the last candidate layer (4-D map or square token grid, no pooling) in one forward pass; for token
+        models the last one whose grid tokens reach the output (one backward pass), named in a warning.
+        """
         found: List[Tuple[nn.Module, int, torch.Tensor]] = []
         calls: Dict[int, int] = {}
         attention_at: List[int] = []  # len(found) when each attention module was called
@@ -254,16 +241,10 @@ class ModelRunner:
         replacement: Optional[torch.Tensor] = None,
         repeat: int = 1,
     ) -> RunResult:
-        """Hooked forward pass in eval mode.
-
-        Args:
-            images: ``[N, C, H, W]``.
-            mode: ``"capture"`` (no grad; the feature map is detached and cloned), ``"leaf"`` (the feature map
-                is replaced by a detached copy that requires grad, so ``torch.autograd.grad`` can
-                differentiate the output with respect to it without touching parameter ``.grad``; ``repeat`` >
-                1 repeats that copy along the batch so the head runs once per pair while the body runs once),
-                ``"replace"`` (the feature map is replaced by ``replacement``; used inside ``torch.func``
-                transforms).
+        """Hooked forward pass of ``images [N, C, H, W]`` in eval mode, by ``mode``: ``"capture"`` (no grad; the map
+        detached and cloned), ``"leaf"`` (the map replaced by a detached copy that requires grad, repeated ``repeat``
+        times along the batch so the head runs once per pair) or ``"replace"`` (the map replaced by ``replacement``, for
+        ``torch.func``).
         """
         self.check_images(images)
         if self.layer is None:
@@ -319,8 +300,7 @@ class ModelRunner:
 
 
 def is_l2_normaliser(record: HeadRecord) -> bool:
-    """Does this module call map its input to ``input / ||input||`` along dim 1 (checked on the actual
-    values)?"""
+    """Does this module call map its input to ``input / ||input||`` along dim 1 (checked on the values)?"""
     inp, out = record.input, record.output
     if not (torch.is_tensor(inp) and torch.is_tensor(out)) or inp.shape != out.shape or inp.ndim != 2:
         return False

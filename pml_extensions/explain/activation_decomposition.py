@@ -89,7 +89,6 @@ class ActivationDecomposition(SimilarityExplainer):
                 reference_trunk, reference_embedder, reference_layer, fallback=fallback, gmp_ties=gmp_ties
             )
 
-    # ------------------------------------------------------------------ folds
     def fold_query(self, images: Images) -> FoldedEmbedding:
         """Fold the query model at ``images [N, 3, H, W]`` (a :class:`FoldedEmbedding` passes through)."""
         return self._fold(self.query_folder, images, "query_images")
@@ -143,7 +142,6 @@ class ActivationDecomposition(SimilarityExplainer):
                     )
         return nq * nr
 
-    # ------------------------------------------------------------------ maps
     def point_to_point(self, query_images: Images, reference_images: Images, *, scale: str = "dot") -> torch.Tensor:
         """D(i, j, x, y) = F^q_ij · F^r_xy for every pair, from one batched einsum.
 

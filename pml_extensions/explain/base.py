@@ -1,9 +1,6 @@
-"""One verb for every explainer: ``explainer.attribute(query_images, reference_images) -> maps``.
-
-Like captum's ``attribute()``: every similarity explainer of :mod:`pml_extensions.explain` takes a query batch
-and a reference batch and returns a dict with ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``
-(signed maps, float, on the inputs' device) and ``"similarity"`` ``[N]``; calling the object is the same as
-calling ``attribute``.
+"""One verb for every explainer, like captum's ``attribute()``: ``explainer.attribute(query_images, reference_images)``
+(or ``explainer(q, r)``) returns ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']`` (signed float maps on
+the inputs' device) and ``"similarity"`` ``[N]``.
 """
 
 from typing import Dict
@@ -34,14 +31,9 @@ class SimilarityExplainer:
 
 
 class RandomExplainer(SimilarityExplainer):
-    """Control: uniform random maps in [0, 1) at image resolution (or ``map_size``), from a seeded generator.
-
-    Args:
-        seed: seed of the private ``torch.Generator`` (the global RNG is never used). Default 0.
-        map_size: ``(h, w)`` of the maps. Default: each image's ``(H, W)``.
-
-    ``attribute`` returns ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']`` and ``"similarity"``
-    filled with NaN (a random map explains no score). Successive calls draw new maps; :meth:`reset` restarts.
+    """Control: uniform random maps in [0, 1) at image resolution (or ``map_size`` ``(h, w)``) from a private
+    ``torch.Generator`` seeded with ``seed`` (default 0); ``"similarity"`` is NaN (a random map explains no score).
+    Successive calls draw new maps; :meth:`reset` restarts.
 
     Example::
 

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from ..utils.checks import is_int
+from .localization_evaluator import LocalizationEvaluator
 
 DEFAULT_BACKGROUNDS = (
     "astronaut",
@@ -194,8 +195,7 @@ class CompositeLocalizationDataset(torch.utils.data.Dataset):
             mask = alpha > 127
             if not mask.any():
                 mask = alpha > 0
-            ys, xs = np.nonzero(mask)
-            boxes.append((int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1))
+            boxes.append(LocalizationEvaluator.mask_to_box(mask))
             labels.append(label)
             self.images.append(image)
             self.masks.append(mask)

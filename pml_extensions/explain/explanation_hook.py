@@ -137,14 +137,13 @@ class ExplanationHook:
     def _names(self, split: str) -> Optional[List[str]]:
         return self.class_names if self.class_names is not None else dataset_class_names(self.dataset_dict[split])
 
-    # PML calls ``end_of_testing_hook(tester)``
-    def __call__(self, tester) -> None:
-        self.end_of_testing_hook(tester)
-
     def end_of_testing_hook(self, tester) -> None:
+        """What PML's tester calls after testing: the hook container's hook, then :meth:`explain`."""
         if self.hook_container is not None:
             self.hook_container.end_of_testing_hook(tester)
         self.explain(tester)
+
+    __call__ = end_of_testing_hook
 
     def _display_stats(self, image: torch.Tensor):
         if isinstance(self.mean, str) and self.mean == "auto":

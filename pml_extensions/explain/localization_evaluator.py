@@ -50,7 +50,6 @@ class LocalizationEvaluator:
         self.thresholds = thr
         self.iou_threshold = float(iou_threshold)
 
-    # ---------------------------------------------------------------- pieces
     @staticmethod
     def iou(box_a: Sequence[int], box_b: Sequence[int]) -> float:
         """Intersection over union of two half-open boxes ``(x0, y0, x1, y1)``."""
@@ -101,7 +100,6 @@ class LocalizationEvaluator:
         m = self.resized_map(heatmap, image_size)
         return [self.mask_to_box(self.largest_component(m >= t)) for t in self.thresholds]
 
-    # ---------------------------------------------------------------- accuracy
     def correct(self, heatmap, box: Sequence[int], image_size: Sequence[int]) -> np.ndarray:
         """``[T]`` bool: is the predicted box at each threshold correct (IoU > ``iou_threshold``)?"""
         box = _check_box(box)

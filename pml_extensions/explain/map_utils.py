@@ -1,7 +1,5 @@
-"""Helpers shared by the explanation maps: opt-in normalisation, resizing, image-to-feature coordinates.
-
-Maps everywhere in :mod:`pml_extensions.explain` are signed torch tensors on the input's device; nothing here
-is applied unless asked for.
+"""Helpers shared by the explanation maps (signed tensors on the input's device): opt-in normalisation, resizing,
+image-to-feature coordinates.
 """
 
 from typing import Optional, Sequence, Tuple
@@ -76,11 +74,8 @@ def maps_on_image(maps: torch.Tensor, image_size: Sequence[int]) -> torch.Tensor
 
 
 def check_map_matches_image(map_size: Sequence[int], image_size: Sequence[int], arg: str = "map") -> None:
-    """Raise ``ValueError`` when a map cannot belong to an image: an empty size, or a map larger than the
-    image along an axis.
-
-    The two axes may have different strides (a trunk that downsamples only the frequency axis of a
-    ``1 × 128 × 431`` spectrogram gives a ``16 × 431`` map: strides 8 and 1); maps are resized per axis.
+    """Raise ``ValueError`` when a map cannot belong to an image: an empty size, or a map larger than the image along
+    an axis (the axes may have different strides: a ``16 × 431`` map of a ``1 × 128 × 431`` spectrogram).
     """
     h, w = int(map_size[0]), int(map_size[1])
     H, W = int(image_size[0]), int(image_size[1])

@@ -15,7 +15,7 @@ from .map_utils import maps_on_image
 def to_display_image(
     image, mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None
 ) -> np.ndarray:
-    """``[3, H, W]`` tensor (or ``[H, W, 3]`` array / PIL image) → ``[H, W, 3]`` float array in [0, 1].
+    """``[3, H, W]`` tensor → ``[H, W, 3]`` float64 array in [0, 1].
 
     With ``mean``/``std`` (one value per channel) the tensor is de-normalised; otherwise a tensor outside
     [0, 1] is min–max scaled. One-channel images (``[1, H, W]``, spectrograms, MNIST) become grey RGB.
@@ -23,28 +23,23 @@ def to_display_image(
     Raises:
         ValueError: not ``[C, H, W]`` with C in {1, 3}; ``mean``/``std`` whose length is not C.
     """
-    if torch.is_tensor(image):
-        x = image.detach().to("cpu", torch.float64)
-        if x.ndim != 3 or x.shape[0] not in (1, 3):
-            raise ValueError(f"image tensor must be [3, H, W] or [1, H, W], got {tuple(x.shape)}")
-        if mean is not None and std is not None:
-            if len(mean) != x.shape[0] or len(std) != x.shape[0]:
-                raise ValueError(
-                    f"mean and std must have one value per channel ({x.shape[0]}), got {len(mean)} and {len(std)}"
-                )
-            std_, mean_ = (torch.tensor(v, dtype=x.dtype, device=x.device).view(-1, 1, 1) for v in (std, mean))
-            x = x * std_ + mean_
-        elif x.min() < 0 or x.max() > 1:
-            x = (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
-        x = x.permute(1, 2, 0).numpy()
-        if x.shape[2] == 1:
-            x = np.repeat(x, 3, axis=2)
-        return np.clip(x, 0, 1)
-    a = np.asarray(image)
-    if a.ndim == 2:
-        a = np.stack([a] * 3, axis=-1)
-    a = a[..., :3].astype(np.float64)
-    return np.clip(a / 255.0 if a.max() > 1 else a, 0, 1)
+    if not torch.is_tensor(image) or image.ndim != 3 or image.shape[0] not in (1, 3):
+        got = tuple(image.shape) if torch.is_tensor(image) else type(image).__name__
+        raise ValueError(f"image tensor must be [3, H, W] or [1, H, W], got {got}")
+    x = image.detach().to("cpu", torch.float64)
+    if mean is not None and std is not None:
+        if len(mean) != x.shape[0] or len(std) != x.shape[0]:
+            raise ValueError(
+                f"mean and std must have one value per channel ({x.shape[0]}), got {len(mean)} and {len(std)}"
+            )
+        std_, mean_ = (torch.tensor(v, dtype=x.dtype, device=x.device).view(-1, 1, 1) for v in (std, mean))
+        x = x * std_ + mean_
+    elif x.min() < 0 or x.max() > 1:
+        x = (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
+    x = x.permute(1, 2, 0).numpy()
+    if x.shape[2] == 1:
+        x = np.repeat(x, 3, axis=2)
+    return np.clip(x, 0, 1)
 
 
 #: what every overall and point-specific map measures with ``scale="cosine"`` (the colour bars' label)
@@ -73,9 +68,8 @@ def _panel(panel):
 
 
 def format_cosines(values: Sequence[float], decimals: int = 4, max_decimals: int = 6) -> List[str]:
-    """Cosines as text with ``decimals`` decimals, more (up to ``max_decimals``) while two different values would
-    print the same or a value below 1 would print as 1 (near-duplicates at 0.99996 and 0.99993 are not both
-    "1.0000").
+    """Cosines as text with ``decimals`` decimals, more (up to ``max_decimals``) while two different values would print
+    the same or a value below 1 would print as 1.
 
     Example::
 
@@ -178,11 +172,8 @@ def bias_note(difference: float) -> str:
 
 
 def max_point(m: np.ndarray) -> Tuple[float, float]:
-    """``(row, column)`` of the centre of the region where the map ``m`` ``[H, W]`` reaches its maximum.
-
-    An upsampled map is flat over each of its cells; ``argmax`` would mark a cell's first pixel (its top-left corner,
-    on the image's edge for a border cell), so the star marks the centre of the connected region of maximal pixels
-    that holds the first one.
+    """``(row, column)`` of the centre of the connected region of maximal pixels of ``m`` ``[H, W]`` that holds the
+    first one (an upsampled map is flat over each cell: ``argmax`` alone would mark a cell's top-left corner).
 
     Example:
         >>> m = np.kron(np.array([[0.0, 0.1, 0.0], [0.9, 0.2, 0.0], [0.0, 0.0, 0.3]]), np.ones((2, 2)))
@@ -215,8 +206,7 @@ def pair_figure(
     note: Optional[str] = None,
     panel_width: float = 3.0,
 ):
-    """The figure of :func:`save_pair_overlay` (a matplotlib ``Figure``, for tests and notebooks; close it with
-    ``matplotlib.pyplot.close``). Arguments as there."""
+    """The matplotlib ``Figure`` of :func:`save_pair_overlay` (arguments as there; ``plt.close`` it when done)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)

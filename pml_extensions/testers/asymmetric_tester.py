@@ -78,7 +78,6 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
                 device=self.data_device, distributed=self.distributed
             )
 
-    # ------------------------------------------------------------------ PML override points
     def test(
         self,
         dataset_dict,
@@ -217,7 +216,6 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
                     "(their labels differ)"
                 )
 
-    # ------------------------------------------------------------------ FLOPs and the four setups
     @staticmethod
     def query_flops(trunk_model, embedder_model=None, image_size: int = 224, in_channels: int = 3) -> int:
         """FLOPs to embed ONE query image of ``image_size`` × ``image_size`` pixels (torch flop counter).

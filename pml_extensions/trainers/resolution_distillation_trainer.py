@@ -190,7 +190,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
                     f"pass init_student_from_teacher=False. {e}"
                 ) from e
 
-    # ------------------------------------------------------------------ PML override points
     def modify_schema(self):
         self.schema["models"].keys = ["trunk", "embedder", "teacher_trunk", "teacher_embedder"]
         self.schema["models"].essential = ["trunk", "teacher_trunk"]
@@ -218,7 +217,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             set_batchnorm_eval(self.models["trunk"])
             set_batchnorm_eval(self.models["embedder"])
 
-    # ------------------------------------------------------------------ passes over the data
     def _select_pass(self):
         for obj in (self.dataset, self.sampler):
             if hasattr(obj, "set_pass"):
@@ -274,7 +272,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             indices_tuple = self.maybe_mine_embeddings(embeddings, class_labels)
             self.losses["metric_loss"] = self.loss_funcs["metric_loss"](embeddings, class_labels, indices_tuple)
 
-    # ------------------------------------------------------------------ default one-cycle schedule
     def train(self, start_epoch=1, num_epochs=1):
         self._num_epochs_to_run = num_epochs - start_epoch + 1
         return super().train(start_epoch=start_epoch, num_epochs=num_epochs)
