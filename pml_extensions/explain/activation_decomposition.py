@@ -26,27 +26,22 @@ Images = Union[torch.Tensor, FoldedEmbedding]
 class ActivationDecomposition(SimilarityExplainer):
     """Explain S = E^q · E^r / (‖E^q‖ ‖E^r‖) through the last convolutional feature maps of both images.
 
-    With the folded head E = Σ_ij W_ij A_ij + B (:class:`HeadFolder`) and F_ij = W_ij A_ij:
-
-    - point-to-point map D(i, j, x, y) = F^q_ij · F^r_xy (eq. 5, first term);
-    - overall query map "Decomposition" Q(i, j) = F^q_ij · Σ_xy F^r_xy; "Decomposition+Bias" adds F^q_ij · B^r (=
-      F^q_ij · E^r); the reference maps swap q and r; the constant B^q · B^r is dropped;
-    - point-specific map of query pixel (y, x): I(x', y') = F^q_(y,x) · F^r_(x', y'), F^q bilinear on the grid.
-
-    Σ_ijxy D + Σ_ij F^q_ij·B^r + Σ_xy B^q·F^r_xy + B^q·B^r = E^q·E^r exactly, so with ``scale="cosine"`` (default,
-    divided by Z = ‖E^q‖‖E^r‖ per pair, eq. 5) the terms sum to the cosine similarity.
+    With the folded head E = Σ_ij W_ij A_ij + B (:class:`HeadFolder`) and F_ij = W_ij A_ij: point-to-point map
+    D(i, j, x, y) = F^q_ij · F^r_xy (eq. 5); "Decomposition" Q(i, j) = F^q_ij · Σ_xy F^r_xy, "Decomposition+Bias"
+    F^q_ij · E^r (the reference maps swap q and r; B^q · B^r is dropped); point-specific map of query pixel (y, x):
+    F^q_(y,x) · F^r_(x', y') (F^q bilinear on the grid). All terms sum to E^q·E^r exactly, so with ``scale="cosine"``
+    (default, over Z = ‖E^q‖‖E^r‖, eq. 5) they sum to the cosine.
 
     Args:
         trunk, embedder, layer: the query model (:class:`HeadFolder`; ``layer=None`` finds the last 4-D map).
-        reference_trunk, reference_embedder, reference_layer: optional reference / database model (e.g. a teacher,
-            or a cross-view aerial branch) of the same embedding width L. Default: the query model.
-        fallback, gmp_ties: passed to :class:`HeadFolder` (``"error"`` / ``"jacobian"``; ``"share"`` / ``"first"``).
+        reference_trunk, reference_embedder, reference_layer: optional reference / database model (e.g. a teacher or
+            an aerial branch) of the same embedding width L. Default: the query model.
+        fallback, gmp_ties: passed to :class:`HeadFolder`.
 
-    Inputs are image batches ``[N, 3, H, W]`` or :class:`FoldedEmbedding` objects (to reuse a fold); a query batch of
-    size 1 is paired with every reference, otherwise pairs are one-to-one. Outputs are signed tensors on the input's
-    device, in its dtype for float32/float64 and in float32 for bfloat16/float16 or autocast. Models run in eval
-    mode; flags and hooks are restored after each call, also after an exception. ``attribute`` is
-    :meth:`overall_maps`.
+    Inputs: image batches ``[N, 3, H, W]`` or :class:`FoldedEmbedding` objects; a query batch of 1 pairs with every
+    reference, otherwise pairs are one-to-one. Outputs: signed tensors on the input's device, in its dtype (float32
+    for bfloat16/float16 or autocast). Models run in eval mode; flags and hooks are restored, also after an
+    exception. ``attribute`` is :meth:`overall_maps`.
 
     Raises:
         ValueError: batch sizes that do not pair, embeddings of different widths, unknown options, points outside the

@@ -71,29 +71,26 @@ def glyph_rgba(gray: Image.Image, colour: Tuple[int, int, int]) -> Image.Image:
 class CompositeLocalizationDataset(torch.utils.data.Dataset):
     """Objects pasted on real backgrounds; items ``(image, label)`` with exact ``boxes`` and ``masks``.
 
-    Every image is drawn from ``numpy.random.default_rng(seed)``: a class among the split's, an object of it, a
-    background (random square crop of 50–100 % of the shorter side, resized to ``image_size``), an object size (longer
-    side ``object_scale`` × ``image_size``), a position with the object fully inside, and (glyphs) an ink colour.
-    Drawings whose alpha > 127 covers under 5 % of their canvas are redrawn from the class; a class with 50 such draws
-    in a row is dropped (Open Clip Art's thin semi-transparent stars). The mask is the pasted alpha > 127; the box its
-    tight half-open box ``(x0, y0, x1, y1)`` in pixels.
+    Each image is drawn from ``numpy.random.default_rng(seed)``: a class, an object of it, a background (random square
+    crop of 50–100 % of the shorter side, resized to ``image_size``), the object's longer side (``object_scale`` ×
+    ``image_size``), a position fully inside and (glyphs) an ink colour. Drawings whose alpha > 127 covers under 5 %
+    of their canvas are redrawn; a class with 50 such draws in a row is dropped. Mask: the pasted alpha > 127; box:
+    its tight half-open ``(x0, y0, x1, y1)`` in pixels.
 
     Args:
         split: ``"train"`` / ``"test"`` (class-disjoint classes of :class:`pml_extensions.datasets.OpenClipArt` /
             :class:`~pml_extensions.datasets.GlyphDataset`) or ``"all"``.
-        n_images: number of composites. Default 200.
-        image_size: side of the square images, pixels. Default 320 (MobileNetV2 stride 32 → 10 × 10 maps).
+        n_images: number of composites (default 200); image_size: square side in pixels (default 320).
         source: ``"clipart"`` (default; needs ``openclipart-png``) or ``"glyph"`` (matplotlib's fonts).
-        seed: integer seed. Default 0.
-        object_scale: range of the object's longer side as a fraction of ``image_size``. Default (0.3, 0.6).
+        seed: integer seed (default 0); object_scale: longer side's range, fraction of ``image_size`` (0.3, 0.6).
         transform: applied to the RGB PIL image in ``__getitem__``.
         backgrounds: ``skimage.data`` names. Default :data:`DEFAULT_BACKGROUNDS`.
         min_images, max_classes, root: passed to ``OpenClipArt``.
         exclude_classes: class-name prefixes left out. Default ``("special",)`` (gradients and patterns).
 
     Attributes:
-        labels ``[N]`` int64 (global class ids), classes (names), boxes ``[N, 4]`` int64, masks (list of ``[H, W]``
-        bool), images (list of PIL RGB), background_names (list of str).
+        labels ``[N]`` int64, classes (names), boxes ``[N, 4]`` int64, masks (``[H, W]`` bool), images (PIL RGB),
+        background_names.
 
     Raises:
         FileNotFoundError: ``source="clipart"`` without the Debian package (names it).

@@ -34,42 +34,30 @@ class ExplanationHook:
     """Save explanation maps for ``n_queries`` queries and their top-``k`` retrievals after each test.
 
     Each chosen query of ``split_name`` is explained against its top-``k`` references (cosine of the tester's
-    embeddings, faiss; the query itself excluded when both splits are one) with :class:`ActivationDecomposition`,
-    in batches on the models' device (:func:`topk_overall_maps`; all maps kept on the CPU in ``last_maps``):
-    "Decomposition" and "Decomposition+Bias" overall maps on both images (signed, ``scale="cosine"``) and one
-    point-specific map per pair, for the query pixel at the maximum of the first pair's query map. Written to
-    ``output_dir``: ``{split}_epoch{epoch}_query{index}.png`` (query | retrieved with rank, cosine, class name and a
-    same / other class mark | maps; +Bias maps only where the bias changes them, see
-    :func:`~pml_extensions.explain.overlay.explanation_panels`) and ``….pt`` (all maps). With ground-truth boxes
-    (``boxes[split]`` or ``dataset.boxes``, ``(x0, y0, x1, y1)`` pixels) the localisation accuracy of the queries'
-    Decomposition maps (top-1 pair, best threshold of :class:`LocalizationEvaluator`) is logged through the record
-    keeper under ``explanations_{split}``.
+    embeddings, faiss; the query itself excluded when both splits are one) by :func:`topk_overall_maps` (signed
+    "Decomposition" and "Decomposition+Bias" maps, ``scale="cosine"``, kept on the CPU in ``last_maps``) plus one
+    point-specific map per pair at the maximum of the first pair's query map. Written to ``output_dir``:
+    ``{split}_epoch{epoch}_query{index}.png`` (:func:`~pml_extensions.explain.overlay.save_pair_overlay`) and ``….pt``
+    (all maps). With ground-truth boxes (``boxes[split]`` or ``dataset.boxes``, ``(x0, y0, x1, y1)`` pixels) the
+    localisation accuracy of the top-1 Decomposition maps (:class:`LocalizationEvaluator`, best threshold) is logged
+    through the record keeper under ``explanations_{split}``.
 
     Args:
-        trunk, embedder, layer: the tested models (PML ``models["trunk"]``/``models["embedder"]``).
-        dataset_dict: ``{split: dataset}``, the tester's datasets; items ``(image tensor [3, H, W], label)``.
-        output_dir: folder for PNGs and tensors.
-        hook_container: a PML ``HookContainer`` whose ``end_of_testing_hook`` runs first; its ``record_keeper`` is
-            used unless ``record_keeper`` is given.
-        split_name: query split. Default: the first split of ``tester.embeddings_and_labels``.
-        reference_split_name: reference split. Default: ``split_name``.
-        n_queries: queries per call, chosen with ``seed`` (the same every epoch); ``None``: every query (maps at
-            evaluation scale; set ``save_png=False``). Default 4.
-        k: retrievals per query. Default 3.
-        mean, std: de-normalisation for display. Default ``"auto"``: ImageNet for 3-channel images, min–max
-            scaling for one-channel images (shown grey).
-        batch_size: queries folded per batch (:func:`topk_overall_maps`). Default 16.
-        device: where the models run; images are moved there. Default: the trunk's device.
-        save_png, save_tensors: what to write. Default both.
-        boxes: optional ``{split: [N, 4]}`` ground-truth boxes.
-        decomposition: use this :class:`ActivationDecomposition` instead of building one from trunk/embedder.
-        epoch: the epoch named in files and records (e.g. the selected epoch of a model tested after training).
-            Default: the tester's.
-        class_names: ``label -> name`` shown in the figures. Default: the ``classes`` of the split's dataset (or of
-            the dataset it wraps), else the label itself.
+        trunk, embedder, layer: the tested models; or ``decomposition``: an :class:`ActivationDecomposition`.
+        dataset_dict: ``{split: dataset}``, items ``(image tensor [3, H, W], label)``; output_dir: PNG/tensor folder.
+        hook_container: a PML ``HookContainer`` whose ``end_of_testing_hook`` runs first (its ``record_keeper`` is
+            used unless ``record_keeper`` is given).
+        split_name: query split (default: the tester's first); reference_split_name: default ``split_name``.
+        n_queries: queries per call, the same every epoch (``seed``); ``None``: every query (set ``save_png=False``).
+            Default 4. k: retrievals per query. Default 3.
+        mean, std: de-normalisation for display. Default ``"auto"``: ImageNet for 3 channels, min–max for one.
+        batch_size: queries folded per batch. Default 16. device: where the models run (default: the trunk's).
+        save_png, save_tensors: what to write. Default both. boxes: optional ``{split: [N, 4]}``.
+        epoch: the epoch named in files and records. Default: the tester's.
+        class_names: ``label -> name`` in the figures. Default: the split dataset's (or its wrapped one's)
+            ``classes``, else the label.
 
-    The models run in eval mode inside the call and get their flags back; no hook remains afterwards, also after
-    an exception; nothing accumulates between calls.
+    Models run in eval mode and get their flags back; no hook remains afterwards, also after an exception.
 
     Raises:
         ValueError: ``k``/``n_queries`` < 1; at call time, a missing split, ``k`` larger than the reference set,

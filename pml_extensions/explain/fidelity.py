@@ -24,26 +24,20 @@ class SimilarityFidelity:
     """Deletion / insertion curves and their areas for maps of query images.
 
     Args:
-        trunk, embedder: the query model (``embedder(trunk(x)) -> [N, L]``).
-        reference_trunk, reference_embedder: the reference model (default: the query model).
-        steps: points of each curve after the start (default 16): step s removes / reveals ``round(s / steps · H ·
-            W)`` pixels (all channels of a pixel together).
-        baseline: what replaces a removed pixel: ``"zero"`` (default; 0 in the model's input space, the dataset mean
-            for mean/std-normalised inputs), ``"mean"`` (the image's per-channel mean), ``"blur"`` (Gaussian blur, σ =
-            5 % of the shorter side) or a float.
+        trunk, embedder: the query model; reference_trunk, reference_embedder: the reference model (default: query).
+        steps: points of each curve after the start (default 16): step s changes ``round(s / steps · H · W)`` pixels
+            (all channels of a pixel), most-attributed first (ties in raster order).
+        baseline: a removed pixel's value: ``"zero"`` (default; 0 in the model's input space), ``"mean"`` (per-channel
+            image mean), ``"blur"`` (Gaussian, σ = 5 % of the shorter side) or a float.
         batch_size: perturbed images per forward pass (default 64).
 
-    Maps ``[N, h, w]`` not larger than the image are resized bilinearly (per axis) to it; pixels are ordered by
-    value, largest first, ties in raster order.
-
-    ``curves(query_images [N, C, H, W], reference_images [N or 1, C', H', W'], maps [N, h, w])`` returns
-    ``"fractions"`` ``[steps + 1]`` (pixels changed / H·W), ``"deletion"`` / ``"insertion"`` ``[N, steps + 1]``
-    (cosines, float64 on the CPU) and ``"deletion_area"`` / ``"insertion_area"`` ``[N]`` (trapezoidal areas, in [-1,
-    1]: lower deletion and higher insertion are better).
+    ``curves(query_images [N, C, H, W], reference_images [N or 1, C', H', W'], maps [N, h, w])`` (maps not larger
+    than the image, resized bilinearly) returns ``"fractions"`` ``[steps + 1]`` (pixels changed / H·W),
+    ``"deletion"`` / ``"insertion"`` ``[N, steps + 1]`` (cosines, float64, CPU) and ``"deletion_area"`` /
+    ``"insertion_area"`` ``[N]`` (trapezoidal, in [-1, 1]: lower deletion and higher insertion are better).
 
     Raises:
-        ValueError: bad ``steps``/``baseline``/``batch_size``; maps whose count or size does not fit the images; NaN
-            maps.
+        ValueError: bad ``steps``/``baseline``/``batch_size``; maps whose count or size does not fit; NaN maps.
 
     Example::
 

@@ -211,18 +211,15 @@ def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float 
 class HeadFolder:
     """Write a trunk + embedder's embedding as Σ_ij W_ij A_ij + B over the last convolutional feature map.
 
-    Exact fold for a CNN body followed by GAP (``AdaptiveAvgPool2d(1)``), GMP (``AdaptiveMaxPool2d(1)``, arg-max
-    mask), ``GeMPooling`` (GeM_c = Σ_ij w_ijc x_ijc, w_ijc = x_ijc^(p−1) / (hw · GeM_c^(p−1)), like the GMP mask),
-    ``HistogramPooling`` (its output is the GAP), a token-grid mean taken outside modules (``tokens[:, 1:].mean(1)``,
-    or over all tokens with the class token's share in B) or ``Flatten``, then any sequence of ``Linear``,
-    ``BatchNorm1d`` (eval, running statistics and ``eps``), ``ReLU`` (mask of the current input), ``Dropout`` (eval)
-    and ``Identity``. L2 normalisations anywhere in the head (modules, or inside ``forward`` as in
-    ``trunks.RetrievalHead``) are detected numerically as a positive per-image scale and folded as that scale; a
-    trailing one is left out (the pre-normalisation embedding is folded). Token layers ``[N, T, C]`` are reshaped to
-    their square grid (class token kept aside); channels-last ``[N, H, W, C]`` maps (Swin) are permuted. Any other
-    head raises, or with ``fallback="jacobian"`` is linearised at the current input with a warning (paper Sec. IV):
-    W_ij = ∂E/∂A_ij, B = E(A₀) − Σ_ij W_ij A₀_ij, by forward-mode ``torch.func.jvp``, else reverse mode. bfloat16 /
-    float16 maps fold in float32, with the self-check tolerance widened to 8 ulps of the half type.
+    Exact fold for a CNN body followed by GAP, GMP (arg-max mask), ``GeMPooling`` (GeM_c = Σ_ij w_ijc x_ijc, w_ijc =
+    x_ijc^(p−1) / (hw · GeM_c^(p−1))), ``HistogramPooling`` (its output is the GAP), a token-grid mean outside modules
+    or ``Flatten``, then any sequence of ``Linear``, ``BatchNorm1d`` (eval, ``eps``), ``ReLU`` (mask of the current
+    input), ``Dropout`` (eval) and ``Identity``. L2 normalisations in the head (modules, or inside ``forward`` as in
+    ``trunks.RetrievalHead``) are folded as the positive per-image scale they apply; a trailing one is left out.
+    Token layers ``[N, T, C]`` are reshaped to their square grid (class token aside), ``[N, H, W, C]`` maps (Swin)
+    permuted. Any other head raises, or with ``fallback="jacobian"`` is linearised at the current input with a
+    warning (paper Sec. IV): W_ij = ∂E/∂A_ij, B = E(A₀) − Σ_ij W_ij A₀_ij. Half-precision maps fold in float32 (the
+    self-check tolerance widened to 8 ulps of the half type).
 
     Example::
 
@@ -235,18 +232,15 @@ class HeadFolder:
 
     Args:
         trunk: PML trunk ``[N, 3, H, W] -> [N, D]`` (pooling included); embedder: ``[N, D] -> [N, L]`` or ``None``.
-        layer: module (or its name in ``trunk``) whose output A ``[N, C, h, w]`` (or ``[N, T, C]`` tokens, or ``[N, H,
-            W, C]``) is explained. Default: the last such module call that is not pooling (one forward pass finds it;
-            for token models a warning names it).
+        layer: module (or its name in ``trunk``) whose output A ``[N, C, h, w]`` (or tokens, or channels-last) is
+            explained. Default: the last such non-pooling module call (token models: named in a warning).
         fallback: ``"error"`` (default) or ``"jacobian"``.
-        gmp_ties: a GMP maximum reached at several positions is ``"share"``d equally (default) or all at the
-            ``"first"`` in raster order (as ``torch.max`` and autograd: then rectified Grad-CAM equals
-            ReLU(Decomposition+Bias) exactly, also on saturated ReLU6 features). Both folds are exact (Σ F + B = E).
-        rtol: relative tolerance of the self-check ``Σ F + B == E``. Default 1e-4 (float32); float64 is exact.
+        gmp_ties: a GMP maximum at several positions is ``"share"``d equally (default) or all at the ``"first"``
+            (raster order, as autograd: rectified Grad-CAM then equals ReLU(Decomposition+Bias) exactly).
+        rtol: relative tolerance of the self-check ``Σ F + B == E``. Default 1e-4.
 
-    ``folder(images [N, 3, H, W])`` returns a detached :class:`FoldedEmbedding` (``features [N, h, w, L]``, ``bias
-    [N, L]``, ``embedding [N, L]``). The models run in eval mode; their flags and hooks are restored afterwards, also
-    after an exception.
+    ``folder(images [N, 3, H, W])`` returns a detached :class:`FoldedEmbedding`; models run in eval mode, flags and
+    hooks restored afterwards, also after an exception.
 
     Raises:
         ValueError: an unsupported head module (named) with ``fallback="error"``; a fold that does not reproduce the

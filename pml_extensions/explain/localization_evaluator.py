@@ -12,6 +12,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from scipy import ndimage
+from torchvision.ops import box_iou
 
 from .map_utils import maps_on_image, normalize_maps
 
@@ -53,13 +54,11 @@ class LocalizationEvaluator:
     @staticmethod
     def iou(box_a: Sequence[int], box_b: Sequence[int]) -> float:
         """Intersection over union of two half-open boxes ``(x0, y0, x1, y1)``."""
-        ax0, ay0, ax1, ay1 = _check_box(box_a, "box_a")
-        bx0, by0, bx1, by1 = _check_box(box_b, "box_b")
-        iw = max(0, min(ax1, bx1) - max(ax0, bx0))
-        ih = max(0, min(ay1, by1) - max(ay0, by0))
-        inter = iw * ih
-        union = (ax1 - ax0) * (ay1 - ay0) + (bx1 - bx0) * (by1 - by0) - inter
-        return inter / union
+        a, b = (
+            torch.tensor([_check_box(box, arg)], dtype=torch.float64)
+            for box, arg in ((box_a, "box_a"), (box_b, "box_b"))
+        )
+        return float(box_iou(a, b)[0, 0])
 
     @staticmethod
     def largest_component(mask: np.ndarray) -> np.ndarray:

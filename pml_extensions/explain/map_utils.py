@@ -100,24 +100,20 @@ def point_weights(
     dtype=torch.float32,
     device=None,
 ) -> torch.Tensor:
-    """Bilinear weights that map query points to feature-map positions.
+    """Bilinear weights that map query points to feature-map positions (the authors' ``Point_Specific`` demo mapping).
 
-    Image pixel (y, x) (row, column; pixel centres at integer coordinates) maps to the feature coordinate u =
-    (y + 0.5)·h/H − 0.5, v = (x + 0.5)·w/W − 0.5, clamped to [0, h−1] × [0, w−1] (edge padding), and is spread
-    over the four neighbouring positions with bilinear weights — the mapping of the authors'
-    ``Point_Specific`` demo code. With ``coordinates="feature"`` the points are integer feature positions (i,
-    j) and the weights are one-hot.
+    Image pixel (y, x) (pixel centres at integer coordinates) maps to u = (y + 0.5)·h/H − 0.5, v = (x + 0.5)·w/W −
+    0.5, clamped to [0, h−1] × [0, w−1], spread over the four neighbouring positions; with ``coordinates="feature"``
+    the points are integer feature positions (i, j) and the weights one-hot.
 
     Args:
-        points: ``[P, 2]`` (y, x) pairs (sequence or tensor).
-        image_size: ``(H, W)`` pixels; feature_size: ``(h, w)``.
+        points: ``[P, 2]`` (y, x) pairs (sequence or tensor); image_size: ``(H, W)`` pixels; feature_size: ``(h, w)``.
 
     Returns:
-        ``[P, h * w]`` weights, each row summing to 1.
+        ``[P, h * w]`` weights (``dtype``, ``device``), each row summing to 1.
 
     Raises:
-        ValueError: a point outside the image (or outside the feature map), a malformed ``points``, an unknown
-            ``coordinates``.
+        ValueError: a point outside the image (or feature map), a malformed ``points``, an unknown ``coordinates``.
     """
     if coordinates not in ("image", "feature"):
         raise ValueError(f"coordinates must be 'image' or 'feature', got {coordinates!r}")

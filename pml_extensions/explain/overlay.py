@@ -104,13 +104,10 @@ def explanation_panels(
     rtol: float = BIAS_RTOL,
     show_bias: Optional[bool] = None,
 ) -> Tuple[List[tuple], Optional[str]]:
-    """The panels of one (query, reference) row: Decomposition maps on both images (the query point marked ×), the
-    Decomposition+Bias maps only where they add something, and the point-specific map of the × (Zhu et al., TIP 2021,
-    Sec. III).
-
-    Decomposition+Bias adds each cell's match with the other image's head bias B (``(W_ij A_ij)·B``); without a bias
-    (GAP + Identity) it equals Decomposition, so the +Bias panels are shown only when they differ by more than ``rtol``
-    of the largest |value| (:func:`bias_difference`), else a note says why; ``show_bias`` forces the choice.
+    """The panels of one (query, reference) row (Zhu et al., TIP 2021, Sec. III): Decomposition maps on both images (the
+    query point marked ×), the Decomposition+Bias maps (+ each cell's match ``(W_ij A_ij)·B`` with the other image's
+    head bias) only when they differ by more than ``rtol`` of the largest |value| (:func:`bias_difference`; else a
+    note says why; ``show_bias`` forces the choice), and the point-specific map of the ×.
 
     Args:
         query_map, reference_map: Decomposition maps ``[h, w]`` / ``[h', w']``; ``*_bias_map``: the +Bias maps.
@@ -313,26 +310,23 @@ def save_pair_overlay(path: str, *args, dpi: int = 100, **kwargs) -> str:
     """Save :func:`pair_figure` ``(*args, **kwargs)`` as ``path`` at ``dpi``: one row per reference (rank order),
     columns = the query, the reference, each map panel.
 
-    Images keep their aspect ratio. Each map is a semi-transparent layer over a lightened grey copy of its image:
-    diverging colours (red > 0, blue < 0) whose opacity grows with |value|. Scales are symmetric (±L, never min–max)
-    and shared within a row by the maps of one group: by default the overall maps of one image, and the point-specific
-    map on its own (a panel may name its group). Each colour bar names its quantity (``colorbar_label``) times the
-    power of ten shown; a legend under the figure says how to read the colours.
+    Each map is a layer over a lightened grey copy of its image: red > 0, blue < 0, opacity growing with |value|.
+    Scales are symmetric (±L) and shared within a row by a group (default: the overall maps of one image; the
+    point-specific map alone); colour bars name ``colorbar_label`` times the power of ten shown; a legend follows.
 
     Args:
-        path: output ``.png`` (written to a temporary file, then ``os.replace``).
+        path: output ``.png`` (written atomically).
         query_image / reference_images: ``[H, W, 3]`` float arrays in [0, 1] (:func:`to_display_image`).
         panels: per reference, ``(label, side, map [h, w], point or None[, mark_max[, scale_group]])`` tuples
-            (:func:`explanation_panels` builds the standard row), ``side`` in ``{"query", "reference"}``; ``point``
-            (y, x) pixels gets a yellow cross; ``mark_max=True`` a yellow star at the map's maximum.
-        title: figure title. alpha: opacity of the strongest values (default 0.8; 0 at value 0).
+            (:func:`explanation_panels`), ``side`` in ``{"query", "reference"}``; ``point`` (y, x) pixels gets a yellow
+            cross, ``mark_max=True`` a star at the map's maximum.
+        title: figure title. alpha: opacity of the strongest values (default 0.8).
         similarities: per reference, its cosine, shown as "rank r · cos s" (:func:`format_cosines`).
-        ranks: per reference, its true rank (default 1, 2, ... in row order).
-        reference_labels, query_label: class names shown above the images (``None``: unknown).
-        same_class: per reference, ``True`` / ``False``: green "same class" / red "other class" frame; ``None``: none.
+        ranks: per reference, its true rank (default 1, 2, ...).
+        reference_labels, query_label: class names above the images (``None``: unknown).
+        same_class: per reference, ``True`` / ``False``: green "same class" / red "other class" frame.
         colorbar_label: the maps' quantity (e.g. "contribution to dot product" for ``scale="dot"``).
-        note: one line under the figure (e.g. which references were left out and why).
-        panel_width: inches per panel (default 3.0); dpi: default 100 (a 7-panel row is 2100 px wide).
+        note: one line under the figure. panel_width: inches per panel (default 3.0); dpi: default 100.
 
     Raises:
         ValueError: a map larger than its image, a bad side or panel, per-reference lists of the wrong length.

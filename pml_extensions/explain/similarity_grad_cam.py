@@ -23,10 +23,10 @@ VARIANTS = ("cosine", "dot", "rectified")
 class SimilarityGradCAM(SimilarityExplainer):
     """Grad-CAM maps of the similarity of query/reference pairs, on both images.
 
-    Variants: ``"cosine"``: Grad-CAM of S = cos(E^q, E^r) (the paper's "Grad-CAM"); ``"dot"``: Grad-CAM of E^q · E^r
-    of the pre-normalisation embeddings ("Grad-CAM (no norm)"; equal to "Decomposition+Bias" with ``scale="dot"`` for
-    a GAP + linear head, paper Sec. V, not with GMP); ``"rectified"``: Σ_k ∂(E^q·E^r)/∂A_ijk · A_ijk without
-    averaging the gradient (the demo's RGrad-CAM), equal to "Decomposition+Bias" for linear heads, GMP included.
+    Variants: ``"cosine"``: Grad-CAM of S = cos(E^q, E^r) (the paper's "Grad-CAM"); ``"dot"``: of E^q · E^r, the
+    pre-normalisation embeddings ("Grad-CAM (no norm)"; = "Decomposition+Bias" with ``scale="dot"`` for GAP + linear
+    heads, Sec. V); ``"rectified"``: Σ_k ∂(E^q·E^r)/∂A_ijk · A_ijk (the demo's RGrad-CAM; = "Decomposition+Bias" for
+    linear heads, GMP included).
 
     Args:
         trunk, embedder, layer: query model (``layer=None``: the last 4-D, non-pooling module call).
@@ -34,16 +34,14 @@ class SimilarityGradCAM(SimilarityExplainer):
 
     ``maps(query_images [N or 1, 3, H, W], reference_images [N, 3, H', W'], variant=..., relu=True)`` (also
     ``attribute``) returns detached tensors on the input's device: ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N,
-    h', w']`` and ``"similarity"`` ``[N]`` (the differentiated score). ``relu=True`` (default, Grad-CAM) clamps at 0;
-    ``relu=False`` keeps the sign. Models run in eval mode; flags and hooks are restored afterwards. Token layers
-    ``[N, T, C]`` are reshaped to their square grid (class token dropped; a non-square grid raises naming the layer),
-    channels-last ``[N, H, W, C]`` maps (Swin) permuted; ``layer=None`` on a token model picks the last token layer
-    whose grid reaches the embedding (a class-token ViT: the last block's ``ln_1``) with a warning. Gradients are
-    switched on inside ``torch.no_grad()``; inference-mode images are cloned first.
+    h', w']``, ``"similarity"`` ``[N]`` (the differentiated score); ``relu=False`` keeps the sign. Models run in eval
+    mode, flags and hooks restored. Token layers and channels-last maps as in :class:`HeadFolder` (``layer=None`` on
+    a class-token ViT: the last block's ``ln_1``, named in a warning). Gradients are on also inside
+    ``torch.no_grad()``; inference-mode images are cloned.
 
     Raises:
         ValueError: unknown variant; batch sizes that do not pair; ``"dot"``/``"rectified"`` on a model that
-            normalises inside ``forward`` (wrap the normalisation in its own module).
+            normalises inside ``forward``.
         RuntimeError: called under ``torch.inference_mode()``.
 
     Example::

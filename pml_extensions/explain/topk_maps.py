@@ -67,17 +67,14 @@ def topk_overall_maps(
 
     Args:
         decomposition: the :class:`ActivationDecomposition` to use.
-        queries, references: image tensors ``[N, C, H, W]`` or datasets of ``image [C, H, W]`` or ``(image, label,
-            ...)`` items.
-        neighbours: ``[Q, k]`` indices into ``references`` (e.g. a faiss top-k).
-        query_indices: ``Q`` indices into ``queries``. Default ``range(Q)``.
-        batch_size: queries per batch (each folds ``batch_size · (1 + k)`` images). Default 16.
-        device: where the models run (images are moved there). Default: the query trunk's device.
+        queries, references: image tensors ``[N, C, H, W]`` or datasets of ``image`` or ``(image, label, ...)``.
+        neighbours: ``[Q, k]`` indices into ``references``; query_indices: ``Q`` into ``queries`` (default all).
+        batch_size: queries per batch (default 16); device: where the models run (default: the query trunk's).
 
     Returns:
         CPU tensors ``"query"`` ``[Q, k, h, w]``, ``"reference"`` ``[Q, k, h', w']``, ``"similarity"`` ``[Q, k]``
-        and the "Decomposition+Bias" maps ``"query_bias"``/``"reference_bias"`` (``scale="cosine"``); equal (up to
-        float summation order) to :meth:`ActivationDecomposition.overall_maps` one query at a time.
+        and the +Bias maps ``"query_bias"``/``"reference_bias"`` (``scale="cosine"``); equal up to summation order
+        to :meth:`ActivationDecomposition.overall_maps` one query at a time.
 
     Raises:
         ValueError: ``neighbours`` not ``[Q, k]``, a ``query_indices`` of another length, ``batch_size`` < 1.

@@ -84,31 +84,26 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     ``teacher_embedder``) without labels, optionally beside a labelled metric loss.
 
     ``models``: ``trunk`` and ``teacher_trunk`` (required), ``embedder``, ``teacher_embedder`` (default ``Identity``).
-    ``loss_funcs``: ``distillation_loss`` (default ``ResolutionDistillationLoss()``) and optional ``metric_loss`` (any
-    PML loss on the student embeddings and CLASS labels, mined by ``tuple_miner`` when given; weighted by
-    ``loss_weights``, e.g. ``{"distillation_loss": 1, "metric_loss": 0.1}``). ``dataset``: a
-    :class:`CoupledAugmentationDataset`, or anything whose ``collate_fn`` (default
+    ``loss_funcs``: ``distillation_loss`` (default ``ResolutionDistillationLoss()``) and optional ``metric_loss`` (a PML
+    loss on the student embeddings and CLASS labels, mined by ``tuple_miner``; weights from ``loss_weights``).
+    ``dataset``: a :class:`CoupledAugmentationDataset`, or anything whose ``collate_fn`` (default
     ``CoupledAugmentationDataset.collate``) yields ``((student_images, teacher_images, class_labels), image_ids)``.
 
-    Per step: student embeddings of the small images (with graph), teacher embeddings of the large images under
-    ``torch.no_grad`` in eval mode, ``distillation_loss(student, image_ids, ref_emb=teacher)``. The teacher's
-    parameters are frozen (never zeroed or stepped); the student's BatchNorm stays in eval mode
-    (``freeze_batchnorm=True``, paper code); the student starts from the teacher's weights
-    (``init_student_from_teacher=True``, paper; False for the ImageNet-init ablation). Fresh coupled augmentations on
-    every pass: ``dataset.set_epoch(epoch)`` at every epoch start, and whenever the DataLoader iterator runs out
-    :meth:`start_new_pass` calls ``set_pass(data_pass + 1)`` on the dataset and sampler. ``new_pass_each_epoch=True``
-    also starts a pass at every epoch, so an epoch's batches depend only on (seed, pass), as a resumed run needs
-    (restore ``trainer.data_pass`` first). The DataLoader shuffles with a generator seeded by ``dataset.seed`` (the
-    global RNG, as PML, without one).
+    Per step: ``distillation_loss(student, image_ids, ref_emb=teacher)`` with the teacher's embeddings of the large
+    images under ``torch.no_grad`` in eval mode (its parameters frozen, never zeroed or stepped). The student's
+    BatchNorm stays in eval mode (``freeze_batchnorm``) and it starts from the teacher's weights
+    (``init_student_from_teacher``; False for the ImageNet-init ablation). Fresh coupled augmentations on every
+    pass: ``dataset.set_epoch(epoch)`` at each epoch, and :meth:`start_new_pass` (``set_pass`` on the dataset and
+    sampler) whenever the DataLoader runs out; ``new_pass_each_epoch=True`` also starts one every epoch, so an epoch's
+    batches depend only on (seed, pass), as a resumed run needs (restore ``trainer.data_pass``). The DataLoader
+    shuffles with a generator seeded by ``dataset.seed`` (else the global RNG, as PML).
 
     Defaults when ``optimizers``/``lr_schedulers`` are None: :func:`make_optimizers` and, at :meth:`train`,
-    ``OneCycleLR(max_lr=group lr, div_factor=10)`` per optimiser, stepped every iteration over ``num_epochs ×
-    iterations_per_epoch``. Losses are logged as ``distillation_loss``/``metric_loss`` plus the loss's recordable
-    sub-terms.
+    ``OneCycleLR(max_lr=group lr, div_factor=10)`` per optimiser stepped every iteration of the ``train`` call.
 
-    Keyword-only args: ``init_student_from_teacher``, ``freeze_batchnorm``, ``new_pass_each_epoch`` (False), ``lr``
-    (1.1e-4, paper), ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor`` (10); the rest as
-    PML's trainers.
+    Keyword-only args: ``init_student_from_teacher`` (True), ``freeze_batchnorm`` (True), ``new_pass_each_epoch``
+    (False), ``lr`` (1.1e-4, paper), ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor``
+    (10); the rest as PML's trainers.
 
     Raises:
         ValueError: ``models`` without ``trunk``/``teacher_trunk`` modules; a student module that is (or shares

@@ -24,20 +24,17 @@ class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
     """``TrainWithClassifier`` plus the auxiliary per-patch loss of every :class:`TemplateMatchingBlock` in the models.
 
     Args:
-        *args, **kwargs: as for PML's ``TrainWithClassifier``. ``loss_funcs[AUX_LOSS]`` (``"template_aux_loss"``)
-            defaults to :class:`PatchClassificationLoss`; any callable ``(class_scores [B, c, H, W], labels [B]) ->
-            scalar`` may replace it.
-        aux_weight: λ in [0, 1]. Default 0.5 (paper). Effective PML loss weights: (1 − λ)·w for every main loss and
-            λ·w for ``"template_aux_loss"`` (w from ``loss_weights``, default 1), so ``total_loss`` = (1 − λ)·main +
-            λ·aux; λ = 0 trains the main loss only.
+        *args, **kwargs: as PML's ``TrainWithClassifier``; ``loss_funcs[AUX_LOSS]`` (``"template_aux_loss"``) defaults
+            to :class:`PatchClassificationLoss` (any ``(class_scores [B, c, H, W], labels [B]) -> scalar``).
+        aux_weight: λ in [0, 1], default 0.5 (paper): effective weights (1 − λ)·w for every main loss and λ·w for the
+            aux loss (w from ``loss_weights``, default 1), so ``total_loss`` = (1 − λ)·main + λ·aux.
         freeze_block_batchnorm: with PML's ``freeze_trunk_batchnorm=True``, also freeze the blocks' (new) BN-ReLU
             mixing BN. Default ``False``.
 
-    ``self.losses`` (logged by PML's ``HookContainer`` under ``loss_histories``) holds ``metric_loss``,
-    ``classifier_loss``, ``template_aux_loss`` and ``total_loss``, each times its effective weight; with several
-    blocks the aux loss is their mean. Labels must be the block's class indices in [0, c) (PML's
-    ``set_min_label_to_zero`` helps). The block keeps its scores as an attribute: use ``DistributedDataParallel``,
-    not ``DataParallel``.
+    ``self.losses`` (logged under ``loss_histories``) holds ``metric_loss``, ``classifier_loss``,
+    ``template_aux_loss`` (mean over blocks) and ``total_loss``, each times its effective weight. Labels must be the
+    block's class indices in [0, c). The block keeps its scores as an attribute: use ``DistributedDataParallel``, not
+    ``DataParallel``.
 
     Raises:
         ValueError: ``aux_weight`` outside [0, 1], ``loss_weights`` naming a loss not in ``loss_funcs``, no
