@@ -98,9 +98,7 @@ class ActivationDecomposition(SimilarityExplainer):
             return images
         if not torch.is_tensor(images):
             raise TypeError(f"{arg} must be a tensor [N, 3, H, W] or a FoldedEmbedding, got {type(images).__name__}")
-        if images.ndim != 4:
-            raise ValueError(f"{arg} must have shape [N, C, H, W], got {tuple(images.shape)}")
-        folder.runner.check_images(images, arg)  # names the argument (NaN / inf images, dtype)
+        folder.runner.check_images(images, arg)  # names the argument (shape, NaN / inf images, dtype)
         return folder(images)
 
     def _pair(self, query: Images, reference: Images) -> Tuple[FoldedEmbedding, FoldedEmbedding]:

@@ -5,7 +5,6 @@ Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Dee
 (one multiply-add counts 2 FLOPs, convolutions and matmuls only, as torch counts them).
 """
 
-from collections import defaultdict
 from typing import Callable, Dict, Optional, Sequence
 
 import torch
@@ -159,18 +158,25 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
             )
             if query_split in reference_side:
                 self._check_same_images({query_split: query_side[query_split]}, reference_side)
-        results = {}
+        results, jobs = {}, []
+        for name, splits in reference_sets.items():
+            splits = list(splits)
+            if query_split in splits:  # the queries first, as PML's layout
+                splits = [query_split] + [s for s in splits if s != query_split]
+            results[name] = {"epoch": epoch}
+            jobs.append((results[name], query_split, splits))
+        self._knn(query_side, reference_side, jobs)
+        return results
+
+    def _knn(self, query_side, reference_side, jobs):
+        """``do_knn_and_accuracies(record, query_side, query_split, reference_splits)`` for each job, against
+        ``reference_side``."""
         self.reference_embeddings_and_labels = reference_side
         try:
-            for name, splits in reference_sets.items():
-                splits = list(splits)
-                if query_split in splits:  # the queries first, as PML's layout
-                    splits = [query_split] + [s for s in splits if s != query_split]
-                results[name] = {"epoch": epoch}
-                self.do_knn_and_accuracies(results[name], query_side, query_split, splits)
+            for record, query_split, reference_splits in jobs:
+                self.do_knn_and_accuracies(record, query_side, query_split, reference_splits)
         finally:
             self.reference_embeddings_and_labels = None
-        return results
 
     def get_all_embeddings_for_all_splits(
         self, dataset_dict, trunk_model, embedder_model, splits_to_compute_embeddings, collate_fn
@@ -309,17 +315,11 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
             query_side, reference_side = sides[setup]
             query_e, reference_e = embeddings(query_side), embeddings(reference_side)
             self._check_same_images(query_e, reference_e)
-            self.reference_embeddings_and_labels = reference_e
-            accuracies = defaultdict(dict)
-            try:
-                for query_split, reference_splits in splits:
-                    accuracies[query_split]["epoch"] = epoch
-                    self.do_knn_and_accuracies(accuracies[query_split], query_e, query_split, reference_splits)
-            finally:
-                self.reference_embeddings_and_labels = None
+            accuracies = {query_split: {"epoch": epoch} for query_split, _ in splits}
+            self._knn(query_e, reference_e, [(accuracies[q], q, r) for q, r in splits])
             trunk, embedder = models[query_side[0]]
             results[setup] = {
-                "accuracies": dict(accuracies),
+                "accuracies": accuracies,
                 "query_flops": self.query_flops(trunk, embedder, query_side[1]),
                 "query_resolution": query_side[1],
                 "reference_resolution": reference_side[1],
