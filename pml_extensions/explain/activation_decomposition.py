@@ -9,12 +9,13 @@ max-division and per-entry ReLU before summing: ``relu_then_sum=True``, without 
 terms (``bias=True``, "Decomposition+Bias"), commented out in the demo.
 """
 
+import functools
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from .base import SimilarityExplainer
+from .base import SimilarityExplainer, query_and_reference
 from .folded_embedding import FoldedEmbedding
 from .head_folder import HeadFolder
 from .map_utils import normalize_maps, output_maps, point_weights
@@ -74,15 +75,11 @@ class ActivationDecomposition(SimilarityExplainer):
         fallback: str = "error",
         gmp_ties: str = "share",
     ):
-        self.query_folder = HeadFolder(trunk, embedder, layer, fallback=fallback, gmp_ties=gmp_ties)
-        if reference_trunk is None:
-            if reference_embedder is not None or reference_layer is not None:
-                raise ValueError("reference_embedder / reference_layer need reference_trunk")
-            self.reference_folder = self.query_folder
-        else:
-            self.reference_folder = HeadFolder(
-                reference_trunk, reference_embedder, reference_layer, fallback=fallback, gmp_ties=gmp_ties
-            )
+        self.query_folder, self.reference_folder = query_and_reference(
+            functools.partial(HeadFolder, fallback=fallback, gmp_ties=gmp_ties),
+            (trunk, embedder, layer),
+            (reference_trunk, reference_embedder, reference_layer),
+        )
 
     def fold_query(self, images: Images) -> FoldedEmbedding:
         """Fold the query model at ``images [N, 3, H, W]`` (a :class:`FoldedEmbedding` passes through)."""

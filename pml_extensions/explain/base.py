@@ -3,9 +3,20 @@
 the inputs' device) and ``"similarity"`` ``[N]``.
 """
 
-from typing import Dict
+from typing import Callable, Dict, Tuple
 
 import torch
+
+
+def query_and_reference(make: Callable, query: Tuple, reference: Tuple) -> Tuple:
+    """``(make(*query), make(*reference))`` for ``(trunk, embedder, layer)`` triples; without a reference trunk the
+    reference side is the query's object (``ValueError`` when a reference embedder or layer is given alone)."""
+    first = make(*query)
+    if reference[0] is not None:
+        return first, make(*reference)
+    if reference[1] is not None or reference[2] is not None:
+        raise ValueError("reference_embedder / reference_layer need reference_trunk")
+    return first, first
 
 
 class SimilarityExplainer:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ._model_runner import ModelRunner, refuse_normalised_output, require_autograd, split_normaliser
-from .base import SimilarityExplainer
+from .base import SimilarityExplainer, query_and_reference
 from .map_utils import normalize_maps, output_maps
 
 VARIANTS = ("cosine", "dot", "rectified")
@@ -64,13 +64,9 @@ class SimilarityGradCAM(SimilarityExplainer):
         reference_embedder: Optional[nn.Module] = None,
         reference_layer=None,
     ):
-        self.query_runner = ModelRunner(trunk, embedder, layer)
-        if reference_trunk is None:
-            if reference_embedder is not None or reference_layer is not None:
-                raise ValueError("reference_embedder / reference_layer need reference_trunk")
-            self.reference_runner = self.query_runner
-        else:
-            self.reference_runner = ModelRunner(reference_trunk, reference_embedder, reference_layer)
+        self.query_runner, self.reference_runner = query_and_reference(
+            ModelRunner, (trunk, embedder, layer), (reference_trunk, reference_embedder, reference_layer)
+        )
 
     @staticmethod
     def _pre_norm(res, variant: str, side: str) -> torch.Tensor:
