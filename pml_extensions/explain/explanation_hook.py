@@ -45,9 +45,9 @@ class ExplanationHook:
     Args:
         trunk, embedder, layer: the tested models; or ``decomposition``: an :class:`ActivationDecomposition`.
         dataset_dict: ``{split: dataset}``, items ``(image tensor [3, H, W], label)``; output_dir: PNG/tensor folder.
-        hook_container: a PML ``HookContainer`` whose ``end_of_testing_hook`` runs first (its ``record_keeper`` is
-            used unless ``record_keeper`` is given).
-        split_name: query split (default: the tester's first); reference_split_name: default ``split_name``.
+        hook_container: a PML ``HookContainer`` whose ``end_of_testing_hook`` runs first (its ``record_keeper`` logs
+            the localisation accuracy).
+        split_name: the split of the queries and their references (default: the tester's first).
         n_queries: queries per call, the same every epoch (``seed``); ``None``: every query (set ``save_png=False``).
             Default 4. k: retrievals per query. Default 3.
         mean, std: de-normalisation for display. Default ``"auto"``: ImageNet for 3 channels, min–max for one.
@@ -73,9 +73,7 @@ class ExplanationHook:
         *,
         layer=None,
         hook_container=None,
-        record_keeper=None,
         split_name: Optional[str] = None,
-        reference_split_name: Optional[str] = None,
         n_queries: Optional[int] = 4,
         k: int = 3,
         mean="auto",
@@ -107,10 +105,8 @@ class ExplanationHook:
         self.dataset_dict = dataset_dict
         self.output_dir = output_dir
         self.hook_container = hook_container
-        self.record_keeper = (
-            record_keeper if record_keeper is not None else getattr(hook_container, "record_keeper", None)
-        )
-        self.split_name, self.reference_split_name = split_name, reference_split_name
+        self.record_keeper = getattr(hook_container, "record_keeper", None)
+        self.split_name = split_name
         self.n_queries, self.k, self.seed = n_queries, k, int(seed)
         self.mean, self.std = mean, std
         self.batch_size, self.device = batch_size, device
@@ -141,14 +137,13 @@ class ExplanationHook:
     def _image(self, split: str, index: int) -> torch.Tensor:
         return dataset_image(self.dataset_dict[split], index, f"dataset {split!r}")
 
-    def _topk(self, query_emb, ref_emb, exclude: Optional[np.ndarray]):
-        extra = 0 if exclude is None else 1
-        if self.k > ref_emb.shape[0] - extra:
-            raise ValueError(f"k={self.k} is larger than the reference set ({ref_emb.shape[0] - extra} candidates)")
-        q = nnf.normalize(query_emb.detach().to("cpu", torch.float32), dim=1)
-        _, idx = inner_product_search(q, ref_emb, self.k + extra)
-        skip = exclude if exclude is not None else [None] * len(idx)
-        return [[int(j) for j in row if j >= 0 and j != qi][: self.k] for row, qi in zip(idx, skip)]
+    def _topk(self, emb: torch.Tensor, queries: np.ndarray):
+        """The ``k`` nearest others of each query (cosine, faiss), best first."""
+        if self.k > emb.shape[0] - 1:
+            raise ValueError(f"k={self.k} is larger than the reference set ({emb.shape[0] - 1} candidates)")
+        q = nnf.normalize(emb[queries].detach().to("cpu", torch.float32), dim=1)
+        _, idx = inner_product_search(q, emb, self.k + 1)
+        return [[int(j) for j in row if j >= 0 and j != qi][: self.k] for row, qi in zip(idx, queries)]
 
     def explain(self, tester) -> Optional[Dict[str, float]]:
         """Compute and save the maps for ``tester`` (called by the hook; usable directly)."""
@@ -156,34 +151,29 @@ class ExplanationHook:
         if not data:
             raise ValueError("tester.embeddings_and_labels is missing: call the hook from a PML tester's test()")
         split = self.split_name or next(iter(data))
-        ref_split = self.reference_split_name or split
-        for s in (split, ref_split):
-            if s not in data:
-                raise ValueError(f"split {s!r} not in the tester's embeddings ({sorted(data)})")
-            if s not in self.dataset_dict:
-                raise ValueError(f"split {s!r} not in dataset_dict ({sorted(self.dataset_dict)})")
+        if split not in data:
+            raise ValueError(f"split {split!r} not in the tester's embeddings ({sorted(data)})")
+        if split not in self.dataset_dict:
+            raise ValueError(f"split {split!r} not in dataset_dict ({sorted(self.dataset_dict)})")
         epoch = self.epoch
         if epoch is None:
             epoch = int(getattr(tester, "all_accuracies", {}).get(split, {}).get("epoch", 0))
-        q_emb = torch.as_tensor(data[split][0])
-        r_emb = torch.as_tensor(data[ref_split][0])
-        q_labels, r_labels = _labels(data[split]), _labels(data[ref_split])
+        emb, labels = torch.as_tensor(data[split][0]), _labels(data[split])
         gen = torch.Generator().manual_seed(self.seed)
         if self.n_queries is None:
-            queries = np.arange(q_emb.shape[0])
+            queries = np.arange(emb.shape[0])
         else:
             queries = (
-                torch.randperm(q_emb.shape[0], generator=gen, device=gen.device)[: self.n_queries].sort().values.numpy()
+                torch.randperm(emb.shape[0], generator=gen, device=gen.device)[: self.n_queries].sort().values.numpy()
             )
-        same_split = ref_split == split
-        neighbours = self._topk(q_emb[queries], r_emb, queries if same_split else None)
+        neighbours = self._topk(emb, queries)
         boxes = self.boxes.get(split, getattr(self.dataset_dict[split], "boxes", None))
         dec = self.decomposition
         nb = torch.as_tensor(neighbours, dtype=torch.long)
         allmaps = topk_overall_maps(
             dec,
             self.dataset_dict[split],
-            self.dataset_dict[ref_split],
+            self.dataset_dict[split],
             nb,
             query_indices=queries,
             batch_size=self.batch_size,
@@ -201,7 +191,7 @@ class ExplanationHook:
                 loc_sizes.append((H, W))
             if not (self.save_png or self.save_tensors):
                 continue
-            r_imgs = torch.stack([self._image(ref_split, j) for j in refs])
+            r_imgs = torch.stack([self._image(split, j) for j in refs])
             fq = dec.fold_query(q_img[None].to(device))
             fr = dec.fold_reference(r_imgs.to(device))
             h, w = fq.feature_size
@@ -237,20 +227,18 @@ class ExplanationHook:
                     explanation_panels(*a, point, pmaps[m], reference_name="retrieved", show_bias=show_bias)[0]
                     for m, a in enumerate(args)
                 ]
-                same = None
-                if q_labels is not None and r_labels is not None:
-                    same = [bool(torch.equal(q_labels[int(qi)], r_labels[int(j)])) for j in refs]
+                same = None if labels is None else [bool(torch.equal(labels[int(qi)], labels[int(j)])) for j in refs]
                 save_pair_overlay(
                     stem + ".png",
                     qd,
                     rds,
                     panels,
-                    title=f"{split} query {int(qi)}" + (" (itself left out of its references)" if same_split else ""),
+                    title=f"{split} query {int(qi)} (itself left out of its references)",
                     similarities=sims.tolist(),
                     reference_labels=None
-                    if r_labels is None
-                    else [_label_text(r_labels[int(j)], self._names(ref_split)) for j in refs],
-                    query_label=None if q_labels is None else _label_text(q_labels[int(qi)], self._names(split)),
+                    if labels is None
+                    else [_label_text(labels[int(j)], self._names(split)) for j in refs],
+                    query_label=None if labels is None else _label_text(labels[int(qi)], self._names(split)),
                     same_class=same,
                     note=None if show_bias else bias_note(diff),
                 )
