@@ -55,7 +55,7 @@ class LocalizationEvaluator:
     def iou(box_a: Sequence[int], box_b: Sequence[int]) -> float:
         """Intersection over union of two half-open boxes ``(x0, y0, x1, y1)``."""
         a, b = (
-            torch.tensor([_check_box(box, arg)], dtype=torch.float64)
+            torch.tensor([_check_box(box, arg)], dtype=torch.float64, device="cpu")
             for box, arg in ((box_a, "box_a"), (box_b, "box_b"))
         )
         return float(box_iou(a, b)[0, 0])
