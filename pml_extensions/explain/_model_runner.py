@@ -1,15 +1,15 @@
-"""Internal: run a PML trunk + embedder with temporary hooks on the explained feature map.
-
-Every hook registered here is removed in a ``finally`` block, also when the forward pass raises; the caller's
-train/eval state is restored the same way (the forward passes run in eval mode).
+"""Internal: run a PML trunk + embedder in eval mode with temporary hooks on the explained feature map (hooks and
+train/eval flags are restored also when the forward pass raises).
 """
 
 import contextlib
 import warnings
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import nn
+
+from ..utils.eval_mode import eval_mode
 
 POOLING_TYPES = (
     nn.AdaptiveAvgPool2d,
@@ -22,12 +22,8 @@ POOLING_TYPES = (
 
 
 def require_autograd(who: str) -> None:
-    """Raise one line when autograd is off for good: under ``torch.inference_mode()`` no ``torch.enable_grad()``
-    switches it back on, and PyTorch would end with "element 0 of tensors does not require grad and does not have a
-    grad_fn" far from the call.
-
-    Raises:
-        RuntimeError: under ``torch.inference_mode()``, naming ``who`` and the fix.
+    """Raise ``RuntimeError`` naming ``who`` and the fix under ``torch.inference_mode()``, which ``torch.enable_grad()``
+    cannot undo (PyTorch would fail far from the call with "element 0 of tensors does not require grad").
     """
     if torch.is_inference_mode_enabled():
         raise RuntimeError(
@@ -42,8 +38,7 @@ def _leaves(model: nn.Module) -> List[nn.Module]:
 
 
 def token_grid(n_tokens: int):
-    """``(g, extra)`` when ``n_tokens`` is a square grid ``g × g`` (extra = 0) or ``g × g`` + 1 class
-    token; ``None`` otherwise."""
+    """``(g, extra)`` for ``n_tokens`` = ``g × g`` + ``extra`` (0 or 1 class token) with g >= 2, else ``None``."""
     for extra in (0, 1):
         g = int(round((n_tokens - extra) ** 0.5))
         if g >= 2 and g * g == n_tokens - extra:
@@ -63,10 +58,8 @@ def _channels_last(module: nn.Module, out: torch.Tensor) -> bool:
 
 
 class MapLayout:
-    """How a layer's output maps to the canonical ``[N, C, h, w]`` feature map and back.
-
-    ``"NCHW"`` (CNNs), ``"NHWC"`` (torchvision Swin) or ``"tokens"`` (``[N, T, C]`` with ``T = g·g`` or
-    ``g·g + 1``: the leading class token is kept aside in ``extra`` and is not part of the map).
+    """How a layer's output maps to the canonical ``[N, C, h, w]`` feature map and back: ``"NCHW"`` (CNNs), ``"NHWC"``
+    (Swin) or ``"tokens"`` (``[N, T, C]``, ``T = g·g`` or ``g·g + 1``, the class token kept aside in ``extra``).
     """
 
     def __init__(self, kind: str, extra: Optional[torch.Tensor] = None):
@@ -80,8 +73,7 @@ class MapLayout:
             grid = token_grid(out.shape[1])
             if grid is None:
                 raise ValueError(
-                    f"layer {name} outputs {out.shape[1]} tokens [N, T, C] = {tuple(out.shape)}: not a "
-                    "square "
+                    f"layer {name} outputs {out.shape[1]} tokens [N, T, C] = {tuple(out.shape)}: not a square "
                     "grid g*g (or g*g + 1 with a class token); pass layer=... with a square token grid"
                 )
             return cls("tokens")
@@ -116,61 +108,30 @@ def _is_candidate(m: nn.Module, out) -> bool:
     return out.ndim == 4 or (out.ndim == 3 and token_grid(out.shape[1]) is not None)
 
 
-@contextlib.contextmanager
-def eval_mode(*models: nn.Module):
-    """Switch ``models`` to eval mode and restore every submodule's ``training`` flag on exit."""
-    saved = [(m, m.training) for model in models for m in model.modules()]
-    try:
-        for model in models:
-            model.eval()
-        yield
-    finally:
-        for m, flag in saved:
-            m.training = flag
-
-
-@contextlib.contextmanager
-def removing(handles: list):
-    """Remove every hook handle appended to ``handles`` on exit, whatever happens."""
-    try:
-        yield handles
-    finally:
-        for h in handles:
-            h.remove()
-        handles.clear()
-
-
-class HeadRecord:
+class HeadRecord(NamedTuple):
     """One module call after the explained layer: the module, its qualified name, first input and output."""
 
-    __slots__ = ("module", "name", "input", "output")
-
-    def __init__(self, module, name, inp, out):
-        self.module = module
-        self.name = name
-        self.input = inp
-        self.output = out
+    module: Optional[nn.Module]
+    name: str
+    input: Optional[torch.Tensor]
+    output: Optional[torch.Tensor]
 
 
-class RunResult:
+class RunResult(NamedTuple):
     """What one hooked forward pass produced."""
 
-    def __init__(self, feature_map, output, head, image_size, layout=None):
-        self.layout: Optional[MapLayout] = layout  # how the layer's output became feature_map
-        self.feature_map = feature_map  # [N, C, h, w]
-        self.output = output  # model output [N, L]
-        self.head: List[HeadRecord] = head  # module calls after the layer, in execution order
-        self.image_size = image_size  # (H, W)
+    feature_map: torch.Tensor  # [N, C, h, w]
+    output: torch.Tensor  # model output [N, L]
+    head: List[HeadRecord]  # module calls after the layer, in execution order
+    image_size: Tuple[int, int]  # (H, W)
+    layout: MapLayout  # how the layer's output became feature_map
 
 
 class ModelRunner:
     """Locates the explained layer of ``embedder(trunk(x))`` and runs hooked forward passes.
 
-    Args:
-        trunk: PML trunk (images ``[N, 3, H, W]`` -> features).
-        embedder: PML embedder or ``None`` (identity).
-        layer: the module whose output ``[N, C, h, w]`` is explained, its qualified name inside ``trunk``, or
-            ``None`` for the last module call with a 4-D output that is not a pooling layer.
+    ``trunk``: images ``[N, 3, H, W]`` -> features; ``embedder``: or ``None`` (identity); ``layer``: the explained
+    module, its name inside ``trunk``, or ``None`` for the last 4-D, non-pooling module call.
     """
 
     def __init__(self, trunk: nn.Module, embedder: Optional[nn.Module] = None, layer=None):
@@ -220,10 +181,9 @@ class ModelRunner:
         return images
 
     def _find_layer(self, images: torch.Tensor):
-        """One forward pass that records the candidate layers (4-D maps, square token grids; no pooling) and
-        keeps the last one. For token models (transformers) the last candidate whose grid tokens reach the
-        output (checked with one backward pass: a class-token head reads no grid token of the final norm) is
-        kept, and a warning names it."""
+        """Find the last candidate layer (4-D map or square token grid, no pooling) in one forward pass; for token
+        models the last one whose grid tokens reach the output (one backward pass), named in a warning.
+        """
         found: List[Tuple[nn.Module, int, torch.Tensor]] = []
         calls: Dict[int, int] = {}
         attention_at: List[int] = []  # len(found) when each attention module was called
@@ -237,12 +197,12 @@ class ModelRunner:
             attention_at.append(len(found))
 
         x = images[:1].detach().clone().requires_grad_(True)
-        with removing([]) as handles, eval_mode(self.trunk, self.embedder), torch.enable_grad():
+        with contextlib.ExitStack() as hooks, eval_mode(self.trunk, self.embedder), torch.enable_grad():
             for m in _leaves(self.trunk):
-                handles.append(m.register_forward_hook(hook))
+                hooks.enter_context(m.register_forward_hook(hook))
             for m in self.trunk.modules():
                 if "attention" in type(m).__name__.lower():
-                    handles.append(m.register_forward_pre_hook(attention_hook))
+                    hooks.enter_context(m.register_forward_pre_hook(attention_hook))
             output = self.embedder(self.trunk(x))
         if not found:
             raise ValueError(
@@ -259,7 +219,7 @@ class ModelRunner:
                 (g,) = torch.autograd.grad(output.float().sum(), [out], allow_unused=True)
                 reach = g is not None and bool((g[:, token_grid(out.shape[1])[1] :] != 0).any())
             if not reach:  # a class-token read-out: explain the input of the last attention instead
-                before = [f for f in found[: attention_at[-1]]] if attention_at else []
+                before = found[: attention_at[-1]] if attention_at else []
                 if not before:
                     raise ValueError(
                         f"layer=None: the grid tokens of {self.name_of(pick[0])} do not reach the embedding "
@@ -281,16 +241,10 @@ class ModelRunner:
         replacement: Optional[torch.Tensor] = None,
         repeat: int = 1,
     ) -> RunResult:
-        """Hooked forward pass in eval mode.
-
-        Args:
-            images: ``[N, C, H, W]``.
-            mode: ``"capture"`` (no grad; the feature map is detached and cloned), ``"leaf"`` (the feature map
-                is replaced by a detached copy that requires grad, so ``torch.autograd.grad`` can
-                differentiate the output with respect to it without touching parameter ``.grad``; ``repeat`` >
-                1 repeats that copy along the batch so the head runs once per pair while the body runs once),
-                ``"replace"`` (the feature map is replaced by ``replacement``; used inside ``torch.func``
-                transforms).
+        """Hooked forward pass of ``images [N, C, H, W]`` in eval mode, by ``mode``: ``"capture"`` (no grad; the map
+        detached and cloned), ``"leaf"`` (the map replaced by a detached copy that requires grad, repeated ``repeat``
+        times along the batch so the head runs once per pair) or ``"replace"`` (the map replaced by ``replacement``, for
+        ``torch.func``).
         """
         self.check_images(images)
         if self.layer is None:
@@ -330,10 +284,10 @@ class ModelRunner:
                 head.append(HeadRecord(m, self.name_of(m), inp[0] if len(inp) else None, out))
 
         grad_ctx = torch.no_grad() if mode == "capture" else contextlib.nullcontext()
-        with removing([]) as handles, eval_mode(self.trunk, self.embedder), grad_ctx:
-            handles.append(layer.register_forward_hook(layer_hook))
+        with contextlib.ExitStack() as hooks, eval_mode(self.trunk, self.embedder), grad_ctx:
+            hooks.enter_context(layer.register_forward_hook(layer_hook))
             for m in _leaves(self.trunk) + _leaves(self.embedder):
-                handles.append(m.register_forward_hook(leaf_hook))
+                hooks.enter_context(m.register_forward_hook(leaf_hook))
             output = self.embedder(self.trunk(images))
         if "A" not in state:
             raise ValueError(f"layer {self.name_of(layer)} was not called in the forward pass")
@@ -346,14 +300,21 @@ class ModelRunner:
 
 
 def is_l2_normaliser(record: HeadRecord) -> bool:
-    """Does this module call map its input to ``input / ||input||`` along dim 1 (checked on the actual
-    values)?"""
+    """Does this module call map its input to ``input / ||input||`` along dim 1 (checked on the values)?"""
     inp, out = record.input, record.output
     if not (torch.is_tensor(inp) and torch.is_tensor(out)) or inp.shape != out.shape or inp.ndim != 2:
         return False
     ref = torch.nn.functional.normalize(inp.detach(), dim=1)
     tol = 1e-5 if out.dtype == torch.float64 else 1e-4
     return bool(torch.allclose(out.detach(), ref, rtol=tol, atol=tol))
+
+
+def refuse_normalised_output(output: torch.Tensor, who: str) -> None:
+    """Raise ``ValueError`` (``who`` + what is needed) when ``output`` ``[N, L]`` has unit rows: a normalisation
+    inside ``forward`` hides the pre-normalisation embedding."""
+    norms = output.detach().float().norm(dim=1)
+    if torch.allclose(norms, torch.ones_like(norms), rtol=1e-4, atol=1e-4):
+        raise ValueError(f"{who} the pre-normalisation embedding: put the normalisation in its own module")
 
 
 def split_normaliser(head: List[HeadRecord]) -> Tuple[List[HeadRecord], Union[HeadRecord, None]]:

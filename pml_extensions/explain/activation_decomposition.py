@@ -1,27 +1,24 @@
 """Activation decomposition of a metric-learning similarity into image regions.
 
 Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric Learning", IEEE TIP 2021 (arXiv
-1909.12977), Sec. III (eq. 5: point-to-point map, overall maps "Decomposition" and "Decomposition+Bias",
-point-specific maps). Public demo code followed for the coordinate mapping of point-specific maps:
-Jeff-Zilence/Explain_Metric_Learning, ``*/demo.py`` (``Overall_map``, ``Point_Specific``).
-
-Deviations from the demo code (each the paper's formula; the demo's behaviour is available where it differs):
-- D(i, j, x, y) comes from one batched einsum F_q F_rᵀ instead of four nested Python loops;
-- overall maps are the exact sums of eq. 5 with their sign; the demo divides D by its maximum and applies a
-  ReLU to every (i, j, x, y) entry before summing: ``relu_then_sum=True`` reproduces that (the division by the
-  maximum is a positive rescaling and is omitted; use ``normalize`` for display);
-- the bias terms are available (``bias=True``, "Decomposition+Bias"); the demo has them commented out.
+1909.12977), Sec. III (eq. 5: point-to-point, overall "Decomposition" / "Decomposition+Bias" and point-specific
+maps); the point-specific coordinate mapping follows the authors' demo (Jeff-Zilence/Explain_Metric_Learning,
+``*/demo.py``, ``Overall_map``, ``Point_Specific``). Deviations from the demo, each the paper's formula: D(i, j, x,
+y) from one batched einsum instead of four Python loops; overall maps are eq. 5's exact signed sums (the demo's
+max-division and per-entry ReLU before summing: ``relu_then_sum=True``, without the positive rescaling); the bias
+terms (``bias=True``, "Decomposition+Bias"), commented out in the demo.
 """
 
+import functools
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from .base import SimilarityExplainer
+from .base import SimilarityExplainer, query_and_reference
 from .folded_embedding import FoldedEmbedding
 from .head_folder import HeadFolder
-from .map_utils import normalize_maps, point_weights, resize_maps
+from .map_utils import normalize_maps, output_maps, point_weights
 
 SCALES = ("cosine", "dot")
 Images = Union[torch.Tensor, FoldedEmbedding]
@@ -30,43 +27,26 @@ Images = Union[torch.Tensor, FoldedEmbedding]
 class ActivationDecomposition(SimilarityExplainer):
     """Explain S = E^q · E^r / (‖E^q‖ ‖E^r‖) through the last convolutional feature maps of both images.
 
-    With the folded head E = Σ_ij W_ij A_ij + B (:class:`HeadFolder`) and F_ij = W_ij A_ij:
-
-    - point-to-point map D(i, j, x, y) = F^q_ij · F^r_xy (eq. 5, first term);
-    - overall query map "Decomposition" Q(i, j) = F^q_ij · Σ_xy F^r_xy; "Decomposition+Bias" adds F^q_ij ·
-      B^r, so it equals F^q_ij · E^r; the retrieved-image maps swap q and r; the constant B^q · B^r term is
-      dropped;
-    - point-specific map of query pixel (y, x): I(x', y') = F^q_(y,x) · F^r_(x', y'), with F^q at the pixel
-      interpolated bilinearly from the feature grid.
-
-    Σ_ijxy D + Σ_ij F^q_ij·B^r + Σ_xy B^q·F^r_xy + B^q·B^r = E^q·E^r exactly, so with ``scale="cosine"``
-    (default, everything divided by Z = ‖E^q‖‖E^r‖ per pair, as in eq. 5) the terms sum to the cosine
-    similarity.
+    With the folded head E = Σ_ij W_ij A_ij + B (:class:`HeadFolder`) and F_ij = W_ij A_ij: point-to-point map
+    D(i, j, x, y) = F^q_ij · F^r_xy (eq. 5); "Decomposition" Q(i, j) = F^q_ij · Σ_xy F^r_xy, "Decomposition+Bias"
+    F^q_ij · E^r (the reference maps swap q and r; B^q · B^r is dropped); point-specific map of query pixel (y, x):
+    F^q_(y,x) · F^r_(x', y') (F^q bilinear on the grid). All terms sum to E^q·E^r exactly, so with ``scale="cosine"``
+    (default, over Z = ‖E^q‖‖E^r‖, eq. 5) they sum to the cosine.
 
     Args:
-        trunk, embedder, layer: the query model (see :class:`HeadFolder`; ``layer=None`` finds the last 4-D
-            feature map itself).
-        reference_trunk, reference_embedder, reference_layer: an optional second model for the reference /
-            database side (e.g. a teacher, or the aerial branch of a cross-view Siamese network). Default: the
-            query model. Both must produce embeddings of the same width L.
-        fallback: ``"error"`` or ``"jacobian"``, passed to :class:`HeadFolder`.
-        gmp_ties: ``"share"`` (default) or ``"first"``, passed to :class:`HeadFolder` (how a GMP maximum reached
-            at several positions is attributed; ``"first"`` matches autograd, so rectified Grad-CAM equals
-            ReLU(Decomposition+Bias) exactly).
+        trunk, embedder, layer: the query model (:class:`HeadFolder`; ``layer=None`` finds the last 4-D map).
+        reference_trunk, reference_embedder, reference_layer: optional reference / database model (e.g. a teacher or
+            an aerial branch) of the same embedding width L. Default: the query model.
+        fallback, gmp_ties: passed to :class:`HeadFolder`.
 
-    Inputs are image batches ``[N, 3, H, W]`` or :class:`FoldedEmbedding` objects (to reuse a fold). A query
-    batch of size 1 is paired with every reference (a query and its top-k); otherwise queries and references
-    pair up one-to-one. Outputs are signed float tensors on the input's device, in the input's dtype for
-    float32/float64 and in float32 for bfloat16/float16 models or autocast (folds and sums run in
-    float32 there). The models run in
-    eval mode inside each call (their flags are restored afterwards) and no hooks remain after a call, also
-    after an exception.
-
-    ``attribute(q, r, **options)`` (the shared verb of :class:`SimilarityExplainer`) is :meth:`overall_maps`.
+    Inputs: image batches ``[N, 3, H, W]`` or :class:`FoldedEmbedding` objects; a query batch of 1 pairs with every
+    reference, otherwise pairs are one-to-one. Outputs: signed tensors on the input's device, in its dtype (float32
+    for bfloat16/float16 or autocast). Models run in eval mode; flags and hooks are restored, also after an
+    exception. ``attribute`` is :meth:`overall_maps`.
 
     Raises:
-        ValueError: batch sizes that do not pair, embeddings of different widths, unknown options, points
-            outside the image, an unsupported head (see :class:`HeadFolder`).
+        ValueError: batch sizes that do not pair, embeddings of different widths, unknown options, points outside the
+            image, an unsupported head (see :class:`HeadFolder`).
         TypeError: inputs that are neither tensors nor :class:`FoldedEmbedding`.
 
     Example::
@@ -95,17 +75,12 @@ class ActivationDecomposition(SimilarityExplainer):
         fallback: str = "error",
         gmp_ties: str = "share",
     ):
-        self.query_folder = HeadFolder(trunk, embedder, layer, fallback=fallback, gmp_ties=gmp_ties)
-        if reference_trunk is None:
-            if reference_embedder is not None or reference_layer is not None:
-                raise ValueError("reference_embedder / reference_layer need reference_trunk")
-            self.reference_folder = self.query_folder
-        else:
-            self.reference_folder = HeadFolder(
-                reference_trunk, reference_embedder, reference_layer, fallback=fallback, gmp_ties=gmp_ties
-            )
+        self.query_folder, self.reference_folder = query_and_reference(
+            functools.partial(HeadFolder, fallback=fallback, gmp_ties=gmp_ties),
+            (trunk, embedder, layer),
+            (reference_trunk, reference_embedder, reference_layer),
+        )
 
-    # ------------------------------------------------------------------ folds
     def fold_query(self, images: Images) -> FoldedEmbedding:
         """Fold the query model at ``images [N, 3, H, W]`` (a :class:`FoldedEmbedding` passes through)."""
         return self._fold(self.query_folder, images, "query_images")
@@ -120,9 +95,7 @@ class ActivationDecomposition(SimilarityExplainer):
             return images
         if not torch.is_tensor(images):
             raise TypeError(f"{arg} must be a tensor [N, 3, H, W] or a FoldedEmbedding, got {type(images).__name__}")
-        if images.ndim != 4:
-            raise ValueError(f"{arg} must have shape [N, C, H, W], got {tuple(images.shape)}")
-        folder.runner.check_images(images, arg)  # names the argument (NaN / inf images, dtype)
+        folder.runner.check_images(images, arg)  # names the argument (shape, NaN / inf images, dtype)
         return folder(images)
 
     def _pair(self, query: Images, reference: Images) -> Tuple[FoldedEmbedding, FoldedEmbedding]:
@@ -132,21 +105,11 @@ class ActivationDecomposition(SimilarityExplainer):
                 f"query and reference embeddings differ in width: {fq.features.shape[-1]} vs {fr.features.shape[-1]}"
             )
         if len(fq) == 1 and len(fr) > 1:
-            n = len(fr)
-            fq = FoldedEmbedding(
-                fq.features.expand(n, -1, -1, -1),
-                fq.bias.expand(n, -1),
-                fq.embedding.expand(n, -1),
-                fq.feature_map.expand(n, -1, -1, -1),
-                fq.image_size,
-                fq.normalised,
-                fq.exact,
-            )
+            fq = fq.apply(lambda t: t.expand(len(fr), *t.shape[1:]))
         elif len(fq) != len(fr):
             raise ValueError(
-                f"query batch ({len(fq)}) and reference batch ({len(fr)}) must have the same size, or "
-                "the query batch "
-                "size must be 1"
+                f"query batch ({len(fq)}) and reference batch ({len(fr)}) must have the same size, or the query "
+                "batch size must be 1"
             )
         return fq, fr
 
@@ -169,24 +132,13 @@ class ActivationDecomposition(SimilarityExplainer):
                     )
         return nq * nr
 
-    @staticmethod
-    def _resize(maps: torch.Tensor, output_size, image_size) -> torch.Tensor:
-        if output_size is None:
-            return maps
-        size = image_size if (isinstance(output_size, str) and output_size == "image") else output_size
-        if isinstance(size, str):
-            raise ValueError(f"output_size must be None, 'image' or (H, W), got {output_size!r}")
-        return resize_maps(maps, size)
-
-    # ------------------------------------------------------------------ maps
     def point_to_point(self, query_images: Images, reference_images: Images, *, scale: str = "dot") -> torch.Tensor:
         """D(i, j, x, y) = F^q_ij · F^r_xy for every pair, from one batched einsum.
 
         Args:
-            query_images: ``[N, 3, H, W]`` (or ``[1, ...]``, paired with every reference) or a
-                FoldedEmbedding.
+            query_images: ``[N, 3, H, W]`` (or ``[1, ...]``, paired with every reference) or a FoldedEmbedding.
             reference_images: ``[N, 3, H', W']`` or a FoldedEmbedding.
-            scale: ``"dot"`` (default, the un-normalised terms) or ``"cosine"`` (divided by Z per pair).
+            scale: ``"dot"`` (default, un-normalised) or ``"cosine"`` (divided by Z per pair).
 
         Returns:
             ``[N, h, w, h', w']`` signed tensor.
@@ -212,24 +164,19 @@ class ActivationDecomposition(SimilarityExplainer):
         """Overall maps on the query and on the retrieved image (paper Sec. III, "Decomposition" / "+Bias").
 
         Args:
-            bias: ``False`` → "Decomposition" F^q_ij · Σ_xy F^r_xy; ``True`` → "Decomposition+Bias" F^q_ij ·
-                E^r (and the swap for the reference map).
+            bias: ``False`` → "Decomposition" F^q_ij · Σ_xy F^r_xy; ``True`` → "Decomposition+Bias" F^q_ij · E^r (and
+                the swap for the reference map).
             scale: ``"cosine"`` (default; divided by Z = ‖E^q‖‖E^r‖, eq. 5) or ``"dot"``.
-            relu_then_sum: the authors' demo variant Σ_xy ReLU(D(i, j, x, y)) (drops negative evidence; not
-                eq. 5; incompatible with ``bias``).
-            normalize: ``None`` (default; signed, comparable across pairs), ``"minmax"`` or ``"max_abs"``
-                (:func:`normalize_maps`).
-            output_size: ``None`` (feature resolution), ``"image"`` (each map bilinearly resized to its image)
-                or ``(H, W)``.
+            relu_then_sum: the demo's Σ_xy ReLU(D(i, j, x, y)) (not eq. 5; incompatible with ``bias``).
+            normalize: ``None`` (default; signed), ``"minmax"`` or ``"max_abs"`` (:func:`normalize_maps`).
+            output_size: ``None`` (feature resolution), ``"image"`` (bilinear, to each image) or ``(H, W)``.
 
         Returns:
-            dict with ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``, ``"similarity"`` ``[N]``
-            (cosine of the pre-normalisation embeddings; 0 for a zero embedding with ``scale="dot"``) and
-            ``"dot"`` ``[N]`` (E^q · E^r).
+            ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``, ``"similarity"`` ``[N]`` (cosine of the
+            pre-normalisation embeddings; 0 for a zero embedding with ``scale="dot"``) and ``"dot"`` ``[N]`` (E^q·E^r).
 
         Raises:
-            ValueError: with ``scale="cosine"``, an exactly-zero embedding (named by pair and side): the
-                cosine is undefined.
+            ValueError: with ``scale="cosine"``, an exactly-zero embedding (named by pair and side).
         """
         self._check_scale(scale)
         if relu_then_sum and bias:
@@ -248,8 +195,8 @@ class ActivationDecomposition(SimilarityExplainer):
         similarity = dot / torch.where(z > 0, z, torch.ones_like(z))  # 0 for a zero embedding (torch's rule)
         if scale == "cosine":
             q, r = q / z.view(-1, 1, 1), r / z.view(-1, 1, 1)
-        q = self._resize(normalize_maps(q, normalize), output_size, fq.image_size)
-        r = self._resize(normalize_maps(r, normalize), output_size, fr.image_size)
+        q = output_maps(normalize_maps(q, normalize), output_size, fq.image_size)
+        r = output_maps(normalize_maps(r, normalize), output_size, fr.image_size)
         return {"query": q, "reference": r, "similarity": similarity, "dot": dot}
 
     def point_specific(
@@ -266,12 +213,10 @@ class ActivationDecomposition(SimilarityExplainer):
         """Point-specific maps I_p(x, y) = F^q_p · F^r_xy on the reference image for query points p.
 
         Args:
-            points: ``[P, 2]`` (y, x) pairs, the same for every pair. ``coordinates="image"`` (default):
-                pixels of the query image, mapped bilinearly to the feature grid (half-pixel centres, edge
-                clamping, as the demo's ``Point_Specific``); ``"feature"``: integer feature positions (i, j),
-                so the map summed over (x, y) equals the (i, j) entry of the "Decomposition" query map.
-            scale, normalize, output_size: as in :meth:`overall_maps` (``"image"`` resizes to the reference
-                image).
+            points: ``[P, 2]`` (y, x) pairs, the same for every pair: query-image pixels (``coordinates="image"``,
+                default; bilinear on the feature grid as the demo's ``Point_Specific``) or integer feature positions
+                (``"feature"``: the map's sum is then the (i, j) entry of the "Decomposition" query map).
+            scale, normalize, output_size: as in :meth:`overall_maps` (``"image"``: the reference image).
 
         Returns:
             ``[N, P, h', w']`` signed tensor.
@@ -289,4 +234,4 @@ class ActivationDecomposition(SimilarityExplainer):
         maps = torch.einsum("npl,nxyl->npxy", Fp, fr.features)
         if scale == "cosine":
             maps = maps / self._z(fq, fr).view(-1, 1, 1, 1)
-        return self._resize(normalize_maps(maps, normalize), output_size, fr.image_size)
+        return output_maps(normalize_maps(maps, normalize), output_size, fr.image_size)

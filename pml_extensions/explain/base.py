@@ -1,14 +1,22 @@
-"""One verb for every explainer: ``explainer.attribute(query_images, reference_images) -> maps``.
-
-Like captum's ``attribute()``: every similarity explainer of :mod:`pml_extensions.explain` takes a query batch
-and a reference batch and returns a dict with ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``
-(signed maps, float, on the inputs' device) and ``"similarity"`` ``[N]``; calling the object is the same as
-calling ``attribute``.
+"""One verb for every explainer, like captum's ``attribute()``: ``explainer.attribute(query_images, reference_images)``
+(or ``explainer(q, r)``) returns ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']`` (signed float maps on
+the inputs' device) and ``"similarity"`` ``[N]``.
 """
 
-from typing import Dict
+from typing import Callable, Dict, Tuple
 
 import torch
+
+
+def query_and_reference(make: Callable, query: Tuple, reference: Tuple) -> Tuple:
+    """``(make(*query), make(*reference))`` for ``(trunk, embedder, layer)`` triples; without a reference trunk the
+    reference side is the query's object (``ValueError`` when a reference embedder or layer is given alone)."""
+    first = make(*query)
+    if reference[0] is not None:
+        return first, make(*reference)
+    if reference[1] is not None or reference[2] is not None:
+        raise ValueError("reference_embedder / reference_layer need reference_trunk")
+    return first, first
 
 
 class SimilarityExplainer:
@@ -34,14 +42,9 @@ class SimilarityExplainer:
 
 
 class RandomExplainer(SimilarityExplainer):
-    """Control: uniform random maps in [0, 1) at image resolution (or ``map_size``), from a seeded generator.
-
-    Args:
-        seed: seed of the private ``torch.Generator`` (the global RNG is never used). Default 0.
-        map_size: ``(h, w)`` of the maps. Default: each image's ``(H, W)``.
-
-    ``attribute`` returns ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']`` and ``"similarity"``
-    filled with NaN (a random map explains no score). Successive calls draw new maps; :meth:`reset` restarts.
+    """Control: uniform random maps in [0, 1) at image resolution (or ``map_size`` ``(h, w)``) from a private
+    ``torch.Generator`` seeded with ``seed`` (default 0); ``"similarity"`` is NaN (a random map explains no score).
+    Successive calls draw new maps; :meth:`reset` restarts.
 
     Example::
 

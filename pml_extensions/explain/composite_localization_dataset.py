@@ -1,10 +1,9 @@
 """Seeded composite images with exact object boxes and masks, for weakly supervised localisation offline.
 
-Real objects (Open Clip Art RGBA drawings from the Debian package ``openclipart-png``, or glyph ink rendered
-from the fonts shipped inside matplotlib for a pip-only variant) are pasted with their alpha onto real
-photographs and textures that ship with scikit-image (``skimage.data``). It stands in for CUB's boxes (Zhu et
-al., TIP 2021, Sec. VI-A), which cannot be downloaded here; the split of object classes is class-disjoint, as
-in metric learning.
+Real objects (Open Clip Art RGBA drawings from the Debian package ``openclipart-png``, or glyph ink rendered from
+matplotlib's fonts for a pip-only variant) are pasted with their alpha onto photographs and textures of
+``skimage.data``. It stands in for CUB's boxes (Zhu et al., TIP 2021, Sec. VI-A), which cannot be downloaded
+here; object classes are split class-disjoint, as in metric learning.
 """
 
 import functools
@@ -15,6 +14,7 @@ import torch
 from PIL import Image
 
 from ..utils.checks import is_int
+from .localization_evaluator import LocalizationEvaluator
 
 DEFAULT_BACKGROUNDS = (
     "astronaut",
@@ -71,33 +71,26 @@ def glyph_rgba(gray: Image.Image, colour: Tuple[int, int, int]) -> Image.Image:
 class CompositeLocalizationDataset(torch.utils.data.Dataset):
     """Objects pasted on real backgrounds; items ``(image, label)`` with exact ``boxes`` and ``masks``.
 
-    Every image is drawn from ``numpy.random.default_rng(seed)``: a class uniformly among the split's classes,
-    an object of that class, a background (random square crop of 50–100 % of the shorter side, resized to
-    ``image_size``), an object size (longer side ``object_scale`` × ``image_size``), a position with the
-    object fully inside, and (glyphs) an ink colour. Drawings whose alpha > 127 covers under 5 % of their
-    (alpha-cropped) canvas are redrawn from the same class; a class with 50 such draws in a row is dropped
-    (Open Clip Art's thin semi-transparent stars). The mask is the pasted alpha > 127; the box is its
-    tight half-open box ``(x0, y0, x1, y1)`` in pixels.
+    Each image is drawn from ``numpy.random.default_rng(seed)``: a class, an object of it, a background (random square
+    crop of 50–100 % of the shorter side, resized to ``image_size``), the object's longer side (``object_scale`` ×
+    ``image_size``), a position fully inside and (glyphs) an ink colour. Drawings whose alpha > 127 covers under 5 %
+    of their canvas are redrawn; a class with 50 such draws in a row is dropped. Mask: the pasted alpha > 127; box:
+    its tight half-open ``(x0, y0, x1, y1)`` in pixels.
 
     Args:
-        split: ``"train"`` or ``"test"`` (class-disjoint object classes of
-            :class:`pml_extensions.datasets.OpenClipArt` / :class:`~pml_extensions.datasets.GlyphDataset`) or
-            ``"all"``.
-        n_images: number of composites. Default 200.
-        image_size: side of the square images in pixels. Default 320 (MobileNetV2 stride 32 → 10 × 10 maps).
-        source: ``"clipart"`` (default; needs ``openclipart-png``) or ``"glyph"`` (matplotlib's fonts, pip
-            only).
-        seed: integer seed. Default 0.
-        object_scale: range of the object's longer side as a fraction of ``image_size``. Default (0.3, 0.6).
+        split: ``"train"`` / ``"test"`` (class-disjoint classes of :class:`pml_extensions.datasets.OpenClipArt` /
+            :class:`~pml_extensions.datasets.GlyphDataset`) or ``"all"``.
+        n_images: number of composites (default 200); image_size: square side in pixels (default 320).
+        source: ``"clipart"`` (default; needs ``openclipart-png``) or ``"glyph"`` (matplotlib's fonts).
+        seed: integer seed (default 0); object_scale: longer side's range, fraction of ``image_size`` (0.3, 0.6).
         transform: applied to the RGB PIL image in ``__getitem__``.
         backgrounds: ``skimage.data`` names. Default :data:`DEFAULT_BACKGROUNDS`.
         min_images, max_classes, root: passed to ``OpenClipArt``.
-        exclude_classes: class-name prefixes left out. Default ``("special",)`` (Open Clip Art's gradients and
-            patterns, which are not objects).
+        exclude_classes: class-name prefixes left out. Default ``("special",)`` (gradients and patterns).
 
     Attributes:
-        labels ``[N]`` int64 (global class ids), classes (names), boxes ``[N, 4]`` int64, masks (list of
-        ``[H, W]`` bool), images (list of PIL RGB), background_names (list of str).
+        labels ``[N]`` int64, classes (names), boxes ``[N, 4]`` int64, masks (``[H, W]`` bool), images (PIL RGB),
+        background_names.
 
     Raises:
         FileNotFoundError: ``source="clipart"`` without the Debian package (names it).
@@ -199,8 +192,7 @@ class CompositeLocalizationDataset(torch.utils.data.Dataset):
             mask = alpha > 127
             if not mask.any():
                 mask = alpha > 0
-            ys, xs = np.nonzero(mask)
-            boxes.append((int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1))
+            boxes.append(LocalizationEvaluator.mask_to_box(mask))
             labels.append(label)
             self.images.append(image)
             self.masks.append(mask)

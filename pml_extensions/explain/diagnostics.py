@@ -1,6 +1,6 @@
-"""Checks that say when an explanation shows little: embeddings that have collapsed (every image looks the same to
-the model, so the maps explain nothing) and feature maps too coarse for the images (a 3 × 3 grid paints near-uniform
-maps)."""
+"""Checks that say when an explanation shows little: collapsed embeddings (every image looks the same to the model)
+and feature maps too coarse for the images (a 3 × 3 grid paints near-uniform maps).
+"""
 
 import math
 from typing import Callable, Optional, Tuple
@@ -14,8 +14,8 @@ MIN_MAP_CELLS = 7
 
 
 def mean_pairwise_cosine(embeddings: torch.Tensor) -> float:
-    """The mean cosine similarity over the ``N (N - 1) / 2`` distinct pairs of rows of ``embeddings`` ``[N, D]``
-    (computed in float64; a zero row has cosine 0 with every other).
+    """Mean cosine over the ``N (N - 1) / 2`` distinct pairs of rows of ``embeddings`` ``[N, D]`` (float64; a zero row
+    has cosine 0 with every other).
 
     Raises:
         ValueError: fewer than two rows, or not a 2-D tensor.
@@ -38,9 +38,8 @@ def mean_pairwise_cosine(embeddings: torch.Tensor) -> float:
 def collapse_warning(
     embeddings: torch.Tensor, threshold: float = COLLAPSE_COSINE, what: str = "explained images"
 ) -> Optional[str]:
-    """One line when the rows of ``embeddings`` ``[N, D]`` (the query and every reference: a set of several classes,
-    so that near-duplicates of the query do not count as a collapse) have a mean pairwise cosine above ``threshold``
-    (:func:`mean_pairwise_cosine`), else None. ``what`` names the rows in the line.
+    """One line when the rows of ``embeddings`` ``[N, D]`` (the query and every reference, several classes) have a
+    :func:`mean_pairwise_cosine` above ``threshold``, else None; ``what`` names the rows.
 
     Example::
 
@@ -63,10 +62,9 @@ def collapse_warning(
 def size_for_cells(
     feature_side: Callable[[int], int], image_side: int, map_side: int, min_cells: int = MIN_MAP_CELLS, tries: int = 8
 ) -> Optional[int]:
-    """The smallest image side (pixels) whose feature map has at least ``min_cells`` cells per side: from the stride
-    seen at ``image_side`` -> ``map_side`` (``ceil(min_cells × stride)``), checked with ``feature_side(side)`` (the
-    map side the model gives for images of that side) and raised by one stride until it fits; None when ``tries``
-    steps do not.
+    """The smallest image side (pixels) whose feature map has at least ``min_cells`` cells per side: ``ceil(min_cells ×
+    stride)`` from the stride at ``image_side`` -> ``map_side``, checked with ``feature_side(side)`` (the model's map
+    side) and raised one stride at a time; None when ``tries`` steps do not fit.
 
     Example::
 
@@ -88,9 +86,9 @@ def coarse_map_warning(
     feature_side: Optional[Callable[[int], int]] = None,
     min_cells: int = MIN_MAP_CELLS,
 ) -> Optional[str]:
-    """One line when the explained feature map (``feature_size`` ``(h, w)`` cells for images of ``image_size`` ``(H,
-    W)`` pixels) has fewer than ``min_cells`` cells on a side, naming the ``--image-size`` (shorter image side) that
-    gives at least ``min_cells`` (:func:`size_for_cells`, checked with ``feature_side`` when given); else None.
+    """One line when the feature map (``feature_size`` ``(h, w)`` cells for ``image_size`` ``(H, W)`` pixels) has fewer
+    than ``min_cells`` cells on a side, naming the ``--image-size`` that gives enough (:func:`size_for_cells`, checked
+    with ``feature_side`` when given); else None.
 
     Example::
 

@@ -1,11 +1,9 @@
 """End-of-testing hook that explains the top-k retrievals of a PML tester.
 
-Maps: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021 (overall maps "Decomposition"
-    and
-"Decomposition+Bias", point-specific maps, weakly supervised localisation, Sec. III and VI-A). Hook protocol:
-PML's ``BaseTester(end_of_testing_hook=...)`` calls ``hook(tester)`` after computing accuracies, while
-``tester.embeddings_and_labels`` still holds the embeddings; PML's ``HookContainer.end_of_testing_hook`` is
-chained first, so accuracies are still recorded.
+Maps: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. III and VI-A ("Decomposition",
+"Decomposition+Bias" and point-specific maps, weakly supervised localisation). PML's ``BaseTester`` calls
+``end_of_testing_hook(tester)`` while ``tester.embeddings_and_labels`` still holds the embeddings; a
+``HookContainer``'s hook is chained first, so accuracies are still recorded.
 """
 
 import os
@@ -29,56 +27,41 @@ from .overlay import (
     save_tensors,
     to_display_image,
 )
-from .topk_maps import model_device, topk_overall_maps
+from .topk_maps import dataset_image, inner_product_search, model_device, topk_overall_maps
 
 
 class ExplanationHook:
     """Save explanation maps for ``n_queries`` queries and their top-``k`` retrievals after each test.
 
-    For every chosen query of ``split_name`` the top-``k`` references (cosine similarity of the tester's
-    embeddings, faiss; the query itself excluded when the reference split is the query split) are explained
-    with :class:`ActivationDecomposition`, in batches on the models' device (:func:`topk_overall_maps`; all
-    maps are kept on the CPU in ``last_maps``): "Decomposition" and "Decomposition+Bias" overall maps on both
-    images (signed, ``scale="cosine"``) and one point-specific map per pair, for the query pixel at the
-    maximum of the first pair's query map. Written to ``output_dir``:
-    ``{split}_epoch{epoch}_query{index}.png`` (``epoch``: the tested model's, default the tester's; query |
-    retrieved, with its rank, cosine, class name and a same class / other class mark from the tester's labels |
-    maps; the +Bias maps only where the head's bias changes them, see
-    :func:`pml_extensions.explain.overlay.explanation_panels`) and ``….pt`` (the tensors, all maps) when
-    enabled. When ground-truth boxes exist (``boxes[split]`` or ``dataset.boxes``, ``(x0, y0, x1, y1)``
-    pixels), the localisation accuracy of the queries' Decomposition maps (top-1 pair; best threshold of
-    :class:`LocalizationEvaluator`) is logged through the record keeper under ``explanations_{split}``.
+    Each chosen query of ``split_name`` is explained against its top-``k`` references (cosine of the tester's
+    embeddings, faiss; the query itself excluded when both splits are one) by :func:`topk_overall_maps` (signed
+    "Decomposition" and "Decomposition+Bias" maps, ``scale="cosine"``, kept on the CPU in ``last_maps``) plus one
+    point-specific map per pair at the maximum of the first pair's query map. Written to ``output_dir``:
+    ``{split}_epoch{epoch}_query{index}.png`` (:func:`~pml_extensions.explain.overlay.save_pair_overlay`) and ``….pt``
+    (all maps). With ground-truth boxes (``boxes[split]`` or ``dataset.boxes``, ``(x0, y0, x1, y1)`` pixels) the
+    localisation accuracy of the top-1 Decomposition maps (:class:`LocalizationEvaluator`, best threshold) is logged
+    through the record keeper under ``explanations_{split}``.
 
     Args:
-        trunk, embedder, layer: the tested models (PML ``models["trunk"]``/``models["embedder"]``).
-        dataset_dict: ``{split: dataset}``, the tester's datasets; items ``(image tensor [3, H, W], label)``.
-        output_dir: folder for PNGs and tensors.
-        hook_container: a PML ``HookContainer`` whose ``end_of_testing_hook`` runs first; its
-            ``record_keeper`` is used unless ``record_keeper`` is given.
-        split_name: query split. Default: the first split of ``tester.embeddings_and_labels``.
-        reference_split_name: reference split. Default: ``split_name``.
-        n_queries: queries per call, chosen with ``seed`` (the same ones every epoch); ``None``: every
-            query of
-            the split (maps at evaluation scale; set ``save_png=False``). Default 4.
-        k: retrievals per query. Default 3.
-        mean, std: de-normalisation for display. Default ``"auto"``: ImageNet for 3-channel images, min–max
-            scaling for one-channel images (shown grey).
-        batch_size: queries folded per batch (:func:`topk_overall_maps`). Default 16.
-        device: where the models run; images are moved there. Default: the trunk's device.
-        save_png, save_tensors: what to write. Default both.
-        boxes: optional ``{split: [N, 4]}`` ground-truth boxes.
-        decomposition: use this :class:`ActivationDecomposition` instead of building one from trunk/embedder.
-        epoch: the epoch named in the files and records (e.g. the selected epoch of a model tested after training,
-            which the tester is called with as 0). Default: the tester's.
-        class_names: ``label -> name`` shown in the figures. Default: the ``classes`` of the split's dataset (or of
-            the dataset it wraps, ``.dataset``), else the label itself.
+        trunk, embedder, layer: the tested models; or ``decomposition``: an :class:`ActivationDecomposition`.
+        dataset_dict: ``{split: dataset}``, items ``(image tensor [3, H, W], label)``; output_dir: PNG/tensor folder.
+        hook_container: a PML ``HookContainer`` whose ``end_of_testing_hook`` runs first (its ``record_keeper`` logs
+            the localisation accuracy).
+        split_name: the split of the queries and their references (default: the tester's first).
+        n_queries: queries per call, the same every epoch (``seed``); ``None``: every query (set ``save_png=False``).
+            Default 4. k: retrievals per query. Default 3.
+        mean, std: de-normalisation for display. Default ``"auto"``: ImageNet for 3 channels, min–max for one.
+        batch_size: queries folded per batch. Default 16. device: where the models run (default: the trunk's).
+        save_png, save_tensors: what to write. Default both. boxes: optional ``{split: [N, 4]}``.
+        epoch: the epoch named in files and records. Default: the tester's.
+        class_names: ``label -> name`` in the figures. Default: the split dataset's (or its wrapped one's)
+            ``classes``, else the label.
 
-    The models run in eval mode inside the call and get their flags back; no forward or backward hook remains
-    on any module afterwards, also after an exception; nothing accumulates between calls.
+    Models run in eval mode and get their flags back; no hook remains afterwards, also after an exception.
 
     Raises:
-        ValueError: ``k``/``n_queries`` < 1; at call time, a missing split, ``k`` larger than the reference
-            set, items that are not image tensors.
+        ValueError: ``k``/``n_queries`` < 1; at call time, a missing split, ``k`` larger than the reference set,
+            items that are not image tensors.
     """
 
     def __init__(
@@ -90,9 +73,7 @@ class ExplanationHook:
         *,
         layer=None,
         hook_container=None,
-        record_keeper=None,
         split_name: Optional[str] = None,
-        reference_split_name: Optional[str] = None,
         n_queries: Optional[int] = 4,
         k: int = 3,
         mean="auto",
@@ -124,10 +105,8 @@ class ExplanationHook:
         self.dataset_dict = dataset_dict
         self.output_dir = output_dir
         self.hook_container = hook_container
-        self.record_keeper = (
-            record_keeper if record_keeper is not None else getattr(hook_container, "record_keeper", None)
-        )
-        self.split_name, self.reference_split_name = split_name, reference_split_name
+        self.record_keeper = getattr(hook_container, "record_keeper", None)
+        self.split_name = split_name
         self.n_queries, self.k, self.seed = n_queries, k, int(seed)
         self.mean, self.std = mean, std
         self.batch_size, self.device = batch_size, device
@@ -142,14 +121,13 @@ class ExplanationHook:
     def _names(self, split: str) -> Optional[List[str]]:
         return self.class_names if self.class_names is not None else dataset_class_names(self.dataset_dict[split])
 
-    # PML calls ``end_of_testing_hook(tester)``
-    def __call__(self, tester) -> None:
-        self.end_of_testing_hook(tester)
-
     def end_of_testing_hook(self, tester) -> None:
+        """What PML's tester calls after testing: the hook container's hook, then :meth:`explain`."""
         if self.hook_container is not None:
             self.hook_container.end_of_testing_hook(tester)
         self.explain(tester)
+
+    __call__ = end_of_testing_hook
 
     def _display_stats(self, image: torch.Tensor):
         if isinstance(self.mean, str) and self.mean == "auto":
@@ -157,31 +135,15 @@ class ExplanationHook:
         return self.mean, self.std
 
     def _image(self, split: str, index: int) -> torch.Tensor:
-        item = self.dataset_dict[split][int(index)]
-        image = item[0] if isinstance(item, (tuple, list)) else item
-        if not torch.is_tensor(image) or image.ndim != 3:
-            raise ValueError(
-                f"dataset {split!r} must return image tensors [C, H, W] (set its transform), got {type(image).__name__}"
-            )
-        return image
+        return dataset_image(self.dataset_dict[split], index, f"dataset {split!r}")
 
-    def _topk(self, query_emb, ref_emb, exclude: Optional[np.ndarray]):
-        import faiss
-
-        k_avail = ref_emb.shape[0] - (1 if exclude is not None else 0)
-        if self.k > k_avail:
-            raise ValueError(f"k={self.k} is larger than the reference set ({k_avail} candidates)")
-        db = nnf.normalize(ref_emb.detach().to("cpu", torch.float32), dim=1).numpy()
-        q = nnf.normalize(query_emb.detach().to("cpu", torch.float32), dim=1).numpy()
-        index = faiss.IndexFlatIP(db.shape[1])
-        index.add(np.ascontiguousarray(db))
-        extra = 1 if exclude is not None else 0
-        _, idx = index.search(np.ascontiguousarray(q), self.k + extra)
-        out = []
-        for row, qi in zip(idx, exclude if exclude is not None else [None] * len(idx)):
-            row = [int(j) for j in row if j >= 0 and (qi is None or j != qi)]
-            out.append(row[: self.k])
-        return out
+    def _topk(self, emb: torch.Tensor, queries: np.ndarray):
+        """The ``k`` nearest others of each query (cosine, faiss), best first."""
+        if self.k > emb.shape[0] - 1:
+            raise ValueError(f"k={self.k} is larger than the reference set ({emb.shape[0] - 1} candidates)")
+        q = nnf.normalize(emb[queries].detach().to("cpu", torch.float32), dim=1)
+        _, idx = inner_product_search(q, emb, self.k + 1)
+        return [[int(j) for j in row if j >= 0 and j != qi][: self.k] for row, qi in zip(idx, queries)]
 
     def explain(self, tester) -> Optional[Dict[str, float]]:
         """Compute and save the maps for ``tester`` (called by the hook; usable directly)."""
@@ -189,34 +151,29 @@ class ExplanationHook:
         if not data:
             raise ValueError("tester.embeddings_and_labels is missing: call the hook from a PML tester's test()")
         split = self.split_name or next(iter(data))
-        ref_split = self.reference_split_name or split
-        for s in (split, ref_split):
-            if s not in data:
-                raise ValueError(f"split {s!r} not in the tester's embeddings ({sorted(data)})")
-            if s not in self.dataset_dict:
-                raise ValueError(f"split {s!r} not in dataset_dict ({sorted(self.dataset_dict)})")
+        if split not in data:
+            raise ValueError(f"split {split!r} not in the tester's embeddings ({sorted(data)})")
+        if split not in self.dataset_dict:
+            raise ValueError(f"split {split!r} not in dataset_dict ({sorted(self.dataset_dict)})")
         epoch = self.epoch
         if epoch is None:
             epoch = int(getattr(tester, "all_accuracies", {}).get(split, {}).get("epoch", 0))
-        q_emb = torch.as_tensor(data[split][0])
-        r_emb = torch.as_tensor(data[ref_split][0])
-        q_labels, r_labels = _labels(data[split]), _labels(data[ref_split])
+        emb, labels = torch.as_tensor(data[split][0]), _labels(data[split])
         gen = torch.Generator().manual_seed(self.seed)
         if self.n_queries is None:
-            queries = np.arange(q_emb.shape[0])
+            queries = np.arange(emb.shape[0])
         else:
             queries = (
-                torch.randperm(q_emb.shape[0], generator=gen, device=gen.device)[: self.n_queries].sort().values.numpy()
+                torch.randperm(emb.shape[0], generator=gen, device=gen.device)[: self.n_queries].sort().values.numpy()
             )
-        same_split = ref_split == split
-        neighbours = self._topk(q_emb[queries], r_emb, queries if same_split else None)
+        neighbours = self._topk(emb, queries)
         boxes = self.boxes.get(split, getattr(self.dataset_dict[split], "boxes", None))
         dec = self.decomposition
         nb = torch.as_tensor(neighbours, dtype=torch.long)
         allmaps = topk_overall_maps(
             dec,
             self.dataset_dict[split],
-            self.dataset_dict[ref_split],
+            self.dataset_dict[split],
             nb,
             query_indices=queries,
             batch_size=self.batch_size,
@@ -234,7 +191,7 @@ class ExplanationHook:
                 loc_sizes.append((H, W))
             if not (self.save_png or self.save_tensors):
                 continue
-            r_imgs = torch.stack([self._image(ref_split, j) for j in refs])
+            r_imgs = torch.stack([self._image(split, j) for j in refs])
             fq = dec.fold_query(q_img[None].to(device))
             fr = dec.fold_reference(r_imgs.to(device))
             h, w = fq.feature_size
@@ -262,35 +219,26 @@ class ExplanationHook:
                 mean, std = self._display_stats(q_img)
                 qd = to_display_image(q_img, mean, std)
                 rds = [to_display_image(r, mean, std) for r in r_imgs]
-                args = [
-                    (
-                        allmaps["query"][n, m],
-                        allmaps["reference"][n, m],
-                        allmaps["query_bias"][n, m],
-                        allmaps["reference_bias"][n, m],
-                    )
-                    for m in range(len(refs))
-                ]
+                keys = ("query", "reference", "query_bias", "reference_bias")
+                args = [tuple(allmaps[key][n, m] for key in keys) for m in range(len(refs))]
                 diff = max(bias_difference(*a) for a in args)  # one choice for every row of the figure
                 show_bias = diff > BIAS_RTOL
                 panels = [
                     explanation_panels(*a, point, pmaps[m], reference_name="retrieved", show_bias=show_bias)[0]
                     for m, a in enumerate(args)
                 ]
-                same = None
-                if q_labels is not None and r_labels is not None:
-                    same = [bool(torch.equal(q_labels[int(qi)], r_labels[int(j)])) for j in refs]
+                same = None if labels is None else [bool(torch.equal(labels[int(qi)], labels[int(j)])) for j in refs]
                 save_pair_overlay(
                     stem + ".png",
                     qd,
                     rds,
                     panels,
-                    title=f"{split} query {int(qi)}" + (" (itself left out of its references)" if same_split else ""),
+                    title=f"{split} query {int(qi)} (itself left out of its references)",
                     similarities=sims.tolist(),
                     reference_labels=None
-                    if r_labels is None
-                    else [_label_text(r_labels[int(j)], self._names(ref_split)) for j in refs],
-                    query_label=None if q_labels is None else _label_text(q_labels[int(qi)], self._names(split)),
+                    if labels is None
+                    else [_label_text(labels[int(j)], self._names(split)) for j in refs],
+                    query_label=None if labels is None else _label_text(labels[int(qi)], self._names(split)),
                     same_class=same,
                     note=None if show_bias else bias_note(diff),
                 )

@@ -1,11 +1,10 @@
 """Deletion and insertion curves of a similarity map: how faithful is it to the pair's cosine similarity?
 
 Source: the deletion / insertion metrics of Petsiuk, Das and Saenko, "RISE: Randomized Input Sampling for
-Explanation of Black-box Models", BMVC 2018 (Sec. 4.1), written here for a metric-learning pair instead of a
-class score: the query's pixels are removed (deletion) or revealed (insertion) in the order of the map,
-most-attributed first, and the score is the cosine similarity of the perturbed query's embedding with the
-(fixed) reference embedding. A faithful map makes the deletion curve fall fast (small area) and the
-insertion curve rise fast (large area). Written from the definitions; no code copied.
+Explanation of Black-box Models", BMVC 2018 (Sec. 4.1), for a metric-learning pair instead of a class score: the
+query's pixels are removed (deletion) or revealed (insertion) most-attributed first, scored by the cosine of the
+perturbed query's embedding with the fixed reference embedding. A faithful map makes the deletion curve fall fast
+(small area) and the insertion curve rise fast (large area). Written from the definitions; no code copied.
 """
 
 from typing import Dict, Optional, Union
@@ -15,8 +14,8 @@ import torch.nn.functional as nnf
 from torch import nn
 
 from ..utils.checks import is_int, is_number
-from ._model_runner import eval_mode
-from .map_utils import check_map_matches_image, resize_maps
+from ..utils.eval_mode import eval_mode
+from .map_utils import maps_on_image
 
 BASELINES = ("zero", "mean", "blur")
 
@@ -25,27 +24,20 @@ class SimilarityFidelity:
     """Deletion / insertion curves and their areas for maps of query images.
 
     Args:
-        trunk, embedder: the query model (``embedder(trunk(x)) -> [N, L]``).
-        reference_trunk, reference_embedder: the reference model (default: the query model).
-        steps: points of each curve after the start (default 16): step s removes / reveals
-            ``round(s / steps · H · W)`` pixels (all channels of a pixel together).
-        baseline: what replaces a removed pixel: ``"zero"`` (default; 0 in the model's input space, the
-            dataset mean for mean/std-normalised inputs), ``"mean"`` (the image's per-channel mean),
-            ``"blur"``
-            (a Gaussian blur of the image, σ = 5 % of the shorter side) or a float.
+        trunk, embedder: the query model; reference_trunk, reference_embedder: the reference model (default: query).
+        steps: points of each curve after the start (default 16): step s changes ``round(s / steps · H · W)`` pixels
+            (all channels of a pixel), most-attributed first (ties in raster order).
+        baseline: a removed pixel's value: ``"zero"`` (default; 0 in the model's input space), ``"mean"`` (per-channel
+            image mean), ``"blur"`` (Gaussian, σ = 5 % of the shorter side) or a float.
         batch_size: perturbed images per forward pass (default 64).
 
-    Maps ``[N, h, w]`` of any size not larger than the image are resized bilinearly (per axis) to the image;
-    pixels are ordered by value, largest first, ties in raster order (a constant map is a raster scan).
-
-    ``curves(query_images [N, C, H, W], reference_images [N or 1, C', H', W'], maps [N, h, w])`` returns
-    ``"fractions"`` ``[steps + 1]`` (pixels changed / H·W), ``"deletion"`` and ``"insertion"`` ``[N, steps +
-    1]`` (cosine similarities, float64 on the CPU) and ``"deletion_area"`` / ``"insertion_area"`` ``[N]``
-    (trapezoidal areas over the fractions, in [-1, 1]: lower deletion and higher insertion are better).
+    ``curves(query_images [N, C, H, W], reference_images [N or 1, C', H', W'], maps [N, h, w])`` (maps not larger
+    than the image, resized bilinearly) returns ``"fractions"`` ``[steps + 1]`` (pixels changed / H·W),
+    ``"deletion"`` / ``"insertion"`` ``[N, steps + 1]`` (cosines, float64, CPU) and ``"deletion_area"`` /
+    ``"insertion_area"`` ``[N]`` (trapezoidal, in [-1, 1]: lower deletion and higher insertion are better).
 
     Raises:
-        ValueError: bad ``steps``/``baseline``/``batch_size``; maps whose count or size does not fit the
-            images; NaN maps.
+        ValueError: bad ``steps``/``baseline``/``batch_size``; maps whose count or size does not fit; NaN maps.
 
     Example::
 
@@ -116,10 +108,7 @@ class SimilarityFidelity:
             raise ValueError("maps contain NaN or inf values")
         if reference_images.shape[0] not in (1, N):
             raise ValueError(f"reference_images must have 1 or {N} images, got {reference_images.shape[0]}")
-        check_map_matches_image(maps.shape[-2:], (H, W), "map")
-        m = maps.to(device=query_images.device, dtype=torch.float64)
-        if tuple(m.shape[-2:]) != (H, W):
-            m = resize_maps(m, (H, W))
+        m = maps_on_image(maps.to(device=query_images.device, dtype=torch.float64), (H, W))
         order = torch.argsort(m.flatten(1), dim=1, descending=True, stable=True)  # [N, HW]
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=order.device).expand(N, -1))
         counts = [round(s / self.steps * H * W) for s in range(self.steps + 1)]

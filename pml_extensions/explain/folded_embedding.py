@@ -1,14 +1,14 @@
-"""Container for a head folded into per-position contributions (Zhu et al., "Visual Explanation for Deep
-Metric
-Learning", IEEE TIP 2021, eq. 4: E = Σ_ij W_ij A_ij + B)."""
+"""Container for a head folded into per-position contributions (Zhu et al., "Visual Explanation for Deep Metric
+Learning", IEEE TIP 2021, eq. 4: E = Σ_ij W_ij A_ij + B).
+"""
 
-from dataclasses import dataclass
+import dataclasses
 from typing import Tuple
 
 import torch
 
 
-@dataclass
+@dataclasses.dataclass
 class FoldedEmbedding:
     """Per-position contributions of the explained feature map to the pre-normalisation embedding.
 
@@ -40,16 +40,18 @@ class FoldedEmbedding:
         """``(h, w)`` of the explained feature map."""
         return (self.features.shape[1], self.features.shape[2])
 
+    def apply(self, fn) -> "FoldedEmbedding":
+        """The same fold with ``fn`` applied to each of its four tensors (e.g. indexing, ``expand``)."""
+        return dataclasses.replace(
+            self,
+            features=fn(self.features),
+            bias=fn(self.bias),
+            embedding=fn(self.embedding),
+            feature_map=fn(self.feature_map),
+        )
+
     def __getitem__(self, index) -> "FoldedEmbedding":
         """Select images (int, slice or index tensor); keeps the batch dimension."""
         if isinstance(index, int):
             index = slice(index, index + 1) if index != -1 else slice(-1, None)
-        return FoldedEmbedding(
-            self.features[index],
-            self.bias[index],
-            self.embedding[index],
-            self.feature_map[index],
-            self.image_size,
-            self.normalised,
-            self.exact,
-        )
+        return self.apply(lambda t: t[index])

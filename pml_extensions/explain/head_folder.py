@@ -1,12 +1,10 @@
 """Fold the head of a metric-learning model into E = Σ_ij W_ij A_ij + B.
 
-Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec.
-III-A (eq. 4, GAP and flatten heads), Sec. IV (GMP and ReLU as masks computed once per image; Taylor expansion
-for other non-linear parts). The authors' demos (Jeff-Zilence/Explain_Metric_Learning, ``*/demo.py``) fold one
-fixed head per model by hand; here any sequence of supported modules is folded, BatchNorm1d uses its ``eps``
-(the demo omits it) and GMP ties share the maximum equally (the demo's ``== max`` gives each tied
-position the full
-maximum, which double-counts).
+Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. III-A
+(eq. 4, GAP and flatten heads) and Sec. IV (GMP and ReLU as per-image masks; Taylor expansion otherwise). The
+authors' demos (Jeff-Zilence/Explain_Metric_Learning, ``*/demo.py``) fold one fixed head by hand; here any sequence
+of supported modules is folded, BatchNorm1d uses its ``eps`` (the demo omits it) and GMP ties share the maximum
+equally (the demo's ``== max`` gives each tied position the full maximum, which double-counts).
 """
 
 import warnings
@@ -18,7 +16,7 @@ from torch import nn
 from ..trunks.gem_pooling import GeMPooling
 from ..trunks.histogram_pooling import HistogramPooling
 from ._jacobian import jacobian_features
-from ._model_runner import POOLING_TYPES, ModelRunner, split_normaliser
+from ._model_runner import POOLING_TYPES, HeadRecord, ModelRunner, refuse_normalised_output, split_normaliser
 from .folded_embedding import FoldedEmbedding
 
 SUPPORTED = (
@@ -82,8 +80,9 @@ def row_scale(x: torch.Tensor, y: torch.Tensor, rtol: float) -> Optional[torch.T
 
 
 def _virtual_pool(A, extra, target, rtol):
-    """The map was reduced to ``target [N, C]`` outside modules (e.g. ``tokens.mean(1)``): fold a mean over
-    the grid, or over every token (class token included, its share in B); refuse a class-token read-out."""
+    """Fold a reduction of the map to ``target [N, C]`` outside modules (a mean over the grid or over every token, the
+    class token's share in B); ``None`` when it is neither; a class-token read-out raises ``_Unsupported``.
+    """
     N, C, h, w = A.shape
     if _close(A.mean(dim=(2, 3)), target, rtol):
         return A.permute(0, 2, 3, 1) / (h * w), A.new_zeros(N, C)
@@ -94,7 +93,7 @@ def _virtual_pool(A, extra, target, rtol):
             return A.permute(0, 2, 3, 1) / T, e.sum(dim=1) / T
         if _close(e[:, 0], target, rtol):
             raise _Unsupported(
-                _Rec("the class token"),
+                HeadRecord(None, "the class token", None, None),
                 ": a class-token read-out has no exact fold over the token grid; use SimilarityGradCAM, or "
                 "fallback='jacobian' at a layer before the last attention",
             )
@@ -102,13 +101,8 @@ def _virtual_pool(A, extra, target, rtol):
 
 
 def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float = 1e-4, gmp_ties: str = "share"):
-    """Fold module calls (in execution order) applied to ``A [N, C, h, w]`` into ``(F [N, h, w, L], B [N,
-    L])``, computed in float64 for float64 maps and in float32 otherwise (half precision is unsafe for the
-    sums).
-
-    ``extra`` ``[N, e, C]``: tokens that are not on the grid (a class token); ``output``: the model's output,
-    for a map reduced outside modules; ``gmp_ties``: see :class:`HeadFolder`. Raises ``_Unsupported`` naming the
-    first module with no exact fold.
+    """Fold module calls (execution order) on ``A [N, C, h, w]`` into ``(F [N, h, w, L], B [N, L])``, in float64 for
+    float64 maps and float32 otherwise; raises ``_Unsupported`` naming the first module with no exact fold.
     """
     N, C, h, w = A.shape
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
@@ -130,35 +124,35 @@ def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float 
                 raise _Unsupported(rec, ": its input is reduced from the map outside modules (not a mean)")
             (F, b), kind = pooled, "vec"
         if kind == "map":
-            if isinstance(m, (nn.AdaptiveAvgPool2d, HistogramPooling)) and (
-                isinstance(m, HistogramPooling) or _is_global(m.output_size)
+            Fm = None  # the pooled vector as a per-position sum [N, C, h, w]
+            if isinstance(m, HistogramPooling) or (
+                isinstance(m, nn.AdaptiveAvgPool2d) and _is_global(m.output_size)
             ):  # HistogramPooling returns the GAP vector (its histograms are a side output)
-                F, b, kind = X.permute(0, 2, 3, 1) / (h * w), X.new_zeros(N, C), "vec"
+                Fm = X / (h * w)
             elif isinstance(m, nn.AdaptiveMaxPool2d) and _is_global(m.output_size):
-                # Sec. IV: GMP = Σ_ij (M ⊙ A)_ij with M the arg-max mask; tied positions share the mass
-                # equally (saturated ReLU6 channels tie exactly; no raster-order preference), or, with
-                # gmp_ties="first", all of it goes to the first tied position in raster order (autograd's)
+                # Sec. IV: GMP = Σ_ij (M ⊙ A)_ij with M the arg-max mask; tied positions share the mass equally,
+                # or, with gmp_ties="first", all of it goes to the first tied position in raster order (autograd's)
                 flat = X.reshape(N, C, h * w)
                 if gmp_ties == "first":
                     mask = torch.zeros_like(flat).scatter_(2, flat.argmax(dim=2, keepdim=True), 1.0)
                 else:
                     mask = (flat == flat.amax(dim=2, keepdim=True)).to(dtype)
                     mask = mask / mask.sum(dim=2, keepdim=True)
-                F, b, kind = (flat * mask).reshape(N, C, h, w).permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
+                Fm = (flat * mask).reshape(N, C, h, w)
             elif isinstance(m, GeMPooling):
                 # GeM_c = Σ_ij w_ijc x_ijc with w_ijc = x_ijc^(p-1) / (hw · GeM_c^(p-1)), x clamped at eps
                 p = float(m.p.detach().double())
                 xc = X.clamp(min=m.eps)
                 gem = xc.pow(p).mean(dim=(2, 3), keepdim=True).pow(1.0 / p)
                 Fm = xc.pow(p) / (h * w * gem.pow(p - 1.0))
-                F, b, kind = Fm.permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
+            elif isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1 and h * w == 1:
+                Fm = X
             elif isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
-                if h * w == 1:
-                    F, b, kind = X.permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
-                else:
-                    b, kind = X.new_zeros(N, C * h * w), "flat"
+                b, kind = X.new_zeros(N, C * h * w), "flat"
             else:
                 raise _Unsupported(rec, " on the [N, C, h, w] feature map")
+            if Fm is not None:
+                F, b, kind = Fm.permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
         elif kind == "flat":
             if isinstance(m, nn.BatchNorm1d) and m.num_features == C * h * w:
                 s, t = _bn_scale_shift(m, dtype, device)
@@ -205,38 +199,27 @@ def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float 
         if pooled is not None:
             (F, b), kind = pooled, "vec"
     if kind == "map":
-        raise _Unsupported(records[-1] if records else _Rec("no pooling"), ": no pooling or Flatten after the map")
+        raise _Unsupported(
+            records[-1] if records else HeadRecord(None, "no pooling", None, None),
+            ": no pooling or Flatten after the map",
+        )
     if kind == "flat":
         raise _Unsupported(records[-1], ": Flatten must be followed by a Linear layer")
     return F, b
 
 
-class _Rec:
-    def __init__(self, name):
-        self.name, self.module = name, None
-
-
 class HeadFolder:
     """Write a trunk + embedder's embedding as Σ_ij W_ij A_ij + B over the last convolutional feature map.
 
-    Half precision: for bfloat16/float16 maps (pure models or autocast) the fold runs in float32 and the
-    self-check tolerance widens to 8 ulps of the half type. GMP ties (e.g. saturated ReLU6 channels) share the
-    channel's value equally among the tied positions (no raster-order preference).
-
-    Exact fold for a torchvision-style CNN body followed by GAP (``AdaptiveAvgPool2d(1)``), GMP
-    (``AdaptiveMaxPool2d(1)``, arg-max mask, ties shared equally) or ``Flatten`` and then
-    any sequence of ``Linear``, ``BatchNorm1d`` (eval, running statistics and ``eps``), ``ReLU`` (mask of the
-    current input), ``Dropout`` (eval) and ``Identity``. Also exact: ``GeMPooling`` (GeM_c = Σ_ij w_ijc x_ijc
-    with input-dependent weights w_ijc = x_ijc^(p−1) / (hw · GeM_c^(p−1)), like the GMP mask),
-    ``HistogramPooling`` (its output is the GAP), a mean over a transformer's token grid taken outside modules
-    (``tokens[:, 1:].mean(1)``, or over all tokens with the class token's share in B), and L2 normalisations
-    anywhere in the head (modules, or functional calls inside ``forward`` such as ``trunks.RetrievalHead``'s
-    two L2N): they are detected numerically as a positive per-image scale of the previous value and folded as
-    that scale; a trailing one is left out (the pre-normalisation embedding is folded). Token layers ``[N, T,
-    C]`` are reshaped to their square grid (class token kept aside); channels-last ``[N, H, W, C]`` maps
-    (Swin) are permuted. Any other head raises, or, with ``fallback="jacobian"``, is linearised at the current
-    input (first-order Taylor, paper Sec. IV): W_ij = ∂E/∂A_ij, B = E(A₀) - Σ_ij W_ij A₀_ij, with a warning —
-    forward-mode ``torch.func.jvp`` where it works, reverse mode otherwise (e.g. CPU flash attention).
+    Exact fold for a CNN body followed by GAP, GMP (arg-max mask), ``GeMPooling`` (GeM_c = Σ_ij w_ijc x_ijc, w_ijc =
+    x_ijc^(p−1) / (hw · GeM_c^(p−1))), ``HistogramPooling`` (its output is the GAP), a token-grid mean outside modules
+    or ``Flatten``, then any sequence of ``Linear``, ``BatchNorm1d`` (eval, ``eps``), ``ReLU`` (mask of the current
+    input), ``Dropout`` (eval) and ``Identity``. L2 normalisations in the head (modules, or inside ``forward`` as in
+    ``trunks.RetrievalHead``) are folded as the positive per-image scale they apply; a trailing one is left out.
+    Token layers ``[N, T, C]`` are reshaped to their square grid (class token aside), ``[N, H, W, C]`` maps (Swin)
+    permuted. Any other head raises, or with ``fallback="jacobian"`` is linearised at the current input with a
+    warning (paper Sec. IV): W_ij = ∂E/∂A_ij, B = E(A₀) − Σ_ij W_ij A₀_ij. Half-precision maps fold in float32 (the
+    self-check tolerance widened to 8 ulps of the half type).
 
     Example::
 
@@ -248,28 +231,20 @@ class HeadFolder:
         ((2, 8, 10, 4), (2, 4), True, True)
 
     Args:
-        trunk: PML trunk; ``[N, 3, H, W] -> [N, D]`` (pooling included, as in PML).
-        embedder: PML embedder ``[N, D] -> [N, L]`` or ``None``.
-        layer: module (or its name in ``trunk``) whose output A ``[N, C, h, w]`` (or ``[N, T, C]`` tokens, or
-            ``[N, H, W, C]``) is explained. Default: the last module call with such an output that is not
-            pooling (found with one forward pass); for token models a warning names the chosen layer.
+        trunk: PML trunk ``[N, 3, H, W] -> [N, D]`` (pooling included); embedder: ``[N, D] -> [N, L]`` or ``None``.
+        layer: module (or its name in ``trunk``) whose output A ``[N, C, h, w]`` (or tokens, or channels-last) is
+            explained. Default: the last such non-pooling module call (token models: named in a warning).
         fallback: ``"error"`` (default) or ``"jacobian"``.
-        gmp_ties: how a GMP channel whose maximum is reached at several positions is folded: ``"share"``
-            (default; each tied position gets an equal share) or ``"first"`` (all of it at the first position in
-            raster order, the position ``torch.max`` and autograd pick: then rectified Grad-CAM equals
-            ReLU(Decomposition+Bias) exactly, also on saturated ReLU6 features). Both folds are exact
-            (Σ F + B = E); they differ only at tied positions.
-        rtol: relative tolerance of the self-check ``Σ F + B == E``. Default 1e-4 (float32); float64 is exact.
+        gmp_ties: a GMP maximum at several positions is ``"share"``d equally (default) or all at the ``"first"``
+            (raster order, as autograd: rectified Grad-CAM then equals ReLU(Decomposition+Bias) exactly).
+        rtol: relative tolerance of the self-check ``Σ F + B == E``. Default 1e-4.
 
-    Calling ``folder(images [N, 3, H, W])`` returns a :class:`FoldedEmbedding` (``features [N, h, w, L]``,
-    ``bias [N, L]``, ``embedding [N, L]``; detached: no gradient flows into the models). The models run in
-    eval mode inside the call; their train/eval flags and hooks are restored afterwards, also after an
-    exception.
+    ``folder(images [N, 3, H, W])`` returns a detached :class:`FoldedEmbedding`; models run in eval mode, flags and
+    hooks restored afterwards, also after an exception.
 
     Raises:
-        ValueError: an unsupported head module (named) with ``fallback="error"``; a fold that does not
-            reproduce the model's embedding (an operation outside modules, e.g. a functional call); bad
-            images.
+        ValueError: an unsupported head module (named) with ``fallback="error"``; a fold that does not reproduce the
+            embedding (an operation outside modules); bad images.
         TypeError: non-module trunk/embedder, non-tensor images.
     """
 
@@ -281,7 +256,6 @@ class HeadFolder:
         *,
         fallback: str = "error",
         rtol: float = 1e-4,
-        jacobian_chunk_size: Optional[int] = 16,
         gmp_ties: str = "share",
     ):
         if fallback not in FALLBACKS:
@@ -292,20 +266,9 @@ class HeadFolder:
         self.runner = ModelRunner(trunk, embedder, layer)
         self.fallback = fallback
         self.rtol = float(rtol)
-        self.jacobian_chunk_size = jacobian_chunk_size
-
-    @property
-    def layer(self) -> Optional[nn.Module]:
-        """The explained module (``None`` until the first call when it is found automatically)."""
-        return self.runner.layer
 
     def __call__(self, images: torch.Tensor) -> FoldedEmbedding:
         return self.fold(images)
-
-    @property
-    def layer_name(self) -> Optional[str]:
-        """Qualified name of the explained module (``None`` until it is known)."""
-        return None if self.runner.layer is None else self.runner.name_of(self.runner.layer)
 
     def tolerance(self, *tensors) -> float:
         """``rtol``, widened to 8 ulps of the least precise dtype among ``tensors`` (bfloat16/float16)."""
@@ -319,15 +282,13 @@ class HeadFolder:
         E = (normaliser.input if normaliser is not None else res.output).detach()
         A = res.feature_map
         rtol = self.tolerance(A, E, *[r.input for r in head])
-        extra = res.layout.extra if res.layout is not None else None
         try:
             with torch.no_grad():
-                F, b = fold_records(head, A, extra, E, rtol, self.gmp_ties)
+                F, b = fold_records(head, A, res.layout.extra, E, rtol, self.gmp_ties)
         except _Unsupported as err:
             if self.fallback == "error":
                 raise ValueError(
-                    f"head module {err} cannot be folded exactly; supported after the feature map: "
-                    f"{SUPPORTED}. "
+                    f"head module {err} cannot be folded exactly; supported after the feature map: {SUPPORTED}. "
                     "Pass fallback='jacobian' for a first-order (approximate) fold."
                 ) from None
             warnings.warn(
@@ -360,12 +321,9 @@ class HeadFolder:
         return FoldedEmbedding(F, b, E, A.to(F.dtype), res.image_size, normalised, True)
 
     def _jacobian_fold(self, images, res, head, normaliser) -> FoldedEmbedding:
-        if normaliser is None and torch.allclose(
-            res.output.float().norm(dim=1), torch.ones_like(res.output[:, 0]).float(), rtol=1e-4, atol=1e-4
-        ):
-            raise ValueError(
-                "the model normalises its output inside forward(); the first-order fallback needs the "
-                "pre-normalisation embedding: put the normalisation in its own module"
+        if normaliser is None:
+            refuse_normalised_output(
+                res.output, "the model normalises its output inside forward(); the first-order fallback needs"
             )
         k = len(res.head) - 1 if normaliser is not None else None
 
@@ -374,7 +332,7 @@ class HeadFolder:
             return r.head[k].input if k is not None else r.output
 
         A0 = res.feature_map
-        F, E0 = jacobian_features(g, A0, self.jacobian_chunk_size)
+        F, E0 = jacobian_features(g, A0)
         b = E0 - F.sum(dim=(1, 2))
         return FoldedEmbedding(F, b, E0, A0, res.image_size, normaliser is not None, False)
 

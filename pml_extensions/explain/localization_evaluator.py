@@ -1,13 +1,10 @@
 """Weakly supervised localisation accuracy of explanation maps.
 
-Protocol: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-A (after CAM, Zhou
-et al. CVPR 2016, and Grad-CAM): min–max normalise the map → resize it bilinearly to the image → threshold
-(grid-searched per method) → largest connected component → its bounding box → correct when IoU > 0.5 with the
-ground-truth box. Connected components come from ``scipy.ndimage.label`` with 8-connectivity (CAM's public
-code takes the largest contour with OpenCV, which is 8-connected too).
-
-Boxes are ``(x0, y0, x1, y1)`` in pixels, half-open (``mask[y0:y1, x0:x1]``), so a box's area is
-``(x1 - x0) * (y1 - y0)``. CUB's ``x y w h`` boxes convert as ``(x, y, x + w, y + h)``.
+Protocol: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-A (after CAM, Zhou et
+al. CVPR 2016, and Grad-CAM): min–max normalise the map → resize it bilinearly to the image → threshold (grid
+search) → largest 8-connected component (``scipy.ndimage.label``; CAM's OpenCV contour is 8-connected too) → its
+bounding box → correct when IoU > 0.5 with the ground truth. Boxes are half-open ``(x0, y0, x1, y1)`` pixels
+(``mask[y0:y1, x0:x1]``); CUB's ``x y w h`` is ``(x, y, x + w, y + h)``.
 """
 
 from typing import Dict, Mapping, Optional, Sequence, Tuple
@@ -15,8 +12,9 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from scipy import ndimage
+from torchvision.ops import box_iou
 
-from .map_utils import check_map_matches_image, normalize_maps, resize_maps
+from .map_utils import maps_on_image, normalize_maps
 
 DEFAULT_THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.05, 1.0, 0.05))
 Box = Tuple[int, int, int, int]
@@ -36,9 +34,8 @@ class LocalizationEvaluator:
     """Localisation accuracy per threshold of explanation maps against ground-truth boxes.
 
     Args:
-        thresholds: thresholds on the min–max normalised map, in [0, 1]; a pixel is foreground when its value
-            is ``>= threshold``. Default: 0.05, 0.10, …, 0.95 (the paper grid-searches; its grid is not
-            stated).
+        thresholds: on the min–max normalised map, in [0, 1]; foreground is ``>= threshold``. Default 0.05, 0.10,
+            …, 0.95 (the paper grid-searches an unstated grid).
         iou_threshold: a box is correct when IoU ``>`` this. Default 0.5 (paper).
 
     Raises:
@@ -54,23 +51,19 @@ class LocalizationEvaluator:
         self.thresholds = thr
         self.iou_threshold = float(iou_threshold)
 
-    # ---------------------------------------------------------------- pieces
     @staticmethod
     def iou(box_a: Sequence[int], box_b: Sequence[int]) -> float:
         """Intersection over union of two half-open boxes ``(x0, y0, x1, y1)``."""
-        ax0, ay0, ax1, ay1 = _check_box(box_a, "box_a")
-        bx0, by0, bx1, by1 = _check_box(box_b, "box_b")
-        iw = max(0, min(ax1, bx1) - max(ax0, bx0))
-        ih = max(0, min(ay1, by1) - max(ay0, by0))
-        inter = iw * ih
-        union = (ax1 - ax0) * (ay1 - ay0) + (bx1 - bx0) * (by1 - by0) - inter
-        return inter / union
+        a, b = (
+            torch.tensor([_check_box(box, arg)], dtype=torch.float64, device="cpu")
+            for box, arg in ((box_a, "box_a"), (box_b, "box_b"))
+        )
+        return float(box_iou(a, b)[0, 0])
 
     @staticmethod
     def largest_component(mask: np.ndarray) -> np.ndarray:
-        """The largest 8-connected component of a boolean ``[H, W]`` mask (ties: the first in raster order).
-
-        Returns an all-False mask when ``mask`` is empty.
+        """The largest 8-connected component of a boolean ``[H, W]`` mask (ties: the first in raster order; all False
+        for an empty mask).
         """
         mask = np.asarray(mask, dtype=bool)
         if mask.ndim != 2:
@@ -91,28 +84,21 @@ class LocalizationEvaluator:
         return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
 
     def resized_map(self, heatmap, image_size: Sequence[int]) -> np.ndarray:
-        """Min–max normalise ``heatmap [h, w]`` then resize it bilinearly to ``image_size (H, W)``; float64
-        numpy.
+        """``heatmap [h, w]`` min–max normalised, then resized bilinearly to ``image_size (H, W)``; float64 numpy.
 
         Raises:
-            ValueError: a map that is not 2-D, or whose size does not match the image (larger, or another
-                aspect ratio).
+            ValueError: a map that is not 2-D or does not fit the image (:func:`check_map_matches_image`).
         """
         m = torch.as_tensor(heatmap).detach().to("cpu", torch.float64)
         if m.ndim != 2:
             raise ValueError(f"map must be 2-D [h, w], got shape {tuple(m.shape)}")
-        check_map_matches_image(m.shape, image_size, "map")
-        m = normalize_maps(m, "minmax")
-        if tuple(m.shape) != tuple(int(s) for s in image_size):
-            m = resize_maps(m, image_size)
-        return m.numpy()
+        return maps_on_image(normalize_maps(m, "minmax"), image_size).numpy()
 
     def predict_boxes(self, heatmap, image_size: Sequence[int]):
         """One predicted box per threshold (``None`` where the thresholded map is empty)."""
         m = self.resized_map(heatmap, image_size)
         return [self.mask_to_box(self.largest_component(m >= t)) for t in self.thresholds]
 
-    # ---------------------------------------------------------------- accuracy
     def correct(self, heatmap, box: Sequence[int], image_size: Sequence[int]) -> np.ndarray:
         """``[T]`` bool: is the predicted box at each threshold correct (IoU > ``iou_threshold``)?"""
         box = _check_box(box)
@@ -124,16 +110,14 @@ class LocalizationEvaluator:
 
         Args:
             maps: sequence (or ``[N, h, w]`` tensor) of 2-D maps, any sign or scale.
-            boxes: ``N`` ground-truth boxes ``(x0, y0, x1, y1)``.
-            image_sizes: one ``(H, W)`` for all, or ``N`` of them.
+            boxes: ``N`` ground-truth boxes ``(x0, y0, x1, y1)``; image_sizes: one ``(H, W)`` for all, or ``N``.
 
         Returns:
-            dict with ``"thresholds"`` ``[T]``, ``"accuracy"`` ``[T]`` (fractions in [0, 1]),
-            ``"best_accuracy"``, ``"best_threshold"`` and ``"n"``.
+            ``"thresholds"`` ``[T]``, ``"accuracy"`` ``[T]`` (fractions), ``"best_accuracy"``, ``"best_threshold"``,
+            ``"n"``.
 
         Raises:
-            ValueError: length mismatch, empty input, malformed boxes or sizes, a map that does not match its
-                image.
+            ValueError: length mismatch, empty input, malformed boxes or sizes, a map that does not match its image.
         """
         n = len(maps)
         if n == 0:

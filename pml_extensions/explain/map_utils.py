@@ -1,7 +1,5 @@
-"""Helpers shared by the explanation maps: opt-in normalisation, resizing, image-to-feature coordinates.
-
-Maps everywhere in :mod:`pml_extensions.explain` are signed torch tensors on the input's device; nothing here
-is applied unless asked for.
+"""Helpers shared by the explanation maps (signed tensors on the input's device): opt-in normalisation, resizing,
+image-to-feature coordinates.
 """
 
 from typing import Optional, Sequence, Tuple
@@ -55,12 +53,29 @@ def resize_maps(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     return out.view(*lead, *size)
 
 
-def check_map_matches_image(map_size: Sequence[int], image_size: Sequence[int], arg: str = "map") -> None:
-    """Raise ``ValueError`` when a map cannot belong to an image: an empty size, or a map larger than the
-    image along an axis.
+def output_maps(maps: torch.Tensor, output_size, image_size: Sequence[int]) -> torch.Tensor:
+    """``maps`` at ``output_size``: ``None`` (unchanged), ``"image"`` (``image_size``) or ``(H, W)``."""
+    if output_size is None:
+        return maps
+    size = image_size if (isinstance(output_size, str) and output_size == "image") else output_size
+    if isinstance(size, str):
+        raise ValueError(f"output_size must be None, 'image' or (H, W), got {output_size!r}")
+    return resize_maps(maps, size)
 
-    The two axes may have different strides (a trunk that downsamples only the frequency axis of a
-    ``1 × 128 × 431`` spectrogram gives a ``16 × 431`` map: strides 8 and 1); maps are resized per axis.
+
+def maps_on_image(maps: torch.Tensor, image_size: Sequence[int]) -> torch.Tensor:
+    """``maps [..., h, w]`` resized per axis to ``image_size (H, W)`` (unchanged at that size already).
+
+    Raises:
+        ValueError: a map that cannot belong to the image (:func:`check_map_matches_image`).
+    """
+    check_map_matches_image(maps.shape[-2:], image_size, "map")
+    return maps if tuple(maps.shape[-2:]) == tuple(int(s) for s in image_size) else resize_maps(maps, image_size)
+
+
+def check_map_matches_image(map_size: Sequence[int], image_size: Sequence[int], arg: str = "map") -> None:
+    """Raise ``ValueError`` when a map cannot belong to an image: an empty size, or a map larger than the image along
+    an axis (the axes may have different strides: a ``16 × 431`` map of a ``1 × 128 × 431`` spectrogram).
     """
     h, w = int(map_size[0]), int(map_size[1])
     H, W = int(image_size[0]), int(image_size[1])
@@ -85,24 +100,20 @@ def point_weights(
     dtype=torch.float32,
     device=None,
 ) -> torch.Tensor:
-    """Bilinear weights that map query points to feature-map positions.
+    """Bilinear weights that map query points to feature-map positions (the authors' ``Point_Specific`` demo mapping).
 
-    Image pixel (y, x) (row, column; pixel centres at integer coordinates) maps to the feature coordinate u =
-    (y + 0.5)·h/H − 0.5, v = (x + 0.5)·w/W − 0.5, clamped to [0, h−1] × [0, w−1] (edge padding), and is spread
-    over the four neighbouring positions with bilinear weights — the mapping of the authors'
-    ``Point_Specific`` demo code. With ``coordinates="feature"`` the points are integer feature positions (i,
-    j) and the weights are one-hot.
+    Image pixel (y, x) (pixel centres at integer coordinates) maps to u = (y + 0.5)·h/H − 0.5, v = (x + 0.5)·w/W −
+    0.5, clamped to [0, h−1] × [0, w−1], spread over the four neighbouring positions; with ``coordinates="feature"``
+    the points are integer feature positions (i, j) and the weights one-hot.
 
     Args:
-        points: ``[P, 2]`` (y, x) pairs (sequence or tensor).
-        image_size: ``(H, W)`` pixels; feature_size: ``(h, w)``.
+        points: ``[P, 2]`` (y, x) pairs (sequence or tensor); image_size: ``(H, W)`` pixels; feature_size: ``(h, w)``.
 
     Returns:
-        ``[P, h * w]`` weights, each row summing to 1.
+        ``[P, h * w]`` weights (``dtype``, ``device``), each row summing to 1.
 
     Raises:
-        ValueError: a point outside the image (or outside the feature map), a malformed ``points``, an unknown
-            ``coordinates``.
+        ValueError: a point outside the image (or feature map), a malformed ``points``, an unknown ``coordinates``.
     """
     if coordinates not in ("image", "feature"):
         raise ValueError(f"coordinates must be 'image' or 'feature', got {coordinates!r}")
@@ -121,8 +132,7 @@ def point_weights(
         first = pts[bad][0].tolist()
         raise ValueError(
             f"point (y, x) = {tuple(first)} lies outside the "
-            f"{'image' if coordinates == 'image' else 'feature map'} "
-            f"of size {(lim_y, lim_x)}"
+            f"{'image' if coordinates == 'image' else 'feature map'} of size {(lim_y, lim_x)}"
         )
     out = torch.zeros(pts.shape[0], h * w, dtype=torch.float64)
     if coordinates == "feature":

@@ -1,15 +1,12 @@
 """Cross-view orientation estimation from activation maps.
 
-Source: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-D (CVUSA): the
-street-view overall map's maximum gives the angle θ_s (its panorama column); that pixel's point-specific map
-on the aerial image gives a maximum with polar angle θ_a around the aerial image centre; estimate = θ_a − θ_s,
-error = ground truth − estimate, wrapped to [−180°, 180°] (the paper adds or subtracts 360°).
-
-Conventions (degrees): a panorama column x of width W has angle 360·(x + 0.5)/W (0° at the left edge; CVUSA
-puts south there). The polar angle of aerial pixel (y, x) is atan2(x − c_x, y − c_y) mod 360: 0° points down
-(south in a north-up image) and the angle grows counter-clockwise as displayed, which is the direction of a
-positive angle in ``skimage.transform.rotate`` and ``torchvision.transforms.functional.rotate``.
-``clockwise=True`` flips it.
+Source: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-D (CVUSA): the street
+view's overall-map maximum gives θ_s (its panorama column); that pixel's point-specific map on the aerial image has
+its maximum at polar angle θ_a around the centre; estimate = θ_a − θ_s, error = ground truth − estimate, wrapped to
+[−180°, 180°). Degrees: panorama column x of width W is at 360·(x + 0.5)/W (0° at the left edge; CVUSA: south);
+aerial pixel (y, x) at atan2(x − c_x, y − c_y) mod 360: 0° points down and angles grow counter-clockwise as
+displayed, like a positive angle of ``skimage.transform.rotate`` / ``torchvision``'s ``rotate``
+(``clockwise=True`` flips it).
 """
 
 import math
@@ -24,14 +21,12 @@ GEOMETRIES = ("panorama", "polar")
 
 
 class OrientationEstimator:
-    """Rotation between a query view and an aerial view from point-specific maps (or overall maps, for
-    comparison).
+    """Rotation between a query view and an aerial view from point-specific (or, for comparison, overall) maps.
 
     Args:
-        decomposition: :class:`ActivationDecomposition` (query model = street branch, reference model = aerial
-            branch; they may differ).
-        query_geometry: ``"panorama"`` (default; the query angle is its column) or ``"polar"`` (the query is
-            itself a centred view, e.g. an unrotated aerial image; its angle is polar).
+        decomposition: :class:`ActivationDecomposition` (query model = street branch, reference model = aerial).
+        query_geometry: ``"panorama"`` (default; the query angle is its column) or ``"polar"`` (a centred query
+            view, e.g. an unrotated aerial image).
         clockwise: measure polar angles clockwise. Default ``False``.
 
     Raises:
@@ -52,10 +47,8 @@ class OrientationEstimator:
 
     @staticmethod
     def wrap_degrees(angle):
-        """Wrap degrees to [−180, 180) (a tensor, array or float); +180 and −180 both map to −180.
-
-        Floating-point ``%`` can round a value just below −180 up to +180 (``(-1e-5) % 360 == 360`` in
-        float32); such results are folded back so the range stays half-open.
+        """Wrap degrees (tensor, array or float) to [−180, 180); +180 maps to −180, also where floating-point ``%``
+        rounds a value just below −180 up to +180.
         """
         wrapped = ((angle + 180.0) % 360.0) - 180.0
         if torch.is_tensor(wrapped):
@@ -105,18 +98,17 @@ class OrientationEstimator:
     def estimate(
         self, query_images: torch.Tensor, aerial_images: torch.Tensor, *, method: str = "point_specific"
     ) -> Dict[str, torch.Tensor]:
-        """Estimate the rotation (degrees, in [0, 360)) of each aerial image relative to its query.
+        """Rotation (degrees, in [0, 360)) of each aerial image relative to its query.
 
         Args:
-            query_images: ``[N, 3, H, W]`` street panoramas (or centred views with
-                ``query_geometry="polar"``).
+            query_images: ``[N, 3, H, W]`` street panoramas (or centred views with ``query_geometry="polar"``).
             aerial_images: ``[N, 3, H', W']``.
-            method: ``"point_specific"`` (paper's proposal: the query's max pixel → its point-specific map on
-                the aerial image) or ``"overall"`` (the aerial overall map's maximum).
+            method: ``"point_specific"`` (the paper's: the query's max pixel → its point-specific map on the aerial
+                image) or ``"overall"`` (the aerial overall map's maximum).
 
         Returns:
-            dict with ``"estimate"`` ``[N]``, ``"query_angle"`` ``[N]``, ``"aerial_angle"`` ``[N]`` (degrees)
-            and ``"query_point"``/``"aerial_point"`` ``[N, 2]`` pixel (y, x) (maps upsampled to image size).
+            float64 ``"estimate"``, ``"query_angle"``, ``"aerial_angle"`` ``[N]`` (degrees) and ``"query_point"`` /
+            ``"aerial_point"`` ``[N, 2]`` pixel (y, x) (maps upsampled to image size).
 
         Raises:
             ValueError: no decomposition, unknown method.

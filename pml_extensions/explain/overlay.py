@@ -1,5 +1,6 @@
 """PNG overlays of explanation maps (matplotlib, Agg backend; files written atomically)."""
 
+import itertools
 import math
 import textwrap
 from typing import List, Optional, Sequence, Tuple
@@ -8,13 +9,13 @@ import numpy as np
 import torch
 
 from ..utils.atomic_io import atomic_savefig, atomic_torch_save
-from .map_utils import check_map_matches_image, resize_maps
+from .map_utils import maps_on_image
 
 
 def to_display_image(
     image, mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None
 ) -> np.ndarray:
-    """``[3, H, W]`` tensor (or ``[H, W, 3]`` array / PIL image) → ``[H, W, 3]`` float array in [0, 1].
+    """``[3, H, W]`` tensor → ``[H, W, 3]`` float64 array in [0, 1].
 
     With ``mean``/``std`` (one value per channel) the tensor is de-normalised; otherwise a tensor outside
     [0, 1] is min–max scaled. One-channel images (``[1, H, W]``, spectrograms, MNIST) become grey RGB.
@@ -22,37 +23,23 @@ def to_display_image(
     Raises:
         ValueError: not ``[C, H, W]`` with C in {1, 3}; ``mean``/``std`` whose length is not C.
     """
-    if torch.is_tensor(image):
-        x = image.detach().to("cpu", torch.float64)
-        if x.ndim != 3 or x.shape[0] not in (1, 3):
-            raise ValueError(f"image tensor must be [3, H, W] or [1, H, W], got {tuple(x.shape)}")
-        if mean is not None and std is not None:
-            if len(mean) != x.shape[0] or len(std) != x.shape[0]:
-                raise ValueError(
-                    f"mean and std must have one value per channel ({x.shape[0]}), got {len(mean)} and {len(std)}"
-                )
-            std_, mean_ = (torch.tensor(v, dtype=x.dtype, device=x.device).view(-1, 1, 1) for v in (std, mean))
-            x = x * std_ + mean_
-        elif x.min() < 0 or x.max() > 1:
-            x = (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
-        x = x.permute(1, 2, 0).numpy()
-        if x.shape[2] == 1:
-            x = np.repeat(x, 3, axis=2)
-        return np.clip(x, 0, 1)
-    a = np.asarray(image)
-    if a.ndim == 2:
-        a = np.stack([a] * 3, axis=-1)
-    a = a[..., :3].astype(np.float64)
-    return np.clip(a / 255.0 if a.max() > 1 else a, 0, 1)
-
-
-def _map_on_image(heatmap: torch.Tensor, size) -> np.ndarray:
-    """Signed map ``[h, w]`` resized (per axis) to the image ``size``; values unchanged in scale."""
-    m = torch.as_tensor(heatmap).detach().to("cpu", torch.float64)
-    check_map_matches_image(m.shape, size, "map")
-    if tuple(m.shape) != tuple(size):
-        m = resize_maps(m, size)
-    return m.numpy()
+    if not torch.is_tensor(image) or image.ndim != 3 or image.shape[0] not in (1, 3):
+        got = tuple(image.shape) if torch.is_tensor(image) else type(image).__name__
+        raise ValueError(f"image tensor must be [3, H, W] or [1, H, W], got {got}")
+    x = image.detach().to("cpu", torch.float64)
+    if mean is not None and std is not None:
+        if len(mean) != x.shape[0] or len(std) != x.shape[0]:
+            raise ValueError(
+                f"mean and std must have one value per channel ({x.shape[0]}), got {len(mean)} and {len(std)}"
+            )
+        std_, mean_ = (torch.tensor(v, dtype=x.dtype, device=x.device).view(-1, 1, 1) for v in (std, mean))
+        x = x * std_ + mean_
+    elif x.min() < 0 or x.max() > 1:
+        x = (x - x.min()) / (x.max() - x.min()).clamp_min(1e-12)
+    x = x.permute(1, 2, 0).numpy()
+    if x.shape[2] == 1:
+        x = np.repeat(x, 3, axis=2)
+    return np.clip(x, 0, 1)
 
 
 #: what every overall and point-specific map measures with ``scale="cosine"`` (the colour bars' label)
@@ -81,9 +68,8 @@ def _panel(panel):
 
 
 def format_cosines(values: Sequence[float], decimals: int = 4, max_decimals: int = 6) -> List[str]:
-    """Cosines as text with ``decimals`` decimals, more (up to ``max_decimals``) while two different values would
-    print the same or a value below 1 would print as 1 (near-duplicates at 0.99996 and 0.99993 are not both
-    "1.0000").
+    """Cosines as text with ``decimals`` decimals, more (up to ``max_decimals``) while two different values would print
+    the same or a value below 1 would print as 1.
 
     Example::
 
@@ -96,7 +82,7 @@ def format_cosines(values: Sequence[float], decimals: int = 4, max_decimals: int
     for d in range(decimals, max_decimals + 1):
         text = [f"{v:.{d}f}" for v in values]
         one = f"{1:.{d}f}"
-        distinct = all(a != b or x == y for (a, x), (b, y) in _pairs(list(zip(text, values))))
+        distinct = all(a != b or x == y for (a, x), (b, y) in itertools.combinations(zip(text, values), 2))
         if distinct and not any(t == one and v < 1 for t, v in zip(text, values)):
             return text
     # still "1.000000" below 1: cut instead of rounding
@@ -104,10 +90,6 @@ def format_cosines(values: Sequence[float], decimals: int = 4, max_decimals: int
         f"{math.floor(v * 10**max_decimals) / 10**max_decimals:.{max_decimals}f}" if v < 1 else t
         for t, v in zip(text, values)
     ]
-
-
-def _pairs(items):
-    return [(items[i], items[j]) for i in range(len(items)) for j in range(i + 1, len(items))]
 
 
 def explanation_panels(
@@ -122,16 +104,10 @@ def explanation_panels(
     rtol: float = BIAS_RTOL,
     show_bias: Optional[bool] = None,
 ) -> Tuple[List[tuple], Optional[str]]:
-    """The panels of one (query, reference) row: Decomposition maps on both images (the query point marked ×), the
-    Decomposition+Bias maps only where they add something, and the point-specific map of the × (Zhu et al., TIP
-    2021, Sec. III).
-
-    Decomposition+Bias adds each cell's match with the other image's head bias B (``(W_ij A_ij)·B``) to the
-    Decomposition map. With a head without bias (GAP + Identity, e.g. the default ImageNet trunk) the two maps are
-    equal, and a second copy would only ask the reader to find a difference that is not there: the +Bias panels
-    are shown only when they differ from the Decomposition maps by more than ``rtol`` of the largest |value| of
-    those maps (:func:`bias_difference`), with titles that say what they add; otherwise a note says why they are
-    left out. ``show_bias`` forces the choice (e.g. one choice for all rows of a figure).
+    """The panels of one (query, reference) row (Zhu et al., TIP 2021, Sec. III): Decomposition maps on both images (the
+    query point marked ×), the Decomposition+Bias maps (+ each cell's match ``(W_ij A_ij)·B`` with the other image's
+    head bias) only when they differ by more than ``rtol`` of the largest |value| (:func:`bias_difference`; else a
+    note says why; ``show_bias`` forces the choice), and the point-specific map of the ×.
 
     Args:
         query_map, reference_map: Decomposition maps ``[h, w]`` / ``[h', w']``; ``*_bias_map``: the +Bias maps.
@@ -139,8 +115,7 @@ def explanation_panels(
         reference_name: how the titles call the reference (e.g. ``"retrieved"``).
 
     Returns:
-        ``(panels, note)``: panels for :func:`save_pair_overlay`, and the note (``None`` when the +Bias panels are
-        shown).
+        ``(panels, note)``: panels for :func:`save_pair_overlay`, and the note (``None`` when +Bias is shown).
 
     Example::
 
@@ -194,11 +169,8 @@ def bias_note(difference: float) -> str:
 
 
 def max_point(m: np.ndarray) -> Tuple[float, float]:
-    """``(row, column)`` of the centre of the region where the map ``m`` ``[H, W]`` reaches its maximum.
-
-    An upsampled map is flat over each of its cells; ``argmax`` would mark a cell's first pixel (its top-left corner,
-    on the image's edge for a border cell), so the star marks the centre of the connected region of maximal pixels
-    that holds the first one.
+    """``(row, column)`` of the centre of the connected region of maximal pixels of ``m`` ``[H, W]`` that holds the
+    first one (an upsampled map is flat over each cell: ``argmax`` alone would mark a cell's top-left corner).
 
     Example:
         >>> m = np.kron(np.array([[0.0, 0.1, 0.0], [0.9, 0.2, 0.0], [0.0, 0.0, 0.3]]), np.ones((2, 2)))
@@ -231,8 +203,7 @@ def pair_figure(
     note: Optional[str] = None,
     panel_width: float = 3.0,
 ):
-    """The figure of :func:`save_pair_overlay` (a matplotlib ``Figure``, for tests and notebooks; close it with
-    ``matplotlib.pyplot.close``). Arguments as there."""
+    """The matplotlib ``Figure`` of :func:`save_pair_overlay` (arguments as there; ``plt.close`` it when done)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -265,7 +236,10 @@ def pair_figure(
         for _, side, heatmap, *_ in (_panel(p) for p in panels[r]):
             if side not in ("query", "reference"):
                 raise ValueError(f"panel side must be 'query' or 'reference', got {side!r}")
-            maps.append(_map_on_image(heatmap, (query_image if side == "query" else reference_images[r]).shape[:2]))
+            image = query_image if side == "query" else reference_images[r]
+            maps.append(
+                maps_on_image(torch.as_tensor(heatmap).detach().to("cpu", torch.float64), image.shape[:2]).numpy()
+            )
         row_maps.append(maps)
     largest = max([float(np.abs(m).max()) for maps in row_maps for m in maps] + [0.0]) or 1.0
     exp10 = int(np.floor(np.log10(largest)))
@@ -332,76 +306,34 @@ def pair_figure(
     return fig
 
 
-def save_pair_overlay(
-    path: str,
-    query_image: np.ndarray,
-    reference_images: Sequence[np.ndarray],
-    panels: Sequence[Sequence[tuple]],
-    title: Optional[str] = None,
-    alpha: float = 0.8,
-    *,
-    similarities: Optional[Sequence[float]] = None,
-    ranks: Optional[Sequence[int]] = None,
-    reference_labels: Optional[Sequence[Optional[str]]] = None,
-    same_class: Optional[Sequence[Optional[bool]]] = None,
-    query_label: Optional[str] = None,
-    colorbar_label: str = COSINE_QUANTITY,
-    note: Optional[str] = None,
-    panel_width: float = 3.0,
-    dpi: int = 100,
-) -> str:
-    """Save a grid: one row per reference (rank order), columns = the query, the reference, each map panel.
+def save_pair_overlay(path: str, *args, dpi: int = 100, **kwargs) -> str:
+    """Save :func:`pair_figure` ``(*args, **kwargs)`` as ``path`` at ``dpi``: one row per reference (rank order),
+    columns = the query, the reference, each map panel.
 
-    Every image keeps its aspect ratio (non-square images and spectrograms are not squashed). Each map is drawn
-    over a lightened grey copy of its image as a semi-transparent layer: diverging colours (red > 0, blue < 0)
-    whose opacity grows with |value|, so the drawing stays readable where the map is near 0 and colours read true
-    on dark drawings too. Scales are symmetric (±L, never min–max stretched) and shared within a row by the maps
-    of one group: by default the overall maps drawn on the same image (Decomposition and Decomposition+Bias
-    compare on one scale), and the point-specific map on its own (panels may name their group; a map spread over
-    more cells has smaller values per cell, so a scale shared across images would leave one of them blank). Each
-    colour bar, as tall as its image, names its quantity and unit (``colorbar_label``, default "contribution to
-    cosine similarity", times the power of ten shown), and a legend under the figure says how to read the colours.
+    Each map is a layer over a lightened grey copy of its image: red > 0, blue < 0, opacity growing with |value|.
+    Scales are symmetric (±L) and shared within a row by a group (default: the overall maps of one image; the
+    point-specific map alone); colour bars name ``colorbar_label`` times the power of ten shown; a legend follows.
 
     Args:
-        path: output ``.png`` (written to a temporary file, then ``os.replace``).
+        path: output ``.png`` (written atomically).
         query_image / reference_images: ``[H, W, 3]`` float arrays in [0, 1] (:func:`to_display_image`).
-        panels: per reference, a list of ``(label, side, map [h, w], point or None[, mark_max[, scale_group]])``
-            tuples (:func:`explanation_panels` builds the standard row), ``side`` in ``{"query", "reference"}``;
-            ``point`` (y, x) pixels is marked with a yellow cross; ``mark_max=True`` marks the map's maximum
-            (e.g. the strongest match of a point-specific map) with a yellow star.
-        title: figure title.
-        alpha: opacity of the strongest values of a map (default 0.8; 0 at value 0).
-        similarities: per reference, its cosine, shown as "rank r · cos s" above the reference (with as many
-            decimals as tell the row's values apart, :func:`format_cosines`).
-        ranks: per reference, its true rank (default 1, 2, ... in row order: pass it when a figure shows one
-            reference that is not the top match).
-        reference_labels, query_label: class names shown above the images (``None`` entries: unknown).
-        same_class: per reference, ``True`` / ``False`` marks "same class" (green frame) / "other class" (red
-            frame); ``None`` entries are not marked.
+        panels: per reference, ``(label, side, map [h, w], point or None[, mark_max[, scale_group]])`` tuples
+            (:func:`explanation_panels`), ``side`` in ``{"query", "reference"}``; ``point`` (y, x) pixels gets a yellow
+            cross, ``mark_max=True`` a star at the map's maximum.
+        title: figure title. alpha: opacity of the strongest values (default 0.8).
+        similarities: per reference, its cosine, shown as "rank r · cos s" (:func:`format_cosines`).
+        ranks: per reference, its true rank (default 1, 2, ...).
+        reference_labels, query_label: class names above the images (``None``: unknown).
+        same_class: per reference, ``True`` / ``False``: green "same class" / red "other class" frame.
         colorbar_label: the maps' quantity (e.g. "contribution to dot product" for ``scale="dot"``).
-        note: one line under the figure (e.g. which references were left out and why).
-        panel_width: inches per panel (default 3.0); dpi: default 100 (a 7-panel row is 2100 px wide).
+        note: one line under the figure. panel_width: inches per panel (default 3.0); dpi: default 100.
 
     Raises:
         ValueError: a map larger than its image, a bad side or panel, per-reference lists of the wrong length.
     """
     import matplotlib.pyplot as plt
 
-    fig = pair_figure(
-        query_image,
-        reference_images,
-        panels,
-        title,
-        alpha,
-        similarities=similarities,
-        ranks=ranks,
-        reference_labels=reference_labels,
-        same_class=same_class,
-        query_label=query_label,
-        colorbar_label=colorbar_label,
-        note=note,
-        panel_width=panel_width,
-    )
+    fig = pair_figure(*args, **kwargs)
     try:
         atomic_savefig(fig, path, dpi=dpi)
     finally:

@@ -1,10 +1,9 @@
 """Partial-similarity (region-of-interest) retrieval with stored database embeddings.
 
-Source: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-E (interactive
-retrieval): the per-position feature F_ij = W_ij A_ij of the query, normalised by the ORIGINAL query
-embedding's norm, is matched against the database embeddings E^r, so the database is not re-extracted; the
-point similarity F_ij · E^r / (‖E^q‖ ‖E^r‖) equals the point-specific map summed over the reference plus its
-bias term, over Z. Nearest neighbours come from faiss (inner product on the normalised database).
+Source: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-E: the query's per-position
+feature F_ij = W_ij A_ij, over the ORIGINAL query embedding's norm, is matched against the stored database embeddings
+E^r (no re-extraction); F_ij · E^r / (‖E^q‖ ‖E^r‖) is the point-specific map summed over the reference plus its bias
+term, over Z. Nearest neighbours: faiss inner product on the normalised database.
 """
 
 from typing import Tuple, Union
@@ -17,22 +16,19 @@ from ..utils.checks import is_int
 from .activation_decomposition import ActivationDecomposition
 from .folded_embedding import FoldedEmbedding
 from .map_utils import point_weights
+from .topk_maps import inner_product_search
 
 
 class PartialSimilarityRetrieval:
     """Rank stored reference embeddings by their similarity to a region of one query image.
 
-    Args:
-        decomposition: an :class:`ActivationDecomposition` (its query model embeds the query image).
-
-    ROI forms (image pixels of the query): a point ``(y, x)`` (F bilinearly interpolated from the feature
-    grid, as the paper's upsampled F), a box ``(x0, y0, x1, y1)`` (half-open) or a boolean mask ``[H, W]``. A
-    region merges the F_ij of the cells it covers, weighted by the covered fraction of each cell and divided
-    by the total weight (a weighted mean, so a region's scores are on the same scale as a point's; the ranking
-    does not depend on this choice). The paper uses the ROI's centre pixel: pass ``(y, x)`` for that.
+    ROI forms (query-image pixels): a point ``(y, x)`` (F bilinear on the feature grid), a half-open box ``(x0, y0,
+    x1, y1)`` or a boolean mask ``[H, W]``. A region takes the mean of the F_ij of the cells it covers, weighted by
+    the covered fraction of each cell (a point's scale; the ranking does not depend on it). The paper uses the ROI's
+    centre pixel: pass ``(y, x)``.
 
     Raises:
-        TypeError: a decomposition of the wrong type.
+        TypeError: ``decomposition`` is not an :class:`ActivationDecomposition`.
     """
 
     def __init__(self, decomposition: ActivationDecomposition):
@@ -48,30 +44,21 @@ class PartialSimilarityRetrieval:
         """
         H, W = image_size
         h, w = feature_size
-        if torch.is_tensor(roi) or isinstance(roi, np.ndarray):
-            arr = torch.as_tensor(np.asarray(roi.cpu() if torch.is_tensor(roi) else roi))
-            if arr.ndim == 2 and arr.dtype == torch.bool:
-                mask = arr
-            elif arr.ndim == 1 and arr.numel() in (2, 4):
-                roi = tuple(arr.tolist())
-                mask = None
-            else:
-                raise ValueError(
-                    f"roi must be (y, x), (x0, y0, x1, y1) or a bool mask [H, W], got shape {tuple(arr.shape)}"
-                )
-        else:
-            mask = None
-        if mask is None:
-            roi = tuple(roi)
-            if len(roi) == 2:
-                return point_weights([roi], (H, W), (h, w), "image", dtype=dtype, device=device)[0]
-            if len(roi) != 4:
-                raise ValueError(f"roi must be (y, x), (x0, y0, x1, y1) or a bool mask [H, W], got {roi!r}")
-            x0, y0, x1, y1 = (int(v) for v in roi)
+        arr = np.asarray(roi.cpu() if torch.is_tensor(roi) else roi)
+        if arr.ndim == 2 and arr.dtype == bool:
+            mask = torch.as_tensor(arr)
+        elif arr.shape == (2,):
+            return point_weights([arr.tolist()], (H, W), (h, w), "image", dtype=dtype, device=device)[0]
+        elif arr.shape == (4,):
+            x0, y0, x1, y1 = (int(v) for v in arr)
             if not (0 <= x0 < x1 <= W and 0 <= y0 < y1 <= H):
-                raise ValueError(f"roi box {roi} must satisfy 0 <= x0 < x1 <= {W} and 0 <= y0 < y1 <= {H}")
+                raise ValueError(
+                    f"roi box {tuple(arr.tolist())} must satisfy 0 <= x0 < x1 <= {W} and 0 <= y0 < y1 <= {H}"
+                )
             mask = torch.zeros(H, W, dtype=torch.bool)
             mask[y0:y1, x0:x1] = True
+        else:
+            raise ValueError(f"roi must be (y, x), (x0, y0, x1, y1) or a bool mask [H, W], got shape {arr.shape}")
         if tuple(mask.shape) != (H, W):
             raise ValueError(f"roi mask has shape {tuple(mask.shape)}, the query image is {(H, W)}")
         if not bool(mask.any()):
@@ -95,9 +82,8 @@ class PartialSimilarityRetrieval:
         return wts @ fq.features[0].reshape(h * w, L), fq.embedding[0].norm()
 
     def scores(self, query_image, roi, ref_emb: torch.Tensor) -> torch.Tensor:
-        """``[M]`` partial similarities F_roi · E^r / (‖E^q‖ ‖E^r‖) against stored ``ref_emb [M, L]``.
-
-        ``ref_emb`` may be the stored, already normalised database embeddings (only their direction matters).
+        """``[M]`` partial similarities F_roi · E^r / (‖E^q‖ ‖E^r‖) against stored ``ref_emb [M, L]`` (normalised or
+        not).
 
         Raises:
             ValueError: ``ref_emb`` not ``[M, L]`` with the query's L.
@@ -112,17 +98,11 @@ class PartialSimilarityRetrieval:
         Raises:
             ValueError: ``k`` not in 1..M, bad ``ref_emb``.
         """
-        import faiss
-
         f, norm = self.roi_embedding(query_image, roi)
         ref = self._check_ref(ref_emb, f)
         if not is_int(k) or not 1 <= k <= ref.shape[0]:
             raise ValueError(f"k must be an int in [1, {ref.shape[0]}] (the reference set size), got {k!r}")
-        db = nnf.normalize(ref.detach().to("cpu", torch.float32), dim=1).numpy()
-        index = faiss.IndexFlatIP(db.shape[1])
-        index.add(np.ascontiguousarray(db))
-        q = (f.detach() / norm).to("cpu", torch.float32).numpy()[None]
-        dist, idx = index.search(np.ascontiguousarray(q), k)
+        dist, idx = inner_product_search((f.detach() / norm)[None], ref, k)
         return torch.from_numpy(dist[0]).to(f.device), torch.from_numpy(idx[0]).long().to(f.device)
 
     @staticmethod

@@ -1,6 +1,7 @@
-"""Reference images for an explanation: a folder read recursively with class labels from folder names (the layout
-of torchvision's ``ImageFolder``) or a CSV table of files (:class:`pml_extensions.datasets.ImageCSVSplit`: the label
-column as written), the query's own file left out, transparent drawings shown on white."""
+"""Reference images for an explanation: a folder read recursively with class labels from folder names (torchvision's
+``ImageFolder`` layout) or a CSV table of files (:class:`pml_extensions.datasets.ImageCSVSplit`), the query's own
+file left out, transparent drawings shown on white.
+"""
 
 import hashlib
 import os
@@ -14,16 +15,17 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 
 class ReferenceImage(NamedTuple):
-    """One reference file: its ``path`` and ``label``, the class name: the first folder under the root (``None`` for a
-    file directly in the root), as ``torchvision.datasets.ImageFolder`` assigns classes, or a table's label."""
+    """One reference file: its ``path`` and ``label``: the first folder under the root (``None`` for a file in the root,
+    as ``ImageFolder`` assigns classes) or a table's label.
+    """
 
     path: str
     label: Optional[str]
 
 
 def read_image(path: str, mode: str = "RGB") -> Image.Image:
-    """Open ``path`` as a PIL image in ``mode`` (``"RGB"`` or ``"L"``); transparent pixels are composited on white,
-    as the package's datasets do (a black drawing on a transparent background would otherwise become all black).
+    """Open ``path`` as a PIL image in ``mode`` (``"RGB"`` or ``"L"``), transparent pixels composited on white as the
+    package's datasets do.
 
     Raises:
         ValueError: the file cannot be read or decoded (one line naming the file).
@@ -50,11 +52,11 @@ def read_image(path: str, mode: str = "RGB") -> Image.Image:
 
 
 def list_reference_images(folder: str) -> List[ReferenceImage]:
-    """Every image file under ``folder``, recursively (hidden files and folders skipped, symbolic links to folders
-    not followed), sorted by path, with the class label of :class:`ReferenceImage`.
+    """Every image file under ``folder``, recursively (hidden entries skipped, links to folders not followed), sorted by
+    path, labelled as :class:`ReferenceImage`.
 
     Raises:
-        ValueError: ``folder`` is not a folder, or it holds no image file (the message names the extensions).
+        ValueError: ``folder`` is not a folder, or holds no image file (the message names the extensions).
 
     Example::
 
@@ -82,13 +84,11 @@ def list_reference_images(folder: str) -> List[ReferenceImage]:
 
 
 def list_table_images(csv_file: str, columns=None, split: str = "all") -> List[ReferenceImage]:
-    """Every row of a CSV table of images (:class:`pml_extensions.datasets.ImageCSVSplit`, its ``split`` rows;
-    ``columns`` maps other column names: ``"label=category,path=image"``) as :class:`ReferenceImage` with the label
-    as written, in the table's order.
+    """The ``split`` rows of a CSV table of images (:class:`pml_extensions.datasets.ImageCSVSplit`; ``columns`` maps
+    other column names: ``"label=category,path=image"``) as :class:`ReferenceImage`, label as written, in order.
 
     Raises:
-        FileNotFoundError, ValueError: as :class:`pml_extensions.datasets.ImageCSVSplit` (one line: a missing label or
-        path column lists the header and suggests the mapping).
+        FileNotFoundError, ValueError: as :class:`pml_extensions.datasets.ImageCSVSplit`.
 
     Example::
 
@@ -107,22 +107,18 @@ def list_table_images(csv_file: str, columns=None, split: str = "all") -> List[R
 
 
 def _digest(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def exclude_query(
     query: str, references: Sequence[ReferenceImage]
 ) -> Tuple[List[ReferenceImage], List[Tuple[ReferenceImage, str]]]:
-    """Leave the query's own file out of its references: the same file (same path, or a link to it) or a file with
-    the same bytes (a copy). A query compared with itself is its own top match at cosine 1 and explains nothing.
+    """Leave the query's own file out of its references: the same file (path or link) or the same bytes (a copy).
 
     Returns:
-        ``(kept, excluded)``: the other references in their order, and ``(reference, reason)`` pairs with
-        ``reason`` ``"same file as the query"`` or ``"same bytes as the query"``.
+        ``(kept, excluded)``: the other references in order, and ``(reference, reason)`` pairs, ``reason`` ``"same file
+        as the query"`` or ``"same bytes as the query"``.
 
     Example::
 

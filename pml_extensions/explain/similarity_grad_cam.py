@@ -1,15 +1,11 @@
 """Grad-CAM baselines for a pair of images under a metric-learning model.
 
-Sources: Selvaraju et al., "Grad-CAM", ICCV 2017 (α_k = mean_ij ∂y/∂A_ijk, map = ReLU(Σ_k α_k A_k)); its use
-for metric learning and the "no norm" and rectified variants: Zhu et al., "Visual Explanation for Deep Metric
-Learning", IEEE TIP 2021, Sec. V and Sec. VI-A, and the authors' demo code
-(Jeff-Zilence/Explain_Metric_Learning, ``Image_Retrieval/demo.py``: ``GradCAM`` and ``RGradCAM``). Target for
-similarity: pytorch-grad-cam's embedding-similarity target (jacobgil/pytorch-grad-cam,
-``utils/model_targets.py``), batched here.
-
-Deviation from the demo code: gradients come from ``torch.autograd.grad`` with respect to a detached copy of
-the feature map, so nothing accumulates in ``.grad`` between calls (the demo calls ``backward()`` repeatedly
-without zeroing, so its "no norm" and rectified maps mix gradients of earlier calls).
+Sources: Selvaraju et al., "Grad-CAM", ICCV 2017 (α_k = mean_ij ∂y/∂A_ijk, map = ReLU(Σ_k α_k A_k)); its
+metric-learning, "no norm" and rectified variants: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE
+TIP 2021, Sec. V and VI-A, and the authors' demo (Jeff-Zilence/Explain_Metric_Learning, ``Image_Retrieval/demo.py``:
+``GradCAM``, ``RGradCAM``); similarity target: pytorch-grad-cam's ``utils/model_targets.py``, batched here.
+Deviation from the demo: gradients come from ``torch.autograd.grad`` w.r.t. a detached copy of the feature map,
+so nothing accumulates in ``.grad`` between calls (the demo's repeated ``backward()`` mixes earlier gradients).
 """
 
 from typing import Dict, Optional
@@ -17,9 +13,9 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from ._model_runner import ModelRunner, require_autograd, split_normaliser
-from .base import SimilarityExplainer
-from .map_utils import normalize_maps, resize_maps
+from ._model_runner import ModelRunner, refuse_normalised_output, require_autograd, split_normaliser
+from .base import SimilarityExplainer, query_and_reference
+from .map_utils import normalize_maps, output_maps
 
 VARIANTS = ("cosine", "dot", "rectified")
 
@@ -27,39 +23,25 @@ VARIANTS = ("cosine", "dot", "rectified")
 class SimilarityGradCAM(SimilarityExplainer):
     """Grad-CAM maps of the similarity of query/reference pairs, on both images.
 
-    Variants:
-        ``"cosine"``: Grad-CAM of S = cos(E^q, E^r) (the paper's "Grad-CAM"); ``"dot"``: Grad-CAM of E^q · E^r
-        with the pre-normalisation embeddings ("Grad-CAM (no norm)"); for a GAP + linear head it equals
-        "Decomposition+Bias" with ``scale="dot"`` (paper Sec. V), with GMP it differs; ``"rectified"``: Σ_k
-        ∂(E^q·E^r)/∂A_ijk · A_ijk without averaging the gradient (the demo's RGrad-CAM), equal to
-        "Decomposition+Bias" for linear heads, GMP included.
+    Variants: ``"cosine"``: Grad-CAM of S = cos(E^q, E^r) (the paper's "Grad-CAM"); ``"dot"``: of E^q · E^r, the
+    pre-normalisation embeddings ("Grad-CAM (no norm)"; = "Decomposition+Bias" with ``scale="dot"`` for GAP + linear
+    heads, Sec. V); ``"rectified"``: Σ_k ∂(E^q·E^r)/∂A_ijk · A_ijk (the demo's RGrad-CAM; = "Decomposition+Bias" for
+    linear heads, GMP included).
 
     Args:
         trunk, embedder, layer: query model (``layer=None``: the last 4-D, non-pooling module call).
         reference_trunk, reference_embedder, reference_layer: optional second model for the references.
 
-    ``maps(query_images [N or 1, 3, H, W], reference_images [N, 3, H', W'], variant=..., relu=True)`` returns
-    a dict with ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']``, ``"similarity"`` ``[N]`` (the
-    differentiated score) — detached tensors on the input's device. ``relu=True`` (default, Grad-CAM's
-    definition) clamps at 0; ``relu=False`` keeps the sign. Models run in eval mode inside the call, flags and
-    hooks are restored afterwards.
-
-    Transformers: a layer with ``[N, T, C]`` token output is reshaped to its square ``g × g`` grid (a leading
-    class token is dropped; a non-square grid is an error naming the layer); channels-last ``[N, H, W, C]``
-    maps (torchvision Swin) are permuted. With ``layer=None`` on a token model, the last token layer whose
-    grid tokens reach the embedding is chosen (for a class-token ViT: the last block's ``ln_1``) and a
-    warning names it.
-
-    ``attribute(q, r, **options)`` (the shared verb of :class:`SimilarityExplainer`) is :meth:`maps`.
-
-    Autograd: the maps are gradients, so the call switches gradients on (also inside ``torch.no_grad()``); under
-    ``torch.inference_mode()``, which cannot be undone inside, it raises. Images made under inference mode are
-    cloned into ordinary tensors first.
+    ``maps(query_images [N or 1, 3, H, W], reference_images [N, 3, H', W'], variant=..., relu=True)`` (also
+    ``attribute``) returns detached tensors on the input's device: ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N,
+    h', w']``, ``"similarity"`` ``[N]`` (the differentiated score); ``relu=False`` keeps the sign. Models run in eval
+    mode, flags and hooks restored. Token layers and channels-last maps as in :class:`HeadFolder` (``layer=None`` on
+    a class-token ViT: the last block's ``ln_1``, named in a warning). Gradients are on also inside
+    ``torch.no_grad()``; inference-mode images are cloned.
 
     Raises:
         ValueError: unknown variant; batch sizes that do not pair; ``"dot"``/``"rectified"`` on a model that
-            normalises inside ``forward`` (the pre-normalisation embedding is not reachable: wrap the
-            normalisation in its own module).
+            normalises inside ``forward``.
         RuntimeError: called under ``torch.inference_mode()``.
 
     Example::
@@ -82,29 +64,20 @@ class SimilarityGradCAM(SimilarityExplainer):
         reference_embedder: Optional[nn.Module] = None,
         reference_layer=None,
     ):
-        self.query_runner = ModelRunner(trunk, embedder, layer)
-        if reference_trunk is None:
-            if reference_embedder is not None or reference_layer is not None:
-                raise ValueError("reference_embedder / reference_layer need reference_trunk")
-            self.reference_runner = self.query_runner
-        else:
-            self.reference_runner = ModelRunner(reference_trunk, reference_embedder, reference_layer)
+        self.query_runner, self.reference_runner = query_and_reference(
+            ModelRunner, (trunk, embedder, layer), (reference_trunk, reference_embedder, reference_layer)
+        )
 
     @staticmethod
     def _pre_norm(res, variant: str, side: str) -> torch.Tensor:
-        head, normaliser = split_normaliser(res.head)
+        normaliser = split_normaliser(res.head)[1]
         if normaliser is not None:
             return normaliser.input
-        out = res.output
         if variant != "cosine":
-            norms = out.detach().norm(dim=1)
-            if torch.allclose(norms, torch.ones_like(norms), rtol=1e-4, atol=1e-4):
-                raise ValueError(
-                    f"the {side} model's output is L2-normalised inside forward(); variant "
-                    f"{variant!r} needs the "
-                    "pre-normalisation embedding: put the normalisation in its own module"
-                )
-        return out
+            refuse_normalised_output(
+                res.output, f"the {side} model's output is L2-normalised inside forward(); variant {variant!r} needs"
+            )
+        return res.output
 
     def maps(
         self,
@@ -156,11 +129,7 @@ class SimilarityGradCAM(SimilarityExplainer):
                 cam = (g.mean(dim=(2, 3), keepdim=True) * A).sum(dim=1)
             if relu:
                 cam = torch.relu(cam)
-            cam = normalize_maps(cam, normalize)
-            if output_size is not None:
-                size = res.image_size if (isinstance(output_size, str) and output_size == "image") else output_size
-                cam = resize_maps(cam, size)
-            out[key] = cam
+            out[key] = output_maps(normalize_maps(cam, normalize), output_size, res.image_size)
         out["similarity"] = score.detach()
         return out
 

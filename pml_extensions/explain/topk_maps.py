@@ -1,20 +1,24 @@
 """Overall maps for every query's top-k of a test set, in batches (maps at evaluation scale).
 
 Maps: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. III ("Decomposition" and
-"Decomposition+Bias" overall maps). Each image is folded once per batch on the models' device, so the cost is
-one forward pass of the images plus the folding (small for GAP/GMP/GeM heads); only one batch of folds is
-alive at a time and the maps go to the CPU, so the working memory does not grow with the number of queries.
+"Decomposition+Bias"). Each image is folded once per batch on the models' device and the maps go to the CPU, so
+the working memory does not grow with the number of queries.
 """
 
+import itertools
 from typing import Dict, Optional, Sequence
 
+import numpy as np
 import torch
+import torch.nn.functional as nnf
 
 from ..utils.checks import is_int
 from .activation_decomposition import ActivationDecomposition
 
 
-def _image(source, index: int, arg: str) -> torch.Tensor:
+def dataset_image(source, index: int, arg: str) -> torch.Tensor:
+    """Image ``[C, H, W]`` of item ``index`` of ``source`` (an image or ``(image, label, ...)``); ``arg`` names the
+    source in the ``ValueError`` for anything else."""
     item = source[int(index)]
     image = item[0] if isinstance(item, (tuple, list)) else item
     if not torch.is_tensor(image) or image.ndim != 3:
@@ -28,15 +32,25 @@ def _image(source, index: int, arg: str) -> torch.Tensor:
 def _stack(source, indices, arg: str) -> torch.Tensor:
     if torch.is_tensor(source):
         return source[torch.as_tensor(indices, dtype=torch.long, device=source.device)]
-    return torch.stack([_image(source, i, arg) for i in indices])
+    return torch.stack([dataset_image(source, i, arg) for i in indices])
 
 
 def model_device(decomposition: ActivationDecomposition) -> torch.device:
     """The device of the query trunk's first parameter or buffer (CPU for a parameter-free trunk)."""
     trunk = decomposition.query_folder.runner.trunk
-    for t in list(trunk.parameters()) + list(trunk.buffers()):
-        return t.device
-    return torch.device("cpu")
+    first = next(itertools.chain(trunk.parameters(), trunk.buffers()), None)
+    return torch.device("cpu") if first is None else first.device
+
+
+def inner_product_search(queries: torch.Tensor, references: torch.Tensor, k: int):
+    """faiss exact inner-product search of ``queries`` ``[Q, L]`` against the L2-normalised ``references`` ``[M, L]``
+    (float32, CPU): numpy ``(scores [Q, k], indices [Q, k])``, best first."""
+    import faiss
+
+    db = nnf.normalize(references.detach().to("cpu", torch.float32), dim=1).numpy()
+    index = faiss.IndexFlatIP(db.shape[1])
+    index.add(np.ascontiguousarray(db))
+    return index.search(np.ascontiguousarray(queries.detach().to("cpu", torch.float32).numpy()), k)
 
 
 def topk_overall_maps(
@@ -48,26 +62,19 @@ def topk_overall_maps(
     query_indices: Optional[Sequence[int]] = None,
     batch_size: int = 16,
     device=None,
-    with_bias: bool = True,
-    scale: str = "cosine",
 ) -> Dict[str, torch.Tensor]:
     """Overall maps of every query and each of its ``k`` neighbours, ``batch_size`` queries at a time.
 
     Args:
         decomposition: the :class:`ActivationDecomposition` to use.
-        queries, references: image tensors ``[N, C, H, W]`` or datasets whose items are ``image [C, H, W]`` or
-            ``(image, label, ...)``.
-        neighbours: ``[Q, k]`` indices into ``references`` (e.g. a faiss top-k).
-        query_indices: ``Q`` indices into ``queries``. Default ``range(Q)``.
-        batch_size: queries per batch (each batch folds ``batch_size · (1 + k)`` images). Default 16.
-        device: where the models run. Default: the query trunk's device; images are moved there.
-        with_bias: also return the "Decomposition+Bias" maps. Default ``True``.
-        scale: ``"cosine"`` (default) or ``"dot"``.
+        queries, references: image tensors ``[N, C, H, W]`` or datasets of ``image`` or ``(image, label, ...)``.
+        neighbours: ``[Q, k]`` indices into ``references``; query_indices: ``Q`` into ``queries`` (default all).
+        batch_size: queries per batch (default 16); device: where the models run (default: the query trunk's).
 
     Returns:
-        CPU tensors ``"query"`` ``[Q, k, h, w]``, ``"reference"`` ``[Q, k, h', w']``, ``"similarity"``
-        ``[Q, k]`` and, with ``with_bias``, ``"query_bias"``/``"reference_bias"``; identical (up to float
-        summation order) to calling :meth:`ActivationDecomposition.overall_maps` for one query at a time.
+        CPU tensors ``"query"`` ``[Q, k, h, w]``, ``"reference"`` ``[Q, k, h', w']``, ``"similarity"`` ``[Q, k]``
+        and the +Bias maps ``"query_bias"``/``"reference_bias"`` (``scale="cosine"``); equal up to summation order
+        to :meth:`ActivationDecomposition.overall_maps` one query at a time.
 
     Raises:
         ValueError: ``neighbours`` not ``[Q, k]``, a ``query_indices`` of another length, ``batch_size`` < 1.
@@ -93,22 +100,20 @@ def topk_overall_maps(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     device = torch.device(device) if device is not None else model_device(decomposition)
     out: Dict[str, torch.Tensor] = {}
-    keys = ("query", "reference", "similarity") + (("query_bias", "reference_bias") if with_bias else ())
     for start in range(0, Q, batch_size):
         q_idx, n_idx = qi[start : start + batch_size], nb[start : start + batch_size]
         b = len(q_idx)
         fq = decomposition.fold_query(_stack(queries, q_idx.tolist(), "queries").to(device))
         fr = decomposition.fold_reference(_stack(references, n_idx.flatten().tolist(), "references").to(device))
         fq = fq[torch.arange(b, device=fq.features.device).repeat_interleave(k)]
-        maps = decomposition.overall_maps(fq, fr, scale=scale)
-        got = {"query": maps["query"], "reference": maps["reference"], "similarity": maps["similarity"]}
-        if with_bias:
-            mb = decomposition.overall_maps(fq, fr, bias=True, scale=scale)
-            got["query_bias"], got["reference_bias"] = mb["query"], mb["reference"]
-        for key in keys:
+        maps = decomposition.overall_maps(fq, fr)
+        mb = decomposition.overall_maps(fq, fr, bias=True)
+        got = {name: maps[name] for name in ("query", "reference", "similarity")}
+        got["query_bias"], got["reference_bias"] = mb["query"], mb["reference"]
+        for key in got:
             value = got[key].detach().to("cpu").reshape(b, k, *got[key].shape[1:])
             if key not in out:
                 out[key] = value.new_empty((Q,) + tuple(value.shape[1:]))
             out[key][start : start + b] = value
-        del fq, fr, maps, got
+        del fq, fr, maps, mb, got
     return out

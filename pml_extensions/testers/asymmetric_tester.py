@@ -5,7 +5,6 @@ Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Dee
 (one multiply-add counts 2 FLOPs, convolutions and matmuls only, as torch counts them).
 """
 
-from collections import defaultdict
 from typing import Callable, Dict, Optional, Sequence
 
 import torch
@@ -38,26 +37,19 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
     """``GlobalEmbeddingSpaceTester`` whose reference (database) side may use another model and another dataset.
 
     ``test(dataset_dict, epoch, trunk_model, embedder_model=None, splits_to_eval=None, collate_fn=None, *,
-    reference_trunk_model=None, reference_embedder_model=None, reference_dataset_dict=None)``: queries are embedded
-    by ``trunk_model``/``embedder_model`` from ``dataset_dict`` (e.g. the small query resolution), references by the
-    reference models from ``reference_dataset_dict`` (e.g. the teacher at the database resolution). Missing reference
-    arguments fall back to the query side, so without them the tester is ``GlobalEmbeddingSpaceTester``. When a
-    query split is among its reference splits, each query's own image is excluded BY INDEX (the two dataset dicts
-    must list the same images in the same order), through :class:`AsymmetricAccuracyCalculator` (the default
-    calculator; PML's stock calculator rejects rows that differ). Accuracy keys are PML's (``<metric>_level0``), so
-    ``HookContainer`` and its primary metric work unchanged; embeddings are L2-normalised as in PML
-    (``normalize_embeddings=True``).
+    reference_trunk_model=None, reference_embedder_model=None, reference_dataset_dict=None)``: queries are embedded by
+    ``trunk_model``/``embedder_model`` from ``dataset_dict`` (e.g. the small query resolution), references by the
+    reference models from ``reference_dataset_dict`` (e.g. the teacher at the database resolution); missing reference
+    arguments fall back to the constructor's, then to the query side (then it is ``GlobalEmbeddingSpaceTester``). A
+    query split among its reference splits excludes each query's own image BY INDEX (both dataset dicts must list the
+    same images in the same order) through :class:`AsymmetricAccuracyCalculator` (the default calculator). Accuracy
+    keys are PML's (``<metric>_level0``), so ``HookContainer`` works unchanged (e.g. an ``end_of_epoch_hook`` validating
+    the student against the constructor's teacher); embeddings are L2-normalised as in PML.
 
-    The same three reference arguments can be given to the constructor as defaults; that is how a
-    ``HookContainer.end_of_epoch_hook`` (which calls ``test`` with the trained student only) validates the
-    teacher-student asymmetric setup during training.
-
-    Under ``torch.distributed`` each rank embeds only its shard of every set and the default calculator splits its
-    query blocks over the ranks (:mod:`~pml_extensions.testers.sharded_tester`; every rank calls ``test``).
-    :meth:`test_reference_sets` evaluates one query split against several reference sets, each embedded once.
-
-    :meth:`evaluate_setups` runs the paper's four setups with the FLOPs per query image of each; :meth:`query_flops`
-    counts them for any model and resolution.
+    Under ``torch.distributed`` each rank embeds its shard of every set and the default calculator splits its query
+    blocks over the ranks (:mod:`~pml_extensions.testers.sharded_tester`; every rank calls ``test``).
+    :meth:`test_reference_sets` evaluates one query split against several reference sets; :meth:`evaluate_setups` runs
+    the paper's four setups with the FLOPs per query image of each (:meth:`query_flops`).
 
     Raises:
         ValueError: query and reference splits of one name that list different labels (not the same images), a
@@ -85,7 +77,6 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
                 device=self.data_device, distributed=self.distributed
             )
 
-    # ------------------------------------------------------------------ PML override points
     def test(
         self,
         dataset_dict,
@@ -124,11 +115,11 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         reference_embedder_model: Optional[torch.nn.Module] = None,
         reference_dataset_dict: Optional[dict] = None,
     ) -> Dict[str, dict]:
-        """One query split against several reference sets (e.g. ``{"test": ["test"], "test+val": ["test", "val"]}``).
+        """One query split against several reference sets, e.g. ``{"test": ["test"], "test+val": ["test", "val"]}``.
 
-        The query split is embedded once by the query models; every split of the reference sets is embedded once by
-        the reference models (the query models and ``dataset_dict`` when no reference argument is given; then the
-        query split's embeddings are reused). A set containing the query split excludes each query's own image.
+        The query split is embedded once by the query models, every reference split once by the reference models
+        (without reference arguments the query split's embeddings are reused). A set containing the query split
+        excludes each query's own image.
 
         Returns:
             ``{set_name: {"epoch": epoch, "<metric>_level<L>": value}}``; ``end_of_testing_hook`` is not called.
@@ -167,18 +158,25 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
             )
             if query_split in reference_side:
                 self._check_same_images({query_split: query_side[query_split]}, reference_side)
-        results = {}
+        results, jobs = {}, []
+        for name, splits in reference_sets.items():
+            splits = list(splits)
+            if query_split in splits:  # the queries first, as PML's layout
+                splits = [query_split] + [s for s in splits if s != query_split]
+            results[name] = {"epoch": epoch}
+            jobs.append((results[name], query_split, splits))
+        self._knn(query_side, reference_side, jobs)
+        return results
+
+    def _knn(self, query_side, reference_side, jobs):
+        """``do_knn_and_accuracies(record, query_side, query_split, reference_splits)`` for each job, against
+        ``reference_side``."""
         self.reference_embeddings_and_labels = reference_side
         try:
-            for name, splits in reference_sets.items():
-                splits = list(splits)
-                if query_split in splits:  # the queries first, as PML's layout
-                    splits = [query_split] + [s for s in splits if s != query_split]
-                results[name] = {"epoch": epoch}
-                self.do_knn_and_accuracies(results[name], query_side, query_split, splits)
+            for record, query_split, reference_splits in jobs:
+                self.do_knn_and_accuracies(record, query_side, query_split, reference_splits)
         finally:
             self.reference_embeddings_and_labels = None
-        return results
 
     def get_all_embeddings_for_all_splits(
         self, dataset_dict, trunk_model, embedder_model, splits_to_compute_embeddings, collate_fn
@@ -224,7 +222,6 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
                     "(their labels differ)"
                 )
 
-    # ------------------------------------------------------------------ FLOPs and the four setups
     @staticmethod
     def query_flops(trunk_model, embedder_model=None, image_size: int = 224, in_channels: int = 3) -> int:
         """FLOPs to embed ONE query image of ``image_size`` × ``image_size`` pixels (torch flop counter).
@@ -257,36 +254,32 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
     ) -> Dict[str, dict]:
         """The paper's four evaluation setups (Sec. 5), each with its query cost.
 
-        - ``teacher_student_asymmetric``: database by the teacher at ``database_resolution``, queries by the student
-          at ``query_resolution`` (eq. 4, the proposed setup);
+        - ``teacher_student_asymmetric``: database by the teacher at ``database_resolution``, queries by the student at
+          ``query_resolution`` (eq. 4, the proposed setup);
         - ``student_symmetric``: student at ``query_resolution`` on both sides (eq. 1);
-        - ``teacher_symmetric``: teacher at ``teacher_resolution`` (its training resolution; default
-          ``database_resolution``) on both sides (eq. 1);
-        - ``teacher_asymmetric``: teacher at ``database_resolution`` for the database and at ``query_resolution`` for
-          the queries (eq. 3, one network, two resolutions).
+        - ``teacher_symmetric``: teacher at ``teacher_resolution`` (default ``database_resolution``) on both sides
+          (eq. 1);
+        - ``teacher_asymmetric``: teacher at ``database_resolution`` for the database, ``query_resolution`` for the
+          queries (eq. 3).
 
         Args:
-            make_dataset_dict: ``resolution -> {split_name: dataset}``; the datasets at every resolution must list
-                the same images in the same order (e.g. the evaluation transform at that size).
-            teacher, student: a module or a ``(trunk, embedder)`` pair each. ``student`` may be None when only
-                teacher setups are asked for.
+            make_dataset_dict: ``resolution -> {split_name: dataset}``, the same images in the same order at every
+                resolution.
+            teacher, student: a module or a ``(trunk, embedder)`` pair each; ``student`` may be None for teacher setups.
             query_resolution, database_resolution, teacher_resolution: square input sizes in pixels.
-            splits_to_eval: as in PML's ``test`` (default: every split against itself).
-            setups: a subset of :data:`SETUPS`.
+            splits_to_eval: as in PML's ``test`` (default: every split against itself). setups: a subset of
+                :data:`SETUPS`.
 
         Returns:
             ``{setup: {"accuracies": {query_split: {metric_level0: value, "epoch": epoch}}, "query_flops": int,
-            "query_resolution": int, "reference_resolution": int}}``. Embeddings of each (model, resolution) are
-            computed once; ``end_of_testing_hook`` is not called.
+            "query_resolution": int, "reference_resolution": int}}``; each (model, resolution) is embedded once;
+            ``end_of_testing_hook`` is not called.
 
         Raises:
             ValueError: unknown setup names, non-positive resolutions, a student setup without a student.
         """
-        for name, value in (
-            ("query_resolution", query_resolution),
-            ("database_resolution", database_resolution),
-        ):
-            _check_resolution(name, value)
+        _check_resolution("query_resolution", query_resolution)
+        _check_resolution("database_resolution", database_resolution)
         teacher_resolution = database_resolution if teacher_resolution is None else teacher_resolution
         _check_resolution("teacher_resolution", teacher_resolution)
         unknown = [s for s in setups if s not in SETUPS]
@@ -303,7 +296,7 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
             "teacher_symmetric": (("teacher", teacher_resolution), ("teacher", teacher_resolution)),
             "teacher_asymmetric": (("teacher", query_resolution), ("teacher", database_resolution)),
         }
-        datasets, cache = {}, {}
+        datasets, cache = {query_resolution: make_dataset_dict(query_resolution)}, {}
 
         def embeddings(side):
             if side not in cache:
@@ -316,25 +309,17 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
                 )
             return cache[side]
 
-        first = make_dataset_dict(query_resolution)
-        datasets[query_resolution] = first
-        splits, splits_to_compute = self.get_splits_to_compute_embeddings(first, splits_to_eval)
+        splits, splits_to_compute = self.get_splits_to_compute_embeddings(datasets[query_resolution], splits_to_eval)
         results = {}
         for setup in setups:
             query_side, reference_side = sides[setup]
             query_e, reference_e = embeddings(query_side), embeddings(reference_side)
             self._check_same_images(query_e, reference_e)
-            self.reference_embeddings_and_labels = reference_e
-            accuracies = defaultdict(dict)
-            try:
-                for query_split, reference_splits in splits:
-                    accuracies[query_split]["epoch"] = epoch
-                    self.do_knn_and_accuracies(accuracies[query_split], query_e, query_split, reference_splits)
-            finally:
-                self.reference_embeddings_and_labels = None
+            accuracies = {query_split: {"epoch": epoch} for query_split, _ in splits}
+            self._knn(query_e, reference_e, [(accuracies[q], q, r) for q, r in splits])
             trunk, embedder = models[query_side[0]]
             results[setup] = {
-                "accuracies": dict(accuracies),
+                "accuracies": accuracies,
                 "query_flops": self.query_flops(trunk, embedder, query_side[1]),
                 "query_resolution": query_side[1],
                 "reference_resolution": reference_side[1],

@@ -1,11 +1,10 @@
 """Teacher-student trainer for resolution-asymmetric distillation (RAML), built on PML's ``MetricLossOnly``.
 
 Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 4-5
-(frozen teacher, student initialised from the teacher, AdamW + one-cycle). Details from ``pavelsuma/raml``: BatchNorm in
-eval mode (``train.py`` ``set_batchnorm_eval``), GeM p at 10× the learning rate without weight decay, weight decay
-1e-6, ``OneCycleLR(div_factor=10)`` (``modelhelpers.py``). Deliberate deviation from that code: the teacher runs under
-``torch.no_grad`` with frozen parameters (the code builds an autograd graph through it, see
-``benchmarks/distill_memory.py``); the numbers are unchanged since the teacher is never updated.
+(frozen teacher, student initialised from the teacher, AdamW + one-cycle); from ``pavelsuma/raml``: BatchNorm in eval
+mode (``train.py``), GeM p at 10× the learning rate without weight decay, weight decay 1e-6,
+``OneCycleLR(div_factor=10)`` (``modelhelpers.py``). Deviation: the teacher runs under ``torch.no_grad`` with frozen
+parameters (the code builds a graph through it, see ``benchmarks/distill_memory.py``); the numbers are unchanged.
 """
 
 from typing import Dict, Optional
@@ -84,43 +83,32 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     """Distil a small-resolution student (``trunk``/``embedder``) from a frozen teacher (``teacher_trunk``/
     ``teacher_embedder``) without labels, optionally beside a labelled metric loss.
 
-    ``models``: ``trunk`` (required), ``embedder``, ``teacher_trunk`` (required), ``teacher_embedder`` (default
-    ``Identity``). ``loss_funcs``: ``distillation_loss`` (default ``ResolutionDistillationLoss()``) and
-    optional ``metric_loss`` (any PML loss on the student embeddings and CLASS labels, mined by ``tuple_miner`` when
-    given; weighted by ``loss_weights``, e.g. ``{"distillation_loss": 1, "metric_loss": 0.1}``).
-    ``dataset``: a :class:`CoupledAugmentationDataset` (or anything whose ``collate_fn`` yields
-    ``((student_images, teacher_images, class_labels), image_ids)``; the default ``collate_fn`` is
-    ``CoupledAugmentationDataset.collate``).
+    ``models``: ``trunk`` and ``teacher_trunk`` (required), ``embedder``, ``teacher_embedder`` (default ``Identity``).
+    ``loss_funcs``: ``distillation_loss`` (default ``ResolutionDistillationLoss()``) and optional ``metric_loss`` (a PML
+    loss on the student embeddings and CLASS labels, mined by ``tuple_miner``; weights from ``loss_weights``).
+    ``dataset``: a :class:`CoupledAugmentationDataset`, or anything whose ``collate_fn`` (default
+    ``CoupledAugmentationDataset.collate``) yields ``((student_images, teacher_images, class_labels), image_ids)``.
 
-    Per step: student embeddings of the small images (with graph); teacher embeddings of the large images under
-    ``torch.no_grad`` with the teacher in eval mode; ``distillation_loss(student, image_ids, ref_emb=teacher)``.
-    The teacher's parameters are frozen (``requires_grad=False``), never zeroed, never stepped; the student's
-    BatchNorm layers stay in eval mode (``freeze_batchnorm=True``, paper code). At construction the student gets the
-    teacher's weights (``init_student_from_teacher=True``, paper; set False for the ImageNet-init ablation).
-    Fresh coupled augmentations on every pass: at the start of every epoch ``dataset.set_epoch(epoch)`` is called,
-    and every time the DataLoader iterator runs out (PML re-creates it inside an epoch) the trainer starts pass
-    ``data_pass + 1`` through :meth:`start_new_pass`, which calls ``set_pass`` on the dataset and the sampler when
-    they have it. Without it, a student trained for many iterations in one epoch would see the same crops, flips,
-    jitter and mixup λ on every pass. ``new_pass_each_epoch=True`` also starts a new pass at every epoch start, so
-    that an epoch's batches depend only on (seed, pass) -- what a run resumed at an epoch boundary needs (restore
-    ``trainer.data_pass`` before ``train``). The DataLoader shuffles and draws its base seed from a private generator
-    seeded by ``dataset.seed`` (from the global RNG, as PML, when the dataset has none).
+    Per step: ``distillation_loss(student, image_ids, ref_emb=teacher)`` with the teacher's embeddings of the large
+    images under ``torch.no_grad`` in eval mode (its parameters frozen, never zeroed or stepped). The student's
+    BatchNorm stays in eval mode (``freeze_batchnorm``) and it starts from the teacher's weights
+    (``init_student_from_teacher``; False for the ImageNet-init ablation). Fresh coupled augmentations on every
+    pass: ``dataset.set_epoch(epoch)`` at each epoch, and :meth:`start_new_pass` (``set_pass`` on the dataset and
+    sampler) whenever the DataLoader runs out; ``new_pass_each_epoch=True`` also starts one every epoch, so an epoch's
+    batches depend only on (seed, pass), as a resumed run needs (restore ``trainer.data_pass``). The DataLoader
+    shuffles with a generator seeded by ``dataset.seed`` (else the global RNG, as PML).
 
-    Defaults when ``optimizers``/``lr_schedulers`` are None: :func:`make_optimizers` (AdamW, GeM p at lr × 10 without
-    weight decay) and, at :meth:`train`, ``OneCycleLR(max_lr=group lr, div_factor=10)`` per optimiser, stepped every
-    iteration over ``num_epochs × iterations_per_epoch`` (one ``train`` call). Record-keeper / ``HookContainer``
-    hooks receive the usual trainer attributes; the losses are logged as ``distillation_loss``/``metric_loss``
-    and the loss's sub-terms through its recordable attributes.
+    Defaults when ``optimizers``/``lr_schedulers`` are None: :func:`make_optimizers` and, at :meth:`train`,
+    ``OneCycleLR(max_lr=group lr, div_factor=10)`` per optimiser stepped every iteration of the ``train`` call.
 
-    Keyword-only args: ``init_student_from_teacher``, ``freeze_batchnorm``, ``new_pass_each_epoch`` (False),
-    ``lr`` (1.1e-4, paper's indicative value),
-    ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor`` (10); the rest as PML's trainers.
+    Keyword-only args: ``init_student_from_teacher`` (True), ``freeze_batchnorm`` (True), ``new_pass_each_epoch``
+    (False), ``lr`` (1.1e-4, paper), ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor``
+    (10); the rest as PML's trainers.
 
     Raises:
-        ValueError: ``models`` without ``trunk``/``teacher_trunk`` modules; a student module that is the teacher's
-            (the same object, or sharing parameters with it); teacher and student of different
-            architectures with ``init_student_from_teacher``; a
-            ``subset_batch_miner`` (not supported: the batch holds two resolutions).
+        ValueError: ``models`` without ``trunk``/``teacher_trunk`` modules; a student module that is (or shares
+            parameters with) the teacher's; different architectures with ``init_student_from_teacher``; a
+            ``subset_batch_miner`` (the batch holds two resolutions).
     """
 
     def __init__(
@@ -144,7 +132,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             isinstance(models.get(k), torch.nn.Module) for k in ("trunk", "teacher_trunk")
         ):
             raise ValueError("models must be a dict with modules under 'trunk' (student) and 'teacher_trunk'")
-        self._check_teacher_is_not_the_student(models)
         if loss_funcs is None:
             loss_funcs = {"distillation_loss": ResolutionDistillationLoss()}
         self.init_student_from_teacher = init_student_from_teacher
@@ -155,16 +142,14 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
         self.one_cycle_div_factor = one_cycle_div_factor
         if kwargs.get("collate_fn") is None:
             kwargs["collate_fn"] = CoupledAugmentationDataset.collate
-        if "teacher_embedder" not in models:
-            models["teacher_embedder"] = torch.nn.Identity()
-        if "embedder" not in models:
-            models["embedder"] = torch.nn.Identity()
+        models.setdefault("teacher_embedder", torch.nn.Identity())
+        models.setdefault("embedder", torch.nn.Identity())
+        self._check_teacher_is_not_the_student(models)
         if init_student_from_teacher:
             self._copy_teacher_into_student(models)
         for key in ("teacher_trunk", "teacher_embedder"):
-            if key in models:
-                models[key].requires_grad_(False)
-                models[key].eval()
+            models[key].requires_grad_(False)
+            models[key].eval()
         if optimizers is None:
             optimizers = make_optimizers(models["trunk"], models["embedder"], lr, weight_decay, gem_lr_multiplier)
         super().__init__(models, optimizers, batch_size, loss_funcs, dataset, *args, **kwargs)
@@ -173,12 +158,10 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
 
     @staticmethod
     def _check_teacher_is_not_the_student(models):
-        """The teacher is frozen in place: a module (or parameter) shared with the student would freeze the student
-        too, and the run would stop at "no trainable parameters" without saying why."""
+        """Refuse a student module that is, or shares parameters with, the teacher's (freezing the teacher would
+        freeze it)."""
         for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
-            s, t = models.get(student), models.get(teacher)
-            if s is None or t is None:
-                continue
+            s, t = models[student], models[teacher]
             if s is t and any(True for _ in s.parameters()):
                 raise ValueError(
                     f"models[{student!r}] and models[{teacher!r}] are one object; the teacher is frozen, so pass the "
@@ -193,8 +176,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
 
     @staticmethod
     def _copy_teacher_into_student(models):
-        if "teacher_trunk" not in models:
-            return
         for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
             try:
                 models[student].load_state_dict(models[teacher].state_dict())
@@ -204,7 +185,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
                     f"pass init_student_from_teacher=False. {e}"
                 ) from e
 
-    # ------------------------------------------------------------------ PML override points
     def modify_schema(self):
         self.schema["models"].keys = ["trunk", "embedder", "teacher_trunk", "teacher_embedder"]
         self.schema["models"].essential = ["trunk", "teacher_trunk"]
@@ -232,7 +212,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             set_batchnorm_eval(self.models["trunk"])
             set_batchnorm_eval(self.models["embedder"])
 
-    # ------------------------------------------------------------------ passes over the data
     def _select_pass(self):
         for obj in (self.dataset, self.sampler):
             if hasattr(obj, "set_pass"):
@@ -288,7 +267,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             indices_tuple = self.maybe_mine_embeddings(embeddings, class_labels)
             self.losses["metric_loss"] = self.loss_funcs["metric_loss"](embeddings, class_labels, indices_tuple)
 
-    # ------------------------------------------------------------------ default one-cycle schedule
     def train(self, start_epoch=1, num_epochs=1):
         self._num_epochs_to_run = num_epochs - start_epoch + 1
         return super().train(start_epoch=start_epoch, num_epochs=num_epochs)

@@ -21,37 +21,26 @@ AUX_LOSS = "template_aux_loss"
 
 
 class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
-    """``TrainWithClassifier`` plus the auxiliary per-patch loss of every :class:`TemplateMatchingBlock` in
-    the models.
+    """``TrainWithClassifier`` plus the auxiliary per-patch loss of every :class:`TemplateMatchingBlock` in the models.
 
     Args:
-        *args, **kwargs: as for PML's ``TrainWithClassifier`` (``models`` with ``"trunk"``, optional
-            ``"embedder"`` and ``"classifier"``; ``loss_funcs`` with ``"metric_loss"`` and/or
-            ``"classifier_loss"``; ...). ``loss_funcs[AUX_LOSS]`` (``"template_aux_loss"``) defaults to
-            :class:`PatchClassificationLoss`; any callable ``(class_scores [B, c, H, W], labels [B]) ->
-            scalar`` may replace it.
-        aux_weight: λ in [0, 1]. Default 0.5 (paper). The effective PML loss weights are (1 − λ)·w for every
-            main loss (w from ``loss_weights``, default 1) and λ·w for ``"template_aux_loss"`` (w default 1),
-            so ``total_loss`` = (1 − λ)·main + λ·aux. λ = 0 trains the main loss only (the block's classifier
-            then gets no gradient from the aux loss).
-        freeze_block_batchnorm: with PML's ``freeze_trunk_batchnorm=True`` (pretrained trunks), also freeze
-            the BN of the blocks' BN-ReLU mixing. Default ``False``: the block's BN, which is new, keeps
-            learning its statistics while the pretrained trunk's BN layers are frozen.
+        *args, **kwargs: as PML's ``TrainWithClassifier``; ``loss_funcs[AUX_LOSS]`` (``"template_aux_loss"``) defaults
+            to :class:`PatchClassificationLoss` (any ``(class_scores [B, c, H, W], labels [B]) -> scalar``).
+        aux_weight: λ in [0, 1], default 0.5 (paper): effective weights (1 − λ)·w for every main loss and λ·w for the
+            aux loss (w from ``loss_weights``, default 1), so ``total_loss`` = (1 − λ)·main + λ·aux.
+        freeze_block_batchnorm: with PML's ``freeze_trunk_batchnorm=True``, also freeze the blocks' (new) BN-ReLU
+            mixing BN. Default ``False``.
 
-    Losses: ``self.losses`` (the loss tracker's dict, which PML's ``HookContainer`` logs to record-keeper
-    under ``loss_histories``) holds ``metric_loss``, ``classifier_loss``, ``template_aux_loss`` and
-    ``total_loss``, each already multiplied by its effective weight. With several blocks, the aux loss is the
-    mean over blocks. Labels must be the block's training-class indices in [0, c) (PML's
-    ``set_min_label_to_zero`` helps).
+    ``self.losses`` (logged under ``loss_histories``) holds ``metric_loss``, ``classifier_loss``,
+    ``template_aux_loss`` (mean over blocks) and ``total_loss``, each times its effective weight. Labels must be the
+    block's class indices in [0, c). The block keeps its scores as an attribute: use ``DistributedDataParallel``, not
+    ``DataParallel``.
 
     Raises:
-        ValueError: if ``aux_weight`` is outside [0, 1], ``loss_weights`` names a loss not in ``loss_funcs``,
-            or no :class:`TemplateMatchingBlock` is found in the models (use
-            :func:`pml_extensions.trunks.template_matching_inserter.insert_template_matching`), or the models
-            ran without any block producing scores (e.g. a block outside the forward path).
-
-    Note: the block keeps its scores as an attribute, so the trunk must not be wrapped in ``DataParallel``
-    (use ``DistributedDataParallel``, one process per device).
+        ValueError: ``aux_weight`` outside [0, 1], ``loss_weights`` naming a loss not in ``loss_funcs``, no
+            :class:`TemplateMatchingBlock` in the models (see
+            :func:`pml_extensions.trunks.template_matching_inserter.insert_template_matching`), or a forward pass in
+            which no block produced scores.
     """
 
     def __init__(self, *args, aux_weight: float = 0.5, freeze_block_batchnorm: bool = False, **kwargs):
@@ -63,9 +52,9 @@ class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
         super().__init__(*args, **kwargs)
 
     def maybe_freeze_trunk_batchnorm(self):
-        """PML's ``freeze_trunk_batchnorm`` puts every BatchNorm of the trunk in eval mode; the blocks' own
-        (new, randomly initialised) BN-ReLU mixing layers are switched back to training mode unless
-        ``freeze_block_batchnorm`` is set."""
+        """PML's ``freeze_trunk_batchnorm``, then the blocks' new BN-ReLU mixing back in training mode (unless
+        ``freeze_block_batchnorm``).
+        """
         super().maybe_freeze_trunk_batchnorm()
         if self.freeze_trunk_batchnorm and not self.freeze_block_batchnorm:
             for block in getattr(self, "template_blocks", []):
