@@ -55,6 +55,7 @@ import torch
 
 from ..utils.atomic_io import atomic_path, atomic_write_json, atomic_write_text
 from ..utils.checks import int_at_least
+from ..utils.eval_mode import eval_mode
 from .cached_feature_dataset import FORMAT, CachedFeatureDataset
 from .seeded_view_dataset import SeededViewDataset
 
@@ -176,22 +177,6 @@ def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
             yield np.ascontiguousarray(x).tobytes()
 
     return _sha(head + ["items"] + list(items()))
-
-
-class _eval_mode:
-    """Every submodule in eval mode inside the block; each one's own mode restored afterwards."""
-
-    def __init__(self, module):
-        self.module = module
-
-    def __enter__(self):
-        self.modes = [(m, m.training) for m in self.module.modules()]
-        self.module.eval()
-
-    def __exit__(self, *exc):
-        for m, mode in self.modes:
-            m.training = mode
-        return False
 
 
 class _SourceViews:
@@ -409,7 +394,7 @@ class FeatureCache:
         x = self.views.view(0, 0)
         if not torch.is_tensor(x):
             raise TypeError(f"transform must return a tensor, got {type(x).__name__}")
-        with torch.no_grad(), _eval_mode(self.prefix):
+        with torch.no_grad(), eval_mode(self.prefix):
             y = self.prefix(x.unsqueeze(0).to(self.device, self.input_dtype))
         if not torch.is_tensor(y) or not y.is_floating_point():
             raise TypeError(f"prefix must return a floating-point tensor, got {getattr(y, 'dtype', type(y))}")
@@ -470,7 +455,7 @@ class FeatureCache:
         )
         out = np.empty((len(items),) + features.shape[2:], dtype=features.dtype)
         pos = 0
-        with torch.no_grad(), _eval_mode(self.prefix):
+        with torch.no_grad(), eval_mode(self.prefix):
             for batch in loader:
                 y = self.prefix(batch.to(self.device, self.input_dtype)).to("cpu", getattr(torch, self.dtype))
                 if not torch.isfinite(y).all():

@@ -18,12 +18,13 @@ EfficientNet's ``classifier``): with the embedder they are the ``head`` that
 ``XMLWrapper(target="pooled")`` sends its predicted GAP vectors through (:meth:`XMLWrapper.attach`).
 """
 
-from contextlib import contextmanager
 from typing import List, Optional
 
 import torch
 
+from ..utils.eval_mode import eval_mode
 from .histogram_pooling import HistogramPooling, find_histogram_layers
+from .trunk_split import _first_line
 
 #: probe side (pixels) when no ``example_input`` is given: a stride-32 body still ends in a 4 × 4 map
 PROBE_SIZE = 128
@@ -74,27 +75,11 @@ def _close(a, b, rel=1e-4) -> bool:
     return float((a - b).abs().max()) <= rel * scale
 
 
-@contextmanager
-def _eval_mode(model):
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-
-
 #: what :func:`use_histogram_pooling` and :func:`pooling_tail` take, for their refusals
 SUPPORTED = (
     "supported: CNNs whose last [B, C, H, W] feature map is averaged by a pooling module (torchvision ResNet, "
     "MobileNetV2/V3, EfficientNet, ConvNeXt, RegNet, Swin; timm CNNs with global_pool) or a body ending in that map"
 )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 def _trace(model, example_input, caller="use_histogram_pooling"):
@@ -114,7 +99,7 @@ def _trace(model, example_input, caller="use_histogram_pooling"):
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
-        with _eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             out = model(example_input)
     except Exception as e:  # a model this function does not support, or a probe of the wrong size for it
         raise ValueError(
@@ -375,7 +360,7 @@ def pooling_tail(
     starts = [[]] + ([[torch.nn.Unflatten(1, (layer.in_channels, 1, 1))]] if layer.keepdim else [])
     for start in starts:
         chain = start + [c.module for c in tail]
-        with _eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             y = layer.last_pooled
             try:
                 for m in chain:

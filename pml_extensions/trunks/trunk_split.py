@@ -18,14 +18,14 @@ training ``rest`` trains ``model``'s parameters, and ``state_dict`` keys keep th
 """
 
 import difflib
-from contextlib import contextmanager
-from typing import Iterator, List, Sequence, Tuple, Union
+from typing import List, Sequence, Tuple, Union
 
 import torch
 from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ..utils.checks import is_int
+from ..utils.eval_mode import eval_mode
 
 #: spatial size of the probe image that :func:`trunk_stages` runs through the model
 DEFAULT_INPUT_SHAPE = (3, 224, 224)
@@ -43,6 +43,7 @@ class _PathTracer(fx.Tracer):
 
 
 def _first_line(error: BaseException) -> str:
+    """``"TypeName: first line of the message"`` (the type alone for an empty message)."""
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
@@ -83,18 +84,6 @@ def _describe(node: fx.Node) -> str:
     if node.op == "call_module":
         return f"the output of {node.target!r}"
     return f"the value {node.name!r} ({node.op} {getattr(node.target, '__name__', node.target)})"
-
-
-@contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Every submodule in eval mode inside the block; each one's own mode restored afterwards."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
 
 
 def _probe(model: torch.nn.Module, input_shape: Sequence[int]) -> torch.Tensor:
@@ -141,7 +130,7 @@ def trunk_stages(model: torch.nn.Module, input_shape: Sequence[int] = DEFAULT_IN
     for _ in range(64):  # each round traces one level deeper; real trunks need 2 or 3
         graph = _trace(model, descend)
         gm = fx.GraphModule(model, graph)
-        with torch.no_grad(), _eval_mode(model):
+        with torch.no_grad(), eval_mode(model):
             try:
                 ShapeProp(gm).propagate(_probe(model, input_shape))
             except Exception as e:
