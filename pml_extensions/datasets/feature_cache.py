@@ -1,45 +1,34 @@
 """Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image, computed once.
 
-A frozen pretrained prefix (the first part of :func:`pml_extensions.trunks.split_trunk`) computes the same features
-every epoch. :class:`FeatureCache` computes them once for a bank of ``num_views`` seeded augmented views per training
-image (:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`), or for the plain view of every evaluation
-image (``num_views=1`` with the evaluation transform), and stores them in one memory-mapped ``.npy`` file;
-:class:`~pml_extensions.datasets.CachedFeatureDataset` serves them to PML's trainers, samplers and testers, which
-train and embed with the trainable rest only.
-
-Folder layout (``folder`` holds nothing else; ``meta.json``, ``labels.npy`` and the markers are written atomically,
-``features.npy`` is created atomically and then filled chunk by chunk)::
+A frozen prefix (the first half of :func:`pml_extensions.trunks.split_trunk`) computes the same features every epoch.
+:class:`FeatureCache` computes them once, for ``num_views`` seeded augmented views per training image
+(:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`) or the plain view of each evaluation image
+(``num_views=1``), into one memory-mapped ``.npy``; :class:`~pml_extensions.datasets.CachedFeatureDataset` serves
+them. Folder layout (``meta.json``, ``labels.npy`` and markers written atomically)::
 
     meta.json        key, its parts' digests, N, V, feature shape, dtype, chunk size, complete flag
     labels.npy       int64 [N]
-    features.npy     [N, V, *feature_shape] float16 / float32 / float64, numpy's .npy format (np.load(mmap_mode="r"))
+    features.npy     [N, V, *feature_shape] float16 / float32 / float64 (np.load(mmap_mode="r"))
     chunks/00012     one marker per finished chunk of ``chunk_size`` items (all V views)
 
-**Key.** SHA-256 over: the prefix (``repr`` and every ``state_dict`` tensor's name, dtype, shape and bytes), the
-transform (``repr``, or ``transform_key``), the dataset (class, length, labels, scalar attributes such as ``split``
-and ``max_side``, the repr of its own transform, and either ``dataset_key``, or each path of its ``paths`` with the
-file's size and mtime, or, for a dataset without ``paths``, the bytes of every untransformed item), ``num_views``,
+**Key.** SHA-256 over the prefix (``repr`` and every ``state_dict`` tensor), the transform (``repr`` or
+``transform_key``), the dataset (class, length, labels, scalar attributes, its own transform's repr, and
+``dataset_key``, else each ``paths`` entry's size and mtime, else every untransformed item's bytes), ``num_views``,
 ``view_seed``, the stored dtype and ``chunk_size``. A different key empties the folder and rebuilds.
 
-**Resume.** A chunk is computed, written into its slice of ``features.npy``, flushed to disk, and only then marked
-done; a build that stops (exception, SIGKILL) recomputes the unmarked chunks and nothing else, and the finished file
-is byte-identical to an uninterrupted build's (same machine and batch size).
+**Resume.** A chunk is computed, written, flushed and only then marked done; an interrupted build recomputes the
+unmarked chunks only, and the result is byte-identical to an uninterrupted build's (same machine and batch size).
 
-**Shards.** ``build(rank, world_size)`` computes chunks ``rank, rank + world_size, ...``; all ranks write into the same
-file, and the call that finds every chunk done marks the cache complete. Under torchrun (``torch.distributed``
-initialised, no explicit rank) the ranks come from ``torch.distributed``, rank 0 prepares the folder, and barriers
-order prepare -> chunks -> completion. Separate processes given explicit ranks must find the folder prepared (run one
-``build`` or :meth:`FeatureCache.prepare` first), since nothing orders their preparation.
+**Shards.** ``build(rank, world_size)`` computes chunks ``rank::world_size`` into the same file; the call that finds
+every chunk done marks the cache complete. Under an initialised ``torch.distributed`` the ranks come from it, rank 0
+prepares the folder and barriers order the steps; processes given explicit ranks need a prepared folder
+(:meth:`FeatureCache.prepare`).
 
-**Derived caches.** ``FeatureCache(folder, module, source)`` with ``source`` a finished
-:class:`~pml_extensions.datasets.CachedFeatureDataset` (and no transform) applies a further frozen ``module`` once to
-every stored view of the source: view ``v`` of item ``i`` is ``module(source.features[i, v])``, the source's V, view
-seed and labels kept. One image pass then serves several boundaries (e.g. MobileNetV2's ``features.18`` applied to a
-``features.17`` cache: the ``features.18`` cache up to the rounding of its stored input). Its key holds the source's
-key instead of the transform and dataset parts, so a rebuilt source rebuilds it.
+**Derived caches.** With ``dataset`` a finished :class:`~pml_extensions.datasets.CachedFeatureDataset` (and no
+transform), view ``v`` of item ``i`` is ``prefix(source.features[i, v])`` (V, view seed and labels the source's), so
+one image pass serves several boundaries; the key holds the source's key instead of the transform and dataset parts.
 
-Where the work runs: the prefix on its own device and dtype (move it with ``.to(device)`` first), images loaded and
-transformed on the CPU (``num_workers`` DataLoader workers), features stored on disk in ``dtype``.
+The prefix runs on its own device and dtype; images are loaded and transformed on the CPU (``num_workers``).
 """
 
 import hashlib

@@ -49,43 +49,31 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         in_channels: C, the width of the feature map (e.g. 1280 for MobileNetV2).
         num_prototypes: m. Paper: 64 (CUB, Cars), 128 (SOP, InShop).
         scale: ε, inverse temperature of the soft-max over prototypes. Default: 100 with ``normalize=True``, 10
-            (the paper's value) with ``normalize=False``. Why 100 on cosines: the logits are ε·cos ∈ [−ε, ε], and
-            the cosines of a feature to its nearest and to its farthest prototypes differ by a few tenths, so with
-            ε = 10 every histogram is nearly uniform (MobileNetV2, 64 prototypes: mean largest bin 0.027 with
-            random and 0.054 with k-means prototypes, uniform 0.016). ‖z‖² is then far below the XML ridge 0.05,
-            the ridge dominates the fit, every cross-batch prediction collapses onto the other half's mean embedding
-            (mean pairwise cosine 0.9999) and the contrastive XML term sits at its collapse value 2.00. With
-            ε = 100 and k-means prototypes the largest bin is 0.53, ‖z‖²/ridge 7.8 and the predictions are as
-            spread as the embeddings (``benchmarks/results/xml_signal.md``).
+            (the paper's value) with ``normalize=False``. On cosines ε = 10 leaves every histogram nearly uniform
+            and the XML term at its collapse value; ε = 100 peaks them (``benchmarks/results/xml_signal.md``).
         normalize: L2-normalise local features and prototypes before the inner product (default ``True``; our
             choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
         device, dtype: factory arguments for the prototype weights.
         seed: seed of the private generator that draws the random prototypes (:meth:`reset_parameters`) and
             the lazy initialisation below; the global RNG is never touched, so adding this layer to a trunk does
             not change any other module's initialisation.
-        lazy_init: ``None`` (default: the random prototypes stay until you initialise them), ``"kmeans"`` or
-            ``"kcenter"``: the prototypes are initialised by :meth:`init_prototypes` from the local features of
-            the first ``lazy_init_batches`` forwards in training mode (no extra pass over the data, no loader
-            needed; eval-mode forwards, e.g. a tester run before training, neither count nor trigger it). The
-            forward that completes the count is already computed with the new prototypes; earlier ones use the
-            random ones. Deterministic given ``seed`` and the batches (at most ``20000 / lazy_init_batches``
-            features are kept per batch, drawn with a generator seeded by ``seed``; k-means is seeded by
-            ``seed``). Cancelled when prototypes are given: :meth:`init_prototypes`, :meth:`init_from_data`,
-            :meth:`reset_parameters` or ``load_state_dict`` with the prototype weight (a checkpoint's trained
-            prototypes are never overwritten). Under ``torch.distributed`` rank 0's prototypes are broadcast.
+        lazy_init: ``None`` (default: the random prototypes stay), ``"kmeans"`` or ``"kcenter"``: the prototypes
+            are initialised by :meth:`init_prototypes` from the local features of the first ``lazy_init_batches``
+            training-mode forwards (eval-mode forwards do not count); the forward that completes the count already
+            uses them. Deterministic given ``seed`` and the batches (at most ``20000 / lazy_init_batches`` seeded
+            features kept per batch). Cancelled when prototypes are given (:meth:`init_prototypes`,
+            :meth:`init_from_data`, :meth:`reset_parameters`, ``load_state_dict`` with the prototype weight). Under
+            ``torch.distributed`` rank 0's prototypes are broadcast.
         lazy_init_batches: how many training forwards feed the lazy initialisation (default 4, as the runner's
             ``prototype_init``); more are taken while they hold fewer than ``num_prototypes`` local features.
         keepdim: return ``[B, C, 1, 1]`` instead of ``[B, C]`` (the shape of ``AdaptiveAvgPool2d(1)``; used by
             :func:`pml_extensions.trunks.use_histogram_pooling` where a model flattens after its pooling).
 
-    ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``; ``[B, C, 1, 1]`` with ``keepdim``), so an
-    existing embedder fits unchanged.
-    The soft histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
-    ``last_histograms`` for the loss; they are computed and kept in float32 (float64 for float64 input) also for
-    float16/bfloat16 inputs and under ``torch.autocast``. The GAP vectors ``[B, C]`` are kept in ``last_pooled``
-    (the ridge target of ``XMLWrapper(target="pooled")``). Both are left out of copies of the layer
-    (``copy.deepcopy``, pickling, ``AveragedModel``): a copy holds ``None`` until its own forward. ``feat_mult()``
-    and ``num_features`` give the output width (C); ``histogram_size`` gives m.
+    ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``; ``[B, C, 1, 1]`` with ``keepdim``). The
+    soft histograms ``[B, m]`` (rows on the simplex, with their graph; float32, float64 for float64 input, also under
+    autocast) are kept in ``last_histograms``, the GAP vectors in ``last_pooled``; copies of the layer (deepcopy,
+    pickling, ``AveragedModel``) hold ``None`` until their own forward. ``feat_mult()`` / ``num_features`` give C,
+    ``histogram_size`` gives m.
 
     Raises:
         ValueError: on non-positive sizes or scale, an unknown ``lazy_init``, or a feature map with the wrong rank
@@ -133,9 +121,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         self.num_prototypes = num_prototypes
         self.scale = float(scale)
         self.normalize = bool(normalize)
-        # Built on the meta device, so the conv's default initialisation (which would draw from the global RNG)
-        # never runs; its weight is then allocated on `device` and reset_parameters fills it from the private
-        # generator.
+        # built on the meta device so that the conv's default init never draws from the global RNG
         conv = torch.nn.Conv2d(in_channels, num_prototypes, kernel_size=1, bias=False, device="meta", dtype=dtype)
         conv.weight = torch.nn.Parameter(torch.empty(conv.weight.shape, device=device, dtype=dtype))
         self.prototype_conv = conv

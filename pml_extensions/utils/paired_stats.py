@@ -1,18 +1,14 @@
-"""Paired comparison of two variants over seeds: mean, std, a Student-t confidence interval (scipy), a paired
-bootstrap over seeds and test classes, and Holm's correction for several claims.
+"""Paired comparison of two variants over seeds: mean, std, a Student-t interval (scipy), a paired bootstrap over
+seeds and test classes, and Holm's correction for several claims.
 
-Each variant is trained once per seed; within a seed both variants share initial weights and batches (the runner's
-protocols guarantee it), so the per-seed DIFFERENCE ``variant[s] - baseline[s]`` removes what the seed alone
-moves. The t interval is the interval of the mean of those differences (:func:`paired_difference`)::
+Within a seed both variants share initial weights and batches, so the per-seed difference ``variant[s] -
+baseline[s]`` removes what the seed alone moves; :func:`paired_difference` gives the t interval of its mean::
 
     d_s = variant[s] - baseline[s]           for every seed s present in both
-    mean = (1/n) Σ d_s,   std = sqrt(Σ (d_s - mean)² / (n - 1))
-    ci = mean ± t_{(1+confidence)/2, n-1} · std / sqrt(n)         (scipy.stats.t.ppf)
+    ci = mean(d) ± t_{(1+confidence)/2, n-1} · std(d, ddof=1) / sqrt(n)         (scipy.stats.t.ppf)
 
-It treats the test classes as fixed. :func:`bootstrap_difference` also resamples them (from per-class sums of the
-per-query metric), so its interval covers what another draw of seeds and of test classes could move;
-:func:`bootstrap_p_value` and :func:`paired_t_p_value` are the two-sided p-values of the two intervals, and
-:func:`holm` adjusts the p-values of a table's several claims.
+:func:`bootstrap_difference` also resamples the test classes; :func:`bootstrap_p_value` and
+:func:`paired_t_p_value` are the two-sided p-values of the two intervals, :func:`holm` adjusts a table's p-values.
 
 Example::
 
@@ -41,6 +37,21 @@ def _check_values(name: str, values: Mapping) -> Dict[Hashable, float]:
             raise ValueError(f"{name}[{seed!r}] must be finite, got {value!r}")
         out[seed] = float(value)
     return out
+
+
+def _check_confidence(confidence) -> None:
+    if not is_number(confidence) or not 0 < confidence < 1:
+        raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
+
+
+def _paired_seeds(a: Mapping, b: Mapping, what: str) -> list:
+    """The seeds of ``a`` and ``b`` sorted (by type name, then value); ValueError naming the unmatched ones."""
+    only_variant, only_baseline = [s for s in a if s not in b], [s for s in b if s not in a]
+    if only_variant or only_baseline:
+        raise ValueError(
+            f"seeds must match for a {what}: only in variant {only_variant}, only in baseline {only_baseline}"
+        )
+    return sorted(a, key=lambda s: (str(type(s)), s))
 
 
 def mean_std(values: Sequence[float]) -> Dict[str, float]:
@@ -89,16 +100,8 @@ def paired_difference(
 
     variant = _check_values("variant", variant)
     baseline = _check_values("baseline", baseline)
-    if not is_number(confidence) or not 0 < confidence < 1:
-        raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
-    only_variant = [s for s in variant if s not in baseline]
-    only_baseline = [s for s in baseline if s not in variant]
-    if only_variant or only_baseline:
-        raise ValueError(
-            f"seeds must match for a paired difference: only in variant {only_variant}, only in baseline "
-            f"{only_baseline}"
-        )
-    seeds = sorted(variant, key=lambda s: (str(type(s)), s))
+    _check_confidence(confidence)
+    seeds = _paired_seeds(variant, baseline, "paired difference")
     if len(seeds) < 2:
         raise ValueError(f"a confidence interval needs at least 2 paired seeds, got {len(seeds)} ({seeds})")
     diffs = np.array([variant[s] - baseline[s] for s in seeds], dtype=np.float64)
@@ -223,17 +226,14 @@ def bootstrap_difference(
         metric(arm, s, C*) = Σ_{c ∈ C*} sum[arm, s, c] / Σ_{c ∈ C*} count[arm, s, c]     (C*: the drawn classes)
         d* = (1/n) Σ_{s ∈ S*} (metric(variant, s, C*) − metric(baseline, s, C*))         (S*: the drawn seeds)
 
-    (a class or seed drawn twice counts twice). This is what a rerun on another draw of seeds *and* of test classes
-    could move. numpy's ``Generator`` seeded with ``seed`` draws the resamples (``multinomial`` counts, equivalent to
-    drawing indices with replacement).
+    (a class or seed drawn twice counts twice); numpy's ``Generator`` seeded with ``seed`` draws the resamples
+    (``multinomial`` counts, equivalent to drawing indices with replacement).
 
     **Seeds only** (``per_class=False``): ``variant`` and ``baseline`` are ``{seed: value}``; the per-seed differences
     are resampled by ``scipy.stats.bootstrap`` (``method="percentile"``, ``rng`` the same seeded ``Generator``).
 
-    Both give the **percentile** interval, the ``(1 ± confidence) / 2`` quantiles of the ``d*`` (numpy's linear
-    interpolation, as scipy's percentile method), and the p-value of :func:`bootstrap_p_value`. Percentile rather
-    than BCa: BCa's acceleration comes from a jackknife over the resampled units, unstable with the 3–20 seeds of a
-    benchmark and not defined for the two-way resampling; the percentile interval is the same method for both cases.
+    Both give the **percentile** interval (the ``(1 ± confidence) / 2`` quantiles of the ``d*``; BCa's jackknife is
+    unstable with 3–20 seeds and undefined for the two-way resampling) and the p-value of :func:`bootstrap_p_value`.
 
     Args:
         variant, baseline: per-seed data as above, the same seeds (and, per class, the same classes everywhere).
@@ -266,20 +266,14 @@ def bootstrap_difference(
     """
     from scipy import stats
 
-    if not is_number(confidence) or not 0 < confidence < 1:
-        raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
+    _check_confidence(confidence)
     if not is_int(n_resamples) or n_resamples < 100:
         raise ValueError(f"n_resamples must be an int >= 100, got {n_resamples!r}")
     if not is_int(seed):
         raise ValueError(f"seed must be an int, got {seed!r}")
     check = _check_per_class if per_class else _check_values
     a, b = check("variant", variant), check("baseline", baseline)
-    only_variant, only_baseline = [s for s in a if s not in b], [s for s in b if s not in a]
-    if only_variant or only_baseline:
-        raise ValueError(
-            f"seeds must match for a paired bootstrap: only in variant {only_variant}, only in baseline {only_baseline}"
-        )
-    seeds = sorted(a, key=lambda s: (str(type(s)), s))
+    seeds = _paired_seeds(a, b, "paired bootstrap")
     rng = np.random.default_rng(seed)
     alpha = 1.0 - confidence
     out = {"resampled": RESAMPLED[1], "method": "percentile", "n_resamples": n_resamples, "seed": seed}
