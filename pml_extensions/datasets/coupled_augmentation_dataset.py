@@ -1,12 +1,10 @@
 """Coupled augmentations at two resolutions for RAML distillation (teacher and student see the same transform).
 
-Source: P. Suma and G. Tolias, WACV 2023, Sec. 4 and 5 ("coupled" augmentations, Fig. 2 and Table 3: random resized
-crop, horizontal flip, colour distortion of strength 0.5 [SimCLR], mixup with alpha = 0.2 with the next image of the
-batch). The jitter factors (brightness/contrast/saturation 0.8·s, hue 0.2·s) follow SimCLR and ``pavelsuma/raml``
-(``lib/datasets/datahelpers.py``). Deviation from that code: parameters are drawn ONCE from a private
-``numpy.random.Generator`` seeded by (seed, epoch, data pass, index) and applied at both sizes with torchvision's
-functional ops, instead of reseeding the global ``random``/``numpy``/``torch`` RNGs before each transform chain; the
-mixup partner is the next image of the batch (the paper), not a random training image (the code).
+Source: P. Suma and G. Tolias, WACV 2023, Sec. 4 and 5 (Fig. 2, Table 3: random resized crop, horizontal flip,
+colour distortion of strength 0.5 [SimCLR], mixup with alpha = 0.2 with the next image of the batch); jitter factors
+as SimCLR and ``pavelsuma/raml`` (``lib/datasets/datahelpers.py``). Deviation from that code: parameters are drawn
+once from a private seeded ``numpy.random.Generator`` and applied at both sizes with torchvision's functional ops
+(instead of reseeding the global RNGs), and the mixup partner is the next image of the batch (the paper).
 """
 
 import math
@@ -23,6 +21,13 @@ from .normalization import IMAGENET_MEAN, IMAGENET_STD
 JITTER_OPS = ("brightness", "contrast", "saturation", "hue")
 
 
+def _count(name: str, value) -> int:
+    """``value`` as an int when it is a whole number >= 0 (``2.0`` included); ValueError otherwise."""
+    if isinstance(value, bool) or int(value) != value or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
 class CoupledAugmentationDataset(torch.utils.data.Dataset):
     """Wraps a dataset of ``(PIL image, class label)`` into P coupled augmentations per image at two sizes.
 
@@ -32,12 +37,10 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
     Mixup happens in :meth:`collate`: row p of image b is mixed with row p of the NEXT image of the batch
     (``(b + 1) mod B``), with image b's λ, identically at both sizes, on normalised tensors (as the paper's code).
 
-    Draws come from ``numpy.random.default_rng([seed, epoch, data_pass, index])``: reproducible, independent of the
-    order in which DataLoader workers fetch items, and the global RNGs are never touched. Call :meth:`set_epoch`
-    before each epoch and :meth:`set_pass` before each new pass over the data (every time a DataLoader iterator is
-    created; :class:`~pml_extensions.trainers.ResolutionDistillationTrainer` does both), otherwise a second pass
-    repeats the first pass's crops, flips, jitter and mixup λ. With workers, call them before the iterator is
-    created, as with ``DistributedSampler``.
+    Draws come from ``numpy.random.default_rng([seed, epoch, data_pass, index])`` (reproducible, independent of the
+    workers' fetch order, global RNGs untouched). Call :meth:`set_epoch` and :meth:`set_pass` before each epoch / each
+    new DataLoader iterator (:class:`~pml_extensions.trainers.ResolutionDistillationTrainer` does both), otherwise a
+    second pass repeats the first pass's draws.
 
     Args:
         dataset: items ``(PIL.Image, int label)`` (any mode, converted to RGB).
@@ -99,11 +102,7 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
             raise ValueError("mean and std must have 3 entries each, std > 0")
         self.scale, self.ratio = tuple(scale), tuple(ratio)
-        self.flip_p, self.jitter_p, self.jitter_strength = (
-            float(flip_p),
-            float(jitter_p),
-            float(jitter_strength),
-        )
+        self.flip_p, self.jitter_p, self.jitter_strength = float(flip_p), float(jitter_p), float(jitter_strength)
         self.mixup_alpha = None if mixup_alpha is None else float(mixup_alpha)
         self.mean, self.std = list(mean), list(std)
         self.seed = int(seed)
@@ -118,16 +117,12 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
 
     def set_epoch(self, epoch: int):
         """Select the augmentation draws of ``epoch`` (part of the per-item seed). Raises ValueError if negative."""
-        if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = _count("epoch", epoch)
 
     def set_pass(self, data_pass: int):
         """Select the draws of pass ``data_pass`` over the data (part of the per-item seed): fresh crops, flips,
         jitter and mixup λ on every pass. Raises ValueError if negative."""
-        if isinstance(data_pass, bool) or int(data_pass) != data_pass or data_pass < 0:
-            raise ValueError(f"data_pass must be an int >= 0, got {data_pass!r}")
-        self.data_pass = int(data_pass)
+        self.data_pass = _count("data_pass", data_pass)
 
     # ------------------------------------------------------------------ parameter draws
     def generator(self, index: int) -> np.random.Generator:
@@ -262,9 +257,7 @@ class PassShuffleSampler(torch.utils.data.Sampler):
         self.data_pass = 0
 
     def set_pass(self, data_pass: int):
-        if isinstance(data_pass, bool) or int(data_pass) != data_pass or data_pass < 0:
-            raise ValueError(f"data_pass must be an int >= 0, got {data_pass!r}")
-        self.data_pass = int(data_pass)
+        self.data_pass = _count("data_pass", data_pass)
 
     def __len__(self):
         return self.num_items

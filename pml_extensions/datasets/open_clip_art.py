@@ -8,6 +8,7 @@ import numpy as np
 from PIL import Image
 
 from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
+from .image_files import composite_on_white
 
 OPENCLIPART_ROOT = "/usr/share/openclipart/png"
 OPENCLIPART_HINT = "apt-get install openclipart-png"
@@ -37,11 +38,6 @@ def load_rgba_cropped(path: str, max_side: int) -> Image.Image:
         image = image.crop(box)
     image.thumbnail((max_side, max_side), Image.BILINEAR)
     return image
-
-
-def composite_on_white(image: Image.Image) -> Image.Image:
-    background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-    return Image.alpha_composite(background, image).convert("RGB")
 
 
 class OpenClipArt(ClassDisjointDataset):

@@ -1,15 +1,12 @@
 """A fixed bank of V seeded augmented views per image, and the per-epoch draw of one of them.
 
-The frozen-prefix feature cache (:class:`~pml_extensions.datasets.FeatureCache`) stores the prefix's output for
-views ``v = 0 .. V-1`` of every image; training draws one view per image and epoch. This module holds the two seeded
-functions both sides share, and :class:`SeededViewDataset`, the *uncached* twin of
-:class:`~pml_extensions.datasets.CachedFeatureDataset`: it returns the very image tensors whose prefix outputs the
-cache holds, for the same (seed, epoch, index), so a model trained through the full frozen trunk sees the same views
-and batches as one trained on the cache.
+:class:`~pml_extensions.datasets.FeatureCache` stores the prefix's output for views ``v = 0 .. V-1`` of every image;
+training draws one view per image and epoch. This module holds the two seeded functions both sides share, and
+:class:`SeededViewDataset`, the uncached twin of :class:`~pml_extensions.datasets.CachedFeatureDataset`: the very
+image tensors whose prefix outputs the cache holds, for the same (seed, epoch, index).
 
-Any torchvision transform works (v1 or v2): view ``v`` of item ``i`` is ``transform(image)`` computed with torch's CPU
-RNG, Python's ``random`` and numpy's legacy global RNG seeded from ``(view_seed, i, v)``; their previous states are
-restored afterwards, so the caller's random streams are untouched (unlike reseeding them for good).
+View ``v`` of item ``i`` is ``transform(image)`` (any torchvision transform, v1 or v2) with torch's CPU RNG, Python's
+``random`` and numpy's legacy global RNG seeded from ``(view_seed, i, v)`` and restored afterwards.
 """
 
 import random

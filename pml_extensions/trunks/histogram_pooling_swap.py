@@ -1,21 +1,16 @@
 """Swap a model's global average pooling for :class:`HistogramPooling` in one call (XML, Gurbuz & Alatan, ICIP 2023).
 
-XML needs the soft prototype histograms of the last feature map; :class:`HistogramPooling` computes them and returns
-the GAP vector, so it replaces a model's global average pooling without changing what the model computes.
-:func:`use_histogram_pooling` finds that pooling by behaviour, not by class or attribute names: it runs the model
-once on a probe batch (eval mode, no gradient, the caller's train/eval modes restored) and takes the last
-parameter-free module whose output is the spatial mean of its ``[B, C, H, W]`` input and after which no spatial map
-is computed (torchvision's ``avgpool`` in ResNet / EfficientNet / MobileNetV3 / ConvNeXt / RegNet, timm's
-``global_pool``; the squeeze-and-excitation poolings inside the blocks come earlier and are skipped). A model that
-pools functionally (torchvision's MobileNetV2 calls ``adaptive_avg_pool2d`` in ``forward``) gets the layer appended
-to the ``Sequential`` that produces its last feature map (``features``), with a ``[B, C, 1, 1]`` output that the
-functional pooling leaves unchanged. Either way the swapped model's output is checked against the original's on the
-probe batch; a swap that would change it (e.g. DenseNet applies a ReLU between ``features`` and its functional
-pooling) is undone and refused.
+:class:`HistogramPooling` returns the GAP vector, so it replaces a model's global average pooling without changing
+what the model computes. :func:`use_histogram_pooling` finds that pooling by behaviour: it runs the model once on a
+probe batch (eval mode, no gradient, modes restored) and takes the last parameter-free module whose output is the
+spatial mean of its ``[B, C, H, W]`` input and after which no spatial map is computed (torchvision's ``avgpool``,
+timm's ``global_pool``; squeeze-and-excitation poolings come earlier and are skipped). A model that pools
+functionally (torchvision's MobileNetV2) gets the layer appended to the ``Sequential`` that produces its last feature
+map, with a ``[B, C, 1, 1]`` output. Either way the output is checked against the original's on the probe batch; a
+swap that would change it (e.g. DenseNet's ReLU before its functional pooling) is undone and refused.
 
-:func:`pooling_tail` finds, the same way, the modules a model applies after the pooling (e.g. ResNet's ``fc``,
-EfficientNet's ``classifier``): with the embedder they are the ``head`` that
-``XMLWrapper(target="pooled")`` sends its predicted GAP vectors through (:meth:`XMLWrapper.attach`).
+:func:`pooling_tail` finds the same way the modules applied after the pooling (ResNet's ``fc``, EfficientNet's
+``classifier``): with the embedder they are the ``head`` of ``XMLWrapper(target="pooled")``.
 """
 
 from typing import List, Optional

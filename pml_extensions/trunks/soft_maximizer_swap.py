@@ -6,25 +6,16 @@ when a_k > μ_k with
 
     μ_k = E a_k − β_k · sqrt(Var a_k + eps) / γ_k          (γ_k > 0; PyTorch's eps included),
 
-and writes p̂ = η · p̂* with η = Σ_k p̂_k and p̂* feasible for the linear program (P1). The paper replaces
-BN-ReLU by η · (margin-augmented soft-max or perturbed maximizer of [a, μ]) with one constant μ (the mean of
-the non-zero μ_k over the BN layers of a trained network; 2.5 for its CIFAR-10 ResNet20) and one constant η
-(the mean per-pixel sum of the BN-ReLU outputs; 17), ε = 1 and 600 noise samples.
+and writes p̂ = η · p̂* with η = Σ_k p̂_k. The paper replaces BN-ReLU by η · (margin-augmented soft-max or perturbed
+maximizer of [a, μ]) with one constant μ (mean of the non-zero μ_k of a trained network; 2.5 for its CIFAR-10
+ResNet20) and one η (mean per-pixel sum of the BN-ReLU outputs; 17), ε = 1 and 600 noise samples.
 
-Sites: in a torchvision ``BasicBlock`` (conv1 3×3 → bn1 → relu) the replaced BN is ``bn1``; in a
-``Bottleneck`` (conv2 3×3 → bn2 → relu) it is ``bn2``. The BN is replaced by the soft maximizer; the block's
-ReLU that follows stays and is the identity on the maximizer's non-negative output. The BN before the residual
-addition (``bn2`` of a BasicBlock) and the stem are left alone (no ReLU directly follows them / not a 3×3 conv
-in torchvision).
+Sites: ``bn1`` of a torchvision ``BasicBlock`` (conv1 3×3 → bn1 → relu), ``bn2`` of a ``Bottleneck``; the ReLU that
+follows stays (the identity on the maximizer's non-negative output). Everything else is kept bit for bit.
 
-Not the identity of the network it is applied to, by design: η·soft-maximizer([a, μ]) is another function than the
-BN-ReLU it replaces (one μ and one η for all channels instead of per-channel γ_k, β_k and statistics), and no choice
-of its constants reproduces BN-ReLU. Everything but the sites is kept bit for bit. The swap is for networks trained
-from scratch afterwards, as in the paper (Sec. 4.1 trains the swapped ResNet20 from scratch; μ and η come from
-another, trained BN-ReLU network), not for converting a trained network: swapped with its own estimated μ and η, a
-SmallResNet (widths 16, 32, 64) trained on 10,000 Fashion-MNIST images (test accuracy 85.1 %, μ = −0.13, η = 12.4)
-keeps a trunk-output cosine to the original of 0.70 (soft-max) / 0.64 (perturbed, S = 64) on average over the test
-images, and its test accuracy falls to 17.1 % / 16.7 %.
+The swap is for networks trained from scratch afterwards, as in the paper: no choice of μ and η reproduces BN-ReLU
+(one μ and η for all channels), so a trained network loses its function (a Fashion-MNIST SmallResNet at 85.1 % test
+accuracy falls to 17.1 % / 16.7 % with its own estimated μ and η).
 """
 
 import copy

@@ -1,32 +1,22 @@
 """Insert a :class:`TemplateMatchingBlock` between the last two stages of a torchvision CNN (Gorgun, Gurbuz &
 Alatan, BMVC 2022, arXiv 2210.00992, Sec. 3.3 "We place our layer in between the last two stages").
 
-Where the block goes (the paper's f is the last map before the final down-sampling stage, stride 16 on
-ImageNet input):
+Where the block goes (the last map before the final down-sampling stage, stride 16 on ImageNet input):
 
-* ResNet (torchvision ``resnet18/34/50/...`` and any ResNet-style model with ``layer3``/``layer4`` stages of
-  torchvision ``BasicBlock``/``Bottleneck``): appended to ``layer3`` (``layer3[n]``, existing keys unchanged).
-* MobileNetV2: before the last stride-2 inverted residual of ``features`` (index 14 in torchvision's model),
-  so the following ``features`` indices shift by one.
-* DenseNet (``densenet121/161/169/201``): after ``denseblock3``, as ``features.template_block`` (keys
-  unchanged).
+* ResNet (torchvision ``resnet18/34/50/...`` or any model with ``layer3``/``layer4`` stages of ``BasicBlock``/
+  ``Bottleneck``): appended to ``layer3`` (``layer3[n]``, existing keys unchanged).
+* MobileNetV2: before the last stride-2 inverted residual of ``features`` (index 14), later indices shift by one.
+* DenseNet (``densenet121/161/169/201``): after ``denseblock3``, as ``features.template_block``.
 
-The host network computes what it computed before the insertion (``init="identity"``, the default; a deviation from
-the paper, whose networks train from scratch): with ``combine="add"`` the block's shortcut is the identity and its
-value vectors are zero, so the block returns its input f unchanged and every later module (BN, ReLU, the next stage,
-the head; train or eval mode) sees the same tensor as before; with ``combine="concat"`` the next layer's input is
-widened by d' channels whose new weights are zero (and, for DenseNet's transition BN, identity statistics), so the
-extra channels do not reach the output (the value vectors stay random there: zeroing them too would leave both the
-values and the new weights without gradient). Where it is inserted into a pretrained network, a randomly
-initialised block would replace the pretrained stage's input by conv1×1(f) + f' with a random shortcut and damage
-the network before any training (ImageNet MobileNetV2, block after ``features.13``, Open Clip Art unseen classes:
-MAP@R 38.56 → 32.43, cosine of the pooled features to the original 0.29). ``init="paper"`` keeps the paper's random
-initialisation (PyTorch's default for every 1×1 conv), for from-scratch training as in the paper.
+By default (``init="identity"``, a deviation from the paper, whose networks train from scratch) the host network
+computes what it computed before: with ``combine="add"`` the block starts as the identity (shortcut = identity, value
+vectors = 0); with ``combine="concat"`` the next layer is widened by d' zero-weight input channels (and, for
+DenseNet's transition BN, identity statistics). A randomly initialised block inserted into a pretrained network
+damages it before any training (ImageNet MobileNetV2 on Open Clip Art unseen classes: MAP@R 38.56 → 32.43);
+``init="paper"`` keeps the paper's random initialisation.
 
-Elsewhere (the block position as an experiment's variable): ``after="layer2"`` appends the block to the
-``nn.Sequential`` stage of that module path, and ``after="0.13"`` (a module inside an ``nn.Sequential``, e.g. the
-last stride-16 inverted residual of a ``MobileNetV2Features`` trunk) inserts it right after that module
-(``combine="add"`` only, which keeps the width), for any model.
+Elsewhere: ``after="layer2"`` appends the block to the ``nn.Sequential`` stage of that module path, and
+``after="0.13"`` (a module inside an ``nn.Sequential``) inserts it right after that module (``combine="add"`` only).
 """
 
 import copy
