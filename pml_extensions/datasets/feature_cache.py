@@ -214,26 +214,21 @@ class FeatureCache:
     """The outputs of a frozen ``prefix`` for ``num_views`` seeded views of every item of ``dataset``, on disk.
 
     Args:
-        folder: the cache's folder (created; it holds only this cache, e.g. ``<experiment>/feature_cache/train``).
-        prefix: the frozen module, run in eval mode under ``torch.no_grad()`` (each submodule's mode is restored
-            afterwards) on the device and dtype of its first floating parameter; inputs are cast to them.
+        folder: the cache's folder (created; it holds only this cache).
+        prefix: the frozen module, run in eval mode under ``torch.no_grad()`` (modes restored) on the device and
+            dtype of its first floating parameter or buffer; inputs are cast to them.
         dataset: items ``(untransformed image, label)`` with an int ``labels`` array [N]; or a finished
-            :class:`~pml_extensions.datasets.CachedFeatureDataset` (a derived cache, see the module docstring: then
-            ``transform`` is None and ``num_views`` / ``view_seed`` are the source's).
-        transform: image -> ``[C, H, W]`` tensor, run seeded per (view_seed, index, view)
-            (:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`). Its ``repr`` is part of the key, so
-            a transform whose repr shows a memory address (a lambda, a class without ``__repr__``) needs
-            ``transform_key``.
-        num_views: V views per item. Training: a few (the issue's pilot used 4); evaluation: 1 (the plain view).
-            Default (None): 1, or the source's V for a derived cache.
-        view_seed: seeds the views' contents. Default (None): 0, or the source's for a derived cache.
-        dtype: stored dtype, ``"float16"`` (half the disk and page cache; outputs must fit its range),
-            ``"float32"`` or ``"float64"`` (tests). Default ``"float16"``.
+            :class:`~pml_extensions.datasets.CachedFeatureDataset` (a derived cache: no ``transform``).
+        transform: image -> ``[C, H, W]`` tensor, run seeded per (view_seed, index, view). Its ``repr`` is part of
+            the key, so one whose repr shows a memory address (a lambda) needs ``transform_key``.
+        num_views: V views per item (training: a few; evaluation: 1). Default 1, or the source's V.
+        view_seed: seeds the views' contents. Default 0, or the source's.
+        dtype: stored dtype, ``"float16"`` (default; outputs must fit its range), ``"float32"`` or ``"float64"``.
         chunk_size: items per chunk, the unit of resume and sharding. Default 256.
         batch_size: views per prefix forward. Default 64.
         num_workers: DataLoader workers that load and transform images. Default 0.
-        transform_key, dataset_key: strings that replace the transform's repr / the dataset's file list or
-            contents in the key (you then own the job of changing them when the input changes).
+        transform_key, dataset_key: strings that replace the transform's repr / the dataset's files or contents in
+            the key (change them when the input changes).
 
     Raises:
         ValueError / TypeError: bad sizes, seeds or dtype; a transform repr with a memory address and no
@@ -442,17 +437,15 @@ class FeatureCache:
         loader = torch.utils.data.DataLoader(
             items, batch_size=self.batch_size, num_workers=self.num_workers, generator=torch.Generator()
         )
-        out = np.empty((len(items),) + features.shape[2:], dtype=features.dtype)
-        pos = 0
+        parts = []
         with torch.no_grad(), eval_mode(self.prefix):
             for batch in loader:
                 y = self.prefix(batch.to(self.device, self.input_dtype)).to("cpu", getattr(torch, self.dtype))
                 if not torch.isfinite(y).all():
                     hint = " (beyond float16's range: use dtype='float32')" if self.dtype == "float16" else ""
                     raise ValueError(f"prefix output of chunk {chunk} (items {start}-{stop - 1}) is not finite{hint}")
-                out[pos : pos + len(y)] = y.numpy()
-                pos += len(y)
-        features[start:stop] = out.reshape((stop - start, self.num_views) + features.shape[2:])
+                parts.append(y.numpy())
+        features[start:stop] = np.concatenate(parts).reshape((stop - start, self.num_views) + features.shape[2:])
         features.flush()
         atomic_write_text(self._marker(chunk), f"{stop - start}\n")
 

@@ -68,11 +68,9 @@ class XMLWrapper(ModuleWithRecords):
 
         L = loss(Y, L) + xml_weight · L_XML,   L_XML = loss(Ŷ_1, L_1) + loss(Ŷ_2, L_2)   (SUM over the halves).
 
-    Pairs of the XML term are formed inside each half. Nothing is detached: gradients reach Y, the histograms Z and,
-    through Z, the prototypes of the histogram layer, which receive gradient only from L_XML. With a miner, the mined
-    ``indices_tuple`` drives the inner term, and its tuples that fall inside a half (renumbered) drive that half's
-    XML term. ProxyAnchor-style losses reuse their own proxies on the predicted halves (same module). ``ref_emb`` /
-    ``ref_labels`` go to the inner term only.
+    Pairs of the XML term are formed inside each half. Nothing is detached: the prototypes of the histogram layer get
+    gradient from L_XML only. Mined ``indices_tuple`` drive the inner term, and their tuples inside a half
+    (renumbered) that half's XML term. ``ref_emb`` / ``ref_labels`` go to the inner term only.
 
     Stateful inner losses: the XML term runs with every buffer of the loss swapped for a throw-away copy and plain
     number attributes restored, so memory banks, statistics and counters are what the real term left; proxies are only
@@ -82,21 +80,18 @@ class XMLWrapper(ModuleWithRecords):
 
     Args:
         loss: any PML loss module whose ``forward`` takes ``(embeddings, labels, ...)``.
-        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the wrapper is the inner loss: it calls it
-            with the arguments as given (no checks, no precision lift, the caller's autocast), so value, dtype,
-            gradients, state and errors are the inner loss's own, in every dtype (a drop-in control arm).
+        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the wrapper calls the inner loss with the
+            arguments as given (no checks, no precision lift): a drop-in control arm.
         ridge: ε_r > 0 added once to the Gram matrix. Default 0.05 (paper).
         histogram_layer: a module with a ``last_histograms`` attribute ([B, m], e.g.
             :class:`pml_extensions.trunks.HistogramPooling`), read when ``histograms`` is not passed.
         seed: seed of the private generator that draws the class split (reproducible; global RNG untouched).
         ridge_form: ``"auto"`` (default), ``"primal"`` or ``"kernel"``; see
             :func:`pml_extensions.utils.ridge_prototypes`.
-        target: what the ridge prototypes regress (see "Ridge target" below): ``"embeddings"`` (default; the
-            embeddings the loss receives) or ``"pooled"`` (the paper's: the GAP vectors ``histogram_layer.last_pooled``,
-            the predictions then pass through ``head`` to become embeddings).
-        head: with ``target="pooled"``, the module that maps a GAP vector ``[N, C]`` to the embedding ``[N, d]`` (the
-            embedder, and any trunk layer after the pooling); see :meth:`attach`. Kept out of this module's
-            parameters (it belongs to the model and is trained by its own optimizer).
+        target: what the ridge prototypes regress (see "Ridge target"): ``"embeddings"`` (default) or ``"pooled"``
+            (the paper's: the GAP vectors ``histogram_layer.last_pooled``, predictions then pass through ``head``).
+        head: with ``target="pooled"``, the module mapping a GAP vector ``[N, C]`` to the embedding ``[N, d]``
+            (:meth:`attach` builds it); kept out of this module's parameters.
 
     Ridge target. The paper (Sec. 2.3) regresses the GAP vectors Y on the histograms Z, ``V_k = argmin ||V Z_k -
     Y_k||² + ε||V||²`` (Lemma 2.1), and the loss sees ``head(Ŷ)``: ``target="pooled"`` is the faithful form.
@@ -112,9 +107,8 @@ class XMLWrapper(ModuleWithRecords):
     embeddings). A ``ref_emb`` that is ``embeddings`` is passed on as the lifted embeddings themselves (losses that
     check ``ref_emb is embeddings`` see the call they would see without the lift).
 
-    Recordable attributes (logged by record-keeper / ``HookContainer``): ``inner_loss``, ``xml_loss`` (L_XML before
-    weighting), ``num_skipped_xml`` (batches that could not form two halves, each with a positive pair — those return
-    the inner loss alone), ``xml_weight``, ``ridge``.
+    Recordable attributes: ``inner_loss``, ``xml_loss`` (L_XML before weighting), ``num_skipped_xml`` (batches
+    without two halves that each hold a positive pair: they return the inner loss alone), ``xml_weight``, ``ridge``.
 
     Raises:
         TypeError: if ``loss`` is not a loss module taking ``(embeddings, labels)``, or inputs are not float tensors.
@@ -185,13 +179,11 @@ class XMLWrapper(ModuleWithRecords):
 
         Args:
             trunk: the PML trunk holding exactly one :class:`pml_extensions.trunks.HistogramPooling` (e.g. after
-                ``trunk = pml_extensions.trunks.use_histogram_pooling(trunk)``), or PML's ``models`` dict
-                ``{"trunk": ..., "embedder": ...}`` (the embedder is then taken from it). The layer is read, not
-                owned: it stays out of this module's parameters and state dict.
-            embedder: with ``target="pooled"``, the module after the trunk (PML's embedder). The head becomes the
-                trunk's modules after the pooling (:func:`pml_extensions.trunks.pooling_tail`; the children after
-                the layer for a ``Sequential`` trunk) followed by the embedder. Without an embedder the head is
-                left as it is (a later ``attach(trunk, embedder)`` or ``attach(models)`` sets it).
+                :func:`~pml_extensions.trunks.use_histogram_pooling`), or PML's ``models`` dict (its ``"embedder"``
+                then taken too). The layer stays out of this module's parameters and state dict.
+            embedder: with ``target="pooled"``, PML's embedder: the head becomes the trunk's modules after the
+                pooling (:func:`pml_extensions.trunks.pooling_tail`, or a ``Sequential`` trunk's children after the
+                layer) followed by the embedder. Without one the head is left as it is.
 
         Raises:
             ValueError: if ``trunk`` holds no HistogramPooling or more than one, a ``models`` dict has no

@@ -1,11 +1,10 @@
 """Prototype-histogram pooling (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.1-2.2).
 
 A drop-in replacement for global average pooling that also computes the soft histogram of the local features over
-m learnable prototypes, which :class:`pml_extensions.losses.XMLWrapper` needs. The layer follows the paper: 1×1 conv
-with the prototypes as weights and no bias, logits multiplied by ε (``scale``), soft-max over the m prototype
-channels, mean over the positions. Deliberate deviation (not stated in the paper's text): local features and
-prototypes are L2-normalised by default, as the authors' related GSP code does, because raw CNN features make the
-ε = 10 soft-max one-hot; ``normalize=False`` gives the paper's literal raw inner products.
+m learnable prototypes (for :class:`pml_extensions.losses.XMLWrapper`): 1×1 conv with the prototypes as weights, no
+bias, logits times ε (``scale``), soft-max over the m prototypes, mean over the positions. Deviation: local features
+and prototypes are L2-normalised by default, as the authors' related GSP code does (raw CNN features make the ε = 10
+soft-max one-hot); ``normalize=False`` gives the paper's raw inner products.
 """
 
 import math
@@ -54,9 +53,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         normalize: L2-normalise local features and prototypes before the inner product (default ``True``; our
             choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
         device, dtype: factory arguments for the prototype weights.
-        seed: seed of the private generator that draws the random prototypes (:meth:`reset_parameters`) and
-            the lazy initialisation below; the global RNG is never touched, so adding this layer to a trunk does
-            not change any other module's initialisation.
+        seed: seed of the private generator of the random prototypes and the lazy initialisation (the global RNG
+            is never touched).
         lazy_init: ``None`` (default: the random prototypes stay), ``"kmeans"`` or ``"kcenter"``: the prototypes
             are initialised by :meth:`init_prototypes` from the local features of the first ``lazy_init_batches``
             training-mode forwards (eval-mode forwards do not count); the forward that completes the count already
@@ -64,10 +62,9 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             features kept per batch). Cancelled when prototypes are given (:meth:`init_prototypes`,
             :meth:`init_from_data`, :meth:`reset_parameters`, ``load_state_dict`` with the prototype weight). Under
             ``torch.distributed`` rank 0's prototypes are broadcast.
-        lazy_init_batches: how many training forwards feed the lazy initialisation (default 4, as the runner's
-            ``prototype_init``); more are taken while they hold fewer than ``num_prototypes`` local features.
-        keepdim: return ``[B, C, 1, 1]`` instead of ``[B, C]`` (the shape of ``AdaptiveAvgPool2d(1)``; used by
-            :func:`pml_extensions.trunks.use_histogram_pooling` where a model flattens after its pooling).
+        lazy_init_batches: training forwards that feed the lazy initialisation (default 4; more while they hold
+            fewer than ``num_prototypes`` local features).
+        keepdim: return ``[B, C, 1, 1]`` (``AdaptiveAvgPool2d(1)``'s shape) instead of ``[B, C]``.
 
     ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``; ``[B, C, 1, 1]`` with ``keepdim``). The
     soft histograms ``[B, m]`` (rows on the simplex, with their graph; float32, float64 for float64 input, also under
@@ -188,10 +185,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         return torch.softmax(self.logits(x), dim=1).mean(dim=(2, 3))
 
     def hard_histograms(self, x: torch.Tensor) -> torch.Tensor:
-        """Hard histograms z* (Sec. 2.1): the fraction of positions whose NEAREST prototype (L2, in the layer's
-        comparison space) is i. ``[B, m]``, non-differentiable. The soft histogram tends to this as ε → ∞ when the
-        prototypes have equal norms (always with ``normalize=True``); with raw prototypes of unequal norms the
-        soft arg-max of ν·x and the nearest prototype can differ."""
+        """Hard histograms z* (Sec. 2.1): the fraction of positions whose nearest prototype (L2, comparison space)
+        is i. ``[B, m]``, non-differentiable; the soft histogram's limit as ε → ∞ for equal-norm prototypes."""
         _check_feature_map(x, self.in_channels)
         with torch.no_grad():
             feats, protos = self._space(x)
@@ -283,9 +278,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             method: ``"kmeans"`` (faiss k-means), ``"kcenter"`` (greedy farthest-point, as the authors' GSP code
                 does), or ``"random"`` (N(0, 1/C)).
             seed: seed for the random start / k-means initialisation.
-            log: where one note goes when k-means gets fewer than :data:`KMEANS_POINTS_PER_PROTOTYPE` features per
-                prototype (faiss's own recommendation, whose stderr warning is not printed: the centroids are the
-                same with or without it).
+            log: gets one note when k-means has fewer than :data:`KMEANS_POINTS_PER_PROTOTYPE` features per
+                prototype (faiss's recommendation; its stderr warning is silenced).
 
         Raises:
             ValueError: on an unknown method or fewer features than prototypes.
@@ -327,8 +321,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
                     f"recommends >= {KMEANS_POINTS_PER_PROTOTYPE} per prototype, {k * KMEANS_POINTS_PER_PROTOTYPE}); "
                     "more or larger images (prototype_init num_batches) give a steadier start"
                 )
-            # min_points_per_centroid=1 only silences faiss's stderr warning of the same fact (faiss does not change
-            # the clustering below its recommendation)
+            # min_points_per_centroid=1 only silences faiss's stderr warning of the same fact
             km = faiss.Kmeans(
                 self.in_channels, k, niter=kmeans_iters, seed=seed, verbose=False, min_points_per_centroid=1
             )
@@ -376,7 +369,6 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         if len(feats) > max_features:
             gen = torch.Generator().manual_seed(seed)
             feats = feats[torch.randperm(len(feats), generator=gen, device=gen.device)[:max_features]]
-        # features are already in the comparison space; avoid normalising twice (idempotent anyway)
         return self.init_prototypes(feats, method=method, seed=seed, log=log)
 
 
@@ -438,9 +430,7 @@ def prototype_parameters(module: torch.nn.Module) -> List[torch.nn.Parameter]:
 def prototype_init(models, dataset, seed: int, spec, log: Optional[Callable[[str], None]] = None) -> bool:
     """The config key ``prototype_init: {method: kmeans|kcenter|random, num_batches: 4, batch_size: 32}``: the
     trunk's HistogramPooling prototypes from its body's local features on ``num_batches`` batches of ``dataset``
-    (shuffled with a generator seeded by ``seed``; the XML paper initialises them by k-means,
-    :meth:`HistogramPooling.init_from_data`; ``log`` gets its note on too few local features). Returns False for an
-    empty spec.
+    shuffled with ``seed`` (:meth:`HistogramPooling.init_from_data`). Returns False for an empty spec.
 
     Raises:
         ValueError: unknown keys, a trunk without exactly one HistogramPooling as a direct child of a Sequential

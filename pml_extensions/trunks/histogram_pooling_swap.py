@@ -170,39 +170,32 @@ def use_histogram_pooling(
 ) -> torch.nn.Module:
     """Replace ``model``'s global average pooling by :class:`HistogramPooling` (in place) and return the model.
 
-    The model computes exactly what it computed before, in train and eval mode (the layer returns the GAP vector;
-    checked on a probe batch): bit for bit where the replaced pooling is a spatial mean (``AdaptiveAvgPool2d(1)``,
-    torchvision's functional ``adaptive_avg_pool2d(x, 1)``, timm's ``x.mean((2, 3))``: the same ``mean`` operation as
-    the layer's), up to float rounding where it is a fixed-kernel ``AvgPool2d`` over the whole map (which sums in
-    another order: differences of a few float32 ulps). So a PML trunk keeps its output width and its embedder; the
-    layer also keeps the soft prototype histograms ``[B, m]`` of each forward for
-    :class:`pml_extensions.losses.XMLWrapper` (attach it with ``XMLWrapper(...).attach(model)``). How the pooling is
-    found: see the module docstring. Build the optimizers after the swap so that the prototypes are trained.
+    The model computes what it computed before, in train and eval mode (checked on a probe batch): bit for bit where
+    the replaced pooling is a spatial mean (``AdaptiveAvgPool2d(1)``, ``adaptive_avg_pool2d(x, 1)``,
+    ``x.mean((2, 3))``), up to a few float32 ulps for a whole-map ``AvgPool2d``. The layer keeps the soft prototype
+    histograms ``[B, m]`` of each forward for :class:`pml_extensions.losses.XMLWrapper`. Build the optimizers after
+    the swap so that the prototypes train.
 
     Args:
         model: a CNN with a global average pooling (torchvision ResNet, MobileNetV2/V3, EfficientNet, ConvNeXt,
-            RegNet; timm-style models with ``global_pool``; a ``Sequential`` body + ``AdaptiveAvgPool2d(1)``),
-            or a body that ends in a feature map (then ``Sequential(model, HistogramPooling)`` is returned).
+            RegNet; timm-style ``global_pool``), or a body that ends in a feature map.
         num_prototypes: m (paper: 64 for CUB/Cars, 128 for SOP/InShop).
-        scale, normalize, seed: as :class:`HistogramPooling` (defaults: cosine logits with ε = 100; our choice,
-            see that class: with ε = 10 on cosines the histograms stay nearly uniform and the XML term is constant).
-        prototypes: ``[m, C]`` initial prototypes; when given, ``init`` is not used.
-        init: ``"kmeans"`` (default), ``"kcenter"``: initialise the prototypes lazily from the local features of
-            the first ``init_batches`` training forwards (``HistogramPooling(lazy_init=...)``; deterministic given
-            ``seed`` and the batches); ``None`` keeps the layer's seeded random prototypes.
-        init_batches: training forwards that feed ``init`` (default 4).
-        example_input: the probe batch ``[B, C, H, W]`` (default: 2 seeded random images of ``PROBE_SIZE`` pixels
-            with the first Conv2d's input channels, on the model's device and dtype).
+        scale, normalize, seed: as :class:`HistogramPooling` (default: cosine logits with ε = 100).
+        prototypes: ``[m, C]`` initial prototypes (then ``init`` is not used).
+        init: ``"kmeans"`` (default) or ``"kcenter"``: initialise the prototypes lazily from the local features of
+            the first ``init_batches`` (default 4) training forwards (``HistogramPooling(lazy_init=...)``); ``None``
+            keeps the seeded random prototypes.
+        example_input: the probe batch ``[B, C, H, W]`` (default: 2 seeded random images of ``PROBE_SIZE`` pixels,
+            on the model's device and dtype).
 
     Returns:
-        ``model`` itself (with the layer in place of its pooling), or a new ``Sequential(model, layer)`` when
-        ``model`` is a body whose output is the feature map.
+        ``model`` itself, or a new ``Sequential(model, layer)`` when ``model`` is a body ending in the feature map.
 
     Raises:
-        ValueError: if ``model`` already holds a HistogramPooling, does not run on the probe batch (a model this
-            function does not support, e.g. a vision transformer; one line naming the model and what is supported,
-            never the model's own error), no global average pooling or feature map is found, or the swap would
-            change the model's output or stop it from running (the model is left unchanged).
+        ValueError: ``model`` already holds a HistogramPooling; it does not run on the probe batch (e.g. a vision
+            transformer; one line naming the model and what is supported); no global average pooling or feature map
+            is found; or the swap would change the model's output or stop it from running (the model is left
+            unchanged).
 
     Example::
 
@@ -263,7 +256,7 @@ def use_histogram_pooling(
                 f"({SUPPORTED}): put HistogramPooling({channels}) into the model yourself"
             )
         target.append(pool)
-        undo = target.pop
+        undo = lambda: target.pop(-1)  # noqa: E731
         where = f"appended to `{site.name}`"
     else:
         undo = _replace(model, site.name, pool)
@@ -271,14 +264,14 @@ def use_histogram_pooling(
     try:
         after, _ = _trace(model, x)
     except Exception as e:  # the model's code after the pooling cannot take the layer's output
-        undo(-1) if appended else undo()
+        undo()
         raise ValueError(
             f"{type(model).__name__}: with HistogramPooling {where} the model no longer runs "
             f"({_first_line(e.__cause__ or e)}); the model is left "
             "unchanged: put HistogramPooling into the model yourself"
         ) from None
     if not _same_output(before, after):
-        undo(-1) if appended else undo()
+        undo()
         raise ValueError(
             f"{type(model).__name__}: HistogramPooling {where} changes the model's output (the model does more than "
             "average its last feature map there, e.g. a ReLU in forward()); the model is left unchanged: put "
@@ -313,21 +306,18 @@ def _last_map(calls) -> Optional[_Call]:
 def pooling_tail(
     model: torch.nn.Module, layer: Optional[HistogramPooling] = None, example_input: Optional[torch.Tensor] = None
 ) -> List[torch.nn.Module]:
-    """The modules ``model`` applies to the GAP vector after its :class:`HistogramPooling` ``layer``, in order:
-    ``model(x)`` equals them applied to ``layer.last_pooled`` (checked on a probe batch, eval mode; led by an
-    ``Unflatten`` to ``[N, C, 1, 1]`` where the model's next module needs the pooling's 4-D shape). ``[]`` when
-    the model's output is the GAP vector (e.g. a PML trunk whose ``fc`` is ``Identity``: then the embedder alone
-    maps GAP vectors to embeddings).
+    """The modules ``model`` applies to the GAP vector after its :class:`HistogramPooling` ``layer``, in order, so that
+    ``model(x)`` equals them applied to ``layer.last_pooled`` (checked on a probe batch; led by an ``Unflatten`` to
+    ``[N, C, 1, 1]`` where the next module needs the 4-D shape); ``[]`` when the model's output is the GAP vector.
 
     Args:
-        model: a model holding ``layer`` (e.g. one returned by :func:`use_histogram_pooling`).
-        layer: its HistogramPooling (default: the single one inside ``model``).
+        model: a model holding ``layer``; layer: its HistogramPooling (default: the single one inside ``model``).
         example_input: the probe batch (default as in :func:`use_histogram_pooling`).
 
     Raises:
-        ValueError: if ``model`` holds no or several HistogramPooling layers (without ``layer``), does not run on
-            the probe batch, ``layer`` is not called exactly once, or the model's output is not the found modules
-            applied to the GAP vector (functional code after the pooling that no module shows).
+        ValueError: ``model`` holds no or several HistogramPooling layers (without ``layer``), does not run on the
+            probe batch, runs ``layer`` other than once, or its output is not the found modules applied to the GAP
+            vector.
 
     Example::
 

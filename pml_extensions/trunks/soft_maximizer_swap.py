@@ -43,6 +43,14 @@ def bn_relu_sites(model: torch.nn.Module) -> List[Tuple[torch.nn.Module, str]]:
     return sites
 
 
+def _sites(model) -> List[Tuple[torch.nn.Module, str]]:
+    """:func:`bn_relu_sites`, or ValueError when there is none."""
+    sites = bn_relu_sites(model)
+    if not sites:
+        raise ValueError(f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)")
+    return sites
+
+
 def _check_bn(bn) -> None:
     if not isinstance(bn, torch.nn.modules.batchnorm._BatchNorm):
         raise TypeError(f"expected a BatchNorm layer, got {type(bn).__name__}")
@@ -100,9 +108,8 @@ def soft_maximizer_swap(
         inplace: modify ``model`` (default ``False``: a deep copy).
 
     Returns:
-        The model; output shapes are unchanged. Its function is not (see the module docstring: the soft maximizer
-        is not BN-ReLU, so train the swapped network, as the paper does); every module, parameter and buffer other
-        than the replaced BNs is kept bit for bit.
+        The model, output shapes unchanged; every module, parameter and buffer but the replaced BNs kept bit for bit
+        (its function is not: train the swapped network, as the paper does).
 
     Raises:
         ValueError: on an unknown ``maximizer`` (lists the valid names), bad μ/η/ε/S (see the maximizer
@@ -129,8 +136,7 @@ def soft_maximizer_swap(
 
 
 def _run_with_hooks(model, batches, num_batches, hook_fn, sites):
-    if not sites:
-        raise ValueError(f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)")
+    """Run ``model`` (eval, no grad) on up to ``num_batches`` batches with ``hook_fn(i, m, inp, out)`` on site i."""
     for block, name in sites:
         _check_bn(getattr(block, name))
     handles = []
@@ -165,9 +171,8 @@ def estimate_mu(
 
     Args:
         model: trained model with torchvision ``BasicBlock``/``Bottleneck`` modules (BN not yet swapped).
-        batches: iterable of images ``[B, C, H, W]`` or ``(images, labels)``; E a_k and Var a_k are then
-            measured on this data (eval mode, the caller's train/eval mode restored, hooks removed). ``None``:
-            use the BN running statistics (no data needed).
+        batches: iterable of images ``[B, C, H, W]`` or ``(images, labels)`` on which E a_k and Var a_k are
+            measured (eval mode, modes restored); ``None``: the BN running statistics.
         num_batches: use at most this many batches (default: all).
         return_per_channel: also return the list of ``[C]`` μ_k tensors, one per site.
 
@@ -178,10 +183,8 @@ def estimate_mu(
     Raises:
         ValueError: if the model has no sites, ``batches`` yields nothing, or no channel qualifies.
     """
-    sites = bn_relu_sites(model)
+    sites = _sites(model)
     if batches is None:
-        if not sites:
-            raise ValueError(f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)")
         per_site = [bn_relu_thresholds(getattr(b, n)).detach().double().cpu() for b, n in sites]
     else:
         stats = [[0.0, 0.0, 0] for _ in sites]
@@ -224,7 +227,7 @@ def estimate_eta(model: torch.nn.Module, batches: Iterable, num_batches: Optiona
     Raises:
         ValueError: if the model has no sites or ``batches`` yields nothing.
     """
-    sites = bn_relu_sites(model)
+    sites = _sites(model)
     sums = [[0.0, 0] for _ in sites]
 
     def hook(i, m, inp, out):

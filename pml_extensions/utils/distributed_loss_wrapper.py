@@ -28,13 +28,8 @@ def _gather_in_rank_order(tensor):
     sizes = [torch.zeros_like(size) for _ in range(world)]
     torch.distributed.all_gather(sizes, size)
     sizes = [int(s) for s in sizes]
-    longest = max(sizes)
-    padded = tensor.detach()
-    if tensor.shape[0] < longest:
-        pad = torch.zeros(
-            (longest - tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
-        )
-        padded = torch.cat([padded, pad])
+    padding = (0, 0) * (tensor.ndim - 1) + (0, max(sizes) - tensor.shape[0])  # zero rows up to the longest
+    padded = torch.nn.functional.pad(tensor.detach(), padding)
     parts = [torch.empty_like(padded) for _ in range(world)]
     torch.distributed.all_gather(parts, padded.contiguous())
     parts = [part[:n] for part, n in zip(parts, sizes)]
@@ -44,15 +39,8 @@ def _gather_in_rank_order(tensor):
 
 def _own_first_to_rank_order(sizes, rank, device):
     """Position in the rank-order batch of each row of PML's own-rows-first batch ``[own, others in rank order]``."""
-    start = sum(sizes[:rank])
-    total = sum(sizes)
-    return torch.cat(
-        [
-            torch.arange(start, start + sizes[rank], device=device),
-            torch.arange(0, start, device=device),
-            torch.arange(start + sizes[rank], total, device=device),
-        ]
-    )
+    order, start, end = torch.arange(sum(sizes), device=device), sum(sizes[:rank]), sum(sizes[: rank + 1])
+    return torch.cat([order[start:end], order[:start], order[end:]])
 
 
 def _remap_indices_tuple(indices_tuple, emb_map, ref_map):

@@ -57,12 +57,8 @@ def _paired_seeds(a: Mapping, b: Mapping, what: str) -> list:
 def mean_std(values: Sequence[float]) -> Dict[str, float]:
     """Mean and sample standard deviation (ddof = 1) of a list of per-seed values.
 
-    Args:
-        values: one number per seed (at least one).
-
     Returns:
-        ``{"mean": float, "std": float or None, "n": int}``; ``std`` is ``None`` for a single value (undefined
-        with ddof = 1, reported as missing rather than as 0 or NaN).
+        ``{"mean": float, "std": float or None, "n": int}``; ``std`` is ``None`` for a single value.
 
     Raises:
         ValueError: on an empty list or a non-finite value.
@@ -81,20 +77,15 @@ def paired_difference(
     """Paired difference ``variant - baseline`` over the seeds both have, with a t confidence interval.
 
     Args:
-        variant: ``{seed: metric value}`` of the variant.
-        baseline: ``{seed: metric value}`` of the baseline, the same seeds (keys compared with ``==``; ``0`` and
-            ``"0"`` are different keys, so use one type).
+        variant, baseline: ``{seed: metric value}``, the same seeds (``0`` and ``"0"`` are different keys).
         confidence: level of the interval, in (0, 1). Default 0.95.
 
     Returns:
-        ``{"seeds": [...], "differences": [...], "mean_difference": float, "std": float, "n": int,
-        "confidence": float, "ci": [low, high]}``; ``std`` is the sample std (ddof = 1) of the differences. When
-        all differences are equal the interval is ``[mean, mean]``.
+        ``{"seeds", "differences", "mean_difference", "std" (ddof = 1), "n", "confidence", "ci": [low, high]}``.
 
     Raises:
-        ValueError: when the two mappings do not hold the same seeds (the unmatched seeds are named), when fewer
-            than 2 seeds are shared (no interval exists), on non-finite values, or ``confidence`` outside (0, 1).
-        TypeError: on non-mapping inputs or non-numeric values.
+        ValueError: different seeds (named), fewer than 2 seeds, non-finite values, ``confidence`` outside (0, 1).
+        TypeError: non-mapping inputs or non-numeric values.
     """
     from scipy import stats
 
@@ -146,8 +137,8 @@ def _check_per_class(name: str, per_class: Mapping) -> Dict[Hashable, Dict[Hasha
 
 
 def per_class_metric(per_class: Mapping[Hashable, Sequence[float]]) -> float:
-    """The metric of one run from its per-class sums: ``Σ sum / Σ count`` over the classes (MAP@R and P@1 are means
-    over queries, accuracy a mean over images, so this is the run's metric over all its test classes).
+    """The metric of one run from its per-class sums: ``Σ sum / Σ count`` over the classes (MAP@R, P@1 and accuracy
+    are means over queries / images).
 
     Args:
         per_class: ``{class: [sum of the per-query (per-image) metric, number of queries (images)]}``.
@@ -166,11 +157,9 @@ def per_class_metric(per_class: Mapping[Hashable, Sequence[float]]) -> float:
 
 def bootstrap_p_value(distribution: Sequence[float]) -> float:
     """Two-sided p-value of "the difference is 0" from a bootstrap distribution of the difference:
-    ``min(1, 2 · (min(#{d* ≤ 0}, #{d* ≥ 0}) + 1) / (B + 1))`` for ``B`` resampled differences ``d*``. It is the
-    smallest ``α`` whose equal-tailed ``1 − α`` percentile interval reaches 0 (so ``p < 0.05`` where the 95 %
-    percentile interval excludes 0, up to the interpolation of the quantiles); the ``+ 1`` counts the observed sample
-    among the resamples, so a finite bootstrap never claims ``p = 0`` (the usual Monte Carlo p-value, Davison &
-    Hinkley, *Bootstrap Methods and their Application*, 1997, ch. 4).
+    ``min(1, 2 · (min(#{d* ≤ 0}, #{d* ≥ 0}) + 1) / (B + 1))`` for ``B`` resampled differences ``d*``: the smallest
+    ``α`` whose ``1 − α`` percentile interval reaches 0; the ``+ 1`` counts the observed sample, so ``p > 0`` (the
+    Monte Carlo p-value, Davison & Hinkley, *Bootstrap Methods and their Application*, 1997, ch. 4).
 
     Raises:
         ValueError: an empty or non-finite distribution.
@@ -188,9 +177,9 @@ def bootstrap_p_value(distribution: Sequence[float]) -> float:
 
 
 def paired_t_p_value(mean: float, std: Optional[float], n: int) -> Optional[float]:
-    """Two-sided p-value of the paired t-test of "the mean difference is 0" (the test whose inversion is
+    """Two-sided p-value of the paired t-test of "the mean difference is 0" (the inversion of
     :func:`paired_difference`'s interval): ``2 · P(T_{n−1} ≥ |mean| / (std / √n))`` (``scipy.stats.t.sf``). ``None``
-    with fewer than 2 seeds; with ``std = 0`` it is 1 for a zero mean and 0 otherwise.
+    with fewer than 2 seeds; with ``std = 0``: 1 for a zero mean, else 0.
 
     Example::
 
@@ -219,9 +208,8 @@ def bootstrap_difference(
     the test classes.
 
     **Seeds and test classes** (``per_class=True``): ``variant`` and ``baseline`` are ``{seed: {class: [sum,
-    count]}}`` (the per-class sums of the per-query metric and the query counts of each run). One resample draws
-    ``n`` seeds with replacement from the ``n`` seeds and ``m`` classes with replacement from the ``m`` test classes
-    (every run has the same classes), the same draws for both arms, and computes::
+    count]}}`` (per-class sums of the per-query metric, query counts). One resample draws ``n`` seeds and ``m``
+    classes with replacement, the same for both arms, and computes::
 
         metric(arm, s, C*) = Σ_{c ∈ C*} sum[arm, s, c] / Σ_{c ∈ C*} count[arm, s, c]     (C*: the drawn classes)
         d* = (1/n) Σ_{s ∈ S*} (metric(variant, s, C*) − metric(baseline, s, C*))         (S*: the drawn seeds)
@@ -238,20 +226,16 @@ def bootstrap_difference(
     Args:
         variant, baseline: per-seed data as above, the same seeds (and, per class, the same classes everywhere).
         per_class: whether the values are per-class ``[sum, count]`` pairs.
-        confidence: the interval's level, in (0, 1).
-        n_resamples: ``B``, at least 100.
-        seed: seeds numpy's ``Generator`` (a fixed default: the same inputs give the same interval).
+        confidence: the interval's level, in (0, 1); n_resamples: ``B`` >= 100; seed: numpy's ``Generator`` seed.
         return_distribution: also return the ``B`` resampled differences under ``"distribution"``.
 
     Returns:
         ``{"mean_difference": float, "ci": [low, high], "p_value": float, "resampled": "seeds and test classes" |
-        "seeds", "method": "percentile", "n_resamples": B, "seed": seed, "n_seeds": n, "n_classes": m or None}``;
-        ``mean_difference`` is the observed difference (every seed and class once).
+        "seeds", "method": "percentile", "n_resamples": B, "seed": seed, "n_seeds": n, "n_classes": m or None}``.
 
     Raises:
-        ValueError: different seeds or classes between runs, fewer than 2 seeds without per-class data (1 seed is
-            allowed with per-class data: the classes are still resampled), bad values, ``confidence`` outside (0, 1)
-            or ``n_resamples`` < 100.
+        ValueError: different seeds or classes between runs, fewer than 2 seeds without per-class data, bad values,
+            ``confidence`` outside (0, 1) or ``n_resamples`` < 100.
         TypeError: non-mapping inputs.
 
     Example::
@@ -327,8 +311,8 @@ def bootstrap_difference(
 
 # ---------------------------------------------------------------------------------------------- several claims
 def holm(p_values: Sequence[Optional[float]]) -> List[Optional[float]]:
-    """Holm's step-down adjustment of the p-values of a family of tests (Holm 1979), in the given order; ``None``
-    entries (a claim without a p-value) are left out of the family and stay ``None``.
+    """Holm's step-down adjustment of a family's p-values (Holm 1979), in the given order; ``None`` entries are left
+    out of the family and stay ``None``.
 
     With the ``k`` p-values sorted, ``p_(1) ≤ … ≤ p_(k)``, the adjusted ``p̃_(i) = max_{j ≤ i} min(1, (k − j + 1) ·
     p_(j))``; rejecting where ``p̃ < α`` keeps the family-wise error rate at ``α`` under any dependence between the

@@ -75,26 +75,24 @@ def compare(
     bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> dict:
     """The paired comparison ``variant − baseline`` on ``metric`` from the ``variants`` of a results dict (what
-    :func:`pml_extensions.runner.outputs.results.summarize` lists under ``comparisons``; also for a claim whose pair
-    is not listed there).
+    :func:`pml_extensions.runner.outputs.results.summarize` lists under ``comparisons``).
 
     Args:
         variants: ``results["variants"]``.
         variant, baseline, metric: what is compared.
         per_class: ``{variant: {seed: {metric: {class: [sum, count]}}}}`` (``results["per_class"]``): bootstrap
             over seeds and test classes when both arms have ``metric`` there for every seed.
-        smallest_effect: δ (metric units): the comparison becomes a claim with a verdict (:func:`verdict_word`, one
-            claim: no Holm correction; :func:`claim_verdicts` corrects a table's claims together).
+        smallest_effect: δ (metric units): the comparison becomes a claim with a verdict (:func:`verdict_word`, no
+            Holm correction; :func:`claim_verdicts` corrects a table's claims together).
         claim: the claim's direction (:data:`CLAIMS`).
         n_resamples, bootstrap_seed: the bootstrap's number of resamples and numpy seed.
 
     Returns:
-        ``{"variant", "baseline", "metric", "mean_difference", "std", "n", "seeds", "differences", "ci95"}``: the
-        per-seed differences in seed order, their mean, sample std (ddof = 1) and 95 % Student-t interval; with a
-        single seed ``std`` and ``ci95`` are ``None``. With ``per_class`` or ``smallest_effect`` also the
-        bootstrap's ``bootstrap_ci95``, ``bootstrap`` (how it resampled), ``p_value_t``, ``p_value_bootstrap``;
-        with ``smallest_effect`` also ``claim``, ``smallest_effect``, ``p_value``, ``p_holm`` and ``verdict`` (the
-        module docstring).
+        ``{"variant", "baseline", "metric", "mean_difference", "std", "n", "seeds", "differences", "ci95"}`` (per-seed
+        differences in seed order, their mean, sample std and 95 % t interval; ``std`` and ``ci95`` ``None`` for one
+        seed); with ``per_class`` or ``smallest_effect`` also ``bootstrap_ci95``, ``bootstrap``, ``p_value_t``,
+        ``p_value_bootstrap``; with ``smallest_effect`` also ``claim``, ``smallest_effect``, ``p_value``, ``p_holm``
+        and ``verdict``.
 
     Raises:
         ValueError: an unknown variant (the message lists the known ones), a metric missing for some seed, seeds
@@ -132,14 +130,7 @@ def compare(
         entry.update(mean_difference=a[s] - b[s], std=None, n=1, seeds=[s], differences=[a[s] - b[s]], ci95=None)
     else:
         d = paired_difference(a, b, 0.95)
-        entry.update(
-            mean_difference=d["mean_difference"],
-            std=d["std"],
-            n=d["n"],
-            seeds=d["seeds"],
-            differences=d["differences"],
-            ci95=d["ci"],
-        )
+        entry.update({k: d[k] for k in ("mean_difference", "std", "n", "seeds", "differences")}, ci95=d["ci"])
     classes = _classes_of(per_class, variant, baseline, metric, entry["seeds"])
     if classes is None and smallest_effect is None:
         return entry
@@ -150,9 +141,8 @@ def compare(
     else:
         boot = None
     entry["bootstrap_ci95"] = None if boot is None else boot["ci"]
-    entry["bootstrap"] = None if boot is None else {k: boot[k] for k in ("resampled", "method", "n_resamples", "seed")}
-    if boot is not None:
-        entry["bootstrap"]["n_classes"] = boot["n_classes"]
+    keys = ("resampled", "method", "n_resamples", "seed", "n_classes")
+    entry["bootstrap"] = None if boot is None else {k: boot[k] for k in keys}
     entry["p_value_t"] = paired_t_p_value(entry["mean_difference"], entry["std"], entry["n"])
     entry["p_value_bootstrap"] = None if boot is None else boot["p_value"]
     if smallest_effect is not None:
@@ -203,10 +193,9 @@ def claim_verdicts(
         alpha: the family-wise level.
 
     Returns:
-        One word of :data:`VERDICTS` per comparison (the inconclusive one with its seed count). The p-value of a
-        comparison is its ``p_value``, else the larger of ``p_value_t`` and ``p_value_bootstrap``, else its paired
-        t-test's from ``mean_difference``, ``std`` and ``n``; a comparison without one (``ci95`` alone) is read
-        from its interval, outside the family.
+        One word of :data:`VERDICTS` per comparison. A comparison's p-value is its ``p_value``, else the larger of
+        ``p_value_t`` and ``p_value_bootstrap``, else its paired t-test's; one without any is read from its interval,
+        outside the family.
 
     Raises:
         ValueError: a list of claims or δ whose length differs from the comparisons', an unknown claim.
@@ -279,15 +268,13 @@ def verdict_word(
 
     Args:
         comparison: an item of ``comparisons`` (:func:`compare`): ``mean_difference`` and ``ci95`` (``None`` or NaN:
-            a single seed), and where present ``bootstrap_ci95`` (the verdict reads the envelope of both),
-            ``p_holm`` and ``n`` (else the length of ``differences`` or ``seeds``; the seed count is left out of
-            the inconclusive word when none of them is there).
-        claim: ``"greater"`` (the paper says the variant is better), ``"less"`` (worse) or ``"on_par"`` (no
-            different).
-        smallest_effect: δ, in the comparison's units; default the comparison's ``smallest_effect``. Without one
-            the verdict is inconclusive.
-        p_holm: the Holm-adjusted p-value of this claim in its table (:func:`claim_verdicts`); default the
-            comparison's ``p_holm``; without one the interval alone decides whether 0 is excluded.
+            a single seed), and where present ``bootstrap_ci95`` (the envelope of both is read), ``p_holm`` and
+            ``n`` (else the length of ``differences`` or ``seeds``).
+        claim: ``"greater"``, ``"less"`` or ``"on_par"``.
+        smallest_effect: δ, in the comparison's units; default the comparison's ``smallest_effect`` (none:
+            inconclusive).
+        p_holm: the Holm-adjusted p-value of this claim (:func:`claim_verdicts`); default the comparison's
+            ``p_holm``; without one the interval alone decides.
         alpha: the level the adjusted p-value is held to.
 
     Raises:
@@ -328,9 +315,8 @@ def verdict_word(
 
 
 def effect_bound(comparison: dict, scale: float = 1.0) -> Optional[float]:
-    """The largest effect a comparison's 95 % interval leaves possible: ``max(|low|, |high|) · scale`` (in the
-    metric's units times ``scale``, e.g. 100 for points) of the interval the verdict reads (the envelope of
-    ``ci95`` and ``bootstrap_ci95``), ``None`` without an interval (a single seed).
+    """The largest effect the verdict's interval (the envelope of ``ci95`` and ``bootstrap_ci95``) leaves possible:
+    ``max(|low|, |high|) · scale`` (metric units times ``scale``, e.g. 100 for points); ``None`` for a single seed.
 
     Example::
 
