@@ -31,11 +31,10 @@ def _count(name: str, value) -> int:
 class CoupledAugmentationDataset(torch.utils.data.Dataset):
     """Wraps a dataset of ``(PIL image, class label)`` into P coupled augmentations per image at two sizes.
 
-    For every augmentation the crop box (RandomResizedCrop parameters on the ORIGINAL image), the horizontal flip,
-    the colour-jitter factors and their order, and the mixup λ ~ Beta(alpha, alpha) are drawn once and applied at the
-    query size (student) and the database size (teacher). Both crops therefore cover the same fraction of the image.
-    Mixup happens in :meth:`collate`: row p of image b is mixed with row p of the NEXT image of the batch
-    (``(b + 1) mod B``), with image b's λ, identically at both sizes, on normalised tensors (as the paper's code).
+    For every augmentation the crop box (on the original image), the flip, the colour-jitter factors and their order,
+    and the mixup λ ~ Beta(alpha, alpha) are drawn once and applied at the query size (student) and the database
+    size (teacher). :meth:`collate` mixes row p of image b with row p of image ``(b + 1) mod B`` with image b's λ,
+    identically at both sizes, on normalised tensors (as the paper's code).
 
     Draws come from ``numpy.random.default_rng([seed, epoch, data_pass, index])`` (reproducible, independent of the
     workers' fetch order, global RNGs untouched). Call :meth:`set_epoch` and :meth:`set_pass` before each epoch / each
@@ -44,23 +43,20 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
 
     Args:
         dataset: items ``(PIL.Image, int label)`` (any mode, converted to RGB).
-        query_size: student (small) square size in pixels.
-        database_size: teacher (large) square size in pixels.
+        query_size, database_size: student (small) / teacher (large) square size in pixels.
         num_augmentations: P per image. Default 8 (paper).
-        scale, ratio: RandomResizedCrop ranges. Default torchvision's (the paper code uses the defaults).
+        scale, ratio: RandomResizedCrop ranges. Default torchvision's (as the paper code).
         flip_p: horizontal-flip probability. Default 0.5.
         jitter_strength: SimCLR colour-distortion strength s (0 disables). Default 0.5 (paper).
-        jitter_p: probability of applying the jitter. Default 1.0 (paper code; SimCLR uses 0.8).
+        jitter_p: probability of applying the jitter. Default 1.0 (paper code).
         mixup_alpha: Beta parameter of the mixup λ; ``None`` disables mixup. Default 0.2 (paper).
-        mean, std: normalisation. Default ImageNet.
-        seed: base seed. Default 0.
-        coupled: ``False`` draws the teacher's crop/flip/jitter independently of the student's (the paper's
-            "non-coupled" ablation, Table 3); λ stays shared.
+        mean, std: normalisation (default ImageNet); seed: base seed (default 0).
+        coupled: ``False`` draws the teacher's crop/flip/jitter independently (the paper's Table 3 ablation).
 
     ``__getitem__(i) -> (student [P, 3, q, q] float32, teacher [P, 3, d, d] float32, lam [P] float32, i, class_label)``.
     ``collate(batch) -> ((student [B·P, 3, q, q], teacher [B·P, 3, d, d], class_labels [B·P]), image_ids [B·P])``,
-    rows image-major (row b·P + p); pass it as the DataLoader's / trainer's ``collate_fn``. ``labels`` are the class
-    labels of the wrapped dataset (P per image are NOT repeated there).
+    rows image-major (row b·P + p): the DataLoader's ``collate_fn``. ``labels`` are the wrapped dataset's (one per
+    image).
 
     Raises:
         ValueError: non-positive sizes or P, invalid ranges or probabilities, negative jitter strength or
@@ -237,9 +233,8 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
 class PassShuffleSampler(torch.utils.data.Sampler):
     """A random permutation of ``range(num_items)`` per pass, drawn from ``(seed, data_pass)`` alone.
 
-    Unlike ``RandomSampler`` it keeps no generator state between passes: the order of pass p is a function of
-    (seed, p), so a run resumed at a pass boundary sees exactly the batches of an uninterrupted run.
-    :meth:`set_pass` selects the pass (the trainer calls it with the dataset's).
+    Unlike ``RandomSampler`` it keeps no state between passes, so a run resumed at a pass boundary sees exactly the
+    batches of an uninterrupted run; :meth:`set_pass` selects the pass.
 
     Example::
 

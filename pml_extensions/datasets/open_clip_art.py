@@ -45,21 +45,19 @@ class OpenClipArt(ClassDisjointDataset):
     top folder belong to that folder), classes with at least ``min_images`` images kept.
 
     Each image is cropped to its alpha bounding box, shrunk to ``max_side`` pixels on its longer side and composited
-    on white (RGB). Classes are sorted by name; ``max_classes`` keeps the classes with the most images (ties by
-    name). The split is class-disjoint and alternates over the sorted names (train = even positions, test = odd),
-    because sorted names group related topics.
+    on white (RGB). Classes are sorted by name; the class-disjoint split alternates over them (train = even
+    positions), because sorted names group related topics.
 
     Args:
         split: ``"train"``, ``"test"`` or ``"all"``.
         transform, target_transform: applied to the PIL RGB image / the int label.
         min_images: minimum images per class. Default 20.
-        max_classes: keep at most this many classes (before the split); ``None`` keeps all.
+        max_classes: keep the classes with the most images (ties by name; before the split); ``None`` keeps all.
         max_side: longer side in pixels of the cached drawing. Default 128.
         root: the package's PNG folder.
         rgba: return the cropped RGBA drawing instead of the white composite (for pasting onto photos).
-        max_pixels: drawings larger than this (width × height, from the header) are left out before classes are
-            counted; the package holds a few poster-size files (over 200 Mpx) that PIL refuses as decompression
-            bombs. Their paths are kept in ``excluded_paths``. Default 25 Mpx.
+        max_pixels: drawings larger than this (width × height, from the header; a few poster-size files) are left
+            out before classes are counted, their paths kept in ``excluded_paths``. Default 25 Mpx.
 
     Raises:
         FileNotFoundError: if ``root`` does not exist (names the Debian package to install).

@@ -49,21 +49,17 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
     works on cosines, as the paper's code does. Non-inverted distances are rejected.
 
     Args:
-        lambda_ts: λ_t, weight of L_rel-ts (CLI ``--lam-1``). Default 0.7 (paper's indicative value).
-        lambda_ss: λ_s, weight of L_rel-ss (CLI ``--lam-2``). Default 0.7 (paper).
+        lambda_ts, lambda_ss: λ_t, λ_s, weights of L_rel-ts and L_rel-ss (CLI ``--lam-1``, ``--lam-2``). Default 0.7.
         lambda_abs: weight of L_abs. Default 1 (paper; 0 only for ablations).
         eps0: constant inside each square. Default 1e-6 (paper code); 0 gives the paper's text literally.
-        detach_ref_emb: detach the teacher rows ``ref_emb`` (default ``True``), so the loss used on its own, outside
-            :class:`ResolutionDistillationTrainer`, never sends gradient into the teacher (RAML's teacher is frozen).
-            ``False`` lets gradient reach ``ref_emb`` (e.g. to reproduce the paper code's autograd graph).
+        detach_ref_emb: detach the teacher rows ``ref_emb`` (default ``True``: no gradient into the frozen teacher).
         **kwargs: ``distance``, ``reducer``, ``embedding_regularizer``... as for every PML loss.
 
     ``forward(embeddings [N, D] float, labels [N] int, indices_tuple=None, ref_emb [N, D] float, ref_labels=None)``
     -> scalar, computed with autocast disabled in the common dtype of ``embeddings`` and ``ref_emb``, at least
     float32. Both must be on the same device.
     ``indices_tuple`` is ignored (the pairs are fixed by ``labels``); ``ref_labels``, when given, must equal
-    ``labels``. Student = teacher with exactly unit-norm rows gives ``(lambda_abs+lambda_ts+lambda_ss)·eps0²`` per
-    image.
+    ``labels``.
 
     Raises:
         ValueError: negative/non-finite weights or eps0, all weights zero, a non-similarity distance; at forward:

@@ -48,12 +48,9 @@ def _pair(window, name="window") -> Optional[Tuple[int, int]]:
 
 
 def same_patch_mean(feature_map: torch.Tensor, window: Union[int, Sequence[int]]) -> torch.Tensor:
-    """Mean over the (kh × kw) window centred on every pixel, 'same' output size, padding excluded from the
-    mean.
+    """Mean over the (kh × kw) window centred on every pixel, 'same' output size, padding excluded from the mean.
 
-    For an odd size k the window spans [i − (k−1)/2, i + (k−1)/2]; for an even size it spans [i − (k/2 − 1), i
-    + k/2] (TensorFlow 'same' padding: the extra row/column goes after the pixel). Near the borders the mean
-    is over the pixels inside the map only.
+    An odd k spans [i − (k−1)/2, i + (k−1)/2], an even k [i − (k/2 − 1), i + k/2] (TensorFlow 'same' padding).
 
     Args:
         feature_map: ``[B, C, H, W]`` float tensor.
@@ -88,19 +85,14 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         value_channels: d', width of f' (the value vectors ν_k). Default ``in_channels``.
         window: patch window (kh, kw) or k; ``None`` (default, paper) uses (max(1, H // 2), max(1, W // 2)) of
             each input map, i.e. the paper's w/2 × h/2.
-        mixing: how scores become mixing coefficients: ``"bn_relu"`` (default, paper:
-            ReLU(BatchNorm2d(c)(a))), ``"softmax"`` (:class:`MarginAugmentedSoftmax`), ``"perturbed"``
-            (:class:`PerturbedMaximizer`), or ``"none"`` (the paper's "auxiliary loss only" baseline: no value
-            vectors and no shortcut conv; the block returns f unchanged and only scores patches for the
-            auxiliary loss).
+        mixing: how scores become mixing coefficients: ``"bn_relu"`` (default, paper: ReLU(BatchNorm2d(c)(a))),
+            ``"softmax"`` (:class:`MarginAugmentedSoftmax`), ``"perturbed"`` (:class:`PerturbedMaximizer`), or
+            ``"none"`` (the paper's "auxiliary loss only" baseline: the block returns f and only scores patches).
         combine: ``"add"`` (default, paper): f_out = conv1×1(f) + f', width d'; ``"concat"`` (paper's DenseNet
             "Ours-C"): f_out = [f, f'], width d + d', no shortcut conv.
-        mu, epsilon, eta, num_samples, seed: passed to the soft maximizer for
-            ``mixing="softmax"``/``"perturbed"`` (defaults μ = 0, ε = 1, η = 1, S = 600, seed 0; ε and S as in
-            the paper's Sec. 4.1 ablation).
-        norm_layer: normalisation class for ``"bn_relu"``, called as ``norm_layer(c, device=..., dtype=...)``.
-            Default BatchNorm2d.
-        act_layer: activation class for ``"bn_relu"``. Default ReLU (paper).
+        mu, epsilon, eta, num_samples, seed: the soft maximizer's (defaults μ = 0, ε = 1, η = 1, S = 600, seed 0).
+        norm_layer, act_layer: the ``"bn_relu"`` classes (default BatchNorm2d, called with ``device``/``dtype``;
+            ReLU).
         init: ``"paper"`` (default): PyTorch's random 1×1 convs, as in the paper's from-scratch training;
             ``"identity"``: :meth:`init_identity` after construction (f_out = f; the classifier stays random). The
             random draws are the same in both.
