@@ -1,12 +1,9 @@
 """torch.distributed wrapper for any PML-style loss, including losses that need extra per-sample tensors.
 
-PML's ``utils.distributed.DistributedLossWrapper`` accepts only its own base classes, gathers only embeddings and
-labels, and puts each process's own rows first, so every process sees the gathered batch in a different order. This
-subclass accepts any loss module taking ``(embeddings, labels, ...)``, also gathers the extra per-sample tensors a
-loss declares (``XMLWrapper``'s histograms), and gathers every tensor in rank order on every process: every process
-calls the loss on the same batch, the single-process batch (rank 0's rows, then rank 1's, ...). Stateful losses
-(PML's ``CrossBatchMemory``, alone or inside ``XMLWrapper``) therefore enqueue the same rows in the same order on
-every process, and their memories stay equal.
+PML's ``DistributedLossWrapper`` accepts only its own base classes, gathers only embeddings and labels, and puts
+each process's own rows first. This subclass accepts any loss taking ``(embeddings, labels, ...)``, also gathers the
+extra per-sample tensors a loss declares (``XMLWrapper``'s histograms), and gathers in rank order, so every process
+calls the loss on the single-process batch and stateful losses (``CrossBatchMemory``) stay equal on every process.
 """
 
 import inspect
