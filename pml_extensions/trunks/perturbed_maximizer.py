@@ -179,14 +179,6 @@ class PerturbedMaximizer(torch.nn.Module):
         k = moved.shape[-1]
         rows = moved.reshape(-1, k)
         chunk = self.chunk_size or max(1, DEFAULT_MAX_CHUNK_ELEMENTS // max(1, rows.numel() + rows.shape[0]))
-        out = PerturbedArgmaxFunction.apply(
-            rows,
-            self.mu,
-            self.epsilon,
-            self.eta,
-            self.num_samples,
-            chunk,
-            self.noise,
-            self.generator(activations.device),
-        )
+        config = (self.mu, self.epsilon, self.eta, self.num_samples, chunk, self.noise)
+        out = PerturbedArgmaxFunction.apply(rows, *config, self.generator(activations.device))
         return out.view(moved.shape).movedim(-1, self.dim)

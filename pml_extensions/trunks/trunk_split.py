@@ -100,7 +100,7 @@ def _spatial(node: fx.Node):
 
 def trunk_stages(model: torch.nn.Module, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE) -> List[str]:
     """Module paths where the stages of a CNN trunk end: the last module at each spatial resolution (stride 2, 4, 8,
-    ...) whose output is a clean cut (see the module docstring). A global pool to 1 × 1 is not a stage.
+    ...) whose output is a clean cut; a global pool to 1 × 1 is not a stage.
 
     Found by running a zero image ``[1, *input_shape]`` through the ``torch.fx`` graph (eval mode, no gradients,
     modes restored), tracing into any module whose output is at least 4 × smaller than its input. MobileNetV2 ->

@@ -62,17 +62,13 @@ class DistributedLossWrapper(pml_dist.DistributedLossWrapper):
         loss: any loss module whose forward takes ``(embeddings, labels, ...)``. If it has a method
             ``extra_tensors_for_gather(embeddings, **kwargs) -> dict`` (``XMLWrapper`` does), the tensors it returns
             ([N, ...] each) are gathered too and passed by keyword.
-        efficient: PML's memory-saving mode (local embeddings against gathered references). Not available with
-            extra tensors, because those losses need the whole gathered batch, nor with a stateful loss (a memory
-            bank), which must see the same rows on every process.
+        efficient: PML's memory-saving mode (local embeddings against gathered references); not with extra tensors
+            or a memory bank, which need the whole gathered batch.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, **tensors)``
-    returns ``world_size × loss(gathered batch)``, PML's convention that compensates DDP's gradient averaging; the
-    gathered batch is every process's rows in rank order, on every process (the single-process batch), so every
-    process returns the same value and a stateful loss's state stays the same on every process. Local batch sizes
-    may differ. ``indices_tuple`` follows PML's convention (indices into PML's own-rows-first gathered batch, so
-    local indices name the local rows) and is renumbered to the rank order. Outside an initialised process group it
-    calls the loss unchanged.
+    returns ``world_size × loss(gathered batch)`` (PML's convention against DDP's gradient averaging), the gathered
+    batch being every process's rows in rank order; local batch sizes may differ. ``indices_tuple`` follows PML's
+    own-rows-first convention and is renumbered. Outside an initialised process group it calls the loss unchanged.
 
     Raises:
         TypeError: if ``loss`` does not take ``(embeddings, labels)``.
