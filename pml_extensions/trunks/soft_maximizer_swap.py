@@ -63,8 +63,7 @@ def bn_relu_thresholds(
 
     Args:
         bn: an affine BatchNorm layer.
-        mean, var: ``[C]`` statistics of the BN input a; default: the layer's running statistics (what eval
-            mode uses).
+        mean, var: ``[C]`` statistics of the BN input a; default: the layer's running statistics.
 
     Returns:
         ``[C]`` float tensor (units of a). For γ_k > 0, eval-mode ReLU(BN(a))_k > 0 exactly when a_k > μ_k;
@@ -177,8 +176,8 @@ def estimate_mu(
         return_per_channel: also return the list of ``[C]`` μ_k tensors, one per site.
 
     Returns:
-        float μ (units of the conv activations a), or ``(μ, [μ_k per site])``. The mean is over the channels
-        with γ_k > 0 (where "positive ⇔ a_k > μ_k" holds) and μ_k ≠ 0.
+        float μ (units of the conv activations a; the mean over the channels with γ_k > 0 and μ_k ≠ 0), or
+        ``(μ, [μ_k per site])``.
 
     Raises:
         ValueError: if the model has no sites, ``batches`` yields nothing, or no channel qualifies.
@@ -212,8 +211,7 @@ def estimate_mu(
 
 def estimate_eta(model: torch.nn.Module, batches: Iterable, num_batches: Optional[int] = None) -> float:
     """η: the mean per-pixel sum over channels of the BN-ReLU outputs at the sites of a trained model (paper
-    Sec. 4.1; 17 for its CIFAR-10 ResNet20), measured on ``batches`` in eval mode (the caller's mode
-    restored).
+    Sec. 4.1; 17 for its CIFAR-10 ResNet20), measured on ``batches`` in eval mode (modes restored).
 
     Args:
         model: trained model with torchvision ``BasicBlock``/``Bottleneck`` modules (BN not yet swapped).
@@ -221,8 +219,7 @@ def estimate_eta(model: torch.nn.Module, batches: Iterable, num_batches: Optiona
         num_batches: use at most this many batches (default: all).
 
     Returns:
-        float η: per site, the mean over images and pixels of Σ_k ReLU(BN(a))_k; then the mean over sites
-            (each site weighted equally).
+        float η: the mean over sites of each site's mean over images and pixels of Σ_k ReLU(BN(a))_k.
 
     Raises:
         ValueError: if the model has no sites or ``batches`` yields nothing.
