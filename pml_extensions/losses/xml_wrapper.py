@@ -61,10 +61,9 @@ class _Ref:
 class XMLWrapper(ModuleWithRecords):
     """Cross-batch metric learning loss around any PML loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
 
-    The batch is split into two halves with disjoint classes. On each half k the ridge prototypes
-    ``V_k = argmin_A ||Z_k A - Y_k||² + ridge ||A||²`` map histograms to embeddings (closed form, kernel form when the
-    half is smaller than m). Each half is then predicted from the OTHER half's prototypes,
-    ``Ŷ_1 = Z_1 V_2`` and ``Ŷ_2 = Z_2 V_1``, and the inner loss judges the predictions with the true labels:
+    The batch is split into two halves with disjoint classes; on each half k the ridge prototypes ``V_k = argmin_A
+    ||Z_k A - Y_k||² + ridge ||A||²`` map histograms to embeddings, each half is predicted from the OTHER half's
+    prototypes (``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``) and the inner loss judges the predictions with the true labels:
 
         L = loss(Y, L) + xml_weight · L_XML,   L_XML = loss(Ŷ_1, L_1) + loss(Ŷ_2, L_2)   (SUM over the halves).
 
@@ -100,12 +99,11 @@ class XMLWrapper(ModuleWithRecords):
     configs and the main job use ``"pooled"``.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
-    histograms [N, m] = None, enqueue_mask [N] bool = None) -> scalar``. ``labels`` may be None only with
-    ``xml_weight=0`` (a loss driven by ``indices_tuple`` alone); ``enqueue_mask`` goes to an inner
-    ``CrossBatchMemory`` (the XML term uses every row). Precision (``xml_weight > 0``): float16/bfloat16 embeddings
-    are lifted to float32 and the whole loss runs with autocast disabled; the scalar is float32 (float64 for float64
-    embeddings). A ``ref_emb`` that is ``embeddings`` is passed on as the lifted embeddings themselves (losses that
-    check ``ref_emb is embeddings`` see the call they would see without the lift).
+    histograms [N, m] = None, enqueue_mask [N] bool = None) -> scalar``; ``labels`` may be None only with
+    ``xml_weight=0``; ``enqueue_mask`` goes to an inner ``CrossBatchMemory``. Precision (``xml_weight > 0``):
+    float16/bfloat16 embeddings are lifted to float32 and the whole loss runs with autocast disabled; the scalar is
+    float32 (float64 for float64 embeddings). A ``ref_emb`` that is ``embeddings`` is passed on as the lifted
+    embeddings themselves (losses that check ``ref_emb is embeddings`` see the call they would see without the lift).
 
     Recordable attributes: ``inner_loss``, ``xml_loss`` (L_XML before weighting), ``num_skipped_xml`` (batches
     without two halves that each hold a positive pair: they return the inner loss alone), ``xml_weight``, ``ridge``.
@@ -174,8 +172,8 @@ class XMLWrapper(ModuleWithRecords):
         )
 
     def attach(self, trunk, embedder: Optional[torch.nn.Module] = None) -> "XMLWrapper":
-        """Take what the XML term needs from the model: the histogram layer and, with ``target="pooled"`` and an
-        embedder, the head. Returns ``self``, so ``loss = XMLWrapper(ContrastiveLoss()).attach(trunk)`` is one line.
+        """Take the histogram layer and, with ``target="pooled"`` and an embedder, the head from the model; returns
+        ``self``.
 
         Args:
             trunk: the PML trunk holding exactly one :class:`pml_extensions.trunks.HistogramPooling` (e.g. after
@@ -308,8 +306,8 @@ class XMLWrapper(ModuleWithRecords):
         return pooled
 
     def extra_tensors_for_gather(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> dict:
-        """Per-sample tensors a distributed wrapper must gather with the embeddings: ``{"histograms": [N, m]}``
-        (empty when ``xml_weight == 0``). Used by :class:`pml_extensions.utils.DistributedLossWrapper`."""
+        """Per-sample tensors :class:`pml_extensions.utils.DistributedLossWrapper` gathers with the embeddings:
+        ``{"histograms": [N, m]}`` (and ``"pooled"``; empty when ``xml_weight == 0``)."""
         if self.xml_weight == 0:
             return {}
         extra = {"histograms": self.get_histograms(embeddings, histograms)}

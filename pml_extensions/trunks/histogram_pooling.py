@@ -151,9 +151,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         return 1
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None):
-        """Random prototypes: i.i.d. N(0, 1/C) entries (unit-norm rows in expectation), drawn from ``generator``
-        (default: a fresh CPU generator seeded with ``self.seed``; never the global RNG). Cancels a pending
-        ``lazy_init``."""
+        """Random prototypes, i.i.d. N(0, 1/C), from ``generator`` (default: a CPU generator seeded with
+        ``self.seed``); cancels a pending ``lazy_init``."""
         self._cancel_lazy_init()
         if generator is None:
             generator = torch.Generator().manual_seed(self.seed)
@@ -164,8 +163,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
 
     # ----------------------------------------------------------------------------------------------------------
     def _space(self, x: torch.Tensor):
-        """Local features and prototypes in the space the layer compares them in, in float32 (float64 stays float64):
-        F.normalize's eps (1e-12) is 0 in float16, so a zero feature would give 0/0 = NaN in half precision."""
+        """Local features and prototypes in the comparison space, in float32 or wider (F.normalize's eps is 0 in
+        float16)."""
         dtype = torch.promote_types(x.dtype, torch.float32)
         x, protos = x.to(dtype), self.prototypes.to(dtype)
         if self.normalize:
@@ -174,7 +173,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """ε · ν_iᵀ x_j for every prototype i and position j: ``[B, m, H, W]``, float32 (float64 for float64
-        input), autocast disabled: with ε = 10 half-precision logits would lose the soft-max's resolution."""
+        input), autocast disabled."""
         _check_feature_map(x, self.in_channels)
         with torch.autocast(device_type=x.device.type, enabled=False):
             feats, protos = self._space(x)
@@ -352,9 +351,9 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         seed: int = 0,
         log: Optional[Callable[[str], None]] = None,
     ) -> "HistogramPooling":
-        """Initialise prototypes from the local features that ``body`` (the trunk before this layer) produces on a
-        few batches. ``batches`` yields images ``[B, 3, H, W]`` or ``(images, labels)`` pairs. The caller's
-        train/eval mode of each of ``body``'s modules is restored afterwards; ``log`` as :meth:`init_prototypes`."""
+        """Initialise prototypes from the local features ``body`` (the trunk before this layer) produces on
+        ``num_batches`` of ``batches`` (images ``[B, 3, H, W]`` or ``(images, labels)``; eval mode, modes restored);
+        ``log`` as :meth:`init_prototypes`."""
         with eval_mode(body):
             feats = []
             device = next(iter(self.parameters())).device
