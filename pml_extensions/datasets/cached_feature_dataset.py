@@ -18,15 +18,12 @@ class CachedFeatureDataset(torch.utils.data.Dataset):
     """Items ``(features, label)``: the cached prefix output of view ``draw_view(seed, epoch, i, V)`` of item ``i``.
 
     Drop-in for the image dataset of a PML trainer or tester whose trunk is the trainable rest of a split model
-    (:func:`pml_extensions.trunks.split_trunk`): ``labels`` is the int64 numpy array [N] that
-    ``MPerClassSampler(dataset.labels, m)`` and the testers read, items collate into ``[B, *feature_shape]``.
-    With the same ``seed`` and epoch, :class:`~pml_extensions.datasets.SeededViewDataset` returns the images whose
-    prefix outputs these are. An evaluation cache (V = 1) always returns its one plain view.
+    (:func:`pml_extensions.trunks.split_trunk`); ``labels`` is an int64 numpy array [N]. With the same ``seed`` and
+    epoch, :class:`~pml_extensions.datasets.SeededViewDataset` returns the images whose prefix outputs these are.
 
-    Epochs: call :meth:`set_epoch` at each epoch boundary with the number of completed epochs (0 before the first);
-    with PML's trainers, ``end_of_epoch_hook=lambda trainer: dataset.set_epoch(trainer.epoch)`` does it (PML counts
-    epochs from 1), and a run resumed at PML epoch e calls ``set_epoch(e - 1)`` first. With DataLoader workers, the
-    epoch must be set before the iterator is created (workers hold a copy), as with ``DistributedSampler``.
+    Epochs: call :meth:`set_epoch` with the completed epochs (with PML's trainers
+    ``end_of_epoch_hook=lambda trainer: dataset.set_epoch(trainer.epoch)``; a run resumed at PML epoch e calls
+    ``set_epoch(e - 1)`` first), before a DataLoader iterator is created.
 
     Args:
         folder: a :class:`FeatureCache` folder whose build is complete.
@@ -34,9 +31,8 @@ class CachedFeatureDataset(torch.utils.data.Dataset):
         dtype: dtype of the returned features (the stored float16 / float32 values converted). Default float32.
         key: when given, the cache's key must equal it (as :meth:`FeatureCache.open` passes).
 
-    ``__getitem__(i) -> (features [*feature_shape] dtype, int label)``; ``features`` are read from the memory-mapped
-    file (the page cache keeps them after the first epoch); ``feature_shape``, ``num_views``, ``meta`` describe the
-    cache.
+    ``__getitem__(i) -> (features [*feature_shape] dtype, int label)``, read from the memory-mapped file;
+    ``feature_shape``, ``num_views``, ``meta`` describe the cache.
 
     Raises:
         FileNotFoundError: no ``meta.json`` in ``folder``.

@@ -1,12 +1,10 @@
 """Coupled augmentations at two resolutions for RAML distillation (teacher and student see the same transform).
 
-Source: P. Suma and G. Tolias, WACV 2023, Sec. 4 and 5 ("coupled" augmentations, Fig. 2 and Table 3: random resized
-crop, horizontal flip, colour distortion of strength 0.5 [SimCLR], mixup with alpha = 0.2 with the next image of the
-batch). The jitter factors (brightness/contrast/saturation 0.8·s, hue 0.2·s) follow SimCLR and ``pavelsuma/raml``
-(``lib/datasets/datahelpers.py``). Deviation from that code: parameters are drawn ONCE from a private
-``numpy.random.Generator`` seeded by (seed, epoch, data pass, index) and applied at both sizes with torchvision's
-functional ops, instead of reseeding the global ``random``/``numpy``/``torch`` RNGs before each transform chain; the
-mixup partner is the next image of the batch (the paper), not a random training image (the code).
+Source: P. Suma and G. Tolias, WACV 2023, Sec. 4 and 5 (Fig. 2, Table 3: random resized crop, horizontal flip,
+colour distortion of strength 0.5 [SimCLR], mixup with alpha = 0.2 with the next image of the batch); jitter factors
+as SimCLR and ``pavelsuma/raml`` (``lib/datasets/datahelpers.py``). Deviation from that code: parameters are drawn
+once from a private seeded ``numpy.random.Generator`` and applied at both sizes with torchvision's functional ops
+(instead of reseeding the global RNGs), and the mixup partner is the next image of the batch (the paper).
 """
 
 import math
@@ -23,41 +21,42 @@ from .normalization import IMAGENET_MEAN, IMAGENET_STD
 JITTER_OPS = ("brightness", "contrast", "saturation", "hue")
 
 
+def _count(name: str, value) -> int:
+    """``value`` as an int when it is a whole number >= 0 (``2.0`` included); ValueError otherwise."""
+    if isinstance(value, bool) or int(value) != value or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
 class CoupledAugmentationDataset(torch.utils.data.Dataset):
     """Wraps a dataset of ``(PIL image, class label)`` into P coupled augmentations per image at two sizes.
 
-    For every augmentation the crop box (RandomResizedCrop parameters on the ORIGINAL image), the horizontal flip,
-    the colour-jitter factors and their order, and the mixup λ ~ Beta(alpha, alpha) are drawn once and applied at the
-    query size (student) and the database size (teacher). Both crops therefore cover the same fraction of the image.
-    Mixup happens in :meth:`collate`: row p of image b is mixed with row p of the NEXT image of the batch
-    (``(b + 1) mod B``), with image b's λ, identically at both sizes, on normalised tensors (as the paper's code).
+    For every augmentation the crop box (on the original image), the flip, the colour-jitter factors and their order,
+    and the mixup λ ~ Beta(alpha, alpha) are drawn once and applied at the query size (student) and the database
+    size (teacher). :meth:`collate` mixes row p of image b with row p of image ``(b + 1) mod B`` with image b's λ,
+    identically at both sizes, on normalised tensors (as the paper's code).
 
-    Draws come from ``numpy.random.default_rng([seed, epoch, data_pass, index])``: reproducible, independent of the
-    order in which DataLoader workers fetch items, and the global RNGs are never touched. Call :meth:`set_epoch`
-    before each epoch and :meth:`set_pass` before each new pass over the data (every time a DataLoader iterator is
-    created; :class:`~pml_extensions.trainers.ResolutionDistillationTrainer` does both), otherwise a second pass
-    repeats the first pass's crops, flips, jitter and mixup λ. With workers, call them before the iterator is
-    created, as with ``DistributedSampler``.
+    Draws come from ``numpy.random.default_rng([seed, epoch, data_pass, index])`` (reproducible, independent of the
+    workers' fetch order, global RNGs untouched). Call :meth:`set_epoch` and :meth:`set_pass` before each epoch / each
+    new DataLoader iterator (:class:`~pml_extensions.trainers.ResolutionDistillationTrainer` does both), otherwise a
+    second pass repeats the first pass's draws.
 
     Args:
         dataset: items ``(PIL.Image, int label)`` (any mode, converted to RGB).
-        query_size: student (small) square size in pixels.
-        database_size: teacher (large) square size in pixels.
+        query_size, database_size: student (small) / teacher (large) square size in pixels.
         num_augmentations: P per image. Default 8 (paper).
-        scale, ratio: RandomResizedCrop ranges. Default torchvision's (the paper code uses the defaults).
+        scale, ratio: RandomResizedCrop ranges. Default torchvision's (as the paper code).
         flip_p: horizontal-flip probability. Default 0.5.
         jitter_strength: SimCLR colour-distortion strength s (0 disables). Default 0.5 (paper).
-        jitter_p: probability of applying the jitter. Default 1.0 (paper code; SimCLR uses 0.8).
+        jitter_p: probability of applying the jitter. Default 1.0 (paper code).
         mixup_alpha: Beta parameter of the mixup λ; ``None`` disables mixup. Default 0.2 (paper).
-        mean, std: normalisation. Default ImageNet.
-        seed: base seed. Default 0.
-        coupled: ``False`` draws the teacher's crop/flip/jitter independently of the student's (the paper's
-            "non-coupled" ablation, Table 3); λ stays shared.
+        mean, std: normalisation (default ImageNet); seed: base seed (default 0).
+        coupled: ``False`` draws the teacher's crop/flip/jitter independently (the paper's Table 3 ablation).
 
     ``__getitem__(i) -> (student [P, 3, q, q] float32, teacher [P, 3, d, d] float32, lam [P] float32, i, class_label)``.
     ``collate(batch) -> ((student [B·P, 3, q, q], teacher [B·P, 3, d, d], class_labels [B·P]), image_ids [B·P])``,
-    rows image-major (row b·P + p); pass it as the DataLoader's / trainer's ``collate_fn``. ``labels`` are the class
-    labels of the wrapped dataset (P per image are NOT repeated there).
+    rows image-major (row b·P + p): the DataLoader's ``collate_fn``. ``labels`` are the wrapped dataset's (one per
+    image).
 
     Raises:
         ValueError: non-positive sizes or P, invalid ranges or probabilities, negative jitter strength or
@@ -99,11 +98,7 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
             raise ValueError("mean and std must have 3 entries each, std > 0")
         self.scale, self.ratio = tuple(scale), tuple(ratio)
-        self.flip_p, self.jitter_p, self.jitter_strength = (
-            float(flip_p),
-            float(jitter_p),
-            float(jitter_strength),
-        )
+        self.flip_p, self.jitter_p, self.jitter_strength = float(flip_p), float(jitter_p), float(jitter_strength)
         self.mixup_alpha = None if mixup_alpha is None else float(mixup_alpha)
         self.mean, self.std = list(mean), list(std)
         self.seed = int(seed)
@@ -118,16 +113,12 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
 
     def set_epoch(self, epoch: int):
         """Select the augmentation draws of ``epoch`` (part of the per-item seed). Raises ValueError if negative."""
-        if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = _count("epoch", epoch)
 
     def set_pass(self, data_pass: int):
         """Select the draws of pass ``data_pass`` over the data (part of the per-item seed): fresh crops, flips,
         jitter and mixup λ on every pass. Raises ValueError if negative."""
-        if isinstance(data_pass, bool) or int(data_pass) != data_pass or data_pass < 0:
-            raise ValueError(f"data_pass must be an int >= 0, got {data_pass!r}")
-        self.data_pass = int(data_pass)
+        self.data_pass = _count("data_pass", data_pass)
 
     # ------------------------------------------------------------------ parameter draws
     def generator(self, index: int) -> np.random.Generator:
@@ -242,9 +233,8 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
 class PassShuffleSampler(torch.utils.data.Sampler):
     """A random permutation of ``range(num_items)`` per pass, drawn from ``(seed, data_pass)`` alone.
 
-    Unlike ``RandomSampler`` it keeps no generator state between passes: the order of pass p is a function of
-    (seed, p), so a run resumed at a pass boundary sees exactly the batches of an uninterrupted run.
-    :meth:`set_pass` selects the pass (the trainer calls it with the dataset's).
+    Unlike ``RandomSampler`` it keeps no state between passes, so a run resumed at a pass boundary sees exactly the
+    batches of an uninterrupted run; :meth:`set_pass` selects the pass.
 
     Example::
 
@@ -262,9 +252,7 @@ class PassShuffleSampler(torch.utils.data.Sampler):
         self.data_pass = 0
 
     def set_pass(self, data_pass: int):
-        if isinstance(data_pass, bool) or int(data_pass) != data_pass or data_pass < 0:
-            raise ValueError(f"data_pass must be an int >= 0, got {data_pass!r}")
-        self.data_pass = int(data_pass)
+        self.data_pass = _count("data_pass", data_pass)
 
     def __len__(self):
         return self.num_items

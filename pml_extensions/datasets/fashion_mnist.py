@@ -7,7 +7,7 @@ from typing import Callable, Optional
 import numpy as np
 from PIL import Image
 
-from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
+from .class_disjoint_dataset import SPLITS, ClassDisjointDataset, select_split_classes
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_HINT = "apt-get install dataset-fashion-mnist"
@@ -73,7 +73,9 @@ class FashionMNIST(ClassDisjointDataset):
             parts = [files["train"], files["test"]]
             keep = set(select_split_classes(range(10), split, "halves"))
         else:
-            parts = [files["train"], files["test"]] if split == "all" else [files[select_split_or_raise(split)]]
+            if split not in SPLITS:
+                raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+            parts = [files["train"], files["test"]] if split == "all" else [files[split]]
             keep = set(range(10))
         images = np.concatenate([read_idx(os.path.join(root, p[0])) for p in parts])
         labels = np.concatenate([read_idx(os.path.join(root, p[1])) for p in parts]).astype(np.int64)
@@ -90,9 +92,3 @@ class FashionMNIST(ClassDisjointDataset):
 
     def load_image(self, index: int) -> Image.Image:
         return Image.fromarray(self.images[index])
-
-
-def select_split_or_raise(split):
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
-    return split

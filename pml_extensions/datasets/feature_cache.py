@@ -1,45 +1,34 @@
 """Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image, computed once.
 
-A frozen pretrained prefix (the first part of :func:`pml_extensions.trunks.split_trunk`) computes the same features
-every epoch. :class:`FeatureCache` computes them once for a bank of ``num_views`` seeded augmented views per training
-image (:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`), or for the plain view of every evaluation
-image (``num_views=1`` with the evaluation transform), and stores them in one memory-mapped ``.npy`` file;
-:class:`~pml_extensions.datasets.CachedFeatureDataset` serves them to PML's trainers, samplers and testers, which
-train and embed with the trainable rest only.
-
-Folder layout (``folder`` holds nothing else; ``meta.json``, ``labels.npy`` and the markers are written atomically,
-``features.npy`` is created atomically and then filled chunk by chunk)::
+A frozen prefix (the first half of :func:`pml_extensions.trunks.split_trunk`) computes the same features every epoch.
+:class:`FeatureCache` computes them once, for ``num_views`` seeded augmented views per training image
+(:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`) or the plain view of each evaluation image
+(``num_views=1``), into one memory-mapped ``.npy``; :class:`~pml_extensions.datasets.CachedFeatureDataset` serves
+them. Folder layout (``meta.json``, ``labels.npy`` and markers written atomically)::
 
     meta.json        key, its parts' digests, N, V, feature shape, dtype, chunk size, complete flag
     labels.npy       int64 [N]
-    features.npy     [N, V, *feature_shape] float16 / float32 / float64, numpy's .npy format (np.load(mmap_mode="r"))
+    features.npy     [N, V, *feature_shape] float16 / float32 / float64 (np.load(mmap_mode="r"))
     chunks/00012     one marker per finished chunk of ``chunk_size`` items (all V views)
 
-**Key.** SHA-256 over: the prefix (``repr`` and every ``state_dict`` tensor's name, dtype, shape and bytes), the
-transform (``repr``, or ``transform_key``), the dataset (class, length, labels, scalar attributes such as ``split``
-and ``max_side``, the repr of its own transform, and either ``dataset_key``, or each path of its ``paths`` with the
-file's size and mtime, or, for a dataset without ``paths``, the bytes of every untransformed item), ``num_views``,
+**Key.** SHA-256 over the prefix (``repr`` and every ``state_dict`` tensor), the transform (``repr`` or
+``transform_key``), the dataset (class, length, labels, scalar attributes, its own transform's repr, and
+``dataset_key``, else each ``paths`` entry's size and mtime, else every untransformed item's bytes), ``num_views``,
 ``view_seed``, the stored dtype and ``chunk_size``. A different key empties the folder and rebuilds.
 
-**Resume.** A chunk is computed, written into its slice of ``features.npy``, flushed to disk, and only then marked
-done; a build that stops (exception, SIGKILL) recomputes the unmarked chunks and nothing else, and the finished file
-is byte-identical to an uninterrupted build's (same machine and batch size).
+**Resume.** A chunk is computed, written, flushed and only then marked done; an interrupted build recomputes the
+unmarked chunks only, and the result is byte-identical to an uninterrupted build's (same machine and batch size).
 
-**Shards.** ``build(rank, world_size)`` computes chunks ``rank, rank + world_size, ...``; all ranks write into the same
-file, and the call that finds every chunk done marks the cache complete. Under torchrun (``torch.distributed``
-initialised, no explicit rank) the ranks come from ``torch.distributed``, rank 0 prepares the folder, and barriers
-order prepare -> chunks -> completion. Separate processes given explicit ranks must find the folder prepared (run one
-``build`` or :meth:`FeatureCache.prepare` first), since nothing orders their preparation.
+**Shards.** ``build(rank, world_size)`` computes chunks ``rank::world_size`` into the same file; the call that finds
+every chunk done marks the cache complete. Under an initialised ``torch.distributed`` the ranks come from it, rank 0
+prepares the folder and barriers order the steps; processes given explicit ranks need a prepared folder
+(:meth:`FeatureCache.prepare`).
 
-**Derived caches.** ``FeatureCache(folder, module, source)`` with ``source`` a finished
-:class:`~pml_extensions.datasets.CachedFeatureDataset` (and no transform) applies a further frozen ``module`` once to
-every stored view of the source: view ``v`` of item ``i`` is ``module(source.features[i, v])``, the source's V, view
-seed and labels kept. One image pass then serves several boundaries (e.g. MobileNetV2's ``features.18`` applied to a
-``features.17`` cache: the ``features.18`` cache up to the rounding of its stored input). Its key holds the source's
-key instead of the transform and dataset parts, so a rebuilt source rebuilds it.
+**Derived caches.** With ``dataset`` a finished :class:`~pml_extensions.datasets.CachedFeatureDataset` (and no
+transform), view ``v`` of item ``i`` is ``prefix(source.features[i, v])`` (V, view seed and labels the source's), so
+one image pass serves several boundaries; the key holds the source's key instead of the transform and dataset parts.
 
-Where the work runs: the prefix on its own device and dtype (move it with ``.to(device)`` first), images loaded and
-transformed on the CPU (``num_workers`` DataLoader workers), features stored on disk in ``dtype``.
+The prefix runs on its own device and dtype; images are loaded and transformed on the CPU (``num_workers``).
 """
 
 import hashlib
@@ -55,6 +44,7 @@ import torch
 
 from ..utils.atomic_io import atomic_path, atomic_write_json, atomic_write_text
 from ..utils.checks import int_at_least
+from ..utils.eval_mode import eval_mode
 from .cached_feature_dataset import FORMAT, CachedFeatureDataset
 from .seeded_view_dataset import SeededViewDataset
 
@@ -178,22 +168,6 @@ def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
     return _sha(head + ["items"] + list(items()))
 
 
-class _eval_mode:
-    """Every submodule in eval mode inside the block; each one's own mode restored afterwards."""
-
-    def __init__(self, module):
-        self.module = module
-
-    def __enter__(self):
-        self.modes = [(m, m.training) for m in self.module.modules()]
-        self.module.eval()
-
-    def __exit__(self, *exc):
-        for m, mode in self.modes:
-            m.training = mode
-        return False
-
-
 class _SourceViews:
     """The stored views of a finished cache as the input of a derived one: ``view(i, v)`` is ``[*feature_shape]``
     in the stored dtype (the build casts it to the module's dtype), ``labels``, ``num_views`` and ``view_seed``
@@ -240,26 +214,21 @@ class FeatureCache:
     """The outputs of a frozen ``prefix`` for ``num_views`` seeded views of every item of ``dataset``, on disk.
 
     Args:
-        folder: the cache's folder (created; it holds only this cache, e.g. ``<experiment>/feature_cache/train``).
-        prefix: the frozen module, run in eval mode under ``torch.no_grad()`` (each submodule's mode is restored
-            afterwards) on the device and dtype of its first floating parameter; inputs are cast to them.
+        folder: the cache's folder (created; it holds only this cache).
+        prefix: the frozen module, run in eval mode under ``torch.no_grad()`` (modes restored) on the device and
+            dtype of its first floating parameter or buffer; inputs are cast to them.
         dataset: items ``(untransformed image, label)`` with an int ``labels`` array [N]; or a finished
-            :class:`~pml_extensions.datasets.CachedFeatureDataset` (a derived cache, see the module docstring: then
-            ``transform`` is None and ``num_views`` / ``view_seed`` are the source's).
-        transform: image -> ``[C, H, W]`` tensor, run seeded per (view_seed, index, view)
-            (:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`). Its ``repr`` is part of the key, so
-            a transform whose repr shows a memory address (a lambda, a class without ``__repr__``) needs
-            ``transform_key``.
-        num_views: V views per item. Training: a few (the issue's pilot used 4); evaluation: 1 (the plain view).
-            Default (None): 1, or the source's V for a derived cache.
-        view_seed: seeds the views' contents. Default (None): 0, or the source's for a derived cache.
-        dtype: stored dtype, ``"float16"`` (half the disk and page cache; outputs must fit its range),
-            ``"float32"`` or ``"float64"`` (tests). Default ``"float16"``.
+            :class:`~pml_extensions.datasets.CachedFeatureDataset` (a derived cache: no ``transform``).
+        transform: image -> ``[C, H, W]`` tensor, run seeded per (view_seed, index, view). Its ``repr`` is part of
+            the key, so one whose repr shows a memory address (a lambda) needs ``transform_key``.
+        num_views: V views per item (training: a few; evaluation: 1). Default 1, or the source's V.
+        view_seed: seeds the views' contents. Default 0, or the source's.
+        dtype: stored dtype, ``"float16"`` (default; outputs must fit its range), ``"float32"`` or ``"float64"``.
         chunk_size: items per chunk, the unit of resume and sharding. Default 256.
         batch_size: views per prefix forward. Default 64.
         num_workers: DataLoader workers that load and transform images. Default 0.
-        transform_key, dataset_key: strings that replace the transform's repr / the dataset's file list or
-            contents in the key (you then own the job of changing them when the input changes).
+        transform_key, dataset_key: strings that replace the transform's repr / the dataset's files or contents in
+            the key (change them when the input changes).
 
     Raises:
         ValueError / TypeError: bad sizes, seeds or dtype; a transform repr with a memory address and no
@@ -409,7 +378,7 @@ class FeatureCache:
         x = self.views.view(0, 0)
         if not torch.is_tensor(x):
             raise TypeError(f"transform must return a tensor, got {type(x).__name__}")
-        with torch.no_grad(), _eval_mode(self.prefix):
+        with torch.no_grad(), eval_mode(self.prefix):
             y = self.prefix(x.unsqueeze(0).to(self.device, self.input_dtype))
         if not torch.is_tensor(y) or not y.is_floating_point():
             raise TypeError(f"prefix must return a floating-point tensor, got {getattr(y, 'dtype', type(y))}")
@@ -468,17 +437,15 @@ class FeatureCache:
         loader = torch.utils.data.DataLoader(
             items, batch_size=self.batch_size, num_workers=self.num_workers, generator=torch.Generator()
         )
-        out = np.empty((len(items),) + features.shape[2:], dtype=features.dtype)
-        pos = 0
-        with torch.no_grad(), _eval_mode(self.prefix):
+        parts = []
+        with torch.no_grad(), eval_mode(self.prefix):
             for batch in loader:
                 y = self.prefix(batch.to(self.device, self.input_dtype)).to("cpu", getattr(torch, self.dtype))
                 if not torch.isfinite(y).all():
                     hint = " (beyond float16's range: use dtype='float32')" if self.dtype == "float16" else ""
                     raise ValueError(f"prefix output of chunk {chunk} (items {start}-{stop - 1}) is not finite{hint}")
-                out[pos : pos + len(y)] = y.numpy()
-                pos += len(y)
-        features[start:stop] = out.reshape((stop - start, self.num_views) + features.shape[2:])
+                parts.append(y.numpy())
+        features[start:stop] = np.concatenate(parts).reshape((stop - start, self.num_views) + features.shape[2:])
         features.flush()
         atomic_write_text(self._marker(chunk), f"{stop - start}\n")
 

@@ -22,6 +22,8 @@ DATASET_CLASSES = {
     "csv": ImageCSVSplit,
 }
 DATASET_NAMES = tuple(DATASET_CLASSES) + tuple(PML_DATASETS)
+#: the datasets that need ``root``, and what it is
+ROOT_HINTS = {"imagefolder": "folder with one sub-folder per class", "csv": "a CSV file with label and path columns"}
 
 
 class _RGBLabels:
@@ -72,24 +74,17 @@ def get_dataset(
                     f"dataset {name!r} ({DATASET_CLASSES[name].__name__}) takes no argument {key!r}; its kwargs: "
                     f"{', '.join(taken) or 'none'}"
                 )
-    if root is not None and name in ("glyphs", "glyphs_debian"):
-        raise ValueError(f"dataset {name!r} takes no root (fonts are found by source=); got root={root!r}")
-    if name == "glyphs":
-        return GlyphDataset(split=split, transform=transform, **kwargs)
-    if name == "glyphs_debian":
-        return GlyphDataset(split=split, transform=transform, source="debian", **kwargs)
-    if name == "openclipart":
-        return OpenClipArt(split=split, transform=transform, **({"root": root} if root else {}), **kwargs)
-    if name == "fashion_mnist":
-        return FashionMNIST(split=split, transform=transform, **({"root": root} if root else {}), **kwargs)
-    if name == "imagefolder":
+    if name in ("glyphs", "glyphs_debian"):
+        if root is not None:
+            raise ValueError(f"dataset {name!r} takes no root (fonts are found by source=); got root={root!r}")
+        source = {"source": "debian"} if name == "glyphs_debian" else {}
+        return GlyphDataset(split=split, transform=transform, **source, **kwargs)
+    if name in ("openclipart", "fashion_mnist"):
+        return DATASET_CLASSES[name](split=split, transform=transform, **({"root": root} if root else {}), **kwargs)
+    if name in ROOT_HINTS:
         if root is None:
-            raise ValueError("dataset 'imagefolder' needs root=<folder with one sub-folder per class>")
-        return ImageFolderSplit(root, split=split, transform=transform, **kwargs)
-    if name == "csv":
-        if root is None:
-            raise ValueError("dataset 'csv' needs root=<a CSV file with label and path columns>")
-        return ImageCSVSplit(root, split=split, transform=transform, **kwargs)
+            raise ValueError(f"dataset {name!r} needs root=<{ROOT_HINTS[name]}>")
+        return DATASET_CLASSES[name](root, split=split, transform=transform, **kwargs)
     if name in PML_DATASETS:
         import os
 

@@ -97,9 +97,8 @@ def _render(font_files: Tuple[str, ...], wanted: Tuple[int, ...], image_size: in
 class GlyphDataset(ClassDisjointDataset):
     """Character glyphs as a metric-learning dataset with 62 classes (digits, upper- and lower-case letters).
 
-    Every usable font gives one grayscale image per character. Fonts named in ``EXCLUDED_FONTS`` (placeholder or
-    symbol fonts) are dropped, characters missing from a font's character map are skipped (no .notdef boxes), and
-    renderings identical to one already in the class (same pixels) are dropped.
+    Every usable font gives one grayscale image per character; ``EXCLUDED_FONTS``, characters missing from a font's
+    character map and renderings identical to one already in the class are skipped.
 
     Args:
         split: ``"train"`` (first 31 classes: 0-9, A-U), ``"test"`` (the other 31: V-Z, a-z) or ``"all"``.

@@ -83,25 +83,22 @@ def parse_columns(columns: Union[None, str, Mapping[str, Optional[str]]]) -> Dic
     return out
 
 
-def _values(rows: List[Dict[str, str]], column: str) -> List[str]:
-    return [(r.get(column) or "").strip() for r in rows]
-
-
 def suggest_columns(header: Sequence[str], rows: List[Dict[str, str]], found: Dict[str, str]) -> str:
     """A ``role=column,...`` guess for a table whose label or path column was not found: ``path`` the column whose
     values look like image files, ``split`` one whose values are all split names, ``label`` a text column with few
     distinct values (a name like category / class first). ``found`` holds the roles already known."""
     guess = dict(found)
     free = [h for h in header if h not in guess.values()]
+    values_of = {h: [(r.get(h) or "").strip() for r in rows] for h in free}
     if "path" not in guess:
-        scores = {h: np.mean([v.lower().endswith(_IMAGE_SUFFIXES) for v in _values(rows, h)] or [0]) for h in free}
+        scores = {h: np.mean([v.lower().endswith(_IMAGE_SUFFIXES) for v in values_of[h]] or [0]) for h in free}
         best = max(free, key=lambda h: scores[h], default=None)
         if best is not None and scores[best] >= 0.5:
             guess["path"] = best
     if "split" not in guess:
         known = set(TRAIN_VALUES + TEST_VALUES)
         for h in free:
-            values = {v.lower() for v in _values(rows, h) if v}
+            values = {v.lower() for v in values_of[h] if v}
             if h not in guess.values() and values and values <= known:
                 guess["split"] = h
                 break
@@ -111,7 +108,7 @@ def suggest_columns(header: Sequence[str], rows: List[Dict[str, str]], found: Di
         for h in free:
             if h in guess.values():
                 continue
-            values = [v for v in _values(rows, h) if v]
+            values = [v for v in values_of[h] if v]
             distinct = len(set(values))
             if 2 <= distinct <= max(2, n // 2) and len(values) == n:
                 hinted = any(w in h.lower() for w in _LABEL_HINTS)
@@ -131,36 +128,28 @@ class ImageCSVSplit(ImageFileDataset):
     """Images listed in a CSV file, one row per image (open-metric-learning's table format, or any column names mapped
     to its roles).
 
-    Columns (a header row names them; other columns are left alone). ``columns`` maps a role to a column of another
-    name (``{"label": "category", "path": "image", "split": "subset"}``, or the string form
-    ``"label=category,path=image,split=subset"``, the runner's ``--columns``); without it the role's own name is used
-    (any case). A table without label or path column is refused in one line that lists the header and suggests the
-    mapping.
+    Columns (named by the header row; others are left alone): ``columns`` maps a role to a column of another name
+    (``{"label": "category", "path": "image"}`` or ``"label=category,path=image"``, the runner's ``--columns``);
+    otherwise the role's own name (any case). A table without label or path column is refused in one line that lists
+    the header and suggests a mapping.
 
-    - ``label``: the class, any text (kept exactly as written, outer blanks stripped: spaces, ``/``, ``&`` and any
-      Unicode are fine);
+    - ``label``: the class, any text (outer blanks stripped);
     - ``path``: the image file, absolute or relative to ``root`` (default: the CSV file's folder);
     - ``split`` (optional): ``train`` / ``training``; ``validation`` / ``val`` / ``valid``; ``test`` / ``testing`` (any
-      case). ``split="train"`` is the train rows, ``split="test"`` the test rows (the validation rows when there are
-      none: OML's ``validation`` is the test set), ``split="validation"`` the validation rows of a table that has test
-      rows too;
-    - ``is_query`` / ``is_gallery`` (optional, OML, on the test rows): ``split="query"`` / ``split="gallery"`` read the
-      marked rows; ``split="test"`` needs every test row marked both (each item is compared with the rest, as for CUB
-      / Cars196 / SOP);
+      case). ``split="test"`` reads the test rows (the validation rows when there are none: OML's ``validation`` is
+      the test set), ``split="validation"`` the validation rows of a table that has test rows too;
+    - ``is_query`` / ``is_gallery`` (optional, OML): ``split="query"`` / ``"gallery"`` read the marked test rows;
+      ``split="test"`` needs every test row marked both;
     - ``x_1, x_2, y_1, y_2`` (optional, OML's box: left, right, top, bottom): rows that fill them are cropped to it;
-    - ``category`` (optional, OML): kept as ``categories`` (one per item), not used for training.
+    - ``category`` (optional, OML): kept as ``categories``, not used for training.
 
-    Without a split column the classes decide: ``test_classes`` (names as written in the table) are the test split and
-    the others the train split; without them the sorted classes are halved (``split_rule``, as
-    :class:`pml_extensions.datasets.ImageFolderSplit`). ``split="all"`` keeps every row (a protocol then makes its own
-    class-disjoint split).
+    Without a split column ``test_classes`` are the test split, else the sorted classes are halved (``split_rule``, as
+    :class:`pml_extensions.datasets.ImageFolderSplit`); ``split="all"`` keeps every row. Train and test rows that share
+    classes are refused (naming them) unless same-class retrieval is declared (``class_overlap="allowed"`` or OML's
+    ``is_query`` / ``is_gallery`` columns); ``shared_classes`` lists them.
 
-    Train and test rows that share classes (a split column that puts images of one class on both sides) are refused
-    in one line naming the shared classes, unless same-class retrieval is declared: ``class_overlap="allowed"``, or
-    the table carries OML's ``is_query`` / ``is_gallery`` columns. ``shared_classes`` lists them (empty when none).
-
-    Items are ``(PIL RGB image, int label)``; ``classes`` is every label of the file, sorted (as integers when they
-    all are, else by code point), and ``labels`` index it (the same class has the same label in every split).
+    Items are ``(PIL RGB image, int label)``; ``labels`` index ``classes``, every label of the file sorted (as
+    integers when they all are, else by code point), the same in every split.
 
     Args:
         csv_file: the table (UTF-8, a byte-order mark is fine; ``,`` ``;`` tab or ``|`` separated).
@@ -224,7 +213,8 @@ class ImageCSVSplit(ImageFileDataset):
         if empty:  # line numbers as an editor shows them (header = 1)
             also = f" (also line(s) {', '.join(map(str, empty[1:6]))}{', ...' if len(empty) > 6 else ''})"
             raise ValueError(f"{csv_file}:{empty[0]}: empty label or path{also if len(empty) > 1 else ''}")
-        self.classes = _label_order([_get(r, label_col) for r in rows])
+        row_labels = [_get(r, label_col) for r in rows]
+        self.classes = _label_order(row_labels)
         index: Dict[str, int] = {c: i for i, c in enumerate(self.classes)}
         side = self._sides(csv_file, rows, split_col)  # line -> train / validation / test, or None without split
         marks = self._marks(csv_file, rows, col, side, split)
@@ -240,11 +230,11 @@ class ImageCSVSplit(ImageFileDataset):
         self.classes_by_split: Dict[str, List[str]] = {}
         if side is not None:
             for name in ("train", "validation", "test"):
-                on_side = {_get(r, label_col) for r, s in zip(rows, side) if s == name}
+                on_side = {c for c, s in zip(row_labels, side) if s == name}
                 if on_side:
                     self.classes_by_split[name] = [c for c in self.classes if c in on_side]
-            train_names = {_get(r, label_col) for r, s in zip(rows, side) if s == "train"}
-            other_names = {_get(r, label_col) for r, s in zip(rows, side) if s != "train"}
+            train_names = {c for c, s in zip(row_labels, side) if s == "train"}
+            other_names = {c for c, s in zip(row_labels, side) if s != "train"}
             self.shared_classes = [c for c in self.classes if c in train_names and c in other_names]
             declared = class_overlap == "allowed" or marks is not None
             if self.shared_classes and split != "all" and not declared:
@@ -257,15 +247,9 @@ class ImageCSVSplit(ImageFileDataset):
                     'test_classes); for same-class retrieval declare it: class_overlap="allowed" (a runner config: '
                     '--dataset "{kwargs: {class_overlap: allowed}}")'
                 )
-            has_test = "test" in side
-            wanted = {
-                "train": ("train",),
-                "test": ("test",) if has_test else ("validation",),
-                "validation": ("validation",),
-                "query": ("test",) if has_test else ("validation",),
-                "gallery": ("test",) if has_test else ("validation",),
-                "all": ("train", "validation", "test"),
-            }[split]
+            evaluated = ("test",) if "test" in side else ("validation",)  # test, query, gallery
+            wanted = {"train": ("train",), "validation": ("validation",), "all": ("train", "validation", "test")}
+            wanted = wanted.get(split, evaluated)
             keep = [s in wanted for s in side]
             if split in ("query", "gallery"):  # marks exist: _marks refused these splits without them
                 keep = [k and m[0 if split == "query" else 1] for k, m in zip(keep, marks)]
@@ -273,10 +257,10 @@ class ImageCSVSplit(ImageFileDataset):
             if split in ("validation", "query", "gallery"):
                 raise ValueError(f"{csv_file}: split {split!r} needs a split column (header: {', '.join(header)})")
             if test_classes is not None:
-                keep = [split == "all" or (_get(r, label_col) in test_set) == (split == "test") for r in rows]
+                keep = [split == "all" or (c in test_set) == (split == "test") for c in row_labels]
             else:
                 names = set(select_split_classes(self.classes, split, split_rule))
-                keep = [_get(r, label_col) in names for r in rows]
+                keep = [c in names for c in row_labels]
         chosen_rows = [(n, r) for n, (r, k) in enumerate(zip(rows, keep), start=2) if k]
         base = root if root is not None else os.path.dirname(os.path.abspath(csv_file))
         self.csv_file = csv_file

@@ -1,12 +1,7 @@
 """Datasets of image files (an ImageFolder tree, a CSV table): one way to open an image and one pass that names
-every file that does not decode.
-
-A dataset whose images are files fails on a truncated or corrupt file only when that file is read: PIL's ``OSError:
-image file is truncated`` names no file, and a bad file among the test classes surfaces after all folds trained.
-:func:`find_unreadable_images` reads every file once (:func:`image_problem`: a PNG's every chunk, other formats
-decoded; not the header alone) and returns each bad file with PIL's reason; :class:`ImageFileDataset` (``paths`` +
-``labels``) has it as :meth:`ImageFileDataset.unreadable_images` and :meth:`ImageFileDataset.drop` to leave files
-out.
+every file that does not decode (PIL's ``image file is truncated`` names no file, and would surface only when that
+file is read). :func:`find_unreadable_images` reads every file once and returns each bad one with PIL's reason;
+:class:`ImageFileDataset` has it as :meth:`ImageFileDataset.unreadable_images`, and :meth:`ImageFileDataset.drop`.
 
 Example::
 
@@ -22,7 +17,8 @@ Example::
 
 import os
 import warnings
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -30,23 +26,30 @@ from PIL import Image
 from .class_disjoint_dataset import ClassDisjointDataset
 
 
+@contextmanager
+def _open(path: str) -> Iterator[Image.Image]:
+    """``Image.open(path)`` without PIL's decompression-bomb warning (a large image is not a bad one: large_images
+    names it once)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        with Image.open(path) as image:
+            yield image
+
+
 def image_problem(path: str) -> Optional[str]:
     """Why ``path`` does not decode (PIL's reason, without the path), or None when it is whole.
 
-    A PNG is checked chunk by chunk (``Image.verify``: every chunk's CRC and the end of the file, without
-    decompressing the pixels, so a 100-megapixel drawing costs no memory; it also catches a file cut inside its last
-    chunk, which ``load`` lets through); other formats are decoded (JPEG at 1/8 scale: the whole compressed stream is
-    still read)."""
+    A PNG is checked chunk by chunk (``Image.verify``: every CRC and the end of the file, without decompressing the
+    pixels; it also catches a file cut inside its last chunk, which ``load`` lets through); other formats are decoded
+    (JPEG at 1/8 scale, which still reads the whole stream)."""
     try:
-        with warnings.catch_warnings():  # a large image is not a bad one: large_images names it
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                if image.format == "PNG":
-                    image.verify()
-                else:
-                    if image.format == "JPEG":
-                        image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
-                    image.load()
+        with _open(path) as image:
+            if image.format == "PNG":
+                image.verify()
+            else:
+                if image.format == "JPEG":
+                    image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
+                image.load()
     except FileNotFoundError:
         return "missing"
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:  # PIL's decoder errors
@@ -80,8 +83,8 @@ def large_images(paths: Iterable[str], limit: Optional[int] = None) -> List[Tupl
     decompression-bomb limit, ``Image.MAX_IMAGE_PIXELS``: about 89 megapixels), read from their headers without
     decoding; files that do not open are left to :func:`find_unreadable_images`.
 
-    Such an image still loads (up to twice the limit; above, PIL refuses it and :func:`image_problem` says so), but
-    every epoch decodes it in full, about a thousand times the work of a thumbnail-sized image.
+    Such an image still loads (up to twice the limit; above it :func:`image_problem` names it), but every epoch
+    decodes it in full.
 
     Example::
 
@@ -97,10 +100,8 @@ def large_images(paths: Iterable[str], limit: Optional[int] = None) -> List[Tupl
     found = []
     for path in paths:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                with Image.open(path) as image:
-                    size = image.size
+            with _open(path) as image:
+                size = image.size
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
             continue
         if size[0] * size[1] > limit:
@@ -108,24 +109,25 @@ def large_images(paths: Iterable[str], limit: Optional[int] = None) -> List[Tupl
     return found
 
 
+def composite_on_white(image: Image.Image) -> Image.Image:
+    """An RGBA image composited on white, as RGB."""
+    background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+    return Image.alpha_composite(background, image).convert("RGB")
+
+
 def load_rgb(path: str) -> Image.Image:
     """The image at ``path`` as RGB (transparency composited on white, as the other datasets read images). PIL's
-    decompression-bomb warning is not repeated at each read: the runner's checks name large files once
-    (:func:`large_images`).
+    decompression-bomb warning is not repeated at each read (:func:`large_images` names large files once).
 
     Raises:
         OSError: naming ``path`` when the file does not decode.
     """
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                image.load()
-                if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
-                    rgba = image.convert("RGBA")
-                    background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-                    return Image.alpha_composite(background, rgba).convert("RGB")
-                return image.convert("RGB")
+        with _open(path) as image:
+            image.load()
+            if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+                return composite_on_white(image.convert("RGBA"))
+            return image.convert("RGB")
     except OSError as e:
         raise OSError(f"{path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
@@ -160,13 +162,9 @@ def scan_class_folders(root: str, extensions: Sequence[str]) -> Tuple[List[str],
     """``(class names, empty class folders)`` of an ImageFolder tree: first-level folders, sorted; a folder is
     empty when no file below it has one of ``extensions`` (lower-case, with the dot)."""
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    empty = []
-    for name in classes:
-        found = False
-        for _, _, files in os.walk(os.path.join(root, name), followlinks=True):
-            if any(f.lower().endswith(tuple(extensions)) for f in files):
-                found = True
-                break
-        if not found:
-            empty.append(name)
-    return classes, empty
+
+    def has_image(name):
+        walk = os.walk(os.path.join(root, name), followlinks=True)
+        return any(f.lower().endswith(tuple(extensions)) for _, _, files in walk for f in files)
+
+    return classes, [name for name in classes if not has_image(name)]

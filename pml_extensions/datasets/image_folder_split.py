@@ -16,10 +16,8 @@ class ImageFolderSplit(ImageFileDataset):
     classes sorted by folder name, train = the first half, test = the rest (``split_rule``), or test = the folders
     named in ``test_classes`` and train = the others; ``"all"`` = every class.
 
-    Uses torchvision's ``make_dataset`` to list images (extensions ``IMG_EXTENSIONS``: .jpg .jpeg .png .ppm .bmp .pgm
-    .tif .tiff .webp). Items are ``(PIL RGB image, int label)``: grey images become RGB, transparency is composited on
-    white; ``labels`` are the class indices of ``classes`` (the same in every split). Files are decoded when read;
-    :meth:`unreadable_images` decodes them all once and names the bad ones.
+    Images are listed by torchvision's ``make_dataset`` (``IMG_EXTENSIONS``). Items are ``(PIL RGB image, int
+    label)`` (transparency composited on white); ``labels`` index ``classes``, the same in every split.
 
     Args:
         root: the folder of class folders.

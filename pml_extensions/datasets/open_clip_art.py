@@ -8,6 +8,7 @@ import numpy as np
 from PIL import Image
 
 from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
+from .image_files import composite_on_white
 
 OPENCLIPART_ROOT = "/usr/share/openclipart/png"
 OPENCLIPART_HINT = "apt-get install openclipart-png"
@@ -39,31 +40,24 @@ def load_rgba_cropped(path: str, max_side: int) -> Image.Image:
     return image
 
 
-def composite_on_white(image: Image.Image) -> Image.Image:
-    background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-    return Image.alpha_composite(background, image).convert("RGB")
-
-
 class OpenClipArt(ClassDisjointDataset):
     """Public-domain drawings; class = the first two folder levels (``animals/birds``; files directly under a
     top folder belong to that folder), classes with at least ``min_images`` images kept.
 
     Each image is cropped to its alpha bounding box, shrunk to ``max_side`` pixels on its longer side and composited
-    on white (RGB). Classes are sorted by name; ``max_classes`` keeps the classes with the most images (ties by
-    name). The split is class-disjoint and alternates over the sorted names (train = even positions, test = odd),
-    because sorted names group related topics.
+    on white (RGB). Classes are sorted by name; the class-disjoint split alternates over them (train = even
+    positions), because sorted names group related topics.
 
     Args:
         split: ``"train"``, ``"test"`` or ``"all"``.
         transform, target_transform: applied to the PIL RGB image / the int label.
         min_images: minimum images per class. Default 20.
-        max_classes: keep at most this many classes (before the split); ``None`` keeps all.
+        max_classes: keep the classes with the most images (ties by name; before the split); ``None`` keeps all.
         max_side: longer side in pixels of the cached drawing. Default 128.
         root: the package's PNG folder.
         rgba: return the cropped RGBA drawing instead of the white composite (for pasting onto photos).
-        max_pixels: drawings larger than this (width × height, from the header) are left out before classes are
-            counted; the package holds a few poster-size files (over 200 Mpx) that PIL refuses as decompression
-            bombs. Their paths are kept in ``excluded_paths``. Default 25 Mpx.
+        max_pixels: drawings larger than this (width × height, from the header; a few poster-size files) are left
+            out before classes are counted, their paths kept in ``excluded_paths``. Default 25 Mpx.
 
     Raises:
         FileNotFoundError: if ``root`` does not exist (names the Debian package to install).

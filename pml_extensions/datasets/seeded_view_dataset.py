@@ -1,15 +1,12 @@
 """A fixed bank of V seeded augmented views per image, and the per-epoch draw of one of them.
 
-The frozen-prefix feature cache (:class:`~pml_extensions.datasets.FeatureCache`) stores the prefix's output for
-views ``v = 0 .. V-1`` of every image; training draws one view per image and epoch. This module holds the two seeded
-functions both sides share, and :class:`SeededViewDataset`, the *uncached* twin of
-:class:`~pml_extensions.datasets.CachedFeatureDataset`: it returns the very image tensors whose prefix outputs the
-cache holds, for the same (seed, epoch, index), so a model trained through the full frozen trunk sees the same views
-and batches as one trained on the cache.
+:class:`~pml_extensions.datasets.FeatureCache` stores the prefix's output for views ``v = 0 .. V-1`` of every image;
+training draws one view per image and epoch. This module holds the two seeded functions both sides share, and
+:class:`SeededViewDataset`, the uncached twin of :class:`~pml_extensions.datasets.CachedFeatureDataset`: the very
+image tensors whose prefix outputs the cache holds, for the same (seed, epoch, index).
 
-Any torchvision transform works (v1 or v2): view ``v`` of item ``i`` is ``transform(image)`` computed with torch's CPU
-RNG, Python's ``random`` and numpy's legacy global RNG seeded from ``(view_seed, i, v)``; their previous states are
-restored afterwards, so the caller's random streams are untouched (unlike reseeding them for good).
+View ``v`` of item ``i`` is ``transform(image)`` (any torchvision transform, v1 or v2) with torch's CPU RNG, Python's
+``random`` and numpy's legacy global RNG seeded from ``(view_seed, i, v)`` and restored afterwards.
 """
 
 import random
@@ -47,14 +44,11 @@ def seeded_view(transform: Callable, image, view_seed: int, index: int, view: in
     """``transform(image)`` with every random draw seeded from ``(view_seed, index, view)``.
 
     Args:
-        transform: any callable (a torchvision ``Compose`` of random transforms, typically).
-        image: its input (a PIL image for the datasets of this package).
-        view_seed, index, view: ints >= 0; the same triple gives the same output on every call and machine (as far
-            as the transform's own arithmetic is deterministic).
+        transform: any callable (typically a torchvision ``Compose`` of random transforms); image: its input.
+        view_seed, index, view: ints >= 0; the same triple gives the same output on every call and machine.
 
     Returns:
-        whatever ``transform`` returns (``[C, H, W]`` float32 for a torchvision pipeline ending in ToTensor /
-        Normalize).
+        whatever ``transform`` returns (``[C, H, W]`` float32 for a pipeline ending in ToTensor / Normalize).
 
     Raises:
         ValueError: a negative or non-int ``view_seed``, ``index`` or ``view``.
@@ -79,8 +73,7 @@ def seeded_view(transform: Callable, image, view_seed: int, index: int, view: in
 
 def draw_view(seed: int, epoch: int, index: int, num_views: int) -> int:
     """Which of the ``num_views`` views item ``index`` uses in ``epoch``: an int in ``[0, num_views)`` drawn by
-    ``numpy.random.default_rng([tag, seed, epoch, index])`` (a pure function: reproducible, independent of the
-    order in which items or DataLoader workers fetch, resumable at any epoch). ``num_views == 1`` gives 0.
+    ``numpy.random.default_rng([tag, seed, epoch, index])`` (a pure function of its arguments).
 
     Raises:
         ValueError: a negative ``seed``, ``epoch`` or ``index``, or ``num_views < 1``.
@@ -106,19 +99,17 @@ class SeededViewDataset(torch.utils.data.Dataset):
     from the bank of ``num_views`` seeded views (see the module docstring).
 
     With the same ``transform``, ``num_views``, ``view_seed`` and ``seed`` it returns exactly the images whose prefix
-    outputs :class:`~pml_extensions.datasets.CachedFeatureDataset` returns: the uncached baseline of the feature cache
-    (``Sequential(FrozenPrefix(prefix), rest)`` trained on it), and the image source of the cache build.
+    outputs :class:`~pml_extensions.datasets.CachedFeatureDataset` returns (the feature cache's uncached baseline and
+    the image source of its build).
 
     Args:
-        dataset: items ``(image, label)`` (untransformed images, e.g. an :class:`OpenClipArt` without transform) and
-            an int ``labels`` array [N] (as every dataset of this package).
+        dataset: items ``(untransformed image, label)`` and an int ``labels`` array [N].
         transform: applied to each image, seeded per (view_seed, index, view).
-        num_views: V >= 1 views per image. ``1`` with a deterministic transform is the plain evaluation view.
-        view_seed: seeds the views' contents. Default 0.
-        seed: seeds the per-epoch draw of a view (the training seed). Default 0.
+        num_views: V >= 1 views per image (``1`` with a deterministic transform: the plain evaluation view).
+        view_seed: seeds the views' contents; seed: seeds the per-epoch draw of a view. Default 0 each.
 
-    ``labels``: int64 numpy array [N] (``MPerClassSampler(dataset.labels, m)`` works). Call :meth:`set_epoch` at each
-    epoch boundary (epoch = completed epochs, starting at 0); with DataLoader workers, before the iterator is made.
+    ``labels``: int64 numpy array [N]. Call :meth:`set_epoch` with the completed epochs at each epoch boundary
+    (with DataLoader workers, before the iterator is made).
 
     Raises:
         ValueError: ``num_views`` / seeds out of range, or a dataset without a ``labels`` array of its length.

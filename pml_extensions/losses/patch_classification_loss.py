@@ -11,13 +11,11 @@ import torch.nn.functional as F
 class PatchClassificationLoss(torch.nn.Module):
     """mean over images and pixels of CE(softmax(a[:, :, i, j]), y).
 
-    Like ``torch.nn.CrossEntropyLoss`` (PML's ``classifier_loss``), it takes scores and labels, not
-    embeddings.
+    Like ``torch.nn.CrossEntropyLoss`` it takes scores and labels, not embeddings.
 
     ``forward(class_scores [B, c, H, W] (or a list of such maps, averaged), labels [B] int64 in [0, c)) ->
-    scalar`` (dtype of the scores). The paper does not state whether the loss averages over patches; averaging
-    (this implementation) keeps its scale independent of H × W (the "mean over patches" reading of
-    methods.md).
+    scalar`` (dtype of the scores). Averaging over patches (the paper does not say) keeps the scale independent of
+    H × W.
 
     Raises:
         ValueError: if the scores are not 4-D, the batch sizes differ, c < 2, or a label is outside [0, c).

@@ -38,40 +38,28 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
         L        = lambda_abs·L_abs + lambda_ts·L_rel-ts + lambda_ss·L_rel-ss                      (eq. 10)
 
     Relations never cross source images. Each active term (weight > 0) is its own PML sub-loss (``abs_loss``,
-    ``rel_ts_loss``, ``rel_ss_loss``) with ``reduction_type="element"``: one already-weighted value per source image,
-    indexed by that image's first row. The default ``MeanReducer`` therefore returns the MEAN over source images.
-    Deviation: the paper's code SUMS over the images of a batch; the sum equals the mean times the number of images,
-    i.e. a learning rate scaled by the images per step (200 in the paper) for SGD; with Adam/AdamW (the paper's
-    optimiser) the update is invariant to that constant up to Adam's eps, so the two agree.
-    ``reducer=reducers.SumReducer()`` restores the sum.
-    Any term can be used alone (the paper's Table 3 ablation) by setting the other weights to 0, e.g.
-    ``ResolutionDistillationLoss(lambda_abs=0, lambda_ts=0, lambda_ss=1)`` is L_rel-ss alone; ``lambda_ts=lambda_ss=0``
-    is the absolute distillation of eq. (5) (the ``ts_reg``/AML baseline when ``ref_emb`` are un-augmented features).
-    The unweighted per-batch means are kept in the recordable attributes ``abs_loss``, ``rel_ts_loss``, ``rel_ss_loss``.
+    ``rel_ts_loss``, ``rel_ss_loss``, ``reduction_type="element"``): one weighted value per source image, indexed by
+    its first row, so the default ``MeanReducer`` returns the MEAN over source images. Deviation: the paper's code
+    SUMS over the images of a batch (a constant factor that Adam/AdamW, the paper's optimiser, ignores up to its eps);
+    ``reducer=reducers.SumReducer()`` restores the sum. Any term can be used alone (Table 3 ablation) by setting the
+    other weights to 0; ``lambda_ts=lambda_ss=0`` is the absolute distillation of eq. (5). The unweighted per-batch
+    means are kept in the recordable attributes ``abs_loss``, ``rel_ts_loss``, ``rel_ss_loss``.
 
-    Similarities come from ``distance``. The default, PML's ``DotProductSimilarity()``, L2-normalises both
-    ``embeddings`` and ``ref_emb`` first (PML distances have ``normalize_embeddings=True`` by default), so the loss
-    works on COSINES, as the paper's code does with its L2-normalising head. ``DotProductSimilarity
-    (normalize_embeddings=False)`` uses the raw dot products (the same for unit-norm rows, different otherwise).
-    Distances (non-inverted) are rejected since the formula is written in similarities.
+    Similarities come from ``distance``; the default ``DotProductSimilarity()`` L2-normalises both sides, so the loss
+    works on cosines, as the paper's code does. Non-inverted distances are rejected.
 
     Args:
-        lambda_ts: λ_t, weight of L_rel-ts (CLI ``--lam-1``). Default 0.7 (paper's indicative value).
-        lambda_ss: λ_s, weight of L_rel-ss (CLI ``--lam-2``). Default 0.7 (paper).
+        lambda_ts, lambda_ss: λ_t, λ_s, weights of L_rel-ts and L_rel-ss (CLI ``--lam-1``, ``--lam-2``). Default 0.7.
         lambda_abs: weight of L_abs. Default 1 (paper; 0 only for ablations).
         eps0: constant inside each square. Default 1e-6 (paper code); 0 gives the paper's text literally.
-        detach_ref_emb: detach the teacher rows ``ref_emb`` (default ``True``), so the loss used on its own, outside
-            :class:`ResolutionDistillationTrainer`, never sends gradient into the teacher (RAML's teacher is frozen).
-            ``False`` lets gradient reach ``ref_emb`` (e.g. to reproduce the paper code's autograd graph).
+        detach_ref_emb: detach the teacher rows ``ref_emb`` (default ``True``: no gradient into the frozen teacher).
         **kwargs: ``distance``, ``reducer``, ``embedding_regularizer``... as for every PML loss.
 
     ``forward(embeddings [N, D] float, labels [N] int, indices_tuple=None, ref_emb [N, D] float, ref_labels=None)``
-    -> scalar. Precision: ``embeddings`` and ``ref_emb`` are promoted to their common dtype, at least float32
-    (float16/bfloat16 rows and rows produced under ``torch.autocast`` are computed in float32 with autocast disabled,
-    float32 with float64 in float64); the scalar comes back in that dtype. Both must be on the same device.
+    -> scalar, computed with autocast disabled in the common dtype of ``embeddings`` and ``ref_emb``, at least
+    float32. Both must be on the same device.
     ``indices_tuple`` is ignored (the pairs are fixed by ``labels``); ``ref_labels``, when given, must equal
-    ``labels``. Student = teacher with exactly unit-norm rows gives ``(lambda_abs+lambda_ts+lambda_ss)·eps0²`` per
-    image.
+    ``labels``.
 
     Raises:
         ValueError: negative/non-finite weights or eps0, all weights zero, a non-similarity distance; at forward:
@@ -207,12 +195,10 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
             rows, cols = torch.where(same)
             vv = sim(v, v)[rows, cols]
             norm = counts * (counts - 1)
-            if self.lambda_ts > 0:
-                sq = (sim(u, v)[rows, cols] - vv + self.eps0) ** 2
-                unweighted["rel_ts"] = per_image(sq, rows) / norm
-            if self.lambda_ss > 0:
-                sq = (sim(u, u)[rows, cols] - vv + self.eps0) ** 2
-                unweighted["rel_ss"] = per_image(sq, rows) / norm
+            for term, other in (("rel_ts", v), ("rel_ss", u)):
+                if self.weights()[term] > 0:
+                    sq = (sim(u, other)[rows, cols] - vv + self.eps0) ** 2
+                    unweighted[term] = per_image(sq, rows) / norm
         weights = self.weights()
         for term in TERMS:
             value = unweighted.get(term)

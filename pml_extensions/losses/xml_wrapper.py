@@ -61,74 +61,52 @@ class _Ref:
 class XMLWrapper(ModuleWithRecords):
     """Cross-batch metric learning loss around any PML loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
 
-    The batch is split into two halves with disjoint classes. On each half k the ridge prototypes
-    ``V_k = argmin_A ||Z_k A - Y_k||² + ridge ||A||²`` map histograms to embeddings (closed form, kernel form when the
-    half is smaller than m). Each half is then predicted from the OTHER half's prototypes,
-    ``Ŷ_1 = Z_1 V_2`` and ``Ŷ_2 = Z_2 V_1``, and the inner loss judges the predictions with the true labels:
+    The batch is split into two halves with disjoint classes; on each half k the ridge prototypes ``V_k = argmin_A
+    ||Z_k A - Y_k||² + ridge ||A||²`` map histograms to embeddings, each half is predicted from the OTHER half's
+    prototypes (``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``) and the inner loss judges the predictions with the true labels:
 
         L = loss(Y, L) + xml_weight · L_XML,   L_XML = loss(Ŷ_1, L_1) + loss(Ŷ_2, L_2)   (SUM over the halves).
 
-    Pairs of the XML term are formed inside each half. Nothing is detached: gradients reach Y, the histograms Z and,
-    through Z, the prototypes of the histogram layer, which receive gradient only from L_XML. With a miner, the mined
-    ``indices_tuple`` drives the inner term, and its tuples that fall inside a half (renumbered) drive that half's
-    XML term. ProxyAnchor-style losses reuse their own proxies on the predicted halves (same module). ``ref_emb`` /
-    ``ref_labels`` go to the inner term only.
+    Pairs of the XML term are formed inside each half. Nothing is detached: the prototypes of the histogram layer get
+    gradient from L_XML only. Mined ``indices_tuple`` drive the inner term, and their tuples inside a half
+    (renumbered) that half's XML term. ``ref_emb`` / ``ref_labels`` go to the inner term only.
 
-    Stateful inner losses: the XML term never changes the inner loss's state. Its calls run with every buffer of the
-    loss swapped for a throw-away copy and plain number attributes restored afterwards, so memory banks, running
-    statistics and counters (and the inner loss's recorded statistics) are exactly what the real term left; proxies
-    (parameters) are only read. Two compositions with PML's ``CrossBatchMemory`` (CBM):
-
-    * ``XMLWrapper(CrossBatchMemory(L, ...))`` (supported): the inner term is CBM's, so the memory receives the N real
-      embeddings and nothing else; the XML term judges each predicted half with the loss CBM wraps, ``L``, inside the
-      half (predictions never enter, nor are compared with, the memory).
-    * ``CrossBatchMemory(XMLWrapper(L, histogram_layer=...), ...)``: refused by PML's CBM (its class-name list,
-      ``Exception: CrossBatchMemory not supported for XMLWrapper``). A CBM subclass that admits it works: CBM enqueues
-      the real batch, calls this wrapper with the memory as ``ref_emb``; the inner term compares the batch with the
-      memory and the XML term is formed within the batch (histograms from ``histogram_layer``). CBM's
-      ``enqueue_mask`` is refused there: the rows passed on no longer match the histograms (batch-size ValueError).
+    Stateful inner losses: the XML term runs with every buffer of the loss swapped for a throw-away copy and plain
+    number attributes restored, so memory banks, statistics and counters are what the real term left; proxies are only
+    read. ``XMLWrapper(CrossBatchMemory(L, ...))``: the memory receives the N real embeddings only, and the XML term
+    judges each predicted half with ``L``. ``CrossBatchMemory(XMLWrapper(L, histogram_layer=...))`` is refused by
+    PML's CBM; a CBM subclass that admits it passes the memory as ``ref_emb`` (its ``enqueue_mask`` is refused).
 
     Args:
         loss: any PML loss module whose ``forward`` takes ``(embeddings, labels, ...)``.
-        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the wrapper is the inner loss: it calls it
-            with the arguments as given (no checks, no precision lift, the caller's autocast), so value, dtype,
-            gradients, state and errors are the inner loss's own, in every dtype (a drop-in control arm).
+        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the wrapper calls the inner loss with the
+            arguments as given (no checks, no precision lift): a drop-in control arm.
         ridge: ε_r > 0 added once to the Gram matrix. Default 0.05 (paper).
         histogram_layer: a module with a ``last_histograms`` attribute ([B, m], e.g.
             :class:`pml_extensions.trunks.HistogramPooling`), read when ``histograms`` is not passed.
         seed: seed of the private generator that draws the class split (reproducible; global RNG untouched).
         ridge_form: ``"auto"`` (default), ``"primal"`` or ``"kernel"``; see
             :func:`pml_extensions.utils.ridge_prototypes`.
-        target: what the ridge prototypes regress (see "Ridge target" below): ``"embeddings"`` (default; the
-            embeddings the loss receives) or ``"pooled"`` (the paper's: the GAP vectors ``histogram_layer.last_pooled``,
-            the predictions then pass through ``head`` to become embeddings).
-        head: with ``target="pooled"``, the module that maps a GAP vector ``[N, C]`` to the embedding ``[N, d]`` (the
-            embedder, and any trunk layer after the pooling); see :meth:`attach`. Kept out of this module's
-            parameters (it belongs to the model and is trained by its own optimizer).
+        target: what the ridge prototypes regress (see "Ridge target"): ``"embeddings"`` (default) or ``"pooled"``
+            (the paper's: the GAP vectors ``histogram_layer.last_pooled``, predictions then pass through ``head``).
+        head: with ``target="pooled"``, the module mapping a GAP vector ``[N, C]`` to the embedding ``[N, d]``
+            (:meth:`attach` builds it); kept out of this module's parameters.
 
-    Ridge target. The paper (Sec. 2.3) regresses the GAP representations Y of the batch on the histograms Z,
-    ``V_k = argmin ||V Z_k - Y_k||² + ε||V||²`` (Lemma 2.1: a GAP vector is close to a convex combination of
-    prototypes), and asks the predicted ``Ŷ = V_1 Z_2`` to minimise the DML loss, i.e. the loss sees
-    ``head(Ŷ)``: ``target="pooled"`` is the faithful form. ``target="embeddings"`` regresses the embedder's
-    output instead; the ridge solution is linear in its target, so both agree exactly when the head is a linear
-    map without bias (``head(Z V) = Z V Wᵀ`` and the fit to ``Y Wᵀ`` is ``V Wᵀ``); with a bias (shrunk by the
-    ridge penalty) or an MLP they differ. ``"embeddings"`` stays the default because it needs nothing but the
-    loss's inputs (any trunk/embedder, drop-in for PML); the shipped configs and the main job use ``"pooled"``.
+    Ridge target. The paper (Sec. 2.3) regresses the GAP vectors Y on the histograms Z, ``V_k = argmin ||V Z_k -
+    Y_k||² + ε||V||²`` (Lemma 2.1), and the loss sees ``head(Ŷ)``: ``target="pooled"`` is the faithful form.
+    ``target="embeddings"`` regresses the embedder's output; both agree exactly for a bias-free linear head (the ridge
+    solution is linear in its target). It stays the default because it needs only the loss's inputs; the shipped
+    configs and the main job use ``"pooled"``.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
-    histograms [N, m] = None, enqueue_mask [N] bool = None) -> scalar``. ``labels`` may be None only with
-    ``xml_weight=0`` (a loss driven by ``indices_tuple`` alone); ``enqueue_mask`` goes to an inner
-    ``CrossBatchMemory`` (the XML term uses every row). Precision (``xml_weight > 0``): float16/bfloat16 embeddings
-    (pure half models or ``torch.autocast``) are lifted to float32 and the whole loss (inner term, ridge solve, XML
-    term) runs with autocast disabled; the scalar is float32 (float64 for float64 embeddings), and the inner loss
-    sees float32 (its state too, e.g. ``CrossBatchMemory``'s memory). A ``ref_emb`` that is ``embeddings`` (the
-    same object) is passed on as the lifted embeddings themselves, so losses that accept no separate reference set
-    (they check ``ref_emb is embeddings``: SmoothAP, FastAP, ProxyAnchor, NPairs, ...) see the call they would see
-    without the lift.
+    histograms [N, m] = None, enqueue_mask [N] bool = None) -> scalar``; ``labels`` may be None only with
+    ``xml_weight=0``; ``enqueue_mask`` goes to an inner ``CrossBatchMemory``. Precision (``xml_weight > 0``):
+    float16/bfloat16 embeddings are lifted to float32 and the whole loss runs with autocast disabled; the scalar is
+    float32 (float64 for float64 embeddings). A ``ref_emb`` that is ``embeddings`` is passed on as the lifted
+    embeddings themselves (losses that check ``ref_emb is embeddings`` see the call they would see without the lift).
 
-    Recordable attributes (logged by record-keeper / ``HookContainer``): ``inner_loss``, ``xml_loss`` (L_XML before
-    weighting), ``num_skipped_xml`` (batches that could not form two halves, each with a positive pair — those return
-    the inner loss alone), ``xml_weight``, ``ridge``.
+    Recordable attributes: ``inner_loss``, ``xml_loss`` (L_XML before weighting), ``num_skipped_xml`` (batches
+    without two halves that each hold a positive pair: they return the inner loss alone), ``xml_weight``, ``ridge``.
 
     Raises:
         TypeError: if ``loss`` is not a loss module taking ``(embeddings, labels)``, or inputs are not float tensors.
@@ -194,18 +172,16 @@ class XMLWrapper(ModuleWithRecords):
         )
 
     def attach(self, trunk, embedder: Optional[torch.nn.Module] = None) -> "XMLWrapper":
-        """Take what the XML term needs from the model: the histogram layer and, with ``target="pooled"`` and an
-        embedder, the head. Returns ``self``, so ``loss = XMLWrapper(ContrastiveLoss()).attach(trunk)`` is one line.
+        """Take the histogram layer and, with ``target="pooled"`` and an embedder, the head from the model; returns
+        ``self``.
 
         Args:
             trunk: the PML trunk holding exactly one :class:`pml_extensions.trunks.HistogramPooling` (e.g. after
-                ``trunk = pml_extensions.trunks.use_histogram_pooling(trunk)``), or PML's ``models`` dict
-                ``{"trunk": ..., "embedder": ...}`` (the embedder is then taken from it). The layer is read, not
-                owned: it stays out of this module's parameters and state dict.
-            embedder: with ``target="pooled"``, the module after the trunk (PML's embedder). The head becomes the
-                trunk's modules after the pooling (:func:`pml_extensions.trunks.pooling_tail`; the children after
-                the layer for a ``Sequential`` trunk) followed by the embedder. Without an embedder the head is
-                left as it is (a later ``attach(trunk, embedder)`` or ``attach(models)`` sets it).
+                :func:`~pml_extensions.trunks.use_histogram_pooling`), or PML's ``models`` dict (its ``"embedder"``
+                then taken too). The layer stays out of this module's parameters and state dict.
+            embedder: with ``target="pooled"``, PML's embedder: the head becomes the trunk's modules after the
+                pooling (:func:`pml_extensions.trunks.pooling_tail`, or a ``Sequential`` trunk's children after the
+                layer) followed by the embedder. Without one the head is left as it is.
 
         Raises:
             ValueError: if ``trunk`` holds no HistogramPooling or more than one, a ``models`` dict has no
@@ -243,11 +219,14 @@ class XMLWrapper(ModuleWithRecords):
             )
         self.__dict__["histogram_layer"] = layers[0]
         if self.target == "pooled" and embedder is not None:
-            if isinstance(trunk, torch.nn.Sequential) and any(c is layers[0] for c in trunk.children()):
-                return self._attach_sequential_head(trunk, embedder)
-            from ..trunks.histogram_pooling_swap import pooling_tail
+            children = list(trunk.children()) if isinstance(trunk, torch.nn.Sequential) else []
+            if any(c is layers[0] for c in children):  # a Sequential trunk: its children after the layer
+                tail = children[next(i for i, c in enumerate(children) if c is layers[0]) + 1 :]
+            else:
+                from ..trunks.histogram_pooling_swap import pooling_tail
 
-            self._head_ref = _Ref(torch.nn.Sequential(*pooling_tail(trunk, layers[0]), embedder))
+                tail = pooling_tail(trunk, layers[0])
+            self._head_ref = _Ref(torch.nn.Sequential(*tail, embedder))
         return self
 
     @staticmethod
@@ -301,15 +280,9 @@ class XMLWrapper(ModuleWithRecords):
                 "histograms must come from the same forward pass as the embeddings"
             )
         if histograms.is_floating_point() and not bool(torch.isfinite(histograms).all()):
-            hint = (
-                ""
-                if source == "histograms"
-                else (
-                    " (HistogramPooling gives finite histograms for every finite feature map, in every dtype: the "
-                    "trunk's feature map has NaN/inf values)"
-                )
-            )
-            raise ValueError(f"{source} contains NaN or inf values{hint}")
+            hint = " (HistogramPooling gives finite histograms for every finite feature map, in every dtype: the "
+            hint += "trunk's feature map has NaN/inf values)"
+            raise ValueError(f"{source} contains NaN or inf values{hint if source != 'histograms' else ''}")
         return histograms
 
     def get_pooled(self, embeddings: torch.Tensor, pooled: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -333,8 +306,8 @@ class XMLWrapper(ModuleWithRecords):
         return pooled
 
     def extra_tensors_for_gather(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> dict:
-        """Per-sample tensors a distributed wrapper must gather with the embeddings: ``{"histograms": [N, m]}``
-        (empty when ``xml_weight == 0``). Used by :class:`pml_extensions.utils.DistributedLossWrapper`."""
+        """Per-sample tensors :class:`pml_extensions.utils.DistributedLossWrapper` gathers with the embeddings:
+        ``{"histograms": [N, m]}`` (and ``"pooled"``; empty when ``xml_weight == 0``)."""
         if self.xml_weight == 0:
             return {}
         extra = {"histograms": self.get_histograms(embeddings, histograms)}
@@ -345,9 +318,9 @@ class XMLWrapper(ModuleWithRecords):
     def _call_inner(
         self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, loss=None, enqueue_mask=None
     ):
+        """Call the inner loss (or ``loss``) with the arguments that are given, as given."""
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
-        kwargs["enqueue_mask"] = enqueue_mask
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        kwargs = {k: v for k, v in dict(kwargs, enqueue_mask=enqueue_mask).items() if v is not None}
         # what was given, as given: no labels means none passed (SelfSupervisedLoss's second argument is ref_emb)
         args = (embeddings,) if labels is None else (embeddings, labels)
         return (self.loss if loss is None else loss)(*args, **kwargs)
@@ -370,23 +343,6 @@ class XMLWrapper(ModuleWithRecords):
             pred1 = z1.to(v2.dtype) @ v2
             pred2 = z2.to(v1.dtype) @ v1
         return pred1.to(targets.dtype), pred2.to(targets.dtype)
-
-    def _attach_sequential_head(self, trunk: torch.nn.Sequential, embedder: Optional[torch.nn.Module]) -> "XMLWrapper":
-        """``head`` = the Sequential trunk's children after its HistogramPooling, then ``embedder``."""
-        layer = self.histogram_layer
-        children = list(trunk.children()) if isinstance(trunk, torch.nn.Sequential) else []
-        if layer is None:
-            from ..trunks.histogram_pooling import find_histogram_layers
-
-            found = find_histogram_layers(trunk)
-            layer = found[0] if len(found) == 1 else None
-        if layer is None or not any(c is layer for c in children):
-            raise ValueError(
-                "XMLWrapper.attach: the trunk must be a Sequential with the HistogramPooling as a direct child"
-            )
-        after = children[next(i for i, c in enumerate(children) if c is layer) + 1 :]
-        self._head_ref = _Ref(torch.nn.Sequential(*after, *([embedder] if embedder is not None else [])))
-        return self
 
     def forward(
         self,

@@ -1,13 +1,9 @@
-"""Modules that keep tensors of their last forward pass for a loss to read.
+"""Modules that keep tensors of their last forward pass for a loss to read (:class:`HistogramPooling`'s
+``last_histograms`` / ``last_pooled``, :class:`TemplateMatchingBlock`'s ``last_class_scores`` / ``last_mixing``).
 
-:class:`~pml_extensions.trunks.HistogramPooling` keeps ``last_histograms`` and ``last_pooled`` for ``XMLWrapper``,
-:class:`~pml_extensions.trunks.TemplateMatchingBlock` keeps ``last_class_scores`` and ``last_mixing`` for the
-patch-classification loss. Those tensors carry the autograd graph of the batch they came from, so they are not
-part of the module's state: a copy (``copy.deepcopy``, ``pickle``, ``torch.save`` of the whole module,
-``torch.optim.swa_utils.AveragedModel``, ``soft_maximizer_swap(..., inplace=False)``) gets ``None`` in their place,
-as a module that has not run yet. Copying them would fail (PyTorch deep-copies only graph leaves: "Only Tensors
-created explicitly by the user (graph leaves) support the deepcopy protocol"), or, when pickled, write the batch's
-activations into the file and tie the copy to a forward pass it did not compute. They were never in ``state_dict``.
+Those tensors carry the batch's autograd graph, so a copy (``copy.deepcopy``, ``pickle``, ``torch.save``,
+``AveragedModel``) gets ``None`` in their place, as a module that has not run yet: deep-copying them would fail
+(non-leaf tensors) and pickling would write the batch's activations. They were never in ``state_dict``.
 """
 
 from typing import Tuple

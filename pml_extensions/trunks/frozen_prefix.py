@@ -6,19 +6,16 @@ import torch
 class FrozenPrefix(torch.nn.Module):
     """Runs ``prefix`` in eval mode and without gradients, whatever mode the enclosing model is put in.
 
-    PML's trainers call ``models["trunk"].train()`` before every epoch, which would switch a frozen prefix's
-    BatchNorm layers back to batch statistics (and update their running means). Wrapped in ``FrozenPrefix``, the
-    prefix keeps its running statistics and its parameters (``requires_grad`` set to ``False`` on construction), so
-    ``Sequential(FrozenPrefix(prefix), rest)`` trained by a PML trainer computes what ``rest`` trained on cached
-    ``prefix`` outputs (:class:`pml_extensions.datasets.CachedFeatureDataset`) computes. It is the uncached
-    baseline of the feature cache, and the way to use a split trunk without a cache.
+    PML's trainers call ``models["trunk"].train()`` every epoch, which would put a frozen prefix's BatchNorm layers
+    back on batch statistics. Wrapped, the prefix keeps its statistics and parameters, so
+    ``Sequential(FrozenPrefix(prefix), rest)`` computes what ``rest`` trained on cached prefix outputs
+    (:class:`pml_extensions.datasets.CachedFeatureDataset`) computes: the feature cache's uncached baseline.
 
     Args:
-        prefix: the frozen part, e.g. the first half of :func:`pml_extensions.trunks.split_trunk`. Its parameters
-            are set to ``requires_grad=False`` and it is put in eval mode (the wrapper owns it from then on).
+        prefix: the frozen part (e.g. the first half of :func:`pml_extensions.trunks.split_trunk`); its parameters
+            get ``requires_grad=False`` and it is put in eval mode.
 
-    ``forward(x) -> prefix(x)`` computed under ``torch.no_grad()`` (no graph, the output does not require grad),
-    on ``x``'s device and dtype as ``prefix`` computes them.
+    ``forward(x) -> prefix(x)`` under ``torch.no_grad()`` (the output does not require grad).
 
     Example::
 

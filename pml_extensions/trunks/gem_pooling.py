@@ -23,11 +23,9 @@ class GeMPooling(torch.nn.Module):
         trainable: p is an ``nn.Parameter`` (default, as in the paper) or a fixed buffer.
         device, dtype: factory arguments of p (default: the default device and dtype).
 
-    ``forward(x [B, C, H, W]) -> [B, C]`` in the dtype/device of ``x``; computed in float32 inside (in the log domain,
-    so ``eps^p`` never underflows) for float16/bfloat16 inputs and under ``torch.autocast``. ``feat_mult()`` is 1
-    (output width = C).
-    RAML trains p at 10× the learning rate without weight decay; :class:`ResolutionDistillationTrainer` finds GeM
-    modules and builds that parameter group.
+    ``forward(x [B, C, H, W]) -> [B, C]`` in the dtype/device of ``x``; computed in float32 (float64 stays) in the
+    log domain, also under ``torch.autocast``. ``feat_mult()`` is 1. RAML trains p at 10× the learning rate without
+    weight decay (:class:`ResolutionDistillationTrainer` builds that parameter group).
 
     Raises:
         ValueError: if ``p`` or ``eps`` is not > 0, or the input is not a 4-D tensor.
@@ -53,9 +51,8 @@ class GeMPooling(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.is_tensor(x) or x.ndim != 4:
             raise ValueError(f"x must be a [B, C, H, W] tensor, got {getattr(x, 'shape', type(x))}")
-        # Float32 inside (float64 stays float64), in the log domain: y = exp(log mean exp(p·log x) / p). The plain
-        # pow form underflows (eps^p = 1e-18 is 0 in float16, and 0 in float32 too once p > 12), which gave y = 0 and
-        # p.grad = nan; the log form is exact in value and finite for every p > 0 and every dtype.
+        # y = exp(log mean exp(p·log x) / p): the pow form underflows (eps^p is 0 in float16, and in float32 once
+        # p > 12), giving y = 0 and p.grad = nan
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
             p = self.p.to(dtype)

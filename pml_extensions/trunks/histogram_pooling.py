@@ -1,11 +1,10 @@
 """Prototype-histogram pooling (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.1-2.2).
 
 A drop-in replacement for global average pooling that also computes the soft histogram of the local features over
-m learnable prototypes, which :class:`pml_extensions.losses.XMLWrapper` needs. The layer follows the paper: 1×1 conv
-with the prototypes as weights and no bias, logits multiplied by ε (``scale``), soft-max over the m prototype
-channels, mean over the positions. Deliberate deviation (not stated in the paper's text): local features and
-prototypes are L2-normalised by default, as the authors' related GSP code does, because raw CNN features make the
-ε = 10 soft-max one-hot; ``normalize=False`` gives the paper's literal raw inner products.
+m learnable prototypes (for :class:`pml_extensions.losses.XMLWrapper`): 1×1 conv with the prototypes as weights, no
+bias, logits times ε (``scale``), soft-max over the m prototypes, mean over the positions. Deviation: local features
+and prototypes are L2-normalised by default, as the authors' related GSP code does (raw CNN features make the ε = 10
+soft-max one-hot); ``normalize=False`` gives the paper's raw inner products.
 """
 
 import math
@@ -49,43 +48,29 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         in_channels: C, the width of the feature map (e.g. 1280 for MobileNetV2).
         num_prototypes: m. Paper: 64 (CUB, Cars), 128 (SOP, InShop).
         scale: ε, inverse temperature of the soft-max over prototypes. Default: 100 with ``normalize=True``, 10
-            (the paper's value) with ``normalize=False``. Why 100 on cosines: the logits are ε·cos ∈ [−ε, ε], and
-            the cosines of a feature to its nearest and to its farthest prototypes differ by a few tenths, so with
-            ε = 10 every histogram is nearly uniform (MobileNetV2, 64 prototypes: mean largest bin 0.027 with
-            random and 0.054 with k-means prototypes, uniform 0.016). ‖z‖² is then far below the XML ridge 0.05,
-            the ridge dominates the fit, every cross-batch prediction collapses onto the other half's mean embedding
-            (mean pairwise cosine 0.9999) and the contrastive XML term sits at its collapse value 2.00. With
-            ε = 100 and k-means prototypes the largest bin is 0.53, ‖z‖²/ridge 7.8 and the predictions are as
-            spread as the embeddings (``benchmarks/results/xml_signal.md``).
+            (the paper's value) with ``normalize=False``. On cosines ε = 10 leaves every histogram nearly uniform
+            and the XML term at its collapse value; ε = 100 peaks them (``benchmarks/results/xml_signal.md``).
         normalize: L2-normalise local features and prototypes before the inner product (default ``True``; our
             choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
         device, dtype: factory arguments for the prototype weights.
-        seed: seed of the private generator that draws the random prototypes (:meth:`reset_parameters`) and
-            the lazy initialisation below; the global RNG is never touched, so adding this layer to a trunk does
-            not change any other module's initialisation.
-        lazy_init: ``None`` (default: the random prototypes stay until you initialise them), ``"kmeans"`` or
-            ``"kcenter"``: the prototypes are initialised by :meth:`init_prototypes` from the local features of
-            the first ``lazy_init_batches`` forwards in training mode (no extra pass over the data, no loader
-            needed; eval-mode forwards, e.g. a tester run before training, neither count nor trigger it). The
-            forward that completes the count is already computed with the new prototypes; earlier ones use the
-            random ones. Deterministic given ``seed`` and the batches (at most ``20000 / lazy_init_batches``
-            features are kept per batch, drawn with a generator seeded by ``seed``; k-means is seeded by
-            ``seed``). Cancelled when prototypes are given: :meth:`init_prototypes`, :meth:`init_from_data`,
-            :meth:`reset_parameters` or ``load_state_dict`` with the prototype weight (a checkpoint's trained
-            prototypes are never overwritten). Under ``torch.distributed`` rank 0's prototypes are broadcast.
-        lazy_init_batches: how many training forwards feed the lazy initialisation (default 4, as the runner's
-            ``prototype_init``); more are taken while they hold fewer than ``num_prototypes`` local features.
-        keepdim: return ``[B, C, 1, 1]`` instead of ``[B, C]`` (the shape of ``AdaptiveAvgPool2d(1)``; used by
-            :func:`pml_extensions.trunks.use_histogram_pooling` where a model flattens after its pooling).
+        seed: seed of the private generator of the random prototypes and the lazy initialisation (the global RNG
+            is never touched).
+        lazy_init: ``None`` (default: the random prototypes stay), ``"kmeans"`` or ``"kcenter"``: the prototypes
+            are initialised by :meth:`init_prototypes` from the local features of the first ``lazy_init_batches``
+            training-mode forwards (eval-mode forwards do not count); the forward that completes the count already
+            uses them. Deterministic given ``seed`` and the batches (at most ``20000 / lazy_init_batches`` seeded
+            features kept per batch). Cancelled when prototypes are given (:meth:`init_prototypes`,
+            :meth:`init_from_data`, :meth:`reset_parameters`, ``load_state_dict`` with the prototype weight). Under
+            ``torch.distributed`` rank 0's prototypes are broadcast.
+        lazy_init_batches: training forwards that feed the lazy initialisation (default 4; more while they hold
+            fewer than ``num_prototypes`` local features).
+        keepdim: return ``[B, C, 1, 1]`` (``AdaptiveAvgPool2d(1)``'s shape) instead of ``[B, C]``.
 
-    ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``; ``[B, C, 1, 1]`` with ``keepdim``), so an
-    existing embedder fits unchanged.
-    The soft histograms of that forward, ``[B, m]`` rows on the simplex with their autograd graph, are kept in
-    ``last_histograms`` for the loss; they are computed and kept in float32 (float64 for float64 input) also for
-    float16/bfloat16 inputs and under ``torch.autocast``. The GAP vectors ``[B, C]`` are kept in ``last_pooled``
-    (the ridge target of ``XMLWrapper(target="pooled")``). Both are left out of copies of the layer
-    (``copy.deepcopy``, pickling, ``AveragedModel``): a copy holds ``None`` until its own forward. ``feat_mult()``
-    and ``num_features`` give the output width (C); ``histogram_size`` gives m.
+    ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``; ``[B, C, 1, 1]`` with ``keepdim``). The
+    soft histograms ``[B, m]`` (rows on the simplex, with their graph; float32, float64 for float64 input, also under
+    autocast) are kept in ``last_histograms``, the GAP vectors in ``last_pooled``; copies of the layer (deepcopy,
+    pickling, ``AveragedModel``) hold ``None`` until their own forward. ``feat_mult()`` / ``num_features`` give C,
+    ``histogram_size`` gives m.
 
     Raises:
         ValueError: on non-positive sizes or scale, an unknown ``lazy_init``, or a feature map with the wrong rank
@@ -133,9 +118,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         self.num_prototypes = num_prototypes
         self.scale = float(scale)
         self.normalize = bool(normalize)
-        # Built on the meta device, so the conv's default initialisation (which would draw from the global RNG)
-        # never runs; its weight is then allocated on `device` and reset_parameters fills it from the private
-        # generator.
+        # built on the meta device so that the conv's default init never draws from the global RNG
         conv = torch.nn.Conv2d(in_channels, num_prototypes, kernel_size=1, bias=False, device="meta", dtype=dtype)
         conv.weight = torch.nn.Parameter(torch.empty(conv.weight.shape, device=device, dtype=dtype))
         self.prototype_conv = conv
@@ -168,9 +151,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         return 1
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None):
-        """Random prototypes: i.i.d. N(0, 1/C) entries (unit-norm rows in expectation), drawn from ``generator``
-        (default: a fresh CPU generator seeded with ``self.seed``; never the global RNG). Cancels a pending
-        ``lazy_init``."""
+        """Random prototypes, i.i.d. N(0, 1/C), from ``generator`` (default: a CPU generator seeded with
+        ``self.seed``); cancels a pending ``lazy_init``."""
         self._cancel_lazy_init()
         if generator is None:
             generator = torch.Generator().manual_seed(self.seed)
@@ -181,8 +163,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
 
     # ----------------------------------------------------------------------------------------------------------
     def _space(self, x: torch.Tensor):
-        """Local features and prototypes in the space the layer compares them in, in float32 (float64 stays float64):
-        F.normalize's eps (1e-12) is 0 in float16, so a zero feature would give 0/0 = NaN in half precision."""
+        """Local features and prototypes in the comparison space, in float32 or wider (F.normalize's eps is 0 in
+        float16)."""
         dtype = torch.promote_types(x.dtype, torch.float32)
         x, protos = x.to(dtype), self.prototypes.to(dtype)
         if self.normalize:
@@ -191,7 +173,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """ε · ν_iᵀ x_j for every prototype i and position j: ``[B, m, H, W]``, float32 (float64 for float64
-        input), autocast disabled: with ε = 10 half-precision logits would lose the soft-max's resolution."""
+        input), autocast disabled."""
         _check_feature_map(x, self.in_channels)
         with torch.autocast(device_type=x.device.type, enabled=False):
             feats, protos = self._space(x)
@@ -202,10 +184,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         return torch.softmax(self.logits(x), dim=1).mean(dim=(2, 3))
 
     def hard_histograms(self, x: torch.Tensor) -> torch.Tensor:
-        """Hard histograms z* (Sec. 2.1): the fraction of positions whose NEAREST prototype (L2, in the layer's
-        comparison space) is i. ``[B, m]``, non-differentiable. The soft histogram tends to this as ε → ∞ when the
-        prototypes have equal norms (always with ``normalize=True``); with raw prototypes of unequal norms the
-        soft arg-max of ν·x and the nearest prototype can differ."""
+        """Hard histograms z* (Sec. 2.1): the fraction of positions whose nearest prototype (L2, comparison space)
+        is i. ``[B, m]``, non-differentiable; the soft histogram's limit as ε → ∞ for equal-norm prototypes."""
         _check_feature_map(x, self.in_channels)
         with torch.no_grad():
             feats, protos = self._space(x)
@@ -297,9 +277,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             method: ``"kmeans"`` (faiss k-means), ``"kcenter"`` (greedy farthest-point, as the authors' GSP code
                 does), or ``"random"`` (N(0, 1/C)).
             seed: seed for the random start / k-means initialisation.
-            log: where one note goes when k-means gets fewer than :data:`KMEANS_POINTS_PER_PROTOTYPE` features per
-                prototype (faiss's own recommendation, whose stderr warning is not printed: the centroids are the
-                same with or without it).
+            log: gets one note when k-means has fewer than :data:`KMEANS_POINTS_PER_PROTOTYPE` features per
+                prototype (faiss's recommendation; its stderr warning is silenced).
 
         Raises:
             ValueError: on an unknown method or fewer features than prototypes.
@@ -341,8 +320,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
                     f"recommends >= {KMEANS_POINTS_PER_PROTOTYPE} per prototype, {k * KMEANS_POINTS_PER_PROTOTYPE}); "
                     "more or larger images (prototype_init num_batches) give a steadier start"
                 )
-            # min_points_per_centroid=1 only silences faiss's stderr warning of the same fact (faiss does not change
-            # the clustering below its recommendation)
+            # min_points_per_centroid=1 only silences faiss's stderr warning of the same fact
             km = faiss.Kmeans(
                 self.in_channels, k, niter=kmeans_iters, seed=seed, verbose=False, min_points_per_centroid=1
             )
@@ -373,9 +351,9 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         seed: int = 0,
         log: Optional[Callable[[str], None]] = None,
     ) -> "HistogramPooling":
-        """Initialise prototypes from the local features that ``body`` (the trunk before this layer) produces on a
-        few batches. ``batches`` yields images ``[B, 3, H, W]`` or ``(images, labels)`` pairs. The caller's
-        train/eval mode of each of ``body``'s modules is restored afterwards; ``log`` as :meth:`init_prototypes`."""
+        """Initialise prototypes from the local features ``body`` (the trunk before this layer) produces on
+        ``num_batches`` of ``batches`` (images ``[B, 3, H, W]`` or ``(images, labels)``; eval mode, modes restored);
+        ``log`` as :meth:`init_prototypes`."""
         with eval_mode(body):
             feats = []
             device = next(iter(self.parameters())).device
@@ -390,7 +368,6 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         if len(feats) > max_features:
             gen = torch.Generator().manual_seed(seed)
             feats = feats[torch.randperm(len(feats), generator=gen, device=gen.device)[:max_features]]
-        # features are already in the comparison space; avoid normalising twice (idempotent anyway)
         return self.init_prototypes(feats, method=method, seed=seed, log=log)
 
 
@@ -452,9 +429,7 @@ def prototype_parameters(module: torch.nn.Module) -> List[torch.nn.Parameter]:
 def prototype_init(models, dataset, seed: int, spec, log: Optional[Callable[[str], None]] = None) -> bool:
     """The config key ``prototype_init: {method: kmeans|kcenter|random, num_batches: 4, batch_size: 32}``: the
     trunk's HistogramPooling prototypes from its body's local features on ``num_batches`` batches of ``dataset``
-    (shuffled with a generator seeded by ``seed``; the XML paper initialises them by k-means,
-    :meth:`HistogramPooling.init_from_data`; ``log`` gets its note on too few local features). Returns False for an
-    empty spec.
+    shuffled with ``seed`` (:meth:`HistogramPooling.init_from_data`). Returns False for an empty spec.
 
     Raises:
         ValueError: unknown keys, a trunk without exactly one HistogramPooling as a direct child of a Sequential

@@ -1,29 +1,25 @@
 """Swap a model's global average pooling for :class:`HistogramPooling` in one call (XML, Gurbuz & Alatan, ICIP 2023).
 
-XML needs the soft prototype histograms of the last feature map; :class:`HistogramPooling` computes them and returns
-the GAP vector, so it replaces a model's global average pooling without changing what the model computes.
-:func:`use_histogram_pooling` finds that pooling by behaviour, not by class or attribute names: it runs the model
-once on a probe batch (eval mode, no gradient, the caller's train/eval modes restored) and takes the last
-parameter-free module whose output is the spatial mean of its ``[B, C, H, W]`` input and after which no spatial map
-is computed (torchvision's ``avgpool`` in ResNet / EfficientNet / MobileNetV3 / ConvNeXt / RegNet, timm's
-``global_pool``; the squeeze-and-excitation poolings inside the blocks come earlier and are skipped). A model that
-pools functionally (torchvision's MobileNetV2 calls ``adaptive_avg_pool2d`` in ``forward``) gets the layer appended
-to the ``Sequential`` that produces its last feature map (``features``), with a ``[B, C, 1, 1]`` output that the
-functional pooling leaves unchanged. Either way the swapped model's output is checked against the original's on the
-probe batch; a swap that would change it (e.g. DenseNet applies a ReLU between ``features`` and its functional
-pooling) is undone and refused.
+:class:`HistogramPooling` returns the GAP vector, so it replaces a model's global average pooling without changing
+what the model computes. :func:`use_histogram_pooling` finds that pooling by behaviour: it runs the model once on a
+probe batch (eval mode, no gradient, modes restored) and takes the last parameter-free module whose output is the
+spatial mean of its ``[B, C, H, W]`` input and after which no spatial map is computed (torchvision's ``avgpool``,
+timm's ``global_pool``; squeeze-and-excitation poolings come earlier and are skipped). A model that pools
+functionally (torchvision's MobileNetV2) gets the layer appended to the ``Sequential`` that produces its last feature
+map, with a ``[B, C, 1, 1]`` output. Either way the output is checked against the original's on the probe batch; a
+swap that would change it (e.g. DenseNet's ReLU before its functional pooling) is undone and refused.
 
-:func:`pooling_tail` finds, the same way, the modules a model applies after the pooling (e.g. ResNet's ``fc``,
-EfficientNet's ``classifier``): with the embedder they are the ``head`` that
-``XMLWrapper(target="pooled")`` sends its predicted GAP vectors through (:meth:`XMLWrapper.attach`).
+:func:`pooling_tail` finds the same way the modules applied after the pooling (ResNet's ``fc``, EfficientNet's
+``classifier``): with the embedder they are the ``head`` of ``XMLWrapper(target="pooled")``.
 """
 
-from contextlib import contextmanager
 from typing import List, Optional
 
 import torch
 
+from ..utils.eval_mode import eval_mode
 from .histogram_pooling import HistogramPooling, find_histogram_layers
+from .trunk_split import _first_line
 
 #: probe side (pixels) when no ``example_input`` is given: a stride-32 body still ends in a 4 × 4 map
 PROBE_SIZE = 128
@@ -74,27 +70,11 @@ def _close(a, b, rel=1e-4) -> bool:
     return float((a - b).abs().max()) <= rel * scale
 
 
-@contextmanager
-def _eval_mode(model):
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-
-
 #: what :func:`use_histogram_pooling` and :func:`pooling_tail` take, for their refusals
 SUPPORTED = (
     "supported: CNNs whose last [B, C, H, W] feature map is averaged by a pooling module (torchvision ResNet, "
     "MobileNetV2/V3, EfficientNet, ConvNeXt, RegNet, Swin; timm CNNs with global_pool) or a body ending in that map"
 )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 def _trace(model, example_input, caller="use_histogram_pooling"):
@@ -114,7 +94,7 @@ def _trace(model, example_input, caller="use_histogram_pooling"):
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
-        with _eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             out = model(example_input)
     except Exception as e:  # a model this function does not support, or a probe of the wrong size for it
         raise ValueError(
@@ -190,39 +170,32 @@ def use_histogram_pooling(
 ) -> torch.nn.Module:
     """Replace ``model``'s global average pooling by :class:`HistogramPooling` (in place) and return the model.
 
-    The model computes exactly what it computed before, in train and eval mode (the layer returns the GAP vector;
-    checked on a probe batch): bit for bit where the replaced pooling is a spatial mean (``AdaptiveAvgPool2d(1)``,
-    torchvision's functional ``adaptive_avg_pool2d(x, 1)``, timm's ``x.mean((2, 3))``: the same ``mean`` operation as
-    the layer's), up to float rounding where it is a fixed-kernel ``AvgPool2d`` over the whole map (which sums in
-    another order: differences of a few float32 ulps). So a PML trunk keeps its output width and its embedder; the
-    layer also keeps the soft prototype histograms ``[B, m]`` of each forward for
-    :class:`pml_extensions.losses.XMLWrapper` (attach it with ``XMLWrapper(...).attach(model)``). How the pooling is
-    found: see the module docstring. Build the optimizers after the swap so that the prototypes are trained.
+    The model computes what it computed before, in train and eval mode (checked on a probe batch): bit for bit where
+    the replaced pooling is a spatial mean (``AdaptiveAvgPool2d(1)``, ``adaptive_avg_pool2d(x, 1)``,
+    ``x.mean((2, 3))``), up to a few float32 ulps for a whole-map ``AvgPool2d``. The layer keeps the soft prototype
+    histograms ``[B, m]`` of each forward for :class:`pml_extensions.losses.XMLWrapper`. Build the optimizers after
+    the swap so that the prototypes train.
 
     Args:
         model: a CNN with a global average pooling (torchvision ResNet, MobileNetV2/V3, EfficientNet, ConvNeXt,
-            RegNet; timm-style models with ``global_pool``; a ``Sequential`` body + ``AdaptiveAvgPool2d(1)``),
-            or a body that ends in a feature map (then ``Sequential(model, HistogramPooling)`` is returned).
+            RegNet; timm-style ``global_pool``), or a body that ends in a feature map.
         num_prototypes: m (paper: 64 for CUB/Cars, 128 for SOP/InShop).
-        scale, normalize, seed: as :class:`HistogramPooling` (defaults: cosine logits with ε = 100; our choice,
-            see that class: with ε = 10 on cosines the histograms stay nearly uniform and the XML term is constant).
-        prototypes: ``[m, C]`` initial prototypes; when given, ``init`` is not used.
-        init: ``"kmeans"`` (default), ``"kcenter"``: initialise the prototypes lazily from the local features of
-            the first ``init_batches`` training forwards (``HistogramPooling(lazy_init=...)``; deterministic given
-            ``seed`` and the batches); ``None`` keeps the layer's seeded random prototypes.
-        init_batches: training forwards that feed ``init`` (default 4).
-        example_input: the probe batch ``[B, C, H, W]`` (default: 2 seeded random images of ``PROBE_SIZE`` pixels
-            with the first Conv2d's input channels, on the model's device and dtype).
+        scale, normalize, seed: as :class:`HistogramPooling` (default: cosine logits with ε = 100).
+        prototypes: ``[m, C]`` initial prototypes (then ``init`` is not used).
+        init: ``"kmeans"`` (default) or ``"kcenter"``: initialise the prototypes lazily from the local features of
+            the first ``init_batches`` (default 4) training forwards (``HistogramPooling(lazy_init=...)``); ``None``
+            keeps the seeded random prototypes.
+        example_input: the probe batch ``[B, C, H, W]`` (default: 2 seeded random images of ``PROBE_SIZE`` pixels,
+            on the model's device and dtype).
 
     Returns:
-        ``model`` itself (with the layer in place of its pooling), or a new ``Sequential(model, layer)`` when
-        ``model`` is a body whose output is the feature map.
+        ``model`` itself, or a new ``Sequential(model, layer)`` when ``model`` is a body ending in the feature map.
 
     Raises:
-        ValueError: if ``model`` already holds a HistogramPooling, does not run on the probe batch (a model this
-            function does not support, e.g. a vision transformer; one line naming the model and what is supported,
-            never the model's own error), no global average pooling or feature map is found, or the swap would
-            change the model's output or stop it from running (the model is left unchanged).
+        ValueError: ``model`` already holds a HistogramPooling; it does not run on the probe batch (e.g. a vision
+            transformer; one line naming the model and what is supported); no global average pooling or feature map
+            is found; or the swap would change the model's output or stop it from running (the model is left
+            unchanged).
 
     Example::
 
@@ -283,7 +256,7 @@ def use_histogram_pooling(
                 f"({SUPPORTED}): put HistogramPooling({channels}) into the model yourself"
             )
         target.append(pool)
-        undo = target.pop
+        undo = lambda: target.pop(-1)  # noqa: E731
         where = f"appended to `{site.name}`"
     else:
         undo = _replace(model, site.name, pool)
@@ -291,14 +264,14 @@ def use_histogram_pooling(
     try:
         after, _ = _trace(model, x)
     except Exception as e:  # the model's code after the pooling cannot take the layer's output
-        undo(-1) if appended else undo()
+        undo()
         raise ValueError(
             f"{type(model).__name__}: with HistogramPooling {where} the model no longer runs "
             f"({_first_line(e.__cause__ or e)}); the model is left "
             "unchanged: put HistogramPooling into the model yourself"
         ) from None
     if not _same_output(before, after):
-        undo(-1) if appended else undo()
+        undo()
         raise ValueError(
             f"{type(model).__name__}: HistogramPooling {where} changes the model's output (the model does more than "
             "average its last feature map there, e.g. a ReLU in forward()); the model is left unchanged: put "
@@ -333,21 +306,18 @@ def _last_map(calls) -> Optional[_Call]:
 def pooling_tail(
     model: torch.nn.Module, layer: Optional[HistogramPooling] = None, example_input: Optional[torch.Tensor] = None
 ) -> List[torch.nn.Module]:
-    """The modules ``model`` applies to the GAP vector after its :class:`HistogramPooling` ``layer``, in order:
-    ``model(x)`` equals them applied to ``layer.last_pooled`` (checked on a probe batch, eval mode; led by an
-    ``Unflatten`` to ``[N, C, 1, 1]`` where the model's next module needs the pooling's 4-D shape). ``[]`` when
-    the model's output is the GAP vector (e.g. a PML trunk whose ``fc`` is ``Identity``: then the embedder alone
-    maps GAP vectors to embeddings).
+    """The modules ``model`` applies to the GAP vector after its :class:`HistogramPooling` ``layer``, in order, so that
+    ``model(x)`` equals them applied to ``layer.last_pooled`` (checked on a probe batch; led by an ``Unflatten`` to
+    ``[N, C, 1, 1]`` where the next module needs the 4-D shape); ``[]`` when the model's output is the GAP vector.
 
     Args:
-        model: a model holding ``layer`` (e.g. one returned by :func:`use_histogram_pooling`).
-        layer: its HistogramPooling (default: the single one inside ``model``).
+        model: a model holding ``layer``; layer: its HistogramPooling (default: the single one inside ``model``).
         example_input: the probe batch (default as in :func:`use_histogram_pooling`).
 
     Raises:
-        ValueError: if ``model`` holds no or several HistogramPooling layers (without ``layer``), does not run on
-            the probe batch, ``layer`` is not called exactly once, or the model's output is not the found modules
-            applied to the GAP vector (functional code after the pooling that no module shows).
+        ValueError: ``model`` holds no or several HistogramPooling layers (without ``layer``), does not run on the
+            probe batch, runs ``layer`` other than once, or its output is not the found modules applied to the GAP
+            vector.
 
     Example::
 
@@ -375,7 +345,7 @@ def pooling_tail(
     starts = [[]] + ([[torch.nn.Unflatten(1, (layer.in_channels, 1, 1))]] if layer.keepdim else [])
     for start in starts:
         chain = start + [c.module for c in tail]
-        with _eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             y = layer.last_pooled
             try:
                 for m in chain:

@@ -45,9 +45,8 @@ def margin_argmax(activations: torch.Tensor, mu: Union[float, torch.Tensor] = 0.
         dim: the dimension holding the K scores.
 
     Returns:
-        Tensor of the same shape, dtype and device as ``activations`` with entries in {0, 1} and at most one 1
-        along ``dim``. Ties at the maximum go to the lowest index (``torch.argmax``); ``max_k a_k == μ`` gives
-        the zero vector (the objective is 0 for both, the paper's text says "no greater than μ" gives 0). Not
+        Tensor of the shape, dtype and device of ``activations``, entries in {0, 1}, at most one 1 along ``dim``
+        (ties to the lowest index; ``max_k a_k == μ`` gives 0, as the paper's "no greater than μ"). Not
         differentiable.
 
     Raises:
@@ -80,18 +79,16 @@ class MarginAugmentedSoftmax(torch.nn.Module):
     """η · soft-max([a, μ] / ε) with the slack entry dropped (paper Sec. 3.1 (P3) and Sec. 4.1).
 
     Args:
-        mu: μ, the score of the "no match" slack entry (units of the activations). Default 0. The paper's
-            BN-ReLU replacement in a CIFAR-10 ResNet20 uses μ = 2.5, estimated with
-            :func:`pml_extensions.trunks.soft_maximizer_swap.estimate_mu`.
+        mu: μ, the score of the "no match" slack entry (units of the activations). Default 0; paper, ResNet20: 2.5
+            (:func:`pml_extensions.trunks.soft_maximizer_swap.estimate_mu`).
         epsilon: ε > 0, the entropy weight / temperature. Default 1 (paper).
-        eta: η > 0, the constant output scale. Default 1 (plain soft-max probabilities). Paper, ResNet20: η =
-            17 (:func:`pml_extensions.trunks.soft_maximizer_swap.estimate_eta`).
+        eta: η > 0, the output scale. Default 1; paper, ResNet20: 17
+            (:func:`pml_extensions.trunks.soft_maximizer_swap.estimate_eta`).
         dim: the dimension of the K scores. Default 1 (channels of a ``[B, K, H, W]`` map).
 
     ``forward(activations [..., K, ...]) -> [..., K, ...]`` (same shape, dtype, device), entries in [0, η)
-    summing to less than η along ``dim``:  p_k = η·exp(a_k/ε) / (exp(μ/ε) + Σ_j exp(a_j/ε)). The Jacobian of
-    p/η is (diag(p/η) − (p/η)(p/η)ᵀ)/ε; plain autograd ops, so it works in float16/32/64 and under
-    ``gradcheck``. As ε → 0 the output tends to η·:func:`margin_argmax`.
+    summing to less than η along ``dim``: p_k = η·exp(a_k/ε) / (exp(μ/ε) + Σ_j exp(a_j/ε)) (plain autograd ops,
+    computed in float32 for half inputs). As ε → 0 the output tends to η·:func:`margin_argmax`.
 
     Raises:
         ValueError: if ``epsilon`` or ``eta`` is not > 0 or ``mu`` is not finite (at construction); if ``dim``

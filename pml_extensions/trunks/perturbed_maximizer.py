@@ -11,13 +11,9 @@ estimated with S Monte-Carlo samples. Its Jacobian is estimated (Berthet et al.,
     ∂p_ε/∂ã ≈ E_Z[ onehot(argmax(ã + ε Z)) ∇ν(Z)ᵀ ] / ε,   ∇ν(Z) = Z (Gaussian), 1 − exp(−Z) (Gumbel),
 
 where ν is the noise's negative log-density. With Gumbel noise p_ε is exactly the margin-augmented soft-max
-(:class:`pml_extensions.trunks.margin_softmax.MarginAugmentedSoftmax`). Public implementations of the same
-estimator: ``google-research/perturbations`` (``perturbations/perturbations.py``, TensorFlow) and JAXopt's
-``make_perturbed_argmax``; this one is written from the equations, no code was copied.
-
-Implementation notes: samples are drawn and reduced in chunks, so memory is O(chunk · numel(ã)) instead of
-O(S · numel(ã)); the backward pass regenerates the same noise from the saved generator state instead of
-storing it.
+(:class:`pml_extensions.trunks.margin_softmax.MarginAugmentedSoftmax`). Written from the equations (as
+``google-research/perturbations`` and JAXopt's ``make_perturbed_argmax``); samples are drawn in chunks (memory
+O(chunk · numel(ã))) and the backward pass regenerates the same noise from the saved generator state.
 """
 
 from typing import Dict, Optional, Union
@@ -59,14 +55,11 @@ def _chunks(num_samples: int, chunk: int):
 
 
 class PerturbedArgmaxFunction(torch.autograd.Function):
-    """Custom autograd Function: forward = Monte-Carlo mean of the perturbed one-hot arg-maxes of [a, μ]
-    (slack dropped, scaled by η); backward = the Berthet et al. Jacobian estimator with the same noise
-    samples.
+    """Forward: the Monte-Carlo mean of the perturbed one-hot arg-maxes of [a, μ] (slack dropped, times η);
+    backward: the Berthet et al. Jacobian estimator on the same noise (the generator state is saved and replayed).
 
-    ``apply(x [N, K], mu, epsilon, eta, num_samples, chunk_size, noise, generator) -> [N, K]``. Works on rows
-    (the module moves the class dimension last and flattens). ``generator`` is advanced by the forward pass;
-    its state at the start of the forward pass is saved and replayed in the backward pass. No gradient flows
-    to μ, ε, η.
+    ``apply(x [N, K], mu, epsilon, eta, num_samples, chunk_size, noise, generator) -> [N, K]``; no gradient to μ, ε,
+    η.
     """
 
     @staticmethod
@@ -111,23 +104,19 @@ class PerturbedMaximizer(torch.nn.Module):
     et al. 2020).
 
     Args:
-        mu: μ, the score of the "no match" slack entry (units of the activations). Default 0. Paper, ResNet20:
-            2.5.
-        epsilon: ε > 0, the noise scale. Default 1 (paper, following Berthet et al.'s ablation).
-        eta: η > 0, output scale. Default 1. Paper, ResNet20: 17.
+        mu: μ, the score of the "no match" slack entry (units of the activations). Default 0; paper, ResNet20: 2.5.
+        epsilon: ε > 0, the noise scale. Default 1 (paper).
+        eta: η > 0, output scale. Default 1; paper, ResNet20: 17.
         num_samples: S ≥ 1 Monte-Carlo samples per forward pass. Default 600 (paper).
-        noise: ``"normal"`` (default, Berthet et al. and the paper) or ``"gumbel"`` (then E[·] is exactly the
-            margin-augmented soft-max; used in tests).
-        chunk_size: samples drawn at once; ``None`` (default) picks the largest chunk with at most 2^24 noise
-            entries, so memory stays bounded whatever S is.
-        seed: seed of the module's own noise generator (one per device, created lazily); the global RNG is
-            never used. :meth:`reset_generator` restarts the stream.
+        noise: ``"normal"`` (default, paper) or ``"gumbel"`` (then E[·] is the margin-augmented soft-max).
+        chunk_size: samples drawn at once; ``None`` (default): at most 2^24 noise entries per chunk.
+        seed: seed of the module's own noise generator (one per device; the global RNG is never used);
+            :meth:`reset_generator` restarts the stream.
         dim: dimension of the K scores. Default 1 (channels of ``[B, K, H, W]``).
 
     ``forward(activations [..., K, ...]) -> [..., K, ...]`` (same shape, dtype and device): entries in [0, η]
-    that are multiples of η/S, summing to at most η along ``dim``. Backward uses
-    :class:`PerturbedArgmaxFunction` (Jacobian estimator; same noise as the forward pass). In eval mode the
-    module is still stochastic (a fresh draw per call) unless ``reset_generator`` is called before each call.
+    that are multiples of η/S, summing to at most η along ``dim``; backward by :class:`PerturbedArgmaxFunction`.
+    Stochastic in eval mode too (a fresh draw per call) unless ``reset_generator`` is called before each call.
 
     Raises:
         ValueError: on ε ≤ 0, η ≤ 0, non-finite μ, ``num_samples`` < 1 (e.g. zero samples), ``chunk_size`` <
@@ -190,14 +179,6 @@ class PerturbedMaximizer(torch.nn.Module):
         k = moved.shape[-1]
         rows = moved.reshape(-1, k)
         chunk = self.chunk_size or max(1, DEFAULT_MAX_CHUNK_ELEMENTS // max(1, rows.numel() + rows.shape[0]))
-        out = PerturbedArgmaxFunction.apply(
-            rows,
-            self.mu,
-            self.epsilon,
-            self.eta,
-            self.num_samples,
-            chunk,
-            self.noise,
-            self.generator(activations.device),
-        )
+        config = (self.mu, self.epsilon, self.eta, self.num_samples, chunk, self.noise)
+        out = PerturbedArgmaxFunction.apply(rows, *config, self.generator(activations.device))
         return out.view(moved.shape).movedim(-1, self.dim)

@@ -12,11 +12,10 @@ from torchvision.models.resnet import BasicBlock
 class SmallResNet(torch.nn.Module):
     """3×3 stem (stride 1) -> stages ``layer1 .. layerS`` of torchvision ``BasicBlock`` -> global average pooling.
 
-    Stages 2 and 3 halve the resolution (the paper's RN reduces in stages 2-3), the others keep it; a block whose
-    stride or width changes gets a 1×1 conv + BN shortcut. The stages are ``layer1``, ``layer2``, ... as in
-    torchvision's ResNet, so :func:`pml_extensions.trunks.insert_template_matching` puts the block after ``layer3``
-    (between the last two stages of a 4-stage net) or after any stage named with ``after="layer2"``, and
-    :func:`pml_extensions.trunks.soft_maximizer_swap` finds every BasicBlock's BN-ReLU.
+    Stages 2 and 3 halve the resolution (the paper's RN), the others keep it; a block whose stride or width changes
+    gets a 1×1 conv + BN shortcut. The stages are ``layer1``, ``layer2``, ... as in torchvision's ResNet, so
+    :func:`pml_extensions.trunks.insert_template_matching` and :func:`pml_extensions.trunks.soft_maximizer_swap`
+    find them.
 
     Args:
         in_channels: image channels (1 for Fashion-MNIST and glyphs).
@@ -25,8 +24,7 @@ class SmallResNet(torch.nn.Module):
         pool: end with global average pooling (``[B, widths[-1]]`` vectors, a PML trunk); ``False`` returns the map.
 
     ``forward(images [B, in_channels, H, W]) -> [B, widths[-1]]`` (float, the input's dtype and device);
-    ``out_channels`` is ``widths[-1]``. Module creation order (stem, then every stage's blocks) fixes the draws from
-    the global torch RNG, so the same seed gives the same weights.
+    ``out_channels`` is ``widths[-1]``. Weights are drawn from the global torch RNG in module order.
 
     Raises:
         ValueError: a non-positive ``in_channels``, width or ``blocks``, or no stage.

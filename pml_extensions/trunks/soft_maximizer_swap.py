@@ -6,25 +6,16 @@ when a_k > μ_k with
 
     μ_k = E a_k − β_k · sqrt(Var a_k + eps) / γ_k          (γ_k > 0; PyTorch's eps included),
 
-and writes p̂ = η · p̂* with η = Σ_k p̂_k and p̂* feasible for the linear program (P1). The paper replaces
-BN-ReLU by η · (margin-augmented soft-max or perturbed maximizer of [a, μ]) with one constant μ (the mean of
-the non-zero μ_k over the BN layers of a trained network; 2.5 for its CIFAR-10 ResNet20) and one constant η
-(the mean per-pixel sum of the BN-ReLU outputs; 17), ε = 1 and 600 noise samples.
+and writes p̂ = η · p̂* with η = Σ_k p̂_k. The paper replaces BN-ReLU by η · (margin-augmented soft-max or perturbed
+maximizer of [a, μ]) with one constant μ (mean of the non-zero μ_k of a trained network; 2.5 for its CIFAR-10
+ResNet20) and one η (mean per-pixel sum of the BN-ReLU outputs; 17), ε = 1 and 600 noise samples.
 
-Sites: in a torchvision ``BasicBlock`` (conv1 3×3 → bn1 → relu) the replaced BN is ``bn1``; in a
-``Bottleneck`` (conv2 3×3 → bn2 → relu) it is ``bn2``. The BN is replaced by the soft maximizer; the block's
-ReLU that follows stays and is the identity on the maximizer's non-negative output. The BN before the residual
-addition (``bn2`` of a BasicBlock) and the stem are left alone (no ReLU directly follows them / not a 3×3 conv
-in torchvision).
+Sites: ``bn1`` of a torchvision ``BasicBlock`` (conv1 3×3 → bn1 → relu), ``bn2`` of a ``Bottleneck``; the ReLU that
+follows stays (the identity on the maximizer's non-negative output). Everything else is kept bit for bit.
 
-Not the identity of the network it is applied to, by design: η·soft-maximizer([a, μ]) is another function than the
-BN-ReLU it replaces (one μ and one η for all channels instead of per-channel γ_k, β_k and statistics), and no choice
-of its constants reproduces BN-ReLU. Everything but the sites is kept bit for bit. The swap is for networks trained
-from scratch afterwards, as in the paper (Sec. 4.1 trains the swapped ResNet20 from scratch; μ and η come from
-another, trained BN-ReLU network), not for converting a trained network: swapped with its own estimated μ and η, a
-SmallResNet (widths 16, 32, 64) trained on 10,000 Fashion-MNIST images (test accuracy 85.1 %, μ = −0.13, η = 12.4)
-keeps a trunk-output cosine to the original of 0.70 (soft-max) / 0.64 (perturbed, S = 64) on average over the test
-images, and its test accuracy falls to 17.1 % / 16.7 %.
+The swap is for networks trained from scratch afterwards, as in the paper: no choice of μ and η reproduces BN-ReLU
+(one μ and η for all channels), so a trained network loses its function (a Fashion-MNIST SmallResNet at 85.1 % test
+accuracy falls to 17.1 % / 16.7 % with its own estimated μ and η).
 """
 
 import copy
@@ -52,6 +43,14 @@ def bn_relu_sites(model: torch.nn.Module) -> List[Tuple[torch.nn.Module, str]]:
     return sites
 
 
+def _sites(model) -> List[Tuple[torch.nn.Module, str]]:
+    """:func:`bn_relu_sites`, or ValueError when there is none."""
+    sites = bn_relu_sites(model)
+    if not sites:
+        raise ValueError(f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)")
+    return sites
+
+
 def _check_bn(bn) -> None:
     if not isinstance(bn, torch.nn.modules.batchnorm._BatchNorm):
         raise TypeError(f"expected a BatchNorm layer, got {type(bn).__name__}")
@@ -64,8 +63,7 @@ def bn_relu_thresholds(
 
     Args:
         bn: an affine BatchNorm layer.
-        mean, var: ``[C]`` statistics of the BN input a; default: the layer's running statistics (what eval
-            mode uses).
+        mean, var: ``[C]`` statistics of the BN input a; default: the layer's running statistics.
 
     Returns:
         ``[C]`` float tensor (units of a). For γ_k > 0, eval-mode ReLU(BN(a))_k > 0 exactly when a_k > μ_k;
@@ -109,9 +107,8 @@ def soft_maximizer_swap(
         inplace: modify ``model`` (default ``False``: a deep copy).
 
     Returns:
-        The model; output shapes are unchanged. Its function is not (see the module docstring: the soft maximizer
-        is not BN-ReLU, so train the swapped network, as the paper does); every module, parameter and buffer other
-        than the replaced BNs is kept bit for bit.
+        The model, output shapes unchanged; every module, parameter and buffer but the replaced BNs kept bit for bit
+        (its function is not: train the swapped network, as the paper does).
 
     Raises:
         ValueError: on an unknown ``maximizer`` (lists the valid names), bad μ/η/ε/S (see the maximizer
@@ -138,8 +135,7 @@ def soft_maximizer_swap(
 
 
 def _run_with_hooks(model, batches, num_batches, hook_fn, sites):
-    if not sites:
-        raise ValueError(f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)")
+    """Run ``model`` (eval, no grad) on up to ``num_batches`` batches with ``hook_fn(i, m, inp, out)`` on site i."""
     for block, name in sites:
         _check_bn(getattr(block, name))
     handles = []
@@ -174,23 +170,20 @@ def estimate_mu(
 
     Args:
         model: trained model with torchvision ``BasicBlock``/``Bottleneck`` modules (BN not yet swapped).
-        batches: iterable of images ``[B, C, H, W]`` or ``(images, labels)``; E a_k and Var a_k are then
-            measured on this data (eval mode, the caller's train/eval mode restored, hooks removed). ``None``:
-            use the BN running statistics (no data needed).
+        batches: iterable of images ``[B, C, H, W]`` or ``(images, labels)`` on which E a_k and Var a_k are
+            measured (eval mode, modes restored); ``None``: the BN running statistics.
         num_batches: use at most this many batches (default: all).
         return_per_channel: also return the list of ``[C]`` μ_k tensors, one per site.
 
     Returns:
-        float μ (units of the conv activations a), or ``(μ, [μ_k per site])``. The mean is over the channels
-        with γ_k > 0 (where "positive ⇔ a_k > μ_k" holds) and μ_k ≠ 0.
+        float μ (units of the conv activations a; the mean over the channels with γ_k > 0 and μ_k ≠ 0), or
+        ``(μ, [μ_k per site])``.
 
     Raises:
         ValueError: if the model has no sites, ``batches`` yields nothing, or no channel qualifies.
     """
-    sites = bn_relu_sites(model)
+    sites = _sites(model)
     if batches is None:
-        if not sites:
-            raise ValueError(f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)")
         per_site = [bn_relu_thresholds(getattr(b, n)).detach().double().cpu() for b, n in sites]
     else:
         stats = [[0.0, 0.0, 0] for _ in sites]
@@ -218,8 +211,7 @@ def estimate_mu(
 
 def estimate_eta(model: torch.nn.Module, batches: Iterable, num_batches: Optional[int] = None) -> float:
     """η: the mean per-pixel sum over channels of the BN-ReLU outputs at the sites of a trained model (paper
-    Sec. 4.1; 17 for its CIFAR-10 ResNet20), measured on ``batches`` in eval mode (the caller's mode
-    restored).
+    Sec. 4.1; 17 for its CIFAR-10 ResNet20), measured on ``batches`` in eval mode (modes restored).
 
     Args:
         model: trained model with torchvision ``BasicBlock``/``Bottleneck`` modules (BN not yet swapped).
@@ -227,13 +219,12 @@ def estimate_eta(model: torch.nn.Module, batches: Iterable, num_batches: Optiona
         num_batches: use at most this many batches (default: all).
 
     Returns:
-        float η: per site, the mean over images and pixels of Σ_k ReLU(BN(a))_k; then the mean over sites
-            (each site weighted equally).
+        float η: the mean over sites of each site's mean over images and pixels of Σ_k ReLU(BN(a))_k.
 
     Raises:
         ValueError: if the model has no sites or ``batches`` yields nothing.
     """
-    sites = bn_relu_sites(model)
+    sites = _sites(model)
     sums = [[0.0, 0] for _ in sites]
 
     def hook(i, m, inp, out):

@@ -11,14 +11,10 @@ Given the stage-3 feature map f [B, d, H, W] of a CNN, the block
 5. outputs f_out = conv1×1(f) + f' (paper) or the concatenation [f, f'] (the paper's DenseNet variant
    "Ours-C").
 
-Initialisation: the block's own default is the paper's (every 1×1 conv randomly initialised, PyTorch's default, as
-in a network trained from scratch); ``init="identity"`` (or :meth:`TemplateMatchingBlock.init_identity`) starts it as
-the identity f_out = f, which :func:`pml_extensions.trunks.insert_template_matching` does by default so that a
-pretrained host network computes exactly what it computed before.
-
-The per-pixel class scores a of the last forward pass are kept (with their graph) in ``last_class_scores`` for
-the auxiliary patch-classification loss
-(:class:`pml_extensions.losses.patch_classification_loss.PatchClassificationLoss`).
+Initialisation: the paper's (PyTorch's random 1×1 convs) by default; ``init="identity"`` starts the block as
+f_out = f, as :func:`pml_extensions.trunks.insert_template_matching` does so that a pretrained host is unchanged.
+The per-pixel class scores a of the last forward are kept in ``last_class_scores`` for
+:class:`pml_extensions.losses.patch_classification_loss.PatchClassificationLoss`.
 
 No official code exists. The add-variant matches ``valueLayer_1x1sum`` in ``adagorgun/letKD-framework``
 (``distillation/architectures/miscellaneous/valueLayer.py``) structurally; no code was copied.
@@ -52,12 +48,9 @@ def _pair(window, name="window") -> Optional[Tuple[int, int]]:
 
 
 def same_patch_mean(feature_map: torch.Tensor, window: Union[int, Sequence[int]]) -> torch.Tensor:
-    """Mean over the (kh × kw) window centred on every pixel, 'same' output size, padding excluded from the
-    mean.
+    """Mean over the (kh × kw) window centred on every pixel, 'same' output size, padding excluded from the mean.
 
-    For an odd size k the window spans [i − (k−1)/2, i + (k−1)/2]; for an even size it spans [i − (k/2 − 1), i
-    + k/2] (TensorFlow 'same' padding: the extra row/column goes after the pixel). Near the borders the mean
-    is over the pixels inside the map only.
+    An odd k spans [i − (k−1)/2, i + (k−1)/2], an even k [i − (k/2 − 1), i + k/2] (TensorFlow 'same' padding).
 
     Args:
         feature_map: ``[B, C, H, W]`` float tensor.
@@ -92,36 +85,25 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         value_channels: d', width of f' (the value vectors ν_k). Default ``in_channels``.
         window: patch window (kh, kw) or k; ``None`` (default, paper) uses (max(1, H // 2), max(1, W // 2)) of
             each input map, i.e. the paper's w/2 × h/2.
-        mixing: how scores become mixing coefficients: ``"bn_relu"`` (default, paper:
-            ReLU(BatchNorm2d(c)(a))), ``"softmax"`` (:class:`MarginAugmentedSoftmax`), ``"perturbed"``
-            (:class:`PerturbedMaximizer`), or ``"none"`` (the paper's "auxiliary loss only" baseline: no value
-            vectors and no shortcut conv; the block returns f unchanged and only scores patches for the
-            auxiliary loss).
+        mixing: how scores become mixing coefficients: ``"bn_relu"`` (default, paper: ReLU(BatchNorm2d(c)(a))),
+            ``"softmax"`` (:class:`MarginAugmentedSoftmax`), ``"perturbed"`` (:class:`PerturbedMaximizer`), or
+            ``"none"`` (the paper's "auxiliary loss only" baseline: the block returns f and only scores patches).
         combine: ``"add"`` (default, paper): f_out = conv1×1(f) + f', width d'; ``"concat"`` (paper's DenseNet
             "Ours-C"): f_out = [f, f'], width d + d', no shortcut conv.
-        mu, epsilon, eta, num_samples, seed: passed to the soft maximizer for
-            ``mixing="softmax"``/``"perturbed"`` (defaults μ = 0, ε = 1, η = 1, S = 600, seed 0; ε and S as in
-            the paper's Sec. 4.1 ablation).
-        norm_layer: normalisation class for ``"bn_relu"``, called as ``norm_layer(c, device=..., dtype=...)``.
-            Default BatchNorm2d.
-        act_layer: activation class for ``"bn_relu"``. Default ReLU (paper).
-        init: ``"paper"`` (default): the 1×1 convs keep PyTorch's random initialisation, as in the paper's networks
-            trained from scratch (and in timm/torchvision ResNet builders, which re-initialise every conv
-            themselves); ``"identity"``: :meth:`init_identity` after construction (shortcut = identity, value
-            vectors ν = 0, so f_out = f; the classifier stays random). The random draws are the same in both, so
-            the classifier's weights do not depend on ``init``.
+        mu, epsilon, eta, num_samples, seed: the soft maximizer's (defaults μ = 0, ε = 1, η = 1, S = 600, seed 0).
+        norm_layer, act_layer: the ``"bn_relu"`` classes (default BatchNorm2d, called with ``device``/``dtype``;
+            ReLU).
+        init: ``"paper"`` (default): PyTorch's random 1×1 convs, as in the paper's from-scratch training;
+            ``"identity"``: :meth:`init_identity` after construction (f_out = f; the classifier stays random). The
+            random draws are the same in both.
         device, dtype: factory arguments of the convolutions.
 
     ``forward(f [B, d, H, W]) -> [B, out_channels, H, W]``; ``out_channels`` is d' (add), d + d' (concat) or d
-    (``mixing="none"``). After every forward pass ``last_class_scores`` holds a ``[B, c, H, W]`` (graph
-    attached) and ``last_mixing`` holds p̂ ``[B, c, H, W]`` (``None`` for ``mixing="none"``); copies of the block
-    (``copy.deepcopy``, pickling, ``AveragedModel``) hold ``None`` in both until their own forward. The block adds
-    exactly three 1×1 convs for (add, any mixing but none): ``classifier`` (d → c, bias), ``values`` (c → d',
-    no bias), ``shortcut`` (d → d', no bias); two for concat; one for ``mixing="none"``.
-
-    Deviations: none in the computation. The paper does not state whether the shortcut and value convs have a
-    bias; here neither does (a purely linear per-pixel transform, as written in the paper). ``init="identity"`` is
-    ours (the paper trains its networks from scratch, where a random shortcut is the usual start).
+    (``mixing="none"``). After every forward ``last_class_scores`` holds a ``[B, c, H, W]`` (graph attached) and
+    ``last_mixing`` p̂ ``[B, c, H, W]`` (``None`` for ``mixing="none"``); copies of the block hold ``None`` until
+    their own forward. 1×1 convs: ``classifier`` (d → c, bias), ``values`` (c → d', no bias), ``shortcut`` (d → d',
+    no bias; add only); ``mixing="none"`` has the classifier alone. The paper does not state whether the shortcut
+    and value convs have a bias; here neither does.
 
     Raises:
         ValueError: on ``num_classes`` < 2, non-positive widths, unknown ``mixing``/``combine``/``init`` (lists the
@@ -207,10 +189,8 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         return self.value_channels if self.combine == "add" else self.in_channels + self.value_channels
 
     def zero_init_last(self) -> None:
-        """Zero the value vectors ν (timm's ``zero_init_last`` convention, which timm's ResNet builder calls): f' = 0
-        at start, so the add variant starts as conv1×1(f) (its shortcut keeps its weights; :meth:`init_identity`
-        also makes it the identity) and the concat variant as [f, 0]. The classifier still learns from the
-        auxiliary loss."""
+        """Zero the value vectors ν (timm's ``zero_init_last`` convention): f' = 0 at start, so the add variant starts
+        as conv1×1(f) and the concat variant as [f, 0]."""
         if self.values is not None:
             torch.nn.init.zeros_(self.values.weight)
 
@@ -220,24 +200,17 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         (``torch.nn.init.dirac_``) and the value vectors ν zero (:meth:`zero_init_last`); the classifier and the
         mixer keep their weights. Not in the paper (its networks train from scratch with a random shortcut).
 
-        Exact in float arithmetic: each output channel of the shortcut is 1·f_i plus products with 0, and f' is a
-        sum of products with 0, so f_out equals f bit for bit on the CPU (any float dtype) and on a GPU without
-        TF32; with TF32 convolutions (PyTorch's default for cuDNN on Ampere and newer GPUs,
-        ``torch.backends.cudnn.allow_tf32``) or under ``torch.autocast`` the shortcut conv rounds f to the reduced
-        precision (TF32 keeps 10 mantissa bits: relative differences up to about 1e-3), as every conv of the host
-        already does there. A non-finite f gives NaN where 0 · inf is computed.
-
-        Gradients still reach the block: the shortcut and ν get the main loss's gradient (∂L/∂ν ∝ p̂, non-zero where
-        the mixing coefficients are), the classifier the auxiliary loss's; the mixer's own parameters (BN-ReLU's γ,
-        β) get no gradient until ν has moved away from 0, one optimizer step later.
+        Exact in float arithmetic (1·f_i plus products with 0): bit for bit on the CPU and on a GPU without TF32; with
+        TF32 convolutions or under ``torch.autocast`` the shortcut rounds f to the reduced precision (relative
+        differences up to about 1e-3), as every conv of the host does there. A non-finite f gives NaN (0 · inf).
+        The shortcut and ν still get the main loss's gradient, the classifier the auxiliary loss's; the mixer's own
+        parameters get gradient once ν has moved away from 0.
 
         Returns: the block itself. For ``mixing="none"`` nothing changes (the block already returns f).
 
         Raises:
-            ValueError: for ``combine="concat"`` (the output [f, f'] is wider than f: no block alone is the
-                identity; :func:`~pml_extensions.trunks.insert_template_matching` keeps the host network's function
-                by zero-widening the next layer instead) or for ``value_channels`` ≠ ``in_channels`` (the shortcut
-                changes the width).
+            ValueError: for ``combine="concat"`` (the output [f, f'] is wider than f) or ``value_channels`` ≠
+                ``in_channels`` (the shortcut changes the width).
         """
         if self.mixing == "none":
             return self

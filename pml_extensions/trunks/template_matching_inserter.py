@@ -1,36 +1,25 @@
 """Insert a :class:`TemplateMatchingBlock` between the last two stages of a torchvision CNN (Gorgun, Gurbuz &
 Alatan, BMVC 2022, arXiv 2210.00992, Sec. 3.3 "We place our layer in between the last two stages").
 
-Where the block goes (the paper's f is the last map before the final down-sampling stage, stride 16 on
-ImageNet input):
+Where the block goes (the last map before the final down-sampling stage, stride 16 on ImageNet input):
 
-* ResNet (torchvision ``resnet18/34/50/...`` and any ResNet-style model with ``layer3``/``layer4`` stages of
-  torchvision ``BasicBlock``/``Bottleneck``): appended to ``layer3`` (``layer3[n]``, existing keys unchanged).
-* MobileNetV2: before the last stride-2 inverted residual of ``features`` (index 14 in torchvision's model),
-  so the following ``features`` indices shift by one.
-* DenseNet (``densenet121/161/169/201``): after ``denseblock3``, as ``features.template_block`` (keys
-  unchanged).
+* ResNet (torchvision ``resnet18/34/50/...`` or any model with ``layer3``/``layer4`` stages of ``BasicBlock``/
+  ``Bottleneck``): appended to ``layer3`` (``layer3[n]``, existing keys unchanged).
+* MobileNetV2: before the last stride-2 inverted residual of ``features`` (index 14), later indices shift by one.
+* DenseNet (``densenet121/161/169/201``): after ``denseblock3``, as ``features.template_block``.
 
-The host network computes what it computed before the insertion (``init="identity"``, the default; a deviation from
-the paper, whose networks train from scratch): with ``combine="add"`` the block's shortcut is the identity and its
-value vectors are zero, so the block returns its input f unchanged and every later module (BN, ReLU, the next stage,
-the head; train or eval mode) sees the same tensor as before; with ``combine="concat"`` the next layer's input is
-widened by d' channels whose new weights are zero (and, for DenseNet's transition BN, identity statistics), so the
-extra channels do not reach the output (the value vectors stay random there: zeroing them too would leave both the
-values and the new weights without gradient). Where it is inserted into a pretrained network, a randomly
-initialised block would replace the pretrained stage's input by conv1×1(f) + f' with a random shortcut and damage
-the network before any training (ImageNet MobileNetV2, block after ``features.13``, Open Clip Art unseen classes:
-MAP@R 38.56 → 32.43, cosine of the pooled features to the original 0.29). ``init="paper"`` keeps the paper's random
-initialisation (PyTorch's default for every 1×1 conv), for from-scratch training as in the paper.
+By default (``init="identity"``, a deviation from the paper, whose networks train from scratch) the host network
+computes what it computed before: with ``combine="add"`` the block starts as the identity (shortcut = identity, value
+vectors = 0); with ``combine="concat"`` the next layer is widened by d' zero-weight input channels (and, for
+DenseNet's transition BN, identity statistics). A randomly initialised block inserted into a pretrained network
+damages it before any training (ImageNet MobileNetV2 on Open Clip Art unseen classes: MAP@R 38.56 → 32.43);
+``init="paper"`` keeps the paper's random initialisation.
 
-Elsewhere (the block position as an experiment's variable): ``after="layer2"`` appends the block to the
-``nn.Sequential`` stage of that module path, and ``after="0.13"`` (a module inside an ``nn.Sequential``, e.g. the
-last stride-16 inverted residual of a ``MobileNetV2Features`` trunk) inserts it right after that module
-(``combine="add"`` only, which keeps the width), for any model.
+Elsewhere: ``after="layer2"`` appends the block to the ``nn.Sequential`` stage of that module path, and
+``after="0.13"`` (a module inside an ``nn.Sequential``) inserts it right after that module (``combine="add"`` only).
 """
 
 import copy
-from collections import OrderedDict
 from typing import List, Optional
 
 import torch
@@ -40,8 +29,7 @@ from .template_matching_block import INITS, TemplateMatchingBlock
 
 SUPPORTED = (
     "torchvision ResNet (resnet18, resnet34, resnet50, ... or any model with layer3/layer4 stages of "
-    "torchvision "
-    "BasicBlock/Bottleneck)",
+    "torchvision BasicBlock/Bottleneck)",
     "torchvision MobileNetV2 (mobilenet_v2)",
     "torchvision DenseNet (densenet121, densenet161, densenet169, densenet201)",
 )
@@ -98,13 +86,6 @@ def _widen_bn(bn: torch.nn.BatchNorm2d, extra: int) -> torch.nn.BatchNorm2d:
     return new
 
 
-def _first_conv(module: torch.nn.Module) -> torch.nn.Conv2d:
-    for m in module.modules():
-        if isinstance(m, torch.nn.Conv2d):
-            return m
-    raise ValueError(f"no Conv2d found in {type(module).__name__}")
-
-
 def _is_resnet_like(model) -> bool:
     blocks = (torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)
     l3, l4 = getattr(model, "layer3", None), getattr(model, "layer4", None)
@@ -116,6 +97,20 @@ def _is_resnet_like(model) -> bool:
     )
 
 
+def _insert_child(parent: torch.nn.Sequential, after: str, block: torch.nn.Module) -> None:
+    """Insert ``block`` into ``parent`` (in place) right after its child ``after``: numbered children shift by one
+    index, named ones keep their keys and the block is ``template_block``."""
+    children = list(parent.named_children())
+    at = [name for name, _ in children].index(after) + 1
+    numbered = all(name == str(i) for i, (name, _) in enumerate(children))
+    new = children[:at] + [(str(at) if numbered else "template_block", block)]
+    new += [(str(i + 1) if numbered else name, m) for i, (name, m) in enumerate(children[at:], start=at)]
+    for name, _ in children:
+        delattr(parent, name)
+    for name, m in new:
+        parent.add_module(name, m)
+
+
 def _insert_resnet(model, make_block, combine):
     first = model.layer4[0]
     block = make_block(first.conv1.in_channels)
@@ -125,32 +120,28 @@ def _insert_resnet(model, make_block, combine):
             raise ValueError("combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input")
         first.conv1 = _widen_conv(first.conv1, extra)
         first.downsample[0] = _widen_conv(first.downsample[0], extra)
-    model.layer3 = torch.nn.Sequential(*model.layer3, block)
+    model.layer3.append(block)
     return block
 
 
 def _insert_mobilenet(model, make_block, combine):
-    feats = list(model.features)
     stride2 = [
         i
-        for i, m in enumerate(feats)
+        for i, m in enumerate(model.features)
         if isinstance(m, torchvision.models.mobilenetv2.InvertedResidual) and m.stride == 2
     ]
     if not stride2:
         raise ValueError("MobileNetV2.features has no stride-2 inverted residual to insert the block before")
-    j = stride2[-1]
-    conv = _first_conv(feats[j])
-    block = make_block(conv.in_channels)
+    first = model.features[stride2[-1]].conv[0]  # the block's first Conv2dNormActivation; [0] is its conv
+    block = make_block(first[0].in_channels)
     if combine == "concat":
-        inner = feats[j].conv[0]
-        widened = _widen_conv(inner[0], block.out_channels - block.in_channels)
-        inner[0] = widened
-    model.features = torch.nn.Sequential(*feats[:j], block, *feats[j:])
+        first[0] = _widen_conv(first[0], block.out_channels - block.in_channels)
+    _insert_child(model.features, str(stride2[-1] - 1), block)
     return block
 
 
 def _insert_densenet(model, make_block, combine):
-    named = OrderedDict(model.features.named_children())
+    named = dict(model.features.named_children())
     if "denseblock3" not in named or "transition3" not in named:
         raise ValueError("DenseNet.features must contain denseblock3 and transition3")
     trans = named["transition3"]
@@ -159,12 +150,7 @@ def _insert_densenet(model, make_block, combine):
         extra = block.out_channels - block.in_channels
         trans.norm = _widen_bn(trans.norm, extra)
         trans.conv = _widen_conv(trans.conv, extra)
-    new = OrderedDict()
-    for name, module in named.items():
-        new[name] = module
-        if name == "denseblock3":
-            new["template_block"] = block
-    model.features = torch.nn.Sequential(new)
+    _insert_child(model.features, "denseblock3", block)
     return block
 
 
@@ -200,15 +186,7 @@ def _insert_after(model, path, make_block, combine):
         raise ValueError(f"after={path!r} takes combine='add' (the width the next stage expects), got {combine!r}")
     block = make_block(_stage_width(stage))
     if in_sequential:
-        children = list(parent.named_children())
-        at = [name for name, _ in children].index(child) + 1
-        numbered = all(name == str(i) for i, (name, _) in enumerate(children))
-        new = children[:at] + [(str(at) if numbered else "template_block", block)]
-        new += [(str(i + 1) if numbered else name, m) for i, (name, m) in enumerate(children[at:], start=at)]
-        for name, _ in children:
-            delattr(parent, name)
-        for name, m in new:
-            parent.add_module(name, m)
+        _insert_child(parent, child, block)
     else:
         stage.append(block)
     return block
@@ -226,41 +204,30 @@ def insert_template_matching(
     by default the returned model computes exactly what ``model`` computed (see ``init``).
 
     Args:
-        model: a torchvision ResNet / MobileNetV2 / DenseNet (or a ResNet-style model, see the module
-            docstring), random or pretrained. Its classifier head (``fc``/``classifier``) is left as it is;
-            set it to ``torch.nn.Identity()`` to use the model as a PML trunk.
-        num_classes: c, training classes of the block's patch classifier (≥ 2).
-        inplace: modify ``model`` itself (default ``False``: a deep copy is modified and returned).
-        after: module path (as in ``model.named_modules()``, e.g. ``"layer2"``) of an ``nn.Sequential`` stage of any
-            model: the block is appended to it; or of another module inside an ``nn.Sequential`` (e.g. ``"0.13"``):
-            the block is inserted right after it, the parent's later children shifting by one index. Its width is
-            read from the stage's (module's) last BatchNorm2d / Conv2d (``combine="add"`` only). ``None``
-            (default): the paper's place for the architectures above.
-        init: ``"identity"`` (default; our deviation from the paper): the model's output is unchanged at insertion,
-            in train and eval mode: ``combine="add"`` starts the block as the identity
-            (:meth:`TemplateMatchingBlock.init_identity`: shortcut = identity, value vectors = 0; bit for bit on the
-            CPU, up to TF32 / autocast rounding of the shortcut conv on a GPU), ``combine="concat"`` zero-widens the
-            next layer, ``mixing="none"`` returns f anyway. The block still learns: the shortcut and value vectors
-            get the main loss's gradient, the classifier the auxiliary loss's. ``"paper"``: the block's 1×1 convs keep
-            PyTorch's random initialisation, as in the paper's from-scratch training (the model's output changes).
-            The block's random draws are the same for both, so the classifier's weights do not depend on ``init``.
-        **block_kwargs: passed to :class:`TemplateMatchingBlock` (``mixing``, ``combine``, ``window``, ...);
-            ``value_channels`` defaults to the map's width d, so with ``combine="add"`` the block keeps the
-            width.
+        model: a torchvision ResNet / MobileNetV2 / DenseNet (or ResNet-style model), random or pretrained; its
+            classifier head is left as it is (``torch.nn.Identity()`` makes it a PML trunk).
+        num_classes: c ≥ 2, training classes of the block's patch classifier.
+        inplace: modify ``model`` itself (default ``False``: a deep copy).
+        after: module path (``model.named_modules()``) of an ``nn.Sequential`` stage of any model (e.g. ``"layer2"``:
+            the block is appended to it) or of a module inside one (e.g. ``"0.13"``: inserted right after it, later
+            children shifting by one index); the width is read from its last BatchNorm2d / Conv2d; ``combine="add"``
+            only. ``None`` (default): the paper's place for the architectures above.
+        init: ``"identity"`` (default; our deviation): the model's output is unchanged at insertion, in train and
+            eval mode (``combine="add"``: :meth:`TemplateMatchingBlock.init_identity`, bit for bit on the CPU;
+            ``combine="concat"``: the zero-widened next layer); ``"paper"``: PyTorch's random 1×1 convs. The block's
+            random draws are the same for both.
+        **block_kwargs: passed to :class:`TemplateMatchingBlock` (``mixing``, ``combine``, ``window``, ...;
+            ``value_channels`` defaults to the map's width).
 
     Returns:
-        The model; ``model(images [B, 3, H, W])`` has the same output shape as before (also for
-        ``combine="concat"``, whose extra d' channels are absorbed by the widened next layer,
-        zero-initialised). The block is found again with :func:`template_matching_blocks`. It adds three 1×1
-        convs (add variant), two (concat).
+        The model, with the same output shape as before; :func:`template_matching_blocks` finds the block.
 
     Raises:
         TypeError: if ``model`` is not a ``torch.nn.Module``.
-        ValueError: if ``model`` is not one of the supported architectures and no ``after`` is given (one line
-            naming it and listing them, e.g. for a vision transformer); on bad block arguments (see
-            :class:`TemplateMatchingBlock`), an unknown ``init`` (lists the valid ones), ``combine="concat"`` on a
-            ResNet whose ``layer4[0]`` has no downsample shortcut, or an ``after`` that is not a stage of the model
-            (its stages are listed) or comes with ``combine="concat"``.
+        ValueError: an unsupported architecture without ``after`` (one line listing the supported ones); bad block
+            arguments; an unknown ``init``; ``combine="concat"`` on a ResNet whose ``layer4[0]`` has no downsample
+            shortcut; an ``after`` that is not a stage of the model (its stages are listed) or comes with
+            ``combine="concat"``.
 
     Example::
 
@@ -300,8 +267,7 @@ def insert_template_matching(
         if combine == "add" and kwargs.get("value_channels") not in (None, width):
             raise ValueError(
                 f"value_channels={kwargs['value_channels']} would change the width {width} that the next "
-                "stage "
-                "expects; leave it None for combine='add'"
+                "stage expects; leave it None for combine='add'"
             )
         p = next(model.parameters(), None)
         if p is not None:
@@ -316,13 +282,12 @@ def insert_template_matching(
 
 
 def template_matching_trunk(model: torch.nn.Module, num_classes: int, **block_kwargs) -> torch.nn.Sequential:
-    """A PML trunk body from a torchvision CNN with a template-matching block between its last two stages:
-    :func:`insert_template_matching` (on a copy), then the model without its pooling and classifier head, so
-    ``trunk(images [B, 3, H, W]) -> [B, C, H/32, W/32]`` feature maps (end the trunk with a pooling layer).
+    """A PML trunk body from a torchvision CNN with a template-matching block between its last two stages
+    (:func:`insert_template_matching` on a copy, then the model without pooling and head):
+    ``trunk(images [B, 3, H, W]) -> [B, C, H/32, W/32]``.
 
     Args:
-        model, num_classes, **block_kwargs: as :func:`insert_template_matching` (``init``, ``after``, ``mixing``, ...;
-            by default the body computes what the model's body computed).
+        model, num_classes, **block_kwargs: as :func:`insert_template_matching`.
 
     Raises:
         ValueError: an unsupported architecture (see :func:`insert_template_matching`).

@@ -1,31 +1,29 @@
 """Split a trunk where its frozen part ends: ``(prefix, rest)`` with ``rest(prefix(x)) == model(x)``.
 
 A frozen pretrained prefix computes the same features every epoch, so they can be computed once
-(:class:`pml_extensions.datasets.FeatureCache`) and only the rest trained on them. The boundary is named by a module
-path (``"features.17"``, ``"layer3"``, as in ``model.named_modules()``; the prefix ends with that module's output) or
-by a stage index into :func:`trunk_stages` (the last module at each spatial resolution, as timm's ``feature_info``
-reductions 2, 4, 8, 16, 32).
+(:class:`pml_extensions.datasets.FeatureCache`) and only the rest trained on them. The boundary is a module path
+(``"features.17"``, ``"layer3"``; the prefix ends with that module's output) or a stage index into
+:func:`trunk_stages` (the last module at each spatial resolution, as timm's ``feature_info``).
 
-The split is done on the ``torch.fx`` graph of the model's forward, traced only through the modules that contain the
-boundary (every other module stays one call), so any model whose forward along that path is traceable splits: an
-``nn.Sequential`` of any depth, torchvision's MobileNetV2 and ResNet (their ``torch.flatten`` and functional pooling
-included), :class:`~pml_extensions.trunks.MobileNetV2Features`. The cut is *clean* when the boundary module's output
-is the only value computed before it that is used after it; a boundary inside a residual block (the skip crosses
-it), a module called twice, or a model that also uses its input later does not split, and says so in one line.
+The split is done on the ``torch.fx`` graph of the forward, traced only through the modules that contain the
+boundary, so any model whose forward along that path is traceable splits (``nn.Sequential``, torchvision's
+MobileNetV2 and ResNet, :class:`~pml_extensions.trunks.MobileNetV2Features`). The cut must be *clean*: the boundary
+module's output is the only value computed before it that is used after it (not inside a residual block, not a
+module called twice); otherwise the split is refused in one line.
 
-Both halves are ``torch.fx.GraphModule`` objects that hold the *same* submodule objects as ``model`` (no copy):
-training ``rest`` trains ``model``'s parameters, and ``state_dict`` keys keep their paths (``features.18.0.weight``).
+Both halves are ``torch.fx.GraphModule`` objects holding the *same* submodules as ``model`` (no copy): training
+``rest`` trains ``model``'s parameters, and ``state_dict`` keys keep their paths.
 """
 
 import difflib
-from contextlib import contextmanager
-from typing import Iterator, List, Sequence, Tuple, Union
+from typing import List, Sequence, Tuple, Union
 
 import torch
 from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ..utils.checks import is_int
+from ..utils.eval_mode import eval_mode
 
 #: spatial size of the probe image that :func:`trunk_stages` runs through the model
 DEFAULT_INPUT_SHAPE = (3, 224, 224)
@@ -43,6 +41,7 @@ class _PathTracer(fx.Tracer):
 
 
 def _first_line(error: BaseException) -> str:
+    """``"TypeName: first line of the message"`` (the type alone for an empty message)."""
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
@@ -85,18 +84,6 @@ def _describe(node: fx.Node) -> str:
     return f"the value {node.name!r} ({node.op} {getattr(node.target, '__name__', node.target)})"
 
 
-@contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Every submodule in eval mode inside the block; each one's own mode restored afterwards."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-
-
 def _probe(model: torch.nn.Module, input_shape: Sequence[int]) -> torch.Tensor:
     tensors = list(model.parameters()) + list(model.buffers())
     floats = [t for t in tensors if t.is_floating_point()]
@@ -113,11 +100,10 @@ def _spatial(node: fx.Node):
 
 def trunk_stages(model: torch.nn.Module, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE) -> List[str]:
     """Module paths where the stages of a CNN trunk end: the last module at each spatial resolution (stride 2, 4, 8,
-    ...) whose output is a clean cut (see the module docstring). A global pool to 1 × 1 is not a stage.
+    ...) whose output is a clean cut; a global pool to 1 × 1 is not a stage.
 
-    Found by running a zero image ``[1, *input_shape]`` through the ``torch.fx`` graph (in eval mode, without
-    gradients; every submodule's mode is restored), tracing into any module whose output is at least 4 × smaller
-    than its input (it holds more than one stage). torchvision MobileNetV2 ->
+    Found by running a zero image ``[1, *input_shape]`` through the ``torch.fx`` graph (eval mode, no gradients,
+    modes restored), tracing into any module whose output is at least 4 × smaller than its input. MobileNetV2 ->
     ``["features.1", "features.3", "features.6", "features.13", "features.18"]``; ResNet ->
     ``["relu", "layer1", "layer2", "layer3", "layer4"]`` (timm's ``feature_info`` modules).
 
@@ -141,7 +127,7 @@ def trunk_stages(model: torch.nn.Module, input_shape: Sequence[int] = DEFAULT_IN
     for _ in range(64):  # each round traces one level deeper; real trunks need 2 or 3
         graph = _trace(model, descend)
         gm = fx.GraphModule(model, graph)
-        with torch.no_grad(), _eval_mode(model):
+        with torch.no_grad(), eval_mode(model):
             try:
                 ShapeProp(gm).propagate(_probe(model, input_shape))
             except Exception as e:
@@ -214,15 +200,13 @@ def split_trunk(
 
     Returns:
         ``(prefix, rest)``, two ``torch.fx.GraphModule``: ``prefix(x) -> boundary's output`` (e.g. ``[B, 320, H/32,
-        W/32]`` for MobileNetV2 at ``"features.17"``), ``rest(features) -> model(x)``. Each holds only the modules
-        it calls; their ``training`` flag is ``model``'s.
+        W/32]`` for MobileNetV2 at ``"features.17"``), ``rest(features) -> model(x)``; ``training`` is ``model``'s.
 
     Raises:
         TypeError: ``boundary`` is neither a str nor an int.
-        ValueError: (one line each) the path is not a module (the nearest names are listed); a stage index out of
-            range; the boundary module is never called, or called more than once; the forward does not split
-            cleanly there (a value computed before the boundary, such as a residual's input, is used after it);
-            the forward takes more than one input; the forward cannot be traced.
+        ValueError: (one line each) the path is not a module (nearest names listed); a stage index out of range;
+            the boundary module is not called exactly once; the cut is not clean (a value computed before it is used
+            after it); the forward takes more than one input or cannot be traced.
 
     Example::
 

@@ -1,12 +1,7 @@
-"""Atomic file writes: write a temporary file in the target's folder, fsync it, ``os.replace`` it onto the target.
-
-A reader (or a rerun after SIGKILL) sees either the old file or the complete new one, never a partial file. One
-implementation for every checkpoint, log, table, plot and tensor file the package writes.
-
-File modes: the result has the mode an ordinary ``open(path, "w")`` would give it: a new file gets ``0o666`` minus
-the process umask (``-rw-r--r--`` under umask 022, ``-rw-------`` under 077), and replacing an existing file keeps
-that file's permission bits. (``tempfile.mkstemp`` would give ``0o600`` whatever the umask; the temporary file is
-therefore created with ``os.open(..., 0o666)`` so the kernel applies the umask.)
+"""Atomic file writes: write a temporary file in the target's folder, fsync it, ``os.replace`` it onto the target, so
+a reader (or a rerun after SIGKILL) sees the old file or the complete new one. The result has the mode ``open(path,
+"w")`` would give it: ``0o666`` minus the umask for a new file (the temporary file is created with ``os.open(...,
+0o666)``, not ``mkstemp``'s ``0o600``), the old permission bits for a replaced one.
 """
 
 import json

@@ -10,10 +10,8 @@ def class_disjoint_split(
 ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """Split a batch into two halves whose label sets are disjoint.
 
-    The unique labels are shuffled with ``generator`` (classes with at least two samples and singleton classes
-    separately) and dealt alternately to the two sides, so the halves get ⌈c/2⌉ and ⌊c/2⌋ classes and every
-    class with a positive pair is spread evenly. The result depends only on the label multiset and the generator
-    state, not on the order of the batch.
+    The unique labels are shuffled with ``generator`` (classes with ≥ 2 samples and singletons separately) and dealt
+    alternately to the two sides (⌈c/2⌉ and ⌊c/2⌋ classes); the result does not depend on the batch order.
 
     Args:
         labels: ``[N]`` integer tensor.

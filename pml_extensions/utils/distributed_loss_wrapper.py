@@ -1,12 +1,9 @@
 """torch.distributed wrapper for any PML-style loss, including losses that need extra per-sample tensors.
 
-PML's ``utils.distributed.DistributedLossWrapper`` accepts only its own base classes, gathers only embeddings and
-labels, and puts each process's own rows first, so every process sees the gathered batch in a different order. This
-subclass accepts any loss module taking ``(embeddings, labels, ...)``, also gathers the extra per-sample tensors a
-loss declares (``XMLWrapper``'s histograms), and gathers every tensor in rank order on every process: every process
-calls the loss on the same batch, the single-process batch (rank 0's rows, then rank 1's, ...). Stateful losses
-(PML's ``CrossBatchMemory``, alone or inside ``XMLWrapper``) therefore enqueue the same rows in the same order on
-every process, and their memories stay equal.
+PML's ``DistributedLossWrapper`` accepts only its own base classes, gathers only embeddings and labels, and puts
+each process's own rows first. This subclass accepts any loss taking ``(embeddings, labels, ...)``, also gathers the
+extra per-sample tensors a loss declares (``XMLWrapper``'s histograms), and gathers in rank order, so every process
+calls the loss on the single-process batch and stateful losses (``CrossBatchMemory``) stay equal on every process.
 """
 
 import inspect
@@ -28,13 +25,8 @@ def _gather_in_rank_order(tensor):
     sizes = [torch.zeros_like(size) for _ in range(world)]
     torch.distributed.all_gather(sizes, size)
     sizes = [int(s) for s in sizes]
-    longest = max(sizes)
-    padded = tensor.detach()
-    if tensor.shape[0] < longest:
-        pad = torch.zeros(
-            (longest - tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
-        )
-        padded = torch.cat([padded, pad])
+    padding = (0, 0) * (tensor.ndim - 1) + (0, max(sizes) - tensor.shape[0])  # zero rows up to the longest
+    padded = torch.nn.functional.pad(tensor.detach(), padding)
     parts = [torch.empty_like(padded) for _ in range(world)]
     torch.distributed.all_gather(parts, padded.contiguous())
     parts = [part[:n] for part, n in zip(parts, sizes)]
@@ -44,15 +36,8 @@ def _gather_in_rank_order(tensor):
 
 def _own_first_to_rank_order(sizes, rank, device):
     """Position in the rank-order batch of each row of PML's own-rows-first batch ``[own, others in rank order]``."""
-    start = sum(sizes[:rank])
-    total = sum(sizes)
-    return torch.cat(
-        [
-            torch.arange(start, start + sizes[rank], device=device),
-            torch.arange(0, start, device=device),
-            torch.arange(start + sizes[rank], total, device=device),
-        ]
-    )
+    order, start, end = torch.arange(sum(sizes), device=device), sum(sizes[:rank]), sum(sizes[: rank + 1])
+    return torch.cat([order[start:end], order[:start], order[end:]])
 
 
 def _remap_indices_tuple(indices_tuple, emb_map, ref_map):
@@ -77,17 +62,13 @@ class DistributedLossWrapper(pml_dist.DistributedLossWrapper):
         loss: any loss module whose forward takes ``(embeddings, labels, ...)``. If it has a method
             ``extra_tensors_for_gather(embeddings, **kwargs) -> dict`` (``XMLWrapper`` does), the tensors it returns
             ([N, ...] each) are gathered too and passed by keyword.
-        efficient: PML's memory-saving mode (local embeddings against gathered references). Not available with
-            extra tensors, because those losses need the whole gathered batch, nor with a stateful loss (a memory
-            bank), which must see the same rows on every process.
+        efficient: PML's memory-saving mode (local embeddings against gathered references); not with extra tensors
+            or a memory bank, which need the whole gathered batch.
 
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, **tensors)``
-    returns ``world_size × loss(gathered batch)``, PML's convention that compensates DDP's gradient averaging; the
-    gathered batch is every process's rows in rank order, on every process (the single-process batch), so every
-    process returns the same value and a stateful loss's state stays the same on every process. Local batch sizes
-    may differ. ``indices_tuple`` follows PML's convention (indices into PML's own-rows-first gathered batch, so
-    local indices name the local rows) and is renumbered to the rank order. Outside an initialised process group it
-    calls the loss unchanged.
+    returns ``world_size × loss(gathered batch)`` (PML's convention against DDP's gradient averaging), the gathered
+    batch being every process's rows in rank order; local batch sizes may differ. ``indices_tuple`` follows PML's
+    own-rows-first convention and is renumbered. Outside an initialised process group it calls the loss unchanged.
 
     Raises:
         TypeError: if ``loss`` does not take ``(embeddings, labels)``.

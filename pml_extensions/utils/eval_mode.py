@@ -1,9 +1,5 @@
-"""Run modules in eval mode for a while and give every submodule back the mode it had.
-
-``module.train(was_training)`` after a temporary ``module.eval()`` sets *every* submodule to ``was_training``: a
-BatchNorm a user had frozen with ``bn.eval()`` inside a training trunk comes back in training mode, and a
-``torch.nn.Sequential`` built around eval-mode modules (a new wrapper starts in training mode) puts them into training
-mode. :func:`eval_mode` records the flag of each submodule and restores each one.
+"""Run modules in eval mode for a while and give every submodule back the mode it had (``module.train(was)`` after a
+temporary ``module.eval()`` would also flip a BatchNorm the user had frozen with ``bn.eval()``).
 """
 
 import contextlib

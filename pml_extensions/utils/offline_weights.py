@@ -1,11 +1,8 @@
-"""Pretrained weights without a network: torchvision's model functions (``{resnet50: {weights: DEFAULT}}``) take only
-weights already on disk, or a local state-dict file (``weights_path``); nothing is downloaded at run time.
-
-torchvision's ``weights=`` (and ``weights_backbone=``) reads ``<torch.hub.get_dir()>/checkpoints/<file>`` and
-downloads the file when it is not there (``torch.hub.load_state_dict_from_url`` -> ``torch.hub.download_url_to_file``).
-:func:`check_offline_weights` finds the file each requested weight needs before the model is built and refuses a
-missing one in one line: the file it looked for, the offline weights installed here, and how to point at a local file.
-:func:`no_downloads` refuses any other download (a call of ``torch.hub.download_url_to_file``) while a model is built.
+"""Pretrained weights without a network: torchvision's model functions take only weights already on disk (in
+``<torch.hub.get_dir()>/checkpoints``), or a local state-dict file (``weights_path``); nothing is downloaded.
+:func:`check_offline_weights` refuses a missing weight file before the model is built, in one line (the file, the
+offline weights installed here, how to point at a local file); :func:`no_downloads` refuses any other
+``torch.hub.download_url_to_file`` while a model is built.
 
 Example::
 

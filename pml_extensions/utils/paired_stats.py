@@ -1,18 +1,14 @@
-"""Paired comparison of two variants over seeds: mean, std, a Student-t confidence interval (scipy), a paired
-bootstrap over seeds and test classes, and Holm's correction for several claims.
+"""Paired comparison of two variants over seeds: mean, std, a Student-t interval (scipy), a paired bootstrap over
+seeds and test classes, and Holm's correction for several claims.
 
-Each variant is trained once per seed; within a seed both variants share initial weights and batches (the runner's
-protocols guarantee it), so the per-seed DIFFERENCE ``variant[s] - baseline[s]`` removes what the seed alone
-moves. The t interval is the interval of the mean of those differences (:func:`paired_difference`)::
+Within a seed both variants share initial weights and batches, so the per-seed difference ``variant[s] -
+baseline[s]`` removes what the seed alone moves; :func:`paired_difference` gives the t interval of its mean::
 
     d_s = variant[s] - baseline[s]           for every seed s present in both
-    mean = (1/n) Σ d_s,   std = sqrt(Σ (d_s - mean)² / (n - 1))
-    ci = mean ± t_{(1+confidence)/2, n-1} · std / sqrt(n)         (scipy.stats.t.ppf)
+    ci = mean(d) ± t_{(1+confidence)/2, n-1} · std(d, ddof=1) / sqrt(n)         (scipy.stats.t.ppf)
 
-It treats the test classes as fixed. :func:`bootstrap_difference` also resamples them (from per-class sums of the
-per-query metric), so its interval covers what another draw of seeds and of test classes could move;
-:func:`bootstrap_p_value` and :func:`paired_t_p_value` are the two-sided p-values of the two intervals, and
-:func:`holm` adjusts the p-values of a table's several claims.
+:func:`bootstrap_difference` also resamples the test classes; :func:`bootstrap_p_value` and
+:func:`paired_t_p_value` are the two-sided p-values of the two intervals, :func:`holm` adjusts a table's p-values.
 
 Example::
 
@@ -43,15 +39,26 @@ def _check_values(name: str, values: Mapping) -> Dict[Hashable, float]:
     return out
 
 
+def _check_confidence(confidence) -> None:
+    if not is_number(confidence) or not 0 < confidence < 1:
+        raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
+
+
+def _paired_seeds(a: Mapping, b: Mapping, what: str) -> list:
+    """The seeds of ``a`` and ``b`` sorted (by type name, then value); ValueError naming the unmatched ones."""
+    only_variant, only_baseline = [s for s in a if s not in b], [s for s in b if s not in a]
+    if only_variant or only_baseline:
+        raise ValueError(
+            f"seeds must match for a {what}: only in variant {only_variant}, only in baseline {only_baseline}"
+        )
+    return sorted(a, key=lambda s: (str(type(s)), s))
+
+
 def mean_std(values: Sequence[float]) -> Dict[str, float]:
     """Mean and sample standard deviation (ddof = 1) of a list of per-seed values.
 
-    Args:
-        values: one number per seed (at least one).
-
     Returns:
-        ``{"mean": float, "std": float or None, "n": int}``; ``std`` is ``None`` for a single value (undefined
-        with ddof = 1, reported as missing rather than as 0 or NaN).
+        ``{"mean": float, "std": float or None, "n": int}``; ``std`` is ``None`` for a single value.
 
     Raises:
         ValueError: on an empty list or a non-finite value.
@@ -70,35 +77,22 @@ def paired_difference(
     """Paired difference ``variant - baseline`` over the seeds both have, with a t confidence interval.
 
     Args:
-        variant: ``{seed: metric value}`` of the variant.
-        baseline: ``{seed: metric value}`` of the baseline, the same seeds (keys compared with ``==``; ``0`` and
-            ``"0"`` are different keys, so use one type).
+        variant, baseline: ``{seed: metric value}``, the same seeds (``0`` and ``"0"`` are different keys).
         confidence: level of the interval, in (0, 1). Default 0.95.
 
     Returns:
-        ``{"seeds": [...], "differences": [...], "mean_difference": float, "std": float, "n": int,
-        "confidence": float, "ci": [low, high]}``; ``std`` is the sample std (ddof = 1) of the differences. When
-        all differences are equal the interval is ``[mean, mean]``.
+        ``{"seeds", "differences", "mean_difference", "std" (ddof = 1), "n", "confidence", "ci": [low, high]}``.
 
     Raises:
-        ValueError: when the two mappings do not hold the same seeds (the unmatched seeds are named), when fewer
-            than 2 seeds are shared (no interval exists), on non-finite values, or ``confidence`` outside (0, 1).
-        TypeError: on non-mapping inputs or non-numeric values.
+        ValueError: different seeds (named), fewer than 2 seeds, non-finite values, ``confidence`` outside (0, 1).
+        TypeError: non-mapping inputs or non-numeric values.
     """
     from scipy import stats
 
     variant = _check_values("variant", variant)
     baseline = _check_values("baseline", baseline)
-    if not is_number(confidence) or not 0 < confidence < 1:
-        raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
-    only_variant = [s for s in variant if s not in baseline]
-    only_baseline = [s for s in baseline if s not in variant]
-    if only_variant or only_baseline:
-        raise ValueError(
-            f"seeds must match for a paired difference: only in variant {only_variant}, only in baseline "
-            f"{only_baseline}"
-        )
-    seeds = sorted(variant, key=lambda s: (str(type(s)), s))
+    _check_confidence(confidence)
+    seeds = _paired_seeds(variant, baseline, "paired difference")
     if len(seeds) < 2:
         raise ValueError(f"a confidence interval needs at least 2 paired seeds, got {len(seeds)} ({seeds})")
     diffs = np.array([variant[s] - baseline[s] for s in seeds], dtype=np.float64)
@@ -143,8 +137,8 @@ def _check_per_class(name: str, per_class: Mapping) -> Dict[Hashable, Dict[Hasha
 
 
 def per_class_metric(per_class: Mapping[Hashable, Sequence[float]]) -> float:
-    """The metric of one run from its per-class sums: ``Σ sum / Σ count`` over the classes (MAP@R and P@1 are means
-    over queries, accuracy a mean over images, so this is the run's metric over all its test classes).
+    """The metric of one run from its per-class sums: ``Σ sum / Σ count`` over the classes (MAP@R, P@1 and accuracy
+    are means over queries / images).
 
     Args:
         per_class: ``{class: [sum of the per-query (per-image) metric, number of queries (images)]}``.
@@ -163,11 +157,9 @@ def per_class_metric(per_class: Mapping[Hashable, Sequence[float]]) -> float:
 
 def bootstrap_p_value(distribution: Sequence[float]) -> float:
     """Two-sided p-value of "the difference is 0" from a bootstrap distribution of the difference:
-    ``min(1, 2 · (min(#{d* ≤ 0}, #{d* ≥ 0}) + 1) / (B + 1))`` for ``B`` resampled differences ``d*``. It is the
-    smallest ``α`` whose equal-tailed ``1 − α`` percentile interval reaches 0 (so ``p < 0.05`` where the 95 %
-    percentile interval excludes 0, up to the interpolation of the quantiles); the ``+ 1`` counts the observed sample
-    among the resamples, so a finite bootstrap never claims ``p = 0`` (the usual Monte Carlo p-value, Davison &
-    Hinkley, *Bootstrap Methods and their Application*, 1997, ch. 4).
+    ``min(1, 2 · (min(#{d* ≤ 0}, #{d* ≥ 0}) + 1) / (B + 1))`` for ``B`` resampled differences ``d*``: the smallest
+    ``α`` whose ``1 − α`` percentile interval reaches 0; the ``+ 1`` counts the observed sample, so ``p > 0`` (the
+    Monte Carlo p-value, Davison & Hinkley, *Bootstrap Methods and their Application*, 1997, ch. 4).
 
     Raises:
         ValueError: an empty or non-finite distribution.
@@ -185,9 +177,9 @@ def bootstrap_p_value(distribution: Sequence[float]) -> float:
 
 
 def paired_t_p_value(mean: float, std: Optional[float], n: int) -> Optional[float]:
-    """Two-sided p-value of the paired t-test of "the mean difference is 0" (the test whose inversion is
+    """Two-sided p-value of the paired t-test of "the mean difference is 0" (the inversion of
     :func:`paired_difference`'s interval): ``2 · P(T_{n−1} ≥ |mean| / (std / √n))`` (``scipy.stats.t.sf``). ``None``
-    with fewer than 2 seeds; with ``std = 0`` it is 1 for a zero mean and 0 otherwise.
+    with fewer than 2 seeds; with ``std = 0``: 1 for a zero mean, else 0.
 
     Example::
 
@@ -216,42 +208,34 @@ def bootstrap_difference(
     the test classes.
 
     **Seeds and test classes** (``per_class=True``): ``variant`` and ``baseline`` are ``{seed: {class: [sum,
-    count]}}`` (the per-class sums of the per-query metric and the query counts of each run). One resample draws
-    ``n`` seeds with replacement from the ``n`` seeds and ``m`` classes with replacement from the ``m`` test classes
-    (every run has the same classes), the same draws for both arms, and computes::
+    count]}}`` (per-class sums of the per-query metric, query counts). One resample draws ``n`` seeds and ``m``
+    classes with replacement, the same for both arms, and computes::
 
         metric(arm, s, C*) = Σ_{c ∈ C*} sum[arm, s, c] / Σ_{c ∈ C*} count[arm, s, c]     (C*: the drawn classes)
         d* = (1/n) Σ_{s ∈ S*} (metric(variant, s, C*) − metric(baseline, s, C*))         (S*: the drawn seeds)
 
-    (a class or seed drawn twice counts twice). This is what a rerun on another draw of seeds *and* of test classes
-    could move. numpy's ``Generator`` seeded with ``seed`` draws the resamples (``multinomial`` counts, equivalent to
-    drawing indices with replacement).
+    (a class or seed drawn twice counts twice); numpy's ``Generator`` seeded with ``seed`` draws the resamples
+    (``multinomial`` counts, equivalent to drawing indices with replacement).
 
     **Seeds only** (``per_class=False``): ``variant`` and ``baseline`` are ``{seed: value}``; the per-seed differences
     are resampled by ``scipy.stats.bootstrap`` (``method="percentile"``, ``rng`` the same seeded ``Generator``).
 
-    Both give the **percentile** interval, the ``(1 ± confidence) / 2`` quantiles of the ``d*`` (numpy's linear
-    interpolation, as scipy's percentile method), and the p-value of :func:`bootstrap_p_value`. Percentile rather
-    than BCa: BCa's acceleration comes from a jackknife over the resampled units, unstable with the 3–20 seeds of a
-    benchmark and not defined for the two-way resampling; the percentile interval is the same method for both cases.
+    Both give the **percentile** interval (the ``(1 ± confidence) / 2`` quantiles of the ``d*``; BCa's jackknife is
+    unstable with 3–20 seeds and undefined for the two-way resampling) and the p-value of :func:`bootstrap_p_value`.
 
     Args:
         variant, baseline: per-seed data as above, the same seeds (and, per class, the same classes everywhere).
         per_class: whether the values are per-class ``[sum, count]`` pairs.
-        confidence: the interval's level, in (0, 1).
-        n_resamples: ``B``, at least 100.
-        seed: seeds numpy's ``Generator`` (a fixed default: the same inputs give the same interval).
+        confidence: the interval's level, in (0, 1); n_resamples: ``B`` >= 100; seed: numpy's ``Generator`` seed.
         return_distribution: also return the ``B`` resampled differences under ``"distribution"``.
 
     Returns:
         ``{"mean_difference": float, "ci": [low, high], "p_value": float, "resampled": "seeds and test classes" |
-        "seeds", "method": "percentile", "n_resamples": B, "seed": seed, "n_seeds": n, "n_classes": m or None}``;
-        ``mean_difference`` is the observed difference (every seed and class once).
+        "seeds", "method": "percentile", "n_resamples": B, "seed": seed, "n_seeds": n, "n_classes": m or None}``.
 
     Raises:
-        ValueError: different seeds or classes between runs, fewer than 2 seeds without per-class data (1 seed is
-            allowed with per-class data: the classes are still resampled), bad values, ``confidence`` outside (0, 1)
-            or ``n_resamples`` < 100.
+        ValueError: different seeds or classes between runs, fewer than 2 seeds without per-class data, bad values,
+            ``confidence`` outside (0, 1) or ``n_resamples`` < 100.
         TypeError: non-mapping inputs.
 
     Example::
@@ -266,20 +250,14 @@ def bootstrap_difference(
     """
     from scipy import stats
 
-    if not is_number(confidence) or not 0 < confidence < 1:
-        raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
+    _check_confidence(confidence)
     if not is_int(n_resamples) or n_resamples < 100:
         raise ValueError(f"n_resamples must be an int >= 100, got {n_resamples!r}")
     if not is_int(seed):
         raise ValueError(f"seed must be an int, got {seed!r}")
     check = _check_per_class if per_class else _check_values
     a, b = check("variant", variant), check("baseline", baseline)
-    only_variant, only_baseline = [s for s in a if s not in b], [s for s in b if s not in a]
-    if only_variant or only_baseline:
-        raise ValueError(
-            f"seeds must match for a paired bootstrap: only in variant {only_variant}, only in baseline {only_baseline}"
-        )
-    seeds = sorted(a, key=lambda s: (str(type(s)), s))
+    seeds = _paired_seeds(a, b, "paired bootstrap")
     rng = np.random.default_rng(seed)
     alpha = 1.0 - confidence
     out = {"resampled": RESAMPLED[1], "method": "percentile", "n_resamples": n_resamples, "seed": seed}
@@ -333,8 +311,8 @@ def bootstrap_difference(
 
 # ---------------------------------------------------------------------------------------------- several claims
 def holm(p_values: Sequence[Optional[float]]) -> List[Optional[float]]:
-    """Holm's step-down adjustment of the p-values of a family of tests (Holm 1979), in the given order; ``None``
-    entries (a claim without a p-value) are left out of the family and stay ``None``.
+    """Holm's step-down adjustment of a family's p-values (Holm 1979), in the given order; ``None`` entries are left
+    out of the family and stay ``None``.
 
     With the ``k`` p-values sorted, ``p_(1) ≤ … ≤ p_(k)``, the adjusted ``p̃_(i) = max_{j ≤ i} min(1, (k − j + 1) ·
     p_(j))``; rejecting where ``p̃ < α`` keeps the family-wise error rate at ``α`` under any dependence between the

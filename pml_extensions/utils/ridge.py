@@ -1,13 +1,12 @@
 """Closed-form ridge regression of embeddings on histograms (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
 
-Row layout, as everywhere in PML: one sample per row. With histograms ``H`` [B, m] and embeddings ``Y`` [B, d] the
-prototypes are the ridge solution ``V = argmin_A ||H A - Y||_F^2 + ridge ||A||_F^2`` [m, d], in one of two equal forms
+One sample per row (PML's layout): with histograms ``H`` [B, m] and embeddings ``Y`` [B, d] the prototypes are the
+ridge solution ``V = argmin_A ||H A - Y||_F^2 + ridge ||A||_F^2`` [m, d], in one of two equal forms
 
 * primal: ``V = (H^T H + ridge I_m)^{-1} H^T Y`` (an m × m solve),
 * kernel: ``V = H^T (H H^T + ridge I_B)^{-1} Y`` (a B × B solve), cheaper when B < m (paper: "use the kernel form").
 
-The paper writes samples as columns (``V_k = Y_k Z_k^T (Z_k Z_k^T + eps I)^{-1}``); this is its transpose. The ridge
-term is added once to the Gram matrix (methods.md A1, step 3).
+The paper writes samples as columns (``V_k = Y_k Z_k^T (Z_k Z_k^T + eps I)^{-1}``); this is its transpose.
 """
 
 import torch

@@ -1,43 +1,26 @@
-"""Paired comparisons of two variants over seeds, and the verdicts on the claims they test: the one vocabulary of
-every table and claim of the package and its benchmarks (the runner's ``results.json``,
-:mod:`pml_extensions.runner.outputs.results`, stores what :func:`compare` returns under ``comparisons``).
+"""Paired comparisons of two variants over seeds and the verdicts on the claims they test, for every table of the
+package and its benchmarks (``results.json`` stores what :func:`compare` returns under ``comparisons``). A comparison
+reads ``variants`` as in ``results.json``: ``{NAME: {"per_seed": {SEED: {METRIC: value}}}}``.
 
-A comparison reads ``variants`` in the layout of ``results.json``: ``{NAME: {"per_seed": {SEED: {METRIC: value}}}}``.
+**Claims and verdicts.** A claim is a paired comparison ``variant − baseline`` with a direction (``"greater"``,
+``"less"`` or ``"on_par"``) and its smallest effect of interest δ > 0 in metric units. The verdict reads the interval
+I = [low, high] (the envelope of the 95 % t interval over seeds and the bootstrap interval: it concludes only what
+both support), the p-value p (the larger of the t-test's and the bootstrap's two-sided p-values, Holm-adjusted to p̃
+over the claims of one table, :func:`~pml_extensions.utils.paired_stats.holm`) and the mean difference m. With
+α = 0.05, for ``"greater"`` (``"less"`` mirrors every sign):
 
-**Claims and verdicts.** A claim is a paired comparison ``variant − baseline`` with a direction (``"greater"``: the
-paper says the variant is better; ``"less"``: worse; ``"on_par"``: no different) and its **smallest effect of
-interest** δ > 0, in the metric's units (e.g. 0.01 for 1 MAP@R point when MAP@R is stored as a fraction). The verdict
-reads:
+1. **"shown"**: low > 0, p̃ < α and m ≥ δ;
+2. **"contradicted"**: high < 0, p̃ < α and m ≤ −δ;
+3. **"no effect of practical size"**: −δ < low and high < δ;
+4. otherwise **"inconclusive (n seeds)"**.
 
-- the **interval** I = [low, high]: the envelope of the comparison's 95 % intervals, the t interval over seeds and
-  the bootstrap interval (the verdict concludes only what both support: with 3 seeds the percentile bootstrap is
-  too narrow, with many seeds the t interval ignores the test classes);
-- the **p-value** p: the larger of the paired t-test's and the bootstrap's two-sided p-values of "the difference is
-  0" (each the smallest α at which its own 1 − α interval reaches 0), and its **Holm-adjusted** value p̃ over the
-  claims of one table (:func:`~pml_extensions.utils.paired_stats.holm`; one claim: p̃ = p);
-- the mean difference m.
-
-With α = 0.05, for a ``"greater"`` claim ("less" is its mirror image, every sign flipped):
-
-1. **"shown"**: low > 0 and p̃ < α (the interval excludes 0 after Holm's correction), and m ≥ δ (the effect reaches
-   the smallest effect: the estimate is of practical size, not only an interval that touches δ);
-2. **"contradicted"**: high < 0 and p̃ < α, and m ≤ −δ;
-3. **"no effect of practical size"**: −δ < low and high < δ (the interval lies within ±δ);
-4. otherwise **"inconclusive (n seeds)"** with n the number of seeds (``"inconclusive (1 seed)"``).
-
-A single seed (no t interval) is always inconclusive. For ``"on_par"`` rule 1 does not apply (no side is claimed;
-rule 3 is the verdict that supports it) and rule 2 reads either side (low > 0 and m ≥ δ, or high < 0 and m ≤ −δ, with
-p̃ < α). Without δ the verdict is "inconclusive (n seeds)": no interval can show an effect of practical size when
-none is stated. Where only an interval is known (no p-value: a comparison with ``ci95`` alone) the interval decides
-alone. A 0.1-point effect is therefore never "shown" under δ = 1 point, however many seeds make its interval narrow.
+A single seed is always inconclusive, and so is a claim without δ. For ``"on_par"`` rule 1 does not apply and rule 2
+reads either side. Without a p-value (``ci95`` alone) the interval decides alone.
 
 Hand-checked example (points; δ = 1; three seeds; differences A: 2, 2.5, 3; B: 0.5, 1, 1.5; C: 0.10, 0.12, 0.14).
-The t intervals are m ± 4.3027 · sd / √3: A [1.258, 3.742], B [−0.242, 2.242], C [0.070, 0.170]; with 2 degrees of
-freedom the two-sided t-test p is 1 − t / √(t² + 2): A t = 8.660, p = 0.01307; B t = 3.464, p = 0.07418; C t =
-10.392, p = 0.00913 (the bootstrap over seeds stays inside [min, max] of the differences, so the t interval is the
-envelope and the t p-value the larger one). Holm: C 3 · 0.00913 = 0.0274, A max(2 · 0.01307, 0.0274) = 0.0274, B
-max(0.0742, 0.0274) = 0.0742. A: shown (low > 0, p̃ < 0.05, m = 2.5 ≥ 1); B: the interval contains 0 and reaches
-past 1: inconclusive; C: within ±1: no effect of practical size, although it excludes 0::
+The t intervals are m ± 4.3027 · sd / √3: A [1.258, 3.742], B [−0.242, 2.242], C [0.070, 0.170]; two-sided t-test
+p = 1 − t / √(t² + 2): A 0.01307, B 0.07418, C 0.00913 (the bootstrap over seeds stays inside the t interval). Holm:
+C 0.0274, A 0.0274, B 0.0742. A: shown; B: inconclusive; C: within ±1, no effect of practical size::
 
     >>> arm = lambda *v: {"per_seed": {str(s): {"m": x} for s, x in enumerate(v)}}
     >>> v = {"b": arm(0.0, 0.0, 0.0), "A": arm(2.0, 2.5, 3.0), "B": arm(0.5, 1.0, 1.5), "C": arm(0.10, 0.12, 0.14)}
@@ -92,26 +75,24 @@ def compare(
     bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> dict:
     """The paired comparison ``variant − baseline`` on ``metric`` from the ``variants`` of a results dict (what
-    :func:`pml_extensions.runner.outputs.results.summarize` lists under ``comparisons``; also for a claim whose pair
-    is not listed there).
+    :func:`pml_extensions.runner.outputs.results.summarize` lists under ``comparisons``).
 
     Args:
         variants: ``results["variants"]``.
         variant, baseline, metric: what is compared.
         per_class: ``{variant: {seed: {metric: {class: [sum, count]}}}}`` (``results["per_class"]``): bootstrap
             over seeds and test classes when both arms have ``metric`` there for every seed.
-        smallest_effect: δ (metric units): the comparison becomes a claim with a verdict (:func:`verdict_word`, one
-            claim: no Holm correction; :func:`claim_verdicts` corrects a table's claims together).
+        smallest_effect: δ (metric units): the comparison becomes a claim with a verdict (:func:`verdict_word`, no
+            Holm correction; :func:`claim_verdicts` corrects a table's claims together).
         claim: the claim's direction (:data:`CLAIMS`).
         n_resamples, bootstrap_seed: the bootstrap's number of resamples and numpy seed.
 
     Returns:
-        ``{"variant", "baseline", "metric", "mean_difference", "std", "n", "seeds", "differences", "ci95"}``: the
-        per-seed differences in seed order, their mean, sample std (ddof = 1) and 95 % Student-t interval; with a
-        single seed ``std`` and ``ci95`` are ``None``. With ``per_class`` or ``smallest_effect`` also the
-        bootstrap's ``bootstrap_ci95``, ``bootstrap`` (how it resampled), ``p_value_t``, ``p_value_bootstrap``;
-        with ``smallest_effect`` also ``claim``, ``smallest_effect``, ``p_value``, ``p_holm`` and ``verdict`` (the
-        module docstring).
+        ``{"variant", "baseline", "metric", "mean_difference", "std", "n", "seeds", "differences", "ci95"}`` (per-seed
+        differences in seed order, their mean, sample std and 95 % t interval; ``std`` and ``ci95`` ``None`` for one
+        seed); with ``per_class`` or ``smallest_effect`` also ``bootstrap_ci95``, ``bootstrap``, ``p_value_t``,
+        ``p_value_bootstrap``; with ``smallest_effect`` also ``claim``, ``smallest_effect``, ``p_value``, ``p_holm``
+        and ``verdict``.
 
     Raises:
         ValueError: an unknown variant (the message lists the known ones), a metric missing for some seed, seeds
@@ -149,14 +130,7 @@ def compare(
         entry.update(mean_difference=a[s] - b[s], std=None, n=1, seeds=[s], differences=[a[s] - b[s]], ci95=None)
     else:
         d = paired_difference(a, b, 0.95)
-        entry.update(
-            mean_difference=d["mean_difference"],
-            std=d["std"],
-            n=d["n"],
-            seeds=d["seeds"],
-            differences=d["differences"],
-            ci95=d["ci"],
-        )
+        entry.update({k: d[k] for k in ("mean_difference", "std", "n", "seeds", "differences")}, ci95=d["ci"])
     classes = _classes_of(per_class, variant, baseline, metric, entry["seeds"])
     if classes is None and smallest_effect is None:
         return entry
@@ -167,9 +141,8 @@ def compare(
     else:
         boot = None
     entry["bootstrap_ci95"] = None if boot is None else boot["ci"]
-    entry["bootstrap"] = None if boot is None else {k: boot[k] for k in ("resampled", "method", "n_resamples", "seed")}
-    if boot is not None:
-        entry["bootstrap"]["n_classes"] = boot["n_classes"]
+    keys = ("resampled", "method", "n_resamples", "seed", "n_classes")
+    entry["bootstrap"] = None if boot is None else {k: boot[k] for k in keys}
     entry["p_value_t"] = paired_t_p_value(entry["mean_difference"], entry["std"], entry["n"])
     entry["p_value_bootstrap"] = None if boot is None else boot["p_value"]
     if smallest_effect is not None:
@@ -220,10 +193,9 @@ def claim_verdicts(
         alpha: the family-wise level.
 
     Returns:
-        One word of :data:`VERDICTS` per comparison (the inconclusive one with its seed count). The p-value of a
-        comparison is its ``p_value``, else the larger of ``p_value_t`` and ``p_value_bootstrap``, else its paired
-        t-test's from ``mean_difference``, ``std`` and ``n``; a comparison without one (``ci95`` alone) is read
-        from its interval, outside the family.
+        One word of :data:`VERDICTS` per comparison. A comparison's p-value is its ``p_value``, else the larger of
+        ``p_value_t`` and ``p_value_bootstrap``, else its paired t-test's; one without any is read from its interval,
+        outside the family.
 
     Raises:
         ValueError: a list of claims or δ whose length differs from the comparisons', an unknown claim.
@@ -296,15 +268,13 @@ def verdict_word(
 
     Args:
         comparison: an item of ``comparisons`` (:func:`compare`): ``mean_difference`` and ``ci95`` (``None`` or NaN:
-            a single seed), and where present ``bootstrap_ci95`` (the verdict reads the envelope of both),
-            ``p_holm`` and ``n`` (else the length of ``differences`` or ``seeds``; the seed count is left out of
-            the inconclusive word when none of them is there).
-        claim: ``"greater"`` (the paper says the variant is better), ``"less"`` (worse) or ``"on_par"`` (no
-            different).
-        smallest_effect: δ, in the comparison's units; default the comparison's ``smallest_effect``. Without one
-            the verdict is inconclusive.
-        p_holm: the Holm-adjusted p-value of this claim in its table (:func:`claim_verdicts`); default the
-            comparison's ``p_holm``; without one the interval alone decides whether 0 is excluded.
+            a single seed), and where present ``bootstrap_ci95`` (the envelope of both is read), ``p_holm`` and
+            ``n`` (else the length of ``differences`` or ``seeds``).
+        claim: ``"greater"``, ``"less"`` or ``"on_par"``.
+        smallest_effect: δ, in the comparison's units; default the comparison's ``smallest_effect`` (none:
+            inconclusive).
+        p_holm: the Holm-adjusted p-value of this claim (:func:`claim_verdicts`); default the comparison's
+            ``p_holm``; without one the interval alone decides.
         alpha: the level the adjusted p-value is held to.
 
     Raises:
@@ -345,9 +315,8 @@ def verdict_word(
 
 
 def effect_bound(comparison: dict, scale: float = 1.0) -> Optional[float]:
-    """The largest effect a comparison's 95 % interval leaves possible: ``max(|low|, |high|) · scale`` (in the
-    metric's units times ``scale``, e.g. 100 for points) of the interval the verdict reads (the envelope of
-    ``ci95`` and ``bootstrap_ci95``), ``None`` without an interval (a single seed).
+    """The largest effect the verdict's interval (the envelope of ``ci95`` and ``bootstrap_ci95``) leaves possible:
+    ``max(|low|, |high|) · scale`` (metric units times ``scale``, e.g. 100 for points); ``None`` for a single seed.
 
     Example::
 

@@ -1,15 +1,8 @@
 """What a method registers for whoever builds models and losses from specs (the runner's Builder), so that the builder
-never imports a method: the method owns its wiring (timm's ``register_model``, powerful-benchmarker's ``register``).
-
-Three kinds of hook, registered when the method's module is imported:
-
-- :func:`after_losses`: ``fn(loss_funcs, models)`` once the losses and models are built, e.g. :class:`~pml_extensions.
-  losses.XMLWrapper` finds its histogram layer and head in the models;
-- :func:`param_group`: an optimizer option (``prototype_lr``) that puts a method's parameters in a group of their own
-  at that learning rate: ``fn(module) -> [parameters]``;
-- :func:`data_init`: a config key (``prototype_init``) whose spec initialises parameters from training data:
-  ``fn(models, dataset, seed, spec, log=None) -> bool`` (true when it initialised something; ``log`` takes its
-  notes).
+never imports a method (as timm's ``register_model``). Three hooks, registered when the method's module is imported:
+:func:`after_losses` (``fn(loss_funcs, models)`` once both are built, e.g. XMLWrapper finds its histogram layer),
+:func:`param_group` (an optimizer option such as ``prototype_lr``: ``fn(module) -> [parameters]``) and
+:func:`data_init` (a config key such as ``prototype_init``: ``fn(models, dataset, seed, spec, log=None) -> bool``).
 
 Example::
 
