@@ -107,8 +107,11 @@ def list_table_images(csv_file: str, columns=None, split: str = "all") -> List[R
 
 
 def _digest(path: str) -> str:
+    h = hashlib.sha256()  # hashlib.file_digest is Python 3.11+; the package supports 3.9
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def exclude_query(
