@@ -1,14 +1,9 @@
 """Atomic checkpoints and record-keeper logs that survive SIGKILL.
 
-Contract (used by every protocol in :mod:`pml_extensions.runner.protocols`): log rows are buffered in memory during
-an epoch; at the end of the epoch :meth:`Checkpointer.commit` first writes the rows to record-keeper's SQLite database
-(one transaction per table) and rewrites each table's CSV from the database (tmp file + ``os.replace``), then
-writes the checkpoint (tmp file + fsync + ``os.replace``). On restart :meth:`Checkpointer.resume` loads the
-checkpoint with ``torch.load(weights_only=True)`` (the one before it, ``checkpoint.prev.pth``, when it is truncated or
-corrupt) and deletes every log row newer than it, so rows of an epoch
-that was killed after its logs but before its checkpoint are not duplicated when the epoch is rerun, and rows
-of a killed epoch that
-never reached the database are simply written by the rerun: no row is lost, none is duplicated.
+Log rows are buffered during an epoch; :meth:`Checkpointer.commit` writes them to record-keeper's SQLite database
+(one transaction per table, each CSV rewritten atomically from it), then the checkpoint (tmp file + fsync +
+``os.replace``). :meth:`Checkpointer.resume` loads the checkpoint (``weights_only=True``; ``checkpoint.prev.pth`` when
+it is damaged) and deletes every log row newer than it, so a rerun epoch loses and duplicates no row.
 """
 
 import csv
@@ -32,7 +27,11 @@ from . import interrupts
 ITERATION_COLUMN = "~iteration~"
 
 
-def _first_sentence(error: BaseException) -> str:
+#: what ``torch.load`` raises for a truncated or corrupt file
+READ_ERRORS = (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, OSError)
+
+
+def first_sentence(error: BaseException) -> str:
     """The first sentence of an error (torch's unreadable-file errors run on for several)."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
     return text.split(". ")[0].rstrip(".")
@@ -50,14 +49,8 @@ def _link_or_copy(path: str, dest: str) -> None:
 
 
 def save_keeping_previous(state: Any, path: str, previous: str) -> None:
-    """``torch.save(state)`` to ``path`` atomically, the file it replaces becoming ``previous``.
-
-    Order: the new checkpoint is written and fsynced to a temporary file; only then is the current ``path`` linked
-    (or copied) to a temporary name, the new file moved onto ``path`` and the link onto ``previous``. So ``path``
-    and ``previous`` are never one file on disk: a save that fails leaves both as they were (two files, the last
-    checkpoint and the one before it), and a process killed between the two moves leaves ``previous`` one
-    checkpoint older (and a stale temporary name, removed by the next save).
-    """
+    """``torch.save(state)`` to ``path`` atomically, the file it replaces becoming ``previous``: the new file is
+    fsynced before the old one is linked aside, so a failed or killed save leaves two complete checkpoints."""
     link = previous + ".tmp"
     if os.path.exists(link):
         os.remove(link)
@@ -85,11 +78,10 @@ def load_weights(path: str, map_location: Any = "cpu") -> Any:
         raise FileNotFoundError(f"{path}: no such file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, OSError) as e:
-        reason = _first_sentence(e)
+    except READ_ERRORS as e:
         raise OutputError(
-            f"{path}: truncated or corrupt ({reason}); remove {os.path.dirname(path) or '.'} and rerun the same "
-            "command to train that stage again"
+            f"{path}: truncated or corrupt ({first_sentence(e)}); remove {os.path.dirname(path) or '.'} and rerun "
+            "the same command to train that stage again"
         ) from None
 
 
@@ -121,46 +113,42 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+def _attributes(modules: Dict[str, torch.nn.Module], names: Callable[[torch.nn.Module], Any]):
+    """``(dotted path, submodule, attribute)`` for each attribute ``names(submodule)`` lists, in every (unwrapped)
+    module."""
+    from .distributed import unwrap
+
+    for key, module in modules.items():
+        for path, m in unwrap(module).named_modules():
+            for attr in names(m):
+                yield (f"{key}.{path}.{attr}" if path else f"{key}.{attr}"), m, attr
+
+
+def _recordable(module) -> Any:
+    return getattr(module, "_record_these", ()) or ()
+
+
+def _cpu_generators(module) -> list:
+    return [a for a, v in vars(module).items() if isinstance(v, torch.Generator) and v.device.type == "cpu"]
+
+
 def module_generators(modules: Dict[str, torch.nn.Module]) -> Dict[str, torch.Generator]:
     """The CPU ``torch.Generator`` attributes of the modules and their submodules (e.g. ``XMLWrapper.generator``),
     by dotted path, so a checkpoint also restores the losses' own random streams (read only)."""
-    from .distributed import unwrap
+    return {name: getattr(m, attr) for name, m, attr in _attributes(modules, _cpu_generators)}
 
+
+def _module_records(modules: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
+    """The numeric recordable attributes (PML's ``_record_these``, e.g. ``XMLWrapper.num_skipped_xml``) by dotted
+    path: counters a resumed run must continue, not restart."""
     out = {}
-    for key, module in modules.items():
-        for path, m in unwrap(module).named_modules():
-            for attr, value in vars(m).items():
-                if isinstance(value, torch.Generator) and value.device.type == "cpu":
-                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value
+    for name, m, attr in _attributes(modules, _recordable):
+        value = getattr(m, attr, None)
+        if is_number(value):
+            out[name] = value
+        elif torch.is_tensor(value) and value.numel() == 1:
+            out[name] = value.detach().cpu().clone()
     return out
-
-
-def module_records(modules: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
-    """The numeric recordable attributes (PML's ``_record_these``, e.g. ``XMLWrapper.num_skipped_xml``) of the
-    modules and their submodules, by dotted path: counters a resumed run must continue, not restart."""
-    from .distributed import unwrap
-
-    out = {}
-    for key, module in modules.items():
-        for path, m in unwrap(module).named_modules():
-            for attr in getattr(m, "_record_these", ()) or ():
-                value = getattr(m, attr, None)
-                if is_number(value):
-                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value
-                elif torch.is_tensor(value) and value.numel() == 1:
-                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value.detach().cpu().clone()
-    return out
-
-
-def _restore_records(modules: Dict[str, torch.nn.Module], saved: Dict[str, Any]) -> None:
-    from .distributed import unwrap
-
-    for key, module in modules.items():
-        for path, m in unwrap(module).named_modules():
-            for attr in getattr(m, "_record_these", ()) or ():
-                name = f"{key}.{path}.{attr}" if path else f"{key}.{attr}"
-                if name in saved:
-                    setattr(m, attr, saved[name])
 
 
 def training_state(
@@ -172,8 +160,8 @@ def training_state(
     **extra: Any,
 ) -> Dict[str, Any]:
     """Everything a resumed epoch needs, ``weights_only``-loadable: the models', optimizers' and losses' state
-    dicts, the global RNG states, the losses' private generators and recordable counters
-    (:func:`module_records`) and ``extra`` (numbers, strings, tensors ...).
+    dicts, the global RNG states, the losses' private generators and recordable counters and ``extra`` (numbers,
+    strings, tensors ...).
 
     Example::
 
@@ -192,7 +180,7 @@ def training_state(
         "loss_funcs": {k: unwrap(l).state_dict() for k, l in loss_funcs.items()},
         "rng": rng_state(),
         "generators": {k: g.get_state() for k, g in module_generators(loss_funcs).items()},
-        "records": module_records(loss_funcs),
+        "records": _module_records(loss_funcs),
         **extra,
     }
 
@@ -222,7 +210,10 @@ def restore_training_state(
     for k, g in module_generators(loss_funcs).items():
         if k in saved:
             g.set_state(saved[k])
-    _restore_records(loss_funcs, state.get("records", {}))
+    records = state.get("records", {})
+    for name, m, attr in _attributes(loss_funcs, _recordable):
+        if name in records:
+            setattr(m, attr, records[name])
     return state
 
 
@@ -290,17 +281,18 @@ class Checkpointer:
     Attributes:
         record_keeper: a ``record_keeper.RecordKeeper`` to log into (``update_records`` / ``append_data``);
         rows stay in memory until :meth:`commit`.
+        path, previous_path: ``checkpoint.pth`` and the one before it, ``checkpoint.prev.pth``.
 
     A checkpoint ``state`` is a dict of tensors, numbers, strings, lists, tuples and dicts (``weights_only``
     safe); it must hold ``"epoch"`` and ``"global_iteration"`` (ints).
     """
 
-    FILENAME = "checkpoint.pth"
-    PREVIOUS = "checkpoint.prev.pth"
-
     def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False, tensorboard_writer=None):
         self.folder = folder
         os.makedirs(folder, exist_ok=True)
+        self.path = os.path.join(folder, "checkpoint.pth")
+        self.previous_path = os.path.join(folder, "checkpoint.prev.pth")
+        self.damaged = None  # a checkpoint load_state found unreadable: set aside by resume
         self.epoch_tables = set(epoch_tables)
         self.writer = _AtomicRecordWriter(os.path.join(folder, "logs"), save_lists=save_lists)
         self.record_keeper = RecordKeeper(
@@ -308,15 +300,6 @@ class Checkpointer:
             record_writer=self.writer,
             attributes_to_search_for=["_record_these"],
         )
-
-    @property
-    def path(self) -> str:
-        return os.path.join(self.folder, self.FILENAME)
-
-    @property
-    def previous_path(self) -> str:
-        """The checkpoint before the last one (kept so a damaged last checkpoint falls back to it)."""
-        return os.path.join(self.folder, self.PREVIOUS)
 
     def commit(self, state: Dict[str, Any]) -> None:
         """Write the buffered log rows, then the checkpoint (in that order; see the module docstring). The
@@ -351,7 +334,7 @@ class Checkpointer:
         """
         self.writer.records = self.writer.get_empty_nested_dict()
         state = self.load_state(map_location)
-        if getattr(self, "damaged", None):  # set aside, so the next commit keeps the good one as the previous
+        if self.damaged:  # set aside, so the next commit keeps the good one as the previous
             os.replace(self.damaged, self.damaged + ".damaged")
             self.damaged = None
         if state is None:
@@ -378,8 +361,8 @@ class Checkpointer:
                 continue
             try:
                 state = torch.load(path, map_location=map_location, weights_only=True)
-            except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
-                problems.append((path, _first_sentence(e)))
+            except READ_ERRORS as e:
+                problems.append((path, first_sentence(e)))
                 continue
             if not (isinstance(state, dict) and isinstance(state.get("epoch"), int)):
                 problems.append((path, "not a checkpoint of this runner"))

@@ -36,12 +36,14 @@ def _load(path: str, trust: bool):
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust)
     except Exception as e:  # EOFError, UnpicklingError, RuntimeError... for unreadable or pickled files
+        from ..experiment.checkpoint import first_sentence
+
         if not trust and ("weights_only" in str(e) or "Unsupported global" in str(e)):
             raise ValueError(
                 f"checkpoint {path} holds pickled Python objects (whole modules): pass --trust-checkpoint to "
                 "load it (only for files you trust)"
             ) from None
-        reason = (str(e).splitlines()[0] if str(e) else "").split(". ")[0].rstrip(".")  # torch's run on for lines
+        reason = first_sentence(e) if str(e) else ""
         raise ValueError(
             f"cannot read checkpoint {path}: {type(e).__name__}: {reason} (a truncated or corrupt file: copy it "
             "again, or rerun the training that wrote it)"
