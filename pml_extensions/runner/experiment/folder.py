@@ -170,32 +170,30 @@ def _cpu() -> Dict[str, Any]:
     """The CPU model and its instruction-set flags (``/proc/cpuinfo`` on Linux; ``platform`` elsewhere)."""
     import platform
 
-    cpu = {"model": platform.processor() or None, "machine": platform.machine(), "count": os.cpu_count(), "flags": None}
+    info: Dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not cpu.get("_model"):
-                    cpu["model"], cpu["_model"] = value.strip(), True
-                elif key in ("flags", "Features") and cpu["flags"] is None:  # x86 / ARM
-                    cpu["flags"] = sorted(value.split())
+                info.setdefault(key.strip(), value.strip())  # the first core's
     except OSError:
         pass
-    cpu.pop("_model", None)
-    return cpu
+    flags = info.get("flags", info.get("Features"))  # x86 / ARM
+    return {
+        "model": info.get("model name") or platform.processor() or None,
+        "machine": platform.machine(),
+        "count": os.cpu_count(),
+        "flags": sorted(flags.split()) if flags is not None else None,
+    }
 
 
 def _torch_build() -> Dict[str, Any]:
-    """What torch's CPU kernels are built from: BLAS / LAPACK, MKL and oneDNN versions, OpenMP, the CPU capability
-    the kernels dispatch to (``torch.__config__.show()``)."""
-    out: Dict[str, Any] = {"cpu_capability": None}
+    """What torch's CPU kernels are built from (``torch.__config__.show()``) and the CPU capability they use."""
     try:
-        out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        out: Dict[str, Any] = {"cpu_capability": torch.backends.cpu.get_cpu_capability()}
     except (AttributeError, RuntimeError):  # older torch
-        pass
-    text = torch.__config__.show()
-    for line in text.splitlines():
+        out = {"cpu_capability": None}
+    for line in torch.__config__.show().splitlines():
         line = line.strip(" -\t")
         if "Math Kernel Library" in line:
             out["mkl"] = line
@@ -217,8 +215,16 @@ def _versions() -> Dict[str, Optional[str]]:
     from importlib import metadata
 
     out = {}
-    names = ("torch", "torchvision", "numpy", "Pillow", "matplotlib", "pytorch-metric-learning", "faiss-cpu")
-    for name in names + ("pml_extensions",):
+    for name in (
+        "torch",
+        "torchvision",
+        "numpy",
+        "Pillow",
+        "matplotlib",
+        "pytorch-metric-learning",
+        "faiss-cpu",
+        "pml_extensions",
+    ):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:  # e.g. pml_extensions run from a checkout without installing it
@@ -227,15 +233,9 @@ def _versions() -> Dict[str, Optional[str]]:
 
 
 def run_environment() -> Dict[str, Any]:
-    """What a run's exact numbers depend on besides its config, saved as ``environment.json``.
-
-    ``torch``, ``python``, ``torch_threads`` (intra-op threads: CPU reductions such as matmul and convolution split
-    their work by thread, so the same config gives bit-identical numbers only with the same count;
-    :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with it), ``cuda``; and
-    ``torch_interop_threads``, ``thread_variables`` (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``), ``cpu`` (model,
-    machine, count, instruction-set flags), ``torch_build`` (BLAS / LAPACK, MKL and oneDNN versions, OpenMP, the CPU
-    capability the kernels use), ``versions`` (torch, torchvision, numpy, Pillow, matplotlib, PML, faiss,
-    pml_extensions), ``platform`` and ``gpu`` (the CUDA device's name, or None).
+    """What a run's exact numbers depend on besides its config, saved as ``environment.json``: versions, the CPU
+    and torch's kernels, and ``torch_threads`` (CPU sums split by thread, so bit-identical numbers need the same
+    count; :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with it).
 
     Example::
 
@@ -411,12 +411,6 @@ class Experiment:
         return result
 
     # ------------------------------------------------------------------------------------------------ output
-    def progress(self, iterable: Iterable, desc: str = "", total: Optional[int] = None):
-        """A tqdm bar over ``iterable`` (off the main rank it is disabled)."""
-        from tqdm import tqdm
-
-        return tqdm(iterable, desc=desc, total=total, disable=not dist_utils.is_main(), leave=False)
-
     def write_results(self, results: Dict[str, Any]) -> str:
         """Write ``results.json`` atomically (main rank) and return its path."""
         path = os.path.join(self.folder, "results.json")
