@@ -1,39 +1,10 @@
-"""The ``feature_cache`` config key: train the trunk's rest on cached outputs of its frozen pretrained prefix
-(the library part is :class:`pml_extensions.datasets.FeatureCache`).
+"""The ``feature_cache`` config key (``docs/feature_cache.md``): train the trunk's rest on cached outputs of its frozen
+pretrained prefix (the library part is :class:`pml_extensions.datasets.FeatureCache`).
 
-A pretrained prefix that stays frozen computes the same features every epoch. With ``feature_cache`` in a config of
-the ``mlrc`` or ``paired`` protocol, the runner splits ``models.trunk`` where the frozen part ends
-(:func:`pml_extensions.trunks.split_trunk`), computes the prefix's outputs once for ``num_views`` seeded augmented
-views of every training image and the plain view of every evaluation image, stores them in the experiment folder and
-trains and evaluates the rest of the trunk (and the embedder, losses, miners, samplers: PML's, unchanged) on them::
-
-    feature_cache:
-      boundary: "0.17"     # where the frozen part of models.trunk ends: a module path as named_modules() names it
-                           # ("0.17": child 0's module 17) or a stage index (trunks.trunk_stages)
-      num_views: 2         # seeded augmented views per training image (default 4); evaluation images: their plain view
-      dtype: float16       # stored dtype: float16 (default) | float32 | float64
-      derive_from: null    # an earlier boundary: its cache is built (or found) first and the frozen modules between
-                           # the two are applied once to its stored views (one image pass serves both boundaries)
-      view_seed: 0         # seeds the views' contents (the training seed picks one view per image and epoch)
-      batch_size: 64       # views per prefix forward while building
-      chunk_size: 256      # images per chunk: the unit of resume and of torchrun shards
-      num_workers: 0       # DataLoader workers that decode and transform images while building
-      folder: null         # default <experiment folder>/feature_cache; a shared folder serves several experiments
-
-What the runner does with it:
-
-- :meth:`pml_extensions.runner.objects.builder.Builder.build_models` builds the whole trunk as before and returns
-  its *rest* as ``models["trunk"]`` (for a ``Sequential`` trunk a ``Sequential`` that keeps the trunk's child names,
-  so ``state_dict`` keys, ``HistogramPooling``'s body and ``XMLWrapper``'s head are found as in the whole trunk); the
-  frozen part is in ``builder.frozen`` (:class:`FrozenParts`).
-- :class:`FeatureCaches` builds (or finds) one :class:`~pml_extensions.datasets.FeatureCache` per boundary and part
-  under ``<folder>/<boundary>/<part>`` (the protocols name the parts: paired ``train`` / ``train_eval`` /
-  ``test``, mlrc ``train`` / ``eval``) and returns :class:`~pml_extensions.datasets.CachedFeatureDataset` objects
-  built by the Builder. Each cache is keyed by the prefix's weights, the transform and the file list: a changed
-  input rebuilds it in place, an interrupted build resumes, a finished one is read as it is. Builds in separate
-  processes of one folder are safe (the folder is prepared under a file lock); under torchrun every rank builds its
-  shard of the chunks.
-- The training set's epoch (which view each image shows) follows the trainer: :func:`end_of_epoch_hook`.
+:meth:`~pml_extensions.runner.objects.builder.Builder.build_models` splits ``models.trunk`` where the frozen part
+ends (:func:`split_trunk_for_cache`: ``models["trunk"]`` is the rest, ``builder.frozen`` the :class:`FrozenParts`);
+:class:`FeatureCaches` builds (or finds, or resumes) one cache per boundary and part, ``<folder>/<boundary>/<part>``,
+and returns the cached datasets; :func:`end_of_epoch_hook` moves the training set to the next epoch's views.
 
 Example::
 
@@ -80,14 +51,8 @@ DEFAULTS: Dict[str, Any] = {
 FOLDER_NAME = "feature_cache"
 
 
-def _where(sources: Optional[Dict[str, str]], key: str = KEY) -> str:
-    return f"{(sources or {}).get(KEY, 'config')}: {key}"
-
-
-def _boundary_value(value, where: str):
-    if not (is_int(value) or isinstance(value, str)) or value == "":
-        raise ConfigError(f'{where}: expected a module path (a string such as "0.17") or a stage index, got {value!r}')
-    return value
+def _where(sources: Optional[Dict[str, str]]) -> str:
+    return f"{(sources or {}).get(KEY, 'config')}: {KEY}"
 
 
 def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
@@ -119,9 +84,13 @@ def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
     out = dict(DEFAULTS, **spec)
     if out["boundary"] is None:
         raise ConfigError(f"{_where(sources)}: missing key 'boundary' (where the frozen part of models.trunk ends)")
-    _boundary_value(out["boundary"], f"{_where(sources)}.boundary")
-    if out["derive_from"] is not None:
-        _boundary_value(out["derive_from"], f"{_where(sources)}.derive_from")
+    for key in ("boundary", "derive_from"):
+        value = out[key]
+        if value is not None and (not (is_int(value) or isinstance(value, str)) or value == ""):
+            raise ConfigError(
+                f'{_where(sources)}.{key}: expected a module path (a string such as "0.17") or a stage index, '
+                f"got {value!r}"
+            )
     for key, low in (("num_views", 1), ("batch_size", 1), ("chunk_size", 1), ("view_seed", 0), ("num_workers", 0)):
         value = out[key]
         if not is_int(value) or value < low:
@@ -258,8 +227,8 @@ def check_fixed_prefix(make_builder: Callable[[], Any], seeds: Sequence[int], wh
     prefix's weights are the same (pretrained weights are; a random initialisation is not).
 
     Args:
-        make_builder: returns a fresh :class:`~pml_extensions.runner.objects.builder.Builder` of the config; its
-            trunk is built twice, after seeding the global RNGs with ``seeds[0]`` and ``seeds[0] + 1``.
+        make_builder: returns a fresh :class:`~pml_extensions.runner.objects.builder.Builder` of the config (its
+            trunk is built with the global RNGs seeded ``seeds[0]``, then ``seeds[0] + 1``).
         where: ``"<file>: feature_cache"`` for the error.
 
     Raises:
@@ -390,7 +359,7 @@ class FeatureCaches:
             ConfigError: the cache's arguments refused (naming ``feature_cache.<part>``).
         """
         common = dict(self._options(), num_views=num_views, view_seed=self.spec["view_seed"])
-        common["num_workers"] = self.spec["num_workers"]
+        common.update(num_workers=self.spec["num_workers"])
         first = frozen.source_boundary if frozen.source_boundary is not None else frozen.boundary
         cache = self.builder.build(
             f"{KEY}.{part}",
