@@ -90,28 +90,9 @@ def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
     return spec
 
 
-def build_tester(
-    config: Dict[str, Any],
-    device,
-    sources: Optional[Dict[str, str]] = None,
-    sharded: bool = True,
-    calculator_device=None,
-    make: Optional[Callable[..., Any]] = None,
-    **extra,
-):
-    """The configured PML tester with its accuracy calculator built (``data_device=device``).
-
-    PML's ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` are built as their sharded subclasses
-    (:class:`pml_extensions.testers.ShardedGlobalEmbeddingSpaceTester`,
-    :class:`pml_extensions.knn.ChunkedAccuracyCalculator`: the same numbers, every torchrun rank embeds its shard,
-    so every rank must evaluate) unless ``sharded=False`` (evaluation that only rank 0 runs).
-
-    Args:
-        config, sources: the merged config (keys read by :func:`~pml_extensions.runner.config.eval_keys.tester_spec`)
-            and top-level key -> file.
-        calculator_device: where the calculator computes unless its spec names a ``device`` (default CPU).
-        make: ``make(key, spec, **objects)`` builds the two objects (default :func:`build`).
-        extra: passed to the tester, e.g. ``end_of_testing_hook``.
+def build_tester(config: Dict[str, Any], device, sources=None, sharded: bool = True, calculator_device=None, **extra):
+    """:meth:`Builder.build_tester` of ``config`` on ``device``: the configured PML tester with its accuracy
+    calculator.
 
     Raises:
         ConfigError: as :func:`pml_extensions.runner.config.eval_keys.tester_spec`.
@@ -123,27 +104,8 @@ def build_tester(
         >>> t.accuracy_calculator.get_curr_metrics()
         ['precision_at_1']
     """
-    discover()  # a tester class of the package that is not re-exported yet is still nameable
-    name, kwargs = tester_spec(config, sources)
-    where = _where(sources, "tester") + f".{name}"
-    calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, where)
-    calc_kwargs.setdefault("device", torch.device("cpu") if calculator_device is None else calculator_device)
-    if sharded and calc_name == "AccuracyCalculator":
-        calc_name, calc_kwargs = "ChunkedAccuracyCalculator", dict(calc_kwargs, distributed=True)
-    if make is None:
-
-        def make(key, spec, **objects):
-            return build(spec, _where(sources, key), **objects)
-
-    calculator = make("tester.accuracy_calculator", {calc_name: calc_kwargs})
-    kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
-    kwargs.setdefault("dataloader_num_workers", 0)
-    if sharded and name == _TESTER:
-        name = "ShardedGlobalEmbeddingSpaceTester"  # pml_extensions.testers: PML's class, every rank a shard
-    try:
-        return make("tester", {name: kwargs}, accuracy_calculator=calculator, data_device=device, **extra)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
+    builder = Builder(config, sources, device, log=lambda *a, **k: None)
+    return builder.build_tester(sharded=sharded, calculator_device=calculator_device, **extra)
 
 
 class Builder:
@@ -646,7 +608,20 @@ class Builder:
 
     def build_tester(self, spec: Any = None, sharded: bool = True, calculator_device=None, **extra):
         """The config's ``tester`` (or ``spec``) with its ``accuracy_calculator`` (or the flat form's top-level one),
-        on this device: :func:`build_tester`."""
+        on this device (``data_device``).
+
+        PML's ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` are built as their sharded subclasses
+        (:class:`pml_extensions.testers.ShardedGlobalEmbeddingSpaceTester`,
+        :class:`pml_extensions.knn.ChunkedAccuracyCalculator`: the same numbers, every torchrun rank embeds its shard,
+        so every rank must evaluate) unless ``sharded=False`` (evaluation that only rank 0 runs).
+
+        Args:
+            calculator_device: where the calculator computes unless its spec names a ``device`` (default CPU).
+            extra: passed to the tester, e.g. ``end_of_testing_hook``.
+
+        Raises:
+            ConfigError: as :func:`pml_extensions.runner.config.eval_keys.tester_spec`.
+        """
         config, sources = self.config, self.sources
         tester = self.get("tester") if spec is None else spec
         if tester is not None and self.get("accuracy_calculator") is not None:
@@ -656,9 +631,17 @@ class Builder:
                 sources = dict(sources, tester=sources.get("accuracy_calculator", sources.get("tester", "config")))
         if tester is not self.get("tester"):
             config = dict(config, tester=tester)
-        return build_tester(
-            config, self.device, sources, sharded=sharded, calculator_device=calculator_device, make=self.build, **extra
-        )
+        name, kwargs = tester_spec(config, sources)
+        calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, _where(sources, "tester") + f".{name}")
+        calc_kwargs.setdefault("device", torch.device("cpu") if calculator_device is None else calculator_device)
+        if sharded and calc_name == "AccuracyCalculator":
+            calc_name, calc_kwargs = "ChunkedAccuracyCalculator", dict(calc_kwargs, distributed=True)
+        calculator = self.build("tester.accuracy_calculator", {calc_name: calc_kwargs})
+        kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
+        kwargs.setdefault("dataloader_num_workers", 0)
+        if sharded and name == _TESTER:
+            name = "ShardedGlobalEmbeddingSpaceTester"  # pml_extensions.testers: PML's class, every rank a shard
+        return self.build("tester", {name: kwargs}, accuracy_calculator=calculator, data_device=self.device, **extra)
 
     def subset(self, dataset, indices, labels=None, transform=None, getter=None, rgb: bool = False):
         """A view of ``dataset`` (:class:`pml_extensions.runner.objects.data.Subset`): items ``indices`` with their own
