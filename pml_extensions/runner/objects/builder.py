@@ -218,13 +218,11 @@ class Builder:
         if "root" not in kwargs and accepts(cls, "root"):
             if self.get("dataset_root"):
                 kwargs["root"] = self.get("dataset_root")
-            else:
-                root_param = inspect.signature(cls).parameters.get("root")
-                if getattr(root_param, "default", None) is inspect.Parameter.empty:
-                    raise ConfigError(
-                        f"{self.where(key)}.{name}: needs its data folder: pass --dataset_root "
-                        "/path/to/data (nothing is downloaded)"
-                    )
+            elif getattr(_parameters(cls).get("root"), "default", None) is inspect.Parameter.empty:
+                raise ConfigError(
+                    f"{self.where(key)}.{name}: needs its data folder: pass --dataset_root "
+                    "/path/to/data (nothing is downloaded)"
+                )
         if split is not None and "split" not in kwargs and accepts(cls, "split"):
             kwargs["split"] = split
         extra = {}
@@ -254,10 +252,8 @@ class Builder:
         elif is_object_spec(spec) and next(iter(spec)) == "Compose":
             return self.build(key, spec)
         elif isinstance(spec, dict):
-            chain = []
-            for name, kwargs in spec.items():
-                kwargs = {k: pb_numbers(v) for k, v in (kwargs or {}).items()}
-                chain.append(self.build(f"{key}.{name}", {name: kwargs}))
+            numbers = {name: {k: pb_numbers(v) for k, v in (kwargs or {}).items()} for name, kwargs in spec.items()}
+            chain = [self.build(f"{key}.{name}", {name: kwargs}) for name, kwargs in numbers.items()]
         elif isinstance(spec, list):
             chain = [self.build(f"{key}[{i}]", s) for i, s in enumerate(spec)]
         else:
@@ -297,6 +293,7 @@ class Builder:
             cached: split the trunk for ``feature_cache`` (default: when the config has the key and ``spec`` is
                 ``None``); ``models["trunk"]`` is then the trainable rest and :attr:`frozen` the frozen part.
         """
+        before = before or (lambda key: None)
         models_cfg = self._require("models") if spec is None else spec
         if not isinstance(models_cfg, dict) or "trunk" not in models_cfg:
             raise ConfigError(f"{self.where('models')}: missing key 'trunk'")
@@ -306,8 +303,7 @@ class Builder:
             }
         if sample is not None and sample.ndim == 3:  # a first layer that leaves in_channels out takes the images'
             models_cfg = dict(models_cfg, trunk=preflight.fill_input_channels(models_cfg["trunk"], sample.shape[0]))
-        if before is not None:
-            before("trunk")
+        before("trunk")
         trunk = self._build_trunk(models_cfg["trunk"], "models.trunk").to(self.device)
         if edit_trunk is not None:
             trunk = edit_trunk(trunk)
@@ -337,8 +333,7 @@ class Builder:
                 )
         models = {"trunk": trunk}
         emb_spec = models_cfg.get("embedder")
-        if before is not None:
-            before("embedder")
+        before("embedder")
         if emb_spec is None:
             models["embedder"] = torch.nn.Identity()
         else:
@@ -350,8 +345,7 @@ class Builder:
             models["embedder"] = self.build("models.embedder", {name: kwargs}).to(self.device)
         for k, other in models_cfg.items():
             if k not in models:
-                if before is not None:
-                    before(k)
+                before(k)
                 models[k] = self.build(f"models.{k}", other).to(self.device)
         if out is not None:
             self.embedding_size = self._probe_embedder(models["embedder"], out)
