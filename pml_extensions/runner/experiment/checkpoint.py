@@ -23,6 +23,7 @@ from ...utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text
 from ...utils.checks import is_number
 from ..errors import OutputError
 from . import interrupts
+from .distributed import unwrap
 
 ITERATION_COLUMN = "~iteration~"
 
@@ -116,8 +117,6 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 def _attributes(modules: Dict[str, torch.nn.Module], names: Callable[[torch.nn.Module], Any]):
     """``(dotted path, submodule, attribute)`` for each attribute ``names(submodule)`` lists, in every (unwrapped)
     module."""
-    from .distributed import unwrap
-
     for key, module in modules.items():
         for path, m in unwrap(module).named_modules():
             for attr in names(m):
@@ -169,8 +168,6 @@ def training_state(
         >>> s["epoch"], s["global_iteration"], s["best_metric"]
         (2, 20, 0.5)
     """
-    from .distributed import unwrap
-
     loss_funcs = loss_funcs or {}
     return {
         "epoch": int(epoch),
@@ -196,8 +193,6 @@ def restore_training_state(
     Raises:
         KeyError: when the state lacks a model, optimizer or loss that is given.
     """
-    from .distributed import unwrap
-
     loss_funcs = loss_funcs or {}
     for k, m in models.items():
         unwrap(m).load_state_dict(state["models"][k])

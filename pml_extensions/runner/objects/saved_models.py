@@ -341,6 +341,7 @@ def selected_model(
         raise ValueError(f"--run {run} has no {CONFIG_NAME}: not an experiment folder of python -m pml_extensions run")
     folds = [k for k in _numbered(run, "fold_") if os.path.isfile(os.path.join(run, f"fold_{k}", "best.pth"))]
     cfg, _ = find_run_config(run, levels=0)
+    # (unit, checkpoint, variant, seed, fold) of every unit with a model
     if folds:
         if variant is not None or seed is not None:
             raise ValueError(
@@ -350,45 +351,41 @@ def selected_model(
         k = folds[0] if fold is None else int(fold)
         if k not in folds:
             raise ValueError(f"--run {run}: no fold_{k}/best.pth; folds with a model: {', '.join(map(str, folds))}")
-        return {
-            "checkpoint": os.path.join(run, f"fold_{k}", "best.pth"),
-            "epoch": _fold_epoch(run, k),
-            "unit": f"fold_{k}",
-            "variant": None,
-            "seed": None,
-            "fold": k,
-            "others": [f"fold_{j}" for j in folds if j != k],
-        }
-    if fold is not None:
-        raise ValueError(f"--run {run}: --fold is for mlrc runs (fold_<k>/best.pth); this run has none")
-    names = list((cfg or {}).get("variants") or {}) or sorted(
-        d for d in os.listdir(run) if _numbered(os.path.join(run, d), "seed_")
-    )
-    units = []
-    for name in names:
-        for s in _numbered(os.path.join(run, name), "seed_"):
-            unit = os.path.join(run, name, f"seed_{s}")
-            files = [f for f in ("selected_models.pth", "best_models.pth") if os.path.isfile(os.path.join(unit, f))]
-            if files:
-                units.append((name, s, os.path.join(unit, files[0])))
-    if not units:
-        raise ValueError(
-            f"--run {run}: no trained model yet (no <variant>/seed_<s>/best_models.pth nor fold_<k>/best.pth); "
-            "let the run finish a unit, or pass --checkpoint"
+        units = [(f"fold_{j}", os.path.join(run, f"fold_{j}", "best.pth"), None, None, j) for j in folds]
+        chosen, epoch = units[folds.index(k)], _fold_epoch(run, k)
+    else:
+        if fold is not None:
+            raise ValueError(f"--run {run}: --fold is for mlrc runs (fold_<k>/best.pth); this run has none")
+        names = list((cfg or {}).get("variants") or {}) or sorted(
+            d for d in os.listdir(run) if _numbered(os.path.join(run, d), "seed_")
         )
-    chosen = [u for u in units if (variant is None or u[0] == variant) and (seed is None or u[1] == int(seed))]
-    if not chosen:
-        have = ", ".join(f"{n} seed {s}" for n, s, _ in units)
-        raise ValueError(f"--run {run}: no model for --variant {variant} --seed {seed}; models: {have}")
-    name, s, path = chosen[0]
+        units = []
+        for name in names:
+            for s in _numbered(os.path.join(run, name), "seed_"):
+                unit = os.path.join(run, name, f"seed_{s}")
+                files = [f for f in ("selected_models.pth", "best_models.pth") if os.path.isfile(os.path.join(unit, f))]
+                if files:
+                    units.append((f"{name}/seed_{s}", os.path.join(unit, files[0]), name, s, None))
+        if not units:
+            raise ValueError(
+                f"--run {run}: no trained model yet (no <variant>/seed_<s>/best_models.pth nor fold_<k>/best.pth); "
+                "let the run finish a unit, or pass --checkpoint"
+            )
+        matching = [u for u in units if (variant is None or u[2] == variant) and (seed is None or u[3] == int(seed))]
+        if not matching:
+            have = ", ".join(f"{n} seed {s}" for _, _, n, s, _ in units)
+            raise ValueError(f"--run {run}: no model for --variant {variant} --seed {seed}; models: {have}")
+        chosen = matching[0]
+        epoch = _unit_epoch(run, chosen[2], chosen[3])
+    unit, checkpoint, variant, seed, fold = chosen
     return {
-        "checkpoint": path,
-        "epoch": _unit_epoch(run, name, s),
-        "unit": f"{name}/seed_{s}",
-        "variant": name,
-        "seed": s,
-        "fold": None,
-        "others": [f"{n}/seed_{t}" for n, t, _ in units if (n, t) != (name, s)],
+        "checkpoint": checkpoint,
+        "epoch": epoch,
+        "unit": unit,
+        "variant": variant,
+        "seed": seed,
+        "fold": fold,
+        "others": [u[0] for u in units if u[0] != unit],
     }
 
 
