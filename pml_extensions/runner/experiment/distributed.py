@@ -53,13 +53,6 @@ def init_from_env() -> bool:
     return is_active()
 
 
-def device_for_rank(requested: torch.device) -> torch.device:
-    """``cuda:LOCAL_RANK`` under torchrun with CUDA; ``requested`` otherwise."""
-    if is_active() and requested.type == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return requested
-
-
 def barrier() -> None:
     if is_active():
         dist.barrier()

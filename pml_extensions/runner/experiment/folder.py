@@ -272,15 +272,12 @@ def environment_summary(env: Dict[str, Any]) -> str:
     """
     build = env.get("torch_build") or {}
     onednn = (build.get("onednn") or "").split(" (")[0].split(" ")[-1]
-    kernels = ", ".join(
-        x
-        for x in (
-            f"BLAS {build['blas_info']}" if build.get("blas_info") else "",
-            f"oneDNN {onednn}" if onednn else "",
-            f"{build['cpu_capability']} kernels" if build.get("cpu_capability") else "",
-        )
-        if x
-    )
+    kernels = [
+        f"BLAS {build['blas_info']}" if build.get("blas_info") else "",
+        f"oneDNN {onednn}" if onednn else "",
+        f"{build['cpu_capability']} kernels" if build.get("cpu_capability") else "",
+    ]
+    kernels = ", ".join(k for k in kernels if k)
     cpu = env.get("cpu") or {}
     threads = env.get("torch_threads")
     parts = [
@@ -310,7 +307,9 @@ def select_device(name: Any, where: str = "config_general: device") -> torch.dev
             raise ConfigError(f"{where}: {e}") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"{where}: {name!r} requested but no CUDA device is available")
-    return dist_utils.device_for_rank(device)
+    if dist_utils.is_active() and device.type == "cuda":  # torchrun: the rank's GPU
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
 
 
 def seed_everything(seed: Optional[int]) -> Optional[int]:
