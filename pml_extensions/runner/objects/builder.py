@@ -180,6 +180,11 @@ class Builder:
         except (ValueError, TypeError, KeyError) as e:
             raise ConfigError(f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
+    def _class_spec(self, key: str, spec: Any):
+        """``(name, class, a copy of its kwargs)`` of the one-entry spec ``{Name: kwargs}`` at ``key``."""
+        name, kwargs = one_spec(spec, self.where(key))
+        return name, resolve(name, self.where(key)), dict(kwargs)
+
     def _require(self, key: str):
         if key not in self.config:
             raise ConfigError(f"config: missing required key {key!r}")
@@ -212,9 +217,7 @@ class Builder:
                 **dict(named.get("kwargs") or {}),
             }
             return self._without_bad_images(self.build(key, {"get_dataset": args}, transform=transform), key)
-        name, kwargs = one_spec(spec, self.where(key))
-        cls = resolve(name, self.where(key))
-        kwargs = dict(kwargs)
+        name, cls, kwargs = self._class_spec(key, spec)
         if "root" not in kwargs and accepts(cls, "root"):
             if self.get("dataset_root"):
                 kwargs["root"] = self.get("dataset_root")
@@ -335,9 +338,7 @@ class Builder:
         if emb_spec is None:
             models["embedder"] = torch.nn.Identity()
         else:
-            name, kwargs = one_spec(emb_spec, self.where("models.embedder"))
-            cls = resolve(name, self.where("models.embedder"))
-            kwargs = dict(kwargs)
+            name, cls, kwargs = self._class_spec("models.embedder", emb_spec)
             if out is not None and "input_size" not in kwargs and "input_size" in _parameters(cls):
                 kwargs["input_size"] = int(out.shape[1])
             models["embedder"] = self.build("models.embedder", {name: kwargs}).to(self.device)
@@ -540,9 +541,8 @@ class Builder:
                     f"{self.where(where)}: expected <model>_scheduler_by_<iteration|epoch|plateau> for one of the "
                     f"optimizers {', '.join(optimizers)}"
                 )
-            name, kwargs = one_spec(sched_spec, self.where(where))
-            kwargs = dict(kwargs)
-            if "max_lr" not in kwargs and "max_lr" in _parameters(resolve(name, self.where(where))):
+            name, cls, kwargs = self._class_spec(where, sched_spec)
+            if "max_lr" not in kwargs and "max_lr" in _parameters(cls):
                 kwargs["max_lr"] = [g["lr"] for g in optimizer.param_groups]
             schedulers[key] = self.build(where, {name: kwargs}, optimizer=optimizer)
         return schedulers
@@ -572,19 +572,15 @@ class Builder:
                     range(len(labels)), shuffle=True, seed=int(self.get("seed") or 0)
                 )
             return None
-        name, kwargs = one_spec(spec, self.where("sampler"))
-        cls = resolve(name, self.where("sampler"))
-        kwargs = dict(kwargs)
-        if labels is not None and accepts(cls, "labels"):
-            kwargs.setdefault("labels", labels)
-        if batch_size is not None and accepts(cls, "batch_size") and "batch_size" not in kwargs:
-            kwargs["batch_size"] = batch_size
+        name, cls, kwargs = self._class_spec("sampler", spec)
         ipe = iterations_per_epoch
         if ipe is None and self.get("trainer") is not None:
             ipe = one_spec(self.get("trainer"), self.where("trainer"))[1].get("iterations_per_epoch")
-        if ipe and batch_size and accepts(cls, "length_before_new_iter") and "length_before_new_iter" not in kwargs:
-            # one epoch's worth of indices (PML's default, 100k, is rebuilt in Python at every epoch)
-            kwargs["length_before_new_iter"] = int(ipe) * int(batch_size)
+        # length_before_new_iter: one epoch's worth of indices (PML's default, 100k, is rebuilt at every epoch)
+        epoch = int(ipe) * int(batch_size) if ipe and batch_size else None
+        for k, v in {"labels": labels, "batch_size": batch_size, "length_before_new_iter": epoch}.items():
+            if v is not None and k not in kwargs and accepts(cls, k):
+                kwargs[k] = v
         try:
             sampler = self.build("sampler", {name: kwargs})
         except AssertionError as e:  # PML's samplers check their arguments with assert
