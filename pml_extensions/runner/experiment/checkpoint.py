@@ -72,8 +72,7 @@ def load_weights(path: str, map_location: Any = "cpu") -> Any:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        OutputError: a truncated or corrupt file, in one line naming it (remove it, or the stage folder that holds
-            it, and rerun: the stage is trained again).
+        OutputError: a truncated or corrupt file, in one line naming it and the folder to remove.
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
@@ -214,9 +213,7 @@ def restore_training_state(
 
 class _AtomicRecordWriter(RecordWriter):
     """record-keeper's writer, but each table goes to SQLite in one transaction and its CSV is regenerated
-    atomically from the database (record-keeper appends to the CSV before the DB write, which a kill can
-    split).
-    """
+    atomically from the database (record-keeper appends to the CSV first, which a kill can split)."""
 
     def save_records(self):
         for table, series in self.records.items():
@@ -274,12 +271,8 @@ class Checkpointer:
         tensorboard_writer: a ``torch.utils.tensorboard.SummaryWriter`` the record keeper also writes to.
 
     Attributes:
-        record_keeper: a ``record_keeper.RecordKeeper`` to log into (``update_records`` / ``append_data``);
-        rows stay in memory until :meth:`commit`.
+        record_keeper: a ``record_keeper.RecordKeeper`` to log into; rows stay in memory until :meth:`commit`.
         path, previous_path: ``checkpoint.pth`` and the one before it, ``checkpoint.prev.pth``.
-
-    A checkpoint ``state`` is a dict of tensors, numbers, strings, lists, tuples and dicts (``weights_only``
-    safe); it must hold ``"epoch"`` and ``"global_iteration"`` (ints).
     """
 
     def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False, tensorboard_writer=None):
@@ -297,9 +290,8 @@ class Checkpointer:
         )
 
     def commit(self, state: Dict[str, Any]) -> None:
-        """Write the buffered log rows, then the checkpoint (in that order; see the module docstring). The
-        checkpoint it replaces is kept as ``checkpoint.prev.pth``; a SIGINT / SIGTERM that arrives meanwhile is
-        raised when both are written (:func:`pml_extensions.runner.experiment.interrupts.critical`).
+        """Write the buffered log rows, then ``state`` (``weights_only``-safe, with int ``epoch`` and
+        ``global_iteration``); a SIGINT / SIGTERM that arrives meanwhile is raised when both are written.
 
         Raises:
             ValueError: if ``state`` lacks ``epoch`` or ``global_iteration``.
@@ -324,8 +316,7 @@ class Checkpointer:
         """Load the last checkpoint (``weights_only=True``) and drop log rows written after it.
 
         Returns:
-            the state, or ``None`` when there is no checkpoint (then every log row is dropped: the run
-            restarts).
+            the state, or ``None`` when there is no checkpoint (then every log row is dropped).
         """
         self.writer.records = self.writer.get_empty_nested_dict()
         state = self.load_state(map_location)
@@ -340,10 +331,8 @@ class Checkpointer:
         return state
 
     def load_state(self, map_location: Any = "cpu", log: Optional[Callable[..., None]] = print) -> Optional[Dict]:
-        """The last checkpoint (``weights_only=True``) or ``None``; read only (the logs are left alone: what the
-        ranks other than 0 use under torchrun, where rank 0 alone writes the logs). A truncated or corrupt
-        ``checkpoint.pth`` falls back to ``checkpoint.prev.pth`` (one note to ``log``); :meth:`resume` then drops the
-        log rows after it, and the epochs after it are trained again.
+        """The last checkpoint (``weights_only=True``) or ``None``, logs left alone (torchrun's other ranks); a
+        damaged ``checkpoint.pth`` falls back to ``checkpoint.prev.pth`` (one note to ``log``).
 
         Raises:
             OutputError: neither file can be read: which files to remove (the stage then starts afresh).

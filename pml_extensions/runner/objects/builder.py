@@ -49,12 +49,9 @@ def accepts(cls, name: str) -> bool:
 
 
 def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
-    """Recursively build ``spec``.
-
-    ``{Name: {kwargs}}`` calls ``Name(**kwargs)``; ``{Name: [args]}`` calls ``Name(*args)``; ``{Name: null}`` calls
-    ``Name()``. Nested specs inside kwargs, lists and dicts are built first. Other values are returned as they are.
-    ``extra_kwargs`` are passed to the outermost call only (e.g. ``params=`` for optimizers). Names resolve through
-    the one registry (:func:`pml_extensions.runner.config.registry.resolve`).
+    """Recursively build ``spec``: ``{Name: {kwargs}}`` calls ``Name(**kwargs)``, ``{Name: [args]}`` ``Name(*args)``,
+    ``{Name: null}`` ``Name()``; nested specs are built first, other values returned as they are. ``extra_kwargs``
+    go to the outermost call only (e.g. ``params=`` for optimizers).
 
     Raises:
         ConfigError: naming ``where`` and the key, for unknown classes or bad keyword arguments.
@@ -122,7 +119,7 @@ class Builder:
 
     Raises:
         ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values
-        (:class:`pml_extensions.runner.errors.MissingDataError`, also a ``FileNotFoundError``, for missing data).
+        (:class:`pml_extensions.runner.errors.MissingDataError` for missing data).
     """
 
     def __init__(
@@ -192,15 +189,12 @@ class Builder:
 
     # ---------------------------------------------------------------------------------------------- data
     def build_dataset(self, split: Optional[str] = None, transform=None, spec: Any = None, key: str = "dataset"):
-        """The config's ``dataset`` (or ``spec``), images untransformed unless ``transform`` is given.
-
-        A ``{ClassName: kwargs}`` spec gets ``root`` from ``dataset_root`` when the class needs one and the spec
-        leaves it out, and ``split`` when given and the class takes it. A dataset by name (``{name, root, kwargs}``
-        or a plain name) is :func:`pml_extensions.datasets.get_dataset` of ``split`` (default ``"all"``).
+        """The config's ``dataset`` (or ``spec``: ``{ClassName: kwargs}``, given ``dataset_root`` and ``split`` when
+        it takes them, or a dataset by name for :func:`pml_extensions.datasets.get_dataset`), images untransformed
+        unless ``transform`` is given.
 
         Raises:
-            ConfigError: unknown classes or names, bad arguments; MissingDataError: missing data (one line that
-            says how to get it).
+            ConfigError: unknown classes or names, bad arguments; MissingDataError: missing data.
         """
         spec = self._require(key) if spec is None else spec
         if isinstance(spec, str) or (isinstance(spec, dict) and "name" in spec):
@@ -598,10 +592,8 @@ class Builder:
         """The config's ``tester`` (or ``spec``) with its ``accuracy_calculator`` (or the flat form's top-level one),
         on this device (``data_device``).
 
-        PML's ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` are built as their sharded subclasses
-        (:class:`pml_extensions.testers.ShardedGlobalEmbeddingSpaceTester`,
-        :class:`pml_extensions.knn.ChunkedAccuracyCalculator`: the same numbers, every torchrun rank embeds its shard,
-        so every rank must evaluate) unless ``sharded=False`` (evaluation that only rank 0 runs).
+        PML's ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` become their sharded subclasses (the same
+        numbers; under torchrun every rank must evaluate) unless ``sharded=False``.
 
         Args:
             calculator_device: where the calculator computes unless its spec names a ``device`` (default CPU).
