@@ -1,21 +1,11 @@
-"""A finished run's models, rebuilt from its saved ``config.yaml`` by the one :class:`~.builder.Builder` and loaded
-with the run's weights (``python -m pml_extensions explain --checkpoint``).
+"""A finished run's models, rebuilt from its saved ``config.yaml`` (in the checkpoint's folder or up to three above;
+``pretrained`` built as false) by the :class:`~.builder.Builder` and loaded with the run's weights
+(``python -m pml_extensions explain --checkpoint``).
 
-Layouts read (the model is rebuilt from the run's saved ``config.yaml``, found in the checkpoint's folder
-or up to three folders above it, and the state dicts are loaded into it; ``pretrained: true`` in the config's
-``models`` is built as ``false``, since the run's weights replace every parameter):
-
-- an MLRC fold: ``<experiment>/fold_K/best.pth`` = ``{"trunk": state, "embedder": state, ...}`` (or the fold
-  folder itself); the config's ``models`` are built by the runner's Builder;
-- the XML job's PML model folder ``<output>/<experiment>/<variant>/models/`` with ``trunk_best{E}.pth`` and
-  ``embedder_best{E}.pth`` (PML's ``SaveModels`` names; ``trunk_optimizer_*.pth`` are optimizer states and are
-  never taken for the trunk); the variant's override in ``variants`` is merged over ``models``;
-- the resolution protocol's student and teacher, ``{"trunk": state, "embedder": state}`` files (its config's
-  ``models``);
-- a file ``{"trunk": module or state, "embedder": ...}`` or a pickled module (``trust=True`` only); without a
-  config, state dicts are read as the ImageNet MobileNetV2 + GAP trunk and a Linear embedder;
-- a run with ``feature_cache``: the saved trunk is the part after the frozen prefix; the prefix is rebuilt as the
-  run built it (its pretrained weights) and the trunk returned is the whole one, prefix then rest, so images go in.
+Layouts read: an MLRC fold's ``best.pth`` (or its folder); a PML model folder (``trunk_best{E}.pth``,
+``embedder_best{E}.pth``; a variant's override in ``variants`` merged over ``models``); ``{"trunk": ..., "embedder":
+...}`` files (module or state; pickled modules with ``trust=True`` only; without a config, the MobileNetV2 + GAP trunk
+and a Linear embedder); with ``feature_cache``, the rebuilt frozen prefix then the saved rest.
 
 Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line that names the file.
 """
