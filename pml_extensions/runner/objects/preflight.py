@@ -203,22 +203,15 @@ def minimum_classes(
     return None
 
 
-def _sampler_m(builder) -> Tuple[Optional[str], Optional[int]]:
-    spec = builder.get("sampler")
+def _class_and_int(builder, key: str, arg: str, default: Optional[int]) -> Tuple[Optional[str], Optional[int]]:
+    """``(class name, positive int argument arg)`` of the config's ``{Name: kwargs}`` at ``key``; ``default`` for a
+    missing spec or argument."""
+    spec = builder.get(key)
     if not is_object_spec(spec):
-        return None, None
-    name, kwargs = one_spec(spec, builder.where("sampler"))
-    m = kwargs.get("m")
-    return name, (int(m) if is_int(m) and m > 0 else None)
-
-
-def _trainer_batch(builder) -> Tuple[Optional[str], int]:
-    spec = builder.get("trainer")
-    if not is_object_spec(spec):
-        return None, 32
-    name, kwargs = one_spec(spec, builder.where("trainer"))
-    batch = kwargs.get("batch_size", 32)
-    return name, (int(batch) if is_int(batch) else 32)
+        return None, default
+    name, kwargs = one_spec(spec, builder.where(key))
+    value = kwargs.get(arg)
+    return name, (int(value) if is_int(value) and value > 0 else default)
 
 
 def class_splits(
@@ -240,8 +233,8 @@ def class_splits(
     except ValueError as e:
         problem = str(e).splitlines()[0]
     classes = len(np.unique(np.asarray(labels)))
-    sampler, m = _sampler_m(builder)
-    trainer, batch = _trainer_batch(builder)
+    sampler, m = _class_and_int(builder, "sampler", "m", None)
+    trainer, batch = _class_and_int(builder, "trainer", "batch_size", 32)
     need = minimum_classes(lambda ls: split(ls, partitions), m, batch)
     sources = builder.sources
     split_source = source_of(sources, "split_manager")
@@ -281,12 +274,12 @@ def check_sampler(
     Raises:
         ConfigError: naming the fold, the sampler's and the batch size's sources and the largest batch size that fits.
     """
-    name, m = _sampler_m(builder)
+    name, m = _class_and_int(builder, "sampler", "m", None)
     if m is None:
         return
     sources = builder.sources
     m_src = describe(source_of(sources, ("sampler", name, "m")))
-    trainer, _ = _trainer_batch(builder)
+    trainer, _ = _class_and_int(builder, "trainer", "batch_size", 32)
     if batch_key is None:
         batch_src = describe(source_of(sources, ("trainer", trainer, "batch_size") if trainer else "trainer"))
         set_batch = lambda b: f'--trainer~APPLY~2 "{{batch_size: {b}}}"'  # noqa: E731
@@ -353,11 +346,16 @@ def fill_input_channels(trunk_spec: Any, channels: int) -> Any:
     return put({name: dict(kwargs or {}, in_channels=int(channels))})
 
 
+def trunk_input_channels(trunk: torch.nn.Module) -> Optional[int]:
+    """The input channels of the trunk's first convolution (None when it has none)."""
+    convs = (m for m in trunk.modules() if isinstance(m, torch.nn.modules.conv._ConvNd))
+    return next((int(m.in_channels) for m in convs), None)
+
+
 def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, error: Exception) -> ConfigError:
     """The one-line error for a trunk that fails on ``sample``: :class:`ChannelMismatch` when the channels differ
     (what to change, and where the trunk came from), else the trunk's own first line."""
-    convs = (m for m in trunk.modules() if isinstance(m, torch.nn.modules.conv._ConvNd))
-    wanted = next((int(m.in_channels) for m in convs), None)  # the first convolution's input channels
+    wanted = trunk_input_channels(trunk)
     have = int(sample.shape[0]) if sample.ndim == 3 else None
     trunk_src = source_of(builder.sources, "models.trunk")
     if wanted is None or have is None or wanted == have:
