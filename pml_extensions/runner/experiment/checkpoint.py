@@ -7,7 +7,6 @@ it is damaged) and deletes every log row newer than it, so a rerun epoch loses a
 """
 
 import csv
-import errno
 import os
 import pickle
 import shutil
@@ -39,13 +38,11 @@ def first_sentence(error: BaseException) -> str:
 
 
 def _link_or_copy(path: str, dest: str) -> None:
-    """Make ``dest`` (which must not exist) the file ``path`` now is: a hard link, or a copy where links are not
-    supported."""
+    """Make ``dest`` (which must not exist) the file ``path`` now is: a hard link, else a copy (a copy that fails
+    too raises)."""
     try:
         os.link(path, dest)
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
+    except OSError:
         shutil.copyfile(path, dest)
 
 

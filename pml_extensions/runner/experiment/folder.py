@@ -1,15 +1,6 @@
-"""The experiment folder every protocol writes, and the services around it (device, seeds, stages, resume).
-
-Layout of ``<root_experiment_folder>/<experiment_name>/`` (all writes atomic):
-
-- ``config.yaml``: the merged config that ran, saved before training; a rerun compares against it
-  (:func:`prepare_folder`) and ``--reproduce`` reruns from it.
-- ``command.txt``: the command line that started the run.
-- ``<stage>/checkpoint.pth`` + ``<stage>/logs/`` (``logs.db`` SQLite + one CSV per table, record-keeper): one stage
-  per independently trained unit (MLRC: ``fold_<k>``; paired: ``<variant>/seed_<s>``; a plugin: its own, e.g.
-  the RAML plugin's teacher and each student). See :class:`pml_extensions.runner.experiment.checkpoint.Checkpointer`.
-- ``<stage>/result.json``: a finished stage's summary; a rerun skips stages that have one.
-- ``results.json`` (and protocol extras such as ``results.md``, PNGs), then ``report.html``.
+"""The experiment folder every protocol writes (``config.yaml``, ``command.txt``, ``environment.json``, one folder per
+stage with its checkpoint, logs and ``result.json``, ``results.json``; see docs/runner.md), and the services around it
+(device, seeds, stages, resume).
 
 Example::
 
@@ -105,12 +96,8 @@ def prepare_folder(
     command: Optional[Sequence[str]] = None,
     log: Callable[..., None] = print,
 ) -> None:
-    """Make ``folder`` ready for ``config``: check a rerun's saved config, then save ``config.yaml`` and
-    ``command.txt``.
-
-    A rerun resumes only when its config equals the saved one (keys in :data:`RESUME_NEUTRAL_KEYS` aside; a saved
-    config in an older layout is read as today's first); a folder with no progress yet (e.g. a run that stopped at a
-    config error) simply takes the new config.
+    """Make ``folder`` ready for ``config``: check a rerun's saved config (keys in :data:`RESUME_NEUTRAL_KEYS` aside;
+    a folder with no progress yet simply takes the new one), then save ``config.yaml`` and ``command.txt``.
 
     Args:
         on_change: ``"stop"``, ``"new"`` (move the old folder to ``<folder>.old-<n>`` and start afresh) or
@@ -313,9 +300,8 @@ def select_device(name: Any, where: str = "config_general: device") -> torch.dev
 
 
 def seed_everything(seed: Optional[int]) -> Optional[int]:
-    """Seed torch, numpy and python's global RNGs (PML's samplers and miners draw from them) and point PML's
-    ``c_f.NUMPY_RANDOM`` at numpy's global RNG (its default), whose state :func:`checkpoint.rng_state` saves, so
-    a resumed epoch draws the same batches; ``None`` leaves them alone. Returns the seed."""
+    """Seed torch, numpy and python's global RNGs and point PML's ``c_f.NUMPY_RANDOM`` at numpy's (whose state a
+    checkpoint saves); ``None`` leaves them alone. Returns the seed."""
     if seed is None:
         return None
     seed = int(seed)
@@ -396,12 +382,8 @@ class Experiment:
             ) from None
 
     def finish_stage(self, stage: str, result: Dict[str, Any], rank_local: bool = False) -> Dict[str, Any]:
-        """Save a finished stage's JSON-able summary and return it.
-
-        Shared stages (every rank trains them together) are written by the main rank, then every rank waits for
-        it; ``rank_local=True`` marks a stage this rank ran alone (a protocol that deals stages over the ranks): it
-        writes the file itself and waits for no one.
-        """
+        """Save a finished stage's JSON-able summary and return it: by the main rank, every rank waiting, or with
+        ``rank_local=True`` (a stage this rank ran alone) by this rank, waiting for no one."""
         if rank_local or dist_utils.is_main():
             os.makedirs(self.stage_folder(stage), exist_ok=True)
             atomic_write_json(os.path.join(self.stage_folder(stage), "result.json"), result, indent=2)
