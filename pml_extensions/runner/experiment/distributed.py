@@ -98,8 +98,7 @@ class DistributedBatchSliceSampler(torch.utils.data.Sampler):
         global_batch_size: B, a multiple of ``world_size``.
         rank, world_size: default: the current process group.
 
-    Iterating yields ``B / world_size`` indices per global batch (positions ``[r·b, (r+1)·b)`` of it, b =
-    B/W); an incomplete last global batch is dropped.
+    Yields positions ``[r·b, (r+1)·b)`` (b = B/W) of every complete global batch.
 
     Raises:
         ValueError: if ``global_batch_size`` is not a positive multiple of ``world_size`` or ``rank`` is out

@@ -59,9 +59,7 @@ def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
     """The config's ``feature_cache`` with its defaults filled, checked; ``None`` when the key is absent or null.
 
     Raises:
-        ConfigError: one line naming the file and the key: not a mapping, an unknown key (the nearest is named),
-        no ``boundary``, a non-positive ``num_views`` / ``batch_size`` / ``chunk_size``, a negative ``view_seed`` /
-        ``num_workers``, an unknown ``dtype``.
+        ConfigError: one line naming the file and the key of a bad value, an unknown key or a missing ``boundary``.
 
     Example::
 
@@ -109,13 +107,8 @@ def cache_folder(spec: Dict[str, Any], experiment_folder: str) -> str:
 
 
 class FrozenParts(NamedTuple):
-    """A trunk split for its feature cache.
-
-    ``prefix``: the frozen part up to ``boundary`` (a ``torch.fx.GraphModule`` sharing the trunk's modules);
-    ``rest``: the trainable part (``rest(prefix(x)) == trunk(x)``); with ``derive_from``: ``source_boundary``, its
-    ``source_prefix`` and the frozen modules ``between`` it and ``boundary`` (``between(source_prefix(x)) ==
-    prefix(x)``), else ``None``.
-    """
+    """A trunk split for its feature cache: ``rest(prefix(x)) == trunk(x)``; with ``derive_from``,
+    ``between(source_prefix(x)) == prefix(x)`` (else the three are ``None``)."""
 
     boundary: str
     prefix: torch.nn.Module
@@ -171,9 +164,8 @@ def split_trunk_for_cache(
     parameters are set to ``requires_grad=False``.
 
     Raises:
-        ConfigError: ``"<where>.boundary: ..."`` when the trunk does not split there (the library's one line:
-        unknown path with the nearest names, a skip connection across the cut, a stage index out of range), or a
-        ``derive_from`` that is not a module of the prefix (it must come before ``boundary``).
+        ConfigError: ``"<where>.boundary: ..."`` when the trunk does not split there, or a ``derive_from`` that is
+        not a module before ``boundary``.
     """
     boundary = _resolve(trunk, spec["boundary"], f"{where}.boundary")
     prefix, rest = _split(trunk, boundary, f"{where}.boundary")
@@ -213,12 +205,11 @@ def _file_lock(path: str):
 
 
 def check_fixed_prefix(make_builder: Callable[[], Any], seeds: Sequence[int], where: str) -> None:
-    """Refuse a frozen prefix that changes with the seed: one cache serves every seed and fold only when the
-    prefix's weights are the same (pretrained weights are; a random initialisation is not).
+    """Refuse a frozen prefix that changes with the seed (one cache serves every seed and fold).
 
     Args:
-        make_builder: returns a fresh :class:`~pml_extensions.runner.objects.builder.Builder` of the config (its
-            trunk is built with the global RNGs seeded ``seeds[0]``, then ``seeds[0] + 1``).
+        make_builder: returns a fresh :class:`~pml_extensions.runner.objects.builder.Builder` of the config (built
+            after seeding ``seeds[0]``, then ``seeds[0] + 1``).
         where: ``"<file>: feature_cache"`` for the error.
 
     Raises:
@@ -258,8 +249,7 @@ def subset_key(dataset, indices: Sequence[int]) -> str:
 
 def end_of_epoch_hook(dataset, then: Optional[Callable[[Any], Any]] = None) -> Callable[[Any], bool]:
     """A PML ``end_of_epoch_hook`` that moves ``dataset`` (a :class:`~pml_extensions.datasets.CachedFeatureDataset`)
-    to the views of the next epoch (``set_epoch(trainer.epoch)``: PML counts epochs from 1, the dataset counts the
-    completed ones), then calls ``then(trainer)``; returns ``then``'s answer (PML stops on ``False``) or True."""
+    to the next epoch's views, then returns ``then(trainer)``'s answer (or True)."""
 
     def hook(trainer):
         dataset.set_epoch(int(trainer.epoch))
@@ -270,11 +260,11 @@ def end_of_epoch_hook(dataset, then: Optional[Callable[[Any], Any]] = None) -> C
 
 
 class FeatureCaches:
-    """The feature caches of one run (see the module docstring).
+    """The feature caches of one run.
 
     Args:
         builder: the run's :class:`~pml_extensions.runner.objects.builder.Builder` (its config holds
-            ``feature_cache``; caches and cached datasets are built through it).
+            ``feature_cache``).
         experiment_folder: the run's folder (the default cache folder is inside it).
         log: a print-like function (one line per cache built).
 
@@ -337,13 +327,12 @@ class FeatureCaches:
 
         Args:
             part: a name for the folder (``train``, ``test`` ...).
-            frozen: the trunk's :class:`FrozenParts` (its prefix is run on its own device).
-            images: the untransformed dataset (items ``(image, label)``, a ``labels`` array).
-            transform: the images' transform (the protocol's train or eval transform).
-            num_views: views per image (the spec's ``num_views`` for training parts, 1 for evaluation parts).
+            frozen: the trunk's :class:`FrozenParts`.
+            images, transform: the untransformed dataset (items ``(image, label)``, a ``labels`` array) and its
+                transform.
+            num_views: views per image.
             dataset_key: replaces the digest of ``images`` in the key (e.g. :func:`subset_key`).
-            rank, world_size: compute only this shard (separate processes; the call that finds every chunk done
-                completes the cache). Default: everything, or torchrun's ranks.
+            rank, world_size: compute only this shard. Default: everything, or torchrun's ranks.
 
         Raises:
             ConfigError: the cache's arguments refused (naming ``feature_cache.<part>``).
@@ -374,13 +363,11 @@ class FeatureCaches:
         return derived.folder, self._build(derived, part, None, None)
 
     def dataset(self, part: str, frozen: FrozenParts, images, transform, num_views: int, seed: int = 0, **kwargs):
-        """The finished cache of ``part`` (built first when needed, see :meth:`build`; ``kwargs`` go there) as a
-        :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing views with ``seed``, built by the Builder
-        (role ``feature_cache``).
+        """The finished cache of ``part`` (:meth:`build` first; ``kwargs`` go there) as a
+        :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing views with ``seed``.
 
         Raises:
-            ConfigError: as :meth:`build`, or when the cache is still incomplete (a shard build of another
-            process has not finished).
+            ConfigError: as :meth:`build`, or when another process has not finished its shard yet.
         """
         folder, done = self.build(part, frozen, images, transform, num_views, **kwargs)
         if not done:

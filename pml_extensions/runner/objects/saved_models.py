@@ -137,9 +137,8 @@ def _in_channels(state: dict) -> int:
 def models_from_config(
     cfg: dict, path: str, trunk_state: Optional[dict] = None
 ) -> Tuple[nn.Module, nn.Module, Optional[nn.Module]]:
-    """Build ``(trunk, embedder, prefix)`` from a run's saved config with the runner's Builder: random weights for
-    what the run saved, and for a run with ``feature_cache`` its frozen prefix (as the run built it, pretrained
-    weights included), whose outputs the saved trunk (the rest) was trained on; ``prefix`` is None otherwise."""
+    """``(trunk, embedder, prefix)`` built from a run's saved config: random weights for what the run saved, and
+    with ``feature_cache`` the frozen prefix as the run built it (else None)."""
     variants = cfg.get("variants") or {}
     parts = os.path.abspath(path).split(os.sep)
     chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
@@ -311,11 +310,8 @@ def selected_model(
 ) -> Dict[str, Any]:
     """The model an experiment folder of ``python -m pml_extensions run`` selected, and the epoch it recorded.
 
-    - the ``paired`` protocol (``<variant>/seed_<s>/``): ``selected_models.pth`` (the epoch a selection across seeds
-      chose) when the unit has it, else ``best_models.pth``; the epoch is ``selected_epoch`` / ``best_epoch`` of
-      ``results.json`` (or the unit's ``result.json``); default the config's first variant and the lowest seed that
-      have a model;
-    - ``mlrc`` (``fold_<k>/best.pth``): the fold's ``best_epoch`` from ``results.json``; default fold 0.
+    ``paired``: ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth`` (default the first variant and
+    lowest seed with a model); ``mlrc``: ``fold_<k>/best.pth`` (default fold 0); the epochs from ``results.json``.
 
     Returns:
         ``{"checkpoint": path, "epoch": int or None, "unit": "contrastive_xml/seed_0" or "fold_0", "variant",
