@@ -228,9 +228,8 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
     if not isinstance(content, dict) or "trunk" not in content:
         raise ValueError(f"checkpoint {checkpoint} must hold a dict with a 'trunk' entry (module or state dict)")
     trunk, embedder = content["trunk"], content.get("embedder")
-    if isinstance(trunk, nn.Module) and (embedder is None or isinstance(embedder, nn.Module)):
-        return trunk, embedder if embedder is not None else nn.Identity()
-    cfg, _ = find_run_config(source)
+    modules = isinstance(trunk, nn.Module) and (embedder is None or isinstance(embedder, nn.Module))
+    cfg = None if modules else find_run_config(source)[0]
     if cfg is not None:
         built_trunk, built_emb, prefix = models_from_config(cfg, source, trunk if isinstance(trunk, dict) else None)
         if isinstance(trunk, dict):
@@ -239,20 +238,20 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         if isinstance(embedder, dict):
             _load_state(built_emb, embedder, "the embedder", source)
             embedder = built_emb
-        return trunk, embedder if embedder is not None else nn.Identity()
-    return _without_config(trunk, embedder, source)
+    else:
+        trunk, embedder = _without_config(trunk, embedder, source)
+    return trunk, embedder if embedder is not None else nn.Identity()
 
 
 def _without_config(trunk, embedder, path):
+    """State dicts read without a run config: a MobileNetV2 + GAP trunk and a single-Linear embedder."""
     from pml_extensions.trunks.pretrained import mobilenet_v2_features
 
     if not isinstance(trunk, nn.Module):
         module = nn.Sequential(mobilenet_v2_features(pretrained=False), nn.AdaptiveAvgPool2d(1), nn.Flatten())
         _load_state(module, trunk, "the trunk (no config.yaml found: read as MobileNetV2 + GAP)", path)
         trunk = module
-    if embedder is None:
-        return trunk, nn.Identity()
-    if not isinstance(embedder, nn.Module):
+    if embedder is not None and not isinstance(embedder, nn.Module):
         state = _strip(embedder)
         weights = [k for k, v in state.items() if k.endswith("weight")]
         if len(weights) != 1 or state[weights[0]].ndim != 2:
