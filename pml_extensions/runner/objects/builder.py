@@ -140,7 +140,7 @@ class Builder:
         discover()  # pml_extensions classes not re-exported yet are still nameable in configs
 
     def where(self, key: str) -> str:
-        return f"{self.sources.get(key.split('.')[0], 'config')}: {key}"
+        return _where(self.sources, key)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
@@ -430,9 +430,7 @@ class Builder:
                 cls = function[1] if function is not None else resolve(name, self.where(key))
                 params = _parameters(cls)
                 args = {k: self._fill(v, fills, f"{key}.{name}.{k}") for k, v in (args or {}).items()}
-                for k, v in fills.items():
-                    if k in params and k not in args:
-                        args[k] = v
+                args.update({k: v for k, v in fills.items() if k in params and k not in args})
                 return {name: args}
             return spec
         if isinstance(spec, list):

@@ -31,7 +31,7 @@ import torch
 from ...datasets.feature_cache import DTYPES, dataset_digest
 from ...trunks import split_trunk, trunk_stages
 from ...utils.checks import is_int
-from ..config.eval_keys import nearest
+from ..config.eval_keys import _where, nearest
 from ..errors import ConfigError
 from ..experiment import distributed as dist_utils
 
@@ -51,10 +51,6 @@ DEFAULTS: Dict[str, Any] = {
 FOLDER_NAME = "feature_cache"
 
 
-def _where(sources: Optional[Dict[str, str]]) -> str:
-    return f"{(sources or {}).get(KEY, 'config')}: {KEY}"
-
-
 def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
     """The config's ``feature_cache`` with its defaults filled, checked; ``None`` when the key is absent or null.
 
@@ -66,37 +62,34 @@ def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
         >>> cache_spec({"feature_cache": {"boundary": "0.17", "num_views": 2}})["dtype"]
         'float16'
     """
-    spec = config.get(KEY)
+    spec, where = config.get(KEY), _where(sources, KEY)
     if spec is None:
         return None
     if not isinstance(spec, dict):
-        raise ConfigError(
-            f'{_where(sources)}: expected a mapping such as {{boundary: "0.17", num_views: 2}}, got {spec!r}'
-        )
+        raise ConfigError(f'{where}: expected a mapping such as {{boundary: "0.17", num_views: 2}}, got {spec!r}')
     unknown = sorted(set(spec) - set(DEFAULTS), key=str)
     if unknown:
         raise ConfigError(
-            f"{_where(sources)}.{unknown[0]}: no such key{nearest(str(unknown[0]), set(DEFAULTS), cutoff=0)} "
+            f"{where}.{unknown[0]}: no such key{nearest(str(unknown[0]), set(DEFAULTS), cutoff=0)} "
             f"(keys: {', '.join(DEFAULTS)})"
         )
     out = dict(DEFAULTS, **spec)
     if out["boundary"] is None:
-        raise ConfigError(f"{_where(sources)}: missing key 'boundary' (where the frozen part of models.trunk ends)")
+        raise ConfigError(f"{where}: missing key 'boundary' (where the frozen part of models.trunk ends)")
     for key in ("boundary", "derive_from"):
         value = out[key]
         if value is not None and (not (is_int(value) or isinstance(value, str)) or value == ""):
             raise ConfigError(
-                f'{_where(sources)}.{key}: expected a module path (a string such as "0.17") or a stage index, '
-                f"got {value!r}"
+                f'{where}.{key}: expected a module path (a string such as "0.17") or a stage index, got {value!r}'
             )
     for key, low in (("num_views", 1), ("batch_size", 1), ("chunk_size", 1), ("view_seed", 0), ("num_workers", 0)):
         value = out[key]
         if not is_int(value) or value < low:
-            raise ConfigError(f"{_where(sources)}.{key}: expected an int >= {low}, got {value!r}")
+            raise ConfigError(f"{where}.{key}: expected an int >= {low}, got {value!r}")
     if out["dtype"] not in DTYPES:
-        raise ConfigError(f"{_where(sources)}.dtype: expected one of {', '.join(DTYPES)}, got {out['dtype']!r}")
+        raise ConfigError(f"{where}.dtype: expected one of {', '.join(DTYPES)}, got {out['dtype']!r}")
     if out["folder"] is not None and not isinstance(out["folder"], str):
-        raise ConfigError(f"{_where(sources)}.folder: expected a path or null, got {out['folder']!r}")
+        raise ConfigError(f"{where}.folder: expected a path or null, got {out['folder']!r}")
     return out
 
 
@@ -299,7 +292,7 @@ class FeatureCaches:
             done = cache.build(rank=rank, world_size=world_size)
         except (RuntimeError, TypeError, ValueError) as e:  # e.g. the prefix refuses the transformed images
             raise ConfigError(
-                f"{_where(self.builder.sources)}.{part}: building the cache in {cache.folder} failed: "
+                f"{self.builder.where(KEY)}.{part}: building the cache in {cache.folder} failed: "
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             ) from e
         reason = reason or cache.last_build.get("rebuilt")
@@ -372,7 +365,7 @@ class FeatureCaches:
         folder, done = self.build(part, frozen, images, transform, num_views, **kwargs)
         if not done:
             raise ConfigError(
-                f"{_where(self.builder.sources)}: the cache in {folder} is incomplete (another process is building "
+                f"{self.builder.where(KEY)}: the cache in {folder} is incomplete (another process is building "
                 "its shard); rerun when it has finished"
             )
         return self.builder.build(f"{KEY}.{part}", {"CachedFeatureDataset": {"folder": folder, "seed": int(seed)}})
