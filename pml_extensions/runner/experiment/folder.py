@@ -21,8 +21,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import torch
+import yaml
 
 from ...utils.atomic_io import atomic_write_json, atomic_write_text
+from ..config.yaml_reader import read_yaml
 from ..errors import ConfigError, OutputError
 from . import distributed as dist_utils
 from .checkpoint import Checkpointer
@@ -52,19 +54,11 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
 
 
 def _yaml_roundtrip(config: Dict[str, Any]) -> Dict[str, Any]:
-    import yaml
-
-    from ..config.yaml_reader import read_yaml
-
     return read_yaml(yaml.safe_dump(config, sort_keys=False)) or {}
 
 
 def saved_config(folder: str) -> Optional[Dict[str, Any]]:
     """The ``config.yaml`` saved in ``folder`` (``None`` when there is none)."""
-    import yaml
-
-    from ..config.yaml_reader import read_yaml
-
     path = os.path.join(folder, "config.yaml")
     if not os.path.exists(path):
         return None
@@ -108,8 +102,6 @@ def prepare_folder(
         the flags ``--new`` / ``--resume-anyway``.
         ValueError: for another ``on_change``.
     """
-    import yaml
-
     if on_change not in ("stop", "new", "resume"):
         raise ValueError(f"on_change must be 'stop', 'new' or 'resume', got {on_change!r}")
     old = saved_config(folder) if has_progress(folder) else None  # a folder that trained nothing is just reused
@@ -141,9 +133,9 @@ def prepare_folder(
             if command is not None:
                 path = os.path.join(folder, "command.txt")
                 atomic_write_text(path, shlex.join(str(c) for c in command) + "\n")  # pastes back
-            env_path = path = os.path.join(folder, ENVIRONMENT_NAME)
-            if not os.path.exists(env_path):  # the first run's; a resume keeps it
-                atomic_write_text(env_path, json.dumps(run_environment(), indent=2) + "\n")
+            path = os.path.join(folder, ENVIRONMENT_NAME)
+            if not os.path.exists(path):  # the first run's; a resume keeps it
+                atomic_write_text(path, json.dumps(run_environment(), indent=2) + "\n")
         except OSError as e:
             raise OutputError.writing(getattr(e, "filename", None) or path, e) from None
     dist_utils.barrier()
