@@ -9,6 +9,7 @@ it is damaged) and deletes every log row newer than it, so a rerun epoch loses a
 import csv
 import os
 import pickle
+import random
 import shutil
 import sqlite3
 from typing import Any, Callable, Dict, Optional
@@ -84,8 +85,6 @@ def load_weights(path: str, map_location: Any = "cpu") -> Any:
 
 def rng_state() -> Dict[str, Any]:
     """The global torch / numpy / python RNG states in a ``weights_only``-loadable form."""
-    import random
-
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
@@ -101,8 +100,6 @@ def rng_state() -> Dict[str, Any]:
 
 def set_rng_state(state: Dict[str, Any]) -> None:
     """Restore what :func:`rng_state` returned (the runner's resume step; documented runner behaviour)."""
-    import random
-
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))

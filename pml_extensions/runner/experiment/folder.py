@@ -14,9 +14,11 @@ Example::
 
 import json
 import os
+import platform
 import random
 import shlex
 import shutil
+from importlib import metadata
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -147,8 +149,6 @@ ENVIRONMENT_NAME = "environment.json"
 
 def _cpu() -> Dict[str, Any]:
     """The CPU model and its instruction-set flags (``/proc/cpuinfo`` on Linux; ``platform`` elsewhere)."""
-    import platform
-
     info: Dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -191,8 +191,6 @@ def _torch_build() -> Dict[str, Any]:
 
 
 def _versions() -> Dict[str, Optional[str]]:
-    from importlib import metadata
-
     out = {}
     for name in (
         "torch",
@@ -222,8 +220,6 @@ def run_environment() -> Dict[str, Any]:
         >>> env["torch_threads"] == torch.get_num_threads(), sorted(env["versions"])[:2]
         (True, ['Pillow', 'faiss-cpu'])
     """
-    import platform
-
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -16,6 +16,7 @@ import copy
 import inspect
 from typing import Any, Callable, Dict, Optional
 
+import numpy as np
 import torch
 
 from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
@@ -576,8 +577,6 @@ class Builder:
         try:
             sampler = self.build("sampler", {name: kwargs})
         except AssertionError as e:  # PML's samplers check their arguments with assert
-            import numpy as np
-
             classes = len(np.unique(np.asarray(labels))) if labels is not None else "?"
             raise ConfigError(
                 f"{self.where('sampler')}.{name}: {e} (the labels hold {classes} classes; batch_size is {batch_size})"

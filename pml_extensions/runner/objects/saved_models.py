@@ -10,6 +10,7 @@ and a Linear embedder); with ``feature_cache``, the rebuilt frozen prefix then t
 Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line that names the file.
 """
 
+import json
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -18,6 +19,8 @@ import torch
 from torch import nn
 
 from ...utils.checks import is_int
+from ..experiment.checkpoint import first_sentence
+from .builder import IMAGENET_NORMALIZE, Builder
 
 CONFIG_NAME = "config.yaml"
 
@@ -26,8 +29,6 @@ def _load(path: str, trust: bool):
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust)
     except Exception as e:  # EOFError, UnpicklingError, RuntimeError... for unreadable or pickled files
-        from ..experiment.checkpoint import first_sentence
-
         if not trust and ("weights_only" in str(e) or "Unsupported global" in str(e)):
             raise ValueError(
                 f"checkpoint {path} holds pickled Python objects (whole modules): pass --trust-checkpoint to "
@@ -103,8 +104,6 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
         else [next(iter(t.items())) for t in (eval_spec or []) if isinstance(t, dict) and len(t) == 1]
     )
     kwargs = {name: (v or {}) for name, v in steps if isinstance(v, (dict, type(None)))}
-    from .builder import IMAGENET_NORMALIZE
-
     norm = (
         kwargs.get("Normalize")
         if "Normalize" in kwargs
@@ -149,8 +148,6 @@ def models_from_config(
     models = cfg.get("models")
     if not isinstance(models, dict) or "trunk" not in models:
         raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
-    from .builder import Builder
-
     if cfg.get("feature_cache") is not None:  # the saved trunk is the rest after the frozen (unsaved) prefix
         keys = ("models", "feature_cache", "normalize", "transforms")
         b = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None)
@@ -270,8 +267,6 @@ def _without_config(trunk, embedder, path):
 
 # ---------------------------------------------------------------------------------------------------- a run's pick
 def _read_json(path: str) -> Optional[dict]:
-    import json
-
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
