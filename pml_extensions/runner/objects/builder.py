@@ -322,11 +322,7 @@ class Builder:
                 except RuntimeError as e:  # e.g. 3-channel images into a 1-channel trunk: one line, what to change
                     raise preflight.channel_mismatch(self, trunk, sample, e) from None
             if out.ndim != 2 and models_cfg.get("embedder") is None:
-                raise ConfigError(
-                    f"{self.where('models.trunk')}: the trunk must output "
-                    f"[N, D] vectors, got shape {tuple(out.shape)}; "
-                    "end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {}]"
-                )
+                raise self._not_vectors(out, "")
         models = {"trunk": trunk}
         emb_spec = models_cfg.get("embedder")
         before("embedder")
@@ -347,23 +343,26 @@ class Builder:
 
     def _probe_embedder(self, embedder, out) -> int:
         """The embedding width from the trunk's output ``out`` of one sample; the outputs must end as ``[N, D]``."""
-        pooling_hint = (
-            f"{self.where('models.trunk')}: the trunk must output [N, D] vectors (or its embedder pool them), got "
-            f"shape {tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {{}}]"
-        )
         with torch.no_grad(), eval_mode(embedder):
             try:
                 emb = embedder(out)
             except (RuntimeError, ValueError) as e:  # e.g. an MLP fed a feature map, or a Linear of another width
                 if out.ndim != 2:
-                    raise ConfigError(pooling_hint) from None
+                    raise self._not_vectors(out, " (or its embedder pool them)") from None
                 raise ConfigError(
                     f"{self.where('models.embedder')}: does not take the trunk's [N, {out.shape[1]}] output: "
                     f"{str(e).splitlines()[0]}"
                 ) from None
         if emb.ndim != 2:
-            raise ConfigError(pooling_hint)
+            raise self._not_vectors(out, " (or its embedder pool them)")
         return int(emb.shape[1])
+
+    def _not_vectors(self, out, pooled: str) -> ConfigError:
+        """The error for a trunk whose output ``out`` is not ``[N, D]`` vectors."""
+        return ConfigError(
+            f"{self.where('models.trunk')}: the trunk must output [N, D] vectors{pooled}, got shape "
+            f"{tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {{}}]"
+        )
 
     def _function_spec(self, spec):
         """``(name, function)`` for a powerful-benchmarker lower-case model-function spec ``{resnet50: {...}}``
