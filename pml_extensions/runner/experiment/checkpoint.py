@@ -331,12 +331,11 @@ class Checkpointer:
         Raises:
             OutputError: neither file can be read: which files to remove (the stage then starts afresh).
         """
-        if not os.path.exists(self.path) and not os.path.exists(self.previous_path):
+        paths = [p for p in (self.path, self.previous_path) if os.path.exists(p)]
+        if not paths:
             return None
         problems = []
-        for path in (self.path, self.previous_path):
-            if not os.path.exists(path):
-                continue
+        for path in paths:
             try:
                 state = torch.load(path, map_location=map_location, weights_only=True)
             except READ_ERRORS as e:
