@@ -308,8 +308,10 @@ class Builder:
         if (spec is None if cached is None else cached) and self.get("feature_cache") is not None:
             from .feature_cache import cache_spec, split_trunk_for_cache
 
-            spec_ = cache_spec(self.config, self.sources)
-            self.frozen = split_trunk_for_cache(trunk, spec_, self.where("feature_cache"))
+            spec_, where = cache_spec(self.config, self.sources), self.where("feature_cache")
+            self.frozen = split_trunk_for_cache(
+                trunk, spec_, where, lambda: self.build("models.trunk", {"Sequential": []})
+            )
             trunk = self.frozen.rest
             if sample is not None and image:
                 with torch.no_grad():

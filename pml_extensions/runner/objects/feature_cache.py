@@ -127,9 +127,12 @@ def _resolve(trunk: torch.nn.Module, boundary, where: str) -> str:
     return boundary
 
 
-def _split(trunk: torch.nn.Module, boundary: str, where: str) -> Tuple[torch.nn.Module, torch.nn.Module]:
-    """``(prefix, rest)``; a ``Sequential`` trunk's rest is a ``Sequential`` of its later children under their own
-    names (``state_dict`` keys stay), led by what is left of the child that holds the boundary."""
+def _split(
+    trunk: torch.nn.Module, boundary: str, where: str, make_sequential: Callable[[], torch.nn.Sequential] = None
+) -> Tuple[torch.nn.Module, torch.nn.Module]:
+    """``(prefix, rest)``; for a ``Sequential`` trunk the rest is a ``Sequential`` (from ``make_sequential``) of the
+    trunk's later children under their own names, led by the rest of the child that holds the boundary (when
+    something of it is left)."""
     try:
         prefix, rest = split_trunk(trunk, boundary)
         if not isinstance(trunk, torch.nn.Sequential):
@@ -145,23 +148,30 @@ def _split(trunk: torch.nn.Module, boundary: str, where: str) -> Tuple[torch.nn.
             children[name] = getattr(trunk, name)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
-    return prefix, torch.nn.Sequential(children)
+    rest = (make_sequential or torch.nn.Sequential)()
+    for name, child in children.items():
+        rest.add_module(name, child)
+    return prefix, rest
 
 
 def split_trunk_for_cache(
     trunk: torch.nn.Module,
     spec: Dict[str, Any],
     where: str = f"config: {KEY}",
+    make_sequential: Optional[Callable[[], torch.nn.Sequential]] = None,
 ) -> FrozenParts:
-    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``): :class:`FrozenParts`; the prefix's
-    parameters are set to ``requires_grad=False``.
+    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``): :class:`FrozenParts`. The rest of a
+    ``Sequential`` trunk is an empty ``Sequential`` from ``make_sequential`` (default ``torch.nn.Sequential``; the
+    Builder passes its own) filled with the trunk's later modules.
+
+    The prefix's parameters are set to ``requires_grad=False`` (it is frozen; the optimizers see only the rest).
 
     Raises:
         ConfigError: ``"<where>.boundary: ..."`` when the trunk does not split there, or a ``derive_from`` that is
         not a module before ``boundary``.
     """
     boundary = _resolve(trunk, spec["boundary"], f"{where}.boundary")
-    prefix, rest = _split(trunk, boundary, f"{where}.boundary")
+    prefix, rest = _split(trunk, boundary, f"{where}.boundary", make_sequential)
     prefix.requires_grad_(False)
     if spec.get("derive_from") is None:
         return FrozenParts(boundary, prefix, rest)
