@@ -37,19 +37,28 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def init_from_env() -> bool:
-    """Initialise the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ...): nccl when
-    CUDA is available, else gloo.
+def init_from_env(backend: Optional[str] = None) -> bool:
+    """Initialise the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ...).
+
+    Args:
+        backend: ``"gloo"``, ``"nccl"`` or ``None`` (nccl when CUDA is available, else gloo).
 
     Returns:
         True when a group with more than one process is active afterwards.
+
+    Raises:
+        ValueError: on an unknown backend.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if not dist.is_initialized():
-        if torch.cuda.is_available():
+        if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend=backend)
     return is_active()
 
 
