@@ -160,11 +160,9 @@ def split_trunk_for_cache(
     where: str = f"config: {KEY}",
     make_sequential: Optional[Callable[[], torch.nn.Sequential]] = None,
 ) -> FrozenParts:
-    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``): :class:`FrozenParts`. The rest of a
-    ``Sequential`` trunk is an empty ``Sequential`` from ``make_sequential`` (default ``torch.nn.Sequential``; the
-    Builder passes its own) filled with the trunk's later modules.
-
-    The prefix's parameters are set to ``requires_grad=False`` (it is frozen; the optimizers see only the rest).
+    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``): :class:`FrozenParts`, the prefix set to
+    ``requires_grad=False``; a ``Sequential`` trunk's rest is an empty ``Sequential`` from ``make_sequential`` (the
+    Builder's) filled with the trunk's later modules.
 
     Raises:
         ConfigError: ``"<where>.boundary: ..."`` when the trunk does not split there, or a ``derive_from`` that is
