@@ -1,20 +1,15 @@
 """Atomic checkpoints and record-keeper logs that survive SIGKILL.
 
-Contract (used by every protocol in :mod:`pml_extensions.runner.protocols`): log rows are buffered in memory during
-an epoch; at the end of the epoch :meth:`Checkpointer.commit` first writes the rows to record-keeper's SQLite database
-(one transaction per table) and rewrites each table's CSV from the database (tmp file + ``os.replace``), then
-writes the checkpoint (tmp file + fsync + ``os.replace``). On restart :meth:`Checkpointer.resume` loads the
-checkpoint with ``torch.load(weights_only=True)`` (the one before it, ``checkpoint.prev.pth``, when it is truncated or
-corrupt) and deletes every log row newer than it, so rows of an epoch
-that was killed after its logs but before its checkpoint are not duplicated when the epoch is rerun, and rows
-of a killed epoch that
-never reached the database are simply written by the rerun: no row is lost, none is duplicated.
+Log rows are buffered during an epoch; :meth:`Checkpointer.commit` writes them to record-keeper's SQLite database
+(one transaction per table, each CSV rewritten atomically from it), then the checkpoint (tmp file + fsync +
+``os.replace``). :meth:`Checkpointer.resume` loads the checkpoint (``weights_only=True``; ``checkpoint.prev.pth`` when
+it is damaged) and deletes every log row newer than it, so a rerun epoch loses and duplicates no row.
 """
 
 import csv
-import errno
 import os
 import pickle
+import random
 import shutil
 import sqlite3
 from typing import Any, Callable, Dict, Optional
@@ -28,36 +23,33 @@ from ...utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text
 from ...utils.checks import is_number
 from ..errors import OutputError
 from . import interrupts
+from .distributed import unwrap
 
 ITERATION_COLUMN = "~iteration~"
 
 
-def _first_sentence(error: BaseException) -> str:
+#: what ``torch.load`` raises for a truncated or corrupt file
+READ_ERRORS = (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, OSError)
+
+
+def first_sentence(error: BaseException) -> str:
     """The first sentence of an error (torch's unreadable-file errors run on for several)."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
     return text.split(". ")[0].rstrip(".")
 
 
 def _link_or_copy(path: str, dest: str) -> None:
-    """Make ``dest`` (which must not exist) the file ``path`` now is: a hard link, or a copy where links are not
-    supported."""
+    """Make ``dest`` (which must not exist) the file ``path`` now is: a hard link, else a copy (a copy that fails
+    too raises)."""
     try:
         os.link(path, dest)
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
+    except OSError:
         shutil.copyfile(path, dest)
 
 
 def save_keeping_previous(state: Any, path: str, previous: str) -> None:
-    """``torch.save(state)`` to ``path`` atomically, the file it replaces becoming ``previous``.
-
-    Order: the new checkpoint is written and fsynced to a temporary file; only then is the current ``path`` linked
-    (or copied) to a temporary name, the new file moved onto ``path`` and the link onto ``previous``. So ``path``
-    and ``previous`` are never one file on disk: a save that fails leaves both as they were (two files, the last
-    checkpoint and the one before it), and a process killed between the two moves leaves ``previous`` one
-    checkpoint older (and a stale temporary name, removed by the next save).
-    """
+    """``torch.save(state)`` to ``path`` atomically, the file it replaces becoming ``previous``: the new file is
+    fsynced before the old one is linked aside, so a failed or killed save leaves two complete checkpoints."""
     link = previous + ".tmp"
     if os.path.exists(link):
         os.remove(link)
@@ -78,25 +70,21 @@ def load_weights(path: str, map_location: Any = "cpu") -> Any:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        OutputError: a truncated or corrupt file, in one line naming it (remove it, or the stage folder that holds
-            it, and rerun: the stage is trained again).
+        OutputError: a truncated or corrupt file, in one line naming it and the folder to remove.
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, OSError) as e:
-        reason = _first_sentence(e)
+    except READ_ERRORS as e:
         raise OutputError(
-            f"{path}: truncated or corrupt ({reason}); remove {os.path.dirname(path) or '.'} and rerun the same "
-            "command to train that stage again"
+            f"{path}: truncated or corrupt ({first_sentence(e)}); remove {os.path.dirname(path) or '.'} and rerun "
+            "the same command to train that stage again"
         ) from None
 
 
 def rng_state() -> Dict[str, Any]:
     """The global torch / numpy / python RNG states in a ``weights_only``-loadable form."""
-    import random
-
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
@@ -112,8 +100,6 @@ def rng_state() -> Dict[str, Any]:
 
 def set_rng_state(state: Dict[str, Any]) -> None:
     """Restore what :func:`rng_state` returned (the runner's resume step; documented runner behaviour)."""
-    import random
-
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
@@ -121,46 +107,40 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+def _attributes(modules: Dict[str, torch.nn.Module], names: Callable[[torch.nn.Module], Any]):
+    """``(dotted path, submodule, attribute)`` for each attribute ``names(submodule)`` lists, in every (unwrapped)
+    module."""
+    for key, module in modules.items():
+        for path, m in unwrap(module).named_modules():
+            for attr in names(m):
+                yield (f"{key}.{path}.{attr}" if path else f"{key}.{attr}"), m, attr
+
+
+def _recordable(module) -> Any:
+    return getattr(module, "_record_these", ()) or ()
+
+
+def _cpu_generators(module) -> list:
+    return [a for a, v in vars(module).items() if isinstance(v, torch.Generator) and v.device.type == "cpu"]
+
+
 def module_generators(modules: Dict[str, torch.nn.Module]) -> Dict[str, torch.Generator]:
     """The CPU ``torch.Generator`` attributes of the modules and their submodules (e.g. ``XMLWrapper.generator``),
     by dotted path, so a checkpoint also restores the losses' own random streams (read only)."""
-    from .distributed import unwrap
+    return {name: getattr(m, attr) for name, m, attr in _attributes(modules, _cpu_generators)}
 
+
+def _module_records(modules: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
+    """The numeric recordable attributes (PML's ``_record_these``, e.g. ``XMLWrapper.num_skipped_xml``) by dotted
+    path: counters a resumed run must continue, not restart."""
     out = {}
-    for key, module in modules.items():
-        for path, m in unwrap(module).named_modules():
-            for attr, value in vars(m).items():
-                if isinstance(value, torch.Generator) and value.device.type == "cpu":
-                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value
+    for name, m, attr in _attributes(modules, _recordable):
+        value = getattr(m, attr, None)
+        if is_number(value):
+            out[name] = value
+        elif torch.is_tensor(value) and value.numel() == 1:
+            out[name] = value.detach().cpu().clone()
     return out
-
-
-def module_records(modules: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
-    """The numeric recordable attributes (PML's ``_record_these``, e.g. ``XMLWrapper.num_skipped_xml``) of the
-    modules and their submodules, by dotted path: counters a resumed run must continue, not restart."""
-    from .distributed import unwrap
-
-    out = {}
-    for key, module in modules.items():
-        for path, m in unwrap(module).named_modules():
-            for attr in getattr(m, "_record_these", ()) or ():
-                value = getattr(m, attr, None)
-                if is_number(value):
-                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value
-                elif torch.is_tensor(value) and value.numel() == 1:
-                    out[f"{key}.{path}.{attr}" if path else f"{key}.{attr}"] = value.detach().cpu().clone()
-    return out
-
-
-def _restore_records(modules: Dict[str, torch.nn.Module], saved: Dict[str, Any]) -> None:
-    from .distributed import unwrap
-
-    for key, module in modules.items():
-        for path, m in unwrap(module).named_modules():
-            for attr in getattr(m, "_record_these", ()) or ():
-                name = f"{key}.{path}.{attr}" if path else f"{key}.{attr}"
-                if name in saved:
-                    setattr(m, attr, saved[name])
 
 
 def training_state(
@@ -172,8 +152,8 @@ def training_state(
     **extra: Any,
 ) -> Dict[str, Any]:
     """Everything a resumed epoch needs, ``weights_only``-loadable: the models', optimizers' and losses' state
-    dicts, the global RNG states, the losses' private generators and recordable counters
-    (:func:`module_records`) and ``extra`` (numbers, strings, tensors ...).
+    dicts, the global RNG states, the losses' private generators and recordable counters and ``extra`` (numbers,
+    strings, tensors ...).
 
     Example::
 
@@ -181,8 +161,6 @@ def training_state(
         >>> s["epoch"], s["global_iteration"], s["best_metric"]
         (2, 20, 0.5)
     """
-    from .distributed import unwrap
-
     loss_funcs = loss_funcs or {}
     return {
         "epoch": int(epoch),
@@ -192,7 +170,7 @@ def training_state(
         "loss_funcs": {k: unwrap(l).state_dict() for k, l in loss_funcs.items()},
         "rng": rng_state(),
         "generators": {k: g.get_state() for k, g in module_generators(loss_funcs).items()},
-        "records": module_records(loss_funcs),
+        "records": _module_records(loss_funcs),
         **extra,
     }
 
@@ -208,8 +186,6 @@ def restore_training_state(
     Raises:
         KeyError: when the state lacks a model, optimizer or loss that is given.
     """
-    from .distributed import unwrap
-
     loss_funcs = loss_funcs or {}
     for k, m in models.items():
         unwrap(m).load_state_dict(state["models"][k])
@@ -222,15 +198,16 @@ def restore_training_state(
     for k, g in module_generators(loss_funcs).items():
         if k in saved:
             g.set_state(saved[k])
-    _restore_records(loss_funcs, state.get("records", {}))
+    records = state.get("records", {})
+    for name, m, attr in _attributes(loss_funcs, _recordable):
+        if name in records:
+            setattr(m, attr, records[name])
     return state
 
 
 class _AtomicRecordWriter(RecordWriter):
     """record-keeper's writer, but each table goes to SQLite in one transaction and its CSV is regenerated
-    atomically from the database (record-keeper appends to the CSV before the DB write, which a kill can
-    split).
-    """
+    atomically from the database (record-keeper appends to the CSV first, which a kill can split)."""
 
     def save_records(self):
         for table, series in self.records.items():
@@ -288,19 +265,16 @@ class Checkpointer:
         tensorboard_writer: a ``torch.utils.tensorboard.SummaryWriter`` the record keeper also writes to.
 
     Attributes:
-        record_keeper: a ``record_keeper.RecordKeeper`` to log into (``update_records`` / ``append_data``);
-        rows stay in memory until :meth:`commit`.
-
-    A checkpoint ``state`` is a dict of tensors, numbers, strings, lists, tuples and dicts (``weights_only``
-    safe); it must hold ``"epoch"`` and ``"global_iteration"`` (ints).
+        record_keeper: a ``record_keeper.RecordKeeper`` to log into; rows stay in memory until :meth:`commit`.
+        path, previous_path: ``checkpoint.pth`` and the one before it, ``checkpoint.prev.pth``.
     """
-
-    FILENAME = "checkpoint.pth"
-    PREVIOUS = "checkpoint.prev.pth"
 
     def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False, tensorboard_writer=None):
         self.folder = folder
         os.makedirs(folder, exist_ok=True)
+        self.path = os.path.join(folder, "checkpoint.pth")
+        self.previous_path = os.path.join(folder, "checkpoint.prev.pth")
+        self.damaged = None  # a checkpoint load_state found unreadable: set aside by resume
         self.epoch_tables = set(epoch_tables)
         self.writer = _AtomicRecordWriter(os.path.join(folder, "logs"), save_lists=save_lists)
         self.record_keeper = RecordKeeper(
@@ -309,19 +283,9 @@ class Checkpointer:
             attributes_to_search_for=["_record_these"],
         )
 
-    @property
-    def path(self) -> str:
-        return os.path.join(self.folder, self.FILENAME)
-
-    @property
-    def previous_path(self) -> str:
-        """The checkpoint before the last one (kept so a damaged last checkpoint falls back to it)."""
-        return os.path.join(self.folder, self.PREVIOUS)
-
     def commit(self, state: Dict[str, Any]) -> None:
-        """Write the buffered log rows, then the checkpoint (in that order; see the module docstring). The
-        checkpoint it replaces is kept as ``checkpoint.prev.pth``; a SIGINT / SIGTERM that arrives meanwhile is
-        raised when both are written (:func:`pml_extensions.runner.experiment.interrupts.critical`).
+        """Write the buffered log rows, then ``state`` (``weights_only``-safe, with int ``epoch`` and
+        ``global_iteration``); a SIGINT / SIGTERM that arrives meanwhile is raised when both are written.
 
         Raises:
             ValueError: if ``state`` lacks ``epoch`` or ``global_iteration``.
@@ -346,12 +310,11 @@ class Checkpointer:
         """Load the last checkpoint (``weights_only=True``) and drop log rows written after it.
 
         Returns:
-            the state, or ``None`` when there is no checkpoint (then every log row is dropped: the run
-            restarts).
+            the state, or ``None`` when there is no checkpoint (then every log row is dropped).
         """
         self.writer.records = self.writer.get_empty_nested_dict()
         state = self.load_state(map_location)
-        if getattr(self, "damaged", None):  # set aside, so the next commit keeps the good one as the previous
+        if self.damaged:  # set aside, so the next commit keeps the good one as the previous
             os.replace(self.damaged, self.damaged + ".damaged")
             self.damaged = None
         if state is None:
@@ -362,24 +325,21 @@ class Checkpointer:
         return state
 
     def load_state(self, map_location: Any = "cpu", log: Optional[Callable[..., None]] = print) -> Optional[Dict]:
-        """The last checkpoint (``weights_only=True``) or ``None``; read only (the logs are left alone: what the
-        ranks other than 0 use under torchrun, where rank 0 alone writes the logs). A truncated or corrupt
-        ``checkpoint.pth`` falls back to ``checkpoint.prev.pth`` (one note to ``log``); :meth:`resume` then drops the
-        log rows after it, and the epochs after it are trained again.
+        """The last checkpoint (``weights_only=True``) or ``None``, logs left alone (torchrun's other ranks); a
+        damaged ``checkpoint.pth`` falls back to ``checkpoint.prev.pth`` (one note to ``log``).
 
         Raises:
             OutputError: neither file can be read: which files to remove (the stage then starts afresh).
         """
-        if not os.path.exists(self.path) and not os.path.exists(self.previous_path):
+        paths = [p for p in (self.path, self.previous_path) if os.path.exists(p)]
+        if not paths:
             return None
         problems = []
-        for path in (self.path, self.previous_path):
-            if not os.path.exists(path):
-                continue
+        for path in paths:
             try:
                 state = torch.load(path, map_location=map_location, weights_only=True)
-            except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
-                problems.append((path, _first_sentence(e)))
+            except READ_ERRORS as e:
+                problems.append((path, first_sentence(e)))
                 continue
             if not (isinstance(state, dict) and isinstance(state.get("epoch"), int)):
                 problems.append((path, "not a checkpoint of this runner"))

@@ -1,19 +1,13 @@
-"""Running the MLRC runner under ``torchrun`` (gloo on CPU, nccl on GPU).
+"""Running the runner under ``torchrun`` (gloo on CPU, nccl on GPU); outside it every function here is a no-op.
 
-Each process sees one slice of every *global* batch: :class:`DistributedBatchSliceSampler` runs the configured
-sampler (for example PML's ``MPerClassSampler``) identically on every rank — it is seeded the same way — and
-hands rank ``r`` the ``r``-th slice of each global batch. Models are wrapped in ``DistributedDataParallel``
-and losses in :class:`pml_extensions.utils.distributed_loss_wrapper.DistributedLossWrapper`, which gathers the
-slices back, so the loss of every rank equals the one-process loss on the same global batch (``world_size ×``
-it, PML's convention that compensates DDP's gradient averaging). Without a sampler,
-``torch.utils.data.DistributedSampler`` is used.
-Outside ``torchrun`` (no ``WORLD_SIZE`` in the environment) every function here is a no-op.
+Every rank runs the configured sampler identically and takes its slice of each global batch
+(:class:`DistributedBatchSliceSampler`); models are wrapped in ``DistributedDataParallel`` and losses in
+:class:`pml_extensions.utils.distributed_loss_wrapper.DistributedLossWrapper`, which gathers the slices back, so
+every rank's loss is the one-process loss on the same global batch (× ``world_size``, PML's convention).
 
-Several machines: start ``torchrun --nnodes N --node_rank i --nproc_per_node P --rdzv_backend c10d
---rdzv_endpoint HOST:PORT --rdzv_id NAME python -m pml_extensions run ...`` on each (the same command; c10d assigns
-the global ranks). Rank 0 writes the experiment folder and every rank reads its checkpoints when a run resumes, so
-the folder must be shared (the dataset, too, must be on every machine). Two such launches on one machine train
-exactly as one process does (``tests/runner/experiment/test_distributed.py``).
+Several machines: the same ``torchrun --nnodes N --node_rank i --nproc_per_node P --rdzv_backend c10d --rdzv_endpoint
+HOST:PORT --rdzv_id NAME python -m pml_extensions run ...`` on each; rank 0 writes the experiment folder and every
+rank reads its checkpoints on resume, so the folder (and the dataset) must be on every machine.
 """
 
 import os
@@ -68,13 +62,6 @@ def init_from_env(backend: Optional[str] = None) -> bool:
     return is_active()
 
 
-def device_for_rank(requested: torch.device) -> torch.device:
-    """``cuda:LOCAL_RANK`` under torchrun with CUDA; ``requested`` otherwise."""
-    if is_active() and requested.type == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return requested
-
-
 def barrier() -> None:
     if is_active():
         dist.barrier()
@@ -101,12 +88,8 @@ def gather_objects(obj: Any) -> list:
 
 
 def shutdown() -> None:
-    """Leave the process group cleanly at the end of a torchrun run: wait for every rank, free the DDP wrappers
-    that are no longer referenced (their reducers hold the group), then destroy the group. A no-op without one.
-
-    Without the barrier a rank that finishes first tears its group down while another still talks to it (gloo
-    then aborts the late rank with "terminate called without an active exception").
-    """
+    """Leave the process group cleanly at the end of a torchrun run: wait for every rank (gloo aborts a rank whose
+    peer left first), free the unreferenced DDP wrappers (their reducers hold the group), destroy the group."""
     if not is_active():
         return
     import gc
@@ -124,8 +107,7 @@ class DistributedBatchSliceSampler(torch.utils.data.Sampler):
         global_batch_size: B, a multiple of ``world_size``.
         rank, world_size: default: the current process group.
 
-    Iterating yields ``B / world_size`` indices per global batch (positions ``[r·b, (r+1)·b)`` of it, b =
-    B/W); an incomplete last global batch is dropped.
+    Yields positions ``[r·b, (r+1)·b)`` (b = B/W) of every complete global batch.
 
     Raises:
         ValueError: if ``global_batch_size`` is not a positive multiple of ``world_size`` or ``rank`` is out

@@ -36,15 +36,9 @@ from .checkpoint import Checkpointer, atomic_torch_save, restore_training_state,
 
 
 def release_workers(trainer) -> None:
-    """Shut down the data-loading worker processes of ``trainer``'s iterator now, in this process.
-
-    PML's trainer keeps the epoch's ``dataloader_iter`` (its workers alive: the epoch stops after
-    ``iterations_per_epoch`` batches, before the iterator is exhausted). Left alone, the next ``DataLoader`` with
-    workers (the tester's) forks them with a copy of that iterator; when a forked worker's garbage collector later
-    finalises the copy, its ``__del__`` asks processes that are not its children whether they are alive and prints
-    ``AssertionError: can only test a child process`` as an ignored exception. Dropping the iterator here (its
-    ``__del__`` runs in the parent, which owns the workers) leaves nothing to inherit.
-    """
+    """Shut down the workers of ``trainer``'s unfinished ``dataloader_iter`` in this process, so the tester's
+    ``DataLoader`` does not fork copies of it (whose ``__del__`` prints ``AssertionError: can only test a child
+    process``)."""
     iterator = getattr(trainer, "dataloader_iter", None)
     if iterator is None:
         return

@@ -1,15 +1,6 @@
-"""The experiment folder every protocol writes, and the services around it (device, seeds, stages, resume).
-
-Layout of ``<root_experiment_folder>/<experiment_name>/`` (all writes atomic):
-
-- ``config.yaml``: the merged config that ran, saved before training; a rerun compares against it
-  (:func:`prepare_folder`) and ``--reproduce`` reruns from it.
-- ``command.txt``: the command line that started the run.
-- ``<stage>/checkpoint.pth`` + ``<stage>/logs/`` (``logs.db`` SQLite + one CSV per table, record-keeper): one stage
-  per independently trained unit (MLRC: ``fold_<k>``; paired: ``<variant>/seed_<s>``; a plugin: its own, e.g.
-  the RAML plugin's teacher and each student). See :class:`pml_extensions.runner.experiment.checkpoint.Checkpointer`.
-- ``<stage>/result.json``: a finished stage's summary; a rerun skips stages that have one.
-- ``results.json`` (and protocol extras such as ``results.md``, PNGs), then ``report.html``.
+"""The experiment folder every protocol writes (``config.yaml``, ``command.txt``, ``environment.json``, one folder per
+stage with its checkpoint, logs and ``result.json``, ``results.json``; see docs/runner.md), and the services around it
+(device, seeds, stages, resume).
 
 Example::
 
@@ -23,15 +14,19 @@ Example::
 
 import json
 import os
+import platform
 import random
 import shlex
 import shutil
+from importlib import metadata
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import torch
+import yaml
 
 from ...utils.atomic_io import atomic_write_json, atomic_write_text
+from ..config.yaml_reader import read_yaml
 from ..errors import ConfigError, OutputError
 from . import distributed as dist_utils
 from .checkpoint import Checkpointer
@@ -61,19 +56,11 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
 
 
 def _yaml_roundtrip(config: Dict[str, Any]) -> Dict[str, Any]:
-    import yaml
-
-    from ..config.yaml_reader import read_yaml
-
     return read_yaml(yaml.safe_dump(config, sort_keys=False)) or {}
 
 
 def saved_config(folder: str) -> Optional[Dict[str, Any]]:
     """The ``config.yaml`` saved in ``folder`` (``None`` when there is none)."""
-    import yaml
-
-    from ..config.yaml_reader import read_yaml
-
     path = os.path.join(folder, "config.yaml")
     if not os.path.exists(path):
         return None
@@ -105,12 +92,8 @@ def prepare_folder(
     command: Optional[Sequence[str]] = None,
     log: Callable[..., None] = print,
 ) -> None:
-    """Make ``folder`` ready for ``config``: check a rerun's saved config, then save ``config.yaml`` and
-    ``command.txt``.
-
-    A rerun resumes only when its config equals the saved one (keys in :data:`RESUME_NEUTRAL_KEYS` aside; a saved
-    config in an older layout is read as today's first); a folder with no progress yet (e.g. a run that stopped at a
-    config error) simply takes the new config.
+    """Make ``folder`` ready for ``config``: check a rerun's saved config (keys in :data:`RESUME_NEUTRAL_KEYS` aside;
+    a folder with no progress yet simply takes the new one), then save ``config.yaml`` and ``command.txt``.
 
     Args:
         on_change: ``"stop"``, ``"new"`` (move the old folder to ``<folder>.old-<n>`` and start afresh) or
@@ -121,8 +104,6 @@ def prepare_folder(
         the flags ``--new`` / ``--resume-anyway``.
         ValueError: for another ``on_change``.
     """
-    import yaml
-
     if on_change not in ("stop", "new", "resume"):
         raise ValueError(f"on_change must be 'stop', 'new' or 'resume', got {on_change!r}")
     old = saved_config(folder) if has_progress(folder) else None  # a folder that trained nothing is just reused
@@ -154,9 +135,9 @@ def prepare_folder(
             if command is not None:
                 path = os.path.join(folder, "command.txt")
                 atomic_write_text(path, shlex.join(str(c) for c in command) + "\n")  # pastes back
-            env_path = path = os.path.join(folder, ENVIRONMENT_NAME)
-            if not os.path.exists(env_path):  # the first run's; a resume keeps it
-                atomic_write_text(env_path, json.dumps(run_environment(), indent=2) + "\n")
+            path = os.path.join(folder, ENVIRONMENT_NAME)
+            if not os.path.exists(path):  # the first run's; a resume keeps it
+                atomic_write_text(path, json.dumps(run_environment(), indent=2) + "\n")
         except OSError as e:
             raise OutputError.writing(getattr(e, "filename", None) or path, e) from None
     dist_utils.barrier()
@@ -168,34 +149,30 @@ ENVIRONMENT_NAME = "environment.json"
 
 def _cpu() -> Dict[str, Any]:
     """The CPU model and its instruction-set flags (``/proc/cpuinfo`` on Linux; ``platform`` elsewhere)."""
-    import platform
-
-    cpu = {"model": platform.processor() or None, "machine": platform.machine(), "count": os.cpu_count(), "flags": None}
+    info: Dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not cpu.get("_model"):
-                    cpu["model"], cpu["_model"] = value.strip(), True
-                elif key in ("flags", "Features") and cpu["flags"] is None:  # x86 / ARM
-                    cpu["flags"] = sorted(value.split())
+                info.setdefault(key.strip(), value.strip())  # the first core's
     except OSError:
         pass
-    cpu.pop("_model", None)
-    return cpu
+    flags = info.get("flags", info.get("Features"))  # x86 / ARM
+    return {
+        "model": info.get("model name") or platform.processor() or None,
+        "machine": platform.machine(),
+        "count": os.cpu_count(),
+        "flags": sorted(flags.split()) if flags is not None else None,
+    }
 
 
 def _torch_build() -> Dict[str, Any]:
-    """What torch's CPU kernels are built from: BLAS / LAPACK, MKL and oneDNN versions, OpenMP, the CPU capability
-    the kernels dispatch to (``torch.__config__.show()``)."""
-    out: Dict[str, Any] = {"cpu_capability": None}
+    """What torch's CPU kernels are built from (``torch.__config__.show()``) and the CPU capability they use."""
     try:
-        out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        out: Dict[str, Any] = {"cpu_capability": torch.backends.cpu.get_cpu_capability()}
     except (AttributeError, RuntimeError):  # older torch
-        pass
-    text = torch.__config__.show()
-    for line in text.splitlines():
+        out = {"cpu_capability": None}
+    for line in torch.__config__.show().splitlines():
         line = line.strip(" -\t")
         if "Math Kernel Library" in line:
             out["mkl"] = line
@@ -214,11 +191,17 @@ def _torch_build() -> Dict[str, Any]:
 
 
 def _versions() -> Dict[str, Optional[str]]:
-    from importlib import metadata
-
     out = {}
-    names = ("torch", "torchvision", "numpy", "Pillow", "matplotlib", "pytorch-metric-learning", "faiss-cpu")
-    for name in names + ("pml_extensions",):
+    for name in (
+        "torch",
+        "torchvision",
+        "numpy",
+        "Pillow",
+        "matplotlib",
+        "pytorch-metric-learning",
+        "faiss-cpu",
+        "pml_extensions",
+    ):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:  # e.g. pml_extensions run from a checkout without installing it
@@ -227,15 +210,9 @@ def _versions() -> Dict[str, Optional[str]]:
 
 
 def run_environment() -> Dict[str, Any]:
-    """What a run's exact numbers depend on besides its config, saved as ``environment.json``.
-
-    ``torch``, ``python``, ``torch_threads`` (intra-op threads: CPU reductions such as matmul and convolution split
-    their work by thread, so the same config gives bit-identical numbers only with the same count;
-    :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with it), ``cuda``; and
-    ``torch_interop_threads``, ``thread_variables`` (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``), ``cpu`` (model,
-    machine, count, instruction-set flags), ``torch_build`` (BLAS / LAPACK, MKL and oneDNN versions, OpenMP, the CPU
-    capability the kernels use), ``versions`` (torch, torchvision, numpy, Pillow, matplotlib, PML, faiss,
-    pml_extensions), ``platform`` and ``gpu`` (the CUDA device's name, or None).
+    """What a run's exact numbers depend on besides its config, saved as ``environment.json``: versions, the CPU
+    and torch's kernels, and ``torch_threads`` (CPU sums split by thread, so bit-identical numbers need the same
+    count; :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with it).
 
     Example::
 
@@ -243,8 +220,6 @@ def run_environment() -> Dict[str, Any]:
         >>> env["torch_threads"] == torch.get_num_threads(), sorted(env["versions"])[:2]
         (True, ['Pillow', 'faiss-cpu'])
     """
-    import platform
-
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -272,15 +247,12 @@ def environment_summary(env: Dict[str, Any]) -> str:
     """
     build = env.get("torch_build") or {}
     onednn = (build.get("onednn") or "").split(" (")[0].split(" ")[-1]
-    kernels = ", ".join(
-        x
-        for x in (
-            f"BLAS {build['blas_info']}" if build.get("blas_info") else "",
-            f"oneDNN {onednn}" if onednn else "",
-            f"{build['cpu_capability']} kernels" if build.get("cpu_capability") else "",
-        )
-        if x
-    )
+    kernels = [
+        f"BLAS {build['blas_info']}" if build.get("blas_info") else "",
+        f"oneDNN {onednn}" if onednn else "",
+        f"{build['cpu_capability']} kernels" if build.get("cpu_capability") else "",
+    ]
+    kernels = ", ".join(k for k in kernels if k)
     cpu = env.get("cpu") or {}
     threads = env.get("torch_threads")
     parts = [
@@ -310,13 +282,14 @@ def select_device(name: Any, where: str = "config_general: device") -> torch.dev
             raise ConfigError(f"{where}: {e}") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"{where}: {name!r} requested but no CUDA device is available")
-    return dist_utils.device_for_rank(device)
+    if dist_utils.is_active() and device.type == "cuda":  # torchrun: the rank's GPU
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
 
 
 def seed_everything(seed: Optional[int]) -> Optional[int]:
-    """Seed torch, numpy and python's global RNGs (PML's samplers and miners draw from them) and point PML's
-    ``c_f.NUMPY_RANDOM`` at numpy's global RNG (its default), whose state :func:`checkpoint.rng_state` saves, so
-    a resumed epoch draws the same batches; ``None`` leaves them alone. Returns the seed."""
+    """Seed torch, numpy and python's global RNGs and point PML's ``c_f.NUMPY_RANDOM`` at numpy's (whose state a
+    checkpoint saves); ``None`` leaves them alone. Returns the seed."""
     if seed is None:
         return None
     seed = int(seed)
@@ -397,12 +370,8 @@ class Experiment:
             ) from None
 
     def finish_stage(self, stage: str, result: Dict[str, Any], rank_local: bool = False) -> Dict[str, Any]:
-        """Save a finished stage's JSON-able summary and return it.
-
-        Shared stages (every rank trains them together) are written by the main rank, then every rank waits for
-        it; ``rank_local=True`` marks a stage this rank ran alone (a protocol that deals stages over the ranks): it
-        writes the file itself and waits for no one.
-        """
+        """Save a finished stage's JSON-able summary and return it: by the main rank, every rank waiting, or with
+        ``rank_local=True`` (a stage this rank ran alone) by this rank, waiting for no one."""
         if rank_local or dist_utils.is_main():
             os.makedirs(self.stage_folder(stage), exist_ok=True)
             atomic_write_json(os.path.join(self.stage_folder(stage), "result.json"), result, indent=2)
@@ -411,12 +380,6 @@ class Experiment:
         return result
 
     # ------------------------------------------------------------------------------------------------ output
-    def progress(self, iterable: Iterable, desc: str = "", total: Optional[int] = None):
-        """A tqdm bar over ``iterable`` (off the main rank it is disabled)."""
-        from tqdm import tqdm
-
-        return tqdm(iterable, desc=desc, total=total, disable=not dist_utils.is_main(), leave=False)
-
     def write_results(self, results: Dict[str, Any]) -> str:
         """Write ``results.json`` atomically (main rank) and return its path."""
         path = os.path.join(self.folder, "results.json")

@@ -1,16 +1,7 @@
-"""Stopping a run cleanly: SIGINT (Ctrl-C) and SIGTERM raise :class:`pml_extensions.runner.errors.Interrupted` in the
-main thread, never in the middle of a checkpoint, and the run knows where it stood.
-
-- :func:`raise_on_signals` (the command line wraps a run in it) installs handlers for SIGINT and SIGTERM that raise
-  ``Interrupted(signal_number)``; the previous handlers come back when it exits.
-- :func:`critical` marks a section that must finish once started (:meth:`Checkpointer.commit
-  <pml_extensions.runner.experiment.checkpoint.Checkpointer.commit>`: the epoch's log rows, then its checkpoint): a
-  signal that arrives inside it is raised when the section ends, so the epoch just trained is kept.
-- :func:`at` records the stage and epoch being trained (:class:`~.epoch_loop.EpochLoop` calls it);
-  :func:`position` is what the command line prints: ``interrupted at fold 1, epoch 3; rerun the same command to
-  resume``.
-
-Code below the command line lets ``KeyboardInterrupt`` (and so ``Interrupted``) propagate: it never catches it.
+"""Stopping a run cleanly: inside :func:`raise_on_signals` (the command line's), SIGINT and SIGTERM raise
+:class:`pml_extensions.runner.errors.Interrupted`, but never inside a :func:`critical` section (a checkpoint commit:
+raised at its end); :func:`at` records the stage and epoch that :func:`position` reports. Code below the command line
+never catches ``KeyboardInterrupt``.
 
 Example::
 

@@ -1,28 +1,7 @@
-"""The one way to build an object: every dataset, transform, trunk/embedder, loss (with nested wrappers), miner,
-sampler, optimizer, learning-rate scheduler, tester and trainer of every protocol comes from a :class:`Builder`.
-
-A ``Builder`` holds one merged config; its ``build_*`` methods read the powerful-benchmarker keys (``dataset``,
-``transforms``, ``models``, ``loss_funcs``, ``mining_funcs``, ``optimizers``, ``sampler``, ``tester``, ``trainer``)
-or take a spec the protocol computed (the resolution protocol's recipe, :mod:`.protocols.resolution_distillation`),
-and every object passes through :meth:`Builder.build`: one ``{ClassName: kwargs}`` parser
-(:func:`pml_extensions.runner.config.specs.one_spec`), one registry
-(:func:`pml_extensions.runner.config.registry.resolve`), one error format (the file and the key).
-
-Config keys read (powerful-benchmarker names): ``models`` (``trunk``, ``embedder``, others), ``loss_funcs``,
-``mining_funcs``, ``sampler``, ``optimizers`` (``<model or loss name>_optimizer``), ``transforms`` (``train``,
-``eval``), ``tester`` (and a top-level ``accuracy_calculator``, the flat form's), ``trainer`` (its
-``iterations_per_epoch`` sizes the sampler), ``factories`` (only the default factory names), ``dataset`` (a
-``{ClassName: kwargs}`` spec, or by name: ``{name: glyphs, root: null, kwargs: {...}}`` or just ``glyphs``, read
-with :func:`pml_extensions.datasets.get_dataset`), ``dataset_root``; ours: ``normalize`` (mean/std appended after
-``ToTensor``; default ImageNet's, and then PIL images are converted to RGB first, so grayscale datasets meet RGB
-trunks), ``seed`` and the keys methods register for initialising from data (``prototype_init``:
-:meth:`Builder.init_from_data`). Loss specs whose class takes ``num_classes`` / ``embedding_size`` get the training
-classes' count and the embedder's output width when the config leaves them out; model specs likewise get
-``num_classes``. Once losses and models are built, the methods' registered wiring runs
-(:mod:`pml_extensions.utils.wiring`: an XMLWrapper finds its histogram layer and head). Optimizer specs may carry
-keys of ours, removed before the optimizer sees them: the options methods register (``prototype_lr``: the
-HistogramPooling prototypes in a group of their own at that learning rate) and ``param_groups`` (``[{modules:
-GeMPooling, lr_multiplier: 10, weight_decay: 0.0}]``: the parameters of those sub-modules in a group of their own).
+"""The one way to build an object: every dataset, transform, model, loss, miner, sampler, optimizer, scheduler,
+tester and trainer of every protocol comes from a :class:`Builder`, through one ``{ClassName: kwargs}`` parser, one
+registry (:func:`pml_extensions.runner.config.registry.resolve`) and one error format (the file and the key). The
+config keys it reads are documented in ``docs/configs.md`` and ``docs/runner.md``.
 
 Example::
 
@@ -32,10 +11,12 @@ Example::
     (18, 'ContrastiveLoss')
 """
 
+import contextlib
 import copy
 import inspect
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional
 
+import numpy as np
 import torch
 
 from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
@@ -54,22 +35,24 @@ IMAGENET_NORMALIZE = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
 PARAM_GROUP_KEYS = ("modules", "lr_multiplier")  # ours; every other key of a group goes to the optimizer
 
 
+def _parameters(cls) -> Dict[str, inspect.Parameter]:
+    """The parameters of ``cls`` (a class or function) by name; ``{}`` when it has no signature."""
+    try:
+        return dict(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
 def accepts(cls, name: str) -> bool:
     """True when ``cls`` (a class or function) takes a keyword argument ``name`` (or any, ``**kwargs``)."""
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
+    params = _parameters(cls)
     return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
 
 def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
-    """Recursively build ``spec``.
-
-    ``{Name: {kwargs}}`` calls ``Name(**kwargs)``; ``{Name: [args]}`` calls ``Name(*args)``; ``{Name: null}`` calls
-    ``Name()``. Nested specs inside kwargs, lists and dicts are built first. Other values are returned as they are.
-    ``extra_kwargs`` are passed to the outermost call only (e.g. ``params=`` for optimizers). Names resolve through
-    the one registry (:func:`pml_extensions.runner.config.registry.resolve`).
+    """Recursively build ``spec``: ``{Name: {kwargs}}`` calls ``Name(**kwargs)``, ``{Name: [args]}`` ``Name(*args)``,
+    ``{Name: null}`` ``Name()``; nested specs are built first, other values returned as they are. ``extra_kwargs``
+    go to the outermost call only (e.g. ``params=`` for optimizers).
 
     Raises:
         ConfigError: naming ``where`` and the key, for unknown classes or bad keyword arguments.
@@ -105,27 +88,9 @@ def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
     return spec
 
 
-def build_tester(
-    config: Dict[str, Any],
-    device,
-    sources: Optional[Dict[str, str]] = None,
-    sharded: bool = True,
-    calculator_device=None,
-    make: Optional[Callable[..., Any]] = None,
-    **extra,
-):
-    """The configured PML tester with its accuracy calculator built (``data_device=device``; ``extra`` are passed
-    on, e.g. ``end_of_testing_hook``). ``tester.label_hierarchy_level`` is the label column evaluated.
-
-    The keys are read (and checked) by :func:`pml_extensions.runner.config.eval_keys.tester_spec`. PML's
-    ``GlobalEmbeddingSpaceTester`` is built as its subclass
-    :class:`pml_extensions.testers.ShardedGlobalEmbeddingSpaceTester` and PML's ``AccuracyCalculator`` as
-    :class:`pml_extensions.knn.ChunkedAccuracyCalculator` (the exact blocked k-NN engine, bounded memory), both
-    with the same arguments and the same numbers (within float32 round-off); under torchrun every rank then embeds
-    only its shard and the metric blocks are split over the ranks, so every rank must evaluate. ``sharded=False``
-    keeps PML's classes (for evaluation that only rank 0 runs, e.g. test hooks). Other classes are built as named.
-    The calculator computes on ``calculator_device`` (default CPU) unless its spec names a ``device``. ``make(key,
-    spec, **objects)`` builds the two objects (a :meth:`Builder.build`; default :func:`build`).
+def build_tester(config: Dict[str, Any], device, sources=None, sharded: bool = True, calculator_device=None, **extra):
+    """:meth:`Builder.build_tester` of ``config`` on ``device``: the configured PML tester with its accuracy
+    calculator.
 
     Raises:
         ConfigError: as :func:`pml_extensions.runner.config.eval_keys.tester_spec`.
@@ -137,27 +102,8 @@ def build_tester(
         >>> t.accuracy_calculator.get_curr_metrics()
         ['precision_at_1']
     """
-    discover()  # a tester class of the package that is not re-exported yet is still nameable
-    name, kwargs = tester_spec(config, sources)
-    where = _where(sources, "tester") + f".{name}"
-    calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, where)
-    calc_kwargs.setdefault("device", torch.device("cpu") if calculator_device is None else calculator_device)
-    if sharded and calc_name == "AccuracyCalculator":
-        calc_name, calc_kwargs = "ChunkedAccuracyCalculator", dict(calc_kwargs, distributed=True)
-    if make is None:
-
-        def make(key, spec, **objects):
-            return build(spec, _where(sources, key), **objects)
-
-    calculator = make("tester.accuracy_calculator", {calc_name: calc_kwargs})
-    kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
-    kwargs.setdefault("dataloader_num_workers", 0)
-    if sharded and name == _TESTER:
-        name = "ShardedGlobalEmbeddingSpaceTester"  # pml_extensions.testers: PML's class, every rank a shard
-    try:
-        return make("tester", {name: kwargs}, accuracy_calculator=calculator, data_device=device, **extra)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
+    builder = Builder(config, sources, device, log=lambda *a, **k: None)
+    return builder.build_tester(sharded=sharded, calculator_device=calculator_device, **extra)
 
 
 class Builder:
@@ -174,7 +120,7 @@ class Builder:
 
     Raises:
         ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values
-        (:class:`pml_extensions.runner.errors.MissingDataError`, also a ``FileNotFoundError``, for missing data).
+        (:class:`pml_extensions.runner.errors.MissingDataError` for missing data).
     """
 
     def __init__(
@@ -191,23 +137,19 @@ class Builder:
         self.embedding_size: Optional[int] = None
         self.frozen = None  # the trunk's frozen part when the config has feature_cache (.feature_cache.FrozenParts)
         self.image_record: Optional[str] = None  # where skip_bad_images records the files that decoded
-        self.check_factories()
+        pb_keys.check_factories(self.config, self.sources)
         discover()  # pml_extensions classes not re-exported yet are still nameable in configs
 
     def where(self, key: str) -> str:
-        return f"{self.sources.get(key.split('.')[0], 'config')}: {key}"
+        return _where(self.sources, key)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
 
-    def check_factories(self):
-        pb_keys.check_factories(self.config, self.sources)
-
     # ---------------------------------------------------------------------------------------------- the one step
     def build(self, key: str, spec: Any, **extra) -> Any:
-        """Build one object from ``spec`` (``{ClassName: kwargs}``, or a lower-case function name that resolves,
-        e.g. ``{get_dataset: {...}}``); ``extra`` keyword arguments (objects: ``params=``, ``dataset=``) go to the
-        call. Every ``build_*`` method ends here.
+        """Build one object from ``spec`` (``{ClassName: kwargs}`` or ``{function_name: kwargs}``); ``extra`` keyword
+        arguments (objects: ``params=``, ``dataset=``) go to the call. Every ``build_*`` method ends here.
 
         Raises:
             ConfigError: ``"<file>: <key>...: ..."`` for unknown names, bad arguments and rejected values;
@@ -236,6 +178,11 @@ class Builder:
         except (ValueError, TypeError, KeyError) as e:
             raise ConfigError(f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
+    def _class_spec(self, key: str, spec: Any):
+        """``(name, class, a copy of its kwargs)`` of the one-entry spec ``{Name: kwargs}`` at ``key``."""
+        name, kwargs = one_spec(spec, self.where(key))
+        return name, resolve(name, self.where(key)), dict(kwargs)
+
     def _require(self, key: str):
         if key not in self.config:
             raise ConfigError(f"config: missing required key {key!r}")
@@ -243,15 +190,12 @@ class Builder:
 
     # ---------------------------------------------------------------------------------------------- data
     def build_dataset(self, split: Optional[str] = None, transform=None, spec: Any = None, key: str = "dataset"):
-        """The config's ``dataset`` (or ``spec``), images untransformed unless ``transform`` is given.
-
-        A ``{ClassName: kwargs}`` spec gets ``root`` from ``dataset_root`` when the class needs one and the spec
-        leaves it out, and ``split`` when given and the class takes it. A dataset by name (``{name, root, kwargs}``
-        or a plain name) is :func:`pml_extensions.datasets.get_dataset` of ``split`` (default ``"all"``).
+        """The config's ``dataset`` (or ``spec``: ``{ClassName: kwargs}``, given ``dataset_root`` and ``split`` when
+        it takes them, or a dataset by name for :func:`pml_extensions.datasets.get_dataset`), images untransformed
+        unless ``transform`` is given.
 
         Raises:
-            ConfigError: unknown classes or names, bad arguments; MissingDataError: missing data (one line that
-            says how to get it).
+            ConfigError: unknown classes or names, bad arguments; MissingDataError: missing data.
         """
         spec = self._require(key) if spec is None else spec
         if isinstance(spec, str) or (isinstance(spec, dict) and "name" in spec):
@@ -268,32 +212,28 @@ class Builder:
                 **dict(named.get("kwargs") or {}),
             }
             return self._without_bad_images(self.build(key, {"get_dataset": args}, transform=transform), key)
-        name, kwargs = one_spec(spec, self.where(key))
-        cls = resolve(name, self.where(key))
-        kwargs = dict(kwargs)
+        name, cls, kwargs = self._class_spec(key, spec)
         if "root" not in kwargs and accepts(cls, "root"):
             if self.get("dataset_root"):
                 kwargs["root"] = self.get("dataset_root")
-            else:
-                root_param = inspect.signature(cls).parameters.get("root")
-                if getattr(root_param, "default", None) is inspect.Parameter.empty:
-                    raise ConfigError(
-                        f"{self.where(key)}.{name}: needs its data folder: pass --dataset_root "
-                        "/path/to/data (nothing is downloaded)"
-                    )
+            elif getattr(_parameters(cls).get("root"), "default", None) is inspect.Parameter.empty:
+                raise ConfigError(
+                    f"{self.where(key)}.{name}: needs its data folder: pass --dataset_root "
+                    "/path/to/data (nothing is downloaded)"
+                )
         if split is not None and "split" not in kwargs and accepts(cls, "split"):
             kwargs["split"] = split
-        if not accepts(cls, "transform"):
-            if transform is not None:
-                raise ConfigError(f"{self.where(key)}.{name}: takes no transform")
-            return self._without_bad_images(self.build(key, {name: kwargs}), key)
-        kwargs.pop("transform", None)
-        return self._without_bad_images(self.build(key, {name: kwargs}, transform=transform), key)
+        extra = {}
+        if accepts(cls, "transform"):
+            kwargs.pop("transform", None)
+            extra["transform"] = transform
+        elif transform is not None:
+            raise ConfigError(f"{self.where(key)}.{name}: takes no transform")
+        return self._without_bad_images(self.build(key, {name: kwargs}, **extra), key)
 
     def _without_bad_images(self, dataset, key: str):
-        """``dataset`` without its image files that do not decode when the config says ``skip_bad_images: true``
-        (:func:`pml_extensions.runner.objects.preflight.check_images`; the files that decoded are recorded in
-        :attr:`image_record`, a folder, so later datasets of the run decode only the bad ones again)."""
+        """``dataset`` without its undecodable image files when the config says ``skip_bad_images: true``
+        (:func:`~pml_extensions.runner.objects.preflight.check_images`, recording in :attr:`image_record`)."""
         if self.get("skip_bad_images") is not True:
             return dataset
         return preflight.check_images(dataset, self.image_record, True, self.where(key), self.log)
@@ -310,10 +250,8 @@ class Builder:
         elif is_object_spec(spec) and next(iter(spec)) == "Compose":
             return self.build(key, spec)
         elif isinstance(spec, dict):
-            chain = []
-            for name, kwargs in spec.items():
-                kwargs = {k: pb_numbers(v) for k, v in (kwargs or {}).items()}
-                chain.append(self.build(f"{key}.{name}", {name: kwargs}))
+            numbers = {name: {k: pb_numbers(v) for k, v in (kwargs or {}).items()} for name, kwargs in spec.items()}
+            chain = [self.build(f"{key}.{name}", {name: kwargs}) for name, kwargs in numbers.items()]
         elif isinstance(spec, list):
             chain = [self.build(f"{key}[{i}]", s) for i, s in enumerate(spec)]
         else:
@@ -343,26 +281,17 @@ class Builder:
         """Trunk, embedder (``MLP`` sizes get the trunk width) and any other model of ``models`` (or ``spec``).
 
         Args:
-            sample: one input ``[C, H, W]``; when given, the trunk's first layer gets ``in_channels: C`` if it takes
-                and lacks it, the trunk (+ embedder) is probed with it (a channel mismatch is one line,
-                :func:`pml_extensions.runner.objects.preflight.channel_mismatch`): the output must be ``[N, D]``
-                vectors, ``MLP``'s ``input_size`` is filled and :attr:`embedding_size` set.
-            num_classes: filled into model specs that take it and lack it (e.g. ``TemplateMatchingBlock``).
+            sample: one input ``[C, H, W]``: fills the first layer's missing ``in_channels``, probes the trunk and
+                embedder (outputs must be ``[N, D]``), fills ``MLP``'s ``input_size`` and sets :attr:`embedding_size`.
+            num_classes: filled into model specs that take it and lack it.
             spec: the models mapping (default the config's ``models``).
-            before: called with each model's key right before it is built (protocols that pair variants reseed
-                their RNGs there).
-            image: ``sample`` is an image even with ``feature_cache`` (the checks before training): it goes through
-                the frozen prefix before the rest is probed.
-            edit_trunk: called with the whole trunk right after it is built, before it is split for the cache and
-                probed; returns the trunk to use (e.g. the ``template_block`` protocol inserts its block there, so
-                ``after`` names modules of the whole trunk).
+            before: called with each model's key right before it is built (e.g. to reseed).
+            image: ``sample`` is an image even with ``feature_cache``: it goes through the frozen prefix first.
+            edit_trunk: ``trunk -> trunk`` applied right after the whole trunk is built, before the cache split.
             cached: split the trunk for ``feature_cache`` (default: when the config has the key and ``spec`` is
-                ``None``; ``True`` splits with a ``spec`` too).
-
-        With ``feature_cache`` in the config (and no ``spec``, or ``cached=True``), ``models["trunk"]`` is the
-        trunk's trainable rest and :attr:`frozen` its frozen part (:mod:`pml_extensions.runner.objects.feature_cache`);
-        ``sample`` is then a cached feature.
+                ``None``); ``models["trunk"]`` is then the trainable rest and :attr:`frozen` the frozen part.
         """
+        before = before or (lambda key: None)
         models_cfg = self._require("models") if spec is None else spec
         if not isinstance(models_cfg, dict) or "trunk" not in models_cfg:
             raise ConfigError(f"{self.where('models')}: missing key 'trunk'")
@@ -372,14 +301,11 @@ class Builder:
             }
         if sample is not None and sample.ndim == 3:  # a first layer that leaves in_channels out takes the images'
             models_cfg = dict(models_cfg, trunk=preflight.fill_input_channels(models_cfg["trunk"], sample.shape[0]))
-        if before is not None:
-            before("trunk")
+        before("trunk")
         trunk = self._build_trunk(models_cfg["trunk"], "models.trunk").to(self.device)
         if edit_trunk is not None:
             trunk = edit_trunk(trunk)
-        if (spec is None if cached is None else cached) and self.get(
-            "feature_cache"
-        ) is not None:  # the rest trains on the cached prefix outputs
+        if (spec is None if cached is None else cached) and self.get("feature_cache") is not None:
             from .feature_cache import cache_spec, split_trunk_for_cache
 
             spec_, where = cache_spec(self.config, self.sources), self.where("feature_cache")
@@ -398,28 +324,20 @@ class Builder:
                 except RuntimeError as e:  # e.g. 3-channel images into a 1-channel trunk: one line, what to change
                     raise preflight.channel_mismatch(self, trunk, sample, e) from None
             if out.ndim != 2 and models_cfg.get("embedder") is None:
-                raise ConfigError(
-                    f"{self.where('models.trunk')}: the trunk must output "
-                    f"[N, D] vectors, got shape {tuple(out.shape)}; "
-                    "end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {}]"
-                )
+                raise self._not_vectors(out, "")
         models = {"trunk": trunk}
         emb_spec = models_cfg.get("embedder")
-        if before is not None:
-            before("embedder")
+        before("embedder")
         if emb_spec is None:
             models["embedder"] = torch.nn.Identity()
         else:
-            name, kwargs = one_spec(emb_spec, self.where("models.embedder"))
-            cls = resolve(name, self.where("models.embedder"))
-            kwargs = dict(kwargs)
+            name, cls, kwargs = self._class_spec("models.embedder", emb_spec)
             if out is not None and "input_size" not in kwargs and "input_size" in _parameters(cls):
                 kwargs["input_size"] = int(out.shape[1])
             models["embedder"] = self.build("models.embedder", {name: kwargs}).to(self.device)
         for k, other in models_cfg.items():
             if k not in models:
-                if before is not None:
-                    before(k)
+                before(k)
                 models[k] = self.build(f"models.{k}", other).to(self.device)
         if out is not None:
             self.embedding_size = self._probe_embedder(models["embedder"], out)
@@ -427,23 +345,26 @@ class Builder:
 
     def _probe_embedder(self, embedder, out) -> int:
         """The embedding width from the trunk's output ``out`` of one sample; the outputs must end as ``[N, D]``."""
-        pooling_hint = (
-            f"{self.where('models.trunk')}: the trunk must output [N, D] vectors (or its embedder pool them), got "
-            f"shape {tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {{}}]"
-        )
         with torch.no_grad(), eval_mode(embedder):
             try:
                 emb = embedder(out)
             except (RuntimeError, ValueError) as e:  # e.g. an MLP fed a feature map, or a Linear of another width
                 if out.ndim != 2:
-                    raise ConfigError(pooling_hint) from None
+                    raise self._not_vectors(out, " (or its embedder pool them)") from None
                 raise ConfigError(
                     f"{self.where('models.embedder')}: does not take the trunk's [N, {out.shape[1]}] output: "
                     f"{str(e).splitlines()[0]}"
                 ) from None
         if emb.ndim != 2:
-            raise ConfigError(pooling_hint)
+            raise self._not_vectors(out, " (or its embedder pool them)")
         return int(emb.shape[1])
+
+    def _not_vectors(self, out, pooled: str) -> ConfigError:
+        """The error for a trunk whose output ``out`` is not ``[N, D]`` vectors."""
+        return ConfigError(
+            f"{self.where('models.trunk')}: the trunk must output [N, D] vectors{pooled}, got shape "
+            f"{tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {{}}]"
+        )
 
     def _function_spec(self, spec):
         """``(name, function)`` for a powerful-benchmarker lower-case model-function spec ``{resnet50: {...}}``
@@ -459,10 +380,8 @@ class Builder:
             return None
 
     def _build_trunk(self, spec, key):
-        """Like :meth:`build`, plus powerful-benchmarker's lower-case model functions (``{resnet50: {..}}``,
-        ``{mobilenet_v2_features: {pretrained: true}}``, also nested as arguments, e.g.
-        ``{template_matching_trunk: {model: {mobilenet_v2_imagenet: {}}}}``) and lists / ``Sequential`` of such
-        entries."""
+        """Like :meth:`build`, plus lower-case model functions (``{resnet50: {..}}``, also nested as arguments) and
+        lists / ``Sequential`` of such entries."""
         if isinstance(spec, list):
             children = [self._build_trunk(s, f"{key}[{i}]") for i, s in enumerate(spec)]
             return self.build(key, {"Sequential": children})
@@ -482,9 +401,8 @@ class Builder:
         return self.build(key, spec)
 
     def _model_function(self, key, name, fn, kwargs):
-        """``fn(**kwargs)`` offline (:mod:`pml_extensions.utils.offline_weights`): requested weights must be on disk
-        (one line otherwise, before anything is built), nothing downloads, and ``weights_path`` (for a function that
-        does not take it itself) loads a local state dict into the built model."""
+        """``fn(**kwargs)`` offline (:mod:`pml_extensions.utils.offline_weights`); ``weights_path`` (when ``fn``
+        does not take it) loads a local state dict into the built model."""
         from ...utils.offline_weights import check_offline_weights, load_weights_file, no_downloads
 
         where = f"{self.where(key)}.{name}"
@@ -514,9 +432,7 @@ class Builder:
                 cls = function[1] if function is not None else resolve(name, self.where(key))
                 params = _parameters(cls)
                 args = {k: self._fill(v, fills, f"{key}.{name}.{k}") for k, v in (args or {}).items()}
-                for k, v in fills.items():
-                    if k in params and k not in args:
-                        args[k] = v
+                args.update({k: v for k, v in fills.items() if k in params and k not in args})
                 return {name: args}
             return spec
         if isinstance(spec, list):
@@ -530,16 +446,13 @@ class Builder:
         """``(loss_funcs, mining_funcs)`` from ``loss_funcs`` / ``mining_funcs`` (or the given specs), on this
         device; ``num_classes`` and :attr:`embedding_size` are filled where a spec takes and lacks them; then the
         methods' registered wiring runs (:func:`pml_extensions.utils.wiring.wire`)."""
-        losses = {}
-        fills = {}
-        if num_classes is not None:
-            fills["num_classes"] = int(num_classes)
-        if self.embedding_size is not None:
-            fills["embedding_size"] = int(self.embedding_size)
+        fills = {"num_classes": num_classes, "embedding_size": self.embedding_size}
+        fills = {k: int(v) for k, v in fills.items() if v is not None}
         specs = (self._require("loss_funcs") if loss_funcs is None else loss_funcs) or {}
-        for k, spec in specs.items():
-            spec = self._fill(spec, fills, f"loss_funcs.{k}")
-            losses[k] = self.build(f"loss_funcs.{k}", spec).to(self.device)
+        losses = {
+            k: self.build(f"loss_funcs.{k}", self._fill(spec, fills, f"loss_funcs.{k}")).to(self.device)
+            for k, spec in specs.items()
+        }
         try:  # what the methods register (pml_extensions.utils.wiring), e.g. XMLWrapper finds its layer and head
             wiring.wire(losses, {k: dist_utils.unwrap(m) for k, m in models.items()})
         except ValueError as e:
@@ -550,8 +463,8 @@ class Builder:
 
     def build_optimizers(self, models, loss_funcs, spec: Optional[Dict[str, Any]] = None):
         """``<name>_optimizer`` for each entry of ``optimizers`` (or ``spec``): the trainable parameters of the
-        model or loss called ``<name>``, with ``prototype_lr`` / ``param_groups`` groups (module docstring).
-        A model without trainable parameters gets no optimizer (one note)."""
+        model or loss called ``<name>``, with ``prototype_lr`` / ``param_groups`` groups (docs/configs.md). A model
+        without trainable parameters gets no optimizer (one note)."""
         optimizers = {}
         for key, opt_spec in ((self.get("optimizers") if spec is None else spec) or {}).items():
             where = f"optimizers.{key}"
@@ -622,9 +535,8 @@ class Builder:
                     f"{self.where(where)}: expected <model>_scheduler_by_<iteration|epoch|plateau> for one of the "
                     f"optimizers {', '.join(optimizers)}"
                 )
-            name, kwargs = one_spec(sched_spec, self.where(where))
-            kwargs = dict(kwargs)
-            if "max_lr" not in kwargs and "max_lr" in _parameters(resolve(name, self.where(where))):
+            name, cls, kwargs = self._class_spec(where, sched_spec)
+            if "max_lr" not in kwargs and "max_lr" in _parameters(cls):
                 kwargs["max_lr"] = [g["lr"] for g in optimizer.param_groups]
             schedulers[key] = self.build(where, {name: kwargs}, optimizer=optimizer)
         return schedulers
@@ -637,15 +549,14 @@ class Builder:
         spec: Any = None,
         split_over_ranks: bool = True,
     ):
-        """The config's ``sampler`` (or ``spec``) with ``labels`` and ``batch_size`` filled when the class takes
-        them, and ``length_before_new_iter`` = one epoch of indices (``iterations_per_epoch``, default the
-        trainer's, × ``batch_size``). Under torchrun (``split_over_ranks``) every rank gets its slice of each global
-        batch (:class:`pml_extensions.runner.experiment.distributed.DistributedBatchSliceSampler`); no sampler
-        then means a ``DistributedSampler``. ``split_over_ranks=False`` for a rank that trains alone.
+        """The config's ``sampler`` (or ``spec``) with ``labels``, ``batch_size`` and ``length_before_new_iter``
+        (one epoch of indices: ``iterations_per_epoch``, default the trainer's, × ``batch_size``) filled when the
+        class takes them. Under torchrun (``split_over_ranks``) every rank gets its slice of each global batch
+        (:class:`~pml_extensions.runner.experiment.distributed.DistributedBatchSliceSampler`; no sampler: a
+        ``DistributedSampler``).
 
         Raises:
-            ConfigError: also for the asserts PML's samplers check their arguments with (naming the labels' class
-            count and the batch size).
+            ConfigError: also for the asserts PML's samplers check their arguments with.
         """
         spread = split_over_ranks and dist_utils.is_active()
         spec = self.get("sampler") if spec is None else spec
@@ -655,26 +566,18 @@ class Builder:
                     range(len(labels)), shuffle=True, seed=int(self.get("seed") or 0)
                 )
             return None
-        name, kwargs = one_spec(spec, self.where("sampler"))
-        cls = resolve(name, self.where("sampler"))
-        kwargs = dict(kwargs)
-        if labels is not None and accepts(cls, "labels"):
-            kwargs.setdefault("labels", labels)
-        if batch_size is not None and accepts(cls, "batch_size") and "batch_size" not in kwargs:
-            kwargs["batch_size"] = batch_size
-        ipe = (
-            iterations_per_epoch
-            if iterations_per_epoch is not None
-            else self._trainer_kwargs().get("iterations_per_epoch")
-        )
-        if ipe and batch_size and accepts(cls, "length_before_new_iter") and "length_before_new_iter" not in kwargs:
-            # one epoch's worth of indices (PML's default, 100k, is rebuilt in Python at every epoch)
-            kwargs["length_before_new_iter"] = int(ipe) * int(batch_size)
+        name, cls, kwargs = self._class_spec("sampler", spec)
+        ipe = iterations_per_epoch
+        if ipe is None and self.get("trainer") is not None:
+            ipe = one_spec(self.get("trainer"), self.where("trainer"))[1].get("iterations_per_epoch")
+        # length_before_new_iter: one epoch's worth of indices (PML's default, 100k, is rebuilt at every epoch)
+        epoch = int(ipe) * int(batch_size) if ipe and batch_size else None
+        for k, v in {"labels": labels, "batch_size": batch_size, "length_before_new_iter": epoch}.items():
+            if v is not None and k not in kwargs and accepts(cls, k):
+                kwargs[k] = v
         try:
             sampler = self.build("sampler", {name: kwargs})
         except AssertionError as e:  # PML's samplers check their arguments with assert
-            import numpy as np
-
             classes = len(np.unique(np.asarray(labels))) if labels is not None else "?"
             raise ConfigError(
                 f"{self.where('sampler')}.{name}: {e} (the labels hold {classes} classes; batch_size is {batch_size})"
@@ -683,14 +586,20 @@ class Builder:
             sampler = dist_utils.DistributedBatchSliceSampler(sampler, batch_size)
         return sampler
 
-    def _trainer_kwargs(self) -> Dict[str, Any]:
-        spec = self.get("trainer")
-        return dict(one_spec(spec, self.where("trainer"))[1]) if spec is not None else {}
-
     def build_tester(self, spec: Any = None, sharded: bool = True, calculator_device=None, **extra):
-        """The config's ``tester`` (or ``spec``) with its ``accuracy_calculator`` (a top-level
-        ``accuracy_calculator``, the flat form's, when the tester's own is absent), on this device:
-        :func:`build_tester`; ``extra`` (e.g. ``end_of_testing_hook``) is passed on."""
+        """The config's ``tester`` (or ``spec``) with its ``accuracy_calculator`` (or the flat form's top-level one),
+        on this device (``data_device``).
+
+        PML's ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` become their sharded subclasses (the same
+        numbers; under torchrun every rank must evaluate) unless ``sharded=False``.
+
+        Args:
+            calculator_device: where the calculator computes unless its spec names a ``device`` (default CPU).
+            extra: passed to the tester, e.g. ``end_of_testing_hook``.
+
+        Raises:
+            ConfigError: as :func:`pml_extensions.runner.config.eval_keys.tester_spec`.
+        """
         config, sources = self.config, self.sources
         tester = self.get("tester") if spec is None else spec
         if tester is not None and self.get("accuracy_calculator") is not None:
@@ -700,9 +609,17 @@ class Builder:
                 sources = dict(sources, tester=sources.get("accuracy_calculator", sources.get("tester", "config")))
         if tester is not self.get("tester"):
             config = dict(config, tester=tester)
-        return build_tester(
-            config, self.device, sources, sharded=sharded, calculator_device=calculator_device, make=self.build, **extra
-        )
+        name, kwargs = tester_spec(config, sources)
+        calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, _where(sources, "tester") + f".{name}")
+        calc_kwargs.setdefault("device", torch.device("cpu") if calculator_device is None else calculator_device)
+        if sharded and calc_name == "AccuracyCalculator":
+            calc_name, calc_kwargs = "ChunkedAccuracyCalculator", dict(calc_kwargs, distributed=True)
+        calculator = self.build("tester.accuracy_calculator", {calc_name: calc_kwargs})
+        kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
+        kwargs.setdefault("dataloader_num_workers", 0)
+        if sharded and name == _TESTER:
+            name = "ShardedGlobalEmbeddingSpaceTester"  # pml_extensions.testers: PML's class, every rank a shard
+        return self.build("tester", {name: kwargs}, accuracy_calculator=calculator, data_device=self.device, **extra)
 
     def subset(self, dataset, indices, labels=None, transform=None, getter=None, rgb: bool = False):
         """A view of ``dataset`` (:class:`pml_extensions.runner.objects.data.Subset`): items ``indices`` with their own
@@ -732,10 +649,12 @@ class Builder:
         specs: Optional[Dict[str, Any]] = None,
     ) -> bool:
         """Initialise parameters from training data by the config keys the methods register
-        (:func:`pml_extensions.utils.wiring.data_init`; ``prototype_init``: the trunk's HistogramPooling prototypes
-        from its body's local features, :func:`pml_extensions.trunks.histogram_pooling.prototype_init`).
-        ``dataset``: training images (eval transform); ``seed`` default the config's; ``specs``: key -> spec
-        replacing the config's (e.g. with a protocol's batch size filled in).
+        (:func:`pml_extensions.utils.wiring.data_init`, e.g. ``prototype_init``).
+
+        Args:
+            dataset: training images (eval transform).
+            seed: default the config's.
+            specs: key -> spec replacing the config's.
 
         Returns:
             True when something was initialised.
@@ -744,11 +663,11 @@ class Builder:
             ConfigError: the method's refusal, naming the key.
         """
         seed = int(self.get("seed") or 0) if seed is None else int(seed)
+        unwrapped = {k: dist_utils.unwrap(m) for k, m in models.items()}
         done = False
         for key, init in wiring.data_inits().items():
             value = (specs or {}).get(key, self.get(key))
             try:
-                unwrapped = {k: dist_utils.unwrap(m) for k, m in models.items()}
                 done = init(unwrapped, dataset, seed, value, log=self.log) or done
             except ValueError as e:
                 raise ConfigError(f"{self.where(key)}: {str(e).splitlines()[0]}") from None
@@ -759,33 +678,19 @@ def _trainable(module) -> bool:
     return isinstance(module, torch.nn.Module) and any(p.requires_grad for p in module.parameters())
 
 
-class _without_pml_lines:
-    """Drop these exact messages of PML's logger inside the block (a logging filter, removed on exit)."""
+@contextlib.contextmanager
+def _without_pml_lines(messages):
+    """Drop these exact messages of PML's logger inside the block."""
+    from pytorch_metric_learning.utils import common_functions as c_f
 
-    def __init__(self, messages):
-        self.messages = set(messages)
+    def keep(record) -> bool:
+        return record.getMessage() not in messages
 
-    def filter(self, record) -> bool:
-        return record.getMessage() not in self.messages
-
-    def __enter__(self):
-        from pytorch_metric_learning.utils import common_functions as c_f
-
-        self.logger = c_f.LOGGER
-        if self.messages:
-            self.logger.addFilter(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeFilter(self)
-        return False
-
-
-def _parameters(cls) -> Sequence[str]:
+    c_f.LOGGER.addFilter(keep)
     try:
-        return tuple(inspect.signature(cls).parameters)
-    except (TypeError, ValueError):
-        return ()
+        yield
+    finally:
+        c_f.LOGGER.removeFilter(keep)
 
 
 def with_kwargs(spec: Dict[str, Any], **changes) -> Dict[str, Any]:

@@ -1,5 +1,4 @@
-"""Dataset views the protocols share: a labelled subset with its own transform, RGB conversion, labels of any
-dataset, the class-disjoint validation part of the training classes, and a seeded per-class cap.
+"""Dataset views the protocols share: a labelled subset with its own transform, labels, class splits and caps.
 
 Example::
 
@@ -27,15 +26,10 @@ class Subset(torch.utils.data.Dataset):
     Args:
         dataset: yields ``(image, label, ...)``.
         indices: ``[n]`` integer positions in ``dataset``.
-        labels: ``[len(dataset)]`` labels of the whole dataset; ``self.labels`` (``[n]`` numpy) keeps the subset's
-            for samplers.
+        labels: ``[len(dataset)]`` labels of the whole dataset; ``self.labels`` (``[n]`` numpy) keeps the subset's.
         transform: applied to the image (``None``: unchanged).
-        getter: ``item -> (image, label)`` (default ``item[0], item[1]``; e.g.
-            :func:`pml_extensions.runner.config.pb_keys.data_and_label_getter` for datasets that return dicts).
+        getter: ``item -> (image, label)`` (default ``item[0], item[1]``).
         rgb: convert PIL images to RGB before ``transform`` (:class:`ToRGB`).
-
-    ``classes`` (label -> class name) and ``paths`` are the base dataset's, for the items of the view (``paths``) or
-    every label (``classes``), when it has them.
     """
 
     def __init__(self, dataset, indices, labels, transform, getter=None, rgb: bool = False):
@@ -93,8 +87,8 @@ def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np
 
     Args:
         labels: ``[N]`` integer labels of the training split.
-        fraction: share of the classes held out for validation, in (0, 1); at least 2 classes on each side.
-        seed: the classes are drawn with ``numpy.random.default_rng(seed)`` (the same for every variant and seed).
+        fraction: share of the classes held out for validation, in (0, 1).
+        seed: the classes are drawn with ``numpy.random.default_rng(seed)``.
 
     Raises:
         ConfigError: when ``fraction`` is outside (0, 1) or leaves fewer than 2 classes on a side, or ``seed`` is not
@@ -118,9 +112,8 @@ def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np
 
 
 def validation_rows(dataset) -> Optional[list]:
-    """The class names of a table's validation rows when the table has both validation and test rows
-    (:class:`pml_extensions.datasets.ImageCSVSplit`'s ``classes_by_split``: OML's ``split`` column with
-    ``validation`` and ``test``), else ``None`` (a table without test rows tests on its validation rows).
+    """The class names of a table's validation rows when it has both validation and test rows
+    (:class:`pml_extensions.datasets.ImageCSVSplit`'s ``classes_by_split``), else ``None``.
 
     Example::
 

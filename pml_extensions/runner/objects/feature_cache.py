@@ -1,39 +1,10 @@
-"""The ``feature_cache`` config key: train the trunk's rest on cached outputs of its frozen pretrained prefix
-(the library part is :class:`pml_extensions.datasets.FeatureCache`).
+"""The ``feature_cache`` config key (``docs/feature_cache.md``): train the trunk's rest on cached outputs of its frozen
+pretrained prefix (the library part is :class:`pml_extensions.datasets.FeatureCache`).
 
-A pretrained prefix that stays frozen computes the same features every epoch. With ``feature_cache`` in a config of
-the ``mlrc`` or ``paired`` protocol, the runner splits ``models.trunk`` where the frozen part ends
-(:func:`pml_extensions.trunks.split_trunk`), computes the prefix's outputs once for ``num_views`` seeded augmented
-views of every training image and the plain view of every evaluation image, stores them in the experiment folder and
-trains and evaluates the rest of the trunk (and the embedder, losses, miners, samplers: PML's, unchanged) on them::
-
-    feature_cache:
-      boundary: "0.17"     # where the frozen part of models.trunk ends: a module path as named_modules() names it
-                           # ("0.17": child 0's module 17) or a stage index (trunks.trunk_stages)
-      num_views: 2         # seeded augmented views per training image (default 4); evaluation images: their plain view
-      dtype: float16       # stored dtype: float16 (default) | float32 | float64
-      derive_from: null    # an earlier boundary: its cache is built (or found) first and the frozen modules between
-                           # the two are applied once to its stored views (one image pass serves both boundaries)
-      view_seed: 0         # seeds the views' contents (the training seed picks one view per image and epoch)
-      batch_size: 64       # views per prefix forward while building
-      chunk_size: 256      # images per chunk: the unit of resume and of torchrun shards
-      num_workers: 0       # DataLoader workers that decode and transform images while building
-      folder: null         # default <experiment folder>/feature_cache; a shared folder serves several experiments
-
-What the runner does with it:
-
-- :meth:`pml_extensions.runner.objects.builder.Builder.build_models` builds the whole trunk as before and returns
-  its *rest* as ``models["trunk"]`` (for a ``Sequential`` trunk a ``Sequential`` that keeps the trunk's child names,
-  so ``state_dict`` keys, ``HistogramPooling``'s body and ``XMLWrapper``'s head are found as in the whole trunk); the
-  frozen part is in ``builder.frozen`` (:class:`FrozenParts`).
-- :class:`FeatureCaches` builds (or finds) one :class:`~pml_extensions.datasets.FeatureCache` per boundary and part
-  under ``<folder>/<boundary>/<part>`` (the protocols name the parts: paired ``train`` / ``train_eval`` /
-  ``test``, mlrc ``train`` / ``eval``) and returns :class:`~pml_extensions.datasets.CachedFeatureDataset` objects
-  built by the Builder. Each cache is keyed by the prefix's weights, the transform and the file list: a changed
-  input rebuilds it in place, an interrupted build resumes, a finished one is read as it is. Builds in separate
-  processes of one folder are safe (the folder is prepared under a file lock); under torchrun every rank builds its
-  shard of the chunks.
-- The training set's epoch (which view each image shows) follows the trainer: :func:`end_of_epoch_hook`.
+:meth:`~pml_extensions.runner.objects.builder.Builder.build_models` splits ``models.trunk`` where the frozen part
+ends (:func:`split_trunk_for_cache`: ``models["trunk"]`` is the rest, ``builder.frozen`` the :class:`FrozenParts`);
+:class:`FeatureCaches` builds (or finds, or resumes) one cache per boundary and part, ``<folder>/<boundary>/<part>``,
+and returns the cached datasets; :func:`end_of_epoch_hook` moves the training set to the next epoch's views.
 
 Example::
 
@@ -60,7 +31,7 @@ import torch
 from ...datasets.feature_cache import DTYPES, dataset_digest
 from ...trunks import split_trunk, trunk_stages
 from ...utils.checks import is_int
-from ..config.eval_keys import nearest
+from ..config.eval_keys import _where, nearest
 from ..errors import ConfigError
 from ..experiment import distributed as dist_utils
 
@@ -80,56 +51,45 @@ DEFAULTS: Dict[str, Any] = {
 FOLDER_NAME = "feature_cache"
 
 
-def _where(sources: Optional[Dict[str, str]], key: str = KEY) -> str:
-    return f"{(sources or {}).get(KEY, 'config')}: {key}"
-
-
-def _boundary_value(value, where: str):
-    if not (is_int(value) or isinstance(value, str)) or value == "":
-        raise ConfigError(f'{where}: expected a module path (a string such as "0.17") or a stage index, got {value!r}')
-    return value
-
-
 def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
     """The config's ``feature_cache`` with its defaults filled, checked; ``None`` when the key is absent or null.
 
     Raises:
-        ConfigError: one line naming the file and the key: not a mapping, an unknown key (the nearest is named),
-        no ``boundary``, a non-positive ``num_views`` / ``batch_size`` / ``chunk_size``, a negative ``view_seed`` /
-        ``num_workers``, an unknown ``dtype``.
+        ConfigError: one line naming the file and the key of a bad value, an unknown key or a missing ``boundary``.
 
     Example::
 
         >>> cache_spec({"feature_cache": {"boundary": "0.17", "num_views": 2}})["dtype"]
         'float16'
     """
-    spec = config.get(KEY)
+    spec, where = config.get(KEY), _where(sources, KEY)
     if spec is None:
         return None
     if not isinstance(spec, dict):
-        raise ConfigError(
-            f'{_where(sources)}: expected a mapping such as {{boundary: "0.17", num_views: 2}}, got {spec!r}'
-        )
+        raise ConfigError(f'{where}: expected a mapping such as {{boundary: "0.17", num_views: 2}}, got {spec!r}')
     unknown = sorted(set(spec) - set(DEFAULTS), key=str)
     if unknown:
         raise ConfigError(
-            f"{_where(sources)}.{unknown[0]}: no such key{nearest(str(unknown[0]), set(DEFAULTS), cutoff=0)} "
+            f"{where}.{unknown[0]}: no such key{nearest(str(unknown[0]), set(DEFAULTS), cutoff=0)} "
             f"(keys: {', '.join(DEFAULTS)})"
         )
     out = dict(DEFAULTS, **spec)
     if out["boundary"] is None:
-        raise ConfigError(f"{_where(sources)}: missing key 'boundary' (where the frozen part of models.trunk ends)")
-    _boundary_value(out["boundary"], f"{_where(sources)}.boundary")
-    if out["derive_from"] is not None:
-        _boundary_value(out["derive_from"], f"{_where(sources)}.derive_from")
+        raise ConfigError(f"{where}: missing key 'boundary' (where the frozen part of models.trunk ends)")
+    for key in ("boundary", "derive_from"):
+        value = out[key]
+        if value is not None and (not (is_int(value) or isinstance(value, str)) or value == ""):
+            raise ConfigError(
+                f'{where}.{key}: expected a module path (a string such as "0.17") or a stage index, got {value!r}'
+            )
     for key, low in (("num_views", 1), ("batch_size", 1), ("chunk_size", 1), ("view_seed", 0), ("num_workers", 0)):
         value = out[key]
         if not is_int(value) or value < low:
-            raise ConfigError(f"{_where(sources)}.{key}: expected an int >= {low}, got {value!r}")
+            raise ConfigError(f"{where}.{key}: expected an int >= {low}, got {value!r}")
     if out["dtype"] not in DTYPES:
-        raise ConfigError(f"{_where(sources)}.dtype: expected one of {', '.join(DTYPES)}, got {out['dtype']!r}")
+        raise ConfigError(f"{where}.dtype: expected one of {', '.join(DTYPES)}, got {out['dtype']!r}")
     if out["folder"] is not None and not isinstance(out["folder"], str):
-        raise ConfigError(f"{_where(sources)}.folder: expected a path or null, got {out['folder']!r}")
+        raise ConfigError(f"{where}.folder: expected a path or null, got {out['folder']!r}")
     return out
 
 
@@ -140,13 +100,8 @@ def cache_folder(spec: Dict[str, Any], experiment_folder: str) -> str:
 
 
 class FrozenParts(NamedTuple):
-    """A trunk split for its feature cache.
-
-    ``prefix``: the frozen part up to ``boundary`` (a ``torch.fx.GraphModule`` sharing the trunk's modules);
-    ``rest``: the trainable part (``rest(prefix(x)) == trunk(x)``); with ``derive_from``: ``source_boundary``, its
-    ``source_prefix`` and the frozen modules ``between`` it and ``boundary`` (``between(source_prefix(x)) ==
-    prefix(x)``), else ``None``.
-    """
+    """A trunk split for its feature cache: ``rest(prefix(x)) == trunk(x)``; with ``derive_from``,
+    ``between(source_prefix(x)) == prefix(x)`` (else the three are ``None``)."""
 
     boundary: str
     prefix: torch.nn.Module
@@ -205,16 +160,13 @@ def split_trunk_for_cache(
     where: str = f"config: {KEY}",
     make_sequential: Optional[Callable[[], torch.nn.Sequential]] = None,
 ) -> FrozenParts:
-    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``): :class:`FrozenParts`. The rest of a
-    ``Sequential`` trunk is an empty ``Sequential`` from ``make_sequential`` (default ``torch.nn.Sequential``; the
-    Builder passes its own) filled with the trunk's later modules.
-
-    The prefix's parameters are set to ``requires_grad=False`` (it is frozen; the optimizers see only the rest).
+    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``): :class:`FrozenParts`, the prefix set to
+    ``requires_grad=False``; a ``Sequential`` trunk's rest is an empty ``Sequential`` from ``make_sequential`` (the
+    Builder's) filled with the trunk's later modules.
 
     Raises:
-        ConfigError: ``"<where>.boundary: ..."`` when the trunk does not split there (the library's one line:
-        unknown path with the nearest names, a skip connection across the cut, a stage index out of range), or a
-        ``derive_from`` that is not a module of the prefix (it must come before ``boundary``).
+        ConfigError: ``"<where>.boundary: ..."`` when the trunk does not split there, or a ``derive_from`` that is
+        not a module before ``boundary``.
     """
     boundary = _resolve(trunk, spec["boundary"], f"{where}.boundary")
     prefix, rest = _split(trunk, boundary, f"{where}.boundary", make_sequential)
@@ -254,12 +206,11 @@ def _file_lock(path: str):
 
 
 def check_fixed_prefix(make_builder: Callable[[], Any], seeds: Sequence[int], where: str) -> None:
-    """Refuse a frozen prefix that changes with the seed: one cache serves every seed and fold only when the
-    prefix's weights are the same (pretrained weights are; a random initialisation is not).
+    """Refuse a frozen prefix that changes with the seed (one cache serves every seed and fold).
 
     Args:
-        make_builder: returns a fresh :class:`~pml_extensions.runner.objects.builder.Builder` of the config; its
-            trunk is built twice, after seeding the global RNGs with ``seeds[0]`` and ``seeds[0] + 1``.
+        make_builder: returns a fresh :class:`~pml_extensions.runner.objects.builder.Builder` of the config (built
+            after seeding ``seeds[0]``, then ``seeds[0] + 1``).
         where: ``"<file>: feature_cache"`` for the error.
 
     Raises:
@@ -299,8 +250,7 @@ def subset_key(dataset, indices: Sequence[int]) -> str:
 
 def end_of_epoch_hook(dataset, then: Optional[Callable[[Any], Any]] = None) -> Callable[[Any], bool]:
     """A PML ``end_of_epoch_hook`` that moves ``dataset`` (a :class:`~pml_extensions.datasets.CachedFeatureDataset`)
-    to the views of the next epoch (``set_epoch(trainer.epoch)``: PML counts epochs from 1, the dataset counts the
-    completed ones), then calls ``then(trainer)``; returns ``then``'s answer (PML stops on ``False``) or True."""
+    to the next epoch's views, then returns ``then(trainer)``'s answer (or True)."""
 
     def hook(trainer):
         dataset.set_epoch(int(trainer.epoch))
@@ -311,11 +261,11 @@ def end_of_epoch_hook(dataset, then: Optional[Callable[[Any], Any]] = None) -> C
 
 
 class FeatureCaches:
-    """The feature caches of one run (see the module docstring).
+    """The feature caches of one run.
 
     Args:
         builder: the run's :class:`~pml_extensions.runner.objects.builder.Builder` (its config holds
-            ``feature_cache``; caches and cached datasets are built through it).
+            ``feature_cache``).
         experiment_folder: the run's folder (the default cache folder is inside it).
         log: a print-like function (one line per cache built).
 
@@ -350,7 +300,7 @@ class FeatureCaches:
             done = cache.build(rank=rank, world_size=world_size)
         except (RuntimeError, TypeError, ValueError) as e:  # e.g. the prefix refuses the transformed images
             raise ConfigError(
-                f"{_where(self.builder.sources)}.{part}: building the cache in {cache.folder} failed: "
+                f"{self.builder.where(KEY)}.{part}: building the cache in {cache.folder} failed: "
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             ) from e
         reason = reason or cache.last_build.get("rebuilt")
@@ -378,19 +328,18 @@ class FeatureCaches:
 
         Args:
             part: a name for the folder (``train``, ``test`` ...).
-            frozen: the trunk's :class:`FrozenParts` (its prefix is run on its own device).
-            images: the untransformed dataset (items ``(image, label)``, a ``labels`` array).
-            transform: the images' transform (the protocol's train or eval transform).
-            num_views: views per image (the spec's ``num_views`` for training parts, 1 for evaluation parts).
+            frozen: the trunk's :class:`FrozenParts`.
+            images, transform: the untransformed dataset (items ``(image, label)``, a ``labels`` array) and its
+                transform.
+            num_views: views per image.
             dataset_key: replaces the digest of ``images`` in the key (e.g. :func:`subset_key`).
-            rank, world_size: compute only this shard (separate processes; the call that finds every chunk done
-                completes the cache). Default: everything, or torchrun's ranks.
+            rank, world_size: compute only this shard. Default: everything, or torchrun's ranks.
 
         Raises:
             ConfigError: the cache's arguments refused (naming ``feature_cache.<part>``).
         """
         common = dict(self._options(), num_views=num_views, view_seed=self.spec["view_seed"])
-        common["num_workers"] = self.spec["num_workers"]
+        common.update(num_workers=self.spec["num_workers"])
         first = frozen.source_boundary if frozen.source_boundary is not None else frozen.boundary
         cache = self.builder.build(
             f"{KEY}.{part}",
@@ -415,18 +364,16 @@ class FeatureCaches:
         return derived.folder, self._build(derived, part, None, None)
 
     def dataset(self, part: str, frozen: FrozenParts, images, transform, num_views: int, seed: int = 0, **kwargs):
-        """The finished cache of ``part`` (built first when needed, see :meth:`build`; ``kwargs`` go there) as a
-        :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing views with ``seed``, built by the Builder
-        (role ``feature_cache``).
+        """The finished cache of ``part`` (:meth:`build` first; ``kwargs`` go there) as a
+        :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing views with ``seed``.
 
         Raises:
-            ConfigError: as :meth:`build`, or when the cache is still incomplete (a shard build of another
-            process has not finished).
+            ConfigError: as :meth:`build`, or when another process has not finished its shard yet.
         """
         folder, done = self.build(part, frozen, images, transform, num_views, **kwargs)
         if not done:
             raise ConfigError(
-                f"{_where(self.builder.sources)}: the cache in {folder} is incomplete (another process is building "
+                f"{self.builder.where(KEY)}: the cache in {folder} is incomplete (another process is building "
                 "its shard); rerun when it has finished"
             )
         return self.builder.build(f"{KEY}.{part}", {"CachedFeatureDataset": {"folder": folder, "seed": int(seed)}})

@@ -1,10 +1,5 @@
-"""The MLRC embedder: ``MLP(layer_sizes)`` (powerful-benchmarker's ``architectures/misc_models.py`` ``MLP``,
-rewritten).
-
-In the MLRC configs the embedder is ``MLP: {layer_sizes: [128]}``: the runner prepends the trunk's output
-width, so ``[128]`` is one linear layer ``D_trunk -> 128`` (Musgrave et al., "A Metric Learning Reality
-Check", Sec. 4.1).
-"""
+"""The MLRC embedder ``MLP: {layer_sizes: [128]}`` (powerful-benchmarker's ``MLP``, rewritten): the runner fills
+``input_size`` with the trunk's output width, so ``[128]`` is one linear layer ``D_trunk -> 128``."""
 
 from typing import Optional, Sequence
 
@@ -15,10 +10,9 @@ class MLP(torch.nn.Module):
     """Linear layers with ReLU between them.
 
     Args:
-        layer_sizes: widths ``[in, h1, ..., out]``. With a single entry ``[out]`` the input width is inferred
-        at the first forward (``torch.nn.LazyLinear``); the MLRC runner instead passes ``input_size``
-            explicitly.
-        final_relu: also apply ReLU after the last layer. Default ``False`` (MLRC).
+        layer_sizes: widths ``[in, h1, ..., out]``; a single ``[out]`` infers the input width at the first forward
+            (``torch.nn.LazyLinear``).
+        final_relu: also apply ReLU after the last layer (default ``False``, MLRC's).
         input_size: width of the input; prepended to ``layer_sizes`` when given.
 
     ``forward(x [N, in]) -> [N, out]``, float, same device/dtype as the weights.
@@ -34,15 +28,12 @@ class MLP(torch.nn.Module):
             sizes = [int(input_size)] + sizes
         if not sizes or any(s < 1 for s in sizes):
             raise ValueError(f"layer_sizes must be a non-empty list of positive ints, got {list(layer_sizes or [])}")
+        linears = [torch.nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])] or [torch.nn.LazyLinear(sizes[0])]
         layers = []
-        if len(sizes) == 1:
-            layers.append(torch.nn.LazyLinear(sizes[0]))
-        for i in range(len(sizes) - 1):
-            layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
-            if i < len(sizes) - 2 or final_relu:
+        for i, linear in enumerate(linears):
+            layers.append(linear)
+            if i < len(linears) - 1 or final_relu:
                 layers.append(torch.nn.ReLU(inplace=False))
-        if len(sizes) == 1 and final_relu:
-            layers.append(torch.nn.ReLU(inplace=False))
         self.layer_sizes = sizes
         self.net = torch.nn.Sequential(*layers)
 

@@ -1,23 +1,6 @@
-"""Checks before training: what a config and a dataset must agree on, checked once before the first epoch, each
-problem one line naming the key or file, where its value came from (the command line, your file, a shipped file) and
-the fix.
-
-- :func:`check_images`: every image file of the dataset decodes (one full decode per file; the list of good files is
-  kept in the experiment folder so a rerun checks only new or changed files); the bad ones are all named, and
-  ``skip_bad_images: true`` leaves them out instead;
-- :func:`class_splits`: enough classes for the split and its folds; when there are too few, how many the config needs
-  (:func:`minimum_classes`) and the command-line change that fits the dataset;
-- :func:`check_sampler`: ``m × training classes >= batch_size`` (and ``m`` divides it) in every fold, as PML's
-  ``MPerClassSampler`` asserts;
-- :func:`fit_channels`: the images' channels after the eval transform against the trunk's input: a trunk whose first
-  layer takes ``in_channels`` and leaves it out gets the images' (:func:`fill_input_channels`, used by
-  :meth:`pml_extensions.runner.objects.builder.Builder.build_models`), grey images become 3 channels for a 3-channel
-  trunk, anything else is :class:`ChannelMismatch` saying what to change; images of different sizes after the eval
-  transform (:func:`check_sizes`) are refused with the Resize to add.
-
-Empty class folders and a dataset given without ``~OVERRIDE~`` are refused earlier, by the dataset class
-(:class:`pml_extensions.datasets.ImageFolderSplit`) and the loader
-(:func:`pml_extensions.runner.config.pb_keys.check_single_class`).
+"""Checks before training: what a config and a dataset must agree on (image files that decode, enough classes for
+the split and the sampler, the images' channels and sizes against the trunk), checked once before the first epoch,
+each problem one line naming the key or file, where its value came from and the fix.
 
 Example::
 
@@ -34,12 +17,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ...utils.atomic_io import atomic_write_json, atomic_write_text
 from ...utils.checks import is_int
 from ..config.class_index import lookup
 from ..config.sources import describe, source_of
 from ..config.specs import is_object_spec, one_spec
 from ..errors import ConfigError, DataFileError
-from .data import Subset, ToRGB
+from .data import Subset, ToRGB, dataset_labels
 
 #: the experiment folder's record of the image files that decoded: {path: [size, mtime_ns]}
 IMAGE_CHECK_FILE = "images_checked.json"
@@ -76,13 +60,28 @@ def _stat(path: str) -> Optional[List[int]]:
 
 def _read_record(record: Optional[str]) -> Dict[str, List[int]]:
     """The files an earlier run recorded as decoded (:data:`IMAGE_CHECK_FILE`), ``{}`` without a readable one."""
-    if not record or not os.path.isfile(record):
+    if not record:
         return {}
     try:
         with open(record, encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # none yet, or unreadable
         return {}
+
+
+def _save_record(record: str, old: Dict[str, List[int]], new: Dict[str, List[int]]) -> None:
+    """Write ``new`` when it differs from ``old`` (the record only saves a rerun the decoding: a failure passes)."""
+    if new != old:
+        try:
+            atomic_write_json(record, new)
+        except OSError:
+            pass
+
+
+def _named(entries: List[str]) -> str:
+    """The first :data:`NAMED_BAD_FILES` entries and how many more there are, for one line."""
+    more = f"; +{len(entries) - NAMED_BAD_FILES} more" if len(entries) > NAMED_BAD_FILES else ""
+    return "; ".join(entries[:NAMED_BAD_FILES]) + more
 
 
 def check_images(
@@ -100,8 +99,7 @@ def check_images(
         folder: the experiment folder: the files that decoded are recorded there (:data:`IMAGE_CHECK_FILE`) and a
             rerun decodes only new or changed files; the bad ones are listed in ``bad_images.txt``.
         skip: leave the bad files out (one note naming them) instead of stopping.
-        log: where the notes go: the bad files left out, and the files above PIL's decompression-bomb limit
-            (:func:`pml_extensions.datasets.image_files.large_images`: they load, slowly, at every read).
+        log: where the notes go: the bad files left out, and the files above PIL's decompression-bomb limit.
         where: ``"<source>: dataset"`` for the message.
         skip_hint: the option that leaves bad files out, named in the message (None: the protocol has none).
 
@@ -122,57 +120,42 @@ def check_images(
     record = os.path.join(folder, IMAGE_CHECK_FILE) if folder else None
     recorded = _read_record(record)
     known = {**recorded, **_DECODED}
-    todo = [p for p in dict.fromkeys(paths) if known.get(p) is None or known.get(p) != _stat(p)]
+    todo = [p for p in dict.fromkeys(paths) if p not in known or known[p] != _stat(p)]
     if len(todo) > 1000:
         log(f"checking that {len(todo)} image files decode (once; a rerun checks only new or changed files)")
     bad = find_unreadable_images(todo)
     bad_set = {p for p, _ in bad}
     large = large_images([p for p in todo if p not in bad_set])
     if large:
-        named = "; ".join(f"{p} ({w} × {h})" for p, (w, h) in large[:NAMED_BAD_FILES])
-        more = f"; +{len(large) - NAMED_BAD_FILES} more" if len(large) > NAMED_BAD_FILES else ""
         log(
             f"note: {where}: {len(large)} image(s) above PIL's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS} "
-            f"pixels), decoded in full at every read (slow; shrink them to speed up each epoch): {named}{more}"
+            "pixels), decoded in full at every read (slow; shrink them to speed up each epoch): "
+            + _named([f"{p} ({w} × {h})" for p, (w, h) in large])
         )
     good = {p: _stat(p) for p in todo if p not in bad_set}
     _DECODED.update(good)
-    if record:
-        from ...utils.atomic_io import atomic_write_json
-
-        try:  # the record keeps the other datasets' files of the folder (a paired run's train and test data)
-            mine = {p: known[p] for p in paths if p in known and p not in bad_set}
-            kept = {p: v for p, v in recorded.items() if p not in bad_set}
-            if {**kept, **mine, **good} != recorded:
-                atomic_write_json(record, {**kept, **mine, **good})
-        except OSError:
-            pass  # the record only saves a rerun the decoding
+    if record:  # the record keeps the other datasets' files of the folder (a paired run's train and test data)
+        mine = {p: known[p] for p in paths if p in known and p not in bad_set}
+        kept = {p: v for p, v in recorded.items() if p not in bad_set}
+        _save_record(record, recorded, {**kept, **mine, **good})
     if not bad:
         return dataset
-    listing = None
-    if folder:
-        from ...utils.atomic_io import atomic_write_text
-
-        listing = os.path.join(folder, "bad_images.txt")
+    listing = os.path.join(folder, "bad_images.txt") if folder else None
+    if listing:
         atomic_write_text(listing, "".join(f"{p}\t{why}\n" for p, why in bad))
-    named = "; ".join(f"{p} ({why})" for p, why in bad[:NAMED_BAD_FILES])
-    more = f"; +{len(bad) - NAMED_BAD_FILES} more" if len(bad) > NAMED_BAD_FILES else ""
+    named = _named([f"{p} ({why})" for p, why in bad])
     listed = f" (all in {listing})" if listing else ""
     if skip:
-        note = f"note: {where}: left out {len(bad)} image(s) that do not decode{listed}: {named}{more}"
+        note = f"note: {where}: left out {len(bad)} image(s) that do not decode{listed}: {named}"
         if note not in _NOTED:
             _NOTED.add(note)
             log(note)
-        keep = [i for i, p in enumerate(paths) if p not in bad_set]
-        from .data import dataset_labels
-
-        kept = Subset(dataset, keep, dataset_labels(dataset), None)
+        kept = Subset(dataset, [i for i, p in enumerate(paths) if p not in bad_set], dataset_labels(dataset), None)
         kept.left_out = dict(bad)  # for bad_images.txt once the experiment folder exists (write_bad_images)
         return kept
     leave_out = f", or leave them out with {skip_hint}" if skip_hint else ""
     raise DataFileError(
-        f"{where}: {len(bad)} of {len(paths)} images do not decode{listed}: {named}{more}; replace or remove them"
-        f"{leave_out}"
+        f"{where}: {len(bad)} of {len(paths)} images do not decode{listed}: {named}; replace or remove them{leave_out}"
     )
 
 
@@ -182,8 +165,6 @@ def write_bad_images(left_out: Dict[str, str], folder: str) -> Optional[str]:
     when none was left out."""
     if not left_out or not os.path.isdir(folder):
         return None
-    from ...utils.atomic_io import atomic_write_text
-
     path = os.path.join(folder, "bad_images.txt")
     atomic_write_text(path, "".join(f"{p}\t{why}\n" for p, why in sorted(left_out.items())))
     return path
@@ -193,20 +174,13 @@ def record_checked_images(dataset, folder: str) -> None:
     """Add every image file of ``dataset`` (checked by :func:`check_images`, the bad ones left out) to ``folder``'s
     :data:`IMAGE_CHECK_FILE`, so a rerun decodes only new or changed files (a check before the folder existed wrote
     nothing); the record's other files stay."""
-    from ...utils.atomic_io import atomic_write_json
-
     write_bad_images(getattr(dataset, "left_out", None), folder)
     paths = image_paths(dataset)
     if paths is None or not os.path.isdir(folder):
         return
     record = os.path.join(folder, IMAGE_CHECK_FILE)
     known = _read_record(record)
-    new = {p: _stat(p) for p in dict.fromkeys(paths) if p not in known}
-    if new:
-        try:
-            atomic_write_json(record, {**known, **new})
-        except OSError:
-            pass  # the record only saves a rerun the decoding
+    _save_record(record, known, {**known, **{p: _stat(p) for p in dict.fromkeys(paths) if p not in known}})
 
 
 # ---------------------------------------------------------------------------------------------------- classes
@@ -229,22 +203,15 @@ def minimum_classes(
     return None
 
 
-def _sampler_m(builder) -> Tuple[Optional[str], Optional[int]]:
-    spec = builder.get("sampler")
+def _class_and_int(builder, key: str, arg: str, default: Optional[int]) -> Tuple[Optional[str], Optional[int]]:
+    """``(class name, positive int argument arg)`` of the config's ``{Name: kwargs}`` at ``key``; ``default`` for a
+    missing spec or argument."""
+    spec = builder.get(key)
     if not is_object_spec(spec):
-        return None, None
-    name, kwargs = one_spec(spec, builder.where("sampler"))
-    m = kwargs.get("m")
-    return name, (int(m) if is_int(m) and m > 0 else None)
-
-
-def _trainer_batch(builder) -> Tuple[Optional[str], int]:
-    spec = builder.get("trainer")
-    if not is_object_spec(spec):
-        return None, 32
-    name, kwargs = one_spec(spec, builder.where("trainer"))
-    batch = kwargs.get("batch_size", 32)
-    return name, (int(batch) if is_int(batch) else 32)
+        return None, default
+    name, kwargs = one_spec(spec, builder.where(key))
+    value = kwargs.get(arg)
+    return name, (int(value) if is_int(value) and value > 0 else default)
 
 
 def class_splits(
@@ -266,8 +233,8 @@ def class_splits(
     except ValueError as e:
         problem = str(e).splitlines()[0]
     classes = len(np.unique(np.asarray(labels)))
-    sampler, m = _sampler_m(builder)
-    trainer, batch = _trainer_batch(builder)
+    sampler, m = _class_and_int(builder, "sampler", "m", None)
+    trainer, batch = _class_and_int(builder, "trainer", "batch_size", 32)
     need = minimum_classes(lambda ls: split(ls, partitions), m, batch)
     sources = builder.sources
     split_source = source_of(sources, "split_manager")
@@ -307,12 +274,12 @@ def check_sampler(
     Raises:
         ConfigError: naming the fold, the sampler's and the batch size's sources and the largest batch size that fits.
     """
-    name, m = _sampler_m(builder)
+    name, m = _class_and_int(builder, "sampler", "m", None)
     if m is None:
         return
     sources = builder.sources
     m_src = describe(source_of(sources, ("sampler", name, "m")))
-    trainer, _ = _trainer_batch(builder)
+    trainer, _ = _class_and_int(builder, "trainer", "batch_size", 32)
     if batch_key is None:
         batch_src = describe(source_of(sources, ("trainer", trainer, "batch_size") if trainer else "trainer"))
         set_batch = lambda b: f'--trainer~APPLY~2 "{{batch_size: {b}}}"'  # noqa: E731
@@ -381,10 +348,8 @@ def fill_input_channels(trunk_spec: Any, channels: int) -> Any:
 
 def trunk_input_channels(trunk: torch.nn.Module) -> Optional[int]:
     """The input channels of the trunk's first convolution (None when it has none)."""
-    for module in trunk.modules():
-        if isinstance(module, torch.nn.modules.conv._ConvNd):
-            return int(module.in_channels)
-    return None
+    convs = (m for m in trunk.modules() if isinstance(m, torch.nn.modules.conv._ConvNd))
+    return next((int(m.in_channels) for m in convs), None)
 
 
 def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, error: Exception) -> ConfigError:

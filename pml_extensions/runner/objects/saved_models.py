@@ -1,25 +1,16 @@
-"""A finished run's models, rebuilt from its saved ``config.yaml`` by the one :class:`~.builder.Builder` and loaded
-with the run's weights (``python -m pml_extensions explain --checkpoint``).
+"""A finished run's models, rebuilt from its saved ``config.yaml`` (in the checkpoint's folder or up to three above;
+``pretrained`` built as false) by the :class:`~.builder.Builder` and loaded with the run's weights
+(``python -m pml_extensions explain --checkpoint``).
 
-Layouts read (the model is rebuilt from the run's saved ``config.yaml``, found in the checkpoint's folder
-or up to three folders above it, and the state dicts are loaded into it; ``pretrained: true`` in the config's
-``models`` is built as ``false``, since the run's weights replace every parameter):
-
-- an MLRC fold: ``<experiment>/fold_K/best.pth`` = ``{"trunk": state, "embedder": state, ...}`` (or the fold
-  folder itself); the config's ``models`` are built by the runner's Builder;
-- the XML job's PML model folder ``<output>/<experiment>/<variant>/models/`` with ``trunk_best{E}.pth`` and
-  ``embedder_best{E}.pth`` (PML's ``SaveModels`` names; ``trunk_optimizer_*.pth`` are optimizer states and are
-  never taken for the trunk); the variant's override in ``variants`` is merged over ``models``;
-- the resolution protocol's student and teacher, ``{"trunk": state, "embedder": state}`` files (its config's
-  ``models``);
-- a file ``{"trunk": module or state, "embedder": ...}`` or a pickled module (``trust=True`` only); without a
-  config, state dicts are read as the ImageNet MobileNetV2 + GAP trunk and a Linear embedder;
-- a run with ``feature_cache``: the saved trunk is the part after the frozen prefix; the prefix is rebuilt as the
-  run built it (its pretrained weights) and the trunk returned is the whole one, prefix then rest, so images go in.
+Layouts read: an MLRC fold's ``best.pth`` (or its folder); a PML model folder (``trunk_best{E}.pth``,
+``embedder_best{E}.pth``; a variant's override in ``variants`` merged over ``models``); ``{"trunk": ..., "embedder":
+...}`` files (module or state; pickled modules with ``trust=True`` only; without a config, the MobileNetV2 + GAP trunk
+and a Linear embedder); with ``feature_cache``, the rebuilt frozen prefix then the saved rest.
 
 Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line that names the file.
 """
 
+import json
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -28,6 +19,8 @@ import torch
 from torch import nn
 
 from ...utils.checks import is_int
+from ..experiment.checkpoint import first_sentence
+from .builder import IMAGENET_NORMALIZE, Builder
 
 CONFIG_NAME = "config.yaml"
 
@@ -41,7 +34,7 @@ def _load(path: str, trust: bool):
                 f"checkpoint {path} holds pickled Python objects (whole modules): pass --trust-checkpoint to "
                 "load it (only for files you trust)"
             ) from None
-        reason = (str(e).splitlines()[0] if str(e) else "").split(". ")[0].rstrip(".")  # torch's run on for lines
+        reason = first_sentence(e) if str(e) else ""
         raise ValueError(
             f"cannot read checkpoint {path}: {type(e).__name__}: {reason} (a truncated or corrupt file: copy it "
             "again, or rerun the training that wrote it)"
@@ -111,8 +104,6 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
         else [next(iter(t.items())) for t in (eval_spec or []) if isinstance(t, dict) and len(t) == 1]
     )
     kwargs = {name: (v or {}) for name, v in steps if isinstance(v, (dict, type(None)))}
-    from .builder import IMAGENET_NORMALIZE
-
     norm = (
         kwargs.get("Normalize")
         if "Normalize" in kwargs
@@ -145,9 +136,8 @@ def _in_channels(state: dict) -> int:
 def models_from_config(
     cfg: dict, path: str, trunk_state: Optional[dict] = None
 ) -> Tuple[nn.Module, nn.Module, Optional[nn.Module]]:
-    """Build ``(trunk, embedder, prefix)`` from a run's saved config with the runner's Builder: random weights for
-    what the run saved, and for a run with ``feature_cache`` its frozen prefix (as the run built it, pretrained
-    weights included), whose outputs the saved trunk (the rest) was trained on; ``prefix`` is None otherwise."""
+    """``(trunk, embedder, prefix)`` built from a run's saved config: random weights for what the run saved, and
+    with ``feature_cache`` the frozen prefix as the run built it (else None)."""
     variants = cfg.get("variants") or {}
     parts = os.path.abspath(path).split(os.sep)
     chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
@@ -158,8 +148,6 @@ def models_from_config(
     models = cfg.get("models")
     if not isinstance(models, dict) or "trunk" not in models:
         raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
-    from .builder import Builder
-
     if cfg.get("feature_cache") is not None:  # the saved trunk is the rest after the frozen (unsaved) prefix
         keys = ("models", "feature_cache", "normalize", "transforms")
         b = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None)
@@ -237,9 +225,8 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
     if not isinstance(content, dict) or "trunk" not in content:
         raise ValueError(f"checkpoint {checkpoint} must hold a dict with a 'trunk' entry (module or state dict)")
     trunk, embedder = content["trunk"], content.get("embedder")
-    if isinstance(trunk, nn.Module) and (embedder is None or isinstance(embedder, nn.Module)):
-        return trunk, embedder if embedder is not None else nn.Identity()
-    cfg, _ = find_run_config(source)
+    modules = isinstance(trunk, nn.Module) and (embedder is None or isinstance(embedder, nn.Module))
+    cfg = None if modules else find_run_config(source)[0]
     if cfg is not None:
         built_trunk, built_emb, prefix = models_from_config(cfg, source, trunk if isinstance(trunk, dict) else None)
         if isinstance(trunk, dict):
@@ -248,20 +235,20 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         if isinstance(embedder, dict):
             _load_state(built_emb, embedder, "the embedder", source)
             embedder = built_emb
-        return trunk, embedder if embedder is not None else nn.Identity()
-    return _without_config(trunk, embedder, source)
+    else:
+        trunk, embedder = _without_config(trunk, embedder, source)
+    return trunk, embedder if embedder is not None else nn.Identity()
 
 
 def _without_config(trunk, embedder, path):
+    """State dicts read without a run config: a MobileNetV2 + GAP trunk and a single-Linear embedder."""
     from pml_extensions.trunks.pretrained import mobilenet_v2_features
 
     if not isinstance(trunk, nn.Module):
         module = nn.Sequential(mobilenet_v2_features(pretrained=False), nn.AdaptiveAvgPool2d(1), nn.Flatten())
         _load_state(module, trunk, "the trunk (no config.yaml found: read as MobileNetV2 + GAP)", path)
         trunk = module
-    if embedder is None:
-        return trunk, nn.Identity()
-    if not isinstance(embedder, nn.Module):
+    if embedder is not None and not isinstance(embedder, nn.Module):
         state = _strip(embedder)
         weights = [k for k, v in state.items() if k.endswith("weight")]
         if len(weights) != 1 or state[weights[0]].ndim != 2:
@@ -280,8 +267,6 @@ def _without_config(trunk, embedder, path):
 
 # ---------------------------------------------------------------------------------------------------- a run's pick
 def _read_json(path: str) -> Optional[dict]:
-    import json
-
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -319,11 +304,8 @@ def selected_model(
 ) -> Dict[str, Any]:
     """The model an experiment folder of ``python -m pml_extensions run`` selected, and the epoch it recorded.
 
-    - the ``paired`` protocol (``<variant>/seed_<s>/``): ``selected_models.pth`` (the epoch a selection across seeds
-      chose) when the unit has it, else ``best_models.pth``; the epoch is ``selected_epoch`` / ``best_epoch`` of
-      ``results.json`` (or the unit's ``result.json``); default the config's first variant and the lowest seed that
-      have a model;
-    - ``mlrc`` (``fold_<k>/best.pth``): the fold's ``best_epoch`` from ``results.json``; default fold 0.
+    ``paired``: ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth`` (default the first variant and
+    lowest seed with a model); ``mlrc``: ``fold_<k>/best.pth`` (default fold 0); the epochs from ``results.json``.
 
     Returns:
         ``{"checkpoint": path, "epoch": int or None, "unit": "contrastive_xml/seed_0" or "fold_0", "variant",
@@ -339,6 +321,7 @@ def selected_model(
         raise ValueError(f"--run {run} has no {CONFIG_NAME}: not an experiment folder of python -m pml_extensions run")
     folds = [k for k in _numbered(run, "fold_") if os.path.isfile(os.path.join(run, f"fold_{k}", "best.pth"))]
     cfg, _ = find_run_config(run, levels=0)
+    # (unit, checkpoint, variant, seed, fold) of every unit with a model
     if folds:
         if variant is not None or seed is not None:
             raise ValueError(
@@ -348,45 +331,41 @@ def selected_model(
         k = folds[0] if fold is None else int(fold)
         if k not in folds:
             raise ValueError(f"--run {run}: no fold_{k}/best.pth; folds with a model: {', '.join(map(str, folds))}")
-        return {
-            "checkpoint": os.path.join(run, f"fold_{k}", "best.pth"),
-            "epoch": _fold_epoch(run, k),
-            "unit": f"fold_{k}",
-            "variant": None,
-            "seed": None,
-            "fold": k,
-            "others": [f"fold_{j}" for j in folds if j != k],
-        }
-    if fold is not None:
-        raise ValueError(f"--run {run}: --fold is for mlrc runs (fold_<k>/best.pth); this run has none")
-    names = list((cfg or {}).get("variants") or {}) or sorted(
-        d for d in os.listdir(run) if _numbered(os.path.join(run, d), "seed_")
-    )
-    units = []
-    for name in names:
-        for s in _numbered(os.path.join(run, name), "seed_"):
-            unit = os.path.join(run, name, f"seed_{s}")
-            files = [f for f in ("selected_models.pth", "best_models.pth") if os.path.isfile(os.path.join(unit, f))]
-            if files:
-                units.append((name, s, os.path.join(unit, files[0])))
-    if not units:
-        raise ValueError(
-            f"--run {run}: no trained model yet (no <variant>/seed_<s>/best_models.pth nor fold_<k>/best.pth); "
-            "let the run finish a unit, or pass --checkpoint"
+        units = [(f"fold_{j}", os.path.join(run, f"fold_{j}", "best.pth"), None, None, j) for j in folds]
+        chosen, epoch = units[folds.index(k)], _fold_epoch(run, k)
+    else:
+        if fold is not None:
+            raise ValueError(f"--run {run}: --fold is for mlrc runs (fold_<k>/best.pth); this run has none")
+        names = list((cfg or {}).get("variants") or {}) or sorted(
+            d for d in os.listdir(run) if _numbered(os.path.join(run, d), "seed_")
         )
-    chosen = [u for u in units if (variant is None or u[0] == variant) and (seed is None or u[1] == int(seed))]
-    if not chosen:
-        have = ", ".join(f"{n} seed {s}" for n, s, _ in units)
-        raise ValueError(f"--run {run}: no model for --variant {variant} --seed {seed}; models: {have}")
-    name, s, path = chosen[0]
+        units = []
+        for name in names:
+            for s in _numbered(os.path.join(run, name), "seed_"):
+                unit = os.path.join(run, name, f"seed_{s}")
+                files = [f for f in ("selected_models.pth", "best_models.pth") if os.path.isfile(os.path.join(unit, f))]
+                if files:
+                    units.append((f"{name}/seed_{s}", os.path.join(unit, files[0]), name, s, None))
+        if not units:
+            raise ValueError(
+                f"--run {run}: no trained model yet (no <variant>/seed_<s>/best_models.pth nor fold_<k>/best.pth); "
+                "let the run finish a unit, or pass --checkpoint"
+            )
+        matching = [u for u in units if (variant is None or u[2] == variant) and (seed is None or u[3] == int(seed))]
+        if not matching:
+            have = ", ".join(f"{n} seed {s}" for _, _, n, s, _ in units)
+            raise ValueError(f"--run {run}: no model for --variant {variant} --seed {seed}; models: {have}")
+        chosen = matching[0]
+        epoch = _unit_epoch(run, chosen[2], chosen[3])
+    unit, checkpoint, variant, seed, fold = chosen
     return {
-        "checkpoint": path,
-        "epoch": _unit_epoch(run, name, s),
-        "unit": f"{name}/seed_{s}",
-        "variant": name,
-        "seed": s,
-        "fold": None,
-        "others": [f"{n}/seed_{t}" for n, t, _ in units if (n, t) != (name, s)],
+        "checkpoint": checkpoint,
+        "epoch": epoch,
+        "unit": unit,
+        "variant": variant,
+        "seed": seed,
+        "fold": fold,
+        "others": [u[0] for u in units if u[0] != unit],
     }
 
 
