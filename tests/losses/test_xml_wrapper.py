@@ -261,7 +261,7 @@ def test_half_precision_ref_emb_is_embeddings_at_weight_zero_is_the_loss(name, d
     try:
         expected = reference(emb, labels, ref_emb=emb, ref_labels=labels)
     except (RuntimeError, AssertionError) as e:  # the loss's own limit in this dtype, which the wrapper keeps
-        with pytest.raises(type(e), match=re.escape(str(e))):
+        with pytest.raises(type(e), match=re.escape(str(e)) if str(e) else None):
             XMLWrapper(inner, xml_weight=0)(emb, labels, ref_emb=emb, ref_labels=labels)
         return
     torch.manual_seed(2)
