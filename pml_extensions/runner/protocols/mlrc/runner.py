@@ -1,6 +1,5 @@
-"""The ``mlrc`` protocol's run: :class:`MLRCRunner` builds the class-disjoint folds, trains and tests them (the steps
-are in :mod:`pml_extensions.runner.protocols.mlrc.protocol`'s docstring). Kept apart from the protocol's settings so
-that reading and checking a config imports no torch."""
+"""The ``mlrc`` protocol's run (:class:`MLRCRunner`; the steps: :mod:`.protocol`), apart from its settings so that
+reading a config imports no torch."""
 
 import os
 import time
@@ -94,11 +93,6 @@ class MLRCRunner:
             key = None
         return self.caches.dataset(part, self.builder.frozen, images, transform, views, seed, dataset_key=key)
 
-    # evaluation
-    def primary_metric(self) -> str:
-        """``hook_container``'s ``primary_metric`` (default MAP@R): selects the best epoch, drives patience."""
-        return pb_keys.primary_metric(self.config, self.sources)
-
     def evaluate(self, tester, dataset, models) -> Dict[str, float]:
         trunk, embedder = models["trunk"], models["embedder"]
         modes = (trunk.training, embedder.training)
@@ -109,9 +103,6 @@ class MLRCRunner:
         return {k: float(v) for k, v in acc.items() if isinstance(v, (int, float))}
 
     # ---------------------------------------------------------------------------------------------- one fold
-    def _seed(self, fold: int):
-        self.experiment.seed_everything(fold)
-
     def train_fold(self, fold: int, base, labels, split, transforms) -> Dict[str, Any]:
         stage = f"fold_{fold}"
         fold_dir = self.experiment.stage_folder(stage)
@@ -133,8 +124,6 @@ class MLRCRunner:
         trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
         trainer_kwargs = dict(trainer_kwargs)
         global_batch = trainer_kwargs.get("batch_size", 32)
-        if not is_int(global_batch) or global_batch < 1:
-            raise ConfigError(f"{self.where('trainer')}: batch_size must be a positive integer, got {global_batch!r}")
         if global_batch % dist_utils.world_size():
             raise ConfigError(
                 f"{self.where('trainer')}: batch_size {global_batch} is "
@@ -142,7 +131,7 @@ class MLRCRunner:
             )
         trainer_kwargs["batch_size"] = global_batch // dist_utils.world_size()
 
-        self._seed(fold)
+        self.experiment.seed_everything(fold)
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
         self.builder.init_from_data(models, self.eval_view(base, labels, train_idx, transforms), seed=fold_seed)
@@ -151,10 +140,7 @@ class MLRCRunner:
         sampler = self.builder.build_sampler(train_ds.labels, global_batch)
         tester = self.builder.build_tester()
 
-        num_epochs = self.get("num_epochs_train", 1000)
-        if not is_int(num_epochs) or num_epochs < 1:
-            raise ConfigError(f"{self.where('num_epochs_train')}: must be a positive integer, got {num_epochs!r}")
-        primary = self.primary_metric()
+        primary = pb_keys.primary_metric(self.config, self.sources)
         best_path = os.path.join(fold_dir, "best.pth")
 
         def evaluate(epoch):
@@ -165,7 +151,7 @@ class MLRCRunner:
             models,
             optimizers,
             loss_funcs,
-            num_epochs=num_epochs,
+            num_epochs=self.get("num_epochs_train", 1000),
             primary=primary,
             evaluate=evaluate,
             best_path=best_path,
@@ -222,7 +208,7 @@ class MLRCRunner:
         for k, fr in enumerate(fold_results):
             if not os.path.exists(fr["best_path"]):
                 raise ConfigError(f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test")
-            self._seed(k)
+            self.experiment.seed_everything(k)
             models = self.builder.build_models(test_ds[0][0], len(fr["train_classes"]))
             for name, sd in load_weights(fr["best_path"], self.device).items():
                 models[name].load_state_dict(sd)
@@ -409,12 +395,12 @@ class MLRCRunner:
             test = self.test(base, labels, splits["test"], transforms, fold_results)
         results = {
             "experiment_folder": os.path.abspath(self.folder),
-            "primary_metric": self.primary_metric(),
+            "primary_metric": pb_keys.primary_metric(self.config, self.sources),
             "aggregate": pb_keys.aggregate(self.config, [f["best_val_metrics"] for f in fold_results], self.sources),
             "folds": fold_results,
             "test": test,
             "test_classes": splits["test"],
-            "test_class_names": self.class_names(base, splits["test"]),
+            "test_class_names": names,
             "seconds": time.time() - t0,
         }
         self.experiment.write_results(results)
