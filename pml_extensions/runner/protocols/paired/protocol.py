@@ -1,25 +1,11 @@
 """The ``paired`` protocol: variants of one config trained with paired seeds, selected on validation classes, tested
-once on unseen classes, compared.
+once on unseen classes, compared (the engine: :class:`~pml_extensions.runner.protocols.paired_protocol.
+PairedProtocol`; the unit: :mod:`.unit`).
 
-``python -m pml_extensions job`` runs it on the shipped ``xml_glyphs`` config (XML vs the GAP baseline, a config of
-this protocol); ``python -m pml_extensions run CONFIG`` on any config whose ``protocol`` is ``paired`` (the default
-of the flat form, ``config_<category>.yaml`` files), ``--data_folder`` on your own images.
-
-Every entry of ``variants`` is merged over the config and trained once per seed (the grid, selection, untrained row,
-comparisons and outputs: :class:`~pml_extensions.runner.protocols.paired_protocol.PairedProtocol`). The unit
-(:mod:`.unit`): the training classes are split class-disjointly into a training part and a validation part
-(``validation: {class_fraction, seed}``; a table with validation and test rows validates on its validation rows
-and trains on every train row); the configured PML trainer (default ``MetricLossOnly``) trains on the
-training part; after every epoch the validation classes score the model; only the selected epoch is tested, once,
-on the unseen test classes. Within a seed all variants start from bit-identical weights for the modules they share
-and see the same batches. With ``feature_cache`` the trunk's rest trains on cached features of its frozen prefix
-(:mod:`pml_extensions.runner.objects.feature_cache`; the prefix must not depend on the seed, e.g. pretrained
-weights), the caches in ``<experiment>/feature_cache`` unless the key names another folder.
-
-Outputs under the experiment folder: ``results.json`` (``variants`` / ``comparisons``, plus ``units``: per variant and
-seed the validation history, best epoch and train time), ``results.md``, ``map_at_r.png``, ``config.yaml``,
-``report.html``, ``retrieval/`` and ``<variant>/seed_<s>/`` with the record-keeper logs (CSV + SQLite),
-``checkpoint.pth``, the selected weights and ``result.json``.
+The training classes are split class-disjointly into a training and a validation part (``validation``; a table with
+validation rows validates on them), the configured trainer (default ``MetricLossOnly``) trains on the training part,
+the validation classes score every epoch and only the selected epoch is tested. ``python -m pml_extensions job`` runs
+it on the shipped ``xml_glyphs`` config; ``--data_folder`` on your images.
 """
 
 import dataclasses
@@ -208,12 +194,12 @@ class Paired(PairedProtocol):
                     self.checked_data.append(data)
                     images_ok = True
                 if split == "validation":
-                    if data is not None and "validation" not in train_roles:
+                    if "validation" not in train_roles:
                         ids = sorted({int(v) for v in dataset_labels(data)})
                         train_roles = {**train_roles, "validation": _class_names(data, ids)}
                     continue
                 if split != "train":
-                    if not self.class_roles and data is not None:
+                    if not self.class_roles:
                         test_ids = sorted({int(v) for v in dataset_labels(data)})
                         if len(test_ids) < 2:
                             with problems.check():
@@ -290,9 +276,8 @@ class Paired(PairedProtocol):
                 load_teacher(b, seed)
 
     def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
-        """Build the feature caches of every variant with ``feature_cache`` (parts ``train``, ``train_eval``, a
-        table's ``validation`` rows, ``test``), or only shard ``rank`` of ``world_size`` (separate processes; the last
-        one completes the cache). A run of the config then finds them. Returns whether every cache is complete."""
+        """Build the feature caches of every variant with ``feature_cache`` (or only shard ``rank`` of ``world_size``,
+        separate processes); a run of the config then finds them. Returns whether every cache is complete."""
         from ...objects.builder import Builder
         from ...objects.data import validation_rows
         from .unit import cached_split
