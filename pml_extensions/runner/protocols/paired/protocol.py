@@ -151,7 +151,6 @@ class Paired(PairedProtocol):
 
         problems, seen = Problems(), set()
         record = self.folder if os.path.isdir(self.folder) else None  # a rerun reads its record of decoded files
-        train_roles: Dict[str, list] = {}  # the first dataset's training and validation classes, by name
         quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
             cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
@@ -173,7 +172,7 @@ class Paired(PairedProtocol):
                 continue
             seen.add(key)
             where = f"{sources.get('dataset', 'config')}: dataset"
-            splits, rows = ["train", "test"], None
+            splits, rows, roles = ["train", "test"], None, {}  # roles: class names of train, validation, test
             for split in splits:
                 data = None
                 with problems.check():
@@ -193,27 +192,15 @@ class Paired(PairedProtocol):
                     self.left_out.update(getattr(data, "left_out", {}))
                     self.checked_data.append(data)
                     images_ok = True
-                if split == "validation":
-                    if "validation" not in train_roles:
-                        ids = sorted({int(v) for v in dataset_labels(data)})
-                        train_roles = {**train_roles, "validation": _class_names(data, ids)}
-                    continue
                 if split != "train":
-                    if not self.class_roles:
-                        test_ids = sorted({int(v) for v in dataset_labels(data)})
-                        if len(test_ids) < 2:
-                            with problems.check():
-                                raise ConfigError(
-                                    f"{where}: the test split of {_data_words(s.dataset)} has {len(test_ids)} "
-                                    "class(es); retrieval on unseen classes needs at least 2"
-                                )
-                        self.class_roles = {**train_roles, "test": _class_names(data, test_ids)}
-                        self.log(
-                            "classes: "
-                            + "; ".join(
-                                f"{role} {len(names)} ({_shown(names)})" for role, names in self.class_roles.items()
+                    ids = sorted({int(v) for v in dataset_labels(data)})
+                    if split == "test" and not self.class_roles and len(ids) < 2:
+                        with problems.check():
+                            raise ConfigError(
+                                f"{where}: the test split of {_data_words(s.dataset)} has {len(ids)} class(es); "
+                                "retrieval on unseen classes needs at least 2"
                             )
-                        )
+                    roles[split] = _class_names(data, ids)
                     continue
                 labels = parts = None
                 with problems.check():
@@ -227,22 +214,23 @@ class Paired(PairedProtocol):
                             f"{sources.get('validation', 'config')}: validation: {e} ({_data_words(s.dataset)} has "
                             f"{len(np.unique(labels))} training classes)"
                         ) from None
-                if parts is not None and not train_roles:
-                    train_ids = sorted({int(v) for v in labels[parts[0]]})
-                    train_roles = {"train": _class_names(data, train_ids)}
-                    if parts[2] is not None:
-                        train_roles["validation"] = _class_names(data, [int(i) for i in parts[2]])
-                if parts is not None:
+                if parts is None:
+                    continue
+                roles["train"] = _class_names(data, sorted({int(v) for v in labels[parts[0]]}))
+                if parts[2] is not None:
+                    roles["validation"] = _class_names(data, [int(i) for i in parts[2]])
+                with problems.check():
+                    preflight.check_sampler(b, [labels[parts[0]]], s.batch_size, batch_key="batch_size")
+                if images_ok:  # the channels are read from an image
                     with problems.check():
-                        preflight.check_sampler(b, [labels[parts[0]]], s.batch_size, batch_key="batch_size")
-                if parts is not None and images_ok:  # the channels are read from an image
-                    with problems.check():
-                        view = b.subset(data, parts[0][:1], labels, b.build_transform("eval"))
-                        sample = view[0][0]
+                        sample = b.subset(data, parts[0][:1], labels, b.build_transform("eval"))[0][0]
                         if hasattr(sample, "ndim"):  # images of several sizes need a Resize to be batched
                             preflight.check_sizes(b, data, b.build_transform("eval"), sample)
-                        if cfg.get("feature_cache") is None and hasattr(sample, "ndim"):
-                            b.build_models(sample, int(max(labels)) + 1)
+                            if cfg.get("feature_cache") is None:
+                                b.build_models(sample, int(max(labels)) + 1)
+            if not self.class_roles and "test" in roles:
+                self.class_roles = roles
+                self.log("classes: " + "; ".join(f"{r} {len(names)} ({_shown(names)})" for r, names in roles.items()))
         problems.raise_any()
 
     def _check_distillation(self, b) -> None:
