@@ -21,7 +21,7 @@ import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from .base import Protocol, misspelt_required, nearest
+from .base import Protocol, misspelt_required, nearest, parse_columns
 
 #: protocol name -> ``module:Class`` (imported on first use, so one protocol's dependencies never load for another)
 PROTOCOLS: Dict[str, str] = {
@@ -186,8 +186,6 @@ def load_config(
     if columns is not None and data_folder is None:
         raise ConfigError("command line: --columns: maps the columns of --data_folder's CSV file; give --data_folder")
     if data_folder is not None:
-        from .base import parse_columns
-
         path, is_csv = _data_path(data_folder)
         if columns is not None and not is_csv:
             raise ConfigError(f"command line: --columns: {path} is a folder of class folders, not a CSV file")

@@ -16,6 +16,7 @@ and restored on resume (``seed: null`` leaves them alone).
 """
 
 import dataclasses
+import functools
 from typing import Any, Dict, Optional
 
 from ...config import pb_keys
@@ -201,19 +202,20 @@ class MLRC(Protocol):
             return float(sum(folds) / len(folds))
         raise ConfigError(f"bayes_opt_iters: the mlrc run reports no validation {primary} to optimise")
 
-    def preflight(self) -> None:
-        """``MLRCRunner.prepare`` (:mod:`.runner`): every check before training, all problems in one refusal."""
+    @functools.cached_property
+    def runner(self):
+        """The run (:class:`.runner.MLRCRunner`), built on first use (it imports torch)."""
         from .runner import MLRCRunner
 
-        self.runner = MLRCRunner(self.config, self.folder, self.sources, self.log)
+        return MLRCRunner(self.config, self.folder, self.sources, self.log)
+
+    def preflight(self) -> None:
+        """``MLRCRunner.prepare``: every check before training, all problems in one refusal."""
         self.runner.prepare()
 
     def run(self) -> Dict[str, Any]:
-        """``MLRCRunner.run`` (:mod:`.runner`)."""
-        from .runner import MLRCRunner
-
-        runner = getattr(self, "runner", None) or MLRCRunner(self.config, self.folder, self.sources, self.log)
-        return runner.run()
+        """``MLRCRunner.run``."""
+        return self.runner.run()
 
 
 PROTOCOL = MLRC
