@@ -28,19 +28,14 @@ __all__ = ["MLRCRunner"]
 
 
 class MLRCRunner:
-    """Run one experiment of the MLRC protocol (see the module docstring) from a merged config.
+    """Run one experiment of the MLRC protocol from a merged config; ``run()`` returns (and writes to
+    ``results.json``) the per-fold validation summary and the test metrics.
 
     Args:
         config: the merged dict from :func:`pml_extensions.runner.protocols.load_config`.
-        experiment_folder: output folder; rerunning with the same folder resumes (finished folds are skipped,
-            the running fold continues from its last checkpoint).
+        experiment_folder: output folder; rerunning with the same folder resumes.
         sources: top-level key -> file, to name the file in error messages.
         log: a print-like function.
-
-    ``run() -> dict`` returns (and writes atomically to ``results.json``) the per-fold validation summary and
-    the test metrics ``{"separate_<d>D": {...}, "concatenated_<D>D": {...}}``. Objects come from
-    :class:`pml_extensions.runner.objects.builder.Builder` (``self.builder``); the folder from
-    :class:`pml_extensions.runner.experiment.folder.Experiment` (``self.experiment``).
 
     Raises:
         ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values.
@@ -241,11 +236,8 @@ class MLRCRunner:
         )
 
     def run_test_hooks(self, test_ds, models, epoch: Optional[int] = None) -> None:
-        """Run the config's ``test_hooks`` (ours; e.g. ``{explanations: {ExplanationHook: {n_queries: 4}}}``)
-        once on the test split with fold 0's best model, as PML ``end_of_testing_hook``s. Arguments the hook
-        takes and the config leaves out are filled: ``trunk``, ``embedder``, ``dataset_dict``
-        (``{"test": ...}``), ``output_dir`` (``<experiment>/explanations``, which the report embeds) and ``epoch``
-        (the fold's best epoch, which names the files)."""
+        """Run the config's ``test_hooks`` once on the test split with fold 0's best model, as PML
+        ``end_of_testing_hook``s (``trunk``, ``embedder``, ``dataset_dict``, ``output_dir`` and ``epoch`` filled in)."""
         specs = self.get("test_hooks") or {}
         if not specs:
             return
