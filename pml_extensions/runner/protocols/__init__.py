@@ -1,22 +1,11 @@
 """Protocols as plugins: the lookup, the one loader that checks a config against its protocol, and the one entry
 point.
 
-A protocol is a :class:`~.base.Protocol` subclass (its settings, ``--data_folder`` rule and search objective live
-in its own package). The config's ``protocol:`` key names it:
-
-- a protocol of the package (:data:`PROTOCOLS`): ``mlrc`` (powerful-benchmarker's metric-learning reality check, the
-  default of the folder form) and ``paired`` (variants trained with paired seeds and compared; the default of the
-  flat form);
-- one registered in this process (:func:`register_protocol`, as powerful-benchmarker's ``register`` or timm's
-  ``register_model``), or by another package under the entry-point group ``pml_extensions.protocols``;
-- a dotted path ``package.module:ClassName`` (or ``package.module`` whose ``PROTOCOL`` is the class), e.g. the paper
-  reproductions in the repository's ``benchmarks/protocols/`` (run from the repository's root).
-
-:func:`load_config` merges a config's files and the command line, applies ``--data_folder`` through the protocol's
-rule, then checks every top-level key against the protocol's settings (a typo names the nearest key) and every
-class's arguments. :func:`run_protocol` checks a rerun's saved config, saves ``config.yaml`` and ``command.txt``,
-runs the protocol and writes ``report.html``. :mod:`.search` (an Optuna study of runs) and :mod:`.reproduce` (a
-finished run again from its ``config.yaml``) sit beside it.
+A protocol is a :class:`~.base.Protocol` subclass that the config's ``protocol:`` key names: one of the package
+(:data:`PROTOCOLS`), one registered in this process (:func:`register_protocol`) or by another package under the
+entry-point group ``pml_extensions.protocols``, or a dotted path ``package.module:ClassName`` (e.g. the plugins of the
+repository's ``benchmarks/protocols/``). :func:`load_config` merges and checks a config against its protocol;
+:func:`run_protocol` runs it in an experiment folder.
 
 Example::
 
@@ -27,13 +16,12 @@ Example::
     (True, 'Metric Learning Reality Check')
 """
 
-import dataclasses
 import importlib
 import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from .base import Protocol, misspelt_required, nearest
+from .base import Protocol, misspelt_required, nearest, parse_columns
 
 #: protocol name -> ``module:Class`` (imported on first use, so one protocol's dependencies never load for another)
 PROTOCOLS: Dict[str, str] = {
@@ -198,8 +186,6 @@ def load_config(
     if columns is not None and data_folder is None:
         raise ConfigError("command line: --columns: maps the columns of --data_folder's CSV file; give --data_folder")
     if data_folder is not None:
-        from .base import parse_columns
-
         path, is_csv = _data_path(data_folder)
         if columns is not None and not is_csv:
             raise ConfigError(f"command line: --columns: {path} is a folder of class folders, not a CSV file")
@@ -219,7 +205,7 @@ def load_config(
 
         problems = Problems()
         with problems.check():
-            typos = misspelt_required(protocol.Settings, config) if dataclasses.is_dataclass(protocol.Settings) else {}
+            typos = misspelt_required(protocol.Settings, config)
             check_keys(config, sources, protocol, getattr(sources, "file_keys", config), skip=list(typos))
         with problems.check():
             config = protocol.normalize(config, sources, log)
@@ -236,11 +222,8 @@ def load_config(
 
 
 def _data_problems(protocol, config, sources, problems) -> None:
-    """Add the bad files the protocol's preflight finds in the data (its :class:`~..errors.DataFileError` lines:
-    images that do not decode or are missing, which no config change fixes) to the problems of a config whose classes
-    or arguments are wrong, so one refusal lists both (nothing is written: the preflight runs before any folder
-    exists). The preflight's other findings (a model, a batch size) follow from the config's own problems and wait for
-    their fix; a preflight that cannot run on this config adds nothing."""
+    """Add the bad files the protocol's preflight finds in the data (images that do not decode or are missing) to the
+    problems of a config whose classes or arguments are wrong, so one refusal lists both."""
     import tempfile
 
     from ..errors import Problems
@@ -260,8 +243,7 @@ def _data_problems(protocol, config, sources, problems) -> None:
 
 
 def _names_files(value: Any) -> bool:
-    """True when ``value`` (a config's ``dataset``, at any depth) names a file or folder on disk (a ``root``, a
-    ``csv_file``): only such data has files to check, and only its check needs torch."""
+    """True when ``value`` (a config's ``dataset``, at any depth) names a file or folder on disk."""
     if isinstance(value, dict):
         return any(_names_files(v) for v in value.values())
     if isinstance(value, (list, tuple)):

@@ -1,22 +1,11 @@
 """What a protocol is: a plugin that declares its settings, its ``--data_folder`` rule and its search objective, and
 runs an experiment folder.
 
-:class:`Protocol` is the base every protocol subclasses (the shape of pytorch-grad-cam's ``BaseCAM``: the base owns the
-plumbing, a subclass supplies a few steps):
-
-- ``name`` and ``description`` (one line for ``run --list protocol``);
-- ``Settings``: a dataclass whose fields are the protocol's top-level config keys, each with its type, default and
-  one line of documentation (:func:`setting`); :meth:`Protocol.read` reads a merged config into it through
-  :func:`read_settings`, one line ``<file>: <key>: ...`` per bad value (the file comes from the config's source
-  tracking), and :meth:`Protocol.keys` is what the loader accepts (a typo is an error naming the nearest key);
-- :meth:`Protocol.data_folder`: how ``--data_folder PATH`` (a folder of class folders or a CSV file) becomes the
-  config's dataset, or one line saying where this protocol reads its images;
-- :meth:`Protocol.objective`: the number a search maximises, from a finished run's results;
-- :meth:`Protocol.run`: the experiment (``results.json`` and the rest of the folder).
-
-:class:`PairedProtocol` (:mod:`.paired_protocol`) owns what a seeds × variants experiment needs; the protocols of the
-package are ``mlrc`` and ``paired``, and a plugin outside the package (``benchmarks/protocols/``) is named by its
-dotted path or registered (:func:`pml_extensions.runner.protocols.register_protocol`).
+:class:`Protocol` is the base every protocol subclasses: ``name``, ``description``, ``Settings`` (a dataclass of its
+top-level config keys, each a :func:`setting` with its type, default and one line of documentation, read by
+:func:`read_settings`: one line ``<file>: <key>: ...`` per bad value) and :meth:`Protocol.run`; optionally
+:meth:`Protocol.data_folder` and :meth:`Protocol.objective`. :class:`PairedProtocol` (:mod:`.paired_protocol`) owns
+what a seeds × variants experiment needs.
 
 Example::
 
@@ -118,46 +107,43 @@ def seed_list(value: Any, where: str = "seeds") -> List[int]:
     return [int(s) for s in seeds]
 
 
+def _name_pairs(value: Any) -> bool:
+    pairs = value or []
+    return isinstance(pairs, (list, tuple)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(n, str) for n in p) for p in pairs
+    )
+
+
+#: kind -> (the check of a value, what the error says is expected)
+_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "mapping": (lambda v: isinstance(v, dict), "a mapping"),
+    "list": (lambda v: isinstance(v, (list, tuple)), "a list"),
+    "name_pairs": (_name_pairs, "a list of [variant, baseline] pairs"),
+}
+
+
 def check_value(value: Any, meta: Dict[str, Any], where: str) -> Any:
     """``value`` checked against a :func:`setting`'s metadata (normalised: ints, floats, seed lists, tuples of
     names); raises :class:`ConfigError` ``"<where>: expected ..., got ..."``."""
     kind = meta["kind"]
-    if value is None and meta["optional"]:
-        return None
-    if kind == "int":
-        return _number(value, meta, where, integer=True)
-    if kind == "float":
-        return _number(value, meta, where, integer=False)
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise _expect(where, "true or false", value)
+    if (value is None and meta["optional"]) or kind == "any":
         return value
-    if kind == "str":
-        if not isinstance(value, str) or not value:
-            raise _expect(where, "a non-empty string", value)
-        return value
-    if kind == "mapping":
-        if not isinstance(value, dict):
-            raise _expect(where, "a mapping", value)
-        return value
-    if kind == "list":
-        if not isinstance(value, (list, tuple)):
-            raise _expect(where, "a list", value)
-        return list(value)
+    if kind in ("int", "float"):
+        return _number(value, meta, where, integer=kind == "int")
     if kind == "seeds":
         return seed_list(value, where)
     if kind == "choice":
-        if value not in meta["choices"]:
-            raise _expect(where, "one of " + ", ".join(map(str, meta["choices"])), value)
-        return value
+        ok, what = value in meta["choices"], "one of " + ", ".join(map(str, meta["choices"]))
+    else:
+        check, what = _CHECKS[kind]
+        ok = check(value)
+    if not ok:
+        raise _expect(where, what, value)
     if kind == "name_pairs":
-        pairs = value or []
-        if not isinstance(pairs, (list, tuple)) or not all(
-            isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(n, str) for n in p) for p in pairs
-        ):
-            raise _expect(where, "a list of [variant, baseline] pairs", value)
-        return [tuple(p) for p in pairs]
-    return value
+        return [tuple(p) for p in value or []]
+    return list(value) if kind == "list" else value
 
 
 def misspelt_required(cls: type, config: Dict[str, Any]) -> Dict[str, str]:

@@ -1,29 +1,10 @@
 """The engine of every seeds × variants experiment: :class:`PairedProtocol`.
 
-Every entry of ``variants`` is merged over the config (powerful-benchmarker syntax,
-:func:`pml_extensions.runner.config.loader.variant_configs`) and trained once per seed of ``seeds``: a *unit*. Within a
-seed the variants are paired (the same initial weights for the modules they share, the same batches: the unit's job).
-The engine owns the rest:
-
-- the grid, seed after seed and variant after variant within a seed; every unit's summary is saved in
-  ``<variant>/seed_<s>/result.json`` when it finishes, so a rerun skips finished units and the unit itself resumes
-  from its checkpoint; :meth:`PairedProtocol.run_units` trains a part of the grid (processes share a grid out by
-  seeds or variants, then one :meth:`~PairedProtocol.run` gathers it);
-- what it will do before it starts (units, already finished ones) and, after the first unit this call trains, how
-  long the rest will take;
-- selection (``selection``): ``best_epoch`` (each unit's own best validation epoch), ``mean_validation_curve`` (one
-  epoch for every unit of a group of compared variants: the epoch >= 1 with the highest validation value averaged
-  over the group and every seed, so a paired difference compares equal training lengths) or ``last``;
-- the ``untrained`` row (``untrained: true``: the first variant's epoch-0 model tested per seed; comparisons may
-  name it);
-- comparisons (``[[variant, baseline], ...]``: paired per-seed differences of the primary metric), ``results.json``
-  / ``results.md``, ``map_at_r.png`` (the validation curves, mean over the seeds), retrieval examples for the report.
-
-A subclass supplies the unit: :meth:`~PairedProtocol.unit` (train one variant at one seed, validate every epoch,
-keep every epoch's weights when :attr:`~PairedProtocol.keep_epochs`), :meth:`~PairedProtocol.test` (the test
-metrics at one of those epochs) and optionally :meth:`~PairedProtocol.examples` (retrieval examples),
-:meth:`~PairedProtocol.header` / :meth:`~PairedProtocol.footer` (the text around the tables) and
-:meth:`~PairedProtocol.plots`.
+Every entry of ``variants`` is merged over the config and trained once per seed (a *unit*; the variants of a seed are
+paired by the unit). The engine owns the grid and its resume (each unit's ``<variant>/seed_<s>/result.json``), the
+selection of the tested epoch (``best_epoch``, ``mean_validation_curve``, ``last``), the ``untrained`` row, the paired
+comparisons and the outputs; a subclass supplies :meth:`~PairedProtocol.unit` and :meth:`~PairedProtocol.test`
+(docs/runner.md, "Writing a protocol").
 
 Example (a toy unit whose "training" is a table)::
 
@@ -410,29 +391,26 @@ class PairedProtocol(Protocol):
             preflight.write_bad_images(self.left_out, self.folder)
         units = self.run_units()
         per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in names}
-        chosen = None
-        if s.selection == "best_epoch":
-            for n in names:
-                for seed in seeds:
-                    unit = units[n][seed]
+        chosen = None if s.selection == "best_epoch" else self.chosen_epochs(units)
+        for c in (chosen or {}).get("curves", {}).values():
+            if c.get("untrained_best"):
+                self.log(
+                    f"warning: {', '.join(c['variants'])}: the mean validation curve is highest at the untrained "
+                    f"model (epoch 0: {c['mean_val'][0]:.4f}); epoch {c['epoch']} "
+                    f"({c['mean_val'][c['epoch']]:.4f}) is tested"
+                )
+        for n in names:
+            for seed in seeds:
+                unit = units[n][seed]
+                if chosen is None:
                     per_seed[n][seed] = unit.get("test") or self.test_at(n, seed, unit["best_epoch"])
-                    if unit.get("best_epoch") == 0:
+                    if unit["best_epoch"] == 0:
                         self.log(
                             f"warning: {n} seed {seed}: the best validation epoch is the untrained model (epoch 0)"
                         )
-        else:
-            chosen = self.chosen_epochs(units)
-            for c in chosen["curves"].values():
-                if c.get("untrained_best"):
-                    self.log(
-                        f"warning: {', '.join(c['variants'])}: the mean validation curve is highest at the untrained "
-                        f"model (epoch 0: {c['mean_val'][0]:.4f}); epoch {c['epoch']} "
-                        f"({c['mean_val'][c['epoch']]:.4f}) is tested"
-                    )
-            for n in names:
-                for seed in seeds:
-                    per_seed[n][seed] = self.test_at(n, seed, chosen["epochs"][n])
-                    units[n][seed]["selected_epoch"] = chosen["epochs"][n]
+                else:
+                    unit["selected_epoch"] = chosen["epochs"][n]
+                    per_seed[n][seed] = self.test_at(n, seed, unit["selected_epoch"])
         untrained = None
         if s.untrained:
             first = names[0]

@@ -1,10 +1,7 @@
 """``--reproduce RUN_FOLDER``: rerun a finished experiment from the ``config.yaml`` it saved and compare metrics.
 
-The rerun goes to ``<RUN_FOLDER>_reproduced`` (or ``output_folder``) through
-:func:`pml_extensions.runner.protocols.run_protocol`; every number in the two ``results.json`` files is compared
-except wall-clock times and paths (keys containing ``second``, ``time``, ``path`` or ``folder``). On CPU with the
-config's seed the protocols are deterministic, so the numbers are equal, not close. ``reproduce.json`` in the new
-folder records the outcome.
+The rerun goes to ``<RUN_FOLDER>_reproduced``; every number of the two ``results.json`` files but times and paths
+must be equal (on CPU with the config's seed the protocols are deterministic); ``reproduce.json`` records the outcome.
 
 Example (shell)::
 
@@ -26,10 +23,6 @@ from ..experiment.folder import saved_config
 IGNORED_KEY_PARTS = ("second", "time", "path", "folder")
 
 
-def _ignored(key: str) -> bool:
-    return any(part in key.lower() for part in IGNORED_KEY_PARTS)
-
-
 def numeric_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
     """Dotted keys of numbers (and numbers' containers) that differ between two results, times and paths aside.
 
@@ -43,7 +36,7 @@ def numeric_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for key in sorted(set(old) | set(new), key=str):
-            if _ignored(str(key)):
+            if any(part in str(key).lower() for part in IGNORED_KEY_PARTS):
                 continue
             path = f"{prefix}.{key}" if prefix else str(key)
             if key not in old or key not in new:

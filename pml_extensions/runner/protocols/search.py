@@ -1,39 +1,13 @@
-"""Hyper-parameter search: powerful-benchmarker's ``~BAYESIAN~`` markers run an Optuna study (optional extra
-``pip install pml_extensions[search]``) that several workers may share.
+"""Hyper-parameter search: powerful-benchmarker's ``~BAYESIAN~`` markers (``~LOG_BAYESIAN~``, ``~INT_BAYESIAN~``, at
+any depth) run an Optuna study (optional extra ``pip install pml_extensions[search]``) that several workers may share.
 
-Markers (PB's): ``key~BAYESIAN~: [low, high]`` (uniform float), ``key~LOG_BAYESIAN~: [low, high]`` (log-uniform),
-``key~INT_BAYESIAN~: [low, high]`` (integer), at any depth, inside list items too (every shipped trunk is a list:
-``models.trunk[0].ConvNetBody.blocks_per_stage`` names such a parameter). Each trial is one run of the config's
-protocol with the sampled values, in ``<experiment>/trial_<n>``; its objective is the aggregated validation primary
-metric (``results["aggregate"][primary_metric]``, :func:`pb_keys.aggregate`), maximised with Optuna's TPE sampler,
-seeded by the config's ``seed`` plus the trial's number (whichever worker asks for the trial).
-
-The trials run in Optuna's ``Study.optimize`` (its heartbeat thread every :data:`HEARTBEAT_INTERVAL_S`, its stale-trial
-check) on ``<experiment>/study.db`` (SQLite through ``RDBStorage``, busy timeout :data:`SQLITE_TIMEOUT_S`). The study
-ends with exactly ``bayes_opt_iters`` (PB's key) COMPLETE trials: ``MaxTrialsCallback`` counts the COMPLETE trials and
-the running ones, so no worker starts a trial beyond that number, and a worker waits for the others' running trials
-before it ends (one may still fail or die). A trial whose objective is NaN or infinite, or whose run raises (a
-diverged loss, an out-of-memory error), is FAIL with its reason and does not count; ``bayes_opt_max_failures_in_a_row``
-(ours, default 5) failed trials of one worker in a row stop the search, in one line
-recorded in ``search.json`` (``"stopped"``); rerunning the command continues the study. A
-:class:`~pml_extensions.runner.errors.ConfigError` inside a trial (the sampled values make a bad config) fails the
-trial and stops the search at once.
-
-Many workers, one study: start the same command several times (processes, machines sharing the folder, or
-``torchrun`` groups, whose rank 0 is the worker and sends each trial to the other ranks). A trial whose worker is
-gone is failed and its parameters queued again, in the same trial folder (its protocol run resumes from the
-checkpoint), by Optuna's ``RetryHeartbeatStaleTrialCallback``: at once when the worker process ended (SIGKILL, a
-crash, SIGINT/SIGTERM: its lock ``locks/trial_<n>.worker.lock`` is free), after :data:`GRACE_PERIOD_S` without a
-heartbeat otherwise (a worker on another machine). ``locks/<folder>.folder.lock`` is held by whoever writes a trial
-folder: no two workers ever write one; a copy waits for a worker that lost its heartbeat but still runs.
-SIGINT/SIGTERM (``KeyboardInterrupt``, and the command line's ``Interrupted``) leave the running trial to be resumed
-exactly as SIGKILL does, then propagate. Locks are ``fcntl.flock`` locks: workers on several machines need a shared
-folder whose file locks work across them (as SQLite does); without ``fcntl`` (Windows) run one worker per study.
-
-``search.json`` / ``results.md`` / ``search.png`` (objective per trial, best so far) hold the trials, the failed ones
-with their reasons, and the best one with its run's test metrics, which report.html shows. A best trial whose every
-fold kept the untrained (epoch-0) model ties the untrained score: it is flagged in the output, ``search.json`` and
-``results.md``.
+Each trial is one run of the config's protocol with the sampled values in ``<experiment>/trial_<n>``, maximising the
+protocol's validation objective with TPE seeded by ``seed`` plus the trial number, in Optuna's ``Study.optimize`` on
+``<experiment>/study.db``. The study ends with exactly ``bayes_opt_iters`` COMPLETE trials; a trial that raises or
+gives a NaN fails, ``bayes_opt_max_failures_in_a_row`` failures in a row stop the search (``"stopped"`` in
+``search.json``), and a trial whose worker is gone (its ``locks/trial_<n>.worker.lock`` free, or no heartbeat for
+:data:`GRACE_PERIOD_S`) runs again in its folder, resuming. The whole contract (workers, torchrun, locks, outputs)
+is docs/search.md.
 
 Example (shell; run the same line in a second terminal to share the study)::
 
@@ -79,18 +53,6 @@ LOCKS_FOLDER = "locks"
 
 
 # ------------------------------------------------------------------------------------------------ one trial's value
-def objective_value(results: Dict[str, Any], config: Dict[str, Any]) -> float:
-    """The number one trial's run gives the search: its protocol's objective
-    (:meth:`pml_extensions.runner.protocols.base.Protocol.objective`, a validation number, never a test one).
-
-    Raises:
-        ConfigError: when the protocol offers no objective.
-    """
-    from . import protocol_of
-
-    return protocol_of(config).objective(results, config)
-
-
 def untrained_folds(results: Dict[str, Any]) -> List[int]:
     """The folds of an mlrc run whose best epoch is 0: the untrained model was never beaten there (epochs that only
     tie it do not replace it), so the fold's validation score is the untrained score.
@@ -104,12 +66,14 @@ def untrained_folds(results: Dict[str, Any]) -> List[int]:
 
 
 def _protocol_objective(sources, on_change, command, log):
+    """The default objective: run the trial's config and return its protocol's (validation) objective."""
+
     def run(trial_config: Dict[str, Any], trial_folder: str) -> Tuple[float, Dict[str, Any]]:
-        from . import run_protocol
+        from . import protocol_of, run_protocol
 
         results = run_protocol(trial_config, trial_folder, sources, log=log, on_change=on_change, command=command)
         info = {UNTRAINED_ATTR: untrained_folds(results), FOLDS_ATTR: len(results.get("folds") or [])}
-        return objective_value(results, trial_config), info
+        return protocol_of(trial_config).objective(results, trial_config), info
 
     return run
 
@@ -206,7 +170,7 @@ def run_search(
             (``bayes_opt_max_failures_in_a_row`` optional).
         folder: the experiment folder (``study.db``, ``locks/`` and ``trial_<n>/`` go there).
         objective: ``(trial_config, trial_folder) -> value`` to maximise, or ``-> (value, user_attrs)``; default:
-            run the config's protocol and return :func:`objective_value` with the :func:`untrained_folds`.
+            run the config's protocol and return its objective with the :func:`untrained_folds`.
 
     Returns:
         ``{"n_trials", "bayes_opt_iters", "best": {"number", "value", "params", "folder", "untrained", "test"
@@ -235,14 +199,13 @@ def run_search(
             "search markers (~BAYESIAN~) need optuna, which is not installed "
             "(pip install optuna); replace the markers by fixed values"
         ) from None
-    where = lambda key: (sources or {}).get(key, "command line")  # noqa: E731
     space = search_space(config)
     settings = read_settings(SearchSettings, config, sources)  # the keys' one check (the loader ran it too)
     n_trials, max_failures = settings.bayes_opt_iters, settings.bayes_opt_max_failures_in_a_row
     if n_trials is None:
         raise ConfigError(
-            f"{where('bayes_opt_iters')}: bayes_opt_iters: the search needs the number of trials, e.g. "
-            "--bayes_opt_iters 20"
+            f"{(sources or {}).get('bayes_opt_iters', 'command line')}: bayes_opt_iters: the search needs the number "
+            "of trials, e.g. --bayes_opt_iters 20"
         )
     from . import protocol_of
     from .base import Protocol

@@ -1,44 +1,22 @@
-"""The "Metric Learning Reality Check" (MLRC) protocol on PML 2.x, driven by a merged
-powerful-benchmarker config.
+"""The "Metric Learning Reality Check" (MLRC) protocol on PML 2.x, driven by a merged powerful-benchmarker config
+(Musgrave, Belongie & Lim, ECCV 2020, Sec. 4; powerful-benchmarker's ``metric-learning`` branch, rewritten here).
 
-Protocol (Musgrave, Belongie & Lim, "A Metric Learning Reality Check", ECCV 2020, Sec. 4;
-powerful-benchmarker's ``metric-learning`` branch, rewritten here):
+1. ``split_manager``: the classes in ``[test_start_idx, test_start_idx + test_size)`` (fractions of the sorted class
+   list; default the second half) are the test set, the rest is cut into ``num_training_partitions`` class-disjoint
+   folds, ``num_training_sets`` of which are trained (fold k validates on partition k).
+2. Each fold trains with the configured trainer; every ``save_interval`` epochs the ``tester`` evaluates
+   ``splits_to_eval``; ``hook_container``'s ``primary_metric`` on val picks the best epoch and drives ``patience``;
+   ``aggregator`` averages the folds' best validation metrics (``results["aggregate"]``).
+3. Test: the mean of the fold models' metrics (``separate_<d>D``) and those of their concatenated embeddings
+   (``ensemble``, ``concatenated_<k·d>D``).
 
-1. Class-disjoint split (``split_manager: {ClassDisjointSplitManager: {...}}``): the classes (sorted, at
-   ``hierarchy_level``) in ``[test_start_idx, test_start_idx + test_size)`` (fractions of the class count; default
-   the second half) are the test set; the rest is the train/val pool.
-2. ``num_training_partitions`` (default 4) class-disjoint folds of the pool: fold k validates on partition k
-   and trains on the others; ``num_training_sets`` of them are trained (default all 4).
-3. Each fold trains with the configured PML trainer; every ``save_interval`` epochs the ``tester`` evaluates
-   ``splits_to_eval`` (always the validation classes); ``hook_container``'s ``primary_metric`` (default MAP@R)
-   on val picks the best epoch; training stops when it has not improved for more than ``patience`` epochs or
-   after ``num_epochs_train``. The best epoch's weights are kept per fold; ``aggregator`` averages the folds'
-   best validation metrics (``results["aggregate"]``).
-4. Test: each fold's best model embeds the test classes; reported are the mean over the folds of the separate
-   models' metrics (``separate_<d>D``, "128D" in the paper) and the metrics of the concatenation
-   (``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}``; ``concatenated_<k·d>D``,
-   "512D"), for every metric of the tester's ``accuracy_calculator``.
-
-Config keys read (powerful-benchmarker v0.9.33 names, checked by :mod:`pml_extensions.runner.config.pb_keys`):
-``trainer``, ``num_epochs_train``, ``save_interval``, ``patience``, ``check_untrained_accuracy``, ``models``,
-``loss_funcs``, ``mining_funcs``, ``sampler``, ``optimizers``, ``transforms``, ``tester``, ``split_manager``,
-``splits_to_eval``, ``hook_container``, ``aggregator``, ``ensemble``, the ``config_general`` flags, ``factories``
-(only the default factory names), ``dataset``, ``dataset_root``; ours: ``seed`` (default 0), ``device``
-(``auto``), ``normalize``, ``prototype_init`` (see :mod:`pml_extensions.runner.objects.builder`), ``feature_cache``
-(the trunk's rest trains on cached outputs of its frozen prefix, :mod:`pml_extensions.runner.objects.feature_cache`:
-part ``train`` holds the train/val pool's training views, part ``eval`` every image's eval view; each fold draws
-its views with its seed) and ``test_hooks``:
-``{name: {HookClass: {kwargs}}}`` run once after testing on fold 0's best model as PML ``end_of_testing_hook``s
-(e.g. ``ExplanationHook``; see :meth:`~pml_extensions.runner.protocols.mlrc.runner.MLRCRunner.run_test_hooks`).
-
-Deviations from powerful-benchmarker, by design: a trunk whose output is a feature map must end in a pooling
-layer (the configs list it); ``MLP`` layer sizes get the trunk's output width prepended automatically (as
-upstream); only ``reference_set: compared_to_self`` is supported; the runner seeds the global
-torch/numpy/python RNGs at the start of each fold (``seed + fold``; PML's samplers draw from them) and
-restores them on resume — set ``seed: null`` to leave them alone.
+The keys are in docs/configs.md. By design, unlike powerful-benchmarker: a feature-map trunk must end in a pooling
+layer, only ``reference_set: compared_to_self``, and the global RNGs are seeded at each fold start (``seed + fold``)
+and restored on resume (``seed: null`` leaves them alone).
 """
 
 import dataclasses
+import functools
 from typing import Any, Dict, Optional
 
 from ...config import pb_keys
@@ -67,16 +45,10 @@ def csv_split_classes(path: str, columns: Dict[str, str]):
         if not split_col or split_col not in (reader.fieldnames or []) or label_col not in (reader.fieldnames or []):
             return None
         sides = {"train": [], "validation": [], "test": []}
+        side_of = {v: k for k, vs in zip(sides, (TRAIN_VALUES, VALIDATION_VALUES, TESTING_VALUES)) for v in vs}
         for row, record in enumerate(reader, start=2):
             value = (record.get(split_col) or "").strip().lower()
-            side = next(
-                (
-                    k
-                    for k, v in (("train", TRAIN_VALUES), ("validation", VALIDATION_VALUES), ("test", TESTING_VALUES))
-                    if value in v
-                ),
-                None,
-            )
+            side = side_of.get(value)
             if side is None:
                 raise ConfigError(
                     f"command line: --data_folder {path}: row {row}: {split_col} {value!r}; expected "
@@ -230,19 +202,20 @@ class MLRC(Protocol):
             return float(sum(folds) / len(folds))
         raise ConfigError(f"bayes_opt_iters: the mlrc run reports no validation {primary} to optimise")
 
-    def preflight(self) -> None:
-        """``MLRCRunner.prepare`` (:mod:`.runner`): every check before training, all problems in one refusal."""
+    @functools.cached_property
+    def runner(self):
+        """The run (:class:`.runner.MLRCRunner`), built on first use (it imports torch)."""
         from .runner import MLRCRunner
 
-        self.runner = MLRCRunner(self.config, self.folder, self.sources, self.log)
+        return MLRCRunner(self.config, self.folder, self.sources, self.log)
+
+    def preflight(self) -> None:
+        """``MLRCRunner.prepare``: every check before training, all problems in one refusal."""
         self.runner.prepare()
 
     def run(self) -> Dict[str, Any]:
-        """``MLRCRunner.run`` (:mod:`.runner`)."""
-        from .runner import MLRCRunner
-
-        runner = getattr(self, "runner", None) or MLRCRunner(self.config, self.folder, self.sources, self.log)
-        return runner.run()
+        """``MLRCRunner.run``."""
+        return self.runner.run()
 
 
 PROTOCOL = MLRC

@@ -1,6 +1,5 @@
-"""The ``mlrc`` protocol's run: :class:`MLRCRunner` builds the class-disjoint folds, trains and tests them (the steps
-are in :mod:`pml_extensions.runner.protocols.mlrc.protocol`'s docstring). Kept apart from the protocol's settings so
-that reading and checking a config imports no torch."""
+"""The ``mlrc`` protocol's run (:class:`MLRCRunner`; the steps: :mod:`.protocol`), apart from its settings so that
+reading a config imports no torch."""
 
 import os
 import time
@@ -29,19 +28,14 @@ __all__ = ["MLRCRunner"]
 
 
 class MLRCRunner:
-    """Run one experiment of the MLRC protocol (see the module docstring) from a merged config.
+    """Run one experiment of the MLRC protocol from a merged config; ``run()`` returns (and writes to
+    ``results.json``) the per-fold validation summary and the test metrics.
 
     Args:
         config: the merged dict from :func:`pml_extensions.runner.protocols.load_config`.
-        experiment_folder: output folder; rerunning with the same folder resumes (finished folds are skipped,
-            the running fold continues from its last checkpoint).
+        experiment_folder: output folder; rerunning with the same folder resumes.
         sources: top-level key -> file, to name the file in error messages.
         log: a print-like function.
-
-    ``run() -> dict`` returns (and writes atomically to ``results.json``) the per-fold validation summary and
-    the test metrics ``{"separate_<d>D": {...}, "concatenated_<D>D": {...}}``. Objects come from
-    :class:`pml_extensions.runner.objects.builder.Builder` (``self.builder``); the folder from
-    :class:`pml_extensions.runner.experiment.folder.Experiment` (``self.experiment``).
 
     Raises:
         ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values.
@@ -94,11 +88,6 @@ class MLRCRunner:
             key = None
         return self.caches.dataset(part, self.builder.frozen, images, transform, views, seed, dataset_key=key)
 
-    # evaluation
-    def primary_metric(self) -> str:
-        """``hook_container``'s ``primary_metric`` (default MAP@R): selects the best epoch, drives patience."""
-        return pb_keys.primary_metric(self.config, self.sources)
-
     def evaluate(self, tester, dataset, models) -> Dict[str, float]:
         trunk, embedder = models["trunk"], models["embedder"]
         modes = (trunk.training, embedder.training)
@@ -109,9 +98,6 @@ class MLRCRunner:
         return {k: float(v) for k, v in acc.items() if isinstance(v, (int, float))}
 
     # ---------------------------------------------------------------------------------------------- one fold
-    def _seed(self, fold: int):
-        self.experiment.seed_everything(fold)
-
     def train_fold(self, fold: int, base, labels, split, transforms) -> Dict[str, Any]:
         stage = f"fold_{fold}"
         fold_dir = self.experiment.stage_folder(stage)
@@ -133,8 +119,6 @@ class MLRCRunner:
         trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
         trainer_kwargs = dict(trainer_kwargs)
         global_batch = trainer_kwargs.get("batch_size", 32)
-        if not is_int(global_batch) or global_batch < 1:
-            raise ConfigError(f"{self.where('trainer')}: batch_size must be a positive integer, got {global_batch!r}")
         if global_batch % dist_utils.world_size():
             raise ConfigError(
                 f"{self.where('trainer')}: batch_size {global_batch} is "
@@ -142,7 +126,7 @@ class MLRCRunner:
             )
         trainer_kwargs["batch_size"] = global_batch // dist_utils.world_size()
 
-        self._seed(fold)
+        self.experiment.seed_everything(fold)
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
         self.builder.init_from_data(models, self.eval_view(base, labels, train_idx, transforms), seed=fold_seed)
@@ -151,10 +135,7 @@ class MLRCRunner:
         sampler = self.builder.build_sampler(train_ds.labels, global_batch)
         tester = self.builder.build_tester()
 
-        num_epochs = self.get("num_epochs_train", 1000)
-        if not is_int(num_epochs) or num_epochs < 1:
-            raise ConfigError(f"{self.where('num_epochs_train')}: must be a positive integer, got {num_epochs!r}")
-        primary = self.primary_metric()
+        primary = pb_keys.primary_metric(self.config, self.sources)
         best_path = os.path.join(fold_dir, "best.pth")
 
         def evaluate(epoch):
@@ -165,7 +146,7 @@ class MLRCRunner:
             models,
             optimizers,
             loss_funcs,
-            num_epochs=num_epochs,
+            num_epochs=self.get("num_epochs_train", 1000),
             primary=primary,
             evaluate=evaluate,
             best_path=best_path,
@@ -222,7 +203,7 @@ class MLRCRunner:
         for k, fr in enumerate(fold_results):
             if not os.path.exists(fr["best_path"]):
                 raise ConfigError(f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test")
-            self._seed(k)
+            self.experiment.seed_everything(k)
             models = self.builder.build_models(test_ds[0][0], len(fr["train_classes"]))
             for name, sd in load_weights(fr["best_path"], self.device).items():
                 models[name].load_state_dict(sd)
@@ -255,11 +236,8 @@ class MLRCRunner:
         )
 
     def run_test_hooks(self, test_ds, models, epoch: Optional[int] = None) -> None:
-        """Run the config's ``test_hooks`` (ours; e.g. ``{explanations: {ExplanationHook: {n_queries: 4}}}``)
-        once on the test split with fold 0's best model, as PML ``end_of_testing_hook``s. Arguments the hook
-        takes and the config leaves out are filled: ``trunk``, ``embedder``, ``dataset_dict``
-        (``{"test": ...}``), ``output_dir`` (``<experiment>/explanations``, which the report embeds) and ``epoch``
-        (the fold's best epoch, which names the files)."""
+        """Run the config's ``test_hooks`` once on the test split with fold 0's best model, as PML
+        ``end_of_testing_hook``s (``trunk``, ``embedder``, ``dataset_dict``, ``output_dir`` and ``epoch`` filled in)."""
         specs = self.get("test_hooks") or {}
         if not specs:
             return
@@ -409,12 +387,12 @@ class MLRCRunner:
             test = self.test(base, labels, splits["test"], transforms, fold_results)
         results = {
             "experiment_folder": os.path.abspath(self.folder),
-            "primary_metric": self.primary_metric(),
+            "primary_metric": pb_keys.primary_metric(self.config, self.sources),
             "aggregate": pb_keys.aggregate(self.config, [f["best_val_metrics"] for f in fold_results], self.sources),
             "folds": fold_results,
             "test": test,
             "test_classes": splits["test"],
-            "test_class_names": self.class_names(base, splits["test"]),
+            "test_class_names": names,
             "seconds": time.time() - t0,
         }
         self.experiment.write_results(results)

@@ -1,25 +1,11 @@
 """The ``paired`` protocol: variants of one config trained with paired seeds, selected on validation classes, tested
-once on unseen classes, compared.
+once on unseen classes, compared (the engine: :class:`~pml_extensions.runner.protocols.paired_protocol.
+PairedProtocol`; the unit: :mod:`.unit`).
 
-``python -m pml_extensions job`` runs it on the shipped ``xml_glyphs`` config (XML vs the GAP baseline, a config of
-this protocol); ``python -m pml_extensions run CONFIG`` on any config whose ``protocol`` is ``paired`` (the default
-of the flat form, ``config_<category>.yaml`` files), ``--data_folder`` on your own images.
-
-Every entry of ``variants`` is merged over the config and trained once per seed (the grid, selection, untrained row,
-comparisons and outputs: :class:`~pml_extensions.runner.protocols.paired_protocol.PairedProtocol`). The unit
-(:mod:`.unit`): the training classes are split class-disjointly into a training part and a validation part
-(``validation: {class_fraction, seed}``; a table with validation and test rows validates on its validation rows
-and trains on every train row); the configured PML trainer (default ``MetricLossOnly``) trains on the
-training part; after every epoch the validation classes score the model; only the selected epoch is tested, once,
-on the unseen test classes. Within a seed all variants start from bit-identical weights for the modules they share
-and see the same batches. With ``feature_cache`` the trunk's rest trains on cached features of its frozen prefix
-(:mod:`pml_extensions.runner.objects.feature_cache`; the prefix must not depend on the seed, e.g. pretrained
-weights), the caches in ``<experiment>/feature_cache`` unless the key names another folder.
-
-Outputs under the experiment folder: ``results.json`` (``variants`` / ``comparisons``, plus ``units``: per variant and
-seed the validation history, best epoch and train time), ``results.md``, ``map_at_r.png``, ``config.yaml``,
-``report.html``, ``retrieval/`` and ``<variant>/seed_<s>/`` with the record-keeper logs (CSV + SQLite),
-``checkpoint.pth``, the selected weights and ``result.json``.
+The training classes are split class-disjointly into a training and a validation part (``validation``; a table with
+validation rows validates on them), the configured trainer (default ``MetricLossOnly``) trains on the training part,
+the validation classes score every epoch and only the selected epoch is tested. ``python -m pml_extensions job`` runs
+it on the shipped ``xml_glyphs`` config; ``--data_folder`` on your images.
 """
 
 import dataclasses
@@ -165,7 +151,6 @@ class Paired(PairedProtocol):
 
         problems, seen = Problems(), set()
         record = self.folder if os.path.isdir(self.folder) else None  # a rerun reads its record of decoded files
-        train_roles: Dict[str, list] = {}  # the first dataset's training and validation classes, by name
         quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
             cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
@@ -187,7 +172,7 @@ class Paired(PairedProtocol):
                 continue
             seen.add(key)
             where = f"{sources.get('dataset', 'config')}: dataset"
-            splits, rows = ["train", "test"], None
+            splits, rows, roles = ["train", "test"], None, {}  # roles: class names of train, validation, test
             for split in splits:
                 data = None
                 with problems.check():
@@ -207,27 +192,15 @@ class Paired(PairedProtocol):
                     self.left_out.update(getattr(data, "left_out", {}))
                     self.checked_data.append(data)
                     images_ok = True
-                if split == "validation":
-                    if data is not None and "validation" not in train_roles:
-                        ids = sorted({int(v) for v in dataset_labels(data)})
-                        train_roles = {**train_roles, "validation": _class_names(data, ids)}
-                    continue
                 if split != "train":
-                    if not self.class_roles and data is not None:
-                        test_ids = sorted({int(v) for v in dataset_labels(data)})
-                        if len(test_ids) < 2:
-                            with problems.check():
-                                raise ConfigError(
-                                    f"{where}: the test split of {_data_words(s.dataset)} has {len(test_ids)} "
-                                    "class(es); retrieval on unseen classes needs at least 2"
-                                )
-                        self.class_roles = {**train_roles, "test": _class_names(data, test_ids)}
-                        self.log(
-                            "classes: "
-                            + "; ".join(
-                                f"{role} {len(names)} ({_shown(names)})" for role, names in self.class_roles.items()
+                    ids = sorted({int(v) for v in dataset_labels(data)})
+                    if split == "test" and not self.class_roles and len(ids) < 2:
+                        with problems.check():
+                            raise ConfigError(
+                                f"{where}: the test split of {_data_words(s.dataset)} has {len(ids)} class(es); "
+                                "retrieval on unseen classes needs at least 2"
                             )
-                        )
+                    roles[split] = _class_names(data, ids)
                     continue
                 labels = parts = None
                 with problems.check():
@@ -241,22 +214,23 @@ class Paired(PairedProtocol):
                             f"{sources.get('validation', 'config')}: validation: {e} ({_data_words(s.dataset)} has "
                             f"{len(np.unique(labels))} training classes)"
                         ) from None
-                if parts is not None and not train_roles:
-                    train_ids = sorted({int(v) for v in labels[parts[0]]})
-                    train_roles = {"train": _class_names(data, train_ids)}
-                    if parts[2] is not None:
-                        train_roles["validation"] = _class_names(data, [int(i) for i in parts[2]])
-                if parts is not None:
+                if parts is None:
+                    continue
+                roles["train"] = _class_names(data, sorted({int(v) for v in labels[parts[0]]}))
+                if parts[2] is not None:
+                    roles["validation"] = _class_names(data, [int(i) for i in parts[2]])
+                with problems.check():
+                    preflight.check_sampler(b, [labels[parts[0]]], s.batch_size, batch_key="batch_size")
+                if images_ok:  # the channels are read from an image
                     with problems.check():
-                        preflight.check_sampler(b, [labels[parts[0]]], s.batch_size, batch_key="batch_size")
-                if parts is not None and images_ok:  # the channels are read from an image
-                    with problems.check():
-                        view = b.subset(data, parts[0][:1], labels, b.build_transform("eval"))
-                        sample = view[0][0]
+                        sample = b.subset(data, parts[0][:1], labels, b.build_transform("eval"))[0][0]
                         if hasattr(sample, "ndim"):  # images of several sizes need a Resize to be batched
                             preflight.check_sizes(b, data, b.build_transform("eval"), sample)
-                        if cfg.get("feature_cache") is None and hasattr(sample, "ndim"):
-                            b.build_models(sample, int(max(labels)) + 1)
+                            if cfg.get("feature_cache") is None:
+                                b.build_models(sample, int(max(labels)) + 1)
+            if not self.class_roles and "test" in roles:
+                self.class_roles = roles
+                self.log("classes: " + "; ".join(f"{r} {len(names)} ({_shown(names)})" for r, names in roles.items()))
         problems.raise_any()
 
     def _check_distillation(self, b) -> None:
@@ -290,9 +264,8 @@ class Paired(PairedProtocol):
                 load_teacher(b, seed)
 
     def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
-        """Build the feature caches of every variant with ``feature_cache`` (parts ``train``, ``train_eval``, a
-        table's ``validation`` rows, ``test``), or only shard ``rank`` of ``world_size`` (separate processes; the last
-        one completes the cache). A run of the config then finds them. Returns whether every cache is complete."""
+        """Build the feature caches of every variant with ``feature_cache`` (or only shard ``rank`` of ``world_size``,
+        separate processes); a run of the config then finds them. Returns whether every cache is complete."""
         from ...objects.builder import Builder
         from ...objects.data import validation_rows
         from .unit import cached_split

@@ -1,41 +1,11 @@
 """One (variant, seed) unit of the ``paired`` protocol: build, train, select on validation, test once.
 
-Pairing (every variant of a seed sees the same start and the same data):
-
-- the global RNGs are re-seeded before each module is built (trunk: ``seed``, embedder: ``seed + 1``, losses:
-  ``seed + 2``), so a module shared by two variants gets bit-identical weights even when another module of one
-  variant (e.g. ``HistogramPooling``) is extra; the prototypes draw from their own generator
-  (``HistogramPooling.reset_parameters(generator)`` / ``init_from_data(seed=...)``), never from the global RNG;
-- the RNGs are re-seeded with ``seed + 3`` right before training, so ``MPerClassSampler`` (PML's
-  ``c_f.NUMPY_RANDOM``) and the training augmentations draw the same batches for every variant.
-
-Every object comes from the runner's one :class:`pml_extensions.runner.objects.builder.Builder` over the variant's
-merged config (datasets by name, transforms, models, losses, optimizers, sampler, tester, trainer).
-
-Selection: the training classes are split class-disjointly into a training part and a validation part
-(:func:`pml_extensions.runner.objects.data.validation_split`), or, for a table with validation and test rows, its
-validation rows validate and every train row trains (:func:`~pml_extensions.runner.objects.data.validation_rows`);
-the best epoch is the one with the highest validation
-MAP@R, epoch 0 (the untrained model) included and flagged. :func:`train_and_select` never loads the test split;
-:func:`evaluate` runs once on the
-selected model. With ``keep_epochs`` every evaluated epoch's weights are kept (``epochs/epoch_<e>.pth``), so the
-protocol can test the epoch it chooses for a whole group of units (``selection: mean_validation_curve``).
-
-Distillation (``teacher`` and ``coupled_augmentation`` keys): a trainer that distils (one with ``teacher_modules``,
-e.g. :class:`~pml_extensions.trainers.ResolutionDistillationTrainer`) gets the frozen ``teacher_trunk`` /
-``teacher_embedder`` of a finished run (:func:`load_teacher`) and trains on
-:class:`~pml_extensions.datasets.CoupledAugmentationDataset` views of the training images; every variant with a
-``teacher`` starts from the teacher's weights (``init_student``), so the untrained row is the teacher on the student's
-images. Validation and test embed the queries with the student (the eval transform); an asymmetric tester
-(:class:`~pml_extensions.testers.AsymmetricTester`) embeds the same images as references with the teacher
-(``transforms.reference``, :func:`reference_kwargs`), any other tester with the student too.
-
-Feature cache (``feature_cache`` key, :mod:`pml_extensions.runner.objects.feature_cache`): the trunk is its
-trainable rest, and the splits are cached prefix outputs: part ``train`` (the train split, ``num_views`` views of the
-train transform; its views follow the unit's seed and epoch), ``train_eval`` (the train split's eval view: the
-validation classes and ``prototype_init``'s images), ``validation`` (a table's validation rows) and ``test``
-(:func:`cached_split`). The config's
-``feature_cache.folder`` must be resolved (:func:`resolve_cache_folder`).
+Pairing: the global RNGs are re-seeded before each module is built (trunk ``seed``, embedder ``seed + 1``, losses
+``seed + 2``; ``HistogramPooling`` prototypes draw from their own generator) and with ``seed + 3`` before training,
+so every variant of a seed starts from the same weights for the modules it shares and sees the same batches. Every
+object comes from the variant's :class:`~pml_extensions.runner.objects.builder.Builder`. :func:`train_and_select`
+never loads the test split; :func:`evaluate` tests the selected model once. A ``teacher`` (distillation) and a
+``feature_cache`` are described on the paired protocol's docs page.
 """
 
 import os
@@ -55,25 +25,6 @@ from ...objects.data import dataset_labels, validation_rows, validation_split
 from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec, end_of_epoch_hook
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
-__all__ = [
-    "METRICS",
-    "build_models",
-    "cached_split",
-    "evaluate",
-    "load_models",
-    "load_split",
-    "load_teacher",
-    "make_loader",
-    "make_tester",
-    "resolve_cache_folder",
-    "teacher_spec",
-    "train_and_select",
-    "validation_split",
-]
-
-
-def _builder(cfg, device=None, builder=None, sources=None, log=print) -> Builder:
-    return builder if builder is not None else Builder(cfg, sources, device, log)
 
 
 def load_split(
@@ -82,7 +33,7 @@ def load_split(
     """The dataset split ``"train"`` / ``"test"`` of the config, with the train or eval transform (both built by
     the variant's :class:`~pml_extensions.runner.objects.builder.Builder`); with ``feature_cache`` its cached
     prefix outputs (:func:`cached_split`; ``seed`` draws the training views)."""
-    b = _builder(cfg, builder=builder)
+    b = builder if builder is not None else Builder(cfg)
     if cfg.get("feature_cache") is not None:
         return cached_split(b, split, train_transform, seed)
     return b.build_dataset(split, transform=b.build_transform("train" if train_transform else "eval"))
@@ -105,11 +56,9 @@ def cached_split(
     rank: Optional[int] = None,
     world_size: Optional[int] = None,
 ):
-    """The cached ``split`` (``"train"`` / ``"test"``) of the Builder's config: a
-    :class:`~pml_extensions.datasets.CachedFeatureDataset` of part ``train`` (train transform, ``num_views`` views
-    drawn with ``seed``), ``train_eval`` or ``test`` (eval transform, one view), built first when missing (only this
-    shard with ``rank`` / ``world_size``: then the cache folder is returned, and whether it is complete). The frozen
-    prefix is the Builder's (:attr:`Builder.frozen`; the trunk is built for it when no model was built yet).
+    """The cached ``split`` of the Builder's config: a :class:`~pml_extensions.datasets.CachedFeatureDataset` of
+    part ``train`` (``num_views`` train views drawn with ``seed``), ``train_eval`` or ``test`` (one eval view), built
+    first when missing; with ``rank`` / ``world_size`` only that shard is built, and ``(folder, complete)`` returned.
 
     Raises:
         ConfigError: as :class:`pml_extensions.runner.objects.feature_cache.FeatureCaches`.
@@ -211,12 +160,6 @@ def load_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
     return out
 
 
-def scoring_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
-    """The teacher that a test of ``seed`` scores the student against (:func:`load_teacher`), or ``None``: without a
-    ``teacher`` or an asymmetric tester, the student is scored alone."""
-    return load_teacher(b, seed) if asymmetric_tester(b) else None
-
-
 def require_reference(b: Builder) -> None:
     """An asymmetric test with a teacher embeds the references with ``transforms.reference``.
 
@@ -230,11 +173,14 @@ def require_reference(b: Builder) -> None:
         )
 
 
+def scoring_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
+    """The teacher an asymmetric tester scores the student against (:func:`load_teacher`), else ``None``."""
+    return load_teacher(b, seed) if asymmetric_tester(b) else None
+
+
 def reference_kwargs(b: Builder, teacher, split: str, source: str, indices) -> Dict[str, Any]:
-    """The reference side of an asymmetric test (a tester with ``reference_dataset_dict``, e.g.
-    :class:`~pml_extensions.testers.AsymmetricTester`, and a ``teacher``): the teacher embeds the same images
-    (``indices`` of the dataset split ``source``, in the same order) with ``transforms.reference``, the database
-    resolution. ``{}`` otherwise: the student alone, on both sides."""
+    """An asymmetric test's reference side: the teacher embeds items ``indices`` of split ``source`` with
+    ``transforms.reference``; ``{}`` without a teacher or an asymmetric tester (the student alone, on both sides)."""
     if teacher is None or not asymmetric_tester(b):
         return {}
     return {
@@ -280,12 +226,12 @@ def build_models(
 ) -> Dict[str, Any]:
     """Trunk, embedder and losses of one variant, paired by seed (see the module docstring).
 
-    ``init_set`` (the training part with the eval transform) probes the trunk with one image and feeds
-    ``prototype_init`` when the config has one; ``num_classes`` (one more than the largest training label) is
-    filled into specs that take it and leave it out. ``losses=False``: no losses (``{}``; a model to load weights
-    into, whose losses may need ``num_classes`` and the embedding size).
+    Args:
+        init_set: the training part with the eval transform: probes the trunk and feeds ``prototype_init``.
+        num_classes: filled into specs that take it and leave it out.
+        losses: ``False`` builds no losses (a model to load weights into).
     """
-    b = _builder(cfg, device, builder)
+    b = builder if builder is not None else Builder(cfg, device=device)
     offsets = {"trunk": 0, "embedder": 1}
 
     def reseed(key):
@@ -311,28 +257,9 @@ def build_models(
     return {**models, "loss_funcs": loss_funcs, "mining_funcs": mining_funcs, "frozen": frozen}
 
 
-#: the entries of :func:`build_models`' result that are not networks
-NOT_NETWORKS = ("loss_funcs", "mining_funcs", "frozen")
-
-
 def networks(models: Dict[str, Any]) -> Dict[str, torch.nn.Module]:
     """The networks of :func:`build_models`' result (trunk, embedder and any other model of ``models``)."""
-    return {k: v for k, v in models.items() if k not in NOT_NETWORKS}
-
-
-def build_optimizers(cfg, models, builder: Optional[Builder] = None):
-    """``trunk_optimizer``, ``embedder_optimizer`` and ``<loss>_optimizer`` entries (the Builder's; a
-    ``prototype_lr`` in the trunk optimizer's spec gives the prototypes their own parameter group)."""
-    b = _builder(cfg, builder=builder)
-    return b.build_optimizers(networks(models), models["loss_funcs"])
-
-
-def make_tester(cfg, device, end_of_testing_hook=None, builder: Optional[Builder] = None):
-    """The variant's tester and accuracy calculator (the Builder's: PML's GlobalEmbeddingSpaceTester /
-    AccuracyCalculator become their sharded, blocked-engine subclasses)."""
-    b = _builder(cfg, device, builder)
-    extra = {"end_of_testing_hook": end_of_testing_hook} if end_of_testing_hook else {}
-    return b.build_tester(**extra)
+    return {k: v for k, v in models.items() if k not in ("loss_funcs", "mining_funcs", "frozen")}
 
 
 def train_and_select(
@@ -393,14 +320,14 @@ def train_and_select(
     distilling = distils(b)
     trunk, embedder, loss_funcs = models["trunk"], models["embedder"], models["loss_funcs"]
     nets = networks(models)
-    optimizers = build_optimizers(cfg, models, builder=b)
+    optimizers = b.build_optimizers(nets, loss_funcs)
     batch_size, iterations = int(cfg["batch_size"]), int(cfg["iterations_per_epoch"])
 
     def new_sampler():  # under torchrun: the same global batches on every rank, each rank its slice
         return b.build_sampler(train_set.labels, batch_size, iterations_per_epoch=iterations)
 
     sampler = new_sampler()
-    tester = make_tester(cfg, device, builder=b)
+    tester = b.build_tester()
     reference = reference_kwargs(b, teacher, "val", val_source, val_idx)
 
     def validate(epoch):
@@ -495,14 +422,12 @@ def evaluate(
     sources: Optional[Dict[str, str]] = None,
     seed: int = 0,
 ) -> Dict[str, float]:
-    """Metrics of the (selected) trunk + embedder on one split of the dataset (class-disjoint from training); with
-    ``feature_cache`` on the split's cached features of ``models["frozen"]`` (the trunk is its rest); with a
-    ``teacher`` and an asymmetric tester against the teacher of ``seed`` embedding the same images
-    (:func:`reference_kwargs`)."""
+    """Metrics of the (selected) trunk + embedder on one split (with ``feature_cache``: its cached features of
+    ``models["frozen"]``; with a ``teacher`` and an asymmetric tester: against the teacher of ``seed``)."""
     b = Builder(cfg, sources, device)
     b.frozen = models.get("frozen")
     dataset = load_split(cfg, split, train_transform=False, builder=b)
-    tester = make_tester(cfg, device, builder=b)
+    tester = b.build_tester()
     reference = reference_kwargs(b, scoring_teacher(b, seed), split, split, np.arange(len(dataset)))
     tester.test({split: dataset}, -1, models["trunk"], models["embedder"], **reference)
     acc = tester.all_accuracies[split]
@@ -526,9 +451,8 @@ def load_models(cfg, stage_dir, device, path: Optional[str] = None):
 
 
 def test_classes_words(dataset: Any) -> str:
-    """What the test split holds, in words: ``"unseen test classes"``, or for a dataset that declares
-    ``class_overlap: allowed`` (a CSV whose split column puts a class's rows on both sides) the same-class retrieval it
-    is.
+    """What the test split holds, in words: ``"unseen test classes"``, or the same-class retrieval of a dataset that
+    declares ``class_overlap: allowed``.
 
     Example::
 
@@ -546,12 +470,8 @@ def test_classes_words(dataset: Any) -> str:
 
 
 def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch, n_queries=4, k=5):
-    """``retrieval/<variant>.json`` + thumbnails (:mod:`pml_extensions.runner.outputs.retrieval`): the same seeded
-    test queries and their top-k by the unit's tested model, for report.html. The thumbnails are the raw test images;
-    a cached unit embeds its cached test features (the same items, in the same order). With a ``teacher`` and an
-    asymmetric tester the examples are the test's: the student's queries against the teacher's references, the same
-    images with ``transforms.reference``."""
-    from ...objects.builder import Builder
+    """``retrieval/<variant>.json`` + thumbnails for report.html: the same seeded test queries and their top-k by the
+    unit's tested model (with a ``teacher`` and an asymmetric tester, against the teacher's references)."""
     from ...outputs.retrieval import dataset_image, embed, save_retrieval_examples
 
     models = load_models(cfg, stage_dir, device)
