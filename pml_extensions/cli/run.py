@@ -11,6 +11,7 @@ Run a powerful-benchmarker-style config with its protocol (the config's `protoco
       images, the classes), then the merged config as YAML; trains nothing, writes nothing
   python -m pml_extensions run --list [ROLE | protocol]  the class names a config can use, or the protocols
   python -m pml_extensions run --reproduce RUN_FOLDER    rerun a finished experiment from its saved config
+  python -m pml_extensions run --report_only RUN_FOLDER  write a run's report.html again from its files
   torchrun --nproc_per_node 2 -m pml_extensions run CONFIG ...   (gloo on CPU, nccl on GPU)
 
 CONFIG is a config folder or the name of a shipped config (contrastive, contrastive_xml, proxy_anchor,
@@ -262,7 +263,14 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
     if cli.get("report_only"):
         from ..runner.outputs.report import write_report
 
-        print(write_report(_experiment_folder(cli, cli.get("config_root", config_arg))))
+        value = cli["report_only"]  # a run's folder, or true: the folder CONFIG and its options name
+        folder = value if isinstance(value, str) else _experiment_folder(cli, cli.get("config_root", config_arg))
+        if not os.path.isdir(folder):
+            raise ConfigError(
+                f"command line: --report_only: {folder}: no such experiment folder (give a run's folder, or the "
+                "CONFIG and options of a run)"
+            )
+        print(write_report(folder))
         return 0
     config, sources, folder, runner, root = load(argv)
     search = bool(find_search_markers(config))

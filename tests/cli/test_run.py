@@ -509,6 +509,20 @@ def test_one_mistake_is_one_line(argv, line, capsys):
     assert capsys.readouterr().err.strip() == line
 
 
+def test_report_only_on_a_missing_folder_is_one_line_and_on_a_run_folder_writes_its_report(tmp_path, capsys):
+    """A user trial: `run --report_only FOLDER` with a folder that does not exist printed a traceback naming
+    `experiments/None`."""
+    missing = str(tmp_path / "nope")
+    assert cli.main(["--report_only", missing]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"config error: command line: --report_only: {missing}: no such experiment folder (give a run's folder, or "
+        "the CONFIG and options of a run)"
+    )
+    assert cli.main(["--report_only", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "report.html")
+    assert os.path.exists(tmp_path / "report.html")
+
+
 def test_a_misspelt_required_key_is_one_line_naming_its_file(tmp_path, monkeypatch, capsys):
     import shutil
 
