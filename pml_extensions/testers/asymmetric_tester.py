@@ -138,6 +138,9 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
                 raise ValueError(f"split {split!r} is not in the dataset dict")
         embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
         same = ref_trunk is None and ref_embedder is None and ref_dict is None
+        if ref_trunk is None:  # as get_all_embeddings_for_all_splits: the query model embeds the reference view
+            ref_trunk = trunk_model
+            ref_embedder = embedder_model if ref_embedder is None else ref_embedder
         base = super(AsymmetricTester, self).get_all_embeddings_for_all_splits
         query_side = base(
             dataset_dict,
@@ -151,7 +154,7 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         else:
             reference_side = base(
                 dataset_dict if ref_dict is None else ref_dict,
-                trunk_model if ref_trunk is None else ref_trunk,
+                ref_trunk,
                 torch.nn.Identity() if ref_embedder is None else ref_embedder,
                 needed,
                 collate_fn,

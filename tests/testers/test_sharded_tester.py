@@ -85,3 +85,20 @@ def test_several_reference_sets_each_embedded_once():
             assert out[name][f"{metric}_level0"] == pytest.approx(value, rel=1e-12), (name, metric)
     with pytest.raises(ValueError, match="reference_sets"):
         tester.test_reference_sets(data, 0, student, reference_sets={})
+
+
+def test_a_reference_dataset_alone_embeds_the_references_with_the_query_model():
+    """With only ``reference_dataset_dict`` given, ``test_reference_sets`` passed the references through the query
+    trunk but not its embedder (``test`` and ``get_all_embeddings_for_all_splits`` use both): a 3-wide query met
+    4-wide references. Here the reference view holds the same images, so the results equal the symmetric test's."""
+    data = {"test": Images(12, 0), "val": Images(9, 1)}
+    torch.manual_seed(0)
+    trunk, embedder = torch.nn.Identity(), torch.nn.Linear(4, 3)
+    tester = AsymmetricTester(data_device=torch.device("cpu"), dataloader_num_workers=0, batch_size=5)
+    sets = {"test+val": ["val", "test"]}
+    view = dict(data)  # another dict of the same datasets: the reference side is embedded on its own
+    out = tester.test_reference_sets(
+        data, 1, trunk, embedder, query_split="test", reference_sets=sets, reference_dataset_dict=view
+    )
+    same = tester.test_reference_sets(data, 1, trunk, embedder, query_split="test", reference_sets=sets)
+    assert out == same
