@@ -219,6 +219,7 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         bias_difference,
         bias_note,
         explanation_panels,
+        format_cosines,
         save_pair_overlay,
         to_display_image,
     )
@@ -328,6 +329,7 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         pairs.append((r, plain, maps, point, dec.point_specific(fq, fr, [point])[0, 0]))
     difference = max((bias_difference(*maps) for _, _, maps, _, _ in pairs), default=0.0)
     show_bias = difference > BIAS_RTOL
+    shown = format_cosines([float(cos[idx]) for idx in order])  # as the overlays: ranks that differ print apart
     for rank, (idx, (r, plain, maps, point, pmap)) in enumerate(zip(order, pairs)):
         name = f"{prefix}{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png"
         sim = float(cos[idx])  # the number the ranking used: title and similarity.json show the same one
@@ -360,7 +362,7 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
                 "point": [float(point[0]), float(point[1])],
             }
         )
-        print(f"{refs[idx]}: cosine similarity {sim:.4f} -> {path}")
+        print(f"{refs[idx]}: cosine similarity {shown[rank]} -> {path}")
     atomic_write_json(
         os.path.join(args.out, "similarity.json"),
         {

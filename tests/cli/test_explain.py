@@ -1,4 +1,6 @@
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -168,6 +170,22 @@ class TestCliReferenceTree(unittest.TestCase):
             title = figures[os.path.abspath(r["overlay"])]["titles"][1]
             expected = f"rank {r['rank']} · cos {overlay.format_cosines([r['cosine_similarity']])[0]}"
             self.assertEqual(title.split("\n")[0], expected)
+
+    def test_the_console_lines_print_the_cosines_as_the_overlays_do(self):
+        """A user trial: a barely trained model's top-k printed ``cosine similarity 1.0000`` three times (0.99998
+        and its neighbours rounded alike) while the overlays told them apart (:func:`overlay.format_cosines`)."""
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            result, _ = self._run(self.query, 4)
+        cosines = [r["cosine_similarity"] for r in result["results"]]
+        lines = [line for line in printed.getvalue().splitlines() if ": cosine similarity " in line]
+        self.assertEqual(
+            lines,
+            [
+                f"{r['reference']}: cosine similarity {text} -> {r['overlay']}"
+                for r, text in zip(result["results"], overlay.format_cosines(cosines))
+            ],
+        )
 
     def test_recursive_folder_with_class_labels(self):
         result, figures = self._run(self.query, 4)
