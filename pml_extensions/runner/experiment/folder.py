@@ -35,6 +35,21 @@ from .checkpoint import Checkpointer
 RESUME_NEUTRAL_KEYS = ("device", "progress")
 
 
+def time_estimate(took: float, count: int) -> str:
+    """``"<took> s; about <m> min"``: a unit's seconds and the minutes ``count`` more would take, for a run's first
+    announcement; sub-second units say so instead of ``0 s; about 0.0 min``.
+
+    Example::
+
+        >>> time_estimate(100.0, 3), time_estimate(0.2, 3)
+        ('100 s; about 5.0 min', 'under 1 s; a few seconds')
+    """
+    rest = took * count
+    return (f"{took:.0f} s" if took >= 1 else "under 1 s") + (
+        f"; about {rest / 60:.1f} min" if rest >= 6 else "; a few seconds"
+    )
+
+
 def config_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
     """Dotted keys whose values differ between two configs (added, removed or changed), sorted.
 

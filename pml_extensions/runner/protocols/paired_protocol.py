@@ -278,6 +278,8 @@ class PairedProtocol(Protocol):
         Raises:
             ConfigError: a variant or seed the config does not have.
         """
+        from ..experiment.folder import time_estimate
+
         names = list(self.variant_configs) if variants is None else list(variants)
         chosen = list(self.settings.seeds) if seeds is None else [int(s) for s in seeds]
         unknown = [n for n in names if n not in self.variant_configs] + [
@@ -300,14 +302,12 @@ class PairedProtocol(Protocol):
                 timed.append(time.time() - start)
                 left = sum(self.exp.stage_result(self.stage(m, t)) is None for m, t in grid)
                 if left and len(timed) == 1:
-                    self.log(
-                        f"{self.name}: one unit took {timed[0]:.0f} s; about {timed[0] * left / 60:.1f} min for the "
-                        f"{left} left"
-                    )
+                    self.log(f"{self.name}: one unit took {time_estimate(timed[0], left)} for the {left} left")
                 elif left and not 0.5 <= timed[1] / max(timed[0], 1e-9) <= 2:
+                    took, rest = time_estimate(timed[1], left).split("; ")
                     self.log(
-                        f"{self.name}: the next unit took {timed[1]:.0f} s (the first included one-time work); about "
-                        f"{timed[1] * left / 60:.1f} min for the {left} left"
+                        f"{self.name}: the next unit took {took} (the first included one-time work); {rest} for the "
+                        f"{left} left"
                     )
         return out
 

@@ -3,6 +3,8 @@
 import dataclasses
 import types
 
+import pytest
+
 from pml_extensions.runner.protocols import paired_protocol
 from pml_extensions.runner.protocols.base import setting
 from pml_extensions.runner.protocols.paired_protocol import GridSettings, PairedProtocol
@@ -13,12 +15,28 @@ class _Settings(GridSettings):
     gain: float = setting(0.0, "what the unit adds", kind="float")
 
 
-def test_the_estimate_is_given_again_when_the_first_unit_included_one_time_work(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "durations, lines",
+    [
+        (
+            [100.0, 10.0, 10.0, 10.0],
+            [
+                "toy: one unit took 100 s; about 5.0 min for the 3 left",
+                "toy: the next unit took 10 s (the first included one-time work); about 0.3 min for the 2 left",
+            ],
+        ),
+        # a user trial: tiny units said "one fold took 0 s; about 0.0 min for the rest"
+        ([0.4, 0.3, 0.3, 0.3], ["toy: one unit took under 1 s; a few seconds for the 3 left"]),
+    ],
+)
+def test_the_estimate_is_given_again_when_the_first_unit_included_one_time_work(
+    tmp_path, monkeypatch, durations, lines
+):
     """The first unit of a cached run built the feature cache (693 s) and the estimate said 335 min for 29 units that
     took minutes each; the second unit's time now corrects it when the two differ by more than 2x."""
     clock = {"now": 0.0}
     monkeypatch.setattr(paired_protocol, "time", types.SimpleNamespace(time=lambda: clock["now"]))
-    durations = iter([100.0, 10.0, 10.0, 10.0])
+    durations = iter(durations)
 
     class Toy(PairedProtocol):
         name, Settings, metrics = "toy", _Settings, ("score",)
@@ -33,10 +51,7 @@ def test_the_estimate_is_given_again_when_the_first_unit_included_one_time_work(
     logs = []
     config = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]]}
     Toy(dict(config, device="cpu"), str(tmp_path), log=logs.append).run_units()
-    assert [line for line in logs if "took" in line] == [
-        "toy: one unit took 100 s; about 5.0 min for the 3 left",
-        "toy: the next unit took 10 s (the first included one-time work); about 0.3 min for the 2 left",
-    ]
+    assert [line for line in logs if "took" in line] == lines
 
 
 def test_a_resumed_paired_run_decodes_no_image_again(tmp_path, monkeypatch):
