@@ -28,6 +28,14 @@ def _models(pair, name):
     return pair[0], (torch.nn.Identity() if pair[1] is None else pair[1])
 
 
+def _reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder):
+    """The (trunk, embedder) that embed the reference side: the query's model when no reference trunk is given
+    (a reference dataset alone is another view of the images), its embedder unless one is given; Identity for none."""
+    if ref_trunk is None:
+        ref_trunk, ref_embedder = trunk_model, (embedder_model if ref_embedder is None else ref_embedder)
+    return ref_trunk, (torch.nn.Identity() if ref_embedder is None else ref_embedder)
+
+
 def _check_resolution(name, value):
     if not is_int(value) or value <= 0:
         raise ValueError(f"{name} must be a positive int (pixels), got {value!r}")
@@ -138,9 +146,6 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
                 raise ValueError(f"split {split!r} is not in the dataset dict")
         embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
         same = ref_trunk is None and ref_embedder is None and ref_dict is None
-        if ref_trunk is None:  # as get_all_embeddings_for_all_splits: the query model embeds the reference view
-            ref_trunk = trunk_model
-            ref_embedder = embedder_model if ref_embedder is None else ref_embedder
         base = super(AsymmetricTester, self).get_all_embeddings_for_all_splits
         query_side = base(
             dataset_dict,
@@ -154,8 +159,7 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         else:
             reference_side = base(
                 dataset_dict if ref_dict is None else ref_dict,
-                ref_trunk,
-                torch.nn.Identity() if ref_embedder is None else ref_embedder,
+                *_reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder),
                 needed,
                 collate_fn,
             )
@@ -191,13 +195,9 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         if ref_trunk is None and ref_embedder is None and ref_dict is None:
             self.reference_embeddings_and_labels = None
             return query_side
-        if ref_trunk is None:
-            ref_trunk = trunk_model
-            ref_embedder = embedder_model if ref_embedder is None else ref_embedder
         self.reference_embeddings_and_labels = super().get_all_embeddings_for_all_splits(
             dataset_dict if ref_dict is None else ref_dict,
-            ref_trunk,
-            torch.nn.Identity() if ref_embedder is None else ref_embedder,
+            *_reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder),
             splits_to_compute_embeddings,
             collate_fn,
         )

@@ -19,7 +19,7 @@ import random
 import shlex
 import shutil
 from importlib import metadata
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -35,18 +35,18 @@ from .checkpoint import Checkpointer
 RESUME_NEUTRAL_KEYS = ("device", "progress")
 
 
-def time_estimate(took: float, count: int) -> str:
-    """``"<took> s; about <m> min"``: a unit's seconds and the minutes ``count`` more would take, for a run's first
-    announcement; sub-second units say so instead of ``0 s; about 0.0 min``.
+def time_estimate(took: float, count: int) -> Tuple[str, str]:
+    """``("<took> s", "about <m> min")``: a unit's seconds and the minutes ``count`` more would take, for a run's
+    announcements; sub-second units say so instead of ``0 s`` and ``about 0.0 min``.
 
     Example::
 
         >>> time_estimate(100.0, 3), time_estimate(0.2, 3)
-        ('100 s; about 5.0 min', 'under 1 s; a few seconds')
+        (('100 s', 'about 5.0 min'), ('under 1 s', 'a few seconds'))
     """
     rest = took * count
-    return (f"{took:.0f} s" if took >= 1 else "under 1 s") + (
-        f"; about {rest / 60:.1f} min" if rest >= 6 else "; a few seconds"
+    return (f"{took:.0f} s" if took >= 1 else "under 1 s"), (
+        f"about {rest / 60:.1f} min" if rest >= 6 else "a few seconds"
     )
 
 

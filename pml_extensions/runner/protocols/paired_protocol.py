@@ -302,9 +302,11 @@ class PairedProtocol(Protocol):
                 timed.append(time.time() - start)
                 left = sum(self.exp.stage_result(self.stage(m, t)) is None for m, t in grid)
                 if left and len(timed) == 1:
-                    self.log(f"{self.name}: one unit took {time_estimate(timed[0], left)} for the {left} left")
+                    self.log(
+                        f"{self.name}: one unit took {'; '.join(time_estimate(timed[0], left))} for the {left} left"
+                    )
                 elif left and not 0.5 <= timed[1] / max(timed[0], 1e-9) <= 2:
-                    took, rest = time_estimate(timed[1], left).split("; ")
+                    took, rest = time_estimate(timed[1], left)
                     self.log(
                         f"{self.name}: the next unit took {took} (the first included one-time work); {rest} for the "
                         f"{left} left"

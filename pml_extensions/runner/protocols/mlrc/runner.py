@@ -380,7 +380,7 @@ class MLRCRunner:
             fold_results.append(self.train_fold(k, base, labels, splits["folds"][k], transforms))
             if self.trained and not trained and k + 1 < num_sets:  # the first fold this call trained
                 took = time.time() - start
-                self.log(f"one fold took {time_estimate(took, num_sets - k - 1)} for the rest")
+                self.log(f"one fold took {'; '.join(time_estimate(took, num_sets - k - 1))} for the rest")
         # PB's skip_ensemble_eval_if_already_done, only when no fold trained in this call
         test = None if self.trained else pb_keys.reuse_test_results(self.config, self.folder, self.sources)
         if test is None:
