@@ -35,8 +35,7 @@ _TRUE, _FALSE = ("true", "1", "yes", "t", "y", "1.0"), ("false", "0", "no", "f",
 
 
 def _label_order(values: List[str]) -> List[str]:
-    """Distinct labels sorted as numbers when they all are integers, else as strings (code-point order: the same on
-    every machine and locale)."""
+    """Distinct labels sorted as integers when they all are, else by code point (the same on every machine)."""
     distinct = sorted(set(values))
     try:
         return sorted(distinct, key=lambda v: int(v))
@@ -126,30 +125,19 @@ def _mark(value: str) -> Optional[bool]:
 
 class ImageCSVSplit(ImageFileDataset):
     """Images listed in a CSV file, one row per image (open-metric-learning's table format, or any column names mapped
-    to its roles).
-
-    Columns (named by the header row; others are left alone): ``columns`` maps a role to a column of another name
-    (``{"label": "category", "path": "image"}`` or ``"label=category,path=image"``, the runner's ``--columns``);
-    otherwise the role's own name (any case). A table without label or path column is refused in one line that lists
-    the header and suggests a mapping.
-
-    - ``label``: the class, any text (outer blanks stripped);
-    - ``path``: the image file, absolute or relative to ``root`` (default: the CSV file's folder);
-    - ``split`` (optional): ``train`` / ``training``; ``validation`` / ``val`` / ``valid``; ``test`` / ``testing`` (any
-      case). ``split="test"`` reads the test rows (the validation rows when there are none: OML's ``validation`` is
-      the test set), ``split="validation"`` the validation rows of a table that has test rows too;
-    - ``is_query`` / ``is_gallery`` (optional, OML): ``split="query"`` / ``"gallery"`` read the marked test rows;
-      ``split="test"`` needs every test row marked both;
-    - ``x_1, x_2, y_1, y_2`` (optional, OML's box: left, right, top, bottom): rows that fill them are cropped to it;
-    - ``category`` (optional, OML): kept as ``categories``, not used for training.
+    to its roles): ``label``, ``path`` (required), ``split``, ``is_query`` / ``is_gallery``, the box ``x_1, x_2, y_1,
+    y_2`` and ``category`` (optional); docs/own_data.md gives their meaning. A role is read from the column ``columns``
+    maps it to, else from the column of its own name (any case); a table without label or path column is refused in
+    one line that lists the header and suggests a mapping.
 
     Without a split column ``test_classes`` are the test split, else the sorted classes are halved (``split_rule``, as
     :class:`pml_extensions.datasets.ImageFolderSplit`); ``split="all"`` keeps every row. Train and test rows that share
     classes are refused (naming them) unless same-class retrieval is declared (``class_overlap="allowed"`` or OML's
     ``is_query`` / ``is_gallery`` columns); ``shared_classes`` lists them.
 
-    Items are ``(PIL RGB image, int label)``; ``labels`` index ``classes``, every label of the file sorted (as
-    integers when they all are, else by code point), the same in every split.
+    Items are ``(PIL RGB image, int label)``, cropped to the row's box when it has one; ``labels`` index ``classes``,
+    every label of the file sorted (as integers when they all are, else by code point), the same in every split;
+    ``categories`` holds the category column.
 
     Args:
         csv_file: the table (UTF-8, a byte-order mark is fine; ``,`` ``;`` tab or ``|`` separated).
@@ -293,15 +281,14 @@ class ImageCSVSplit(ImageFileDataset):
                 found[role] = column
             elif role in lower and lower[role] not in found.values():
                 found[role] = lower[role]
+        known = {r: c for r, c in found.items() if r in ("label", "path", "split")}  # category: OML's own
         if wrong:  # every wrong entry at once, and a mapping that fits the table
-            known = {r: c for r, c in found.items() if r in ("label", "path", "split")}
             raise ValueError(
                 f"{csv_file}: columns: {'; '.join(wrong)} (header: {', '.join(header)}); perhaps --columns "
                 f"{suggest_columns(header, rows, known)}"
             )
         missing = [r for r in ("label", "path") if r not in found]
         if missing:
-            known = {r: c for r, c in found.items() if r in ("label", "path", "split")}  # category: OML's own
             raise ValueError(
                 f"{csv_file}: no {' and no '.join(missing)} column (header: {', '.join(header)}); map them: "
                 f"--columns {suggest_columns(header, rows, known)}"

@@ -1,19 +1,6 @@
-"""Datasets of image files (an ImageFolder tree, a CSV table): one way to open an image and one pass that names
+"""Datasets of image files (an ImageFolder tree, a CSV table): one way to open an image, and one pass that names
 every file that does not decode (PIL's ``image file is truncated`` names no file, and would surface only when that
-file is read). :func:`find_unreadable_images` reads every file once and returns each bad one with PIL's reason;
-:class:`ImageFileDataset` has it as :meth:`ImageFileDataset.unreadable_images`, and :meth:`ImageFileDataset.drop`.
-
-Example::
-
-    >>> import os, tempfile
-    >>> from PIL import Image
-    >>> folder = tempfile.mkdtemp()
-    >>> Image.new("RGB", (8, 8)).save(os.path.join(folder, "good.png"))
-    >>> _ = open(os.path.join(folder, "bad.png"), "wb").write(b"not an image")
-    >>> [(os.path.basename(p), why) for p, why in find_unreadable_images([os.path.join(folder, f)
-    ...                                                                  for f in ("good.png", "bad.png")])]
-    [('bad.png', 'cannot identify image file')]
-"""
+file is read)."""
 
 import os
 import warnings
@@ -28,8 +15,7 @@ from .class_disjoint_dataset import ClassDisjointDataset
 
 @contextmanager
 def _open(path: str) -> Iterator[Image.Image]:
-    """``Image.open(path)`` without PIL's decompression-bomb warning (a large image is not a bad one: large_images
-    names it once)."""
+    """``Image.open(path)`` without PIL's decompression-bomb warning (large_images names a large image once)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         with Image.open(path) as image:
@@ -67,6 +53,16 @@ def find_unreadable_images(paths: Iterable[str], progress: Optional[Callable[[in
     Args:
         paths: image files.
         progress: called with the number of files checked so far, every 500 files.
+
+    Example::
+
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> Image.new("RGB", (8, 8)).save(os.path.join(folder, "good.png"))
+        >>> _ = open(os.path.join(folder, "bad.png"), "wb").write(b"not an image")
+        >>> [(os.path.basename(p), why) for p, why in find_unreadable_images([os.path.join(folder, f)
+        ...                                                                  for f in ("good.png", "bad.png")])]
+        [('bad.png', 'cannot identify image file')]
     """
     bad = []
     for i, path in enumerate(paths):
