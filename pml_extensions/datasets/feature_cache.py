@@ -271,7 +271,6 @@ class FeatureCache:
         #: what the last :meth:`build` call did: ``rebuilt`` (reason or None), ``chunks_computed``, ``seconds``
         self.last_build = {}
 
-    # ------------------------------------------------------------------ key and files
     @property
     def key_parts(self) -> dict:
         """Digests of the key's parts (computed once per object)."""
@@ -381,7 +380,6 @@ class FeatureCache:
         )
         return reason
 
-    # ------------------------------------------------------------------ build
     def _compute_chunk(self, features: np.ndarray, chunk: int):
         start = chunk * self.chunk_size
         stop = min(start + self.chunk_size, self.num_items)

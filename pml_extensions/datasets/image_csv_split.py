@@ -3,7 +3,6 @@ them) as a metric-learning dataset whose splits follow the table's split column,
 class-disjoint rule."""
 
 import csv
-import difflib
 import os
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -11,7 +10,7 @@ import numpy as np
 
 from .class_disjoint_dataset import SPLITS, select_split_classes
 from .image_files import ImageFileDataset
-from .image_folder_split import named_test_classes
+from .image_folder_split import _near, named_test_classes
 
 #: what a column can be mapped to (``columns=``); ``label`` and ``path`` are required
 ROLES = ("label", "path", "split", "is_query", "is_gallery", "category")
@@ -41,11 +40,6 @@ def _label_order(values: List[str]) -> List[str]:
         return sorted(distinct, key=lambda v: int(v))
     except ValueError:
         return distinct
-
-
-def _near(name: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def parse_columns(columns: Union[None, str, Mapping[str, Optional[str]]]) -> Dict[str, Optional[str]]:
@@ -83,9 +77,7 @@ def parse_columns(columns: Union[None, str, Mapping[str, Optional[str]]]) -> Dic
 
 
 def suggest_columns(header: Sequence[str], rows: List[Dict[str, str]], found: Dict[str, str]) -> str:
-    """A ``role=column,...`` guess for a table whose label or path column was not found: ``path`` the column whose
-    values look like image files, ``split`` one whose values are all split names, ``label`` a text column with few
-    distinct values (a name like category / class first). ``found`` holds the roles already known."""
+    """A ``role=column,...`` guess for a table whose label or path column was not found (``found``: the roles known)."""
     guess = dict(found)
     free = [h for h in header if h not in guess.values()]
     values_of = {h: [(r.get(h) or "").strip() for r in rows] for h in free}
@@ -221,9 +213,8 @@ class ImageCSVSplit(ImageFileDataset):
                 on_side = {c for c, s in zip(row_labels, side) if s == name}
                 if on_side:
                     self.classes_by_split[name] = [c for c in self.classes if c in on_side]
-            train_names = {c for c, s in zip(row_labels, side) if s == "train"}
             other_names = {c for c, s in zip(row_labels, side) if s != "train"}
-            self.shared_classes = [c for c in self.classes if c in train_names and c in other_names]
+            self.shared_classes = [c for c in self.classes_by_split.get("train", []) if c in other_names]
             declared = class_overlap == "allowed" or marks is not None
             if self.shared_classes and split != "all" and not declared:
                 shown = ", ".join(self.shared_classes[:5]) + (", ..." if len(self.shared_classes) > 5 else "")
@@ -250,19 +241,14 @@ class ImageCSVSplit(ImageFileDataset):
                 names = set(select_split_classes(self.classes, split, split_rule))
                 keep = [c in names for c in row_labels]
         chosen_rows = [(n, r) for n, (r, k) in enumerate(zip(rows, keep), start=2) if k]
-        base = root if root is not None else os.path.dirname(os.path.abspath(csv_file))
-        self.csv_file = csv_file
-        self.root = base
-        self.split = split
-        self.columns = col
-        self.paths = [os.path.join(base, _get(r, path_col)) for _, r in chosen_rows]
+        self.csv_file, self.split, self.columns = csv_file, split, col
+        self.root = root if root is not None else os.path.dirname(os.path.abspath(csv_file))
+        self.paths = [os.path.join(self.root, _get(r, path_col)) for _, r in chosen_rows]
         self.labels = np.asarray([index[_get(r, label_col)] for _, r in chosen_rows], dtype=np.int64)
         category = col.get("category")
         self.categories = [r.get(category) for _, r in chosen_rows] if category else None
-        boxes = set(BOX_COLUMNS) <= set(header)
-        self.boxes = [self._box(csv_file, n, r) for n, r in chosen_rows] if boxes else None
+        self.boxes = [self._box(csv_file, n, r) for n, r in chosen_rows] if set(BOX_COLUMNS) <= set(header) else None
 
-    # ------------------------------------------------------------------------------------------------ reading
     @staticmethod
     def _columns(csv_file, header, rows, mapping) -> Dict[str, str]:
         """``{role: column}``: the mapping's, else a column named as the role (any case); ``label`` and ``path``
@@ -319,8 +305,8 @@ class ImageCSVSplit(ImageFileDataset):
 
     @staticmethod
     def _marks(csv_file, rows, col, side, split):
-        """``[(is_query, is_gallery)]`` per row from OML's columns (None without them); test rows must be marked
-        for the splits that read them."""
+        """``[(is_query, is_gallery)]`` per row (None without OML's columns); the test rows the split reads must be
+        marked."""
         qc, gc = col.get("is_query"), col.get("is_gallery")
         if qc is None and gc is None:
             if split in ("query", "gallery"):
@@ -379,7 +365,7 @@ def _get(row: Dict[str, str], column: Optional[str]) -> str:
 
 
 def _read_table(csv_file: str):
-    """``(header, rows)``; the separator is sniffed from the header line (``,`` ``;`` tab ``|``)."""
+    """``(header, rows)``; the separator (``,`` ``;`` tab ``|``) is sniffed from the header line."""
     with open(csv_file, newline="", encoding="utf-8-sig") as f:
         first = f.readline()
         f.seek(0)

@@ -4,7 +4,7 @@ Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Dee
 (frozen teacher, student initialised from the teacher, AdamW + one-cycle); from ``pavelsuma/raml``: BatchNorm in eval
 mode (``train.py``), GeM p at 10× the learning rate without weight decay, weight decay 1e-6,
 ``OneCycleLR(div_factor=10)`` (``modelhelpers.py``). Deviation: the teacher runs under ``torch.no_grad`` with frozen
-parameters (the code builds a graph through it, see ``benchmarks/distill_memory.py``); the numbers are unchanged.
+parameters (the code builds a graph through it); the numbers are unchanged.
 """
 
 from typing import Dict, Optional
@@ -36,11 +36,9 @@ def make_optimizers(
     weight_decay: float = 1e-6,
     gem_lr_multiplier: float = 10.0,
 ) -> Dict[str, torch.optim.Optimizer]:
-    """RAML's optimisers: AdamW (lr, weight_decay) with GeM p in its own group (lr × gem_lr_multiplier, no decay).
-
-    Returns ``{"trunk_optimizer": ..., "embedder_optimizer": ...}`` (the second only when ``embedder`` has
-    parameters). Frozen parameters (``requires_grad=False``) are left out. Defaults: lr 1.1e-4, weight decay
-    1e-6, multiplier 10 (paper / paper code).
+    """RAML's optimisers ``{"trunk_optimizer", "embedder_optimizer" (when ``embedder`` has parameters)}``: AdamW (lr,
+    weight_decay) with GeM p in its own group (lr × gem_lr_multiplier, no decay); frozen parameters left out. Defaults
+    from the paper and its code.
 
     Raises:
         ValueError: on a non-positive lr or multiplier, negative weight decay, or no trainable parameter at all.
@@ -89,21 +87,17 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     ``dataset``: a :class:`CoupledAugmentationDataset`, or anything whose ``collate_fn`` (default
     ``CoupledAugmentationDataset.collate``) yields ``((student_images, teacher_images, class_labels), image_ids)``.
 
-    Per step: ``distillation_loss(student, image_ids, ref_emb=teacher)`` with the teacher's embeddings of the large
-    images under ``torch.no_grad`` in eval mode (its parameters frozen, never zeroed or stepped). The student's
-    BatchNorm stays in eval mode (``freeze_batchnorm``) and it starts from the teacher's weights
-    (``init_student_from_teacher``; False for the ImageNet-init ablation). Fresh coupled augmentations on every
-    pass: ``dataset.set_epoch(epoch)`` at each epoch, and :meth:`start_new_pass` (``set_pass`` on the dataset and
-    sampler) whenever the DataLoader runs out; ``new_pass_each_epoch=True`` also starts one every epoch, so an epoch's
-    batches depend only on (seed, pass), as a resumed run needs (restore ``trainer.data_pass``). The DataLoader
-    shuffles with a generator seeded by ``dataset.seed`` (else the global RNG, as PML).
+    Per step: ``distillation_loss(student, image_ids, ref_emb=teacher)``, the teacher embedding the large images under
+    ``torch.no_grad`` in eval mode (frozen, never zeroed or stepped). Fresh coupled augmentations on every pass:
+    ``dataset.set_epoch(epoch)`` at each epoch and :meth:`start_new_pass` whenever the DataLoader runs out;
+    ``new_pass_each_epoch=True`` also starts one every epoch, so an epoch's batches depend only on (seed, pass), as a
+    resumed run needs (restore ``trainer.data_pass``). The DataLoader shuffles with a generator seeded by
+    ``dataset.seed`` (else the global RNG, as PML). Without ``optimizers``/``lr_schedulers``: :func:`make_optimizers`
+    and ``OneCycleLR(max_lr=group lr, div_factor)`` per optimiser, stepped every iteration of the ``train`` call.
 
-    Defaults when ``optimizers``/``lr_schedulers`` are None: :func:`make_optimizers` and, at :meth:`train`,
-    ``OneCycleLR(max_lr=group lr, div_factor=10)`` per optimiser stepped every iteration of the ``train`` call.
-
-    Keyword-only args: ``init_student_from_teacher`` (True), ``freeze_batchnorm`` (True), ``new_pass_each_epoch``
-    (False), ``lr`` (1.1e-4, paper), ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor``
-    (10); the rest as PML's trainers.
+    Keyword-only args: ``init_student_from_teacher`` (False: the ImageNet-init ablation), ``freeze_batchnorm`` (the
+    student's BatchNorm in eval mode), ``new_pass_each_epoch``, ``lr`` (paper: 1.1e-4), ``weight_decay``,
+    ``gem_lr_multiplier``, ``one_cycle_div_factor``; the rest as PML's trainers.
 
     Raises:
         ValueError: ``models`` without ``trunk``/``teacher_trunk`` modules; a student module that is (or shares
@@ -158,8 +152,8 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
 
     @staticmethod
     def _check_teacher_is_not_the_student(models):
-        """Refuse a student module that is, or shares parameters with, the teacher's (freezing the teacher would
-        freeze it)."""
+        """Refuse a student module that is, or shares parameters with, the teacher's (freezing the teacher would freeze
+        it)."""
         for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
             s, t = models[student], models[teacher]
             if s is t and any(True for _ in s.parameters()):

@@ -38,14 +38,11 @@ def make_teacher_trainer(
 ) -> MetricLossOnly:
     """A PML ``MetricLossOnly`` configured as RAML's teacher recipe (not yet trained: call ``.train(1, epochs)``).
 
-    Loss ``TripletMarginLoss(margin, distance=LpDistance(power=2))`` (squared Euclidean on L2-normalised
-    embeddings), miner ``DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)``, sampler
-    ``MPerClassSampler(labels, m=images_per_class)`` with ``classes_per_batch × images_per_class`` images per batch,
-    optimisers from :func:`make_optimizers` (AdamW, GeM p ×10). ``dataset`` yields ``(image tensor, class label)``;
-    ``labels`` default to ``dataset.labels``. Extra kwargs go to ``MetricLossOnly`` (e.g. ``end_of_iteration_hook``).
-
-    Raises:
-        ValueError: if the labels cannot be found or a size is not positive.
+    Loss ``TripletMarginLoss(margin, distance=LpDistance(power=2))`` (squared Euclidean on L2-normalised embeddings),
+    miner ``DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)``, sampler ``MPerClassSampler(labels,
+    m=images_per_class)`` with ``classes_per_batch × images_per_class`` images per batch, :func:`make_optimizers`.
+    ``dataset`` yields ``(image tensor, class label)``; ``labels`` default to ``dataset.labels``; extra kwargs go to
+    ``MetricLossOnly``. ValueError: no labels, or a size that is not positive.
     """
     if labels is None:
         labels = getattr(dataset, "labels", None)
