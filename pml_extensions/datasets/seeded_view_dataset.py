@@ -65,12 +65,7 @@ def draw_view(seed: int, epoch: int, index: int, num_views: int) -> int:
         >>> [draw_view(0, epoch, 7, 4) for epoch in range(6)] == [draw_view(0, epoch, 7, 4) for epoch in range(6)]
         True
     """
-    words = [
-        _DRAW_TAG,
-        int_at_least("seed", seed, 0),
-        int_at_least("epoch", epoch, 0),
-        int_at_least("index", index, 0),
-    ]
+    words = [_DRAW_TAG, int_at_least("seed", seed, 0), int_at_least("epoch", epoch, 0), int_at_least("index", index, 0)]
     if int_at_least("num_views", num_views, 1) == 1:
         return 0
     return int(np.random.default_rng(words).integers(num_views))

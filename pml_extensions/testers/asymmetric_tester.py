@@ -91,11 +91,7 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         reference_embedder_model: Optional[torch.nn.Module] = None,
         reference_dataset_dict: Optional[dict] = None,
     ):
-        self._reference_side = (
-            self.reference_trunk_model if reference_trunk_model is None else reference_trunk_model,
-            self.reference_embedder_model if reference_embedder_model is None else reference_embedder_model,
-            self.reference_dataset_dict if reference_dataset_dict is None else reference_dataset_dict,
-        )
+        self._reference_side = self._reference(reference_trunk_model, reference_embedder_model, reference_dataset_dict)
         try:
             return super().test(dataset_dict, epoch, trunk_model, embedder_model, splits_to_eval, collate_fn)
         finally:
@@ -128,34 +124,22 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         """
         if not reference_sets or not isinstance(reference_sets, dict):
             raise ValueError("reference_sets must be a non-empty dict {name: [split names]}")
-        ref_trunk = self.reference_trunk_model if reference_trunk_model is None else reference_trunk_model
-        ref_embedder = self.reference_embedder_model if reference_embedder_model is None else reference_embedder_model
-        ref_dict = self.reference_dataset_dict if reference_dataset_dict is None else reference_dataset_dict
+        reference = self._reference(reference_trunk_model, reference_embedder_model, reference_dataset_dict)
         needed = sorted({s for splits in reference_sets.values() for s in splits})
         for split in needed + [query_split]:
-            if split not in (dataset_dict if ref_dict is None or split == query_split else ref_dict):
+            if split not in (dataset_dict if reference[2] is None or split == query_split else reference[2]):
                 raise ValueError(f"split {split!r} is not in the dataset dict")
         embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
-        same = ref_trunk is None and ref_embedder is None and ref_dict is None
-        base = super(AsymmetricTester, self).get_all_embeddings_for_all_splits
-        query_side = base(
-            dataset_dict,
-            trunk_model,
-            embedder_model,
-            sorted({query_split, *needed}) if same else [query_split],
-            collate_fn,
+        same = all(x is None for x in reference)
+        query_splits = sorted({query_split, *needed}) if same else [query_split]
+        query_side = super().get_all_embeddings_for_all_splits(
+            dataset_dict, trunk_model, embedder_model, query_splits, collate_fn
         )
+        reference_side = self._embed_reference(reference, dataset_dict, trunk_model, embedder_model, needed, collate_fn)
         if same:
             reference_side = query_side
-        else:
-            reference_side = base(
-                dataset_dict if ref_dict is None else ref_dict,
-                *_reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder),
-                needed,
-                collate_fn,
-            )
-            if query_split in reference_side:
-                self._check_same_images({query_split: query_side[query_split]}, reference_side)
+        elif query_split in reference_side:
+            self._check_same_images({query_split: query_side[query_split]}, reference_side)
         results, jobs = {}, []
         for name, splits in reference_sets.items():
             splits = list(splits)
@@ -182,18 +166,33 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         query_side = super().get_all_embeddings_for_all_splits(
             dataset_dict, trunk_model, embedder_model, splits_to_compute_embeddings, collate_fn
         )
-        ref_trunk, ref_embedder, ref_dict = getattr(self, "_reference_side", None) or (None, None, None)
+        reference = getattr(self, "_reference_side", None) or (None, None, None)
+        self.reference_embeddings_and_labels = self._embed_reference(
+            reference, dataset_dict, trunk_model, embedder_model, splits_to_compute_embeddings, collate_fn
+        )
+        if self.reference_embeddings_and_labels is not None:
+            self._check_same_images(query_side, self.reference_embeddings_and_labels)
+        return query_side
+
+    def _reference(self, trunk, embedder, dataset_dict):
+        """A call's reference (trunk, embedder, dataset dict): its arguments, else the constructor's."""
+        return (
+            self.reference_trunk_model if trunk is None else trunk,
+            self.reference_embedder_model if embedder is None else embedder,
+            self.reference_dataset_dict if dataset_dict is None else dataset_dict,
+        )
+
+    def _embed_reference(self, reference, dataset_dict, trunk_model, embedder_model, splits, collate_fn):
+        """The reference side's embeddings of ``splits``, or None when ``reference`` names nothing (the query side)."""
+        ref_trunk, ref_embedder, ref_dict = reference
         if ref_trunk is None and ref_embedder is None and ref_dict is None:
-            self.reference_embeddings_and_labels = None
-            return query_side
-        self.reference_embeddings_and_labels = super().get_all_embeddings_for_all_splits(
+            return None
+        return super().get_all_embeddings_for_all_splits(
             dataset_dict if ref_dict is None else ref_dict,
             *_reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder),
-            splits_to_compute_embeddings,
+            splits,
             collate_fn,
         )
-        self._check_same_images(query_side, self.reference_embeddings_and_labels)
-        return query_side
 
     def set_reference_and_query(self, embeddings_and_labels, query_split_name, reference_split_names):
         query_embeddings, query_labels = embeddings_and_labels[query_split_name]

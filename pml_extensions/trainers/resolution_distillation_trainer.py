@@ -56,11 +56,7 @@ def make_optimizers(
         params = [p for p in model.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if id(p) not in gem], "lr": lr, "weight_decay": weight_decay},
-            {
-                "params": [p for p in params if id(p) in gem],
-                "lr": lr * gem_lr_multiplier,
-                "weight_decay": 0.0,
-            },
+            {"params": [p for p in params if id(p) in gem], "lr": lr * gem_lr_multiplier, "weight_decay": 0.0},
         ]
         groups = [g for g in groups if g["params"]]
         if groups:

@@ -113,8 +113,7 @@ def compare(
     entry["p_value_t"] = paired_t_p_value(entry["mean_difference"], entry["std"], entry["n"])
     entry["p_value_bootstrap"] = None if boot is None else boot["p_value"]
     if smallest_effect is not None:
-        ps = [p for p in (entry["p_value_t"], entry["p_value_bootstrap"]) if p is not None]
-        entry.update(claim=claim, smallest_effect=float(smallest_effect), p_value=max(ps) if ps else None)
+        entry.update(claim=claim, smallest_effect=float(smallest_effect), p_value=_p_value(entry))
         entry["p_holm"] = entry["p_value"]
         entry["verdict"] = verdict_word(entry, claim)
     return entry
@@ -191,15 +190,12 @@ def claim_verdicts(
             raise ValueError(f"{name} has {len(value)} entries for {k} comparisons")
         return value
 
-    claims_list = per_item(claims, "claims")
-    deltas = per_item(smallest_effects, "smallest_effects")
-    ps = [_p_value(c) for c in comparisons]
-    adjusted = holm(ps)
-    words = []
-    for c, claim, delta, p in zip(comparisons, claims_list, deltas, adjusted):
-        claim = claim or c.get("claim") or "greater"
-        words.append(verdict_word(c, claim, delta, p_holm=p, alpha=alpha))
-    return words
+    claims_list, deltas = per_item(claims, "claims"), per_item(smallest_effects, "smallest_effects")
+    adjusted = holm([_p_value(c) for c in comparisons])
+    return [
+        verdict_word(c, claim or c.get("claim") or "greater", delta, p_holm=p, alpha=alpha)
+        for c, claim, delta, p in zip(comparisons, claims_list, deltas, adjusted)
+    ]
 
 
 def _p_value(comparison: dict) -> Optional[float]:
