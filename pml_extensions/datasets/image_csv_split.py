@@ -116,20 +116,15 @@ def _mark(value: str) -> Optional[bool]:
 
 
 class ImageCSVSplit(ImageFileDataset):
-    """Images listed in a CSV file, one row per image (open-metric-learning's table format, or any column names mapped
-    to its roles): ``label``, ``path`` (required), ``split``, ``is_query`` / ``is_gallery``, the box ``x_1, x_2, y_1,
-    y_2`` and ``category`` (optional); docs/own_data.md gives their meaning. A role is read from the column ``columns``
-    maps it to, else from the column of its own name (any case); a table without label or path column is refused in
-    one line that lists the header and suggests a mapping.
+    """Images listed in a CSV file, one row per image, in open-metric-learning's table format: ``label``, ``path``
+    (required), ``split``, ``is_query`` / ``is_gallery``, the box ``x_1, x_2, y_1, y_2``, ``category`` (docs/own_data.md
+    gives their meaning), each read from the column ``columns`` maps it to, else from the column of its name (any case).
 
-    Without a split column ``test_classes`` are the test split, else the sorted classes are halved (``split_rule``, as
-    :class:`pml_extensions.datasets.ImageFolderSplit`); ``split="all"`` keeps every row. Train and test rows that share
-    classes are refused (naming them) unless same-class retrieval is declared (``class_overlap="allowed"`` or OML's
-    ``is_query`` / ``is_gallery`` columns); ``shared_classes`` lists them.
-
-    Items are ``(PIL RGB image, int label)``, cropped to the row's box when it has one; ``labels`` index ``classes``,
-    every label of the file sorted (as integers when they all are, else by code point), the same in every split;
-    ``categories`` holds the category column.
+    Without a split column ``test_classes`` are the test split, else the sorted classes are halved (``split_rule``);
+    ``split="all"`` keeps every row. Train and test rows that share classes (``shared_classes``) are refused unless
+    same-class retrieval is declared (``class_overlap="allowed"`` or OML's ``is_query`` / ``is_gallery`` columns).
+    Items are ``(PIL RGB image, int label)``; ``labels`` index ``classes``, every label of the file sorted (as integers
+    when they all are, else by code point), the same in every split.
 
     Args:
         csv_file: the table (UTF-8, a byte-order mark is fine; ``,`` ``;`` tab or ``|`` separated).
