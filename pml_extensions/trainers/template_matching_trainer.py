@@ -16,11 +16,8 @@ AUX_LOSS = "template_aux_loss"
 
 class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
     """``TrainWithClassifier`` plus the auxiliary per-patch loss of every :class:`TemplateMatchingBlock` in the models:
-
-        L = (1 − λ) · main + λ · mean_patches CE(h2(h1(I)), y)
-
-    where "main" is what PML's ``TrainWithClassifier`` computes: the classifier loss (classification, the paper) and/or
-    the metric loss (deep metric learning; the block's training-class scores then act as templates for unseen classes).
+    ``L = (1 − λ) · main + λ · mean_patches CE(h2(h1(I)), y)``, "main" being what ``TrainWithClassifier`` computes (the
+    classifier loss, as the paper, and/or the metric loss: the block's class scores then act as templates).
 
     Args:
         *args, **kwargs: as PML's ``TrainWithClassifier``; ``loss_funcs[AUX_LOSS]`` (``"template_aux_loss"``) defaults
