@@ -8,31 +8,28 @@ import numpy as np
 import torch
 
 from ..utils.checks import int_at_least
-from .seeded_view_dataset import draw_view
+from .seeded_view_dataset import _EpochViews
 
 #: the ``format`` of a cache's ``meta.json`` that this reader understands (written by ``FeatureCache``)
 FORMAT = "pml_extensions.feature_cache/1"
 
 
-class CachedFeatureDataset(torch.utils.data.Dataset):
+class CachedFeatureDataset(_EpochViews):
     """Items ``(features, label)``: the cached prefix output of view ``draw_view(seed, epoch, i, V)`` of item ``i``.
 
     Drop-in for the image dataset of a PML trainer or tester whose trunk is the trainable rest of a split model
-    (:func:`pml_extensions.trunks.split_trunk`); ``labels`` is an int64 numpy array [N]. With the same ``seed`` and
-    epoch, :class:`~pml_extensions.datasets.SeededViewDataset` returns the images whose prefix outputs these are.
-
-    Epochs: call :meth:`set_epoch` with the completed epochs (with PML's trainers
-    ``end_of_epoch_hook=lambda trainer: dataset.set_epoch(trainer.epoch)``; a run resumed at PML epoch e calls
-    ``set_epoch(e - 1)`` first), before a DataLoader iterator is created.
+    (:func:`pml_extensions.trunks.split_trunk`). Call :meth:`set_epoch` with the completed epochs before a DataLoader
+    iterator is made (PML: ``end_of_epoch_hook=lambda trainer: dataset.set_epoch(trainer.epoch)``; a run resumed at
+    PML epoch e calls ``set_epoch(e - 1)`` first).
 
     Args:
         folder: a :class:`FeatureCache` folder whose build is complete.
-        seed: seeds the per-epoch view draws (the training seed). Default 0.
-        dtype: dtype of the returned features (the stored float16 / float32 values converted). Default float32.
+        seed: seeds the per-epoch view draws (the training seed).
+        dtype: dtype of the returned features (the stored values converted).
         key: when given, the cache's key must equal it (as :meth:`FeatureCache.open` passes).
 
-    ``__getitem__(i) -> (features [*feature_shape] dtype, int label)``, read from the memory-mapped file;
-    ``feature_shape``, ``num_views``, ``meta`` describe the cache.
+    ``__getitem__(i) -> (features [*feature_shape] dtype, int label)``, read from the memory-mapped file; ``labels`` is
+    an int64 numpy array [N]; ``feature_shape``, ``num_views``, ``meta`` describe the cache.
 
     Raises:
         FileNotFoundError: no ``meta.json`` in ``folder``.
@@ -40,16 +37,12 @@ class CachedFeatureDataset(torch.utils.data.Dataset):
 
     Example::
 
-        >>> import tempfile, torchvision.transforms as T
+        >>> import tempfile
         >>> from pml_extensions.datasets import FeatureCache
-        >>> from PIL import Image
-        >>> class Four(torch.utils.data.Dataset):
-        ...     labels = np.array([0, 0, 1, 1])
-        ...     def __len__(self): return 4
-        ...     def __getitem__(self, i): return Image.new("RGB", (8, 8), (50 * i, 9, 0)), int(self.labels[i])
-        >>> folder = tempfile.mkdtemp()
-        >>> FeatureCache(folder, torch.nn.Conv2d(3, 2, 3), Four(), T.Compose([T.RandomCrop(6), T.ToTensor()]),
-        ...              num_views=3, dataset_key="four").build()
+        >>> images = torch.utils.data.TensorDataset(torch.rand(4, 3, 6, 6), torch.tensor([0, 0, 1, 1]))
+        >>> images.labels, folder = np.array([0, 0, 1, 1]), tempfile.mkdtemp()
+        >>> FeatureCache(folder, torch.nn.Conv2d(3, 2, 3), images, torch.nn.Identity(), num_views=3,
+        ...              dataset_key="four").build()
         True
         >>> train = CachedFeatureDataset(folder, seed=1)
         >>> train.num_views, train.feature_shape, train.labels.tolist(), train[2][0].shape
@@ -98,17 +91,6 @@ class CachedFeatureDataset(torch.utils.data.Dataset):
         state = dict(self.__dict__)
         state["_features"] = None  # a pickled memmap would copy the whole file
         return state
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the view draws of ``epoch`` (completed epochs, an int >= 0; ValueError otherwise)."""
-        self.epoch = int_at_least("epoch", epoch, 0)
-
-    def view_of(self, index: int) -> int:
-        """The view item ``index`` uses in the current epoch."""
-        return draw_view(self.seed, self.epoch, index, self.num_views)
 
     def __getitem__(self, index: int):
         row = np.array(self.features[index, self.view_of(index)])

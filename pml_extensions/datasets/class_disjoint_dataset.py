@@ -10,16 +10,13 @@ SPLIT_RULES = ("halves", "alternate")
 
 
 def select_split_classes(classes: Sequence, split: str, rule: str = "halves") -> List:
-    """Classes of one side of a class-disjoint split.
+    """Classes of one side of a class-disjoint split (ValueError on an unknown split or rule).
 
     Args:
         classes: all class names/ids in a fixed order.
         split: ``"train"``, ``"test"`` or ``"all"``.
         rule: ``"halves"`` — train = the first ⌈c/2⌉ classes, test = the rest (the MLRC / CUB convention);
             ``"alternate"`` — train = even positions, test = odd positions (for orders that group related classes).
-
-    Raises:
-        ValueError: on an unknown split or rule.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -35,10 +32,8 @@ def select_split_classes(classes: Sequence, split: str, rule: str = "halves") ->
 
 
 class ClassDisjointDataset(Dataset):
-    """Items ``(image, label)``; ``labels`` is an int64 numpy array [N], ``classes[label]`` the class name.
-
-    Subclasses fill ``self.classes`` and ``self.labels`` and implement ``load_image(index) -> PIL.Image``.
-    Labels index ``classes`` globally (the same class has the same label in every split).
+    """Items ``(image, label)``; ``labels`` is an int64 numpy array [N], ``classes[label]`` the class name (the same
+    label in every split). Subclasses fill ``classes`` and ``labels`` and implement ``load_image(index) -> PIL.Image``.
     """
 
     def __init__(self, transform: Optional[Callable] = None, target_transform: Optional[Callable] = None):

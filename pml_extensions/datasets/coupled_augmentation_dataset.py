@@ -32,31 +32,27 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
     """Wraps a dataset of ``(PIL image, class label)`` into P coupled augmentations per image at two sizes.
 
     For every augmentation the crop box (on the original image), the flip, the colour-jitter factors and their order,
-    and the mixup λ ~ Beta(alpha, alpha) are drawn once and applied at the query size (student) and the database
-    size (teacher). :meth:`collate` mixes row p of image b with row p of image ``(b + 1) mod B`` with image b's λ,
-    identically at both sizes, on normalised tensors (as the paper's code).
-
-    Draws come from ``numpy.random.default_rng([seed, epoch, data_pass, index])`` (reproducible, independent of the
-    workers' fetch order, global RNGs untouched). Call :meth:`set_epoch` and :meth:`set_pass` before each epoch / each
-    new DataLoader iterator (:class:`~pml_extensions.trainers.ResolutionDistillationTrainer` does both), otherwise a
-    second pass repeats the first pass's draws.
+    and the mixup λ ~ Beta(alpha, alpha) are drawn once, from ``numpy.random.default_rng([seed, epoch, data_pass,
+    index])`` (independent of the workers' fetch order; global RNGs untouched), and applied at the query size (student)
+    and the database size (teacher). Call :meth:`set_epoch` and :meth:`set_pass` before each epoch / DataLoader iterator
+    (:class:`~pml_extensions.trainers.ResolutionDistillationTrainer` does both), else a second pass repeats the first.
 
     Args:
         dataset: items ``(PIL.Image, int label)`` (any mode, converted to RGB).
         query_size, database_size: student (small) / teacher (large) square size in pixels.
-        num_augmentations: P per image. Default 8 (paper).
-        scale, ratio: RandomResizedCrop ranges. Default torchvision's (as the paper code).
-        flip_p: horizontal-flip probability. Default 0.5.
-        jitter_strength: SimCLR colour-distortion strength s (0 disables). Default 0.5 (paper).
-        jitter_p: probability of applying the jitter. Default 1.0 (paper code).
-        mixup_alpha: Beta parameter of the mixup λ; ``None`` disables mixup. Default 0.2 (paper).
-        mean, std: normalisation (default ImageNet); seed: base seed (default 0).
+        num_augmentations: P per image (paper: 8).
+        scale, ratio: RandomResizedCrop ranges (torchvision's, as the paper code).
+        flip_p: horizontal-flip probability.
+        jitter_strength: SimCLR colour-distortion strength s (paper: 0.5; 0 disables); jitter_p: its probability.
+        mixup_alpha: Beta parameter of the mixup λ (paper: 0.2); ``None`` disables mixup.
+        mean, std: normalisation; seed: base seed.
         coupled: ``False`` draws the teacher's crop/flip/jitter independently (the paper's Table 3 ablation).
 
     ``__getitem__(i) -> (student [P, 3, q, q] float32, teacher [P, 3, d, d] float32, lam [P] float32, i, class_label)``.
-    ``collate(batch) -> ((student [B·P, 3, q, q], teacher [B·P, 3, d, d], class_labels [B·P]), image_ids [B·P])``,
-    rows image-major (row b·P + p): the DataLoader's ``collate_fn``. ``labels`` are the wrapped dataset's (one per
-    image).
+    ``collate(batch) -> ((student [B·P, 3, q, q], teacher [B·P, 3, d, d], class_labels [B·P]), image_ids [B·P])``, rows
+    image-major (row b·P + p), mixing row p of image b with row p of image ``(b + 1) mod B`` with image b's λ at both
+    sizes, on normalised tensors (the paper's code): the DataLoader's ``collate_fn``. ``labels`` are the wrapped
+    dataset's.
 
     Raises:
         ValueError: non-positive sizes or P, invalid ranges or probabilities, negative jitter strength or
@@ -112,21 +108,19 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def set_epoch(self, epoch: int):
-        """Select the augmentation draws of ``epoch`` (part of the per-item seed). Raises ValueError if negative."""
+        """Select the augmentation draws of ``epoch``. ValueError if negative."""
         self.epoch = _count("epoch", epoch)
 
     def set_pass(self, data_pass: int):
-        """Select the draws of pass ``data_pass`` over the data (part of the per-item seed): fresh crops, flips,
-        jitter and mixup λ on every pass. Raises ValueError if negative."""
+        """Select the draws of pass ``data_pass`` (fresh crops, flips, jitter, λ). ValueError if negative."""
         self.data_pass = _count("data_pass", data_pass)
 
-    # ------------------------------------------------------------------ parameter draws
     def generator(self, index: int) -> np.random.Generator:
         """The private generator of item ``index`` for the current epoch and pass."""
         return np.random.default_rng([self.seed, self.epoch, self.data_pass, int(index)])
 
     def _crop_box(self, rng, width, height):
-        """RandomResizedCrop's box (top, left, h, w) on the original image, drawn with ``rng`` (torchvision's rule)."""
+        """RandomResizedCrop's box (top, left, h, w) on the original image (torchvision's rule), drawn with ``rng``."""
         area = width * height
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
         for _ in range(10):
@@ -149,23 +143,17 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         params = {"crop": self._crop_box(rng, width, height), "flip": bool(rng.random() < self.flip_p)}
         s = self.jitter_strength
         if s > 0 and rng.random() < self.jitter_p:
-            params["jitter"] = {
-                "order": [JITTER_OPS[k] for k in rng.permutation(4)],
-                "brightness": float(rng.uniform(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s)),
-                "contrast": float(rng.uniform(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s)),
-                "saturation": float(rng.uniform(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s)),
-                "hue": float(rng.uniform(-min(0.5, 0.2 * s), min(0.5, 0.2 * s))),
-            }
+            m, h = 0.8 * s, min(0.5, 0.2 * s)
+            params["jitter"] = {"order": [JITTER_OPS[k] for k in rng.permutation(4)]}
+            for op in JITTER_OPS:  # drawn in this order
+                params["jitter"][op] = float(rng.uniform(-h, h) if op == "hue" else rng.uniform(max(0.0, 1 - m), 1 + m))
         else:
             params["jitter"] = None
         return params
 
     def draw_params(self, index: int, width: int, height: int) -> list:
-        """The P parameter sets of item ``index`` (original size ``width`` × ``height``).
-
-        Each is ``{"student": {"crop": (top, left, h, w), "flip": bool, "jitter": dict | None}, "teacher": same
-        (the very same dict when coupled), "lam": float}``; λ = 1 means no mixup.
-        """
+        """The P parameter sets ``{"student": {"crop": (top, left, h, w), "flip", "jitter": dict | None}, "teacher":
+        same (the very dict when coupled), "lam": float (1: no mixup)}`` of item ``index`` (size ``width × height``)."""
         rng = self.generator(index)
         out = []
         for _ in range(self.num_augmentations):
@@ -198,17 +186,12 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         lam = torch.tensor([p["lam"] for p in params], dtype=torch.float32)
         return student, teacher, lam, int(index), int(label)
 
-    # ------------------------------------------------------------------ batching and mixup
     @staticmethod
     def mix(images: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
         """Mixup with the next image of the batch: ``lam[b,p]·x[b,p] + (1 − lam[b,p])·x[(b+1) mod B, p]``.
 
-        images: [B, P, C, H, W]; lam: [B, P]. Returns the same shape. A one-image batch (B = 1, e.g. the last batch of
-        an epoch) has no other image to mix with: its rows are returned unmixed (λ taken as 1), not mixed with
-        themselves.
-
-        Raises:
-            ValueError: if ``lam`` is not ``[B, P]`` for images ``[B, P, ...]``.
+        images: [B, P, C, H, W]; lam: [B, P]; returns the same shape. A one-image batch has no other image to mix with:
+        its rows are returned unmixed. Raises ValueError if ``lam`` is not ``[B, P]``.
         """
         if lam.shape != images.shape[:2]:
             raise ValueError(f"lam must be [B, P] = {list(images.shape[:2])} for these images, got {list(lam.shape)}")
@@ -231,19 +214,15 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
 
 
 class PassShuffleSampler(torch.utils.data.Sampler):
-    """A random permutation of ``range(num_items)`` per pass, drawn from ``(seed, data_pass)`` alone.
-
-    Unlike ``RandomSampler`` it keeps no state between passes, so a run resumed at a pass boundary sees exactly the
-    batches of an uninterrupted run; :meth:`set_pass` selects the pass.
+    """A random permutation of ``range(num_items)`` per pass, drawn from ``(seed, data_pass)`` alone: unlike
+    ``RandomSampler`` it keeps no state between passes, so a run resumed at a pass boundary sees the batches of an
+    uninterrupted run. ValueError: a non-positive ``num_items`` or a negative pass.
 
     Example::
 
         >>> s = PassShuffleSampler(4, seed=0)
         >>> sorted(s) == [0, 1, 2, 3], list(s) == list(PassShuffleSampler(4, seed=0))
         (True, True)
-
-    Raises:
-        ValueError: a non-positive ``num_items`` or a negative pass.
     """
 
     def __init__(self, num_items: int, seed: int = 0):

@@ -11,22 +11,11 @@ from .class_disjoint_dataset import SPLITS, ClassDisjointDataset, select_split_c
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_HINT = "apt-get install dataset-fashion-mnist"
-FASHION_MNIST_CLASSES = [
-    "T-shirt/top",
-    "Trouser",
-    "Pullover",
-    "Dress",
-    "Coat",
-    "Sandal",
-    "Shirt",
-    "Sneaker",
-    "Bag",
-    "Ankle boot",
-]
+FASHION_MNIST_CLASSES = "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot".split(",")
 
 
 def read_idx(path: str) -> np.ndarray:
-    """Read a gzipped IDX file (the MNIST format) into a numpy array."""
+    """A gzipped IDX file (the MNIST format) as a numpy array."""
     with gzip.open(path, "rb") as f:
         data = f.read()
     ndim = data[3]
@@ -39,10 +28,9 @@ class FashionMNIST(ClassDisjointDataset):
 
     Args:
         split: ``"train"``, ``"test"`` or ``"all"``.
-        class_disjoint: ``True`` (default, metric learning): images of both files pooled, train = classes 0-4,
-            test = classes 5-9. ``False`` (classification): the official train (60k) / test (10k) files, all 10 classes.
-        max_per_class: keep at most this many images per class (seeded subsample), ``None`` keeps all.
-        seed: seed of that subsample.
+        class_disjoint: ``True`` (metric learning): images of both files pooled, train = classes 0-4, test = classes
+            5-9. ``False`` (classification): the official train (60k) / test (10k) files, all 10 classes.
+        max_per_class: keep at most this many images per class (subsample seeded by ``seed``); ``None`` keeps all.
         transform, target_transform, root: as usual.
 
     Raises:

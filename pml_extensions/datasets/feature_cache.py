@@ -1,34 +1,6 @@
-"""Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image, computed once.
-
-A frozen prefix (the first half of :func:`pml_extensions.trunks.split_trunk`) computes the same features every epoch.
-:class:`FeatureCache` computes them once, for ``num_views`` seeded augmented views per training image
-(:func:`~pml_extensions.datasets.seeded_view_dataset.seeded_view`) or the plain view of each evaluation image
-(``num_views=1``), into one memory-mapped ``.npy``; :class:`~pml_extensions.datasets.CachedFeatureDataset` serves
-them. Folder layout (``meta.json``, ``labels.npy`` and markers written atomically)::
-
-    meta.json        key, its parts' digests, N, V, feature shape, dtype, chunk size, complete flag
-    labels.npy       int64 [N]
-    features.npy     [N, V, *feature_shape] float16 / float32 / float64 (np.load(mmap_mode="r"))
-    chunks/00012     one marker per finished chunk of ``chunk_size`` items (all V views)
-
-**Key.** SHA-256 over the prefix (``repr`` and every ``state_dict`` tensor), the transform (``repr`` or
-``transform_key``), the dataset (class, length, labels, scalar attributes, its own transform's repr, and
-``dataset_key``, else each ``paths`` entry's size and mtime, else every untransformed item's bytes), ``num_views``,
-``view_seed``, the stored dtype and ``chunk_size``. A different key empties the folder and rebuilds.
-
-**Resume.** A chunk is computed, written, flushed and only then marked done; an interrupted build recomputes the
-unmarked chunks only, and the result is byte-identical to an uninterrupted build's (same machine and batch size).
-
-**Shards.** ``build(rank, world_size)`` computes chunks ``rank::world_size`` into the same file; the call that finds
-every chunk done marks the cache complete. Under an initialised ``torch.distributed`` the ranks come from it, rank 0
-prepares the folder and barriers order the steps; processes given explicit ranks need a prepared folder
-(:meth:`FeatureCache.prepare`).
-
-**Derived caches.** With ``dataset`` a finished :class:`~pml_extensions.datasets.CachedFeatureDataset` (and no
-transform), view ``v`` of item ``i`` is ``prefix(source.features[i, v])`` (V, view seed and labels the source's), so
-one image pass serves several boundaries; the key holds the source's key instead of the transform and dataset parts.
-
-The prefix runs on its own device and dtype; images are loaded and transformed on the CPU (``num_workers``).
+"""Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image (or the plain view of each
+evaluation image), computed once into one memory-mapped ``.npy`` and served by
+:class:`~pml_extensions.datasets.CachedFeatureDataset`. Layout, key, resume and shards: docs/feature_cache.md.
 """
 
 import hashlib
@@ -46,7 +18,7 @@ from ..utils.atomic_io import atomic_path, atomic_write_json, atomic_write_text
 from ..utils.checks import int_at_least
 from ..utils.eval_mode import eval_mode
 from .cached_feature_dataset import FORMAT, CachedFeatureDataset
-from .seeded_view_dataset import SeededViewDataset
+from .seeded_view_dataset import SeededViewDataset, _labels_of
 
 DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -60,8 +32,7 @@ def _dtype_name(dtype) -> str:
 
 
 def _opaque_part(transform) -> Optional[str]:
-    """What in ``transform`` its ``repr`` hides (a torchvision ``Lambda``'s function, an object shown by memory
-    address), or None."""
+    """What in ``transform`` its ``repr`` hides (a torchvision ``Lambda``'s function, a memory address), or None."""
     stack = [transform]
     while stack:
         t = stack.pop()
@@ -80,8 +51,8 @@ def _sha(chunks) -> str:
 
 
 def prefix_digest(prefix: torch.nn.Module) -> str:
-    """SHA-256 hex of a module's structure (``repr``, memory addresses dropped) and of every ``state_dict`` tensor
-    (name, dtype, size and bytes, read on the CPU): equal for equal weights on any device.
+    """SHA-256 hex of a module's ``repr`` (memory addresses dropped) and every ``state_dict`` tensor (name, dtype, size,
+    bytes on the CPU): equal for equal weights on any device.
 
     Example::
 
@@ -116,7 +87,11 @@ def _scalars(obj) -> dict:
 
 
 def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
-    """SHA-256 hex of what a dataset yields before the cache's transform (see the module docstring, **Key**).
+    """SHA-256 hex of what a dataset yields before the cache's transform (docs/feature_cache.md: the key).
+
+    Raises:
+        FileNotFoundError: a path of ``dataset.paths`` does not exist.
+        ValueError: the dataset has no ``labels`` array of its length.
 
     Example::
 
@@ -124,22 +99,13 @@ def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
         >>> data.labels = np.array([0, 1])
         >>> dataset_digest(data) == dataset_digest(data, dataset_key="zeros"), len(dataset_digest(data))
         (False, 64)
-
-    Raises:
-        FileNotFoundError: a path of ``dataset.paths`` does not exist.
-        ValueError: the dataset has no ``labels`` array of its length.
     """
-    labels = getattr(dataset, "labels", None)
-    if labels is None or len(labels) != len(dataset):
-        raise ValueError(
-            f"dataset ({type(dataset).__name__}) must have a labels array of its length {len(dataset)}, "
-            f"got {None if labels is None else len(labels)}"
-        )
+    labels = _labels_of(dataset)
     own = getattr(dataset, "transform", None)
     head = [
         f"{type(dataset).__module__}.{type(dataset).__qualname__}",
         len(dataset),
-        np.asarray(labels, dtype=np.int64).tobytes(),
+        labels.tobytes(),
         json.dumps(_scalars(dataset), sort_keys=True),
         "" if own is None else _ADDRESS.sub("", repr(own)),
     ]
@@ -169,9 +135,7 @@ def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
 
 
 class _SourceViews:
-    """The stored views of a finished cache as the input of a derived one: ``view(i, v)`` is ``[*feature_shape]``
-    in the stored dtype (the build casts it to the module's dtype), ``labels``, ``num_views`` and ``view_seed``
-    are the source's."""
+    """The stored views of a finished cache as the input of a derived one (``view(i, v)`` in the stored dtype)."""
 
     def __init__(self, source: CachedFeatureDataset):
         self.source = source
@@ -187,7 +151,7 @@ class _SourceViews:
 
 
 class _ViewItems(torch.utils.data.Dataset):
-    """Flat ``(index, view)`` items of one chunk, for a DataLoader: the seeded view tensor of each."""
+    """The view tensors of one chunk's ``(index, view)`` items, flat, for a DataLoader."""
 
     def __init__(self, views: SeededViewDataset, start: int, stop: int):
         self.views, self.start, self.num_views = views, start, views.num_views
@@ -204,12 +168,6 @@ class _ViewItems(torch.utils.data.Dataset):
         return x
 
 
-def _dist():
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed
-    return None
-
-
 class FeatureCache:
     """The outputs of a frozen ``prefix`` for ``num_views`` seeded views of every item of ``dataset``, on disk.
 
@@ -218,15 +176,15 @@ class FeatureCache:
         prefix: the frozen module, run in eval mode under ``torch.no_grad()`` (modes restored) on the device and
             dtype of its first floating parameter or buffer; inputs are cast to them.
         dataset: items ``(untransformed image, label)`` with an int ``labels`` array [N]; or a finished
-            :class:`~pml_extensions.datasets.CachedFeatureDataset` (a derived cache: no ``transform``).
-        transform: image -> ``[C, H, W]`` tensor, run seeded per (view_seed, index, view). Its ``repr`` is part of
-            the key, so one whose repr shows a memory address (a lambda) needs ``transform_key``.
+            :class:`~pml_extensions.datasets.CachedFeatureDataset`: a derived cache, whose view ``v`` of item ``i`` is
+            ``prefix(source.features[i, v])`` (no ``transform``; V, view seed and labels the source's).
+        transform: image -> ``[C, H, W]`` tensor, run seeded per (view_seed, index, view); its ``repr`` is part of the
+            key, so one whose repr shows a memory address (a lambda) needs ``transform_key``.
         num_views: V views per item (training: a few; evaluation: 1). Default 1, or the source's V.
         view_seed: seeds the views' contents. Default 0, or the source's.
-        dtype: stored dtype, ``"float16"`` (default; outputs must fit its range), ``"float32"`` or ``"float64"``.
-        chunk_size: items per chunk, the unit of resume and sharding. Default 256.
-        batch_size: views per prefix forward. Default 64.
-        num_workers: DataLoader workers that load and transform images. Default 0.
+        dtype: stored dtype, ``"float16"`` (outputs must fit its range), ``"float32"`` or ``"float64"``.
+        chunk_size: items per chunk, the unit of resume and sharding; batch_size: views per prefix forward;
+            num_workers: DataLoader workers that load and transform images.
         transform_key, dataset_key: strings that replace the transform's repr / the dataset's files or contents in
             the key (change them when the input changes).
 
@@ -238,14 +196,10 @@ class FeatureCache:
     Example::
 
         >>> import tempfile, torchvision.transforms as T
-        >>> from PIL import Image
-        >>> class Four(torch.utils.data.Dataset):
-        ...     labels = np.array([0, 0, 1, 1])
-        ...     def __len__(self): return 4
-        ...     def __getitem__(self, i): return Image.new("RGB", (8, 8), (50 * i, 9, 0)), int(self.labels[i])
-        >>> prefix = torch.nn.Conv2d(3, 2, 3)
-        >>> cache = FeatureCache(tempfile.mkdtemp(), prefix, Four(), T.Compose([T.RandomCrop(6), T.ToTensor()]),
-        ...                      num_views=2, dtype="float32", dataset_key="four-colours")
+        >>> images = torch.utils.data.TensorDataset(torch.rand(4, 3, 8, 8), torch.tensor([0, 0, 1, 1]))
+        >>> images.labels = np.array([0, 0, 1, 1])
+        >>> cache = FeatureCache(tempfile.mkdtemp(), torch.nn.Conv2d(3, 2, 3), images, T.RandomCrop(6), num_views=2,
+        ...                      dtype="float32", dataset_key="four")
         >>> cache.build()
         True
         >>> features, label = cache.open(seed=0)[3]
@@ -317,10 +271,9 @@ class FeatureCache:
         #: what the last :meth:`build` call did: ``rebuilt`` (reason or None), ``chunks_computed``, ``seconds``
         self.last_build = {}
 
-    # ------------------------------------------------------------------ key and files
     @property
     def key_parts(self) -> dict:
-        """Digests of the key's parts (computed once per object; hashing the prefix and files takes a moment)."""
+        """Digests of the key's parts (computed once per object)."""
         if self._key is None:
             if self.source is not None:  # a derived cache: its input is the source's stored views
                 transform, data = "derived from a feature cache", _sha(["source", self.source.meta["key"]])
@@ -385,9 +338,8 @@ class FeatureCache:
         return tuple(y.shape[1:])
 
     def prepare(self) -> Optional[str]:
-        """Make the folder hold this key's (possibly partial) cache: empty it when the key differs, create
-        ``features.npy`` (sparse, all chunks unmarked), ``labels.npy`` and ``meta.json``. Returns why it rebuilt
-        (``"new"``, ``"changed: prefix, transform"``, ...) or None when the folder already had this key."""
+        """Make the folder hold this key's (possibly partial) cache, emptied when the key differs; returns why it
+        rebuilt (``"new"``, ``"changed: prefix, transform"``, ...) or None when the folder already had this key."""
         meta = self.read_meta()
         if meta is not None and meta.get("key") == self.key:
             return None
@@ -428,7 +380,6 @@ class FeatureCache:
         )
         return reason
 
-    # ------------------------------------------------------------------ build
     def _compute_chunk(self, features: np.ndarray, chunk: int):
         start = chunk * self.chunk_size
         stop = min(start + self.chunk_size, self.num_items)
@@ -450,9 +401,9 @@ class FeatureCache:
         atomic_write_text(self._marker(chunk), f"{stop - start}\n")
 
     def _ranks(self, rank, world_size):
-        dist = _dist()
         if rank is None and world_size is None:
-            if dist is not None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
                 return dist.get_rank(), dist.get_world_size(), dist
             return 0, 1, None
         if rank is None or world_size is None:
@@ -466,15 +417,14 @@ class FeatureCache:
         """Compute the missing chunks of this rank's shard; returns whether the whole cache is complete.
 
         Args:
-            rank, world_size: this process's shard (chunks ``rank::world_size``). Both None: from
-                ``torch.distributed`` when it is initialised (with barriers; every rank returns True), else the
-                whole cache in this process.
+            rank, world_size: this process's shard (chunks ``rank::world_size``). Both None: from ``torch.distributed``
+                when it is initialised (with barriers; every rank returns True), else the whole cache in this process.
             progress: show a tqdm bar over this rank's chunks.
 
         Raises:
             ValueError: a bad rank / world_size; a non-finite output (float16 overflow); a folder whose meta.json
-                another process wrote with a different key.
-            Whatever the dataset, transform or prefix raise (the chunks finished before stay done).
+                another process wrote with a different key. Whatever the dataset, transform or prefix raise
+                (finished chunks stay done).
         """
         rank, world_size, dist = self._ranks(rank, world_size)
         start = time.perf_counter()
@@ -508,8 +458,7 @@ class FeatureCache:
         return self.complete
 
     def open(self, seed: int = 0, dtype: torch.dtype = torch.float32):
-        """The finished cache as a :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing views with
-        ``seed`` (ValueError if the cache is not complete)."""
+        """The finished cache as a :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing views by ``seed``."""
         return CachedFeatureDataset(self.folder, seed=seed, dtype=dtype, key=self.key)
 
     def size_bytes(self) -> int:

@@ -54,16 +54,14 @@ def get_dataset(
     Args:
         name: one of ``DATASET_NAMES``: ``glyphs`` (matplotlib fonts, the embedded default), ``glyphs_debian``
             (Debian ``fonts-*``), ``openclipart``, ``fashion_mnist``, ``imagefolder`` (``root``: a folder of class
-            folders, :class:`ImageFolderSplit`), ``csv`` (``root``: a CSV table with ``label``, ``path`` and optional
-            ``split`` columns, or others named by ``columns=``, :class:`ImageCSVSplit`), or PML's ``cub`` /
-            ``cars196`` / ``sop`` (need ``root`` with the extracted data; nothing is downloaded).
+            folders, :class:`ImageFolderSplit`), ``csv`` (``root``: a table of files, :class:`ImageCSVSplit`), or PML's
+            ``cub`` / ``cars196`` / ``sop`` (``root``: the extracted data; nothing is downloaded).
         split: ``"train"`` or ``"test"`` (class-disjoint, or as a table's split column says) or ``"all"``.
-        kwargs: the dataset class's own, e.g. ``test_classes=[...]`` (``imagefolder``, ``csv``), ``columns=``,
-            ``class_overlap=`` (``csv``).
+        kwargs: the dataset class's own, e.g. ``test_classes=[...]``, ``columns=``, ``class_overlap=``.
 
     Raises:
-        ValueError: on an unknown name or an argument its class does not take (naming the ones it takes);
-            FileNotFoundError when the data is missing (names the package/path).
+        ValueError: on an unknown name or an argument its class does not take (naming the ones it takes).
+        FileNotFoundError: when the data is missing (names the package/path).
     """
     if name in DATASET_CLASSES and kwargs:  # one line naming what the class takes, not Python's TypeError
         params = inspect.signature(DATASET_CLASSES[name]).parameters

@@ -49,7 +49,7 @@ def _font_cmap(path):
 
 
 def render_glyph(font: ImageFont.FreeTypeFont, char: str, image_size: int) -> Optional[Image.Image]:
-    """Black-on-white rendering of ``char``, centred on its ink box; ``None`` when nothing is drawn."""
+    """Black-on-white ``char``, centred on its ink box; ``None`` when nothing is drawn."""
     image = Image.new("L", (image_size, image_size), 255)
     draw = ImageDraw.Draw(image)
     left, top, right, bottom = draw.textbbox((0, 0), char, font=font)
@@ -65,8 +65,8 @@ def render_glyph(font: ImageFont.FreeTypeFont, char: str, image_size: int) -> Op
 
 @functools.lru_cache(maxsize=4)
 def _render(font_files: Tuple[str, ...], wanted: Tuple[int, ...], image_size: int):
-    """``(pixels, labels, fonts)`` of every usable, distinct rendering of the ``wanted`` characters; kept for the
-    process's next dataset of the same fonts, split and size (a run builds each split several times)."""
+    """``(pixels, labels, fonts)`` of every usable, distinct rendering (cached: a run builds each split several
+    times)."""
     pixels, labels, fonts, seen = [], [], [], set()
     for path in font_files:
         cmap = _font_cmap(path)
@@ -95,10 +95,9 @@ def _render(font_files: Tuple[str, ...], wanted: Tuple[int, ...], image_size: in
 
 
 class GlyphDataset(ClassDisjointDataset):
-    """Character glyphs as a metric-learning dataset with 62 classes (digits, upper- and lower-case letters).
-
-    Every usable font gives one grayscale image per character; ``EXCLUDED_FONTS``, characters missing from a font's
-    character map and renderings identical to one already in the class are skipped.
+    """Character glyphs as a metric-learning dataset with 62 classes (digits, upper- and lower-case letters): one
+    grayscale image per usable font and character (``EXCLUDED_FONTS``, characters missing from a font's character map
+    and renderings identical to one already in the class are skipped).
 
     Args:
         split: ``"train"`` (first 31 classes: 0-9, A-U), ``"test"`` (the other 31: V-Z, a-z) or ``"all"``.

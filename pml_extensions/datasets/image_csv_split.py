@@ -3,7 +3,6 @@ them) as a metric-learning dataset whose splits follow the table's split column,
 class-disjoint rule."""
 
 import csv
-import difflib
 import os
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -11,7 +10,7 @@ import numpy as np
 
 from .class_disjoint_dataset import SPLITS, select_split_classes
 from .image_files import ImageFileDataset
-from .image_folder_split import named_test_classes
+from .image_folder_split import _near, named_test_classes
 
 #: what a column can be mapped to (``columns=``); ``label`` and ``path`` are required
 ROLES = ("label", "path", "split", "is_query", "is_gallery", "category")
@@ -35,18 +34,12 @@ _TRUE, _FALSE = ("true", "1", "yes", "t", "y", "1.0"), ("false", "0", "no", "f",
 
 
 def _label_order(values: List[str]) -> List[str]:
-    """Distinct labels sorted as numbers when they all are integers, else as strings (code-point order: the same on
-    every machine and locale)."""
+    """Distinct labels sorted as integers when they all are, else by code point (the same on every machine)."""
     distinct = sorted(set(values))
     try:
         return sorted(distinct, key=lambda v: int(v))
     except ValueError:
         return distinct
-
-
-def _near(name: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def parse_columns(columns: Union[None, str, Mapping[str, Optional[str]]]) -> Dict[str, Optional[str]]:
@@ -84,9 +77,7 @@ def parse_columns(columns: Union[None, str, Mapping[str, Optional[str]]]) -> Dic
 
 
 def suggest_columns(header: Sequence[str], rows: List[Dict[str, str]], found: Dict[str, str]) -> str:
-    """A ``role=column,...`` guess for a table whose label or path column was not found: ``path`` the column whose
-    values look like image files, ``split`` one whose values are all split names, ``label`` a text column with few
-    distinct values (a name like category / class first). ``found`` holds the roles already known."""
+    """A ``role=column,...`` guess for a table whose label or path column was not found (``found``: the roles known)."""
     guess = dict(found)
     free = [h for h in header if h not in guess.values()]
     values_of = {h: [(r.get(h) or "").strip() for r in rows] for h in free}
@@ -125,31 +116,15 @@ def _mark(value: str) -> Optional[bool]:
 
 
 class ImageCSVSplit(ImageFileDataset):
-    """Images listed in a CSV file, one row per image (open-metric-learning's table format, or any column names mapped
-    to its roles).
+    """Images listed in a CSV file, one row per image, in open-metric-learning's table format: ``label``, ``path``
+    (required), ``split``, ``is_query`` / ``is_gallery``, the box ``x_1, x_2, y_1, y_2``, ``category`` (docs/own_data.md
+    gives their meaning), each read from the column ``columns`` maps it to, else from the column of its name (any case).
 
-    Columns (named by the header row; others are left alone): ``columns`` maps a role to a column of another name
-    (``{"label": "category", "path": "image"}`` or ``"label=category,path=image"``, the runner's ``--columns``);
-    otherwise the role's own name (any case). A table without label or path column is refused in one line that lists
-    the header and suggests a mapping.
-
-    - ``label``: the class, any text (outer blanks stripped);
-    - ``path``: the image file, absolute or relative to ``root`` (default: the CSV file's folder);
-    - ``split`` (optional): ``train`` / ``training``; ``validation`` / ``val`` / ``valid``; ``test`` / ``testing`` (any
-      case). ``split="test"`` reads the test rows (the validation rows when there are none: OML's ``validation`` is
-      the test set), ``split="validation"`` the validation rows of a table that has test rows too;
-    - ``is_query`` / ``is_gallery`` (optional, OML): ``split="query"`` / ``"gallery"`` read the marked test rows;
-      ``split="test"`` needs every test row marked both;
-    - ``x_1, x_2, y_1, y_2`` (optional, OML's box: left, right, top, bottom): rows that fill them are cropped to it;
-    - ``category`` (optional, OML): kept as ``categories``, not used for training.
-
-    Without a split column ``test_classes`` are the test split, else the sorted classes are halved (``split_rule``, as
-    :class:`pml_extensions.datasets.ImageFolderSplit`); ``split="all"`` keeps every row. Train and test rows that share
-    classes are refused (naming them) unless same-class retrieval is declared (``class_overlap="allowed"`` or OML's
-    ``is_query`` / ``is_gallery`` columns); ``shared_classes`` lists them.
-
-    Items are ``(PIL RGB image, int label)``; ``labels`` index ``classes``, every label of the file sorted (as
-    integers when they all are, else by code point), the same in every split.
+    Without a split column ``test_classes`` are the test split, else the sorted classes are halved (``split_rule``);
+    ``split="all"`` keeps every row. Train and test rows that share classes (``shared_classes``) are refused unless
+    same-class retrieval is declared (``class_overlap="allowed"`` or OML's ``is_query`` / ``is_gallery`` columns).
+    Items are ``(PIL RGB image, int label)``; ``labels`` index ``classes``, every label of the file sorted (as integers
+    when they all are, else by code point), the same in every split.
 
     Args:
         csv_file: the table (UTF-8, a byte-order mark is fine; ``,`` ``;`` tab or ``|`` separated).
@@ -233,9 +208,8 @@ class ImageCSVSplit(ImageFileDataset):
                 on_side = {c for c, s in zip(row_labels, side) if s == name}
                 if on_side:
                     self.classes_by_split[name] = [c for c in self.classes if c in on_side]
-            train_names = {c for c, s in zip(row_labels, side) if s == "train"}
             other_names = {c for c, s in zip(row_labels, side) if s != "train"}
-            self.shared_classes = [c for c in self.classes if c in train_names and c in other_names]
+            self.shared_classes = [c for c in self.classes_by_split.get("train", []) if c in other_names]
             declared = class_overlap == "allowed" or marks is not None
             if self.shared_classes and split != "all" and not declared:
                 shown = ", ".join(self.shared_classes[:5]) + (", ..." if len(self.shared_classes) > 5 else "")
@@ -262,19 +236,14 @@ class ImageCSVSplit(ImageFileDataset):
                 names = set(select_split_classes(self.classes, split, split_rule))
                 keep = [c in names for c in row_labels]
         chosen_rows = [(n, r) for n, (r, k) in enumerate(zip(rows, keep), start=2) if k]
-        base = root if root is not None else os.path.dirname(os.path.abspath(csv_file))
-        self.csv_file = csv_file
-        self.root = base
-        self.split = split
-        self.columns = col
-        self.paths = [os.path.join(base, _get(r, path_col)) for _, r in chosen_rows]
+        self.csv_file, self.split, self.columns = csv_file, split, col
+        self.root = root if root is not None else os.path.dirname(os.path.abspath(csv_file))
+        self.paths = [os.path.join(self.root, _get(r, path_col)) for _, r in chosen_rows]
         self.labels = np.asarray([index[_get(r, label_col)] for _, r in chosen_rows], dtype=np.int64)
         category = col.get("category")
         self.categories = [r.get(category) for _, r in chosen_rows] if category else None
-        boxes = set(BOX_COLUMNS) <= set(header)
-        self.boxes = [self._box(csv_file, n, r) for n, r in chosen_rows] if boxes else None
+        self.boxes = [self._box(csv_file, n, r) for n, r in chosen_rows] if set(BOX_COLUMNS) <= set(header) else None
 
-    # ------------------------------------------------------------------------------------------------ reading
     @staticmethod
     def _columns(csv_file, header, rows, mapping) -> Dict[str, str]:
         """``{role: column}``: the mapping's, else a column named as the role (any case); ``label`` and ``path``
@@ -293,15 +262,14 @@ class ImageCSVSplit(ImageFileDataset):
                 found[role] = column
             elif role in lower and lower[role] not in found.values():
                 found[role] = lower[role]
+        known = {r: c for r, c in found.items() if r in ("label", "path", "split")}  # category: OML's own
         if wrong:  # every wrong entry at once, and a mapping that fits the table
-            known = {r: c for r, c in found.items() if r in ("label", "path", "split")}
             raise ValueError(
                 f"{csv_file}: columns: {'; '.join(wrong)} (header: {', '.join(header)}); perhaps --columns "
                 f"{suggest_columns(header, rows, known)}"
             )
         missing = [r for r in ("label", "path") if r not in found]
         if missing:
-            known = {r: c for r, c in found.items() if r in ("label", "path", "split")}  # category: OML's own
             raise ValueError(
                 f"{csv_file}: no {' and no '.join(missing)} column (header: {', '.join(header)}); map them: "
                 f"--columns {suggest_columns(header, rows, known)}"
@@ -332,8 +300,8 @@ class ImageCSVSplit(ImageFileDataset):
 
     @staticmethod
     def _marks(csv_file, rows, col, side, split):
-        """``[(is_query, is_gallery)]`` per row from OML's columns (None without them); test rows must be marked
-        for the splits that read them."""
+        """``[(is_query, is_gallery)]`` per row (None without OML's columns); the test rows the split reads must be
+        marked."""
         qc, gc = col.get("is_query"), col.get("is_gallery")
         if qc is None and gc is None:
             if split in ("query", "gallery"):
@@ -392,7 +360,7 @@ def _get(row: Dict[str, str], column: Optional[str]) -> str:
 
 
 def _read_table(csv_file: str):
-    """``(header, rows)``; the separator is sniffed from the header line (``,`` ``;`` tab ``|``)."""
+    """``(header, rows)``; the separator (``,`` ``;`` tab ``|``) is sniffed from the header line."""
     with open(csv_file, newline="", encoding="utf-8-sig") as f:
         first = f.readline()
         f.seek(0)

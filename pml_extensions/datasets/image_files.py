@@ -1,19 +1,6 @@
-"""Datasets of image files (an ImageFolder tree, a CSV table): one way to open an image and one pass that names
+"""Datasets of image files (an ImageFolder tree, a CSV table): one way to open an image, and one pass that names
 every file that does not decode (PIL's ``image file is truncated`` names no file, and would surface only when that
-file is read). :func:`find_unreadable_images` reads every file once and returns each bad one with PIL's reason;
-:class:`ImageFileDataset` has it as :meth:`ImageFileDataset.unreadable_images`, and :meth:`ImageFileDataset.drop`.
-
-Example::
-
-    >>> import os, tempfile
-    >>> from PIL import Image
-    >>> folder = tempfile.mkdtemp()
-    >>> Image.new("RGB", (8, 8)).save(os.path.join(folder, "good.png"))
-    >>> _ = open(os.path.join(folder, "bad.png"), "wb").write(b"not an image")
-    >>> [(os.path.basename(p), why) for p, why in find_unreadable_images([os.path.join(folder, f)
-    ...                                                                  for f in ("good.png", "bad.png")])]
-    [('bad.png', 'cannot identify image file')]
-"""
+file is read)."""
 
 import os
 import warnings
@@ -28,8 +15,7 @@ from .class_disjoint_dataset import ClassDisjointDataset
 
 @contextmanager
 def _open(path: str) -> Iterator[Image.Image]:
-    """``Image.open(path)`` without PIL's decompression-bomb warning (a large image is not a bad one: large_images
-    names it once)."""
+    """``Image.open(path)`` without PIL's decompression-bomb warning (large_images names a large image once)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         with Image.open(path) as image:
@@ -37,11 +23,9 @@ def _open(path: str) -> Iterator[Image.Image]:
 
 
 def image_problem(path: str) -> Optional[str]:
-    """Why ``path`` does not decode (PIL's reason, without the path), or None when it is whole.
-
-    A PNG is checked chunk by chunk (``Image.verify``: every CRC and the end of the file, without decompressing the
-    pixels; it also catches a file cut inside its last chunk, which ``load`` lets through); other formats are decoded
-    (JPEG at 1/8 scale, which still reads the whole stream)."""
+    """Why ``path`` does not decode (PIL's reason, without the path), or None: a PNG is checked chunk by chunk
+    (``Image.verify``: every CRC and the file's end), other formats decoded (JPEG at 1/8 scale, still the whole stream).
+    """
     try:
         with _open(path) as image:
             if image.format == "PNG":
@@ -67,6 +51,16 @@ def find_unreadable_images(paths: Iterable[str], progress: Optional[Callable[[in
     Args:
         paths: image files.
         progress: called with the number of files checked so far, every 500 files.
+
+    Example::
+
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> Image.new("RGB", (8, 8)).save(os.path.join(folder, "good.png"))
+        >>> _ = open(os.path.join(folder, "bad.png"), "wb").write(b"not an image")
+        >>> [(os.path.basename(p), why) for p, why in find_unreadable_images([os.path.join(folder, f)
+        ...                                                                  for f in ("good.png", "bad.png")])]
+        [('bad.png', 'cannot identify image file')]
     """
     bad = []
     for i, path in enumerate(paths):
@@ -79,12 +73,9 @@ def find_unreadable_images(paths: Iterable[str], progress: Optional[Callable[[in
 
 
 def large_images(paths: Iterable[str], limit: Optional[int] = None) -> List[Tuple[str, Tuple[int, int]]]:
-    """``[(path, (width, height))]`` of the files among ``paths`` with more than ``limit`` pixels (default PIL's
-    decompression-bomb limit, ``Image.MAX_IMAGE_PIXELS``: about 89 megapixels), read from their headers without
-    decoding; files that do not open are left to :func:`find_unreadable_images`.
-
-    Such an image still loads (up to twice the limit; above it :func:`image_problem` names it), but every epoch
-    decodes it in full.
+    """``[(path, (width, height))]`` of the files with more than ``limit`` pixels (default PIL's decompression-bomb
+    limit, about 89 megapixels), read from their headers; such an image loads (up to twice the limit; above it
+    :func:`image_problem` names it), but every epoch decodes it in full. Files that do not open are skipped.
 
     Example::
 
@@ -116,11 +107,8 @@ def composite_on_white(image: Image.Image) -> Image.Image:
 
 
 def load_rgb(path: str) -> Image.Image:
-    """The image at ``path`` as RGB (transparency composited on white, as the other datasets read images). PIL's
-    decompression-bomb warning is not repeated at each read (:func:`large_images` names large files once).
-
-    Raises:
-        OSError: naming ``path`` when the file does not decode.
+    """The image at ``path`` as RGB, transparency composited on white, without PIL's decompression-bomb warning
+    (OSError naming ``path`` when it does not decode).
     """
     try:
         with _open(path) as image:
@@ -148,8 +136,7 @@ class ImageFileDataset(ClassDisjointDataset):
         return find_unreadable_images(self.paths)
 
     def drop(self, paths: Sequence[str]) -> int:
-        """Leave the items of ``paths`` out (e.g. :meth:`unreadable_images`); returns how many were left out.
-        Labels keep their values (a class keeps its index even when all its files are gone)."""
+        """Leave the items of ``paths`` out; returns how many. Labels keep their values (a class keeps its index)."""
         gone = set(paths)
         keep = np.asarray([i for i, p in enumerate(self.paths) if p not in gone], dtype=np.int64)
         dropped = len(self.paths) - len(keep)
@@ -159,8 +146,9 @@ class ImageFileDataset(ClassDisjointDataset):
 
 
 def scan_class_folders(root: str, extensions: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """``(class names, empty class folders)`` of an ImageFolder tree: first-level folders, sorted; a folder is
-    empty when no file below it has one of ``extensions`` (lower-case, with the dot)."""
+    """``(class names, empty class folders)`` of an ImageFolder tree: its first-level folders, sorted; empty: no file
+    below it has one of ``extensions``.
+    """
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
 
     def has_image(name):

@@ -12,12 +12,10 @@ from .image_files import ImageFileDataset, scan_class_folders
 
 
 class ImageFolderSplit(ImageFileDataset):
-    """Class-disjoint split of an ImageFolder tree: one class per first-level folder (images may sit in sub-folders),
-    classes sorted by folder name, train = the first half, test = the rest (``split_rule``), or test = the folders
-    named in ``test_classes`` and train = the others; ``"all"`` = every class.
-
-    Images are listed by torchvision's ``make_dataset`` (``IMG_EXTENSIONS``). Items are ``(PIL RGB image, int
-    label)`` (transparency composited on white); ``labels`` index ``classes``, the same in every split.
+    """Class-disjoint split of an ImageFolder tree: one class per first-level folder (images may sit in sub-folders,
+    listed by torchvision's ``make_dataset``), classes sorted by folder name, train = the first half, test = the rest
+    (``split_rule``), or test = the folders named in ``test_classes``; ``"all"`` = every class. Items are ``(PIL RGB
+    image, int label)``; ``labels`` index ``classes``, the same in every split.
 
     Args:
         root: the folder of class folders.
@@ -82,22 +80,22 @@ class ImageFolderSplit(ImageFileDataset):
         self.split = split
 
 
-def named_test_classes(names: Sequence[str], classes: Sequence[str], where: str) -> set:
-    """``names`` as a set after checking each is one of ``classes`` and some class is left for training.
+def _near(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
-    Raises:
-        ValueError: an empty list, an unknown name (with the nearest class: "did you mean"), or every class named.
-    """
+
+def named_test_classes(names: Sequence[str], classes: Sequence[str], where: str) -> set:
+    """``names`` as a set, each one of ``classes`` (ValueError: none, an unknown one, or every class named)."""
     names = [names] if isinstance(names, str) else [str(n) for n in names]
     if not names:
         raise ValueError(f"{where}: test_classes is empty; name at least one class")
     unknown = [n for n in names if n not in classes]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], list(classes), n=1, cutoff=0.5)
-        near = f"; did you mean {close[0]!r}?" if close else ""
         listed = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
         raise ValueError(
-            f"{where}: test_classes: {unknown[0]!r} is not a class{near} ({len(classes)} classes: {listed})"
+            f"{where}: test_classes: {unknown[0]!r} is not a class{_near(unknown[0], classes)} ({len(classes)} "
+            f"classes: {listed})"
         )
     if set(names) >= set(classes):
         raise ValueError(f"{where}: test_classes names every class: leave some for training")

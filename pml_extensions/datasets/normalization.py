@@ -1,8 +1,5 @@
-"""The one copy of the ImageNet channel statistics used by every transform, explanation overlay and benchmark.
-
-``IMAGENET_MEAN`` / ``IMAGENET_STD``: per-channel (R, G, B) mean and standard deviation of images scaled to [0, 1],
-the normalisation torchvision's ImageNet weights (``IMAGENET1K_V1``, e.g. the offline MobileNetV2) were trained
-with; pass them to ``torchvision.transforms.Normalize``.
+"""The ImageNet channel statistics (R, G, B of images scaled to [0, 1]) torchvision's ImageNet weights were trained
+with, for ``torchvision.transforms.Normalize``: the one copy every transform, overlay and benchmark uses.
 
 Example:
     >>> import torchvision.transforms as T

@@ -15,7 +15,7 @@ OPENCLIPART_HINT = "apt-get install openclipart-png"
 
 
 def pixel_count(path: str) -> int:
-    """Width × height read from the PNG IHDR chunk (24 bytes, no decoding, no decompression-bomb limit)."""
+    """Width × height from the PNG IHDR chunk (no decoding, no decompression-bomb limit)."""
     with open(path, "rb") as f:
         head = f.read(24)
     if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
@@ -30,7 +30,7 @@ def pixel_count(path: str) -> int:
 
 
 def load_rgba_cropped(path: str, max_side: int) -> Image.Image:
-    """RGBA drawing cropped to its alpha box and shrunk so its longer side is at most ``max_side`` pixels."""
+    """RGBA drawing cropped to its alpha box, its longer side shrunk to at most ``max_side`` pixels."""
     with Image.open(path) as raw:
         image = raw.convert("RGBA")
     box = image.getchannel("A").getbbox()
@@ -41,23 +41,21 @@ def load_rgba_cropped(path: str, max_side: int) -> Image.Image:
 
 
 class OpenClipArt(ClassDisjointDataset):
-    """Public-domain drawings; class = the first two folder levels (``animals/birds``; files directly under a
-    top folder belong to that folder), classes with at least ``min_images`` images kept.
-
-    Each image is cropped to its alpha bounding box, shrunk to ``max_side`` pixels on its longer side and composited
-    on white (RGB). Classes are sorted by name; the class-disjoint split alternates over them (train = even
-    positions), because sorted names group related topics.
+    """Public-domain drawings; class = the first two folder levels (``animals/birds``; files directly under a top folder
+    belong to that folder), classes with at least ``min_images`` images kept, sorted by name, split alternately (train =
+    even positions: sorted names group related topics). Each image is cropped to its alpha bounding box, shrunk to
+    ``max_side`` pixels on its longer side and composited on white (RGB).
 
     Args:
         split: ``"train"``, ``"test"`` or ``"all"``.
         transform, target_transform: applied to the PIL RGB image / the int label.
-        min_images: minimum images per class. Default 20.
+        min_images: minimum images per class.
         max_classes: keep the classes with the most images (ties by name; before the split); ``None`` keeps all.
-        max_side: longer side in pixels of the cached drawing. Default 128.
+        max_side: longer side in pixels of the cached drawing.
         root: the package's PNG folder.
         rgba: return the cropped RGBA drawing instead of the white composite (for pasting onto photos).
-        max_pixels: drawings larger than this (width × height, from the header; a few poster-size files) are left
-            out before classes are counted, their paths kept in ``excluded_paths``. Default 25 Mpx.
+        max_pixels: drawings larger than this (width × height, from the header) are left out before classes are
+            counted, their paths kept in ``excluded_paths``.
 
     Raises:
         FileNotFoundError: if ``root`` does not exist (names the Debian package to install).

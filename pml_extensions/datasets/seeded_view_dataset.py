@@ -1,13 +1,6 @@
-"""A fixed bank of V seeded augmented views per image, and the per-epoch draw of one of them.
-
-:class:`~pml_extensions.datasets.FeatureCache` stores the prefix's output for views ``v = 0 .. V-1`` of every image;
-training draws one view per image and epoch. This module holds the two seeded functions both sides share, and
-:class:`SeededViewDataset`, the uncached twin of :class:`~pml_extensions.datasets.CachedFeatureDataset`: the very
-image tensors whose prefix outputs the cache holds, for the same (seed, epoch, index).
-
-View ``v`` of item ``i`` is ``transform(image)`` (any torchvision transform, v1 or v2) with torch's CPU RNG, Python's
-``random`` and numpy's legacy global RNG seeded from ``(view_seed, i, v)`` and restored afterwards.
-"""
+"""A fixed bank of V seeded augmented views per image and the per-epoch draw of one of them: the two seeded
+functions :class:`~pml_extensions.datasets.FeatureCache` and training share, and :class:`SeededViewDataset`, the
+uncached twin of :class:`~pml_extensions.datasets.CachedFeatureDataset` (docs/feature_cache.md)."""
 
 import random
 from contextlib import contextmanager
@@ -41,17 +34,9 @@ def _seeded_global_rngs(words) -> Iterator[None]:
 
 
 def seeded_view(transform: Callable, image, view_seed: int, index: int, view: int):
-    """``transform(image)`` with every random draw seeded from ``(view_seed, index, view)``.
-
-    Args:
-        transform: any callable (typically a torchvision ``Compose`` of random transforms); image: its input.
-        view_seed, index, view: ints >= 0; the same triple gives the same output on every call and machine.
-
-    Returns:
-        whatever ``transform`` returns (``[C, H, W]`` float32 for a pipeline ending in ToTensor / Normalize).
-
-    Raises:
-        ValueError: a negative or non-int ``view_seed``, ``index`` or ``view``.
+    """``transform(image)`` with torch's CPU RNG, Python's ``random`` and numpy's legacy global RNG seeded from
+    ``(view_seed, index, view)`` (ints >= 0; ValueError otherwise) and restored afterwards: the same triple gives the
+    same output on every call and machine.
 
     Example::
 
@@ -73,43 +58,57 @@ def seeded_view(transform: Callable, image, view_seed: int, index: int, view: in
 
 def draw_view(seed: int, epoch: int, index: int, num_views: int) -> int:
     """Which of the ``num_views`` views item ``index`` uses in ``epoch``: an int in ``[0, num_views)`` drawn by
-    ``numpy.random.default_rng([tag, seed, epoch, index])`` (a pure function of its arguments).
-
-    Raises:
-        ValueError: a negative ``seed``, ``epoch`` or ``index``, or ``num_views < 1``.
+    ``numpy.random.default_rng([tag, seed, epoch, index])``. ValueError: a negative argument, or ``num_views < 1``.
 
     Example::
 
         >>> [draw_view(0, epoch, 7, 4) for epoch in range(6)] == [draw_view(0, epoch, 7, 4) for epoch in range(6)]
         True
     """
-    words = [
-        _DRAW_TAG,
-        int_at_least("seed", seed, 0),
-        int_at_least("epoch", epoch, 0),
-        int_at_least("index", index, 0),
-    ]
+    words = [_DRAW_TAG, int_at_least("seed", seed, 0), int_at_least("epoch", epoch, 0), int_at_least("index", index, 0)]
     if int_at_least("num_views", num_views, 1) == 1:
         return 0
     return int(np.random.default_rng(words).integers(num_views))
 
 
-class SeededViewDataset(torch.utils.data.Dataset):
-    """Items ``(transformed image, label)`` where the image is view ``draw_view(seed, epoch, i, V)`` of item ``i``
-    from the bank of ``num_views`` seeded views (see the module docstring).
+def _labels_of(dataset) -> np.ndarray:
+    labels = getattr(dataset, "labels", None)
+    if labels is None or len(labels) != len(dataset):
+        raise ValueError(
+            f"dataset ({type(dataset).__name__}) must have a labels array of its length {len(dataset)}, "
+            f"got {None if labels is None else len(labels)}"
+        )
+    return np.asarray(labels, dtype=np.int64)
 
-    With the same ``transform``, ``num_views``, ``view_seed`` and ``seed`` it returns exactly the images whose prefix
-    outputs :class:`~pml_extensions.datasets.CachedFeatureDataset` returns (the feature cache's uncached baseline and
-    the image source of its build).
+
+class _EpochViews(torch.utils.data.Dataset):
+    """A dataset of ``labels`` whose item ``i`` is view ``draw_view(seed, epoch, i, num_views)``."""
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the view draws of ``epoch`` (completed epochs, an int >= 0; ValueError otherwise)."""
+        self.epoch = int_at_least("epoch", epoch, 0)
+
+    def view_of(self, index: int) -> int:
+        """The view item ``index`` uses in the current epoch."""
+        return draw_view(self.seed, self.epoch, index, self.num_views)
+
+
+class SeededViewDataset(_EpochViews):
+    """Items ``(transformed image, label)`` where the image is view ``draw_view(seed, epoch, i, V)`` of item ``i`` from
+    the bank of ``num_views`` seeded views: with the same ``transform``, ``num_views``, ``view_seed`` and ``seed``,
+    exactly the images whose prefix outputs :class:`~pml_extensions.datasets.CachedFeatureDataset` returns.
 
     Args:
         dataset: items ``(untransformed image, label)`` and an int ``labels`` array [N].
         transform: applied to each image, seeded per (view_seed, index, view).
         num_views: V >= 1 views per image (``1`` with a deterministic transform: the plain evaluation view).
-        view_seed: seeds the views' contents; seed: seeds the per-epoch draw of a view. Default 0 each.
+        view_seed: seeds the views' contents; seed: seeds the per-epoch draw of a view.
 
-    ``labels``: int64 numpy array [N]. Call :meth:`set_epoch` with the completed epochs at each epoch boundary
-    (with DataLoader workers, before the iterator is made).
+    ``labels``: int64 numpy array [N]. Call :meth:`set_epoch` with the completed epochs at each epoch boundary (with
+    DataLoader workers, before the iterator is made).
 
     Raises:
         ValueError: ``num_views`` / seeds out of range, or a dataset without a ``labels`` array of its length.
@@ -117,12 +116,9 @@ class SeededViewDataset(torch.utils.data.Dataset):
     Example::
 
         >>> import torchvision.transforms as T
-        >>> from PIL import Image
-        >>> class Two(torch.utils.data.Dataset):
-        ...     labels = np.array([0, 1])
-        ...     def __len__(self): return 2
-        ...     def __getitem__(self, i): return Image.new("RGB", (8, 8), (60 * i, 0, 0)), int(self.labels[i])
-        >>> views = SeededViewDataset(Two(), T.Compose([T.RandomCrop(4), T.ToTensor()]), num_views=3)
+        >>> images = torch.utils.data.TensorDataset(torch.rand(2, 3, 8, 8), torch.tensor([0, 1]))
+        >>> images.labels = np.array([0, 1])
+        >>> views = SeededViewDataset(images, T.RandomCrop(4), num_views=3)
         >>> image, label = views[1]
         >>> image.shape, label, torch.equal(image, views.view(1, views.view_of(1)))
         (torch.Size([3, 4, 4]), 1, True)
@@ -135,24 +131,7 @@ class SeededViewDataset(torch.utils.data.Dataset):
         self.view_seed = int_at_least("view_seed", view_seed, 0)
         self.seed = int_at_least("seed", seed, 0)
         self.epoch = 0
-        labels = getattr(dataset, "labels", None)
-        if labels is None or len(labels) != len(dataset):
-            raise ValueError(
-                f"dataset ({type(dataset).__name__}) must have a labels array of its length {len(dataset)}, "
-                f"got {None if labels is None else len(labels)}"
-            )
-        self.labels = np.asarray(labels, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the view draws of ``epoch`` (an int >= 0; ValueError otherwise)."""
-        self.epoch = int_at_least("epoch", epoch, 0)
-
-    def view_of(self, index: int) -> int:
-        """The view item ``index`` uses in the current epoch."""
-        return draw_view(self.seed, self.epoch, index, self.num_views)
+        self.labels = _labels_of(dataset)
 
     def view(self, index: int, view: int):
         """View ``view`` of item ``index``: the transformed image (ValueError if ``view`` is not in [0, V))."""

@@ -1,10 +1,9 @@
 """RAML distillation loss: absolute + relational (teacher-student and student-student) terms, eq. 10.
 
 Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023,
-Sec. 4, eq. (5), (8)-(10). Details not in the paper's text follow the authors' code ``pavelsuma/raml``
-(``lib/layers/loss.py`` ``SecondOrderLoss``, ``lib/layers/functional.py``): ``eps0 = 1e-6`` inside each square,
-relations only among the P augmentations of the same source image with the diagonal excluded. Written from the
-equations; no code copied.
+Sec. 4, eq. (5), (8)-(10); from the authors' code ``pavelsuma/raml`` (``lib/layers/loss.py``, ``functional.py``):
+``eps0 = 1e-6`` inside each square, relations only among the P augmentations of one source image, diagonal excluded.
+Written from the equations; no code copied.
 """
 
 import math
@@ -26,11 +25,11 @@ def _check_weight(name, value):
 
 
 class ResolutionDistillationLoss(BaseMetricLossFunction):
-    """Label-free distillation of a small-resolution student from a frozen large-resolution teacher.
+    """Label-free distillation of a small-resolution student from a frozen large-resolution teacher (eq. 10).
 
-    Rows are augmented images. ``embeddings`` holds the student rows ``u_i = f_φ(S_i)``, ``ref_emb`` the teacher rows
-    ``v_i = f_θ(T_i)`` ALIGNED BY INDEX (row i of both is the same augmented image, at two resolutions), and ``labels``
-    the id of the SOURCE image of each row (its P augmentations share the id). For one source image with P rows:
+    Rows are augmented images: ``embeddings`` holds the student rows ``u_i = f_φ(S_i)``, ``ref_emb`` the teacher rows
+    ``v_i = f_θ(T_i)`` ALIGNED BY INDEX, ``labels`` the id of the SOURCE image of each row (its P augmentations share
+    the id). For one source image with P rows:
 
         L_abs    = 1/P        Σ_i       (1 − u_iᵀv_i + eps0)²
         L_rel-ts = 1/(P(P−1)) Σ_{i≠j}   (u_iᵀv_j − v_iᵀv_j + eps0)²
@@ -38,28 +37,22 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
         L        = lambda_abs·L_abs + lambda_ts·L_rel-ts + lambda_ss·L_rel-ss                      (eq. 10)
 
     Relations never cross source images. Each active term (weight > 0) is its own PML sub-loss (``abs_loss``,
-    ``rel_ts_loss``, ``rel_ss_loss``, ``reduction_type="element"``): one weighted value per source image, indexed by
-    its first row, so the default ``MeanReducer`` returns the MEAN over source images. Deviation: the paper's code
-    SUMS over the images of a batch (a constant factor that Adam/AdamW, the paper's optimiser, ignores up to its eps);
-    ``reducer=reducers.SumReducer()`` restores the sum. Any term can be used alone (Table 3 ablation) by setting the
-    other weights to 0; ``lambda_ts=lambda_ss=0`` is the absolute distillation of eq. (5). The unweighted per-batch
-    means are kept in the recordable attributes ``abs_loss``, ``rel_ts_loss``, ``rel_ss_loss``.
-
-    Similarities come from ``distance``; the default ``DotProductSimilarity()`` L2-normalises both sides, so the loss
-    works on cosines, as the paper's code does. Non-inverted distances are rejected.
+    ``rel_ts_loss``, ``rel_ss_loss``, ``reduction_type="element"``, one value per source image), so the default
+    ``MeanReducer`` averages over source images; the paper's code SUMS (``reducer=reducers.SumReducer()``). A zero
+    weight drops a term (Table 3; ``lambda_ts=lambda_ss=0`` is eq. 5). The unweighted per-batch means are kept in the
+    recordable attributes ``abs_loss``, ``rel_ts_loss``, ``rel_ss_loss``. Similarities come from ``distance`` (default
+    ``DotProductSimilarity()`` on L2-normalised rows: cosines, as the paper's code); non-inverted distances are refused.
 
     Args:
-        lambda_ts, lambda_ss: λ_t, λ_s, weights of L_rel-ts and L_rel-ss (CLI ``--lam-1``, ``--lam-2``). Default 0.7.
-        lambda_abs: weight of L_abs. Default 1 (paper; 0 only for ablations).
-        eps0: constant inside each square. Default 1e-6 (paper code); 0 gives the paper's text literally.
-        detach_ref_emb: detach the teacher rows ``ref_emb`` (default ``True``: no gradient into the frozen teacher).
+        lambda_ts, lambda_ss: weights of L_rel-ts and L_rel-ss (CLI ``--lam-1``, ``--lam-2``).
+        lambda_abs: weight of L_abs (paper: 1; 0 only for ablations).
+        eps0: constant inside each square (paper code: 1e-6; 0 gives the paper's text).
+        detach_ref_emb: no gradient into the teacher rows ``ref_emb``.
         **kwargs: ``distance``, ``reducer``, ``embedding_regularizer``... as for every PML loss.
 
     ``forward(embeddings [N, D] float, labels [N] int, indices_tuple=None, ref_emb [N, D] float, ref_labels=None)``
-    -> scalar, computed with autocast disabled in the common dtype of ``embeddings`` and ``ref_emb``, at least
-    float32. Both must be on the same device.
-    ``indices_tuple`` is ignored (the pairs are fixed by ``labels``); ``ref_labels``, when given, must equal
-    ``labels``.
+    -> scalar, with autocast disabled in the common dtype of both (at least float32), on one device. ``indices_tuple``
+    is ignored; ``ref_labels``, when given, must equal ``labels``.
 
     Raises:
         ValueError: negative/non-finite weights or eps0, all weights zero, a non-similarity distance; at forward:
@@ -128,7 +121,7 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
             return super().forward(embeddings.to(dtype), labels, indices_tuple, ref_emb.to(dtype), ref_labels)
 
     def check_inputs(self, embeddings, labels, ref_emb, ref_labels):
-        """Validate a forward call (see the class docstring for the rules). Raises ValueError/TypeError."""
+        """Validate a forward call (the class docstring's rules)."""
         for name, t in (("embeddings", embeddings), ("ref_emb", ref_emb)):
             if t is None:
                 raise ValueError(

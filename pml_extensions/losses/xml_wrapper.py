@@ -1,4 +1,4 @@
-"""Cross-batch metric learning (XML) as a wrapper around any PML loss.
+"""Cross-batch metric learning (XML) as a wrapper around any PML loss (docs/methods/xml.md).
 
 Source: Y. Z. Gurbuz and A. A. Alatan, "Generalizable Embeddings with Cross-batch Metric Learning", ICIP 2023
 (arXiv 2307.07620), Sec. 2.3. No official code exists; the closed-form ridge step follows the authors' related
@@ -8,6 +8,7 @@ Source: Y. Z. Gurbuz and A. A. Alatan, "Generalizable Embeddings with Cross-batc
 
 import inspect
 import math
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -17,7 +18,29 @@ from ..utils.checks import is_number
 from ..utils.class_split import class_disjoint_split
 from ..utils.ridge import ridge_prototypes
 from ..utils.wiring import after_losses
-from ._loss_state import _is_memory_wrapper, _state_left_untouched
+
+
+@contextmanager
+def _state_left_untouched(module: torch.nn.Module):
+    """Calls of ``module`` inside the block leave its state as it was: every buffer (memory banks, running
+    statistics) is a clone during the block and the originals, never written (a graph that saved them stays valid),
+    come back after it, and so do the values of plain number attributes (queue positions, counters)."""
+    saved_buffers, saved_numbers = [], []
+    for sub in module.modules():
+        for name, buf in sub._buffers.items():
+            if buf is not None:
+                saved_buffers.append((sub, name, buf))
+                sub._buffers[name] = buf.clone()
+        numbers = {k: v for k, v in vars(sub).items() if isinstance(v, (bool, int, float)) and not k.startswith("__")}
+        saved_numbers.append((sub, numbers))
+    try:
+        yield
+    finally:
+        for sub, name, buf in saved_buffers:
+            sub._buffers[name] = buf
+        for sub, numbers in saved_numbers:
+            for key, value in numbers.items():
+                setattr(sub, key, value)
 
 
 def _check_finite(name, tensor):
@@ -59,7 +82,7 @@ class _Ref:
 
 
 class XMLWrapper(ModuleWithRecords):
-    """Cross-batch metric learning loss around any PML loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
+    """Cross-batch metric learning loss around any PML loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3; docs/methods/xml.md).
 
     The batch is split into two halves with disjoint classes; on each half k the ridge prototypes ``V_k = argmin_A
     ||Z_k A - Y_k||² + ridge ||A||²`` map histograms to embeddings, each half is predicted from the OTHER half's
@@ -67,43 +90,29 @@ class XMLWrapper(ModuleWithRecords):
 
         L = loss(Y, L) + xml_weight · L_XML,   L_XML = loss(Ŷ_1, L_1) + loss(Ŷ_2, L_2)   (SUM over the halves).
 
-    Pairs of the XML term are formed inside each half. Nothing is detached: the prototypes of the histogram layer get
-    gradient from L_XML only. Mined ``indices_tuple`` drive the inner term, and their tuples inside a half
-    (renumbered) that half's XML term. ``ref_emb`` / ``ref_labels`` go to the inner term only.
-
-    Stateful inner losses: the XML term runs with every buffer of the loss swapped for a throw-away copy and plain
-    number attributes restored, so memory banks, statistics and counters are what the real term left; proxies are only
-    read. ``XMLWrapper(CrossBatchMemory(L, ...))``: the memory receives the N real embeddings only, and the XML term
-    judges each predicted half with ``L``. ``CrossBatchMemory(XMLWrapper(L, histogram_layer=...))`` is refused by
-    PML's CBM; a CBM subclass that admits it passes the memory as ``ref_emb`` (its ``enqueue_mask`` is refused).
+    Nothing is detached. Mined ``indices_tuple`` drive the inner term, and their tuples inside a half (renumbered) that
+    half's XML term; ``ref_emb`` / ``ref_labels`` go to the inner term only. The XML term leaves a stateful inner loss's
+    buffers and counters as the real term left them; ``XMLWrapper(CrossBatchMemory(L, ...))`` judges the halves with
+    ``L``.
 
     Args:
         loss: any PML loss module whose ``forward`` takes ``(embeddings, labels, ...)``.
-        xml_weight: λ ≥ 0, weight of L_XML. Default 0.01 (paper). With 0 the wrapper calls the inner loss with the
-            arguments as given (no checks, no precision lift): a drop-in control arm.
-        ridge: ε_r > 0 added once to the Gram matrix. Default 0.05 (paper).
+        xml_weight: λ ≥ 0, weight of L_XML (paper: 0.01). With 0 the inner loss is called with the arguments as given
+            (no checks, no precision lift): a drop-in control arm.
+        ridge: ε_r > 0 added once to the Gram matrix (paper: 0.05).
         histogram_layer: a module with a ``last_histograms`` attribute ([B, m], e.g.
             :class:`pml_extensions.trunks.HistogramPooling`), read when ``histograms`` is not passed.
-        seed: seed of the private generator that draws the class split (reproducible; global RNG untouched).
-        ridge_form: ``"auto"`` (default), ``"primal"`` or ``"kernel"``; see
-            :func:`pml_extensions.utils.ridge_prototypes`.
-        target: what the ridge prototypes regress (see "Ridge target"): ``"embeddings"`` (default) or ``"pooled"``
-            (the paper's: the GAP vectors ``histogram_layer.last_pooled``, predictions then pass through ``head``).
+        seed: seed of the private generator that draws the class split (the global RNG is untouched).
+        ridge_form: ``"auto"``, ``"primal"`` or ``"kernel"`` (:func:`pml_extensions.utils.ridge_prototypes`).
+        target: what the ridge prototypes regress: ``"embeddings"`` or ``"pooled"`` (the paper's: the GAP vectors
+            ``histogram_layer.last_pooled``, predictions then pass through ``head``).
         head: with ``target="pooled"``, the module mapping a GAP vector ``[N, C]`` to the embedding ``[N, d]``
             (:meth:`attach` builds it); kept out of this module's parameters.
 
-    Ridge target. The paper (Sec. 2.3) regresses the GAP vectors Y on the histograms Z, ``V_k = argmin ||V Z_k -
-    Y_k||² + ε||V||²`` (Lemma 2.1), and the loss sees ``head(Ŷ)``: ``target="pooled"`` is the faithful form.
-    ``target="embeddings"`` regresses the embedder's output; both agree exactly for a bias-free linear head (the ridge
-    solution is linear in its target). It stays the default because it needs only the loss's inputs; the shipped
-    configs and the main job use ``"pooled"``.
-
     ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, *,
     histograms [N, m] = None, enqueue_mask [N] bool = None) -> scalar``; ``labels`` may be None only with
-    ``xml_weight=0``; ``enqueue_mask`` goes to an inner ``CrossBatchMemory``. Precision (``xml_weight > 0``):
-    float16/bfloat16 embeddings are lifted to float32 and the whole loss runs with autocast disabled; the scalar is
-    float32 (float64 for float64 embeddings). A ``ref_emb`` that is ``embeddings`` is passed on as the lifted
-    embeddings themselves (losses that check ``ref_emb is embeddings`` see the call they would see without the lift).
+    ``xml_weight=0``; ``enqueue_mask`` goes to an inner ``CrossBatchMemory``. With ``xml_weight > 0`` float16/bfloat16
+    embeddings are lifted to float32 and autocast is disabled: the scalar is float32 (float64 for float64 embeddings).
 
     Recordable attributes: ``inner_loss``, ``xml_loss`` (L_XML before weighting), ``num_skipped_xml`` (batches
     without two halves that each hold a positive pair: they return the inner loss alone), ``xml_weight``, ``ridge``.
@@ -177,16 +186,15 @@ class XMLWrapper(ModuleWithRecords):
 
         Args:
             trunk: the PML trunk holding exactly one :class:`pml_extensions.trunks.HistogramPooling` (e.g. after
-                :func:`~pml_extensions.trunks.use_histogram_pooling`), or PML's ``models`` dict (its ``"embedder"``
-                then taken too). The layer stays out of this module's parameters and state dict.
-            embedder: with ``target="pooled"``, PML's embedder: the head becomes the trunk's modules after the
-                pooling (:func:`pml_extensions.trunks.pooling_tail`, or a ``Sequential`` trunk's children after the
-                layer) followed by the embedder. Without one the head is left as it is.
+                :func:`~pml_extensions.trunks.use_histogram_pooling`), or PML's ``models`` dict (its ``"embedder"`` then
+                taken too). The layer stays out of this module's parameters and state dict.
+            embedder: with ``target="pooled"``, the head becomes the trunk's modules after the pooling
+                (:func:`pml_extensions.trunks.pooling_tail`) followed by ``embedder``.
 
         Raises:
-            ValueError: if ``trunk`` holds no HistogramPooling or more than one, a ``models`` dict has no
-                ``"trunk"``, or (``target="pooled"``) the trunk's output is not its modules after the pooling
-                applied to the GAP vector.
+            ValueError: if ``trunk`` holds no HistogramPooling or more than one, a ``models`` dict has no ``"trunk"``,
+                or (``target="pooled"``) the trunk's output is not its modules after the pooling applied to the GAP
+                vector.
 
         Example::
 
@@ -253,12 +261,7 @@ class XMLWrapper(ModuleWithRecords):
         return self._head_ref.module
 
     def get_histograms(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Return the histograms for ``embeddings`` ([N, m]) from the keyword or from ``histogram_layer``.
-
-        Raises:
-            ValueError: if none are available, their batch size differs from ``embeddings``', or they contain
-                NaN/inf (the message names where they came from).
-        """
+        """The histograms ``[N, m]`` of ``embeddings``: the keyword, else ``histogram_layer.last_histograms``."""
         source = "histograms"
         if histograms is None:
             layer = self.histogram_layer
@@ -286,11 +289,7 @@ class XMLWrapper(ModuleWithRecords):
         return histograms
 
     def get_pooled(self, embeddings: torch.Tensor, pooled: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The GAP vectors ``[N, C]`` (``target="pooled"``): the keyword, else ``histogram_layer.last_pooled``.
-
-        Raises:
-            ValueError: if none are available, they are not finite, or their batch size differs from the embeddings'.
-        """
+        """The GAP vectors ``[N, C]`` (``target="pooled"``): the keyword, else ``histogram_layer.last_pooled``."""
         if pooled is None:
             pooled = getattr(self.histogram_layer, "last_pooled", None)
             if pooled is None:
@@ -306,8 +305,7 @@ class XMLWrapper(ModuleWithRecords):
         return pooled
 
     def extra_tensors_for_gather(self, embeddings: torch.Tensor, histograms: Optional[torch.Tensor] = None) -> dict:
-        """Per-sample tensors :class:`pml_extensions.utils.DistributedLossWrapper` gathers with the embeddings:
-        ``{"histograms": [N, m]}`` (and ``"pooled"``; empty when ``xml_weight == 0``)."""
+        """``{"histograms": [N, m]}`` (and ``"pooled"``; none when ``xml_weight == 0``) for DistributedLossWrapper."""
         if self.xml_weight == 0:
             return {}
         extra = {"histograms": self.get_histograms(embeddings, histograms)}
@@ -326,15 +324,7 @@ class XMLWrapper(ModuleWithRecords):
         return (self.loss if loss is None else loss)(*args, **kwargs)
 
     def cross_predictions(self, targets: torch.Tensor, histograms: torch.Tensor, halves):
-        """Predict each half's ridge targets from the other half's prototypes.
-
-        Args:
-            targets: ``[N, t]`` what the prototypes regress (embeddings, or GAP vectors with ``target="pooled"``);
-            histograms: ``[N, m]``; halves: ``(indices_1, indices_2)``.
-
-        Returns:
-            ``(Ŷ_1 [N_1, t], Ŷ_2 [N_2, t])`` in the targets' dtype; ``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``.
-        """
+        """``(Ŷ_1 = Z_1 V_2, Ŷ_2 = Z_2 V_1)``: each half's ``targets`` predicted by the other half's prototypes."""
         first, second = halves
         z1, z2 = histograms[first], histograms[second]
         v1 = ridge_prototypes(z1, targets[first], self.ridge, self.ridge_form)
@@ -411,7 +401,11 @@ class XMLWrapper(ModuleWithRecords):
         labels = labels.to(embeddings.device)
         # Mined tuples index the batch only when there is no separate reference set.
         mined = indices_tuple if ref_emb is None else None
-        judge = self.loss.loss if _is_memory_wrapper(self.loss) else self.loss
+        # a cross-batch memory (PML's CrossBatchMemory or alike: a memory-bank buffer around a wrapped loss) judges
+        # the predictions with its wrapped loss
+        judge = getattr(self.loss, "loss", None)
+        if not (isinstance(judge, torch.nn.Module) and torch.is_tensor(getattr(self.loss, "embedding_memory", None))):
+            judge = self.loss
         with _state_left_untouched(judge):
             xml = 0
             for pred, half in ((pred1, halves[0]), (pred2, halves[1])):
@@ -422,13 +416,7 @@ class XMLWrapper(ModuleWithRecords):
 
 @after_losses
 def attach_to_models(loss_funcs, models) -> int:
-    """Attach every XMLWrapper nested in ``loss_funcs`` (a dict or an iterable of modules) that lacks its histogram
-    layer (or, ``target="pooled"``, its head) to ``models`` (PML's ``{"trunk": ..., "embedder": ...}``): the
-    wiring the runner's Builder asks for once it has built the losses. Returns how many were attached.
-
-    Raises:
-        ValueError: as :meth:`XMLWrapper.attach`.
-    """
+    """Attach to ``models`` each XMLWrapper in ``loss_funcs`` without histogram layer (or head); returns how many."""
     modules = loss_funcs.values() if isinstance(loss_funcs, dict) else loss_funcs
     attached = 0
     for loss in modules:

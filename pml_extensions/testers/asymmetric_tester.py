@@ -1,8 +1,7 @@
 """Tester for asymmetric retrieval: queries by one model/resolution, the database by another.
 
 Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 5
-(the four evaluation setups; query cost in FLOPs, Fig. 1 and 4). Query FLOPs come from ``torch.utils.flop_counter``
-(one multiply-add counts 2 FLOPs, convolutions and matmuls only, as torch counts them).
+(the four evaluation setups; query cost in FLOPs: ``torch.utils.flop_counter``, one multiply-add = 2 FLOPs).
 """
 
 from typing import Callable, Dict, Optional, Sequence
@@ -29,8 +28,7 @@ def _models(pair, name):
 
 
 def _reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder):
-    """The (trunk, embedder) that embed the reference side: the query's model when no reference trunk is given
-    (a reference dataset alone is another view of the images), its embedder unless one is given; Identity for none."""
+    """The (trunk, embedder) of the reference side: the query's when no reference trunk is given; Identity for none."""
     if ref_trunk is None:
         ref_trunk, ref_embedder = trunk_model, (embedder_model if ref_embedder is None else ref_embedder)
     return ref_trunk, (torch.nn.Identity() if ref_embedder is None else ref_embedder)
@@ -48,16 +46,11 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
     reference_trunk_model=None, reference_embedder_model=None, reference_dataset_dict=None)``: queries are embedded by
     ``trunk_model``/``embedder_model`` from ``dataset_dict`` (e.g. the small query resolution), references by the
     reference models from ``reference_dataset_dict`` (e.g. the teacher at the database resolution); missing reference
-    arguments fall back to the constructor's, then to the query side (then it is ``GlobalEmbeddingSpaceTester``). A
-    query split among its reference splits excludes each query's own image BY INDEX (both dataset dicts must list the
-    same images in the same order) through :class:`AsymmetricAccuracyCalculator` (the default calculator). Accuracy
-    keys are PML's (``<metric>_level0``), so ``HookContainer`` works unchanged (e.g. an ``end_of_epoch_hook`` validating
-    the student against the constructor's teacher); embeddings are L2-normalised as in PML.
-
-    Under ``torch.distributed`` each rank embeds its shard of every set and the default calculator splits its query
-    blocks over the ranks (:mod:`~pml_extensions.testers.sharded_tester`; every rank calls ``test``).
-    :meth:`test_reference_sets` evaluates one query split against several reference sets; :meth:`evaluate_setups` runs
-    the paper's four setups with the FLOPs per query image of each (:meth:`query_flops`).
+    arguments fall back to the constructor's, then to the query side. A query split among its reference splits excludes
+    each query's own image BY INDEX (both dataset dicts must list the same images in the same order) through
+    :class:`AsymmetricAccuracyCalculator`, the default calculator. Accuracy keys are PML's (``<metric>_level0``), so
+    ``HookContainer`` works unchanged; embeddings are L2-normalised as in PML. Under ``torch.distributed`` each rank
+    embeds its shard of every set (every rank calls ``test``).
 
     Raises:
         ValueError: query and reference splits of one name that list different labels (not the same images), a
@@ -98,11 +91,7 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         reference_embedder_model: Optional[torch.nn.Module] = None,
         reference_dataset_dict: Optional[dict] = None,
     ):
-        self._reference_side = (
-            self.reference_trunk_model if reference_trunk_model is None else reference_trunk_model,
-            self.reference_embedder_model if reference_embedder_model is None else reference_embedder_model,
-            self.reference_dataset_dict if reference_dataset_dict is None else reference_dataset_dict,
-        )
+        self._reference_side = self._reference(reference_trunk_model, reference_embedder_model, reference_dataset_dict)
         try:
             return super().test(dataset_dict, epoch, trunk_model, embedder_model, splits_to_eval, collate_fn)
         finally:
@@ -123,11 +112,9 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         reference_embedder_model: Optional[torch.nn.Module] = None,
         reference_dataset_dict: Optional[dict] = None,
     ) -> Dict[str, dict]:
-        """One query split against several reference sets, e.g. ``{"test": ["test"], "test+val": ["test", "val"]}``.
-
-        The query split is embedded once by the query models, every reference split once by the reference models
-        (without reference arguments the query split's embeddings are reused). A set containing the query split
-        excludes each query's own image.
+        """One query split against several reference sets, e.g. ``{"test": ["test"], "test+val": ["test", "val"]}``,
+        each split embedded once (without reference arguments the query side's embeddings are reused); a set containing
+        the query split excludes each query's own image.
 
         Returns:
             ``{set_name: {"epoch": epoch, "<metric>_level<L>": value}}``; ``end_of_testing_hook`` is not called.
@@ -137,34 +124,22 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         """
         if not reference_sets or not isinstance(reference_sets, dict):
             raise ValueError("reference_sets must be a non-empty dict {name: [split names]}")
-        ref_trunk = self.reference_trunk_model if reference_trunk_model is None else reference_trunk_model
-        ref_embedder = self.reference_embedder_model if reference_embedder_model is None else reference_embedder_model
-        ref_dict = self.reference_dataset_dict if reference_dataset_dict is None else reference_dataset_dict
+        reference = self._reference(reference_trunk_model, reference_embedder_model, reference_dataset_dict)
         needed = sorted({s for splits in reference_sets.values() for s in splits})
         for split in needed + [query_split]:
-            if split not in (dataset_dict if ref_dict is None or split == query_split else ref_dict):
+            if split not in (dataset_dict if reference[2] is None or split == query_split else reference[2]):
                 raise ValueError(f"split {split!r} is not in the dataset dict")
         embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
-        same = ref_trunk is None and ref_embedder is None and ref_dict is None
-        base = super(AsymmetricTester, self).get_all_embeddings_for_all_splits
-        query_side = base(
-            dataset_dict,
-            trunk_model,
-            embedder_model,
-            sorted({query_split, *needed}) if same else [query_split],
-            collate_fn,
+        same = all(x is None for x in reference)
+        query_splits = sorted({query_split, *needed}) if same else [query_split]
+        query_side = super().get_all_embeddings_for_all_splits(
+            dataset_dict, trunk_model, embedder_model, query_splits, collate_fn
         )
+        reference_side = self._embed_reference(reference, dataset_dict, trunk_model, embedder_model, needed, collate_fn)
         if same:
             reference_side = query_side
-        else:
-            reference_side = base(
-                dataset_dict if ref_dict is None else ref_dict,
-                *_reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder),
-                needed,
-                collate_fn,
-            )
-            if query_split in reference_side:
-                self._check_same_images({query_split: query_side[query_split]}, reference_side)
+        elif query_split in reference_side:
+            self._check_same_images({query_split: query_side[query_split]}, reference_side)
         results, jobs = {}, []
         for name, splits in reference_sets.items():
             splits = list(splits)
@@ -176,7 +151,7 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         return results
 
     def _knn(self, query_side, reference_side, jobs):
-        """``do_knn_and_accuracies(record, query_side, query_split, reference_splits)`` for each job, against
+        """``do_knn_and_accuracies`` for each ``(record, query_split, reference_splits)`` job, against
         ``reference_side``."""
         self.reference_embeddings_and_labels = reference_side
         try:
@@ -191,18 +166,33 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         query_side = super().get_all_embeddings_for_all_splits(
             dataset_dict, trunk_model, embedder_model, splits_to_compute_embeddings, collate_fn
         )
-        ref_trunk, ref_embedder, ref_dict = getattr(self, "_reference_side", None) or (None, None, None)
+        reference = getattr(self, "_reference_side", None) or (None, None, None)
+        self.reference_embeddings_and_labels = self._embed_reference(
+            reference, dataset_dict, trunk_model, embedder_model, splits_to_compute_embeddings, collate_fn
+        )
+        if self.reference_embeddings_and_labels is not None:
+            self._check_same_images(query_side, self.reference_embeddings_and_labels)
+        return query_side
+
+    def _reference(self, trunk, embedder, dataset_dict):
+        """A call's reference (trunk, embedder, dataset dict): its arguments, else the constructor's."""
+        return (
+            self.reference_trunk_model if trunk is None else trunk,
+            self.reference_embedder_model if embedder is None else embedder,
+            self.reference_dataset_dict if dataset_dict is None else dataset_dict,
+        )
+
+    def _embed_reference(self, reference, dataset_dict, trunk_model, embedder_model, splits, collate_fn):
+        """The reference side's embeddings of ``splits``, or None when ``reference`` names nothing (the query side)."""
+        ref_trunk, ref_embedder, ref_dict = reference
         if ref_trunk is None and ref_embedder is None and ref_dict is None:
-            self.reference_embeddings_and_labels = None
-            return query_side
-        self.reference_embeddings_and_labels = super().get_all_embeddings_for_all_splits(
+            return None
+        return super().get_all_embeddings_for_all_splits(
             dataset_dict if ref_dict is None else ref_dict,
             *_reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder),
-            splits_to_compute_embeddings,
+            splits,
             collate_fn,
         )
-        self._check_same_images(query_side, self.reference_embeddings_and_labels)
-        return query_side
 
     def set_reference_and_query(self, embeddings_and_labels, query_split_name, reference_split_names):
         query_embeddings, query_labels = embeddings_and_labels[query_split_name]
@@ -227,10 +217,8 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
 
     @staticmethod
     def query_flops(trunk_model, embedder_model=None, image_size: int = 224, in_channels: int = 3) -> int:
-        """FLOPs to embed ONE query image of ``image_size`` × ``image_size`` pixels (torch flop counter).
-
-        Runs a zero image ``[1, in_channels, s, s]`` under ``no_grad`` on the trunk's device; restores train/eval
-        modes. Raises ValueError on a non-positive ``image_size``.
+        """FLOPs (torch's flop counter) to embed ONE zero query image ``[1, in_channels, s, s]`` under ``no_grad``, on
+        the trunk's device; modes restored. ValueError on a non-positive ``image_size``.
         """
         _check_resolution("image_size", image_size)
         embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
@@ -255,23 +243,19 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         epoch: int = 0,
         collate_fn=None,
     ) -> Dict[str, dict]:
-        """The paper's four evaluation setups (Sec. 5), each with its query cost.
-
-        - ``teacher_student_asymmetric``: database by the teacher at ``database_resolution``, queries by the student at
-          ``query_resolution`` (eq. 4, the proposed setup);
-        - ``student_symmetric``: student at ``query_resolution`` on both sides (eq. 1);
-        - ``teacher_symmetric``: teacher at ``teacher_resolution`` (default ``database_resolution``) on both sides
-          (eq. 1);
-        - ``teacher_asymmetric``: teacher at ``database_resolution`` for the database, ``query_resolution`` for the
-          queries (eq. 3).
+        """The paper's four evaluation setups (Sec. 5), each with its query cost: ``teacher_student_asymmetric``
+        (database by the teacher at ``database_resolution``, queries by the student at ``query_resolution``: eq. 4, the
+        proposed setup), ``student_symmetric`` (the student at ``query_resolution`` on both sides, eq. 1),
+        ``teacher_symmetric`` (the teacher at ``teacher_resolution`` on both sides, eq. 1), ``teacher_asymmetric`` (the
+        teacher at ``database_resolution`` for the database, ``query_resolution`` for the queries, eq. 3).
 
         Args:
             make_dataset_dict: ``resolution -> {split_name: dataset}``, the same images in the same order at every
                 resolution.
             teacher, student: a module or a ``(trunk, embedder)`` pair each; ``student`` may be None for teacher setups.
-            query_resolution, database_resolution, teacher_resolution: square input sizes in pixels.
-            splits_to_eval: as in PML's ``test`` (default: every split against itself). setups: a subset of
-                :data:`SETUPS`.
+            query_resolution, database_resolution, teacher_resolution: square input sizes in pixels
+                (``teacher_resolution`` default ``database_resolution``).
+            splits_to_eval: as in PML's ``test``; setups: a subset of :data:`SETUPS`.
 
         Returns:
             ``{setup: {"accuracies": {query_split: {metric_level0: value, "epoch": epoch}}, "query_flops": int,

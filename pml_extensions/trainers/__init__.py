@@ -11,9 +11,9 @@ from .resolution_distillation_trainer import (  # noqa: E402
     ResolutionDistillationTrainer,
     gem_parameters,
     make_optimizers,
+    make_teacher_trainer,
     set_batchnorm_eval,
 )
-from .teacher_recipe import make_teacher_trainer  # noqa: E402
 from .template_matching_trainer import TemplateMatchingTrainer  # noqa: E402
 
 __all__ = PML_TRAINERS + [

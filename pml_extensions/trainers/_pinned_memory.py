@@ -1,8 +1,5 @@
-"""Pinned-memory batches and non-blocking host-to-device copies for PML trainers on CUDA.
-
-PML's trainers build their DataLoader with ``pin_memory=False`` and copy every batch with a blocking ``.to``. With
-``data_device`` on CUDA this mixin pins the loader's batches (page-locked host memory: faster copies) and copies
-them with ``non_blocking=True``, so the copy overlaps with the previous step's kernels. On CPU it changes nothing.
+"""Pinned-memory batches and non-blocking host-to-device copies for PML trainers on CUDA (PML's build their DataLoader
+with ``pin_memory=False`` and copy every batch with a blocking ``.to``); on CPU nothing changes.
 """
 
 import torch

@@ -1,21 +1,27 @@
-"""Teacher-student trainer for resolution-asymmetric distillation (RAML), built on PML's ``MetricLossOnly``.
+"""Teacher-student trainer for resolution-asymmetric distillation (RAML), built on PML's ``MetricLossOnly``, and
+RAML's teacher recipe with PML's own classes (:func:`make_teacher_trainer`).
 
 Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 4-5
 (frozen teacher, student initialised from the teacher, AdamW + one-cycle); from ``pavelsuma/raml``: BatchNorm in eval
 mode (``train.py``), GeM p at 10× the learning rate without weight decay, weight decay 1e-6,
 ``OneCycleLR(div_factor=10)`` (``modelhelpers.py``). Deviation: the teacher runs under ``torch.no_grad`` with frozen
-parameters (the code builds a graph through it, see ``benchmarks/distill_memory.py``); the numbers are unchanged.
+parameters (the code builds a graph through it); the numbers are unchanged.
 """
 
 from typing import Dict, Optional
 
 import torch
+from pytorch_metric_learning.distances import LpDistance
+from pytorch_metric_learning.losses import TripletMarginLoss
+from pytorch_metric_learning.miners import DistanceWeightedMiner
+from pytorch_metric_learning.samplers import MPerClassSampler
 from pytorch_metric_learning.trainers import MetricLossOnly
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..datasets.coupled_augmentation_dataset import CoupledAugmentationDataset
 from ..losses.resolution_distillation_loss import ResolutionDistillationLoss
 from ..trunks.gem_pooling import GeMPooling
+from ..utils.checks import is_int
 from ._pinned_memory import _PinnedMemoryMixin, to_data_device
 
 
@@ -36,11 +42,9 @@ def make_optimizers(
     weight_decay: float = 1e-6,
     gem_lr_multiplier: float = 10.0,
 ) -> Dict[str, torch.optim.Optimizer]:
-    """RAML's optimisers: AdamW (lr, weight_decay) with GeM p in its own group (lr × gem_lr_multiplier, no decay).
-
-    Returns ``{"trunk_optimizer": ..., "embedder_optimizer": ...}`` (the second only when ``embedder`` has
-    parameters). Frozen parameters (``requires_grad=False``) are left out. Defaults: lr 1.1e-4, weight decay
-    1e-6, multiplier 10 (paper / paper code).
+    """RAML's optimisers ``{"trunk_optimizer", "embedder_optimizer" (when ``embedder`` has parameters)}``: AdamW (lr,
+    weight_decay) with GeM p in its own group (lr × gem_lr_multiplier, no decay); frozen parameters left out. Defaults
+    from the paper and its code.
 
     Raises:
         ValueError: on a non-positive lr or multiplier, negative weight decay, or no trainable parameter at all.
@@ -58,11 +62,7 @@ def make_optimizers(
         params = [p for p in model.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if id(p) not in gem], "lr": lr, "weight_decay": weight_decay},
-            {
-                "params": [p for p in params if id(p) in gem],
-                "lr": lr * gem_lr_multiplier,
-                "weight_decay": 0.0,
-            },
+            {"params": [p for p in params if id(p) in gem], "lr": lr * gem_lr_multiplier, "weight_decay": 0.0},
         ]
         groups = [g for g in groups if g["params"]]
         if groups:
@@ -89,21 +89,17 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     ``dataset``: a :class:`CoupledAugmentationDataset`, or anything whose ``collate_fn`` (default
     ``CoupledAugmentationDataset.collate``) yields ``((student_images, teacher_images, class_labels), image_ids)``.
 
-    Per step: ``distillation_loss(student, image_ids, ref_emb=teacher)`` with the teacher's embeddings of the large
-    images under ``torch.no_grad`` in eval mode (its parameters frozen, never zeroed or stepped). The student's
-    BatchNorm stays in eval mode (``freeze_batchnorm``) and it starts from the teacher's weights
-    (``init_student_from_teacher``; False for the ImageNet-init ablation). Fresh coupled augmentations on every
-    pass: ``dataset.set_epoch(epoch)`` at each epoch, and :meth:`start_new_pass` (``set_pass`` on the dataset and
-    sampler) whenever the DataLoader runs out; ``new_pass_each_epoch=True`` also starts one every epoch, so an epoch's
-    batches depend only on (seed, pass), as a resumed run needs (restore ``trainer.data_pass``). The DataLoader
-    shuffles with a generator seeded by ``dataset.seed`` (else the global RNG, as PML).
+    Per step: ``distillation_loss(student, image_ids, ref_emb=teacher)``, the teacher embedding the large images under
+    ``torch.no_grad`` in eval mode (frozen, never zeroed or stepped). Fresh coupled augmentations on every pass:
+    ``dataset.set_epoch(epoch)`` at each epoch and :meth:`start_new_pass` whenever the DataLoader runs out;
+    ``new_pass_each_epoch=True`` also starts one every epoch, so an epoch's batches depend only on (seed, pass), as a
+    resumed run needs (restore ``trainer.data_pass``). The DataLoader shuffles with a generator seeded by
+    ``dataset.seed`` (else the global RNG, as PML). Without ``optimizers``/``lr_schedulers``: :func:`make_optimizers`
+    and ``OneCycleLR(max_lr=group lr, div_factor)`` per optimiser, stepped every iteration of the ``train`` call.
 
-    Defaults when ``optimizers``/``lr_schedulers`` are None: :func:`make_optimizers` and, at :meth:`train`,
-    ``OneCycleLR(max_lr=group lr, div_factor=10)`` per optimiser stepped every iteration of the ``train`` call.
-
-    Keyword-only args: ``init_student_from_teacher`` (True), ``freeze_batchnorm`` (True), ``new_pass_each_epoch``
-    (False), ``lr`` (1.1e-4, paper), ``weight_decay`` (1e-6), ``gem_lr_multiplier`` (10), ``one_cycle_div_factor``
-    (10); the rest as PML's trainers.
+    Keyword-only args: ``init_student_from_teacher`` (False: the ImageNet-init ablation), ``freeze_batchnorm`` (the
+    student's BatchNorm in eval mode), ``new_pass_each_epoch``, ``lr`` (paper: 1.1e-4), ``weight_decay``,
+    ``gem_lr_multiplier``, ``one_cycle_div_factor``; the rest as PML's trainers.
 
     Raises:
         ValueError: ``models`` without ``trunk``/``teacher_trunk`` modules; a student module that is (or shares
@@ -158,8 +154,8 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
 
     @staticmethod
     def _check_teacher_is_not_the_student(models):
-        """Refuse a student module that is, or shares parameters with, the teacher's (freezing the teacher would
-        freeze it)."""
+        """Refuse a student module that is, or shares parameters with, the teacher's (freezing the teacher would freeze
+        it)."""
         for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
             s, t = models[student], models[teacher]
             if s is t and any(True for _ in s.parameters()):
@@ -303,3 +299,57 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
                     total_steps=total,
                     div_factor=self.one_cycle_div_factor,
                 )
+
+
+def make_teacher_trainer(
+    trunk: torch.nn.Module,
+    embedder: torch.nn.Module,
+    dataset,
+    labels=None,
+    lr: float = 1e-4,
+    margin: float = 0.7,
+    images_per_class: int = 4,
+    classes_per_batch: int = 2,
+    weight_decay: float = 1e-6,
+    iterations_per_epoch: Optional[int] = None,
+    data_device=None,
+    dataloader_num_workers: int = 0,
+    **kwargs,
+) -> MetricLossOnly:
+    """A PML ``MetricLossOnly`` configured as RAML's teacher recipe (not yet trained: call ``.train(1, epochs)``).
+
+    Source: Suma & Tolias, WACV 2023, Sec. 5 ("Teacher networks are trained with triplet loss and distance weighted
+    negative mining [Wu et al. 2017]"); margin 0.7 on squared L2, batches of 2 classes × 4 images, distances clamped at
+    0.5 from ``pavelsuma/raml`` (``lib/cli.py``, ``lib/datasets/traindataset.py``). Deviation: PML's
+    ``DistanceWeightedMiner`` draws one weighted negative per anchor-positive pair inside the batch (the code draws 4
+    negatives per anchor from a 20k-image pool re-embedded every epoch); larger batches (``classes_per_batch``) make the
+    pool larger.
+
+    Loss ``TripletMarginLoss(margin, distance=LpDistance(power=2))`` (squared Euclidean on L2-normalised embeddings),
+    miner ``DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)``, sampler ``MPerClassSampler(labels,
+    m=images_per_class)`` with ``classes_per_batch × images_per_class`` images per batch, :func:`make_optimizers`.
+    ``dataset`` yields ``(image tensor, class label)``; ``labels`` default to ``dataset.labels``; extra kwargs go to
+    ``MetricLossOnly``. ValueError: no labels, or a size that is not positive.
+    """
+    if labels is None:
+        labels = getattr(dataset, "labels", None)
+    if labels is None:
+        raise ValueError("labels are required (dataset has no .labels)")
+    for name, v in (("images_per_class", images_per_class), ("classes_per_batch", classes_per_batch)):
+        if not is_int(v) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    batch_size = images_per_class * classes_per_batch
+    sampler = MPerClassSampler(labels, m=images_per_class, batch_size=batch_size, length_before_new_iter=len(labels))
+    return MetricLossOnly(
+        models={"trunk": trunk, "embedder": embedder},
+        optimizers=make_optimizers(trunk, embedder, lr=lr, weight_decay=weight_decay),
+        batch_size=batch_size,
+        loss_funcs={"metric_loss": TripletMarginLoss(margin=margin, distance=LpDistance(power=2))},
+        mining_funcs={"tuple_miner": DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)},
+        dataset=dataset,
+        sampler=sampler,
+        iterations_per_epoch=iterations_per_epoch,
+        data_device=data_device,
+        dataloader_num_workers=dataloader_num_workers,
+        **kwargs,
+    )

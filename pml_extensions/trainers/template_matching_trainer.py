@@ -1,11 +1,5 @@
-"""PML trainer that adds the template-matching block's auxiliary patch-classification loss (Gorgun, Gurbuz &
-Alatan, BMVC 2022, arXiv 2210.00992, Sec. 3.3, Eq. 3.1):
-
-    L = (1 − λ) · main + λ · mean_patches CE(h2(h1(I)), y),        λ = 0.5 (paper: "equal weighting").
-
-"main" is whatever PML's ``TrainWithClassifier`` computes: the classifier loss (classification, as in the
-paper) and/or the metric loss (deep metric learning; the block's training-class scores then act as templates
-for unseen classes at test time).
+"""PML trainer that adds the template-matching block's auxiliary patch-classification loss (Gorgun, Gurbuz & Alatan,
+BMVC 2022, arXiv 2210.00992, Sec. 3.3, Eq. 3.1; λ = 0.5: the paper's "equal weighting").
 """
 
 from typing import List
@@ -21,20 +15,21 @@ AUX_LOSS = "template_aux_loss"
 
 
 class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
-    """``TrainWithClassifier`` plus the auxiliary per-patch loss of every :class:`TemplateMatchingBlock` in the models.
+    """``TrainWithClassifier`` plus the auxiliary per-patch loss of every :class:`TemplateMatchingBlock` in the models:
+    ``L = (1 − λ) · main + λ · mean_patches CE(h2(h1(I)), y)``, "main" being what ``TrainWithClassifier`` computes (the
+    classifier loss, as the paper, and/or the metric loss: the block's class scores then act as templates).
 
     Args:
         *args, **kwargs: as PML's ``TrainWithClassifier``; ``loss_funcs[AUX_LOSS]`` (``"template_aux_loss"``) defaults
             to :class:`PatchClassificationLoss` (any ``(class_scores [B, c, H, W], labels [B]) -> scalar``).
-        aux_weight: λ in [0, 1], default 0.5 (paper): effective weights (1 − λ)·w for every main loss and λ·w for the
-            aux loss (w from ``loss_weights``, default 1), so ``total_loss`` = (1 − λ)·main + λ·aux.
+        aux_weight: λ in [0, 1] (paper: 0.5): effective weights (1 − λ)·w for every main loss and λ·w for the aux loss
+            (w from ``loss_weights``, default 1).
         freeze_block_batchnorm: with PML's ``freeze_trunk_batchnorm=True``, also freeze the blocks' (new) BN-ReLU
-            mixing BN. Default ``False``.
+            mixing BN.
 
-    ``self.losses`` (logged under ``loss_histories``) holds ``metric_loss``, ``classifier_loss``,
-    ``template_aux_loss`` (mean over blocks) and ``total_loss``, each times its effective weight. Labels must be the
-    block's class indices in [0, c). The block keeps its scores as an attribute: use ``DistributedDataParallel``, not
-    ``DataParallel``.
+    ``self.losses`` (logged under ``loss_histories``) holds ``metric_loss``, ``classifier_loss``, ``template_aux_loss``
+    (mean over blocks) and ``total_loss``, each times its effective weight. Labels must be the block's class indices in
+    [0, c). The block keeps its scores as an attribute: use ``DistributedDataParallel``, not ``DataParallel``.
 
     Raises:
         ValueError: ``aux_weight`` outside [0, 1], ``loss_weights`` naming a loss not in ``loss_funcs``, no
@@ -52,9 +47,8 @@ class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
         super().__init__(*args, **kwargs)
 
     def maybe_freeze_trunk_batchnorm(self):
-        """PML's ``freeze_trunk_batchnorm``, then the blocks' new BN-ReLU mixing back in training mode (unless
-        ``freeze_block_batchnorm``).
-        """
+        """PML's ``freeze_trunk_batchnorm``, then the blocks' mixing BN back in training mode (unless
+        ``freeze_block_batchnorm``)."""
         super().maybe_freeze_trunk_batchnorm()
         if self.freeze_trunk_batchnorm and not self.freeze_block_batchnorm:
             for block in getattr(self, "template_blocks", []):
@@ -100,8 +94,7 @@ class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
         self.losses[AUX_LOSS] = self.maybe_get_template_aux_loss(labels)
 
     def maybe_get_template_aux_loss(self, labels) -> torch.Tensor:
-        """λ-unweighted aux loss: the mean over blocks of ``loss_funcs["template_aux_loss"](scores, labels)``;
-        0 when its effective weight is 0."""
+        """The λ-unweighted aux loss, averaged over blocks; 0 when its effective weight is 0."""
         if self.loss_weights.get(AUX_LOSS, 0) <= 0:
             return 0
         scores = [b.last_class_scores for b in self.template_blocks if b.last_class_scores is not None]

@@ -1,7 +1,6 @@
-"""Atomic file writes: write a temporary file in the target's folder, fsync it, ``os.replace`` it onto the target, so
-a reader (or a rerun after SIGKILL) sees the old file or the complete new one. The result has the mode ``open(path,
-"w")`` would give it: ``0o666`` minus the umask for a new file (the temporary file is created with ``os.open(...,
-0o666)``, not ``mkstemp``'s ``0o600``), the old permission bits for a replaced one.
+"""Atomic file writes: a temporary file in the target's folder, fsynced, ``os.replace``-d onto the target, so a reader
+(or a rerun after SIGKILL) sees the old file or the complete new one, with the mode ``open(path, "w")`` would give
+(``0o666`` minus the umask for a new file, the old permission bits for a replaced one).
 """
 
 import json
@@ -26,7 +25,7 @@ def _fsync_path(path: str, flags: int = os.O_RDONLY) -> None:
 
 
 def _create_temporary(folder: str, suffix: str) -> str:
-    """Create an empty, new file in ``folder`` with mode ``0o666 & ~umask`` (what ``open()`` gives); return its path."""
+    """A new empty file in ``folder`` with mode ``0o666 & ~umask`` (not ``mkstemp``'s ``0o600``); returns its path."""
     for _ in range(100):
         tmp = os.path.join(folder, f".tmp_{secrets.token_hex(8)}{suffix}")
         try:
@@ -40,8 +39,9 @@ def _create_temporary(folder: str, suffix: str) -> str:
 
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
-    """Yield a temporary path next to ``path`` (same extension); on normal exit it is fsynced and moved onto
-    ``path`` (and the folder fsynced); on an exception it is removed and ``path`` is left as it was."""
+    """A temporary path next to ``path`` (same extension), fsynced and moved onto ``path`` on normal exit, removed on an
+    exception (``path`` left as it was).
+    """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = _create_temporary(folder, os.path.splitext(path)[1])

@@ -1,7 +1,5 @@
-"""Type checks for arguments and config values, shared by every room.
-
-YAML reads ``true`` as a Python ``bool``, and ``bool`` is a subclass of ``int``; these checks say "an integer" or
-"a number" and mean it, so ``true`` is never taken for 1.
+"""Type checks for arguments and config values: YAML reads ``true`` as a ``bool``, a subclass of ``int``; these say
+"an integer" or "a number" and mean it, so ``true`` is never taken for 1.
 """
 
 import numbers

@@ -1,4 +1,4 @@
-"""Class-disjoint half-batch split used by the cross-batch (XML) loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3)."""
+"""Class-disjoint half-batch split of the cross-batch (XML) loss."""
 
 from typing import Optional, Tuple
 
@@ -8,18 +8,18 @@ import torch
 def class_disjoint_split(
     labels: torch.Tensor, generator: Optional[torch.Generator] = None
 ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """Split a batch into two halves whose label sets are disjoint.
+    """Split a batch into two halves whose label sets are disjoint (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
 
     The unique labels are shuffled with ``generator`` (classes with ≥ 2 samples and singletons separately) and dealt
-    alternately to the two sides (⌈c/2⌉ and ⌊c/2⌋ classes); the result does not depend on the batch order.
+    alternately to the two sides; the result does not depend on the batch order.
 
     Args:
         labels: ``[N]`` integer tensor.
         generator: a CPU ``torch.Generator``; ``None`` uses the global RNG.
 
     Returns:
-        ``(indices_1, indices_2)``: sorted 1-D long tensors on ``labels.device``, or ``None`` when the batch cannot
-        form two halves that each hold at least one positive pair (fewer than two classes with ≥ 2 samples).
+        ``(indices_1, indices_2)``: sorted 1-D long tensors on ``labels.device``, or ``None`` when fewer than two
+        classes have ≥ 2 samples (no two halves with a positive pair each).
 
     Raises:
         ValueError: if ``labels`` is not a 1-D integer tensor.

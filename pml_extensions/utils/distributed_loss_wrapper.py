@@ -1,9 +1,5 @@
-"""torch.distributed wrapper for any PML-style loss, including losses that need extra per-sample tensors.
-
-PML's ``DistributedLossWrapper`` accepts only its own base classes, gathers only embeddings and labels, and puts
-each process's own rows first. This subclass accepts any loss taking ``(embeddings, labels, ...)``, also gathers the
-extra per-sample tensors a loss declares (``XMLWrapper``'s histograms), and gathers in rank order, so every process
-calls the loss on the single-process batch and stateful losses (``CrossBatchMemory``) stay equal on every process.
+"""torch.distributed wrapper for any PML-style loss, including losses that need extra per-sample tensors (PML's
+accepts only its own base classes, gathers only embeddings and labels, and puts each process's own rows first).
 """
 
 import inspect
@@ -18,8 +14,7 @@ def _has_memory_bank(loss: torch.nn.Module) -> bool:
 
 
 def _gather_in_rank_order(tensor):
-    """Every process's rows in rank order, this process's own rows being ``tensor`` itself (with its graph; the
-    other rows carry none). Local batch sizes may differ. Returns ``(gathered, sizes)``."""
+    """``(every process's rows in rank order, sizes)``; this process's rows are ``tensor`` itself, with its graph."""
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
     size = torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device)
     sizes = [torch.zeros_like(size) for _ in range(world)]
@@ -35,14 +30,13 @@ def _gather_in_rank_order(tensor):
 
 
 def _own_first_to_rank_order(sizes, rank, device):
-    """Position in the rank-order batch of each row of PML's own-rows-first batch ``[own, others in rank order]``."""
+    """Position in the rank-order batch of each row of PML's own-rows-first batch."""
     order, start, end = torch.arange(sum(sizes), device=device), sum(sizes[:rank]), sum(sizes[: rank + 1])
     return torch.cat([order[start:end], order[:start], order[end:]])
 
 
 def _remap_indices_tuple(indices_tuple, emb_map, ref_map):
-    """Renumber a mined tuple given against PML's own-rows-first batch (local indices are the own rows) to the
-    rank-order batch: anchors through ``emb_map``, positives/negatives through ``ref_map``."""
+    """A mined tuple of PML's own-rows-first batch renumbered to the rank-order batch."""
     if indices_tuple is None:
         return None
     if len(indices_tuple) == 3:
@@ -55,8 +49,9 @@ def _remap_indices_tuple(indices_tuple, emb_map, ref_map):
 
 
 class DistributedLossWrapper(pml_dist.DistributedLossWrapper):
-    """Gather embeddings, labels and the loss's extra per-sample tensors across processes in rank order, then call
-    the loss.
+    """Gather embeddings, labels and the loss's extra per-sample tensors across processes in rank order, then call the
+    loss: every process calls it on the single-process batch, so stateful losses (``CrossBatchMemory``) stay equal on
+    every process.
 
     Args:
         loss: any loss module whose forward takes ``(embeddings, labels, ...)``. If it has a method
@@ -65,10 +60,10 @@ class DistributedLossWrapper(pml_dist.DistributedLossWrapper):
         efficient: PML's memory-saving mode (local embeddings against gathered references); not with extra tensors
             or a memory bank, which need the whole gathered batch.
 
-    ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, **tensors)``
-    returns ``world_size × loss(gathered batch)`` (PML's convention against DDP's gradient averaging), the gathered
-    batch being every process's rows in rank order; local batch sizes may differ. ``indices_tuple`` follows PML's
-    own-rows-first convention and is renumbered. Outside an initialised process group it calls the loss unchanged.
+    ``forward(embeddings [N, d], labels [N], indices_tuple=None, ref_emb=None, ref_labels=None, **tensors)`` returns
+    ``world_size × loss(gathered batch)`` (PML's convention against DDP's gradient averaging); local batch sizes may
+    differ; ``indices_tuple`` follows PML's own-rows-first convention and is renumbered. Outside an initialised process
+    group it calls the loss unchanged.
 
     Raises:
         TypeError: if ``loss`` does not take ``(embeddings, labels)``.

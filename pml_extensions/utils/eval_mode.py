@@ -1,6 +1,4 @@
-"""Run modules in eval mode for a while and give every submodule back the mode it had (``module.train(was)`` after a
-temporary ``module.eval()`` would also flip a BatchNorm the user had frozen with ``bn.eval()``).
-"""
+"""Run modules in eval mode for a while and give every submodule back its own mode."""
 
 import contextlib
 from typing import Iterator
@@ -10,11 +8,9 @@ import torch
 
 @contextlib.contextmanager
 def eval_mode(*modules: torch.nn.Module) -> Iterator[None]:
-    """Within the block every module of ``modules`` (and each of its submodules) is in eval mode; afterwards, also
-    after an exception, each submodule has its own former ``training`` flag again.
-
-    Args:
-        modules: ``torch.nn.Module`` objects; the same submodule reached twice is restored once.
+    """Every module of ``modules`` (and each submodule) in eval mode within the block; afterwards, also after an
+    exception, each submodule gets its own former ``training`` flag back (``module.train(was)`` would also flip a
+    BatchNorm the user had frozen with ``bn.eval()``).
 
     Example::
 

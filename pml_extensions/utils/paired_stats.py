@@ -1,22 +1,6 @@
-"""Paired comparison of two variants over seeds: mean, std, a Student-t interval (scipy), a paired bootstrap over
-seeds and test classes, and Holm's correction for several claims.
-
-Within a seed both variants share initial weights and batches, so the per-seed difference ``variant[s] -
-baseline[s]`` removes what the seed alone moves; :func:`paired_difference` gives the t interval of its mean::
-
-    d_s = variant[s] - baseline[s]           for every seed s present in both
-    ci = mean(d) ± t_{(1+confidence)/2, n-1} · std(d, ddof=1) / sqrt(n)         (scipy.stats.t.ppf)
-
-:func:`bootstrap_difference` also resamples the test classes; :func:`bootstrap_p_value` and
-:func:`paired_t_p_value` are the two-sided p-values of the two intervals, :func:`holm` adjusts a table's p-values.
-
-Example::
-
-    >>> from pml_extensions.utils.paired_stats import paired_difference
-    >>> r = paired_difference({0: 0.52, 1: 0.50, 2: 0.55}, {0: 0.50, 1: 0.49, 2: 0.52})
-    >>> round(r["mean_difference"], 4), r["seeds"]
-    (0.02, [0, 1, 2])
-"""
+"""Paired comparison of two variants over seeds: mean, std, a Student-t interval and a bootstrap (scipy), a paired
+bootstrap over seeds and test classes, and Holm's correction for several claims (docs/benchmarks.md, "How a claim is
+judged")."""
 
 import math
 from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
@@ -55,14 +39,7 @@ def _paired_seeds(a: Mapping, b: Mapping, what: str) -> list:
 
 
 def mean_std(values: Sequence[float]) -> Dict[str, float]:
-    """Mean and sample standard deviation (ddof = 1) of a list of per-seed values.
-
-    Returns:
-        ``{"mean": float, "std": float or None, "n": int}``; ``std`` is ``None`` for a single value.
-
-    Raises:
-        ValueError: on an empty list or a non-finite value.
-    """
+    """``{"mean", "std" (ddof = 1; None for one value), "n"}`` of per-seed values (ValueError: none, or not finite)."""
     arr = np.asarray(list(values), dtype=np.float64)
     if arr.size == 0:
         raise ValueError("values must hold at least one number, got none")
@@ -74,7 +51,9 @@ def mean_std(values: Sequence[float]) -> Dict[str, float]:
 def paired_difference(
     variant: Mapping[Hashable, float], baseline: Mapping[Hashable, float], confidence: float = 0.95
 ) -> dict:
-    """Paired difference ``variant - baseline`` over the seeds both have, with a t confidence interval.
+    """Paired difference ``variant - baseline`` over the seeds both have, with a t confidence interval. Within a
+    seed both variants share initial weights and batches, so ``d_s = variant[s] - baseline[s]`` removes what the seed
+    alone moves; ``ci = mean(d) ± t_{(1+confidence)/2, n-1} · std(d, ddof=1) / sqrt(n)`` (``scipy.stats.t.ppf``).
 
     Args:
         variant, baseline: ``{seed: metric value}``, the same seeds (``0`` and ``"0"`` are different keys).
@@ -86,6 +65,12 @@ def paired_difference(
     Raises:
         ValueError: different seeds (named), fewer than 2 seeds, non-finite values, ``confidence`` outside (0, 1).
         TypeError: non-mapping inputs or non-numeric values.
+
+    Example::
+
+        >>> r = paired_difference({0: 0.52, 1: 0.50, 2: 0.55}, {0: 0.50, 1: 0.49, 2: 0.52})
+        >>> round(r["mean_difference"], 4), r["seeds"]
+        (0.02, [0, 1, 2])
     """
     from scipy import stats
 
@@ -111,7 +96,6 @@ def paired_difference(
     }
 
 
-# ---------------------------------------------------------------------------------------------------- the bootstrap
 #: what :func:`bootstrap_difference` resamples: seeds and test classes (per-class data given), or seeds alone
 RESAMPLED = ("seeds and test classes", "seeds")
 
@@ -137,11 +121,7 @@ def _check_per_class(name: str, per_class: Mapping) -> Dict[Hashable, Dict[Hasha
 
 
 def per_class_metric(per_class: Mapping[Hashable, Sequence[float]]) -> float:
-    """The metric of one run from its per-class sums: ``Σ sum / Σ count`` over the classes (MAP@R, P@1 and accuracy
-    are means over queries / images).
-
-    Args:
-        per_class: ``{class: [sum of the per-query (per-image) metric, number of queries (images)]}``.
+    """The metric of one run from ``{class: [sum of the per-query metric, number of queries]}``: ``Σ sum / Σ count``.
 
     Raises:
         ValueError: an empty mapping, a pair that is not ``[sum, count]``, a non-finite value or a count ≤ 0.
@@ -156,10 +136,9 @@ def per_class_metric(per_class: Mapping[Hashable, Sequence[float]]) -> float:
 
 
 def bootstrap_p_value(distribution: Sequence[float]) -> float:
-    """Two-sided p-value of "the difference is 0" from a bootstrap distribution of the difference:
-    ``min(1, 2 · (min(#{d* ≤ 0}, #{d* ≥ 0}) + 1) / (B + 1))`` for ``B`` resampled differences ``d*``: the smallest
-    ``α`` whose ``1 − α`` percentile interval reaches 0; the ``+ 1`` counts the observed sample, so ``p > 0`` (the
-    Monte Carlo p-value, Davison & Hinkley, *Bootstrap Methods and their Application*, 1997, ch. 4).
+    """Two-sided p-value of "the difference is 0" from ``B`` bootstrap differences ``d*``: ``min(1, 2 · (min(#{d* ≤ 0},
+    #{d* ≥ 0}) + 1) / (B + 1))``, the smallest ``α`` whose ``1 − α`` percentile interval reaches 0 (the Monte Carlo
+    p-value, Davison & Hinkley, *Bootstrap Methods and their Application*, 1997, ch. 4).
 
     Raises:
         ValueError: an empty or non-finite distribution.
@@ -177,9 +156,8 @@ def bootstrap_p_value(distribution: Sequence[float]) -> float:
 
 
 def paired_t_p_value(mean: float, std: Optional[float], n: int) -> Optional[float]:
-    """Two-sided p-value of the paired t-test of "the mean difference is 0" (the inversion of
-    :func:`paired_difference`'s interval): ``2 · P(T_{n−1} ≥ |mean| / (std / √n))`` (``scipy.stats.t.sf``). ``None``
-    with fewer than 2 seeds; with ``std = 0``: 1 for a zero mean, else 0.
+    """Two-sided p-value of the paired t-test of "the mean difference is 0", ``2 · P(T_{n−1} ≥ |mean| / (std / √n))``
+    (``scipy.stats.t.sf``); ``None`` with fewer than 2 seeds; with ``std = 0``: 1 for a zero mean, else 0.
 
     Example::
 
@@ -204,24 +182,17 @@ def bootstrap_difference(
     seed: int = 0,
     return_distribution: bool = False,
 ) -> dict:
-    """Paired bootstrap interval and p-value of ``variant − baseline``, resampling seeds and, with per-class data,
-    the test classes.
+    """Paired percentile bootstrap interval and p-value of ``variant − baseline``, resampling the seeds and, with
+    per-class data, the test classes.
 
-    **Seeds and test classes** (``per_class=True``): ``variant`` and ``baseline`` are ``{seed: {class: [sum,
-    count]}}`` (per-class sums of the per-query metric, query counts). One resample draws ``n`` seeds and ``m``
-    classes with replacement, the same for both arms, and computes::
-
-        metric(arm, s, C*) = Σ_{c ∈ C*} sum[arm, s, c] / Σ_{c ∈ C*} count[arm, s, c]     (C*: the drawn classes)
-        d* = (1/n) Σ_{s ∈ S*} (metric(variant, s, C*) − metric(baseline, s, C*))         (S*: the drawn seeds)
-
-    (a class or seed drawn twice counts twice); numpy's ``Generator`` seeded with ``seed`` draws the resamples
-    (``multinomial`` counts, equivalent to drawing indices with replacement).
-
-    **Seeds only** (``per_class=False``): ``variant`` and ``baseline`` are ``{seed: value}``; the per-seed differences
-    are resampled by ``scipy.stats.bootstrap`` (``method="percentile"``, ``rng`` the same seeded ``Generator``).
-
-    Both give the **percentile** interval (the ``(1 ± confidence) / 2`` quantiles of the ``d*``; BCa's jackknife is
-    unstable with 3–20 seeds and undefined for the two-way resampling) and the p-value of :func:`bootstrap_p_value`.
+    ``per_class=True``: ``variant`` and ``baseline`` are ``{seed: {class: [sum, count]}}`` (per-class sums of the
+    per-query metric, query counts); one resample draws ``n`` seeds ``S*`` and ``m`` classes ``C*`` with replacement
+    (numpy ``multinomial`` counts from a ``Generator`` seeded with ``seed``), the same for both arms, and computes
+    ``d* = (1/n) Σ_{s ∈ S*} (metric(variant, s, C*) − metric(baseline, s, C*))`` with ``metric(arm, s, C*) =
+    Σ_{c ∈ C*} sum / Σ_{c ∈ C*} count``. ``per_class=False``: ``{seed: value}``; ``scipy.stats.bootstrap``
+    (``method="percentile"``, the same seeded ``Generator``) resamples the per-seed differences. The interval is the
+    ``(1 ± confidence) / 2`` quantiles of the ``d*`` (BCa's jackknife is unstable with 3–20 seeds and undefined for the
+    two-way resampling); the p-value is :func:`bootstrap_p_value`'s.
 
     Args:
         variant, baseline: per-seed data as above, the same seeds (and, per class, the same classes everywhere).
@@ -230,8 +201,8 @@ def bootstrap_difference(
         return_distribution: also return the ``B`` resampled differences under ``"distribution"``.
 
     Returns:
-        ``{"mean_difference": float, "ci": [low, high], "p_value": float, "resampled": "seeds and test classes" |
-        "seeds", "method": "percentile", "n_resamples": B, "seed": seed, "n_seeds": n, "n_classes": m or None}``.
+        ``{"mean_difference", "ci": [low, high], "p_value", "resampled": "seeds and test classes" | "seeds", "method":
+        "percentile", "n_resamples", "seed", "n_seeds", "n_classes": m or None, "confidence"}``.
 
     Raises:
         ValueError: different seeds or classes between runs, fewer than 2 seeds without per-class data, bad values,
@@ -243,10 +214,8 @@ def bootstrap_difference(
         >>> v = {0: {"a": [3.0, 4], "b": [1.0, 4]}, 1: {"a": [2.0, 4], "b": [2.0, 4]}}
         >>> b = {0: {"a": [2.0, 4], "b": [1.0, 4]}, 1: {"a": [2.0, 4], "b": [1.0, 4]}}
         >>> r = bootstrap_difference(v, b, per_class=True, n_resamples=1000)
-        >>> r["mean_difference"], r["resampled"], r["n_classes"]
-        (0.125, 'seeds and test classes', 2)
-        >>> r["ci"][0] <= 0.125 <= r["ci"][1]
-        True
+        >>> r["mean_difference"], r["resampled"], r["n_classes"], r["ci"][0] <= 0.125 <= r["ci"][1]
+        (0.125, 'seeds and test classes', 2, True)
     """
     from scipy import stats
 
@@ -309,15 +278,13 @@ def bootstrap_difference(
     return out
 
 
-# ---------------------------------------------------------------------------------------------- several claims
 def holm(p_values: Sequence[Optional[float]]) -> List[Optional[float]]:
-    """Holm's step-down adjustment of a family's p-values (Holm 1979), in the given order; ``None`` entries are left
-    out of the family and stay ``None``.
+    """Holm's step-down adjustment of a family's p-values (Holm 1979), in the given order; ``None`` entries stay out of
+    the family and stay ``None``.
 
-    With the ``k`` p-values sorted, ``p_(1) ≤ … ≤ p_(k)``, the adjusted ``p̃_(i) = max_{j ≤ i} min(1, (k − j + 1) ·
-    p_(j))``; rejecting where ``p̃ < α`` keeps the family-wise error rate at ``α`` under any dependence between the
-    tests (scipy has no Holm; statsmodels' ``multipletests(method="holm")`` computes the same numbers). Ties keep
-    their order; the maximum makes them equal anyway.
+    With the ``k`` p-values sorted, ``p̃_(i) = max_{j ≤ i} min(1, (k − j + 1) · p_(j))``: rejecting where ``p̃ < α``
+    keeps the family-wise error rate at ``α`` under any dependence (scipy has no Holm; statsmodels'
+    ``multipletests(method="holm")`` gives the same numbers).
 
     Raises:
         ValueError: a p-value outside [0, 1] or not a number.

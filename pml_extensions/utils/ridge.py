@@ -1,12 +1,8 @@
 """Closed-form ridge regression of embeddings on histograms (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.3).
 
-One sample per row (PML's layout): with histograms ``H`` [B, m] and embeddings ``Y`` [B, d] the prototypes are the
-ridge solution ``V = argmin_A ||H A - Y||_F^2 + ridge ||A||_F^2`` [m, d], in one of two equal forms
-
-* primal: ``V = (H^T H + ridge I_m)^{-1} H^T Y`` (an m × m solve),
-* kernel: ``V = H^T (H H^T + ridge I_B)^{-1} Y`` (a B × B solve), cheaper when B < m (paper: "use the kernel form").
-
-The paper writes samples as columns (``V_k = Y_k Z_k^T (Z_k Z_k^T + eps I)^{-1}``); this is its transpose.
+One sample per row (PML's layout; the paper writes samples as columns, ``V_k = Y_k Z_k^T (Z_k Z_k^T + eps I)^{-1}``):
+``V = argmin_A ||H A - Y||_F^2 + ridge ||A||_F^2`` = ``(H^T H + ridge I_m)^{-1} H^T Y`` (primal, an m × m solve) =
+``H^T (H H^T + ridge I_B)^{-1} Y`` (kernel, a B × B solve: cheaper when B < m, the paper's advice).
 """
 
 import torch
@@ -15,17 +11,17 @@ RIDGE_FORMS = ("auto", "primal", "kernel")
 
 
 def ridge_prototypes(histograms: torch.Tensor, embeddings: torch.Tensor, ridge: float, form: str = "auto"):
-    """Fit ridge prototypes that map histograms to embeddings.
+    """The ridge prototypes ``[m, d]`` mapping histograms ``[B, m]`` to embeddings ``[B, d]``.
 
     Args:
         histograms: ``[B, m]`` floating tensor (rows usually on the simplex).
         embeddings: ``[B, d]`` floating tensor on the same device.
-        ridge: ε_r > 0 added to the diagonal of the Gram matrix. Paper: 0.05.
+        ridge: ε_r > 0 added to the diagonal of the Gram matrix (paper: 0.05).
         form: ``"primal"``, ``"kernel"`` or ``"auto"`` (kernel when B < m, else primal).
 
     Returns:
-        ``[m, d]`` prototypes in float32, or float64 when an input is float64. The solve runs with autocast
-        disabled and uses ``torch.linalg.solve`` (never an explicit inverse); gradients flow into both inputs.
+        ``[m, d]`` float32 (float64 when an input is float64), solved with autocast disabled by ``torch.linalg.solve``;
+        gradients flow into both inputs.
 
     Raises:
         ValueError: on mismatched shapes, an unknown ``form`` or a non-positive ``ridge``.

@@ -1,7 +1,5 @@
-"""Sharded embedding for PML testers under ``torch.distributed``: each rank embeds only its contiguous shard of an
-evaluation set and the rows are all-gathered once, in dataset order (used by
-``testers.ShardedGlobalEmbeddingSpaceTester`` and ``testers.AsymmetricTester``). Outside ``torch.distributed`` (or
-with one rank) nothing changes.
+"""Sharded embedding for PML testers under ``torch.distributed``: each rank embeds its contiguous shard of an
+evaluation set and the rows are all-gathered once, in dataset order (one rank: nothing changes).
 """
 
 import torch
@@ -21,10 +19,8 @@ def shard_bounds(n: int, rank: int, world_size: int):
 
 
 def all_gather_rows(x: torch.Tensor, n: int) -> torch.Tensor:
-    """The ``[hi - lo, ...]`` shards (:func:`shard_bounds`) of all ranks, concatenated in rank order: ``[n, ...]``.
-
-    Shards are padded to ``ceil(n / world_size)`` rows for ``all_gather`` (one call). Collective: every rank calls it.
-    """
+    """The ``[hi - lo, ...]`` shards of all ranks in rank order, ``[n, ...]`` (padded for one ``all_gather``;
+    collective)."""
     rank, world = _world()
     if world == 1:
         return x
@@ -37,12 +33,9 @@ def all_gather_rows(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class ShardedEmbeddingMixin:
-    """Mixin for a PML ``BaseTester``: ``compute_all_embeddings`` embeds only this rank's contiguous shard and
-    all-gathers the rows once (returned in dataset order, so PCA/normalisation and the metrics see the full set).
-    Sets with fewer items than ranks are embedded whole on every rank.
-
-    ``distributed=False`` (keyword of the tester) makes the tester rank-local: it embeds whole sets and calls no
-    collective, for protocols whose ranks evaluate different models (e.g. the resolution protocol's dealt seeds).
+    """Mixin for a PML ``BaseTester``: ``compute_all_embeddings`` embeds this rank's shard and all-gathers the rows
+    (sets with fewer items than ranks are embedded whole); ``distributed=False`` makes the tester rank-local (no
+    collective).
     """
 
     def __init__(self, *args, distributed: bool = True, **kwargs):

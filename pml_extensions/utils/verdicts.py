@@ -1,34 +1,7 @@
 """Paired comparisons of two variants over seeds and the verdicts on the claims they test, for every table of the
-package and its benchmarks (``results.json`` stores what :func:`compare` returns under ``comparisons``). A comparison
-reads ``variants`` as in ``results.json``: ``{NAME: {"per_seed": {SEED: {METRIC: value}}}}``.
-
-**Claims and verdicts.** A claim is a paired comparison ``variant − baseline`` with a direction (``"greater"``,
-``"less"`` or ``"on_par"``) and its smallest effect of interest δ > 0 in metric units. The verdict reads the interval
-I = [low, high] (the envelope of the 95 % t interval over seeds and the bootstrap interval: it concludes only what
-both support), the p-value p (the larger of the t-test's and the bootstrap's two-sided p-values, Holm-adjusted to p̃
-over the claims of one table, :func:`~pml_extensions.utils.paired_stats.holm`) and the mean difference m. With
-α = 0.05, for ``"greater"`` (``"less"`` mirrors every sign):
-
-1. **"shown"**: low > 0, p̃ < α and m ≥ δ;
-2. **"contradicted"**: high < 0, p̃ < α and m ≤ −δ;
-3. **"no effect of practical size"**: −δ < low and high < δ;
-4. otherwise **"inconclusive (n seeds)"**.
-
-A single seed is always inconclusive, and so is a claim without δ. For ``"on_par"`` rule 1 does not apply and rule 2
-reads either side. Without a p-value (``ci95`` alone) the interval decides alone.
-
-Hand-checked example (points; δ = 1; three seeds; differences A: 2, 2.5, 3; B: 0.5, 1, 1.5; C: 0.10, 0.12, 0.14).
-The t intervals are m ± 4.3027 · sd / √3: A [1.258, 3.742], B [−0.242, 2.242], C [0.070, 0.170]; two-sided t-test
-p = 1 − t / √(t² + 2): A 0.01307, B 0.07418, C 0.00913 (the bootstrap over seeds stays inside the t interval). Holm:
-C 0.0274, A 0.0274, B 0.0742. A: shown; B: inconclusive; C: within ±1, no effect of practical size::
-
-    >>> arm = lambda *v: {"per_seed": {str(s): {"m": x} for s, x in enumerate(v)}}
-    >>> v = {"b": arm(0.0, 0.0, 0.0), "A": arm(2.0, 2.5, 3.0), "B": arm(0.5, 1.0, 1.5), "C": arm(0.10, 0.12, 0.14)}
-    >>> cs = [compare(v, name, "b", "m") for name in "ABC"]
-    >>> claim_verdicts(cs, smallest_effects=1.0)
-    ['shown', 'inconclusive (3 seeds)', 'no effect of practical size']
-    >>> [round(x, 3) for x in cs[0]["ci95"]], format_difference(cs[1], digits=3)
-    ([1.258, 3.742], '+1.000 [-0.242, +2.242]')
+package and its benchmarks (``results.json`` stores what :func:`compare` returns under ``comparisons``; it reads
+``variants`` as ``{NAME: {"per_seed": {SEED: {METRIC: value}}}}``). The rules of a verdict: docs/benchmarks.md, "How
+a claim is judged"; :func:`claim_verdicts` works an example by hand.
 """
 
 import math
@@ -48,7 +21,7 @@ METRIC_NAMES = {
     "map_unseen": "MAP_x (unseen half)",
     "map_seen": "MAP_c (seen half)",
 }
-#: the verdict vocabulary (see the module docstring); the last is followed by " (n seeds)"
+#: the verdict vocabulary (docs/benchmarks.md); the last is followed by " (n seeds)"
 VERDICTS = ("shown", "no effect of practical size", "contradicted", "inconclusive")
 #: what a claim says about ``variant − baseline``: better, worse, or no different
 CLAIMS = ("greater", "less", "on_par")
@@ -56,10 +29,6 @@ CLAIMS = ("greater", "less", "on_par")
 ALPHA = 0.05
 #: defaults of the paired bootstrap (:func:`~pml_extensions.utils.paired_stats.bootstrap_difference`)
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 10000, 0
-
-
-def _seed_key(seed) -> str:
-    return str(seed)
 
 
 def compare(
@@ -74,14 +43,13 @@ def compare(
     n_resamples: int = BOOTSTRAP_RESAMPLES,
     bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> dict:
-    """The paired comparison ``variant − baseline`` on ``metric`` from the ``variants`` of a results dict (what
-    :func:`pml_extensions.runner.outputs.results.summarize` lists under ``comparisons``).
+    """The paired comparison ``variant − baseline`` on ``metric`` from the ``variants`` of a results dict.
 
     Args:
         variants: ``results["variants"]``.
         variant, baseline, metric: what is compared.
-        per_class: ``{variant: {seed: {metric: {class: [sum, count]}}}}`` (``results["per_class"]``): bootstrap
-            over seeds and test classes when both arms have ``metric`` there for every seed.
+        per_class: ``{variant: {seed: {metric: {class: [sum, count]}}}}`` (``results["per_class"]``): bootstrap over
+            seeds and test classes when both arms have ``metric`` there for every seed.
         smallest_effect: δ (metric units): the comparison becomes a claim with a verdict (:func:`verdict_word`, no
             Holm correction; :func:`claim_verdicts` corrects a table's claims together).
         claim: the claim's direction (:data:`CLAIMS`).
@@ -95,9 +63,8 @@ def compare(
         and ``verdict``.
 
     Raises:
-        ValueError: an unknown variant (the message lists the known ones), a metric missing for some seed, seeds
-            that differ between the two (a paired difference needs the same seeds), a δ that is not a positive
-            number, or an unknown claim.
+        ValueError: an unknown variant (listing the known ones), a metric missing for some seed, seeds that differ
+            between the two, a δ that is not a positive number, or an unknown claim.
 
     Example::
 
@@ -146,21 +113,19 @@ def compare(
     entry["p_value_t"] = paired_t_p_value(entry["mean_difference"], entry["std"], entry["n"])
     entry["p_value_bootstrap"] = None if boot is None else boot["p_value"]
     if smallest_effect is not None:
-        ps = [p for p in (entry["p_value_t"], entry["p_value_bootstrap"]) if p is not None]
-        entry.update(claim=claim, smallest_effect=float(smallest_effect), p_value=max(ps) if ps else None)
+        entry.update(claim=claim, smallest_effect=float(smallest_effect), p_value=_p_value(entry))
         entry["p_holm"] = entry["p_value"]
         entry["verdict"] = verdict_word(entry, claim)
     return entry
 
 
 def _classes_of(per_class, variant, baseline, metric, seeds):
-    """``({seed: {class: [sum, count]}}, ...)`` of both arms on ``metric``, or None when per-class data do not cover
-    them (then the bootstrap runs over seeds alone)."""
+    """Both arms' ``{seed: {class: [sum, count]}}`` on ``metric``, or None when per-class data do not cover them."""
     if not per_class or variant not in per_class or baseline not in per_class:
         return None
     arms = []
     for name in (variant, baseline):
-        by_seed = {_seed_key(s): rows for s, rows in per_class[name].items()}
+        by_seed = {str(s): rows for s, rows in per_class[name].items()}
         if any(metric not in by_seed.get(s, {}) for s in seeds):
             return None
         arms.append({s: by_seed[s][metric] for s in seeds})
@@ -184,7 +149,7 @@ def claim_verdicts(
     smallest_effects: Union[None, float, Sequence[Optional[float]]] = None,
     alpha: float = ALPHA,
 ) -> List[str]:
-    """The verdicts on several claims of one table, Holm-corrected together (the module docstring gives the rules).
+    """The verdicts on several claims of one table, Holm-corrected together (rules: docs/benchmarks.md).
 
     Args:
         comparisons: items of ``comparisons`` (:func:`compare`).
@@ -200,12 +165,20 @@ def claim_verdicts(
     Raises:
         ValueError: a list of claims or δ whose length differs from the comparisons', an unknown claim.
 
+    By hand (points; δ = 1; three seeds; differences A: 2, 2.5, 3; B: 0.5, 1, 1.5; C: 0.10, 0.12, 0.14): the t
+    intervals m ± 4.3027 · sd / √3 are A [1.258, 3.742], B [−0.242, 2.242], C [0.070, 0.170]; the t-test's
+    p = 1 − t / √(t² + 2) is A 0.01307, B 0.07418, C 0.00913 (the bootstrap stays inside the t interval); Holm:
+    C 0.0274, A 0.0274, B 0.0742. A is shown, B inconclusive, C within ±1.
+
     Example::
 
-        >>> c = [{"mean_difference": 2.5, "std": 0.5, "n": 3, "ci95": [1.258, 3.742]},
-        ...      {"mean_difference": 0.12, "std": 0.02, "n": 3, "ci95": [0.070, 0.170]}]
-        >>> claim_verdicts(c, smallest_effects=1.0)  # t-test p 0.0131, 0.0091; Holm 0.0183, 0.0183
-        ['shown', 'no effect of practical size']
+        >>> arm = lambda *v: {"per_seed": {str(s): {"m": x} for s, x in enumerate(v)}}
+        >>> v = {"b": arm(0.0, 0.0, 0.0), "A": arm(2.0, 2.5, 3.0), "B": arm(0.5, 1.0, 1.5), "C": arm(0.10, 0.12, 0.14)}
+        >>> cs = [compare(v, name, "b", "m") for name in "ABC"]
+        >>> claim_verdicts(cs, smallest_effects=1.0)
+        ['shown', 'inconclusive (3 seeds)', 'no effect of practical size']
+        >>> [round(x, 3) for x in cs[0]["ci95"]], format_difference(cs[1], digits=3)
+        ([1.258, 3.742], '+1.000 [-0.242, +2.242]')
     """
     k = len(comparisons)
 
@@ -217,15 +190,12 @@ def claim_verdicts(
             raise ValueError(f"{name} has {len(value)} entries for {k} comparisons")
         return value
 
-    claims_list = per_item(claims, "claims")
-    deltas = per_item(smallest_effects, "smallest_effects")
-    ps = [_p_value(c) for c in comparisons]
-    adjusted = holm(ps)
-    words = []
-    for c, claim, delta, p in zip(comparisons, claims_list, deltas, adjusted):
-        claim = claim or c.get("claim") or "greater"
-        words.append(verdict_word(c, claim, delta, p_holm=p, alpha=alpha))
-    return words
+    claims_list, deltas = per_item(claims, "claims"), per_item(smallest_effects, "smallest_effects")
+    adjusted = holm([_p_value(c) for c in comparisons])
+    return [
+        verdict_word(c, claim or c.get("claim") or "greater", delta, p_holm=p, alpha=alpha)
+        for c, claim, delta, p in zip(comparisons, claims_list, deltas, adjusted)
+    ]
 
 
 def _p_value(comparison: dict) -> Optional[float]:
@@ -263,18 +233,17 @@ def verdict_word(
     p_holm: Optional[float] = None,
     alpha: float = ALPHA,
 ) -> str:
-    """The verdict on one claim about ``comparison`` (``variant − baseline``): one of :data:`VERDICTS`, the
-    inconclusive one as ``"inconclusive (n seeds)"`` (the module docstring gives the rules).
+    """The verdict on one claim about ``comparison`` (``variant − baseline``): one of :data:`VERDICTS`, the inconclusive
+    one as ``"inconclusive (n seeds)"`` (rules: docs/benchmarks.md).
 
     Args:
         comparison: an item of ``comparisons`` (:func:`compare`): ``mean_difference`` and ``ci95`` (``None`` or NaN:
-            a single seed), and where present ``bootstrap_ci95`` (the envelope of both is read), ``p_holm`` and
-            ``n`` (else the length of ``differences`` or ``seeds``).
+            a single seed), and where present ``bootstrap_ci95`` (the envelope of both is read), ``p_holm`` and ``n``
+            (else the length of ``differences`` or ``seeds``).
         claim: ``"greater"``, ``"less"`` or ``"on_par"``.
-        smallest_effect: δ, in the comparison's units; default the comparison's ``smallest_effect`` (none:
-            inconclusive).
-        p_holm: the Holm-adjusted p-value of this claim (:func:`claim_verdicts`); default the comparison's
-            ``p_holm``; without one the interval alone decides.
+        smallest_effect: δ in the comparison's units; default its ``smallest_effect`` (none: inconclusive).
+        p_holm: the claim's Holm-adjusted p-value (:func:`claim_verdicts`); default the comparison's ``p_holm``;
+            without one the interval alone decides.
         alpha: the level the adjusted p-value is held to.
 
     Raises:
@@ -285,8 +254,6 @@ def verdict_word(
         >>> c = {"mean_difference": 0.12, "ci95": [0.03, 0.22], "n": 20}  # points, the ProxyAnchor cell
         >>> verdict_word(c), verdict_word(c, smallest_effect=1.0), verdict_word(c, smallest_effect=0.1)
         ('inconclusive (20 seeds)', 'no effect of practical size', 'shown')
-        >>> verdict_word({"mean_difference": -0.76, "ci95": [-15.89, 14.36], "n": 3}, smallest_effect=1.0)
-        'inconclusive (3 seeds)'
         >>> verdict_word({"mean_difference": -3.85, "ci95": [-4.27, -3.43], "n": 22}, smallest_effect=0.5)
         'contradicted'
     """
@@ -332,8 +299,7 @@ def _valid(ci) -> bool:
 
 
 def _interval(comparison: dict):
-    """The envelope of the comparison's ``ci95`` and ``bootstrap_ci95``, or None for a single seed (``None`` or NaN
-    ends)."""
+    """The envelope of ``ci95`` and ``bootstrap_ci95``, or None for a single seed (``None`` or NaN ends)."""
     if not _valid(comparison.get("ci95")):  # one seed: no t interval (a bootstrap over classes alone is no verdict)
         return None
     cis = [ci for ci in (comparison.get("ci95"), comparison.get("bootstrap_ci95")) if _valid(ci)]

@@ -1,8 +1,6 @@
-"""What a method registers for whoever builds models and losses from specs (the runner's Builder), so that the builder
-never imports a method (as timm's ``register_model``). Three hooks, registered when the method's module is imported:
-:func:`after_losses` (``fn(loss_funcs, models)`` once both are built, e.g. XMLWrapper finds its histogram layer),
-:func:`param_group` (an optimizer option such as ``prototype_lr``: ``fn(module) -> [parameters]``) and
-:func:`data_init` (a config key such as ``prototype_init``: ``fn(models, dataset, seed, spec, log=None) -> bool``).
+"""What a method registers, on import, for whoever builds models and losses from specs (the runner's Builder never
+imports a method, as timm's ``register_model``): :func:`after_losses` hooks, :func:`param_group` optimizer options
+(``prototype_lr``) and :func:`data_init` config keys (``prototype_init``).
 
 Example::
 
@@ -22,8 +20,9 @@ _DATA_INIT: Dict[str, Callable[..., bool]] = {}
 
 
 def after_losses(fn: Callable[[Dict[str, Any], Dict[str, Any]], None]) -> Callable:
-    """Register ``fn(loss_funcs, models)`` (a decorator); it raises ``ValueError`` for a loss the models cannot
-    serve."""
+    """Register ``fn(loss_funcs, models)``, called once both are built (XMLWrapper finds its histogram layer); it raises
+    ``ValueError`` for a loss the models cannot serve. A decorator.
+    """
     if fn not in _AFTER_LOSSES:
         _AFTER_LOSSES.append(fn)
     return fn
@@ -50,11 +49,7 @@ def data_init(key: str) -> Callable:
 
 
 def wire(loss_funcs: Dict[str, Any], models: Dict[str, Any]) -> None:
-    """Call every :func:`after_losses` hook.
-
-    Raises:
-        ValueError: from a hook, for a loss the models cannot serve.
-    """
+    """Call every :func:`after_losses` hook (ValueError from a hook: a loss the models cannot serve)."""
     for fn in _AFTER_LOSSES:
         fn(loss_funcs, models)
 

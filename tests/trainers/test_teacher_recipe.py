@@ -7,7 +7,7 @@ from pytorch_metric_learning.losses import TripletMarginLoss
 from pytorch_metric_learning.miners import DistanceWeightedMiner
 from pytorch_metric_learning.trainers import MetricLossOnly
 
-from pml_extensions.trainers.teacher_recipe import make_teacher_trainer
+from pml_extensions.trainers.resolution_distillation_trainer import make_teacher_trainer
 from pml_extensions.trunks.retrieval_head import RetrievalHead
 
 
