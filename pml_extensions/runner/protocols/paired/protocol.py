@@ -1,11 +1,6 @@
-"""The ``paired`` protocol: variants of one config trained with paired seeds, selected on validation classes, tested
-once on unseen classes, compared (the engine: :class:`~pml_extensions.runner.protocols.paired_protocol.
-PairedProtocol`; the unit: :mod:`.unit`).
-
-The training classes are split class-disjointly into a training and a validation part (``validation``; a table with
-validation rows validates on them), the configured trainer (default ``MetricLossOnly``) trains on the training part,
-the validation classes score every epoch and only the selected epoch is tested. ``python -m pml_extensions job`` runs
-it on the shipped ``xml_glyphs`` config; ``--data_folder`` on your images.
+"""The ``paired`` protocol (docs/runner.md, "Protocols"): variants of one config trained with paired seeds, the
+tested epoch selected on held-out training classes, tested once on unseen classes, compared (the engine:
+:class:`~pml_extensions.runner.protocols.paired_protocol.PairedProtocol`; the unit: :mod:`.unit`).
 """
 
 import dataclasses
@@ -85,9 +80,7 @@ class Paired(PairedProtocol):
 
     @classmethod
     def data_folder(cls, path: str, is_csv: bool, columns=None) -> Dict[str, Any]:
-        """Your folder of class folders (or CSV file) as the dataset by name (``imagefolder`` / ``csv``): a CSV's
-        split column decides the training and test rows (:class:`~pml_extensions.datasets.ImageCSVSplit`), else the
-        classes are split into training and unseen test classes (``get_dataset``'s rule)."""
+        """Your folder of class folders (or CSV file) as the dataset ``imagefolder`` (``csv``)."""
         spec = {"name": "csv" if is_csv else "imagefolder", "root": path}
         if columns:
             spec["kwargs"] = {"columns": columns}
@@ -138,9 +131,9 @@ class Paired(PairedProtocol):
         save_retrieval(variant, self._cfg(variant), folder, self.folder, self.device, seed, epoch)
 
     def preflight(self) -> None:
-        """Before the first unit trains, every problem in one refusal: a cached prefix that depends on the seed,
-        each variant's dataset (each distinct one once): it builds, every image decodes, the training classes hold
-        a validation part and the sampler's batches, the images fit the trunk."""
+        """Every problem in one refusal: a teacher, a cached prefix that depends on the seed, and each distinct
+        dataset: it builds, every image decodes, the training classes hold a validation part and the sampler's
+        batches, the images fit the trunk."""
         import numpy as np
 
         from ...errors import Problems
@@ -234,8 +227,7 @@ class Paired(PairedProtocol):
         problems.raise_any()
 
     def _check_distillation(self, b) -> None:
-        """A distilling trainer has a ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed;
-        the student's initialisation is the ``teacher`` key's (``init_student``), not the trainer's."""
+        """A distilling trainer's ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed."""
         from ...config.specs import one_spec
         from .unit import asymmetric_tester, distils, load_teacher, require_reference, teacher_spec
 
@@ -255,17 +247,16 @@ class Paired(PairedProtocol):
                 )
         if b.get("coupled_augmentation") is not None:  # its arguments, checked on no images
             b.build("coupled_augmentation", {"CoupledAugmentationDataset": b.get("coupled_augmentation")}, dataset=[])
-        if spec is not None and asymmetric_tester(b):
-            require_reference(b)
-        if spec is not None and b.get("feature_cache") is not None:
-            raise ConfigError(f"{b.where('teacher')}: a teacher and feature_cache together are not supported")
         if spec is not None:
+            if asymmetric_tester(b):
+                require_reference(b)
+            if b.get("feature_cache") is not None:
+                raise ConfigError(f"{b.where('teacher')}: a teacher and feature_cache together are not supported")
             for seed in self.settings.seeds if "{seed}" in spec[0] else self.settings.seeds[:1]:
                 load_teacher(b, seed)
 
     def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
-        """Build the feature caches of every variant with ``feature_cache`` (or only shard ``rank`` of ``world_size``,
-        separate processes); a run of the config then finds them. Returns whether every cache is complete."""
+        """Build the feature caches of every variant (or shard ``rank`` of ``world_size``); whether all are complete."""
         from ...objects.builder import Builder
         from ...objects.data import validation_rows
         from .unit import cached_split
@@ -369,7 +360,7 @@ class Paired(PairedProtocol):
 
 
 def _class_names(data, ids) -> list:
-    """The names of labels ``ids`` of ``data`` (a folder's or CSV's class names as written), else the labels."""
+    """The class names of labels ``ids`` of ``data``, else the labels."""
     from ....explain.explanation_hook import dataset_class_names
 
     names = dataset_class_names(data)
@@ -381,19 +372,13 @@ def _shown(names, limit: int = 6) -> str:
 
 
 def _data_words(spec: Any) -> str:
-    """``"the dataset imagefolder (photos)"``: the dataset's name and, for a folder or table, its path."""
+    """``"the dataset imagefolder (photos)"``: the dataset's name and its path."""
     root = spec.get("root") if isinstance(spec, dict) and "name" in spec else None
     return f"the dataset {dataset_name(spec)}" + (f" ({root})" if root else "")
 
 
 def dataset_name(spec: Any) -> Optional[str]:
-    """The dataset's name: ``glyphs``, ``{name: glyphs, ...}`` or the class of ``{ClassName: kwargs}``.
-
-    Example::
-
-        >>> dataset_name("glyphs"), dataset_name({"name": "csv", "root": "x"}), dataset_name({"OpenClipArt": {}})
-        ('glyphs', 'csv', 'OpenClipArt')
-    """
+    """The dataset's name: ``glyphs``, ``{name: glyphs, ...}`` or the class of ``{ClassName: kwargs}``."""
     if isinstance(spec, str):
         return spec or None
     if isinstance(spec, dict):
