@@ -154,10 +154,8 @@ def load_config(
     check: bool = True,
     log: Optional[Callable[..., None]] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """The one loader: merge the config's files and ``overrides`` (:func:`pml_extensions.runner.config.loader.
-    merge_config`), make ``data_folder`` the dataset by the protocol's rule, then check the config against its
-    protocol: keys, settings, powerful-benchmarker's values and every class's arguments (``check=False`` skips the
-    checks).
+    """The one loader: merge the config's files and ``overrides``, make ``data_folder`` the dataset by the protocol's
+    rule, then check the config against its protocol (``check=False`` skips): keys, settings, every class's arguments.
 
     Returns:
         ``(config, sources)`` as :func:`~pml_extensions.runner.config.loader.merge_config`.
@@ -270,17 +268,15 @@ def run_protocol(
 
     Args:
         config, experiment_folder, sources, log: what the protocol is built with.
-        on_change: what to do when the folder holds a saved ``config.yaml`` that differs from ``config``:
-            ``"stop"`` (raise), ``"new"`` (move the old folder aside and start afresh; ``--new``) or ``"resume"``
-            (continue with the new config deliberately; ``--resume-anyway``).
+        on_change: when the folder's saved ``config.yaml`` differs from ``config``: ``"stop"`` (raise), ``"new"``
+            (move the old folder aside and start afresh; ``--new``) or ``"resume"`` (``--resume-anyway``).
         command: the command line, saved to ``command.txt`` and shown in the report.
 
     Returns:
         the protocol's results.
 
     Raises:
-        ConfigError: unknown protocol, or a changed config with ``on_change="stop"`` (one line listing the
-        differing keys and the two flags).
+        ConfigError: unknown protocol, or a changed config with ``on_change="stop"`` (the differing keys).
     """
     from ..experiment import distributed as dist_utils
     from ..experiment.folder import prepare_folder

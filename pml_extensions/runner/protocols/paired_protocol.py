@@ -243,9 +243,8 @@ class PairedProtocol(Protocol):
 
         names = list(self.variant_configs) if variants is None else list(variants)
         chosen = list(self.settings.seeds) if seeds is None else [int(s) for s in seeds]
-        unknown = [n for n in names if n not in self.variant_configs] + [
-            s for s in chosen if s not in self.settings.seeds
-        ]
+        unknown = [n for n in names if n not in self.variant_configs]
+        unknown += [s for s in chosen if s not in self.settings.seeds]
         if unknown:
             raise ConfigError(f"{self.name}: {unknown} are not variants / seeds of this config")
         grid = [(n, s) for s in chosen for n in names]
@@ -462,8 +461,7 @@ class PairedProtocol(Protocol):
             if values.shape[1] > 1:
                 ax.fill_between(epochs, values.min(1), values.max(1), color=line.get_color(), alpha=0.12)
             tested = {u.get("selected_epoch", u.get("best_epoch")) for u in per_seed.values()}
-            first = per_seed[min(per_seed)]
-            star = first.get("selected_epoch", first.get("best_epoch"))
+            star = per_seed[min(per_seed)].get("selected_epoch", per_seed[min(per_seed)].get("best_epoch"))
             if star in epochs:
                 y = values.mean(1)[epochs.index(star)]
                 ax.plot(star, y, marker="*", markersize=16, color=line.get_color(), markeredgecolor="black")

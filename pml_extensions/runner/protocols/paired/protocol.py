@@ -259,7 +259,7 @@ class Paired(PairedProtocol):
         """Build the feature caches of every variant (or shard ``rank`` of ``world_size``); whether all are complete."""
         from ...objects.builder import Builder
         from ...objects.data import validation_rows
-        from .unit import cached_split
+        from .unit import load_split
 
         done, seen = True, set()
         for name in self.variant_configs:
@@ -276,9 +276,9 @@ class Paired(PairedProtocol):
                 parts.insert(2, ("validation", False))
             for split, train in parts:
                 if rank is None and world_size is None:
-                    cached_split(b, split, train)
+                    load_split(cfg, split, train, builder=b)
                 else:
-                    done = cached_split(b, split, train, rank=rank, world_size=world_size)[1] and done
+                    done = load_split(cfg, split, train, builder=b, rank=rank, world_size=world_size)[1] and done
         return done
 
     # ------------------------------------------------------------------------------------------------ the text
@@ -308,16 +308,12 @@ class Paired(PairedProtocol):
             f"for shared modules and same batches within a seed), device {results['device']}. Test metrics; "
             "differences are paired by seed, 95 % Student-t interval."
         )
-        if selection.get("curves"):
-            text += (
-                " Tested epochs: "
-                + "; ".join(
-                    f"{', '.join(c['variants'])}: {c['epoch']}"
-                    + (" (the untrained model's mean validation was higher)" if c.get("untrained_best") else "")
-                    for c in selection["curves"].values()
-                )
-                + "."
-            )
+        tested = [
+            f"{', '.join(c['variants'])}: {c['epoch']}"
+            + (" (the untrained model's mean validation was higher)" if c.get("untrained_best") else "")
+            for c in (selection.get("curves") or {}).values()
+        ]
+        text += f" Tested epochs: {'; '.join(tested)}." if tested else ""
         if results.get("environment"):
             text += f" Environment: {environment_summary(results['environment'])}."
         teachers = {n: c for n, c in self.variant_configs.items() if (c or {}).get("teacher") is not None}
@@ -326,18 +322,14 @@ class Paired(PairedProtocol):
             from .unit import asymmetric_tester, teacher_spec
 
             cfg = next(iter(teachers.values()))
-            # (the preflight refused an asymmetric tester with a teacher but without transforms.reference)
-            asymmetric = asymmetric_tester(Builder(cfg, log=lambda *a, **k: None))
             names = ", ".join(f"`{n}`" for n in teachers)
+            text += f" {names} start from the frozen teacher `{teacher_spec(cfg)[0]}` (their epoch 0 is the teacher on "
+            # (the preflight refused an asymmetric tester with a teacher but without transforms.reference)
             text += (
-                f" {names} start from the frozen teacher `{teacher_spec(cfg)[0]}` (their epoch 0 is the teacher on "
-                "their images)"
-                + (
-                    "; their metrics are asymmetric: the variant embeds the queries (`transforms.eval`), the teacher "
-                    "the same images as references (`transforms.reference`)."
-                    if asymmetric
-                    else "."
-                )
+                "their images); their metrics are asymmetric: the variant embeds the queries (`transforms.eval`), the "
+                "teacher the same images as references (`transforms.reference`)."
+                if asymmetric_tester(Builder(cfg, log=lambda *a, **k: None))
+                else "their images)."
             )
         untrained = results.get("untrained")
         if untrained:

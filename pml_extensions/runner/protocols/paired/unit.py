@@ -27,39 +27,21 @@ from .protocol import METRICS
 
 
 def load_split(
-    cfg: Dict[str, Any], split: str, train_transform: bool, builder: Optional[Builder] = None, seed: int = 0
+    cfg: Dict[str, Any], split: str, train_transform: bool, builder=None, seed=0, rank=None, world_size=None
 ):
-    """The dataset ``split`` of the config with its train or eval transform; with ``feature_cache`` its cached
-    prefix outputs (:func:`cached_split`; ``seed`` draws the training views)."""
+    """The dataset ``split`` of ``cfg`` (built by ``builder``) with its train or eval transform; with ``feature_cache``
+    its cached prefix outputs (part ``train``: ``num_views`` views drawn with ``seed``), built first when missing; with
+    ``rank`` / ``world_size`` only that shard is built and ``(folder, complete)`` returned."""
     b = builder if builder is not None else Builder(cfg)
-    if cfg.get("feature_cache") is not None:
-        return cached_split(b, split, train_transform, seed)
-    return b.build_dataset(split, transform=b.build_transform("train" if train_transform else "eval"))
-
-
-def resolve_cache_folder(cfg: Dict[str, Any], experiment_folder: str) -> Dict[str, Any]:
-    """``cfg`` with ``feature_cache.folder`` made absolute (default ``<experiment_folder>/feature_cache``)."""
-    spec = cache_spec(cfg)
-    if spec is None:
-        return cfg
-    return {**cfg, "feature_cache": {**cfg["feature_cache"], "folder": cache_folder(spec, experiment_folder)}}
-
-
-def cached_split(b: Builder, split: str, train_transform: bool, seed: int = 0, rank=None, world_size=None):
-    """The cached ``split`` (part ``train`` with ``num_views`` views drawn with ``seed``, ``train_eval`` or ``test``),
-    built first when missing; with ``rank`` / ``world_size`` only that shard is built, ``(folder, complete)``."""
+    if cfg.get("feature_cache") is None:
+        return b.build_dataset(split, transform=b.build_transform("train" if train_transform else "eval"))
     if b.frozen is None:
         b.build_models()
     caches = FeatureCaches(b, "", b.log)
     part = "train" if train_transform else ("train_eval" if split == "train" else split)
     source = b.build_dataset(split)
-    args = (
-        part,
-        b.frozen,
-        source,
-        b.build_transform("train" if train_transform else "eval"),
-        caches.spec["num_views"] if train_transform else 1,
-    )
+    transform = b.build_transform("train" if train_transform else "eval")
+    args = (part, b.frozen, source, transform, caches.spec["num_views"] if train_transform else 1)
     if rank is not None or world_size is not None:
         return caches.build(*args, rank=rank, world_size=world_size)
     cached = caches.dataset(*args, seed=seed)
@@ -69,6 +51,14 @@ def cached_split(b: Builder, split: str, train_transform: bool, seed: int = 0, r
     if names is not None:  # the cached features keep the images' class names (figures and examples name classes)
         cached.classes = names
     return cached
+
+
+def resolve_cache_folder(cfg: Dict[str, Any], experiment_folder: str) -> Dict[str, Any]:
+    """``cfg`` with ``feature_cache.folder`` made absolute (default ``<experiment_folder>/feature_cache``)."""
+    spec = cache_spec(cfg)
+    if spec is None:
+        return cfg
+    return {**cfg, "feature_cache": {**cfg["feature_cache"], "folder": cache_folder(spec, experiment_folder)}}
 
 
 def teacher_spec(cfg: Dict[str, Any], where: str = "config: teacher") -> Optional[Tuple[str, bool]]:
