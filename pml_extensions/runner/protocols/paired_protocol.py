@@ -167,7 +167,6 @@ class PairedProtocol(Protocol):
             raise ConfigError(f"bayes_opt_iters: the {cls.name} run reports no validation {cls.metrics[0]}")
         return float(sum(values) / len(values))
 
-    # ------------------------------------------------------------------------------------------------ the unit
     def unit(self, settings, variant: str, seed: int, folder: str, builder) -> Dict[str, Any]:
         """Train ``variant`` at ``seed`` in ``folder`` (resuming from its checkpoint), validating every epoch.
 
@@ -209,7 +208,6 @@ class PairedProtocol(Protocol):
         """Keys the subclass adds to ``results.json`` (default: none)."""
         return {}
 
-    # ------------------------------------------------------------------------------------------------ the grid
     def stage(self, variant: str, seed: int) -> str:
         return f"{variant}/seed_{seed}"
 
@@ -273,7 +271,6 @@ class PairedProtocol(Protocol):
                     )
         return out
 
-    # ------------------------------------------------------------------------------------------------ selection
     def groups(self) -> List[List[str]]:
         """The variants linked by ``comparisons`` (connected components, in ``variants`` order)."""
         names = list(self.variant_configs)
@@ -331,7 +328,6 @@ class PairedProtocol(Protocol):
             atomic_write_json(out, test, indent=2)
         return test
 
-    # ------------------------------------------------------------------------------------------------ the run
     def run(self) -> Dict[str, Any]:
         """Train every unit (resuming), select on validation, test once, compare, write the outputs."""
         from ..experiment import distributed as dist_utils
@@ -344,8 +340,7 @@ class PairedProtocol(Protocol):
         if not self.preflown:  # run_protocol ran it before the folder existed
             self.preflight()
         if dist_utils.is_main():
-            # now that the folder exists: the files that decoded (a rerun decodes only new or changed ones) and
-            # the files skip_bad_images left out
+            # now that the folder exists: the files that decoded (a rerun decodes only new ones) and those left out
             for data in self.checked_data:
                 preflight.record_checked_images(data, self.folder)
             preflight.write_bad_images(self.left_out, self.folder)

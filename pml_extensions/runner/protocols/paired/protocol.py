@@ -91,16 +91,14 @@ class Paired(PairedProtocol):
         super().check(config, sources)
         configs, _, where = cls.variants(config, sources)
         for name, cfg in configs.items():
-            for key, subs in (("models", ("trunk",)), ("transforms", ("train", "eval"))):
-                for sub in subs:
-                    if cfg[key].get(sub) is None:
-                        raise ConfigError(f"{where[name].get(key, 'config')}: missing key {key}.{sub}")
+            for key, sub in (("models", "trunk"), ("transforms", "train"), ("transforms", "eval")):
+                if cfg[key].get(sub) is None:
+                    raise ConfigError(f"{where[name].get(key, 'config')}: missing key {key}.{sub}")
             if cfg.get("feature_cache") is not None:
                 from ...objects.feature_cache import cache_spec
 
                 cache_spec(cfg, where[name])
 
-    # ------------------------------------------------------------------------------------------------ the unit
     def _cfg(self, variant: str) -> Dict[str, Any]:
         from .unit import resolve_cache_folder
 
@@ -281,7 +279,6 @@ class Paired(PairedProtocol):
                     done = load_split(cfg, split, train, builder=b, rank=rank, world_size=world_size)[1] and done
         return done
 
-    # ------------------------------------------------------------------------------------------------ the text
     def header(self, results: Dict[str, Any]) -> str:
         from ...experiment.folder import environment_summary
         from .unit import test_classes_words
