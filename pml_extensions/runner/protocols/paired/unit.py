@@ -23,7 +23,8 @@ from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
 from ...objects.data import dataset_labels, validation_rows, validation_split
 from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec, end_of_epoch_hook
-from .protocol import METRICS
+
+METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
 
 
 def load_split(
