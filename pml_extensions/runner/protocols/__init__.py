@@ -1,11 +1,7 @@
-"""Protocols as plugins: the lookup, the one loader that checks a config against its protocol, and the one entry
-point.
-
-A protocol is a :class:`~.base.Protocol` subclass that the config's ``protocol:`` key names: one of the package
-(:data:`PROTOCOLS`), one registered in this process (:func:`register_protocol`) or by another package under the
-entry-point group ``pml_extensions.protocols``, or a dotted path ``package.module:ClassName`` (e.g. the plugins of the
-repository's ``benchmarks/protocols/``). :func:`load_config` merges and checks a config against its protocol;
-:func:`run_protocol` runs it in an experiment folder.
+"""Protocols as plugins (docs/runner.md, "Protocols"): the lookup (a name of :data:`PROTOCOLS`, one registered by
+:func:`register_protocol` or under the entry-point group ``pml_extensions.protocols``, or a dotted path
+``package.module:ClassName``), :func:`load_config`, which merges and checks a config against its protocol, and
+:func:`run_protocol`, which runs it in an experiment folder.
 
 Example::
 
@@ -20,8 +16,9 @@ import importlib
 import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+from ..config.specs import nearest
 from ..errors import ConfigError
-from .base import Protocol, misspelt_required, nearest, parse_columns
+from .base import Protocol, misspelt_required, parse_columns
 
 #: protocol name -> ``module:Class`` (imported on first use, so one protocol's dependencies never load for another)
 PROTOCOLS: Dict[str, str] = {
@@ -71,11 +68,10 @@ def _import(path: str, where: str) -> type:
 
 
 def get_protocol(name: str, where: str = "config_general: protocol") -> type:
-    """The protocol class called ``name`` (see the module docstring for where names come from).
+    """The protocol class called ``name`` (the module docstring says where names come from).
 
     Raises:
-        ConfigError: an unknown name (the known ones listed, with "did you mean"), or a dotted path that does not
-        import.
+        ConfigError: an unknown name (the known ones listed, with "did you mean"), or a path that does not import.
     """
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}: expected a protocol name, got {name!r}")
@@ -112,7 +108,7 @@ def check_keys(
     skip: Sequence[str] = (),
 ) -> None:
     """Refuse top-level keys the protocol does not read (its :meth:`~.base.Protocol.keys`), but those in ``skip``
-    (the loader's: misspellings of a required key, reported once as that key missing, :func:`.base.misspelt_required`).
+    (misspellings of a required key, reported once as that key missing).
 
     Raises:
         ConfigError: ``"<file>: num_epoch: the paired protocol reads no such key; did you mean num_epochs?"``, or
@@ -158,10 +154,8 @@ def load_config(
     check: bool = True,
     log: Optional[Callable[..., None]] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """The one loader: merge the config's files and ``overrides`` (:func:`pml_extensions.runner.config.loader.
-    merge_config`), make ``data_folder`` the dataset by the protocol's rule, then check the config against its
-    protocol: keys, settings, powerful-benchmarker's values and every class's arguments (``check=False`` skips the
-    checks).
+    """The one loader: merge the config's files and ``overrides``, make ``data_folder`` the dataset by the protocol's
+    rule, then check the config against its protocol (``check=False`` skips): keys, settings, every class's arguments.
 
     Returns:
         ``(config, sources)`` as :func:`~pml_extensions.runner.config.loader.merge_config`.
@@ -222,8 +216,7 @@ def load_config(
 
 
 def _data_problems(protocol, config, sources, problems) -> None:
-    """Add the bad files the protocol's preflight finds in the data (images that do not decode or are missing) to the
-    problems of a config whose classes or arguments are wrong, so one refusal lists both."""
+    """Add the bad files the preflight finds in the data to ``problems`` (wrong classes or arguments): one refusal."""
     import tempfile
 
     from ..errors import Problems
@@ -243,7 +236,7 @@ def _data_problems(protocol, config, sources, problems) -> None:
 
 
 def _names_files(value: Any) -> bool:
-    """True when ``value`` (a config's ``dataset``, at any depth) names a file or folder on disk."""
+    """Whether ``value`` (a config's ``dataset``, at any depth) names a file or folder on disk."""
     if isinstance(value, dict):
         return any(_names_files(v) for v in value.values())
     if isinstance(value, (list, tuple)):
@@ -275,17 +268,15 @@ def run_protocol(
 
     Args:
         config, experiment_folder, sources, log: what the protocol is built with.
-        on_change: what to do when the folder holds a saved ``config.yaml`` that differs from ``config``:
-            ``"stop"`` (raise), ``"new"`` (move the old folder aside and start afresh; ``--new``) or ``"resume"``
-            (continue with the new config deliberately; ``--resume-anyway``).
+        on_change: when the folder's saved ``config.yaml`` differs from ``config``: ``"stop"`` (raise), ``"new"``
+            (move the old folder aside and start afresh; ``--new``) or ``"resume"`` (``--resume-anyway``).
         command: the command line, saved to ``command.txt`` and shown in the report.
 
     Returns:
         the protocol's results.
 
     Raises:
-        ConfigError: unknown protocol, or a changed config with ``on_change="stop"`` (one line listing the
-        differing keys and the two flags).
+        ConfigError: unknown protocol, or a changed config with ``on_change="stop"`` (the differing keys).
     """
     from ..experiment import distributed as dist_utils
     from ..experiment.folder import prepare_folder

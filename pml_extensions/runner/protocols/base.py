@@ -1,11 +1,5 @@
-"""What a protocol is: a plugin that declares its settings, its ``--data_folder`` rule and its search objective, and
-runs an experiment folder.
-
-:class:`Protocol` is the base every protocol subclasses: ``name``, ``description``, ``Settings`` (a dataclass of its
-top-level config keys, each a :func:`setting` with its type, default and one line of documentation, read by
-:func:`read_settings`: one line ``<file>: <key>: ...`` per bad value) and :meth:`Protocol.run`; optionally
-:meth:`Protocol.data_folder` and :meth:`Protocol.objective`. :class:`PairedProtocol` (:mod:`.paired_protocol`) owns
-what a seeds × variants experiment needs.
+"""What a protocol is (docs/runner.md, "Protocols"): :class:`Protocol`, the base every protocol subclasses, and
+:func:`setting` / :func:`read_settings`, its ``Settings`` dataclass of top-level keys, one line per bad value.
 
 Example::
 
@@ -26,7 +20,7 @@ Example::
 import copy
 import dataclasses
 import difflib
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
@@ -46,12 +40,11 @@ def setting(
     choices: Sequence[Any] = (),
     optional: bool = False,
 ) -> Any:
-    """A field of a protocol's ``Settings`` dataclass: its default (:data:`REQUIRED` when the config must give it),
-    one line of documentation (the docs' key tables) and how :func:`read_settings` checks it.
+    """A field of a protocol's ``Settings`` dataclass.
 
     Args:
-        default: the value when the config leaves the key out (copied; lists and dicts are fine).
-        doc: what the key does, in one line.
+        default: the value when the config leaves the key out (copied); :data:`REQUIRED` when the config must give it.
+        doc: what the key does, in one line (the docs' key tables).
         kind: ``int``, ``float``, ``bool``, ``str``, ``mapping``, ``list``, ``seeds`` (a non-empty list of distinct
             non-negative ints; ``"0 1 2"`` from the command line counts), ``choice`` (one of ``choices``),
             ``name_pairs`` (``[[a, b], ...]``), or ``any`` (an object spec the Builder checks).
@@ -71,27 +64,8 @@ def _expect(where: str, what: str, value: Any) -> ConfigError:
     return ConfigError(f"{where}: expected {what}, got {value!r}")
 
 
-def _number(value: Any, meta: Dict[str, Any], where: str, integer: bool) -> Any:
-    ok = (is_int if integer else is_number)(value)
-    low, high = meta["minimum"], meta["maximum"]
-    bounds = (f" >= {low:g}" if low is not None else "") + (f" <= {high:g}" if high is not None else "")
-    if not ok or (low is not None and value < low) or (high is not None and value > high):
-        raise _expect(where, ("an integer" if integer else "a number") + (bounds.replace(" <=", " and <=")), value)
-    return int(value) if integer else float(value)
-
-
 def seed_list(value: Any, where: str = "seeds") -> List[int]:
-    """``seeds`` as a list of distinct non-negative ints: ``"0 1 2"`` / ``"0,1,2"`` (the command line) and a single
-    int count as lists.
-
-    Raises:
-        ConfigError: anything else, naming ``where``.
-
-    Example::
-
-        >>> seed_list("0 1 2"), seed_list(7), seed_list([3, 4])
-        ([0, 1, 2], [7], [3, 4])
-    """
+    """``seeds`` as a list of distinct non-negative ints (``"0 1 2"``, ``"0,1,2"`` and one int count)."""
     seeds = value
     if isinstance(value, str):
         try:
@@ -125,13 +99,17 @@ _CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
 
 
 def check_value(value: Any, meta: Dict[str, Any], where: str) -> Any:
-    """``value`` checked against a :func:`setting`'s metadata (normalised: ints, floats, seed lists, tuples of
-    names); raises :class:`ConfigError` ``"<where>: expected ..., got ..."``."""
-    kind = meta["kind"]
+    """``value`` checked against a :func:`setting`'s metadata and normalised (ints, floats, seed lists, tuples)."""
+    kind, low, high = meta["kind"], meta["minimum"], meta["maximum"]
     if (value is None and meta["optional"]) or kind == "any":
         return value
     if kind in ("int", "float"):
-        return _number(value, meta, where, integer=kind == "int")
+        integer = kind == "int"
+        bounds = (f" >= {low:g}" if low is not None else "") + (f" and <= {high:g}" if high is not None else "")
+        ok = (is_int if integer else is_number)(value)
+        if not ok or (low is not None and value < low) or (high is not None and value > high):
+            raise _expect(where, ("an integer" if integer else "a number") + bounds, value)
+        return int(value) if integer else float(value)
     if kind == "seeds":
         return seed_list(value, where)
     if kind == "choice":
@@ -147,17 +125,7 @@ def check_value(value: Any, meta: Dict[str, Any], where: str) -> Any:
 
 
 def misspelt_required(cls: type, config: Dict[str, Any]) -> Dict[str, str]:
-    """``{key of config: required field of cls it misspells}`` for the required fields ``config`` lacks: the
-    loader reports each once, as the missing field (:func:`read_settings`), not again as an unknown key.
-
-    Example::
-
-        >>> @dataclasses.dataclass
-        ... class Settings:
-        ...     num_epochs: int = setting(REQUIRED, "Epochs.", "int")
-        >>> misspelt_required(Settings, {"num_epoch": 4})
-        {'num_epoch': 'num_epochs'}
-    """
+    """``{key of config: required field of cls it misspells}`` for the required fields ``config`` lacks."""
     names = {f.name for f in dataclasses.fields(cls)}
     others = [str(k) for k in config if k not in names]
     out = {}
@@ -177,8 +145,8 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
         where: what the error names when the key has no source (e.g. ``"variants.xml"``).
 
     Raises:
-        ConfigError: one line ``"<file>: <key>: expected ..., got ..."`` (``"<file>: missing key <key>"``, also for a
-        required key given as ``null``).
+        ConfigError: one line ``"<file>: <key>: expected ..., got ..."`` per bad value (``"<file>: missing key
+        <key>"``, also for a required key given as ``null``, naming a misspelt key when the config has one).
     """
     from ..config.sources import source_of
     from ..errors import Problems
@@ -207,16 +175,7 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
 
 
 def parse_columns(value: Any, where: str = "command line: --columns") -> Dict[str, str]:
-    """``--columns label=category,path=image,split=subset`` as a mapping (a mapping is taken as it is).
-
-    Raises:
-        ConfigError: a part without ``=``, or a role other than label, path, split, is_query, is_gallery.
-
-    Example::
-
-        >>> parse_columns("label=category, path=image,split=subset")
-        {'label': 'category', 'path': 'image', 'split': 'subset'}
-    """
+    """``--columns label=category,path=image,split=subset`` as a mapping (a mapping is taken as it is)."""
     roles = ("label", "path", "split", "is_query", "is_gallery")
     if isinstance(value, dict):
         pairs = list(value.items())
@@ -233,16 +192,9 @@ def parse_columns(value: Any, where: str = "command line: --columns") -> Dict[st
     return out
 
 
-def nearest(name: str, known: Iterable[str], cutoff: float = 0.5) -> str:
-    """``"; did you mean X?"`` for the known name closest to ``name`` (``""`` when none is close)."""
-    close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=cutoff)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
 @dataclasses.dataclass
 class SearchSettings:
-    """The keys of a search (powerful-benchmarker's ``~BAYESIAN~`` markers): every protocol with an objective reads
-    them (:mod:`pml_extensions.runner.protocols.search`)."""
+    """The keys of a search (``~BAYESIAN~`` markers), read by every protocol with an objective."""
 
     bayes_opt_iters: Optional[int] = setting(
         None, "Number of COMPLETE Optuna trials when the config has `~BAYESIAN~`-family markers.", "int", minimum=1
@@ -256,16 +208,14 @@ class SearchSettings:
 
 
 class Protocol:
-    """Base of every protocol (see the module docstring).
+    """Base of every protocol: subclasses set ``name``, ``description`` and ``Settings`` and implement :meth:`run`;
+    they may override :meth:`data_folder`, :meth:`objective`, :meth:`check` and :meth:`preflight`.
 
     Args:
         config: the merged config (:func:`pml_extensions.runner.protocols.load_config`).
         folder: the experiment folder; running again with the same folder resumes.
         sources: top-level key -> file, so errors name the file.
         log: a print-like function.
-
-    Subclasses set ``name``, ``description`` and ``Settings`` and implement :meth:`run`; they may override
-    :meth:`data_folder`, :meth:`objective` and :meth:`check`.
     """
 
     name: ClassVar[str] = ""
@@ -274,13 +224,7 @@ class Protocol:
     #: the part of the ``--data_folder`` refusal after "the <name> protocol " (when :meth:`data_folder` refuses)
     data_folder_note: ClassVar[str] = "does not read a folder of your images"
 
-    def __init__(
-        self,
-        config: Dict[str, Any],
-        folder: str,
-        sources: Optional[Dict[str, str]] = None,
-        log: Callable[..., None] = print,
-    ):
+    def __init__(self, config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None, log=print):
         self.config = config
         self.folder = folder
         self.sources = sources if sources is not None else {}
@@ -289,7 +233,6 @@ class Protocol:
         type(self).check(config, self.sources)
         self.settings = self.read(config, self.sources)
 
-    # ------------------------------------------------------------------------------------------------ the plugin
     @classmethod
     def keys(cls) -> Tuple[str, ...]:
         """The top-level keys this protocol reads (its ``Settings`` fields, the search's and ``protocol``)."""
@@ -302,24 +245,22 @@ class Protocol:
         return read_settings(cls.Settings, config, sources)
 
     @classmethod
-    def normalize(
-        cls, config: Dict[str, Any], sources: Dict[str, str], log: Optional[Callable[..., None]] = None
-    ) -> Dict[str, Any]:
-        """The config as this protocol reads it (e.g. older spellings of its keys mapped, one note each to ``log``);
+    def normalize(cls, config: Dict[str, Any], sources: Dict[str, str], log=None) -> Dict[str, Any]:
+        """The config as this protocol reads it (older spellings of its keys mapped, one note each to ``log``),
         called by the loader after the key check. Default: unchanged."""
         return config
 
     @classmethod
     def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-        """Every check that needs no data and no model, run by the loader (``--dry-run`` included): the settings;
-        subclasses add theirs."""
+        """Every check that needs no data and no model (``--dry-run`` included): the settings; subclasses add
+        theirs."""
         cls.read(config, sources)
         read_settings(SearchSettings, config, sources)
 
     @classmethod
     def data_folder(cls, path: str, is_csv: bool, columns: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-        """The config changes (powerful-benchmarker syntax) that make ``--data_folder PATH`` the dataset
-        (``columns``: a CSV file's column mapping, ``{"label": "category", "path": "image", "split": "subset"}``).
+        """The config changes that make ``--data_folder PATH`` the dataset (``columns``: a CSV file's column
+        mapping, ``{"label": "category", "path": "image", "split": "subset"}``).
 
         Raises:
             ConfigError: this protocol does not take ``--data_folder`` (one line, :attr:`data_folder_note`).
@@ -336,9 +277,8 @@ class Protocol:
         raise ConfigError(f"bayes_opt_iters: the {cls.name} protocol has no search objective")
 
     def preflight(self) -> None:
-        """Every check of the data before any work (the images decode, enough classes, channels that fit), all
-        problems in one refusal (:class:`~pml_extensions.runner.errors.Problems`); nothing is written to an
-        experiment folder that does not exist yet. Default: none."""
+        """Every check of the data before any work, all problems in one refusal; writes nothing to an experiment
+        folder that does not exist yet. Default: none."""
 
     def run(self) -> Dict[str, Any]:  # pragma: no cover - every protocol implements it
         """Run the experiment, write ``results.json`` (and the rest of the folder) and return the results."""

@@ -1,30 +1,6 @@
-"""The engine of every seeds × variants experiment: :class:`PairedProtocol`.
-
-Every entry of ``variants`` is merged over the config and trained once per seed (a *unit*; the variants of a seed are
-paired by the unit). The engine owns the grid and its resume (each unit's ``<variant>/seed_<s>/result.json``), the
-selection of the tested epoch (``best_epoch``, ``mean_validation_curve``, ``last``), the ``untrained`` row, the paired
-comparisons and the outputs; a subclass supplies :meth:`~PairedProtocol.unit` and :meth:`~PairedProtocol.test`
-(docs/runner.md, "Writing a protocol").
-
-Example (a toy unit whose "training" is a table)::
-
-    >>> import dataclasses, tempfile
-    >>> @dataclasses.dataclass
-    ... class Settings(GridSettings):
-    ...     gain: float = setting(0.0, "what the unit adds", kind="float")
-    >>> class Toy(PairedProtocol):
-    ...     name, Settings = "toy", Settings
-    ...     def unit(self, settings, variant, seed, folder, builder):
-    ...         history = [{"epoch": e, "score": 0.1 * e + settings.gain} for e in range(3)]
-    ...         return {"history": history, "best_epoch": 2, "train_seconds": 0.0}
-    ...     def test(self, settings, variant, seed, folder, builder, epoch):
-    ...         return {"score": 0.1 * epoch + settings.gain + 0.01 * seed}
-    >>> config = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]],
-    ...           "device": "cpu"}
-    >>> Toy.metrics = ("score",)
-    >>> results = Toy(config, tempfile.mkdtemp(), log=lambda *a: None).run()
-    >>> [round(d, 4) for d in results["comparisons"][0]["differences"]]
-    [0.05, 0.05]
+"""The engine of every seeds × variants experiment (docs/runner.md, "Protocols" and "Writing a protocol"):
+:class:`PairedProtocol` owns the grid of units (variant, seed) and its resume, the selection of the tested epoch, the
+``untrained`` row, the paired comparisons and the outputs; a subclass supplies the unit.
 """
 
 import dataclasses
@@ -72,7 +48,9 @@ GRID_KEYS = tuple(f.name for f in dataclasses.fields(GridSettings)) + ("protocol
 
 
 class PairedProtocol(Protocol):
-    """Base of the protocols that train variants with paired seeds and compare them (see the module docstring).
+    """Base of the protocols that train variants with paired seeds and compare them: each entry of ``variants`` is
+    merged over the config and trained once per seed (a *unit*, :meth:`unit`), tested at the selected epoch
+    (:meth:`test`); every unit's ``<variant>/seed_<s>/result.json`` makes a rerun resume.
 
     Attributes:
         variant_settings: variant name -> its ``Settings`` (the variant's merged config, read and checked).
@@ -102,24 +80,18 @@ class PairedProtocol(Protocol):
         self.exp = Experiment(folder, {"device": s.device, "seed": None}, self.sources, log)
         self.device, self.log = self.exp.device, self.exp.log
         self.variant_configs, self.variant_settings, self.variant_sources = self.variants(config, self.sources)
-        self.note_replaced_flags(config)
-        self.keep_epochs = s.selection != "best_epoch" or s.untrained
-        self.left_out: Dict[str, str] = {}  # {path: reason} of the files skip_bad_images left out (preflight)
-        self.checked_data: List[Any] = []  # the datasets whose image files preflight decoded
-        self.class_roles: Dict[str, list] = {}  # {"train"|"validation"|"test": class names} (preflight)
-
-    # ------------------------------------------------------------------------------------------------ settings
-    def note_replaced_flags(self, config: Dict[str, Any]) -> None:
-        """One note per command-line key that some variants replace with their own value (``--feature_cache null``
-        does not reach a variant that sets ``feature_cache``): the flag is not lost without a word."""
         updates = config.get("variants") or {}
         for key in [k for k, v in self.sources.items() if v == "command line" and k != "variants"]:
             mine = [n for n, u in updates.items() if any(str(k).split("~")[0] == key for k in (u or {}))]
-            if mine:
+            if mine:  # a command-line flag that does not reach some variants is not lost without a word
                 self.log(
                     f"note: --{key} (command line) does not reach variant(s) {', '.join(mine)}: they set their own "
                     f"{key} ({self.sources.get('variants', 'config')}); change it there or run other --variants"
                 )
+        self.keep_epochs = s.selection != "best_epoch" or s.untrained
+        self.left_out: Dict[str, str] = {}  # {path: reason} of the files skip_bad_images left out (preflight)
+        self.checked_data: List[Any] = []  # the datasets whose image files preflight decoded
+        self.class_roles: Dict[str, list] = {}  # {"train"|"validation"|"test": class names} (preflight)
 
     @classmethod
     def variants(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None):
@@ -141,19 +113,14 @@ class PairedProtocol(Protocol):
 
     @classmethod
     def normalize(cls, config, sources, log=None):
-        """``seeds`` given as the command line's words (``--seeds 0 1``: ``"0 1"``) become the list they mean, so
-        the saved ``config.yaml`` holds ``seeds: [0, 1]``."""
+        """``--seeds 0 1`` (``"0 1"``) becomes the list it means, so the saved ``config.yaml`` holds ``[0, 1]``."""
         if isinstance(config.get("seeds"), str):
             return {**config, "seeds": seed_list(config["seeds"], f"{(sources or {}).get('seeds', 'config')}: seeds")}
         return config
 
     @classmethod
     def read(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> GridSettings:
-        """The experiment-level settings (:class:`GridSettings`); each variant's own are read by :meth:`variants`.
-
-        Raises:
-            ConfigError: also for ``seed`` and ``seeds`` both given.
-        """
+        """The experiment-level settings (:class:`GridSettings`; a ConfigError also for ``seed`` and ``seeds``)."""
         grid = read_settings(GridSettings, config, sources)
         if grid.seed is not None:
             if config.get("seeds") is not None:
@@ -190,8 +157,7 @@ class PairedProtocol(Protocol):
 
     @classmethod
     def objective(cls, results: Dict[str, Any], config: Dict[str, Any]) -> float:
-        """The search objective: the primary metric on the validation classes at each unit's tested epoch, averaged
-        over every variant and seed (never a test number)."""
+        """The primary metric on the validation classes at each unit's tested epoch, averaged over the units."""
         values = []
         for per_seed in (results.get("units") or {}).values():
             for unit in per_seed.values():
@@ -201,7 +167,6 @@ class PairedProtocol(Protocol):
             raise ConfigError(f"bayes_opt_iters: the {cls.name} run reports no validation {cls.metrics[0]}")
         return float(sum(values) / len(values))
 
-    # ------------------------------------------------------------------------------------------------ the unit
     def unit(self, settings, variant: str, seed: int, folder: str, builder) -> Dict[str, Any]:
         """Train ``variant`` at ``seed`` in ``folder`` (resuming from its checkpoint), validating every epoch.
 
@@ -213,8 +178,7 @@ class PairedProtocol(Protocol):
         raise NotImplementedError
 
     def test(self, settings, variant: str, seed: int, folder: str, builder, epoch: int) -> Dict[str, float]:
-        """The test metrics of the unit's weights at ``epoch`` (:meth:`epoch_path`, or ``best_models.pth`` for the
-        best epoch)."""
+        """The test metrics of the unit's weights at ``epoch`` (:meth:`epoch_path`)."""
         raise NotImplementedError
 
     def examples(self, settings, variant: str, seed: int, folder: str, builder, epoch: int) -> None:
@@ -244,7 +208,6 @@ class PairedProtocol(Protocol):
         """Keys the subclass adds to ``results.json`` (default: none)."""
         return {}
 
-    # ------------------------------------------------------------------------------------------------ the grid
     def stage(self, variant: str, seed: int) -> str:
         return f"{variant}/seed_{seed}"
 
@@ -272,19 +235,14 @@ class PairedProtocol(Protocol):
         return self.exp.finish_stage(stage, {k: v for k, v in result.items() if k != "models"})
 
     def run_units(self, variants: Optional[Sequence[str]] = None, seeds: Optional[Sequence[int]] = None):
-        """Train (or find finished) the units of ``variants`` × ``seeds`` (default all), seed after seed; returns
-        ``{variant: {seed: summary}}`` without writing ``results.json``.
-
-        Raises:
-            ConfigError: a variant or seed the config does not have.
-        """
+        """Train (or find finished) the units of ``variants`` × ``seeds`` (default all), seed after seed:
+        ``{variant: {seed: summary}}``, no ``results.json``; a ConfigError for a variant or seed the config lacks."""
         from ..experiment.folder import time_estimate
 
         names = list(self.variant_configs) if variants is None else list(variants)
         chosen = list(self.settings.seeds) if seeds is None else [int(s) for s in seeds]
-        unknown = [n for n in names if n not in self.variant_configs] + [
-            s for s in chosen if s not in self.settings.seeds
-        ]
+        unknown = [n for n in names if n not in self.variant_configs]
+        unknown += [s for s in chosen if s not in self.settings.seeds]
         if unknown:
             raise ConfigError(f"{self.name}: {unknown} are not variants / seeds of this config")
         grid = [(n, s) for s in chosen for n in names]
@@ -313,28 +271,22 @@ class PairedProtocol(Protocol):
                     )
         return out
 
-    # ------------------------------------------------------------------------------------------------ selection
     def groups(self) -> List[List[str]]:
-        """The variants linked by ``comparisons`` (connected components, in ``variants`` order); a variant in no
-        comparison is a group of its own; ``untrained`` belongs to none."""
+        """The variants linked by ``comparisons`` (connected components, in ``variants`` order)."""
         names = list(self.variant_configs)
         group = {v: {v} for v in names}
         for pair in self.settings.comparisons:
-            if UNTRAINED in pair:
-                continue
-            merged = group[pair[0]] | group[pair[1]]
-            for v in merged:
-                group[v] = merged
-        out, seen = [], set()
+            if UNTRAINED not in pair:
+                merged = group[pair[0]] | group[pair[1]]
+                group.update({v: merged for v in merged})
+        out: List[List[str]] = []
         for v in names:
-            if v not in seen:
-                out.append([w for w in names if w in group[v]])
-                seen |= group[v]
+            members = [w for w in names if w in group[v]]
+            out += [members] if members not in out else []
         return out
 
     def chosen_epochs(self, units) -> Dict[str, Any]:
-        """``{"epochs": {variant: epoch}, "curves": {first variant of a group: {variants, mean_val, epoch}}}`` for the
-        ``mean_validation_curve`` and ``last`` selections."""
+        """``{"epochs": {variant: epoch}, "curves": {first variant of a group: {variants, mean_val, epoch}}}``."""
         primary, epochs, curves = self.selection_metric, {}, {}
         for group in self.groups():
             rows: Dict[int, List[float]] = {}
@@ -352,11 +304,14 @@ class PairedProtocol(Protocol):
             curves[group[0]] = {"variants": group, "mean_val": curve, "epoch": chosen}
             if chosen >= 1 and 0 in curve and curve[0] >= curve[chosen]:  # training never beat the untrained model
                 curves[group[0]]["untrained_best"] = True
+                self.log(
+                    f"warning: {', '.join(group)}: the mean validation curve is highest at the untrained model "
+                    f"(epoch 0: {curve[0]:.4f}); epoch {chosen} ({curve[chosen]:.4f}) is tested"
+                )
         return {"epochs": epochs, "curves": curves}
 
     def test_at(self, variant: str, seed: int, epoch: int) -> Dict[str, float]:
-        """The unit's test metrics at ``epoch``, saved as ``test_epoch_<e>.json`` (a rerun reads them); the weights
-        are copied to ``selected_models.pth`` (epoch >= 1)."""
+        """The unit's test metrics at ``epoch`` (saved: ``test_epoch_<e>.json``, weights ``selected_models.pth``)."""
         from ...utils.atomic_io import atomic_write_json
         from ..experiment import distributed as dist_utils
 
@@ -373,7 +328,6 @@ class PairedProtocol(Protocol):
             atomic_write_json(out, test, indent=2)
         return test
 
-    # ------------------------------------------------------------------------------------------------ the run
     def run(self) -> Dict[str, Any]:
         """Train every unit (resuming), select on validation, test once, compare, write the outputs."""
         from ..experiment import distributed as dist_utils
@@ -386,21 +340,13 @@ class PairedProtocol(Protocol):
         if not self.preflown:  # run_protocol ran it before the folder existed
             self.preflight()
         if dist_utils.is_main():
-            # now that the folder exists: the files that decoded (a rerun decodes only new or changed ones) and
-            # the files skip_bad_images left out
+            # now that the folder exists: the files that decoded (a rerun decodes only new ones) and those left out
             for data in self.checked_data:
                 preflight.record_checked_images(data, self.folder)
             preflight.write_bad_images(self.left_out, self.folder)
         units = self.run_units()
         per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in names}
         chosen = None if s.selection == "best_epoch" else self.chosen_epochs(units)
-        for c in (chosen or {}).get("curves", {}).values():
-            if c.get("untrained_best"):
-                self.log(
-                    f"warning: {', '.join(c['variants'])}: the mean validation curve is highest at the untrained "
-                    f"model (epoch 0: {c['mean_val'][0]:.4f}); epoch {c['epoch']} "
-                    f"({c['mean_val'][c['epoch']]:.4f}) is tested"
-                )
         for n in names:
             for seed in seeds:
                 unit = units[n][seed]
@@ -477,10 +423,8 @@ class PairedProtocol(Protocol):
         return results
 
     def curves(self, units: Dict[str, Dict[int, Dict[str, Any]]]) -> str:
-        """``map_at_r.png``: per variant, the validation curve of the primary metric averaged over the seeds (what
-        ``mean_validation_curve`` selects on; the band spans the seeds' lowest and highest values), the tested
-        epoch of the first seed starred. Variants whose curves are identical at every seed are named together in the
-        legend (one drawn over the other would hide it), and every variant has its own line style and marker."""
+        """``map_at_r.png``: per variant, the mean validation curve over the seeds (band: lowest to highest), the
+        tested epoch starred; variants with identical curves are named together (one would hide the other)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -512,8 +456,7 @@ class PairedProtocol(Protocol):
             if values.shape[1] > 1:
                 ax.fill_between(epochs, values.min(1), values.max(1), color=line.get_color(), alpha=0.12)
             tested = {u.get("selected_epoch", u.get("best_epoch")) for u in per_seed.values()}
-            first = per_seed[min(per_seed)]
-            star = first.get("selected_epoch", first.get("best_epoch"))
+            star = per_seed[min(per_seed)].get("selected_epoch", per_seed[min(per_seed)].get("best_epoch"))
             if star in epochs:
                 y = values.mean(1)[epochs.index(star)]
                 ax.plot(star, y, marker="*", markersize=16, color=line.get_color(), markeredgecolor="black")

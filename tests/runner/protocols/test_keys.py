@@ -121,3 +121,21 @@ def test_the_config_floor_and_the_command_line_hold_no_protocol_names():
                     words = set(re.findall(r"[A-Za-z_]+", node.value))
                     found += [f"{folder}/{file}:{node.lineno}: {n}" for n in names & words]
     assert found == []
+
+
+def test_misspelt_required_and_parse_columns():
+    """(the examples that were in the docstrings of runner/protocols/base.py)"""
+    import dataclasses
+
+    from pml_extensions.runner.protocols.base import misspelt_required, parse_columns
+
+    @dataclasses.dataclass
+    class Settings:
+        num_epochs: int = setting(REQUIRED, "Epochs.", "int")
+
+    assert misspelt_required(Settings, {"num_epoch": 4}) == {"num_epoch": "num_epochs"}
+    assert parse_columns("label=category, path=image,split=subset") == {
+        "label": "category",
+        "path": "image",
+        "split": "subset",
+    }

@@ -152,3 +152,37 @@ def test_map_at_r_png_draws_the_mean_curve_the_selection_reads_and_names_identic
     stars = [(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines() if line.get_marker() == "*"]
     assert stars == [(1, 0.44999999999999996), (1, 0.15000000000000002)]
     assert ax.get_xlabel() == "epoch (★ the tested epoch)" and ax.get_title().startswith("mean over 2 seeds")
+
+
+def test_a_toy_protocol_runs_and_compares_by_seed(tmp_path):
+    """(the example that was in runner/protocols/paired_protocol.py's docstring: a unit whose "training" is a table)"""
+
+    class Toy(PairedProtocol):
+        name, Settings, metrics = "toy", _Settings, ("score",)
+
+        def unit(self, settings, variant, seed, folder, builder):
+            history = [{"epoch": e, "score": 0.1 * e + settings.gain} for e in range(3)]
+            return {"history": history, "best_epoch": 2, "train_seconds": 0.0}
+
+        def test(self, settings, variant, seed, folder, builder, epoch):
+            return {"score": 0.1 * epoch + settings.gain + 0.01 * seed}
+
+    config = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]], "device": "cpu"}
+    results = Toy(config, str(tmp_path), log=lambda *a: None).run()
+    assert [round(d, 4) for d in results["comparisons"][0]["differences"]] == [0.05, 0.05]
+
+
+def test_the_paired_dataset_words():
+    """(the examples that were in the docstrings of runner/protocols/paired/)"""
+    from pml_extensions.runner.protocols.paired.protocol import dataset_name
+    from pml_extensions.runner.protocols.paired.unit import test_classes_words
+
+    assert (dataset_name("glyphs"), dataset_name({"name": "csv", "root": "x"}), dataset_name({"OpenClipArt": {}})) == (
+        "glyphs",
+        "csv",
+        "OpenClipArt",
+    )
+    assert test_classes_words({"name": "csv", "kwargs": {"class_overlap": "allowed"}}) == (
+        "test rows of classes also trained on (class_overlap: allowed, same-class retrieval)"
+    )
+    assert test_classes_words({"name": "glyphs"}) == "unseen test classes"

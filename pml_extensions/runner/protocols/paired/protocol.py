@@ -1,11 +1,6 @@
-"""The ``paired`` protocol: variants of one config trained with paired seeds, selected on validation classes, tested
-once on unseen classes, compared (the engine: :class:`~pml_extensions.runner.protocols.paired_protocol.
-PairedProtocol`; the unit: :mod:`.unit`).
-
-The training classes are split class-disjointly into a training and a validation part (``validation``; a table with
-validation rows validates on them), the configured trainer (default ``MetricLossOnly``) trains on the training part,
-the validation classes score every epoch and only the selected epoch is tested. ``python -m pml_extensions job`` runs
-it on the shipped ``xml_glyphs`` config; ``--data_folder`` on your images.
+"""The ``paired`` protocol (docs/runner.md, "Protocols"): variants of one config trained with paired seeds, the
+tested epoch selected on held-out training classes, tested once on unseen classes, compared (the engine:
+:class:`~pml_extensions.runner.protocols.paired_protocol.PairedProtocol`; the unit: :mod:`.unit`).
 """
 
 import dataclasses
@@ -85,9 +80,7 @@ class Paired(PairedProtocol):
 
     @classmethod
     def data_folder(cls, path: str, is_csv: bool, columns=None) -> Dict[str, Any]:
-        """Your folder of class folders (or CSV file) as the dataset by name (``imagefolder`` / ``csv``): a CSV's
-        split column decides the training and test rows (:class:`~pml_extensions.datasets.ImageCSVSplit`), else the
-        classes are split into training and unseen test classes (``get_dataset``'s rule)."""
+        """Your folder of class folders (or CSV file) as the dataset ``imagefolder`` (``csv``)."""
         spec = {"name": "csv" if is_csv else "imagefolder", "root": path}
         if columns:
             spec["kwargs"] = {"columns": columns}
@@ -98,16 +91,14 @@ class Paired(PairedProtocol):
         super().check(config, sources)
         configs, _, where = cls.variants(config, sources)
         for name, cfg in configs.items():
-            for key, subs in (("models", ("trunk",)), ("transforms", ("train", "eval"))):
-                for sub in subs:
-                    if cfg[key].get(sub) is None:
-                        raise ConfigError(f"{where[name].get(key, 'config')}: missing key {key}.{sub}")
+            for key, sub in (("models", "trunk"), ("transforms", "train"), ("transforms", "eval")):
+                if cfg[key].get(sub) is None:
+                    raise ConfigError(f"{where[name].get(key, 'config')}: missing key {key}.{sub}")
             if cfg.get("feature_cache") is not None:
                 from ...objects.feature_cache import cache_spec
 
                 cache_spec(cfg, where[name])
 
-    # ------------------------------------------------------------------------------------------------ the unit
     def _cfg(self, variant: str) -> Dict[str, Any]:
         from .unit import resolve_cache_folder
 
@@ -138,9 +129,9 @@ class Paired(PairedProtocol):
         save_retrieval(variant, self._cfg(variant), folder, self.folder, self.device, seed, epoch)
 
     def preflight(self) -> None:
-        """Before the first unit trains, every problem in one refusal: a cached prefix that depends on the seed,
-        each variant's dataset (each distinct one once): it builds, every image decodes, the training classes hold
-        a validation part and the sampler's batches, the images fit the trunk."""
+        """Every problem in one refusal: a teacher, a cached prefix that depends on the seed, and each distinct
+        dataset: it builds, every image decodes, the training classes hold a validation part and the sampler's
+        batches, the images fit the trunk."""
         import numpy as np
 
         from ...errors import Problems
@@ -234,8 +225,7 @@ class Paired(PairedProtocol):
         problems.raise_any()
 
     def _check_distillation(self, b) -> None:
-        """A distilling trainer has a ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed;
-        the student's initialisation is the ``teacher`` key's (``init_student``), not the trainer's."""
+        """A distilling trainer's ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed."""
         from ...config.specs import one_spec
         from .unit import asymmetric_tester, distils, load_teacher, require_reference, teacher_spec
 
@@ -255,20 +245,19 @@ class Paired(PairedProtocol):
                 )
         if b.get("coupled_augmentation") is not None:  # its arguments, checked on no images
             b.build("coupled_augmentation", {"CoupledAugmentationDataset": b.get("coupled_augmentation")}, dataset=[])
-        if spec is not None and asymmetric_tester(b):
-            require_reference(b)
-        if spec is not None and b.get("feature_cache") is not None:
-            raise ConfigError(f"{b.where('teacher')}: a teacher and feature_cache together are not supported")
         if spec is not None:
+            if asymmetric_tester(b):
+                require_reference(b)
+            if b.get("feature_cache") is not None:
+                raise ConfigError(f"{b.where('teacher')}: a teacher and feature_cache together are not supported")
             for seed in self.settings.seeds if "{seed}" in spec[0] else self.settings.seeds[:1]:
                 load_teacher(b, seed)
 
     def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
-        """Build the feature caches of every variant with ``feature_cache`` (or only shard ``rank`` of ``world_size``,
-        separate processes); a run of the config then finds them. Returns whether every cache is complete."""
+        """Build the feature caches of every variant (or shard ``rank`` of ``world_size``); whether all are complete."""
         from ...objects.builder import Builder
         from ...objects.data import validation_rows
-        from .unit import cached_split
+        from .unit import load_split
 
         done, seen = True, set()
         for name in self.variant_configs:
@@ -285,12 +274,11 @@ class Paired(PairedProtocol):
                 parts.insert(2, ("validation", False))
             for split, train in parts:
                 if rank is None and world_size is None:
-                    cached_split(b, split, train)
+                    load_split(cfg, split, train, builder=b)
                 else:
-                    done = cached_split(b, split, train, rank=rank, world_size=world_size)[1] and done
+                    done = load_split(cfg, split, train, builder=b, rank=rank, world_size=world_size)[1] and done
         return done
 
-    # ------------------------------------------------------------------------------------------------ the text
     def header(self, results: Dict[str, Any]) -> str:
         from ...experiment.folder import environment_summary
         from .unit import test_classes_words
@@ -317,16 +305,12 @@ class Paired(PairedProtocol):
             f"for shared modules and same batches within a seed), device {results['device']}. Test metrics; "
             "differences are paired by seed, 95 % Student-t interval."
         )
-        if selection.get("curves"):
-            text += (
-                " Tested epochs: "
-                + "; ".join(
-                    f"{', '.join(c['variants'])}: {c['epoch']}"
-                    + (" (the untrained model's mean validation was higher)" if c.get("untrained_best") else "")
-                    for c in selection["curves"].values()
-                )
-                + "."
-            )
+        tested = [
+            f"{', '.join(c['variants'])}: {c['epoch']}"
+            + (" (the untrained model's mean validation was higher)" if c.get("untrained_best") else "")
+            for c in (selection.get("curves") or {}).values()
+        ]
+        text += f" Tested epochs: {'; '.join(tested)}." if tested else ""
         if results.get("environment"):
             text += f" Environment: {environment_summary(results['environment'])}."
         teachers = {n: c for n, c in self.variant_configs.items() if (c or {}).get("teacher") is not None}
@@ -335,18 +319,14 @@ class Paired(PairedProtocol):
             from .unit import asymmetric_tester, teacher_spec
 
             cfg = next(iter(teachers.values()))
-            # (the preflight refused an asymmetric tester with a teacher but without transforms.reference)
-            asymmetric = asymmetric_tester(Builder(cfg, log=lambda *a, **k: None))
             names = ", ".join(f"`{n}`" for n in teachers)
+            text += f" {names} start from the frozen teacher `{teacher_spec(cfg)[0]}` (their epoch 0 is the teacher on "
+            # (the preflight refused an asymmetric tester with a teacher but without transforms.reference)
             text += (
-                f" {names} start from the frozen teacher `{teacher_spec(cfg)[0]}` (their epoch 0 is the teacher on "
-                "their images)"
-                + (
-                    "; their metrics are asymmetric: the variant embeds the queries (`transforms.eval`), the teacher "
-                    "the same images as references (`transforms.reference`)."
-                    if asymmetric
-                    else "."
-                )
+                "their images); their metrics are asymmetric: the variant embeds the queries (`transforms.eval`), the "
+                "teacher the same images as references (`transforms.reference`)."
+                if asymmetric_tester(Builder(cfg, log=lambda *a, **k: None))
+                else "their images)."
             )
         untrained = results.get("untrained")
         if untrained:
@@ -369,7 +349,7 @@ class Paired(PairedProtocol):
 
 
 def _class_names(data, ids) -> list:
-    """The names of labels ``ids`` of ``data`` (a folder's or CSV's class names as written), else the labels."""
+    """The class names of labels ``ids`` of ``data``, else the labels."""
     from ....explain.explanation_hook import dataset_class_names
 
     names = dataset_class_names(data)
@@ -381,19 +361,13 @@ def _shown(names, limit: int = 6) -> str:
 
 
 def _data_words(spec: Any) -> str:
-    """``"the dataset imagefolder (photos)"``: the dataset's name and, for a folder or table, its path."""
+    """``"the dataset imagefolder (photos)"``: the dataset's name and its path."""
     root = spec.get("root") if isinstance(spec, dict) and "name" in spec else None
     return f"the dataset {dataset_name(spec)}" + (f" ({root})" if root else "")
 
 
 def dataset_name(spec: Any) -> Optional[str]:
-    """The dataset's name: ``glyphs``, ``{name: glyphs, ...}`` or the class of ``{ClassName: kwargs}``.
-
-    Example::
-
-        >>> dataset_name("glyphs"), dataset_name({"name": "csv", "root": "x"}), dataset_name({"OpenClipArt": {}})
-        ('glyphs', 'csv', 'OpenClipArt')
-    """
+    """The dataset's name: ``glyphs``, ``{name: glyphs, ...}`` or the class of ``{ClassName: kwargs}``."""
     if isinstance(spec, str):
         return spec or None
     if isinstance(spec, dict):

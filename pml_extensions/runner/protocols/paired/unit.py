@@ -2,12 +2,12 @@
 
 Pairing: the global RNGs are re-seeded before each module is built (trunk ``seed``, embedder ``seed + 1``, losses
 ``seed + 2``; ``HistogramPooling`` prototypes draw from their own generator) and with ``seed + 3`` before training,
-so every variant of a seed starts from the same weights for the modules it shares and sees the same batches. Every
-object comes from the variant's :class:`~pml_extensions.runner.objects.builder.Builder`. :func:`train_and_select`
-never loads the test split; :func:`evaluate` tests the selected model once. A ``teacher`` (distillation) and a
-``feature_cache`` are described on the paired protocol's docs page.
+so every variant of a seed starts from the same weights for the modules it shares and sees the same batches.
+:func:`train_and_select` never loads the test split; :func:`evaluate` tests the selected model once. A ``teacher``
+(distillation) and a ``feature_cache``: docs/methods/resolution_distillation.md and docs/feature_cache.md.
 """
 
+import functools
 import os
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -28,53 +28,21 @@ METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
 
 
 def load_split(
-    cfg: Dict[str, Any], split: str, train_transform: bool, builder: Optional[Builder] = None, seed: int = 0
+    cfg: Dict[str, Any], split: str, train_transform: bool, builder=None, seed=0, rank=None, world_size=None
 ):
-    """The dataset split ``"train"`` / ``"test"`` of the config, with the train or eval transform (both built by
-    the variant's :class:`~pml_extensions.runner.objects.builder.Builder`); with ``feature_cache`` its cached
-    prefix outputs (:func:`cached_split`; ``seed`` draws the training views)."""
+    """The dataset ``split`` of ``cfg`` (built by ``builder``) with its train or eval transform; with ``feature_cache``
+    its cached prefix outputs (part ``train``: ``num_views`` views drawn with ``seed``), built first when missing; with
+    ``rank`` / ``world_size`` only that shard is built and ``(folder, complete)`` returned."""
     b = builder if builder is not None else Builder(cfg)
-    if cfg.get("feature_cache") is not None:
-        return cached_split(b, split, train_transform, seed)
-    return b.build_dataset(split, transform=b.build_transform("train" if train_transform else "eval"))
-
-
-def resolve_cache_folder(cfg: Dict[str, Any], experiment_folder: str) -> Dict[str, Any]:
-    """``cfg`` with ``feature_cache.folder`` made absolute (default ``<experiment_folder>/feature_cache``); ``cfg``
-    itself when it has no ``feature_cache``."""
-    spec = cache_spec(cfg)
-    if spec is None:
-        return cfg
-    return {**cfg, "feature_cache": {**cfg["feature_cache"], "folder": cache_folder(spec, experiment_folder)}}
-
-
-def cached_split(
-    b: Builder,
-    split: str,
-    train_transform: bool,
-    seed: int = 0,
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
-):
-    """The cached ``split`` of the Builder's config: a :class:`~pml_extensions.datasets.CachedFeatureDataset` of
-    part ``train`` (``num_views`` train views drawn with ``seed``), ``train_eval`` or ``test`` (one eval view), built
-    first when missing; with ``rank`` / ``world_size`` only that shard is built, and ``(folder, complete)`` returned.
-
-    Raises:
-        ConfigError: as :class:`pml_extensions.runner.objects.feature_cache.FeatureCaches`.
-    """
+    if cfg.get("feature_cache") is None:
+        return b.build_dataset(split, transform=b.build_transform("train" if train_transform else "eval"))
     if b.frozen is None:
         b.build_models()
     caches = FeatureCaches(b, "", b.log)
     part = "train" if train_transform else ("train_eval" if split == "train" else split)
     source = b.build_dataset(split)
-    args = (
-        part,
-        b.frozen,
-        source,
-        b.build_transform("train" if train_transform else "eval"),
-        caches.spec["num_views"] if train_transform else 1,
-    )
+    transform = b.build_transform("train" if train_transform else "eval")
+    args = (part, b.frozen, source, transform, caches.spec["num_views"] if train_transform else 1)
     if rank is not None or world_size is not None:
         return caches.build(*args, rank=rank, world_size=world_size)
     cached = caches.dataset(*args, seed=seed)
@@ -86,20 +54,17 @@ def cached_split(
     return cached
 
 
+def resolve_cache_folder(cfg: Dict[str, Any], experiment_folder: str) -> Dict[str, Any]:
+    """``cfg`` with ``feature_cache.folder`` made absolute (default ``<experiment_folder>/feature_cache``)."""
+    spec = cache_spec(cfg)
+    if spec is None:
+        return cfg
+    return {**cfg, "feature_cache": {**cfg["feature_cache"], "folder": cache_folder(spec, experiment_folder)}}
+
+
 def teacher_spec(cfg: Dict[str, Any], where: str = "config: teacher") -> Optional[Tuple[str, bool]]:
-    """``(checkpoint, init_student)`` of the config's ``teacher`` (a checkpoint path, or ``{checkpoint,
-    init_student}``; ``init_student`` defaults to true), or ``None`` without one.
-
-    Raises:
-        ConfigError: ``"<where>: expected ..."`` for any other form.
-
-    Example::
-
-        >>> teacher_spec({"teacher": "runs/t/teacher/seed_{seed}"})
-        ('runs/t/teacher/seed_{seed}', True)
-        >>> teacher_spec({"teacher": {"checkpoint": "t.pth", "init_student": False}})
-        ('t.pth', False)
-    """
+    """``(checkpoint, init_student)`` of the config's ``teacher`` (a path, or ``{checkpoint, init_student}``;
+    ``init_student`` defaults to true), ``None`` without one; a ConfigError ``"<where>: expected ..."`` otherwise."""
     spec = cfg.get("teacher")
     if spec is None:
         return None
@@ -115,57 +80,57 @@ def teacher_spec(cfg: Dict[str, Any], where: str = "config: teacher") -> Optiona
     )
 
 
-def distils(b: Builder) -> bool:
-    """Whether the config's trainer distils from a teacher (its class has ``teacher_modules``)."""
+def _class_of(b: Builder, key: str, default: str) -> type:
     from ...config.registry import resolve
 
-    name, _ = one_spec(b.get("trainer"), b.where("trainer"), default="MetricLossOnly")
-    return callable(getattr(resolve(name, b.where("trainer")), "teacher_modules", None))
+    return resolve(one_spec(b.get(key), b.where(key), default=default)[0], b.where(key))
+
+
+def distils(b: Builder) -> bool:
+    """Whether the config's trainer distils from a teacher (its class has ``teacher_modules``)."""
+    return callable(getattr(_class_of(b, "trainer", "MetricLossOnly"), "teacher_modules", None))
 
 
 def asymmetric_tester(b: Builder) -> bool:
-    """Whether the config's tester embeds references with other models (it takes ``reference_dataset_dict``, as
-    :class:`~pml_extensions.testers.AsymmetricTester`)."""
+    """Whether the config's tester embeds references with other models (it takes ``reference_dataset_dict``)."""
     import inspect
 
-    from ...config.registry import resolve
+    tester = _class_of(b, "tester", "GlobalEmbeddingSpaceTester")
+    return "reference_dataset_dict" in inspect.signature(tester).parameters
 
-    name, _ = one_spec(b.get("tester"), b.where("tester"), default="GlobalEmbeddingSpaceTester")
-    return "reference_dataset_dict" in inspect.signature(resolve(name, b.where("tester"))).parameters
+
+@functools.lru_cache(maxsize=1)  # a seed's units, tests and examples share one load (units run seed after seed)
+def _frozen_teacher(path: str, device: Any, stamp: Optional[float]) -> Dict[str, torch.nn.Module]:
+    from ...objects.saved_models import load_models as load_run_models
+
+    trunk, embedder = load_run_models(path)
+    out = {"teacher_trunk": trunk, "teacher_embedder": embedder}
+    for m in out.values():
+        m.to(device).eval().requires_grad_(False)
+    return out
 
 
 def load_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
-    """``{"teacher_trunk", "teacher_embedder"}`` of the config's ``teacher`` (``{seed}`` in its path replaced by
-    ``seed``), rebuilt from that run's saved config (:func:`pml_extensions.runner.objects.saved_models.load_models`),
-    frozen, in eval mode, on the Builder's device; ``None`` without a ``teacher``.
+    """``{"teacher_trunk", "teacher_embedder"}`` of the config's ``teacher`` (``{seed}`` in its path replaced),
+    rebuilt from that run's saved config, frozen, in eval mode, on the Builder's device; ``None`` without one.
 
     Raises:
         ConfigError: ``"<file>: teacher: ..."`` for a missing or unreadable checkpoint.
     """
-    from ...objects.saved_models import load_models as load_run_models
-
     spec = teacher_spec(b.config, b.where("teacher"))
     if spec is None:
         return None
     path = spec[0].replace("{seed}", str(seed))
-    try:
-        trunk, embedder = load_run_models(path)
+    try:  # (a rewritten checkpoint has a new modification time: it loads again)
+        return _frozen_teacher(path, b.device, os.path.getmtime(path) if os.path.exists(path) else None)
     except FileNotFoundError as e:
         raise ConfigError(f"{b.where('teacher')}: {e} (train the teacher first, or name a finished run)") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"{b.where('teacher')}: {e}") from None
-    out = {"teacher_trunk": trunk, "teacher_embedder": embedder}
-    for m in out.values():
-        m.to(b.device).eval().requires_grad_(False)
-    return out
 
 
 def require_reference(b: Builder) -> None:
-    """An asymmetric test with a teacher embeds the references with ``transforms.reference``.
-
-    Raises:
-        ConfigError: ``"<file>: transforms: ... needs transforms.reference ..."`` when the config lacks it.
-    """
+    """Refuse an asymmetric test with a teacher but without ``transforms.reference`` (the references' transform)."""
     if (b.get("transforms") or {}).get("reference") is None:
         raise ConfigError(
             f"{b.where('transforms')}: an asymmetric tester with a teacher needs transforms.reference (the "
@@ -173,29 +138,22 @@ def require_reference(b: Builder) -> None:
         )
 
 
-def scoring_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
-    """The teacher an asymmetric tester scores the student against (:func:`load_teacher`), else ``None``."""
-    return load_teacher(b, seed) if asymmetric_tester(b) else None
-
-
-def reference_kwargs(b: Builder, teacher, split: str, source: str, indices) -> Dict[str, Any]:
-    """An asymmetric test's reference side: the teacher embeds items ``indices`` of split ``source`` with
-    ``transforms.reference``; ``{}`` without a teacher or an asymmetric tester (the student alone, on both sides)."""
-    if teacher is None or not asymmetric_tester(b):
+def reference_kwargs(b: Builder, seed: int, split: str, source: str, indices, data=None) -> Dict[str, Any]:
+    """An asymmetric test's reference side: the teacher of ``seed`` embeds items ``indices`` of split ``source``
+    (``data``: that split, already built) with ``transforms.reference``; ``{}`` without a teacher or an asymmetric
+    tester (the student alone, on both sides)."""
+    teacher = load_teacher(b, seed) if asymmetric_tester(b) else None
+    if teacher is None:
         return {}
+    require_reference(b)
+    data = b.build_dataset(source) if data is None else data
     return {
         "reference_trunk_model": teacher["teacher_trunk"],
         "reference_embedder_model": teacher["teacher_embedder"],
-        "reference_dataset_dict": {split: reference_view(b, source, indices)},
+        "reference_dataset_dict": {
+            split: b.subset(data, indices, dataset_labels(data), b.build_transform("reference"))
+        },
     }
-
-
-def reference_view(b: Builder, source: str, indices, data=None):
-    """Items ``indices`` of the dataset split ``source`` (``data``: that split, already built) with
-    ``transforms.reference``: the teacher's side of an asymmetric test."""
-    require_reference(b)
-    data = b.build_dataset(source) if data is None else data
-    return b.subset(data, indices, dataset_labels(data), b.build_transform("reference"))
 
 
 def _init_student(b: Builder, models: Dict[str, Any], teacher: Dict[str, torch.nn.Module]) -> None:
@@ -224,22 +182,12 @@ def build_models(
     num_classes: Optional[int] = None,
     losses: bool = True,
 ) -> Dict[str, Any]:
-    """Trunk, embedder and losses of one variant, paired by seed (see the module docstring).
-
-    Args:
-        init_set: the training part with the eval transform: probes the trunk and feeds ``prototype_init``.
-        num_classes: filled into specs that take it and leave it out.
-        losses: ``False`` builds no losses (a model to load weights into).
-    """
+    """Trunk, embedder and losses of one variant, paired by seed (see the module docstring). ``init_set``: the
+    training part with the eval transform (probes the trunk, feeds ``prototype_init``); ``losses=False``: no losses."""
     b = builder if builder is not None else Builder(cfg, device=device)
     offsets = {"trunk": 0, "embedder": 1}
-
-    def reseed(key):
-        if key in offsets:
-            seed_everything(seed + offsets[key])
-
-    sample = init_set[0][0] if init_set is not None else None
-    models = b.build_models(sample, num_classes, before=reseed)
+    reseed = lambda key: seed_everything(seed + offsets[key]) if key in offsets else None  # noqa: E731
+    models = b.build_models(init_set[0][0] if init_set is not None else None, num_classes, before=reseed)
     trunk = models["trunk"]
     frozen = b.frozen  # with feature_cache: the trunk's frozen prefix (the trunk is its rest)
     seed_everything(seed + 2)
@@ -258,7 +206,7 @@ def build_models(
 
 
 def networks(models: Dict[str, Any]) -> Dict[str, torch.nn.Module]:
-    """The networks of :func:`build_models`' result (trunk, embedder and any other model of ``models``)."""
+    """The networks of :func:`build_models`' result (trunk, embedder and any other model)."""
     return {k: v for k, v in models.items() if k not in ("loss_funcs", "mining_funcs", "frozen")}
 
 
@@ -272,14 +220,13 @@ def train_and_select(
     sources: Optional[Dict[str, str]] = None,
     keep_epochs: bool = False,
 ) -> Dict[str, Any]:
-    """Train one variant at one seed on the training part of the training classes; select the best epoch on the
-    validation classes. Never loads the test split. ``keep_epochs``: save every evaluated epoch's weights to
-    ``<stage_dir>/epochs/epoch_<e>.pth`` (``{"trunk", "embedder"}`` state dicts).
+    """Train one variant at one seed on the training part of the training classes, validating every epoch on the
+    validation classes (never the test split); ``keep_epochs``: save every validated epoch's weights to
+    ``<stage_dir>/epochs/epoch_<e>.pth``.
 
     Returns:
-        ``{"history": [{epoch, metric...}] (validation), "best_epoch", "best_is_untrained", "train_seconds",
-        "models": {"trunk", "embedder", "frozen"} (at the best epoch; ``frozen``: the cache's prefix or None),
-        "xml": {...}}``.
+        ``{"history": [{epoch, metric...}] (validation), "best_epoch", "train_seconds", "models": {"trunk",
+        "embedder", "frozen"} (at the best epoch), "xml", ...}``.
     """
     from ...experiment import distributed as dist_utils
     from ...experiment.checkpoint import Checkpointer, load_weights
@@ -317,18 +264,15 @@ def train_and_select(
     teacher = load_teacher(b, seed)
     if teacher is not None and teacher_spec(cfg)[1]:  # before a resume loads the checkpoint's weights
         _init_student(b, models, teacher)
-    distilling = distils(b)
-    trunk, embedder, loss_funcs = models["trunk"], models["embedder"], models["loss_funcs"]
-    nets = networks(models)
+    trunk, embedder, loss_funcs, nets = models["trunk"], models["embedder"], models["loss_funcs"], networks(models)
     optimizers = b.build_optimizers(nets, loss_funcs)
     batch_size, iterations = int(cfg["batch_size"]), int(cfg["iterations_per_epoch"])
 
     def new_sampler():  # under torchrun: the same global batches on every rank, each rank its slice
         return b.build_sampler(train_set.labels, batch_size, iterations_per_epoch=iterations)
 
-    sampler = new_sampler()
-    tester = b.build_tester()
-    reference = reference_kwargs(b, teacher, "val", val_source, val_idx)
+    sampler, tester = new_sampler(), b.build_tester()
+    reference = reference_kwargs(b, seed, "val", val_source, val_idx)
 
     def validate(epoch):
         tester.test({"val": val_set}, epoch, trunk, embedder, **reference)
@@ -374,7 +318,7 @@ def train_and_select(
             dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)),
         )
         trainer_models = dist_utils.wrap_models(nets, device)
-        if distilling:  # the student was initialised above (init_student), before any resume
+        if distils(b):  # the student was initialised above (init_student), before any resume
             kwargs["init_student_from_teacher"] = False
             trainer_models = {**trainer_models, **teacher}
         return b.build_trainer(
@@ -422,22 +366,21 @@ def evaluate(
     sources: Optional[Dict[str, str]] = None,
     seed: int = 0,
 ) -> Dict[str, float]:
-    """Metrics of the (selected) trunk + embedder on one split (with ``feature_cache``: its cached features of
+    """Metrics of the (selected) trunk + embedder on one split (with ``feature_cache``: on the cached features of
     ``models["frozen"]``; with a ``teacher`` and an asymmetric tester: against the teacher of ``seed``)."""
     b = Builder(cfg, sources, device)
     b.frozen = models.get("frozen")
     dataset = load_split(cfg, split, train_transform=False, builder=b)
     tester = b.build_tester()
-    reference = reference_kwargs(b, scoring_teacher(b, seed), split, split, np.arange(len(dataset)))
+    reference = reference_kwargs(b, seed, split, split, np.arange(len(dataset)))
     tester.test({split: dataset}, -1, models["trunk"], models["embedder"], **reference)
     acc = tester.all_accuracies[split]
     return {m: float(acc[f"{m}_level0"]) for m in METRICS}
 
 
 def load_models(cfg, stage_dir, device, path: Optional[str] = None):
-    """Rebuild a finished unit's trunk + embedder (+ ``frozen``, the cache's prefix or None) and load its selected
-    weights (``weights_only=True``): ``path``, else ``selected_models.pth`` (the epoch the protocol chose for the
-    unit's group), else ``best_models.pth`` (the unit's best validation epoch)."""
+    """A finished unit's trunk + embedder (+ ``frozen``) with the weights of ``path``, else ``selected_models.pth``
+    (the tested epoch), else ``best_models.pth`` (the best validation epoch)."""
     models = build_models({**cfg, "prototype_init": None}, 0, device, losses=False)
     if path is None:
         path = os.path.join(stage_dir, "selected_models.pth")
@@ -451,16 +394,7 @@ def load_models(cfg, stage_dir, device, path: Optional[str] = None):
 
 
 def test_classes_words(dataset: Any) -> str:
-    """What the test split holds, in words: ``"unseen test classes"``, or the same-class retrieval of a dataset that
-    declares ``class_overlap: allowed``.
-
-    Example::
-
-        >>> test_classes_words({"name": "csv", "kwargs": {"class_overlap": "allowed"}})
-        'test rows of classes also trained on (class_overlap: allowed, same-class retrieval)'
-        >>> test_classes_words({"name": "glyphs"})
-        'unseen test classes'
-    """
+    """What the test split holds, in words: unseen classes, or (``class_overlap: allowed``) classes also trained on."""
     kwargs = dataset.get("kwargs") if isinstance(dataset, dict) and "name" in dataset else None
     if kwargs is None and isinstance(dataset, dict) and len(dataset) == 1:  # {DatasetClass: kwargs}
         kwargs = next(iter(dataset.values()))
@@ -481,16 +415,11 @@ def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch,
     view = load_split(cfg, "test", train_transform=False, builder=builder)
     if not np.array_equal(np.asarray(view.labels), np.asarray(dataset_labels(images))):
         raise RuntimeError(f"{name}: the test view is not in the order of the test images")
-    teacher = scoring_teacher(builder, seed)
+    ref = reference_kwargs(builder, seed, "test", "test", np.arange(len(images)), images)
     references, against = None, ""
-    if teacher is not None:
-        every = np.arange(len(images))
-        references = embed(
-            teacher["teacher_trunk"],
-            teacher["teacher_embedder"],
-            reference_view(builder, "test", every, images),
-            device,
-        )
+    if ref:  # the teacher embeds the references, with transforms.reference
+        teacher_trunk, teacher_embedder, views = ref.values()
+        references = embed(teacher_trunk, teacher_embedder, views["test"], device)
         against = " against the teacher's references (transforms.reference)"
     image = lambda i: dataset_image(images, i)  # noqa: E731
     save_retrieval_examples(
