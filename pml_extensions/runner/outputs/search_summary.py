@@ -84,15 +84,14 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
 
     Example::
 
-        >>> summary = {"n_trials": 2, "bayes_opt_iters": 3, "failures": [{"number": 2, "reason": "NaN"}],
-        ...            "best": {"number": 1, "value": 0.5, "test": {"concatenated_512D": {"precision_at_1": 0.75}}},
-        ...            "trials": [{"number": 0, "value": 0.25, "params": {"lr": 0.01}},
-        ...                       {"number": 1, "value": 0.5, "params": {"lr": 0.001}}]}
+        >>> summary = {"n_trials": 1, "bayes_opt_iters": 3, "failures": [{"number": 1, "reason": "NaN"}],
+        ...            "best": {"number": 0, "value": 0.5, "test": {"concatenated_512D": {"precision_at_1": 0.75}}},
+        ...            "trials": [{"number": 0, "value": 0.5, "params": {"lr": 0.001}}]}
         >>> print(to_markdown(search_blocks(summary)))  # doctest: +NORMALIZE_WHITESPACE
-        Optuna study (2 COMPLETE trials of bayes_opt_iters=3, maximising the aggregated validation metric); best:
-        trial 1.
+        Optuna study (1 COMPLETE trials of bayes_opt_iters=3, maximising the aggregated validation metric); best:
+        trial 0.
         <BLANKLINE>
-        Test metrics of the best trial (trial 1):
+        Test metrics of the best trial (trial 0):
         <BLANKLINE>
         | embedding | precision_at_1 |
         |---|---|
@@ -100,11 +99,10 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
         <BLANKLINE>
         | trial | objective | lr |
         |---|---|---|
-        | 0 | 0.2500 | 0.01 |
-        | 1 (best) | 0.5000 | 0.001 |
+        | 0 (best) | 0.5000 | 0.001 |
         <BLANKLINE>
         Failed trials:
-        - trial 2: NaN
+        - trial 1: NaN
         <BLANKLINE>
     """
     rows, best, n_trials = summary.get("trials") or [], summary.get("best"), summary.get("bayes_opt_iters")

@@ -15,7 +15,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..config.search_space import fill, search_space, suggest
 from ..errors import ConfigError
 from ..experiment import distributed as dist_utils
+from ..experiment.folder import prepare_folder
 from ..outputs import search_summary as outputs
+from ..outputs.report import write_report
+from . import protocol_of
 from .base import Protocol, SearchSettings, read_settings
 
 try:  # POSIX
@@ -24,6 +27,7 @@ except ImportError:  # pragma: no cover - Windows: no lock files, one worker per
     fcntl = None
 try:  # the optional extra [search]
     import optuna
+    from optuna.trial import TrialState
 except ImportError:  # pragma: no cover - refused by run_search
     optuna = None
 
@@ -53,7 +57,7 @@ def untrained_folds(results: Dict[str, Any]) -> List[int]:
 
 def _protocol_objective(sources, on_change, command, log, trial_config, trial_folder) -> Tuple[float, Dict[str, Any]]:
     """The default objective: the protocol's (validation) objective of the trial's run."""
-    from . import protocol_of, run_protocol
+    from . import run_protocol
 
     results = run_protocol(trial_config, trial_folder, sources, log=log, on_change=on_change, command=command)
     info = {outputs.UNTRAINED_ATTR: untrained_folds(results), outputs.FOLDS_ATTR: len(results.get("folds") or [])}
@@ -89,11 +93,11 @@ class _LeftUntold(BaseException):
 
 
 class _Lock:
-    """An exclusive ``fcntl.flock`` on ``path`` (with a ``host pid`` line for people), held until :meth:`release` or
-    the process ends, however it ends; acquiring a lock this object holds is a no-op."""
+    """An exclusive ``fcntl.flock`` on ``<folder>/locks/<name>.lock`` (with a ``host pid`` line for people), held until
+    :meth:`release` or the process ends, however it ends; acquiring a lock this object holds is a no-op."""
 
-    def __init__(self, path: str):
-        self.path, self.fd = path, None
+    def __init__(self, folder: str, name: str):
+        self.path, self.fd = os.path.join(folder, LOCKS_FOLDER, f"{name}.lock"), None
 
     def acquire(self, block: bool = True) -> bool:
         if fcntl is None or self.fd is not None:
@@ -166,16 +170,12 @@ def run_search(
             f"{(sources or {}).get('bayes_opt_iters', 'command line')}: bayes_opt_iters: the search needs the number "
             "of trials, e.g. --bayes_opt_iters 20"
         )
-    from . import protocol_of
-
     protocol = protocol_of(config, sources)
     if objective is None and protocol.objective.__func__ is Protocol.objective.__func__:
         raise ConfigError(
             f"{(sources or {}).get('protocol', 'config')}: protocol: the search optimises a protocol's validation "
             f"objective; the {protocol.name} protocol has none"
         )
-    from ..experiment.folder import prepare_folder
-
     prepare_folder(folder, config, on_change=on_change, command=command, log=log)
     objective = objective or functools.partial(_protocol_objective, sources, on_change, command, log)
     if not dist_utils.is_main():
@@ -194,8 +194,6 @@ def run_search(
     best = summary["best"]
     if best is not None and best.get("untrained"):
         log(f"search: {outputs.untrained_note(best)}")
-    from ..outputs.report import write_report
-
     write_report(folder)  # shows results.md (the trials, best marked, failures) and search.png
     return summary
 
@@ -211,7 +209,7 @@ class _Worker:
         self.failures: List[int] = []  # this worker's trials failed since its last COMPLETE one
         self.trial_lock: Optional[_Lock] = None  # held by the live worker of a trial, from ask to tell
         os.makedirs(os.path.join(folder, LOCKS_FOLDER), exist_ok=True)
-        self.study_lock = self._lock("study")
+        self.study_lock = _Lock(self.folder, "study")
         self.study_lock.acquire()  # two workers starting together do not both create the tables
         try:
             retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
@@ -230,22 +228,18 @@ class _Worker:
         finally:
             self.study_lock.release()
         self.study_id = self.storage.get_study_id_from_name(STUDY_NAME)
-        states = optuna.trial.TrialState
-        self.max_trials = optuna.study.MaxTrialsCallback(n_trials, states=(states.COMPLETE, states.RUNNING))
-
-    def _lock(self, name: str) -> _Lock:
-        return _Lock(os.path.join(self.folder, LOCKS_FOLDER, f"{name}.lock"))
+        self.max_trials = optuna.study.MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.RUNNING))
 
     def run(self) -> Optional[Dict[str, Any]]:
         """Run trials with ``Study.optimize`` until the study has ``n_trials`` COMPLETE ones (waiting for the other
         workers' running trials) or the failure rule stops it; returns ``None`` or the stop record."""
-        states, waiting_for = optuna.trial.TrialState, None
+        waiting_for = None
         try:
             while self.stopped is None:
                 self._look()
                 trials = self.study.get_trials(deepcopy=False)
-                complete = sum(t.state == states.COMPLETE for t in trials)
-                running = [t.number for t in trials if t.state == states.RUNNING]
+                complete = sum(t.state == TrialState.COMPLETE for t in trials)
+                running = [t.number for t in trials if t.state == TrialState.RUNNING]
                 if complete >= self.n_trials:
                     break
                 if complete + len(running) >= self.n_trials:
@@ -257,7 +251,7 @@ class _Worker:
                     continue
                 waiting_for = None
                 try:
-                    self.study.optimize(self._run_trial, callbacks=[self._after_trial])
+                    self.study.optimize(self._run_trial, callbacks=[self._after_trial, self.max_trials])
                 except _LeftUntold as left:
                     if left.interrupt is not None:
                         raise left.interrupt from None
@@ -274,14 +268,14 @@ class _Worker:
         whose worker is gone, queueing its parameters again: the worker process ended (its trial lock is free) or
         its heartbeat stopped (Optuna's ``fail_stale_trials``)."""
         self.study_lock.acquire()
-        for frozen in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            lock = self._lock(f"trial_{frozen.number}.worker")
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            lock = _Lock(self.folder, f"trial_{frozen.number}.worker")
             if fcntl is None or (os.path.exists(lock.path) and not lock.acquire(block=False)):
                 continue  # a live worker runs it (without fcntl: left to the heartbeat rule)
             lock.release()
             trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, frozen.number)
             try:
-                if not self.storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
+                if not self.storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
                     continue
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
@@ -304,7 +298,7 @@ class _Worker:
     def _run_trial(self, trial) -> float:
         """``Study.optimize``'s objective: run the trial's config in its folder (a queued copy keeps the folder of
         the trial it resumes), the folder locked; under torchrun every rank trains it."""
-        self.trial_lock = self._lock(f"trial_{trial.number}.worker")
+        self.trial_lock = _Lock(self.folder, f"trial_{trial.number}.worker")
         self.trial_lock.acquire()  # a new number: free; taken before the study lock goes, so no one resumes it
         self.study_lock.release()
         name = outputs.trial_folder_name(trial)
@@ -313,7 +307,7 @@ class _Worker:
         seed = None if seed is None else int(seed) + trial.number
         self.study.sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
         values = suggest(trial, self.space)
-        folder_lock = self._lock(f"{name}.folder")
+        folder_lock = _Lock(self.folder, f"{name}.folder")
         try:
             if not folder_lock.acquire(block=False):
                 self.log(f"trial {trial.number}: waiting for {name}: a worker that lost its heartbeat still writes it")
@@ -334,7 +328,7 @@ class _Worker:
         finally:
             folder_lock.release()
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, trial.number)
-        if self.storage.get_trial(trial_id).state != optuna.trial.TrialState.RUNNING:
+        if self.storage.get_trial(trial_id).state != TrialState.RUNNING:
             self.log(
                 f"trial {trial.number}: finished, but another worker had failed it for a lost heartbeat; its queued "
                 f"copy reads this run from {name}"
@@ -350,11 +344,11 @@ class _Worker:
         return value
 
     def _after_trial(self, study, trial) -> None:
-        """``Study.optimize``'s callback: the failure rule; then, under the study lock, the look for abandoned trials
-        and Optuna's ``MaxTrialsCallback`` (COMPLETE and running trials) before the next trial is asked for."""
+        """``Study.optimize``'s first callback: the failure rule; then the look for abandoned trials, under the study
+        lock, before Optuna's ``MaxTrialsCallback`` (COMPLETE and running trials) and the next trial."""
         self.trial_lock.release()  # told
-        complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        self.failures = [] if trial.state == optuna.trial.TrialState.COMPLETE else self.failures + [trial.number]
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        self.failures = [] if trial.state == TrialState.COMPLETE else self.failures + [trial.number]
         if len(self.failures) >= self.max_failures:
             message = (
                 f"search stopped: {len(self.failures)} trials in a row failed (trials "
@@ -366,9 +360,8 @@ class _Worker:
             rule = f"bayes_opt_max_failures_in_a_row={self.max_failures}"
             self.stopped = {"rule": rule, "trials": self.failures, "message": message}
             study.stop()
-            return
-        self._look()
-        self.max_trials(study, trial)
+        else:
+            self._look()
 
 
 def _wait() -> None:

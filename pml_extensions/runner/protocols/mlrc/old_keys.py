@@ -52,7 +52,7 @@ def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[
     """Map PB's older spellings onto arguments of today's object keys, one note each to ``log`` (default: stderr).
 
     Returns:
-        a new config dict (the same one when nothing was mapped).
+        a new config dict.
 
     Raises:
         ConfigError: a refused key: one line naming it and what to write instead.
@@ -69,10 +69,7 @@ def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[
     for old in [k for k in config if k in OLD_KEYS]:
         value = out.pop(old)
         parent, arg = OLD_KEYS[old]
-        if parent in out and out[parent] is not None:
-            name, kwargs = one_spec(out[parent], _where(sources, parent))
-        else:
-            name, kwargs = _DEFAULT_CLASS[parent], {}
+        name, kwargs = one_spec(out.get(parent), _where(sources, parent), default=_DEFAULT_CLASS[parent])
         out[parent] = {name: dict(kwargs, **{arg: value})}
         sources.setdefault(parent, sources.get(old, "config"))
         log(

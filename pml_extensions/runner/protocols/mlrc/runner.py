@@ -75,11 +75,10 @@ class MLRCRunner:
         return self.builder.subset(cached, np.searchsorted(pool, indices))
 
     def evaluate(self, tester, dataset, models) -> Dict[str, float]:
-        trunk, embedder = models["trunk"], models["embedder"]
-        modes = (trunk.training, embedder.training)
-        emb, labels = tester.get_all_embeddings(dataset, dist_utils.unwrap(trunk), dist_utils.unwrap(embedder))
-        trunk.train(modes[0])
-        embedder.train(modes[1])
+        modes = {k: m.training for k, m in models.items()}  # the tester leaves the models in eval mode
+        emb, labels = tester.get_all_embeddings(dataset, models["trunk"], models["embedder"])
+        for k, m in models.items():
+            m.train(modes[k])
         acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, tester.label_hierarchy_level])
         return {k: float(v) for k, v in acc.items() if isinstance(v, (int, float))}
 
@@ -220,8 +219,7 @@ class MLRCRunner:
             tester.test({"test": test_ds}, 0, models["trunk"], models["embedder"])
 
     def setup_caches(self, labels, test_classes) -> None:
-        """The feature caches (``feature_cache`` key): the frozen prefix (checked to be the same for every fold's
-        seed), the train/val pool whose training views are cached."""
+        """The ``feature_cache``: its frozen prefix (the same for every fold's seed) and the train/val pool."""
         where = self.where("feature_cache")
         if self.get("test_hooks"):
             raise ConfigError(f"{where}: test_hooks explain images with the whole trunk; run them without a cache")
@@ -363,20 +361,17 @@ def mlrc_class_splits(
 
     Args:
         labels: ``[N]`` integer class labels of the whole dataset.
-        test_size, test_start_idx: fractions of the (sorted) class list; the test classes are
-            ``classes[⌊start·C⌋ : ⌊(start + size)·C⌋]``. Default: the second half (with an odd count the test
-            half gets the extra class).
-        num_training_partitions: number of class-disjoint folds of the remaining classes (contiguous blocks of
-        the sorted list, sizes differing by at most one).
+        test_size, test_start_idx: fractions of the sorted class list; the test classes are
+            ``classes[⌊start·C⌋ : ⌊(start + size)·C⌋]`` (default the second half; an odd count gives it the extra).
+        num_training_partitions: class-disjoint folds of the other classes (contiguous blocks of the sorted list,
+            sizes differing by at most one).
         test_classes: the test classes (labels) instead of ``test_size`` / ``test_start_idx``.
 
     Returns:
-        ``{"test": [classes], "trainval": [classes], "folds": [{"train": [classes], "val": [classes]},
-        ...]}``.
+        ``{"test": [classes], "trainval": [classes], "folds": [{"train": [classes], "val": [classes]}, ...]}``.
 
     Raises:
-        ValueError: on fractions outside [0, 1], fewer than 2 test classes, or fewer pool classes than 2 per
-        fold.
+        ValueError: fractions outside [0, 1], fewer than 2 test classes, or fewer other classes than 2 per fold.
 
     Example::
 
@@ -432,12 +427,12 @@ def ensemble_metrics(
             normalises whatever the ensemble model outputs).
 
     Returns:
-        ``{"separate_<d>D": mean over the k models of each metric (the embeddings as given),
-        "concatenated_<k·d>D": metrics of ``cat([normalize(e) for e in embeddings], dim=1)`` (normalised again
-        with ``tester_normalize``), "per_model": [k dicts]}`` — MLRC's "128D" and "512D".
+        ``{"separate_<d>D": mean over the models of each metric, "concatenated_<k·d>D": metrics of
+        ``cat([normalize(e) for e in embeddings], 1)`` (normalised again with ``tester_normalize``), "per_model": [k
+        dicts]}`` — MLRC's "128D" and "512D".
 
     Raises:
-        ValueError: on an empty list or embeddings with different shapes.
+        ValueError: an empty list or embeddings with different shapes.
     """
     if not embeddings:
         raise ValueError("embeddings must hold at least one [N, d] tensor")
