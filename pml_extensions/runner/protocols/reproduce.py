@@ -6,7 +6,7 @@
 import json
 import math
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -48,10 +48,7 @@ def numeric_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
 
 
 def reproduce(
-    run_folder: str,
-    output_folder: Optional[str] = None,
-    log: Callable[..., None] = print,
-    command: Optional[List[str]] = None,
+    run_folder: str, output_folder: Optional[str] = None, log=print, command: Optional[List[str]] = None
 ) -> Dict[str, Any]:
     """Rerun ``run_folder`` from its saved config into ``output_folder`` and compare the results.
 

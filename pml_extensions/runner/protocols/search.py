@@ -199,9 +199,8 @@ def run_search(
 
 
 class _Worker:
-    """One worker of the study in ``<folder>/study.db``: ``Study.optimize``'s objective and callback, and the
-    ``locks/study.lock`` held from the look at the study to the start of the trial it asks for (one worker at a
-    time pops a queued trial: SQLite does not serialise Optuna's read-then-write there)."""
+    """One worker of the study: ``Study.optimize``'s objective and callback; ``locks/study.lock`` is held from the look
+    at the study to the start of the trial it asks for (SQLite does not serialise Optuna's pop of a queued trial)."""
 
     def __init__(self, folder, config, space, n_trials, max_failures, objective, log):
         self.folder, self.config, self.space, self.objective, self.log = folder, config, space, objective, log
@@ -231,8 +230,7 @@ class _Worker:
         self.max_trials = optuna.study.MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.RUNNING))
 
     def run(self) -> Optional[Dict[str, Any]]:
-        """Run trials with ``Study.optimize`` until the study has ``n_trials`` COMPLETE ones (waiting for the other
-        workers' running trials) or the failure rule stops it; returns ``None`` or the stop record."""
+        """Trials until ``n_trials`` are COMPLETE (waiting for other workers' ones) or the failure rule stops."""
         waiting_for = None
         try:
             while self.stopped is None:
@@ -264,9 +262,8 @@ class _Worker:
         return self.stopped
 
     def _look(self) -> None:
-        """Take the study lock (kept until the next trial starts or the worker waits) and fail each RUNNING trial
-        whose worker is gone, queueing its parameters again: the worker process ended (its trial lock is free) or
-        its heartbeat stopped (Optuna's ``fail_stale_trials``)."""
+        """Take the study lock (until the next trial starts) and fail and queue again each RUNNING trial whose worker
+        is gone: its trial lock is free, or its heartbeat stopped (Optuna's ``fail_stale_trials``)."""
         self.study_lock.acquire()
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             lock = _Lock(self.folder, f"trial_{frozen.number}.worker")
@@ -296,8 +293,7 @@ class _Worker:
         self.retry(study, trial)
 
     def _run_trial(self, trial) -> float:
-        """``Study.optimize``'s objective: run the trial's config in its folder (a queued copy keeps the folder of
-        the trial it resumes), the folder locked; under torchrun every rank trains it."""
+        """``Study.optimize``'s objective: the trial's run in its folder (a queued copy keeps it), the folder locked."""
         self.trial_lock = _Lock(self.folder, f"trial_{trial.number}.worker")
         self.trial_lock.acquire()  # a new number: free; taken before the study lock goes, so no one resumes it
         self.study_lock.release()

@@ -9,7 +9,7 @@ from ...config.eval_keys import _TESTER, _where
 from ...config.specs import one_spec
 from ...errors import ConfigError
 
-#: PB's older spellings -> (new key path, note); a path ending in "*" applies to the class's kwargs
+#: PB's older spellings -> (today's object key, the argument of its class they are)
 OLD_KEYS = {
     "eval_reference_set": ("tester", "reference_set"),
     "eval_normalize_embeddings": ("tester", "normalize_embeddings"),

@@ -6,7 +6,7 @@ import difflib
 import math
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -42,13 +42,7 @@ class MLRCRunner:
         ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values.
     """
 
-    def __init__(
-        self,
-        config: Dict[str, Any],
-        experiment_folder: str,
-        sources: Optional[Dict[str, str]] = None,
-        log: Callable[[str], None] = print,
-    ):
+    def __init__(self, config: Dict[str, Any], experiment_folder: str, sources=None, log=print):
         self.config, self.folder = config, experiment_folder
         self.experiment = Experiment(experiment_folder, config, sources, log)
         self.log, self.device, self.sources = self.experiment.log, self.experiment.device, self.experiment.sources
@@ -407,11 +401,7 @@ def mlrc_class_splits(
 
 
 def ensemble_metrics(
-    embeddings: List[torch.Tensor],
-    labels: torch.Tensor,
-    calculator,
-    normalize: bool = True,
-    tester_normalize: bool = False,
+    embeddings: List[torch.Tensor], labels: torch.Tensor, calculator, normalize=True, tester_normalize=False
 ) -> Dict[str, Any]:
     """MLRC test numbers from the k models' embeddings of the same test items, as powerful-benchmarker computes them:
     each model is tested with the tester's settings, the concatenation with the ensemble's.
