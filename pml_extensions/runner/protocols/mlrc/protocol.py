@@ -11,7 +11,26 @@ from ...config import pb_keys
 from ...errors import ConfigError
 from ..base import Protocol, setting
 
-__all__ = ["MLRC", "Settings"]
+__all__ = ["MLRC", "Settings", "csv_split_classes"]
+
+
+def csv_split_classes(path: str, columns: Dict[str, str]):
+    """``(training classes, test classes, split column)`` of a CSV file's rows by its split column, read by
+    :class:`~pml_extensions.datasets.ImageCSVSplit`: the test rows are those marked ``test`` / ``testing``, else (OML's
+    convention) those marked ``validation``; rows of the other evaluation value stay in the training pool. None
+    without a split column, or for a table ImageCSVSplit refuses (it says why when the run builds the dataset).
+    """
+    from ....datasets import ImageCSVSplit
+
+    try:
+        table = ImageCSVSplit(path, "all", columns=columns or None)
+    except (OSError, ValueError):
+        return None
+    if table.columns.get("split") is None:
+        return None
+    by_split = table.classes_by_split
+    train = by_split.get("train", []) + (by_split.get("validation", []) if "test" in by_split else [])
+    return train, by_split.get("test") or by_split.get("validation", []), table.columns["split"]
 
 
 def _doc(text: str) -> Any:
@@ -119,25 +138,19 @@ class MLRC(Protocol):
         """
         if not is_csv:
             return {"dataset~OVERRIDE~": {"ImageFolderSplit": {"root": path, "split": "all"}}}
-        from ....datasets import ImageCSVSplit
-
-        kwargs = {"csv_file": path, "split": "all", **({"columns": columns} if columns else {})}
-        update = {"dataset~OVERRIDE~": {"ImageCSVSplit": kwargs}}
-        try:
-            table = ImageCSVSplit(**kwargs)
-        except (OSError, ValueError):  # the dataset says what is wrong with the table when the run builds it
+        update = {"dataset~OVERRIDE~": {"ImageCSVSplit": {"csv_file": path, "split": "all"}}}
+        if columns:
+            update["dataset~OVERRIDE~"]["ImageCSVSplit"]["columns"] = columns
+        split = csv_split_classes(path, columns or {})
+        if split is None:
             return update
-        if table.columns.get("split") is None:
-            return update
-        by_split = table.classes_by_split  # the test rows are the test set, else (OML's convention) the validation rows
-        test = by_split.get("test") or by_split.get("validation", [])
-        train = by_split.get("train", []) + (by_split.get("validation", []) if "test" in by_split else [])
+        train, test, column = split
         shared = sorted(set(train) & set(test))
         if shared:
             shown = ", ".join(shared[:5]) + (f", ... ({len(shared)})" if len(shared) > 5 else "")
             kept = ",".join(f"{k}={v}" for k, v in (columns or {}).items() if k != "split") or "label=LABEL,path=PATH"
             raise ConfigError(
-                f"command line: --data_folder {path}: its {table.columns['split']!r} column puts {len(shared)} "
+                f"command line: --data_folder {path}: its {column!r} column puts {len(shared)} "
                 f"classes in both the training and the test rows ({shown}); the mlrc protocol tests on classes it "
                 f"never trained on: make the split class-disjoint, or map no split column (--columns {kept}) and mlrc "
                 "splits the classes itself, or run a paired config with class_overlap: allowed in the dataset's kwargs "
