@@ -83,7 +83,7 @@ def test_the_worked_example_end_to_end(tmp_path, monkeypatch, subprocess_env):
 def _mlrc_needs(config):
     from pml_extensions.runner.config import pb_keys
     from pml_extensions.runner.objects.preflight import minimum_classes
-    from pml_extensions.runner.protocols.mlrc.splits import mlrc_class_splits
+    from pml_extensions.runner.protocols.mlrc import mlrc_class_splits
 
     s = pb_keys.split_settings(config)
     m = next(iter(config["sampler"].values()))["m"]

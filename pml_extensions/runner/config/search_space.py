@@ -1,7 +1,5 @@
-"""The search space of a config: powerful-benchmarker's ``~BAYESIAN~`` markers (``key~BAYESIAN~: [low, high]``
-uniform float, ``~LOG_BAYESIAN~`` log-uniform, ``~INT_BAYESIAN~`` integer), found at any depth, inside list items
-too; a trial's values asked of Optuna (:func:`suggest`) and written back in place of the markers (:func:`fill`).
-The search itself is :mod:`pml_extensions.runner.protocols.search`.
+"""The search space of a config: its ``~BAYESIAN~`` / ``~LOG_BAYESIAN~`` / ``~INT_BAYESIAN~`` markers at any depth
+(docs/search.md), a trial's values asked of Optuna (:func:`suggest`) and written in place of the markers (:func:`fill`).
 """
 
 import copy

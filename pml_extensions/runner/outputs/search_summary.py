@@ -3,6 +3,7 @@
 ``results.md`` and the report's search page show the same blocks, built from ``search.json`` by :func:`search_blocks`.
 """
 
+import itertools
 import json
 import os
 from typing import Any, Dict, List, Optional
@@ -17,8 +18,7 @@ FOLDS_ATTR = "num_folds"
 
 
 def trial_folder_name(trial) -> str:
-    """The folder of an Optuna trial under the experiment folder (its ``folder`` user attribute, kept by a queued
-    copy; ``trial_<number>`` otherwise)."""
+    """An Optuna trial's folder: its ``folder`` user attribute (kept by a queued copy), else ``trial_<number>``."""
     return trial.user_attrs.get(FOLDER_ATTR) or f"trial_{trial.number}"
 
 
@@ -32,21 +32,14 @@ def untrained_note(best: Dict[str, Any]) -> str:
 def write_summary(
     study, folder: str, n_trials: Optional[int] = None, stopped: Optional[Dict[str, Any]] = None
 ) -> Dict[str, Any]:
-    """``search.json``, ``results.md`` and ``search.png`` (objective per trial and best so far) of a study.
-
-    The failed trials are listed with their reasons: the run's (a NaN objective, an exception) or, for a trial
-    whose worker stopped, the trial that resumed it. A best trial that ties the untrained score is flagged. The best
-    trial carries its run's test metrics (``"test"``, the ``"test"`` entry of its ``results.json``) when it has them.
-    """
+    """``search.json``, ``results.md`` and ``search.png`` of a study (docs/search.md, "What a search writes")."""
     import optuna
 
     from ...utils.atomic_io import atomic_write_json, atomic_write_text
 
-    trials = study.get_trials(deepcopy=False)
+    states = optuna.trial.TrialState
     rows = []
-    for t in trials:
-        if t.state != optuna.trial.TrialState.COMPLETE:
-            continue
+    for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,)):
         row = {"number": t.number, "value": t.value, "params": t.params, "folder": trial_folder_name(t)}
         if FOLDS_ATTR in t.user_attrs:
             row[UNTRAINED_ATTR] = list(t.user_attrs.get(UNTRAINED_ATTR) or [])
@@ -54,23 +47,22 @@ def write_summary(
         row["untrained"] = bool(row.get(FOLDS_ATTR)) and len(row[UNTRAINED_ATTR]) == row[FOLDS_ATTR]
         rows.append(row)
     best = max(rows, key=lambda r: r["value"]) if rows else None
-    if best is not None:
-        best = {**best, **_test_metrics(os.path.join(folder, best["folder"], "results.json"))}
-    resumed_as = {}
-    for t in trials:
-        for number in t.system_attrs.get("retry_history", []):
-            resumed_as[number] = t.number  # the last copy of a trial resumed more than once
+    if best is not None:  # with its run's test metrics (none for a stand-in objective)
+        try:
+            with open(os.path.join(folder, best["folder"], "results.json")) as f:
+                test = json.load(f).get("test")
+        except (OSError, ValueError, AttributeError):  # no run there, or not a results file
+            test = None
+        best = {**best, **({"test": test} if isinstance(test, dict) else {})}
+    resumed_as = {}  # a trial resumed more than once: its last copy
+    for t in study.get_trials(deepcopy=False):
+        resumed_as.update((number, t.number) for number in t.system_attrs.get("retry_history", []))
     failures = []
-    for t in trials:
-        if t.state != optuna.trial.TrialState.FAIL:
-            continue
-        if REASON_ATTR in t.user_attrs:
-            reason = t.user_attrs[REASON_ATTR]
-        elif t.number in resumed_as:
-            reason = f"its worker stopped; resumed as trial {resumed_as[t.number]} in {trial_folder_name(t)}"
-        else:
-            reason = "its worker stopped"
-        failures.append({"number": t.number, "reason": reason})
+    for t in study.get_trials(deepcopy=False, states=(states.FAIL,)):
+        reason = "its worker stopped"
+        if t.number in resumed_as:
+            reason += f"; resumed as trial {resumed_as[t.number]} in {trial_folder_name(t)}"
+        failures.append({"number": t.number, "reason": t.user_attrs.get(REASON_ATTR, reason)})
     summary = {
         "n_trials": len(rows),
         "bayes_opt_iters": n_trials,
@@ -92,15 +84,14 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
 
     Example::
 
-        >>> summary = {"n_trials": 2, "bayes_opt_iters": 3, "failures": [{"number": 2, "reason": "NaN"}],
-        ...            "best": {"number": 1, "value": 0.5, "test": {"concatenated_512D": {"precision_at_1": 0.75}}},
-        ...            "trials": [{"number": 0, "value": 0.25, "params": {"lr": 0.01}},
-        ...                       {"number": 1, "value": 0.5, "params": {"lr": 0.001}}]}
+        >>> summary = {"n_trials": 1, "bayes_opt_iters": 3, "failures": [{"number": 1, "reason": "NaN"}],
+        ...            "best": {"number": 0, "value": 0.5, "test": {"concatenated_512D": {"precision_at_1": 0.75}}},
+        ...            "trials": [{"number": 0, "value": 0.5, "params": {"lr": 0.001}}]}
         >>> print(to_markdown(search_blocks(summary)))  # doctest: +NORMALIZE_WHITESPACE
-        Optuna study (2 COMPLETE trials of bayes_opt_iters=3, maximising the aggregated validation metric); best:
-        trial 1.
+        Optuna study (1 COMPLETE trials of bayes_opt_iters=3, maximising the aggregated validation metric); best:
+        trial 0.
         <BLANKLINE>
-        Test metrics of the best trial (trial 1):
+        Test metrics of the best trial (trial 0):
         <BLANKLINE>
         | embedding | precision_at_1 |
         |---|---|
@@ -108,11 +99,10 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
         <BLANKLINE>
         | trial | objective | lr |
         |---|---|---|
-        | 0 | 0.2500 | 0.01 |
-        | 1 (best) | 0.5000 | 0.001 |
+        | 0 (best) | 0.5000 | 0.001 |
         <BLANKLINE>
         Failed trials:
-        - trial 2: NaN
+        - trial 1: NaN
         <BLANKLINE>
     """
     rows, best, n_trials = summary.get("trials") or [], summary.get("best"), summary.get("bayes_opt_iters")
@@ -162,16 +152,6 @@ def metrics_table(test: Optional[Dict[str, Any]], caption: str = "") -> Optional
     return Table(["embedding", *metrics], rows, numeric=[False] + [True] * len(metrics), caption=caption)
 
 
-def _test_metrics(results_path: str) -> Dict[str, Any]:
-    """``{"test": {key: {metric: value}}}``: the test metrics of a trial's run (its ``results.json``), or ``{}``."""
-    try:
-        with open(results_path) as f:
-            test = json.load(f).get("test")
-    except (OSError, ValueError, AttributeError):  # no run there (a stand-in objective), or not a results file
-        return {}
-    return {"test": test} if isinstance(test, dict) else {}
-
-
 def _shown(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -187,21 +167,16 @@ def _plot(rows: List[Dict[str, Any]], path: str) -> None:
     from ...utils.atomic_io import atomic_savefig
 
     fig, ax = plt.subplots(figsize=(5, 3))
-    xs = [r["number"] for r in rows]
-    ys = [r["value"] for r in rows]
-    trained = [(x, y) for x, y, r in zip(xs, ys, rows) if not r["untrained"]]
-    untrained = [(x, y) for x, y, r in zip(xs, ys, rows) if r["untrained"]]
-    if trained:
-        ax.plot(*zip(*trained), "o", color="C0", label="trial")
-    if untrained:
-        ax.plot(
-            *zip(*untrained), "o", mfc="none", color="C3", label="trial: no fold beat its untrained model (epoch 0)"
-        )
-    best = [max(ys[: i + 1]) for i in range(len(ys))]
-    ax.plot(xs, best, "-", color="C1", drawstyle="steps-post", label="best so far")
+    styles = {False: {"color": "C0", "label": "trial"}}
+    styles[True] = {"mfc": "none", "color": "C3", "label": "trial: no fold beat its untrained model (epoch 0)"}
+    for untrained, style in styles.items():
+        points = [(r["number"], r["value"]) for r in rows if r["untrained"] == untrained]
+        if points:
+            ax.plot(*zip(*points), "o", **style)
+    best = list(itertools.accumulate((r["value"] for r in rows), max))
+    ax.plot([r["number"] for r in rows], best, "-", color="C1", drawstyle="steps-post", label="best so far")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("trial")
-    ax.set_ylabel("objective (validation)")
+    ax.set(xlabel="trial", ylabel="objective (validation)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=100)

@@ -1,24 +1,18 @@
-"""``--reproduce RUN_FOLDER``: rerun a finished experiment from the ``config.yaml`` it saved and compare metrics.
-
-The rerun goes to ``<RUN_FOLDER>_reproduced``; every number of the two ``results.json`` files but times and paths
-must be equal (on CPU with the config's seed the protocols are deterministic); ``reproduce.json`` records the outcome.
-
-Example (shell)::
-
-    python -m pml_extensions run contrastive --variant quick --experiment_name a
-    python -m pml_extensions run --reproduce experiments/a        # exit 0: "reproduced exactly"
+"""``--reproduce RUN_FOLDER``: rerun a finished experiment from its saved ``config.yaml`` into
+``<RUN_FOLDER>_reproduced`` and compare every number of the two ``results.json`` but times and paths (docs/runner.md);
+``reproduce.json`` records the outcome.
 """
 
 import json
 import math
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from ...utils.atomic_io import atomic_write_json
 from ..errors import ConfigError
-from ..experiment.folder import saved_config
+from ..experiment.folder import ENVIRONMENT_NAME, saved_config
 
 IGNORED_KEY_PARTS = ("second", "time", "path", "folder")
 
@@ -53,22 +47,8 @@ def numeric_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
     return [] if old == new else [prefix]
 
 
-def _recorded_threads(run_folder: str) -> Optional[int]:
-    from ..experiment.folder import ENVIRONMENT_NAME
-
-    path = os.path.join(run_folder, ENVIRONMENT_NAME)
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        threads = json.load(f).get("torch_threads")
-    return int(threads) if isinstance(threads, int) and threads > 0 else None
-
-
 def reproduce(
-    run_folder: str,
-    output_folder: Optional[str] = None,
-    log: Callable[..., None] = print,
-    command: Optional[List[str]] = None,
+    run_folder: str, output_folder: Optional[str] = None, log=print, command: Optional[List[str]] = None
 ) -> Dict[str, Any]:
     """Rerun ``run_folder`` from its saved config into ``output_folder`` and compare the results.
 
@@ -93,9 +73,11 @@ def reproduce(
     with open(results_path, encoding="utf-8") as f:
         original = json.load(f)
     out = output_folder or os.path.normpath(run_folder) + "_reproduced"
-    threads = _recorded_threads(run_folder)
-    before = torch.get_num_threads()
-    if threads is not None and threads != before:  # CPU reductions split by thread: rerun with the run's count
+    environment, threads, before = os.path.join(run_folder, ENVIRONMENT_NAME), None, torch.get_num_threads()
+    if os.path.isfile(environment):
+        with open(environment, encoding="utf-8") as f:
+            threads = json.load(f).get("torch_threads")
+    if isinstance(threads, int) and threads > 0 and threads != before:  # CPU reductions split by thread
         log(f"note: rerunning with {threads} torch threads as the original run (this process had {before})")
         torch.set_num_threads(threads)
     try:

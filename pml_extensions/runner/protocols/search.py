@@ -1,20 +1,10 @@
-"""Hyper-parameter search: powerful-benchmarker's ``~BAYESIAN~`` markers (``~LOG_BAYESIAN~``, ``~INT_BAYESIAN~``, at
-any depth) run an Optuna study (optional extra ``pip install pml_extensions[search]``) that several workers may share.
-
-Each trial is one run of the config's protocol with the sampled values in ``<experiment>/trial_<n>``, maximising the
-protocol's validation objective with TPE seeded by ``seed`` plus the trial number, in Optuna's ``Study.optimize`` on
-``<experiment>/study.db``. The study ends with exactly ``bayes_opt_iters`` COMPLETE trials; a trial that raises or
-gives a NaN fails, ``bayes_opt_max_failures_in_a_row`` failures in a row stop the search (``"stopped"`` in
-``search.json``), and a trial whose worker is gone (its ``locks/trial_<n>.worker.lock`` free, or no heartbeat for
-:data:`GRACE_PERIOD_S`) runs again in its folder, resuming. The whole contract (workers, torchrun, locks, outputs)
-is docs/search.md.
-
-Example (shell; run the same line in a second terminal to share the study)::
-
-    python -m pml_extensions run contrastive --variant quick --bayes_opt_iters 4 \\
-        --optimizers~APPLY~3 "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}"
+"""Hyper-parameter search: powerful-benchmarker's ``~BAYESIAN~`` markers run an Optuna study in
+``<experiment>/study.db`` (optional extra ``pip install pml_extensions[search]``), one protocol run per trial in
+``trial_<n>/``, shared by any number of workers; the contract (workers, torchrun, locks, retries, outputs) is
+docs/search.md.
 """
 
+import functools
 import math
 import os
 import socket
@@ -24,21 +14,22 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..config.search_space import fill, search_space, suggest
 from ..errors import ConfigError
-from ..outputs.search_summary import (
-    FOLDER_ATTR,
-    FOLDS_ATTR,
-    REASON_ATTR,
-    UNTRAINED_ATTR,
-    trial_folder_name,
-    untrained_note,
-    write_summary,
-)
-from .base import SearchSettings, read_settings
+from ..experiment import distributed as dist_utils
+from ..experiment.folder import prepare_folder
+from ..outputs import search_summary as outputs
+from ..outputs.report import write_report
+from . import protocol_of
+from .base import Protocol, SearchSettings, read_settings
 
 try:  # POSIX
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no lock files, one worker per study
     fcntl = None
+try:  # the optional extra [search]
+    import optuna
+    from optuna.trial import TrialState
+except ImportError:  # pragma: no cover - refused by run_search
+    optuna = None
 
 STUDY_NAME = "search"
 #: seconds between two heartbeats of a running trial (Optuna's ``RDBStorage(heartbeat_interval=...)``)
@@ -52,10 +43,9 @@ POLL_S = 2.0
 LOCKS_FOLDER = "locks"
 
 
-# ------------------------------------------------------------------------------------------------ one trial's value
 def untrained_folds(results: Dict[str, Any]) -> List[int]:
-    """The folds of an mlrc run whose best epoch is 0: the untrained model was never beaten there (epochs that only
-    tie it do not replace it), so the fold's validation score is the untrained score.
+    """The folds of an mlrc run whose best epoch is 0: the untrained model was never beaten there (a tie does not
+    replace it), so the fold's validation score is the untrained score.
 
     Example::
 
@@ -65,22 +55,17 @@ def untrained_folds(results: Dict[str, Any]) -> List[int]:
     return [k for k, fold in enumerate(results.get("folds") or []) if fold.get("best_epoch") == 0]
 
 
-def _protocol_objective(sources, on_change, command, log):
-    """The default objective: run the trial's config and return its protocol's (validation) objective."""
+def _protocol_objective(sources, on_change, command, log, trial_config, trial_folder) -> Tuple[float, Dict[str, Any]]:
+    """The default objective: the protocol's (validation) objective of the trial's run."""
+    from . import run_protocol
 
-    def run(trial_config: Dict[str, Any], trial_folder: str) -> Tuple[float, Dict[str, Any]]:
-        from . import protocol_of, run_protocol
-
-        results = run_protocol(trial_config, trial_folder, sources, log=log, on_change=on_change, command=command)
-        info = {UNTRAINED_ATTR: untrained_folds(results), FOLDS_ATTR: len(results.get("folds") or [])}
-        return protocol_of(trial_config).objective(results, trial_config), info
-
-    return run
+    results = run_protocol(trial_config, trial_folder, sources, log=log, on_change=on_change, command=command)
+    info = {outputs.UNTRAINED_ATTR: untrained_folds(results), outputs.FOLDS_ATTR: len(results.get("folds") or [])}
+    return protocol_of(trial_config).objective(results, trial_config), info
 
 
 def _outcome(objective, job) -> Tuple[Optional[float], Dict[str, Any], Optional[str]]:
-    """``(value, user attributes, None)`` of a finished trial or ``(None, {}, reason)`` of a failed one. A
-    ConfigError (a bad config, not a bad trial) and KeyboardInterrupt propagate."""
+    """``(value, user attributes, None)`` or ``(None, {}, reason)``; ConfigError and KeyboardInterrupt propagate."""
     try:
         out = objective(*job)
     except ConfigError:
@@ -98,28 +83,21 @@ def _outcome(objective, job) -> Tuple[Optional[float], Dict[str, Any], Optional[
     return value, dict(attrs), None
 
 
-class _TrialFailed(Exception):
-    """The trial's run failed (its reason is the trial's ``fail_reason``): ``Study.optimize`` records FAIL and goes
-    on (it is in ``catch``)."""
-
-
 class _LeftUntold(BaseException):
     """Raised through ``Study.optimize`` (which tells FAIL on ``Exception`` and ``KeyboardInterrupt``) to leave the
-    trial as the storage has it: RUNNING after Ctrl-C, so resumed exactly as after SIGKILL (``interrupt`` is then
-    re-raised), or already failed by another worker for a lost heartbeat."""
+    trial as the storage has it: RUNNING after Ctrl-C (resumed as after SIGKILL), or failed by another worker."""
 
     def __init__(self, interrupt: Optional[KeyboardInterrupt] = None):
         super().__init__()
         self.interrupt = interrupt
 
 
-# ------------------------------------------------------------------------------------------------ locks
 class _Lock:
-    """An exclusive ``fcntl.flock`` on ``path`` (created with a ``host pid`` line for people); released by
-    :meth:`release` or when the process ends, however it ends. Acquiring a lock this object holds is a no-op."""
+    """An exclusive ``fcntl.flock`` on ``<folder>/locks/<name>.lock`` (with a ``host pid`` line for people), held until
+    :meth:`release` or the process ends, however it ends; acquiring a lock this object holds is a no-op."""
 
-    def __init__(self, path: str):
-        self.path, self.fd = path, None
+    def __init__(self, folder: str, name: str):
+        self.path, self.fd = os.path.join(folder, LOCKS_FOLDER, f"{name}.lock"), None
 
     def acquire(self, block: bool = True) -> bool:
         if fcntl is None or self.fd is not None:
@@ -142,18 +120,7 @@ class _Lock:
             fd, self.fd = self.fd, None
             os.close(fd)  # closing the only descriptor releases the flock
 
-    def held_elsewhere(self) -> bool:
-        """True when another open description of the file (another live process) holds the lock; without
-        ``fcntl`` always True (a stopped worker's trial is then resumed by the heartbeat rule alone)."""
-        if fcntl is None:
-            return True
-        if not os.path.exists(self.path) or self.acquire(block=False):
-            self.release()
-            return False
-        return True
 
-
-# ------------------------------------------------------------------------------------------------ the study
 def run_search(
     config: Dict[str, Any],
     folder: str,
@@ -173,10 +140,8 @@ def run_search(
             run the config's protocol and return its objective with the :func:`untrained_folds`.
 
     Returns:
-        ``{"n_trials", "bayes_opt_iters", "best": {"number", "value", "params", "folder", "untrained", "test"
-        (the run's test metrics, when its results.json has them), ...}, "trials": [...], "failed_trials": [numbers],
-        "failures": [{"number", "reason"}], "stopped": None or {"rule", "trials", "message"}}`` (also written to
-        ``search.json``).
+        the ``search.json`` summary (docs/search.md): ``{"n_trials", "bayes_opt_iters", "best", "trials",
+        "failed_trials", "failures", "stopped"}``.
 
     Raises:
         ConfigError: optuna not installed, no ``bayes_opt_iters``, bad ranges, a bad
@@ -192,13 +157,11 @@ def run_search(
         >>> summary["n_trials"], summary["failed_trials"], summary["best"]["folder"]
         (2, [], 'trial_1')
     """
-    try:
-        import optuna
-    except ImportError:
+    if optuna is None:
         raise ConfigError(
             "search markers (~BAYESIAN~) need optuna, which is not installed "
             "(pip install optuna); replace the markers by fixed values"
-        ) from None
+        )
     space = search_space(config)
     settings = read_settings(SearchSettings, config, sources)  # the keys' one check (the loader ran it too)
     n_trials, max_failures = settings.bayes_opt_iters, settings.bayes_opt_max_failures_in_a_row
@@ -207,91 +170,74 @@ def run_search(
             f"{(sources or {}).get('bayes_opt_iters', 'command line')}: bayes_opt_iters: the search needs the number "
             "of trials, e.g. --bayes_opt_iters 20"
         )
-    from . import protocol_of
-    from .base import Protocol
-
     protocol = protocol_of(config, sources)
     if objective is None and protocol.objective.__func__ is Protocol.objective.__func__:
         raise ConfigError(
             f"{(sources or {}).get('protocol', 'config')}: protocol: the search optimises a protocol's validation "
             f"objective; the {protocol.name} protocol has none"
         )
-    from ..experiment import distributed as dist_utils
-    from ..experiment.folder import prepare_folder
-
     prepare_folder(folder, config, on_change=on_change, command=command, log=log)
-    objective = objective or _protocol_objective(sources, on_change, command, log)
+    objective = objective or functools.partial(_protocol_objective, sources, on_change, command, log)
     if not dist_utils.is_main():
         return _follow_rank_0(objective)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our own lines say how each trial ended
     try:
-        worker = _Worker(folder, config, space, n_trials, max_failures, objective, log)
-        stopped = worker.run()
+        with warnings.catch_warnings():  # heartbeats, retries and fail_stale_trials are "experimental" in Optuna
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            worker = _Worker(folder, config, space, n_trials, max_failures, objective, log)
+            stopped = worker.run()
     finally:
         optuna.logging.set_verbosity(verbosity)
-    summary = write_summary(worker.study, folder, n_trials=n_trials, stopped=stopped)
+    summary = outputs.write_summary(worker.study, folder, n_trials=n_trials, stopped=stopped)
     dist_utils.broadcast_object(("done", summary))
     best = summary["best"]
     if best is not None and best.get("untrained"):
-        log(f"search: {untrained_note(best)}")
-    from ..outputs.report import write_report
-
+        log(f"search: {outputs.untrained_note(best)}")
     write_report(folder)  # shows results.md (the trials, best marked, failures) and search.png
     return summary
 
 
 class _Worker:
-    """One worker of the study in ``<folder>/study.db``: ``Study.optimize``'s objective and callback, and the
-    ``locks/study.lock`` held from the look at the study to the start of the trial it asks for (one worker at a
-    time pops a queued trial: SQLite does not serialise Optuna's read-then-write there)."""
+    """One worker of the study: ``Study.optimize``'s objective and callback; ``locks/study.lock`` is held from the look
+    at the study to the start of the trial it asks for (SQLite does not serialise Optuna's pop of a queued trial)."""
 
     def __init__(self, folder, config, space, n_trials, max_failures, objective, log):
-        import optuna
-
-        self.optuna, self.folder, self.config, self.space = optuna, folder, config, space
-        self.n_trials, self.max_failures, self.objective, self.log = n_trials, max_failures, objective, log
+        self.folder, self.config, self.space, self.objective, self.log = folder, config, space, objective, log
+        self.n_trials, self.max_failures, self.stopped = n_trials, max_failures, None
         self.failures: List[int] = []  # this worker's trials failed since its last COMPLETE one
-        self.stopped: Optional[Dict[str, Any]] = None
         self.trial_lock: Optional[_Lock] = None  # held by the live worker of a trial, from ask to tell
         os.makedirs(os.path.join(folder, LOCKS_FOLDER), exist_ok=True)
-        self.study_lock = self._lock("study")
+        self.study_lock = _Lock(self.folder, "study")
         self.study_lock.acquire()  # two workers starting together do not both create the tables
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
-                argument = "heartbeat_stale_trial_callback" if retry else "failed_trial_callback"
-                self.retry = (retry or optuna.storages.RetryFailedTrialCallback)(max_retry=None)
-                self.storage = optuna.storages.RDBStorage(
-                    f"sqlite:///{os.path.abspath(os.path.join(folder, 'study.db'))}",
-                    engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
-                    heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                    grace_period=GRACE_PERIOD_S,
-                    **{argument: lambda study, trial: self._requeue(study, trial, stale=True)},
-                )
+            retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
+            argument = "heartbeat_stale_trial_callback" if retry else "failed_trial_callback"
+            self.retry = (retry or optuna.storages.RetryFailedTrialCallback)(max_retry=None)
+            self.storage = optuna.storages.RDBStorage(
+                f"sqlite:///{os.path.abspath(os.path.join(folder, 'study.db'))}",
+                engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
+                heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                grace_period=GRACE_PERIOD_S,
+                **{argument: lambda study, trial: self._requeue(study, trial, stale=True)},
+            )
             self.study = optuna.create_study(
                 study_name=STUDY_NAME, storage=self.storage, direction="maximize", load_if_exists=True
             )
         finally:
             self.study_lock.release()
         self.study_id = self.storage.get_study_id_from_name(STUDY_NAME)
-        states = optuna.trial.TrialState
-        self.max_trials = optuna.study.MaxTrialsCallback(n_trials, states=(states.COMPLETE, states.RUNNING))
-
-    def _lock(self, name: str) -> _Lock:
-        return _Lock(os.path.join(self.folder, LOCKS_FOLDER, f"{name}.lock"))
+        self.max_trials = optuna.study.MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.RUNNING))
 
     def run(self) -> Optional[Dict[str, Any]]:
-        """Run trials with ``Study.optimize`` until the study has ``n_trials`` COMPLETE ones (waiting for the other
-        workers' running trials) or the failure rule stops it; returns ``None`` or the stop record."""
-        states, waiting_for = self.optuna.trial.TrialState, None
+        """Trials until ``n_trials`` are COMPLETE (waiting for other workers' ones) or the failure rule stops."""
+        waiting_for = None
         try:
             while self.stopped is None:
                 self._look()
                 trials = self.study.get_trials(deepcopy=False)
-                complete = sum(t.state == states.COMPLETE for t in trials)
-                running = [t.number for t in trials if t.state == states.RUNNING]
+                complete = sum(t.state == TrialState.COMPLETE for t in trials)
+                running = [t.number for t in trials if t.state == TrialState.RUNNING]
                 if complete >= self.n_trials:
                     break
                 if complete + len(running) >= self.n_trials:
@@ -303,7 +249,7 @@ class _Worker:
                     continue
                 waiting_for = None
                 try:
-                    self.study.optimize(self._run_trial, catch=(_TrialFailed,), callbacks=[self._after_trial])
+                    self.study.optimize(self._run_trial, callbacks=[self._after_trial, self.max_trials])
                 except _LeftUntold as left:
                     if left.interrupt is not None:
                         raise left.interrupt from None
@@ -316,59 +262,48 @@ class _Worker:
         return self.stopped
 
     def _look(self) -> None:
-        """Take the study lock (kept until the next trial starts or the worker waits) and fail each RUNNING trial
-        whose worker is gone, queueing its parameters again: the worker process ended (its trial lock is free) or
-        its heartbeat stopped (Optuna's ``fail_stale_trials``)."""
-        optuna = self.optuna
+        """Take the study lock (until the next trial starts) and fail and queue again each RUNNING trial whose worker
+        is gone: its trial lock is free, or its heartbeat stopped (Optuna's ``fail_stale_trials``)."""
         self.study_lock.acquire()
-        for frozen in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if self._lock(f"trial_{frozen.number}.worker").held_elsewhere():
-                continue  # a live worker runs it
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            lock = _Lock(self.folder, f"trial_{frozen.number}.worker")
+            if fcntl is None or (os.path.exists(lock.path) and not lock.acquire(block=False)):
+                continue  # a live worker runs it (without fcntl: left to the heartbeat rule)
+            lock.release()
             trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, frozen.number)
             try:
-                if not self.storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
+                if not self.storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
                     continue
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
             self._requeue(self.study, self.storage.get_trial(trial_id), stale=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(self.study)
+        optuna.storages.fail_stale_trials(self.study)
 
     def _requeue(self, study, trial, stale: bool) -> None:
         """Queue a failed trial's parameters again (a WAITING copy with its user attributes, so its folder)."""
-        name = trial_folder_name(trial)
-        if stale:
-            self.log(
-                f"trial {trial.number}: no heartbeat for more than {GRACE_PERIOD_S} s; its parameters run again in "
-                f"{name} once its worker, if still alive, lets go of the folder"
-            )
-        else:
-            self.log(
-                f"trial {trial.number}: its worker stopped (killed or interrupted); its parameters run again in "
-                f"{name}, resuming from its checkpoint"
-            )
+        name = outputs.trial_folder_name(trial)
+        why = (
+            f"no heartbeat for more than {GRACE_PERIOD_S} s; its parameters run again in {name} once its worker, if "
+            "still alive, lets go of the folder"
+            if stale
+            else f"its worker stopped (killed or interrupted); its parameters run again in {name}, resuming from its "
+            "checkpoint"
+        )
+        self.log(f"trial {trial.number}: {why}")
         self.retry(study, trial)
 
     def _run_trial(self, trial) -> float:
-        """``Study.optimize``'s objective: run the trial's config in its folder (a queued copy keeps the folder of
-        the trial it resumes), the folder locked; under torchrun every rank trains it."""
-        from ..experiment import distributed as dist_utils
-
-        self.trial_lock = self._lock(f"trial_{trial.number}.worker")
+        """``Study.optimize``'s objective: the trial's run in its folder (a queued copy keeps it), the folder locked."""
+        self.trial_lock = _Lock(self.folder, f"trial_{trial.number}.worker")
         self.trial_lock.acquire()  # a new number: free; taken before the study lock goes, so no one resumes it
         self.study_lock.release()
-        name = trial_folder_name(trial)
-        trial.set_user_attr(FOLDER_ATTR, name)
-        seed = self.config.get("seed", 0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", self.optuna.exceptions.ExperimentalWarning)
-            # every trial draws with its own seed (config seed + trial number), whichever worker runs it
-            self.study.sampler = self.optuna.samplers.TPESampler(
-                seed=None if seed is None else int(seed) + trial.number, constant_liar=True
-            )
+        name = outputs.trial_folder_name(trial)
+        trial.set_user_attr(outputs.FOLDER_ATTR, name)
+        seed = self.config.get("seed", 0)  # every trial draws with its own seed, whichever worker runs it
+        seed = None if seed is None else int(seed) + trial.number
+        self.study.sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
         values = suggest(trial, self.space)
-        folder_lock = self._lock(f"{name}.folder")
+        folder_lock = _Lock(self.folder, f"{name}.folder")
         try:
             if not folder_lock.acquire(block=False):
                 self.log(f"trial {trial.number}: waiting for {name}: a worker that lost its heartbeat still writes it")
@@ -380,7 +315,7 @@ class _Worker:
             try:
                 value, attrs, reason = _outcome(self.objective, job)
             except ConfigError as e:  # Study.optimize tells FAIL and re-raises it: the search stops
-                trial.set_user_attr(REASON_ATTR, f"ConfigError: {e}")
+                trial.set_user_attr(outputs.REASON_ATTR, f"ConfigError: {e}")
                 self.log(f"trial {trial.number} failed: ConfigError: {e}")
                 raise
             except KeyboardInterrupt as e:
@@ -389,7 +324,7 @@ class _Worker:
         finally:
             folder_lock.release()
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, trial.number)
-        if self.storage.get_trial(trial_id).state != self.optuna.trial.TrialState.RUNNING:
+        if self.storage.get_trial(trial_id).state != TrialState.RUNNING:
             self.log(
                 f"trial {trial.number}: finished, but another worker had failed it for a lost heartbeat; its queued "
                 f"copy reads this run from {name}"
@@ -398,47 +333,42 @@ class _Worker:
         for key, v in attrs.items():
             trial.set_user_attr(key, v)
         if reason is not None:
-            trial.set_user_attr(REASON_ATTR, reason)
+            trial.set_user_attr(outputs.REASON_ATTR, reason)
             self.log(f"trial {trial.number} failed: {reason}")
-            raise _TrialFailed(reason)
+            return math.nan  # Study.optimize records FAIL and goes on
         self.log(f"trial {trial.number}: objective {value:.4f}")
         return value
 
     def _after_trial(self, study, trial) -> None:
-        """``Study.optimize``'s callback: the failure rule; then, under the study lock, the look for abandoned trials
-        and Optuna's ``MaxTrialsCallback`` (COMPLETE and running trials) before the next trial is asked for."""
+        """``Study.optimize``'s first callback: the failure rule; then the look for abandoned trials, under the study
+        lock, before Optuna's ``MaxTrialsCallback`` (COMPLETE and running trials) and the next trial."""
         self.trial_lock.release()  # told
-        complete = study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.COMPLETE,))
-        self.failures = [] if trial.state == self.optuna.trial.TrialState.COMPLETE else self.failures + [trial.number]
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        self.failures = [] if trial.state == TrialState.COMPLETE else self.failures + [trial.number]
         if len(self.failures) >= self.max_failures:
             message = (
                 f"search stopped: {len(self.failures)} trials in a row failed (trials "
-                f"{', '.join(map(str, self.failures))}; trial {trial.number}: {trial.user_attrs[REASON_ATTR]}); "
-                f"{len(complete)} of bayes_opt_iters={self.n_trials} trials COMPLETE; rerunning the command continues"
+                f"{', '.join(map(str, self.failures))}; trial {trial.number}: "
+                f"{trial.user_attrs[outputs.REASON_ATTR]}); {len(complete)} of bayes_opt_iters={self.n_trials} trials "
+                "COMPLETE; rerunning the command continues"
             )
             self.log(message)
             rule = f"bayes_opt_max_failures_in_a_row={self.max_failures}"
             self.stopped = {"rule": rule, "trials": self.failures, "message": message}
             study.stop()
-            return
-        self._look()
-        self.max_trials(study, trial)
+        else:
+            self._look()
 
 
 def _wait() -> None:
-    """Sleep :data:`POLL_S` while other workers run; under torchrun tell the other ranks to go on waiting (a
-    collective every few seconds, so that their wait for the next trial never reaches the process group's timeout)."""
-    from ..experiment import distributed as dist_utils
-
+    """Sleep :data:`POLL_S`; under torchrun tell the other ranks to go on waiting (a collective every few seconds, so
+    that their wait for the next trial never reaches the process group's timeout)."""
     dist_utils.broadcast_object(("wait", None))
     time.sleep(POLL_S)
 
 
 def _follow_rank_0(objective) -> Dict[str, Any]:
-    """Ranks other than 0 under torchrun: train every trial rank 0 sends, until it sends the summary. A trial that
-    fails here fails on rank 0 too (the same run); a ConfigError propagates as there."""
-    from ..experiment import distributed as dist_utils
-
+    """Ranks other than 0 under torchrun: train every trial rank 0 sends, until it sends the summary."""
     while True:
         kind, payload = dist_utils.broadcast_object(None)
         if kind == "done":

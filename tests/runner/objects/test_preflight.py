@@ -14,7 +14,7 @@ from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.objects import preflight
 from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.protocols import load_config
-from pml_extensions.runner.protocols.mlrc.splits import mlrc_class_splits
+from pml_extensions.runner.protocols.mlrc import mlrc_class_splits
 
 
 def _builder(argv=(), variant="quick", name="contrastive"):

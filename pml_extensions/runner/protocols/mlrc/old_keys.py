@@ -1,12 +1,5 @@
-"""powerful-benchmarker's pre-0.9.29 spellings of config keys, each mapped onto today's key with one note (or
-refused with one line): ``eval_batch_size``, top-level ``test_size``, ``batch_size`` ... are read as the argument of
-today's object key (:data:`OLD_KEYS`); a few have no counterpart and are refused (:data:`_OLD_REFUSED`).
-
-Example::
-
-    >>> out = map_old_keys({"eval_batch_size": 64}, {}, log=lambda msg: None)
-    >>> out["tester"]
-    {'GlobalEmbeddingSpaceTester': {'batch_size': 64}}
+"""powerful-benchmarker's pre-0.9.29 spellings of config keys (docs/configs.md, "Older spellings"): each read as the
+argument of today's object key (:data:`OLD_KEYS`) with one note, or refused with one line (:data:`_OLD_REFUSED`).
 """
 
 import sys
@@ -16,7 +9,7 @@ from ...config.eval_keys import _TESTER, _where
 from ...config.specs import one_spec
 from ...errors import ConfigError
 
-#: PB's older spellings -> (new key path, note); a path ending in "*" applies to the class's kwargs
+#: PB's older spellings -> (today's object key, the argument of its class they are)
 OLD_KEYS = {
     "eval_reference_set": ("tester", "reference_set"),
     "eval_normalize_embeddings": ("tester", "normalize_embeddings"),
@@ -56,15 +49,18 @@ OLD_TOP_LEVEL_KEYS = tuple(OLD_KEYS) + tuple(_OLD_REFUSED)
 
 
 def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[Callable[..., None]] = None):
-    """Map PB's pre-0.9.29 spellings (``eval_batch_size``, top-level ``test_size``, ``batch_size`` ...) onto
-    arguments of today's object keys, printing one note per key (default: to stderr); those with no counterpart
-    (:data:`_OLD_REFUSED`) are refused.
+    """Map PB's older spellings onto arguments of today's object keys, one note each to ``log`` (default: stderr).
 
     Returns:
-        a new config dict (the same one when nothing was mapped).
+        a new config dict.
 
     Raises:
-        ConfigError: one line naming the old key and what to write instead.
+        ConfigError: a refused key: one line naming it and what to write instead.
+
+    Example::
+
+        >>> map_old_keys({"eval_batch_size": 64}, {}, log=lambda msg: None)["tester"]
+        {'GlobalEmbeddingSpaceTester': {'batch_size': 64}}
     """
     log = log or (lambda msg: print(msg, file=sys.stderr))
     out = dict(config)
@@ -73,10 +69,7 @@ def map_old_keys(config: Dict[str, Any], sources: Dict[str, str], log: Optional[
     for old in [k for k in config if k in OLD_KEYS]:
         value = out.pop(old)
         parent, arg = OLD_KEYS[old]
-        if parent in out and out[parent] is not None:
-            name, kwargs = one_spec(out[parent], _where(sources, parent))
-        else:
-            name, kwargs = _DEFAULT_CLASS[parent], {}
+        name, kwargs = one_spec(out.get(parent), _where(sources, parent), default=_DEFAULT_CLASS[parent])
         out[parent] = {name: dict(kwargs, **{arg: value})}
         sources.setdefault(parent, sources.get(old, "config"))
         log(

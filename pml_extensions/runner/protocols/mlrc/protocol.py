@@ -1,23 +1,11 @@
-"""The "Metric Learning Reality Check" (MLRC) protocol on PML 2.x, driven by a merged powerful-benchmarker config
-(Musgrave, Belongie & Lim, ECCV 2020, Sec. 4; powerful-benchmarker's ``metric-learning`` branch, rewritten here).
-
-1. ``split_manager``: the classes in ``[test_start_idx, test_start_idx + test_size)`` (fractions of the sorted class
-   list; default the second half) are the test set, the rest is cut into ``num_training_partitions`` class-disjoint
-   folds, ``num_training_sets`` of which are trained (fold k validates on partition k).
-2. Each fold trains with the configured trainer; every ``save_interval`` epochs the ``tester`` evaluates
-   ``splits_to_eval``; ``hook_container``'s ``primary_metric`` on val picks the best epoch and drives ``patience``;
-   ``aggregator`` averages the folds' best validation metrics (``results["aggregate"]``).
-3. Test: the mean of the fold models' metrics (``separate_<d>D``) and those of their concatenated embeddings
-   (``ensemble``, ``concatenated_<k·d>D``).
-
-The keys are in docs/configs.md. By design, unlike powerful-benchmarker: a feature-map trunk must end in a pooling
-layer, only ``reference_set: compared_to_self``, and the global RNGs are seeded at each fold start (``seed + fold``)
-and restored on resume (``seed: null`` leaves them alone).
+"""The "Metric Learning Reality Check" (MLRC) protocol on a merged powerful-benchmarker config (Musgrave, Belongie &
+Lim, ECCV 2020, Sec. 4): its settings and checks; the run is :mod:`.runner`. Steps and keys: docs/runner.md and
+docs/configs.md.
 """
 
 import dataclasses
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from ...config import pb_keys
 from ...errors import ConfigError
@@ -27,42 +15,22 @@ __all__ = ["MLRC", "Settings", "csv_split_classes"]
 
 
 def csv_split_classes(path: str, columns: Dict[str, str]):
-    """``(training classes, test classes, split column)`` of a CSV file's rows by its split column, read as
-    :class:`~pml_extensions.datasets.ImageCSVSplit` reads it (any case): the test rows are those marked ``test`` /
-    ``testing``, else (OML's convention) those marked ``validation``; rows of the other evaluation value stay in the
-    training pool. None without a split column. Classes are the label column's values as written.
-
-    Raises:
-        ConfigError: an unknown split value (naming the row).
+    """``(training classes, test classes, split column)`` of a CSV file's rows by its split column, read by
+    :class:`~pml_extensions.datasets.ImageCSVSplit`: the test rows are those marked ``test`` / ``testing``, else (OML's
+    convention) those marked ``validation``; rows of the other evaluation value stay in the training pool. None
+    without a split column, or for a table ImageCSVSplit refuses (it says why when the run builds the dataset).
     """
-    import csv
+    from ....datasets import ImageCSVSplit
 
-    from ....datasets.image_csv_split import TESTING_VALUES, TRAIN_VALUES, VALIDATION_VALUES
-
-    label_col, split_col = columns.get("label", "label"), columns.get("split", "split")
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if not split_col or split_col not in (reader.fieldnames or []) or label_col not in (reader.fieldnames or []):
-            return None
-        sides = {"train": [], "validation": [], "test": []}
-        side_of = {v: k for k, vs in zip(sides, (TRAIN_VALUES, VALIDATION_VALUES, TESTING_VALUES)) for v in vs}
-        for row, record in enumerate(reader, start=2):
-            value = (record.get(split_col) or "").strip().lower()
-            side = side_of.get(value)
-            if side is None:
-                raise ConfigError(
-                    f"command line: --data_folder {path}: row {row}: {split_col} {value!r}; expected "
-                    f"{', '.join(TRAIN_VALUES + VALIDATION_VALUES + TESTING_VALUES)}"
-                )
-            sides[side].append(record[label_col].strip())
-    if sides["test"]:
-        return sides["train"] + sides["validation"], sides["test"], split_col
-    return sides["train"], sides["validation"], split_col
-
-
-def _without_split(columns: Optional[Dict[str, str]]) -> str:
-    kept = {k: v for k, v in (columns or {}).items() if k != "split"}
-    return ",".join(f"{k}={v}" for k, v in kept.items()) or "label=LABEL,path=PATH"
+    try:
+        table = ImageCSVSplit(path, "all", columns=columns or None)
+    except (OSError, ValueError):
+        return None
+    if table.columns.get("split") is None:
+        return None
+    by_split = table.classes_by_split
+    train = by_split.get("train", []) + (by_split.get("validation", []) if "test" in by_split else [])
+    return train, by_split.get("test") or by_split.get("validation", []), table.columns["split"]
 
 
 def _doc(text: str) -> Any:
@@ -132,7 +100,7 @@ class Settings:
 
 
 class MLRC(Protocol):
-    """powerful-benchmarker's metric-learning reality check on a merged PB config (see the module docstring)."""
+    """powerful-benchmarker's metric-learning reality check on a merged PB config (docs/runner.md)."""
 
     name = "mlrc"
     description = "Metric Learning Reality Check: class-disjoint folds, early stopping, separate + concatenated test"
@@ -160,8 +128,8 @@ class MLRC(Protocol):
     def data_folder(cls, path: str, is_csv: bool, columns=None) -> Dict[str, Any]:
         """Your images, every class: :class:`~pml_extensions.datasets.ImageCSVSplit` for a CSV file,
         :class:`~pml_extensions.datasets.ImageFolderSplit` for a folder of classes. The protocol makes its own
-        class-disjoint split, unless the CSV has a split column: then its test rows' classes are the test classes
-        (``split_manager``'s ``test_classes``, merged into the config's split manager), which must be classes no
+        class-disjoint split, unless the CSV has a split column: then its test rows' classes (else, OML's convention,
+        its validation rows') are the test classes (``split_manager``'s ``test_classes``), which must be classes no
         training row has.
 
         Raises:
@@ -180,14 +148,15 @@ class MLRC(Protocol):
         shared = sorted(set(train) & set(test))
         if shared:
             shown = ", ".join(shared[:5]) + (f", ... ({len(shared)})" if len(shared) > 5 else "")
+            kept = ",".join(f"{k}={v}" for k, v in (columns or {}).items() if k != "split") or "label=LABEL,path=PATH"
             raise ConfigError(
-                f"command line: --data_folder {path}: its {column!r} column puts {len(shared)} classes in both the "
-                f"training and the test rows ({shown}); the mlrc protocol tests on classes it never trained on: make "
-                f"the split class-disjoint, or map no split column (--columns {_without_split(columns)}) and mlrc "
+                f"command line: --data_folder {path}: its {column!r} column puts {len(shared)} "
+                f"classes in both the training and the test rows ({shown}); the mlrc protocol tests on classes it "
+                f"never trained on: make the split class-disjoint, or map no split column (--columns {kept}) and mlrc "
                 "splits the classes itself, or run a paired config with class_overlap: allowed in the dataset's kwargs "
                 "(same-class retrieval)"
             )
-        update["split_manager"] = {"ClassDisjointSplitManager": {"test_classes": sorted(set(test))}}
+        update["split_manager"] = {"ClassDisjointSplitManager": {"test_classes": sorted(test)}}
         return update
 
     @classmethod

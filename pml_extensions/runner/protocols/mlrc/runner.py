@@ -1,18 +1,20 @@
-"""The ``mlrc`` protocol's run (:class:`MLRCRunner`; the steps: :mod:`.protocol`), apart from its settings so that
-reading a config imports no torch."""
+"""The ``mlrc`` protocol's run (:class:`MLRCRunner`; the steps: docs/runner.md), its class-disjoint split and its test
+numbers (Musgrave, Belongie & Lim, "A Metric Learning Reality Check", ECCV 2020, Sec. 4), apart from its settings so
+that reading a config imports no torch."""
 
+import difflib
+import math
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ....utils.checks import is_int
 from ...config import pb_keys
-from ...config.registry import resolve
 from ...config.specs import one_spec
-from ...errors import ConfigError
+from ...errors import ConfigError, Problems
 from ...experiment import distributed as dist_utils
 from ...experiment.checkpoint import load_weights
 from ...experiment.epoch_loop import EpochLoop
@@ -22,9 +24,8 @@ from ...objects.builder import Builder, accepts
 from ...objects.data import dataset_labels
 from ...objects.feature_cache import FeatureCaches, check_fixed_prefix, end_of_epoch_hook, subset_key
 from ...outputs.retrieval import dataset_image, save_retrieval_examples
-from .splits import ensemble_metrics, mlrc_class_splits
 
-__all__ = ["MLRCRunner"]
+__all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits"]
 
 
 class MLRCRunner:
@@ -41,63 +42,40 @@ class MLRCRunner:
         ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values.
     """
 
-    def __init__(
-        self,
-        config: Dict[str, Any],
-        experiment_folder: str,
-        sources: Optional[Dict[str, str]] = None,
-        log: Callable[[str], None] = print,
-    ):
-        self.config = config
-        self.folder = experiment_folder
+    def __init__(self, config: Dict[str, Any], experiment_folder: str, sources=None, log=print):
+        self.config, self.folder = config, experiment_folder
         self.experiment = Experiment(experiment_folder, config, sources, log)
-        self.log = self.experiment.log
-        self.device = self.experiment.device
+        self.log, self.device, self.sources = self.experiment.log, self.experiment.device, self.experiment.sources
         self.builder = Builder(config, sources, self.device, self.log)
-        self.where = self.builder.where
-        self.get = self.builder.get
-        self.sources = self.experiment.sources
+        self.where, self.get = self.builder.where, self.builder.get
         self.split = pb_keys.split_settings(config, self.sources)
         self.getter = pb_keys.data_and_label_getter(self.split["data_and_label_getter_keys"])
         self.trained = False  # did this call train any epoch (then saved test numbers are stale)
-        self.prepared = None  # (base, labels, splits, transforms) of prepare()
-        self.caches = None  # FeatureCaches with a feature_cache key (set in run())
+        self.prepared = self.caches = None  # prepare()'s (base, labels, splits, transforms); run()'s FeatureCaches
 
-    # datasets: images with a transform, or the feature caches' views
-    def train_view(self, base, labels, indices, transforms, seed: int = 0):
-        """Items ``indices`` of ``base`` for training: the train transform, or their cached training views
-        (drawn with ``seed``)."""
+    def view(self, part: str, base, labels, indices, transforms, seed: int = 0):
+        """Items ``indices`` of ``base`` with the ``part`` (``train`` / ``eval``) transform, or their cached views
+        (the training views drawn with ``seed``)."""
         if self.caches is None:
-            return self.builder.subset(base, indices, labels, transforms["train"], self.getter)
-        cached = self._cached("train", base, labels, self.pool, transforms["train"], seed)
-        return self.builder.subset(cached, np.searchsorted(self.pool, indices))
-
-    def eval_view(self, base, labels, indices, transforms):
-        """Items ``indices`` of ``base`` for evaluation: the eval transform, or their cached eval view."""
-        if self.caches is None:
-            return self.builder.subset(base, indices, labels, transforms["eval"], self.getter)
-        cached = self._cached("eval", base, labels, np.arange(len(labels)), transforms["eval"], 0)
-        return self.builder.subset(cached, indices)
-
-    def _cached(self, part, base, labels, indices, transform, seed):
-        images = self.builder.subset(base, indices, labels, None, self.getter)
-        views = self.caches.spec["num_views"] if part == "train" else 1
+            return self.builder.subset(base, indices, labels, transforms[part], self.getter)
+        pool = self.pool if part == "train" else np.arange(len(labels))
+        images = self.builder.subset(base, pool, labels, None, self.getter)
         try:  # the base dataset's file list (or items) and the indices
-            key = subset_key(base, indices)
+            key = subset_key(base, pool)
         except ValueError:  # a base without a labels array: the subset's items are hashed
             key = None
-        return self.caches.dataset(part, self.builder.frozen, images, transform, views, seed, dataset_key=key)
+        views = self.caches.spec["num_views"] if part == "train" else 1
+        cached = self.caches.dataset(part, self.builder.frozen, images, transforms[part], views, seed, dataset_key=key)
+        return self.builder.subset(cached, np.searchsorted(pool, indices))
 
     def evaluate(self, tester, dataset, models) -> Dict[str, float]:
-        trunk, embedder = models["trunk"], models["embedder"]
-        modes = (trunk.training, embedder.training)
-        emb, labels = tester.get_all_embeddings(dataset, dist_utils.unwrap(trunk), dist_utils.unwrap(embedder))
-        trunk.train(modes[0])
-        embedder.train(modes[1])
+        modes = {k: m.training for k, m in models.items()}  # the tester leaves the models in eval mode
+        emb, labels = tester.get_all_embeddings(dataset, models["trunk"], models["embedder"])
+        for k, m in models.items():
+            m.train(modes[k])
         acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, tester.label_hierarchy_level])
         return {k: float(v) for k, v in acc.items() if isinstance(v, (int, float))}
 
-    # ---------------------------------------------------------------------------------------------- one fold
     def train_fold(self, fold: int, base, labels, split, transforms) -> Dict[str, Any]:
         stage = f"fold_{fold}"
         fold_dir = self.experiment.stage_folder(stage)
@@ -110,26 +88,22 @@ class MLRCRunner:
         train_idx = np.nonzero(np.isin(labels, split["train"]))[0]
         val_idx = np.nonzero(np.isin(labels, split["val"]))[0]
         fold_seed = (self.experiment.seed or 0) + fold
-        train_ds = self.train_view(base, labels, train_idx, transforms, fold_seed)
-        val_ds = self.eval_view(base, labels, val_idx, transforms)
+        train_ds = self.view("train", base, labels, train_idx, transforms, fold_seed)
+        val_ds = self.view("eval", base, labels, val_idx, transforms)
         eval_sets = {"val": val_ds}
         if "train" in splits_to_eval:
-            eval_sets["train"] = self.eval_view(base, labels, train_idx, transforms)
-
-        trainer_name, trainer_kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
-        trainer_kwargs = dict(trainer_kwargs)
-        global_batch = trainer_kwargs.get("batch_size", 32)
-        if global_batch % dist_utils.world_size():
+            eval_sets["train"] = self.view("eval", base, labels, train_idx, transforms)
+        trainer_name, trainer_kwargs, global_batch = self.trainer()
+        world = dist_utils.world_size()
+        if global_batch % world:
             raise ConfigError(
-                f"{self.where('trainer')}: batch_size {global_batch} is "
-                f"not divisible by {dist_utils.world_size()} processes"
+                f"{self.where('trainer')}: batch_size {global_batch} is not divisible by {world} processes"
             )
-        trainer_kwargs["batch_size"] = global_batch // dist_utils.world_size()
 
         self.experiment.seed_everything(fold)
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
-        self.builder.init_from_data(models, self.eval_view(base, labels, train_idx, transforms), seed=fold_seed)
+        self.builder.init_from_data(models, self.view("eval", base, labels, train_idx, transforms), seed=fold_seed)
         loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
         optimizers = self.builder.build_optimizers(models, loss_funcs)
         sampler = self.builder.build_sampler(train_ds.labels, global_batch)
@@ -158,8 +132,7 @@ class MLRCRunner:
             where=self.where("hook_container"),
         )
         loop.resume()
-        if not loop.finished:
-            self.trained = True
+        self.trained = self.trained or not loop.finished
         epoch_hook = lambda trainer: True  # noqa: E731
         if self.caches is not None:  # epoch e trains on the views drawn for e completed epochs
             train_ds.dataset.set_epoch(loop.start_epoch - 1)
@@ -167,7 +140,7 @@ class MLRCRunner:
 
         def make_trainer():
             return self.builder.build_trainer(
-                {trainer_name: trainer_kwargs},
+                {trainer_name: dict(trainer_kwargs, batch_size=global_batch // world)},
                 models=dist_utils.wrap_models(models, self.device),
                 optimizers=optimizers,
                 loss_funcs=dist_utils.wrap_losses(loss_funcs),
@@ -192,13 +165,12 @@ class MLRCRunner:
             "train_classes": split["train"],
         }
 
-    # ---------------------------------------------------------------------------------------------- test
     def test(self, base, labels, classes, transforms, fold_results) -> Dict[str, Dict[str, float]]:
         test_idx = np.nonzero(np.isin(labels, classes))[0]
-        test_ds = self.eval_view(base, labels, test_idx, transforms)
+        test_ds = self.view("eval", base, labels, test_idx, transforms)
         tester = self.builder.build_tester()
-        calc = tester.accuracy_calculator
         ensemble = pb_keys.ensemble_settings(self.config, self.sources)
+        normalize = ensemble["normalize_embeddings"]
         embeddings, y = [], None
         for k, fr in enumerate(fold_results):
             if not os.path.exists(fr["best_path"]):
@@ -214,7 +186,6 @@ class MLRCRunner:
             if k == 0 and dist_utils.is_main():
                 self.run_test_hooks(test_ds, models, fr.get("best_epoch"))
         if dist_utils.is_main():  # a few seeded test queries with their top-k, for report.html
-            normalize = ensemble["normalize_embeddings"]
             raw = self.builder.subset(base, test_idx, labels, None, self.getter)
             save_retrieval_examples(
                 self.folder,
@@ -227,39 +198,22 @@ class MLRCRunner:
                 note=f"The concatenated test model: the best checkpoints of {len(embeddings)} fold model(s), their "
                 "embeddings concatenated (the `concatenated_*` row of the test metrics).",
             )
-        return ensemble_metrics(
-            embeddings,
-            y,
-            calc,
-            normalize=ensemble["normalize_embeddings"],
-            tester_normalize=tester.normalize_embeddings,
-        )
+        return ensemble_metrics(embeddings, y, tester.accuracy_calculator, normalize, tester.normalize_embeddings)
 
     def run_test_hooks(self, test_ds, models, epoch: Optional[int] = None) -> None:
-        """Run the config's ``test_hooks`` once on the test split with fold 0's best model, as PML
-        ``end_of_testing_hook``s (``trunk``, ``embedder``, ``dataset_dict``, ``output_dir`` and ``epoch`` filled in)."""
-        specs = self.get("test_hooks") or {}
-        if not specs:
-            return
-        fills = {
-            "trunk": models["trunk"],
-            "embedder": models["embedder"],
-            "dataset_dict": {"test": test_ds},
-            "output_dir": os.path.join(self.folder, "explanations"),
-            "epoch": epoch,
-        }
-        for key, spec in specs.items():
-            name, kwargs = one_spec(spec, self.where(f"test_hooks.{key}"))
-            cls = resolve(name, self.where(f"test_hooks.{key}"))
-            extra = {k: v for k, v in fills.items() if k not in (kwargs or {}) and accepts(cls, k)}
+        """The config's ``test_hooks`` as PML ``end_of_testing_hook``s, their objects filled in."""
+        fills = {"trunk": models["trunk"], "embedder": models["embedder"], "dataset_dict": {"test": test_ds}}
+        fills.update(output_dir=os.path.join(self.folder, "explanations"), epoch=epoch)
+        for key, spec in (self.get("test_hooks") or {}).items():
+            name, cls, kwargs = self.builder._class_spec(f"test_hooks.{key}", spec)
+            extra = {k: v for k, v in fills.items() if k not in kwargs and accepts(cls, k)}
             hook = self.builder.build(f"test_hooks.{key}", {name: kwargs}, **extra)
             call = getattr(hook, "end_of_testing_hook", hook)
             tester = self.builder.build_tester(end_of_testing_hook=call, sharded=False)  # rank 0 only
             tester.test({"test": test_ds}, 0, models["trunk"], models["embedder"])
 
     def setup_caches(self, labels, test_classes) -> None:
-        """The feature caches (``feature_cache`` key): the frozen prefix (checked to be the same for every fold's
-        seed), the train/val pool whose training views are cached."""
+        """The ``feature_cache``: its frozen prefix (the same for every fold's seed) and the train/val pool."""
         where = self.where("feature_cache")
         if self.get("test_hooks"):
             raise ConfigError(f"{where}: test_hooks explain images with the whole trunk; run them without a cache")
@@ -269,7 +223,6 @@ class MLRCRunner:
         self.builder.build_models()  # the frozen prefix the caches are built with (builder.frozen)
         self.pool = np.nonzero(~np.isin(labels, test_classes))[0]
 
-    # ---------------------------------------------------------------------------------------------- all
     def prepare(self) -> None:
         """Every check before training, in one pass (:class:`~pml_extensions.runner.errors.Problems`): the dataset
         builds (its columns, its files), every image decodes, enough classes for the split and the sampler, the
@@ -278,37 +231,29 @@ class MLRCRunner:
         Raises:
             ConfigProblems: every problem found, one line each.
         """
-        from ...errors import Problems
-
         problems = Problems()
         base = labels = splits = None
-        transforms = {}
+        transforms, images_ok = {}, False
         with problems.check():
             base = self.builder.build_dataset()
-        images_ok = False
         if base is not None:
-            skip = self.get("skip_bad_images", False)
             folder = self.folder if os.path.isdir(self.folder) else None  # a rerun keeps its record of good files
             with problems.check():
-                base = preflight.check_images(base, folder, skip is True, self.where("dataset"), self.log)
+                skip = self.get("skip_bad_images", False) is True
+                base = preflight.check_images(base, folder, skip, self.where("dataset"), self.log)
                 images_ok = True
             with problems.check():
-                labels = pb_keys.label_level(
-                    dataset_labels(base), self.split["hierarchy_level"], self.where("split_manager")
-                )
-        num_sets = int(self.split["num_training_sets"])
-        test_classes = None
-        if labels is not None and self.split["test_classes"] is not None:
+                labels = dataset_labels(base)
+                labels = pb_keys.label_level(labels, self.split["hierarchy_level"], self.where("split_manager"))
+        num_sets, wanted = int(self.split["num_training_sets"]), self.split["test_classes"]
+        if labels is not None:
             with problems.check():
-                test_classes = self.test_class_labels(base, labels, self.split["test_classes"])
-        if labels is not None and (self.split["test_classes"] is None or test_classes is not None):
-            with problems.check():
+                test_classes = None if wanted is None else self.test_class_labels(base, labels, wanted)
+                size, start = float(self.split["test_size"]), float(self.split["test_start_idx"])
                 splits = preflight.class_splits(
                     self.builder,
                     labels,
-                    lambda ls, parts: mlrc_class_splits(
-                        ls, float(self.split["test_size"]), float(self.split["test_start_idx"]), parts, test_classes
-                    ),
+                    lambda ls, parts: mlrc_class_splits(ls, size, start, parts, test_classes),
                     int(self.split["num_training_partitions"]),
                     num_sets,
                 )
@@ -319,20 +264,20 @@ class MLRCRunner:
                 transforms = preflight.fit_channels(self.builder, base, transforms, classes, self.getter, self.log)
         if splits is not None:
             with problems.check():
-                batch = one_spec(self.builder._require("trainer"), self.where("trainer"))[1].get("batch_size", 32)
                 folds = splits["folds"][:num_sets]
+                batch = self.trainer()[2]
                 preflight.check_sampler(self.builder, [labels[np.isin(labels, f["train"])] for f in folds], batch)
         problems.raise_any()
         self.prepared = (base, labels, splits, transforms)
 
+    def trainer(self):
+        """``(class name, kwargs, global batch size)`` of the config's ``trainer``."""
+        name, kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
+        return name, kwargs, kwargs.get("batch_size", 32)
+
     def test_class_labels(self, base, labels, wanted) -> List[int]:
-        """``split_manager``'s ``test_classes`` (names as the dataset's ``classes`` write them, or labels) as labels.
-
-        Raises:
-            ConfigError: a class the dataset does not have (with the nearest name).
-        """
-        import difflib
-
+        """``split_manager``'s ``test_classes`` (names as the dataset's ``classes`` write them, or labels) as labels;
+        ConfigError for a class the dataset does not have (with the nearest name)."""
         names = [str(n) for n in (getattr(base, "classes", None) or [])]
         present = {int(v) for v in np.unique(labels)}
         out, where = [], self.where("split_manager") + ".ClassDisjointSplitManager.test_classes"
@@ -347,11 +292,6 @@ class MLRCRunner:
                 raise ConfigError(f"{where}: the dataset has no class {w!r}{hint}")
         return out
 
-    def class_names(self, base, classes) -> List[str]:
-        """The names of ``classes`` (labels) as the dataset writes them (its ``classes``), else the labels."""
-        names = getattr(base, "classes", None)
-        return [str(names[c]) if names is not None and 0 <= c < len(names) else str(c) for c in classes]
-
     def run(self) -> Dict[str, Any]:
         t0 = time.time()
         if self.prepared is None:
@@ -361,7 +301,8 @@ class MLRCRunner:
         num_sets = int(self.split["num_training_sets"])
         if self.get("feature_cache") is not None:
             self.setup_caches(labels, splits["test"])
-        names = self.class_names(base, splits["test"])
+        known = getattr(base, "classes", None)  # the test classes' names as the dataset writes them, else the labels
+        names = [str(known[c]) if known is not None and 0 <= c < len(known) else str(c) for c in splits["test"]]
         shown = ", ".join(names[:6]) + (f", ... ({len(names)})" if len(names) > 6 else "")
         epochs, patience = self.get("num_epochs_train", 1000), self.get("patience", 9)
         stops = (
@@ -379,8 +320,8 @@ class MLRCRunner:
             start, trained = time.time(), self.trained
             fold_results.append(self.train_fold(k, base, labels, splits["folds"][k], transforms))
             if self.trained and not trained and k + 1 < num_sets:  # the first fold this call trained
-                took = time.time() - start
-                self.log(f"one fold took {'; '.join(time_estimate(took, num_sets - k - 1))} for the rest")
+                took = time_estimate(time.time() - start, num_sets - k - 1)
+                self.log(f"one fold took {'; '.join(took)} for the rest")
         # PB's skip_ensemble_eval_if_already_done, only when no fold trained in this call
         test = None if self.trained else pb_keys.reuse_test_results(self.config, self.folder, self.sources)
         if test is None:
@@ -400,5 +341,101 @@ class MLRCRunner:
 
 
 def _count(n: int, word: str) -> str:
-    """``"1 epoch"``, ``"3 epochs"``."""
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def mlrc_class_splits(
+    labels: Sequence[int],
+    test_size: float = 0.5,
+    test_start_idx: float = 0.5,
+    num_training_partitions: int = 4,
+    test_classes: Sequence[int] = None,
+) -> Dict[str, Any]:
+    """Class-disjoint MLRC split.
+
+    Args:
+        labels: ``[N]`` integer class labels of the whole dataset.
+        test_size, test_start_idx: fractions of the sorted class list; the test classes are
+            ``classes[⌊start·C⌋ : ⌊(start + size)·C⌋]`` (default the second half; an odd count gives it the extra).
+        num_training_partitions: class-disjoint folds of the other classes (contiguous blocks of the sorted list,
+            sizes differing by at most one).
+        test_classes: the test classes (labels) instead of ``test_size`` / ``test_start_idx``.
+
+    Returns:
+        ``{"test": [classes], "trainval": [classes], "folds": [{"train": [classes], "val": [classes]}, ...]}``.
+
+    Raises:
+        ValueError: fractions outside [0, 1], fewer than 2 test classes, or fewer other classes than 2 per fold.
+
+    Example::
+
+        >>> s = mlrc_class_splits(list(range(12)), num_training_partitions=2)
+        >>> s["test"], s["folds"][0]
+        ([6, 7, 8, 9, 10, 11], {'train': [3, 4, 5], 'val': [0, 1, 2]})
+    """
+    classes = sorted(int(c) for c in np.unique(np.asarray(labels)))
+    c = len(classes)
+    if not (0 <= test_size <= 1 and 0 <= test_start_idx <= 1):
+        raise ValueError(f"test_size and test_start_idx must be fractions in [0, 1], got {test_size}, {test_start_idx}")
+    if test_classes is not None:
+        test = sorted(int(t) for t in set(test_classes) & set(classes))
+        pool = [k for k in classes if k not in set(test)]
+    else:
+        start = int(math.floor(test_start_idx * c + 1e-9))
+        stop = min(c, int(math.floor((test_start_idx + test_size) * c + 1e-9)))
+        test = classes[start:stop]
+        pool = classes[:start] + classes[stop:]
+    if len(test) < 2:
+        raise ValueError(f"the test split needs at least 2 classes, got {len(test)} of {c}")
+    if num_training_partitions < 2 or len(pool) < 2 * num_training_partitions:
+        raise ValueError(
+            f"num_training_partitions must be >= 2 with >= 2 classes each; got {num_training_partitions} "
+            f"partitions for {len(pool)} train/val classes"
+        )
+    parts = [list(map(int, p)) for p in np.array_split(np.asarray(pool), num_training_partitions)]
+    folds = [
+        {"train": [x for j, p in enumerate(parts) if j != k for x in p], "val": parts[k]}
+        for k in range(num_training_partitions)
+    ]
+    return {"test": test, "trainval": pool, "folds": folds}
+
+
+def ensemble_metrics(
+    embeddings: List[torch.Tensor], labels: torch.Tensor, calculator, normalize=True, tester_normalize=False
+) -> Dict[str, Any]:
+    """MLRC test numbers from the k models' embeddings of the same test items, as powerful-benchmarker computes them:
+    each model is tested with the tester's settings, the concatenation with the ensemble's.
+
+    Args:
+        embeddings: k tensors ``[N, d]`` (float), one per fold model, rows aligned, as the tester returns them (its
+            ``normalize_embeddings`` already applied).
+        labels: ``[N]`` integer labels.
+        calculator: a PML ``AccuracyCalculator`` (queries compared to themselves).
+        normalize: L2-normalise each model's embeddings before concatenating them (PB's
+            ``ConcatenateEmbeddings.normalize_embeddings``).
+        tester_normalize: the tester's ``normalize_embeddings``, applied to the concatenation too (PB's tester
+            normalises whatever the ensemble model outputs).
+
+    Returns:
+        ``{"separate_<d>D": mean over the models of each metric, "concatenated_<k·d>D": metrics of
+        ``cat([normalize(e) for e in embeddings], 1)`` (normalised again with ``tester_normalize``), "per_model": [k
+        dicts]}`` — MLRC's "128D" and "512D".
+
+    Raises:
+        ValueError: an empty list or embeddings with different shapes.
+    """
+    if not embeddings:
+        raise ValueError("embeddings must hold at least one [N, d] tensor")
+    if any(e.shape != embeddings[0].shape or e.ndim != 2 for e in embeddings):
+        raise ValueError(
+            f"embeddings must all be [N, d] with the same shape, got {[tuple(e.shape) for e in embeddings]}"
+        )
+    per_model = [{m: float(v) for m, v in calculator.get_accuracy(e.float(), labels).items()} for e in embeddings]
+    d = embeddings[0].shape[1]
+    separate = {m: float(np.mean([p[m] for p in per_model])) for m in per_model[0]}
+    normalized = [torch.nn.functional.normalize(e.float(), dim=1) if normalize else e.float() for e in embeddings]
+    concat = torch.cat(normalized, dim=1)
+    if tester_normalize:
+        concat = torch.nn.functional.normalize(concat, dim=1)
+    concatenated = {m: float(v) for m, v in calculator.get_accuracy(concat, labels).items()}
+    return {f"separate_{d}D": separate, f"concatenated_{concat.shape[1]}D": concatenated, "per_model": per_model}

@@ -259,18 +259,19 @@ def test_feature_cache_trains_the_rest_on_cached_features_with_the_same_results(
     cache = ["--feature_cache", "{boundary: '1', num_views: 2, dtype: float32}"]
     runner = _runner(tmp_path / "cached", argv + cache, files)
     seen = []
-    original = MLRCRunner.train_view
+    original = MLRCRunner.view
 
-    def spy(self, *args, **kwargs):
-        view = original(self, *args, **kwargs)
-        seen.append(view)
+    def spy(self, part, *args, **kwargs):
+        view = original(self, part, *args, **kwargs)
+        if part == "train":
+            seen.append(view)
         return view
 
-    MLRCRunner.train_view = spy
+    MLRCRunner.view = spy
     try:
         cached = _run(runner)
     finally:
-        MLRCRunner.train_view = original
+        MLRCRunner.view = original
     assert all(isinstance(v.dataset, CachedFeatureDataset) for v in seen) and len(seen) == 2
     assert [v.dataset.seed for v in seen] == [0, 1]  # each fold draws its views with its own seed
     folder = tmp_path / "cached" / "exp" / "feature_cache" / "1"
@@ -329,7 +330,7 @@ class TestYourSplit:
         )
 
     def test_test_classes_by_name_with_did_you_mean(self, tmp_path):
-        from pml_extensions.runner.protocols.mlrc.splits import mlrc_class_splits
+        from pml_extensions.runner.protocols.mlrc import mlrc_class_splits
 
         s = mlrc_class_splits(list(range(10)), num_training_partitions=2, test_classes=[7, 2])
         assert s["test"] == [2, 7] and sorted(s["trainval"]) == [0, 1, 3, 4, 5, 6, 8, 9]

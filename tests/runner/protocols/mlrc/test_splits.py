@@ -1,11 +1,11 @@
-"""runner/protocols/mlrc/splits.py: the class-disjoint MLRC split and the separate / concatenated test numbers."""
+"""runner/protocols/mlrc/runner.py: the class-disjoint MLRC split and the separate / concatenated test numbers."""
 
 import numpy as np
 import pytest
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
-from pml_extensions.runner.protocols.mlrc.splits import ensemble_metrics, mlrc_class_splits
+from pml_extensions.runner.protocols.mlrc import ensemble_metrics, mlrc_class_splits
 
 
 class TestSplit:
