@@ -228,6 +228,10 @@ def test_hand_checked_example():
         "C": {0: {"m": 0.10}, 1: {"m": 0.12}, 2: {"m": 0.14}},
     }
     r = summarize(per_seed, [("A", "b"), ("B", "b"), ("C", "b")], metrics=["m"], smallest_effects={"m": 1.0})
-    assert [c["verdict"] for c in r["comparisons"]] == ["shown", "inconclusive (3 seeds)", "no effect of practical size"]
+    assert [c["verdict"] for c in r["comparisons"]] == [
+        "shown",
+        "inconclusive (3 seeds)",
+        "no effect of practical size",
+    ]
     assert [round(c["p_holm"], 4) for c in r["comparisons"]] == [0.0274, 0.0742, 0.0274]
     assert [round(x, 3) for x in r["comparisons"][0]["ci95"]] == [1.258, 3.742]
