@@ -1,14 +1,6 @@
-"""``python -m pml_extensions explain``: why are these two images similar? (docs/explain.md: what it reads and writes)
-
-Examples::
-
-    python -m pml_extensions explain query.jpg other.jpg --out why/            # ImageNet MobileNetV2 + GAP
-    python -m pml_extensions explain query.jpg photos/ --k 5 --checkpoint run/model.pth --out why/
-    python -m pml_extensions explain --run experiments/mine --out why/       # the run's model on its test images
-    python -m pml_extensions explain query.jpg catalogue.csv --columns label=category,path=image --skip_bad_images
-
-Writes one PNG overlay per (query, reference) pair and ``similarity.json``; maps follow Zhu et al., "Visual
-Explanation for Deep Metric Learning", IEEE TIP 2021.
+"""``python -m pml_extensions explain``: why are these two images similar? One PNG overlay per (query, reference) pair
+and ``similarity.json`` (docs/explain.md: what it reads and writes); maps follow Zhu et al., "Visual Explanation for
+Deep Metric Learning", IEEE TIP 2021.
 """
 
 import argparse

@@ -56,16 +56,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def load_job_config(argv: List[str]):
-    """``(config, sources)`` exactly as ``job argv`` would run them (nothing is trained or written).
-
-    Raises:
-        ConfigError: as ``main`` would report.
-    """
+    """``(config, sources)`` exactly as ``job argv`` would run them (nothing is trained or written; ConfigError)."""
     return run.load(_flat_run_argv(list(argv)))[:2]
 
 
 def _flat_run_argv(argv: List[str]) -> List[str]:
-    """:func:`run_argv`, refused for a powerful-benchmarker folder config (``job`` runs flat configs)."""
+    """:func:`run_argv`, refused for a folder config (``job`` runs flat configs)."""
     from ..runner.config.loader import config_layout, find_config
 
     args = run_argv(argv)
