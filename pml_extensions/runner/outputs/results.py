@@ -78,22 +78,13 @@ def summarize(
         variants[name] = {"per_seed": table, "mean": mean, "std": std}
     classes = _per_class(per_class, variants) if per_class is not None else None
     out = {"variants": variants, "comparisons": []}
+    boot = {"n_resamples": n_resamples, "bootstrap_seed": bootstrap_seed}
     for variant, baseline in comparisons:
         for m in metrics:
             delta = _lookup(smallest_effects, variant, baseline, m)
             claim = _lookup(claims, variant, baseline, m) or "greater"
             out["comparisons"].append(
-                compare(
-                    variants,
-                    variant,
-                    baseline,
-                    m,
-                    per_class=classes,
-                    smallest_effect=delta,
-                    claim=claim,
-                    n_resamples=n_resamples,
-                    bootstrap_seed=bootstrap_seed,
-                )
+                compare(variants, variant, baseline, m, per_class=classes, smallest_effect=delta, claim=claim, **boot)
             )
     claimed = [c for c in out["comparisons"] if "verdict" in c]
     for c, p in zip(claimed, holm([c["p_value"] for c in claimed])):  # one family: every claim of this result
