@@ -298,13 +298,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             if os.path.isdir(args.reference):
                 refs = list_reference_images(args.reference)
-            elif os.path.isfile(args.reference):
-                csv = args.reference.lower().endswith(".csv")
-                refs = (
-                    list_table_images(args.reference, args.columns) if csv else [ReferenceImage(args.reference, None)]
-                )
-            else:
+            elif not os.path.isfile(args.reference):
                 raise FileNotFoundError(f"reference {args.reference} not found")
+            elif args.reference.lower().endswith(".csv"):
+                refs = list_table_images(args.reference, args.columns)
+            else:
+                refs = [ReferenceImage(args.reference, None)]
         except (OSError, ValueError) as e:
             return _fail(first_line(e))
     import torch
