@@ -210,37 +210,36 @@ def _curves(
     return images
 
 
-def _cell(base: str, item: Dict[str, Any], kind: str, alt: str, caption: str, mark: str = "") -> str:
-    """A retrieval example's cell: its thumbnail, ``caption``, its class and ``mark``; empty without the image."""
-    path = os.path.join(base, item.get("image", ""))
-    if not os.path.isfile(path):
-        return ""
-    text = f"{caption}<br>{html.escape(str(item.get('class')))}{mark}"
-    return f"<td class='{kind}'><img src='{_png(path)}' alt='{alt}'><br>{text}</td>"
-
-
 def _retrieval_html(folder: str) -> str:
     """The retrieval examples under ``<folder>/retrieval/`` (:mod:`.retrieval`), one row per query."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(folder, "retrieval", "*.json"))):
+    base, out = os.path.join(folder, "retrieval"), []
+
+    def cell(item: Dict[str, Any], kind: str, alt: str, caption: str, mark: str = "") -> str:
+        """An example's thumbnail, ``caption``, its class and ``mark``; empty without the image."""
+        path = os.path.join(base, item.get("image", ""))
+        if not os.path.isfile(path):
+            return ""
+        text = f"{caption}<br>{html.escape(str(item.get('class')))}{mark}"
+        return f"<td class='{kind}'><img src='{_png(path)}' alt='{alt}'><br>{text}</td>"
+
+    for path in sorted(glob.glob(os.path.join(base, "*.json"))):
         try:
             with open(path, encoding="utf-8") as f:
                 examples = json.load(f)
         except (OSError, ValueError):
             continue
-        base = os.path.join(folder, "retrieval")
         out.append(f"<h3>{html.escape(str(examples.get('name', '')))}</h3>")
         if examples.get("note"):
             out.append(f"<p>{inline_html(str(examples['note']))}</p>")
         out.append("<table class='retrieval'>")
         for query in examples.get("queries", []):
-            row = [_cell(base, query, "query", f"query {query.get('index')}", "query")]
+            row = [cell(query, "query", f"query {query.get('index')}", "query")]
             if not row[0]:
                 continue
             for n in query.get("neighbours", []):
                 kind, mark = ("same", " ✓ same class") if n.get("same_class") else ("other", " ✗ other class")
                 caption = f"#{n.get('rank')} · cos {float(n.get('cosine', 0)):.4f}"
-                row.append(_cell(base, n, kind, f"rank {n.get('rank')}", caption, mark))
+                row.append(cell(n, kind, f"rank {n.get('rank')}", caption, mark))
             out.append("<tr>" + "".join(row) + "</tr>")
         out.append("</table>")
     if not out:
