@@ -14,11 +14,7 @@ from typing import List, Optional
 
 #: command -> module with ``main(argv) -> int`` (imported on first use: ``explain`` never loads the runner's
 #: dependencies, ``run`` never loads matplotlib's image code)
-COMMANDS = {
-    "job": "pml_extensions.cli.job",
-    "run": "pml_extensions.cli.run",
-    "explain": "pml_extensions.cli.explain",
-}
+COMMANDS = {name: f"pml_extensions.cli.{name}" for name in ("job", "run", "explain")}
 
 #: the start of the warning that pytorch-metric-learning's ``BaseTrainer`` triggers at every run's first iteration
 PML_LOSS_WARNING = "Converting a tensor with requires_grad=True to a scalar"

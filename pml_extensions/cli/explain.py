@@ -1,20 +1,11 @@
-"""``python -m pml_extensions explain``: why are these two images similar? (docs/explain.md: what it reads and writes)
-
-Examples::
-
-    python -m pml_extensions explain query.jpg other.jpg --out why/            # ImageNet MobileNetV2 + GAP
-    python -m pml_extensions explain query.jpg photos/ --k 5 --checkpoint run/model.pth --out why/
-    python -m pml_extensions explain --run experiments/mine --out why/       # the run's model on its test images
-    python -m pml_extensions explain query.jpg catalogue.csv --columns label=category,path=image --skip_bad_images
-
-Writes one PNG overlay per (query, reference) pair and ``similarity.json``; maps follow Zhu et al., "Visual
-Explanation for Deep Metric Learning", IEEE TIP 2021.
+"""``python -m pml_extensions explain``: why are these two images similar? One PNG overlay per (query, reference) pair
+and ``similarity.json`` (docs/explain.md: what it reads and writes); maps follow Zhu et al., "Visual Explanation for
+Deep Metric Learning", IEEE TIP 2021.
 """
-
-from __future__ import annotations  # annotations name torch types that load only when a command runs
 
 import argparse
 import functools
+import json
 import os
 import signal
 import sys
@@ -22,31 +13,178 @@ from typing import List, Optional
 
 # torch, PIL and the package's heavy rooms are imported inside the functions: `explain --help` answers at once
 from ..runner.errors import OUTPUT_ERRNOS, OutputError, first_line
-from .explain_inputs import (  # noqa: F401 - load_image, load_models: the public helpers, importable from here
-    RunData,
-    drop_bad,
-    load_image,
-    load_models,
-    references,
-    run_of,
-    side_of,
-)
 
 _FIRST_IMAGE = "the query (the first test image)"
+#: the side images are resized to when neither ``--image-size`` nor the run's config gives one
+DEFAULT_IMAGE_SIZE = 320
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse with its errors in one line on stderr (exit status 2) instead of the usage block and the error."""
+def load_models(checkpoint: Optional[str], trust: bool = False):
+    """``(trunk, embedder)`` from ``checkpoint`` (see ``--checkpoint`` and
+    :mod:`pml_extensions.runner.objects.saved_models`) or the ImageNet MobileNetV2.
 
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (all options: {self.prog} --help)\n")
+    Raises:
+        FileNotFoundError: a missing checkpoint; ValueError: an unreadable one (one line naming the file).
+    """
+    from torch import nn
+
+    from ..runner.objects.saved_models import load_models as _load_models
+    from ..trunks.pretrained import mobilenet_v2_features
+
+    def imagenet_mobilenet():
+        trunk = nn.Sequential(mobilenet_v2_features(pretrained=True), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        return trunk, nn.Identity()
+
+    return _load_models(checkpoint, trust, default=imagenet_mobilenet)
+
+
+def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False, stats=None):
+    """Image file → ``[channels, size, size]`` tensor (resized without cropping, as the authors' demo), or
+    with ``keep_aspect`` the shorter side resized to ``size`` (``[channels, size, W']`` or ``[channels, H',
+    size]``); normalised with ``stats = (mean, std)`` when given (a run's own eval normalisation), else
+    ImageNet-normalised for 3 channels and grey in [0, 1] for 1 channel."""
+    from PIL import Image
+    from torchvision.transforms import functional as TF
+
+    from ..explain.reference_images import read_image
+
+    im = read_image(path, "RGB" if channels == 3 else "L")  # transparency on white, as the datasets
+    if keep_aspect:
+        w, h = im.size
+        new = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
+    else:
+        new = (size, size)
+    im = im.resize(new, Image.BILINEAR)
+    x = TF.to_tensor(im)
+    mean, std = stats if stats is not None else _default_stats(channels)
+    return x if mean is None else TF.normalize(x, mean, std)
+
+
+def _default_stats(channels: int):
+    from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+
+    return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (None, None)
+
+
+def side_of(checkpoint, channels, size):
+    """``(size, (mean, std))`` of one side: the run's own preprocessing when ``checkpoint`` is a run's file."""
+    from ..runner.objects.saved_models import run_preprocessing
+
+    run = run_preprocessing(checkpoint)
+    if run is not None and run["mean"] is not None and len(run["mean"]) == 1 < channels:  # Normalize broadcasts
+        run = {**run, "mean": run["mean"] * channels, "std": run["std"] * channels}
+    fits = run is not None and (run["mean"] is None or len(run["mean"]) == channels)  # else a config we cannot read
+    stats = (run["mean"], run["std"]) if fits else _default_stats(channels)
+    return size or (run or {}).get("image_size") or DEFAULT_IMAGE_SIZE, stats
+
+
+class _Files:
+    """Image files as the runner's image check reads a dataset (``paths``, ``labels``)."""
+
+    def __init__(self, paths):
+        self.paths = list(paths)
+        self.labels = [0] * len(self.paths)
+
+    def __len__(self):
+        return len(self.paths)
+
+
+def drop_bad(refs: list, skip: bool, where: str) -> list:
+    """``refs`` whose files all decode (the runner's image check: the bad ones named, or left out with ``skip``)."""
+    from ..runner.objects.preflight import check_images
+
+    files = _Files(r.path for r in refs)
+    kept = check_images(files, None, skip, where, log=print, skip_hint="--skip_bad_images")
+    return refs if kept is files else [refs[int(i)] for i in kept.indices]
+
+
+class RunData:
+    """A run's model pick, test images (``refs``) and eval transform (the variant's config), as explain reads them."""
+
+    def __init__(self, args, run: str):
+        import numpy as np
+
+        from ..explain.reference_images import ReferenceImage
+        from ..runner.config.loader import variant_configs
+        from ..runner.objects.builder import Builder
+        from ..runner.objects.data import dataset_labels
+        from ..runner.objects.preflight import image_paths
+        from ..runner.objects.saved_models import checkpoint_epoch, find_run_config, selected_model
+
+        if args.checkpoint is not None:
+            if args.variant is not None or args.seed is not None or args.fold is not None:
+                raise ValueError("--variant / --seed / --fold choose the run's model: leave them out with --checkpoint")
+            self.checkpoint, self.epoch = args.checkpoint, checkpoint_epoch(args.checkpoint)
+            # the unit the file belongs to: <variant>/seed_<s>/... or fold_<k>/...
+            self.unit = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run))
+            self.others, variant = [], self.unit.split(os.sep)[0]
+        else:
+            pick = selected_model(run, args.variant, args.seed, args.fold)
+            self.checkpoint, self.epoch, self.unit = pick["checkpoint"], pick["epoch"], pick["unit"]
+            self.others, variant = pick["others"], pick["variant"]
+        cfg, _ = find_run_config(run, levels=0)
+        if cfg is None:
+            raise ValueError(f"--run {run} has no config.yaml")
+        if variant in (cfg.get("variants") or {}):
+            cfg = variant_configs(cfg, [variant])[variant]
+        # every image file listed (explain leaves out the bad ones itself, naming them: drop_bad)
+        self.builder = Builder({**cfg, "skip_bad_images": False}, log=lambda *a, **k: None)
+        self.dataset, self.files, self.index = None, False, {}
+        if args.reference is not None:
+            return
+        if cfg.get("dataset") is None:
+            raise ValueError(f"--run {run}: its config has no dataset key to read the test images from; pass REFERENCE")
+        results, test = os.path.join(run, "results.json"), None
+        if os.path.isfile(results):  # a protocol that split the classes itself lists its test classes there
+            with open(results, encoding="utf-8") as f:
+                test = json.load(f).get("test_classes")
+        data = self.builder.build_dataset(None if test is not None else "test")
+        paths = image_paths(data)
+        self.files = paths is not None
+        if paths is None:  # images drawn or decoded by the dataset itself (glyphs, Fashion-MNIST): one name per item
+            paths = [f"{type(data).__name__}[{i}]" for i in range(len(data))]
+        labels = dataset_labels(data)
+        keep = np.arange(len(paths)) if test is None else np.nonzero(np.isin(labels, np.asarray(test)))[0]
+        classes = getattr(data, "classes", None)
+        self.dataset, self.index = data, {paths[int(i)]: int(i) for i in keep}
+
+        def name(y):
+            return str(classes[int(y)]) if classes is not None and 0 <= int(y) < len(classes) else str(int(y))
+
+        refs = [ReferenceImage(paths[int(i)], name(labels[int(i)])) for i in keep]
+        skip = bool(args.skip_bad_images or cfg.get("skip_bad_images") is True)
+        self.refs = drop_bad(refs, skip, f"--run {run}: dataset") if self.files else refs
+
+    def loader(self):
+        """``path -> [C, H, W]``: the dataset's reading of its item (or the file), through the run's eval transform."""
+        import torch
+
+        from ..explain.reference_images import read_image
+
+        transform = self.builder.build_transform("eval")
+        load = getattr(self.dataset, "load_image", None) if self.files else None
+
+        def read(path):
+            if path in self.index:  # an item of the run's dataset, read as the dataset reads it
+                i = self.index[path]
+                image = load(i) if load is not None else self.dataset[i][0]
+            else:
+                image = read_image(path, "RGB")
+            x = transform(image)
+            if not torch.is_tensor(x) or x.ndim != 3:
+                raise ValueError(f"the run's transforms.eval gives {type(x).__name__}, not a [C, H, W] tensor")
+            return x
+
+        return read
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(
+    p = argparse.ArgumentParser(
         prog="pml_extensions explain",
         description="Explain the similarity of a query image and a reference image (or the top-k of a folder).",
     )
+    # errors in one line on stderr (exit status 2) instead of the usage block and the error
+    p.error = lambda message: p.exit(2, f"{p.prog}: error: {message} (all options: {p.prog} --help)\n")
     p.add_argument("query", nargs="?", help="query image file (with --run: default the first test image)")
     p.add_argument(
         "reference",
@@ -141,17 +279,31 @@ def main(argv: Optional[List[str]] = None) -> int:
         if v is not None and v < 16:
             return _fail(f"{flag} must be at least 16")
     run = args.run
-    if run is None and args.reference is None and args.checkpoint is not None:
-        run = run_of(args.checkpoint)  # a run's file: explain what the run trained on
+    if run is None and args.reference is None and args.checkpoint is not None:  # a run's file: what it trained on
+        from ..runner.objects.saved_models import find_run_config
+
+        try:
+            run = os.path.dirname(find_run_config(args.checkpoint)[1] or "") or None
+        except (OSError, ValueError):
+            pass
     if run is None and (args.query is None or args.reference is None):
         parser.error("the following arguments are required: query, reference")
     if run is not None and args.reference_checkpoint is not None:
         return _fail("--reference-checkpoint is not for a run's model (--run): pass both checkpoints")
     if args.query is not None and not os.path.isfile(args.query):
         return _fail(f"query image {args.query} not found")
-    if args.reference is not None:
+    if args.reference is not None:  # a folder, a CSV table or one file
+        from ..explain.reference_images import ReferenceImage, list_reference_images, list_table_images
+
         try:
-            refs = references(args)
+            if os.path.isdir(args.reference):
+                refs = list_reference_images(args.reference)
+            elif not os.path.isfile(args.reference):
+                raise FileNotFoundError(f"reference {args.reference} not found")
+            elif args.reference.lower().endswith(".csv"):
+                refs = list_table_images(args.reference, args.columns)
+            else:
+                refs = [ReferenceImage(args.reference, None)]
         except (OSError, ValueError) as e:
             return _fail(first_line(e))
     import torch
@@ -204,7 +356,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _fail(message: str, status: int = 2) -> int:
-    """Print ``message`` on stderr and return the exit status ``status``."""
     print(message, file=sys.stderr)
     return status
 
@@ -212,17 +363,9 @@ def _fail(message: str, status: int = 2) -> int:
 def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = None) -> int:
     import torch
 
+    from ..explain import overlay
     from ..explain.activation_decomposition import ActivationDecomposition
     from ..explain.diagnostics import coarse_map_warning, collapse_warning
-    from ..explain.overlay import (
-        BIAS_RTOL,
-        bias_difference,
-        bias_note,
-        explanation_panels,
-        format_cosines,
-        save_pair_overlay,
-        to_display_image,
-    )
     from ..runner.objects.preflight import trunk_input_channels
     from ..runner.objects.saved_models import checkpoint_epoch
     from ..utils.atomic_io import atomic_write_json
@@ -235,17 +378,15 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
 
     checkpoint = data.checkpoint if data is not None else args.checkpoint
     epoch = data.epoch if data is not None else (checkpoint_epoch(checkpoint) if checkpoint else None)
-    trunk, embedder = load_models(checkpoint, args.trust_checkpoint)
+    trunk, embedder = (m.to(device) for m in load_models(checkpoint, args.trust_checkpoint))
     if data is not None:
         more = f"; other models: {', '.join(data.others[:6])} (--variant / --seed / --fold)" if data.others else ""
         at = f"epoch {epoch}" if epoch is not None else "epoch not recorded"
         print(f"model: {data.unit}, {at} ({checkpoint}){more}")
-    ref_trunk = ref_embedder = None
+    ref_trunk = ref_embedder = ref_layer = None
     if args.reference_checkpoint is not None:
-        ref_trunk, ref_embedder = load_models(args.reference_checkpoint, args.trust_checkpoint)
-    for m in (trunk, embedder, ref_trunk, ref_embedder):
-        if m is not None:
-            m.to(device)
+        ref_trunk, ref_embedder = (m.to(device) for m in load_models(args.reference_checkpoint, args.trust_checkpoint))
+        ref_layer = args.reference_layer
     try:
         dec = ActivationDecomposition(
             trunk,
@@ -253,7 +394,7 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
             args.layer,
             reference_trunk=ref_trunk,
             reference_embedder=ref_embedder,
-            reference_layer=args.reference_layer if ref_trunk is not None else None,
+            reference_layer=ref_layer,
         )
     except ValueError as e:
         raise ValueError(f"{e} (--layer / --reference-layer)") from None
@@ -302,45 +443,40 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
             shape = runner.run(torch.zeros(1, q.shape[1], side, side, device=device, dtype=q.dtype)).feature_map.shape
         return int(min(shape[-2:]))
 
+    collapse = collapse_warning(torch.cat([fq.embedding, emb]).detach(), what="images (the query and every reference)")
     warnings = [
-        collapse_warning(torch.cat([fq.embedding, emb]).detach(), what="images (the query and every reference)"),
-        coarse_map_warning(tuple(q.shape[-2:]), tuple(fq.feature_size), feature_side),
+        line for line in (collapse, coarse_map_warning(tuple(q.shape[-2:]), fq.feature_size, feature_side)) if line
     ]
-    warnings = [line for line in warnings if line]
     for line in warnings:
         print(line, file=sys.stderr)
     prefix = f"epoch{epoch}_" if epoch is not None else ""
     results = []
-    qd = to_display_image(q[0], *stats)
+    qd = overlay.to_display_image(q[0], *stats)
     pairs = []  # every reference's maps first: the Decomposition+Bias panels are shown in all figures or in none
     for idx in order:
         r = load_r(refs[idx]).to(device)[None]
         fr = dec.fold_reference(r)
         plain = dec.overall_maps(fq, fr)
         bias = dec.overall_maps(fq, fr, bias=True)
-        h, w = fq.feature_size
-        if args.point is not None:
-            point = tuple(args.point)
-        else:
-            i, j = divmod(int(torch.argmax(plain["query"][0])), w)
-            H, W = fq.image_size
-            point = ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)
+        (h, w), (H, W) = fq.feature_size, fq.image_size
+        i, j = divmod(int(torch.argmax(plain["query"][0])), w)  # default: that feature cell's centre, pixels
+        point = tuple(args.point) if args.point is not None else ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)
         maps = (plain["query"][0], plain["reference"][0], bias["query"][0], bias["reference"][0])
         pairs.append((r, plain, maps, point, dec.point_specific(fq, fr, [point])[0, 0]))
-    difference = max((bias_difference(*maps) for _, _, maps, _, _ in pairs), default=0.0)
-    show_bias = difference > BIAS_RTOL
-    shown = format_cosines([float(cos[idx]) for idx in order])  # as the overlays: ranks that differ print apart
+    difference = max((overlay.bias_difference(*maps) for _, _, maps, _, _ in pairs), default=0.0)
+    show_bias = difference > overlay.BIAS_RTOL
+    shown = overlay.format_cosines([float(cos[idx]) for idx in order])  # as the overlays: distinct ranks print apart
     for rank, (idx, (r, plain, maps, point, pmap)) in enumerate(zip(order, pairs)):
         name = f"{prefix}{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png"
         sim = float(cos[idx])  # the number the ranking used: title and similarity.json show the same one
-        panels, _ = explanation_panels(*maps, point, pmap, show_bias=show_bias)
-        note = None if show_bias else bias_note(difference)
+        panels, _ = overlay.explanation_panels(*maps, point, pmap, show_bias=show_bias)
+        note = None if show_bias else overlay.bias_note(difference)
         same = None if query_label is None or labels[idx] is None else labels[idx] == query_label
         model = f" ({data.unit}, epoch {epoch})" if data is not None and epoch is not None else ""
-        path = save_pair_overlay(
+        path = overlay.save_pair_overlay(
             os.path.join(args.out, name),
             qd,
-            [to_display_image(r[0], *stats_r)],
+            [overlay.to_display_image(r[0], *stats_r)],
             [panels],
             title=f"{os.path.basename(query)} vs {os.path.basename(refs[idx])}{model}",
             similarities=[sim],

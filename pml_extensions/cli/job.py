@@ -50,22 +50,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         args = _flat_run_argv(argv)
         if sys.stderr.isatty() and "--progress" not in args:  # a terminal: bars; a log file or a pipe: none
             args.append("--progress")
-        return run._main(args, prog=PROG, announce=lambda config, folder: _announce(args[0], config, folder))
+        return run._main(args, prog=PROG, announce=announce)
+
+    def announce(config: dict, folder: str) -> None:
+        dataset = config.get("dataset")
+        name = dataset.get("name", next(iter(dataset), None)) if isinstance(dataset, dict) else dataset
+        print(f"pml_extensions job: config {run_argv(argv)[0]}, dataset {name}, output {folder}")
 
     return run.guarded(job)  # one line (and its exit status) for config errors, files and interrupts
 
 
 def load_job_config(argv: List[str]):
-    """``(config, sources)`` exactly as ``job argv`` would run them (nothing is trained or written).
-
-    Raises:
-        ConfigError: as ``main`` would report.
-    """
+    """``(config, sources)`` exactly as ``job argv`` would run them (nothing is trained or written; ConfigError)."""
     return run.load(_flat_run_argv(list(argv)))[:2]
 
 
 def _flat_run_argv(argv: List[str]) -> List[str]:
-    """:func:`run_argv`, refused for a powerful-benchmarker folder config (``job`` runs flat configs)."""
+    """:func:`run_argv`, refused for a folder config (``job`` runs flat configs)."""
     from ..runner.config.loader import config_layout, find_config
 
     args = run_argv(argv)
@@ -75,12 +76,6 @@ def _flat_run_argv(argv: List[str]) -> List[str]:
             f"python -m pml_extensions run {args[0]}"
         )
     return args
-
-
-def _announce(config_arg: str, config: dict, folder: str) -> None:
-    dataset = config.get("dataset")
-    name = dataset.get("name", next(iter(dataset), None)) if isinstance(dataset, dict) else dataset
-    print(f"pml_extensions job: config {config_arg}, dataset {name}, output {folder}")
 
 
 if __name__ == "__main__":

@@ -44,23 +44,11 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from ..runner.errors import ConfigError
 
 PROG = ("python", "-m", "pml_extensions", "run")
+#: the command line's own options (not config keys)
 RUNNER_KEYS = (
-    "experiment_name",
-    "root_experiment_folder",
-    "variant",
-    "config_root",
-    "list",
-    "report_only",
-    "progress",
-    "dry-run",
-    "dry_run",
-    "new",
-    "resume-anyway",
-    "resume_anyway",
-    "reproduce",
-    "data_folder",
-    "columns",
-)
+    "experiment_name root_experiment_folder variant config_root list report_only progress dry-run dry_run new "
+    "resume-anyway resume_anyway reproduce data_folder columns"
+).split()
 
 
 def find_config_root(name_or_path: str) -> str:
@@ -106,8 +94,7 @@ def _variant_selection(root: str, variant, selection: dict) -> dict:
 
 
 def quiet_progress_bars():
-    """PML's trainers and testers draw tqdm bars with no switch; the CLI (an application) turns them off
-    (``run`` unless ``--progress`` is given; ``job`` when its output is not a terminal)."""
+    """Turn off the tqdm bars PML's trainers and testers draw with no switch of their own."""
     from functools import partialmethod
 
     import tqdm
@@ -118,8 +105,7 @@ def quiet_progress_bars():
 
 
 def _list(role: Optional[str]) -> int:
-    """Every class a config can name, per role: pml_extensions' own, registered ones, and the stock classes of
-    PML, torch and torchvision (their module is shown), or the protocols."""
+    """Print every class a config can name, per role, or the protocols."""
     from ..runner.config.class_index import names_for_role
     from ..runner.config.registry import ROLES
 
@@ -205,8 +191,7 @@ def _print_results(results: dict, folder: str, search: bool) -> None:
 
 
 def _experiment_folder(options: dict, config_arg, config_name: Optional[str] = None) -> str:
-    """``<root_experiment_folder>/<experiment_name>``: the option's name, else the config's, else the config
-    folder's (``_<variant>`` added)."""
+    """``<root_experiment_folder>/<experiment_name>`` (the option's name, else the config's, else its folder's)."""
     variant = options.get("variant")
     default_name = os.path.basename(os.path.normpath(str(config_arg))) + (f"_{variant}" if variant else "")
     name = options.get("experiment_name") or config_name or default_name
@@ -307,8 +292,7 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
 
 
 def _names(value) -> Optional[List[str]]:
-    """``--variants a b`` (the string ``"a b"``) or ``[a, b]`` as names; None for anything else (a mapping merges
-    into the config's ``variants`` as usual)."""
+    """``--variants a b`` (``"a b"``) or ``[a, b]`` as names; None for anything else (a mapping merges as usual)."""
     if isinstance(value, str):
         return value.replace(",", " ").split()
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):

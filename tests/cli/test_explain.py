@@ -572,7 +572,7 @@ def test_a_one_value_normalize_of_the_run_applies_to_every_channel(tmp_path):
     figures undo that, not ImageNet's statistics (a white background drew as (182, 173, 160))."""
     import yaml
 
-    from pml_extensions.cli.explain_inputs import side_of as _side
+    from pml_extensions.cli.explain import side_of as _side
 
     (tmp_path / "config.yaml").write_text(
         yaml.safe_dump(

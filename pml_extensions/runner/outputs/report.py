@@ -12,7 +12,7 @@ import io
 import json
 import os
 import pathlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ...utils.checks import is_int
 from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
@@ -24,16 +24,20 @@ from .tables import Table, inline_html, to_html
 SCREENSHOT = "report.png"
 
 
+def _float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
 def _read_csv(path: str) -> Dict[str, List[float]]:
     """A record-keeper table as ``column -> values`` (NaN where a cell is no number)."""
     out: Dict[str, List[float]] = {}
     with open(path, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             for k, v in row.items():
-                try:
-                    out.setdefault(k, []).append(float(v))
-                except (TypeError, ValueError):
-                    out.setdefault(k, []).append(float("nan"))
+                out.setdefault(k, []).append(_float(v))
     return out
 
 
@@ -57,24 +61,21 @@ def _yaml(text: str) -> Dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def _data_uri(data: bytes) -> str:
+def _png(data: Union[bytes, str]) -> str:
+    """A PNG (its bytes, or its file's path) as a ``data:`` URI."""
+    data = pathlib.Path(data).read_bytes() if isinstance(data, str) else data
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
-
-
-def _file_uri(path: str) -> str:
-    return _data_uri(pathlib.Path(path).read_bytes())
 
 
 def _figure(folder: str, path: str) -> str:
     return (
-        f"<figure><img src='{_file_uri(path)}' style='max-width:100%' alt='figure'>"
+        f"<figure><img src='{_png(path)}' style='max-width:100%' alt='figure'>"
         f"<figcaption>{html.escape(os.path.relpath(path, folder))}</figcaption></figure>"
     )
 
 
 def _untrained_val(folder: str, fold: int, primary: str) -> Optional[float]:
-    """Fold ``fold``'s validation ``primary`` at epoch 0 (the untrained model, logged when
-    ``check_untrained_accuracy`` is true); None when not logged."""
+    """Fold ``fold``'s validation ``primary`` at epoch 0 (the untrained model), None when not logged."""
     path = os.path.join(folder, f"fold_{fold}", "logs", "accuracies_val.csv")
     if not os.path.isfile(path):
         return None
@@ -98,10 +99,8 @@ def _smooth(values: List[float]) -> List[float]:
 
 
 def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]]:
-    """Stage (its folder relative to ``folder``) -> ``("epoch" | "iteration", value)`` of the model the protocol
-    kept: ``results["selected"]`` (``{stage: [unit, value]}``, what any protocol may write), MLRC's
-    ``folds[k].best_epoch`` (``fold_<k>``) and a paired protocol's ``units[variant][seed]`` (the tested epoch,
-    ``<variant>/seed_<s>``)."""
+    """Stage folder -> ``("epoch" | "iteration", value)`` of the model kept: ``results["selected"]`` (any protocol's
+    ``{stage: [unit, value]}``), MLRC's ``folds[k].best_epoch``, a paired protocol's ``units[variant][seed]``."""
     out: Dict[str, Tuple[str, int]] = {}
     for k, fold in enumerate(results.get("folds") or []):
         if isinstance(fold, dict) and isinstance(fold.get("best_epoch"), int):
@@ -118,8 +117,7 @@ def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]
 
 
 def _iterations_per_epoch(results: Dict[str, Any], config_text: str) -> Optional[int]:
-    """Training iterations per epoch (a paired protocol's ``iterations_per_epoch``, MLRC's trainer argument), to place a
-    selected epoch on an iteration axis; None when the config does not fix it."""
+    """Training iterations per epoch (``results`` or the config's trainer), None when the config does not fix it."""
     value = results.get("iterations_per_epoch")
     if not isinstance(value, int):
         trainer = _yaml(config_text).get("trainer")
@@ -129,26 +127,14 @@ def _iterations_per_epoch(results: Dict[str, Any], config_text: str) -> Optional
     return value if is_int(value) and value > 0 else None
 
 
-def _mark(ax, line, xs: List[float], ys: List[float], x: float) -> None:
-    """A star on ``line`` at ``x``; a dotted vertical line of its colour where the curve has no point there (e.g. a
-    student whose best checkpoint is its initial weights, evaluated before any logged row)."""
+def _mark(ax, line, xs: List[float], ys: List[float], x: float) -> bool:
+    """A star on ``line`` at ``x``, or a dotted line of its colour where the curve has no point there; True."""
     y = next((b for a, b in zip(xs, ys) if a == x), None)
     if y is None:
         ax.axvline(x, color=line.get_color(), linestyle=":", linewidth=1.5)
     else:
         ax.plot([x], [y], marker="*", markersize=15, color=line.get_color(), markeredgecolor="black")
-
-
-def _tables(folder: str) -> Dict[str, List[str]]:
-    """record-keeper CSVs of every stage: table name -> paths (``<stage>/logs/<table>.csv`` at any depth)."""
-    out: Dict[str, List[str]] = {}
-    for path in sorted(glob.glob(os.path.join(folder, "**", "logs", "*.csv"), recursive=True)):
-        out.setdefault(os.path.splitext(os.path.basename(path))[0], []).append(path)
-    return out
-
-
-def _stage(folder: str, path: str) -> str:
-    return os.path.relpath(os.path.dirname(os.path.dirname(path)), folder)
+    return True
 
 
 def _curves(
@@ -157,11 +143,7 @@ def _curves(
     selected: Dict[str, Tuple[str, int]],
     iterations_per_epoch: Optional[int] = None,
 ) -> List[str]:
-    """PNG data URIs: the training losses and the ``xml_loss`` a loss logged (raw faint, smoothed solid), and the
-    validation primary metric (``<metric>`` or PML's ``<metric>_level0`` per epoch, or a plugin's
-    ``validation_*_<metric>`` per iteration). Each stage's selected epoch or iteration (:func:`_selected`) is marked:
-    a star on its validation curve, a dotted line of its colour on the iteration axes (an epoch at ``epoch ×
-    iterations_per_epoch`` when that is known)."""
+    """PNG data URIs of the loss and validation curves of every stage, its selected model marked (docs/report.md)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,8 +151,11 @@ def _curves(
     from matplotlib.ticker import MaxNLocator
 
     x = ITERATION_COLUMN
-    tables = _tables(folder)
+    tables: Dict[str, List[str]] = {}  # record-keeper CSVs of every stage (<stage>/logs/<table>.csv at any depth)
+    for path in sorted(glob.glob(os.path.join(folder, "**", "logs", "*.csv"), recursive=True)):
+        tables.setdefault(os.path.splitext(os.path.basename(path))[0], []).append(path)
     csvs = {path: _read_csv(path) for paths in tables.values() for path in paths}
+    stage = {path: os.path.relpath(os.path.dirname(os.path.dirname(path)), folder) for path in csvs}
     accuracies = [p for t, ps in tables.items() if t.startswith("accuracies") for p in ps]
     losses = [p for t, ps in tables.items() if not t.startswith("accuracies") for p in ps]
     plots = [
@@ -189,7 +174,7 @@ def _curves(
         fig, ax = plt.subplots(figsize=(6.4, 3.4))
         xlabel, drawn, marked = "iteration" if smooth else "epoch", False, False
         for path, column in series:
-            data, label = csvs[path], _stage(folder, path)
+            data, label = csvs[path], stage[path]
             if column not in data or x not in data:
                 continue
             xs, ys, drawn = data[x], data[column], True
@@ -197,8 +182,7 @@ def _curves(
             if not smooth:
                 line = ax.plot(xs, ys, marker="o", markersize=3, label=label)[0]
                 if unit == "epoch":
-                    _mark(ax, line, xs, ys, value)
-                    marked = True
+                    marked = _mark(ax, line, xs, ys, value)
                 continue
             line = ax.plot(xs, ys, alpha=0.25)[0]
             ax.plot(xs, _smooth(ys), color=line.get_color(), label=label)
@@ -206,15 +190,14 @@ def _curves(
                 ax.axvline(on_iterations[label], color=line.get_color(), linestyle=":", linewidth=1.5)
                 marked = True
         for path in [] if smooth else accuracies:  # a plugin's validation values per iteration, one column per setup
-            data, label = csvs[path], _stage(folder, path)
+            data, label = csvs[path], stage[path]
             for column in sorted(c for c in data if c.startswith("validation_") and c.endswith(primary)):
                 xs = data.get("iteration", data.get(x, []))
                 line = ax.plot(xs, data[column], marker="o", markersize=3, label=f"{label} {column[11:]}")[0]
                 xlabel, drawn = "iteration", True
                 unit, value = selected.get(label, (None, None))
                 if unit == "iteration" and "teacher_student" in column:  # the setup the selection maximises
-                    _mark(ax, line, xs, data[column], value)
-                    marked = True
+                    marked = _mark(ax, line, xs, data[column], value)
         if drawn:
             ax.set_xlabel(xlabel)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and iterations are whole numbers
@@ -222,44 +205,41 @@ def _curves(
             ax.legend(fontsize=6, ncol=2 if len(ax.get_lines()) > 8 else 1)
             png = io.BytesIO()
             fig.savefig(png, format="png", dpi=90, bbox_inches="tight")
-            images.append(_data_uri(png.getvalue()))
+            images.append(_png(png.getvalue()))
         plt.close(fig)
     return images
 
 
-def _cell(base: str, item: Dict[str, Any], kind: str, alt: str, caption: str, mark: str = "") -> str:
-    """A retrieval example's cell: its thumbnail, ``caption``, its class and ``mark``; empty without the image."""
-    path = os.path.join(base, item.get("image", ""))
-    if not os.path.isfile(path):
-        return ""
-    text = f"{caption}<br>{html.escape(str(item.get('class')))}{mark}"
-    return f"<td class='{kind}'><img src='{_file_uri(path)}' alt='{alt}'><br>{text}</td>"
-
-
 def _retrieval_html(folder: str) -> str:
-    """The retrieval examples under ``<folder>/retrieval/`` (:mod:`.retrieval`): per example set its note, then one
-    row per query: the query, then its top-k, each framed green (same class as the query) or red (other class) and
-    captioned with its rank, cosine similarity and class."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(folder, "retrieval", "*.json"))):
+    """The retrieval examples under ``<folder>/retrieval/`` (:mod:`.retrieval`), one row per query."""
+    base, out = os.path.join(folder, "retrieval"), []
+
+    def cell(item: Dict[str, Any], kind: str, alt: str, caption: str, mark: str = "") -> str:
+        """An example's thumbnail, ``caption``, its class and ``mark``; empty without the image."""
+        path = os.path.join(base, item.get("image", ""))
+        if not os.path.isfile(path):
+            return ""
+        text = f"{caption}<br>{html.escape(str(item.get('class')))}{mark}"
+        return f"<td class='{kind}'><img src='{_png(path)}' alt='{alt}'><br>{text}</td>"
+
+    for path in sorted(glob.glob(os.path.join(base, "*.json"))):
         try:
             with open(path, encoding="utf-8") as f:
                 examples = json.load(f)
         except (OSError, ValueError):
             continue
-        base = os.path.join(folder, "retrieval")
         out.append(f"<h3>{html.escape(str(examples.get('name', '')))}</h3>")
         if examples.get("note"):
             out.append(f"<p>{inline_html(str(examples['note']))}</p>")
         out.append("<table class='retrieval'>")
         for query in examples.get("queries", []):
-            row = [_cell(base, query, "query", f"query {query.get('index')}", "query")]
+            row = [cell(query, "query", f"query {query.get('index')}", "query")]
             if not row[0]:
                 continue
             for n in query.get("neighbours", []):
                 kind, mark = ("same", " ✓ same class") if n.get("same_class") else ("other", " ✗ other class")
                 caption = f"#{n.get('rank')} · cos {float(n.get('cosine', 0)):.4f}"
-                row.append(_cell(base, n, kind, f"rank {n.get('rank')}", caption, mark))
+                row.append(cell(n, kind, f"rank {n.get('rank')}", caption, mark))
             out.append("<tr>" + "".join(row) + "</tr>")
         out.append("</table>")
     if not out:
@@ -285,51 +265,6 @@ _STYLE = (
 )
 
 
-def _search_html(folder: str, summary: Dict[str, Any]) -> Tuple[str, Optional[str]]:
-    """For a search folder (its ``search.json`` read as ``summary``): links to every trial's own report, and the
-    best trial's folder."""
-    best = summary.get("best") or {}
-    links = []
-    for trial in summary.get("trials", []):
-        name = str(trial.get("folder", ""))
-        report = os.path.join(name, "report.html")
-        mark = " (best)" if trial.get("number") == best.get("number") else ""
-        if os.path.isfile(os.path.join(folder, report)):
-            links.append(f"<li><a href='{html.escape(report)}'>{html.escape(name)}</a>{mark}</li>")
-    failed = summary.get("failed_trials") or []
-    text = f"<p>{len(summary.get('trials', []))} completed trials"
-    text += f"; failed (killed and run again, or raised): {', '.join(map(str, failed))}" if failed else ""
-    text += ". Each trial's own report:</p><ul>" + "".join(links) + "</ul>" if links else ".</p>"
-    best_folder = os.path.join(folder, str(best["folder"])) if best.get("folder") else None
-    return text, best_folder if best_folder and os.path.isdir(best_folder) else None
-
-
-def _metrics_tables(folder: str, results: Dict[str, Any], primary: str) -> List[str]:
-    """MLRC's test metrics (``results["test"]``) and folds (``results["folds"]``, with each fold's untrained
-    validation score) as HTML tables under their headings."""
-    parts = []
-    test = metrics_table(results.get("test"))
-    if test is not None:
-        parts.append(f"<h2>Test metrics</h2>{to_html([test])}")
-    folds = results.get("folds", [])
-    if folds:
-        rows = []
-        for k, fr in enumerate(folds):
-            flag = " **(the untrained model: training never beat epoch 0)**" if fr.get("best_epoch") == 0 else ""
-            untrained = _untrained_val(folder, k, primary)
-            rows.append(
-                [
-                    str(k),
-                    f"{fr.get('best_epoch')}{flag}",
-                    f"{fr.get('best_val_' + primary, float('nan')):.4f}",
-                    f"{untrained:.4f}" if untrained is not None else "not measured",
-                ]
-            )
-        columns = ["fold", "best epoch", f"best val {primary}", f"untrained (epoch 0) val {primary}"]
-        parts.append(f"<h2>Folds</h2>{to_html([Table(columns, rows, numeric=[False, False, True, True])])}")
-    return parts
-
-
 def write_report(folder: str) -> str:
     """Write ``<folder>/report.html`` and return its path.
 
@@ -349,7 +284,21 @@ def write_report(folder: str) -> str:
         summary = _read_json(os.path.join(folder, "search.json"))
     except ValueError:  # not JSON: no search page
         summary = {}
-    search_text, best_trial = _search_html(folder, summary) if summary else ("", None)
+    search_text, best_trial = "", None
+    if summary:  # a search folder: links to every trial's own report, and the best trial's folder
+        best, links = summary.get("best") or {}, []
+        for trial in summary.get("trials", []):
+            name = str(trial.get("folder", ""))
+            report = os.path.join(name, "report.html")
+            mark = " (best)" if trial.get("number") == best.get("number") else ""
+            if os.path.isfile(os.path.join(folder, report)):
+                links.append(f"<li><a href='{html.escape(report)}'>{html.escape(name)}</a>{mark}</li>")
+        failed = summary.get("failed_trials") or []
+        search_text = f"<p>{len(summary.get('trials', []))} completed trials"
+        search_text += f"; failed (killed and run again, or raised): {', '.join(map(str, failed))}" if failed else ""
+        search_text += ". Each trial's own report:</p><ul>" + "".join(links) + "</ul>" if links else ".</p>"
+        best_trial = os.path.join(folder, str(best["folder"])) if best.get("folder") else None
+        best_trial = best_trial if best_trial and os.path.isdir(best_trial) else None
     title = f"{protocol} search" if search_text else protocol
     parts = [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)} report</title>",
@@ -360,7 +309,18 @@ def write_report(folder: str) -> str:
         parts.append(f"<p>Command: <code>{html.escape(command)}</code></p>")
     if dataset is not None:
         parts.append(f"<p>Dataset: <code>{html.escape(json.dumps(dataset, sort_keys=True, default=str))}</code></p>")
-    parts += _metrics_tables(folder, results, primary)
+    test = metrics_table(results.get("test"))  # MLRC's test metrics and folds (with each fold's untrained score)
+    if test is not None:
+        parts.append(f"<h2>Test metrics</h2>{to_html([test])}")
+    rows = []
+    for k, fr in enumerate(results.get("folds", [])):
+        flag = " **(the untrained model: training never beat epoch 0)**" if fr.get("best_epoch") == 0 else ""
+        best, untrained = fr.get("best_val_" + primary, float("nan")), _untrained_val(folder, k, primary)
+        untrained = "not measured" if untrained is None else f"{untrained:.4f}"
+        rows.append([str(k), f"{fr.get('best_epoch')}{flag}", f"{best:.4f}", untrained])
+    if rows:
+        columns = ["fold", "best epoch", f"best val {primary}", f"untrained (epoch 0) val {primary}"]
+        parts.append(f"<h2>Folds</h2>{to_html([Table(columns, rows, numeric=[False, False, True, True])])}")
     if summary:  # the search: its trials (and the best trial's test metrics) from search.json
         parts.append(f"<h2>Search: trials</h2>{to_html(search_blocks(summary))}")
         parts.append(search_text)

@@ -1,37 +1,6 @@
-"""``results.json`` and ``results.md`` of a multi-seed comparison, in one layout for every protocol.
-
-Layout of ``results.json`` (other tools read these keys)::
-
-    {
-      "variants": {NAME: {"per_seed": {SEED: {METRIC: value}}, "mean": {METRIC: value}, "std": {METRIC: value}}},
-      "comparisons": [{"variant": NAME, "baseline": NAME, "metric": METRIC, "mean_difference": float,
-                       "std": float, "n": int, "seeds": [...], "differences": [...], "ci95": [low, high],
-                       # a claim (a smallest effect was given) or per-class data, also:
-                       "bootstrap_ci95": [low, high], "bootstrap": {"resampled", "method", "n_resamples", "seed",
-                       "n_classes"}, "p_value_t": float, "p_value_bootstrap": float,
-                       # a claim, also:
-                       "claim": "greater" | "less" | "on_par", "smallest_effect": δ, "p_value": float,
-                       "p_holm": float, "verdict": str}],
-      "per_class": {NAME: {SEED: {METRIC: {CLASS: [sum, count]}}}},      # when given: recompute the bootstrap
-      "text": {"header": [blocks], "footer": [blocks], "metrics": [...], "decimals": int},   # by write_results
-      ...any extra keys the protocol adds (config, dataset, timings)
-    }
-
-Seeds are JSON object keys, hence strings (``"0"``); ``std`` (ddof = 1) and ``ci95`` (the paired Student-t interval)
-are ``None`` with a single seed. Each comparison is :func:`pml_extensions.utils.verdicts.compare`'s (the bootstrap and
-the verdict rules are there); :func:`summarize` corrects the claims of one result together (Holm). ``text`` lets
-:func:`results_blocks` rebuild ``results.md`` and the report's tables from this file alone.
-Hand-checked example (points; δ = 1; three seeds; differences A: 2, 2.5, 3; B: 0.5, 1, 1.5; C: 0.10, 0.12, 0.14)::
-
-    >>> per_seed = {"b": {s: {"m": 0.0} for s in range(3)},
-    ...             "A": {0: {"m": 2.0}, 1: {"m": 2.5}, 2: {"m": 3.0}},
-    ...             "B": {0: {"m": 0.5}, 1: {"m": 1.0}, 2: {"m": 1.5}},
-    ...             "C": {0: {"m": 0.10}, 1: {"m": 0.12}, 2: {"m": 0.14}}}
-    >>> r = summarize(per_seed, [("A", "b"), ("B", "b"), ("C", "b")], metrics=["m"], smallest_effects={"m": 1.0})
-    >>> [c["verdict"] for c in r["comparisons"]]
-    ['shown', 'inconclusive (3 seeds)', 'no effect of practical size']
-    >>> [round(c["p_holm"], 4) for c in r["comparisons"]], [round(x, 3) for x in r["comparisons"][0]["ci95"]]
-    ([0.0274, 0.0742, 0.0274], [1.258, 3.742])
+"""``results.json`` and ``results.md`` of a multi-seed comparison, in one layout for every protocol (the keys:
+docs/report.md#resultsjson). Each comparison is :func:`pml_extensions.utils.verdicts.compare`'s (the bootstrap and
+the verdict rules are there); :func:`summarize` corrects the claims of one result together (Holm).
 """
 
 import math
@@ -47,8 +16,7 @@ SmallestEffects = Union[None, float, Mapping[Union[str, Tuple[str, ...]], float]
 
 
 def _lookup(table, variant: str, baseline: str, metric: str):
-    """``table``'s value for a comparison: a plain value, or a mapping keyed by ``(variant, baseline, metric)``,
-    ``(variant, baseline)`` or ``metric`` (the most specific key wins); None when none matches."""
+    """``table`` itself, or its value for the most specific key of a comparison (None when none matches)."""
     if table is None or not isinstance(table, Mapping):
         return table
     for key in ((variant, baseline, metric), (variant, baseline), metric):
@@ -110,22 +78,13 @@ def summarize(
         variants[name] = {"per_seed": table, "mean": mean, "std": std}
     classes = _per_class(per_class, variants) if per_class is not None else None
     out = {"variants": variants, "comparisons": []}
+    boot = {"n_resamples": n_resamples, "bootstrap_seed": bootstrap_seed}
     for variant, baseline in comparisons:
         for m in metrics:
             delta = _lookup(smallest_effects, variant, baseline, m)
             claim = _lookup(claims, variant, baseline, m) or "greater"
             out["comparisons"].append(
-                compare(
-                    variants,
-                    variant,
-                    baseline,
-                    m,
-                    per_class=classes,
-                    smallest_effect=delta,
-                    claim=claim,
-                    n_resamples=n_resamples,
-                    bootstrap_seed=bootstrap_seed,
-                )
+                compare(variants, variant, baseline, m, per_class=classes, smallest_effect=delta, claim=claim, **boot)
             )
     claimed = [c for c in out["comparisons"] if "verdict" in c]
     for c, p in zip(claimed, holm([c["p_value"] for c in claimed])):  # one family: every claim of this result
@@ -176,31 +135,11 @@ def _p_text(p) -> str:
 
 
 def _metrics(results: dict) -> List[str]:
-    """Every metric of the variants, sorted."""
     return sorted({m for v in results["variants"].values() for m in v["mean"]})
 
 
-#: the comparison tables' columns -> whether the column holds numbers (without and with claims)
-_COMPARISON_COLUMNS = {
-    "comparison (paired by seed)": False,
-    "metric": False,
-    "mean difference": True,
-    "95 % CI": True,
-    "per-seed differences": False,
-    "CI excludes 0": False,
-}
-_CLAIM_COLUMNS = {
-    "comparison (paired by seed)": False,
-    "metric": False,
-    "claim": False,
-    "smallest effect δ": True,
-    "mean difference": True,
-    "95 % CI (t, seeds)": True,
-    "95 % CI (bootstrap)": True,
-    "p (Holm)": True,
-    "per-seed differences": False,
-    "verdict": False,
-}
+#: the comparison tables' columns that hold numbers (right-aligned in HTML)
+_NUMERIC = {"mean difference", "95 % CI", "smallest effect δ", "95 % CI (t, seeds)", "95 % CI (bootstrap)", "p (Holm)"}
 
 
 def results_tables(
@@ -251,39 +190,38 @@ def results_tables(
     n_claims = sum("verdict" in c for c in comparisons)
     rows, resampling = [], set()
     for c in comparisons:
-        ci = c["ci95"]
-        name, metric = f"{c['variant']} − {c['baseline']}", METRIC_NAMES.get(c["metric"], c["metric"])
+        ci, how, delta = c["ci95"], c.get("bootstrap") or {}, c.get("smallest_effect")
         mean = f"{c['mean_difference']:+.{decimals}f}"
         t_ci = "n/a (1 seed)" if ci is None else f"[{_signed(ci, decimals)}]"
+        row = {
+            "comparison (paired by seed)": f"{c['variant']} − {c['baseline']}",
+            "metric": METRIC_NAMES.get(c["metric"], c["metric"]),
+        }
         if not n_claims:
-            excludes = "n/a" if ci is None else ("yes" if ci[0] > 0 or ci[1] < 0 else "no")
-            rows.append([name, metric, mean, t_ci, _signed(c["differences"], decimals), excludes])
+            row.update(
+                {"mean difference": mean, "95 % CI": t_ci, "per-seed differences": _signed(c["differences"], decimals)}
+            )
+            row["CI excludes 0"] = "n/a" if ci is None else ("yes" if ci[0] > 0 or ci[1] < 0 else "no")
+            rows.append(row)
             continue
-        boot, how = c.get("bootstrap_ci95"), c.get("bootstrap") or {}
+        boot = c.get("bootstrap_ci95")
         boot_text = "–" if boot is None else f"[{_signed(boot, decimals)}]"
         if boot is not None and how.get("resampled") != "seeds and test classes":
             boot_text += " (seeds only)"
         if how:
             resampling.add((how.get("n_resamples"), how.get("seed")))
-        delta = c.get("smallest_effect")
-        rows.append(
-            [
-                name,
-                metric,
-                {"greater": "greater", "less": "less", "on_par": "on par"}.get(c.get("claim"), "–"),
-                "–" if delta is None else f"{delta:.{decimals}g}",
-                mean,
-                t_ci,
-                boot_text,
-                "–" if c.get("p_value") is None else f"{_p_text(c['p_value'])} ({_p_text(c.get('p_holm'))})",
-                _signed(c["differences"], decimals),
-                c.get("verdict", "–"),
-            ]
-        )
+        row["claim"] = {"greater": "greater", "less": "less", "on_par": "on par"}.get(c.get("claim"), "–")
+        row["smallest effect δ"] = "–" if delta is None else f"{delta:.{decimals}g}"
+        row.update({"mean difference": mean, "95 % CI (t, seeds)": t_ci, "95 % CI (bootstrap)": boot_text})
+        row["p (Holm)"] = "–" if c.get("p_value") is None else f"{_p_text(c['p_value'])} ({_p_text(c.get('p_holm'))})"
+        row["per-seed differences"] = _signed(c["differences"], decimals)
+        rows.append({**row, "verdict": c.get("verdict", "–")})
+    columns = list(rows[0])
+    table = Table(columns, [list(r.values()) for r in rows], numeric=[c in _NUMERIC for c in columns])
+    tables.append(table)
     if not n_claims:
-        tables.append(Table(list(_COMPARISON_COLUMNS), rows, numeric=list(_COMPARISON_COLUMNS.values())))
         return tables
-    notes = [
+    table.notes = [
         "Bootstrap: paired percentile interval resampling seeds and test classes with replacement (seeds only "
         "where marked: no per-class data)"
         + "".join(f", {n} resamples, numpy seed {s}" for n, s in sorted(resampling, key=str))
@@ -293,7 +231,6 @@ def results_tables(
         "on the claimed side), **no effect of practical size** (inside ±δ), **contradicted** (excludes 0 after Holm, "
         "mean difference reaches δ on the other side), otherwise **inconclusive**.",
     ]
-    tables.append(Table(list(_CLAIM_COLUMNS), rows, numeric=list(_CLAIM_COLUMNS.values()), notes=notes))
     return tables
 
 

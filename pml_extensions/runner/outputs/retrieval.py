@@ -1,20 +1,5 @@
 """Retrieval examples for the report (docs/report.md): a few seeded test queries with their top-k neighbours by
-cosine similarity, as small PNG thumbnails and ``retrieval/<name>.json``, written by :func:`save_retrieval_examples`
-from the test embeddings a protocol already has (or :func:`embed`) and shown by
-:func:`pml_extensions.runner.outputs.report.write_report`.
-
-Example::
-
-    >>> import os, tempfile, torch
-    >>> from PIL import Image
-    >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
-    >>> images = [Image.new("RGB", (8, 8), c) for c in ("red", "pink", "blue", "navy")]
-    >>> with tempfile.TemporaryDirectory() as folder:
-    ...     out = save_retrieval_examples(folder, "test", emb, [0, 0, 1, 1], images.__getitem__, n_queries=2, k=2)
-    ...     sorted(os.listdir(os.path.join(folder, "retrieval", "test")))
-    ['q0.png', 'q1.png', 'r0.png', 'r1.png', 'r3.png']
-    >>> [(q["index"], [(n["index"], n["cosine"], n["same_class"]) for n in q["neighbours"]]) for q in out["queries"]]
-    [(0, [(1, 0.9939, True), (3, 0.1104, False)]), (1, [(0, 0.9939, True), (3, 0.2195, False)])]
+cosine similarity, as small PNG thumbnails and ``retrieval/<name>.json`` (:func:`save_retrieval_examples`).
 """
 
 import os
@@ -78,27 +63,6 @@ def embed(trunk: torch.nn.Module, embedder: torch.nn.Module, dataset, device, ba
     return torch.cat(out)
 
 
-def _class_name(label: int, class_names: Optional[Sequence[str]]) -> str:
-    if class_names is not None and 0 <= label < len(class_names):
-        return str(class_names[label])
-    return str(label)
-
-
-def _cpu(embeddings) -> torch.Tensor:
-    return torch.as_tensor(embeddings, device="cpu").detach().float()
-
-
-def _ints(labels) -> List[int]:
-    return [int(v) for v in np.asarray(labels).reshape(-1)]
-
-
-def _thumbnail(image, path: str, size: int) -> None:
-    image = image.copy()
-    image.thumbnail((size, size))
-    with atomic_path(path) as tmp:
-        image.save(tmp, format="PNG")
-
-
 def save_retrieval_examples(
     folder: str,
     name: str,
@@ -144,13 +108,27 @@ def save_retrieval_examples(
     Raises:
         ValueError: a bad name, embeddings that are not 2-D, label counts that do not match, fewer than two items,
             ``n_queries`` or ``k`` below 1.
+
+    Example::
+
+        >>> import tempfile
+        >>> from PIL import Image
+        >>> images = [Image.new("RGB", (8, 8), c) for c in ("red", "pink", "blue", "navy")]
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+        >>> out = save_retrieval_examples(tempfile.mkdtemp(), "test", emb, [0, 0, 1, 1], images.__getitem__, k=2)
+        >>> [(n["index"], n["cosine"], n["same_class"]) for n in out["queries"][0]["neighbours"]]
+        [(1, 0.9939, True), (3, 0.1104, False)]
     """
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"save_retrieval_examples: name {name!r} must be a file name of letters, digits and _.-")
-    queries = _cpu(query_embeddings)  # pictures are drawn on the CPU
-    refs = queries if reference_embeddings is None else _cpu(reference_embeddings)
-    q_labels = _ints(query_labels)
-    r_labels = q_labels if reference_labels is None else _ints(reference_labels)
+    queries = torch.as_tensor(query_embeddings, device="cpu").detach().float()  # pictures are drawn on the CPU
+    refs = (
+        queries
+        if reference_embeddings is None
+        else torch.as_tensor(reference_embeddings, device="cpu").detach().float()
+    )
+    q_labels = [int(v) for v in np.asarray(query_labels).reshape(-1)]
+    r_labels = q_labels if reference_labels is None else [int(v) for v in np.asarray(reference_labels).reshape(-1)]
     reference_image = query_image if reference_image is None else reference_image
     if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
         raise ValueError(
@@ -183,8 +161,14 @@ def save_retrieval_examples(
     def picture(kind: str, i: int, image: Callable[[int], Any]) -> str:
         path = f"{name}/{kind}{i}.png"  # relative to <folder>/retrieval; each item's thumbnail written once
         if not os.path.exists(os.path.join(folder, FOLDER, path)):
-            _thumbnail(image(i), os.path.join(folder, FOLDER, path), thumbnail)
+            small = image(i).copy()
+            small.thumbnail((thumbnail, thumbnail))
+            with atomic_path(os.path.join(folder, FOLDER, path)) as tmp:
+                small.save(tmp, format="PNG")
         return path
+
+    def class_name(label: int) -> str:
+        return str(class_names[label]) if class_names is not None and 0 <= label < len(class_names) else str(label)
 
     rows: List[Dict[str, Any]] = []
     for row, qi in enumerate(order.tolist()):
@@ -197,7 +181,7 @@ def save_retrieval_examples(
                     "rank": rank + 1,
                     "index": ri,
                     "label": r_labels[ri],
-                    "class": _class_name(r_labels[ri], class_names),
+                    "class": class_name(r_labels[ri]),
                     "cosine": round(float(ranked.values[row, rank]), 4),
                     "same_class": r_labels[ri] == q_labels[qi],
                     "image": picture("r", ri, reference_image),
@@ -207,7 +191,7 @@ def save_retrieval_examples(
             {
                 "index": qi,
                 "label": q_labels[qi],
-                "class": _class_name(q_labels[qi], class_names),
+                "class": class_name(q_labels[qi]),
                 "image": q_path,
                 "neighbours": neighbours,
             }

@@ -9,15 +9,12 @@ A block is a paragraph (a ``str``: line breaks kept, its only inline markup ```c
 Example::
 
     >>> t = Table(["trial", "objective"], [["2 (best)", "0.5000"]], numeric=[False, True], caption="Best: **trial 2**.")
-    >>> print(to_markdown([t, Items(["trial 3: NaN"], caption="Failed trials:")]))
+    >>> print(to_markdown([t]))
     Best: **trial 2**.
     <BLANKLINE>
     | trial | objective |
     |---|---|
     | 2 (best) | 0.5000 |
-    <BLANKLINE>
-    Failed trials:
-    - trial 3: NaN
     <BLANKLINE>
     >>> print(to_html([t]))
     <p>Best: <b>trial 2</b>.</p>
@@ -28,7 +25,7 @@ Example::
 import html
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, List, Sequence, Union
+from typing import Any, List, Sequence, Union
 
 
 @dataclass
@@ -69,12 +66,12 @@ class Items:
 Block = Union[str, Items, Table]
 
 
-def _checked(blocks: Sequence[Block]) -> Iterator[Block]:
-    """``blocks``, each checked to be a block."""
+def _render(blocks: Sequence[Block], render) -> List[Any]:
+    """``render(block)`` of each block (TypeError for anything that is no block)."""
     for block in blocks:
         if not isinstance(block, (str, Items, Table)):
             raise TypeError(f"a block must be a str, Items or Table, got {type(block).__name__}")
-        yield block
+    return [render(block) for block in blocks]
 
 
 def _markdown_row(cells: Sequence[str]) -> str:
@@ -88,13 +85,12 @@ def _markdown_block(block: Block) -> str:
         return "\n".join(([block.caption] if block.caption else []) + [f"- {item}" for item in block.items])
     lines = [block.caption, ""] if block.caption else []
     lines += [_markdown_row(block.columns), "|" + "---|" * len(block.columns), *map(_markdown_row, block.rows)]
-    lines += ["", *block.notes] if block.notes else []
-    return "\n".join(lines)
+    return "\n".join(lines + (["", *block.notes] if block.notes else []))
 
 
 def to_markdown(blocks: Sequence[Block]) -> str:
     """The blocks as Markdown, separated by blank lines, ending with a newline (``""`` for no blocks)."""
-    parts = [p for p in map(_markdown_block, _checked(blocks)) if p]
+    parts = [part for part in _render(blocks, _markdown_block) if part]
     return "\n\n".join(parts) + "\n" if parts else ""
 
 
@@ -106,8 +102,7 @@ def inline_html(text: str) -> str:
         >>> inline_html("`a<b` and **c**")
         '<code>a&lt;b</code> and <b>c</b>'
     """
-    out = html.escape(text, quote=False)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))
     return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
 
 
@@ -129,9 +124,7 @@ def _html_block(block: Block) -> str:
         return "\n".join(parts + ["<ul>" + "".join(f"<li>{inline_html(item)}</li>" for item in block.items) + "</ul>"])
     rows = ["<tr>" + "".join(f"<th>{inline_html(c)}</th>" for c in block.columns) + "</tr>"]
     for row in block.rows:
-        rows.append(
-            "<tr>" + "".join(f"{_TD[num]}{inline_html(c)}</td>" for c, num in zip(row, block.numeric)) + "</tr>"
-        )
+        rows.append("<tr>" + "".join(f"{_TD[n]}{inline_html(c)}</td>" for c, n in zip(row, block.numeric)) + "</tr>")
     parts.append("<table>" + "\n".join(rows) + "</table>")
     return "\n".join(parts + [_paragraph_html(note) for note in block.notes])
 
@@ -139,15 +132,14 @@ def _html_block(block: Block) -> str:
 def to_html(blocks: Sequence[Block]) -> str:
     """The blocks as HTML (``<p>``, ``<ul>``, ``<table>``; a numeric column's cells have ``class='num'``; a
     paragraph with line breaks has ``class='lines'``, which the report shows line by line)."""
-    return "\n".join(part for part in map(_html_block, _checked(blocks)) if part)
+    return "\n".join(part for part in _render(blocks, _html_block) if part)
 
 
 def to_json(blocks: Sequence[Block]) -> List[Any]:
     """The blocks as JSON values (see the module docstring); :func:`from_json` reads them back."""
-    return [
-        b if isinstance(b, str) else asdict(b) if isinstance(b, Items) else {"table": asdict(b)}
-        for b in _checked(blocks)
-    ]
+    return _render(
+        blocks, lambda b: b if isinstance(b, str) else {"table": asdict(b)} if isinstance(b, Table) else asdict(b)
+    )
 
 
 def from_json(values: Any) -> List[Block]:
@@ -156,10 +148,8 @@ def from_json(values: Any) -> List[Block]:
     Raises:
         ValueError: a value that is no block.
     """
-    if values is None:
-        return []
-    if isinstance(values, str):
-        return [values] if values.strip() else []
+    if values is None or isinstance(values, str):
+        return as_blocks(values)
     out: List[Block] = []
     for i, v in enumerate(values):
         if isinstance(v, str):
@@ -178,8 +168,5 @@ def as_blocks(text: Union[None, str, Block, Sequence[Block]]) -> List[Block]:
     blocks itself; ``None`` or ``""`` nothing."""
     if text is None:
         return []
-    if isinstance(text, str):
-        return [text] if text.strip() else []
-    if isinstance(text, (Items, Table)):
-        return [text]
-    return [b for b in text if not (isinstance(b, str) and not b.strip())]
+    blocks = [text] if isinstance(text, (str, Items, Table)) else text
+    return [b for b in blocks if not (isinstance(b, str) and not b.strip())]

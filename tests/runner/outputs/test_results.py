@@ -217,3 +217,21 @@ def test_the_tables_are_rebuilt_from_results_json_alone():
     page = to_html(results_blocks(stored))
     assert "<p>Dataset <code>glyphs</code>.</p>" in page and "<td class='num'>+0.056</td>" in page
     assert "|---|" not in page and "<li>one</li>" in page
+
+
+def test_hand_checked_example():
+    """Points; δ = 1; three seeds; differences A: 2, 2.5, 3; B: 0.5, 1, 1.5; C: 0.10, 0.12, 0.14 (docs/report.md)."""
+    per_seed = {
+        "b": {s: {"m": 0.0} for s in range(3)},
+        "A": {0: {"m": 2.0}, 1: {"m": 2.5}, 2: {"m": 3.0}},
+        "B": {0: {"m": 0.5}, 1: {"m": 1.0}, 2: {"m": 1.5}},
+        "C": {0: {"m": 0.10}, 1: {"m": 0.12}, 2: {"m": 0.14}},
+    }
+    r = summarize(per_seed, [("A", "b"), ("B", "b"), ("C", "b")], metrics=["m"], smallest_effects={"m": 1.0})
+    assert [c["verdict"] for c in r["comparisons"]] == [
+        "shown",
+        "inconclusive (3 seeds)",
+        "no effect of practical size",
+    ]
+    assert [round(c["p_holm"], 4) for c in r["comparisons"]] == [0.0274, 0.0742, 0.0274]
+    assert [round(x, 3) for x in r["comparisons"][0]["ci95"]] == [1.258, 3.742]
