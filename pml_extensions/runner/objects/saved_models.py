@@ -1,12 +1,5 @@
-"""A finished run's models, rebuilt from its saved ``config.yaml`` (in the checkpoint's folder or up to three above;
-``pretrained`` built as false) by the :class:`~.builder.Builder` and loaded with the run's weights
-(``python -m pml_extensions explain --checkpoint``).
-
-Layouts read: an MLRC fold's ``best.pth`` (or its folder); a PML model folder (``trunk_best{E}.pth``,
-``embedder_best{E}.pth``; a variant's override in ``variants`` merged over ``models``); ``{"trunk": ..., "embedder":
-...}`` files (module or state; pickled modules with ``trust=True`` only; without a config, the MobileNetV2 + GAP trunk
-and a Linear embedder); with ``feature_cache``, the rebuilt frozen prefix then the saved rest.
-
+"""A finished run's models, rebuilt from its saved ``config.yaml`` by the :class:`~.builder.Builder` and loaded with
+the run's weights (``python -m pml_extensions explain --checkpoint``; the layouts read are in ``docs/explain.md``).
 Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line that names the file.
 """
 
@@ -20,7 +13,7 @@ from torch import nn
 
 from ...utils.checks import is_int
 from ..experiment.checkpoint import first_sentence
-from .builder import IMAGENET_NORMALIZE, Builder
+from .builder import Builder
 
 CONFIG_NAME = "config.yaml"
 
@@ -83,45 +76,26 @@ def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optiona
 
 
 def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
-    """How the run that wrote ``checkpoint`` fed images to its model at evaluation, from its saved config.
+    """How the run that wrote ``checkpoint`` fed images to its model at evaluation: ``None`` without a run config,
+    else ``{"mean", "std"}`` of the ``Normalize`` its ``transforms.eval`` ends with as the Builder builds it (None
+    when it has none), and ``"image_size"``: the dataset's ``image_size``, else the eval ``CenterCrop`` / ``Resize``
+    side in pixels (the shorter one of ``[h, w]``), else None."""
+    import torchvision.transforms as T
 
-    Returns ``None`` without a run config, else ``{"mean": [...] or None, "std": [...] or None, "image_size":
-    int or None}``: the ``Normalize`` of ``transforms.eval`` (or the runner's default, ``normalize`` or
-    ImageNet's, which the runner appends after ``ToTensor``; ``normalize: null`` -> no normalisation), and the
-    image side in pixels from the dataset's ``image_size`` or the eval ``CenterCrop``/``Resize`` size.
-    """
-    if checkpoint is None:
-        return None
-    cfg, _ = find_run_config(checkpoint)
+    cfg = find_run_config(checkpoint)[0] if checkpoint is not None else None
     if cfg is None or not isinstance(cfg.get("transforms"), dict):
         return None  # no transforms of its own (e.g. a recipe that builds them): the command line's sizes
-    eval_spec = (cfg.get("transforms") or {}).get("eval")
-    if isinstance(eval_spec, dict) and list(eval_spec) == ["Compose"]:  # {Compose: {transforms: [...]}}
-        eval_spec = (eval_spec["Compose"] or {}).get("transforms")
-    steps = (
-        list(eval_spec.items())
-        if isinstance(eval_spec, dict)
-        else [next(iter(t.items())) for t in (eval_spec or []) if isinstance(t, dict) and len(t) == 1]
-    )
-    kwargs = {name: (v or {}) for name, v in steps if isinstance(v, (dict, type(None)))}
-    norm = (
-        kwargs.get("Normalize")
-        if "Normalize" in kwargs
-        else (None if "ToTensor" in kwargs else cfg.get("normalize", IMAGENET_NORMALIZE))
-    )
-    size = None
-    dataset = cfg.get("dataset")
-    if isinstance(dataset, dict) and len(dataset) == 1 and isinstance(next(iter(dataset.values())), dict):
-        size = next(iter(dataset.values())).get("image_size")
-    for name in ("CenterCrop", "Resize"):
-        given = kwargs.get(name, {}).get("size")
-        if size is None and isinstance(given, (list, tuple)) and given and all(isinstance(v, int) for v in given):
-            given = min(given)  # [h, w]: the shorter side, as --image-size
-        if size is None and isinstance(given, int):
-            size = given
+    keys = ("transforms", "normalize")
+    steps = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None).build_transform("eval").transforms
+    norm = next((t for t in steps if isinstance(t, T.Normalize)), None)
+    dataset = next(iter(cfg["dataset"].values())) if isinstance(cfg.get("dataset"), dict) else None
+    size = dataset.get("image_size") if isinstance(dataset, dict) and len(cfg["dataset"]) == 1 else None
+    for t in (t for kind in (T.CenterCrop, T.Resize) for t in steps if type(t) is kind):
+        given = min(t.size) if isinstance(t.size, (list, tuple)) and t.size else t.size
+        size = given if size is None and is_int(given) else size
     return {
-        "mean": list(norm["mean"]) if norm else None,
-        "std": list(norm["std"]) if norm else None,
+        "mean": list(norm.mean) if norm else None,
+        "std": list(norm.std) if norm else None,
         "image_size": size if is_int(size) else None,
     }
 
@@ -266,37 +240,19 @@ def _without_config(trunk, embedder, path):
 
 
 # ---------------------------------------------------------------------------------------------------- a run's pick
-def _read_json(path: str) -> Optional[dict]:
+def _read_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _numbered(folder: str, prefix: str) -> List[int]:
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    found = [re.fullmatch(rf"{prefix}(\d+)", n) for n in names]
+    """The ``k`` of the sub-folders ``<prefix><k>`` of ``folder``, sorted."""
+    found = [re.fullmatch(rf"{prefix}(\d+)", n) for n in (os.listdir(folder) if os.path.isdir(folder) else [])]
     return sorted(int(m.group(1)) for m in found if m and os.path.isdir(os.path.join(folder, m.group(0))))
-
-
-def _unit_epoch(run: str, variant: str, seed: int) -> Optional[int]:
-    """The epoch the paired protocol tested for ``variant`` at ``seed``: ``selected_epoch`` (a selection across seeds)
-    or ``best_epoch``, from ``results.json``, else the unit's ``result.json``."""
-    units = ((_read_json(os.path.join(run, "results.json")) or {}).get("units") or {}).get(variant) or {}
-    unit = units.get(str(seed)) or _read_json(os.path.join(run, variant, f"seed_{seed}", "result.json")) or {}
-    epoch = unit.get("selected_epoch", unit.get("best_epoch"))
-    return int(epoch) if is_int(epoch) else None
-
-
-def _fold_epoch(run: str, fold: int) -> Optional[int]:
-    folds = (_read_json(os.path.join(run, "results.json")) or {}).get("folds") or []
-    epoch = folds[fold].get("best_epoch") if fold < len(folds) and isinstance(folds[fold], dict) else None
-    return int(epoch) if is_int(epoch) else None
 
 
 def selected_model(
@@ -320,27 +276,22 @@ def selected_model(
     if not os.path.isfile(os.path.join(run, CONFIG_NAME)):
         raise ValueError(f"--run {run} has no {CONFIG_NAME}: not an experiment folder of python -m pml_extensions run")
     folds = [k for k in _numbered(run, "fold_") if os.path.isfile(os.path.join(run, f"fold_{k}", "best.pth"))]
-    cfg, _ = find_run_config(run, levels=0)
     # (unit, checkpoint, variant, seed, fold) of every unit with a model
+    units = [(f"fold_{k}", os.path.join(run, f"fold_{k}", "best.pth"), None, None, k) for k in folds]
     if folds:
         if variant is not None or seed is not None:
             raise ValueError(
                 f"--run {run}: an mlrc run has folds ({', '.join(map(str, folds))}), not variants and "
                 "seeds: pass --fold K"
             )
-        k = folds[0] if fold is None else int(fold)
-        if k not in folds:
-            raise ValueError(f"--run {run}: no fold_{k}/best.pth; folds with a model: {', '.join(map(str, folds))}")
-        units = [(f"fold_{j}", os.path.join(run, f"fold_{j}", "best.pth"), None, None, j) for j in folds]
-        chosen, epoch = units[folds.index(k)], _fold_epoch(run, k)
+        if fold is not None and int(fold) not in folds:
+            raise ValueError(f"--run {run}: no fold_{fold}/best.pth; folds with a model: {', '.join(map(str, folds))}")
+        chosen = units[0 if fold is None else folds.index(int(fold))]
     else:
         if fold is not None:
             raise ValueError(f"--run {run}: --fold is for mlrc runs (fold_<k>/best.pth); this run has none")
-        names = list((cfg or {}).get("variants") or {}) or sorted(
-            d for d in os.listdir(run) if _numbered(os.path.join(run, d), "seed_")
-        )
-        units = []
-        for name in names:
+        names = list((find_run_config(run, levels=0)[0] or {}).get("variants") or {})
+        for name in names or sorted(d for d in os.listdir(run) if _numbered(os.path.join(run, d), "seed_")):
             for s in _numbered(os.path.join(run, name), "seed_"):
                 unit = os.path.join(run, name, f"seed_{s}")
                 files = [f for f in ("selected_models.pth", "best_models.pth") if os.path.isfile(os.path.join(unit, f))]
@@ -356,11 +307,10 @@ def selected_model(
             have = ", ".join(f"{n} seed {s}" for _, _, n, s, _ in units)
             raise ValueError(f"--run {run}: no model for --variant {variant} --seed {seed}; models: {have}")
         chosen = matching[0]
-        epoch = _unit_epoch(run, chosen[2], chosen[3])
     unit, checkpoint, variant, seed, fold = chosen
     return {
         "checkpoint": checkpoint,
-        "epoch": epoch,
+        "epoch": checkpoint_epoch(checkpoint),
         "unit": unit,
         "variant": variant,
         "seed": seed,
@@ -371,8 +321,9 @@ def selected_model(
 
 def checkpoint_epoch(checkpoint: str) -> Optional[int]:
     """The epoch of a run's model file as the run recorded it: ``<variant>/seed_<s>/{selected,best}_models.pth``
-    (``results.json``), ``fold_<k>/best.pth`` (the fold's ``best_epoch``), ``epochs/epoch_<e>.pth`` and PML's
-    ``trunk_best<e>.pth`` (from the name); None when unknown."""
+    (``results.json``'s ``selected_epoch`` or ``best_epoch``, else the unit's ``result.json``), ``fold_<k>/best.pth``
+    (the fold's ``best_epoch``), ``epochs/epoch_<e>.pth`` and PML's ``trunk_best<e>.pth`` (from the name); None when
+    unknown."""
     path = os.path.abspath(checkpoint)
     if os.path.isdir(path):
         path = os.path.join(path, "best.pth") if os.path.isfile(os.path.join(path, "best.pth")) else path
@@ -381,17 +332,20 @@ def checkpoint_epoch(checkpoint: str) -> Optional[int]:
     folder, name = os.path.split(path)
     parent, unit = os.path.split(folder)
     m = re.fullmatch(r"epoch_(\d+)\.pth", name) or re.fullmatch(r"trunk_best(\d+)\.pth", name)
+    fold, seed = re.fullmatch(r"fold_(\d+)", unit), re.fullmatch(r"seed_(\d+)", unit)
     if m:
-        return int(m.group(1))
-    m = re.fullmatch(r"fold_(\d+)", unit)
-    if m and name == "best.pth":
-        return _fold_epoch(parent, int(m.group(1)))
-    m = re.fullmatch(r"seed_(\d+)", unit)
-    if m and name in ("selected_models.pth", "best_models.pth"):
+        epoch = int(m.group(1))
+    elif fold and name == "best.pth":
+        folds = _read_json(os.path.join(parent, "results.json")).get("folds") or []
+        k = int(fold.group(1))
+        epoch = folds[k].get("best_epoch") if k < len(folds) and isinstance(folds[k], dict) else None
+    elif seed and name == "best_models.pth" and os.path.isfile(os.path.join(folder, "selected_models.pth")):
+        epoch = _read_json(os.path.join(folder, "result.json")).get("best_epoch")  # the selection tested another
+    elif seed and name in ("selected_models.pth", "best_models.pth"):
         run, variant = os.path.split(parent)
-        epoch = _unit_epoch(run, variant, int(m.group(1)))
-        if name == "best_models.pth" and os.path.isfile(os.path.join(folder, "selected_models.pth")):
-            unit_result = _read_json(os.path.join(folder, "result.json")) or {}
-            epoch = unit_result.get("best_epoch", None)  # the selection tested another epoch: this file is the best
-        return epoch
-    return None
+        units = (_read_json(os.path.join(run, "results.json")).get("units") or {}).get(variant) or {}
+        entry = units.get(str(int(seed.group(1)))) or _read_json(os.path.join(folder, "result.json"))
+        epoch = entry.get("selected_epoch", entry.get("best_epoch"))
+    else:
+        return None
+    return int(epoch) if is_int(epoch) else None
