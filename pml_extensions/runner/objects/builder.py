@@ -10,6 +10,7 @@ Example::
     (18, 'ContrastiveLoss')
 """
 
+import contextlib
 import copy
 import inspect
 from typing import Any, Callable, Dict, Optional
@@ -53,10 +54,8 @@ def accepts(cls, name: str) -> bool:
 def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
     """Recursively build ``spec``: ``{Name: {kwargs}}`` calls ``Name(**kwargs)``, ``{Name: [args]}`` ``Name(*args)``,
     ``{Name: null}`` ``Name()``; nested specs are built first, other values returned as they are. ``extra_kwargs``
-    go to the outermost call only (e.g. ``params=`` for optimizers).
-
-    Raises:
-        ConfigError: naming ``where`` and the key, for unknown classes or bad keyword arguments.
+    go to the outermost call only (e.g. ``params=`` for optimizers). Raises ConfigError naming ``where`` and the
+    key, for unknown classes or bad keyword arguments.
 
     Example::
 
@@ -65,17 +64,14 @@ def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
     """
     if is_object_spec(spec):
         name, args = next(iter(spec.items()))
-        cls = resolve(name, where)
-        inner = f"{where}.{name}"
+        cls, inner = resolve(name, where), f"{where}.{name}"
+        positional = args if isinstance(args, list) else [] if args is None or isinstance(args, dict) else [args]
         try:
-            if args is None:
-                return cls(**extra_kwargs)
-            if isinstance(args, list):
-                return cls(*[build(a, f"{inner}[{i}]") for i, a in enumerate(args)], **extra_kwargs)
-            if isinstance(args, dict):
-                kwargs = {k: build(v, f"{inner}.{k}") for k, v in args.items()}
-                return cls(**kwargs, **extra_kwargs)
-            return cls(build(args, inner), **extra_kwargs)
+            return cls(
+                *[build(a, f"{inner}[{i}]") for i, a in enumerate(positional)],
+                **{k: build(v, f"{inner}.{k}") for k, v in (args if isinstance(args, dict) else {}).items()},
+                **extra_kwargs,
+            )
         except ConfigError:
             raise
         except TypeError as e:
@@ -107,18 +103,11 @@ class Builder:
     Attributes:
         embedding_size: the embedder's output width, set by :meth:`build_models` when it is given a sample.
 
-    Raises:
-        ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values
-        (:class:`pml_extensions.runner.errors.MissingDataError` for missing data).
+    Every method raises ConfigError, one line naming the file and key, for unknown classes, bad keywords and invalid
+    values (:class:`pml_extensions.runner.errors.MissingDataError` for missing data).
     """
 
-    def __init__(
-        self,
-        config: Dict[str, Any],
-        sources: Optional[Dict[str, str]] = None,
-        device: Optional[torch.device] = None,
-        log: Callable[..., None] = print,
-    ):
+    def __init__(self, config: Dict[str, Any], sources=None, device=None, log: Callable[..., None] = print):
         self.config = config
         self.sources = sources or {}
         self.device = torch.device("cpu") if device is None else torch.device(device)
@@ -137,12 +126,7 @@ class Builder:
     # ---------------------------------------------------------------------------------------------- the one step
     def build(self, key: str, spec: Any, **extra) -> Any:
         """Build one object from ``spec`` (``{ClassName: kwargs}`` or ``{function_name: kwargs}``); ``extra`` keyword
-        arguments (objects: ``params=``, ``dataset=``) go to the call. Every ``build_*`` method ends here.
-
-        Raises:
-            ConfigError: ``"<file>: <key>...: ..."`` for unknown names, bad arguments and rejected values;
-            :class:`pml_extensions.runner.errors.MissingDataError` when the object's data is missing.
-        """
+        arguments (objects: ``params=``, ``dataset=``) go to the call. Every ``build_*`` method ends here."""
         where = self.where(key)
         function = None if is_object_spec(spec) else self._function_spec(spec)
         try:
@@ -177,11 +161,7 @@ class Builder:
     def build_dataset(self, split: Optional[str] = None, transform=None, spec: Any = None, key: str = "dataset"):
         """The config's ``dataset`` (or ``spec``: ``{ClassName: kwargs}``, given ``dataset_root`` and ``split`` when
         it takes them, or a dataset by name for :func:`pml_extensions.datasets.get_dataset`), images untransformed
-        unless ``transform`` is given; with ``skip_bad_images: true`` without its undecodable image files.
-
-        Raises:
-            ConfigError: unknown classes or names, bad arguments; MissingDataError: missing data.
-        """
+        unless ``transform`` is given; with ``skip_bad_images: true`` without its undecodable image files."""
         spec = self._require(key) if spec is None else spec
         if isinstance(spec, str) or (isinstance(spec, dict) and "name" in spec):
             named = {"name": spec} if isinstance(spec, str) else dict(spec)
@@ -288,8 +268,6 @@ class Builder:
                     out = trunk(sample[None].to(self.device))
                 except RuntimeError as e:  # e.g. 3-channel images into a 1-channel trunk: one line, what to change
                     raise preflight.channel_mismatch(self, trunk, sample, e) from None
-            if out.ndim != 2 and models_cfg.get("embedder") is None:
-                raise self._not_vectors(out, "")
         models = {"trunk": trunk}
         before("embedder")
         if models_cfg.get("embedder") is None:
@@ -308,35 +286,30 @@ class Builder:
                 try:
                     emb = models["embedder"](out)
                 except (RuntimeError, ValueError) as e:  # e.g. an MLP fed a feature map, a Linear of another width
-                    if out.ndim != 2:
-                        raise self._not_vectors(out, " (or its embedder pool them)") from None
-                    raise ConfigError(
-                        f"{self.where('models.embedder')}: does not take the trunk's [N, {out.shape[1]}] output: "
-                        f"{_line(e)}"
-                    ) from None
+                    if out.ndim == 2:
+                        raise ConfigError(
+                            f"{self.where('models.embedder')}: does not take the trunk's [N, {out.shape[1]}] output: "
+                            f"{_line(e)}"
+                        ) from None
+                    emb = out
             if emb.ndim != 2:
-                raise self._not_vectors(out, " (or its embedder pool them)")
+                pooled = "" if models_cfg.get("embedder") is None else " (or its embedder pool them)"
+                raise ConfigError(
+                    f"{self.where('models.trunk')}: the trunk must output [N, D] vectors{pooled}, got shape "
+                    f"{tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], "
+                    "Flatten: {}]"
+                )
             self.embedding_size = int(emb.shape[1])
         return models
-
-    def _not_vectors(self, out, pooled: str) -> ConfigError:
-        return ConfigError(
-            f"{self.where('models.trunk')}: the trunk must output [N, D] vectors{pooled}, got shape "
-            f"{tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {{}}]"
-        )
 
     def _function_spec(self, spec):
         """``(name, function)`` for a powerful-benchmarker lower-case model-function spec ``{resnet50: {...}}``
         whose name resolves, else ``None`` (a plain mapping such as ``{layer_sizes: [...]}``)."""
-        if not (isinstance(spec, dict) and len(spec) == 1):
-            return None
-        name, args = next(iter(spec.items()))
-        if not (isinstance(name, str) and name[:1].islower() and (args is None or isinstance(args, dict))):
-            return None
-        try:
-            return name, resolve(name, "config")
-        except ConfigError:
-            return None
+        name, args = next(iter(spec.items())) if isinstance(spec, dict) and len(spec) == 1 else (None, None)
+        if isinstance(name, str) and name[:1].islower() and (args is None or isinstance(args, dict)):
+            with contextlib.suppress(ConfigError):
+                return name, resolve(name, "config")
+        return None
 
     def _build_trunk(self, spec, key):
         """Like :meth:`build`, plus lower-case model functions (``{resnet50: {..}}``, also nested as arguments, run
