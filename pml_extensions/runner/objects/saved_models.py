@@ -44,13 +44,8 @@ def pml_model_files(folder: str) -> Tuple[Optional[str], Optional[str]]:
     ``trunk_optimizer_*`` / ``embedder_optimizer_*`` files are optimizer states and are skipped."""
     picks = []
     for prefix in ("trunk_", "embedder_"):
-        files = [
-            f
-            for f in os.listdir(folder)
-            if f.startswith(prefix) and f.endswith(".pth") and not f.startswith(prefix + "optimizer")
-        ]
-        best = [f for f in files if "best" in f]
-        pool = best or files
+        files = [f for f in os.listdir(folder) if re.fullmatch(rf"{prefix}(?!optimizer).*\.pth", f)]
+        pool = [f for f in files if "best" in f] or files
         picks.append(os.path.join(folder, max(pool, key=lambda f: (_epoch(f), f))) if pool else None)
     return picks[0], picks[1]
 
@@ -68,10 +63,7 @@ def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optiona
             if not isinstance(cfg, dict):
                 raise ValueError(f"run config {candidate} is not a mapping")
             return cfg, candidate
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
+        folder = os.path.dirname(folder)  # the root is its own parent
     return None, None
 
 
@@ -174,26 +166,18 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         return default()
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
-    source = checkpoint
+    source, content = checkpoint, None
     if os.path.isdir(checkpoint):
         # an MLRC fold folder; a paired unit's folder (the protocol's selected epoch, else its best one)
         found = [f for f in RUN_MODEL_FILES if os.path.isfile(os.path.join(checkpoint, f))]
-        if found:
-            source = os.path.join(checkpoint, found[0])
-            content = _load(source, trust)
-        else:
-            trunk_file, emb_file = pml_model_files(checkpoint)
-            if trunk_file is None:
-                folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
-                hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
-                names = ", ".join(RUN_MODEL_FILES)
-                raise ValueError(f"no model file ({names} or PML's trunk_*.pth) in {checkpoint}{hint}")
-            source = trunk_file
-            content = {"trunk": _load(trunk_file, trust)}
-            if emb_file is not None:
-                content["embedder"] = _load(emb_file, trust)
-    else:
-        content = _load(checkpoint, trust)
+        source, emb_file = (os.path.join(checkpoint, found[0]), None) if found else pml_model_files(checkpoint)
+        if source is None:
+            folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
+            hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
+            raise ValueError(f"no model file ({', '.join(RUN_MODEL_FILES)} or PML's trunk_*.pth) in {checkpoint}{hint}")
+        if not found:
+            content = {"trunk": _load(source, trust), **({"embedder": _load(emb_file, trust)} if emb_file else {})}
+    content = _load(source, trust) if content is None else content
     if isinstance(content, nn.Module):
         return content, nn.Identity()
     if not isinstance(content, dict) or "trunk" not in content:
@@ -224,18 +208,15 @@ def _without_config(trunk, embedder, path):
         trunk = module
     if embedder is not None and not isinstance(embedder, nn.Module):
         state = _strip(embedder)
-        weights = [k for k, v in state.items() if k.endswith("weight")]
+        weights = [k for k in state if k.endswith("weight")]
         if len(weights) != 1 or state[weights[0]].ndim != 2:
             raise ValueError(
-                f"checkpoint {path}: no config.yaml found and the embedder state is not a single Linear "
-                "layer; "
+                f"checkpoint {path}: no config.yaml found and the embedder state is not a single Linear layer; "
                 "save the run's config.yaml next to it or pass a module with --trust-checkpoint"
             )
-        key = weights[0][: -len("weight")]
-        w = state[weights[0]]
-        lin = nn.Linear(w.shape[1], w.shape[0], bias=(key + "bias") in state)
-        lin.load_state_dict({k[len(key) :]: v for k, v in state.items()})
-        embedder = lin
+        prefix, (out_size, in_size) = weights[0][: -len("weight")], state[weights[0]].shape
+        embedder = nn.Linear(in_size, out_size, bias=prefix + "bias" in state)
+        embedder.load_state_dict({k[len(prefix) :]: v for k, v in state.items()})
     return trunk, embedder
 
 
@@ -255,22 +236,13 @@ def _numbered(folder: str, prefix: str) -> List[int]:
     return sorted(int(m.group(1)) for m in found if m and os.path.isdir(os.path.join(folder, m.group(0))))
 
 
-def selected_model(
-    run: str, variant: Optional[str] = None, seed: Optional[int] = None, fold: Optional[int] = None
-) -> Dict[str, Any]:
-    """The model an experiment folder of ``python -m pml_extensions run`` selected, and the epoch it recorded.
-
-    ``paired``: ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth`` (default the first variant and
-    lowest seed with a model); ``mlrc``: ``fold_<k>/best.pth`` (default fold 0); the epochs from ``results.json``.
-
-    Returns:
-        ``{"checkpoint": path, "epoch": int or None, "unit": "contrastive_xml/seed_0" or "fold_0", "variant",
-        "seed", "fold" (None where they do not apply), "others": [the other units with a model]}``.
-
-    Raises:
-        FileNotFoundError: ``run`` is not a folder. ValueError: no ``config.yaml`` (not a run's folder), no model yet,
-        or a ``variant`` / ``seed`` / ``fold`` the run does not have (the ones it has listed).
-    """
+def selected_model(run: str, variant=None, seed=None, fold=None) -> Dict[str, Any]:
+    """The model an experiment folder of ``python -m pml_extensions run`` selected (``paired``:
+    ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth``, default the first variant and lowest seed
+    with a model; ``mlrc``: ``fold_<k>/best.pth``, default fold 0): ``{"checkpoint", "epoch"`` (as
+    :func:`checkpoint_epoch`), ``"unit"`` (``"contrastive_xml/seed_0"`` or ``"fold_0"``), ``"variant", "seed",
+    "fold"`` (None where they do not apply), ``"others"`` (the other units with a model)``}``. A ``variant`` /
+    ``seed`` / ``fold`` the run does not have is refused naming the ones it has."""
     if not os.path.isdir(run):
         raise FileNotFoundError(f"--run {run} is not a folder (an experiment folder of python -m pml_extensions run)")
     if not os.path.isfile(os.path.join(run, CONFIG_NAME)):
