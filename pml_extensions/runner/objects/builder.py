@@ -123,7 +123,6 @@ class Builder:
     def get(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
 
-    # ---------------------------------------------------------------------------------------------- the one step
     def build(self, key: str, spec: Any, **extra) -> Any:
         """Build one object from ``spec`` (``{ClassName: kwargs}`` or ``{function_name: kwargs}``); ``extra`` keyword
         arguments (objects: ``params=``, ``dataset=``) go to the call. Every ``build_*`` method ends here."""
@@ -157,7 +156,6 @@ class Builder:
             raise ConfigError(f"config: missing required key {key!r}")
         return self.config[key]
 
-    # ---------------------------------------------------------------------------------------------- data
     def build_dataset(self, split: Optional[str] = None, transform=None, spec: Any = None, key: str = "dataset"):
         """The config's ``dataset`` (or ``spec``: ``{ClassName: kwargs}``, given ``dataset_root`` and ``split`` when
         it takes them, or a dataset by name for :func:`pml_extensions.datasets.get_dataset`), images untransformed
@@ -222,7 +220,6 @@ class Builder:
             chain += [T.ToTensor()] + ([T.Normalize(**norm)] if norm else [])
         return T.Compose(chain)
 
-    # ---------------------------------------------------------------------------------------------- models
     def build_models(
         self, sample=None, num_classes=None, spec=None, before=None, image=False, edit_trunk=None, cached=None
     ) -> Dict[str, torch.nn.Module]:
@@ -364,7 +361,6 @@ class Builder:
             return {k: self._fill(v, fills, f"{key}.{k}") for k, v in spec.items()}
         return spec
 
-    # ---------------------------------------------------------------------------------------------- training
     def build_losses(self, models, num_classes: Optional[int] = None, loss_funcs=None, mining_funcs=None):
         """``(loss_funcs, mining_funcs)`` from ``loss_funcs`` / ``mining_funcs`` (or the given specs), on this
         device; ``num_classes`` and :attr:`embedding_size` are filled where a spec takes and lacks them; then the
@@ -463,11 +459,7 @@ class Builder:
         (one epoch of indices: ``iterations_per_epoch``, default the trainer's, × ``batch_size``) filled when the
         class takes them. Under torchrun (``split_over_ranks``) every rank gets its slice of each global batch
         (:class:`~pml_extensions.runner.experiment.distributed.DistributedBatchSliceSampler`; no sampler: a
-        ``DistributedSampler``).
-
-        Raises:
-            ConfigError: also for the asserts PML's samplers check their arguments with.
-        """
+        ``DistributedSampler``). The asserts PML's samplers check their arguments with become ConfigErrors."""
         spread = split_over_ranks and dist_utils.is_active()
         spec = self.get("sampler") if spec is None else spec
         if spec is None:
@@ -492,17 +484,14 @@ class Builder:
         return dist_utils.DistributedBatchSliceSampler(sampler, batch_size) if spread else sampler
 
     def build_tester(self, spec: Any = None, sharded: bool = True, calculator_device=None, **extra):
-        """The config's ``tester`` (or ``spec``) with its ``accuracy_calculator`` (or the flat form's top-level one),
-        on this device (``data_device``). PML's ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` become
-        their sharded subclasses (the same numbers; under torchrun every rank must evaluate) unless
-        ``sharded=False``.
+        """The config's ``tester`` (or ``spec``; checked by :func:`pml_extensions.runner.config.eval_keys.tester_spec`)
+        with its ``accuracy_calculator`` (or the flat form's top-level one), on this device (``data_device``). PML's
+        ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` become their sharded subclasses (the same numbers;
+        under torchrun every rank must evaluate) unless ``sharded=False``.
 
         Args:
             calculator_device: where the calculator computes unless its spec names a ``device`` (default CPU).
             extra: passed to the tester, e.g. ``end_of_testing_hook``.
-
-        Raises:
-            ConfigError: as :func:`pml_extensions.runner.config.eval_keys.tester_spec`.
         """
         config, sources = self.config, self.sources
         tester = self.get("tester") if spec is None else spec
@@ -551,15 +540,11 @@ class Builder:
         finally:
             c_f.LOGGER.removeFilter(keep)
 
-    # ---------------------------------------------------------------------------------------------- prototypes
     def init_from_data(self, models: Dict[str, torch.nn.Module], dataset, seed=None, specs=None) -> bool:
         """Initialise parameters from ``dataset`` (training images, eval transform) by the config keys the methods
         register (:func:`pml_extensions.utils.wiring.data_init`, e.g. ``prototype_init``); ``seed`` default the
-        config's; ``specs``: key -> spec replacing the config's. True when something was initialised.
-
-        Raises:
-            ConfigError: the method's refusal, naming the key.
-        """
+        config's; ``specs``: key -> spec replacing the config's. True when something was initialised; a method's
+        refusal is a ConfigError naming the key."""
         seed = int(self.get("seed") or 0) if seed is None else int(seed)
         unwrapped = {k: dist_utils.unwrap(m) for k, m in models.items()}
         done = False

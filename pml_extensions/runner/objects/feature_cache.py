@@ -58,10 +58,8 @@ DEFAULTS: Dict[str, Any] = {k: default for k, (default, _, _) in _KEYS.items()}
 
 
 def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
-    """The config's ``feature_cache`` with its defaults filled, checked; ``None`` when the key is absent or null.
-
-    Raises:
-        ConfigError: one line naming the file and the key of a bad value, an unknown key or a missing ``boundary``.
+    """The config's ``feature_cache`` with its defaults filled, checked (a ConfigError names the file and the key);
+    ``None`` when the key is absent or null.
 
     Example::
 
@@ -143,11 +141,8 @@ def _split(trunk: torch.nn.Module, boundary: str, where: str, make_sequential=No
 def split_trunk_for_cache(trunk, spec: Dict[str, Any], where: str = f"config: {KEY}", make_sequential=None):
     """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``) into :class:`FrozenParts`, the prefix
     frozen; a ``Sequential`` trunk's rest is ``make_sequential()`` (the Builder's) filled with its later modules.
-
-    Raises:
-        ConfigError: ``"<where>.boundary: ..."`` when the trunk does not split there, or a ``derive_from`` that is
-        not a module before ``boundary``.
-    """
+    ConfigError (``"<where>.boundary: ..."``) when the trunk does not split there, or for a ``derive_from`` that is
+    not a module before ``boundary``."""
     boundary = _resolve(trunk, spec["boundary"], f"{where}.boundary")
     prefix, rest = _split(trunk, boundary, f"{where}.boundary", make_sequential)
     prefix.requires_grad_(False)

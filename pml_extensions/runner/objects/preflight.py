@@ -29,7 +29,6 @@ _DECODED: Dict[str, List[int]] = {}
 _NOTED: set = set()
 
 
-# ---------------------------------------------------------------------------------------------------- images
 def image_paths(dataset) -> Optional[List[str]]:
     """The image file of each item of ``dataset`` (its or its wrapped ``dataset``'s ``paths`` or torchvision's
     ``samples``), or None for data that is not files (glyphs, tensors)."""
@@ -153,7 +152,6 @@ def record_checked_images(dataset, folder: str) -> None:
     _save_record(record, known, {**known, **{p: _stat(p) for p in dict.fromkeys(paths) if p not in known}})
 
 
-# ---------------------------------------------------------------------------------------------------- classes
 def minimum_classes(split: Callable, m: Optional[int] = None, batch_size=None, limit: int = 5000) -> Optional[int]:
     """The fewest classes for which ``split(range(C))`` succeeds and, with an ``m``-per-class sampler, every fold's
     training classes fill a batch (``m × classes >= batch_size``); None above ``limit``.
@@ -256,7 +254,6 @@ def check_sampler(builder, fold_train_labels: Sequence, batch_size: int, batch_k
             )
 
 
-# ---------------------------------------------------------------------------------------------------- channels
 class ChannelMismatch(ConfigError):
     """The trunk takes ``trunk_channels`` input channels and the images have ``image_channels``."""
 
@@ -288,12 +285,8 @@ def fill_input_channels(trunk_spec: Any, channels: int) -> Any:
         [{'ConvNetBody': {'in_channels': 1}}]
     """
     first, put = _first_entry(trunk_spec)
-    if not (isinstance(first, dict) and len(first) == 1):
-        return trunk_spec
-    name, kwargs = next(iter(first.items()))
-    if kwargs is not None and not isinstance(kwargs, dict):
-        return trunk_spec
-    entry = lookup(name) if isinstance(name, str) else None
+    name, kwargs = next(iter(first.items())) if isinstance(first, dict) and len(first) == 1 else (None, None)
+    entry = lookup(name) if isinstance(name, str) and (kwargs is None or isinstance(kwargs, dict)) else None
     if entry is None or "in_channels" not in entry["params"] or "in_channels" in (kwargs or {}):
         return trunk_spec
     return put({name: dict(kwargs or {}, in_channels=int(channels))})
@@ -315,12 +308,9 @@ def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, erro
             f"{trunk_src}: models.trunk: fails on one image of shape {list(sample.shape)}: {str(error).splitlines()[0]}"
         )
     first, _ = _first_entry(builder.get("models", {}).get("trunk"))
-    takes = ""
-    if isinstance(first, dict) and len(first) == 1 and "in_channels" in (next(iter(first.values())) or {}):
-        takes = (
-            f" (its first layer {next(iter(first))} sets in_channels: {wanted}; leave it out and the images' count "
-            "is used)"
-        )
+    name, kwargs = next(iter(first.items())) if isinstance(first, dict) and len(first) == 1 else (None, None)
+    takes = f" (its first layer {name} sets in_channels: {wanted}; leave it out and the images' count is used)"
+    takes = takes if "in_channels" in (kwargs or {}) else ""
     fixes = (
         "convert the images to grey (add Grayscale: {num_output_channels: 1} first in transforms)"
         if wanted == 1

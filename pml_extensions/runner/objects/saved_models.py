@@ -92,13 +92,6 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
     }
 
 
-def _in_channels(state: dict) -> int:
-    for v in state.values():
-        if torch.is_tensor(v) and v.ndim == 4:
-            return int(v.shape[1])
-    return 3
-
-
 def models_from_config(
     cfg: dict, path: str, trunk_state: Optional[dict] = None
 ) -> Tuple[nn.Module, nn.Module, Optional[nn.Module]]:
@@ -119,7 +112,8 @@ def models_from_config(
         b = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None)
         built = b.build_models()
         return built["trunk"], built["embedder"], b.frozen.prefix
-    sample = torch.zeros(_in_channels(trunk_state or {}), 64, 64)
+    channels = next((int(v.shape[1]) for v in (trunk_state or {}).values() if torch.is_tensor(v) and v.ndim == 4), 3)
+    sample = torch.zeros(channels, 64, 64)
     built = Builder({"models": _not_pretrained(models)}, log=lambda *a, **k: None).build_models(sample)
     return built["trunk"], built["embedder"], None
 
@@ -220,7 +214,6 @@ def _without_config(trunk, embedder, path):
     return trunk, embedder
 
 
-# ---------------------------------------------------------------------------------------------------- a run's pick
 def _read_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
