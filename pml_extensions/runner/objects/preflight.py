@@ -44,11 +44,10 @@ def image_paths(dataset) -> Optional[List[str]]:
 
 
 def _stat(path: str) -> Optional[List[int]]:
-    try:
+    with contextlib.suppress(OSError):
         s = os.stat(path)
-    except OSError:
-        return None
-    return [int(s.st_size), int(s.st_mtime_ns)]
+        return [int(s.st_size), int(s.st_mtime_ns)]
+    return None
 
 
 def _read_record(record: Optional[str]) -> Dict[str, List[int]]:
@@ -154,14 +153,7 @@ def record_checked_images(dataset, folder: str) -> None:
 
 def minimum_classes(split: Callable, m: Optional[int] = None, batch_size=None, limit: int = 5000) -> Optional[int]:
     """The fewest classes for which ``split(range(C))`` succeeds and, with an ``m``-per-class sampler, every fold's
-    training classes fill a batch (``m × classes >= batch_size``); None above ``limit``.
-
-    Example::
-
-        >>> split = lambda labels: {"folds": [{"train": [c for c in labels if c % 2 != k]} for k in range(2)]}
-        >>> minimum_classes(split, m=4, batch_size=32)
-        16
-    """
+    training classes fill a batch (``m × classes >= batch_size``); None above ``limit``."""
     for count in range(2, limit + 1):
         try:
             folds = split(list(range(count)))["folds"]
