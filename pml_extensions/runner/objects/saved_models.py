@@ -121,19 +121,11 @@ def models_from_config(
 def _not_pretrained(spec):
     """``spec`` with every ``pretrained: true`` argument set to false, torchvision's ``weights`` /
     ``weights_backbone`` names set to null and ``weights_path`` left out (the saved weights replace them all)."""
-    if isinstance(spec, dict):
-        out = {}
-        for k, v in spec.items():
-            if k == "weights_path":
-                continue
-            if k in ("weights", "weights_backbone") and isinstance(v, str):
-                out[k] = None
-            else:
-                out[k] = False if k == "pretrained" and v is True else _not_pretrained(v)
-        return out
-    if isinstance(spec, list):
-        return [_not_pretrained(v) for v in spec]
-    return spec
+    if not isinstance(spec, dict):
+        return [_not_pretrained(v) for v in spec] if isinstance(spec, list) else spec
+    weights = {k: None for k in ("weights", "weights_backbone") if isinstance(spec.get(k), str)}
+    pretrained = {"pretrained": False} if spec.get("pretrained") is True else {}
+    return {**{k: _not_pretrained(v) for k, v in spec.items() if k != "weights_path"}, **weights, **pretrained}
 
 
 def _strip(state: dict) -> dict:
