@@ -264,15 +264,11 @@ class FeatureCaches:
         return cache, done
 
     def build(self, part, frozen, images, transform, num_views: int, dataset_key=None, rank=None, world_size=None):
-        """Build (or find) the cache of ``part`` (a folder name: ``train``, ``test`` ...) at ``frozen.boundary``,
-        first the source boundary's with ``derive_from``; ``(folder, complete)``.
-
-        Args:
-            images, transform: the untransformed dataset (items ``(image, label)``, a ``labels`` array) and its
-                transform; ``num_views`` views per image.
-            dataset_key: replaces the digest of ``images`` in the key (e.g. :func:`subset_key`).
-            rank, world_size: compute only this shard. Default: everything, or torchrun's ranks.
-        """
+        """``(folder, complete)``: the cache of ``part`` (a folder name: ``train``, ``test`` ...) at
+        ``frozen.boundary`` built or found, first the source boundary's with ``derive_from``. ``images``: the
+        untransformed dataset (items ``(image, label)``, a ``labels`` array), ``num_views`` views of each through
+        ``transform``; ``dataset_key`` replaces the digest of ``images`` in the key (e.g. :func:`subset_key`);
+        ``rank``, ``world_size``: compute only this shard (default everything, or torchrun's ranks)."""
         derived = frozen.source_boundary is not None
         boundary, prefix = (frozen.source_boundary, frozen.source_prefix) if derived else frozen[:2]
         spec = {
