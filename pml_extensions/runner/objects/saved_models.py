@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ...utils.checks import is_int
+from ..errors import ConfigError
 from ..experiment.checkpoint import first_sentence
 from .builder import Builder
 
@@ -78,7 +79,11 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
     if cfg is None or not isinstance(cfg.get("transforms"), dict):
         return None  # no transforms of its own (e.g. a recipe that builds them): the command line's sizes
     keys = ("transforms", "normalize")
-    steps = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None).build_transform("eval").transforms
+    try:
+        steps = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None).build_transform("eval")
+    except ConfigError:  # a transform this process cannot build (e.g. a plugin's): the command line's sizes
+        return None
+    steps = steps.transforms
     norm = next((t for t in steps if isinstance(t, T.Normalize)), None)
     dataset = next(iter(cfg["dataset"].values())) if isinstance(cfg.get("dataset"), dict) else None
     size = dataset.get("image_size") if isinstance(dataset, dict) and len(cfg["dataset"]) == 1 else None
