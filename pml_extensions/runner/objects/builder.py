@@ -1,7 +1,6 @@
-"""The one way to build an object: every dataset, transform, model, loss, miner, sampler, optimizer, scheduler,
-tester and trainer of every protocol comes from a :class:`Builder`, through one ``{ClassName: kwargs}`` parser, one
-registry (:func:`pml_extensions.runner.config.registry.resolve`) and one error format (the file and the key). The
-config keys it reads are documented in ``docs/configs.md`` and ``docs/runner.md``.
+"""The one way to build an object: every object of every protocol comes from a :class:`Builder`, through one
+``{ClassName: kwargs}`` parser, one registry (:func:`pml_extensions.runner.config.registry.resolve`) and one error
+format (the file and the key); the keys it reads are in ``docs/configs.md`` and ``docs/runner.md``.
 
 Example::
 
@@ -35,8 +34,11 @@ IMAGENET_NORMALIZE = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
 PARAM_GROUP_KEYS = ("modules", "lr_multiplier")  # ours; every other key of a group goes to the optimizer
 
 
+def _line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else ""
+
+
 def _parameters(cls) -> Dict[str, inspect.Parameter]:
-    """The parameters of ``cls`` (a class or function) by name; ``{}`` when it has no signature."""
     try:
         return dict(inspect.signature(cls).parameters)
     except (TypeError, ValueError):
@@ -44,7 +46,7 @@ def _parameters(cls) -> Dict[str, inspect.Parameter]:
 
 
 def accepts(cls, name: str) -> bool:
-    """True when ``cls`` (a class or function) takes a keyword argument ``name`` (or any, ``**kwargs``)."""
+    """Whether ``cls`` (a class or function) takes a keyword argument ``name`` (or any, ``**kwargs``)."""
     params = _parameters(cls)
     return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
@@ -52,10 +54,8 @@ def accepts(cls, name: str) -> bool:
 def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
     """Recursively build ``spec``: ``{Name: {kwargs}}`` calls ``Name(**kwargs)``, ``{Name: [args]}`` ``Name(*args)``,
     ``{Name: null}`` ``Name()``; nested specs are built first, other values returned as they are. ``extra_kwargs``
-    go to the outermost call only (e.g. ``params=`` for optimizers).
-
-    Raises:
-        ConfigError: naming ``where`` and the key, for unknown classes or bad keyword arguments.
+    go to the outermost call only (e.g. ``params=`` for optimizers). Raises ConfigError naming ``where`` and the
+    key, for unknown classes or bad keyword arguments.
 
     Example::
 
@@ -64,17 +64,14 @@ def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
     """
     if is_object_spec(spec):
         name, args = next(iter(spec.items()))
-        cls = resolve(name, where)
-        inner = f"{where}.{name}"
+        cls, inner = resolve(name, where), f"{where}.{name}"
+        positional = args if isinstance(args, list) else [] if args is None or isinstance(args, dict) else [args]
         try:
-            if args is None:
-                return cls(**extra_kwargs)
-            if isinstance(args, list):
-                return cls(*[build(a, f"{inner}[{i}]") for i, a in enumerate(args)], **extra_kwargs)
-            if isinstance(args, dict):
-                kwargs = {k: build(v, f"{inner}.{k}") for k, v in args.items()}
-                return cls(**kwargs, **extra_kwargs)
-            return cls(build(args, inner), **extra_kwargs)
+            return cls(
+                *[build(a, f"{inner}[{i}]") for i, a in enumerate(positional)],
+                **{k: build(v, f"{inner}.{k}") for k, v in (args if isinstance(args, dict) else {}).items()},
+                **extra_kwargs,
+            )
         except ConfigError:
             raise
         except TypeError as e:
@@ -89,19 +86,7 @@ def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
 
 
 def build_tester(config: Dict[str, Any], device, sources=None, sharded: bool = True, calculator_device=None, **extra):
-    """:meth:`Builder.build_tester` of ``config`` on ``device``: the configured PML tester with its accuracy
-    calculator.
-
-    Raises:
-        ConfigError: as :func:`pml_extensions.runner.config.eval_keys.tester_spec`.
-
-    Example::
-
-        >>> t = build_tester({"tester": {"GlobalEmbeddingSpaceTester": {"accuracy_calculator":
-        ...     {"AccuracyCalculator": {"include": ["precision_at_1"], "k": 1}}}}}, torch.device("cpu"))
-        >>> t.accuracy_calculator.get_curr_metrics()
-        ['precision_at_1']
-    """
+    """:meth:`Builder.build_tester` of ``config`` on ``device``."""
     builder = Builder(config, sources, device, log=lambda *a, **k: None)
     return builder.build_tester(sharded=sharded, calculator_device=calculator_device, **extra)
 
@@ -118,25 +103,17 @@ class Builder:
     Attributes:
         embedding_size: the embedder's output width, set by :meth:`build_models` when it is given a sample.
 
-    Raises:
-        ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values
-        (:class:`pml_extensions.runner.errors.MissingDataError` for missing data).
+    Every method raises ConfigError, one line naming the file and key, for unknown classes, bad keywords and invalid
+    values (:class:`pml_extensions.runner.errors.MissingDataError` for missing data).
     """
 
-    def __init__(
-        self,
-        config: Dict[str, Any],
-        sources: Optional[Dict[str, str]] = None,
-        device: Optional[torch.device] = None,
-        log: Callable[..., None] = print,
-    ):
+    def __init__(self, config: Dict[str, Any], sources=None, device=None, log: Callable[..., None] = print):
         self.config = config
         self.sources = sources or {}
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.log = log
         self.embedding_size: Optional[int] = None
         self.frozen = None  # the trunk's frozen part when the config has feature_cache (.feature_cache.FrozenParts)
-        self.image_record: Optional[str] = None  # where skip_bad_images records the files that decoded
         pb_keys.check_factories(self.config, self.sources)
         discover()  # pml_extensions classes not re-exported yet are still nameable in configs
 
@@ -146,37 +123,28 @@ class Builder:
     def get(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
 
-    # ---------------------------------------------------------------------------------------------- the one step
     def build(self, key: str, spec: Any, **extra) -> Any:
         """Build one object from ``spec`` (``{ClassName: kwargs}`` or ``{function_name: kwargs}``); ``extra`` keyword
-        arguments (objects: ``params=``, ``dataset=``) go to the call. Every ``build_*`` method ends here.
-
-        Raises:
-            ConfigError: ``"<file>: <key>...: ..."`` for unknown names, bad arguments and rejected values;
-            :class:`pml_extensions.runner.errors.MissingDataError` when the object's data is missing.
-        """
+        arguments (objects: ``params=``, ``dataset=``) go to the call. Every ``build_*`` method ends here."""
         where = self.where(key)
+        function = None if is_object_spec(spec) else self._function_spec(spec)
         try:
-            function = None if is_object_spec(spec) else self._function_spec(spec)
-            if function is not None:
-                name, fn = function
-                _, args = one_spec(spec, where)
-                kwargs = {k: build(v, f"{where}.{name}.{k}") for k, v in args.items()}
-                try:
-                    return fn(**kwargs, **extra)
-                except TypeError as e:
-                    raise ConfigError(f"{where}.{name}: bad arguments: {str(e).splitlines()[0]}") from e
-                except FileNotFoundError as e:
-                    raise MissingDataError(f"{where}.{name}: {str(e).splitlines()[0]}") from e
-                except ValueError as e:
-                    raise ConfigError(f"{where}.{name}: {str(e).splitlines()[0]}") from e
-            return build(spec, where, **extra)
+            if function is None:
+                return build(spec, where, **extra)
+            name, fn = function
+            kwargs = {k: build(v, f"{where}.{name}.{k}") for k, v in one_spec(spec, where)[1].items()}
+            where = f"{where}.{name}"
+            try:
+                return fn(**kwargs, **extra)
+            except TypeError as e:
+                raise ConfigError(f"{where}: bad arguments: {_line(e)}") from e
         except ConfigError:
             raise
         except FileNotFoundError as e:
-            raise MissingDataError(f"{where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-        except (ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+            raise MissingDataError(f"{where}: {_line(e) or type(e).__name__}") from e
+        except (ValueError, TypeError, KeyError) as e:  # a model function's ValueError: its own words
+            kind = "" if function and isinstance(e, ValueError) else f"{type(e).__name__}: "
+            raise ConfigError(f"{where}: {kind}{_line(e)}") from e
 
     def _class_spec(self, key: str, spec: Any):
         """``(name, class, a copy of its kwargs)`` of the one-entry spec ``{Name: kwargs}`` at ``key``."""
@@ -188,15 +156,10 @@ class Builder:
             raise ConfigError(f"config: missing required key {key!r}")
         return self.config[key]
 
-    # ---------------------------------------------------------------------------------------------- data
     def build_dataset(self, split: Optional[str] = None, transform=None, spec: Any = None, key: str = "dataset"):
         """The config's ``dataset`` (or ``spec``: ``{ClassName: kwargs}``, given ``dataset_root`` and ``split`` when
         it takes them, or a dataset by name for :func:`pml_extensions.datasets.get_dataset`), images untransformed
-        unless ``transform`` is given.
-
-        Raises:
-            ConfigError: unknown classes or names, bad arguments; MissingDataError: missing data.
-        """
+        unless ``transform`` is given; with ``skip_bad_images: true`` without its undecodable image files."""
         spec = self._require(key) if spec is None else spec
         if isinstance(spec, str) or (isinstance(spec, dict) and "name" in spec):
             named = {"name": spec} if isinstance(spec, str) else dict(spec)
@@ -205,78 +168,60 @@ class Builder:
                 raise ConfigError(
                     f"{self.where(key)}: unknown keys {unknown}; a dataset by name has name, root, kwargs"
                 )
-            args = {
-                "name": named["name"],
-                "split": split or "all",
-                "root": named.get("root") or self.get("dataset_root"),
-                **dict(named.get("kwargs") or {}),
-            }
-            return self._without_bad_images(self.build(key, {"get_dataset": args}, transform=transform), key)
-        name, cls, kwargs = self._class_spec(key, spec)
-        if "root" not in kwargs and accepts(cls, "root"):
-            if self.get("dataset_root"):
-                kwargs["root"] = self.get("dataset_root")
-            elif getattr(_parameters(cls).get("root"), "default", None) is inspect.Parameter.empty:
-                raise ConfigError(
-                    f"{self.where(key)}.{name}: needs its data folder: pass --dataset_root "
-                    "/path/to/data (nothing is downloaded)"
-                )
-        if split is not None and "split" not in kwargs and accepts(cls, "split"):
-            kwargs["split"] = split
-        extra = {}
-        if accepts(cls, "transform"):
-            kwargs.pop("transform", None)
-            extra["transform"] = transform
-        elif transform is not None:
-            raise ConfigError(f"{self.where(key)}.{name}: takes no transform")
-        return self._without_bad_images(self.build(key, {name: kwargs}, **extra), key)
-
-    def _without_bad_images(self, dataset, key: str):
-        """``dataset`` without its undecodable image files when the config says ``skip_bad_images: true``
-        (:func:`~pml_extensions.runner.objects.preflight.check_images`, recording in :attr:`image_record`)."""
-        if self.get("skip_bad_images") is not True:
-            return dataset
-        return preflight.check_images(dataset, self.image_record, True, self.where(key), self.log)
+            root = named.get("root") or self.get("dataset_root")
+            args = {"name": named["name"], "split": split or "all", "root": root, **dict(named.get("kwargs") or {})}
+            dataset = self.build(key, {"get_dataset": args}, transform=transform)
+        else:
+            name, cls, kwargs = self._class_spec(key, spec)
+            if "root" not in kwargs and accepts(cls, "root"):
+                if self.get("dataset_root"):
+                    kwargs["root"] = self.get("dataset_root")
+                elif getattr(_parameters(cls).get("root"), "default", None) is inspect.Parameter.empty:
+                    raise ConfigError(
+                        f"{self.where(key)}.{name}: needs its data folder: pass --dataset_root "
+                        "/path/to/data (nothing is downloaded)"
+                    )
+            if split is not None and "split" not in kwargs and accepts(cls, "split"):
+                kwargs["split"] = split
+            extra = {}
+            if accepts(cls, "transform"):
+                kwargs.pop("transform", None)
+                extra["transform"] = transform
+            elif transform is not None:
+                raise ConfigError(f"{self.where(key)}.{name}: takes no transform")
+            dataset = self.build(key, {name: kwargs}, **extra)
+        if self.get("skip_bad_images") is True:
+            dataset = preflight.check_images(dataset, None, True, self.where(key), self.log)
+        return dataset
 
     def build_transform(self, which: Optional[str] = None, spec: Any = None):
         """``transforms.<which>`` (``train`` / ``eval``), or ``spec``: a ``Compose`` spec is built as written; PB's
         mapping or list of transforms gets ``ToTensor`` and ``normalize`` appended when it has no ``ToTensor``
         (and RGB conversion first for 3-channel statistics)."""
+        import torchvision.transforms as T
+
         key = f"transforms.{which}" if which is not None else "transforms"
-        if spec is None:
-            spec = (self.get("transforms") or {}).get(which)
-        if spec is None:
-            chain = []
-        elif is_object_spec(spec) and next(iter(spec)) == "Compose":
+        spec = (self.get("transforms") or {}).get(which) if spec is None else spec
+        if is_object_spec(spec) and next(iter(spec)) == "Compose":
             return self.build(key, spec)
-        elif isinstance(spec, dict):
+        if isinstance(spec, dict):
             numbers = {name: {k: pb_numbers(v) for k, v in (kwargs or {}).items()} for name, kwargs in spec.items()}
             chain = [self.build(f"{key}.{name}", {name: kwargs}) for name, kwargs in numbers.items()]
         elif isinstance(spec, list):
             chain = [self.build(f"{key}[{i}]", s) for i, s in enumerate(spec)]
+        elif spec is None:
+            chain = []
         else:
             raise ConfigError(f"{self.where(key)}: expected a mapping of transforms, got {spec!r}")
-        import torchvision.transforms as T
-
         if not any(isinstance(t, (T.ToTensor, T.PILToTensor)) for t in chain):
             norm = self.get("normalize", IMAGENET_NORMALIZE)
             if norm and len(norm.get("mean", [])) == 3:
                 chain.insert(0, ToRGB())  # grayscale datasets (glyphs, Fashion-MNIST) meet RGB trunks
-            chain.append(T.ToTensor())
-            if norm:
-                chain.append(T.Normalize(**norm))
+            chain += [T.ToTensor()] + ([T.Normalize(**norm)] if norm else [])
         return T.Compose(chain)
 
-    # ---------------------------------------------------------------------------------------------- models
     def build_models(
-        self,
-        sample: Optional[torch.Tensor] = None,
-        num_classes: Optional[int] = None,
-        spec: Optional[Dict[str, Any]] = None,
-        before: Optional[Callable[[str], Any]] = None,
-        image: bool = False,
-        edit_trunk: Optional[Callable[[torch.nn.Module], torch.nn.Module]] = None,
-        cached: Optional[bool] = None,
+        self, sample=None, num_classes=None, spec=None, before=None, image=False, edit_trunk=None, cached=None
     ) -> Dict[str, torch.nn.Module]:
         """Trunk, embedder (``MLP`` sizes get the trunk width) and any other model of ``models`` (or ``spec``).
 
@@ -284,7 +229,6 @@ class Builder:
             sample: one input ``[C, H, W]``: fills the first layer's missing ``in_channels``, probes the trunk and
                 embedder (outputs must be ``[N, D]``), fills ``MLP``'s ``input_size`` and sets :attr:`embedding_size`.
             num_classes: filled into model specs that take it and lack it.
-            spec: the models mapping (default the config's ``models``).
             before: called with each model's key right before it is built (e.g. to reseed).
             image: ``sample`` is an image even with ``feature_cache``: it goes through the frozen prefix first.
             edit_trunk: ``trunk -> trunk`` applied right after the whole trunk is built, before the cache split.
@@ -303,15 +247,13 @@ class Builder:
             models_cfg = dict(models_cfg, trunk=preflight.fill_input_channels(models_cfg["trunk"], sample.shape[0]))
         before("trunk")
         trunk = self._build_trunk(models_cfg["trunk"], "models.trunk").to(self.device)
-        if edit_trunk is not None:
-            trunk = edit_trunk(trunk)
+        trunk = edit_trunk(trunk) if edit_trunk is not None else trunk
         if (spec is None if cached is None else cached) and self.get("feature_cache") is not None:
             from .feature_cache import cache_spec, split_trunk_for_cache
 
-            spec_, where = cache_spec(self.config, self.sources), self.where("feature_cache")
-            self.frozen = split_trunk_for_cache(
-                trunk, spec_, where, lambda: self.build("models.trunk", {"Sequential": []})
-            )
+            make_sequential = lambda: self.build("models.trunk", {"Sequential": []})  # noqa: E731
+            cache = cache_spec(self.config, self.sources)
+            self.frozen = split_trunk_for_cache(trunk, cache, self.where("feature_cache"), make_sequential)
             trunk = self.frozen.rest
             if sample is not None and image:
                 with torch.no_grad():
@@ -323,15 +265,12 @@ class Builder:
                     out = trunk(sample[None].to(self.device))
                 except RuntimeError as e:  # e.g. 3-channel images into a 1-channel trunk: one line, what to change
                     raise preflight.channel_mismatch(self, trunk, sample, e) from None
-            if out.ndim != 2 and models_cfg.get("embedder") is None:
-                raise self._not_vectors(out, "")
         models = {"trunk": trunk}
-        emb_spec = models_cfg.get("embedder")
         before("embedder")
-        if emb_spec is None:
+        if models_cfg.get("embedder") is None:
             models["embedder"] = torch.nn.Identity()
         else:
-            name, cls, kwargs = self._class_spec("models.embedder", emb_spec)
+            name, cls, kwargs = self._class_spec("models.embedder", models_cfg["embedder"])
             if out is not None and "input_size" not in kwargs and "input_size" in _parameters(cls):
                 kwargs["input_size"] = int(out.shape[1])
             models["embedder"] = self.build("models.embedder", {name: kwargs}).to(self.device)
@@ -339,72 +278,55 @@ class Builder:
             if k not in models:
                 before(k)
                 models[k] = self.build(f"models.{k}", other).to(self.device)
-        if out is not None:
-            self.embedding_size = self._probe_embedder(models["embedder"], out)
-        return models
-
-    def _probe_embedder(self, embedder, out) -> int:
-        """The embedding width from the trunk's output ``out`` of one sample; the outputs must end as ``[N, D]``."""
-        with torch.no_grad(), eval_mode(embedder):
-            try:
-                emb = embedder(out)
-            except (RuntimeError, ValueError) as e:  # e.g. an MLP fed a feature map, or a Linear of another width
-                if out.ndim != 2:
-                    raise self._not_vectors(out, " (or its embedder pool them)") from None
+        if out is not None:  # the embedding width; the outputs must end as [N, D]
+            with torch.no_grad(), eval_mode(models["embedder"]):
+                try:
+                    emb = models["embedder"](out)
+                except (RuntimeError, ValueError) as e:  # e.g. an MLP fed a feature map, a Linear of another width
+                    if out.ndim == 2:
+                        raise ConfigError(
+                            f"{self.where('models.embedder')}: does not take the trunk's [N, {out.shape[1]}] output: "
+                            f"{_line(e)}"
+                        ) from None
+                    emb = out
+            if emb.ndim != 2:
+                pooled = "" if models_cfg.get("embedder") is None else " (or its embedder pool them)"
                 raise ConfigError(
-                    f"{self.where('models.embedder')}: does not take the trunk's [N, {out.shape[1]}] output: "
-                    f"{str(e).splitlines()[0]}"
-                ) from None
-        if emb.ndim != 2:
-            raise self._not_vectors(out, " (or its embedder pool them)")
-        return int(emb.shape[1])
-
-    def _not_vectors(self, out, pooled: str) -> ConfigError:
-        """The error for a trunk whose output ``out`` is not ``[N, D]`` vectors."""
-        return ConfigError(
-            f"{self.where('models.trunk')}: the trunk must output [N, D] vectors{pooled}, got shape "
-            f"{tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], Flatten: {{}}]"
-        )
+                    f"{self.where('models.trunk')}: the trunk must output [N, D] vectors{pooled}, got shape "
+                    f"{tuple(out.shape)}; end it with a pooling layer, e.g. [..., AdaptiveAvgPool2d: [1], "
+                    "Flatten: {}]"
+                )
+            self.embedding_size = int(emb.shape[1])
+        return models
 
     def _function_spec(self, spec):
         """``(name, function)`` for a powerful-benchmarker lower-case model-function spec ``{resnet50: {...}}``
         whose name resolves, else ``None`` (a plain mapping such as ``{layer_sizes: [...]}``)."""
-        if not (isinstance(spec, dict) and len(spec) == 1):
-            return None
-        name, args = next(iter(spec.items()))
-        if not (isinstance(name, str) and name[:1].islower() and (args is None or isinstance(args, dict))):
-            return None
-        try:
-            return name, resolve(name, "config")
-        except ConfigError:
-            return None
+        name, args = next(iter(spec.items())) if isinstance(spec, dict) and len(spec) == 1 else (None, None)
+        if isinstance(name, str) and name[:1].islower() and (args is None or isinstance(args, dict)):
+            with contextlib.suppress(ConfigError):
+                return name, resolve(name, "config")
+        return None
 
     def _build_trunk(self, spec, key):
-        """Like :meth:`build`, plus lower-case model functions (``{resnet50: {..}}``, also nested as arguments) and
-        lists / ``Sequential`` of such entries."""
+        """Like :meth:`build`, plus lower-case model functions (``{resnet50: {..}}``, also nested as arguments, run
+        offline: :mod:`pml_extensions.utils.offline_weights`; ``weights_path`` loads a local state dict) and lists /
+        ``Sequential`` of such entries."""
         if isinstance(spec, list):
             children = [self._build_trunk(s, f"{key}[{i}]") for i, s in enumerate(spec)]
             return self.build(key, {"Sequential": children})
-        if isinstance(spec, dict) and len(spec) == 1:
-            name, args = next(iter(spec.items()))
-            if name == "Sequential" and isinstance(args, list):
-                return self._build_trunk(args, f"{key}.Sequential")
-            if isinstance(name, str) and name[:1].islower():
-                fn = resolve(name, self.where(key))  # an unknown name is an error here, not a plain mapping
-                kwargs = {
-                    k: self._build_trunk(v, f"{key}.{name}.{k}")
-                    if self._function_spec(v)
-                    else build(v, f"{key}.{name}.{k}")
-                    for k, v in (args or {}).items()
-                }
-                return self._model_function(key, name, fn, kwargs)
-        return self.build(key, spec)
-
-    def _model_function(self, key, name, fn, kwargs):
-        """``fn(**kwargs)`` offline (:mod:`pml_extensions.utils.offline_weights`); ``weights_path`` (when ``fn``
-        does not take it) loads a local state dict into the built model."""
+        name, args = next(iter(spec.items())) if isinstance(spec, dict) and len(spec) == 1 else (None, None)
+        if name == "Sequential" and isinstance(args, list):
+            return self._build_trunk(args, f"{key}.Sequential")
+        if not (isinstance(name, str) and name[:1].islower()):
+            return self.build(key, spec)
         from ...utils.offline_weights import check_offline_weights, load_weights_file, no_downloads
 
+        fn = resolve(name, self.where(key))  # an unknown name is an error here, not a plain mapping
+        kwargs = {
+            k: self._build_trunk(v, f"{key}.{name}.{k}") if self._function_spec(v) else build(v, f"{key}.{name}.{k}")
+            for k, v in (args or {}).items()
+        }
         where = f"{self.where(key)}.{name}"
         path = kwargs.pop("weights_path", None) if "weights_path" not in _parameters(fn) else None
         try:
@@ -415,11 +337,11 @@ class Builder:
             raise ConfigError(f"{where}: {e}") from None
         with no_downloads(where):
             model = self.build(key, {name: kwargs})
-        if path is not None:
-            try:
+        try:
+            if path is not None:
                 load_weights_file(model, str(path))
-            except (FileNotFoundError, ValueError) as e:
-                raise ConfigError(f"{where}: {e}") from None
+        except (FileNotFoundError, ValueError) as e:
+            raise ConfigError(f"{where}: {e}") from None
         return model
 
     def _fill(self, spec, fills, key):
@@ -429,11 +351,9 @@ class Builder:
         if is_object_spec(spec) or function is not None:
             name, args = next(iter(spec.items()))
             if args is None or isinstance(args, dict):
-                cls = function[1] if function is not None else resolve(name, self.where(key))
-                params = _parameters(cls)
+                params = _parameters(function[1] if function is not None else resolve(name, self.where(key)))
                 args = {k: self._fill(v, fills, f"{key}.{name}.{k}") for k, v in (args or {}).items()}
-                args.update({k: v for k, v in fills.items() if k in params and k not in args})
-                return {name: args}
+                return {name: dict(args, **{k: v for k, v in fills.items() if k in params and k not in args})}
             return spec
         if isinstance(spec, list):
             return [self._fill(v, fills, key) for v in spec]
@@ -441,7 +361,6 @@ class Builder:
             return {k: self._fill(v, fills, f"{key}.{k}") for k, v in spec.items()}
         return spec
 
-    # ---------------------------------------------------------------------------------------------- training
     def build_losses(self, models, num_classes: Optional[int] = None, loss_funcs=None, mining_funcs=None):
         """``(loss_funcs, mining_funcs)`` from ``loss_funcs`` / ``mining_funcs`` (or the given specs), on this
         device; ``num_classes`` and :attr:`embedding_size` are filled where a spec takes and lacks them; then the
@@ -458,8 +377,7 @@ class Builder:
         except ValueError as e:
             raise ConfigError(f"{self.where('loss_funcs')}: {e}") from None
         mining = (self.get("mining_funcs") if mining_funcs is None else mining_funcs) or {}
-        miners = {k: self.build(f"mining_funcs.{k}", v) for k, v in mining.items()}
-        return losses, miners
+        return losses, {k: self.build(f"mining_funcs.{k}", v) for k, v in mining.items()}
 
     def build_optimizers(self, models, loss_funcs, spec: Optional[Dict[str, Any]] = None):
         """``<name>_optimizer`` for each entry of ``optimizers`` (or ``spec``): the trainable parameters of the
@@ -490,35 +408,31 @@ class Builder:
     def _param_groups(self, owner, params, kwargs, where):
         """``params`` split into groups by the spec's ``prototype_lr`` / ``param_groups`` (removed from
         ``kwargs``); the plain list when it has neither."""
-        rules = []
+        rules = []  # (the group's parameters, its options)
         for option, members in wiring.param_groups().items():  # e.g. prototype_lr: the HistogramPooling prototypes
             lr = kwargs.pop(option, None)
             if lr is not None:
-                rules.append(({"params": members, "lr": float(lr)}, f"{where}.{option}"))
+                rules.append((members(owner), {"lr": float(lr)}))
         for i, group in enumerate(kwargs.pop("param_groups", None) or []):
+            here = self.where(f"{where}.param_groups[{i}]")
             if not isinstance(group, dict) or not isinstance(group.get("modules"), str):
-                raise ConfigError(
-                    f"{self.where(where)}.param_groups[{i}]: expected {{modules: ClassName, lr_multiplier: 10, ...}}"
-                )
-            rules.append((group, f"{where}.param_groups[{i}]"))
+                raise ConfigError(f"{here}: expected {{modules: ClassName, lr_multiplier: 10, ...}}")
+            cls = resolve(group["modules"], here)
+            options = {k: v for k, v in group.items() if k not in PARAM_GROUP_KEYS}
+            if "lr_multiplier" in group:
+                if "lr" not in kwargs:
+                    raise ConfigError(f"{here}: lr_multiplier needs the optimizer's lr")
+                options["lr"] = float(kwargs["lr"]) * float(group["lr_multiplier"])
+            mine = [p for m in owner.modules() if isinstance(m, cls) for p in m.parameters() if p.requires_grad]
+            rules.append((mine, options))
         if not rules:
             return params
-        taken, special = set(), []
-        for rule, rule_where in rules:
-            if "params" in rule:  # a method's option: its function names the parameters
-                mine = rule["params"](owner)
-            else:
-                cls = resolve(rule["modules"], self.where(rule_where))
-                mine = [p for m in owner.modules() if isinstance(m, cls) for p in m.parameters() if p.requires_grad]
+        taken, groups = set(), []
+        for mine, options in rules:
             mine = [p for p in mine if id(p) not in taken]
             taken |= {id(p) for p in mine}
-            options = {k: v for k, v in rule.items() if k not in PARAM_GROUP_KEYS + ("params",)}
-            if "lr_multiplier" in rule:
-                if "lr" not in kwargs:
-                    raise ConfigError(f"{self.where(rule_where)}: lr_multiplier needs the optimizer's lr")
-                options["lr"] = float(kwargs["lr"]) * float(rule["lr_multiplier"])
-            special.append({"params": mine, **options})
-        groups = [{"params": [p for p in params if id(p) not in taken]}] + special
+            groups.append({"params": mine, **options})
+        groups = [{"params": [p for p in params if id(p) not in taken]}] + groups
         return [g for g in groups if g["params"]]
 
     def build_lr_schedulers(self, optimizers, spec: Dict[str, Any]):
@@ -528,8 +442,7 @@ class Builder:
         schedulers = {}
         for key, sched_spec in (spec or {}).items():
             where = f"lr_schedulers.{key}"
-            model = str(key).split("_scheduler_by_")[0]
-            optimizer = optimizers.get(f"{model}_optimizer")
+            optimizer = optimizers.get(f"{str(key).split('_scheduler_by_')[0]}_optimizer")
             if "_scheduler_by_" not in str(key) or optimizer is None:
                 raise ConfigError(
                     f"{self.where(where)}: expected <model>_scheduler_by_<iteration|epoch|plateau> for one of the "
@@ -541,31 +454,17 @@ class Builder:
             schedulers[key] = self.build(where, {name: kwargs}, optimizer=optimizer)
         return schedulers
 
-    def build_sampler(
-        self,
-        labels=None,
-        batch_size: Optional[int] = None,
-        iterations_per_epoch: Optional[int] = None,
-        spec: Any = None,
-        split_over_ranks: bool = True,
-    ):
+    def build_sampler(self, labels=None, batch_size=None, iterations_per_epoch=None, spec=None, split_over_ranks=True):
         """The config's ``sampler`` (or ``spec``) with ``labels``, ``batch_size`` and ``length_before_new_iter``
         (one epoch of indices: ``iterations_per_epoch``, default the trainer's, × ``batch_size``) filled when the
         class takes them. Under torchrun (``split_over_ranks``) every rank gets its slice of each global batch
         (:class:`~pml_extensions.runner.experiment.distributed.DistributedBatchSliceSampler`; no sampler: a
-        ``DistributedSampler``).
-
-        Raises:
-            ConfigError: also for the asserts PML's samplers check their arguments with.
-        """
+        ``DistributedSampler``). The asserts PML's samplers check their arguments with become ConfigErrors."""
         spread = split_over_ranks and dist_utils.is_active()
         spec = self.get("sampler") if spec is None else spec
         if spec is None:
-            if spread:
-                return torch.utils.data.DistributedSampler(
-                    range(len(labels)), shuffle=True, seed=int(self.get("seed") or 0)
-                )
-            return None
+            seed = int(self.get("seed") or 0)
+            return torch.utils.data.DistributedSampler(range(len(labels)), shuffle=True, seed=seed) if spread else None
         name, cls, kwargs = self._class_spec("sampler", spec)
         ipe = iterations_per_epoch
         if ipe is None and self.get("trainer") is not None:
@@ -582,23 +481,17 @@ class Builder:
             raise ConfigError(
                 f"{self.where('sampler')}.{name}: {e} (the labels hold {classes} classes; batch_size is {batch_size})"
             ) from e
-        if spread:
-            sampler = dist_utils.DistributedBatchSliceSampler(sampler, batch_size)
-        return sampler
+        return dist_utils.DistributedBatchSliceSampler(sampler, batch_size) if spread else sampler
 
     def build_tester(self, spec: Any = None, sharded: bool = True, calculator_device=None, **extra):
-        """The config's ``tester`` (or ``spec``) with its ``accuracy_calculator`` (or the flat form's top-level one),
-        on this device (``data_device``).
-
-        PML's ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` become their sharded subclasses (the same
-        numbers; under torchrun every rank must evaluate) unless ``sharded=False``.
+        """The config's ``tester`` (or ``spec``; checked by :func:`pml_extensions.runner.config.eval_keys.tester_spec`)
+        with its ``accuracy_calculator`` (or the flat form's top-level one), on this device (``data_device``). PML's
+        ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` become their sharded subclasses (the same numbers;
+        under torchrun every rank must evaluate) unless ``sharded=False``.
 
         Args:
             calculator_device: where the calculator computes unless its spec names a ``device`` (default CPU).
             extra: passed to the tester, e.g. ``end_of_testing_hook``.
-
-        Raises:
-            ConfigError: as :func:`pml_extensions.runner.config.eval_keys.tester_spec`.
         """
         config, sources = self.config, self.sources
         tester = self.get("tester") if spec is None else spec
@@ -615,8 +508,7 @@ class Builder:
         if sharded and calc_name == "AccuracyCalculator":
             calc_name, calc_kwargs = "ChunkedAccuracyCalculator", dict(calc_kwargs, distributed=True)
         calculator = self.build("tester.accuracy_calculator", {calc_name: calc_kwargs})
-        kwargs = {k: v for k, v in kwargs.items() if k != "accuracy_calculator"}
-        kwargs.setdefault("dataloader_num_workers", 0)
+        kwargs = {"dataloader_num_workers": 0, **{k: v for k, v in kwargs.items() if k != "accuracy_calculator"}}
         if sharded and name == _TESTER:
             name = "ShardedGlobalEmbeddingSpaceTester"  # pml_extensions.testers: PML's class, every rank a shard
         return self.build("tester", {name: kwargs}, accuracy_calculator=calculator, data_device=self.device, **extra)
@@ -624,82 +516,47 @@ class Builder:
     def subset(self, dataset, indices, labels=None, transform=None, getter=None, rgb: bool = False):
         """A view of ``dataset`` (:class:`pml_extensions.runner.objects.data.Subset`): items ``indices`` with their own
         ``transform`` (``labels`` default: the dataset's own, :func:`~.data.dataset_labels`)."""
-        return Subset(
-            dataset, indices, dataset_labels(dataset) if labels is None else labels, transform, getter=getter, rgb=rgb
-        )
+        labels = dataset_labels(dataset) if labels is None else labels
+        return Subset(dataset, indices, labels, transform, getter=getter, rgb=rgb)
 
     def build_trainer(self, spec: Any = None, default: str = "MetricLossOnly", **objects):
         """The config's ``trainer`` (or ``spec``; ``{default: {}}`` when neither) called with the built
         ``objects`` (``models=``, ``optimizers=``, ``loss_funcs=``, ``dataset=``, ``sampler=``, hooks ...)."""
-        spec = self.get("trainer") if spec is None else spec
-        name, kwargs = one_spec(spec, self.where("trainer"), default=default)
+        from pytorch_metric_learning.utils import common_functions as c_f
+
+        name, kwargs = one_spec(self.get("trainer") if spec is None else spec, self.where("trainer"), default=default)
         # PML logs 'optimizers is missing "trunk_optimizer"' for every model without an optimizer; a model without
         # trainable parameters gets none on purpose (build_optimizers notes it): that line is dropped
-        models, optimizers = objects.get("models") or {}, objects.get("optimizers") or {}
-        frozen = [k for k, m in models.items() if f"{k}_optimizer" not in optimizers and not _trainable(m)]
-        with _without_pml_lines({f'optimizers is missing "{k}_optimizer"' for k in frozen}):
+        frozen = {
+            f'optimizers is missing "{k}_optimizer"'
+            for k, m in (objects.get("models") or {}).items()
+            if f"{k}_optimizer" not in (objects.get("optimizers") or {})
+            and not (isinstance(m, torch.nn.Module) and any(p.requires_grad for p in m.parameters()))
+        }
+        keep = lambda record: record.getMessage() not in frozen  # noqa: E731
+        c_f.LOGGER.addFilter(keep)
+        try:
             return self.build("trainer", {name: dict(kwargs)}, **objects)
+        finally:
+            c_f.LOGGER.removeFilter(keep)
 
-    # ---------------------------------------------------------------------------------------------- prototypes
-    def init_from_data(
-        self,
-        models: Dict[str, torch.nn.Module],
-        dataset,
-        seed: Optional[int] = None,
-        specs: Optional[Dict[str, Any]] = None,
-    ) -> bool:
-        """Initialise parameters from training data by the config keys the methods register
-        (:func:`pml_extensions.utils.wiring.data_init`, e.g. ``prototype_init``).
-
-        Args:
-            dataset: training images (eval transform).
-            seed: default the config's.
-            specs: key -> spec replacing the config's.
-
-        Returns:
-            True when something was initialised.
-
-        Raises:
-            ConfigError: the method's refusal, naming the key.
-        """
+    def init_from_data(self, models: Dict[str, torch.nn.Module], dataset, seed=None, specs=None) -> bool:
+        """Initialise parameters from ``dataset`` (training images, eval transform) by the config keys the methods
+        register (:func:`pml_extensions.utils.wiring.data_init`, e.g. ``prototype_init``); ``seed`` default the
+        config's; ``specs``: key -> spec replacing the config's. True when something was initialised; a method's
+        refusal is a ConfigError naming the key."""
         seed = int(self.get("seed") or 0) if seed is None else int(seed)
         unwrapped = {k: dist_utils.unwrap(m) for k, m in models.items()}
         done = False
         for key, init in wiring.data_inits().items():
-            value = (specs or {}).get(key, self.get(key))
             try:
-                done = init(unwrapped, dataset, seed, value, log=self.log) or done
+                done = init(unwrapped, dataset, seed, (specs or {}).get(key, self.get(key)), log=self.log) or done
             except ValueError as e:
-                raise ConfigError(f"{self.where(key)}: {str(e).splitlines()[0]}") from None
+                raise ConfigError(f"{self.where(key)}: {_line(e)}") from None
         return done
 
 
-def _trainable(module) -> bool:
-    return isinstance(module, torch.nn.Module) and any(p.requires_grad for p in module.parameters())
-
-
-@contextlib.contextmanager
-def _without_pml_lines(messages):
-    """Drop these exact messages of PML's logger inside the block."""
-    from pytorch_metric_learning.utils import common_functions as c_f
-
-    def keep(record) -> bool:
-        return record.getMessage() not in messages
-
-    c_f.LOGGER.addFilter(keep)
-    try:
-        yield
-    finally:
-        c_f.LOGGER.removeFilter(keep)
-
-
 def with_kwargs(spec: Dict[str, Any], **changes) -> Dict[str, Any]:
-    """A copy of the one-entry spec ``{Name: kwargs}`` with ``changes`` merged into ``kwargs``.
-
-    Example::
-
-        >>> with_kwargs({"mobilenet_v2_features": {"pretrained": True}}, pretrained=False)
-        {'mobilenet_v2_features': {'pretrained': False}}
-    """
+    """A copy of the one-entry spec ``{Name: kwargs}`` with ``changes`` merged into ``kwargs``."""
     name, kwargs = one_spec(spec, "spec")
     return {name: dict(copy.deepcopy(kwargs), **changes)}

@@ -2,13 +2,9 @@
 
 Example::
 
-    >>> base = [(i, i % 3) for i in range(9)]          # (image, label) pairs
-    >>> view = Subset(base, [0, 4, 5], [i % 3 for i in range(9)], transform=lambda x: x * 10)
+    >>> view = Subset([(i, i % 3) for i in range(9)], [0, 4, 5], [i % 3 for i in range(9)], transform=lambda x: x * 10)
     >>> [view[i] for i in range(len(view))], view.labels.tolist()
     ([(0, 0), (40, 1), (50, 2)], [0, 1, 2])
-    >>> train, val, val_classes = validation_split([0, 0, 1, 1, 2, 2, 3, 3], 0.5, seed=0)
-    >>> sorted(val_classes) == sorted({0, 1, 2, 3} - {[0, 0, 1, 1, 2, 2, 3, 3][i] for i in train})
-    True
 """
 
 from typing import Optional, Tuple
@@ -21,16 +17,9 @@ from ..errors import ConfigError
 
 
 class Subset(torch.utils.data.Dataset):
-    """Items ``indices`` of ``dataset`` with ``transform`` applied to the image.
-
-    Args:
-        dataset: yields ``(image, label, ...)``.
-        indices: ``[n]`` integer positions in ``dataset``.
-        labels: ``[len(dataset)]`` labels of the whole dataset; ``self.labels`` (``[n]`` numpy) keeps the subset's.
-        transform: applied to the image (``None``: unchanged).
-        getter: ``item -> (image, label)`` (default ``item[0], item[1]``).
-        rgb: convert PIL images to RGB before ``transform`` (:class:`ToRGB`).
-    """
+    """Items ``indices`` of ``dataset`` (items ``(image, label, ...)``, or ``getter(item) -> (image, label)``), the
+    image converted to RGB first with ``rgb`` and through ``transform`` (None: unchanged); ``labels`` are the whole
+    dataset's, ``self.labels`` (numpy) the subset's."""
 
     def __init__(self, dataset, indices, labels, transform, getter=None, rgb: bool = False):
         self.dataset = dataset
@@ -82,18 +71,10 @@ def dataset_labels(dataset) -> np.ndarray:
 
 
 def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray, list]:
-    """Class-disjoint split of the training classes into (train indices, validation indices, validation classes):
-    the ``validation: {class_fraction, seed}`` key of the paired protocols.
-
-    Args:
-        labels: ``[N]`` integer labels of the training split.
-        fraction: share of the classes held out for validation, in (0, 1).
-        seed: the classes are drawn with ``numpy.random.default_rng(seed)``.
-
-    Raises:
-        ConfigError: when ``fraction`` is outside (0, 1) or leaves fewer than 2 classes on a side, or ``seed`` is not
-            a non-negative integer.
-    """
+    """``(train indices, validation indices, validation classes)``: a ``fraction`` of the classes of ``labels``
+    (``[N]``), drawn with ``numpy.random.default_rng(seed)``, held out (the paired protocols' ``validation`` key).
+    ConfigError when ``fraction`` is outside (0, 1) or leaves fewer than 2 classes on a side, or ``seed`` is not a
+    non-negative integer."""
     labels = np.asarray(labels)
     classes = np.unique(labels)
     if not is_number(fraction) or not 0 < fraction < 1:
@@ -112,29 +93,14 @@ def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np
 
 
 def validation_rows(dataset) -> Optional[list]:
-    """The class names of a table's validation rows when it has both validation and test rows
-    (:class:`pml_extensions.datasets.ImageCSVSplit`'s ``classes_by_split``), else ``None``.
-
-    Example::
-
-        >>> from types import SimpleNamespace as S
-        >>> validation_rows(S(classes_by_split={"train": ["a"], "validation": ["b"], "test": ["c"]}))
-        ['b']
-        >>> validation_rows(S(classes_by_split={"train": ["a"], "validation": ["b"]})) is None
-        True
-    """
+    """The class names of a table's validation rows when it has both validation and test rows (``ImageCSVSplit``'s
+    ``classes_by_split``), else ``None``."""
     by_split = getattr(dataset, "classes_by_split", None) or {}
     return list(by_split["validation"]) if by_split.get("validation") and "test" in by_split else None
 
 
 def cap_per_class(labels, max_per_class: Optional[int], seed: int = 0) -> np.ndarray:
-    """Indices keeping at most ``max_per_class`` items of each label (a seeded draw, sorted); all when None.
-
-    Example::
-
-        >>> cap_per_class([0, 0, 0, 1], 2).tolist()  # two of label 0's three items, drawn with seed 0
-        [1, 2, 3]
-    """
+    """Indices keeping at most ``max_per_class`` items of each label (a seeded draw, sorted); all when None."""
     labels = np.asarray(labels)
     if max_per_class is None:
         return np.arange(len(labels))

@@ -1,28 +1,22 @@
 """The ``feature_cache`` config key (``docs/feature_cache.md``): train the trunk's rest on cached outputs of its frozen
 pretrained prefix (the library part is :class:`pml_extensions.datasets.FeatureCache`).
 
-:meth:`~pml_extensions.runner.objects.builder.Builder.build_models` splits ``models.trunk`` where the frozen part
-ends (:func:`split_trunk_for_cache`: ``models["trunk"]`` is the rest, ``builder.frozen`` the :class:`FrozenParts`);
-:class:`FeatureCaches` builds (or finds, or resumes) one cache per boundary and part, ``<folder>/<boundary>/<part>``,
-and returns the cached datasets; :func:`end_of_epoch_hook` moves the training set to the next epoch's views.
+:meth:`~pml_extensions.runner.objects.builder.Builder.build_models` splits ``models.trunk``
+(:func:`split_trunk_for_cache`); :class:`FeatureCaches` builds, finds or resumes one cache per boundary and part.
 
 Example::
 
-    >>> import torch
-    >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-    ...                             torch.nn.Flatten())
+    >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten())
     >>> frozen = split_trunk_for_cache(trunk, cache_spec({"feature_cache": {"boundary": "1"}}))
     >>> frozen.rest, frozen.boundary
     (Sequential(
-      (2): AdaptiveAvgPool2d(output_size=1)
-      (3): Flatten(start_dim=1, end_dim=-1)
+      (2): Flatten(start_dim=1, end_dim=-1)
     ), '1')
 """
 
 import contextlib
 import hashlib
 import os
-from collections import OrderedDict
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -36,26 +30,36 @@ from ..errors import ConfigError
 from ..experiment import distributed as dist_utils
 
 KEY = "feature_cache"
-#: the keys of ``feature_cache`` and their defaults (``boundary`` has none)
-DEFAULTS: Dict[str, Any] = {
-    "boundary": None,
-    "num_views": 4,
-    "dtype": "float16",
-    "derive_from": None,
-    "view_seed": 0,
-    "batch_size": 64,
-    "chunk_size": 256,
-    "num_workers": 0,
-    "folder": None,
+_MODULE = 'a module path (a string such as "0.17") or a stage index'
+
+
+def _module(v) -> bool:
+    return v is None or (is_int(v) or isinstance(v, str)) and v != ""
+
+
+def _at_least(low: int):
+    return f"an int >= {low}", lambda v: is_int(v) and v >= low
+
+
+#: every key of ``feature_cache``: (default, what a value must be, its check); ``boundary`` is required
+_KEYS: Dict[str, Tuple[Any, str, Callable[[Any], bool]]] = {
+    "boundary": (None, _MODULE, _module),
+    "num_views": (4, *_at_least(1)),
+    "dtype": ("float16", f"one of {', '.join(DTYPES)}", lambda v: v in DTYPES),
+    "derive_from": (None, _MODULE, _module),
+    "view_seed": (0, *_at_least(0)),
+    "batch_size": (64, *_at_least(1)),
+    "chunk_size": (256, *_at_least(1)),
+    "num_workers": (0, *_at_least(0)),
+    "folder": (None, "a path or null", lambda v: v is None or isinstance(v, str)),
 }
-FOLDER_NAME = "feature_cache"
+#: the keys of ``feature_cache`` and their defaults (``boundary`` has none)
+DEFAULTS: Dict[str, Any] = {k: default for k, (default, _, _) in _KEYS.items()}
 
 
 def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
-    """The config's ``feature_cache`` with its defaults filled, checked; ``None`` when the key is absent or null.
-
-    Raises:
-        ConfigError: one line naming the file and the key of a bad value, an unknown key or a missing ``boundary``.
+    """The config's ``feature_cache`` with its defaults filled, checked (a ConfigError names the file and the key);
+    ``None`` when the key is absent or null.
 
     Example::
 
@@ -76,27 +80,15 @@ def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None)
     out = dict(DEFAULTS, **spec)
     if out["boundary"] is None:
         raise ConfigError(f"{where}: missing key 'boundary' (where the frozen part of models.trunk ends)")
-    for key in ("boundary", "derive_from"):
-        value = out[key]
-        if value is not None and (not (is_int(value) or isinstance(value, str)) or value == ""):
-            raise ConfigError(
-                f'{where}.{key}: expected a module path (a string such as "0.17") or a stage index, got {value!r}'
-            )
-    for key, low in (("num_views", 1), ("batch_size", 1), ("chunk_size", 1), ("view_seed", 0), ("num_workers", 0)):
-        value = out[key]
-        if not is_int(value) or value < low:
-            raise ConfigError(f"{where}.{key}: expected an int >= {low}, got {value!r}")
-    if out["dtype"] not in DTYPES:
-        raise ConfigError(f"{where}.dtype: expected one of {', '.join(DTYPES)}, got {out['dtype']!r}")
-    if out["folder"] is not None and not isinstance(out["folder"], str):
-        raise ConfigError(f"{where}.folder: expected a path or null, got {out['folder']!r}")
+    for key, (_, expected, ok) in _KEYS.items():
+        if not ok(out[key]):
+            raise ConfigError(f"{where}.{key}: expected {expected}, got {out[key]!r}")
     return out
 
 
 def cache_folder(spec: Dict[str, Any], experiment_folder: str) -> str:
-    """Where the caches live: ``spec["folder"]`` (relative to the working directory) or
-    ``<experiment_folder>/feature_cache``."""
-    return os.path.abspath(spec["folder"] if spec.get("folder") else os.path.join(experiment_folder, FOLDER_NAME))
+    """``spec["folder"]`` (relative to the working directory) or ``<experiment_folder>/feature_cache``."""
+    return os.path.abspath(spec["folder"] or os.path.join(experiment_folder, KEY))
 
 
 class FrozenParts(NamedTuple):
@@ -111,41 +103,33 @@ class FrozenParts(NamedTuple):
     between: Optional[torch.nn.Module] = None
 
 
-def _is_identity(graph_module) -> bool:
-    return all(n.op in ("placeholder", "output") for n in graph_module.graph.nodes)
-
-
 def _resolve(trunk: torch.nn.Module, boundary, where: str) -> str:
-    if isinstance(boundary, int):
-        try:
-            stages = trunk_stages(trunk)
-        except ValueError as e:
-            raise ConfigError(f"{where}: {e}") from None
-        if not -len(stages) <= boundary < len(stages):
-            raise ConfigError(f"{where}: stage index {boundary} out of range; the trunk's stages end at {stages}")
-        return stages[boundary]
-    return boundary
+    """A stage index as the module path where that stage ends."""
+    if not isinstance(boundary, int):
+        return boundary
+    try:
+        stages = trunk_stages(trunk)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    if not -len(stages) <= boundary < len(stages):
+        raise ConfigError(f"{where}: stage index {boundary} out of range; the trunk's stages end at {stages}")
+    return stages[boundary]
 
 
-def _split(
-    trunk: torch.nn.Module, boundary: str, where: str, make_sequential: Callable[[], torch.nn.Sequential] = None
-) -> Tuple[torch.nn.Module, torch.nn.Module]:
-    """``(prefix, rest)``; for a ``Sequential`` trunk the rest is a ``Sequential`` (from ``make_sequential``) of the
-    trunk's later children under their own names, led by the rest of the child that holds the boundary (when
-    something of it is left)."""
+def _split(trunk: torch.nn.Module, boundary: str, where: str, make_sequential=None):
+    """``(prefix, rest)``; a ``Sequential`` trunk's rest is a ``Sequential`` (``make_sequential()``) of its later
+    children under their own names, led by what is left of the child that holds the boundary."""
     try:
         prefix, rest = split_trunk(trunk, boundary)
         if not isinstance(trunk, torch.nn.Sequential):
             return prefix, rest
         top, _, inner = boundary.partition(".")
         names = [name for name, _ in trunk.named_children()]
-        children = OrderedDict()
+        children = {name: getattr(trunk, name) for name in names[names.index(top) + 1 :]}
         if inner:
             child_rest = split_trunk(getattr(trunk, top), inner)[1]
-            if not _is_identity(child_rest):
-                children[top] = child_rest
-        for name in names[names.index(top) + 1 :]:
-            children[name] = getattr(trunk, name)
+            if any(n.op not in ("placeholder", "output") for n in child_rest.graph.nodes):  # not an identity
+                children = {top: child_rest, **children}
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
     rest = (make_sequential or torch.nn.Sequential)()
@@ -154,20 +138,11 @@ def _split(
     return prefix, rest
 
 
-def split_trunk_for_cache(
-    trunk: torch.nn.Module,
-    spec: Dict[str, Any],
-    where: str = f"config: {KEY}",
-    make_sequential: Optional[Callable[[], torch.nn.Sequential]] = None,
-) -> FrozenParts:
-    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``): :class:`FrozenParts`, the prefix set to
-    ``requires_grad=False``; a ``Sequential`` trunk's rest is an empty ``Sequential`` from ``make_sequential`` (the
-    Builder's) filled with the trunk's later modules.
-
-    Raises:
-        ConfigError: ``"<where>.boundary: ..."`` when the trunk does not split there, or a ``derive_from`` that is
-        not a module before ``boundary``.
-    """
+def split_trunk_for_cache(trunk, spec: Dict[str, Any], where: str = f"config: {KEY}", make_sequential=None):
+    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``) into :class:`FrozenParts`, the prefix
+    frozen; a ``Sequential`` trunk's rest is ``make_sequential()`` (the Builder's) filled with its later modules.
+    ConfigError (``"<where>.boundary: ..."``) when the trunk does not split there, or for a ``derive_from`` that is
+    not a module before ``boundary``."""
     boundary = _resolve(trunk, spec["boundary"], f"{where}.boundary")
     prefix, rest = _split(trunk, boundary, f"{where}.boundary", make_sequential)
     prefix.requires_grad_(False)
@@ -183,17 +158,16 @@ def split_trunk_for_cache(
             f"{where}.derive_from: {source!r} must be a module before boundary {boundary!r} ({str(e).splitlines()[0]})"
         ) from None
     # split from the trunk itself, so its key equals that of the same boundary cached directly (a shared cache)
-    source_prefix = _split(trunk, source, f"{where}.derive_from")[0]
-    source_prefix.requires_grad_(False)
+    source_prefix = _split(trunk, source, f"{where}.derive_from")[0].requires_grad_(False)
     return FrozenParts(boundary, prefix, rest, source, source_prefix, between)
 
 
 @contextlib.contextmanager
 def _file_lock(path: str):
-    """An exclusive ``flock`` on ``path`` (created) for the block; a no-op where ``fcntl`` is missing."""
+    """An exclusive ``flock`` on ``path`` for the block; a no-op where ``fcntl`` is missing (not POSIX)."""
     try:
         import fcntl
-    except ImportError:  # not POSIX: concurrent preparation of one folder is then the user's to avoid
+    except ImportError:
         yield
         return
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -206,16 +180,8 @@ def _file_lock(path: str):
 
 
 def check_fixed_prefix(make_builder: Callable[[], Any], seeds: Sequence[int], where: str) -> None:
-    """Refuse a frozen prefix that changes with the seed (one cache serves every seed and fold).
-
-    Args:
-        make_builder: returns a fresh :class:`~pml_extensions.runner.objects.builder.Builder` of the config (built
-            after seeding ``seeds[0]``, then ``seeds[0] + 1``).
-        where: ``"<file>: feature_cache"`` for the error.
-
-    Raises:
-        ConfigError: the two prefixes differ.
-    """
+    """Refuse (ConfigError at ``where``) a frozen prefix that changes with the seed: one cache serves every seed and
+    fold. ``make_builder()`` returns a fresh Builder of the config, called after seeding ``seeds[0]`` and the next."""
     from ...datasets.feature_cache import prefix_digest
     from ..experiment.folder import seed_everything
 
@@ -233,24 +199,15 @@ def check_fixed_prefix(make_builder: Callable[[], Any], seeds: Sequence[int], wh
 
 
 def subset_key(dataset, indices: Sequence[int]) -> str:
-    """A ``dataset_key`` for the items ``indices`` of ``dataset``: the dataset's digest
-    (:func:`pml_extensions.datasets.feature_cache.dataset_digest`) and the indices.
-
-    Example::
-
-        >>> data = torch.utils.data.TensorDataset(torch.zeros(3, 1))
-        >>> data.labels = np.array([0, 1, 1])
-        >>> subset_key(data, [0, 2]) == subset_key(data, [0, 1])
-        False
-    """
+    """A ``dataset_key`` for the items ``indices`` of ``dataset``: a digest of the dataset's and the indices."""
     h = hashlib.sha256(dataset_digest(dataset).encode())
     h.update(np.asarray(indices, dtype=np.int64).tobytes())
     return h.hexdigest()
 
 
 def end_of_epoch_hook(dataset, then: Optional[Callable[[Any], Any]] = None) -> Callable[[Any], bool]:
-    """A PML ``end_of_epoch_hook`` that moves ``dataset`` (a :class:`~pml_extensions.datasets.CachedFeatureDataset`)
-    to the next epoch's views, then returns ``then(trainer)``'s answer (or True)."""
+    """A PML ``end_of_epoch_hook`` that moves ``dataset`` (a ``CachedFeatureDataset``) to the next epoch's views,
+    then returns ``then(trainer)``'s answer (or True)."""
 
     def hook(trainer):
         dataset.set_epoch(int(trainer.epoch))
@@ -261,17 +218,9 @@ def end_of_epoch_hook(dataset, then: Optional[Callable[[Any], Any]] = None) -> C
 
 
 class FeatureCaches:
-    """The feature caches of one run.
-
-    Args:
-        builder: the run's :class:`~pml_extensions.runner.objects.builder.Builder` (its config holds
-            ``feature_cache``).
-        experiment_folder: the run's folder (the default cache folder is inside it).
-        log: a print-like function (one line per cache built).
-
-    Raises:
-        ConfigError: as :func:`cache_spec`; ValueError if the config has no ``feature_cache``.
-    """
+    """The feature caches of one run: ``builder``'s config holds ``feature_cache`` (ConfigError as
+    :func:`cache_spec`; ValueError without the key); the default folder is inside ``experiment_folder``; ``log``
+    gets one line per cache built."""
 
     def __init__(self, builder, experiment_folder: str, log: Callable[..., None] = print):
         spec = cache_spec(builder.config, builder.sources)
@@ -280,22 +229,24 @@ class FeatureCaches:
         self.spec, self.builder, self.log = spec, builder, log
         self.folder = cache_folder(spec, experiment_folder)
 
-    def _options(self) -> Dict[str, Any]:
-        return {k: self.spec[k] for k in ("dtype", "chunk_size", "batch_size")}
-
-    def _build(self, cache, part: str, rank: Optional[int], world_size: Optional[int]) -> bool:
-        """Prepare (under a file lock, unless torchrun orders the ranks) and compute this process's chunks."""
+    def _build(self, part: str, boundary: str, spec: Dict[str, Any], rank=None, world_size=None, **objects):
+        """``(cache, complete)``: the ``FeatureCache`` of ``part`` at ``boundary`` (``spec``, ``objects``: its
+        arguments) prepared (under a file lock, unless torchrun orders the ranks), this process's chunks computed."""
+        options = {k: self.spec[k] for k in ("dtype", "chunk_size", "batch_size")}
+        options["folder"] = os.path.join(self.folder, boundary, part)
+        cache = self.builder.build(f"{KEY}.{part}", {"FeatureCache": dict(options, **spec)}, **objects)
         if cache.complete:
-            return True
+            return cache, True
+        name = os.path.relpath(cache.folder, self.folder)
         try:
             reason = None
             if not dist_utils.is_active():
                 with _file_lock(cache.folder + ".lock"):
                     reason = cache.prepare()
             self.log(  # long work is announced before it starts (minutes for thousands of images on a CPU)
-                f"feature cache {os.path.relpath(cache.folder, self.folder)}: computing the frozen prefix's outputs of "
-                f"{cache.num_items} images × {cache.views.num_views} view(s) in {cache.num_chunks} chunks (once; every "
-                "variant and seed reads them)"
+                f"feature cache {name}: computing the frozen prefix's outputs of {cache.num_items} images × "
+                f"{cache.views.num_views} view(s) in {cache.num_chunks} chunks (once; every variant and seed reads "
+                "them)"
             )
             done = cache.build(rank=rank, world_size=world_size)
         except (RuntimeError, TypeError, ValueError) as e:  # e.g. the prefix refuses the transformed images
@@ -305,71 +256,40 @@ class FeatureCaches:
             ) from e
         reason = reason or cache.last_build.get("rebuilt")
         self.log(
-            f"feature cache {os.path.relpath(cache.folder, self.folder)}: {cache.last_build['chunks_computed']} of "
-            f"{cache.num_chunks} chunks computed in {cache.last_build['seconds']:.0f} s"
+            f"feature cache {name}: {cache.last_build['chunks_computed']} of {cache.num_chunks} chunks computed in "
+            f"{cache.last_build['seconds']:.0f} s"
             + (f" ({reason})" if reason else "")
             + ("" if done else " (this process's shard; not complete yet)")
         )
-        return done
+        return cache, done
 
-    def build(
-        self,
-        part: str,
-        frozen: FrozenParts,
-        images,
-        transform,
-        num_views: int,
-        dataset_key: Optional[str] = None,
-        rank: Optional[int] = None,
-        world_size: Optional[int] = None,
-    ) -> Tuple[str, bool]:
-        """Build (or find) the cache of ``part`` at ``frozen.boundary`` — first the source boundary's when the
-        spec has ``derive_from`` — and return ``(folder, complete)``.
-
-        Args:
-            part: a name for the folder (``train``, ``test`` ...).
-            frozen: the trunk's :class:`FrozenParts`.
-            images, transform: the untransformed dataset (items ``(image, label)``, a ``labels`` array) and its
-                transform.
-            num_views: views per image.
-            dataset_key: replaces the digest of ``images`` in the key (e.g. :func:`subset_key`).
-            rank, world_size: compute only this shard. Default: everything, or torchrun's ranks.
-
-        Raises:
-            ConfigError: the cache's arguments refused (naming ``feature_cache.<part>``).
-        """
-        common = dict(self._options(), num_views=num_views, view_seed=self.spec["view_seed"])
-        common.update(num_workers=self.spec["num_workers"])
-        first = frozen.source_boundary if frozen.source_boundary is not None else frozen.boundary
-        cache = self.builder.build(
-            f"{KEY}.{part}",
-            {"FeatureCache": dict(common, folder=os.path.join(self.folder, first, part), dataset_key=dataset_key)},
-            prefix=frozen.source_prefix if frozen.source_boundary is not None else frozen.prefix,
-            dataset=images,
-            transform=transform,
+    def build(self, part, frozen, images, transform, num_views: int, dataset_key=None, rank=None, world_size=None):
+        """``(folder, complete)``: the cache of ``part`` (a folder name: ``train``, ``test`` ...) at
+        ``frozen.boundary`` built or found, first the source boundary's with ``derive_from``. ``images``: the
+        untransformed dataset (items ``(image, label)``, a ``labels`` array), ``num_views`` views of each through
+        ``transform``; ``dataset_key`` replaces the digest of ``images`` in the key (e.g. :func:`subset_key`);
+        ``rank``, ``world_size``: compute only this shard (default everything, or torchrun's ranks)."""
+        derived = frozen.source_boundary is not None
+        boundary, prefix = (frozen.source_boundary, frozen.source_prefix) if derived else frozen[:2]
+        spec = {
+            "num_views": num_views,
+            "dataset_key": dataset_key,
+            **{k: self.spec[k] for k in ("view_seed", "num_workers")},
+        }
+        cache, done = self._build(
+            part, boundary, spec, rank, world_size, prefix=prefix, dataset=images, transform=transform
         )
-        done = self._build(cache, part, rank, world_size)
-        if frozen.source_boundary is None or not done:
+        if not derived or not done:
             return cache.folder, done
         source = self.builder.build(
             f"{KEY}.{part}", {"CachedFeatureDataset": {"folder": cache.folder, "key": cache.key}}
         )
-        derived = self.builder.build(
-            f"{KEY}.{part}",
-            {"FeatureCache": dict(self._options(), folder=os.path.join(self.folder, frozen.boundary, part))},
-            prefix=frozen.between,
-            dataset=source,
-            transform=None,
-        )
-        return derived.folder, self._build(derived, part, None, None)
+        cache, done = self._build(part, frozen.boundary, {}, prefix=frozen.between, dataset=source, transform=None)
+        return cache.folder, done
 
     def dataset(self, part: str, frozen: FrozenParts, images, transform, num_views: int, seed: int = 0, **kwargs):
-        """The finished cache of ``part`` (:meth:`build` first; ``kwargs`` go there) as a
-        :class:`~pml_extensions.datasets.CachedFeatureDataset` drawing views with ``seed``.
-
-        Raises:
-            ConfigError: as :meth:`build`, or when another process has not finished its shard yet.
-        """
+        """The finished cache of ``part`` (:meth:`build` first, with ``kwargs``) as a ``CachedFeatureDataset``
+        drawing views with ``seed``; ConfigError when another process has not finished its shard yet."""
         folder, done = self.build(part, frozen, images, transform, num_views, **kwargs)
         if not done:
             raise ConfigError(

@@ -23,19 +23,15 @@ class MLP(torch.nn.Module):
 
     def __init__(self, layer_sizes: Sequence[int], final_relu: bool = False, input_size: Optional[int] = None):
         super().__init__()
-        sizes = [int(s) for s in layer_sizes] if layer_sizes is not None else []
-        if input_size is not None:
-            sizes = [int(input_size)] + sizes
+        sizes = ([] if input_size is None else [int(input_size)]) + [int(s) for s in layer_sizes or []]
         if not sizes or any(s < 1 for s in sizes):
             raise ValueError(f"layer_sizes must be a non-empty list of positive ints, got {list(layer_sizes or [])}")
         linears = [torch.nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])] or [torch.nn.LazyLinear(sizes[0])]
         layers = []
-        for i, linear in enumerate(linears):
-            layers.append(linear)
-            if i < len(linears) - 1 or final_relu:
-                layers.append(torch.nn.ReLU(inplace=False))
+        for linear in linears:
+            layers += [linear, torch.nn.ReLU(inplace=False)]
         self.layer_sizes = sizes
-        self.net = torch.nn.Sequential(*layers)
+        self.net = torch.nn.Sequential(*(layers if final_relu else layers[:-1]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)

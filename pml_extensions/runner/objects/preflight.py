@@ -1,15 +1,9 @@
-"""Checks before training: what a config and a dataset must agree on (image files that decode, enough classes for
-the split and the sampler, the images' channels and sizes against the trunk), checked once before the first epoch,
-each problem one line naming the key or file, where its value came from and the fix.
-
-Example::
-
-    >>> splits = lambda labels, parts: {"folds": [{"train": [c for c in sorted(set(labels)) if c % parts != k]}
-    ...                                           for k in range(parts)]}
-    >>> minimum_classes(lambda labels: splits(labels, 2), m=4, batch_size=32)
-    16
+"""Checks before training (``docs/own_data.md``): what a config and a dataset must agree on (image files that decode,
+enough classes for the split and the sampler, the images' channels and sizes against the trunk), checked once before
+the first epoch, each problem one line naming the key or file, where its value came from and the fix.
 """
 
+import contextlib
 import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -35,10 +29,9 @@ _DECODED: Dict[str, List[int]] = {}
 _NOTED: set = set()
 
 
-# ---------------------------------------------------------------------------------------------------- images
 def image_paths(dataset) -> Optional[List[str]]:
-    """The image file of each item of ``dataset`` (``paths`` as ours and PML's datasets have; a wrapper's
-    ``dataset``; torchvision's ``samples``), or None for data that is not files (glyphs, tensors)."""
+    """The image file of each item of ``dataset`` (its or its wrapped ``dataset``'s ``paths`` or torchvision's
+    ``samples``), or None for data that is not files (glyphs, tensors)."""
     for candidate in (dataset, getattr(dataset, "dataset", None)):
         if candidate is None:
             continue
@@ -51,64 +44,41 @@ def image_paths(dataset) -> Optional[List[str]]:
 
 
 def _stat(path: str) -> Optional[List[int]]:
-    try:
+    with contextlib.suppress(OSError):
         s = os.stat(path)
-    except OSError:
-        return None
-    return [int(s.st_size), int(s.st_mtime_ns)]
+        return [int(s.st_size), int(s.st_mtime_ns)]
+    return None
 
 
 def _read_record(record: Optional[str]) -> Dict[str, List[int]]:
-    """The files an earlier run recorded as decoded (:data:`IMAGE_CHECK_FILE`), ``{}`` without a readable one."""
-    if not record:
-        return {}
     try:
         with open(record, encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, ValueError):  # none yet, or unreadable
+    except (TypeError, OSError, ValueError):  # no folder, none yet, or unreadable
         return {}
 
 
 def _save_record(record: str, old: Dict[str, List[int]], new: Dict[str, List[int]]) -> None:
-    """Write ``new`` when it differs from ``old`` (the record only saves a rerun the decoding: a failure passes)."""
     if new != old:
-        try:
+        with contextlib.suppress(OSError):  # the record only saves a rerun the decoding
             atomic_write_json(record, new)
-        except OSError:
-            pass
 
 
 def _named(entries: List[str]) -> str:
-    """The first :data:`NAMED_BAD_FILES` entries and how many more there are, for one line."""
     more = f"; +{len(entries) - NAMED_BAD_FILES} more" if len(entries) > NAMED_BAD_FILES else ""
     return "; ".join(entries[:NAMED_BAD_FILES]) + more
 
 
-def check_images(
-    dataset,
-    folder: Optional[str] = None,
-    skip: bool = False,
-    where: str = "dataset",
-    log: Callable[..., None] = print,
-    skip_hint: Optional[str] = "--skip_bad_images true",
-):
-    """Decode every image file of ``dataset`` once (:func:`pml_extensions.datasets.find_unreadable_images`).
-
-    Args:
-        dataset: any dataset; one without files (:func:`image_paths` None) is returned as it is.
-        folder: the experiment folder: the files that decoded are recorded there (:data:`IMAGE_CHECK_FILE`) and a
-            rerun decodes only new or changed files; the bad ones are listed in ``bad_images.txt``.
-        skip: leave the bad files out (one note naming them) instead of stopping.
-        log: where the notes go: the bad files left out, and the files above PIL's decompression-bomb limit.
-        where: ``"<source>: dataset"`` for the message.
-        skip_hint: the option that leaves bad files out, named in the message (None: the protocol has none).
-
-    Returns:
-        ``dataset``, or a view without the bad items when ``skip``.
+def check_images(dataset, folder=None, skip=False, where="dataset", log=print, skip_hint="--skip_bad_images true"):
+    """``dataset`` once every image file decodes (:func:`pml_extensions.datasets.find_unreadable_images`; data
+    without files passes), or with ``skip`` a view without the bad ones (one note to ``log``, as the files above
+    PIL's decompression-bomb limit). ``folder``: the experiment folder, where the files that decoded are recorded
+    (:data:`IMAGE_CHECK_FILE`: a rerun decodes only new or changed files) and the bad ones listed
+    (``bad_images.txt``). ``where``: ``"<source>: dataset"``; ``skip_hint``: the option that leaves bad files out
+    (None: the protocol has none).
 
     Raises:
-        ConfigError: naming every bad file (up to :data:`NAMED_BAD_FILES` in the line, all in ``bad_images.txt``)
-        with PIL's reason, and ``skip_bad_images: true`` as the way to go on without them.
+        DataFileError: naming the bad files (up to :data:`NAMED_BAD_FILES` in the line) with PIL's reasons.
     """
     from PIL import Image
 
@@ -160,9 +130,8 @@ def check_images(
 
 
 def write_bad_images(left_out: Dict[str, str], folder: str) -> Optional[str]:
-    """List the files :func:`check_images` left out (``skip``; its dataset's ``left_out``, ``{path: reason}``) before
-    ``folder`` existed in ``folder``'s ``bad_images.txt`` (one ``path<TAB>reason`` line each); returns its path, None
-    when none was left out."""
+    """``folder``'s ``bad_images.txt`` listing ``left_out`` (``{path: reason}``, what :func:`check_images` left out
+    before ``folder`` existed), one ``path<TAB>reason`` line each; None when there is none or no folder."""
     if not left_out or not os.path.isdir(folder):
         return None
     path = os.path.join(folder, "bad_images.txt")
@@ -171,9 +140,8 @@ def write_bad_images(left_out: Dict[str, str], folder: str) -> Optional[str]:
 
 
 def record_checked_images(dataset, folder: str) -> None:
-    """Add every image file of ``dataset`` (checked by :func:`check_images`, the bad ones left out) to ``folder``'s
-    :data:`IMAGE_CHECK_FILE`, so a rerun decodes only new or changed files (a check before the folder existed wrote
-    nothing); the record's other files stay."""
+    """Add the image files of ``dataset`` (checked by :func:`check_images` before ``folder`` existed) to ``folder``'s
+    :data:`IMAGE_CHECK_FILE`, and list its left-out files there (:func:`write_bad_images`)."""
     write_bad_images(getattr(dataset, "left_out", None), folder)
     paths = image_paths(dataset)
     if paths is None or not os.path.isdir(folder):
@@ -183,13 +151,7 @@ def record_checked_images(dataset, folder: str) -> None:
     _save_record(record, known, {**known, **{p: _stat(p) for p in dict.fromkeys(paths) if p not in known}})
 
 
-# ---------------------------------------------------------------------------------------------------- classes
-def minimum_classes(
-    split: Callable[[Sequence[int]], Dict[str, Any]],
-    m: Optional[int] = None,
-    batch_size: Optional[int] = None,
-    limit: int = 5000,
-) -> Optional[int]:
+def minimum_classes(split: Callable, m: Optional[int] = None, batch_size=None, limit: int = 5000) -> Optional[int]:
     """The fewest classes for which ``split(range(C))`` succeeds and, with an ``m``-per-class sampler, every fold's
     training classes fill a batch (``m × classes >= batch_size``); None above ``limit``."""
     for count in range(2, limit + 1):
@@ -204,8 +166,7 @@ def minimum_classes(
 
 
 def _class_and_int(builder, key: str, arg: str, default: Optional[int]) -> Tuple[Optional[str], Optional[int]]:
-    """``(class name, positive int argument arg)`` of the config's ``{Name: kwargs}`` at ``key``; ``default`` for a
-    missing spec or argument."""
+    """``(class name, its positive int argument arg)`` of the config's ``key``, ``default`` where missing."""
     spec = builder.get(key)
     if not is_object_spec(spec):
         return None, default
@@ -214,20 +175,10 @@ def _class_and_int(builder, key: str, arg: str, default: Optional[int]) -> Tuple
     return name, (int(value) if is_int(value) and value > 0 else default)
 
 
-def class_splits(
-    builder,
-    labels,
-    split: Callable[[Sequence[int], int], Dict[str, Any]],
-    partitions: int,
-    num_sets: int,
-) -> Dict[str, Any]:
-    """``split(labels, partitions)`` (the protocol's class split, e.g. MLRC's), or one line when the dataset has
-    too few classes: how many it has, how many the config needs (split and sampler together), the files the two
-    settings came from, and the command-line change that fits this dataset.
-
-    Raises:
-        ConfigError: ``"<source>: dataset: 10 classes are too few for ...; this config needs >= 22 classes ..."``.
-    """
+def class_splits(builder, labels, split: Callable, partitions: int, num_sets: int) -> Dict[str, Any]:
+    """``split(labels, partitions)`` (the protocol's class split, e.g. MLRC's), or a ConfigError when the dataset
+    has too few classes: how many it has, how many the config needs (split and sampler together), the files the two
+    settings came from, and the command-line change that fits this dataset."""
     try:
         return split(labels, partitions)
     except ValueError as e:
@@ -264,28 +215,21 @@ def class_splits(
     )
 
 
-def check_sampler(
-    builder, fold_train_labels: Sequence[Sequence[int]], batch_size: int, batch_key: Optional[str] = None
-) -> None:
+def check_sampler(builder, fold_train_labels: Sequence, batch_size: int, batch_key: Optional[str] = None) -> None:
     """The config's sampler against every fold's training labels: ``m × classes >= batch_size`` and ``m`` divides
-    ``batch_size`` (PML's ``MPerClassSampler`` asserts both when the first epoch starts). ``batch_key``: the
-    top-level key that sets the batch size (default: the trainer's ``batch_size``).
-
-    Raises:
-        ConfigError: naming the fold, the sampler's and the batch size's sources and the largest batch size that fits.
-    """
+    ``batch_size`` (PML's ``MPerClassSampler`` asserts both when the first epoch starts), else a ConfigError naming
+    the fold, the sources and the largest batch size that fits. ``batch_key``: the top-level key that sets the batch
+    size (default: the trainer's ``batch_size``)."""
     name, m = _class_and_int(builder, "sampler", "m", None)
     if m is None:
         return
     sources = builder.sources
     m_src = describe(source_of(sources, ("sampler", name, "m")))
     trainer, _ = _class_and_int(builder, "trainer", "batch_size", 32)
-    if batch_key is None:
-        batch_src = describe(source_of(sources, ("trainer", trainer, "batch_size") if trainer else "trainer"))
-        set_batch = lambda b: f'--trainer~APPLY~2 "{{batch_size: {b}}}"'  # noqa: E731
-    else:
-        batch_src = describe(source_of(sources, batch_key))
-        set_batch = lambda b: f"--{batch_key} {b}"  # noqa: E731
+    batch_src = describe(
+        source_of(sources, batch_key or (("trainer", trainer, "batch_size") if trainer else "trainer"))
+    )
+    set_batch = f"--{batch_key} {{}}" if batch_key else '--trainer~APPLY~2 "{{batch_size: {}}}"'
     if batch_size % m:
         raise ConfigError(
             f"{source_of(sources, 'sampler')}: sampler.{name}.m: {m} ({m_src}) does not divide the batch size "
@@ -297,12 +241,11 @@ def check_sampler(
             which = f" of fold {fold}" if batch_key is None else ""
             raise ConfigError(
                 f"{source_of(sources, 'sampler')}: sampler.{name}: m={m} ({m_src}) x {classes} training classes"
-                f"{which} = {classes * m} < batch_size {batch_size} ({batch_src}); add {set_batch(classes * m)} or "
-                "use a dataset with more classes"
+                f"{which} = {classes * m} < batch_size {batch_size} ({batch_src}); add "
+                f"{set_batch.format(classes * m)} or use a dataset with more classes"
             )
 
 
-# ---------------------------------------------------------------------------------------------------- channels
 class ChannelMismatch(ConfigError):
     """The trunk takes ``trunk_channels`` input channels and the images have ``image_channels``."""
 
@@ -312,7 +255,7 @@ class ChannelMismatch(ConfigError):
 
 
 def _first_entry(spec: Any) -> Tuple[Any, Callable[[Any], Any]]:
-    """``(first layer's spec, put(new) -> the whole trunk spec with it replaced)``."""
+    """``(first layer's spec, put(new) -> the trunk spec with it replaced)``."""
     if isinstance(spec, list) and spec:
         inner, put = _first_entry(spec[0])
         return inner, lambda new: [put(new)] + list(spec[1:])
@@ -323,9 +266,8 @@ def _first_entry(spec: Any) -> Tuple[Any, Callable[[Any], Any]]:
 
 
 def fill_input_channels(trunk_spec: Any, channels: int) -> Any:
-    """The trunk spec with ``in_channels: channels`` added to its first layer when that layer's class takes
-    ``in_channels`` and the spec leaves it out (e.g. ``ConvNetBody``: the quick configs then take grey glyphs and RGB
-    photos alike); otherwise unchanged.
+    """The trunk spec with ``in_channels: channels`` added to its first layer when its class takes ``in_channels``
+    and the spec leaves it out (the quick configs then take grey glyphs and RGB photos alike).
 
     Example::
 
@@ -335,12 +277,8 @@ def fill_input_channels(trunk_spec: Any, channels: int) -> Any:
         [{'ConvNetBody': {'in_channels': 1}}]
     """
     first, put = _first_entry(trunk_spec)
-    if not (isinstance(first, dict) and len(first) == 1):
-        return trunk_spec
-    name, kwargs = next(iter(first.items()))
-    if kwargs is not None and not isinstance(kwargs, dict):
-        return trunk_spec
-    entry = lookup(name) if isinstance(name, str) else None
+    name, kwargs = next(iter(first.items())) if isinstance(first, dict) and len(first) == 1 else (None, None)
+    entry = lookup(name) if isinstance(name, str) and (kwargs is None or isinstance(kwargs, dict)) else None
     if entry is None or "in_channels" not in entry["params"] or "in_channels" in (kwargs or {}):
         return trunk_spec
     return put({name: dict(kwargs or {}, in_channels=int(channels))})
@@ -348,13 +286,12 @@ def fill_input_channels(trunk_spec: Any, channels: int) -> Any:
 
 def trunk_input_channels(trunk: torch.nn.Module) -> Optional[int]:
     """The input channels of the trunk's first convolution (None when it has none)."""
-    convs = (m for m in trunk.modules() if isinstance(m, torch.nn.modules.conv._ConvNd))
-    return next((int(m.in_channels) for m in convs), None)
+    return next((int(m.in_channels) for m in trunk.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)), None)
 
 
 def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, error: Exception) -> ConfigError:
-    """The one-line error for a trunk that fails on ``sample``: :class:`ChannelMismatch` when the channels differ
-    (what to change, and where the trunk came from), else the trunk's own first line."""
+    """The error for a trunk that fails on ``sample``: :class:`ChannelMismatch` when the channels differ (what to
+    change, where the trunk came from), else the trunk's own first line."""
     wanted = trunk_input_channels(trunk)
     have = int(sample.shape[0]) if sample.ndim == 3 else None
     trunk_src = source_of(builder.sources, "models.trunk")
@@ -363,12 +300,9 @@ def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, erro
             f"{trunk_src}: models.trunk: fails on one image of shape {list(sample.shape)}: {str(error).splitlines()[0]}"
         )
     first, _ = _first_entry(builder.get("models", {}).get("trunk"))
-    takes = ""
-    if isinstance(first, dict) and len(first) == 1 and "in_channels" in (next(iter(first.values())) or {}):
-        takes = (
-            f" (its first layer {next(iter(first))} sets in_channels: {wanted}; leave it out and the images' count "
-            "is used)"
-        )
+    name, kwargs = next(iter(first.items())) if isinstance(first, dict) and len(first) == 1 else (None, None)
+    takes = f" (its first layer {name} sets in_channels: {wanted}; leave it out and the images' count is used)"
+    takes = takes if "in_channels" in (kwargs or {}) else ""
     fixes = (
         "convert the images to grey (add Grayscale: {num_output_channels: 1} first in transforms)"
         if wanted == 1
@@ -382,24 +316,16 @@ def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, erro
     )
 
 
-def fit_channels(
-    builder,
-    dataset,
-    transforms: Dict[str, Any],
-    num_classes: int,
-    getter: Optional[Callable] = None,
-    log: Callable[..., None] = print,
-):
-    """Probe the trunk with the first image through ``transforms["eval"]`` (as every fold will); grey images meet a
-    3-channel trunk by becoming RGB (``ToRGB`` first in every transform, one note). Returns the transforms.
+def fit_channels(builder, dataset, transforms: Dict[str, Any], num_classes: int, getter=None, log=print):
+    """``transforms`` once the trunk takes the first image through ``transforms["eval"]`` (as every fold will): grey
+    images meet a 3-channel trunk by becoming RGB (``ToRGB`` first in every transform, one note). Raises
+    :class:`ChannelMismatch` for any other channel mismatch, ConfigError when the trunk or the transform fails."""
 
-    Raises:
-        ChannelMismatch: any other channel mismatch (what to change: the trunk's ``in_channels``, or a Grayscale
-        transform); ConfigError: the trunk fails on the image otherwise, or the transform fails on it.
-    """
-    view = builder.subset(dataset, [0], transform=transforms["eval"], getter=getter)
+    def first(transform):
+        return builder.subset(dataset, [0], transform=transform, getter=getter)[0][0]
+
     try:
-        sample = view[0][0]
+        sample = first(transforms["eval"])
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - a transform that does not fit the images: one line naming it
@@ -413,25 +339,19 @@ def fit_channels(
     try:
         builder.build_models(sample, num_classes, image=True)
     except ChannelMismatch as e:
-        rgb = builder.subset(dataset, [0], getter=getter)[0][0]
-        if not (e.image_channels == 1 and e.trunk_channels == 3 and hasattr(rgb, "convert")):
+        if not (e.image_channels == 1 and e.trunk_channels == 3 and hasattr(first(None), "convert")):
             raise
         import torchvision.transforms as T
 
         transforms = {k: T.Compose([ToRGB(), t]) for k, t in transforms.items()}
         log("note: the images are grey and models.trunk takes 3 channels: they are read as RGB")
-        builder.build_models(
-            builder.subset(dataset, [0], transform=transforms["eval"], getter=getter)[0][0], num_classes, image=True
-        )
+        builder.build_models(first(transforms["eval"]), num_classes, image=True)
     return transforms
 
 
 def check_sizes(builder, dataset, transform, first: torch.Tensor, getter=None, probes: int = 8) -> None:
-    """Items spread over ``dataset`` through ``transform`` must have the first item's shape (a batch stacks them).
-
-    Raises:
-        ConfigError: naming two items of different shapes (their files when known) and the Resize to add.
-    """
+    """Items spread over ``dataset`` through ``transform`` must have the first item's shape (a batch stacks them),
+    else a ConfigError naming two items of different shapes (their files when known) and the Resize to add."""
     n = len(dataset)
     paths = image_paths(dataset)
     for i in sorted({int(round(k * (n - 1) / max(1, probes - 1))) for k in range(probes)} - {0}):

@@ -1,12 +1,5 @@
-"""A finished run's models, rebuilt from its saved ``config.yaml`` (in the checkpoint's folder or up to three above;
-``pretrained`` built as false) by the :class:`~.builder.Builder` and loaded with the run's weights
-(``python -m pml_extensions explain --checkpoint``).
-
-Layouts read: an MLRC fold's ``best.pth`` (or its folder); a PML model folder (``trunk_best{E}.pth``,
-``embedder_best{E}.pth``; a variant's override in ``variants`` merged over ``models``); ``{"trunk": ..., "embedder":
-...}`` files (module or state; pickled modules with ``trust=True`` only; without a config, the MobileNetV2 + GAP trunk
-and a Linear embedder); with ``feature_cache``, the rebuilt frozen prefix then the saved rest.
-
+"""A finished run's models, rebuilt from its saved ``config.yaml`` by the :class:`~.builder.Builder` and loaded with
+the run's weights (``python -m pml_extensions explain --checkpoint``; the layouts read are in ``docs/explain.md``).
 Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line that names the file.
 """
 
@@ -19,8 +12,9 @@ import torch
 from torch import nn
 
 from ...utils.checks import is_int
+from ..errors import ConfigError
 from ..experiment.checkpoint import first_sentence
-from .builder import IMAGENET_NORMALIZE, Builder
+from .builder import Builder
 
 CONFIG_NAME = "config.yaml"
 
@@ -51,13 +45,8 @@ def pml_model_files(folder: str) -> Tuple[Optional[str], Optional[str]]:
     ``trunk_optimizer_*`` / ``embedder_optimizer_*`` files are optimizer states and are skipped."""
     picks = []
     for prefix in ("trunk_", "embedder_"):
-        files = [
-            f
-            for f in os.listdir(folder)
-            if f.startswith(prefix) and f.endswith(".pth") and not f.startswith(prefix + "optimizer")
-        ]
-        best = [f for f in files if "best" in f]
-        pool = best or files
+        files = [f for f in os.listdir(folder) if re.fullmatch(rf"{prefix}(?!optimizer).*\.pth", f)]
+        pool = [f for f in files if "best" in f] or files
         picks.append(os.path.join(folder, max(pool, key=lambda f: (_epoch(f), f))) if pool else None)
     return picks[0], picks[1]
 
@@ -75,62 +64,37 @@ def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optiona
             if not isinstance(cfg, dict):
                 raise ValueError(f"run config {candidate} is not a mapping")
             return cfg, candidate
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
+        folder = os.path.dirname(folder)  # the root is its own parent
     return None, None
 
 
 def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
-    """How the run that wrote ``checkpoint`` fed images to its model at evaluation, from its saved config.
+    """How the run that wrote ``checkpoint`` fed images to its model at evaluation: ``None`` without a run config,
+    else ``{"mean", "std"}`` of the ``Normalize`` its ``transforms.eval`` ends with as the Builder builds it (None
+    when it has none), and ``"image_size"``: the dataset's ``image_size``, else the eval ``CenterCrop`` / ``Resize``
+    side in pixels (the shorter one of ``[h, w]``), else None."""
+    import torchvision.transforms as T
 
-    Returns ``None`` without a run config, else ``{"mean": [...] or None, "std": [...] or None, "image_size":
-    int or None}``: the ``Normalize`` of ``transforms.eval`` (or the runner's default, ``normalize`` or
-    ImageNet's, which the runner appends after ``ToTensor``; ``normalize: null`` -> no normalisation), and the
-    image side in pixels from the dataset's ``image_size`` or the eval ``CenterCrop``/``Resize`` size.
-    """
-    if checkpoint is None:
-        return None
-    cfg, _ = find_run_config(checkpoint)
+    cfg = find_run_config(checkpoint)[0] if checkpoint is not None else None
     if cfg is None or not isinstance(cfg.get("transforms"), dict):
         return None  # no transforms of its own (e.g. a recipe that builds them): the command line's sizes
-    eval_spec = (cfg.get("transforms") or {}).get("eval")
-    if isinstance(eval_spec, dict) and list(eval_spec) == ["Compose"]:  # {Compose: {transforms: [...]}}
-        eval_spec = (eval_spec["Compose"] or {}).get("transforms")
-    steps = (
-        list(eval_spec.items())
-        if isinstance(eval_spec, dict)
-        else [next(iter(t.items())) for t in (eval_spec or []) if isinstance(t, dict) and len(t) == 1]
-    )
-    kwargs = {name: (v or {}) for name, v in steps if isinstance(v, (dict, type(None)))}
-    norm = (
-        kwargs.get("Normalize")
-        if "Normalize" in kwargs
-        else (None if "ToTensor" in kwargs else cfg.get("normalize", IMAGENET_NORMALIZE))
-    )
-    size = None
-    dataset = cfg.get("dataset")
-    if isinstance(dataset, dict) and len(dataset) == 1 and isinstance(next(iter(dataset.values())), dict):
-        size = next(iter(dataset.values())).get("image_size")
-    for name in ("CenterCrop", "Resize"):
-        given = kwargs.get(name, {}).get("size")
-        if size is None and isinstance(given, (list, tuple)) and given and all(isinstance(v, int) for v in given):
-            given = min(given)  # [h, w]: the shorter side, as --image-size
-        if size is None and isinstance(given, int):
-            size = given
+    keys = ("transforms", "normalize")
+    try:
+        steps = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None).build_transform("eval")
+    except ConfigError:  # a transform this process cannot build (e.g. a plugin's): the command line's sizes
+        return None
+    steps = steps.transforms
+    norm = next((t for t in steps if isinstance(t, T.Normalize)), None)
+    dataset = next(iter(cfg["dataset"].values())) if isinstance(cfg.get("dataset"), dict) else None
+    size = dataset.get("image_size") if isinstance(dataset, dict) and len(cfg["dataset"]) == 1 else None
+    for t in (t for kind in (T.CenterCrop, T.Resize) for t in steps if type(t) is kind):
+        given = min(t.size) if isinstance(t.size, (list, tuple)) and t.size else t.size
+        size = given if size is None and is_int(given) else size
     return {
-        "mean": list(norm["mean"]) if norm else None,
-        "std": list(norm["std"]) if norm else None,
+        "mean": list(norm.mean) if norm else None,
+        "std": list(norm.std) if norm else None,
         "image_size": size if is_int(size) else None,
     }
-
-
-def _in_channels(state: dict) -> int:
-    for v in state.values():
-        if torch.is_tensor(v) and v.ndim == 4:
-            return int(v.shape[1])
-    return 3
 
 
 def models_from_config(
@@ -153,7 +117,8 @@ def models_from_config(
         b = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None)
         built = b.build_models()
         return built["trunk"], built["embedder"], b.frozen.prefix
-    sample = torch.zeros(_in_channels(trunk_state or {}), 64, 64)
+    channels = next((int(v.shape[1]) for v in (trunk_state or {}).values() if torch.is_tensor(v) and v.ndim == 4), 3)
+    sample = torch.zeros(channels, 64, 64)
     built = Builder({"models": _not_pretrained(models)}, log=lambda *a, **k: None).build_models(sample)
     return built["trunk"], built["embedder"], None
 
@@ -161,19 +126,11 @@ def models_from_config(
 def _not_pretrained(spec):
     """``spec`` with every ``pretrained: true`` argument set to false, torchvision's ``weights`` /
     ``weights_backbone`` names set to null and ``weights_path`` left out (the saved weights replace them all)."""
-    if isinstance(spec, dict):
-        out = {}
-        for k, v in spec.items():
-            if k == "weights_path":
-                continue
-            if k in ("weights", "weights_backbone") and isinstance(v, str):
-                out[k] = None
-            else:
-                out[k] = False if k == "pretrained" and v is True else _not_pretrained(v)
-        return out
-    if isinstance(spec, list):
-        return [_not_pretrained(v) for v in spec]
-    return spec
+    if not isinstance(spec, dict):
+        return [_not_pretrained(v) for v in spec] if isinstance(spec, list) else spec
+    weights = {k: None for k in ("weights", "weights_backbone") if isinstance(spec.get(k), str)}
+    pretrained = {"pretrained": False} if spec.get("pretrained") is True else {}
+    return {**{k: _not_pretrained(v) for k, v in spec.items() if k != "weights_path"}, **weights, **pretrained}
 
 
 def _strip(state: dict) -> dict:
@@ -200,26 +157,18 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         return default()
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
-    source = checkpoint
+    source, content = checkpoint, None
     if os.path.isdir(checkpoint):
         # an MLRC fold folder; a paired unit's folder (the protocol's selected epoch, else its best one)
         found = [f for f in RUN_MODEL_FILES if os.path.isfile(os.path.join(checkpoint, f))]
-        if found:
-            source = os.path.join(checkpoint, found[0])
-            content = _load(source, trust)
-        else:
-            trunk_file, emb_file = pml_model_files(checkpoint)
-            if trunk_file is None:
-                folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
-                hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
-                names = ", ".join(RUN_MODEL_FILES)
-                raise ValueError(f"no model file ({names} or PML's trunk_*.pth) in {checkpoint}{hint}")
-            source = trunk_file
-            content = {"trunk": _load(trunk_file, trust)}
-            if emb_file is not None:
-                content["embedder"] = _load(emb_file, trust)
-    else:
-        content = _load(checkpoint, trust)
+        source, emb_file = (os.path.join(checkpoint, found[0]), None) if found else pml_model_files(checkpoint)
+        if source is None:
+            folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
+            hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
+            raise ValueError(f"no model file ({', '.join(RUN_MODEL_FILES)} or PML's trunk_*.pth) in {checkpoint}{hint}")
+        if not found:
+            content = {"trunk": _load(source, trust), **({"embedder": _load(emb_file, trust)} if emb_file else {})}
+    content = _load(source, trust) if content is None else content
     if isinstance(content, nn.Module):
         return content, nn.Identity()
     if not isinstance(content, dict) or "trunk" not in content:
@@ -250,97 +199,61 @@ def _without_config(trunk, embedder, path):
         trunk = module
     if embedder is not None and not isinstance(embedder, nn.Module):
         state = _strip(embedder)
-        weights = [k for k, v in state.items() if k.endswith("weight")]
+        weights = [k for k in state if k.endswith("weight")]
         if len(weights) != 1 or state[weights[0]].ndim != 2:
             raise ValueError(
-                f"checkpoint {path}: no config.yaml found and the embedder state is not a single Linear "
-                "layer; "
+                f"checkpoint {path}: no config.yaml found and the embedder state is not a single Linear layer; "
                 "save the run's config.yaml next to it or pass a module with --trust-checkpoint"
             )
-        key = weights[0][: -len("weight")]
-        w = state[weights[0]]
-        lin = nn.Linear(w.shape[1], w.shape[0], bias=(key + "bias") in state)
-        lin.load_state_dict({k[len(key) :]: v for k, v in state.items()})
-        embedder = lin
+        prefix, (out_size, in_size) = weights[0][: -len("weight")], state[weights[0]].shape
+        embedder = nn.Linear(in_size, out_size, bias=prefix + "bias" in state)
+        embedder.load_state_dict({k[len(prefix) :]: v for k, v in state.items()})
     return trunk, embedder
 
 
-# ---------------------------------------------------------------------------------------------------- a run's pick
-def _read_json(path: str) -> Optional[dict]:
+def _read_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _numbered(folder: str, prefix: str) -> List[int]:
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    found = [re.fullmatch(rf"{prefix}(\d+)", n) for n in names]
+    """The ``k`` of the sub-folders ``<prefix><k>`` of ``folder``, sorted."""
+    found = [re.fullmatch(rf"{prefix}(\d+)", n) for n in (os.listdir(folder) if os.path.isdir(folder) else [])]
     return sorted(int(m.group(1)) for m in found if m and os.path.isdir(os.path.join(folder, m.group(0))))
 
 
-def _unit_epoch(run: str, variant: str, seed: int) -> Optional[int]:
-    """The epoch the paired protocol tested for ``variant`` at ``seed``: ``selected_epoch`` (a selection across seeds)
-    or ``best_epoch``, from ``results.json``, else the unit's ``result.json``."""
-    units = ((_read_json(os.path.join(run, "results.json")) or {}).get("units") or {}).get(variant) or {}
-    unit = units.get(str(seed)) or _read_json(os.path.join(run, variant, f"seed_{seed}", "result.json")) or {}
-    epoch = unit.get("selected_epoch", unit.get("best_epoch"))
-    return int(epoch) if is_int(epoch) else None
-
-
-def _fold_epoch(run: str, fold: int) -> Optional[int]:
-    folds = (_read_json(os.path.join(run, "results.json")) or {}).get("folds") or []
-    epoch = folds[fold].get("best_epoch") if fold < len(folds) and isinstance(folds[fold], dict) else None
-    return int(epoch) if is_int(epoch) else None
-
-
-def selected_model(
-    run: str, variant: Optional[str] = None, seed: Optional[int] = None, fold: Optional[int] = None
-) -> Dict[str, Any]:
-    """The model an experiment folder of ``python -m pml_extensions run`` selected, and the epoch it recorded.
-
-    ``paired``: ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth`` (default the first variant and
-    lowest seed with a model); ``mlrc``: ``fold_<k>/best.pth`` (default fold 0); the epochs from ``results.json``.
-
-    Returns:
-        ``{"checkpoint": path, "epoch": int or None, "unit": "contrastive_xml/seed_0" or "fold_0", "variant",
-        "seed", "fold" (None where they do not apply), "others": [the other units with a model]}``.
-
-    Raises:
-        FileNotFoundError: ``run`` is not a folder. ValueError: no ``config.yaml`` (not a run's folder), no model yet,
-        or a ``variant`` / ``seed`` / ``fold`` the run does not have (the ones it has listed).
-    """
+def selected_model(run: str, variant=None, seed=None, fold=None) -> Dict[str, Any]:
+    """The model an experiment folder of ``python -m pml_extensions run`` selected (``paired``:
+    ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth``, default the first variant and lowest seed
+    with a model; ``mlrc``: ``fold_<k>/best.pth``, default fold 0): ``{"checkpoint", "epoch"`` (as
+    :func:`checkpoint_epoch`), ``"unit"`` (``"contrastive_xml/seed_0"`` or ``"fold_0"``), ``"variant", "seed",
+    "fold"`` (None where they do not apply), ``"others"`` (the other units with a model)``}``. A ``variant`` /
+    ``seed`` / ``fold`` the run does not have is refused naming the ones it has."""
     if not os.path.isdir(run):
         raise FileNotFoundError(f"--run {run} is not a folder (an experiment folder of python -m pml_extensions run)")
     if not os.path.isfile(os.path.join(run, CONFIG_NAME)):
         raise ValueError(f"--run {run} has no {CONFIG_NAME}: not an experiment folder of python -m pml_extensions run")
     folds = [k for k in _numbered(run, "fold_") if os.path.isfile(os.path.join(run, f"fold_{k}", "best.pth"))]
-    cfg, _ = find_run_config(run, levels=0)
     # (unit, checkpoint, variant, seed, fold) of every unit with a model
+    units = [(f"fold_{k}", os.path.join(run, f"fold_{k}", "best.pth"), None, None, k) for k in folds]
     if folds:
         if variant is not None or seed is not None:
             raise ValueError(
                 f"--run {run}: an mlrc run has folds ({', '.join(map(str, folds))}), not variants and "
                 "seeds: pass --fold K"
             )
-        k = folds[0] if fold is None else int(fold)
-        if k not in folds:
-            raise ValueError(f"--run {run}: no fold_{k}/best.pth; folds with a model: {', '.join(map(str, folds))}")
-        units = [(f"fold_{j}", os.path.join(run, f"fold_{j}", "best.pth"), None, None, j) for j in folds]
-        chosen, epoch = units[folds.index(k)], _fold_epoch(run, k)
+        if fold is not None and int(fold) not in folds:
+            raise ValueError(f"--run {run}: no fold_{fold}/best.pth; folds with a model: {', '.join(map(str, folds))}")
+        chosen = units[0 if fold is None else folds.index(int(fold))]
     else:
         if fold is not None:
             raise ValueError(f"--run {run}: --fold is for mlrc runs (fold_<k>/best.pth); this run has none")
-        names = list((cfg or {}).get("variants") or {}) or sorted(
-            d for d in os.listdir(run) if _numbered(os.path.join(run, d), "seed_")
-        )
-        units = []
-        for name in names:
+        names = list((find_run_config(run, levels=0)[0] or {}).get("variants") or {})
+        for name in names or sorted(d for d in os.listdir(run) if _numbered(os.path.join(run, d), "seed_")):
             for s in _numbered(os.path.join(run, name), "seed_"):
                 unit = os.path.join(run, name, f"seed_{s}")
                 files = [f for f in ("selected_models.pth", "best_models.pth") if os.path.isfile(os.path.join(unit, f))]
@@ -356,11 +269,10 @@ def selected_model(
             have = ", ".join(f"{n} seed {s}" for _, _, n, s, _ in units)
             raise ValueError(f"--run {run}: no model for --variant {variant} --seed {seed}; models: {have}")
         chosen = matching[0]
-        epoch = _unit_epoch(run, chosen[2], chosen[3])
     unit, checkpoint, variant, seed, fold = chosen
     return {
         "checkpoint": checkpoint,
-        "epoch": epoch,
+        "epoch": checkpoint_epoch(checkpoint),
         "unit": unit,
         "variant": variant,
         "seed": seed,
@@ -371,8 +283,9 @@ def selected_model(
 
 def checkpoint_epoch(checkpoint: str) -> Optional[int]:
     """The epoch of a run's model file as the run recorded it: ``<variant>/seed_<s>/{selected,best}_models.pth``
-    (``results.json``), ``fold_<k>/best.pth`` (the fold's ``best_epoch``), ``epochs/epoch_<e>.pth`` and PML's
-    ``trunk_best<e>.pth`` (from the name); None when unknown."""
+    (``results.json``'s ``selected_epoch`` or ``best_epoch``, else the unit's ``result.json``), ``fold_<k>/best.pth``
+    (the fold's ``best_epoch``), ``epochs/epoch_<e>.pth`` and PML's ``trunk_best<e>.pth`` (from the name); None when
+    unknown."""
     path = os.path.abspath(checkpoint)
     if os.path.isdir(path):
         path = os.path.join(path, "best.pth") if os.path.isfile(os.path.join(path, "best.pth")) else path
@@ -381,17 +294,20 @@ def checkpoint_epoch(checkpoint: str) -> Optional[int]:
     folder, name = os.path.split(path)
     parent, unit = os.path.split(folder)
     m = re.fullmatch(r"epoch_(\d+)\.pth", name) or re.fullmatch(r"trunk_best(\d+)\.pth", name)
+    fold, seed = re.fullmatch(r"fold_(\d+)", unit), re.fullmatch(r"seed_(\d+)", unit)
     if m:
-        return int(m.group(1))
-    m = re.fullmatch(r"fold_(\d+)", unit)
-    if m and name == "best.pth":
-        return _fold_epoch(parent, int(m.group(1)))
-    m = re.fullmatch(r"seed_(\d+)", unit)
-    if m and name in ("selected_models.pth", "best_models.pth"):
+        epoch = int(m.group(1))
+    elif fold and name == "best.pth":
+        folds = _read_json(os.path.join(parent, "results.json")).get("folds") or []
+        k = int(fold.group(1))
+        epoch = folds[k].get("best_epoch") if k < len(folds) and isinstance(folds[k], dict) else None
+    elif seed and name == "best_models.pth" and os.path.isfile(os.path.join(folder, "selected_models.pth")):
+        epoch = _read_json(os.path.join(folder, "result.json")).get("best_epoch")  # the selection tested another
+    elif seed and name in ("selected_models.pth", "best_models.pth"):
         run, variant = os.path.split(parent)
-        epoch = _unit_epoch(run, variant, int(m.group(1)))
-        if name == "best_models.pth" and os.path.isfile(os.path.join(folder, "selected_models.pth")):
-            unit_result = _read_json(os.path.join(folder, "result.json")) or {}
-            epoch = unit_result.get("best_epoch", None)  # the selection tested another epoch: this file is the best
-        return epoch
-    return None
+        units = (_read_json(os.path.join(run, "results.json")).get("units") or {}).get(variant) or {}
+        entry = units.get(str(int(seed.group(1)))) or _read_json(os.path.join(folder, "result.json"))
+        epoch = entry.get("selected_epoch", entry.get("best_epoch"))
+    else:
+        return None
+    return int(epoch) if is_int(epoch) else None

@@ -7,7 +7,14 @@ import numpy as np
 from PIL import Image
 
 from pml_extensions.runner.errors import ConfigError
-from pml_extensions.runner.objects.data import Subset, ToRGB, cap_per_class, dataset_labels, validation_split
+from pml_extensions.runner.objects.data import (
+    Subset,
+    ToRGB,
+    cap_per_class,
+    dataset_labels,
+    validation_rows,
+    validation_split,
+)
 
 
 class _Items:
@@ -85,3 +92,10 @@ class TestCap(unittest.TestCase):
         rng = np.random.default_rng(0)
         kept0 = sorted(rng.choice(np.array([0, 1, 2]), 2, replace=False).tolist())
         self.assertEqual(cap_per_class([0, 0, 0, 1], 2, seed=0).tolist(), kept0 + [3])
+
+
+def test_validation_rows_need_validation_and_test_rows():
+    from types import SimpleNamespace as S
+
+    assert validation_rows(S(classes_by_split={"train": ["a"], "validation": ["b"], "test": ["c"]})) == ["b"]
+    assert validation_rows(S(classes_by_split={"train": ["a"], "validation": ["b"]})) is None

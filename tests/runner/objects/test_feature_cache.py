@@ -274,3 +274,10 @@ def test_torchrun_ranks_build_the_caches_and_train_as_one_process(tmp_path, tiny
     assert [r["~iteration~"] for r in rows[0]] == [r["~iteration~"] for r in rows[1]] == [1, 2, 3, 4]
     for a, b in zip(*rows):
         assert b["total_loss"] == pytest.approx(a["total_loss"], rel=1e-4, abs=1e-6)
+
+
+def test_subset_key_depends_on_the_indices():
+    data = torch.utils.data.TensorDataset(torch.zeros(3, 1))
+    data.labels = np.array([0, 1, 1])
+    assert fc.subset_key(data, [0, 2]) != fc.subset_key(data, [0, 1])
+    assert fc.subset_key(data, [0, 2]) == fc.subset_key(data, [0, 2])
