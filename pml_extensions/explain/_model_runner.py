@@ -253,20 +253,14 @@ class ModelRunner:
             A = layout.to_map(out)
             state["layout"] = layout
             head.clear()
+            if mode != "replace" and layout.extra is not None:
+                layout.extra = layout.extra.detach().clone()
             if mode == "capture":
                 state["A"] = A.detach().clone()
-                if layout.extra is not None:
-                    layout.extra = layout.extra.detach().clone()
                 return None
             if mode == "leaf":
-                leaf = A.detach()
-                if layout.extra is not None:
-                    layout.extra = layout.extra.detach()
-                if repeat > 1:
-                    leaf = leaf.repeat(repeat, 1, 1, 1)
-                leaf.requires_grad_(True)
-                state["A"] = leaf
-                return layout.from_map(leaf)
+                state["A"] = (A.detach() if repeat == 1 else A.detach().repeat(repeat, 1, 1, 1)).requires_grad_(True)
+                return layout.from_map(state["A"])
             state["A"] = replacement
             return layout.from_map(replacement)
 

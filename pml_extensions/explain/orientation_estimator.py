@@ -66,15 +66,13 @@ class OrientationEstimator:
 
     @staticmethod
     def panorama_angle(x: float, width: int) -> float:
-        """Angle in degrees of panorama column ``x`` (pixels, 0-based) for a panorama ``width`` pixels
-        wide."""
+        """Angle in degrees of panorama column ``x`` (pixels, 0-based) for a panorama ``width`` pixels wide."""
         if not 0 <= x < width:
             raise ValueError(f"column {x} is outside a panorama of width {width}")
         return 360.0 * (x + 0.5) / width
 
     def polar_angle(self, y: float, x: float, height: int, width: int) -> float:
-        """Polar angle in degrees [0, 360) of pixel (y, x) around the centre of an ``height × width``
-        image."""
+        """Polar angle in degrees [0, 360) of pixel (y, x) around the centre of an ``height × width`` image."""
         if not (0 <= y < height and 0 <= x < width):
             raise ValueError(f"pixel {(y, x)} is outside an image of size {(height, width)}")
         dy, dx = y - (height - 1) / 2.0, x - (width - 1) / 2.0

@@ -124,14 +124,6 @@ def _same_output(a, b) -> bool:
     return len(ta) == len(tb) > 0 and all(_close(x.float(), y.float()) for x, y in zip(ta, tb))
 
 
-def _replace(model, name, new):
-    parent_name, _, attr = name.rpartition(".")
-    parent = model.get_submodule(parent_name)
-    old = getattr(parent, attr)
-    setattr(parent, attr, new)
-    return lambda: setattr(parent, attr, old)
-
-
 def use_histogram_pooling(
     model: torch.nn.Module,
     num_prototypes: int = 64,
@@ -169,9 +161,8 @@ def use_histogram_pooling(
 
     Raises:
         ValueError: ``model`` already holds a HistogramPooling; it does not run on the probe batch (e.g. a vision
-            transformer; one line naming the model and what is supported); no global average pooling or feature map
-            is found; or the swap would change the model's output or stop it from running (the model is left
-            unchanged).
+            transformer; one line naming the model and what is supported); no global average pooling or feature map is
+            found; or the swap would change the model's output or stop it from running (the model is left unchanged).
 
     Example::
 
@@ -234,7 +225,10 @@ def use_histogram_pooling(
         undo = lambda: target.pop(-1)  # noqa: E731
         where = f"appended to `{site.name}`"
     else:
-        undo = _replace(model, site.name, pool)
+        parent_name, _, attr = site.name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, attr, pool)
+        undo = lambda: setattr(parent, attr, site.module)  # noqa: E731
         where = f"in place of `{site.name}` ({type(site.module).__name__})"
     try:
         after, _ = _trace(model, x)
@@ -284,9 +278,8 @@ def pooling_tail(
         example_input: the probe batch (default as in :func:`use_histogram_pooling`).
 
     Raises:
-        ValueError: ``model`` holds no or several HistogramPooling layers (without ``layer``), does not run on the
-            probe batch, runs ``layer`` other than once, or its output is not the found modules applied to the GAP
-            vector.
+        ValueError: ``model`` holds no or several HistogramPooling layers (without ``layer``), does not run on the probe
+            batch, runs ``layer`` other than once, or its output is not the found modules applied to the GAP vector.
 
     Example::
 

@@ -19,14 +19,11 @@ def _check_dim(x: torch.Tensor, dim: int, name: str = "activations") -> int:
 
 
 def margin_argmax(activations: torch.Tensor, mu: Union[float, torch.Tensor] = 0.0, dim: int = 1) -> torch.Tensor:
-    """Exact solution of the linear program (P1) (paper Sec. 3.1): one-hot at argmax_k a_k if max_k a_k > μ,
-    else 0.
+    """Exact solution of the linear program (P1) (paper Sec. 3.1): one-hot at argmax_k a_k if max_k a_k > μ, else 0.
 
     Args:
-        activations: a, any float tensor with the K scores along ``dim`` (e.g. ``[B, K, H, W]`` with
-            ``dim=1``).
-        mu: the margin μ (same units as ``a``); a float or a tensor broadcastable against ``a`` with ``dim``
-            of size 1.
+        activations: a, any float tensor with the K scores along ``dim`` (e.g. ``[B, K, H, W]`` with ``dim=1``).
+        mu: the margin μ (same units as ``a``); a float or a tensor broadcastable against ``a`` with ``dim`` of size 1.
         dim: the dimension holding the K scores.
 
     Returns:

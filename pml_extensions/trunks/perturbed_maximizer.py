@@ -44,8 +44,7 @@ class PerturbedArgmaxFunction(torch.autograd.Function):
     / ε, ∇ν(Z) = Z (Gaussian) or 1 − exp(−Z) (Gumbel, where p_ε is the margin-augmented soft-max), on the same noise
     (the generator state is saved and replayed; samples drawn in chunks).
 
-    ``apply(x [N, K], mu, epsilon, eta, num_samples, chunk_size, noise, generator) -> [N, K]``; no gradient to μ, ε,
-    η.
+    ``apply(x [N, K], mu, epsilon, eta, num_samples, chunk_size, noise, generator) -> [N, K]``; no gradient to μ, ε, η.
     """
 
     @staticmethod

@@ -73,8 +73,7 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         combine: ``"add"`` (default, paper): f_out = conv1×1(f) + f', width d'; ``"concat"`` (paper's DenseNet
             "Ours-C"): f_out = [f, f'], width d + d', no shortcut conv.
         mu, epsilon, eta, num_samples, seed: the soft maximizer's (defaults μ = 0, ε = 1, η = 1, S = 600, seed 0).
-        norm_layer, act_layer: the ``"bn_relu"`` classes (default BatchNorm2d, called with ``device``/``dtype``;
-            ReLU).
+        norm_layer, act_layer: the ``"bn_relu"`` classes (default BatchNorm2d, called with ``device``/``dtype``; ReLU).
         init: ``"paper"`` (default): PyTorch's random 1×1 convs, as in the paper's from-scratch training;
             ``"identity"``: :meth:`init_identity` after construction (f_out = f; the classifier stays random). The
             random draws are the same in both.
