@@ -1,13 +1,5 @@
-"""Visual explanation for metric learning (Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021).
-
-Every explainer derives from ``SimilarityExplainer`` and shares one verb, ``attribute(query_images,
-reference_images)``: ``ActivationDecomposition`` (point-to-point, overall and point-specific maps through the last
-convolutional feature maps), ``SimilarityGradCAM`` (the Grad-CAM baselines). ``LocalizationEvaluator`` and
-``CompositeLocalizationDataset`` measure weakly supervised localisation, ``PartialSimilarityRetrieval`` does
-region-of-interest retrieval, ``OrientationEstimator`` cross-view orientation, ``ExplanationHook`` plugs the maps
-into a PML tester, ``topk_overall_maps`` explains a whole test set's top-k in batches, ``SimilarityFidelity``
-scores any map by deletion / insertion curves, and ``collapse_warning`` / ``coarse_map_warning`` say when the maps
-explain little.
+"""Visual explanation for metric learning (Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021):
+every explainer shares ``attribute(query_images, reference_images)``; docs/methods/explanation.md and docs/explain.md.
 """
 
 from .activation_decomposition import ActivationDecomposition

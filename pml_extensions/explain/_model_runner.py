@@ -1,6 +1,5 @@
 """Internal: run a PML trunk + embedder in eval mode with temporary hooks on the explained feature map (hooks and
-train/eval flags are restored also when the forward pass raises).
-"""
+train/eval flags are restored also when the forward pass raises)."""
 
 import contextlib
 import warnings
@@ -23,8 +22,7 @@ POOLING_TYPES = (
 
 def require_autograd(who: str) -> None:
     """Raise ``RuntimeError`` naming ``who`` and the fix under ``torch.inference_mode()``, which ``torch.enable_grad()``
-    cannot undo (PyTorch would fail far from the call with "element 0 of tensors does not require grad").
-    """
+    cannot undo (PyTorch would fail far from the call with "element 0 of tensors does not require grad")."""
     if torch.is_inference_mode_enabled():
         raise RuntimeError(
             f"{who} differentiates the model, but it was called under torch.inference_mode(), which "
@@ -59,8 +57,7 @@ def _channels_last(module: nn.Module, out: torch.Tensor) -> bool:
 
 class MapLayout:
     """How a layer's output maps to the canonical ``[N, C, h, w]`` feature map and back: ``"NCHW"`` (CNNs), ``"NHWC"``
-    (Swin) or ``"tokens"`` (``[N, T, C]``, ``T = g·g`` or ``g·g + 1``, the class token kept aside in ``extra``).
-    """
+    (Swin) or ``"tokens"`` (``[N, T, C]``, ``T = g·g`` or ``g·g + 1``, the class token kept aside in ``extra``)."""
 
     def __init__(self, kind: str, extra: Optional[torch.Tensor] = None):
         self.kind, self.extra = kind, extra
@@ -182,8 +179,7 @@ class ModelRunner:
 
     def _find_layer(self, images: torch.Tensor):
         """Find the last candidate layer (4-D map or square token grid, no pooling) in one forward pass; for token
-        models the last one whose grid tokens reach the output (one backward pass), named in a warning.
-        """
+        models the last one whose grid tokens reach the output (one backward pass), named in a warning."""
         found: List[Tuple[nn.Module, int, torch.Tensor]] = []
         calls: Dict[int, int] = {}
         attention_at: List[int] = []  # len(found) when each attention module was called
@@ -235,17 +231,12 @@ class ModelRunner:
         self.layer, self.layer_call = pick[0], pick[1]
 
     def run(
-        self,
-        images: torch.Tensor,
-        mode: str = "capture",
-        replacement: Optional[torch.Tensor] = None,
-        repeat: int = 1,
+        self, images: torch.Tensor, mode: str = "capture", replacement: Optional[torch.Tensor] = None, repeat: int = 1
     ) -> RunResult:
         """Hooked forward pass of ``images [N, C, H, W]`` in eval mode, by ``mode``: ``"capture"`` (no grad; the map
         detached and cloned), ``"leaf"`` (the map replaced by a detached copy that requires grad, repeated ``repeat``
         times along the batch so the head runs once per pair) or ``"replace"`` (the map replaced by ``replacement``, for
-        ``torch.func``).
-        """
+        ``torch.func``)."""
         self.check_images(images)
         if self.layer is None:
             self._find_layer(images)
@@ -262,20 +253,14 @@ class ModelRunner:
             A = layout.to_map(out)
             state["layout"] = layout
             head.clear()
+            if mode != "replace" and layout.extra is not None:
+                layout.extra = layout.extra.detach().clone()
             if mode == "capture":
                 state["A"] = A.detach().clone()
-                if layout.extra is not None:
-                    layout.extra = layout.extra.detach().clone()
                 return None
             if mode == "leaf":
-                leaf = A.detach()
-                if layout.extra is not None:
-                    layout.extra = layout.extra.detach()
-                if repeat > 1:
-                    leaf = leaf.repeat(repeat, 1, 1, 1)
-                leaf.requires_grad_(True)
-                state["A"] = leaf
-                return layout.from_map(leaf)
+                state["A"] = (A.detach() if repeat == 1 else A.detach().repeat(repeat, 1, 1, 1)).requires_grad_(True)
+                return layout.from_map(state["A"])
             state["A"] = replacement
             return layout.from_map(replacement)
 

@@ -1,13 +1,6 @@
-"""Activation decomposition of a metric-learning similarity into image regions.
-
-Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric Learning", IEEE TIP 2021 (arXiv
-1909.12977), Sec. III (eq. 5: point-to-point, overall "Decomposition" / "Decomposition+Bias" and point-specific
-maps); the point-specific coordinate mapping follows the authors' demo (Jeff-Zilence/Explain_Metric_Learning,
-``*/demo.py``, ``Overall_map``, ``Point_Specific``). Deviations from the demo, each the paper's formula: D(i, j, x,
-y) from one batched einsum instead of four Python loops; overall maps are eq. 5's exact signed sums (the demo's
-max-division and per-entry ReLU before summing: ``relu_then_sum=True``, without the positive rescaling); the bias
-terms (``bias=True``, "Decomposition+Bias"), commented out in the demo.
-"""
+"""Activation decomposition of a metric-learning similarity into image regions (Zhu et al., "Visual Explanation for
+Deep Metric Learning", IEEE TIP 2021, arXiv 1909.12977, Sec. III, eq. 5); deviations from the authors' demo:
+docs/methods/explanation.md."""
 
 import functools
 from typing import Dict, Optional, Sequence, Tuple, Union

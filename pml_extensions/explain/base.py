@@ -1,7 +1,6 @@
-"""One verb for every explainer, like captum's ``attribute()``: ``explainer.attribute(query_images, reference_images)``
-(or ``explainer(q, r)``) returns ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']`` (signed float maps on
-the inputs' device) and ``"similarity"`` ``[N]``.
-"""
+"""The shared verb of every explainer, like captum's ``attribute()``: ``explainer.attribute(query_images,
+reference_images)`` (or ``explainer(q, r)``) returns ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']`` (signed
+float maps on the inputs' device) and ``"similarity"`` ``[N]``."""
 
 from typing import Callable, Dict, Tuple
 

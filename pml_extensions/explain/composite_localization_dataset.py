@@ -1,10 +1,6 @@
-"""Seeded composite images with exact object boxes and masks, for weakly supervised localisation offline.
-
-Real objects (Open Clip Art RGBA drawings from the Debian package ``openclipart-png``, or glyph ink rendered from
-matplotlib's fonts for a pip-only variant) are pasted with their alpha onto photographs and textures of
-``skimage.data``. It stands in for CUB's boxes (Zhu et al., TIP 2021, Sec. VI-A), which cannot be downloaded
-here; object classes are split class-disjoint, as in metric learning.
-"""
+"""Seeded composite images with exact object boxes and masks, for weakly supervised localisation offline: Open Clip
+Art drawings (or glyphs) pasted on ``skimage.data`` photographs, standing in for CUB's boxes (Zhu et al., TIP 2021,
+Sec. VI-A), object classes split class-disjoint."""
 
 import functools
 from typing import Callable, Optional, Sequence, Tuple
@@ -54,9 +50,7 @@ def background_image(name: str) -> Image.Image:
         a = a.astype(np.uint8) * 255
     if a.dtype != np.uint8:
         a = np.clip(a / max(float(a.max()), 1e-12) * 255, 0, 255).astype(np.uint8)
-    if a.ndim == 2:
-        a = np.stack([a] * 3, axis=-1)
-    return Image.fromarray(a[..., :3]).convert("RGB")
+    return Image.fromarray(a if a.ndim == 2 else a[..., :3]).convert("RGB")  # grey: "L" -> RGB replicates it
 
 
 def glyph_rgba(gray: Image.Image, colour: Tuple[int, int, int]) -> Image.Image:

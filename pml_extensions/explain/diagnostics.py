@@ -1,6 +1,5 @@
 """Checks that say when an explanation shows little: collapsed embeddings (every image looks the same to the model)
-and feature maps too coarse for the images (a 3 × 3 grid paints near-uniform maps).
-"""
+and feature maps too coarse for the images (a 3 × 3 grid paints near-uniform maps)."""
 
 import math
 from typing import Callable, Optional, Tuple

@@ -1,10 +1,5 @@
-"""End-of-testing hook that explains the top-k retrievals of a PML tester.
-
-Maps: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. III and VI-A ("Decomposition",
-"Decomposition+Bias" and point-specific maps, weakly supervised localisation). PML's ``BaseTester`` calls
-``end_of_testing_hook(tester)`` while ``tester.embeddings_and_labels`` still holds the embeddings; a
-``HookContainer``'s hook is chained first, so accuracies are still recorded.
-"""
+"""End-of-testing hook that explains the top-k retrievals of a PML tester (Zhu et al., IEEE TIP 2021, Sec. III and
+VI-A); docs/explain.md."""
 
 import os
 from typing import Dict, List, Mapping, Optional, Sequence
@@ -15,18 +10,11 @@ import torch.nn.functional as nnf
 from torch import nn
 
 from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+from ..utils.atomic_io import atomic_torch_save
 from ..utils.checks import is_int
 from .activation_decomposition import ActivationDecomposition
 from .localization_evaluator import LocalizationEvaluator
-from .overlay import (
-    BIAS_RTOL,
-    bias_difference,
-    bias_note,
-    explanation_panels,
-    save_pair_overlay,
-    save_tensors,
-    to_display_image,
-)
+from .overlay import BIAS_RTOL, bias_difference, bias_note, explanation_panels, save_pair_overlay, to_display_image
 from .topk_maps import dataset_image, inner_product_search, model_device, topk_overall_maps
 
 
@@ -88,11 +76,7 @@ class ExplanationHook:
         epoch: Optional[int] = None,
         class_names: Optional[Sequence[str]] = None,
     ):
-        for name, v in (
-            ("k", k),
-            ("n_queries", 1 if n_queries is None else n_queries),
-            ("batch_size", batch_size),
-        ):
+        for name, v in (("k", k), ("n_queries", 1 if n_queries is None else n_queries), ("batch_size", batch_size)):
             if not is_int(v) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if decomposition is None:
@@ -138,7 +122,7 @@ class ExplanationHook:
         return dataset_image(self.dataset_dict[split], index, f"dataset {split!r}")
 
     def _topk(self, emb: torch.Tensor, queries: np.ndarray):
-        """The ``k`` nearest others of each query (cosine, faiss), best first."""
+        # the k nearest others of each query (cosine, faiss), best first
         if self.k > emb.shape[0] - 1:
             raise ValueError(f"k={self.k} is larger than the reference set ({emb.shape[0] - 1} candidates)")
         q = nnf.normalize(emb[queries].detach().to("cpu", torch.float32), dim=1)
@@ -201,8 +185,7 @@ class ExplanationHook:
             stem = os.path.join(self.output_dir, f"{split}_epoch{epoch}_query{int(qi)}")
             sims = allmaps["similarity"][n]
             if self.save_tensors:
-                save_tensors(
-                    stem + ".pt",
+                atomic_torch_save(
                     {
                         "query_index": int(qi),
                         "reference_indices": torch.tensor(refs),
@@ -214,6 +197,7 @@ class ExplanationHook:
                         "point": torch.tensor(point),
                         "point_specific": pmaps,
                     },
+                    stem + ".pt",
                 )
             if self.save_png:
                 mean, std = self._display_stats(q_img)
@@ -258,14 +242,12 @@ class ExplanationHook:
 
 
 def _labels(embeddings_and_labels) -> Optional[torch.Tensor]:
-    """The tester's labels ``[N]`` or ``[N, levels]`` as a tensor (``None`` when it has none)."""
     if len(embeddings_and_labels) < 2 or embeddings_and_labels[1] is None:
         return None
     return torch.as_tensor(np.asarray(embeddings_and_labels[1]))
 
 
 def _label_text(label: torch.Tensor, names: Optional[Sequence[str]] = None) -> str:
-    """The class name of ``label`` (``names[label]``), else the label itself (a hierarchy's levels as a list)."""
     values = label.flatten().tolist()
     if len(values) == 1 and names is not None and 0 <= int(values[0]) < len(names):
         return str(names[int(values[0])])
@@ -273,15 +255,7 @@ def _label_text(label: torch.Tensor, names: Optional[Sequence[str]] = None) -> s
 
 
 def dataset_class_names(dataset) -> Optional[List[str]]:
-    """``classes`` of ``dataset`` or of the dataset it wraps (``.dataset``, a few levels), None when none has them.
-
-    Example::
-
-        >>> class Wrapper:
-        ...     dataset = type("Data", (), {"classes": ["T-Shirts / Tops", "Mützen"]})()
-        >>> dataset_class_names(Wrapper())
-        ['T-Shirts / Tops', 'Mützen']
-    """
+    """``classes`` of ``dataset`` or of the dataset it wraps (``.dataset``, a few levels), None when none has them."""
     for _ in range(4):
         names = getattr(dataset, "classes", None)
         if isinstance(names, (list, tuple)) and names:

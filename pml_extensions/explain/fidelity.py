@@ -1,11 +1,6 @@
-"""Deletion and insertion curves of a similarity map: how faithful is it to the pair's cosine similarity?
-
-Source: the deletion / insertion metrics of Petsiuk, Das and Saenko, "RISE: Randomized Input Sampling for
-Explanation of Black-box Models", BMVC 2018 (Sec. 4.1), for a metric-learning pair instead of a class score: the
-query's pixels are removed (deletion) or revealed (insertion) most-attributed first, scored by the cosine of the
-perturbed query's embedding with the fixed reference embedding. A faithful map makes the deletion curve fall fast
-(small area) and the insertion curve rise fast (large area). Written from the definitions; no code copied.
-"""
+"""Deletion and insertion curves of a similarity map (Petsiuk, Das and Saenko, "RISE", BMVC 2018, Sec. 4.1, for a
+metric-learning pair: the query's pixels removed or revealed most-attributed first, scored by the cosine with the fixed
+reference embedding); written from the definitions."""
 
 from typing import Dict, Optional, Union
 

@@ -1,6 +1,5 @@
 """Container for a head folded into per-position contributions (Zhu et al., "Visual Explanation for Deep Metric
-Learning", IEEE TIP 2021, eq. 4: E = Σ_ij W_ij A_ij + B).
-"""
+Learning", IEEE TIP 2021, eq. 4: E = Σ_ij W_ij A_ij + B)."""
 
 import dataclasses
 from typing import Tuple

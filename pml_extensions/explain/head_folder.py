@@ -1,22 +1,23 @@
-"""Fold the head of a metric-learning model into E = Σ_ij W_ij A_ij + B.
-
-Source: Zhu, Kang, Wang, Zhu, Lin and Han, "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. III-A
-(eq. 4, GAP and flatten heads) and Sec. IV (GMP and ReLU as per-image masks; Taylor expansion otherwise). The
-authors' demos (Jeff-Zilence/Explain_Metric_Learning, ``*/demo.py``) fold one fixed head by hand; here any sequence
-of supported modules is folded, BatchNorm1d uses its ``eps`` (the demo omits it) and GMP ties share the maximum
-equally (the demo's ``== max`` gives each tied position the full maximum, which double-counts).
+"""Fold the head of a metric-learning model into E = Σ_ij W_ij A_ij + B (Zhu et al., "Visual Explanation for Deep
+Metric Learning", IEEE TIP 2021, Sec. III-A eq. 4 and Sec. IV); deviations from the demo: docs/methods/explanation.md.
 """
 
 import warnings
-from typing import Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..trunks.gem_pooling import GeMPooling
 from ..trunks.histogram_pooling import HistogramPooling
-from ._jacobian import jacobian_features
-from ._model_runner import POOLING_TYPES, HeadRecord, ModelRunner, refuse_normalised_output, split_normaliser
+from ._model_runner import (
+    POOLING_TYPES,
+    HeadRecord,
+    ModelRunner,
+    refuse_normalised_output,
+    require_autograd,
+    split_normaliser,
+)
 from .folded_embedding import FoldedEmbedding
 
 SUPPORTED = (
@@ -60,7 +61,7 @@ def _bn_scale_shift(bn: nn.BatchNorm1d, dtype, device):
 
 
 def _close(x: torch.Tensor, y: torch.Tensor, rtol: float) -> bool:
-    """Entry-wise ``|x - y| <= rtol · max|y|`` per row (both cast to float64)."""
+    # entry-wise |x - y| <= rtol · max|y| per row, in float64
     x, y = x.detach().double(), y.detach().double()
     if x.shape != y.shape:
         return False
@@ -80,9 +81,8 @@ def row_scale(x: torch.Tensor, y: torch.Tensor, rtol: float) -> Optional[torch.T
 
 
 def _virtual_pool(A, extra, target, rtol):
-    """Fold a reduction of the map to ``target [N, C]`` outside modules (a mean over the grid or over every token, the
-    class token's share in B); ``None`` when it is neither; a class-token read-out raises ``_Unsupported``.
-    """
+    # a mean of the map (over the grid, or over every token with the class token's share in B) to target [N, C]
+    # outside modules; None when it is neither
     N, C, h, w = A.shape
     if _close(A.mean(dim=(2, 3)), target, rtol):
         return A.permute(0, 2, 3, 1) / (h * w), A.new_zeros(N, C)
@@ -101,9 +101,8 @@ def _virtual_pool(A, extra, target, rtol):
 
 
 def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float = 1e-4, gmp_ties: str = "share"):
-    """Fold module calls (execution order) on ``A [N, C, h, w]`` into ``(F [N, h, w, L], B [N, L])``, in float64 for
-    float64 maps and float32 otherwise; raises ``_Unsupported`` naming the first module with no exact fold.
-    """
+    """``(F [N, h, w, L], B [N, L])`` of module calls on ``A [N, C, h, w]`` (float64 for float64 maps, else float32);
+    ``_Unsupported`` names the first module with no exact fold."""
     N, C, h, w = A.shape
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
     device = A.device
@@ -208,6 +207,52 @@ def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float 
     return F, b
 
 
+def _forward_mode(g, A0, chunk_size):
+    N, C, h, w = A0.shape
+    eye = torch.eye(h * w, dtype=A0.dtype, device=A0.device).view(h * w, 1, 1, h, w)
+    tangents = A0.unsqueeze(0) * eye  # T_ij = A₀ restricted to position (i, j)
+
+    def one(t):
+        return torch.func.jvp(g, (A0,), (t,))[1]
+
+    F = torch.func.vmap(one, chunk_size=chunk_size)(tangents).detach()  # [hw, N, L]
+    return F.permute(1, 0, 2).reshape(N, h, w, -1)
+
+
+def _reverse_mode(g, A0, chunk_size):
+    require_autograd("fallback='jacobian' (reverse mode, for a head without forward-mode rules)")
+    A = A0.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        E = g(A)
+        L = E.shape[1]
+        eye = torch.eye(L, dtype=E.dtype, device=E.device)
+        cols = []
+        step = max(chunk_size or L, 256)
+        for start in range(0, L, step):  # images are independent in eval mode: one grad of the sum per dim
+            v = eye[start : start + step, None, :].expand(-1, E.shape[0], -1)
+            try:
+                (gl,) = torch.autograd.grad(E, A, v, retain_graph=True, is_grads_batched=True)
+            except (NotImplementedError, RuntimeError):
+                gl = torch.stack([torch.autograd.grad(E, A, vi, retain_graph=True)[0] for vi in v])
+            cols.append((gl * A0).sum(dim=2))  # [chunk, N, h, w]
+    return torch.cat(cols).permute(1, 2, 3, 0).detach()
+
+
+def jacobian_features(
+    g: Callable[[torch.Tensor], torch.Tensor], A0: torch.Tensor, chunk_size: Optional[int] = 16
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(F [N, h, w, L], E0 [N, L])`` for the head ``g: A [N, C, h, w] -> E [N, L]`` linearised at ``A0``:
+    F_ij = Σ_c ∂E/∂A_cij · A_cij by forward-mode AD (one ``jvp`` per position, ``vmap``-ed), by reverse mode (one
+    ``autograd.grad`` per embedding dimension) where an operation has no forward-mode rule (CPU flash attention)."""
+    with torch.no_grad():
+        E0 = g(A0).detach()
+    try:
+        F = _forward_mode(g, A0, chunk_size)
+    except (NotImplementedError, RuntimeError):
+        F = _reverse_mode(g, A0, chunk_size)
+    return F.to(E0.dtype), E0
+
+
 class HeadFolder:
     """Write a trunk + embedder's embedding as Σ_ij W_ij A_ij + B over the last convolutional feature map.
 
@@ -258,10 +303,9 @@ class HeadFolder:
         rtol: float = 1e-4,
         gmp_ties: str = "share",
     ):
-        if fallback not in FALLBACKS:
-            raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-        if gmp_ties not in GMP_TIES:
-            raise ValueError(f"gmp_ties must be one of {GMP_TIES}, got {gmp_ties!r}")
+        for name, value, options in (("fallback", fallback, FALLBACKS), ("gmp_ties", gmp_ties, GMP_TIES)):
+            if value not in options:
+                raise ValueError(f"{name} must be one of {options}, got {value!r}")
         self.gmp_ties = gmp_ties
         self.runner = ModelRunner(trunk, embedder, layer)
         self.fallback = fallback
@@ -296,7 +340,7 @@ class HeadFolder:
                 "input (Zhu et al. 2021, Sec. IV): maps are approximate away from this input",
                 stacklevel=2,
             )
-            return self._jacobian_fold(images, res, head, normaliser)
+            return self._jacobian_fold(images, res, normaliser)
         folded = F.sum(dim=(1, 2)) + b
         normalised = normaliser is not None
         E = E.to(folded.dtype)
@@ -310,7 +354,7 @@ class HeadFolder:
                     "first-order Jacobian at the current input: maps are approximate",
                     stacklevel=2,
                 )
-                return self._jacobian_fold(images, res, head, normaliser)
+                return self._jacobian_fold(images, res, normaliser)
             else:
                 err = (folded - E).abs().max().item()
                 raise ValueError(
@@ -320,7 +364,7 @@ class HeadFolder:
                 )
         return FoldedEmbedding(F, b, E, A.to(F.dtype), res.image_size, normalised, True)
 
-    def _jacobian_fold(self, images, res, head, normaliser) -> FoldedEmbedding:
+    def _jacobian_fold(self, images, res, normaliser) -> FoldedEmbedding:
         if normaliser is None:
             refuse_normalised_output(
                 res.output, "the model normalises its output inside forward(); the first-order fallback needs"

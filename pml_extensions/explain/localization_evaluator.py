@@ -1,11 +1,6 @@
-"""Weakly supervised localisation accuracy of explanation maps.
-
-Protocol: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-A (after CAM, Zhou et
-al. CVPR 2016, and Grad-CAM): min–max normalise the map → resize it bilinearly to the image → threshold (grid
-search) → largest 8-connected component (``scipy.ndimage.label``; CAM's OpenCV contour is 8-connected too) → its
-bounding box → correct when IoU > 0.5 with the ground truth. Boxes are half-open ``(x0, y0, x1, y1)`` pixels
-(``mask[y0:y1, x0:x1]``); CUB's ``x y w h`` is ``(x, y, x + w, y + h)``.
-"""
+"""Weakly supervised localisation accuracy of explanation maps (Zhu et al., IEEE TIP 2021, Sec. VI-A, after CAM, Zhou
+et al. CVPR 2016). Boxes are half-open ``(x0, y0, x1, y1)`` pixels (``mask[y0:y1, x0:x1]``; CUB's ``x y w h`` is
+``(x, y, x + w, y + h)``)."""
 
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -31,7 +26,9 @@ def _check_box(box, arg="box") -> Box:
 
 
 class LocalizationEvaluator:
-    """Localisation accuracy per threshold of explanation maps against ground-truth boxes.
+    """Localisation accuracy per threshold of explanation maps against ground-truth boxes: min–max normalise the map,
+    resize it bilinearly to the image, threshold, take the largest 8-connected component (as CAM's OpenCV contour) and
+    its bounding box, correct when IoU > ``iou_threshold`` with the ground truth.
 
     Args:
         thresholds: on the min–max normalised map, in [0, 1]; foreground is ``>= threshold``. Default 0.05, 0.10,
@@ -63,8 +60,7 @@ class LocalizationEvaluator:
     @staticmethod
     def largest_component(mask: np.ndarray) -> np.ndarray:
         """The largest 8-connected component of a boolean ``[H, W]`` mask (ties: the first in raster order; all False
-        for an empty mask).
-        """
+        for an empty mask)."""
         mask = np.asarray(mask, dtype=bool)
         if mask.ndim != 2:
             raise ValueError(f"mask must be 2-D [H, W], got shape {mask.shape}")

@@ -1,6 +1,4 @@
-"""Helpers shared by the explanation maps (signed tensors on the input's device): opt-in normalisation, resizing,
-image-to-feature coordinates.
-"""
+"""Helpers shared by the explanation maps: opt-in normalisation, resizing, image-to-feature coordinates."""
 
 from typing import Optional, Sequence, Tuple
 
@@ -64,19 +62,14 @@ def output_maps(maps: torch.Tensor, output_size, image_size: Sequence[int]) -> t
 
 
 def maps_on_image(maps: torch.Tensor, image_size: Sequence[int]) -> torch.Tensor:
-    """``maps [..., h, w]`` resized per axis to ``image_size (H, W)`` (unchanged at that size already).
-
-    Raises:
-        ValueError: a map that cannot belong to the image (:func:`check_map_matches_image`).
-    """
+    """``maps [..., h, w]`` resized per axis to ``image_size (H, W)`` (:func:`check_map_matches_image` first)."""
     check_map_matches_image(maps.shape[-2:], image_size, "map")
     return maps if tuple(maps.shape[-2:]) == tuple(int(s) for s in image_size) else resize_maps(maps, image_size)
 
 
 def check_map_matches_image(map_size: Sequence[int], image_size: Sequence[int], arg: str = "map") -> None:
-    """Raise ``ValueError`` when a map cannot belong to an image: an empty size, or a map larger than the image along
-    an axis (the axes may have different strides: a ``16 × 431`` map of a ``1 × 128 × 431`` spectrogram).
-    """
+    """``ValueError`` for a map that cannot belong to the image: an empty size, or larger than the image along an axis
+    (the axes may have different strides: a ``16 × 431`` map of a ``1 × 128 × 431`` spectrogram)."""
     h, w = int(map_size[0]), int(map_size[1])
     H, W = int(image_size[0]), int(image_size[1])
     if h < 1 or w < 1 or H < 1 or W < 1:
@@ -86,8 +79,7 @@ def check_map_matches_image(map_size: Sequence[int], image_size: Sequence[int], 
 
 
 def map_strides(map_size: Sequence[int], image_size: Sequence[int]) -> Tuple[float, float]:
-    """Pixels per map cell along (y, x): ``(H / h, W / w)``, e.g. ``(8.0, 1.0)`` for a 16 × 431 map of a
-    128 × 431 spectrogram."""
+    """Pixels per map cell along (y, x): ``(H / h, W / w)``."""
     check_map_matches_image(map_size, image_size)
     return image_size[0] / map_size[0], image_size[1] / map_size[1]
 

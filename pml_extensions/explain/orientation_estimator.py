@@ -1,13 +1,4 @@
-"""Cross-view orientation estimation from activation maps.
-
-Source: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-D (CVUSA): the street
-view's overall-map maximum gives θ_s (its panorama column); that pixel's point-specific map on the aerial image has
-its maximum at polar angle θ_a around the centre; estimate = θ_a − θ_s, error = ground truth − estimate, wrapped to
-[−180°, 180°). Degrees: panorama column x of width W is at 360·(x + 0.5)/W (0° at the left edge; CVUSA: south);
-aerial pixel (y, x) at atan2(x − c_x, y − c_y) mod 360: 0° points down and angles grow counter-clockwise as
-displayed, like a positive angle of ``skimage.transform.rotate`` / ``torchvision``'s ``rotate``
-(``clockwise=True`` flips it).
-"""
+"""Cross-view orientation estimation from activation maps (Zhu et al., IEEE TIP 2021, Sec. VI-D, CVUSA)."""
 
 import math
 from typing import Dict, Optional
@@ -22,6 +13,12 @@ GEOMETRIES = ("panorama", "polar")
 
 class OrientationEstimator:
     """Rotation between a query view and an aerial view from point-specific (or, for comparison, overall) maps.
+
+    The street view's overall-map maximum gives θ_s (its panorama column); that pixel's point-specific map on the aerial
+    image has its maximum at polar angle θ_a around the centre; estimate = θ_a − θ_s, error = ground truth − estimate,
+    wrapped to [−180°, 180°). Panorama column x of width W is at 360·(x + 0.5)/W degrees (0° at the left edge; CVUSA:
+    south); aerial pixel (y, x) at atan2(x − c_x, y − c_y) mod 360: 0° points down and angles grow counter-clockwise as
+    displayed, like a positive angle of ``skimage.transform.rotate`` / ``torchvision``'s ``rotate``.
 
     Args:
         decomposition: :class:`ActivationDecomposition` (query model = street branch, reference model = aerial).
@@ -48,8 +45,7 @@ class OrientationEstimator:
     @staticmethod
     def wrap_degrees(angle):
         """Wrap degrees (tensor, array or float) to [−180, 180); +180 maps to −180, also where floating-point ``%``
-        rounds a value just below −180 up to +180.
-        """
+        rounds a value just below −180 up to +180."""
         wrapped = ((angle + 180.0) % 360.0) - 180.0
         if torch.is_tensor(wrapped):
             return torch.where(wrapped >= 180.0, wrapped - 360.0, wrapped)
@@ -70,15 +66,13 @@ class OrientationEstimator:
 
     @staticmethod
     def panorama_angle(x: float, width: int) -> float:
-        """Angle in degrees of panorama column ``x`` (pixels, 0-based) for a panorama ``width`` pixels
-        wide."""
+        """Angle in degrees of panorama column ``x`` (pixels, 0-based) for a panorama ``width`` pixels wide."""
         if not 0 <= x < width:
             raise ValueError(f"column {x} is outside a panorama of width {width}")
         return 360.0 * (x + 0.5) / width
 
     def polar_angle(self, y: float, x: float, height: int, width: int) -> float:
-        """Polar angle in degrees [0, 360) of pixel (y, x) around the centre of an ``height × width``
-        image."""
+        """Polar angle in degrees [0, 360) of pixel (y, x) around the centre of an ``height × width`` image."""
         if not (0 <= y < height and 0 <= x < width):
             raise ValueError(f"pixel {(y, x)} is outside an image of size {(height, width)}")
         dy, dx = y - (height - 1) / 2.0, x - (width - 1) / 2.0
@@ -89,11 +83,6 @@ class OrientationEstimator:
         if self.query_geometry == "panorama":
             return self.panorama_angle(x, width)
         return self.polar_angle(y, x, height, width)
-
-    @staticmethod
-    def _argmax2d(m: torch.Tensor):
-        idx = int(torch.argmax(m))
-        return idx // m.shape[1], idx % m.shape[1]
 
     def estimate(
         self, query_images: torch.Tensor, aerial_images: torch.Tensor, *, method: str = "point_specific"
@@ -124,12 +113,13 @@ class OrientationEstimator:
         Ha, Wa = fr.image_size
         out = {k: [] for k in ("estimate", "query_angle", "aerial_angle", "query_point", "aerial_point")}
         for n in range(len(fr)):
-            qy, qx = self._argmax2d(overall["query"][n if overall["query"].shape[0] > 1 else 0])
+            qmap = overall["query"][n if overall["query"].shape[0] > 1 else 0]
+            qy, qx = divmod(int(torch.argmax(qmap)), qmap.shape[1])
             if method == "overall":
-                ay, ax = self._argmax2d(overall["reference"][n])
+                amap = overall["reference"][n]
             else:
-                pmap = dec.point_specific(fq[n if len(fq) > 1 else 0], fr[n], [(qy, qx)], output_size="image")[0, 0]
-                ay, ax = self._argmax2d(pmap)
+                amap = dec.point_specific(fq[n if len(fq) > 1 else 0], fr[n], [(qy, qx)], output_size="image")[0, 0]
+            ay, ax = divmod(int(torch.argmax(amap)), amap.shape[1])
             ts = self.query_angle(qy, qx, H, W)
             ta = self.polar_angle(ay, ax, Ha, Wa)
             out["estimate"].append(self.wrap_360(ta - ts))

@@ -8,21 +8,15 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..utils.atomic_io import atomic_savefig, atomic_torch_save
+from ..utils.atomic_io import atomic_savefig
 from .map_utils import maps_on_image
 
 
 def to_display_image(
     image, mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None
 ) -> np.ndarray:
-    """``[3, H, W]`` tensor → ``[H, W, 3]`` float64 array in [0, 1].
-
-    With ``mean``/``std`` (one value per channel) the tensor is de-normalised; otherwise a tensor outside
-    [0, 1] is min–max scaled. One-channel images (``[1, H, W]``, spectrograms, MNIST) become grey RGB.
-
-    Raises:
-        ValueError: not ``[C, H, W]`` with C in {1, 3}; ``mean``/``std`` whose length is not C.
-    """
+    """``[3, H, W]`` (or ``[1, H, W]``, shown grey) tensor → ``[H, W, 3]`` float64 array in [0, 1], de-normalised with
+    ``mean``/``std`` (one value per channel) or else min–max scaled when outside [0, 1]; ``ValueError`` otherwise."""
     if not torch.is_tensor(image) or image.ndim != 3 or image.shape[0] not in (1, 3):
         got = tuple(image.shape) if torch.is_tensor(image) else type(image).__name__
         raise ValueError(f"image tensor must be [3, H, W] or [1, H, W], got {got}")
@@ -55,8 +49,7 @@ LEGEND = (
 
 
 def _panel(panel):
-    """``(label, side, map, point[, mark_max[, scale_group]])`` -> all six entries (default group: "point" for a map
-    whose maximum is marked, else the side: the overall maps of one image share a scale)."""
+    """``(label, side, map, point[, mark_max[, scale_group]])`` -> all six entries."""
     if len(panel) not in (4, 5, 6):
         raise ValueError(
             f"panel must be (label, side, map, point[, mark_max[, scale_group]]), got {len(panel)} entries"
@@ -69,15 +62,7 @@ def _panel(panel):
 
 def format_cosines(values: Sequence[float], decimals: int = 4, max_decimals: int = 6) -> List[str]:
     """Cosines as text with ``decimals`` decimals, more (up to ``max_decimals``) while two different values would print
-    the same or a value below 1 would print as 1.
-
-    Example::
-
-        >>> format_cosines([0.5, 0.99996, 0.99993])
-        ['0.50000', '0.99996', '0.99993']
-        >>> format_cosines([0.91234, 0.5])
-        ['0.9123', '0.5000']
-    """
+    the same or a value below 1 would print as 1."""
     values = [float(v) for v in values]
     for d in range(decimals, max_decimals + 1):
         text = [f"{v:.{d}f}" for v in values]
@@ -146,8 +131,7 @@ def explanation_panels(
 
 
 def bias_difference(query_map, reference_map, query_bias_map, reference_bias_map) -> float:
-    """Largest |Decomposition+Bias − Decomposition| of a pair's maps, relative to the largest |Decomposition|
-    value (0 when the head has no bias)."""
+    """Largest |Decomposition+Bias − Decomposition| of a pair's maps over the largest |Decomposition| (0: no bias)."""
     q, r = torch.as_tensor(query_map), torch.as_tensor(reference_map)
     top = max(float(q.abs().max()), float(r.abs().max()), 1e-30)
     diff = max(
@@ -158,8 +142,7 @@ def bias_difference(query_map, reference_map, query_bias_map, reference_bias_map
 
 
 def bias_note(difference: float) -> str:
-    """The note that says why the Decomposition+Bias panels are left out (``difference`` from
-    :func:`bias_difference`, the largest over the figure's rows)."""
+    """Why the Decomposition+Bias panels are left out (``difference``: :func:`bias_difference`, over the rows)."""
     if difference == 0:
         return "Decomposition+Bias not shown: equal to Decomposition (the head adds no bias)"
     return (
@@ -169,14 +152,8 @@ def bias_note(difference: float) -> str:
 
 
 def max_point(m: np.ndarray) -> Tuple[float, float]:
-    """``(row, column)`` of the centre of the connected region of maximal pixels of ``m`` ``[H, W]`` that holds the
-    first one (an upsampled map is flat over each cell: ``argmax`` alone would mark a cell's top-left corner).
-
-    Example:
-        >>> m = np.kron(np.array([[0.0, 0.1, 0.0], [0.9, 0.2, 0.0], [0.0, 0.0, 0.3]]), np.ones((2, 2)))
-        >>> max_point(m)
-        (2.5, 0.5)
-    """
+    """``(row, column)`` of the centre of the region of maximal pixels of ``m`` ``[H, W]`` that holds the first one (an
+    upsampled map is flat over each cell: ``argmax`` alone would mark a cell's top-left corner)."""
     from scipy import ndimage
 
     m = np.asarray(m, dtype=np.float64)
@@ -338,10 +315,4 @@ def save_pair_overlay(path: str, *args, dpi: int = 100, **kwargs) -> str:
         atomic_savefig(fig, path, dpi=dpi)
     finally:
         plt.close(fig)
-    return path
-
-
-def save_tensors(path: str, tensors: dict) -> str:
-    """``torch.save`` a dict of tensors atomically (temporary file + ``os.replace``)."""
-    atomic_torch_save(tensors, path)
     return path

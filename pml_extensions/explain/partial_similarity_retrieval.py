@@ -1,10 +1,5 @@
-"""Partial-similarity (region-of-interest) retrieval with stored database embeddings.
-
-Source: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. VI-E: the query's per-position
-feature F_ij = W_ij A_ij, over the ORIGINAL query embedding's norm, is matched against the stored database embeddings
-E^r (no re-extraction); F_ij · E^r / (‖E^q‖ ‖E^r‖) is the point-specific map summed over the reference plus its bias
-term, over Z. Nearest neighbours: faiss inner product on the normalised database.
-"""
+"""Partial-similarity (region-of-interest) retrieval against stored database embeddings, no re-extraction (Zhu et al.,
+IEEE TIP 2021, Sec. VI-E: the query's per-position features F_ij over the original query embedding's norm)."""
 
 from typing import Tuple, Union
 

@@ -1,7 +1,5 @@
-"""Reference images for an explanation: a folder read recursively with class labels from folder names (torchvision's
-``ImageFolder`` layout) or a CSV table of files (:class:`pml_extensions.datasets.ImageCSVSplit`), the query's own
-file left out, transparent drawings shown on white.
-"""
+"""Reference images for an explanation: a folder (torchvision's ``ImageFolder`` layout) or a CSV table of files, the
+query's own file left out, transparent drawings shown on white."""
 
 import hashlib
 import os
@@ -16,8 +14,7 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 class ReferenceImage(NamedTuple):
     """One reference file: its ``path`` and ``label``: the first folder under the root (``None`` for a file in the root,
-    as ``ImageFolder`` assigns classes) or a table's label.
-    """
+    as ``ImageFolder`` assigns classes) or a table's label."""
 
     path: str
     label: Optional[str]
@@ -25,19 +22,7 @@ class ReferenceImage(NamedTuple):
 
 def read_image(path: str, mode: str = "RGB") -> Image.Image:
     """Open ``path`` as a PIL image in ``mode`` (``"RGB"`` or ``"L"``), transparent pixels composited on white as the
-    package's datasets do.
-
-    Raises:
-        ValueError: the file cannot be read or decoded (one line naming the file).
-
-    Example::
-
-        >>> import tempfile, os
-        >>> path = os.path.join(tempfile.mkdtemp(), "clear.png")
-        >>> Image.new("RGBA", (2, 2), (0, 0, 0, 0)).save(path)
-        >>> read_image(path).getpixel((0, 0))
-        (255, 255, 255)
-    """
+    package's datasets do; ``ValueError`` naming the file when it cannot be read."""
     try:
         with warnings.catch_warnings():  # a large drawing is slow to decode, not an attack: no two-line warning
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -53,21 +38,7 @@ def read_image(path: str, mode: str = "RGB") -> Image.Image:
 
 def list_reference_images(folder: str) -> List[ReferenceImage]:
     """Every image file under ``folder``, recursively (hidden entries skipped, links to folders not followed), sorted by
-    path, labelled as :class:`ReferenceImage`.
-
-    Raises:
-        ValueError: ``folder`` is not a folder, or holds no image file (the message names the extensions).
-
-    Example::
-
-        >>> import tempfile, os
-        >>> root = tempfile.mkdtemp()
-        >>> for name in ("birds/a.png", "birds/b.png", "fish/deep/c.png", "d.png"):
-        ...     os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
-        ...     Image.new("RGB", (4, 4)).save(os.path.join(root, name))
-        >>> [(os.path.relpath(r.path, root), r.label) for r in list_reference_images(root)]
-        [('birds/a.png', 'birds'), ('birds/b.png', 'birds'), ('d.png', None), ('fish/deep/c.png', 'fish')]
-    """
+    path, labelled as :class:`ReferenceImage`; ``ValueError`` for a missing folder or one without images."""
     if not os.path.isdir(folder):
         raise ValueError(f"reference folder {folder} is not a folder")
     found = []
@@ -84,22 +55,8 @@ def list_reference_images(folder: str) -> List[ReferenceImage]:
 
 
 def list_table_images(csv_file: str, columns=None, split: str = "all") -> List[ReferenceImage]:
-    """The ``split`` rows of a CSV table of images (:class:`pml_extensions.datasets.ImageCSVSplit`; ``columns`` maps
-    other column names: ``"label=category,path=image"``) as :class:`ReferenceImage`, label as written, in order.
-
-    Raises:
-        FileNotFoundError, ValueError: as :class:`pml_extensions.datasets.ImageCSVSplit`.
-
-    Example::
-
-        >>> import tempfile, os
-        >>> root = tempfile.mkdtemp()
-        >>> Image.new("RGB", (4, 4)).save(os.path.join(root, "tee 1.png"))
-        >>> _ = open(os.path.join(root, "t.csv"), "w").write("image,category\\ntee 1.png,T-Shirts / Tops\\n")
-        >>> refs = list_table_images(os.path.join(root, "t.csv"), "path=image,label=category")
-        >>> [(os.path.basename(r.path), r.label) for r in refs]
-        [('tee 1.png', 'T-Shirts / Tops')]
-    """
+    """The ``split`` rows of a CSV table of images (:class:`pml_extensions.datasets.ImageCSVSplit`, which raises;
+    ``columns`` maps other column names: ``"label=category,path=image"``) as :class:`ReferenceImage`, in order."""
     from ..datasets.image_csv_split import ImageCSVSplit
 
     table = ImageCSVSplit(csv_file, split, columns=columns)
@@ -117,23 +74,8 @@ def _digest(path: str) -> str:
 def exclude_query(
     query: str, references: Sequence[ReferenceImage]
 ) -> Tuple[List[ReferenceImage], List[Tuple[ReferenceImage, str]]]:
-    """Leave the query's own file out of its references: the same file (path or link) or the same bytes (a copy).
-
-    Returns:
-        ``(kept, excluded)``: the other references in order, and ``(reference, reason)`` pairs, ``reason`` ``"same file
-        as the query"`` or ``"same bytes as the query"``.
-
-    Example::
-
-        >>> import tempfile, os, shutil
-        >>> root = tempfile.mkdtemp()
-        >>> Image.new("RGB", (4, 4)).save(os.path.join(root, "q.png"))
-        >>> _ = shutil.copy(os.path.join(root, "q.png"), os.path.join(root, "copy.png"))
-        >>> Image.new("RGB", (4, 4), (9, 9, 9)).save(os.path.join(root, "other.png"))
-        >>> kept, excluded = exclude_query(os.path.join(root, "q.png"), list_reference_images(root))
-        >>> [os.path.basename(r.path) for r in kept], [(os.path.basename(r.path), why) for r, why in excluded]
-        (['other.png'], [('copy.png', 'same bytes as the query'), ('q.png', 'same file as the query')])
-    """
+    """``(kept, excluded)``: the references other than the query's own file (the same path or link, or the same bytes),
+    and ``(reference, "same file as the query" | "same bytes as the query")`` pairs."""
     size = os.path.getsize(query)
     query_digest = None
     kept, excluded = [], []

@@ -1,12 +1,5 @@
-"""Grad-CAM baselines for a pair of images under a metric-learning model.
-
-Sources: Selvaraju et al., "Grad-CAM", ICCV 2017 (α_k = mean_ij ∂y/∂A_ijk, map = ReLU(Σ_k α_k A_k)); its
-metric-learning, "no norm" and rectified variants: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE
-TIP 2021, Sec. V and VI-A, and the authors' demo (Jeff-Zilence/Explain_Metric_Learning, ``Image_Retrieval/demo.py``:
-``GradCAM``, ``RGradCAM``); similarity target: pytorch-grad-cam's ``utils/model_targets.py``, batched here.
-Deviation from the demo: gradients come from ``torch.autograd.grad`` w.r.t. a detached copy of the feature map,
-so nothing accumulates in ``.grad`` between calls (the demo's repeated ``backward()`` mixes earlier gradients).
-"""
+"""Grad-CAM baselines for a pair of images under a metric-learning model (Selvaraju et al., ICCV 2017; Zhu et al., IEEE
+TIP 2021, Sec. V and VI-A; pytorch-grad-cam's similarity target, batched); sources: docs/methods/explanation.md."""
 
 from typing import Dict, Optional
 

@@ -1,9 +1,4 @@
-"""Overall maps for every query's top-k of a test set, in batches (maps at evaluation scale).
-
-Maps: Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021, Sec. III ("Decomposition" and
-"Decomposition+Bias"). Each image is folded once per batch on the models' device and the maps go to the CPU, so
-the working memory does not grow with the number of queries.
-"""
+"""Overall maps for every query's top-k of a test set, in batches (Zhu et al., IEEE TIP 2021, Sec. III)."""
 
 import itertools
 from typing import Dict, Optional, Sequence

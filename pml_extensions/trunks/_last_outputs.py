@@ -1,10 +1,5 @@
-"""Modules that keep tensors of their last forward pass for a loss to read (:class:`HistogramPooling`'s
-``last_histograms`` / ``last_pooled``, :class:`TemplateMatchingBlock`'s ``last_class_scores`` / ``last_mixing``).
-
-Those tensors carry the batch's autograd graph, so a copy (``copy.deepcopy``, ``pickle``, ``torch.save``,
-``AveragedModel``) gets ``None`` in their place, as a module that has not run yet: deep-copying them would fail
-(non-leaf tensors) and pickling would write the batch's activations. They were never in ``state_dict``.
-"""
+"""Modules that keep tensors of their last forward pass (with the batch's graph) for a loss to read; a copy gets
+``None`` in their place (deep-copying non-leaf tensors fails, pickling would write the batch's activations)."""
 
 from typing import Tuple
 

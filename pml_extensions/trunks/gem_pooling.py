@@ -1,10 +1,5 @@
-"""Generalized-mean (GeM) pooling (Radenović, Tolias & Chum, TPAMI 2019), as used by RAML.
-
-Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 5
-("Generalized mean pooling (GeM) ... added on top of the FCN"); the formula and the clamp follow the authors' code
-``pavelsuma/raml`` (``lib/layers/pooling.py``, ``lib/layers/functional.py``), which inherits them from
-``filipradenovic/cnnimageretrieval-pytorch``. Written from the formula, no code copied.
-"""
+"""Generalized-mean (GeM) pooling (Radenović, Tolias & Chum, TPAMI 2019) as used by RAML (Suma & Tolias, WACV 2023,
+Sec. 5); formula and clamp as in ``pavelsuma/raml`` (``lib/layers/functional.py``), written from the formula."""
 
 import math
 

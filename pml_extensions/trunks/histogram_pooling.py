@@ -1,11 +1,5 @@
-"""Prototype-histogram pooling (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.1-2.2).
-
-A drop-in replacement for global average pooling that also computes the soft histogram of the local features over
-m learnable prototypes (for :class:`pml_extensions.losses.XMLWrapper`): 1×1 conv with the prototypes as weights, no
-bias, logits times ε (``scale``), soft-max over the m prototypes, mean over the positions. Deviation: local features
-and prototypes are L2-normalised by default, as the authors' related GSP code does (raw CNN features make the ε = 10
-soft-max one-hot); ``normalize=False`` gives the paper's raw inner products.
-"""
+"""Prototype-histogram pooling (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.1-2.2): global average pooling that also
+keeps the soft histogram of the local features over m learnable prototypes; our deviations: docs/methods/xml.md."""
 
 import math
 from typing import Callable, Iterable, List, Optional
@@ -47,23 +41,18 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
     Args:
         in_channels: C, the width of the feature map (e.g. 1280 for MobileNetV2).
         num_prototypes: m. Paper: 64 (CUB, Cars), 128 (SOP, InShop).
-        scale: ε, inverse temperature of the soft-max over prototypes. Default: 100 with ``normalize=True``, 10
-            (the paper's value) with ``normalize=False``. On cosines ε = 10 leaves every histogram nearly uniform
-            and the XML term at its collapse value; ε = 100 peaks them (``benchmarks/results/xml_signal.md``).
-        normalize: L2-normalise local features and prototypes before the inner product (default ``True``; our
-            choice, see the module docstring). ``False`` uses raw inner products as in the paper's text.
+        scale: ε, inverse temperature of the soft-max over prototypes. Default: 100 with ``normalize=True`` (ε = 10
+            leaves cosine histograms nearly uniform, ``benchmarks/results/xml_signal.md``), else the paper's 10.
+        normalize: L2-normalise local features and prototypes before the inner product (default ``True``, our
+            choice); ``False``: the paper's raw inner products.
         device, dtype: factory arguments for the prototype weights.
-        seed: seed of the private generator of the random prototypes and the lazy initialisation (the global RNG
-            is never touched).
-        lazy_init: ``None`` (default: the random prototypes stay), ``"kmeans"`` or ``"kcenter"``: the prototypes
-            are initialised by :meth:`init_prototypes` from the local features of the first ``lazy_init_batches``
-            training-mode forwards (eval-mode forwards do not count); the forward that completes the count already
-            uses them. Deterministic given ``seed`` and the batches (at most ``20000 / lazy_init_batches`` seeded
-            features kept per batch). Cancelled when prototypes are given (:meth:`init_prototypes`,
-            :meth:`init_from_data`, :meth:`reset_parameters`, ``load_state_dict`` with the prototype weight). Under
-            ``torch.distributed`` rank 0's prototypes are broadcast.
-        lazy_init_batches: training forwards that feed the lazy initialisation (default 4; more while they hold
-            fewer than ``num_prototypes`` local features).
+        seed: seed of the private generator of the random prototypes and the lazy initialisation.
+        lazy_init: ``None`` (default: random prototypes), ``"kmeans"`` or ``"kcenter"``: :meth:`init_prototypes` on
+            the local features of the first ``lazy_init_batches`` training forwards (at most ``20000 /
+            lazy_init_batches`` seeded features each, more batches while they hold fewer than ``num_prototypes``);
+            the forward that completes them already uses the prototypes. Cancelled when prototypes are given
+            (``init_*``, :meth:`reset_parameters`, ``load_state_dict``); under ``torch.distributed`` rank 0's win.
+        lazy_init_batches: training forwards that feed the lazy initialisation (default 4).
         keepdim: return ``[B, C, 1, 1]`` (``AdaptiveAvgPool2d(1)``'s shape) instead of ``[B, C]``.
 
     ``forward(x [B, C, H, W]) -> [B, C]`` is the GAP vector (dtype of ``x``; ``[B, C, 1, 1]`` with ``keepdim``). The
@@ -103,7 +92,11 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         if not is_int(seed):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
-        for name, value in (("in_channels", in_channels), ("num_prototypes", num_prototypes)):
+        for name, value in (
+            ("in_channels", in_channels),
+            ("num_prototypes", num_prototypes),
+            ("lazy_init_batches", lazy_init_batches),
+        ):
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if scale is None:
@@ -112,8 +105,6 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
         if lazy_init is not None and lazy_init not in LAZY_INITS:
             raise ValueError(f"lazy_init must be None or one of {LAZY_INITS}, got {lazy_init!r}")
-        if not is_int(lazy_init_batches) or lazy_init_batches < 1:
-            raise ValueError(f"lazy_init_batches must be a positive int, got {lazy_init_batches!r}")
         self.in_channels = in_channels
         self.num_prototypes = num_prototypes
         self.scale = float(scale)
@@ -132,7 +123,6 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         self._lazy_generator: Optional[torch.Generator] = None
         self.lazy_init_pending = lazy_init is not None
 
-    # ----------------------------------------------------------------------------------------------------------
     @property
     def prototypes(self) -> torch.Tensor:
         """The prototypes ν as a ``[m, C]`` view of the 1×1 conv weight (raw, not normalised)."""
@@ -161,10 +151,8 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             w = torch.randn(shape, generator=generator, dtype=torch.float32, device=generator.device)
             self.prototype_conv.weight.copy_(w / self.in_channels**0.5)
 
-    # ----------------------------------------------------------------------------------------------------------
     def _space(self, x: torch.Tensor):
-        """Local features and prototypes in the comparison space, in float32 or wider (F.normalize's eps is 0 in
-        float16)."""
+        # float32 or wider: F.normalize's eps is 0 in float16
         dtype = torch.promote_types(x.dtype, torch.float32)
         x, protos = x.to(dtype), self.prototypes.to(dtype)
         if self.normalize:
@@ -186,14 +174,11 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
     def hard_histograms(self, x: torch.Tensor) -> torch.Tensor:
         """Hard histograms z* (Sec. 2.1): the fraction of positions whose nearest prototype (L2, comparison space)
         is i. ``[B, m]``, non-differentiable; the soft histogram's limit as ε → ∞ for equal-norm prototypes."""
-        _check_feature_map(x, self.in_channels)
         with torch.no_grad():
-            feats, protos = self._space(x)
-            b, c, h, w = feats.shape
-            flat = feats.permute(0, 2, 3, 1).reshape(-1, c)
+            flat, (_, protos) = self.local_features(x), self._space(x)
+            b, _, h, w = x.shape
             nearest = torch.cdist(flat, protos.to(flat.dtype)).argmin(dim=1).view(b, h * w)
-            counts = F.one_hot(nearest, self.num_prototypes).sum(dim=1)
-            return counts.to(feats.dtype) / (h * w)
+            return F.one_hot(nearest, self.num_prototypes).sum(dim=1).to(flat.dtype) / (h * w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and getattr(self, "lazy_init_pending", False):
@@ -202,7 +187,6 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         self.last_pooled = x.mean(dim=(2, 3))
         return self.last_pooled[:, :, None, None] if getattr(self, "keepdim", False) else self.last_pooled
 
-    # ----------------------------------------------------------------------------------------------------------
     def _cancel_lazy_init(self):
         self.lazy_init_pending = False
         self._lazy_features = []
@@ -210,7 +194,6 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
 
     @torch.no_grad()
     def _lazy_step(self, x: torch.Tensor):
-        """Keep (a seeded subset of) this training batch's local features; initialise once enough are kept."""
         if self._lazy_generator is None:
             self._lazy_generator = torch.Generator().manual_seed(self.seed)
         feats = self.local_features(x.detach()).to("cpu", torch.float32)
@@ -224,8 +207,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         kept = sum(len(f) for f in self._lazy_features)
         if len(self._lazy_features) < self.lazy_init_batches or kept < self.num_prototypes:
             return
-        features, method = torch.cat(self._lazy_features), self.lazy_init
-        self.init_prototypes(features, method=method, seed=self.seed)
+        self.init_prototypes(torch.cat(self._lazy_features), method=self.lazy_init, seed=self.seed)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.broadcast(self.prototype_conv.weight.data, src=0)
 
@@ -235,7 +217,6 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             self._cancel_lazy_init()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    # ----------------------------------------------------------------------------------------------------------
     def local_features(self, x: torch.Tensor) -> torch.Tensor:
         """Local features of ``x`` [B, C, H, W] as rows ``[B·H·W, C]`` in the layer's comparison space."""
         _check_feature_map(x, self.in_channels)
@@ -243,14 +224,10 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         return feats.permute(0, 2, 3, 1).reshape(-1, self.in_channels)
 
     def covering_radius(self, x: torch.Tensor) -> torch.Tensor:
-        """δ of Lemma 2.1 over the given features: max over local features of the distance to the nearest prototype.
-
-        Args:
-            x: ``[B, C, H, W]`` feature map. Returns a 0-d tensor (same units as the features).
-        """
+        """δ of Lemma 2.1 over the features of ``x [B, C, H, W]``: the largest distance of a local feature to its
+        nearest prototype (a 0-d tensor, in the features' units)."""
         with torch.no_grad():
-            feats = self.local_features(x)
-            _, protos = self._space(x)
+            feats, (_, protos) = self.local_features(x), self._space(x)
             return torch.cdist(feats, protos.to(feats.dtype)).min(dim=1).values.max()
 
     def gap_reconstruction_error(self, x: torch.Tensor) -> torch.Tensor:
@@ -261,7 +238,6 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
             mean = feats.mean(dim=(2, 3))
             return torch.linalg.vector_norm(mean - self.hard_histograms(x) @ protos.to(mean.dtype), dim=1)
 
-    # ----------------------------------------------------------------------------------------------------------
     def init_prototypes(
         self,
         features: torch.Tensor,

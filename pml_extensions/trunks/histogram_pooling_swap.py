@@ -1,17 +1,5 @@
-"""Swap a model's global average pooling for :class:`HistogramPooling` in one call (XML, Gurbuz & Alatan, ICIP 2023).
-
-:class:`HistogramPooling` returns the GAP vector, so it replaces a model's global average pooling without changing
-what the model computes. :func:`use_histogram_pooling` finds that pooling by behaviour: it runs the model once on a
-probe batch (eval mode, no gradient, modes restored) and takes the last parameter-free module whose output is the
-spatial mean of its ``[B, C, H, W]`` input and after which no spatial map is computed (torchvision's ``avgpool``,
-timm's ``global_pool``; squeeze-and-excitation poolings come earlier and are skipped). A model that pools
-functionally (torchvision's MobileNetV2) gets the layer appended to the ``Sequential`` that produces its last feature
-map, with a ``[B, C, 1, 1]`` output. Either way the output is checked against the original's on the probe batch; a
-swap that would change it (e.g. DenseNet's ReLU before its functional pooling) is undone and refused.
-
-:func:`pooling_tail` finds the same way the modules applied after the pooling (ResNet's ``fc``, EfficientNet's
-``classifier``): with the embedder they are the ``head`` of ``XMLWrapper(target="pooled")``.
-"""
+"""Swap a model's global average pooling for :class:`HistogramPooling` in one call (XML, Gurbuz & Alatan, ICIP 2023),
+found by behaviour on a probe batch, and find the modules after it (docs/methods/xml.md)."""
 
 from typing import List, Optional
 
@@ -19,15 +7,13 @@ import torch
 
 from ..utils.eval_mode import eval_mode
 from .histogram_pooling import HistogramPooling, find_histogram_layers
-from .trunk_split import _first_line
+from .trunk_split import _first_line, _float_like
 
 #: probe side (pixels) when no ``example_input`` is given: a stride-32 body still ends in a 4 × 4 map
 PROBE_SIZE = 128
 
 
 class _Call:
-    """One module call of a probe forward: its path, whether it is a spatial mean / outputs a spatial map."""
-
     __slots__ = ("name", "module", "is_gap", "is_map", "out_ndim", "in_channels", "out_channels")
 
     def __init__(self, name, module, inp, out):
@@ -52,7 +38,6 @@ def _first(x):
 
 
 def _is_spatial_mean(module, inp, out) -> bool:
-    """A parameter-free module whose output is the spatial mean of its [B, C, H, W] input ([B, C] or [B, C, 1, 1])."""
     if next(module.parameters(), None) is not None or not _spatial_map(inp) or not torch.is_tensor(out):
         return False
     b, c = inp.shape[:2]
@@ -63,7 +48,6 @@ def _is_spatial_mean(module, inp, out) -> bool:
 
 
 def _close(a, b, rel=1e-4) -> bool:
-    """Equal up to float rounding, relative to the larger magnitude (float32: 1e-4 of the largest entry)."""
     if a.shape != b.shape:
         return False
     scale = max(float(a.abs().max()), float(b.abs().max()), 1e-12)
@@ -78,12 +62,7 @@ SUPPORTED = (
 
 
 def _trace(model, example_input, caller="use_histogram_pooling"):
-    """Run ``model`` once (eval, no grad); return its output and every module call in completion order.
-
-    Raises:
-        ValueError: the model does not run on ``example_input`` (whatever it raised, in one line, with what is
-            supported), e.g. a ViT that asserts its input size.
-    """
+    """Run ``model`` once (eval, no grad): its output and every module call in completion order."""
     calls = []
     names = {}
     for name, m in model.named_modules():
@@ -108,7 +87,6 @@ def _trace(model, example_input, caller="use_histogram_pooling"):
 
 
 def _below(name, ancestor) -> bool:
-    """``name`` is ``ancestor`` or inside it (dotted module paths; "" is the root)."""
     return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
 
 
@@ -124,13 +102,11 @@ def _probe(model, example_input):
         raise ValueError(
             f"{type(model).__name__} has no Conv2d to infer its input channels from: pass example_input=[B, C, H, W]"
         )
-    param = next((p for p in model.parameters() if p.is_floating_point()), None)
-    device = param.device if param is not None else torch.device("cpu")
-    dtype = param.dtype if param is not None else torch.float32
     # drawn on the CPU from a seeded CPU generator (the same probe on every device), then moved to the model's device
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, conv.in_channels, PROBE_SIZE, PROBE_SIZE, generator=g, device=g.device)
-    return x.to(device=device, dtype=dtype)
+    return torch.randn(2, conv.in_channels, PROBE_SIZE, PROBE_SIZE, generator=g, device=g.device).to(
+        **_float_like(model)
+    )
 
 
 def _tensors(out):
@@ -146,14 +122,6 @@ def _tensors(out):
 def _same_output(a, b) -> bool:
     ta, tb = _tensors(a), _tensors(b)
     return len(ta) == len(tb) > 0 and all(_close(x.float(), y.float()) for x, y in zip(ta, tb))
-
-
-def _replace(model, name, new):
-    parent_name, _, attr = name.rpartition(".")
-    parent = model.get_submodule(parent_name)
-    old = getattr(parent, attr)
-    setattr(parent, attr, new)
-    return lambda: setattr(parent, attr, old)
 
 
 def use_histogram_pooling(
@@ -193,9 +161,8 @@ def use_histogram_pooling(
 
     Raises:
         ValueError: ``model`` already holds a HistogramPooling; it does not run on the probe batch (e.g. a vision
-            transformer; one line naming the model and what is supported); no global average pooling or feature map
-            is found; or the swap would change the model's output or stop it from running (the model is left
-            unchanged).
+            transformer; one line naming the model and what is supported); no global average pooling or feature map is
+            found; or the swap would change the model's output or stop it from running (the model is left unchanged).
 
     Example::
 
@@ -218,7 +185,7 @@ def use_histogram_pooling(
     site = _global_pooling(calls)
     appended = site is None
     if appended:
-        site = _last_map(calls)
+        site = next((c for c in reversed(calls) if c.is_map), None)  # the outermost module of the last map
         if site is None:
             raise ValueError(
                 f"{type(model).__name__}: no global average pooling and no [B, C, H, W] feature map with more than "
@@ -226,13 +193,12 @@ def use_histogram_pooling(
                 "pml_extensions.trunks.HistogramPooling into the model yourself)"
             )
     channels = site.out_channels if appended else site.in_channels
-    param = next((p for p in model.parameters() if p.is_floating_point()), None)
     pool = HistogramPooling(
         channels,
         num_prototypes if prototypes is None else prototypes.shape[0],
         scale=scale,
         normalize=normalize,
-        device=param.device if param is not None else None,
+        device=_float_like(model)["device"],
         seed=seed,
         lazy_init=init if prototypes is None else None,
         lazy_init_batches=init_batches,
@@ -259,7 +225,10 @@ def use_histogram_pooling(
         undo = lambda: target.pop(-1)  # noqa: E731
         where = f"appended to `{site.name}`"
     else:
-        undo = _replace(model, site.name, pool)
+        parent_name, _, attr = site.name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, attr, pool)
+        undo = lambda: setattr(parent, attr, site.module)  # noqa: E731
         where = f"in place of `{site.name}` ({type(site.module).__name__})"
     try:
         after, _ = _trace(model, x)
@@ -281,7 +250,7 @@ def use_histogram_pooling(
 
 
 def _global_pooling(calls) -> Optional[_Call]:
-    """The innermost spatial-mean module of the last pooling group, if no spatial map is computed after it."""
+    # the innermost spatial-mean module of the last pooling group, if no spatial map is computed after it
     gaps = [i for i, c in enumerate(calls) if c.is_gap]
     if not gaps:
         return None
@@ -297,12 +266,6 @@ def _global_pooling(calls) -> Optional[_Call]:
     return site
 
 
-def _last_map(calls) -> Optional[_Call]:
-    """The outermost module that outputs the model's last spatial feature map."""
-    maps = [c for c in calls if c.is_map]
-    return maps[-1] if maps else None
-
-
 def pooling_tail(
     model: torch.nn.Module, layer: Optional[HistogramPooling] = None, example_input: Optional[torch.Tensor] = None
 ) -> List[torch.nn.Module]:
@@ -315,9 +278,8 @@ def pooling_tail(
         example_input: the probe batch (default as in :func:`use_histogram_pooling`).
 
     Raises:
-        ValueError: ``model`` holds no or several HistogramPooling layers (without ``layer``), does not run on the
-            probe batch, runs ``layer`` other than once, or its output is not the found modules applied to the GAP
-            vector.
+        ValueError: ``model`` holds no or several HistogramPooling layers (without ``layer``), does not run on the probe
+            batch, runs ``layer`` other than once, or its output is not the found modules applied to the GAP vector.
 
     Example::
 

@@ -1,20 +1,5 @@
-"""Margin-augmented soft-max: the entropy-regularised solution of the template-matching linear program.
-
-Gorgun, Gurbuz & Alatan, "Feature Embedding by Template Matching as a ResNet Block", BMVC 2022 (arXiv
-2210.00992), Sec. 3.1 problem (P3) and Sec. 4.1 "Replacing BN-ReLU with soft-maximizers". The hard problem
-(P1) is
-
-    p* = argmax_{p >= 0, 1ᵀp <= 1}  Σ_k p_k (a_k − μ),
-
-whose solution is one-hot at argmax_k a_k when max_k a_k > μ and the zero vector otherwise
-(:func:`margin_argmax`). Adding the entropy −ε Σ_{k>=0} p_k log p_k over the K entries and the slack p_0 = 1 −
-Σ_k p_k gives
-
-    p_k = exp(a_k / ε) / (exp(μ / ε) + Σ_j exp(a_j / ε)),
-
-i.e. "append μ to the activations, soft-max, drop the slack" (the paper's margin-augmented soft-max), which
-the paper scales by a constant η when it replaces BN-ReLU.
-"""
+"""Margin-augmented soft-max: the entropy-regularised solution of the template-matching linear program (Gorgun,
+Gurbuz & Alatan, BMVC 2022, Sec. 3.1 (P3) and 4.1); the problem and its smoothing: docs/methods/template_matching.md."""
 
 from typing import Union
 
@@ -34,14 +19,11 @@ def _check_dim(x: torch.Tensor, dim: int, name: str = "activations") -> int:
 
 
 def margin_argmax(activations: torch.Tensor, mu: Union[float, torch.Tensor] = 0.0, dim: int = 1) -> torch.Tensor:
-    """Exact solution of the linear program (P1) (paper Sec. 3.1): one-hot at argmax_k a_k if max_k a_k > μ,
-    else 0.
+    """Exact solution of the linear program (P1) (paper Sec. 3.1): one-hot at argmax_k a_k if max_k a_k > μ, else 0.
 
     Args:
-        activations: a, any float tensor with the K scores along ``dim`` (e.g. ``[B, K, H, W]`` with
-            ``dim=1``).
-        mu: the margin μ (same units as ``a``); a float or a tensor broadcastable against ``a`` with ``dim``
-            of size 1.
+        activations: a, any float tensor with the K scores along ``dim`` (e.g. ``[B, K, H, W]`` with ``dim=1``).
+        mu: the margin μ (same units as ``a``); a float or a tensor broadcastable against ``a`` with ``dim`` of size 1.
         dim: the dimension holding the K scores.
 
     Returns:
@@ -60,11 +42,7 @@ def margin_argmax(activations: torch.Tensor, mu: Union[float, torch.Tensor] = 0.
 
 
 def check_soft_maximizer_params(mu, epsilon, eta):
-    """Validate the soft maximizers' μ (finite), ε and η (finite, > 0); returns them as floats.
-
-    Raises:
-        ValueError: naming the offending parameter.
-    """
+    """μ, ε, η as floats; ``ValueError`` unless μ is finite and ε, η are finite and > 0."""
     mu, epsilon, eta = float(mu), float(epsilon), float(eta)
     if not epsilon > 0 or epsilon == float("inf"):
         raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")

@@ -1,35 +1,20 @@
-"""Perturbed maximizer (Berthet et al., "Learning with Differentiable Perturbed Optimizers", NeurIPS 2020) of
-the template-matching linear program (P1) in Gorgun, Gurbuz & Alatan, BMVC 2022 (arXiv 2210.00992), Sec. 3.1
-(P2) and 4.1.
-
-With the slack entry appended, ã = [a_1 … a_K, μ], the smoothed solution is
-
-    p_ε(a) = E_Z[ onehot(argmax_k (ã_k + ε Z_k)) ]            (the slack entry is dropped from the output),
-
-estimated with S Monte-Carlo samples. Its Jacobian is estimated (Berthet et al., Prop. 3.1) by
-
-    ∂p_ε/∂ã ≈ E_Z[ onehot(argmax(ã + ε Z)) ∇ν(Z)ᵀ ] / ε,   ∇ν(Z) = Z (Gaussian), 1 − exp(−Z) (Gumbel),
-
-where ν is the noise's negative log-density. With Gumbel noise p_ε is exactly the margin-augmented soft-max
-(:class:`pml_extensions.trunks.margin_softmax.MarginAugmentedSoftmax`). Written from the equations (as
-``google-research/perturbations`` and JAXopt's ``make_perturbed_argmax``); samples are drawn in chunks (memory
-O(chunk · numel(ã))) and the backward pass regenerates the same noise from the saved generator state.
-"""
+"""Perturbed maximizer (Berthet et al., "Learning with Differentiable Perturbed Optimizers", NeurIPS 2020) of the
+template-matching linear program (Gorgun, Gurbuz & Alatan, BMVC 2022, Sec. 3.1 (P2) and 4.1); written from the
+equations (as ``google-research/perturbations``); docs/methods/template_matching.md."""
 
 from typing import Dict, Optional, Union
 
 import torch
 
 from ..utils.checks import is_int
-from .margin_softmax import check_soft_maximizer_params
+from .margin_softmax import _check_dim, check_soft_maximizer_params
 
 NOISES = ("normal", "gumbel")
 DEFAULT_MAX_CHUNK_ELEMENTS = 2**24  # 64 MiB of float32 noise per chunk
 
 
 def _work_dtype(x: torch.Tensor) -> torch.dtype:
-    """float32 for float16/bfloat16/float32 inputs, float64 for float64: noise and arg-maxes are never drawn in half
-    precision (ties would multiply and the noise stream would depend on the input's dtype)."""
+    # never half precision: ties would multiply and the noise stream would depend on the input's dtype
     return torch.promote_types(x.dtype, torch.float32)
 
 
@@ -42,7 +27,6 @@ def _sample_noise(shape, noise: str, generator: torch.Generator, like: torch.Ten
 
 
 def _noise_score(z: torch.Tensor, noise: str) -> torch.Tensor:
-    """∇ν(z) for the noise's negative log-density ν."""
     return z if noise == "normal" else 1.0 - torch.exp(-z)
 
 
@@ -55,11 +39,12 @@ def _chunks(num_samples: int, chunk: int):
 
 
 class PerturbedArgmaxFunction(torch.autograd.Function):
-    """Forward: the Monte-Carlo mean of the perturbed one-hot arg-maxes of [a, μ] (slack dropped, times η);
-    backward: the Berthet et al. Jacobian estimator on the same noise (the generator state is saved and replayed).
+    """Forward: p_ε(a) = E_Z[onehot(argmax(ã + εZ))], ã = [a, μ], the Monte-Carlo mean over S samples (slack
+    dropped, times η); backward: Berthet et al.'s estimator (Prop. 3.1) ∂p_ε/∂ã ≈ E_Z[onehot(argmax(ã + εZ)) ∇ν(Z)ᵀ]
+    / ε, ∇ν(Z) = Z (Gaussian) or 1 − exp(−Z) (Gumbel, where p_ε is the margin-augmented soft-max), on the same noise
+    (the generator state is saved and replayed; samples drawn in chunks).
 
-    ``apply(x [N, K], mu, epsilon, eta, num_samples, chunk_size, noise, generator) -> [N, K]``; no gradient to μ, ε,
-    η.
+    ``apply(x [N, K], mu, epsilon, eta, num_samples, chunk_size, noise, generator) -> [N, K]``; no gradient to μ, ε, η.
     """
 
     @staticmethod
@@ -169,13 +154,7 @@ class PerturbedMaximizer(torch.nn.Module):
         return self._generators[key]
 
     def forward(self, activations: torch.Tensor) -> torch.Tensor:
-        if not torch.is_tensor(activations):
-            raise TypeError(f"activations must be a torch.Tensor, got {type(activations).__name__}")
-        if not torch.is_floating_point(activations):
-            raise TypeError(f"activations must be a floating-point tensor, got dtype {activations.dtype}")
-        if activations.ndim == 0 or not -activations.ndim <= self.dim < activations.ndim:
-            raise ValueError(f"dim={self.dim} is out of range for activations of shape {tuple(activations.shape)}")
-        moved = activations.movedim(self.dim, -1)
+        moved = activations.movedim(_check_dim(activations, self.dim), -1)
         k = moved.shape[-1]
         rows = moved.reshape(-1, k)
         chunk = self.chunk_size or max(1, DEFAULT_MAX_CHUNK_ELEMENTS // max(1, rows.numel() + rows.shape[0]))

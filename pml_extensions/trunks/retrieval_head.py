@@ -1,9 +1,5 @@
-"""RAML's retrieval head: ``f(x) = L2N(W · L2N(GeM_p(backbone(x))) + b)``.
-
-Source: P. Suma and G. Tolias, WACV 2023, Sec. 5 (GeM + a fully connected layer to 512-D); the exact placement of the
-two L2 normalisations and the ``+1e-6`` in the norm follow ``pavelsuma/raml`` (``lib/networks/imageretrievalnet.py``,
-``lib/layers/normalization.py``). Written from the formula, no code copied.
-"""
+"""RAML's retrieval head ``f(x) = L2N(W · L2N(GeM_p(backbone(x))) + b)`` (Suma & Tolias, WACV 2023, Sec. 5; the L2N
+placement and ``+1e-6`` as in ``pavelsuma/raml``, ``lib/networks/imageretrievalnet.py``), written from the formula."""
 
 import torch
 

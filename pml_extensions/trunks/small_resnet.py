@@ -1,7 +1,5 @@
-"""A ResNet of torchvision ``BasicBlock`` stages for small images (28-64 px), randomly initialised: the classification
-network of the template-matching block's experiments (Gorgun, Gurbuz & Alatan, BMVC 2022, Table 1 "RN"; Fig. 3's
-3-stage ResNet).
-"""
+"""A small randomly initialised ResNet of torchvision ``BasicBlock`` stages for 28-64 px images (Gorgun, Gurbuz &
+Alatan, BMVC 2022, Table 1 "RN", Fig. 3)."""
 
 from typing import Sequence
 

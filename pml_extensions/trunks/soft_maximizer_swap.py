@@ -1,22 +1,5 @@
-"""Replace the BN-ReLU after the 3×3 convolutions of a ResNet by a soft maximizer, and estimate μ and η.
-
-Gorgun, Gurbuz & Alatan, BMVC 2022 (arXiv 2210.00992), Sec. 3.2 and Sec. 4.1 "Replacing BN-ReLU with
-soft-maximizers". BN-ReLU, p̂_k = max(γ_k (a_k − E a_k)/sqrt(Var a_k + eps) + β_k, 0), is positive exactly
-when a_k > μ_k with
-
-    μ_k = E a_k − β_k · sqrt(Var a_k + eps) / γ_k          (γ_k > 0; PyTorch's eps included),
-
-and writes p̂ = η · p̂* with η = Σ_k p̂_k. The paper replaces BN-ReLU by η · (margin-augmented soft-max or perturbed
-maximizer of [a, μ]) with one constant μ (mean of the non-zero μ_k of a trained network; 2.5 for its CIFAR-10
-ResNet20) and one η (mean per-pixel sum of the BN-ReLU outputs; 17), ε = 1 and 600 noise samples.
-
-Sites: ``bn1`` of a torchvision ``BasicBlock`` (conv1 3×3 → bn1 → relu), ``bn2`` of a ``Bottleneck``; the ReLU that
-follows stays (the identity on the maximizer's non-negative output). Everything else is kept bit for bit.
-
-The swap is for networks trained from scratch afterwards, as in the paper: no choice of μ and η reproduces BN-ReLU
-(one μ and η for all channels), so a trained network loses its function (a Fashion-MNIST SmallResNet at 85.1 % test
-accuracy falls to 17.1 % / 16.7 % with its own estimated μ and η).
-"""
+"""Replace the BN-ReLU after the 3×3 convolutions of a ResNet by a soft maximizer, and estimate its μ and η from a
+trained model (Gorgun, Gurbuz & Alatan, BMVC 2022, Sec. 3.2 and 4.1); docs/methods/template_matching.md."""
 
 import copy
 from typing import Iterable, List, Optional, Tuple
@@ -29,25 +12,23 @@ from .margin_softmax import MarginAugmentedSoftmax
 from .perturbed_maximizer import PerturbedMaximizer
 
 MAXIMIZERS = ("softmax", "perturbed")
+BLOCKS = (torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)
 
 
 def bn_relu_sites(model: torch.nn.Module) -> List[Tuple[torch.nn.Module, str]]:
     """(block, attribute name) of every BN that follows a 3×3 conv and precedes a ReLU in the torchvision
     ``BasicBlock`` (``bn1``) and ``Bottleneck`` (``bn2``) modules of ``model``, in module order."""
-    sites = []
-    for m in model.modules():
-        if isinstance(m, torchvision.models.resnet.BasicBlock):
-            sites.append((m, "bn1"))
-        elif isinstance(m, torchvision.models.resnet.Bottleneck):
-            sites.append((m, "bn2"))
-    return sites
+    resnet = torchvision.models.resnet
+    return [(m, "bn1" if isinstance(m, resnet.BasicBlock) else "bn2") for m in model.modules() if isinstance(m, BLOCKS)]
 
 
 def _sites(model) -> List[Tuple[torch.nn.Module, str]]:
-    """:func:`bn_relu_sites`, or ValueError when there is none."""
     sites = bn_relu_sites(model)
     if not sites:
-        raise ValueError(f"{type(model).__name__} has no BN-ReLU sites (torchvision BasicBlock/Bottleneck)")
+        raise ValueError(
+            f"{type(model).__name__} has no torchvision BasicBlock/Bottleneck, so no BN-ReLU after a 3×3 "
+            "conv to replace"
+        )
     return sites
 
 
@@ -96,7 +77,7 @@ def soft_maximizer_swap(
     inplace: bool = False,
 ) -> torch.nn.Module:
     """Replace every BN-ReLU after a 3×3 conv (:func:`bn_relu_sites`) by η·soft-maximizer([a, μ]) (paper Sec.
-    4.1).
+    4.1); the ReLU that follows stays (the identity on the maximizer's non-negative output).
 
     Args:
         model: a torchvision ResNet (or any model built from torchvision ``BasicBlock``/``Bottleneck``).
@@ -118,11 +99,7 @@ def soft_maximizer_swap(
         raise ValueError(f"maximizer must be one of {MAXIMIZERS}, got {maximizer!r}")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not bn_relu_sites(model):
-        raise ValueError(
-            f"{type(model).__name__} has no torchvision BasicBlock/Bottleneck, so no BN-ReLU after a 3×3 "
-            "conv to replace"
-        )
+    _sites(model)
     if not inplace:
         model = copy.deepcopy(model)
     for i, (block, name) in enumerate(bn_relu_sites(model)):
@@ -135,7 +112,6 @@ def soft_maximizer_swap(
 
 
 def _run_with_hooks(model, batches, num_batches, hook_fn, sites):
-    """Run ``model`` (eval, no grad) on up to ``num_batches`` batches with ``hook_fn(i, m, inp, out)`` on site i."""
     for block, name in sites:
         _check_bn(getattr(block, name))
     handles = []

@@ -1,24 +1,6 @@
-"""Feature embedding by template matching (Gorgun, Gurbuz & Alatan, BMVC 2022, arXiv 2210.00992, Sec. 3.3,
-Fig. 2).
-
-Given the stage-3 feature map f [B, d, H, W] of a CNN, the block
-
-1. pools a (H/2 × W/2) patch centred on every pixel ('same' output size, padding excluded from the mean): x_g;
-2. scores every pooled patch against the c training classes with a 1×1 conv with bias: a_k = α_kᵀ x_g + β_k;
-3. turns the scores into mixing coefficients p̂ (BN-ReLU in the paper; optionally the margin-augmented
-   soft-max or the perturbed maximizer of Sec. 3.1);
-4. embeds every patch as f' = Σ_k p̂_k ν_k with learnable value vectors ν_k (1×1 conv c → d', no bias);
-5. outputs f_out = conv1×1(f) + f' (paper) or the concatenation [f, f'] (the paper's DenseNet variant
-   "Ours-C").
-
-Initialisation: the paper's (PyTorch's random 1×1 convs) by default; ``init="identity"`` starts the block as
-f_out = f, as :func:`pml_extensions.trunks.insert_template_matching` does so that a pretrained host is unchanged.
-The per-pixel class scores a of the last forward are kept in ``last_class_scores`` for
-:class:`pml_extensions.losses.patch_classification_loss.PatchClassificationLoss`.
-
-No official code exists. The add-variant matches ``valueLayer_1x1sum`` in ``adagorgun/letKD-framework``
-(``distillation/architectures/miscellaneous/valueLayer.py``) structurally; no code was copied.
-"""
+"""Feature embedding by template matching (Gorgun, Gurbuz & Alatan, BMVC 2022, arXiv 2210.00992, Sec. 3.3, Fig. 2);
+the block's steps and our deviations: docs/methods/template_matching.md. No official code exists; the add-variant
+matches ``valueLayer_1x1sum`` in ``adagorgun/letKD-framework`` structurally, no code copied."""
 
 from typing import Optional, Sequence, Tuple, Union
 
@@ -91,8 +73,7 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         combine: ``"add"`` (default, paper): f_out = conv1×1(f) + f', width d'; ``"concat"`` (paper's DenseNet
             "Ours-C"): f_out = [f, f'], width d + d', no shortcut conv.
         mu, epsilon, eta, num_samples, seed: the soft maximizer's (defaults μ = 0, ε = 1, η = 1, S = 600, seed 0).
-        norm_layer, act_layer: the ``"bn_relu"`` classes (default BatchNorm2d, called with ``device``/``dtype``;
-            ReLU).
+        norm_layer, act_layer: the ``"bn_relu"`` classes (default BatchNorm2d, called with ``device``/``dtype``; ReLU).
         init: ``"paper"`` (default): PyTorch's random 1×1 convs, as in the paper's from-scratch training;
             ``"identity"``: :meth:`init_identity` after construction (f_out = f; the classifier stays random). The
             random draws are the same in both.
@@ -150,12 +131,13 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
             value_channels = in_channels
         if not is_int(value_channels) or value_channels < 1:
             raise ValueError(f"value_channels must be None or a positive int, got {value_channels!r}")
-        if mixing not in MIXINGS:
-            raise ValueError(f"mixing must be one of {MIXINGS}, got {mixing!r}")
-        if combine not in COMBINES:
-            raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
-        if init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        for name, value, options in (
+            ("mixing", mixing, MIXINGS),
+            ("combine", combine, COMBINES),
+            ("init", init, INITS),
+        ):
+            if value not in options:
+                raise ValueError(f"{name} must be one of {options}, got {value!r}")
         self.window = _pair(window)
         self.in_channels, self.num_classes, self.value_channels = in_channels, num_classes, value_channels
         self.mixing, self.combine = mixing, combine
@@ -189,24 +171,19 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         return self.value_channels if self.combine == "add" else self.in_channels + self.value_channels
 
     def zero_init_last(self) -> None:
-        """Zero the value vectors ν (timm's ``zero_init_last`` convention): f' = 0 at start, so the add variant starts
-        as conv1×1(f) and the concat variant as [f, 0]."""
+        """Zero the value vectors ν (timm's ``zero_init_last``): f' = 0, so the block starts as conv1×1(f) (add) or
+        [f, 0] (concat)."""
         if self.values is not None:
             torch.nn.init.zeros_(self.values.weight)
 
     @torch.no_grad()
     def init_identity(self) -> "TemplateMatchingBlock":
-        """Start the block as the identity, f_out = f: the shortcut conv becomes the identity
-        (``torch.nn.init.dirac_``) and the value vectors ν zero (:meth:`zero_init_last`); the classifier and the
-        mixer keep their weights. Not in the paper (its networks train from scratch with a random shortcut).
+        """Start the block as the identity, f_out = f: the shortcut conv becomes the identity (``torch.nn.init.dirac_``)
+        and the value vectors ν zero (:meth:`zero_init_last`); the classifier and the mixer keep their weights (not in
+        the paper, whose networks train from scratch). Exact on the CPU and on a GPU without TF32 (TF32 or autocast
+        round f like every conv of the host; a non-finite f gives NaN). ``mixing="none"``: nothing changes.
 
-        Exact in float arithmetic (1·f_i plus products with 0): bit for bit on the CPU and on a GPU without TF32; with
-        TF32 convolutions or under ``torch.autocast`` the shortcut rounds f to the reduced precision (relative
-        differences up to about 1e-3), as every conv of the host does there. A non-finite f gives NaN (0 · inf).
-        The shortcut and ν still get the main loss's gradient, the classifier the auxiliary loss's; the mixer's own
-        parameters get gradient once ν has moved away from 0.
-
-        Returns: the block itself. For ``mixing="none"`` nothing changes (the block already returns f).
+        Returns: the block itself.
 
         Raises:
             ValueError: for ``combine="concat"`` (the output [f, f'] is wider than f) or ``value_channels`` ≠

@@ -1,23 +1,5 @@
-"""Insert a :class:`TemplateMatchingBlock` between the last two stages of a torchvision CNN (Gorgun, Gurbuz &
-Alatan, BMVC 2022, arXiv 2210.00992, Sec. 3.3 "We place our layer in between the last two stages").
-
-Where the block goes (the last map before the final down-sampling stage, stride 16 on ImageNet input):
-
-* ResNet (torchvision ``resnet18/34/50/...`` or any model with ``layer3``/``layer4`` stages of ``BasicBlock``/
-  ``Bottleneck``): appended to ``layer3`` (``layer3[n]``, existing keys unchanged).
-* MobileNetV2: before the last stride-2 inverted residual of ``features`` (index 14), later indices shift by one.
-* DenseNet (``densenet121/161/169/201``): after ``denseblock3``, as ``features.template_block``.
-
-By default (``init="identity"``, a deviation from the paper, whose networks train from scratch) the host network
-computes what it computed before: with ``combine="add"`` the block starts as the identity (shortcut = identity, value
-vectors = 0); with ``combine="concat"`` the next layer is widened by d' zero-weight input channels (and, for
-DenseNet's transition BN, identity statistics). A randomly initialised block inserted into a pretrained network
-damages it before any training (ImageNet MobileNetV2 on Open Clip Art unseen classes: MAP@R 38.56 → 32.43);
-``init="paper"`` keeps the paper's random initialisation.
-
-Elsewhere: ``after="layer2"`` appends the block to the ``nn.Sequential`` stage of that module path, and
-``after="0.13"`` (a module inside an ``nn.Sequential``) inserts it right after that module (``combine="add"`` only).
-"""
+"""Insert a :class:`TemplateMatchingBlock` between the last two stages of a torchvision CNN (Gorgun, Gurbuz & Alatan,
+BMVC 2022, Sec. 3.3) or after a named stage; why the block starts as the identity: docs/methods/template_matching.md."""
 
 import copy
 from typing import List, Optional
@@ -40,49 +22,26 @@ def template_matching_blocks(model: torch.nn.Module) -> List[TemplateMatchingBlo
     return [m for m in model.modules() if isinstance(m, TemplateMatchingBlock)]
 
 
-def _widen_conv(conv: torch.nn.Conv2d, extra: int) -> torch.nn.Conv2d:
-    if conv.groups != 1:
-        raise ValueError(f"cannot widen the input of a grouped convolution ({conv})")
-    new = torch.nn.Conv2d(
-        conv.in_channels + extra,
-        conv.out_channels,
-        conv.kernel_size,
-        stride=conv.stride,
-        padding=conv.padding,
-        dilation=conv.dilation,
-        bias=conv.bias is not None,
-        padding_mode=conv.padding_mode,
-        device=conv.weight.device,
-        dtype=conv.weight.dtype,
-    )
-    with torch.no_grad():
-        new.weight.zero_()
-        new.weight[:, : conv.in_channels].copy_(conv.weight)
-        if conv.bias is not None:
-            new.bias.copy_(conv.bias)
-    return new
-
-
-def _widen_bn(bn: torch.nn.BatchNorm2d, extra: int) -> torch.nn.BatchNorm2d:
-    p = bn.weight if bn.weight is not None else bn.running_mean
-    new = torch.nn.BatchNorm2d(
-        bn.num_features + extra,
-        eps=bn.eps,
-        momentum=bn.momentum,
-        affine=bn.affine,
-        track_running_stats=bn.track_running_stats,
-        device=p.device,
-        dtype=p.dtype,
-    )
-    n = bn.num_features
-    with torch.no_grad():
-        if bn.affine:
-            new.weight[:n].copy_(bn.weight)
-            new.bias[:n].copy_(bn.bias)
-        if bn.track_running_stats:
-            new.running_mean[:n].copy_(bn.running_mean)
-            new.running_var[:n].copy_(bn.running_var)
-            new.num_batches_tracked.copy_(bn.num_batches_tracked)
+def _widen(module: torch.nn.Module, extra: int) -> torch.nn.Module:
+    """A copy of a Conv2d (zero weights) or BatchNorm2d (the identity's parameters and statistics) that takes ``extra``
+    more input channels."""
+    conv = isinstance(module, torch.nn.Conv2d)
+    if conv and module.groups != 1:
+        raise ValueError(f"cannot widen the input of a grouped convolution ({module})")
+    new = copy.deepcopy(module)
+    fills = {"weight": 0.0 if conv else 1.0, "bias": None if conv else 0.0, "running_mean": 0.0, "running_var": 1.0}
+    for name, fill in fills.items():
+        t = getattr(module, name, None)
+        if t is None or fill is None:
+            continue
+        shape = list(t.shape)
+        shape[int(conv)] = extra
+        wide = torch.cat([t.detach(), t.new_full(shape, fill)], int(conv))
+        setattr(new, name, torch.nn.Parameter(wide) if isinstance(t, torch.nn.Parameter) else wide)
+    if conv:
+        new.in_channels += extra
+    else:
+        new.num_features += extra
     return new
 
 
@@ -98,8 +57,7 @@ def _is_resnet_like(model) -> bool:
 
 
 def _insert_child(parent: torch.nn.Sequential, after: str, block: torch.nn.Module) -> None:
-    """Insert ``block`` into ``parent`` (in place) right after its child ``after``: numbered children shift by one
-    index, named ones keep their keys and the block is ``template_block``."""
+    # numbered children shift by one index, named ones keep their keys and the block is ``template_block``
     children = list(parent.named_children())
     at = [name for name, _ in children].index(after) + 1
     numbered = all(name == str(i) for i, (name, _) in enumerate(children))
@@ -118,8 +76,8 @@ def _insert_resnet(model, make_block, combine):
         extra = block.out_channels - block.in_channels
         if first.downsample is None:
             raise ValueError("combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input")
-        first.conv1 = _widen_conv(first.conv1, extra)
-        first.downsample[0] = _widen_conv(first.downsample[0], extra)
+        first.conv1 = _widen(first.conv1, extra)
+        first.downsample[0] = _widen(first.downsample[0], extra)
     model.layer3.append(block)
     return block
 
@@ -135,7 +93,7 @@ def _insert_mobilenet(model, make_block, combine):
     first = model.features[stride2[-1]].conv[0]  # the block's first Conv2dNormActivation; [0] is its conv
     block = make_block(first[0].in_channels)
     if combine == "concat":
-        first[0] = _widen_conv(first[0], block.out_channels - block.in_channels)
+        first[0] = _widen(first[0], block.out_channels - block.in_channels)
     _insert_child(model.features, str(stride2[-1] - 1), block)
     return block
 
@@ -148,14 +106,13 @@ def _insert_densenet(model, make_block, combine):
     block = make_block(trans.norm.num_features)
     if combine == "concat":
         extra = block.out_channels - block.in_channels
-        trans.norm = _widen_bn(trans.norm, extra)
-        trans.conv = _widen_conv(trans.conv, extra)
+        trans.norm = _widen(trans.norm, extra)
+        trans.conv = _widen(trans.conv, extra)
     _insert_child(model.features, "denseblock3", block)
     return block
 
 
 def _stage_width(stage: torch.nn.Module) -> int:
-    """The output width of a stage: its last BatchNorm2d's features, else its last Conv2d's output channels."""
     width = None
     for m in stage.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
@@ -168,9 +125,6 @@ def _stage_width(stage: torch.nn.Module) -> int:
 
 
 def _insert_after(model, path, make_block, combine):
-    """Append the block to the ``nn.Sequential`` at module path ``path`` (keys of the stage unchanged), or, when
-    ``path`` names another module that is a child of an ``nn.Sequential``, insert it right after that module in its
-    parent (the parent's later children shift by one index, as in the MobileNetV2 insertion)."""
     modules = dict(model.named_modules())
     stage = modules.get(path)
     parent_path, _, child = path.rpartition(".")
@@ -202,6 +156,11 @@ def insert_template_matching(
 ) -> torch.nn.Module:
     """Return ``model`` with a template-matching block between its last two stages (or after the stage ``after``);
     by default the returned model computes exactly what ``model`` computed (see ``init``).
+
+    The paper's place, the last map before the final down-sampling stage: appended to ``layer3`` of a ResNet (stages
+    ``layer3``/``layer4`` of ``BasicBlock``/``Bottleneck``; existing keys unchanged), before the last stride-2 inverted
+    residual of MobileNetV2's ``features`` (index 14; later indices shift by one), after DenseNet's ``denseblock3``
+    (as ``features.template_block``).
 
     Args:
         model: a torchvision ResNet / MobileNetV2 / DenseNet (or ResNet-style model), random or pretrained; its

@@ -1,21 +1,8 @@
-"""Split a trunk where its frozen part ends: ``(prefix, rest)`` with ``rest(prefix(x)) == model(x)``.
-
-A frozen pretrained prefix computes the same features every epoch, so they can be computed once
-(:class:`pml_extensions.datasets.FeatureCache`) and only the rest trained on them. The boundary is a module path
-(``"features.17"``, ``"layer3"``; the prefix ends with that module's output) or a stage index into
-:func:`trunk_stages` (the last module at each spatial resolution, as timm's ``feature_info``).
-
-The split is done on the ``torch.fx`` graph of the forward, traced only through the modules that contain the
-boundary, so any model whose forward along that path is traceable splits (``nn.Sequential``, torchvision's
-MobileNetV2 and ResNet, :class:`~pml_extensions.trunks.MobileNetV2Features`). The cut must be *clean*: the boundary
-module's output is the only value computed before it that is used after it (not inside a residual block, not a
-module called twice); otherwise the split is refused in one line.
-
-Both halves are ``torch.fx.GraphModule`` objects holding the *same* submodules as ``model`` (no copy): training
-``rest`` trains ``model``'s parameters, and ``state_dict`` keys keep their paths.
-"""
+"""Split a trunk where its frozen part ends: ``(prefix, rest)`` with ``rest(prefix(x)) == model(x)``, so that the
+prefix's features can be cached (docs/feature_cache.md)."""
 
 import difflib
+import itertools
 from typing import List, Sequence, Tuple, Union
 
 import torch
@@ -30,8 +17,7 @@ DEFAULT_INPUT_SHAPE = (3, 224, 224)
 
 
 class _PathTracer(fx.Tracer):
-    """Traces through the root and the modules named in ``descend``; every other module is one ``call_module``."""
-
+    # traces through the root and the modules named in ``descend``; every other module is one ``call_module``
     def __init__(self, descend):
         super().__init__()
         self.descend = frozenset(descend)
@@ -41,7 +27,6 @@ class _PathTracer(fx.Tracer):
 
 
 def _first_line(error: BaseException) -> str:
-    """``"TypeName: first line of the message"`` (the type alone for an empty message)."""
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
@@ -57,7 +42,7 @@ def _trace(model: torch.nn.Module, descend) -> fx.Graph:
 
 
 def _crossing(nodes: Sequence[fx.Node], cut: fx.Node):
-    """The first node computed up to ``cut`` (other than ``cut`` and constants) that a node after ``cut`` uses."""
+    # the first node computed up to ``cut`` (other than ``cut`` and constants) that a node after ``cut`` uses
     position = {n: i for i, n in enumerate(nodes)}
     end = position[cut]
     for n in nodes[: end + 1]:
@@ -69,7 +54,6 @@ def _crossing(nodes: Sequence[fx.Node], cut: fx.Node):
 
 
 def _clean_cuts(nodes: Sequence[fx.Node]) -> List[str]:
-    """Paths of the modules called once whose output is a clean cut, in graph order."""
     calls = [n.target for n in nodes if n.op == "call_module"]
     return [
         n.target for n in nodes if n.op == "call_module" and calls.count(n.target) == 1 and _crossing(nodes, n) is None
@@ -84,12 +68,11 @@ def _describe(node: fx.Node) -> str:
     return f"the value {node.name!r} ({node.op} {getattr(node.target, '__name__', node.target)})"
 
 
-def _probe(model: torch.nn.Module, input_shape: Sequence[int]) -> torch.Tensor:
-    tensors = list(model.parameters()) + list(model.buffers())
-    floats = [t for t in tensors if t.is_floating_point()]
-    device = tensors[0].device if tensors else torch.device("cpu")
-    dtype = floats[0].dtype if floats else torch.float32
-    return torch.zeros(1, *input_shape, device=device, dtype=dtype)
+def _float_like(model: torch.nn.Module) -> dict:
+    """``device`` and ``dtype`` of the model's first floating-point parameter or buffer (CPU, float32 without one)."""
+    floats = (t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point())
+    t = next(floats, torch.empty(0, dtype=torch.float32, device="cpu"))
+    return {"device": t.device, "dtype": t.dtype}
 
 
 def _spatial(node: fx.Node):
@@ -129,7 +112,7 @@ def trunk_stages(model: torch.nn.Module, input_shape: Sequence[int] = DEFAULT_IN
         gm = fx.GraphModule(model, graph)
         with torch.no_grad(), eval_mode(model):
             try:
-                ShapeProp(gm).propagate(_probe(model, input_shape))
+                ShapeProp(gm).propagate(torch.zeros(1, *input_shape, **_float_like(model)))
             except Exception as e:
                 raise ValueError(
                     f"input_shape {tuple(input_shape)}: a probe image did not run through {type(model).__name__} "
@@ -185,12 +168,15 @@ def _resolve(model: torch.nn.Module, boundary, input_shape) -> str:
 
 
 def split_trunk(
-    model: torch.nn.Module,
-    boundary: Union[str, int],
-    input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
+    model: torch.nn.Module, boundary: Union[str, int], input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE
 ) -> Tuple[fx.GraphModule, fx.GraphModule]:
     """Split ``model`` after the module ``boundary`` into ``(prefix, rest)``: ``rest(prefix(x))`` computes
-    ``model(x)`` with the same modules (shared, not copied).
+    ``model(x)`` with the same modules (shared, not copied: training ``rest`` trains ``model``'s parameters, and
+    ``state_dict`` keys keep their paths).
+
+    The split is done on the ``torch.fx`` graph of the forward, traced only through the modules that contain the
+    boundary. The cut must be clean: the boundary module's output is the only value computed before it that is used
+    after it (not inside a residual block, not a module called twice).
 
     Args:
         model: a module whose forward takes one tensor (an image batch ``[B, C, H, W]``).

@@ -13,7 +13,7 @@ from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 from pytorch_metric_learning.utils.logging_presets import HookContainer
 
 from pml_extensions.explain import overlay
-from pml_extensions.explain.explanation_hook import ExplanationHook
+from pml_extensions.explain.explanation_hook import ExplanationHook, dataset_class_names
 from tests.explain.explain_testing_utils import hook_count, make_model, rss_bytes, training_flags
 
 
@@ -210,3 +210,8 @@ def test_class_names_and_the_tested_epoch_name_the_figures(tmp_path):
     assert f"class {ds.classes[ds.labels[j]]} · " in titles[name][1]
     named = ExplanationHook(trunk, emb, {"val": ds}, str(tmp_path), class_names=["a", "b"], save_tensors=False)
     assert named._names("val") == ["a", "b"]
+
+
+def test_dataset_class_names_reads_a_wrapped_dataset():
+    wrapper = type("Wrapper", (), {"dataset": type("Data", (), {"classes": ["T-Shirts / Tops", "Mützen"]})()})()
+    assert dataset_class_names(wrapper) == ["T-Shirts / Tops", "Mützen"]
