@@ -2,20 +2,6 @@
 :class:`pml_extensions.runner.errors.Interrupted`, but never inside a :func:`critical` section (a checkpoint commit:
 raised at its end); :func:`at` records the stage and epoch that :func:`position` reports. Code below the command line
 never catches ``KeyboardInterrupt``.
-
-Example::
-
-    >>> import os, signal
-    >>> from pml_extensions.runner.errors import Interrupted
-    >>> try:
-    ...     with raise_on_signals():
-    ...         at("fold 1", 3)
-    ...         with critical():
-    ...             os.kill(os.getpid(), signal.SIGTERM)
-    ...             finished = True  # the section runs to its end first
-    ... except Interrupted as e:
-    ...     print(finished, e.signal_number == signal.SIGTERM, position())
-    True True fold 1, epoch 3
 """
 
 import signal
