@@ -19,8 +19,7 @@ from record_keeper import utils as rk_utils
 
 from ...utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text  # noqa: F401 (re-exported)
 from ...utils.checks import is_number
-from ..errors import OutputError, first_line
-from . import interrupts
+from ..errors import OutputError, critical, first_line
 from .distributed import unwrap
 
 ITERATION_COLUMN = "~iteration~"
@@ -255,7 +254,7 @@ class Checkpointer:
         for key in ("epoch", "global_iteration"):
             if not isinstance(state.get(key), int):
                 raise ValueError(f"state[{key!r}] must be an int, got {state.get(key)!r}")
-        with interrupts.critical():
+        with critical():
             try:
                 self.writer.save_records()
             except (OSError, sqlite3.Error) as e:

@@ -11,9 +11,9 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from ...utils.checks import is_int
+from .. import errors
 from ..errors import ConfigError
 from . import distributed as dist_utils
-from . import interrupts
 from .checkpoint import Checkpointer, atomic_torch_save, restore_training_state, training_state
 
 
@@ -152,7 +152,7 @@ class EpochLoop:
         """Train the remaining epochs (``make_trainer()`` is called only when there are some; give it
         ``end_of_iteration_hook=loop.end_of_iteration``); ``new_sampler()`` replaces ``trainer.sampler`` before
         every epoch. Returns :attr:`best`."""
-        interrupts.at(self.name, 0)
+        errors.at(self.name, 0)
         if self.fresh:
             if self.check_untrained:
                 self._validate(0)
@@ -162,7 +162,7 @@ class EpochLoop:
             return self.best
         trainer = make_trainer()
         for epoch in range(self.start_epoch, self.num_epochs + 1):
-            interrupts.at(self.name, epoch)  # what an interrupt reports ("interrupted at fold 1, epoch 3")
+            errors.at(self.name, epoch)  # what an interrupt reports ("interrupted at fold 1, epoch 3")
             if new_sampler is not None:
                 trainer.sampler = new_sampler()
             trainer.train(start_epoch=epoch, num_epochs=epoch)
