@@ -275,20 +275,16 @@ class Checkpointer:
             self.damaged = None
         if state is None:
             self.writer.truncate({}, default=float("-inf"))
-            return None
-        thresholds = {t: state["epoch"] for t in self.writer.tables() if t in self.epoch_tables}
-        self.writer.truncate(thresholds, default=state["global_iteration"])
+        else:
+            self.writer.truncate({t: state["epoch"] for t in self.epoch_tables}, default=state["global_iteration"])
         return state
 
     def load_state(self, map_location: Any = "cpu", log: Optional[Callable[..., None]] = print) -> Optional[Dict]:
         """The last checkpoint (``weights_only=True``) or ``None``, logs left alone (torchrun's other ranks); a
         damaged ``checkpoint.pth`` falls back to ``checkpoint.prev.pth`` (one note to ``log``). :class:`OutputError`
         when neither can be read: which files to remove (the stage then starts afresh)."""
-        paths = [p for p in (self.path, self.previous_path) if os.path.exists(p)]
-        if not paths:
-            return None
         problems = []
-        for path in paths:
+        for path in [p for p in (self.path, self.previous_path) if os.path.exists(p)]:
             try:
                 state = torch.load(path, map_location=map_location, weights_only=True)
             except READ_ERRORS as e:
@@ -304,6 +300,8 @@ class Checkpointer:
                 )
             self.damaged = problems[0][0] if problems else None
             return state
+        if not problems:  # no checkpoint yet
+            return None
         files = " and ".join(p for p, _ in problems)
         raise OutputError(
             f"{files}: truncated or corrupt ({problems[0][1]}); remove {'them' if len(problems) > 1 else 'it'} to "

@@ -90,14 +90,10 @@ class DistributedBatchSliceSampler(torch.utils.data.Sampler):
 
     Args:
         sampler: any index sampler that yields the same sequence on every rank (same seed).
-        global_batch_size: B, a multiple of ``world_size``.
-        rank, world_size: default: the current process group.
+        global_batch_size: B, a positive multiple of ``world_size`` (else ``ValueError``).
+        rank, world_size: default: the current process group (a rank out of range: ``ValueError``).
 
     Yields positions ``[r·b, (r+1)·b)`` (b = B/W) of every complete global batch.
-
-    Raises:
-        ValueError: if ``global_batch_size`` is not a positive multiple of ``world_size`` or ``rank`` is out
-        of range.
     """
 
     def __init__(self, sampler, global_batch_size: int, rank: Optional[int] = None, world_size: Optional[int] = None):

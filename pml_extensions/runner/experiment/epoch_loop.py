@@ -129,13 +129,11 @@ class EpochLoop:
                 self.ckpt.record_keeper.update_records({f"accuracies_{split}": dict(metrics, epoch=epoch)}, epoch)
         improved = acc[self.primary] > self.best["metric"]
         if improved:
-            self.best.update(
-                metric=float(acc[self.primary]), epoch=epoch, metrics={k: float(v) for k, v in acc.items()}
-            )
+            metrics = {k: float(v) for k, v in acc.items()}
+            self.best.update(metric=metrics[self.primary], epoch=epoch, metrics=metrics)
             if dist_utils.is_main():
-                atomic_torch_save(
-                    {k: dist_utils.unwrap(m).state_dict() for k, m in self.models.items()}, self.best_path
-                )
+                weights = {k: dist_utils.unwrap(m).state_dict() for k, m in self.models.items()}
+                atomic_torch_save(weights, self.best_path)
         self.log(
             f"{self.name} epoch {epoch}{' (untrained)' if epoch == 0 else ''}: val {self.primary}="
             f"{acc[self.primary]:.4f}" + (" (best)" if improved else "")
