@@ -308,7 +308,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _fail(first_line(e))
     import torch
 
-    from ..runner.experiment.interrupts import raise_on_signals
+    from ..runner.errors import raise_on_signals
 
     try:  # before the models load and the images are read: an --out that cannot be written stops at once
         if os.path.exists(args.out) and not os.path.isdir(args.out):

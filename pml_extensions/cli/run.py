@@ -148,7 +148,7 @@ def guarded(call: Callable[[], int], what: str = "--root_experiment_folder") -> 
     try:
         return call()
     except KeyboardInterrupt as e:
-        from ..runner.experiment.interrupts import position
+        from ..runner.errors import position
 
         where = position()
         stood = "before the first epoch" if where == "the start" else f"at {where}"
@@ -273,8 +273,8 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
         return 0
     if runner.get("new") and runner.get("resume_anyway"):
         raise ConfigError("command line: --new and --resume-anyway exclude each other")
+    from ..runner.errors import raise_on_signals
     from ..runner.experiment import distributed as dist_utils  # the run starts: torch and the rest load here
-    from ..runner.experiment.interrupts import raise_on_signals
 
     dist_utils.init_from_env()
     on_change = "new" if runner.get("new") else ("resume" if runner.get("resume_anyway") else "stop")

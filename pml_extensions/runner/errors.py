@@ -1,32 +1,24 @@
-"""The runner's exceptions: :class:`ConfigError`, the one a user sees (:class:`MissingDataError`,
-:class:`DataFileError` and :class:`OutputError` are its kinds), and :class:`Interrupted`, the ``KeyboardInterrupt`` a
-run's SIGINT / SIGTERM handler raises.
-
-A ``ConfigError``'s message is one line that starts with the file (or ``command line``) and names the key, e.g.
-``configs/x/config_models/default.yaml: models.trunk: unknown class 'bninception'``; the command line prints it and
-exits with status 2 (1 for an ``OutputError``). It is a ``ValueError``, so library callers may catch either.
-
-Example::
-
-    >>> from pml_extensions.runner.errors import ConfigError, Interrupted, MissingDataError, OutputError
-    >>> issubclass(ConfigError, ValueError), issubclass(MissingDataError, (ConfigError, FileNotFoundError))
-    (True, True)
-    >>> issubclass(OutputError, (ConfigError, OSError)), Interrupted(15).signal_number
-    (True, 15)
+"""The runner's exceptions: :class:`ConfigError`, the one a user sees (its kinds :class:`MissingDataError`,
+:class:`DataFileError`, :class:`OutputError`; the command line prints its one line and exits with status 2, 1 for an
+``OutputError``), and :class:`Interrupted`: inside :func:`raise_on_signals` (the command line's), SIGINT and SIGTERM
+raise it, but never inside a :func:`critical` section (a checkpoint commit: raised at its end); :func:`at` records the
+stage and epoch that :func:`position` reports. Code below the command line never catches ``KeyboardInterrupt``.
 """
 
 import contextlib
 import errno
 import signal
-from typing import Iterator, List, Sequence
+import threading
+from typing import Iterator, List, Optional, Sequence
 
 
 class ConfigError(ValueError):
-    """A config problem; the one-line message names the file (when known) and the key."""
+    """A config problem: a ``ValueError`` whose one-line message starts with the file (or ``command line``) and names
+    the key, e.g. ``configs/x/config_models/default.yaml: models.trunk: unknown class 'bninception'``."""
 
 
 def first_line(error: BaseException) -> str:
-    """The first line of ``error``'s message (its class name when it has none): what the command line prints."""
+    """The first line of ``error``'s message (its class name when it has none)."""
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
@@ -48,26 +40,7 @@ class ConfigProblems(ConfigError):
 
 
 class Problems:
-    """Collect the problems of several independent checks and report them together (a user fixes them all in one
-    go instead of one per run).
-
-    Example::
-
-        >>> problems = Problems()
-        >>> with problems.check():
-        ...     raise ConfigError("a.yaml: x: expected an integer, got 'y'")
-        >>> with problems.check():
-        ...     pass
-        >>> with problems.check():
-        ...     raise ConfigError("dataset: 2 of 9 images do not decode")
-        >>> try:
-        ...     problems.raise_any()
-        ... except ConfigError as e:
-        ...     print(e)
-        2 problems, nothing was run:
-          1. a.yaml: x: expected an integer, got 'y'
-          2. dataset: 2 of 9 images do not decode
-    """
+    """Collect the problems of several independent checks and report them together, so a user fixes them in one go."""
 
     def __init__(self):
         self.found: List[str] = []
@@ -110,14 +83,7 @@ class OutputError(ConfigError, OSError):
     @classmethod
     def writing(cls, path: str, error: BaseException, where: str = "--root_experiment_folder") -> "OutputError":
         """The error for ``path`` that could not be written because of ``error`` (``where``: the option that chose
-        the folder).
-
-        Example::
-
-            >>> print(OutputError.writing("runs/x", PermissionError(13, "Permission denied")))
-            runs/x: cannot write (Permission denied); choose a writable --root_experiment_folder or fix its \
-permissions, then rerun
-        """
+        the folder)."""
         text = first_line(error)
         code = getattr(error, "errno", None)
         if code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "disk is full" in text:
@@ -128,13 +94,9 @@ permissions, then rerun
 
 
 class Interrupted(KeyboardInterrupt):
-    """The run was stopped by a signal (SIGINT: Ctrl-C, SIGTERM: ``kill``, a scheduler's time limit), raised in the
-    main thread by :func:`pml_extensions.runner.experiment.interrupts.raise_on_signals`. A ``KeyboardInterrupt``: never
-    catch it below the command line, which prints one line and exits with ``128 + signal_number``.
-
-    Attributes:
-        signal_number: the signal's number (``signal.SIGINT`` = 2, ``signal.SIGTERM`` = 15).
-    """
+    """A run stopped by ``signal_number`` (SIGINT: Ctrl-C, SIGTERM: ``kill``, a scheduler's time limit), raised in the
+    main thread by :func:`raise_on_signals`. Never catch it below the command line, which prints one line and exits
+    with ``128 + signal_number``."""
 
     def __init__(self, signal_number: int = signal.SIGINT):
         super().__init__(int(signal_number))
@@ -142,8 +104,61 @@ class Interrupted(KeyboardInterrupt):
 
     @property
     def signal_name(self) -> str:
-        """``"SIGINT"``, ``"SIGTERM"`` ..."""
         try:
             return signal.Signals(self.signal_number).name
         except ValueError:
             return f"signal {self.signal_number}"
+
+
+_STATE = {"depth": 0, "pending": None, "stage": None, "epoch": None}
+
+
+def at(stage: Optional[str], epoch: Optional[int] = None) -> None:
+    """Record that ``stage`` (e.g. ``"fold 1"``) is at ``epoch`` (``None``: not in an epoch)."""
+    _STATE["stage"], _STATE["epoch"] = stage, epoch
+
+
+def position() -> str:
+    """``"fold 1, epoch 3"``, ``"fold 1"`` or ``"the start"`` (nothing trained in this call yet)."""
+    stage, epoch = _STATE["stage"], _STATE["epoch"]
+    if stage is None:
+        return "the start"
+    stage = str(stage).strip("[]")
+    return f"{stage}, epoch {epoch}" if epoch is not None else stage
+
+
+def _handler(signum, frame):
+    if _STATE["depth"] > 0:
+        _STATE["pending"] = signum  # raised when the critical section ends
+        return
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def critical() -> Iterator[None]:
+    """A section a signal does not cut short: an ``Interrupted`` that arrives inside is raised at its end."""
+    _STATE["depth"] += 1
+    try:
+        yield
+    finally:
+        _STATE["depth"] -= 1
+        if _STATE["depth"] == 0 and _STATE["pending"] is not None:
+            signum, _STATE["pending"] = _STATE["pending"], None
+            raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def raise_on_signals(signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Raise :class:`~pml_extensions.runner.errors.Interrupted` for ``signals`` while the block runs (main thread
+    only; elsewhere the block runs with the handlers as they are). Resets :func:`position`."""
+    at(None)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _STATE["pending"] = None

@@ -62,3 +62,31 @@ def test_the_data_files_lines_keep_their_kind_through_nested_passes():
     with pytest.raises(ConfigProblems) as e:
         outer.raise_any()
     assert e.value.data_files == outer.data_files
+
+
+def test_problems_are_reported_together_numbered():
+    from pml_extensions.runner.errors import Problems
+
+    problems = Problems()
+    with problems.check():
+        raise ConfigError("a.yaml: x: expected an integer, got 'y'")
+    with problems.check():
+        pass
+    with problems.check():
+        raise ConfigError("dataset: 2 of 9 images do not decode")
+    with pytest.raises(ConfigError) as e:
+        problems.raise_any()
+    assert str(e.value) == (
+        "2 problems, nothing was run:\n  1. a.yaml: x: expected an integer, got 'y'\n"
+        "  2. dataset: 2 of 9 images do not decode"
+    )
+
+
+def test_an_output_error_names_the_path_and_the_fix():
+    from pml_extensions.runner.errors import Interrupted, OutputError
+
+    assert str(OutputError.writing("runs/x", PermissionError(13, "Permission denied"))) == (
+        "runs/x: cannot write (Permission denied); choose a writable --root_experiment_folder or fix its permissions, "
+        "then rerun"
+    )
+    assert issubclass(OutputError, (ConfigError, OSError)) and issubclass(Interrupted, KeyboardInterrupt)

@@ -1,9 +1,7 @@
-"""Atomic checkpoints and record-keeper logs that survive SIGKILL.
-
-Log rows are buffered during an epoch; :meth:`Checkpointer.commit` writes them to record-keeper's SQLite database
-(one transaction per table, each CSV rewritten atomically from it), then the checkpoint (tmp file + fsync +
-``os.replace``). :meth:`Checkpointer.resume` loads the checkpoint (``weights_only=True``; ``checkpoint.prev.pth`` when
-it is damaged) and deletes every log row newer than it, so a rerun epoch loses and duplicates no row.
+"""Atomic checkpoints and record-keeper logs that survive SIGKILL: :meth:`Checkpointer.commit` writes the epoch's
+buffered log rows (SQLite, one transaction per table, each CSV rewritten atomically from it), then the checkpoint;
+:meth:`Checkpointer.resume` loads the checkpoint and deletes every log row newer than it, so a rerun epoch loses and
+duplicates no row.
 """
 
 import csv
@@ -21,8 +19,7 @@ from record_keeper import utils as rk_utils
 
 from ...utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text  # noqa: F401 (re-exported)
 from ...utils.checks import is_number
-from ..errors import OutputError
-from . import interrupts
+from ..errors import OutputError, critical, first_line
 from .distributed import unwrap
 
 ITERATION_COLUMN = "~iteration~"
@@ -34,17 +31,7 @@ READ_ERRORS = (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, OSErr
 
 def first_sentence(error: BaseException) -> str:
     """The first sentence of an error (torch's unreadable-file errors run on for several)."""
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return text.split(". ")[0].rstrip(".")
-
-
-def _link_or_copy(path: str, dest: str) -> None:
-    """Make ``dest`` (which must not exist) the file ``path`` now is: a hard link, else a copy (a copy that fails
-    too raises)."""
-    try:
-        os.link(path, dest)
-    except OSError:
-        shutil.copyfile(path, dest)
+    return first_line(error).split(". ")[0].rstrip(".")
 
 
 def save_keeping_previous(state: Any, path: str, previous: str) -> None:
@@ -56,8 +43,11 @@ def save_keeping_previous(state: Any, path: str, previous: str) -> None:
     try:
         with atomic_path(path) as tmp:
             torch.save(state, tmp)
-            if os.path.exists(path):
-                _link_or_copy(path, link)
+            if os.path.exists(path):  # the last checkpoint, kept aside as a hard link (else a copy) until then
+                try:
+                    os.link(path, link)
+                except OSError:
+                    shutil.copyfile(path, link)
         if os.path.exists(link):
             os.replace(link, previous)
     finally:
@@ -66,12 +56,8 @@ def save_keeping_previous(state: Any, path: str, previous: str) -> None:
 
 
 def load_weights(path: str, map_location: Any = "cpu") -> Any:
-    """``torch.load(path, weights_only=True)``: tensors, dicts, lists, tuples and numbers only.
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        OutputError: a truncated or corrupt file, in one line naming it and the folder to remove.
-    """
+    """``torch.load(path, weights_only=True)``: tensors, dicts, lists, tuples and numbers only. Raises
+    ``FileNotFoundError`` without a file, :class:`OutputError` (naming the folder to remove) for a corrupt one."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     try:
@@ -107,34 +93,29 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def _attributes(modules: Dict[str, torch.nn.Module], names: Callable[[torch.nn.Module], Any]):
-    """``(dotted path, submodule, attribute)`` for each attribute ``names(submodule)`` lists, in every (unwrapped)
-    module."""
+def _attributes(modules: Dict[str, torch.nn.Module], generators: bool = False):
+    """``(dotted path, submodule, attribute)`` of each recordable attribute (PML's ``_record_these``) of the modules
+    and their submodules, or with ``generators`` each CPU ``torch.Generator`` attribute."""
     for key, module in modules.items():
         for path, m in unwrap(module).named_modules():
-            for attr in names(m):
+            if generators:
+                names = [a for a, v in vars(m).items() if isinstance(v, torch.Generator) and v.device.type == "cpu"]
+            else:
+                names = getattr(m, "_record_these", ()) or ()
+            for attr in names:
                 yield (f"{key}.{path}.{attr}" if path else f"{key}.{attr}"), m, attr
-
-
-def _recordable(module) -> Any:
-    return getattr(module, "_record_these", ()) or ()
-
-
-def _cpu_generators(module) -> list:
-    return [a for a, v in vars(module).items() if isinstance(v, torch.Generator) and v.device.type == "cpu"]
 
 
 def module_generators(modules: Dict[str, torch.nn.Module]) -> Dict[str, torch.Generator]:
     """The CPU ``torch.Generator`` attributes of the modules and their submodules (e.g. ``XMLWrapper.generator``),
     by dotted path, so a checkpoint also restores the losses' own random streams (read only)."""
-    return {name: getattr(m, attr) for name, m, attr in _attributes(modules, _cpu_generators)}
+    return {name: getattr(m, attr) for name, m, attr in _attributes(modules, generators=True)}
 
 
 def _module_records(modules: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
-    """The numeric recordable attributes (PML's ``_record_these``, e.g. ``XMLWrapper.num_skipped_xml``) by dotted
-    path: counters a resumed run must continue, not restart."""
+    """The numeric recordable attributes (``XMLWrapper.num_skipped_xml``): counters a resume continues."""
     out = {}
-    for name, m, attr in _attributes(modules, _recordable):
+    for name, m, attr in _attributes(modules):
         value = getattr(m, attr, None)
         if is_number(value):
             out[name] = value
@@ -153,14 +134,7 @@ def training_state(
 ) -> Dict[str, Any]:
     """Everything a resumed epoch needs, ``weights_only``-loadable: the models', optimizers' and losses' state
     dicts, the global RNG states, the losses' private generators and recordable counters and ``extra`` (numbers,
-    strings, tensors ...).
-
-    Example::
-
-        >>> s = training_state(2, 20, {"trunk": torch.nn.Linear(2, 2)}, best_metric=0.5)
-        >>> s["epoch"], s["global_iteration"], s["best_metric"]
-        (2, 20, 0.5)
-    """
+    strings, tensors ...)."""
     loss_funcs = loss_funcs or {}
     return {
         "epoch": int(epoch),
@@ -181,11 +155,8 @@ def restore_training_state(
     optimizers: Optional[Dict[str, Any]] = None,
     loss_funcs: Optional[Dict[str, torch.nn.Module]] = None,
 ) -> Dict[str, Any]:
-    """Load what :func:`training_state` saved into the objects and restore the RNGs; returns ``state``.
-
-    Raises:
-        KeyError: when the state lacks a model, optimizer or loss that is given.
-    """
+    """Load what :func:`training_state` saved into the objects and restore the RNGs; returns ``state`` (a
+    ``KeyError`` when it lacks a given model, optimizer or loss)."""
     loss_funcs = loss_funcs or {}
     for k, m in models.items():
         unwrap(m).load_state_dict(state["models"][k])
@@ -199,7 +170,7 @@ def restore_training_state(
         if k in saved:
             g.set_state(saved[k])
     records = state.get("records", {})
-    for name, m, attr in _attributes(loss_funcs, _recordable):
+    for name, m, attr in _attributes(loss_funcs):
         if name in records:
             setattr(m, attr, records[name])
     return state
@@ -237,12 +208,8 @@ class _AtomicRecordWriter(RecordWriter):
                 os.remove(path)
             return
         names = [k for k in rows[0].keys() if k != "id"]
-        with atomic_path(path) as tmp:
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                w = csv.writer(f)
-                w.writerow(names)
-                for r in rows:
-                    w.writerow([r[k] for k in names])
+        with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows([names] + [[r[k] for k in names] for r in rows])
 
     def truncate(self, thresholds: Dict[str, float], default: float):
         for table in self.tables():
@@ -277,25 +244,17 @@ class Checkpointer:
         self.damaged = None  # a checkpoint load_state found unreadable: set aside by resume
         self.epoch_tables = set(epoch_tables)
         self.writer = _AtomicRecordWriter(os.path.join(folder, "logs"), save_lists=save_lists)
-        self.record_keeper = RecordKeeper(
-            tensorboard_writer=tensorboard_writer,
-            record_writer=self.writer,
-            attributes_to_search_for=["_record_these"],
-        )
+        self.record_keeper = RecordKeeper(tensorboard_writer, self.writer, attributes_to_search_for=["_record_these"])
 
     def commit(self, state: Dict[str, Any]) -> None:
         """Write the buffered log rows, then ``state`` (``weights_only``-safe, with int ``epoch`` and
-        ``global_iteration``); a SIGINT / SIGTERM that arrives meanwhile is raised when both are written.
-
-        Raises:
-            ValueError: if ``state`` lacks ``epoch`` or ``global_iteration``.
-            OutputError: the folder cannot be written (permissions, a full disk): one line naming the path; the
-                checkpoint on disk is still the previous, complete one.
-        """
+        ``global_iteration``, else a ``ValueError``); a SIGINT / SIGTERM that arrives meanwhile is raised when both are
+        written. An unwritable folder (permissions, a full disk) raises :class:`OutputError`, the checkpoint on disk
+        still the previous, complete one."""
         for key in ("epoch", "global_iteration"):
             if not isinstance(state.get(key), int):
                 raise ValueError(f"state[{key!r}] must be an int, got {state.get(key)!r}")
-        with interrupts.critical():
+        with critical():
             try:
                 self.writer.save_records()
             except (OSError, sqlite3.Error) as e:
@@ -307,11 +266,8 @@ class Checkpointer:
                 raise OutputError.writing(self.path, e) from None
 
     def resume(self, map_location: Any = "cpu") -> Optional[Dict[str, Any]]:
-        """Load the last checkpoint (``weights_only=True``) and drop log rows written after it.
-
-        Returns:
-            the state, or ``None`` when there is no checkpoint (then every log row is dropped).
-        """
+        """Load the last checkpoint (:meth:`load_state`) and drop the log rows written after it; ``None`` when there is
+        no checkpoint (then every log row is dropped)."""
         self.writer.records = self.writer.get_empty_nested_dict()
         state = self.load_state(map_location)
         if self.damaged:  # set aside, so the next commit keeps the good one as the previous
@@ -319,23 +275,16 @@ class Checkpointer:
             self.damaged = None
         if state is None:
             self.writer.truncate({}, default=float("-inf"))
-            return None
-        thresholds = {t: state["epoch"] for t in self.writer.tables() if t in self.epoch_tables}
-        self.writer.truncate(thresholds, default=state["global_iteration"])
+        else:
+            self.writer.truncate({t: state["epoch"] for t in self.epoch_tables}, default=state["global_iteration"])
         return state
 
     def load_state(self, map_location: Any = "cpu", log: Optional[Callable[..., None]] = print) -> Optional[Dict]:
         """The last checkpoint (``weights_only=True``) or ``None``, logs left alone (torchrun's other ranks); a
-        damaged ``checkpoint.pth`` falls back to ``checkpoint.prev.pth`` (one note to ``log``).
-
-        Raises:
-            OutputError: neither file can be read: which files to remove (the stage then starts afresh).
-        """
-        paths = [p for p in (self.path, self.previous_path) if os.path.exists(p)]
-        if not paths:
-            return None
+        damaged ``checkpoint.pth`` falls back to ``checkpoint.prev.pth`` (one note to ``log``). :class:`OutputError`
+        when neither can be read: which files to remove (the stage then starts afresh)."""
         problems = []
-        for path in paths:
+        for path in [p for p in (self.path, self.previous_path) if os.path.exists(p)]:
             try:
                 state = torch.load(path, map_location=map_location, weights_only=True)
             except READ_ERRORS as e:
@@ -351,6 +300,8 @@ class Checkpointer:
                 )
             self.damaged = problems[0][0] if problems else None
             return state
+        if not problems:  # no checkpoint yet
+            return None
         files = " and ".join(p for p, _ in problems)
         raise OutputError(
             f"{files}: truncated or corrupt ({problems[0][1]}); remove {'them' if len(problems) > 1 else 'it'} to "

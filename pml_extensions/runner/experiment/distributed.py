@@ -1,20 +1,17 @@
-"""Running the runner under ``torchrun`` (gloo on CPU, nccl on GPU); outside it every function here is a no-op.
-
-Every rank runs the configured sampler identically and takes its slice of each global batch
-(:class:`DistributedBatchSliceSampler`); models are wrapped in ``DistributedDataParallel`` and losses in
+"""Running the runner under ``torchrun`` (gloo on CPU, nccl on GPU; several machines: docs/runner.md); outside it
+every function here is a no-op. Every rank runs the configured sampler identically and takes its slice of each global
+batch (:class:`DistributedBatchSliceSampler`); models are wrapped in ``DistributedDataParallel`` and losses in
 :class:`pml_extensions.utils.distributed_loss_wrapper.DistributedLossWrapper`, which gathers the slices back, so
 every rank's loss is the one-process loss on the same global batch (× ``world_size``, PML's convention).
-
-Several machines: the same ``torchrun --nnodes N --node_rank i --nproc_per_node P --rdzv_backend c10d --rdzv_endpoint
-HOST:PORT --rdzv_id NAME python -m pml_extensions run ...`` on each; rank 0 writes the experiment folder and every
-rank reads its checkpoints on resume, so the folder (and the dataset) must be on every machine.
 """
 
+import gc
 import os
 from typing import Any, Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def is_active() -> bool:
@@ -38,17 +35,8 @@ def is_main() -> bool:
 
 
 def init_from_env(backend: Optional[str] = None) -> bool:
-    """Initialise the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ...).
-
-    Args:
-        backend: ``"gloo"``, ``"nccl"`` or ``None`` (nccl when CUDA is available, else gloo).
-
-    Returns:
-        True when a group with more than one process is active afterwards.
-
-    Raises:
-        ValueError: on an unknown backend.
-    """
+    """Initialise the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ...) with
+    ``backend`` (``"gloo"``, ``"nccl"``; ``None``: nccl when CUDA is available); True when more than one process."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     if backend is None:
@@ -92,8 +80,6 @@ def shutdown() -> None:
     peer left first), free the unreferenced DDP wrappers (their reducers hold the group), destroy the group."""
     if not is_active():
         return
-    import gc
-
     dist.barrier()
     gc.collect()
     dist.destroy_process_group()
@@ -104,14 +90,10 @@ class DistributedBatchSliceSampler(torch.utils.data.Sampler):
 
     Args:
         sampler: any index sampler that yields the same sequence on every rank (same seed).
-        global_batch_size: B, a multiple of ``world_size``.
-        rank, world_size: default: the current process group.
+        global_batch_size: B, a positive multiple of ``world_size`` (else ``ValueError``).
+        rank, world_size: default: the current process group (a rank out of range: ``ValueError``).
 
     Yields positions ``[r·b, (r+1)·b)`` (b = B/W) of every complete global batch.
-
-    Raises:
-        ValueError: if ``global_batch_size`` is not a positive multiple of ``world_size`` or ``rank`` is out
-        of range.
     """
 
     def __init__(self, sampler, global_batch_size: int, rank: Optional[int] = None, world_size: Optional[int] = None):
@@ -154,18 +136,15 @@ def wrap_models(models: Dict[str, torch.nn.Module], device: torch.device) -> Dic
     """``DistributedDataParallel`` around every model that has trainable parameters."""
     if not is_active():
         return models
-    out = {}
-    for k, m in models.items():
-        if any(p.requires_grad for p in m.parameters()):
-            ids = [device.index] if device.type == "cuda" else None
-            # static_graph: parameters reached only through a side output of the forward (HistogramPooling's
-            # prototypes, whose gradient comes from XMLWrapper's histograms, not from the returned vector) are
-            # reduced once; find_unused_parameters would mark them ready at forward time and again in backward.
-            out[k] = torch.nn.parallel.DistributedDataParallel(m, device_ids=ids, static_graph=True)
-        else:
-            out[k] = m
-    return out
+    ids = [device.index] if device.type == "cuda" else None
+    # static_graph: parameters reached only through a side output of the forward (HistogramPooling's prototypes,
+    # whose gradient comes from XMLWrapper's histograms, not from the returned vector) are reduced once;
+    # find_unused_parameters would mark them ready at forward time and again in backward.
+    return {
+        k: DDP(m, device_ids=ids, static_graph=True) if any(p.requires_grad for p in m.parameters()) else m
+        for k, m in models.items()
+    }
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    return model.module if isinstance(model, DDP) else model

@@ -1,26 +1,8 @@
-"""A resumable epoch loop around a PML trainer, shared by the protocols (MLRC folds, paired units).
-
-Per epoch: train (PML ``trainer.train(start_epoch=e, num_epochs=e)``, a fresh sampler each epoch so a resumed
-epoch draws the same batches from the checkpointed RNG), evaluate every ``save_interval`` epochs, keep the best
-epoch's weights (``best_path``), then commit the log rows and the checkpoint
-(:class:`pml_extensions.runner.experiment.checkpoint.Checkpointer`: rows first, then the checkpoint, both atomic).
-A rerun after SIGKILL resumes after the last committed epoch with no lost or duplicated log rows. Stops after
-``num_epochs`` or when the primary metric has not improved for more than ``patience`` epochs.
-
-Example::
-
-    >>> import tempfile, torch
-    >>> from pml_extensions.runner.experiment.checkpoint import Checkpointer
-    >>> models = {"trunk": torch.nn.Linear(2, 2)}
-    >>> scores = iter([0.1, 0.5, 0.3])
-    >>> loop = EpochLoop(Checkpointer(tempfile.mkdtemp()), models, {}, {}, num_epochs=2, primary="p",
-    ...                  evaluate=lambda epoch: {"val": {"p": next(scores)}},
-    ...                  best_path=tempfile.mkdtemp() + "/best.pth", log=None)
-    >>> class Trainer:  # stands in for a PML trainer
-    ...     iterations_per_epoch = 3
-    ...     def train(self, start_epoch, num_epochs): pass
-    >>> loop.resume() is None and loop.run(lambda: Trainer())
-    {'metric': 0.5, 'epoch': 1, 'metrics': {'p': 0.5}}
+"""A resumable epoch loop around a PML trainer, shared by the protocols (MLRC folds, paired units): per epoch it
+trains (a fresh sampler each epoch, so a resumed epoch draws the same batches from the checkpointed RNG), evaluates
+every ``save_interval`` epochs, keeps the best epoch's weights and commits the log rows and the checkpoint
+(:class:`~pml_extensions.runner.experiment.checkpoint.Checkpointer`). A rerun after SIGKILL resumes after the last
+committed epoch with no lost or duplicated log rows.
 """
 
 import math
@@ -29,9 +11,9 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from ...utils.checks import is_int
+from .. import errors
 from ..errors import ConfigError
 from . import distributed as dist_utils
-from . import interrupts
 from .checkpoint import Checkpointer, atomic_torch_save, restore_training_state, training_state
 
 
@@ -39,10 +21,7 @@ def release_workers(trainer) -> None:
     """Shut down the workers of ``trainer``'s unfinished ``dataloader_iter`` in this process, so the tester's
     ``DataLoader`` does not fork copies of it (whose ``__del__`` prints ``AssertionError: can only test a child
     process``)."""
-    iterator = getattr(trainer, "dataloader_iter", None)
-    if iterator is None:
-        return
-    trainer.dataloader_iter = None
+    iterator, trainer.dataloader_iter = getattr(trainer, "dataloader_iter", None), None
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if callable(shutdown):
         shutdown()
@@ -54,8 +33,9 @@ class EpochLoop:
     Args:
         ckpt: the stage's :class:`Checkpointer`; rows go to ``ckpt.record_keeper``.
         models, optimizers, loss_funcs: the (unwrapped) objects whose state is checkpointed.
-        num_epochs: epochs to train (positive int).
-        primary: the metric of the ``"val"`` split that selects the best epoch.
+        num_epochs: epochs to train (a positive int, else :class:`ConfigError`).
+        primary: the metric of the ``"val"`` split that selects the best epoch (:class:`ConfigError` when it is not
+            computed).
         evaluate: ``epoch -> {split: {metric: value}}`` with a ``"val"`` entry; each split is logged to the
             table ``accuracies_<split>`` (make them the checkpointer's ``epoch_tables``).
         best_path: where the best epoch's ``{name: state_dict}`` is saved (``weights_only``-loadable).
@@ -67,9 +47,6 @@ class EpochLoop:
     Attributes:
         best: ``{"metric", "epoch", "metrics"}`` of the best evaluated epoch.
         finished: True when the stage needs no more training (after :meth:`resume`).
-
-    Raises:
-        ConfigError: a non-positive ``num_epochs``; ``primary`` not among the computed val metrics.
     """
 
     def __init__(
@@ -97,7 +74,7 @@ class EpochLoop:
         self.patience = None if patience is None else int(patience)
         self.save_interval = max(1, int(save_interval))
         self.check_untrained = bool(check_untrained)
-        self.log = (log or (lambda *a, **k: None)) if dist_utils.is_main() else (lambda *a, **k: None)
+        self.log = log if log and dist_utils.is_main() else (lambda *a, **k: None)
         self.name, self.where = name, where
         self.best = {"metric": -math.inf, "epoch": -1, "metrics": {}}
         self.start_epoch, self.finished, self.fresh = 1, False, True
@@ -120,16 +97,13 @@ class EpochLoop:
             "epoch": int(state["best_epoch"]),
             "metrics": dict(state.get("best_metrics", {})),
         }
-        self.start_epoch = int(state["epoch"]) + 1
-        self.finished = self._stopped(int(state["epoch"]))
-        self.fresh = False
+        self.start_epoch, self.finished, self.fresh = state["epoch"] + 1, self._stopped(state["epoch"]), False
         self.log(
             f"{self.name}: resuming after epoch {state['epoch']} "
             f"(best {self.best['metric']:.4f} at {self.best['epoch']})"
         )
         return state
 
-    # ------------------------------------------------------------------------------------------------ hooks
     def end_of_iteration(self, trainer) -> None:
         """PML ``end_of_iteration_hook``: the losses (``loss_histories``) and the loss modules' recordable
         attributes (e.g. ``xml_loss``) at the global iteration."""
@@ -143,7 +117,6 @@ class EpochLoop:
             {k: dist_utils.unwrap(v) for k, v in self.loss_funcs.items()}, gi, recursive_types=[torch.nn.Module]
         )
 
-    # ------------------------------------------------------------------------------------------------ loop
     def _validate(self, epoch: int) -> None:
         results = self.evaluate(epoch)
         acc = results["val"]
@@ -156,13 +129,11 @@ class EpochLoop:
                 self.ckpt.record_keeper.update_records({f"accuracies_{split}": dict(metrics, epoch=epoch)}, epoch)
         improved = acc[self.primary] > self.best["metric"]
         if improved:
-            self.best.update(
-                metric=float(acc[self.primary]), epoch=epoch, metrics={k: float(v) for k, v in acc.items()}
-            )
+            metrics = {k: float(v) for k, v in acc.items()}
+            self.best.update(metric=metrics[self.primary], epoch=epoch, metrics=metrics)
             if dist_utils.is_main():
-                atomic_torch_save(
-                    {k: dist_utils.unwrap(m).state_dict() for k, m in self.models.items()}, self.best_path
-                )
+                weights = {k: dist_utils.unwrap(m).state_dict() for k, m in self.models.items()}
+                atomic_torch_save(weights, self.best_path)
         self.log(
             f"{self.name} epoch {epoch}{' (untrained)' if epoch == 0 else ''}: val {self.primary}="
             f"{acc[self.primary]:.4f}" + (" (best)" if improved else "")
@@ -170,26 +141,16 @@ class EpochLoop:
 
     def _commit(self, epoch: int, global_iteration: int, finished: bool) -> None:
         if dist_utils.is_main():
-            self.ckpt.commit(
-                training_state(
-                    epoch,
-                    global_iteration,
-                    self.models,
-                    self.optimizers,
-                    self.loss_funcs,
-                    best_metric=float(self.best["metric"]),
-                    best_epoch=int(self.best["epoch"]),
-                    best_metrics={k: float(v) for k, v in self.best["metrics"].items()},
-                    finished=bool(finished),
-                )
-            )
+            best = {f"best_{k}": v for k, v in self.best.items()}  # best_metric, best_epoch, best_metrics
+            state = training_state(epoch, global_iteration, self.models, self.optimizers, self.loss_funcs, **best)
+            self.ckpt.commit(dict(state, finished=finished))
         dist_utils.barrier()
 
     def run(self, make_trainer: Callable[[], Any], new_sampler: Optional[Callable[[], Any]] = None) -> Dict[str, Any]:
         """Train the remaining epochs (``make_trainer()`` is called only when there are some; give it
         ``end_of_iteration_hook=loop.end_of_iteration``); ``new_sampler()`` replaces ``trainer.sampler`` before
         every epoch. Returns :attr:`best`."""
-        interrupts.at(self.name, 0)
+        errors.at(self.name, 0)
         if self.fresh:
             if self.check_untrained:
                 self._validate(0)
@@ -199,7 +160,7 @@ class EpochLoop:
             return self.best
         trainer = make_trainer()
         for epoch in range(self.start_epoch, self.num_epochs + 1):
-            interrupts.at(self.name, epoch)  # what an interrupt reports ("interrupted at fold 1, epoch 3")
+            errors.at(self.name, epoch)  # what an interrupt reports ("interrupted at fold 1, epoch 3")
             if new_sampler is not None:
                 trainer.sampler = new_sampler()
             trainer.train(start_epoch=epoch, num_epochs=epoch)

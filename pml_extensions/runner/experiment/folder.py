@@ -1,17 +1,8 @@
 """The experiment folder every protocol writes (``config.yaml``, ``command.txt``, ``environment.json``, one folder per
-stage with its checkpoint, logs and ``result.json``, ``results.json``; see docs/runner.md), and the services around it
-(device, seeds, stages, resume).
-
-Example::
-
-    >>> import tempfile
-    >>> exp = Experiment(tempfile.mkdtemp(), {"seed": 3, "device": "cpu"})
-    >>> exp.device.type, exp.seed_everything(offset=1)
-    ('cpu', 4)
-    >>> exp.stage_result("fold_0") is None
-    True
+stage, ``results.json``; docs/runner.md) and the services around it: device, seeds, stages.
 """
 
+import itertools
 import json
 import os
 import platform
@@ -27,7 +18,7 @@ import yaml
 
 from ...utils.atomic_io import atomic_write_json, atomic_write_text
 from ..config.yaml_reader import read_yaml
-from ..errors import ConfigError, OutputError
+from ..errors import ConfigError, OutputError, first_line
 from . import distributed as dist_utils
 from .checkpoint import Checkpointer
 
@@ -36,14 +27,7 @@ RESUME_NEUTRAL_KEYS = ("device", "progress")
 
 
 def time_estimate(took: float, count: int) -> Tuple[str, str]:
-    """``("<took> s", "about <m> min")``: a unit's seconds and the minutes ``count`` more would take, for a run's
-    announcements; sub-second units say so instead of ``0 s`` and ``about 0.0 min``.
-
-    Example::
-
-        >>> time_estimate(100.0, 3), time_estimate(0.2, 3)
-        (('100 s', 'about 5.0 min'), ('under 1 s', 'a few seconds'))
-    """
+    """``("<took> s", "about <m> min")``: a unit's seconds and the minutes ``count`` more would take."""
     rest = took * count
     return (f"{took:.0f} s" if took >= 1 else "under 1 s"), (
         f"about {rest / 60:.1f} min" if rest >= 6 else "a few seconds"
@@ -51,27 +35,14 @@ def time_estimate(took: float, count: int) -> Tuple[str, str]:
 
 
 def config_differences(old: Any, new: Any, prefix: str = "") -> List[str]:
-    """Dotted keys whose values differ between two configs (added, removed or changed), sorted.
-
-    Example::
-
-        >>> config_differences({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}, "d": 0})
-        ['b.c', 'd']
-    """
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new), key=str):
-            path = f"{prefix}.{key}" if prefix else str(key)
-            if key not in old or key not in new:
-                out.append(path)
-            else:
-                out += config_differences(old[key], new[key], path)
-        return out
-    return [] if old == new else [prefix or "<config>"]
-
-
-def _yaml_roundtrip(config: Dict[str, Any]) -> Dict[str, Any]:
-    return read_yaml(yaml.safe_dump(config, sort_keys=False)) or {}
+    """Dotted keys whose values differ between two configs (added, removed or changed), sorted."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [] if old == new else [prefix or "<config>"]
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        path = f"{prefix}.{key}" if prefix else str(key)
+        out += config_differences(old[key], new[key], path) if key in old and key in new else [path]
+    return out
 
 
 def saved_config(folder: str) -> Optional[Dict[str, Any]]:
@@ -83,21 +54,12 @@ def saved_config(folder: str) -> Optional[Dict[str, Any]]:
         with open(path, encoding="utf-8") as f:
             saved = read_yaml(f) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise OutputError(
-            f"{path}: unreadable ({reason}); remove it and rerun (the run's checkpoints stay, and resume)"
+            f"{path}: unreadable ({first_line(e)}); remove it and rerun (the run's checkpoints stay, and resume)"
         ) from None
     if not isinstance(saved, dict):
         raise OutputError(f"{path}: not a config (a mapping); remove it and rerun")
     return saved
-
-
-def has_progress(folder: str) -> bool:
-    """True when ``folder`` holds anything a run produced (a checkpoint, a stage result, ``results.json``)."""
-    for _, _, files in os.walk(folder):
-        if {"checkpoint.pth", "result.json", "results.json"} & set(files):
-            return True
-    return False
 
 
 def prepare_folder(
@@ -109,23 +71,17 @@ def prepare_folder(
 ) -> None:
     """Make ``folder`` ready for ``config``: check a rerun's saved config (keys in :data:`RESUME_NEUTRAL_KEYS` aside;
     a folder with no progress yet simply takes the new one), then save ``config.yaml`` and ``command.txt``.
-
-    Args:
-        on_change: ``"stop"``, ``"new"`` (move the old folder to ``<folder>.old-<n>`` and start afresh) or
-            ``"resume"`` (continue with the new config; the saved config is replaced).
-
-    Raises:
-        ConfigError: with ``on_change="stop"`` and a changed config: one line listing the differing keys and
-        the flags ``--new`` / ``--resume-anyway``.
-        ValueError: for another ``on_change``.
-    """
+    ``on_change`` for a changed config: ``"stop"`` (a :class:`ConfigError` listing the differing keys and the flags
+    ``--new`` / ``--resume-anyway``), ``"new"`` (move the old folder to ``<folder>.old-<n>`` and start afresh) or
+    ``"resume"`` (continue with the new config, which replaces the saved one)."""
     if on_change not in ("stop", "new", "resume"):
         raise ValueError(f"on_change must be 'stop', 'new' or 'resume', got {on_change!r}")
-    old = saved_config(folder) if has_progress(folder) else None  # a folder that trained nothing is just reused
+    # a folder that trained nothing yet (no checkpoint, stage result or results.json) is just reused
+    progress = any({"checkpoint.pth", "result.json", "results.json"} & set(files) for _, _, files in os.walk(folder))
+    old = saved_config(folder) if progress else None
     if old is not None:
-        diff = [
-            k for k in config_differences(old, _yaml_roundtrip(config)) if k.split(".")[0] not in RESUME_NEUTRAL_KEYS
-        ]
+        new = read_yaml(yaml.safe_dump(config, sort_keys=False)) or {}  # as a resume will read it back
+        diff = [k for k in config_differences(old, new) if k.split(".")[0] not in RESUME_NEUTRAL_KEYS]
         if diff and on_change == "stop":
             shown = ", ".join(diff[:12]) + (f" (+{len(diff) - 12} more)" if len(diff) > 12 else "")
             raise ConfigError(
@@ -133,9 +89,7 @@ def prepare_folder(
                 f"in {shown}; rerun with --new to start afresh or --resume-anyway to continue with the new config"
             )
         if diff and on_change == "new" and dist_utils.is_main():
-            n = 1
-            while os.path.exists(f"{os.path.normpath(folder)}.old-{n}"):
-                n += 1
+            n = next(n for n in itertools.count(1) if not os.path.exists(f"{os.path.normpath(folder)}.old-{n}"))
             shutil.move(folder, f"{os.path.normpath(folder)}.old-{n}")
             log(f"note: the previous run was moved to {os.path.normpath(folder)}.old-{n}")
         elif diff:
@@ -167,8 +121,7 @@ def _cpu() -> Dict[str, Any]:
     info: Dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
+            for key, _, value in (line.partition(":") for line in f):
                 info.setdefault(key.strip(), value.strip())  # the first core's
     except OSError:
         pass
@@ -196,45 +149,28 @@ def _torch_build() -> Dict[str, Any]:
         elif line.startswith("OpenMP"):
             out["openmp"] = line
         elif line.startswith("Build settings:"):
-            settings = dict(
-                item.strip().split("=", 1) for item in line[len("Build settings:") :].split(", ") if "=" in item
-            )
+            settings = dict(item.strip().split("=", 1) for item in line.partition(":")[2].split(", ") if "=" in item)
             for key in ("BLAS_INFO", "LAPACK_INFO", "USE_MKLDNN", "USE_OPENMP", "COMMIT_SHA"):
                 if key in settings:
                     out[key.lower()] = settings[key].strip()
     return out
 
 
-def _versions() -> Dict[str, Optional[str]]:
-    out = {}
-    for name in (
-        "torch",
-        "torchvision",
-        "numpy",
-        "Pillow",
-        "matplotlib",
-        "pytorch-metric-learning",
-        "faiss-cpu",
-        "pml_extensions",
-    ):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:  # e.g. pml_extensions run from a checkout without installing it
-            out[name] = None
-    return out
+def _version(name: str) -> Optional[str]:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:  # e.g. pml_extensions run from a checkout without installing it
+        return None
+
+
+#: the distributions whose versions ``environment.json`` records
+VERSIONED = "torch torchvision numpy Pillow matplotlib pytorch-metric-learning faiss-cpu pml_extensions".split()
 
 
 def run_environment() -> Dict[str, Any]:
     """What a run's exact numbers depend on besides its config, saved as ``environment.json``: versions, the CPU
     and torch's kernels, and ``torch_threads`` (CPU sums split by thread, so bit-identical numbers need the same
-    count; :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with it).
-
-    Example::
-
-        >>> env = run_environment()
-        >>> env["torch_threads"] == torch.get_num_threads(), sorted(env["versions"])[:2]
-        (True, ['Pillow', 'faiss-cpu'])
-    """
+    count; :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with it)."""
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -244,32 +180,20 @@ def run_environment() -> Dict[str, Any]:
         "thread_variables": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
         "cpu": _cpu(),
         "torch_build": _torch_build(),
-        "versions": _versions(),
+        "versions": {name: _version(name) for name in VERSIONED},
         "platform": platform.platform(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 
 
 def environment_summary(env: Dict[str, Any]) -> str:
-    """One line for a results table: torch and its kernels, the CPU, the thread count (and the GPU).
-
-    Example::
-
-        >>> environment_summary({"torch": "2.14.1", "torch_threads": 1, "cpu": {"model": "AMD EPYC", "count": 2},
-        ...     "torch_build": {"blas_info": "mkl", "onednn": "Intel(R) MKL-DNN v3.12.0 (Git Hash 80af)",
-        ...     "cpu_capability": "AVX512"}, "versions": {"numpy": "2.2.6"}})
-        'torch 2.14.1 (BLAS mkl, oneDNN v3.12.0, AVX512 kernels), numpy 2.2.6, AMD EPYC (2 cores), 1 torch thread'
-    """
-    build = env.get("torch_build") or {}
-    onednn = (build.get("onednn") or "").split(" (")[0].split(" ")[-1]
-    kernels = [
-        f"BLAS {build['blas_info']}" if build.get("blas_info") else "",
-        f"oneDNN {onednn}" if onednn else "",
-        f"{build['cpu_capability']} kernels" if build.get("cpu_capability") else "",
-    ]
-    kernels = ", ".join(k for k in kernels if k)
-    cpu = env.get("cpu") or {}
-    threads = env.get("torch_threads")
+    """One line of ``environment.json`` for a results table: torch and its kernels, the CPU, the thread count (and
+    the GPU), e.g. ``torch 2.14.1 (BLAS mkl, oneDNN v3.12.0, AVX512 kernels), numpy 2.2.6, AMD EPYC (2 cores), 1 torch
+    thread``."""
+    build, cpu, threads = env.get("torch_build") or {}, env.get("cpu") or {}, env.get("torch_threads")
+    onednn = (build.get("onednn") or "").split(" (")[0].split(" ")[-1]  # "Intel(R) MKL-DNN v3.12.0 (Git Hash ..)"
+    kernels = {"BLAS {}": build.get("blas_info"), "oneDNN {}": onednn, "{} kernels": build.get("cpu_capability")}
+    kernels = ", ".join(form.format(value) for form, value in kernels.items() if value)
     parts = [
         f"torch {env.get('torch')}" + (f" ({kernels})" if kernels else ""),
         f"numpy {(env.get('versions') or {}).get('numpy')}",
@@ -283,20 +207,15 @@ def environment_summary(env: Dict[str, Any]) -> str:
 
 def select_device(name: Any, where: str = "config_general: device") -> torch.device:
     """``"auto"`` (CUDA when available, else CPU) or a torch device string; under torchrun the rank's GPU.
-
-    Raises:
-        ConfigError: for an unparsable name or CUDA requested without a CUDA device.
-    """
-    name = name or "auto"
-    if name == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        try:
-            device = torch.device(name)
-        except (RuntimeError, TypeError) as e:
-            raise ConfigError(f"{where}: {e}") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"{where}: {name!r} requested but no CUDA device is available")
+    :class:`ConfigError` for an unparsable name or CUDA requested without a CUDA device."""
+    if not name or name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{where}: {name!r} requested but no CUDA device is available")
     if dist_utils.is_active() and device.type == "cuda":  # torchrun: the rank's GPU
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return device
@@ -323,12 +242,9 @@ class Experiment:
     Args:
         folder: the experiment folder (see the module docstring for its layout).
         config: the merged config; reads ``seed`` (default 0; ``null``: leave the RNGs alone) and ``device``
-            (default ``"auto"``).
+            (default ``"auto"``; a bad one raises :class:`ConfigError`).
         sources: top-level key -> file, for :meth:`where`.
         log: a print-like function (silenced off the main rank).
-
-    Raises:
-        ConfigError: for a bad ``device``.
     """
 
     def __init__(
@@ -338,9 +254,7 @@ class Experiment:
         sources: Optional[Dict[str, str]] = None,
         log: Callable[..., None] = print,
     ):
-        self.folder = folder
-        self.config = config
-        self.sources = sources or {}
+        self.folder, self.config, self.sources = folder, config, sources or {}
         self.log = log if dist_utils.is_main() else (lambda *a, **k: None)
         self.device = select_device(config.get("device", "auto"), self.where("device"))
 
@@ -361,7 +275,6 @@ class Experiment:
         """A CPU ``torch.Generator`` seeded with ``seed + offset`` (seed ``null`` counts as 0)."""
         return torch.Generator().manual_seed((self.seed or 0) + int(offset))
 
-    # ------------------------------------------------------------------------------------------------ stages
     def stage_folder(self, stage: str) -> str:
         return os.path.join(self.folder, stage)
 
@@ -380,21 +293,19 @@ class Experiment:
                 return json.load(f)
         except ValueError as e:
             raise OutputError(
-                f"{path}: truncated or corrupt ({str(e).splitlines()[0]}); remove it and rerun: the stage resumes "
+                f"{path}: truncated or corrupt ({first_line(e)}); remove it and rerun: the stage resumes "
                 "from its checkpoint"
             ) from None
 
     def finish_stage(self, stage: str, result: Dict[str, Any], rank_local: bool = False) -> Dict[str, Any]:
         """Save a finished stage's JSON-able summary and return it: by the main rank, every rank waiting, or with
         ``rank_local=True`` (a stage this rank ran alone) by this rank, waiting for no one."""
-        if rank_local or dist_utils.is_main():
-            os.makedirs(self.stage_folder(stage), exist_ok=True)
+        if rank_local or dist_utils.is_main():  # atomic_write_json makes the folder
             atomic_write_json(os.path.join(self.stage_folder(stage), "result.json"), result, indent=2)
         if not rank_local:
             dist_utils.barrier()
         return result
 
-    # ------------------------------------------------------------------------------------------------ output
     def write_results(self, results: Dict[str, Any]) -> str:
         """Write ``results.json`` atomically (main rank) and return its path."""
         path = os.path.join(self.folder, "results.json")

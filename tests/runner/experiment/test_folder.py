@@ -119,3 +119,17 @@ def test_the_saved_config_keeps_unicode_and_the_command_pastes_back(tmp_path):
     assert "Gürtel / Schals" in text and "Robes d'été" in text and "\\x" not in text
     line = open(os.path.join(folder, "command.txt"), encoding="utf-8").read()
     assert shlex.split(line) == command and "'my shop/catalogue export.csv'" in line
+
+
+def test_the_environment_line_and_the_time_estimates():
+    from pml_extensions.runner.experiment.folder import environment_summary, time_estimate
+
+    env = {"torch": "2.14.1", "torch_threads": 1, "cpu": {"model": "AMD EPYC", "count": 2}}
+    env["torch_build"] = {"blas_info": "mkl", "onednn": "Intel(R) MKL-DNN v3.12.0 (Git Hash 80af)"}
+    env["torch_build"]["cpu_capability"] = "AVX512"
+    env["versions"] = {"numpy": "2.2.6"}
+    assert environment_summary(env) == (
+        "torch 2.14.1 (BLAS mkl, oneDNN v3.12.0, AVX512 kernels), numpy 2.2.6, AMD EPYC (2 cores), 1 torch thread"
+    )
+    assert time_estimate(100.0, 3) == ("100 s", "about 5.0 min")
+    assert time_estimate(0.2, 3) == ("under 1 s", "a few seconds")

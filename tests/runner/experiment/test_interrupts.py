@@ -1,4 +1,4 @@
-"""runner/experiment/interrupts.py and the command line around it (issue 21, item 5): SIGINT and SIGTERM end a run
+"""runner/errors.py's signal handling and the command line around it (issue 21, item 5): SIGINT and SIGTERM end a run
 with one line and exit 130 / 143, never in the middle of a checkpoint; the rerun resumes and loses nothing."""
 
 import os
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from pml_extensions.runner import errors as interrupts
 from pml_extensions.runner.errors import Interrupted
-from pml_extensions.runner.experiment import interrupts
 from pml_extensions.runner.experiment.checkpoint import Checkpointer, load_weights
 from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
 
