@@ -236,6 +236,21 @@ def seed_everything(seed: Optional[int]) -> Optional[int]:
     return seed
 
 
+def read_json(path: str, then: str) -> Optional[Any]:
+    """A JSON file the run wrote, or ``None`` when absent.
+
+    Raises:
+        OutputError: ``"<path>: truncated or corrupt (...); remove it and rerun: <then>"``.
+    """
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as e:
+        raise OutputError(f"{path}: truncated or corrupt ({first_line(e)}); remove it and rerun: {then}") from None
+
+
 class Experiment:
     """One experiment folder and the services every protocol uses.
 
@@ -285,17 +300,7 @@ class Experiment:
 
     def stage_result(self, stage: str) -> Optional[Dict[str, Any]]:
         """The saved summary of a finished stage, or ``None`` (then run it; it resumes from its checkpoint)."""
-        path = os.path.join(self.stage_folder(stage), "result.json")
-        if not os.path.exists(path):
-            return None
-        try:
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
-        except ValueError as e:
-            raise OutputError(
-                f"{path}: truncated or corrupt ({first_line(e)}); remove it and rerun: the stage resumes "
-                "from its checkpoint"
-            ) from None
+        return read_json(os.path.join(self.stage_folder(stage), "result.json"), "the stage resumes from its checkpoint")
 
     def finish_stage(self, stage: str, result: Dict[str, Any], rank_local: bool = False) -> Dict[str, Any]:
         """Save a finished stage's JSON-able summary and return it: by the main rank, every rank waiting, or with

@@ -4,7 +4,6 @@
 """
 
 import dataclasses
-import json
 import os
 import shutil
 import time
@@ -314,12 +313,13 @@ class PairedProtocol(Protocol):
         """The unit's test metrics at ``epoch`` (saved: ``test_epoch_<e>.json``, weights ``selected_models.pth``)."""
         from ...utils.atomic_io import atomic_write_json
         from ..experiment import distributed as dist_utils
+        from ..experiment.folder import read_json
 
         folder = self.unit_folder(variant, seed)
         out = os.path.join(folder, f"test_epoch_{epoch}.json")
-        if os.path.exists(out):
-            with open(out, encoding="utf-8") as f:
-                return json.load(f)
+        saved = read_json(out, "the unit is tested again")
+        if saved is not None:
+            return saved
         weights = self.epoch_path(folder, epoch)
         test = self.test(self.variant_settings[variant], variant, seed, folder, self.builder(variant), epoch)
         if dist_utils.is_main():
@@ -331,7 +331,7 @@ class PairedProtocol(Protocol):
     def run(self) -> Dict[str, Any]:
         """Train every unit (resuming), select on validation, test once, compare, write the outputs."""
         from ..experiment import distributed as dist_utils
-        from ..experiment.folder import ENVIRONMENT_NAME, run_environment
+        from ..experiment.folder import ENVIRONMENT_NAME, read_json, run_environment
         from ..objects import preflight
         from ..outputs.results import summarize, write_results
 
@@ -372,12 +372,9 @@ class PairedProtocol(Protocol):
             for n in names:
                 for seed in seeds:
                     shutil.rmtree(os.path.join(self.unit_folder(n, seed), "epochs"), ignore_errors=True)
+        # the run's first call made the numbers (a resume keeps its file)
         env_path = os.path.join(self.folder, ENVIRONMENT_NAME)
-        if os.path.exists(env_path):  # the run's first call made the numbers (a resume keeps its file)
-            with open(env_path, encoding="utf-8") as f:
-                environment = json.load(f)
-        else:
-            environment = run_environment()
+        environment = read_json(env_path, "the environment is recorded again") or run_environment()
         results = summarize(
             {
                 n: {seed: {m: v for m, v in row.items() if m in self.metrics} for seed, row in rows.items()}

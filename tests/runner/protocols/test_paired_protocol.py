@@ -186,3 +186,30 @@ def test_the_paired_dataset_words():
         "test rows of classes also trained on (class_overlap: allowed, same-class retrieval)"
     )
     assert test_classes_words({"name": "glyphs"}) == "unseen test classes"
+
+
+def test_a_damaged_saved_test_result_is_one_line_naming_the_file(tmp_path):
+    """A test_epoch_<e>.json damaged outside the run was a raw JSONDecodeError traceback; now the one-line
+    OutputError that a damaged stage result gives, naming the file and what to do."""
+    from pml_extensions.runner.errors import OutputError
+
+    class Toy(PairedProtocol):
+        name, Settings, metrics = "toy", _Settings, ("score",)
+
+        def unit(self, settings, variant, seed, folder, builder):
+            return {"history": [{"epoch": e, "score": 0.1 * e} for e in range(2)], "best_epoch": 1}
+
+        def test(self, settings, variant, seed, folder, builder, epoch):
+            return {"score": 0.5}
+
+    config = {"seeds": [0], "variants": {"a": {}, "b": {}}, "comparisons": [["b", "a"]], "device": "cpu"}
+    toy = Toy(config, str(tmp_path), log=lambda *a: None)
+    toy.run()
+    saved = tmp_path / "a" / "seed_0" / "test_epoch_1.json"
+    assert saved.read_text() and toy.test_at("a", 0, 1) == {"score": 0.5}
+    saved.write_text('{"score": 0.')
+    with pytest.raises(OutputError) as e:
+        toy.test_at("a", 0, 1)
+    assert str(e.value).startswith(f"{saved}: truncated or corrupt (")
+    assert str(e.value).endswith("); remove it and rerun: the unit is tested again")
+    assert "\n" not in str(e.value)
