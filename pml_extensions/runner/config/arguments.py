@@ -1,31 +1,14 @@
-"""Every class name and every class's keyword arguments in a config, checked when the config is loaded (before any
-data is read or any model built), and the arguments that must be positive (:data:`ARGUMENT_RULES`).
-
-Object keys hold ``{ClassName: {kwargs}}`` specs, nested in each other and in lists; each class name must be one a
-config may use (:func:`pml_extensions.runner.config.registry.resolve`) and each keyword one the class takes
-(:func:`pml_extensions.runner.config.class_index.keyword_arguments`), looked up in the class index, so the check
-imports no torch. Every problem of one pass is reported together, each naming the file that set the value.
+"""Every class name and keyword argument of a config's ``{ClassName: {kwargs}}`` specs, checked at load time against
+the class index (no torch import), and :data:`ARGUMENT_RULES`; every problem of one pass is reported together.
 
 Example::
 
-    >>> from pml_extensions.runner.config.sources import Sources
-    >>> config = {"loss_funcs": {"metric_loss": {"XMLWrapper": {"xml_wieght": 0.1}}}}
-    >>> try:
-    ...     check_arguments(config, Sources({"loss_funcs": "command line"}))
-    ... except ValueError as e:
-    ...     print(str(e).split(": bad arguments: ")[1])
-    XMLWrapper takes no argument 'xml_wieght'; did you mean xml_weight?
     >>> config = {"loss_funcs": {"metric_loss": {"XMLWrapper": {"loss": {"ContrastivLoss": {}}}}}}
     >>> try:
-    ...     check_arguments(config, Sources({"loss_funcs": "command line"}))
+    ...     check_arguments(config, {"loss_funcs": "command line"})
     ... except ValueError as e:
     ...     print(e)
     command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class 'ContrastivLoss'; did you mean ContrastiveLoss?
-    >>> try:
-    ...     check_arguments({"sampler": {"MPerClassSampler": {"m": 0}}}, {"sampler": "command line"})
-    ... except ValueError as e:
-    ...     print(str(e).split(" (")[0])
-    command line: sampler: m must be a positive integer, got 0
 """
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -78,17 +61,14 @@ class _Checker:
         self.known = set(known)
 
     def fail(self, path: Tuple, message: str, source_path: Optional[Tuple] = None) -> None:
-        """Record ``"<source of source_path (default path)>: <path>: <message>"``."""
         self.record(f"{source_of(self.sources, source_path or path)}: {key_path(path)}: {message}")
 
     def record(self, line: str) -> None:
-        """Keep ``line`` (with the variant's suffix) unless it is known or found already."""
         if line not in self.known and line + self.suffix not in self.found:
             self.found.append(line + self.suffix)
 
     def unknown(self, name: str, here: Tuple) -> bool:
-        """Record ``unknown class 'X'; did you mean Y?`` when no module a config may use defines ``name`` (the class
-        index first, then the registry's own search, which imports the modules, for a name the index lacks)."""
+        """Record ``unknown class 'X'; did you mean Y?`` when :func:`resolve` (which imports) cannot find ``name``."""
         try:
             resolve(name)
         except ConfigError:
@@ -97,7 +77,7 @@ class _Checker:
         return False
 
     def spec(self, spec: Any, path: Tuple) -> None:
-        """Check one spec, a place that must hold an object (a lower-case name is a function), or a list of them."""
+        """Check one spec (a lower-case name is a function), or a list of them."""
         if isinstance(spec, list):
             for i, item in enumerate(spec):
                 self.spec(item, path + (i,))
@@ -152,8 +132,7 @@ class _Checker:
             self.value(value, here + (key,))
 
     def value(self, value: Any, path: Tuple) -> None:
-        """An argument's value: a nested spec (upper-case class, or a lower-case function the index knows), a list or
-        a mapping of them (the builder builds every spec inside them); other values are data."""
+        """An argument's value: a nested spec (or a function the index knows), or a list or mapping of them."""
         if isinstance(value, list):
             for i, item in enumerate(value):
                 self.value(item, path + (i,))
@@ -172,8 +151,7 @@ class _Checker:
 
     def named_dataset(self, spec: Any) -> None:
         """Refuse a dataset by name (``{name, root, kwargs}``) whose new ``name`` was merged next to an earlier
-        file's ``kwargs`` or ``root``, as :func:`pml_extensions.runner.config.pb_keys.check_single_class` refuses
-        two merged classes."""
+        file's ``kwargs`` or ``root``."""
         if not (isinstance(spec, dict) and isinstance(spec.get("name"), str)) or is_object_spec(spec):
             return
         new = source_of(self.sources, ("dataset", "name"))
@@ -204,8 +182,7 @@ class _Checker:
         )
 
     def tester(self, config: Dict[str, Any]) -> bool:
-        """The tester through the builder's own check (:func:`tester_spec`); False when it refused (its line is
-        recorded), so the generic check does not name the same problem again."""
+        """The tester through the builder's own check (:func:`tester_spec`); False when it refused."""
         if find_search_markers({"tester": config.get("tester")}):
             return True
         try:
@@ -239,8 +216,7 @@ class _Checker:
 
 
 def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-    """Check the config and each of its variants as the module docstring says; ConfigError (ConfigProblems when
-    there are several) with one line per problem."""
+    """Check the config and each of its variants; ConfigError (ConfigProblems for several), one line per problem."""
     checker = _Checker(sources)
     checker.config(config)
     found = list(checker.found)
