@@ -43,15 +43,6 @@ ARGUMENT_RULES: Dict[Tuple[str, str], Tuple[float, bool, str]] = {
 }
 
 
-def _broken_rule(value: Any, low: float, integer: bool, what: str) -> Optional[str]:
-    """Why ``value`` breaks its :data:`ARGUMENT_RULES` entry, or None."""
-    if integer and (not is_int(value) or value < low):
-        return f"must be a {'positive' if low == 1 else 'non-negative'} integer, got {value!r} ({what})"
-    if not integer and (not is_number(value) or not value >= low):
-        return f"must be a number >= {low:g}, got {value!r} ({what})"
-    return None
-
-
 class _Checker:
     def __init__(self, sources, suffix: str = "", known: Sequence[str] = ()):
         self.sources, self.suffix = sources, suffix
@@ -102,13 +93,10 @@ class _Checker:
             if self.unknown(name, here):
                 self.value(args, here)  # the names inside it too, in the same pass
             return
-        if name == "Sequential" and isinstance(args, list):
-            for i, item in enumerate(args):
-                self.spec(item, here + (i,))
-            return
         if isinstance(args, list):
+            check = self.spec if name == "Sequential" else self.value
             for i, item in enumerate(args):
-                self.value(item, here + (i,))
+                check(item, here + (i,))
             return
         if not isinstance(args, dict):
             return
@@ -124,30 +112,29 @@ class _Checker:
                     modules = group.get("modules") if isinstance(group, dict) else None
                     if isinstance(modules, str) and lookup(modules) is None:
                         self.unknown(modules, here + (key, i, "modules"))
-            for (prefix, argument), rule in ARGUMENT_RULES.items():
-                if argument == key and (not prefix or (path and path[0] == prefix)):
-                    problem = _broken_rule(value, *rule)
-                    if problem:
-                        self.fail(path, f"{key} {problem}", here + (key,))
+            for (prefix, argument), (low, integer, what) in ARGUMENT_RULES.items():
+                if argument != key or (prefix and not (path and path[0] == prefix)):
+                    continue
+                if integer and (not is_int(value) or value < low):
+                    kind = "positive" if low == 1 else "non-negative"
+                    self.fail(path, f"{key} must be a {kind} integer, got {value!r} ({what})", here + (key,))
+                elif not integer and (not is_number(value) or not value >= low):
+                    self.fail(path, f"{key} must be a number >= {low:g}, got {value!r} ({what})", here + (key,))
             self.value(value, here + (key,))
 
     def value(self, value: Any, path: Tuple) -> None:
         """An argument's value: a nested spec (or a function the index knows), or a list or mapping of them."""
+        first = next(iter(value)) if isinstance(value, dict) and len(value) == 1 else None
+        entry = lookup(first) if isinstance(first, str) and first[:1].islower() else None
         if isinstance(value, list):
             for i, item in enumerate(value):
                 self.value(item, path + (i,))
-        elif is_object_spec(value) or (
-            isinstance(value, dict) and len(value) == 1 and self._function(next(iter(value)))
-        ):
+        elif is_object_spec(value) or (entry is not None and entry["kind"] == "function"):
             self.spec(value, path)
         elif isinstance(value, dict):
             for key, item in value.items():
                 if isinstance(key, str) and "~" not in key:
                     self.value(item, path + (key,))
-
-    def _function(self, name: Any) -> bool:
-        entry = lookup(name) if isinstance(name, str) and name[:1].islower() else None
-        return entry is not None and entry["kind"] == "function"
 
     def named_dataset(self, spec: Any) -> None:
         """Refuse a dataset by name (``{name, root, kwargs}``) whose new ``name`` was merged next to an earlier

@@ -44,18 +44,16 @@ def cache_dir() -> Optional[str]:
     return os.path.join(base, "pml_extensions")
 
 
-def _version(dist: str) -> Optional[str]:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 @functools.lru_cache(maxsize=None)
 def fingerprint() -> str:
     """A short hash of Python's and :data:`INDEXED_DISTRIBUTIONS`' versions and the path, size and modification time
     of every module of ``pml_extensions`` (importing none of them)."""
-    parts: List[Any] = [INDEX_VERSION, sys.version_info[:2], [(d, _version(d)) for d in INDEXED_DISTRIBUTIONS]]
+    parts: List[Any] = [INDEX_VERSION, sys.version_info[:2]]
+    for dist in INDEXED_DISTRIBUTIONS:
+        try:
+            parts.append((dist, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            parts.append((dist, None))
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for path in sorted(glob.glob(os.path.join(package, "**", "*.py"), recursive=True)):
         stat = os.stat(path)
@@ -72,13 +70,14 @@ def _forwards_kwargs(init) -> bool:
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.args.kwarg is None:
         return False
     for node in ast.walk(fn):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__":
-            owner = node.func.value
-            if (isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super") or isinstance(
-                owner, (ast.Name, ast.Attribute)
-            ):
-                if any(k.arg is None and getattr(k.value, "id", None) == fn.args.kwarg.arg for k in node.keywords):
-                    return True
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"):
+            continue
+        owner = node.func.value
+        by_super = isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super"
+        if (by_super or isinstance(owner, (ast.Name, ast.Attribute))) and any(
+            k.arg is None and getattr(k.value, "id", None) == fn.args.kwarg.arg for k in node.keywords
+        ):
+            return True
     return False
 
 
@@ -171,9 +170,8 @@ def build_index() -> Dict[str, Any]:
             continue
         for name in dir(module):
             obj = getattr(module, name, None)
-            if name.startswith("_") or name in objects or obj is None:
-                continue
-            if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
+            nameable = inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj)
+            if nameable and not name.startswith("_") and name not in objects:
                 objects[name] = obj
     for name, obj in registry.package_classes().items():  # what registry.discover() makes nameable
         objects.setdefault(name, obj)

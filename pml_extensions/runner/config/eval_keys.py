@@ -96,13 +96,11 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
     calculators = names_for_role("accuracy_calculator")
     if name not in calculators:
         raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
-    metrics = lookup(name).get("metrics")
-    if metrics is None:  # a calculator that cannot be built without arguments: PML checks the names itself
-        return name, kwargs
-    known = set(metrics) | {"mean_reciprocal_rank"}
+    metrics = lookup(name).get("metrics")  # None: a calculator that needs arguments; PML checks the names itself
+    known = set(metrics or ()) | {"mean_reciprocal_rank"}
     for key in ("include", "exclude"):
         for metric in kwargs.get(key) or ():
-            if metric not in known:
+            if metrics is not None and metric not in known:
                 raise ConfigError(f"{where}.{name}.{key}: unknown metric {metric!r}{nearest(metric, known)}")
     return name, kwargs
 
@@ -117,9 +115,7 @@ def aggregate(
             f"{where}.split_to_aggregate: only val is aggregated (the test split is evaluated by "
             f"the ensemble), got {settings['split_to_aggregate']!r}"
         )
-    if not fold_metrics:
-        return {}
-    common = set.intersection(*(set(m) for m in fold_metrics))
+    common = set.intersection(*(set(m) for m in fold_metrics)) if fold_metrics else set()
     return {m: float(sum(f[m] for f in fold_metrics) / len(fold_metrics)) for m in sorted(common)}
 
 

@@ -34,8 +34,7 @@ def check_no_search(config: Dict, sources: Optional[Dict[str, str]] = None) -> N
     found = find_search_markers(config)
     if not found:
         return
-    top = found[0].split(".")[0]
-    source = (sources or {}).get(top, "config")
+    source = (sources or {}).get(found[0].split(".")[0], "config")
     if importlib.util.find_spec("optuna") is not None:  # found without importing it
         reason = "search markers run an Optuna study only through `python -m pml_extensions run` (runner's search)"
     else:
@@ -184,11 +183,11 @@ def merge_config(
     if not os.path.isdir(config_root):
         raise ConfigError(f"{display_path(config_root)}: missing config folder")
     selection = dict(selection or {})
-    for folder in selection:
-        if folder not in CONFIG_FOLDERS:
-            raise ConfigError(
-                f"command line: --{folder}: unknown config folder; choose from {', '.join(CONFIG_FOLDERS)}"
-            )
+    unknown = [folder for folder in selection if folder not in CONFIG_FOLDERS]
+    if unknown:
+        raise ConfigError(
+            f"command line: --{unknown[0]}: unknown config folder; choose from {', '.join(CONFIG_FOLDERS)}"
+        )
     config: Dict[str, Any] = {}
     sources = Sources()
     variants: Dict[str, Any] = {}

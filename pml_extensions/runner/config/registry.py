@@ -12,6 +12,7 @@ Example::
     (True, True)
 """
 
+import contextlib
 import difflib
 import functools
 import importlib
@@ -141,11 +142,7 @@ def package_classes() -> Dict[str, Any]:
                 continue
         for module in modules:
             for name, obj in vars(module).items():
-                if (
-                    inspect.isclass(obj)
-                    and not name.startswith("_")
-                    and getattr(obj, "__module__", "").startswith(package_name)
-                ):
+                if inspect.isclass(obj) and not name.startswith("_") and obj.__module__.startswith(package_name):
                     found.setdefault(name, obj)
     return found
 
@@ -159,19 +156,16 @@ def discover() -> None:
             _REGISTRY[name] = (obj, None)
 
 
-def _forward_takes_embeddings(cls) -> bool:
-    """``forward(embeddings, labels, ...)`` like every PML loss."""
-    try:
-        params = list(inspect.signature(cls.forward).parameters)
-    except (TypeError, ValueError):
-        return False
-    return params[1:3] == ["embeddings", "labels"]
-
-
 def _role_test(role: str):
     import torch
     from pytorch_metric_learning import distances, losses, miners, reducers, testers, trainers
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    def _forward_takes_embeddings(cls) -> bool:  # forward(embeddings, labels, ...) like every PML loss
+        try:
+            return list(inspect.signature(cls.forward).parameters)[1:3] == ["embeddings", "labels"]
+        except (TypeError, ValueError):
+            return False
 
     if role == "loss":
         return lambda c: (
@@ -256,12 +250,9 @@ def classes_for_role(role: str, include_stock: bool = True, include_registered: 
             return
         if role in ROLE_PLACES and not any(module_name.startswith(p) for p in ROLE_PLACES[role]):
             return
-        try:
-            ok = test(obj)
-        except TypeError:
-            ok = False
-        if ok:
-            found[name] = obj
+        with contextlib.suppress(TypeError):
+            if test(obj):
+                found[name] = obj
 
     for name, obj in package_classes().items():
         consider(name, obj, obj.__module__)
