@@ -203,29 +203,15 @@ def merge_config(
                 variants.update(data.pop("variants") or {})
                 sources["variants"] = shown
             folder_config = merge(folder_config, data, shown)
-            for k in data:
-                sources[split_marker(k, shown)[0]] = shown
+            sources.update({split_marker(k, shown)[0]: shown for k in data})
             merged = merge(config, folder_config, display_path(os.path.join(config_root, folder)))
             sources.add_layer(shown, merged, data)  # the config after this file: Sources.of names a nested value's
         config = merged
     if variants:
         config["variants"] = variants
     file_keys = set(config)
-    if overrides:
-        given = list(overrides)
-        overrides, config = _variants_from_command_line(overrides, config)
-        config = merge(config, overrides, "command line")
-        for k in given:
-            sources[split_marker(k, "command line")[0]] = "command line"
-        sources.add_layer("command line", config, overrides)
-    sources.file_keys = file_keys
-    return config, sources
-
-
-def _variants_from_command_line(overrides: Dict[str, Any], config: Dict[str, Any]):
-    """``--variants`` changes, kept raw as the files' are: ``~OVERRIDE~`` replaces all, a mapping adds or replaces."""
-    rest, config = {}, dict(config)
-    for key, value in overrides.items():
+    rest = {}
+    for key, value in (overrides or {}).items():  # --variants changes are kept raw, as the files' variants are
         name, op, _ = split_marker(key, "command line")
         if name != "variants" or (op is None and not isinstance(value, dict)):
             rest[key] = value  # (--variants a b, names to keep, is the CLI's selection)
@@ -240,7 +226,12 @@ def _variants_from_command_line(overrides: Dict[str, Any], config: Dict[str, Any
         else:
             kept = {} if op == "OVERRIDE" else dict(config.get("variants") or {})
             config["variants"] = {**kept, **copy.deepcopy(value)}
-    return rest, config
+    if overrides:
+        config = merge(config, rest, "command line")
+        sources.update({split_marker(k, "command line")[0]: "command line" for k in overrides})
+        sources.add_layer("command line", config, rest)
+    sources.file_keys = file_keys
+    return config, sources
 
 
 def variant_configs(
