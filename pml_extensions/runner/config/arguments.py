@@ -1,31 +1,14 @@
-"""Every class name and every class's keyword arguments in a config, checked when the config is loaded (before any
-data is read or any model built), and the arguments that must be positive (:data:`ARGUMENT_RULES`).
-
-Object keys hold ``{ClassName: {kwargs}}`` specs, nested in each other and in lists; each class name must be one a
-config may use (:func:`pml_extensions.runner.config.registry.resolve`) and each keyword one the class takes
-(:func:`pml_extensions.runner.config.class_index.keyword_arguments`), looked up in the class index, so the check
-imports no torch. Every problem of one pass is reported together, each naming the file that set the value.
+"""Every class name and keyword argument of a config's ``{ClassName: {kwargs}}`` specs, checked at load time against
+the class index (no torch import), and :data:`ARGUMENT_RULES`; every problem of one pass is reported together.
 
 Example::
 
-    >>> from pml_extensions.runner.config.sources import Sources
-    >>> config = {"loss_funcs": {"metric_loss": {"XMLWrapper": {"xml_wieght": 0.1}}}}
-    >>> try:
-    ...     check_arguments(config, Sources({"loss_funcs": "command line"}))
-    ... except ValueError as e:
-    ...     print(str(e).split(": bad arguments: ")[1])
-    XMLWrapper takes no argument 'xml_wieght'; did you mean xml_weight?
     >>> config = {"loss_funcs": {"metric_loss": {"XMLWrapper": {"loss": {"ContrastivLoss": {}}}}}}
     >>> try:
-    ...     check_arguments(config, Sources({"loss_funcs": "command line"}))
+    ...     check_arguments(config, {"loss_funcs": "command line"})
     ... except ValueError as e:
     ...     print(e)
     command line: loss_funcs.metric_loss.XMLWrapper.loss: unknown class 'ContrastivLoss'; did you mean ContrastiveLoss?
-    >>> try:
-    ...     check_arguments({"sampler": {"MPerClassSampler": {"m": 0}}}, {"sampler": "command line"})
-    ... except ValueError as e:
-    ...     print(str(e).split(" (")[0])
-    command line: sampler: m must be a positive integer, got 0
 """
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -60,15 +43,6 @@ ARGUMENT_RULES: Dict[Tuple[str, str], Tuple[float, bool, str]] = {
 }
 
 
-def _broken_rule(value: Any, low: float, integer: bool, what: str) -> Optional[str]:
-    """Why ``value`` breaks its :data:`ARGUMENT_RULES` entry, or None."""
-    if integer and (not is_int(value) or value < low):
-        return f"must be a {'positive' if low == 1 else 'non-negative'} integer, got {value!r} ({what})"
-    if not integer and (not is_number(value) or not value >= low):
-        return f"must be a number >= {low:g}, got {value!r} ({what})"
-    return None
-
-
 class _Checker:
     def __init__(self, sources, suffix: str = "", known: Sequence[str] = ()):
         self.sources, self.suffix = sources, suffix
@@ -78,17 +52,14 @@ class _Checker:
         self.known = set(known)
 
     def fail(self, path: Tuple, message: str, source_path: Optional[Tuple] = None) -> None:
-        """Record ``"<source of source_path (default path)>: <path>: <message>"``."""
         self.record(f"{source_of(self.sources, source_path or path)}: {key_path(path)}: {message}")
 
     def record(self, line: str) -> None:
-        """Keep ``line`` (with the variant's suffix) unless it is known or found already."""
         if line not in self.known and line + self.suffix not in self.found:
             self.found.append(line + self.suffix)
 
     def unknown(self, name: str, here: Tuple) -> bool:
-        """Record ``unknown class 'X'; did you mean Y?`` when no module a config may use defines ``name`` (the class
-        index first, then the registry's own search, which imports the modules, for a name the index lacks)."""
+        """Record ``unknown class 'X'; did you mean Y?`` when :func:`resolve` (which imports) cannot find ``name``."""
         try:
             resolve(name)
         except ConfigError:
@@ -97,7 +68,7 @@ class _Checker:
         return False
 
     def spec(self, spec: Any, path: Tuple) -> None:
-        """Check one spec, a place that must hold an object (a lower-case name is a function), or a list of them."""
+        """Check one spec (a lower-case name is a function), or a list of them."""
         if isinstance(spec, list):
             for i, item in enumerate(spec):
                 self.spec(item, path + (i,))
@@ -122,13 +93,10 @@ class _Checker:
             if self.unknown(name, here):
                 self.value(args, here)  # the names inside it too, in the same pass
             return
-        if name == "Sequential" and isinstance(args, list):
-            for i, item in enumerate(args):
-                self.spec(item, here + (i,))
-            return
         if isinstance(args, list):
+            check = self.spec if name == "Sequential" else self.value
             for i, item in enumerate(args):
-                self.value(item, here + (i,))
+                check(item, here + (i,))
             return
         if not isinstance(args, dict):
             return
@@ -144,36 +112,33 @@ class _Checker:
                     modules = group.get("modules") if isinstance(group, dict) else None
                     if isinstance(modules, str) and lookup(modules) is None:
                         self.unknown(modules, here + (key, i, "modules"))
-            for (prefix, argument), rule in ARGUMENT_RULES.items():
-                if argument == key and (not prefix or (path and path[0] == prefix)):
-                    problem = _broken_rule(value, *rule)
-                    if problem:
-                        self.fail(path, f"{key} {problem}", here + (key,))
+            for (prefix, argument), (low, integer, what) in ARGUMENT_RULES.items():
+                if argument != key or (prefix and not (path and path[0] == prefix)):
+                    continue
+                if integer and (not is_int(value) or value < low):
+                    kind = "positive" if low == 1 else "non-negative"
+                    self.fail(path, f"{key} must be a {kind} integer, got {value!r} ({what})", here + (key,))
+                elif not integer and (not is_number(value) or not value >= low):
+                    self.fail(path, f"{key} must be a number >= {low:g}, got {value!r} ({what})", here + (key,))
             self.value(value, here + (key,))
 
     def value(self, value: Any, path: Tuple) -> None:
-        """An argument's value: a nested spec (upper-case class, or a lower-case function the index knows), a list or
-        a mapping of them (the builder builds every spec inside them); other values are data."""
+        """An argument's value: a nested spec (or a function the index knows), or a list or mapping of them."""
+        first = next(iter(value)) if isinstance(value, dict) and len(value) == 1 else None
+        entry = lookup(first) if isinstance(first, str) and first[:1].islower() else None
         if isinstance(value, list):
             for i, item in enumerate(value):
                 self.value(item, path + (i,))
-        elif is_object_spec(value) or (
-            isinstance(value, dict) and len(value) == 1 and self._function(next(iter(value)))
-        ):
+        elif is_object_spec(value) or (entry is not None and entry["kind"] == "function"):
             self.spec(value, path)
         elif isinstance(value, dict):
             for key, item in value.items():
                 if isinstance(key, str) and "~" not in key:
                     self.value(item, path + (key,))
 
-    def _function(self, name: Any) -> bool:
-        entry = lookup(name) if isinstance(name, str) and name[:1].islower() else None
-        return entry is not None and entry["kind"] == "function"
-
     def named_dataset(self, spec: Any) -> None:
         """Refuse a dataset by name (``{name, root, kwargs}``) whose new ``name`` was merged next to an earlier
-        file's ``kwargs`` or ``root``, as :func:`pml_extensions.runner.config.pb_keys.check_single_class` refuses
-        two merged classes."""
+        file's ``kwargs`` or ``root``."""
         if not (isinstance(spec, dict) and isinstance(spec.get("name"), str)) or is_object_spec(spec):
             return
         new = source_of(self.sources, ("dataset", "name"))
@@ -203,18 +168,6 @@ class _Checker:
             ("dataset", "name"),
         )
 
-    def tester(self, config: Dict[str, Any]) -> bool:
-        """The tester through the builder's own check (:func:`tester_spec`); False when it refused (its line is
-        recorded), so the generic check does not name the same problem again."""
-        if find_search_markers({"tester": config.get("tester")}):
-            return True
-        try:
-            tester_spec(config, self.sources)
-        except ConfigError as e:
-            self.record(str(e).splitlines()[0])
-            return False
-        return True
-
     def config(self, config: Dict[str, Any]) -> None:
         self.named_dataset(config.get("dataset"))
         for key in NAMED_SPEC_KEYS:
@@ -224,8 +177,12 @@ class _Checker:
                     self.spec(spec, (key, name))
         for key in ONE_SPEC_KEYS:
             value = config.get(key)
-            if key == "tester" and value is not None and not self.tester(config):
-                continue
+            if key == "tester" and value is not None and not find_search_markers({"tester": value}):
+                try:  # the builder's own check first; when it refuses, the generic one would name the same problem
+                    tester_spec(config, self.sources)
+                except ConfigError as e:
+                    self.record(str(e).splitlines()[0])
+                    continue
             if is_object_spec(value) or (key != "dataset" and isinstance(value, dict) and len(value) == 1):
                 self.spec(value, (key,))
         transforms = config.get("transforms")
@@ -239,8 +196,7 @@ class _Checker:
 
 
 def check_arguments(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-    """Check the config and each of its variants as the module docstring says; ConfigError (ConfigProblems when
-    there are several) with one line per problem."""
+    """Check the config and each of its variants; ConfigError (ConfigProblems for several), one line per problem."""
     checker = _Checker(sources)
     checker.config(config)
     found = list(checker.found)

@@ -1,11 +1,7 @@
-"""The index of every name a config may use, with the keyword arguments each takes, so the config layer checks a
-config without importing torch (``--dry-run``, ``--list`` and a config error answer at once).
-
-For every name :func:`pml_extensions.runner.config.registry.resolve` finds, the index records the module, the kind,
-the keyword arguments (:func:`keyword_arguments`), the roles, each tester's arguments and each accuracy calculator's
-metric names. It is built by importing everything once and kept as JSON in the cache folder (:func:`cache_dir`),
-under a name that fingerprints the installed torch, torchvision and PML versions and the package's own files.
-Classes registered in this process are read live.
+"""The index of every name a config may use and the keyword arguments each takes, so that the config layer checks a
+config without importing torch (``--dry-run``, ``--list`` and config errors answer at once). It is built once by
+importing everything and kept as JSON in :func:`cache_dir`, under a :func:`fingerprint` of the installed versions and
+the package's files; classes registered in this process are read live.
 
 Example::
 
@@ -16,28 +12,31 @@ Example::
 
 import ast
 import functools
+import glob
 import hashlib
 import importlib
 import inspect
 import json
 import os
 import sys
-import tempfile
 import textwrap
 from importlib import metadata
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...utils.atomic_io import atomic_write_json
 from . import registry
 
 #: bump when the index's layout changes
 INDEX_VERSION = 1
 #: distributions whose versions decide which classes and signatures exist
 INDEXED_DISTRIBUTIONS = ("torch", "torchvision", "pytorch-metric-learning")
+#: tester arguments the runner passes itself
+_TESTER_INTERNAL = "self data_device dtype end_of_testing_hook dataset_labels data_and_label_getter visualizer_hook"
 
 
 def cache_dir() -> Optional[str]:
-    """``$PML_EXTENSIONS_CACHE_DIR``, else ``$XDG_CACHE_HOME/pml_extensions``, else ``~/.cache/pml_extensions``
-    (None: memory only, ``PML_EXTENSIONS_CACHE_DIR=none``)."""
+    """``$PML_EXTENSIONS_CACHE_DIR`` (``none``: memory only), else ``$XDG_CACHE_HOME/pml_extensions``, else
+    ``~/.cache/pml_extensions``."""
     folder = os.environ.get("PML_EXTENSIONS_CACHE_DIR")
     if folder is not None:
         return None if folder.strip().lower() in ("", "none", "off") else folder
@@ -47,8 +46,8 @@ def cache_dir() -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def fingerprint() -> str:
-    """A short hash of Python's version, :data:`INDEXED_DISTRIBUTIONS`' versions and the path, size and modification
-    time of every module of ``pml_extensions`` (computed once per process, importing none of them)."""
+    """A short hash of Python's and :data:`INDEXED_DISTRIBUTIONS`' versions and the path, size and modification time
+    of every module of ``pml_extensions`` (importing none of them)."""
     parts: List[Any] = [INDEX_VERSION, sys.version_info[:2]]
     for dist in INDEXED_DISTRIBUTIONS:
         try:
@@ -56,34 +55,29 @@ def fingerprint() -> str:
         except metadata.PackageNotFoundError:
             parts.append((dist, None))
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for folder, dirs, files in os.walk(package):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith(".py"):
-                stat = os.stat(os.path.join(folder, name))
-                parts.append((os.path.relpath(os.path.join(folder, name), package), stat.st_size, stat.st_mtime_ns))
+    for path in sorted(glob.glob(os.path.join(package, "**", "*.py"), recursive=True)):
+        stat = os.stat(path)
+        parts.append((os.path.relpath(path, package), stat.st_size, stat.st_mtime_ns))
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
 
 
 def _forwards_kwargs(init) -> bool:
-    """True when ``init``'s source passes its ``**kwargs`` to a base class (``super().__init__(..., **kwargs)`` or
-    ``Base.__init__(self, ..., **kwargs)``)."""
+    """True when ``init`` passes its ``**kwargs`` to ``super().__init__`` or ``Base.__init__``."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
-    except (OSError, TypeError, SyntaxError):
+        fn = ast.parse(textwrap.dedent(inspect.getsource(init))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
         return False
-    fn = tree.body[0] if tree.body else None
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.args.kwarg is None:
         return False
-    name = fn.args.kwarg.arg
     for node in ast.walk(fn):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__":
-            owner = node.func.value
-            if (isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super") or isinstance(
-                owner, (ast.Name, ast.Attribute)
-            ):
-                if any(k.arg is None and getattr(k.value, "id", None) == name for k in node.keywords):
-                    return True
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"):
+            continue
+        owner = node.func.value
+        by_super = isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super"
+        if (by_super or isinstance(owner, (ast.Name, ast.Attribute))) and any(
+            k.arg is None and getattr(k.value, "id", None) == fn.args.kwarg.arg for k in node.keywords
+        ):
+            return True
     return False
 
 
@@ -134,26 +128,16 @@ def keyword_arguments(obj: Any) -> Dict[str, Any]:
 
 
 def tester_params(cls=None) -> Tuple[str, ...]:
-    """The keyword arguments a tester class takes: PML's ``BaseTester`` ones and those of every class between
-    ``cls`` and it (e.g. :class:`pml_extensions.testers.AsymmetricTester`'s reference models), less the ones the
+    """The keyword arguments of PML's ``BaseTester`` and of every class between ``cls`` and it, less the ones the
     runner passes itself, plus PB's ``reference_set``."""
     from pytorch_metric_learning.testers import BaseTester
 
-    internal = {
-        "self",
-        "data_device",
-        "dtype",
-        "end_of_testing_hook",
-        "dataset_labels",
-        "data_and_label_getter",
-        "visualizer_hook",
-    }
     names = list(inspect.signature(BaseTester.__init__).parameters)
     for klass in getattr(cls, "__mro__", ()):
         init = vars(klass).get("__init__") if klass is not object else None
         if init is not None:
             names += _named(inspect.signature(init).parameters.values())
-    return tuple(dict.fromkeys(p for p in names if p not in internal)) + ("reference_set",)
+    return tuple(dict.fromkeys(p for p in names if p not in _TESTER_INTERNAL.split())) + ("reference_set",)
 
 
 def _role_extras(obj: Any, role: Optional[str]) -> Dict[str, Any]:
@@ -171,11 +155,8 @@ def _role_extras(obj: Any, role: Optional[str]) -> Dict[str, Any]:
 def describe(obj: Any) -> Dict[str, Any]:
     """The index entry of one class or function: ``module``, ``kind`` (``class`` / ``function``), ``params``,
     ``open`` (:func:`keyword_arguments`)."""
-    return {
-        "module": getattr(obj, "__module__", "") or "",
-        "kind": "class" if inspect.isclass(obj) else "function",
-        **keyword_arguments(obj),
-    }
+    kind = "class" if inspect.isclass(obj) else "function"
+    return {"module": getattr(obj, "__module__", "") or "", "kind": kind, **keyword_arguments(obj)}
 
 
 def build_index() -> Dict[str, Any]:
@@ -189,9 +170,8 @@ def build_index() -> Dict[str, Any]:
             continue
         for name in dir(module):
             obj = getattr(module, name, None)
-            if name.startswith("_") or name in objects or obj is None:
-                continue
-            if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
+            nameable = inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj)
+            if nameable and not name.startswith("_") and name not in objects:
                 objects[name] = obj
     for name, obj in registry.package_classes().items():  # what registry.discover() makes nameable
         objects.setdefault(name, obj)
@@ -205,56 +185,39 @@ def build_index() -> Dict[str, Any]:
     return {"names": names, "roles": roles}
 
 
-def _write(path: str, index: Dict[str, Any]) -> None:
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(index, f)
-        os.replace(tmp, path)
-    except OSError:  # an unwritable cache folder only costs the next process the build
-        pass
-
-
 @functools.lru_cache(maxsize=None)
 def index() -> Dict[str, Any]:
     """The index: the cache file of this :func:`fingerprint`, else built (and saved); kept for the process."""
     folder = cache_dir()
     path = os.path.join(folder, f"class_index-{fingerprint()}.json") if folder else None
-    data = None
-    if path and os.path.isfile(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            data = None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, TypeError, ValueError):  # no cache folder, no file yet, or a broken one
+        data = None
     if not (isinstance(data, dict) and "names" in data and "roles" in data):
         data = build_index()
-        if path:
-            _write(path, data)
+        try:
+            if path:
+                atomic_write_json(path, data, indent=None)
+        except OSError:  # an unwritable cache folder only costs the next process the build
+            pass
     return data
 
 
-def _registered(name: str) -> Optional[Dict[str, Any]]:
-    """The entry of a class registered in this process (None when ``name`` is not registered)."""
+def lookup(name: str) -> Optional[Dict[str, Any]]:
+    """The entry of ``name`` (:func:`describe`), a class registered in this process first; None when no module a
+    config may use defines it."""
     if name not in registry._REGISTRY:
-        return None
+        return index()["names"].get(name)
     obj, role = registry._REGISTRY[name]
     if inspect.isclass(obj) and any(k.__name__ == "BaseTester" for k in inspect.getmro(obj)):
         role = "tester"  # registered without its role
     return {**describe(obj), **_role_extras(obj, role)}
 
 
-def lookup(name: str) -> Optional[Dict[str, Any]]:
-    """The entry of ``name`` (:func:`describe`, with ``tester_params`` / ``metrics`` for testers and accuracy
-    calculators), a class registered in this process first; None when no module a config may use defines it."""
-    return _registered(name) or index()["names"].get(name)
-
-
 def names_for_role(role: str) -> Dict[str, str]:
-    """name -> module of the classes listed under ``role`` (as
-    :func:`pml_extensions.runner.config.registry.classes_for_role`), the ones registered in this process with that
-    role first."""
+    """name -> module of the classes listed under ``role``, the ones registered in this process with it first."""
     out = {n: getattr(o, "__module__", "") or "" for n, (o, r) in registry._REGISTRY.items() if r == role}
     for name, module in index()["roles"].get(role, {}).items():
         out.setdefault(name, module)

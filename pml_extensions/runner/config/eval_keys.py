@@ -1,5 +1,5 @@
-"""PB v0.9.33's evaluation keys (``tester``, its ``accuracy_calculator``, ``aggregator``, ``ensemble``) and the
-helpers :mod:`pml_extensions.runner.config.pb_keys` shares: each value is honoured as in PB or refused with one line.
+"""PB v0.9.33's evaluation keys (``tester``, its ``accuracy_calculator``, ``aggregator``, ``ensemble``), honoured as
+in PB or refused with one line.
 
 Example::
 
@@ -41,7 +41,7 @@ def _check_kwargs(where: str, kwargs: Dict, allowed: Sequence[str]) -> None:
 
 
 def _settings(config: Dict[str, Any], key: str, sources, default: str, defaults: Dict[str, Any]):
-    """``(where, defaults updated by the arguments)`` of a PB key whose only class here is ``default``."""
+    """``(where, defaults updated by the arguments)`` of a key whose only class here is ``default``."""
     name, kwargs = one_spec(config.get(key), _where(sources, key), default)
     where = f"{_where(sources, key)}.{name}"
     if name in _PB_ONLY.get(key, ()):
@@ -53,8 +53,7 @@ def _settings(config: Dict[str, Any], key: str, sources, default: str, defaults:
 
 
 def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
-    """``tester``'s class and checked arguments (``reference_set`` removed: only ``compared_to_self``; no
-    ``visualizer``); ConfigError for anything else, the ``accuracy_calculator`` included."""
+    """``tester``'s class and checked arguments (``reference_set`` and ``visualizer`` removed)."""
     name, kwargs = one_spec(config.get("tester"), _where(sources, "tester"), _TESTER)
     where = f"{_where(sources, 'tester')}.{name}"
     testers = names_for_role("tester")
@@ -87,8 +86,7 @@ def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None
 
 
 def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple[str, Dict[str, Any]]:
-    """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")`` as in the MLRC
-    paper); ConfigError for an unknown class or an ``include``/``exclude`` metric PML does not compute."""
+    """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")``, the MLRC paper's)."""
     spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
     where = f"{where}.accuracy_calculator"
     if not (isinstance(spec, dict) and len(spec) == 1):
@@ -98,13 +96,11 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
     calculators = names_for_role("accuracy_calculator")
     if name not in calculators:
         raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
-    metrics = lookup(name).get("metrics")
-    if metrics is None:  # a calculator that cannot be built without arguments: PML checks the names itself
-        return name, kwargs
-    known = set(metrics) | {"mean_reciprocal_rank"}
+    metrics = lookup(name).get("metrics")  # None: a calculator that needs arguments; PML checks the names itself
+    known = set(metrics or ()) | {"mean_reciprocal_rank"}
     for key in ("include", "exclude"):
         for metric in kwargs.get(key) or ():
-            if metric not in known:
+            if metrics is not None and metric not in known:
                 raise ConfigError(f"{where}.{name}.{key}: unknown metric {metric!r}{nearest(metric, known)}")
     return name, kwargs
 
@@ -112,23 +108,19 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
 def aggregate(
     config: Dict[str, Any], fold_metrics: Sequence[Dict[str, float]], sources: Optional[Dict[str, str]] = None
 ) -> Dict[str, float]:
-    """``aggregator: {MeanAggregator: {split_to_aggregate: val}}``: the mean over folds (``fold_metrics``: one
-    ``{metric: value}`` each, at its best validation epoch) — PB's single number per experiment."""
+    """``aggregator``: the mean of each metric over the folds' ``fold_metrics`` (at each one's best epoch)."""
     where, settings = _settings(config, "aggregator", sources, "MeanAggregator", {"split_to_aggregate": "val"})
     if settings["split_to_aggregate"] != "val":
         raise ConfigError(
             f"{where}.split_to_aggregate: only val is aggregated (the test split is evaluated by "
             f"the ensemble), got {settings['split_to_aggregate']!r}"
         )
-    if not fold_metrics:
-        return {}
-    common = set.intersection(*(set(m) for m in fold_metrics))
+    common = set.intersection(*(set(m) for m in fold_metrics)) if fold_metrics else set()
     return {m: float(sum(f[m] for f in fold_metrics) / len(fold_metrics)) for m in sorted(common)}
 
 
 def ensemble_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, bool]:
-    """``ensemble: {ConcatenateEmbeddings: {normalize_embeddings, use_trunk_output}}`` (PB's defaults: True,
-    False): whether each fold's embeddings are L2-normalised, and whether the trunk output is concatenated."""
+    """``ensemble``'s ConcatenateEmbeddings arguments with PB's defaults."""
     where, out = _settings(config, "ensemble", sources, "ConcatenateEmbeddings", _DEFAULT_ENSEMBLE)
     for k, v in out.items():
         if not isinstance(v, bool):

@@ -1,11 +1,5 @@
-"""Every powerful-benchmarker (PB v0.9.33) config value: honoured or refused, with one line naming the key.
-
-The protocol that reads PB configs calls :func:`check_values` when the config is loaded, so a run never starts with a
-value it would ignore, and reads the honoured values through the accessors below (:func:`split_settings`,
-:func:`primary_metric`, :func:`aggregate`, :func:`ensemble_settings`, ...).
-
-A value is honoured as in PB or stops the run with one line naming the key and why (e.g. ``reference_set:
-compared_to_training_set``: this runner compares each split to itself); docs/configs.md tabulates the defaults.
+"""Every powerful-benchmarker (PB v0.9.33) config value, honoured as in PB or refused with one line naming the key
+(:func:`check_values`, at load time); docs/configs.md tabulates the defaults.
 
 Example::
 
@@ -21,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
+from .arguments import NAMED_SPEC_KEYS, ONE_SPEC_KEYS
 from .eval_keys import _settings, _where, aggregate, ensemble_settings, tester_spec  # noqa: F401  (re-exported)
 from .sources import merged_next_to, source_of
 from .syntax import merge
@@ -56,8 +51,7 @@ _FLAGS = {
 
 
 def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (ours: ``test_classes``, the test
-    classes by name or label, instead of ``test_size`` / ``test_start_idx``); ConfigError for any other value."""
+    """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (plus ours, ``test_classes``)."""
     where, out = _settings(config, "split_manager", sources, "ClassDisjointSplitManager", _DEFAULT_SPLIT)
     for k in ("test_size", "test_start_idx"):
         v = out[k]
@@ -89,8 +83,7 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 
 def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tuple[Any, Any]]:
-    """``item -> (data, label)``: ``item[0], item[1]`` for ``None``, else ``item[keys[0]], item[keys[1]]`` (PB's
-    ``data_and_label_getter_keys``); the getter raises ConfigError when string keys meet a tuple.
+    """``item -> (data, label)`` for PB's ``data_and_label_getter_keys`` (None: ``item[0], item[1]``).
 
     Example::
 
@@ -113,7 +106,7 @@ def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tupl
 
 
 def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSplitManager.hierarchy_level"):
-    """Column ``level`` of ``[N, L]`` labels (``[N]`` labels have only level 0); ConfigError for a level they lack."""
+    """Column ``level`` of ``[N, L]`` labels (``[N]`` labels have only level 0)."""
     import numpy as np
 
     labels = np.asarray(labels)
@@ -127,7 +120,7 @@ def label_level(labels, level: int, where: str = "split_manager.ClassDisjointSpl
 
 
 def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> List[str]:
-    """PB's ``splits_to_eval`` (default ``[val]``): a subset of ``[train, val]`` holding the validation split."""
+    """PB's ``splits_to_eval`` (default ``[val]``)."""
     splits = config.get("splits_to_eval", ["val"])
     where = _where(sources, "splits_to_eval")
     val = hook_settings(config, sources)["validation_split_name"]
@@ -140,8 +133,7 @@ def splits_to_eval(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 
 def hook_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """``hook_container``'s HookContainer arguments with PB's defaults (``validation_split_name: val`` and
-    ``save_models: true`` only)."""
+    """``hook_container``'s HookContainer arguments with PB's defaults."""
     where, out = _settings(config, "hook_container", sources, "HookContainer", _DEFAULT_HOOKS)
     if not isinstance(out["primary_metric"], str):
         raise ConfigError(f"{where}.primary_metric: expected a metric name, got {out['primary_metric']!r}")
@@ -155,13 +147,12 @@ def hook_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = No
 
 
 def primary_metric(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> str:
-    """``hook_container.HookContainer.primary_metric`` (default MAP@R): the metric that selects the best epoch."""
+    """The metric that selects the best epoch (default MAP@R)."""
     return hook_settings(config, sources)["primary_metric"]
 
 
 def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = None) -> Any:
-    """A ``config_general`` flag of :data:`_FLAGS` (PB's default when absent), refused with one line when its
-    value would change the run in a way this runner does not implement."""
+    """A ``config_general`` flag of :data:`_FLAGS` (PB's default when absent)."""
     default, allowed, reason = _FLAGS[key]
     value = config.get(key, default)
     where = _where(sources, key)
@@ -179,8 +170,7 @@ def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = N
 
 
 def record_keeper_options(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
-    """Keyword arguments for record-keeper from the flags: ``{"save_lists": save_lists_in_db,
-    "tensorboard_writer": SummaryWriter(<folder>/tensorboard) or None}``."""
+    """record-keeper's ``save_lists`` and ``tensorboard_writer`` (None unless ``log_data_to_tensorboard``)."""
     writer = None
     if flag(config, "log_data_to_tensorboard", sources):
         from torch.utils.tensorboard import SummaryWriter
@@ -190,8 +180,7 @@ def record_keeper_options(config: Dict[str, Any], folder: str, sources: Optional
 
 
 def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Dict[str, str]] = None):
-    """PB's ``skip_ensemble_eval_if_already_done``: the saved test numbers (``results.json["test"]``) when the
-    flag is true and they exist, else None (compute them)."""
+    """PB's ``skip_ensemble_eval_if_already_done``: the saved ``results.json["test"]``, else None."""
     path = os.path.join(folder, "results.json")
     if not flag(config, "skip_ensemble_eval_if_already_done", sources) or not os.path.isfile(path):
         return None
@@ -199,26 +188,15 @@ def reuse_test_results(config: Dict[str, Any], folder: str, sources: Optional[Di
         return json.load(f).get("test")
 
 
-DEFAULT_FACTORIES = {
-    "model": "ModelFactory",
-    "loss": "LossFactory",
-    "miner": "MinerFactory",
-    "sampler": "SamplerFactory",
-    "optimizer": "OptimizerFactory",
-    "tester": "TesterFactory",
-    "trainer": "TrainerFactory",
-    "transform": "TransformFactory",
-    "split_manager": "SplitManagerFactory",
-    "record_keeper": "RecordKeeperFactory",
-    "hook": "HookFactory",
-    "aggregator": "AggregatorFactory",
-    "ensemble": "EnsembleFactory",
-}
+#: PB's factory roles -> their default factory (``split_manager`` -> ``SplitManagerFactory``)
+_FACTORY_ROLES = (
+    "model loss miner sampler optimizer tester trainer transform split_manager record_keeper hook aggregator ensemble"
+).split()
+DEFAULT_FACTORIES = {role: "".join(w.title() for w in role.split("_")) + "Factory" for role in _FACTORY_ROLES}
 
 
 def check_factories(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-    """PB's ``factories``: only the default factory of each role (a custom factory is a class this runner cannot
-    call)."""
+    """PB's ``factories``: only the default factory of each role."""
     for role, spec in (config.get("factories") or {}).items():
         where = _where(sources, f"factories.{role}")
         if role not in DEFAULT_FACTORIES:
@@ -234,8 +212,7 @@ def check_factories(config: Dict[str, Any], sources: Optional[Dict[str, str]] = 
 
 
 def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-    """Check every PB key of a powerful-benchmarker config at load time (before any training): honoured values
-    pass, the others stop the run with one line naming the key and why."""
+    """Check every PB key at load time (before any training)."""
     check_single_class(config, sources)
     check_factories(config, sources)
     for name, variant in (config.get("variants") or {}).items():
@@ -250,23 +227,8 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
     ensemble_settings(config, sources)
 
 
-_ONE_CLASS = (
-    "dataset",
-    "trainer",
-    "sampler",
-    "tester",
-    "accuracy_calculator",
-    "split_manager",
-    "aggregator",
-    "ensemble",
-    "hook_container",
-)
-_ONE_CLASS_EACH = ("loss_funcs", "mining_funcs", "optimizers", "models")
-
-
 def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -> None:
-    """An object spec names one class: PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both; here
-    it is an error pointing at ``~OVERRIDE~`` that names where each class came from."""
+    """PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both; here an error naming ``~OVERRIDE~``."""
 
     def check(key, spec):
         if not isinstance(spec, dict) or len(spec) < 2:
@@ -291,8 +253,8 @@ def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -
             + merged_next_to(new_text, newest, old_text, (origin[k] for k in old), path[-1])
         )
 
-    for key in _ONE_CLASS:
+    for key in ONE_SPEC_KEYS + ("split_manager", "aggregator", "ensemble", "hook_container"):
         check(key, config.get(key))
-    for key in _ONE_CLASS_EACH:
+    for key in NAMED_SPEC_KEYS:
         for name, spec in (config.get(key) or {}).items() if isinstance(config.get(key), dict) else ():
             check(f"{key}.{name}", spec)

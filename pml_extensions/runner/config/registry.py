@@ -1,9 +1,5 @@
-"""The one registry: every name a config may use, the one store of user registrations, and the role of each class.
-
-:func:`resolve` turns a config's class name into the class (or factory function): first the user registrations
-(:func:`register`, also a decorator), then a fixed list of modules only (:data:`SEARCH_MODULES`), so a config can
-never import an arbitrary path. :func:`classes_for_role` sorts the classes of ``pml_extensions`` (scanned module by
-module) and of PML, torch and torchvision by what they are (a PML loss is a ``loss``, a ``BaseTester`` a ``tester``).
+"""The names a config may use (:func:`resolve`: user registrations, then :data:`SEARCH_MODULES` only, never an
+arbitrary import path) and the role of each class (:func:`classes_for_role`, by base class, not by name).
 
 Example::
 
@@ -16,6 +12,7 @@ Example::
     (True, True)
 """
 
+import contextlib
 import difflib
 import functools
 import importlib
@@ -27,8 +24,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from ..errors import ConfigError
 from .specs import nearest
 
-#: the one store of user registrations: config name -> (class or callable, role or None); written only by
-#: :func:`register` and :func:`discover`
+#: user registrations: config name -> (class or callable, role or None); written by :func:`register`, :func:`discover`
 _REGISTRY: Dict[str, Tuple[Any, Optional[str]]] = {}
 
 #: searched in this order by :func:`resolve`; the first module that has the name wins (ours shadow nothing: PML
@@ -61,7 +57,7 @@ SEARCH_MODULES = (
 )
 
 
-#: the roles (:data:`ROLES`, in this order) and the modules scanned for each, ours first
+#: the roles and the modules scanned for each, ours first
 ROLE_MODULES: Dict[str, tuple] = {
     "loss": ("pml_extensions.losses", "pytorch_metric_learning.losses"),
     "miner": ("pytorch_metric_learning.miners",),
@@ -96,8 +92,7 @@ ROLE_PLACES = {role: ROLE_MODULES[role] for role in ("model", "regularizer", "tr
 
 
 def resolve(name: str, where: str = "config") -> Any:
-    """The class or function called ``name``: a user registration, else the first of :data:`SEARCH_MODULES`
-    that defines it.
+    """The class or function called ``name``: a registration, else the first of :data:`SEARCH_MODULES` defining it.
 
     Raises:
         ConfigError: ``"<where>: unknown class 'X' (searched ...)"`` if no allowed module defines ``name``.
@@ -119,7 +114,7 @@ def resolve(name: str, where: str = "config") -> Any:
 
 
 def _nearest_name(name: str, known: Iterable[str] = ()) -> str:
-    """``"; did you mean X?"`` (any case) from ``known``, the registrations and the search modules already imported."""
+    """``"; did you mean X?"`` from ``known``, the registrations and the search modules already imported."""
     names = set(_REGISTRY) | set(known)
     for module_name in SEARCH_MODULES:
         module = sys.modules.get(module_name)
@@ -130,8 +125,7 @@ def _nearest_name(name: str, known: Iterable[str] = ()) -> str:
 
 @functools.lru_cache(maxsize=None)
 def package_classes() -> Dict[str, Any]:
-    """Every public class defined in a module of :data:`SCANNED_PACKAGES` (name -> class), scanned once per process;
-    modules that fail to import are skipped."""
+    """name -> every public class defined in a module of :data:`SCANNED_PACKAGES` (those that import)."""
     found: Dict[str, Any] = {}
     for package_name in SCANNED_PACKAGES:
         try:
@@ -148,18 +142,13 @@ def package_classes() -> Dict[str, Any]:
                 continue
         for module in modules:
             for name, obj in vars(module).items():
-                if (
-                    inspect.isclass(obj)
-                    and not name.startswith("_")
-                    and getattr(obj, "__module__", "").startswith(package_name)
-                ):
+                if inspect.isclass(obj) and not name.startswith("_") and obj.__module__.startswith(package_name):
                     found.setdefault(name, obj)
     return found
 
 
 def discover() -> None:
-    """Make every class of :func:`package_classes` that :func:`resolve` cannot find (not re-exported yet) available
-    to configs."""
+    """Make the classes of :func:`package_classes` that :func:`resolve` cannot find (not re-exported) nameable."""
     for name, obj in package_classes().items():
         try:
             resolve(name)
@@ -167,20 +156,16 @@ def discover() -> None:
             _REGISTRY[name] = (obj, None)
 
 
-def _forward_takes_embeddings(cls) -> bool:
-    """Capability check (not a name list): ``forward(embeddings, labels, ...)`` like every PML loss."""
-    try:
-        params = list(inspect.signature(cls.forward).parameters)
-    except (TypeError, ValueError):
-        return False
-    return params[1:3] == ["embeddings", "labels"]
-
-
 def _role_test(role: str):
-    """A predicate telling whether a class plays ``role`` (by base class, not by name)."""
     import torch
     from pytorch_metric_learning import distances, losses, miners, reducers, testers, trainers
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    def _forward_takes_embeddings(cls) -> bool:  # forward(embeddings, labels, ...) like every PML loss
+        try:
+            return list(inspect.signature(cls.forward).parameters)[1:3] == ["embeddings", "labels"]
+        except (TypeError, ValueError):
+            return False
 
     if role == "loss":
         return lambda c: (
@@ -219,9 +204,7 @@ def _check_role(role: str) -> None:
 
 
 def register(obj: Any = None, *, role: Optional[str] = None, name: Optional[str] = None):
-    """Make a class (or factory function) available under ``role`` and to configs as ``name``.
-
-    Usable as ``register(MyLoss, role="loss")`` or as a decorator ``@register(role="loss")``.
+    """Make a class (or factory function) available under ``role`` and to configs as ``name`` (also a decorator).
 
     Args:
         obj: the class or callable.
@@ -253,8 +236,7 @@ def classes_for_role(role: str, include_stock: bool = True, include_registered: 
         include_registered: also list this process's :func:`register` calls (False for the class index).
 
     Returns:
-        name -> class: user registrations first, then every class defined in ``pml_extensions`` (exported or not),
-        then the stock modules of :data:`ROLE_MODULES`.
+        name -> class: registrations, then every class of ``pml_extensions``, then the stock :data:`ROLE_MODULES`.
 
     Raises:
         ValueError: on an unknown role.
@@ -268,12 +250,9 @@ def classes_for_role(role: str, include_stock: bool = True, include_registered: 
             return
         if role in ROLE_PLACES and not any(module_name.startswith(p) for p in ROLE_PLACES[role]):
             return
-        try:
-            ok = test(obj)
-        except TypeError:
-            ok = False
-        if ok:
-            found[name] = obj
+        with contextlib.suppress(TypeError):
+            if test(obj):
+                found[name] = obj
 
     for name, obj in package_classes().items():
         consider(name, obj, obj.__module__)
@@ -296,8 +275,7 @@ def find(role: str, name: str) -> Any:
     """The class called ``name`` under ``role``.
 
     Raises:
-        ValueError: on an unknown role. ConfigError: if no class of that role has that name (lists a
-        few).
+        ValueError: on an unknown role. ConfigError: if no class of that role has that name.
     """
     classes = classes_for_role(role)
     if name in classes:
@@ -311,5 +289,5 @@ def find(role: str, name: str) -> Any:
 
 
 def roles_of(obj: Any) -> List[str]:
-    """The roles under which ``obj`` is found (used by ``python -m pml_extensions run --list``)."""
+    """The roles under which ``obj`` is found."""
     return [role for role in ROLES if obj in classes_for_role(role).values()]

@@ -1,9 +1,5 @@
 """Where each value of a merged config came from: the command line, a user's file or a shipped file.
 
-:class:`Sources` maps each top-level key to the file (or ``"command line"``) that set it last and keeps the config as
-it stood after each file, so :meth:`Sources.of` names the file that set a nested value; :func:`describe` says whom a
-message asks to edit.
-
 Example::
 
     >>> s = Sources({"trainer": "command line"})
@@ -38,8 +34,7 @@ def _value(config: Any, path: Sequence[Any]) -> Any:
 
 class Sources(dict):
     """top-level key -> the file (or ``"command line"``) that set it last, plus the config after each file
-    (:meth:`add_layer`) to name the source of a nested value (:meth:`of`). Copies (``dict(sources)``) are plain
-    dicts and answer for top-level keys only (:func:`source_of` works with both)."""
+    (:meth:`add_layer`) to name the source of a nested value (:meth:`of`)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -47,14 +42,12 @@ class Sources(dict):
         self.layers: List[Tuple[str, Dict[str, Any], List[Tuple[Any, ...]]]] = []
 
     def add_layer(self, name: str, config: Dict[str, Any], update: Optional[Dict[str, Any]] = None) -> None:
-        """Record the merged config as it stands after the file (or command line) ``name``; ``update`` (what it
-        merged) tells which subtrees it replaced whole (``key~OVERRIDE~``), so that a value it gave again, equal to
-        the old one, is still its own."""
+        """Record the config after ``name``; ``update`` (what it merged) tells which subtrees it replaced whole
+        (``~OVERRIDE~``), so that a value it gave again, equal to the old one, is still its own."""
         self.layers.append((name, copy.deepcopy(config), _overridden(update or {})))
 
     def of(self, path: Union[str, Sequence[Any]]) -> str:
-        """The source that last changed the value at ``path`` (a dotted string or a sequence of keys); for a path
-        no layer holds, the source of its top-level key (``"config"`` when unknown)."""
+        """The source that last changed the value at ``path`` (dotted or a sequence of keys), else its top key's."""
         keys = tuple(path.split(".")) if isinstance(path, str) else tuple(path)
         found, previous = None, _MISSING
         for name, config, overridden in self.layers:
@@ -69,7 +62,7 @@ class Sources(dict):
 
 
 def _overridden(update: Any, prefix: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
-    """The paths of ``update`` marked ``~OVERRIDE~`` (powerful-benchmarker's whole replacement), at any depth."""
+    """The paths of ``update`` marked ``~OVERRIDE~``, at any depth."""
     out: List[Tuple[Any, ...]] = []
     if isinstance(update, dict):
         for key, value in update.items():
@@ -79,8 +72,7 @@ def _overridden(update: Any, prefix: Tuple[Any, ...] = ()) -> List[Tuple[Any, ..
 
 
 def source_of(sources: Optional[Dict[str, str]], path: Union[str, Sequence[Any]]) -> str:
-    """:meth:`Sources.of` for a :class:`Sources`, the top-level key's source for a plain dict (one without layers),
-    ``"config"`` without sources."""
+    """:meth:`Sources.of`, also for a plain dict (top-level keys only) or None."""
     return (sources if isinstance(sources, Sources) else Sources(sources or {})).of(path)
 
 
@@ -100,8 +92,7 @@ def describe(source: str) -> str:
 
 
 def merged_next_to(new: str, new_source: str, old: str, old_sources: Iterable[str], key: str) -> str:
-    """``"<new> (<whose>) was merged next to <old> (<whose>); a merge keeps both, write <key>~OVERRIDE~ ..."``: the
-    refusal of a plain merge that kept two objects where one belongs."""
+    """The refusal of a plain merge that kept two objects where one belongs."""
     flag = f"--{key}~OVERRIDE~" if new_source == COMMAND_LINE else f"{key}~OVERRIDE~:"
     return (
         f"{new} ({describe(new_source)}) was merged next to {old} "

@@ -1,11 +1,5 @@
-"""Powerful-benchmarker's config syntax: :func:`merge` and its key markers (our code, PB's documented meaning).
-
-The markers (``~OVERRIDE~``, ``~APPLY~n``, ``~SWAP~n``, ``~DELETE~``, ``~BAYESIAN~``; docs/configs.md describes each)
-work in files and on the command line, nested in one another at any depth. Where this differs from PB: an
-``~APPLY~`` dict merges at every level (PB's reader merged only its first), markers inside an ``~OVERRIDE~`` value act
-on the old value it replaces, a ``~SWAP~`` that names a missing key is an error (PB ignored it), and a plain value of
-a key replaces its ``~BAYESIAN~`` marker and vice versa. As in PB, a plain merge of a different class name keeps both
-classes (use ``~OVERRIDE~``) and ``~APPLY~`` replaces a non-mapping where a mapping would be.
+"""Powerful-benchmarker's config syntax: :func:`merge` and its key markers (``~OVERRIDE~``, ``~APPLY~n``,
+``~SWAP~n``, ``~DELETE~``, ``~BAYESIAN~``), as docs/configs.md describes them and where they differ from PB's.
 
 Example::
 
@@ -26,11 +20,8 @@ _SEARCH_OPS = ("BAYESIAN", "LOG_BAYESIAN", "INT_BAYESIAN")
 
 
 def split_marker(key: Any, where: str = "config") -> Tuple[Any, Optional[str], Optional[int]]:
-    """Split ``"name~OP~n"`` into ``(name, OP, n)`` (plain keys: ``(key, None, None)``); ConfigError when
-    ``~APPLY~``/``~SWAP~`` lack a positive depth or other markers carry one."""
-    if not isinstance(key, str):
-        return key, None, None
-    match = _MARKER.match(key)
+    """Split ``"name~OP~n"`` into ``(name, OP, n)`` (plain keys: ``(key, None, None)``)."""
+    match = _MARKER.match(key) if isinstance(key, str) else None
     if match is None:
         return key, None, None
     name, op, n = match.group("name"), match.group("op"), match.group("n")
@@ -48,16 +39,13 @@ def _join(where: str, key: Any) -> str:
 
 
 def _drop_variants(out: Dict, name: Any, keep_plain: bool = False) -> None:
-    """A plain key replaces its ``~BAYESIAN~``-family twin and vice versa (the later value wins)."""
-    for op in ((None,) if not keep_plain else ()) + _SEARCH_OPS:
-        key = name if op is None else f"{name}~{op}~"
+    """A plain key replaces its ``~BAYESIAN~``-family twin and vice versa."""
+    for key in ([] if keep_plain else [name]) + [f"{name}~{op}~" for op in _SEARCH_OPS]:
         out.pop(key, None)
 
 
 def _template(old: Any, value: Any, where: str) -> Any:
-    """The value of ``key~OVERRIDE~: value``: ``value`` replaces the old value; markers inside it are resolved
-    against the old value at the same place (``tester~OVERRIDE~: {T: {accuracy_calculator~SWAP~1: {C: null}}}``
-    keeps ``T``'s calculator arguments and swaps its class), plain keys inside it replace."""
+    """The value of ``key~OVERRIDE~: value``: markers inside ``value`` act on the old value at the same place."""
     if not isinstance(value, dict):
         return copy.deepcopy(value)
     old = old if isinstance(old, dict) else {}
@@ -79,7 +67,7 @@ def merge(base: Dict, update: Dict, where: str = "") -> Dict:
 
     Args:
         base: the config so far (plain keys only).
-        update: a dict that may use the key markers described in the module docstring.
+        update: a dict that may use the key markers.
         where: prefix of error messages: the file name, then the key path.
 
     Raises:
@@ -122,8 +110,7 @@ def merge(base: Dict, update: Dict, where: str = "") -> Dict:
 
 
 def _apply(target: Dict, value: Dict, depth: int, where: str) -> Dict:
-    """PB's ~APPLY~: merge ``value`` into every dict at ``depth`` (``target`` itself is depth 1); a non-dict
-    value where such a dict would be (``ContrastiveLoss: null``) is replaced by ``value``, as in PB."""
+    """Merge ``value`` into every dict at ``depth`` (``target`` is depth 1); a non-dict there is replaced, as in PB."""
     if depth == 1:
         return merge(target, value, where)  # a non-dict target merges as {}
     return {
@@ -156,7 +143,7 @@ def _swap(target: Dict, mapping: Dict, depth: int, where: str) -> Dict:
 
 
 def key_path(path: Sequence[Any]) -> str:
-    """``("trunk", 0, "ConvNetBody")`` -> ``"trunk[0].ConvNetBody"``: a key path as messages show it."""
+    """``("trunk", 0, "ConvNetBody")`` -> ``"trunk[0].ConvNetBody"``."""
     out = ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))

@@ -1,8 +1,5 @@
-"""The one YAML reader of configs: PyYAML's ``safe_load`` with YAML 1.2's float syntax.
-
-PyYAML implements YAML 1.1, where ``1e-3`` (no dot) is a string; :class:`ConfigLoader` reads every YAML 1.2 float
-(``1e-3``, ``1E-5``, ``.5``, ``5.``, ``.inf``, ``.nan``) as a float and the rest as PyYAML does. Every config read goes
-through :func:`read_yaml`: the files, the command line's values, a run's saved ``config.yaml``.
+"""The one YAML reader of configs (files, command-line values, a run's ``config.yaml``): PyYAML's ``safe_load`` with
+YAML 1.2's floats (in PyYAML's YAML 1.1, ``1e-3`` is a string).
 
 Example::
 
@@ -18,8 +15,8 @@ from typing import Any
 import yaml
 
 FLOAT_TAG = "tag:yaml.org,2002:float"
-#: YAML 1.2 core schema floats (``[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?`` with at least a dot or an
-#: exponent, so integers stay integers), infinities and NaN; PyYAML's ``_`` digit separators are kept
+#: YAML 1.2 core schema floats (a dot or an exponent: integers stay integers), infinities and NaN; PyYAML's ``_``
+#: digit separators are kept
 YAML_12_FLOAT = re.compile(
     r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -42,9 +39,5 @@ ConfigLoader.add_implicit_resolver(FLOAT_TAG, YAML_12_FLOAT, list("-+0123456789.
 
 
 def read_yaml(stream: Any) -> Any:
-    """``yaml.safe_load(stream)`` with YAML 1.2 floats (a string or an open file).
-
-    Raises:
-        yaml.YAMLError: malformed YAML, as ``yaml.safe_load``.
-    """
+    """``yaml.safe_load(stream)`` with YAML 1.2 floats (a string or an open file)."""
     return yaml.load(stream, Loader=ConfigLoader)
