@@ -22,27 +22,50 @@ def template_matching_blocks(model: torch.nn.Module) -> List[TemplateMatchingBlo
     return [m for m in model.modules() if isinstance(m, TemplateMatchingBlock)]
 
 
-def _widen(module: torch.nn.Module, extra: int) -> torch.nn.Module:
-    """A copy of a Conv2d (zero weights) or BatchNorm2d (the identity's parameters and statistics) that takes ``extra``
-    more input channels."""
-    conv = isinstance(module, torch.nn.Conv2d)
-    if conv and module.groups != 1:
-        raise ValueError(f"cannot widen the input of a grouped convolution ({module})")
-    new = copy.deepcopy(module)
-    fills = {"weight": 0.0 if conv else 1.0, "bias": None if conv else 0.0, "running_mean": 0.0, "running_var": 1.0}
-    for name, fill in fills.items():
-        t = getattr(module, name, None)
-        if t is None or fill is None:
-            continue
-        shape = list(t.shape)
-        shape[int(conv)] = extra
-        wide = torch.cat([t.detach(), t.new_full(shape, fill)], int(conv))
-        setattr(new, name, torch.nn.Parameter(wide) if isinstance(t, torch.nn.Parameter) else wide)
-    if conv:
-        new.in_channels += extra
-    else:
-        new.num_features += extra
+def _widen_conv(conv: torch.nn.Conv2d, extra: int) -> torch.nn.Conv2d:
+    if conv.groups != 1:
+        raise ValueError(f"cannot widen the input of a grouped convolution ({conv})")
+    new = torch.nn.Conv2d(
+        conv.in_channels + extra,
+        conv.out_channels,
+        conv.kernel_size,
+        stride=conv.stride,
+        padding=conv.padding,
+        dilation=conv.dilation,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+        device=conv.weight.device,
+        dtype=conv.weight.dtype,
+    )
+    with torch.no_grad():
+        new.weight.zero_()
+        new.weight[:, : conv.in_channels].copy_(conv.weight)
+        if conv.bias is not None:
+            new.bias.copy_(conv.bias)
     return new
+
+
+def _widen_bn(bn: torch.nn.BatchNorm2d, extra: int) -> torch.nn.BatchNorm2d:
+    p = bn.weight if bn.weight is not None else bn.running_mean
+    new = torch.nn.BatchNorm2d(
+        bn.num_features + extra,
+        eps=bn.eps,
+        momentum=bn.momentum,
+        affine=bn.affine,
+        track_running_stats=bn.track_running_stats,
+        device=p.device,
+        dtype=p.dtype,
+    )
+    n = bn.num_features
+    with torch.no_grad():
+        if bn.affine:
+            new.weight[:n].copy_(bn.weight)
+            new.bias[:n].copy_(bn.bias)
+        if bn.track_running_stats:
+            new.running_mean[:n].copy_(bn.running_mean)
+            new.running_var[:n].copy_(bn.running_var)
+            new.num_batches_tracked.copy_(bn.num_batches_tracked)
+    return new.train(bn.training)
 
 
 def _is_resnet_like(model) -> bool:
@@ -76,8 +99,8 @@ def _insert_resnet(model, make_block, combine):
         extra = block.out_channels - block.in_channels
         if first.downsample is None:
             raise ValueError("combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input")
-        first.conv1 = _widen(first.conv1, extra)
-        first.downsample[0] = _widen(first.downsample[0], extra)
+        first.conv1 = _widen_conv(first.conv1, extra)
+        first.downsample[0] = _widen_conv(first.downsample[0], extra)
     model.layer3.append(block)
     return block
 
@@ -93,7 +116,7 @@ def _insert_mobilenet(model, make_block, combine):
     first = model.features[stride2[-1]].conv[0]  # the block's first Conv2dNormActivation; [0] is its conv
     block = make_block(first[0].in_channels)
     if combine == "concat":
-        first[0] = _widen(first[0], block.out_channels - block.in_channels)
+        first[0] = _widen_conv(first[0], block.out_channels - block.in_channels)
     _insert_child(model.features, str(stride2[-1] - 1), block)
     return block
 
@@ -106,8 +129,8 @@ def _insert_densenet(model, make_block, combine):
     block = make_block(trans.norm.num_features)
     if combine == "concat":
         extra = block.out_channels - block.in_channels
-        trans.norm = _widen(trans.norm, extra)
-        trans.conv = _widen(trans.conv, extra)
+        trans.norm = _widen_bn(trans.norm, extra)
+        trans.conv = _widen_conv(trans.conv, extra)
     _insert_child(model.features, "denseblock3", block)
     return block
 
