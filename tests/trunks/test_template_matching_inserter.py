@@ -68,6 +68,14 @@ class TestInsertTemplateMatching(unittest.TestCase):
                 self.assertEqual(block.out_channels, ARCHS[name][1] + 8)
                 self.assertGreater(float(block.values.weight.detach().abs().sum()), 0)
 
+    def test_a_widened_batchnorm_keeps_the_models_mode(self):
+        # DenseNet's transition3.norm is rebuilt wider for concat: it was a fresh module in train mode inside an eval
+        # model, so the model was no longer "unchanged at insertion" until .eval() was called again
+        model = torchvision.models.densenet121(weights=None).eval()
+        trunk = insert_template_matching(model, 5, combine="concat", value_channels=8)
+        norm = trunk.features.transition3.norm
+        self.assertEqual((norm.num_features, norm.training), (1024 + 8, False))
+
     def test_pml_trunk_and_keys(self):
         model = torchvision.models.resnet18(weights=None)
         model.fc = torch.nn.Identity()
