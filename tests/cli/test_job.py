@@ -116,6 +116,10 @@ class TestJobArguments(unittest.TestCase):
         args = job.run_argv(["mine", "--num_epochs", "2", "--root_experiment_folder", "o"])
         self.assertEqual(args, ["mine", "--num_epochs", "2", "--root_experiment_folder", "o"])
 
+    def test_options_after_a_bare_double_dash(self):
+        config, _ = job.load_job_config(["--", "--num_epochs", "2", "--device", "cpu", "--"])
+        self.assertEqual((config["num_epochs"], config["device"]), (2, "cpu"))
+
     def test_the_old_spellings_are_gone(self):
         """--epochs, --iterations, --output, --dataset-root, --config were pre-1.0 spellings (CHANGELOG): each is now
         a key no config defines, refused with the nearest key."""

@@ -66,7 +66,8 @@ def load_yaml(path: str) -> Dict:
 
 
 def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
-    """Parse ``--name value ...`` into a dict; values are YAML (``{a: 1}``, ``[x, y]``, ``1e-3``, ``null``).
+    """Parse ``--name value ...`` into a dict; values are YAML (``{a: 1}``, ``[x, y]``, ``1e-3``, ``null``); a bare
+    ``--`` is skipped.
 
     Raises:
         ConfigError: ``"command line: --name: ..."`` for a value without a flag, a malformed value, or a flag given
@@ -74,6 +75,8 @@ def parse_command_line(argv: Sequence[str]) -> Dict[str, Any]:
     """
     flags: List[Tuple[str, List[str]]] = []
     for word in argv:
+        if word == "--":  # the usual end-of-options mark (`tox -e job -- ...`, typed after `job` too): no value
+            continue
         if re.match(r"^--[A-Za-z_]", word):
             flags.append((word[2:].rstrip(":"), []))
         elif not flags:

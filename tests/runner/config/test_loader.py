@@ -250,6 +250,12 @@ class TestCommandLine:
             "trainer~APPLY~2": {"batch_size": 256}
         }
 
+    def test_a_bare_double_dash_is_skipped(self):
+        # a user typed the README's `tox -e job -- --num_epochs 2` as `job -- --num_epochs 2` and got "'--': value
+        # without a --flag"; after `--device cpu` the `--` became part of the value ('cpu --')
+        assert parse_command_line(["--", "--num_epochs", "2"]) == {"num_epochs": 2}
+        assert parse_command_line(["--device", "cpu", "--", "--num_epochs", "2"]) == {"device": "cpu", "num_epochs": 2}
+
     def test_errors_are_one_line(self):
         with pytest.raises(ConfigError, match=r"^command line: 'stray'"):
             parse_command_line(["stray"])
