@@ -55,11 +55,17 @@ def load_yaml(path: str) -> Dict:
     try:
         data = read_yaml(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        line = mark.line if mark is not None else 0
+        mark, opened = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
+        line, also = getattr(mark or opened, "line", 0), ""
+        unclosed = (getattr(e, "context", None) or "").startswith(("while parsing a flow", "while scanning a quoted"))
+        if unclosed and opened and mark and opened.line < mark.line:
+            # an unclosed [ { or quote: the mistake is where it opened, PyYAML notices it on a later line
+            line, also = opened.line, f" (opened on this line, still open on line {mark.line + 1})"
         keys = [re.match(r"^\s*([^\s#:\-][^:#]*?)\s*:(\s|$)", x) for x in text.splitlines()[: line + 1]]
         key = next((m.group(1) for m in reversed(keys) if m), "<top>")  # the nearest key at or above the line
-        raise ConfigError(f"{display_path(path)}:{line + 1}: key {key!r}: malformed YAML: {_problem(e)}") from None
+        raise ConfigError(
+            f"{display_path(path)}:{line + 1}: key {key!r}: malformed YAML: {_problem(e)}{also}"
+        ) from None
     if not isinstance(data, (dict, type(None))):
         raise ConfigError(f"{display_path(path)}: key <top>: top level must be a mapping, got {type(data).__name__}")
     return data or {}

@@ -347,3 +347,28 @@ def test_command_line_variants_keep_their_markers_and_untrained_comparisons_stay
     assert select_variants(added, ["x"])["comparisons"] == [["x", "untrained"]]
     with pytest.raises(ConfigError, match=r"^command line: --variants~APPLY~2: a variant's entry is a set of changes"):
         merge_config(str(tmp_path), overrides={"variants~APPLY~2": {"seed": 1}})
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        # a user's `iterations_per_epoch: [40` on line 2 was reported at line 3's key (where PyYAML noticed it)
+        (
+            "num_epochs: 2\niterations_per_epoch: [40\nbatch_size: 32\n",
+            ":2: key 'iterations_per_epoch': malformed YAML: expected ',' or ']', but got ':' "
+            "(opened on this line, still open on line 3)",
+        ),
+        (
+            "a: 1\nb: {x: 1\nc: 3\n",
+            ":2: key 'b': malformed YAML: expected ',' or '}', but got ':' (opened on this line",
+        ),
+        ("a: 1\nb: 'xx\nc: 3\n", ":2: key 'b': malformed YAML: found unexpected end of stream (opened on this line"),
+        ("a: 1\n  b: 2\nc: 3\n", ":2: key 'b': malformed YAML: mapping values are not allowed here"),  # unchanged
+    ],
+)
+def test_an_unclosed_bracket_or_quote_is_reported_where_it_opened(tmp_path, text, where):
+    path = tmp_path / "config_general.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_yaml(str(path))
+    assert where in str(e.value) and "\n" not in str(e.value)
