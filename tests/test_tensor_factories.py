@@ -76,10 +76,7 @@ CPU_ONLY = {
     "pml_extensions/explain/partial_similarity_retrieval.py::PartialSimilarityRetrieval.roi_weights::zeros": _ROI,
     "pml_extensions/explain/topk_maps.py::topk_overall_maps::as_tensor": _TOPK,
     "pml_extensions/explain/topk_maps.py::topk_overall_maps::arange": _TOPK,
-    "pml_extensions/knn/metrics.py::EngineAccuracyMixin._to_tensor::as_tensor": (
-        "numpy or tensor inputs, moved to the calculator's device on the next line"
-    ),
-    "pml_extensions/knn/metrics.py::EngineAccuracyMixin._common_get_accuracy::as_tensor": (
+    "pml_extensions/knn/metrics.py::EngineAccuracyMixin.get_accuracy::as_tensor": (
         "reads only the input's device (a tensor keeps its own)"
     ),
     "pml_extensions/runner/objects/data.py::Subset.__getitem__::as_tensor": _DATA + " (a hierarchical label row)",

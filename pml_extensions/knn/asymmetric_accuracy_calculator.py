@@ -7,9 +7,6 @@ mAP and R@1). Self-exclusion by index and the trapezoidal AP follow the protocol
 the precision-recall curve by the trapezoid rule), not ported.
 """
 
-from typing import Optional
-
-import torch
 from pytorch_metric_learning.utils.accuracy_calculator import (
     AccuracyCalculator,
     get_relevance_mask,
@@ -75,6 +72,8 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
         {'recall_at_1': 1.0}
     """
 
+    _require_query_rows = False
+
     def calculate_recall_at_1(self, **kwargs):
         return self.calculate_precision_at_1(**kwargs)
 
@@ -91,27 +90,3 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
 
     calculate_recall_at_1._pml_extensions_builtin = True
     calculate_mean_average_precision_trapezoidal._pml_extensions_builtin = True
-
-    def get_accuracy(
-        self,
-        query,
-        query_labels,
-        reference=None,
-        reference_labels=None,
-        ref_includes_query=False,
-        include=(),
-        exclude=(),
-        *,
-        self_indices: Optional[torch.Tensor] = None,
-    ):
-        return self._common_get_accuracy(
-            query,
-            query_labels,
-            reference,
-            reference_labels,
-            ref_includes_query,
-            include,
-            exclude,
-            self_indices,
-            require_query_rows=False,
-        )

@@ -59,27 +59,3 @@ class ChunkedAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
         >>> calc.get_accuracy(x, y)
         {'precision_at_1': 1.0}
     """
-
-    def get_accuracy(
-        self,
-        query,
-        query_labels,
-        reference=None,
-        reference_labels=None,
-        ref_includes_query=False,
-        include=(),
-        exclude=(),
-        *,
-        self_indices=None,
-    ):
-        return self._common_get_accuracy(
-            query,
-            query_labels,
-            reference,
-            reference_labels,
-            ref_includes_query,
-            include,
-            exclude,
-            self_indices,
-            require_query_rows=True,
-        )

@@ -1,87 +1,7 @@
 """Exact k nearest neighbours at the hardware floor: the k-NN engine of the accuracy calculators.
 
-**What "exact" means.** The engine scores query i and reference j by the float32 rounding of a float64 score,
-``e_ij = fl32(|q_i|² + |r_j|² − 2 q_i·r_j)`` (euclidean: the squared distance) or ``e_ij = fl32(−q_i·r_j)`` (inner
-product; smaller is nearer), every dot product and norm computed in float64 by one kernel,
-``torch.sparse.sampled_addmm`` (:func:`~pml_extensions.knn.scores.pair_dots`), which on the CPU gives a
-pair bitwise the same value wherever and with whatever else it is computed; :meth:`BlockedKNN.float32_scores`
-returns them. The result is the ranking of these float32 scores with ties (equal float32 values) ordered by
-increasing reference index, as before this engine: a float64 brute force on these scores gives identical metrics.
-Because the score is rounded once from float64, near-duplicates keep their order (a float32 ``|r|² − 2 q·r``
-cannot order distances below ~1e-7 · |r|²). Every cheaper number (bfloat16 or float32 GEMM tiles) only *proposes*
-candidates, within proven bounds of the exact score ``d`` and hence of the engine's (``|e − d| ≤ u·|d| + ε64``).
-
-**Threshold method** (self-retrieval and k up to a few thousand; one engine on CPU and CUDA):
-
-1. *Score tiles.* Queries and references (references sorted by norm, so a tile's norm range is narrow) are cut into
-   tiles of ``B`` rows; each ``[B, B]`` tile of dot products ``p̃`` is one GEMM, in bfloat16 where this device's
-   bfloat16 GEMM is measurably faster (:func:`low_precision_speedup`, measured once per device and cached;
-   ``low_precision`` forces it on or off), else in float32. Self-retrieval (reference set = query set, own row
-   excluded) computes the upper block triangle only: tile ``(I, J)`` serves the rows of ``I`` (neighbours in ``J``)
-   and the rows of ``J`` (neighbours in ``I``); the diagonal tiles come first. On the CPU, tiles that touch
-   disjoint blocks of queries run on ``torch.get_num_threads()`` worker threads.
-2. *Select by threshold, not by sort.* Each query holds ``U``, a proven upper bound on its k-th engine score: from
-   its first tile (the k-th largest ``p̃`` plus its bounds), then the k-th smallest score among its candidates. A
-   tile proposes, per query, every reference with ``p̃ ≥ (w·(|q|² + n_lo) − T)/s − E``, ``T = U + u·|U| + ε64``
-   (``n_lo`` the tile's smallest ``|r|²``, ``E`` the proposal bound): one vectorised comparison of the tile with a
-   threshold per row (and per column in the symmetric case; on the CPU NumPy compares the raw bfloat16 bits as
-   int16) and one ``flatnonzero``. No row is sorted and no ``topk`` runs.
-3. *Re-score.* Proposed pairs get the engine's scores (the tile's rows are in cache; a symmetric tile's pair is
-   scored once, for both of its queries) and are kept when ``e ≤ U``; a query's buffer (``1.25·k + 32`` candidates)
-   is pruned when full, which tightens ``U``.
-4. *Rank.* A query's candidates are sorted by int64 keys ``(e, reference index)`` (NumPy's vectorised sort on the
-   CPU); the first k are its neighbours.
-
-**Rows method.** When ``k`` is a large fraction of the references (``16·k·(1 + ln(M/B)) > M``, e.g. 6 classes),
-proposing saves little: a block of queries is scored against all references by one float32 GEMM (transposed, so
-candidates come grouped by reference), the k-th smallest of the minima over groups of references bounds each query's
-k-th GEMM score ``K`` (a NumPy partition of ``M/g`` values), every reference whose GEMM score is within the bounds
-of that is a candidate (about ``2·Δ32`` beyond ``K``), and candidates are re-scored and ranked as in 3-4.
-
-*Dense rows* (the rows method on the CPU when ``32·k ≥ M``, e.g. k = M/6: re-scoring a sixth of all pairs one by
-one costs more than scoring all of them by a GEMM). A block of queries is scored against every reference by one
-float64 GEMM, ``v' = (|q|² + |r|²) − 2·q·r`` (``−q·r``), query-major, from the same float64 norms as the kernel's
-``v``; the two dot products are each within ``γ_D(2⁻⁵³)·Σ|q_d r_d|`` of the exact one (any summation order) and the
-combination adds two roundings, so ``|v − v'| ≤ 2·ε64``. With ``c = 4·ε64``: where ``fl32(v' − c) = fl32(v' + c)``,
-monotone rounding gives ``fl32(v) = e' = fl32(v')``, the engine score; the other candidates (a few per million)
-are re-scored by the kernel. The k-th smallest ``e'`` (a NumPy partition of the row) gives the threshold: an engine
-score and its ``e'`` differ by at most ``2⁻²²·|e'| + c + 2⁻¹⁴⁸`` (two float32 roundings of values within ``c/2``),
-so the k-th engine score is ``≤ T = kth + 2⁻²¹·|kth| + 2c + 2⁻¹⁴⁷`` and only references with
-``e' ≤ T + 2⁻²¹·|T| + 2c + 2⁻¹⁴⁷`` are candidates: k plus the float32 ties and a few ulps, grouped by query with
-references ascending, ranked as in 4. No float32 GEMM bound ``Δ32`` widens the window and nothing is re-scored but
-the ambiguous pairs.
-
-**Error bounds** (``u`` = unit roundoff, ``γ_n(v) = n·v/(1 − n·v)``; Higham, *Accuracy and Stability of Numerical
-Algorithms*, 2nd ed., Sec. 3.1):
-
-- bfloat16 proposal pass. The inputs are rounded to nearest: ``q̂_d = q_d(1 + α_d)``, ``|α_d| ≤ u = 2⁻⁸``; the
-  product of two bfloat16 numbers (8 significant bits each) is exact in float32; the GEMM adds the D products in
-  float32 in an unknown order, bounded for any summation tree by ``γ_D(v)·Σ|q̂_d r̂_d|`` (``v = 2⁻²⁴``; ``2⁻²³``
-  on CUDA, whose tensor cores may truncate); ``torch.mm`` stores the sum in bfloat16 (``u_out = 2⁻⁸``). Hence
-  ``|p̃ − p| ≤ [(1 + u)²(1 + γ_D(v))(1 + u_out) − 1]·Σ|q_d r_d| ≤ c·|q|·|r|`` (Cauchy–Schwarz), ``c = 0.011772``
-  for D = 128 on the CPU (:func:`pass_error_bound`). Subnormals flushed to zero (AVX512-BF16, tensor cores) move
-  each input or partial sum by < 2⁻¹²⁶: ``η = 2D·2⁻¹²⁶(1 + |q|)(1 + |r|)`` covers them. float64 inputs add one
-  rounding to float32 per entry (``(1 + 2⁻²⁴)²`` more).
-- float32 GEMM scores (seeds of the rows method): ``|p32 − p| ≤ γ_D(2⁻²⁴)·|q|·|r|`` in any order (Higham eq. 3.5);
-  with ``|r|²`` in float32 and the combination, ``|g − d| ≤ Δ32 = γ_{D+4}(2⁻²⁴)·(w·(|q|² + |r|²_max) +
-  s·|q|·|r|_max) + s·η``, per query.
-- Engine scores: the float64 score is within ``ε64 = γ_{D+4}(2⁻⁵³)·(w·(|q|² + |r|²_max) + s·|q|·|r|_max)`` of ``d``
-  and its rounding to float32 adds at most ``u·|d|`` (``u = 2⁻²⁴``): ``|e − d| ≤ u·|d| + ε64`` (slack added).
-- Proposal rule. A reference with engine score ``≤ U`` has ``d ≤ T``, so ``p ≥ (w·(|q|² + |r|²) − T)/s ≥
-  (w·(|q|² + n_lo) − T)/s`` and ``p̃ ≥ p − E``: every neighbour, and every reference tied with the k-th, is
-  proposed. In the rows method, k references with ``g ≤ K`` prove ``d ≤ K + |q|² + Δ32`` for them, and a candidate
-  needs ``g ≤ U + u·|U| + ε64 + Δ32 − |q|²`` with ``U`` the resulting bound on the k-th engine score. Threshold
-  arithmetic carries a relative slack of 2⁻²⁰, which covers its own rounding.
-- Certification. The bound is checked on every re-scored pair (``|p64 − p̃| ≤ E``). A query whose proposal score
-  broke it or whose candidates do not fit its buffer (more than ``1.25·k + 32`` references tied with or proposed
-  beyond its k-th score) is *not certified* and is redone by the rows method (buffer ``4k + 4096``); what that
-  cannot certify is ranked by scoring every reference. Embeddings whose products could overflow float32 use that
-  last path only. Dense rows fail a query only when more than ``4k + 4096`` references are tied at its boundary.
-
-Timings of each method against faiss and PML's calculator: ``benchmarks/results/accuracy_scale.md``.
-
-Under ``torch.distributed`` the calculators give each rank its share of query blocks (``knn_metrics``); the
-symmetric sweep is used within a process when its queries are at least half of the reference rows.
+The method (threshold and rows methods) and the derivation of every error bound it relies on are on the docs page
+``docs/evaluation.md`` ("The k-NN engine").
 """
 
 import math
@@ -476,52 +396,73 @@ class BlockedKNN:
         # the workers share the budget; half of it for a block's score rows and candidates, half for its temporaries
         bs = max(1, min(self.block_size(m, k) // (2 * workers), len(rows)))
         dense = self._dense64(geo.device, k, m)
-        block = self._rows_block_dense if dense else self._rows_block
         if dense:  # 17 bytes per score (float64, float32, its partitioned copy, the mask) but ~k/4 fewer arrays
             bs = max(1, bs // 2)
+        score = self._dense_candidates if dense else self._gemm_candidates
         starts = list(range(0, len(rows), bs))
         for w0 in range(0, len(starts), workers):
             wave, results = starts[w0 : w0 + workers], {}
-            tasks = [
-                ((s,), partial(block, geo, k, rows, own_rows, s, bs, out, certifiable, return_distances, results))
-                for s in wave
-            ]
-            run_tasks(tasks, self._pool, workers)
+            args = (score, geo, k, rows, own_rows, bs, out, certifiable, return_distances, results)
+            run_tasks([((s,), partial(self._rows_block, s, *args)) for s in wave], self._pool, workers)
             for s in wave:
                 yield results[s]
 
-    def _rows_block(self, geo, k, rows, own_rows, start, bs, out, certifiable, return_distances, results):
-        """One block of the rows method (module doc) into ``results[start]``. The block is scored transposed,
-        ``[M, b]`` (references as rows), so its candidates come grouped by reference and the re-scoring loads each
-        reference row once per block (query-major, a dense-k block re-read the references ``b`` times)."""
-        m = geo.r.shape[0]
-        cap = 4 * k + 4096  # candidates beyond this many per query: that query is ranked exactly
+    def _dense64(self, device, k, m) -> bool:
+        """Whether the rows method scores by a float64 GEMM: on the CPU from ``32·k ≥ M`` (measured on 20,000 × 128:
+        k ≈ M/30 costs the same both ways, k ≈ M/6 a quarter less dense), unless ``dense_float64`` says."""
+        if self.dense_float64 is not None:
+            return bool(self.dense_float64)
+        return device.type == "cpu" and not self._force_torch_ops and 32 * k >= m
+
+    def _rows_block(self, start, score, geo, k, rows, own_rows, bs, out, certifiable, return_distances, results):
+        """One block of the rows method into ``results[start]``: ``score`` gives its candidates' keys."""
         ops = ops_for(geo.device, self._force_torch_ops)
-        a = ops.arr
+        blk = rows[start : start + bs]
+        own = own_rows[start : start + bs] if own_rows is not None else None
+        t0 = time.perf_counter()
+        # finite inputs whose products cannot overflow (``certifiable``) give finite scores
+        failed = ops.arr(torch.full((len(blk),), not certifiable, dtype=torch.bool, device=geo.device))
+        keys, counts, failed, t0 = score(geo, k, blk, own, bs, out, failed, ops, t0)  # grouped by query
+        width = max(int(counts.max()) if len(blk) else 0, k)
+        packed = ops.full((len(blk), width), INT64_MAX, torch.int64, counts)
+        packed[ops.arange(width, counts)[None, :] < counts[:, None]] = keys  # query by query
+        del keys
+        packed = ops.sort_rows(packed)
+        t0 = self._tick("selection", t0)
+        idx, dist = self._rank(geo, packed, counts, blk, own, k, failed, return_distances, ops, False)
+        self._tick("rank", t0)
+        results[start] = (torch.arange(start, start + len(blk), device=geo.device), idx, dist)
+
+    @staticmethod
+    def _over_cap(mask, counts, failed, k):
+        """Fails the queries (rows of ``mask``) with more than ``4k + 4096`` candidates: a full scan ranks them."""
+        failed = failed | (counts > 4 * k + 4096)
+        if bool(failed.any()):
+            mask[failed] = False
+            counts[failed] = 0
+        return failed
+
+    def _gemm_candidates(self, geo, k, blk, own, bs, out, failed, ops, t0):
+        """The rows method's candidates of queries ``blk`` from one float32 GEMM, scored transposed (``[M, b]``,
+        candidates grouped by reference, so re-scoring loads each reference row once per block)."""
+        m, b, a = geo.r.shape[0], len(blk), ops.arr
         g = max(1, min(16, (m - 1) // (2 * k)))  # groups of g references; at least 2k groups
         groups = m // g
-        loc = self._local
-        t0 = time.perf_counter()
-        blk = rows[start : start + bs]
-        b = len(blk)
         if self._pool is None and out is not None and out.numel() >= bs * m and out.dtype == torch.float32:
             buf = out.view(-1)
         else:
-            buf = getattr(loc, "rows_buf", None)
+            buf = getattr(self._local, "rows_buf", None)
             if buf is None or buf.numel() < bs * m or buf.device != geo.device:
-                buf = loc.rows_buf = torch.empty(bs * m, dtype=torch.float32, device=geo.device)
+                buf = self._local.rows_buf = torch.empty(bs * m, dtype=torch.float32, device=geo.device)
         d = buf[: m * b].view(m, b)  # d[j, i]: GEMM score of query blk[i] and reference j
         if geo.w:
             torch.addmm(geo.rsq32[:, None], geo.r32, geo.q32[blk].T, beta=1, alpha=-2, out=d)
         else:
             torch.mm(geo.r32, geo.q32[blk].T, out=d)
             d.neg_()
-        own = own_rows[start : start + bs] if own_rows is not None else None
         if own is not None:
             d[own, torch.arange(b, device=geo.device)] = math.inf
         t0 = self._tick("gemm", t0)
-        # finite inputs whose products cannot overflow (``certifiable``) give finite scores
-        failed = a(torch.full((b,), not certifiable, dtype=torch.bool, device=geo.device))
         # the k-th smallest of the minima over g strided groups of references bounds each query's k-th GEMM score
         mins = (d[: g * groups].view(g, groups, b).amin(0) if g > 1 else d).T.clone(
             memory_format=torch.contiguous_format
@@ -535,13 +476,9 @@ class BlockedKNN:
         bound = kth + qsq + delta
         u = bound + Geometry.canon(bound, eps)
         top = u + Geometry.canon(u, eps) + delta - qsq
-        limit = up32(top + SLACK * (top.abs() + qsq + delta))
-        mask = a(d) <= a(limit)[None, :]
-        counts = ops.count_cols(mask)  # candidates per query
-        failed = failed | (counts > cap)
-        if bool(failed.any()):
-            mask[:, failed] = False
-            counts[failed] = 0
+        mask = a(d) <= a(up32(top + SLACK * (top.abs() + qsq + delta)))[None, :]
+        counts = ops.count_cols(mask)
+        failed = self._over_cap(mask.T, counts, failed, k)
         per_ref = ops.count_rows(mask)
         flat = ops.nonzero(mask)  # grouped by reference
         del mask
@@ -556,50 +493,20 @@ class BlockedKNN:
         del dots, tref
         t0 = self._tick("rescore", t0)
         order = ops.group_order(qi)  # stable: per query, references ascending
-        keys = ops.keys(sc[order], ref[order])
-        del sc, ref, qi, order
-        width = max(int(counts.max()), k)
-        packed = ops.full((b, width), INT64_MAX, torch.int64, counts)
-        packed[ops.arange(width, counts)[None, :] < counts[:, None]] = keys  # query by query
-        del keys
-        packed = ops.sort_rows(packed)
-        t0 = self._tick("selection", t0)
-        idx, dist = self._rank(geo, packed, counts, blk, own, k, failed, return_distances, ops, False)
-        self._tick("rank", t0)
-        results[start] = (torch.arange(start, start + b, device=geo.device), idx, dist)
+        return ops.keys(sc[order], ref[order]), counts, failed, t0
 
-    def _dense64(self, device, k, m) -> bool:
-        """Whether the rows method scores its blocks by a float64 GEMM (:meth:`_rows_block_dense`): on the CPU
-        when the candidates would be at least 1/32 of the references (``32·k ≥ M``; measured break-even on 20,000
-        × 128: k ≈ M/30 costs the same both ways, k ≈ M/6 a quarter less CPU time dense), where re-scoring them
-        pair by pair costs more than the float64 GEMM's extra arithmetic; ``dense_float64`` forces it on or off."""
-        if self.dense_float64 is not None:
-            return bool(self.dense_float64)
-        return device.type == "cpu" and not self._force_torch_ops and 32 * k >= m
-
-    def _rows_block_dense(self, geo, k, rows, own_rows, start, bs, out, certifiable, return_distances, results):
-        """One block of the rows method scored by one float64 GEMM (module doc, *dense rows*) into
-        ``results[start]``: ``v' = (|q|² + |r|²) − 2·q·r`` (or ``−q·r``) for the block's queries against every
-        reference, query-major ``[b, M]``; its float32 rounding is the engine score wherever ``v' ± c`` round to
-        the same float32 (``c = 4·ε64``); the few pairs where they do not are re-scored by :func:`pair_dots`."""
-        del out  # float64 scores: the caller's float32 buffer does not fit them
-        m = geo.r.shape[0]
-        cap = 4 * k + 4096  # candidates beyond this many per query: that query is ranked by a full scan
-        ops = ops_for(geo.device, self._force_torch_ops)
-        a = ops.arr
-        loc = self._local
-        t0 = time.perf_counter()
-        blk = rows[start : start + bs]
-        b = len(blk)
-        need = bs * m
+    def _dense_candidates(self, geo, k, blk, own, bs, out, failed, ops, t0):
+        """The dense rows' candidates of queries ``blk`` from one float64 GEMM ``v'``, query-major ``[b, M]``; the
+        pairs whose ``v' ± c`` round to different float32 values are re-scored by :func:`pair_dots`."""
+        m, b, a = geo.r.shape[0], len(blk), ops.arr
+        loc, need = self._local, bs * m  # float64 scores: the caller's float32 buffer ``out`` does not fit them
         if getattr(loc, "dense_bufs", None) is None or loc.dense_bufs[0].numel() < need:
             loc.dense_bufs = (
                 torch.empty(need, dtype=torch.float64, device=geo.device),
                 torch.empty(need, dtype=torch.float32, device=geo.device),
                 torch.empty(need, dtype=torch.float32, device=geo.device),
             )
-        v = loc.dense_bufs[0][: b * m].view(b, m)
-        e = loc.dense_bufs[1][: b * m].view(b, m)
+        v, e, tmp = (x[: b * m].view(b, m) for x in loc.dense_bufs)
         q64 = geo.q.index_select(0, blk).to(torch.float64)
         if geo.w:
             torch.add(geo.qsq.index_select(0, blk)[:, None], geo.rsq[None, :], out=v)
@@ -607,7 +514,6 @@ class BlockedKNN:
         else:
             torch.mm(q64, geo.r64.T, out=v)
             v.neg_()
-        own = own_rows[start : start + bs] if own_rows is not None else None
         if own is not None:
             v[torch.arange(b, device=geo.device), own] = math.inf
         e.copy_(v)  # float32 rounding
@@ -617,26 +523,18 @@ class BlockedKNN:
         # 2⁻²¹·|kth| + 2c + 2⁻¹⁴⁷, and a reference can only reach T when e ≤ T + 2⁻²¹·|T| + 2c + 2⁻¹⁴⁷ (slack
         # covers the float64 arithmetic of the bounds and subnormal float32 values)
         c = self._DENSE_MARGIN * geo.eps64.index_select(0, blk)
-        tmp = loc.dense_bufs[2][: b * m].view(b, m)
         tmp.copy_(e)
-        kth = ops.tensor(ops.kth_smallest(a(tmp), k)).to(geo.device).to(torch.float64)
+        kth = kth_smallest_rows(tmp, k).to(geo.device).to(torch.float64)
         top = kth + 2.0**-21 * kth.abs() + 2 * c + 2.0**-147
-        limit = up32(top + 2.0**-21 * top.abs() + 2 * c + 2.0**-147)
-        mask = a(e) <= a(limit)[:, None]
+        mask = a(e) <= a(up32(top + 2.0**-21 * top.abs() + 2 * c + 2.0**-147))[:, None]
         counts = ops.count_rows(mask)
-        failed = a(torch.full((b,), not certifiable, dtype=torch.bool, device=geo.device)) | (counts > cap)
-        if bool(failed.any()):
-            mask[failed] = False
-            counts[failed] = 0
+        failed = self._over_cap(mask, counts, failed, k)
         flat = ops.nonzero(mask)  # grouped by query, references ascending
         del mask
         row = ops.repeat(ops.arange(b, counts), counts)
         ref = flat - row * m
-        vals = a(v).reshape(-1)[flat]
-        sc = a(e).reshape(-1)[flat]
-        cr = a(c)[row]
-        lo, hi = vals - cr, vals + cr
-        amb = ops.nonzero(ops.f32(lo) != ops.f32(hi))
+        vals, sc, cr = a(v).reshape(-1)[flat], a(e).reshape(-1)[flat], a(c)[row]
+        amb = ops.nonzero(ops.f32(vals - cr) != ops.f32(vals + cr))
         t0 = self._tick("selection", t0)
         if len(amb):  # v' too close to a float32 rounding boundary: the engine's own kernel decides
             self._count("rescored_dense", len(amb))
@@ -644,20 +542,7 @@ class BlockedKNN:
             dots = pair_dots(q64, geo.r64, ti, tj)
             sq_q = geo.qsq[blk].index_select(0, ti) if geo.w else None
             sc[amb] = a(finish(sq_q, geo.rsq.index_select(0, tj) if geo.w else None, dots, geo.w))
-        t0 = self._tick("rescore", t0)
-        keys = ops.keys(sc, ref)
-        del sc, vals, lo, hi
-        width = max(int(counts.max()) if b else 0, k)
-        starts = ops.cumsum(counts) - counts
-        rank = ops.arange(len(flat), counts) - starts[row]
-        packed = ops.full((b, width), INT64_MAX, torch.int64, counts)
-        packed.reshape(-1)[row * width + rank] = keys
-        del keys, flat, ref, row, rank
-        packed = ops.sort_rows(packed)
-        t0 = self._tick("selection", t0)
-        idx, dist = self._rank(geo, packed, counts, blk, own, k, failed, return_distances, ops, False)
-        self._tick("rank", t0)
-        results[start] = (torch.arange(start, start + b, device=geo.device), idx, dist)
+        return ops.keys(sc, ref), counts, failed, self._tick("rescore", t0)
 
     def _sweep(self, geo, k, tile):
         ops = ops_for(geo.device, self._force_torch_ops)

@@ -1,22 +1,5 @@
-"""Block-wise retrieval metrics on top of :class:`~pml_extensions.knn.engine.BlockedKNN`, shared by
-``ChunkedAccuracyCalculator`` and ``AsymmetricAccuracyCalculator``. The calculators iterate the engine's blocks
-(``BlockedKNN.blocks``) and record, after each ``get_accuracy``, the seconds of each stage in ``stage_seconds``
-(the engine's ``gemm``, ``selection``, ``rescore``, ``rank`` and their own ``metrics``; ``knn`` for a user's
-``knn_func``).
-
-Every k-NN metric of PML's ``AccuracyCalculator`` is a mean over (non-lone) queries, or a mean of per-class means
-(``avg_of_avgs``); the calculators therefore reduce each block of queries to per-query values, add them into
-per-class sums (float64) and divide at the end. Labels stay in their integer dtype: they are mapped once to class
-ids with ``torch.unique`` (O(N + M) memory, any number of classes), never cast to float. Under
-``torch.distributed`` (``distributed=True``) the blocks are dealt round-robin over the ranks and the per-class sums
-are all-reduced, so every rank returns the single-process numbers.
-
-Definitions (R = relevant references of a query, self excluded; k = neighbours searched; rel_j = 1 when the j-th
-neighbour is relevant; P_j = precision at rank j), identical to PML's:
-``precision_at_1 = rel_1``; ``r_precision = Σ_{j≤min(R,k)} rel_j / min(R,k)``;
-``mean_average_precision_at_r = Σ_{j≤min(R,k)} rel_j P_j / R``; ``mean_average_precision = Σ_{j≤k} rel_j P_j / R``;
-``mean_reciprocal_rank = 1 / (first relevant rank)`` (0 when none in the top k); ours: ``recall_at_1 = rel_1`` and
-``mean_average_precision_trapezoidal`` (see ``trapezoidal_average_precision``).
+"""Block-wise retrieval metrics of the accuracy calculators on :class:`~pml_extensions.knn.engine.BlockedKNN`:
+per-query values added into per-class sums (definitions, stages and distribution: ``docs/evaluation.md``).
 """
 
 import time
@@ -28,6 +11,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils.accuracy_calculator import EQUALITY, AccuracyCalculator
 
 from ..utils.checks import is_int
+from ..utils.sharded_embedding import _world
 from .engine import BlockedKNN
 
 BUILTIN = (
@@ -81,12 +65,8 @@ def trapezoidal_average_precision(is_relevant: torch.Tensor, num_relevant: torch
 
 def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> Dict[str, torch.Tensor]:
     """Per-query values ``[b]`` float64 of the built-in metrics ``names`` from relevance ``rel [b, k]`` (bool) and
-    ``num_relevant [b]`` (int, > 0), following the definitions in the module docstring.
-
-    Computed from the ranks of the relevant neighbours only: the c-th relevant neighbour of a query, at rank j, has
-    exactly c hits up to j, so every precision is one float64 division ``c / j`` and every mean one float64 sum in
-    rank order (the brute force's arithmetic), without ``[b, k]`` float arrays.
-    """
+    ``num_relevant [b]`` (int, > 0): the c-th hit at rank j has precision ``c / j``, summed in rank order (the
+    brute force's arithmetic) over the hits only."""
     b, k = rel.shape
     names = set(names)
     out = {}
@@ -112,7 +92,6 @@ def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> D
 
 
 def _ranked_metrics(xp, rel, lim, num_relevant, names):
-    """The rank-based metrics of :func:`per_query_metrics` with array module ``xp`` (NumPy or torch)."""
     b, k = rel.shape
     f64 = xp.float64
     if xp is np:
@@ -165,19 +144,12 @@ def _ranked_metrics(xp, rel, lim, num_relevant, names):
     return {m: v.astype(f64) if xp is np else v.to(f64) for m, v in out.items()}
 
 
-def _dist_info(enabled: bool):
-    d = torch.distributed
-    if enabled and d.is_available() and d.is_initialized() and d.get_world_size() > 1:
-        return d.get_rank(), d.get_world_size()
-    return 0, 1
-
-
 class EngineAccuracyMixin:
-    """k-NN metrics of an ``AccuracyCalculator`` subclass through the blocked engine (see the module doc).
+    """k-NN metrics of an ``AccuracyCalculator`` subclass through the blocked engine; ``get_accuracy`` and
+    ``get_accuracy_multi`` of both calculators (``_require_query_rows``: PML's check that the queries are the first
+    reference rows when ``ref_includes_query`` and no ``self_indices``)."""
 
-    Set up by :meth:`_setup_engine`; :meth:`_engine_accuracy` evaluates one reference set, :meth:`get_accuracy_multi`
-    one query set against several reference sets in one call.
-    """
+    _require_query_rows = True
 
     def __init__(
         self,
@@ -193,17 +165,11 @@ class EngineAccuracyMixin:
         knn_func = kwargs.get("knn_func", args[7] if len(args) > 7 else None)  # PML's positional order
         device = kwargs.get("device", args[6] if len(args) > 6 else None)
         super().__init__(*args, **kwargs)
-        self._setup_engine(knn_func, distance, memory_budget, chunk_size, device, distributed)
-        self.chunk_size = chunk_size
-
-    def _setup_engine(self, knn_func, distance, memory_budget, block_size, device, distributed):
         if knn_func is None:
-            self.knn_func = BlockedKNN(distance, memory_budget, block_size)
+            self.knn_func = BlockedKNN(distance, memory_budget, chunk_size)
         elif distance is not None:
             raise ValueError("pass either knn_func or distance, not both (distance configures the default engine)")
-        self.block_size = block_size
-        self.distributed = bool(distributed)
-        self._device_given = device is not None
+        self.chunk_size, self.distributed, self._device_given = chunk_size, bool(distributed), device is not None
 
     def requires_knn(self):
         """Every metric that is not a clustering metric needs the k-NN (PML's list misses MRR)."""
@@ -214,22 +180,6 @@ class EngineAccuracyMixin:
         if name in ("recall_at_1", "mean_average_precision_trapezoidal"):
             return getattr(fn, "_pml_extensions_builtin", False)
         return name in BUILTIN and fn is getattr(AccuracyCalculator, "calculate_" + name, None)
-
-    # ------------------------------------------------------------------ inputs
-    def _to_tensor(self, x, name, device):
-        if x is None:
-            raise ValueError(f"{name} is missing")
-        t = torch.as_tensor(x)
-        return t.to(device)
-
-    def _labels(self, labels, n, name, device):
-        labels = self._to_tensor(labels, name, device)
-        if labels.ndim not in (1, 2) or len(labels) != n:
-            raise ValueError(
-                f"{name} must be [n] or [n, L] and have the same length n = {n} as its embeddings, "
-                f"got {tuple(labels.shape)}"
-            )
-        return labels
 
     def _class_structure(self, q_lab, r_lab, exclude_self):
         """Per query: class id (sorted like ``torch.unique`` of the query labels), relevant count, lone flag, and
@@ -275,11 +225,11 @@ class EngineAccuracyMixin:
             return {m: nan for m in metrics}
         class_counts = torch.bincount(cls, minlength=len(classes)).to(torch.float64).cpu()
         sums = torch.zeros(len(metrics), len(classes), dtype=torch.float64, device=query.device)
-        rank, world = _dist_info(self.distributed)
+        rank, world = _world() if self.distributed else (0, 1)
         builtin = [m for m in metrics if self._is_builtin(m)]
         engine = self.knn_func if isinstance(self.knn_func, BlockedKNN) else None
         # blocks of query rows dealt round-robin over the ranks; ``mine`` indexes ``rows``
-        deal = self.block_size or 4096
+        deal = self.chunk_size or 4096
         starts = range(rank * deal, len(rows), world * deal)
         mine = torch.cat([torch.arange(s, min(s + deal, len(rows)), device=rows.device) for s in starts] or [rows[:0]])
         seconds = {}
@@ -398,24 +348,26 @@ class EngineAccuracyMixin:
         return out.to(cls.device)
 
     # ------------------------------------------------------------------ get_accuracy
-    def _common_get_accuracy(
+    def get_accuracy(
         self,
         query,
         query_labels,
-        reference,
-        reference_labels,
-        ref_includes_query,
-        include,
-        exclude,
-        self_indices,
-        require_query_rows,
+        reference=None,
+        reference_labels=None,
+        ref_includes_query=False,
+        include=(),
+        exclude=(),
+        *,
+        self_indices=None,
     ):
         if reference is None:
             if reference_labels is not None:
                 raise ValueError("reference_labels given without reference")
             reference, reference_labels, ref_includes_query = query, query_labels, True
+        if query is None:
+            raise ValueError("query is missing")
         dev = self.device if self._device_given else torch.as_tensor(query).device
-        query, reference = self._to_tensor(query, "query", dev), self._to_tensor(reference, "reference", dev)
+        query, reference = torch.as_tensor(query, device=dev), torch.as_tensor(reference, device=dev)
         if query.ndim != 2 or reference.ndim != 2 or query.shape[1] != reference.shape[1]:
             raise ValueError(
                 f"query [Nq, D] and reference [M, D] must have the same dimension D, got "
@@ -424,11 +376,20 @@ class EngineAccuracyMixin:
         for name, x in (("query", query), ("reference", reference)):  # before any metric (NMI/AMI included) runs
             if not bool(torch.isfinite(x).all()):
                 raise ValueError(f"{name} contains NaN or infinite values")
-        q_lab = self._labels(query_labels, len(query), "query_labels", dev)
-        r_lab = self._labels(reference_labels, len(reference), "reference_labels", dev)
+        labels = {"query_labels": (query_labels, len(query)), "reference_labels": (reference_labels, len(reference))}
+        for name, (lab, n) in labels.items():
+            if lab is None:
+                raise ValueError(f"{name} is missing")
+            labels[name] = lab = torch.as_tensor(lab, device=dev)
+            if lab.ndim not in (1, 2) or len(lab) != n:
+                raise ValueError(
+                    f"{name} must be [n] or [n, L] and have the same length n = {n} as its embeddings, "
+                    f"got {tuple(lab.shape)}"
+                )
+        q_lab, r_lab = labels.values()
         self.check_primary_metrics(include, exclude)
         if (
-            require_query_rows
+            self._require_query_rows
             and ref_includes_query
             and self_indices is None
             and not (

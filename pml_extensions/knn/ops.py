@@ -1,9 +1,9 @@
-"""The array primitives of the k-NN engine's selection (:mod:`~pml_extensions.knn.selection`), on two
-backends with one interface: :class:`NumpyOps` on NumPy views of CPU tensors (no copies: its compare,
-``flatnonzero``, gathers and sorts cost a tenth of torch's per-op overhead on arrays of 10⁵-10⁶ entries) and
-:class:`TorchOps` on torch tensors of any device. :func:`ops_for` picks one; the tests run the torch path on the CPU
-too.
+"""The array primitives of the k-NN engine's selection on two backends with one interface: :class:`NumpyOps` on NumPy
+views of CPU tensors (no copies; a tenth of torch's per-op overhead on arrays of 10⁵-10⁶ entries) and
+:class:`TorchOps` on torch tensors of any device (the tests run it on the CPU too).
 """
+
+from functools import partial
 
 import numpy as np
 import torch
@@ -14,17 +14,21 @@ from .scores import key_scores, ordered_keys, up32
 class NumpyOps:
     """The sweep's primitives on NumPy views of CPU tensors."""
 
-    @staticmethod
-    def arr(t: torch.Tensor):
-        return t.numpy()
+    arr = staticmethod(torch.Tensor.numpy)
+    nonzero = staticmethod(np.flatnonzero)
+    split = staticmethod(np.divmod)
+    repeat = staticmethod(np.repeat)
+    count_rows = staticmethod(partial(np.count_nonzero, axis=1))
+    count_cols = staticmethod(partial(np.count_nonzero, axis=0))
+    sort_rows = staticmethod(partial(np.sort, axis=1))
+    cumsum = staticmethod(np.cumsum)
+    where = staticmethod(np.where)
+    f64 = staticmethod(partial(np.asarray, dtype=np.float64))
+    f32 = staticmethod(partial(np.asarray, dtype=np.float32))
 
     @staticmethod
     def tensor(a) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a))
-
-    @staticmethod
-    def nonzero(mask):
-        return np.flatnonzero(mask)
 
     @staticmethod
     def bincount(x, n):
@@ -33,22 +37,6 @@ class NumpyOps:
     @staticmethod
     def arange(n, like):
         return np.arange(n, dtype=np.int64)
-
-    @staticmethod
-    def split(flat, ncols):
-        return np.divmod(flat, ncols)
-
-    @staticmethod
-    def repeat(x, counts):
-        return np.repeat(x, counts)
-
-    @staticmethod
-    def count_rows(mask):
-        return np.count_nonzero(mask, axis=1)
-
-    @staticmethod
-    def count_cols(mask):
-        return np.count_nonzero(mask, axis=0)
 
     @staticmethod
     def bf16_values(p: torch.Tensor, flat):
@@ -72,19 +60,8 @@ class NumpyOps:
 
     @staticmethod
     def decode(keys):
-        """float32 scores of int64 keys."""
         o = (keys >> 32).astype(np.int32)
         return (o ^ ((o >> 31) & 0x7FFFFFFF)).view(np.float32)
-
-    @staticmethod
-    def sort_rows(x):
-        return np.sort(x, axis=1)
-
-    @staticmethod
-    def kth_smallest(x, k):
-        """k-th smallest of each row (x is reordered in place)."""
-        x.partition(k - 1, axis=1)
-        return x[:, k - 1].copy()
 
     @staticmethod
     def up32(t):
@@ -94,26 +71,6 @@ class NumpyOps:
     @staticmethod
     def full(shape, value, dtype, like):
         return np.full(shape, value, dtype={torch.int64: np.int64, torch.float32: np.float32}[dtype])
-
-    @staticmethod
-    def f64(x):
-        return x.astype(np.float64)
-
-    @staticmethod
-    def f32(x):
-        return x.astype(np.float32)
-
-    @staticmethod
-    def cumsum(x):
-        return np.cumsum(x)
-
-    @staticmethod
-    def where(c, a, b):
-        return np.where(c, a, b)
-
-    @staticmethod
-    def lexsort(minor, middle, major):
-        return np.lexsort((minor, middle, major))
 
     @staticmethod
     def select(p: torch.Tensor, t_rows, t_cols, buffers, strip: int = 1024):
@@ -147,13 +104,12 @@ class NumpyOps:
                 out = mask if first else other
                 np.greater_equal(pn[rows], t[rows, None] if axis == 0 else t[None, :], out=out)
                 if slow is not None:  # thresholds <= 0: compare those rows/columns as floats
-                    tv = (t_rows if axis == 0 else t_cols)[slow]
                     if axis == 0:
                         sel = slow[(slow >= a) & (slow < rows.stop)]
                         if len(sel):
                             out[(sel - a).numpy()] = (p[sel].to(torch.float32) >= t_rows[sel][:, None]).numpy()
                     else:
-                        out[:, slow.numpy()] = (p[rows][:, slow].to(torch.float32) >= tv[None, :]).numpy()
+                        out[:, slow.numpy()] = (p[rows][:, slow].to(torch.float32) >= t_cols[slow][None, :]).numpy()
                 if not first:
                     np.logical_or(mask, other, out=mask)
                 first = False
@@ -164,102 +120,30 @@ class NumpyOps:
 class TorchOps:
     """The same primitives on torch tensors (any device)."""
 
-    @staticmethod
-    def arr(t: torch.Tensor):
-        return t
-
-    @staticmethod
-    def tensor(a) -> torch.Tensor:
-        return a.contiguous()
-
-    @staticmethod
-    def nonzero(mask):
-        return mask.reshape(-1).nonzero().flatten()
-
-    @staticmethod
-    def bincount(x, n):
-        return torch.bincount(x, minlength=n)
-
-    @staticmethod
-    def arange(n, like):
-        return torch.arange(n, device=like.device)
+    arr = staticmethod(lambda t: t)
+    tensor = staticmethod(torch.Tensor.contiguous)
+    nonzero = staticmethod(lambda mask: mask.reshape(-1).nonzero().flatten())
+    bincount = staticmethod(lambda x, n: torch.bincount(x, minlength=n))
+    arange = staticmethod(lambda n, like: torch.arange(n, device=like.device))
+    repeat = staticmethod(torch.repeat_interleave)
+    count_rows = staticmethod(lambda mask: mask.sum(1))
+    count_cols = staticmethod(lambda mask: mask.sum(0))
+    bf16_values = f32_values = staticmethod(lambda p, flat: p.reshape(-1).index_select(0, flat).to(torch.float32))
+    keys = staticmethod(ordered_keys)
+    group_order = staticmethod(lambda ids: torch.sort(ids, stable=True).indices)
+    decode = staticmethod(key_scores)
+    sort_rows = staticmethod(lambda x: x.sort(dim=1).values)
+    up32 = staticmethod(up32)
+    full = staticmethod(lambda shape, value, dtype, like: torch.full(shape, value, dtype=dtype, device=like.device))
+    f64 = staticmethod(lambda x: x.to(torch.float64))
+    f32 = staticmethod(lambda x: x.to(torch.float32))
+    cumsum = staticmethod(lambda x: torch.cumsum(x, 0))
+    where = staticmethod(torch.where)
 
     @staticmethod
     def split(flat, ncols):
         i = torch.div(flat, ncols, rounding_mode="floor")
         return i, flat - i * ncols
-
-    @staticmethod
-    def repeat(x, counts):
-        return torch.repeat_interleave(x, counts)
-
-    @staticmethod
-    def count_rows(mask):
-        return mask.sum(1)
-
-    @staticmethod
-    def count_cols(mask):
-        return mask.sum(0)
-
-    @staticmethod
-    def bf16_values(p: torch.Tensor, flat):
-        return p.reshape(-1).index_select(0, flat).to(torch.float32)
-
-    f32_values = bf16_values
-
-    @staticmethod
-    def keys(d32, refs):
-        return ordered_keys(d32, refs)
-
-    @staticmethod
-    def group_order(ids):
-        return torch.sort(ids, stable=True).indices
-
-    @staticmethod
-    def decode(keys):
-        return key_scores(keys)
-
-    @staticmethod
-    def sort_rows(x):
-        return x.sort(dim=1).values
-
-    @staticmethod
-    def kth_smallest(x, k):
-        return x.kthvalue(k, dim=1).values
-
-    @staticmethod
-    def up32(t):
-        return up32(t)
-
-    @staticmethod
-    def full(shape, value, dtype, like):
-        return torch.full(shape, value, dtype=dtype, device=like.device)
-
-    @staticmethod
-    def f64(x):
-        return x.to(torch.float64)
-
-    @staticmethod
-    def f32(x):
-        return x.to(torch.float32)
-
-    @staticmethod
-    def cumsum(x):
-        return torch.cumsum(x, 0)
-
-    @staticmethod
-    def where(c, a, b):
-        if not isinstance(a, torch.Tensor):
-            a = torch.full_like(b, a) if isinstance(b, torch.Tensor) else torch.tensor(a, device=c.device)
-        if not isinstance(b, torch.Tensor):
-            b = torch.full_like(a, b)
-        return torch.where(c, a, b)
-
-    @staticmethod
-    def lexsort(minor, middle, major):
-        order = torch.sort(minor, stable=True).indices
-        order = order[torch.sort(middle[order], stable=True).indices]
-        return order[torch.sort(major[order], stable=True).indices]
 
     @staticmethod
     def select(p: torch.Tensor, t_rows, t_cols, buffers):

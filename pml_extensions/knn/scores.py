@@ -1,8 +1,5 @@
-"""Keys and scores of the exact k-NN engine (:class:`~pml_extensions.knn.engine.BlockedKNN`): int64 keys
-that sort like ``(float32 score, reference index)``, directed float32 rounding, the per-row order statistics of
-score tiles, and the engine's float32 scores themselves (:func:`pair_dots`: every dot product in float64 by one
-kernel). The derivation of every bound that uses them is in the module docstring of
-:mod:`~pml_extensions.knn.engine`.
+"""Keys, directed roundings, per-row order statistics and the float32 scores of the exact k-NN engine (the bounds
+that use them: ``docs/evaluation.md``, "The k-NN engine").
 """
 
 import math
@@ -94,12 +91,10 @@ def kth_largest_rows(p: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def pair_dots(a: torch.Tensor, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-    """Dot products ``a[i[p]]·b[j[p]]`` (``a [n, D]``, ``b [m, D]``, same dtype; ``i`` ascending) by
-    ``torch.sparse.sampled_addmm``: THE kernel of every score the engine ranks. On the CPU it computes each pair by
-    one vectorised loop whose order depends only on D (not on the pattern, the pair's position, the argument order,
-    the number of threads), so a pair gets bitwise the same value wherever it is scored. On other devices (CUDA)
-    one gathered product-sum per pair, in chunks of about 4M elements (sparse CSR tensors have no fake-tensor
-    support, so this path is the one the CPU-side CUDA audit can check; each pair's sum runs over D in one row)."""
+    """Dot products ``a[i[p]]·b[j[p]]`` (``i`` ascending): THE kernel of every score the engine ranks. On the CPU
+    ``torch.sparse.sampled_addmm`` sums each pair in an order that depends only on D, so a pair gets bitwise the same
+    value wherever it is scored; elsewhere one gathered product-sum per pair (sparse CSR has no fake-tensor support,
+    which the CPU-side CUDA audit needs)."""
     if a.device.type != "cpu":
         out = torch.empty(len(i), dtype=a.dtype, device=a.device)
         step = max(1, (1 << 22) // max(1, a.shape[1]))
@@ -121,23 +116,19 @@ def pair_dots(a: torch.Tensor, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor
 
 
 def engine_scores(a64, b64, i, j, a_sq, b_sq, w: int) -> torch.Tensor:
-    """The engine's float32 scores of pairs ``(a_i, b_j)`` (``i`` ascending): computed in float64 by
-    :func:`pair_dots` from float64 rows ``a64``, ``b64`` and rounded to float32 (:func:`finish`); ``a_sq``, ``b_sq``:
-    float64 ``|a|²``, ``|b|²`` (:func:`self_dots`), used when ``w`` (euclidean)."""
+    """The engine's float32 scores of pairs ``(a_i, b_j)`` from float64 rows and squared norms (used when ``w``)."""
     dots = pair_dots(a64, b64, i, j)
     return finish(a_sq.index_select(0, i) if w else None, b_sq.index_select(0, j) if w else None, dots, w)
 
 
 def finish(sq_a, sq_b, dots, w: int):
-    """``fl32((|a|² + |b|²) − 2 a·b)`` (euclidean: the squared distance) or ``fl32(−a·b)``: the one arithmetic of
-    every engine score, in float64 (tensors or NumPy arrays)."""
+    """``fl32((|a|² + |b|²) − 2 a·b)`` (euclidean) or ``fl32(−a·b)`` from float64: the one arithmetic of every score."""
     v = (sq_a + sq_b) - dots * 2 if w else dots * -1
     return v.astype(np.float32) if isinstance(v, np.ndarray) else v.to(torch.float32)
 
 
 def self_dots(x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
-    """float64 ``|x_i|²`` by :func:`pair_dots` on float64 copies of ``chunk`` rows at a time (the same kernel as
-    every score)."""
+    """float64 ``|x_i|²`` by :func:`pair_dots` (the kernel of every score), ``chunk`` rows at a time."""
     out = torch.empty(len(x), dtype=torch.float64, device=x.device)
     for a in range(0, len(x), chunk):
         x64 = x[a : a + chunk].to(torch.float64)

@@ -1,10 +1,5 @@
-"""Selection machinery of the exact k-NN engine (:class:`~pml_extensions.knn.engine.BlockedKNN`):
-order-preserving keys, the engine's float32 scores (:func:`pair_dots`) and their error bounds, per-query candidate
-buffers and the threshold sweep over score tiles. The method and the derivation of every bound used here are in the
-module docstring of :mod:`~pml_extensions.knn.engine`; this module only implements them.
-
-The per-proposal bookkeeping (compares, gathers, sorts) runs through the array primitives of
-:mod:`~pml_extensions.knn.ops` (NumPy views on the CPU, torch elsewhere), passed in as ``ops``.
+"""Candidate buffers and the threshold sweep of the exact k-NN engine; the method and its bounds are derived in
+``docs/evaluation.md`` ("The k-NN engine"). Array work runs through :mod:`~pml_extensions.knn.ops` (``ops``).
 """
 
 import math
@@ -35,15 +30,9 @@ STRIP = 1024  # query rows of a tile whose proposals are handled together
 
 # ------------------------------------------------------------------------------------------------ geometry
 class Geometry:
-    """Prepared operands of one search, their norms and error bounds, and the tile operands (references sorted
-    by norm, so each tile's norm range, hence its thresholds, is tight).
-
-    Scores (``w, s``): euclidean ``d = |q|² + |r|² − 2 q·r`` (``w = 1, s = 2``), inner product ``d = −q·r``
-    (``w = 0, s = 1``). Per query (float64 ``[Nq]``): ``delta32``, the bound on ``|g − d|`` of a float32 GEMM score
-    ``g`` (plus the float64 ``|q|²``); ``eps64``, the bound on the float64 score before its rounding to float32, so
-    an engine score ``e`` has ``|e − d| ≤ u·|d| + eps64`` (:meth:`canon`). ``c_lp``: relative bound of the proposal
-    pass (``|p̃ − p| ≤ c_lp·|q|·|r| + η``). ``qsq``, ``rsq``: float64 squared norms (:func:`self_dots`).
-    """
+    """Operands of one search, their norms and error bounds (``delta32`` = Δ32, ``eps64`` = ε64, ``c_lp`` = c per
+    query, in the docs' notation; ``d = w·(|q|² + |r|²) − s·q·r``), and the tile operands (references sorted by norm,
+    so each tile's thresholds are tight)."""
 
     def __init__(self, query, reference, inner_product, low_precision, c_lp, symmetric, tiles):
         self.q, self.r = query, reference
@@ -89,28 +78,24 @@ class Geometry:
 
     @property
     def r64(self) -> torch.Tensor:
-        """float64 copy of the references (made once, for the rows method and the full scan)."""
+        """float64 copy of the references, made once."""
         if self._r64 is None:
             self._r64 = self.r.to(torch.float64)
         return self._r64
 
     @staticmethod
     def canon(x, eps):
-        """Bound on ``|e − d|`` for an engine score ``e`` near ``x``: ``2⁻²⁴·|x| + eps`` (float64 rounding to float32
-        of a float64 score within ``eps``), with slack."""
+        """Bound on ``|e − d|`` for an engine score ``e`` near ``x``: ``2⁻²⁴·|x| + eps``, with slack."""
         return (abs(x) * (2.0**-24) + eps) * (1 + SLACK) + 1e-300
 
     def ref_ids(self, t_idx: torch.Tensor) -> torch.Tensor:
-        """Original reference indices of tile (norm-sorted) positions."""
         return t_idx if self.perm is None else self.perm[t_idx]
 
 
 # ------------------------------------------------------------------------------------------------ buffers
 class State:
-    """Candidate buffers of a set of queries: int64 keys ``(float32 score, reference index)`` (``cap`` per query),
-    counts, upper bounds ``U`` on each query's k-th engine score, the float32 keep limits (``U`` rounded up) and the
-    queries that could not be certified. ``delta``: the queries' ``eps64`` (:class:`Geometry`). Arrays are ``ops``
-    arrays (NumPy on the CPU)."""
+    """Candidate buffers of a set of queries (``cap`` int64 keys each), their bounds ``U`` on the k-th engine score,
+    keep limits ``up32(U)`` and failed (not certified) flags, as ``ops`` arrays; ``delta``: their ``eps64``."""
 
     def __init__(self, n: int, cap: int, k: int, delta: torch.Tensor, device: torch.device, ops):
         self.ops, self.cap, self.k = ops, cap, k
@@ -123,17 +108,14 @@ class State:
         self._flat = self.keys.reshape(-1)
 
     def _set_u(self, rows, u) -> None:
-        """``U`` and keep limit ``up32(U)`` of ``rows`` (an index array or a slice)."""
         ops = self.ops
         self.U[rows] = u
         self.limit[rows] = ops.where(self.failed[rows], -math.inf, ops.up32(u))
 
     def export(self, local):
-        """(sorted keys, counts, failed) of the state rows ``local`` (an ``ops`` index array)."""
         return self.ops.sort_rows(self.keys[local]), self.count[local], self.failed[local]
 
     def lower_u(self, base: int, bound) -> None:
-        """``U = min(U, bound)`` for rows ``base:base + len(bound)`` where ``bound`` is finite (float64 tensor)."""
         ops = self.ops
         bound = ops.arr(bound.contiguous())
         span = slice(base, base + len(bound))
@@ -149,10 +131,8 @@ class State:
         self.keys[rows] = INT64_MAX
 
     def add(self, rows, d32, refs, base: int, span: int) -> None:
-        """Add candidates (query row, float32 score, original reference index) with ``rows`` ascending within
-        ``base:base + span``; those beyond the keep limit are dropped first. A buffer that would overflow is pruned
-        together with its new candidates (tightening ``U``); a query whose candidates still do not fit fails (is
-        redone exactly)."""
+        """Add candidates (``rows`` ascending within ``base:base + span``) below the keep limit; a full buffer is
+        pruned with them (:meth:`_merge`)."""
         ops = self.ops
         keep = ops.nonzero(d32 <= self.limit[rows])
         rows, d32, refs = rows[keep], d32[keep], refs[keep]
@@ -172,7 +152,7 @@ class State:
         count += counts
 
     def _merge(self, rows, d32, refs, base, span, over, counts) -> None:
-        """Rows whose buffer + new candidates exceed ``cap``: prune the union; fail if it still does not fit."""
+        """Prune the union of full buffers and their new candidates; fail rows where it still does not fit."""
         ops = self.ops
         big = ops.nonzero(over) + base
         sel = ops.nonzero(over[rows - base])
@@ -195,8 +175,7 @@ class State:
         self.fail(big[ops.nonzero(~fits)])
 
     def _prune(self, rows, keys, counts):
-        """Sorted ``keys`` of ``rows``, ``U`` tightened to the k-th smallest score, candidates beyond it dropped (ties
-        with it kept); returns (keys, new counts)."""
+        """Sort ``keys``, tighten ``U`` to the k-th score, drop candidates beyond it (ties kept): (keys, counts)."""
         ops = self.ops
         keys = ops.sort_rows(keys)
         have = (counts >= self.k) & ~self.failed[rows]
@@ -211,10 +190,8 @@ class State:
 
 # ------------------------------------------------------------------------------------------------ workers
 def run_tasks(tasks, pool, workers: int) -> None:
-    """Run ``tasks`` (``(blocks, fn)`` pairs) on ``workers`` threads of ``pool`` (inline when one): two tasks sharing
-    a block never run together, each starts in list order as soon as its blocks are free, and the first error is
-    re-raised in the calling thread. NumPy and torch release the GIL in their kernels, so the threads share the
-    cores."""
+    """Run ``(blocks, fn)`` tasks on ``workers`` threads of ``pool``: two tasks sharing a block never run together,
+    each starts in list order once its blocks are free; the first error is re-raised here."""
     if workers <= 1 or pool is None or len(tasks) <= 1:
         for _, fn in tasks:
             fn()
@@ -252,17 +229,13 @@ def run_tasks(tasks, pool, workers: int) -> None:
 
 # ------------------------------------------------------------------------------------------------ the sweep
 class ThresholdSweep:
-    """The threshold method over tiles of ``tile`` rows (the engine's module doc, steps 1-3).
-
-    ``tick(stage, t0)`` accounts time to a stage and returns the new start time; ``ops`` picks the array library;
-    ``workers`` threads process tiles that touch disjoint blocks of queries at the same time (NumPy and torch
-    release the GIL in their kernels).
-    """
+    """The threshold method (steps 1-3) over tiles of ``tile`` rows; ``tick(stage, t0)`` accounts time to a stage;
+    ``workers`` threads process tiles of disjoint query blocks at once (NumPy and torch release the GIL)."""
 
     def __init__(self, geo: Geometry, k: int, tile: int, cap: int, tick, ops, workers: int = 1, pool=None):
         self.geo, self.k, self.tile, self.cap, self.tick, self.ops = geo, k, tile, cap, tick, ops
         self.workers = max(1, int(workers)) if pool is not None else 1
-        self.pool = pool
+        self.run = partial(run_tasks, pool=pool, workers=self.workers)
         self.proposals = 0
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -275,21 +248,15 @@ class ThresholdSweep:
             loc.masks = (np.empty(size, dtype=bool), np.empty(size, dtype=bool))
         return tuple(m[:size] for m in loc.masks)
 
-    def run(self, tasks) -> None:
-        """Run ``tasks`` on the workers (:func:`run_tasks`)."""
-        run_tasks(tasks, self.pool, self.workers)
-
     # -- thresholds
     def _err(self, qn, rn_max):
-        """Per query of a tile: bound on ``|p̃ − p|`` against any reference of the tile (float64)."""
+        """Per query: bound on ``|p̃ − p|`` against any reference of the tile."""
         g = self.geo
         qn = qn.to(torch.float64)
         return g.c_lp * qn * rn_max + g.eta * (1 + qn) * (1 + rn_max)
 
     def _thresholds(self, u, eps, qsq, qn, rn_max, rsq_min, dtype):
-        """Lower bounds on ``p̃`` of a proposal, rounded down to the tile's dtype (as float32): an engine score
-        ``≤ U`` means ``d ≤ T = U + canon(U)``, i.e. ``p ≥ (w·(|q|² + |r|²_min) − T)/s``, and ``p̃ ≥ p − err``
-        (slack included)."""
+        """Proposal thresholds on ``p̃`` (the proposal rule), rounded down to the tile's dtype (as float32)."""
         g = self.geo
         n = g.w * (qsq + rsq_min * (1 - 2.0**-50))
         uc = u.clamp(-1e300, 1e300)
@@ -302,8 +269,7 @@ class ThresholdSweep:
         return bf16_floor(t).to(torch.float32) if dtype == torch.bfloat16 else down32(t)
 
     def _seed(self, st, base, p, qn, qsq, rn_max, rsq_max):
-        """``U`` of queries (tile rows) from their first tile: k references have ``p̃ ≥`` the k-th largest ``p̃``,
-        so ``d ≤ B = w·(|q|² + |r|²_max) − s·(p̃_k − err)`` and engine scores ``≤ B + canon(B)``."""
+        """``U`` from the first tile: k references have ``d ≤ B = w·(|q|² + |r|²_max) − s·(p̃_k − err)``."""
         g = self.geo
         if p.shape[1] <= self.k:
             return
@@ -314,42 +280,18 @@ class ThresholdSweep:
         eps = self.ops.tensor(st.delta[base : base + len(kth)])
         st.lower_u(base, bound + Geometry.canon(bound, eps))
 
-    def _dots(self, st, a64, b64, i, j, vals, qn_rows, rn_max, fail_rows):
-        """float64 dot products of the proposed pairs (``a64[i]·b64[j]``, ``i`` ascending; :func:`pair_dots`);
-        queries of pairs whose proposal score broke its bound are failed (``fail_rows(bad pair indices)``)."""
-        g, ops = self.geo, self.ops
-        with self._lock:
-            self.proposals += len(i)
-        if len(i) == 0:
-            return vals * 1.0
-        dots = ops.arr(pair_dots(a64, b64, ops.tensor(i), ops.tensor(j)))
-        rn = float(rn_max)
-        scale = g.c_lp * (1 + SLACK) * rn + g.eta * (1 + rn) + 2.0**-40 * rn
-        bad = ops.nonzero(~(abs(dots - vals) <= qn_rows[i] * scale + g.eta * (1 + rn) + 1e-30))
-        if len(bad):
-            for rows in fail_rows(bad):
-                st.fail(rows)
-        return dots
-
     def _scores(self, qa, lo, hi):
-        """Query-major tile ``[len(qa), hi − lo]`` of proposal scores, written into a buffer reused from tile to
-        tile (a fresh allocation costs its page faults every time)."""
+        """Query-major tile ``[len(qa), hi − lo]`` of proposal scores, in a reused buffer (fresh ones fault pages)."""
         g, loc = self.geo, self._local
         size = len(qa) * (hi - lo)
         if getattr(loc, "buf", None) is None or loc.buf.numel() < size:
             loc.buf = torch.empty(self.tile * self.tile, dtype=g.t_rlp.dtype, device=g.device)
         return torch.mm(qa, g.t_rlp[lo:hi].T, out=loc.buf[:size].view(len(qa), hi - lo))
 
-    def _values(self, p, flat):
-        ops = self.ops
-        return ops.bf16_values(p, flat) if p.dtype == torch.bfloat16 else ops.f32_values(p, flat)
-
     # -- tiles
-    def row_tile(self, st, base, qsel, lo, hi, own_t=None, seed=False, diagonal=False):
-        """Queries ``qsel`` (tile query coordinates; state rows ``base + 0..``) against tile references ``lo:hi``;
-        ``own_t``: each query's excluded reference (tile coordinates); ``diagonal``: the queries are the references
-        ``lo:hi`` (self-retrieval), own pairs on the diagonal; ``seed``: the queries' first tile. Proposals are
-        handled ``STRIP`` query rows at a time (bounded temporaries)."""
+    def row_tile(self, st, base, qsel, lo, hi, seed=False, diagonal=False, own_t=None):
+        """Queries ``qsel`` (state rows ``base + 0..``) against tile references ``lo:hi``, excluding ``own_t`` (or the
+        diagonal); ``seed``: the queries' first tile."""
         g, ops = self.geo, self.ops
         t0 = time.perf_counter()
         p = self._scores(g.t_qlp[qsel], lo, hi)
@@ -359,33 +301,47 @@ class ThresholdSweep:
             r = ((own_t >= lo) & (own_t < hi)).nonzero().flatten()
             p[r, own_t[r] - lo] = -math.inf
         t0 = self.tick("gemm", t0)
-        nq, nc = p.shape
+        nq = p.shape[0]
         qn, rn, qsq, rsq = g.t_qn[qsel], g.t_rn[lo:hi], g.t_qsq[qsel], g.t_rsq[lo:hi]
         rn_max, rsq_max, rsq_min = rn.max().double(), rsq.max(), rsq.min()
         if seed:
             self._seed(st, base, p, qn, qsq, rn_max, rsq_max)
         span = slice(base, base + nq)
         t = self._thresholds(ops.tensor(st.U[span]), ops.tensor(st.delta[span]), qsq, qn, rn_max, rsq_min, p.dtype)
-        a_qn, a_qsq, a_rsq = ops.arr(qn), ops.arr(qsq), ops.arr(rsq)
         q_rows, r_rows = g.t_q[qsel].to(torch.float64), g.t_r[lo:hi].to(torch.float64)
-        for a in range(0, nq, STRIP):
-            sub = p[a : a + STRIP]
-            flat = ops.select(sub, t[a : a + STRIP], None, self._buffers)
-            i, j = ops.split(flat, nc)
-            vals = self._values(sub, flat)
-            i = i + a
-            t0 = self.tick("selection", t0)
-            dots = self._dots(st, q_rows, r_rows, i, j, vals, a_qn, rn_max, lambda bad, i=i: [i[bad] + base])
-            d = finish(a_qsq[i], a_rsq[j], dots, g.w)
-            t0 = self.tick("rescore", t0)
+        sq = ops.arr(qn), ops.arr(qsq), ops.arr(rsq)
+        for a, n, i, j, d in self._strips(st, p, t, None, q_rows, r_rows, *sq, rn_max, (base,), t0):
             if seed:
-                self._tighten_seed(st, base, a, len(sub), i, d)
+                self._tighten_seed(st, base, a, n, i, d)
             st.add(i + base, d, self.a_ids[j + lo], base, nq)
+
+    def _strips(self, st, p, t_rows, t_cols, q_rows, r_rows, a_qn, sq_q, sq_r, rn_max, bases, t0):
+        """Proposals of tile ``p``, ``STRIP`` rows at a time, re-scored; fails the queries (rows ``i`` + ``bases[0]``,
+        columns ``j`` + ``bases[1]``) of pairs whose ``p̃`` broke its bound. Yields ``(a, strip rows, i, j, d)``."""
+        g, ops = self.geo, self.ops
+        values = ops.bf16_values if p.dtype == torch.bfloat16 else ops.f32_values
+        rn = float(rn_max)
+        scale = g.c_lp * (1 + SLACK) * rn + g.eta * (1 + rn) + 2.0**-40 * rn
+        for a in range(0, p.shape[0], STRIP):
+            sub = p[a : a + STRIP]
+            flat = ops.select(sub, t_rows[a : a + STRIP], t_cols, self._buffers)
+            i, j = ops.split(flat, p.shape[1])
+            i, vals = i + a, values(sub, flat)
+            t0 = self.tick("selection", t0)
+            with self._lock:
+                self.proposals += len(i)
+            dots = ops.arr(pair_dots(q_rows, r_rows, ops.tensor(i), ops.tensor(j))) if len(i) else vals * 1.0
+            bad = ops.nonzero(~(abs(dots - vals) <= a_qn[i] * scale + g.eta * (1 + rn) + 1e-30))
+            if len(bad):
+                for x, base in zip((i, j), bases):
+                    st.fail(x[bad] + base)
+            d = finish(sq_q[i], sq_r[j], dots, g.w)  # a distance: the same value for both directions
+            t0 = self.tick("rescore", t0)
+            yield a, len(sub), i, j, d
             t0 = self.tick("selection", t0)
 
     def _tighten_seed(self, st, base, a, n, i, d):
-        """``U`` of the seed tile's rows ``a:a + n`` = the k-th smallest float32 score among their candidates
-        (``i``: tile rows of the candidates, in that range), before they are added."""
+        """``U`` of the seed tile's rows ``a:a + n``: the k-th smallest score of their candidates ``(i, d)``."""
         ops = self.ops
         i = i - a
         counts = ops.bincount(i, n)
@@ -399,8 +355,7 @@ class ThresholdSweep:
         st.lower_u(base + a, kth_smallest_rows(packed, self.k).to(self.geo.device).to(torch.float64))
 
     def pair_tile(self, st, a, b, c, e, state_lo):
-        """Off-diagonal tile of the symmetric sweep: tile rows ``a:b`` × ``c:e`` serving both as queries, proposals
-        handled ``STRIP`` rows at a time."""
+        """Off-diagonal tile ``a:b`` × ``c:e`` of the symmetric sweep; both sides are queries."""
         g, ops = self.geo, self.ops
         t0 = time.perf_counter()
         p = self._scores(g.t_qlp[a:b], c, e)
@@ -413,28 +368,16 @@ class ThresholdSweep:
         t_i = self._thresholds(u_i, d_i, rsq_i, rn_i, rn_j.max().double(), rsq_j.min(), p.dtype)
         t_j = self._thresholds(u_j, d_j, rsq_j, rn_j, rn_i.max().double(), rsq_i.min(), p.dtype)
         rn_max = torch.maximum(rn_i.max(), rn_j.max()).double()
-        q_rows, r_rows, a_qn = g.t_q[a:b].to(torch.float64), g.t_r[c:e].to(torch.float64), self.a_qn[a:b]
-        a_sqi, a_sqj = ops.arr(rsq_i), ops.arr(rsq_j)
-        for s0 in range(0, nr, STRIP):
-            sub = p[s0 : s0 + STRIP]
-            flat = ops.select(sub, t_i[s0 : s0 + STRIP], t_j, self._buffers)
-            i, j = ops.split(flat, nc)
-            vals = self._values(sub, flat)
-            i = i + s0
-            t0 = self.tick("selection", t0)
-            fail = lambda bad, i=i, j=j: [i[bad] + bi, j[bad] + bj]  # noqa: E731
-            dots = self._dots(st, q_rows, r_rows, i, j, vals, a_qn, rn_max, fail)
-            d = finish(a_sqi[i], a_sqj[j], dots, g.w)  # a distance: the same value for both directions
-            t0 = self.tick("rescore", t0)
+        q_rows, r_rows = g.t_q[a:b].to(torch.float64), g.t_r[c:e].to(torch.float64)
+        sq = self.a_qn[a:b], ops.arr(rsq_i), ops.arr(rsq_j)
+        for *_, i, j, d in self._strips(st, p, t_i, t_j, q_rows, r_rows, *sq, rn_max, (bi, bj), t0):
             st.add(i + bi, d, self.a_ids[j + c], bi, nr)
             order = ops.group_order(j)
             st.add(j[order] + bj, d[order], self.a_ids[i[order] + a], bj, nc)
-            t0 = self.tick("selection", t0)
 
     # -- drivers
     def symmetric(self, wanted_t: torch.Tensor, group_rows: int) -> Iterator[Tuple[State, torch.Tensor, int]]:
-        """Self-retrieval over all rows (tile coordinates), groups of ``group_rows`` rows whose buffers fit the
-        budget; yields ``(state, wanted state rows, group start)`` after each group."""
+        """Self-retrieval in groups of ``group_rows`` rows; yields ``(state, wanted state rows, group start)``."""
         g = self.geo
         n = len(g.t_r)
         blocks = [(s, min(s + self.tile, n)) for s in range(0, n, self.tile)]
@@ -445,16 +388,18 @@ class ThresholdSweep:
             st = State(hi - lo, self.cap, self.k, g.t_eps[lo:hi], g.device, self.ops)
 
             # diagonal tiles first: they seed every row's bound
-            self.run([((x,), partial(self._diag, st, lo, *group[x])) for x in range(len(group))])
+            rt = partial(self.row_tile, st)
+            self.run([((x,), partial(rt, a - lo, slice(a, b), a, b, True, True)) for x, (a, b) in enumerate(group)])
             pairs = [(x, y) for x in range(len(group)) for y in range(x + 1, len(group))]
             self.run([((x, y), partial(self.pair_tile, st, *group[x], *group[y], lo)) for x, y in pairs])
             outside = blocks[:g0] + blocks[g0 + per_group :]
-            self.run([((y,), partial(self._cross, st, lo, *a, *group[y])) for a in outside for y in range(len(group))])
+            self.run(
+                [((y,), partial(rt, c - lo, slice(c, e), a, b)) for a, b in outside for y, (c, e) in enumerate(group)]
+            )
             yield st, self.ops.arr(wanted_t[lo:hi].nonzero().flatten()), lo
 
     def asymmetric(self, rows: torch.Tensor, own_t: Optional[torch.Tensor]) -> Iterator[Tuple[State, int]]:
-        """Queries ``rows`` (original query indices) against all references, one query tile per worker; yields
-        ``(state, start in rows)`` for each query tile (``workers`` at a time, in order)."""
+        """Queries ``rows`` against all references, one query tile per worker; yields ``(state, start in rows)``."""
         g = self.geo
         m = len(g.t_r)
         starts = list(range(0, len(rows), self.tile))
@@ -465,26 +410,19 @@ class ThresholdSweep:
             for start in wave:
                 yield states[start], start
 
-    def _diag(self, st, lo, a, b):
-        self.row_tile(st, a - lo, torch.arange(a, b, device=self.geo.device), a, b, seed=True, diagonal=True)
-
-    def _cross(self, st, lo, a, b, c, e):
-        self.row_tile(st, c - lo, torch.arange(c, e, device=self.geo.device), a, b)
-
     def _query_block(self, rows, own_t, m, start, states):
         g = self.geo
         blk = rows[start : start + self.tile]
         st = State(len(blk), self.cap, self.k, g.t_eps[blk], g.device, self.ops)
         own = None if own_t is None else own_t[start : start + self.tile]
         for n0, lo in enumerate(range(0, m, self.tile)):
-            self.row_tile(st, 0, blk, lo, min(lo + self.tile, m), own, seed=n0 == 0)
+            self.row_tile(st, 0, blk, lo, min(lo + self.tile, m), n0 == 0, own_t=own)
         states[start] = st
 
 
 # ------------------------------------------------------------------------------------------------ ranking
 def top_k(keys, counts, failed, k: int, ops):
-    """Top-k of sorted candidate keys ``[b, w]`` (``ops`` arrays): ``(indices [b, k], float32 scores [b, k],
-    failed [b])``; rows with fewer than k candidates are flagged failed (to be redone by the caller)."""
+    """``(indices [b, k], float32 scores [b, k], failed [b])`` of sorted keys; fewer than k candidates fail."""
     b, width = keys.shape
     if width < k:  # only rows with fewer than k candidates (failed below) are this short
         pad = ops.full((b, k - width), INT64_MAX, torch.int64, keys)
