@@ -1,10 +1,8 @@
 """PML ``AccuracyCalculator`` for asymmetric retrieval: queries and references embedded by different models.
 
-Source: P. Suma and G. Tolias, WACV 2023, Sec. 5 (evaluation: every test image is a query against the whole test set,
-mAP and R@1). Self-exclusion by index and the trapezoidal AP follow the protocol of ``pavelsuma/raml``
-(``lib/utils/evaluate.py``, where the query's own index is "junk", and ``compute_ap`` inherited from
-``filipradenovic/cnnimageretrieval-pytorch``). The trapezoidal AP here is written from its definition (area under
-the precision-recall curve by the trapezoid rule), not ported.
+Source: P. Suma and G. Tolias, WACV 2023, Sec. 5 (every test image a query against the whole test set; mAP, R@1).
+Self-exclusion by index and the trapezoidal AP follow ``pavelsuma/raml`` (``lib/utils/evaluate.py``: the query's own
+index is "junk"; ``compute_ap`` from ``filipradenovic/cnnimageretrieval-pytorch``), the AP written from its definition.
 """
 
 from pytorch_metric_learning.utils.accuracy_calculator import (
@@ -29,13 +27,9 @@ class AsymmetricAccuracyCalculator(EngineAccuracyMixin, AccuracyCalculator):
     rows differ). This subclass excludes each query's own image BY INDEX: ``self_indices[i]`` is the reference row of
     query i's image (default ``arange(Nq)`` when ``ref_includes_query=True``, i.e. PML's layout).
 
-    The k-NN runs block by block on the exact engine :class:`~pml_extensions.knn.engine.BlockedKNN` (the
-    ranking of its float32 scores, ties by increasing reference index, within a memory budget); a user's
+    The k-NN runs block by block on the exact engine :class:`~pml_extensions.knn.engine.BlockedKNN`; a user's
     ``knn_func`` (e.g. PML's ``FaissKNN``) is asked for k + 1 neighbours and the own row is removed by index.
-    Labels stay integers. k rule (shared by every calculator of this package): k (int, None = all references,
-    ``"max_bin_count"``) is clamped to the references available to a query (M, or M − 1 with its own row excluded);
-    a k that truncates MAP@R or R-precision logs PML's warning on the call that computes them (see
-    ``ChunkedAccuracyCalculator``).
+    Labels stay integers; the k rule is ``ChunkedAccuracyCalculator``'s.
 
     All of PML's metrics keep their key names (``precision_at_1``, ``mean_average_precision_at_r``,
     ``mean_average_precision``, ``r_precision``, ``mean_reciprocal_rank``, ``NMI``, ``AMI``...), so

@@ -1,15 +1,5 @@
-"""PML's ``AccuracyCalculator`` on the blocked k-NN engine: exact metrics with memory bounded in N.
-
-With ``k="max_bin_count"`` the stock calculator searches ``k`` neighbours for every query at once and keeps
-``[N, k]`` distances, indices, labels and relevance masks, and its label counts compare every class with every
-reference (``[classes, M]``): for 100k embeddings in 6 classes (k ≈ 16.7k) that is tens of GiB, for 30k items in
-10,000 classes 2.9 GiB (PML's tracker, ``KevinMusgrave/pytorch-metric-learning``, "AccuracyCalculator out of
-memory"). This subclass takes the k-NN block by block from the exact engine
-:class:`~pml_extensions.knn.engine.BlockedKNN` (bfloat16 or float32 score tiles that only propose candidates
-under a proven bound, one float32 kernel for every ranked score, the symmetry of self-retrieval, threshold selection
-instead of ``topk``; on the inputs' device, within a memory budget), reduces each block to per-query metric values
-and adds them into per-class sums (:mod:`~pml_extensions.knn.metrics`). Labels are mapped to class ids, never
-cast to float.
+"""PML's ``AccuracyCalculator`` on the blocked k-NN engine: exact metrics with memory bounded in N (why the stock
+calculator runs out of memory, and how this one works: ``docs/evaluation.md``).
 """
 
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator

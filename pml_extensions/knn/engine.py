@@ -26,7 +26,6 @@ from .scores import (
     kth_smallest_rows,
     ordered_keys,
     pair_dots,
-    self_dots,
     sort_rows,
     up32,
 )
@@ -37,7 +36,7 @@ _SPEEDUP: Dict[Tuple[str, Optional[int]], float] = {}
 
 
 def pass_error_bound(dim: int, device_type: str = "cpu", low_precision: bool = True) -> float:
-    """Relative bound ``c`` of the proposal pass: ``|p̃ − q·r| ≤ c·|q|·|r| + η`` for every pair (module doc).
+    """Relative bound ``c`` of the proposal pass: ``|p̃ − q·r| ≤ c·|q|·|r| + η`` for every pair (``docs/evaluation.md``).
 
     Args:
         dim: embedding dimension D.
@@ -96,7 +95,7 @@ def low_precision_speedup(device: torch.device) -> float:
 
 
 class BlockedKNN:
-    """Exact k-NN with a memory budget (see the module doc for the method and its error bounds); also a PML
+    """Exact k-NN with a memory budget (method and error bounds: ``docs/evaluation.md``); also a PML
     ``knn_func``: ``knn(query, k, reference, ref_includes_query)``.
 
     Args:
@@ -112,7 +111,7 @@ class BlockedKNN:
             threshold method when ``block_size ≥ 2k + 2``.
         low_precision: None (default) = the bfloat16 proposal pass where :func:`low_precision_speedup` is at
             least 1.5; True / False force it on / off. The results are identical either way.
-        method: ``"auto"`` (default), ``"threshold"`` or ``"rows"`` (module doc); ``"auto"`` takes the threshold
+        method: ``"auto"`` (default), ``"threshold"`` or ``"rows"`` (docs); ``"auto"`` takes the threshold
             method when ``16·k·(1 + ln(M/B)) ≤ M`` and a tile fits ``k``.
         symmetric: use the symmetry of self-retrieval (default True).
 
@@ -127,7 +126,7 @@ class BlockedKNN:
     product, the negated score), in the embeddings' float dtype.
 
     ``dense_float64`` (attribute; None = auto, True / False force it): whether the rows method scores its blocks
-    by a float64 GEMM (module doc, *dense rows*; by default on the CPU when ``32·k ≥ M``). Results are identical.
+    by a float64 GEMM (docs, *dense rows*; by default on the CPU when ``32·k ≥ M``). Results are identical.
 
     After a search, ``stage_seconds`` holds the time per stage (``gemm``, ``selection``, ``rescore``, ``rank``; on
     CUDA synchronised only when ``profile_stages`` is True) and ``last_plan`` what was done (method, tile,
@@ -313,15 +312,8 @@ class BlockedKNN:
         geo = Geometry(
             query, query if symmetric else reference, self.inner_product, lp, c_lp, symmetric, method == "threshold"
         )
-        self.last_plan = dict(
-            method=method,
-            tile=tile,
-            low_precision=lp,
-            symmetric=symmetric and method == "threshold",
-            proposals=0,
-            redone_by_rows=0,
-            redone_exactly=0,
-        )
+        plan = dict(method=method, tile=tile, low_precision=lp, symmetric=symmetric and method == "threshold")
+        self.last_plan = dict(plan, proposals=0, redone_by_rows=0, redone_exactly=0)
         # CPU: one worker thread per torch thread, each running single-threaded kernels; the caller's own code (between
         # the blocks this yields) runs with its own setting
         self._threads = torch.get_num_threads() if dev.type == "cpu" else 1
@@ -355,15 +347,7 @@ class BlockedKNN:
                 torch.set_num_threads(self._threads)
             yield item
 
-    def search(
-        self,
-        query,
-        k: int,
-        reference,
-        self_indices=None,
-        return_distances: bool = False,
-        out=None,
-    ):
+    def search(self, query, k: int, reference, self_indices=None, return_distances: bool = False, out=None):
         """k nearest references of each query row (see the class doc). Inputs must come from :meth:`prepare`;
         ``out``: an optional :meth:`score_buffer` for the rows method."""
         b = len(query)
@@ -609,18 +593,14 @@ class BlockedKNN:
         return idx, (d.clamp(min=0) if geo.w else -d).to(geo.q.dtype)  # squared distances or similarities
 
     def _exact_rows(self, geo, qrows, own, k):
-        """The engine's float32 scores of queries ``qrows`` against every reference, sorted by (score, index): the
-        last fallback. Returns (indices [b, k], scores [b, k])."""
+        """The last fallback: (indices [b, k], scores [b, k]) of queries ``qrows`` by scoring every reference."""
         m = geo.r.shape[0]
         ref = torch.arange(m, device=geo.device)
         rows = max(1, self.memory_budget // (32 * max(m, 1)))
         idx, d = [], []
         for a in range(0, len(qrows), rows):
             q = qrows[a : a + rows]
-            i = torch.arange(len(q), device=geo.device).repeat_interleave(m)
-            q64 = geo.q.index_select(0, q).to(torch.float64)
-            sc = engine_scores(q64, geo.r64, i, ref.repeat(len(q)), geo.qsq.index_select(0, q), geo.rsq, geo.w)
-            sc = sc.view(len(q), m)
+            sc = self._all_scores(geo, q)
             if own is not None:
                 sc[torch.arange(len(q), device=geo.device), own[a : a + rows]] = math.inf
             keys = sort_rows(ordered_keys(sc, ref.expand(len(q), m)))[:, :k]
@@ -628,11 +608,20 @@ class BlockedKNN:
             d.append(key_scores(keys))
         return torch.cat(idx), torch.cat(d)
 
+    @staticmethod
+    def _all_scores(geo, q):
+        """The engine's float32 scores ``[len(q), M]`` of query rows ``q`` against every reference."""
+        m = geo.r.shape[0]
+        i = torch.arange(len(q), device=geo.device).repeat_interleave(m)
+        j = torch.arange(m, device=geo.device).repeat(len(q))
+        q64 = geo.q.index_select(0, q).to(torch.float64)
+        return engine_scores(q64, geo.r64, i, j, geo.qsq.index_select(0, q), geo.rsq, geo.w).view(len(q), m)
+
     def float32_scores(self, query: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
         """The engine's float32 scores of every pair, ``[Nq, M]`` float32, smaller is nearer: squared distances
         (euclidean) or negated inner products, each the float32 rounding of a float64 score by the one kernel the
-        engine ranks with (module doc). A stable sort of a row (ties by reference index) is the engine's ranking of
-        that query; meant for checks on small sets.
+        engine ranks with. A stable sort of a row (ties by reference index) is the engine's ranking of that query;
+        meant for checks on small sets.
 
         Example:
             >>> knn = BlockedKNN()
@@ -641,10 +630,5 @@ class BlockedKNN:
             [[0.0, 1.0, 9.0], [1.0, 0.0, 4.0], [9.0, 4.0, 0.0]]
         """
         q, r = self.prepare(query, "query"), self.prepare(reference, "reference")
-        n, m = len(q), len(r)
-        w = 0 if self.inner_product else 1
-        zeros = lambda x: torch.zeros(len(x), dtype=torch.float64, device=x.device)  # noqa: E731
-        q_sq, r_sq = (self_dots(q), self_dots(r)) if w else (zeros(q), zeros(r))
-        i = torch.arange(n, device=q.device).repeat_interleave(m)
-        j = torch.arange(m, device=q.device).repeat(n)
-        return engine_scores(q.to(torch.float64), r.to(torch.float64), i, j, q_sq, r_sq, w).view(n, m)
+        geo = Geometry(q, r, self.inner_product, False, 0.0, False, False)
+        return self._all_scores(geo, torch.arange(len(q), device=q.device))

@@ -235,7 +235,7 @@ class EngineAccuracyMixin:
         seconds = {}
         want_dist = len(builtin) < len(metrics)
         ctx = dict(q_ids=q_ids, r_ids=r_ids, q_lab=q_lab, r_lab=r_lab, num_relevant=num_relevant, cls=cls)
-        ctx.update(classes=len(classes), label_counts=label_counts, exclude_self=exclude_self, sums=sums)
+        ctx.update(label_counts=label_counts, exclude_self=exclude_self, sums=sums)
         if r_ids is not None and query.device.type == "cpu":  # NumPy gathers of the smallest integer class ids
             small = np.min_scalar_type(
                 max(int(r_ids.max()) if len(r_ids) else 0, int(q_ids.max()) if len(q_ids) else 0)
@@ -290,25 +290,29 @@ class EngineAccuracyMixin:
             if m in values:
                 sums[i].index_add_(0, cls, values[m])
                 continue
-            sums[i] += self._custom_block(
-                m,
-                cls,
-                ctx["classes"],
-                dict(
-                    query=query[block],
-                    reference=reference,
-                    query_labels=ctx["q_lab"][block],
-                    reference_labels=ctx["r_lab"],
-                    ref_includes_query=ctx["exclude_self"],
-                    label_counts=ctx["label_counts"],
-                    knn_labels=ctx["r_lab"][idx],
-                    knn_distances=dist,
-                    knn_indices=idx,
-                    lone_query_labels=None,
-                    not_lone_query_mask=torch.ones(len(block), dtype=torch.bool, device=query.device),
-                    label_comparison_fn=self.label_comparison_fn,
-                ),
+            # a user's own ``calculate_<m>`` (a mean over queries) on the block: its per-class means back to sums
+            kwargs = dict(
+                query=query[block],
+                reference=reference,
+                query_labels=ctx["q_lab"][block],
+                reference_labels=ctx["r_lab"],
+                ref_includes_query=ctx["exclude_self"],
+                label_counts=ctx["label_counts"],
+                knn_labels=ctx["r_lab"][idx],
+                knn_distances=dist,
+                knn_indices=idx,
+                lone_query_labels=None,
+                not_lone_query_mask=torch.ones(len(block), dtype=torch.bool, device=query.device),
+                label_comparison_fn=self.label_comparison_fn,
             )
+            saved = (self.avg_of_avgs, self.return_per_class)
+            self.avg_of_avgs, self.return_per_class = False, True
+            try:
+                per_class = torch.tensor(self.original_function_dict[m](**kwargs), dtype=torch.float64, device="cpu")
+            finally:
+                self.avg_of_avgs, self.return_per_class = saved
+            block_classes, counts = torch.unique(cls, return_counts=True)
+            sums[i, block_classes] += (per_class * counts.cpu().to(torch.float64)).to(sums.device)
 
     def knn_excluding_self(self, query, k: int, reference, self_indices) -> tuple:
         """k nearest references of each query with its own row ``self_indices[i]`` removed (k clamped to M − 1).
@@ -333,19 +337,6 @@ class EngineAccuracyMixin:
         drop[:, -1] |= ~is_self.any(dim=1)
         n = len(query)
         return dist[~drop].view(n, -1)[:, :k], idx[~drop].view(n, -1)[:, :k]
-
-    def _custom_block(self, name, cls, num_classes, kwargs):
-        """A user's own ``calculate_<name>`` on one block (must be a mean over queries): per-class sums."""
-        saved = (self.avg_of_avgs, self.return_per_class)
-        self.avg_of_avgs, self.return_per_class = False, True
-        try:
-            per_class = torch.tensor(self.original_function_dict[name](**kwargs), dtype=torch.float64, device="cpu")
-        finally:
-            self.avg_of_avgs, self.return_per_class = saved
-        block_classes, counts = torch.unique(cls, return_counts=True)
-        out = torch.zeros(num_classes, dtype=torch.float64, device="cpu")
-        out[block_classes.cpu()] = per_class * counts.cpu().to(torch.float64)
-        return out.to(cls.device)
 
     # ------------------------------------------------------------------ get_accuracy
     def get_accuracy(
