@@ -73,14 +73,7 @@ def per_query_metrics(rel: torch.Tensor, num_relevant: torch.Tensor, names) -> D
     if {"precision_at_1", "recall_at_1"} & names:
         first = rel[:, 0].to(torch.float64)
         out.update({n: first for n in ("precision_at_1", "recall_at_1") if n in names})
-    ranked = {
-        "mean_reciprocal_rank",
-        "r_precision",
-        "mean_average_precision_at_r",
-        "mean_average_precision",
-        "mean_average_precision_trapezoidal",
-    }
-    if not ranked & names:
+    if not names - {"precision_at_1", "recall_at_1"}:  # the others need the ranks of the hits
         return out
     lim = num_relevant.clamp(max=k)
     if rel.device.type == "cpu":  # NumPy: a tenth of torch's per-op cost on these 1-D arrays
