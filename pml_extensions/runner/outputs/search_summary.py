@@ -1,7 +1,5 @@
-"""The outputs of a hyper-parameter search (:mod:`pml_extensions.runner.protocols.search`): ``search.json``,
-``results.md`` and ``search.png`` of an Optuna study, and the user attributes of its trials that they read.
-``results.md`` and the report's search page show the same blocks, built from ``search.json`` by :func:`search_blocks`.
-"""
+"""A search's ``search.json``, ``results.md`` and ``search.png`` (docs/search.md), and the trials' user attributes
+they read; ``results.md`` and the report show the blocks :func:`search_blocks` builds from ``search.json``."""
 
 import itertools
 import json
@@ -80,31 +78,7 @@ def write_summary(
 
 
 def search_blocks(summary: Dict[str, Any]) -> List[Block]:
-    """What ``results.md`` and the report show of a search, from its ``search.json`` (:func:`write_summary`).
-
-    Example::
-
-        >>> summary = {"n_trials": 1, "bayes_opt_iters": 3, "failures": [{"number": 1, "reason": "NaN"}],
-        ...            "best": {"number": 0, "value": 0.5, "test": {"concatenated_512D": {"precision_at_1": 0.75}}},
-        ...            "trials": [{"number": 0, "value": 0.5, "params": {"lr": 0.001}}]}
-        >>> print(to_markdown(search_blocks(summary)))  # doctest: +NORMALIZE_WHITESPACE
-        Optuna study (1 COMPLETE trials of bayes_opt_iters=3, maximising the aggregated validation metric); best:
-        trial 0.
-        <BLANKLINE>
-        Test metrics of the best trial (trial 0):
-        <BLANKLINE>
-        | embedding | precision_at_1 |
-        |---|---|
-        | concatenated_512D | 0.7500 |
-        <BLANKLINE>
-        | trial | objective | lr |
-        |---|---|---|
-        | 0 (best) | 0.5000 | 0.001 |
-        <BLANKLINE>
-        Failed trials:
-        - trial 1: NaN
-        <BLANKLINE>
-    """
+    """What ``results.md`` and the report show of a search, from its ``search.json`` (:func:`write_summary`)."""
     rows, best, n_trials = summary.get("trials") or [], summary.get("best"), summary.get("bayes_opt_iters")
     blocks: List[Block] = [
         f"Optuna study ({summary.get('n_trials', len(rows))} COMPLETE trials"

@@ -10,6 +10,7 @@ from typing import Any, Dict
 from ...config import pb_keys
 from ...errors import ConfigError
 from ..base import Protocol, setting
+from .old_keys import OLD_TOP_LEVEL_KEYS, map_old_keys
 
 __all__ = ["MLRC", "Settings", "csv_split_classes"]
 
@@ -108,15 +109,11 @@ class MLRC(Protocol):
 
     @classmethod
     def keys(cls):
-        from .old_keys import OLD_TOP_LEVEL_KEYS
-
         return super().keys() + OLD_TOP_LEVEL_KEYS
 
     @classmethod
     def normalize(cls, config, sources, log=None):
         """powerful-benchmarker's pre-0.9.29 spellings mapped onto today's keys (:mod:`.old_keys`)."""
-        from .old_keys import map_old_keys
-
         return map_old_keys(config, sources, log=log)
 
     @classmethod
@@ -179,11 +176,9 @@ class MLRC(Protocol):
         return MLRCRunner(self.config, self.folder, self.sources, self.log)
 
     def preflight(self) -> None:
-        """``MLRCRunner.prepare``: every check before training, all problems in one refusal."""
         self.runner.prepare()
 
     def run(self) -> Dict[str, Any]:
-        """``MLRCRunner.run``."""
         return self.runner.run()
 
 

@@ -1,6 +1,5 @@
-"""The ``mlrc`` protocol's run (:class:`MLRCRunner`; the steps: docs/runner.md), its class-disjoint split and its test
-numbers (Musgrave, Belongie & Lim, "A Metric Learning Reality Check", ECCV 2020, Sec. 4), apart from its settings so
-that reading a config imports no torch."""
+"""The ``mlrc`` protocol's run, class-disjoint split and test numbers (Musgrave, Belongie & Lim, "A Metric Learning
+Reality Check", ECCV 2020, Sec. 4; the steps: docs/runner.md)."""
 
 import difflib
 import math
@@ -29,17 +28,14 @@ __all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits"]
 
 
 class MLRCRunner:
-    """Run one experiment of the MLRC protocol from a merged config; ``run()`` returns (and writes to
-    ``results.json``) the per-fold validation summary and the test metrics.
+    """One experiment of the MLRC protocol; ``run()`` returns (and writes to ``results.json``) the per-fold
+    validation summary and the test metrics.
 
     Args:
         config: the merged dict from :func:`pml_extensions.runner.protocols.load_config`.
         experiment_folder: output folder; rerunning with the same folder resumes.
         sources: top-level key -> file, to name the file in error messages.
         log: a print-like function.
-
-    Raises:
-        ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values.
     """
 
     def __init__(self, config: Dict[str, Any], experiment_folder: str, sources=None, log=print):
@@ -54,8 +50,7 @@ class MLRCRunner:
         self.prepared = self.caches = None  # prepare()'s (base, labels, splits, transforms); run()'s FeatureCaches
 
     def view(self, part: str, base, labels, indices, transforms, seed: int = 0):
-        """Items ``indices`` of ``base`` with the ``part`` (``train`` / ``eval``) transform, or their cached views
-        (the training views drawn with ``seed``)."""
+        """Items ``indices`` of ``base`` with the ``part`` transform, or their cached views (drawn with ``seed``)."""
         if self.caches is None:
             return self.builder.subset(base, indices, labels, transforms[part], self.getter)
         pool = self.pool if part == "train" else np.arange(len(labels))
@@ -69,10 +64,7 @@ class MLRCRunner:
         return self.builder.subset(cached, np.searchsorted(pool, indices))
 
     def evaluate(self, tester, dataset, models) -> Dict[str, float]:
-        modes = {k: m.training for k, m in models.items()}  # the tester leaves the models in eval mode
-        emb, labels = tester.get_all_embeddings(dataset, models["trunk"], models["embedder"])
-        for k, m in models.items():
-            m.train(modes[k])
+        emb, labels = tester.get_all_embeddings(dataset, models["trunk"], models["embedder"])  # leaves them in eval()
         acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, tester.label_hierarchy_level])
         return {k: float(v) for k, v in acc.items() if isinstance(v, (int, float))}
 
@@ -111,10 +103,6 @@ class MLRCRunner:
 
         primary = pb_keys.primary_metric(self.config, self.sources)
         best_path = os.path.join(fold_dir, "best.pth")
-
-        def evaluate(epoch):
-            return {name: self.evaluate(tester, ds, models) for name, ds in eval_sets.items()}
-
         loop = EpochLoop(
             ckpt,
             models,
@@ -122,7 +110,7 @@ class MLRCRunner:
             loss_funcs,
             num_epochs=self.get("num_epochs_train", 1000),
             primary=primary,
-            evaluate=evaluate,
+            evaluate=lambda epoch: {name: self.evaluate(tester, ds, models) for name, ds in eval_sets.items()},
             best_path=best_path,
             patience=self.get("patience", 9),
             save_interval=int(self.get("save_interval", 1)),
@@ -224,13 +212,8 @@ class MLRCRunner:
         self.pool = np.nonzero(~np.isin(labels, test_classes))[0]
 
     def prepare(self) -> None:
-        """Every check before training, in one pass (:class:`~pml_extensions.runner.errors.Problems`): the dataset
-        builds (its columns, its files), every image decodes, enough classes for the split and the sampler, the
-        images' channels and sizes fit the trunk. Nothing is written to a folder that does not exist yet.
-
-        Raises:
-            ConfigProblems: every problem found, one line each.
-        """
+        """Every check before training (dataset, images, classes for the split and the sampler, channels and sizes for
+        the trunk), all problems in one ConfigProblems; nothing is written to a folder that does not exist yet."""
         problems = Problems()
         base = labels = splits = None
         transforms, images_ok = {}, False
