@@ -31,20 +31,17 @@ def write_summary(
     study, folder: str, n_trials: Optional[int] = None, stopped: Optional[Dict[str, Any]] = None
 ) -> Dict[str, Any]:
     """``search.json``, ``results.md`` and ``search.png`` of a study (docs/search.md, "What a search writes")."""
-    import optuna
-
     from ...utils.atomic_io import atomic_write_json, atomic_write_text
 
-    states = optuna.trial.TrialState
-    rows = []
-    for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,)):
+    trials, rows = study.get_trials(deepcopy=False), []
+    for t in (t for t in trials if t.state.name == "COMPLETE"):
         row = {"number": t.number, "value": t.value, "params": t.params, "folder": trial_folder_name(t)}
         if FOLDS_ATTR in t.user_attrs:
             row[UNTRAINED_ATTR] = list(t.user_attrs.get(UNTRAINED_ATTR) or [])
             row[FOLDS_ATTR] = t.user_attrs[FOLDS_ATTR]
         row["untrained"] = bool(row.get(FOLDS_ATTR)) and len(row[UNTRAINED_ATTR]) == row[FOLDS_ATTR]
         rows.append(row)
-    best = max(rows, key=lambda r: r["value"]) if rows else None
+    best = max(rows, key=lambda r: r["value"], default=None)
     if best is not None:  # with its run's test metrics (none for a stand-in objective)
         try:
             with open(os.path.join(folder, best["folder"], "results.json")) as f:
@@ -52,15 +49,13 @@ def write_summary(
         except (OSError, ValueError, AttributeError):  # no run there, or not a results file
             test = None
         best = {**best, **({"test": test} if isinstance(test, dict) else {})}
-    resumed_as = {}  # a trial resumed more than once: its last copy
-    for t in study.get_trials(deepcopy=False):
-        resumed_as.update((number, t.number) for number in t.system_attrs.get("retry_history", []))
+    copies = {}  # a trial resumed more than once: its last copy
+    for t in trials:
+        copies.update((number, t.number) for number in t.system_attrs.get("retry_history", []))
     failures = []
-    for t in study.get_trials(deepcopy=False, states=(states.FAIL,)):
-        reason = "its worker stopped"
-        if t.number in resumed_as:
-            reason += f"; resumed as trial {resumed_as[t.number]} in {trial_folder_name(t)}"
-        failures.append({"number": t.number, "reason": t.user_attrs.get(REASON_ATTR, reason)})
+    for t in (t for t in trials if t.state.name == "FAIL"):
+        again = f"; resumed as trial {copies[t.number]} in {trial_folder_name(t)}" if t.number in copies else ""
+        failures.append({"number": t.number, "reason": t.user_attrs.get(REASON_ATTR, "its worker stopped" + again)})
     summary = {
         "n_trials": len(rows),
         "bayes_opt_iters": n_trials,

@@ -1,7 +1,5 @@
-"""The "Metric Learning Reality Check" (MLRC) protocol on a merged powerful-benchmarker config (Musgrave, Belongie &
-Lim, ECCV 2020, Sec. 4): its settings and checks; the run is :mod:`.runner`. Steps and keys: docs/runner.md and
-docs/configs.md.
-"""
+"""The "Metric Learning Reality Check" (MLRC) protocol's settings and checks (Musgrave, Belongie & Lim, ECCV 2020,
+Sec. 4); the run is :mod:`.runner`. Steps and keys: docs/runner.md and docs/configs.md."""
 
 import dataclasses
 import functools
@@ -16,10 +14,9 @@ __all__ = ["MLRC", "Settings", "csv_split_classes"]
 
 
 def csv_split_classes(path: str, columns: Dict[str, str]):
-    """``(training classes, test classes, split column)`` of a CSV file's rows by its split column, read by
+    """``(training classes, test classes, split column)`` of a CSV file read by
     :class:`~pml_extensions.datasets.ImageCSVSplit`: the test rows are those marked ``test`` / ``testing``, else (OML's
-    convention) those marked ``validation``; rows of the other evaluation value stay in the training pool. None
-    without a split column, or for a table ImageCSVSplit refuses (it says why when the run builds the dataset).
+    convention) ``validation``; the other rows train. None without a split column or for a table ImageCSVSplit refuses.
     """
     from ....datasets import ImageCSVSplit
 
@@ -123,21 +120,13 @@ class MLRC(Protocol):
 
     @classmethod
     def data_folder(cls, path: str, is_csv: bool, columns=None) -> Dict[str, Any]:
-        """Your images, every class: :class:`~pml_extensions.datasets.ImageCSVSplit` for a CSV file,
-        :class:`~pml_extensions.datasets.ImageFolderSplit` for a folder of classes. The protocol makes its own
-        class-disjoint split, unless the CSV has a split column: then its test rows' classes (else, OML's convention,
-        its validation rows') are the test classes (``split_manager``'s ``test_classes``), which must be classes no
-        training row has.
-
-        Raises:
-            ConfigError: a split column whose test rows share classes with its training rows (one line with the
-            ways out).
-        """
+        """Your images, every class (``ImageCSVSplit`` or ``ImageFolderSplit``); the protocol makes its own
+        class-disjoint split unless the CSV has a split column: then its test rows' classes (:func:`csv_split_classes`)
+        are ``split_manager``'s ``test_classes``, and a ConfigError refuses test classes that training rows share."""
         if not is_csv:
             return {"dataset~OVERRIDE~": {"ImageFolderSplit": {"root": path, "split": "all"}}}
-        update = {"dataset~OVERRIDE~": {"ImageCSVSplit": {"csv_file": path, "split": "all"}}}
-        if columns:
-            update["dataset~OVERRIDE~"]["ImageCSVSplit"]["columns"] = columns
+        kwargs = {"csv_file": path, "split": "all", **({"columns": columns} if columns else {})}
+        update = {"dataset~OVERRIDE~": {"ImageCSVSplit": kwargs}}
         split = csv_split_classes(path, columns or {})
         if split is None:
             return update

@@ -10,7 +10,6 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ....utils.checks import is_int
 from ...config import pb_keys
 from ...config.specs import one_spec
 from ...errors import ConfigError, Problems
@@ -82,9 +81,8 @@ class MLRCRunner:
         fold_seed = (self.experiment.seed or 0) + fold
         train_ds = self.view("train", base, labels, train_idx, transforms, fold_seed)
         val_ds = self.view("eval", base, labels, val_idx, transforms)
-        eval_sets = {"val": val_ds}
-        if "train" in splits_to_eval:
-            eval_sets["train"] = self.view("eval", base, labels, train_idx, transforms)
+        train_eval = self.view("eval", base, labels, train_idx, transforms)
+        eval_sets = {"val": val_ds, **({"train": train_eval} if "train" in splits_to_eval else {})}
         trainer_name, trainer_kwargs, global_batch = self.trainer()
         world = dist_utils.world_size()
         if global_batch % world:
@@ -95,7 +93,7 @@ class MLRCRunner:
         self.experiment.seed_everything(fold)
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
-        self.builder.init_from_data(models, self.view("eval", base, labels, train_idx, transforms), seed=fold_seed)
+        self.builder.init_from_data(models, train_eval, seed=fold_seed)
         loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
         optimizers = self.builder.build_optimizers(models, loss_funcs)
         sampler = self.builder.build_sampler(train_ds.labels, global_batch)
@@ -159,7 +157,7 @@ class MLRCRunner:
         tester = self.builder.build_tester()
         ensemble = pb_keys.ensemble_settings(self.config, self.sources)
         normalize = ensemble["normalize_embeddings"]
-        embeddings, y = [], None
+        embeddings = []
         for k, fr in enumerate(fold_results):
             if not os.path.exists(fr["best_path"]):
                 raise ConfigError(f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test")
@@ -214,9 +212,8 @@ class MLRCRunner:
     def prepare(self) -> None:
         """Every check before training (dataset, images, classes for the split and the sampler, channels and sizes for
         the trunk), all problems in one ConfigProblems; nothing is written to a folder that does not exist yet."""
-        problems = Problems()
         base = labels = splits = None
-        transforms, images_ok = {}, False
+        transforms, images_ok, problems = {}, False, Problems()
         with problems.check():
             base = self.builder.build_dataset()
         if base is not None:
@@ -232,14 +229,10 @@ class MLRCRunner:
         if labels is not None:
             with problems.check():
                 test_classes = None if wanted is None else self.test_class_labels(base, labels, wanted)
-                size, start = float(self.split["test_size"]), float(self.split["test_start_idx"])
-                splits = preflight.class_splits(
-                    self.builder,
-                    labels,
-                    lambda ls, parts: mlrc_class_splits(ls, size, start, parts, test_classes),
-                    int(self.split["num_training_partitions"]),
-                    num_sets,
-                )
+                size, start = self.split["test_size"], self.split["test_start_idx"]
+                split = lambda ls, parts: mlrc_class_splits(ls, size, start, parts, test_classes)  # noqa: E731
+                partitions = self.split["num_training_partitions"]
+                splits = preflight.class_splits(self.builder, labels, split, partitions, num_sets)
         with problems.check():
             transforms = {"train": self.builder.build_transform("train"), "eval": self.builder.build_transform("eval")}
             if images_ok:  # the channels are read from the images: only once every image decodes
@@ -262,18 +255,14 @@ class MLRCRunner:
         """``split_manager``'s ``test_classes`` (names as the dataset's ``classes`` write them, or labels) as labels;
         ConfigError for a class the dataset does not have (with the nearest name)."""
         names = [str(n) for n in (getattr(base, "classes", None) or [])]
-        present = {int(v) for v in np.unique(labels)}
-        out, where = [], self.where("split_manager") + ".ClassDisjointSplitManager.test_classes"
+        label = {int(v): int(v) for v in np.unique(labels)} | {n: i for i, n in reversed(list(enumerate(names)))}
         for w in wanted:
-            if isinstance(w, str) and w in names:
-                out.append(names.index(w))
-            elif is_int(w) and w in present:
-                out.append(w)
-            else:
+            if isinstance(w, bool) or w not in label:
                 close = difflib.get_close_matches(str(w), names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; the classes: {', '.join(names[:12])}"
+                where = self.where("split_manager") + ".ClassDisjointSplitManager.test_classes"
                 raise ConfigError(f"{where}: the dataset has no class {w!r}{hint}")
-        return out
+        return [label[w] for w in wanted]
 
     def run(self) -> Dict[str, Any]:
         t0 = time.time()
@@ -288,12 +277,10 @@ class MLRCRunner:
         names = [str(known[c]) if known is not None and 0 <= c < len(known) else str(c) for c in splits["test"]]
         shown = ", ".join(names[:6]) + (f", ... ({len(names)})" if len(names) > 6 else "")
         epochs, patience = self.get("num_epochs_train", 1000), self.get("patience", 9)
-        stops = (
-            "no early stopping: patience null"
-            if patience is None
-            else f"a fold stops once {_count(int(patience) + 1, 'epoch')} pass without a better validation (patience "
-            f"{patience})"
-        )
+        stops = "no early stopping: patience null"
+        if patience is not None:
+            stops = f"a fold stops once {_count(patience + 1, 'epoch')} pass without a better validation"
+            stops += f" (patience {patience})"
         self.log(
             f"{len(labels)} items, {len(np.unique(labels))} classes; test classes: {shown}; {_count(num_sets, 'fold')} "
             f"of at most {_count(epochs, 'epoch')} ({stops})"
@@ -356,13 +343,13 @@ def mlrc_class_splits(
         >>> s["test"], s["folds"][0]
         ([6, 7, 8, 9, 10, 11], {'train': [3, 4, 5], 'val': [0, 1, 2]})
     """
-    classes = sorted(int(c) for c in np.unique(np.asarray(labels)))
+    classes = [int(c) for c in np.unique(np.asarray(labels))]  # sorted
     c = len(classes)
     if not (0 <= test_size <= 1 and 0 <= test_start_idx <= 1):
         raise ValueError(f"test_size and test_start_idx must be fractions in [0, 1], got {test_size}, {test_start_idx}")
     if test_classes is not None:
         test = sorted(int(t) for t in set(test_classes) & set(classes))
-        pool = [k for k in classes if k not in set(test)]
+        pool = sorted(set(classes) - set(test))
     else:
         start = int(math.floor(test_start_idx * c + 1e-9))
         stop = min(c, int(math.floor((test_start_idx + test_size) * c + 1e-9)))
@@ -407,12 +394,8 @@ def ensemble_metrics(
     Raises:
         ValueError: an empty list or embeddings with different shapes.
     """
-    if not embeddings:
-        raise ValueError("embeddings must hold at least one [N, d] tensor")
-    if any(e.shape != embeddings[0].shape or e.ndim != 2 for e in embeddings):
-        raise ValueError(
-            f"embeddings must all be [N, d] with the same shape, got {[tuple(e.shape) for e in embeddings]}"
-        )
+    if not embeddings or any(e.shape != embeddings[0].shape or e.ndim != 2 for e in embeddings):
+        raise ValueError(f"embeddings must be [N, d] tensors of one shape, got {[tuple(e.shape) for e in embeddings]}")
     per_model = [{m: float(v) for m, v in calculator.get_accuracy(e.float(), labels).items()} for e in embeddings]
     d = embeddings[0].shape[1]
     separate = {m: float(np.mean([p[m] for p in per_model])) for m in per_model[0]}
