@@ -86,10 +86,8 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
     stopped = summary.get("stopped")
     if stopped:
         blocks.append(f"{stopped['message']}.")
-    test = (
-        metrics_table(best.get("test"), f"Test metrics of the best trial (trial {best['number']}):") if best else None
-    )
-    if test is not None:
+    test = best and metrics_table(best.get("test"), f"Test metrics of the best trial (trial {best['number']}):")
+    if test:
         blocks.append(test)
     if rows:
         names = list(rows[0]["params"])
