@@ -96,9 +96,8 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
         for r in rows:
             mark = " (best)" if best is not None and r["number"] == best["number"] else ""
             folds = [f"{len(r.get(UNTRAINED_ATTR, []))}/{r.get(FOLDS_ATTR, '?')}"] if with_folds else []
-            table.append(
-                [f"{r['number']}{mark}", f"{r['value']:.4f}", *folds, *(_shown(r["params"][n]) for n in names)]
-            )
+            params = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in (r["params"][n] for n in names)]
+            table.append([f"{r['number']}{mark}", f"{r['value']:.4f}", *folds, *params])
         columns = ["trial", "objective", *(["folds at epoch 0"] if with_folds else []), *names]
         numbers = [all(is_number(r["params"].get(n)) for r in rows) for n in names]
         blocks.append(Table(columns, table, numeric=[False, True, *([False] if with_folds else []), *numbers]))
@@ -117,10 +116,6 @@ def metrics_table(test: Optional[Dict[str, Any]], caption: str = "") -> Optional
     metrics = sorted({m for v in test.values() for m in v})
     rows = [[key, *("–" if v.get(m) is None else f"{v[m]:.4f}" for m in metrics)] for key, v in test.items()]
     return Table(["embedding", *metrics], rows, numeric=[False] + [True] * len(metrics), caption=caption)
-
-
-def _shown(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _plot(rows: List[Dict[str, Any]], path: str) -> None:
