@@ -1,6 +1,5 @@
-"""The search space of a config: its ``~BAYESIAN~`` / ``~LOG_BAYESIAN~`` / ``~INT_BAYESIAN~`` markers at any depth
-(docs/search.md), a trial's values asked of Optuna (:func:`suggest`) and written in place of the markers (:func:`fill`).
-"""
+"""A config's search markers at any depth (docs/search.md), a trial's values asked of Optuna (:func:`suggest`) and
+written in place of the markers (:func:`fill`)."""
 
 import copy
 from typing import Any, Dict, List, Tuple

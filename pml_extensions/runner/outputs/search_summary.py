@@ -1,7 +1,5 @@
-"""The outputs of a hyper-parameter search (:mod:`pml_extensions.runner.protocols.search`): ``search.json``,
-``results.md`` and ``search.png`` of an Optuna study, and the user attributes of its trials that they read.
-``results.md`` and the report's search page show the same blocks, built from ``search.json`` by :func:`search_blocks`.
-"""
+"""A search's ``search.json``, ``results.md`` and ``search.png`` (docs/search.md), and the trials' user attributes
+they read; ``results.md`` and the report show the blocks :func:`search_blocks` builds from ``search.json``."""
 
 import itertools
 import json
@@ -33,20 +31,17 @@ def write_summary(
     study, folder: str, n_trials: Optional[int] = None, stopped: Optional[Dict[str, Any]] = None
 ) -> Dict[str, Any]:
     """``search.json``, ``results.md`` and ``search.png`` of a study (docs/search.md, "What a search writes")."""
-    import optuna
-
     from ...utils.atomic_io import atomic_write_json, atomic_write_text
 
-    states = optuna.trial.TrialState
-    rows = []
-    for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,)):
+    trials, rows = study.get_trials(deepcopy=False), []
+    for t in (t for t in trials if t.state.name == "COMPLETE"):
         row = {"number": t.number, "value": t.value, "params": t.params, "folder": trial_folder_name(t)}
         if FOLDS_ATTR in t.user_attrs:
             row[UNTRAINED_ATTR] = list(t.user_attrs.get(UNTRAINED_ATTR) or [])
             row[FOLDS_ATTR] = t.user_attrs[FOLDS_ATTR]
         row["untrained"] = bool(row.get(FOLDS_ATTR)) and len(row[UNTRAINED_ATTR]) == row[FOLDS_ATTR]
         rows.append(row)
-    best = max(rows, key=lambda r: r["value"]) if rows else None
+    best = max(rows, key=lambda r: r["value"], default=None)
     if best is not None:  # with its run's test metrics (none for a stand-in objective)
         try:
             with open(os.path.join(folder, best["folder"], "results.json")) as f:
@@ -54,15 +49,13 @@ def write_summary(
         except (OSError, ValueError, AttributeError):  # no run there, or not a results file
             test = None
         best = {**best, **({"test": test} if isinstance(test, dict) else {})}
-    resumed_as = {}  # a trial resumed more than once: its last copy
-    for t in study.get_trials(deepcopy=False):
-        resumed_as.update((number, t.number) for number in t.system_attrs.get("retry_history", []))
+    copies = {}  # a trial resumed more than once: its last copy
+    for t in trials:
+        copies.update((number, t.number) for number in t.system_attrs.get("retry_history", []))
     failures = []
-    for t in study.get_trials(deepcopy=False, states=(states.FAIL,)):
-        reason = "its worker stopped"
-        if t.number in resumed_as:
-            reason += f"; resumed as trial {resumed_as[t.number]} in {trial_folder_name(t)}"
-        failures.append({"number": t.number, "reason": t.user_attrs.get(REASON_ATTR, reason)})
+    for t in (t for t in trials if t.state.name == "FAIL"):
+        again = f"; resumed as trial {copies[t.number]} in {trial_folder_name(t)}" if t.number in copies else ""
+        failures.append({"number": t.number, "reason": t.user_attrs.get(REASON_ATTR, "its worker stopped" + again)})
     summary = {
         "n_trials": len(rows),
         "bayes_opt_iters": n_trials,
@@ -80,31 +73,7 @@ def write_summary(
 
 
 def search_blocks(summary: Dict[str, Any]) -> List[Block]:
-    """What ``results.md`` and the report show of a search, from its ``search.json`` (:func:`write_summary`).
-
-    Example::
-
-        >>> summary = {"n_trials": 1, "bayes_opt_iters": 3, "failures": [{"number": 1, "reason": "NaN"}],
-        ...            "best": {"number": 0, "value": 0.5, "test": {"concatenated_512D": {"precision_at_1": 0.75}}},
-        ...            "trials": [{"number": 0, "value": 0.5, "params": {"lr": 0.001}}]}
-        >>> print(to_markdown(search_blocks(summary)))  # doctest: +NORMALIZE_WHITESPACE
-        Optuna study (1 COMPLETE trials of bayes_opt_iters=3, maximising the aggregated validation metric); best:
-        trial 0.
-        <BLANKLINE>
-        Test metrics of the best trial (trial 0):
-        <BLANKLINE>
-        | embedding | precision_at_1 |
-        |---|---|
-        | concatenated_512D | 0.7500 |
-        <BLANKLINE>
-        | trial | objective | lr |
-        |---|---|---|
-        | 0 (best) | 0.5000 | 0.001 |
-        <BLANKLINE>
-        Failed trials:
-        - trial 1: NaN
-        <BLANKLINE>
-    """
+    """What ``results.md`` and the report show of a search, from its ``search.json`` (:func:`write_summary`)."""
     rows, best, n_trials = summary.get("trials") or [], summary.get("best"), summary.get("bayes_opt_iters")
     blocks: List[Block] = [
         f"Optuna study ({summary.get('n_trials', len(rows))} COMPLETE trials"
@@ -117,10 +86,8 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
     stopped = summary.get("stopped")
     if stopped:
         blocks.append(f"{stopped['message']}.")
-    test = (
-        metrics_table(best.get("test"), f"Test metrics of the best trial (trial {best['number']}):") if best else None
-    )
-    if test is not None:
+    test = best and metrics_table(best.get("test"), f"Test metrics of the best trial (trial {best['number']}):")
+    if test:
         blocks.append(test)
     if rows:
         names = list(rows[0]["params"])
@@ -129,9 +96,8 @@ def search_blocks(summary: Dict[str, Any]) -> List[Block]:
         for r in rows:
             mark = " (best)" if best is not None and r["number"] == best["number"] else ""
             folds = [f"{len(r.get(UNTRAINED_ATTR, []))}/{r.get(FOLDS_ATTR, '?')}"] if with_folds else []
-            table.append(
-                [f"{r['number']}{mark}", f"{r['value']:.4f}", *folds, *(_shown(r["params"][n]) for n in names)]
-            )
+            params = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in (r["params"][n] for n in names)]
+            table.append([f"{r['number']}{mark}", f"{r['value']:.4f}", *folds, *params])
         columns = ["trial", "objective", *(["folds at epoch 0"] if with_folds else []), *names]
         numbers = [all(is_number(r["params"].get(n)) for r in rows) for n in names]
         blocks.append(Table(columns, table, numeric=[False, True, *([False] if with_folds else []), *numbers]))
@@ -150,10 +116,6 @@ def metrics_table(test: Optional[Dict[str, Any]], caption: str = "") -> Optional
     metrics = sorted({m for v in test.values() for m in v})
     rows = [[key, *("–" if v.get(m) is None else f"{v[m]:.4f}" for m in metrics)] for key, v in test.items()]
     return Table(["embedding", *metrics], rows, numeric=[False] + [True] * len(metrics), caption=caption)
-
-
-def _shown(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _plot(rows: List[Dict[str, Any]], path: str) -> None:

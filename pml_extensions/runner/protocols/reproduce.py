@@ -1,9 +1,6 @@
 """``--reproduce RUN_FOLDER``: rerun a finished experiment from its saved ``config.yaml`` into
-``<RUN_FOLDER>_reproduced`` and compare every number of the two ``results.json`` but times and paths (docs/runner.md);
-``reproduce.json`` records the outcome.
-"""
+``<RUN_FOLDER>_reproduced`` and compare the numbers of the two ``results.json`` (docs/runner.md)."""
 
-import json
 import math
 import os
 from typing import Any, Dict, List, Optional
@@ -12,7 +9,7 @@ import torch
 
 from ...utils.atomic_io import atomic_write_json
 from ..errors import ConfigError
-from ..experiment.folder import ENVIRONMENT_NAME, saved_config
+from ..experiment.folder import ENVIRONMENT_NAME, read_json, saved_config
 
 IGNORED_KEY_PARTS = ("second", "time", "path", "folder")
 
@@ -64,19 +61,13 @@ def reproduce(
     """
     from . import run_protocol
 
-    config = saved_config(run_folder)
-    results_path = os.path.join(run_folder, "results.json")
-    if config is None or not os.path.exists(results_path):
-        raise ConfigError(
-            f"--reproduce {run_folder}: not a finished experiment folder (needs config.yaml and results.json)"
-        )
-    with open(results_path, encoding="utf-8") as f:
-        original = json.load(f)
+    config, then = saved_config(run_folder), f"--reproduce {run_folder}"
+    original = read_json(os.path.join(run_folder, "results.json"), then)
+    if config is None or original is None:
+        raise ConfigError(f"{then}: not a finished experiment folder (needs config.yaml and results.json)")
     out = output_folder or os.path.normpath(run_folder) + "_reproduced"
-    environment, threads, before = os.path.join(run_folder, ENVIRONMENT_NAME), None, torch.get_num_threads()
-    if os.path.isfile(environment):
-        with open(environment, encoding="utf-8") as f:
-            threads = json.load(f).get("torch_threads")
+    threads = (read_json(os.path.join(run_folder, ENVIRONMENT_NAME), then) or {}).get("torch_threads")
+    before = torch.get_num_threads()
     if isinstance(threads, int) and threads > 0 and threads != before:  # CPU reductions split by thread
         log(f"note: rerunning with {threads} torch threads as the original run (this process had {before})")
         torch.set_num_threads(threads)
@@ -84,8 +75,7 @@ def reproduce(
         run_protocol(config, out, log=log, command=command)
     finally:
         torch.set_num_threads(before)
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
-        rerun = json.load(f)  # what was written, so both sides went through the same JSON encoding
+    rerun = read_json(os.path.join(out, "results.json"), then)  # as written: both sides JSON-encoded alike
     diffs = numeric_differences(original, rerun)
     outcome = {"run_folder": run_folder, "output_folder": out, "equal": not diffs, "differences": diffs}
     atomic_write_json(os.path.join(out, "reproduce.json"), outcome, indent=2)

@@ -1,7 +1,5 @@
-"""The "Metric Learning Reality Check" (MLRC) protocol on a merged powerful-benchmarker config (Musgrave, Belongie &
-Lim, ECCV 2020, Sec. 4): its settings and checks; the run is :mod:`.runner`. Steps and keys: docs/runner.md and
-docs/configs.md.
-"""
+"""The "Metric Learning Reality Check" (MLRC) protocol's settings and checks (Musgrave, Belongie & Lim, ECCV 2020,
+Sec. 4); the run is :mod:`.runner`. Steps and keys: docs/runner.md and docs/configs.md."""
 
 import dataclasses
 import functools
@@ -10,15 +8,15 @@ from typing import Any, Dict
 from ...config import pb_keys
 from ...errors import ConfigError
 from ..base import Protocol, setting
+from .old_keys import OLD_TOP_LEVEL_KEYS, map_old_keys
 
 __all__ = ["MLRC", "Settings", "csv_split_classes"]
 
 
 def csv_split_classes(path: str, columns: Dict[str, str]):
-    """``(training classes, test classes, split column)`` of a CSV file's rows by its split column, read by
+    """``(training classes, test classes, split column)`` of a CSV file read by
     :class:`~pml_extensions.datasets.ImageCSVSplit`: the test rows are those marked ``test`` / ``testing``, else (OML's
-    convention) those marked ``validation``; rows of the other evaluation value stay in the training pool. None
-    without a split column, or for a table ImageCSVSplit refuses (it says why when the run builds the dataset).
+    convention) ``validation``; the other rows train. None without a split column or for a table ImageCSVSplit refuses.
     """
     from ....datasets import ImageCSVSplit
 
@@ -108,15 +106,11 @@ class MLRC(Protocol):
 
     @classmethod
     def keys(cls):
-        from .old_keys import OLD_TOP_LEVEL_KEYS
-
         return super().keys() + OLD_TOP_LEVEL_KEYS
 
     @classmethod
     def normalize(cls, config, sources, log=None):
         """powerful-benchmarker's pre-0.9.29 spellings mapped onto today's keys (:mod:`.old_keys`)."""
-        from .old_keys import map_old_keys
-
         return map_old_keys(config, sources, log=log)
 
     @classmethod
@@ -126,21 +120,13 @@ class MLRC(Protocol):
 
     @classmethod
     def data_folder(cls, path: str, is_csv: bool, columns=None) -> Dict[str, Any]:
-        """Your images, every class: :class:`~pml_extensions.datasets.ImageCSVSplit` for a CSV file,
-        :class:`~pml_extensions.datasets.ImageFolderSplit` for a folder of classes. The protocol makes its own
-        class-disjoint split, unless the CSV has a split column: then its test rows' classes (else, OML's convention,
-        its validation rows') are the test classes (``split_manager``'s ``test_classes``), which must be classes no
-        training row has.
-
-        Raises:
-            ConfigError: a split column whose test rows share classes with its training rows (one line with the
-            ways out).
-        """
+        """Your images, every class (``ImageCSVSplit`` or ``ImageFolderSplit``); the protocol makes its own
+        class-disjoint split unless the CSV has a split column: then its test rows' classes (:func:`csv_split_classes`)
+        are ``split_manager``'s ``test_classes``, and a ConfigError refuses test classes that training rows share."""
         if not is_csv:
             return {"dataset~OVERRIDE~": {"ImageFolderSplit": {"root": path, "split": "all"}}}
-        update = {"dataset~OVERRIDE~": {"ImageCSVSplit": {"csv_file": path, "split": "all"}}}
-        if columns:
-            update["dataset~OVERRIDE~"]["ImageCSVSplit"]["columns"] = columns
+        kwargs = {"csv_file": path, "split": "all", **({"columns": columns} if columns else {})}
+        update = {"dataset~OVERRIDE~": {"ImageCSVSplit": kwargs}}
         split = csv_split_classes(path, columns or {})
         if split is None:
             return update
@@ -179,11 +165,9 @@ class MLRC(Protocol):
         return MLRCRunner(self.config, self.folder, self.sources, self.log)
 
     def preflight(self) -> None:
-        """``MLRCRunner.prepare``: every check before training, all problems in one refusal."""
         self.runner.prepare()
 
     def run(self) -> Dict[str, Any]:
-        """``MLRCRunner.run``."""
         return self.runner.run()
 
 

@@ -1,6 +1,5 @@
-"""The ``mlrc`` protocol's run (:class:`MLRCRunner`; the steps: docs/runner.md), its class-disjoint split and its test
-numbers (Musgrave, Belongie & Lim, "A Metric Learning Reality Check", ECCV 2020, Sec. 4), apart from its settings so
-that reading a config imports no torch."""
+"""The ``mlrc`` protocol's run, class-disjoint split and test numbers (Musgrave, Belongie & Lim, "A Metric Learning
+Reality Check", ECCV 2020, Sec. 4; the steps: docs/runner.md)."""
 
 import difflib
 import math
@@ -11,7 +10,6 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ....utils.checks import is_int
 from ...config import pb_keys
 from ...config.specs import one_spec
 from ...errors import ConfigError, Problems
@@ -29,17 +27,14 @@ __all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits"]
 
 
 class MLRCRunner:
-    """Run one experiment of the MLRC protocol from a merged config; ``run()`` returns (and writes to
-    ``results.json``) the per-fold validation summary and the test metrics.
+    """One experiment of the MLRC protocol; ``run()`` returns (and writes to ``results.json``) the per-fold
+    validation summary and the test metrics.
 
     Args:
         config: the merged dict from :func:`pml_extensions.runner.protocols.load_config`.
         experiment_folder: output folder; rerunning with the same folder resumes.
         sources: top-level key -> file, to name the file in error messages.
         log: a print-like function.
-
-    Raises:
-        ConfigError: one line naming the file and key for unknown classes, bad keywords and invalid values.
     """
 
     def __init__(self, config: Dict[str, Any], experiment_folder: str, sources=None, log=print):
@@ -54,8 +49,7 @@ class MLRCRunner:
         self.prepared = self.caches = None  # prepare()'s (base, labels, splits, transforms); run()'s FeatureCaches
 
     def view(self, part: str, base, labels, indices, transforms, seed: int = 0):
-        """Items ``indices`` of ``base`` with the ``part`` (``train`` / ``eval``) transform, or their cached views
-        (the training views drawn with ``seed``)."""
+        """Items ``indices`` of ``base`` with the ``part`` transform, or their cached views (drawn with ``seed``)."""
         if self.caches is None:
             return self.builder.subset(base, indices, labels, transforms[part], self.getter)
         pool = self.pool if part == "train" else np.arange(len(labels))
@@ -69,10 +63,7 @@ class MLRCRunner:
         return self.builder.subset(cached, np.searchsorted(pool, indices))
 
     def evaluate(self, tester, dataset, models) -> Dict[str, float]:
-        modes = {k: m.training for k, m in models.items()}  # the tester leaves the models in eval mode
-        emb, labels = tester.get_all_embeddings(dataset, models["trunk"], models["embedder"])
-        for k, m in models.items():
-            m.train(modes[k])
+        emb, labels = tester.get_all_embeddings(dataset, models["trunk"], models["embedder"])  # leaves them in eval()
         acc = tester.accuracy_calculator.get_accuracy(emb, labels[:, tester.label_hierarchy_level])
         return {k: float(v) for k, v in acc.items() if isinstance(v, (int, float))}
 
@@ -90,9 +81,8 @@ class MLRCRunner:
         fold_seed = (self.experiment.seed or 0) + fold
         train_ds = self.view("train", base, labels, train_idx, transforms, fold_seed)
         val_ds = self.view("eval", base, labels, val_idx, transforms)
-        eval_sets = {"val": val_ds}
-        if "train" in splits_to_eval:
-            eval_sets["train"] = self.view("eval", base, labels, train_idx, transforms)
+        train_eval = self.view("eval", base, labels, train_idx, transforms)
+        eval_sets = {"val": val_ds, **({"train": train_eval} if "train" in splits_to_eval else {})}
         trainer_name, trainer_kwargs, global_batch = self.trainer()
         world = dist_utils.world_size()
         if global_batch % world:
@@ -103,7 +93,7 @@ class MLRCRunner:
         self.experiment.seed_everything(fold)
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
-        self.builder.init_from_data(models, self.view("eval", base, labels, train_idx, transforms), seed=fold_seed)
+        self.builder.init_from_data(models, train_eval, seed=fold_seed)
         loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
         optimizers = self.builder.build_optimizers(models, loss_funcs)
         sampler = self.builder.build_sampler(train_ds.labels, global_batch)
@@ -111,10 +101,6 @@ class MLRCRunner:
 
         primary = pb_keys.primary_metric(self.config, self.sources)
         best_path = os.path.join(fold_dir, "best.pth")
-
-        def evaluate(epoch):
-            return {name: self.evaluate(tester, ds, models) for name, ds in eval_sets.items()}
-
         loop = EpochLoop(
             ckpt,
             models,
@@ -122,7 +108,7 @@ class MLRCRunner:
             loss_funcs,
             num_epochs=self.get("num_epochs_train", 1000),
             primary=primary,
-            evaluate=evaluate,
+            evaluate=lambda epoch: {name: self.evaluate(tester, ds, models) for name, ds in eval_sets.items()},
             best_path=best_path,
             patience=self.get("patience", 9),
             save_interval=int(self.get("save_interval", 1)),
@@ -171,7 +157,7 @@ class MLRCRunner:
         tester = self.builder.build_tester()
         ensemble = pb_keys.ensemble_settings(self.config, self.sources)
         normalize = ensemble["normalize_embeddings"]
-        embeddings, y = [], None
+        embeddings = []
         for k, fr in enumerate(fold_results):
             if not os.path.exists(fr["best_path"]):
                 raise ConfigError(f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test")
@@ -224,16 +210,10 @@ class MLRCRunner:
         self.pool = np.nonzero(~np.isin(labels, test_classes))[0]
 
     def prepare(self) -> None:
-        """Every check before training, in one pass (:class:`~pml_extensions.runner.errors.Problems`): the dataset
-        builds (its columns, its files), every image decodes, enough classes for the split and the sampler, the
-        images' channels and sizes fit the trunk. Nothing is written to a folder that does not exist yet.
-
-        Raises:
-            ConfigProblems: every problem found, one line each.
-        """
-        problems = Problems()
+        """Every check before training (dataset, images, classes for the split and the sampler, channels and sizes for
+        the trunk), all problems in one ConfigProblems; nothing is written to a folder that does not exist yet."""
         base = labels = splits = None
-        transforms, images_ok = {}, False
+        transforms, images_ok, problems = {}, False, Problems()
         with problems.check():
             base = self.builder.build_dataset()
         if base is not None:
@@ -249,14 +229,10 @@ class MLRCRunner:
         if labels is not None:
             with problems.check():
                 test_classes = None if wanted is None else self.test_class_labels(base, labels, wanted)
-                size, start = float(self.split["test_size"]), float(self.split["test_start_idx"])
-                splits = preflight.class_splits(
-                    self.builder,
-                    labels,
-                    lambda ls, parts: mlrc_class_splits(ls, size, start, parts, test_classes),
-                    int(self.split["num_training_partitions"]),
-                    num_sets,
-                )
+                size, start = self.split["test_size"], self.split["test_start_idx"]
+                split = lambda ls, parts: mlrc_class_splits(ls, size, start, parts, test_classes)  # noqa: E731
+                partitions = self.split["num_training_partitions"]
+                splits = preflight.class_splits(self.builder, labels, split, partitions, num_sets)
         with problems.check():
             transforms = {"train": self.builder.build_transform("train"), "eval": self.builder.build_transform("eval")}
             if images_ok:  # the channels are read from the images: only once every image decodes
@@ -279,18 +255,14 @@ class MLRCRunner:
         """``split_manager``'s ``test_classes`` (names as the dataset's ``classes`` write them, or labels) as labels;
         ConfigError for a class the dataset does not have (with the nearest name)."""
         names = [str(n) for n in (getattr(base, "classes", None) or [])]
-        present = {int(v) for v in np.unique(labels)}
-        out, where = [], self.where("split_manager") + ".ClassDisjointSplitManager.test_classes"
+        label = {int(v): int(v) for v in np.unique(labels)} | {n: i for i, n in reversed(list(enumerate(names)))}
         for w in wanted:
-            if isinstance(w, str) and w in names:
-                out.append(names.index(w))
-            elif is_int(w) and w in present:
-                out.append(w)
-            else:
+            if isinstance(w, bool) or w not in label:
                 close = difflib.get_close_matches(str(w), names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; the classes: {', '.join(names[:12])}"
+                where = self.where("split_manager") + ".ClassDisjointSplitManager.test_classes"
                 raise ConfigError(f"{where}: the dataset has no class {w!r}{hint}")
-        return out
+        return [label[w] for w in wanted]
 
     def run(self) -> Dict[str, Any]:
         t0 = time.time()
@@ -305,12 +277,10 @@ class MLRCRunner:
         names = [str(known[c]) if known is not None and 0 <= c < len(known) else str(c) for c in splits["test"]]
         shown = ", ".join(names[:6]) + (f", ... ({len(names)})" if len(names) > 6 else "")
         epochs, patience = self.get("num_epochs_train", 1000), self.get("patience", 9)
-        stops = (
-            "no early stopping: patience null"
-            if patience is None
-            else f"a fold stops once {_count(int(patience) + 1, 'epoch')} pass without a better validation (patience "
-            f"{patience})"
-        )
+        stops = "no early stopping: patience null"
+        if patience is not None:
+            stops = f"a fold stops once {_count(patience + 1, 'epoch')} pass without a better validation"
+            stops += f" (patience {patience})"
         self.log(
             f"{len(labels)} items, {len(np.unique(labels))} classes; test classes: {shown}; {_count(num_sets, 'fold')} "
             f"of at most {_count(epochs, 'epoch')} ({stops})"
@@ -373,13 +343,13 @@ def mlrc_class_splits(
         >>> s["test"], s["folds"][0]
         ([6, 7, 8, 9, 10, 11], {'train': [3, 4, 5], 'val': [0, 1, 2]})
     """
-    classes = sorted(int(c) for c in np.unique(np.asarray(labels)))
+    classes = [int(c) for c in np.unique(np.asarray(labels))]  # sorted
     c = len(classes)
     if not (0 <= test_size <= 1 and 0 <= test_start_idx <= 1):
         raise ValueError(f"test_size and test_start_idx must be fractions in [0, 1], got {test_size}, {test_start_idx}")
     if test_classes is not None:
         test = sorted(int(t) for t in set(test_classes) & set(classes))
-        pool = [k for k in classes if k not in set(test)]
+        pool = sorted(set(classes) - set(test))
     else:
         start = int(math.floor(test_start_idx * c + 1e-9))
         stop = min(c, int(math.floor((test_start_idx + test_size) * c + 1e-9)))
@@ -424,12 +394,8 @@ def ensemble_metrics(
     Raises:
         ValueError: an empty list or embeddings with different shapes.
     """
-    if not embeddings:
-        raise ValueError("embeddings must hold at least one [N, d] tensor")
-    if any(e.shape != embeddings[0].shape or e.ndim != 2 for e in embeddings):
-        raise ValueError(
-            f"embeddings must all be [N, d] with the same shape, got {[tuple(e.shape) for e in embeddings]}"
-        )
+    if not embeddings or any(e.shape != embeddings[0].shape or e.ndim != 2 for e in embeddings):
+        raise ValueError(f"embeddings must be [N, d] tensors of one shape, got {[tuple(e.shape) for e in embeddings]}")
     per_model = [{m: float(v) for m, v in calculator.get_accuracy(e.float(), labels).items()} for e in embeddings]
     d = embeddings[0].shape[1]
     separate = {m: float(np.mean([p[m] for p in per_model])) for m in per_model[0]}
