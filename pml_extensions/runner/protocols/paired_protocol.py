@@ -50,11 +50,8 @@ class PairedProtocol(Protocol):
     (:meth:`test`); every unit's ``<variant>/seed_<s>/result.json`` makes a rerun resume.
 
     Attributes:
-        variant_settings: variant name -> its ``Settings`` (the variant's merged config, read and checked).
-        variant_configs: variant name -> its merged config (what a :class:`~pml_extensions.runner.objects.builder.
-            Builder` builds from).
-        keep_epochs: the unit must keep every validated epoch's weights (:meth:`epoch_path`): the selection or the
-            untrained row tests an epoch after all units trained.
+        variant_configs: variant name -> its merged config; variant_settings: -> its ``Settings``.
+        keep_epochs: the unit must keep every validated epoch's weights (:meth:`epoch_path`) for a later test.
     """
 
     Settings: ClassVar[type] = GridSettings
@@ -268,11 +265,7 @@ class PairedProtocol(Protocol):
             if UNTRAINED not in pair:
                 merged = group[pair[0]] | group[pair[1]]
                 group.update({v: merged for v in merged})
-        out: List[List[str]] = []
-        for v in names:
-            members = [w for w in names if w in group[v]]
-            out += [members] if members not in out else []
-        return out
+        return [list(g) for g in dict.fromkeys(tuple(w for w in names if w in group[v]) for v in names)]
 
     def chosen_epochs(self, units) -> Dict[str, Any]:
         """``{"epochs": {variant: epoch}, "curves": {first variant of a group: {variants, mean_val, epoch}}}``."""

@@ -280,10 +280,8 @@ class Paired(PairedProtocol):
         from ...experiment.folder import environment_summary
         from .unit import test_classes_words
 
-        seeds, units = results["seeds"], results["units"]
-        first = next(iter(self.variant_configs))
-        unit = units[first][str(seeds[0])]
-        s = self.variant_settings[first]
+        seeds, first = results["seeds"], next(iter(self.variant_configs))
+        unit, s = results["units"][first][str(seeds[0])], self.variant_settings[first]
         selection = results.get("selection") or {"mode": "best_epoch"}
         mode = selection.get("mode", "best_epoch")
         how = {
@@ -292,8 +290,9 @@ class Paired(PairedProtocol):
             "over all seeds",
             "last": "the last epoch tested (validation curves",
         }[mode]
-        rows = unit.get("validation_rows")
-        held_out = "classes of the table's validation rows" if rows else "held-out training classes"
+        held_out = (
+            "classes of the table's validation rows" if unit.get("validation_rows") else "held-out training classes"
+        )
         text = (
             f"Dataset `{dataset_name(s.dataset)}`: trained on {unit['num_train_classes']} classes, {how} on "
             f"{unit['num_val_classes']} {held_out}{')' if mode == 'last' else ''} (validation), tested "
@@ -335,14 +334,8 @@ class Paired(PairedProtocol):
 
     def extra_results(self, units):
         first = self.variant_settings[next(iter(self.variant_configs))]
-        return {
-            "dataset": first.dataset,
-            "num_epochs": first.num_epochs,
-            "iterations_per_epoch": first.iterations_per_epoch,
-            "batch_size": first.batch_size,
-            "validation": first.validation,
-            **({"classes": self.class_roles} if self.class_roles else {}),
-        }
+        keys = ("dataset", "num_epochs", "iterations_per_epoch", "batch_size", "validation")
+        return {**{k: getattr(first, k) for k in keys}, **({"classes": self.class_roles} if self.class_roles else {})}
 
 
 def _class_names(data, ids) -> list:

@@ -295,12 +295,8 @@ def train_and_select(
 
     def make_trainer():
         name_, kwargs = one_spec(cfg.get("trainer"), b.where("trainer"), default="MetricLossOnly")
-        kwargs = dict(
-            kwargs,
-            batch_size=batch_size // world,
-            iterations_per_epoch=iterations,
-            dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)),
-        )
+        kwargs = {**kwargs, "batch_size": batch_size // world, "iterations_per_epoch": iterations}
+        kwargs["dataloader_num_workers"] = int(cfg.get("dataloader_num_workers", 0))
         trainer_models = dist_utils.wrap_models(nets, device)
         if distils(b):  # the student was initialised above (init_student), before any resume
             kwargs["init_student_from_teacher"] = False
