@@ -232,10 +232,9 @@ class PairedProtocol(Protocol):
             raise ConfigError(f"{self.name}: {unknown} are not variants / seeds of this config")
         grid = [(n, s) for s in chosen for n in names]
         new = [u for u in grid if self.exp.stage_result(self.stage(*u)) is None]
-        finished = len(grid) - len(new)
         self.log(
             f"{self.name}: {len(names)} variant(s) × {len(chosen)} seed(s) = {len(grid)} units"
-            + (f", {finished} finished before" if finished else "")
+            + (f", {len(grid) - len(new)} finished before" if len(new) < len(grid) else "")
         )
         out: Dict[str, Dict[int, Any]] = {n: {} for n in names}
         timed: List[float] = []  # the first two new units: the first may include one-time work (a feature cache)
@@ -272,10 +271,8 @@ class PairedProtocol(Protocol):
         primary, epochs, curves = self.selection_metric, {}, {}
         for group in self.groups():
             rows: Dict[int, List[float]] = {}
-            for name in group:
-                for unit in units[name].values():
-                    for h in unit["history"]:
-                        rows.setdefault(int(h["epoch"]), []).append(float(h[primary]))
+            for h in (h for name in group for unit in units[name].values() for h in unit["history"]):
+                rows.setdefault(int(h["epoch"]), []).append(float(h[primary]))
             curve = {e: sum(v) / len(v) for e, v in sorted(rows.items())}
             trained = {e: v for e, v in curve.items() if e >= 1}
             if self.settings.selection == "last" or not trained:
