@@ -87,10 +87,10 @@ class Paired(PairedProtocol):
 
     @classmethod
     def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-        super().check(config, sources)
-        configs, _, where = cls.variants(config, sources)
         from ...objects.feature_cache import cache_spec
 
+        super().check(config, sources)
+        configs, _, where = cls.variants(config, sources)
         for name, cfg in configs.items():
             for key, sub in (("models", "trunk"), ("transforms", "train"), ("transforms", "eval")):
                 if cfg[key].get(sub) is None:

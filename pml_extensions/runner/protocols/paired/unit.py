@@ -31,14 +31,14 @@ def load_split(
     its cached prefix outputs (part ``train``: ``num_views`` views drawn with ``seed``), built first when missing; with
     ``rank`` / ``world_size`` only that shard is built and ``(folder, complete)`` returned."""
     b = builder if builder is not None else Builder(cfg)
+    transform = b.build_transform("train" if train_transform else "eval")
     if cfg.get("feature_cache") is None:
-        return b.build_dataset(split, transform=b.build_transform("train" if train_transform else "eval"))
+        return b.build_dataset(split, transform=transform)
     if b.frozen is None:
         b.build_models()
     caches = FeatureCaches(b, "", b.log)
     part = "train" if train_transform else ("train_eval" if split == "train" else split)
     source = b.build_dataset(split)
-    transform = b.build_transform("train" if train_transform else "eval")
     args = (part, b.frozen, source, transform, caches.spec["num_views"] if train_transform else 1)
     if rank is not None or world_size is not None:
         return caches.build(*args, rank=rank, world_size=world_size)
