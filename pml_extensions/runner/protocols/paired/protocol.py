@@ -138,14 +138,14 @@ class Paired(PairedProtocol):
         from ...objects.data import dataset_labels, validation_rows, validation_split
         from ...objects.feature_cache import check_fixed_prefix
 
-        problems, seen = Problems(), set()
+        problems, seen, teachers = Problems(), set(), set()
         record = self.folder if os.path.isdir(self.folder) else None  # a rerun reads its record of decoded files
         quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
             cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
             b = Builder(dict(cfg), sources, self.device, quiet)
             with problems.check():
-                self._check_distillation(b)
+                self._check_distillation(b, teachers)
             signature = json.dumps([cfg["models"]["trunk"], cfg.get("feature_cache")], default=str)
             if cfg.get("feature_cache") is not None and signature not in seen:
                 seen.add(signature)
@@ -218,9 +218,9 @@ class Paired(PairedProtocol):
                 self.log("classes: " + "; ".join(f"{r} {len(names)} ({_shown(names)})" for r, names in roles.items()))
         problems.raise_any()
 
-    def _check_distillation(self, b) -> None:
+    def _check_distillation(self, b, loaded: Optional[set] = None) -> None:
         """A distilling trainer's ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed (each
-        checkpoint once per preflight, however many variants share it)."""
+        checkpoint path once: ``loaded``, the paths that loaded, shared by the variants)."""
         from ...config.specs import one_spec
         from .unit import asymmetric_tester, distils, load_teacher, require_reference, teacher_spec
 
@@ -245,7 +245,7 @@ class Paired(PairedProtocol):
                 require_reference(b)
             if b.get("feature_cache") is not None:
                 raise ConfigError(f"{b.where('teacher')}: a teacher and feature_cache together are not supported")
-            loaded = vars(self).setdefault("_loaded_teachers", set())
+            loaded = set() if loaded is None else loaded
             for seed in self.settings.seeds if "{seed}" in spec[0] else self.settings.seeds[:1]:
                 path = spec[0].replace("{seed}", str(seed))
                 if path not in loaded:
