@@ -163,15 +163,15 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
     return cls(**values)
 
 
-def parse_columns(value: Any, where: str = "command line: --columns") -> Dict[str, Optional[str]]:
+def parse_columns(value: Any, where: str = "command line: --columns") -> Dict[str, str]:
     """``--columns label=category,path=image,split=subset`` as a mapping: the dataset's own parser
     (:func:`pml_extensions.datasets.image_csv_split.parse_columns`), its errors a ConfigError naming ``where``."""
     from ...datasets.image_csv_split import parse_columns as parse
 
     if not isinstance(value, (dict, str)):
         raise ConfigError(f"{where}: expected label=COLUMN,path=COLUMN[,split=COLUMN], got {value!r}")
-    try:
-        return parse(value)
+    try:  # an unmapped column ("split=") stays "", as the configs saved before have it
+        return {role: "" if column is None else column for role, column in parse(value).items()}
     except ValueError as e:  # "columns: <what is wrong>"
         raise ConfigError(f"{where}: {str(e).split(': ', 1)[-1]}") from None
 
