@@ -12,8 +12,10 @@ Example::
     (True, 'Metric Learning Reality Check')
 """
 
+import contextlib
 import importlib
 import os
+import tempfile
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..config.specs import nearest
@@ -180,7 +182,15 @@ def load_config(
     if columns is not None and data_folder is None:
         raise ConfigError("command line: --columns: maps the columns of --data_folder's CSV file; give --data_folder")
     if data_folder is not None:
-        path, is_csv = _data_path(data_folder)
+        if not isinstance(data_folder, str) or not data_folder:
+            raise ConfigError("command line: --data_folder: needs a folder of class folders or a CSV file")
+        is_csv = os.path.isfile(data_folder) and data_folder.lower().endswith(".csv")
+        if not (os.path.isdir(data_folder) or is_csv):
+            raise ConfigError(
+                f"command line: --data_folder {data_folder}: no such folder (one sub-folder per class) or CSV file "
+                "(label, path, split columns)"
+            )
+        path = os.path.abspath(data_folder)
         if columns is not None and not is_csv:
             raise ConfigError(f"command line: --columns: {path} is a folder of class folders, not a CSV file")
         update = protocol.data_folder(path, is_csv, parse_columns(columns) if columns is not None else None)
@@ -189,8 +199,7 @@ def load_config(
         replaced = {k.split("~")[0] for k in update}
         refine = {k: v for k, v in (overrides or {}).items() if isinstance(k, str) and k.split("~")[0] in replaced}
         config = merge(config, refine, "command line") if refine else config
-        for key in update:
-            sources[key.split("~")[0]] = "command line"
+        sources.update(dict.fromkeys(replaced, "command line"))
         sources.add_layer("command line", config, update)  # nested values of the new dataset are the command line's
     if check:  # every check runs, and every problem found is reported together
         from ..config.arguments import check_arguments
@@ -207,32 +216,16 @@ def load_config(
         settled = not problems.found  # the keys and settings hold: the data can be checked too
         with problems.check():
             check_arguments(config, sources)
-        if problems.found and settled and not find_search_markers(config):
-            _data_problems(protocol, config, sources, problems)
+        if problems.found and settled and not find_search_markers(config) and _names_files(config.get("dataset")):
+            # the preflight's bad files of the user's data join the refusal (wrong classes or arguments)
+            found, unused = Problems(), os.path.join(tempfile.gettempdir(), "pml_extensions_preflight")  # never written
+            with contextlib.suppress(Exception), found.check():  # (the data check is extra: a failure is not reported)
+                protocol(config, unused, sources, lambda *a, **k: None).preflight()
+            problems.found += [line for line in found.data_files if line not in problems.found]
         problems.raise_any()
     if not allow_search:
         check_no_search(config, sources)
     return config, sources
-
-
-def _data_problems(protocol, config, sources, problems) -> None:
-    """Add the bad files the preflight finds in the data to ``problems`` (wrong classes or arguments): one refusal."""
-    import tempfile
-
-    from ..errors import Problems
-
-    if not _names_files(config.get("dataset")):
-        return  # a shipped dataset (glyphs, a PML class without its root): no files of the user's to check
-    found, quiet = Problems(), lambda *a, **k: None  # noqa: E731
-    with found.check():
-        try:
-            unused = os.path.join(tempfile.gettempdir(), "pml_extensions_preflight")  # never written
-            protocol(config, unused, sources, quiet).preflight()
-        except ConfigError:
-            raise
-        except Exception:  # noqa: BLE001 - the config's own problems are reported; the data check is extra
-            pass
-    problems.found += [line for line in found.data_files if line not in problems.found]
 
 
 def _names_files(value: Any) -> bool:
@@ -242,18 +235,6 @@ def _names_files(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_names_files(v) for v in value)
     return isinstance(value, str) and (os.sep in value or os.path.isabs(value)) and os.path.exists(value)
-
-
-def _data_path(path: Any) -> Tuple[str, bool]:
-    if not isinstance(path, str) or not path:
-        raise ConfigError("command line: --data_folder: needs a folder of class folders or a CSV file")
-    is_csv = os.path.isfile(path) and path.lower().endswith(".csv")
-    if not (os.path.isdir(path) or is_csv):
-        raise ConfigError(
-            f"command line: --data_folder {path}: no such folder (one sub-folder per class) or CSV file "
-            "(label, path, split columns)"
-        )
-    return os.path.abspath(path), is_csv
 
 
 def run_protocol(

@@ -10,11 +10,6 @@ Example::
     ...     seeds: list = setting((0, 1, 2), "paired seeds", kind="seeds")
     >>> read_settings(Settings, {"num_epochs": 3, "seeds": "0 1"}, {"num_epochs": "general.yaml"})
     Settings(num_epochs=3, seeds=[0, 1])
-    >>> try:
-    ...     read_settings(Settings, {"num_epochs": 0}, {"num_epochs": "general.yaml"})
-    ... except ValueError as e:
-    ...     print(e)
-    general.yaml: num_epochs: expected an integer >= 1, got 0
 """
 
 import copy
@@ -27,8 +22,6 @@ from ..errors import ConfigError
 
 #: the default of a field the config must give
 REQUIRED = object()
-#: the kinds :func:`read_settings` checks (``kind=`` of :func:`setting`)
-KINDS = ("any", "int", "float", "bool", "str", "mapping", "list", "seeds", "choice", "name_pairs")
 
 
 def setting(
@@ -88,40 +81,36 @@ def _name_pairs(value: Any) -> bool:
     )
 
 
-#: kind -> (the check of a value, what the error says is expected)
-_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
-    "mapping": (lambda v: isinstance(v, dict), "a mapping"),
-    "list": (lambda v: isinstance(v, (list, tuple)), "a list"),
-    "name_pairs": (_name_pairs, "a list of [variant, baseline] pairs"),
+#: kind -> (the check of a value, what the error says is expected, the value kept); ``seeds`` and ``choice`` aside
+_KINDS: Dict[str, Tuple[Callable[[Any], bool], str, Callable[[Any], Any]]] = {
+    "any": (lambda v: True, "", lambda v: v),
+    "int": (is_int, "an integer", int),
+    "float": (is_number, "a number", float),
+    "bool": (lambda v: isinstance(v, bool), "true or false", lambda v: v),
+    "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string", lambda v: v),
+    "mapping": (lambda v: isinstance(v, dict), "a mapping", lambda v: v),
+    "list": (lambda v: isinstance(v, (list, tuple)), "a list", list),
+    "seeds": (lambda v: True, "", seed_list),  # (check_value calls seed_list with where)
+    "choice": (lambda v: True, "", lambda v: v),  # (check_value checks meta["choices"])
+    "name_pairs": (_name_pairs, "a list of [variant, baseline] pairs", lambda v: [tuple(p) for p in v or []]),
 }
+KINDS = tuple(_KINDS)
 
 
 def check_value(value: Any, meta: Dict[str, Any], where: str) -> Any:
     """``value`` checked against a :func:`setting`'s metadata and normalised (ints, floats, seed lists, tuples)."""
     kind, low, high = meta["kind"], meta["minimum"], meta["maximum"]
-    if (value is None and meta["optional"]) or kind == "any":
+    if value is None and meta["optional"]:
         return value
-    if kind in ("int", "float"):
-        integer = kind == "int"
-        bounds = (f" >= {low:g}" if low is not None else "") + (f" and <= {high:g}" if high is not None else "")
-        ok = (is_int if integer else is_number)(value)
-        if not ok or (low is not None and value < low) or (high is not None and value > high):
-            raise _expect(where, ("an integer" if integer else "a number") + bounds, value)
-        return int(value) if integer else float(value)
     if kind == "seeds":
         return seed_list(value, where)
+    check, what, keep = _KINDS[kind]
     if kind == "choice":
-        ok, what = value in meta["choices"], "one of " + ", ".join(map(str, meta["choices"]))
-    else:
-        check, what = _CHECKS[kind]
-        ok = check(value)
-    if not ok:
+        check, what = meta["choices"].__contains__, "one of " + ", ".join(map(str, meta["choices"]))
+    what += (f" >= {low:g}" if low is not None else "") + (f" and <= {high:g}" if high is not None else "")
+    if not check(value) or (low is not None and value < low) or (high is not None and value > high):
         raise _expect(where, what, value)
-    if kind == "name_pairs":
-        return [tuple(p) for p in value or []]
-    return list(value) if kind == "list" else value
+    return keep(value)
 
 
 def misspelt_required(cls: type, config: Dict[str, Any]) -> Dict[str, str]:
@@ -175,21 +164,16 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
 
 
 def parse_columns(value: Any, where: str = "command line: --columns") -> Dict[str, str]:
-    """``--columns label=category,path=image,split=subset`` as a mapping (a mapping is taken as it is)."""
-    roles = ("label", "path", "split", "is_query", "is_gallery")
-    if isinstance(value, dict):
-        pairs = list(value.items())
-    elif isinstance(value, str):
-        pairs = [tuple(p.split("=", 1)) if "=" in p else (p, None) for p in value.split(",") if p.strip()]
-    else:
+    """``--columns label=category,path=image,split=subset`` as a mapping: the dataset's own parser
+    (:func:`pml_extensions.datasets.image_csv_split.parse_columns`), its errors a ConfigError naming ``where``."""
+    from ...datasets.image_csv_split import parse_columns as parse
+
+    if not isinstance(value, (dict, str)):
         raise ConfigError(f"{where}: expected label=COLUMN,path=COLUMN[,split=COLUMN], got {value!r}")
-    out = {}
-    for role, column in pairs:
-        role = str(role).strip()
-        if column is None or role not in roles:
-            raise ConfigError(f"{where}: expected ROLE=COLUMN with ROLE one of {', '.join(roles)}, got {role!r}")
-        out[role] = str(column).strip()
-    return out
+    try:  # an unmapped column ("split=") stays "", as the configs saved before have it
+        return {role: "" if column is None else column for role, column in parse(value).items()}
+    except ValueError as e:  # "columns: <what is wrong>"
+        raise ConfigError(f"{where}: {str(e).split(': ', 1)[-1]}") from None
 
 
 @dataclasses.dataclass
@@ -252,28 +236,19 @@ class Protocol:
 
     @classmethod
     def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-        """Every check that needs no data and no model (``--dry-run`` included): the settings; subclasses add
-        theirs."""
+        """Every check that needs no data and no model (``--dry-run`` included); subclasses add theirs."""
         cls.read(config, sources)
         read_settings(SearchSettings, config, sources)
 
     @classmethod
     def data_folder(cls, path: str, is_csv: bool, columns: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-        """The config changes that make ``--data_folder PATH`` the dataset (``columns``: a CSV file's column
-        mapping, ``{"label": "category", "path": "image", "split": "subset"}``).
-
-        Raises:
-            ConfigError: this protocol does not take ``--data_folder`` (one line, :attr:`data_folder_note`).
-        """
+        """The config changes that make ``--data_folder PATH`` the dataset (``columns``: a CSV file's column mapping,
+        ``{"label": "category", "path": "image"}``); a ConfigError (:attr:`data_folder_note`) when it takes none."""
         raise ConfigError(f"command line: --data_folder: the {cls.name} protocol {cls.data_folder_note}")
 
     @classmethod
     def objective(cls, results: Dict[str, Any], config: Dict[str, Any]) -> float:
-        """The validation number a search maximises (never a test number).
-
-        Raises:
-            ConfigError: the protocol offers none.
-        """
+        """The validation number a search maximises (never a test number); a ConfigError when there is none."""
         raise ConfigError(f"bayes_opt_iters: the {cls.name} protocol has no search objective")
 
     def preflight(self) -> None:

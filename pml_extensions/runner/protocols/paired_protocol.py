@@ -1,9 +1,8 @@
-"""The engine of every seeds × variants experiment (docs/runner.md, "Protocols" and "Writing a protocol"):
-:class:`PairedProtocol` owns the grid of units (variant, seed) and its resume, the selection of the tested epoch, the
-``untrained`` row, the paired comparisons and the outputs; a subclass supplies the unit.
-"""
+"""The engine of every seeds × variants experiment: :class:`PairedProtocol` (docs/runner.md, "Protocols" and
+"Writing a protocol")."""
 
 import dataclasses
+import itertools
 import os
 import shutil
 import time
@@ -42,7 +41,6 @@ class GridSettings:
     experiment_name: Optional[str] = setting(None, "Names the experiment folder (`--experiment_name` wins).", "str")
 
 
-#: the keys of :class:`GridSettings`: read once for the experiment, never per variant
 GRID_KEYS = tuple(f.name for f in dataclasses.fields(GridSettings)) + ("protocol",)
 
 
@@ -52,19 +50,14 @@ class PairedProtocol(Protocol):
     (:meth:`test`); every unit's ``<variant>/seed_<s>/result.json`` makes a rerun resume.
 
     Attributes:
-        variant_settings: variant name -> its ``Settings`` (the variant's merged config, read and checked).
-        variant_configs: variant name -> its merged config (what a :class:`~pml_extensions.runner.objects.builder.
-            Builder` builds from).
-        keep_epochs: the unit must keep every validated epoch's weights (:meth:`epoch_path`): the selection or the
-            untrained row tests an epoch after all units trained.
+        variant_configs: variant name -> its merged config; variant_settings: -> its ``Settings``.
+        keep_epochs: the unit must keep every validated epoch's weights (:meth:`epoch_path`) for a later test.
     """
 
     Settings: ClassVar[type] = GridSettings
     #: the metrics of the test rows, the primary (compared) first
     metrics: ClassVar[Tuple[str, ...]] = ("mean_average_precision_at_r",)
-
-    #: digits of the tables in ``results.md``
-    decimals: int = 4
+    decimals: int = 4  # of the tables in results.md
 
     @property
     def selection_metric(self) -> str:
@@ -101,13 +94,10 @@ class PairedProtocol(Protocol):
         sources = sources if sources is not None else {}
         base = {k: v for k, v in config.items() if k not in GRID_KEYS}
         updates = {k: (v or {}) for k, v in (config.get("variants") or {"default": {}}).items()}
-        merged = variant_configs({**base, "variants": updates}, where=sources.get("variants", "config"))
-        configs, settings, where = {}, {}, {}
-        for name, cfg in merged.items():
-            here = f"{sources.get('variants', 'config')} (variants.{name})"
-            where[name] = {**sources, **{str(k).split("~")[0]: here for k in updates[name]}}
-            configs[name] = cfg
-            settings[name] = read_settings(cls.Settings, {**config, **cfg}, where[name])
+        configs = variant_configs({**base, "variants": updates}, where=sources.get("variants", "config"))
+        here = {n: f"{sources.get('variants', 'config')} (variants.{n})" for n in configs}
+        where = {n: {**sources, **{str(k).split("~")[0]: here[n] for k in updates[n]}} for n in configs}
+        settings = {n: read_settings(cls.Settings, {**config, **cfg}, where[n]) for n, cfg in configs.items()}
         return configs, settings, where
 
     @classmethod
@@ -132,8 +122,7 @@ class PairedProtocol(Protocol):
 
     @classmethod
     def keys(cls) -> Tuple[str, ...]:
-        grid = tuple(f.name for f in dataclasses.fields(GridSettings))
-        return tuple(dict.fromkeys(grid + super().keys()))
+        return tuple(dict.fromkeys(GRID_KEYS + super().keys()))
 
     @classmethod
     def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
@@ -167,13 +156,10 @@ class PairedProtocol(Protocol):
         return float(sum(values) / len(values))
 
     def unit(self, settings, variant: str, seed: int, folder: str, builder) -> Dict[str, Any]:
-        """Train ``variant`` at ``seed`` in ``folder`` (resuming from its checkpoint), validating every epoch.
-
-        Returns:
-            a JSON-able summary: ``history`` (``[{"epoch": e, <metric>: value}]`` on the validation classes, epoch 0
-            the untrained model), ``best_epoch``, ``train_seconds``; ``test`` (the test metrics of the best epoch)
-            when it tested right away; anything else the subclass reports.
-        """
+        """Train ``variant`` at ``seed`` in ``folder`` (resuming from its checkpoint), validating every epoch; returns
+        a JSON-able summary: ``history`` (``[{"epoch": e, <metric>: value}]`` on the validation classes, epoch 0 the
+        untrained model), ``best_epoch``, ``train_seconds``, ``test`` (the best epoch's test metrics) when it tested
+        right away, and anything else the subclass reports."""
         raise NotImplementedError
 
     def test(self, settings, variant: str, seed: int, folder: str, builder, epoch: int) -> Dict[str, float]:
@@ -245,19 +231,19 @@ class PairedProtocol(Protocol):
         if unknown:
             raise ConfigError(f"{self.name}: {unknown} are not variants / seeds of this config")
         grid = [(n, s) for s in chosen for n in names]
-        finished = sum(self.exp.stage_result(self.stage(n, s)) is not None for n, s in grid)
+        new = [u for u in grid if self.exp.stage_result(self.stage(*u)) is None]
         self.log(
             f"{self.name}: {len(names)} variant(s) × {len(chosen)} seed(s) = {len(grid)} units"
-            + (f", {finished} finished before" if finished else "")
+            + (f", {len(grid) - len(new)} finished before" if len(new) < len(grid) else "")
         )
         out: Dict[str, Dict[int, Any]] = {n: {} for n in names}
         timed: List[float] = []  # the first two new units: the first may include one-time work (a feature cache)
         for n, s in grid:
-            start, new = time.time(), self.exp.stage_result(self.stage(n, s)) is None
+            start = time.time()
             out[n][s] = self.unit_result(n, s)
-            if new and len(timed) < 2:
+            if (n, s) in new and len(timed) < 2:
                 timed.append(time.time() - start)
-                left = sum(self.exp.stage_result(self.stage(m, t)) is None for m, t in grid)
+                left = len(new) - new.index((n, s)) - 1
                 if left and len(timed) == 1:
                     self.log(
                         f"{self.name}: one unit took {'; '.join(time_estimate(timed[0], left))} for the {left} left"
@@ -278,21 +264,15 @@ class PairedProtocol(Protocol):
             if UNTRAINED not in pair:
                 merged = group[pair[0]] | group[pair[1]]
                 group.update({v: merged for v in merged})
-        out: List[List[str]] = []
-        for v in names:
-            members = [w for w in names if w in group[v]]
-            out += [members] if members not in out else []
-        return out
+        return [list(g) for g in dict.fromkeys(tuple(w for w in names if w in group[v]) for v in names)]
 
     def chosen_epochs(self, units) -> Dict[str, Any]:
         """``{"epochs": {variant: epoch}, "curves": {first variant of a group: {variants, mean_val, epoch}}}``."""
         primary, epochs, curves = self.selection_metric, {}, {}
         for group in self.groups():
             rows: Dict[int, List[float]] = {}
-            for name in group:
-                for unit in units[name].values():
-                    for h in unit["history"]:
-                        rows.setdefault(int(h["epoch"]), []).append(float(h[primary]))
+            for h in (h for name in group for unit in units[name].values() for h in unit["history"]):
+                rows.setdefault(int(h["epoch"]), []).append(float(h[primary]))
             curve = {e: sum(v) / len(v) for e, v in sorted(rows.items())}
             trained = {e: v for e, v in curve.items() if e >= 1}
             if self.settings.selection == "last" or not trained:
@@ -347,31 +327,26 @@ class PairedProtocol(Protocol):
         units = self.run_units()
         per_seed: Dict[str, Dict[int, Dict[str, float]]] = {n: {} for n in names}
         chosen = None if s.selection == "best_epoch" else self.chosen_epochs(units)
-        for n in names:
-            for seed in seeds:
-                unit = units[n][seed]
-                if chosen is None:
-                    per_seed[n][seed] = unit.get("test") or self.test_at(n, seed, unit["best_epoch"])
-                    if unit["best_epoch"] == 0:
-                        self.log(
-                            f"warning: {n} seed {seed}: the best validation epoch is the untrained model (epoch 0)"
-                        )
-                else:
-                    unit["selected_epoch"] = chosen["epochs"][n]
-                    per_seed[n][seed] = self.test_at(n, seed, unit["selected_epoch"])
+        for n, seed in itertools.product(names, seeds):
+            unit = units[n][seed]
+            if chosen is not None:
+                unit["selected_epoch"] = chosen["epochs"][n]
+                per_seed[n][seed] = self.test_at(n, seed, unit["selected_epoch"])
+                continue
+            per_seed[n][seed] = unit.get("test") or self.test_at(n, seed, unit["best_epoch"])
+            if unit["best_epoch"] == 0:
+                self.log(f"warning: {n} seed {seed}: the best validation epoch is the untrained model (epoch 0)")
         untrained = None
         if s.untrained:
             first = names[0]
             per_seed[UNTRAINED] = {seed: self.test_at(first, seed, 0) for seed in seeds}
-            spread = 0.0  # the variants' untrained models should agree: their epoch-0 validation value per seed
-            for seed in seeds:
-                at0 = [h[self.selection_metric] for n in names for h in units[n][seed]["history"] if h["epoch"] == 0]
-                spread = max(spread, max(at0) - min(at0)) if at0 else spread
+            m = self.selection_metric  # the variants' untrained models should agree: their epoch-0 value per seed
+            at0 = [[h[m] for n in names for h in units[n][t]["history"] if h["epoch"] == 0] for t in seeds]
+            spread = max([max(v) - min(v) for v in at0 if v], default=0.0)
             untrained = {"variant": first, "max_val_spread_at_epoch_0": float(spread)}
         if self.keep_epochs and dist_utils.is_main():  # the tested weights are in selected_models.pth
-            for n in names:
-                for seed in seeds:
-                    shutil.rmtree(os.path.join(self.unit_folder(n, seed), "epochs"), ignore_errors=True)
+            for n, seed in itertools.product(names, seeds):
+                shutil.rmtree(os.path.join(self.unit_folder(n, seed), "epochs"), ignore_errors=True)
         # the run's first call made the numbers (a resume keeps its file)
         env_path = os.path.join(self.folder, ENVIRONMENT_NAME)
         environment = read_json(env_path, "the environment is recorded again") or run_environment()
@@ -401,16 +376,10 @@ class PairedProtocol(Protocol):
         )
         if not dist_utils.is_main():  # under torchrun the main rank writes the files
             return results
-        write_results(
-            self.folder,
-            results,
-            metrics=list(self.metrics),
-            header=self.header(results),
-            footer=self.footer(results),
-            decimals=self.decimals,
-        )
+        header, footer = self.header(results), self.footer(results)
+        write_results(self.folder, results, list(self.metrics), header, footer=footer, decimals=self.decimals)
         first = {n: units[n][seeds[0]] for n in names}
-        self.curves({n: units[n] for n in names})
+        self.curves(units)
         self.plots(first, seeds[0])
         for n in names:
             epoch = first[n].get("selected_epoch", first[n].get("best_epoch"))
@@ -443,13 +412,13 @@ class PairedProtocol(Protocol):
             twin = next((d for d in same if curves[d][0] == epochs and np.array_equal(curves[d][1], values)), None)
             same.setdefault(twin or name, []).append(name)
         fig, ax = plt.subplots(figsize=(6.4, 4))
-        styles = ["-", "--", "-.", ":"]
-        markers = ["o", "s", "^", "D", "v", "P", "X"]
         one_length = True  # every seed of a variant tested at one epoch (mean_validation_curve, last)
         for k, name in enumerate(same):
             (epochs, values), per_seed = curves[name], units[name]
             label = " = ".join(same[name]) + (" (identical)" if len(same[name]) > 1 else "")
-            line = ax.plot(epochs, values.mean(1), linestyle=styles[k % 4], marker=markers[k % 7], label=label)[0]
+            line = ax.plot(
+                epochs, values.mean(1), linestyle=["-", "--", "-.", ":"][k % 4], marker="os^DvPX"[k % 7], label=label
+            )[0]
             if values.shape[1] > 1:
                 ax.fill_between(epochs, values.min(1), values.max(1), color=line.get_color(), alpha=0.12)
             tested = {u.get("selected_epoch", u.get("best_epoch")) for u in per_seed.values()}
@@ -460,9 +429,9 @@ class PairedProtocol(Protocol):
             one_length = one_length and len(tested) == 1
         seeds = sorted(next(iter(units.values())))
         ax.set_xlabel("epoch (★ " + ("the tested epoch)" if one_length else f"the tested epoch of seed {seeds[0]})"))
-        n = len(seeds)
         ax.set_ylabel(f"{METRIC_NAMES.get(primary, primary)}, validation classes")
-        ax.set_title(f"mean over {n} seeds; band: lowest to highest seed" if n > 1 else f"seed {seeds[0]}", fontsize=9)
+        title = f"mean over {len(seeds)} seeds; band: lowest to highest seed" if len(seeds) > 1 else f"seed {seeds[0]}"
+        ax.set_title(title, fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -1,9 +1,8 @@
-"""The ``paired`` protocol (docs/runner.md, "Protocols"): variants of one config trained with paired seeds, the
-tested epoch selected on held-out training classes, tested once on unseen classes, compared (the engine:
-:class:`~pml_extensions.runner.protocols.paired_protocol.PairedProtocol`; the unit: :mod:`.unit`).
-"""
+"""The ``paired`` protocol (docs/runner.md, "Protocols"): variants of one config trained with paired seeds, selected
+on held-out training classes, tested once on unseen classes, compared; the unit: :mod:`.unit`."""
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Dict, Optional
@@ -88,16 +87,15 @@ class Paired(PairedProtocol):
 
     @classmethod
     def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+        from ...objects.feature_cache import cache_spec
+
         super().check(config, sources)
         configs, _, where = cls.variants(config, sources)
         for name, cfg in configs.items():
             for key, sub in (("models", "trunk"), ("transforms", "train"), ("transforms", "eval")):
                 if cfg[key].get(sub) is None:
                     raise ConfigError(f"{where[name].get(key, 'config')}: missing key {key}.{sub}")
-            if cfg.get("feature_cache") is not None:
-                from ...objects.feature_cache import cache_spec
-
-                cache_spec(cfg, where[name])
+            cache_spec(cfg, where[name])
 
     def _cfg(self, variant: str) -> Dict[str, Any]:
         from .unit import resolve_cache_folder
@@ -140,29 +138,25 @@ class Paired(PairedProtocol):
         from ...objects.data import dataset_labels, validation_rows, validation_split
         from ...objects.feature_cache import check_fixed_prefix
 
-        problems, seen = Problems(), set()
+        problems, seen, teachers = Problems(), set(), set()
         record = self.folder if os.path.isdir(self.folder) else None  # a rerun reads its record of decoded files
         quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
             cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
             b = Builder(dict(cfg), sources, self.device, quiet)
             with problems.check():
-                self._check_distillation(b)
-            if cfg.get("feature_cache") is not None:
-                signature = json.dumps([cfg["models"]["trunk"], cfg["feature_cache"]], default=str)
-                if signature not in seen:
-                    seen.add(signature)
-                    with problems.check():
-                        check_fixed_prefix(
-                            lambda cfg=cfg, sources=sources: Builder(cfg, sources, self.device, quiet),
-                            self.settings.seeds,
-                            f"{sources.get('feature_cache', 'config')}: feature_cache",
-                        )
+                self._check_distillation(b, teachers)
+            signature = json.dumps([cfg["models"]["trunk"], cfg.get("feature_cache")], default=str)
+            if cfg.get("feature_cache") is not None and signature not in seen:
+                seen.add(signature)
+                with problems.check():
+                    make = functools.partial(Builder, cfg, sources, self.device, quiet)
+                    check_fixed_prefix(make, self.settings.seeds, b.where("feature_cache"))
             key = json.dumps([cfg.get(k) for k in ("dataset", "sampler", "batch_size", "validation")], default=str)
             if key in seen:
                 continue
             seen.add(key)
-            where = f"{sources.get('dataset', 'config')}: dataset"
+            where = b.where("dataset")
             splits, rows, roles = ["train", "test"], None, {}  # roles: class names of train, validation, test
             for split in splits:
                 data = None
@@ -202,8 +196,8 @@ class Paired(PairedProtocol):
                         parts = whole if rows else validation_split(labels, fraction, vseed)
                     except ConfigError as e:  # too few classes: the data's count, and where the data came from
                         raise ConfigError(
-                            f"{sources.get('validation', 'config')}: validation: {e} ({_data_words(s.dataset)} has "
-                            f"{len(np.unique(labels))} training classes)"
+                            f"{b.where('validation')}: {e} ({_data_words(s.dataset)} has {len(np.unique(labels))} "
+                            "training classes)"
                         ) from None
                 if parts is None:
                     continue
@@ -224,8 +218,9 @@ class Paired(PairedProtocol):
                 self.log("classes: " + "; ".join(f"{r} {len(names)} ({_shown(names)})" for r, names in roles.items()))
         problems.raise_any()
 
-    def _check_distillation(self, b) -> None:
-        """A distilling trainer's ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed."""
+    def _check_distillation(self, b, loaded: Optional[set] = None) -> None:
+        """A distilling trainer's ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed (each
+        checkpoint path once: ``loaded``, the paths that loaded, shared by the variants)."""
         from ...config.specs import one_spec
         from .unit import asymmetric_tester, distils, load_teacher, require_reference, teacher_spec
 
@@ -250,8 +245,12 @@ class Paired(PairedProtocol):
                 require_reference(b)
             if b.get("feature_cache") is not None:
                 raise ConfigError(f"{b.where('teacher')}: a teacher and feature_cache together are not supported")
+            loaded = set() if loaded is None else loaded
             for seed in self.settings.seeds if "{seed}" in spec[0] else self.settings.seeds[:1]:
-                load_teacher(b, seed)
+                path = spec[0].replace("{seed}", str(seed))
+                if path not in loaded:
+                    load_teacher(b, seed)
+                    loaded.add(path)
 
     def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
         """Build the feature caches of every variant (or shard ``rank`` of ``world_size``); whether all are complete."""
@@ -273,20 +272,16 @@ class Paired(PairedProtocol):
             if validation_rows(b.build_dataset("train")):
                 parts.insert(2, ("validation", False))
             for split, train in parts:
-                if rank is None and world_size is None:
-                    load_split(cfg, split, train, builder=b)
-                else:
-                    done = load_split(cfg, split, train, builder=b, rank=rank, world_size=world_size)[1] and done
+                out = load_split(cfg, split, train, builder=b, rank=rank, world_size=world_size)
+                done = (out[1] if rank is not None or world_size is not None else True) and done
         return done
 
     def header(self, results: Dict[str, Any]) -> str:
         from ...experiment.folder import environment_summary
         from .unit import test_classes_words
 
-        seeds, units = results["seeds"], results["units"]
-        first = next(iter(self.variant_configs))
-        unit = units[first][str(seeds[0])]
-        s = self.variant_settings[first]
+        seeds, first = results["seeds"], next(iter(self.variant_configs))
+        unit, s = results["units"][first][str(seeds[0])], self.variant_settings[first]
         selection = results.get("selection") or {"mode": "best_epoch"}
         mode = selection.get("mode", "best_epoch")
         how = {
@@ -295,8 +290,9 @@ class Paired(PairedProtocol):
             "over all seeds",
             "last": "the last epoch tested (validation curves",
         }[mode]
-        rows = unit.get("validation_rows")
-        held_out = "classes of the table's validation rows" if rows else "held-out training classes"
+        held_out = (
+            "classes of the table's validation rows" if unit.get("validation_rows") else "held-out training classes"
+        )
         text = (
             f"Dataset `{dataset_name(s.dataset)}`: trained on {unit['num_train_classes']} classes, {how} on "
             f"{unit['num_val_classes']} {held_out}{')' if mode == 'last' else ''} (validation), tested "
@@ -338,14 +334,8 @@ class Paired(PairedProtocol):
 
     def extra_results(self, units):
         first = self.variant_settings[next(iter(self.variant_configs))]
-        return {
-            "dataset": first.dataset,
-            "num_epochs": first.num_epochs,
-            "iterations_per_epoch": first.iterations_per_epoch,
-            "batch_size": first.batch_size,
-            "validation": first.validation,
-            **({"classes": self.class_roles} if self.class_roles else {}),
-        }
+        keys = ("dataset", "num_epochs", "iterations_per_epoch", "batch_size", "validation")
+        return {**{k: getattr(first, k) for k in keys}, **({"classes": self.class_roles} if self.class_roles else {})}
 
 
 def _class_names(data, ids) -> list:

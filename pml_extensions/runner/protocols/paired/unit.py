@@ -3,8 +3,6 @@
 Pairing: the global RNGs are re-seeded before each module is built (trunk ``seed``, embedder ``seed + 1``, losses
 ``seed + 2``; ``HistogramPooling`` prototypes draw from their own generator) and with ``seed + 3`` before training,
 so every variant of a seed starts from the same weights for the modules it shares and sees the same batches.
-:func:`train_and_select` never loads the test split; :func:`evaluate` tests the selected model once. A ``teacher``
-(distillation) and a ``feature_cache``: docs/methods/resolution_distillation.md and docs/feature_cache.md.
 """
 
 import functools
@@ -23,8 +21,7 @@ from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
 from ...objects.data import dataset_labels, validation_rows, validation_split
 from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec, end_of_epoch_hook
-
-METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
+from .protocol import METRICS
 
 
 def load_split(
@@ -34,14 +31,14 @@ def load_split(
     its cached prefix outputs (part ``train``: ``num_views`` views drawn with ``seed``), built first when missing; with
     ``rank`` / ``world_size`` only that shard is built and ``(folder, complete)`` returned."""
     b = builder if builder is not None else Builder(cfg)
+    transform = b.build_transform("train" if train_transform else "eval")
     if cfg.get("feature_cache") is None:
-        return b.build_dataset(split, transform=b.build_transform("train" if train_transform else "eval"))
+        return b.build_dataset(split, transform=transform)
     if b.frozen is None:
         b.build_models()
     caches = FeatureCaches(b, "", b.log)
     part = "train" if train_transform else ("train_eval" if split == "train" else split)
     source = b.build_dataset(split)
-    transform = b.build_transform("train" if train_transform else "eval")
     args = (part, b.frozen, source, transform, caches.spec["num_views"] if train_transform else 1)
     if rank is not None or world_size is not None:
         return caches.build(*args, rank=rank, world_size=world_size)
@@ -111,12 +108,8 @@ def _frozen_teacher(path: str, device: Any, stamp: Optional[float]) -> Dict[str,
 
 
 def load_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
-    """``{"teacher_trunk", "teacher_embedder"}`` of the config's ``teacher`` (``{seed}`` in its path replaced),
-    rebuilt from that run's saved config, frozen, in eval mode, on the Builder's device; ``None`` without one.
-
-    Raises:
-        ConfigError: ``"<file>: teacher: ..."`` for a missing or unreadable checkpoint.
-    """
+    """``{"teacher_trunk", "teacher_embedder"}`` of the config's ``teacher`` of ``seed``, frozen, on the Builder's
+    device; ``None`` without one; a ConfigError ``"<file>: teacher: ..."`` for a missing or unreadable checkpoint."""
     spec = teacher_spec(b.config, b.where("teacher"))
     if spec is None:
         return None
@@ -220,20 +213,13 @@ def train_and_select(
     sources: Optional[Dict[str, str]] = None,
     keep_epochs: bool = False,
 ) -> Dict[str, Any]:
-    """Train one variant at one seed on the training part of the training classes, validating every epoch on the
-    validation classes (never the test split); ``keep_epochs``: save every validated epoch's weights to
-    ``<stage_dir>/epochs/epoch_<e>.pth``.
-
-    Returns:
-        ``{"history": [{epoch, metric...}] (validation), "best_epoch", "train_seconds", "models": {"trunk",
-        "embedder", "frozen"} (at the best epoch), "xml", ...}``.
-    """
+    """Train one variant at one seed, validating every epoch on the validation classes (never the test split;
+    ``keep_epochs``: every validated epoch's weights in ``epochs/``): ``{"history", "best_epoch", "models", ...}``."""
     from ...experiment import distributed as dist_utils
     from ...experiment.checkpoint import Checkpointer, load_weights
     from ...experiment.epoch_loop import EpochLoop
 
     b = Builder(cfg, sources, device, log)
-    val_cfg = cfg.get("validation") or {}
     full_train = load_split(cfg, "train", train_transform=True, builder=b, seed=seed)
     full_eval = load_split(cfg, "train", train_transform=False, builder=b)
     labels = dataset_labels(full_train)
@@ -244,10 +230,9 @@ def train_and_select(
         val_set = b.subset(val_data, np.arange(len(val_data)), dataset_labels(val_data))
         val_source, val_idx = "validation", np.arange(len(val_data))
     else:
+        v = cfg.get("validation") or {}
         try:
-            train_idx, val_idx, _ = validation_split(
-                full_train.labels, val_cfg.get("class_fraction", 0.25), val_cfg.get("seed", 0)
-            )
+            train_idx, val_idx, _ = validation_split(full_train.labels, v.get("class_fraction", 0.25), v.get("seed", 0))
         except ConfigError as e:
             raise ConfigError(f"{b.sources.get('validation', 'config')}: {e}") from None
         val_set = b.subset(full_eval, val_idx, labels)
@@ -276,11 +261,10 @@ def train_and_select(
 
     def validate(epoch):
         tester.test({"val": val_set}, epoch, trunk, embedder, **reference)
-        acc = tester.all_accuracies["val"]
         if keep_epochs and dist_utils.is_main():
             path = os.path.join(stage_dir, "epochs", f"epoch_{epoch}.pth")
             atomic_torch_save({k: m.state_dict() for k, m in nets.items()}, path)
-        return {"val": {m: float(acc[f"{m}_level0"]) for m in METRICS}}
+        return {"val": _metrics(tester, "val")}
 
     # checkpoint.pth + logs/ (CSV + SQLite) per epoch: a killed unit resumes after its last finished epoch
     ckpt = Checkpointer(stage_dir, epoch_tables={"accuracies_val"})
@@ -311,12 +295,8 @@ def train_and_select(
 
     def make_trainer():
         name_, kwargs = one_spec(cfg.get("trainer"), b.where("trainer"), default="MetricLossOnly")
-        kwargs = dict(
-            kwargs,
-            batch_size=batch_size // world,
-            iterations_per_epoch=iterations,
-            dataloader_num_workers=int(cfg.get("dataloader_num_workers", 0)),
-        )
+        kwargs = {**kwargs, "batch_size": batch_size // world, "iterations_per_epoch": iterations}
+        kwargs["dataloader_num_workers"] = int(cfg.get("dataloader_num_workers", 0))
         trainer_models = dist_utils.wrap_models(nets, device)
         if distils(b):  # the student was initialised above (init_student), before any resume
             kwargs["init_student_from_teacher"] = False
@@ -374,8 +354,11 @@ def evaluate(
     tester = b.build_tester()
     reference = reference_kwargs(b, seed, split, split, np.arange(len(dataset)))
     tester.test({split: dataset}, -1, models["trunk"], models["embedder"], **reference)
-    acc = tester.all_accuracies[split]
-    return {m: float(acc[f"{m}_level0"]) for m in METRICS}
+    return _metrics(tester, split)
+
+
+def _metrics(tester, split: str) -> Dict[str, float]:
+    return {m: float(tester.all_accuracies[split][f"{m}_level0"]) for m in METRICS}
 
 
 def load_models(cfg, stage_dir, device, path: Optional[str] = None):
