@@ -16,17 +16,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError, ConfigProblems
 from .class_index import all_names, lookup
-from .eval_keys import tester_spec
-from .loader import variant_configs
+from .loader import merged_next_to, source_of, variant_configs
+from .pb_keys import NAMED_SPEC_KEYS, ONE_SPEC_KEYS, tester_spec
 from .registry import _nearest_name, resolve
-from .sources import merged_next_to, source_of
 from .specs import is_object_spec, nearest
 from .syntax import find_search_markers, key_path
 
-#: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)
-NAMED_SPEC_KEYS = ("models", "loss_funcs", "mining_funcs", "optimizers", "test_hooks")
-#: object keys whose value is one spec
-ONE_SPEC_KEYS = ("sampler", "trainer", "tester", "accuracy_calculator", "dataset")
 #: keys the runner reads itself out of a spec's arguments (path prefix -> names)
 RUNNER_ARGUMENTS = {"optimizers": ("prototype_lr", "param_groups"), "tester": ("reference_set",)}
 

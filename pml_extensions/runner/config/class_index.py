@@ -1,7 +1,5 @@
-"""The index of every name a config may use and the keyword arguments each takes, so that the config layer checks a
-config without importing torch (``--dry-run``, ``--list`` and config errors answer at once). It is built once by
-importing everything and kept as JSON in :func:`cache_dir`, under a :func:`fingerprint` of the installed versions and
-the package's files; classes registered in this process are read live.
+"""The index of every name a config may use and its keyword arguments, to check a config without importing torch;
+built once and cached as JSON under a :func:`fingerprint` of the installed versions (registrations are read live).
 
 Example::
 
@@ -26,17 +24,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...utils.atomic_io import atomic_write_json
 from . import registry
 
-#: bump when the index's layout changes
-INDEX_VERSION = 1
-#: distributions whose versions decide which classes and signatures exist
+INDEX_VERSION = 1  # bump when the index's layout changes
 INDEXED_DISTRIBUTIONS = ("torch", "torchvision", "pytorch-metric-learning")
-#: tester arguments the runner passes itself
 _TESTER_INTERNAL = "self data_device dtype end_of_testing_hook dataset_labels data_and_label_getter visualizer_hook"
 
 
 def cache_dir() -> Optional[str]:
-    """``$PML_EXTENSIONS_CACHE_DIR`` (``none``: memory only), else ``$XDG_CACHE_HOME/pml_extensions``, else
-    ``~/.cache/pml_extensions``."""
+    """``$PML_EXTENSIONS_CACHE_DIR`` (``none``: memory only), else ``$XDG_CACHE_HOME`` or ``~/.cache``'s."""
     folder = os.environ.get("PML_EXTENSIONS_CACHE_DIR")
     if folder is not None:
         return None if folder.strip().lower() in ("", "none", "off") else folder
@@ -46,8 +40,7 @@ def cache_dir() -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def fingerprint() -> str:
-    """A short hash of Python's and :data:`INDEXED_DISTRIBUTIONS`' versions and the path, size and modification time
-    of every module of ``pml_extensions`` (importing none of them)."""
+    """A hash of the versions and of every ``pml_extensions`` module's path, size and time (none imported)."""
     parts: List[Any] = [INDEX_VERSION, sys.version_info[:2]]
     for dist in INDEXED_DISTRIBUTIONS:
         try:
@@ -86,9 +79,8 @@ def _named(params) -> List[str]:
 
 
 def keyword_arguments(obj: Any) -> Dict[str, Any]:
-    """``{"params": [names], "open": bool}``: the keyword arguments ``obj`` (a class or function) takes; ``open``
-    when it takes any other. An ``__init__`` that passes ``**kwargs`` to its base continues along the MRO, up to
-    ``torch.nn.Module`` or ``object``.
+    """``{"params": [names], "open": bool}``: the keyword arguments ``obj`` takes (``open``: also any other),
+    following ``**kwargs`` passed to a base ``__init__`` along the MRO.
 
     Example::
 
@@ -128,8 +120,7 @@ def keyword_arguments(obj: Any) -> Dict[str, Any]:
 
 
 def tester_params(cls=None) -> Tuple[str, ...]:
-    """The keyword arguments of PML's ``BaseTester`` and of every class between ``cls`` and it, less the ones the
-    runner passes itself, plus PB's ``reference_set``."""
+    """The arguments of ``cls`` and PML's ``BaseTester`` less the runner's own, plus PB's ``reference_set``."""
     from pytorch_metric_learning.testers import BaseTester
 
     names = list(inspect.signature(BaseTester.__init__).parameters)
@@ -141,7 +132,6 @@ def tester_params(cls=None) -> Tuple[str, ...]:
 
 
 def _role_extras(obj: Any, role: Optional[str]) -> Dict[str, Any]:
-    """``tester_params`` of a tester, ``metrics`` of an accuracy calculator (None when it needs arguments)."""
     if role == "tester":
         return {"tester_params": list(tester_params(obj))}
     if role == "accuracy_calculator":
@@ -153,15 +143,13 @@ def _role_extras(obj: Any, role: Optional[str]) -> Dict[str, Any]:
 
 
 def describe(obj: Any) -> Dict[str, Any]:
-    """The index entry of one class or function: ``module``, ``kind`` (``class`` / ``function``), ``params``,
-    ``open`` (:func:`keyword_arguments`)."""
+    """The index entry of one class or function: ``module``, ``kind``, ``params``, ``open``."""
     kind = "class" if inspect.isclass(obj) else "function"
     return {"module": getattr(obj, "__module__", "") or "", "kind": kind, **keyword_arguments(obj)}
 
 
 def build_index() -> Dict[str, Any]:
-    """``{"names": {name: entry}, "roles": {role: {name: module}}}`` of every name a config may use, by importing
-    every search module of the registry (slow: seconds)."""
+    """``{"names": {name: entry}, "roles": {role: {name: module}}}``, by importing every search module (seconds)."""
     objects: Dict[str, Any] = {}
     for module_name in registry.SEARCH_MODULES:
         try:
@@ -187,7 +175,7 @@ def build_index() -> Dict[str, Any]:
 
 @functools.lru_cache(maxsize=None)
 def index() -> Dict[str, Any]:
-    """The index: the cache file of this :func:`fingerprint`, else built (and saved); kept for the process."""
+    """The cached index of this :func:`fingerprint`, else built and saved."""
     folder = cache_dir()
     path = os.path.join(folder, f"class_index-{fingerprint()}.json") if folder else None
     try:
@@ -206,8 +194,7 @@ def index() -> Dict[str, Any]:
 
 
 def lookup(name: str) -> Optional[Dict[str, Any]]:
-    """The entry of ``name`` (:func:`describe`), a class registered in this process first; None when no module a
-    config may use defines it."""
+    """The entry of ``name`` (:func:`describe`), registrations first; None when unknown."""
     if name not in registry._REGISTRY:
         return index()["names"].get(name)
     obj, role = registry._REGISTRY[name]
@@ -217,7 +204,7 @@ def lookup(name: str) -> Optional[Dict[str, Any]]:
 
 
 def names_for_role(role: str) -> Dict[str, str]:
-    """name -> module of the classes listed under ``role``, the ones registered in this process with it first."""
+    """name -> module of the classes of ``role``, registrations first."""
     out = {n: getattr(o, "__module__", "") or "" for n, (o, r) in registry._REGISTRY.items() if r == role}
     for name, module in index()["roles"].get(role, {}).items():
         out.setdefault(name, module)

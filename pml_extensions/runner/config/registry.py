@@ -19,41 +19,23 @@ import importlib
 import inspect
 import pkgutil
 import sys
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from ..errors import ConfigError
 from .specs import nearest
 
-#: user registrations: config name -> (class or callable, role or None); written by :func:`register`, :func:`discover`
+#: config name -> (class or callable, role or None), written by :func:`register` and :func:`discover`
 _REGISTRY: Dict[str, Tuple[Any, Optional[str]]] = {}
 
-#: searched in this order by :func:`resolve`; the first module that has the name wins (ours shadow nothing: PML
-#: classes are re-exported as the same objects). ``pml_extensions.runner.objects.mlp`` is a name here, looked up
-#: only when a config asks for ``MLP`` (the config layer imports nothing from ``build``).
-SEARCH_MODULES = (
-    "pml_extensions.losses",
-    "pml_extensions.trunks",
-    "pml_extensions.trainers",
-    "pml_extensions.testers",
-    "pml_extensions.datasets",
-    "pml_extensions.utils",
-    "pytorch_metric_learning.miners",
-    "pytorch_metric_learning.reducers",
-    "pytorch_metric_learning.distances",
-    "pytorch_metric_learning.regularizers",
-    "pytorch_metric_learning.samplers",
-    "pytorch_metric_learning.utils.accuracy_calculator",
-    "pytorch_metric_learning.datasets",
-    "torch.nn",
-    "torch.optim",
-    "torch.optim.lr_scheduler",
-    "torch.utils.data",
-    "torchvision.models",
-    "torchvision.transforms",
-    "pml_extensions.runner.objects.mlp",
-    "pml_extensions.knn",
-    "pml_extensions.explain",
-    "torchvision.datasets",
+#: searched in this order by :func:`resolve` (ours shadow nothing: PML classes are re-exported as the same objects);
+#: ``runner.objects.mlp`` is imported only when a config asks for ``MLP``
+SEARCH_MODULES = tuple(
+    """pml_extensions.losses pml_extensions.trunks pml_extensions.trainers pml_extensions.testers
+    pml_extensions.datasets pml_extensions.utils pytorch_metric_learning.miners pytorch_metric_learning.reducers
+    pytorch_metric_learning.distances pytorch_metric_learning.regularizers pytorch_metric_learning.samplers
+    pytorch_metric_learning.utils.accuracy_calculator pytorch_metric_learning.datasets torch.nn torch.optim
+    torch.optim.lr_scheduler torch.utils.data torchvision.models torchvision.transforms
+    pml_extensions.runner.objects.mlp pml_extensions.knn pml_extensions.explain torchvision.datasets""".split()
 )
 
 
@@ -78,15 +60,7 @@ ROLE_MODULES: Dict[str, tuple] = {
 
 ROLES = tuple(ROLE_MODULES)
 #: sub-packages of pml_extensions scanned module by module, so a class is found before its package re-exports it
-SCANNED_PACKAGES = (
-    "pml_extensions.losses",
-    "pml_extensions.trunks",
-    "pml_extensions.trainers",
-    "pml_extensions.testers",
-    "pml_extensions.utils",
-    "pml_extensions.datasets",
-    "pml_extensions.explain",
-)
+SCANNED_PACKAGES = tuple(f"pml_extensions.{p}" for p in "losses trunks trainers testers utils datasets explain".split())
 #: roles whose type test is loose (any Module / any callable) take classes from their own modules only
 ROLE_PLACES = {role: ROLE_MODULES[role] for role in ("model", "regularizer", "transform")}
 
@@ -114,7 +88,6 @@ def resolve(name: str, where: str = "config") -> Any:
 
 
 def _nearest_name(name: str, known: Iterable[str] = ()) -> str:
-    """``"; did you mean X?"`` from ``known``, the registrations and the search modules already imported."""
     names = set(_REGISTRY) | set(known)
     for module_name in SEARCH_MODULES:
         module = sys.modules.get(module_name)
@@ -125,7 +98,7 @@ def _nearest_name(name: str, known: Iterable[str] = ()) -> str:
 
 @functools.lru_cache(maxsize=None)
 def package_classes() -> Dict[str, Any]:
-    """name -> every public class defined in a module of :data:`SCANNED_PACKAGES` (those that import)."""
+    """name -> every public class defined in a module of :data:`SCANNED_PACKAGES`."""
     found: Dict[str, Any] = {}
     for package_name in SCANNED_PACKAGES:
         try:
@@ -148,7 +121,7 @@ def package_classes() -> Dict[str, Any]:
 
 
 def discover() -> None:
-    """Make the classes of :func:`package_classes` that :func:`resolve` cannot find (not re-exported) nameable."""
+    """Register the classes of :func:`package_classes` that :func:`resolve` cannot find."""
     for name, obj in package_classes().items():
         try:
             resolve(name)
@@ -286,8 +259,3 @@ def find(role: str, name: str) -> Any:
         f"{role}: unknown class {name!r}; {'did you mean' if close else 'known classes include'} {sample}"
         f"{'?' if close else ', ... (run --list ' + role + ')'}"
     )
-
-
-def roles_of(obj: Any) -> List[str]:
-    """The roles under which ``obj`` is found."""
-    return [role for role in ROLES if obj in classes_for_role(role).values()]
