@@ -126,7 +126,7 @@ def test_the_hook_reads_a_setting_through_a_helper_and_a_base_class(tmp_path):
 
 
 def test_every_marker_on_the_page_is_one_the_parser_reads():
-    from pml_extensions.runner.config.syntax import _MARKER, split_marker
+    from pml_extensions.runner.config.loader import _MARKER, split_marker
 
     ops = site.marker_ops()
     assert set(ops) == set(re.search(r"\(\?P<op>([A-Z_|]+)\)", _MARKER.pattern).group(1).split("|"))
@@ -167,7 +167,7 @@ def test_every_key_a_protocol_accepts_is_in_its_tables():
 def test_every_argument_and_marker_the_code_accepts_is_on_the_config_page():
     from benchmarks.protocols.resolution_distillation import settings as raml
     from pml_extensions.runner.config import pb_keys
-    from pml_extensions.runner.config.syntax import _SEARCH_OPS
+    from pml_extensions.runner.config.loader import _SEARCH_OPS
     from pml_extensions.runner.objects import builder
     from pml_extensions.trunks import histogram_pooling
 

@@ -16,10 +16,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
-from .class_index import lookup, names_for_role
-from .loader import merged_next_to, source_of
+from .loader import merge, merged_next_to, source_of
+from .registry import lookup, names_for_role
 from .specs import nearest, one_spec
-from .syntax import merge
 
 #: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)
 NAMED_SPEC_KEYS = ("models", "loss_funcs", "mining_funcs", "optimizers", "test_hooks")
@@ -170,15 +169,11 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
     """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (plus ours, ``test_classes``)."""
     where, out = _settings(config, "split_manager", sources, "ClassDisjointSplitManager", _DEFAULT_SPLIT)
     for k in ("test_size", "test_start_idx"):
-        v = out[k]
-        if not is_number(v) or not 0 <= v <= 1:
-            raise ConfigError(f"{where}.{k}: expected a fraction of the classes in [0, 1], got {v!r}")
-    for k in ("num_training_partitions", "num_training_sets", "hierarchy_level"):
-        v = out[k]
-        if not is_int(v) or v < (0 if k == "hierarchy_level" else 1):
-            raise ConfigError(
-                f"{where}.{k}: expected a {'non-negative' if k == 'hierarchy_level' else 'positive'} integer, got {v!r}"
-            )
+        if not is_number(out[k]) or not 0 <= out[k] <= 1:
+            raise ConfigError(f"{where}.{k}: expected a fraction of the classes in [0, 1], got {out[k]!r}")
+    for k, low in (("num_training_partitions", 1), ("num_training_sets", 1), ("hierarchy_level", 0)):
+        if not is_int(out[k]) or out[k] < low:
+            raise ConfigError(f"{where}.{k}: expected a {('non-negative', 'positive')[low]} integer, got {out[k]!r}")
     if out["num_training_sets"] > out["num_training_partitions"]:
         raise ConfigError(
             f"{where}.num_training_sets: {out['num_training_sets']} is more than "
@@ -199,13 +194,7 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 
 def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tuple[Any, Any]]:
-    """``item -> (data, label)`` for PB's ``data_and_label_getter_keys`` (None: ``item[0], item[1]``).
-
-    Example::
-
-        >>> data_and_label_getter(["img", "y"])({"img": "x", "y": 3})
-        ('x', 3)
-    """
+    """``item -> (data, label)`` for PB's ``data_and_label_getter_keys`` (None: ``item[0], item[1]``)."""
     if keys is None:
         return lambda item: (item[0], item[1])
     a, b = keys

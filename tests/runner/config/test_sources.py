@@ -1,4 +1,4 @@
-"""runner/config/sources.py: which file (or the command line) set each value of a merged config."""
+"""runner/config/loader.py, Sources: which file (or the command line) set each value of a merged config."""
 
 from pml_extensions.runner.config.loader import Sources
 
