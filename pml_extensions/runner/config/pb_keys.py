@@ -265,12 +265,11 @@ def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = N
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
     if value not in allowed:
         raise ConfigError(f"{where}: {value!r} is not supported: {reason}")
-    if key == "log_data_to_tensorboard" and value:
-        if importlib.util.find_spec("tensorboard") is None:  # found without importing it (seconds)
-            raise ConfigError(
-                f"{where}: true needs the tensorboard package: pip install 'pml_extensions[tensorboard]' (or "
-                "pip install tensorboard), or set it to false; the CSV and SQLite logs are always written"
-            )
+    if key == "log_data_to_tensorboard" and value and importlib.util.find_spec("tensorboard") is None:  # not imported
+        raise ConfigError(
+            f"{where}: true needs the tensorboard package: pip install 'pml_extensions[tensorboard]' (or "
+            "pip install tensorboard), or set it to false; the CSV and SQLite logs are always written"
+        )
     return value
 
 
@@ -306,10 +305,8 @@ def check_factories(config: Dict[str, Any], sources: Optional[Dict[str, str]] = 
         where = _where(sources, f"factories.{role}")
         if role not in DEFAULT_FACTORIES:
             raise ConfigError(f"{where}: unknown factory role; choose from {', '.join(DEFAULT_FACTORIES)}")
-        if spec is None:
-            continue
         name = next(iter(spec)) if isinstance(spec, dict) and spec else spec
-        if name != DEFAULT_FACTORIES[role]:
+        if spec is not None and name != DEFAULT_FACTORIES[role]:
             raise ConfigError(
                 f"{where}: custom factory {name!r} is not supported; register classes with "
                 "pml_extensions.runner.register instead"
