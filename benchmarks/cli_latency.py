@@ -3,7 +3,7 @@
 Each row is a fresh ``python -m pml_extensions ...`` process, timed from start to exit (median of --repeats runs),
 with the exit status it must have; next to it, in the same run, the interpreter alone (``python -c pass``) and the
 import of torch (``python -c "import torch"``), the floor and the cost the command line avoids. The class index
-(``pml_extensions.runner.config.class_index``) is warm for every row (built once before the rows), and one row times
+(``pml_extensions.runner.config.registry``) is warm for every row (built once before the rows), and one row times
 the cold start: ``--dry-run`` with an empty cache folder, which builds the index once (what a first call costs).
 
     python benchmarks/cli_latency.py                 # --repeats 5

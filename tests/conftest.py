@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the runner's class index (runner/config/class_index.py) is cached per session, never in the user's ~/.cache; child
+# the runner's class index (runner/config/registry.py) is cached per session, never in the user's ~/.cache; child
 # processes inherit the folder, so they find the index the first test built
 os.environ.setdefault("PML_EXTENSIONS_CACHE_DIR", tempfile.mkdtemp(prefix="pml_extensions_test_cache_"))
 # one torch thread per pytest-xdist worker unless the caller chose: tox runs 2 workers on the 2-core machine, and 2

@@ -77,7 +77,7 @@ def _fields(cls):
 def test_the_hook_reads_what_the_code_holds():
     from benchmarks import protocols as plugins
     from benchmarks.protocols.resolution_distillation import settings as raml
-    from pml_extensions.runner.config import eval_keys, pb_keys
+    from pml_extensions.runner.config import pb_keys
     from pml_extensions.runner.objects import builder
     from pml_extensions.runner.protocols import DEFAULT_PROTOCOLS, PROTOCOLS, get_protocol
     from pml_extensions.runner.protocols.mlrc import old_keys
@@ -99,8 +99,8 @@ def test_the_hook_reads_what_the_code_holds():
         assert (os.path.relpath(sys.modules[cls.__module__].__file__, ROOT), cls.__qualname__) == (path, cls_name)
     assert t["flags"] == pb_keys._FLAGS
     assert t["split_manager"] == pb_keys._DEFAULT_SPLIT and t["hook_container"] == pb_keys._DEFAULT_HOOKS
-    assert t["ensemble"] == eval_keys._DEFAULT_ENSEMBLE and t["tester"] == eval_keys._TESTER
-    assert t["pb_only"] == eval_keys._PB_ONLY
+    assert t["ensemble"] == pb_keys._DEFAULT_ENSEMBLE and t["tester"] == pb_keys._TESTER
+    assert t["pb_only"] == pb_keys._PB_ONLY
     assert t["old_keys"] == old_keys.OLD_KEYS and t["old_refused"] == old_keys._OLD_REFUSED
     assert t["resolution_dataset_keys"] == raml.DATASET_KEYS
     assert t["prototype_init_keys"] == histogram_pooling.PROTOTYPE_INIT_KEYS
@@ -126,7 +126,7 @@ def test_the_hook_reads_a_setting_through_a_helper_and_a_base_class(tmp_path):
 
 
 def test_every_marker_on_the_page_is_one_the_parser_reads():
-    from pml_extensions.runner.config.syntax import _MARKER, split_marker
+    from pml_extensions.runner.config.loader import _MARKER, split_marker
 
     ops = site.marker_ops()
     assert set(ops) == set(re.search(r"\(\?P<op>([A-Z_|]+)\)", _MARKER.pattern).group(1).split("|"))
@@ -166,15 +166,15 @@ def test_every_key_a_protocol_accepts_is_in_its_tables():
 
 def test_every_argument_and_marker_the_code_accepts_is_on_the_config_page():
     from benchmarks.protocols.resolution_distillation import settings as raml
-    from pml_extensions.runner.config import eval_keys, pb_keys
-    from pml_extensions.runner.config.syntax import _SEARCH_OPS
+    from pml_extensions.runner.config import pb_keys
+    from pml_extensions.runner.config.loader import _SEARCH_OPS
     from pml_extensions.runner.objects import builder
     from pml_extensions.trunks import histogram_pooling
 
     blocks, _ = site.generated_blocks()
     page = "\n".join(blocks.values())
     accepted = set(pb_keys._FLAGS) | set(pb_keys._DEFAULT_SPLIT) | set(pb_keys._DEFAULT_HOOKS)
-    accepted |= set(eval_keys._DEFAULT_ENSEMBLE) | {"split_to_aggregate", eval_keys._TESTER}
+    accepted |= set(pb_keys._DEFAULT_ENSEMBLE) | {"split_to_aggregate", pb_keys._TESTER}
     accepted |= set(raml.DATASET_KEYS) | set(histogram_pooling.PROTOTYPE_INIT_KEYS) | set(builder.PARAM_GROUP_KEYS)
     accepted |= {"class_fraction", "seed"}  # validation's
     missing = sorted(k for k in accepted if f"`{k}`" not in page and f"{{{k}:" not in page and f"`{k}:" not in page)

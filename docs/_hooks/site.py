@@ -17,7 +17,7 @@ Where the key tables come from: the protocols' ``Settings`` dataclasses (each fi
 its ``setting(...)``: ``GridSettings`` and ``SearchSettings`` of every protocol, the ``paired`` and ``mlrc``
 protocols' own, and the settings of the plugins in ``benchmarks/protocols/``), the protocols' lookup table
 (``PROTOCOLS``, each class's ``description``), powerful-benchmarker's older spellings (``mlrc/old_keys.py``), the PB
-key defaults (``pb_keys.py``, ``eval_keys.py``), the Builder's nested keys and the markers of ``syntax.py``. The keys
+key defaults (``pb_keys.py``), the Builder's nested keys and the markers of ``loader.py``. The keys
 that carry no documentation in the code (the ``config_general`` flags, the arguments of ``split_manager``,
 ``hook_container``, ``ensemble``, ``aggregator``, the nested keys, the markers, the RAML plugin's dataset keys) are
 described in ``config_keys.yaml`` beside this file.
@@ -265,18 +265,18 @@ def plugin_configs() -> Dict[str, List[str]]:
 
 
 def marker_ops() -> Tuple[str, ...]:
-    """The key markers of ``syntax._MARKER`` (``OVERRIDE``, ``APPLY``, ...), in the regex's order."""
-    with open(os.path.join(CONFIG, "syntax.py"), encoding="utf-8") as f:
+    """The key markers of ``loader._MARKER`` (``OVERRIDE``, ``APPLY``, ...), in the regex's order."""
+    with open(os.path.join(CONFIG, "loader.py"), encoding="utf-8") as f:
         text = f.read()
     found = re.search(r"\(\?P<op>([A-Z_|]+)\)", text)
     if found is None:
-        raise ValueError("runner/config/syntax.py: the _MARKER regex has no (?P<op>...) group")
+        raise ValueError("runner/config/loader.py: the _MARKER regex has no (?P<op>...) group")
     return tuple(found.group(1).split("|"))
 
 
 def code_tables() -> Dict[str, Any]:
     """Everything the generated blocks are made from (see the module docstring)."""
-    pb, ev = os.path.join(CONFIG, "pb_keys.py"), os.path.join(CONFIG, "eval_keys.py")
+    pb = ev = os.path.join(CONFIG, "pb_keys.py")
     old = os.path.join(PROTOCOLS, "mlrc", "old_keys.py")
     builder = os.path.join(PACKAGE, "runner", "objects", "builder.py")
     protocols = read_table(os.path.join(PROTOCOLS, "__init__.py"), "PROTOCOLS")

@@ -106,8 +106,7 @@ def quiet_progress_bars():
 
 def _list(role: Optional[str]) -> int:
     """Print every class a config can name, per role, or the protocols."""
-    from ..runner.config.class_index import names_for_role
-    from ..runner.config.registry import ROLES
+    from ..runner.config.registry import ROLES, names_for_role
 
     if role == "protocol":
         from ..runner.protocols import descriptions

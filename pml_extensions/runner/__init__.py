@@ -1,10 +1,6 @@
 """The powerful-benchmarker-style runner: configs in, experiment folders out, one protocol per experiment kind.
-
-Its floor plan (each floor imports only the floors listed before it, none imports :mod:`pml_extensions.cli`; see
-docs/runner.md, "Where each part lives"): ``errors`` (:class:`ConfigError`, the one exception), ``config/`` (where a
-key is parsed), ``experiment/`` (where a run's files are written), ``objects/`` (where an object is built),
-``outputs/`` (what a run reports) and ``protocols/`` (what a run does: the protocols as plugins and
-:func:`~.protocols.run_protocol`, the one entry point).
+Its floors (``errors``, ``config/``, ``experiment/``, ``objects/``, ``outputs/``, ``protocols/``) are described in
+docs/runner.md, "Where each part lives".
 
 Example::
 
@@ -19,9 +15,8 @@ Example::
 import importlib
 from typing import Any
 
-#: the module that defines each public name, imported on first use (PEP 562): ``import pml_extensions.runner`` and its
-#: light modules (``errors``, ``config``) load no torch, so the command line answers ``--help``, ``--list``,
-#: ``--dry-run`` and config errors at once
+#: the module of each public name, imported on first use (PEP 562), so that ``--help``, ``--list``, ``--dry-run`` and
+#: config errors answer without importing torch
 _MODULES = {
     ".config.loader": ("CONFIG_FOLDERS", "find_config", "merge", "parse_command_line"),
     ".config.registry": ("ROLES", "classes_for_role", "find", "register", "resolve"),

@@ -1,9 +1,5 @@
-"""The runner's exceptions: :class:`ConfigError`, the one a user sees (its kinds :class:`MissingDataError`,
-:class:`DataFileError`, :class:`OutputError`; the command line prints its one line and exits with status 2, 1 for an
-``OutputError``), and :class:`Interrupted`: inside :func:`raise_on_signals` (the command line's), SIGINT and SIGTERM
-raise it, but never inside a :func:`critical` section (a checkpoint commit: raised at its end); :func:`at` records the
-stage and epoch that :func:`position` reports. Code below the command line never catches ``KeyboardInterrupt``.
-"""
+"""The runner's exceptions: :class:`ConfigError` (one line; the command line exits with 2, 1 for an
+:class:`OutputError`) and :class:`Interrupted`, raised by SIGINT/SIGTERM outside a :func:`critical` section."""
 
 import contextlib
 import errno
@@ -18,18 +14,16 @@ class ConfigError(ValueError):
 
 
 def first_line(error: BaseException) -> str:
-    """The first line of ``error``'s message (its class name when it has none)."""
+    """The first line of ``error``'s message, else its class name."""
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 class DataFileError(ConfigError):
-    """The dataset's own files are bad (image files that do not decode or are missing): no config change fixes them,
-    so a refusal for the config's problems lists them too (:func:`pml_extensions.runner.protocols.load_config`)."""
+    """The dataset's own image files are bad (undecodable, missing): a config refusal lists them too."""
 
 
 class ConfigProblems(ConfigError):
-    """Every problem one pass of checks found (:class:`Problems`): the message lists them, one line each; with one
-    problem it is that problem's line. ``data_files``: the lines that came from a :class:`DataFileError`."""
+    """Every problem of one pass (:class:`Problems`), one line each; ``data_files``: those of a DataFileError."""
 
     def __init__(self, problems: List[str], data_files: Sequence[str] = ()):
         self.problems = list(problems)
@@ -40,15 +34,15 @@ class ConfigProblems(ConfigError):
 
 
 class Problems:
-    """Collect the problems of several independent checks and report them together, so a user fixes them in one go."""
+    """Collect the problems of independent checks to report them together."""
 
     def __init__(self):
         self.found: List[str] = []
-        self.data_files: List[str] = []  # the found lines that a DataFileError raised
+        self.data_files: List[str] = []
 
     @contextlib.contextmanager
     def check(self) -> Iterator[None]:
-        """Run the block; a :class:`ConfigError` it raises is recorded instead of stopping the pass."""
+        """Run the block, recording a :class:`ConfigError` it raises."""
         try:
             yield
         except ConfigProblems as e:
@@ -68,8 +62,7 @@ class Problems:
 
 
 class MissingDataError(ConfigError, FileNotFoundError):
-    """A config names data (a dataset folder, a Debian package's images, model weights) that is not on this machine;
-    the one-line message says how to get it. Also a ``FileNotFoundError``, as the dataset classes raise."""
+    """Data a config names (a dataset, model weights) is not on this machine; the message says how to get it."""
 
 
 #: errno values that mean "this place cannot take the file" (a read-only, foreign or full folder), not a bug
@@ -77,13 +70,11 @@ OUTPUT_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQ
 
 
 class OutputError(ConfigError, OSError):
-    """A file of the run cannot be written (a read-only or full output folder) or read back (a truncated
-    checkpoint); the one-line message names the path and what to do. Also an ``OSError``."""
+    """A run's file cannot be written (read-only or full folder) or read back; the message says what to do."""
 
     @classmethod
     def writing(cls, path: str, error: BaseException, where: str = "--root_experiment_folder") -> "OutputError":
-        """The error for ``path`` that could not be written because of ``error`` (``where``: the option that chose
-        the folder)."""
+        """The error for ``path`` not written because of ``error`` (``where``: the option that chose the folder)."""
         text = first_line(error)
         code = getattr(error, "errno", None)
         if code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "disk is full" in text:
@@ -94,9 +85,7 @@ class OutputError(ConfigError, OSError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """A run stopped by ``signal_number`` (SIGINT: Ctrl-C, SIGTERM: ``kill``, a scheduler's time limit), raised in the
-    main thread by :func:`raise_on_signals`. Never catch it below the command line, which prints one line and exits
-    with ``128 + signal_number``."""
+    """A run stopped by ``signal_number`` (SIGINT, SIGTERM); the command line exits with ``128 + signal_number``."""
 
     def __init__(self, signal_number: int = signal.SIGINT):
         super().__init__(int(signal_number))
@@ -149,8 +138,7 @@ def critical() -> Iterator[None]:
 
 @contextlib.contextmanager
 def raise_on_signals(signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
-    """Raise :class:`~pml_extensions.runner.errors.Interrupted` for ``signals`` while the block runs (main thread
-    only; elsewhere the block runs with the handlers as they are). Resets :func:`position`."""
+    """Raise :class:`Interrupted` for ``signals`` while the block runs (main thread only); resets :func:`position`."""
     at(None)
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -75,7 +75,7 @@ def test_answers_without_the_heavy_imports(argv, status, subprocess_env):
     import subprocess
     import sys
 
-    from pml_extensions.runner.config.class_index import index
+    from pml_extensions.runner.config.registry import index
 
     index()
     code = (

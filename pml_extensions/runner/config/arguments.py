@@ -15,18 +15,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError, ConfigProblems
-from .class_index import all_names, lookup
-from .eval_keys import tester_spec
-from .loader import variant_configs
-from .registry import _nearest_name, resolve
-from .sources import merged_next_to, source_of
+from .loader import find_search_markers, key_path, merged_next_to, source_of, variant_configs
+from .pb_keys import NAMED_SPEC_KEYS, ONE_SPEC_KEYS, tester_spec
+from .registry import _nearest_name, all_names, lookup, resolve
 from .specs import is_object_spec, nearest
-from .syntax import find_search_markers, key_path
 
-#: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)
-NAMED_SPEC_KEYS = ("models", "loss_funcs", "mining_funcs", "optimizers", "test_hooks")
-#: object keys whose value is one spec
-ONE_SPEC_KEYS = ("sampler", "trainer", "tester", "accuracy_calculator", "dataset")
 #: keys the runner reads itself out of a spec's arguments (path prefix -> names)
 RUNNER_ARGUMENTS = {"optimizers": ("prototype_lr", "param_groups"), "tester": ("reference_set",)}
 
@@ -46,10 +39,8 @@ ARGUMENT_RULES: Dict[Tuple[str, str], Tuple[float, bool, str]] = {
 class _Checker:
     def __init__(self, sources, suffix: str = "", known: Sequence[str] = ()):
         self.sources, self.suffix = sources, suffix
-        #: every problem found, in order (one pass: nothing stops at the first); ``known`` are left out (a variant's
-        #: check does not repeat the problems of the config it is merged over)
         self.found: List[str] = []
-        self.known = set(known)
+        self.known = set(known)  # a variant's check leaves out the problems of the config it is merged over
 
     def fail(self, path: Tuple, message: str, source_path: Optional[Tuple] = None) -> None:
         self.record(f"{source_of(self.sources, source_path or path)}: {key_path(path)}: {message}")
@@ -137,8 +128,7 @@ class _Checker:
                     self.value(item, path + (key,))
 
     def named_dataset(self, spec: Any) -> None:
-        """Refuse a dataset by name (``{name, root, kwargs}``) whose new ``name`` was merged next to an earlier
-        file's ``kwargs`` or ``root``."""
+        """Refuse a dataset's new ``name`` merged next to an earlier file's ``kwargs`` or ``root``."""
         if not (isinstance(spec, dict) and isinstance(spec.get("name"), str)) or is_object_spec(spec):
             return
         new = source_of(self.sources, ("dataset", "name"))

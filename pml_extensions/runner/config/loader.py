@@ -1,31 +1,269 @@
-"""How a config's files merge: PB's folders or the flat form, then the command line (docs/configs.md).
+"""How a config's files merge: PB's folders or the flat form, then the command line, with powerful-benchmarker's key
+markers (:func:`merge`: ``~OVERRIDE~``, ``~APPLY~n``, ``~SWAP~n``, ``~DELETE~``, ``~BAYESIAN~``; docs/configs.md), and
+where each value of the merged config came from (:class:`Sources`). Every error is a one-line
+:class:`~pml_extensions.runner.errors.ConfigError` that starts with the file (or ``command line``).
 
-Every error is a :class:`pml_extensions.runner.errors.ConfigError` whose one line starts with the file (or
-``command line``)."""
+Example::
+
+    >>> s = Sources({"trainer": "command line"})
+    >>> s.add_layer("general.yaml", {"trainer": {"T": {"batch_size": 32, "iterations_per_epoch": 100}}})
+    >>> s.add_layer("command line", {"trainer": {"T": {"batch_size": 64, "iterations_per_epoch": 100}}})
+    >>> s.of("trainer.T.batch_size"), s.of(("trainer", "T", "iterations_per_epoch")), s.of("seed")
+    ('command line', 'general.yaml', 'config')
+    >>> describe("command line"), describe("configs/contrastive/config_general/quick.yaml")
+    ('the command line', 'the shipped configs/contrastive/config_general/quick.yaml')
+"""
 
 import copy
 import importlib.util
 import itertools
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
 from ..errors import ConfigError
-from .sources import SHIPPED, Sources
-from .syntax import find_search_markers, merge, split_marker
-from .yaml_reader import read_yaml
+from .specs import read_yaml
 
-CONFIG_FOLDERS = (
-    "config_general",
-    "config_models",
-    "config_loss_and_miners",
-    "config_optimizers",
-    "config_transforms",
-    "config_eval",
-    "config_factories",
-    "config_dataset",
+_MARKER = re.compile(
+    r"^(?P<name>.*?)~(?P<op>OVERRIDE|DELETE|APPLY|SWAP|BAYESIAN|LOG_BAYESIAN|INT_BAYESIAN)~(?P<n>\d*)$"
+)
+_SEARCH_OPS = ("BAYESIAN", "LOG_BAYESIAN", "INT_BAYESIAN")
+
+
+def split_marker(key: Any, where: str = "config") -> Tuple[Any, Optional[str], Optional[int]]:
+    """Split ``"name~OP~n"`` into ``(name, OP, n)`` (plain keys: ``(key, None, None)``)."""
+    match = _MARKER.match(key) if isinstance(key, str) else None
+    if match is None:
+        return key, None, None
+    name, op, n = match.group("name"), match.group("op"), match.group("n")
+    if op in ("APPLY", "SWAP"):
+        if not n or int(n) < 1:
+            raise ConfigError(f"{where}: key {key!r}: ~{op}~ needs a depth >= 1, e.g. {name}~{op}~1")
+        return name, op, int(n)
+    if n:
+        raise ConfigError(f"{where}: key {key!r}: ~{op}~ takes no depth number")
+    return name, op, None
+
+
+def _join(where: str, key: Any) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _drop_variants(out: Dict, name: Any, keep_plain: bool = False) -> None:
+    """A plain key replaces its ``~BAYESIAN~``-family twin and vice versa."""
+    for key in ([] if keep_plain else [name]) + [f"{name}~{op}~" for op in _SEARCH_OPS]:
+        out.pop(key, None)
+
+
+def _template(old: Any, value: Any, where: str) -> Any:
+    """The value of ``key~OVERRIDE~: value``: markers inside ``value`` act on the old value at the same place."""
+    if not isinstance(value, dict):
+        return copy.deepcopy(value)
+    old = old if isinstance(old, dict) else {}
+    out: Dict = {}
+    for key, v in value.items():
+        name, op, _ = split_marker(key, where)
+        if op in ("APPLY", "SWAP"):
+            out.update(merge({name: old[name]} if name in old else {}, {key: v}, where))
+        elif (op is None and not isinstance(v, dict)) or op in _SEARCH_OPS:
+            out[key] = copy.deepcopy(v)
+        elif op != "DELETE":  # plain or nested OVERRIDE: replace, resolving markers inside against the old value
+            out[name] = _template(old.get(name), v, _join(where, key))
+    return out
+
+
+def merge(base: Dict, update: Dict, where: str = "") -> Dict:
+    """Return ``base`` with ``update`` merged in (neither input is modified); every marker works at every depth and
+    inside every other marker's value.
+
+    Args:
+        base: the config so far (plain keys only).
+        update: a dict that may use the key markers.
+        where: prefix of error messages: the file name, then the key path.
+
+    Raises:
+        ConfigError: on ``~APPLY~``/``~SWAP~`` whose target is missing or not a dict, a ``~SWAP~`` mapping
+        that names a missing key or is ambiguous, or a non-dict ``update``.
+
+    Example::
+
+        >>> merge({"tester": {"T": {"accuracy_calculator": {"AccuracyCalculator": {"k": 5}}}}},
+        ...       {"tester~APPLY~2": {"accuracy_calculator~OVERRIDE~": {"ChunkedAccuracyCalculator": None}}})
+        {'tester': {'T': {'accuracy_calculator': {'ChunkedAccuracyCalculator': None}}}}
+    """
+    if not isinstance(update, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(update).__name__}")
+    out = copy.deepcopy(base) if isinstance(base, dict) else {}
+    for key, value in update.items():
+        name, op, depth = split_marker(key, where or "config")
+        here = _join(where, key)
+        if op == "DELETE":
+            _drop_variants(out, name)
+        elif op == "OVERRIDE":
+            old = out.get(name)
+            _drop_variants(out, name, keep_plain=True)
+            out[name] = _template(old, value, here)
+        elif op in ("APPLY", "SWAP"):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{here}: ~{op}~ needs a mapping value, got {type(value).__name__}")
+            if name not in out or not isinstance(out[name], dict):
+                raise ConfigError(f"{here}: ~{op}~ target {name!r} does not exist or is not a mapping")
+            out[name] = (_apply if op == "APPLY" else _swap)(out[name], value, depth, here)
+        elif op in _SEARCH_OPS:
+            _drop_variants(out, name)
+            out[key] = copy.deepcopy(value)  # kept with its marker for the search (runner.protocols.search)
+        elif name in out and isinstance(out[name], dict) and isinstance(value, dict):
+            out[name] = merge(out[name], value, here)
+        else:
+            _drop_variants(out, name, keep_plain=True)
+            out[name] = merge({}, value, here) if isinstance(value, dict) else copy.deepcopy(value)
+    return out
+
+
+def _apply(target: Dict, value: Dict, depth: int, where: str) -> Dict:
+    """Merge ``value`` into every dict at ``depth`` (``target`` is depth 1); a non-dict there is replaced, as in PB."""
+    if depth == 1:
+        return merge(target, value, where)  # a non-dict target merges as {}
+    return {
+        k: _apply(v, value, depth - 1, _join(where, k)) if isinstance(v, dict) or depth == 2 else v
+        for k, v in target.items()
+    }
+
+
+def _swap(target: Dict, mapping: Dict, depth: int, where: str) -> Dict:
+    if depth > 1:
+        return {
+            k: (_swap(v, mapping, depth - 1, _join(where, k)) if isinstance(v, dict) else v) for k, v in target.items()
+        }
+    renames = {}
+    for old, new in mapping.items():
+        if new is None or new == {}:
+            if old in target:
+                continue  # already that class
+            if len(target) != 1:
+                raise ConfigError(
+                    f"{where}: ~SWAP~ to {old!r} needs exactly one key at that depth, found {list(target)}; "
+                    f"use {{old_name: {old}}}"
+                )
+            renames[next(iter(target))] = old
+        elif old in target:
+            renames[old] = new
+        else:
+            raise ConfigError(f"{where}: ~SWAP~ {old!r} -> {new!r}: no key {old!r} here (keys: {list(target)})")
+    return {renames.get(k, k): v for k, v in target.items()}
+
+
+def key_path(path: Sequence[Any]) -> str:
+    """``("trunk", 0, "ConvNetBody")`` -> ``"trunk[0].ConvNetBody"``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def search_markers(config: Any, path: Tuple = ()) -> Iterator[Tuple[Tuple, str, Any]]:
+    """``(path, op, value)`` of every ``~BAYESIAN~``-family key of ``config``, at any depth, list items included."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            op = split_marker(key)[1]
+            if op in _SEARCH_OPS:
+                yield path + (key,), op, value
+            else:
+                yield from search_markers(value, path + (key,))
+    elif isinstance(config, list):
+        for i, value in enumerate(config):
+            yield from search_markers(value, path + (i,))
+
+
+def find_search_markers(config: Any) -> List[str]:
+    """Key paths that carry a ``~BAYESIAN~``-family marker."""
+    return [key_path(path) for path, _, _ in search_markers(config)]
+
+
+_MISSING = object()
+
+
+def _value(config: Any, path: Sequence[Any]) -> Any:
+    for key in path:
+        if isinstance(config, dict) and key in config:
+            config = config[key]
+        elif isinstance(config, list) and isinstance(key, int) and -len(config) <= key < len(config):
+            config = config[key]
+        else:
+            return _MISSING
+    return config
+
+
+class Sources(dict):
+    """top-level key -> the file (or ``"command line"``) that set it last; :meth:`of` names a nested value's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        #: (name, config after it, the paths it replaced whole with ``~OVERRIDE~``: every value below one is its own)
+        self.layers: List[Tuple[str, Dict[str, Any], List[Tuple[Any, ...]]]] = []
+
+    def add_layer(self, name: str, config: Dict[str, Any], update: Optional[Dict[str, Any]] = None) -> None:
+        """Record the config after ``name``; ``update``'s ``~OVERRIDE~`` subtrees are all its own."""
+        self.layers.append((name, copy.deepcopy(config), _overridden(update or {})))
+
+    def of(self, path: Union[str, Sequence[Any]]) -> str:
+        """The source that last changed the value at ``path`` (dotted or a sequence of keys), else its top key's."""
+        keys = tuple(path.split(".")) if isinstance(path, str) else tuple(path)
+        found, previous = None, _MISSING
+        for name, config, overridden in self.layers:
+            value = _value(config, keys)
+            replaced = any(keys[: len(p)] == p for p in overridden)
+            if value is not _MISSING and (previous is _MISSING or value != previous or replaced):
+                found = name
+            elif value is _MISSING and previous is not _MISSING:
+                found = None  # deleted (~DELETE~ / ~OVERRIDE~): a later layer may set it again
+            previous = value
+        return found or self.get(keys[0] if keys else "", "config")
+
+
+def _overridden(update: Any, prefix: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
+    """The paths of ``update`` marked ``~OVERRIDE~``, at any depth."""
+    out: List[Tuple[Any, ...]] = []
+    if isinstance(update, dict):
+        for key, value in update.items():
+            name, op, _ = split_marker(key)
+            out += [prefix + (name,)] if op == "OVERRIDE" else _overridden(value, prefix + (name,))
+    return out
+
+
+def source_of(sources: Optional[Dict[str, str]], path: Union[str, Sequence[Any]]) -> str:
+    """:meth:`Sources.of`, also for a plain dict (top-level keys only) or None."""
+    return (sources if isinstance(sources, Sources) else Sources(sources or {})).of(path)
+
+
+#: the shipped configs (``pml_extensions/configs``), whose files messages show as ``configs/<name>/...``
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+
+
+def describe(source: str) -> str:
+    """``"the command line"``, ``"the shipped configs/x/..."`` or ``"your <file>"``: whom a message asks to edit."""
+    if source == "command line":
+        return "the command line"
+    if source == "config" or not source:
+        return "the config"
+    path = source if os.path.isabs(source) else os.path.join(os.path.dirname(SHIPPED), source)
+    shipped = os.path.abspath(path).startswith(SHIPPED + os.sep) and os.path.exists(path)
+    return f"the shipped {source}" if shipped else f"your {source}"
+
+
+def merged_next_to(new: str, new_source: str, old: str, old_sources: Iterable[str], key: str) -> str:
+    """The refusal of a plain merge that kept two objects where one belongs."""
+    flag = f"--{key}~OVERRIDE~" if new_source == "command line" else f"{key}~OVERRIDE~:"
+    return (
+        f"{new} ({describe(new_source)}) was merged next to {old} "
+        f"({', '.join(describe(s) for s in sorted(set(old_sources)))}); a merge keeps both, write {flag} to replace it"
+    )
+
+
+CONFIG_FOLDERS = tuple(
+    f"config_{c}" for c in "general models loss_and_miners optimizers transforms eval factories dataset".split()
 )
 
 

@@ -1,11 +1,12 @@
-"""Every powerful-benchmarker (PB v0.9.33) config value, honoured as in PB or refused with one line naming the key
-(:func:`check_values`, at load time); docs/configs.md tabulates the defaults.
+"""Every powerful-benchmarker (PB v0.9.33) config value, evaluation keys included, honoured as in PB or refused with
+one line naming the key (:func:`check_values`, at load time); docs/configs.md tabulates the defaults.
 
 Example::
 
-    >>> from pml_extensions.runner.config.pb_keys import split_settings
     >>> split_settings({"split_manager": {"ClassDisjointSplitManager": {"test_size": 0.25}}})["test_size"]
     0.25
+    >>> ensemble_settings({"ensemble": {"ConcatenateEmbeddings": {"normalize_embeddings": False}}})
+    {'normalize_embeddings': False, 'use_trunk_output': False}
 """
 
 import importlib.util
@@ -15,11 +16,27 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
-from .arguments import NAMED_SPEC_KEYS, ONE_SPEC_KEYS
-from .eval_keys import _settings, _where, aggregate, ensemble_settings, tester_spec  # noqa: F401  (re-exported)
-from .sources import merged_next_to, source_of
-from .syntax import merge
+from .loader import merge, merged_next_to, source_of
+from .registry import lookup, names_for_role
+from .specs import nearest, one_spec
 
+#: object keys whose value maps names to specs (``{metric_loss: {ContrastiveLoss: ...}}``)
+NAMED_SPEC_KEYS = ("models", "loss_funcs", "mining_funcs", "optimizers", "test_hooks")
+#: object keys whose value is one spec
+ONE_SPEC_KEYS = ("sampler", "trainer", "tester", "accuracy_calculator", "dataset")
+_TESTER = "GlobalEmbeddingSpaceTester"
+_DEFAULT_ENSEMBLE = {"normalize_embeddings": True, "use_trunk_output": False}
+#: PB's own classes for these keys that this runner does not implement (refused by name, not "unknown")
+_PB_ONLY = {
+    "split_manager": (
+        "ClosedSetSplitManager",
+        "IndexSplitManager",
+        "PredefinedSplitManager",
+        "EmbeddingSpaceSplitManager",
+        "MLRCSplitManager",
+        "UseOriginalTestSplitManager",
+    ),
+}
 _DEFAULT_SPLIT = {
     "test_size": 0.5,
     "test_start_idx": 0.5,
@@ -50,19 +67,113 @@ _FLAGS = {
 }
 
 
+def _where(sources: Optional[Dict[str, str]], key: str) -> str:
+    return f"{(sources or {}).get(key.split('.')[0], 'config')}: {key}"
+
+
+def _check_kwargs(where: str, kwargs: Dict, allowed: Sequence[str]) -> None:
+    for k in kwargs:
+        if k not in allowed:
+            raise ConfigError(f"{where}: unknown argument {k!r}{nearest(k, allowed)} (known: {', '.join(allowed)})")
+
+
+def _settings(config: Dict[str, Any], key: str, sources, default: str, defaults: Dict[str, Any]):
+    """``(where, defaults updated by the arguments)`` of a key whose only class here is ``default``."""
+    name, kwargs = one_spec(config.get(key), _where(sources, key), default)
+    where = f"{_where(sources, key)}.{name}"
+    if name in _PB_ONLY.get(key, ()):
+        raise ConfigError(f"{where}: {name} is powerful-benchmarker's, not implemented here; use {default}")
+    if name != default:
+        raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, [default])} (known: {default})")
+    _check_kwargs(where, kwargs, tuple(defaults))
+    return where, dict(defaults, **kwargs)
+
+
+def tester_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Tuple[str, Dict[str, Any]]:
+    """``tester``'s class and checked arguments (``reference_set`` and ``visualizer`` removed)."""
+    name, kwargs = one_spec(config.get("tester"), _where(sources, "tester"), _TESTER)
+    where = f"{_where(sources, 'tester')}.{name}"
+    testers = names_for_role("tester")
+    if name not in testers:
+        raise ConfigError(f"{where}: unknown tester class {name!r}{nearest(name, testers)}")
+    _check_kwargs(where, kwargs, tuple(lookup(name).get("tester_params") or ()))
+    kwargs = dict(kwargs)
+    reference = kwargs.pop("reference_set", "compared_to_self")
+    if reference != "compared_to_self":
+        raise ConfigError(
+            f"{where}.reference_set: only compared_to_self is supported (each split is its own "
+            f"reference set, as in the MLRC paper), got {reference!r}"
+        )
+    visualizer = kwargs.pop("visualizer", None)
+    if visualizer:  # PB: `if tester_params.get("visualizer", None):` -- {} and null mean no visualizer
+        name = next(iter(visualizer)) if isinstance(visualizer, dict) else visualizer
+        raise ConfigError(
+            f"{where}.visualizer: embedding plots are not supported ({name}: PB drew them with a visualizer class "
+            "such as sklearn's TSNE or umap's UMAP, neither a dependency here); set visualizer: {} (none, as PB "
+            "reads it) or null"
+        )
+    pca = kwargs.get("pca")
+    if pca is not None and (not is_int(pca) or pca < 1):
+        raise ConfigError(f"{where}.pca: expected null or a positive number of dimensions, got {pca!r}")
+    level = kwargs.get("label_hierarchy_level", 0)
+    if not is_int(level) or level < 0:
+        raise ConfigError(f"{where}.label_hierarchy_level: expected a non-negative integer, got {level!r}")
+    accuracy_calculator_spec(kwargs, where)
+    return name, kwargs
+
+
+def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple[str, Dict[str, Any]]:
+    """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")``, the MLRC paper's)."""
+    spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
+    where = f"{where}.accuracy_calculator"
+    if not (isinstance(spec, dict) and len(spec) == 1):
+        raise ConfigError(f"{where}: expected one {{ClassName: {{kwargs}}}}, got {spec!r}")
+    name, kwargs = next(iter(spec.items()))
+    kwargs = dict(kwargs or {})
+    calculators = names_for_role("accuracy_calculator")
+    if name not in calculators:
+        raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
+    metrics = lookup(name).get("metrics")  # None: a calculator that needs arguments; PML checks the names itself
+    known = set(metrics or ()) | {"mean_reciprocal_rank"}
+    for key in ("include", "exclude"):
+        for metric in kwargs.get(key) or ():
+            if metrics is not None and metric not in known:
+                raise ConfigError(f"{where}.{name}.{key}: unknown metric {metric!r}{nearest(metric, known)}")
+    return name, kwargs
+
+
+def aggregate(
+    config: Dict[str, Any], fold_metrics: Sequence[Dict[str, float]], sources: Optional[Dict[str, str]] = None
+) -> Dict[str, float]:
+    """``aggregator``: the mean of each metric over the folds' ``fold_metrics`` (at each one's best epoch)."""
+    where, settings = _settings(config, "aggregator", sources, "MeanAggregator", {"split_to_aggregate": "val"})
+    if settings["split_to_aggregate"] != "val":
+        raise ConfigError(
+            f"{where}.split_to_aggregate: only val is aggregated (the test split is evaluated by "
+            f"the ensemble), got {settings['split_to_aggregate']!r}"
+        )
+    common = set.intersection(*(set(m) for m in fold_metrics)) if fold_metrics else set()
+    return {m: float(sum(f[m] for f in fold_metrics) / len(fold_metrics)) for m in sorted(common)}
+
+
+def ensemble_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, bool]:
+    """``ensemble``'s ConcatenateEmbeddings arguments with PB's defaults."""
+    where, out = _settings(config, "ensemble", sources, "ConcatenateEmbeddings", _DEFAULT_ENSEMBLE)
+    for k, v in out.items():
+        if not isinstance(v, bool):
+            raise ConfigError(f"{where}.{k}: expected true or false, got {v!r}")
+    return out
+
+
 def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """``split_manager``'s ClassDisjointSplitManager arguments with PB's defaults (plus ours, ``test_classes``)."""
     where, out = _settings(config, "split_manager", sources, "ClassDisjointSplitManager", _DEFAULT_SPLIT)
     for k in ("test_size", "test_start_idx"):
-        v = out[k]
-        if not is_number(v) or not 0 <= v <= 1:
-            raise ConfigError(f"{where}.{k}: expected a fraction of the classes in [0, 1], got {v!r}")
-    for k in ("num_training_partitions", "num_training_sets", "hierarchy_level"):
-        v = out[k]
-        if not is_int(v) or v < (0 if k == "hierarchy_level" else 1):
-            raise ConfigError(
-                f"{where}.{k}: expected a {'non-negative' if k == 'hierarchy_level' else 'positive'} integer, got {v!r}"
-            )
+        if not is_number(out[k]) or not 0 <= out[k] <= 1:
+            raise ConfigError(f"{where}.{k}: expected a fraction of the classes in [0, 1], got {out[k]!r}")
+    for k, low in (("num_training_partitions", 1), ("num_training_sets", 1), ("hierarchy_level", 0)):
+        if not is_int(out[k]) or out[k] < low:
+            raise ConfigError(f"{where}.{k}: expected a {('non-negative', 'positive')[low]} integer, got {out[k]!r}")
     if out["num_training_sets"] > out["num_training_partitions"]:
         raise ConfigError(
             f"{where}.num_training_sets: {out['num_training_sets']} is more than "
@@ -83,13 +194,7 @@ def split_settings(config: Dict[str, Any], sources: Optional[Dict[str, str]] = N
 
 
 def data_and_label_getter(keys: Optional[Sequence[Any]]) -> Callable[[Any], Tuple[Any, Any]]:
-    """``item -> (data, label)`` for PB's ``data_and_label_getter_keys`` (None: ``item[0], item[1]``).
-
-    Example::
-
-        >>> data_and_label_getter(["img", "y"])({"img": "x", "y": 3})
-        ('x', 3)
-    """
+    """``item -> (data, label)`` for PB's ``data_and_label_getter_keys`` (None: ``item[0], item[1]``)."""
     if keys is None:
         return lambda item: (item[0], item[1])
     a, b = keys
@@ -160,12 +265,11 @@ def flag(config: Dict[str, Any], key: str, sources: Optional[Dict[str, str]] = N
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
     if value not in allowed:
         raise ConfigError(f"{where}: {value!r} is not supported: {reason}")
-    if key == "log_data_to_tensorboard" and value:
-        if importlib.util.find_spec("tensorboard") is None:  # found without importing it (seconds)
-            raise ConfigError(
-                f"{where}: true needs the tensorboard package: pip install 'pml_extensions[tensorboard]' (or "
-                "pip install tensorboard), or set it to false; the CSV and SQLite logs are always written"
-            )
+    if key == "log_data_to_tensorboard" and value and importlib.util.find_spec("tensorboard") is None:  # not imported
+        raise ConfigError(
+            f"{where}: true needs the tensorboard package: pip install 'pml_extensions[tensorboard]' (or "
+            "pip install tensorboard), or set it to false; the CSV and SQLite logs are always written"
+        )
     return value
 
 
@@ -201,10 +305,8 @@ def check_factories(config: Dict[str, Any], sources: Optional[Dict[str, str]] = 
         where = _where(sources, f"factories.{role}")
         if role not in DEFAULT_FACTORIES:
             raise ConfigError(f"{where}: unknown factory role; choose from {', '.join(DEFAULT_FACTORIES)}")
-        if spec is None:
-            continue
         name = next(iter(spec)) if isinstance(spec, dict) and spec else spec
-        if name != DEFAULT_FACTORIES[role]:
+        if spec is not None and name != DEFAULT_FACTORIES[role]:
             raise ConfigError(
                 f"{where}: custom factory {name!r} is not supported; register classes with "
                 "pml_extensions.runner.register instead"

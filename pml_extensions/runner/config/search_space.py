@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Tuple
 
 from ...utils.checks import is_number
 from ..errors import ConfigError
-from .syntax import key_path, search_markers, split_marker
+from .loader import key_path, search_markers, split_marker
 
 
 def search_space(config: Any) -> List[Tuple[Tuple, str, str, Any]]:

@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from ...utils.atomic_io import atomic_write_json, atomic_write_text
-from ..config.yaml_reader import read_yaml
+from ..config.specs import read_yaml
 from ..errors import ConfigError, OutputError, first_line
 from . import distributed as dist_utils
 from .checkpoint import Checkpointer

@@ -22,7 +22,7 @@ from ...datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from ...utils import wiring
 from ...utils.eval_mode import eval_mode
 from ..config import pb_keys
-from ..config.eval_keys import _TESTER, _where, accuracy_calculator_spec, tester_spec
+from ..config.pb_keys import _TESTER, _where, accuracy_calculator_spec, tester_spec
 from ..config.registry import discover, resolve
 from ..config.specs import is_object_spec, one_spec, pb_numbers
 from ..errors import ConfigError, MissingDataError
@@ -484,7 +484,7 @@ class Builder:
         return dist_utils.DistributedBatchSliceSampler(sampler, batch_size) if spread else sampler
 
     def build_tester(self, spec: Any = None, sharded: bool = True, calculator_device=None, **extra):
-        """The config's ``tester`` (or ``spec``; checked by :func:`pml_extensions.runner.config.eval_keys.tester_spec`)
+        """The config's ``tester`` (or ``spec``; checked by :func:`pml_extensions.runner.config.pb_keys.tester_spec`)
         with its ``accuracy_calculator`` (or the flat form's top-level one), on this device (``data_device``). PML's
         ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` become their sharded subclasses (the same numbers;
         under torchrun every rank must evaluate) unless ``sharded=False``.

@@ -25,7 +25,7 @@ import torch
 from ...datasets.feature_cache import DTYPES, dataset_digest
 from ...trunks import split_trunk, trunk_stages
 from ...utils.checks import is_int
-from ..config.eval_keys import _where, nearest
+from ..config.pb_keys import _where, nearest
 from ..errors import ConfigError
 from ..experiment import distributed as dist_utils
 

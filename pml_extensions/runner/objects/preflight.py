@@ -13,8 +13,8 @@ import torch
 
 from ...utils.atomic_io import atomic_write_json, atomic_write_text
 from ...utils.checks import is_int
-from ..config.class_index import lookup
-from ..config.sources import describe, source_of
+from ..config.loader import describe, source_of
+from ..config.registry import lookup
 from ..config.specs import is_object_spec, one_spec
 from ..errors import ConfigError, DataFileError
 from .data import Subset, ToRGB, dataset_labels

@@ -53,7 +53,7 @@ def pml_model_files(folder: str) -> Tuple[Optional[str], Optional[str]]:
 
 def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optional[str]]:
     """The run's saved config (``config.yaml``, read with YAML 1.2 floats) in ``path``'s folder or above."""
-    from ..config.yaml_reader import read_yaml
+    from ..config.specs import read_yaml
 
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     for _ in range(levels + 1):

@@ -117,7 +117,7 @@ def check_keys(
         for a command-line key no file defines ``"command line: --bogus: no config file defines this key and the
         mlrc protocol does not read it ..."``; a key another protocol of the package reads is named as such.
     """
-    from ..config.syntax import split_marker
+    from ..config.loader import split_marker
 
     known = set(protocol.keys())
     file_keys = {split_marker(k)[0] for k in file_keys}
@@ -203,7 +203,7 @@ def load_config(
         sources.add_layer("command line", config, update)  # nested values of the new dataset are the command line's
     if check:  # every check runs, and every problem found is reported together
         from ..config.arguments import check_arguments
-        from ..config.syntax import find_search_markers
+        from ..config.loader import find_search_markers
         from ..errors import Problems
 
         problems = Problems()

@@ -137,7 +137,7 @@ def read_settings(cls: type, config: Dict[str, Any], sources: Optional[Dict[str,
         ConfigError: one line ``"<file>: <key>: expected ..., got ..."`` per bad value (``"<file>: missing key
         <key>"``, also for a required key given as ``null``, naming a misspelt key when the config has one).
     """
-    from ..config.sources import source_of
+    from ..config.loader import source_of
     from ..errors import Problems
 
     values, problems = {}, Problems()

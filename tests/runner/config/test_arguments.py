@@ -8,13 +8,13 @@ import pytest
 from pml_extensions.runner.config.arguments import check_arguments
 from pml_extensions.runner.config.loader import (
     CONFIG_FOLDERS,
+    Sources,
     config_layout,
     display_path,
     find_config,
     parse_command_line,
     shipped_configs,
 )
-from pml_extensions.runner.config.sources import Sources
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import load_config
 
@@ -314,7 +314,7 @@ def test_a_dataset_by_name_refined_replaced_or_given_by_data_folder_passes(tmp_p
 
 @pytest.mark.parametrize("name", ["contrastive", "xml_glyphs"])
 def test_a_misspelled_tester_is_refused_once_as_the_builder_would(name):
-    """The tester's own check (eval_keys.tester_spec, the builder's) runs as the config loads in both protocols (the
+    """The tester's own check (pb_keys.tester_spec, the builder's) runs as the config loads in both protocols (the
     paired one built its tester only after the first epoch), and the mlrc protocol's PB check of the same key does
     not repeat the line."""
     argv = parse_command_line(["--tester~OVERRIDE~", "{GlobalEmbeddingSpaceTestr: {}}"])

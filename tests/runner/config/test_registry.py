@@ -9,7 +9,6 @@ from pml_extensions.runner.config.registry import (
     find,
     package_classes,
     register,
-    roles_of,
 )
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.objects.builder import build
@@ -38,7 +37,7 @@ class TestRoles:
         cls = getattr(importlib.import_module(module), name)
         assert classes_for_role(role)[name] is cls
         assert classes_for_role(role, include_stock=False)[name] is cls
-        assert role in roles_of(cls)
+        assert cls in classes_for_role(role).values()
 
     def test_every_package_class_has_a_role_or_is_a_tool(self):
         # every loss / trunk / trainer / tester / dataset class of the package is found under its role

@@ -1,6 +1,6 @@
-"""runner/config/sources.py: which file (or the command line) set each value of a merged config."""
+"""runner/config/loader.py, Sources: which file (or the command line) set each value of a merged config."""
 
-from pml_extensions.runner.config.sources import Sources
+from pml_extensions.runner.config.loader import Sources
 
 
 def test_a_subtree_replaced_whole_is_the_replacing_layers_even_where_a_value_is_unchanged():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pml_extensions.runner.config import eval_keys
+from pml_extensions.runner.config import pb_keys
 from pml_extensions.runner.config.specs import is_object_spec, one_spec, pb_numbers
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.objects.builder import Builder
@@ -31,7 +31,7 @@ def test_one_spec_errors_name_the_file_and_key(spec, message):
 def test_the_pb_keys_and_the_builder_parse_alike():
     """The same bad spec gives the same message from a PB key accessor and from the Builder: one parser."""
     with pytest.raises(ConfigError) as from_keys:
-        eval_keys.ensemble_settings({"ensemble": {"ConcatenateEmbeddings": 3}}, {"ensemble": "f.yaml"})
+        pb_keys.ensemble_settings({"ensemble": {"ConcatenateEmbeddings": 3}}, {"ensemble": "f.yaml"})
     with pytest.raises(ConfigError) as from_builder:
         Builder({"trainer": {"ConcatenateEmbeddings": 3}}, {"trainer": "f.yaml"}).build_trainer()
     assert (

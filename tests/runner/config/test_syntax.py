@@ -4,8 +4,7 @@ import os
 
 import pytest
 
-from pml_extensions.runner.config.loader import find_config, parse_command_line, variant_configs
-from pml_extensions.runner.config.syntax import merge
+from pml_extensions.runner.config.loader import find_config, merge, parse_command_line, variant_configs
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.protocols import load_config
 

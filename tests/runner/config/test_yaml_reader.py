@@ -1,11 +1,11 @@
-"""runner/config/yaml_reader.py (issue 21, item 3): numbers as users write them are floats (YAML 1.2) in files, on the
-command line and in search markers' ranges, everywhere a config is read."""
+"""runner/config/specs.py, read_yaml (issue 21, item 3): numbers as users write them are floats (YAML 1.2) in files,
+on the command line and in search markers' ranges, everywhere a config is read."""
 
 import pytest
 import yaml
 
 from pml_extensions.runner.config.loader import find_config, load_yaml, parse_command_line
-from pml_extensions.runner.config.yaml_reader import read_yaml
+from pml_extensions.runner.config.specs import read_yaml
 from pml_extensions.runner.protocols import load_config
 
 

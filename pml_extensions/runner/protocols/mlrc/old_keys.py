@@ -5,7 +5,7 @@ argument of today's object key (:data:`OLD_KEYS`) with one note, or refused with
 import sys
 from typing import Any, Callable, Dict, Optional
 
-from ...config.eval_keys import _TESTER, _where
+from ...config.pb_keys import _TESTER, _where
 from ...config.specs import one_spec
 from ...errors import ConfigError
 
