@@ -471,16 +471,14 @@ class Builder:
             calculator_device: where the calculator computes unless its spec names a ``device`` (default CPU).
             extra: passed to the tester, e.g. ``end_of_testing_hook``.
         """
-        config, sources = self.config, self.sources
+        sources = self.sources
         tester = self.get("tester") if spec is None else spec
         if tester is not None and self.get("accuracy_calculator") is not None:
             name, kwargs = one_spec(tester, self.where("tester"))
             if "accuracy_calculator" not in kwargs:
                 tester = {name: dict(kwargs, accuracy_calculator=self.get("accuracy_calculator"))}
                 sources = dict(sources, tester=sources.get("accuracy_calculator", sources.get("tester", "config")))
-        if tester is not self.get("tester"):
-            config = dict(config, tester=tester)
-        name, kwargs = tester_spec(config, sources)
+        name, kwargs = tester_spec(dict(self.config, tester=tester), sources)
         calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, _where(sources, "tester") + f".{name}")
         calc_kwargs.setdefault("device", torch.device("cpu") if calculator_device is None else calculator_device)
         if sharded and calc_name == "AccuracyCalculator":

@@ -247,11 +247,9 @@ class FeatureCaches:
         ``transform``; ``dataset_key`` replaces their digest in the key; ``rank``, ``world_size``: only this shard."""
         derived = frozen.source_boundary is not None
         boundary, prefix = (frozen.source_boundary, frozen.source_prefix) if derived else frozen[:2]
-        spec = {
-            "num_views": num_views,
-            "dataset_key": dataset_key,
-            **{k: self.spec[k] for k in ("view_seed", "num_workers")},
-        }
+        spec = dict(
+            num_views=num_views, dataset_key=dataset_key, **{k: self.spec[k] for k in ("view_seed", "num_workers")}
+        )
         cache, done = self._build(
             part, boundary, spec, rank, world_size, prefix=prefix, dataset=images, transform=transform
         )

@@ -254,16 +254,9 @@ def selected_model(run: str, variant=None, seed=None, fold=None) -> Dict[str, An
             have = ", ".join(f"{n} seed {s}" for _, _, n, s, _ in units)
             raise ValueError(f"--run {run}: no model for --variant {variant} --seed {seed}; models: {have}")
         chosen = matching[0]
-    unit, checkpoint, variant, seed, fold = chosen
-    return {
-        "checkpoint": checkpoint,
-        "epoch": checkpoint_epoch(checkpoint),
-        "unit": unit,
-        "variant": variant,
-        "seed": seed,
-        "fold": fold,
-        "others": [u[0] for u in units if u[0] != unit],
-    }
+    others = [u[0] for u in units if u[0] != chosen[0]]
+    pick = dict(zip(("unit", "checkpoint", "variant", "seed", "fold"), chosen), others=others)
+    return dict(pick, epoch=checkpoint_epoch(chosen[1]))
 
 
 def checkpoint_epoch(checkpoint: str) -> Optional[int]:
