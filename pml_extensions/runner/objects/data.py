@@ -1,11 +1,4 @@
-"""Dataset views the protocols share: a labelled subset with its own transform, labels, class splits and caps.
-
-Example::
-
-    >>> view = Subset([(i, i % 3) for i in range(9)], [0, 4, 5], [i % 3 for i in range(9)], transform=lambda x: x * 10)
-    >>> [view[i] for i in range(len(view))], view.labels.tolist()
-    ([(0, 0), (40, 1), (50, 2)], [0, 1, 2])
-"""
+"""Dataset views the protocols share: a labelled subset with its own transform, labels, class splits and caps."""
 
 from typing import Optional, Tuple
 

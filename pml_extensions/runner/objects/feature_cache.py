@@ -1,15 +1,5 @@
 """The ``feature_cache`` config key (``docs/feature_cache.md``): train the trunk's rest on cached outputs of its frozen
-pretrained prefix (the library part is :class:`pml_extensions.datasets.FeatureCache`).
-
-Example::
-
-    >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten())
-    >>> frozen = split_trunk_for_cache(trunk, cache_spec({"feature_cache": {"boundary": "1"}}))
-    >>> frozen.rest, frozen.boundary
-    (Sequential(
-      (2): Flatten(start_dim=1, end_dim=-1)
-    ), '1')
-"""
+pretrained prefix (the library part is :class:`pml_extensions.datasets.FeatureCache`)."""
 
 import contextlib
 import hashlib

@@ -171,10 +171,8 @@ def class_splits(builder, labels, split: Callable, partitions: int, num_sets: in
         problem = str(e).splitlines()[0]
     classes = len(np.unique(np.asarray(labels)))
     sampler, m = _class_and_int(builder, "sampler", "m", None)
-    trainer, batch = _class_and_int(builder, "trainer", "batch_size", 32)
+    _, batch = _class_and_int(builder, "trainer", "batch_size", 32)
     need = minimum_classes(lambda ls: split(ls, partitions), m, batch)
-    sources = builder.sources
-    split_source = source_of(sources, "split_manager")
     fix = ""
     for parts in range(min(partitions, classes) - 1, 1, -1):  # the most folds this dataset allows
         try:
@@ -196,8 +194,8 @@ def class_splits(builder, labels, split: Callable, partitions: int, num_sets: in
     with_sampler = f" and {sampler} (m={m}) batches of {batch}" if m else ""
     count = "1 class is" if classes == 1 else f"{classes} classes are"
     raise ConfigError(
-        f"{source_of(sources, 'dataset')}: dataset: {count} too few for split_manager "
-        f"({describe(split_source)}: {problem}){with_sampler}: {needs}{fix}"
+        f"{source_of(builder.sources, 'dataset')}: dataset: {count} too few for split_manager "
+        f"({describe(source_of(builder.sources, 'split_manager'))}: {problem}){with_sampler}: {needs}{fix}"
     )
 
 
@@ -238,29 +236,21 @@ class ChannelMismatch(ConfigError):
         self.image_channels, self.trunk_channels = int(image_channels), int(trunk_channels)
 
 
-def _first_entry(spec: Any) -> Tuple[Any, Callable[[Any], Any]]:
-    """``(first layer's spec, put(new) -> the trunk spec with it replaced)``."""
+def _first_entry(spec: Any) -> Tuple[Any, Any, Callable[[Any], Any]]:
+    """``(name, kwargs, put)`` of the trunk's first layer; ``put(new)``: the trunk spec with ``new`` in its place."""
     if isinstance(spec, list) and spec:
-        inner, put = _first_entry(spec[0])
-        return inner, lambda new: [put(new)] + list(spec[1:])
+        name, kwargs, put = _first_entry(spec[0])
+        return name, kwargs, lambda new: [put(new)] + list(spec[1:])
     if isinstance(spec, dict) and len(spec) == 1 and next(iter(spec)) == "Sequential":
-        inner, put = _first_entry(spec["Sequential"])
-        return inner, lambda new: {"Sequential": put(new)}
-    return spec, lambda new: new
+        name, kwargs, put = _first_entry(spec["Sequential"])
+        return name, kwargs, lambda new: {"Sequential": put(new)}
+    name, kwargs = next(iter(spec.items())) if isinstance(spec, dict) and len(spec) == 1 else (None, None)
+    return name, kwargs, lambda new: new
 
 
 def fill_input_channels(trunk_spec: Any, channels: int) -> Any:
-    """The trunk spec with ``in_channels: channels`` added to its first layer when it takes and lacks it.
-
-    Example::
-
-        >>> fill_input_channels([{"ConvNetBody": {"widths": [8]}}, {"Flatten": None}], 3)
-        [{'ConvNetBody': {'widths': [8], 'in_channels': 3}}, {'Flatten': None}]
-        >>> fill_input_channels([{"ConvNetBody": {"in_channels": 1}}], 3)
-        [{'ConvNetBody': {'in_channels': 1}}]
-    """
-    first, put = _first_entry(trunk_spec)
-    name, kwargs = next(iter(first.items())) if isinstance(first, dict) and len(first) == 1 else (None, None)
+    """The trunk spec with ``in_channels: channels`` added to its first layer when it takes and lacks it."""
+    name, kwargs, put = _first_entry(trunk_spec)
     entry = lookup(name) if isinstance(name, str) and (kwargs is None or isinstance(kwargs, dict)) else None
     if entry is None or "in_channels" not in entry["params"] or "in_channels" in (kwargs or {}):
         return trunk_spec
@@ -281,15 +271,11 @@ def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, erro
         return ConfigError(
             f"{trunk_src}: models.trunk: fails on one image of shape {list(sample.shape)}: {str(error).splitlines()[0]}"
         )
-    first, _ = _first_entry(builder.get("models", {}).get("trunk"))
-    name, kwargs = next(iter(first.items())) if isinstance(first, dict) and len(first) == 1 else (None, None)
+    name, kwargs, _ = _first_entry(builder.get("models", {}).get("trunk"))
     takes = f" (its first layer {name} sets in_channels: {wanted}; leave it out and the images' count is used)"
     takes = takes if "in_channels" in (kwargs or {}) else ""
-    fixes = (
-        "convert the images to grey (add Grayscale: {num_output_channels: 1} first in transforms)"
-        if wanted == 1
-        else f"give the trunk {have}-channel input"
-    )
+    grey = "convert the images to grey (add Grayscale: {num_output_channels: 1} first in transforms)"
+    fixes = grey if wanted == 1 else f"give the trunk {have}-channel input"
     return ChannelMismatch(
         f"{trunk_src}: models.trunk takes {wanted} input channel(s) ({describe(trunk_src)}){takes}, but the images of "
         f"dataset ({describe(source_of(builder.sources, 'dataset'))}) have {have} after transforms.eval; {fixes}",
