@@ -29,7 +29,6 @@ from ..experiment import distributed as dist_utils
 from . import preflight
 from .data import Subset, ToRGB, dataset_labels
 
-IMAGENET_NORMALIZE = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
 PARAM_GROUP_KEYS = ("modules", "lr_multiplier")  # ours; every other key of a group goes to the optimizer
 
 
@@ -127,15 +126,14 @@ class Builder:
             name, fn = function
             kwargs = {k: build(v, f"{where}.{name}.{k}") for k, v in one_spec(spec, where)[1].items()}
             where = f"{where}.{name}"
-            try:
-                return fn(**kwargs, **extra)
-            except TypeError as e:
-                raise ConfigError(f"{where}: bad arguments: {first_line(e)}") from e
+            return fn(**kwargs, **extra)
         except ConfigError:
             raise
         except FileNotFoundError as e:
             raise MissingDataError(f"{where}: {first_line(e)}") from e
-        except (ValueError, TypeError, KeyError) as e:  # a model function's ValueError: its own words
+        except TypeError as e:  # a model function's (build() names a class's itself)
+            raise ConfigError(f"{where}: bad arguments: {first_line(e)}") from e
+        except (ValueError, KeyError) as e:  # a model function's ValueError: its own words
             kind = "" if function and isinstance(e, ValueError) else f"{type(e).__name__}: "
             raise ConfigError(f"{where}: {kind}{first_line(e)}") from e
 
@@ -204,7 +202,7 @@ class Builder:
         else:
             raise ConfigError(f"{self.where(key)}: expected a mapping of transforms, got {spec!r}")
         if not any(isinstance(t, (T.ToTensor, T.PILToTensor)) for t in chain):
-            norm = self.get("normalize", IMAGENET_NORMALIZE)
+            norm = self.get("normalize", {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)})
             if norm and len(norm.get("mean", [])) == 3:
                 chain.insert(0, ToRGB())  # grayscale datasets (glyphs, Fashion-MNIST) meet RGB trunks
             chain += [T.ToTensor()] + ([T.Normalize(**norm)] if norm else [])
@@ -383,8 +381,7 @@ class Builder:
             if not params:
                 self.log(f"note: {key} skipped: {target} has no trainable parameters")
                 continue
-            name, kwargs = one_spec(opt_spec, self.where(where))
-            kwargs = dict(kwargs)
+            name, _, kwargs = self._class_spec(where, opt_spec)
             groups = self._param_groups(owner, params, kwargs, f"{where}.{name}")
             optimizers[key] = self.build(where, {name: kwargs}, params=groups)
         return optimizers

@@ -157,7 +157,6 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
     source, content = checkpoint, None
     if os.path.isdir(checkpoint):
-        # an MLRC fold folder; a paired unit's folder (the protocol's selected epoch, else its best one)
         source, emb_file = _folder_files(checkpoint)
         if source is None:
             folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
