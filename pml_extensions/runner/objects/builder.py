@@ -172,13 +172,11 @@ class Builder:
                     )
             if split is not None and "split" not in kwargs and accepts(cls, "split"):
                 kwargs["split"] = split
-            extra = {}
             if accepts(cls, "transform"):
-                kwargs.pop("transform", None)
-                extra["transform"] = transform
+                kwargs["transform"] = transform  # the config's own is replaced
             elif transform is not None:
                 raise ConfigError(f"{self.where(key)}.{name}: takes no transform")
-            dataset = self.build(key, {name: kwargs}, **extra)
+            dataset = self.build(key, {name: kwargs})
         if self.get("skip_bad_images") is True:
             dataset = preflight.check_images(dataset, None, True, self.where(key), self.log)
         return dataset

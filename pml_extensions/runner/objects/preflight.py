@@ -208,9 +208,8 @@ def check_sampler(builder, fold_train_labels: Sequence, batch_size: int, batch_k
     sources = builder.sources
     m_src = describe(source_of(sources, ("sampler", name, "m")))
     trainer, _ = _class_and_int(builder, "trainer", "batch_size", 32)
-    batch_src = describe(
-        source_of(sources, batch_key or (("trainer", trainer, "batch_size") if trainer else "trainer"))
-    )
+    batch_path = batch_key or (("trainer", trainer, "batch_size") if trainer else "trainer")
+    batch_src = describe(source_of(sources, batch_path))
     set_batch = f"--{batch_key} {{}}" if batch_key else '--trainer~APPLY~2 "{{batch_size: {}}}"'
     if batch_size % m:
         raise ConfigError(
