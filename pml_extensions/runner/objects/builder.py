@@ -1,6 +1,5 @@
-"""The one way to build an object: every object of every protocol comes from a :class:`Builder`, through one
-``{ClassName: kwargs}`` parser, one registry (:func:`pml_extensions.runner.config.registry.resolve`) and one error
-format (the file and the key); the keys it reads are in ``docs/configs.md`` and ``docs/runner.md``.
+"""The one way to build an object: every object of every protocol comes from a :class:`Builder` (one spec parser, one
+registry, one error format); the keys it reads are in ``docs/configs.md`` and ``docs/runner.md``.
 
 Example::
 
@@ -25,17 +24,12 @@ from ..config import pb_keys
 from ..config.pb_keys import _TESTER, _where, accuracy_calculator_spec, tester_spec
 from ..config.registry import discover, resolve
 from ..config.specs import is_object_spec, one_spec, pb_numbers
-from ..errors import ConfigError, MissingDataError
+from ..errors import ConfigError, MissingDataError, first_line
 from ..experiment import distributed as dist_utils
 from . import preflight
 from .data import Subset, ToRGB, dataset_labels
 
-IMAGENET_NORMALIZE = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
 PARAM_GROUP_KEYS = ("modules", "lr_multiplier")  # ours; every other key of a group goes to the optimizer
-
-
-def _line(error: BaseException) -> str:
-    return str(error).splitlines()[0] if str(error) else ""
 
 
 def _parameters(cls) -> Dict[str, inspect.Parameter]:
@@ -53,9 +47,8 @@ def accepts(cls, name: str) -> bool:
 
 def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
     """Recursively build ``spec``: ``{Name: {kwargs}}`` calls ``Name(**kwargs)``, ``{Name: [args]}`` ``Name(*args)``,
-    ``{Name: null}`` ``Name()``; nested specs are built first, other values returned as they are. ``extra_kwargs``
-    go to the outermost call only (e.g. ``params=`` for optimizers). Raises ConfigError naming ``where`` and the
-    key, for unknown classes or bad keyword arguments.
+    ``{Name: null}`` ``Name()``, nested specs first; ``extra_kwargs`` go to the outermost call (e.g. ``params=``).
+    Raises ConfigError naming ``where`` and the key, for unknown classes or bad arguments.
 
     Example::
 
@@ -103,8 +96,8 @@ class Builder:
     Attributes:
         embedding_size: the embedder's output width, set by :meth:`build_models` when it is given a sample.
 
-    Every method raises ConfigError, one line naming the file and key, for unknown classes, bad keywords and invalid
-    values (:class:`pml_extensions.runner.errors.MissingDataError` for missing data).
+    Every method raises ConfigError naming the file and key (:class:`~pml_extensions.runner.errors.MissingDataError`
+    for missing data).
     """
 
     def __init__(self, config: Dict[str, Any], sources=None, device=None, log: Callable[..., None] = print):
@@ -124,8 +117,7 @@ class Builder:
         return self.config.get(key, default)
 
     def build(self, key: str, spec: Any, **extra) -> Any:
-        """Build one object from ``spec`` (``{ClassName: kwargs}`` or ``{function_name: kwargs}``); ``extra`` keyword
-        arguments (objects: ``params=``, ``dataset=``) go to the call. Every ``build_*`` method ends here."""
+        """Build ``spec`` (``{ClassName: kwargs}`` or ``{function_name: kwargs}``) with ``extra`` keyword arguments."""
         where = self.where(key)
         function = None if is_object_spec(spec) else self._function_spec(spec)
         try:
@@ -134,20 +126,18 @@ class Builder:
             name, fn = function
             kwargs = {k: build(v, f"{where}.{name}.{k}") for k, v in one_spec(spec, where)[1].items()}
             where = f"{where}.{name}"
-            try:
-                return fn(**kwargs, **extra)
-            except TypeError as e:
-                raise ConfigError(f"{where}: bad arguments: {_line(e)}") from e
+            return fn(**kwargs, **extra)
         except ConfigError:
             raise
         except FileNotFoundError as e:
-            raise MissingDataError(f"{where}: {_line(e) or type(e).__name__}") from e
-        except (ValueError, TypeError, KeyError) as e:  # a model function's ValueError: its own words
+            raise MissingDataError(f"{where}: {first_line(e)}") from e
+        except TypeError as e:  # a model function's (build() names a class's itself)
+            raise ConfigError(f"{where}: bad arguments: {first_line(e)}") from e
+        except (ValueError, KeyError) as e:  # a model function's ValueError: its own words
             kind = "" if function and isinstance(e, ValueError) else f"{type(e).__name__}: "
-            raise ConfigError(f"{where}: {kind}{_line(e)}") from e
+            raise ConfigError(f"{where}: {kind}{first_line(e)}") from e
 
     def _class_spec(self, key: str, spec: Any):
-        """``(name, class, a copy of its kwargs)`` of the one-entry spec ``{Name: kwargs}`` at ``key``."""
         name, kwargs = one_spec(spec, self.where(key))
         return name, resolve(name, self.where(key)), dict(kwargs)
 
@@ -157,9 +147,8 @@ class Builder:
         return self.config[key]
 
     def build_dataset(self, split: Optional[str] = None, transform=None, spec: Any = None, key: str = "dataset"):
-        """The config's ``dataset`` (or ``spec``: ``{ClassName: kwargs}``, given ``dataset_root`` and ``split`` when
-        it takes them, or a dataset by name for :func:`pml_extensions.datasets.get_dataset`), images untransformed
-        unless ``transform`` is given; with ``skip_bad_images: true`` without its undecodable image files."""
+        """The config's ``dataset`` (or ``spec``: ``{ClassName: kwargs}`` given ``dataset_root`` and ``split``, or a
+        :func:`pml_extensions.datasets.get_dataset` name), untransformed unless ``transform`` is given."""
         spec = self._require(key) if spec is None else spec
         if isinstance(spec, str) or (isinstance(spec, dict) and "name" in spec):
             named = {"name": spec} if isinstance(spec, str) else dict(spec)
@@ -183,21 +172,18 @@ class Builder:
                     )
             if split is not None and "split" not in kwargs and accepts(cls, "split"):
                 kwargs["split"] = split
-            extra = {}
             if accepts(cls, "transform"):
-                kwargs.pop("transform", None)
-                extra["transform"] = transform
+                kwargs["transform"] = transform  # the config's own is replaced
             elif transform is not None:
                 raise ConfigError(f"{self.where(key)}.{name}: takes no transform")
-            dataset = self.build(key, {name: kwargs}, **extra)
+            dataset = self.build(key, {name: kwargs})
         if self.get("skip_bad_images") is True:
             dataset = preflight.check_images(dataset, None, True, self.where(key), self.log)
         return dataset
 
     def build_transform(self, which: Optional[str] = None, spec: Any = None):
-        """``transforms.<which>`` (``train`` / ``eval``), or ``spec``: a ``Compose`` spec is built as written; PB's
-        mapping or list of transforms gets ``ToTensor`` and ``normalize`` appended when it has no ``ToTensor``
-        (and RGB conversion first for 3-channel statistics)."""
+        """``transforms.<which>`` (or ``spec``): ``Compose`` as written; PB's mapping or list gets ``ToTensor`` and
+        ``normalize`` appended when it has no ``ToTensor`` (and RGB conversion first for 3-channel statistics)."""
         import torchvision.transforms as T
 
         key = f"transforms.{which}" if which is not None else "transforms"
@@ -214,7 +200,7 @@ class Builder:
         else:
             raise ConfigError(f"{self.where(key)}: expected a mapping of transforms, got {spec!r}")
         if not any(isinstance(t, (T.ToTensor, T.PILToTensor)) for t in chain):
-            norm = self.get("normalize", IMAGENET_NORMALIZE)
+            norm = self.get("normalize", {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)})
             if norm and len(norm.get("mean", [])) == 3:
                 chain.insert(0, ToRGB())  # grayscale datasets (glyphs, Fashion-MNIST) meet RGB trunks
             chain += [T.ToTensor()] + ([T.Normalize(**norm)] if norm else [])
@@ -286,7 +272,7 @@ class Builder:
                     if out.ndim == 2:
                         raise ConfigError(
                             f"{self.where('models.embedder')}: does not take the trunk's [N, {out.shape[1]}] output: "
-                            f"{_line(e)}"
+                            f"{first_line(e)}"
                         ) from None
                     emb = out
             if emb.ndim != 2:
@@ -300,8 +286,7 @@ class Builder:
         return models
 
     def _function_spec(self, spec):
-        """``(name, function)`` for a powerful-benchmarker lower-case model-function spec ``{resnet50: {...}}``
-        whose name resolves, else ``None`` (a plain mapping such as ``{layer_sizes: [...]}``)."""
+        """``(name, function)`` of a lower-case model-function spec ``{resnet50: {...}}`` that resolves, else None."""
         name, args = next(iter(spec.items())) if isinstance(spec, dict) and len(spec) == 1 else (None, None)
         if isinstance(name, str) and name[:1].islower() and (args is None or isinstance(args, dict)):
             with contextlib.suppress(ConfigError):
@@ -309,9 +294,7 @@ class Builder:
         return None
 
     def _build_trunk(self, spec, key):
-        """Like :meth:`build`, plus lower-case model functions (``{resnet50: {..}}``, also nested as arguments, run
-        offline: :mod:`pml_extensions.utils.offline_weights`; ``weights_path`` loads a local state dict) and lists /
-        ``Sequential`` of such entries."""
+        """:meth:`build` plus model functions run offline (``weights_path``: a local state dict), nested or listed."""
         if isinstance(spec, list):
             children = [self._build_trunk(s, f"{key}[{i}]") for i, s in enumerate(spec)]
             return self.build(key, {"Sequential": children})
@@ -345,8 +328,7 @@ class Builder:
         return model
 
     def _fill(self, spec, fills, key):
-        """Insert ``num_classes`` / ``embedding_size`` into nested specs (classes, or lower-case model functions)
-        whose signature names them and that lack them."""
+        """``spec`` with ``fills`` inserted into the nested specs whose signature names them and that lack them."""
         function = self._function_spec(spec)
         if is_object_spec(spec) or function is not None:
             name, args = next(iter(spec.items()))
@@ -362,9 +344,8 @@ class Builder:
         return spec
 
     def build_losses(self, models, num_classes: Optional[int] = None, loss_funcs=None, mining_funcs=None):
-        """``(loss_funcs, mining_funcs)`` from ``loss_funcs`` / ``mining_funcs`` (or the given specs), on this
-        device; ``num_classes`` and :attr:`embedding_size` are filled where a spec takes and lacks them; then the
-        methods' registered wiring runs (:func:`pml_extensions.utils.wiring.wire`)."""
+        """``(loss_funcs, mining_funcs)`` (or the given specs) on this device, ``num_classes`` and
+        :attr:`embedding_size` filled where taken, wired (:func:`pml_extensions.utils.wiring.wire`)."""
         fills = {"num_classes": num_classes, "embedding_size": self.embedding_size}
         fills = {k: int(v) for k, v in fills.items() if v is not None}
         specs = (self._require("loss_funcs") if loss_funcs is None else loss_funcs) or {}
@@ -380,9 +361,8 @@ class Builder:
         return losses, {k: self.build(f"mining_funcs.{k}", v) for k, v in mining.items()}
 
     def build_optimizers(self, models, loss_funcs, spec: Optional[Dict[str, Any]] = None):
-        """``<name>_optimizer`` for each entry of ``optimizers`` (or ``spec``): the trainable parameters of the
-        model or loss called ``<name>``, with ``prototype_lr`` / ``param_groups`` groups (docs/configs.md). A model
-        without trainable parameters gets no optimizer (one note)."""
+        """``<name>_optimizer`` of ``optimizers`` (or ``spec``) over the trainable parameters of the model or loss
+        ``<name>``, with ``prototype_lr`` / ``param_groups`` (docs/configs.md); none for a frozen model (one note)."""
         optimizers = {}
         for key, opt_spec in ((self.get("optimizers") if spec is None else spec) or {}).items():
             where = f"optimizers.{key}"
@@ -399,15 +379,13 @@ class Builder:
             if not params:
                 self.log(f"note: {key} skipped: {target} has no trainable parameters")
                 continue
-            name, kwargs = one_spec(opt_spec, self.where(where))
-            kwargs = dict(kwargs)
+            name, _, kwargs = self._class_spec(where, opt_spec)
             groups = self._param_groups(owner, params, kwargs, f"{where}.{name}")
             optimizers[key] = self.build(where, {name: kwargs}, params=groups)
         return optimizers
 
     def _param_groups(self, owner, params, kwargs, where):
-        """``params`` split into groups by the spec's ``prototype_lr`` / ``param_groups`` (removed from
-        ``kwargs``); the plain list when it has neither."""
+        """``params`` grouped by ``prototype_lr`` / ``param_groups`` (popped from ``kwargs``); else the list."""
         rules = []  # (the group's parameters, its options)
         for option, members in wiring.param_groups().items():  # e.g. prototype_lr: the HistogramPooling prototypes
             lr = kwargs.pop(option, None)
@@ -436,9 +414,8 @@ class Builder:
         return [g for g in groups if g["params"]]
 
     def build_lr_schedulers(self, optimizers, spec: Dict[str, Any]):
-        """PB's ``lr_schedulers``: ``<model>_scheduler_by_<iteration|epoch|plateau>: {Class: kwargs}`` for the
-        optimizer ``<model>_optimizer``; a ``max_lr`` the class takes and the spec leaves out is the optimizer's
-        learning rates (one per parameter group, e.g. ``OneCycleLR``)."""
+        """PB's ``lr_schedulers``: ``<model>_scheduler_by_<iteration|epoch|plateau>: {Class: kwargs}`` for
+        ``<model>_optimizer``; a ``max_lr`` left out is the optimizer's learning rates (e.g. ``OneCycleLR``)."""
         schedulers = {}
         for key, sched_spec in (spec or {}).items():
             where = f"lr_schedulers.{key}"
@@ -455,11 +432,9 @@ class Builder:
         return schedulers
 
     def build_sampler(self, labels=None, batch_size=None, iterations_per_epoch=None, spec=None, split_over_ranks=True):
-        """The config's ``sampler`` (or ``spec``) with ``labels``, ``batch_size`` and ``length_before_new_iter``
-        (one epoch of indices: ``iterations_per_epoch``, default the trainer's, × ``batch_size``) filled when the
-        class takes them. Under torchrun (``split_over_ranks``) every rank gets its slice of each global batch
-        (:class:`~pml_extensions.runner.experiment.distributed.DistributedBatchSliceSampler`; no sampler: a
-        ``DistributedSampler``). The asserts PML's samplers check their arguments with become ConfigErrors."""
+        """The config's ``sampler`` (or ``spec``) with ``labels``, ``batch_size`` and ``length_before_new_iter`` (one
+        epoch: ``iterations_per_epoch``, default the trainer's, × ``batch_size``) filled when it takes them. Under
+        torchrun (``split_over_ranks``) each rank gets its slice of each batch (no sampler: ``DistributedSampler``)."""
         spread = split_over_ranks and dist_utils.is_active()
         spec = self.get("sampler") if spec is None else spec
         if spec is None:
@@ -484,25 +459,21 @@ class Builder:
         return dist_utils.DistributedBatchSliceSampler(sampler, batch_size) if spread else sampler
 
     def build_tester(self, spec: Any = None, sharded: bool = True, calculator_device=None, **extra):
-        """The config's ``tester`` (or ``spec``; checked by :func:`pml_extensions.runner.config.pb_keys.tester_spec`)
-        with its ``accuracy_calculator`` (or the flat form's top-level one), on this device (``data_device``). PML's
-        ``GlobalEmbeddingSpaceTester`` and ``AccuracyCalculator`` become their sharded subclasses (the same numbers;
-        under torchrun every rank must evaluate) unless ``sharded=False``.
+        """The config's ``tester`` (or ``spec``) with its (or the top-level) ``accuracy_calculator``, on this device.
+        PML's tester and calculator become their sharded subclasses (same numbers) unless ``sharded=False``.
 
         Args:
             calculator_device: where the calculator computes unless its spec names a ``device`` (default CPU).
             extra: passed to the tester, e.g. ``end_of_testing_hook``.
         """
-        config, sources = self.config, self.sources
+        sources = self.sources
         tester = self.get("tester") if spec is None else spec
         if tester is not None and self.get("accuracy_calculator") is not None:
             name, kwargs = one_spec(tester, self.where("tester"))
             if "accuracy_calculator" not in kwargs:
                 tester = {name: dict(kwargs, accuracy_calculator=self.get("accuracy_calculator"))}
                 sources = dict(sources, tester=sources.get("accuracy_calculator", sources.get("tester", "config")))
-        if tester is not self.get("tester"):
-            config = dict(config, tester=tester)
-        name, kwargs = tester_spec(config, sources)
+        name, kwargs = tester_spec(dict(self.config, tester=tester), sources)
         calc_name, calc_kwargs = accuracy_calculator_spec(kwargs, _where(sources, "tester") + f".{name}")
         calc_kwargs.setdefault("device", torch.device("cpu") if calculator_device is None else calculator_device)
         if sharded and calc_name == "AccuracyCalculator":
@@ -514,14 +485,12 @@ class Builder:
         return self.build("tester", {name: kwargs}, accuracy_calculator=calculator, data_device=self.device, **extra)
 
     def subset(self, dataset, indices, labels=None, transform=None, getter=None, rgb: bool = False):
-        """A view of ``dataset`` (:class:`pml_extensions.runner.objects.data.Subset`): items ``indices`` with their own
-        ``transform`` (``labels`` default: the dataset's own, :func:`~.data.dataset_labels`)."""
+        """A :class:`~.data.Subset` of ``dataset`` (``labels`` default: :func:`~.data.dataset_labels`)."""
         labels = dataset_labels(dataset) if labels is None else labels
         return Subset(dataset, indices, labels, transform, getter=getter, rgb=rgb)
 
     def build_trainer(self, spec: Any = None, default: str = "MetricLossOnly", **objects):
-        """The config's ``trainer`` (or ``spec``; ``{default: {}}`` when neither) called with the built
-        ``objects`` (``models=``, ``optimizers=``, ``loss_funcs=``, ``dataset=``, ``sampler=``, hooks ...)."""
+        """The config's ``trainer`` (or ``spec``, or ``{default: {}}``) called with the built ``objects``."""
         from pytorch_metric_learning.utils import common_functions as c_f
 
         name, kwargs = one_spec(self.get("trainer") if spec is None else spec, self.where("trainer"), default=default)
@@ -541,10 +510,8 @@ class Builder:
             c_f.LOGGER.removeFilter(keep)
 
     def init_from_data(self, models: Dict[str, torch.nn.Module], dataset, seed=None, specs=None) -> bool:
-        """Initialise parameters from ``dataset`` (training images, eval transform) by the config keys the methods
-        register (:func:`pml_extensions.utils.wiring.data_init`, e.g. ``prototype_init``); ``seed`` default the
-        config's; ``specs``: key -> spec replacing the config's. True when something was initialised; a method's
-        refusal is a ConfigError naming the key."""
+        """Initialise parameters from ``dataset`` by the keys the methods register (e.g. ``prototype_init``;
+        ``specs`` replace the config's); True when something was initialised."""
         seed = int(self.get("seed") or 0) if seed is None else int(seed)
         unwrapped = {k: dist_utils.unwrap(m) for k, m in models.items()}
         done = False
@@ -552,7 +519,7 @@ class Builder:
             try:
                 done = init(unwrapped, dataset, seed, (specs or {}).get(key, self.get(key)), log=self.log) or done
             except ValueError as e:
-                raise ConfigError(f"{self.where(key)}: {_line(e)}") from None
+                raise ConfigError(f"{self.where(key)}: {first_line(e)}") from None
         return done
 
 

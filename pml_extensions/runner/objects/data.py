@@ -1,11 +1,4 @@
-"""Dataset views the protocols share: a labelled subset with its own transform, labels, class splits and caps.
-
-Example::
-
-    >>> view = Subset([(i, i % 3) for i in range(9)], [0, 4, 5], [i % 3 for i in range(9)], transform=lambda x: x * 10)
-    >>> [view[i] for i in range(len(view))], view.labels.tolist()
-    ([(0, 0), (40, 1), (50, 2)], [0, 1, 2])
-"""
+"""Dataset views the protocols share: a labelled subset with its own transform, labels, class splits and caps."""
 
 from typing import Optional, Tuple
 
@@ -17,9 +10,8 @@ from ..errors import ConfigError
 
 
 class Subset(torch.utils.data.Dataset):
-    """Items ``indices`` of ``dataset`` (items ``(image, label, ...)``, or ``getter(item) -> (image, label)``), the
-    image converted to RGB first with ``rgb`` and through ``transform`` (None: unchanged); ``labels`` are the whole
-    dataset's, ``self.labels`` (numpy) the subset's."""
+    """Items ``indices`` of ``dataset`` (``getter(item) -> (image, label)``), the image made RGB (``rgb``) and
+    transformed; ``labels``: the whole dataset's, ``self.labels`` (numpy) the subset's."""
 
     def __init__(self, dataset, indices, labels, transform, getter=None, rgb: bool = False):
         self.dataset = dataset
@@ -71,10 +63,8 @@ def dataset_labels(dataset) -> np.ndarray:
 
 
 def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray, list]:
-    """``(train indices, validation indices, validation classes)``: a ``fraction`` of the classes of ``labels``
-    (``[N]``), drawn with ``numpy.random.default_rng(seed)``, held out (the paired protocols' ``validation`` key).
-    ConfigError when ``fraction`` is outside (0, 1) or leaves fewer than 2 classes on a side, or ``seed`` is not a
-    non-negative integer."""
+    """``(train indices, validation indices, validation classes)``: a ``fraction`` of the classes of ``labels`` held
+    out (drawn with ``default_rng(seed)``); ConfigError for a bad value or fewer than 2 classes on a side."""
     labels = np.asarray(labels)
     classes = np.unique(labels)
     if not is_number(fraction) or not 0 < fraction < 1:
@@ -93,8 +83,7 @@ def validation_split(labels, fraction: float, seed: int) -> Tuple[np.ndarray, np
 
 
 def validation_rows(dataset) -> Optional[list]:
-    """The class names of a table's validation rows when it has both validation and test rows (``ImageCSVSplit``'s
-    ``classes_by_split``), else ``None``."""
+    """The class names of ``ImageCSVSplit``'s validation rows when it also has test rows, else ``None``."""
     by_split = getattr(dataset, "classes_by_split", None) or {}
     return list(by_split["validation"]) if by_split.get("validation") and "test" in by_split else None
 
@@ -105,8 +94,6 @@ def cap_per_class(labels, max_per_class: Optional[int], seed: int = 0) -> np.nda
     if max_per_class is None:
         return np.arange(len(labels))
     rng = np.random.default_rng(seed)
-    keep = []
-    for label in np.unique(labels):
-        idx = np.where(labels == label)[0]
-        keep.append(idx if len(idx) <= max_per_class else rng.choice(idx, max_per_class, replace=False))
+    groups = [np.flatnonzero(labels == label) for label in np.unique(labels)]
+    keep = [g if len(g) <= max_per_class else rng.choice(g, max_per_class, replace=False) for g in groups]
     return np.sort(np.concatenate(keep))

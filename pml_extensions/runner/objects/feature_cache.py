@@ -1,18 +1,5 @@
 """The ``feature_cache`` config key (``docs/feature_cache.md``): train the trunk's rest on cached outputs of its frozen
-pretrained prefix (the library part is :class:`pml_extensions.datasets.FeatureCache`).
-
-:meth:`~pml_extensions.runner.objects.builder.Builder.build_models` splits ``models.trunk``
-(:func:`split_trunk_for_cache`); :class:`FeatureCaches` builds, finds or resumes one cache per boundary and part.
-
-Example::
-
-    >>> trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten())
-    >>> frozen = split_trunk_for_cache(trunk, cache_spec({"feature_cache": {"boundary": "1"}}))
-    >>> frozen.rest, frozen.boundary
-    (Sequential(
-      (2): Flatten(start_dim=1, end_dim=-1)
-    ), '1')
-"""
+pretrained prefix (the library part is :class:`pml_extensions.datasets.FeatureCache`)."""
 
 import contextlib
 import hashlib
@@ -58,14 +45,7 @@ DEFAULTS: Dict[str, Any] = {k: default for k, (default, _, _) in _KEYS.items()}
 
 
 def cache_spec(config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
-    """The config's ``feature_cache`` with its defaults filled, checked (a ConfigError names the file and the key);
-    ``None`` when the key is absent or null.
-
-    Example::
-
-        >>> cache_spec({"feature_cache": {"boundary": "0.17", "num_views": 2}})["dtype"]
-        'float16'
-    """
+    """The config's ``feature_cache`` with its defaults filled, checked (ConfigError); ``None`` when absent or null."""
     spec, where = config.get(KEY), _where(sources, KEY)
     if spec is None:
         return None
@@ -104,8 +84,7 @@ class FrozenParts(NamedTuple):
 
 
 def _resolve(trunk: torch.nn.Module, boundary, where: str) -> str:
-    """A stage index as the module path where that stage ends."""
-    if not isinstance(boundary, int):
+    if not isinstance(boundary, int):  # a stage index: the module path where that stage ends
         return boundary
     try:
         stages = trunk_stages(trunk)
@@ -117,8 +96,7 @@ def _resolve(trunk: torch.nn.Module, boundary, where: str) -> str:
 
 
 def _split(trunk: torch.nn.Module, boundary: str, where: str, make_sequential=None):
-    """``(prefix, rest)``; a ``Sequential`` trunk's rest is a ``Sequential`` (``make_sequential()``) of its later
-    children under their own names, led by what is left of the child that holds the boundary."""
+    """``(prefix, rest)``; a ``Sequential`` trunk's rest keeps its later children's names."""
     try:
         prefix, rest = split_trunk(trunk, boundary)
         if not isinstance(trunk, torch.nn.Sequential):
@@ -139,10 +117,8 @@ def _split(trunk: torch.nn.Module, boundary: str, where: str, make_sequential=No
 
 
 def split_trunk_for_cache(trunk, spec: Dict[str, Any], where: str = f"config: {KEY}", make_sequential=None):
-    """Split ``trunk`` at ``spec["boundary"]`` (and ``spec["derive_from"]``) into :class:`FrozenParts`, the prefix
-    frozen; a ``Sequential`` trunk's rest is ``make_sequential()`` (the Builder's) filled with its later modules.
-    ConfigError (``"<where>.boundary: ..."``) when the trunk does not split there, or for a ``derive_from`` that is
-    not a module before ``boundary``."""
+    """``trunk`` split at ``spec["boundary"]`` (and ``"derive_from"``) into :class:`FrozenParts`, the prefix frozen;
+    ConfigError when it does not split there or ``derive_from`` is not a module before the boundary."""
     boundary = _resolve(trunk, spec["boundary"], f"{where}.boundary")
     prefix, rest = _split(trunk, boundary, f"{where}.boundary", make_sequential)
     prefix.requires_grad_(False)
@@ -164,24 +140,18 @@ def split_trunk_for_cache(trunk, spec: Dict[str, Any], where: str = f"config: {K
 
 @contextlib.contextmanager
 def _file_lock(path: str):
-    """An exclusive ``flock`` on ``path`` for the block; a no-op where ``fcntl`` is missing (not POSIX)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
+    """An exclusive ``flock`` on ``path`` for the block (released when the file closes; none off POSIX)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        if os.name == "posix":
+            import fcntl
+
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def check_fixed_prefix(make_builder: Callable[[], Any], seeds: Sequence[int], where: str) -> None:
-    """Refuse (ConfigError at ``where``) a frozen prefix that changes with the seed: one cache serves every seed and
-    fold. ``make_builder()`` returns a fresh Builder of the config, called after seeding ``seeds[0]`` and the next."""
+    """ConfigError at ``where`` when the frozen prefix of ``make_builder()`` (a fresh Builder) changes with the seed."""
     from ...datasets.feature_cache import prefix_digest
     from ..experiment.folder import seed_everything
 
@@ -199,15 +169,15 @@ def check_fixed_prefix(make_builder: Callable[[], Any], seeds: Sequence[int], wh
 
 
 def subset_key(dataset, indices: Sequence[int]) -> str:
-    """A ``dataset_key`` for the items ``indices`` of ``dataset``: a digest of the dataset's and the indices."""
+    """A ``dataset_key`` for the items ``indices`` of ``dataset``."""
     h = hashlib.sha256(dataset_digest(dataset).encode())
     h.update(np.asarray(indices, dtype=np.int64).tobytes())
     return h.hexdigest()
 
 
 def end_of_epoch_hook(dataset, then: Optional[Callable[[Any], Any]] = None) -> Callable[[Any], bool]:
-    """A PML ``end_of_epoch_hook`` that moves ``dataset`` (a ``CachedFeatureDataset``) to the next epoch's views,
-    then returns ``then(trainer)``'s answer (or True)."""
+    """A PML ``end_of_epoch_hook`` moving ``dataset`` (``CachedFeatureDataset``) to the next epoch's views, then
+    ``then``'s."""
 
     def hook(trainer):
         dataset.set_epoch(int(trainer.epoch))
@@ -218,9 +188,8 @@ def end_of_epoch_hook(dataset, then: Optional[Callable[[Any], Any]] = None) -> C
 
 
 class FeatureCaches:
-    """The feature caches of one run: ``builder``'s config holds ``feature_cache`` (ConfigError as
-    :func:`cache_spec`; ValueError without the key); the default folder is inside ``experiment_folder``; ``log``
-    gets one line per cache built."""
+    """The feature caches of one run (``builder``'s config holds ``feature_cache``; ValueError without it), by
+    default inside ``experiment_folder``; ``log`` gets one line per cache built."""
 
     def __init__(self, builder, experiment_folder: str, log: Callable[..., None] = print):
         spec = cache_spec(builder.config, builder.sources)
@@ -230,8 +199,7 @@ class FeatureCaches:
         self.folder = cache_folder(spec, experiment_folder)
 
     def _build(self, part: str, boundary: str, spec: Dict[str, Any], rank=None, world_size=None, **objects):
-        """``(cache, complete)``: the ``FeatureCache`` of ``part`` at ``boundary`` (``spec``, ``objects``: its
-        arguments) prepared (under a file lock, unless torchrun orders the ranks), this process's chunks computed."""
+        """``(cache, complete)``: the ``FeatureCache`` of ``part`` at ``boundary``, this process's chunks computed."""
         options = {k: self.spec[k] for k in ("dtype", "chunk_size", "batch_size")}
         options["folder"] = os.path.join(self.folder, boundary, part)
         cache = self.builder.build(f"{KEY}.{part}", {"FeatureCache": dict(options, **spec)}, **objects)
@@ -240,7 +208,7 @@ class FeatureCaches:
         name = os.path.relpath(cache.folder, self.folder)
         try:
             reason = None
-            if not dist_utils.is_active():
+            if not dist_utils.is_active():  # torchrun orders the ranks itself
                 with _file_lock(cache.folder + ".lock"):
                     reason = cache.prepare()
             self.log(  # long work is announced before it starts (minutes for thousands of images on a CPU)
@@ -264,18 +232,14 @@ class FeatureCaches:
         return cache, done
 
     def build(self, part, frozen, images, transform, num_views: int, dataset_key=None, rank=None, world_size=None):
-        """``(folder, complete)``: the cache of ``part`` (a folder name: ``train``, ``test`` ...) at
-        ``frozen.boundary`` built or found, first the source boundary's with ``derive_from``. ``images``: the
-        untransformed dataset (items ``(image, label)``, a ``labels`` array), ``num_views`` views of each through
-        ``transform``; ``dataset_key`` replaces the digest of ``images`` in the key (e.g. :func:`subset_key`);
-        ``rank``, ``world_size``: compute only this shard (default everything, or torchrun's ranks)."""
+        """``(folder, complete)``: the cache of ``part`` (``train``, ``test`` ...) at ``frozen.boundary`` built or
+        found (first the ``derive_from`` one): ``num_views`` views of the untransformed ``images`` through
+        ``transform``; ``dataset_key`` replaces their digest in the key; ``rank``, ``world_size``: only this shard."""
         derived = frozen.source_boundary is not None
         boundary, prefix = (frozen.source_boundary, frozen.source_prefix) if derived else frozen[:2]
-        spec = {
-            "num_views": num_views,
-            "dataset_key": dataset_key,
-            **{k: self.spec[k] for k in ("view_seed", "num_workers")},
-        }
+        spec = dict(
+            num_views=num_views, dataset_key=dataset_key, **{k: self.spec[k] for k in ("view_seed", "num_workers")}
+        )
         cache, done = self._build(
             part, boundary, spec, rank, world_size, prefix=prefix, dataset=images, transform=transform
         )
@@ -288,8 +252,7 @@ class FeatureCaches:
         return cache.folder, done
 
     def dataset(self, part: str, frozen: FrozenParts, images, transform, num_views: int, seed: int = 0, **kwargs):
-        """The finished cache of ``part`` (:meth:`build` first, with ``kwargs``) as a ``CachedFeatureDataset``
-        drawing views with ``seed``; ConfigError when another process has not finished its shard yet."""
+        """:meth:`build`'s cache as a ``CachedFeatureDataset`` drawing views with ``seed`` (ConfigError: unfinished)."""
         folder, done = self.build(part, frozen, images, transform, num_views, **kwargs)
         if not done:
             raise ConfigError(

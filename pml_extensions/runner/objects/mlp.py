@@ -27,9 +27,7 @@ class MLP(torch.nn.Module):
         if not sizes or any(s < 1 for s in sizes):
             raise ValueError(f"layer_sizes must be a non-empty list of positive ints, got {list(layer_sizes or [])}")
         linears = [torch.nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])] or [torch.nn.LazyLinear(sizes[0])]
-        layers = []
-        for linear in linears:
-            layers += [linear, torch.nn.ReLU(inplace=False)]
+        layers = [m for linear in linears for m in (linear, torch.nn.ReLU(inplace=False))]
         self.layer_sizes = sizes
         self.net = torch.nn.Sequential(*(layers if final_relu else layers[:-1]))
 

@@ -1,7 +1,5 @@
-"""Checks before training (``docs/own_data.md``): what a config and a dataset must agree on (image files that decode,
-enough classes for the split and the sampler, the images' channels and sizes against the trunk), checked once before
-the first epoch, each problem one line naming the key or file, where its value came from and the fix.
-"""
+"""Checks before the first epoch (``docs/own_data.md``): image files that decode, enough classes for the split and the
+sampler, the images' channels and sizes against the trunk; each problem one line naming the key or file and the fix."""
 
 import contextlib
 import json
@@ -30,8 +28,7 @@ _NOTED: set = set()
 
 
 def image_paths(dataset) -> Optional[List[str]]:
-    """The image file of each item of ``dataset`` (its or its wrapped ``dataset``'s ``paths`` or torchvision's
-    ``samples``), or None for data that is not files (glyphs, tensors)."""
+    """The image file of each item (``paths`` or torchvision's ``samples``), or None for data that is not files."""
     for candidate in (dataset, getattr(dataset, "dataset", None)):
         if candidate is None:
             continue
@@ -50,12 +47,14 @@ def _stat(path: str) -> Optional[List[int]]:
     return None
 
 
-def _read_record(record: Optional[str]) -> Dict[str, List[int]]:
+def read_json_object(path: Optional[str]) -> Dict[str, Any]:
+    """The JSON object in ``path``; {} without a path or file, or for an unreadable one or another JSON value."""
     try:
-        with open(record, encoding="utf-8") as f:
-            return json.load(f)
-    except (TypeError, OSError, ValueError):  # no folder, none yet, or unreadable
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (TypeError, OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _save_record(record: str, old: Dict[str, List[int]], new: Dict[str, List[int]]) -> None:
@@ -70,16 +69,9 @@ def _named(entries: List[str]) -> str:
 
 
 def check_images(dataset, folder=None, skip=False, where="dataset", log=print, skip_hint="--skip_bad_images true"):
-    """``dataset`` once every image file decodes (:func:`pml_extensions.datasets.find_unreadable_images`; data
-    without files passes), or with ``skip`` a view without the bad ones (one note to ``log``, as the files above
-    PIL's decompression-bomb limit). ``folder``: the experiment folder, where the files that decoded are recorded
-    (:data:`IMAGE_CHECK_FILE`: a rerun decodes only new or changed files) and the bad ones listed
-    (``bad_images.txt``). ``where``: ``"<source>: dataset"``; ``skip_hint``: the option that leaves bad files out
-    (None: the protocol has none).
-
-    Raises:
-        DataFileError: naming the bad files (up to :data:`NAMED_BAD_FILES` in the line) with PIL's reasons.
-    """
+    """``dataset`` once every image file decodes, or with ``skip`` a view without the bad ones (one note). The
+    experiment ``folder`` records the files that decoded (:data:`IMAGE_CHECK_FILE`) and lists the bad ones;
+    ``skip_hint``: the option that leaves bad files out (None: none). Raises DataFileError naming the bad files."""
     from PIL import Image
 
     from ...datasets.image_files import find_unreadable_images, large_images
@@ -88,7 +80,7 @@ def check_images(dataset, folder=None, skip=False, where="dataset", log=print, s
     if paths is None:
         return dataset
     record = os.path.join(folder, IMAGE_CHECK_FILE) if folder else None
-    recorded = _read_record(record)
+    recorded = read_json_object(record)
     known = {**recorded, **_DECODED}
     todo = [p for p in dict.fromkeys(paths) if p not in known or known[p] != _stat(p)]
     if len(todo) > 1000:
@@ -110,9 +102,7 @@ def check_images(dataset, folder=None, skip=False, where="dataset", log=print, s
         _save_record(record, recorded, {**kept, **mine, **good})
     if not bad:
         return dataset
-    listing = os.path.join(folder, "bad_images.txt") if folder else None
-    if listing:
-        atomic_write_text(listing, "".join(f"{p}\t{why}\n" for p, why in bad))
+    listing = write_bad_images(dict(bad), folder) if folder else None
     named = _named([f"{p} ({why})" for p, why in bad])
     listed = f" (all in {listing})" if listing else ""
     if skip:
@@ -130,8 +120,7 @@ def check_images(dataset, folder=None, skip=False, where="dataset", log=print, s
 
 
 def write_bad_images(left_out: Dict[str, str], folder: str) -> Optional[str]:
-    """``folder``'s ``bad_images.txt`` listing ``left_out`` (``{path: reason}``, what :func:`check_images` left out
-    before ``folder`` existed), one ``path<TAB>reason`` line each; None when there is none or no folder."""
+    """``folder``'s ``bad_images.txt`` listing ``left_out`` (``{path: reason}``); None when empty or no folder."""
     if not left_out or not os.path.isdir(folder):
         return None
     path = os.path.join(folder, "bad_images.txt")
@@ -140,14 +129,13 @@ def write_bad_images(left_out: Dict[str, str], folder: str) -> Optional[str]:
 
 
 def record_checked_images(dataset, folder: str) -> None:
-    """Add the image files of ``dataset`` (checked by :func:`check_images` before ``folder`` existed) to ``folder``'s
-    :data:`IMAGE_CHECK_FILE`, and list its left-out files there (:func:`write_bad_images`)."""
+    """Record in ``folder`` the files :func:`check_images` checked (and left out) before it existed."""
     write_bad_images(getattr(dataset, "left_out", None), folder)
     paths = image_paths(dataset)
     if paths is None or not os.path.isdir(folder):
         return
     record = os.path.join(folder, IMAGE_CHECK_FILE)
-    known = _read_record(record)
+    known = read_json_object(record)
     _save_record(record, known, {**known, **{p: _stat(p) for p in dict.fromkeys(paths) if p not in known}})
 
 
@@ -166,7 +154,6 @@ def minimum_classes(split: Callable, m: Optional[int] = None, batch_size=None, l
 
 
 def _class_and_int(builder, key: str, arg: str, default: Optional[int]) -> Tuple[Optional[str], Optional[int]]:
-    """``(class name, its positive int argument arg)`` of the config's ``key``, ``default`` where missing."""
     spec = builder.get(key)
     if not is_object_spec(spec):
         return None, default
@@ -176,19 +163,16 @@ def _class_and_int(builder, key: str, arg: str, default: Optional[int]) -> Tuple
 
 
 def class_splits(builder, labels, split: Callable, partitions: int, num_sets: int) -> Dict[str, Any]:
-    """``split(labels, partitions)`` (the protocol's class split, e.g. MLRC's), or a ConfigError when the dataset
-    has too few classes: how many it has, how many the config needs (split and sampler together), the files the two
-    settings came from, and the command-line change that fits this dataset."""
+    """``split(labels, partitions)``, or a ConfigError for too few classes: how many the config needs (split and
+    sampler together), where the settings came from and the command-line change that fits this dataset."""
     try:
         return split(labels, partitions)
     except ValueError as e:
         problem = str(e).splitlines()[0]
     classes = len(np.unique(np.asarray(labels)))
     sampler, m = _class_and_int(builder, "sampler", "m", None)
-    trainer, batch = _class_and_int(builder, "trainer", "batch_size", 32)
+    _, batch = _class_and_int(builder, "trainer", "batch_size", 32)
     need = minimum_classes(lambda ls: split(ls, partitions), m, batch)
-    sources = builder.sources
-    split_source = source_of(sources, "split_manager")
     fix = ""
     for parts in range(min(partitions, classes) - 1, 1, -1):  # the most folds this dataset allows
         try:
@@ -210,25 +194,22 @@ def class_splits(builder, labels, split: Callable, partitions: int, num_sets: in
     with_sampler = f" and {sampler} (m={m}) batches of {batch}" if m else ""
     count = "1 class is" if classes == 1 else f"{classes} classes are"
     raise ConfigError(
-        f"{source_of(sources, 'dataset')}: dataset: {count} too few for split_manager "
-        f"({describe(split_source)}: {problem}){with_sampler}: {needs}{fix}"
+        f"{source_of(builder.sources, 'dataset')}: dataset: {count} too few for split_manager "
+        f"({describe(source_of(builder.sources, 'split_manager'))}: {problem}){with_sampler}: {needs}{fix}"
     )
 
 
 def check_sampler(builder, fold_train_labels: Sequence, batch_size: int, batch_key: Optional[str] = None) -> None:
-    """The config's sampler against every fold's training labels: ``m × classes >= batch_size`` and ``m`` divides
-    ``batch_size`` (PML's ``MPerClassSampler`` asserts both when the first epoch starts), else a ConfigError naming
-    the fold, the sources and the largest batch size that fits. ``batch_key``: the top-level key that sets the batch
-    size (default: the trainer's ``batch_size``)."""
+    """ConfigError unless the sampler's ``m`` divides ``batch_size`` and ``m × classes >= batch_size`` in every fold
+    (what PML's ``MPerClassSampler`` asserts at the first epoch). ``batch_key``: the key setting the batch size."""
     name, m = _class_and_int(builder, "sampler", "m", None)
     if m is None:
         return
     sources = builder.sources
     m_src = describe(source_of(sources, ("sampler", name, "m")))
     trainer, _ = _class_and_int(builder, "trainer", "batch_size", 32)
-    batch_src = describe(
-        source_of(sources, batch_key or (("trainer", trainer, "batch_size") if trainer else "trainer"))
-    )
+    batch_path = batch_key or (("trainer", trainer, "batch_size") if trainer else "trainer")
+    batch_src = describe(source_of(sources, batch_path))
     set_batch = f"--{batch_key} {{}}" if batch_key else '--trainer~APPLY~2 "{{batch_size: {}}}"'
     if batch_size % m:
         raise ConfigError(
@@ -247,37 +228,28 @@ def check_sampler(builder, fold_train_labels: Sequence, batch_size: int, batch_k
 
 
 class ChannelMismatch(ConfigError):
-    """The trunk takes ``trunk_channels`` input channels and the images have ``image_channels``."""
+    """The trunk takes ``trunk_channels`` input channels; the images have ``image_channels``."""
 
     def __init__(self, message: str, image_channels: int, trunk_channels: int):
         super().__init__(message)
         self.image_channels, self.trunk_channels = int(image_channels), int(trunk_channels)
 
 
-def _first_entry(spec: Any) -> Tuple[Any, Callable[[Any], Any]]:
-    """``(first layer's spec, put(new) -> the trunk spec with it replaced)``."""
+def _first_entry(spec: Any) -> Tuple[Any, Any, Callable[[Any], Any]]:
+    """``(name, kwargs, put)`` of the trunk's first layer; ``put(new)``: the trunk spec with ``new`` in its place."""
     if isinstance(spec, list) and spec:
-        inner, put = _first_entry(spec[0])
-        return inner, lambda new: [put(new)] + list(spec[1:])
+        name, kwargs, put = _first_entry(spec[0])
+        return name, kwargs, lambda new: [put(new)] + list(spec[1:])
     if isinstance(spec, dict) and len(spec) == 1 and next(iter(spec)) == "Sequential":
-        inner, put = _first_entry(spec["Sequential"])
-        return inner, lambda new: {"Sequential": put(new)}
-    return spec, lambda new: new
+        name, kwargs, put = _first_entry(spec["Sequential"])
+        return name, kwargs, lambda new: {"Sequential": put(new)}
+    name, kwargs = next(iter(spec.items())) if isinstance(spec, dict) and len(spec) == 1 else (None, None)
+    return name, kwargs, lambda new: new
 
 
 def fill_input_channels(trunk_spec: Any, channels: int) -> Any:
-    """The trunk spec with ``in_channels: channels`` added to its first layer when its class takes ``in_channels``
-    and the spec leaves it out (the quick configs then take grey glyphs and RGB photos alike).
-
-    Example::
-
-        >>> fill_input_channels([{"ConvNetBody": {"widths": [8]}}, {"Flatten": None}], 3)
-        [{'ConvNetBody': {'widths': [8], 'in_channels': 3}}, {'Flatten': None}]
-        >>> fill_input_channels([{"ConvNetBody": {"in_channels": 1}}], 3)
-        [{'ConvNetBody': {'in_channels': 1}}]
-    """
-    first, put = _first_entry(trunk_spec)
-    name, kwargs = next(iter(first.items())) if isinstance(first, dict) and len(first) == 1 else (None, None)
+    """The trunk spec with ``in_channels: channels`` added to its first layer when it takes and lacks it."""
+    name, kwargs, put = _first_entry(trunk_spec)
     entry = lookup(name) if isinstance(name, str) and (kwargs is None or isinstance(kwargs, dict)) else None
     if entry is None or "in_channels" not in entry["params"] or "in_channels" in (kwargs or {}):
         return trunk_spec
@@ -290,8 +262,7 @@ def trunk_input_channels(trunk: torch.nn.Module) -> Optional[int]:
 
 
 def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, error: Exception) -> ConfigError:
-    """The error for a trunk that fails on ``sample``: :class:`ChannelMismatch` when the channels differ (what to
-    change, where the trunk came from), else the trunk's own first line."""
+    """The error for a trunk that fails on ``sample``: :class:`ChannelMismatch` when the channels differ."""
     wanted = trunk_input_channels(trunk)
     have = int(sample.shape[0]) if sample.ndim == 3 else None
     trunk_src = source_of(builder.sources, "models.trunk")
@@ -299,15 +270,11 @@ def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, erro
         return ConfigError(
             f"{trunk_src}: models.trunk: fails on one image of shape {list(sample.shape)}: {str(error).splitlines()[0]}"
         )
-    first, _ = _first_entry(builder.get("models", {}).get("trunk"))
-    name, kwargs = next(iter(first.items())) if isinstance(first, dict) and len(first) == 1 else (None, None)
+    name, kwargs, _ = _first_entry(builder.get("models", {}).get("trunk"))
     takes = f" (its first layer {name} sets in_channels: {wanted}; leave it out and the images' count is used)"
     takes = takes if "in_channels" in (kwargs or {}) else ""
-    fixes = (
-        "convert the images to grey (add Grayscale: {num_output_channels: 1} first in transforms)"
-        if wanted == 1
-        else f"give the trunk {have}-channel input"
-    )
+    grey = "convert the images to grey (add Grayscale: {num_output_channels: 1} first in transforms)"
+    fixes = grey if wanted == 1 else f"give the trunk {have}-channel input"
     return ChannelMismatch(
         f"{trunk_src}: models.trunk takes {wanted} input channel(s) ({describe(trunk_src)}){takes}, but the images of "
         f"dataset ({describe(source_of(builder.sources, 'dataset'))}) have {have} after transforms.eval; {fixes}",
@@ -317,9 +284,8 @@ def channel_mismatch(builder, trunk: torch.nn.Module, sample: torch.Tensor, erro
 
 
 def fit_channels(builder, dataset, transforms: Dict[str, Any], num_classes: int, getter=None, log=print):
-    """``transforms`` once the trunk takes the first image through ``transforms["eval"]`` (as every fold will): grey
-    images meet a 3-channel trunk by becoming RGB (``ToRGB`` first in every transform, one note). Raises
-    :class:`ChannelMismatch` for any other channel mismatch, ConfigError when the trunk or the transform fails."""
+    """``transforms`` once the trunk takes the first image through ``transforms["eval"]``: grey images become RGB
+    for a 3-channel trunk (one note); ConfigError (:class:`ChannelMismatch`) when the trunk or transform fails."""
 
     def first(transform):
         return builder.subset(dataset, [0], transform=transform, getter=getter)[0][0]
@@ -350,8 +316,7 @@ def fit_channels(builder, dataset, transforms: Dict[str, Any], num_classes: int,
 
 
 def check_sizes(builder, dataset, transform, first: torch.Tensor, getter=None, probes: int = 8) -> None:
-    """Items spread over ``dataset`` through ``transform`` must have the first item's shape (a batch stacks them),
-    else a ConfigError naming two items of different shapes (their files when known) and the Resize to add."""
+    """ConfigError (the Resize to add) when items spread over ``dataset`` differ from the first one's shape."""
     n = len(dataset)
     paths = image_paths(dataset)
     for i in sorted({int(round(k * (n - 1) / max(1, probes - 1))) for k in range(probes)} - {0}):

@@ -1,9 +1,6 @@
-"""A finished run's models, rebuilt from its saved ``config.yaml`` by the :class:`~.builder.Builder` and loaded with
-the run's weights (``python -m pml_extensions explain --checkpoint``; the layouts read are in ``docs/explain.md``).
-Every function here raises ``ValueError`` / ``FileNotFoundError`` with one line that names the file.
-"""
+"""A finished run's models, rebuilt from its saved ``config.yaml`` and loaded with its weights (the layouts read are in
+``docs/explain.md``); errors are one-line ``ValueError`` / ``FileNotFoundError`` naming the file."""
 
-import json
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -15,6 +12,7 @@ from ...utils.checks import is_int
 from ..errors import ConfigError
 from ..experiment.checkpoint import first_sentence
 from .builder import Builder
+from .preflight import read_json_object
 
 CONFIG_NAME = "config.yaml"
 
@@ -41,8 +39,7 @@ def _epoch(name: str) -> int:
 
 
 def pml_model_files(folder: str) -> Tuple[Optional[str], Optional[str]]:
-    """``(trunk file, embedder file)`` of a PML model folder: ``best`` files first, highest epoch number;
-    ``trunk_optimizer_*`` / ``embedder_optimizer_*`` files are optimizer states and are skipped."""
+    """``(trunk file, embedder file)`` of a PML model folder: ``best`` files first, then the highest epoch."""
     picks = []
     for prefix in ("trunk_", "embedder_"):
         files = [f for f in os.listdir(folder) if re.fullmatch(rf"{prefix}(?!optimizer).*\.pth", f)]
@@ -69,10 +66,8 @@ def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optiona
 
 
 def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
-    """How the run that wrote ``checkpoint`` fed images to its model at evaluation: ``None`` without a run config,
-    else ``{"mean", "std"}`` of the ``Normalize`` its ``transforms.eval`` ends with as the Builder builds it (None
-    when it has none), and ``"image_size"``: the dataset's ``image_size``, else the eval ``CenterCrop`` / ``Resize``
-    side in pixels (the shorter one of ``[h, w]``), else None."""
+    """``{"mean", "std", "image_size"}`` of the run's ``transforms.eval`` (its ``Normalize``; the dataset's
+    ``image_size``, else the shorter ``CenterCrop`` / ``Resize`` side), each None where unknown; None without them."""
     import torchvision.transforms as T
 
     cfg = find_run_config(checkpoint)[0] if checkpoint is not None else None
@@ -100,8 +95,7 @@ def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
 def models_from_config(
     cfg: dict, path: str, trunk_state: Optional[dict] = None
 ) -> Tuple[nn.Module, nn.Module, Optional[nn.Module]]:
-    """``(trunk, embedder, prefix)`` built from a run's saved config: random weights for what the run saved, and
-    with ``feature_cache`` the frozen prefix as the run built it (else None)."""
+    """``(trunk, embedder, prefix)`` of a run's config (``prefix``: the ``feature_cache`` frozen part, else None)."""
     variants = cfg.get("variants") or {}
     parts = os.path.abspath(path).split(os.sep)
     chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
@@ -124,8 +118,7 @@ def models_from_config(
 
 
 def _not_pretrained(spec):
-    """``spec`` with every ``pretrained: true`` argument set to false, torchvision's ``weights`` /
-    ``weights_backbone`` names set to null and ``weights_path`` left out (the saved weights replace them all)."""
+    """``spec`` asking for no pretrained weights (``pretrained``, ``weights``, ``weights_path``)."""
     if not isinstance(spec, dict):
         return [_not_pretrained(v) for v in spec] if isinstance(spec, list) else spec
     weights = {k: None for k in ("weights", "weights_backbone") if isinstance(spec.get(k), str)}
@@ -151,6 +144,11 @@ def _load_state(module: nn.Module, state: dict, what: str, path: str) -> None:
 RUN_MODEL_FILES = ("best.pth", "selected_models.pth", "best_models.pth")
 
 
+def _folder_files(folder: str) -> Tuple[Optional[str], Optional[str]]:
+    found = [f for f in RUN_MODEL_FILES if os.path.isfile(os.path.join(folder, f))]
+    return (os.path.join(folder, found[0]), None) if found else pml_model_files(folder)
+
+
 def load_models(checkpoint: Optional[str], trust: bool = False, default=None) -> Tuple[nn.Module, nn.Module]:
     """``(trunk, embedder)`` from ``checkpoint`` (see the module docstring); ``default()`` when it is None."""
     if checkpoint is None:
@@ -159,14 +157,12 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
     source, content = checkpoint, None
     if os.path.isdir(checkpoint):
-        # an MLRC fold folder; a paired unit's folder (the protocol's selected epoch, else its best one)
-        found = [f for f in RUN_MODEL_FILES if os.path.isfile(os.path.join(checkpoint, f))]
-        source, emb_file = (os.path.join(checkpoint, found[0]), None) if found else pml_model_files(checkpoint)
+        source, emb_file = _folder_files(checkpoint)
         if source is None:
             folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
             hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
             raise ValueError(f"no model file ({', '.join(RUN_MODEL_FILES)} or PML's trunk_*.pth) in {checkpoint}{hint}")
-        if not found:
+        if os.path.basename(source) not in RUN_MODEL_FILES:
             content = {"trunk": _load(source, trust), **({"embedder": _load(emb_file, trust)} if emb_file else {})}
     content = _load(source, trust) if content is None else content
     if isinstance(content, nn.Module):
@@ -211,15 +207,6 @@ def _without_config(trunk, embedder, path):
     return trunk, embedder
 
 
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _numbered(folder: str, prefix: str) -> List[int]:
     """The ``k`` of the sub-folders ``<prefix><k>`` of ``folder``, sorted."""
     found = [re.fullmatch(rf"{prefix}(\d+)", n) for n in (os.listdir(folder) if os.path.isdir(folder) else [])]
@@ -227,12 +214,9 @@ def _numbered(folder: str, prefix: str) -> List[int]:
 
 
 def selected_model(run: str, variant=None, seed=None, fold=None) -> Dict[str, Any]:
-    """The model an experiment folder of ``python -m pml_extensions run`` selected (``paired``:
-    ``<variant>/seed_<s>/selected_models.pth``, else ``best_models.pth``, default the first variant and lowest seed
-    with a model; ``mlrc``: ``fold_<k>/best.pth``, default fold 0): ``{"checkpoint", "epoch"`` (as
-    :func:`checkpoint_epoch`), ``"unit"`` (``"contrastive_xml/seed_0"`` or ``"fold_0"``), ``"variant", "seed",
-    "fold"`` (None where they do not apply), ``"others"`` (the other units with a model)``}``. A ``variant`` /
-    ``seed`` / ``fold`` the run does not have is refused naming the ones it has."""
+    """The model an experiment folder selected (``<variant>/seed_<s>/{selected,best}_models.pth``, default the
+    first variant and seed; mlrc's ``fold_<k>/best.pth``, default fold 0): ``{"checkpoint", "epoch", "unit",
+    "variant", "seed", "fold", "others"}`` (the other units with a model). ValueError naming the units it has."""
     if not os.path.isdir(run):
         raise FileNotFoundError(f"--run {run} is not a folder (an experiment folder of python -m pml_extensions run)")
     if not os.path.isfile(os.path.join(run, CONFIG_NAME)):
@@ -269,28 +253,17 @@ def selected_model(run: str, variant=None, seed=None, fold=None) -> Dict[str, An
             have = ", ".join(f"{n} seed {s}" for _, _, n, s, _ in units)
             raise ValueError(f"--run {run}: no model for --variant {variant} --seed {seed}; models: {have}")
         chosen = matching[0]
-    unit, checkpoint, variant, seed, fold = chosen
-    return {
-        "checkpoint": checkpoint,
-        "epoch": checkpoint_epoch(checkpoint),
-        "unit": unit,
-        "variant": variant,
-        "seed": seed,
-        "fold": fold,
-        "others": [u[0] for u in units if u[0] != unit],
-    }
+    others = [u[0] for u in units if u[0] != chosen[0]]
+    pick = dict(zip(("unit", "checkpoint", "variant", "seed", "fold"), chosen), others=others)
+    return dict(pick, epoch=checkpoint_epoch(chosen[1]))
 
 
 def checkpoint_epoch(checkpoint: str) -> Optional[int]:
-    """The epoch of a run's model file as the run recorded it: ``<variant>/seed_<s>/{selected,best}_models.pth``
-    (``results.json``'s ``selected_epoch`` or ``best_epoch``, else the unit's ``result.json``), ``fold_<k>/best.pth``
-    (the fold's ``best_epoch``), ``epochs/epoch_<e>.pth`` and PML's ``trunk_best<e>.pth`` (from the name); None when
-    unknown."""
+    """The epoch of a run's model file (or folder) as the run recorded it (``results.json``, the unit's
+    ``result.json``, or the file name: ``epoch_<e>.pth``, ``trunk_best<e>.pth``); None when unknown."""
     path = os.path.abspath(checkpoint)
     if os.path.isdir(path):
-        path = os.path.join(path, "best.pth") if os.path.isfile(os.path.join(path, "best.pth")) else path
-        if os.path.isdir(path):  # a PML model folder: its trunk file
-            path = pml_model_files(path)[0] or path
+        path = _folder_files(path)[0] or path
     folder, name = os.path.split(path)
     parent, unit = os.path.split(folder)
     m = re.fullmatch(r"epoch_(\d+)\.pth", name) or re.fullmatch(r"trunk_best(\d+)\.pth", name)
@@ -298,15 +271,15 @@ def checkpoint_epoch(checkpoint: str) -> Optional[int]:
     if m:
         epoch = int(m.group(1))
     elif fold and name == "best.pth":
-        folds = _read_json(os.path.join(parent, "results.json")).get("folds") or []
+        folds = read_json_object(os.path.join(parent, "results.json")).get("folds") or []
         k = int(fold.group(1))
         epoch = folds[k].get("best_epoch") if k < len(folds) and isinstance(folds[k], dict) else None
     elif seed and name == "best_models.pth" and os.path.isfile(os.path.join(folder, "selected_models.pth")):
-        epoch = _read_json(os.path.join(folder, "result.json")).get("best_epoch")  # the selection tested another
+        epoch = read_json_object(os.path.join(folder, "result.json")).get("best_epoch")  # the selection tested another
     elif seed and name in ("selected_models.pth", "best_models.pth"):
         run, variant = os.path.split(parent)
-        units = (_read_json(os.path.join(run, "results.json")).get("units") or {}).get(variant) or {}
-        entry = units.get(str(int(seed.group(1)))) or _read_json(os.path.join(folder, "result.json"))
+        units = (read_json_object(os.path.join(run, "results.json")).get("units") or {}).get(variant) or {}
+        entry = units.get(str(int(seed.group(1)))) or read_json_object(os.path.join(folder, "result.json"))
         epoch = entry.get("selected_epoch", entry.get("best_epoch"))
     else:
         return None

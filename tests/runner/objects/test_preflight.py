@@ -160,6 +160,9 @@ def test_fill_input_channels():
     }
     assert preflight.fill_input_channels([{"mobilenet_v2_features": {}}], 1) == [{"mobilenet_v2_features": {}}]
     assert preflight.fill_input_channels({"Flatten": None}, 3) == {"Flatten": None}
+    assert preflight.fill_input_channels([{"ConvNetBody": {"in_channels": 1}}], 3) == [
+        {"ConvNetBody": {"in_channels": 1}}
+    ]
 
 
 def test_every_image_decodes_before_the_first_epoch(tmp_path):
