@@ -150,3 +150,9 @@ def test_a_tables_validation_rows_validate_and_every_train_row_trains(tmp_path):
     assert r["validation_rows"] and r["num_train_classes"] == 12 and r["num_val_classes"] == 2  # the header says so
     names = sorted(f"Class {c} / é" for c in range(16))  # the labels index the sorted class names
     assert sampled[0] == [names.index(f"Class {c} / é") for c in sorted(range(12), key=str)]  # all 12, no val class
+
+
+def test_the_units_metrics_are_the_protocols():
+    from pml_extensions.runner.protocols.paired.protocol import METRICS
+
+    assert train.METRICS == METRICS == ("mean_average_precision_at_r", "precision_at_1", "r_precision")
