@@ -91,6 +91,9 @@ class _Lock:
         except BlockingIOError:
             os.close(fd)
             return False
+        except BaseException:  # e.g. Ctrl-C during a blocking wait: no descriptor left open
+            os.close(fd)
+            raise
         self.fd = fd
         os.ftruncate(fd, 0)
         os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
