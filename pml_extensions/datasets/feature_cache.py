@@ -134,22 +134,6 @@ def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
     return _sha(head + ["items"] + list(items()))
 
 
-class _SourceViews:
-    """The stored views of a finished cache as the input of a derived one (``view(i, v)`` in the stored dtype)."""
-
-    def __init__(self, source: CachedFeatureDataset):
-        self.source = source
-        self.num_views = source.num_views
-        self.view_seed = int(source.meta.get("view_seed", 0))
-        self.labels = np.asarray(source.labels, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def view(self, index: int, view: int) -> torch.Tensor:
-        return torch.from_numpy(np.array(self.source.features[index, view]))
-
-
 class _ViewItems(torch.utils.data.Dataset):
     """The view tensors of one chunk's ``(index, view)`` items, flat, for a DataLoader."""
 
@@ -232,14 +216,11 @@ class FeatureCache:
         if self.source is not None:
             if transform is not None:
                 raise ValueError("a derived cache (dataset is a CachedFeatureDataset) takes no transform: pass None")
-            views = _SourceViews(self.source)
-            for name, value, own in (
-                ("num_views", num_views, views.num_views),
-                ("view_seed", view_seed, views.view_seed),
-            ):
+            for name, value in (("num_views", num_views), ("view_seed", view_seed)):
+                own = getattr(self.source, name)
                 if value is not None and value != own:
                     raise ValueError(f"{name} of a derived cache is its source's ({own}), got {value!r}")
-            self.views = views
+            self.views = self.source
         else:
             self.views = SeededViewDataset(
                 dataset, transform, 1 if num_views is None else num_views, 0 if view_seed is None else view_seed

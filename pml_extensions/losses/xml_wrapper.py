@@ -22,9 +22,8 @@ from ..utils.wiring import after_losses
 
 @contextmanager
 def _state_left_untouched(module: torch.nn.Module):
-    """Calls of ``module`` inside the block leave its state as it was: every buffer (memory banks, running
-    statistics) is a clone during the block and the originals, never written (a graph that saved them stays valid),
-    come back after it, and so do the values of plain number attributes (queue positions, counters)."""
+    """Inside the block ``module``'s buffers are clones (the originals, which a graph may have saved, come back after
+    it), and so its number attributes (queue positions, counters)."""
     saved_buffers, saved_numbers = [], []
     for sub in module.modules():
         for name, buf in sub._buffers.items():
@@ -73,7 +72,7 @@ def _restrict_indices_tuple(indices_tuple, half):
 
 
 class _Ref:
-    """Holds a module without registering it (not a Module, list or dict: invisible to record-keeper's walk)."""
+    """Holds a module unregistered: invisible to record-keeper's walk."""
 
     __slots__ = ("module",)
 
@@ -136,10 +135,8 @@ class XMLWrapper(ModuleWithRecords):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not is_number(xml_weight) or not math.isfinite(xml_weight):
+        if not is_number(xml_weight) or not math.isfinite(xml_weight) or xml_weight < 0:
             raise ValueError(f"xml_weight must be a finite number >= 0, got {xml_weight!r}")
-        if xml_weight < 0:
-            raise ValueError(f"xml_weight must be >= 0, got {xml_weight!r}")
         if not isinstance(loss, torch.nn.Module) or not self._takes_embeddings_and_labels(loss, xml_weight > 0):
             raise TypeError(
                 "loss must be a loss module whose forward takes (embeddings, labels, ...), e.g. "
@@ -162,9 +159,7 @@ class XMLWrapper(ModuleWithRecords):
                 f"head must be a module mapping [N, C] GAP vectors to embeddings, got {type(head).__name__}"
             )
         self.target = target
-        # In a plain holder, not an attribute: the head belongs to the model (not this module's parameters or state
-        # dict), and record-keeper, which walks module attributes, must not log the embedder's tensors.
-        self._head_ref = _Ref(head)
+        self._head_ref = _Ref(head)  # the head belongs to the model, not to this module's parameters or records
         self.loss = loss
         self.xml_weight = float(xml_weight)
         self.ridge = float(ridge)
@@ -316,10 +311,9 @@ class XMLWrapper(ModuleWithRecords):
     def _call_inner(
         self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, loss=None, enqueue_mask=None
     ):
-        """Call the inner loss (or ``loss``) with the arguments that are given, as given."""
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
         kwargs = {k: v for k, v in dict(kwargs, enqueue_mask=enqueue_mask).items() if v is not None}
-        # what was given, as given: no labels means none passed (SelfSupervisedLoss's second argument is ref_emb)
+        # no labels means none passed (SelfSupervisedLoss's second argument is ref_emb)
         args = (embeddings,) if labels is None else (embeddings, labels)
         return (self.loss if loss is None else loss)(*args, **kwargs)
 

@@ -1,12 +1,5 @@
-"""Teacher-student trainer for resolution-asymmetric distillation (RAML), built on PML's ``MetricLossOnly``, and
-RAML's teacher recipe with PML's own classes (:func:`make_teacher_trainer`).
-
-Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 4-5
-(frozen teacher, student initialised from the teacher, AdamW + one-cycle); from ``pavelsuma/raml``: BatchNorm in eval
-mode (``train.py``), GeM p at 10× the learning rate without weight decay, weight decay 1e-6,
-``OneCycleLR(div_factor=10)`` (``modelhelpers.py``). Deviation: the teacher runs under ``torch.no_grad`` with frozen
-parameters (the code builds a graph through it); the numbers are unchanged.
-"""
+"""Teacher-student trainer for resolution-asymmetric distillation (RAML) on PML's ``MetricLossOnly``, and RAML's
+teacher recipe with PML's own classes (docs/methods/resolution_distillation.md)."""
 
 from typing import Dict, Optional
 
@@ -83,6 +76,10 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     """Distil a small-resolution student (``trunk``/``embedder``) from a frozen teacher (``teacher_trunk``/
     ``teacher_embedder``) without labels, optionally beside a labelled metric loss.
 
+    Source: Suma & Tolias, WACV 2023, Sec. 4-5; from ``pavelsuma/raml``: BatchNorm in eval mode (``train.py``), GeM p
+    at 10× the learning rate without weight decay, weight decay 1e-6, ``OneCycleLR(div_factor=10)``
+    (``modelhelpers.py``). Deviation: the teacher runs under ``torch.no_grad`` (the code builds a graph through it).
+
     ``models``: ``trunk`` and ``teacher_trunk`` (required), ``embedder``, ``teacher_embedder`` (default ``Identity``).
     ``loss_funcs``: ``distillation_loss`` (default ``ResolutionDistillationLoss()``) and optional ``metric_loss`` (a PML
     loss on the student embeddings and CLASS labels, mined by ``tuple_miner``; weights from ``loss_weights``).
@@ -154,8 +151,6 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
 
     @staticmethod
     def _check_teacher_is_not_the_student(models):
-        """Refuse a student module that is, or shares parameters with, the teacher's (freezing the teacher would freeze
-        it)."""
         for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
             s, t = models[student], models[teacher]
             if s is t and any(True for _ in s.parameters()):
