@@ -209,9 +209,8 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
 
 
 class PassShuffleSampler(torch.utils.data.Sampler):
-    """A random permutation of ``range(num_items)`` per pass, drawn from ``(seed, data_pass)`` alone: unlike
-    ``RandomSampler`` it keeps no state between passes, so a run resumed at a pass boundary sees the batches of an
-    uninterrupted run. ValueError: a non-positive ``num_items`` or a negative pass.
+    """A random permutation of ``range(num_items)`` per pass from ``(seed, data_pass)`` alone (stateless, unlike
+    ``RandomSampler``: a run resumed at a pass boundary sees the uninterrupted run's batches). ValueError: bad sizes.
 
     Example::
 

@@ -52,17 +52,7 @@ def _sha(chunks) -> str:
 
 def prefix_digest(prefix: torch.nn.Module) -> str:
     """SHA-256 hex of a module's ``repr`` (memory addresses dropped) and every ``state_dict`` tensor (name, dtype, size,
-    bytes on the CPU): equal for equal weights on any device.
-
-    Example::
-
-        >>> conv = torch.nn.Conv2d(3, 2, 1)
-        >>> before = prefix_digest(conv)
-        >>> with torch.no_grad():
-        ...     _ = conv.bias.add_(1)
-        >>> before == prefix_digest(conv), len(before)
-        (False, 64)
-    """
+    bytes on the CPU): equal for equal weights on any device."""
 
     def parts():
         yield _ADDRESS.sub("", repr(prefix))
@@ -88,18 +78,7 @@ def _scalars(obj) -> dict:
 
 def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
     """SHA-256 hex of what a dataset yields before the cache's transform (docs/feature_cache.md: the key).
-
-    Raises:
-        FileNotFoundError: a path of ``dataset.paths`` does not exist.
-        ValueError: the dataset has no ``labels`` array of its length.
-
-    Example::
-
-        >>> data = torch.utils.data.TensorDataset(torch.zeros(2, 1))
-        >>> data.labels = np.array([0, 1])
-        >>> dataset_digest(data) == dataset_digest(data, dataset_key="zeros"), len(dataset_digest(data))
-        (False, 64)
-    """
+    FileNotFoundError: a path of ``dataset.paths`` is missing; ValueError: no ``labels`` array of its length."""
     labels = _labels_of(dataset)
     own = getattr(dataset, "transform", None)
     head = [

@@ -74,17 +74,8 @@ def find_unreadable_images(paths: Iterable[str], progress: Optional[Callable[[in
 
 def large_images(paths: Iterable[str], limit: Optional[int] = None) -> List[Tuple[str, Tuple[int, int]]]:
     """``[(path, (width, height))]`` of the files with more than ``limit`` pixels (default PIL's decompression-bomb
-    limit, about 89 megapixels), read from their headers; such an image loads (up to twice the limit; above it
-    :func:`image_problem` names it), but every epoch decodes it in full. Files that do not open are skipped.
-
-    Example::
-
-        >>> import os, tempfile
-        >>> path = os.path.join(tempfile.mkdtemp(), "wide.png")
-        >>> Image.new("L", (300, 2)).save(path)
-        >>> large_images([path], limit=500)
-        [('...wide.png', (300, 2))]
-    """
+    limit, about 89 megapixels; up to twice it they load, decoded in full every epoch), read from their headers; files
+    that do not open are skipped."""
     limit = Image.MAX_IMAGE_PIXELS if limit is None else limit
     if limit is None:
         return []
@@ -107,9 +98,7 @@ def composite_on_white(image: Image.Image) -> Image.Image:
 
 
 def load_rgb(path: str) -> Image.Image:
-    """The image at ``path`` as RGB, transparency composited on white, without PIL's decompression-bomb warning
-    (OSError naming ``path`` when it does not decode).
-    """
+    """The image at ``path`` as RGB, transparency composited on white (OSError naming ``path`` if undecodable)."""
     try:
         with _open(path) as image:
             image.load()

@@ -1,10 +1,6 @@
-"""Cross-batch metric learning (XML) as a wrapper around any PML loss (docs/methods/xml.md).
-
-Source: Y. Z. Gurbuz and A. A. Alatan, "Generalizable Embeddings with Cross-batch Metric Learning", ICIP 2023
-(arXiv 2307.07620), Sec. 2.3. No official code exists; the closed-form ridge step follows the authors' related
-``yetigurbuz/generalized-sum-pooling`` (``pytorch/gsp/zsr_loss.py``) in spirit, with ``linalg.solve`` instead of
-``inv``, a split by class instead of by position, and batch embeddings (not class proxies) as targets.
-"""
+"""Cross-batch metric learning (XML) as a wrapper around any PML loss (docs/methods/xml.md). No official code exists;
+the ridge step follows the authors' ``yetigurbuz/generalized-sum-pooling`` (``pytorch/gsp/zsr_loss.py``) in spirit,
+with ``linalg.solve`` for ``inv``, a split by class, not position, and batch embeddings, not proxies, as targets."""
 
 import inspect
 import math
@@ -81,18 +77,17 @@ class _Ref:
 
 
 class XMLWrapper(ModuleWithRecords):
-    """Cross-batch metric learning loss around any PML loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3; docs/methods/xml.md).
+    """Cross-batch metric learning loss around any PML loss (Y. Z. Gurbuz and A. A. Alatan, "Generalizable Embeddings
+    with Cross-batch Metric Learning", ICIP 2023, arXiv 2307.07620, Sec. 2.3).
 
-    The batch is split into two halves with disjoint classes; on each half k the ridge prototypes ``V_k = argmin_A
-    ||Z_k A - Y_k||² + ridge ||A||²`` map histograms to embeddings, each half is predicted from the OTHER half's
-    prototypes (``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``) and the inner loss judges the predictions with the true labels:
+    The batch is split into two halves with disjoint classes; each half k's ridge prototypes ``V_k = argmin_A ||Z_k A -
+    Y_k||² + ridge ||A||²`` predict the OTHER half (``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``), judged with the true labels:
 
         L = loss(Y, L) + xml_weight · L_XML,   L_XML = loss(Ŷ_1, L_1) + loss(Ŷ_2, L_2)   (SUM over the halves).
 
-    Nothing is detached. Mined ``indices_tuple`` drive the inner term, and their tuples inside a half (renumbered) that
-    half's XML term; ``ref_emb`` / ``ref_labels`` go to the inner term only. The XML term leaves a stateful inner loss's
-    buffers and counters as the real term left them; ``XMLWrapper(CrossBatchMemory(L, ...))`` judges the halves with
-    ``L``.
+    Nothing is detached. Mined ``indices_tuple`` drive the inner term and, restricted to a half, its XML term;
+    ``ref_emb`` / ``ref_labels`` go to the inner term only. A stateful inner loss's buffers and counters stay as the
+    real term left them; ``XMLWrapper(CrossBatchMemory(L, ...))`` judges the halves with ``L``.
 
     Args:
         loss: any PML loss module whose ``forward`` takes ``(embeddings, labels, ...)``.
@@ -164,8 +159,7 @@ class XMLWrapper(ModuleWithRecords):
         self.xml_weight = float(xml_weight)
         self.ridge = float(ridge)
         self.ridge_form = ridge_form
-        # Kept out of the module tree on purpose: the layer belongs to the trunk, not to the loss.
-        self.__dict__["histogram_layer"] = histogram_layer
+        self.__dict__["histogram_layer"] = histogram_layer  # the trunk's layer, out of this module's tree
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
         self.inner_loss = 0.0
@@ -393,10 +387,8 @@ class XMLWrapper(ModuleWithRecords):
         else:
             pred1, pred2 = self.cross_predictions(embeddings, histograms, halves)
         labels = labels.to(embeddings.device)
-        # Mined tuples index the batch only when there is no separate reference set.
-        mined = indices_tuple if ref_emb is None else None
-        # a cross-batch memory (PML's CrossBatchMemory or alike: a memory-bank buffer around a wrapped loss) judges
-        # the predictions with its wrapped loss
+        mined = indices_tuple if ref_emb is None else None  # with a reference set they do not index the batch
+        # a cross-batch memory (a memory-bank buffer around a wrapped loss) judges the predictions with its wrapped loss
         judge = getattr(self.loss, "loss", None)
         if not (isinstance(judge, torch.nn.Module) and torch.is_tensor(getattr(self.loss, "embedding_memory", None))):
             judge = self.loss

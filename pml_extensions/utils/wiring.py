@@ -28,24 +28,22 @@ def after_losses(fn: Callable[[Dict[str, Any], Dict[str, Any]], None]) -> Callab
     return fn
 
 
-def param_group(option: str) -> Callable:
-    """Register ``fn(module) -> [parameters]`` for the optimizer option ``option`` (a decorator)."""
-
+def _register(table: dict, key: str) -> Callable:
     def register(fn):
-        _PARAM_GROUPS[option] = fn
+        table[key] = fn
         return fn
 
     return register
+
+
+def param_group(option: str) -> Callable:
+    """Register ``fn(module) -> [parameters]`` for the optimizer option ``option`` (a decorator)."""
+    return _register(_PARAM_GROUPS, option)
 
 
 def data_init(key: str) -> Callable:
     """Register ``fn(models, dataset, seed, spec, log=None) -> bool`` for the config key ``key`` (a decorator)."""
-
-    def register(fn):
-        _DATA_INIT[key] = fn
-        return fn
-
-    return register
+    return _register(_DATA_INIT, key)
 
 
 def wire(loss_funcs: Dict[str, Any], models: Dict[str, Any]) -> None:
