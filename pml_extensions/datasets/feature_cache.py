@@ -1,8 +1,7 @@
-"""Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image (or the plain view of each
-evaluation image), computed once into one memory-mapped ``.npy`` and served by
-:class:`~pml_extensions.datasets.CachedFeatureDataset`. Layout, key, resume and shards: docs/feature_cache.md.
-"""
+"""Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image, computed once into one
+memory-mapped ``.npy`` (layout, key, resume and shards: docs/feature_cache.md)."""
 
+import functools
 import hashlib
 import json
 import os
@@ -210,8 +209,7 @@ class FeatureCache:
         self.chunk_size = int_at_least("chunk_size", chunk_size, 1)
         self.batch_size = int_at_least("batch_size", batch_size, 1)
         self.num_workers = int_at_least("num_workers", num_workers, 0)
-        opaque = None if self.source is not None else _opaque_part(transform)
-        if transform_key is None and opaque is not None:
+        if transform_key is None and (opaque := _opaque_part(transform)) is not None:
             raise ValueError(
                 f"transform's repr does not describe its {opaque}, so the cache key cannot see it change: pass "
                 "transform_key='<a name that changes with the transform>'"
@@ -227,28 +225,25 @@ class FeatureCache:
         if self.num_items == 0:
             raise ValueError(f"dataset ({type(dataset).__name__}) is empty: nothing to cache")
         self.num_chunks = -(-self.num_items // self.chunk_size)
-        self._key = None
         #: what the last :meth:`build` call did: ``rebuilt`` (reason or None), ``chunks_computed``, ``seconds``
         self.last_build = {}
 
-    @property
+    @functools.cached_property
     def key_parts(self) -> dict:
         """Digests of the key's parts (computed once per object)."""
-        if self._key is None:
-            if self.source is not None:  # a derived cache: its input is the source's stored views
-                transform, data = "derived from a feature cache", _sha(["source", self.source.meta["key"]])
-            else:
-                transform = self.transform_key if self.transform_key is not None else repr(self.transform)
-                data = dataset_digest(self.dataset, self.dataset_key)
-            self._key = {
-                "format": FORMAT,
-                "prefix": prefix_digest(self.prefix),
-                "transform": _sha(["transform", transform]),
-                "dataset": data,
-                "layout": f"views={self.num_views} view_seed={self.view_seed} dtype={self.dtype} "
-                f"chunk_size={self.chunk_size}",
-            }
-        return self._key
+        if self.source is not None:  # a derived cache: its input is the source's stored views
+            transform, data = "derived from a feature cache", _sha(["source", self.source.meta["key"]])
+        else:
+            transform = self.transform_key if self.transform_key is not None else repr(self.transform)
+            data = dataset_digest(self.dataset, self.dataset_key)
+        return {
+            "format": FORMAT,
+            "prefix": prefix_digest(self.prefix),
+            "transform": _sha(["transform", transform]),
+            "dataset": data,
+            "layout": f"views={self.num_views} view_seed={self.view_seed} dtype={self.dtype} "
+            f"chunk_size={self.chunk_size}",
+        }
 
     @property
     def key(self) -> str:

@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..knn.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
 from ..utils.checks import is_int
 from ..utils.eval_mode import eval_mode
-from ..utils.sharded_embedding import ShardedEmbeddingMixin
+from .sharded_tester import ShardedEmbeddingMixin
 
 SETUPS = ("teacher_student_asymmetric", "student_symmetric", "teacher_symmetric", "teacher_asymmetric")
 
@@ -131,14 +131,10 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
             reference_side = query_side
         elif query_split in reference_side:
             self._check_same_images({query_split: query_side[query_split]}, reference_side)
-        results, jobs = {}, []
-        for name, splits in reference_sets.items():
-            splits = list(splits)
-            if query_split in splits:  # the queries first, as PML's layout
-                splits = [query_split] + [s for s in splits if s != query_split]
-            results[name] = {"epoch": epoch}
-            jobs.append((results[name], query_split, splits))
-        self._knn(query_side, reference_side, jobs)
+        results = {name: {"epoch": epoch} for name in reference_sets}
+        # the query split first among a set's splits, as PML's layout
+        ordered = {n: sorted(splits, key=lambda s: s != query_split) for n, splits in reference_sets.items()}
+        self._knn(query_side, reference_side, [(results[n], query_split, s) for n, s in ordered.items()])
         return results
 
     def _knn(self, query_side, reference_side, jobs):
