@@ -2,7 +2,6 @@
 every file that does not decode (PIL's ``image file is truncated`` names no file, and would surface only when that
 file is read)."""
 
-import os
 import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -132,16 +131,3 @@ class ImageFileDataset(ClassDisjointDataset):
         self.paths = [self.paths[int(i)] for i in keep]
         self.labels = self.labels[keep]
         return dropped
-
-
-def scan_class_folders(root: str, extensions: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """``(class names, empty class folders)`` of an ImageFolder tree: its first-level folders, sorted; empty: no file
-    below it has one of ``extensions``.
-    """
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-
-    def has_image(name):
-        walk = os.walk(os.path.join(root, name), followlinks=True)
-        return any(f.lower().endswith(tuple(extensions)) for _, _, files in walk for f in files)
-
-    return classes, [name for name in classes if not has_image(name)]

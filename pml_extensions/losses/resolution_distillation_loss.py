@@ -86,9 +86,7 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
                 f"distance must be a similarity (is_inverted=True), e.g. DotProductSimilarity(); got "
                 f"{type(self.distance).__name__}"
             )
-        self.abs_loss = 0.0
-        self.rel_ts_loss = 0.0
-        self.rel_ss_loss = 0.0
+        self.abs_loss = self.rel_ts_loss = self.rel_ss_loss = 0.0
         self.add_to_recordable_attributes(list_of_names=["lambda_ts", "lambda_ss", "lambda_abs", "eps0"], is_stat=False)
         self.add_to_recordable_attributes(list_of_names=["abs_loss", "rel_ts_loss", "rel_ss_loss"], is_stat=False)
 

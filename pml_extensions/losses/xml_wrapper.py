@@ -49,16 +49,13 @@ def _restrict_indices_tuple(indices_tuple, half):
     """Keep the mined tuples whose members all lie in ``half`` and renumber them inside the half."""
     if indices_tuple is None:
         return None
+    if len(indices_tuple) not in (3, 4):
+        raise ValueError(f"indices_tuple must have 3 or 4 elements, got {len(indices_tuple)}")
     device = indices_tuple[0].device
     size = int(max([int(t.max()) + 1 if len(t) else 0 for t in indices_tuple] + [int(half.max()) + 1]))
     local = torch.full((size,), -1, dtype=torch.long, device=device)
     local[half.to(device)] = torch.arange(len(half), device=device)
-    if len(indices_tuple) == 3:
-        groups = [indices_tuple]
-    elif len(indices_tuple) == 4:
-        groups = [indices_tuple[:2], indices_tuple[2:]]
-    else:
-        raise ValueError(f"indices_tuple must have 3 or 4 elements, got {len(indices_tuple)}")
+    groups = [indices_tuple] if len(indices_tuple) == 3 else [indices_tuple[:2], indices_tuple[2:]]
     out = []
     for group in groups:
         mapped = [local[t] for t in group]
@@ -162,8 +159,7 @@ class XMLWrapper(ModuleWithRecords):
         self.__dict__["histogram_layer"] = histogram_layer  # the trunk's layer, out of this module's tree
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
-        self.inner_loss = 0.0
-        self.xml_loss = 0.0
+        self.inner_loss = self.xml_loss = 0.0
         self.num_skipped_xml = 0
         self.add_to_recordable_attributes(
             list_of_names=["xml_weight", "ridge", "inner_loss", "xml_loss", "num_skipped_xml"], is_stat=False
