@@ -279,12 +279,9 @@ class ImageCSVSplit(ImageFileDataset):
         if split_col is None:
             return None
         names = {v: s for s, vs in zip(_SIDES, (TRAIN_VALUES, VALIDATION_VALUES, TESTING_VALUES)) for v in vs}
-        side, bad = [], []
-        for n, r in enumerate(rows, start=2):
-            value = _get(r, split_col)
-            if value.lower() not in names:
-                bad.append((n, value))
-            side.append(names.get(value.lower()))
+        values = [_get(r, split_col) for r in rows]
+        side = [names.get(v.lower()) for v in values]
+        bad = [(n, v) for n, (v, s) in enumerate(zip(values, side), start=2) if s is None]
         if bad:
             others = sorted({v for _, v in bad[1:]} - {bad[0][1]})
             also = f" (also {', '.join(map(repr, others[:5]))} on other rows)" if others else ""

@@ -103,16 +103,6 @@ def check_offline_weights(name: str, fn: Callable, kwargs: Dict[str, Any], weigh
         FileNotFoundError: a requested weight whose file is not on disk, or a missing ``weights_path``: one line naming
             the file, the offline weights installed (:func:`offline_weights`) and ``weights_path``.
         ValueError: an unknown weights name (did you mean), or ``weights`` together with ``weights_path``.
-
-    Example::
-
-        >>> import torchvision
-        >>> check_offline_weights("resnet18", torchvision.models.resnet18, {"weights": None})
-        >>> try:
-        ...     check_offline_weights("resnet18", torchvision.models.resnet18, {"weights": "DEFALT"})
-        ... except ValueError as e:
-        ...     print(e)
-        weights 'DEFALT' is not one of ResNet18_Weights's: IMAGENET1K_V1, DEFAULT; did you mean DEFAULT?
     """
     if weights_path is not None:
         if kwargs.get("weights") is not None or kwargs.get("pretrained") is True:

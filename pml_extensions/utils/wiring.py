@@ -1,16 +1,6 @@
 """What a method registers, on import, for whoever builds models and losses from specs (the runner's Builder never
 imports a method, as timm's ``register_model``): :func:`after_losses` hooks, :func:`param_group` optimizer options
-(``prototype_lr``) and :func:`data_init` config keys (``prototype_init``).
-
-Example::
-
-    >>> import torch
-    >>> @param_group("doc_example_lr")
-    ... def _biases(module):
-    ...     return [p for n, p in module.named_parameters() if n.endswith("bias")]
-    >>> [tuple(p.shape) for p in param_groups()["doc_example_lr"](torch.nn.Linear(2, 3))]
-    [(3,)]
-"""
+(``prototype_lr``) and :func:`data_init` config keys (``prototype_init``)."""
 
 from typing import Any, Callable, Dict, List
 
