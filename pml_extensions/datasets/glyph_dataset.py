@@ -139,8 +139,7 @@ class GlyphDataset(ClassDisjointDataset):
         font_files = [f for f in font_files if not os.path.basename(f).startswith(EXCLUDED_FONTS)]
         self.classes = list(CHARACTERS)
         wanted = set(select_split_classes(range(len(CHARACTERS)), split, "halves"))
-        self.split = split
-        self.image_size = image_size
+        self.split, self.image_size = split, image_size
         pixels, labels, fonts = _render(tuple(font_files), tuple(sorted(wanted)), image_size)
         if not pixels:
             raise ValueError(f"no usable glyphs rendered from {len(font_files)} font file(s): {font_files[:3]}")

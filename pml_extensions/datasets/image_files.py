@@ -22,9 +22,8 @@ def _open(path: str) -> Iterator[Image.Image]:
 
 
 def image_problem(path: str) -> Optional[str]:
-    """Why ``path`` does not decode (PIL's reason, without the path), or None: a PNG is checked chunk by chunk
-    (``Image.verify``: every CRC and the file's end), other formats decoded (JPEG at 1/8 scale, still the whole stream).
-    """
+    """Why ``path`` does not decode (PIL's reason), or None: a PNG ``verify``-ed (every CRC), others decoded (JPEG at
+    1/8 scale)."""
     try:
         with _open(path) as image:
             if image.format == "PNG":

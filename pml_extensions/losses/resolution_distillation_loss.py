@@ -23,8 +23,7 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
     """Label-free distillation of a small-resolution student from a frozen large-resolution teacher (eq. 10).
 
     Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023,
-    Sec. 4, eq. (5), (8)-(10), written from the equations; ``eps0``, and relations only among the P augmentations of
-    one source image, diagonal excluded, from ``pavelsuma/raml`` (``lib/layers/loss.py``, ``functional.py``).
+    Sec. 4, eq. (5), (8)-(10); ``eps0`` and the excluded diagonal from ``pavelsuma/raml`` (``lib/layers/loss.py``).
 
     Rows are augmented images: ``embeddings`` holds the student rows ``u_i = f_φ(S_i)``, ``ref_emb`` the teacher rows
     ``v_i = f_θ(T_i)`` ALIGNED BY INDEX, ``labels`` the id of the SOURCE image of each row (its P augmentations share

@@ -36,8 +36,7 @@ def _create_temporary(folder: str, suffix: str) -> str:
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """A temporary path next to ``path`` (same extension), fsynced and moved onto ``path`` on normal exit, removed on an
-    exception (``path`` left as it was).
-    """
+    exception."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = _create_temporary(folder, os.path.splitext(path)[1])

@@ -72,9 +72,7 @@ def weights_file(weights) -> str:
 
 
 def requested_weights(fn: Callable, kwargs: Dict[str, Any]) -> List[Tuple[str, Any]]:
-    """``[(argument, WeightsEnum member)]`` that ``fn(**kwargs)`` would load (``pretrained=True``: ``IMAGENET1K_V1``,
-    else ``DEFAULT``); ValueError for a weights name the model does not have ("did you mean").
-    """
+    """``[(argument, WeightsEnum member)]`` that ``fn(**kwargs)`` would load; ValueError for an unknown weights name."""
     out = []
     for argument, legacy in WEIGHTS_ARGUMENTS:
         enum = _enum_of(fn, argument)
@@ -131,10 +129,8 @@ def check_offline_weights(name: str, fn: Callable, kwargs: Dict[str, Any], weigh
 
 
 def load_weights_file(model: nn.Module, path: str) -> nn.Module:
-    """Load the state dict in ``path`` into ``model`` (strict; ``{"state_dict": ...}`` / ``{"model": ...}`` and
-    ``module.`` prefixes unwrapped); returns ``model``. FileNotFoundError: no file; ValueError: not a state dict, or one
-    that does not fit ``model`` (the first missing and unexpected keys, or the first shape that differs).
-    """
+    """Load the state dict in ``path`` into ``model`` (strict; ``{"state_dict"|"model": ...}`` and ``module.`` prefixes
+    unwrapped); returns ``model``. FileNotFoundError: no file; ValueError: not a state dict, or not fitting."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights_path {path} is not a file")
     try:

@@ -10,9 +10,8 @@ _DATA_INIT: Dict[str, Callable[..., bool]] = {}
 
 
 def after_losses(fn: Callable[[Dict[str, Any], Dict[str, Any]], None]) -> Callable:
-    """Register ``fn(loss_funcs, models)``, called once both are built (XMLWrapper finds its histogram layer); it raises
-    ``ValueError`` for a loss the models cannot serve. A decorator.
-    """
+    """Register ``fn(loss_funcs, models)`` (a decorator), called once both are built; ValueError: a loss they cannot
+    serve."""
     if fn not in _AFTER_LOSSES:
         _AFTER_LOSSES.append(fn)
     return fn
