@@ -220,8 +220,7 @@ class ImageCSVSplit(ImageFileDataset):
                     '--dataset "{kwargs: {class_overlap: allowed}}")'
                 )
             evaluated = ("test",) if "test" in side else ("validation",)  # test, query, gallery
-            wanted = {"train": ("train",), "validation": ("validation",), "all": _SIDES}
-            wanted = wanted.get(split, evaluated)
+            wanted = {"train": ("train",), "validation": ("validation",), "all": _SIDES}.get(split, evaluated)
             keep = [s in wanted for s in side]
             if split in ("query", "gallery"):  # marks exist: _marks refused these splits without them
                 keep = [k and m[0 if split == "query" else 1] for k, m in zip(keep, marks)]

@@ -133,21 +133,8 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             kwargs["collate_fn"] = CoupledAugmentationDataset.collate
         models.setdefault("teacher_embedder", torch.nn.Identity())
         models.setdefault("embedder", torch.nn.Identity())
-        self._check_teacher_is_not_the_student(models)
-        if init_student_from_teacher:
-            self._copy_teacher_into_student(models)
-        for key in ("teacher_trunk", "teacher_embedder"):
-            models[key].requires_grad_(False)
-            models[key].eval()
-        if optimizers is None:
-            optimizers = make_optimizers(models["trunk"], models["embedder"], lr, weight_decay, gem_lr_multiplier)
-        super().__init__(models, optimizers, batch_size, loss_funcs, dataset, *args, **kwargs)
-        if "subset_batch_miner" in self.mining_funcs:
-            raise ValueError("subset_batch_miner is not supported by ResolutionDistillationTrainer")
-
-    @staticmethod
-    def _check_teacher_is_not_the_student(models):
-        for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
+        pairs = (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder"))
+        for student, teacher in pairs:
             s, t = models[student], models[teacher]
             if s is t and any(True for _ in s.parameters()):
                 raise ValueError(
@@ -160,10 +147,7 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
                     f"models[{student!r}] and models[{teacher!r}] share {len(shared)} parameter tensor(s); the "
                     "teacher is frozen, so the student needs its own copy (e.g. copy.deepcopy(teacher))"
                 )
-
-    @staticmethod
-    def _copy_teacher_into_student(models):
-        for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
+        for student, teacher in pairs if init_student_from_teacher else ():
             try:
                 models[student].load_state_dict(models[teacher].state_dict())
             except RuntimeError as e:
@@ -171,6 +155,13 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
                     f"cannot initialise the student's {student} from the teacher's (different architectures); "
                     f"pass init_student_from_teacher=False. {e}"
                 ) from e
+        for key in ("teacher_trunk", "teacher_embedder"):
+            models[key].requires_grad_(False).eval()
+        if optimizers is None:
+            optimizers = make_optimizers(models["trunk"], models["embedder"], lr, weight_decay, gem_lr_multiplier)
+        super().__init__(models, optimizers, batch_size, loss_funcs, dataset, *args, **kwargs)
+        if "subset_batch_miner" in self.mining_funcs:
+            raise ValueError("subset_batch_miner is not supported by ResolutionDistillationTrainer")
 
     def modify_schema(self):
         self.schema["models"].keys = ["trunk", "embedder", "teacher_trunk", "teacher_embedder"]
@@ -193,8 +184,7 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             if self.new_pass_each_epoch:
                 self.start_new_pass()
         for m in self.teacher_modules():
-            m.eval()
-            m.requires_grad_(False)
+            m.eval().requires_grad_(False)
         if self.freeze_batchnorm:
             set_batchnorm_eval(self.models["trunk"])
             set_batchnorm_eval(self.models["embedder"])
