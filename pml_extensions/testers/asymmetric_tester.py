@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..knn.asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
 from ..utils.checks import is_int
 from ..utils.eval_mode import eval_mode
-from .sharded_tester import ShardedEmbeddingMixin
+from ..utils.sharded_embedding import ShardedEmbeddingMixin
 
 SETUPS = ("teacher_student_asymmetric", "student_symmetric", "teacher_symmetric", "teacher_asymmetric")
 

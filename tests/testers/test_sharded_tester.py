@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pml_extensions.testers import AsymmetricTester
-from pml_extensions.testers.sharded_tester import shard_bounds
+from pml_extensions.utils.sharded_embedding import shard_bounds
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "tests", "testers", "distributed_eval_script.py")
