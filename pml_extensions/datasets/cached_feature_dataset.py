@@ -87,6 +87,14 @@ class CachedFeatureDataset(_EpochViews):
             self._features = np.load(os.path.join(self.folder, "features.npy"), mmap_mode="r")
         return self._features
 
+    @property
+    def view_seed(self) -> int:
+        return int(self.meta.get("view_seed", 0))
+
+    def view(self, index: int, view: int) -> torch.Tensor:
+        """Stored view ``view`` of item ``index``, in the stored dtype (the input of a derived cache)."""
+        return torch.from_numpy(np.array(self.features[index, view]))
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_features"] = None  # a pickled memmap would copy the whole file

@@ -1,11 +1,4 @@
-"""Coupled augmentations at two resolutions for RAML distillation (teacher and student see the same transform).
-
-Source: P. Suma and G. Tolias, WACV 2023, Sec. 4 and 5 (Fig. 2, Table 3: random resized crop, horizontal flip,
-colour distortion of strength 0.5 [SimCLR], mixup with alpha = 0.2 with the next image of the batch); jitter factors
-as SimCLR and ``pavelsuma/raml`` (``lib/datasets/datahelpers.py``). Deviation from that code: parameters are drawn
-once from a private seeded ``numpy.random.Generator`` and applied at both sizes with torchvision's functional ops
-(instead of reseeding the global RNGs), and the mixup partner is the next image of the batch (the paper).
-"""
+"""Coupled augmentations at two resolutions for RAML distillation (docs/methods/resolution_distillation.md)."""
 
 import math
 from typing import Optional, Sequence, Tuple
@@ -30,6 +23,10 @@ def _count(name: str, value) -> int:
 
 class CoupledAugmentationDataset(torch.utils.data.Dataset):
     """Wraps a dataset of ``(PIL image, class label)`` into P coupled augmentations per image at two sizes.
+
+    Source: Suma & Tolias, WACV 2023, Sec. 4-5 (Table 3: random resized crop, flip, colour distortion of strength 0.5
+    [SimCLR], mixup α = 0.2 with the next image of the batch); jitter factors as SimCLR and ``pavelsuma/raml``
+    (``lib/datasets/datahelpers.py``), whose global-RNG reseeding is replaced by the private generator below.
 
     For every augmentation the crop box (on the original image), the flip, the colour-jitter factors and their order,
     and the mixup λ ~ Beta(alpha, alpha) are drawn once, from ``numpy.random.default_rng([seed, epoch, data_pass,
@@ -140,15 +137,13 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
         return (height - h) // 2, (width - w) // 2, h, w
 
     def _geometry_and_colour(self, rng, width, height):
-        params = {"crop": self._crop_box(rng, width, height), "flip": bool(rng.random() < self.flip_p)}
+        params = {"crop": self._crop_box(rng, width, height), "flip": bool(rng.random() < self.flip_p), "jitter": None}
         s = self.jitter_strength
         if s > 0 and rng.random() < self.jitter_p:
             m, h = 0.8 * s, min(0.5, 0.2 * s)
             params["jitter"] = {"order": [JITTER_OPS[k] for k in rng.permutation(4)]}
             for op in JITTER_OPS:  # drawn in this order
                 params["jitter"][op] = float(rng.uniform(-h, h) if op == "hue" else rng.uniform(max(0.0, 1 - m), 1 + m))
-        else:
-            params["jitter"] = None
         return params
 
     def draw_params(self, index: int, width: int, height: int) -> list:
@@ -214,9 +209,8 @@ class CoupledAugmentationDataset(torch.utils.data.Dataset):
 
 
 class PassShuffleSampler(torch.utils.data.Sampler):
-    """A random permutation of ``range(num_items)`` per pass, drawn from ``(seed, data_pass)`` alone: unlike
-    ``RandomSampler`` it keeps no state between passes, so a run resumed at a pass boundary sees the batches of an
-    uninterrupted run. ValueError: a non-positive ``num_items`` or a negative pass.
+    """A random permutation of ``range(num_items)`` per pass from ``(seed, data_pass)`` alone (stateless, unlike
+    ``RandomSampler``: a run resumed at a pass boundary sees the uninterrupted run's batches). ValueError: bad sizes.
 
     Example::
 

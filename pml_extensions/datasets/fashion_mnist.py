@@ -52,10 +52,9 @@ class FashionMNIST(ClassDisjointDataset):
             "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
             "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
         }
-        for pair in files.values():
-            for name in pair:
-                if not os.path.isfile(os.path.join(root, name)):
-                    raise FileNotFoundError(f"Fashion-MNIST file {name} not found in {root}: {FASHION_MNIST_HINT}")
+        for name in [name for pair in files.values() for name in pair]:
+            if not os.path.isfile(os.path.join(root, name)):
+                raise FileNotFoundError(f"Fashion-MNIST file {name} not found in {root}: {FASHION_MNIST_HINT}")
         self.classes = list(FASHION_MNIST_CLASSES)
         if class_disjoint:
             parts = [files["train"], files["test"]]

@@ -1,8 +1,7 @@
-"""Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image (or the plain view of each
-evaluation image), computed once into one memory-mapped ``.npy`` and served by
-:class:`~pml_extensions.datasets.CachedFeatureDataset`. Layout, key, resume and shards: docs/feature_cache.md.
-"""
+"""Frozen-prefix feature cache: the prefix's outputs for V seeded views of every image, computed once into one
+memory-mapped ``.npy`` (layout, key, resume and shards: docs/feature_cache.md)."""
 
+import functools
 import hashlib
 import json
 import os
@@ -52,17 +51,7 @@ def _sha(chunks) -> str:
 
 def prefix_digest(prefix: torch.nn.Module) -> str:
     """SHA-256 hex of a module's ``repr`` (memory addresses dropped) and every ``state_dict`` tensor (name, dtype, size,
-    bytes on the CPU): equal for equal weights on any device.
-
-    Example::
-
-        >>> conv = torch.nn.Conv2d(3, 2, 1)
-        >>> before = prefix_digest(conv)
-        >>> with torch.no_grad():
-        ...     _ = conv.bias.add_(1)
-        >>> before == prefix_digest(conv), len(before)
-        (False, 64)
-    """
+    bytes on the CPU): equal for equal weights on any device."""
 
     def parts():
         yield _ADDRESS.sub("", repr(prefix))
@@ -88,18 +77,7 @@ def _scalars(obj) -> dict:
 
 def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
     """SHA-256 hex of what a dataset yields before the cache's transform (docs/feature_cache.md: the key).
-
-    Raises:
-        FileNotFoundError: a path of ``dataset.paths`` does not exist.
-        ValueError: the dataset has no ``labels`` array of its length.
-
-    Example::
-
-        >>> data = torch.utils.data.TensorDataset(torch.zeros(2, 1))
-        >>> data.labels = np.array([0, 1])
-        >>> dataset_digest(data) == dataset_digest(data, dataset_key="zeros"), len(dataset_digest(data))
-        (False, 64)
-    """
+    FileNotFoundError: a path of ``dataset.paths`` is missing; ValueError: no ``labels`` array of its length."""
     labels = _labels_of(dataset)
     own = getattr(dataset, "transform", None)
     head = [
@@ -132,22 +110,6 @@ def dataset_digest(dataset, dataset_key: Optional[str] = None) -> str:
             yield np.ascontiguousarray(x).tobytes()
 
     return _sha(head + ["items"] + list(items()))
-
-
-class _SourceViews:
-    """The stored views of a finished cache as the input of a derived one (``view(i, v)`` in the stored dtype)."""
-
-    def __init__(self, source: CachedFeatureDataset):
-        self.source = source
-        self.num_views = source.num_views
-        self.view_seed = int(source.meta.get("view_seed", 0))
-        self.labels = np.asarray(source.labels, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def view(self, index: int, view: int) -> torch.Tensor:
-        return torch.from_numpy(np.array(self.source.features[index, view]))
 
 
 class _ViewItems(torch.utils.data.Dataset):
@@ -232,14 +194,11 @@ class FeatureCache:
         if self.source is not None:
             if transform is not None:
                 raise ValueError("a derived cache (dataset is a CachedFeatureDataset) takes no transform: pass None")
-            views = _SourceViews(self.source)
-            for name, value, own in (
-                ("num_views", num_views, views.num_views),
-                ("view_seed", view_seed, views.view_seed),
-            ):
+            for name, value in (("num_views", num_views), ("view_seed", view_seed)):
+                own = getattr(self.source, name)
                 if value is not None and value != own:
                     raise ValueError(f"{name} of a derived cache is its source's ({own}), got {value!r}")
-            self.views = views
+            self.views = self.source
         else:
             self.views = SeededViewDataset(
                 dataset, transform, 1 if num_views is None else num_views, 0 if view_seed is None else view_seed
@@ -250,8 +209,7 @@ class FeatureCache:
         self.chunk_size = int_at_least("chunk_size", chunk_size, 1)
         self.batch_size = int_at_least("batch_size", batch_size, 1)
         self.num_workers = int_at_least("num_workers", num_workers, 0)
-        opaque = None if self.source is not None else _opaque_part(transform)
-        if transform_key is None and opaque is not None:
+        if transform_key is None and (opaque := _opaque_part(transform)) is not None:
             raise ValueError(
                 f"transform's repr does not describe its {opaque}, so the cache key cannot see it change: pass "
                 "transform_key='<a name that changes with the transform>'"
@@ -267,28 +225,25 @@ class FeatureCache:
         if self.num_items == 0:
             raise ValueError(f"dataset ({type(dataset).__name__}) is empty: nothing to cache")
         self.num_chunks = -(-self.num_items // self.chunk_size)
-        self._key = None
         #: what the last :meth:`build` call did: ``rebuilt`` (reason or None), ``chunks_computed``, ``seconds``
         self.last_build = {}
 
-    @property
+    @functools.cached_property
     def key_parts(self) -> dict:
         """Digests of the key's parts (computed once per object)."""
-        if self._key is None:
-            if self.source is not None:  # a derived cache: its input is the source's stored views
-                transform, data = "derived from a feature cache", _sha(["source", self.source.meta["key"]])
-            else:
-                transform = self.transform_key if self.transform_key is not None else repr(self.transform)
-                data = dataset_digest(self.dataset, self.dataset_key)
-            self._key = {
-                "format": FORMAT,
-                "prefix": prefix_digest(self.prefix),
-                "transform": _sha(["transform", transform]),
-                "dataset": data,
-                "layout": f"views={self.num_views} view_seed={self.view_seed} dtype={self.dtype} "
-                f"chunk_size={self.chunk_size}",
-            }
-        return self._key
+        if self.source is not None:  # a derived cache: its input is the source's stored views
+            transform, data = "derived from a feature cache", _sha(["source", self.source.meta["key"]])
+        else:
+            transform = self.transform_key if self.transform_key is not None else repr(self.transform)
+            data = dataset_digest(self.dataset, self.dataset_key)
+        return {
+            "format": FORMAT,
+            "prefix": prefix_digest(self.prefix),
+            "transform": _sha(["transform", transform]),
+            "dataset": data,
+            "layout": f"views={self.num_views} view_seed={self.view_seed} dtype={self.dtype} "
+            f"chunk_size={self.chunk_size}",
+        }
 
     @property
     def key(self) -> str:

@@ -1,6 +1,7 @@
 """One entry point for every dataset the runner and benchmarks use."""
 
 import inspect
+import os
 from typing import Callable, Optional
 
 import numpy as np
@@ -84,8 +85,6 @@ def get_dataset(
             raise ValueError(f"dataset {name!r} needs root=<{ROOT_HINTS[name]}>")
         return DATASET_CLASSES[name](root, split=split, transform=transform, **kwargs)
     if name in PML_DATASETS:
-        import os
-
         import pytorch_metric_learning.datasets as pml_datasets
 
         if root is None or not os.path.isdir(root):

@@ -31,11 +31,7 @@ def matplotlib_font_files() -> List[str]:
 
 def debian_font_files(dirs=DEBIAN_FONT_DIRS) -> List[str]:
     """TrueType/OpenType files installed by Debian ``fonts-*`` packages."""
-    files = []
-    for d in dirs:
-        for ext in ("ttf", "otf"):
-            files += glob.glob(os.path.join(d, "**", f"*.{ext}"), recursive=True)
-    return sorted(set(files))
+    return sorted({f for d in dirs for e in ("ttf", "otf") for f in glob.glob(f"{d}/**/*.{e}", recursive=True)})
 
 
 def _font_cmap(path):
@@ -65,8 +61,7 @@ def render_glyph(font: ImageFont.FreeTypeFont, char: str, image_size: int) -> Op
 
 @functools.lru_cache(maxsize=4)
 def _render(font_files: Tuple[str, ...], wanted: Tuple[int, ...], image_size: int):
-    """``(pixels, labels, fonts)`` of every usable, distinct rendering (cached: a run builds each split several
-    times)."""
+    """``(pixels, labels, fonts)`` of every usable, distinct rendering (cached: a run builds each split often)."""
     pixels, labels, fonts, seen = [], [], [], set()
     for path in font_files:
         cmap = _font_cmap(path)
@@ -78,10 +73,7 @@ def _render(font_files: Tuple[str, ...], wanted: Tuple[int, ...], image_size: in
             continue
         for label in wanted:
             char = CHARACTERS[label]
-            if ord(char) not in cmap:
-                continue
-            image = render_glyph(font, char, image_size)
-            if image is None:
+            if ord(char) not in cmap or (image := render_glyph(font, char, image_size)) is None:
                 continue
             data = image.tobytes()
             key = (label, hashlib.sha1(data).hexdigest())
@@ -147,8 +139,7 @@ class GlyphDataset(ClassDisjointDataset):
         font_files = [f for f in font_files if not os.path.basename(f).startswith(EXCLUDED_FONTS)]
         self.classes = list(CHARACTERS)
         wanted = set(select_split_classes(range(len(CHARACTERS)), split, "halves"))
-        self.split = split
-        self.image_size = image_size
+        self.split, self.image_size = split, image_size
         pixels, labels, fonts = _render(tuple(font_files), tuple(sorted(wanted)), image_size)
         if not pixels:
             raise ValueError(f"no usable glyphs rendered from {len(font_files)} font file(s): {font_files[:3]}")

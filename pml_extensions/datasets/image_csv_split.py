@@ -20,21 +20,19 @@ VALIDATION_VALUES = ("validation", "val", "valid")
 TESTING_VALUES = ("test", "testing")
 #: every value of an evaluated (not training) row: OML's validation rows are its test set
 TEST_VALUES = VALIDATION_VALUES + TESTING_VALUES
-#: the splits of a table: ``validation`` (a table with both validation and test rows), ``query`` / ``gallery`` (OML's
-#: marks among the test rows) on top of the class-disjoint datasets' ``train`` / ``test`` / ``all``
+#: ``validation`` (a table with validation and test rows), ``query`` / ``gallery`` (OML's marks) added to SPLITS
 CSV_SPLITS = SPLITS + ("validation", "query", "gallery")
 #: OML's bounding-box columns (left, right, top, bottom), used to crop when a row fills them
 BOX_COLUMNS = ("x_1", "x_2", "y_1", "y_2")
-#: ``class_overlap`` values: ``"refuse"`` train and test rows that share a class, or ``"allowed"`` (same-class
-#: retrieval, declared)
+#: ``class_overlap``: refuse train and test rows that share a class, or allow them (same-class retrieval, declared)
 CLASS_OVERLAP = ("refuse", "allowed")
+_SIDES = ("train", "validation", "test")
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 _LABEL_HINTS = ("label", "class", "categ", "target", "species", "breed", "identity", "type")
 _TRUE, _FALSE = ("true", "1", "yes", "t", "y", "1.0"), ("false", "0", "no", "f", "n", "0.0")
 
 
 def _label_order(values: List[str]) -> List[str]:
-    """Distinct labels sorted as integers when they all are, else by code point (the same on every machine)."""
     distinct = sorted(set(values))
     try:
         return sorted(distinct, key=lambda v: int(v))
@@ -204,7 +202,7 @@ class ImageCSVSplit(ImageFileDataset):
         #: class names per value of the split column (``train`` / ``validation`` / ``test``), empty without one
         self.classes_by_split: Dict[str, List[str]] = {}
         if side is not None:
-            for name in ("train", "validation", "test"):
+            for name in _SIDES:
                 on_side = {c for c, s in zip(row_labels, side) if s == name}
                 if on_side:
                     self.classes_by_split[name] = [c for c in self.classes if c in on_side]
@@ -222,8 +220,7 @@ class ImageCSVSplit(ImageFileDataset):
                     '--dataset "{kwargs: {class_overlap: allowed}}")'
                 )
             evaluated = ("test",) if "test" in side else ("validation",)  # test, query, gallery
-            wanted = {"train": ("train",), "validation": ("validation",), "all": ("train", "validation", "test")}
-            wanted = wanted.get(split, evaluated)
+            wanted = {"train": ("train",), "validation": ("validation",), "all": _SIDES}.get(split, evaluated)
             keep = [s in wanted for s in side]
             if split in ("query", "gallery"):  # marks exist: _marks refused these splits without them
                 keep = [k and m[0 if split == "query" else 1] for k, m in zip(keep, marks)]
@@ -246,8 +243,7 @@ class ImageCSVSplit(ImageFileDataset):
 
     @staticmethod
     def _columns(csv_file, header, rows, mapping) -> Dict[str, str]:
-        """``{role: column}``: the mapping's, else a column named as the role (any case); ``label`` and ``path``
-        required."""
+        """``{role: column}``: the mapping's, else a column named as the role (any case)."""
         found: Dict[str, str] = {}
         lower = {h.strip().lower(): h for h in header}
         wrong = []
@@ -281,14 +277,10 @@ class ImageCSVSplit(ImageFileDataset):
         """``train`` / ``validation`` / ``test`` per row from the split column (None without one)."""
         if split_col is None:
             return None
-        names = {**{v: "train" for v in TRAIN_VALUES}, **{v: "validation" for v in VALIDATION_VALUES}}
-        names.update({v: "test" for v in TESTING_VALUES})
-        side, bad = [], []
-        for n, r in enumerate(rows, start=2):
-            value = _get(r, split_col)
-            if value.lower() not in names:
-                bad.append((n, value))
-            side.append(names.get(value.lower()))
+        names = {v: s for s, vs in zip(_SIDES, (TRAIN_VALUES, VALIDATION_VALUES, TESTING_VALUES)) for v in vs}
+        values = [_get(r, split_col) for r in rows]
+        side = [names.get(v.lower()) for v in values]
+        bad = [(n, v) for n, (v, s) in enumerate(zip(values, side), start=2) if s is None]
         if bad:
             others = sorted({v for _, v in bad[1:]} - {bad[0][1]})
             also = f" (also {', '.join(map(repr, others[:5]))} on other rows)" if others else ""
@@ -300,8 +292,7 @@ class ImageCSVSplit(ImageFileDataset):
 
     @staticmethod
     def _marks(csv_file, rows, col, side, split):
-        """``[(is_query, is_gallery)]`` per row (None without OML's columns); the test rows the split reads must be
-        marked."""
+        """``[(is_query, is_gallery)]`` per row, or None without OML's columns."""
         qc, gc = col.get("is_query"), col.get("is_gallery")
         if qc is None and gc is None:
             if split in ("query", "gallery"):

@@ -2,7 +2,6 @@
 every file that does not decode (PIL's ``image file is truncated`` names no file, and would surface only when that
 file is read)."""
 
-import os
 import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -23,9 +22,8 @@ def _open(path: str) -> Iterator[Image.Image]:
 
 
 def image_problem(path: str) -> Optional[str]:
-    """Why ``path`` does not decode (PIL's reason, without the path), or None: a PNG is checked chunk by chunk
-    (``Image.verify``: every CRC and the file's end), other formats decoded (JPEG at 1/8 scale, still the whole stream).
-    """
+    """Why ``path`` does not decode (PIL's reason), or None: a PNG ``verify``-ed (every CRC), others decoded (JPEG at
+    1/8 scale)."""
     try:
         with _open(path) as image:
             if image.format == "PNG":
@@ -74,17 +72,8 @@ def find_unreadable_images(paths: Iterable[str], progress: Optional[Callable[[in
 
 def large_images(paths: Iterable[str], limit: Optional[int] = None) -> List[Tuple[str, Tuple[int, int]]]:
     """``[(path, (width, height))]`` of the files with more than ``limit`` pixels (default PIL's decompression-bomb
-    limit, about 89 megapixels), read from their headers; such an image loads (up to twice the limit; above it
-    :func:`image_problem` names it), but every epoch decodes it in full. Files that do not open are skipped.
-
-    Example::
-
-        >>> import os, tempfile
-        >>> path = os.path.join(tempfile.mkdtemp(), "wide.png")
-        >>> Image.new("L", (300, 2)).save(path)
-        >>> large_images([path], limit=500)
-        [('...wide.png', (300, 2))]
-    """
+    limit, about 89 megapixels; up to twice it they load, decoded in full every epoch), read from their headers; files
+    that do not open are skipped."""
     limit = Image.MAX_IMAGE_PIXELS if limit is None else limit
     if limit is None:
         return []
@@ -107,9 +96,7 @@ def composite_on_white(image: Image.Image) -> Image.Image:
 
 
 def load_rgb(path: str) -> Image.Image:
-    """The image at ``path`` as RGB, transparency composited on white, without PIL's decompression-bomb warning
-    (OSError naming ``path`` when it does not decode).
-    """
+    """The image at ``path`` as RGB, transparency composited on white (OSError naming ``path`` if undecodable)."""
     try:
         with _open(path) as image:
             image.load()
@@ -143,16 +130,3 @@ class ImageFileDataset(ClassDisjointDataset):
         self.paths = [self.paths[int(i)] for i in keep]
         self.labels = self.labels[keep]
         return dropped
-
-
-def scan_class_folders(root: str, extensions: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """``(class names, empty class folders)`` of an ImageFolder tree: its first-level folders, sorted; empty: no file
-    below it has one of ``extensions``.
-    """
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-
-    def has_image(name):
-        walk = os.walk(os.path.join(root, name), followlinks=True)
-        return any(f.lower().endswith(tuple(extensions)) for _, _, files in walk for f in files)
-
-    return classes, [name for name in classes if not has_image(name)]

@@ -8,7 +8,7 @@ import numpy as np
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from .class_disjoint_dataset import select_split_classes
-from .image_files import ImageFileDataset, scan_class_folders
+from .image_files import ImageFileDataset
 
 
 class ImageFolderSplit(ImageFileDataset):
@@ -54,9 +54,11 @@ class ImageFolderSplit(ImageFileDataset):
         super().__init__(transform, target_transform)
         if not os.path.isdir(root):
             raise FileNotFoundError(f"root {root!r} is not a folder of class sub-folders")
-        classes, empty = scan_class_folders(root, IMG_EXTENSIONS)
+        classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
         if not classes:
             raise ValueError(f"root {root!r} has no class sub-folders (expected {root}/<class>/<image>)")
+        walks = {c: os.walk(os.path.join(root, c), followlinks=True) for c in classes}
+        empty = [c for c in classes if not any(f.lower().endswith(IMG_EXTENSIONS) for *_, fs in walks[c] for f in fs)]
         if empty:
             shown = ", ".join(os.path.join(root, c) for c in empty[:10]) + (
                 f" (+{len(empty) - 10} more)" if len(empty) > 10 else ""

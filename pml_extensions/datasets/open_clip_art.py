@@ -29,17 +29,6 @@ def pixel_count(path: str) -> int:
         Image.MAX_IMAGE_PIXELS = old
 
 
-def load_rgba_cropped(path: str, max_side: int) -> Image.Image:
-    """RGBA drawing cropped to its alpha box, its longer side shrunk to at most ``max_side`` pixels."""
-    with Image.open(path) as raw:
-        image = raw.convert("RGBA")
-    box = image.getchannel("A").getbbox()
-    if box is not None:
-        image = image.crop(box)
-    image.thumbnail((max_side, max_side), Image.BILINEAR)
-    return image
-
-
 class OpenClipArt(ClassDisjointDataset):
     """Public-domain drawings; class = the first two folder levels (``animals/birds``; files directly under a top folder
     belong to that folder), classes with at least ``min_images`` images kept, sorted by name, split alternately (train =
@@ -111,7 +100,11 @@ class OpenClipArt(ClassDisjointDataset):
         self._cache = {}
 
     def load_image(self, index: int) -> Image.Image:
-        if index not in self._cache:
-            self._cache[index] = load_rgba_cropped(self.paths[index], self.max_side)
+        if index not in self._cache:  # the drawing cropped to its alpha box, shrunk to max_side
+            with Image.open(self.paths[index]) as raw:
+                image = raw.convert("RGBA")
+            image = image.crop(image.getchannel("A").getbbox() or (0, 0, *image.size))
+            image.thumbnail((self.max_side, self.max_side), Image.BILINEAR)
+            self._cache[index] = image
         image = self._cache[index]
         return image.copy() if self.rgba else composite_on_white(image)

@@ -1,10 +1,5 @@
-"""RAML distillation loss: absolute + relational (teacher-student and student-student) terms, eq. 10.
-
-Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023,
-Sec. 4, eq. (5), (8)-(10); from the authors' code ``pavelsuma/raml`` (``lib/layers/loss.py``, ``functional.py``):
-``eps0 = 1e-6`` inside each square, relations only among the P augmentations of one source image, diagonal excluded.
-Written from the equations; no code copied.
-"""
+"""RAML distillation loss: absolute + relational (teacher-student and student-student) terms, eq. 10
+(docs/methods/resolution_distillation.md)."""
 
 import math
 from typing import Optional
@@ -26,6 +21,9 @@ def _check_weight(name, value):
 
 class ResolutionDistillationLoss(BaseMetricLossFunction):
     """Label-free distillation of a small-resolution student from a frozen large-resolution teacher (eq. 10).
+
+    Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023,
+    Sec. 4, eq. (5), (8)-(10); ``eps0`` and the excluded diagonal from ``pavelsuma/raml`` (``lib/layers/loss.py``).
 
     Rows are augmented images: ``embeddings`` holds the student rows ``u_i = f_φ(S_i)``, ``ref_emb`` the teacher rows
     ``v_i = f_θ(T_i)`` ALIGNED BY INDEX, ``labels`` the id of the SOURCE image of each row (its P augmentations share
@@ -87,9 +85,7 @@ class ResolutionDistillationLoss(BaseMetricLossFunction):
                 f"distance must be a similarity (is_inverted=True), e.g. DotProductSimilarity(); got "
                 f"{type(self.distance).__name__}"
             )
-        self.abs_loss = 0.0
-        self.rel_ts_loss = 0.0
-        self.rel_ss_loss = 0.0
+        self.abs_loss = self.rel_ts_loss = self.rel_ss_loss = 0.0
         self.add_to_recordable_attributes(list_of_names=["lambda_ts", "lambda_ss", "lambda_abs", "eps0"], is_stat=False)
         self.add_to_recordable_attributes(list_of_names=["abs_loss", "rel_ts_loss", "rel_ss_loss"], is_stat=False)
 

@@ -1,10 +1,6 @@
-"""Cross-batch metric learning (XML) as a wrapper around any PML loss (docs/methods/xml.md).
-
-Source: Y. Z. Gurbuz and A. A. Alatan, "Generalizable Embeddings with Cross-batch Metric Learning", ICIP 2023
-(arXiv 2307.07620), Sec. 2.3. No official code exists; the closed-form ridge step follows the authors' related
-``yetigurbuz/generalized-sum-pooling`` (``pytorch/gsp/zsr_loss.py``) in spirit, with ``linalg.solve`` instead of
-``inv``, a split by class instead of by position, and batch embeddings (not class proxies) as targets.
-"""
+"""Cross-batch metric learning (XML) as a wrapper around any PML loss (docs/methods/xml.md). No official code exists;
+the ridge step follows the authors' ``yetigurbuz/generalized-sum-pooling`` (``pytorch/gsp/zsr_loss.py``) in spirit,
+with ``linalg.solve`` for ``inv``, a split by class, not position, and batch embeddings, not proxies, as targets."""
 
 import inspect
 import math
@@ -22,9 +18,8 @@ from ..utils.wiring import after_losses
 
 @contextmanager
 def _state_left_untouched(module: torch.nn.Module):
-    """Calls of ``module`` inside the block leave its state as it was: every buffer (memory banks, running
-    statistics) is a clone during the block and the originals, never written (a graph that saved them stays valid),
-    come back after it, and so do the values of plain number attributes (queue positions, counters)."""
+    """Inside the block ``module``'s buffers are clones (the originals, which a graph may have saved, come back after
+    it), and so its number attributes (queue positions, counters)."""
     saved_buffers, saved_numbers = [], []
     for sub in module.modules():
         for name, buf in sub._buffers.items():
@@ -54,16 +49,13 @@ def _restrict_indices_tuple(indices_tuple, half):
     """Keep the mined tuples whose members all lie in ``half`` and renumber them inside the half."""
     if indices_tuple is None:
         return None
+    if len(indices_tuple) not in (3, 4):
+        raise ValueError(f"indices_tuple must have 3 or 4 elements, got {len(indices_tuple)}")
     device = indices_tuple[0].device
     size = int(max([int(t.max()) + 1 if len(t) else 0 for t in indices_tuple] + [int(half.max()) + 1]))
     local = torch.full((size,), -1, dtype=torch.long, device=device)
     local[half.to(device)] = torch.arange(len(half), device=device)
-    if len(indices_tuple) == 3:
-        groups = [indices_tuple]
-    elif len(indices_tuple) == 4:
-        groups = [indices_tuple[:2], indices_tuple[2:]]
-    else:
-        raise ValueError(f"indices_tuple must have 3 or 4 elements, got {len(indices_tuple)}")
+    groups = [indices_tuple] if len(indices_tuple) == 3 else [indices_tuple[:2], indices_tuple[2:]]
     out = []
     for group in groups:
         mapped = [local[t] for t in group]
@@ -73,7 +65,7 @@ def _restrict_indices_tuple(indices_tuple, half):
 
 
 class _Ref:
-    """Holds a module without registering it (not a Module, list or dict: invisible to record-keeper's walk)."""
+    """Holds a module unregistered: invisible to record-keeper's walk."""
 
     __slots__ = ("module",)
 
@@ -82,18 +74,17 @@ class _Ref:
 
 
 class XMLWrapper(ModuleWithRecords):
-    """Cross-batch metric learning loss around any PML loss (Gurbuz & Alatan, ICIP 2023, Sec. 2.3; docs/methods/xml.md).
+    """Cross-batch metric learning loss around any PML loss (Y. Z. Gurbuz and A. A. Alatan, "Generalizable Embeddings
+    with Cross-batch Metric Learning", ICIP 2023, arXiv 2307.07620, Sec. 2.3).
 
-    The batch is split into two halves with disjoint classes; on each half k the ridge prototypes ``V_k = argmin_A
-    ||Z_k A - Y_k||² + ridge ||A||²`` map histograms to embeddings, each half is predicted from the OTHER half's
-    prototypes (``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``) and the inner loss judges the predictions with the true labels:
+    The batch is split into two halves with disjoint classes; each half k's ridge prototypes ``V_k = argmin_A ||Z_k A -
+    Y_k||² + ridge ||A||²`` predict the OTHER half (``Ŷ_1 = Z_1 V_2``, ``Ŷ_2 = Z_2 V_1``), judged with the true labels:
 
         L = loss(Y, L) + xml_weight · L_XML,   L_XML = loss(Ŷ_1, L_1) + loss(Ŷ_2, L_2)   (SUM over the halves).
 
-    Nothing is detached. Mined ``indices_tuple`` drive the inner term, and their tuples inside a half (renumbered) that
-    half's XML term; ``ref_emb`` / ``ref_labels`` go to the inner term only. The XML term leaves a stateful inner loss's
-    buffers and counters as the real term left them; ``XMLWrapper(CrossBatchMemory(L, ...))`` judges the halves with
-    ``L``.
+    Nothing is detached. Mined ``indices_tuple`` drive the inner term and, restricted to a half, its XML term;
+    ``ref_emb`` / ``ref_labels`` go to the inner term only. A stateful inner loss's buffers and counters stay as the
+    real term left them; ``XMLWrapper(CrossBatchMemory(L, ...))`` judges the halves with ``L``.
 
     Args:
         loss: any PML loss module whose ``forward`` takes ``(embeddings, labels, ...)``.
@@ -136,10 +127,8 @@ class XMLWrapper(ModuleWithRecords):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not is_number(xml_weight) or not math.isfinite(xml_weight):
+        if not is_number(xml_weight) or not math.isfinite(xml_weight) or xml_weight < 0:
             raise ValueError(f"xml_weight must be a finite number >= 0, got {xml_weight!r}")
-        if xml_weight < 0:
-            raise ValueError(f"xml_weight must be >= 0, got {xml_weight!r}")
         if not isinstance(loss, torch.nn.Module) or not self._takes_embeddings_and_labels(loss, xml_weight > 0):
             raise TypeError(
                 "loss must be a loss module whose forward takes (embeddings, labels, ...), e.g. "
@@ -162,19 +151,15 @@ class XMLWrapper(ModuleWithRecords):
                 f"head must be a module mapping [N, C] GAP vectors to embeddings, got {type(head).__name__}"
             )
         self.target = target
-        # In a plain holder, not an attribute: the head belongs to the model (not this module's parameters or state
-        # dict), and record-keeper, which walks module attributes, must not log the embedder's tensors.
-        self._head_ref = _Ref(head)
+        self._head_ref = _Ref(head)  # the head belongs to the model, not to this module's parameters or records
         self.loss = loss
         self.xml_weight = float(xml_weight)
         self.ridge = float(ridge)
         self.ridge_form = ridge_form
-        # Kept out of the module tree on purpose: the layer belongs to the trunk, not to the loss.
-        self.__dict__["histogram_layer"] = histogram_layer
+        self.__dict__["histogram_layer"] = histogram_layer  # the trunk's layer, out of this module's tree
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
-        self.inner_loss = 0.0
-        self.xml_loss = 0.0
+        self.inner_loss = self.xml_loss = 0.0
         self.num_skipped_xml = 0
         self.add_to_recordable_attributes(
             list_of_names=["xml_weight", "ridge", "inner_loss", "xml_loss", "num_skipped_xml"], is_stat=False
@@ -316,10 +301,9 @@ class XMLWrapper(ModuleWithRecords):
     def _call_inner(
         self, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, loss=None, enqueue_mask=None
     ):
-        """Call the inner loss (or ``loss``) with the arguments that are given, as given."""
         kwargs = {"indices_tuple": indices_tuple, "ref_emb": ref_emb, "ref_labels": ref_labels}
         kwargs = {k: v for k, v in dict(kwargs, enqueue_mask=enqueue_mask).items() if v is not None}
-        # what was given, as given: no labels means none passed (SelfSupervisedLoss's second argument is ref_emb)
+        # no labels means none passed (SelfSupervisedLoss's second argument is ref_emb)
         args = (embeddings,) if labels is None else (embeddings, labels)
         return (self.loss if loss is None else loss)(*args, **kwargs)
 
@@ -399,10 +383,8 @@ class XMLWrapper(ModuleWithRecords):
         else:
             pred1, pred2 = self.cross_predictions(embeddings, histograms, halves)
         labels = labels.to(embeddings.device)
-        # Mined tuples index the batch only when there is no separate reference set.
-        mined = indices_tuple if ref_emb is None else None
-        # a cross-batch memory (PML's CrossBatchMemory or alike: a memory-bank buffer around a wrapped loss) judges
-        # the predictions with its wrapped loss
+        mined = indices_tuple if ref_emb is None else None  # with a reference set they do not index the batch
+        # a cross-batch memory (a memory-bank buffer around a wrapped loss) judges the predictions with its wrapped loss
         judge = getattr(self.loss, "loss", None)
         if not (isinstance(judge, torch.nn.Module) and torch.is_tensor(getattr(self.loss, "embedding_memory", None))):
             judge = self.loss

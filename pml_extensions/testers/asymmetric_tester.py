@@ -1,8 +1,5 @@
-"""Tester for asymmetric retrieval: queries by one model/resolution, the database by another.
-
-Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 5
-(the four evaluation setups; query cost in FLOPs: ``torch.utils.flop_counter``, one multiply-add = 2 FLOPs).
-"""
+"""Tester for asymmetric retrieval: queries by one model/resolution, the database by another (RAML, Suma & Tolias,
+WACV 2023, Sec. 5; docs/methods/resolution_distillation.md)."""
 
 from typing import Callable, Dict, Optional, Sequence
 
@@ -27,16 +24,10 @@ def _models(pair, name):
     return pair[0], (torch.nn.Identity() if pair[1] is None else pair[1])
 
 
-def _reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder):
-    """The (trunk, embedder) of the reference side: the query's when no reference trunk is given; Identity for none."""
-    if ref_trunk is None:
-        ref_trunk, ref_embedder = trunk_model, (embedder_model if ref_embedder is None else ref_embedder)
-    return ref_trunk, (torch.nn.Identity() if ref_embedder is None else ref_embedder)
-
-
-def _check_resolution(name, value):
-    if not is_int(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive int (pixels), got {value!r}")
+def _check_resolutions(**values):
+    for name, value in values.items():
+        if not is_int(value) or value <= 0:
+            raise ValueError(f"{name} must be a positive int (pixels), got {value!r}")
 
 
 class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
@@ -140,19 +131,14 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
             reference_side = query_side
         elif query_split in reference_side:
             self._check_same_images({query_split: query_side[query_split]}, reference_side)
-        results, jobs = {}, []
-        for name, splits in reference_sets.items():
-            splits = list(splits)
-            if query_split in splits:  # the queries first, as PML's layout
-                splits = [query_split] + [s for s in splits if s != query_split]
-            results[name] = {"epoch": epoch}
-            jobs.append((results[name], query_split, splits))
-        self._knn(query_side, reference_side, jobs)
+        results = {name: {"epoch": epoch} for name in reference_sets}
+        # the query split first among a set's splits, as PML's layout
+        ordered = {n: sorted(splits, key=lambda s: s != query_split) for n, splits in reference_sets.items()}
+        self._knn(query_side, reference_side, [(results[n], query_split, s) for n, s in ordered.items()])
         return results
 
     def _knn(self, query_side, reference_side, jobs):
-        """``do_knn_and_accuracies`` for each ``(record, query_split, reference_splits)`` job, against
-        ``reference_side``."""
+        """``do_knn_and_accuracies`` for each ``(record, query_split, reference_splits)`` job."""
         self.reference_embeddings_and_labels = reference_side
         try:
             for record, query_split, reference_splits in jobs:
@@ -187,12 +173,11 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         ref_trunk, ref_embedder, ref_dict = reference
         if ref_trunk is None and ref_embedder is None and ref_dict is None:
             return None
-        return super().get_all_embeddings_for_all_splits(
-            dataset_dict if ref_dict is None else ref_dict,
-            *_reference_models(trunk_model, embedder_model, ref_trunk, ref_embedder),
-            splits,
-            collate_fn,
-        )
+        if ref_trunk is None:  # the query's trunk, and its embedder unless one is given
+            ref_trunk, ref_embedder = trunk_model, (embedder_model if ref_embedder is None else ref_embedder)
+        ref_embedder = torch.nn.Identity() if ref_embedder is None else ref_embedder
+        ref_dict = dataset_dict if ref_dict is None else ref_dict
+        return super().get_all_embeddings_for_all_splits(ref_dict, ref_trunk, ref_embedder, splits, collate_fn)
 
     def set_reference_and_query(self, embeddings_and_labels, query_split_name, reference_split_names):
         query_embeddings, query_labels = embeddings_and_labels[query_split_name]
@@ -217,10 +202,10 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
 
     @staticmethod
     def query_flops(trunk_model, embedder_model=None, image_size: int = 224, in_channels: int = 3) -> int:
-        """FLOPs (torch's flop counter) to embed ONE zero query image ``[1, in_channels, s, s]`` under ``no_grad``, on
-        the trunk's device; modes restored. ValueError on a non-positive ``image_size``.
+        """FLOPs (torch's flop counter: a multiply-add is 2) to embed ONE zero query image ``[1, in_channels, s, s]``
+        under ``no_grad``, on the trunk's device; modes restored. ValueError on a non-positive ``image_size``.
         """
-        _check_resolution("image_size", image_size)
+        _check_resolutions(image_size=image_size)
         embedder_model = torch.nn.Identity() if embedder_model is None else embedder_model
         param = next(iter(trunk_model.parameters()), None)
         device = param.device if param is not None else torch.device("cpu")
@@ -265,10 +250,12 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
         Raises:
             ValueError: unknown setup names, non-positive resolutions, a student setup without a student.
         """
-        _check_resolution("query_resolution", query_resolution)
-        _check_resolution("database_resolution", database_resolution)
         teacher_resolution = database_resolution if teacher_resolution is None else teacher_resolution
-        _check_resolution("teacher_resolution", teacher_resolution)
+        _check_resolutions(
+            query_resolution=query_resolution,
+            database_resolution=database_resolution,
+            teacher_resolution=teacher_resolution,
+        )
         unknown = [s for s in setups if s not in SETUPS]
         if unknown:
             raise ValueError(f"unknown setups {unknown}; valid: {list(SETUPS)}")

@@ -1,12 +1,5 @@
-"""Teacher-student trainer for resolution-asymmetric distillation (RAML), built on PML's ``MetricLossOnly``, and
-RAML's teacher recipe with PML's own classes (:func:`make_teacher_trainer`).
-
-Source: P. Suma and G. Tolias, "Large-to-small Image Resolution Asymmetry in Deep Metric Learning", WACV 2023, Sec. 4-5
-(frozen teacher, student initialised from the teacher, AdamW + one-cycle); from ``pavelsuma/raml``: BatchNorm in eval
-mode (``train.py``), GeM p at 10× the learning rate without weight decay, weight decay 1e-6,
-``OneCycleLR(div_factor=10)`` (``modelhelpers.py``). Deviation: the teacher runs under ``torch.no_grad`` with frozen
-parameters (the code builds a graph through it); the numbers are unchanged.
-"""
+"""Teacher-student trainer for resolution-asymmetric distillation (RAML) on PML's ``MetricLossOnly``, and RAML's
+teacher recipe with PML's own classes (docs/methods/resolution_distillation.md)."""
 
 from typing import Dict, Optional
 
@@ -27,12 +20,8 @@ from ._pinned_memory import _PinnedMemoryMixin, to_data_device
 
 def gem_parameters(*modules: torch.nn.Module) -> list:
     """The exponents ``p`` of every trainable :class:`GeMPooling` inside ``modules``."""
-    out = []
-    for module in modules:
-        for m in module.modules():
-            if isinstance(m, GeMPooling) and isinstance(m.p, torch.nn.Parameter):
-                out.append(m.p)
-    return out
+    gems = [m for module in modules for m in module.modules() if isinstance(m, GeMPooling)]
+    return [m.p for m in gems if isinstance(m.p, torch.nn.Parameter)]
 
 
 def make_optimizers(
@@ -82,6 +71,10 @@ def set_batchnorm_eval(module: torch.nn.Module):
 class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
     """Distil a small-resolution student (``trunk``/``embedder``) from a frozen teacher (``teacher_trunk``/
     ``teacher_embedder``) without labels, optionally beside a labelled metric loss.
+
+    Source: Suma & Tolias, WACV 2023, Sec. 4-5; from ``pavelsuma/raml``: BatchNorm in eval mode (``train.py``), GeM p
+    at 10× the learning rate without weight decay, weight decay 1e-6, ``OneCycleLR(div_factor=10)``
+    (``modelhelpers.py``). Deviation: the teacher runs under ``torch.no_grad`` (the code builds a graph through it).
 
     ``models``: ``trunk`` and ``teacher_trunk`` (required), ``embedder``, ``teacher_embedder`` (default ``Identity``).
     ``loss_funcs``: ``distillation_loss`` (default ``ResolutionDistillationLoss()``) and optional ``metric_loss`` (a PML
@@ -140,23 +133,8 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             kwargs["collate_fn"] = CoupledAugmentationDataset.collate
         models.setdefault("teacher_embedder", torch.nn.Identity())
         models.setdefault("embedder", torch.nn.Identity())
-        self._check_teacher_is_not_the_student(models)
-        if init_student_from_teacher:
-            self._copy_teacher_into_student(models)
-        for key in ("teacher_trunk", "teacher_embedder"):
-            models[key].requires_grad_(False)
-            models[key].eval()
-        if optimizers is None:
-            optimizers = make_optimizers(models["trunk"], models["embedder"], lr, weight_decay, gem_lr_multiplier)
-        super().__init__(models, optimizers, batch_size, loss_funcs, dataset, *args, **kwargs)
-        if "subset_batch_miner" in self.mining_funcs:
-            raise ValueError("subset_batch_miner is not supported by ResolutionDistillationTrainer")
-
-    @staticmethod
-    def _check_teacher_is_not_the_student(models):
-        """Refuse a student module that is, or shares parameters with, the teacher's (freezing the teacher would freeze
-        it)."""
-        for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
+        pairs = (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder"))
+        for student, teacher in pairs:
             s, t = models[student], models[teacher]
             if s is t and any(True for _ in s.parameters()):
                 raise ValueError(
@@ -169,10 +147,7 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
                     f"models[{student!r}] and models[{teacher!r}] share {len(shared)} parameter tensor(s); the "
                     "teacher is frozen, so the student needs its own copy (e.g. copy.deepcopy(teacher))"
                 )
-
-    @staticmethod
-    def _copy_teacher_into_student(models):
-        for student, teacher in (("trunk", "teacher_trunk"), ("embedder", "teacher_embedder")):
+        for student, teacher in pairs if init_student_from_teacher else ():
             try:
                 models[student].load_state_dict(models[teacher].state_dict())
             except RuntimeError as e:
@@ -180,6 +155,13 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
                     f"cannot initialise the student's {student} from the teacher's (different architectures); "
                     f"pass init_student_from_teacher=False. {e}"
                 ) from e
+        for key in ("teacher_trunk", "teacher_embedder"):
+            models[key].requires_grad_(False).eval()
+        if optimizers is None:
+            optimizers = make_optimizers(models["trunk"], models["embedder"], lr, weight_decay, gem_lr_multiplier)
+        super().__init__(models, optimizers, batch_size, loss_funcs, dataset, *args, **kwargs)
+        if "subset_batch_miner" in self.mining_funcs:
+            raise ValueError("subset_batch_miner is not supported by ResolutionDistillationTrainer")
 
     def modify_schema(self):
         self.schema["models"].keys = ["trunk", "embedder", "teacher_trunk", "teacher_embedder"]
@@ -202,8 +184,7 @@ class ResolutionDistillationTrainer(_PinnedMemoryMixin, MetricLossOnly):
             if self.new_pass_each_epoch:
                 self.start_new_pass()
         for m in self.teacher_modules():
-            m.eval()
-            m.requires_grad_(False)
+            m.eval().requires_grad_(False)
         if self.freeze_batchnorm:
             set_batchnorm_eval(self.models["trunk"])
             set_batchnorm_eval(self.models["embedder"])

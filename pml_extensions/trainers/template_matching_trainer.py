@@ -47,8 +47,7 @@ class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
         super().__init__(*args, **kwargs)
 
     def maybe_freeze_trunk_batchnorm(self):
-        """PML's ``freeze_trunk_batchnorm``, then the blocks' mixing BN back in training mode (unless
-        ``freeze_block_batchnorm``)."""
+        """PML's ``freeze_trunk_batchnorm``, then the blocks' mixing BN back in training mode (unless frozen too)."""
         super().maybe_freeze_trunk_batchnorm()
         if self.freeze_trunk_batchnorm and not self.freeze_block_batchnorm:
             for block in getattr(self, "template_blocks", []):
@@ -75,11 +74,10 @@ class TemplateMatchingTrainer(_PinnedMemoryMixin, TrainWithClassifier):
 
     def initialize_models(self):
         super().initialize_models()
-        self.template_blocks: List[TemplateMatchingBlock] = []
-        for model in self.models.values():
-            for m in model.modules():
-                if isinstance(m, TemplateMatchingBlock) and all(m is not b for b in self.template_blocks):
-                    self.template_blocks.append(m)
+        blocks = {
+            id(m): m for model in self.models.values() for m in model.modules() if isinstance(m, TemplateMatchingBlock)
+        }
+        self.template_blocks: List[TemplateMatchingBlock] = list(blocks.values())
         if not self.template_blocks:
             raise ValueError(
                 "no TemplateMatchingBlock found in the models; build the trunk with "

@@ -7,21 +7,17 @@ import json
 import os
 import secrets
 import stat
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
 
-def _fsync_path(path: str, flags: int = os.O_RDONLY) -> None:
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def _fsync_path(path: str) -> None:
+    with suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _create_temporary(folder: str, suffix: str) -> str:
@@ -40,16 +36,12 @@ def _create_temporary(folder: str, suffix: str) -> str:
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """A temporary path next to ``path`` (same extension), fsynced and moved onto ``path`` on normal exit, removed on an
-    exception (``path`` left as it was).
-    """
+    exception."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = _create_temporary(folder, os.path.splitext(path)[1])
-    try:
-        # as open() on an existing file: keep its permission bits
+    with suppress(FileNotFoundError):  # as open() on an existing file: keep its permission bits
         os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
-    except FileNotFoundError:
-        pass
     try:
         yield tmp
         _fsync_path(tmp)

@@ -27,16 +27,12 @@ def class_disjoint_split(
     if not torch.is_tensor(labels) or labels.ndim != 1 or labels.is_floating_point():
         raise ValueError(f"labels must be a 1-D integer tensor, got {getattr(labels, 'shape', type(labels))}")
     classes, counts = torch.unique(labels.detach().cpu(), return_counts=True)
-    paired = classes[counts >= 2]
-    single = classes[counts < 2]
+    paired, single = classes[counts >= 2], classes[counts < 2]
     if len(paired) < 2:
         return None
-    paired = paired[torch.randperm(len(paired), generator=generator, device=generator.device)]
-    single = single[torch.randperm(len(single), generator=generator, device=generator.device)]
-    order = torch.cat([paired, single])
+    device = "cpu" if generator is None else generator.device  # None: the global RNG, as the docstring says
+    order = torch.cat([c[torch.randperm(len(c), generator=generator, device=device)] for c in (paired, single)])
     side = torch.arange(len(order), device=order.device) % 2
     side_of_label = dict(zip(order.tolist(), side.tolist()))
     sides = torch.tensor([side_of_label[v] for v in labels.tolist()], device=labels.device)
-    first = torch.nonzero(sides == 0).flatten()
-    second = torch.nonzero(sides == 1).flatten()
-    return first, second
+    return torch.nonzero(sides == 0).flatten(), torch.nonzero(sides == 1).flatten()

@@ -39,11 +39,8 @@ def _remap_indices_tuple(indices_tuple, emb_map, ref_map):
     """A mined tuple of PML's own-rows-first batch renumbered to the rank-order batch."""
     if indices_tuple is None:
         return None
-    if len(indices_tuple) == 3:
-        maps = (emb_map, ref_map, ref_map)
-    elif len(indices_tuple) == 4:
-        maps = (emb_map, ref_map, emb_map, ref_map)
-    else:
+    maps = {3: (emb_map, ref_map, ref_map), 4: (emb_map, ref_map, emb_map, ref_map)}.get(len(indices_tuple))
+    if maps is None:
         raise ValueError(f"indices_tuple must have 3 or 4 elements, got {len(indices_tuple)}")
     return tuple(m[t.to(m.device)] for m, t in zip(maps, indices_tuple))
 

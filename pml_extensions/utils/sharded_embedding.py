@@ -19,8 +19,7 @@ def shard_bounds(n: int, rank: int, world_size: int):
 
 
 def all_gather_rows(x: torch.Tensor, n: int) -> torch.Tensor:
-    """The ``[hi - lo, ...]`` shards of all ranks in rank order, ``[n, ...]`` (padded for one ``all_gather``;
-    collective)."""
+    """The ``[hi - lo, ...]`` shards of all ranks in rank order, ``[n, ...]`` (collective)."""
     rank, world = _world()
     if world == 1:
         return x
@@ -34,9 +33,7 @@ def all_gather_rows(x: torch.Tensor, n: int) -> torch.Tensor:
 
 class ShardedEmbeddingMixin:
     """Mixin for a PML ``BaseTester``: ``compute_all_embeddings`` embeds this rank's shard and all-gathers the rows
-    (sets with fewer items than ranks are embedded whole); ``distributed=False`` makes the tester rank-local (no
-    collective).
-    """
+    (sets with fewer items than ranks are embedded whole); ``distributed=False``: rank-local, no collective."""
 
     def __init__(self, *args, distributed: bool = True, **kwargs):
         self.distributed = bool(distributed)

@@ -1,8 +1,5 @@
-"""Paired comparisons of two variants over seeds and the verdicts on the claims they test, for every table of the
-package and its benchmarks (``results.json`` stores what :func:`compare` returns under ``comparisons``; it reads
-``variants`` as ``{NAME: {"per_seed": {SEED: {METRIC: value}}}}``). The rules of a verdict: docs/benchmarks.md, "How
-a claim is judged"; :func:`claim_verdicts` works an example by hand.
-"""
+"""Paired comparisons of two variants over seeds (``results.json``'s ``comparisons``) and the verdicts on the claims
+they test; the rules: docs/benchmarks.md, "How a claim is judged"; :func:`claim_verdicts` works an example by hand."""
 
 import math
 from typing import List, Mapping, Optional, Sequence, Union
@@ -46,7 +43,7 @@ def compare(
     """The paired comparison ``variant − baseline`` on ``metric`` from the ``variants`` of a results dict.
 
     Args:
-        variants: ``results["variants"]``.
+        variants: ``results["variants"]``: ``{name: {"per_seed": {seed: {metric: value}}}}``.
         variant, baseline, metric: what is compared.
         per_class: ``{variant: {seed: {metric: {class: [sum, count]}}}}`` (``results["per_class"]``): bootstrap over
             seeds and test classes when both arms have ``metric`` there for every seed.

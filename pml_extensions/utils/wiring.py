@@ -1,16 +1,6 @@
 """What a method registers, on import, for whoever builds models and losses from specs (the runner's Builder never
 imports a method, as timm's ``register_model``): :func:`after_losses` hooks, :func:`param_group` optimizer options
-(``prototype_lr``) and :func:`data_init` config keys (``prototype_init``).
-
-Example::
-
-    >>> import torch
-    >>> @param_group("doc_example_lr")
-    ... def _biases(module):
-    ...     return [p for n, p in module.named_parameters() if n.endswith("bias")]
-    >>> [tuple(p.shape) for p in param_groups()["doc_example_lr"](torch.nn.Linear(2, 3))]
-    [(3,)]
-"""
+(``prototype_lr``) and :func:`data_init` config keys (``prototype_init``)."""
 
 from typing import Any, Callable, Dict, List
 
@@ -20,32 +10,29 @@ _DATA_INIT: Dict[str, Callable[..., bool]] = {}
 
 
 def after_losses(fn: Callable[[Dict[str, Any], Dict[str, Any]], None]) -> Callable:
-    """Register ``fn(loss_funcs, models)``, called once both are built (XMLWrapper finds its histogram layer); it raises
-    ``ValueError`` for a loss the models cannot serve. A decorator.
-    """
+    """Register ``fn(loss_funcs, models)`` (a decorator), called once both are built; ValueError: a loss they cannot
+    serve."""
     if fn not in _AFTER_LOSSES:
         _AFTER_LOSSES.append(fn)
     return fn
 
 
-def param_group(option: str) -> Callable:
-    """Register ``fn(module) -> [parameters]`` for the optimizer option ``option`` (a decorator)."""
-
+def _register(table: dict, key: str) -> Callable:
     def register(fn):
-        _PARAM_GROUPS[option] = fn
+        table[key] = fn
         return fn
 
     return register
+
+
+def param_group(option: str) -> Callable:
+    """Register ``fn(module) -> [parameters]`` for the optimizer option ``option`` (a decorator)."""
+    return _register(_PARAM_GROUPS, option)
 
 
 def data_init(key: str) -> Callable:
     """Register ``fn(models, dataset, seed, spec, log=None) -> bool`` for the config key ``key`` (a decorator)."""
-
-    def register(fn):
-        _DATA_INIT[key] = fn
-        return fn
-
-    return register
+    return _register(_DATA_INIT, key)
 
 
 def wire(loss_funcs: Dict[str, Any], models: Dict[str, Any]) -> None:
