@@ -111,10 +111,14 @@ class AsymmetricTester(ShardedEmbeddingMixin, GlobalEmbeddingSpaceTester):
             ``{set_name: {"epoch": epoch, "<metric>_level<L>": value}}``; ``end_of_testing_hook`` is not called.
 
         Raises:
-            ValueError: empty ``reference_sets``, an unknown split, splits of one name listing different images.
+            ValueError: empty ``reference_sets``, a set naming a split twice, an unknown split, splits of one name
+                listing different images.
         """
         if not reference_sets or not isinstance(reference_sets, dict):
             raise ValueError("reference_sets must be a non-empty dict {name: [split names]}")
+        for name, splits in reference_sets.items():
+            if len(set(splits)) != len(splits):  # its references would count twice in every metric
+                raise ValueError(f"reference_sets[{name!r}] names a split twice: {list(splits)}")
         reference = self._reference(reference_trunk_model, reference_embedder_model, reference_dataset_dict)
         needed = sorted({s for splits in reference_sets.values() for s in splits})
         for split in needed + [query_split]:

@@ -85,6 +85,8 @@ def test_several_reference_sets_each_embedded_once():
             assert out[name][f"{metric}_level0"] == pytest.approx(value, rel=1e-12), (name, metric)
     with pytest.raises(ValueError, match="reference_sets"):
         tester.test_reference_sets(data, 0, student, reference_sets={})
+    with pytest.raises(ValueError, match=r"reference_sets\['twice'\] names a split twice: \['val', 'test', 'val'\]"):
+        tester.test_reference_sets(data, 0, student, reference_sets={"twice": ["val", "test", "val"]})
 
 
 def test_a_reference_dataset_alone_embeds_the_references_with_the_query_model():
