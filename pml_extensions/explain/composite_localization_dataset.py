@@ -12,24 +12,9 @@ from PIL import Image
 from ..utils.checks import is_int
 from .localization_evaluator import LocalizationEvaluator
 
-DEFAULT_BACKGROUNDS = (
-    "astronaut",
-    "brick",
-    "camera",
-    "chelsea",
-    "coffee",
-    "coins",
-    "grass",
-    "gravel",
-    "moon",
-    "rocket",
-    "clock",
-    "hubble_deep_field",
-    "immunohistochemistry",
-    "retina",
-    "stereo_motorcycle",
-    "page",
-    "text",
+DEFAULT_BACKGROUNDS = tuple(
+    "astronaut brick camera chelsea coffee coins grass gravel moon rocket clock hubble_deep_field "
+    "immunohistochemistry retina stereo_motorcycle page text".split()
 )
 SOURCES = ("clipart", "glyph")
 

@@ -7,7 +7,9 @@ from typing import List, Optional
 import torch
 import torchvision
 
+from .soft_maximizer_swap import BLOCKS
 from .template_matching_block import INITS, TemplateMatchingBlock
+from .trunk_split import _float_like
 
 SUPPORTED = (
     "torchvision ResNet (resnet18, resnet34, resnet50, ... or any model with layer3/layer4 stages of "
@@ -22,60 +24,34 @@ def template_matching_blocks(model: torch.nn.Module) -> List[TemplateMatchingBlo
     return [m for m in model.modules() if isinstance(m, TemplateMatchingBlock)]
 
 
-def _widen_conv(conv: torch.nn.Conv2d, extra: int) -> torch.nn.Conv2d:
-    if conv.groups != 1:
-        raise ValueError(f"cannot widen the input of a grouped convolution ({conv})")
-    new = torch.nn.Conv2d(
-        conv.in_channels + extra,
-        conv.out_channels,
-        conv.kernel_size,
-        stride=conv.stride,
-        padding=conv.padding,
-        dilation=conv.dilation,
-        bias=conv.bias is not None,
-        padding_mode=conv.padding_mode,
-        device=conv.weight.device,
-        dtype=conv.weight.dtype,
-    )
+def _widen(module: torch.nn.Module, extra: int) -> torch.nn.Module:
+    # a copy of the Conv2d / BatchNorm2d taking `extra` more input channels, which it ignores: zero conv weights,
+    # BatchNorm's defaults (weight 1, bias 0, mean 0, var 1) for the new channels
+    if isinstance(module, torch.nn.Conv2d) and module.groups != 1:
+        raise ValueError(f"cannot widen the input of a grouped convolution ({module})")
+    new = copy.deepcopy(module)
     with torch.no_grad():
-        new.weight.zero_()
-        new.weight[:, : conv.in_channels].copy_(conv.weight)
-        if conv.bias is not None:
-            new.bias.copy_(conv.bias)
+        if isinstance(module, torch.nn.Conv2d):
+            w = module.weight
+            new.in_channels += extra
+            new.weight = torch.nn.Parameter(torch.cat([w, w.new_zeros(w.shape[0], extra, *w.shape[2:])], dim=1))
+            return new
+        new.num_features += extra
+        for name, fill in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0)):
+            t = getattr(module, name)
+            if t is not None:
+                wide = torch.cat([t, t.new_full((extra,), fill)])
+                setattr(new, name, torch.nn.Parameter(wide) if isinstance(t, torch.nn.Parameter) else wide)
     return new
 
 
-def _widen_bn(bn: torch.nn.BatchNorm2d, extra: int) -> torch.nn.BatchNorm2d:
-    p = bn.weight if bn.weight is not None else bn.running_mean
-    new = torch.nn.BatchNorm2d(
-        bn.num_features + extra,
-        eps=bn.eps,
-        momentum=bn.momentum,
-        affine=bn.affine,
-        track_running_stats=bn.track_running_stats,
-        device=p.device,
-        dtype=p.dtype,
-    )
-    n = bn.num_features
-    with torch.no_grad():
-        if bn.affine:
-            new.weight[:n].copy_(bn.weight)
-            new.bias[:n].copy_(bn.bias)
-        if bn.track_running_stats:
-            new.running_mean[:n].copy_(bn.running_mean)
-            new.running_var[:n].copy_(bn.running_var)
-            new.num_batches_tracked.copy_(bn.num_batches_tracked)
-    return new.train(bn.training)
-
-
 def _is_resnet_like(model) -> bool:
-    blocks = (torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)
     l3, l4 = getattr(model, "layer3", None), getattr(model, "layer4", None)
     return (
         isinstance(l3, torch.nn.Sequential)
         and isinstance(l4, torch.nn.Sequential)
         and len(l4) > 0
-        and all(isinstance(b, blocks) for b in list(l3) + list(l4))
+        and all(isinstance(b, BLOCKS) for b in list(l3) + list(l4))
     )
 
 
@@ -99,8 +75,8 @@ def _insert_resnet(model, make_block, combine):
         extra = block.out_channels - block.in_channels
         if first.downsample is None:
             raise ValueError("combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input")
-        first.conv1 = _widen_conv(first.conv1, extra)
-        first.downsample[0] = _widen_conv(first.downsample[0], extra)
+        first.conv1 = _widen(first.conv1, extra)
+        first.downsample[0] = _widen(first.downsample[0], extra)
     model.layer3.append(block)
     return block
 
@@ -116,7 +92,7 @@ def _insert_mobilenet(model, make_block, combine):
     first = model.features[stride2[-1]].conv[0]  # the block's first Conv2dNormActivation; [0] is its conv
     block = make_block(first[0].in_channels)
     if combine == "concat":
-        first[0] = _widen_conv(first[0], block.out_channels - block.in_channels)
+        first[0] = _widen(first[0], block.out_channels - block.in_channels)
     _insert_child(model.features, str(stride2[-1] - 1), block)
     return block
 
@@ -129,8 +105,8 @@ def _insert_densenet(model, make_block, combine):
     block = make_block(trans.norm.num_features)
     if combine == "concat":
         extra = block.out_channels - block.in_channels
-        trans.norm = _widen_bn(trans.norm, extra)
-        trans.conv = _widen_conv(trans.conv, extra)
+        trans.norm = _widen(trans.norm, extra)
+        trans.conv = _widen(trans.conv, extra)
     _insert_child(model.features, "denseblock3", block)
     return block
 
@@ -245,16 +221,12 @@ def insert_template_matching(
     combine = block_kwargs.get("combine", "add")
 
     def make_block(width: int) -> TemplateMatchingBlock:
-        kwargs = dict(block_kwargs)
+        kwargs = {**_float_like(model), **block_kwargs}
         if combine == "add" and kwargs.get("value_channels") not in (None, width):
             raise ValueError(
                 f"value_channels={kwargs['value_channels']} would change the width {width} that the next "
                 "stage expects; leave it None for combine='add'"
             )
-        p = next(model.parameters(), None)
-        if p is not None:
-            kwargs.setdefault("device", p.device)
-            kwargs.setdefault("dtype", p.dtype)
         return TemplateMatchingBlock(width, num_classes, init="paper", **kwargs)
 
     block = insert(model, make_block, combine)
