@@ -1,6 +1,7 @@
 """Prototype-histogram pooling (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.1-2.2): global average pooling that also
 keeps the soft histogram of the local features over m learnable prototypes; our deviations: docs/methods/xml.md."""
 
+import itertools
 import math
 from typing import Callable, Iterable, List, Optional
 
@@ -330,14 +331,12 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         """Initialise prototypes from the local features ``body`` (the trunk before this layer) produces on
         ``num_batches`` of ``batches`` (images ``[B, 3, H, W]`` or ``(images, labels)``; eval mode, modes restored);
         ``log`` as :meth:`init_prototypes`."""
+        device = self.prototype_conv.weight.device
         with eval_mode(body):
-            feats = []
-            device = next(iter(self.parameters())).device
-            for i, batch in enumerate(batches):
-                if i >= num_batches:
-                    break
-                images = batch[0] if isinstance(batch, (list, tuple)) else batch
-                feats.append(self.local_features(body(images.to(device))).cpu())
+            feats = [
+                self.local_features(body((b[0] if isinstance(b, (list, tuple)) else b).to(device))).cpu()
+                for b in itertools.islice(batches, num_batches)
+            ]
         if not feats:
             raise ValueError("batches yielded no data")
         feats = torch.cat(feats)
