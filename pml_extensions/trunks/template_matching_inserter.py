@@ -2,6 +2,7 @@
 BMVC 2022, Sec. 3.3) or after a named stage; why the block starts as the identity: docs/methods/template_matching.md."""
 
 import copy
+import functools
 from typing import List, Optional
 
 import torch
@@ -68,20 +69,18 @@ def _insert_child(parent: torch.nn.Sequential, after: str, block: torch.nn.Modul
         parent.add_module(name, m)
 
 
-def _insert_resnet(model, make_block, combine):
+# each ``_*_site(model, combine)``: (width of the map, (parent, name) of the layers that a concat block's wider output
+# feeds, the function that puts the block into the model)
+
+
+def _resnet_site(model, combine):
     first = model.layer4[0]
-    block = make_block(first.conv1.in_channels)
-    if combine == "concat":
-        extra = block.out_channels - block.in_channels
-        if first.downsample is None:
-            raise ValueError("combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input")
-        first.conv1 = _widen(first.conv1, extra)
-        first.downsample[0] = _widen(first.downsample[0], extra)
-    model.layer3.append(block)
-    return block
+    if combine == "concat" and first.downsample is None:
+        raise ValueError("combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input")
+    return first.conv1.in_channels, [(first, "conv1"), (first.downsample, "0")], model.layer3.append
 
 
-def _insert_mobilenet(model, make_block, combine):
+def _mobilenet_site(model, combine):
     stride2 = [
         i
         for i, m in enumerate(model.features)
@@ -90,25 +89,16 @@ def _insert_mobilenet(model, make_block, combine):
     if not stride2:
         raise ValueError("MobileNetV2.features has no stride-2 inverted residual to insert the block before")
     first = model.features[stride2[-1]].conv[0]  # the block's first Conv2dNormActivation; [0] is its conv
-    block = make_block(first[0].in_channels)
-    if combine == "concat":
-        first[0] = _widen(first[0], block.out_channels - block.in_channels)
-    _insert_child(model.features, str(stride2[-1] - 1), block)
-    return block
+    return first[0].in_channels, [(first, "0")], functools.partial(_insert_child, model.features, str(stride2[-1] - 1))
 
 
-def _insert_densenet(model, make_block, combine):
+def _densenet_site(model, combine):
     named = dict(model.features.named_children())
     if "denseblock3" not in named or "transition3" not in named:
         raise ValueError("DenseNet.features must contain denseblock3 and transition3")
     trans = named["transition3"]
-    block = make_block(trans.norm.num_features)
-    if combine == "concat":
-        extra = block.out_channels - block.in_channels
-        trans.norm = _widen(trans.norm, extra)
-        trans.conv = _widen(trans.conv, extra)
-    _insert_child(model.features, "denseblock3", block)
-    return block
+    put = functools.partial(_insert_child, model.features, "denseblock3")
+    return trans.norm.num_features, [(trans, "norm"), (trans, "conv")], put
 
 
 def _stage_width(stage: torch.nn.Module) -> int:
@@ -123,7 +113,7 @@ def _stage_width(stage: torch.nn.Module) -> int:
     return width
 
 
-def _insert_after(model, path, make_block, combine):
+def _after_site(model, combine, path):
     modules = dict(model.named_modules())
     stage = modules.get(path)
     parent_path, _, child = path.rpartition(".")
@@ -137,12 +127,7 @@ def _insert_after(model, path, make_block, combine):
         )
     if combine != "add":
         raise ValueError(f"after={path!r} takes combine='add' (the width the next stage expects), got {combine!r}")
-    block = make_block(_stage_width(stage))
-    if in_sequential:
-        _insert_child(parent, child, block)
-    else:
-        stage.append(block)
-    return block
+    return _stage_width(stage), [], functools.partial(_insert_child, parent, child) if in_sequential else stage.append
 
 
 def insert_template_matching(
@@ -203,13 +188,13 @@ def insert_template_matching(
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
     if after is not None:
-        insert = lambda m, make, combine: _insert_after(m, str(after), make, combine)  # noqa: E731
+        site = functools.partial(_after_site, path=str(after))
     elif isinstance(model, torchvision.models.DenseNet):
-        insert = _insert_densenet
+        site = _densenet_site
     elif isinstance(model, torchvision.models.MobileNetV2):
-        insert = _insert_mobilenet
+        site = _mobilenet_site
     elif _is_resnet_like(model):
-        insert = _insert_resnet
+        site = _resnet_site
     else:
         raise ValueError(
             f"insert_template_matching does not know the architecture {type(model).__name__}; supported: "
@@ -219,17 +204,17 @@ def insert_template_matching(
     if not inplace:
         model = copy.deepcopy(model)
     combine = block_kwargs.get("combine", "add")
-
-    def make_block(width: int) -> TemplateMatchingBlock:
-        kwargs = {**_float_like(model), **block_kwargs}
-        if combine == "add" and kwargs.get("value_channels") not in (None, width):
-            raise ValueError(
-                f"value_channels={kwargs['value_channels']} would change the width {width} that the next "
-                "stage expects; leave it None for combine='add'"
-            )
-        return TemplateMatchingBlock(width, num_classes, init="paper", **kwargs)
-
-    block = insert(model, make_block, combine)
+    width, wider, put = site(model, combine)
+    kwargs = {**_float_like(model), **block_kwargs}
+    if combine == "add" and kwargs.get("value_channels") not in (None, width):
+        raise ValueError(
+            f"value_channels={kwargs['value_channels']} would change the width {width} that the next "
+            "stage expects; leave it None for combine='add'"
+        )
+    block = TemplateMatchingBlock(width, num_classes, init="paper", **kwargs)
+    for parent, name in wider if combine == "concat" else ():
+        setattr(parent, name, _widen(getattr(parent, name), block.out_channels - block.in_channels))
+    put(block)
     if init == "identity" and combine == "add":
         block.init_identity()  # concat: the zero-widened next layer already keeps the function
     return model
