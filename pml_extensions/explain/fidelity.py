@@ -63,11 +63,9 @@ class SimilarityFidelity:
             raise ValueError(f"baseline must be one of {BASELINES} or a number, got {baseline!r}")
         self.trunk, self.embedder = trunk, embedder if embedder is not None else nn.Identity()
         self.reference_trunk = reference_trunk if reference_trunk is not None else trunk
-        self.reference_embedder = (
-            reference_embedder
-            if reference_embedder is not None
-            else (self.embedder if reference_trunk is None else nn.Identity())
-        )
+        if reference_embedder is None:
+            reference_embedder = self.embedder if reference_trunk is None else nn.Identity()
+        self.reference_embedder = reference_embedder
         self.steps, self.baseline, self.batch_size = steps, baseline, batch_size
 
     def _embed(self, trunk, embedder, x: torch.Tensor) -> torch.Tensor:

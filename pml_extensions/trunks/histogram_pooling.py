@@ -25,15 +25,15 @@ PAPER_SCALE = 10.0
 DEFAULT_SCALE_NORMALIZED = 100.0
 
 
-def _check_feature_map(x, in_channels, name="x"):
+def _check_feature_map(x, in_channels=None, name="x", owner="layer"):
     if not torch.is_tensor(x) or x.ndim != 4:
         raise ValueError(f"{name} must be a [B, C, H, W] tensor, got {getattr(x, 'shape', type(x))}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point feature map, got dtype {x.dtype}")
     if x.shape[2] < 1 or x.shape[3] < 1:
         raise ValueError(f"{name} must have at least one position (H, W >= 1), got {tuple(x.shape)}")
-    if x.shape[1] != in_channels:
-        raise ValueError(f"{name} has {x.shape[1]} channels but the layer was built with in_channels={in_channels}")
+    if in_channels is not None and x.shape[1] != in_channels:
+        raise ValueError(f"{name} has {x.shape[1]} channels but the {owner} was built with in_channels={in_channels}")
 
 
 class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
