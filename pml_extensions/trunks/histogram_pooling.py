@@ -119,9 +119,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         self.keepdim = bool(keepdim)
         self.lazy_init = lazy_init
         self.lazy_init_batches = lazy_init_batches
-        self.reset_parameters()
-        self._lazy_features: List[torch.Tensor] = []
-        self._lazy_generator: Optional[torch.Generator] = None
+        self.reset_parameters()  # also sets the lazy-init state
         self.lazy_init_pending = lazy_init is not None
 
     @property
