@@ -1,5 +1,4 @@
-"""Internal: run a PML trunk + embedder in eval mode with temporary hooks on the explained feature map (hooks and
-train/eval flags are restored also when the forward pass raises)."""
+"""Internal: run a PML trunk + embedder in eval mode with temporary hooks on the explained feature map."""
 
 import contextlib
 import warnings

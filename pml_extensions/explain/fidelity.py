@@ -1,6 +1,5 @@
 """Deletion and insertion curves of a similarity map (Petsiuk, Das and Saenko, "RISE", BMVC 2018, Sec. 4.1, for a
-metric-learning pair: the query's pixels removed or revealed most-attributed first, scored by the cosine with the fixed
-reference embedding); written from the definitions."""
+metric-learning pair); written from the definitions."""
 
 from typing import Dict, Optional, Union
 

@@ -1,6 +1,5 @@
 """Fold the head of a metric-learning model into E = Σ_ij W_ij A_ij + B (Zhu et al., "Visual Explanation for Deep
-Metric Learning", IEEE TIP 2021, Sec. III-A eq. 4 and Sec. IV); deviations from the demo: docs/methods/explanation.md.
-"""
+Metric Learning", IEEE TIP 2021, Sec. III-A eq. 4 and Sec. IV); deviations: docs/methods/explanation.md."""
 
 import warnings
 from typing import Callable, Optional, Tuple
