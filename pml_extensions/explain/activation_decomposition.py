@@ -123,11 +123,9 @@ class ActivationDecomposition(SimilarityExplainer):
         return nq * nr
 
     def point_to_point(self, query_images: Images, reference_images: Images, *, scale: str = "dot") -> torch.Tensor:
-        """D(i, j, x, y) = F^q_ij · F^r_xy for every pair, from one batched einsum.
+        """D(i, j, x, y) = F^q_ij · F^r_xy for every pair (inputs as in the class docstring), one batched einsum.
 
         Args:
-            query_images: ``[N, 3, H, W]`` (or ``[1, ...]``, paired with every reference) or a FoldedEmbedding.
-            reference_images: ``[N, 3, H', W']`` or a FoldedEmbedding.
             scale: ``"dot"`` (default, un-normalised) or ``"cosine"`` (divided by Z per pair).
 
         Returns:
