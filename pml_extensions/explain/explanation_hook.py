@@ -114,7 +114,6 @@ class ExplanationHook:
     __call__ = end_of_testing_hook
 
     def _topk(self, emb: torch.Tensor, queries: np.ndarray):
-        # the k nearest others of each query (cosine, faiss), best first
         if self.k > emb.shape[0] - 1:
             raise ValueError(f"k={self.k} is larger than the reference set ({emb.shape[0] - 1} candidates)")
         q = nnf.normalize(emb[queries].detach().to("cpu", torch.float32), dim=1)

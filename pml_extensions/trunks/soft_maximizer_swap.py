@@ -117,7 +117,6 @@ def soft_maximizer_swap(
 
 
 def _run_with_hooks(model, batches, num_batches, hook_fn, sites):
-    # hook_fn(site index, BN input, BN output) on every site, over at most num_batches batches (eval, no grad)
     device = _float_like(model)["device"]
     seen = 0
     handles = [

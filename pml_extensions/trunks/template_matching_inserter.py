@@ -26,8 +26,7 @@ def template_matching_blocks(model: torch.nn.Module) -> List[TemplateMatchingBlo
 
 
 def _widen(module: torch.nn.Module, extra: int) -> torch.nn.Module:
-    # a copy of the Conv2d / BatchNorm2d taking `extra` more input channels, which it ignores: zero conv weights,
-    # BatchNorm's defaults (weight 1, bias 0, mean 0, var 1) for the new channels
+    # a copy of the Conv2d / BatchNorm2d with `extra` more input channels that it ignores (zero weights, BN defaults)
     if isinstance(module, torch.nn.Conv2d) and module.groups != 1:
         raise ValueError(f"cannot widen the input of a grouped convolution ({module})")
     new = copy.deepcopy(module)
