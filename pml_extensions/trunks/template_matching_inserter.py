@@ -26,22 +26,39 @@ def template_matching_blocks(model: torch.nn.Module) -> List[TemplateMatchingBlo
 
 
 def _widen(module: torch.nn.Module, extra: int) -> torch.nn.Module:
-    # a copy of the Conv2d / BatchNorm2d with `extra` more input channels that it ignores (zero weights, BN defaults)
-    if isinstance(module, torch.nn.Conv2d) and module.groups != 1:
-        raise ValueError(f"cannot widen the input of a grouped convolution ({module})")
-    new = copy.deepcopy(module)
+    # the Conv2d / BatchNorm2d rebuilt (on its device, no deep copy: fake and meta tensors have no storage) with
+    # `extra` more input channels that it ignores: zero conv weights, BatchNorm's defaults for the new channels
+    if isinstance(module, torch.nn.Conv2d):
+        if module.groups != 1:
+            raise ValueError(f"cannot widen the input of a grouped convolution ({module})")
+        w = module.weight
+        new = torch.nn.Conv2d(
+            module.in_channels + extra,
+            module.out_channels,
+            module.kernel_size,
+            stride=module.stride,
+            padding=module.padding,
+            dilation=module.dilation,
+            bias=module.bias is not None,
+            padding_mode=module.padding_mode,
+            device=w.device,
+            dtype=w.dtype,
+        )
+        torch.nn.init.zeros_(new.weight)
+    else:
+        w = module.weight if module.weight is not None else module.running_mean
+        new = torch.nn.BatchNorm2d(
+            module.num_features + extra,
+            eps=module.eps,
+            momentum=module.momentum,
+            affine=module.affine,
+            track_running_stats=module.track_running_stats,
+            device=w.device,
+            dtype=w.dtype,
+        ).train(module.training)
     with torch.no_grad():
-        if isinstance(module, torch.nn.Conv2d):
-            w = module.weight
-            new.in_channels += extra
-            new.weight = torch.nn.Parameter(torch.cat([w, w.new_zeros(w.shape[0], extra, *w.shape[2:])], dim=1))
-            return new
-        new.num_features += extra
-        for name, fill in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0)):
-            t = getattr(module, name)
-            if t is not None:
-                wide = torch.cat([t, t.new_full((extra,), fill)])
-                setattr(new, name, torch.nn.Parameter(wide) if isinstance(t, torch.nn.Parameter) else wide)
+        for name, t in module.state_dict(keep_vars=True).items():  # the old values into the leading block
+            getattr(new, name)[tuple(slice(0, n) for n in t.shape)].copy_(t)
     return new
 
 
