@@ -1,6 +1,5 @@
-"""Visual explanation for metric learning (Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021):
-every explainer shares ``attribute(query_images, reference_images)``; docs/methods/explanation.md and docs/explain.md.
-"""
+"""Visual explanation for metric learning (Zhu et al., "Visual Explanation for Deep Metric Learning", IEEE TIP 2021);
+docs/methods/explanation.md and docs/explain.md."""
 
 from .activation_decomposition import ActivationDecomposition
 from .base import RandomExplainer, SimilarityExplainer

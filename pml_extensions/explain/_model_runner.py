@@ -1,5 +1,4 @@
-"""Internal: run a PML trunk + embedder in eval mode with temporary hooks on the explained feature map (hooks and
-train/eval flags are restored also when the forward pass raises)."""
+"""Internal: run a PML trunk + embedder in eval mode with temporary hooks on the explained feature map."""
 
 import contextlib
 import warnings
@@ -21,8 +20,7 @@ POOLING_TYPES = (
 
 
 def require_autograd(who: str) -> None:
-    """Raise ``RuntimeError`` naming ``who`` and the fix under ``torch.inference_mode()``, which ``torch.enable_grad()``
-    cannot undo (PyTorch would fail far from the call with "element 0 of tensors does not require grad")."""
+    # enable_grad() cannot undo inference_mode: PyTorch would fail far from the call ("does not require grad")
     if torch.is_inference_mode_enabled():
         raise RuntimeError(
             f"{who} differentiates the model, but it was called under torch.inference_mode(), which "
@@ -45,8 +43,7 @@ def token_grid(n_tokens: int):
 
 
 def _channels_last(module: nn.Module, out: torch.Tensor) -> bool:
-    """Is a 4-D output ``[N, H, W, C]`` (torchvision Swin): the module is a Swin block/stage, or ends in a
-    LayerNorm over the last dimension (and that dimension is not also dim 1)."""
+    # [N, H, W, C] (torchvision Swin): a Swin block/stage, or a module ending in a LayerNorm over the last dim
     if out.shape[1] == out.shape[-1]:
         return False
     if "swin" in type(module).__name__.lower():
@@ -56,8 +53,7 @@ def _channels_last(module: nn.Module, out: torch.Tensor) -> bool:
 
 
 class MapLayout:
-    """How a layer's output maps to the canonical ``[N, C, h, w]`` feature map and back: ``"NCHW"`` (CNNs), ``"NHWC"``
-    (Swin) or ``"tokens"`` (``[N, T, C]``, ``T = g·g`` or ``g·g + 1``, the class token kept aside in ``extra``)."""
+    """A layer's output <-> ``[N, C, h, w]``: ``"NCHW"``, ``"NHWC"`` (Swin), ``"tokens"`` (class token in ``extra``)."""
 
     def __init__(self, kind: str, extra: Optional[torch.Tensor] = None):
         self.kind, self.extra = kind, extra
@@ -125,11 +121,7 @@ class RunResult(NamedTuple):
 
 
 class ModelRunner:
-    """Locates the explained layer of ``embedder(trunk(x))`` and runs hooked forward passes.
-
-    ``trunk``: images ``[N, 3, H, W]`` -> features; ``embedder``: or ``None`` (identity); ``layer``: the explained
-    module, its name inside ``trunk``, or ``None`` for the last 4-D, non-pooling module call.
-    """
+    """Finds the explained ``layer`` (module, name or ``None``) and runs hooked passes of ``embedder(trunk(x))``."""
 
     def __init__(self, trunk: nn.Module, embedder: Optional[nn.Module] = None, layer=None):
         if not isinstance(trunk, nn.Module):
@@ -141,10 +133,9 @@ class ModelRunner:
         self.trunk = trunk
         self.embedder = embedder
         self.names: Dict[int, str] = {}
-        for name, m in trunk.named_modules():
-            self.names[id(m)] = f"trunk.{name}" if name else "trunk"
-        for name, m in embedder.named_modules():
-            self.names.setdefault(id(m), f"embedder.{name}" if name else "embedder")
+        for prefix, model in (("trunk", trunk), ("embedder", embedder)):
+            for name, m in model.named_modules():
+                self.names.setdefault(id(m), f"{prefix}.{name}" if name else prefix)
         self.layer: Optional[nn.Module] = None
         self.layer_call = -1  # which call of the layer module (shared modules are called several times)
         if isinstance(layer, str):
@@ -178,8 +169,7 @@ class ModelRunner:
         return images
 
     def _find_layer(self, images: torch.Tensor):
-        """Find the last candidate layer (4-D map or square token grid, no pooling) in one forward pass; for token
-        models the last one whose grid tokens reach the output (one backward pass), named in a warning."""
+        # the last 4-D map or square token grid (no pooling); token models: the last whose grid tokens reach the output
         found: List[Tuple[nn.Module, int, torch.Tensor]] = []
         calls: Dict[int, int] = {}
         attention_at: List[int] = []  # len(found) when each attention module was called
@@ -233,10 +223,8 @@ class ModelRunner:
     def run(
         self, images: torch.Tensor, mode: str = "capture", replacement: Optional[torch.Tensor] = None, repeat: int = 1
     ) -> RunResult:
-        """Hooked forward pass of ``images [N, C, H, W]`` in eval mode, by ``mode``: ``"capture"`` (no grad; the map
-        detached and cloned), ``"leaf"`` (the map replaced by a detached copy that requires grad, repeated ``repeat``
-        times along the batch so the head runs once per pair) or ``"replace"`` (the map replaced by ``replacement``, for
-        ``torch.func``)."""
+        """Hooked eval pass: ``mode`` ``"capture"`` (map cloned, no grad), ``"leaf"`` (map a grad leaf, ``repeat``-ed
+        along the batch) or ``"replace"`` (map replaced by ``replacement``, for ``torch.func``)."""
         self.check_images(images)
         if self.layer is None:
             self._find_layer(images)
@@ -295,8 +283,7 @@ def is_l2_normaliser(record: HeadRecord) -> bool:
 
 
 def refuse_normalised_output(output: torch.Tensor, who: str) -> None:
-    """Raise ``ValueError`` (``who`` + what is needed) when ``output`` ``[N, L]`` has unit rows: a normalisation
-    inside ``forward`` hides the pre-normalisation embedding."""
+    # unit rows: a normalisation inside forward() hides the pre-normalisation embedding
     norms = output.detach().float().norm(dim=1)
     if torch.allclose(norms, torch.ones_like(norms), rtol=1e-4, atol=1e-4):
         raise ValueError(f"{who} the pre-normalisation embedding: put the normalisation in its own module")
@@ -304,7 +291,7 @@ def refuse_normalised_output(output: torch.Tensor, who: str) -> None:
 
 def split_normaliser(head: List[HeadRecord]) -> Tuple[List[HeadRecord], Union[HeadRecord, None]]:
     """Separate a trailing L2-normalisation module call (detected numerically) from the rest of the head."""
-    if head and is_l2_normaliser(head[-1]) and not isinstance(head[-1].module, (nn.Identity, nn.Dropout)):
-        if head[-1].output is not head[-1].input:
-            return head[:-1], head[-1]
+    last = head[-1] if head else None
+    if last and last.output is not last.input and is_l2_normaliser(last):
+        return (head, None) if isinstance(last.module, (nn.Identity, nn.Dropout)) else (head[:-1], last)
     return head, None

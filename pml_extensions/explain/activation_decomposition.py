@@ -91,7 +91,9 @@ class ActivationDecomposition(SimilarityExplainer):
         folder.runner.check_images(images, arg)  # names the argument (shape, NaN / inf images, dtype)
         return folder(images)
 
-    def _pair(self, query: Images, reference: Images) -> Tuple[FoldedEmbedding, FoldedEmbedding]:
+    def _pair(self, query: Images, reference: Images, scale: str) -> Tuple[FoldedEmbedding, FoldedEmbedding]:
+        if scale not in SCALES:
+            raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
         fq, fr = self.fold_query(query), self.fold_reference(reference)
         if fq.features.shape[-1] != fr.features.shape[-1]:
             raise ValueError(
@@ -105,11 +107,6 @@ class ActivationDecomposition(SimilarityExplainer):
                 "batch size must be 1"
             )
         return fq, fr
-
-    @staticmethod
-    def _check_scale(scale: str) -> None:
-        if scale not in SCALES:
-            raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
 
     @staticmethod
     def _z(fq: FoldedEmbedding, fr: FoldedEmbedding, check: bool = True) -> torch.Tensor:
@@ -126,18 +123,15 @@ class ActivationDecomposition(SimilarityExplainer):
         return nq * nr
 
     def point_to_point(self, query_images: Images, reference_images: Images, *, scale: str = "dot") -> torch.Tensor:
-        """D(i, j, x, y) = F^q_ij · F^r_xy for every pair, from one batched einsum.
+        """D(i, j, x, y) = F^q_ij · F^r_xy for every pair (inputs as in the class docstring), one batched einsum.
 
         Args:
-            query_images: ``[N, 3, H, W]`` (or ``[1, ...]``, paired with every reference) or a FoldedEmbedding.
-            reference_images: ``[N, 3, H', W']`` or a FoldedEmbedding.
             scale: ``"dot"`` (default, un-normalised) or ``"cosine"`` (divided by Z per pair).
 
         Returns:
             ``[N, h, w, h', w']`` signed tensor.
         """
-        self._check_scale(scale)
-        fq, fr = self._pair(query_images, reference_images)
+        fq, fr = self._pair(query_images, reference_images, scale)
         D = torch.einsum("nijl,nxyl->nijxy", fq.features, fr.features)
         if scale == "cosine":
             D = D / self._z(fq, fr).view(-1, 1, 1, 1, 1)
@@ -171,10 +165,9 @@ class ActivationDecomposition(SimilarityExplainer):
         Raises:
             ValueError: with ``scale="cosine"``, an exactly-zero embedding (named by pair and side).
         """
-        self._check_scale(scale)
         if relu_then_sum and bias:
             raise ValueError("relu_then_sum reproduces the demo code, which has no bias term: use bias=False")
-        fq, fr = self._pair(query_images, reference_images)
+        fq, fr = self._pair(query_images, reference_images, scale)
         if relu_then_sum:
             D = torch.relu(torch.einsum("nijl,nxyl->nijxy", fq.features, fr.features))
             q, r = D.sum(dim=(3, 4)), D.sum(dim=(1, 2))
@@ -217,8 +210,7 @@ class ActivationDecomposition(SimilarityExplainer):
         Raises:
             ValueError: a point outside the query image / feature map.
         """
-        self._check_scale(scale)
-        fq, fr = self._pair(query_images, reference_images)
+        fq, fr = self._pair(query_images, reference_images, scale)
         n, h, w, L = fq.features.shape
         wts = point_weights(
             points, fq.image_size, (h, w), coordinates, dtype=fq.features.dtype, device=fq.features.device

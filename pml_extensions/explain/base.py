@@ -1,6 +1,4 @@
-"""The shared verb of every explainer, like captum's ``attribute()``: ``explainer.attribute(query_images,
-reference_images)`` (or ``explainer(q, r)``) returns ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']`` (signed
-float maps on the inputs' device) and ``"similarity"`` ``[N]``."""
+"""The shared verb of every explainer, like captum's ``attribute()`` (:class:`SimilarityExplainer`)."""
 
 from typing import Callable, Dict, Tuple
 
@@ -19,9 +17,9 @@ def query_and_reference(make: Callable, query: Tuple, reference: Tuple) -> Tuple
 
 
 class SimilarityExplainer:
-    """Base class: ``attribute(query_images [N or 1, C, H, W], reference_images [N, C, H', W'], **options)``.
-
-    Subclasses implement :meth:`attribute`; ``explainer(q, r)`` calls it.
+    """Base class: ``attribute(query_images [N or 1, C, H, W], reference_images [N, C, H', W'], **options)`` (or
+    ``explainer(q, r)``) returns ``"query"`` ``[N, h, w]``, ``"reference"`` ``[N, h', w']`` (signed float maps on the
+    inputs' device) and ``"similarity"`` ``[N]``; subclasses implement :meth:`attribute`.
 
     Example::
 

@@ -1,6 +1,5 @@
-"""Seeded composite images with exact object boxes and masks, for weakly supervised localisation offline: Open Clip
-Art drawings (or glyphs) pasted on ``skimage.data`` photographs, standing in for CUB's boxes (Zhu et al., TIP 2021,
-Sec. VI-A), object classes split class-disjoint."""
+"""Seeded composites with exact object boxes and masks, for offline weakly supervised localisation (standing in for
+CUB's boxes, Zhu et al., TIP 2021, Sec. VI-A)."""
 
 import functools
 from typing import Callable, Optional, Sequence, Tuple
@@ -12,24 +11,9 @@ from PIL import Image
 from ..utils.checks import is_int
 from .localization_evaluator import LocalizationEvaluator
 
-DEFAULT_BACKGROUNDS = (
-    "astronaut",
-    "brick",
-    "camera",
-    "chelsea",
-    "coffee",
-    "coins",
-    "grass",
-    "gravel",
-    "moon",
-    "rocket",
-    "clock",
-    "hubble_deep_field",
-    "immunohistochemistry",
-    "retina",
-    "stereo_motorcycle",
-    "page",
-    "text",
+DEFAULT_BACKGROUNDS = tuple(
+    "astronaut brick camera chelsea coffee coins grass gravel moon rocket clock hubble_deep_field "
+    "immunohistochemistry retina stereo_motorcycle page text".split()
 )
 SOURCES = ("clipart", "glyph")
 

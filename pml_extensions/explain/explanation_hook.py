@@ -113,16 +113,7 @@ class ExplanationHook:
 
     __call__ = end_of_testing_hook
 
-    def _display_stats(self, image: torch.Tensor):
-        if isinstance(self.mean, str) and self.mean == "auto":
-            return (IMAGENET_MEAN, IMAGENET_STD) if image.shape[0] == 3 else (None, None)
-        return self.mean, self.std
-
-    def _image(self, split: str, index: int) -> torch.Tensor:
-        return dataset_image(self.dataset_dict[split], index, f"dataset {split!r}")
-
     def _topk(self, emb: torch.Tensor, queries: np.ndarray):
-        # the k nearest others of each query (cosine, faiss), best first
         if self.k > emb.shape[0] - 1:
             raise ValueError(f"k={self.k} is larger than the reference set ({emb.shape[0] - 1} candidates)")
         q = nnf.normalize(emb[queries].detach().to("cpu", torch.float32), dim=1)
@@ -143,39 +134,26 @@ class ExplanationHook:
         if epoch is None:
             epoch = int(getattr(tester, "all_accuracies", {}).get(split, {}).get("epoch", 0))
         emb, labels = torch.as_tensor(data[split][0]), _labels(data[split])
-        gen = torch.Generator().manual_seed(self.seed)
-        if self.n_queries is None:
-            queries = np.arange(emb.shape[0])
-        else:
-            queries = (
-                torch.randperm(emb.shape[0], generator=gen, device=gen.device)[: self.n_queries].sort().values.numpy()
-            )
+        gen = torch.Generator().manual_seed(self.seed)  # n_queries=None: every query, in order
+        queries = torch.randperm(emb.shape[0], generator=gen, device=gen.device)[: self.n_queries].sort().values.numpy()
         neighbours = self._topk(emb, queries)
-        boxes = self.boxes.get(split, getattr(self.dataset_dict[split], "boxes", None))
-        dec = self.decomposition
+        dec, ds = self.decomposition, self.dataset_dict[split]
+        boxes = self.boxes.get(split, getattr(ds, "boxes", None))
         nb = torch.as_tensor(neighbours, dtype=torch.long)
         allmaps = topk_overall_maps(
-            dec,
-            self.dataset_dict[split],
-            self.dataset_dict[split],
-            nb,
-            query_indices=queries,
-            batch_size=self.batch_size,
-            device=self.device,
+            dec, ds, ds, nb, query_indices=queries, batch_size=self.batch_size, device=self.device
         )
         self.last_maps = {"query_indices": torch.as_tensor(queries), "reference_indices": nb, **allmaps}
-        loc_maps, loc_boxes, loc_sizes = [], [], []
+        sizes = []
+        text = None if labels is None else (lambda i: _label_text(labels[int(i)], self._names(split)))
         device = self.device if self.device is not None else model_device(dec)
         for n, (qi, refs) in enumerate(zip(queries, neighbours)):
-            q_img = self._image(split, qi)
+            q_img = dataset_image(ds, qi, f"dataset {split!r}")
             H, W = q_img.shape[-2:]
-            if boxes is not None:
-                loc_maps.append(allmaps["query"][n, 0])
-                loc_boxes.append(np.asarray(boxes[qi]))
-                loc_sizes.append((H, W))
+            sizes.append((H, W))
             if not (self.save_png or self.save_tensors):
                 continue
-            r_imgs = torch.stack([self._image(split, j) for j in refs])
+            r_imgs = torch.stack([dataset_image(ds, j, f"dataset {split!r}") for j in refs])
             fq = dec.fold_query(q_img[None].to(device))
             fr = dec.fold_reference(r_imgs.to(device))
             h, w = fq.feature_size
@@ -200,9 +178,9 @@ class ExplanationHook:
                     stem + ".pt",
                 )
             if self.save_png:
-                mean, std = self._display_stats(q_img)
-                qd = to_display_image(q_img, mean, std)
-                rds = [to_display_image(r, mean, std) for r in r_imgs]
+                mean, std = self.mean, self.std
+                if isinstance(mean, str) and mean == "auto":
+                    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if q_img.shape[0] == 3 else (None, None)
                 keys = ("query", "reference", "query_bias", "reference_bias")
                 args = [tuple(allmaps[key][n, m] for key in keys) for m in range(len(refs))]
                 diff = max(bias_difference(*a) for a in args)  # one choice for every row of the figure
@@ -211,25 +189,24 @@ class ExplanationHook:
                     explanation_panels(*a, point, pmaps[m], reference_name="retrieved", show_bias=show_bias)[0]
                     for m, a in enumerate(args)
                 ]
-                same = None if labels is None else [bool(torch.equal(labels[int(qi)], labels[int(j)])) for j in refs]
                 save_pair_overlay(
                     stem + ".png",
-                    qd,
-                    rds,
+                    to_display_image(q_img, mean, std),
+                    [to_display_image(r, mean, std) for r in r_imgs],
                     panels,
                     title=f"{split} query {int(qi)} (itself left out of its references)",
                     similarities=sims.tolist(),
-                    reference_labels=None
+                    reference_labels=None if text is None else [text(j) for j in refs],
+                    query_label=None if text is None else text(qi),
+                    same_class=None
                     if labels is None
-                    else [_label_text(labels[int(j)], self._names(split)) for j in refs],
-                    query_label=None if labels is None else _label_text(labels[int(qi)], self._names(split)),
-                    same_class=same,
+                    else [bool(torch.equal(labels[int(qi)], labels[int(j)])) for j in refs],
                     note=None if show_bias else bias_note(diff),
                 )
             del fq, fr, pmaps
         self.last_localization = None
-        if loc_maps:
-            res = self.evaluator.evaluate(loc_maps, loc_boxes, loc_sizes)
+        if boxes is not None:
+            res = self.evaluator.evaluate(allmaps["query"][:, 0], [np.asarray(boxes[qi]) for qi in queries], sizes)
             self.last_localization = {
                 "localization_accuracy": res["best_accuracy"],
                 "localization_threshold": res["best_threshold"],

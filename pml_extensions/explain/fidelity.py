@@ -1,6 +1,5 @@
 """Deletion and insertion curves of a similarity map (Petsiuk, Das and Saenko, "RISE", BMVC 2018, Sec. 4.1, for a
-metric-learning pair: the query's pixels removed or revealed most-attributed first, scored by the cosine with the fixed
-reference embedding); written from the definitions."""
+metric-learning pair); written from the definitions."""
 
 from typing import Dict, Optional, Union
 
@@ -63,11 +62,9 @@ class SimilarityFidelity:
             raise ValueError(f"baseline must be one of {BASELINES} or a number, got {baseline!r}")
         self.trunk, self.embedder = trunk, embedder if embedder is not None else nn.Identity()
         self.reference_trunk = reference_trunk if reference_trunk is not None else trunk
-        self.reference_embedder = (
-            reference_embedder
-            if reference_embedder is not None
-            else (self.embedder if reference_trunk is None else nn.Identity())
-        )
+        if reference_embedder is None:
+            reference_embedder = self.embedder if reference_trunk is None else nn.Identity()
+        self.reference_embedder = reference_embedder
         self.steps, self.baseline, self.batch_size = steps, baseline, batch_size
 
     def _embed(self, trunk, embedder, x: torch.Tensor) -> torch.Tensor:

@@ -41,13 +41,8 @@ class FoldedEmbedding:
 
     def apply(self, fn) -> "FoldedEmbedding":
         """The same fold with ``fn`` applied to each of its four tensors (e.g. indexing, ``expand``)."""
-        return dataclasses.replace(
-            self,
-            features=fn(self.features),
-            bias=fn(self.bias),
-            embedding=fn(self.embedding),
-            feature_map=fn(self.feature_map),
-        )
+        tensors = ("features", "bias", "embedding", "feature_map")
+        return dataclasses.replace(self, **{name: fn(getattr(self, name)) for name in tensors})
 
     def __getitem__(self, index) -> "FoldedEmbedding":
         """Select images (int, slice or index tensor); keeps the batch dimension."""

@@ -1,6 +1,5 @@
 """Fold the head of a metric-learning model into E = Σ_ij W_ij A_ij + B (Zhu et al., "Visual Explanation for Deep
-Metric Learning", IEEE TIP 2021, Sec. III-A eq. 4 and Sec. IV); deviations from the demo: docs/methods/explanation.md.
-"""
+Metric Learning", IEEE TIP 2021, Sec. III-A eq. 4 and Sec. IV); deviations: docs/methods/explanation.md."""
 
 import warnings
 from typing import Callable, Optional, Tuple
@@ -39,9 +38,7 @@ def _is_passthrough(record) -> bool:
 
 
 def _is_global(pool_size) -> bool:
-    if isinstance(pool_size, int):
-        return pool_size == 1
-    return tuple(pool_size) in ((1, 1), (1,))
+    return pool_size == 1 if isinstance(pool_size, int) else tuple(pool_size) in ((1, 1), (1,))
 
 
 class _Unsupported(Exception):
@@ -49,14 +46,13 @@ class _Unsupported(Exception):
         super().__init__(f"{record.name} ({type(record.module).__name__}){why}")
 
 
-def _bn_scale_shift(bn: nn.BatchNorm1d, dtype, device):
+def _bn_scale_shift(bn: nn.BatchNorm1d, like: torch.Tensor):
     if bn.running_mean is None or bn.running_var is None:
         raise ValueError("BatchNorm1d without running statistics cannot be folded")
-    inv = torch.rsqrt(bn.running_var.to(device=device, dtype=dtype) + bn.eps)
-    weight = bn.weight.to(device=device, dtype=dtype) if bn.weight is not None else torch.ones_like(inv)
-    bias = bn.bias.to(device=device, dtype=dtype) if bn.bias is not None else torch.zeros_like(inv)
-    scale = weight * inv
-    shift = bias - bn.running_mean.to(device=device, dtype=dtype) * scale
+    scale = torch.rsqrt(bn.running_var.to(like) + bn.eps)
+    if bn.weight is not None:
+        scale = bn.weight.to(like) * scale
+    shift = (bn.bias.to(like) if bn.bias is not None else 0) - bn.running_mean.to(like) * scale
     return scale, shift
 
 
@@ -105,14 +101,9 @@ def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float 
     ``_Unsupported`` names the first module with no exact fold."""
     N, C, h, w = A.shape
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
-    device = A.device
     X = A.to(dtype)
     kind = "map"
     F = b = None
-
-    def cur():
-        return F.sum(dim=(1, 2)) + b
-
     for rec in records:
         m = rec.module
         if _is_passthrough(rec) or (isinstance(m, nn.Flatten) and kind != "map"):
@@ -154,39 +145,39 @@ def fold_records(records, A: torch.Tensor, extra=None, output=None, rtol: float 
                 F, b, kind = Fm.permute(0, 2, 3, 1), X.new_zeros(N, C), "vec"
         elif kind == "flat":
             if isinstance(m, nn.BatchNorm1d) and m.num_features == C * h * w:
-                s, t = _bn_scale_shift(m, dtype, device)
+                s, t = _bn_scale_shift(m, X)
                 X = X * s.view(1, C, h, w)
                 b = b * s + t
             elif isinstance(m, nn.ReLU):
                 keep = ((X + b.view(N, C, h, w)) > 0).to(dtype)
                 X, b = X * keep, b * keep.reshape(N, -1)
             elif isinstance(m, nn.Linear) and m.in_features == C * h * w:
-                W = m.weight.to(device=device, dtype=dtype)
+                W = m.weight.to(X)
                 # Flatten + FC (the face model): W_ij = the FC-weight columns of position (i, j).
-                F = torch.einsum("lcij,ncij->nijl", W.view(-1, C, h, w), X)
-                b = b @ W.t()
+                F, b, kind = torch.einsum("lcij,ncij->nijl", W.view(-1, C, h, w), X), b @ W.t(), "vec"
                 if m.bias is not None:
-                    b = b + m.bias.to(device=device, dtype=dtype)
-                kind = "vec"
+                    b = b + m.bias.to(X)
             else:
                 raise _Unsupported(rec, " after Flatten")
         else:
             if (
                 torch.is_tensor(rec.input)
                 and tuple(rec.input.shape) == (N, F.shape[-1])
-                and not _close(cur(), rec.input, rtol)
+                and not _close(F.sum(dim=(1, 2)) + b, rec.input, rtol)
             ):
-                s = row_scale(cur(), rec.input, rtol)  # e.g. RetrievalHead's L2N between GeM and whitening
+                s = row_scale(
+                    F.sum(dim=(1, 2)) + b, rec.input, rtol
+                )  # e.g. RetrievalHead's L2N between GeM and whitening
                 if s is None:
                     raise _Unsupported(rec, ": its input is not the previous module's output")
                 F, b = F * s[:, None, None, None], b * s[:, None]
             if isinstance(m, nn.Linear):
-                W = m.weight.to(device=device, dtype=dtype)
+                W = m.weight.to(X)
                 F, b = F @ W.t(), b @ W.t()
                 if m.bias is not None:
-                    b = b + m.bias.to(device=device, dtype=dtype)
+                    b = b + m.bias.to(X)
             elif isinstance(m, nn.BatchNorm1d):
-                s, t = _bn_scale_shift(m, dtype, device)
+                s, t = _bn_scale_shift(m, X)
                 F, b = F * s, b * s + t
             elif isinstance(m, nn.ReLU):
                 keep = ((F.sum(dim=(1, 2)) + b) > 0).to(dtype)  # Sec. IV: ReLU = diag(1[z > 0]) at this input
@@ -241,9 +232,8 @@ def _reverse_mode(g, A0, chunk_size):
 def jacobian_features(
     g: Callable[[torch.Tensor], torch.Tensor], A0: torch.Tensor, chunk_size: Optional[int] = 16
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(F [N, h, w, L], E0 [N, L])`` for the head ``g: A [N, C, h, w] -> E [N, L]`` linearised at ``A0``:
-    F_ij = Σ_c ∂E/∂A_cij · A_cij by forward-mode AD (one ``jvp`` per position, ``vmap``-ed), by reverse mode (one
-    ``autograd.grad`` per embedding dimension) where an operation has no forward-mode rule (CPU flash attention)."""
+    """``(F [N, h, w, L], E0 [N, L])``, F_ij = Σ_c ∂E/∂A_cij · A_cij of ``g: A -> E`` at ``A0`` (forward mode, else
+    reverse mode where an operation has no forward-mode rule, e.g. CPU flash attention)."""
     with torch.no_grad():
         E0 = g(A0).detach()
     try:
@@ -311,9 +301,6 @@ class HeadFolder:
         self.fallback = fallback
         self.rtol = float(rtol)
 
-    def __call__(self, images: torch.Tensor) -> FoldedEmbedding:
-        return self.fold(images)
-
     def tolerance(self, *tensors) -> float:
         """``rtol``, widened to 8 ulps of the least precise dtype among ``tensors`` (bfloat16/float16)."""
         eps = max(torch.finfo(t.dtype).eps for t in tensors if torch.is_tensor(t) and t.is_floating_point())
@@ -363,6 +350,8 @@ class HeadFolder:
                     "Use fallback='jacobian' or pass layer=..."
                 )
         return FoldedEmbedding(F, b, E, A.to(F.dtype), res.image_size, normalised, True)
+
+    __call__ = fold
 
     def _jacobian_fold(self, images, res, normaliser) -> FoldedEmbedding:
         if normaliser is None:

@@ -120,21 +120,11 @@ class LocalizationEvaluator:
             raise ValueError("maps is empty")
         if len(boxes) != n:
             raise ValueError(f"got {n} maps but {len(boxes)} boxes")
-        sizes = np.asarray(image_sizes)
-        if sizes.shape == (2,):
-            sizes = np.tile(sizes, (n, 1))
+        sizes = _sizes(image_sizes, n)
         if sizes.shape != (n, 2):
             raise ValueError(f"image_sizes must be (H, W) or [N, 2], got shape {sizes.shape}")
         hits = np.stack([self.correct(maps[i], boxes[i], sizes[i]) for i in range(n)])
-        acc = hits.mean(axis=0)
-        best = int(np.argmax(acc))
-        return {
-            "thresholds": self.thresholds.copy(),
-            "accuracy": acc,
-            "best_accuracy": float(acc[best]),
-            "best_threshold": float(self.thresholds[best]),
-            "n": n,
-        }
+        return {**_best(self.thresholds.copy(), hits.mean(axis=0), "threshold"), "n": n}
 
     def evaluate_methods(self, maps_by_method: Mapping[str, Sequence], boxes, image_sizes) -> Dict[str, Dict]:
         """:meth:`evaluate` for each method name → maps."""
@@ -148,23 +138,22 @@ class LocalizationEvaluator:
 
         Returns dict with ``"fractions"``, ``"accuracy"``, ``"best_accuracy"``, ``"best_fraction"``.
         """
-        n = len(boxes)
-        sizes = np.asarray(image_sizes)
-        if sizes.shape == (2,):
-            sizes = np.tile(sizes, (n, 1))
         acc = []
         for f in fractions:
             hits = []
-            for (H, W), box in zip(sizes, boxes):
+            for (H, W), box in zip(_sizes(image_sizes, len(boxes)), boxes):
                 h, w = max(1, int(round(H * f))), max(1, int(round(W * f)))
                 y0, x0 = (H - h) // 2, (W - w) // 2
                 hits.append(LocalizationEvaluator.iou((x0, y0, x0 + w, y0 + h), box) > iou_threshold)
             acc.append(float(np.mean(hits)))
-        acc = np.array(acc)
-        best = int(np.argmax(acc))
-        return {
-            "fractions": np.asarray(fractions),
-            "accuracy": acc,
-            "best_accuracy": float(acc[best]),
-            "best_fraction": float(np.asarray(fractions)[best]),
-        }
+        return _best(np.asarray(fractions), np.array(acc), "fraction")
+
+
+def _sizes(image_sizes, n: int) -> np.ndarray:
+    sizes = np.asarray(image_sizes)
+    return np.tile(sizes, (n, 1)) if sizes.shape == (2,) else sizes
+
+
+def _best(grid: np.ndarray, acc: np.ndarray, name: str) -> Dict[str, object]:
+    best = int(np.argmax(acc))
+    return {f"{name}s": grid, "accuracy": acc, "best_accuracy": float(acc[best]), f"best_{name}": float(grid[best])}

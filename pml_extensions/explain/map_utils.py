@@ -28,8 +28,7 @@ def normalize_maps(maps: torch.Tensor, mode: Optional[str] = "minmax") -> torch.
         return maps
     flat = maps.flatten(-2)
     if mode == "minmax":
-        lo = flat.min(dim=-1, keepdim=True).values
-        hi = flat.max(dim=-1, keepdim=True).values
+        lo, hi = torch.aminmax(flat, dim=-1, keepdim=True)
         span = hi - lo
         out = torch.where(span > 0, (flat - lo) / torch.where(span > 0, span, torch.ones_like(span)), 0 * flat)
     else:

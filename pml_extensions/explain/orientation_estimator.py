@@ -111,7 +111,7 @@ class OrientationEstimator:
         overall = dec.overall_maps(fq, fr, output_size="image")
         H, W = fq.image_size
         Ha, Wa = fr.image_size
-        out = {k: [] for k in ("estimate", "query_angle", "aerial_angle", "query_point", "aerial_point")}
+        rows = []
         for n in range(len(fr)):
             qmap = overall["query"][n if overall["query"].shape[0] > 1 else 0]
             qy, qx = divmod(int(torch.argmax(qmap)), qmap.shape[1])
@@ -122,9 +122,6 @@ class OrientationEstimator:
             ay, ax = divmod(int(torch.argmax(amap)), amap.shape[1])
             ts = self.query_angle(qy, qx, H, W)
             ta = self.polar_angle(ay, ax, Ha, Wa)
-            out["estimate"].append(self.wrap_360(ta - ts))
-            out["query_angle"].append(ts)
-            out["aerial_angle"].append(ta)
-            out["query_point"].append((qy, qx))
-            out["aerial_point"].append((ay, ax))
-        return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
+            rows.append((self.wrap_360(ta - ts), ts, ta, (qy, qx), (ay, ax)))
+        keys = ("estimate", "query_angle", "aerial_angle", "query_point", "aerial_point")
+        return {k: torch.tensor(v, dtype=torch.float64) for k, v in zip(keys, zip(*rows))}

@@ -55,6 +55,8 @@ def _panel(panel):
             f"panel must be (label, side, map, point[, mark_max[, scale_group]]), got {len(panel)} entries"
         )
     label, side, heatmap, point = panel[:4]
+    if side not in ("query", "reference"):
+        raise ValueError(f"panel side must be 'query' or 'reference', got {side!r}")
     mark_max = bool(panel[4]) if len(panel) > 4 else False
     group = panel[5] if len(panel) > 5 else ("point" if mark_max else side)
     return label, side, heatmap, point, mark_max, group
@@ -200,6 +202,14 @@ def pair_figure(
     ):
         if values is not None and len(values) != rows:
             raise ValueError(f"{name} must have one entry per reference ({rows}), got {len(values)}")
+    entries = [[_panel(p) for p in row] for row in panels]  # checked before the figure opens
+
+    def on_image(r, side, heatmap):
+        image = query_image if side == "query" else reference_images[r]
+        return maps_on_image(torch.as_tensor(heatmap).detach().to("cpu", torch.float64), image.shape[:2]).numpy()
+
+    # every row's maps at image size: the colour bars read in one power of ten for the whole figure
+    row_maps = [[on_image(r, side, heatmap) for _, side, heatmap, *_ in row] for r, row in enumerate(entries)]
     cmap = plt.get_cmap("RdBu_r")
     cols = 2 + max(len(p) for p in panels)
     aspect = max([query_image.shape[0] / query_image.shape[1]] + [r.shape[0] / r.shape[1] for r in reference_images])
@@ -207,17 +217,6 @@ def pair_figure(
     footer = 0.35 + (0.25 if note else 0.0)
     fig, axes = plt.subplots(rows, cols, figsize=(panel_width * cols, height * rows + footer), squeeze=False)
     cosines = format_cosines(similarities) if similarities is not None else None
-    row_maps = []  # every row's maps at image size: the colour bars read in one power of ten for the whole figure
-    for r in range(rows):
-        maps = []
-        for _, side, heatmap, *_ in (_panel(p) for p in panels[r]):
-            if side not in ("query", "reference"):
-                raise ValueError(f"panel side must be 'query' or 'reference', got {side!r}")
-            image = query_image if side == "query" else reference_images[r]
-            maps.append(
-                maps_on_image(torch.as_tensor(heatmap).detach().to("cpu", torch.float64), image.shape[:2]).numpy()
-            )
-        row_maps.append(maps)
     largest = max([float(np.abs(m).max()) for maps in row_maps for m in maps] + [0.0]) or 1.0
     exp10 = int(np.floor(np.log10(largest)))
     unit = 10.0**exp10 if abs(exp10) >= 2 else 1.0  # every colour bar reads in units of 10^exp10
@@ -240,11 +239,11 @@ def pair_figure(
                     spine.set_edgecolor(colour)
                     spine.set_linewidth(4)
             axes[r, 1].set_title(head, fontsize=10, color=colour)
-            entries, maps = [_panel(p) for p in panels[r]], row_maps[r]
+            maps = row_maps[r]
             limits = {}
-            for (_, _, _, _, _, group), m in zip(entries, maps):
+            for (_, _, _, _, _, group), m in zip(entries[r], maps):
                 limits[group] = max(limits.get(group, 0.0), float(np.abs(m).max()))
-            for c, ((label, side, _, point, mark_max, group), m) in enumerate(zip(entries, maps)):
+            for c, ((label, side, _, point, mark_max, group), m) in enumerate(zip(entries[r], maps)):
                 base = query_image if side == "query" else ref
                 ax = axes[r, 2 + c]
                 top = limits[group] or 1.0

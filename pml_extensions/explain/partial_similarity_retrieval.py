@@ -83,8 +83,7 @@ class PartialSimilarityRetrieval:
         Raises:
             ValueError: ``ref_emb`` not ``[M, L]`` with the query's L.
         """
-        f, norm = self.roi_embedding(query_image, roi)
-        ref = self._check_ref(ref_emb, f)
+        f, norm, ref = self._roi_and_ref(query_image, roi, ref_emb)
         return (ref.to(f) @ f) / (norm * ref.to(f).norm(dim=1)).clamp_min(1e-12)
 
     def search(self, query_image, roi, ref_emb: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -93,17 +92,16 @@ class PartialSimilarityRetrieval:
         Raises:
             ValueError: ``k`` not in 1..M, bad ``ref_emb``.
         """
-        f, norm = self.roi_embedding(query_image, roi)
-        ref = self._check_ref(ref_emb, f)
+        f, norm, ref = self._roi_and_ref(query_image, roi, ref_emb)
         if not is_int(k) or not 1 <= k <= ref.shape[0]:
             raise ValueError(f"k must be an int in [1, {ref.shape[0]}] (the reference set size), got {k!r}")
         dist, idx = inner_product_search((f.detach() / norm)[None], ref, k)
         return torch.from_numpy(dist[0]).to(f.device), torch.from_numpy(idx[0]).long().to(f.device)
 
-    @staticmethod
-    def _check_ref(ref_emb, f) -> torch.Tensor:
+    def _roi_and_ref(self, query_image, roi, ref_emb):
+        f, norm = self.roi_embedding(query_image, roi)
         if not torch.is_tensor(ref_emb) or ref_emb.ndim != 2 or ref_emb.shape[1] != f.shape[0] or ref_emb.shape[0] == 0:
             raise ValueError(
                 f"ref_emb must be a non-empty [M, {f.shape[0]}] tensor, got {getattr(ref_emb, 'shape', type(ref_emb))}"
             )
-        return ref_emb
+        return f, norm, ref_emb

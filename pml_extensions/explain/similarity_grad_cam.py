@@ -129,5 +129,3 @@ class SimilarityGradCAM(SimilarityExplainer):
     def attribute(self, query_images, reference_images, **options) -> Dict[str, torch.Tensor]:
         """:meth:`maps` (the shared verb)."""
         return self.maps(query_images, reference_images, **options)
-
-    __call__ = maps

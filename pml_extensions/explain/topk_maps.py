@@ -1,12 +1,12 @@
 """Overall maps for every query's top-k of a test set, in batches (Zhu et al., IEEE TIP 2021, Sec. III)."""
 
-import itertools
 from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as nnf
 
+from ..trunks.trunk_split import _float_like
 from ..utils.checks import is_int
 from .activation_decomposition import ActivationDecomposition
 
@@ -31,10 +31,8 @@ def _stack(source, indices, arg: str) -> torch.Tensor:
 
 
 def model_device(decomposition: ActivationDecomposition) -> torch.device:
-    """The device of the query trunk's first parameter or buffer (CPU for a parameter-free trunk)."""
-    trunk = decomposition.query_folder.runner.trunk
-    first = next(itertools.chain(trunk.parameters(), trunk.buffers()), None)
-    return torch.device("cpu") if first is None else first.device
+    """The device of the query trunk (CPU for a parameter-free trunk)."""
+    return _float_like(decomposition.query_folder.runner.trunk)["device"]
 
 
 def inner_product_search(queries: torch.Tensor, references: torch.Tensor, k: int):

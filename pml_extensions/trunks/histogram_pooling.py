@@ -1,6 +1,7 @@
 """Prototype-histogram pooling (XML, Gurbuz & Alatan, ICIP 2023, Sec. 2.1-2.2): global average pooling that also
 keeps the soft histogram of the local features over m learnable prototypes; our deviations: docs/methods/xml.md."""
 
+import itertools
 import math
 from typing import Callable, Iterable, List, Optional
 
@@ -24,15 +25,15 @@ PAPER_SCALE = 10.0
 DEFAULT_SCALE_NORMALIZED = 100.0
 
 
-def _check_feature_map(x, in_channels, name="x"):
+def _check_feature_map(x, in_channels=None, name="x", owner="layer"):
     if not torch.is_tensor(x) or x.ndim != 4:
         raise ValueError(f"{name} must be a [B, C, H, W] tensor, got {getattr(x, 'shape', type(x))}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point feature map, got dtype {x.dtype}")
     if x.shape[2] < 1 or x.shape[3] < 1:
         raise ValueError(f"{name} must have at least one position (H, W >= 1), got {tuple(x.shape)}")
-    if x.shape[1] != in_channels:
-        raise ValueError(f"{name} has {x.shape[1]} channels but the layer was built with in_channels={in_channels}")
+    if in_channels is not None and x.shape[1] != in_channels:
+        raise ValueError(f"{name} has {x.shape[1]} channels but the {owner} was built with in_channels={in_channels}")
 
 
 class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
@@ -118,9 +119,7 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         self.keepdim = bool(keepdim)
         self.lazy_init = lazy_init
         self.lazy_init_batches = lazy_init_batches
-        self.reset_parameters()
-        self._lazy_features: List[torch.Tensor] = []
-        self._lazy_generator: Optional[torch.Generator] = None
+        self.reset_parameters()  # also sets the lazy-init state
         self.lazy_init_pending = lazy_init is not None
 
     @property
@@ -330,14 +329,12 @@ class HistogramPooling(_KeepsLastOutputs, torch.nn.Module):
         """Initialise prototypes from the local features ``body`` (the trunk before this layer) produces on
         ``num_batches`` of ``batches`` (images ``[B, 3, H, W]`` or ``(images, labels)``; eval mode, modes restored);
         ``log`` as :meth:`init_prototypes`."""
+        device = self.prototype_conv.weight.device
         with eval_mode(body):
-            feats = []
-            device = next(iter(self.parameters())).device
-            for i, batch in enumerate(batches):
-                if i >= num_batches:
-                    break
-                images = batch[0] if isinstance(batch, (list, tuple)) else batch
-                feats.append(self.local_features(body(images.to(device))).cpu())
+            feats = [
+                self.local_features(body((b[0] if isinstance(b, (list, tuple)) else b).to(device))).cpu()
+                for b in itertools.islice(batches, num_batches)
+            ]
         if not feats:
             raise ValueError("batches yielded no data")
         feats = torch.cat(feats)

@@ -230,22 +230,21 @@ def use_histogram_pooling(
         setattr(parent, attr, pool)
         undo = lambda: setattr(parent, attr, site.module)  # noqa: E731
         where = f"in place of `{site.name}` ({type(site.module).__name__})"
+    failure = None
     try:
-        after, _ = _trace(model, x)
+        if not _same_output(before, _trace(model, x)[0]):
+            failure = (
+                f"HistogramPooling {where} changes the model's output (the model does more than average its last "
+                "feature map there, e.g. a ReLU in forward())"
+            )
     except Exception as e:  # the model's code after the pooling cannot take the layer's output
+        failure = f"with HistogramPooling {where} the model no longer runs ({_first_line(e.__cause__ or e)})"
+    if failure:
         undo()
         raise ValueError(
-            f"{type(model).__name__}: with HistogramPooling {where} the model no longer runs "
-            f"({_first_line(e.__cause__ or e)}); the model is left "
-            "unchanged: put HistogramPooling into the model yourself"
+            f"{type(model).__name__}: {failure}; the model is left unchanged: put HistogramPooling into the model "
+            "yourself"
         ) from None
-    if not _same_output(before, after):
-        undo()
-        raise ValueError(
-            f"{type(model).__name__}: HistogramPooling {where} changes the model's output (the model does more than "
-            "average its last feature map there, e.g. a ReLU in forward()); the model is left unchanged: put "
-            "HistogramPooling into the model yourself"
-        )
     return model
 
 

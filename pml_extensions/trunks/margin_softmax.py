@@ -1,6 +1,7 @@
 """Margin-augmented soft-max: the entropy-regularised solution of the template-matching linear program (Gorgun,
 Gurbuz & Alatan, BMVC 2022, Sec. 3.1 (P3) and 4.1); the problem and its smoothing: docs/methods/template_matching.md."""
 
+import math
 from typing import Union
 
 import torch
@@ -44,11 +45,10 @@ def margin_argmax(activations: torch.Tensor, mu: Union[float, torch.Tensor] = 0.
 def check_soft_maximizer_params(mu, epsilon, eta):
     """μ, ε, η as floats; ``ValueError`` unless μ is finite and ε, η are finite and > 0."""
     mu, epsilon, eta = float(mu), float(epsilon), float(eta)
-    if not epsilon > 0 or epsilon == float("inf"):
-        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    if not eta > 0 or eta == float("inf"):
-        raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
-    if mu != mu or abs(mu) == float("inf"):
+    for name, value in (("epsilon", epsilon), ("eta", eta)):
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if not math.isfinite(mu):
         raise ValueError(f"mu must be finite, got {mu!r}")
     return mu, epsilon, eta
 

@@ -30,12 +30,12 @@ def _noise_score(z: torch.Tensor, noise: str) -> torch.Tensor:
     return z if noise == "normal" else 1.0 - torch.exp(-z)
 
 
-def _chunks(num_samples: int, chunk: int):
-    done = 0
-    while done < num_samples:
-        s = min(chunk, num_samples - done)
-        yield s
-        done += s
+def _draws(x, mu, epsilon, num_samples, chunk_size, noise, generator):
+    # per chunk of samples: the noise Z [s, N, K+1] and argmax([x, μ] + εZ) [s, N]
+    aug = torch.cat([x, x.new_full((x.shape[0], 1), mu)], dim=1)
+    for start in range(0, num_samples, chunk_size):
+        z = _sample_noise((min(chunk_size, num_samples - start), *aug.shape), noise, generator, x)
+        yield z, torch.argmax(aug.unsqueeze(0) + epsilon * z, dim=2)
 
 
 class PerturbedArgmaxFunction(torch.autograd.Function):
@@ -52,12 +52,9 @@ class PerturbedArgmaxFunction(torch.autograd.Function):
         n, k = x.shape
         state = generator.get_state()
         xw = x.to(_work_dtype(x))
-        aug = torch.cat([xw, xw.new_full((n, 1), mu)], dim=1)  # [N, K+1]
         counts = torch.zeros(n * (k + 1), dtype=xw.dtype, device=x.device)
         offsets = torch.arange(n, device=x.device) * (k + 1)
-        for s in _chunks(num_samples, chunk_size):
-            z = _sample_noise((s, n, k + 1), noise, generator, xw)
-            idx = torch.argmax(aug.unsqueeze(0) + epsilon * z, dim=2)  # [s, N]
+        for _, idx in _draws(xw, mu, epsilon, num_samples, chunk_size, noise, generator):
             counts += torch.bincount((idx + offsets).view(-1), minlength=n * (k + 1)).to(counts.dtype)
         probs = counts.view(n, k + 1)[:, :k] / num_samples
         ctx.save_for_backward(x)
@@ -72,13 +69,10 @@ class PerturbedArgmaxFunction(torch.autograd.Function):
         generator = torch.Generator(device=gen_device)
         generator.set_state(state)
         xw = x.to(_work_dtype(x))
-        aug = torch.cat([xw, xw.new_full((n, 1), mu)], dim=1)
         g_aug = torch.cat([grad_out.to(xw.dtype), xw.new_zeros(n, 1)], dim=1)  # the slack is not an output
-        grad = torch.zeros_like(aug)
-        for s in _chunks(num_samples, chunk_size):
-            z = _sample_noise((s, n, k + 1), noise, generator, xw)
-            idx = torch.argmax(aug.unsqueeze(0) + epsilon * z, dim=2, keepdim=True)  # [s, N, 1]
-            g_sel = torch.gather(g_aug.unsqueeze(0).expand(s, n, k + 1), 2, idx)  # g_{argmax}: [s, N, 1]
+        grad = xw.new_zeros(n, k + 1)
+        for z, idx in _draws(xw, mu, epsilon, num_samples, chunk_size, noise, generator):
+            g_sel = torch.gather(g_aug.unsqueeze(0).expand(z.shape[0], n, k + 1), 2, idx.unsqueeze(2))  # g_{argmax}
             grad += (g_sel * _noise_score(z, noise)).sum(0)
         grad_x = (grad[:, :k] * (eta / (num_samples * epsilon))).to(x.dtype)
         return grad_x, None, None, None, None, None, None, None

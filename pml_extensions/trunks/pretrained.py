@@ -77,7 +77,6 @@ def mobilenet_v2_features(pretrained: bool = True, check_hash: bool = False) -> 
         FileNotFoundError: if ``pretrained`` and the weights package is not installed.
         ValueError: if ``check_hash`` and the file does not match.
     """
-    model = mobilenet_v2_imagenet(pretrained, check_hash)
-    features = model.features
+    features = mobilenet_v2_imagenet(pretrained, check_hash).features
     features.out_channels = 1280
     return features

@@ -2,6 +2,7 @@
 trained model (Gorgun, Gurbuz & Alatan, BMVC 2022, Sec. 3.2 and 4.1); docs/methods/template_matching.md."""
 
 import copy
+import itertools
 from typing import Iterable, List, Optional, Tuple
 
 import torch
@@ -10,6 +11,7 @@ import torchvision
 from ..utils.eval_mode import eval_mode
 from .margin_softmax import MarginAugmentedSoftmax
 from .perturbed_maximizer import PerturbedMaximizer
+from .trunk_split import _float_like
 
 MAXIMIZERS = ("softmax", "perturbed")
 BLOCKS = (torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)
@@ -22,13 +24,16 @@ def bn_relu_sites(model: torch.nn.Module) -> List[Tuple[torch.nn.Module, str]]:
     return [(m, "bn1" if isinstance(m, resnet.BasicBlock) else "bn2") for m in model.modules() if isinstance(m, BLOCKS)]
 
 
-def _sites(model) -> List[Tuple[torch.nn.Module, str]]:
+def _sites(model, bn: bool = True) -> List[Tuple[torch.nn.Module, str]]:
+    # with ``bn``: every site must still hold its BatchNorm (not yet swapped)
     sites = bn_relu_sites(model)
     if not sites:
         raise ValueError(
             f"{type(model).__name__} has no torchvision BasicBlock/Bottleneck, so no BN-ReLU after a 3×3 "
             "conv to replace"
         )
+    for block, name in sites if bn else ():
+        _check_bn(getattr(block, name))
     return sites
 
 
@@ -99,7 +104,7 @@ def soft_maximizer_swap(
         raise ValueError(f"maximizer must be one of {MAXIMIZERS}, got {maximizer!r}")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    _sites(model)
+    _sites(model, bn=False)
     if not inplace:
         model = copy.deepcopy(model)
     for i, (block, name) in enumerate(bn_relu_sites(model)):
@@ -112,21 +117,16 @@ def soft_maximizer_swap(
 
 
 def _run_with_hooks(model, batches, num_batches, hook_fn, sites):
-    for block, name in sites:
-        _check_bn(getattr(block, name))
-    handles = []
-    p = next(model.parameters(), None)
-    device = p.device if p is not None else torch.device("cpu")
+    device = _float_like(model)["device"]
     seen = 0
+    handles = [
+        getattr(block, name).register_forward_hook(lambda m, inp, out, i=i: hook_fn(i, inp[0], out))
+        for i, (block, name) in enumerate(sites)
+    ]
     try:
-        for i, (block, name) in enumerate(sites):
-            handles.append(getattr(block, name).register_forward_hook(lambda m, inp, out, i=i: hook_fn(i, m, inp, out)))
         with torch.no_grad(), eval_mode(model):
-            for b, batch in enumerate(batches):
-                if num_batches is not None and b >= num_batches:
-                    break
-                images = batch[0] if isinstance(batch, (list, tuple)) else batch
-                model(images.to(device))
+            for batch in itertools.islice(batches, num_batches):
+                model((batch[0] if isinstance(batch, (list, tuple)) else batch).to(device))
                 seen += 1
     finally:
         for h in handles:
@@ -164,11 +164,9 @@ def estimate_mu(
     else:
         stats = [[0.0, 0.0, 0] for _ in sites]
 
-        def hook(i, m, inp, out):
-            a = inp[0].detach().double().transpose(0, 1).reshape(inp[0].shape[1], -1)
-            stats[i][0] = stats[i][0] + a.sum(1)
-            stats[i][1] = stats[i][1] + (a * a).sum(1)
-            stats[i][2] += a.shape[1]
+        def hook(i, inp, out):
+            a = inp.detach().double().transpose(0, 1).reshape(inp.shape[1], -1)
+            stats[i] = [t + u for t, u in zip(stats[i], (a.sum(1), (a * a).sum(1), a.shape[1]))]
 
         _run_with_hooks(model, batches, num_batches, hook, sites)
         per_site = []
@@ -203,7 +201,7 @@ def estimate_eta(model: torch.nn.Module, batches: Iterable, num_batches: Optiona
     sites = _sites(model)
     sums = [[0.0, 0] for _ in sites]
 
-    def hook(i, m, inp, out):
+    def hook(i, inp, out):
         per_pixel = torch.relu(out.detach().double()).sum(1)
         sums[i][0] += float(per_pixel.sum())
         sums[i][1] += per_pixel.numel()

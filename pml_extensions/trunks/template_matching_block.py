@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ..utils.checks import is_int
 from ._last_outputs import _KeepsLastOutputs
+from .histogram_pooling import _check_feature_map
 from .margin_softmax import MarginAugmentedSoftmax
 from .perturbed_maximizer import PerturbedMaximizer
 
@@ -42,11 +43,9 @@ def same_patch_mean(feature_map: torch.Tensor, window: Union[int, Sequence[int]]
 
     Raises:
         ValueError: if the map is not 4-D or the window is not positive or larger than the map.
+        TypeError: if the map is not floating-point.
     """
-    if not torch.is_tensor(feature_map) or feature_map.ndim != 4:
-        raise ValueError(
-            f"feature_map must be a [B, C, H, W] tensor, got {getattr(feature_map, 'shape', type(feature_map))}"
-        )
+    _check_feature_map(feature_map, name="feature_map")
     kh, kw = _pair(window)
     h, w = feature_map.shape[-2:]
     if kh > h or kw > w:
@@ -90,6 +89,7 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
         ValueError: on ``num_classes`` < 2, non-positive widths, unknown ``mixing``/``combine``/``init`` (lists the
             valid ones), a malformed window, ``init="identity"`` where the block cannot be the identity (see
             :meth:`init_identity`), or at forward time a map with the wrong rank/width or smaller than the window.
+        TypeError: at forward time, a map that is not floating-point.
 
     Example::
 
@@ -220,15 +220,7 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
 
     def class_scores(self, feature_map: torch.Tensor) -> torch.Tensor:
         """a = classifier(patch mean of f): ``[B, c, H, W]`` per-pixel class scores (logits)."""
-        if not torch.is_tensor(feature_map) or feature_map.ndim != 4:
-            raise ValueError(
-                f"feature_map must be a [B, C, H, W] tensor, got {getattr(feature_map, 'shape', type(feature_map))}"
-            )
-        if feature_map.shape[1] != self.in_channels:
-            raise ValueError(
-                f"feature_map has {feature_map.shape[1]} channels but the block was built with "
-                f"in_channels={self.in_channels}"
-            )
+        _check_feature_map(feature_map, self.in_channels, "feature_map", "block")
         pooled = same_patch_mean(feature_map, self.window_for(*feature_map.shape[-2:]))
         return self.classifier(pooled)
 

@@ -2,12 +2,15 @@
 BMVC 2022, Sec. 3.3) or after a named stage; why the block starts as the identity: docs/methods/template_matching.md."""
 
 import copy
+import functools
 from typing import List, Optional
 
 import torch
 import torchvision
 
+from .soft_maximizer_swap import BLOCKS
 from .template_matching_block import INITS, TemplateMatchingBlock
+from .trunk_split import _float_like
 
 SUPPORTED = (
     "torchvision ResNet (resnet18, resnet34, resnet50, ... or any model with layer3/layer4 stages of "
@@ -22,60 +25,50 @@ def template_matching_blocks(model: torch.nn.Module) -> List[TemplateMatchingBlo
     return [m for m in model.modules() if isinstance(m, TemplateMatchingBlock)]
 
 
-def _widen_conv(conv: torch.nn.Conv2d, extra: int) -> torch.nn.Conv2d:
-    if conv.groups != 1:
-        raise ValueError(f"cannot widen the input of a grouped convolution ({conv})")
-    new = torch.nn.Conv2d(
-        conv.in_channels + extra,
-        conv.out_channels,
-        conv.kernel_size,
-        stride=conv.stride,
-        padding=conv.padding,
-        dilation=conv.dilation,
-        bias=conv.bias is not None,
-        padding_mode=conv.padding_mode,
-        device=conv.weight.device,
-        dtype=conv.weight.dtype,
-    )
+def _widen(module: torch.nn.Module, extra: int) -> torch.nn.Module:
+    # the Conv2d / BatchNorm2d rebuilt (on its device, no deep copy: fake and meta tensors have no storage) with
+    # `extra` more input channels that it ignores: zero conv weights, BatchNorm's defaults for the new channels
+    if isinstance(module, torch.nn.Conv2d):
+        if module.groups != 1:
+            raise ValueError(f"cannot widen the input of a grouped convolution ({module})")
+        w = module.weight
+        new = torch.nn.Conv2d(
+            module.in_channels + extra,
+            module.out_channels,
+            module.kernel_size,
+            stride=module.stride,
+            padding=module.padding,
+            dilation=module.dilation,
+            bias=module.bias is not None,
+            padding_mode=module.padding_mode,
+            device=w.device,
+            dtype=w.dtype,
+        )
+        torch.nn.init.zeros_(new.weight)
+    else:
+        w = module.weight if module.weight is not None else module.running_mean
+        new = torch.nn.BatchNorm2d(
+            module.num_features + extra,
+            eps=module.eps,
+            momentum=module.momentum,
+            affine=module.affine,
+            track_running_stats=module.track_running_stats,
+            device=w.device,
+            dtype=w.dtype,
+        ).train(module.training)
     with torch.no_grad():
-        new.weight.zero_()
-        new.weight[:, : conv.in_channels].copy_(conv.weight)
-        if conv.bias is not None:
-            new.bias.copy_(conv.bias)
+        for name, t in module.state_dict(keep_vars=True).items():  # the old values into the leading block
+            getattr(new, name)[tuple(slice(0, n) for n in t.shape)].copy_(t)
     return new
 
 
-def _widen_bn(bn: torch.nn.BatchNorm2d, extra: int) -> torch.nn.BatchNorm2d:
-    p = bn.weight if bn.weight is not None else bn.running_mean
-    new = torch.nn.BatchNorm2d(
-        bn.num_features + extra,
-        eps=bn.eps,
-        momentum=bn.momentum,
-        affine=bn.affine,
-        track_running_stats=bn.track_running_stats,
-        device=p.device,
-        dtype=p.dtype,
-    )
-    n = bn.num_features
-    with torch.no_grad():
-        if bn.affine:
-            new.weight[:n].copy_(bn.weight)
-            new.bias[:n].copy_(bn.bias)
-        if bn.track_running_stats:
-            new.running_mean[:n].copy_(bn.running_mean)
-            new.running_var[:n].copy_(bn.running_var)
-            new.num_batches_tracked.copy_(bn.num_batches_tracked)
-    return new.train(bn.training)
-
-
 def _is_resnet_like(model) -> bool:
-    blocks = (torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)
     l3, l4 = getattr(model, "layer3", None), getattr(model, "layer4", None)
     return (
         isinstance(l3, torch.nn.Sequential)
         and isinstance(l4, torch.nn.Sequential)
         and len(l4) > 0
-        and all(isinstance(b, blocks) for b in list(l3) + list(l4))
+        and all(isinstance(b, BLOCKS) for b in list(l3) + list(l4))
     )
 
 
@@ -92,20 +85,18 @@ def _insert_child(parent: torch.nn.Sequential, after: str, block: torch.nn.Modul
         parent.add_module(name, m)
 
 
-def _insert_resnet(model, make_block, combine):
+# each ``_*_site(model, combine)``: (width of the map, (parent, name) of the layers that a concat block's wider output
+# feeds, the function that puts the block into the model)
+
+
+def _resnet_site(model, combine):
     first = model.layer4[0]
-    block = make_block(first.conv1.in_channels)
-    if combine == "concat":
-        extra = block.out_channels - block.in_channels
-        if first.downsample is None:
-            raise ValueError("combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input")
-        first.conv1 = _widen_conv(first.conv1, extra)
-        first.downsample[0] = _widen_conv(first.downsample[0], extra)
-    model.layer3.append(block)
-    return block
+    if combine == "concat" and first.downsample is None:
+        raise ValueError("combine='concat' needs a downsample shortcut in layer4[0] to absorb the wider input")
+    return first.conv1.in_channels, [(first, "conv1"), (first.downsample, "0")], model.layer3.append
 
 
-def _insert_mobilenet(model, make_block, combine):
+def _mobilenet_site(model, combine):
     stride2 = [
         i
         for i, m in enumerate(model.features)
@@ -114,25 +105,16 @@ def _insert_mobilenet(model, make_block, combine):
     if not stride2:
         raise ValueError("MobileNetV2.features has no stride-2 inverted residual to insert the block before")
     first = model.features[stride2[-1]].conv[0]  # the block's first Conv2dNormActivation; [0] is its conv
-    block = make_block(first[0].in_channels)
-    if combine == "concat":
-        first[0] = _widen_conv(first[0], block.out_channels - block.in_channels)
-    _insert_child(model.features, str(stride2[-1] - 1), block)
-    return block
+    return first[0].in_channels, [(first, "0")], functools.partial(_insert_child, model.features, str(stride2[-1] - 1))
 
 
-def _insert_densenet(model, make_block, combine):
+def _densenet_site(model, combine):
     named = dict(model.features.named_children())
     if "denseblock3" not in named or "transition3" not in named:
         raise ValueError("DenseNet.features must contain denseblock3 and transition3")
     trans = named["transition3"]
-    block = make_block(trans.norm.num_features)
-    if combine == "concat":
-        extra = block.out_channels - block.in_channels
-        trans.norm = _widen_bn(trans.norm, extra)
-        trans.conv = _widen_conv(trans.conv, extra)
-    _insert_child(model.features, "denseblock3", block)
-    return block
+    put = functools.partial(_insert_child, model.features, "denseblock3")
+    return trans.norm.num_features, [(trans, "norm"), (trans, "conv")], put
 
 
 def _stage_width(stage: torch.nn.Module) -> int:
@@ -147,7 +129,7 @@ def _stage_width(stage: torch.nn.Module) -> int:
     return width
 
 
-def _insert_after(model, path, make_block, combine):
+def _after_site(model, combine, path):
     modules = dict(model.named_modules())
     stage = modules.get(path)
     parent_path, _, child = path.rpartition(".")
@@ -161,12 +143,7 @@ def _insert_after(model, path, make_block, combine):
         )
     if combine != "add":
         raise ValueError(f"after={path!r} takes combine='add' (the width the next stage expects), got {combine!r}")
-    block = make_block(_stage_width(stage))
-    if in_sequential:
-        _insert_child(parent, child, block)
-    else:
-        stage.append(block)
-    return block
+    return _stage_width(stage), [], functools.partial(_insert_child, parent, child) if in_sequential else stage.append
 
 
 def insert_template_matching(
@@ -227,13 +204,13 @@ def insert_template_matching(
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
     if after is not None:
-        insert = lambda m, make, combine: _insert_after(m, str(after), make, combine)  # noqa: E731
+        site = functools.partial(_after_site, path=str(after))
     elif isinstance(model, torchvision.models.DenseNet):
-        insert = _insert_densenet
+        site = _densenet_site
     elif isinstance(model, torchvision.models.MobileNetV2):
-        insert = _insert_mobilenet
+        site = _mobilenet_site
     elif _is_resnet_like(model):
-        insert = _insert_resnet
+        site = _resnet_site
     else:
         raise ValueError(
             f"insert_template_matching does not know the architecture {type(model).__name__}; supported: "
@@ -243,21 +220,17 @@ def insert_template_matching(
     if not inplace:
         model = copy.deepcopy(model)
     combine = block_kwargs.get("combine", "add")
-
-    def make_block(width: int) -> TemplateMatchingBlock:
-        kwargs = dict(block_kwargs)
-        if combine == "add" and kwargs.get("value_channels") not in (None, width):
-            raise ValueError(
-                f"value_channels={kwargs['value_channels']} would change the width {width} that the next "
-                "stage expects; leave it None for combine='add'"
-            )
-        p = next(model.parameters(), None)
-        if p is not None:
-            kwargs.setdefault("device", p.device)
-            kwargs.setdefault("dtype", p.dtype)
-        return TemplateMatchingBlock(width, num_classes, init="paper", **kwargs)
-
-    block = insert(model, make_block, combine)
+    width, wider, put = site(model, combine)
+    kwargs = {**_float_like(model), **block_kwargs}
+    if combine == "add" and kwargs.get("value_channels") not in (None, width):
+        raise ValueError(
+            f"value_channels={kwargs['value_channels']} would change the width {width} that the next "
+            "stage expects; leave it None for combine='add'"
+        )
+    block = TemplateMatchingBlock(width, num_classes, init="paper", **kwargs)
+    for parent, name in wider if combine == "concat" else ():
+        setattr(parent, name, _widen(getattr(parent, name), block.out_channels - block.in_channels))
+    put(block)
     if init == "identity" and combine == "add":
         block.init_identity()  # concat: the zero-widened next layer already keeps the function
     return model
