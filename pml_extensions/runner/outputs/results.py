@@ -17,12 +17,9 @@ SmallestEffects = Union[None, float, Mapping[Union[str, Tuple[str, ...]], float]
 
 def _lookup(table, variant: str, baseline: str, metric: str):
     """``table`` itself, or its value for the most specific key of a comparison (None when none matches)."""
-    if table is None or not isinstance(table, Mapping):
+    if not isinstance(table, Mapping):
         return table
-    for key in ((variant, baseline, metric), (variant, baseline), metric):
-        if key in table:
-            return table[key]
-    return None
+    return next((table[k] for k in ((variant, baseline, metric), (variant, baseline), metric) if k in table), None)
 
 
 def summarize(
@@ -145,18 +142,9 @@ _NUMERIC = {"mean difference", "95 % CI", "smallest effect δ", "95 % CI (t, see
 def results_tables(
     results: dict, metrics: Optional[Sequence[str]] = None, decimals: Optional[int] = None
 ) -> List[Table]:
-    """The tables of a results dict (:mod:`.tables`): per variant mean ± std over seeds (and the per-seed values of
-    the first metric), then each comparison with its mean paired difference, its 95 % t interval and whether it
-    excludes 0 — or, when the comparisons are claims, also the bootstrap interval, the p-values (raw and
-    Holm-adjusted), δ and the verdict, with note lines that say how they were computed.
-
-    Args:
-        results: a :func:`summarize` dict (or a ``results.json`` read back).
-        metrics: the variant table's columns; default ``results["text"]["metrics"]``, else every metric present.
-        decimals: digits of every number; default ``results["text"]["decimals"]``, else 4.
-
-    Returns:
-        The variant table, then the comparison table when there are comparisons.
+    """The variant table (mean ± std per metric, per-seed values of the first) and the comparison table (with the
+    claims' bootstrap, p-values, δ and verdicts) of a :func:`summarize` dict; ``metrics`` and ``decimals`` default to
+    ``results["text"]``'s, else every metric and 4.
 
     Example::
 
