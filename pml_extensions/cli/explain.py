@@ -378,7 +378,6 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         raise ValueError(f"{e} (--layer / --reference-layer)") from None
     cq = trunk_input_channels(trunk) or 3  # a trunk without a convolution: RGB
     cr = (trunk_input_channels(ref_trunk) or 3) if ref_trunk is not None else cq
-    keep = not args.square
     size_q, stats = side_of(checkpoint, cq, args.image_size)
     if data is not None and args.reference is None and not data.files and args.image_size is not None:
         raise ValueError("--image-size resizes image files; this run's dataset draws its images: leave it out")
@@ -386,13 +385,11 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         load_q = load_r = data.loader()
         stats_r = stats
     else:
+        size_r, stats_r = args.reference_image_size or size_q, stats
         if ref_trunk is not None:
             size_r, stats_r = side_of(args.reference_checkpoint, cr, args.reference_image_size or args.image_size)
-        else:
-            size_r, stats_r = args.reference_image_size or size_q, stats
-
-        load_q = functools.partial(load_image, size=size_q, channels=cq, keep_aspect=keep, stats=stats)
-        load_r = functools.partial(load_image, size=size_r, channels=cr, keep_aspect=keep, stats=stats_r)
+        load_q = functools.partial(load_image, size=size_q, channels=cq, keep_aspect=not args.square, stats=stats)
+        load_r = functools.partial(load_image, size=size_r, channels=cr, keep_aspect=not args.square, stats=stats_r)
 
     q = load_q(query).to(device)[None]
     try:

@@ -215,7 +215,6 @@ def _retrieval_html(folder: str) -> str:
     base, out = os.path.join(folder, "retrieval"), []
 
     def cell(item: Dict[str, Any], kind: str, alt: str, caption: str, mark: str = "") -> str:
-        """An example's thumbnail, ``caption``, its class and ``mark``; empty without the image."""
         path = os.path.join(base, item.get("image", ""))
         if not os.path.isfile(path):
             return ""
@@ -224,8 +223,7 @@ def _retrieval_html(folder: str) -> str:
 
     for path in sorted(glob.glob(os.path.join(base, "*.json"))):
         try:
-            with open(path, encoding="utf-8") as f:
-                examples = json.load(f)
+            examples = _read_json(path)
         except (OSError, ValueError):
             continue
         out.append(f"<h3>{html.escape(str(examples.get('name', '')))}</h3>")
