@@ -92,9 +92,7 @@ def prepare_folder(
             log(f"note: continuing with a changed config ({', '.join(diff[:12])})")
     dist_utils.barrier()
     if dist_utils.is_main():
-        path = folder
         try:  # the first writes of a run: an unwritable folder stops it here, before any data is read
-            os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, "config.yaml")
             atomic_write_text(path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
             if command is not None:

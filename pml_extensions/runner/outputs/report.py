@@ -303,6 +303,10 @@ def write_report(folder: str) -> str:
         f"<style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)} report: {html.escape(os.path.basename(os.path.abspath(folder)))}</h1>",
     ]
+
+    def section(heading: str, items: List[str]) -> None:  # a heading and its items, when there are any
+        parts.extend([heading, *items] if items else [])
+
     if command:
         parts.append(f"<p>Command: <code>{html.escape(command)}</code></p>")
     if dataset is not None:
@@ -328,9 +332,8 @@ def write_report(folder: str) -> str:
         parts.append(f"<h2>Results</h2><pre>{html.escape(_read_text(folder, 'results.md'))}</pre>")
     # every PNG the run wrote at the top of the folder, except a screenshot of this page (report.png)
     figures = [g for g in sorted(glob.glob(os.path.join(folder, "*.png"))) if os.path.basename(g) != SCREENSHOT]
-    if search_text and figures:  # the search plot right under its table
-        parts.append("<h2>Search: objective per trial</h2>")
-        parts += [_figure(folder, g) for g in figures]
+    if search_text:  # the search plot right under its table
+        section("<h2>Search: objective per trial</h2>", [_figure(folder, g) for g in figures])
         figures = []
     source = best_trial or folder
     where = f" (best trial: {html.escape(os.path.relpath(best_trial, folder))})" if best_trial else ""
@@ -345,16 +348,10 @@ def write_report(folder: str) -> str:
         _selected(source, source_results),
         _iterations_per_epoch(source_results, source_config),
     )
-    if curves:
-        parts.append(f"<h2>Curves{where}</h2>")
-        parts += [f"<img class='curve' src='{c}' alt='curve'>" for c in curves]
-    if figures:
-        parts.append("<h2>Figures</h2>")
-        parts += [_figure(folder, g) for g in figures]
+    section(f"<h2>Curves{where}</h2>", [f"<img class='curve' src='{c}' alt='curve'>" for c in curves])
+    section("<h2>Figures</h2>", [_figure(folder, g) for g in figures])
     grids = sorted(glob.glob(os.path.join(source, "explanations", "**", "*.png"), recursive=True))
-    if grids:
-        parts.append(f"<h2>Explanations (top-k grids with maps){where}</h2>")
-        parts += [_figure(source, g) for g in grids]
+    section(f"<h2>Explanations (top-k grids with maps){where}</h2>", [_figure(source, g) for g in grids])
     parts.append(f"<h2>Config</h2><pre>{html.escape(config_text)}</pre></body></html>")
     path = os.path.join(folder, "report.html")
     atomic_write_text(path, "\n".join(parts))

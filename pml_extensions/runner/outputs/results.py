@@ -255,7 +255,6 @@ def write_results(
     caller's dict is not changed); ``NAME.md`` is that document: ``header``, the tables with ``decimals`` digits,
     ``footer``. ``header`` and ``footer`` are paragraphs (a string, written as it is) or blocks of :mod:`.tables`.
     """
-    os.makedirs(folder, exist_ok=True)
     json_path, md_path = os.path.join(folder, f"{name}.json"), os.path.join(folder, f"{name}.md")
     text = {
         "header": to_json(as_blocks(header)),

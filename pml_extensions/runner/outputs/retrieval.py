@@ -150,9 +150,8 @@ def save_retrieval_examples(
         sims[torch.arange(len(order), device="cpu"), order] = float("-inf")
     ranked = torch.sort(sims, dim=1, descending=True, stable=True)  # equal cosines: the lower index first
     out_dir = os.path.join(folder, FOLDER, name)
-    if os.path.isdir(out_dir):  # a rerun's examples replace the old ones
+    if os.path.isdir(out_dir):  # a rerun's examples replace the old ones (picture() makes the folder)
         shutil.rmtree(out_dir)
-    os.makedirs(out_dir)
 
     def picture(kind: str, i: int, image: Callable[[int], Any]) -> str:
         path = f"{name}/{kind}{i}.png"  # relative to <folder>/retrieval; each item's thumbnail written once
