@@ -251,15 +251,14 @@ def _retrieval_html(folder: str) -> str:
 
 
 _STYLE = (
-    "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:0 12px}table{border-collapse:collapse;"
-    "margin:12px 0}td,th{border:1px solid #999;padding:3px 8px;text-align:left}"
-    "td.num{text-align:right;white-space:nowrap}"
-    "pre{background:#f4f4f4;padding:8px;overflow:auto;max-height:400px}"
+    "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:0 12px}"
+    "table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #999;padding:3px 8px;text-align:left}"
+    "td.num{text-align:right;white-space:nowrap}pre{background:#f4f4f4;padding:8px;overflow:auto;max-height:400px}"
     "table.retrieval td{border:none;padding:4px;text-align:center;font-size:11px;vertical-align:top}"
     "table.retrieval img{display:block;margin:auto;width:96px;height:96px;object-fit:contain;background:#eee}"
     "td.query img{border:4px solid #444}td.same img{border:4px solid #1a9850}td.other img{border:4px solid #d73027}"
-    ".same-key{color:#1a9850;font-weight:bold}.other-key{color:#d73027;font-weight:bold}"
-    "img.curve{max-width:49%}p.lines{white-space:pre-line}"
+    ".same-key{color:#1a9850;font-weight:bold}.other-key{color:#d73027;font-weight:bold}img.curve{max-width:49%}"
+    "p.lines{white-space:pre-line}"
 )
 
 
