@@ -248,13 +248,9 @@ def write_results(
     footer: Union[str, Block, Sequence[Block]] = "",
     decimals: int = 4,
 ) -> Tuple[str, str]:
-    """Write ``NAME.json`` and ``NAME.md`` into ``folder`` atomically; return both paths.
-
-    ``NAME.json`` is ``results`` with ``text`` set to what the Markdown is rendered from (``header`` and ``footer``
-    as blocks, ``metrics``, ``decimals``: :func:`results_blocks` rebuilds the document from the file alone; the
-    caller's dict is not changed); ``NAME.md`` is that document: ``header``, the tables with ``decimals`` digits,
-    ``footer``. ``header`` and ``footer`` are paragraphs (a string, written as it is) or blocks of :mod:`.tables`.
-    """
+    """Write ``NAME.json`` (``results`` with ``text``: what ``NAME.md`` is rendered from, so :func:`results_blocks`
+    rebuilds it from the file alone) and ``NAME.md`` into ``folder`` atomically; return both paths. ``header`` and
+    ``footer``: a paragraph (a string, written as it is) or blocks of :mod:`.tables`."""
     json_path, md_path = os.path.join(folder, f"{name}.json"), os.path.join(folder, f"{name}.md")
     text = {
         "header": to_json(as_blocks(header)),
