@@ -215,15 +215,10 @@ class Checkpointer:
     """Atomic checkpoint file plus record-keeper logs kept consistent with it.
 
     Args:
-        folder: where ``checkpoint.pth`` and the ``logs/`` folder (``logs.db`` + one CSV per table) live.
-        epoch_tables: names of tables whose ``~iteration~`` column holds the epoch (e.g. accuracies); all
-        other tables hold the global training iteration.
-        save_lists: keep list-valued records (record-keeper's ``save_lists``).
-        tensorboard_writer: a ``torch.utils.tensorboard.SummaryWriter`` the record keeper also writes to.
-
-    Attributes:
-        record_keeper: a ``record_keeper.RecordKeeper`` to log into; rows stay in memory until :meth:`commit`.
-        path, previous_path: ``checkpoint.pth`` and the one before it, ``checkpoint.prev.pth``.
+        folder: where ``checkpoint.pth`` (``path``), ``checkpoint.prev.pth`` (``previous_path``) and ``logs/``
+            (``logs.db``, one CSV per table) live.
+        epoch_tables: tables whose ``~iteration~`` column holds the epoch (the others: the global iteration).
+        save_lists, tensorboard_writer: record-keeper's; its ``record_keeper`` keeps rows until :meth:`commit`.
     """
 
     def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False, tensorboard_writer=None):

@@ -42,13 +42,12 @@ def summarize(
         metrics: metrics for which comparisons are computed (mean/std are computed for every metric present).
         extra: further keys copied into the result (must not be ``variants``, ``comparisons``, ``per_class``).
         per_class: ``{variant: {seed: {metric: {class: [sum, count]}}}}``: per test class the sum of the per-query
-            (per-image) metric and the number of queries (images), so a resampled class set has the metric
-            ``Σ sum / Σ count``; the comparisons of a metric given here are bootstrapped over seeds and test classes
-            (others over seeds only). Stored in the result under ``per_class``.
-        smallest_effects: δ of the claims, in the metric's units: one number for every comparison, or a mapping
-            keyed by ``(variant, baseline, metric)``, ``(variant, baseline)`` or ``metric`` (the most specific key
-            wins). A comparison with a δ is a claim: it gets ``claim``, ``smallest_effect``, ``p_value``,
-            ``p_holm`` (Holm over every claim of this result) and ``verdict`` (the module docstring).
+            metric and the number of queries (a resampled class set has ``Σ sum / Σ count``); such a metric's
+            comparisons are bootstrapped over seeds and test classes (others over seeds only).
+        smallest_effects: δ of the claims, in the metric's units: one number, or a mapping keyed by ``(variant,
+            baseline, metric)``, ``(variant, baseline)`` or ``metric`` (the most specific wins). A comparison with
+            a δ is a claim: it gets ``claim``, ``smallest_effect``, ``p_value``, ``p_holm`` (Holm over every claim
+            of this result) and ``verdict``.
         claims: the claims' directions (:data:`CLAIMS`): one for all, or a mapping keyed like ``smallest_effects``;
             ``"greater"`` where none is given.
         n_resamples, bootstrap_seed: the bootstrap's number of resamples and numpy seed.

@@ -81,17 +81,14 @@ def save_retrieval_examples(
     Args:
         folder: the experiment folder (files go to ``<folder>/retrieval/``).
         name: the examples' name (a file name: letters, digits, ``_.-``), e.g. ``"test"`` or a variant's name.
-        query_embeddings: ``[N, D]`` float embeddings of the query items (any device and float dtype).
-        query_labels: ``[N]`` integer labels.
+        query_embeddings, query_labels: ``[N, D]`` float embeddings (any device and float dtype), ``[N]`` int labels.
         query_image: ``i -> PIL image`` of query item ``i`` (e.g. ``lambda i: dataset_image(test_set, i)``).
         reference_embeddings, reference_labels, reference_image: the references (``[M, D]``, ``[M]``); default:
             the queries themselves.
-        same_items: query ``i`` and reference ``i`` are the same item, left out of its own neighbours (true for
-            the default references; an asymmetric setup embedding the same test images twice keeps it true).
+        same_items: query ``i`` and reference ``i`` are the same item, left out of its own neighbours.
         n_queries, k, seed: how many queries (drawn by ``torch.Generator().manual_seed(seed)``), neighbours per
             query (clamped to the references available).
-        thumbnail: longest side of the thumbnails in pixels.
-        class_names: ``label -> name`` (default: the label itself).
+        thumbnail, class_names: the thumbnails' longest side in pixels; ``label -> name`` (default: the label).
         note: one line shown above the examples (which model, which split, which resolution).
 
     Returns:
