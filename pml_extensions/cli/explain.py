@@ -20,12 +20,7 @@ DEFAULT_IMAGE_SIZE = 320
 
 
 def load_models(checkpoint: Optional[str], trust: bool = False):
-    """``(trunk, embedder)`` from ``checkpoint`` (see ``--checkpoint`` and
-    :mod:`pml_extensions.runner.objects.saved_models`) or the ImageNet MobileNetV2.
-
-    Raises:
-        FileNotFoundError: a missing checkpoint; ValueError: an unreadable one (one line naming the file).
-    """
+    """``(trunk, embedder)`` of ``checkpoint`` (:func:`pml_extensions.runner.objects.saved_models.load_models`)."""
     from torch import nn
 
     from ..runner.objects.saved_models import load_models as _load_models
@@ -39,10 +34,8 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
 
 
 def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False, stats=None):
-    """Image file → ``[channels, size, size]`` tensor (resized without cropping, as the authors' demo), or
-    with ``keep_aspect`` the shorter side resized to ``size`` (``[channels, size, W']`` or ``[channels, H',
-    size]``); normalised with ``stats = (mean, std)`` when given (a run's own eval normalisation), else
-    ImageNet-normalised for 3 channels and grey in [0, 1] for 1 channel."""
+    """Image file → ``[channels, size, size]`` tensor (no crop, as the authors' demo), or with ``keep_aspect`` its
+    shorter side ``size``; normalised with ``stats = (mean, std)``, else ImageNet's (3 channels) or not (grey)."""
     from PIL import Image
     from torchvision.transforms import functional as TF
 
@@ -78,22 +71,13 @@ def side_of(checkpoint, channels, size):
     return size or (run or {}).get("image_size") or DEFAULT_IMAGE_SIZE, stats
 
 
-class _Files:
-    """Image files as the runner's image check reads a dataset (``paths``, ``labels``)."""
-
-    def __init__(self, paths):
-        self.paths = list(paths)
-        self.labels = [0] * len(self.paths)
-
-    def __len__(self):
-        return len(self.paths)
-
-
 def drop_bad(refs: list, skip: bool, where: str) -> list:
     """``refs`` whose files all decode (the runner's image check: the bad ones named, or left out with ``skip``)."""
+    from ..datasets.image_files import ImageFileDataset
     from ..runner.objects.preflight import check_images
 
-    files = _Files(r.path for r in refs)
+    files = ImageFileDataset()  # the runner's image check reads a dataset's paths and labels
+    files.paths, files.labels = [r.path for r in refs], [0] * len(refs)
     kept = check_images(files, None, skip, where, log=print, skip_hint="--skip_bad_images")
     return refs if kept is files else [refs[int(i)] for i in kept.indices]
 
@@ -383,24 +367,17 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         more = f"; other models: {', '.join(data.others[:6])} (--variant / --seed / --fold)" if data.others else ""
         at = f"epoch {epoch}" if epoch is not None else "epoch not recorded"
         print(f"model: {data.unit}, {at} ({checkpoint}){more}")
-    ref_trunk = ref_embedder = ref_layer = None
+    ref = {}
     if args.reference_checkpoint is not None:
-        ref_trunk, ref_embedder = (m.to(device) for m in load_models(args.reference_checkpoint, args.trust_checkpoint))
-        ref_layer = args.reference_layer
+        models = (m.to(device) for m in load_models(args.reference_checkpoint, args.trust_checkpoint))
+        ref = dict(zip(("reference_trunk", "reference_embedder"), models), reference_layer=args.reference_layer)
+    ref_trunk = ref.get("reference_trunk")
     try:
-        dec = ActivationDecomposition(
-            trunk,
-            embedder,
-            args.layer,
-            reference_trunk=ref_trunk,
-            reference_embedder=ref_embedder,
-            reference_layer=ref_layer,
-        )
+        dec = ActivationDecomposition(trunk, embedder, args.layer, **ref)
     except ValueError as e:
         raise ValueError(f"{e} (--layer / --reference-layer)") from None
     cq = trunk_input_channels(trunk) or 3  # a trunk without a convolution: RGB
     cr = (trunk_input_channels(ref_trunk) or 3) if ref_trunk is not None else cq
-    keep = not args.square
     size_q, stats = side_of(checkpoint, cq, args.image_size)
     if data is not None and args.reference is None and not data.files and args.image_size is not None:
         raise ValueError("--image-size resizes image files; this run's dataset draws its images: leave it out")
@@ -408,13 +385,11 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
         load_q = load_r = data.loader()
         stats_r = stats
     else:
+        size_r, stats_r = args.reference_image_size or size_q, stats
         if ref_trunk is not None:
             size_r, stats_r = side_of(args.reference_checkpoint, cr, args.reference_image_size or args.image_size)
-        else:
-            size_r, stats_r = args.reference_image_size or size_q, stats
-
-        load_q = functools.partial(load_image, size=size_q, channels=cq, keep_aspect=keep, stats=stats)
-        load_r = functools.partial(load_image, size=size_r, channels=cr, keep_aspect=keep, stats=stats_r)
+        load_q = functools.partial(load_image, size=size_q, channels=cq, keep_aspect=not args.square, stats=stats)
+        load_r = functools.partial(load_image, size=size_r, channels=cr, keep_aspect=not args.square, stats=stats_r)
 
     q = load_q(query).to(device)[None]
     try:

@@ -67,10 +67,8 @@ def load_job_config(argv: List[str]):
 
 def _flat_run_argv(argv: List[str]) -> List[str]:
     """:func:`run_argv`, refused for a folder config (``job`` runs flat configs)."""
-    from ..runner.config.loader import config_layout, find_config
-
     args = run_argv(argv)
-    if config_layout(find_config(args[0])) == "folders":
+    if run.loader.config_layout(run.loader.find_config(args[0])) == "folders":
         raise ConfigError(
             f"job: {args[0]} is a powerful-benchmarker folder config; run it with "
             f"python -m pml_extensions run {args[0]}"

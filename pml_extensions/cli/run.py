@@ -41,6 +41,7 @@ import signal
 import sys
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from ..runner.config import loader  # torch and the rest load when a run starts (_main)
 from ..runner.errors import ConfigError
 
 PROG = ("python", "-m", "pml_extensions", "run")
@@ -51,11 +52,7 @@ RUNNER_KEYS = (
 ).split()
 
 
-def find_config_root(name_or_path: str) -> str:
-    """A config folder path or a shipped config's name (:func:`pml_extensions.runner.config.loader.find_config`)."""
-    from ..runner.config.loader import find_config
-
-    return find_config(name_or_path)
+find_config_root = loader.find_config
 
 
 def _split(argv: List[str]) -> Tuple[Optional[str], List[str]]:
@@ -65,20 +62,21 @@ def _split(argv: List[str]) -> Tuple[Optional[str], List[str]]:
 
 def _variants(root: str) -> str:
     """The variant names of a folder config (its folders' files besides ``default.yaml``), for a message."""
-    from ..runner.config.loader import CONFIG_FOLDERS
-
-    names = {os.path.basename(p)[:-5] for f in CONFIG_FOLDERS for p in glob.glob(os.path.join(root, f, "*.yaml"))}
+    names = {
+        os.path.basename(p)[:-5] for f in loader.CONFIG_FOLDERS for p in glob.glob(os.path.join(root, f, "*.yaml"))
+    }
     return ", ".join(sorted(names - {"default"})) or "-"
 
 
 def _variant_selection(root: str, variant, selection: dict) -> dict:
     """``selection`` with ``[default, variant]`` for every config folder that has ``<variant>.yaml``."""
-    from ..runner.config.loader import CONFIG_FOLDERS, config_layout, display_path
-
+    display_path = loader.display_path
     if not isinstance(variant, str) or not variant:
         raise ConfigError(f"command line: --variant: needs a name; {display_path(root)} has: {_variants(root)}")
-    found = [folder for folder in CONFIG_FOLDERS if os.path.isfile(os.path.join(root, folder, f"{variant}.yaml"))]
-    if not found and config_layout(root) == "flat":  # a flat config's variants are entries of its `variants` key
+    found = [
+        folder for folder in loader.CONFIG_FOLDERS if os.path.isfile(os.path.join(root, folder, f"{variant}.yaml"))
+    ]
+    if not found and loader.config_layout(root) == "flat":  # a flat config's variants are entries of its `variants` key
         raise ConfigError(
             f"command line: --variant {variant}: {display_path(root)} is a flat config, without variant files; "
             "--variants NAME ... keeps entries of its `variants` key"
@@ -198,24 +196,19 @@ def _experiment_folder(options: dict, config_arg, config_name: Optional[str] = N
 
 
 def load(argv: List[str]):
-    """``(config, sources, folder, runner options, chosen variants)`` of ``run argv``: the config merged and checked
-    against its protocol (:func:`pml_extensions.runner.protocols.load_config`; ``--data_folder`` through the
-    protocol's rule), nothing trained or written. ``argv[0]`` is CONFIG.
-
-    Raises:
-        ConfigError: one line naming the file (or the command line) and the key.
-    """
-    from ..runner.config.loader import parse_command_line, select_variants, split_selection
+    """``(config, sources, folder, runner options, config root)`` of ``run argv`` (``argv[0]``: CONFIG), merged and
+    checked against its protocol (:func:`pml_extensions.runner.protocols.load_config`), nothing trained or written;
+    ConfigError: one line naming the file (or the command line) and the key."""
     from ..runner.protocols import load_config
 
     config_arg, argv = _split(argv)
-    selection, rest = split_selection(parse_command_line(argv))
+    selection, rest = loader.split_selection(loader.parse_command_line(argv))
     runner = {k.replace("-", "_"): rest.pop(k) for k in RUNNER_KEYS if k in rest}
     chosen = _names(rest.pop("variants")) if _names(rest.get("variants")) is not None else None
     config_arg = runner.get("config_root", config_arg)
     if config_arg is None:
         raise ConfigError("command line: CONFIG: give a config folder or a shipped config name as the first argument")
-    root = find_config_root(str(config_arg))
+    root = loader.find_config(str(config_arg))
     if "variant" in runner:
         selection = _variant_selection(root, runner["variant"], selection)
     config, sources = load_config(
@@ -223,16 +216,14 @@ def load(argv: List[str]):
     )
     folder = _experiment_folder(runner, config_arg, config.get("experiment_name"))
     if chosen is not None:
-        config = select_variants(config, chosen)
+        config = loader.select_variants(config, chosen)
     return config, sources, folder, runner, root
 
 
 def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callable[..., None]] = None) -> int:
     """``run`` (and ``job``, which calls it with its own ``prog`` and an ``announce(config, folder)`` line)."""
-    from ..runner.config.loader import display_path, find_search_markers, parse_command_line
-
     config_arg, options = _split(argv)
-    cli = parse_command_line(options)
+    cli = loader.parse_command_line(options)
     if "list" in cli:
         value = cli["list"]
         return _list(None if value is True and config_arg is None else (config_arg if value is True else value))
@@ -257,7 +248,7 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
         print(write_report(folder))
         return 0
     config, sources, folder, runner, root = load(argv)
-    search = bool(find_search_markers(config))
+    search = bool(loader.find_search_markers(config))
     if runner.get("dry_run"):
         import yaml
 
@@ -267,7 +258,7 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
             notes = lambda msg="", *a, **k: str(msg).startswith("note:") and print(msg)  # noqa: E731
             protocol_of(config, sources)(config, folder, sources, notes).preflight()
 
-        print(f"# {display_path(root)} merged with the command line and checked (not run)")
+        print(f"# {loader.display_path(root)} merged with the command line and checked (not run)")
         print(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), end="")
         return 0
     if runner.get("new") and runner.get("resume_anyway"):

@@ -1,8 +1,5 @@
-"""Atomic checkpoints and record-keeper logs that survive SIGKILL: :meth:`Checkpointer.commit` writes the epoch's
-buffered log rows (SQLite, one transaction per table, each CSV rewritten atomically from it), then the checkpoint;
-:meth:`Checkpointer.resume` loads the checkpoint and deletes every log row newer than it, so a rerun epoch loses and
-duplicates no row.
-"""
+"""Atomic checkpoints and record-keeper logs that survive SIGKILL: :meth:`Checkpointer.commit` writes the buffered
+log rows, then the checkpoint; :meth:`Checkpointer.resume` deletes every log row newer than it (docs/runner.md)."""
 
 import csv
 import os
@@ -23,8 +20,6 @@ from ..errors import OutputError, critical, first_line
 from .distributed import unwrap
 
 ITERATION_COLUMN = "~iteration~"
-
-
 #: what ``torch.load`` raises for a truncated or corrupt file
 READ_ERRORS = (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, OSError)
 
@@ -35,8 +30,8 @@ def first_sentence(error: BaseException) -> str:
 
 
 def save_keeping_previous(state: Any, path: str, previous: str) -> None:
-    """``torch.save(state)`` to ``path`` atomically, the file it replaces becoming ``previous``: the new file is
-    fsynced before the old one is linked aside, so a failed or killed save leaves two complete checkpoints."""
+    """``torch.save(state)`` to ``path`` atomically, the file it replaces becoming ``previous`` (a killed save leaves
+    two complete checkpoints: the new file is fsynced before the old one is linked aside)."""
     link = previous + ".tmp"
     if os.path.exists(link):
         os.remove(link)
@@ -56,8 +51,7 @@ def save_keeping_previous(state: Any, path: str, previous: str) -> None:
 
 
 def load_weights(path: str, map_location: Any = "cpu") -> Any:
-    """``torch.load(path, weights_only=True)``: tensors, dicts, lists, tuples and numbers only. Raises
-    ``FileNotFoundError`` without a file, :class:`OutputError` (naming the folder to remove) for a corrupt one."""
+    """``torch.load(path, weights_only=True)``; ``FileNotFoundError``, or :class:`OutputError` for a corrupt file."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     try:
@@ -85,7 +79,7 @@ def rng_state() -> Dict[str, Any]:
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned (the runner's resume step; documented runner behaviour)."""
+    """Restore what :func:`rng_state` returned."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
@@ -94,8 +88,7 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
 
 def _attributes(modules: Dict[str, torch.nn.Module], generators: bool = False):
-    """``(dotted path, submodule, attribute)`` of each recordable attribute (PML's ``_record_these``) of the modules
-    and their submodules, or with ``generators`` each CPU ``torch.Generator`` attribute."""
+    """``(dotted path, submodule, attribute)`` of each PML ``_record_these`` (or CPU ``torch.Generator``) attribute."""
     for key, module in modules.items():
         for path, m in unwrap(module).named_modules():
             if generators:
@@ -107,8 +100,7 @@ def _attributes(modules: Dict[str, torch.nn.Module], generators: bool = False):
 
 
 def module_generators(modules: Dict[str, torch.nn.Module]) -> Dict[str, torch.Generator]:
-    """The CPU ``torch.Generator`` attributes of the modules and their submodules (e.g. ``XMLWrapper.generator``),
-    by dotted path, so a checkpoint also restores the losses' own random streams (read only)."""
+    """The CPU ``torch.Generator`` attributes of the modules and submodules (``XMLWrapper.generator``) by path."""
     return {name: getattr(m, attr) for name, m, attr in _attributes(modules, generators=True)}
 
 
@@ -132,9 +124,8 @@ def training_state(
     loss_funcs: Optional[Dict[str, torch.nn.Module]] = None,
     **extra: Any,
 ) -> Dict[str, Any]:
-    """Everything a resumed epoch needs, ``weights_only``-loadable: the models', optimizers' and losses' state
-    dicts, the global RNG states, the losses' private generators and recordable counters and ``extra`` (numbers,
-    strings, tensors ...)."""
+    """Everything a resumed epoch needs, ``weights_only``-loadable: state dicts, RNG states (the losses' own
+    generators too), the losses' recordable counters and ``extra``."""
     loss_funcs = loss_funcs or {}
     return {
         "epoch": int(epoch),
@@ -155,8 +146,7 @@ def restore_training_state(
     optimizers: Optional[Dict[str, Any]] = None,
     loss_funcs: Optional[Dict[str, torch.nn.Module]] = None,
 ) -> Dict[str, Any]:
-    """Load what :func:`training_state` saved into the objects and restore the RNGs; returns ``state`` (a
-    ``KeyError`` when it lacks a given model, optimizer or loss)."""
+    """Load what :func:`training_state` saved into the objects and restore the RNGs; returns ``state``."""
     loss_funcs = loss_funcs or {}
     for k, m in models.items():
         unwrap(m).load_state_dict(state["models"][k])
@@ -177,8 +167,8 @@ def restore_training_state(
 
 
 class _AtomicRecordWriter(RecordWriter):
-    """record-keeper's writer, but each table goes to SQLite in one transaction and its CSV is regenerated
-    atomically from the database (record-keeper appends to the CSV first, which a kill can split)."""
+    """record-keeper's writer, each table's CSV rewritten atomically from SQLite (record-keeper appends to it, which a
+    kill can split)."""
 
     def save_records(self):
         for table, series in self.records.items():
@@ -225,15 +215,10 @@ class Checkpointer:
     """Atomic checkpoint file plus record-keeper logs kept consistent with it.
 
     Args:
-        folder: where ``checkpoint.pth`` and the ``logs/`` folder (``logs.db`` + one CSV per table) live.
-        epoch_tables: names of tables whose ``~iteration~`` column holds the epoch (e.g. accuracies); all
-        other tables hold the global training iteration.
-        save_lists: keep list-valued records (record-keeper's ``save_lists``).
-        tensorboard_writer: a ``torch.utils.tensorboard.SummaryWriter`` the record keeper also writes to.
-
-    Attributes:
-        record_keeper: a ``record_keeper.RecordKeeper`` to log into; rows stay in memory until :meth:`commit`.
-        path, previous_path: ``checkpoint.pth`` and the one before it, ``checkpoint.prev.pth``.
+        folder: where ``checkpoint.pth`` (``path``), ``checkpoint.prev.pth`` (``previous_path``) and ``logs/``
+            (``logs.db``, one CSV per table) live.
+        epoch_tables: tables whose ``~iteration~`` column holds the epoch (the others: the global iteration).
+        save_lists, tensorboard_writer: record-keeper's; its ``record_keeper`` keeps rows until :meth:`commit`.
     """
 
     def __init__(self, folder: str, epoch_tables=(), save_lists: bool = False, tensorboard_writer=None):
@@ -247,10 +232,8 @@ class Checkpointer:
         self.record_keeper = RecordKeeper(tensorboard_writer, self.writer, attributes_to_search_for=["_record_these"])
 
     def commit(self, state: Dict[str, Any]) -> None:
-        """Write the buffered log rows, then ``state`` (``weights_only``-safe, with int ``epoch`` and
-        ``global_iteration``, else a ``ValueError``); a SIGINT / SIGTERM that arrives meanwhile is raised when both are
-        written. An unwritable folder (permissions, a full disk) raises :class:`OutputError`, the checkpoint on disk
-        still the previous, complete one."""
+        """Write the buffered log rows, then ``state`` (int ``epoch`` and ``global_iteration``, else ``ValueError``); a
+        SIGINT / SIGTERM meanwhile is raised when both are written. :class:`OutputError`: an unwritable folder."""
         for key in ("epoch", "global_iteration"):
             if not isinstance(state.get(key), int):
                 raise ValueError(f"state[{key!r}] must be an int, got {state.get(key)!r}")
@@ -260,14 +243,12 @@ class Checkpointer:
             except (OSError, sqlite3.Error) as e:
                 raise OutputError.writing(os.path.join(self.folder, "logs"), e) from None
             try:
-                # the last checkpoint stays, as the previous one (its own file once the new one is in place)
                 save_keeping_previous(state, self.path, self.previous_path)
             except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
                 raise OutputError.writing(self.path, e) from None
 
     def resume(self, map_location: Any = "cpu") -> Optional[Dict[str, Any]]:
-        """Load the last checkpoint (:meth:`load_state`) and drop the log rows written after it; ``None`` when there is
-        no checkpoint (then every log row is dropped)."""
+        """:meth:`load_state`, the log rows written after it dropped (all of them without a checkpoint)."""
         self.writer.records = self.writer.get_empty_nested_dict()
         state = self.load_state(map_location)
         if self.damaged:  # set aside, so the next commit keeps the good one as the previous
@@ -280,9 +261,8 @@ class Checkpointer:
         return state
 
     def load_state(self, map_location: Any = "cpu", log: Optional[Callable[..., None]] = print) -> Optional[Dict]:
-        """The last checkpoint (``weights_only=True``) or ``None``, logs left alone (torchrun's other ranks); a
-        damaged ``checkpoint.pth`` falls back to ``checkpoint.prev.pth`` (one note to ``log``). :class:`OutputError`
-        when neither can be read: which files to remove (the stage then starts afresh)."""
+        """The last checkpoint or ``None``, logs left alone (torchrun's other ranks); a damaged one falls back to
+        ``checkpoint.prev.pth`` (a note to ``log``); :class:`OutputError` when neither can be read."""
         problems = []
         for path in [p for p in (self.path, self.previous_path) if os.path.exists(p)]:
             try:
@@ -310,6 +290,4 @@ class Checkpointer:
 
     def rows(self, table: str):
         """All committed rows of ``table`` as dicts (``[]`` when it does not exist)."""
-        if table not in self.writer.tables():
-            return []
-        return [dict(r) for r in self.writer.rows(table)]
+        return [dict(r) for r in self.writer.rows(table)] if table in self.writer.tables() else []

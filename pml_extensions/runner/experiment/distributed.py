@@ -1,9 +1,5 @@
-"""Running the runner under ``torchrun`` (gloo on CPU, nccl on GPU; several machines: docs/runner.md); outside it
-every function here is a no-op. Every rank runs the configured sampler identically and takes its slice of each global
-batch (:class:`DistributedBatchSliceSampler`); models are wrapped in ``DistributedDataParallel`` and losses in
-:class:`pml_extensions.utils.distributed_loss_wrapper.DistributedLossWrapper`, which gathers the slices back, so
-every rank's loss is the one-process loss on the same global batch (× ``world_size``, PML's convention).
-"""
+"""Running the runner under ``torchrun`` (docs/runner.md); outside it every function here is a no-op. Each rank takes
+its slice of every global batch; the loss wrapper gathers them back (the one-process loss × ``world_size``)."""
 
 import gc
 import os
@@ -35,8 +31,7 @@ def is_main() -> bool:
 
 
 def init_from_env(backend: Optional[str] = None) -> bool:
-    """Initialise the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ...) with
-    ``backend`` (``"gloo"``, ``"nccl"``; ``None``: nccl when CUDA is available); True when more than one process."""
+    """Join torchrun's process group (``backend`` ``None``: nccl with CUDA, else gloo); True with several ranks."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     if backend is None:
@@ -56,8 +51,7 @@ def barrier() -> None:
 
 
 def broadcast_object(obj: Any = None, src: int = 0) -> Any:
-    """``obj`` of rank ``src`` on every rank (``torch.distributed.broadcast_object_list``); ``obj`` itself
-    outside torchrun. Collective: every rank calls it (the others pass anything, e.g. ``None``)."""
+    """``obj`` of rank ``src`` on every rank (collective: every rank calls it)."""
     if not is_active():
         return obj
     box = [obj]
@@ -66,8 +60,7 @@ def broadcast_object(obj: Any = None, src: int = 0) -> Any:
 
 
 def gather_objects(obj: Any) -> list:
-    """Every rank's ``obj`` in rank order (``torch.distributed.all_gather_object``); ``[obj]`` outside torchrun.
-    Collective: every rank calls it."""
+    """Every rank's ``obj`` in rank order (collective)."""
     if not is_active():
         return [obj]
     out = [None] * world_size()
@@ -76,8 +69,8 @@ def gather_objects(obj: Any) -> list:
 
 
 def shutdown() -> None:
-    """Leave the process group cleanly at the end of a torchrun run: wait for every rank (gloo aborts a rank whose
-    peer left first), free the unreferenced DDP wrappers (their reducers hold the group), destroy the group."""
+    """Leave the process group: every rank waits (gloo aborts a rank whose peer left first), the unreferenced DDP
+    wrappers are freed (their reducers hold the group)."""
     if not is_active():
         return
     dist.barrier()
@@ -86,15 +79,8 @@ def shutdown() -> None:
 
 
 class DistributedBatchSliceSampler(torch.utils.data.Sampler):
-    """Give this rank its slice of every global batch drawn by ``sampler``.
-
-    Args:
-        sampler: any index sampler that yields the same sequence on every rank (same seed).
-        global_batch_size: B, a positive multiple of ``world_size`` (else ``ValueError``).
-        rank, world_size: default: the current process group (a rank out of range: ``ValueError``).
-
-    Yields positions ``[r·b, (r+1)·b)`` (b = B/W) of every complete global batch.
-    """
+    """Positions ``[r·b, (r+1)·b)`` (b = B/W) of every complete global batch of B that ``sampler`` (the same
+    sequence on every rank) draws; ``rank`` and ``world_size`` default to the process group's."""
 
     def __init__(self, sampler, global_batch_size: int, rank: Optional[int] = None, world_size: Optional[int] = None):
         self.sampler = sampler
@@ -124,7 +110,7 @@ class DistributedBatchSliceSampler(torch.utils.data.Sampler):
 
 
 def wrap_losses(loss_funcs: Dict[str, torch.nn.Module]) -> Dict[str, torch.nn.Module]:
-    """Wrap each loss in the package's ``DistributedLossWrapper`` when a process group is active."""
+    """Each loss in ``DistributedLossWrapper`` when a process group is active."""
     if not is_active():
         return loss_funcs
     from ...utils.distributed_loss_wrapper import DistributedLossWrapper

@@ -1,9 +1,5 @@
-"""A resumable epoch loop around a PML trainer, shared by the protocols (MLRC folds, paired units): per epoch it
-trains (a fresh sampler each epoch, so a resumed epoch draws the same batches from the checkpointed RNG), evaluates
-every ``save_interval`` epochs, keeps the best epoch's weights and commits the log rows and the checkpoint
-(:class:`~pml_extensions.runner.experiment.checkpoint.Checkpointer`). A rerun after SIGKILL resumes after the last
-committed epoch with no lost or duplicated log rows.
-"""
+"""A resumable epoch loop around a PML trainer, shared by the protocols: per epoch it trains, evaluates, keeps the best
+epoch's weights and commits the checkpoint (a rerun after SIGKILL resumes after the last committed epoch)."""
 
 import math
 from typing import Any, Callable, Dict, Optional
@@ -18,9 +14,8 @@ from .checkpoint import Checkpointer, atomic_torch_save, restore_training_state,
 
 
 def release_workers(trainer) -> None:
-    """Shut down the workers of ``trainer``'s unfinished ``dataloader_iter`` in this process, so the tester's
-    ``DataLoader`` does not fork copies of it (whose ``__del__`` prints ``AssertionError: can only test a child
-    process``)."""
+    """Shut down ``trainer``'s unfinished ``dataloader_iter`` workers, so the tester's ``DataLoader`` forks no copy of
+    them (whose ``__del__`` prints ``AssertionError: can only test a child process``)."""
     iterator, trainer.dataloader_iter = getattr(trainer, "dataloader_iter", None), None
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if callable(shutdown):
@@ -28,25 +23,10 @@ def release_workers(trainer) -> None:
 
 
 class EpochLoop:
-    """Resumable training + selection of one stage.
-
-    Args:
-        ckpt: the stage's :class:`Checkpointer`; rows go to ``ckpt.record_keeper``.
-        models, optimizers, loss_funcs: the (unwrapped) objects whose state is checkpointed.
-        num_epochs: epochs to train (a positive int, else :class:`ConfigError`).
-        primary: the metric of the ``"val"`` split that selects the best epoch (:class:`ConfigError` when it is not
-            computed).
-        evaluate: ``epoch -> {split: {metric: value}}`` with a ``"val"`` entry; each split is logged to the
-            table ``accuracies_<split>`` (make them the checkpointer's ``epoch_tables``).
-        best_path: where the best epoch's ``{name: state_dict}`` is saved (``weights_only``-loadable).
-        patience: stop when ``epoch - best_epoch > patience`` (``None``: never early).
-        save_interval: evaluate every this many epochs (and at the last).
-        check_untrained: evaluate epoch 0 (the untrained model) before training.
-        log: a print-like function or ``None``; ``name`` prefixes its lines.
-
-    Attributes:
-        best: ``{"metric", "epoch", "metrics"}`` of the best evaluated epoch.
-        finished: True when the stage needs no more training (after :meth:`resume`).
+    """Resumable training + selection of one stage: ``evaluate(epoch) -> {split: {metric: value}}`` every
+    ``save_interval`` epochs (epoch 0 too with ``check_untrained``), each split logged to ``accuracies_<split>`` (the
+    checkpointer's ``epoch_tables``); the best ``"val"`` ``primary`` epoch's weights saved to ``best_path``; stops
+    after ``num_epochs``, or when ``epoch - best_epoch > patience``. :attr:`best`: ``{"metric", "epoch", "metrics"}``.
     """
 
     def __init__(
@@ -83,8 +63,7 @@ class EpochLoop:
         return epoch >= self.num_epochs or (self.patience is not None and epoch - self.best["epoch"] > self.patience)
 
     def resume(self) -> Optional[Dict[str, Any]]:
-        """Load the stage's checkpoint into the objects (RNGs included); returns the state or ``None``.
-        Whether the stage is finished is judged with this loop's ``num_epochs`` / ``patience``."""
+        """Load the stage's checkpoint into the objects (RNGs included); returns the state or ``None``."""
         # rank 0 alone truncates the logs; every rank reads the checkpoint before any rank may write the next one
         # (without the barrier a late rank could read the checkpoint an early rank just committed and skip ahead)
         state = self.ckpt.resume() if dist_utils.is_main() else self.ckpt.load_state()
@@ -105,8 +84,7 @@ class EpochLoop:
         return state
 
     def end_of_iteration(self, trainer) -> None:
-        """PML ``end_of_iteration_hook``: the losses (``loss_histories``) and the loss modules' recordable
-        attributes (e.g. ``xml_loss``) at the global iteration."""
+        """PML ``end_of_iteration_hook``: logs the losses and the loss modules' recordable attributes."""
         if not dist_utils.is_main():
             return
         gi = trainer.get_global_iteration() + 1
@@ -147,9 +125,8 @@ class EpochLoop:
         dist_utils.barrier()
 
     def run(self, make_trainer: Callable[[], Any], new_sampler: Optional[Callable[[], Any]] = None) -> Dict[str, Any]:
-        """Train the remaining epochs (``make_trainer()`` is called only when there are some; give it
-        ``end_of_iteration_hook=loop.end_of_iteration``); ``new_sampler()`` replaces ``trainer.sampler`` before
-        every epoch. Returns :attr:`best`."""
+        """Train the remaining epochs (``make_trainer()``, called only when there are some, with
+        ``end_of_iteration_hook=loop.end_of_iteration``; a fresh ``new_sampler()`` each epoch); returns :attr:`best`."""
         errors.at(self.name, 0)
         if self.fresh:
             if self.check_untrained:

@@ -1,6 +1,4 @@
-"""The experiment folder every protocol writes (``config.yaml``, ``command.txt``, ``environment.json``, one folder per
-stage, ``results.json``; docs/runner.md) and the services around it: device, seeds, stages.
-"""
+"""The experiment folder every protocol writes (docs/runner.md) and the services around it: device, seeds, stages."""
 
 import itertools
 import json
@@ -69,11 +67,9 @@ def prepare_folder(
     command: Optional[Sequence[str]] = None,
     log: Callable[..., None] = print,
 ) -> None:
-    """Make ``folder`` ready for ``config``: check a rerun's saved config (keys in :data:`RESUME_NEUTRAL_KEYS` aside;
-    a folder with no progress yet simply takes the new one), then save ``config.yaml`` and ``command.txt``.
-    ``on_change`` for a changed config: ``"stop"`` (a :class:`ConfigError` listing the differing keys and the flags
-    ``--new`` / ``--resume-anyway``), ``"new"`` (move the old folder to ``<folder>.old-<n>`` and start afresh) or
-    ``"resume"`` (continue with the new config, which replaces the saved one)."""
+    """Check a rerun's saved config (:data:`RESUME_NEUTRAL_KEYS` aside), then save ``config.yaml``, ``command.txt``
+    and ``environment.json``. ``on_change`` for a changed config: ``"stop"`` (a :class:`ConfigError` listing the keys),
+    ``"new"`` (the old folder moved to ``<folder>.old-<n>``) or ``"resume"`` (the new config replaces the saved one)."""
     if on_change not in ("stop", "new", "resume"):
         raise ValueError(f"on_change must be 'stop', 'new' or 'resume', got {on_change!r}")
     # a folder that trained nothing yet (no checkpoint, stage result or results.json) is just reused
@@ -96,9 +92,7 @@ def prepare_folder(
             log(f"note: continuing with a changed config ({', '.join(diff[:12])})")
     dist_utils.barrier()
     if dist_utils.is_main():
-        path = folder
         try:  # the first writes of a run: an unwritable folder stops it here, before any data is read
-            os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, "config.yaml")
             atomic_write_text(path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
             if command is not None:
@@ -117,7 +111,7 @@ ENVIRONMENT_NAME = "environment.json"
 
 
 def _cpu() -> Dict[str, Any]:
-    """The CPU model and its instruction-set flags (``/proc/cpuinfo`` on Linux; ``platform`` elsewhere)."""
+    """The CPU model and its instruction-set flags."""
     info: Dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -135,7 +129,7 @@ def _cpu() -> Dict[str, Any]:
 
 
 def _torch_build() -> Dict[str, Any]:
-    """What torch's CPU kernels are built from (``torch.__config__.show()``) and the CPU capability they use."""
+    """What torch's CPU kernels are built from and the CPU capability they use."""
     try:
         out: Dict[str, Any] = {"cpu_capability": torch.backends.cpu.get_cpu_capability()}
     except (AttributeError, RuntimeError):  # older torch
@@ -168,9 +162,8 @@ VERSIONED = "torch torchvision numpy Pillow matplotlib pytorch-metric-learning f
 
 
 def run_environment() -> Dict[str, Any]:
-    """What a run's exact numbers depend on besides its config, saved as ``environment.json``: versions, the CPU
-    and torch's kernels, and ``torch_threads`` (CPU sums split by thread, so bit-identical numbers need the same
-    count; :func:`pml_extensions.runner.protocols.reproduce.reproduce` reruns with it)."""
+    """What a run's exact numbers depend on besides its config (``environment.json``): versions, the CPU, torch's
+    kernels and ``torch_threads`` (CPU sums split by thread; ``--reproduce`` reruns with it)."""
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -206,8 +199,7 @@ def environment_summary(env: Dict[str, Any]) -> str:
 
 
 def select_device(name: Any, where: str = "config_general: device") -> torch.device:
-    """``"auto"`` (CUDA when available, else CPU) or a torch device string; under torchrun the rank's GPU.
-    :class:`ConfigError` for an unparsable name or CUDA requested without a CUDA device."""
+    """``"auto"`` (CUDA when available, else CPU) or a torch device string (under torchrun the rank's GPU)."""
     if not name or name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -222,8 +214,7 @@ def select_device(name: Any, where: str = "config_general: device") -> torch.dev
 
 
 def seed_everything(seed: Optional[int]) -> Optional[int]:
-    """Seed torch, numpy and python's global RNGs and point PML's ``c_f.NUMPY_RANDOM`` at numpy's (whose state a
-    checkpoint saves); ``None`` leaves them alone. Returns the seed."""
+    """Seed torch, numpy and python's global RNGs and PML's ``c_f.NUMPY_RANDOM`` (``None``: untouched)."""
     if seed is None:
         return None
     seed = int(seed)
@@ -237,11 +228,7 @@ def seed_everything(seed: Optional[int]) -> Optional[int]:
 
 
 def read_json(path: str, then: str) -> Optional[Any]:
-    """A JSON file the run wrote, or ``None`` when absent.
-
-    Raises:
-        OutputError: ``"<path>: truncated or corrupt (...); remove it and rerun: <then>"``.
-    """
+    """A JSON file the run wrote, or ``None``; :class:`OutputError` (remove it, and ``then``) for a corrupt one."""
     if not os.path.exists(path):
         return None
     try:
@@ -252,15 +239,8 @@ def read_json(path: str, then: str) -> Optional[Any]:
 
 
 class Experiment:
-    """One experiment folder and the services every protocol uses.
-
-    Args:
-        folder: the experiment folder (see the module docstring for its layout).
-        config: the merged config; reads ``seed`` (default 0; ``null``: leave the RNGs alone) and ``device``
-            (default ``"auto"``; a bad one raises :class:`ConfigError`).
-        sources: top-level key -> file, for :meth:`where`.
-        log: a print-like function (silenced off the main rank).
-    """
+    """One experiment folder and the services every protocol uses; reads the config's ``seed`` (default 0;
+    ``null``: RNGs untouched) and ``device`` (default ``"auto"``); ``sources``: key -> file (:meth:`where`)."""
 
     def __init__(
         self,
@@ -283,7 +263,7 @@ class Experiment:
         return None if seed is None else int(seed)
 
     def seed_everything(self, offset: int = 0) -> Optional[int]:
-        """Seed the global RNGs with ``seed + offset`` (e.g. the fold index); returns it (``None``: untouched)."""
+        """Seed the global RNGs with ``seed + offset`` (e.g. the fold index)."""
         return seed_everything(None if self.seed is None else self.seed + int(offset))
 
     def generator(self, offset: int = 0) -> torch.Generator:
@@ -294,8 +274,7 @@ class Experiment:
         return os.path.join(self.folder, stage)
 
     def checkpointer(self, stage: str, epoch_tables: Iterable[str] = (), **options: Any) -> Checkpointer:
-        """The stage's :class:`Checkpointer` (``<folder>/<stage>/checkpoint.pth`` + ``logs/``); ``options``:
-        ``save_lists``, ``tensorboard_writer``."""
+        """The stage's :class:`Checkpointer` (``options``: ``save_lists``, ``tensorboard_writer``)."""
         return Checkpointer(self.stage_folder(stage), epoch_tables=epoch_tables, **options)
 
     def stage_result(self, stage: str) -> Optional[Dict[str, Any]]:
@@ -303,8 +282,7 @@ class Experiment:
         return read_json(os.path.join(self.stage_folder(stage), "result.json"), "the stage resumes from its checkpoint")
 
     def finish_stage(self, stage: str, result: Dict[str, Any], rank_local: bool = False) -> Dict[str, Any]:
-        """Save a finished stage's JSON-able summary and return it: by the main rank, every rank waiting, or with
-        ``rank_local=True`` (a stage this rank ran alone) by this rank, waiting for no one."""
+        """Save a finished stage's summary (by the main rank, or with ``rank_local`` this rank alone); return it."""
         if rank_local or dist_utils.is_main():  # atomic_write_json makes the folder
             atomic_write_json(os.path.join(self.stage_folder(stage), "result.json"), result, indent=2)
         if not rank_local:

@@ -215,7 +215,6 @@ def _retrieval_html(folder: str) -> str:
     base, out = os.path.join(folder, "retrieval"), []
 
     def cell(item: Dict[str, Any], kind: str, alt: str, caption: str, mark: str = "") -> str:
-        """An example's thumbnail, ``caption``, its class and ``mark``; empty without the image."""
         path = os.path.join(base, item.get("image", ""))
         if not os.path.isfile(path):
             return ""
@@ -224,8 +223,7 @@ def _retrieval_html(folder: str) -> str:
 
     for path in sorted(glob.glob(os.path.join(base, "*.json"))):
         try:
-            with open(path, encoding="utf-8") as f:
-                examples = json.load(f)
+            examples = _read_json(path)
         except (OSError, ValueError):
             continue
         out.append(f"<h3>{html.escape(str(examples.get('name', '')))}</h3>")
@@ -253,15 +251,14 @@ def _retrieval_html(folder: str) -> str:
 
 
 _STYLE = (
-    "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:0 12px}table{border-collapse:collapse;"
-    "margin:12px 0}td,th{border:1px solid #999;padding:3px 8px;text-align:left}"
-    "td.num{text-align:right;white-space:nowrap}"
-    "pre{background:#f4f4f4;padding:8px;overflow:auto;max-height:400px}"
+    "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:0 12px}"
+    "table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #999;padding:3px 8px;text-align:left}"
+    "td.num{text-align:right;white-space:nowrap}pre{background:#f4f4f4;padding:8px;overflow:auto;max-height:400px}"
     "table.retrieval td{border:none;padding:4px;text-align:center;font-size:11px;vertical-align:top}"
     "table.retrieval img{display:block;margin:auto;width:96px;height:96px;object-fit:contain;background:#eee}"
     "td.query img{border:4px solid #444}td.same img{border:4px solid #1a9850}td.other img{border:4px solid #d73027}"
-    ".same-key{color:#1a9850;font-weight:bold}.other-key{color:#d73027;font-weight:bold}"
-    "img.curve{max-width:49%}p.lines{white-space:pre-line}"
+    ".same-key{color:#1a9850;font-weight:bold}.other-key{color:#d73027;font-weight:bold}img.curve{max-width:49%}"
+    "p.lines{white-space:pre-line}"
 )
 
 
@@ -305,6 +302,10 @@ def write_report(folder: str) -> str:
         f"<style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)} report: {html.escape(os.path.basename(os.path.abspath(folder)))}</h1>",
     ]
+
+    def section(heading: str, items: List[str]) -> None:  # a heading and its items, when there are any
+        parts.extend([heading, *items] if items else [])
+
     if command:
         parts.append(f"<p>Command: <code>{html.escape(command)}</code></p>")
     if dataset is not None:
@@ -330,9 +331,8 @@ def write_report(folder: str) -> str:
         parts.append(f"<h2>Results</h2><pre>{html.escape(_read_text(folder, 'results.md'))}</pre>")
     # every PNG the run wrote at the top of the folder, except a screenshot of this page (report.png)
     figures = [g for g in sorted(glob.glob(os.path.join(folder, "*.png"))) if os.path.basename(g) != SCREENSHOT]
-    if search_text and figures:  # the search plot right under its table
-        parts.append("<h2>Search: objective per trial</h2>")
-        parts += [_figure(folder, g) for g in figures]
+    if search_text:  # the search plot right under its table
+        section("<h2>Search: objective per trial</h2>", [_figure(folder, g) for g in figures])
         figures = []
     source = best_trial or folder
     where = f" (best trial: {html.escape(os.path.relpath(best_trial, folder))})" if best_trial else ""
@@ -347,16 +347,10 @@ def write_report(folder: str) -> str:
         _selected(source, source_results),
         _iterations_per_epoch(source_results, source_config),
     )
-    if curves:
-        parts.append(f"<h2>Curves{where}</h2>")
-        parts += [f"<img class='curve' src='{c}' alt='curve'>" for c in curves]
-    if figures:
-        parts.append("<h2>Figures</h2>")
-        parts += [_figure(folder, g) for g in figures]
+    section(f"<h2>Curves{where}</h2>", [f"<img class='curve' src='{c}' alt='curve'>" for c in curves])
+    section("<h2>Figures</h2>", [_figure(folder, g) for g in figures])
     grids = sorted(glob.glob(os.path.join(source, "explanations", "**", "*.png"), recursive=True))
-    if grids:
-        parts.append(f"<h2>Explanations (top-k grids with maps){where}</h2>")
-        parts += [_figure(source, g) for g in grids]
+    section(f"<h2>Explanations (top-k grids with maps){where}</h2>", [_figure(source, g) for g in grids])
     parts.append(f"<h2>Config</h2><pre>{html.escape(config_text)}</pre></body></html>")
     path = os.path.join(folder, "report.html")
     atomic_write_text(path, "\n".join(parts))

@@ -17,12 +17,9 @@ SmallestEffects = Union[None, float, Mapping[Union[str, Tuple[str, ...]], float]
 
 def _lookup(table, variant: str, baseline: str, metric: str):
     """``table`` itself, or its value for the most specific key of a comparison (None when none matches)."""
-    if table is None or not isinstance(table, Mapping):
+    if not isinstance(table, Mapping):
         return table
-    for key in ((variant, baseline, metric), (variant, baseline), metric):
-        if key in table:
-            return table[key]
-    return None
+    return next((table[k] for k in ((variant, baseline, metric), (variant, baseline), metric) if k in table), None)
 
 
 def summarize(
@@ -45,13 +42,12 @@ def summarize(
         metrics: metrics for which comparisons are computed (mean/std are computed for every metric present).
         extra: further keys copied into the result (must not be ``variants``, ``comparisons``, ``per_class``).
         per_class: ``{variant: {seed: {metric: {class: [sum, count]}}}}``: per test class the sum of the per-query
-            (per-image) metric and the number of queries (images), so a resampled class set has the metric
-            ``Σ sum / Σ count``; the comparisons of a metric given here are bootstrapped over seeds and test classes
-            (others over seeds only). Stored in the result under ``per_class``.
-        smallest_effects: δ of the claims, in the metric's units: one number for every comparison, or a mapping
-            keyed by ``(variant, baseline, metric)``, ``(variant, baseline)`` or ``metric`` (the most specific key
-            wins). A comparison with a δ is a claim: it gets ``claim``, ``smallest_effect``, ``p_value``,
-            ``p_holm`` (Holm over every claim of this result) and ``verdict`` (the module docstring).
+            metric and the number of queries (a resampled class set has ``Σ sum / Σ count``); such a metric's
+            comparisons are bootstrapped over seeds and test classes (others over seeds only).
+        smallest_effects: δ of the claims, in the metric's units: one number, or a mapping keyed by ``(variant,
+            baseline, metric)``, ``(variant, baseline)`` or ``metric`` (the most specific wins). A comparison with
+            a δ is a claim: it gets ``claim``, ``smallest_effect``, ``p_value``, ``p_holm`` (Holm over every claim
+            of this result) and ``verdict``.
         claims: the claims' directions (:data:`CLAIMS`): one for all, or a mapping keyed like ``smallest_effects``;
             ``"greater"`` where none is given.
         n_resamples, bootstrap_seed: the bootstrap's number of resamples and numpy seed.
@@ -145,18 +141,9 @@ _NUMERIC = {"mean difference", "95 % CI", "smallest effect δ", "95 % CI (t, see
 def results_tables(
     results: dict, metrics: Optional[Sequence[str]] = None, decimals: Optional[int] = None
 ) -> List[Table]:
-    """The tables of a results dict (:mod:`.tables`): per variant mean ± std over seeds (and the per-seed values of
-    the first metric), then each comparison with its mean paired difference, its 95 % t interval and whether it
-    excludes 0 — or, when the comparisons are claims, also the bootstrap interval, the p-values (raw and
-    Holm-adjusted), δ and the verdict, with note lines that say how they were computed.
-
-    Args:
-        results: a :func:`summarize` dict (or a ``results.json`` read back).
-        metrics: the variant table's columns; default ``results["text"]["metrics"]``, else every metric present.
-        decimals: digits of every number; default ``results["text"]["decimals"]``, else 4.
-
-    Returns:
-        The variant table, then the comparison table when there are comparisons.
+    """The variant table (mean ± std per metric, per-seed values of the first) and the comparison table (with the
+    claims' bootstrap, p-values, δ and verdicts) of a :func:`summarize` dict; ``metrics`` and ``decimals`` default to
+    ``results["text"]``'s, else every metric and 4.
 
     Example::
 
@@ -260,14 +247,9 @@ def write_results(
     footer: Union[str, Block, Sequence[Block]] = "",
     decimals: int = 4,
 ) -> Tuple[str, str]:
-    """Write ``NAME.json`` and ``NAME.md`` into ``folder`` atomically; return both paths.
-
-    ``NAME.json`` is ``results`` with ``text`` set to what the Markdown is rendered from (``header`` and ``footer``
-    as blocks, ``metrics``, ``decimals``: :func:`results_blocks` rebuilds the document from the file alone; the
-    caller's dict is not changed); ``NAME.md`` is that document: ``header``, the tables with ``decimals`` digits,
-    ``footer``. ``header`` and ``footer`` are paragraphs (a string, written as it is) or blocks of :mod:`.tables`.
-    """
-    os.makedirs(folder, exist_ok=True)
+    """Write ``NAME.json`` (``results`` with ``text``: what ``NAME.md`` is rendered from, so :func:`results_blocks`
+    rebuilds it from the file alone) and ``NAME.md`` into ``folder`` atomically; return both paths. ``header`` and
+    ``footer``: a paragraph (a string, written as it is) or blocks of :mod:`.tables`."""
     json_path, md_path = os.path.join(folder, f"{name}.json"), os.path.join(folder, f"{name}.md")
     text = {
         "header": to_json(as_blocks(header)),

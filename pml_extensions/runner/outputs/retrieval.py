@@ -18,14 +18,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def dataset_image(dataset, index: int):
-    """Item ``index`` of ``dataset`` as an RGB PIL image, untransformed where possible: views that keep their base
-    dataset and positions (``.dataset`` + ``.indices``, as :class:`pml_extensions.runner.objects.data.Subset` and
-    ``torch.utils.data.Subset``) are followed down to the base dataset's item, so a thumbnail shows the image before
-    the eval transform; a tensor or array image (``[C, H, W]`` or ``[H, W]``) is min-max scaled per image.
-
-    Raises:
-        TypeError: an item whose image is neither a PIL image, a tensor nor an array.
-    """
+    """Item ``index`` of ``dataset`` as an RGB PIL image, before the eval transform where a view (``.dataset`` +
+    ``.indices``) leads to it; a tensor or array (``[C, H, W]`` or ``[H, W]``) min-max scaled; else ``TypeError``."""
     from PIL import Image
 
     getter = None
@@ -87,17 +81,14 @@ def save_retrieval_examples(
     Args:
         folder: the experiment folder (files go to ``<folder>/retrieval/``).
         name: the examples' name (a file name: letters, digits, ``_.-``), e.g. ``"test"`` or a variant's name.
-        query_embeddings: ``[N, D]`` float embeddings of the query items (any device and float dtype).
-        query_labels: ``[N]`` integer labels.
+        query_embeddings, query_labels: ``[N, D]`` float embeddings (any device and float dtype), ``[N]`` int labels.
         query_image: ``i -> PIL image`` of query item ``i`` (e.g. ``lambda i: dataset_image(test_set, i)``).
         reference_embeddings, reference_labels, reference_image: the references (``[M, D]``, ``[M]``); default:
             the queries themselves.
-        same_items: query ``i`` and reference ``i`` are the same item, left out of its own neighbours (true for
-            the default references; an asymmetric setup embedding the same test images twice keeps it true).
+        same_items: query ``i`` and reference ``i`` are the same item, left out of its own neighbours.
         n_queries, k, seed: how many queries (drawn by ``torch.Generator().manual_seed(seed)``), neighbours per
             query (clamped to the references available).
-        thumbnail: longest side of the thumbnails in pixels.
-        class_names: ``label -> name`` (default: the label itself).
+        thumbnail, class_names: the thumbnails' longest side in pixels; ``label -> name`` (default: the label).
         note: one line shown above the examples (which model, which split, which resolution).
 
     Returns:
@@ -121,14 +112,16 @@ def save_retrieval_examples(
     """
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"save_retrieval_examples: name {name!r} must be a file name of letters, digits and _.-")
-    queries = torch.as_tensor(query_embeddings, device="cpu").detach().float()  # pictures are drawn on the CPU
-    refs = (
-        queries
-        if reference_embeddings is None
-        else torch.as_tensor(reference_embeddings, device="cpu").detach().float()
-    )
-    q_labels = [int(v) for v in np.asarray(query_labels).reshape(-1)]
-    r_labels = q_labels if reference_labels is None else [int(v) for v in np.asarray(reference_labels).reshape(-1)]
+
+    def cpu(embeddings):  # pictures are drawn on the CPU
+        return torch.as_tensor(embeddings, device="cpu").detach().float()
+
+    def ints(labels):
+        return [int(v) for v in np.asarray(labels).reshape(-1)]
+
+    queries, q_labels = cpu(query_embeddings), ints(query_labels)
+    refs = queries if reference_embeddings is None else cpu(reference_embeddings)
+    r_labels = q_labels if reference_labels is None else ints(reference_labels)
     reference_image = query_image if reference_image is None else reference_image
     if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
         raise ValueError(
@@ -154,9 +147,8 @@ def save_retrieval_examples(
         sims[torch.arange(len(order), device="cpu"), order] = float("-inf")
     ranked = torch.sort(sims, dim=1, descending=True, stable=True)  # equal cosines: the lower index first
     out_dir = os.path.join(folder, FOLDER, name)
-    if os.path.isdir(out_dir):  # a rerun's examples replace the old ones
+    if os.path.isdir(out_dir):  # a rerun's examples replace the old ones (picture() makes the folder)
         shutil.rmtree(out_dir)
-    os.makedirs(out_dir)
 
     def picture(kind: str, i: int, image: Callable[[int], Any]) -> str:
         path = f"{name}/{kind}{i}.png"  # relative to <folder>/retrieval; each item's thumbnail written once
@@ -167,35 +159,19 @@ def save_retrieval_examples(
                 small.save(tmp, format="PNG")
         return path
 
-    def class_name(label: int) -> str:
-        return str(class_names[label]) if class_names is not None and 0 <= label < len(class_names) else str(label)
+    def item(i: int, labels: List[int]) -> Dict[str, Any]:
+        named = class_names is not None and 0 <= labels[i] < len(class_names)
+        return {"index": i, "label": labels[i], "class": str(class_names[labels[i]] if named else labels[i])}
 
     rows: List[Dict[str, Any]] = []
     for row, qi in enumerate(order.tolist()):
         q_path = picture("q", qi, query_image)
         neighbours = []
-        for rank in range(k):
-            ri = int(ranked.indices[row, rank])
-            neighbours.append(
-                {
-                    "rank": rank + 1,
-                    "index": ri,
-                    "label": r_labels[ri],
-                    "class": class_name(r_labels[ri]),
-                    "cosine": round(float(ranked.values[row, rank]), 4),
-                    "same_class": r_labels[ri] == q_labels[qi],
-                    "image": picture("r", ri, reference_image),
-                }
-            )
-        rows.append(
-            {
-                "index": qi,
-                "label": q_labels[qi],
-                "class": class_name(q_labels[qi]),
-                "image": q_path,
-                "neighbours": neighbours,
-            }
-        )
+        for rank, (ri, cosine) in enumerate(zip(ranked.indices[row, :k].tolist(), ranked.values[row, :k].tolist())):
+            entry = {"rank": rank + 1, **item(ri, r_labels), "cosine": round(cosine, 4)}
+            same = r_labels[ri] == q_labels[qi]
+            neighbours.append({**entry, "same_class": same, "image": picture("r", ri, reference_image)})
+        rows.append({**item(qi, q_labels), "image": q_path, "neighbours": neighbours})
     summary = {"name": name, "note": note, "k": k, "seed": int(seed), "queries": rows}
     atomic_write_json(os.path.join(folder, FOLDER, f"{name}.json"), summary)
     return summary

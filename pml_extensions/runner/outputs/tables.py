@@ -143,11 +143,8 @@ def to_json(blocks: Sequence[Block]) -> List[Any]:
 
 
 def from_json(values: Any) -> List[Block]:
-    """Blocks from their JSON form (:func:`to_json`); a single string is one paragraph, ``None`` none.
-
-    Raises:
-        ValueError: a value that is no block.
-    """
+    """Blocks from their JSON form (:func:`to_json`; a string is one paragraph, ``None`` none); ``ValueError`` for a
+    value that is no block."""
     if values is None or isinstance(values, str):
         return as_blocks(values)
     out: List[Block] = []
