@@ -5,7 +5,6 @@ Deep Metric Learning", IEEE TIP 2021.
 
 import argparse
 import functools
-import json
 import os
 import signal
 import sys
@@ -120,8 +119,9 @@ class RunData:
             raise ValueError(f"--run {run}: its config has no dataset key to read the test images from; pass REFERENCE")
         results, test = os.path.join(run, "results.json"), None
         if os.path.isfile(results):  # a protocol that split the classes itself lists its test classes there
-            with open(results, encoding="utf-8") as f:
-                test = json.load(f).get("test_classes")
+            from ..runner.experiment.folder import read_json
+
+            test = read_json(results, "the run's command writes it again").get("test_classes")
         data = self.builder.build_dataset(None if test is not None else "test")
         paths = image_paths(data)
         self.files = paths is not None

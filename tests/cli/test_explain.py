@@ -432,7 +432,7 @@ def test_a_run_that_skipped_bad_images_skips_them_in_explain_too(tmp_path, capsy
     assert len(refs) == 4 and "3 photo 2.png" not in refs
 
 
-def test_an_mlrc_run_explains_fold_0_on_its_test_classes(tmp_path):
+def test_an_mlrc_run_explains_fold_0_on_its_test_classes(tmp_path, capsys):
     import yaml
 
     table = _catalogue(tmp_path)
@@ -457,6 +457,13 @@ def test_an_mlrc_run_explains_fold_0_on_its_test_classes(tmp_path):
     assert all(f.startswith("epoch3_") for f in os.listdir(out) if f.endswith(".png"))
     with pytest.raises(SystemExit):
         main(["--run", str(exp), "--fold", "x"])
+    capsys.readouterr()
+    (exp / "results.json").write_text('{"folds": [{"best_epoch": 3}], "test_cl')  # cut short by a full disk
+    assert main(["--run", str(exp), "--k", "5", "--out", str(tmp_path / "again")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {exp / 'results.json'}: truncated or corrupt (Unterminated string starting at: line 1 column 32 "
+        "(char 31)); remove it and rerun: the run's command writes it again\n"
+    )
 
 
 def test_a_csv_reference_with_columns_and_bad_images(tmp_path, capsys):

@@ -521,6 +521,12 @@ def test_report_only_on_a_missing_folder_is_one_line_and_on_a_run_folder_writes_
     assert cli.main(["--report_only", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "report.html")
     assert os.path.exists(tmp_path / "report.html")
+    (tmp_path / "results.json").write_text('{"protocol": "mlrc", "fol')  # cut short: one line, not a traceback
+    assert cli.main(["--report_only", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path / 'results.json'}: truncated or corrupt (Unterminated string starting at: line 1 column 22 "
+        "(char 21)); remove it and rerun: the run writes it again at its end\n"
+    )
 
 
 def test_a_misspelt_required_key_is_one_line_naming_its_file(tmp_path, monkeypatch, capsys):

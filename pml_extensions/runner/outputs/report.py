@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ...utils.checks import is_int
 from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
+from ..experiment.folder import read_json
 from .results import results_blocks
 from .search_summary import metrics_table, search_blocks
 from .tables import Table, inline_html, to_html
@@ -270,7 +271,7 @@ def write_report(folder: str) -> str:
     """
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such experiment folder")
-    results = _read_json(os.path.join(folder, "results.json"))
+    results = read_json(os.path.join(folder, "results.json"), "the run writes it again at its end") or {}
     config_text = _read_text(folder, "config.yaml")
     config = _yaml(config_text)
     command = _read_text(folder, "command.txt").strip()
