@@ -71,7 +71,7 @@ CPU_ONLY = {
     "pml_extensions/explain/orientation_estimator.py::OrientationEstimator.estimate::tensor": (
         "per-pair angles and points gathered from Python numbers"
     ),
-    "pml_extensions/explain/overlay.py::pair_figure::as_tensor": "pictures are drawn by matplotlib from numpy",
+    "pml_extensions/explain/overlay.py::pair_figure.on_image::as_tensor": "pictures are drawn by matplotlib from numpy",
     "pml_extensions/explain/partial_similarity_retrieval.py::PartialSimilarityRetrieval.roi_weights::as_tensor": _ROI,
     "pml_extensions/explain/partial_similarity_retrieval.py::PartialSimilarityRetrieval.roi_weights::zeros": _ROI,
     "pml_extensions/explain/topk_maps.py::topk_overall_maps::as_tensor": _TOPK,
