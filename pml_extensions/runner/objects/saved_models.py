@@ -11,8 +11,8 @@ from torch import nn
 from ...utils.checks import is_int
 from ..errors import ConfigError
 from ..experiment.checkpoint import first_sentence
+from ..experiment.folder import read_json
 from .builder import Builder
-from .preflight import read_json_object
 
 CONFIG_NAME = "config.yaml"
 
@@ -258,6 +258,12 @@ def selected_model(run: str, variant=None, seed=None, fold=None) -> Dict[str, An
     return dict(pick, epoch=checkpoint_epoch(chosen[1]))
 
 
+def _record(path: str) -> Dict[str, Any]:
+    # a record the run wrote: {} when absent, one line naming it when corrupt (not an "epoch not recorded")
+    data = read_json(path, "the run's command writes it again")
+    return data if isinstance(data, dict) else {}
+
+
 def checkpoint_epoch(checkpoint: str) -> Optional[int]:
     """The epoch of a run's model file (or folder) as the run recorded it (``results.json``, the unit's
     ``result.json``, or the file name: ``epoch_<e>.pth``, ``trunk_best<e>.pth``); None when unknown."""
@@ -271,15 +277,15 @@ def checkpoint_epoch(checkpoint: str) -> Optional[int]:
     if m:
         epoch = int(m.group(1))
     elif fold and name == "best.pth":
-        folds = read_json_object(os.path.join(parent, "results.json")).get("folds") or []
+        folds = _record(os.path.join(parent, "results.json")).get("folds") or []
         k = int(fold.group(1))
         epoch = folds[k].get("best_epoch") if k < len(folds) and isinstance(folds[k], dict) else None
     elif seed and name == "best_models.pth" and os.path.isfile(os.path.join(folder, "selected_models.pth")):
-        epoch = read_json_object(os.path.join(folder, "result.json")).get("best_epoch")  # the selection tested another
+        epoch = _record(os.path.join(folder, "result.json")).get("best_epoch")  # the selection tested another
     elif seed and name in ("selected_models.pth", "best_models.pth"):
         run, variant = os.path.split(parent)
-        units = (read_json_object(os.path.join(run, "results.json")).get("units") or {}).get(variant) or {}
-        entry = units.get(str(int(seed.group(1)))) or read_json_object(os.path.join(folder, "result.json"))
+        units = (_record(os.path.join(run, "results.json")).get("units") or {}).get(variant) or {}
+        entry = units.get(str(int(seed.group(1)))) or _record(os.path.join(folder, "result.json"))
         epoch = entry.get("selected_epoch", entry.get("best_epoch"))
     else:
         return None

@@ -15,6 +15,7 @@ from PIL import Image
 from torch import nn
 
 from pml_extensions.cli.explain import load_image, main
+from pml_extensions.runner.errors import OutputError
 from pml_extensions.runner.objects.saved_models import load_models, pml_model_files
 from pml_extensions.trunks import ConvNetBody, HistogramPooling
 
@@ -262,6 +263,14 @@ def test_selected_model_of_a_paired_run(tmp_path):
     assert checkpoint_epoch(os.path.join(run, "xml", "seed_0", "epochs", "epoch_7.pth")) == 7
     with pytest.raises(ValueError, match=r"no model for --variant xml --seed 1; models: gap seed 0, gap seed 1, xml"):
         selected_model(run, "xml", 1)
+    with open(os.path.join(run, "results.json"), "w") as f:
+        f.write('{"units": {"gap": {"0": {"best_ep')  # cut short: named, not read as "epoch not recorded"
+    with pytest.raises(OutputError) as e:
+        checkpoint_epoch(os.path.join(run, "gap", "seed_0"))
+    assert str(e.value) == (
+        f"{os.path.join(run, 'results.json')}: truncated or corrupt (Unterminated string starting at: line 1 column "
+        "26 (char 25)); remove it and rerun: the run's command writes it again"
+    )
 
 
 def test_selected_model_of_an_mlrc_run_and_refusals(tmp_path):
