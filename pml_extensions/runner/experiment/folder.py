@@ -205,7 +205,7 @@ def select_device(name: Any, where: str = "config_general: device") -> torch.dev
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as e:
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"{where}: {e} (expected auto, cpu, cuda or cuda:N)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{where}: {name!r} requested but no CUDA device is available")
     if dist_utils.is_active() and device.type == "cuda":  # torchrun: the rank's GPU

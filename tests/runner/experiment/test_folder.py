@@ -38,6 +38,9 @@ def test_device_names_the_key():
     assert select_device("cpu") == torch.device("cpu")
     with pytest.raises(ConfigError, match=r"^config_general.yaml: device: .*"):
         select_device("nonsense:x", where="config_general.yaml: device")
+    with pytest.raises(ConfigError) as e:  # torch's own message lists no valid form
+        select_device("gpu0", where="command line: device")
+    assert str(e.value) == "command line: device: Invalid device string: 'gpu0' (expected auto, cpu, cuda or cuda:N)"
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="'cuda' requested but no CUDA device is available"):
             select_device("cuda")
