@@ -1,5 +1,8 @@
-"""Hyper-parameter search: ``~BAYESIAN~`` markers run an Optuna study in ``<experiment>/study.db``, one protocol run
-per trial in ``trial_<n>/``, shared by any number of workers (docs/search.md)."""
+"""Hyper-parameter search: powerful-benchmarker's ``~BAYESIAN~`` markers run an Optuna study in
+``<experiment>/study.db`` (optional extra ``pip install pml_extensions[search]``), one protocol run per trial in
+``trial_<n>/``, shared by any number of workers; the contract (workers, torchrun, locks, retries, outputs) is
+docs/search.md.
+"""
 
 import functools
 import math
@@ -40,14 +43,24 @@ POLL_S = 2.0
 LOCKS_FOLDER = "locks"
 
 
+def untrained_folds(results: Dict[str, Any]) -> List[int]:
+    """The folds of an mlrc run whose best epoch is 0: the untrained model was never beaten there (a tie does not
+    replace it), so the fold's validation score is the untrained score.
+
+    Example::
+
+        >>> untrained_folds({"folds": [{"best_epoch": 0}, {"best_epoch": 3}]})
+        [0]
+    """
+    return [k for k, fold in enumerate(results.get("folds") or []) if fold.get("best_epoch") == 0]
+
+
 def _protocol_objective(sources, on_change, command, log, trial_config, trial_folder) -> Tuple[float, Dict[str, Any]]:
-    """The protocol's objective of the trial's run, with its folds whose best epoch is 0 (the untrained model's)."""
+    """The default objective: the protocol's (validation) objective of the trial's run."""
     from . import run_protocol
 
     results = run_protocol(trial_config, trial_folder, sources, log=log, on_change=on_change, command=command)
-    folds = results.get("folds") or []
-    untrained = [k for k, fold in enumerate(folds) if fold.get("best_epoch") == 0]
-    info = {outputs.UNTRAINED_ATTR: untrained, outputs.FOLDS_ATTR: len(folds)}
+    info = {outputs.UNTRAINED_ATTR: untrained_folds(results), outputs.FOLDS_ATTR: len(results.get("folds") or [])}
     return protocol_of(trial_config).objective(results, trial_config), info
 
 
@@ -71,13 +84,17 @@ def _outcome(objective, job) -> Tuple[Optional[float], Dict[str, Any], Optional[
 
 
 class _LeftUntold(BaseException):
-    """Passes ``Study.optimize`` untold (it tells FAIL on ``Exception`` and ``KeyboardInterrupt``); its argument: the
-    KeyboardInterrupt to raise again."""
+    """Raised through ``Study.optimize`` (which tells FAIL on ``Exception`` and ``KeyboardInterrupt``) to leave the
+    trial as the storage has it: RUNNING after Ctrl-C (resumed as after SIGKILL), or failed by another worker."""
+
+    def __init__(self, interrupt: Optional[KeyboardInterrupt] = None):
+        super().__init__()
+        self.interrupt = interrupt
 
 
 class _Lock:
-    """``fcntl.flock`` on ``<folder>/locks/<name>.lock`` (a ``host pid`` line in it), held until released or the
-    process ends, however it ends."""
+    """An exclusive ``fcntl.flock`` on ``<folder>/locks/<name>.lock`` (with a ``host pid`` line for people), held until
+    :meth:`release` or the process ends, however it ends; acquiring a lock this object holds is a no-op."""
 
     def __init__(self, folder: str, name: str):
         self.path, self.fd = os.path.join(folder, LOCKS_FOLDER, f"{name}.lock"), None
@@ -88,11 +105,10 @@ class _Lock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-        except BlockingIOError:
+        except BaseException as e:
             os.close(fd)
-            return False
-        except BaseException:  # e.g. Ctrl-C during a blocking wait: no descriptor left open
-            os.close(fd)
+            if isinstance(e, BlockingIOError):
+                return False
             raise
         self.fd = fd
         os.ftruncate(fd, 0)
@@ -121,7 +137,7 @@ def run_search(
             (``bayes_opt_max_failures_in_a_row`` optional).
         folder: the experiment folder (``study.db``, ``locks/`` and ``trial_<n>/`` go there).
         objective: ``(trial_config, trial_folder) -> value`` to maximise, or ``-> (value, user_attrs)``; default:
-            run the config's protocol and return its objective with the folds whose best epoch is 0.
+            run the config's protocol and return its objective with the :func:`untrained_folds`.
 
     Returns:
         the ``search.json`` summary (docs/search.md): ``{"n_trials", "bayes_opt_iters", "best", "trials",
@@ -183,16 +199,16 @@ def run_search(
 
 
 class _Worker:
-    """One worker of the study; ``locks/study.lock`` is held from the look at the study to the start of the trial it
-    asks for (SQLite does not serialise Optuna's pop of a queued trial)."""
+    """One worker of the study: ``Study.optimize``'s objective and callback; ``locks/study.lock`` is held from the look
+    at the study to the start of the trial it asks for (SQLite does not serialise Optuna's pop of a queued trial)."""
 
     def __init__(self, folder, config, space, n_trials, max_failures, objective, log):
         self.folder, self.config, self.space, self.objective, self.log = folder, config, space, objective, log
-        self.n_trials, self.max_failures = n_trials, max_failures
+        self.n_trials, self.max_failures, self.stopped = n_trials, max_failures, None
         self.failures: List[int] = []  # this worker's trials failed since its last COMPLETE one
-        self.stopped = self.trial_lock = None  # the trial lock: held by the live worker of a trial, from ask to tell
+        self.trial_lock: Optional[_Lock] = None  # held by the live worker of a trial, from ask to tell
         os.makedirs(os.path.join(folder, LOCKS_FOLDER), exist_ok=True)
-        self.study_lock = _Lock(folder, "study")
+        self.study_lock = _Lock(self.folder, "study")
         self.study_lock.acquire()  # two workers starting together do not both create the tables
         try:
             retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
@@ -203,17 +219,18 @@ class _Worker:
                 engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
                 heartbeat_interval=HEARTBEAT_INTERVAL_S,
                 grace_period=GRACE_PERIOD_S,
-                **{argument: self._requeue},
+                **{argument: lambda study, trial: self._requeue(study, trial, stale=True)},
             )
             self.study = optuna.create_study(
                 study_name=STUDY_NAME, storage=self.storage, direction="maximize", load_if_exists=True
             )
         finally:
             self.study_lock.release()
+        self.study_id = self.storage.get_study_id_from_name(STUDY_NAME)
+        self.max_trials = optuna.study.MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.RUNNING))
 
     def run(self) -> Optional[Dict[str, Any]]:
-        """One ``Study.optimize`` trial at a time while fewer than ``n_trials`` are COMPLETE or running, then wait for
-        the other workers' running ones, until ``n_trials`` are COMPLETE or the failure rule stops."""
+        """Trials until ``n_trials`` are COMPLETE (waiting for other workers' ones) or the failure rule stops."""
         waiting_for = None
         try:
             while self.stopped is None:
@@ -232,11 +249,12 @@ class _Worker:
                     continue
                 waiting_for = None
                 try:
-                    self.study.optimize(self._run_trial, n_trials=1, callbacks=[self._after_trial])
+                    self.study.optimize(self._run_trial, callbacks=[self._after_trial, self.max_trials])
                 except _LeftUntold as left:
-                    if left.args:
-                        raise left.args[0] from None
-                finally:  # (the study lock, if still held, is the next look's)
+                    if left.interrupt is not None:
+                        raise left.interrupt from None
+                finally:
+                    self.study_lock.release()
                     if self.trial_lock is not None:
                         self.trial_lock.release()
         finally:
@@ -249,17 +267,19 @@ class _Worker:
         self.study_lock.acquire()
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             lock = _Lock(self.folder, f"trial_{frozen.number}.worker")
-            if fcntl is None or not lock.acquire(block=False):
+            if fcntl is None or (os.path.exists(lock.path) and not lock.acquire(block=False)):
                 continue  # a live worker runs it (without fcntl: left to the heartbeat rule)
             lock.release()
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, frozen.number)
             try:
-                self.storage.set_trial_state_values(frozen._trial_id, state=TrialState.FAIL)
+                if not self.storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                    continue
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
-            self._requeue(self.study, self.storage.get_trial(frozen._trial_id), stale=False)
+            self._requeue(self.study, self.storage.get_trial(trial_id), stale=False)
         optuna.storages.fail_stale_trials(self.study)
 
-    def _requeue(self, study, trial, stale: bool = True) -> None:
+    def _requeue(self, study, trial, stale: bool) -> None:
         """Queue a failed trial's parameters again (a WAITING copy with its user attributes, so its folder)."""
         name = outputs.trial_folder_name(trial)
         why = (
@@ -303,7 +323,8 @@ class _Worker:
                 raise _LeftUntold(e) from None
         finally:
             folder_lock.release()
-        if self.storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, trial.number)
+        if self.storage.get_trial(trial_id).state != TrialState.RUNNING:
             self.log(
                 f"trial {trial.number}: finished, but another worker had failed it for a lost heartbeat; its queued "
                 f"copy reads this run from {name}"
@@ -319,10 +340,12 @@ class _Worker:
         return value
 
     def _after_trial(self, study, trial) -> None:
-        """``Study.optimize``'s callback: the failure rule."""
+        """``Study.optimize``'s first callback: the failure rule; then the look for abandoned trials, under the study
+        lock, before Optuna's ``MaxTrialsCallback`` (COMPLETE and running trials) and the next trial."""
+        self.trial_lock.release()  # told
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         self.failures = [] if trial.state == TrialState.COMPLETE else self.failures + [trial.number]
         if len(self.failures) >= self.max_failures:
-            complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             message = (
                 f"search stopped: {len(self.failures)} trials in a row failed (trials "
                 f"{', '.join(map(str, self.failures))}; trial {trial.number}: "
@@ -332,11 +355,14 @@ class _Worker:
             self.log(message)
             rule = f"bayes_opt_max_failures_in_a_row={self.max_failures}"
             self.stopped = {"rule": rule, "trials": self.failures, "message": message}
+            study.stop()
+        else:
+            self._look()
 
 
 def _wait() -> None:
-    """Sleep :data:`POLL_S`; under torchrun tell the other ranks to go on waiting (so that their wait for the next
-    trial never reaches the process group's timeout)."""
+    """Sleep :data:`POLL_S`; under torchrun tell the other ranks to go on waiting (a collective every few seconds, so
+    that their wait for the next trial never reaches the process group's timeout)."""
     dist_utils.broadcast_object(("wait", None))
     time.sleep(POLL_S)
 
