@@ -340,7 +340,10 @@ def write_report(folder: str) -> str:
     examples = _retrieval_html(source)
     if examples:
         parts.append(f"<h2>Retrieval examples{where}</h2>{examples}")
-    source_results = _read_json(os.path.join(best_trial, "results.json")) if best_trial else results
+    if best_trial:  # a corrupt one is one line naming it, as the folder's own results.json
+        source_results = read_json(os.path.join(best_trial, "results.json"), "the run writes it again at its end") or {}
+    else:
+        source_results = results
     source_config = _read_text(best_trial, "config.yaml") if best_trial else config_text
     curves = _curves(
         source,

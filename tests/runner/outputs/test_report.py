@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from pml_extensions.runner.errors import OutputError
 from pml_extensions.runner.experiment.checkpoint import Checkpointer
 from pml_extensions.runner.outputs.report import write_report
 from pml_extensions.runner.outputs.results import summarize, write_results
@@ -164,6 +165,9 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
     assert html.count("<td class='query'>") == 3
     assert html.count("<td class='same'>") == 2 and html.count("<td class='other'>") == 4
     assert html.index("Search: objective per trial") < html.index("Retrieval examples")  # search.png under the table
+    (best / "results.json").write_text('{"folds": [')  # the best trial's, cut short: one error naming it
+    with pytest.raises(OutputError, match=r"trial_1/results.json: truncated or corrupt \(.*\); remove it and rerun"):
+        write_report(str(folder))
 
 
 def test_the_folds_table_shows_the_untrained_models_validation_score(tmp_path):
