@@ -8,6 +8,8 @@ import torch
 
 #: mean pairwise cosine above which the embeddings are called collapsed
 COLLAPSE_COSINE = 0.999
+#: the widest span of the query's cosines to its references still called a tie (float32 rounding)
+TIE_SPREAD = 1e-6
 #: the fewest feature-map cells per side for a map worth reading (MobileNetV2 at 224 px)
 MIN_MAP_CELLS = 7
 
@@ -37,24 +39,40 @@ def mean_pairwise_cosine(embeddings: torch.Tensor) -> float:
 def collapse_warning(
     embeddings: torch.Tensor, threshold: float = COLLAPSE_COSINE, what: str = "explained images"
 ) -> Optional[str]:
-    """One line when the rows of ``embeddings`` ``[N, D]`` (the query and every reference, several classes) have a
-    :func:`mean_pairwise_cosine` above ``threshold``, else None; ``what`` names the rows.
+    """One line when the rows of ``embeddings`` ``[N, D]`` (row 0 the query, then every reference) have a
+    :func:`mean_pairwise_cosine` above ``threshold``, else None; ``what`` names the rows. Two cases: the query's
+    cosines to the references span at most :data:`TIE_SPREAD` (the model maps every image to one point: the ranking
+    is a tie and the maps explain nothing), or they still order the references (a narrow cone: what every image
+    shares dominates each similarity and each map, so the maps differ little between references).
 
     Example::
 
-        >>> line = collapse_warning(torch.tensor([[1.0, 0.0], [1.0, 1e-4]]))
+        >>> line = collapse_warning(torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]]))
         >>> line.split(" (>")[0]
-        'warning: the embeddings have collapsed: mean pairwise cosine 1.000000 over the 2 explained images'
+        'warning: the embeddings have collapsed: mean pairwise cosine 1.000000 over the 3 explained images'
+        >>> line = collapse_warning(torch.tensor([[1.0, 0.0], [1.0, 0.01], [1.0, 0.02]]))
+        >>> line.split(":")[1]
+        ' the embeddings lie in a narrow cone'
     """
     if embeddings.shape[0] < 2:
         return None
     cosine = mean_pairwise_cosine(embeddings)
     if cosine <= threshold:
         return None
+    unit = torch.nn.functional.normalize(embeddings.detach().to(torch.float64), dim=1)
+    to_query = unit[1:] @ unit[0]
+    spread = float(to_query.max() - to_query.min())
+    measured = f"mean pairwise cosine {cosine:.6f} over the {embeddings.shape[0]} {what} (> {threshold:g})"
+    if spread <= TIE_SPREAD:
+        return (
+            f"warning: the embeddings have collapsed: {measured}: the model maps them all to one point (the query's "
+            f"cosines span {spread:.1e}), so the ranking is a tie and the maps explain nothing; explain a "
+            "better-trained model (an epoch-0 model is untrained)"
+        )
     return (
-        f"warning: the embeddings have collapsed: mean pairwise cosine {cosine:.6f} over the {embeddings.shape[0]} "
-        f"{what} (> {threshold:g}): the model maps them all to about one point, so the maps explain "
-        "nothing; explain a better-trained model (an epoch-0 model is untrained)"
+        f"warning: the embeddings lie in a narrow cone: {measured}: what every image shares dominates each "
+        f"similarity and each map, so the maps differ little between references (the query's cosines span "
+        f"{spread:.1e}, which still ranks them)"
     )
 
 

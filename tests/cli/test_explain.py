@@ -510,9 +510,8 @@ def test_collapsed_embeddings_and_a_coarse_map_are_one_warning_each(tmp_path, ca
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "warning: the embeddings have collapsed: mean pairwise cosine 1.000000 over the 6 images (the query and every "
-        "reference) (> 0.999): "
-        "the model maps them all to about one point, so the maps explain nothing; explain a better-trained model (an "
-        "epoch-0 model is untrained)",
+        "reference) (> 0.999): the model maps them all to one point (the query's cosines span 0.0e+00), so the "
+        "ranking is a tie and the maps explain nothing; explain a better-trained model (an epoch-0 model is untrained)",
         "warning: the explained map is 4 × 4 cells for 32 × 32 px images (one cell per 8 px): the maps are "
         "near-uniform; --image-size 56 gives at least 7 × 7",
     ]

@@ -31,6 +31,19 @@ def test_collapse_warning_only_above_the_threshold():
     assert collapse_warning(torch.ones(1, 3)) is None  # one image: nothing to compare
 
 
+def test_collapse_warning_tells_a_tie_from_a_narrow_cone_that_still_ranks():
+    tie = collapse_warning(torch.tensor([[1.0, 0.0], [1.0, 0.01], [1.0, -0.01]]))  # both cosines 1 / sqrt(1.0001)
+    assert tie.startswith("warning: the embeddings have collapsed: mean pairwise cosine 0.999900 over the 3 ")
+    assert "(the query's cosines span 0.0e+00), so the ranking is a tie and the maps explain nothing" in tie
+    # cosines to the query 1 / sqrt(1.0001) and 1 / sqrt(1.0004): span 1.49994e-4, an order the maps' model keeps
+    cone = collapse_warning(torch.tensor([[1.0, 0.0], [1.0, 0.01], [1.0, 0.02]], dtype=torch.float64))
+    assert cone == (
+        "warning: the embeddings lie in a narrow cone: mean pairwise cosine 0.999900 over the 3 explained images "
+        "(> 0.999): what every image shares dominates each similarity and each map, so the maps differ little "
+        "between references (the query's cosines span 1.5e-04, which still ranks them)"
+    )
+
+
 def test_size_for_cells_checks_the_model_and_steps_one_stride():
     assert size_for_cells(lambda s: (s - 8) // 8 + 1, 32, 4) == 56  # a kernel-8 stride-8 conv: 7 cells at 56
     assert size_for_cells(lambda s: s // 32 - 1, 96, 3) == 256  # 224 gives 6: one stride more
