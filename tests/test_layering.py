@@ -249,3 +249,69 @@ def test_the_builder_imports_no_method():
     path = os.path.join(PKG, "runner", "objects", "builder.py")
     imported = _imported_modules(path)
     assert not [m for m in imported if m.startswith(("pml_extensions.losses", "pml_extensions.trunks"))]
+
+
+#: what the distillation method owns (pml_extensions.trainers.distillation_keys registers its unit steps)
+METHOD_WORDS = ("teacher", "coupled_augmentation", "init_student", "transforms.reference")
+#: (module under pml_extensions, string) a runner module may still hold: the RAML plugin's validation column that the
+#: report marks (a results column, not a config key; the plugin's results name no column to mark yet)
+METHOD_WORDS_ALLOWED = {("runner/outputs/report.py", "teacher_student")}
+
+
+def _code_words(path):
+    """The identifiers and string constants of a module's code: docstrings, the ``help=`` of command-line options,
+    the doc of a ``setting(...)`` and the field names of a ``Settings`` class (the key tables of the docs) left out."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    prose = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            prose.add(id(body[0].value))  # a docstring
+        if isinstance(node, ast.Call):
+            called = getattr(node.func, "id", getattr(node.func, "attr", None))
+            docs = node.args[1:2] if called == "setting" else []
+            docs += [k.value for k in node.keywords if k.arg == "help" or (called == "setting" and k.arg == "doc")]
+            prose.update(id(n) for doc in docs for n in ast.walk(doc))
+        if isinstance(node, ast.ClassDef) and node.name == "Settings":
+            prose.update(id(item.target) for item in node.body if isinstance(item, ast.AnnAssign))
+    for node in ast.walk(tree):
+        if id(node) in prose:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+        for field in ("id", "attr", "name", "arg", "asname"):
+            if isinstance(getattr(node, field, None), str):
+                yield getattr(node, field)
+
+
+def test_the_code_word_reader_sees_names_and_strings_not_prose(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        '"""teacher"""\nimport x as teacher_a\nclass Settings:\n    teacher: int = setting(None, "teacher")\n'
+        'def f(teacher_b, **k):\n    """teacher"""\n    p.add_argument("--x", help="teacher")\n'
+        '    return k["teacher_c"]\n'
+    )
+    assert {w for w in _code_words(str(probe)) if "teacher" in w} == {"teacher_a", "teacher_b", "teacher_c"}
+
+
+def test_the_runner_and_the_command_line_name_no_key_of_a_method():
+    """Methods own their wiring (pml_extensions.utils.wiring.unit_step): the teacher of a distilling trainer, its
+    coupled views, the student's initialisation and the references' transform are read by
+    pml_extensions.trainers.distillation_keys, never by the runner or the command line."""
+    offenders = {}
+    for room in ("runner", "cli"):
+        for path in _modules(os.path.join(PKG, room)):
+            rel = os.path.relpath(path, PKG)
+            found = {
+                w
+                for w in _code_words(path)
+                if any(word in w for word in METHOD_WORDS) and (rel, w) not in METHOD_WORDS_ALLOWED
+            }
+            if found:
+                offenders[rel] = sorted(found)
+    assert offenders == {}

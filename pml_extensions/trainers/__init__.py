@@ -7,6 +7,7 @@ PML_TRAINERS = sorted(
 )
 globals().update({name: getattr(_pml_trainers, name) for name in PML_TRAINERS})
 
+from . import distillation_keys  # noqa: E402, F401  (registers the unit steps of teacher and coupled_augmentation)
 from .resolution_distillation_trainer import (  # noqa: E402
     ResolutionDistillationTrainer,
     gem_parameters,

@@ -116,6 +116,10 @@ class Builder:
     def get(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
 
+    def spec_class(self, key: str, default: Optional[str] = None) -> Any:
+        """The class (or function) that the config's ``key`` (``{Name: kwargs}``, else ``default``) names."""
+        return resolve(one_spec(self.get(key), self.where(key), default=default)[0], self.where(key))
+
     def build(self, key: str, spec: Any, **extra) -> Any:
         """Build ``spec`` (``{ClassName: kwargs}`` or ``{function_name: kwargs}``) with ``extra`` keyword arguments."""
         where = self.where(key)

@@ -12,11 +12,6 @@ from ..base import REQUIRED, setting
 from ..paired_protocol import PairedProtocol
 
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
-#: what a distilling trainer's missing key should say
-HINTS = {
-    "teacher": "<checkpoint of a finished run, e.g. experiments/teacher/teacher/seed_{seed}>",
-    "coupled_augmentation": "{query_size: <student px>, database_size: <teacher px>}",
-}
 DEFAULT_CALCULATOR = {"AccuracyCalculator": {"include": list(METRICS), "k": "max_bin_count"}}
 
 
@@ -127,9 +122,9 @@ class Paired(PairedProtocol):
         save_retrieval(variant, self._cfg(variant), folder, self.folder, self.device, seed, epoch)
 
     def preflight(self) -> None:
-        """Every problem in one refusal: a teacher, a cached prefix that depends on the seed, and each distinct
-        dataset: it builds, every image decodes, the training classes hold a validation part and the sampler's
-        batches, the images fit the trunk."""
+        """Every problem in one refusal: the keys the methods check (e.g. a teacher), a cached prefix that depends on
+        the seed, and each distinct dataset: it builds, every image decodes, the training classes hold a validation
+        part and the sampler's batches, the images fit the trunk."""
         import numpy as np
 
         from ...errors import Problems
@@ -137,15 +132,16 @@ class Paired(PairedProtocol):
         from ...objects.builder import Builder
         from ...objects.data import dataset_labels, validation_rows, validation_split
         from ...objects.feature_cache import check_fixed_prefix
+        from .unit import hooks, load_run_models
 
-        problems, seen, teachers = Problems(), set(), set()
+        problems, seen, memo = Problems(), set(), set()
         record = self.folder if os.path.isdir(self.folder) else None  # a rerun reads its record of decoded files
         quiet = lambda *a, **k: None  # noqa: E731
         for name in self.variant_configs:
             cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
             b = Builder(dict(cfg), sources, self.device, quiet)
-            with problems.check():
-                self._check_distillation(b, teachers)
+            with problems.check():  # memo: shared by the variants (e.g. each teacher checkpoint loads once)
+                hooks(b, "check", self.settings.seeds, load_run_models, memo)
             signature = json.dumps([cfg["models"]["trunk"], cfg.get("feature_cache")], default=str)
             if cfg.get("feature_cache") is not None and signature not in seen:
                 seen.add(signature)
@@ -218,40 +214,6 @@ class Paired(PairedProtocol):
                 self.log("classes: " + "; ".join(f"{r} {len(names)} ({_shown(names)})" for r, names in roles.items()))
         problems.raise_any()
 
-    def _check_distillation(self, b, loaded: Optional[set] = None) -> None:
-        """A distilling trainer's ``teacher`` and ``coupled_augmentation``; a ``teacher`` loads for every seed (each
-        checkpoint path once: ``loaded``, the paths that loaded, shared by the variants)."""
-        from ...config.specs import one_spec
-        from .unit import asymmetric_tester, distils, load_teacher, require_reference, teacher_spec
-
-        spec = teacher_spec(b.config, b.where("teacher"))
-        if distils(b):
-            name, kwargs = one_spec(b.get("trainer"), b.where("trainer"))
-            missing = [k for k in ("teacher", "coupled_augmentation") if b.get(k) is None]
-            if missing:
-                raise ConfigError(
-                    f"{b.where('trainer')}: {name} distils from a teacher: set "
-                    + " and ".join(f"{k}: {HINTS[k]}" for k in missing)
-                )
-            if "init_student_from_teacher" in kwargs:
-                raise ConfigError(
-                    f"{b.where('trainer')}.{name}.init_student_from_teacher: the runner initialises the student "
-                    "once, before a resume; use teacher: {checkpoint: ..., init_student: true|false}"
-                )
-        if b.get("coupled_augmentation") is not None:  # its arguments, checked on no images
-            b.build("coupled_augmentation", {"CoupledAugmentationDataset": b.get("coupled_augmentation")}, dataset=[])
-        if spec is not None:
-            if asymmetric_tester(b):
-                require_reference(b)
-            if b.get("feature_cache") is not None:
-                raise ConfigError(f"{b.where('teacher')}: a teacher and feature_cache together are not supported")
-            loaded = set() if loaded is None else loaded
-            for seed in self.settings.seeds if "{seed}" in spec[0] else self.settings.seeds[:1]:
-                path = spec[0].replace("{seed}", str(seed))
-                if path not in loaded:
-                    load_teacher(b, seed)
-                    loaded.add(path)
-
     def build_caches(self, rank: Optional[int] = None, world_size: Optional[int] = None) -> bool:
         """Build the feature caches of every variant (or shard ``rank`` of ``world_size``); whether all are complete."""
         from ...objects.builder import Builder
@@ -277,7 +239,9 @@ class Paired(PairedProtocol):
         return done
 
     def header(self, results: Dict[str, Any]) -> str:
+        from ....utils import wiring
         from ...experiment.folder import environment_summary
+        from ...objects.builder import Builder
         from .unit import test_classes_words
 
         seeds, first = results["seeds"], next(iter(self.variant_configs))
@@ -309,21 +273,10 @@ class Paired(PairedProtocol):
         text += f" Tested epochs: {'; '.join(tested)}." if tested else ""
         if results.get("environment"):
             text += f" Environment: {environment_summary(results['environment'])}."
-        teachers = {n: c for n, c in self.variant_configs.items() if (c or {}).get("teacher") is not None}
-        if teachers:
-            from ...objects.builder import Builder
-            from .unit import asymmetric_tester, teacher_spec
-
-            cfg = next(iter(teachers.values()))
-            names = ", ".join(f"`{n}`" for n in teachers)
-            text += f" {names} start from the frozen teacher `{teacher_spec(cfg)[0]}` (their epoch 0 is the teacher on "
-            # (the preflight refused an asymmetric tester with a teacher but without transforms.reference)
-            text += (
-                "their images); their metrics are asymmetric: the variant embeds the queries (`transforms.eval`), the "
-                "teacher the same images as references (`transforms.reference`)."
-                if asymmetric_tester(Builder(cfg, log=lambda *a, **k: None))
-                else "their images)."
-            )
+        builders = {n: Builder(c or {}, log=lambda *a, **k: None) for n, c in self.variant_configs.items()}
+        for describe in wiring.unit_steps("describe"):  # e.g. the variants that start from a frozen teacher
+            words = describe(builders)
+            text += f" {words}" if words else ""
         untrained = results.get("untrained")
         if untrained:
             text += (

@@ -5,15 +5,15 @@ Pairing: the global RNGs are re-seeded before each module is built (trunk ``seed
 so every variant of a seed starts from the same weights for the modules it shares and sees the same batches.
 """
 
-import functools
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
 
 from ....trunks import find_histogram_layers
+from ....utils import wiring
 from ....utils.atomic_io import atomic_torch_save
 from ...config.specs import one_spec
 from ...errors import ConfigError
@@ -21,6 +21,7 @@ from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
 from ...objects.data import dataset_labels, validation_rows, validation_split
 from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec, end_of_epoch_hook
+from ...objects.saved_models import load_models as load_run_models
 
 #: the test rows' metrics, as protocol.METRICS (which this module cannot import: protocol imports it lazily)
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
@@ -61,105 +62,22 @@ def resolve_cache_folder(cfg: Dict[str, Any], experiment_folder: str) -> Dict[st
     return {**cfg, "feature_cache": {**cfg["feature_cache"], "folder": cache_folder(spec, experiment_folder)}}
 
 
-def teacher_spec(cfg: Dict[str, Any], where: str = "config: teacher") -> Optional[Tuple[str, bool]]:
-    """``(checkpoint, init_student)`` of the config's ``teacher`` (a path, or ``{checkpoint, init_student}``;
-    ``init_student`` defaults to true), ``None`` without one; a ConfigError ``"<where>: expected ..."`` otherwise."""
-    spec = cfg.get("teacher")
-    if spec is None:
-        return None
-    if isinstance(spec, str) and spec:
-        return spec, True
-    if isinstance(spec, dict) and isinstance(spec.get("checkpoint"), str) and spec["checkpoint"]:
-        unknown = sorted(set(spec) - {"checkpoint", "init_student"})
-        init = spec.get("init_student", True)
-        if not unknown and isinstance(init, bool):
-            return spec["checkpoint"], init
-    raise ConfigError(
-        f"{where}: expected a checkpoint path or {{checkpoint: PATH, init_student: true|false}}, got {spec!r}"
-    )
+def hooks(b: Builder, step: str, *args) -> list:
+    """What the hooks that the methods register for the unit's step ``step`` return, each called with ``(b, *args)``
+    (:func:`pml_extensions.utils.wiring.unit_step`: e.g. a distilling trainer's ``teacher``); a hook's refusal of a
+    value as a ConfigError naming the file and key."""
+    try:
+        return [fn(b, *args) for fn in wiring.unit_steps(step)]
+    except wiring.KeyProblem as e:
+        raise ConfigError(f"{b.where(e.key)}: {e}") from None
 
 
-def _class_of(b: Builder, key: str, default: str) -> type:
-    from ...config.registry import resolve
-
-    return resolve(one_spec(b.get(key), b.where(key), default=default)[0], b.where(key))
-
-
-def distils(b: Builder) -> bool:
-    """Whether the config's trainer distils from a teacher (its class has ``teacher_modules``)."""
-    return callable(getattr(_class_of(b, "trainer", "MetricLossOnly"), "teacher_modules", None))
-
-
-def asymmetric_tester(b: Builder) -> bool:
-    """Whether the config's tester embeds references with other models (it takes ``reference_dataset_dict``)."""
-    import inspect
-
-    tester = _class_of(b, "tester", "GlobalEmbeddingSpaceTester")
-    return "reference_dataset_dict" in inspect.signature(tester).parameters
-
-
-@functools.lru_cache(maxsize=1)  # a seed's units, tests and examples share one load (units run seed after seed)
-def _frozen_teacher(path: str, device: Any, stamp: Optional[float]) -> Dict[str, torch.nn.Module]:
-    from ...objects.saved_models import load_models as load_run_models
-
-    trunk, embedder = load_run_models(path)
-    out = {"teacher_trunk": trunk, "teacher_embedder": embedder}
-    for m in out.values():
-        m.to(device).eval().requires_grad_(False)
-    return out
-
-
-def load_teacher(b: Builder, seed: int) -> Optional[Dict[str, torch.nn.Module]]:
-    """``{"teacher_trunk", "teacher_embedder"}`` of the config's ``teacher`` of ``seed``, frozen, on the Builder's
-    device; ``None`` without one; a ConfigError ``"<file>: teacher: ..."`` for a missing or unreadable checkpoint."""
-    spec = teacher_spec(b.config, b.where("teacher"))
-    if spec is None:
-        return None
-    path = spec[0].replace("{seed}", str(seed))
-    try:  # (a rewritten checkpoint has a new modification time: it loads again)
-        return _frozen_teacher(path, b.device, os.path.getmtime(path) if os.path.exists(path) else None)
-    except FileNotFoundError as e:
-        raise ConfigError(f"{b.where('teacher')}: {e} (train the teacher first, or name a finished run)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{b.where('teacher')}: {e}") from None
-
-
-def require_reference(b: Builder) -> None:
-    """Refuse an asymmetric test with a teacher but without ``transforms.reference`` (the references' transform)."""
-    if (b.get("transforms") or {}).get("reference") is None:
-        raise ConfigError(
-            f"{b.where('transforms')}: an asymmetric tester with a teacher needs transforms.reference (the "
-            "teacher's database images, e.g. {Resize: {size: [32, 32]}})"
-        )
-
-
-def reference_kwargs(b: Builder, seed: int, split: str, source: str, indices, data=None) -> Dict[str, Any]:
-    """An asymmetric test's reference side: the teacher of ``seed`` embeds items ``indices`` of split ``source``
-    (``data``: that split, already built) with ``transforms.reference``; ``{}`` without a teacher or an asymmetric
-    tester (the student alone, on both sides)."""
-    teacher = load_teacher(b, seed) if asymmetric_tester(b) else None
-    if teacher is None:
-        return {}
-    require_reference(b)
-    data = b.build_dataset(source) if data is None else data
-    return {
-        "reference_trunk_model": teacher["teacher_trunk"],
-        "reference_embedder_model": teacher["teacher_embedder"],
-        "reference_dataset_dict": {
-            split: b.subset(data, indices, dataset_labels(data), b.build_transform("reference"))
-        },
-    }
-
-
-def _init_student(b: Builder, models: Dict[str, Any], teacher: Dict[str, torch.nn.Module]) -> None:
-    for key in ("trunk", "embedder"):
-        try:
-            models[key].load_state_dict(teacher[f"teacher_{key}"].state_dict())
-        except RuntimeError as e:
-            raise ConfigError(
-                f"{b.where('teacher')}: the teacher's {key} does not fit models.{key} ({str(e).splitlines()[0]}); "
-                "give the student the teacher's architecture or set teacher.init_student: false"
-            ) from None
+def reference_side(b: Builder, seed: int, split: str, source: str, indices, data=None) -> Optional[wiring.Reference]:
+    """The reference side of testing ``split`` (items ``indices`` of the config's split ``source``; ``data``: that
+    split, already built) that a method sets (e.g. the ``teacher`` of ``seed``), else None (the tested model on both
+    sides)."""
+    sides = hooks(b, "reference", seed, split, source, indices, data, load_run_models)
+    return next((side for side in sides if side is not None), None)
 
 
 def make_loader(dataset, batch_size, seed):
@@ -240,17 +158,13 @@ def train_and_select(
         val_set = b.subset(full_eval, val_idx, labels)
         val_source = "train"
     train_set, init_set = b.subset(full_train, train_idx, labels), b.subset(full_eval, train_idx, labels)
-    coupled = cfg.get("coupled_augmentation")
-    if coupled is not None:  # P coupled views per image, small (student) and large (teacher)
-        raw = b.subset(b.build_dataset("train"), train_idx, labels, rgb=True)
-        train_set = b.build(
-            "coupled_augmentation", {"CoupledAugmentationDataset": {"seed": seed, **coupled}}, dataset=raw
-        )
+    own = [d for d in hooks(b, "train_set", train_idx, labels, seed) if d is not None]
+    train_set = own[-1] if own else train_set  # e.g. coupled views of the training images
     num_classes = int(np.max(labels)) + 1  # the labels index the classes (e.g. ProxyAnchorLoss's proxies)
     models = build_models(cfg, seed, device, init_set, builder=b, num_classes=num_classes)
-    teacher = load_teacher(b, seed)
-    if teacher is not None and teacher_spec(cfg)[1]:  # before a resume loads the checkpoint's weights
-        _init_student(b, models, teacher)
+    extra_models, extra_kwargs = {}, {}  # e.g. the student initialised from a teacher, before any resume
+    for more_models, more_kwargs in hooks(b, "prepare", models, seed, load_run_models):
+        extra_models, extra_kwargs = {**extra_models, **more_models}, {**extra_kwargs, **more_kwargs}
     trunk, embedder, loss_funcs, nets = models["trunk"], models["embedder"], models["loss_funcs"], networks(models)
     optimizers = b.build_optimizers(nets, loss_funcs)
     batch_size, iterations = int(cfg["batch_size"]), int(cfg["iterations_per_epoch"])
@@ -259,10 +173,10 @@ def train_and_select(
         return b.build_sampler(train_set.labels, batch_size, iterations_per_epoch=iterations)
 
     sampler, tester = new_sampler(), b.build_tester()
-    reference = reference_kwargs(b, seed, "val", val_source, val_idx)
+    reference = reference_side(b, seed, "val", val_source, val_idx)
 
     def validate(epoch):
-        tester.test({"val": val_set}, epoch, trunk, embedder, **reference)
+        tester.test({"val": val_set}, epoch, trunk, embedder, **(reference.tester_kwargs() if reference else {}))
         if keep_epochs and dist_utils.is_main():
             path = os.path.join(stage_dir, "epochs", f"epoch_{epoch}.pth")
             atomic_torch_save({k: m.state_dict() for k, m in nets.items()}, path)
@@ -297,15 +211,11 @@ def train_and_select(
 
     def make_trainer():
         name_, kwargs = one_spec(cfg.get("trainer"), b.where("trainer"), default="MetricLossOnly")
-        kwargs = {**kwargs, "batch_size": batch_size // world, "iterations_per_epoch": iterations}
+        kwargs = {**kwargs, **extra_kwargs, "batch_size": batch_size // world, "iterations_per_epoch": iterations}
         kwargs["dataloader_num_workers"] = int(cfg.get("dataloader_num_workers", 0))
-        trainer_models = dist_utils.wrap_models(nets, device)
-        if distils(b):  # the student was initialised above (init_student), before any resume
-            kwargs["init_student_from_teacher"] = False
-            trainer_models = {**trainer_models, **teacher}
         return b.build_trainer(
             {name_: kwargs},
-            models=trainer_models,
+            models={**dist_utils.wrap_models(nets, device), **extra_models},
             optimizers=optimizers,
             loss_funcs=dist_utils.wrap_losses(loss_funcs),
             mining_funcs=models["mining_funcs"],
@@ -349,13 +259,15 @@ def evaluate(
     seed: int = 0,
 ) -> Dict[str, float]:
     """Metrics of the (selected) trunk + embedder on one split (with ``feature_cache``: on the cached features of
-    ``models["frozen"]``; with a ``teacher`` and an asymmetric tester: against the teacher of ``seed``)."""
+    ``models["frozen"]``; against the reference side a method sets for ``seed``, e.g. a ``teacher``'s)."""
     b = Builder(cfg, sources, device)
     b.frozen = models.get("frozen")
     dataset = load_split(cfg, split, train_transform=False, builder=b)
     tester = b.build_tester()
-    reference = reference_kwargs(b, seed, split, split, np.arange(len(dataset)))
-    tester.test({split: dataset}, -1, models["trunk"], models["embedder"], **reference)
+    reference = reference_side(b, seed, split, split, np.arange(len(dataset)))
+    tester.test(
+        {split: dataset}, -1, models["trunk"], models["embedder"], **(reference.tester_kwargs() if reference else {})
+    )
     return _metrics(tester, split)
 
 
@@ -390,7 +302,7 @@ def test_classes_words(dataset: Any) -> str:
 
 def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch, n_queries=4, k=5):
     """``retrieval/<variant>.json`` + thumbnails for report.html: the same seeded test queries and their top-k by the
-    unit's tested model (with a ``teacher`` and an asymmetric tester, against the teacher's references)."""
+    unit's tested model (against the reference side a method sets, e.g. a ``teacher``'s references)."""
     from ...outputs.retrieval import dataset_image, embed, save_retrieval_examples
 
     models = load_models(cfg, stage_dir, device)
@@ -400,12 +312,11 @@ def save_retrieval(name, cfg, stage_dir, experiment_folder, device, seed, epoch,
     view = load_split(cfg, "test", train_transform=False, builder=builder)
     if not np.array_equal(np.asarray(view.labels), np.asarray(dataset_labels(images))):
         raise RuntimeError(f"{name}: the test view is not in the order of the test images")
-    ref = reference_kwargs(builder, seed, "test", "test", np.arange(len(images)), images)
+    reference = reference_side(builder, seed, "test", "test", np.arange(len(images)), images)
     references, against = None, ""
-    if ref:  # the teacher embeds the references, with transforms.reference
-        teacher_trunk, teacher_embedder, views = ref.values()
-        references = embed(teacher_trunk, teacher_embedder, views["test"], device)
-        against = " against the teacher's references (transforms.reference)"
+    if reference is not None:  # e.g. the teacher embeds the references, with transforms.reference
+        references = embed(reference.trunk, reference.embedder, reference.datasets["test"], device)
+        against = f" against {reference.words}"
     image = lambda i: dataset_image(images, i)  # noqa: E731
     save_retrieval_examples(
         experiment_folder,

@@ -10,8 +10,10 @@ import torch
 from pml_extensions.cli.job import load_job_config
 from pml_extensions.runner.config.loader import variant_configs
 from pml_extensions.runner.errors import ConfigError
-from pml_extensions.runner.protocols.paired import Paired
+from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.protocols.paired import unit as train
+from pml_extensions.trainers import distillation_keys
+from pml_extensions.utils.wiring import KeyProblem
 
 CPU = torch.device("cpu")
 QUIET = lambda *a, **k: None  # noqa: E731
@@ -43,12 +45,17 @@ def teacher(tmp_path_factory):
 
 
 def test_teacher_spec_forms():
-    assert train.teacher_spec({}) is None
-    assert train.teacher_spec({"teacher": "a/seed_{seed}"}) == ("a/seed_{seed}", True)
-    assert train.teacher_spec({"teacher": {"checkpoint": "t.pth", "init_student": False}}) == ("t.pth", False)
+    teacher_spec = distillation_keys.teacher_spec
+    assert teacher_spec({}) is None
+    assert teacher_spec({"teacher": "a/seed_{seed}"}) == ("a/seed_{seed}", True)
+    assert teacher_spec({"teacher": {"checkpoint": "t.pth", "init_student": False}}) == ("t.pth", False)
     for bad in ("", 3, {"checkpoint": "t.pth", "init_student": "no"}, {"path": "t.pth"}, {"checkpoint": None}):
+        with pytest.raises(KeyProblem, match=r"^expected a checkpoint path or \{checkpoint: PATH") as e:
+            teacher_spec({"teacher": bad})
+        assert e.value.key == "teacher"
+        # the runner's check names the file and the key
         with pytest.raises(ConfigError, match=r"^f.yaml: teacher: expected a checkpoint path or \{checkpoint: PATH"):
-            train.teacher_spec({"teacher": bad}, "f.yaml: teacher")
+            train.hooks(Builder({"teacher": bad}, {"teacher": "f.yaml"}, CPU, QUIET), "check", [0], None, set())
 
 
 def _capture(cfg, tmp_path, name):
@@ -114,15 +121,10 @@ def test_init_student_false_keeps_the_students_own_initial_weights(teacher, tmp_
 
 
 def _refusal(cfg):
-    protocol = Paired(
-        {**cfg, "seeds": [0], "comparisons": []}, "/nonexistent/exp", sources={"teacher": "cfg.yaml"}, log=QUIET
-    )
+    """The preflight's check of the keys the methods register (here: the distillation keys), at seed 0."""
+    b = Builder(cfg, {"teacher": "cfg.yaml", "trainer": "cfg.yaml"}, CPU, QUIET)
     with pytest.raises(ConfigError) as e:
-        protocol._check_distillation(
-            __import__("pml_extensions.runner.objects.builder", fromlist=["Builder"]).Builder(
-                cfg, {"teacher": "cfg.yaml", "trainer": "cfg.yaml"}, CPU, QUIET
-            )
-        )
+        train.hooks(b, "check", [0], train.load_run_models, set())
     return str(e.value)
 
 
