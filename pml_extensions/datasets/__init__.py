@@ -3,7 +3,7 @@ ImageFolder tree or a CSV table of files) and PML's CUB / Cars196 / SOP classes,
 Nothing downloads."""
 
 from .cached_feature_dataset import CachedFeatureDataset
-from .class_disjoint_dataset import ClassDisjointDataset, select_split_classes
+from .class_disjoint_dataset import ClassDisjointDataset, mlrc_class_splits, select_split_classes
 from .coupled_augmentation_dataset import CoupledAugmentationDataset
 from .fashion_mnist import FashionMNIST
 from .feature_cache import FeatureCache
@@ -34,6 +34,7 @@ __all__ = [
     "draw_view",
     "find_unreadable_images",
     "get_dataset",
+    "mlrc_class_splits",
     "seeded_view",
     "select_split_classes",
 ]

@@ -4,7 +4,8 @@
   float32 tiles that only propose candidates, float64 scores that decide);
 - :class:`ChunkedAccuracyCalculator` / :class:`AsymmetricAccuracyCalculator`: drop-in replacements of PML's
   ``AccuracyCalculator`` (self-retrieval; queries against a separate reference set) on that engine;
-- :func:`trapezoidal_average_precision`: the AP of a ranked relevance list by the trapezoidal rule.
+- :func:`trapezoidal_average_precision`: the AP of a ranked relevance list by the trapezoidal rule;
+- :func:`ensemble_metrics`: the MLRC test numbers of k models, separate and concatenated.
 
 Example::
 
@@ -19,6 +20,12 @@ Example::
 from .asymmetric_accuracy_calculator import AsymmetricAccuracyCalculator
 from .chunked_accuracy_calculator import ChunkedAccuracyCalculator
 from .engine import BlockedKNN
-from .metrics import trapezoidal_average_precision
+from .metrics import ensemble_metrics, trapezoidal_average_precision
 
-__all__ = ["AsymmetricAccuracyCalculator", "BlockedKNN", "ChunkedAccuracyCalculator", "trapezoidal_average_precision"]
+__all__ = [
+    "AsymmetricAccuracyCalculator",
+    "BlockedKNN",
+    "ChunkedAccuracyCalculator",
+    "ensemble_metrics",
+    "trapezoidal_average_precision",
+]

@@ -1,9 +1,10 @@
 """Block-wise retrieval metrics of the accuracy calculators on :class:`~pml_extensions.knn.engine.BlockedKNN`:
-per-query values added into per-class sums (definitions, stages and distribution: ``docs/evaluation.md``).
+per-query values added into per-class sums (definitions, stages and distribution: ``docs/evaluation.md``); the MLRC
+protocol's separate and concatenated test numbers of k fold models (:func:`ensemble_metrics`).
 """
 
 import time
-from typing import Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -461,3 +462,40 @@ class EngineAccuracyMixin:
                 raise ValueError(f"references[{name!r}] must be (reference, reference_labels) or a dict")
             out[name] = self.get_accuracy(query, query_labels, include=include, exclude=exclude, **spec)
         return out
+
+
+def ensemble_metrics(
+    embeddings: List[torch.Tensor], labels: torch.Tensor, calculator, normalize=True, tester_normalize=False
+) -> Dict[str, Any]:
+    """MLRC test numbers from the k models' embeddings of the same test items, as powerful-benchmarker computes them:
+    each model is tested with the tester's settings, the concatenation with the ensemble's.
+
+    Args:
+        embeddings: k tensors ``[N, d]`` (float), one per fold model, rows aligned, as the tester returns them (its
+            ``normalize_embeddings`` already applied).
+        labels: ``[N]`` integer labels.
+        calculator: a PML ``AccuracyCalculator`` (queries compared to themselves).
+        normalize: L2-normalise each model's embeddings before concatenating them (PB's
+            ``ConcatenateEmbeddings.normalize_embeddings``).
+        tester_normalize: the tester's ``normalize_embeddings``, applied to the concatenation too (PB's tester
+            normalises whatever the ensemble model outputs).
+
+    Returns:
+        ``{"separate_<d>D": mean over the models of each metric, "concatenated_<k·d>D": metrics of
+        ``cat([normalize(e) for e in embeddings], 1)`` (normalised again with ``tester_normalize``), "per_model": [k
+        dicts]}`` — MLRC's "128D" and "512D".
+
+    Raises:
+        ValueError: an empty list or embeddings with different shapes.
+    """
+    if not embeddings or any(e.shape != embeddings[0].shape or e.ndim != 2 for e in embeddings):
+        raise ValueError(f"embeddings must be [N, d] tensors of one shape, got {[tuple(e.shape) for e in embeddings]}")
+    per_model = [{m: float(v) for m, v in calculator.get_accuracy(e.float(), labels).items()} for e in embeddings]
+    d = embeddings[0].shape[1]
+    separate = {m: float(np.mean([p[m] for p in per_model])) for m in per_model[0]}
+    normalized = [torch.nn.functional.normalize(e.float(), dim=1) if normalize else e.float() for e in embeddings]
+    concat = torch.cat(normalized, dim=1)
+    if tester_normalize:
+        concat = torch.nn.functional.normalize(concat, dim=1)
+    concatenated = {m: float(v) for m, v in calculator.get_accuracy(concat, labels).items()}
+    return {f"separate_{d}D": separate, f"concatenated_{concat.shape[1]}D": concatenated, "per_model": per_model}
