@@ -125,11 +125,11 @@ class PairedProtocol(Protocol):
         return tuple(dict.fromkeys(GRID_KEYS + super().keys()))
 
     @classmethod
-    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-        """The grid (seeds, comparisons naming variants, ``untrained``) and every variant's settings."""
-        super().check(config, sources)
-        grid = cls.read(config, sources)
-        configs, _, _ = cls.variants(config, sources)
+    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> GridSettings:
+        """The grid (seeds, comparisons naming variants, ``untrained``), every variant's settings, then
+        :meth:`check_variants` on the variants' configs (built once)."""
+        grid = super().check(config, sources)
+        configs, _, where = cls.variants(config, sources)
         names = set(configs) | ({UNTRAINED} if grid.untrained else set())
         if grid.untrained and UNTRAINED in configs:
             raise ConfigError(
@@ -142,6 +142,13 @@ class PairedProtocol(Protocol):
                     f"{(sources or {}).get('comparisons', 'config')}: comparisons: {list(pair)} names an unknown "
                     f"variant; choose from {', '.join(sorted(names))}"
                 )
+        cls.check_variants(configs, where)
+        return grid
+
+    @classmethod
+    def check_variants(cls, configs: Dict[str, Dict[str, Any]], where: Dict[str, Dict[str, str]]) -> None:
+        """A subclass's checks of the variants' merged configs (:meth:`variants`: ``where`` is each one's sources);
+        default: none."""
 
     @classmethod
     def objective(cls, results: Dict[str, Any], config: Dict[str, Any]) -> float:
@@ -231,19 +238,20 @@ class PairedProtocol(Protocol):
         if unknown:
             raise ConfigError(f"{self.name}: {unknown} are not variants / seeds of this config")
         grid = [(n, s) for s in chosen for n in names]
-        new = [u for u in grid if self.exp.stage_result(self.stage(*u)) is None]
+        finished = sum(self.exp.stage_result(self.stage(*u)) is not None for u in grid)
         self.log(
             f"{self.name}: {len(names)} variant(s) × {len(chosen)} seed(s) = {len(grid)} units"
-            + (f", {len(grid) - len(new)} finished before" if len(new) < len(grid) else "")
+            + (f", {finished} finished before" if finished else "")
         )
         out: Dict[str, Dict[int, Any]] = {n: {} for n in names}
-        timed: List[float] = []  # the first two new units: the first may include one-time work (a feature cache)
-        for n, s in grid:
+        timed: List[float] = []  # the first two trained units: the first may include one-time work (a feature cache)
+        for i, (n, s) in enumerate(grid):
             start = time.time()
+            trained = self.exp.stage_result(self.stage(n, s)) is None  # (a process sharing the grid may finish it)
             out[n][s] = self.unit_result(n, s)
-            if (n, s) in new and len(timed) < 2:
+            if trained and len(timed) < 2:
                 timed.append(time.time() - start)
-                left = len(new) - new.index((n, s)) - 1
+                left = sum(self.exp.stage_result(self.stage(*u)) is None for u in grid[i + 1 :])
                 if left and len(timed) == 1:
                     self.log(
                         f"{self.name}: one unit took {'; '.join(time_estimate(timed[0], left))} for the {left} left"
