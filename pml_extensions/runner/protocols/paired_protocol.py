@@ -72,9 +72,8 @@ class PairedProtocol(Protocol):
         self.exp = Experiment(folder, {"device": s.device, "seed": None}, self.sources, log)
         self.device, self.log = self.exp.device, self.exp.log
         self.variant_configs, self.variant_settings, self.variant_sources = self.variants(config, self.sources)
-        updates = config.get("variants") or {}
         for key in [k for k, v in self.sources.items() if v == "command line" and k != "variants"]:
-            mine = [n for n, u in updates.items() if any(str(k).split("~")[0] == key for k in (u or {}))]
+            mine = [n for n, where in self.variant_sources.items() if where[key] != "command line"]
             if mine:  # a command-line flag that does not reach some variants is not lost without a word
                 self.log(
                     f"note: --{key} (command line) does not reach variant(s) {', '.join(mine)}: they set their own "
@@ -91,12 +90,11 @@ class PairedProtocol(Protocol):
         (without the grid keys), read with ``Settings``; an error names ``<file> (variants.<name>)``."""
         from ..config.loader import variant_configs
 
-        sources = sources if sources is not None else {}
+        sources, updates = sources if sources is not None else {}, config.get("variants") or {}
         base = {k: v for k, v in config.items() if k not in GRID_KEYS}
-        updates = {k: (v or {}) for k, v in (config.get("variants") or {"default": {}}).items()}
         configs = variant_configs({**base, "variants": updates}, where=sources.get("variants", "config"))
         here = {n: f"{sources.get('variants', 'config')} (variants.{n})" for n in configs}
-        where = {n: {**sources, **{str(k).split("~")[0]: here[n] for k in updates[n]}} for n in configs}
+        where = {n: {**sources, **{str(k).split("~")[0]: here[n] for k in updates.get(n) or {}}} for n in configs}
         settings = {n: read_settings(cls.Settings, {**config, **cfg}, where[n]) for n, cfg in configs.items()}
         return configs, settings, where
 
