@@ -126,10 +126,7 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
     """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")``, the MLRC paper's)."""
     spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
     where = f"{where}.accuracy_calculator"
-    if not (isinstance(spec, dict) and len(spec) == 1):
-        raise ConfigError(f"{where}: expected one {{ClassName: {{kwargs}}}}, got {spec!r}")
-    name, kwargs = next(iter(spec.items()))
-    kwargs = dict(kwargs or {})
+    name, kwargs = one_spec(spec, where)
     calculators = names_for_role("accuracy_calculator")
     if name not in calculators:
         raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
@@ -139,7 +136,7 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
         for metric in kwargs.get(key) or ():
             if metrics is not None and metric not in known:
                 raise ConfigError(f"{where}.{name}.{key}: unknown metric {metric!r}{nearest(metric, known)}")
-    return name, kwargs
+    return name, dict(kwargs)  # a copy: the Builder adds the device
 
 
 def aggregate(
