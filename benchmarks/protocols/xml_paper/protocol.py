@@ -85,8 +85,7 @@ class XMLPaper(Paired):
         from .plots import save_prototype_usage
 
         num_prototypes, rows = 64, []
-        for name in self.variant_configs:
-            cfg = self._cfg(name)
+        for name, cfg in self.variant_configs.items():
             trunk = cfg["models"]["trunk"]
             for spec in (trunk.get("Sequential") or []) if isinstance(trunk, dict) else []:
                 if isinstance(spec, dict) and "HistogramPooling" in spec:

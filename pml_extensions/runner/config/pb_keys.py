@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...utils.checks import is_int, is_number
 from ..errors import ConfigError
-from .loader import merge, merged_next_to, source_of
+from .loader import merged_next_to, source_of
 from .registry import lookup, names_for_role
 from .specs import nearest, one_spec
 
@@ -126,10 +126,7 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
     """The tester's ``accuracy_calculator`` (default ``AccuracyCalculator(k="max_bin_count")``, the MLRC paper's)."""
     spec = tester_kwargs.get("accuracy_calculator") or {"AccuracyCalculator": {"k": "max_bin_count"}}
     where = f"{where}.accuracy_calculator"
-    if not (isinstance(spec, dict) and len(spec) == 1):
-        raise ConfigError(f"{where}: expected one {{ClassName: {{kwargs}}}}, got {spec!r}")
-    name, kwargs = next(iter(spec.items()))
-    kwargs = dict(kwargs or {})
+    name, kwargs = one_spec(spec, where)
     calculators = names_for_role("accuracy_calculator")
     if name not in calculators:
         raise ConfigError(f"{where}: unknown class {name!r}{nearest(name, calculators)}")
@@ -139,7 +136,7 @@ def accuracy_calculator_spec(tester_kwargs: Dict[str, Any], where: str) -> Tuple
         for metric in kwargs.get(key) or ():
             if metrics is not None and metric not in known:
                 raise ConfigError(f"{where}.{name}.{key}: unknown metric {metric!r}{nearest(metric, known)}")
-    return name, kwargs
+    return name, dict(kwargs)  # a copy: the Builder adds the device
 
 
 def aggregate(
@@ -317,9 +314,6 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
     """Check every PB key at load time (before any training)."""
     check_single_class(config, sources)
     check_factories(config, sources)
-    for name, variant in (config.get("variants") or {}).items():
-        if isinstance(variant, dict):
-            check_single_class(merge(config, variant, f"variants.{name}"), sources, f" (variant {name})")
     for key in _FLAGS:
         flag(config, key, sources)
     split_settings(config, sources)
@@ -329,7 +323,7 @@ def check_values(config: Dict[str, Any], sources: Optional[Dict[str, str]] = Non
     ensemble_settings(config, sources)
 
 
-def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -> None:
+def check_single_class(config: Dict[str, Any], sources=None) -> None:
     """PB's plain merge of ``{Adam: ..}`` into ``{RMSprop: ..}`` keeps both; here an error naming ``~OVERRIDE~``."""
 
     def check(key, spec):
@@ -351,7 +345,7 @@ def check_single_class(config: Dict[str, Any], sources=None, suffix: str = "") -
         new_text = "a dataset by name" if by_name and not [k for k in new if k in classes] else ", ".join(new)
         raise ConfigError(
             f"{_where(sources, key) if newest == 'config' else newest + ': ' + key}: {len(spec)} classes "
-            f"({', '.join(map(str, spec))}){suffix}: "
+            f"({', '.join(map(str, spec))}): "
             + merged_next_to(new_text, newest, old_text, (origin[k] for k in old), path[-1])
         )
 

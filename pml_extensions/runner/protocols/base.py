@@ -235,10 +235,12 @@ class Protocol:
         return config
 
     @classmethod
-    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-        """Every check that needs no data and no model (``--dry-run`` included); subclasses add theirs."""
-        cls.read(config, sources)
+    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None):
+        """Every check that needs no data and no model (``--dry-run`` included); subclasses add theirs. Returns the
+        ``Settings`` it read (:meth:`read`)."""
+        settings = cls.read(config, sources)
         read_settings(SearchSettings, config, sources)
+        return settings
 
     @classmethod
     def data_folder(cls, path: str, is_csv: bool, columns: Optional[Dict[str, str]] = None) -> Dict[str, Any]:

@@ -72,9 +72,8 @@ class PairedProtocol(Protocol):
         self.exp = Experiment(folder, {"device": s.device, "seed": None}, self.sources, log)
         self.device, self.log = self.exp.device, self.exp.log
         self.variant_configs, self.variant_settings, self.variant_sources = self.variants(config, self.sources)
-        updates = config.get("variants") or {}
         for key in [k for k, v in self.sources.items() if v == "command line" and k != "variants"]:
-            mine = [n for n, u in updates.items() if any(str(k).split("~")[0] == key for k in (u or {}))]
+            mine = [n for n, where in self.variant_sources.items() if where[key] != "command line"]
             if mine:  # a command-line flag that does not reach some variants is not lost without a word
                 self.log(
                     f"note: --{key} (command line) does not reach variant(s) {', '.join(mine)}: they set their own "
@@ -91,12 +90,11 @@ class PairedProtocol(Protocol):
         (without the grid keys), read with ``Settings``; an error names ``<file> (variants.<name>)``."""
         from ..config.loader import variant_configs
 
-        sources = sources if sources is not None else {}
+        sources, updates = sources if sources is not None else {}, config.get("variants") or {}
         base = {k: v for k, v in config.items() if k not in GRID_KEYS}
-        updates = {k: (v or {}) for k, v in (config.get("variants") or {"default": {}}).items()}
         configs = variant_configs({**base, "variants": updates}, where=sources.get("variants", "config"))
         here = {n: f"{sources.get('variants', 'config')} (variants.{n})" for n in configs}
-        where = {n: {**sources, **{str(k).split("~")[0]: here[n] for k in updates[n]}} for n in configs}
+        where = {n: {**sources, **{str(k).split("~")[0]: here[n] for k in updates.get(n) or {}}} for n in configs}
         settings = {n: read_settings(cls.Settings, {**config, **cfg}, where[n]) for n, cfg in configs.items()}
         return configs, settings, where
 
@@ -125,11 +123,11 @@ class PairedProtocol(Protocol):
         return tuple(dict.fromkeys(GRID_KEYS + super().keys()))
 
     @classmethod
-    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
-        """The grid (seeds, comparisons naming variants, ``untrained``) and every variant's settings."""
-        super().check(config, sources)
-        grid = cls.read(config, sources)
-        configs, _, _ = cls.variants(config, sources)
+    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> GridSettings:
+        """The grid (seeds, comparisons naming variants, ``untrained``), every variant's settings, then
+        :meth:`check_variants` on the variants' configs (built once)."""
+        grid = super().check(config, sources)
+        configs, _, where = cls.variants(config, sources)
         names = set(configs) | ({UNTRAINED} if grid.untrained else set())
         if grid.untrained and UNTRAINED in configs:
             raise ConfigError(
@@ -142,6 +140,13 @@ class PairedProtocol(Protocol):
                     f"{(sources or {}).get('comparisons', 'config')}: comparisons: {list(pair)} names an unknown "
                     f"variant; choose from {', '.join(sorted(names))}"
                 )
+        cls.check_variants(configs, where)
+        return grid
+
+    @classmethod
+    def check_variants(cls, configs: Dict[str, Dict[str, Any]], where: Dict[str, Dict[str, str]]) -> None:
+        """A subclass's checks of the variants' merged configs (:meth:`variants`: ``where`` is each one's sources);
+        default: none."""
 
     @classmethod
     def objective(cls, results: Dict[str, Any], config: Dict[str, Any]) -> float:
@@ -231,19 +236,20 @@ class PairedProtocol(Protocol):
         if unknown:
             raise ConfigError(f"{self.name}: {unknown} are not variants / seeds of this config")
         grid = [(n, s) for s in chosen for n in names]
-        new = [u for u in grid if self.exp.stage_result(self.stage(*u)) is None]
+        finished = sum(self.exp.stage_result(self.stage(*u)) is not None for u in grid)
         self.log(
             f"{self.name}: {len(names)} variant(s) × {len(chosen)} seed(s) = {len(grid)} units"
-            + (f", {len(grid) - len(new)} finished before" if len(new) < len(grid) else "")
+            + (f", {finished} finished before" if finished else "")
         )
         out: Dict[str, Dict[int, Any]] = {n: {} for n in names}
-        timed: List[float] = []  # the first two new units: the first may include one-time work (a feature cache)
-        for n, s in grid:
+        timed: List[float] = []  # the first two trained units: the first may include one-time work (a feature cache)
+        for i, (n, s) in enumerate(grid):
             start = time.time()
+            trained = self.exp.stage_result(self.stage(n, s)) is None  # (a process sharing the grid may finish it)
             out[n][s] = self.unit_result(n, s)
-            if (n, s) in new and len(timed) < 2:
+            if trained and len(timed) < 2:
                 timed.append(time.time() - start)
-                left = len(new) - new.index((n, s)) - 1
+                left = sum(self.exp.stage_result(self.stage(*u)) is None for u in grid[i + 1 :])
                 if left and len(timed) == 1:
                     self.log(
                         f"{self.name}: one unit took {'; '.join(time_estimate(timed[0], left))} for the {left} left"

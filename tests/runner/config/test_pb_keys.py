@@ -27,6 +27,12 @@ def _tester_cfg(**kwargs):
             {"accuracy_calculator": {"AccuracyCalculator": {"include": ["precision_at_one"]}}},
             "unknown metric 'precision_at_one'; did you mean precision_at_1",
         ),
+        # the calculator's spec has one reader (specs.one_spec): its arguments as a list were a TypeError traceback
+        (
+            {"accuracy_calculator": {"AccuracyCalculator": [1, 2]}},
+            "accuracy_calculator.AccuracyCalculator: expected keyword arguments",
+        ),
+        ({"accuracy_calculator": [1]}, r"accuracy_calculator: expected \{ClassName: \{kwargs\}\}, got \[1\]"),
     ],
 )
 def test_tester_refusals(kwargs, message):

@@ -54,6 +54,35 @@ def test_the_estimate_is_given_again_when_the_first_unit_included_one_time_work(
     assert [line for line in logs if "took" in line] == lines
 
 
+def test_a_unit_another_process_finished_meanwhile_is_neither_timed_nor_counted(tmp_path, monkeypatch):
+    """Processes share a grid out by seeds or variants: a unit that was new when the grid was announced but that
+    another process finished meanwhile took no time here; it is not timed as a unit, nor counted among those left."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(paired_protocol, "time", types.SimpleNamespace(time=lambda: clock["now"]))
+    durations = iter([100.0, 10.0, 10.0])
+
+    class Toy(PairedProtocol):
+        name, Settings, metrics = "toy", _Settings, ("score",)
+
+        def unit(self, settings, variant, seed, folder, builder):
+            clock["now"] += next(durations)
+            summary = {"history": [{"epoch": 0, "score": settings.gain}], "best_epoch": 0, "train_seconds": 0.0}
+            if (variant, seed) == ("a", 0):  # meanwhile another process finishes b at seed 0
+                self.exp.finish_stage(self.stage("b", 0), summary)
+            return summary
+
+        def test(self, settings, variant, seed, folder, builder, epoch):
+            return {"score": settings.gain}
+
+    logs = []
+    config = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]]}
+    Toy(dict(config, device="cpu"), str(tmp_path), log=logs.append).run_units()
+    assert [line for line in logs if "took" in line] == [
+        "toy: one unit took 100 s; about 3.3 min for the 2 left",
+        "toy: the next unit took 10 s (the first included one-time work); about 0.2 min for the 1 left",
+    ]
+
+
 def test_a_resumed_paired_run_decodes_no_image_again(tmp_path, monkeypatch):
     """A paired run on a user's folder said "checking that 3499 image files decode (once; a rerun checks only new or
     changed files)" and decoded all of them again on every resume: its preflight ran before the folder existed and

@@ -80,27 +80,27 @@ class Paired(PairedProtocol):
             spec["kwargs"] = {"columns": columns}
         return {"dataset~OVERRIDE~": spec}
 
+    def __init__(self, config, folder, sources=None, log=print):
+        from .unit import resolve_cache_folder
+
+        super().__init__(config, folder, sources, log)
+        # each variant's one config (feature_cache.folder made absolute): units, tests, examples, preflight, caches
+        self.variant_configs = {n: resolve_cache_folder(c, folder) for n, c in self.variant_configs.items()}
+
     @classmethod
-    def check(cls, config: Dict[str, Any], sources: Optional[Dict[str, str]] = None) -> None:
+    def check_variants(cls, configs, where) -> None:
         from ...objects.feature_cache import cache_spec
 
-        super().check(config, sources)
-        configs, _, where = cls.variants(config, sources)
         for name, cfg in configs.items():
             for key, sub in (("models", "trunk"), ("transforms", "train"), ("transforms", "eval")):
                 if cfg[key].get(sub) is None:
                     raise ConfigError(f"{where[name].get(key, 'config')}: missing key {key}.{sub}")
             cache_spec(cfg, where[name])
 
-    def _cfg(self, variant: str) -> Dict[str, Any]:
-        from .unit import resolve_cache_folder
-
-        return resolve_cache_folder(self.variant_configs[variant], self.folder)
-
     def unit(self, settings, variant, seed, folder, builder):
         from .unit import evaluate, train_and_select
 
-        cfg, sources = self._cfg(variant), self.variant_sources[variant]
+        cfg, sources = self.variant_configs[variant], self.variant_sources[variant]
         r = train_and_select(variant, cfg, seed, folder, self.device, self.log, sources, self.keep_epochs)
         if self.settings.selection == "best_epoch":
             r["test"] = evaluate(cfg, r["models"], self.device, "test", sources=sources, seed=seed)
@@ -109,7 +109,7 @@ class Paired(PairedProtocol):
     def test(self, settings, variant, seed, folder, builder, epoch):
         from .unit import evaluate, load_models
 
-        cfg, sources = self._cfg(variant), self.variant_sources[variant]
+        cfg, sources = self.variant_configs[variant], self.variant_sources[variant]
         path = self.epoch_path(folder, epoch)
         if not os.path.exists(path):
             raise ConfigError(f"{folder}: no weights of epoch {epoch} (was the unit trained with another selection?)")
@@ -119,7 +119,7 @@ class Paired(PairedProtocol):
     def examples(self, settings, variant, seed, folder, builder, epoch):
         from .unit import save_retrieval
 
-        save_retrieval(variant, self._cfg(variant), folder, self.folder, self.device, seed, epoch)
+        save_retrieval(variant, self.variant_configs[variant], folder, self.folder, self.device, seed, epoch)
 
     def preflight(self) -> None:
         """Every problem in one refusal: the keys the methods check (e.g. a teacher), a cached prefix that depends on
@@ -137,8 +137,8 @@ class Paired(PairedProtocol):
         problems, seen, memo = Problems(), set(), set()
         record = self.folder if os.path.isdir(self.folder) else None  # a rerun reads its record of decoded files
         quiet = lambda *a, **k: None  # noqa: E731
-        for name in self.variant_configs:
-            cfg, sources, s = self._cfg(name), self.variant_sources[name], self.variant_settings[name]
+        for name, cfg in self.variant_configs.items():
+            sources, s = self.variant_sources[name], self.variant_settings[name]
             b = Builder(dict(cfg), sources, self.device, quiet)
             with problems.check():  # memo: shared by the variants (e.g. each teacher checkpoint loads once)
                 hooks(b, "check", self.settings.seeds, load_run_models, memo)
@@ -221,8 +221,7 @@ class Paired(PairedProtocol):
         from .unit import load_split
 
         done, seen = True, set()
-        for name in self.variant_configs:
-            cfg = self._cfg(name)
+        for name, cfg in self.variant_configs.items():
             if cfg.get("feature_cache") is None:
                 continue
             signature = json.dumps([cfg["feature_cache"], cfg["models"]["trunk"], cfg["dataset"], cfg["transforms"]])
