@@ -84,6 +84,23 @@ def build_tester(config: Dict[str, Any], device, sources=None, sharded: bool = T
     return builder.build_tester(sharded=sharded, calculator_device=calculator_device, **extra)
 
 
+@contextlib.contextmanager
+def _one_line(where: str):
+    """The block's errors as one line at ``where``: ConfigError as raised, MissingDataError for a missing file,
+    ConfigError for bad arguments (TypeError), a rejected value (ValueError, its own words) or a KeyError."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except FileNotFoundError as e:
+        raise MissingDataError(f"{where}: {first_line(e)}") from e
+    except TypeError as e:
+        raise ConfigError(f"{where}: bad arguments: {first_line(e)}") from e
+    except (ValueError, KeyError) as e:
+        kind = "" if isinstance(e, ValueError) else f"{type(e).__name__}: "
+        raise ConfigError(f"{where}: {kind}{first_line(e)}") from e
+
+
 class Builder:
     """Spec -> object for one merged config.
 
@@ -120,22 +137,13 @@ class Builder:
         """Build ``spec`` (``{ClassName: kwargs}`` or ``{function_name: kwargs}``) with ``extra`` keyword arguments."""
         where = self.where(key)
         function = None if is_object_spec(spec) else self._function_spec(spec)
-        try:
-            if function is None:
+        if function is None:
+            with _one_line(where):
                 return build(spec, where, **extra)
-            name, fn = function
+        name, fn = function
+        with _one_line(f"{where}.{name}"):  # a model function's ValueError: its own words
             kwargs = {k: build(v, f"{where}.{name}.{k}") for k, v in one_spec(spec, where)[1].items()}
-            where = f"{where}.{name}"
             return fn(**kwargs, **extra)
-        except ConfigError:
-            raise
-        except FileNotFoundError as e:
-            raise MissingDataError(f"{where}: {first_line(e)}") from e
-        except TypeError as e:  # a model function's (build() names a class's itself)
-            raise ConfigError(f"{where}: bad arguments: {first_line(e)}") from e
-        except (ValueError, KeyError) as e:  # a model function's ValueError: its own words
-            kind = "" if function and isinstance(e, ValueError) else f"{type(e).__name__}: "
-            raise ConfigError(f"{where}: {kind}{first_line(e)}") from e
 
     def _class_spec(self, key: str, spec: Any):
         name, kwargs = one_spec(spec, self.where(key))
@@ -312,20 +320,11 @@ class Builder:
         }
         where = f"{self.where(key)}.{name}"
         path = kwargs.pop("weights_path", None) if "weights_path" not in _parameters(fn) else None
-        try:
+        with _one_line(where):
             check_offline_weights(name, fn, kwargs, path)
-        except FileNotFoundError as e:
-            raise MissingDataError(f"{where}: {e}") from None
-        except ValueError as e:
-            raise ConfigError(f"{where}: {e}") from None
-        with no_downloads(where):
-            model = self.build(key, {name: kwargs})
-        try:
-            if path is not None:
-                load_weights_file(model, str(path))
-        except (FileNotFoundError, ValueError) as e:
-            raise ConfigError(f"{where}: {e}") from None
-        return model
+            with no_downloads(where):
+                model = self.build(key, {name: kwargs})
+            return model if path is None else load_weights_file(model, str(path))
 
     def _fill(self, spec, fills, key):
         """``spec`` with ``fills`` inserted into the nested specs whose signature names them and that lack them."""

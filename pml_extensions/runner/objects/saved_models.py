@@ -106,15 +106,13 @@ def models_from_config(
     models = cfg.get("models")
     if not isinstance(models, dict) or "trunk" not in models:
         raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
-    if cfg.get("feature_cache") is not None:  # the saved trunk is the rest after the frozen (unsaved) prefix
-        keys = ("models", "feature_cache", "normalize", "transforms")
-        b = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None)
-        built = b.build_models()
-        return built["trunk"], built["embedder"], b.frozen.prefix
+    cache = cfg.get("feature_cache")  # then the saved trunk is the rest after the frozen prefix (kept pretrained)
     channels = next((int(v.shape[1]) for v in (trunk_state or {}).values() if torch.is_tensor(v) and v.ndim == 4), 3)
-    sample = torch.zeros(channels, 64, 64)
-    built = Builder({"models": _not_pretrained(models)}, log=lambda *a, **k: None).build_models(sample)
-    return built["trunk"], built["embedder"], None
+    sample = torch.zeros(channels, 64, 64) if cache is None else None
+    spec = _not_pretrained(models) if cache is None else models
+    b = Builder({"models": spec, "feature_cache": cache}, log=lambda *a, **k: None)
+    built = b.build_models(sample)
+    return built["trunk"], built["embedder"], None if b.frozen is None else b.frozen.prefix
 
 
 def _not_pretrained(spec):
@@ -155,16 +153,15 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         return default()
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
-    source, content = checkpoint, None
-    if os.path.isdir(checkpoint):
-        source, emb_file = _folder_files(checkpoint)
-        if source is None:
-            folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
-            hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
-            raise ValueError(f"no model file ({', '.join(RUN_MODEL_FILES)} or PML's trunk_*.pth) in {checkpoint}{hint}")
-        if os.path.basename(source) not in RUN_MODEL_FILES:
-            content = {"trunk": _load(source, trust), **({"embedder": _load(emb_file, trust)} if emb_file else {})}
-    content = _load(source, trust) if content is None else content
+    folder = os.path.isdir(checkpoint)
+    source, emb_file = _folder_files(checkpoint) if folder else (checkpoint, None)
+    if source is None:
+        folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
+        hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
+        raise ValueError(f"no model file ({', '.join(RUN_MODEL_FILES)} or PML's trunk_*.pth) in {checkpoint}{hint}")
+    content = _load(source, trust)
+    if folder and os.path.basename(source) not in RUN_MODEL_FILES:  # PML's model folder: one file per model
+        content = {"trunk": content, **({"embedder": _load(emb_file, trust)} if emb_file else {})}
     if isinstance(content, nn.Module):
         return content, nn.Identity()
     if not isinstance(content, dict) or "trunk" not in content:
