@@ -45,45 +45,6 @@ def accepts(cls, name: str) -> bool:
     return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
 
-def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
-    """Recursively build ``spec``: ``{Name: {kwargs}}`` calls ``Name(**kwargs)``, ``{Name: [args]}`` ``Name(*args)``,
-    ``{Name: null}`` ``Name()``, nested specs first; ``extra_kwargs`` go to the outermost call (e.g. ``params=``).
-    Raises ConfigError naming ``where`` and the key, for unknown classes or bad arguments.
-
-    Example::
-
-        >>> build({"Linear": {"in_features": 2, "out_features": 3}}).weight.shape
-        torch.Size([3, 2])
-    """
-    if is_object_spec(spec):
-        name, args = next(iter(spec.items()))
-        cls, inner = resolve(name, where), f"{where}.{name}"
-        positional = args if isinstance(args, list) else [] if args is None or isinstance(args, dict) else [args]
-        try:
-            return cls(
-                *[build(a, f"{inner}[{i}]") for i, a in enumerate(positional)],
-                **{k: build(v, f"{inner}.{k}") for k, v in (args if isinstance(args, dict) else {}).items()},
-                **extra_kwargs,
-            )
-        except ConfigError:
-            raise
-        except TypeError as e:
-            raise ConfigError(f"{inner}: bad arguments: {e}") from e
-        except ValueError as e:  # the class rejected a value (e.g. a negative ridge)
-            raise ConfigError(f"{inner}: {e}") from e
-    if isinstance(spec, list):
-        return [build(v, f"{where}[{i}]") for i, v in enumerate(spec)]
-    if isinstance(spec, dict):
-        return {k: build(v, f"{where}.{k}") for k, v in spec.items()}
-    return spec
-
-
-def build_tester(config: Dict[str, Any], device, sources=None, sharded: bool = True, calculator_device=None, **extra):
-    """:meth:`Builder.build_tester` of ``config`` on ``device``."""
-    builder = Builder(config, sources, device, log=lambda *a, **k: None)
-    return builder.build_tester(sharded=sharded, calculator_device=calculator_device, **extra)
-
-
 @contextlib.contextmanager
 def _one_line(where: str):
     """The block's errors as one line at ``where``: ConfigError as raised, MissingDataError for a missing file,
@@ -99,6 +60,39 @@ def _one_line(where: str):
     except (ValueError, KeyError) as e:
         kind = "" if isinstance(e, ValueError) else f"{type(e).__name__}: "
         raise ConfigError(f"{where}: {kind}{first_line(e)}") from e
+
+
+def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
+    """Recursively build ``spec``: ``{Name: {kwargs}}`` calls ``Name(**kwargs)``, ``{Name: [args]}`` ``Name(*args)``,
+    ``{Name: null}`` ``Name()``, nested specs first; ``extra_kwargs`` go to the outermost call (e.g. ``params=``).
+    Raises ConfigError naming ``where`` and the key, for unknown classes or bad arguments (:func:`_one_line`).
+
+    Example::
+
+        >>> build({"Linear": {"in_features": 2, "out_features": 3}}).weight.shape
+        torch.Size([3, 2])
+    """
+    if is_object_spec(spec):
+        name, args = next(iter(spec.items()))
+        cls, inner = resolve(name, where), f"{where}.{name}"
+        positional = args if isinstance(args, list) else [] if args is None or isinstance(args, dict) else [args]
+        with _one_line(inner):  # e.g. a class rejecting a value (a negative ridge): its own words
+            return cls(
+                *[build(a, f"{inner}[{i}]") for i, a in enumerate(positional)],
+                **{k: build(v, f"{inner}.{k}") for k, v in (args if isinstance(args, dict) else {}).items()},
+                **extra_kwargs,
+            )
+    if isinstance(spec, list):
+        return [build(v, f"{where}[{i}]") for i, v in enumerate(spec)]
+    if isinstance(spec, dict):
+        return {k: build(v, f"{where}.{k}") for k, v in spec.items()}
+    return spec
+
+
+def build_tester(config: Dict[str, Any], device, sources=None, sharded: bool = True, calculator_device=None, **extra):
+    """:meth:`Builder.build_tester` of ``config`` on ``device``."""
+    builder = Builder(config, sources, device, log=lambda *a, **k: None)
+    return builder.build_tester(sharded=sharded, calculator_device=calculator_device, **extra)
 
 
 class Builder:
@@ -138,8 +132,7 @@ class Builder:
         where = self.where(key)
         function = None if is_object_spec(spec) else self._function_spec(spec)
         if function is None:
-            with _one_line(where):
-                return build(spec, where, **extra)
+            return build(spec, where, **extra)
         name, fn = function
         with _one_line(f"{where}.{name}"):  # a model function's ValueError: its own words
             kwargs = {k: build(v, f"{where}.{name}.{k}") for k, v in one_spec(spec, where)[1].items()}
