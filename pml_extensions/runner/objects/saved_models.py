@@ -65,12 +65,25 @@ def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optiona
     return None, None
 
 
+def _variant_of(cfg: dict, path: str) -> dict:
+    """``cfg`` of the variant whose folder holds ``path`` (``<experiment>/<variant>/...``: a paired unit, the XML
+    job's ``models/``), else ``cfg`` itself."""
+    chosen = [name for name in cfg.get("variants") or {} if name in os.path.abspath(path).split(os.sep)]
+    if not chosen:
+        return cfg
+    from ..config.loader import variant_configs
+
+    return variant_configs(cfg, [chosen[-1]])[chosen[-1]]
+
+
 def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
-    """``{"mean", "std", "image_size"}`` of the run's ``transforms.eval`` (its ``Normalize``; the dataset's
-    ``image_size``, else the shorter ``CenterCrop`` / ``Resize`` side), each None where unknown; None without them."""
+    """``{"mean", "std", "image_size"}`` of the ``transforms.eval`` of the run (the checkpoint's variant): its
+    ``Normalize``; the dataset's ``image_size``, else the shorter ``CenterCrop`` / ``Resize`` side; each None where
+    unknown; None without them."""
     import torchvision.transforms as T
 
     cfg = find_run_config(checkpoint)[0] if checkpoint is not None else None
+    cfg = _variant_of(cfg, checkpoint) if cfg is not None else None  # the model's variant fed it its images
     if cfg is None or not isinstance(cfg.get("transforms"), dict):
         return None  # no transforms of its own (e.g. a recipe that builds them): the command line's sizes
     keys = ("transforms", "normalize")
@@ -96,13 +109,7 @@ def models_from_config(
     cfg: dict, path: str, trunk_state: Optional[dict] = None
 ) -> Tuple[nn.Module, nn.Module, Optional[nn.Module]]:
     """``(trunk, embedder, prefix)`` of a run's config (``prefix``: the ``feature_cache`` frozen part, else None)."""
-    variants = cfg.get("variants") or {}
-    parts = os.path.abspath(path).split(os.sep)
-    chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
-    if chosen:
-        from ..config.loader import variant_configs
-
-        cfg = variant_configs(cfg, [chosen[-1]])[chosen[-1]]
+    cfg = _variant_of(cfg, path)
     models = cfg.get("models")
     if not isinstance(models, dict) or "trunk" not in models:
         raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
