@@ -460,8 +460,8 @@ class Builder:
         """
         sources = self.sources
         tester = self.get("tester") if spec is None else spec
-        if tester is not None and self.get("accuracy_calculator") is not None:
-            name, kwargs = one_spec(tester, self.where("tester"))
+        if self.get("accuracy_calculator") is not None:  # also without a tester key (the default tester's)
+            name, kwargs = one_spec(tester, self.where("tester"), default=_TESTER)
             if "accuracy_calculator" not in kwargs:
                 tester = {name: dict(kwargs, accuracy_calculator=self.get("accuracy_calculator"))}
                 sources = dict(sources, tester=sources.get("accuracy_calculator", sources.get("tester", "config")))
