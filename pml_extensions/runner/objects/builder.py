@@ -45,10 +45,27 @@ def accepts(cls, name: str) -> bool:
     return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
 
+@contextlib.contextmanager
+def _one_line(where: str):
+    """The block's errors as one line at ``where``: ConfigError as raised, MissingDataError for a missing file,
+    ConfigError for bad arguments (TypeError), a rejected value (ValueError, its own words) or a KeyError."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except FileNotFoundError as e:
+        raise MissingDataError(f"{where}: {first_line(e)}") from e
+    except TypeError as e:
+        raise ConfigError(f"{where}: bad arguments: {first_line(e)}") from e
+    except (ValueError, KeyError) as e:
+        kind = "" if isinstance(e, ValueError) else f"{type(e).__name__}: "
+        raise ConfigError(f"{where}: {kind}{first_line(e)}") from e
+
+
 def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
     """Recursively build ``spec``: ``{Name: {kwargs}}`` calls ``Name(**kwargs)``, ``{Name: [args]}`` ``Name(*args)``,
     ``{Name: null}`` ``Name()``, nested specs first; ``extra_kwargs`` go to the outermost call (e.g. ``params=``).
-    Raises ConfigError naming ``where`` and the key, for unknown classes or bad arguments.
+    Raises ConfigError naming ``where`` and the key, for unknown classes or bad arguments (:func:`_one_line`).
 
     Example::
 
@@ -59,18 +76,12 @@ def build(spec: Any, where: str = "config", **extra_kwargs) -> Any:
         name, args = next(iter(spec.items()))
         cls, inner = resolve(name, where), f"{where}.{name}"
         positional = args if isinstance(args, list) else [] if args is None or isinstance(args, dict) else [args]
-        try:
+        with _one_line(inner):  # e.g. a class rejecting a value (a negative ridge): its own words
             return cls(
                 *[build(a, f"{inner}[{i}]") for i, a in enumerate(positional)],
                 **{k: build(v, f"{inner}.{k}") for k, v in (args if isinstance(args, dict) else {}).items()},
                 **extra_kwargs,
             )
-        except ConfigError:
-            raise
-        except TypeError as e:
-            raise ConfigError(f"{inner}: bad arguments: {e}") from e
-        except ValueError as e:  # the class rejected a value (e.g. a negative ridge)
-            raise ConfigError(f"{inner}: {e}") from e
     if isinstance(spec, list):
         return [build(v, f"{where}[{i}]") for i, v in enumerate(spec)]
     if isinstance(spec, dict):
@@ -124,22 +135,12 @@ class Builder:
         """Build ``spec`` (``{ClassName: kwargs}`` or ``{function_name: kwargs}``) with ``extra`` keyword arguments."""
         where = self.where(key)
         function = None if is_object_spec(spec) else self._function_spec(spec)
-        try:
-            if function is None:
-                return build(spec, where, **extra)
-            name, fn = function
+        if function is None:
+            return build(spec, where, **extra)
+        name, fn = function
+        with _one_line(f"{where}.{name}"):  # a model function's ValueError: its own words
             kwargs = {k: build(v, f"{where}.{name}.{k}") for k, v in one_spec(spec, where)[1].items()}
-            where = f"{where}.{name}"
             return fn(**kwargs, **extra)
-        except ConfigError:
-            raise
-        except FileNotFoundError as e:
-            raise MissingDataError(f"{where}: {first_line(e)}") from e
-        except TypeError as e:  # a model function's (build() names a class's itself)
-            raise ConfigError(f"{where}: bad arguments: {first_line(e)}") from e
-        except (ValueError, KeyError) as e:  # a model function's ValueError: its own words
-            kind = "" if function and isinstance(e, ValueError) else f"{type(e).__name__}: "
-            raise ConfigError(f"{where}: {kind}{first_line(e)}") from e
 
     def _class_spec(self, key: str, spec: Any):
         name, kwargs = one_spec(spec, self.where(key))
@@ -316,20 +317,11 @@ class Builder:
         }
         where = f"{self.where(key)}.{name}"
         path = kwargs.pop("weights_path", None) if "weights_path" not in _parameters(fn) else None
-        try:
+        with _one_line(where):
             check_offline_weights(name, fn, kwargs, path)
-        except FileNotFoundError as e:
-            raise MissingDataError(f"{where}: {e}") from None
-        except ValueError as e:
-            raise ConfigError(f"{where}: {e}") from None
-        with no_downloads(where):
-            model = self.build(key, {name: kwargs})
-        try:
-            if path is not None:
-                load_weights_file(model, str(path))
-        except (FileNotFoundError, ValueError) as e:
-            raise ConfigError(f"{where}: {e}") from None
-        return model
+            with no_downloads(where):
+                model = self.build(key, {name: kwargs})
+            return model if path is None else load_weights_file(model, str(path))
 
     def _fill(self, spec, fills, key):
         """``spec`` with ``fills`` inserted into the nested specs whose signature names them and that lack them."""
@@ -472,8 +464,8 @@ class Builder:
         """
         sources = self.sources
         tester = self.get("tester") if spec is None else spec
-        if tester is not None and self.get("accuracy_calculator") is not None:
-            name, kwargs = one_spec(tester, self.where("tester"))
+        if self.get("accuracy_calculator") is not None:  # also without a tester key (the default tester's)
+            name, kwargs = one_spec(tester, self.where("tester"), default=_TESTER)
             if "accuracy_calculator" not in kwargs:
                 tester = {name: dict(kwargs, accuracy_calculator=self.get("accuracy_calculator"))}
                 sources = dict(sources, tester=sources.get("accuracy_calculator", sources.get("tester", "config")))

@@ -65,12 +65,25 @@ def find_run_config(path: str, levels: int = 3) -> Tuple[Optional[dict], Optiona
     return None, None
 
 
+def _variant_of(cfg: dict, path: str) -> dict:
+    """``cfg`` of the variant whose folder holds ``path`` (``<experiment>/<variant>/...``: a paired unit, the XML
+    job's ``models/``), else ``cfg`` itself."""
+    chosen = [name for name in cfg.get("variants") or {} if name in os.path.abspath(path).split(os.sep)]
+    if not chosen:
+        return cfg
+    from ..config.loader import variant_configs
+
+    return variant_configs(cfg, [chosen[-1]])[chosen[-1]]
+
+
 def run_preprocessing(checkpoint: Optional[str]) -> Optional[dict]:
-    """``{"mean", "std", "image_size"}`` of the run's ``transforms.eval`` (its ``Normalize``; the dataset's
-    ``image_size``, else the shorter ``CenterCrop`` / ``Resize`` side), each None where unknown; None without them."""
+    """``{"mean", "std", "image_size"}`` of the ``transforms.eval`` of the run (the checkpoint's variant): its
+    ``Normalize``; the dataset's ``image_size``, else the shorter ``CenterCrop`` / ``Resize`` side; each None where
+    unknown; None without them."""
     import torchvision.transforms as T
 
     cfg = find_run_config(checkpoint)[0] if checkpoint is not None else None
+    cfg = _variant_of(cfg, checkpoint) if cfg is not None else None  # the model's variant fed it its images
     if cfg is None or not isinstance(cfg.get("transforms"), dict):
         return None  # no transforms of its own (e.g. a recipe that builds them): the command line's sizes
     keys = ("transforms", "normalize")
@@ -96,25 +109,17 @@ def models_from_config(
     cfg: dict, path: str, trunk_state: Optional[dict] = None
 ) -> Tuple[nn.Module, nn.Module, Optional[nn.Module]]:
     """``(trunk, embedder, prefix)`` of a run's config (``prefix``: the ``feature_cache`` frozen part, else None)."""
-    variants = cfg.get("variants") or {}
-    parts = os.path.abspath(path).split(os.sep)
-    chosen = [name for name in variants if name in parts]  # the XML job: <experiment>/<variant>/models/
-    if chosen:
-        from ..config.loader import variant_configs
-
-        cfg = variant_configs(cfg, [chosen[-1]])[chosen[-1]]
+    cfg = _variant_of(cfg, path)
     models = cfg.get("models")
     if not isinstance(models, dict) or "trunk" not in models:
         raise ValueError(f"the run config for {path} has no models.trunk to rebuild the model from")
-    if cfg.get("feature_cache") is not None:  # the saved trunk is the rest after the frozen (unsaved) prefix
-        keys = ("models", "feature_cache", "normalize", "transforms")
-        b = Builder({k: cfg[k] for k in keys if k in cfg}, log=lambda *a, **k: None)
-        built = b.build_models()
-        return built["trunk"], built["embedder"], b.frozen.prefix
+    cache = cfg.get("feature_cache")  # then the saved trunk is the rest after the frozen prefix (kept pretrained)
     channels = next((int(v.shape[1]) for v in (trunk_state or {}).values() if torch.is_tensor(v) and v.ndim == 4), 3)
-    sample = torch.zeros(channels, 64, 64)
-    built = Builder({"models": _not_pretrained(models)}, log=lambda *a, **k: None).build_models(sample)
-    return built["trunk"], built["embedder"], None
+    sample = torch.zeros(channels, 64, 64) if cache is None else None
+    spec = _not_pretrained(models) if cache is None else models
+    b = Builder({"models": spec, "feature_cache": cache}, log=lambda *a, **k: None)
+    built = b.build_models(sample)
+    return built["trunk"], built["embedder"], None if b.frozen is None else b.frozen.prefix
 
 
 def _not_pretrained(spec):
@@ -155,16 +160,15 @@ def load_models(checkpoint: Optional[str], trust: bool = False, default=None) ->
         return default()
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
-    source, content = checkpoint, None
-    if os.path.isdir(checkpoint):
-        source, emb_file = _folder_files(checkpoint)
-        if source is None:
-            folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
-            hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
-            raise ValueError(f"no model file ({', '.join(RUN_MODEL_FILES)} or PML's trunk_*.pth) in {checkpoint}{hint}")
-        if os.path.basename(source) not in RUN_MODEL_FILES:
-            content = {"trunk": _load(source, trust), **({"embedder": _load(emb_file, trust)} if emb_file else {})}
-    content = _load(source, trust) if content is None else content
+    folder = os.path.isdir(checkpoint)
+    source, emb_file = _folder_files(checkpoint) if folder else (checkpoint, None)
+    if source is None:
+        folds = sorted(d for d in os.listdir(checkpoint) if d.startswith("fold_"))
+        hint = f"; pass one fold folder, e.g. {os.path.join(checkpoint, folds[0])}" if folds else ""
+        raise ValueError(f"no model file ({', '.join(RUN_MODEL_FILES)} or PML's trunk_*.pth) in {checkpoint}{hint}")
+    content = _load(source, trust)
+    if folder and os.path.basename(source) not in RUN_MODEL_FILES:  # PML's model folder: one file per model
+        content = {"trunk": content, **({"embedder": _load(emb_file, trust)} if emb_file else {})}
     if isinstance(content, nn.Module):
         return content, nn.Identity()
     if not isinstance(content, dict) or "trunk" not in content:

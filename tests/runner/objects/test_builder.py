@@ -284,6 +284,8 @@ def test_tester_takes_the_flat_forms_accuracy_calculator_and_trainer_defaults():
     b = Builder({"tester": {"GlobalEmbeddingSpaceTester": {"batch_size": 7}}, "accuracy_calculator": calc})
     tester = b.build_tester()
     assert tester.batch_size == 7 and tester.accuracy_calculator.get_curr_metrics() == ["precision_at_1"]
+    default = Builder({"accuracy_calculator": calc}).build_tester()  # no tester key: the default tester takes it
+    assert default.accuracy_calculator.get_curr_metrics() == ["precision_at_1"] and default.accuracy_calculator.k == 1
     trainer = Builder({}).build_trainer(
         {"MetricLossOnly": {"batch_size": 2}},
         models={"trunk": torch.nn.Identity(), "embedder": torch.nn.Identity()},

@@ -68,3 +68,16 @@ def test_no_run_config_or_a_resolution_run(tmp_path):
     assert run_preprocessing(None) is None
     assert run_preprocessing(str(tmp_path)) is None  # no config.yaml up to three levels above
     assert run_preprocessing(_run(tmp_path, {"resolution_job": {"datasets": {}}})) is None
+
+
+def test_a_variants_model_is_read_with_its_variants_transforms(tmp_path):
+    cfg = {
+        "transforms": {"eval": {"Resize": {"size": 64}}},
+        "variants": {"small": {"transforms~OVERRIDE~": {"eval": {"Resize": {"size": 32}}}}, "base": {}},
+    }
+    with open(tmp_path / "config.yaml", "w") as f:
+        yaml.safe_dump(cfg, f)
+    for variant, size in (("small", 32), ("base", 64)):
+        unit = tmp_path / variant / "seed_0"
+        os.makedirs(unit)
+        assert run_preprocessing(str(unit / "selected_models.pth")) == dict(IMAGENET, image_size=size)
