@@ -12,6 +12,7 @@ import io
 import json
 import os
 import pathlib
+import re
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ...utils.checks import is_int
@@ -128,85 +129,120 @@ def _iterations_per_epoch(results: Dict[str, Any], config_text: str) -> Optional
     return value if is_int(value) and value > 0 else None
 
 
-def _mark(ax, line, xs: List[float], ys: List[float], x: float) -> bool:
-    """A star on ``line`` at ``x``, or a dotted line of its colour where the curve has no point there; True."""
+def _mark(ax, colour: str, xs: List[float], ys: List[float], x: float) -> bool:
+    """A star of ``colour`` on the curve ``(xs, ys)`` at ``x``, or a dotted line where it has no point there; True."""
     y = next((b for a, b in zip(xs, ys) if a == x), None)
     if y is None:
-        ax.axvline(x, color=line.get_color(), linestyle=":", linewidth=1.5)
+        ax.axvline(x, color=colour, linestyle=":", linewidth=1.5)
     else:
-        ax.plot([x], [y], marker="*", markersize=15, color=line.get_color(), markeredgecolor="black")
+        ax.plot([x], [y], marker="*", markersize=15, color=colour, markeredgecolor="black")
     return True
 
 
-def _curves(
+def _variant(stage: str) -> str:
+    """A stage folder's curve colour: its path without ``seed_<n>`` parts, so that a variant's seeds share one."""
+    return "/".join(p for p in pathlib.PurePath(stage).parts if not re.fullmatch(r"seed_\d+", p)) or stage
+
+
+def _losses(table: str, data: Dict[str, List[float]]) -> List[str]:
+    """The losses of a record-keeper table: ``loss_histories``' (``total_loss`` only beside two or more), an
+    ``XMLWrapper``'s ``xml_loss``."""
+    if table == "loss_histories":
+        names = [c for c in data if c != ITERATION_COLUMN]
+        return [c for c in names if c != "total_loss" or len(names) != 2]
+    return ["xml_loss"] if "xml_loss" in data and not table.startswith("accuracies") else []
+
+
+def _figures(
     folder: str,
     primary: str,
     selected: Dict[str, Tuple[str, int]],
     iterations_per_epoch: Optional[int] = None,
-) -> List[str]:
-    """PNG data URIs of the loss and validation curves of every stage, its selected model marked (docs/report.md)."""
+) -> list:
+    """Matplotlib figures of every stage's logs (docs/report.md): one axes per loss over the iterations (raw faint,
+    smoothed solid), then the validation metric per epoch; a colour per variant (its seeds share it, one legend entry),
+    the selected model of each stage marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     from matplotlib.ticker import MaxNLocator
 
     x = ITERATION_COLUMN
-    tables: Dict[str, List[str]] = {}  # record-keeper CSVs of every stage (<stage>/logs/<table>.csv at any depth)
+    stages: Dict[str, Dict[str, Dict[str, List[float]]]] = {}  # stage -> table -> column -> values
     for path in sorted(glob.glob(os.path.join(folder, "**", "logs", "*.csv"), recursive=True)):
-        tables.setdefault(os.path.splitext(os.path.basename(path))[0], []).append(path)
-    csvs = {path: _read_csv(path) for paths in tables.values() for path in paths}
-    stage = {path: os.path.relpath(os.path.dirname(os.path.dirname(path)), folder) for path in csvs}
-    accuracies = [p for t, ps in tables.items() if t.startswith("accuracies") for p in ps]
-    losses = [p for t, ps in tables.items() if not t.startswith("accuracies") for p in ps]
-    plots = [
-        ("training loss (smoothed)", [(p, "total_loss") for p in tables.get("loss_histories", [])], True),
-        ("xml_loss (smoothed)", [(p, "xml_loss") for p in losses], True),
-        (f"validation {primary}", [(p, c) for p in accuracies for c in (primary, primary + "_level0")], False),
-    ]
+        stage = os.path.relpath(os.path.dirname(os.path.dirname(path)), folder)
+        stages.setdefault(stage, {})[os.path.splitext(os.path.basename(path))[0]] = _read_csv(path)
+    colours = {v: f"C{i % 10}" for i, v in enumerate(dict.fromkeys(map(_variant, stages)))}
+    losses: Dict[str, List[Tuple[str, List[float], List[float]]]] = {}  # loss -> (stage, iterations, values)
+    for stage, tables in stages.items():
+        for table, data in tables.items():
+            for loss in _losses(table, data) if x in data else []:
+                losses.setdefault(loss, []).append((stage, data[x], data[loss]))
     # each stage's selected model on the iteration axes (an epoch at epoch × iterations_per_epoch, when known)
     on_iterations = {
         stage: value * (iterations_per_epoch if unit == "epoch" else 1)
         for stage, (unit, value) in selected.items()
         if unit == "iteration" or iterations_per_epoch
     }
-    images = []
-    for title, series, smooth in plots:
-        fig, ax = plt.subplots(figsize=(6.4, 3.4))
-        xlabel, drawn, marked = "iteration" if smooth else "epoch", False, False
-        for path, column in series:
-            data, label = csvs[path], stage[path]
-            if column not in data or x not in data:
-                continue
-            xs, ys, drawn = data[x], data[column], True
-            unit, value = selected.get(label, (None, None))
-            if not smooth:
-                line = ax.plot(xs, ys, marker="o", markersize=3, label=label)[0]
-                if unit == "epoch":
-                    marked = _mark(ax, line, xs, ys, value)
-                continue
-            line = ax.plot(xs, ys, alpha=0.25)[0]
-            ax.plot(xs, _smooth(ys), color=line.get_color(), label=label)
-            if label in on_iterations:
-                ax.axvline(on_iterations[label], color=line.get_color(), linestyle=":", linewidth=1.5)
-                marked = True
-        for path in [] if smooth else accuracies:  # a plugin's validation values per iteration, one column per setup
-            data, label = csvs[path], stage[path]
+    figures = []
+
+    def legend(ax, title: str, marked: bool) -> None:  # one entry per variant
+        ax.set_title(title + ("; ★ / dotted line: the selected model" if marked else ""), fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and iterations are whole numbers
+        handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
+        ax.legend(handles.values(), handles.keys(), fontsize=6, ncol=2 if len(handles) > 6 else 1)
+
+    if losses:
+        fig, axes = plt.subplots(len(losses), 1, figsize=(6.4, 0.6 + 2.2 * len(losses)), sharex=True, squeeze=False)
+        for ax, (loss, series) in zip(axes[:, 0], losses.items()):
+            for stage, xs, ys in series:
+                colour = colours[_variant(stage)]
+                ax.plot(xs, ys, color=colour, alpha=0.2, linewidth=0.8)
+                ax.plot(xs, _smooth(ys), color=colour, label=_variant(stage))
+                if stage in on_iterations:
+                    ax.axvline(on_iterations[stage], color=colour, linestyle=":", linewidth=1.5)
+            medians = [np.nanmedian(ys) for _, _, ys in series]
+            if min(np.nanmin(ys) for _, _, ys in series) > 0 and max(medians) > 5 * min(medians):
+                ax.set_yscale("log")  # variants of different scales (ContrastiveLoss and ProxyAnchorLoss): each legible
+            legend(ax, f"{loss} (smoothed)", any(stage in on_iterations for stage, _, _ in series))
+        axes[-1, 0].set_xlabel("iteration")
+        figures.append(fig)
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    xlabel, marked = "epoch", False
+    for stage, tables in stages.items():
+        label, colour = _variant(stage), colours[_variant(stage)]
+        unit, value = selected.get(stage, (None, None))
+        for data in (data for table, data in tables.items() if table.startswith("accuracies")):
+            for column in (primary, primary + "_level0") if x in data else ():
+                if column in data:
+                    ax.plot(data[x], data[column], marker="o", markersize=3, color=colour, label=label)
+                    marked = (unit == "epoch" and _mark(ax, colour, data[x], data[column], value)) or marked
+            # a plugin's validation values per iteration, one column per setup
             for column in sorted(c for c in data if c.startswith("validation_") and c.endswith(primary)):
-                xs = data.get("iteration", data.get(x, []))
+                xs, xlabel = data.get("iteration", data.get(x, [])), "iteration"
                 line = ax.plot(xs, data[column], marker="o", markersize=3, label=f"{label} {column[11:]}")[0]
-                xlabel, drawn = "iteration", True
-                unit, value = selected.get(label, (None, None))
                 if unit == "iteration" and "teacher_student" in column:  # the setup the selection maximises
-                    marked = _mark(ax, line, xs, data[column], value)
-        if drawn:
-            ax.set_xlabel(xlabel)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and iterations are whole numbers
-            ax.set_title(title + ("; ★ / dotted line: the selected model" if marked else ""), fontsize=9)
-            ax.legend(fontsize=6, ncol=2 if len(ax.get_lines()) > 8 else 1)
-            png = io.BytesIO()
-            fig.savefig(png, format="png", dpi=90, bbox_inches="tight")
-            images.append(_png(png.getvalue()))
+                    marked = _mark(ax, line.get_color(), xs, data[column], value)
+    if ax.get_lines():
+        ax.set_xlabel(xlabel)
+        legend(ax, f"validation {primary}", marked)
+        figures.append(fig)
+    else:
+        plt.close(fig)
+    return figures
+
+
+def _curves(folder: str, *args) -> List[str]:
+    """PNG data URIs of :func:`_figures`."""
+    import matplotlib.pyplot as plt
+
+    images = []
+    for fig in _figures(folder, *args):
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=90, bbox_inches="tight")
+        images.append(_png(png.getvalue()))
         plt.close(fig)
     return images
 

@@ -81,7 +81,11 @@ def test_any_protocol_layout_command_dataset_xml_loss_and_untrained_flag(tmp_pat
     assert "the untrained model" in html and "<td class='num'>0.4321 ± –</td>" in html
     assert "<h2>Results</h2><p>Glyphs, <b>one</b> seed.</p>" in html and "not read" not in html
     assert "training loss (smoothed)" not in html  # titles live inside the PNGs; count the images instead
-    assert len(re.findall(r"src='data:image/png;base64,", html)) == 3  # loss, xml_loss, map_at_r.png
+    assert len(re.findall(r"src='data:image/png;base64,", html)) == 2  # the losses' figure, map_at_r.png
+    from pml_extensions.runner.outputs.report import _figures
+
+    (losses,) = _figures(str(folder), "mean_average_precision_at_r", {})  # no validation logged
+    assert [ax.get_title() for ax in losses.axes] == ["total_loss (smoothed)", "xml_loss (smoothed)"]
 
 
 def test_smoothing_is_a_trailing_mean():
@@ -190,3 +194,29 @@ def test_the_folds_table_shows_the_untrained_models_validation_score(tmp_path):
     assert "<th>untrained (epoch 0) val mean_average_precision_at_r</th>" in html
     assert "<tr><td>0</td><td>1</td><td class='num'>0.5000</td><td class='num'>0.2500</td></tr>" in html
     assert "<tr><td>1</td><td>1</td><td class='num'>0.1250</td><td class='num'>not measured</td></tr>" in html
+
+
+def test_every_loss_has_its_own_axes_and_every_variant_one_colour(tmp_path):
+    """A paired run drew its 15 units' losses on one axes in 10 colours, ContrastiveLoss and ProxyAnchorLoss on one
+    scale: now one axes per loss (shared iterations), one colour and one legend entry per variant, its seeds alike,
+    and a log scale where the variants' losses differ more than 5-fold."""
+    from pml_extensions.runner.outputs.report import _figures
+
+    for variant, scale in (("contrastive_gap", 1.0), ("proxy_xml", 12.0)):
+        for seed in range(3):
+            ck = Checkpointer(str(tmp_path / variant / f"seed_{seed}"), epoch_tables={"accuracies_val"})
+            for it in range(1, 21):
+                ck.record_keeper.append_data("loss_histories", "metric_loss", scale / it, it)
+                ck.record_keeper.append_data("loss_histories", "total_loss", scale / it, it)  # the same: not drawn
+                if variant == "proxy_xml":
+                    ck.record_keeper.append_data("metric_loss_XMLWrapper", "xml_loss", 2.0 / it, it)
+            ck.record_keeper.append_data("accuracies_val", "mean_average_precision_at_r", 0.1 * seed, 0)
+            ck.commit({"epoch": 0, "global_iteration": 20})
+    losses, validation = _figures(str(tmp_path), "mean_average_precision_at_r", {"proxy_xml/seed_1": ("iteration", 8)})
+    assert [ax.get_title().split(" ")[0] for ax in losses.axes] == ["metric_loss", "xml_loss"]
+    assert all(ax.get_xlabel() == "" for ax in losses.axes[:-1]) and losses.axes[-1].get_xlabel() == "iteration"
+    metric, xml = losses.axes
+    assert metric.get_yscale() == "log" and xml.get_yscale() == "linear"
+    assert [t.get_text() for t in metric.get_legend().get_texts()] == ["contrastive_gap", "proxy_xml"]
+    assert len({line.get_color() for line in metric.get_lines() if line.get_linestyle() == "-"}) == 2
+    assert "selected model" in xml.get_title() and len(validation.axes[0].get_legend().get_texts()) == 2
