@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ...utils.checks import is_int
 from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
-from ..experiment.folder import read_json
+from ..experiment.folder import read_json, saved_config
 from .results import results_blocks
 from .search_summary import metrics_table, search_blocks
 from .tables import Table, inline_html, to_html
@@ -46,21 +46,6 @@ def _read_csv(path: str) -> Dict[str, List[float]]:
 def _read_text(folder: str, name: str) -> str:
     path = pathlib.Path(folder, name)
     return path.read_text(encoding="utf-8") if path.exists() else ""
-
-
-def _read_json(path: str) -> Dict[str, Any]:
-    return json.loads(pathlib.Path(path).read_text(encoding="utf-8")) if os.path.isfile(path) else {}
-
-
-def _yaml(text: str) -> Dict[str, Any]:
-    """The config's text as a mapping (empty when it is not one)."""
-    import yaml
-
-    try:
-        config = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return {}
-    return config if isinstance(config, dict) else {}
 
 
 def _png(data: Union[bytes, str]) -> str:
@@ -118,11 +103,11 @@ def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]
     return out
 
 
-def _iterations_per_epoch(results: Dict[str, Any], config_text: str) -> Optional[int]:
+def _iterations_per_epoch(results: Dict[str, Any], config: Dict[str, Any]) -> Optional[int]:
     """Training iterations per epoch (``results`` or the config's trainer), None when the config does not fix it."""
     value = results.get("iterations_per_epoch")
     if not isinstance(value, int):
-        trainer = _yaml(config_text).get("trainer")
+        trainer = config.get("trainer")
         if isinstance(trainer, dict) and len(trainer) == 1:
             kwargs = next(iter(trainer.values()))
             value = kwargs.get("iterations_per_epoch") if isinstance(kwargs, dict) else None
@@ -259,10 +244,7 @@ def _retrieval_html(folder: str) -> str:
         return f"<td class='{kind}'><img src='{_png(path)}' alt='{alt}'><br>{text}</td>"
 
     for path in sorted(glob.glob(os.path.join(base, "*.json"))):
-        try:
-            examples = _read_json(path)
-        except (OSError, ValueError):
-            continue
+        examples = read_json(path, "the run writes it again")
         out.append(f"<h3>{html.escape(str(examples.get('name', '')))}</h3>")
         if examples.get("note"):
             out.append(f"<p>{inline_html(str(examples['note']))}</p>")
@@ -308,16 +290,12 @@ def write_report(folder: str) -> str:
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such experiment folder")
     results = read_json(os.path.join(folder, "results.json"), "the run writes it again at its end") or {}
-    config_text = _read_text(folder, "config.yaml")
-    config = _yaml(config_text)
+    config_text, config = _read_text(folder, "config.yaml"), saved_config(folder) or {}
     command = _read_text(folder, "command.txt").strip()
     dataset = config.get("dataset") or config.get("datasets")
     protocol = results.get("protocol") or config.get("protocol") or "mlrc"
     primary = results.get("primary_metric", "mean_average_precision_at_r")
-    try:
-        summary = _read_json(os.path.join(folder, "search.json"))
-    except ValueError:  # not JSON: no search page
-        summary = {}
+    summary = read_json(os.path.join(folder, "search.json"), "the search writes it again at its end") or {}
     search_text, best_trial = "", None
     if summary:  # a search folder: links to every trial's own report, and the best trial's folder
         best, links = summary.get("best") or {}, []
@@ -380,7 +358,7 @@ def write_report(folder: str) -> str:
         source_results = read_json(os.path.join(best_trial, "results.json"), "the run writes it again at its end") or {}
     else:
         source_results = results
-    source_config = _read_text(best_trial, "config.yaml") if best_trial else config_text
+    source_config = (saved_config(best_trial) or {}) if best_trial else config
     curves = _curves(
         source,
         source_results.get("primary_metric", primary),

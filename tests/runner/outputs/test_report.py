@@ -113,9 +113,9 @@ def test_selected_model_of_every_protocol(tmp_path):
         "contrastive_xml/seed_1": ("epoch", 2),  # the epoch the selection tested, not the unit's own best
         "glyphs/seed_0/student_16px_full_lr0.001": ("iteration", 4),
     }
-    assert _iterations_per_epoch({}, "trainer:\n  MetricLossOnly: {iterations_per_epoch: 15}\n") == 15
-    assert _iterations_per_epoch({"iterations_per_epoch": 40}, "") == 40
-    assert _iterations_per_epoch({}, "trainer: {MetricLossOnly: null}\n") is None
+    assert _iterations_per_epoch({}, {"trainer": {"MetricLossOnly": {"iterations_per_epoch": 15}}}) == 15
+    assert _iterations_per_epoch({"iterations_per_epoch": 40}, {}) == 40
+    assert _iterations_per_epoch({}, {"trainer": {"MetricLossOnly": None}}) is None
 
 
 def test_a_results_md_without_results_tables_is_shown_as_it_is(tmp_path):
@@ -171,6 +171,9 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
     assert html.index("Search: objective per trial") < html.index("Retrieval examples")  # search.png under the table
     (best / "results.json").write_text('{"folds": [')  # the best trial's, cut short: one error naming it
     with pytest.raises(OutputError, match=r"trial_1/results.json: truncated or corrupt \(.*\); remove it and rerun"):
+        write_report(str(folder))
+    (folder / "search.json").write_text('{"trials": [')  # read as results.json is: one line naming it, not skipped
+    with pytest.raises(OutputError, match=r"search/search.json: truncated or corrupt \(.*\); remove it and rerun"):
         write_report(str(folder))
 
 
