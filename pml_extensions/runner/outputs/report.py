@@ -48,9 +48,20 @@ def _read_text(folder: str, name: str) -> str:
     return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
-def _png(data: Union[bytes, str]) -> str:
-    """A PNG (its bytes, or its file's path) as a ``data:`` URI."""
-    data = pathlib.Path(data).read_bytes() if isinstance(data, str) else data
+def _run_files(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """A run folder's ``results.json`` and ``config.yaml`` (empty when absent); a corrupt one is one line naming it."""
+    results = read_json(os.path.join(folder, "results.json"), "the run writes it again at its end")
+    return results or {}, saved_config(folder) or {}
+
+
+def _png(data: Union[bytes, str, Any]) -> str:
+    """A PNG (its bytes, its file's path, or a matplotlib ``Figure`` drawn at 90 dpi) as a ``data:`` URI."""
+    if isinstance(data, str):
+        data = pathlib.Path(data).read_bytes()
+    elif not isinstance(data, bytes):
+        png = io.BytesIO()
+        data.savefig(png, format="png", dpi=90, bbox_inches="tight")
+        data = png.getvalue()
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
@@ -144,14 +155,11 @@ def _figures(
     selected: Dict[str, Tuple[str, int]],
     iterations_per_epoch: Optional[int] = None,
 ) -> list:
-    """Matplotlib figures of every stage's logs (docs/report.md): one axes per loss over the iterations (raw faint,
-    smoothed solid), then the validation metric per epoch; a colour per variant (its seeds share it, one legend entry),
-    the selected model of each stage marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Matplotlib ``Figure``s (no pyplot state) of every stage's logs (docs/report.md): one axes per loss over the
+    iterations (raw faint, smoothed solid), then the validation metric per epoch; a colour per variant (its seeds share
+    it, one legend entry), the selected model of each stage marked."""
     import numpy as np
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     x = ITERATION_COLUMN
@@ -180,7 +188,8 @@ def _figures(
         ax.legend(handles.values(), handles.keys(), fontsize=6, ncol=2 if len(handles) > 6 else 1)
 
     if losses:
-        fig, axes = plt.subplots(len(losses), 1, figsize=(6.4, 0.6 + 2.2 * len(losses)), sharex=True, squeeze=False)
+        fig = Figure(figsize=(6.4, 0.6 + 2.2 * len(losses)))
+        axes = fig.subplots(len(losses), 1, sharex=True, squeeze=False)
         for ax, (loss, series) in zip(axes[:, 0], losses.items()):
             for stage, xs, ys in series:
                 colour = colours[_variant(stage)]
@@ -194,8 +203,8 @@ def _figures(
             legend(ax, f"{loss} (smoothed)", any(stage in on_iterations for stage, _, _ in series))
         axes[-1, 0].set_xlabel("iteration")
         figures.append(fig)
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    xlabel, marked = "epoch", False
+    fig = Figure(figsize=(6.4, 3.4))
+    ax, xlabel, marked = fig.subplots(), "epoch", False
     for stage, tables in stages.items():
         label, colour = _variant(stage), colours[_variant(stage)]
         unit, value = selected.get(stage, (None, None))
@@ -214,22 +223,7 @@ def _figures(
         ax.set_xlabel(xlabel)
         legend(ax, f"validation {primary}", marked)
         figures.append(fig)
-    else:
-        plt.close(fig)
     return figures
-
-
-def _curves(folder: str, *args) -> List[str]:
-    """PNG data URIs of :func:`_figures`."""
-    import matplotlib.pyplot as plt
-
-    images = []
-    for fig in _figures(folder, *args):
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=90, bbox_inches="tight")
-        images.append(_png(png.getvalue()))
-        plt.close(fig)
-    return images
 
 
 def _retrieval_html(folder: str) -> str:
@@ -289,8 +283,8 @@ def write_report(folder: str) -> str:
     """
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such experiment folder")
-    results = read_json(os.path.join(folder, "results.json"), "the run writes it again at its end") or {}
-    config_text, config = _read_text(folder, "config.yaml"), saved_config(folder) or {}
+    results, config = _run_files(folder)
+    config_text = _read_text(folder, "config.yaml")
     command = _read_text(folder, "command.txt").strip()
     dataset = config.get("dataset") or config.get("datasets")
     protocol = results.get("protocol") or config.get("protocol") or "mlrc"
@@ -354,18 +348,14 @@ def write_report(folder: str) -> str:
     examples = _retrieval_html(source)
     if examples:
         parts.append(f"<h2>Retrieval examples{where}</h2>{examples}")
-    if best_trial:  # a corrupt one is one line naming it, as the folder's own results.json
-        source_results = read_json(os.path.join(best_trial, "results.json"), "the run writes it again at its end") or {}
-    else:
-        source_results = results
-    source_config = (saved_config(best_trial) or {}) if best_trial else config
-    curves = _curves(
+    source_results, source_config = _run_files(best_trial) if best_trial else (results, config)
+    curves = _figures(
         source,
         source_results.get("primary_metric", primary),
         _selected(source, source_results),
         _iterations_per_epoch(source_results, source_config),
     )
-    section(f"<h2>Curves{where}</h2>", [f"<img class='curve' src='{c}' alt='curve'>" for c in curves])
+    section(f"<h2>Curves{where}</h2>", [f"<img class='curve' src='{_png(c)}' alt='curve'>" for c in curves])
     section("<h2>Figures</h2>", [_figure(folder, g) for g in figures])
     grids = sorted(glob.glob(os.path.join(source, "explanations", "**", "*.png"), recursive=True))
     section(f"<h2>Explanations (top-k grids with maps){where}</h2>", [_figure(source, g) for g in grids])
