@@ -33,13 +33,18 @@ def _float(value) -> float:
         return float("nan")
 
 
-def _read_csv(path: str) -> Dict[str, List[float]]:
-    """A record-keeper table as ``column -> values`` (NaN where a cell is no number)."""
-    out: Dict[str, List[float]] = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            for k, v in row.items():
-                out.setdefault(k, []).append(_float(v))
+def _logs(folder: str) -> Dict[str, Dict[str, Dict[str, List[float]]]]:
+    """Every stage's record-keeper tables (``<stage>/logs/<table>.csv`` at any depth) as ``stage -> table -> column ->
+    values`` (NaN where a cell is no number)."""
+    out: Dict[str, Dict[str, Dict[str, List[float]]]] = {}
+    for path in sorted(glob.glob(os.path.join(folder, "**", "logs", "*.csv"), recursive=True)):
+        table: Dict[str, List[float]] = {}
+        with open(path, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                for k, v in row.items():
+                    table.setdefault(k, []).append(_float(v))
+        stage = os.path.relpath(os.path.dirname(os.path.dirname(path)), folder)
+        out.setdefault(stage, {})[os.path.splitext(os.path.basename(path))[0]] = table
     return out
 
 
@@ -72,17 +77,11 @@ def _figure(folder: str, path: str) -> str:
     )
 
 
-def _untrained_val(folder: str, fold: int, primary: str) -> Optional[float]:
-    """Fold ``fold``'s validation ``primary`` at epoch 0 (the untrained model), None when not logged."""
-    path = os.path.join(folder, f"fold_{fold}", "logs", "accuracies_val.csv")
-    if not os.path.isfile(path):
-        return None
-    data = _read_csv(path)
-    epochs = data.get("epoch") or data.get("~iteration~", [])  # accuracies tables count epochs in both
-    for epoch, value in zip(epochs, data.get(primary, [])):
-        if epoch == 0 and value == value:
-            return value
-    return None
+def _untrained_val(logs: Dict[str, Any], fold: int, primary: str) -> Optional[float]:
+    """Fold ``fold``'s validation ``primary`` at epoch 0 (the untrained model) in ``logs``, None when not logged."""
+    data = logs.get(f"fold_{fold}", {}).get("accuracies_val", {})
+    epochs = data.get("epoch") or data.get(ITERATION_COLUMN, [])  # accuracies tables count epochs in both
+    return next((value for epoch, value in zip(epochs, data.get(primary, [])) if epoch == 0 and value == value), None)
 
 
 def _smooth(values: List[float]) -> List[float]:
@@ -96,7 +95,7 @@ def _smooth(values: List[float]) -> List[float]:
     return [float(x.mean()) if len(x) else float("nan") for x in windows]
 
 
-def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]]:
+def _selected(results: Dict[str, Any]) -> Dict[str, Tuple[str, int]]:
     """Stage folder -> ``("epoch" | "iteration", value)`` of the model kept: ``results["selected"]`` (any protocol's
     ``{stage: [unit, value]}``), MLRC's ``folds[k].best_epoch``, a paired protocol's ``units[variant][seed]``."""
     out: Dict[str, Tuple[str, int]] = {}
@@ -150,23 +149,19 @@ def _losses(table: str, data: Dict[str, List[float]]) -> List[str]:
 
 
 def _figures(
-    folder: str,
+    stages: Dict[str, Dict[str, Dict[str, List[float]]]],
     primary: str,
     selected: Dict[str, Tuple[str, int]],
     iterations_per_epoch: Optional[int] = None,
 ) -> list:
-    """Matplotlib ``Figure``s (no pyplot state) of every stage's logs (docs/report.md): one axes per loss over the
-    iterations (raw faint, smoothed solid), then the validation metric per epoch; a colour per variant (its seeds share
-    it, one legend entry), the selected model of each stage marked."""
+    """Matplotlib ``Figure``s (no pyplot state) of the stages' logs (:func:`_logs`; docs/report.md): one axes per loss
+    over the iterations (raw faint, smoothed solid), then the validation metric per epoch; a colour per variant (its
+    seeds share it, one legend entry), the selected model of each stage marked."""
     import numpy as np
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     x = ITERATION_COLUMN
-    stages: Dict[str, Dict[str, Dict[str, List[float]]]] = {}  # stage -> table -> column -> values
-    for path in sorted(glob.glob(os.path.join(folder, "**", "logs", "*.csv"), recursive=True)):
-        stage = os.path.relpath(os.path.dirname(os.path.dirname(path)), folder)
-        stages.setdefault(stage, {})[os.path.splitext(os.path.basename(path))[0]] = _read_csv(path)
     colours = {v: f"C{i % 10}" for i, v in enumerate(dict.fromkeys(map(_variant, stages)))}
     losses: Dict[str, List[Tuple[str, List[float], List[float]]]] = {}  # loss -> (stage, iterations, values)
     for stage, tables in stages.items():
@@ -284,7 +279,7 @@ def write_report(folder: str) -> str:
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such experiment folder")
     results, config = _run_files(folder)
-    config_text = _read_text(folder, "config.yaml")
+    config_text, logs = _read_text(folder, "config.yaml"), _logs(folder)
     command = _read_text(folder, "command.txt").strip()
     dataset = config.get("dataset") or config.get("datasets")
     protocol = results.get("protocol") or config.get("protocol") or "mlrc"
@@ -325,7 +320,7 @@ def write_report(folder: str) -> str:
     rows = []
     for k, fr in enumerate(results.get("folds", [])):
         flag = " **(the untrained model: training never beat epoch 0)**" if fr.get("best_epoch") == 0 else ""
-        best, untrained = fr.get("best_val_" + primary, float("nan")), _untrained_val(folder, k, primary)
+        best, untrained = fr.get("best_val_" + primary, float("nan")), _untrained_val(logs, k, primary)
         untrained = "not measured" if untrained is None else f"{untrained:.4f}"
         rows.append([str(k), f"{fr.get('best_epoch')}{flag}", f"{best:.4f}", untrained])
     if rows:
@@ -350,9 +345,9 @@ def write_report(folder: str) -> str:
         parts.append(f"<h2>Retrieval examples{where}</h2>{examples}")
     source_results, source_config = _run_files(best_trial) if best_trial else (results, config)
     curves = _figures(
-        source,
+        _logs(best_trial) if best_trial else logs,
         source_results.get("primary_metric", primary),
-        _selected(source, source_results),
+        _selected(source_results),
         _iterations_per_epoch(source_results, source_config),
     )
     section(f"<h2>Curves{where}</h2>", [f"<img class='curve' src='{_png(c)}' alt='curve'>" for c in curves])

@@ -82,9 +82,9 @@ def test_any_protocol_layout_command_dataset_xml_loss_and_untrained_flag(tmp_pat
     assert "<h2>Results</h2><p>Glyphs, <b>one</b> seed.</p>" in html and "not read" not in html
     assert "training loss (smoothed)" not in html  # titles live inside the PNGs; count the images instead
     assert len(re.findall(r"src='data:image/png;base64,", html)) == 2  # the losses' figure, map_at_r.png
-    from pml_extensions.runner.outputs.report import _figures
+    from pml_extensions.runner.outputs.report import _figures, _logs
 
-    (losses,) = _figures(str(folder), "mean_average_precision_at_r", {})  # no validation logged
+    (losses,) = _figures(_logs(str(folder)), "mean_average_precision_at_r", {})  # no validation logged
     assert [ax.get_title() for ax in losses.axes] == ["total_loss (smoothed)", "xml_loss (smoothed)"]
 
 
@@ -96,7 +96,7 @@ def test_smoothing_is_a_trailing_mean():
     assert _smooth([1.0, float("nan"), 3.0] * 20)[1] == 1.0  # window 60 // 25 = 2, the NaN skipped
 
 
-def test_selected_model_of_every_protocol(tmp_path):
+def test_selected_model_of_every_protocol():
     """The report knows no protocol: MLRC's folds, a paired protocol's units (the tested epoch) and the stages any
     protocol names in ``selected``."""
     from pml_extensions.runner.outputs.report import _iterations_per_epoch, _selected
@@ -106,7 +106,7 @@ def test_selected_model_of_every_protocol(tmp_path):
         "units": {"contrastive_xml": {"0": {"best_epoch": 3}, "1": {"best_epoch": 1, "selected_epoch": 2}}},
         "selected": {"glyphs/seed_0/student_16px_full_lr0.001": ["iteration", 4], "bad": ["step", 1]},
     }
-    assert _selected(str(tmp_path), results) == {
+    assert _selected(results) == {
         "fold_0": ("epoch", 2),
         "fold_1": ("epoch", 0),
         "contrastive_xml/seed_0": ("epoch", 3),
@@ -203,7 +203,7 @@ def test_every_loss_has_its_own_axes_and_every_variant_one_colour(tmp_path):
     """A paired run drew its 15 units' losses on one axes in 10 colours, ContrastiveLoss and ProxyAnchorLoss on one
     scale: now one axes per loss (shared iterations), one colour and one legend entry per variant, its seeds alike,
     and a log scale where the variants' losses differ more than 5-fold."""
-    from pml_extensions.runner.outputs.report import _figures
+    from pml_extensions.runner.outputs.report import _figures, _logs
 
     for variant, scale in (("contrastive_gap", 1.0), ("proxy_xml", 12.0)):
         for seed in range(3):
@@ -215,7 +215,8 @@ def test_every_loss_has_its_own_axes_and_every_variant_one_colour(tmp_path):
                     ck.record_keeper.append_data("metric_loss_XMLWrapper", "xml_loss", 2.0 / it, it)
             ck.record_keeper.append_data("accuracies_val", "mean_average_precision_at_r", 0.1 * seed, 0)
             ck.commit({"epoch": 0, "global_iteration": 20})
-    losses, validation = _figures(str(tmp_path), "mean_average_precision_at_r", {"proxy_xml/seed_1": ("iteration", 8)})
+    selected = {"proxy_xml/seed_1": ("iteration", 8)}
+    losses, validation = _figures(_logs(str(tmp_path)), "mean_average_precision_at_r", selected)
     assert [ax.get_title().split(" ")[0] for ax in losses.axes] == ["metric_loss", "xml_loss"]
     assert all(ax.get_xlabel() == "" for ax in losses.axes[:-1]) and losses.axes[-1].get_xlabel() == "iteration"
     metric, xml = losses.axes
