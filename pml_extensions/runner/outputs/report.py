@@ -182,19 +182,28 @@ def _figures(
         handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
         ax.legend(handles.values(), handles.keys(), fontsize=6, ncol=2 if len(handles) > 6 else 1)
 
-    if losses:
-        fig = Figure(figsize=(6.4, 0.6 + 2.2 * len(losses)))
-        axes = fig.subplots(len(losses), 1, sharex=True, squeeze=False)
-        for ax, (loss, series) in zip(axes[:, 0], losses.items()):
+    panels: List[Tuple[str, list]] = []  # (loss, series); a loss whose variants differ over 5-fold: an axes per scale
+    for loss, series in losses.items():
+        scale: Dict[str, float] = {}  # variant -> the median of its values (all seeds)
+        for variant in dict.fromkeys(_variant(stage) for stage, _, _ in series):
+            scale[variant] = float(np.nanmedian([y for s, _, ys in series if _variant(s) == variant for y in ys]))
+        groups: List[List[str]] = []  # ContrastiveLoss and ProxyAnchorLoss (both metric_loss) apart
+        for variant in sorted(scale, key=scale.get):
+            if groups and scale[variant] <= 5 * scale[groups[-1][0]]:
+                groups[-1].append(variant)
+            else:
+                groups.append([variant])
+        panels += [(loss, [s for s in series if _variant(s[0]) in group]) for group in groups]
+    if panels:
+        fig = Figure(figsize=(6.4, 0.6 + 1.9 * len(panels)))
+        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)
+        for ax, (loss, series) in zip(axes[:, 0], panels):
             for stage, xs, ys in series:
                 colour = colours[_variant(stage)]
                 ax.plot(xs, ys, color=colour, alpha=0.2, linewidth=0.8)
                 ax.plot(xs, _smooth(ys), color=colour, label=_variant(stage))
                 if stage in on_iterations:
                     ax.axvline(on_iterations[stage], color=colour, linestyle=":", linewidth=1.5)
-            medians = [np.nanmedian(ys) for _, _, ys in series]
-            if min(np.nanmin(ys) for _, _, ys in series) > 0 and max(medians) > 5 * min(medians):
-                ax.set_yscale("log")  # variants of different scales (ContrastiveLoss and ProxyAnchorLoss): each legible
             legend(ax, f"{loss} (smoothed)", any(stage in on_iterations for stage, _, _ in series))
         axes[-1, 0].set_xlabel("iteration")
         figures.append(fig)

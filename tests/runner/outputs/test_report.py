@@ -201,8 +201,9 @@ def test_the_folds_table_shows_the_untrained_models_validation_score(tmp_path):
 
 def test_every_loss_has_its_own_axes_and_every_variant_one_colour(tmp_path):
     """A paired run drew its 15 units' losses on one axes in 10 colours, ContrastiveLoss and ProxyAnchorLoss on one
-    scale: now one axes per loss (shared iterations), one colour and one legend entry per variant, its seeds alike,
-    and a log scale where the variants' losses differ more than 5-fold."""
+    scale: now one axes per loss (shared iterations), one colour and one legend entry per variant, its seeds alike;
+    variants whose losses differ more than 5-fold (metric_loss of ContrastiveLoss and of ProxyAnchorLoss) get an axes
+    each."""
     from pml_extensions.runner.outputs.report import _figures, _logs
 
     for variant, scale in (("contrastive_gap", 1.0), ("proxy_xml", 12.0)):
@@ -217,10 +218,10 @@ def test_every_loss_has_its_own_axes_and_every_variant_one_colour(tmp_path):
             ck.commit({"epoch": 0, "global_iteration": 20})
     selected = {"proxy_xml/seed_1": ("iteration", 8)}
     losses, validation = _figures(_logs(str(tmp_path)), "mean_average_precision_at_r", selected)
-    assert [ax.get_title().split(" ")[0] for ax in losses.axes] == ["metric_loss", "xml_loss"]
+    assert [ax.get_title().split(" ")[0] for ax in losses.axes] == ["metric_loss", "metric_loss", "xml_loss"]
     assert all(ax.get_xlabel() == "" for ax in losses.axes[:-1]) and losses.axes[-1].get_xlabel() == "iteration"
-    metric, xml = losses.axes
-    assert metric.get_yscale() == "log" and xml.get_yscale() == "linear"
-    assert [t.get_text() for t in metric.get_legend().get_texts()] == ["contrastive_gap", "proxy_xml"]
-    assert len({line.get_color() for line in metric.get_lines() if line.get_linestyle() == "-"}) == 2
-    assert "selected model" in xml.get_title() and len(validation.axes[0].get_legend().get_texts()) == 2
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in losses.axes]
+    assert legends == [["contrastive_gap"], ["proxy_xml"], ["proxy_xml"]]  # by scale: the smaller first
+    assert len({line.get_color() for line in losses.axes[1].get_lines() if line.get_linestyle() == "-"}) == 1
+    assert "selected model" in losses.axes[2].get_title() and "selected model" not in losses.axes[0].get_title()
+    assert len(validation.axes[0].get_legend().get_texts()) == 2  # 6 units, 2 variants
