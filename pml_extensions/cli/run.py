@@ -85,10 +85,7 @@ def _variant_selection(root: str, variant, selection: dict) -> dict:
         raise ConfigError(
             f"command line: --variant {variant}: no such variant; {display_path(root)} has: {_variants(root)}"
         )
-    out = dict(selection)
-    for folder in found:
-        out.setdefault(folder, ["default", variant])
-    return out
+    return {**{folder: ["default", variant] for folder in found}, **selection}  # a --config_<folder> choice wins
 
 
 def quiet_progress_bars():
