@@ -294,22 +294,18 @@ def write_report(folder: str) -> str:
     protocol = results.get("protocol") or config.get("protocol") or "mlrc"
     primary = results.get("primary_metric", "mean_average_precision_at_r")
     summary = read_json(os.path.join(folder, "search.json"), "the search writes it again at its end") or {}
-    search_text, best_trial = "", None
+    links, best_trial = [], None
     if summary:  # a search folder: links to every trial's own report, and the best trial's folder
-        best, links = summary.get("best") or {}, []
+        best = summary.get("best") or {}
         for trial in summary.get("trials", []):
             name = str(trial.get("folder", ""))
             report = os.path.join(name, "report.html")
             mark = " (best)" if trial.get("number") == best.get("number") else ""
             if os.path.isfile(os.path.join(folder, report)):
                 links.append(f"<li><a href='{html.escape(report)}'>{html.escape(name)}</a>{mark}</li>")
-        failed = summary.get("failed_trials") or []
-        search_text = f"<p>{len(summary.get('trials', []))} completed trials"
-        search_text += f"; failed (killed and run again, or raised): {', '.join(map(str, failed))}" if failed else ""
-        search_text += ". Each trial's own report:</p><ul>" + "".join(links) + "</ul>" if links else ".</p>"
         best_trial = os.path.join(folder, str(best["folder"])) if best.get("folder") else None
         best_trial = best_trial if best_trial and os.path.isdir(best_trial) else None
-    title = f"{protocol} search" if search_text else protocol
+    title = f"{protocol} search" if summary else protocol
     parts = [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)} report</title>",
         f"<style>{_STYLE}</style></head><body>",
@@ -335,16 +331,16 @@ def write_report(folder: str) -> str:
     if rows:
         columns = ["fold", "best epoch", f"best val {primary}", f"untrained (epoch 0) val {primary}"]
         parts.append(f"<h2>Folds</h2>{to_html([Table(columns, rows, numeric=[False, False, True, True])])}")
-    if summary:  # the search: its trials (and the best trial's test metrics) from search.json
+    if summary:  # the search: its trials, failures (and the best trial's test metrics) from search.json
         parts.append(f"<h2>Search: trials</h2>{to_html(search_blocks(summary))}")
-        parts.append(search_text)
+        section("<p>Each trial's own report:</p>", ["<ul>" + "".join(links) + "</ul>"] if links else [])
     elif isinstance(results.get("variants"), dict):  # the tables of results.md, rebuilt from results.json
         parts.append(f"<h2>Results</h2>{to_html(results_blocks(results))}")
     elif os.path.isfile(os.path.join(folder, "results.md")):  # written by something else: shown as it is
         parts.append(f"<h2>Results</h2><pre>{html.escape(_read_text(folder, 'results.md'))}</pre>")
     # every PNG the run wrote at the top of the folder, except a screenshot of this page (report.png)
     figures = [g for g in sorted(glob.glob(os.path.join(folder, "*.png"))) if os.path.basename(g) != SCREENSHOT]
-    if search_text:  # the search plot right under its table
+    if summary:  # the search plot right under its table
         section("<h2>Search: objective per trial</h2>", [_figure(folder, g) for g in figures])
         figures = []
     source = best_trial or folder

@@ -152,7 +152,8 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
             {"number": 0, "value": 0.4, "params": {"lr": 0.001}, "folder": "trial_0"},
             {"number": 1, "value": 0.5, "params": {"lr": 0.01}, "folder": "trial_1"},
         ],
-        "failed_trials": [],
+        "failed_trials": [2],
+        "failures": [{"number": 2, "reason": "its worker stopped"}],
     }
     (folder / "search.json").write_text(json.dumps(summary))
     (folder / "results.md").write_text("not read: the search's tables come from search.json\n")
@@ -160,6 +161,7 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
     html = open(write_report(str(folder))).read()
     assert "<title>mlrc search report</title>" in html and "<h2>Search: trials</h2>" in html
     assert "<li><a href='trial_1/report.html'>trial_1</a> (best)</li>" in html
+    assert html.count("<li>trial 2: its worker stopped</li>") == 1  # the failures as results.md lists them, once
     assert "<tr><td>1 (best)</td><td class='num'>0.5000</td><td class='num'>0.01</td></tr>" in html
     # the best trial's test metrics on the search's front page
     assert "<p>Test metrics of the best trial (trial 1):</p>" in html
