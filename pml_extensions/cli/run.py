@@ -85,10 +85,7 @@ def _variant_selection(root: str, variant, selection: dict) -> dict:
         raise ConfigError(
             f"command line: --variant {variant}: no such variant; {display_path(root)} has: {_variants(root)}"
         )
-    out = dict(selection)
-    for folder in found:
-        out.setdefault(folder, ["default", variant])
-    return out
+    return {**{folder: ["default", variant] for folder in found}, **selection}  # a --config_<folder> choice wins
 
 
 def quiet_progress_bars():
@@ -238,8 +235,8 @@ def _main(argv: List[str], prog: Sequence[str] = PROG, announce: Optional[Callab
     if cli.get("report_only"):
         from ..runner.outputs.report import write_report
 
-        value = cli["report_only"]  # a run's folder, or true: the folder CONFIG and its options name
-        folder = value if isinstance(value, str) else _experiment_folder(cli, cli.get("config_root", config_arg))
+        value = cli["report_only"]  # a run's folder, or true: the folder CONFIG and its options run in
+        folder = value if isinstance(value, str) else load(argv)[2]
         if not os.path.isdir(folder):
             raise ConfigError(
                 f"command line: --report_only: {folder}: no such experiment folder (give a run's folder, or the "

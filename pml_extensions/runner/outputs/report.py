@@ -12,11 +12,12 @@ import io
 import json
 import os
 import pathlib
+import re
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ...utils.checks import is_int
 from ..experiment.checkpoint import ITERATION_COLUMN, atomic_write_text
-from ..experiment.folder import read_json
+from ..experiment.folder import read_json, saved_config
 from .results import results_blocks
 from .search_summary import metrics_table, search_blocks
 from .tables import Table, inline_html, to_html
@@ -32,13 +33,18 @@ def _float(value) -> float:
         return float("nan")
 
 
-def _read_csv(path: str) -> Dict[str, List[float]]:
-    """A record-keeper table as ``column -> values`` (NaN where a cell is no number)."""
-    out: Dict[str, List[float]] = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            for k, v in row.items():
-                out.setdefault(k, []).append(_float(v))
+def _logs(folder: str) -> Dict[str, Dict[str, Dict[str, List[float]]]]:
+    """Every stage's record-keeper tables (``<stage>/logs/<table>.csv`` at any depth) as ``stage -> table -> column ->
+    values`` (NaN where a cell is no number)."""
+    out: Dict[str, Dict[str, Dict[str, List[float]]]] = {}
+    for path in sorted(glob.glob(os.path.join(folder, "**", "logs", "*.csv"), recursive=True)):
+        table: Dict[str, List[float]] = {}
+        with open(path, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                for k, v in row.items():
+                    table.setdefault(k, []).append(_float(v))
+        stage = os.path.relpath(os.path.dirname(os.path.dirname(path)), folder)
+        out.setdefault(stage, {})[os.path.splitext(os.path.basename(path))[0]] = table
     return out
 
 
@@ -47,24 +53,20 @@ def _read_text(folder: str, name: str) -> str:
     return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
-def _read_json(path: str) -> Dict[str, Any]:
-    return json.loads(pathlib.Path(path).read_text(encoding="utf-8")) if os.path.isfile(path) else {}
+def _run_files(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """A run folder's ``results.json`` and ``config.yaml`` (empty when absent); a corrupt one is one line naming it."""
+    results = read_json(os.path.join(folder, "results.json"), "the run writes it again at its end")
+    return results or {}, saved_config(folder) or {}
 
 
-def _yaml(text: str) -> Dict[str, Any]:
-    """The config's text as a mapping (empty when it is not one)."""
-    import yaml
-
-    try:
-        config = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
-def _png(data: Union[bytes, str]) -> str:
-    """A PNG (its bytes, or its file's path) as a ``data:`` URI."""
-    data = pathlib.Path(data).read_bytes() if isinstance(data, str) else data
+def _png(data: Union[bytes, str, Any]) -> str:
+    """A PNG (its bytes, its file's path, or a matplotlib ``Figure`` drawn at 90 dpi) as a ``data:`` URI."""
+    if isinstance(data, str):
+        data = pathlib.Path(data).read_bytes()
+    elif not isinstance(data, bytes):
+        png = io.BytesIO()
+        data.savefig(png, format="png", dpi=90, bbox_inches="tight")
+        data = png.getvalue()
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
@@ -75,17 +77,11 @@ def _figure(folder: str, path: str) -> str:
     )
 
 
-def _untrained_val(folder: str, fold: int, primary: str) -> Optional[float]:
-    """Fold ``fold``'s validation ``primary`` at epoch 0 (the untrained model), None when not logged."""
-    path = os.path.join(folder, f"fold_{fold}", "logs", "accuracies_val.csv")
-    if not os.path.isfile(path):
-        return None
-    data = _read_csv(path)
-    epochs = data.get("epoch") or data.get("~iteration~", [])  # accuracies tables count epochs in both
-    for epoch, value in zip(epochs, data.get(primary, [])):
-        if epoch == 0 and value == value:
-            return value
-    return None
+def _untrained_val(logs: Dict[str, Any], fold: int, primary: str) -> Optional[float]:
+    """Fold ``fold``'s validation ``primary`` at epoch 0 (the untrained model) in ``logs``, None when not logged."""
+    data = logs.get(f"fold_{fold}", {}).get("accuracies_val", {})
+    epochs = data.get("epoch") or data.get(ITERATION_COLUMN, [])  # accuracies tables count epochs in both
+    return next((value for epoch, value in zip(epochs, data.get(primary, [])) if epoch == 0 and value == value), None)
 
 
 def _smooth(values: List[float]) -> List[float]:
@@ -99,7 +95,7 @@ def _smooth(values: List[float]) -> List[float]:
     return [float(x.mean()) if len(x) else float("nan") for x in windows]
 
 
-def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]]:
+def _selected(results: Dict[str, Any]) -> Dict[str, Tuple[str, int]]:
     """Stage folder -> ``("epoch" | "iteration", value)`` of the model kept: ``results["selected"]`` (any protocol's
     ``{stage: [unit, value]}``), MLRC's ``folds[k].best_epoch``, a paired protocol's ``units[variant][seed]``."""
     out: Dict[str, Tuple[str, int]] = {}
@@ -117,98 +113,121 @@ def _selected(folder: str, results: Dict[str, Any]) -> Dict[str, Tuple[str, int]
     return out
 
 
-def _iterations_per_epoch(results: Dict[str, Any], config_text: str) -> Optional[int]:
+def _iterations_per_epoch(results: Dict[str, Any], config: Dict[str, Any]) -> Optional[int]:
     """Training iterations per epoch (``results`` or the config's trainer), None when the config does not fix it."""
     value = results.get("iterations_per_epoch")
     if not isinstance(value, int):
-        trainer = _yaml(config_text).get("trainer")
+        trainer = config.get("trainer")
         if isinstance(trainer, dict) and len(trainer) == 1:
             kwargs = next(iter(trainer.values()))
             value = kwargs.get("iterations_per_epoch") if isinstance(kwargs, dict) else None
     return value if is_int(value) and value > 0 else None
 
 
-def _mark(ax, line, xs: List[float], ys: List[float], x: float) -> bool:
-    """A star on ``line`` at ``x``, or a dotted line of its colour where the curve has no point there; True."""
+def _mark(ax, colour: str, xs: List[float], ys: List[float], x: float) -> bool:
+    """A star of ``colour`` on the curve ``(xs, ys)`` at ``x``, or a dotted line where it has no point there; True."""
     y = next((b for a, b in zip(xs, ys) if a == x), None)
     if y is None:
-        ax.axvline(x, color=line.get_color(), linestyle=":", linewidth=1.5)
+        ax.axvline(x, color=colour, linestyle=":", linewidth=1.5)
     else:
-        ax.plot([x], [y], marker="*", markersize=15, color=line.get_color(), markeredgecolor="black")
+        ax.plot([x], [y], marker="*", markersize=15, color=colour, markeredgecolor="black")
     return True
 
 
-def _curves(
-    folder: str,
+def _variant(stage: str) -> str:
+    """A stage folder's curve colour: its path without ``seed_<n>`` parts, so that a variant's seeds share one."""
+    return "/".join(p for p in pathlib.PurePath(stage).parts if not re.fullmatch(r"seed_\d+", p)) or stage
+
+
+def _losses(table: str, data: Dict[str, List[float]]) -> List[str]:
+    """The losses of a record-keeper table: ``loss_histories``' (``total_loss`` only beside two or more), an
+    ``XMLWrapper``'s ``xml_loss``."""
+    if table == "loss_histories":
+        names = [c for c in data if c != ITERATION_COLUMN]
+        return [c for c in names if c != "total_loss" or len(names) != 2]
+    return ["xml_loss"] if "xml_loss" in data and not table.startswith("accuracies") else []
+
+
+def _figures(
+    stages: Dict[str, Dict[str, Dict[str, List[float]]]],
     primary: str,
     selected: Dict[str, Tuple[str, int]],
     iterations_per_epoch: Optional[int] = None,
-) -> List[str]:
-    """PNG data URIs of the loss and validation curves of every stage, its selected model marked (docs/report.md)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+) -> list:
+    """Matplotlib ``Figure``s (no pyplot state) of the stages' logs (:func:`_logs`; docs/report.md): one axes per loss
+    over the iterations (raw faint, smoothed solid), then the validation metric per epoch; a colour per variant (its
+    seeds share it, one legend entry), the selected model of each stage marked."""
+    import numpy as np
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     x = ITERATION_COLUMN
-    tables: Dict[str, List[str]] = {}  # record-keeper CSVs of every stage (<stage>/logs/<table>.csv at any depth)
-    for path in sorted(glob.glob(os.path.join(folder, "**", "logs", "*.csv"), recursive=True)):
-        tables.setdefault(os.path.splitext(os.path.basename(path))[0], []).append(path)
-    csvs = {path: _read_csv(path) for paths in tables.values() for path in paths}
-    stage = {path: os.path.relpath(os.path.dirname(os.path.dirname(path)), folder) for path in csvs}
-    accuracies = [p for t, ps in tables.items() if t.startswith("accuracies") for p in ps]
-    losses = [p for t, ps in tables.items() if not t.startswith("accuracies") for p in ps]
-    plots = [
-        ("training loss (smoothed)", [(p, "total_loss") for p in tables.get("loss_histories", [])], True),
-        ("xml_loss (smoothed)", [(p, "xml_loss") for p in losses], True),
-        (f"validation {primary}", [(p, c) for p in accuracies for c in (primary, primary + "_level0")], False),
-    ]
+    colours = {v: f"C{i % 10}" for i, v in enumerate(dict.fromkeys(map(_variant, stages)))}
+    losses: Dict[str, List[Tuple[str, List[float], List[float]]]] = {}  # loss -> (stage, iterations, values)
+    for stage, tables in stages.items():
+        for table, data in tables.items():
+            for loss in _losses(table, data) if x in data else []:
+                losses.setdefault(loss, []).append((stage, data[x], data[loss]))
     # each stage's selected model on the iteration axes (an epoch at epoch × iterations_per_epoch, when known)
     on_iterations = {
         stage: value * (iterations_per_epoch if unit == "epoch" else 1)
         for stage, (unit, value) in selected.items()
         if unit == "iteration" or iterations_per_epoch
     }
-    images = []
-    for title, series, smooth in plots:
-        fig, ax = plt.subplots(figsize=(6.4, 3.4))
-        xlabel, drawn, marked = "iteration" if smooth else "epoch", False, False
-        for path, column in series:
-            data, label = csvs[path], stage[path]
-            if column not in data or x not in data:
-                continue
-            xs, ys, drawn = data[x], data[column], True
-            unit, value = selected.get(label, (None, None))
-            if not smooth:
-                line = ax.plot(xs, ys, marker="o", markersize=3, label=label)[0]
-                if unit == "epoch":
-                    marked = _mark(ax, line, xs, ys, value)
-                continue
-            line = ax.plot(xs, ys, alpha=0.25)[0]
-            ax.plot(xs, _smooth(ys), color=line.get_color(), label=label)
-            if label in on_iterations:
-                ax.axvline(on_iterations[label], color=line.get_color(), linestyle=":", linewidth=1.5)
-                marked = True
-        for path in [] if smooth else accuracies:  # a plugin's validation values per iteration, one column per setup
-            data, label = csvs[path], stage[path]
+    figures = []
+
+    def legend(ax, title: str, marked: bool) -> None:  # one entry per variant
+        ax.set_title(title + ("; ★ / dotted line: the selected model" if marked else ""), fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and iterations are whole numbers
+        handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
+        ax.legend(handles.values(), handles.keys(), fontsize=6, ncol=2 if len(handles) > 6 else 1)
+
+    panels: List[Tuple[str, list]] = []  # (loss, series); a loss whose variants differ over 5-fold: an axes per scale
+    for loss, series in losses.items():
+        scale: Dict[str, float] = {}  # variant -> the median of its values (all seeds)
+        for variant in dict.fromkeys(_variant(stage) for stage, _, _ in series):
+            scale[variant] = float(np.nanmedian([y for s, _, ys in series if _variant(s) == variant for y in ys]))
+        groups: List[List[str]] = []  # ContrastiveLoss and ProxyAnchorLoss (both metric_loss) apart
+        for variant in sorted(scale, key=scale.get):
+            if groups and scale[variant] <= 5 * scale[groups[-1][0]]:
+                groups[-1].append(variant)
+            else:
+                groups.append([variant])
+        panels += [(loss, [s for s in series if _variant(s[0]) in group]) for group in groups]
+    if panels:
+        fig = Figure(figsize=(6.4, 0.6 + 1.9 * len(panels)))
+        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)
+        for ax, (loss, series) in zip(axes[:, 0], panels):
+            for stage, xs, ys in series:
+                colour = colours[_variant(stage)]
+                ax.plot(xs, ys, color=colour, alpha=0.2, linewidth=0.8)
+                ax.plot(xs, _smooth(ys), color=colour, label=_variant(stage))
+                if stage in on_iterations:
+                    ax.axvline(on_iterations[stage], color=colour, linestyle=":", linewidth=1.5)
+            legend(ax, f"{loss} (smoothed)", any(stage in on_iterations for stage, _, _ in series))
+        axes[-1, 0].set_xlabel("iteration")
+        figures.append(fig)
+    fig = Figure(figsize=(6.4, 3.4))
+    ax, xlabel, marked = fig.subplots(), "epoch", False
+    for stage, tables in stages.items():
+        label, colour = _variant(stage), colours[_variant(stage)]
+        unit, value = selected.get(stage, (None, None))
+        for data in (data for table, data in tables.items() if table.startswith("accuracies")):
+            for column in (primary, primary + "_level0") if x in data else ():
+                if column in data:
+                    ax.plot(data[x], data[column], marker="o", markersize=3, color=colour, label=label)
+                    marked = (unit == "epoch" and _mark(ax, colour, data[x], data[column], value)) or marked
+            # a plugin's validation values per iteration, one column per setup
             for column in sorted(c for c in data if c.startswith("validation_") and c.endswith(primary)):
-                xs = data.get("iteration", data.get(x, []))
+                xs, xlabel = data.get("iteration", data.get(x, [])), "iteration"
                 line = ax.plot(xs, data[column], marker="o", markersize=3, label=f"{label} {column[11:]}")[0]
-                xlabel, drawn = "iteration", True
-                unit, value = selected.get(label, (None, None))
                 if unit == "iteration" and "teacher_student" in column:  # the setup the selection maximises
-                    marked = _mark(ax, line, xs, data[column], value)
-        if drawn:
-            ax.set_xlabel(xlabel)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and iterations are whole numbers
-            ax.set_title(title + ("; ★ / dotted line: the selected model" if marked else ""), fontsize=9)
-            ax.legend(fontsize=6, ncol=2 if len(ax.get_lines()) > 8 else 1)
-            png = io.BytesIO()
-            fig.savefig(png, format="png", dpi=90, bbox_inches="tight")
-            images.append(_png(png.getvalue()))
-        plt.close(fig)
-    return images
+                    marked = _mark(ax, line.get_color(), xs, data[column], value)
+    if ax.get_lines():
+        ax.set_xlabel(xlabel)
+        legend(ax, f"validation {primary}", marked)
+        figures.append(fig)
+    return figures
 
 
 def _retrieval_html(folder: str) -> str:
@@ -223,10 +242,7 @@ def _retrieval_html(folder: str) -> str:
         return f"<td class='{kind}'><img src='{_png(path)}' alt='{alt}'><br>{text}</td>"
 
     for path in sorted(glob.glob(os.path.join(base, "*.json"))):
-        try:
-            examples = _read_json(path)
-        except (OSError, ValueError):
-            continue
+        examples = read_json(path, "the run writes it again")
         out.append(f"<h3>{html.escape(str(examples.get('name', '')))}</h3>")
         if examples.get("note"):
             out.append(f"<p>{inline_html(str(examples['note']))}</p>")
@@ -271,33 +287,25 @@ def write_report(folder: str) -> str:
     """
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such experiment folder")
-    results = read_json(os.path.join(folder, "results.json"), "the run writes it again at its end") or {}
-    config_text = _read_text(folder, "config.yaml")
-    config = _yaml(config_text)
+    results, config = _run_files(folder)
+    config_text, logs = _read_text(folder, "config.yaml"), _logs(folder)
     command = _read_text(folder, "command.txt").strip()
     dataset = config.get("dataset") or config.get("datasets")
     protocol = results.get("protocol") or config.get("protocol") or "mlrc"
     primary = results.get("primary_metric", "mean_average_precision_at_r")
-    try:
-        summary = _read_json(os.path.join(folder, "search.json"))
-    except ValueError:  # not JSON: no search page
-        summary = {}
-    search_text, best_trial = "", None
+    summary = read_json(os.path.join(folder, "search.json"), "the search writes it again at its end") or {}
+    links, best_trial = [], None
     if summary:  # a search folder: links to every trial's own report, and the best trial's folder
-        best, links = summary.get("best") or {}, []
+        best = summary.get("best") or {}
         for trial in summary.get("trials", []):
             name = str(trial.get("folder", ""))
             report = os.path.join(name, "report.html")
             mark = " (best)" if trial.get("number") == best.get("number") else ""
             if os.path.isfile(os.path.join(folder, report)):
                 links.append(f"<li><a href='{html.escape(report)}'>{html.escape(name)}</a>{mark}</li>")
-        failed = summary.get("failed_trials") or []
-        search_text = f"<p>{len(summary.get('trials', []))} completed trials"
-        search_text += f"; failed (killed and run again, or raised): {', '.join(map(str, failed))}" if failed else ""
-        search_text += ". Each trial's own report:</p><ul>" + "".join(links) + "</ul>" if links else ".</p>"
         best_trial = os.path.join(folder, str(best["folder"])) if best.get("folder") else None
         best_trial = best_trial if best_trial and os.path.isdir(best_trial) else None
-    title = f"{protocol} search" if search_text else protocol
+    title = f"{protocol} search" if summary else protocol
     parts = [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)} report</title>",
         f"<style>{_STYLE}</style></head><body>",
@@ -317,22 +325,22 @@ def write_report(folder: str) -> str:
     rows = []
     for k, fr in enumerate(results.get("folds", [])):
         flag = " **(the untrained model: training never beat epoch 0)**" if fr.get("best_epoch") == 0 else ""
-        best, untrained = fr.get("best_val_" + primary, float("nan")), _untrained_val(folder, k, primary)
+        best, untrained = fr.get("best_val_" + primary, float("nan")), _untrained_val(logs, k, primary)
         untrained = "not measured" if untrained is None else f"{untrained:.4f}"
         rows.append([str(k), f"{fr.get('best_epoch')}{flag}", f"{best:.4f}", untrained])
     if rows:
         columns = ["fold", "best epoch", f"best val {primary}", f"untrained (epoch 0) val {primary}"]
         parts.append(f"<h2>Folds</h2>{to_html([Table(columns, rows, numeric=[False, False, True, True])])}")
-    if summary:  # the search: its trials (and the best trial's test metrics) from search.json
+    if summary:  # the search: its trials, failures (and the best trial's test metrics) from search.json
         parts.append(f"<h2>Search: trials</h2>{to_html(search_blocks(summary))}")
-        parts.append(search_text)
+        section("<p>Each trial's own report:</p>", ["<ul>" + "".join(links) + "</ul>"] if links else [])
     elif isinstance(results.get("variants"), dict):  # the tables of results.md, rebuilt from results.json
         parts.append(f"<h2>Results</h2>{to_html(results_blocks(results))}")
     elif os.path.isfile(os.path.join(folder, "results.md")):  # written by something else: shown as it is
         parts.append(f"<h2>Results</h2><pre>{html.escape(_read_text(folder, 'results.md'))}</pre>")
     # every PNG the run wrote at the top of the folder, except a screenshot of this page (report.png)
     figures = [g for g in sorted(glob.glob(os.path.join(folder, "*.png"))) if os.path.basename(g) != SCREENSHOT]
-    if search_text:  # the search plot right under its table
+    if summary:  # the search plot right under its table
         section("<h2>Search: objective per trial</h2>", [_figure(folder, g) for g in figures])
         figures = []
     source = best_trial or folder
@@ -340,18 +348,14 @@ def write_report(folder: str) -> str:
     examples = _retrieval_html(source)
     if examples:
         parts.append(f"<h2>Retrieval examples{where}</h2>{examples}")
-    if best_trial:  # a corrupt one is one line naming it, as the folder's own results.json
-        source_results = read_json(os.path.join(best_trial, "results.json"), "the run writes it again at its end") or {}
-    else:
-        source_results = results
-    source_config = _read_text(best_trial, "config.yaml") if best_trial else config_text
-    curves = _curves(
-        source,
+    source_results, source_config = _run_files(best_trial) if best_trial else (results, config)
+    curves = _figures(
+        _logs(best_trial) if best_trial else logs,
         source_results.get("primary_metric", primary),
-        _selected(source, source_results),
+        _selected(source_results),
         _iterations_per_epoch(source_results, source_config),
     )
-    section(f"<h2>Curves{where}</h2>", [f"<img class='curve' src='{c}' alt='curve'>" for c in curves])
+    section(f"<h2>Curves{where}</h2>", [f"<img class='curve' src='{_png(c)}' alt='curve'>" for c in curves])
     section("<h2>Figures</h2>", [_figure(folder, g) for g in figures])
     grids = sorted(glob.glob(os.path.join(source, "explanations", "**", "*.png"), recursive=True))
     section(f"<h2>Explanations (top-k grids with maps){where}</h2>", [_figure(source, g) for g in grids])

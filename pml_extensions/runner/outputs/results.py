@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Uni
 from ...utils.atomic_io import atomic_write_json, atomic_write_text
 from ...utils.paired_stats import holm, mean_std, per_class_metric
 from ...utils.verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, METRIC_NAMES, compare, verdict_word
-from .tables import Block, Table, as_blocks, from_json, to_json, to_markdown
+from .tables import Block, Table, as_blocks, to_json, to_markdown
 
 SmallestEffects = Union[None, float, Mapping[Union[str, Tuple[str, ...]], float]]
 
@@ -225,7 +225,7 @@ def results_blocks(results: dict) -> List[Block]:
     """What ``results.md`` and the report show of a results dict, as blocks (:mod:`.tables`): the header stored in
     ``results["text"]``, :func:`results_tables`, the footer."""
     text = results.get("text") or {}
-    return [*from_json(text.get("header")), *results_tables(results), *from_json(text.get("footer"))]
+    return [*as_blocks(text.get("header")), *results_tables(results), *as_blocks(text.get("footer"))]
 
 
 def render_markdown(

@@ -2,11 +2,11 @@
 they read; ``results.md`` and the report show the blocks :func:`search_blocks` builds from ``search.json``."""
 
 import itertools
-import json
 import os
 from typing import Any, Dict, List, Optional
 
 from ...utils.checks import is_number
+from ..experiment.folder import read_json
 from .tables import Block, Items, Table, to_markdown
 
 FOLDER_ATTR = "folder"  # user attribute: the trial's folder under the experiment folder
@@ -42,12 +42,11 @@ def write_summary(
         row["untrained"] = bool(row.get(FOLDS_ATTR)) and len(row[UNTRAINED_ATTR]) == row[FOLDS_ATTR]
         rows.append(row)
     best = max(rows, key=lambda r: r["value"], default=None)
-    if best is not None:  # with its run's test metrics (none for a stand-in objective)
-        try:
-            with open(os.path.join(folder, best["folder"], "results.json")) as f:
-                test = json.load(f).get("test")
-        except (OSError, ValueError, AttributeError):  # no run there, or not a results file
-            test = None
+    if best is not None:  # with its run's test metrics (none for a stand-in objective); a corrupt file is one line
+        found = read_json(
+            os.path.join(folder, best["folder"], "results.json"), "the summary then goes without its test metrics"
+        )
+        test = found.get("test") if isinstance(found, dict) else None
         best = {**best, **({"test": test} if isinstance(test, dict) else {})}
     copies = {}  # a trial resumed more than once: its last copy
     for t in trials:

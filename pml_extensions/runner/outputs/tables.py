@@ -3,7 +3,7 @@ Markdown (``results.md``, :func:`to_markdown`) and to HTML (``report.html``, :fu
 
 A block is a paragraph (a ``str``: line breaks kept, its only inline markup ```code``` and ``**bold**``), an
 :class:`Items` bulleted list or a :class:`Table`. In JSON (``results.json``'s ``text``, :func:`to_json` /
-:func:`from_json`) a paragraph stays a string, a list is ``{"items": [...], "caption": str}`` and a table
+:func:`as_blocks`) a paragraph stays a string, a list is ``{"items": [...], "caption": str}`` and a table
 ``{"table": {"columns", "rows", "numeric", "caption", "notes"}}``.
 
 Example::
@@ -136,34 +136,29 @@ def to_html(blocks: Sequence[Block]) -> str:
 
 
 def to_json(blocks: Sequence[Block]) -> List[Any]:
-    """The blocks as JSON values (see the module docstring); :func:`from_json` reads them back."""
+    """The blocks as JSON values (see the module docstring); :func:`as_blocks` reads them back."""
     return _render(
         blocks, lambda b: b if isinstance(b, str) else {"table": asdict(b)} if isinstance(b, Table) else asdict(b)
     )
 
 
-def from_json(values: Any) -> List[Block]:
-    """Blocks from their JSON form (:func:`to_json`; a string is one paragraph, ``None`` none); ``ValueError`` for a
-    value that is no block."""
-    if values is None or isinstance(values, str):
-        return as_blocks(values)
+def as_blocks(value: Any) -> List[Block]:
+    """Blocks from a header or footer, or from their JSON form (:func:`to_json`): ``None`` or ``""`` nothing, a string
+    one paragraph (kept as written), a block one block, a sequence of blocks or JSON values itself (blank paragraphs
+    left out); ``ValueError`` for a value that is no block."""
+    if value is None:
+        return []
     out: List[Block] = []
-    for i, v in enumerate(values):
-        if isinstance(v, str):
-            out.append(v)
-        elif isinstance(v, dict) and "table" in v:
-            out.append(Table(**v["table"]))
+    for i, v in enumerate([value] if isinstance(value, (str, Items, Table)) else value):
+        if isinstance(v, dict) and "table" in v:
+            v = Table(**v["table"])
         elif isinstance(v, dict) and "items" in v:
-            out.append(Items(list(v["items"]), v.get("caption", "")))
-        else:
+            v = Items(list(v["items"]), v.get("caption", ""))
+        elif not isinstance(v, (str, Items, Table)):
             raise ValueError(f"block {i} must be a string, {{'items': [...]}} or {{'table': {{...}}}}, got {v!r}")
+        out += [] if isinstance(v, str) and not v.strip() else [v]
     return out
 
 
-def as_blocks(text: Union[None, str, Block, Sequence[Block]]) -> List[Block]:
-    """A header or footer as blocks: a string is one paragraph (kept as written), a block one block, a sequence of
-    blocks itself; ``None`` or ``""`` nothing."""
-    if text is None:
-        return []
-    blocks = [text] if isinstance(text, (str, Items, Table)) else text
-    return [b for b in blocks if not (isinstance(b, str) and not b.strip())]
+#: blocks from their JSON form (:func:`to_json`): :func:`as_blocks`, which reads both
+from_json = as_blocks

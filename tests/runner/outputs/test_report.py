@@ -81,7 +81,11 @@ def test_any_protocol_layout_command_dataset_xml_loss_and_untrained_flag(tmp_pat
     assert "the untrained model" in html and "<td class='num'>0.4321 ± –</td>" in html
     assert "<h2>Results</h2><p>Glyphs, <b>one</b> seed.</p>" in html and "not read" not in html
     assert "training loss (smoothed)" not in html  # titles live inside the PNGs; count the images instead
-    assert len(re.findall(r"src='data:image/png;base64,", html)) == 3  # loss, xml_loss, map_at_r.png
+    assert len(re.findall(r"src='data:image/png;base64,", html)) == 2  # the losses' figure, map_at_r.png
+    from pml_extensions.runner.outputs.report import _figures, _logs
+
+    (losses,) = _figures(_logs(str(folder)), "mean_average_precision_at_r", {})  # no validation logged
+    assert [ax.get_title() for ax in losses.axes] == ["total_loss (smoothed)", "xml_loss (smoothed)"]
 
 
 def test_smoothing_is_a_trailing_mean():
@@ -92,7 +96,7 @@ def test_smoothing_is_a_trailing_mean():
     assert _smooth([1.0, float("nan"), 3.0] * 20)[1] == 1.0  # window 60 // 25 = 2, the NaN skipped
 
 
-def test_selected_model_of_every_protocol(tmp_path):
+def test_selected_model_of_every_protocol():
     """The report knows no protocol: MLRC's folds, a paired protocol's units (the tested epoch) and the stages any
     protocol names in ``selected``."""
     from pml_extensions.runner.outputs.report import _iterations_per_epoch, _selected
@@ -102,16 +106,16 @@ def test_selected_model_of_every_protocol(tmp_path):
         "units": {"contrastive_xml": {"0": {"best_epoch": 3}, "1": {"best_epoch": 1, "selected_epoch": 2}}},
         "selected": {"glyphs/seed_0/student_16px_full_lr0.001": ["iteration", 4], "bad": ["step", 1]},
     }
-    assert _selected(str(tmp_path), results) == {
+    assert _selected(results) == {
         "fold_0": ("epoch", 2),
         "fold_1": ("epoch", 0),
         "contrastive_xml/seed_0": ("epoch", 3),
         "contrastive_xml/seed_1": ("epoch", 2),  # the epoch the selection tested, not the unit's own best
         "glyphs/seed_0/student_16px_full_lr0.001": ("iteration", 4),
     }
-    assert _iterations_per_epoch({}, "trainer:\n  MetricLossOnly: {iterations_per_epoch: 15}\n") == 15
-    assert _iterations_per_epoch({"iterations_per_epoch": 40}, "") == 40
-    assert _iterations_per_epoch({}, "trainer: {MetricLossOnly: null}\n") is None
+    assert _iterations_per_epoch({}, {"trainer": {"MetricLossOnly": {"iterations_per_epoch": 15}}}) == 15
+    assert _iterations_per_epoch({"iterations_per_epoch": 40}, {}) == 40
+    assert _iterations_per_epoch({}, {"trainer": {"MetricLossOnly": None}}) is None
 
 
 def test_a_results_md_without_results_tables_is_shown_as_it_is(tmp_path):
@@ -148,7 +152,8 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
             {"number": 0, "value": 0.4, "params": {"lr": 0.001}, "folder": "trial_0"},
             {"number": 1, "value": 0.5, "params": {"lr": 0.01}, "folder": "trial_1"},
         ],
-        "failed_trials": [],
+        "failed_trials": [2],
+        "failures": [{"number": 2, "reason": "its worker stopped"}],
     }
     (folder / "search.json").write_text(json.dumps(summary))
     (folder / "results.md").write_text("not read: the search's tables come from search.json\n")
@@ -156,6 +161,7 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
     html = open(write_report(str(folder))).read()
     assert "<title>mlrc search report</title>" in html and "<h2>Search: trials</h2>" in html
     assert "<li><a href='trial_1/report.html'>trial_1</a> (best)</li>" in html
+    assert html.count("<li>trial 2: its worker stopped</li>") == 1  # the failures as results.md lists them, once
     assert "<tr><td>1 (best)</td><td class='num'>0.5000</td><td class='num'>0.01</td></tr>" in html
     # the best trial's test metrics on the search's front page
     assert "<p>Test metrics of the best trial (trial 1):</p>" in html
@@ -167,6 +173,9 @@ def test_retrieval_examples_are_marked_and_the_search_page_links_its_trials(tmp_
     assert html.index("Search: objective per trial") < html.index("Retrieval examples")  # search.png under the table
     (best / "results.json").write_text('{"folds": [')  # the best trial's, cut short: one error naming it
     with pytest.raises(OutputError, match=r"trial_1/results.json: truncated or corrupt \(.*\); remove it and rerun"):
+        write_report(str(folder))
+    (folder / "search.json").write_text('{"trials": [')  # read as results.json is: one line naming it, not skipped
+    with pytest.raises(OutputError, match=r"search/search.json: truncated or corrupt \(.*\); remove it and rerun"):
         write_report(str(folder))
 
 
@@ -190,3 +199,31 @@ def test_the_folds_table_shows_the_untrained_models_validation_score(tmp_path):
     assert "<th>untrained (epoch 0) val mean_average_precision_at_r</th>" in html
     assert "<tr><td>0</td><td>1</td><td class='num'>0.5000</td><td class='num'>0.2500</td></tr>" in html
     assert "<tr><td>1</td><td>1</td><td class='num'>0.1250</td><td class='num'>not measured</td></tr>" in html
+
+
+def test_every_loss_has_its_own_axes_and_every_variant_one_colour(tmp_path):
+    """A paired run drew its 15 units' losses on one axes in 10 colours, ContrastiveLoss and ProxyAnchorLoss on one
+    scale: now one axes per loss (shared iterations), one colour and one legend entry per variant, its seeds alike;
+    variants whose losses differ more than 5-fold (metric_loss of ContrastiveLoss and of ProxyAnchorLoss) get an axes
+    each."""
+    from pml_extensions.runner.outputs.report import _figures, _logs
+
+    for variant, scale in (("contrastive_gap", 1.0), ("proxy_xml", 12.0)):
+        for seed in range(3):
+            ck = Checkpointer(str(tmp_path / variant / f"seed_{seed}"), epoch_tables={"accuracies_val"})
+            for it in range(1, 21):
+                ck.record_keeper.append_data("loss_histories", "metric_loss", scale / it, it)
+                ck.record_keeper.append_data("loss_histories", "total_loss", scale / it, it)  # the same: not drawn
+                if variant == "proxy_xml":
+                    ck.record_keeper.append_data("metric_loss_XMLWrapper", "xml_loss", 2.0 / it, it)
+            ck.record_keeper.append_data("accuracies_val", "mean_average_precision_at_r", 0.1 * seed, 0)
+            ck.commit({"epoch": 0, "global_iteration": 20})
+    selected = {"proxy_xml/seed_1": ("iteration", 8)}
+    losses, validation = _figures(_logs(str(tmp_path)), "mean_average_precision_at_r", selected)
+    assert [ax.get_title().split(" ")[0] for ax in losses.axes] == ["metric_loss", "metric_loss", "xml_loss"]
+    assert all(ax.get_xlabel() == "" for ax in losses.axes[:-1]) and losses.axes[-1].get_xlabel() == "iteration"
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in losses.axes]
+    assert legends == [["contrastive_gap"], ["proxy_xml"], ["proxy_xml"]]  # by scale: the smaller first
+    assert len({line.get_color() for line in losses.axes[1].get_lines() if line.get_linestyle() == "-"}) == 1
+    assert "selected model" in losses.axes[2].get_title() and "selected model" not in losses.axes[0].get_title()
+    assert len(validation.axes[0].get_legend().get_texts()) == 2  # 6 units, 2 variants

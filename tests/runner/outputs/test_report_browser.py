@@ -65,7 +65,7 @@ def test_a_report_with_every_section_renders(tmp_path):
     save_retrieval_examples(str(folder), "test", emb, [0, 0, 1, 1, 2], images.__getitem__, n_queries=3, k=3)
     write_report(str(folder))
     page, html = _check(str(folder), min_retrieval_rows=3)
-    assert page["title"] == "mlrc report" and len(page["images"]) == 3 * 4 + 3  # 3 rows of 1 + 3, 3 curves
+    assert page["title"] == "mlrc report" and len(page["images"]) == 3 * 4 + 2  # 3 rows of 1 + 3; losses, validation
     assert "<th>95 % CI (bootstrap)</th>" in html and "<td>shown</td>" in html  # the tables, from results.json
     # the screenshot is never embedded in the page it shows
     write_report(str(folder))

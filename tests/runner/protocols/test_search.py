@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from pml_extensions.runner.config.search_space import fill, search_space
-from pml_extensions.runner.errors import ConfigError
+from pml_extensions.runner.errors import ConfigError, OutputError
+from pml_extensions.runner.outputs.search_summary import write_summary
 
 optuna = pytest.importorskip("optuna")
 SCRIPT = os.path.join(os.path.dirname(__file__), "search_kill_script.py")
@@ -206,6 +207,10 @@ def test_the_best_trial_carries_its_runs_test_metrics(tmp_path):
     assert json.load(open(os.path.join(folder, "search.json")))["best"]["test"] == test
     assert all("test" not in row for row in summary["trials"])
     assert "| 1 (best) | 0.6000 |" in open(os.path.join(folder, "results.md")).read()
+    with open(os.path.join(folder, summary["best"]["folder"], "results.json"), "w") as f:
+        f.write('{"test": ')  # cut short: one line naming it, as the report reads it (it was skipped unsaid)
+    with pytest.raises(OutputError, match=r"results.json: truncated or corrupt \(.*\); remove it and rerun"):
+        write_summary(_study(folder), folder)
     summary, _, _ = _search(tmp_path, lambda cfg, f: cfg["margin"], 1, name="no_results")
     assert summary["best"]["number"] == 0 and "test" not in summary["best"]
 
