@@ -245,9 +245,12 @@ class PairedProtocol(Protocol):
         timed: List[float] = []  # the first two trained units: the first may include one-time work (a feature cache)
         for i, (n, s) in enumerate(grid):
             start = time.time()
-            trained = self.exp.stage_result(self.stage(n, s)) is None  # (a process sharing the grid may finish it)
+            # timed: a unit trained from its start here (a process sharing the grid may finish it; a resumed unit
+            # from its checkpoint.pth takes part of a unit's time)
+            whole = self.exp.stage_result(self.stage(n, s)) is None
+            whole = whole and not os.path.exists(os.path.join(self.unit_folder(n, s), "checkpoint.pth"))
             out[n][s] = self.unit_result(n, s)
-            if trained and len(timed) < 2:
+            if whole and len(timed) < 2:
                 timed.append(time.time() - start)
                 left = sum(self.exp.stage_result(self.stage(*u)) is None for u in grid[i + 1 :])
                 if left and len(timed) == 1:

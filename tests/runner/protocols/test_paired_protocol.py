@@ -1,6 +1,7 @@
 """runner/protocols/paired_protocol.py: the grid's announcements (how long the rest will take)."""
 
 import dataclasses
+import os
 import types
 
 import pytest
@@ -81,6 +82,32 @@ def test_a_unit_another_process_finished_meanwhile_is_neither_timed_nor_counted(
         "toy: one unit took 100 s; about 3.3 min for the 2 left",
         "toy: the next unit took 10 s (the first included one-time work); about 0.2 min for the 1 left",
     ]
+
+
+def test_a_unit_resumed_from_its_checkpoint_is_not_timed_as_a_whole_unit(tmp_path, monkeypatch):
+    """A resumed run's first unit continued from its checkpoint.pth (10 s of a 100 s unit) and the estimate said
+    "about 0.5 min for the 3 left"; a resumed unit is not timed, the next whole unit is."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(paired_protocol, "time", types.SimpleNamespace(time=lambda: clock["now"]))
+    durations = iter([10.0, 100.0, 100.0, 100.0])
+
+    class Toy(PairedProtocol):
+        name, Settings, metrics = "toy", _Settings, ("score",)
+
+        def unit(self, settings, variant, seed, folder, builder):
+            clock["now"] += next(durations)
+            return {"history": [{"epoch": 0, "score": settings.gain}], "best_epoch": 0, "train_seconds": 0.0}
+
+        def test(self, settings, variant, seed, folder, builder, epoch):
+            return {"score": settings.gain}
+
+    logs = []
+    config = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]]}
+    toy = Toy(dict(config, device="cpu"), str(tmp_path), log=logs.append)
+    os.makedirs(toy.unit_folder("a", 0))
+    open(os.path.join(toy.unit_folder("a", 0), "checkpoint.pth"), "wb").close()  # killed part-way before
+    toy.run_units()
+    assert [line for line in logs if "took" in line] == ["toy: one unit took 100 s; about 3.3 min for the 2 left"]
 
 
 def test_a_resumed_paired_run_decodes_no_image_again(tmp_path, monkeypatch):
