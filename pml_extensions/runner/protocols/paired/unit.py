@@ -20,7 +20,7 @@ from ...errors import ConfigError
 from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
 from ...objects.data import dataset_labels, validation_rows, validation_split
-from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec, end_of_epoch_hook
+from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec
 
 #: the test rows' metrics, as protocol.METRICS (which this module cannot import: protocol imports it lazily)
 METRICS = ("mean_average_precision_at_r", "precision_at_1", "r_precision")
@@ -219,7 +219,6 @@ def train_and_select(
     ``keep_epochs``: every validated epoch's weights in ``epochs/``): ``{"history", "best_epoch", "models", ...}``."""
     from ...experiment import distributed as dist_utils
     from ...experiment.checkpoint import Checkpointer, load_weights
-    from ...experiment.epoch_loop import EpochLoop
 
     b = Builder(cfg, sources, device, log)
     full_train = load_split(cfg, "train", train_transform=True, builder=b, seed=seed)
@@ -251,14 +250,13 @@ def train_and_select(
     teacher = load_teacher(b, seed)
     if teacher is not None and teacher_spec(cfg)[1]:  # before a resume loads the checkpoint's weights
         _init_student(b, models, teacher)
+    extra_models, extra_kwargs = {}, {}  # a distilling trainer's teacher
+    if distils(b):  # the student was initialised above (init_student), before any resume
+        extra_models, extra_kwargs = teacher, {"init_student_from_teacher": False}
     trunk, embedder, loss_funcs, nets = models["trunk"], models["embedder"], models["loss_funcs"], networks(models)
-    optimizers = b.build_optimizers(nets, loss_funcs)
     batch_size, iterations = int(cfg["batch_size"]), int(cfg["iterations_per_epoch"])
-
-    def new_sampler():  # under torchrun: the same global batches on every rank, each rank its slice
-        return b.build_sampler(train_set.labels, batch_size, iterations_per_epoch=iterations)
-
-    sampler, tester = new_sampler(), b.build_tester()
+    workers = int(cfg.get("dataloader_num_workers", 0))
+    tester = b.build_tester()
     reference = reference_kwargs(b, seed, "val", val_source, val_idx)
 
     def validate(epoch):
@@ -270,54 +268,27 @@ def train_and_select(
 
     # checkpoint.pth + logs/ (CSV + SQLite) per epoch: a killed unit resumes after its last finished epoch
     ckpt = Checkpointer(stage_dir, epoch_tables={"accuracies_val"})
-    loop = EpochLoop(
+    start = time.time()
+    best = b.train(
         ckpt,
         nets,
-        optimizers,
         loss_funcs,
+        models["mining_funcs"],
+        train_set,
+        batch_size,
+        batch_where=b.where("batch_size"),
+        extra_models=extra_models,
+        extra_kwargs={**extra_kwargs, "iterations_per_epoch": iterations, "dataloader_num_workers": workers},
+        views=full_train if hasattr(full_train, "set_epoch") else None,
+        fresh_seed=seed + 3,  # the same batches and augmentations for every variant of this seed
         num_epochs=int(cfg["num_epochs"]),
         primary=METRICS[0],
         evaluate=validate,
         best_path=os.path.join(stage_dir, "best_models.pth"),
-        patience=None,
         log=lambda line: log(f"  {line}"),
         name=f"[{name} seed {seed}]",
         where=b.where("accuracy_calculator"),
-    )
-    if loop.resume() is None:  # (a resumed unit gets its RNG states back from the checkpoint instead)
-        seed_everything(seed + 3)  # the same batches and augmentations for every variant of this seed
-    epoch_hook = lambda trainer: True  # noqa: E731
-    if hasattr(full_train, "set_epoch"):  # cached views: epoch e shows the views drawn for e completed epochs
-        full_train.set_epoch(loop.start_epoch - 1)
-        epoch_hook = end_of_epoch_hook(full_train)
-
-    world = dist_utils.world_size()  # under torchrun each process trains on its slice of every global batch
-    if batch_size % world:
-        raise ConfigError(f"{b.where('batch_size')}: {batch_size} is not divisible by {world} processes")
-
-    def make_trainer():
-        name_, kwargs = one_spec(cfg.get("trainer"), b.where("trainer"), default="MetricLossOnly")
-        kwargs = {**kwargs, "batch_size": batch_size // world, "iterations_per_epoch": iterations}
-        kwargs["dataloader_num_workers"] = int(cfg.get("dataloader_num_workers", 0))
-        trainer_models = dist_utils.wrap_models(nets, device)
-        if distils(b):  # the student was initialised above (init_student), before any resume
-            kwargs["init_student_from_teacher"] = False
-            trainer_models = {**trainer_models, **teacher}
-        return b.build_trainer(
-            {name_: kwargs},
-            models=trainer_models,
-            optimizers=optimizers,
-            loss_funcs=dist_utils.wrap_losses(loss_funcs),
-            mining_funcs=models["mining_funcs"],
-            dataset=train_set,
-            sampler=sampler,
-            data_device=device,
-            end_of_iteration_hook=loop.end_of_iteration,
-            end_of_epoch_hook=epoch_hook,
-        )
-
-    start = time.time()
-    best = loop.run(make_trainer, new_sampler)
+    ).best
     train_seconds = time.time() - start
     state = load_weights(os.path.join(stage_dir, "best_models.pth"), device)
     for k, m in nets.items():
