@@ -17,6 +17,8 @@ from ....trunks import find_histogram_layers
 from ....utils.atomic_io import atomic_torch_save
 from ...config.specs import one_spec
 from ...errors import ConfigError
+from ...experiment import distributed as dist_utils
+from ...experiment.checkpoint import Checkpointer, load_weights
 from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
 from ...objects.data import dataset_labels, validation_rows, validation_split
@@ -217,9 +219,6 @@ def train_and_select(
 ) -> Dict[str, Any]:
     """Train one variant at one seed, validating every epoch on the validation classes (never the test split;
     ``keep_epochs``: every validated epoch's weights in ``epochs/``): ``{"history", "best_epoch", "models", ...}``."""
-    from ...experiment import distributed as dist_utils
-    from ...experiment.checkpoint import Checkpointer, load_weights
-
     b = Builder(cfg, sources, device, log)
     full_train = load_split(cfg, "train", train_transform=True, builder=b, seed=seed)
     full_eval = load_split(cfg, "train", train_transform=False, builder=b)
@@ -342,7 +341,7 @@ def load_models(cfg, stage_dir, device, path: Optional[str] = None):
         path = os.path.join(stage_dir, "selected_models.pth")
         if not os.path.exists(path):
             path = os.path.join(stage_dir, "best_models.pth")
-    state = torch.load(path, map_location=device, weights_only=True)
+    state = load_weights(path, device)
     for k, m in networks(models).items():
         if k in state:
             m.load_state_dict(state[k])
