@@ -26,7 +26,8 @@ class EpochLoop:
     """Resumable training + selection of one stage: ``evaluate(epoch) -> {split: {metric: value}}`` every
     ``save_interval`` epochs (epoch 0 too with ``check_untrained``), each split logged to ``accuracies_<split>`` (the
     checkpointer's ``epoch_tables``); the best ``"val"`` ``primary`` epoch's weights saved to ``best_path``; stops
-    after ``num_epochs``, or when ``epoch - best_epoch > patience``. :attr:`best`: ``{"metric", "epoch", "metrics"}``.
+    after ``num_epochs``, or when ``epoch - best_epoch > patience``. :attr:`best`: ``{"metric", "epoch", "metrics"}``;
+    :attr:`trained`: whether :meth:`run` trained an epoch (a resumed finished stage trains none).
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class EpochLoop:
         self.name, self.where = name, where
         self.best = {"metric": -math.inf, "epoch": -1, "metrics": {}}
         self.start_epoch, self.finished, self.fresh = 1, False, True
+        self.trained = False
 
     def _stopped(self, epoch: int) -> bool:
         return epoch >= self.num_epochs or (self.patience is not None and epoch - self.best["epoch"] > self.patience)
@@ -136,6 +138,7 @@ class EpochLoop:
         if self.finished or self.start_epoch > self.num_epochs:
             return self.best
         trainer = make_trainer()
+        self.trained = True
         for epoch in range(self.start_epoch, self.num_epochs + 1):
             errors.at(self.name, epoch)  # what an interrupt reports ("interrupted at fold 1, epoch 3")
             if new_sampler is not None:

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from ...utils.atomic_io import atomic_write_json, atomic_write_text
+from ..config.pb_keys import _where
 from ..config.specs import read_yaml
 from ..errors import ConfigError, OutputError, first_line
 from . import distributed as dist_utils
@@ -255,7 +256,7 @@ class Experiment:
 
     def where(self, key: str) -> str:
         """``"<file>: <key>"`` for error messages."""
-        return f"{self.sources.get(key.split('.')[0], 'config')}: {key}"
+        return _where(self.sources, key)
 
     @property
     def seed(self) -> Optional[int]:

@@ -26,8 +26,11 @@ from ..config.registry import discover, resolve
 from ..config.specs import is_object_spec, one_spec, pb_numbers
 from ..errors import ConfigError, MissingDataError, first_line
 from ..experiment import distributed as dist_utils
+from ..experiment.epoch_loop import EpochLoop
+from ..experiment.folder import seed_everything
 from . import preflight
 from .data import Subset, ToRGB, dataset_labels
+from .feature_cache import end_of_epoch_hook
 
 PARAM_GROUP_KEYS = ("modules", "lr_multiplier")  # ours; every other key of a group goes to the optimizer
 
@@ -504,6 +507,74 @@ class Builder:
             return self.build("trainer", {name: dict(kwargs)}, **objects)
         finally:
             c_f.LOGGER.removeFilter(keep)
+
+    def train(
+        self,
+        ckpt,
+        models: Dict[str, torch.nn.Module],
+        loss_funcs: Dict[str, torch.nn.Module],
+        mining_funcs: Dict[str, Any],
+        dataset,
+        batch_size: int,
+        *,
+        batch_where: str,
+        extra_models: Optional[Dict[str, torch.nn.Module]] = None,
+        extra_kwargs: Optional[Dict[str, Any]] = None,
+        views=None,
+        fresh_seed: Optional[int] = None,
+        **loop_options: Any,
+    ) -> EpochLoop:
+        """Train ``models`` with the config's ``trainer`` (default ``MetricLossOnly``) on ``dataset`` in an
+        :class:`~..experiment.epoch_loop.EpochLoop` (``loop_options``: its keyword arguments) that commits to ``ckpt``
+        (a :class:`~..experiment.checkpoint.Checkpointer`) and resumes from it; returns the loop (``best``,
+        ``trained``).
+
+        Args:
+            batch_size: the global batch, split over the torchrun processes (a ConfigError ``"<batch_where>: ..."``
+                unless it divides); the sampler draws it from ``dataset.labels``, rebuilt every epoch.
+            extra_models, extra_kwargs: added to the trainer's models and kwargs (e.g. a distilling trainer's
+                teacher).
+            views: the cached feature views (``set_epoch``) that ``dataset`` shows, or ``None``.
+            fresh_seed: seeds the global RNGs when there is no checkpoint (a resumed stage gets its RNGs back).
+        """
+        world = dist_utils.world_size()  # under torchrun each process trains on its slice of every global batch
+        if batch_size % world:
+            raise ConfigError(f"{batch_where}: {batch_size} is not divisible by {world} processes")
+        name, kwargs = one_spec(self.get("trainer"), self.where("trainer"), default="MetricLossOnly")
+        kwargs = {**kwargs, **(extra_kwargs or {}), "batch_size": batch_size // world}
+        optimizers = self.build_optimizers(models, loss_funcs)
+
+        # A fresh sampler per epoch: PML's MPerClassSampler reorders its own label list in place, state that a
+        # checkpoint would not hold; rebuilt from the (checkpointed) RNG, a resumed epoch draws the same batches.
+        def new_sampler():
+            return self.build_sampler(dataset.labels, batch_size, kwargs.get("iterations_per_epoch"))
+
+        sampler = new_sampler()
+        loop = EpochLoop(ckpt, models, optimizers, loss_funcs, **loop_options)
+        if loop.resume() is None:
+            seed_everything(fresh_seed)
+        epoch_hook = lambda trainer: True  # noqa: E731
+        if views is not None:  # epoch e trains on the views drawn for e completed epochs
+            views.set_epoch(loop.start_epoch - 1)
+            epoch_hook = end_of_epoch_hook(views)
+
+        def make_trainer():
+            return self.build_trainer(
+                {name: kwargs},
+                models={**dist_utils.wrap_models(models, self.device), **(extra_models or {})},
+                optimizers=optimizers,
+                loss_funcs=dist_utils.wrap_losses(loss_funcs),
+                mining_funcs=mining_funcs,
+                dataset=dataset,
+                dataset_labels=dataset.labels,
+                sampler=sampler,
+                data_device=self.device,
+                end_of_iteration_hook=loop.end_of_iteration,
+                end_of_epoch_hook=epoch_hook,
+            )
+
+        loop.run(make_trainer, new_sampler)
+        return loop
 
     def init_from_data(self, models: Dict[str, torch.nn.Module], dataset, seed=None, specs=None) -> bool:
         """Initialise parameters from ``dataset`` by the keys the methods register (e.g. ``prototype_init``;

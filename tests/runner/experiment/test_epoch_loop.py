@@ -72,12 +72,16 @@ def test_a_rerun_resumes_after_the_last_committed_epoch(tmp_path):
     loop, make = _loop(str(tmp_path), [0.1, 0.4], trained, model, num_epochs=1)
     loop.resume()
     loop.run(make)
+    assert loop.trained
     again, make = _loop(str(tmp_path), [0.3, 0.6, 0.2], trained, _model(), num_epochs=3)
     state = again.resume()
     assert state["epoch"] == 1 and again.best["epoch"] == 1 and again.start_epoch == 2
     assert again.models["m"].weight.item() == 1.0  # the checkpoint's weights, not the fresh model's
     again.run(make)
-    assert trained == [1, 2, 3] and again.best["metric"] == 0.6
+    assert trained == [1, 2, 3] and again.best["metric"] == 0.6 and again.trained
+    done, make = _loop(str(tmp_path), [], trained, _model(), num_epochs=3)
+    done.resume()
+    assert done.run(make)["metric"] == 0.6 and not done.trained and trained == [1, 2, 3]  # finished: trains nothing
 
 
 def test_errors_name_the_key(tmp_path):

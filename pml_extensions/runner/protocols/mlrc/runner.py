@@ -16,12 +16,11 @@ from ...config.specs import one_spec
 from ...errors import ConfigError, Problems
 from ...experiment import distributed as dist_utils
 from ...experiment.checkpoint import load_weights
-from ...experiment.epoch_loop import EpochLoop
 from ...experiment.folder import Experiment, time_estimate
 from ...objects import preflight
 from ...objects.builder import Builder, accepts
 from ...objects.data import dataset_labels
-from ...objects.feature_cache import FeatureCaches, check_fixed_prefix, end_of_epoch_hook, subset_key
+from ...objects.feature_cache import FeatureCaches, check_fixed_prefix, subset_key
 from ...outputs.retrieval import dataset_image, save_retrieval_examples
 
 __all__ = ["MLRCRunner", "ensemble_metrics", "mlrc_class_splits"]
@@ -84,29 +83,24 @@ class MLRCRunner:
         val_ds = self.view("eval", base, labels, val_idx, transforms)
         train_eval = self.view("eval", base, labels, train_idx, transforms)
         eval_sets = {"val": val_ds, **({"train": train_eval} if "train" in splits_to_eval else {})}
-        trainer_name, trainer_kwargs, global_batch = self.trainer()
-        world = dist_utils.world_size()
-        if global_batch % world:
-            raise ConfigError(
-                f"{self.where('trainer')}: batch_size {global_batch} is not divisible by {world} processes"
-            )
-
         self.experiment.seed_everything(fold)
         models = self.builder.build_models(val_ds[0][0], len(split["train"]))
         # prototypes from the training classes' images (eval transform); a resume overwrites them with the saved ones
         self.builder.init_from_data(models, train_eval, seed=fold_seed)
         loss_funcs, mining_funcs = self.builder.build_losses(models, len(split["train"]))
-        optimizers = self.builder.build_optimizers(models, loss_funcs)
-        sampler = self.builder.build_sampler(train_ds.labels, global_batch)
         tester = self.builder.build_tester()
 
         primary = pb_keys.primary_metric(self.config, self.sources)
         best_path = os.path.join(fold_dir, "best.pth")
-        loop = EpochLoop(
+        loop = self.builder.train(
             ckpt,
             models,
-            optimizers,
             loss_funcs,
+            mining_funcs,
+            train_ds,
+            self.trainer()[2],
+            batch_where=self.where("trainer.batch_size"),
+            views=train_ds.dataset if self.caches is not None else None,
             num_epochs=self.get("num_epochs_train", 1000),
             primary=primary,
             evaluate=lambda epoch: {name: self.evaluate(tester, ds, models) for name, ds in eval_sets.items()},
@@ -118,31 +112,8 @@ class MLRCRunner:
             name=f"fold {fold}",
             where=self.where("hook_container"),
         )
-        loop.resume()
-        self.trained = self.trained or not loop.finished
-        epoch_hook = lambda trainer: True  # noqa: E731
-        if self.caches is not None:  # epoch e trains on the views drawn for e completed epochs
-            train_ds.dataset.set_epoch(loop.start_epoch - 1)
-            epoch_hook = end_of_epoch_hook(train_ds.dataset)
-
-        def make_trainer():
-            return self.builder.build_trainer(
-                {trainer_name: dict(trainer_kwargs, batch_size=global_batch // world)},
-                models=dist_utils.wrap_models(models, self.device),
-                optimizers=optimizers,
-                loss_funcs=dist_utils.wrap_losses(loss_funcs),
-                mining_funcs=mining_funcs,
-                dataset=train_ds,
-                dataset_labels=train_ds.labels,
-                sampler=sampler,
-                data_device=self.device,
-                end_of_iteration_hook=loop.end_of_iteration,
-                end_of_epoch_hook=epoch_hook,
-            )
-
-        # A fresh sampler per epoch: PML's MPerClassSampler reorders its own label list in place, state that a
-        # checkpoint would not hold; rebuilt from the (checkpointed) RNG, a resumed epoch draws the same batches.
-        best = loop.run(make_trainer, lambda: self.builder.build_sampler(train_ds.labels, global_batch))
+        self.trained = self.trained or loop.trained
+        best = loop.best
         return {
             "best_val_" + primary: best["metric"],
             "best_epoch": best["epoch"],

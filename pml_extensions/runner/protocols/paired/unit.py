@@ -15,12 +15,13 @@ import torch
 from ....trunks import find_histogram_layers
 from ....utils import wiring
 from ....utils.atomic_io import atomic_torch_save
-from ...config.specs import one_spec
 from ...errors import ConfigError
+from ...experiment import distributed as dist_utils
+from ...experiment.checkpoint import Checkpointer, load_weights
 from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
 from ...objects.data import dataset_labels, validation_rows, validation_split
-from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec, end_of_epoch_hook
+from ...objects.feature_cache import FeatureCaches, cache_folder, cache_spec
 from ...objects.saved_models import load_models as load_run_models
 
 #: the test rows' metrics, as protocol.METRICS (which this module cannot import: protocol imports it lazily)
@@ -135,10 +136,6 @@ def train_and_select(
 ) -> Dict[str, Any]:
     """Train one variant at one seed, validating every epoch on the validation classes (never the test split;
     ``keep_epochs``: every validated epoch's weights in ``epochs/``): ``{"history", "best_epoch", "models", ...}``."""
-    from ...experiment import distributed as dist_utils
-    from ...experiment.checkpoint import Checkpointer, load_weights
-    from ...experiment.epoch_loop import EpochLoop
-
     b = Builder(cfg, sources, device, log)
     full_train = load_split(cfg, "train", train_transform=True, builder=b, seed=seed)
     full_eval = load_split(cfg, "train", train_transform=False, builder=b)
@@ -166,13 +163,9 @@ def train_and_select(
     for more_models, more_kwargs in hooks(b, "prepare", models, seed, load_run_models):
         extra_models, extra_kwargs = {**extra_models, **more_models}, {**extra_kwargs, **more_kwargs}
     trunk, embedder, loss_funcs, nets = models["trunk"], models["embedder"], models["loss_funcs"], networks(models)
-    optimizers = b.build_optimizers(nets, loss_funcs)
     batch_size, iterations = int(cfg["batch_size"]), int(cfg["iterations_per_epoch"])
-
-    def new_sampler():  # under torchrun: the same global batches on every rank, each rank its slice
-        return b.build_sampler(train_set.labels, batch_size, iterations_per_epoch=iterations)
-
-    sampler, tester = new_sampler(), b.build_tester()
+    workers = int(cfg.get("dataloader_num_workers", 0))
+    tester = b.build_tester()
     reference = reference_side(b, seed, "val", val_source, val_idx)
 
     def validate(epoch):
@@ -184,50 +177,27 @@ def train_and_select(
 
     # checkpoint.pth + logs/ (CSV + SQLite) per epoch: a killed unit resumes after its last finished epoch
     ckpt = Checkpointer(stage_dir, epoch_tables={"accuracies_val"})
-    loop = EpochLoop(
+    start = time.time()
+    best = b.train(
         ckpt,
         nets,
-        optimizers,
         loss_funcs,
+        models["mining_funcs"],
+        train_set,
+        batch_size,
+        batch_where=b.where("batch_size"),
+        extra_models=extra_models,
+        extra_kwargs={**extra_kwargs, "iterations_per_epoch": iterations, "dataloader_num_workers": workers},
+        views=full_train if hasattr(full_train, "set_epoch") else None,
+        fresh_seed=seed + 3,  # the same batches and augmentations for every variant of this seed
         num_epochs=int(cfg["num_epochs"]),
         primary=METRICS[0],
         evaluate=validate,
         best_path=os.path.join(stage_dir, "best_models.pth"),
-        patience=None,
         log=lambda line: log(f"  {line}"),
         name=f"[{name} seed {seed}]",
         where=b.where("accuracy_calculator"),
-    )
-    if loop.resume() is None:  # (a resumed unit gets its RNG states back from the checkpoint instead)
-        seed_everything(seed + 3)  # the same batches and augmentations for every variant of this seed
-    epoch_hook = lambda trainer: True  # noqa: E731
-    if hasattr(full_train, "set_epoch"):  # cached views: epoch e shows the views drawn for e completed epochs
-        full_train.set_epoch(loop.start_epoch - 1)
-        epoch_hook = end_of_epoch_hook(full_train)
-
-    world = dist_utils.world_size()  # under torchrun each process trains on its slice of every global batch
-    if batch_size % world:
-        raise ConfigError(f"{b.where('batch_size')}: {batch_size} is not divisible by {world} processes")
-
-    def make_trainer():
-        name_, kwargs = one_spec(cfg.get("trainer"), b.where("trainer"), default="MetricLossOnly")
-        kwargs = {**kwargs, **extra_kwargs, "batch_size": batch_size // world, "iterations_per_epoch": iterations}
-        kwargs["dataloader_num_workers"] = int(cfg.get("dataloader_num_workers", 0))
-        return b.build_trainer(
-            {name_: kwargs},
-            models={**dist_utils.wrap_models(nets, device), **extra_models},
-            optimizers=optimizers,
-            loss_funcs=dist_utils.wrap_losses(loss_funcs),
-            mining_funcs=models["mining_funcs"],
-            dataset=train_set,
-            sampler=sampler,
-            data_device=device,
-            end_of_iteration_hook=loop.end_of_iteration,
-            end_of_epoch_hook=epoch_hook,
-        )
-
-    start = time.time()
-    best = loop.run(make_trainer, new_sampler)
+    ).best
     train_seconds = time.time() - start
     state = load_weights(os.path.join(stage_dir, "best_models.pth"), device)
     for k, m in nets.items():
@@ -283,7 +253,7 @@ def load_models(cfg, stage_dir, device, path: Optional[str] = None):
         path = os.path.join(stage_dir, "selected_models.pth")
         if not os.path.exists(path):
             path = os.path.join(stage_dir, "best_models.pth")
-    state = torch.load(path, map_location=device, weights_only=True)
+    state = load_weights(path, device)
     for k, m in networks(models).items():
         if k in state:
             m.load_state_dict(state[k])
