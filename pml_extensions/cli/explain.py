@@ -33,40 +33,22 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
 
 
 def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False, stats=None):
-    """Image file → ``[channels, size, size]`` tensor (no crop, as the authors' demo), or with ``keep_aspect`` its
-    shorter side ``size``; normalised with ``stats = (mean, std)``, else ImageNet's (3 channels) or not (grey)."""
-    from PIL import Image
-    from torchvision.transforms import functional as TF
+    """:func:`pml_extensions.explain.reference_images.load_image`: an image file as the command reads it."""
+    from ..explain.reference_images import load_image as read
 
-    from ..explain.reference_images import read_image
-
-    im = read_image(path, "RGB" if channels == 3 else "L")  # transparency on white, as the datasets
-    if keep_aspect:
-        w, h = im.size
-        new = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
-    else:
-        new = (size, size)
-    im = im.resize(new, Image.BILINEAR)
-    x = TF.to_tensor(im)
-    mean, std = stats if stats is not None else _default_stats(channels)
-    return x if mean is None else TF.normalize(x, mean, std)
-
-
-def _default_stats(channels: int):
-    from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
-
-    return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (None, None)
+    return read(path, size, channels, keep_aspect, stats)
 
 
 def side_of(checkpoint, channels, size):
     """``(size, (mean, std))`` of one side: the run's own preprocessing when ``checkpoint`` is a run's file."""
+    from ..explain.reference_images import default_stats
     from ..runner.objects.saved_models import run_preprocessing
 
     run = run_preprocessing(checkpoint)
     if run is not None and run["mean"] is not None and len(run["mean"]) == 1 < channels:  # Normalize broadcasts
         run = {**run, "mean": run["mean"] * channels, "std": run["std"] * channels}
     fits = run is not None and (run["mean"] is None or len(run["mean"]) == channels)  # else a config we cannot read
-    stats = (run["mean"], run["std"]) if fits else _default_stats(channels)
+    stats = (run["mean"], run["std"]) if fits else default_stats(channels)
     return size or (run or {}).get("image_size") or DEFAULT_IMAGE_SIZE, stats
 
 
