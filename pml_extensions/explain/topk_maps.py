@@ -158,7 +158,8 @@ def explain_retrieval(
         ``maps``: ``MAP_KEYS`` ``[h, w]`` / ``[h', w']``, ``similarity``, ``dot``, ``point_specific`` ``[h', w']``.
 
     Raises:
-        ValueError: no reference, ``paths``/``titles`` not one per figure; those of :class:`ActivationDecomposition`.
+        ValueError: no reference, ``paths``/``titles`` not one string or one per reference; and those of
+            :class:`ActivationDecomposition`.
 
     Example::
 
@@ -173,8 +174,11 @@ def explain_retrieval(
     groups = [list(range(k))] if isinstance(paths, str) else [[m] for m in range(k)]
     paths = [paths] if isinstance(paths, str) else list(paths)
     titles = [titles] * len(groups) if titles is None or isinstance(titles, str) else list(titles)
-    if k == 0 or len(paths) != len(groups) or len(titles) != len(groups):
-        raise ValueError(f"paths and titles must be one or one per reference ({k}), got {len(paths)} and {len(titles)}")
+    if k == 0:
+        raise ValueError("references must hold at least one image [C, H, W], got none")
+    for name, values in (("paths", paths), ("titles", titles)):
+        if len(values) != len(groups):
+            raise ValueError(f"{name} must be one string or one per reference ({k}), got {len(values)}")
     labels = list(reference_labels) if reference_labels is not None else [None] * k
     if same_class is None:
         same_class = [None if query_label is None or y is None else y == query_label for y in labels]
