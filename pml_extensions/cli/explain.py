@@ -33,40 +33,22 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
 
 
 def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False, stats=None):
-    """Image file → ``[channels, size, size]`` tensor (no crop, as the authors' demo), or with ``keep_aspect`` its
-    shorter side ``size``; normalised with ``stats = (mean, std)``, else ImageNet's (3 channels) or not (grey)."""
-    from PIL import Image
-    from torchvision.transforms import functional as TF
+    """:func:`pml_extensions.explain.reference_images.load_image`: an image file as the command reads it."""
+    from ..explain.reference_images import load_image as read
 
-    from ..explain.reference_images import read_image
-
-    im = read_image(path, "RGB" if channels == 3 else "L")  # transparency on white, as the datasets
-    if keep_aspect:
-        w, h = im.size
-        new = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
-    else:
-        new = (size, size)
-    im = im.resize(new, Image.BILINEAR)
-    x = TF.to_tensor(im)
-    mean, std = stats if stats is not None else _default_stats(channels)
-    return x if mean is None else TF.normalize(x, mean, std)
-
-
-def _default_stats(channels: int):
-    from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
-
-    return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (None, None)
+    return read(path, size, channels, keep_aspect, stats)
 
 
 def side_of(checkpoint, channels, size):
     """``(size, (mean, std))`` of one side: the run's own preprocessing when ``checkpoint`` is a run's file."""
+    from ..explain.reference_images import default_stats
     from ..runner.objects.saved_models import run_preprocessing
 
     run = run_preprocessing(checkpoint)
     if run is not None and run["mean"] is not None and len(run["mean"]) == 1 < channels:  # Normalize broadcasts
         run = {**run, "mean": run["mean"] * channels, "std": run["std"] * channels}
     fits = run is not None and (run["mean"] is None or len(run["mean"]) == channels)  # else a config we cannot read
-    stats = (run["mean"], run["std"]) if fits else _default_stats(channels)
+    stats = (run["mean"], run["std"]) if fits else default_stats(channels)
     return size or (run or {}).get("image_size") or DEFAULT_IMAGE_SIZE, stats
 
 
@@ -350,6 +332,7 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
     from ..explain import overlay
     from ..explain.activation_decomposition import ActivationDecomposition
     from ..explain.diagnostics import coarse_map_warning, collapse_warning
+    from ..explain.topk_maps import explain_retrieval
     from ..runner.objects.preflight import trunk_input_channels
     from ..runner.objects.saved_models import checkpoint_epoch
     from ..utils.atomic_io import atomic_write_json
@@ -425,55 +408,31 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
     for line in warnings:
         print(line, file=sys.stderr)
     prefix = f"epoch{epoch}_" if epoch is not None else ""
-    results = []
-    qd = overlay.to_display_image(q[0], *stats)
-    pairs = []  # every reference's maps first: the Decomposition+Bias panels are shown in all figures or in none
-    for idx in order:
-        r = load_r(refs[idx]).to(device)[None]
-        fr = dec.fold_reference(r)
-        plain = dec.overall_maps(fq, fr)
-        bias = dec.overall_maps(fq, fr, bias=True)
-        (h, w), (H, W) = fq.feature_size, fq.image_size
-        i, j = divmod(int(torch.argmax(plain["query"][0])), w)  # default: that feature cell's centre, pixels
-        point = tuple(args.point) if args.point is not None else ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)
-        maps = (plain["query"][0], plain["reference"][0], bias["query"][0], bias["reference"][0])
-        pairs.append((r, plain, maps, point, dec.point_specific(fq, fr, [point])[0, 0]))
-    difference = max((overlay.bias_difference(*maps) for _, _, maps, _, _ in pairs), default=0.0)
-    show_bias = difference > overlay.BIAS_RTOL
-    shown = overlay.format_cosines([float(cos[idx]) for idx in order])  # as the overlays: distinct ranks print apart
-    for rank, (idx, (r, plain, maps, point, pmap)) in enumerate(zip(order, pairs)):
-        name = f"{prefix}{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png"
-        sim = float(cos[idx])  # the number the ranking used: title and similarity.json show the same one
-        panels, _ = overlay.explanation_panels(*maps, point, pmap, show_bias=show_bias)
-        note = None if show_bias else overlay.bias_note(difference)
-        same = None if query_label is None or labels[idx] is None else labels[idx] == query_label
-        model = f" ({data.unit}, epoch {epoch})" if data is not None and epoch is not None else ""
-        path = overlay.save_pair_overlay(
-            os.path.join(args.out, name),
-            qd,
-            [overlay.to_display_image(r[0], *stats_r)],
-            [panels],
-            title=f"{os.path.basename(query)} vs {os.path.basename(refs[idx])}{model}",
-            similarities=[sim],
-            ranks=[rank + 1],
-            reference_labels=[labels[idx]],
-            same_class=[same],
-            query_label=query_label,
-            note="; ".join(n for n in (note, f"left out of the references: {left_out}" if left_out else None) if n),
-        )
-        results.append(
-            {
-                "reference": refs[idx],
-                "label": labels[idx],
-                "same_class": same,
-                "rank": rank + 1,
-                "cosine_similarity": sim,
-                "dot_product": float(plain["dot"][0]),
-                "overlay": path,
-                "point": [float(point[0]), float(point[1])],
-            }
-        )
-        print(f"{refs[idx]}: cosine similarity {shown[rank]} -> {path}")
+    model = f" ({data.unit}, epoch {epoch})" if data is not None and epoch is not None else ""
+    similarities = [float(cos[idx]) for idx in order]  # the numbers the ranking used: titles and similarity.json
+    rows = explain_retrieval(
+        dec,
+        q[0],
+        [load_r(refs[idx]).to(device) for idx in order],
+        [
+            os.path.join(args.out, f"{prefix}{rank:02d}_{os.path.splitext(os.path.basename(refs[idx]))[0]}.png")
+            for rank, idx in enumerate(order)
+        ],
+        titles=[f"{os.path.basename(query)} vs {os.path.basename(refs[idx])}{model}" for idx in order],
+        point=args.point,
+        stats=stats,
+        reference_stats=stats_r,
+        similarities=similarities,
+        reference_labels=[labels[idx] for idx in order],
+        query_label=query_label,
+        note=f"left out of the references: {left_out}" if left_out else None,
+    )
+    results = [
+        {"reference": refs[idx], **{key: v for key, v in row.items() if key != "maps"}} for idx, row in zip(order, rows)
+    ]
+    shown = overlay.format_cosines(similarities)  # as the overlays: distinct ranks print apart
+    for rank, (idx, row) in enumerate(zip(order, rows)):
+        print(f"{refs[idx]}: cosine similarity {shown[rank]} -> {row['overlay']}")
     atomic_write_json(
         os.path.join(args.out, "similarity.json"),
         {

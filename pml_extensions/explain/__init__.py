@@ -14,7 +14,7 @@ from .map_utils import normalize_maps, point_weights, resize_maps
 from .orientation_estimator import OrientationEstimator
 from .partial_similarity_retrieval import PartialSimilarityRetrieval
 from .similarity_grad_cam import SimilarityGradCAM
-from .topk_maps import topk_overall_maps
+from .topk_maps import explain_retrieval, topk_overall_maps
 
 __all__ = [
     "ActivationDecomposition",
@@ -31,6 +31,7 @@ __all__ = [
     "SimilarityGradCAM",
     "coarse_map_warning",
     "collapse_warning",
+    "explain_retrieval",
     "mean_pairwise_cosine",
     "normalize_maps",
     "point_weights",

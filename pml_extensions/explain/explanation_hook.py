@@ -14,8 +14,7 @@ from ..utils.atomic_io import atomic_torch_save
 from ..utils.checks import is_int
 from .activation_decomposition import ActivationDecomposition
 from .localization_evaluator import LocalizationEvaluator
-from .overlay import BIAS_RTOL, bias_difference, bias_note, explanation_panels, save_pair_overlay, to_display_image
-from .topk_maps import dataset_image, inner_product_search, model_device, topk_overall_maps
+from .topk_maps import dataset_image, explain_retrieval, inner_product_search, model_device, topk_overall_maps
 
 
 class ExplanationHook:
@@ -25,7 +24,7 @@ class ExplanationHook:
     embeddings, faiss; the query itself excluded when both splits are one) by :func:`topk_overall_maps` (signed
     "Decomposition" and "Decomposition+Bias" maps, ``scale="cosine"``, kept on the CPU in ``last_maps``) plus one
     point-specific map per pair at the maximum of the first pair's query map. Written to ``output_dir``:
-    ``{split}_epoch{epoch}_query{index}.png`` (:func:`~pml_extensions.explain.overlay.save_pair_overlay`) and ``….pt``
+    ``{split}_epoch{epoch}_query{index}.png`` (:func:`explain_retrieval`: one figure, a row per retrieval) and ``….pt``
     (all maps). With ground-truth boxes (``boxes[split]`` or ``dataset.boxes``, ``(x0, y0, x1, y1)`` pixels) the
     localisation accuracy of the top-1 Decomposition maps (:class:`LocalizationEvaluator`, best threshold) is logged
     through the record keeper under ``explanations_{split}``.
@@ -149,61 +148,45 @@ class ExplanationHook:
         device = self.device if self.device is not None else model_device(dec)
         for n, (qi, refs) in enumerate(zip(queries, neighbours)):
             q_img = dataset_image(ds, qi, f"dataset {split!r}")
-            H, W = q_img.shape[-2:]
-            sizes.append((H, W))
+            sizes.append(tuple(q_img.shape[-2:]))
             if not (self.save_png or self.save_tensors):
                 continue
-            r_imgs = torch.stack([dataset_image(ds, j, f"dataset {split!r}") for j in refs])
-            fq = dec.fold_query(q_img[None].to(device))
-            fr = dec.fold_reference(r_imgs.to(device))
-            h, w = fq.feature_size
-            i, j = divmod(int(torch.argmax(allmaps["query"][n, 0])), w)
-            point = ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)  # that feature cell's centre, pixels
-            pmaps = dec.point_specific(fq, fr, [point])[:, 0].cpu()
+            mean, std = self.mean, self.std
+            if isinstance(mean, str) and mean == "auto":
+                mean, std = (IMAGENET_MEAN, IMAGENET_STD) if q_img.shape[0] == 3 else (None, None)
             stem = os.path.join(self.output_dir, f"{split}_epoch{epoch}_query{int(qi)}")
-            sims = allmaps["similarity"][n]
+            rows = explain_retrieval(
+                dec,
+                q_img.to(device),
+                [dataset_image(ds, j, f"dataset {split!r}").to(device) for j in refs],
+                stem + ".png",
+                titles=f"{split} query {int(qi)} (itself left out of its references)",
+                maps={key: allmaps[key][n] for key in allmaps},
+                stats=(mean, std),
+                reference_labels=None if text is None else [text(j) for j in refs],
+                same_class=None
+                if labels is None
+                else [bool(torch.equal(labels[int(qi)], labels[int(j)])) for j in refs],
+                query_label=None if text is None else text(qi),
+                reference_name="retrieved",
+                save_png=self.save_png,
+            )
             if self.save_tensors:
                 atomic_torch_save(
                     {
                         "query_index": int(qi),
                         "reference_indices": torch.tensor(refs),
-                        "similarity": sims,
+                        "similarity": allmaps["similarity"][n],
                         "decomposition_query": allmaps["query"][n],
                         "decomposition_reference": allmaps["reference"][n],
                         "decomposition_bias_query": allmaps["query_bias"][n],
                         "decomposition_bias_reference": allmaps["reference_bias"][n],
-                        "point": torch.tensor(point),
-                        "point_specific": pmaps,
+                        "point": torch.tensor(rows[0]["point"]),
+                        "point_specific": torch.stack([row["maps"]["point_specific"] for row in rows]).cpu(),
                     },
                     stem + ".pt",
                 )
-            if self.save_png:
-                mean, std = self.mean, self.std
-                if isinstance(mean, str) and mean == "auto":
-                    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if q_img.shape[0] == 3 else (None, None)
-                keys = ("query", "reference", "query_bias", "reference_bias")
-                args = [tuple(allmaps[key][n, m] for key in keys) for m in range(len(refs))]
-                diff = max(bias_difference(*a) for a in args)  # one choice for every row of the figure
-                show_bias = diff > BIAS_RTOL
-                panels = [
-                    explanation_panels(*a, point, pmaps[m], reference_name="retrieved", show_bias=show_bias)[0]
-                    for m, a in enumerate(args)
-                ]
-                save_pair_overlay(
-                    stem + ".png",
-                    to_display_image(q_img, mean, std),
-                    [to_display_image(r, mean, std) for r in r_imgs],
-                    panels,
-                    title=f"{split} query {int(qi)} (itself left out of its references)",
-                    similarities=sims.tolist(),
-                    reference_labels=None if text is None else [text(j) for j in refs],
-                    query_label=None if text is None else text(qi),
-                    same_class=None
-                    if labels is None
-                    else [bool(torch.equal(labels[int(qi)], labels[int(j)])) for j in refs],
-                    note=None if show_bias else bias_note(diff),
-                )
-            del fq, fr, pmaps
+            del rows
         self.last_localization = None
         if boxes is not None:
             res = self.evaluator.evaluate(allmaps["query"][:, 0], [np.asarray(boxes[qi]) for qi in queries], sizes)

@@ -36,6 +36,31 @@ def read_image(path: str, mode: str = "RGB") -> Image.Image:
         raise ValueError(f"cannot read image {path}: {e}") from None
 
 
+def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False, stats=None):
+    """Image file → float ``[channels, size, size]`` tensor (no crop, as the authors' demo), or with ``keep_aspect`` its
+    shorter side ``size``; normalised with ``stats = (mean, std)``, else :func:`default_stats`; ``ValueError`` naming
+    the file when it cannot be read (:func:`read_image`)."""
+    from torchvision.transforms import functional as TF
+
+    im = read_image(path, "RGB" if channels == 3 else "L")  # transparency on white, as the datasets
+    if keep_aspect:
+        w, h = im.size
+        new = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
+    else:
+        new = (size, size)
+    im = im.resize(new, Image.BILINEAR)
+    x = TF.to_tensor(im)
+    mean, std = stats if stats is not None else default_stats(channels)
+    return x if mean is None else TF.normalize(x, mean, std)
+
+
+def default_stats(channels: int):
+    """``(mean, std)`` of an image without its run's: ImageNet's for 3 channels, ``(None, None)`` (none) for grey."""
+    from ..datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
+
+    return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (None, None)
+
+
 def list_reference_images(folder: str) -> List[ReferenceImage]:
     """Every image file under ``folder``, recursively (hidden entries skipped, links to folders not followed), sorted by
     path, labelled as :class:`ReferenceImage`; ``ValueError`` for a missing folder or one without images."""

@@ -1,6 +1,7 @@
-"""Overall maps for every query's top-k of a test set, in batches (Zhu et al., IEEE TIP 2021, Sec. III)."""
+"""A query's top-k explained (maps, point, figures), and the overall maps of every query's top-k of a test set in
+batches (Zhu et al., IEEE TIP 2021, Sec. III)."""
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -8,7 +9,11 @@ import torch.nn.functional as nnf
 
 from ..trunks.trunk_split import _float_like
 from ..utils.checks import is_int
+from . import overlay
 from .activation_decomposition import ActivationDecomposition
+
+#: the overall maps of one pair: "Decomposition" and "Decomposition+Bias", on the query and on the reference
+MAP_KEYS = ("query", "reference", "query_bias", "reference_bias")
 
 
 def dataset_image(source, index: int, arg: str) -> torch.Tensor:
@@ -110,3 +115,130 @@ def topk_overall_maps(
             out[key][start : start + b] = value
         del fq, fr, maps, mb, got
     return out
+
+
+def explain_retrieval(
+    decomposition: ActivationDecomposition,
+    query: torch.Tensor,
+    references: Sequence[torch.Tensor],
+    paths: Union[str, Sequence[str]],
+    *,
+    titles: Union[str, Sequence[str], None] = None,
+    point: Optional[Sequence[float]] = None,
+    maps: Optional[Mapping[str, torch.Tensor]] = None,
+    stats=(None, None),
+    reference_stats=None,
+    similarities: Optional[Sequence[float]] = None,
+    reference_labels: Optional[Sequence[Optional[str]]] = None,
+    same_class: Optional[Sequence[Optional[bool]]] = None,
+    query_label: Optional[str] = None,
+    note: Optional[str] = None,
+    reference_name: str = "reference",
+    save_png: bool = True,
+) -> List[Dict]:
+    """Explain why ``query`` retrieved ``references`` (rank order): the explain command's and the tester hook's path.
+
+    Per pair, the signed "Decomposition" and "Decomposition+Bias" maps (Zhu et al., "Visual Explanation for Deep Metric
+    Learning", IEEE TIP 2021, Sec. III, eq. 5, ``scale="cosine"``) and the point-specific map of one query pixel per
+    figure: ``point``, else the centre of the feature cell where the figure's first query map is largest. ``paths``:
+    one figure with a row per reference (a string) or one figure per reference (:func:`.overlay.save_pair_overlay`);
+    the +Bias panels are in all figures or in none (the pairs' largest :func:`.overlay.bias_difference`).
+
+    Args:
+        query: ``[C, H, W]`` float image; references: ``[C, H', W']`` images (one shape per figure) on its device.
+        titles: one per figure. maps: this query's rows of :func:`topk_overall_maps` (default: computed here).
+        stats, reference_stats: ``(mean, std)`` for display (default none; references: ``stats``).
+        similarities (default: the maps'), reference_labels, same_class (default: label == query_label where both are
+            known): per reference; query_label, note (after the bias note): as in :func:`.overlay.save_pair_overlay`.
+        reference_name: as the panels call a reference. save_png: draw the figures (default).
+
+    Returns:
+        Per reference, its record in the explain command's ``similarity.json`` (``label``, ``same_class``, ``rank``,
+        ``cosine_similarity``, ``dot_product`` E^q·E^r, ``overlay`` path or ``None``, ``point`` ``[y, x]``) and
+        ``maps``: ``MAP_KEYS`` ``[h, w]`` / ``[h', w']``, ``similarity``, ``dot``, ``point_specific`` ``[h', w']``.
+
+    Raises:
+        ValueError: no reference, ``paths``/``titles`` not one string or one per reference; and those of
+            :class:`ActivationDecomposition`.
+
+    Example::
+
+        >>> import torch; from torch import nn; from pml_extensions import explain
+        >>> trunk = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        >>> dec = explain.ActivationDecomposition(trunk, nn.Linear(4, 5))
+        >>> rows = explain.explain_retrieval(dec, torch.rand(3, 8, 8), torch.rand(2, 3, 8, 8), "q.png", save_png=False)
+        >>> [tuple(row["maps"]["point_specific"].shape) for row in rows], rows[1]["point"] == rows[0]["point"]
+        ([(6, 6), (6, 6)], True)
+    """
+    k = len(references)
+    groups = [list(range(k))] if isinstance(paths, str) else [[m] for m in range(k)]
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    titles = [titles] * len(groups) if titles is None or isinstance(titles, str) else list(titles)
+    if k == 0:
+        raise ValueError("references must hold at least one image [C, H, W], got none")
+    for name, values in (("paths", paths), ("titles", titles)):
+        if len(values) != len(groups):
+            raise ValueError(f"{name} must be one string or one per reference ({k}), got {len(values)}")
+    labels = list(reference_labels) if reference_labels is not None else [None] * k
+    if same_class is None:
+        same_class = [None if query_label is None or y is None else y == query_label for y in labels]
+    fq = decomposition.fold_query(query[None])
+    (h, w), (H, W) = fq.feature_size, fq.image_size
+    records = []  # every pair's maps first: the +Bias panels are shown in all figures or in none
+    for group in groups:
+        fr = decomposition.fold_reference(torch.stack([references[m] for m in group]))
+        if maps is None:
+            plain, bias = decomposition.overall_maps(fq, fr), decomposition.overall_maps(fq, fr, bias=True)
+            got = {"query_bias": bias["query"], "reference_bias": bias["reference"], **plain}
+        else:
+            got = {key: maps[key][group] for key in MAP_KEYS + ("similarity",)}
+        i, j = divmod(int(torch.argmax(got["query"][0])), w)  # default: that feature cell's centre, pixels
+        at = tuple(point) if point is not None else ((i + 0.5) * H / h - 0.5, (j + 0.5) * W / w - 0.5)
+        got["dot"] = (fq.embedding * fr.embedding).sum(dim=1)
+        got["point_specific"] = decomposition.point_specific(fq, fr, [at])[:, 0]
+        for n, m in enumerate(group):
+            records.append(
+                {
+                    "label": labels[m],
+                    "same_class": same_class[m],
+                    "rank": m + 1,
+                    "cosine_similarity": float(got["similarity"][n]) if similarities is None else similarities[m],
+                    "dot_product": float(got["dot"][n]),
+                    "overlay": None,
+                    "point": [float(at[0]), float(at[1])],
+                    "maps": {key: got[key][n] for key in got},
+                }
+            )
+    if not save_png:
+        return records
+    difference = max(overlay.bias_difference(*(row["maps"][key] for key in MAP_KEYS)) for row in records)
+    show_bias = difference > overlay.BIAS_RTOL
+    note = "; ".join(line for line in (None if show_bias else overlay.bias_note(difference), note) if line)
+    shown = overlay.to_display_image(query, *stats)
+    for group, path, title in zip(groups, paths, titles):
+        rows = [records[m] for m in group]
+        overlay.save_pair_overlay(
+            path,
+            shown,
+            [overlay.to_display_image(references[m], *(reference_stats or stats)) for m in group],
+            [
+                overlay.explanation_panels(
+                    *(row["maps"][key] for key in MAP_KEYS),
+                    row["point"],
+                    row["maps"]["point_specific"],
+                    reference_name=reference_name,
+                    show_bias=show_bias,
+                )[0]
+                for row in rows
+            ],
+            title=title,
+            similarities=[row["cosine_similarity"] for row in rows],
+            ranks=[row["rank"] for row in rows],
+            reference_labels=[row["label"] for row in rows],
+            same_class=[row["same_class"] for row in rows],
+            query_label=query_label,
+            note=note,
+        )
+        for row in rows:
+            row["overlay"] = path
+    return records

@@ -138,5 +138,30 @@ class TestTopkMaps(unittest.TestCase):
             self.assertEqual(out["query"].shape[0], 2)
 
 
+def test_explain_retrieval_one_figure_or_one_per_reference(tmp_path):
+    """The command's layout (a figure per reference, its own point) and the hook's (one figure, the top-1's point)
+    explain the same pairs: equal maps, records in rank order, the given point in every record."""
+    trunk, emb = make_model("gap")
+    dec = ActivationDecomposition(trunk, emb)
+    q, refs = images(1, seed=4)[0], list(images(3, seed=5))
+    each = explain.explain_retrieval(dec, q, refs, [str(tmp_path / f"{m}.png") for m in range(3)], point=(2.0, 3.0))
+    one = explain.explain_retrieval(dec, q, refs, str(tmp_path / "all.png"), point=(2.0, 3.0), reference_labels="aab")
+    assert [r["overlay"] for r in each] == [str(tmp_path / f"{m}.png") for m in range(3)]
+    assert {r["overlay"] for r in one} == {str(tmp_path / "all.png")} and all(
+        os.path.isfile(r["overlay"]) for r in each
+    )
+    assert [r["rank"] for r in one] == [1, 2, 3] and [r["point"] for r in one] == [[2.0, 3.0]] * 3
+    assert [r["label"] for r in one] == ["a", "a", "b"] and [r["same_class"] for r in one] == [None] * 3
+    for a, b in zip(each, one):
+        torch.testing.assert_close(a["maps"]["point_specific"], b["maps"]["point_specific"])
+        assert a["cosine_similarity"] == pytest.approx(b["cosine_similarity"])
+    with pytest.raises(ValueError, match=r"paths must be one string or one per reference \(3\), got 2"):
+        explain.explain_retrieval(dec, q, refs, ["a.png", "b.png"])
+    with pytest.raises(ValueError, match=r"titles must be one string or one per reference \(3\), got 1"):
+        explain.explain_retrieval(dec, q, refs, ["a.png", "b.png", "c.png"], titles=["a"])
+    with pytest.raises(ValueError, match=r"references must hold at least one image"):
+        explain.explain_retrieval(dec, q, [], "a.png")
+
+
 if __name__ == "__main__":
     unittest.main()
