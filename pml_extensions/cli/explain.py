@@ -70,11 +70,11 @@ class RunData:
         import numpy as np
 
         from ..explain.reference_images import ReferenceImage
-        from ..runner.config.loader import variant_configs
+        from ..runner.experiment.folder import read_json
         from ..runner.objects.builder import Builder
         from ..runner.objects.data import dataset_labels
         from ..runner.objects.preflight import image_paths
-        from ..runner.objects.saved_models import checkpoint_epoch, find_run_config, selected_model
+        from ..runner.objects.saved_models import _variant_of, checkpoint_epoch, find_run_config, selected_model
 
         if args.checkpoint is not None:
             if args.variant is not None or args.seed is not None or args.fold is not None:
@@ -82,16 +82,15 @@ class RunData:
             self.checkpoint, self.epoch = args.checkpoint, checkpoint_epoch(args.checkpoint)
             # the unit the file belongs to: <variant>/seed_<s>/... or fold_<k>/...
             self.unit = os.path.relpath(os.path.abspath(args.checkpoint), os.path.abspath(run))
-            self.others, variant = [], self.unit.split(os.sep)[0]
+            self.others = []
         else:
             pick = selected_model(run, args.variant, args.seed, args.fold)
             self.checkpoint, self.epoch, self.unit = pick["checkpoint"], pick["epoch"], pick["unit"]
-            self.others, variant = pick["others"], pick["variant"]
+            self.others = pick["others"]
         cfg, _ = find_run_config(run, levels=0)
         if cfg is None:
             raise ValueError(f"--run {run} has no config.yaml")
-        if variant in (cfg.get("variants") or {}):
-            cfg = variant_configs(cfg, [variant])[variant]
+        cfg = _variant_of(cfg, self.checkpoint)  # the model's variant: its images as the rebuilt model read them
         # every image file listed (explain leaves out the bad ones itself, naming them: drop_bad)
         self.builder = Builder({**cfg, "skip_bad_images": False}, log=lambda *a, **k: None)
         self.dataset, self.files, self.index = None, False, {}
@@ -99,11 +98,9 @@ class RunData:
             return
         if cfg.get("dataset") is None:
             raise ValueError(f"--run {run}: its config has no dataset key to read the test images from; pass REFERENCE")
-        results, test = os.path.join(run, "results.json"), None
-        if os.path.isfile(results):  # a protocol that split the classes itself lists its test classes there
-            from ..runner.experiment.folder import read_json
-
-            test = read_json(results, "the run's command writes it again").get("test_classes")
+        # a protocol that split the classes itself lists its test classes there
+        results = read_json(os.path.join(run, "results.json"), "the run's command writes it again") or {}
+        test = results.get("test_classes")
         data = self.builder.build_dataset(None if test is not None else "test")
         paths = image_paths(data)
         self.files = paths is not None
