@@ -15,7 +15,7 @@ from ...config import pb_keys
 from ...config.specs import one_spec
 from ...errors import ConfigError, Problems
 from ...experiment import distributed as dist_utils
-from ...experiment.checkpoint import load_weights
+from ...experiment.checkpoint import load_weights_into
 from ...experiment.folder import Experiment, time_estimate
 from ...objects import preflight
 from ...objects.builder import Builder, accepts
@@ -135,8 +135,7 @@ class MLRCRunner:
                 raise ConfigError(f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test")
             self.experiment.seed_everything(k)
             models = self.builder.build_models(test_ds[0][0], len(fr["train_classes"]))
-            for name, sd in load_weights(fr["best_path"], self.device).items():
-                models[name].load_state_dict(sd)
+            load_weights_into(models, fr["best_path"], self.device)
             embedder = torch.nn.Identity() if ensemble["use_trunk_output"] else models["embedder"]
             emb, lab = tester.get_all_embeddings(test_ds, models["trunk"], embedder)
             embeddings.append(emb)
