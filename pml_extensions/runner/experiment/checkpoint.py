@@ -14,7 +14,7 @@ import torch
 from record_keeper import RecordKeeper, RecordWriter
 from record_keeper import utils as rk_utils
 
-from ...utils.atomic_io import atomic_path, atomic_torch_save, atomic_write_text  # noqa: F401 (re-exported)
+from ...utils.atomic_io import atomic_path, atomic_write_text  # noqa: F401 (atomic_write_text re-exported)
 from ...utils.checks import is_number
 from ..errors import OutputError, critical, first_line
 from .distributed import unwrap
@@ -61,6 +61,14 @@ def load_weights(path: str, map_location: Any = "cpu") -> Any:
             f"{path}: truncated or corrupt ({first_sentence(e)}); remove {os.path.dirname(path) or '.'} and rerun "
             "the same command to train that stage again"
         ) from None
+
+
+def load_weights_into(models: Dict[str, torch.nn.Module], path: str, map_location: Any = "cpu") -> None:
+    """:func:`load_weights` of ``path`` into each of ``models`` the file has a state dict for (by name)."""
+    state = load_weights(path, map_location)
+    for name, module in models.items():
+        if name in state:
+            module.load_state_dict(state[name])
 
 
 def rng_state() -> Dict[str, Any]:

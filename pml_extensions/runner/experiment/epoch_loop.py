@@ -6,11 +6,12 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ...utils.atomic_io import atomic_torch_save
 from ...utils.checks import is_int
 from .. import errors
 from ..errors import ConfigError
 from . import distributed as dist_utils
-from .checkpoint import Checkpointer, atomic_torch_save, restore_training_state, training_state
+from .checkpoint import Checkpointer, restore_training_state, training_state
 
 
 def release_workers(trainer) -> None:

@@ -9,11 +9,11 @@ import torch
 
 from pml_extensions.runner.experiment.checkpoint import (
     Checkpointer,
-    atomic_torch_save,
     load_weights,
     rng_state,
     set_rng_state,
 )
+from pml_extensions.utils.atomic_io import atomic_torch_save
 from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
 
 

@@ -15,7 +15,7 @@ from ...config import pb_keys
 from ...config.specs import one_spec
 from ...errors import ConfigError, Problems
 from ...experiment import distributed as dist_utils
-from ...experiment.checkpoint import load_weights
+from ...experiment.checkpoint import load_weights_into
 from ...experiment.folder import Experiment, time_estimate
 from ...objects import preflight
 from ...objects.builder import Builder, accepts
@@ -98,7 +98,7 @@ class MLRCRunner:
             loss_funcs,
             mining_funcs,
             train_ds,
-            self.trainer()[2],
+            self.batch_size(),
             batch_where=self.where("trainer.batch_size"),
             views=train_ds.dataset if self.caches is not None else None,
             num_epochs=self.get("num_epochs_train", 1000),
@@ -135,8 +135,7 @@ class MLRCRunner:
                 raise ConfigError(f"{self.where('check_untrained_accuracy')}: fold {k} has no evaluated model to test")
             self.experiment.seed_everything(k)
             models = self.builder.build_models(test_ds[0][0], len(fr["train_classes"]))
-            for name, sd in load_weights(fr["best_path"], self.device).items():
-                models[name].load_state_dict(sd)
+            load_weights_into(models, fr["best_path"], self.device)
             embedder = torch.nn.Identity() if ensemble["use_trunk_output"] else models["embedder"]
             emb, lab = tester.get_all_embeddings(test_ds, models["trunk"], embedder)
             embeddings.append(emb)
@@ -213,15 +212,14 @@ class MLRCRunner:
         if splits is not None:
             with problems.check():
                 folds = splits["folds"][:num_sets]
-                batch = self.trainer()[2]
+                batch = self.batch_size()
                 preflight.check_sampler(self.builder, [labels[np.isin(labels, f["train"])] for f in folds], batch)
         problems.raise_any()
         self.prepared = (base, labels, splits, transforms)
 
-    def trainer(self):
-        """``(class name, kwargs, global batch size)`` of the config's ``trainer``."""
-        name, kwargs = one_spec(self.builder._require("trainer"), self.where("trainer"))
-        return name, kwargs, kwargs.get("batch_size", 32)
+    def batch_size(self) -> int:
+        """The global ``batch_size`` of the config's ``trainer`` (default 32)."""
+        return one_spec(self.builder._require("trainer"), self.where("trainer"))[1].get("batch_size", 32)
 
     def test_class_labels(self, base, labels, wanted) -> List[int]:
         """``split_manager``'s ``test_classes`` (names as the dataset's ``classes`` write them, or labels) as labels;
@@ -257,11 +255,13 @@ class MLRCRunner:
             f"{len(labels)} items, {len(np.unique(labels))} classes; test classes: {shown}; {_count(num_sets, 'fold')} "
             f"of at most {_count(epochs, 'epoch')} ({stops})"
         )
-        fold_results = []
+        fold_results, timed = [], False  # timed: the first fold this call trained from its start (not resumed)
         for k in range(num_sets):
-            start, trained = time.time(), self.trained
+            start = time.time()
+            whole = not os.path.exists(os.path.join(self.experiment.stage_folder(f"fold_{k}"), "checkpoint.pth"))
             fold_results.append(self.train_fold(k, base, labels, splits["folds"][k], transforms))
-            if self.trained and not trained and k + 1 < num_sets:  # the first fold this call trained
+            if whole and self.trained and not timed and k + 1 < num_sets:
+                timed = True
                 took = time_estimate(time.time() - start, num_sets - k - 1)
                 self.log(f"one fold took {'; '.join(took)} for the rest")
         # PB's skip_ensemble_eval_if_already_done, only when no fold trained in this call

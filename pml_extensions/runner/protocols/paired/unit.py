@@ -17,7 +17,7 @@ from ....utils import wiring
 from ....utils.atomic_io import atomic_torch_save
 from ...errors import ConfigError
 from ...experiment import distributed as dist_utils
-from ...experiment.checkpoint import Checkpointer, load_weights
+from ...experiment.checkpoint import Checkpointer, load_weights_into
 from ...experiment.folder import seed_everything
 from ...objects.builder import Builder
 from ...objects.data import dataset_labels, validation_rows, validation_split
@@ -199,9 +199,7 @@ def train_and_select(
         where=b.where("accuracy_calculator"),
     ).best
     train_seconds = time.time() - start
-    state = load_weights(os.path.join(stage_dir, "best_models.pth"), device)
-    for k, m in nets.items():
-        m.load_state_dict(state[k])
+    load_weights_into(nets, os.path.join(stage_dir, "best_models.pth"), device)
     history = [{"epoch": int(r["epoch"]), **{m: float(r[m]) for m in METRICS}} for r in ckpt.rows("accuracies_val")]
     xml = {}
     for loss in loss_funcs.values():
@@ -253,10 +251,7 @@ def load_models(cfg, stage_dir, device, path: Optional[str] = None):
         path = os.path.join(stage_dir, "selected_models.pth")
         if not os.path.exists(path):
             path = os.path.join(stage_dir, "best_models.pth")
-    state = load_weights(path, device)
-    for k, m in networks(models).items():
-        if k in state:
-            m.load_state_dict(state[k])
+    load_weights_into(networks(models), path, device)
     return models
 
 

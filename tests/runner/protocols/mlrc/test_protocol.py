@@ -364,3 +364,27 @@ def test_test_hooks_get_the_best_epoch_of_the_tested_model(tmp_path):
     _run(runner)
     results = json.load(open(tmp_path / "exp" / "results.json"))
     assert RecordingHook.calls[0][0][4] == results["folds"][0]["best_epoch"]
+
+
+def test_a_fold_resumed_from_its_checkpoint_is_not_timed_as_a_whole_fold(tmp_path):
+    """The "one fold took ..." estimate times the first fold this call trains from its start: fold 0 resumes from its
+    checkpoint.pth, so fold 1 is timed."""
+    root = write_tiny_config(str(tmp_path / "cfg"))
+    cfg, sources = load_config(root, None, parse_command_line([]))
+    lines = []
+    runner = MLRCRunner(cfg, str(tmp_path / "exp"), sources, log=lambda line, *a: lines.append(str(line)))
+    os.makedirs(tmp_path / "exp" / "fold_0")
+    (tmp_path / "exp" / "fold_0" / "checkpoint.pth").write_bytes(b"")
+    estimates = []  # the "one fold took" lines logged before each fold
+
+    def train_fold(k, *args):
+        estimates.append(sum("one fold took" in line for line in lines))
+        if k == 2:
+            raise KeyboardInterrupt
+        runner.trained = True
+        return {}
+
+    runner.train_fold = train_fold
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert estimates == [0, 0, 1]
