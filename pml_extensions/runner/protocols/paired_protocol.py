@@ -8,6 +8,7 @@ import shutil
 import time
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
+from ..config.loader import source_of
 from ..errors import ConfigError
 from .base import Protocol, read_settings, seed_list, setting
 
@@ -102,7 +103,7 @@ class PairedProtocol(Protocol):
     def normalize(cls, config, sources, log=None):
         """``--seeds 0 1`` (``"0 1"``) becomes the list it means, so the saved ``config.yaml`` holds ``[0, 1]``."""
         if isinstance(config.get("seeds"), str):
-            return {**config, "seeds": seed_list(config["seeds"], f"{(sources or {}).get('seeds', 'config')}: seeds")}
+            return {**config, "seeds": seed_list(config["seeds"], f"{source_of(sources, 'seeds')}: seeds")}
         return config
 
     @classmethod
@@ -112,7 +113,7 @@ class PairedProtocol(Protocol):
         if grid.seed is not None:
             if config.get("seeds") is not None:
                 raise ConfigError(
-                    f"{(sources or {}).get('seed', 'config')}: seed: {grid.seed!r} and seeds: {config['seeds']!r} both "
+                    f"{source_of(sources, 'seed')}: seed: {grid.seed!r} and seeds: {config['seeds']!r} both "
                     "given; keep one (seeds: [...] runs every seed)"
                 )
             grid.seeds = [grid.seed]
@@ -131,13 +132,13 @@ class PairedProtocol(Protocol):
         names = set(configs) | ({UNTRAINED} if grid.untrained else set())
         if grid.untrained and UNTRAINED in configs:
             raise ConfigError(
-                f"{(sources or {}).get('variants', 'config')}: variants: {UNTRAINED!r} is the name of "
+                f"{source_of(sources, 'variants')}: variants: {UNTRAINED!r} is the name of "
                 "the untrained row (untrained: true); rename it"
             )
         for pair in grid.comparisons:
             if not all(p in names for p in pair):
                 raise ConfigError(
-                    f"{(sources or {}).get('comparisons', 'config')}: comparisons: {list(pair)} names an unknown "
+                    f"{source_of(sources, 'comparisons')}: comparisons: {list(pair)} names an unknown "
                     f"variant; choose from {', '.join(sorted(names))}"
                 )
         cls.check_variants(configs, where)
