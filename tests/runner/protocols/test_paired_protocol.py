@@ -16,6 +16,30 @@ class _Settings(GridSettings):
     gain: float = setting(0.0, "what the unit adds", kind="float")
 
 
+_GRID = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]], "device": "cpu"}
+
+
+def _timed_toy(monkeypatch, durations, during=None):
+    """A two-variant, two-seed grid whose units take ``durations`` seconds of a fake clock, in order (``during``:
+    called with the protocol, variant and seed inside each unit); ``(protocol class, log lines)``."""
+    clock, durations, logs = {"now": 0.0}, iter(durations), []
+    monkeypatch.setattr(paired_protocol, "time", types.SimpleNamespace(time=lambda: clock["now"]))
+
+    class Toy(PairedProtocol):
+        name, Settings, metrics = "toy", _Settings, ("score",)
+
+        def unit(self, settings, variant, seed, folder, builder):
+            clock["now"] += next(durations)
+            if during is not None:
+                during(self, variant, seed)
+            return {"history": [{"epoch": 0, "score": settings.gain}], "best_epoch": 0, "train_seconds": 0.0}
+
+        def test(self, settings, variant, seed, folder, builder, epoch):
+            return {"score": settings.gain}
+
+    return Toy, logs
+
+
 @pytest.mark.parametrize(
     "durations, lines",
     [
@@ -35,49 +59,21 @@ def test_the_estimate_is_given_again_when_the_first_unit_included_one_time_work(
 ):
     """The first unit of a cached run built the feature cache (693 s) and the estimate said 335 min for 29 units that
     took minutes each; the second unit's time now corrects it when the two differ by more than 2x."""
-    clock = {"now": 0.0}
-    monkeypatch.setattr(paired_protocol, "time", types.SimpleNamespace(time=lambda: clock["now"]))
-    durations = iter(durations)
-
-    class Toy(PairedProtocol):
-        name, Settings, metrics = "toy", _Settings, ("score",)
-
-        def unit(self, settings, variant, seed, folder, builder):
-            clock["now"] += next(durations)
-            return {"history": [{"epoch": 0, "score": settings.gain}], "best_epoch": 0, "train_seconds": 0.0}
-
-        def test(self, settings, variant, seed, folder, builder, epoch):
-            return {"score": settings.gain}
-
-    logs = []
-    config = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]]}
-    Toy(dict(config, device="cpu"), str(tmp_path), log=logs.append).run_units()
+    Toy, logs = _timed_toy(monkeypatch, durations)
+    Toy(_GRID, str(tmp_path), log=logs.append).run_units()
     assert [line for line in logs if "took" in line] == lines
 
 
 def test_a_unit_another_process_finished_meanwhile_is_neither_timed_nor_counted(tmp_path, monkeypatch):
     """Processes share a grid out by seeds or variants: a unit that was new when the grid was announced but that
     another process finished meanwhile took no time here; it is not timed as a unit, nor counted among those left."""
-    clock = {"now": 0.0}
-    monkeypatch.setattr(paired_protocol, "time", types.SimpleNamespace(time=lambda: clock["now"]))
-    durations = iter([100.0, 10.0, 10.0])
 
-    class Toy(PairedProtocol):
-        name, Settings, metrics = "toy", _Settings, ("score",)
+    def finish_b(protocol, variant, seed):  # meanwhile another process finishes b at seed 0
+        if (variant, seed) == ("a", 0):
+            protocol.exp.finish_stage(protocol.stage("b", 0), {"history": [], "best_epoch": 0, "train_seconds": 0.0})
 
-        def unit(self, settings, variant, seed, folder, builder):
-            clock["now"] += next(durations)
-            summary = {"history": [{"epoch": 0, "score": settings.gain}], "best_epoch": 0, "train_seconds": 0.0}
-            if (variant, seed) == ("a", 0):  # meanwhile another process finishes b at seed 0
-                self.exp.finish_stage(self.stage("b", 0), summary)
-            return summary
-
-        def test(self, settings, variant, seed, folder, builder, epoch):
-            return {"score": settings.gain}
-
-    logs = []
-    config = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]]}
-    Toy(dict(config, device="cpu"), str(tmp_path), log=logs.append).run_units()
+    Toy, logs = _timed_toy(monkeypatch, [100.0, 10.0, 10.0], during=finish_b)
+    Toy(_GRID, str(tmp_path), log=logs.append).run_units()
     assert [line for line in logs if "took" in line] == [
         "toy: one unit took 100 s; about 3.3 min for the 2 left",
         "toy: the next unit took 10 s (the first included one-time work); about 0.2 min for the 1 left",
@@ -87,23 +83,8 @@ def test_a_unit_another_process_finished_meanwhile_is_neither_timed_nor_counted(
 def test_a_unit_resumed_from_its_checkpoint_is_not_timed_as_a_whole_unit(tmp_path, monkeypatch):
     """A resumed run's first unit continued from its checkpoint.pth (10 s of a 100 s unit) and the estimate said
     "about 0.5 min for the 3 left"; a resumed unit is not timed, the next whole unit is."""
-    clock = {"now": 0.0}
-    monkeypatch.setattr(paired_protocol, "time", types.SimpleNamespace(time=lambda: clock["now"]))
-    durations = iter([10.0, 100.0, 100.0, 100.0])
-
-    class Toy(PairedProtocol):
-        name, Settings, metrics = "toy", _Settings, ("score",)
-
-        def unit(self, settings, variant, seed, folder, builder):
-            clock["now"] += next(durations)
-            return {"history": [{"epoch": 0, "score": settings.gain}], "best_epoch": 0, "train_seconds": 0.0}
-
-        def test(self, settings, variant, seed, folder, builder, epoch):
-            return {"score": settings.gain}
-
-    logs = []
-    config = {"seeds": [0, 1], "variants": {"a": {}, "b": {"gain": 0.05}}, "comparisons": [["b", "a"]]}
-    toy = Toy(dict(config, device="cpu"), str(tmp_path), log=logs.append)
+    Toy, logs = _timed_toy(monkeypatch, [10.0, 100.0, 100.0, 100.0])
+    toy = Toy(_GRID, str(tmp_path), log=logs.append)
     os.makedirs(toy.unit_folder("a", 0))
     open(os.path.join(toy.unit_folder("a", 0), "checkpoint.pth"), "wb").close()  # killed part-way before
     toy.run_units()
