@@ -130,7 +130,7 @@ def probe_features(cfg, models, device, seed, num_prototypes=64, batch_size=256)
     a post-hoc HistogramPooling with k-means prototypes of its training local features (the eval view), and the
     model's embeddings (what the run tested)."""
     from pml_extensions.runner.objects.builder import Builder
-    from pml_extensions.runner.protocols.paired.unit import load_split, make_loader
+    from pml_extensions.runner.protocols.paired.unit import load_split
     from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
 
     builder = Builder(cfg, device=device, log=lambda *a, **k: None)
@@ -146,7 +146,9 @@ def probe_features(cfg, models, device, seed, num_prototypes=64, batch_size=256)
         train_eval = load_split(cfg, "train", train_transform=False, builder=builder)
         width = body(train_eval[0][0][None].to(device)).shape[1]
         pool = HistogramPooling(width, num_prototypes, seed=seed).to(device)
-        pool.init_from_data(body, make_loader(train_eval, batch_size, seed), num_batches=4, seed=seed)
+        order = torch.Generator().manual_seed(seed)  # the k-means input: batches in a seeded order
+        loader = torch.utils.data.DataLoader(train_eval, batch_size=batch_size, shuffle=True, generator=order)
+        pool.init_from_data(body, loader, num_batches=4, seed=seed)
     ys, zs, ls, es = [], [], [], []
     test = load_split(cfg, "test", train_transform=False, builder=builder)
     embedder = models["embedder"].eval()

@@ -37,7 +37,7 @@ import yaml
 
 from pml_extensions.runner.outputs.results import summarize, write_results
 from pml_extensions.runner.protocols.paired.protocol import Paired
-from pml_extensions.runner.protocols.paired.unit import load_models, load_split, make_loader
+from pml_extensions.runner.protocols.paired.unit import load_models, load_split
 from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
 from pml_extensions.utils.ridge import ridge_prototypes
 from pml_extensions.utils.verdicts import verdict
@@ -63,7 +63,9 @@ def embeddings_and_histograms(cfg, models, device, seed, num_prototypes=64, batc
         train_eval = load_split(cfg, "train", train_transform=False)
         width = body(train_eval[0][0][None].to(device)).shape[1]
         pool = HistogramPooling(width, num_prototypes, seed=seed).to(device)
-        pool.init_from_data(body, make_loader(train_eval, batch_size, seed), num_batches=4, seed=seed)
+        order = torch.Generator().manual_seed(seed)  # the k-means input: batches in a seeded order
+        loader = torch.utils.data.DataLoader(train_eval, batch_size=batch_size, shuffle=True, generator=order)
+        pool.init_from_data(body, loader, num_batches=4, seed=seed)
     ys, zs, ls = [], [], []
     for images, labels in torch.utils.data.DataLoader(
         load_split(cfg, "test", train_transform=False), batch_size=batch_size

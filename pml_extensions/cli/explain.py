@@ -32,13 +32,6 @@ def load_models(checkpoint: Optional[str], trust: bool = False):
     return _load_models(checkpoint, trust, default=imagenet_mobilenet)
 
 
-def load_image(path: str, size: int, channels: int = 3, keep_aspect: bool = False, stats=None):
-    """:func:`pml_extensions.explain.reference_images.load_image`: an image file as the command reads it."""
-    from ..explain.reference_images import load_image as read
-
-    return read(path, size, channels, keep_aspect, stats)
-
-
 def side_of(checkpoint, channels, size):
     """``(size, (mean, std))`` of one side: the run's own preprocessing when ``checkpoint`` is a run's file."""
     from ..explain.reference_images import default_stats
@@ -329,6 +322,7 @@ def _explain(args, query, refs, device, excluded=(), data: Optional[RunData] = N
     from ..explain import overlay
     from ..explain.activation_decomposition import ActivationDecomposition
     from ..explain.diagnostics import coarse_map_warning, collapse_warning
+    from ..explain.reference_images import load_image
     from ..explain.topk_maps import explain_retrieval
     from ..runner.objects.preflight import trunk_input_channels
     from ..runner.objects.saved_models import checkpoint_epoch

@@ -52,9 +52,6 @@ RUNNER_KEYS = (
 ).split()
 
 
-find_config_root = loader.find_config
-
-
 def _split(argv: List[str]) -> Tuple[Optional[str], List[str]]:
     """``(CONFIG, the options)``: CONFIG is the first argument unless it is an option."""
     return (argv[0], argv[1:]) if argv and not argv[0].startswith("--") else (None, list(argv))

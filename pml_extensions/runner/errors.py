@@ -91,13 +91,6 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(int(signal_number))
         self.signal_number = int(signal_number)
 
-    @property
-    def signal_name(self) -> str:
-        try:
-            return signal.Signals(self.signal_number).name
-        except ValueError:
-            return f"signal {self.signal_number}"
-
 
 _STATE = {"depth": 0, "pending": None, "stage": None, "epoch": None}
 

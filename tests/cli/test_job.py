@@ -76,8 +76,8 @@ class TestJob(unittest.TestCase):
         import torch
         from PIL import Image
 
-        from pml_extensions.cli.explain import load_image
         from pml_extensions.cli.explain import main as explain_main
+        from pml_extensions.explain.reference_images import load_image
         from pml_extensions.runner.objects.saved_models import load_models
 
         rng = np.random.default_rng(0)

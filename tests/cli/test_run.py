@@ -34,7 +34,7 @@ def _dataset_or_skip():
 class TestShippedConfigs:
     @pytest.mark.parametrize("name", SHIPPED)
     def test_full_variant_is_mlrc(self, name):
-        cfg, _ = load_config(cli.find_config_root(name))
+        cfg, _ = load_config(cli.loader.find_config(name))
         for key in ("trunk_optimizer", "embedder_optimizer"):
             assert cfg["optimizers"][key] == {"RMSprop": {"lr": 1e-6, "weight_decay": 1e-4, "momentum": 0.9}}
         assert cfg["models"]["embedder"] == {"MLP": {"layer_sizes": [128]}}
@@ -45,13 +45,13 @@ class TestShippedConfigs:
         assert (split["test_size"], split["test_start_idx"], split["num_training_partitions"]) == (0.5, 0.5, 4)
         assert list(cfg["dataset"]) == ["CUB"]
         for extra, cls in (("with_cars196", "Cars196"), ("with_sop", "StanfordOnlineProducts")):
-            other, _ = load_config(cli.find_config_root(name), {"config_dataset": ["default", extra]})
+            other, _ = load_config(cli.loader.find_config(name), {"config_dataset": ["default", extra]})
             assert list(other["dataset"]) == [cls]
 
     @pytest.mark.parametrize("name", SHIPPED)
     def test_quick_variant_builds(self, name, tmp_path):
         _dataset_or_skip()
-        root = cli.find_config_root(name)
+        root = cli.loader.find_config(name)
         cfg, sources = load_config(root, cli._variant_selection(root, "quick", {}))
         assert list(cfg["dataset"]) == ["GlyphDataset"]
         runner = MLRCRunner(cfg, str(tmp_path), sources, log=lambda *a: None)
@@ -79,7 +79,7 @@ class TestShippedConfigs:
 
 def _copy(name, tmp_path):
     dst = str(tmp_path / name)
-    shutil.copytree(cli.find_config_root(name), dst)
+    shutil.copytree(cli.loader.find_config(name), dst)
     return dst
 
 
@@ -306,7 +306,7 @@ def test_a_flat_config_names_its_experiment_folder(tmp_path, monkeypatch, capsys
 
     monkeypatch.setattr("pml_extensions.runner.protocols.run_protocol", fake_run_protocol)
     copy = str(tmp_path / "my_copy")
-    shutil.copytree(cli.find_config_root("xml_glyphs"), copy)
+    shutil.copytree(cli.loader.find_config("xml_glyphs"), copy)
     assert cli.main([copy, "--root_experiment_folder", str(tmp_path / "exp")]) == 0
     assert seen["folder"] == os.path.join(str(tmp_path / "exp"), "xml_glyphs")  # experiment_name: xml_glyphs
     assert seen["command"][:5] == ["python", "-m", "pml_extensions", "run", copy]

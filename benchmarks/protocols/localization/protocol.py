@@ -31,6 +31,7 @@ thresholds and the map size), ``results.md``, ``report.html``, ``data/seed_<s>/r
 finished units and resumes an interrupted fine-tuning from its last epoch. One process (no torchrun).
 """
 
+import copy
 import dataclasses
 import os
 import time
@@ -39,8 +40,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from pml_extensions.runner.config.specs import one_spec
 from pml_extensions.runner.errors import ConfigError
-from pml_extensions.runner.objects.builder import Builder, with_kwargs
+from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.objects.data import dataset_labels
 from pml_extensions.runner.outputs.results import render_markdown, summarize, write_results
 from pml_extensions.runner.protocols.base import REQUIRED, setting
@@ -301,6 +303,12 @@ class Localization(PairedProtocol):
         with open(os.path.join(self.folder, "results.md"), encoding="utf-8") as f:
             self.log(f.read())
         return results
+
+
+def with_kwargs(spec: Dict[str, Any], **changes) -> Dict[str, Any]:
+    """A copy of the one-entry spec ``{Name: kwargs}`` with ``changes`` merged into ``kwargs``."""
+    name, kwargs = one_spec(spec, "spec")
+    return {name: dict(copy.deepcopy(kwargs), **changes)}
 
 
 PROTOCOL = Localization

@@ -66,7 +66,7 @@ from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.experiment import distributed as dist_utils
 from pml_extensions.runner.experiment.folder import Experiment
 from pml_extensions.runner.objects.builder import Builder
-from pml_extensions.runner.objects.data import cap_per_class, dataset_labels, validation_split
+from pml_extensions.runner.objects.data import dataset_labels, validation_split
 from pml_extensions.runner.protocols.base import Protocol
 
 from . import recipe
@@ -235,7 +235,7 @@ def run(
     for dataset, dcfg in job["datasets"].items():
         key = f"datasets.{dataset}"
         train_set, test_set = recipe.load_dataset(dataset, dcfg, builder)
-        test_idx = cap_per_class(test_set.labels, dcfg.get("max_test_per_class"), seed=0)
+        test_idx = recipe.cap_per_class(test_set.labels, dcfg.get("max_test_per_class"), seed=0)
         train_part, make_validation_dict, held_out = train_set, None, ""
         if job["validation"] is not None:
             try:

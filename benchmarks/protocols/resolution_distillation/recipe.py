@@ -20,6 +20,8 @@ Example::
 import copy
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
+import numpy as np
+
 from pml_extensions.datasets.normalization import IMAGENET_MEAN, IMAGENET_STD
 from pml_extensions.runner.objects.builder import Builder
 
@@ -201,3 +203,14 @@ def build_model(embedding_dim: int = 512, pretrained: bool = True, builder: Opti
     with ``embedding_dim`` outputs; the embedder is initialised from the global RNG."""
     models = (builder or Builder({})).build_models(spec=with_pretrained(resolution_models(embedding_dim), pretrained))
     return models["trunk"], models["embedder"]
+
+
+def cap_per_class(labels, max_per_class: Optional[int], seed: int = 0) -> np.ndarray:
+    """Indices keeping at most ``max_per_class`` items of each label (a seeded draw, sorted); all when None."""
+    labels = np.asarray(labels)
+    if max_per_class is None:
+        return np.arange(len(labels))
+    rng = np.random.default_rng(seed)
+    groups = [np.flatnonzero(labels == label) for label in np.unique(labels)]
+    keep = [g if len(g) <= max_per_class else rng.choice(g, max_per_class, replace=False) for g in groups]
+    return np.sort(np.concatenate(keep))

@@ -8,7 +8,7 @@ import torch
 
 from pml_extensions.explain.explanation_hook import dataset_class_names
 from pml_extensions.runner.objects.builder import Builder
-from pml_extensions.runner.protocols.paired.unit import load_split, make_loader
+from pml_extensions.runner.protocols.paired.unit import load_split
 from pml_extensions.trunks import find_histogram_layers, trunk_body
 from pml_extensions.utils.atomic_io import atomic_savefig
 
@@ -32,7 +32,9 @@ def class_histograms(cfg, models, num_prototypes: int, device, seed: int, batch_
             "plots.post_hoc_pooling",
             {"HistogramPooling": {"in_channels": int(width), "num_prototypes": num_prototypes}},
         ).to(device)
-        pool.init_from_data(body, make_loader(train_eval, batch_size, seed), num_batches=4, seed=seed)
+        order = torch.Generator().manual_seed(seed)  # the k-means input: batches in a seeded order
+        loader = torch.utils.data.DataLoader(train_eval, batch_size=batch_size, shuffle=True, generator=order)
+        pool.init_from_data(body, loader, num_batches=4, seed=seed)
     test_set = load_split(cfg, "test", train_transform=False, builder=builder)
     labels, hists = [], []
     for images, y in torch.utils.data.DataLoader(test_set, batch_size=batch_size):

@@ -267,10 +267,6 @@ class Experiment:
         """Seed the global RNGs with ``seed + offset`` (e.g. the fold index)."""
         return seed_everything(None if self.seed is None else self.seed + int(offset))
 
-    def generator(self, offset: int = 0) -> torch.Generator:
-        """A CPU ``torch.Generator`` seeded with ``seed + offset`` (seed ``null`` counts as 0)."""
-        return torch.Generator().manual_seed((self.seed or 0) + int(offset))
-
     def stage_folder(self, stage: str) -> str:
         return os.path.join(self.folder, stage)
 

@@ -10,7 +10,6 @@ Example::
 """
 
 import contextlib
-import copy
 import inspect
 from typing import Any, Callable, Dict, Optional
 
@@ -588,9 +587,3 @@ class Builder:
             except ValueError as e:
                 raise ConfigError(f"{self.where(key)}: {first_line(e)}") from None
         return done
-
-
-def with_kwargs(spec: Dict[str, Any], **changes) -> Dict[str, Any]:
-    """A copy of the one-entry spec ``{Name: kwargs}`` with ``changes`` merged into ``kwargs``."""
-    name, kwargs = one_spec(spec, "spec")
-    return {name: dict(copy.deepcopy(kwargs), **changes)}

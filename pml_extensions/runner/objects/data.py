@@ -86,14 +86,3 @@ def validation_rows(dataset) -> Optional[list]:
     """The class names of ``ImageCSVSplit``'s validation rows when it also has test rows, else ``None``."""
     by_split = getattr(dataset, "classes_by_split", None) or {}
     return list(by_split["validation"]) if by_split.get("validation") and "test" in by_split else None
-
-
-def cap_per_class(labels, max_per_class: Optional[int], seed: int = 0) -> np.ndarray:
-    """Indices keeping at most ``max_per_class`` items of each label (a seeded draw, sorted); all when None."""
-    labels = np.asarray(labels)
-    if max_per_class is None:
-        return np.arange(len(labels))
-    rng = np.random.default_rng(seed)
-    groups = [np.flatnonzero(labels == label) for label in np.unique(labels)]
-    keep = [g if len(g) <= max_per_class else rng.choice(g, max_per_class, replace=False) for g in groups]
-    return np.sort(np.concatenate(keep))

@@ -158,7 +158,3 @@ def as_blocks(value: Any) -> List[Block]:
             raise ValueError(f"block {i} must be a string, {{'items': [...]}} or {{'table': {{...}}}}, got {v!r}")
         out += [] if isinstance(v, str) and not v.strip() else [v]
     return out
-
-
-#: blocks from their JSON form (:func:`to_json`): :func:`as_blocks`, which reads both
-from_json = as_blocks

@@ -329,11 +329,3 @@ def test_a_frozen_trunk_gets_our_note_not_pmls_missing_optimizer_line(caplog):
     assert notes == ["note: trunk_optimizer skipped: trunk has no trainable parameters"]
     assert not [r for r in caplog.records if "trunk_optimizer" in r.getMessage()]
     assert 'optimizers is missing "embedder_optimizer"' not in caplog.text  # the embedder (Identity) has no parameters
-
-
-def test_with_kwargs_copies_the_spec():
-    from pml_extensions.runner.objects.builder import with_kwargs
-
-    spec = {"mobilenet_v2_features": {"pretrained": True}}
-    assert with_kwargs(spec, pretrained=False) == {"mobilenet_v2_features": {"pretrained": False}}
-    assert spec == {"mobilenet_v2_features": {"pretrained": True}}

@@ -1,5 +1,4 @@
-"""runner/objects/data.py: dataset views (subset, transform, RGB, labels), the class-disjoint validation part and the
-seeded per-class cap."""
+"""runner/objects/data.py: dataset views (subset, transform, RGB, labels), the class-disjoint validation part."""
 
 import unittest
 
@@ -10,7 +9,6 @@ from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.objects.data import (
     Subset,
     ToRGB,
-    cap_per_class,
     dataset_labels,
     validation_rows,
     validation_split,
@@ -77,21 +75,6 @@ class TestValidationSplit(unittest.TestCase):
                 validation_split(labels, 0.25, seed=seed)
             self.assertEqual(str(e.exception), f"validation.seed must be a non-negative integer, got {seed!r}")
         self.assertEqual(validation_split(labels, 0.25, seed=np.int64(3))[2], validation_split(labels, 0.25, 3)[2])
-
-
-class TestCap(unittest.TestCase):
-    def test_cap_per_class(self):
-        labels = np.array([0] * 5 + [1] * 2 + [2] * 4)
-        idx = cap_per_class(labels, 3, seed=0)
-        self.assertEqual(np.bincount(labels[idx]).tolist(), [3, 2, 3])
-        self.assertTrue(np.array_equal(idx, cap_per_class(labels, 3, seed=0)))
-        self.assertEqual(len(cap_per_class(labels, None)), 11)
-
-    def test_capped_draw_hand_checked(self):
-        # label 0 has 3 items and a cap of 2: numpy's seeded choice keeps two of them, label 1 (one item) stays
-        rng = np.random.default_rng(0)
-        kept0 = sorted(rng.choice(np.array([0, 1, 2]), 2, replace=False).tolist())
-        self.assertEqual(cap_per_class([0, 0, 0, 1], 2, seed=0).tolist(), kept0 + [3])
 
 
 def test_validation_rows_need_validation_and_test_rows():

@@ -14,7 +14,8 @@ import yaml
 from PIL import Image
 from torch import nn
 
-from pml_extensions.cli.explain import load_image, main
+from pml_extensions.cli.explain import main
+from pml_extensions.explain.reference_images import load_image
 from pml_extensions.runner.errors import OutputError
 from pml_extensions.runner.objects.saved_models import load_models, pml_model_files
 from pml_extensions.trunks import ConvNetBody, HistogramPooling

@@ -6,7 +6,6 @@ from pml_extensions.runner.outputs.tables import (
     Items,
     Table,
     as_blocks,
-    from_json,
     inline_html,
     to_html,
     to_json,
@@ -44,12 +43,12 @@ def test_html_escapes_and_aligns_numbers_by_column():
 
 def test_json_round_trip_and_bad_blocks():
     doc = _document()
-    assert from_json(to_json(doc)) == doc
-    assert from_json(None) == [] and from_json("text") == ["text"] and from_json("  ") == []
+    assert as_blocks(to_json(doc)) == doc
+    assert as_blocks(None) == [] and as_blocks("text") == ["text"] and as_blocks("  ") == []
     assert as_blocks("a") == ["a"] and as_blocks("") == [] and as_blocks(None) == []
     assert as_blocks(doc[1]) == [doc[1]] and as_blocks(["", "b"]) == ["b"]
     with pytest.raises(ValueError, match="block 0"):
-        from_json([{"nope": 1}])
+        as_blocks([{"nope": 1}])
     with pytest.raises(ValueError, match="row 0 has 1 cells, the table has 2 columns"):
         Table(["a", "b"], [["1"]])
     with pytest.raises(ValueError, match="numeric has 1 flags"):

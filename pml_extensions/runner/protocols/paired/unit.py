@@ -81,12 +81,6 @@ def reference_side(b: Builder, seed: int, split: str, source: str, indices, data
     return next((side for side in sides if side is not None), None)
 
 
-def make_loader(dataset, batch_size, seed):
-    return torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed), num_workers=0
-    )
-
-
 def build_models(
     cfg: Dict[str, Any],
     seed: int,
@@ -247,10 +241,8 @@ def load_models(cfg, stage_dir, device, path: Optional[str] = None):
     """A finished unit's trunk + embedder (+ ``frozen``) with the weights of ``path``, else ``selected_models.pth``
     (the tested epoch), else ``best_models.pth`` (the best validation epoch)."""
     models = build_models({**cfg, "prototype_init": None}, 0, device, losses=False)
-    if path is None:
-        path = os.path.join(stage_dir, "selected_models.pth")
-        if not os.path.exists(path):
-            path = os.path.join(stage_dir, "best_models.pth")
+    selected = os.path.join(stage_dir, "selected_models.pth")
+    path = path or (selected if os.path.exists(selected) else os.path.join(stage_dir, "best_models.pth"))
     load_weights_into(networks(models), path, device)
     return models
 

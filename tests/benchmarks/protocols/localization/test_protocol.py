@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks.protocols import config_path
 from benchmarks.protocols.localization import Localization, method_statistics, variant_statistics
+from benchmarks.protocols.localization.protocol import with_kwargs
 from pml_extensions.runner.errors import ConfigError
 
 from .loc_testing import hand_units
@@ -137,3 +138,9 @@ def test_every_method_is_paired_with_the_centre_box_at_the_held_out_choice():
     v = res["variants"]
     assert v["centre box"]["mean"] == {"held_out_accuracy": 5.0, "best_accuracy": 7.5}
     assert v["Decomposition [signed]"]["mean"] == {"held_out_accuracy": 50.0, "best_accuracy": 52.5}
+
+
+def test_with_kwargs_copies_the_spec():
+    spec = {"mobilenet_v2_features": {"pretrained": True}}
+    assert with_kwargs(spec, pretrained=False) == {"mobilenet_v2_features": {"pretrained": False}}
+    assert spec == {"mobilenet_v2_features": {"pretrained": True}}

@@ -137,8 +137,8 @@ class TestResolutionProtocolRun(unittest.TestCase):
         from PIL import Image
 
         from benchmarks.protocols.resolution_distillation.recipe import build_model
-        from pml_extensions.cli.explain import load_image
         from pml_extensions.cli.explain import main as explain_main
+        from pml_extensions.explain.reference_images import load_image
 
         rng = np.random.default_rng(0)
         images = []

@@ -1,6 +1,7 @@
 """benchmarks/protocols/resolution_distillation/recipe.py: the paper's objects as specs, built by the one Builder into
 exactly the objects the recipe names (Suma & Tolias, WACV 2023, Sec. 5)."""
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -103,3 +104,18 @@ def test_eval_transform_size():
 def test_unknown_dataset():
     with pytest.raises(ValueError, match="unknown dataset 'mnist'"):
         recipe.load_dataset("mnist", {})
+
+
+def test_cap_per_class():
+    labels = np.array([0] * 5 + [1] * 2 + [2] * 4)
+    idx = recipe.cap_per_class(labels, 3, seed=0)
+    assert np.bincount(labels[idx]).tolist() == [3, 2, 3]
+    assert np.array_equal(idx, recipe.cap_per_class(labels, 3, seed=0))
+    assert len(recipe.cap_per_class(labels, None)) == 11
+
+
+def test_capped_draw_hand_checked():
+    # label 0 has 3 items and a cap of 2: numpy's seeded choice keeps two of them, label 1 (one item) stays
+    rng = np.random.default_rng(0)
+    kept0 = sorted(rng.choice(np.array([0, 1, 2]), 2, replace=False).tolist())
+    assert recipe.cap_per_class([0, 0, 0, 1], 2, seed=0).tolist() == kept0 + [3]

@@ -186,8 +186,8 @@ def _explain_a_cached_run(tmp_path, stage, whole_models, vcfg):
     import torch
     from PIL import Image
 
-    from pml_extensions.cli.explain import load_image
     from pml_extensions.cli.explain import main as explain_main
+    from pml_extensions.explain.reference_images import load_image
     from pml_extensions.runner.objects.saved_models import load_models
 
     examples = json.load(open(tmp_path / "exp" / "retrieval" / "contrastive_xml.json"))
