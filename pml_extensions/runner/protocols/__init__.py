@@ -130,7 +130,7 @@ def check_keys(
         if command_line:
             raise ConfigError(
                 f"command line: --{name}: no config file defines this key and the {protocol.name} protocol does not "
-                f"read it{hint} (all keys: run CONFIG --dry-run)"
+                f"read it{hint} (all keys: the same command with --dry-run)"
             )
         raise ConfigError(
             f"{sources.get(name, 'config')}: {name}: the {protocol.name} protocol reads no such key{hint}"

@@ -38,7 +38,7 @@ def test_each_protocol_reads_its_keys_and_its_old_spellings():
             {"selection": "last"},
             {"selection": "command line"},
             "^command line: --selection: no config file defines this key and the mlrc protocol does not "
-            "read it; it is a key of the paired protocol [(]all keys: run CONFIG --dry-run[)]$",
+            "read it; it is a key of the paired protocol [(]all keys: the same command with --dry-run[)]$",
         ),
         (
             PAIRED,
