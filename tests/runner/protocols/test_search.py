@@ -21,13 +21,32 @@ def _run(folder, kill_at, env):
     return subprocess.run([sys.executable, SCRIPT, folder, str(kill_at)], env=env, capture_output=True, timeout=120)
 
 
+def _run_in_process(script, *args):
+    """Run ``script args`` in this process (a rerun that only resumes: no signal reaches it, so it needs no process of
+    its own, and it saves a child's ~8 s of imports); returns its stdout. The script's signal handlers are undone."""
+    import contextlib
+    import io
+    import runpy
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    argv, out = sys.argv, io.StringIO()
+    sys.argv = [script, *map(str, args)]
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = argv
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    return out.getvalue()
+
+
 @pytest.mark.slow
 def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path, subprocess_env):
     folder = str(tmp_path / "exp")
     first = _run(folder, 2, subprocess_env)
     assert first.returncode == -9  # SIGKILL inside trial 2 (trials 0 and 1 finished)
-    second = _run(folder, -1, subprocess_env)
-    assert second.returncode == 0, second.stderr.decode()[-500:]
+    _run_in_process(SCRIPT, folder, -1)  # the rerun (it raises if it fails)
     study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
     states = [t.state.name for t in study.trials]
     assert states == ["COMPLETE", "COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # trial 2 killed, re-queued as 3
@@ -478,11 +497,10 @@ def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path, subprocess_
     os.makedirs(folder)
     victim = _worker(folder, 4, subprocess_env, "--hold")
     _wait_for(os.path.join(folder, "held"), victim)  # inside its first trial, after 2 of 6 steps
-    other = _worker(folder, 4, subprocess_env)
     victim.kill()
     victim.wait(timeout=30)
-    out = other.communicate(timeout=300)[0]
-    assert other.returncode == 0, out[-3000:]
+    out = _run_in_process(WORKER, folder, 4)  # the other worker, in this process (it raises if it fails)
+    other_pid = os.getpid()
     held = open(os.path.join(folder, "held")).read().split()[0]
     study = _study(folder)
     states = [t.state.name for t in study.trials]
@@ -491,7 +509,7 @@ def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path, subprocess_
     copy_ = next(t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number)
     assert copy_.state.name == "COMPLETE" and copy_.params == killed.params
     assert killed.user_attrs["folder"] == copy_.user_attrs["folder"] == held
-    assert _steps(folder, held) == [(victim.pid, 0), (victim.pid, 1)] + [(other.pid, s) for s in range(2, 6)]
+    assert _steps(folder, held) == [(victim.pid, 0), (victim.pid, 1)] + [(other_pid, s) for s in range(2, 6)]
     assert f"trial {killed.number}: its worker stopped (killed or interrupted)" in out
     complete = [t.user_attrs["folder"] for t in study.trials if t.state.name == "COMPLETE"]
     assert len(set(complete)) == 4
@@ -522,13 +540,11 @@ def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_p
     if signum == signal.SIGINT or flags:
         assert "trial 0: interrupted; it resumes in trial_0 when the command runs again" in out
     assert [t.state.name for t in _study(folder).trials] == ["RUNNING"]  # not FAIL: nothing is lost
-    rerun = _worker(folder, 3, subprocess_env)
-    out = rerun.communicate(timeout=300)[0]
-    assert rerun.returncode == 0, out[-3000:]
+    _run_in_process(WORKER, folder, 3)  # the rerun, in this process (it raises if it fails)
     study = _study(folder)
     assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE", "COMPLETE", "COMPLETE"]
     assert study.trials[1].params == study.trials[0].params and study.trials[1].user_attrs["folder"] == "trial_0"
-    assert _steps(folder, "trial_0") == [(first.pid, 0), (first.pid, 1)] + [(rerun.pid, s) for s in range(2, 6)]
+    assert _steps(folder, "trial_0") == [(first.pid, 0), (first.pid, 1)] + [(os.getpid(), s) for s in range(2, 6)]
     assert (
         "- trial 0: its worker stopped; resumed as trial 1 in trial_0"
         in open(os.path.join(folder, "results.md")).read()
@@ -536,13 +552,14 @@ def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_p
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_a_real_trial_resumes_its_training_from_the_checkpoint(tmp_path, subprocess_env):
+def test_ctrl_c_in_a_real_trial_resumes_its_training_from_the_checkpoint(tmp_path, subprocess_env, capsys):
     """SIGINT inside epoch 2 of an mlrc trial; the rerun of the same command resumes that trial in its folder after
     epoch 1, and its logs equal those of an uninterrupted search (same seed, so the same trial parameters)."""
     import time
 
+    from pml_extensions.cli.run import main
     from pml_extensions.runner.experiment.checkpoint import Checkpointer, load_weights
-    from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
+    from tests.runner.runner_testing_utils import RUNNER_TESTS, register_tiny, write_tiny_config
 
     progress = str(tmp_path / "progress.txt")
     root = write_tiny_config(
@@ -570,11 +587,12 @@ device: cpu
     )
     search = ["--bayes_opt_iters", "1", "--loss_funcs~APPLY~3", "{neg_margin~BAYESIAN~: [0.5, 1.5]}"]
 
+    def command(name):
+        return [root] + search + ["--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", name]
+
     def start(name):
         return subprocess.Popen(
-            [sys.executable, os.path.join(RUNNER_TESTS, "runner_testing_utils.py"), root]
-            + search
-            + ["--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", name],
+            [sys.executable, os.path.join(RUNNER_TESTS, "runner_testing_utils.py")] + command(name),
             env=subprocess_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -599,14 +617,14 @@ device: cpu
             proc.kill()
     assert proc.returncode != 0 and "trial 0: interrupted; it resumes in trial_0 when the command runs again" in out
     assert load_weights(os.path.join(fold, "checkpoint.pth"))["epoch"] == 1  # interrupted inside epoch 2
-    rerun = start("stopped")
-    out = rerun.communicate(timeout=300)[0]
-    assert rerun.returncode == 0, out[-3000:]
+    # the rerun and the uninterrupted reference: the same command in this process (no signal reaches them)
+    register_tiny()
+    capsys.readouterr()
+    assert main(command("stopped")) == 0
+    out = "".join(capsys.readouterr())
     assert "trial 0: its worker stopped (killed or interrupted); its parameters run again in trial_0" in out
     assert "resuming after epoch 1" in out
-    clean = start("clean")
-    out = clean.communicate(timeout=300)[0]
-    assert clean.returncode == 0, out[-3000:]
+    assert main(command("clean")) == 0
     stopped, fresh = _study(str(tmp_path / "exp" / "stopped")), _study(str(tmp_path / "exp" / "clean"))
     assert [t.state.name for t in stopped.trials] == ["FAIL", "COMPLETE"]
     assert stopped.trials[1].params == stopped.trials[0].params == fresh.trials[0].params
