@@ -219,6 +219,8 @@ class TestResolutionSelection(unittest.TestCase):
             TINY_JOB,
             protocol=PROTOCOL,
             seeds=[0],
+            teacher_iterations=2,  # no teacher is killed here; no low-resolution teacher: it chooses nothing
+            low_resolution_teacher=False,
             validation={"class_fraction": 0.25, "seed": 0},
             student_lr_grid=[1e-5, 1e-3],
         )
@@ -274,6 +276,7 @@ def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path, mobile
             TINY_JOB,
             protocol=PROTOCOL,
             student_variants=[],
+            low_resolution_teacher=False,
             teacher_iterations=2,
             student_iterations=2,
             checkpoint_every=0,
@@ -281,10 +284,14 @@ def test_torchrun_deals_seeds_over_ranks_and_equals_one_process(tmp_path, mobile
     )
     env = subprocess_env
     args = ["-m", "pml_extensions", "run", cfg, "--root_experiment_folder", str(tmp_path / "exp")]
-    one = subprocess.run(
-        [sys.executable] + args + ["--experiment_name", "one"], env=env, capture_output=True, text=True, timeout=400
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
+    # the one-process reference in this interpreter (no new interpreter's start-up), at the ranks' one thread
+    # (subprocess_env: OMP_NUM_THREADS=1) so that its floats are the ranks' bit for bit
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cli.main(args[3:] + ["--experiment_name", "one"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         + args[1:]
