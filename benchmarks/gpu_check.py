@@ -11,8 +11,8 @@ Steps (each is timed; a failing step is recorded and the next one runs; the exit
    --device DEV`` (with ``--tiny``: one glyph dataset at 32/16 px, one iteration per stage, a 16-D head);
 4. ``autocast_<method>_<dtype>``: a few training steps under ``torch.autocast`` in bfloat16 and float16 (GradScaler
    for float16) of every method: HistogramPooling + XMLWrapper(ContrastiveLoss), the template-matching block
-   (ResNet-18 + PatchClassificationLoss), RAML distillation (frozen teacher, ResolutionDistillationLoss); the
-   losses must stay finite and the parameters must move;
+   (ResNet-18, with ``--tiny`` a narrow SmallResNet, + PatchClassificationLoss), RAML distillation (frozen teacher,
+   ResolutionDistillationLoss); the losses must stay finite and the parameters must move;
 5. ``dtype_matrix`` (CUDA only; the CPU test suite runs it already): ``tests/test_low_precision.py``, every module
    in float32/bfloat16/float16, pure and autocast, on CPU and CUDA;
    ``explain_speed``: ``benchmarks/explain_speed.py --device DEV`` (its ratios are reported);
@@ -333,11 +333,14 @@ def method_steps(method, dtype_name, device, tiny, steps):
         import torchvision
         from pytorch_metric_learning.losses import ContrastiveLoss
 
-        from pml_extensions.trunks import insert_template_matching, template_matching_blocks
+        from pml_extensions.trunks import SmallResNet, insert_template_matching, template_matching_blocks
 
         torch.manual_seed(0)
-        backbone = torchvision.models.resnet18(num_classes=1)
-        backbone.fc = torch.nn.Identity()
+        if tiny:  # the template-block protocol's narrow ResNet: ResNet-18's float16/bfloat16 conv backward on CPU
+            backbone = SmallResNet(3, widths=(8, 16, 32, 32))  # is a slow fallback (about 10 s a step)
+        else:
+            backbone = torchvision.models.resnet18(num_classes=1)
+            backbone.fc = torch.nn.Identity()
         model = insert_template_matching(backbone, num_classes=batch // 2).to(device)
         block = template_matching_blocks(model)[0]
         metric, aux = ContrastiveLoss(), PatchClassificationLoss()
