@@ -56,8 +56,8 @@ def recorded(monkeypatch):
 
 
 def _small_glyphs(config):
-    """``config`` on the glyphs of the DejaVu Sans fonts only (a fifth of the images: every evaluation embeds its whole
-    split; which objects the Builder built does not depend on the size)."""
+    """``config`` on the glyphs of the DejaVu Sans fonts only (248 of the 682 images of a split: every evaluation
+    embeds its whole split; which objects the Builder built does not depend on the size)."""
     from pml_extensions.datasets.glyph_dataset import matplotlib_font_files
 
     fonts = [f for f in matplotlib_font_files() if os.path.basename(f).startswith("DejaVuSans")]
