@@ -26,9 +26,23 @@ def _worked_example():
 
 
 def _run(command, cwd, env):
+    """``command`` in a fresh process, as typed."""
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "pml_extensions"]
     return subprocess.run([sys.executable] + argv[1:], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+
+
+def _run_here(command, capsys):
+    """``command`` through the command line's entry point in this process (the current folder): what
+    :func:`_run` returns, without the ~8 s of imports a fresh process pays."""
+    from pml_extensions.cli import main
+
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "pml_extensions"]
+    capsys.readouterr()
+    returncode = main(argv[3:])
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, returncode, out.out, out.err)
 
 
 def _python_blocks(folder):
@@ -48,14 +62,16 @@ def test_python_blocks_run_as_written(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_worked_example_end_to_end(tmp_path, monkeypatch, subprocess_env):
+def test_the_worked_example_end_to_end(tmp_path, monkeypatch, subprocess_env, capsys):
+    """The training command and ``explain`` run in fresh processes as typed; the first command (it stops in one line)
+    and the rerun (it finds the run finished) through the same entry point in this process."""
     monkeypatch.chdir(tmp_path)
     _python_blocks(tmp_path)
     commands, printed = _worked_example()
     assert len(commands) == 4 and commands[1] == commands[2]
     env = dict(subprocess_env, MPLBACKEND="Agg")
 
-    first = _run(commands[0], tmp_path, env)  # 10 classes: stops before training, says what fits
+    first = _run_here(commands[0], capsys)  # 10 classes: stops before training, says what fits
     assert first.returncode == 2 and first.stderr.strip() == printed, first.stderr
     assert not (tmp_path / "experiments" / "contrastive_quick" / "fold_0").exists()
 
@@ -67,7 +83,7 @@ def test_the_worked_example_end_to_end(tmp_path, monkeypatch, subprocess_env):
     assert len(results["folds"]) == 2 and results["test_classes"] == [5, 6, 7, 8, 9]
     assert (folder / "images_checked.json").exists() and not (folder / "bad_images.txt").exists()
 
-    third = _run(commands[2], tmp_path, env)  # the same command again: every fold resumes finished, same numbers
+    third = _run_here(commands[2], capsys)  # the same command again: every fold resumes finished, same numbers
     assert third.returncode == 0, third.stderr[-3000:]
     assert third.stdout.count("resuming after epoch") == 2 and " epoch " not in third.stdout.replace("after epoch", "")
     assert json.loads((folder / "results.json").read_text())["test"] == results["test"]

@@ -2,7 +2,9 @@
 
 * runner commands (``python -m pml_extensions run`` / ``job``, ``torchrun ... run``, ``tox -e job -- ...``) of the
   pages and the README, each distinct one once, from the repository's root, as the run checks them (``--dry-run``:
-  merged and checked, nothing trained or written); ``--list`` as is;
+  merged and checked, nothing trained or written); ``--list`` as is. The ones in :data:`OWN_PROCESS` run in a fresh
+  process as typed (one of each shape); the others through the same entry point (``pml_extensions.cli.main``) in
+  the test's process: a dry run is almost all the ~8 s of imports a fresh process pays;
 * ``explain`` commands: every option they use is one the command takes (the worked example of docs/own_data.md runs
   one end to end, tests/test_docs_own_data.py);
 * ``python benchmarks/NAME.py --option``: the script exists and defines the option;
@@ -115,6 +117,12 @@ def _distinct_runs():
 
 
 RUNS = _distinct_runs()
+#: the checked commands that run in a process of their own, as a user types them: ``job`` and ``run`` (each on seven
+#: pages), and ``--list`` (loads no torch: cheap)
+OWN_PROCESS = {
+    ("python", "-m", "pml_extensions", "job", "--dry-run"),
+    ("python", "-m", "pml_extensions", "run", "contrastive_xml", "--variant", "quick", "--dry-run"),
+}
 #: what the output of a command must hold (and must not), by a part of its command line
 OUTPUT = {
     "run --list loss": (["XMLWrapper"], []),
@@ -135,23 +143,49 @@ def test_the_pages_have_commands_of_every_kind():
     assert any(c.startswith("python benchmarks/") for _, c in COMMANDS)
 
 
+def _run(argv, extra, subprocess_env, capsys, monkeypatch):
+    """``(returncode, stdout, stderr)`` of ``argv + extra`` run from the repository's root: in a fresh process when
+    ``argv`` is in :data:`OWN_PROCESS` or lists, else in this one through the command line's entry point."""
+    if tuple(argv) in OWN_PROCESS or "--list" in argv:
+        out = subprocess.run(
+            [sys.executable, *argv[1:], *extra],
+            cwd=ROOT,
+            env=subprocess_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return out.returncode, out.stdout, out.stderr
+    from pml_extensions.cli import main
+
+    monkeypatch.chdir(ROOT)
+    capsys.readouterr()
+    code = main([*argv[3:], *extra])
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+def test_one_command_of_each_shape_runs_in_a_process_of_its_own():
+    shapes = {argv[3] for argv, _ in RUNS if "--list" not in argv}
+    assert shapes == {"job", "run"} and sorted(a[3] for a in OWN_PROCESS) == sorted(shapes)
+    assert OWN_PROCESS < {argv for argv, _ in RUNS}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("argv, shown", RUNS, ids=[f"{where(w[0][0])}: {w[0][1][:60]}" for _, w in RUNS])
-def test_runner_command_runs_as_written(argv, shown, subprocess_env, tmp_path):
+def test_runner_command_runs_as_written(argv, shown, subprocess_env, tmp_path, capsys, monkeypatch):
     """Each distinct command once; a dry run in an empty ``--root_experiment_folder`` leaves it empty."""
     dry = "--dry-run" in argv
     extra = ["--root_experiment_folder", str(tmp_path)] if dry else []
-    out = subprocess.run(
-        [sys.executable, *argv[1:], *extra], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=300
-    )
+    returncode, stdout, stderr = _run(argv, extra, subprocess_env, capsys, monkeypatch)
     pages = "; ".join(f"{where(page)}: {command}" for page, command in shown)
-    assert out.returncode == 0, f"{pages}\n{out.stderr[-2000:]}"
+    assert returncode == 0, f"{pages}\n{stderr[-2000:]}"
     if dry:
-        assert "merged with the command line and checked" in out.stdout and out.stdout.startswith("# ")
+        assert "merged with the command line and checked" in stdout and stdout.startswith("# ")
         assert not os.listdir(tmp_path), f"{pages}: the dry run wrote {os.listdir(tmp_path)}"
     for part, (present, absent) in OUTPUT.items():
         if part in " ".join(argv):
-            assert all(x in out.stdout for x in present) and not any(x in out.stdout for x in absent), pages
+            assert all(x in stdout for x in present) and not any(x in stdout for x in absent), pages
 
 
 def test_every_runner_command_is_checked_once():

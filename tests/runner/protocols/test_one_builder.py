@@ -55,6 +55,17 @@ def recorded(monkeypatch):
     return calls
 
 
+def _small_glyphs(config):
+    """``config`` on the glyphs of the DejaVu Sans fonts only (248 of the 682 images of a split: every evaluation
+    embeds its whole split; which objects the Builder built does not depend on the size)."""
+    from pml_extensions.datasets.glyph_dataset import matplotlib_font_files
+
+    fonts = [f for f in matplotlib_font_files() if os.path.basename(f).startswith("DejaVuSans")]
+    assert config["dataset"]["name"] == "glyphs" and fonts
+    config["dataset"]["kwargs"] = {**config["dataset"].get("kwargs", {}), "font_files": fonts}
+    return config
+
+
 def _config(protocol, tmp_path, request):
     if protocol == "mlrc":
         root = request.getfixturevalue("tiny_mlrc_config")
@@ -70,7 +81,7 @@ def _config(protocol, tmp_path, request):
         )
         if protocol == "xml_paper":
             config["protocol"] = "benchmarks.protocols.xml_paper"
-        return config, sources
+        return _small_glyphs(config), sources
     if protocol == "template_block":
         from tests.benchmarks.protocols.template_block.tb_testing import tiny_config
 
@@ -79,7 +90,9 @@ def _config(protocol, tmp_path, request):
     if protocol == "localization":
         from tests.benchmarks.protocols.localization.test_protocol import tiny
 
-        return tiny(tmp_path)
+        config, sources = tiny(tmp_path)
+        config["num_epochs"] = 1  # one epoch builds every object
+        return config, sources
     root = tmp_path / "res"
     (root / "config_general").mkdir(parents=True)
     from benchmarks.protocols import config_path
@@ -153,7 +166,7 @@ def test_a_cached_run_builds_its_caches_and_datasets_with_the_one_builder(protoc
     else:
         from tests.runner.protocols.paired.test_protocol import cached_config
 
-        config, sources = cached_config(seeds=[0], num_epochs=1), {}
+        config, sources = _small_glyphs(cached_config(seeds=[0], num_epochs=1)), {}
     run_protocol(config, str(tmp_path / "exp"), sources, log=lambda *a, **k: None)
     roles = {key.split(".")[0] for key, _ in recorded}
     assert roles >= ROLES[protocol] | {"feature_cache"}, sorted(ROLES[protocol] - roles)
