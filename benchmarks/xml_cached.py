@@ -39,8 +39,10 @@ from pml_extensions.utils.verdicts import compare, verdict_word, wins
 
 try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
     from benchmarks import protocols
+    from benchmarks.protocols.xml_paper.plots import histogram_view
 except ModuleNotFoundError:  # python benchmarks/xml_cached.py: benchmarks/ is sys.path[0]
     import protocols
+    from protocols.xml_paper.plots import histogram_view
 
 protocols.register()  # the configs name their protocol benchmarks.protocols.xml_paper
 
@@ -131,24 +133,11 @@ def probe_features(cfg, models, device, seed, num_prototypes=64, batch_size=256)
     model's embeddings (what the run tested)."""
     from pml_extensions.runner.objects.builder import Builder
     from pml_extensions.runner.protocols.paired.unit import load_split
-    from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
 
     builder = Builder(cfg, device=device, log=lambda *a, **k: None)
     builder.frozen = models["frozen"]
     trunk = models["trunk"].eval()
-    pools = find_histogram_layers(trunk)
-    if pools:
-        pool, body = pools[0], trunk_body(trunk, pools[0])
-    else:  # the modules before the average pooling compute the local features
-        children = list(trunk.children())
-        cut = next(i for i, m in enumerate(children) if isinstance(m, torch.nn.AdaptiveAvgPool2d))
-        body = torch.nn.Sequential(*children[:cut])
-        train_eval = load_split(cfg, "train", train_transform=False, builder=builder)
-        width = body(train_eval[0][0][None].to(device)).shape[1]
-        pool = HistogramPooling(width, num_prototypes, seed=seed).to(device)
-        order = torch.Generator().manual_seed(seed)  # the k-means input: batches in a seeded order
-        loader = torch.utils.data.DataLoader(train_eval, batch_size=batch_size, shuffle=True, generator=order)
-        pool.init_from_data(body, loader, num_batches=4, seed=seed)
+    pool, body = histogram_view(cfg, trunk, device, seed, num_prototypes, builder, batch_size)
     ys, zs, ls, es = [], [], [], []
     test = load_split(cfg, "test", train_transform=False, builder=builder)
     embedder = models["embedder"].eval()

@@ -38,9 +38,13 @@ import yaml
 from pml_extensions.runner.outputs.results import summarize, write_results
 from pml_extensions.runner.protocols.paired.protocol import Paired
 from pml_extensions.runner.protocols.paired.unit import load_models, load_split
-from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
 from pml_extensions.utils.ridge import ridge_prototypes
 from pml_extensions.utils.verdicts import verdict
+
+try:  # the repository's root is on sys.path (PYTHONPATH, pytest)
+    from benchmarks.protocols.xml_paper.plots import histogram_view
+except ModuleNotFoundError:  # python benchmarks/xml_generalization.py: benchmarks/ is sys.path[0]
+    from protocols.xml_paper.plots import histogram_view
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: δ of both claims (MAP@R as a fraction: 1 point), the evidence guide's smallest effect for XML; "similar" MAP_c is
@@ -55,17 +59,7 @@ def embeddings_and_histograms(cfg, models, device, seed, num_prototypes=64, batc
     """``(pooled [N, C], z [N, m], labels [N])`` of the test split, in eval mode, float64 on the CPU."""
     trunk = models["trunk"].eval()
     models["embedder"].eval()
-    pools = find_histogram_layers(trunk)
-    if pools:
-        pool, body = pools[0], trunk_body(trunk, pools[0])
-    else:  # GAP trunk: post-hoc prototypes (k-means of its own training local features)
-        body = torch.nn.Sequential(*list(trunk.children())[:1])
-        train_eval = load_split(cfg, "train", train_transform=False)
-        width = body(train_eval[0][0][None].to(device)).shape[1]
-        pool = HistogramPooling(width, num_prototypes, seed=seed).to(device)
-        order = torch.Generator().manual_seed(seed)  # the k-means input: batches in a seeded order
-        loader = torch.utils.data.DataLoader(train_eval, batch_size=batch_size, shuffle=True, generator=order)
-        pool.init_from_data(body, loader, num_batches=4, seed=seed)
+    pool, body = histogram_view(cfg, trunk, device, seed, num_prototypes, batch_size=batch_size)
     ys, zs, ls = [], [], []
     for images, labels in torch.utils.data.DataLoader(
         load_split(cfg, "test", train_transform=False), batch_size=batch_size

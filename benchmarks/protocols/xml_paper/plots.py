@@ -9,32 +9,38 @@ import torch
 from pml_extensions.explain.explanation_hook import dataset_class_names
 from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.protocols.paired.unit import load_split
-from pml_extensions.trunks import find_histogram_layers, trunk_body
+from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
 from pml_extensions.utils.atomic_io import atomic_savefig
 
 
 @torch.no_grad()
-def class_histograms(cfg, models, num_prototypes: int, device, seed: int, batch_size: int = 128):
-    """Mean soft histogram per test class ``[C, m]``. A trunk without HistogramPooling gets a post-hoc layer whose
-    prototypes are k-means centres of its own training-set local features (same m), so variants compare."""
-    builder = Builder(cfg, device=device)
-    trunk = models["trunk"].eval()
+def histogram_view(cfg, trunk, device, seed: int, num_prototypes: int = 64, builder=None, batch_size: int = 128):
+    """``(pool, body)``: the trunk's own HistogramPooling and the modules before it, or for a GAP trunk a post-hoc
+    ``HistogramPooling(width, num_prototypes)`` whose prototypes are k-means centres (``seed``) of the local features
+    of 4 training batches in a seeded order (eval transform), ``body`` being the trunk's modules before its
+    ``AdaptiveAvgPool2d`` (the first module where it has none: a cached prefix's map). The figure and the probes of
+    ``xml_cached.py`` and ``xml_generalization.py`` read the histograms this way."""
     pools = find_histogram_layers(trunk)
     if pools:
-        pool, body = pools[0], trunk_body(trunk, pools[0])
-    else:  # the modules before the global pooling compute the local features (none: a cached prefix's map)
-        children = list(trunk.children())
-        cut = next((i for i, m in enumerate(children) if isinstance(m, torch.nn.AdaptiveAvgPool2d)), 1)
-        body = torch.nn.Sequential(*children[:cut])
-        train_eval = load_split(cfg, "train", train_transform=False, builder=builder)
-        width = body(train_eval[0][0][None].to(device)).shape[1]
-        pool = builder.build(
-            "plots.post_hoc_pooling",
-            {"HistogramPooling": {"in_channels": int(width), "num_prototypes": num_prototypes}},
-        ).to(device)
-        order = torch.Generator().manual_seed(seed)  # the k-means input: batches in a seeded order
-        loader = torch.utils.data.DataLoader(train_eval, batch_size=batch_size, shuffle=True, generator=order)
-        pool.init_from_data(body, loader, num_batches=4, seed=seed)
+        return pools[0], trunk_body(trunk, pools[0])
+    children = list(trunk.children())
+    cut = next((i for i, m in enumerate(children) if isinstance(m, torch.nn.AdaptiveAvgPool2d)), 1)
+    body = torch.nn.Sequential(*children[:cut])
+    train_eval = load_split(cfg, "train", train_transform=False, builder=builder)
+    width = body(train_eval[0][0][None].to(device)).shape[1]
+    pool = HistogramPooling(int(width), num_prototypes, seed=seed).to(device)
+    order = torch.Generator().manual_seed(seed)
+    loader = torch.utils.data.DataLoader(train_eval, batch_size=batch_size, shuffle=True, generator=order)
+    return pool.init_from_data(body, loader, num_batches=4, seed=seed), body
+
+
+@torch.no_grad()
+def class_histograms(cfg, models, num_prototypes: int, device, seed: int, batch_size: int = 128):
+    """Mean soft histogram per test class ``[C, m]`` (:func:`histogram_view`: a GAP trunk's post-hoc prototypes have
+    the same m, so variants compare)."""
+    builder = Builder(cfg, device=device)
+    trunk = models["trunk"].eval()
+    pool, body = histogram_view(cfg, trunk, device, seed, num_prototypes, builder, batch_size)
     test_set = load_split(cfg, "test", train_transform=False, builder=builder)
     labels, hists = [], []
     for images, y in torch.utils.data.DataLoader(test_set, batch_size=batch_size):
