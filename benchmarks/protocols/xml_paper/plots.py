@@ -9,26 +9,30 @@ import torch
 from pml_extensions.explain.explanation_hook import dataset_class_names
 from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.protocols.paired.unit import load_split
-from pml_extensions.trunks import HistogramPooling, find_histogram_layers, trunk_body
+from pml_extensions.trunks import find_histogram_layers, trunk_body
 from pml_extensions.utils.atomic_io import atomic_savefig
 
 
 @torch.no_grad()
 def histogram_view(cfg, trunk, device, seed: int, num_prototypes: int = 64, builder=None, batch_size: int = 128):
     """``(pool, body)``: the trunk's own HistogramPooling and the modules before it, or for a GAP trunk a post-hoc
-    ``HistogramPooling(width, num_prototypes)`` whose prototypes are k-means centres (``seed``) of the local features
-    of 4 training batches in a seeded order (eval transform), ``body`` being the trunk's modules before its
-    ``AdaptiveAvgPool2d`` (the first module where it has none: a cached prefix's map). The figure and the probes of
-    ``xml_cached.py`` and ``xml_generalization.py`` read the histograms this way."""
+    ``HistogramPooling(width, num_prototypes)`` (built by ``builder``, default a quiet one of ``cfg``) whose
+    prototypes are k-means centres (``seed``) of the local features of 4 training batches in a seeded order (eval
+    transform), ``body`` being the trunk's modules before its ``AdaptiveAvgPool2d`` (the first module where it has
+    none: a cached prefix's map). The figure and the probes of ``xml_cached.py`` and ``xml_generalization.py`` read
+    the histograms this way."""
     pools = find_histogram_layers(trunk)
     if pools:
         return pools[0], trunk_body(trunk, pools[0])
+    builder = builder or Builder(cfg, device=device, log=lambda *a, **k: None)
     children = list(trunk.children())
     cut = next((i for i, m in enumerate(children) if isinstance(m, torch.nn.AdaptiveAvgPool2d)), 1)
     body = torch.nn.Sequential(*children[:cut])
     train_eval = load_split(cfg, "train", train_transform=False, builder=builder)
     width = body(train_eval[0][0][None].to(device)).shape[1]
-    pool = HistogramPooling(int(width), num_prototypes, seed=seed).to(device)
+    pool = builder.build(
+        "plots.post_hoc_pooling", {"HistogramPooling": {"in_channels": int(width), "num_prototypes": num_prototypes}}
+    ).to(device)
     order = torch.Generator().manual_seed(seed)
     loader = torch.utils.data.DataLoader(train_eval, batch_size=batch_size, shuffle=True, generator=order)
     return pool.init_from_data(body, loader, num_batches=4, seed=seed), body
