@@ -16,6 +16,14 @@ RUNNER_TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(RUNNER_TESTS))
 
 
+def dejavu_fonts():
+    """matplotlib's DejaVu Sans font files: the glyph set on these alone has 248 of the 682 images of a split (every
+    evaluation embeds its whole split), for tests whose assertions do not depend on the size."""
+    from pml_extensions.datasets.glyph_dataset import matplotlib_font_files
+
+    return [f for f in matplotlib_font_files() if os.path.basename(f).startswith("DejaVuSans")]
+
+
 class TinyVectors(torch.utils.data.Dataset):
     """``num_classes`` Gaussian blobs of 4×4×1 float32 arrays (HWC, so ``ToTensor`` gives [1, 4, 4] unscaled).
 

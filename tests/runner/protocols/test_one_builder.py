@@ -58,9 +58,9 @@ def recorded(monkeypatch):
 def _small_glyphs(config):
     """``config`` on the glyphs of the DejaVu Sans fonts only (248 of the 682 images of a split: every evaluation
     embeds its whole split; which objects the Builder built does not depend on the size)."""
-    from pml_extensions.datasets.glyph_dataset import matplotlib_font_files
+    from tests.runner.runner_testing_utils import dejavu_fonts
 
-    fonts = [f for f in matplotlib_font_files() if os.path.basename(f).startswith("DejaVuSans")]
+    fonts = dejavu_fonts()
     assert config["dataset"]["name"] == "glyphs" and fonts
     config["dataset"]["kwargs"] = {**config["dataset"].get("kwargs", {}), "font_files": fonts}
     return config

@@ -8,20 +8,18 @@ import pytest
 import torch
 
 from pml_extensions.cli.job import load_job_config
-from pml_extensions.datasets.glyph_dataset import matplotlib_font_files
 from pml_extensions.runner.config.loader import variant_configs
 from pml_extensions.runner.errors import ConfigError
 from pml_extensions.runner.objects.builder import Builder
 from pml_extensions.runner.protocols.paired import unit as train
 from pml_extensions.trainers import distillation_keys
 from pml_extensions.utils.wiring import KeyProblem
+from tests.runner.runner_testing_utils import dejavu_fonts
 
 CPU = torch.device("cpu")
 #: the glyphs of the DejaVu Sans fonts only (248 of the 682 images of a split: each evaluation embeds every image of
 #: its split)
-SMALL_GLYPHS = "{kwargs: {image_size: 32, font_files: [%s]}}" % ", ".join(
-    f for f in matplotlib_font_files() if os.path.basename(f).startswith("DejaVuSans")
-)
+SMALL_GLYPHS = "{kwargs: {image_size: 32, font_files: [%s]}}" % ", ".join(dejavu_fonts())
 QUIET = lambda *a, **k: None  # noqa: E731
 
 
