@@ -93,7 +93,7 @@ def _rows(folder, table):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_then_rerun_loses_and_duplicates_nothing(tmp_path, subprocess_env):
+def test_sigkill_mid_epoch_then_rerun_loses_and_duplicates_nothing(tmp_path, subprocess_env, capsys):
     """Kill the CLI with SIGKILL inside epoch 2, rerun the same command: the logs equal an uninterrupted
     run's."""
     progress = str(tmp_path / "progress.txt")
@@ -141,16 +141,23 @@ device: cpu
     assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
     assert load_weights(os.path.join(fold, "checkpoint.pth"))["epoch"] == 1  # killed inside epoch 2
 
-    rerun = _run(command, subprocess_env)
-    out, _ = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, out
-    assert "resuming after epoch 1" in out
+    # the rerun and the uninterrupted run in this interpreter (no new interpreter's start-up), at the child's one
+    # thread (subprocess_env: OMP_NUM_THREADS=1)
+    from pml_extensions.cli.run import main
+    from tests.runner.runner_testing_utils import register_tiny
 
-    clean = _run(
-        [root, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "clean"], subprocess_env
-    )
-    out, _ = clean.communicate(timeout=300)
-    assert clean.returncode == 0, out
+    register_tiny()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        capsys.readouterr()
+        assert main(command) == 0
+        out = "".join(capsys.readouterr())
+        assert "resuming after epoch 1" in out
+
+        assert main([root, "--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", "clean"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     clean_fold = str(tmp_path / "exp" / "clean" / "fold_0")
 
     for table in ("loss_histories", "accuracies_val"):
