@@ -241,7 +241,7 @@ g = torch.Generator().manual_seed(0)
 labels = torch.randperm(30000, generator=g) // 3 + 10**9   # 10,000 classes of 3
 emb = torch.randn(30000, 16, generator=g)
 cls = ChunkedAccuracyCalculator if sys.argv[1] == "chunked" else AsymmetricAccuracyCalculator
-calc = cls(k="max_bin_count", chunk_size=256, include=("precision_at_1", "mean_average_precision_at_r"))
+calc = cls(k="max_bin_count", chunk_size=1024, include=("precision_at_1", "mean_average_precision_at_r"))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 acc = calc.get_accuracy(emb, labels)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -251,7 +251,10 @@ print(json.dumps({"increase_mib": (after - before) / 1024, **acc}))
 
 @pytest.mark.parametrize("which", ["chunked", "asymmetric"])
 def test_peak_memory_many_small_classes(which):
-    """30,000 items in 10,000 classes of 3: PML's label counts alone would add ~2.9 GiB; ours stays O(block + N)."""
+    """30,000 items in 10,000 classes of 3: PML's label counts alone would add ~2.9 GiB; ours stays O(block + N).
+
+    1024-row blocks (~50 MiB here) rather than 256 (~37 MiB): the sweep has 16x fewer tiles, 3.5 s instead of ~19 s
+    per case, and the peak stays far from the bound."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     proc = subprocess.run(
         [sys.executable, "-c", MEMORY_SCRIPT, which], env=env, capture_output=True, text=True, timeout=300

@@ -23,7 +23,12 @@ def _run(cmd, out):
 
 def test_two_gloo_processes_equal_one_process(tmp_path):
     """Each rank embeds only its shard (37 + 22 images per model: 18 + 11 / 19 + 11), results equal one process."""
-    one = _run([sys.executable], str(tmp_path / "one.json"))[0]
+    from tests.testers.distributed_eval_script import run
+
+    # the one-process reference in this process (what the script alone writes: run()'s result through JSON);
+    # torchrun starts the two ranks
+    with torch.random.fork_rng(devices=[]):
+        one = json.loads(json.dumps(run()))
     ranks = _run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
         str(tmp_path / "two.json"),

@@ -90,20 +90,23 @@ class TestFileModesOfARealRun(unittest.TestCase):
     def test_every_file_of_an_mlrc_run_follows_umask_022(self):
         # results, report.html, config copies, CSV logs, records.db, checkpoints, plots: all -rw-r--r-- under
         # umask 022 (what an ordinary open() gives), none -rw------- as mkstemp's files were.
-        import subprocess
-        import sys
+        # ``python -m pml_extensions run ...`` in this process (``cli.main``), under umask 022 set here
+        import matplotlib
 
-        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ, PYTHONPATH=repo, MPLBACKEND="Agg", OMP_NUM_THREADS="1")
+        from pml_extensions.cli import main
+
+        matplotlib.use("Agg")
         with tempfile.TemporaryDirectory() as d:
-            cmd = [sys.executable, "-m", "pml_extensions", "run", "contrastive_xml", "--variant", "quick"]
+            cmd = ["run", "contrastive_xml", "--variant", "quick"]
             cmd += ["--device", "cpu", "--root_experiment_folder", d, "--num_epochs_train", "1"]
             cmd += ["--num_training_sets", "1", "--check_untrained_accuracy", "false"]
             cmd += ["--trainer~APPLY~2", "{iterations_per_epoch: 2, dataloader_num_workers: 0}"]
-            proc = subprocess.run(
-                cmd, env=env, cwd=repo, capture_output=True, text=True, timeout=600, preexec_fn=lambda: os.umask(0o022)
-            )
-            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            old = os.umask(0o022)
+            try:
+                status = main(cmd)
+            finally:
+                os.umask(old)
+            self.assertEqual(status, 0)
             files = [os.path.join(root, f) for root, _, names in os.walk(d) for f in names]
             kinds = {os.path.splitext(f)[1] for f in files}
             self.assertTrue({".json", ".html", ".yaml", ".csv", ".pth"} <= kinds, kinds)

@@ -1,5 +1,6 @@
 """Two gloo processes on CPU: the distributed XML loss equals the single-process loss on the gathered batch."""
 
+import functools
 import os
 import tempfile
 import unittest
@@ -29,29 +30,42 @@ def global_batch():
     return feats, labels
 
 
+def _batch_worker(rank):
+    pool, embedder = make_models()
+    feats, labels = global_batch()
+    local = slice(rank * 8, (rank + 1) * 8)
+    loss_fn = DistributedLossWrapper(XMLWrapper(pml_losses.ContrastiveLoss(), xml_weight=0.5, histogram_layer=pool))
+    emb = embedder(pool(feats[local]))
+    loss = loss_fn(emb, labels[local])
+    loss.backward()
+    return {"loss": loss.detach(), "xml": loss_fn.loss.xml_loss, "proto_grad": pool.prototype_conv.weight.grad}
+
+
 def _worker(rank, init_file, out_dir):
+    """Every scenario of this file, one after the other, in one group of two processes (each spawned process
+    imports torch again: one pair serves the three tests); each scenario's results in ``{name}_rank{rank}.pt``."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
     try:
-        pool, embedder = make_models()
-        feats, labels = global_batch()
-        local = slice(rank * 8, (rank + 1) * 8)
-        loss_fn = DistributedLossWrapper(XMLWrapper(pml_losses.ContrastiveLoss(), xml_weight=0.5, histogram_layer=pool))
-        emb = embedder(pool(feats[local]))
-        loss = loss_fn(emb, labels[local])
-        loss.backward()
-        torch.save(
-            {"loss": loss.detach(), "xml": loss_fn.loss.xml_loss, "proto_grad": pool.prototype_conv.weight.grad},
-            os.path.join(out_dir, f"rank{rank}.pt"),
-        )
+        for name, scenario in SCENARIOS.items():
+            torch.save(scenario(rank), os.path.join(out_dir, f"{name}_rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
+@functools.lru_cache(maxsize=None)
+def spawned_results():
+    """``{scenario: [rank 0's results, rank 1's]}`` of one :func:`_worker` run (spawned once per test process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD_SIZE, join=True)
+        return {
+            name: [torch.load(os.path.join(tmp, f"{name}_rank{r}.pt"), weights_only=True) for r in range(WORLD_SIZE)]
+            for name in SCENARIOS
+        }
+
+
 class TestDistributedLossWrapper(unittest.TestCase):
     def test_two_processes_equal_single_process_on_gathered_batch(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD_SIZE, join=True)
-            results = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=True) for r in range(WORLD_SIZE)]
+        results = spawned_results()["batch"]
         pool, embedder = make_models()
         feats, labels = global_batch()
         single = XMLWrapper(pml_losses.ContrastiveLoss(), xml_weight=0.5, histogram_layer=pool)
@@ -103,31 +117,22 @@ def memory_batches():
     return out
 
 
-def _memory_worker(rank, init_file, out_dir):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
-    try:
-        pool, embedder = make_models()
-        loss_fn = DistributedLossWrapper(make_memory_loss(pool))
-        losses = []
-        for feats, labels in memory_batches():
-            local = slice(rank * 8, (rank + 1) * 8)
-            losses.append(loss_fn(embedder(pool(feats[local])), labels[local]).detach() / WORLD_SIZE)
-        cbm = loss_fn.loss.loss
-        torch.save(
-            {"losses": torch.stack(losses), "memory": cbm.embedding_memory, "labels": cbm.label_memory},
-            os.path.join(out_dir, f"rank{rank}.pt"),
-        )
-    finally:
-        dist.destroy_process_group()
+def _memory_worker(rank):
+    pool, embedder = make_models()
+    loss_fn = DistributedLossWrapper(make_memory_loss(pool))
+    losses = []
+    for feats, labels in memory_batches():
+        local = slice(rank * 8, (rank + 1) * 8)
+        losses.append(loss_fn(embedder(pool(feats[local])), labels[local]).detach() / WORLD_SIZE)
+    cbm = loss_fn.loss.loss
+    return {"losses": torch.stack(losses), "memory": cbm.embedding_memory, "labels": cbm.label_memory}
 
 
 @pytest.mark.slow
 def test_stateful_loss_every_rank_equals_the_single_process_and_memories_agree():
     """XMLWrapper(CrossBatchMemory): PML's own-rows-first gather gave each rank a different batch order (PML
     issue #639), so rank 1's loss and memory differed from rank 0's; in rank order both are the single process's."""
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_memory_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD_SIZE, join=True)
-        results = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=True) for r in range(WORLD_SIZE)]
+    results = spawned_results()["memory"]
     pool, embedder = make_models()
     single = make_memory_loss(pool)
     expected = torch.stack([single(embedder(pool(f)), y).detach() for f, y in memory_batches()])
@@ -138,29 +143,27 @@ def test_stateful_loss_every_rank_equals_the_single_process_and_memories_agree()
     assert torch.equal(results[0]["memory"], results[1]["memory"])
 
 
-def _indices_worker(rank, init_file, out_dir):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
-    try:
-        g = torch.Generator().manual_seed(3)
-        emb = torch.randn(10, 3, dtype=torch.float64, generator=g)
-        labels = torch.tensor([0, 1, 0, 1, 2, 2, 3, 3, 4, 4])
-        sizes = (4, 6)  # unequal local batches
-        start = sum(sizes[:rank])
-        local = slice(start, start + sizes[rank])
-        # a local triplet (anchor, positive, negative) of this rank's rows, in PML's convention (local indices)
-        triplet = (torch.tensor([0]), torch.tensor([2 if rank == 0 else 1]), torch.tensor([1 if rank == 0 else 2]))
-        loss_fn = DistributedLossWrapper(pml_losses.TripletMarginLoss(margin=10.0))
-        loss = loss_fn(emb[local], labels[local], triplet) / WORLD_SIZE
-        torch.save({"loss": loss.detach()}, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _indices_worker(rank):
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(10, 3, dtype=torch.float64, generator=g)
+    labels = torch.tensor([0, 1, 0, 1, 2, 2, 3, 3, 4, 4])
+    sizes = (4, 6)  # unequal local batches
+    start = sum(sizes[:rank])
+    local = slice(start, start + sizes[rank])
+    # a local triplet (anchor, positive, negative) of this rank's rows, in PML's convention (local indices)
+    triplet = (torch.tensor([0]), torch.tensor([2 if rank == 0 else 1]), torch.tensor([1 if rank == 0 else 2]))
+    loss_fn = DistributedLossWrapper(pml_losses.TripletMarginLoss(margin=10.0))
+    loss = loss_fn(emb[local], labels[local], triplet) / WORLD_SIZE
+    return {"loss": loss.detach()}
+
+
+#: what :func:`_worker` runs, by name
+SCENARIOS = {"batch": _batch_worker, "memory": _memory_worker, "indices": _indices_worker}
 
 
 @pytest.mark.slow
 def test_unequal_batches_and_local_indices_tuple_name_the_local_rows():
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_indices_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD_SIZE, join=True)
-        results = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=True) for r in range(WORLD_SIZE)]
+    results = spawned_results()["indices"]
     g = torch.Generator().manual_seed(3)
     emb = torch.nn.functional.normalize(torch.randn(10, 3, dtype=torch.float64, generator=g))  # LpDistance's default
     for rank, (a, p, n) in enumerate([(0, 2, 1), (4 + 0, 4 + 1, 4 + 2)]):

@@ -1,6 +1,10 @@
 """Run by tests/runner/experiment/test_distributed.py under ``torchrun --nproc_per_node 2`` (gloo): each process takes
 its slice of one global batch through the runner's distributed helpers and rank 0 writes the loss and
 gradients as JSON.
+
+``distributed_equality_script.py OUT [CLI ARGS...]``: with CLI arguments the processes first run that tiny-config
+command as ``tests/runner/runner_testing_utils.py`` does (one torchrun launch serves two tests), then the equality
+check in the group the run joined, then leave it.
 """
 
 import json
@@ -41,4 +45,12 @@ def main(out_path):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        from pml_extensions.cli.run import main as run_main
+        from tests.runner.runner_testing_utils import register_tiny
+
+        register_tiny()
+        status = run_main(sys.argv[2:])
+        if status:
+            sys.exit(status)
     main(sys.argv[1])

@@ -82,40 +82,6 @@ class TestBatchSliceSampler:
         assert d.wrap_losses(losses) is losses
 
 
-@pytest.mark.slow
-def test_torchrun_two_processes_gloo_equal_one_process(tmp_path, subprocess_env):
-    """Same global batch: 2 gloo processes (each with half of it) give the one-process loss and gradients."""
-    out = str(tmp_path / "dist.json")
-    env = subprocess_env
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        os.path.join(RUNNER_TESTS, "experiment", "distributed_equality_script.py"),
-        out,
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = json.load(open(out))
-    assert [r["world_size"] for r in ranks] == [2, 2]
-    assert sorted(ranks[0]["rank_indices"] + ranks[1]["rank_indices"]) == list(range(16))
-
-    x, y, h = global_batch()
-    for name, loss_fn in make_losses().items():
-        model = make_model()
-        kwargs = {"histograms": h} if name == "xml" else {}
-        loss = loss_fn(model(x), y, **kwargs)
-        loss.backward()
-        want_grad = [p.grad for p in model.parameters()]
-        for r in ranks:
-            assert r[name]["loss"] == pytest.approx(loss.item(), rel=1e-5, abs=1e-6), name
-            for got, want in zip(r[name]["grad"], want_grad):
-                assert torch.allclose(torch.tensor(got), want, rtol=1e-4, atol=1e-6), name
-
-
 SCRIPT = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
 TINY_MLRC = ["--num_training_sets", "1", "--num_epochs_train", "1", "--check_untrained_accuracy", "false"]
 
@@ -135,25 +101,53 @@ def one_process(tmp_path_factory):
     return root, tmp / "one"
 
 
+@pytest.fixture(scope="module")
+def single_node_torchrun(tmp_path_factory, one_process):
+    """``(equality JSON, experiment folder)`` of one ``torchrun --standalone --nproc_per_node 2`` launch (2 gloo
+    processes) that serves two tests: the tiny MLRC command of :func:`one_process` (as ``runner_testing_utils.py``
+    runs it), then ``distributed_equality_script.py``'s check in the same group (3 processes, not 6)."""
+    from tests.conftest import child_env
+
+    root, _ = one_process
+    tmp = tmp_path_factory.mktemp("single_node_torchrun")
+    out, two = str(tmp / "dist.json"), tmp / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [os.path.join(RUNNER_TESTS, "experiment", "distributed_equality_script.py"), out]
+    cmd += [root, *TINY_MLRC, "--root_experiment_folder", str(two)]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, two
+
+
 @pytest.mark.slow
-def test_runner_under_torchrun_logs_the_one_process_losses(tmp_path, one_process, subprocess_env):
+def test_torchrun_two_processes_gloo_equal_one_process(single_node_torchrun):
+    """Same global batch: 2 gloo processes (each with half of it) give the one-process loss and gradients."""
+    out, _ = single_node_torchrun
+    ranks = json.load(open(out))
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert sorted(ranks[0]["rank_indices"] + ranks[1]["rank_indices"]) == list(range(16))
+
+    x, y, h = global_batch()
+    for name, loss_fn in make_losses().items():
+        model = make_model()
+        kwargs = {"histograms": h} if name == "xml" else {}
+        loss = loss_fn(model(x), y, **kwargs)
+        loss.backward()
+        want_grad = [p.grad for p in model.parameters()]
+        for r in ranks:
+            assert r[name]["loss"] == pytest.approx(loss.item(), rel=1e-5, abs=1e-6), name
+            for got, want in zip(r[name]["grad"], want_grad):
+                assert torch.allclose(torch.tensor(got), want, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.slow
+def test_runner_under_torchrun_logs_the_one_process_losses(one_process, single_node_torchrun):
     """The same CLI command under torchrun (2 gloo processes) trains on the same global batches: equal loss
     rows."""
-    (root, one), env = one_process, subprocess_env
-    script, args = SCRIPT, [root, *TINY_MLRC]
-    two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script]
-        + args
-        + ["--root_experiment_folder", str(tmp_path / "two")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert two.returncode == 0, two.stderr[-3000:]
+    (_, one), (_, two) = one_process, single_node_torchrun
     from pml_extensions.runner.experiment.checkpoint import Checkpointer
 
-    rows = [Checkpointer(str(w / "cfg" / "fold_0")).rows("loss_histories") for w in (one, tmp_path / "two")]
+    rows = [Checkpointer(str(w / "cfg" / "fold_0")).rows("loss_histories") for w in (one, two)]
     assert [r["~iteration~"] for r in rows[0]] == [r["~iteration~"] for r in rows[1]] == [1, 2, 3, 4]
     for a, b in zip(*rows):
         assert b["total_loss"] == pytest.approx(a["total_loss"], rel=1e-4, abs=1e-6)

@@ -78,7 +78,9 @@ def _start(args, env):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_mid_epoch_ends_the_run_in_one_line_and_the_rerun_resumes(tmp_path, subprocess_env, signum, status):
+def test_a_signal_mid_epoch_ends_the_run_in_one_line_and_the_rerun_resumes(
+    tmp_path, subprocess_env, capfd, signum, status
+):
     progress = str(tmp_path / "progress.txt")
     root = write_tiny_config(
         str(tmp_path / "cfg"),
@@ -122,9 +124,16 @@ device: cpu
     assert "Traceback" not in err
     assert load_weights(os.path.join(fold, "checkpoint.pth"))["epoch"] == 1  # epoch 2 was not committed
 
-    rerun = _start(command, subprocess_env)
-    out, err = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, err
+    # the rerun in this process (the script's register_tiny, then ``python -m pml_extensions run``'s cli.main):
+    # nothing is signalled any more
+    from pml_extensions.cli import main
+    from tests.runner.runner_testing_utils import register_tiny
+
+    register_tiny()
+    capfd.readouterr()
+    rerun_status = main(["run", *command])
+    out, err = capfd.readouterr()
+    assert rerun_status == 0, err
     assert "resuming after epoch 1" in out
     iterations = [r["~iteration~"] for r in Checkpointer(fold).rows("loss_histories")]
     assert iterations == list(range(1, 19))  # 3 epochs x 6 batches: none lost, none twice
