@@ -17,8 +17,93 @@ optuna = pytest.importorskip("optuna")
 SCRIPT = os.path.join(os.path.dirname(__file__), "search_kill_script.py")
 
 
-def _run(folder, kill_at, env):
-    return subprocess.run([sys.executable, SCRIPT, folder, str(kill_at)], env=env, capture_output=True, timeout=120)
+class _Forked:
+    """A real child process forked from this one that runs ``script args`` as ``python script args`` would, without
+    the ~4 s of imports a fresh interpreter spends (torch, optuna: this process has them). Its signal dispositions
+    start as a shell's background job's (SIGINT ignored) and the script sets its own; its stdout and stderr go to one
+    file. The part of :class:`subprocess.Popen` the tests use: pid, poll, wait, communicate, send_signal, kill."""
+
+    def __init__(self, script, *args):
+        import tempfile
+
+        fd, self._out = tempfile.mkstemp(prefix="search_worker_", suffix=".txt")
+        self.returncode = None
+        sys.stdout.flush(), sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into pytest
+            status = 1
+            try:
+                os.dup2(fd, 1), os.dup2(fd, 2)
+                sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # as inherited by a background job (`cmd &`)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                sys.argv = [script, *map(str, args)]
+                status = _run_script(script)
+            finally:
+                os._exit(status)
+        os.close(fd)
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        import time
+
+        deadline = time.time() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.time() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        self.wait(timeout)
+        with open(self._out) as f:
+            out = f.read()
+        os.unlink(self._out)
+        return out, None
+
+    def send_signal(self, signum):
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+def _run_script(script):
+    """The forked child's ``python script``: its exit status, or death by SIGINT after an uncaught KeyboardInterrupt
+    (as the interpreter does)."""
+    import runpy
+    import traceback
+
+    try:
+        runpy.run_path(script, run_name="__main__")
+        status = 0
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        sys.stdout.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        status = 1
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    return status
+
+
+def _run(folder, kill_at):
+    """The kill script in a forked child, to its end: ``(returncode, output)``."""
+    proc = _Forked(SCRIPT, folder, kill_at)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, out
 
 
 def _run_in_process(script, *args):
@@ -42,10 +127,10 @@ def _run_in_process(script, *args):
 
 
 @pytest.mark.slow
-def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path, subprocess_env):
+def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path):
     folder = str(tmp_path / "exp")
-    first = _run(folder, 2, subprocess_env)
-    assert first.returncode == -9  # SIGKILL inside trial 2 (trials 0 and 1 finished)
+    returncode, out = _run(folder, 2)
+    assert returncode == -9, out  # SIGKILL inside trial 2 (trials 0 and 1 finished)
     _run_in_process(SCRIPT, folder, -1)  # the rerun (it raises if it fails)
     study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
     states = [t.state.name for t in study.trials]
@@ -431,20 +516,11 @@ def test_a_keyboard_interrupt_leaves_the_trial_to_be_resumed_as_after_sigkill(tm
 WORKER = os.path.join(os.path.dirname(__file__), "search_worker_script.py")
 
 
-def _worker(folder, n_trials, env, *flags):
+def _worker(folder, n_trials, *flags):
     """A worker process started as a shell's background job (``cmd &``) starts it, with SIGINT ignored, whether or not
-    pytest itself runs in one: the worker script sets the signal dispositions that the tests rely on."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child through fork and exec
-    try:
-        return subprocess.Popen(
-            [sys.executable, WORKER, folder, str(n_trials), *flags],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    pytest itself runs in one: the worker script sets the signal dispositions that the tests rely on. Forked from
+    this process (:class:`_Forked`): a real process of its own, without a fresh interpreter's imports."""
+    return _Forked(WORKER, folder, n_trials, *flags)
 
 
 def _wait_for(path, proc, timeout=120):
@@ -466,12 +542,12 @@ def _calls(folder, kind):
 
 
 @pytest.mark.slow
-def test_two_workers_share_one_study_4_trials_in_4_folders(tmp_path, subprocess_env):
+def test_two_workers_share_one_study_4_trials_in_4_folders(tmp_path):
     """Two processes started with the same command on one folder, both running a trial at once: 4 COMPLETE trials
     in 4 distinct folders, none failed or run twice, each folder written by one worker (it was two pids in
     ``trial_0`` and ``AssertionError: Should not reach.`` from Optuna)."""
     folder = str(tmp_path / "exp")
-    workers = [_worker(folder, 4, subprocess_env, "--gate") for _ in range(2)]
+    workers = [_worker(folder, 4, "--gate") for _ in range(2)]
     outs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], "\n".join(o[-2000:] for o in outs)
     study = _study(folder)
@@ -490,12 +566,12 @@ def test_two_workers_share_one_study_4_trials_in_4_folders(tmp_path, subprocess_
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path, subprocess_env):
+def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path):
     """SIGKILL one of two workers inside its trial: the live worker resumes that trial (same parameters, same
     folder, after its last checkpointed step) and the study ends with 4 COMPLETE trials."""
     folder = str(tmp_path / "exp")
     os.makedirs(folder)
-    victim = _worker(folder, 4, subprocess_env, "--hold")
+    victim = _worker(folder, 4, "--hold")
     _wait_for(os.path.join(folder, "held"), victim)  # inside its first trial, after 2 of 6 steps
     victim.kill()
     victim.wait(timeout=30)
@@ -526,13 +602,13 @@ def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path, subprocess_
     ],
     ids=["SIGKILL", "SIGINT", "SIGTERM", "SIGTERM-raises"],
 )
-def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_path, subprocess_env, signum, flags):
+def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_path, signum, flags):
     """Ctrl-C lost the trial ("Trial 1 failed with value None"; the rerun never resumed it and results.md left it
     out). Now every signal leaves it RUNNING; the rerun resumes it with its parameters, in its folder, after its last
     checkpointed step, and results.md lists it."""
     folder = str(tmp_path / "exp")
     os.makedirs(folder)
-    first = _worker(folder, 3, subprocess_env, "--hold", *flags)
+    first = _worker(folder, 3, "--hold", *flags)
     _wait_for(os.path.join(folder, "held"), first)
     first.send_signal(signum)
     out = first.communicate(timeout=60)[0]
@@ -636,7 +712,7 @@ device: cpu
 
 
 @pytest.mark.slow
-def test_a_trial_whose_heartbeat_stopped_is_retried_without_a_second_writer(tmp_path, subprocess_env):
+def test_a_trial_whose_heartbeat_stopped_is_retried_without_a_second_writer(tmp_path):
     """A worker frozen (SIGSTOP) mid-trial loses its heartbeat: Optuna's stale-trial rule fails its trial and queues
     a copy, which the other worker takes but runs only once the frozen one, thawed, has finished writing the folder
     (its late result is refused in one line); the copy then reads the finished run."""
@@ -644,11 +720,11 @@ def test_a_trial_whose_heartbeat_stopped_is_retried_without_a_second_writer(tmp_
 
     folder = str(tmp_path / "exp")
     os.makedirs(folder)
-    frozen = _worker(folder, 2, subprocess_env, "--mark", "--fast-heartbeat")
+    frozen = _worker(folder, 2, "--mark", "--fast-heartbeat")
     try:
         _wait_for(os.path.join(folder, "marked"), frozen)
         frozen.send_signal(signal.SIGSTOP)
-        other = _worker(folder, 2, subprocess_env, "--fast-heartbeat")
+        other = _worker(folder, 2, "--fast-heartbeat")
         deadline, copies = time.time() + 180, []
         while time.time() < deadline:
             trials = _study(folder).trials
