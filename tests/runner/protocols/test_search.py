@@ -203,52 +203,6 @@ def test_search_through_the_mlrc_protocol(tmp_path, tiny_mlrc_config):
     assert best["test"] == summary["best"]["test"] == results["test"] and best["test"]  # {key: {metric: value}}
 
 
-@pytest.mark.slow
-def test_search_under_torchrun_runs_each_trial_on_every_rank(tmp_path, tiny_mlrc_config, subprocess_env):
-    """Two gloo processes: rank 0 drives the study and sends each trial to rank 1; both train it together, so the
-    study has exactly 2 trials (not 2 per rank) and each trial folder holds one run."""
-    from tests.runner.runner_testing_utils import RUNNER_TESTS
-
-    root, env = tiny_mlrc_config, subprocess_env
-    script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            script,
-            root,
-            "--bayes_opt_iters",
-            "2",
-            "--num_epochs_train",
-            "1",
-            "--num_training_sets",
-            "1",
-            "--check_untrained_accuracy",
-            "false",
-            "--optimizers~APPLY~3",
-            "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}",
-            "--root_experiment_folder",
-            str(tmp_path / "exp"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    folder = tmp_path / "exp" / "cfg"
-    study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
-    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
-    summary = json.load(open(folder / "search.json"))
-    for trial in summary["trials"]:
-        results = json.load(open(folder / trial["folder"] / "results.json"))
-        assert trial["value"] == results["aggregate"]["mean_average_precision_at_r"]
-
-
 # ------------------------------------------------------------------------------------------ issue 22, item 1: counting
 def _search(tmp_path, objective, n_trials, name="exp", **extra):
     """An in-process study on ``margin~BAYESIAN~`` with a stand-in objective; returns (summary, folder, log lines)."""
@@ -777,15 +731,17 @@ def test_the_issues_list_item_marker_searches_through_the_command_line(tmp_path,
     assert f"test {key}: {shown}\n" in out
 
 
-@pytest.mark.slow
-def test_two_torchrun_groups_share_one_study(tmp_path, tiny_mlrc_config, subprocess_env):
-    """Two ``torchrun`` groups of 2 gloo processes started with the same command on one folder: each group's rank 0 is
-    one worker (its rank 1 trains each trial with it, and waits with it while the other group's last trial runs):
-    4 COMPLETE trials in 4 folders, each with its run's results."""
-    from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
+@pytest.fixture(scope="module")
+def torchrun_groups(tmp_path_factory):
+    """Two ``torchrun`` groups of 2 gloo processes started with the same command (4 trials) on one folder: their
+    return codes, their outputs and the study folder (one run serves both torchrun tests of this file)."""
+    from tests.conftest import child_env
+    from tests.runner.runner_testing_utils import RUNNER_TESTS, register_tiny, write_tiny_config
 
+    tmp_path = tmp_path_factory.mktemp("torchrun_groups")
+    register_tiny()
     root = write_tiny_config(
-        tiny_mlrc_config,
+        str(tmp_path / "cfg"),
         {"config_dataset/default.yaml": "dataset:\n  TinyVectors: {num_classes: 16, per_class: 8, sleep: 0.01}\n"},
     )
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -793,7 +749,7 @@ def test_two_torchrun_groups_share_one_study(tmp_path, tiny_mlrc_config, subproc
     command += ["--num_epochs_train", "1", "--num_training_sets", "1", "--root_experiment_folder", str(tmp_path)]
     command += ["--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}"]
     groups = [
-        subprocess.Popen(command, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)
     ]
     try:
@@ -802,8 +758,31 @@ def test_two_torchrun_groups_share_one_study(tmp_path, tiny_mlrc_config, subproc
         for g in groups:
             if g.poll() is None:
                 g.kill()
-    assert [g.returncode for g in groups] == [0, 0], "\n".join(o[-3000:] for o in outs)
-    folder = tmp_path / "cfg"
+    return [g.returncode for g in groups], outs, tmp_path / "cfg"
+
+
+@pytest.mark.slow
+def test_search_under_torchrun_runs_each_trial_on_every_rank(torchrun_groups):
+    """Two gloo processes per group: rank 0 drives the study and sends each trial to rank 1; both train it together,
+    so the study has exactly bayes_opt_iters=4 trials (not 4 per rank) and each trial folder holds one run (the run
+    of :func:`torchrun_groups`, which serves this test and the next: it was a torchrun of its own, 2 trials)."""
+    returncodes, outs, folder = torchrun_groups
+    assert returncodes == [0, 0], "\n".join(o[-3000:] for o in outs)
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    summary = json.load(open(folder / "search.json"))
+    for trial in summary["trials"]:
+        results = json.load(open(folder / trial["folder"] / "results.json"))
+        assert trial["value"] == results["aggregate"]["mean_average_precision_at_r"]
+
+
+@pytest.mark.slow
+def test_two_torchrun_groups_share_one_study(torchrun_groups):
+    """Two ``torchrun`` groups of 2 gloo processes started with the same command on one folder: each group's rank 0 is
+    one worker (its rank 1 trains each trial with it, and waits with it while the other group's last trial runs):
+    4 COMPLETE trials in 4 folders, each with its run's results."""
+    returncodes, outs, folder = torchrun_groups
+    assert returncodes == [0, 0], "\n".join(o[-3000:] for o in outs)
     study = _study(str(folder))
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
     assert sorted(t.user_attrs["folder"] for t in study.trials) == ["trial_0", "trial_1", "trial_2", "trial_3"]
