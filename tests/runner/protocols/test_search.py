@@ -12,96 +12,16 @@ import pytest
 from pml_extensions.runner.config.search_space import fill, search_space
 from pml_extensions.runner.errors import ConfigError, OutputError
 from pml_extensions.runner.outputs.search_summary import write_summary
+from tests.forked_process import ForkedScript
 
 optuna = pytest.importorskip("optuna")
 SCRIPT = os.path.join(os.path.dirname(__file__), "search_kill_script.py")
 
 
-class _Forked:
-    """A real child process forked from this one that runs ``script args`` as ``python script args`` would, without
-    the ~4 s of imports a fresh interpreter spends (torch, optuna: this process has them). Its signal dispositions
-    start as a shell's background job's (SIGINT ignored) and the script sets its own; its stdout and stderr go to one
-    file. The part of :class:`subprocess.Popen` the tests use: pid, poll, wait, communicate, send_signal, kill."""
-
-    def __init__(self, script, *args):
-        import tempfile
-
-        fd, self._out = tempfile.mkstemp(prefix="search_worker_", suffix=".txt")
-        self.returncode = None
-        sys.stdout.flush(), sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns into pytest
-            status = 1
-            try:
-                os.dup2(fd, 1), os.dup2(fd, 2)
-                sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # as inherited by a background job (`cmd &`)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                sys.argv = [script, *map(str, args)]
-                status = _run_script(script)
-            finally:
-                os._exit(status)
-        os.close(fd)
-
-    def poll(self):
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout=None):
-        import time
-
-        deadline = time.time() + (timeout if timeout is not None else 1e9)
-        while self.poll() is None:
-            if time.time() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.02)
-        return self.returncode
-
-    def communicate(self, timeout=None):
-        self.wait(timeout)
-        with open(self._out) as f:
-            out = f.read()
-        os.unlink(self._out)
-        return out, None
-
-    def send_signal(self, signum):
-        if self.returncode is None:
-            os.kill(self.pid, signum)
-
-    def kill(self):
-        self.send_signal(signal.SIGKILL)
-
-
-def _run_script(script):
-    """The forked child's ``python script``: its exit status, or death by SIGINT after an uncaught KeyboardInterrupt
-    (as the interpreter does)."""
-    import runpy
-    import traceback
-
-    try:
-        runpy.run_path(script, run_name="__main__")
-        status = 0
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        sys.stdout.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        status = 1
-    except BaseException:
-        traceback.print_exc()
-        status = 1
-    sys.stdout.flush()
-    return status
-
-
 def _run(folder, kill_at):
-    """The kill script in a forked child, to its end: ``(returncode, output)``."""
-    proc = _Forked(SCRIPT, folder, kill_at)
+    """The kill script in a child forked from this process (:class:`ForkedScript`), to its end: ``(returncode,
+    output)``."""
+    proc = ForkedScript(SCRIPT, folder, kill_at)
     out, _ = proc.communicate(timeout=120)
     return proc.returncode, out
 
@@ -473,8 +393,8 @@ WORKER = os.path.join(os.path.dirname(__file__), "search_worker_script.py")
 def _worker(folder, n_trials, *flags):
     """A worker process started as a shell's background job (``cmd &``) starts it, with SIGINT ignored, whether or not
     pytest itself runs in one: the worker script sets the signal dispositions that the tests rely on. Forked from
-    this process (:class:`_Forked`): a real process of its own, without a fresh interpreter's imports."""
-    return _Forked(WORKER, folder, n_trials, *flags)
+    this process (:class:`ForkedScript`): a real process of its own, without a fresh interpreter's imports."""
+    return ForkedScript(WORKER, folder, n_trials, *flags, sigint=signal.SIG_IGN)
 
 
 def _wait_for(path, proc, timeout=120):
@@ -582,7 +502,7 @@ def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_p
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_a_real_trial_resumes_its_training_from_the_checkpoint(tmp_path, subprocess_env, capsys):
+def test_ctrl_c_in_a_real_trial_resumes_its_training_from_the_checkpoint(tmp_path, capsys):
     """SIGINT inside epoch 2 of an mlrc trial; the rerun of the same command resumes that trial in its folder after
     epoch 1, and its logs equal those of an uninterrupted search (same seed, so the same trial parameters)."""
     import time
@@ -620,14 +540,8 @@ device: cpu
     def command(name):
         return [root] + search + ["--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", name]
 
-    def start(name):
-        return subprocess.Popen(
-            [sys.executable, os.path.join(RUNNER_TESTS, "runner_testing_utils.py")] + command(name),
-            env=subprocess_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    def start(name):  # a child forked from this process: a real process, without a fresh interpreter's imports
+        return ForkedScript(os.path.join(RUNNER_TESTS, "runner_testing_utils.py"), *command(name))
 
     fold = str(tmp_path / "exp" / "stopped" / "trial_0" / "fold_0")
     proc = start("stopped")
