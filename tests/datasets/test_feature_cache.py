@@ -437,11 +437,12 @@ def test_torchrun_ranks_build_their_shards_into_one_cache(tmp_path):
 
 @pytest.mark.slow
 def test_sigkilled_build_resumes_with_identical_bytes(tmp_path):
+    from tests.forked_process import ForkedScript
+
     from .feature_cache_script import make_cache
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO] + sys.path))
     folder = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, SCRIPT, str(folder), "slow"], env=env)
+    proc = ForkedScript(SCRIPT, folder, "slow")  # a real child, forked from this process (no fresh imports)
     try:
         deadline = time.time() + 900  # generous: a loaded machine is slow, and the assertion is not about time
 

@@ -249,6 +249,7 @@ def test_torchrun_ranks_build_the_caches_and_train_as_one_process(tmp_path, tiny
     import subprocess
     import sys
 
+    from pml_extensions.cli.run import main
     from pml_extensions.runner.experiment.checkpoint import Checkpointer
     from tests.runner.protocols.mlrc.test_protocol import CACHED_MODELS
     from tests.runner.runner_testing_utils import RUNNER_TESTS
@@ -258,15 +259,13 @@ def test_torchrun_ranks_build_the_caches_and_train_as_one_process(tmp_path, tiny
     script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
     args = [tiny_mlrc_config, "--num_training_sets", "1", "--num_epochs_train", "1", "--check_untrained_accuracy"]
     args += ["false", "--feature_cache", "{boundary: '1', num_views: 2, dtype: float32, chunk_size: 8}"]
-    runs = {}
-    for name, launcher in (
-        ("one", []),
-        ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]),
-    ):
-        cmd = [sys.executable] + launcher + [script] + args + ["--root_experiment_folder", str(tmp_path / name)]
-        proc = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[name] = tmp_path / name / "cfg"
+    runs = {name: tmp_path / name / "cfg" for name in ("one", "two")}
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = [sys.executable] + launcher + [script] + args + ["--root_experiment_folder", str(tmp_path / "two")]
+    proc = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the one-process reference: the same command in this process (the CLI's main, as the script calls it)
+    assert main(args + ["--root_experiment_folder", str(tmp_path / "one")]) == 0
     for part in ("train", "eval"):
         a, b = (np.load(runs[n] / "feature_cache" / "1" / part / "features.npy") for n in ("one", "two"))
         np.testing.assert_array_equal(a, b)

@@ -12,13 +12,18 @@ import pytest
 from pml_extensions.runner.config.search_space import fill, search_space
 from pml_extensions.runner.errors import ConfigError, OutputError
 from pml_extensions.runner.outputs.search_summary import write_summary
+from tests.forked_process import ForkedScript
 
 optuna = pytest.importorskip("optuna")
 SCRIPT = os.path.join(os.path.dirname(__file__), "search_kill_script.py")
 
 
-def _run(folder, kill_at, env):
-    return subprocess.run([sys.executable, SCRIPT, folder, str(kill_at)], env=env, capture_output=True, timeout=120)
+def _run(folder, kill_at):
+    """The kill script in a child forked from this process (:class:`ForkedScript`), to its end: ``(returncode,
+    output)``."""
+    proc = ForkedScript(SCRIPT, folder, kill_at)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, out
 
 
 def _run_in_process(script, *args):
@@ -42,10 +47,10 @@ def _run_in_process(script, *args):
 
 
 @pytest.mark.slow
-def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path, subprocess_env):
+def test_study_killed_after_trial_2_resumes_to_exactly_4_trials(tmp_path):
     folder = str(tmp_path / "exp")
-    first = _run(folder, 2, subprocess_env)
-    assert first.returncode == -9  # SIGKILL inside trial 2 (trials 0 and 1 finished)
+    returncode, out = _run(folder, 2)
+    assert returncode == -9, out  # SIGKILL inside trial 2 (trials 0 and 1 finished)
     _run_in_process(SCRIPT, folder, -1)  # the rerun (it raises if it fails)
     study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
     states = [t.state.name for t in study.trials]
@@ -116,52 +121,6 @@ def test_search_through_the_mlrc_protocol(tmp_path, tiny_mlrc_config):
     best = json.load(open(os.path.join(folder, "search.json")))["best"]
     results = json.load(open(os.path.join(folder, best["folder"], "results.json")))
     assert best["test"] == summary["best"]["test"] == results["test"] and best["test"]  # {key: {metric: value}}
-
-
-@pytest.mark.slow
-def test_search_under_torchrun_runs_each_trial_on_every_rank(tmp_path, tiny_mlrc_config, subprocess_env):
-    """Two gloo processes: rank 0 drives the study and sends each trial to rank 1; both train it together, so the
-    study has exactly 2 trials (not 2 per rank) and each trial folder holds one run."""
-    from tests.runner.runner_testing_utils import RUNNER_TESTS
-
-    root, env = tiny_mlrc_config, subprocess_env
-    script = os.path.join(RUNNER_TESTS, "runner_testing_utils.py")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            script,
-            root,
-            "--bayes_opt_iters",
-            "2",
-            "--num_epochs_train",
-            "1",
-            "--num_training_sets",
-            "1",
-            "--check_untrained_accuracy",
-            "false",
-            "--optimizers~APPLY~3",
-            "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}",
-            "--root_experiment_folder",
-            str(tmp_path / "exp"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    folder = tmp_path / "exp" / "cfg"
-    study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
-    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
-    summary = json.load(open(folder / "search.json"))
-    for trial in summary["trials"]:
-        results = json.load(open(folder / trial["folder"] / "results.json"))
-        assert trial["value"] == results["aggregate"]["mean_average_precision_at_r"]
 
 
 # ------------------------------------------------------------------------------------------ issue 22, item 1: counting
@@ -431,20 +390,11 @@ def test_a_keyboard_interrupt_leaves_the_trial_to_be_resumed_as_after_sigkill(tm
 WORKER = os.path.join(os.path.dirname(__file__), "search_worker_script.py")
 
 
-def _worker(folder, n_trials, env, *flags):
+def _worker(folder, n_trials, *flags):
     """A worker process started as a shell's background job (``cmd &``) starts it, with SIGINT ignored, whether or not
-    pytest itself runs in one: the worker script sets the signal dispositions that the tests rely on."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child through fork and exec
-    try:
-        return subprocess.Popen(
-            [sys.executable, WORKER, folder, str(n_trials), *flags],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    pytest itself runs in one: the worker script sets the signal dispositions that the tests rely on. Forked from
+    this process (:class:`ForkedScript`): a real process of its own, without a fresh interpreter's imports."""
+    return ForkedScript(WORKER, folder, n_trials, *flags, sigint=signal.SIG_IGN)
 
 
 def _wait_for(path, proc, timeout=120):
@@ -466,12 +416,12 @@ def _calls(folder, kind):
 
 
 @pytest.mark.slow
-def test_two_workers_share_one_study_4_trials_in_4_folders(tmp_path, subprocess_env):
+def test_two_workers_share_one_study_4_trials_in_4_folders(tmp_path):
     """Two processes started with the same command on one folder, both running a trial at once: 4 COMPLETE trials
     in 4 distinct folders, none failed or run twice, each folder written by one worker (it was two pids in
     ``trial_0`` and ``AssertionError: Should not reach.`` from Optuna)."""
     folder = str(tmp_path / "exp")
-    workers = [_worker(folder, 4, subprocess_env, "--gate") for _ in range(2)]
+    workers = [_worker(folder, 4, "--gate") for _ in range(2)]
     outs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], "\n".join(o[-2000:] for o in outs)
     study = _study(folder)
@@ -490,12 +440,12 @@ def test_two_workers_share_one_study_4_trials_in_4_folders(tmp_path, subprocess_
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path, subprocess_env):
+def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path):
     """SIGKILL one of two workers inside its trial: the live worker resumes that trial (same parameters, same
     folder, after its last checkpointed step) and the study ends with 4 COMPLETE trials."""
     folder = str(tmp_path / "exp")
     os.makedirs(folder)
-    victim = _worker(folder, 4, subprocess_env, "--hold")
+    victim = _worker(folder, 4, "--hold")
     _wait_for(os.path.join(folder, "held"), victim)  # inside its first trial, after 2 of 6 steps
     victim.kill()
     victim.wait(timeout=30)
@@ -526,13 +476,13 @@ def test_a_worker_killed_mid_trial_is_resumed_by_the_other(tmp_path, subprocess_
     ],
     ids=["SIGKILL", "SIGINT", "SIGTERM", "SIGTERM-raises"],
 )
-def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_path, subprocess_env, signum, flags):
+def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_path, signum, flags):
     """Ctrl-C lost the trial ("Trial 1 failed with value None"; the rerun never resumed it and results.md left it
     out). Now every signal leaves it RUNNING; the rerun resumes it with its parameters, in its folder, after its last
     checkpointed step, and results.md lists it."""
     folder = str(tmp_path / "exp")
     os.makedirs(folder)
-    first = _worker(folder, 3, subprocess_env, "--hold", *flags)
+    first = _worker(folder, 3, "--hold", *flags)
     _wait_for(os.path.join(folder, "held"), first)
     first.send_signal(signum)
     out = first.communicate(timeout=60)[0]
@@ -552,7 +502,7 @@ def test_a_signalled_worker_leaves_its_trial_to_be_resumed_as_sigkill_does(tmp_p
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_a_real_trial_resumes_its_training_from_the_checkpoint(tmp_path, subprocess_env, capsys):
+def test_ctrl_c_in_a_real_trial_resumes_its_training_from_the_checkpoint(tmp_path, capsys):
     """SIGINT inside epoch 2 of an mlrc trial; the rerun of the same command resumes that trial in its folder after
     epoch 1, and its logs equal those of an uninterrupted search (same seed, so the same trial parameters)."""
     import time
@@ -590,14 +540,8 @@ device: cpu
     def command(name):
         return [root] + search + ["--root_experiment_folder", str(tmp_path / "exp"), "--experiment_name", name]
 
-    def start(name):
-        return subprocess.Popen(
-            [sys.executable, os.path.join(RUNNER_TESTS, "runner_testing_utils.py")] + command(name),
-            env=subprocess_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    def start(name):  # a child forked from this process: a real process, without a fresh interpreter's imports
+        return ForkedScript(os.path.join(RUNNER_TESTS, "runner_testing_utils.py"), *command(name))
 
     fold = str(tmp_path / "exp" / "stopped" / "trial_0" / "fold_0")
     proc = start("stopped")
@@ -636,7 +580,7 @@ device: cpu
 
 
 @pytest.mark.slow
-def test_a_trial_whose_heartbeat_stopped_is_retried_without_a_second_writer(tmp_path, subprocess_env):
+def test_a_trial_whose_heartbeat_stopped_is_retried_without_a_second_writer(tmp_path):
     """A worker frozen (SIGSTOP) mid-trial loses its heartbeat: Optuna's stale-trial rule fails its trial and queues
     a copy, which the other worker takes but runs only once the frozen one, thawed, has finished writing the folder
     (its late result is refused in one line); the copy then reads the finished run."""
@@ -644,11 +588,11 @@ def test_a_trial_whose_heartbeat_stopped_is_retried_without_a_second_writer(tmp_
 
     folder = str(tmp_path / "exp")
     os.makedirs(folder)
-    frozen = _worker(folder, 2, subprocess_env, "--mark", "--fast-heartbeat")
+    frozen = _worker(folder, 2, "--mark", "--fast-heartbeat")
     try:
         _wait_for(os.path.join(folder, "marked"), frozen)
         frozen.send_signal(signal.SIGSTOP)
-        other = _worker(folder, 2, subprocess_env, "--fast-heartbeat")
+        other = _worker(folder, 2, "--fast-heartbeat")
         deadline, copies = time.time() + 180, []
         while time.time() < deadline:
             trials = _study(folder).trials
@@ -701,15 +645,17 @@ def test_the_issues_list_item_marker_searches_through_the_command_line(tmp_path,
     assert f"test {key}: {shown}\n" in out
 
 
-@pytest.mark.slow
-def test_two_torchrun_groups_share_one_study(tmp_path, tiny_mlrc_config, subprocess_env):
-    """Two ``torchrun`` groups of 2 gloo processes started with the same command on one folder: each group's rank 0 is
-    one worker (its rank 1 trains each trial with it, and waits with it while the other group's last trial runs):
-    4 COMPLETE trials in 4 folders, each with its run's results."""
-    from tests.runner.runner_testing_utils import RUNNER_TESTS, write_tiny_config
+@pytest.fixture(scope="module")
+def torchrun_groups(tmp_path_factory):
+    """Two ``torchrun`` groups of 2 gloo processes started with the same command (4 trials) on one folder: their
+    return codes, their outputs and the study folder (one run serves both torchrun tests of this file)."""
+    from tests.conftest import child_env
+    from tests.runner.runner_testing_utils import RUNNER_TESTS, register_tiny, write_tiny_config
 
+    tmp_path = tmp_path_factory.mktemp("torchrun_groups")
+    register_tiny()
     root = write_tiny_config(
-        tiny_mlrc_config,
+        str(tmp_path / "cfg"),
         {"config_dataset/default.yaml": "dataset:\n  TinyVectors: {num_classes: 16, per_class: 8, sleep: 0.01}\n"},
     )
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -717,7 +663,7 @@ def test_two_torchrun_groups_share_one_study(tmp_path, tiny_mlrc_config, subproc
     command += ["--num_epochs_train", "1", "--num_training_sets", "1", "--root_experiment_folder", str(tmp_path)]
     command += ["--optimizers~APPLY~3", "{lr~LOG_BAYESIAN~: [0.0001, 0.01]}"]
     groups = [
-        subprocess.Popen(command, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)
     ]
     try:
@@ -726,8 +672,31 @@ def test_two_torchrun_groups_share_one_study(tmp_path, tiny_mlrc_config, subproc
         for g in groups:
             if g.poll() is None:
                 g.kill()
-    assert [g.returncode for g in groups] == [0, 0], "\n".join(o[-3000:] for o in outs)
-    folder = tmp_path / "cfg"
+    return [g.returncode for g in groups], outs, tmp_path / "cfg"
+
+
+@pytest.mark.slow
+def test_search_under_torchrun_runs_each_trial_on_every_rank(torchrun_groups):
+    """Two gloo processes per group: rank 0 drives the study and sends each trial to rank 1; both train it together,
+    so the study has exactly bayes_opt_iters=4 trials (not 4 per rank) and each trial folder holds one run (the run
+    of :func:`torchrun_groups`, which serves this test and the next: it was a torchrun of its own, 2 trials)."""
+    returncodes, outs, folder = torchrun_groups
+    assert returncodes == [0, 0], "\n".join(o[-3000:] for o in outs)
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{folder}/study.db")
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    summary = json.load(open(folder / "search.json"))
+    for trial in summary["trials"]:
+        results = json.load(open(folder / trial["folder"] / "results.json"))
+        assert trial["value"] == results["aggregate"]["mean_average_precision_at_r"]
+
+
+@pytest.mark.slow
+def test_two_torchrun_groups_share_one_study(torchrun_groups):
+    """Two ``torchrun`` groups of 2 gloo processes started with the same command on one folder: each group's rank 0 is
+    one worker (its rank 1 trains each trial with it, and waits with it while the other group's last trial runs):
+    4 COMPLETE trials in 4 folders, each with its run's results."""
+    returncodes, outs, folder = torchrun_groups
+    assert returncodes == [0, 0], "\n".join(o[-3000:] for o in outs)
     study = _study(str(folder))
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
     assert sorted(t.user_attrs["folder"] for t in study.trials) == ["trial_0", "trial_1", "trial_2", "trial_3"]
