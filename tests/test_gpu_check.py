@@ -19,8 +19,14 @@ STEPS = [
 ]
 
 
-# what the script's own command line had: one OpenMP thread for its children unless the caller chose
-ENV = {"MPLBACKEND": "Agg", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the environment the script's own process had: this checkout first on the children's PYTHONPATH (accuracy_scale's
+# rows), one OpenMP thread unless the caller chose
+ENV = {
+    "MPLBACKEND": "Agg",
+    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    "PYTHONPATH": REPO + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+}
 
 
 def _main(argv):
