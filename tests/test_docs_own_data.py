@@ -63,8 +63,8 @@ def test_python_blocks_run_as_written(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_the_worked_example_end_to_end(tmp_path, monkeypatch, subprocess_env, capsys):
-    """The training command and ``explain`` run in fresh processes as typed; the first command (it stops in one line)
-    and the rerun (it finds the run finished) through the same entry point in this process."""
+    """The training command runs in a fresh process as typed; the first command (it stops in one line), the rerun (it
+    finds the run finished) and ``explain`` through the same entry point in this process."""
     monkeypatch.chdir(tmp_path)
     _python_blocks(tmp_path)
     commands, printed = _worked_example()
@@ -88,7 +88,7 @@ def test_the_worked_example_end_to_end(tmp_path, monkeypatch, subprocess_env, ca
     assert third.stdout.count("resuming after epoch") == 2 and " epoch " not in third.stdout.replace("after epoch", "")
     assert json.loads((folder / "results.json").read_text())["test"] == results["test"]
 
-    fourth = _run(commands[3], tmp_path, env)
+    fourth = _run_here(commands[3], capsys)  # explain reads the checkpoint the fresh process wrote
     assert fourth.returncode == 0, fourth.stderr[-3000:]
     similarity = json.loads((tmp_path / "why" / "similarity.json").read_text())
     assert len(similarity["results"]) == 3

@@ -1,14 +1,13 @@
 """benchmarks/gpu_check.py (issue 14): the CPU smoke run of the GPU check, so the script cannot rot."""
 
+import contextlib
+import io
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import unittest
+from unittest import mock
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "benchmarks", "gpu_check.py")
 STEPS = [
     "job",
     "mlrc_quick",
@@ -20,43 +19,48 @@ STEPS = [
 ]
 
 
-def _env(**extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["MPLBACKEND"] = "Agg"
-    env.update(extra)
-    return env
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the environment the script's own process had: this checkout first on the children's PYTHONPATH (accuracy_scale's
+# rows), one OpenMP thread unless the caller chose
+ENV = {
+    "MPLBACKEND": "Agg",
+    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    "PYTHONPATH": REPO + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+}
+
+
+def _main(argv):
+    """``python benchmarks/gpu_check.py ARGV`` through its ``main(argv)`` in this process (a child interpreter would
+    import torch and torchvision again, ~7 s): (exit status, what it printed). The steps' own children (torchrun,
+    accuracy_scale's rows) still run as processes, with this checkout first on their PYTHONPATH."""
+    from benchmarks import gpu_check
+
+    tiny = dict(gpu_check.IN_PROCESS)
+    out = io.StringIO()
+    try:
+        with mock.patch.dict(os.environ, ENV), contextlib.redirect_stdout(out):
+            code = gpu_check.main(argv)
+    finally:
+        gpu_check.IN_PROCESS.update(tiny)  # --tiny sets it for the whole interpreter
+    return code, out.getvalue()
 
 
 class TestGPUCheck(unittest.TestCase):
     def test_without_cuda_one_line_and_exit_0(self):
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, mock.patch("torch.cuda.is_available", return_value=False):
             out = os.path.join(tmp, "g.json")
-            proc = subprocess.run(
-                [sys.executable, SCRIPT, "--out", out],
-                env=_env(CUDA_VISIBLE_DEVICES=""),
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            self.assertEqual(proc.returncode, 0, proc.stderr)
-            self.assertEqual(len(proc.stdout.strip().splitlines()), 1, proc.stdout)
-            self.assertIn("no CUDA device", proc.stdout)
+            code, stdout = _main(["--out", out])
+            self.assertEqual(code, 0, stdout)
+            self.assertEqual(len(stdout.strip().splitlines()), 1, stdout)
+            self.assertIn("no CUDA device", stdout)
             self.assertFalse(os.path.exists(out))
 
     def test_cpu_tiny_runs_every_step(self):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "g.json")
-            proc = subprocess.run(
-                # the device loan's 8-minute budget would skip steps on a loaded machine: every step must run here
-                [sys.executable, SCRIPT, "--device", "cpu", "--tiny", "--out", out, "--budget-s", "7200"],
-                env=_env(),
-                capture_output=True,
-                text=True,
-                timeout=3600,
-            )
-            self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+            # the device loan's 8-minute budget would skip steps on a loaded machine: every step must run here
+            code, stdout = _main(["--device", "cpu", "--tiny", "--out", out, "--budget-s", "7200"])
+            self.assertEqual(code, 0, stdout[-6000:])
             with open(out) as f:
                 result = json.load(f)
             steps = {s["name"]: s for s in result["steps"]}

@@ -1,11 +1,12 @@
 """benchmarks/paper_scale.py: the full-size commands are valid configs of their protocols (what each piece trains),
 the summary's verdicts on a hand-made results.json, and the tiny CPU run of all three pieces (slow)."""
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
-import subprocess
-import sys
+from unittest import mock
 
 import pytest
 
@@ -114,24 +115,27 @@ def test_summary_reads_claims_with_holm_and_verdicts(tmp_path):
     assert ps.read_piece("xml", str(tmp_path / "missing"), tiny=False) == {"results": None}
 
 
-def _env(**extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update(extra)
-    return env
+def _main(argv):
+    """``python benchmarks/paper_scale.py ARGV`` through its ``main(argv)`` in this process (a child interpreter would
+    import torch and torchvision again, ~7 s): (exit status, what it printed)."""
+    from benchmarks import gpu_check
+
+    tiny = dict(gpu_check.IN_PROCESS)
+    out = io.StringIO()
+    try:
+        with mock.patch.dict(os.environ, {"MPLBACKEND": "Agg"}), contextlib.redirect_stdout(out):
+            code = _module().main(argv)
+    finally:
+        gpu_check.IN_PROCESS.update(tiny)  # --tiny sets it for the whole interpreter
+    return code, out.getvalue()
 
 
 @pytest.mark.slow
 def test_without_cuda_one_line_and_exit_0(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, "--out", str(tmp_path)],
-        env=_env(CUDA_VISIBLE_DEVICES=""),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines() == [
+    with mock.patch("torch.cuda.is_available", return_value=False):
+        code, stdout = _main(["--out", str(tmp_path)])
+    assert code == 0, stdout
+    assert stdout.strip().splitlines() == [
         "paper_scale: no CUDA device here; nothing to run (the CPU smoke run is --device cpu --tiny)"
     ]
     assert os.listdir(tmp_path) == []
@@ -143,14 +147,8 @@ def test_tiny_cpu_run_gives_every_piece_its_results(tmp_path):
     results.json with the expected variants, and the summary sits in --out, not in benchmarks/results."""
     from pml_extensions.utils.verdicts import VERDICTS
 
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, "--device", "cpu", "--tiny", "--out", str(tmp_path)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    code, stdout = _main(["--device", "cpu", "--tiny", "--out", str(tmp_path)])
+    assert code == 0, stdout[-6000:]
     with open(tmp_path / "paper_scale.json", encoding="utf-8") as f:
         summary = json.load(f)
     assert summary["tiny"] is True

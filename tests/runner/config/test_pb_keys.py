@@ -340,7 +340,7 @@ def test_pb_default_folder_runs_with_workers_and_tensorboard(tmp_path, subproces
         "register_pb_style_glyphs()\nfrom pml_extensions.cli import main\nsys.exit(main(sys.argv[1:]))"
     )
     argv = ["run", PB_DEFAULT, *PB_OVERRIDES, "--num_epochs_train", "1", "--root_experiment_folder", str(tmp_path)]
-    argv += ["--trainer~APPLY~2", "{iterations_per_epoch: 10}"]  # the workers and logs, not the training, are tested
+    argv += ["--trainer~APPLY~2", "{iterations_per_epoch: 2}"]  # the workers and logs, not the training, are tested
     out = subprocess.run(
         [sys.executable, "-c", code, *argv],
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(PB_DEFAULT))),
