@@ -221,11 +221,17 @@ class TestTrunkComponents(FakeCudaCase):
 
     @pytest.mark.slow  # over 3 s on 2 cores: tox runs it, -m 'not slow' leaves it out
     def test_inserted_block_and_swapped_maximizer_in_torchvision_models(self):
-        # the concat variants widen the next layer (new convolutions / BatchNorm built on the old one's device)
-        cases = (("resnet18", "add"), ("resnet18", "concat"), ("mobilenet_v2", "concat"), ("densenet121", "concat"))
+        # the concat variants widen the next layer (new convolutions / BatchNorm built on the old one's device).
+        # Every fake op also runs on the CPU: MobileNetV2 at a quarter of its width and a DenseNet of densenet121's
+        # layout with fewer layers and channels (the inserter places the block by class and module name, not width)
+        cases = (("resnet18", "add"), ("resnet18", "concat"), ("mobilenet_v2", "concat"), ("densenet", "concat"))
+        small = {
+            "mobilenet_v2": lambda: torchvision.models.mobilenet_v2(num_classes=4, width_mult=0.25),
+            "densenet": lambda: torchvision.models.DenseNet(8, (2, 2, 2, 2), 16, num_classes=4),
+        }
         for arch, combine in cases:
             with self.subTest(arch=arch, combine=combine), fake_cuda():
-                model = built_on_cuda(lambda a=arch: getattr(torchvision.models, a)(num_classes=4))
+                model = built_on_cuda(small.get(arch, lambda a=arch: getattr(torchvision.models, a)(num_classes=4)))
                 # in place: a deep copy of fake parameters is not possible (no storage)
                 trunks.insert_template_matching(model, num_classes=4, combine=combine, inplace=True)
                 if arch == "resnet18":

@@ -128,13 +128,15 @@ def cases():
             lambda: mobilenet_v2_features(pretrained=True),
             lambda: (randn(4, 3, 32, 32),),
         ),
+        # the resnet18 rows: 2 images (eval mode: the batch size changes no statistic), as half-precision
+        # convolutions on the CPU are slow; errors measured at 2 images stay under half of the bounds
         "soft_maximizer_swap(resnet18)": (
             lambda: soft_maximizer_swap(tiny_resnet(), "softmax", mu=0.5, eta=2.0),
-            lambda: (rand(4, 3, 32, 32),),
+            lambda: (rand(2, 3, 32, 32),),
         ),
         "insert_template_matching(resnet18)+PatchClassificationLoss": (
             lambda: Stage(template_pipeline, model=insert_template_matching(tiny_resnet(), num_classes=4)),
-            lambda: (rand(4, 3, 32, 32), torch.arange(4)),
+            lambda: (rand(2, 3, 32, 32), torch.arange(2)),
         ),
         "PatchClassificationLoss": (
             lambda: Stage(lambda p, s, y: {"loss": PatchClassificationLoss()(s, y)}),
@@ -270,14 +272,20 @@ class TestDtypeMatrix(unittest.TestCase):
             torch.manual_seed(0)
             model32 = build()
             inputs = make_inputs()
+            # the float32 references, one per input rounding: the inputs as given serve autocast and float32 (whose
+            # rounding is the identity); pure bfloat16 / float16 see the inputs rounded to their dtype
+            refs = {}
             for dtype in DTYPES:
                 for mode in MODES:
                     if dtype == torch.float32 and mode == "autocast":
                         continue  # autocast to float32 is not a mode
                     with self.subTest(module=name, dtype=str(dtype), mode=mode, device=device):
-                        rounded = [x.to(dtype).float() if x.is_floating_point() else x for x in inputs]
-                        ref_in = rounded if mode == "pure" else inputs
-                        ref_out, ref_grad = run(model32, ref_in, torch.float32, "pure", train, device)
+                        key = dtype if mode == "pure" and dtype != torch.float32 else None
+                        if key not in refs:
+                            rounded = [x.to(dtype).float() if x.is_floating_point() else x for x in inputs]
+                            ref_in = rounded if mode == "pure" else inputs
+                            refs[key] = run(model32, ref_in, torch.float32, "pure", train, device)
+                        ref_out, ref_grad = refs[key]
                         out, grad = run(model32, inputs, dtype, mode, train, device)
                         self.assertEqual(set(out), set(ref_out))
                         self.assertEqual(set(grad), set(ref_grad), "the same tensors must receive gradient")

@@ -201,7 +201,12 @@ class TemplateMatchingBlock(_KeepsLastOutputs, torch.nn.Module):
                 f"init='identity' needs value_channels == in_channels (the shortcut maps {self.in_channels} to "
                 f"{self.value_channels} channels, which no identity does)"
             )
-        torch.nn.init.dirac_(self.shortcut.weight)
+        # torch.nn.init.dirac_ for this square 1 x 1 conv in one indexed write (dirac_ writes its C ones one by one:
+        # C tiny device ops, i.e. kernel launches on a GPU)
+        weight = self.shortcut.weight
+        weight.zero_()
+        channels = torch.arange(min(weight.shape[0], weight.shape[1]), device=weight.device)
+        weight[channels, channels, weight.shape[2] // 2, weight.shape[3] // 2] = 1
         self.zero_init_last()
         return self
 

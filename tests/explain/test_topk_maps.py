@@ -4,6 +4,7 @@ import doctest
 import os
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -12,9 +13,15 @@ from PIL import Image
 from torch import nn
 
 import pml_extensions.explain as explain
-from pml_extensions.explain import ActivationDecomposition, ExplanationHook, topk_overall_maps
+from pml_extensions.explain import ActivationDecomposition, ExplanationHook, overlay, topk_overall_maps
 from pml_extensions.explain.overlay import save_pair_overlay, to_display_image
 from tests.explain.explain_testing_utils import images, make_model
+
+
+def empty_file(fig, path, **kwargs):
+    """Stands in for ``overlay.atomic_savefig`` where no assertion reads a figure's pixels: no PNG is encoded."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    open(path, "wb").close()
 
 
 class FakeTester:
@@ -77,7 +84,16 @@ class TestTopkMaps(unittest.TestCase):
             e = emb(trunk(ds.x))
         with tempfile.TemporaryDirectory() as tmp:
             hook = ExplanationHook(trunk, emb, {"val": ds}, tmp, n_queries=None, k=2, batch_size=4)
-            hook.explain(FakeTester(e, torch.tensor([i % 2 for i in range(6)])))
+            save = overlay.atomic_savefig
+
+            def query0_only(fig, path, **kwargs):  # the one PNG read below is encoded; the others' files are made
+                if os.path.basename(path) == "val_epoch1_query0.png":
+                    save(fig, path, **kwargs)
+                else:
+                    empty_file(fig, path)
+
+            with mock.patch.object(overlay, "atomic_savefig", query0_only):
+                hook.explain(FakeTester(e, torch.tensor([i % 2 for i in range(6)])))
             self.assertEqual(tuple(hook.last_maps["query"].shape), (6, 2, 16, 431))
             self.assertEqual(tuple(hook.last_maps["reference"].shape), (6, 2, 16, 431))
             self.assertIsNotNone(hook.last_localization)
@@ -138,12 +154,14 @@ class TestTopkMaps(unittest.TestCase):
             self.assertEqual(out["query"].shape[0], 2)
 
 
-def test_explain_retrieval_one_figure_or_one_per_reference(tmp_path):
+def test_explain_retrieval_one_figure_or_one_per_reference(tmp_path, monkeypatch):
     """The command's layout (a figure per reference, its own point) and the hook's (one figure, the top-1's point)
     explain the same pairs: equal maps, records in rank order, the given point in every record."""
     trunk, emb = make_model("gap")
     dec = ActivationDecomposition(trunk, emb)
     q, refs = images(1, seed=4)[0], list(images(3, seed=5))
+    # the figures are built and their files made; no assertion reads their pixels, so no PNG is encoded
+    monkeypatch.setattr(overlay, "atomic_savefig", empty_file)
     each = explain.explain_retrieval(dec, q, refs, [str(tmp_path / f"{m}.png") for m in range(3)], point=(2.0, 3.0))
     one = explain.explain_retrieval(dec, q, refs, str(tmp_path / "all.png"), point=(2.0, 3.0), reference_labels="aab")
     assert [r["overlay"] for r in each] == [str(tmp_path / f"{m}.png") for m in range(3)]

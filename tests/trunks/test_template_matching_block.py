@@ -165,6 +165,16 @@ class TestTemplateMatchingBlock(unittest.TestCase):
         self.assertIs(paper.init_identity(), paper)  # the method, on a built block
         self.assertTrue(torch.equal(paper.eval()(self.x), self.x))
 
+    def test_init_identity_shortcut_is_torchs_dirac(self):
+        # init_identity writes the ones in one indexed write; torch.nn.init.dirac_ is the reference
+        for channels, dtype in ((1, torch.float32), (8, torch.float32), (13, torch.float64)):
+            with self.subTest(channels=channels, dtype=dtype):
+                block = TemplateMatchingBlock(channels, 3, dtype=dtype)
+                block.shortcut.weight.data.normal_()
+                block.init_identity()
+                expected = torch.nn.init.dirac_(torch.empty_like(block.shortcut.weight))
+                self.assertTrue(torch.equal(block.shortcut.weight, expected))
+
     def test_init_identity_refused_where_no_identity_exists(self):
         with self.assertRaisesRegex(ValueError, "init='identity' needs combine='add'"):
             TemplateMatchingBlock(8, 3, combine="concat", init="identity")
