@@ -1,5 +1,6 @@
 """Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (no download)."""
 
+import functools
 import gzip
 import os
 from typing import Callable, Optional
@@ -15,7 +16,14 @@ FASHION_MNIST_CLASSES = "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sn
 
 
 def read_idx(path: str) -> np.ndarray:
-    """A gzipped IDX file (the MNIST format) as a numpy array."""
+    """A gzipped IDX file (the MNIST format) as a numpy array (read-only: decoded once per file version and shared by
+    the datasets of a process; a protocol builds its datasets several times, each a few images of the 70000)."""
+    st = os.stat(path)
+    return _read_idx(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_idx(path: str, mtime_ns: int, size: int) -> np.ndarray:
     with gzip.open(path, "rb") as f:
         data = f.read()
     ndim = data[3]
@@ -64,18 +72,23 @@ class FashionMNIST(ClassDisjointDataset):
                 raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
             parts = [files["train"], files["test"]] if split == "all" else [files[split]]
             keep = set(range(10))
-        images = np.concatenate([read_idx(os.path.join(root, p[0])) for p in parts])
-        labels = np.concatenate([read_idx(os.path.join(root, p[1])) for p in parts]).astype(np.int64)
-        mask = np.isin(labels, sorted(keep))
-        images, labels = images[mask], labels[mask]
+        part_labels = [read_idx(os.path.join(root, p[1])) for p in parts]
+        labels = np.concatenate(part_labels).astype(np.int64)
+        idx = np.flatnonzero(np.isin(labels, sorted(keep)))  # indices into the files' images, in file order
         if max_per_class is not None:
             rng = np.random.default_rng(seed)
-            idx = np.concatenate(
-                [rng.permutation(np.flatnonzero(labels == c))[:max_per_class] for c in np.unique(labels)]
-            )
+            kept = labels[idx]
+            idx = np.concatenate([rng.permutation(idx[kept == c])[:max_per_class] for c in np.unique(kept)])
             idx.sort()
-            images, labels = images[idx], labels[idx]
-        self.images, self.labels, self.split = images, labels, split
+        # gather only the kept images, file by file (not a copy of all 70000 first)
+        starts = np.cumsum([0] + [len(x) for x in part_labels])
+        images = np.concatenate(
+            [
+                read_idx(os.path.join(root, p[0]))[idx[(idx >= lo) & (idx < hi)] - lo]
+                for p, lo, hi in zip(parts, starts[:-1], starts[1:])
+            ]
+        )
+        self.images, self.labels, self.split = images, labels[idx], split
 
     def load_image(self, index: int) -> Image.Image:
         return Image.fromarray(self.images[index])

@@ -10,6 +10,7 @@ import torch
 from pml_extensions.cli import run as cli
 from pml_extensions.runner.protocols import load_config
 from pml_extensions.runner.protocols.mlrc.runner import MLRCRunner
+from tests.runner.runner_testing_utils import dejavu_fonts
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -268,6 +269,10 @@ def test_new_user_changes_dataset_and_trunk_lines_and_runs(tmp_path, capsys):
         "0}",
         "--eval_dataloader_num_workers",
         "0",
+        # the glyphs of the DejaVu Sans fonts only (496 of the 1364 images, every one of the 62 classes): the
+        # evaluation embeds every image at the config's crop size
+        "--dataset~APPLY~2",
+        json.dumps({"font_files": dejavu_fonts()}),
     ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -412,7 +417,7 @@ def test_a_corrupt_image_among_the_test_classes_stops_before_training(tmp_path, 
 
     from pml_extensions.datasets import GlyphDataset
 
-    glyphs = GlyphDataset(split="all", image_size=16)
+    glyphs = GlyphDataset(split="all", image_size=16, font_files=dejavu_fonts())  # 8 images a class: 6 are taken
     for label in range(22):
         folder = tmp_path / "photos" / f"class_{label:02d}"
         folder.mkdir(parents=True)

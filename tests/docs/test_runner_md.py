@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
@@ -47,16 +46,22 @@ def test_the_example_is_a_plugin_the_loader_checks(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_command_runs_the_plugin_as_written(tmp_path, subprocess_env):
+def test_the_command_runs_the_plugin_as_written(tmp_path, monkeypatch, capsys):
+    """The command through ``python -m pml_extensions``'s entry point (``pml_extensions.cli.main``) in this process,
+    as ``python -m`` runs it: from the folder that holds the example, that folder first on ``sys.path`` (a fresh
+    process of the ``run`` shape is tests/docs/test_commands.py's)."""
+    from pml_extensions.cli import main
+
     _write_example(tmp_path)
     (command,) = [line.split("  #")[0].strip() for line in _block("bash").splitlines() if line.strip()]
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "pml_extensions"]
-    env = dict(subprocess_env, MPLBACKEND="Agg")
-    out = subprocess.run(
-        [sys.executable] + argv[1:], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_protocols", raising=False)  # this folder's, not another test's
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    code = main(argv[3:])
+    assert code == 0, capsys.readouterr().err[-3000:]
     folder = tmp_path / "runs" / "toy"
     results = json.loads((folder / "results.json").read_text())
     (comparison,) = results["comparisons"]

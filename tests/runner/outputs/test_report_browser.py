@@ -15,6 +15,7 @@ import pytest
 
 from pml_extensions.runner.outputs.report import SCREENSHOT, write_report
 from tests.runner.outputs.chromium import missing_reason, render
+from tests.runner.runner_testing_utils import dejavu_fonts
 
 pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
 
@@ -84,7 +85,7 @@ def test_mlrc_report(tmp_path):
     _run(
         ["contrastive", "--variant", "quick", "--root_experiment_folder", root, "--experiment_name", "m",
          "--num_epochs_train", "2", "--trainer~APPLY~2", "{iterations_per_epoch: 3}", "--split_manager~APPLY~2",
-         "{num_training_sets: 2}", "--device", "cpu"]
+         "{num_training_sets: 2}", "--device", "cpu", "--dataset~APPLY~2", json.dumps({"font_files": dejavu_fonts()})]
     )  # fmt: skip
     folder = os.path.join(root, "m")
     with open(os.path.join(folder, "retrieval", "test.json")) as f:
@@ -100,6 +101,7 @@ def test_xml_vs_gap_report(tmp_path):
     root = str(tmp_path / "runs")
     argv = ["--num_epochs", "1", "--iterations_per_epoch", "3", "--seeds", "[0]", "--variants", "contrastive_gap",
             "contrastive_xml", "--root_experiment_folder", root, "--device", "cpu"]  # fmt: skip
+    argv += ["--dataset", json.dumps({"kwargs": {"font_files": dejavu_fonts()}})]  # 248 of the 682 images a split
     assert job.main(argv) == 0
     folder = os.path.join(root, "xml_glyphs")
     assert sorted(os.listdir(os.path.join(folder, "retrieval"))) == [

@@ -78,8 +78,8 @@ def tiny(tmp_path):
     config, sources = load_config(config_path("localization"))
     config.update(seeds=[0], num_epochs=2, iterations_per_epoch=2, batch_size=8, eval_batch_size=4, device="cpu")
     config["dataset"]["CompositeLocalizationDataset"].update(n_images=16, image_size=96)
-    config["test_dataset"]["CompositeLocalizationDataset"].update(n_images=6, image_size=96)
-    config["validation_dataset"]["CompositeLocalizationDataset"].update(n_images=4, image_size=96)
+    config["test_dataset"]["CompositeLocalizationDataset"].update(n_images=3, image_size=96)
+    config["validation_dataset"]["CompositeLocalizationDataset"].update(n_images=2, image_size=96)
     return config, sources
 
 
