@@ -162,8 +162,7 @@ def tiny_glyphs() -> str:
     of a split)."""
     from pml_extensions.datasets.glyph_dataset import matplotlib_font_files
 
-    fonts = [f for f in matplotlib_font_files() if os.path.basename(f).startswith("DejaVuSans")]
-    return "{kwargs: {image_size: 32, font_files: [%s]}}" % ", ".join(fonts)
+    return "{kwargs: {image_size: 32, font_files: [%s]}}" % ", ".join(matplotlib_font_files("DejaVuSans"))
 
 
 def step_job(device, tiny, work, timeout):

@@ -21,12 +21,13 @@ DEBIAN_HINT = "apt-get install fonts-dejavu-core fonts-liberation fonts-freefont
 SOURCES = ("matplotlib", "debian", "all")
 
 
-def matplotlib_font_files() -> List[str]:
-    """The TrueType files shipped inside matplotlib (``mpl-data/fonts/ttf``)."""
+def matplotlib_font_files(prefix: str = "") -> List[str]:
+    """The TrueType files shipped inside matplotlib (``mpl-data/fonts/ttf``), sorted; with ``prefix`` only those whose
+    file name starts with it (``"DejaVuSans"``: the DejaVu Sans faces, Mono included)."""
     import matplotlib
 
     folder = os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "fonts", "ttf")
-    return sorted(glob.glob(os.path.join(folder, "*.ttf")))
+    return sorted(glob.glob(os.path.join(folder, glob.escape(prefix) + "*.ttf")))
 
 
 def debian_font_files(dirs=DEBIAN_FONT_DIRS) -> List[str]:

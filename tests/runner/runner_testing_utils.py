@@ -21,7 +21,7 @@ def dejavu_fonts():
     evaluation embeds its whole split), for tests whose assertions do not depend on the size."""
     from pml_extensions.datasets.glyph_dataset import matplotlib_font_files
 
-    return [f for f in matplotlib_font_files() if os.path.basename(f).startswith("DejaVuSans")]
+    return matplotlib_font_files("DejaVuSans")
 
 
 class TinyVectors(torch.utils.data.Dataset):
